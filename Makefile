@@ -1,0 +1,35 @@
+# fedlora's two commands (see README.md):
+#   make run    set up, build, and run the main job
+#   make test   set up, build, and run every test
+# Other targets: setup, build, asan (unit tests under ASan+UBSan), bench.
+PRESET ?= default
+BUILD_DIR := build/$(PRESET)
+
+.PHONY: run test setup setup-tests build asan bench clean
+
+run: setup build
+	scripts/main_job.sh $(BUILD_DIR)
+
+test: setup-tests build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j 2 --timeout 900
+
+setup:
+	scripts/setup.sh --all
+
+setup-tests:
+	scripts/setup.sh --tests
+
+build:
+	cmake --preset $(PRESET) >/dev/null
+	cmake --build --preset $(PRESET)
+
+asan: setup-tests
+	cmake --preset asan-ubsan >/dev/null
+	cmake --build --preset asan-ubsan
+	ctest --preset asan-ubsan -j 2
+
+bench: setup build
+	scripts/run_benchmarks.sh $(BUILD_DIR)
+
+clean:
+	rm -rf build

@@ -1,0 +1,74 @@
+# Small declarative helpers so that each module's CMakeLists.txt stays short.
+#
+#   fedlora_cc_library(NAME core SRCS a.cc b.cc CUDA_SRCS a.cu DEPS absl::status PUBLIC_INCLUDE dir)
+#     -> target fedlora_core, alias fedlora::core. Sources are listed, never globbed.
+#     CUDA_SRCS are compiled only when the CUDA backend is enabled (FEDLORA_HAVE_CUDA).
+#   fedlora_cc_test(NAME core_status_test SRCS status_test.cc DEPS fedlora::core LABELS unit)
+#     -> a GoogleTest executable registered with CTest (one CTest entry per binary).
+#   fedlora_cc_binary(NAME fedlora SRCS main.cc DEPS ...)
+include_guard(GLOBAL)
+
+function(fedlora_cc_library)
+  cmake_parse_arguments(ARG "" "NAME" "SRCS;CUDA_SRCS;DEPS;PRIVATE_DEPS;PUBLIC_INCLUDE" ${ARGN})
+  set(target fedlora_${ARG_NAME})
+  set(srcs ${ARG_SRCS})
+  if(FEDLORA_HAVE_CUDA)
+    list(APPEND srcs ${ARG_CUDA_SRCS})
+  endif()
+  if(srcs)
+    add_library(${target} STATIC ${srcs})
+    target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}
+                               ${ARG_PUBLIC_INCLUDE})
+    target_link_libraries(${target} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+    if(FEDLORA_HAVE_CUDA AND ARG_CUDA_SRCS)
+      set_target_properties(${target} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF
+                                                 CUDA_ARCHITECTURES "${FEDLORA_CUDA_ARCHITECTURES}")
+      target_link_libraries(${target} PUBLIC CUDA::cudart CUDA::cublas)
+    endif()
+  else()
+    add_library(${target} INTERFACE)
+    target_include_directories(${target} INTERFACE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}
+                               ${ARG_PUBLIC_INCLUDE})
+    target_link_libraries(${target} INTERFACE ${ARG_DEPS})
+  endif()
+  add_library(fedlora::${ARG_NAME} ALIAS ${target})
+endfunction()
+
+function(fedlora_cc_binary)
+  cmake_parse_arguments(ARG "" "NAME;OUTPUT_NAME" "SRCS;DEPS" ${ARGN})
+  add_executable(${ARG_NAME} ${ARG_SRCS})
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS})
+  if(ARG_OUTPUT_NAME)
+    set_target_properties(${ARG_NAME} PROPERTIES OUTPUT_NAME ${ARG_OUTPUT_NAME})
+  endif()
+endfunction()
+
+# LABELS: unit, integration, gpu, slow. TIMEOUT in seconds (default 300).
+function(fedlora_cc_test)
+  cmake_parse_arguments(ARG "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;ENV" ${ARGN})
+  add_executable(${ARG_NAME} ${ARG_SRCS})
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
+  add_test(NAME ${ARG_NAME} COMMAND ${ARG_NAME} WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+  if(NOT ARG_LABELS)
+    set(ARG_LABELS unit)
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  set_tests_properties(${ARG_NAME} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+                       ENVIRONMENT "FEDLORA_SOURCE_DIR=${PROJECT_SOURCE_DIR};FEDLORA_BINARY_DIR=${PROJECT_BINARY_DIR};${ARG_ENV}")
+endfunction()
+
+# A test driven by a script (Python reference checks). COMMAND is run as given.
+function(fedlora_script_test)
+  cmake_parse_arguments(ARG "" "NAME;TIMEOUT" "COMMAND;LABELS;DEPENDS_TARGETS" ${ARGN})
+  add_test(NAME ${ARG_NAME} COMMAND ${ARG_COMMAND} WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+  if(NOT ARG_LABELS)
+    set(ARG_LABELS integration)
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 600)
+  endif()
+  set_tests_properties(${ARG_NAME} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+                       ENVIRONMENT "FEDLORA_SOURCE_DIR=${PROJECT_SOURCE_DIR};FEDLORA_BINARY_DIR=${PROJECT_BINARY_DIR}")
+endfunction()

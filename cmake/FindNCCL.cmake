@@ -1,0 +1,26 @@
+# FindNCCL: locates NCCL (header nccl.h, library libnccl) and defines the imported target NCCL::nccl.
+# Hints: NCCL_ROOT, CUDAToolkit_LIBRARY_ROOT, /usr/local/cuda. Sets NCCL_FOUND, NCCL_VERSION.
+include(FindPackageHandleStandardArgs)
+find_path(NCCL_INCLUDE_DIR nccl.h
+          HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda
+          PATH_SUFFIXES include)
+find_library(NCCL_LIBRARY NAMES nccl
+             HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda
+             PATH_SUFFIXES lib lib64)
+if(NCCL_INCLUDE_DIR AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")
+  file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _nccl_major REGEX "^#define NCCL_MAJOR [0-9]+")
+  file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _nccl_minor REGEX "^#define NCCL_MINOR [0-9]+")
+  file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _nccl_patch REGEX "^#define NCCL_PATCH [0-9]+")
+  string(REGEX MATCH "[0-9]+" _nccl_major "${_nccl_major}")
+  string(REGEX MATCH "[0-9]+" _nccl_minor "${_nccl_minor}")
+  string(REGEX MATCH "[0-9]+" _nccl_patch "${_nccl_patch}")
+  set(NCCL_VERSION "${_nccl_major}.${_nccl_minor}.${_nccl_patch}")
+endif()
+find_package_handle_standard_args(NCCL REQUIRED_VARS NCCL_LIBRARY NCCL_INCLUDE_DIR
+                                  VERSION_VAR NCCL_VERSION)
+if(NCCL_FOUND AND NOT TARGET NCCL::nccl)
+  add_library(NCCL::nccl UNKNOWN IMPORTED)
+  set_target_properties(NCCL::nccl PROPERTIES IMPORTED_LOCATION "${NCCL_LIBRARY}"
+                        INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
+endif()
+mark_as_advanced(NCCL_INCLUDE_DIR NCCL_LIBRARY)

@@ -1,0 +1,90 @@
+#include "core/thread_pool.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <latch>
+#include <string>
+
+namespace fedlora {
+namespace {
+thread_local bool tls_in_worker = false;
+}  // namespace
+
+ThreadPool::ThreadPool(int num_threads) {
+  if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  num_threads_ = num_threads;
+  workers_.reserve(num_threads - 1);
+  for (int i = 0; i + 1 < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::WorkerLoop() {
+  tls_in_worker = true;
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stopping and drained
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task();
+  }
+}
+
+void ThreadPool::Submit(std::function<void()> task) {
+  if (workers_.empty()) {
+    task();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+}
+
+void ThreadPool::ParallelFor(int64_t begin, int64_t end, int64_t grain,
+                             const std::function<void(int64_t, int64_t)>& fn) {
+  const int64_t n = end - begin;
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t max_chunks = (n + grain - 1) / grain;
+  const int64_t chunks = std::min<int64_t>(max_chunks, num_threads_);
+  if (chunks <= 1 || workers_.empty() || tls_in_worker) {
+    fn(begin, end);
+    return;
+  }
+  // Even split: chunk i covers [begin + i*n/chunks, begin + (i+1)*n/chunks).
+  std::latch done(chunks - 1);
+  for (int64_t i = 1; i < chunks; ++i) {
+    const int64_t b = begin + i * n / chunks, e = begin + (i + 1) * n / chunks;
+    Submit([&fn, &done, b, e] {
+      fn(b, e);
+      done.count_down();
+    });
+  }
+  fn(begin, begin + n / chunks);
+  done.wait();
+}
+
+ThreadPool& ThreadPool::Default() {
+  static ThreadPool* pool = [] {
+    int n = 0;
+    if (const char* env = std::getenv("FEDLORA_NUM_THREADS")) n = std::atoi(env);
+    return new ThreadPool(n);
+  }();
+  return *pool;
+}
+
+}  // namespace fedlora

@@ -1,0 +1,55 @@
+// A fixed-size thread pool with a blocking ParallelFor, used by the CPU kernels and the server.
+//
+//   fedlora::ThreadPool pool(4);
+//   pool.ParallelFor(0, rows, /*grain=*/16, [&](int64_t begin, int64_t end) { ... });
+//
+// ParallelFor splits [begin, end) into contiguous chunks of at least `grain` items, runs them on
+// the workers and the calling thread, and returns when all are done. Chunk boundaries depend only
+// on (begin, end, grain, NumThreads()), so results that depend on the split are reproducible.
+// Thread-safe: several threads may call Submit/ParallelFor at once. A ParallelFor issued from
+// inside a worker runs inline (no nested parallelism, no deadlock).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace fedlora {
+
+class ThreadPool {
+ public:
+  // num_threads <= 0 means std::thread::hardware_concurrency(). The calling thread also works,
+  // so a pool of n threads keeps n - 1 workers.
+  explicit ThreadPool(int num_threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int NumThreads() const { return num_threads_; }
+
+  // Runs fn(chunk_begin, chunk_end) over [begin, end). Blocks until every chunk has run.
+  void ParallelFor(int64_t begin, int64_t end, int64_t grain,
+                   const std::function<void(int64_t, int64_t)>& fn);
+
+  // Queues a task; it runs on some worker (or inline when the pool has no workers).
+  void Submit(std::function<void()> task);
+
+  // The process-wide pool used by kernels. Sized by FEDLORA_NUM_THREADS, else the core count.
+  static ThreadPool& Default();
+
+ private:
+  void WorkerLoop();
+
+  int num_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stopping_ = false;
+};
+
+}  // namespace fedlora

