@@ -17,6 +17,12 @@ if(NOT FEDLORA_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_ARCHITECTURES ${FEDLORA_CUDA_ARCHITECTURES})
     endif()
     enable_language(CUDA)
+    # CMake 3.25 does not know nvcc's C++20 flag (its CUDA20 table arrived later); nvcc 12+
+    # accepts -std=c++20, so tell CMake the option instead of dropping to C++17.
+    if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)

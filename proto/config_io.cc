@@ -1,0 +1,690 @@
+#include "proto/config_io.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/wire.h"
+
+namespace fedlora {
+namespace {
+
+using v1::AggregationConfig;
+using v1::CodecStage;
+using v1::DifferentialPrivacyConfig;
+using v1::RunConfig;
+using v1::SimulationConfig;
+using v1::TaskConfig;
+using v1::TrainingConfig;
+
+// ------------------------------------------------------------------------------------------------
+// Defaults
+
+void ApplyCodecStageDefaults(CodecStage* stage) {
+  if (stage->version() == 0) stage->set_version(kCodecStageVersion);
+  // Parameters are filled only for a stage whose params case is unset or already matches its id; a
+  // mismatch is left for validation to report.
+  switch (stage->id()) {
+    case CodecStage::ZSTD: {
+      if (stage->has_zstd() || stage->params_case() == CodecStage::PARAMS_NOT_SET) {
+        auto* p = stage->mutable_zstd();
+        if (!p->has_level()) p->set_level(3);
+      }
+      break;
+    }
+    case CodecStage::TOPK: {
+      if (stage->has_top_k() || stage->params_case() == CodecStage::PARAMS_NOT_SET) {
+        auto* p = stage->mutable_top_k();
+        if (!p->has_fraction()) p->set_fraction(0.01);
+        if (!p->has_error_feedback()) p->set_error_feedback(true);
+      }
+      break;
+    }
+    case CodecStage::RANDOMK: {
+      if (stage->has_random_k() || stage->params_case() == CodecStage::PARAMS_NOT_SET) {
+        auto* p = stage->mutable_random_k();
+        if (!p->has_fraction()) p->set_fraction(0.01);
+        if (!p->has_error_feedback()) p->set_error_feedback(true);
+      }
+      break;
+    }
+    case CodecStage::QUANT: {
+      if (stage->has_quant() || stage->params_case() == CodecStage::PARAMS_NOT_SET) {
+        auto* p = stage->mutable_quant();
+        if (!p->has_bits()) p->set_bits(8);
+        if (!p->has_block_size()) p->set_block_size(256);
+        if (!p->has_stochastic()) p->set_stochastic(true);
+      }
+      break;
+    }
+    case CodecStage::LOWRANK: {
+      if (stage->has_low_rank() || stage->params_case() == CodecStage::PARAMS_NOT_SET) {
+        auto* p = stage->mutable_low_rank();
+        if (!p->has_rank()) p->set_rank(4);
+      }
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+// The last path component of a model directory, ignoring trailing slashes ("models/x/" -> "x").
+std::string LastPathComponent(const std::string& path) {
+  size_t end = path.find_last_not_of('/');
+  if (end == std::string::npos) return "";
+  size_t start = path.find_last_of('/', end);
+  start = start == std::string::npos ? 0 : start + 1;
+  return path.substr(start, end - start + 1);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Validation
+
+// Collects every problem of a config, each naming its field path.
+class Problems {
+ public:
+  void Add(std::string message) { messages_.push_back(std::move(message)); }
+
+  // "<path> (<value>) <what>"
+  template <typename T>
+  void Bad(const std::string& path, const T& value, const std::string& what) {
+    Add(absl::StrCat(path, " (", value, ") ", what));
+  }
+
+  template <typename T>
+  void Range(const std::string& path, T value, T lo, T hi) {
+    if (value < lo || value > hi) Bad(path, value, absl::StrCat("must be in [", lo, ", ", hi, "]"));
+  }
+
+  // Finite and within [lo, hi], with either end optionally open.
+  void RealRange(const std::string& path, double value, double lo, bool lo_open, double hi,
+                 bool hi_open) {
+    bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) &&
+              (hi_open ? value < hi : value <= hi);
+    if (!ok) {
+      Bad(path, value,
+          absl::StrCat("must be finite and in ", lo_open ? "(" : "[", lo, ", ", hi,
+                       hi_open ? ")" : "]"));
+    }
+  }
+  void Positive(const std::string& path, double value) {
+    if (!(std::isfinite(value) && value > 0)) Bad(path, value, "must be finite and > 0");
+  }
+  void NonNegative(const std::string& path, double value) {
+    if (!(std::isfinite(value) && value >= 0)) Bad(path, value, "must be finite and >= 0");
+  }
+  void NonEmpty(const std::string& path, const std::string& value) {
+    if (value.empty()) Add(absl::StrCat(path, " must not be empty"));
+  }
+
+  absl::Status ToStatus() const {
+    if (messages_.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrJoin(messages_, "; "));
+  }
+
+ private:
+  std::vector<std::string> messages_;
+};
+
+// Quotes a string for an error message.
+std::string Quoted(const std::string& s) { return absl::StrCat("\"", absl::CEscape(s), "\""); }
+
+bool IsLowerHex(const std::string& s, size_t length) {
+  if (s.size() != length) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// A non-empty list of non-empty, distinct strings.
+void CheckNameList(Problems& p, const std::string& path,
+                   const google::protobuf::RepeatedPtrField<std::string>& names, size_t min_count) {
+  if (static_cast<size_t>(names.size()) < min_count) {
+    p.Add(absl::StrCat(path, " has ", names.size(), " entries, needs at least ", min_count));
+  }
+  std::set<std::string> seen;
+  for (int i = 0; i < names.size(); ++i) {
+    std::string item = absl::StrCat(path, "[", i, "]");
+    if (names[i].empty()) p.Add(absl::StrCat(item, " must not be empty"));
+    if (!seen.insert(names[i]).second) p.Bad(item, Quoted(names[i]), "is a duplicate");
+  }
+}
+
+// Splits "host:port" / "[v6]:port". Returns false when malformed.
+bool SplitHostPort(const std::string& address, std::string* host, uint32_t* port) {
+  std::string port_text;
+  if (!address.empty() && address[0] == '[') {
+    size_t close = address.find(']');
+    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') {
+      return false;
+    }
+    *host = address.substr(1, close - 1);
+    port_text = address.substr(close + 2);
+  } else {
+    size_t colon = address.rfind(':');
+    if (colon == std::string::npos) return false;
+    *host = address.substr(0, colon);
+    // An unbracketed IPv6 address is ambiguous ("::1:50051").
+    if (host->find(':') != std::string::npos) return false;
+    port_text = address.substr(colon + 1);
+  }
+  if (host->empty() || port_text.empty() || port_text.size() > 5) return false;
+  for (char c : port_text) {
+    if (c < '0' || c > '9') return false;
+  }
+  if (!absl::SimpleAtoi(port_text, port) || *port > 65535) return false;
+  return true;
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  if (absl::AsciiStrToLower(host) == "localhost" || host == "::1") return true;
+  // 127.0.0.0/8: four dotted decimal octets, the first 127.
+  std::vector<std::string> octets = absl::StrSplit(host, '.');
+  if (octets.size() != 4) return false;
+  for (const std::string& o : octets) {
+    uint32_t v = 0;
+    if (o.empty() || o.size() > 3 || !absl::SimpleAtoi(o, &v) || v > 255) return false;
+    for (char c : o) {
+      if (c < '0' || c > '9') return false;
+    }
+  }
+  return octets[0] == "127";
+}
+
+void ValidateModel(Problems& p, const v1::ModelConfig& m) {
+  p.NonEmpty("model.path", m.path());
+  if (m.id().empty() && !m.path().empty()) {
+    p.Bad("model.path", Quoted(m.path()), "gives no model.id; set model.id");
+  }
+  if (!m.sha256().empty() && !IsLowerHex(m.sha256(), 64)) {
+    p.Bad("model.sha256", Quoted(m.sha256()), "must be 64 lowercase hex characters");
+  }
+  p.Range<uint32_t>("model.max_seq_len", m.max_seq_len(), 1, 1u << 20);
+}
+
+void ValidateLora(Problems& p, const v1::LoraConfig& l) {
+  p.Range<uint32_t>("lora.rank", l.rank(), 1, 4096);
+  p.Positive("lora.alpha", l.alpha());
+  p.RealRange("lora.dropout", l.dropout(), 0, false, 1, true);
+  CheckNameList(p, "lora.target_modules", l.target_modules(), 1);
+}
+
+void ValidateTask(Problems& p, const TaskConfig& t) {
+  if (!TaskConfig::Kind_IsValid(t.kind()) || t.kind() == TaskConfig::KIND_UNSPECIFIED) {
+    p.Bad("task.kind", t.kind(), "is not a known task kind");
+  } else if (t.kind() == TaskConfig::SEQUENCE_CLASSIFICATION) {
+    CheckNameList(p, "task.labels", t.labels(), 2);
+    p.NonEmpty("task.label_field", t.label_field());
+  } else if (t.kind() == TaskConfig::CAUSAL_LM && t.labels_size() > 0) {
+    p.Add(absl::StrCat("task.labels has ", t.labels_size(), " entries; CAUSAL_LM takes none"));
+  }
+  p.NonEmpty("task.text_field", t.text_field());
+  if (!t.pair_field().empty() && t.pair_field() == t.text_field()) {
+    p.Bad("task.pair_field", Quoted(t.pair_field()), "must differ from task.text_field");
+  }
+}
+
+void ValidateTraining(Problems& p, const TrainingConfig& t) {
+  switch (t.local_work_case()) {
+    case TrainingConfig::kLocalEpochs:
+      p.Range<uint32_t>("training.local_epochs", t.local_epochs(), 1, 1000);
+      break;
+    case TrainingConfig::kLocalSteps:
+      p.Range<uint32_t>("training.local_steps", t.local_steps(), 1, 10'000'000);
+      if (t.warmup_steps() > t.local_steps()) {
+        p.Bad("training.warmup_steps", t.warmup_steps(),
+              absl::StrCat("exceeds training.local_steps (", t.local_steps(), ")"));
+      }
+      break;
+    case TrainingConfig::LOCAL_WORK_NOT_SET:
+      p.Add("training: one of training.local_epochs or training.local_steps must be set");
+      break;
+  }
+  p.Range<uint32_t>("training.batch_size", t.batch_size(), 1, 65536);
+  p.Positive("training.learning_rate", t.learning_rate());
+  if (!TrainingConfig::Optimizer_IsValid(t.optimizer()) ||
+      t.optimizer() == TrainingConfig::OPTIMIZER_UNSPECIFIED) {
+    p.Bad("training.optimizer", t.optimizer(), "is not a known optimizer");
+  }
+  if (!TrainingConfig::Schedule_IsValid(t.schedule()) ||
+      t.schedule() == TrainingConfig::SCHEDULE_UNSPECIFIED) {
+    p.Bad("training.schedule", t.schedule(), "is not a known schedule");
+  }
+  p.NonNegative("training.weight_decay", t.weight_decay());
+  p.NonNegative("training.grad_clip_norm", t.grad_clip_norm());
+  p.Range<uint32_t>("training.grad_accumulation", t.grad_accumulation(), 1, 1024);
+  p.RealRange("training.adam_beta1", t.adam_beta1(), 0, false, 1, true);
+  p.RealRange("training.adam_beta2", t.adam_beta2(), 0, false, 1, true);
+  p.Positive("training.adam_epsilon", t.adam_epsilon());
+  p.RealRange("training.momentum", t.momentum(), 0, false, 1, true);
+}
+
+void ValidateSelection(Problems& p, const v1::SelectionConfig& s) {
+  p.Range<uint32_t>("selection.clients_per_round", s.clients_per_round(), 1, 100'000);
+  p.RealRange("selection.over_selection", s.over_selection(), 1, false, 10, false);
+  if (s.min_clients() < 1) {
+    p.Bad("selection.min_clients", s.min_clients(), "must be >= 1");
+  } else if (s.min_clients() > s.clients_per_round()) {
+    p.Bad("selection.min_clients", s.min_clients(),
+          absl::StrCat("exceeds selection.clients_per_round (", s.clients_per_round(), ")"));
+  }
+  p.Range<uint32_t>("selection.round_deadline_seconds", s.round_deadline_seconds(), 1, 604'800);
+  p.Range<uint32_t>("selection.heartbeat_interval_seconds", s.heartbeat_interval_seconds(), 1,
+                    3600);
+  if (s.heartbeat_timeout_seconds() <= s.heartbeat_interval_seconds()) {
+    p.Bad("selection.heartbeat_timeout_seconds", s.heartbeat_timeout_seconds(),
+          absl::StrCat("must exceed selection.heartbeat_interval_seconds (",
+                       s.heartbeat_interval_seconds(), ")"));
+  } else {
+    p.Range<uint32_t>("selection.heartbeat_timeout_seconds", s.heartbeat_timeout_seconds(), 1,
+                      86'400);
+  }
+  p.Range<uint32_t>("selection.retry_after_seconds", s.retry_after_seconds(), 1, 3600);
+}
+
+bool NeedsIndividualUpdates(AggregationConfig::Strategy s) {
+  return s == AggregationConfig::MEDIAN || s == AggregationConfig::TRIMMED_MEAN ||
+         s == AggregationConfig::KRUM;
+}
+
+void ValidateAggregation(Problems& p, const RunConfig& c) {
+  const AggregationConfig& a = c.aggregation();
+  if (!AggregationConfig::Strategy_IsValid(a.strategy()) ||
+      a.strategy() == AggregationConfig::STRATEGY_UNSPECIFIED) {
+    p.Bad("aggregation.strategy", a.strategy(), "is not a known strategy");
+  }
+  p.NonNegative("aggregation.proximal_mu", a.proximal_mu());
+  if (a.strategy() == AggregationConfig::FEDPROX && a.proximal_mu() == 0) {
+    p.Bad("aggregation.proximal_mu", a.proximal_mu(), "must be > 0 with strategy FEDPROX");
+  }
+  p.Positive("aggregation.server_learning_rate", a.server_learning_rate());
+  p.RealRange("aggregation.server_beta1", a.server_beta1(), 0, false, 1, true);
+  p.RealRange("aggregation.server_beta2", a.server_beta2(), 0, false, 1, true);
+  p.Positive("aggregation.server_tau", a.server_tau());
+  p.RealRange("aggregation.trim_fraction", a.trim_fraction(), 0, false, 0.5, true);
+  if (a.strategy() == AggregationConfig::KRUM) {
+    uint64_t f = a.krum_byzantine_clients();
+    if (c.selection().clients_per_round() <= 2 * f + 2) {
+      p.Bad("aggregation.krum_byzantine_clients", f,
+            absl::StrCat("needs selection.clients_per_round (", c.selection().clients_per_round(),
+                         ") > 2 * f + 2"));
+    }
+  }
+  p.NonNegative("aggregation.max_update_norm", a.max_update_norm());
+}
+
+const char* StageName(CodecStage::Id id) {
+  return CodecStage::Id_IsValid(id) ? CodecStage::Id_Name(id).c_str() : "?";
+}
+
+void ValidateCodec(Problems& p, const v1::CodecSpec& codec) {
+  std::set<int> seen;
+  int value_encoders = 0;  // FP16, BF16, QUANT: alternative encodings of each value
+  int sparsifiers = 0;     // TOPK, RANDOMK, LOWRANK: alternative reductions of each tensor
+  for (int i = 0; i < codec.stages_size(); ++i) {
+    const CodecStage& s = codec.stages(i);
+    const std::string path = absl::StrCat("codec.stages[", i, "]");
+    if (!CodecStage::Id_IsValid(s.id()) || s.id() == CodecStage::ID_UNSPECIFIED) {
+      p.Bad(path + ".id", s.id(), "is not a known codec stage");
+      continue;
+    }
+    if (s.version() < 1 || s.version() > kCodecStageVersion) {
+      p.Bad(path + ".version", s.version(),
+            absl::StrCat("is not a known version (1 to ", kCodecStageVersion, ")"));
+    }
+    if (!seen.insert(s.id()).second) p.Bad(path + ".id", StageName(s.id()), "appears twice");
+    CodecStage::ParamsCase expected = CodecStage::PARAMS_NOT_SET;
+    switch (s.id()) {
+      case CodecStage::NONE:
+        if (codec.stages_size() != 1) p.Bad(path + ".id", "NONE", "must be the only stage");
+        break;
+      case CodecStage::ZSTD:
+        expected = CodecStage::kZstd;
+        if (i != codec.stages_size() - 1) p.Bad(path + ".id", "ZSTD", "must be the last stage");
+        if (s.has_zstd()) p.Range<int32_t>(path + ".zstd.level", s.zstd().level(), -7, 22);
+        break;
+      case CodecStage::FP16:
+      case CodecStage::BF16:
+        ++value_encoders;
+        break;
+      case CodecStage::TOPK:
+        expected = CodecStage::kTopK;
+        ++sparsifiers;
+        if (s.has_top_k()) {
+          p.RealRange(path + ".top_k.fraction", s.top_k().fraction(), 0, true, 1, false);
+        }
+        break;
+      case CodecStage::RANDOMK:
+        expected = CodecStage::kRandomK;
+        ++sparsifiers;
+        if (s.has_random_k()) {
+          p.RealRange(path + ".random_k.fraction", s.random_k().fraction(), 0, true, 1, false);
+        }
+        break;
+      case CodecStage::QUANT:
+        expected = CodecStage::kQuant;
+        ++value_encoders;
+        if (s.has_quant()) {
+          uint32_t bits = s.quant().bits();
+          if (bits != 1 && bits != 2 && bits != 4 && bits != 8) {
+            p.Bad(path + ".quant.bits", bits, "must be 1, 2, 4 or 8");
+          }
+          p.Range<uint32_t>(path + ".quant.block_size", s.quant().block_size(), 1, 1u << 20);
+        }
+        break;
+      case CodecStage::LOWRANK:
+        expected = CodecStage::kLowRank;
+        ++sparsifiers;
+        if (s.has_low_rank()) {
+          p.Range<uint32_t>(path + ".low_rank.rank", s.low_rank().rank(), 1, 4096);
+        }
+        break;
+      default:
+        break;
+    }
+    if (s.params_case() != expected) {
+      p.Add(absl::StrCat(path, " has parameters that do not belong to stage ", StageName(s.id())));
+    }
+  }
+  if (value_encoders > 1) p.Add("codec.stages combine more than one of FP16, BF16 and QUANT");
+  if (sparsifiers > 1) p.Add("codec.stages combine more than one of TOPK, RANDOMK and LOWRANK");
+}
+
+void ValidatePrivacy(Problems& p, const RunConfig& c) {
+  const DifferentialPrivacyConfig& dp = c.privacy().dp();
+  if (!DifferentialPrivacyConfig::Mode_IsValid(dp.mode()) ||
+      dp.mode() == DifferentialPrivacyConfig::MODE_UNSPECIFIED) {
+    p.Bad("privacy.dp.mode", dp.mode(), "is not a known mode");
+  }
+  p.Positive("privacy.dp.clip_norm", dp.clip_norm());
+  p.NonNegative("privacy.dp.noise_multiplier", dp.noise_multiplier());
+  p.RealRange("privacy.dp.target_delta", dp.target_delta(), 0, true, 1, true);
+  if (c.privacy().secure_aggregation()) {
+    if (c.selection().min_clients() < 2) {
+      p.Bad("selection.min_clients", c.selection().min_clients(),
+            "must be >= 2 with privacy.secure_aggregation (a sum of one update is that update)");
+    }
+    if (NeedsIndividualUpdates(c.aggregation().strategy())) {
+      p.Bad("aggregation.strategy", AggregationConfig::Strategy_Name(c.aggregation().strategy()),
+            "needs individual updates and cannot be combined with privacy.secure_aggregation");
+    }
+  }
+}
+
+void ValidateData(Problems& p, const v1::DataConfig& d) {
+  p.Range<uint32_t>("data.eval_every_rounds", d.eval_every_rounds(), 1, 1'000'000);
+  p.Range<uint32_t>("data.eval_batch_size", d.eval_batch_size(), 1, 65536);
+}
+
+void ValidateServer(Problems& p, const v1::ServerConfig& s) {
+  const v1::TlsConfig& tls = s.tls();
+  bool has_tls = !tls.cert_file().empty() && !tls.key_file().empty();
+  if (tls.cert_file().empty() != tls.key_file().empty()) {
+    p.Add("server.tls.cert_file and server.tls.key_file must be set together");
+  }
+  if (!tls.client_ca_file().empty() && tls.cert_file().empty()) {
+    p.Add("server.tls.client_ca_file needs server.tls.cert_file and server.tls.key_file");
+  }
+
+  std::string host;
+  uint32_t port = 0;
+  if (!SplitHostPort(s.listen_address(), &host, &port)) {
+    p.Bad("server.listen_address", Quoted(s.listen_address()),
+          "must be host:port with an explicit host (IPv6 in brackets) and a port 0-65535");
+  } else if (!IsLoopbackHost(host) && !has_tls) {
+    p.Bad("server.listen_address", Quoted(s.listen_address()),
+          "is not a loopback address and needs server.tls.cert_file and server.tls.key_file");
+  }
+  if (!s.metrics_address().empty() && !SplitHostPort(s.metrics_address(), &host, &port)) {
+    p.Bad("server.metrics_address", Quoted(s.metrics_address()),
+          "must be host:port with an explicit host (IPv6 in brackets) and a port 0-65535");
+  }
+  p.NonEmpty("server.store_dir", s.store_dir());
+  p.Range<uint32_t>("server.chunk_size_bytes", s.chunk_size_bytes(), kMinChunkSizeBytes,
+                    kMaxChunkSizeBytes);
+  if (s.max_update_bytes() < s.chunk_size_bytes()) {
+    p.Bad("server.max_update_bytes", s.max_update_bytes(),
+          absl::StrCat("is less than server.chunk_size_bytes (", s.chunk_size_bytes(), ")"));
+  }
+  // gRPC takes its message limit as an int.
+  constexpr uint64_t kMaxGrpcMessageBytes = (1ull << 31) - 1;
+  uint64_t min_message = uint64_t{s.chunk_size_bytes()} + kChunkMessageOverheadBytes;
+  if (s.max_message_bytes() < min_message || s.max_message_bytes() > kMaxGrpcMessageBytes) {
+    p.Bad("server.max_message_bytes", s.max_message_bytes(),
+          absl::StrCat("must be in [server.chunk_size_bytes + ", kChunkMessageOverheadBytes, " = ",
+                       min_message, ", ", kMaxGrpcMessageBytes, "]"));
+  }
+}
+
+void ValidateSimulation(Problems& p, const SimulationConfig& s) {
+  p.Range<uint32_t>("simulation.num_clients", s.num_clients(), 1, 100'000);
+  if (!SimulationConfig::Partition_IsValid(s.partition()) ||
+      s.partition() == SimulationConfig::PARTITION_UNSPECIFIED) {
+    p.Bad("simulation.partition", s.partition(), "is not a known partition");
+  }
+  p.Positive("simulation.dirichlet_alpha", s.dirichlet_alpha());
+  if (s.partition() == SimulationConfig::BY_KEY && s.partition_key_field().empty()) {
+    p.Add("simulation.partition_key_field must be set with partition BY_KEY");
+  }
+  p.RealRange("simulation.dropout_probability", s.dropout_probability(), 0, false, 1, false);
+  p.RealRange("simulation.straggler_probability", s.straggler_probability(), 0, false, 1, false);
+  p.NonNegative("simulation.straggler_delay_seconds", s.straggler_delay_seconds());
+}
+
+bool IsValidRunId(const std::string& id) {
+  if (id.empty() || id.size() > 64 || id == "." || id == "..") return false;
+  for (char c : id) {
+    if (!(absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void ApplyRunConfigDefaults(RunConfig* c) {
+  if (c->run_id().empty()) c->set_run_id("default");
+  if (!c->has_rounds()) c->set_rounds(10);
+
+  auto* model = c->mutable_model();
+  if (model->id().empty()) model->set_id(LastPathComponent(model->path()));
+  if (!model->has_max_seq_len()) model->set_max_seq_len(128);
+
+  auto* lora = c->mutable_lora();
+  if (!lora->has_rank()) lora->set_rank(8);
+  if (!lora->has_alpha()) lora->set_alpha(16.0);
+  if (lora->target_modules().empty()) {
+    lora->add_target_modules("query");
+    lora->add_target_modules("value");
+  }
+
+  auto* task = c->mutable_task();
+  if (task->kind() == TaskConfig::KIND_UNSPECIFIED)
+    task->set_kind(TaskConfig::SEQUENCE_CLASSIFICATION);
+  if (task->text_field().empty()) task->set_text_field("text");
+  if (task->label_field().empty() && task->kind() == TaskConfig::SEQUENCE_CLASSIFICATION) {
+    task->set_label_field("label");
+  }
+
+  auto* t = c->mutable_training();
+  if (t->local_work_case() == TrainingConfig::LOCAL_WORK_NOT_SET) t->set_local_epochs(1);
+  if (!t->has_batch_size()) t->set_batch_size(16);
+  if (!t->has_learning_rate()) t->set_learning_rate(5e-4);
+  if (t->optimizer() == TrainingConfig::OPTIMIZER_UNSPECIFIED)
+    t->set_optimizer(TrainingConfig::ADAMW);
+  if (t->schedule() == TrainingConfig::SCHEDULE_UNSPECIFIED)
+    t->set_schedule(TrainingConfig::CONSTANT);
+  if (!t->has_grad_clip_norm()) t->set_grad_clip_norm(1.0);
+  if (!t->has_grad_accumulation()) t->set_grad_accumulation(1);
+  if (!t->has_adam_beta1()) t->set_adam_beta1(0.9);
+  if (!t->has_adam_beta2()) t->set_adam_beta2(0.999);
+  if (!t->has_adam_epsilon()) t->set_adam_epsilon(1e-8);
+
+  auto* s = c->mutable_selection();
+  if (!s->has_clients_per_round()) s->set_clients_per_round(10);
+  if (!s->has_over_selection()) s->set_over_selection(1.3);
+  if (!s->has_min_clients()) s->set_min_clients((s->clients_per_round() + 1) / 2);
+  if (!s->has_round_deadline_seconds()) s->set_round_deadline_seconds(600);
+  if (!s->has_heartbeat_interval_seconds()) s->set_heartbeat_interval_seconds(10);
+  if (!s->has_heartbeat_timeout_seconds()) s->set_heartbeat_timeout_seconds(30);
+  if (!s->has_retry_after_seconds()) s->set_retry_after_seconds(5);
+
+  auto* a = c->mutable_aggregation();
+  if (a->strategy() == AggregationConfig::STRATEGY_UNSPECIFIED)
+    a->set_strategy(AggregationConfig::FEDAVG);
+  if (!a->has_proximal_mu())
+    a->set_proximal_mu(a->strategy() == AggregationConfig::FEDPROX ? 0.01 : 0.0);
+  if (!a->has_server_learning_rate()) a->set_server_learning_rate(1.0);
+  if (!a->has_server_beta1()) a->set_server_beta1(0.9);
+  if (!a->has_server_beta2()) a->set_server_beta2(0.99);
+  if (!a->has_server_tau()) a->set_server_tau(1e-3);
+  if (!a->has_trim_fraction()) a->set_trim_fraction(0.1);
+  if (!a->has_krum_byzantine_clients()) a->set_krum_byzantine_clients(1);
+  if (!a->has_weight_by_examples()) a->set_weight_by_examples(true);
+
+  for (CodecStage& stage : *c->mutable_codec()->mutable_stages()) ApplyCodecStageDefaults(&stage);
+
+  auto* dp = c->mutable_privacy()->mutable_dp();
+  if (dp->mode() == DifferentialPrivacyConfig::MODE_UNSPECIFIED)
+    dp->set_mode(DifferentialPrivacyConfig::CENTRAL);
+  if (!dp->has_clip_norm()) dp->set_clip_norm(1.0);
+  if (!dp->has_noise_multiplier()) dp->set_noise_multiplier(1.0);
+  if (!dp->has_target_delta()) dp->set_target_delta(1e-5);
+
+  auto* d = c->mutable_data();
+  if (!d->has_eval_every_rounds()) d->set_eval_every_rounds(1);
+  if (!d->has_eval_batch_size()) d->set_eval_batch_size(64);
+
+  auto* srv = c->mutable_server();
+  if (srv->listen_address().empty()) srv->set_listen_address(kDefaultListenAddress);
+  if (srv->store_dir().empty()) srv->set_store_dir("fedlora_store");
+  if (!srv->has_chunk_size_bytes()) srv->set_chunk_size_bytes(kDefaultChunkSizeBytes);
+  if (!srv->has_max_update_bytes()) srv->set_max_update_bytes(kDefaultMaxUpdateBytes);
+  if (!srv->has_max_message_bytes()) srv->set_max_message_bytes(kDefaultMaxMessageBytes);
+
+  auto* sim = c->mutable_simulation();
+  if (!sim->has_num_clients()) sim->set_num_clients(10);
+  if (sim->partition() == SimulationConfig::PARTITION_UNSPECIFIED)
+    sim->set_partition(SimulationConfig::IID);
+  if (!sim->has_dirichlet_alpha()) sim->set_dirichlet_alpha(0.5);
+}
+
+absl::Status ValidateRunConfig(const RunConfig& c) {
+  Problems p;
+  if (!IsValidRunId(c.run_id())) {
+    p.Bad("run_id", Quoted(c.run_id()), "must be 1-64 characters from [A-Za-z0-9._-]");
+  }
+  p.Range<uint32_t>("rounds", c.rounds(), 1, 1'000'000);
+  ValidateModel(p, c.model());
+  ValidateLora(p, c.lora());
+  ValidateTask(p, c.task());
+  ValidateTraining(p, c.training());
+  ValidateSelection(p, c.selection());
+  ValidateAggregation(p, c);
+  ValidateCodec(p, c.codec());
+  ValidatePrivacy(p, c);
+  ValidateData(p, c.data());
+  ValidateServer(p, c.server());
+  ValidateSimulation(p, c.simulation());
+  return p.ToStatus();
+}
+
+absl::StatusOr<RunConfig> ParseRunConfigJson(std::string_view json) {
+  RunConfig config;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;  // a misspelt field must not silently take its default
+  auto parsed = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &config, options);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run config is not valid JSON for fedlora.v1.RunConfig: ",
+                     std::string(parsed.message().data(), parsed.message().size())));
+  }
+  ApplyRunConfigDefaults(&config);
+  absl::Status valid = ValidateRunConfig(config);
+  if (!valid.ok()) return valid;
+  return config;
+}
+
+absl::StatusOr<RunConfig> LoadRunConfigFile(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::file_status status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) {
+    return absl::NotFoundError(absl::StrCat(path, ": run config not found",
+                                            ec ? absl::StrCat(" (", ec.message(), ")") : ""));
+  }
+  if (!fs::is_regular_file(status)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": run config is not a regular file"));
+  }
+  uintmax_t size = fs::file_size(path, ec);
+  if (ec) {
+    return absl::Status(absl::ErrnoToStatusCode(ec.value()),
+                        absl::StrCat(path, ": cannot stat run config: ", ec.message()));
+  }
+  if (size > kMaxRunConfigFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": run config is ", size, " bytes, more than the limit of ", kMaxRunConfigFileBytes));
+  }
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    int err = errno;
+    return absl::Status(err != 0 ? absl::ErrnoToStatusCode(err) : absl::StatusCode::kUnknown,
+                        absl::StrCat(path, ": cannot open run config: ",
+                                     err != 0 ? std::strerror(err) : "unknown error"));
+  }
+  std::string text(static_cast<size_t>(size), '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(size))) {
+    return absl::DataLossError(absl::StrCat(path, ": short read of run config"));
+  }
+  absl::StatusOr<RunConfig> config = ParseRunConfigJson(text);
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat(path, ": ", std::string(config.status().message())));
+  }
+  return config;
+}
+
+std::string RunConfigToJson(const RunConfig& config) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  auto printed = google::protobuf::util::MessageToJsonString(config, &out, options);
+  // Printing fails only for google.protobuf.Any fields whose type cannot be resolved; RunConfig has
+  // none, so a failure is a bug in this file.
+  if (!printed.ok()) {
+    std::fprintf(stderr, "RunConfigToJson: %s\n", printed.ToString().c_str());
+    std::abort();
+  }
+  return out;
+}
+
+RunConfig RedactRunConfigForClients(const RunConfig& config) {
+  RunConfig redacted = config;
+  redacted.mutable_model()->clear_path();
+  redacted.clear_data();
+  redacted.clear_server();
+  redacted.clear_simulation();
+  return redacted;
+}
+
+}  // namespace fedlora

@@ -1,0 +1,57 @@
+// Reading, defaulting, validating and printing the run config (fedlora.v1.RunConfig, see
+// proto/fedlora/v1/config.proto for every field, its unit and its default).
+//
+//   FEDLORA_ASSIGN_OR_RETURN(fedlora::v1::RunConfig config,
+//                            fedlora::LoadRunConfigFile("proto/examples/minimal.json"));
+//   std::cout << fedlora::RunConfigToJson(config);  // the effective config, defaults filled in
+//
+// Every error is InvalidArgument (except a missing or unreadable file, which keeps its errno code)
+// and names the field path, e.g. "selection.min_clients (12) exceeds selection.clients_per_round
+// (10)"; all problems of a config are reported in one message, separated by "; ".
+// All functions are thread-safe (they touch no shared state).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fedlora/v1/config.pb.h"
+
+namespace fedlora {
+
+// Defaults and limits that other modules need too (the rest are documented in config.proto).
+inline constexpr char kDefaultListenAddress[] = "127.0.0.1:50051";
+inline constexpr uint32_t kDefaultChunkSizeBytes = 1u << 20;      // 1 MiB
+inline constexpr uint32_t kMinChunkSizeBytes = 4u << 10;          // 4 KiB
+inline constexpr uint32_t kMaxChunkSizeBytes = 64u << 20;         // 64 MiB
+inline constexpr uint64_t kDefaultMaxUpdateBytes = 256ull << 20;  // 256 MiB
+inline constexpr uint32_t kDefaultMaxMessageBytes = 8u << 20;     // 8 MiB
+// Room for the fields around a chunk's data in one gRPC message (index, offset, hash, framing).
+inline constexpr uint32_t kChunkMessageOverheadBytes = 64u << 10;  // 64 KiB
+// Config files larger than this are refused before they are read (a config is a few KiB).
+inline constexpr uint64_t kMaxRunConfigFileBytes = 16ull << 20;  // 16 MiB
+
+// Parses a JSON run config (unknown fields are errors), applies the defaults and validates it.
+absl::StatusOr<v1::RunConfig> ParseRunConfigJson(std::string_view json);
+
+// Reads `path` and does what ParseRunConfigJson does; error messages start with the path.
+absl::StatusOr<v1::RunConfig> LoadRunConfigFile(const std::string& path);
+
+// Fills every unset field that has a documented default. Idempotent; never fails.
+void ApplyRunConfigDefaults(v1::RunConfig* config);
+
+// Checks a config that has been through ApplyRunConfigDefaults. OK, or InvalidArgument listing
+// every problem with its field path.
+absl::Status ValidateRunConfig(const v1::RunConfig& config);
+
+// Pretty-printed JSON with snake_case field names and every field written out, readable back by
+// ParseRunConfigJson to an equal message.
+std::string RunConfigToJson(const v1::RunConfig& config);
+
+// The config as clients may see it (JoinResponse.run_config): without model.path, data, server and
+// simulation, which describe the server's machine.
+v1::RunConfig RedactRunConfigForClients(const v1::RunConfig& config);
+
+}  // namespace fedlora

@@ -1,0 +1,623 @@
+#include "proto/config_io.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <string_view>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+
+namespace fedlora {
+namespace {
+
+using ::google::protobuf::util::MessageDifferencer;
+using ::testing::HasSubstr;
+using v1::AggregationConfig;
+using v1::CodecStage;
+using v1::RunConfig;
+
+// CTest sets FEDLORA_SOURCE_DIR to the repository root.
+std::string SourceDir() {
+  const char* dir = std::getenv("FEDLORA_SOURCE_DIR");
+  if (dir == nullptr) {
+    ADD_FAILURE() << "FEDLORA_SOURCE_DIR is not set; run this test through ctest";
+    return ".";
+  }
+  return dir;
+}
+
+std::string ExamplePath(const std::string& name) { return SourceDir() + "/proto/examples/" + name; }
+
+// The smallest valid config: everything else takes its default.
+constexpr char kMinimalJson[] =
+    R"({"model": {"path": "models/all-MiniLM-L6-v2"}, "task": {"labels": ["neg", "pos"]}})";
+
+RunConfig MinimalConfig() {
+  absl::StatusOr<RunConfig> config = ParseRunConfigJson(kMinimalJson);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? *config : RunConfig();
+}
+
+void ExpectInvalid(const absl::Status& status, const std::string& fragment) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(fragment));
+}
+
+TEST(ConfigIoTest, FullExampleLoadsWithValuesIntact) {
+  absl::StatusOr<RunConfig> loaded = LoadRunConfigFile(ExamplePath("full.json"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const RunConfig& c = *loaded;
+  EXPECT_EQ(c.run_id(), "fortunes-minilm-r8");
+  EXPECT_EQ(c.seed(), 1234u);
+  EXPECT_EQ(c.rounds(), 20u);
+  EXPECT_EQ(c.model().id(), "all-MiniLM-L6-v2");
+  EXPECT_EQ(c.model().path(), "models/all-MiniLM-L6-v2");
+  EXPECT_EQ(c.model().architecture(), "bert");
+  EXPECT_EQ(c.model().max_seq_len(), 96u);
+  EXPECT_EQ(c.lora().rank(), 4u);
+  EXPECT_EQ(c.lora().alpha(), 8.0);
+  EXPECT_EQ(c.lora().dropout(), 0.1);
+  EXPECT_THAT(c.lora().target_modules(), ::testing::ElementsAre("query", "key", "value"));
+  EXPECT_EQ(c.task().kind(), v1::TaskConfig::SEQUENCE_CLASSIFICATION);
+  EXPECT_THAT(c.task().labels(), ::testing::ElementsAre("fortunes", "literature", "riddles"));
+  EXPECT_EQ(c.task().label_field(), "category");
+  EXPECT_EQ(c.training().local_work_case(), v1::TrainingConfig::kLocalSteps);
+  EXPECT_EQ(c.training().local_steps(), 50u);
+  EXPECT_EQ(c.training().batch_size(), 32u);
+  EXPECT_EQ(c.training().learning_rate(), 0.001);
+  EXPECT_EQ(c.training().optimizer(), v1::TrainingConfig::ADAMW);
+  EXPECT_EQ(c.training().weight_decay(), 0.01);
+  EXPECT_EQ(c.training().warmup_steps(), 5u);
+  EXPECT_EQ(c.training().schedule(), v1::TrainingConfig::COSINE);
+  EXPECT_EQ(c.training().grad_accumulation(), 2u);
+  EXPECT_EQ(c.selection().clients_per_round(), 8u);
+  EXPECT_EQ(c.selection().over_selection(), 1.5);
+  EXPECT_EQ(c.selection().min_clients(), 6u);
+  EXPECT_EQ(c.selection().round_deadline_seconds(), 300u);
+  EXPECT_EQ(c.selection().heartbeat_interval_seconds(), 5u);
+  EXPECT_EQ(c.selection().heartbeat_timeout_seconds(), 20u);
+  EXPECT_EQ(c.selection().retry_after_seconds(), 3u);
+  EXPECT_EQ(c.aggregation().strategy(), AggregationConfig::FEDPROX);
+  EXPECT_EQ(c.aggregation().proximal_mu(), 0.05);
+  ASSERT_EQ(c.codec().stages_size(), 3);
+  EXPECT_EQ(c.codec().stages(0).id(), CodecStage::TOPK);
+  EXPECT_EQ(c.codec().stages(0).top_k().fraction(), 0.1);
+  EXPECT_EQ(c.codec().stages(1).quant().bits(), 8u);
+  EXPECT_EQ(c.codec().stages(1).quant().block_size(), 128u);
+  EXPECT_EQ(c.codec().stages(2).zstd().level(), 5);
+  EXPECT_TRUE(c.privacy().dp().enabled());
+  EXPECT_EQ(c.privacy().dp().clip_norm(), 0.5);
+  EXPECT_EQ(c.privacy().dp().noise_multiplier(), 0.8);
+  EXPECT_EQ(c.privacy().dp().target_delta(), 1e-6);
+  EXPECT_FALSE(c.privacy().secure_aggregation());
+  EXPECT_EQ(c.data().eval_path(), "data/fortunes/eval.jsonl");
+  EXPECT_EQ(c.data().eval_every_rounds(), 2u);
+  EXPECT_EQ(c.server().listen_address(), "127.0.0.1:50061");
+  EXPECT_EQ(c.server().store_dir(), "/var/lib/fedlora/fortunes");
+  EXPECT_EQ(c.server().chunk_size_bytes(), 262144u);
+  EXPECT_EQ(c.server().max_update_bytes(), 67108864u);
+  EXPECT_EQ(c.server().max_message_bytes(), 4194304u);
+  EXPECT_EQ(c.simulation().num_clients(), 16u);
+  EXPECT_EQ(c.simulation().partition(), v1::SimulationConfig::DIRICHLET);
+  EXPECT_EQ(c.simulation().dirichlet_alpha(), 0.3);
+  EXPECT_EQ(c.simulation().straggler_delay_seconds(), 2.5);
+}
+
+// Every default documented in config.proto, checked on the minimal example file.
+TEST(ConfigIoTest, MinimalExampleGetsDocumentedDefaults) {
+  absl::StatusOr<RunConfig> loaded = LoadRunConfigFile(ExamplePath("minimal.json"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const RunConfig& c = *loaded;
+  EXPECT_EQ(c.run_id(), "default");
+  EXPECT_EQ(c.seed(), 0u);
+  EXPECT_EQ(c.rounds(), 10u);
+  EXPECT_EQ(c.model().id(), "all-MiniLM-L6-v2");  // last component of model.path
+  EXPECT_EQ(c.model().max_seq_len(), 128u);
+  EXPECT_EQ(c.lora().rank(), 8u);
+  EXPECT_EQ(c.lora().alpha(), 16.0);
+  EXPECT_EQ(c.lora().dropout(), 0.0);
+  EXPECT_THAT(c.lora().target_modules(), ::testing::ElementsAre("query", "value"));
+  EXPECT_EQ(c.task().kind(), v1::TaskConfig::SEQUENCE_CLASSIFICATION);
+  EXPECT_EQ(c.task().text_field(), "text");
+  EXPECT_EQ(c.task().label_field(), "label");
+  EXPECT_EQ(c.task().pair_field(), "");
+  EXPECT_EQ(c.training().local_work_case(), v1::TrainingConfig::kLocalEpochs);
+  EXPECT_EQ(c.training().local_epochs(), 1u);
+  EXPECT_EQ(c.training().batch_size(), 16u);
+  EXPECT_EQ(c.training().learning_rate(), 5e-4);
+  EXPECT_EQ(c.training().optimizer(), v1::TrainingConfig::ADAMW);
+  EXPECT_EQ(c.training().schedule(), v1::TrainingConfig::CONSTANT);
+  EXPECT_EQ(c.training().grad_clip_norm(), 1.0);
+  EXPECT_EQ(c.training().grad_accumulation(), 1u);
+  EXPECT_EQ(c.training().adam_beta1(), 0.9);
+  EXPECT_EQ(c.training().adam_beta2(), 0.999);
+  EXPECT_EQ(c.training().adam_epsilon(), 1e-8);
+  EXPECT_EQ(c.selection().clients_per_round(), 10u);
+  EXPECT_EQ(c.selection().over_selection(), 1.3);
+  EXPECT_EQ(c.selection().min_clients(), 5u);  // half of 10, rounded up
+  EXPECT_EQ(c.selection().round_deadline_seconds(), 600u);
+  EXPECT_EQ(c.selection().heartbeat_interval_seconds(), 10u);
+  EXPECT_EQ(c.selection().heartbeat_timeout_seconds(), 30u);
+  EXPECT_EQ(c.selection().retry_after_seconds(), 5u);
+  EXPECT_EQ(c.aggregation().strategy(), AggregationConfig::FEDAVG);
+  EXPECT_EQ(c.aggregation().proximal_mu(), 0.0);
+  EXPECT_EQ(c.aggregation().server_learning_rate(), 1.0);
+  EXPECT_TRUE(c.aggregation().weight_by_examples());
+  EXPECT_EQ(c.codec().stages_size(), 0);
+  EXPECT_FALSE(c.privacy().dp().enabled());
+  EXPECT_EQ(c.privacy().dp().mode(), v1::DifferentialPrivacyConfig::CENTRAL);
+  EXPECT_EQ(c.privacy().dp().clip_norm(), 1.0);
+  EXPECT_EQ(c.privacy().dp().noise_multiplier(), 1.0);
+  EXPECT_EQ(c.privacy().dp().target_delta(), 1e-5);
+  EXPECT_FALSE(c.privacy().secure_aggregation());
+  EXPECT_EQ(c.data().eval_path(), "");
+  EXPECT_EQ(c.data().eval_every_rounds(), 1u);
+  EXPECT_EQ(c.data().eval_batch_size(), 64u);
+  EXPECT_EQ(c.server().listen_address(), "127.0.0.1:50051");
+  EXPECT_EQ(c.server().store_dir(), "fedlora_store");
+  EXPECT_EQ(c.server().chunk_size_bytes(), 1u << 20);
+  EXPECT_EQ(c.server().max_update_bytes(), 256u << 20);
+  EXPECT_EQ(c.server().max_message_bytes(), 8u << 20);
+  EXPECT_EQ(c.simulation().num_clients(), 10u);
+  EXPECT_EQ(c.simulation().partition(), v1::SimulationConfig::IID);
+  EXPECT_EQ(c.simulation().dirichlet_alpha(), 0.5);
+}
+
+// Hostile input never crashes: every prefix of a valid config, and every single-byte corruption of
+// it, gives either an error or a config that passes validation.
+TEST(ConfigIoTest, TruncatedAndCorruptedInputNeverCrashes) {
+  std::ifstream in(ExamplePath("full.json"), std::ios::binary);
+  std::string full((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(full.size(), 1000u);
+  full.erase(full.find_last_of('}') + 1);  // without the trailing newline
+  int accepted = 0;
+  for (size_t n = 0; n < full.size(); ++n) {
+    absl::StatusOr<RunConfig> c = ParseRunConfigJson(std::string_view(full).substr(0, n));
+    if (c.ok()) {
+      ++accepted;
+    } else {
+      EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << n;
+    }
+  }
+  EXPECT_EQ(accepted, 0);  // no proper prefix of the document is a complete JSON object
+  for (size_t i = 0; i < full.size(); i += 7) {
+    for (char replacement : {'\0', '"', '}', '9', '\xff'}) {
+      std::string corrupt = full;
+      corrupt[i] = replacement;
+      absl::StatusOr<RunConfig> c = ParseRunConfigJson(corrupt);
+      if (c.ok()) {
+        EXPECT_TRUE(ValidateRunConfig(*c).ok());
+      } else {
+        EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+      }
+    }
+  }
+}
+
+TEST(ConfigIoTest, StrategyAndStageDefaultsDependOnTheirKind) {
+  absl::StatusOr<RunConfig> c = ParseRunConfigJson(R"({
+    "model": {"path": "m/"}, "task": {"labels": ["a", "b"]},
+    "selection": {"clients_per_round": 7},
+    "aggregation": {"strategy": "FEDPROX"},
+    "codec": {"stages": [{"id": "RANDOMK"}, {"id": "BF16"}, {"id": "ZSTD"}]}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model().id(), "m");                  // trailing slash ignored
+  EXPECT_EQ(c->selection().min_clients(), 4u);      // ceil(7 / 2)
+  EXPECT_EQ(c->aggregation().proximal_mu(), 0.01);  // FedProx default
+  ASSERT_EQ(c->codec().stages_size(), 3);
+  for (const CodecStage& stage : c->codec().stages()) EXPECT_EQ(stage.version(), 1u);
+  EXPECT_EQ(c->codec().stages(0).random_k().fraction(), 0.01);
+  EXPECT_TRUE(c->codec().stages(0).random_k().error_feedback());
+  EXPECT_EQ(c->codec().stages(1).params_case(), CodecStage::PARAMS_NOT_SET);
+  EXPECT_EQ(c->codec().stages(2).zstd().level(), 3);
+}
+
+TEST(ConfigIoTest, ApplyingDefaultsTwiceChangesNothing) {
+  RunConfig once = MinimalConfig();
+  RunConfig twice = once;
+  ApplyRunConfigDefaults(&twice);
+  EXPECT_TRUE(MessageDifferencer::Equals(once, twice));
+}
+
+TEST(ConfigIoTest, MalformedJsonIsInvalidArgument) {
+  ExpectInvalid(ParseRunConfigJson(R"({"model": {"path": "m"})").status(), "not valid JSON");
+  ExpectInvalid(ParseRunConfigJson("").status(), "not valid JSON");
+  ExpectInvalid(ParseRunConfigJson("[1, 2]").status(), "not valid JSON");
+}
+
+TEST(ConfigIoTest, UnknownFieldIsRejectedWithItsName) {
+  absl::Status s = ParseRunConfigJson(
+                       R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
+                           "lora": {"rnak": 4}})")
+                       .status();
+  ExpectInvalid(s, "rnak");
+  EXPECT_THAT(std::string(s.message()), HasSubstr("lora"));
+}
+
+TEST(ConfigIoTest, WrongTypeIsRejectedWithTheFieldPath) {
+  ExpectInvalid(ParseRunConfigJson(R"({"lora": {"rank": "eight"}})").status(), "lora.rank");
+  ExpectInvalid(ParseRunConfigJson(R"({"lora": {"rank": -1}})").status(), "lora.rank");
+  ExpectInvalid(ParseRunConfigJson(R"({"lora": {"rank": 1.5}})").status(), "lora.rank");
+  ExpectInvalid(ParseRunConfigJson(R"({"lora": 5})").status(), "lora");
+  ExpectInvalid(ParseRunConfigJson(R"({"training": {"optimizer": "ADAM"}})").status(),
+                "training.optimizer");
+}
+
+TEST(ConfigIoTest, LocalEpochsAndLocalStepsAreExclusive) {
+  ExpectInvalid(
+      ParseRunConfigJson(R"({"training": {"local_epochs": 1, "local_steps": 10}})").status(),
+      "local_work");
+}
+
+// An explicit zero is not "unset": it is validated, not replaced by the default.
+TEST(ConfigIoTest, ExplicitZeroIsValidatedNotDefaulted) {
+  ExpectInvalid(ParseRunConfigJson(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
+                                       "lora": {"rank": 0}})")
+                    .status(),
+                "lora.rank (0) must be in [1, 4096]");
+  ExpectInvalid(ParseRunConfigJson(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
+                                       "selection": {"clients_per_round": 10, "min_clients": 12}})")
+                    .status(),
+                "selection.min_clients (12) exceeds selection.clients_per_round (10)");
+}
+
+TEST(ConfigIoTest, EveryProblemIsReportedAtOnce) {
+  absl::Status s = ParseRunConfigJson(R"({"lora": {"rank": 0}})").status();
+  ExpectInvalid(s, "model.path must not be empty");
+  ExpectInvalid(s, "lora.rank (0)");
+  ExpectInvalid(s, "task.labels has 0 entries, needs at least 2");
+}
+
+struct ValidationCase {
+  std::string name;
+  std::function<void(RunConfig&)> mutate;
+  std::string expected;  // fragment of the error message, starting with the field path
+};
+
+class ValidationTest : public ::testing::TestWithParam<ValidationCase> {};
+
+TEST_P(ValidationTest, ViolationIsInvalidArgumentNamingTheField) {
+  RunConfig config = MinimalConfig();
+  ASSERT_TRUE(ValidateRunConfig(config).ok());
+  GetParam().mutate(config);
+  ExpectInvalid(ValidateRunConfig(config), GetParam().expected);
+}
+
+CodecStage Stage(CodecStage::Id id) {
+  CodecStage s;
+  s.set_id(id);
+  s.set_version(1);
+  return s;
+}
+
+const std::vector<ValidationCase>& Cases() {
+  static const auto* cases = new std::vector<ValidationCase>{
+      {"RunIdCharset", [](RunConfig& c) { c.set_run_id("a/b"); }, "run_id (\"a/b\")"},
+      {"RunIdDotDot", [](RunConfig& c) { c.set_run_id(".."); }, "run_id (\"..\")"},
+      {"RoundsZero", [](RunConfig& c) { c.set_rounds(0); }, "rounds (0) must be in [1, 1000000]"},
+      {"ModelPathEmpty", [](RunConfig& c) { c.mutable_model()->clear_path(); },
+       "model.path must not be empty"},
+      {"ModelShaNotHex", [](RunConfig& c) { c.mutable_model()->set_sha256("ABC"); },
+       "model.sha256 (\"ABC\") must be 64 lowercase hex"},
+      {"MaxSeqLenZero", [](RunConfig& c) { c.mutable_model()->set_max_seq_len(0); },
+       "model.max_seq_len (0)"},
+      {"LoraRankZero", [](RunConfig& c) { c.mutable_lora()->set_rank(0); }, "lora.rank (0)"},
+      {"LoraRankHuge", [](RunConfig& c) { c.mutable_lora()->set_rank(5000); }, "lora.rank (5000)"},
+      {"LoraAlphaNegative", [](RunConfig& c) { c.mutable_lora()->set_alpha(-1); },
+       "lora.alpha (-1) must be finite and > 0"},
+      {"LoraAlphaNan", [](RunConfig& c) { c.mutable_lora()->set_alpha(std::nan("")); },
+       "lora.alpha (nan)"},
+      {"LoraDropoutOne", [](RunConfig& c) { c.mutable_lora()->set_dropout(1.0); },
+       "lora.dropout (1) must be finite and in [0, 1)"},
+      {"LoraTargetDuplicate", [](RunConfig& c) { c.mutable_lora()->add_target_modules("query"); },
+       "lora.target_modules[2] (\"query\") is a duplicate"},
+      {"LoraTargetEmpty", [](RunConfig& c) { c.mutable_lora()->clear_target_modules(); },
+       "lora.target_modules has 0 entries"},
+      {"TaskOneLabel", [](RunConfig& c) { c.mutable_task()->mutable_labels()->RemoveLast(); },
+       "task.labels has 1 entries, needs at least 2"},
+      {"TaskDuplicateLabel", [](RunConfig& c) { c.mutable_task()->set_labels(1, "neg"); },
+       "task.labels[1] (\"neg\") is a duplicate"},
+      {"CausalLmWithLabels",
+       [](RunConfig& c) { c.mutable_task()->set_kind(v1::TaskConfig::CAUSAL_LM); },
+       "task.labels has 2 entries; CAUSAL_LM takes none"},
+      {"PairFieldEqualsTextField", [](RunConfig& c) { c.mutable_task()->set_pair_field("text"); },
+       "task.pair_field (\"text\") must differ from task.text_field"},
+      {"LocalEpochsZero", [](RunConfig& c) { c.mutable_training()->set_local_epochs(0); },
+       "training.local_epochs (0)"},
+      {"LocalWorkUnset", [](RunConfig& c) { c.mutable_training()->clear_local_work(); },
+       "training.local_epochs or training.local_steps must be set"},
+      {"WarmupBeyondSteps",
+       [](RunConfig& c) {
+         c.mutable_training()->set_local_steps(10);
+         c.mutable_training()->set_warmup_steps(11);
+       },
+       "training.warmup_steps (11) exceeds training.local_steps (10)"},
+      {"BatchSizeZero", [](RunConfig& c) { c.mutable_training()->set_batch_size(0); },
+       "training.batch_size (0)"},
+      {"LearningRateZero", [](RunConfig& c) { c.mutable_training()->set_learning_rate(0); },
+       "training.learning_rate (0) must be finite and > 0"},
+      {"LearningRateInf", [](RunConfig& c) { c.mutable_training()->set_learning_rate(HUGE_VAL); },
+       "training.learning_rate (inf)"},
+      {"OptimizerUnknown",
+       [](RunConfig& c) {
+         c.mutable_training()->set_optimizer(static_cast<v1::TrainingConfig::Optimizer>(17));
+       },
+       "training.optimizer (17) is not a known optimizer"},
+      {"WeightDecayNegative", [](RunConfig& c) { c.mutable_training()->set_weight_decay(-0.1); },
+       "training.weight_decay (-0.1)"},
+      {"GradClipNegative", [](RunConfig& c) { c.mutable_training()->set_grad_clip_norm(-1); },
+       "training.grad_clip_norm (-1)"},
+      {"GradAccumulationZero", [](RunConfig& c) { c.mutable_training()->set_grad_accumulation(0); },
+       "training.grad_accumulation (0)"},
+      {"AdamBeta2One", [](RunConfig& c) { c.mutable_training()->set_adam_beta2(1.0); },
+       "training.adam_beta2 (1)"},
+      {"ClientsPerRoundZero", [](RunConfig& c) { c.mutable_selection()->set_clients_per_round(0); },
+       "selection.clients_per_round (0)"},
+      {"OverSelectionBelowOne",
+       [](RunConfig& c) { c.mutable_selection()->set_over_selection(0.9); },
+       "selection.over_selection (0.9) must be finite and in [1, 10]"},
+      {"OverSelectionAboveTen", [](RunConfig& c) { c.mutable_selection()->set_over_selection(11); },
+       "selection.over_selection (11)"},
+      {"MinClientsZero", [](RunConfig& c) { c.mutable_selection()->set_min_clients(0); },
+       "selection.min_clients (0) must be >= 1"},
+      {"MinClientsAboveTarget", [](RunConfig& c) { c.mutable_selection()->set_min_clients(11); },
+       "selection.min_clients (11) exceeds selection.clients_per_round (10)"},
+      {"DeadlineZero", [](RunConfig& c) { c.mutable_selection()->set_round_deadline_seconds(0); },
+       "selection.round_deadline_seconds (0)"},
+      {"HeartbeatTimeoutNotAboveInterval",
+       [](RunConfig& c) { c.mutable_selection()->set_heartbeat_timeout_seconds(10); },
+       "selection.heartbeat_timeout_seconds (10) must exceed "
+       "selection.heartbeat_interval_seconds (10)"},
+      {"RetryAfterZero", [](RunConfig& c) { c.mutable_selection()->set_retry_after_seconds(0); },
+       "selection.retry_after_seconds (0)"},
+      {"FedProxWithoutMu",
+       [](RunConfig& c) { c.mutable_aggregation()->set_strategy(AggregationConfig::FEDPROX); },
+       "aggregation.proximal_mu (0) must be > 0 with strategy FEDPROX"},
+      {"ProximalMuNegative", [](RunConfig& c) { c.mutable_aggregation()->set_proximal_mu(-1); },
+       "aggregation.proximal_mu (-1) must be finite and >= 0"},
+      {"ServerLrZero", [](RunConfig& c) { c.mutable_aggregation()->set_server_learning_rate(0); },
+       "aggregation.server_learning_rate (0)"},
+      {"TrimFractionHalf", [](RunConfig& c) { c.mutable_aggregation()->set_trim_fraction(0.5); },
+       "aggregation.trim_fraction (0.5)"},
+      {"KrumTooFewClients",
+       [](RunConfig& c) {
+         c.mutable_aggregation()->set_strategy(AggregationConfig::KRUM);
+         c.mutable_aggregation()->set_krum_byzantine_clients(4);
+       },
+       "aggregation.krum_byzantine_clients (4) needs selection.clients_per_round (10) > 2 * f + 2"},
+      {"CodecStageUnset", [](RunConfig& c) { c.mutable_codec()->add_stages(); },
+       "codec.stages[0].id (0) is not a known codec stage"},
+      {"CodecVersionUnknown",
+       [](RunConfig& c) {
+         *c.mutable_codec()->add_stages() = Stage(CodecStage::BF16);
+         c.mutable_codec()->mutable_stages(0)->set_version(2);
+       },
+       "codec.stages[0].version (2) is not a known version"},
+      {"CodecZstdNotLast",
+       [](RunConfig& c) {
+         *c.mutable_codec()->add_stages() = Stage(CodecStage::ZSTD);
+         *c.mutable_codec()->add_stages() = Stage(CodecStage::FP16);
+         c.mutable_codec()->mutable_stages(0)->mutable_zstd()->set_level(3);
+       },
+       "codec.stages[0].id (ZSTD) must be the last stage"},
+      {"CodecNoneNotAlone",
+       [](RunConfig& c) {
+         *c.mutable_codec()->add_stages() = Stage(CodecStage::NONE);
+         *c.mutable_codec()->add_stages() = Stage(CodecStage::FP16);
+       },
+       "codec.stages[0].id (NONE) must be the only stage"},
+      {"CodecDuplicateStage",
+       [](RunConfig& c) {
+         *c.mutable_codec()->add_stages() = Stage(CodecStage::FP16);
+         *c.mutable_codec()->add_stages() = Stage(CodecStage::FP16);
+       },
+       "codec.stages[1].id (FP16) appears twice"},
+      {"CodecTwoValueEncoders",
+       [](RunConfig& c) {
+         *c.mutable_codec()->add_stages() = Stage(CodecStage::FP16);
+         *c.mutable_codec()->add_stages() = Stage(CodecStage::BF16);
+       },
+       "codec.stages combine more than one of FP16, BF16 and QUANT"},
+      {"CodecParamsMismatch",
+       [](RunConfig& c) {
+         CodecStage* s = c.mutable_codec()->add_stages();
+         *s = Stage(CodecStage::TOPK);
+         s->mutable_quant()->set_bits(8);
+       },
+       "codec.stages[0] has parameters that do not belong to stage TOPK"},
+      {"CodecQuantBits",
+       [](RunConfig& c) {
+         CodecStage* s = c.mutable_codec()->add_stages();
+         *s = Stage(CodecStage::QUANT);
+         s->mutable_quant()->set_bits(3);
+         s->mutable_quant()->set_block_size(64);
+       },
+       "codec.stages[0].quant.bits (3) must be 1, 2, 4 or 8"},
+      {"CodecTopKFractionZero",
+       [](RunConfig& c) {
+         CodecStage* s = c.mutable_codec()->add_stages();
+         *s = Stage(CodecStage::TOPK);
+         s->mutable_top_k()->set_fraction(0);
+       },
+       "codec.stages[0].top_k.fraction (0) must be finite and in (0, 1]"},
+      {"CodecZstdLevel",
+       [](RunConfig& c) {
+         CodecStage* s = c.mutable_codec()->add_stages();
+         *s = Stage(CodecStage::ZSTD);
+         s->mutable_zstd()->set_level(23);
+       },
+       "codec.stages[0].zstd.level (23)"},
+      {"DpClipZero", [](RunConfig& c) { c.mutable_privacy()->mutable_dp()->set_clip_norm(0); },
+       "privacy.dp.clip_norm (0) must be finite and > 0"},
+      {"DpNoiseNegative",
+       [](RunConfig& c) { c.mutable_privacy()->mutable_dp()->set_noise_multiplier(-0.5); },
+       "privacy.dp.noise_multiplier (-0.5)"},
+      {"DpDeltaOne", [](RunConfig& c) { c.mutable_privacy()->mutable_dp()->set_target_delta(1); },
+       "privacy.dp.target_delta (1)"},
+      {"SecAggOneClient",
+       [](RunConfig& c) {
+         c.mutable_privacy()->set_secure_aggregation(true);
+         c.mutable_selection()->set_min_clients(1);
+       },
+       "selection.min_clients (1) must be >= 2 with privacy.secure_aggregation"},
+      {"SecAggMedian",
+       [](RunConfig& c) {
+         c.mutable_privacy()->set_secure_aggregation(true);
+         c.mutable_aggregation()->set_strategy(AggregationConfig::MEDIAN);
+       },
+       "aggregation.strategy (MEDIAN) needs individual updates"},
+      {"EvalEveryZero", [](RunConfig& c) { c.mutable_data()->set_eval_every_rounds(0); },
+       "data.eval_every_rounds (0)"},
+      {"ChunkTooSmall", [](RunConfig& c) { c.mutable_server()->set_chunk_size_bytes(4095); },
+       "server.chunk_size_bytes (4095) must be in [4096, 67108864]"},
+      {"ChunkTooLarge",
+       [](RunConfig& c) { c.mutable_server()->set_chunk_size_bytes((64u << 20) + 1); },
+       "server.chunk_size_bytes (67108865)"},
+      {"MaxUpdateBelowChunk", [](RunConfig& c) { c.mutable_server()->set_max_update_bytes(1000); },
+       "server.max_update_bytes (1000) is less than server.chunk_size_bytes (1048576)"},
+      {"MaxMessageBelowChunk",
+       [](RunConfig& c) { c.mutable_server()->set_max_message_bytes(1u << 20); },
+       "server.max_message_bytes (1048576) must be in [server.chunk_size_bytes + 65536"},
+      {"StoreDirEmpty", [](RunConfig& c) { c.mutable_server()->clear_store_dir(); },
+       "server.store_dir must not be empty"},
+      {"ListenNoHost", [](RunConfig& c) { c.mutable_server()->set_listen_address(":50051"); },
+       "server.listen_address (\":50051\") must be host:port"},
+      {"ListenNoPort", [](RunConfig& c) { c.mutable_server()->set_listen_address("127.0.0.1"); },
+       "server.listen_address (\"127.0.0.1\")"},
+      {"ListenPortTooBig",
+       [](RunConfig& c) { c.mutable_server()->set_listen_address("127.0.0.1:65536"); },
+       "server.listen_address (\"127.0.0.1:65536\")"},
+      {"ListenUnbracketedV6",
+       [](RunConfig& c) { c.mutable_server()->set_listen_address("::1:50051"); },
+       "server.listen_address (\"::1:50051\")"},
+      {"ListenWildcardWithoutTls",
+       [](RunConfig& c) { c.mutable_server()->set_listen_address("0.0.0.0:50051"); },
+       "server.listen_address (\"0.0.0.0:50051\") is not a loopback address and needs "
+       "server.tls.cert_file"},
+      {"ListenLookalikeLoopback",
+       [](RunConfig& c) { c.mutable_server()->set_listen_address("127.0.0.1.example.com:1"); },
+       "is not a loopback address"},
+      {"TlsKeyWithoutCert",
+       [](RunConfig& c) { c.mutable_server()->mutable_tls()->set_key_file("k"); },
+       "server.tls.cert_file and server.tls.key_file must be set together"},
+      {"TlsCaWithoutCert",
+       [](RunConfig& c) { c.mutable_server()->mutable_tls()->set_client_ca_file("ca.pem"); },
+       "server.tls.client_ca_file needs server.tls.cert_file"},
+      {"MetricsAddressBad", [](RunConfig& c) { c.mutable_server()->set_metrics_address("9464"); },
+       "server.metrics_address (\"9464\")"},
+      {"SimNoClients", [](RunConfig& c) { c.mutable_simulation()->set_num_clients(0); },
+       "simulation.num_clients (0)"},
+      {"SimByKeyWithoutField",
+       [](RunConfig& c) { c.mutable_simulation()->set_partition(v1::SimulationConfig::BY_KEY); },
+       "simulation.partition_key_field must be set with partition BY_KEY"},
+      {"SimDropoutAboveOne",
+       [](RunConfig& c) { c.mutable_simulation()->set_dropout_probability(1.5); },
+       "simulation.dropout_probability (1.5)"},
+  };
+  return *cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllRules, ValidationTest, ::testing::ValuesIn(Cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(ConfigIoTest, ListenAddressesThatAreAccepted) {
+  for (const char* address : {"127.0.0.1:50051", "127.0.0.1:0", "127.3.2.1:1", "localhost:8080",
+                              "LOCALHOST:8080", "[::1]:50051"}) {
+    RunConfig c = MinimalConfig();
+    c.mutable_server()->set_listen_address(address);
+    EXPECT_TRUE(ValidateRunConfig(c).ok()) << address << ": " << ValidateRunConfig(c);
+  }
+  for (const char* address : {"0.0.0.0:50051", "[::]:50051", "10.1.2.3:443", "server.example:1"}) {
+    RunConfig c = MinimalConfig();
+    c.mutable_server()->set_listen_address(address);
+    c.mutable_server()->mutable_tls()->set_cert_file("server.pem");
+    c.mutable_server()->mutable_tls()->set_key_file("server.key");
+    c.mutable_server()->mutable_tls()->set_client_ca_file("ca.pem");
+    EXPECT_TRUE(ValidateRunConfig(c).ok()) << address << ": " << ValidateRunConfig(c);
+  }
+}
+
+TEST(ConfigIoTest, JsonRoundTripGivesAnEqualMessage) {
+  for (const char* name : {"full.json", "minimal.json"}) {
+    absl::StatusOr<RunConfig> loaded = LoadRunConfigFile(ExamplePath(name));
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    std::string json = RunConfigToJson(*loaded);
+    absl::StatusOr<RunConfig> reparsed = ParseRunConfigJson(json);
+    ASSERT_TRUE(reparsed.ok()) << name << ": " << reparsed.status() << "\n" << json;
+    std::string diff;
+    MessageDifferencer differencer;
+    differencer.ReportDifferencesToString(&diff);
+    EXPECT_TRUE(differencer.Compare(*loaded, *reparsed)) << name << ": " << diff;
+    // Printed with the proto field names users write, and every field present.
+    EXPECT_THAT(json, HasSubstr("\"clients_per_round\": "));
+    EXPECT_THAT(json, HasSubstr("\"weight_decay\""));
+  }
+}
+
+TEST(ConfigIoTest, RedactionRemovesServerOnlyParts) {
+  absl::StatusOr<RunConfig> full = LoadRunConfigFile(ExamplePath("full.json"));
+  ASSERT_TRUE(full.ok()) << full.status();
+  RunConfig redacted = RedactRunConfigForClients(*full);
+  EXPECT_EQ(redacted.model().path(), "");
+  EXPECT_EQ(redacted.model().id(), "all-MiniLM-L6-v2");
+  EXPECT_FALSE(redacted.has_server());
+  EXPECT_FALSE(redacted.has_data());
+  EXPECT_FALSE(redacted.has_simulation());
+  EXPECT_TRUE(MessageDifferencer::Equals(redacted.lora(), full->lora()));
+  EXPECT_TRUE(MessageDifferencer::Equals(redacted.codec(), full->codec()));
+  EXPECT_TRUE(MessageDifferencer::Equals(redacted.privacy(), full->privacy()));
+  EXPECT_TRUE(MessageDifferencer::Equals(redacted.training(), full->training()));
+}
+
+class ConfigFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("proto_config_io_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Write(const std::string& name, const std::string& text) {
+    std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(ConfigFileTest, MissingFileIsNotFoundNamingThePath) {
+  std::string path = (dir_ / "absent.json").string();
+  absl::Status s = LoadRunConfigFile(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(path));
+}
+
+TEST_F(ConfigFileTest, DirectoryIsInvalidArgument) {
+  ExpectInvalid(LoadRunConfigFile(dir_.string()).status(), "not a regular file");
+}
+
+TEST_F(ConfigFileTest, ParseErrorQuotesProtobufAndThePath) {
+  std::string path = Write("bad.json", R"({"lora": {"rank": "eight"}})");
+  absl::Status s = LoadRunConfigFile(path).status();
+  ExpectInvalid(s, path + ": run config is not valid JSON");
+  ExpectInvalid(s, "lora.rank");
+  ExpectInvalid(s, "eight");
+}
+
+TEST_F(ConfigFileTest, ValidationErrorNamesThePathAndTheField) {
+  std::string path = Write("rank0.json", R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
+                                             "lora": {"rank": 0}})");
+  ExpectInvalid(LoadRunConfigFile(path).status(), path + ": lora.rank (0)");
+}
+
+}  // namespace
+}  // namespace fedlora
