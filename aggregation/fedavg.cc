@@ -1,0 +1,277 @@
+#include "aggregation/fedavg.h"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status.h"
+#include "core/strings.h"
+#include "core/tensor.h"
+
+namespace fedlora {
+namespace {
+
+using u128 = unsigned __int128;
+using i128 = __int128;
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// The fixed-point term round_half_even(w * x * 2^kFracBits) as a two's-complement u128, or nullopt
+// when |w * x| >= 2^(kMaxTermLog2 - kFracBits). `x` must be finite; 1 <= w <= 2^32.
+//
+// x = mant * 2^exp exactly (mant < 2^24), so w * x = (w * mant) * 2^exp with w * mant < 2^56 an
+// exact uint64: the only rounding is the final shift, and it depends on this term alone.
+std::optional<u128> FixedPointTerm(float x, uint64_t w) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  const bool negative = (bits >> 31) != 0;
+  const uint32_t exp_field = (bits >> 23) & 0xFF;
+  const uint32_t frac = bits & 0x7FFFFF;
+  if (exp_field == 0 && frac == 0) return u128{0};  // +-0
+  const uint64_t mant = exp_field == 0 ? frac : (frac | 0x800000u);
+  const int exp = exp_field == 0 ? -149 : static_cast<int>(exp_field) - 150;
+  const uint64_t p = w * mant;  // < 2^32 * 2^24 = 2^56
+  const int shift = exp + StreamingFedAvg::kFracBits;
+  u128 q;
+  if (shift >= 0) {
+    if (std::bit_width(p) + shift > StreamingFedAvg::kMaxTermLog2) return std::nullopt;
+    q = static_cast<u128>(p) << shift;
+  } else {
+    const int r = -shift;
+    if (r > 56) {
+      q = 0;  // p < 2^56 <= 2^(r-1): below half of one unit, rounds to 0 (ties included, 0 is even)
+    } else {
+      uint64_t whole = p >> r;
+      const uint64_t rem = p & ((uint64_t{1} << r) - 1);
+      const uint64_t half = uint64_t{1} << (r - 1);
+      if (rem > half || (rem == half && (whole & 1) != 0)) ++whole;
+      q = whole;
+    }
+  }
+  return negative ? static_cast<u128>(-q) : q;
+}
+
+}  // namespace
+
+std::string_view AggregationStrategyName(AggregationStrategy strategy) {
+  switch (strategy) {
+    case AggregationStrategy::kFedAvg:
+      return "fedavg";
+    case AggregationStrategy::kFedProx:
+      return "fedprox";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<AggregationStrategy> ParseAggregationStrategy(std::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(ToAbsl(name));
+  if (lower == "fedavg") return AggregationStrategy::kFedAvg;
+  if (lower == "fedprox") return AggregationStrategy::kFedProx;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown aggregation strategy '", ToAbsl(name), "' (expected fedavg or fedprox)"));
+}
+
+std::vector<TensorSpec> SpecFromParams(const std::vector<Param>& params) {
+  std::vector<TensorSpec> spec;
+  spec.reserve(params.size());
+  for (const Param& p : params) spec.push_back({p.name, p.shape});
+  return spec;
+}
+
+std::vector<TensorSpec> SpecFromUpdate(const std::vector<UpdateTensor>& tensors) {
+  std::vector<TensorSpec> spec;
+  spec.reserve(tensors.size());
+  for (const UpdateTensor& t : tensors) spec.push_back({t.name, t.shape});
+  return spec;
+}
+
+absl::StatusOr<StreamingFedAvg> StreamingFedAvg::Create(std::vector<TensorSpec> spec) {
+  if (spec.empty()) return absl::InvalidArgumentError("StreamingFedAvg: the adapter spec has no tensors");
+  StreamingFedAvg avg;
+  int64_t total = 0;
+  for (size_t i = 0; i < spec.size(); ++i) {
+    const TensorSpec& t = spec[i];
+    if (t.name.empty())
+      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: spec tensor ", i, " has no name"));
+    if (!avg.index_.emplace(t.name, i).second) {
+      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: duplicate spec tensor '", t.name, "'"));
+    }
+    auto numel = CheckedNumel(t.shape);
+    if (!numel.ok()) return Annotate(numel.status(), absl::StrCat("StreamingFedAvg: spec tensor '", t.name, "'"));
+    avg.offsets_.push_back(total);
+    if (*numel > std::numeric_limits<int64_t>::max() / 16 - total) {
+      return absl::InvalidArgumentError("StreamingFedAvg: the adapter spec has too many elements");
+    }
+    total += *numel;
+  }
+  avg.offsets_.push_back(total);
+  avg.sums_.assign(static_cast<size_t>(total), u128{0});
+  avg.spec_ = std::move(spec);
+  return avg;
+}
+
+absl::Status StreamingFedAvg::Add(const std::vector<UpdateTensor>& update, int64_t num_examples) {
+  if (num_examples < 1 || num_examples > kMaxWeight) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StreamingFedAvg: num_examples ", num_examples, " is not in [1, ", kMaxWeight, "]"));
+  }
+  if (num_updates_ >= kMaxUpdates) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("StreamingFedAvg: already holds the maximum of ", kMaxUpdates, " updates"));
+  }
+  if (update.size() != spec_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StreamingFedAvg: update has ", update.size(), " tensors, the global adapter has ", spec_.size()));
+  }
+  // Pass 1: structure, then values; nothing is accumulated until everything checks out.
+  std::vector<size_t> slot(update.size());
+  std::vector<bool> seen(spec_.size(), false);
+  for (size_t t = 0; t < update.size(); ++t) {
+    const UpdateTensor& u = update[t];
+    auto it = index_.find(u.name);
+    if (it == index_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StreamingFedAvg: update tensor '", u.name, "' is not in the global adapter"));
+    }
+    if (seen[it->second]) {
+      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: update repeats tensor '", u.name, "'"));
+    }
+    seen[it->second] = true;
+    slot[t] = it->second;
+    const TensorSpec& s = spec_[it->second];
+    if (u.shape != s.shape) {
+      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name, "' has shape ",
+                                                     ShapeString(u.shape), ", the global adapter has ",
+                                                     ShapeString(s.shape)));
+    }
+    const int64_t n = offsets_[it->second + 1] - offsets_[it->second];
+    if (static_cast<int64_t>(u.values.size()) != n) {
+      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name, "' has ", u.values.size(),
+                                                     " values for shape ", ShapeString(s.shape), " (", n, ")"));
+    }
+  }
+  const uint64_t w = static_cast<uint64_t>(num_examples);
+  for (const UpdateTensor& u : update) {
+    for (size_t i = 0; i < u.values.size(); ++i) {
+      const float x = u.values[i];
+      if (!std::isfinite(x)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("StreamingFedAvg: tensor '", u.name, "' value ", i, " is not finite (", x, ")"));
+      }
+      if (!FixedPointTerm(x, w).has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name, "' value ", i, " (", x,
+                                                       ") times num_examples ", num_examples,
+                                                       " exceeds the accumulator range 2^", kMaxTermLog2 - kFracBits));
+      }
+    }
+  }
+  // Pass 2: accumulate (wrapping u128 adds; exact, see the header).
+  for (size_t t = 0; t < update.size(); ++t) {
+    const UpdateTensor& u = update[t];
+    u128* sums = sums_.data() + offsets_[slot[t]];
+    for (size_t i = 0; i < u.values.size(); ++i) sums[i] += *FixedPointTerm(u.values[i], w);
+  }
+  ++num_updates_;
+  total_weight_ += w;
+  return absl::OkStatus();
+}
+
+absl::Status StreamingFedAvg::Merge(const StreamingFedAvg& other) {
+  if (other.spec_.size() != spec_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StreamingFedAvg::Merge: other has ", other.spec_.size(), " tensors, this has ", spec_.size()));
+  }
+  for (size_t t = 0; t < spec_.size(); ++t) {
+    if (other.spec_[t].name != spec_[t].name || other.spec_[t].shape != spec_[t].shape) {
+      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg::Merge: tensor ", t, " is '", other.spec_[t].name,
+                                                     "' ", ShapeString(other.spec_[t].shape), " in other but '",
+                                                     spec_[t].name, "' ", ShapeString(spec_[t].shape), " here"));
+    }
+  }
+  if (num_updates_ + other.num_updates_ > kMaxUpdates) {
+    return absl::ResourceExhaustedError(absl::StrCat("StreamingFedAvg::Merge: ", num_updates_, " + ",
+                                                     other.num_updates_, " updates exceed ", kMaxUpdates));
+  }
+  for (size_t i = 0; i < sums_.size(); ++i) sums_[i] += other.sums_[i];
+  num_updates_ += other.num_updates_;
+  total_weight_ += other.total_weight_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<UpdateTensor>> StreamingFedAvg::Finish() const {
+  if (num_updates_ == 0) return absl::FailedPreconditionError("StreamingFedAvg: no updates to average");
+  // mean = S * 2^-kFracBits / W. |S| < 2^127 converts to long double (64-bit mantissa on x86-64,
+  // 113-bit on aarch64) with relative error <= 2^-64, the division adds as much, and the final
+  // cast rounds to fp32: a deterministic function of (S, W) alone.
+  const long double inv_scale = std::ldexp(1.0L, -kFracBits);
+  const long double weight = static_cast<long double>(total_weight_);
+  std::vector<UpdateTensor> out(spec_.size());
+  for (size_t t = 0; t < spec_.size(); ++t) {
+    out[t].name = spec_[t].name;
+    out[t].shape = spec_[t].shape;
+    const int64_t begin = offsets_[t], end = offsets_[t + 1];
+    out[t].values.resize(static_cast<size_t>(end - begin));
+    for (int64_t i = begin; i < end; ++i) {
+      const i128 s = static_cast<i128>(sums_[static_cast<size_t>(i)]);
+      out[t].values[static_cast<size_t>(i - begin)] =
+          static_cast<float>(static_cast<long double>(s) * inv_scale / weight);
+    }
+  }
+  return out;
+}
+
+absl::Status ApplyServerUpdate(const std::vector<UpdateTensor>& delta, float server_lr, std::vector<Param>& global) {
+  if (!std::isfinite(server_lr) || server_lr <= 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ApplyServerUpdate: server_lr ", server_lr, " must be finite and > 0"));
+  }
+  if (delta.size() != global.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("ApplyServerUpdate: delta has ", delta.size(),
+                                                   " tensors, the global adapter has ", global.size()));
+  }
+  absl::flat_hash_map<std::string_view, size_t> by_name;
+  for (size_t i = 0; i < delta.size(); ++i) {
+    if (!by_name.emplace(delta[i].name, i).second) {
+      return absl::InvalidArgumentError(absl::StrCat("ApplyServerUpdate: delta repeats tensor '", delta[i].name, "'"));
+    }
+  }
+  // Compute into fresh buffers so that `global` is untouched on any error.
+  std::vector<std::vector<float>> next(global.size());
+  const double lr = server_lr;
+  for (size_t g = 0; g < global.size(); ++g) {
+    const Param& p = global[g];
+    auto it = by_name.find(p.name);
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("ApplyServerUpdate: delta has no tensor '", p.name, "'"));
+    }
+    const UpdateTensor& d = delta[it->second];
+    if (d.shape != p.shape || d.values.size() != p.value.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("ApplyServerUpdate: tensor '", p.name, "' delta shape ",
+                                                     ShapeString(d.shape), " (", d.values.size(), " values) vs global ",
+                                                     ShapeString(p.shape), " (", p.value.size(), " values)"));
+    }
+    next[g].resize(p.value.size());
+    for (size_t i = 0; i < p.value.size(); ++i) {
+      if (!std::isfinite(d.values[i])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ApplyServerUpdate: tensor '", p.name, "' delta value ", i, " is not finite"));
+      }
+      const float v = static_cast<float>(static_cast<double>(p.value[i]) + lr * static_cast<double>(d.values[i]));
+      if (!std::isfinite(v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ApplyServerUpdate: tensor '", p.name, "' value ", i, " overflows fp32 after the update"));
+      }
+      next[g][i] = v;
+    }
+  }
+  for (size_t g = 0; g < global.size(); ++g) global[g].value.swap(next[g]);
+  return absl::OkStatus();
+}
+
+}  // namespace fedlora

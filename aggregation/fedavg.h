@@ -1,0 +1,124 @@
+// Streaming, order-independent federated averaging.
+//
+//   FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(SpecFromParams(global)));
+//   for (const auto& u : accepted) FEDLORA_RETURN_IF_ERROR(avg.Add(u.tensors, u.num_examples));
+//   FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> mean_delta, avg.Finish());
+//   FEDLORA_RETURN_IF_ERROR(ApplyServerUpdate(mean_delta, /*server_lr=*/1.0f, global));
+//
+// Determinism (why the accumulator is fixed point): the server must produce a bit-identical global
+// adapter for the same set of accepted updates whatever their arrival order and whether it restarted
+// mid-round (then it re-adds the durably stored updates). Floating-point sums depend on the order, so
+// each element accumulates in an exact 128-bit two's-complement fixed-point integer instead:
+//
+//   term_i = round_half_even(w_i * x_i * 2^kFracBits)   w_i = num_examples (integer), x_i = the fp32 value
+//   S      = sum_i term_i   (mod 2^128; exact, so any order and any grouping gives the same bits)
+//   W      = sum_i w_i      (exact uint64)
+//   mean   = fp32(S * 2^-kFracBits / W)
+//
+// w_i * x_i is formed exactly (24-bit mantissa times a <= 2^32 weight fits in 56 bits), so the only
+// rounding before the final division is per term and depends on that term alone. Partial sums may
+// wrap, but because every term is bounded by 2^kMaxTermLog2 and at most kMaxUpdates terms are added,
+// the true total fits in int128 and modular arithmetic returns it exactly.
+//
+// Error bound: |mean - exact weighted mean| <= 0.5 ulp_fp32(mean) (final rounding)
+//   + 2^-62 * |mean| (long-double conversion and division on x86-64)
+//   + n * 2^-(kFracBits+1) / W (per-term rounding; n updates, W total weight).
+// With kFracBits = 64 the last term is n * 2.7e-20 / W: a product |w * x| below 2^-65 (~2.7e-20)
+// rounds to 0, far below anything an fp32 adapter entry can carry next to its other entries.
+// Range: every |w_i * x_i| must be < 2^kMaxTermLog2 / 2^kFracBits = 2^43 (~8.8e12); Add refuses
+// updates outside it with InvalidArgument (a delta of 1e6 with a million examples still fits).
+// Memory: 16 bytes per model element (one int128) plus the tensor names/shapes, independent of the
+// number of clients: O(model).
+//
+// Merge() adds another accumulator's exact sums, so several aggregator processes can each take a
+// share of the clients and the coordinator combines them with the same bit-exact result.
+//
+// Thread-safety: not thread-safe; use one StreamingFedAvg per aggregation, from one thread (or
+// guard it). Finish() is const and may be called repeatedly.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "compression/codec.h"
+#include "model/param.h"
+
+namespace fedlora {
+
+// Server-side aggregation strategies. kFedProx aggregates exactly like kFedAvg: its proximal term
+// (mu) is applied by the clients during local training, so the server only forwards mu.
+enum class AggregationStrategy { kFedAvg, kFedProx };
+
+// "fedavg", "fedprox".
+std::string_view AggregationStrategyName(AggregationStrategy strategy);
+// Inverse of AggregationStrategyName (case-insensitive). InvalidArgument naming the text.
+absl::StatusOr<AggregationStrategy> ParseAggregationStrategy(std::string_view name);
+
+// Name and shape of one tensor of the global adapter: what every update must match.
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// The spec of a global adapter (Param list) or of an update, in the given order.
+std::vector<TensorSpec> SpecFromParams(const std::vector<Param>& params);
+std::vector<TensorSpec> SpecFromUpdate(const std::vector<UpdateTensor>& tensors);
+
+class StreamingFedAvg {
+ public:
+  static constexpr int kFracBits = 64;                      // fixed-point fraction bits of each term
+  static constexpr int kMaxTermLog2 = 107;                  // |term| < 2^107 (i.e. |w*x| < 2^43)
+  static constexpr int64_t kMaxUpdates = int64_t{1} << 20;  // 127 - 107 bits of headroom
+  static constexpr int64_t kMaxWeight = int64_t{1} << 32;   // num_examples per update
+
+  // An empty accumulator for an adapter with these tensors. InvalidArgument on an empty spec,
+  // empty/duplicate names, negative dimensions or an element count that overflows.
+  static absl::StatusOr<StreamingFedAvg> Create(std::vector<TensorSpec> spec);
+
+  StreamingFedAvg(StreamingFedAvg&&) = default;
+  StreamingFedAvg& operator=(StreamingFedAvg&&) = default;
+
+  // Adds one client's update with weight `num_examples`. Tensors are matched by name (their order
+  // may differ from the spec). All checks run before anything is accumulated, so a refused update
+  // leaves the accumulator unchanged. InvalidArgument when: num_examples is not in
+  // [1, kMaxWeight]; a spec tensor is missing, an extra or duplicate name appears, a shape differs,
+  // or values.size() != product(shape); a value is NaN/Inf; |num_examples * value| >= 2^43.
+  // ResourceExhausted after kMaxUpdates updates.
+  absl::Status Add(const std::vector<UpdateTensor>& update, int64_t num_examples);
+
+  // Adds the sums of `other` (built from an identical spec, else InvalidArgument). The result is
+  // bit-identical to having added other's updates here directly.
+  absl::Status Merge(const StreamingFedAvg& other);
+
+  // The weighted mean of everything added, in spec order. FailedPrecondition when nothing was added.
+  absl::StatusOr<std::vector<UpdateTensor>> Finish() const;
+
+  int64_t num_updates() const { return num_updates_; }
+  uint64_t total_weight() const { return total_weight_; }
+  const std::vector<TensorSpec>& spec() const { return spec_; }
+  // Bytes held by the accumulators (16 per element): the O(model) memory figure.
+  int64_t accumulator_bytes() const { return static_cast<int64_t>(sums_.size() * sizeof(unsigned __int128)); }
+
+ private:
+  StreamingFedAvg() = default;
+
+  std::vector<TensorSpec> spec_;
+  absl::flat_hash_map<std::string, size_t> index_;  // name -> position in spec_
+  std::vector<int64_t> offsets_;                    // start of each spec tensor in sums_
+  std::vector<unsigned __int128> sums_;             // two's-complement fixed point, wraps (see above)
+  int64_t num_updates_ = 0;
+  uint64_t total_weight_ = 0;
+};
+
+// global[t] += server_lr * delta[t] for every tensor, computed in double and rounded to fp32 once
+// per element (deterministic). `delta` is matched to `global` by name; InvalidArgument when names,
+// counts or shapes differ, server_lr is not finite and > 0, a delta value is NaN/Inf, or a result
+// would be NaN/Inf. On error `global` is unchanged.
+absl::Status ApplyServerUpdate(const std::vector<UpdateTensor>& delta, float server_lr, std::vector<Param>& global);
+
+}  // namespace fedlora

@@ -1,0 +1,127 @@
+// The update wire format: a versioned, self-describing encoding of a model update (a list of named
+// fp32 tensors) with a choice of element codec and an optional lossless zstd stage.
+//
+//   CodecOptions opts{.codec = CodecId::kBF16, .zstd = true};
+//   FEDLORA_ASSIGN_OR_RETURN(std::string wire, EncodeUpdate(tensors, opts));
+//   ...
+//   FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> back, DecodeUpdate(wire, DecodeLimits{}));
+//
+// Layout (all integers little-endian):
+//
+//   header (40 bytes, kUpdateHeaderSize)
+//     [0, 4)   magic "FLU1"
+//     [4, 6)   u16 format version (kUpdateFormatVersion)
+//     [6, 7)   u8  codec id (CodecId)
+//     [7, 8)   u8  codec version (kCodecVersion for every codec today)
+//     [8, 12)  u32 flags (kUpdateFlagZstd; every other bit must be 0)
+//     [12, 16) u32 reserved, must be 0
+//     [16, 24) u64 element count: total number of values over all tensors
+//     [24, 32) u64 raw byte size: size of the body before the zstd stage
+//     [32, 40) u64 payload byte size: size of what follows the header (== raw size without zstd)
+//   payload: the body, or one zstd frame holding the body (our encoder writes the frame's content
+//            size and content checksum; the decoder checks both when present)
+//
+//   body
+//     u32 tensor count
+//     per tensor: u16 name length, name bytes (UTF-8, 1..kMaxTensorNameBytes, no NUL),
+//                 u8 rank (0..kMaxTensorRank), rank x i64 dims (each >= 0)
+//     values: element count x element size (4 for kRawF32, 2 for kF16/kBF16), the tensors'
+//             row-major values concatenated in table order
+//
+// The decoder treats its input as hostile: every size is checked against the input and against
+// DecodeLimits before anything is allocated, the zstd stage decompresses into a buffer of exactly the
+// declared raw size and refuses to produce one byte more (decompression bombs), and decoded values
+// must be finite. Error codes:
+//   DataLoss        - the input ends early (truncated header, payload or body), or the zstd frame is
+//                     corrupt / ends early.
+//   InvalidArgument - everything else that is malformed: bad magic, unknown format/codec/version or
+//                     flags, sizes that disagree with each other or exceed the limits, trailing bytes,
+//                     names/shapes inconsistent with the element count, NaN/Inf values.
+// Each message names the field and the offending values.
+//
+// Thread-safety: all functions are thread-safe (no shared state).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace fedlora {
+
+// One named tensor of an update (usually the delta of one adapter parameter). `values` has
+// product(shape) elements, row-major.
+struct UpdateTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+
+// Element codecs. The numeric ids are part of the wire format: never renumber.
+enum class CodecId : uint8_t {
+  kRawF32 = 1,  // IEEE fp32, exact
+  kF16 = 2,     // IEEE half, round to nearest even; relative error <= 2^-11 in the normal range
+                //   (|x| >= 2^-14), absolute <= 2^-25 below it; |x| must round to <= 65504
+  kBF16 = 3,    // bfloat16, round to nearest even; relative error <= 2^-8
+};
+
+inline constexpr char kUpdateMagic[4] = {'F', 'L', 'U', '1'};
+inline constexpr uint16_t kUpdateFormatVersion = 1;
+inline constexpr uint8_t kCodecVersion = 1;
+inline constexpr size_t kUpdateHeaderSize = 40;  // bytes
+inline constexpr uint32_t kUpdateFlagZstd = 1u << 0;
+inline constexpr size_t kMaxTensorNameBytes = 1024;
+inline constexpr int kMaxTensorRank = 8;
+
+// "fp32", "fp16", "bf16".
+std::string_view CodecName(CodecId codec);
+// Inverse of CodecName; also accepts "f32"/"f16" spellings. InvalidArgument naming the text.
+absl::StatusOr<CodecId> ParseCodecName(std::string_view name);
+// Bytes per encoded element: 4 for kRawF32, 2 for kF16 and kBF16.
+size_t CodecElementSize(CodecId codec);
+
+struct CodecOptions {
+  CodecId codec = CodecId::kRawF32;
+  // Follow the element codec with a lossless zstd stage. Pays off for sparse or low-entropy
+  // updates; dense fp32 noise compresses by only a few percent.
+  bool zstd = false;
+  // zstd compression level (1..19 are sensible; 3 is zstd's default: ~300 MB/s on one core).
+  int zstd_level = 3;
+};
+
+// Hard caps the decoder enforces before allocating. The defaults fit a LoRA update of a 7B-class
+// decoder at rank 64 (~160M values) with room to spare; servers should set them from the run's
+// adapter size (exact element count plus a small slack).
+struct DecodeLimits {
+  int64_t max_elements = int64_t{1} << 28;       // total values over all tensors (268M)
+  int64_t max_decoded_bytes = int64_t{2} << 30;  // raw body bytes (2 GiB), also the bomb cap
+  int64_t max_tensors = 1 << 16;                 // entries in the tensor table
+};
+
+// The parsed fixed header (no payload checks beyond the header's own consistency).
+struct UpdateHeader {
+  uint16_t format_version = 0;
+  CodecId codec = CodecId::kRawF32;
+  uint8_t codec_version = 0;
+  uint32_t flags = 0;
+  uint64_t element_count = 0;
+  uint64_t raw_bytes = 0;
+  uint64_t payload_bytes = 0;
+  bool zstd() const { return (flags & kUpdateFlagZstd) != 0; }
+};
+
+// Encodes `tensors` (in the given order). InvalidArgument when a tensor's values do not match its
+// shape, a name is empty/too long/has a NUL or repeats, a rank exceeds kMaxTensorRank, a value is
+// NaN/Inf, or a value overflows the chosen codec (|x| > 65504 for fp16); Internal on a zstd failure.
+absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensors, const CodecOptions& options);
+
+// Parses and validates only the 40-byte header against `limits` (cheap; lets a server reject an
+// upload early from its first chunk). Errors as DecodeUpdate.
+absl::StatusOr<UpdateHeader> ParseUpdateHeader(std::string_view encoded, const DecodeLimits& limits);
+
+// Decodes and validates a whole encoded update. Errors as described at the top of this file.
+absl::StatusOr<std::vector<UpdateTensor>> DecodeUpdate(std::string_view encoded, const DecodeLimits& limits);
+
+}  // namespace fedlora

@@ -1,0 +1,278 @@
+#include "aggregation/fedavg.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace fedlora {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<TensorSpec> Spec() { return {{"lora_A", {4, 8}}, {"lora_B", {8, 4}}, {"head.bias", {3}}}; }
+
+// An update with values spread over many binades (1e-6 .. 1e2, both signs), so that float
+// summation in different orders rounds differently.
+std::vector<UpdateTensor> RandomUpdate(uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exp10(-6, 2);
+  std::vector<UpdateTensor> u;
+  for (const TensorSpec& s : Spec()) {
+    UpdateTensor t{s.name, s.shape, {}};
+    int64_t n = 1;
+    for (int64_t d : s.shape) n *= d;
+    for (int64_t i = 0; i < n; ++i) t.values.push_back(mant(gen) * std::pow(10.0f, static_cast<float>(exp10(gen))));
+    u.push_back(std::move(t));
+  }
+  return u;
+}
+
+std::string Bytes(const std::vector<UpdateTensor>& u) {
+  std::string out;
+  for (const UpdateTensor& t : u) {
+    out += t.name;
+    out.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * sizeof(float));
+  }
+  return out;
+}
+
+StreamingFedAvg NewAvg() {
+  auto avg = StreamingFedAvg::Create(Spec());
+  EXPECT_TRUE(avg.ok()) << avg.status();
+  return *std::move(avg);
+}
+
+const int64_t kWeights[5] = {3, 17, 1, 250, 42};
+
+TEST(StreamingFedAvgTest, BitIdenticalForAllPermutationsMergesAndRestarts) {
+  std::vector<std::vector<UpdateTensor>> updates;
+  for (uint32_t i = 0; i < 5; ++i) updates.push_back(RandomUpdate(100 + i));
+
+  std::vector<int> order = {0, 1, 2, 3, 4};
+  std::string reference;
+  int permutations = 0;
+  bool naive_float_sum_varies = false;
+  std::vector<float> first_naive;
+  do {
+    StreamingFedAvg avg = NewAvg();
+    std::vector<float> naive(32, 0.0f);  // what an order-dependent float accumulator would give
+    for (int i : order) {
+      ASSERT_TRUE(avg.Add(updates[i], kWeights[i]).ok());
+      for (int j = 0; j < 32; ++j) naive[j] += static_cast<float>(kWeights[i]) * updates[i][0].values[j];
+    }
+    auto mean = avg.Finish();
+    ASSERT_TRUE(mean.ok()) << mean.status();
+    if (reference.empty()) {
+      reference = Bytes(*mean);
+      first_naive = naive;
+    } else {
+      ASSERT_EQ(Bytes(*mean), reference) << "permutation " << permutations;
+      if (naive != first_naive) naive_float_sum_varies = true;
+    }
+    ++permutations;
+  } while (std::next_permutation(order.begin(), order.end()));
+  EXPECT_EQ(permutations, 120);
+  // The data is discriminating: a plain float accumulator would have failed this test.
+  EXPECT_TRUE(naive_float_sum_varies);
+
+  // Two aggregators each take a share of the clients; merged in either direction: same bits.
+  StreamingFedAvg a = NewAvg(), b = NewAvg();
+  for (int i : {3, 0}) ASSERT_TRUE(a.Add(updates[i], kWeights[i]).ok());
+  for (int i : {4, 1, 2}) ASSERT_TRUE(b.Add(updates[i], kWeights[i]).ok());
+  StreamingFedAvg b_copy = NewAvg();
+  ASSERT_TRUE(b_copy.Merge(b).ok());
+  ASSERT_TRUE(b_copy.Merge(a).ok());
+  ASSERT_TRUE(a.Merge(b).ok());
+  EXPECT_EQ(Bytes(a.Finish().value()), reference);
+  EXPECT_EQ(Bytes(b_copy.Finish().value()), reference);
+  EXPECT_EQ(a.num_updates(), 5);
+  EXPECT_EQ(a.total_weight(), 313u);
+
+  // Restart: a server that crashed after 2 arrivals rebuilds from the durably stored updates (any
+  // order) and then receives the remaining ones.
+  StreamingFedAvg restarted = NewAvg();
+  for (int i : {2, 4}) ASSERT_TRUE(restarted.Add(updates[i], kWeights[i]).ok());
+  for (int i : {1, 0, 3}) ASSERT_TRUE(restarted.Add(updates[i], kWeights[i]).ok());
+  EXPECT_EQ(Bytes(restarted.Finish().value()), reference);
+}
+
+TEST(StreamingFedAvgTest, MatchesDoublePrecisionReference) {
+  std::vector<std::vector<UpdateTensor>> updates;
+  for (uint32_t i = 0; i < 5; ++i) updates.push_back(RandomUpdate(200 + i));
+  StreamingFedAvg avg = NewAvg();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(avg.Add(updates[i], kWeights[i]).ok());
+  auto mean = avg.Finish();
+  ASSERT_TRUE(mean.ok());
+  const double total = 313.0;
+  for (size_t t = 0; t < mean->size(); ++t) {
+    for (size_t j = 0; j < (*mean)[t].values.size(); ++j) {
+      double sum = 0.0, abs_sum = 0.0;
+      for (int i = 0; i < 5; ++i) {
+        sum += static_cast<double>(kWeights[i]) * updates[i][t].values[j];
+        abs_sum += std::fabs(static_cast<double>(kWeights[i]) * updates[i][t].values[j]);
+      }
+      const double ref = sum / total;
+      // Bound: our result is ref rounded to fp32 (<= 0.5 ulp) plus the reference's own double
+      // rounding (<= 6 * 2^-53 * sum|w x| / W for 5 terms and a division) plus the fixed-point
+      // term rounding (5 * 2^-65 / W); one fp32 ulp of ref plus 2^-48 * sum|w x| / W covers all.
+      const float ref_f = static_cast<float>(ref);
+      const double ulp = std::nextafter(std::fabs(ref_f), std::numeric_limits<float>::infinity()) - std::fabs(ref_f);
+      const double bound = ulp + std::ldexp(abs_sum / total, -48);
+      EXPECT_LE(std::fabs((*mean)[t].values[j] - ref), bound) << (*mean)[t].name << "[" << j << "]";
+    }
+  }
+}
+
+TEST(StreamingFedAvgTest, WeightingByExamplesIsExactOnSmallIntegers) {
+  const std::vector<TensorSpec> spec = {{"w", {4}}};
+  auto avg = StreamingFedAvg::Create(spec);
+  ASSERT_TRUE(avg.ok());
+  // (1*2 + 3*6) / 4 = 5;  (1*1 + 3*(-3)) / 4 = -2;  (1*0.5 + 3*0.5) / 4 = 0.5;  (1*7 + 3*0) / 4 = 1.75.
+  ASSERT_TRUE(avg->Add({{"w", {4}, {2.0f, 1.0f, 0.5f, 7.0f}}}, 1).ok());
+  ASSERT_TRUE(avg->Add({{"w", {4}, {6.0f, -3.0f, 0.5f, 0.0f}}}, 3).ok());
+  auto mean = avg->Finish();
+  ASSERT_TRUE(mean.ok());
+  EXPECT_EQ((*mean)[0].values, (std::vector<float>{5.0f, -2.0f, 0.5f, 1.75f}));
+  EXPECT_EQ((*mean)[0].name, "w");
+  EXPECT_EQ((*mean)[0].shape, (std::vector<int64_t>{4}));
+
+  // A non-representable mean is correctly rounded: (1*1 + 2*1 + 3*4) / 6 = 2.5; 17/6 rounds to nearest.
+  auto avg2 = StreamingFedAvg::Create({{"w", {2}}});
+  ASSERT_TRUE(avg2->Add({{"w", {2}, {1.0f, 1.0f}}}, 1).ok());
+  ASSERT_TRUE(avg2->Add({{"w", {2}, {1.0f, 2.0f}}}, 2).ok());
+  ASSERT_TRUE(avg2->Add({{"w", {2}, {4.0f, 4.0f}}}, 3).ok());
+  auto m2 = avg2->Finish();
+  ASSERT_TRUE(m2.ok());
+  EXPECT_EQ((*m2)[0].values[0], 2.5f);
+  EXPECT_EQ((*m2)[0].values[1], static_cast<float>(17.0 / 6.0));
+}
+
+TEST(StreamingFedAvgTest, FixedPointRangeAndResolution) {
+  auto avg = StreamingFedAvg::Create({{"w", {5}}});
+  ASSERT_TRUE(avg.ok());
+  // 2^-64 is exactly one fixed-point unit; 1e-30 is far below it and is flushed to 0 (the
+  // documented resolution); 2^42 is inside the range; subnormal fp32 flushes too.
+  const float tiny = std::ldexp(1.0f, -64);
+  ASSERT_TRUE(avg->Add({{"w", {5}, {tiny, 1e-30f, std::ldexp(1.0f, 42), -std::ldexp(1.0f, 42), 1e-45f}}}, 1).ok());
+  auto mean = avg->Finish();
+  ASSERT_TRUE(mean.ok());
+  EXPECT_EQ((*mean)[0].values, (std::vector<float>{tiny, 0.0f, std::ldexp(1.0f, 42), -std::ldexp(1.0f, 42), 0.0f}));
+
+  // |w * x| >= 2^43 is refused: 2^43 itself with weight 1, and 2^22 with weight 2^21.
+  auto big = avg->Add({{"w", {5}, {0, 0, std::ldexp(1.0f, 43), 0, 0}}}, 1);
+  EXPECT_EQ(big.code(), absl::StatusCode::kInvalidArgument) << big;
+  EXPECT_THAT(std::string(big.message()), HasSubstr("exceeds the accumulator range 2^43"));
+  EXPECT_EQ(avg->Add({{"w", {5}, {0, 0, std::ldexp(1.0f, 22), 0, 0}}}, int64_t{1} << 21).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(avg->Add({{"w", {5}, {0, 0, std::ldexp(1.0f, 21), 0, 0}}}, int64_t{1} << 21).ok());
+  EXPECT_EQ(avg->accumulator_bytes(), 5 * 16);
+}
+
+TEST(StreamingFedAvgTest, MismatchesAreRefusedAndLeaveTheAccumulatorUnchanged) {
+  StreamingFedAvg avg = NewAvg();
+  const auto good = RandomUpdate(1);
+  ASSERT_TRUE(avg.Add(good, 5).ok());
+  const std::string before = Bytes(avg.Finish().value());
+
+  auto expect_refused = [&](std::vector<UpdateTensor> u, int64_t w, const char* needle) {
+    absl::Status s = avg.Add(u, w);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(needle));
+  };
+  auto u = good;
+  u.pop_back();
+  expect_refused(u, 1, "update has 2 tensors, the global adapter has 3");
+  u = good;
+  u[1].name = "lora_C";
+  expect_refused(u, 1, "'lora_C' is not in the global adapter");
+  u = good;
+  u[2].name = "lora_A";
+  expect_refused(u, 1, "repeats tensor 'lora_A'");
+  u = good;
+  u[0].shape = {8, 4};
+  expect_refused(u, 1, "'lora_A' has shape [8, 4], the global adapter has [4, 8]");
+  u = good;
+  u[2].values.push_back(1.0f);
+  expect_refused(u, 1, "'head.bias' has 4 values for shape [3]");
+  u = good;
+  u[1].values[31] = std::numeric_limits<float>::quiet_NaN();  // last tensor checked after the others
+  expect_refused(u, 1, "'lora_B' value 31 is not finite");
+  u = good;
+  u[2].values[0] = -std::numeric_limits<float>::infinity();
+  expect_refused(u, 1, "not finite");
+  expect_refused(good, 0, "num_examples 0 is not in [1, 4294967296]");
+  expect_refused(good, -3, "num_examples -3");
+  expect_refused(good, (int64_t{1} << 32) + 1, "num_examples 4294967297");
+
+  EXPECT_EQ(avg.num_updates(), 1);
+  EXPECT_EQ(avg.total_weight(), 5u);
+  EXPECT_EQ(Bytes(avg.Finish().value()), before);
+
+  // Tensor order within an update does not matter (matched by name).
+  auto reordered = good;
+  std::reverse(reordered.begin(), reordered.end());
+  StreamingFedAvg avg2 = NewAvg();
+  ASSERT_TRUE(avg2.Add(reordered, 5).ok());
+  EXPECT_EQ(Bytes(avg2.Finish().value()), before);
+}
+
+TEST(StreamingFedAvgTest, CreateFinishAndMergeErrors) {
+  EXPECT_EQ(StreamingFedAvg::Create({}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StreamingFedAvg::Create({{"a", {1}}, {"a", {2}}}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StreamingFedAvg::Create({{"a", {-1}}}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StreamingFedAvg::Create({{"", {1}}}).status().code(), absl::StatusCode::kInvalidArgument);
+  StreamingFedAvg avg = NewAvg();
+  EXPECT_EQ(avg.Finish().status().code(), absl::StatusCode::kFailedPrecondition);
+  auto other = StreamingFedAvg::Create({{"lora_A", {4, 8}}});
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(avg.Merge(*other).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ApplyServerUpdateTest, AddsScaledDeltaAndRefusesMismatches) {
+  std::vector<Param> global(2);
+  global[0].name = "a";
+  global[0].shape = {2};
+  global[0].value = {1.0f, 2.0f};
+  global[1].name = "b";
+  global[1].shape = {1};
+  global[1].value = {-1.0f};
+  // Delta tensors in another order: matched by name.
+  const std::vector<UpdateTensor> delta = {{"b", {1}, {0.25f}}, {"a", {2}, {0.5f, -1.0f}}};
+  ASSERT_TRUE(ApplyServerUpdate(delta, 2.0f, global).ok());
+  EXPECT_EQ(global[0].value, (std::vector<float>{2.0f, 0.0f}));
+  EXPECT_EQ(global[1].value, (std::vector<float>{-0.5f}));
+
+  const auto saved = global;
+  auto expect_refused = [&](const std::vector<UpdateTensor>& d, float lr, const char* needle) {
+    absl::Status s = ApplyServerUpdate(d, lr, global);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(needle));
+    EXPECT_EQ(global[0].value, saved[0].value);
+    EXPECT_EQ(global[1].value, saved[1].value);
+  };
+  expect_refused(delta, 0.0f, "server_lr 0");
+  expect_refused(delta, std::numeric_limits<float>::quiet_NaN(), "server_lr");
+  expect_refused({{"a", {2}, {0.5f, -1.0f}}}, 1.0f, "delta has 1 tensors");
+  expect_refused({{"b", {1}, {0.25f}}, {"c", {2}, {0.5f, -1.0f}}}, 1.0f, "delta has no tensor 'a'");
+  expect_refused({{"b", {1}, {0.25f}}, {"a", {1, 2}, {0.5f, -1.0f}}}, 1.0f, "tensor 'a' delta shape [1, 2]");
+  // The first tensor is fine, the second overflows: nothing is applied.
+  expect_refused({{"b", {1}, {std::numeric_limits<float>::max()}}, {"a", {2}, {0.5f, 0.0f}}}, 4.0f,
+                 "'b' value 0 overflows fp32");
+}
+
+TEST(AggregationStrategyTest, NamesRoundTrip) {
+  EXPECT_EQ(ParseAggregationStrategy("FedProx").value(), AggregationStrategy::kFedProx);
+  EXPECT_EQ(ParseAggregationStrategy(AggregationStrategyName(AggregationStrategy::kFedAvg)).value(),
+            AggregationStrategy::kFedAvg);
+  EXPECT_EQ(ParseAggregationStrategy("krum").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace fedlora

@@ -1,0 +1,225 @@
+#include "server/blob_store.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <random>
+
+#include "core/file.h"
+#include "core/sha256.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace fedlora {
+namespace {
+
+using ::testing::HasSubstr;
+
+// SHA-256("hello"), from `printf hello | sha256sum`.
+constexpr char kHelloHash[] = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824";
+
+class BlobStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "blob_store_test.XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    auto s = BlobStore::Open(dir_ + "/store");
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = *std::move(s);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  size_t CountFiles(const std::string& sub) const {
+    size_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir_ + "/store/" + sub)) n += e.is_regular_file();
+    return n;
+  }
+
+  std::string dir_;
+  std::unique_ptr<BlobStore> store_;
+};
+
+TEST_F(BlobStoreTest, PutGetIsContentAddressedAndDeduplicated) {
+  auto hash = store_->Put("hello");
+  ASSERT_TRUE(hash.ok()) << hash.status();
+  EXPECT_EQ(*hash, kHelloHash);
+  const std::string path = dir_ + "/store/blobs/2c/f24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824";
+  EXPECT_EQ(store_->PathFor(*hash), path);
+  EXPECT_EQ(ReadFileToString(path).value(), "hello");
+  EXPECT_EQ(store_->Get(*hash).value(), "hello");
+  EXPECT_TRUE(store_->Exists(*hash).value());
+  EXPECT_EQ(store_->Size(*hash).value(), 5);
+  EXPECT_EQ(store_->Put("hello").value(), kHelloHash);  // dedup: same name, no error
+  EXPECT_EQ(store_->List().value(), std::vector<std::string>{kHelloHash});
+  EXPECT_EQ(CountFiles("tmp"), 0u);  // no temp file left behind
+
+  // The empty blob is a blob too.
+  auto empty = store_->Put("");
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(*empty, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(store_->Get(*empty).value(), "");
+
+  // Reopening the directory finds the same blobs.
+  auto again = BlobStore::Open(dir_ + "/store");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->Get(kHelloHash).value(), "hello");
+}
+
+TEST_F(BlobStoreTest, MissingAndMalformedHashes) {
+  const std::string absent(64, 'a');
+  EXPECT_EQ(store_->Get(absent).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->OpenReader(absent).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->Size(absent).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(store_->Exists(absent).value());
+  for (const std::string& bad :
+       {std::string("abc"), std::string(64, 'A'), std::string(63, 'a') + "/", std::string("../../etc/passwd")}) {
+    EXPECT_EQ(store_->Get(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(store_->Exists(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_FALSE(IsValidBlobHash(std::string(64, 'g')));
+  EXPECT_TRUE(IsValidBlobHash(kHelloHash));
+}
+
+TEST_F(BlobStoreTest, StreamingWriterVerifiesTheExpectedHash) {
+  auto w = store_->NewWriter();
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Append("hel").ok());
+  ASSERT_TRUE((*w)->Append("lo").ok());
+  EXPECT_EQ((*w)->size(), 5);
+  auto hash = (*w)->Commit(kHelloHash);
+  ASSERT_TRUE(hash.ok()) << hash.status();
+  EXPECT_EQ(*hash, kHelloHash);
+  EXPECT_EQ((*w)->Append("x").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*w)->Commit("").status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // Wrong content for the promised hash: DataLoss naming both, nothing stored, temp removed.
+  auto bad = store_->NewWriter();
+  ASSERT_TRUE(bad.ok());
+  ASSERT_TRUE((*bad)->Append("hellO").ok());
+  auto s = (*bad)->Commit(kHelloHash).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(kHelloHash));
+  EXPECT_THAT(std::string(s.message()), HasSubstr(Sha256Hex("hellO")));
+  EXPECT_FALSE(store_->Exists(Sha256Hex("hellO")).value());
+  EXPECT_EQ(CountFiles("tmp"), 0u);
+
+  auto malformed = store_->NewWriter();
+  ASSERT_TRUE((*malformed)->Append("x").ok());
+  EXPECT_EQ((*malformed)->Commit("nothex").status().code(), absl::StatusCode::kInvalidArgument);
+
+  // A writer dropped without Commit leaves nothing behind.
+  {
+    auto dropped = store_->NewWriter();
+    ASSERT_TRUE((*dropped)->Append("abandoned").ok());
+  }
+  EXPECT_EQ(CountFiles("tmp"), 0u);
+  EXPECT_EQ(store_->List().value().size(), 1u);
+}
+
+TEST_F(BlobStoreTest, PartialUploadResumesAcrossWritersAndDropsUnrecordedTail) {
+  {
+    auto w = store_->OpenPartial("upload-1");
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ((*w)->size(), 0);
+    ASSERT_TRUE((*w)->Append("abc").ok());
+    ASSERT_TRUE((*w)->Sync().ok());  // the store would now record bytes = 3
+  }
+  {
+    // "Crash" after writing more bytes that were never recorded.
+    auto w = store_->OpenPartial("upload-1");
+    ASSERT_TRUE(w.ok());
+    EXPECT_EQ((*w)->size(), 3);
+    ASSERT_TRUE((*w)->Append("XYZ").ok());
+  }
+  auto w = store_->OpenPartial("upload-1");
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ((*w)->size(), 6);
+  EXPECT_EQ((*w)->TruncateTo(7).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*w)->TruncateTo(3).ok());
+  ASSERT_TRUE((*w)->Append("def").ok());
+  auto hash = (*w)->Commit(Sha256Hex("abcdef"));
+  ASSERT_TRUE(hash.ok()) << hash.status();
+  EXPECT_EQ(store_->Get(*hash).value(), "abcdef");
+  EXPECT_EQ(CountFiles("partial"), 0u);  // moved into blobs/
+
+  // Discarding is idempotent; bad ids are refused before touching the file system.
+  ASSERT_TRUE(store_->OpenPartial("upload-2").ok());
+  EXPECT_EQ(CountFiles("partial"), 1u);
+  EXPECT_TRUE(store_->DiscardPartial("upload-2").ok());
+  EXPECT_TRUE(store_->DiscardPartial("upload-2").ok());
+  EXPECT_EQ(CountFiles("partial"), 0u);
+  for (const char* bad : {"", "../escape", ".hidden", "a/b", "sp ace"}) {
+    EXPECT_EQ(store_->OpenPartial(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST_F(BlobStoreTest, StreamingReadInChunksVerifiesAtTheEnd) {
+  std::string big(3 * (1 << 20) + 123, '\0');
+  std::mt19937 gen(5);
+  for (char& c : big) c = static_cast<char>(gen());
+  auto hash = store_->Put(big);
+  ASSERT_TRUE(hash.ok());
+
+  auto r = store_->OpenReader(*hash);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)->size(), static_cast<int64_t>(big.size()));
+  std::string got;
+  int chunks = 0;
+  while (!(*r)->done()) {
+    auto chunk = (*r)->Read(1 << 20);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    got += *chunk;
+    ++chunks;
+  }
+  EXPECT_EQ(chunks, 4);
+  EXPECT_EQ(got, big);
+  EXPECT_EQ((*r)->Read(10).value(), "");  // at the end: empty
+}
+
+TEST_F(BlobStoreTest, CorruptBlobIsDataLossOnGetAndOnTheLastStreamedChunk) {
+  std::string data(2 * (1 << 20), 'x');
+  auto hash = store_->Put(data);
+  ASSERT_TRUE(hash.ok());
+  // Flip one byte in place (bit rot / a tampered disk), keeping the size.
+  data[12345] = 'y';
+  ASSERT_TRUE(WriteFileAtomically(store_->PathFor(*hash), data).ok());
+
+  auto s = store_->Get(*hash).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("is corrupt"));
+
+  auto r = store_->OpenReader(*hash);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE((*r)->Read(1 << 20).ok());  // the first chunk cannot know yet
+  auto last = (*r)->Read(1 << 20);
+  EXPECT_EQ(last.status().code(), absl::StatusCode::kDataLoss) << last.status();
+  EXPECT_FALSE((*r)->done());
+
+  // A truncated blob as well.
+  ASSERT_TRUE(WriteFileAtomically(store_->PathFor(*hash), "short").ok());
+  EXPECT_EQ(store_->Get(*hash).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(BlobStoreTest, GarbageCollectionKeepsReferencedBlobsAndPartials) {
+  const std::string a = store_->Put("aaaa").value();
+  const std::string b = store_->Put("bbbbbb").value();
+  const std::string c = store_->Put("cc").value();
+  ASSERT_TRUE(store_->OpenPartial("in-flight").ok());
+  ASSERT_TRUE(WriteFileAtomically(dir_ + "/store/tmp/w.crashed.1", "leftover").ok());
+
+  auto stats = store_->CollectGarbage({a});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->blobs_kept, 1);
+  EXPECT_EQ(stats->blobs_deleted, 2);
+  EXPECT_EQ(stats->bytes_deleted, 8);
+  EXPECT_EQ(stats->temp_files_deleted, 1);
+  EXPECT_EQ(store_->List().value(), std::vector<std::string>{a});
+  EXPECT_FALSE(store_->Exists(b).value());
+  EXPECT_FALSE(store_->Exists(c).value());
+  EXPECT_EQ(CountFiles("partial"), 1u);
+}
+
+}  // namespace
+}  // namespace fedlora
