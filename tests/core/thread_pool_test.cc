@@ -1,7 +1,11 @@
 #include "core/thread_pool.h"
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <numeric>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -49,6 +53,90 @@ TEST(ThreadPool, SubmitRunsEveryTask) {
     for (int i = 0; i < 50; ++i) pool.Submit([&] { done.fetch_add(1); });
   }  // destructor drains the queue
   EXPECT_EQ(done.load(), 50);
+}
+
+}  // namespace
+}  // namespace fedlora
+
+namespace fedlora {
+namespace {
+
+// Edge cases of the ParallelFor contract in thread_pool.h.
+TEST(ThreadPoolEdges, EmptyAndReversedRangesDoNothing) {
+  ThreadPool pool(4);
+  int calls = 0;
+  pool.ParallelFor(5, 5, 1, [&](int64_t, int64_t) { ++calls; });
+  pool.ParallelFor(9, 2, 1, [&](int64_t, int64_t) { ++calls; });
+  EXPECT_EQ(calls, 0);
+}
+
+TEST(ThreadPoolEdges, NonZeroBeginAndNonPositiveGrain) {
+  ThreadPool pool(3);
+  for (int64_t grain : {0, -5}) {  // treated as 1
+    std::vector<std::atomic<int>> hits(40);
+    pool.ParallelFor(-20, 20, grain, [&](int64_t b, int64_t e) {
+      EXPECT_LE(-20, b);
+      EXPECT_LE(e, 20);
+      for (int64_t i = b; i < e; ++i) hits[i + 20].fetch_add(1);
+    });
+    for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+  }
+}
+
+TEST(ThreadPoolEdges, ChunkBoundariesAreDeterministic) {
+  ThreadPool pool(4);
+  auto chunks = [&] {
+    std::mutex mu;
+    std::vector<std::pair<int64_t, int64_t>> out;
+    pool.ParallelFor(3, 1003, 10, [&](int64_t b, int64_t e) {
+      std::lock_guard<std::mutex> lock(mu);
+      out.emplace_back(b, e);
+    });
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const auto first = chunks();
+  // min(ceil(1000 / 10), 4 threads) = 4 even chunks of 250.
+  ASSERT_EQ(first.size(), 4u);
+  EXPECT_EQ(first[0], std::make_pair(int64_t{3}, int64_t{253}));
+  EXPECT_EQ(first[3], std::make_pair(int64_t{753}, int64_t{1003}));
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(chunks(), first);
+}
+
+TEST(ThreadPoolEdges, SingleThreadPoolRunsInlineOnCaller) {
+  ThreadPool pool(1);
+  EXPECT_EQ(pool.NumThreads(), 1);
+  const auto caller = std::this_thread::get_id();
+  bool inline_for = false, inline_submit = false;
+  pool.ParallelFor(0, 100, 1, [&](int64_t b, int64_t e) {
+    inline_for = std::this_thread::get_id() == caller && b == 0 && e == 100;
+  });
+  pool.Submit([&] { inline_submit = std::this_thread::get_id() == caller; });
+  EXPECT_TRUE(inline_for);
+  EXPECT_TRUE(inline_submit);
+}
+
+TEST(ThreadPoolEdges, DefaultSizeIsAtLeastOne) {
+  ThreadPool pool(0);
+  EXPECT_GE(pool.NumThreads(), 1);
+  ThreadPool negative(-3);
+  EXPECT_GE(negative.NumThreads(), 1);
+  EXPECT_EQ(&ThreadPool::Default(), &ThreadPool::Default());
+}
+
+TEST(ThreadPoolEdges, ConcurrentParallelForCallers) {
+  ThreadPool pool(4);
+  std::atomic<int64_t> total{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 4; ++c) {
+    callers.emplace_back([&] {
+      for (int rep = 0; rep < 50; ++rep) {
+        pool.ParallelFor(0, 1000, 7, [&](int64_t b, int64_t e) { total.fetch_add(e - b); });
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(total.load(), 4 * 50 * 1000);
 }
 
 }  // namespace
