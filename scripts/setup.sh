@@ -4,7 +4,8 @@
 #
 #   scripts/setup.sh            # system packages, test tools, default model and data
 #   scripts/setup.sh --system   # system packages only
-#   scripts/setup.sh --tests    # system packages and the Python tools the tests use
+#   scripts/setup.sh --tests    # what the tests need: the above, since the reference tests run on
+#                               # the real default model and corpus too
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -82,7 +83,7 @@ fetch_data() {
 
 case "$WHAT" in
   --system) install_system ;;
-  --tests) install_system; install_test_python ;;
+  --tests) install_system; install_test_python; fetch_model; fetch_data ;;
   --all) install_system; install_test_python; fetch_model; fetch_data ;;
   *) echo "usage: scripts/setup.sh [--all|--system|--tests]" >&2; exit 2 ;;
 esac
