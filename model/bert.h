@@ -1,0 +1,158 @@
+// BERT-family encoder (BERT, MiniLM, RoBERTa) for sequence classification, with LoRA adapters, on
+// the CPU.
+//
+//   ModelOptions opts;
+//   opts.num_labels = 2;
+//   opts.lora.rank = 8;                       // LoRA on query and value, as PEFT's default
+//   FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load("models/all-MiniLM-L6-v2", opts));
+//   BertClassifier::Batch batch{...};         // token ids from model/tokenizer.h
+//   model->ZeroGrad();
+//   FEDLORA_ASSIGN_OR_RETURN(float loss, model->ForwardBackward(batch, /*dropout_seed=*/step));
+//   for (Param& p : model->trainable_params()) { /* optimizer step on p.value with p.grad */ }
+//
+// The network is Hugging Face's BertForSequenceClassification: embeddings (word + position +
+// token type, LayerNorm, dropout), N encoder layers (self-attention with a padding mask, output
+// dense + dropout + residual + LayerNorm, GELU feed-forward + dropout + residual + LayerNorm),
+// the pooler (dense + tanh on [CLS]), dropout, and a linear classifier. For RoBERTa it is
+// RobertaForSequenceClassification: positions start after pad_token_id, and the head is dropout,
+// classifier.dense + tanh, dropout, classifier.out_proj (no pooler). LoRA (Hu et al. 2021) adds
+// (alpha / r) * B A x to the chosen linear layers, with PEFT's initialisation (A kaiming-uniform,
+// i.e. U(-1/sqrt(in), 1/sqrt(in)); B zero).
+//
+// Trainable: the LoRA A/B matrices and the classification head (PEFT's modules_to_save
+// "classifier" for SEQ_CLS: classifier.{weight,bias} for BERT, classifier.dense.* and
+// classifier.out_proj.* for RoBERTa). Every base weight, BERT's pooler included, is frozen: it is
+// never copied per step and gets no gradient, though the backward pass flows through it down to
+// the first layer's LoRA. The backward pass skips the weight gradients of frozen layers entirely
+// and the input gradient of layer 0.
+//
+// Memory: activations for (max_batch, max_seq) are allocated once by Load/FromRandom and reused;
+// a step allocates nothing. Per token and layer 8*hidden + 2*intermediate floats are kept for the
+// backward pass, plus heads*seq floats of attention probabilities: at BERT-base geometry
+// (768/3072, 12 heads, 12 layers) and 8 x 128 tokens that is 12 * 1024 * (12288 + 1536) * 4 B
+// = 680 MB, next to 440 MB of fp32 weights (220 MB with bf16_weights).
+//
+// Thread-safety: one BertClassifier must be used by one thread at a time (its activation buffers
+// are shared by all calls). CPU parallelism is inside the kernels (kernels::SetNumThreads).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/bert_config.h"
+#include "model/param.h"
+
+namespace fedlora {
+
+// A linear layer that can carry a LoRA adapter. The names are those of PEFT's target_modules
+// where unambiguous; "attn_out" is BERT's attention.output.dense and "output" the FFN's
+// output.dense (PEFT would need the full path to tell them apart).
+enum class LoraTarget { kQuery = 0, kKey, kValue, kAttnOut, kIntermediate, kOutput };
+inline constexpr int kNumLoraTargets = 6;
+// "query", "key", "value", "attn_out", "intermediate", "output".
+const char* LoraTargetName(LoraTarget target);
+// The module path inside one encoder layer: "attention.self.query", "attention.output.dense",
+// "intermediate.dense", "output.dense", ...
+const char* LoraTargetPath(LoraTarget target);
+// Accepts the names above and also the full paths ("attention.output.dense" etc.).
+// InvalidArgument naming the text and the accepted names otherwise.
+absl::StatusOr<LoraTarget> ParseLoraTarget(const std::string& name);
+
+struct LoraOptions {
+  int rank = 8;          // r; must be in [1, min(in, out)] of every target
+  float alpha = 16.0f;   // the update is scaled by alpha / rank (PEFT's lora_alpha)
+  float dropout = 0.0f;  // on the adapter input only (PEFT's lora_dropout), in [0, 1)
+  std::vector<std::string> target_modules = {"query", "value"};
+};
+
+struct ModelOptions {
+  int num_labels = 2;
+  LoraOptions lora;
+  // Hold the frozen base weights as bf16 (half the memory); activations and trainable
+  // parameters stay fp32. Weights stored as F32 or F16 are rounded to nearest bf16 on load.
+  bool bf16_weights = false;
+  // Dropout probabilities in training mode; unset means the config's hidden_dropout_prob
+  // (classifier_dropout for the classifier when the config has one) and
+  // attention_probs_dropout_prob.
+  std::optional<float> hidden_dropout;
+  std::optional<float> attention_dropout;
+  // Seeds the LoRA A initialisation and the classifier initialisation (N(0, 0.02), bias 0, as
+  // HF's initializer_range), and the pooler when the checkpoint has none.
+  uint64_t seed = 0;
+  // Largest batch and sequence length any call will use; activations are planned for them and
+  // scale with max_batch * max_seq: ~85 MB per 128-token sequence at BERT-base geometry, ~8 MB
+  // for MiniLM-L6 (see Memory above).
+  int max_batch = 32;
+  int max_seq = 128;
+  // Name of the base model recorded in the PEFT adapter_config.json.
+  std::string base_model_name;
+};
+
+enum class Pooling { kMean, kCls };
+
+class BertClassifier {
+ public:
+  // A batch of token sequences, all padded to seq_len. Row-major [batch_size, seq_len].
+  struct Batch {
+    int batch_size = 0;
+    int seq_len = 0;
+    std::vector<int32_t> input_ids;       // in [0, vocab_size)
+    std::vector<int32_t> token_type_ids;  // empty means all zero; in [0, type_vocab_size)
+    // 1 = token, 0 = padding; empty means all ones. Every sequence needs at least one token.
+    // (RoBERTa's positions follow the pad id in input_ids, as in HF, not this mask.)
+    std::vector<int32_t> attention_mask;
+    std::vector<int32_t> labels;  // [batch_size]; needed by ForwardBackward only
+  };
+
+  // Reads model_dir/config.json and model_dir/model.safetensors. Tensor names may carry the
+  // "bert." / "roberta." prefix (*For* checkpoints) or not (BertModel / sentence-transformers).
+  // Every tensor's shape and dtype (F32, F16 or BF16) is checked against the config; errors list
+  // the missing tensors by name. The pooler may be absent (sentence-transformers checkpoints can
+  // lack it): it is then initialised as HF does for a missing weight (N(0, 0.02), bias 0) from
+  // options.seed. Unused tensors (an MLM head, position_ids, RoBERTa's pooler) are ignored.
+  static absl::StatusOr<std::unique_ptr<BertClassifier>> Load(const std::string& model_dir,
+                                                              const ModelOptions& options);
+  // Random base weights (N(0, 0.02); LayerNorm gains 1 and all biases 0, as HF initialises), for
+  // tests and benchmarks.
+  static absl::StatusOr<std::unique_ptr<BertClassifier>> FromRandom(const BertConfig& config,
+                                                                    const ModelOptions& options);
+  ~BertClassifier();
+  BertClassifier(const BertClassifier&) = delete;
+  BertClassifier& operator=(const BertClassifier&) = delete;
+
+  // Training mode (dropout on, its masks drawn from dropout_seed): returns the mean cross-entropy
+  // over the batch and ADDS d(loss)/d(param) to every trainable param's grad.
+  absl::StatusOr<float> ForwardBackward(const Batch& batch, uint64_t dropout_seed);
+  // Eval mode (no dropout): logits, row-major [batch_size, num_labels].
+  absl::StatusOr<std::vector<float>> Logits(const Batch& batch);
+  // Eval mode: the last hidden state pooled per sequence, [batch_size, hidden_size]: the mean over
+  // the unpadded tokens (sentence-transformers' mean pooling) or the [CLS] vector.
+  absl::StatusOr<std::vector<float>> PooledEmbeddings(const Batch& batch, Pooling pooling);
+
+  // LoRA A/B per layer (in LoraTarget order), then the head. Values may be changed in place
+  // (optimizers, adapter loading); the vector itself must keep its size and shapes.
+  std::vector<Param>& trainable_params() { return params_; }
+  const std::vector<Param>& trainable_params() const { return params_; }
+  void ZeroGrad();
+  const BertConfig& config() const { return config_; }
+  const ModelOptions& options() const { return options_; }
+  // The LoRA targets in use, in LoraTarget order.
+  const std::vector<LoraTarget>& lora_targets() const { return targets_; }
+
+ private:
+  struct Impl;
+  BertClassifier(BertConfig config, ModelOptions options);
+
+  BertConfig config_;
+  ModelOptions options_;
+  std::vector<LoraTarget> targets_;
+  std::vector<Param> params_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fedlora
