@@ -1,0 +1,170 @@
+// Multi-head attention composed from Gemm (strided over heads) and the fused softmax.
+#include <cmath>
+
+#include "kernels/attention.h"
+#include "kernels/gemm.h"
+#include "kernels/kernel_util.h"
+
+namespace fedlora::kernels {
+namespace {
+
+constexpr std::string_view kFwd = "AttentionForward";
+constexpr std::string_view kBwd = "AttentionBackward";
+
+// Element strides of a layout-shaped tensor: row (one token of one head), head, batch.
+struct Strides {
+  int64_t row, head, batch;
+};
+Strides LayoutStrides(const AttentionDims& d) {
+  if (d.layout == AttentionLayout::kBHSD) return {d.head_dim, d.seq * d.head_dim, d.heads * d.seq * d.head_dim};
+  return {d.heads * d.head_dim, d.head_dim, d.seq * d.heads * d.head_dim};
+}
+
+float Scale(const AttentionDims& d) { return d.scale != 0.0f ? d.scale : 1.0f / std::sqrt(static_cast<float>(d.head_dim)); }
+
+int64_t ProbsElems(const AttentionDims& d) { return d.batch * d.heads * d.seq * d.seq; }
+
+absl::Status CheckDimsCommon(std::string_view op, const AttentionDims& d) {
+  FEDLORA_RETURN_IF_ERROR(internal::CheckDims(op, {d.batch, d.heads, d.seq, d.seq}));
+  FEDLORA_RETURN_IF_ERROR(internal::CheckDims(op, {d.batch, d.heads, d.seq, d.head_dim}));
+  if (d.layout != AttentionLayout::kBHSD && d.layout != AttentionLayout::kBSHD) return internal::InvalidArg(op, "unknown layout");
+  if (!std::isfinite(d.scale)) return internal::InvalidArg(op, "scale is not finite");
+  return absl::OkStatus();
+}
+
+// Runs `g` (one head's product, pointers at batch 0 / head 0) for every (batch, head): one
+// strided-batched call over all batch*heads when the layout makes heads and batches one stride
+// (kBHSD), else one call per batch entry over its heads. `batch_offsets` are the per-batch
+// element offsets of (a, b, c).
+absl::Status ForEachHead(const ExecContext& ctx, const AttentionDims& d, GemmArgs g, int64_t a_batch, int64_t b_batch,
+                         int64_t c_batch) {
+  g.batch = d.heads;
+  if (d.batch == 1 || (a_batch == d.heads * g.stride_a && b_batch == d.heads * g.stride_b &&
+                       c_batch == d.heads * g.stride_c)) {
+    g.batch = d.batch * d.heads;
+    return Gemm(ctx, g);
+  }
+  for (int64_t b = 0; b < d.batch; ++b) {
+    GemmArgs gb = g;
+    gb.a = g.a + b * a_batch;
+    gb.b = g.b + b * b_batch;
+    gb.c = g.c + b * c_batch;
+    FEDLORA_RETURN_IF_ERROR(Gemm(ctx, gb));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t AttentionWorkspaceBytes(const AttentionForwardArgs& a) {
+  return a.dropout.active() ? internal::AlignUp(static_cast<size_t>(ProbsElems(a.dims)) * sizeof(float)) : 0;
+}
+size_t AttentionWorkspaceBytes(const AttentionBackwardArgs& a) {
+  const size_t one = internal::AlignUp(static_cast<size_t>(ProbsElems(a.dims)) * sizeof(float));
+  return a.dropout.active() ? 2 * one : one;
+}
+
+absl::Status CanRun(const ExecContext& ctx, const AttentionForwardArgs& a) {
+  FEDLORA_RETURN_IF_ERROR(internal::CheckBackend(ctx, kFwd));
+  FEDLORA_RETURN_IF_ERROR(CheckDimsCommon(kFwd, a.dims));
+  if (!(a.dropout.p >= 0.0f && a.dropout.p < 1.0f)) return internal::InvalidArg(kFwd, "dropout p not in [0, 1)");
+  if (ProbsElems(a.dims) == 0) return absl::OkStatus();
+  for (auto [p, name] : {std::pair<const void*, const char*>{a.q, "q"}, {a.k, "k"}, {a.v, "v"}, {a.probs, "probs"},
+                         {a.out, "out"}}) {
+    FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kFwd, p, name));
+  }
+  const size_t need = AttentionWorkspaceBytes(a);
+  if (need > 0 && (a.workspace == nullptr || a.workspace_bytes < need)) {
+    return internal::InvalidArg(kFwd, absl::StrCat("needs a workspace of ", need, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CanRun(const ExecContext& ctx, const AttentionBackwardArgs& a) {
+  FEDLORA_RETURN_IF_ERROR(internal::CheckBackend(ctx, kBwd));
+  FEDLORA_RETURN_IF_ERROR(CheckDimsCommon(kBwd, a.dims));
+  if (!(a.dropout.p >= 0.0f && a.dropout.p < 1.0f)) return internal::InvalidArg(kBwd, "dropout p not in [0, 1)");
+  if (ProbsElems(a.dims) == 0) return absl::OkStatus();
+  for (auto [p, name] : {std::pair<const void*, const char*>{a.q, "q"}, {a.k, "k"}, {a.v, "v"}, {a.probs, "probs"},
+                         {a.dout, "dout"}, {a.dq, "dq"}, {a.dk, "dk"}, {a.dv, "dv"}}) {
+    FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kBwd, p, name));
+  }
+  const size_t need = AttentionWorkspaceBytes(a);
+  if (a.workspace == nullptr || a.workspace_bytes < need) {
+    return internal::InvalidArg(kBwd, absl::StrCat("needs a workspace of ", need, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AttentionForward(const ExecContext& ctx, const AttentionForwardArgs& a) {
+  FEDLORA_RETURN_IF_ERROR(CanRun(ctx, a));
+  const AttentionDims& d = a.dims;
+  if (ProbsElems(d) == 0) return absl::OkStatus();
+  const Strides st = LayoutStrides(d);
+  const int64_t S = d.seq, D = d.head_dim, SS = S * S;
+  // S = scale * Q K^T   -> probs [b, h, S, S]
+  FEDLORA_RETURN_IF_ERROR(ForEachHead(
+      ctx, d,
+      GemmArgs{.trans_b = true, .m = S, .n = S, .k = D, .alpha = Scale(d), .a = a.q, .lda = st.row, .b = a.k,
+               .ldb = st.row, .c = a.probs, .ldc = S, .stride_a = st.head, .stride_b = st.head, .stride_c = SS},
+      st.batch, st.batch, d.heads * SS));
+  // P = softmax(S + mask); Pd = dropout(P)
+  float* dropped = a.dropout.active() ? static_cast<float*>(a.workspace) : nullptr;
+  FEDLORA_RETURN_IF_ERROR(AttentionSoftmaxForward(
+      ctx, SoftmaxForwardArgs{.batch = d.batch, .heads = d.heads, .seq = S, .mask = a.mask, .scores = a.probs,
+                              .dropout = a.dropout, .dropped = dropped}));
+  // O = Pd V
+  return ForEachHead(ctx, d,
+                     GemmArgs{.m = S, .n = D, .k = S, .a = dropped != nullptr ? dropped : a.probs, .lda = S, .b = a.v,
+                              .ldb = st.row, .c = a.out, .ldc = st.row, .stride_a = SS, .stride_b = st.head,
+                              .stride_c = st.head},
+                     d.heads * SS, st.batch, st.batch);
+}
+
+absl::Status AttentionBackward(const ExecContext& ctx, const AttentionBackwardArgs& a) {
+  FEDLORA_RETURN_IF_ERROR(CanRun(ctx, a));
+  const AttentionDims& d = a.dims;
+  const int64_t n = ProbsElems(d);
+  if (n == 0) return absl::OkStatus();
+  const Strides st = LayoutStrides(d);
+  const int64_t S = d.seq, D = d.head_dim, SS = S * S;
+  const float scale = Scale(d);
+  float* dp = static_cast<float*>(a.workspace);
+  const float* pd = a.probs;
+  if (a.dropout.active()) {  // Pd, recomputed from the seed
+    float* pd_buf = reinterpret_cast<float*>(static_cast<char*>(a.workspace) +
+                                             internal::AlignUp(static_cast<size_t>(n) * sizeof(float)));
+    FEDLORA_RETURN_IF_ERROR(Dropout(ctx, DropoutArgs{.n = n, .spec = a.dropout, .x = a.probs, .out = pd_buf}));
+    pd = pd_buf;
+  }
+  // dV = Pd^T dO
+  FEDLORA_RETURN_IF_ERROR(ForEachHead(
+      ctx, d,
+      GemmArgs{.trans_a = true, .m = S, .n = D, .k = S, .a = pd, .lda = S, .b = a.dout, .ldb = st.row, .c = a.dv,
+               .ldc = st.row, .stride_a = SS, .stride_b = st.head, .stride_c = st.head},
+      d.heads * SS, st.batch, st.batch));
+  // dPd = dO V^T
+  FEDLORA_RETURN_IF_ERROR(ForEachHead(
+      ctx, d,
+      GemmArgs{.trans_b = true, .m = S, .n = S, .k = D, .a = a.dout, .lda = st.row, .b = a.v, .ldb = st.row, .c = dp,
+               .ldc = S, .stride_a = st.head, .stride_b = st.head, .stride_c = SS},
+      st.batch, st.batch, d.heads * SS));
+  // dS = softmax'(dropout'(dPd)), in place
+  FEDLORA_RETURN_IF_ERROR(AttentionSoftmaxBackward(
+      ctx, SoftmaxBackwardArgs{.batch = d.batch, .heads = d.heads, .seq = S, .probs = a.probs, .dropout = a.dropout,
+                               .grad = dp}));
+  // dQ = scale dS K
+  FEDLORA_RETURN_IF_ERROR(ForEachHead(
+      ctx, d,
+      GemmArgs{.m = S, .n = D, .k = S, .alpha = scale, .a = dp, .lda = S, .b = a.k, .ldb = st.row, .c = a.dq,
+               .ldc = st.row, .stride_a = SS, .stride_b = st.head, .stride_c = st.head},
+      d.heads * SS, st.batch, st.batch));
+  // dK = scale dS^T Q
+  return ForEachHead(ctx, d,
+                     GemmArgs{.trans_a = true, .m = S, .n = D, .k = S, .alpha = scale, .a = dp, .lda = S, .b = a.q,
+                              .ldb = st.row, .c = a.dk, .ldc = st.row, .stride_a = SS, .stride_b = st.head,
+                              .stride_c = st.head},
+                     d.heads * SS, st.batch, st.batch);
+}
+
+}  // namespace fedlora::kernels

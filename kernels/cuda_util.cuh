@@ -1,0 +1,34 @@
+// Internal helpers for the kernels' .cu files: stream and cuBLAS handle, launch geometry.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "core/cuda_status.h"
+#include "kernels/context.h"
+
+namespace fedlora::kernels::internal {
+
+inline cudaStream_t Stream(const ExecContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+
+// The calling thread's cuBLAS handle for the current device, bound to ctx.stream. Handles are
+// created on first use and deliberately never destroyed (destroying them in a thread_local
+// destructor can run after the CUDA runtime has shut down at exit).
+absl::StatusOr<cublasHandle_t> CublasHandle(const ExecContext& ctx);
+
+// Grid size for a grid-stride loop over n items with `block` threads, capped so that huge
+// tensors do not launch millions of blocks (each thread loops instead).
+inline unsigned GridFor(int64_t n, int block, int64_t max_blocks = 65535 * 4) {
+  int64_t g = (n + block - 1) / block;
+  if (g < 1) g = 1;
+  if (g > max_blocks) g = max_blocks;
+  return static_cast<unsigned>(g);
+}
+
+// Returns the launch error, if any, as a Status (kernel launches report errors asynchronously).
+#define FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR() FEDLORA_CUDA_RETURN_IF_ERROR(cudaGetLastError())
+
+}  // namespace fedlora::kernels::internal

@@ -1,0 +1,69 @@
+// General matrix multiply, row-major:  C = alpha * op(A) op(B) + beta * C,  op(X) = X or X^T.
+// CPU: OpenBLAS cblas_sgemm. CUDA: cuBLAS (cublasGemmStridedBatchedEx / cublasGemmEx, fp32
+// compute, no TF32, so that both backends agree to fp32 rounding).
+//
+//   // y[m,n] = x[m,k] W[n,k]^T
+//   kernels::GemmArgs g{.trans_b = true, .m = m, .n = n, .k = k, .a = x, .b = w, .c = y};
+//   FEDLORA_RETURN_IF_ERROR(kernels::Gemm(ctx, g));
+//
+// Shapes: op(A) is [m, k], op(B) is [k, n], C is [m, n]. A is stored [m, k] (lda >= k), or [k, m]
+// when trans_a (lda >= m); B is stored [k, n] (ldb >= n), or [n, k] when trans_b (ldb >= k); C is
+// stored with ldc >= n. A leading dimension of 0 means "packed" (the stored row length).
+//
+// Strided batch: when batch > 1, matrix i is A + i*stride_a, B + i*stride_b, C + i*stride_c
+// (strides in elements; a stride of 0 broadcasts that operand, e.g. one weight for all batches).
+// Attention uses it over the heads of one sequence.
+//
+// bf16 B (a frozen weight stored as bf16): set b_bf16 instead of b. Both backends convert B to
+// fp32 panel by panel into the caller's workspace and run an fp32 GEMM per panel, so results
+// equal the fp32 GEMM on the widened weight. A panel is a block of consecutive stored rows of B:
+// it covers a block of output columns when trans_b, a block of the k dimension otherwise.
+// Workspace: GemmWorkspaceBytes(args) = min(stored_rows, kGemmBf16PanelRows) * stored_cols * 4
+// bytes (0 for fp32 B); a larger workspace uses larger panels (up to the whole matrix in one GEMM).
+// For BERT-base (768 x 3072 weights) the minimum is 256 * 3072 * 4 = 3 MiB. bf16 B requires
+// batch == 1.
+//
+// FLOPs: 2 * m * n * k per batch entry.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/context.h"
+
+namespace fedlora::kernels {
+
+inline constexpr int64_t kGemmBf16PanelRows = 256;
+
+struct GemmArgs {
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  float beta = 0.0f;  // 0: C is write-only (NaN garbage in C is ignored, as BLAS does)
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* b = nullptr;          // fp32 B, or
+  const uint16_t* b_bf16 = nullptr;  // bf16 B (bit patterns); exactly one of b / b_bf16
+  int64_t ldb = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  void* workspace = nullptr;  // only for b_bf16; on ctx.device
+  size_t workspace_bytes = 0;
+};
+
+// Minimum workspace for `args` (0 unless b_bf16 is set).
+size_t GemmWorkspaceBytes(const GemmArgs& args);
+absl::Status CanRun(const ExecContext& ctx, const GemmArgs& args);
+absl::Status Gemm(const ExecContext& ctx, const GemmArgs& args);
+
+namespace internal {
+// Backends, called by Gemm after validation with leading dimensions resolved (never 0).
+absl::Status GemmCpu(const ExecContext& ctx, const GemmArgs& args);
+absl::Status GemmCuda(const ExecContext& ctx, const GemmArgs& args);
+}  // namespace internal
+
+}  // namespace fedlora::kernels

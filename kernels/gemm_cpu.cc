@@ -1,0 +1,143 @@
+// Gemm: validation, dispatch and the CPU backend (OpenBLAS).
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include "kernels/gemm.h"
+#include "kernels/kernel_util.h"
+#include "kernels/weight.h"
+
+namespace fedlora::kernels {
+namespace {
+
+constexpr std::string_view kOp = "Gemm";
+
+// Stored shape of B: rows x cols as laid out in memory.
+int64_t BStoredRows(const GemmArgs& g) { return g.trans_b ? g.n : g.k; }
+int64_t BStoredCols(const GemmArgs& g) { return g.trans_b ? g.k : g.n; }
+
+// Fills leading dimensions left at 0 with the packed value.
+GemmArgs Resolved(const GemmArgs& in) {
+  GemmArgs g = in;
+  if (g.lda == 0) g.lda = std::max<int64_t>(1, g.trans_a ? g.m : g.k);
+  if (g.ldb == 0) g.ldb = std::max<int64_t>(1, BStoredCols(g));
+  if (g.ldc == 0) g.ldc = std::max<int64_t>(1, g.n);
+  return g;
+}
+
+CBLAS_TRANSPOSE Op(bool t) { return t ? CblasTrans : CblasNoTrans; }
+
+// C = beta * C for the degenerate k == 0 product (BLAS semantics: beta == 0 writes zeros).
+void ScaleC(const GemmArgs& g, float* c) {
+  for (int64_t i = 0; i < g.m; ++i) {
+    float* row = c + i * g.ldc;
+    if (g.beta == 0.0f) {
+      std::fill(row, row + g.n, 0.0f);
+    } else {
+      for (int64_t j = 0; j < g.n; ++j) row[j] *= g.beta;
+    }
+  }
+}
+
+}  // namespace
+
+size_t GemmWorkspaceBytes(const GemmArgs& args) {
+  if (args.b_bf16 == nullptr) return 0;
+  const int64_t rows = BStoredRows(args), cols = BStoredCols(args);
+  if (rows <= 0 || cols <= 0) return 0;
+  return static_cast<size_t>(std::min(rows, kGemmBf16PanelRows) * cols) * sizeof(float);
+}
+
+absl::Status CanRun(const ExecContext& ctx, const GemmArgs& in) {
+  FEDLORA_RETURN_IF_ERROR(internal::CheckBackend(ctx, kOp));
+  FEDLORA_RETURN_IF_ERROR(internal::CheckDims(kOp, {in.m, in.n}));
+  FEDLORA_RETURN_IF_ERROR(internal::CheckDims(kOp, {in.m, in.k}));
+  FEDLORA_RETURN_IF_ERROR(internal::CheckDims(kOp, {in.k, in.n}));
+  if (in.batch < 1) return internal::InvalidArg(kOp, absl::StrCat("batch ", in.batch, " < 1"));
+  if (in.stride_a < 0 || in.stride_b < 0 || in.stride_c < 0) return internal::InvalidArg(kOp, "negative batch stride");
+  const GemmArgs g = Resolved(in);
+  for (int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldc}) {
+    if (v > INT_MAX) return internal::InvalidArg(kOp, absl::StrCat("dimension ", v, " exceeds the BLAS int range"));
+  }
+  if (g.lda < (g.trans_a ? g.m : g.k)) return internal::InvalidArg(kOp, absl::StrCat("lda ", g.lda, " too small"));
+  if (g.ldb < BStoredCols(g)) return internal::InvalidArg(kOp, absl::StrCat("ldb ", g.ldb, " too small"));
+  if (g.ldc < g.n) return internal::InvalidArg(kOp, absl::StrCat("ldc ", g.ldc, " < n ", g.n));
+  if ((g.b != nullptr) == (g.b_bf16 != nullptr) && g.k > 0 && g.m > 0 && g.n > 0) {
+    return internal::InvalidArg(kOp, "exactly one of b and b_bf16 must be set");
+  }
+  if (g.m > 0 && g.n > 0) {
+    FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, g.c, "c"));
+    if (g.k > 0) FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, g.a, "a"));
+  }
+  if (g.b_bf16 != nullptr) {
+    if (g.batch != 1) return absl::UnimplementedError("Gemm: bf16 B requires batch == 1");
+    const size_t need = GemmWorkspaceBytes(g);
+    if (need > 0 && (g.workspace == nullptr || g.workspace_bytes < need)) {
+      return internal::InvalidArg(kOp, absl::StrCat("bf16 B needs a workspace of ", need, " bytes, got ",
+                                                    g.workspace == nullptr ? 0 : g.workspace_bytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Gemm(const ExecContext& ctx, const GemmArgs& args) {
+  FEDLORA_RETURN_IF_ERROR(CanRun(ctx, args));
+  const GemmArgs g = Resolved(args);
+  if (g.m == 0 || g.n == 0) return absl::OkStatus();
+  if (ctx.device == Device::kCuda) return FEDLORA_KERNELS_CUDA(internal::GemmCuda(ctx, g));
+  return internal::GemmCpu(ctx, g);
+}
+
+namespace internal {
+
+absl::Status GemmCpu(const ExecContext& ctx, const GemmArgs& g) {
+  if (g.k == 0) {
+    for (int64_t i = 0; i < g.batch; ++i) ScaleC(g, g.c + i * g.stride_c);
+    return absl::OkStatus();
+  }
+  if (g.b_bf16 == nullptr) {
+    // Batches run one after another, each on OpenBLAS's own threads (see SetNumThreads); calling
+    // OpenBLAS from several of our pool threads at once would oversubscribe the cores.
+    for (int64_t i = 0; i < g.batch; ++i) {
+      cblas_sgemm(CblasRowMajor, Op(g.trans_a), Op(g.trans_b), static_cast<int>(g.m), static_cast<int>(g.n),
+                  static_cast<int>(g.k), g.alpha, g.a + i * g.stride_a, static_cast<int>(g.lda),
+                  g.b + i * g.stride_b, static_cast<int>(g.ldb), g.beta, g.c + i * g.stride_c,
+                  static_cast<int>(g.ldc));
+    }
+    return absl::OkStatus();
+  }
+  // bf16 B: widen a panel of stored rows into the workspace, multiply, next panel. The widening
+  // is exact, so the result equals the fp32 GEMM on the widened weight.
+  const int64_t rows = BStoredRows(g), cols = BStoredCols(g);
+  const int64_t panel = std::clamp<int64_t>(static_cast<int64_t>(g.workspace_bytes / (cols * sizeof(float))), 1, rows);
+  float* ws = static_cast<float*>(g.workspace);
+  ThreadPool& pool = ctx.Pool();
+  for (int64_t r0 = 0; r0 < rows; r0 += panel) {
+    const int64_t p = std::min(panel, rows - r0);
+    pool.ParallelFor(0, p, std::max<int64_t>(1, kElementwiseGrain / cols), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const uint16_t* src = g.b_bf16 + (r0 + r) * g.ldb;
+        float* dst = ws + r * cols;
+        for (int64_t j = 0; j < cols; ++j) dst[j] = Bf16BitsToF32(src[j]);
+      }
+    });
+    if (g.trans_b) {
+      // Stored rows are output columns: C[:, r0:r0+p] = alpha op(A) panel^T + beta C[:, r0:r0+p].
+      cblas_sgemm(CblasRowMajor, Op(g.trans_a), CblasTrans, static_cast<int>(g.m), static_cast<int>(p),
+                  static_cast<int>(g.k), g.alpha, g.a, static_cast<int>(g.lda), ws, static_cast<int>(cols), g.beta,
+                  g.c + r0, static_cast<int>(g.ldc));
+    } else {
+      // Stored rows are a block of k: C += alpha op(A)[:, r0:r0+p] panel (beta on the first only).
+      const float* a_block = g.trans_a ? g.a + r0 * g.lda : g.a + r0;
+      cblas_sgemm(CblasRowMajor, Op(g.trans_a), CblasNoTrans, static_cast<int>(g.m), static_cast<int>(g.n),
+                  static_cast<int>(p), g.alpha, a_block, static_cast<int>(g.lda), ws, static_cast<int>(cols),
+                  r0 == 0 ? g.beta : 1.0f, g.c, static_cast<int>(g.ldc));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+}  // namespace fedlora::kernels

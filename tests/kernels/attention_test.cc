@@ -1,0 +1,150 @@
+#include "kernels/attention.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/kernels/test_util.h"
+
+namespace fedlora::kernels {
+namespace {
+
+using testing::AllClose;
+using testing::Cpu;
+using testing::ExpectGradient;
+using testing::Guarded;
+using testing::Random;
+
+constexpr float kMaskMin = -std::numeric_limits<float>::max();  // HF: torch.finfo(float32).min
+
+struct Case {
+  AttentionDims d;
+  std::vector<float> q, k, v, mask;
+  DropoutSpec dropout;
+  int64_t Elems() const { return d.batch * d.heads * d.seq * d.head_dim; }
+  int64_t ProbElems() const { return d.batch * d.heads * d.seq * d.seq; }
+  // Index of (b, h, s, e) in the layout.
+  int64_t At(int64_t b, int64_t h, int64_t s, int64_t e) const {
+    if (d.layout == AttentionLayout::kBHSD) return ((b * d.heads + h) * d.seq + s) * d.head_dim + e;
+    return ((b * d.seq + s) * d.heads + h) * d.head_dim + e;
+  }
+  std::vector<float> Forward(std::vector<float>* probs_out = nullptr) const {
+    std::vector<float> out(Elems()), probs(ProbElems());
+    AttentionForwardArgs f{.dims = d, .q = q.data(), .k = k.data(), .v = v.data(),
+                           .mask = mask.empty() ? nullptr : mask.data(), .dropout = dropout, .probs = probs.data(),
+                           .out = out.data()};
+    std::vector<float> ws(AttentionWorkspaceBytes(f) / 4 + 1);
+    f.workspace = ws.data();
+    f.workspace_bytes = ws.size() * 4;
+    EXPECT_TRUE(AttentionForward(Cpu(), f).ok());
+    if (probs_out != nullptr) *probs_out = probs;
+    return out;
+  }
+};
+
+Case MakeCase(AttentionLayout layout, bool with_mask, float p) {
+  Case c;
+  c.d = AttentionDims{.batch = 2, .heads = 3, .seq = 5, .head_dim = 4, .layout = layout};
+  c.q = Random(c.Elems(), 71);
+  c.k = Random(c.Elems(), 72);
+  c.v = Random(c.Elems(), 73);
+  if (with_mask) {
+    c.mask.assign(c.d.batch * c.d.seq, 0.0f);
+    c.mask[0 * c.d.seq + 4] = kMaskMin;  // sequence 0: last token is padding
+    c.mask[1 * c.d.seq + 3] = kMaskMin;  // sequence 1: last two
+    c.mask[1 * c.d.seq + 4] = kMaskMin;
+  }
+  c.dropout = DropoutSpec{.p = p, .seed = 5, .offset = 0};
+  return c;
+}
+
+TEST(Attention, ForwardMatchesNaiveReference) {
+  for (auto layout : {AttentionLayout::kBHSD, AttentionLayout::kBSHD}) {
+    const Case c = MakeCase(layout, /*with_mask=*/true, 0.0f);
+    std::vector<float> probs;
+    const auto out = c.Forward(&probs);
+    const auto& d = c.d;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d.head_dim));
+    for (int64_t b = 0; b < d.batch; ++b) {
+      for (int64_t h = 0; h < d.heads; ++h) {
+        for (int64_t i = 0; i < d.seq; ++i) {
+          std::vector<double> s(d.seq);
+          double m = -1e300, sum = 0;
+          for (int64_t j = 0; j < d.seq; ++j) {
+            double dot = 0;
+            for (int64_t e = 0; e < d.head_dim; ++e) dot += double(c.q[c.At(b, h, i, e)]) * c.k[c.At(b, h, j, e)];
+            s[j] = dot * scale + (c.mask[b * d.seq + j] != 0 ? -1e30 : 0.0);
+            m = std::max(m, s[j]);
+          }
+          for (auto& x : s) sum += (x = std::exp(x - m));
+          for (int64_t j = 0; j < d.seq; ++j) {
+            s[j] /= sum;
+            // Masked keys get exactly zero probability.
+            if (c.mask[b * d.seq + j] != 0) {
+              EXPECT_EQ(probs[((b * d.heads + h) * d.seq + i) * d.seq + j], 0.0f);
+            }
+            EXPECT_NEAR(probs[((b * d.heads + h) * d.seq + i) * d.seq + j], s[j], 1e-6);
+          }
+          for (int64_t e = 0; e < d.head_dim; ++e) {
+            double o = 0;
+            for (int64_t j = 0; j < d.seq; ++j) o += s[j] * c.v[c.At(b, h, j, e)];
+            EXPECT_NEAR(out[c.At(b, h, i, e)], o, 1e-5);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Attention, FullyMaskedRowIsUniformAsInHuggingFace) {
+  Case c = MakeCase(AttentionLayout::kBHSD, true, 0.0f);
+  for (int64_t j = 0; j < c.d.seq; ++j) c.mask[j] = kMaskMin;  // every key of sequence 0 masked
+  std::vector<float> probs;
+  c.Forward(&probs);
+  for (int64_t j = 0; j < c.d.seq; ++j) EXPECT_FLOAT_EQ(probs[j], 1.0f / c.d.seq);
+}
+
+TEST(Attention, BackwardMatchesFiniteDifferences) {
+  for (auto layout : {AttentionLayout::kBHSD, AttentionLayout::kBSHD}) {
+    for (float p : {0.0f, 0.2f}) {
+      Case c = MakeCase(layout, true, p);
+      std::vector<float> probs;
+      c.Forward(&probs);
+      const auto dout = Random(c.Elems(), 74);
+      Guarded dq(c.Elems()), dk(c.Elems()), dv(c.Elems());
+      AttentionBackwardArgs bw{.dims = c.d, .q = c.q.data(), .k = c.k.data(), .v = c.v.data(), .probs = probs.data(),
+                               .dropout = c.dropout, .dout = dout.data(), .dq = dq.data(), .dk = dk.data(),
+                               .dv = dv.data()};
+      std::vector<float> ws(AttentionWorkspaceBytes(bw) / 4);
+      bw.workspace = ws.data();
+      bw.workspace_bytes = ws.size() * 4;
+      ASSERT_TRUE(AttentionBackward(Cpu(), bw).ok());
+      EXPECT_TRUE(dq.GuardsIntact() && dk.GuardsIntact() && dv.GuardsIntact());
+      auto fwd = [&] { return c.Forward(); };
+      const std::string tag = std::string(layout == AttentionLayout::kBHSD ? "BHSD" : "BSHD") + " p=" + std::to_string(p);
+      ExpectGradient(fwd, c.q, dout, dq.values(), tag + " dQ");
+      ExpectGradient(fwd, c.k, dout, dk.values(), tag + " dK");
+      ExpectGradient(fwd, c.v, dout, dv.values(), tag + " dV");
+    }
+  }
+}
+
+TEST(Attention, RejectsBadArguments) {
+  Case c = MakeCase(AttentionLayout::kBSHD, false, 0.0f);
+  std::vector<float> out(c.Elems()), probs(c.ProbElems());
+  AttentionForwardArgs f{.dims = c.d, .q = c.q.data(), .k = c.k.data(), .v = c.v.data(), .probs = probs.data(),
+                         .out = out.data()};
+  EXPECT_TRUE(CanRun(Cpu(), f).ok());
+  f.probs = nullptr;
+  EXPECT_EQ(AttentionForward(Cpu(), f).code(), absl::StatusCode::kInvalidArgument);
+  f.probs = probs.data();
+  f.dropout.p = 0.1f;  // needs a workspace now
+  EXPECT_EQ(AttentionForward(Cpu(), f).code(), absl::StatusCode::kInvalidArgument);
+  f.dropout.p = 0.0f;
+  f.dims.heads = -1;
+  EXPECT_EQ(AttentionForward(Cpu(), f).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace fedlora::kernels

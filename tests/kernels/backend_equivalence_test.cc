@@ -1,0 +1,423 @@
+// Every op's CUDA backend against its CPU reference on random inputs with fixed seeds (in the
+// spirit of ggml's test-backend-ops). Skips itself without a GPU. Each device output buffer has
+// kGuard guard floats after it that must survive the kernel. Tolerances are stated per op: the
+// backends differ only in summation order and in libm vs CUDA math functions.
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/activation.h"
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/device.h"
+#include "kernels/dropout.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/gemm.h"
+#include "kernels/layernorm.h"
+#include "kernels/linear.h"
+#include "kernels/lora_linear.h"
+#include "kernels/reduce.h"
+#include "tests/kernels/test_util.h"
+
+namespace fedlora::kernels {
+namespace {
+
+using testing::AllClose;
+using testing::Cpu;
+using testing::DeviceMirror;
+using testing::Gpu;
+using testing::Guarded;
+using testing::Random;
+
+// Compares a device output (with guards) against the CPU result.
+::testing::AssertionResult SameAsCpu(const float* dev, const Guarded& cpu, double atol, double rtol) {
+  const Guarded got = DeviceMirror::Download(dev, cpu.size());
+  if (!got.GuardsIntact()) return ::testing::AssertionFailure() << "device kernel wrote past the end of its output";
+  return AllClose(got.values(), cpu.values(), atol, rtol);
+}
+
+std::vector<uint16_t> TruncateToBf16(std::vector<float>& v) {
+  std::vector<uint16_t> bits(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, &v[i], 4);
+    u &= 0xffff0000u;
+    std::memcpy(&v[i], &u, 4);
+    bits[i] = static_cast<uint16_t>(u >> 16);
+  }
+  return bits;
+}
+
+class BackendEquivalence : public ::testing::Test {
+ protected:
+  void SetUp() override { FEDLORA_SKIP_WITHOUT_GPU(); }
+  DeviceMirror dev_;
+};
+
+// fp32 GEMMs with k <= 600 of O(1) values: reassociation error ~k * 6e-8 * |sum| < 1e-4.
+constexpr double kGemmTol = 1e-4;
+
+TEST_F(BackendEquivalence, Gemm) {
+  const int64_t m = 37, n = 29, k = 41;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const auto a = Random(m * k, 1), b = Random(k * n, 2), c0 = Random(m * n, 3);
+      GemmArgs g{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 0.7f, .beta = 0.3f, .a = a.data(),
+                 .b = b.data()};
+      Guarded c(c0);
+      g.c = c.data();
+      ASSERT_TRUE(Gemm(Cpu(), g).ok());
+      GemmArgs d = g;
+      d.a = dev_.Upload(a);
+      d.b = dev_.Upload(b);
+      d.c = dev_.Upload(Guarded(c0));
+      ASSERT_TRUE(Gemm(Gpu(), d).ok());
+      EXPECT_TRUE(SameAsCpu(d.c, c, kGemmTol, kGemmTol)) << "ta=" << ta << " tb=" << tb;
+    }
+  }
+  // Strided batch with a broadcast B.
+  const int64_t batch = 4;
+  const auto a = Random(batch * m * k, 4), b = Random(k * n, 5);
+  GemmArgs g{.m = m, .n = n, .k = k, .a = a.data(), .b = b.data(), .batch = batch, .stride_a = m * k, .stride_b = 0,
+             .stride_c = m * n};
+  Guarded c(batch * m * n);
+  g.c = c.data();
+  ASSERT_TRUE(Gemm(Cpu(), g).ok());
+  GemmArgs d = g;
+  d.a = dev_.Upload(a);
+  d.b = dev_.Upload(b);
+  d.c = dev_.Upload(Guarded(batch * m * n));
+  ASSERT_TRUE(Gemm(Gpu(), d).ok());
+  EXPECT_TRUE(SameAsCpu(d.c, c, kGemmTol, kGemmTol)) << "batched";
+}
+
+TEST_F(BackendEquivalence, GemmBf16Panels) {
+  for (bool tb : {true, false}) {
+    const int64_t m = 9, n = tb ? 600 : 23, k = tb ? 31 : 600;
+    auto b = Random(n * k, 6);
+    const auto bits = TruncateToBf16(b);
+    const auto a = Random(m * k, 7);
+    GemmArgs g{.trans_b = tb, .m = m, .n = n, .k = k, .a = a.data(), .b_bf16 = bits.data()};
+    const size_t ws = GemmWorkspaceBytes(g);
+    std::vector<float> hws(ws / 4);
+    g.workspace = hws.data();
+    g.workspace_bytes = ws;
+    Guarded c(m * n);
+    g.c = c.data();
+    ASSERT_TRUE(Gemm(Cpu(), g).ok());
+    GemmArgs d = g;
+    d.a = dev_.Upload(a);
+    d.b_bf16 = dev_.Upload(bits);
+    d.workspace = dev_.Workspace(ws);
+    d.c = dev_.Upload(Guarded(m * n));
+    ASSERT_TRUE(Gemm(Gpu(), d).ok());
+    EXPECT_TRUE(SameAsCpu(d.c, c, kGemmTol, kGemmTol)) << "trans_b=" << tb;
+  }
+}
+
+TEST_F(BackendEquivalence, LinearForwardBackward) {
+  const int64_t R = 33, I = 48, O = 40;
+  const auto x = Random(R * I, 11), w = Random(O * I, 12), b = Random(O, 13), dy = Random(R * O, 14);
+  Guarded y(R * O), dx(R * I), dw(O * I), db(O);
+  ASSERT_TRUE(LinearForward(Cpu(), LinearForwardArgs{.rows = R, .in_features = I, .out_features = O, .x = x.data(),
+                                                     .w = WeightPtr::F32(w.data()), .bias = b.data(), .y = y.data()})
+                  .ok());
+  ASSERT_TRUE(LinearBackward(Cpu(), LinearBackwardArgs{.rows = R, .in_features = I, .out_features = O, .x = x.data(),
+                                                       .w = WeightPtr::F32(w.data()), .dy = dy.data(), .dx = dx.data(),
+                                                       .dw = dw.data(), .dbias = db.data()})
+                  .ok());
+  float *dx_d = dev_.Upload(x), *dw_d = dev_.Upload(w), *db_d = dev_.Upload(b), *ddy = dev_.Upload(dy);
+  float *y_d = dev_.Upload(Guarded(R * O)), *gx = dev_.Upload(Guarded(R * I)), *gw = dev_.Upload(Guarded(O * I)),
+        *gb = dev_.Upload(Guarded(O));
+  ASSERT_TRUE(LinearForward(Gpu(), LinearForwardArgs{.rows = R, .in_features = I, .out_features = O, .x = dx_d,
+                                                     .w = WeightPtr::F32(dw_d), .bias = db_d, .y = y_d})
+                  .ok());
+  ASSERT_TRUE(LinearBackward(Gpu(), LinearBackwardArgs{.rows = R, .in_features = I, .out_features = O, .x = dx_d,
+                                                       .w = WeightPtr::F32(dw_d), .dy = ddy, .dx = gx, .dw = gw,
+                                                       .dbias = gb})
+                  .ok());
+  EXPECT_TRUE(SameAsCpu(y_d, y, kGemmTol, kGemmTol));
+  EXPECT_TRUE(SameAsCpu(gx, dx, kGemmTol, kGemmTol));
+  EXPECT_TRUE(SameAsCpu(gw, dw, kGemmTol, kGemmTol));
+  EXPECT_TRUE(SameAsCpu(gb, db, kGemmTol, kGemmTol));
+}
+
+TEST_F(BackendEquivalence, LoraLinearWithDropoutAndBf16Weight) {
+  const int64_t R = 40, I = 64, O = 300, r = 8;
+  auto w = Random(O * I, 21);
+  const auto wbits = TruncateToBf16(w);
+  const auto x = Random(R * I, 22), b = Random(O, 23), A = Random(r * I, 24), B = Random(O * r, 25),
+             dy = Random(R * O, 26);
+  const DropoutSpec drop{.p = 0.1f, .seed = 77, .offset = 1000};
+  // CPU
+  Guarded y(R * O), h(R * r), dx(R * I), da(r * I), db(O * r);
+  LoraLinearForwardArgs f{.rows = R, .in_features = I, .out_features = O, .rank = r, .x = x.data(),
+                          .w = WeightPtr::BF16(wbits.data()), .bias = b.data(), .lora_a = A.data(), .lora_b = B.data(),
+                          .scaling = 2.0f, .dropout = drop, .y = y.data(), .h = h.data()};
+  std::vector<float> fws(LoraLinearWorkspaceBytes(f) / 4);
+  f.workspace = fws.data();
+  f.workspace_bytes = fws.size() * 4;
+  ASSERT_TRUE(LoraLinearForward(Cpu(), f).ok());
+  LoraLinearBackwardArgs bw{.rows = R, .in_features = I, .out_features = O, .rank = r, .x = x.data(),
+                            .w = WeightPtr::BF16(wbits.data()), .lora_a = A.data(), .lora_b = B.data(), .scaling = 2.0f,
+                            .dropout = drop, .h = h.data(), .dy = dy.data(), .dx = dx.data(), .da = da.data(),
+                            .db = db.data()};
+  std::vector<float> bws(LoraLinearWorkspaceBytes(bw) / 4);
+  bw.workspace = bws.data();
+  bw.workspace_bytes = bws.size() * 4;
+  ASSERT_TRUE(LoraLinearBackward(Cpu(), bw).ok());
+  // GPU
+  LoraLinearForwardArgs fd = f;
+  fd.x = dev_.Upload(x);
+  fd.w = WeightPtr::BF16(dev_.Upload(wbits));
+  fd.bias = dev_.Upload(b);
+  fd.lora_a = dev_.Upload(A);
+  fd.lora_b = dev_.Upload(B);
+  fd.y = dev_.Upload(Guarded(R * O));
+  fd.h = dev_.Upload(Guarded(R * r));
+  fd.workspace = dev_.Workspace(f.workspace_bytes);
+  ASSERT_TRUE(LoraLinearForward(Gpu(), fd).ok());
+  LoraLinearBackwardArgs bd = bw;
+  bd.x = fd.x;
+  bd.w = fd.w;
+  bd.lora_a = fd.lora_a;
+  bd.lora_b = fd.lora_b;
+  bd.h = fd.h;
+  bd.dy = dev_.Upload(dy);
+  bd.dx = dev_.Upload(Guarded(R * I));
+  bd.da = dev_.Upload(Guarded(r * I));
+  bd.db = dev_.Upload(Guarded(O * r));
+  bd.workspace = dev_.Workspace(bw.workspace_bytes);
+  ASSERT_TRUE(LoraLinearBackward(Gpu(), bd).ok());
+  EXPECT_TRUE(SameAsCpu(fd.y, y, kGemmTol, kGemmTol)) << "y";
+  EXPECT_TRUE(SameAsCpu(fd.h, h, kGemmTol, kGemmTol)) << "h";
+  EXPECT_TRUE(SameAsCpu(bd.dx, dx, kGemmTol, kGemmTol)) << "dx";
+  // dA, dB sum over 40 rows of products of GEMM outputs: 1e-4 relative still covers it.
+  EXPECT_TRUE(SameAsCpu(bd.da, da, kGemmTol, kGemmTol)) << "dA";
+  EXPECT_TRUE(SameAsCpu(bd.db, db, kGemmTol, kGemmTol)) << "dB";
+}
+
+TEST_F(BackendEquivalence, LayerNormForwardBackward) {
+  const int64_t R = 50, C = 768;
+  const auto x = Random(R * C, 31, -3, 3), gamma = Random(C, 32, 0.5f, 1.5f), beta = Random(C, 33),
+             dy = Random(R * C, 34);
+  Guarded y(R * C), mean(R), rstd(R), dx(R * C), dg(C), db(C);
+  ASSERT_TRUE(LayerNormForward(Cpu(), LayerNormForwardArgs{.rows = R, .cols = C, .x = x.data(), .gamma = gamma.data(),
+                                                           .beta = beta.data(), .y = y.data(), .mean = mean.data(),
+                                                           .rstd = rstd.data()})
+                  .ok());
+  ASSERT_TRUE(LayerNormBackward(Cpu(), LayerNormBackwardArgs{.rows = R, .cols = C, .x = x.data(), .gamma = gamma.data(),
+                                                             .mean = mean.data(), .rstd = rstd.data(), .dy = dy.data(),
+                                                             .dx = dx.data(), .dgamma = dg.data(), .dbeta = db.data()})
+                  .ok());
+  float *xd = dev_.Upload(x), *gd = dev_.Upload(gamma), *bd = dev_.Upload(beta), *dyd = dev_.Upload(dy);
+  float *yd = dev_.Upload(Guarded(R * C)), *md = dev_.Upload(Guarded(R)), *rd = dev_.Upload(Guarded(R)),
+        *dxd = dev_.Upload(Guarded(R * C)), *dgd = dev_.Upload(Guarded(C)), *dbd = dev_.Upload(Guarded(C));
+  ASSERT_TRUE(LayerNormForward(Gpu(), LayerNormForwardArgs{.rows = R, .cols = C, .x = xd, .gamma = gd, .beta = bd,
+                                                           .y = yd, .mean = md, .rstd = rd})
+                  .ok());
+  ASSERT_TRUE(LayerNormBackward(Gpu(), LayerNormBackwardArgs{.rows = R, .cols = C, .x = xd, .gamma = gd, .mean = md,
+                                                             .rstd = rd, .dy = dyd, .dx = dxd, .dgamma = dgd,
+                                                             .dbeta = dbd})
+                  .ok());
+  // Row sums of 768 terms in a different order (warp tree vs sequential): ~1e-5 relative.
+  EXPECT_TRUE(SameAsCpu(yd, y, 1e-4, 1e-4));
+  EXPECT_TRUE(SameAsCpu(md, mean, 1e-5, 1e-5));
+  EXPECT_TRUE(SameAsCpu(rd, rstd, 1e-5, 1e-4));
+  EXPECT_TRUE(SameAsCpu(dxd, dx, 1e-4, 1e-4));
+  EXPECT_TRUE(SameAsCpu(dgd, dg, 1e-4, 1e-4));
+  EXPECT_TRUE(SameAsCpu(dbd, db, 1e-4, 1e-4));
+}
+
+TEST_F(BackendEquivalence, Activations) {
+  const int64_t n = 10007;
+  const auto x = Random(n, 41, -5, 5), dy = Random(n, 42);
+  for (Activation kind : {Activation::kGelu, Activation::kTanh}) {
+    Guarded y(n), dx(n);
+    ASSERT_TRUE(ActivationForward(Cpu(), ActivationForwardArgs{.kind = kind, .n = n, .x = x.data(), .y = y.data()}).ok());
+    const std::vector<float> saved = kind == Activation::kGelu ? x : y.values();
+    ASSERT_TRUE(ActivationBackward(Cpu(), ActivationBackwardArgs{.kind = kind, .n = n, .saved = saved.data(),
+                                                                 .dy = dy.data(), .dx = dx.data()})
+                    .ok());
+    float *xd = dev_.Upload(x), *sd = dev_.Upload(saved), *dyd = dev_.Upload(dy);
+    float *yd = dev_.Upload(Guarded(n)), *dxd = dev_.Upload(Guarded(n));
+    ASSERT_TRUE(ActivationForward(Gpu(), ActivationForwardArgs{.kind = kind, .n = n, .x = xd, .y = yd}).ok());
+    ASSERT_TRUE(ActivationBackward(Gpu(), ActivationBackwardArgs{.kind = kind, .n = n, .saved = sd, .dy = dyd,
+                                                                 .dx = dxd})
+                    .ok());
+    // CUDA's erff/expf/tanhf are within 2 ulp of libm's: 1e-6 absolute for |values| <= 5.
+    EXPECT_TRUE(SameAsCpu(yd, y, 1e-6, 1e-6));
+    EXPECT_TRUE(SameAsCpu(dxd, dx, 1e-6, 1e-6));
+  }
+}
+
+TEST_F(BackendEquivalence, DropoutMaskIsIdentical) {
+  const int64_t n = 10001;  // odd offset and length: partial Philox blocks at both ends
+  const auto x = Random(n, 51);
+  const DropoutSpec spec{.p = 0.37f, .seed = 0x123456789abcull, .offset = 7};
+  Guarded y(n);
+  ASSERT_TRUE(Dropout(Cpu(), DropoutArgs{.n = n, .spec = spec, .x = x.data(), .out = y.data()}).ok());
+  float* yd = dev_.Upload(Guarded(n));
+  ASSERT_TRUE(Dropout(Gpu(), DropoutArgs{.n = n, .spec = spec, .x = dev_.Upload(x), .out = yd}).ok());
+  // Same mask bit for bit, same x / (1 - p) product: exact.
+  EXPECT_TRUE(SameAsCpu(yd, y, 0, 0));
+}
+
+TEST_F(BackendEquivalence, AttentionForwardBackward) {
+  for (auto layout : {AttentionLayout::kBHSD, AttentionLayout::kBSHD}) {
+    const AttentionDims dims{.batch = 3, .heads = 4, .seq = 37, .head_dim = 16, .layout = layout};
+    const int64_t E = 3 * 4 * 37 * 16, P = 3 * 4 * 37 * 37;
+    const auto q = Random(E, 61), k = Random(E, 62), v = Random(E, 63), dout = Random(E, 64);
+    std::vector<float> mask(3 * 37, 0.0f);
+    for (int64_t j = 30; j < 37; ++j) mask[37 + j] = -std::numeric_limits<float>::max();
+    const DropoutSpec drop{.p = 0.1f, .seed = 3, .offset = 0};
+    Guarded out(E), probs(P), dq(E), dk(E), dv(E);
+    AttentionForwardArgs f{.dims = dims, .q = q.data(), .k = k.data(), .v = v.data(), .mask = mask.data(),
+                           .dropout = drop, .probs = probs.data(), .out = out.data()};
+    std::vector<float> fws(AttentionWorkspaceBytes(f) / 4);
+    f.workspace = fws.data();
+    f.workspace_bytes = fws.size() * 4;
+    ASSERT_TRUE(AttentionForward(Cpu(), f).ok());
+    AttentionBackwardArgs b{.dims = dims, .q = q.data(), .k = k.data(), .v = v.data(), .probs = probs.data(),
+                            .dropout = drop, .dout = dout.data(), .dq = dq.data(), .dk = dk.data(), .dv = dv.data()};
+    std::vector<float> bws(AttentionWorkspaceBytes(b) / 4);
+    b.workspace = bws.data();
+    b.workspace_bytes = bws.size() * 4;
+    ASSERT_TRUE(AttentionBackward(Cpu(), b).ok());
+
+    AttentionForwardArgs fd = f;
+    fd.q = dev_.Upload(q);
+    fd.k = dev_.Upload(k);
+    fd.v = dev_.Upload(v);
+    fd.mask = dev_.Upload(mask);
+    fd.probs = dev_.Upload(Guarded(P));
+    fd.out = dev_.Upload(Guarded(E));
+    fd.workspace = dev_.Workspace(f.workspace_bytes);
+    ASSERT_TRUE(AttentionForward(Gpu(), fd).ok());
+    AttentionBackwardArgs bd = b;
+    bd.q = fd.q;
+    bd.k = fd.k;
+    bd.v = fd.v;
+    bd.probs = fd.probs;
+    bd.dout = dev_.Upload(dout);
+    bd.dq = dev_.Upload(Guarded(E));
+    bd.dk = dev_.Upload(Guarded(E));
+    bd.dv = dev_.Upload(Guarded(E));
+    bd.workspace = dev_.Workspace(b.workspace_bytes);
+    ASSERT_TRUE(AttentionBackward(Gpu(), bd).ok());
+    const char* tag = layout == AttentionLayout::kBHSD ? "BHSD" : "BSHD";
+    // Probabilities: exp and a 37-term sum; then GEMMs over 37..16 terms: 1e-5 / 1e-4.
+    EXPECT_TRUE(SameAsCpu(fd.probs, probs, 1e-5, 1e-4)) << tag << " probs";
+    EXPECT_TRUE(SameAsCpu(fd.out, out, kGemmTol, kGemmTol)) << tag << " out";
+    EXPECT_TRUE(SameAsCpu(bd.dq, dq, kGemmTol, kGemmTol)) << tag << " dq";
+    EXPECT_TRUE(SameAsCpu(bd.dk, dk, kGemmTol, kGemmTol)) << tag << " dk";
+    EXPECT_TRUE(SameAsCpu(bd.dv, dv, kGemmTol, kGemmTol)) << tag << " dv";
+  }
+}
+
+TEST_F(BackendEquivalence, Embedding) {
+  const int64_t V = 100, Pmax = 64, T = 2, H = 96, tokens = 48;
+  auto word = Random(V * H, 71);
+  const auto wbits = TruncateToBf16(word);
+  const auto pos = Random(Pmax * H, 72), type = Random(T * H, 73);
+  std::vector<int32_t> ids(tokens), types(tokens);
+  for (int64_t t = 0; t < tokens; ++t) {
+    ids[t] = static_cast<int32_t>((t * 37) % V);
+    types[t] = static_cast<int32_t>(t % 2);
+  }
+  EmbeddingForwardArgs a{.tokens = tokens, .hidden = H, .seq_len = 16, .vocab = V, .max_positions = Pmax,
+                         .type_vocab = T, .input_ids = ids.data(), .token_type_ids = types.data(),
+                         .word = WeightPtr::BF16(wbits.data()), .position = WeightPtr::F32(pos.data()),
+                         .token_type = WeightPtr::F32(type.data())};
+  Guarded out(tokens * H);
+  a.out = out.data();
+  ASSERT_TRUE(EmbeddingForward(Cpu(), a).ok());
+  EmbeddingForwardArgs d = a;
+  d.input_ids = dev_.Upload(ids);
+  d.token_type_ids = dev_.Upload(types);
+  d.word = WeightPtr::BF16(dev_.Upload(wbits));
+  d.position = WeightPtr::F32(dev_.Upload(pos));
+  d.token_type = WeightPtr::F32(dev_.Upload(type));
+  d.out = dev_.Upload(Guarded(tokens * H));
+  ASSERT_TRUE(EmbeddingForward(Gpu(), d).ok());
+  // Three-term sums in the same order: exact.
+  EXPECT_TRUE(SameAsCpu(d.out, out, 0, 0));
+}
+
+TEST_F(BackendEquivalence, CrossEntropy) {
+  const int64_t B = 17, C = 300;
+  const auto logits = Random(B * C, 81, -4, 4);
+  std::vector<int32_t> labels(B);
+  for (int64_t b = 0; b < B; ++b) labels[b] = b == 5 ? kIgnoreIndex : static_cast<int32_t>((b * 31) % C);
+  Guarded loss(1), dl(B * C);
+  ASSERT_TRUE(SoftmaxCrossEntropy(Cpu(), CrossEntropyArgs{.batch = B, .classes = C, .logits = logits.data(),
+                                                          .labels = labels.data(), .loss = loss.data(),
+                                                          .dlogits = dl.data()})
+                  .ok());
+  float *ld = dev_.Upload(Guarded(1)), *dld = dev_.Upload(Guarded(B * C));
+  ASSERT_TRUE(SoftmaxCrossEntropy(Gpu(), CrossEntropyArgs{.batch = B, .classes = C, .logits = dev_.Upload(logits),
+                                                          .labels = dev_.Upload(labels), .loss = ld, .dlogits = dld})
+                  .ok());
+  // 300-term exp sums in a different order: 1e-5 relative on the loss, 1e-6 on probabilities.
+  EXPECT_TRUE(SameAsCpu(ld, loss, 1e-5, 1e-5));
+  EXPECT_TRUE(SameAsCpu(dld, dl, 1e-6, 1e-4));
+}
+
+TEST_F(BackendEquivalence, AdamW) {
+  const int64_t n = 5003;
+  auto p = Random(n, 91), m = Random(n, 92, 0, 0.1f), v = Random(n, 93, 0, 0.01f);
+  const auto g = Random(n, 94);
+  const AdamWArgs base{.n = n, .lr = 1e-3f, .weight_decay = 0.01f, .step = 7, .grad_scale = 0.8f};
+  Guarded pc(p), mc(m), vc(v);
+  AdamWArgs c = base;
+  c.param = pc.data();
+  c.grad = g.data();
+  c.m = mc.data();
+  c.v = vc.data();
+  ASSERT_TRUE(AdamWStep(Cpu(), c).ok());
+  AdamWArgs d = base;
+  d.param = dev_.Upload(Guarded(p));
+  d.grad = dev_.Upload(g);
+  d.m = dev_.Upload(Guarded(m));
+  d.v = dev_.Upload(Guarded(v));
+  ASSERT_TRUE(AdamWStep(Gpu(), d).ok());
+  // Elementwise with possibly fused multiply-adds on the GPU: a few ulp.
+  EXPECT_TRUE(SameAsCpu(d.param, pc, 1e-6, 1e-6));
+  EXPECT_TRUE(SameAsCpu(d.m, mc, 1e-7, 1e-6));
+  EXPECT_TRUE(SameAsCpu(d.v, vc, 1e-8, 1e-6));
+}
+
+TEST_F(BackendEquivalence, ReductionsAndElementwise) {
+  const int64_t R = 129, C = 77, n = R * C;
+  const auto x = Random(n, 101), bias = Random(C, 102), other = Random(n, 103);
+  float* xd = dev_.Upload(x);
+  // SumSquares (double accumulation on both sides: equal after the fp32 rounding, or 1 ulp).
+  Guarded ss(1);
+  ASSERT_TRUE(SumSquares(Cpu(), SumSquaresArgs{.n = n, .x = x.data(), .result = ss.data()}).ok());
+  float* ssd = dev_.Upload(Guarded(1));
+  ASSERT_TRUE(SumSquares(Gpu(), SumSquaresArgs{.n = n, .x = xd, .result = ssd}).ok());
+  EXPECT_TRUE(SameAsCpu(ssd, ss, 0, 1e-7));
+  // ColumnSum (129 terms, different order): 1e-5.
+  Guarded cs(C);
+  ASSERT_TRUE(ColumnSum(Cpu(), ColumnSumArgs{.rows = R, .cols = C, .x = x.data(), .out = cs.data()}).ok());
+  float* csd = dev_.Upload(Guarded(C));
+  ASSERT_TRUE(ColumnSum(Gpu(), ColumnSumArgs{.rows = R, .cols = C, .x = xd, .out = csd}).ok());
+  EXPECT_TRUE(SameAsCpu(csd, cs, 1e-5, 1e-5));
+  // BiasAdd, Add, Scale: one rounding each, exact.
+  Guarded y(other);
+  ASSERT_TRUE(BiasAdd(Cpu(), BiasAddArgs{.rows = R, .cols = C, .bias = bias.data(), .y = y.data()}).ok());
+  ASSERT_TRUE(Add(Cpu(), AddArgs{.n = n, .a = y.data(), .b = x.data(), .alpha = -0.5f, .out = y.data()}).ok());
+  ASSERT_TRUE(Scale(Cpu(), ScaleArgs{.n = n, .alpha = 3.0f, .x = y.data()}).ok());
+  float* yd = dev_.Upload(Guarded(other));
+  ASSERT_TRUE(BiasAdd(Gpu(), BiasAddArgs{.rows = R, .cols = C, .bias = dev_.Upload(bias), .y = yd}).ok());
+  ASSERT_TRUE(Add(Gpu(), AddArgs{.n = n, .a = yd, .b = xd, .alpha = -0.5f, .out = yd}).ok());
+  ASSERT_TRUE(Scale(Gpu(), ScaleArgs{.n = n, .alpha = 3.0f, .x = yd}).ok());
+  // a + alpha * b may be one fused multiply-add on the GPU: 1 ulp.
+  EXPECT_TRUE(SameAsCpu(yd, y, 1e-6, 1e-6));
+}
+
+}  // namespace
+}  // namespace fedlora::kernels

@@ -1,0 +1,188 @@
+#include "kernels/gemm.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/device.h"
+#include "tests/kernels/test_util.h"
+
+namespace fedlora::kernels {
+namespace {
+
+using testing::AllClose;
+using testing::Cpu;
+using testing::Guarded;
+using testing::Random;
+
+// Double-precision reference for one (possibly transposed, padded) product.
+std::vector<float> NaiveGemm(const GemmArgs& g, const std::vector<float>& c0) {
+  const int64_t lda = g.lda ? g.lda : (g.trans_a ? g.m : g.k), ldb = g.ldb ? g.ldb : (g.trans_b ? g.k : g.n),
+                ldc = g.ldc ? g.ldc : g.n;
+  std::vector<float> c = c0;
+  for (int64_t i = 0; i < g.m; ++i) {
+    for (int64_t j = 0; j < g.n; ++j) {
+      double s = 0.0;
+      for (int64_t p = 0; p < g.k; ++p) {
+        const double a = g.trans_a ? g.a[p * lda + i] : g.a[i * lda + p];
+        const double b = g.trans_b ? g.b[j * ldb + p] : g.b[p * ldb + j];
+        s += a * b;
+      }
+      c[i * ldc + j] = static_cast<float>(g.alpha * s + (g.beta == 0.0f ? 0.0 : g.beta * c0[i * ldc + j]));
+    }
+  }
+  return c;
+}
+
+TEST(Gemm, SmallIntegersExact) {
+  // [1 2 3; 4 5 6] x [1 0; 0 1; 2 -1] = [7 -1; 16 -1]
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6}, b = {1, 0, 0, 1, 2, -1};
+  Guarded c(4);
+  ASSERT_TRUE(Gemm(Cpu(), GemmArgs{.m = 2, .n = 2, .k = 3, .a = a.data(), .b = b.data(), .c = c.data()}).ok());
+  EXPECT_EQ(c.values(), (std::vector<float>{7, -1, 16, -1}));
+  EXPECT_TRUE(c.GuardsIntact());
+  // Transposed A (stored [3, 2]) and B (stored [2, 3]): A^T B^T with A^T = [1 3 5; 2 4 6].
+  const std::vector<float> at = {1, 2, 3, 4, 5, 6}, bt = {1, 0, 2, 0, 1, -1};
+  Guarded d(4, 1.0f);
+  ASSERT_TRUE(Gemm(Cpu(), GemmArgs{.trans_a = true, .trans_b = true, .m = 2, .n = 2, .k = 3, .alpha = 2.0f, .beta = 1.0f,
+                                   .a = at.data(), .b = bt.data(), .c = d.data()})
+                  .ok());
+  // A^T B = [1+10, 3-5; 2+12, 4-6] = [11 -2; 14 -2]; 2x + 1
+  EXPECT_EQ(d.values(), (std::vector<float>{23, -3, 29, -3}));
+  EXPECT_TRUE(d.GuardsIntact());
+}
+
+TEST(Gemm, TransposesPaddingAlphaBetaMatchReference) {
+  const int64_t m = 13, n = 7, k = 9;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 5;
+      const auto a = Random((ta ? k : m) * lda, 1), b = Random((tb ? n : k) * ldb, 2), c0 = Random(m * ldc, 3);
+      GemmArgs g{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 0.5f, .beta = -1.5f, .a = a.data(),
+                 .lda = lda, .b = b.data(), .ldb = ldb, .ldc = ldc};
+      const auto want = NaiveGemm(g, c0);
+      Guarded c(c0);
+      g.c = c.data();
+      ASSERT_TRUE(Gemm(Cpu(), g).ok());
+      // fp32 sums of 9 products of O(1) values: errors ~1e-6; 1e-5 leaves margin.
+      EXPECT_TRUE(AllClose(c.values(), want, 1e-5, 1e-5)) << "ta=" << ta << " tb=" << tb;
+      EXPECT_TRUE(c.GuardsIntact());
+    }
+  }
+}
+
+// LoRA's thin shapes (k or n = rank), large enough that BLAS takes its blocked paths, against
+// the double reference, for every transpose and beta.
+TEST(Gemm, ThinShapesMatchReference) {
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (Shape s : {Shape{300, 1100, 8}, Shape{300, 8, 1100}, Shape{700, 16, 1030}, Shape{5, 3, 1}}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        const int64_t lda = (ta ? s.m : s.k) + 1, ldb = (tb ? s.k : s.n) + 3, ldc = s.n + 2;
+        const auto a = Random((ta ? s.k : s.m) * lda, 8), b = Random((tb ? s.n : s.k) * ldb, 9), c0 = Random(s.m * ldc, 10);
+        for (float beta : {0.0f, 1.0f, 0.5f}) {
+          GemmArgs g{.trans_a = ta, .trans_b = tb, .m = s.m, .n = s.n, .k = s.k, .alpha = 1.5f, .beta = beta,
+                     .a = a.data(), .lda = lda, .b = b.data(), .ldb = ldb, .ldc = ldc};
+          const auto want = NaiveGemm(g, c0);
+          Guarded c(c0);
+          g.c = c.data();
+          ASSERT_TRUE(Gemm(Cpu(), g).ok());
+          // Depth up to 1100 of O(1) terms: fp32 rounding ~1100 * 6e-8 * 30 ~ 2e-3 worst case;
+          // observed errors are ~1e-5. 1e-3 absolute + 1e-4 relative.
+          EXPECT_TRUE(AllClose(c.values(), want, 1e-3, 1e-4))
+              << "m=" << s.m << " n=" << s.n << " k=" << s.k << " ta=" << ta << " tb=" << tb << " beta=" << beta;
+          EXPECT_TRUE(c.GuardsIntact());
+        }
+      }
+    }
+  }
+}
+
+TEST(Gemm, StridedBatchAndBroadcast) {
+  const int64_t batch = 3, m = 4, n = 5, k = 6;
+  const auto a = Random(batch * m * k, 4), b = Random(k * n, 5);
+  Guarded c(batch * m * n);
+  // stride_b = 0: one B for every batch entry.
+  ASSERT_TRUE(Gemm(Cpu(), GemmArgs{.m = m, .n = n, .k = k, .a = a.data(), .b = b.data(), .c = c.data(), .batch = batch,
+                                   .stride_a = m * k, .stride_b = 0, .stride_c = m * n})
+                  .ok());
+  for (int64_t i = 0; i < batch; ++i) {
+    std::vector<float> ai(a.begin() + i * m * k, a.begin() + (i + 1) * m * k);
+    const auto want = NaiveGemm(GemmArgs{.m = m, .n = n, .k = k, .a = ai.data(), .b = b.data()}, std::vector<float>(m * n));
+    EXPECT_TRUE(AllClose(c.data() + i * m * n, want.data(), m * n, 1e-5, 1e-5)) << "batch " << i;
+  }
+  EXPECT_TRUE(c.GuardsIntact());
+}
+
+TEST(Gemm, ZeroKAppliesBeta) {
+  Guarded c(std::vector<float>{1, 2, 3, 4});
+  ASSERT_TRUE(Gemm(Cpu(), GemmArgs{.m = 2, .n = 2, .k = 0, .beta = 3.0f, .c = c.data()}).ok());
+  EXPECT_EQ(c.values(), (std::vector<float>{3, 6, 9, 12}));
+}
+
+// bf16 weights whose values are exactly representable: the panelled bf16 GEMM must equal the
+// fp32 GEMM on the same values (up to summation order across k panels).
+std::vector<uint16_t> ToBf16Exact(std::vector<float>& v) {
+  std::vector<uint16_t> bits(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, &v[i], 4);
+    u &= 0xffff0000u;  // truncate to a bf16 value, then use that value on both sides
+    std::memcpy(&v[i], &u, 4);
+    bits[i] = static_cast<uint16_t>(u >> 16);
+  }
+  return bits;
+}
+
+TEST(Gemm, Bf16WeightMatchesFp32AcrossPanels) {
+  // 600 stored rows > kGemmBf16PanelRows, so the minimum workspace forces 3 panels.
+  for (bool tb : {true, false}) {
+    const int64_t m = 5, n = tb ? 600 : 17, k = tb ? 19 : 600;
+    auto b = Random(n * k, 6);
+    const auto bits = ToBf16Exact(b);
+    const auto a = Random(m * k, 7);
+    GemmArgs g{.trans_b = tb, .m = m, .n = n, .k = k, .a = a.data(), .b = b.data()};
+    const auto want = NaiveGemm(g, std::vector<float>(m * n));
+    g.b = nullptr;
+    g.b_bf16 = bits.data();
+    const size_t ws_bytes = GemmWorkspaceBytes(g);
+    EXPECT_EQ(ws_bytes, static_cast<size_t>(kGemmBf16PanelRows * (tb ? k : n) * 4));
+    std::vector<float> ws(ws_bytes / 4);
+    g.workspace = ws.data();
+    g.workspace_bytes = ws_bytes;
+    Guarded c(m * n);
+    g.c = c.data();
+    ASSERT_TRUE(Gemm(Cpu(), g).ok());
+    // k = 600 sums: fp32 rounding ~600 * 6e-8 * |terms|; 1e-4 absolute covers it.
+    EXPECT_TRUE(AllClose(c.values(), want, 1e-4, 1e-5)) << "trans_b=" << tb;
+    EXPECT_TRUE(c.GuardsIntact());
+  }
+}
+
+TEST(Gemm, RejectsBadArguments) {
+  std::vector<float> a(6), b(6), c(4);
+  GemmArgs ok{.m = 2, .n = 2, .k = 3, .a = a.data(), .b = b.data(), .c = c.data()};
+  EXPECT_TRUE(CanRun(Cpu(), ok).ok());
+  GemmArgs bad = ok;
+  bad.lda = 2;  // < k
+  EXPECT_EQ(Gemm(Cpu(), bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = ok;
+  bad.c = nullptr;
+  EXPECT_EQ(Gemm(Cpu(), bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = ok;
+  bad.m = -1;
+  EXPECT_EQ(Gemm(Cpu(), bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = ok;
+  std::vector<uint16_t> bits(6);
+  bad.b_bf16 = bits.data();  // both b and b_bf16
+  EXPECT_EQ(Gemm(Cpu(), bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.b = nullptr;  // bf16 without workspace
+  EXPECT_EQ(Gemm(Cpu(), bad).code(), absl::StatusCode::kInvalidArgument);
+  if (!CudaAvailable()) {
+    EXPECT_EQ(Gemm(testing::Gpu(), ok).code(), absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+}  // namespace
+}  // namespace fedlora::kernels
