@@ -18,7 +18,7 @@ APT_PACKAGES=(
   libssl-dev libopenblas-dev libzstd-dev libsqlite3-dev sqlite3 nlohmann-json3-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3 python3-venv python3-pip python3-numpy python3-torch python3-sklearn
-  fortunes fortunes-min
+  fortunes fortunes-min openssl
 )
 
 install_system() {

@@ -1,0 +1,490 @@
+#include "fedlora/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/rpc_status.h"
+#include "compression/codec.h"
+#include "core/file.h"
+#include "core/logging.h"
+#include "core/safetensors.h"
+#include "core/sha256.h"
+#include "core/status.h"
+#include "core/strings.h"
+#include "fedlora/v1/federation.grpc.pb.h"
+#include "proto/config_io.h"
+#include "proto/wire.h"
+
+namespace fedlora {
+namespace {
+
+using Ms = std::chrono::milliseconds;
+
+std::chrono::system_clock::time_point DeadlineIn(int64_t ms) { return std::chrono::system_clock::now() + Ms(ms); }
+
+// Transient: worth retrying the same operation after a pause.
+bool IsTransient(const absl::Status& s) {
+  // DataLoss: a chunk corrupted on the way; the upload resumes after the last durable chunk.
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s) || absl::IsDataLoss(s) ||
+         absl::IsUnknown(s);
+}
+
+std::string RandomHex128() {
+  std::random_device rd;
+  std::string out;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t v = rd();
+    out += ToHex(reinterpret_cast<const uint8_t*>(&v), sizeof(v));
+  }
+  return out;
+}
+
+absl::StatusOr<CodecOptions> CodecFromSpec(const v1::CodecSpec& spec) {
+  CodecOptions options;
+  const int n = spec.stages_size();
+  for (int i = 0; i < n; ++i) {
+    const v1::CodecStage& stage = spec.stages(i);
+    switch (stage.id()) {
+      case v1::CodecStage::NONE:
+        break;
+      case v1::CodecStage::FP16:
+        options.codec = CodecId::kF16;
+        break;
+      case v1::CodecStage::BF16:
+        options.codec = CodecId::kBF16;
+        break;
+      case v1::CodecStage::ZSTD:
+        if (i != n - 1) return absl::InvalidArgumentError("codec: ZSTD must be the last stage");
+        options.zstd = true;
+        if (stage.has_zstd() && stage.zstd().has_level()) options.zstd_level = stage.zstd().level();
+        break;
+      default:
+        return absl::UnimplementedError(absl::StrCat("codec stage ", v1::CodecStage::Id_Name(stage.id()),
+                                                     " is not implemented by this client"));
+    }
+  }
+  return options;
+}
+
+absl::StatusOr<std::vector<NamedTensor>> ParseAdapter(const std::string& bytes) {
+  FEDLORA_ASSIGN_OR_RETURN(auto file, SafetensorsFile::FromBytes(bytes, "global adapter"));
+  std::vector<NamedTensor> out;
+  for (const std::string& name : file->names()) {
+    FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file->Get(name));
+    if (t.dtype != DType::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat("global adapter tensor '", name, "' is not F32"));
+    }
+    NamedTensor n{name, t.shape, std::vector<float>(t.size / sizeof(float))};
+    if (t.size > 0) std::memcpy(n.values.data(), t.data, t.size);
+    out.push_back(std::move(n));
+  }
+  return out;
+}
+
+class ClientImpl final : public Client {
+ public:
+  ClientImpl(ClientOptions options, ClientTrainer* trainer, std::shared_ptr<grpc::Channel> channel)
+      : options_(std::move(options)),
+        trainer_(trainer),
+        stub_(v1::Federation::NewStub(channel)),
+        rng_(std::random_device{}()) {}
+
+  absl::StatusOr<RunSummary> RunUntilDone() override;
+  void Stop() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  // A context with the identity/session metadata and a deadline.
+  std::unique_ptr<grpc::ClientContext> Context(int64_t deadline_ms) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(DeadlineIn(deadline_ms));
+    if (!options_.tls.enabled()) ctx->AddMetadata(kClientIdMetadataKey, options_.client_id);
+    if (!session_.empty()) ctx->AddMetadata(kSessionMetadataKey, session_);
+    return ctx;
+  }
+
+  bool Stopped() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stop_;
+  }
+  // Sleeps up to `ms`; returns false when Stop() interrupted it.
+  bool SleepFor(int64_t ms) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return !cv_.wait_for(lock, Ms(ms), [this] { return stop_; });
+  }
+  int64_t Backoff(int attempt) {
+    const RetryPolicy& p = options_.retry;
+    double ms = static_cast<double>(p.initial_backoff_ms);
+    for (int i = 1; i < attempt && ms < p.max_backoff_ms; ++i) ms *= p.multiplier;
+    ms = std::min(ms, static_cast<double>(p.max_backoff_ms));
+    std::uniform_real_distribution<double> jitter(1.0 - p.jitter, 1.0 + p.jitter);
+    return static_cast<int64_t>(ms * jitter(rng_));
+  }
+
+  // Runs `call` until it succeeds, fails permanently, or max_attempts are used. A lost session
+  // (Unauthenticated) is re-joined once per attempt.
+  template <class F>
+  absl::Status Retry(const char* what, F&& call) {
+    absl::Status last;
+    for (int attempt = 1; attempt <= options_.retry.max_attempts; ++attempt) {
+      if (Stopped()) return absl::CancelledError("client stopped");
+      last = call();
+      if (last.ok()) return last;
+      if (absl::IsUnauthenticated(last) && joined_) {
+        FEDLORA_LOG(INFO) << options_.client_id << ": session lost (" << last << "); joining again";
+        absl::Status j = JoinOnce();
+        if (!j.ok() && !IsTransient(j)) return j;
+        continue;
+      }
+      if (!IsTransient(last)) return last;
+      FEDLORA_LOG(DEBUG) << what << " attempt " << attempt << " failed: " << last;
+      if (attempt < options_.retry.max_attempts && !SleepFor(Backoff(attempt))) {
+        return absl::CancelledError("client stopped");
+      }
+    }
+    return Annotate(last, absl::StrCat(what, ": gave up after ", options_.retry.max_attempts, " attempts"));
+  }
+
+  absl::Status JoinOnce() {
+    v1::JoinRequest request;
+    request.set_protocol_version(kProtocolVersion);
+    request.set_client_version(options_.client_version);
+    request.mutable_capabilities()->set_device_name("cpu");
+    v1::JoinResponse response;
+    session_.clear();
+    auto ctx = Context(options_.call_deadline_ms);
+    FEDLORA_RETURN_IF_ERROR(FromGrpcStatus(stub_->Join(ctx.get(), request, &response)));
+    if (response.protocol_version() != kProtocolVersion) {
+      return absl::FailedPreconditionError(absl::StrCat("server speaks protocol ", response.protocol_version(),
+                                                        ", this client ", kProtocolVersion));
+    }
+    session_ = response.session_token();
+    joined_ = true;
+    join_ = response;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::string> Download(const v1::AdapterManifest& manifest);
+  absl::Status Upload(const v1::TrainTask& task, const std::string& blob, const std::vector<NamedTensor>& delta,
+                      int64_t num_examples, const std::string& upload_id);
+  absl::Status UploadAttempt(const v1::UploadHeader& header, const std::string& blob, bool* accepted);
+  // One task: returns OK when the update was accepted; a non-transient error means "give it up".
+  absl::Status RunTask(const v1::TrainTask& task);
+
+  const ClientOptions options_;
+  ClientTrainer* const trainer_;
+  std::unique_ptr<v1::Federation::Stub> stub_;
+  std::mt19937_64 rng_;
+  std::string session_;
+  bool joined_ = false;
+  v1::JoinResponse join_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+};
+
+absl::StatusOr<std::string> ClientImpl::Download(const v1::AdapterManifest& manifest) {
+  std::string blob;
+  // The manifest comes from the server, but a client never trusts a size enough to allocate it
+  // blindly: reserve at most 1 GiB up front, and refuse a stream that outgrows its manifest.
+  blob.reserve(static_cast<size_t>(std::min<uint64_t>(manifest.total_bytes(), uint64_t{1} << 30)));
+  uint32_t next = 0;
+  FEDLORA_RETURN_IF_ERROR(Retry("DownloadAdapter", [&]() -> absl::Status {
+    v1::DownloadRequest request;
+    request.set_adapter_sha256(manifest.sha256());
+    request.set_start_chunk(next);  // resume after the chunks already held
+    auto ctx = Context(options_.transfer_deadline_ms);
+    std::unique_ptr<grpc::ClientReader<v1::DownloadChunk>> reader = stub_->DownloadAdapter(ctx.get(), request);
+    v1::DownloadChunk chunk;
+    while (reader->Read(&chunk)) {
+      if (chunk.chunk_index() != next || chunk.offset_bytes() != blob.size()) {
+        ctx->TryCancel();
+        reader->Finish();
+        return absl::DataLossError(absl::StrCat("download: got chunk ", chunk.chunk_index(), " at offset ",
+                                                chunk.offset_bytes(), ", expected chunk ", next));
+      }
+      if (Sha256Hex(chunk.data()) != chunk.sha256()) {
+        ctx->TryCancel();
+        reader->Finish();
+        // Transient by nature (corruption on the way): retry from this chunk.
+        return absl::AbortedError(absl::StrCat("download: chunk ", next, " does not match its SHA-256"));
+      }
+      if (blob.size() + chunk.data().size() > manifest.total_bytes()) {
+        ctx->TryCancel();
+        reader->Finish();
+        return absl::DataLossError(absl::StrCat("download: more than the manifest's ", manifest.total_bytes(), " bytes"));
+      }
+      blob += chunk.data();
+      ++next;
+    }
+    return FromGrpcStatus(reader->Finish());
+  }));
+  if (blob.size() != manifest.total_bytes() || Sha256Hex(blob) != manifest.sha256()) {
+    return absl::DataLossError(absl::StrCat("downloaded adapter (", blob.size(), " bytes) does not match its manifest (",
+                                            manifest.total_bytes(), " bytes, ", manifest.sha256(), ")"));
+  }
+  return blob;
+}
+
+absl::Status ClientImpl::UploadAttempt(const v1::UploadHeader& base, const std::string& blob, bool* accepted) {
+  *accepted = false;
+  // Where to start: what the server already holds durably.
+  v1::UploadStatusRequest status_request;
+  status_request.set_upload_id(base.upload_id());
+  v1::UploadStatusResponse status;
+  {
+    auto ctx = Context(options_.call_deadline_ms);
+    FEDLORA_RETURN_IF_ERROR(FromGrpcStatus(stub_->GetUploadStatus(ctx.get(), status_request, &status)));
+  }
+  if (status.state() == v1::UPLOAD_STATE_ACCEPTED) {
+    *accepted = true;
+    return absl::OkStatus();
+  }
+  if (status.state() == v1::UPLOAD_STATE_REJECTED) {
+    return absl::FailedPreconditionError(absl::StrCat("update was rejected: ", status.reason()));
+  }
+  const uint32_t start = status.state() == v1::UPLOAD_STATE_IN_PROGRESS ? status.chunks_acknowledged() : 0;
+  v1::UploadHeader header = base;
+  header.set_start_chunk(start);
+  auto ctx = Context(options_.transfer_deadline_ms);
+  v1::UploadAck ack;
+  std::unique_ptr<grpc::ClientWriter<v1::UploadChunk>> writer = stub_->UploadUpdate(ctx.get(), &ack);
+  v1::UploadChunk message;
+  *message.mutable_header() = header;
+  bool ok = writer->Write(message);
+  const uint64_t chunk = header.manifest().chunk_size_bytes();
+  for (uint32_t i = start; ok && i < header.manifest().num_chunks(); ++i) {
+    message.Clear();
+    v1::UploadData* data = message.mutable_data();
+    data->set_chunk_index(i);
+    data->set_offset_bytes(i * chunk);
+    data->set_data(blob.substr(i * chunk, chunk));
+    data->set_sha256(Sha256Hex(data->data()));
+    ok = writer->Write(message);
+  }
+  if (ok) writer->WritesDone();
+  FEDLORA_RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
+  if (ack.state() == v1::UPLOAD_STATE_ACCEPTED) {
+    *accepted = true;
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError(absl::StrCat("upload stream ended at chunk ", ack.chunks_acknowledged(), " of ",
+                                             header.manifest().num_chunks(), "; resuming"));
+}
+
+absl::Status ClientImpl::Upload(const v1::TrainTask& task, const std::string& blob,
+                                const std::vector<NamedTensor>& delta, int64_t num_examples,
+                                const std::string& upload_id) {
+  v1::UploadHeader header;
+  header.set_upload_id(upload_id);
+  header.set_round(task.round());
+  header.set_task_id(task.task_id());
+  header.set_num_examples(static_cast<uint64_t>(num_examples));
+  *header.mutable_codec() = task.codec();
+  header.mutable_encryption()->set_scheme(v1::EncryptionSpec::NONE);
+  header.set_base_adapter_sha256(task.global_adapter().sha256());
+  v1::AdapterManifest* m = header.mutable_manifest();
+  for (const NamedTensor& t : delta) {
+    v1::TensorSpec* spec = m->add_tensors();
+    spec->set_name(t.name);
+    spec->set_dtype("F32");
+    for (int64_t d : t.shape) spec->add_shape(d);
+  }
+  const uint32_t chunk = join_.limits().chunk_size_bytes() > 0 ? join_.limits().chunk_size_bytes() : (1u << 20);
+  m->set_total_bytes(blob.size());
+  m->set_sha256(Sha256Hex(blob));
+  m->set_chunk_size_bytes(chunk);
+  m->set_num_chunks(static_cast<uint32_t>((blob.size() + chunk - 1) / chunk));
+  m->set_round(task.round());
+  return Retry("UploadUpdate", [&]() -> absl::Status {
+    bool accepted = false;
+    FEDLORA_RETURN_IF_ERROR(UploadAttempt(header, blob, &accepted));
+    return accepted ? absl::OkStatus() : absl::UnavailableError("upload not accepted yet");
+  });
+}
+
+absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
+  const auto t0 = std::chrono::steady_clock::now();
+  FEDLORA_ASSIGN_OR_RETURN(std::string blob, Download(task.global_adapter()));
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<NamedTensor> global, ParseAdapter(blob));
+  const auto t1 = std::chrono::steady_clock::now();
+
+  TrainTask t;
+  t.round = task.round();
+  t.task_id = task.task_id();
+  t.seed = task.seed();
+  t.local_epochs = task.training().has_local_epochs() ? task.training().local_epochs() : 0;
+  t.local_steps = task.training().has_local_steps() ? task.training().local_steps() : 0;
+  if (t.local_epochs == 0 && t.local_steps == 0) t.local_epochs = 1;
+  t.batch_size = task.training().batch_size();
+  t.learning_rate = task.training().learning_rate();
+  t.proximal_mu = task.proximal_mu();
+  t.deadline_seconds = task.deadline_seconds();
+  t.run_config_json = RunConfigToJson(join_.run_config());
+
+  // Heartbeats while training, so the server knows the client is alive and can cancel the task.
+  std::atomic<bool> cancelled{false};
+  std::mutex hb_mu;
+  std::condition_variable hb_cv;
+  bool hb_stop = false;
+  const int64_t hb_ms = std::max<int64_t>(1000, int64_t{1000} * join_.run_config().selection().heartbeat_interval_seconds());
+  std::thread heartbeat([&] {
+    std::unique_lock<std::mutex> lock(hb_mu);
+    while (!hb_cv.wait_for(lock, Ms(hb_ms), [&] { return hb_stop; })) {
+      lock.unlock();
+      v1::HeartbeatRequest request;
+      request.set_task_id(task.task_id());
+      request.set_state(v1::CLIENT_STATE_TRAINING);
+      v1::HeartbeatResponse response;
+      auto ctx = Context(options_.call_deadline_ms);
+      if (stub_->Heartbeat(ctx.get(), request, &response).ok() &&
+          response.action() == v1::HeartbeatResponse::CANCEL_TASK) {
+        cancelled.store(true);
+      }
+      lock.lock();
+    }
+  });
+  absl::StatusOr<TrainResult> result = trainer_->Train(t, global);
+  {
+    std::lock_guard<std::mutex> lock(hb_mu);
+    hb_stop = true;
+  }
+  hb_cv.notify_all();
+  heartbeat.join();
+  const auto t2 = std::chrono::steady_clock::now();
+  if (!result.ok()) return Annotate(result.status(), "trainer");
+  if (cancelled.load()) {
+    return absl::FailedPreconditionError(absl::StrCat("task ", task.task_id(), " was cancelled by the server"));
+  }
+  if (result->num_examples < 1) return absl::InvalidArgumentError("trainer returned num_examples < 1");
+
+  std::vector<UpdateTensor> update;
+  update.reserve(result->delta.size());
+  for (const NamedTensor& n : result->delta) update.push_back({n.name, n.shape, n.values});
+  FEDLORA_ASSIGN_OR_RETURN(CodecOptions codec, CodecFromSpec(task.codec()));
+  FEDLORA_ASSIGN_OR_RETURN(std::string encoded, EncodeUpdate(update, codec));
+  const auto t3 = std::chrono::steady_clock::now();
+  // One upload id per task attempt: every retry and resume reuses it, so the server counts it once.
+  const std::string upload_id = absl::StrCat("u-", RandomHex128());
+  FEDLORA_RETURN_IF_ERROR(Upload(task, encoded, result->delta, result->num_examples, upload_id));
+  const auto t4 = std::chrono::steady_clock::now();
+
+  auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+  v1::MetricsReport report;
+  report.set_round(task.round());
+  report.set_task_id(task.task_id());
+  report.set_train_loss_first(result->train_loss_first);
+  report.set_train_loss_last(result->train_loss_last);
+  report.set_examples_processed(static_cast<uint64_t>(result->examples_processed));
+  report.set_steps(static_cast<uint64_t>(result->steps));
+  report.set_download_seconds(seconds(t0, t1));
+  report.set_train_seconds(seconds(t1, t2));
+  report.set_encode_seconds(seconds(t2, t3));
+  report.set_upload_seconds(seconds(t3, t4));
+  for (const auto& [k, v] : result->metrics) (*report.mutable_extra())[k] = v;
+  absl::Status s = Retry("ReportMetrics", [&] {
+    v1::MetricsAck ack;
+    auto ctx = Context(options_.call_deadline_ms);
+    return FromGrpcStatus(stub_->ReportMetrics(ctx.get(), report, &ack));
+  });
+  // Metrics are informative: a refusal does not undo the accepted update.
+  if (!s.ok()) {
+    FEDLORA_LOG(WARNING) << options_.client_id << ": metrics for round " << task.round() << ": " << s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RunSummary> ClientImpl::RunUntilDone() {
+  RunSummary summary;
+  FEDLORA_RETURN_IF_ERROR(Retry("Join", [&] { return JoinOnce(); }));
+  while (true) {
+    if (Stopped()) return absl::CancelledError("client stopped");
+    v1::WaitForTaskResponse response;
+    FEDLORA_RETURN_IF_ERROR(Retry("WaitForTask", [&] {
+      v1::WaitForTaskRequest request;
+      request.set_max_wait_seconds(static_cast<uint32_t>(options_.wait_for_task_seconds));
+      auto ctx = Context(options_.wait_for_task_seconds * 1000 + 10'000);
+      return FromGrpcStatus(stub_->WaitForTask(ctx.get(), request, &response));
+    }));
+    if (response.has_run_finished()) {
+      summary.final_round = response.run_finished().final_round();
+      summary.final_adapter_sha256 = response.run_finished().final_adapter().sha256();
+      if (options_.download_final_adapter) {
+        FEDLORA_ASSIGN_OR_RETURN(std::string blob, Download(response.run_finished().final_adapter()));
+        FEDLORA_ASSIGN_OR_RETURN(summary.final_adapter, ParseAdapter(blob));
+      }
+      break;
+    }
+    if (response.has_retry_later()) {
+      const int64_t ms = int64_t{1000} * std::max<uint32_t>(1, response.retry_later().retry_after_seconds());
+      if (!SleepFor(ms)) return absl::CancelledError("client stopped");
+      continue;
+    }
+    if (!response.has_task()) return absl::InternalError("WaitForTask answered with no outcome");
+    absl::Status s = RunTask(response.task());
+    if (s.ok()) {
+      ++summary.tasks_completed;
+    } else {
+      if (absl::IsCancelled(s) && Stopped()) return s;
+      ++summary.tasks_failed;
+      FEDLORA_LOG(WARNING) << options_.client_id << ": task " << response.task().task_id() << " given up: " << s;
+    }
+    if (options_.max_tasks > 0 && summary.tasks_completed >= options_.max_tasks) break;
+  }
+  v1::LeaveRequest leave;
+  leave.set_reason("finished");
+  v1::LeaveResponse left;
+  auto ctx = Context(options_.call_deadline_ms);
+  (void)stub_->Leave(ctx.get(), leave, &left);  // best effort: the server times the session out anyway
+  return summary;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options, ClientTrainer* trainer) {
+  if (trainer == nullptr) return absl::InvalidArgumentError("Client::Create: trainer is null");
+  if (options.server_address.empty()) return absl::InvalidArgumentError("ClientOptions.server_address is empty");
+  if (options.retry.max_attempts < 1) return absl::InvalidArgumentError("RetryPolicy.max_attempts must be >= 1");
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  // Keepalive pings every 30 s (the server tolerates one per 10 s): keeps NAT bindings open during
+  // long local training.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
+  if (options.tls.enabled()) {
+    grpc::SslCredentialsOptions ssl;
+    FEDLORA_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileToString(options.tls.root_ca_file));
+    FEDLORA_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadFileToString(options.tls.cert_file));
+    FEDLORA_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadFileToString(options.tls.key_file));
+    creds = grpc::SslCredentials(ssl);
+    if (!options.tls.server_name_override.empty()) {
+      args.SetSslTargetNameOverride(options.tls.server_name_override);
+    }
+  } else {
+    if (options.client_id.empty()) {
+      return absl::InvalidArgumentError("ClientOptions.client_id is required without TLS");
+    }
+    creds = grpc::InsecureChannelCredentials();
+  }
+  auto channel = grpc::CreateCustomChannel(options.server_address, creds, args);
+  return std::unique_ptr<Client>(new ClientImpl(std::move(options), trainer, std::move(channel)));
+}
+
+}  // namespace fedlora

@@ -1,0 +1,111 @@
+// The fedlora client SDK: connects an edge site to an aggregation server and runs its share of the
+// federation. The site's data never leaves it; only adapter deltas do.
+//
+//   fedlora::ClientOptions options;
+//   options.server_address = "fl.example.org:50051";
+//   options.tls = {.root_ca_file = "ca.pem", .cert_file = "site.pem", .key_file = "site.key"};
+//   MyTrainer trainer;  // implements fedlora::ClientTrainer (see client_trainer.h)
+//   FEDLORA_ASSIGN_OR_RETURN(auto client, fedlora::Client::Create(options, &trainer));
+//   FEDLORA_ASSIGN_OR_RETURN(fedlora::RunSummary summary, client->RunUntilDone());
+//
+// RunUntilDone loops Join -> WaitForTask -> download the global adapter -> Train -> encode -> upload
+// (resumed after a broken stream, idempotent by upload id) -> report metrics, until the server says
+// the run is over. Every call has a deadline; transient failures (server restarting, network cuts)
+// are retried with exponential backoff and jitter; a lost session is re-joined.
+//
+// Plain structs only: this header never shows protobuf, gRPC or CUDA types.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fedlora/client_trainer.h"
+
+namespace fedlora {
+
+// TLS with a client certificate (the server derives the client's identity from it). All empty:
+// plaintext, allowed by the server on loopback only; the identity is then `ClientOptions.client_id`.
+struct ClientTlsOptions {
+  std::string root_ca_file;  // PEM bundle the server certificate must chain to
+  std::string cert_file;     // PEM client certificate chain
+  std::string key_file;      // PEM private key of cert_file
+  // Expected server name when it differs from the address's host (tests with a fixed certificate).
+  std::string server_name_override;
+  bool enabled() const { return !root_ca_file.empty() || !cert_file.empty() || !key_file.empty(); }
+};
+
+// Exponential backoff with jitter for transient failures (Unavailable, DeadlineExceeded, Aborted,
+// a broken stream). Attempt n waits min(max_backoff_ms, initial_backoff_ms * multiplier^(n-1)),
+// scaled by a uniform factor in [1 - jitter, 1 + jitter] so that clients restarted together do not
+// retry in lockstep.
+struct RetryPolicy {
+  // Tries per operation, including the first. Default 10: with the defaults below that is about
+  // three minutes of trying, enough to ride out a server restart.
+  int max_attempts = 10;
+  int64_t initial_backoff_ms = 200;  // default 200 ms: a quick second try for a blip
+  double multiplier = 2.0;           // default 2: the usual doubling
+  int64_t max_backoff_ms = 30'000;   // default 30 s: cap so a recovered server is noticed soon
+  double jitter = 0.2;               // default +-20%
+};
+
+struct ClientOptions {
+  // host:port of the aggregation server. Required.
+  std::string server_address;
+  // Identity sent in plaintext mode (ignored with TLS, where the certificate decides). Default empty:
+  // required without TLS.
+  std::string client_id;
+  ClientTlsOptions tls;
+  RetryPolicy retry;
+
+  // --- Deadlines, milliseconds (every RPC has one) ---
+  // Join, Heartbeat, GetUploadStatus, ReportMetrics, Leave. Default 10 s: these are small messages;
+  // ten seconds covers a congested link, anything slower is better retried.
+  int64_t call_deadline_ms = 10'000;
+  // How long the server may hold WaitForTask before answering, seconds. Default 20 s: long polls
+  // keep clients responsive without hammering the server. The call's deadline adds 10 s to it.
+  int64_t wait_for_task_seconds = 20;
+  // One DownloadAdapter or UploadUpdate stream. Default 10 min: 100 MB at ~2 Mbit/s; a cut stream
+  // resumes where it stopped, so a long deadline wastes nothing.
+  int64_t transfer_deadline_ms = 600'000;
+  // Largest gRPC message sent or received, bytes. Default 8 MiB (matches the server default; one
+  // 1 MiB chunk plus framing).
+  int max_message_bytes = 8 << 20;
+
+  // Also download the final global adapter when the run finishes (RunSummary.final_adapter).
+  // Default true.
+  bool download_final_adapter = true;
+  // Stop after this many tasks were trained and uploaded; 0 (default) runs until the run finishes.
+  int64_t max_tasks = 0;
+  // Version string sent in Join, for the server's logs.
+  std::string client_version = "0.1.0";
+};
+
+struct RunSummary {
+  int64_t tasks_completed = 0;   // updates this client had accepted
+  int64_t tasks_failed = 0;      // tasks given up (trainer error, update refused, round closed)
+  uint64_t final_round = 0;      // the run's last committed round
+  std::string final_adapter_sha256;
+  std::vector<NamedTensor> final_adapter;  // empty unless download_final_adapter
+};
+
+class Client {
+ public:
+  // Checks the options and opens the channel (no network traffic until RunUntilDone). `trainer` is
+  // not owned and must outlive the client. InvalidArgument for missing address or identity, NotFound
+  // / PermissionDenied for unreadable TLS files.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options, ClientTrainer* trainer);
+  virtual ~Client() = default;
+
+  // Runs until the server reports the run finished, max_tasks are done, Stop() is called
+  // (Cancelled), or retries are exhausted (the last transient error). Not thread-safe: call it from
+  // one thread at a time.
+  virtual absl::StatusOr<RunSummary> RunUntilDone() = 0;
+  // Asks RunUntilDone to return soon (it finishes the RPC in flight, leaves, and returns
+  // Cancelled). Thread-safe.
+  virtual void Stop() = 0;
+};
+
+}  // namespace fedlora

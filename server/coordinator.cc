@@ -1,0 +1,1177 @@
+#include "server/coordinator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "aggregation/fedavg.h"
+#include "core/logging.h"
+#include "core/sha256.h"
+#include "core/status.h"
+#include "core/strings.h"
+#include "model/param.h"
+#include "proto/config_io.h"
+#include "proto/wire.h"
+#include "server/adapter_io.h"
+#include "server/crash_point.h"
+#include <nlohmann/json.hpp>
+
+namespace fedlora {
+
+int64_t SystemClockMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+struct Coordinator::ClientEntry {
+  std::string id;
+  std::string session;  // empty: no live session (never joined since the server started, or left)
+  std::string peer;
+  std::string client_version;
+  int64_t joined_ms = 0;
+  int64_t last_seen_ms = 0;
+  v1::ClientState reported = v1::CLIENT_STATE_IDLE;
+  bool left = false;
+  int64_t rounds_participated = 0;
+  int64_t updates_rejected = 0;
+};
+
+struct Coordinator::RoundInfo {
+  int64_t round = 0;
+  RoundState state = RoundState::kSelecting;
+  int64_t started_ms = 0;
+  int64_t deadline_ms = 0;  // 0 while selecting
+  std::set<std::string> candidates;       // clients waiting for this round's selection
+  int64_t first_candidate_ms = 0;
+  std::set<std::string> selected;
+  std::map<std::string, std::string> accepted;  // client_id -> upload_id
+  int64_t rejected = 0;
+};
+
+struct Coordinator::Waiter {
+  std::string client_id;
+  int64_t expires_ms = 0;
+  WaitCallback done;
+};
+
+namespace {
+
+// splitmix64: a tiny, well-mixed PRNG step. Selection only needs a reproducible shuffle from a seed,
+// not cryptographic strength.
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+uint64_t DigestPrefix64(const std::string& text) {
+  const Sha256DigestBytes d = Sha256Digest(text);
+  uint64_t v = 0;
+  std::memcpy(&v, d.data(), sizeof(v));
+  return v;
+}
+
+std::string RandomToken() {
+  // 128 bits from the OS entropy pool via SHA-256 of a nonce + time; sessions only need to be
+  // unguessable by other clients, and identities are checked besides.
+  static std::atomic<uint64_t> counter{0};
+  std::string seed = absl::StrCat(SystemClockMs(), ":", counter.fetch_add(1), ":",
+                                  reinterpret_cast<uintptr_t>(&seed));
+  std::string random(16, '\0');
+  if (FILE* f = std::fopen("/dev/urandom", "rb")) {
+    if (std::fread(random.data(), 1, random.size(), f) != random.size()) random.clear();
+    std::fclose(f);
+  }
+  return Sha256Hex(seed + random).substr(0, 32);
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+bool IsHexSha256(const std::string& s) { return IsValidBlobHash(s); }
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&out, i ? "," : "", shape[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+Coordinator::Coordinator(ServerOptions options, v1::RunConfig config, std::vector<UpdateTensor> initial_adapter,
+                         Store* store, BlobStore* blobs, Evaluator* evaluator, ServerMetrics* metrics, Clock clock)
+    : options_(std::move(options)),
+      config_(std::move(config)),
+      run_id_(config_.run_id().empty() ? "default" : config_.run_id()),
+      initial_adapter_(std::move(initial_adapter)),
+      store_(store),
+      blobs_(blobs),
+      evaluator_(evaluator),
+      metrics_(metrics),
+      clock_(clock ? std::move(clock) : Clock(SystemClockMs)),
+      start_ms_(clock_()) {}
+
+Coordinator::~Coordinator() { ReleaseAllWaiters(); }
+
+int64_t Coordinator::Target() const {
+  return std::max<int64_t>(1, config_.selection().has_clients_per_round() ? config_.selection().clients_per_round() : 10);
+}
+int64_t Coordinator::Quota() const {
+  const double over = config_.selection().has_over_selection() ? config_.selection().over_selection() : 1.3;
+  // The small epsilon keeps 10 * 1.3 = 13.000000000000002 from becoming 14.
+  return std::max<int64_t>(Target(), static_cast<int64_t>(std::ceil(static_cast<double>(Target()) * over - 1e-9)));
+}
+int64_t Coordinator::MinClients() const {
+  if (config_.selection().has_min_clients()) return std::max<int64_t>(1, config_.selection().min_clients());
+  return CeilDiv(Target(), 2);
+}
+
+bool Coordinator::restored() const {
+  absl::MutexLock lock(&mu_);
+  return restored_;
+}
+bool Coordinator::finished() const {
+  absl::MutexLock lock(&mu_);
+  return finished_;
+}
+int64_t Coordinator::rounds_committed() const {
+  absl::MutexLock lock(&mu_);
+  return rounds_committed_;
+}
+std::vector<UpdateTensor> Coordinator::global_adapter() const {
+  absl::MutexLock lock(&mu_);
+  return global_;
+}
+std::string Coordinator::global_adapter_sha256() const {
+  absl::MutexLock lock(&mu_);
+  return global_hash_;
+}
+
+bool Coordinator::IsLive(const ClientEntry& c, int64_t now) const {
+  return !c.session.empty() && !c.left && now - c.last_seen_ms <= options_.heartbeat_timeout_ms;
+}
+
+std::string Coordinator::TaskIdFor(int64_t round, const std::string& client_id) const {
+  // Deterministic, so a restarted server recognises the tasks it handed out before the crash, and
+  // bound to (run, round, client): a client cannot use another client's task id.
+  return absl::StrCat("r", round, "-", Sha256Hex(absl::StrCat(run_id_, "\n", round, "\n", client_id)).substr(0, 24));
+}
+
+uint64_t Coordinator::TaskSeedFor(int64_t round, const std::string& client_id) const {
+  return DigestPrefix64(absl::StrCat("task-seed\n", config_.seed(), "\n", round, "\n", client_id));
+}
+
+Coordinator::ClientEntry* Coordinator::FindClientLocked(const std::string& client_id) {
+  auto it = clients_.find(client_id);
+  return it == clients_.end() ? nullptr : it->second.get();
+}
+
+void Coordinator::UpdateClientGaugesLocked() {
+  const int64_t now = Now();
+  int64_t live = 0;
+  for (const auto& [id, c] : clients_) live += IsLive(*c, now) ? 1 : 0;
+  metrics_->clients_registered.store(static_cast<int64_t>(clients_.size()));
+  metrics_->clients_live.store(live);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Restore
+
+absl::Status Coordinator::Restore() {
+  absl::MutexLock lock(&mu_);
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<RunRecord> runs, store_->ListRuns());
+  const bool exists =
+      std::any_of(runs.begin(), runs.end(), [&](const RunRecord& r) { return r.run_id == run_id_; });
+  std::string initial_hash;
+  if (!exists) {
+    FEDLORA_RETURN_IF_ERROR(CanonicalizeAdapter(initial_adapter_));
+    if (initial_adapter_.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("run '", run_id_, "' is new but no initial adapter was given"));
+    }
+    FEDLORA_ASSIGN_OR_RETURN(std::string bytes, AdapterToSafetensors(initial_adapter_));
+    FEDLORA_ASSIGN_OR_RETURN(initial_hash, blobs_->Put(bytes));
+    nlohmann::json meta;
+    meta["initial_adapter_sha256"] = initial_hash;
+    meta["run_config"] = RunConfigToJson(config_);
+    FEDLORA_RETURN_IF_ERROR(store_->CreateRun(run_id_, meta.dump()));
+    FEDLORA_LOG(INFO) << "run " << run_id_ << " created; initial adapter " << initial_hash;
+  }
+  FEDLORA_ASSIGN_OR_RETURN(RecoveredState st, store_->LoadLatestState(run_id_));
+  if (initial_hash.empty()) {
+    const nlohmann::json meta = nlohmann::json::parse(st.run.config_json, nullptr, /*allow_exceptions=*/false);
+    if (!meta.is_object() || !meta.contains("initial_adapter_sha256") || !meta["initial_adapter_sha256"].is_string()) {
+      return absl::DataLossError(absl::StrCat("run '", run_id_, "' in the store has no initial adapter hash"));
+    }
+    initial_hash = meta["initial_adapter_sha256"].get<std::string>();
+  }
+
+  // Nothing writes blobs yet, so this is the moment to drop what no row points to: blobs of refused
+  // updates, and of updates committed to disk by a crashed server before it recorded them (their
+  // clients upload them again). Partial uploads are kept for resumption.
+  {
+    FEDLORA_ASSIGN_OR_RETURN(absl::flat_hash_set<std::string> referenced, store_->ReferencedBlobHashes());
+    referenced.insert(initial_hash);
+    FEDLORA_ASSIGN_OR_RETURN(BlobGcStats gc, blobs_->CollectGarbage(referenced));
+    if (gc.blobs_deleted > 0) {
+      FEDLORA_LOG(INFO) << "removed " << gc.blobs_deleted << " unreferenced blobs (" << gc.bytes_deleted << " bytes)";
+    }
+  }
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> rounds, store_->ListRounds(run_id_));
+  FEDLORA_ASSIGN_OR_RETURN(int64_t initial_size, blobs_->Size(initial_hash));
+  downloadable_[initial_hash] = {0, initial_size};
+  rounds_committed_ = 0;
+  std::string current_hash = initial_hash;
+  int64_t current_round = 0;
+  for (const RoundRecord& r : rounds) {
+    if (r.state != RoundState::kCommitted) continue;
+    ++rounds_committed_;
+    FEDLORA_ASSIGN_OR_RETURN(int64_t size, blobs_->Size(r.result_adapter_hash));
+    downloadable_[r.result_adapter_hash] = {r.round, size};
+    current_hash = r.result_adapter_hash;
+    current_round = r.round;
+  }
+  last_committed_round_ = current_round;
+  FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(current_hash));
+  FEDLORA_ASSIGN_OR_RETURN(global_, AdapterFromSafetensors(bytes));
+  global_hash_ = current_hash;
+  global_bytes_ = static_cast<int64_t>(bytes.size());
+  global_round_ = current_round;
+  global_elements_ = 0;
+  spec_.clear();
+  for (const UpdateTensor& t : global_) {
+    global_elements_ += static_cast<int64_t>(t.values.size());
+    spec_.push_back({t.name, t.shape});
+  }
+  spec_elements_ = global_elements_;
+
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<ClientRecord> known, store_->ListClients());
+  for (const ClientRecord& c : known) {
+    auto entry = std::make_unique<ClientEntry>();
+    entry->id = c.client_id;
+    entry->joined_ms = c.first_seen_unix_ms;
+    entry->last_seen_ms = c.last_seen_unix_ms;
+    entry->reported = v1::CLIENT_STATE_DISCONNECTED;
+    clients_[c.client_id] = std::move(entry);
+  }
+  for (const RoundRecord& r : rounds) {
+    if (r.state != RoundState::kCommitted) continue;
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> ups, store_->ListAcceptedUploads(run_id_, r.round));
+    for (const UploadRecord& u : ups) {
+      if (ClientEntry* c = FindClientLocked(u.client_id)) ++c->rounds_participated;
+    }
+  }
+
+  const int64_t total_rounds = config_.has_rounds() ? config_.rounds() : 10;
+  if (st.open_round.has_value()) {
+    const RoundRecord& r = *st.open_round;
+    round_ = std::make_unique<RoundInfo>();
+    round_->round = r.round;
+    round_->state = r.state;
+    round_->started_ms = r.created_unix_ms;
+    round_->deadline_ms = r.deadline_unix_ms;
+    round_->selected.insert(r.selected_clients.begin(), r.selected_clients.end());
+    for (const UploadRecord& u : st.accepted_uploads) round_->accepted[u.client_id] = u.upload_id;
+    if (r.global_adapter_hash != global_hash_) {
+      return absl::DataLossError(absl::StrCat("open round ", r.round, " trains from adapter ", r.global_adapter_hash,
+                                              " but the last committed adapter is ", global_hash_));
+    }
+    FEDLORA_LOG(INFO) << "resuming round " << r.round << " (" << RoundStateName(r.state) << ", "
+                      << round_->accepted.size() << " updates accepted, " << st.receiving_uploads.size()
+                      << " uploads resumable)";
+  } else if (rounds_committed_ >= total_rounds) {
+    finished_ = true;
+  }
+  metrics_->rounds_committed.store(rounds_committed_);
+  restored_ = true;
+  if (!finished_ && round_ == nullptr) FEDLORA_RETURN_IF_ERROR(OpenNextRoundLocked());
+  metrics_->current_round.store(round_ ? round_->round : last_committed_round_);
+  UpdateClientGaugesLocked();
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::OpenNextRoundLocked() {
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> rounds, store_->ListRounds(run_id_));
+  const int64_t next = rounds.empty() ? 1 : rounds.back().round + 1;
+  FEDLORA_ASSIGN_OR_RETURN(RoundRecord r, store_->BeginRound(run_id_, next, global_hash_, /*deadline_unix_ms=*/0));
+  round_ = std::make_unique<RoundInfo>();
+  round_->round = r.round;
+  round_->state = RoundState::kSelecting;
+  round_->started_ms = Now();
+  metrics_->current_round.store(r.round);
+  FEDLORA_LOG(INFO) << "round " << r.round << " opened (selecting " << Quota() << " of the waiting clients)";
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Join, sessions
+
+absl::StatusOr<v1::JoinResponse> Coordinator::Join(const std::string& client_id, const std::string& peer,
+                                                   const v1::JoinRequest& request) {
+  if (request.protocol_version() != kProtocolVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("client speaks protocol version ", request.protocol_version(),
+                                                      ", this server speaks ", kProtocolVersion));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!restored_) return absl::UnavailableError("server is restoring its state; retry");
+  FEDLORA_ASSIGN_OR_RETURN(ClientRecord record, store_->UpsertClient(client_id, /*cert_fingerprint=*/""));
+  if (record.state == ClientState::kBlocked) {
+    return absl::PermissionDeniedError(absl::StrCat("client '", client_id, "' is blocked by the operator"));
+  }
+  auto& slot = clients_[client_id];
+  if (!slot) {
+    slot = std::make_unique<ClientEntry>();
+    slot->id = client_id;
+  }
+  ClientEntry& c = *slot;
+  const int64_t now = Now();
+  c.session = RandomToken();
+  c.peer = peer;
+  c.client_version = request.client_version();
+  c.joined_ms = now;
+  c.last_seen_ms = now;
+  c.left = false;
+  c.reported = v1::CLIENT_STATE_IDLE;
+  metrics_->joins.fetch_add(1);
+  UpdateClientGaugesLocked();
+
+  v1::JoinResponse response;
+  response.set_protocol_version(kProtocolVersion);
+  response.set_client_id(client_id);
+  response.set_session_token(c.session);
+  response.set_session_ttl_seconds(static_cast<uint32_t>(CeilDiv(options_.heartbeat_timeout_ms, 1000)));
+  *response.mutable_run_config() = RedactRunConfigForClients(config_);
+  v1::ServerLimits* limits = response.mutable_limits();
+  limits->set_max_message_bytes(static_cast<uint32_t>(options_.max_message_bytes));
+  limits->set_max_update_bytes(static_cast<uint64_t>(options_.max_upload_bytes));
+  limits->set_chunk_size_bytes(static_cast<uint32_t>(options_.chunk_bytes));
+  response.set_current_round(round_ ? round_->round : last_committed_round_);
+  return response;
+}
+
+absl::Status Coordinator::Authenticate(const std::string& client_id, const std::string& session_token) {
+  absl::MutexLock lock(&mu_);
+  if (!restored_) return absl::UnavailableError("server is restoring its state; retry");
+  ClientEntry* c = FindClientLocked(client_id);
+  if (c == nullptr || c->session.empty()) {
+    return absl::UnauthenticatedError(absl::StrCat("client '", client_id, "' has no session; call Join"));
+  }
+  if (session_token != c->session) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("session token does not belong to client '", client_id, "' (expired or foreign); call Join"));
+  }
+  const int64_t now = Now();
+  if (now - c->last_seen_ms > options_.heartbeat_timeout_ms) {
+    // JoinResponse.session_ttl_seconds: a session silent for longer than the heartbeat timeout has
+    // been treated as dead (its task may have gone to someone else), so the client starts afresh.
+    c->session.clear();
+    return absl::UnauthenticatedError(absl::StrCat("session of client '", client_id, "' expired after ",
+                                                   now - c->last_seen_ms, " ms of silence; call Join"));
+  }
+  c->last_seen_ms = now;
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------------------------------------
+// WaitForTask and selection
+
+v1::AdapterManifest Coordinator::ManifestLocked(const std::string& hash, int64_t round, int64_t total_bytes) const {
+  v1::AdapterManifest m;
+  FillTensorSpecs(global_, &m);
+  m.set_total_bytes(static_cast<uint64_t>(total_bytes));
+  m.set_sha256(hash);
+  m.set_chunk_size_bytes(static_cast<uint32_t>(options_.chunk_bytes));
+  m.set_num_chunks(static_cast<uint32_t>(CeilDiv(total_bytes, options_.chunk_bytes)));
+  m.set_round(static_cast<uint64_t>(round));
+  return m;
+}
+
+v1::WaitForTaskResponse Coordinator::RetryLaterLocked(const std::string& reason) const {
+  v1::WaitForTaskResponse response;
+  v1::RetryLater* retry = response.mutable_retry_later();
+  retry->set_retry_after_seconds(static_cast<uint32_t>(CeilDiv(options_.retry_after_ms, 1000)));
+  retry->set_reason(reason);
+  retry->set_current_round(static_cast<uint64_t>(round_ ? round_->round : last_committed_round_));
+  return response;
+}
+
+std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::string& client_id, bool may_hold) {
+  if (finished_) {
+    v1::WaitForTaskResponse response;
+    v1::RunFinished* done = response.mutable_run_finished();
+    done->set_reason(v1::RunFinished::COMPLETED);
+    done->set_final_round(static_cast<uint64_t>(last_committed_round_));
+    *done->mutable_final_adapter() = ManifestLocked(global_hash_, global_round_, global_bytes_);
+    return response;
+  }
+  if (round_ == nullptr) {
+    if (may_hold) return std::nullopt;
+    return RetryLaterLocked("no round is open");
+  }
+  RoundInfo& r = *round_;
+  if (r.accepted.count(client_id) != 0) {
+    if (may_hold) return std::nullopt;
+    return RetryLaterLocked(absl::StrCat("update for round ", r.round, " already accepted"));
+  }
+  if (r.state == RoundState::kTraining && r.selected.count(client_id) != 0) {
+    v1::WaitForTaskResponse response;
+    v1::TrainTask* task = response.mutable_task();
+    task->set_round(static_cast<uint64_t>(r.round));
+    task->set_task_id(TaskIdFor(r.round, client_id));
+    *task->mutable_global_adapter() = ManifestLocked(global_hash_, global_round_, global_bytes_);
+    *task->mutable_training() = config_.training();
+    task->set_proximal_mu(config_.aggregation().has_proximal_mu() ? config_.aggregation().proximal_mu() : 0.0);
+    task->set_deadline_seconds(static_cast<uint32_t>(std::max<int64_t>(0, CeilDiv(r.deadline_ms - Now(), 1000))));
+    task->set_seed(TaskSeedFor(r.round, client_id));
+    *task->mutable_codec() = config_.codec();
+    task->set_encryption_scheme(v1::EncryptionSpec::NONE);
+    return response;
+  }
+  if (r.state == RoundState::kSelecting) {
+    r.candidates.insert(client_id);
+    if (r.first_candidate_ms == 0) r.first_candidate_ms = Now();
+    if (may_hold) return std::nullopt;
+    return RetryLaterLocked(absl::StrCat("waiting for clients to start round ", r.round));
+  }
+  if (r.state == RoundState::kTraining) {
+    // A selected client that went silent (no RPC within heartbeat_timeout) will most likely never
+    // deliver: its place goes to this live client, so that the round can still reach its target.
+    // (Should the silent one come back and deliver first, both updates count: each is a valid
+    // update of this round from a selected client.)
+    const int64_t now = Now();
+    int64_t working = static_cast<int64_t>(r.accepted.size());
+    for (const std::string& id : r.selected) {
+      const ClientEntry* c = FindClientLocked(id);
+      if (r.accepted.count(id) == 0 && c != nullptr && IsLive(*c, now)) ++working;
+    }
+    const ClientEntry* me = FindClientLocked(client_id);
+    if (working < Quota() && me != nullptr && IsLive(*me, now) && now < r.deadline_ms) {
+      absl::Status s = store_->RecordSelection(run_id_, r.round, {client_id}, r.deadline_ms);
+      if (s.ok()) {
+        r.selected.insert(client_id);
+        FEDLORA_LOG(INFO) << "round " << r.round << ": " << client_id << " replaces a silent client ("
+                          << working << " of " << Quota() << " tasks alive)";
+        return AnswerLocked(client_id, may_hold);
+      }
+      FEDLORA_LOG(ERROR) << "round " << r.round << ": replacement selection failed: " << s;
+    }
+    // Passed over by the sampling, or arrived after it: told at once when to come back, rather
+    // than held through a round that has no work for it.
+    return RetryLaterLocked(absl::StrCat("not selected for round ", r.round));
+  }
+  if (may_hold) return std::nullopt;
+  return RetryLaterLocked(absl::StrCat("round ", r.round, " is aggregating"));
+}
+
+void Coordinator::WaitForTask(const std::string& client_id, int64_t max_wait_ms, WaitCallback done) {
+  std::vector<std::function<void()>> to_run;  // callbacks run after the lock is released
+  do {
+    absl::MutexLock lock(&mu_);
+    if (!restored_ || shutting_down_) {
+      to_run.push_back([done, restoring = !restored_] {
+        done(absl::UnavailableError(restoring ? "server is restoring its state; retry" : "server is shutting down"));
+      });
+      break;
+    }
+    if (ClientEntry* c = FindClientLocked(client_id)) c->reported = v1::CLIENT_STATE_IDLE;
+    const bool may_hold = max_wait_ms > 0;
+    std::optional<v1::WaitForTaskResponse> answer = AnswerLocked(client_id, may_hold);
+    if (!answer.has_value()) {
+      // A new candidate may complete the selection quota: close it now rather than at the next tick.
+      absl::Status s = MaybeCloseSelectionLocked(/*force_window=*/false);
+      if (!s.ok()) {
+        FEDLORA_LOG(ERROR) << "selection: " << s;
+      }
+      answer = AnswerLocked(client_id, may_hold);
+    }
+    if (answer.has_value()) {
+      to_run.push_back([done, a = *std::move(answer)] { done(a); });
+    } else {
+      auto w = std::make_unique<Waiter>();
+      w->client_id = client_id;
+      w->expires_ms = Now() + max_wait_ms;
+      w->done = std::move(done);
+      waiters_.push_back(std::move(w));
+    }
+    auto more = ResolveWaitersLocked(/*expire_all=*/false);
+    for (auto& f : more) to_run.push_back(std::move(f));
+  } while (false);
+  for (auto& f : to_run) f();
+}
+
+std::vector<std::function<void()>> Coordinator::ResolveWaitersLocked(bool expire_all) {
+  std::vector<std::function<void()>> out;
+  const int64_t now = Now();
+  std::vector<std::unique_ptr<Waiter>> keep;
+  for (auto& w : waiters_) {
+    std::optional<v1::WaitForTaskResponse> answer;
+    if (expire_all || now >= w->expires_ms) {
+      answer = AnswerLocked(w->client_id, /*may_hold=*/false);
+    } else {
+      answer = AnswerLocked(w->client_id, /*may_hold=*/true);
+    }
+    if (answer.has_value()) {
+      out.push_back([done = std::move(w->done), a = *std::move(answer)] { done(a); });
+    } else {
+      // Holding a long poll counts as being alive.
+      if (ClientEntry* c = FindClientLocked(w->client_id)) c->last_seen_ms = now;
+      keep.push_back(std::move(w));
+    }
+  }
+  waiters_ = std::move(keep);
+  return out;
+}
+
+void Coordinator::ReleaseAllWaiters() {
+  std::vector<std::function<void()>> to_run;
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    to_run = ResolveWaitersLocked(/*expire_all=*/true);
+  }
+  for (auto& f : to_run) f();
+}
+
+absl::Status Coordinator::MaybeCloseSelectionLocked(bool force_window) {
+  if (round_ == nullptr || round_->state != RoundState::kSelecting) return absl::OkStatus();
+  RoundInfo& r = *round_;
+  const int64_t now = Now();
+  // Drop candidates that went silent or left: selecting them would waste a task.
+  for (auto it = r.candidates.begin(); it != r.candidates.end();) {
+    ClientEntry* c = FindClientLocked(*it);
+    if (c == nullptr || !IsLive(*c, now)) {
+      it = r.candidates.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  const int64_t n = static_cast<int64_t>(r.candidates.size());
+  int64_t live = 0;
+  for (const auto& [id, c] : clients_) live += IsLive(*c, now) ? 1 : 0;
+  const bool quota_reached = n >= Quota();
+  const bool everyone_waiting = n >= Target() && n >= live;
+  const bool window_passed = r.first_candidate_ms != 0 && now - r.first_candidate_ms >= options_.selection_window_ms;
+  if (!(quota_reached || everyone_waiting || ((window_passed || force_window) && n >= MinClients()))) {
+    return absl::OkStatus();
+  }
+  // Seeded shuffle of the sorted candidates: a pure function of (seed, round, candidates), so that
+  // the choice is reproducible and independent of arrival order.
+  std::vector<std::string> pool(r.candidates.begin(), r.candidates.end());
+  uint64_t state = options_.selection_seed != 0 ? options_.selection_seed : config_.seed();
+  state ^= DigestPrefix64(absl::StrCat("selection\n", r.round));
+  for (size_t i = pool.size(); i > 1; --i) {
+    const size_t j = static_cast<size_t>(SplitMix64(state) % i);
+    std::swap(pool[i - 1], pool[j]);
+  }
+  pool.resize(static_cast<size_t>(std::min<int64_t>(Quota(), n)));
+  std::sort(pool.begin(), pool.end());
+  const int64_t deadline = now + options_.round_deadline_ms;
+  FEDLORA_RETURN_IF_ERROR(store_->RecordSelection(run_id_, r.round, pool, deadline));
+  FEDLORA_RETURN_IF_ERROR(store_->SetRoundState(run_id_, r.round, RoundState::kTraining));
+  r.selected.insert(pool.begin(), pool.end());
+  r.deadline_ms = deadline;
+  r.state = RoundState::kTraining;
+  r.candidates.clear();
+  FEDLORA_LOG(INFO) << "round " << r.round << ": selected " << pool.size() << " of " << n << " waiting clients";
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::MaybeCloseRoundLocked() {
+  if (round_ == nullptr || round_->state != RoundState::kTraining) return absl::OkStatus();
+  RoundInfo& r = *round_;
+  const int64_t accepted = static_cast<int64_t>(r.accepted.size());
+  const bool target_met = accepted >= Target();
+  const bool deadline_passed = Now() >= r.deadline_ms;
+  if (target_met || (deadline_passed && accepted >= MinClients())) {
+    FEDLORA_RETURN_IF_ERROR(store_->SetRoundState(run_id_, r.round, RoundState::kAggregating));
+    r.state = RoundState::kAggregating;
+    FEDLORA_LOG(INFO) << "round " << r.round << " closed with " << accepted << " updates"
+                      << (target_met ? "" : " at its deadline");
+    return absl::OkStatus();
+  }
+  if (deadline_passed) {
+    FEDLORA_RETURN_IF_ERROR(store_->SetRoundState(run_id_, r.round, RoundState::kAbandoned));
+    FEDLORA_LOG(WARNING) << "round " << r.round << " abandoned: " << accepted << " updates by the deadline, "
+                         << MinClients() << " needed; retrying as a new round";
+    metrics_->rounds_abandoned.fetch_add(1);
+    round_.reset();
+    return OpenNextRoundLocked();
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Heartbeat, metrics, leave
+
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& client_id,
+                                                            const v1::HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  ClientEntry* c = FindClientLocked(client_id);
+  if (c == nullptr) return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
+  c->last_seen_ms = Now();
+  if (request.state() != v1::CLIENT_STATE_UNSPECIFIED && request.state() != v1::CLIENT_STATE_DISCONNECTED &&
+      request.state() != v1::CLIENT_STATE_LEFT) {
+    c->reported = request.state();
+  }
+  v1::HeartbeatResponse response;
+  response.set_action(v1::HeartbeatResponse::CONTINUE);
+  response.set_next_heartbeat_seconds(static_cast<uint32_t>(CeilDiv(options_.heartbeat_interval_ms, 1000)));
+  if (!request.task_id().empty()) {
+    const bool current = round_ != nullptr && round_->state == RoundState::kTraining &&
+                         round_->selected.count(client_id) != 0 &&
+                         request.task_id() == TaskIdFor(round_->round, client_id);
+    if (!current) response.set_action(v1::HeartbeatResponse::CANCEL_TASK);
+  }
+  return response;
+}
+
+absl::Status Coordinator::ReportMetrics(const std::string& client_id, const v1::MetricsReport& report) {
+  const int64_t round = static_cast<int64_t>(report.round());
+  if (report.task_id() != TaskIdFor(round, client_id)) {
+    return absl::PermissionDeniedError(absl::StrCat("task '", report.task_id(), "' of round ", round,
+                                                    " was not assigned to client '", client_id, "'"));
+  }
+  std::vector<std::pair<std::string, double>> values = {
+      {"train/loss_first", report.train_loss_first()}, {"train/loss_last", report.train_loss_last()},
+      {"train/examples", static_cast<double>(report.examples_processed())},
+      {"train/steps", static_cast<double>(report.steps())}, {"time/download_s", report.download_seconds()},
+      {"time/train_s", report.train_seconds()},          {"time/encode_s", report.encode_seconds()},
+      {"time/upload_s", report.upload_seconds()}};
+  if (report.has_local_eval_loss()) values.push_back({"eval/local_loss", report.local_eval_loss()});
+  if (report.has_local_eval_accuracy()) values.push_back({"eval/local_accuracy", report.local_eval_accuracy()});
+  for (const auto& [k, v] : report.extra()) values.push_back({absl::StrCat("extra/", k), v});
+  for (const auto& [key, value] : values) {
+    if (!std::isfinite(value)) {
+      return absl::InvalidArgumentError(absl::StrCat("metric '", key, "' is not finite"));
+    }
+    absl::Status s = store_->RecordMetric({run_id_, round, client_id, key, value});
+    // A re-sent report (after a lost response) is not an error.
+    if (!s.ok() && !absl::IsAlreadyExists(s)) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::Leave(const std::string& client_id, const v1::LeaveRequest& request) {
+  absl::MutexLock lock(&mu_);
+  ClientEntry* c = FindClientLocked(client_id);
+  if (c == nullptr) return absl::OkStatus();
+  c->left = true;
+  c->session.clear();
+  c->reported = v1::CLIENT_STATE_LEFT;
+  if (round_) round_->candidates.erase(client_id);
+  UpdateClientGaugesLocked();
+  FEDLORA_LOG(INFO) << "client " << client_id << " left: " << request.reason();
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Downloads and uploads
+
+absl::StatusOr<v1::AdapterManifest> Coordinator::AdapterManifestFor(const std::string& sha256) {
+  absl::MutexLock lock(&mu_);
+  auto it = downloadable_.find(sha256);
+  if (it == downloadable_.end()) {
+    return absl::NotFoundError(absl::StrCat("no global adapter with SHA-256 '", sha256.substr(0, 80), "'"));
+  }
+  return ManifestLocked(sha256, it->second.first, it->second.second);
+}
+
+absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id, const v1::UploadHeader& header) {
+  const std::string& id = header.upload_id();
+  if (!IsValidPartialId(id)) {
+    return absl::InvalidArgumentError("upload_id must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'");
+  }
+  absl::MutexLock lock(&mu_);
+  if (!restored_) return absl::UnavailableError("server is restoring its state; retry");
+  // Idempotency first: a replay of an accepted update gets its original ack, even after its round
+  // closed.
+  absl::StatusOr<UploadRecord> existing = store_->GetUpload(id);
+  if (!existing.ok() && !absl::IsNotFound(existing.status())) return existing.status();
+  if (existing.ok()) {
+    if (existing->client_id != client_id || existing->run_id != run_id_) {
+      return absl::PermissionDeniedError(absl::StrCat("upload_id '", id, "' belongs to another client"));
+    }
+    if (existing->state == UploadState::kAccepted) {
+      if (existing->blob_hash != header.manifest().sha256()) {
+        return absl::AlreadyExistsError(absl::StrCat("upload_id '", id, "' was accepted for blob ",
+                                                     existing->blob_hash, ", not ", header.manifest().sha256()));
+      }
+      UploadPlan plan;
+      v1::UploadAck ack;
+      ack.set_upload_id(id);
+      ack.set_state(v1::UPLOAD_STATE_ACCEPTED);
+      ack.set_chunks_acknowledged(static_cast<uint32_t>(existing->chunks_received));
+      ack.set_bytes_acknowledged(static_cast<uint64_t>(existing->bytes));
+      ack.set_duplicate(true);
+      plan.duplicate_ack = ack;
+      metrics_->updates_duplicate.fetch_add(1);
+      return plan;
+    }
+  }
+  if (auto rej = rejected_.find(id); rej != rejected_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("upload '", id, "' was rejected: ", rej->second));
+  }
+  // Round binding.
+  const int64_t round = static_cast<int64_t>(header.round());
+  if (finished_) return absl::FailedPreconditionError("the run is finished; no more updates are accepted");
+  if (round_ == nullptr || round != round_->round) {
+    return absl::FailedPreconditionError(absl::StrCat("update is for round ", round, " but the current round is ",
+                                                      round_ ? round_->round : last_committed_round_,
+                                                      "; it is stale"));
+  }
+  RoundInfo& r = *round_;
+  if (r.state != RoundState::kTraining) {
+    return absl::FailedPreconditionError(absl::StrCat("round ", round, " is ", ToAbsl(RoundStateName(r.state)),
+                                                      " and no longer accepts updates"));
+  }
+  if (r.selected.count(client_id) == 0) {
+    return absl::PermissionDeniedError(absl::StrCat("client '", client_id, "' was not selected for round ", round));
+  }
+  if (header.task_id() != TaskIdFor(round, client_id)) {
+    return absl::PermissionDeniedError(absl::StrCat("task '", header.task_id(), "' of round ", round,
+                                                    " was not assigned to client '", client_id, "'"));
+  }
+  if (Now() >= r.deadline_ms) {
+    return absl::FailedPreconditionError(absl::StrCat("round ", round, " passed its deadline; the update is stale"));
+  }
+  if (auto acc = r.accepted.find(client_id); acc != r.accepted.end()) {
+    return absl::AlreadyExistsError(absl::StrCat("client '", client_id, "' already has update '", acc->second,
+                                                 "' accepted for round ", round));
+  }
+  if (header.base_adapter_sha256() != global_hash_) {
+    return absl::FailedPreconditionError(absl::StrCat("update is a delta from adapter ",
+                                                      header.base_adapter_sha256().substr(0, 80),
+                                                      " but round ", round, " trains from ", global_hash_));
+  }
+  if (header.num_examples() < 1 || header.num_examples() > static_cast<uint64_t>(StreamingFedAvg::kMaxWeight)) {
+    return absl::InvalidArgumentError(absl::StrCat("num_examples ", header.num_examples(), " is outside [1, ",
+                                                   StreamingFedAvg::kMaxWeight, "]"));
+  }
+  const auto scheme = header.encryption().scheme();
+  if (scheme != v1::EncryptionSpec::NONE && scheme != v1::EncryptionSpec::SCHEME_UNSPECIFIED) {
+    return absl::InvalidArgumentError(absl::StrCat("encryption scheme ", v1::EncryptionSpec::Scheme_Name(scheme),
+                                                   " is not accepted by this server"));
+  }
+  // The manifest must describe the adapter exactly and be cut the way the server expects.
+  const v1::AdapterManifest& m = header.manifest();
+  if (!IsHexSha256(m.sha256())) return absl::InvalidArgumentError("manifest.sha256 is not 64 lowercase hex digits");
+  if (m.total_bytes() > static_cast<uint64_t>(options_.max_upload_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat("update of ", m.total_bytes(), " bytes exceeds the limit of ",
+                                                     options_.max_upload_bytes, " bytes"));
+  }
+  if (m.total_bytes() < kUpdateHeaderSize) {
+    return absl::InvalidArgumentError(absl::StrCat("update of ", m.total_bytes(), " bytes is shorter than the ",
+                                                   kUpdateHeaderSize, "-byte codec header"));
+  }
+  if (m.chunk_size_bytes() != static_cast<uint64_t>(options_.chunk_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest.chunk_size_bytes is ", m.chunk_size_bytes(),
+                                                   "; this server uses ", options_.chunk_bytes));
+  }
+  if (m.num_chunks() != static_cast<uint64_t>(CeilDiv(static_cast<int64_t>(m.total_bytes()), options_.chunk_bytes))) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest.num_chunks is ", m.num_chunks(), " for ",
+                                                   m.total_bytes(), " bytes in chunks of ", options_.chunk_bytes));
+  }
+  if (m.tensors_size() != static_cast<int>(global_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest lists ", m.tensors_size(),
+                                                   " tensors; the adapter has ", global_.size()));
+  }
+  {
+    std::map<std::string, const v1::TensorSpec*> by_name;
+    for (const v1::TensorSpec& t : m.tensors()) by_name[t.name()] = &t;
+    for (const UpdateTensor& g : global_) {
+      auto it = by_name.find(g.name);
+      if (it == by_name.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("manifest lacks adapter tensor '", g.name, "'"));
+      }
+      const v1::TensorSpec& t = *it->second;
+      std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
+      if (shape != g.shape) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", g.name, "' has shape ", ShapeText(shape),
+                                                       "; the adapter's is ", ShapeText(g.shape)));
+      }
+      if (t.dtype() != "F32") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", g.name, "' is declared ", t.dtype(), "; decoded updates are F32"));
+      }
+    }
+  }
+  FEDLORA_RETURN_IF_ERROR(CodecOptionsFromSpec(header.codec()).status());
+  if (active_uploads_.count(id) != 0) {
+    return absl::AbortedError(absl::StrCat("upload '", id, "' is already streaming on another call; retry later"));
+  }
+  UploadRecord record;
+  record.upload_id = id;
+  record.run_id = run_id_;
+  record.round = round;
+  record.client_id = client_id;
+  record.task_id = header.task_id();
+  record.num_examples = static_cast<int64_t>(header.num_examples());
+  FEDLORA_ASSIGN_OR_RETURN(UploadRecord stored, store_->BeginUpload(record));
+  UploadPlan plan;
+  plan.chunks_durable = stored.chunks_received;
+  plan.bytes_durable = stored.bytes;
+  if (static_cast<int64_t>(header.start_chunk()) > plan.chunks_durable) {
+    return absl::FailedPreconditionError(absl::StrCat("upload '", id, "' can resume at chunk ", plan.chunks_durable,
+                                                      " at the latest, not ", header.start_chunk()));
+  }
+  active_uploads_.insert(id);
+  return plan;
+}
+
+absl::Status Coordinator::RecordUploadProgress(const std::string& upload_id, int64_t chunks, int64_t bytes) {
+  return store_->RecordUploadProgress(upload_id, chunks, bytes);
+}
+
+void Coordinator::EndUpload(const std::string& upload_id) {
+  absl::MutexLock lock(&mu_);
+  active_uploads_.erase(upload_id);
+}
+
+void Coordinator::RejectUpload(const std::string& client_id, const std::string& upload_id, const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  metrics_->updates_rejected.fetch_add(1);
+  if (ClientEntry* c = FindClientLocked(client_id)) ++c->updates_rejected;
+  if (round_) ++round_->rejected;
+  if (!upload_id.empty()) rejected_[upload_id] = std::string(why.message());
+}
+
+absl::StatusOr<std::vector<UpdateTensor>> Coordinator::DecodeAndValidate(const std::string& bytes) const {
+  // Decoding limits from the adapter itself: a valid update has exactly the adapter's elements, so
+  // anything that declares more is refused before a byte is allocated (decompression bombs).
+  DecodeLimits limits;
+  int64_t table_bytes = 4;  // the body's u32 tensor count, then per tensor: u16 name length, name, u8 rank, dims
+  for (const TensorSpec& t : spec_) {
+    table_bytes += 2 + static_cast<int64_t>(t.name.size()) + 1 + 8 * static_cast<int64_t>(t.shape.size());
+  }
+  limits.max_tensors = static_cast<int64_t>(spec_.size());
+  limits.max_elements = spec_elements_;
+  limits.max_decoded_bytes = table_bytes + spec_elements_ * 4;
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> update, DecodeUpdate(bytes, limits));
+  // Same names and shapes as the adapter (order free); DecodeUpdate already refused NaN/Inf.
+  if (update.size() != spec_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("update has ", update.size(), " tensors; the adapter has ",
+                                                   spec_.size()));
+  }
+  std::sort(update.begin(), update.end(), [](const UpdateTensor& a, const UpdateTensor& b) { return a.name < b.name; });
+  for (size_t i = 0; i < update.size(); ++i) {
+    if (update[i].name != spec_[i].name) {
+      return absl::InvalidArgumentError(absl::StrCat("update tensor '", update[i].name,
+                                                     "' is not in the adapter (expected '", spec_[i].name, "')"));
+    }
+    if (update[i].shape != spec_[i].shape) {
+      return absl::InvalidArgumentError(absl::StrCat("update tensor '", update[i].name, "' has shape ",
+                                                     ShapeText(update[i].shape), "; the adapter's is ",
+                                                     ShapeText(spec_[i].shape)));
+    }
+  }
+  return update;
+}
+
+absl::StatusOr<v1::UploadAck> Coordinator::CompleteUpload(const std::string& client_id, const v1::UploadHeader& header,
+                                                          const std::string& blob_hash) {
+  FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(blob_hash));
+  FEDLORA_ASSIGN_OR_RETURN(UpdateHeader codec_header, ParseUpdateHeader(bytes, DecodeLimits{}));
+  FEDLORA_ASSIGN_OR_RETURN(CodecOptions declared, CodecOptionsFromSpec(header.codec()));
+  if (codec_header.codec != declared.codec || codec_header.zstd() != declared.zstd) {
+    return absl::InvalidArgumentError(absl::StrCat("blob is encoded as ", ToAbsl(CodecName(codec_header.codec)),
+                                                   codec_header.zstd() ? "+zstd" : "", " but the header declares ",
+                                                   ToAbsl(CodecName(declared.codec)), declared.zstd ? "+zstd" : ""));
+  }
+  FEDLORA_RETURN_IF_ERROR(DecodeAndValidate(bytes).status());
+
+  absl::MutexLock lock(&mu_);
+  const int64_t round = static_cast<int64_t>(header.round());
+  // The round may have closed while the bytes were streaming.
+  if (round_ == nullptr || round_->round != round || round_->state != RoundState::kTraining) {
+    return absl::FailedPreconditionError(absl::StrCat("round ", round, " closed before the upload completed; the update is stale"));
+  }
+  if (Now() >= round_->deadline_ms) {
+    return absl::FailedPreconditionError(absl::StrCat("round ", round, " passed its deadline; the update is stale"));
+  }
+  UploadRecord record;
+  record.upload_id = header.upload_id();
+  record.run_id = run_id_;
+  record.round = round;
+  record.client_id = client_id;
+  record.task_id = header.task_id();
+  record.num_examples = static_cast<int64_t>(header.num_examples());
+  record.blob_hash = blob_hash;
+  record.bytes = static_cast<int64_t>(bytes.size());
+  record.chunks_received = header.manifest().num_chunks();
+  MaybeCrashAt("before_ack");
+  absl::Status s = store_->RecordAccepted(record);
+  v1::UploadAck ack;
+  ack.set_upload_id(header.upload_id());
+  ack.set_state(v1::UPLOAD_STATE_ACCEPTED);
+  ack.set_chunks_acknowledged(header.manifest().num_chunks());
+  ack.set_bytes_acknowledged(static_cast<uint64_t>(bytes.size()));
+  if (absl::IsAlreadyExists(s)) {
+    ack.set_duplicate(true);
+    metrics_->updates_duplicate.fetch_add(1);
+    return ack;
+  }
+  FEDLORA_RETURN_IF_ERROR(s);
+  MaybeCrashAt("after_ack");
+  round_->accepted[client_id] = header.upload_id();
+  if (ClientEntry* c = FindClientLocked(client_id)) c->reported = v1::CLIENT_STATE_IDLE;
+  metrics_->updates_accepted.fetch_add(1);
+  FEDLORA_LOG(INFO) << "round " << round << ": accepted update " << header.upload_id() << " from " << client_id
+                    << " (" << round_->accepted.size() << "/" << Target() << ")";
+  absl::Status close = MaybeCloseRoundLocked();
+  if (!close.ok()) {
+    FEDLORA_LOG(ERROR) << "closing round " << round << ": " << close;
+  }
+  return ack;
+}
+
+absl::StatusOr<v1::UploadStatusResponse> Coordinator::GetUploadStatus(const std::string& client_id,
+                                                                      const std::string& upload_id) {
+  v1::UploadStatusResponse response;
+  response.set_upload_id(upload_id);
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = rejected_.find(upload_id); it != rejected_.end()) {
+      response.set_state(v1::UPLOAD_STATE_REJECTED);
+      response.set_reason(it->second);
+      return response;
+    }
+  }
+  absl::StatusOr<UploadRecord> record = store_->GetUpload(upload_id);
+  if (absl::IsNotFound(record.status())) {
+    response.set_state(v1::UPLOAD_STATE_UNKNOWN);
+    return response;
+  }
+  FEDLORA_RETURN_IF_ERROR(record.status());
+  if (record->client_id != client_id) {
+    // Do not reveal other clients' uploads.
+    response.set_state(v1::UPLOAD_STATE_UNKNOWN);
+    return response;
+  }
+  response.set_state(record->state == UploadState::kAccepted ? v1::UPLOAD_STATE_ACCEPTED
+                                                             : v1::UPLOAD_STATE_IN_PROGRESS);
+  response.set_chunks_acknowledged(static_cast<uint32_t>(record->chunks_received));
+  response.set_bytes_acknowledged(static_cast<uint64_t>(record->bytes));
+  response.set_round(static_cast<uint64_t>(record->round));
+  response.set_task_id(record->task_id);
+  return response;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Driver
+
+absl::Status Coordinator::Tick() {
+  std::vector<std::function<void()>> to_run;
+  int64_t aggregate_round = 0;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!restored_) return absl::OkStatus();
+    UpdateClientGaugesLocked();
+    status.Update(MaybeCloseSelectionLocked(/*force_window=*/false));
+    status.Update(MaybeCloseRoundLocked());
+    if (round_ != nullptr && round_->state == RoundState::kAggregating) aggregate_round = round_->round;
+    to_run = ResolveWaitersLocked(/*expire_all=*/false);
+  }
+  for (auto& f : to_run) f();
+  if (aggregate_round != 0) {
+    absl::Status s = AggregateAndCommit(aggregate_round);
+    if (!s.ok()) {
+      FEDLORA_LOG(ERROR) << "aggregating round " << aggregate_round << ": " << s;
+    }
+    status.Update(s);
+    {
+      absl::MutexLock lock(&mu_);
+      to_run = ResolveWaitersLocked(/*expire_all=*/false);
+    }
+    for (auto& f : to_run) f();
+  }
+  return status;
+}
+
+absl::Status Coordinator::AggregateAndCommit(int64_t round) {
+  // Only the driver thread aggregates, and the round is in state aggregating, so no RPC changes the
+  // accepted set or the global adapter meanwhile: reading them without the lock held throughout is
+  // safe. The heavy work runs unlocked so RPCs keep being answered.
+  std::vector<UpdateTensor> global;
+  {
+    absl::MutexLock lock(&mu_);
+    global = global_;
+  }
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> uploads, store_->ListAcceptedUploads(run_id_, round));
+  FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(spec_));
+  const bool by_examples = !config_.aggregation().has_weight_by_examples() || config_.aggregation().weight_by_examples();
+  int64_t added = 0;
+  for (const UploadRecord& u : uploads) {  // canonical order (by upload_id); the sum is exact anyway
+    FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(u.blob_hash));
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> update, DecodeAndValidate(bytes));
+    FEDLORA_RETURN_IF_ERROR_CTX(avg.Add(update, by_examples ? u.num_examples : 1),
+                                absl::StrCat("update ", u.upload_id));
+    if (++added == 1) MaybeCrashAt("during_aggregation");
+  }
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> mean, avg.Finish());
+  std::vector<Param> params;
+  params.reserve(global.size());
+  for (UpdateTensor& t : global) {
+    Param p;
+    p.name = t.name;
+    p.shape = t.shape;
+    p.value = std::move(t.values);
+    params.push_back(std::move(p));
+  }
+  const float lr = static_cast<float>(
+      config_.aggregation().has_server_learning_rate() ? config_.aggregation().server_learning_rate() : 1.0);
+  FEDLORA_RETURN_IF_ERROR(ApplyServerUpdate(mean, lr, params));
+  std::vector<UpdateTensor> next;
+  next.reserve(params.size());
+  for (Param& p : params) next.push_back({p.name, p.shape, std::move(p.value)});
+  FEDLORA_ASSIGN_OR_RETURN(std::string bytes, AdapterToSafetensors(next));
+  FEDLORA_ASSIGN_OR_RETURN(std::string hash, blobs_->Put(bytes));
+  MaybeCrashAt("during_checkpoint");
+
+  std::map<std::string, double> eval;
+  if (evaluator_ != nullptr) {
+    absl::StatusOr<std::map<std::string, double>> result = evaluator_->Evaluate(static_cast<uint64_t>(round), next);
+    if (result.ok()) {
+      eval = *std::move(result);
+    } else {
+      FEDLORA_LOG(WARNING) << "round " << round << ": evaluation failed (" << result.status()
+                           << "); committing without metrics";
+    }
+  }
+  nlohmann::json metrics_json = nlohmann::json::object();
+  std::vector<MetricRecord> records;
+  for (const auto& [k, v] : eval) {
+    if (!std::isfinite(v)) continue;
+    metrics_json[k] = v;
+    records.push_back({run_id_, round, "", k, v});
+  }
+  metrics_json["updates"] = added;
+  FEDLORA_RETURN_IF_ERROR(store_->CommitRound(run_id_, round, hash, metrics_json.dump(), records));
+
+  absl::MutexLock lock(&mu_);
+  for (const UploadRecord& u : uploads) {
+    if (ClientEntry* c = FindClientLocked(u.client_id)) ++c->rounds_participated;
+  }
+  global_ = std::move(next);
+  global_hash_ = hash;
+  global_bytes_ = static_cast<int64_t>(bytes.size());
+  global_round_ = round;
+  downloadable_[hash] = {round, global_bytes_};
+  last_committed_round_ = round;
+  ++rounds_committed_;
+  metrics_->rounds_committed.store(rounds_committed_);
+  round_.reset();
+  FEDLORA_LOG(INFO) << "round " << round << " committed: " << added << " updates, adapter " << hash;
+  const int64_t total_rounds = config_.has_rounds() ? config_.rounds() : 10;
+  if (rounds_committed_ >= total_rounds) {
+    finished_ = true;
+    FEDLORA_LOG(INFO) << "run " << run_id_ << " finished after " << rounds_committed_ << " rounds";
+    return absl::OkStatus();
+  }
+  return OpenNextRoundLocked();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Admin
+
+absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatusRequest& request) {
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> rounds, store_->ListRounds(run_id_));
+  absl::MutexLock lock(&mu_);
+  v1::GetStatusResponse response;
+  response.set_run_id(run_id_);
+  response.set_total_rounds(static_cast<uint64_t>(config_.has_rounds() ? config_.rounds() : 10));
+  response.set_server_start_unix_ms(start_ms_);
+  if (!restored_) {
+    response.set_phase(v1::ROUND_PHASE_RESTORING);
+    return response;
+  }
+  const int64_t now = Now();
+  uint32_t live = 0;
+  for (const auto& [id, c] : clients_) live += IsLive(*c, now) ? 1 : 0;
+  response.set_connected_clients(live);
+  if (finished_) {
+    response.set_phase(v1::ROUND_PHASE_FINISHED);
+    response.set_current_round(static_cast<uint64_t>(last_committed_round_));
+  } else if (round_ != nullptr) {
+    response.set_current_round(static_cast<uint64_t>(round_->round));
+    response.set_round_start_unix_ms(round_->started_ms);
+    response.set_updates_accepted_this_round(static_cast<uint32_t>(round_->accepted.size()));
+    switch (round_->state) {
+      case RoundState::kSelecting:
+        response.set_phase(v1::ROUND_PHASE_WAITING_FOR_CLIENTS);
+        break;
+      case RoundState::kTraining:
+        response.set_phase(v1::ROUND_PHASE_TRAINING);
+        response.set_active_tasks(static_cast<uint32_t>(round_->selected.size() - round_->accepted.size()));
+        break;
+      default:
+        response.set_phase(v1::ROUND_PHASE_AGGREGATING);
+        break;
+    }
+  }
+  *response.mutable_global_adapter() = ManifestLocked(global_hash_, global_round_, global_bytes_);
+  std::vector<const RoundRecord*> committed;
+  for (const RoundRecord& r : rounds) {
+    if (r.state == RoundState::kCommitted) committed.push_back(&r);
+  }
+  size_t first = 0;
+  if (request.max_history() > 0 && committed.size() > request.max_history()) {
+    first = committed.size() - request.max_history();
+  }
+  for (size_t i = first; i < committed.size(); ++i) {
+    const RoundRecord& r = *committed[i];
+    v1::RoundSummary* s = response.add_history();
+    s->set_round(static_cast<uint64_t>(r.round));
+    s->set_clients_selected(static_cast<uint32_t>(r.selected_clients.size()));
+    s->set_started_unix_ms(r.created_unix_ms);
+    s->set_committed_unix_ms(r.updated_unix_ms);
+    s->set_global_adapter_sha256(r.result_adapter_hash);
+    const nlohmann::json m = nlohmann::json::parse(r.metrics_json, nullptr, /*allow_exceptions=*/false);
+    if (m.is_object()) {
+      for (const auto& [k, v] : m.items()) {
+        if (!v.is_number()) continue;
+        const double d = v.get<double>();
+        if (k == "updates") {
+          s->set_updates_accepted(static_cast<uint32_t>(d));
+          s->set_updates_received(static_cast<uint32_t>(d));
+        } else if (k == "eval_loss") {
+          s->set_eval_loss(d);
+        } else if (k == "eval_accuracy") {
+          s->set_eval_accuracy(d);
+        } else {
+          (*s->mutable_eval_metrics())[k] = d;
+        }
+      }
+    }
+  }
+  return response;
+}
+
+absl::StatusOr<v1::ListClientsResponse> Coordinator::ListClients(const v1::ListClientsRequest& request) {
+  absl::MutexLock lock(&mu_);
+  const int64_t now = Now();
+  v1::ListClientsResponse response;
+  for (const auto& [id, c] : clients_) {
+    const bool live = IsLive(*c, now);
+    v1::ClientState state = c->left ? v1::CLIENT_STATE_LEFT : (live ? c->reported : v1::CLIENT_STATE_DISCONNECTED);
+    if (!live && !request.include_inactive()) continue;
+    v1::ClientInfo* info = response.add_clients();
+    info->set_client_id(id);
+    info->set_state(state);
+    info->set_peer(c->peer);
+    info->set_client_version(c->client_version);
+    info->set_joined_unix_ms(c->joined_ms);
+    info->set_last_seen_unix_ms(c->last_seen_ms);
+    if (round_ != nullptr && round_->state == RoundState::kTraining && round_->selected.count(id) != 0 &&
+        round_->accepted.count(id) == 0) {
+      info->set_current_task_id(TaskIdFor(round_->round, id));
+    }
+    info->set_rounds_participated(static_cast<uint32_t>(c->rounds_participated));
+    info->set_updates_rejected(static_cast<uint32_t>(c->updates_rejected));
+  }
+  return response;
+}
+
+}  // namespace fedlora

@@ -1,0 +1,207 @@
+// The round state machine, the client registry and the rules for accepting updates: everything the
+// gRPC services decide, without gRPC. The services (server/federation_service.cc) translate RPCs
+// into calls on a Coordinator; a driver thread (Server) calls Tick() to enforce deadlines and
+// aggregates when a round closes.
+//
+// A run's life, as the coordinator drives it:
+//   Restore()             loads the run from the store (or creates it), resumes an open round
+//   round r selecting     clients that ask for work become candidates; the selection closes when
+//                         the quota ceil(clients_per_round * over_selection) is waiting, or every
+//                         live client is waiting and there are at least clients_per_round, or the
+//                         selection window passed with at least min_clients; the quota is then
+//                         sampled from the candidates with a seeded shuffle
+//   round r training      selected clients get a TrainTask; uploads are accepted until
+//                         clients_per_round are in, or the deadline passes with >= min_clients
+//                         (else the round is abandoned and round r+1 starts from the same adapter)
+//   round r aggregating   StreamingFedAvg over the accepted uploads in canonical (upload_id)
+//                         order; new adapter blob written; evaluator called; CommitRound
+//   finished              after `rounds` committed rounds; WaitForTask answers RunFinished
+//
+// Thread-safety: every public method is thread-safe. Store writes that decide a client-visible
+// outcome (selection, acceptance) happen under the coordinator's lock, so what a client is told
+// always matches what is durable. Aggregation runs outside the lock on the driver thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "aggregation/fedavg.h"
+#include "compression/codec.h"
+#include "fedlora/v1/admin.pb.h"
+#include "fedlora/v1/config.pb.h"
+#include "fedlora/v1/federation.pb.h"
+#include "server/blob_store.h"
+#include "server/evaluator.h"
+#include "server/metrics.h"
+#include "server/options.h"
+#include "server/store.h"
+
+namespace fedlora {
+
+// Milliseconds since the Unix epoch; injectable so that tests can drive deadlines.
+using Clock = std::function<int64_t()>;
+int64_t SystemClockMs();
+
+// What BeginUpload tells the upload stream to do.
+struct UploadPlan {
+  // Set when the upload_id was already accepted: send this ack back and store nothing.
+  std::optional<v1::UploadAck> duplicate_ack;
+  // Otherwise: the durable prefix the stream continues after (the header's start_chunk may be at or
+  // below it; the partial blob is cut back to start_chunk).
+  int64_t chunks_durable = 0;
+  int64_t bytes_durable = 0;
+};
+
+class Coordinator {
+ public:
+  // `store` and `blobs` must outlive the coordinator; `evaluator` may be null (no evaluation).
+  // `initial_adapter` is used only when the run does not exist in the store yet.
+  Coordinator(ServerOptions options, v1::RunConfig config, std::vector<UpdateTensor> initial_adapter,
+              Store* store, BlobStore* blobs, Evaluator* evaluator, ServerMetrics* metrics, Clock clock);
+  ~Coordinator();
+
+  // Loads (or creates) the run and resumes it. Until it returns OK every RPC answers Unavailable.
+  absl::Status Restore();
+  bool restored() const;
+
+  // --- Federation -------------------------------------------------------------------------------
+  // Registers `client_id` (durably) and starts a new session; returns the JoinResponse.
+  absl::StatusOr<v1::JoinResponse> Join(const std::string& client_id, const std::string& peer,
+                                        const v1::JoinRequest& request);
+  // Checks that `session_token` is the live session of `client_id` and marks the client seen.
+  // Unauthenticated otherwise (the client must Join again).
+  absl::Status Authenticate(const std::string& client_id, const std::string& session_token);
+
+  // Answers at once through `done`, or (when max_wait_ms > 0 and the answer would be "retry
+  // later") holds the request until the client is selected, the round changes, or max_wait_ms
+  // passes. `done` is called exactly once, possibly on another thread, never under a lock.
+  using WaitCallback = std::function<void(absl::StatusOr<v1::WaitForTaskResponse>)>;
+  void WaitForTask(const std::string& client_id, int64_t max_wait_ms, WaitCallback done);
+
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const std::string& client_id, const v1::HeartbeatRequest& request);
+  absl::Status ReportMetrics(const std::string& client_id, const v1::MetricsReport& report);
+  absl::Status Leave(const std::string& client_id, const v1::LeaveRequest& request);
+
+  // The manifest of a downloadable adapter (a global adapter of this run). NotFound for any other
+  // hash, including clients' update blobs.
+  absl::StatusOr<v1::AdapterManifest> AdapterManifestFor(const std::string& sha256);
+
+  // Validates an upload header against the caller, its task and the round; on success the upload_id
+  // is locked to this stream until EndUpload.
+  absl::StatusOr<UploadPlan> BeginUpload(const std::string& client_id, const v1::UploadHeader& header);
+  // Records that the first `chunks` chunks (`bytes` bytes) of the upload are durable (after Sync).
+  absl::Status RecordUploadProgress(const std::string& upload_id, int64_t chunks, int64_t bytes);
+  // The whole blob is committed under `blob_hash`: decodes and validates it against the round, then
+  // records it durably. Returns the ACCEPTED ack only after the store made it durable. A refused
+  // update is remembered as REJECTED with the status's message.
+  absl::StatusOr<v1::UploadAck> CompleteUpload(const std::string& client_id, const v1::UploadHeader& header,
+                                               const std::string& blob_hash);
+  // Notes a refused upload (for GetUploadStatus and the metrics).
+  void RejectUpload(const std::string& client_id, const std::string& upload_id, const absl::Status& why);
+  // Unlocks upload_id (always call after a successful BeginUpload).
+  void EndUpload(const std::string& upload_id);
+  absl::StatusOr<v1::UploadStatusResponse> GetUploadStatus(const std::string& client_id, const std::string& upload_id);
+
+  // --- Admin --------------------------------------------------------------------------------------
+  absl::StatusOr<v1::GetStatusResponse> GetStatus(const v1::GetStatusRequest& request);
+  absl::StatusOr<v1::ListClientsResponse> ListClients(const v1::ListClientsRequest& request);
+
+  // --- Driver -------------------------------------------------------------------------------------
+  // Enforces the selection window, deadlines and long-poll expiries, and aggregates a round that is
+  // ready (outside the lock). Called by the server's driver thread every options.tick_ms, and by
+  // tests. Returns the first error of an aggregation (the round then stays aggregating and is
+  // retried on the next tick).
+  absl::Status Tick();
+  // Server shutdown: wakes every held WaitForTask with "retry later", and from now on answers new
+  // ones at once (Unavailable), so that no call is left holding the gRPC server open.
+  void ReleaseAllWaiters();
+
+  // --- Introspection (tests, tools) ---------------------------------------------------------------
+  bool finished() const;
+  int64_t rounds_committed() const;
+  // The current global adapter (sorted by name) and its blob hash.
+  std::vector<UpdateTensor> global_adapter() const;
+  std::string global_adapter_sha256() const;
+  const ServerOptions& options() const { return options_; }
+
+ private:
+  struct ClientEntry;
+  struct RoundInfo;
+  struct Waiter;
+
+  int64_t Now() const { return clock_(); }
+  int64_t Quota() const;
+  int64_t Target() const;
+  int64_t MinClients() const;
+  bool IsLive(const ClientEntry& c, int64_t now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string TaskIdFor(int64_t round, const std::string& client_id) const;
+  uint64_t TaskSeedFor(int64_t round, const std::string& client_id) const;
+  v1::AdapterManifest ManifestLocked(const std::string& hash, int64_t round, int64_t total_bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The answer to WaitForTask right now, or nullopt when the client should keep waiting.
+  std::optional<v1::WaitForTaskResponse> AnswerLocked(const std::string& client_id, bool may_hold)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::WaitForTaskResponse RetryLaterLocked(const std::string& reason) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status OpenNextRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MaybeCloseSelectionLocked(bool force_window) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks the accepted count and deadline; moves the round to aggregating or abandons it.
+  absl::Status MaybeCloseRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers the waiters that can be answered (or have expired); returns their callbacks to run
+  // outside the lock.
+  std::vector<std::function<void()>> ResolveWaitersLocked(bool expire_all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AggregateAndCommit(int64_t round);
+  absl::StatusOr<std::vector<UpdateTensor>> DecodeAndValidate(const std::string& bytes) const;
+  void UpdateClientGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ClientEntry* FindClientLocked(const std::string& client_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ServerOptions options_;
+  const v1::RunConfig config_;
+  const std::string run_id_;
+  std::vector<UpdateTensor> initial_adapter_;
+  Store* const store_;
+  BlobStore* const blobs_;
+  Evaluator* const evaluator_;
+  ServerMetrics* const metrics_;
+  const Clock clock_;
+  const int64_t start_ms_;
+
+  mutable absl::Mutex mu_;
+  bool restored_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t rounds_committed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_committed_round_ ABSL_GUARDED_BY(mu_) = 0;
+  // Global adapter: tensors sorted by name, the blob hash and size, the round that produced it.
+  std::vector<UpdateTensor> global_ ABSL_GUARDED_BY(mu_);
+  std::string global_hash_ ABSL_GUARDED_BY(mu_);
+  int64_t global_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t global_round_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t global_elements_ ABSL_GUARDED_BY(mu_) = 0;
+  // Names and shapes of the adapter's tensors (sorted by name) and its element count: fixed for the
+  // whole run, written once by Restore before restored_ is set, read without the lock afterwards
+  // (every reader first passed a locked check of restored_).
+  std::vector<TensorSpec> spec_;
+  int64_t spec_elements_ = 0;
+  // Every adapter hash a client may download (this run's global adapters), with its round and size.
+  std::map<std::string, std::pair<int64_t, int64_t>> downloadable_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<RoundInfo> round_ ABSL_GUARDED_BY(mu_);  // the open round, if any
+  std::map<std::string, std::unique_ptr<ClientEntry>> clients_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> active_uploads_ ABSL_GUARDED_BY(mu_);
+  // Refused upload ids and why (in memory only: a refused update is never counted, so losing this on
+  // a restart only downgrades GetUploadStatus from REJECTED to what the store knows).
+  std::map<std::string, std::string> rejected_ ABSL_GUARDED_BY(mu_);
+  uint64_t session_counter_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace fedlora

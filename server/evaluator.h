@@ -1,0 +1,27 @@
+// Server-side evaluation hook: called with every new global adapter before its round is committed.
+// The training module provides the real evaluator (held-out set, model forward pass); the server only
+// knows this interface. A server created with no evaluator skips evaluation.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "compression/codec.h"
+
+namespace fedlora {
+
+class Evaluator {
+ public:
+  virtual ~Evaluator() = default;
+  // Evaluates `adapter` (the new global adapter after round `round`) and returns named metrics, for
+  // example {"eval_loss": 0.41, "eval_accuracy": 0.87}. An error fails the round's commit: the
+  // server logs it and retries the aggregation at the next tick, so a transient failure (a busy GPU)
+  // does not lose the round. Called from the server's round driver thread only, one call at a time.
+  virtual absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t round,
+                                                                  const std::vector<UpdateTensor>& adapter) = 0;
+};
+
+}  // namespace fedlora

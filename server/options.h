@@ -1,0 +1,111 @@
+// Every limit, deadline and keepalive of the aggregation server, in one struct. Each field gives its
+// unit, its default and why the default is what it is. Tests shrink the timings; a deployment
+// mostly keeps the defaults and sets the addresses, the data directory and the TLS files.
+//
+//   ServerOptions opts;
+//   opts.listen_address = "127.0.0.1:0";      // port 0: the kernel picks one; Server::port() tells
+//   opts.data_dir = "/var/lib/fedlora";
+//   FEDLORA_ASSIGN_OR_RETURN(auto server, Server::Create(opts, run, initial_adapter));
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fedlora {
+
+// TLS for the federation port. With all three files set, clients must present a certificate signed by
+// `client_ca_file` (mTLS) and their identity is the certificate's subject CN (or first DNS SAN when
+// the CN is empty). Without them the server listens in plaintext and takes identity from the
+// `x-fedlora-client-token` metadata entry instead: meant for loopback tests and the simulator only.
+struct ServerTlsOptions {
+  std::string cert_file;       // PEM server certificate chain
+  std::string key_file;        // PEM private key of cert_file
+  std::string client_ca_file;  // PEM CA bundle that signs client certificates
+  bool enabled() const { return !cert_file.empty() || !key_file.empty() || !client_ca_file.empty(); }
+};
+
+struct ServerOptions {
+  // Identities (as derived from TLS certificates) allowed to call the Admin service besides callers
+  // on the loopback interface, who always may.
+  std::vector<std::string> operator_ids;
+
+  // host:port for the Federation, Admin and health services. Port 0 picks a free port (tests).
+  // Default loopback: exposing the server is a deployment decision, never an accident.
+  std::string listen_address = "127.0.0.1:0";
+  // host:port of the Prometheus text endpoint (HTTP/1.0 GET /metrics). Empty disables it. Port 0
+  // picks a free port; Server::metrics_port() tells which.
+  std::string metrics_address = "127.0.0.1:0";
+  // Directory holding the SQLite store and the blob files. Created when missing.
+  std::string data_dir;
+  ServerTlsOptions tls;
+
+  // --- Transport limits --------------------------------------------------------------------------
+  // Largest gRPC message accepted or sent, bytes. Default 8 MiB (ServerConfig.max_message_bytes):
+  // one 1 MiB chunk plus framing fits with room to spare, and anything bigger is a broken or
+  // hostile peer (chunks are the only big field on the wire).
+  int max_message_bytes = 8 << 20;
+  // HTTP/2 keepalive ping interval, milliseconds. Default 30 s: well under the 60-350 s idle timeouts
+  // of common NATs and load balancers, so long training phases do not silently drop the connection.
+  int keepalive_time_ms = 30'000;
+  // How long a keepalive ping may go unanswered before the connection is closed, milliseconds.
+  // Default 10 s: a healthy peer answers in under a round trip; ten seconds covers a congested link.
+  int keepalive_timeout_ms = 10'000;
+  // Shortest ping interval tolerated from clients, milliseconds (grpc.http2.min_ping_interval...).
+  // Default 10 s: clients ping every 30 s; faster pings are misconfiguration or abuse.
+  int min_client_ping_interval_ms = 10'000;
+
+  // --- Chunking ------------------------------------------------------------------------------------
+  // Size of DownloadAdapter chunks, bytes. Default 1 MiB: large enough that per-message overhead
+  // (~100 bytes of framing plus a 64-byte hash) is negligible, small enough that a resume after a
+  // cut wastes little and that a chunk fits comfortably under max_message_bytes.
+  int64_t chunk_bytes = 1 << 20;
+  // Largest upload chunk accepted, bytes. Default 1 MiB (the client's default chunk size). A larger
+  // chunk is refused with InvalidArgument before it is hashed or written. Must stay below
+  // max_message_bytes minus ~64 KiB for the other fields.
+  int64_t max_upload_chunk_bytes = 1 << 20;
+  // Largest encoded update accepted, bytes, whatever the header declares. Default 256 MiB
+  // (ServerConfig.max_update_bytes): a BERT-base LoRA update at rank 64 is ~40 MB in fp32; this
+  // leaves room for big decoders without letting one client fill the disk. Decoding is further
+  // capped at the run's adapter size (its exact element count).
+  int64_t max_upload_bytes = int64_t{256} << 20;
+  // An upload's received bytes are fsynced and recorded as resumable progress every this many
+  // bytes (and when the stream ends), bytes. Default 8 MiB: one fsync per 8 chunks costs ~1 ms of
+  // disk time per 8 MiB received, and a resume re-sends at most 8 MiB.
+  int64_t upload_sync_bytes = 8 << 20;
+  // Longest a WaitForTask long poll is held, milliseconds, whatever the client asks for. Default
+  // 30 s: below common proxy idle timeouts (60 s), so a held call is never cut by the network.
+  int64_t max_long_poll_ms = 30'000;
+
+  // --- Rounds and clients --------------------------------------------------------------------------
+  // The counts (clients per round, over-selection, min clients, rounds) come from the run config's
+  // SelectionConfig. The timings below default to the run config's seconds through FromRunConfig();
+  // they are milliseconds here so that tests can run a whole federation in a few seconds.
+  //
+  // Seconds from a round's start until its uploads are no longer accepted, in milliseconds.
+  // Default 600 s (SelectionConfig.round_deadline_seconds).
+  int64_t round_deadline_ms = 600'000;
+  // What clients are told to wait before polling WaitForTask again when they are not selected,
+  // milliseconds. Default 5 s (SelectionConfig.retry_after_seconds): selection windows last
+  // seconds; polling faster only adds load.
+  int64_t retry_after_ms = 5000;
+  // How long the server collects candidates before sampling a round's clients, milliseconds, unless
+  // the quota (target x over-selection) is reached first or every live client is already waiting.
+  // Default 10 s: two polls of a client at the default retry_after.
+  int64_t selection_window_ms = 10'000;
+  // A client silent (no RPC of any kind) for longer than this is considered dead: it is not
+  // selected, and its task is handed to someone else, milliseconds. Default 30 s
+  // (SelectionConfig.heartbeat_timeout_seconds): three missed heartbeats.
+  int64_t heartbeat_timeout_ms = 30'000;
+  // Interval at which clients holding a task are asked to heartbeat, milliseconds (sent in
+  // JoinResponse). Default 10 s (SelectionConfig.heartbeat_interval_seconds).
+  int64_t heartbeat_interval_ms = 10'000;
+  // Period of the round driver's timer that checks deadlines and dead clients, milliseconds.
+  // Default 200 ms: deadlines are seconds to hours; 200 ms keeps the lateness bounded and cheap.
+  int64_t tick_ms = 200;
+  // Seed for client sampling. 0 (the default) means "the run config's seed". Sampling is a pure
+  // function of (seed, round, candidate set), so a restarted server chooses the same way.
+  uint64_t selection_seed = 0;
+};
+
+}  // namespace fedlora

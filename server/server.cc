@@ -1,0 +1,182 @@
+#include "server/server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "core/file.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "proto/config_io.h"
+#include "server/services.h"
+
+namespace fedlora {
+
+ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config) {
+  ServerOptions o;
+  const v1::ServerConfig& s = config.server();
+  o.listen_address = s.listen_address().empty() ? kDefaultListenAddress : s.listen_address();
+  o.metrics_address = s.metrics_address();
+  o.data_dir = s.store_dir().empty() ? "fedlora_store" : s.store_dir();
+  o.tls.cert_file = s.tls().cert_file();
+  o.tls.key_file = s.tls().key_file();
+  o.tls.client_ca_file = s.tls().client_ca_file();
+  if (s.has_chunk_size_bytes()) {
+    o.chunk_bytes = s.chunk_size_bytes();
+    o.max_upload_chunk_bytes = s.chunk_size_bytes();
+  }
+  if (s.has_max_update_bytes()) o.max_upload_bytes = static_cast<int64_t>(s.max_update_bytes());
+  if (s.has_max_message_bytes()) o.max_message_bytes = static_cast<int>(s.max_message_bytes());
+  const v1::SelectionConfig& sel = config.selection();
+  if (sel.has_round_deadline_seconds()) o.round_deadline_ms = int64_t{1000} * sel.round_deadline_seconds();
+  if (sel.has_retry_after_seconds()) o.retry_after_ms = int64_t{1000} * sel.retry_after_seconds();
+  if (sel.has_heartbeat_interval_seconds()) o.heartbeat_interval_ms = int64_t{1000} * sel.heartbeat_interval_seconds();
+  if (sel.has_heartbeat_timeout_seconds()) o.heartbeat_timeout_ms = int64_t{1000} * sel.heartbeat_timeout_seconds();
+  return o;
+}
+
+namespace {
+
+absl::Status ValidateOptions(const ServerOptions& o) {
+  if (o.data_dir.empty()) return absl::InvalidArgumentError("ServerOptions.data_dir is empty");
+  if (o.chunk_bytes < 1 || o.chunk_bytes + int64_t{kChunkMessageOverheadBytes} > o.max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk_bytes ", o.chunk_bytes, " plus ", kChunkMessageOverheadBytes,
+                                                   " bytes of framing must fit in max_message_bytes ",
+                                                   o.max_message_bytes));
+  }
+  if (o.max_upload_chunk_bytes < o.chunk_bytes) {
+    return absl::InvalidArgumentError("max_upload_chunk_bytes is below chunk_bytes: no upload could succeed");
+  }
+  if (o.tls.enabled() && (o.tls.cert_file.empty() || o.tls.key_file.empty() || o.tls.client_ca_file.empty())) {
+    return absl::InvalidArgumentError(
+        "TLS needs cert_file, key_file and client_ca_file: client identity comes from client certificates");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(const ServerTlsOptions& tls) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  FEDLORA_ASSIGN_OR_RETURN(std::string cert, ReadFileToString(tls.cert_file));
+  FEDLORA_ASSIGN_OR_RETURN(std::string key, ReadFileToString(tls.key_file));
+  FEDLORA_ASSIGN_OR_RETURN(std::string ca, ReadFileToString(tls.client_ca_file));
+  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_root_certs = ca;
+  ssl.pem_key_cert_pairs.push_back({key, cert});
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1::RunConfig config,
+                                                       std::vector<UpdateTensor> initial_adapter, Evaluator* evaluator,
+                                                       Clock clock) {
+  FEDLORA_RETURN_IF_ERROR(ValidateOptions(options));
+  std::error_code ec;
+  std::filesystem::create_directories(options.data_dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot create data dir ", options.data_dir, ": ", ec.message()));
+  }
+  std::unique_ptr<Server> server(new Server());
+  server->options_ = std::move(options);
+  const ServerOptions& o = server->options_;
+  FEDLORA_ASSIGN_OR_RETURN(server->store_, Store::Open(o.data_dir + "/fedlora.db"));
+  FEDLORA_ASSIGN_OR_RETURN(server->blobs_, BlobStore::Open(o.data_dir));
+  server->coordinator_ = std::make_unique<Coordinator>(o, std::move(config), std::move(initial_adapter),
+                                                       server->store_.get(), server->blobs_.get(), evaluator,
+                                                       &server->metrics_, std::move(clock));
+  server->federation_ =
+      std::make_unique<FederationService>(o, server->coordinator_.get(), server->blobs_.get(), &server->metrics_);
+  server->admin_ = std::make_unique<AdminService>(o, server->coordinator_.get());
+
+  FEDLORA_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds, MakeCredentials(o.tls));
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(o.listen_address, creds, &server->port_);
+  builder.RegisterService(server->federation_.get());
+  builder.RegisterService(server->admin_.get());
+  builder.SetMaxReceiveMessageSize(o.max_message_bytes);
+  builder.SetMaxSendMessageSize(o.max_message_bytes);
+  // gRPC sets SO_REUSEPORT by default, which would let a second server silently share the port
+  // (and split the clients); a busy address must be an error instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, o.keepalive_time_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, o.keepalive_timeout_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, o.min_client_ping_interval_ms);
+  server->grpc_server_ = builder.BuildAndStart();
+  if (server->grpc_server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen_address, " (address in use or invalid)"));
+  }
+  grpc::HealthCheckServiceInterface* health = server->grpc_server_->GetHealthCheckService();
+  if (health != nullptr) health->SetServingStatus(false);
+
+  if (!o.metrics_address.empty()) {
+    ServerMetrics* metrics = &server->metrics_;
+    FEDLORA_ASSIGN_OR_RETURN(server->metrics_http_,
+                             MetricsHttpServer::Start(o.metrics_address, [metrics] { return metrics->ToPrometheusText(); }));
+  }
+  // Restore before serving: until this returns, every Federation/Admin call answers Unavailable and
+  // the health service NOT_SERVING.
+  FEDLORA_RETURN_IF_ERROR_CTX(server->coordinator_->Restore(), "restoring the run from the store");
+  if (health != nullptr) health->SetServingStatus(true);
+  server->driver_ = std::thread([s = server.get()] { s->DriverLoop(); });
+  FEDLORA_LOG(INFO) << "server listening on port " << server->port_
+                    << (o.tls.enabled() ? " (mTLS)" : " (plaintext, loopback identity)");
+  return server;
+}
+
+Server::~Server() { Shutdown(); }
+
+int Server::metrics_port() const { return metrics_http_ ? metrics_http_->port() : 0; }
+
+std::string Server::address() const {
+  const std::string& a = options_.listen_address;
+  return absl::StrCat(a.substr(0, a.rfind(':')), ":", port_);
+}
+
+void Server::DriverLoop() {
+  std::unique_lock<std::mutex> lock(driver_mu_);
+  while (!stopping_) {
+    lock.unlock();
+    absl::Status s = coordinator_->Tick();
+    if (!s.ok()) {
+      FEDLORA_LOG(WARNING) << "round driver: " << s;
+    }
+    lock.lock();
+    driver_cv_.wait_for(lock, std::chrono::milliseconds(options_.tick_ms), [this] { return stopping_; });
+  }
+}
+
+bool Server::WaitUntilFinished(int64_t timeout_ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < until) {
+    if (coordinator_->finished()) return true;
+    {
+      std::unique_lock<std::mutex> lock(driver_mu_);
+      if (stopping_) return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return coordinator_->finished();
+}
+
+void Server::Shutdown() {
+  if (shut_down_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lock(driver_mu_);
+    stopping_ = true;
+  }
+  driver_cv_.notify_all();
+  if (driver_.joinable()) driver_.join();
+  if (coordinator_) coordinator_->ReleaseAllWaiters();
+  if (grpc_server_) {
+    grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    grpc_server_->Wait();
+  }
+  metrics_http_.reset();
+}
+
+}  // namespace fedlora

@@ -1,0 +1,92 @@
+// The aggregation server: opens the store, starts the gRPC server (Federation, Admin, health), the
+// Prometheus endpoint and the round driver, and restores the run before serving anything but health
+// checks (which say NOT_SERVING until then).
+//
+//   FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadRunConfigFile("run.json"));
+//   ServerOptions options = ServerOptionsFromRunConfig(config);
+//   FEDLORA_ASSIGN_OR_RETURN(auto server, Server::Create(options, config, initial_adapter));
+//   server->Wait();   // until the run is finished or Shutdown() is called
+//
+// Thread-safety: every method may be called from any thread; Shutdown is idempotent.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "compression/codec.h"
+#include "fedlora/v1/config.pb.h"
+#include "server/coordinator.h"
+#include "server/evaluator.h"
+#include "server/metrics.h"
+#include "server/options.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace fedlora {
+
+class FederationService;
+class AdminService;
+
+// ServerOptions with the addresses, limits, TLS files and timings the run config sets; everything
+// else keeps its default.
+ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config);
+
+class Server {
+ public:
+  // `initial_adapter` seeds a new run (ignored when the store already holds the run). `evaluator`
+  // may be null; it is not owned and must outlive the server. Errors: the store's (opening,
+  // restoring), Unavailable when the address cannot be bound, InvalidArgument for inconsistent
+  // options (a chunk that does not fit in a message, TLS files missing).
+  static absl::StatusOr<std::unique_ptr<Server>> Create(ServerOptions options, v1::RunConfig config,
+                                                        std::vector<UpdateTensor> initial_adapter,
+                                                        Evaluator* evaluator = nullptr, Clock clock = nullptr);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The bound gRPC port and metrics port (0 when the endpoint is disabled).
+  int port() const { return port_; }
+  int metrics_port() const;
+  std::string address() const;
+
+  // Blocks until the run has finished (then the server keeps answering RunFinished until Shutdown)
+  // or Shutdown() was called. Returns true when the run finished.
+  bool WaitUntilFinished(int64_t timeout_ms);
+  // Stops the driver, releases held long polls, and shuts the gRPC server down (waiting up to
+  // 2 s for calls in flight). Idempotent.
+  void Shutdown();
+
+  Coordinator& coordinator() { return *coordinator_; }
+  const ServerMetrics& metrics() const { return metrics_; }
+
+ private:
+  Server() = default;
+  void DriverLoop();
+
+  ServerOptions options_;
+  ServerMetrics metrics_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<BlobStore> blobs_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<FederationService> federation_;
+  std::unique_ptr<AdminService> admin_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;
+  int port_ = 0;
+
+  std::mutex driver_mu_;
+  std::condition_variable driver_cv_;
+  bool stopping_ = false;
+  std::thread driver_;
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace fedlora

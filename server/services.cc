@@ -1,0 +1,492 @@
+#include "server/services.h"
+
+#include <grpcpp/security/auth_context.h>
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+#include "core/sha256.h"
+#include "core/status.h"
+#include "proto/wire.h"
+#include "server/grpc_status.h"
+
+namespace fedlora {
+namespace {
+
+// A client id from metadata: 1-128 printable characters of a conservative set, so that it is safe
+// in logs, metrics labels and file names.
+bool IsValidClientId(std::string_view id) {
+  if (id.empty() || id.size() > 128) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-' || c == '@';
+  });
+}
+
+std::string MetadataValue(const grpc::ServerContextBase& context, const char* key) {
+  const auto& md = context.client_metadata();
+  auto it = md.find(key);
+  if (it == md.end()) return "";
+  return std::string(it->second.data(), it->second.size());
+}
+
+grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+// ------------------------------------------------------------------------------------------------
+// DownloadAdapter: streams a global adapter blob from start_chunk on, one chunk in flight at a time
+// (memory: one chunk per download).
+
+class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadChunk> {
+ public:
+  DownloadReactor(BlobStore* blobs, ServerMetrics* metrics, absl::StatusOr<v1::AdapterManifest> manifest,
+                  uint32_t start_chunk)
+      : metrics_(metrics) {
+    absl::Status s = Start(blobs, std::move(manifest), start_chunk);
+    if (!s.ok()) {
+      Finish(ToGrpcStatus(s));
+      return;
+    }
+    Next();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "download stream broken"));
+      return;
+    }
+    metrics_->download_bytes.fetch_add(static_cast<int64_t>(chunk_.data().size()));
+    ++index_;
+    Next();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Start(BlobStore* blobs, absl::StatusOr<v1::AdapterManifest> manifest, uint32_t start_chunk) {
+    FEDLORA_RETURN_IF_ERROR(manifest.status());
+    manifest_ = *std::move(manifest);
+    if (start_chunk > manifest_.num_chunks()) {
+      return absl::OutOfRangeError(absl::StrCat("start_chunk ", start_chunk, " is past the last chunk (",
+                                                manifest_.num_chunks(), " chunks)"));
+    }
+    FEDLORA_ASSIGN_OR_RETURN(reader_, blobs->OpenReader(manifest_.sha256()));
+    // Skip (and hash: the reader verifies the whole blob) the chunks the client already holds.
+    int64_t skip = static_cast<int64_t>(start_chunk) * manifest_.chunk_size_bytes();
+    while (skip > 0) {
+      FEDLORA_ASSIGN_OR_RETURN(std::string bytes,
+                               reader_->Read(static_cast<size_t>(std::min<int64_t>(skip, manifest_.chunk_size_bytes()))));
+      if (bytes.empty()) return absl::DataLossError("adapter blob is shorter than its manifest");
+      skip -= static_cast<int64_t>(bytes.size());
+    }
+    index_ = start_chunk;
+    return absl::OkStatus();
+  }
+
+  void Next() {
+    if (index_ >= manifest_.num_chunks()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    absl::StatusOr<std::string> bytes = reader_->Read(manifest_.chunk_size_bytes());
+    if (!bytes.ok()) {
+      Finish(ToGrpcStatus(bytes.status()));
+      return;
+    }
+    chunk_.Clear();
+    chunk_.set_chunk_index(index_);
+    chunk_.set_offset_bytes(static_cast<uint64_t>(index_) * manifest_.chunk_size_bytes());
+    chunk_.set_sha256(Sha256Hex(*bytes));
+    *chunk_.mutable_data() = *std::move(bytes);
+    StartWrite(&chunk_);
+  }
+
+  ServerMetrics* const metrics_;
+  v1::AdapterManifest manifest_;
+  std::unique_ptr<BlobReader> reader_;
+  uint32_t index_ = 0;
+  v1::DownloadChunk chunk_;
+};
+
+// ------------------------------------------------------------------------------------------------
+// UploadUpdate: header first, then chunks in order, each checked against its SHA-256 before it is
+// written. Progress becomes durable (fsync + store row) every options.upload_sync_bytes and when the
+// stream ends, so a resume re-sends at most that much. The ack is sent only after the store recorded
+// the accepted update.
+
+class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
+ public:
+  UploadReactor(const ServerOptions& options, Coordinator* coordinator, BlobStore* blobs, ServerMetrics* metrics,
+                absl::StatusOr<std::string> client_id, v1::UploadAck* ack)
+      : options_(options), coordinator_(coordinator), blobs_(blobs), metrics_(metrics), ack_(ack) {
+    if (!client_id.ok()) {
+      Finish(ToGrpcStatus(client_id.status()));
+      return;
+    }
+    client_id_ = *std::move(client_id);
+    StartRead(&message_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client half-closed (or the call broke): keep what is durable, report it
+      EndOfStream();
+      return;
+    }
+    absl::Status s = message_.has_header() ? OnHeader(message_.header()) : OnData(message_.data());
+    // Finish must be the last thing a reaction does: OnDone (which deletes this) may run on another
+    // thread as soon as it is called.
+    if (!s.ok()) {
+      Fail(s);
+    } else if (complete_) {
+      Finish(grpc::Status::OK);
+    } else {
+      StartRead(&message_);
+    }
+  }
+
+  void OnDone() override {
+    if (locked_) coordinator_->EndUpload(header_.upload_id());
+    delete this;
+  }
+
+ private:
+  absl::Status OnHeader(const v1::UploadHeader& header) {
+    if (have_header_) return absl::InvalidArgumentError("a second upload header in one stream");
+    have_header_ = true;
+    header_ = header;
+    FEDLORA_ASSIGN_OR_RETURN(UploadPlan plan, coordinator_->BeginUpload(client_id_, header_));
+    if (plan.duplicate_ack.has_value()) {
+      *ack_ = *plan.duplicate_ack;
+      complete_ = true;
+      return absl::OkStatus();
+    }
+    locked_ = true;
+    const int64_t chunk = options_.chunk_bytes;
+    next_chunk_ = header_.start_chunk();
+    durable_chunks_ = next_chunk_;  // nothing new to make durable until a chunk arrives
+    FEDLORA_ASSIGN_OR_RETURN(writer_, blobs_->OpenPartial(header_.upload_id()));
+    const int64_t resume_bytes = static_cast<int64_t>(next_chunk_) * chunk;
+    if (writer_->size() < resume_bytes) {
+      // The partial file holds less than the store recorded (a crash between a blob commit and its
+      // acceptance moved it away). Record what is really here; the client asks again and resumes.
+      const int64_t have = writer_->size() / chunk;
+      next_chunk_ = static_cast<uint32_t>(have);
+      durable_chunks_ = have;
+      FEDLORA_RETURN_IF_ERROR(writer_->TruncateTo(have * chunk));
+      FEDLORA_RETURN_IF_ERROR(coordinator_->RecordUploadProgress(header_.upload_id(), have, have * chunk));
+      return absl::AbortedError(absl::StrCat("server holds ", have, " chunks of upload '", header_.upload_id(),
+                                             "'; resume from chunk ", have));
+    }
+    FEDLORA_RETURN_IF_ERROR(writer_->TruncateTo(resume_bytes));
+    durable_chunks_ = next_chunk_;
+    if (next_chunk_ == header_.manifest().num_chunks()) return Complete();  // everything was already here
+    return absl::OkStatus();
+  }
+
+  absl::Status OnData(const v1::UploadData& data) {
+    if (!have_header_) return absl::InvalidArgumentError("the first message of an upload must be its header");
+    const v1::AdapterManifest& m = header_.manifest();
+    const int64_t chunk = options_.chunk_bytes;
+    if (data.chunk_index() != next_chunk_) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", data.chunk_index(), " out of order; expected ", next_chunk_));
+    }
+    if (data.chunk_index() >= m.num_chunks()) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", data.chunk_index(), " is past the last chunk (",
+                                                     m.num_chunks(), " chunks)"));
+    }
+    if (data.offset_bytes() != static_cast<uint64_t>(data.chunk_index()) * chunk) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", data.chunk_index(), " has offset ", data.offset_bytes(),
+                                                     "; expected ", static_cast<int64_t>(data.chunk_index()) * chunk));
+    }
+    if (static_cast<int64_t>(data.data().size()) > options_.max_upload_chunk_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("chunk ", data.chunk_index(), " is ", data.data().size(),
+                                                       " bytes; the limit is ", options_.max_upload_chunk_bytes));
+    }
+    const bool last = data.chunk_index() + 1 == m.num_chunks();
+    const int64_t expected = last ? static_cast<int64_t>(m.total_bytes()) - static_cast<int64_t>(data.chunk_index()) * chunk
+                                  : chunk;
+    if (static_cast<int64_t>(data.data().size()) != expected) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", data.chunk_index(), " is ", data.data().size(),
+                                                     " bytes; expected ", expected));
+    }
+    if (Sha256Hex(data.data()) != data.sha256()) {
+      return absl::DataLossError(absl::StrCat("chunk ", data.chunk_index(), " does not match its SHA-256; resend from chunk ",
+                                              durable_chunks_));
+    }
+    if (data.chunk_index() == 0) {
+      // Refuse garbage from its first bytes instead of after the whole stream.
+      FEDLORA_ASSIGN_OR_RETURN(UpdateHeader h, ParseUpdateHeader(data.data(), DecodeLimits{}));
+      if (h.payload_bytes + kUpdateHeaderSize != m.total_bytes()) {
+        return absl::InvalidArgumentError(absl::StrCat("codec header declares ", h.payload_bytes + kUpdateHeaderSize,
+                                                       " bytes; the manifest ", m.total_bytes()));
+      }
+    }
+    FEDLORA_RETURN_IF_ERROR(writer_->Append(data.data()));
+    metrics_->upload_bytes.fetch_add(static_cast<int64_t>(data.data().size()));
+    ++next_chunk_;
+    unsynced_bytes_ += static_cast<int64_t>(data.data().size());
+    if (last) return Complete();
+    if (unsynced_bytes_ >= options_.upload_sync_bytes) FEDLORA_RETURN_IF_ERROR(MakeDurable());
+    return absl::OkStatus();
+  }
+
+  // fsyncs what was received and records it as resumable progress.
+  absl::Status MakeDurable() {
+    if (writer_ == nullptr || next_chunk_ == durable_chunks_) return absl::OkStatus();
+    FEDLORA_RETURN_IF_ERROR(writer_->Sync());
+    FEDLORA_RETURN_IF_ERROR(coordinator_->RecordUploadProgress(header_.upload_id(), next_chunk_, writer_->size()));
+    durable_chunks_ = next_chunk_;
+    unsynced_bytes_ = 0;
+    return absl::OkStatus();
+  }
+
+  absl::Status Complete() {
+    absl::StatusOr<std::string> hash = writer_->Commit(header_.manifest().sha256());
+    writer_.reset();
+    if (!hash.ok()) {
+      // The partial was discarded (the blob did not match its manifest): the client starts over.
+      (void)coordinator_->RecordUploadProgress(header_.upload_id(), 0, 0);
+      durable_chunks_ = 0;
+      return hash.status();
+    }
+    absl::StatusOr<v1::UploadAck> ack = coordinator_->CompleteUpload(client_id_, header_, *hash);
+    if (!ack.ok()) {
+      (void)coordinator_->RecordUploadProgress(header_.upload_id(), 0, 0);
+      durable_chunks_ = 0;
+      // A refusal of the update itself is final; a store hiccup (Unavailable, Internal) is not.
+      rejected_ = !absl::IsUnavailable(ack.status()) && !absl::IsInternal(ack.status());
+      return ack.status();
+    }
+    *ack_ = *std::move(ack);
+    complete_ = true;
+    return absl::OkStatus();
+  }
+
+  void EndOfStream() {
+    if (!have_header_) {
+      Fail(absl::InvalidArgumentError("upload stream ended before its header"));
+      return;
+    }
+    absl::Status s = MakeDurable();
+    if (!s.ok()) {
+      Fail(s);
+      return;
+    }
+    ack_->set_upload_id(header_.upload_id());
+    ack_->set_state(v1::UPLOAD_STATE_IN_PROGRESS);
+    ack_->set_chunks_acknowledged(static_cast<uint32_t>(durable_chunks_));
+    ack_->set_bytes_acknowledged(static_cast<uint64_t>(durable_chunks_) * options_.chunk_bytes);
+    Finish(grpc::Status::OK);
+  }
+
+  void Fail(const absl::Status& status) {
+    // Chunks verified before the bad one stay durable, so the client can resume after them.
+    if (writer_ != nullptr) {
+      absl::Status s = MakeDurable();
+      if (!s.ok()) {
+        FEDLORA_LOG(WARNING) << "upload " << header_.upload_id() << ": " << s;
+      }
+    }
+    // Refusals of the update itself (not of the transport) are counted and remembered as rejected.
+    const bool permanent = rejected_ || absl::IsInvalidArgument(status) || absl::IsPermissionDenied(status) ||
+                           absl::IsFailedPrecondition(status) || absl::IsResourceExhausted(status);
+    if (permanent) {
+      coordinator_->RejectUpload(client_id_, rejected_ ? header_.upload_id() : "", status);
+    }
+    FEDLORA_LOG(INFO) << "upload " << header_.upload_id() << " from " << client_id_ << " refused: " << status;
+    Finish(ToGrpcStatus(status));
+  }
+
+  const ServerOptions& options_;
+  Coordinator* const coordinator_;
+  BlobStore* const blobs_;
+  ServerMetrics* const metrics_;
+  v1::UploadAck* const ack_;
+  std::string client_id_;
+  v1::UploadChunk message_;
+  v1::UploadHeader header_;
+  bool have_header_ = false;
+  bool locked_ = false;     // BeginUpload locked header_.upload_id() to this stream
+  bool complete_ = false;   // *ack_ holds the final answer; Finish once the reaction ends
+  bool rejected_ = false;   // the complete update was refused by validation
+  std::unique_ptr<BlobWriter> writer_;
+  uint32_t next_chunk_ = 0;
+  int64_t durable_chunks_ = 0;
+  int64_t unsynced_bytes_ = 0;
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// Identity
+
+bool IsLoopbackPeer(const std::string& peer) {
+  return absl::StartsWith(peer, "ipv4:127.") || absl::StartsWith(peer, "ipv6:[::1]") ||
+         absl::StartsWith(peer, "ipv6:%5B::1%5D") || absl::StartsWith(peer, "unix:");
+}
+
+absl::StatusOr<std::string> CallerIdentity(const grpc::ServerContextBase& context, bool tls) {
+  if (tls) {
+    std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+    if (auth == nullptr || !auth->IsPeerAuthenticated()) {
+      return absl::UnauthenticatedError("the peer presented no verified client certificate");
+    }
+    for (const char* property : {"x509_common_name", "x509_subject_alternative_name"}) {
+      std::vector<grpc::string_ref> values = auth->FindPropertyValues(property);
+      if (!values.empty() && values.front().size() > 0) {
+        std::string id(values.front().data(), values.front().size());
+        if (!IsValidClientId(id)) {
+          return absl::UnauthenticatedError(absl::StrCat("certificate identity '", id.substr(0, 64),
+                                                         "' has characters outside [A-Za-z0-9._@-]"));
+        }
+        return id;
+      }
+    }
+    return absl::UnauthenticatedError("the client certificate has neither a CN nor a SAN");
+  }
+  std::string id = MetadataValue(context, kClientIdMetadataKey);
+  if (id.empty()) {
+    return absl::UnauthenticatedError(absl::StrCat("no '", kClientIdMetadataKey, "' metadata entry"));
+  }
+  if (!IsValidClientId(id)) {
+    return absl::UnauthenticatedError(absl::StrCat("client id must be 1-128 characters of [A-Za-z0-9._@-]"));
+  }
+  return id;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Federation
+
+FederationService::FederationService(const ServerOptions& options, Coordinator* coordinator, BlobStore* blobs,
+                                     ServerMetrics* metrics)
+    : options_(options), coordinator_(coordinator), blobs_(blobs), metrics_(metrics) {}
+
+absl::StatusOr<std::string> FederationService::Authenticate(grpc::CallbackServerContext* context) {
+  FEDLORA_ASSIGN_OR_RETURN(std::string id, CallerIdentity(*context, options_.tls.enabled()));
+  FEDLORA_RETURN_IF_ERROR(coordinator_->Authenticate(id, MetadataValue(*context, kSessionMetadataKey)));
+  return id;
+}
+
+grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* context, const v1::JoinRequest* request,
+                                                  v1::JoinResponse* response) {
+  absl::StatusOr<std::string> id = CallerIdentity(*context, options_.tls.enabled());
+  if (!id.ok()) return FinishWith(context, id.status());
+  absl::StatusOr<v1::JoinResponse> r = coordinator_->Join(*id, context->peer(), *request);
+  if (r.ok()) *response = *std::move(r);
+  return FinishWith(context, r.status());
+}
+
+grpc::ServerUnaryReactor* FederationService::WaitForTask(grpc::CallbackServerContext* context,
+                                                         const v1::WaitForTaskRequest* request,
+                                                         v1::WaitForTaskResponse* response) {
+  absl::StatusOr<std::string> id = Authenticate(context);
+  if (!id.ok()) return FinishWith(context, id.status());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // Hold at most what the client allows and the server caps, and stop a little before the client's
+  // own deadline so that the answer still reaches it.
+  int64_t wait_ms = std::min<int64_t>(static_cast<int64_t>(request->max_wait_seconds()) * 1000, options_.max_long_poll_ms);
+  const auto deadline = context->deadline();
+  if (deadline != std::chrono::system_clock::time_point::max()) {
+    const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::system_clock::now()).count();
+    wait_ms = std::min<int64_t>(wait_ms, left - 500);  // 500 ms: room for the answer's trip back
+  }
+  coordinator_->WaitForTask(*id, std::max<int64_t>(0, wait_ms),
+                            [reactor, response](absl::StatusOr<v1::WaitForTaskResponse> answer) {
+                              if (answer.ok()) *response = *std::move(answer);
+                              reactor->Finish(ToGrpcStatus(answer.status()));
+                            });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* FederationService::Heartbeat(grpc::CallbackServerContext* context,
+                                                       const v1::HeartbeatRequest* request,
+                                                       v1::HeartbeatResponse* response) {
+  absl::StatusOr<std::string> id = Authenticate(context);
+  if (!id.ok()) return FinishWith(context, id.status());
+  absl::StatusOr<v1::HeartbeatResponse> r = coordinator_->Heartbeat(*id, *request);
+  if (r.ok()) *response = *std::move(r);
+  return FinishWith(context, r.status());
+}
+
+grpc::ServerWriteReactor<v1::DownloadChunk>* FederationService::DownloadAdapter(grpc::CallbackServerContext* context,
+                                                                                const v1::DownloadRequest* request) {
+  absl::StatusOr<std::string> id = Authenticate(context);
+  absl::StatusOr<v1::AdapterManifest> manifest =
+      id.ok() ? coordinator_->AdapterManifestFor(request->adapter_sha256()) : id.status();
+  return new DownloadReactor(blobs_, metrics_, std::move(manifest), request->start_chunk());
+}
+
+grpc::ServerReadReactor<v1::UploadChunk>* FederationService::UploadUpdate(grpc::CallbackServerContext* context,
+                                                                          v1::UploadAck* response) {
+  return new UploadReactor(options_, coordinator_, blobs_, metrics_, Authenticate(context), response);
+}
+
+grpc::ServerUnaryReactor* FederationService::GetUploadStatus(grpc::CallbackServerContext* context,
+                                                             const v1::UploadStatusRequest* request,
+                                                             v1::UploadStatusResponse* response) {
+  absl::StatusOr<std::string> id = Authenticate(context);
+  if (!id.ok()) return FinishWith(context, id.status());
+  absl::StatusOr<v1::UploadStatusResponse> r = coordinator_->GetUploadStatus(*id, request->upload_id());
+  if (r.ok()) *response = *std::move(r);
+  return FinishWith(context, r.status());
+}
+
+grpc::ServerUnaryReactor* FederationService::ReportMetrics(grpc::CallbackServerContext* context,
+                                                           const v1::MetricsReport* request, v1::MetricsAck*) {
+  absl::StatusOr<std::string> id = Authenticate(context);
+  if (!id.ok()) return FinishWith(context, id.status());
+  return FinishWith(context, coordinator_->ReportMetrics(*id, *request));
+}
+
+grpc::ServerUnaryReactor* FederationService::Leave(grpc::CallbackServerContext* context, const v1::LeaveRequest* request,
+                                                   v1::LeaveResponse*) {
+  absl::StatusOr<std::string> id = Authenticate(context);
+  if (!id.ok()) return FinishWith(context, id.status());
+  return FinishWith(context, coordinator_->Leave(*id, *request));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Admin
+
+AdminService::AdminService(const ServerOptions& options, Coordinator* coordinator)
+    : options_(options), coordinator_(coordinator) {}
+
+absl::Status AdminService::CheckOperator(grpc::CallbackServerContext* context) const {
+  if (IsLoopbackPeer(context->peer())) return absl::OkStatus();
+  absl::StatusOr<std::string> id = CallerIdentity(*context, options_.tls.enabled());
+  if (options_.tls.enabled() && id.ok() &&
+      std::find(options_.operator_ids.begin(), options_.operator_ids.end(), *id) != options_.operator_ids.end()) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat("the Admin service answers loopback callers and operators only; ",
+                                                  "caller is ", context->peer()));
+}
+
+grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* context,
+                                                  const v1::GetStatusRequest* request,
+                                                  v1::GetStatusResponse* response) {
+  absl::Status allowed = CheckOperator(context);
+  if (!allowed.ok()) return FinishWith(context, allowed);
+  absl::StatusOr<v1::GetStatusResponse> r = coordinator_->GetStatus(*request);
+  if (r.ok()) *response = *std::move(r);
+  return FinishWith(context, r.status());
+}
+
+grpc::ServerUnaryReactor* AdminService::ListClients(grpc::CallbackServerContext* context,
+                                                    const v1::ListClientsRequest* request,
+                                                    v1::ListClientsResponse* response) {
+  absl::Status allowed = CheckOperator(context);
+  if (!allowed.ok()) return FinishWith(context, allowed);
+  absl::StatusOr<v1::ListClientsResponse> r = coordinator_->ListClients(*request);
+  if (r.ok()) *response = *std::move(r);
+  return FinishWith(context, r.status());
+}
+
+}  // namespace fedlora

@@ -1,0 +1,80 @@
+// The gRPC callback services: Federation (one small reactor class per streaming RPC, in services.cc)
+// and Admin. They authenticate the caller, translate messages into Coordinator calls and convert
+// statuses with ToGrpcStatus; every decision lives in the Coordinator.
+//
+// Identity: with TLS the caller is the peer certificate's subject CN (or its first SAN when the CN
+// is empty); without TLS (loopback tests, simulation) the "fedlora-client-id" metadata entry. Never
+// a message body.
+//
+// Thread-safety: gRPC calls the handlers from its own threads; the services hold no mutable state of
+// their own besides what the Coordinator guards.
+#pragma once
+
+#include <grpcpp/server_context.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "fedlora/v1/admin.grpc.pb.h"
+#include "fedlora/v1/federation.grpc.pb.h"
+#include "server/blob_store.h"
+#include "server/coordinator.h"
+#include "server/metrics.h"
+#include "server/options.h"
+
+namespace fedlora {
+
+// The caller's identity (see above). Unauthenticated when absent or malformed.
+absl::StatusOr<std::string> CallerIdentity(const grpc::ServerContextBase& context, bool tls);
+// True when gRPC reports the peer on a loopback address ("ipv4:127.x.x.x:port", "ipv6:[::1]:port").
+bool IsLoopbackPeer(const std::string& peer);
+
+class FederationService final : public v1::Federation::CallbackService {
+ public:
+  FederationService(const ServerOptions& options, Coordinator* coordinator, BlobStore* blobs, ServerMetrics* metrics);
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context, const v1::JoinRequest* request,
+                                 v1::JoinResponse* response) override;
+  grpc::ServerUnaryReactor* WaitForTask(grpc::CallbackServerContext* context, const v1::WaitForTaskRequest* request,
+                                        v1::WaitForTaskResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
+                                      v1::HeartbeatResponse* response) override;
+  grpc::ServerWriteReactor<v1::DownloadChunk>* DownloadAdapter(grpc::CallbackServerContext* context,
+                                                               const v1::DownloadRequest* request) override;
+  grpc::ServerReadReactor<v1::UploadChunk>* UploadUpdate(grpc::CallbackServerContext* context,
+                                                         v1::UploadAck* response) override;
+  grpc::ServerUnaryReactor* GetUploadStatus(grpc::CallbackServerContext* context,
+                                            const v1::UploadStatusRequest* request,
+                                            v1::UploadStatusResponse* response) override;
+  grpc::ServerUnaryReactor* ReportMetrics(grpc::CallbackServerContext* context, const v1::MetricsReport* request,
+                                          v1::MetricsAck* response) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context, const v1::LeaveRequest* request,
+                                  v1::LeaveResponse* response) override;
+
+ private:
+  // Identity plus session check for every call but Join.
+  absl::StatusOr<std::string> Authenticate(grpc::CallbackServerContext* context);
+
+  const ServerOptions& options_;
+  Coordinator* const coordinator_;
+  BlobStore* const blobs_;
+  ServerMetrics* const metrics_;
+};
+
+class AdminService final : public v1::Admin::CallbackService {
+ public:
+  AdminService(const ServerOptions& options, Coordinator* coordinator);
+
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context, const v1::GetStatusRequest* request,
+                                      v1::GetStatusResponse* response) override;
+  grpc::ServerUnaryReactor* ListClients(grpc::CallbackServerContext* context, const v1::ListClientsRequest* request,
+                                        v1::ListClientsResponse* response) override;
+
+ private:
+  absl::Status CheckOperator(grpc::CallbackServerContext* context) const;
+
+  const ServerOptions& options_;
+  Coordinator* const coordinator_;
+};
+
+}  // namespace fedlora

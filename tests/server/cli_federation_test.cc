@@ -1,0 +1,103 @@
+// The whole system as separate processes: `fedlora server` with a run config, two `fedlora client`
+// processes training the real all-MiniLM-L6-v2 LoRA adapters on disjoint slices of the fortunes
+// corpus (the built-in trainer), and `fedlora status`. Skips when the model or data have not been
+// fetched (scripts/setup.sh).
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/server/federation_test_util.h"
+
+namespace fedlora {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string ReadAll(FILE* f) {
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  return out;
+}
+
+void CopyLines(const std::string& from, const std::string& to, int first, int count) {
+  std::ifstream in(from);
+  std::ofstream out(to);
+  std::string line;
+  for (int i = 0; std::getline(in, line) && i < first + count; ++i) {
+    if (i >= first) out << line << "\n";
+  }
+}
+
+TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
+  const char* src = std::getenv("FEDLORA_SOURCE_DIR");
+  ASSERT_NE(src, nullptr);
+  const std::string model = std::string(src) + "/models/all-MiniLM-L6-v2";
+  const std::string data = std::string(src) + "/data/fortunes";
+  if (!std::filesystem::exists(model + "/model.safetensors") || !std::filesystem::exists(data + "/train.jsonl")) {
+    GTEST_SKIP() << "model or fortunes data not fetched (scripts/setup.sh)";
+  }
+  testing::TempDir dir;
+  const std::string d = dir.path() + "/";
+  CopyLines(data + "/test.jsonl", d + "eval.jsonl", 0, 32);
+  CopyLines(data + "/train.jsonl", d + "a.jsonl", 0, 48);
+  CopyLines(data + "/train.jsonl", d + "b.jsonl", 48, 48);
+  std::ofstream(d + "run.json") << R"({
+    "run_id": "cli", "seed": 3,
+    "model": {"path": ")" << model << R"(", "max_seq_len": 48},
+    "task": {"labels": ["computers","definitions","men-women","politics","science","songs-poems","work","zippy"]},
+    "training": {"local_steps": 2, "batch_size": 8, "learning_rate": 0.001},
+    "selection": {"clients_per_round": 2, "over_selection": 1.0, "min_clients": 2, "retry_after_seconds": 1,
+                  "heartbeat_interval_seconds": 2},
+    "rounds": 2,
+    "data": {"eval_path": ")" << d << R"(eval.jsonl", "eval_batch_size": 16},
+    "server": {"listen_address": "127.0.0.1:0", "store_dir": ")" << d << R"(store"}
+  })";
+  const std::string bin = FEDLORA_BINARY_PATH;
+  FILE* server = popen((bin + " server --config " + d + "run.json --linger-seconds 4 2>" + d + "server.err").c_str(), "r");
+  ASSERT_NE(server, nullptr);
+  char line[256] = {};
+  ASSERT_NE(std::fgets(line, sizeof(line), server), nullptr) << "server printed nothing";
+  std::smatch m;
+  const std::string first(line);
+  ASSERT_TRUE(std::regex_search(first, m, std::regex("127\\.0\\.0\\.1:[0-9]+"))) << first;
+  const std::string address = m.str();
+
+  auto client_cmd = [&](const std::string& id) {
+    return bin + " client --server " + address + " --model " + model + " --data " + d + id + ".jsonl --id site-" + id +
+           " --threads 1 2>" + d + id + ".err";
+  };
+  FILE* a = popen(client_cmd("a").c_str(), "r");
+  FILE* b = popen(client_cmd("b").c_str(), "r");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const std::string out_a = ReadAll(a);
+  const std::string out_b = ReadAll(b);
+  EXPECT_EQ(pclose(a), 0) << out_a;
+  EXPECT_EQ(pclose(b), 0) << out_b;
+
+  FILE* status = popen((bin + " status --server " + address + " --clients").c_str(), "r");
+  const std::string status_out = ReadAll(status);
+  EXPECT_EQ(pclose(status), 0);
+  EXPECT_THAT(status_out, HasSubstr("\"phase\": \"ROUND_PHASE_FINISHED\""));
+  EXPECT_THAT(status_out, HasSubstr("\"client_id\": \"site-a\""));
+  EXPECT_THAT(status_out, HasSubstr("eval_accuracy"));
+
+  const std::string server_out = ReadAll(server);
+  EXPECT_EQ(pclose(server), 0) << server_out;
+  ASSERT_TRUE(std::regex_search(server_out, m, std::regex("2 rounds committed, adapter ([0-9a-f]{64})"))) << server_out;
+  const std::string final_sha = m.str(1);
+  for (const std::string* out : {&out_a, &out_b}) {
+    EXPECT_THAT(*out, HasSubstr("\"tasks_completed\":2"));
+    EXPECT_THAT(*out, HasSubstr("\"final_adapter_sha256\":\"" + final_sha + "\""));
+  }
+}
+
+}  // namespace
+}  // namespace fedlora

@@ -1,0 +1,194 @@
+// End to end over loopback: one server, several SDK clients in threads, real gRPC, real store.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <grpcpp/generic/generic_stub.h>
+
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/server.h"
+#include "tests/server/federation_test_util.h"
+
+namespace fedlora {
+namespace {
+
+using testing::DeterministicTrainer;
+using testing::ExpectedAdapter;
+using testing::SameBits;
+using testing::TempDir;
+using testing::TestClientOptions;
+using testing::TestRunConfig;
+using testing::TestServerOptions;
+using testing::ToUpdate;
+
+// GET /metrics from the server's Prometheus endpoint.
+std::string ScrapeMetrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET /metrics HTTP/1.0\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
+}
+
+TEST(FederationE2eTest, FourClientsThreeRoundsGiveTheDirectlyComputedAdapter) {
+  TempDir dir;
+  constexpr int kClients = 4;
+  constexpr int kRounds = 3;
+  auto server = Server::Create(TestServerOptions(dir.path()), TestRunConfig(kRounds, kClients, kClients),
+                               testing::InitialAdapter());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+
+  std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
+  std::vector<absl::StatusOr<RunSummary>> results(kClients, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) trainers.push_back(std::make_unique<DeterministicTrainer>(c));
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      auto client = Client::Create(TestClientOptions(address, "site-" + std::to_string(c)), trainers[c].get());
+      if (!client.ok()) {
+        results[c] = client.status();
+        return;
+      }
+      results[c] = (*client)->RunUntilDone();
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  const std::vector<UpdateTensor> expected = ExpectedAdapter({0, 1, 2, 3}, kRounds);
+  EXPECT_TRUE(SameBits((*server)->coordinator().global_adapter(), expected));
+  for (int c = 0; c < kClients; ++c) {
+    ASSERT_TRUE(results[c].ok()) << "client " << c << ": " << results[c].status();
+    EXPECT_EQ(results[c]->tasks_completed, kRounds);
+    EXPECT_EQ(results[c]->final_round, static_cast<uint64_t>(kRounds));
+    EXPECT_EQ(trainers[c]->rounds_seen, (std::vector<uint64_t>{1, 2, 3}));
+    EXPECT_TRUE(SameBits(ToUpdate(results[c]->final_adapter), expected)) << "client " << c;
+  }
+  EXPECT_TRUE((*server)->coordinator().finished());
+  EXPECT_EQ((*server)->metrics().updates_accepted.load(), kClients * kRounds);
+  EXPECT_EQ((*server)->metrics().rounds_committed.load(), kRounds);
+
+  const std::string scrape = ScrapeMetrics((*server)->metrics_port());
+  EXPECT_THAT(scrape, ::testing::HasSubstr("HTTP/1.0 200 OK"));
+  EXPECT_THAT(scrape, ::testing::HasSubstr("fedlora_updates_accepted_total 12\n"));
+  EXPECT_THAT(scrape, ::testing::HasSubstr("fedlora_rounds_committed_total 3\n"));
+
+  // The admin view agrees: three committed rounds of four clients each.
+  testing::RawClient admin(address, "operator");
+  v1::GetStatusRequest req;
+  v1::GetStatusResponse status;
+  auto ctx = admin.Context();
+  ASSERT_TRUE(admin.admin()->GetStatus(ctx.get(), req, &status).ok());
+  EXPECT_EQ(status.phase(), v1::ROUND_PHASE_FINISHED);
+  ASSERT_EQ(status.history_size(), kRounds);
+  for (const v1::RoundSummary& r : status.history()) {
+    EXPECT_EQ(r.clients_selected(), 4u);
+    EXPECT_EQ(r.updates_accepted(), 4u);
+  }
+  EXPECT_EQ(status.global_adapter().sha256(), (*server)->coordinator().global_adapter_sha256());
+
+  v1::ListClientsRequest list_req;
+  list_req.set_include_inactive(true);
+  v1::ListClientsResponse clients;
+  auto ctx2 = admin.Context();
+  ASSERT_TRUE(admin.admin()->ListClients(ctx2.get(), list_req, &clients).ok());
+  ASSERT_EQ(clients.clients_size(), kClients);
+  for (const v1::ClientInfo& c : clients.clients()) EXPECT_EQ(c.rounds_participated(), 3u) << c.client_id();
+}
+
+TEST(FederationE2eTest, HealthServiceReportsServingAfterRestore) {
+  TempDir dir;
+  auto server = Server::Create(TestServerOptions(dir.path()), TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+  // grpc.health.v1.Health/Check with an empty request (the overall server status): the response
+  // is `status: SERVING` = field 1, varint 1, i.e. bytes 08 01.
+  grpc::GenericStub generic(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::ByteBuffer request;
+  grpc::Slice empty("");
+  request = grpc::ByteBuffer(&empty, 1);
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  grpc::CompletionQueue cq;
+  auto call = generic.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
+  call->StartCall();
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  ASSERT_TRUE(ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+}
+
+TEST(FederationE2eTest, ListenAddressInUseIsUnavailable) {
+  TempDir dir1;
+  TempDir dir2;
+  auto first = Server::Create(TestServerOptions(dir1.path()), TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  ASSERT_TRUE(first.ok()) << first.status();
+  ServerOptions o = TestServerOptions(dir2.path());
+  o.listen_address = (*first)->address();
+  auto second = Server::Create(o, TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable) << second.status();
+}
+
+// Records what it was given; fails on round 2 to show that evaluation never blocks a commit.
+class FakeEvaluator : public Evaluator {
+ public:
+  absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t round, const std::vector<UpdateTensor>& adapter) override {
+    seen.push_back(adapter);
+    if (round == 2) return absl::UnavailableError("evaluation GPU busy");
+    return std::map<std::string, double>{{"eval_loss", 0.5 * round}, {"eval_accuracy", 0.25 * round}, {"macro_f1", 0.1}};
+  }
+  std::vector<std::vector<UpdateTensor>> seen;
+};
+
+TEST(FederationE2eTest, EvaluatorSeesEachNewAdapterAndItsMetricsAreRecorded) {
+  TempDir dir;
+  FakeEvaluator evaluator;
+  auto server = Server::Create(TestServerOptions(dir.path()), TestRunConfig(3, 1, 1), testing::InitialAdapter(), &evaluator);
+  ASSERT_TRUE(server.ok()) << server.status();
+  DeterministicTrainer trainer(0);
+  auto client = Client::Create(TestClientOptions((*server)->address(), "site-0"), &trainer);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->RunUntilDone().ok());
+  ASSERT_EQ(evaluator.seen.size(), 3u);
+  for (int r = 1; r <= 3; ++r) EXPECT_TRUE(SameBits(evaluator.seen[r - 1], ExpectedAdapter({0}, r))) << "round " << r;
+  auto status = (*server)->coordinator().GetStatus(v1::GetStatusRequest());
+  ASSERT_TRUE(status.ok());
+  ASSERT_EQ(status->history_size(), 3);
+  EXPECT_DOUBLE_EQ(status->history(0).eval_loss(), 0.5);
+  EXPECT_DOUBLE_EQ(status->history(0).eval_accuracy(), 0.25);
+  EXPECT_DOUBLE_EQ(status->history(0).eval_metrics().at("macro_f1"), 0.1);
+  EXPECT_FALSE(status->history(1).has_eval_loss());  // the failed evaluation: committed without metrics
+  EXPECT_DOUBLE_EQ(status->history(2).eval_accuracy(), 0.75);
+}
+
+}  // namespace
+}  // namespace fedlora
