@@ -1,0 +1,196 @@
+// One LoRA training step (forward, backward, clip, AdamW) of our engine, timed. The C++ half of
+// bench/train/bench_train_step.sh, which drives it and the PyTorch half
+// (scripts/bench_train_step.py) on the same checkpoint, the same initial trainable values and the
+// same batch.
+//
+//   train_step_bench --model DIR --init DIR/init.safetensors --batch DIR/batch.safetensors
+//                    [--threads N] [--steps 5] [--warmup 2] [--rank 8] [--alpha 16]
+//
+// Prints one JSON line: the loss and pre-clip gradient norm of the first step (for validation
+// against PyTorch), the median / min step time over --steps timed steps after --warmup untimed
+// ones, the OpenBLAS sgemm rate at the FFN shape of this geometry (same threads, same run), and
+// the peak RSS of this process.
+//
+// Dropout is off (p = 0) so that both engines compute the same function and the losses can be
+// compared; dropout's cost is a few elementwise passes, small next to the GEMMs.
+#include <cblas.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/safetensors.h"
+#include "core/status.h"
+#include "kernels/context.h"
+#include "model/bert.h"
+#include "tools/flags.h"
+#include "train/optim.h"
+
+namespace fedlora {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Resident set size now, in MiB (/proc/self/statm's second field, in pages); -1 if unreadable.
+double RssMbNow() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return -1.0;
+  long pages_total = 0, pages_resident = 0;
+  const int n = std::fscanf(f, "%ld %ld", &pages_total, &pages_resident);
+  std::fclose(f);
+  return n == 2 ? pages_resident * (sysconf(_SC_PAGESIZE) / 1048576.0) : -1.0;
+}
+
+absl::StatusOr<std::vector<int32_t>> ReadI32(const SafetensorsFile& file, const std::string& name) {
+  FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file.Get(name));
+  if (t.dtype != DType::kI32) return absl::InvalidArgumentError(absl::StrCat(name, " must be I32"));
+  std::vector<int32_t> out(t.numel());
+  std::memcpy(out.data(), t.data, t.size);
+  return out;
+}
+
+// Median GFLOP/s of C[m,n] = A[m,k] W[n,k]^T (row-major), the call a linear layer's forward makes.
+double SgemmGflops(int m, int n, int k, int repeats) {
+  std::vector<float> a(static_cast<size_t>(m) * k, 0.5f), b(static_cast<size_t>(n) * k, 0.25f),
+      c(static_cast<size_t>(m) * n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
+              0.0f, c.data(), n);
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
+                0.0f, c.data(), n);
+    times.push_back(Seconds(t0, Clock::now()));
+  }
+  std::sort(times.begin(), times.end());
+  // Known answer: every element is k * 0.5 * 0.25.
+  if (c[0] != 0.125f * k || c.back() != 0.125f * k) return -1.0;
+  return 2.0 * m * n * k / times[times.size() / 2] / 1e9;
+}
+
+absl::Status Run(int argc, char** argv) {
+  std::string model_dir, init_path, batch_path;
+  int threads = 0, steps = 5, warmup = 2, rank = 8;
+  float alpha = 16.0f;
+  tools::FlagSet flags("train_step_bench", "Times one LoRA training step of the C++ engine.");
+  flags.AddString("model", &model_dir, "checkpoint directory (config.json, model.safetensors)",
+                  true);
+  flags.AddString("init", &init_path, "safetensors with the initial trainable params (PEFT names)",
+                  true);
+  flags.AddString("batch", &batch_path, "safetensors with input_ids, attention_mask, labels (I32)",
+                  true);
+  flags.AddInt("threads", &threads, "CPU threads (kernels and OpenBLAS); 0 = all cores");
+  flags.AddInt("steps", &steps, "timed steps");
+  flags.AddInt("warmup", &warmup, "untimed steps before timing");
+  flags.AddInt("rank", &rank, "LoRA rank");
+  flags.AddFloat("alpha", &alpha, "LoRA alpha");
+  FEDLORA_RETURN_IF_ERROR(flags.Parse(argc, argv));
+  if (flags.help_requested()) {
+    std::cout << flags.Help();
+    return absl::OkStatus();
+  }
+  if (steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
+  kernels::SetNumThreads(threads);
+
+  FEDLORA_ASSIGN_OR_RETURN(auto batch_file, SafetensorsFile::Open(batch_path));
+  BertClassifier::Batch batch;
+  FEDLORA_ASSIGN_OR_RETURN(batch.input_ids, ReadI32(*batch_file, "input_ids"));
+  FEDLORA_ASSIGN_OR_RETURN(batch.attention_mask, ReadI32(*batch_file, "attention_mask"));
+  FEDLORA_ASSIGN_OR_RETURN(batch.labels, ReadI32(*batch_file, "labels"));
+  FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor ids, batch_file->Get("input_ids"));
+  if (ids.shape.size() != 2) return absl::InvalidArgumentError("input_ids must be [batch, seq]");
+  batch.batch_size = static_cast<int>(ids.shape[0]);
+  batch.seq_len = static_cast<int>(ids.shape[1]);
+
+  ModelOptions opts;
+  opts.num_labels = 2;
+  opts.lora.rank = rank;
+  opts.lora.alpha = alpha;
+  opts.hidden_dropout = 0.0f;
+  opts.attention_dropout = 0.0f;
+  opts.max_batch = batch.batch_size;
+  opts.max_seq = batch.seq_len;
+  const auto load_start = Clock::now();
+  FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(model_dir, opts));
+  const double load_s = Seconds(load_start, Clock::now());
+
+  // The PyTorch side starts from the same trainable values: copy them by PEFT name.
+  FEDLORA_ASSIGN_OR_RETURN(auto init, SafetensorsFile::Open(init_path));
+  int64_t trainable = 0;
+  for (Param& p : model->trainable_params()) {
+    FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, init->Get(p.name));
+    if (t.dtype != DType::kF32 || t.shape != p.shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(p.name, ": init tensor has another dtype or shape"));
+    }
+    std::memcpy(p.value.data(), t.data, t.size);
+    trainable += p.numel();
+  }
+
+  OptimizerOptions adamw_opts;
+  adamw_opts.weight_decay = 0.01f;
+  FEDLORA_ASSIGN_OR_RETURN(auto adamw, MakeOptimizer("adamw", adamw_opts));
+  float first_loss = 0.0f, first_norm = 0.0f;
+  auto step = [&](bool first) -> absl::Status {
+    model->ZeroGrad();
+    FEDLORA_ASSIGN_OR_RETURN(float loss, model->ForwardBackward(batch, /*dropout_seed=*/0));
+    const float norm = ClipGradNorm(model->trainable_params(), 1.0f);
+    FEDLORA_RETURN_IF_ERROR(adamw->Step(model->trainable_params(), 1e-4f));
+    if (first) {
+      first_loss = loss;
+      first_norm = norm;
+    }
+    return absl::OkStatus();
+  };
+  FEDLORA_RETURN_IF_ERROR(step(true));
+  for (int i = 0; i < warmup; ++i) FEDLORA_RETURN_IF_ERROR(step(false));
+  std::vector<double> times;
+  for (int i = 0; i < steps; ++i) {
+    const auto t0 = Clock::now();
+    FEDLORA_RETURN_IF_ERROR(step(false));
+    times.push_back(Seconds(t0, Clock::now()));
+  }
+  std::sort(times.begin(), times.end());
+  const BertConfig& cfg = model->config();
+  const double sgemm =
+      SgemmGflops(batch.batch_size * batch.seq_len, static_cast<int>(cfg.intermediate_size),
+                  static_cast<int>(cfg.hidden_size), 5);
+  const double rss_after = RssMbNow();
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  std::cout
+      << absl::StrFormat(
+             "{\"engine\":\"fedlora\",\"threads\":%d,\"load_s\":%.3f,\"first_loss\":%.9g,"
+             "\"first_grad_norm\":%.9g,\"trainable_params\":%d,\"step_median_s\":%.6f,"
+             "\"step_min_s\":%.6f,\"steps\":%d,\"sgemm_gflops\":%.2f,\"sgemm_shape\":[%d,%d,%d],"
+             "\"rss_after_mb\":%.1f,\"peak_rss_mb\":%.1f}",
+             kernels::NumThreads(), load_s, first_loss, first_norm, trainable,
+             times[times.size() / 2], times.front(), steps, sgemm, batch.batch_size * batch.seq_len,
+             cfg.intermediate_size, cfg.hidden_size, rss_after, usage.ru_maxrss / 1024.0)
+      << std::endl;
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace fedlora
+
+int main(int argc, char** argv) {
+  const absl::Status status = fedlora::Run(argc, argv);
+  if (!status.ok()) {
+    std::cerr << "train_step_bench: " << status << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,323 @@
+// End-to-end tests of the `fedlora` binary: a tiny random checkpoint, vocabulary and JSONL data
+// are written to a temporary directory, then `fedlora train`, `fedlora eval` and `fedlora embed`
+// run as separate processes, as a user would run them.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/file.h"
+#include "core/json.h"
+#include "core/rng.h"
+#include "core/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace fedlora {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+struct Result {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string Quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+class FedloraCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* bin = std::getenv("FEDLORA_BINARY_DIR");
+    ASSERT_NE(bin, nullptr) << "run through ctest (FEDLORA_BINARY_DIR)";
+    fedlora_ = std::string(bin) + "/tools/fedlora";
+    ASSERT_TRUE(fs::exists(fedlora_)) << fedlora_;
+    std::string tmpl = (fs::temp_directory_path() / "fedlora_cli_XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    WriteModel(dir_ + "/model");
+    WriteData(dir_ + "/train.jsonl", 64, 1);
+    WriteData(dir_ + "/test.jsonl", 32, 2);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+
+  Result Run(const std::vector<std::string>& args) {
+    std::string cmd = Quote(fedlora_);
+    // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on " " + Quote(a).
+    for (const std::string& a : args) cmd.append(" ").append(Quote(a));
+    const std::string out = dir_ + "/stdout", err = dir_ + "/stderr";
+    cmd.append(" >").append(Quote(out)).append(" 2>").append(Quote(err));
+    const int status = std::system(cmd.c_str());
+    Result r;
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = ReadFileToString(out).value_or("");
+    r.err = ReadFileToString(err).value_or("");
+    return r;
+  }
+
+  // A 2-layer, hidden-32 BERT in the Hugging Face layout (with the "bert." prefix), N(0, 0.1)
+  // weights, LayerNorm 1/0, plus a 16-word vocabulary.
+  void WriteModel(const std::string& model_dir) {
+    fs::create_directories(model_dir);
+    const int vocab = 16, hidden = 32, inter = 64, layers = 2, max_pos = 64;
+    nlohmann::json config = {{"model_type", "bert"},       {"vocab_size", vocab},
+                             {"hidden_size", hidden},      {"num_hidden_layers", layers},
+                             {"num_attention_heads", 4},   {"intermediate_size", inter},
+                             {"hidden_act", "gelu"},       {"max_position_embeddings", max_pos},
+                             {"type_vocab_size", 2},       {"layer_norm_eps", 1e-12},
+                             {"hidden_dropout_prob", 0.1}, {"attention_probs_dropout_prob", 0.1},
+                             {"pad_token_id", 0}};
+    ASSERT_TRUE(WriteFileAtomically(model_dir + "/config.json", config.dump()).ok());
+    std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
+        {"embeddings.word_embeddings.weight", {vocab, hidden}},
+        {"embeddings.position_embeddings.weight", {max_pos, hidden}},
+        {"embeddings.token_type_embeddings.weight", {2, hidden}},
+        {"embeddings.LayerNorm.weight", {hidden}},
+        {"embeddings.LayerNorm.bias", {hidden}},
+        {"pooler.dense.weight", {hidden, hidden}},
+        {"pooler.dense.bias", {hidden}}};
+    for (int l = 0; l < layers; ++l) {
+      const std::string p = "encoder.layer." + std::to_string(l) + ".";
+      for (const char* m : {"attention.self.query", "attention.self.key", "attention.self.value",
+                            "attention.output.dense"}) {
+        shapes.push_back({p + m + ".weight", {hidden, hidden}});
+        shapes.push_back({p + m + ".bias", {hidden}});
+      }
+      shapes.push_back({p + "intermediate.dense.weight", {inter, hidden}});
+      shapes.push_back({p + "intermediate.dense.bias", {inter}});
+      shapes.push_back({p + "output.dense.weight", {hidden, inter}});
+      shapes.push_back({p + "output.dense.bias", {hidden}});
+      for (const char* ln : {"attention.output.LayerNorm", "output.LayerNorm"}) {
+        shapes.push_back({p + ln + ".weight", {hidden}});
+        shapes.push_back({p + ln + ".bias", {hidden}});
+      }
+    }
+    Rng rng(123);
+    std::vector<std::vector<float>> values;
+    std::vector<SafetensorsTensorToWrite> tensors;
+    for (const auto& [name, shape] : shapes) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      std::vector<float> v(n);
+      const bool is_ln_gain = name.find("LayerNorm.weight") != std::string::npos;
+      for (float& x : v)
+        x = is_ln_gain ? 1.0f : (shape.size() == 1 ? 0.0f : static_cast<float>(rng.Normal(0, 0.1)));
+      values.push_back(std::move(v));
+    }
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      tensors.push_back({"bert." + shapes[i].first, DType::kF32, shapes[i].second, values[i].data(),
+                         values[i].size() * sizeof(float)});
+    }
+    ASSERT_TRUE(
+        WriteSafetensors(model_dir + "/model.safetensors", tensors, {{"format", "pt"}}).ok());
+    std::string vocab_txt = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n";
+    for (const char* w :
+         {"good", "great", "fine", "bad", "awful", "poor", "the", "a", "movie", "film", "was"}) {
+      vocab_txt += std::string(w) + "\n";
+    }
+    ASSERT_TRUE(WriteFileAtomically(model_dir + "/vocab.txt", vocab_txt).ok());
+  }
+
+  // Label "pos" texts hold two of good/great/fine, "neg" texts two of bad/awful/poor, among
+  // neutral filler words.
+  void WriteData(const std::string& path, int n, uint64_t seed) {
+    const std::vector<std::string> pos = {"good", "great", "fine"}, neg = {"bad", "awful", "poor"},
+                                   filler = {"the", "a", "movie", "film", "was"};
+    Rng rng(seed);
+    std::string out;
+    for (int i = 0; i < n; ++i) {
+      const bool positive = i % 2 == 1;
+      std::vector<std::string> words;
+      const int len = 3 + static_cast<int>(rng.UniformInt(5));
+      for (int w = 0; w < len; ++w) words.push_back(filler[rng.UniformInt(filler.size())]);
+      for (int k = 0; k < 2; ++k) {
+        const auto& bag = positive ? pos : neg;
+        words.insert(words.begin() + rng.UniformInt(words.size() + 1),
+                     bag[rng.UniformInt(bag.size())]);
+      }
+      std::string text;
+      for (const std::string& w : words) text += (text.empty() ? "" : " ") + w;
+      out += nlohmann::json({{"text", text}, {"label", positive ? "pos" : "neg"}}).dump() + "\n";
+    }
+    ASSERT_TRUE(WriteFileAtomically(path, out).ok());
+  }
+
+  std::string fedlora_, dir_;
+};
+
+TEST_F(FedloraCli, TrainThenEvalEndToEnd) {
+  const std::string out = dir_ + "/run";
+  Result train = Run({"train",
+                      "--model",
+                      dir_ + "/model",
+                      "--train",
+                      dir_ + "/train.jsonl",
+                      "--eval",
+                      dir_ + "/test.jsonl",
+                      "--out",
+                      out,
+                      "--epochs",
+                      "4",
+                      "--batch-size",
+                      "8",
+                      "--lr",
+                      "1e-2",
+                      "--seed",
+                      "3",
+                      "--threads",
+                      "1",
+                      "--max-seq-len",
+                      "32"});
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  // One JSON line per epoch on stdout, each with its evaluation.
+  std::istringstream lines(train.out);
+  std::string line;
+  int epochs = 0;
+  while (std::getline(lines, line)) {
+    auto j = ParseJson(line, "stdout");
+    ASSERT_TRUE(j.ok()) << line;
+    EXPECT_EQ((*j)["epoch"], ++epochs);
+    EXPECT_EQ((*j)["eval"]["count"], 32);
+  }
+  EXPECT_EQ(epochs, 4);
+  EXPECT_THAT(train.err, HasSubstr("epoch 4: train loss"));
+
+  // The PEFT adapter, with PEFT's tensor names, and the metrics.
+  for (const char* f :
+       {"adapter_config.json", "adapter_model.safetensors", "metrics.json", "labels.json"}) {
+    EXPECT_TRUE(fs::exists(out + "/" + f)) << f;
+  }
+  auto weights = SafetensorsFile::Open(out + "/adapter_model.safetensors");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  for (const char* name :
+       {"base_model.model.bert.encoder.layer.0.attention.self.query.lora_A.weight",
+        "base_model.model.bert.encoder.layer.1.attention.self.value.lora_B.weight",
+        "base_model.model.classifier.weight", "base_model.model.classifier.bias"}) {
+    EXPECT_TRUE((*weights)->Contains(name)) << name;
+  }
+  auto config = ReadJsonFile(out + "/adapter_config.json");
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ((*config)["peft_type"], "LORA");
+  EXPECT_EQ((*config)["r"], 8);
+  auto metrics = ReadJsonFile(out + "/metrics.json");
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_EQ((*metrics)["epochs"].size(), 4u);
+  EXPECT_EQ((*metrics)["label_names"], nlohmann::json({"neg", "pos"}));
+  const double final_accuracy = (*metrics)["final_eval"]["accuracy"];
+  const double final_loss = (*metrics)["final_eval"]["loss"];
+  // The task is easy (two sentiment words per text) and 32 steps are enough to beat chance.
+  EXPECT_GT(final_accuracy, 0.6);
+
+  // eval reloads the adapter into a fresh model: the same predictions as the last epoch's eval.
+  Result eval = Run({"eval", "--model", dir_ + "/model", "--adapter", out, "--data",
+                     dir_ + "/test.jsonl", "--threads", "1", "--max-seq-len", "32"});
+  ASSERT_EQ(eval.exit_code, 0) << eval.err;
+  auto result = ParseJson(eval.out, "eval stdout");
+  ASSERT_TRUE(result.ok()) << eval.out;
+  EXPECT_EQ((*result)["count"], 32);
+  EXPECT_DOUBLE_EQ((*result)["accuracy"].get<double>(), final_accuracy);
+  // Same weights and batches (eval batch 32 in both); 1e-6 allows for nothing but printing.
+  EXPECT_NEAR((*result)["loss"].get<double>(), final_loss, 1e-6);
+}
+
+TEST_F(FedloraCli, EmbedWritesNpy) {
+  const std::string npy = dir_ + "/emb.npy", labels = dir_ + "/labels.npy";
+  Result r = Run({"embed", "--model", dir_ + "/model", "--data", dir_ + "/test.jsonl", "--out", npy,
+                  "--labels-out", labels, "--threads", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto bytes = ReadFileToString(npy);
+  ASSERT_TRUE(bytes.ok());
+  ASSERT_GE(bytes->size(), 128u);
+  EXPECT_EQ(bytes->substr(0, 6), "\x93NUMPY");
+  const size_t header_len =
+      static_cast<uint8_t>((*bytes)[8]) | (static_cast<uint8_t>((*bytes)[9]) << 8);
+  EXPECT_EQ((10 + header_len) % 64, 0u);
+  EXPECT_THAT(bytes->substr(10, header_len),
+              HasSubstr("'descr': '<f4', 'fortran_order': False, 'shape': (32, 32)"));
+  EXPECT_EQ(bytes->size(), 10 + header_len + 32 * 32 * sizeof(float));
+  auto label_bytes = ReadFileToString(labels);
+  ASSERT_TRUE(label_bytes.ok());
+  EXPECT_THAT(*label_bytes, HasSubstr("'shape': (32,)"));
+}
+
+TEST_F(FedloraCli, UsageErrorsExitTwoWithMessage) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::string model = dir_ + "/model", data = dir_ + "/train.jsonl";
+  const std::vector<Case> cases = {
+      {{}, "usage: fedlora <command>"},
+      {{"frobnicate"}, "unknown command 'frobnicate'"},
+      {{"train", "--model", model, "--train", data, "--out", dir_ + "/o", "--bogus"},
+       "unknown flag --bogus"},
+      {{"train", "--train", data, "--out", dir_ + "/o"}, "missing required flag --model"},
+      {{"train", "--model", model, "--train", data, "--out", dir_ + "/o", "--epochs", "three"},
+       "--epochs: 'three' is not a valid integer"},
+      {{"train", "--model", model, "--train", data, "--out", dir_ + "/o", "--batch-size", "0"},
+       "batch_size must be >= 1"},
+      {{"train", "--model", model, "--train", data, "--out", dir_ + "/o", "--targets", "qery"},
+       "qery"},
+      {{"eval", "--model", model, "--adapter", dir_, "--data", data, "--epochs", "3"},
+       "unknown flag --epochs"},
+  };
+  for (const Case& c : cases) {
+    Result r = Run(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.message << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.message));
+  }
+}
+
+TEST_F(FedloraCli, MissingFilesExitOneWithMessage) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::string model = dir_ + "/model", data = dir_ + "/train.jsonl";
+  const std::vector<Case> cases = {
+      {{"train", "--model", dir_ + "/nope", "--train", data, "--out", dir_ + "/o"},
+       "model directory"},
+      {{"train", "--model", model, "--train", dir_ + "/missing.jsonl", "--out", dir_ + "/o"},
+       "missing.jsonl"},
+      {{"eval", "--model", model, "--adapter", dir_ + "/no_adapter", "--data", data}, "no_adapter"},
+      // A directory without adapter files: the error names the missing adapter_config.json.
+      {{"eval", "--model", model, "--adapter", model, "--data", data}, "adapter_config.json"},
+  };
+  for (const Case& c : cases) {
+    Result r = Run(c.args);
+    EXPECT_EQ(r.exit_code, 1) << c.message << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.message));
+  }
+  // A data file with a malformed line: the loader's message (naming the line) reaches the user.
+  ASSERT_TRUE(
+      WriteFileAtomically(dir_ + "/bad.jsonl", "{\"text\": \"good\", \"label\": \"pos\"}\n{oops\n")
+          .ok());
+  Result r = Run({"train", "--model", model, "--train", dir_ + "/bad.jsonl", "--out", dir_ + "/o"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("bad.jsonl:2"));
+}
+
+TEST_F(FedloraCli, HelpExitsZero) {
+  Result top = Run({"--help"});
+  EXPECT_EQ(top.exit_code, 0);
+  for (const char* cmd : {"train", "eval", "embed"}) EXPECT_THAT(top.out, HasSubstr(cmd));
+  Result train = Run({"train", "--help"});
+  EXPECT_EQ(train.exit_code, 0);
+  EXPECT_THAT(train.out, HasSubstr("usage: fedlora train [flags]"));
+  EXPECT_THAT(train.out, HasSubstr("--targets"));
+}
+
+}  // namespace
+}  // namespace fedlora

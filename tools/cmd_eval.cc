@@ -1,0 +1,137 @@
+// fedlora eval: scores a model with a LoRA adapter on a labelled dataset.
+//
+//   fedlora eval --model models/all-MiniLM-L6-v2 --adapter runs/central --data
+//   data/fortunes/test.jsonl
+//
+// The adapter directory is what `fedlora train` (or PEFT) wrote: adapter_config.json gives the
+// LoRA shape (r, lora_alpha, target_modules), the classifier's rows in adapter_model.safetensors
+// the number of labels, and labels.json (when present) the label order. Prints one JSON line on
+// stdout: {"count":..,"loss":..,"accuracy":..,"macro_f1":..}.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/json.h"
+#include "core/safetensors.h"
+#include "core/status.h"
+#include "kernels/context.h"
+#include "model/bert.h"
+#include "model/peft.h"
+#include "tools/common.h"
+#include "train/trainer.h"
+
+namespace fedlora::tools {
+namespace {
+
+struct EvalFlags {
+  std::string model_dir, adapter_dir, data_path;
+  int batch_size = 32;
+  int max_seq_len = 128;
+  int threads = 0;
+  bool bf16 = false;
+};
+
+// The model options an adapter directory implies.
+absl::StatusOr<ModelOptions> OptionsFromAdapter(const std::string& dir,
+                                                std::vector<std::string>& label_names) {
+  const std::string config_path = dir + "/" + kPeftConfigFile;
+  FEDLORA_ASSIGN_OR_RETURN(nlohmann::json config, ReadJsonFile(config_path));
+  ModelOptions options;
+  FEDLORA_ASSIGN_OR_RETURN(int64_t rank, GetInt(config, "r", config_path));
+  FEDLORA_ASSIGN_OR_RETURN(double alpha, GetDouble(config, "lora_alpha", config_path));
+  options.lora.rank = static_cast<int>(rank);
+  options.lora.alpha = static_cast<float>(alpha);
+  if (!config.contains("target_modules") || !config["target_modules"].is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config_path,
+                     ": target_modules must be a list of module names (a regular expression is not "
+                     "supported by fedlora eval)"));
+  }
+  FEDLORA_ASSIGN_OR_RETURN(options.lora.target_modules,
+                           GetStringArray(config, "target_modules", config_path));
+
+  const std::string weights_path = dir + "/" + kPeftWeightsFile;
+  FEDLORA_ASSIGN_OR_RETURN(auto weights, SafetensorsFile::Open(weights_path));
+  FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor classifier,
+                           weights->Get("base_model.model.classifier.weight"));
+  if (classifier.shape.size() != 2 || classifier.shape[0] < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(weights_path, ": classifier.weight must be [labels >= 2, hidden]"));
+  }
+  options.num_labels = static_cast<int>(classifier.shape[0]);
+
+  const std::string labels_path = dir + "/labels.json";
+  if (IsRegularFile(labels_path)) {
+    FEDLORA_ASSIGN_OR_RETURN(nlohmann::json labels, ReadJsonFile(labels_path));
+    FEDLORA_ASSIGN_OR_RETURN(label_names, GetStringArray(labels, "label_names", labels_path));
+    if (static_cast<int>(label_names.size()) != options.num_labels) {
+      return absl::InvalidArgumentError(absl::StrCat(labels_path, " names ", label_names.size(),
+                                                     " labels but the classifier has ",
+                                                     options.num_labels));
+    }
+  }
+  return options;
+}
+
+absl::Status Eval(EvalFlags f) {
+  if (!IsDirectory(f.model_dir))
+    return absl::NotFoundError(absl::StrCat("model directory ", f.model_dir, " not found"));
+  if (!IsDirectory(f.adapter_dir)) {
+    return absl::NotFoundError(absl::StrCat("adapter directory ", f.adapter_dir, " not found"));
+  }
+  if (!IsRegularFile(f.data_path))
+    return absl::NotFoundError(absl::StrCat("data file ", f.data_path, " not found"));
+  kernels::SetNumThreads(f.threads);
+  FEDLORA_ASSIGN_OR_RETURN(f.max_seq_len, EffectiveMaxSeqLen(f.model_dir, f.max_seq_len));
+  std::vector<std::string> label_names;
+  FEDLORA_ASSIGN_OR_RETURN(ModelOptions options, OptionsFromAdapter(f.adapter_dir, label_names));
+  // Without labels.json, the data's own label order is used (labels must then be integers or
+  // sort the same way as in training).
+  FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(f.model_dir));
+  FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset data, LoadTokenizedDataset(f.data_path, *tokenizer,
+                                                                       f.max_seq_len, label_names));
+  if (static_cast<int>(label_names.size()) > options.num_labels) {
+    return absl::InvalidArgumentError(absl::StrCat(f.data_path, " has ", label_names.size(),
+                                                   " labels but the adapter's classifier has ",
+                                                   options.num_labels));
+  }
+  options.bf16_weights = f.bf16;
+  options.max_batch = f.batch_size;
+  options.max_seq = f.max_seq_len;
+  options.base_model_name = f.model_dir;
+  FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(f.model_dir, options));
+  FEDLORA_RETURN_IF_ERROR(LoadPeftAdapter(f.adapter_dir, model.get()));
+  FEDLORA_ASSIGN_OR_RETURN(EvalResult result, Evaluate(*model, data, f.batch_size));
+  std::cout << result.ToJson() << std::endl;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunEval(int argc, char** argv) {
+  const std::string command = argv[0];
+  EvalFlags f;
+  FlagSet flags(
+      command,
+      "Evaluates a model with a LoRA adapter on a labelled dataset; prints loss, accuracy and\n"
+      "macro-F1 as one JSON line.");
+  flags.AddString("model", &f.model_dir, "base model directory", true);
+  flags.AddString("adapter", &f.adapter_dir,
+                  "adapter directory (adapter_config.json, adapter_model.safetensors)", true);
+  flags.AddString("data", &f.data_path, "labelled data file (JSONL, CSV or TSV)", true);
+  flags.AddInt("batch-size", &f.batch_size, "examples per forward pass");
+  flags.AddInt("max-seq-len", &f.max_seq_len, "tokens per example; longer texts are cut");
+  flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
+  flags.AddBool("bf16", &f.bf16, "hold the frozen base weights in bf16");
+  if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
+  if (!flags.positional().empty())
+    return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
+  if (f.batch_size < 1) return UsageError(command, "--batch-size must be >= 1");
+  if (f.max_seq_len < 2) return UsageError(command, "--max-seq-len must be >= 2");
+  if (f.threads < 0) return UsageError(command, "--threads must be >= 0");
+  if (absl::Status s = Eval(f); !s.ok()) return Fail(command, s);
+  return kExitOk;
+}
+
+}  // namespace fedlora::tools

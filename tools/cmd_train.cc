@@ -1,0 +1,222 @@
+// fedlora train: central (non-federated) LoRA fine-tuning of a model on one dataset.
+//
+//   fedlora train --model models/all-MiniLM-L6-v2 --train data/fortunes/train.jsonl
+//       --eval data/fortunes/test.jsonl --out runs/central --epochs 3 --group-by-length
+//
+// Writes into --out: the PEFT adapter (adapter_config.json, adapter_model.safetensors),
+// labels.json (the label order the classifier was trained with, read back by `fedlora eval`)
+// and metrics.json (options, per-epoch metrics, final evaluation). Prints one JSON line per
+// epoch on stdout; the progress display and human-readable lines go to stderr.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/file.h"
+#include "core/status.h"
+#include "kernels/context.h"
+#include "model/bert.h"
+#include "model/peft.h"
+#include "tools/common.h"
+#include "train/trainer.h"
+
+namespace fedlora::tools {
+namespace {
+
+struct TrainFlags {
+  std::string model_dir, train_path, eval_path, out_dir;
+  TrainOptions train;
+  int rank = 8;
+  float alpha = 16.0f;
+  float lora_dropout = 0.0f;
+  std::string targets = "query,value";
+  int threads = 0;
+  bool bf16 = false;
+};
+
+nlohmann::json MetricsJson(const EvalResult& m) {
+  return {{"count", m.count},
+          {"loss", m.loss},
+          {"accuracy", m.accuracy},
+          {"macro_f1", m.macro_f1},
+          {"f1_per_class", m.f1_per_class},
+          {"confusion", m.confusion}};
+}
+
+absl::Status Train(TrainFlags f) {
+  if (!IsDirectory(f.model_dir))
+    return absl::NotFoundError(absl::StrCat("model directory ", f.model_dir, " not found"));
+  if (!IsRegularFile(f.train_path))
+    return absl::NotFoundError(absl::StrCat("training data ", f.train_path, " not found"));
+  if (!f.eval_path.empty() && !IsRegularFile(f.eval_path)) {
+    return absl::NotFoundError(absl::StrCat("eval data ", f.eval_path, " not found"));
+  }
+  kernels::SetNumThreads(f.threads);
+  FEDLORA_ASSIGN_OR_RETURN(f.train.max_seq_len,
+                           EffectiveMaxSeqLen(f.model_dir, f.train.max_seq_len));
+
+  FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(f.model_dir));
+  std::vector<std::string> label_names;
+  FEDLORA_ASSIGN_OR_RETURN(
+      TokenizedDataset train,
+      LoadTokenizedDataset(f.train_path, *tokenizer, f.train.max_seq_len, label_names));
+  TokenizedDataset eval;
+  if (!f.eval_path.empty()) {
+    FEDLORA_ASSIGN_OR_RETURN(
+        eval, LoadTokenizedDataset(f.eval_path, *tokenizer, f.train.max_seq_len, label_names));
+  }
+  if (label_names.size() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(f.train_path, " has ", label_names.size(),
+                     " distinct label(s); classification needs >= 2"));
+  }
+
+  ModelOptions options;
+  options.num_labels = static_cast<int>(label_names.size());
+  options.lora.rank = f.rank;
+  options.lora.alpha = f.alpha;
+  options.lora.dropout = f.lora_dropout;
+  options.lora.target_modules = SplitList(f.targets);
+  options.bf16_weights = f.bf16;
+  options.seed = f.train.seed;
+  options.max_batch = std::max(f.train.batch_size, f.train.eval_batch_size);
+  options.max_seq = f.train.max_seq_len;
+  options.base_model_name = f.model_dir;
+  FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(f.model_dir, options));
+  // Fail before hours of training rather than at the end: the output directory must be writable.
+  std::error_code ec;
+  std::filesystem::create_directories(f.out_dir, ec);
+  if (ec)
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create output directory ", f.out_dir, ": ", ec.message()));
+
+  int64_t trainable = 0;
+  for (const Param& p : model->trainable_params()) trainable += p.numel();
+  std::fprintf(stderr,
+               "fedlora train: %lld train / %lld eval examples, %zu labels, %lld trainable params, "
+               "%d threads\n",
+               static_cast<long long>(train.size()), static_cast<long long>(eval.size()),
+               label_names.size(), static_cast<long long>(trainable), kernels::NumThreads());
+
+  Trainer trainer(*model, f.train);
+  trainer.on_epoch = [](const EpochReport& r) {
+    std::string line =
+        absl::StrFormat("epoch %d: train loss %.4f (%.1f s)", r.epoch, r.train_loss, r.seconds);
+    if (r.has_eval) {
+      absl::StrAppend(&line, absl::StrFormat(", eval loss %.4f accuracy %.4f macro-F1 %.4f",
+                                             r.eval.loss, r.eval.accuracy, r.eval.macro_f1));
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+    std::cout << r.ToJson() << std::endl;
+  };
+  FEDLORA_RETURN_IF_ERROR(trainer.Train(train, eval.size() > 0 ? &eval : nullptr));
+
+  FEDLORA_RETURN_IF_ERROR(SavePeftAdapter(*model, f.out_dir));
+  nlohmann::json labels = {{"label_names", label_names}};
+  FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(f.out_dir + "/labels.json", labels.dump(2) + "\n"));
+  nlohmann::json metrics;
+  metrics["model"] = f.model_dir;
+  metrics["train"] = f.train_path;
+  metrics["eval"] = f.eval_path;
+  metrics["label_names"] = label_names;
+  metrics["options"] = {{"epochs", f.train.epochs},
+                        {"max_steps", f.train.max_steps},
+                        {"batch_size", f.train.batch_size},
+                        {"max_seq_len", f.train.max_seq_len},
+                        {"lr", f.train.lr},
+                        {"optimizer", f.train.optimizer},
+                        {"weight_decay", f.train.weight_decay},
+                        {"warmup_steps", f.train.warmup_steps},
+                        {"schedule", f.train.schedule},
+                        {"grad_clip", f.train.grad_clip},
+                        {"grad_accumulation", f.train.grad_accumulation},
+                        {"seed", f.train.seed},
+                        {"group_by_length", f.train.group_by_length},
+                        {"rank", f.rank},
+                        {"alpha", f.alpha},
+                        {"lora_dropout", f.lora_dropout},
+                        {"targets", SplitList(f.targets)},
+                        {"bf16", f.bf16},
+                        {"threads", kernels::NumThreads()}};
+  nlohmann::json epochs = nlohmann::json::array();
+  for (const EpochReport& r : trainer.history()) {
+    nlohmann::json e = {{"epoch", r.epoch},
+                        {"steps", r.steps},
+                        {"train_loss", r.train_loss},
+                        {"seconds", r.seconds}};
+    if (r.has_eval) e["eval"] = MetricsJson(r.eval);
+    epochs.push_back(e);
+  }
+  metrics["epochs"] = epochs;
+  if (!trainer.history().empty() && trainer.history().back().has_eval) {
+    metrics["final_eval"] = MetricsJson(trainer.history().back().eval);
+  }
+  FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(f.out_dir + "/metrics.json", metrics.dump(2) + "\n"));
+  std::fprintf(stderr, "fedlora train: adapter written to %s\n", f.out_dir.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunTrain(int argc, char** argv) {
+  const std::string command = argv[0];
+  TrainFlags f;
+  FlagSet flags(
+      command,
+      "Fine-tunes LoRA adapters (and the classifier) of a BERT-family model on a labelled dataset\n"
+      "(JSONL/CSV/TSV with text and label), writing a PEFT adapter and metrics.json into --out.");
+  flags.AddString("model", &f.model_dir,
+                  "model directory: config.json, model.safetensors, tokenizer.json or vocab.txt",
+                  true);
+  flags.AddString("train", &f.train_path, "training data file", true);
+  flags.AddString("eval", &f.eval_path, "evaluation data file, scored after every epoch");
+  flags.AddString("out", &f.out_dir, "output directory for the adapter and metrics", true);
+  flags.AddInt("epochs", &f.train.epochs, "passes over the training data");
+  flags.AddInt("max-steps", &f.train.max_steps,
+               "stop after this many optimizer steps (0: run all epochs)");
+  flags.AddInt("batch-size", &f.train.batch_size, "examples per micro-batch");
+  flags.AddInt("grad-accumulation", &f.train.grad_accumulation, "micro-batches per optimizer step");
+  flags.AddInt("max-seq-len", &f.train.max_seq_len,
+               "tokens per example, [CLS]/[SEP] included; longer texts are cut");
+  flags.AddFloat("lr", &f.train.lr, "peak learning rate");
+  flags.AddString("optimizer", &f.train.optimizer, "adamw, lamb or sgd");
+  flags.AddFloat("weight-decay", &f.train.weight_decay,
+                 "decoupled weight decay (not on 1-D params)");
+  flags.AddInt("warmup-steps", &f.train.warmup_steps, "linear learning-rate warmup steps");
+  flags.AddString("schedule", &f.train.schedule,
+                  "learning-rate schedule: constant, linear or cosine");
+  flags.AddFloat("grad-clip", &f.train.grad_clip, "max global gradient norm (0: no clipping)");
+  flags.AddInt("rank", &f.rank, "LoRA rank r");
+  flags.AddFloat("alpha", &f.alpha, "LoRA alpha (updates are scaled by alpha / r)");
+  flags.AddFloat("lora-dropout", &f.lora_dropout, "dropout on the LoRA input");
+  flags.AddString("targets", &f.targets,
+                  "LoRA target modules: query,key,value,attn_out,intermediate,output");
+  flags.AddUint("seed", &f.train.seed, "seed for initialisation, shuffling and dropout");
+  flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
+  flags.AddBool("bf16", &f.bf16, "hold the frozen base weights in bf16 (half the memory)");
+  flags.AddBool("group-by-length", &f.train.group_by_length,
+                "batch examples of similar length together (less padding, faster epochs)");
+  flags.AddBool("progress", &f.train.progress, "show per-epoch progress on stderr");
+  flags.AddInt("eval-batch-size", &f.train.eval_batch_size,
+               "examples per forward pass when evaluating");
+  if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
+  if (!flags.positional().empty())
+    return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
+  if (absl::Status s = f.train.Validate(); !s.ok())
+    return UsageError(command, std::string(s.message()));
+  if (f.threads < 0) return UsageError(command, "--threads must be >= 0");
+  if (SplitList(f.targets).empty()) return UsageError(command, "--targets names no module");
+  for (const std::string& t : SplitList(f.targets)) {
+    if (auto parsed = ParseLoraTarget(t); !parsed.ok())
+      return UsageError(command, std::string(parsed.status().message()));
+  }
+  if (absl::Status s = Train(f); !s.ok()) return Fail(command, s);
+  return kExitOk;
+}
+
+}  // namespace fedlora::tools

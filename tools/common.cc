@@ -1,0 +1,106 @@
+#include "tools/common.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/file.h"
+#include "core/status.h"
+#include "model/bert_config.h"
+#include "train/dataset.h"
+
+namespace fedlora::tools {
+
+std::optional<int> ParseFlagsOrExit(FlagSet& flags, int argc, char** argv) {
+  const absl::Status status = flags.Parse(argc, argv);
+  if (flags.help_requested()) {
+    std::fputs(flags.Help().c_str(), stdout);
+    return kExitOk;
+  }
+  if (!status.ok()) return UsageError(argv[0], std::string(status.message()));
+  return std::nullopt;
+}
+
+int Fail(const std::string& command, const absl::Status& status) {
+  std::fprintf(stderr, "%s: error: %s\n", command.c_str(), status.ToString().c_str());
+  return kExitFailure;
+}
+
+int UsageError(const std::string& command, const std::string& message) {
+  std::fprintf(stderr, "%s: %s\n", command.c_str(), message.c_str());
+  return kExitUsage;
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool IsRegularFile(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> LoadTokenizer(const std::string& model_dir) {
+  const std::string json = model_dir + "/tokenizer.json", vocab = model_dir + "/vocab.txt";
+  if (IsRegularFile(json)) return WordPieceTokenizer::FromTokenizerJson(json);
+  if (IsRegularFile(vocab)) return WordPieceTokenizer::FromVocabFile(vocab);
+  return absl::NotFoundError(
+      absl::StrCat("no tokenizer in ", model_dir, ": neither ", json, " nor ", vocab, " exists"));
+}
+
+absl::StatusOr<int> EffectiveMaxSeqLen(const std::string& model_dir, int requested) {
+  FEDLORA_ASSIGN_OR_RETURN(BertConfig config, ReadBertConfig(model_dir + "/config.json"));
+  return static_cast<int>(std::min<int64_t>(requested, config.max_position_embeddings));
+}
+
+absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
+                                                      const WordPieceTokenizer& tokenizer,
+                                                      int max_seq_len,
+                                                      std::vector<std::string>& label_names) {
+  DatasetOptions options;
+  options.label_names = label_names;
+  FEDLORA_ASSIGN_OR_RETURN(Dataset data, LoadDataset(path, options));
+  label_names = data.label_names;
+  return TokenizeDataset(data, tokenizer, max_seq_len);
+}
+
+namespace {
+
+// .npy v1.0: magic, version, little-endian uint16 header length, then a Python dict literal
+// padded with spaces and ended by '\n' so that the data starts at a multiple of 64 bytes.
+absl::Status WriteNpy(const std::string& path, const char* descr, const void* data, size_t bytes,
+                      const std::vector<int64_t>& shape) {
+  // A 1-tuple needs its trailing comma: "(5,)".
+  std::string dims = absl::StrJoin(shape, ", ");
+  if (shape.size() == 1) dims += ",";
+  std::string header =
+      absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': (", dims, "), }");
+  const size_t unpadded = 10 + header.size() + 1;
+  header.append((64 - unpadded % 64) % 64, ' ');
+  header.push_back('\n');
+  std::string out("\x93NUMPY\x01\x00", 8);
+  out.push_back(static_cast<char>(header.size() & 0xff));
+  out.push_back(static_cast<char>(header.size() >> 8));
+  out += header;
+  out.append(static_cast<const char*>(data), bytes);
+  return WriteFileAtomically(path, out);
+}
+
+}  // namespace
+
+absl::Status WriteNpyFloat(const std::string& path, const std::vector<float>& data,
+                           const std::vector<int64_t>& shape) {
+  return WriteNpy(path, "<f4", data.data(), data.size() * sizeof(float), shape);
+}
+
+absl::Status WriteNpyInt32(const std::string& path, const std::vector<int32_t>& data,
+                           const std::vector<int64_t>& shape) {
+  return WriteNpy(path, "<i4", data.data(), data.size() * sizeof(int32_t), shape);
+}
+
+}  // namespace fedlora::tools

@@ -1,0 +1,80 @@
+// Per-subcommand command-line flags for the `fedlora` tool.
+//
+//   FlagSet flags("fedlora train", "Fine-tunes LoRA adapters of a model on one dataset.");
+//   std::string model_dir;
+//   int64_t epochs = 3;
+//   flags.AddString("model", &model_dir, "model directory (config.json, *.safetensors)",
+//   /*required=*/true); flags.AddInt("epochs", &epochs, "passes over the training data");
+//   FEDLORA_RETURN_IF_ERROR(flags.Parse(argc, argv));   // argv[0] is the subcommand name
+//   if (flags.help_requested()) { std::cout << flags.Help(); return 0; }
+//
+// Why not absl::flags: its flags are process-wide globals, so every subcommand would accept every
+// other subcommand's flags, and `fedlora eval --epochs 3` would pass silently. A FlagSet holds
+// only its own command's flags, rejects anything else by name, and prints its own help.
+//
+// Syntax: `--name value` or `--name=value`; booleans also as bare `--name` (true) or
+// `--name=false`. `-h`/`--help` requests help. `--` ends flags. Anything else not starting with
+// `-` is a positional argument. Values are checked in full ("12x" is not an integer) and against
+// the type's range. Not thread-safe; one FlagSet per parse.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace fedlora::tools {
+
+class FlagSet {
+ public:
+  FlagSet(std::string command, std::string summary);
+
+  // Each Add* registers --name writing into *out; the current *out is the default shown in help.
+  void AddString(const std::string& name, std::string* out, const std::string& help,
+                 bool required = false);
+  void AddInt(const std::string& name, int64_t* out, const std::string& help,
+              bool required = false);
+  void AddInt(const std::string& name, int* out, const std::string& help, bool required = false);
+  void AddUint(const std::string& name, uint64_t* out, const std::string& help);
+  void AddFloat(const std::string& name, float* out, const std::string& help);
+  void AddBool(const std::string& name, bool* out, const std::string& help);
+
+  // Parses argv[1..argc). InvalidArgument, naming the flag, for an unknown flag, a missing or
+  // malformed value, a repeated flag, or (unless help was requested) a missing required flag.
+  absl::Status Parse(int argc, char** argv);
+
+  bool help_requested() const { return help_requested_; }
+  // Whether --name appeared on the command line.
+  bool WasSet(const std::string& name) const;
+  const std::vector<std::string>& positional() const { return positional_; }
+
+  // "usage: <command> [flags]\n<summary>\n\nflags:\n  --name  help (default: x)\n..."
+  std::string Help() const;
+
+ private:
+  struct Flag {
+    std::string name;
+    std::string help;
+    std::string default_text;
+    std::string type;  // "string", "int", "float", "bool": shown in help and errors
+    bool is_bool = false;
+    bool required = false;
+    bool set = false;
+    std::function<absl::Status(const std::string&)> parse;
+  };
+  void Add(Flag flag);
+  Flag* Find(const std::string& name);
+
+  std::string command_;
+  std::string summary_;
+  std::vector<Flag> flags_;
+  std::vector<std::string> positional_;
+  bool help_requested_ = false;
+};
+
+// Splits "query,value" into {"query", "value"}, trimming spaces and dropping empty items.
+std::vector<std::string> SplitList(const std::string& text);
+
+}  // namespace fedlora::tools

@@ -1,0 +1,61 @@
+// fedlora: one binary, one subcommand per job. See tools/commands.h for the subcommand contract.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "tools/commands.h"
+
+namespace fedlora::tools {
+namespace {
+
+struct Subcommand {
+  const char* name;
+  const char* summary;
+  int (*run)(int argc, char** argv);
+};
+
+// The dispatch table: one line per subcommand.
+constexpr Subcommand kSubcommands[] = {
+    {"train", "fine-tune LoRA adapters of a model centrally on one dataset", RunTrain},
+    {"eval", "evaluate a model with an adapter on a labelled dataset", RunEval},
+    {"embed", "write the frozen model's pooled sentence embeddings of a dataset", RunEmbed},
+    {"simulate", "run a whole federation (server + virtual clients) on this machine", RunSimulate},
+    {"server", "run the aggregation server for a run config", RunServer},
+    {"client", "join a federation and train LoRA adapters on local data", RunClient},
+    {"status", "print a running server's status as JSON", RunStatus},
+};
+
+void PrintUsage(std::FILE* out) {
+  std::fprintf(out,
+               "usage: fedlora <command> [flags]\n"
+               "Federated LoRA fine-tuning of transformer encoders.\n\ncommands:\n");
+  for (const Subcommand& c : kSubcommands) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
+  std::fprintf(out, "\n'fedlora <command> --help' lists the flags of a command.\n");
+}
+
+}  // namespace
+}  // namespace fedlora::tools
+
+int main(int argc, char** argv) {
+  using namespace fedlora::tools;
+  if (argc < 2) {
+    PrintUsage(stderr);
+    return kExitUsage;
+  }
+  const std::string command = argv[1];
+  if (command == "--help" || command == "-h" || command == "help") {
+    PrintUsage(stdout);
+    return kExitOk;
+  }
+  for (const Subcommand& c : kSubcommands) {
+    if (command == c.name) {
+      // The subcommand sees itself as argv[0], shown in its messages as "fedlora <name>".
+      std::string display = "fedlora " + command;
+      argv[1] = display.data();
+      return c.run(argc - 1, argv + 1);
+    }
+  }
+  std::fprintf(stderr, "fedlora: unknown command '%s'\n\n", command.c_str());
+  PrintUsage(stderr);
+  return kExitUsage;
+}
