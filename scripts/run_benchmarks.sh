@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs every benchmark of docs/benchmarks.md against BUILD_DIR (default build/default). Each one
+# validates its result first, then times it, and prints the figure with its ratio against a
+# baseline measured in the same run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${1:-build/default}
+ninja -C "$BUILD_DIR" kernels_lora_bench train_step_bench server_upload_ingest_bench >/dev/null
+echo "== LoRA linear forward+backward vs OpenBLAS sgemm (bench/kernels)"
+"$BUILD_DIR/bench/kernels/kernels_lora_bench"
+echo "== training step vs PyTorch (bench/train)"
+bench/train/bench_train_step.sh "$BUILD_DIR"
+echo "== upload ingest vs raw gRPC loopback (bench/server)"
+"$BUILD_DIR/bench/server/server_upload_ingest_bench"
+"$BUILD_DIR/bench/server/server_upload_ingest_bench" 1gb
