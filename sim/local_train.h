@@ -1,0 +1,84 @@
+// The simulator's bridge to train/: loading and tokenizing the run's data, local training of one
+// virtual client on its subset, and evaluation, behind plain structs and forward declarations.
+//
+// The SDK-facing code of the simulator (simulator.cc) includes only this header; local_train.cc
+// is the one file of sim/ that includes train/trainer.h, so the training internals can change
+// without touching the protocol side.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fedlora/v1/config.pb.h"
+
+namespace fedlora {
+
+struct TokenizedDataset;  // train/trainer.h
+struct TrainOptions;      // train/trainer.h
+class BertClassifier;     // model/bert.h
+
+namespace sim {
+
+// The run's data, tokenized once and shared read-only by every virtual client and the evaluator.
+struct SimData {
+  std::shared_ptr<const TokenizedDataset> train;
+  std::shared_ptr<const TokenizedDataset> eval;
+  std::vector<int> train_labels;         // label of each training example, for partitioning
+  std::vector<std::string> label_names;  // class order (= config task.labels)
+  // The partition key of each training example (simulation.partition_key_field), when BY_KEY.
+  std::vector<std::string> train_keys;
+  // Local training settings from config.training (the task's own fields override them per round).
+  std::shared_ptr<const TrainOptions> train_options;
+  int max_seq_len = 0;  // tokens per example after clamping to the model's positions
+
+  int64_t train_size() const { return static_cast<int64_t>(train_labels.size()); }
+  int64_t eval_size() const;
+};
+
+// Loads data.train_path and data.eval_path (both required), with the task's fields and labels,
+// tokenized with the model directory's tokenizer (tokenizer.json, else vocab.txt).
+absl::StatusOr<SimData> LoadSimData(const v1::RunConfig& config);
+
+// What the server's task says about this round's local work.
+struct LocalWork {
+  uint32_t local_epochs = 0;  // exactly one of local_epochs / local_steps is > 0
+  uint32_t local_steps = 0;
+  uint32_t batch_size = 0;    // 0: keep the config's
+  double learning_rate = 0;   // 0: keep the config's
+  uint64_t seed = 0;          // shuffling and dropout of this task
+};
+
+struct LocalOutcome {
+  int64_t num_examples = 0;        // size of the client's subset (the FedAvg weight)
+  int64_t steps = 0;               // optimizer steps taken
+  int64_t examples_processed = 0;  // examples seen, counting repeats
+  double loss_first = 0;           // mean step loss over the first 10% of steps (at least one)
+  double loss_last = 0;            // ... over the last 10%
+  double loss_mean = 0;            // mean step loss over the whole task
+};
+
+// Fine-tunes `model`'s trainable params (already set to the global adapter) on
+// data.train[indices]. Not thread-safe for one model; distinct models may train concurrently.
+absl::StatusOr<LocalOutcome> TrainLocally(BertClassifier& model, const SimData& data, std::span<const int64_t> indices,
+                                          const LocalWork& work);
+
+struct EvalFigures {
+  int64_t count = 0;
+  double loss = 0;
+  double accuracy = 0;
+  double macro_f1 = 0;
+};
+
+// Evaluates on data.eval, `batch_size` examples per forward pass. The batches are split into
+// models.size() contiguous slices evaluated concurrently, one thread per model (the models must
+// hold the same adapter); the slices' counts are merged in order, so the result depends only on
+// the data, the adapter and the number of models.
+absl::StatusOr<EvalFigures> EvaluateOnHeldOut(std::span<BertClassifier* const> models, const SimData& data,
+                                              int batch_size);
+
+}  // namespace sim
+}  // namespace fedlora

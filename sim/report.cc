@@ -1,0 +1,240 @@
+#include "sim/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/file.h"
+#include "core/status.h"
+#include <nlohmann/json.hpp>
+
+namespace fedlora::sim {
+namespace {
+
+nlohmann::json Num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+// printf with a runtime format (tick labels); `fmt` takes one double.
+std::string FormatDouble(const char* fmt, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), fmt, v);
+  return buf;
+}
+
+std::string XmlEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// A "nice" upper bound and tick step for an axis that starts at 0: 1, 2 or 5 times a power of ten.
+void NiceAxis(double max_value, double* top, double* step) {
+  if (!(max_value > 0) || !std::isfinite(max_value)) max_value = 1;
+  const double raw = max_value / 5;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double s = mag;
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    if (m * mag >= raw) {
+      s = m * mag;
+      break;
+    }
+  }
+  *step = s;
+  *top = std::ceil(max_value / s) * s;
+}
+
+// One panel: a frame at (x0, y0) of size w x h, x over [0, max_round], y over [0, y_top].
+struct Panel {
+  double x0, y0, w, h;
+  double max_round, y_top;
+  double X(double round) const { return x0 + (max_round > 0 ? round / max_round : 0.0) * w; }
+  double Y(double v) const { return y0 + h - (y_top > 0 ? v / y_top : 0.0) * h; }
+};
+
+void Axes(std::string* svg, const Panel& p, double y_step, const std::string& y_label, const char* y_fmt) {
+  absl::StrAppendFormat(svg, "<rect class=\"frame\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\"/>\n", p.x0,
+                        p.y0, p.w, p.h);
+  for (double v = 0; v <= p.y_top + 1e-9; v += y_step) {
+    const double y = p.Y(v);
+    absl::StrAppendFormat(svg, "<line class=\"grid\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", p.x0, y,
+                          p.x0 + p.w, y);
+    absl::StrAppendFormat(svg, "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", p.x0 - 6,
+                          y + 4, FormatDouble(y_fmt, v));
+  }
+  const int max_r = static_cast<int>(p.max_round);
+  const int x_step = std::max(1, max_r / 10);
+  for (int r = 0; r <= max_r; r += x_step) {
+    absl::StrAppendFormat(svg, "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n", p.X(r),
+                          p.y0 + p.h + 16, r);
+  }
+  absl::StrAppendFormat(svg, "<text class=\"label\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">round</text>\n",
+                        p.x0 + p.w / 2, p.y0 + p.h + 34);
+  absl::StrAppendFormat(svg,
+                        "<text class=\"label\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" "
+                        "transform=\"rotate(-90 %.1f %.1f)\">%s</text>\n",
+                        p.x0 - 48, p.y0 + p.h / 2, p.x0 - 48, p.y0 + p.h / 2, XmlEscape(y_label));
+}
+
+void Series(std::string* svg, const Panel& p, const std::vector<std::pair<double, double>>& pts, const char* cls) {
+  if (pts.empty()) return;
+  std::string d;
+  for (const auto& [x, y] : pts) absl::StrAppendFormat(&d, "%s%.1f,%.1f", d.empty() ? "" : " ", p.X(x), p.Y(y));
+  absl::StrAppendFormat(svg, "<polyline class=\"%s\" points=\"%s\"/>\n", cls, d);
+  for (const auto& [x, y] : pts) {
+    absl::StrAppendFormat(svg, "<circle class=\"%s\" cx=\"%.1f\" cy=\"%.1f\" r=\"3\"/>\n", cls, p.X(x), p.Y(y));
+  }
+}
+
+}  // namespace
+
+std::string RoundRecordToJson(const RoundRecord& r) {
+  nlohmann::json j = {{"round", r.round},
+                      {"server_round", r.server_round},
+                      {"eval_accuracy", Num(r.eval_accuracy)},
+                      {"eval_loss", Num(r.eval_loss)},
+                      {"eval_macro_f1", Num(r.eval_macro_f1)},
+                      {"mean_train_loss", Num(r.mean_train_loss)},
+                      {"bytes_up", r.bytes_up},
+                      {"bytes_down", r.bytes_down},
+                      {"round_seconds", Num(r.round_seconds)},
+                      {"elapsed_seconds", Num(r.elapsed_seconds)},
+                      {"selected", r.selected},
+                      {"reported", r.reported},
+                      {"dropped", r.dropped},
+                      {"stragglers", r.stragglers},
+                      {"crashed", r.crashed}};
+  return j.dump();
+}
+
+std::string RoundsToCsv(const std::vector<RoundRecord>& rounds) {
+  std::string out =
+      "round,server_round,eval_accuracy,eval_loss,eval_macro_f1,mean_train_loss,bytes_up,bytes_down,round_seconds,"
+      "elapsed_seconds,selected,reported,dropped,stragglers,crashed\n";
+  auto cell = [](double v) { return std::isfinite(v) ? absl::StrFormat("%.6g", v) : std::string(); };
+  for (const RoundRecord& r : rounds) {
+    absl::StrAppend(&out, r.round, ",", r.server_round, ",", cell(r.eval_accuracy), ",", cell(r.eval_loss), ",",
+                    cell(r.eval_macro_f1), ",", cell(r.mean_train_loss), ",", r.bytes_up, ",", r.bytes_down, ",",
+                    cell(r.round_seconds), ",", cell(r.elapsed_seconds), ",", r.selected, ",", r.reported, ",",
+                    r.dropped, ",", r.stragglers, ",", r.crashed, "\n");
+  }
+  return out;
+}
+
+std::string RoundsToSvg(const std::vector<RoundRecord>& rounds, const std::string& title) {
+  constexpr double kWidth = 760, kHeight = 620;
+  double max_round = 1;
+  std::vector<std::pair<double, double>> acc, up, down;
+  double cum_up = 0, cum_down = 0;
+  for (const RoundRecord& r : rounds) {
+    max_round = std::max(max_round, static_cast<double>(r.round));
+    if (std::isfinite(r.eval_accuracy)) acc.emplace_back(r.round, r.eval_accuracy);
+    cum_up += static_cast<double>(r.bytes_up) / kMiB;
+    cum_down += static_cast<double>(r.bytes_down) / kMiB;
+    up.emplace_back(r.round, cum_up);
+    down.emplace_back(r.round, cum_down);
+  }
+  std::string svg = absl::StrFormat(
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n"
+      "<style>\n"
+      "  text { font-family: sans-serif; font-size: 12px; fill: #222; }\n"
+      "  .title { font-size: 15px; font-weight: bold; }\n"
+      "  .frame { fill: none; stroke: #444; }\n"
+      "  .grid { stroke: #ddd; }\n"
+      "  polyline { fill: none; stroke-width: 2; }\n"
+      "  .acc { stroke: #1b6ac9; fill: #1b6ac9; }\n"
+      "  .up { stroke: #d9480f; fill: #d9480f; }\n"
+      "  .down { stroke: #2b8a3e; fill: #2b8a3e; }\n"
+      "  polyline.acc, polyline.up, polyline.down { fill: none; }\n"
+      "</style>\n"
+      "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+      "<text class=\"title\" x=\"%d\" y=\"24\" text-anchor=\"middle\">%s</text>\n",
+      static_cast<int>(kWidth), static_cast<int>(kHeight), static_cast<int>(kWidth), static_cast<int>(kHeight),
+      static_cast<int>(kWidth / 2), XmlEscape(title));
+
+  // Top panel: accuracy on [0, 1].
+  Panel top{80, 50, kWidth - 120, 210, max_round, 1.0};
+  absl::StrAppend(&svg, "<g id=\"accuracy\">\n");
+  Axes(&svg, top, 0.2, "held-out accuracy", "%.1f");
+  Series(&svg, top, acc, "acc");
+  absl::StrAppend(&svg, "</g>\n");
+
+  // Bottom panel: cumulative MiB.
+  double y_top = 1, y_step = 0.2;
+  NiceAxis(std::max(cum_up, cum_down), &y_top, &y_step);
+  Panel bottom{80, 340, kWidth - 120, 210, max_round, y_top};
+  absl::StrAppend(&svg, "<g id=\"bytes\">\n");
+  Axes(&svg, bottom, y_step, "cumulative MiB", "%g");
+  Series(&svg, bottom, up, "up");
+  Series(&svg, bottom, down, "down");
+  absl::StrAppendFormat(&svg,
+                        "<rect class=\"up\" x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"4\"/>"
+                        "<text x=\"%.1f\" y=\"%.1f\">uploaded</text>\n"
+                        "<rect class=\"down\" x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"4\"/>"
+                        "<text x=\"%.1f\" y=\"%.1f\">downloaded</text>\n",
+                        bottom.x0 + 10, bottom.y0 + 12, bottom.x0 + 28, bottom.y0 + 18, bottom.x0 + 110,
+                        bottom.y0 + 12, bottom.x0 + 128, bottom.y0 + 18);
+  absl::StrAppend(&svg, "</g>\n</svg>\n");
+  return svg;
+}
+
+std::string SummaryTable(const std::vector<RoundRecord>& rounds) {
+  std::string out = absl::StrFormat("%5s %8s %8s %10s %6s %6s %6s %5s %5s %10s %10s %8s\n", "round", "accuracy",
+                                    "loss", "train_loss", "select", "report", "drop", "strag", "crash", "MiB_up",
+                                    "MiB_down", "seconds");
+  int64_t up = 0, down = 0;
+  int selected = 0, reported = 0, dropped = 0, strag = 0, crashed = 0;
+  double seconds = 0;
+  auto f = [](double v, const char* fmt) {
+    return std::isfinite(v) ? FormatDouble(fmt, v) : std::string("-");
+  };
+  for (const RoundRecord& r : rounds) {
+    absl::StrAppendFormat(&out, "%5d %8s %8s %10s %6d %6d %6d %5d %5d %10.3f %10.3f %8.1f\n", r.round,
+                          f(r.eval_accuracy, "%.4f"), f(r.eval_loss, "%.4f"), f(r.mean_train_loss, "%.4f"), r.selected,
+                          r.reported, r.dropped, r.stragglers, r.crashed, static_cast<double>(r.bytes_up) / kMiB,
+                          static_cast<double>(r.bytes_down) / kMiB, r.round_seconds);
+    up += r.bytes_up;
+    down += r.bytes_down;
+    selected += r.selected;
+    reported += r.reported;
+    dropped += r.dropped;
+    strag += r.stragglers;
+    crashed += r.crashed;
+    seconds = r.elapsed_seconds;
+  }
+  absl::StrAppendFormat(&out, "%5s %8s %8s %10s %6d %6d %6d %5d %5d %10.3f %10.3f %8.1f\n", "total", "", "", "",
+                        selected, reported, dropped, strag, crashed, static_cast<double>(up) / kMiB,
+                        static_cast<double>(down) / kMiB, seconds);
+  return out;
+}
+
+absl::Status WriteRoundReports(const std::string& dir, const std::vector<RoundRecord>& rounds,
+                               const std::string& title) {
+  std::string jsonl;
+  for (const RoundRecord& r : rounds) absl::StrAppend(&jsonl, RoundRecordToJson(r), "\n");
+  FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(dir + "/rounds.jsonl", jsonl));
+  FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(dir + "/rounds.csv", RoundsToCsv(rounds)));
+  return WriteFileAtomically(dir + "/rounds.svg", RoundsToSvg(rounds, title));
+}
+
+}  // namespace fedlora::sim

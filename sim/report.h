@@ -1,0 +1,57 @@
+// Per-round reports of a simulation: JSON lines, CSV, a hand-written SVG plot and a summary table.
+//
+//   std::vector<RoundRecord> rounds = ...;           // rounds[0] is the untuned start (round 0)
+//   FEDLORA_RETURN_IF_ERROR(WriteRoundReports("runs/sim", rounds, "fortunes, Dirichlet 0.5"));
+//   std::cout << SummaryTable(rounds);
+//
+// Files written (each atomically, so a reader never sees half a file): rounds.jsonl (one object
+// per round, keys as in RoundRecordToJson), rounds.csv (same columns, a header row) and
+// rounds.svg (two panels: held-out accuracy vs round, cumulative MiB up and down vs round).
+// Pure functions apart from WriteRoundReports; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace fedlora::sim {
+
+struct RoundRecord {
+  int round = 0;              // committed rounds so far: 0 = the initial adapter, then 1, 2, ...
+  uint64_t server_round = 0;  // the server's round number (abandoned attempts also use numbers)
+  // Held-out metrics of the global adapter after this round (NaN when not evaluated).
+  double eval_accuracy = 0;
+  double eval_loss = 0;
+  double eval_macro_f1 = 0;
+  // Mean over this round's reporting clients of their mean local step loss (NaN when none).
+  double mean_train_loss = 0;
+  // Wire bytes the server received in upload chunks / sent in download chunks since the previous
+  // round's commit (a straggler's refused late upload lands in the round during which it arrived).
+  int64_t bytes_up = 0;
+  int64_t bytes_down = 0;
+  double round_seconds = 0;    // wall time since the previous commit (round 0: setup time)
+  double elapsed_seconds = 0;  // wall time since the simulation started
+  // Clients given a task for this round, updates the server accepted for it, and injected faults.
+  int selected = 0;
+  int reported = 0;
+  int dropped = 0;     // vanished after selection
+  int stragglers = 0;  // delayed by straggler_delay_seconds
+  int crashed = 0;     // upload cut off midway (resumed later)
+};
+
+// One JSON object on one line (no trailing newline). NaN values are written as null.
+std::string RoundRecordToJson(const RoundRecord& r);
+// Header row plus one row per record; NaN as an empty cell.
+std::string RoundsToCsv(const std::vector<RoundRecord>& rounds);
+// A standalone SVG document (two panels, axes with ticks, a legend). `title` is XML-escaped.
+std::string RoundsToSvg(const std::vector<RoundRecord>& rounds, const std::string& title);
+// Fixed-width text table, one line per round, plus a totals line.
+std::string SummaryTable(const std::vector<RoundRecord>& rounds);
+
+// Writes rounds.jsonl, rounds.csv and rounds.svg into `dir` (which must exist).
+absl::Status WriteRoundReports(const std::string& dir, const std::vector<RoundRecord>& rounds,
+                               const std::string& title);
+
+}  // namespace fedlora::sim

@@ -1,0 +1,642 @@
+#include "sim/simulator.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/file.h"
+#include "core/logging.h"
+#include "core/progress.h"
+#include "core/rng.h"
+#include "core/status.h"
+#include "fedlora/client.h"
+#include "fedlora/client_trainer.h"
+#include "kernels/context.h"
+#include "model/bert.h"
+#include "model/peft.h"
+#include "proto/config_io.h"
+#include "server/adapter_io.h"
+#include "server/evaluator.h"
+#include "server/server.h"
+#include "sim/cut_proxy.h"
+#include "sim/local_train.h"
+#include "train/partition.h"
+#include <nlohmann/json.hpp>
+
+namespace fedlora::sim {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Salt of the fault stream: faults never share random bits with training or selection.
+constexpr uint64_t kFaultSalt = 0x6661'756c'7473'0001ull;  // "faults"
+
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// A fixed set of model instances that virtual clients (and the evaluator) borrow one at a time.
+class ModelPool {
+ public:
+  void Add(std::unique_ptr<BertClassifier> m) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(m.get());
+    all_.push_back(std::move(m));
+  }
+  BertClassifier* Acquire() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return !free_.empty(); });
+    BertClassifier* m = free_.back();
+    free_.pop_back();
+    return m;
+  }
+  // Every model at once (waits until none is lent), so that nothing else computes meanwhile.
+  std::vector<BertClassifier*> AcquireAll() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return free_.size() == all_.size(); });
+    std::vector<BertClassifier*> out;
+    out.swap(free_);
+    return out;
+  }
+  void ReleaseAll(std::vector<BertClassifier*> models) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      free_.insert(free_.end(), models.begin(), models.end());
+    }
+    cv_.notify_all();
+  }
+  void Release(BertClassifier* m) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      free_.push_back(m);
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<BertClassifier*> free_;
+  std::vector<std::unique_ptr<BertClassifier>> all_;
+};
+
+class Lease {
+ public:
+  explicit Lease(ModelPool& pool) : pool_(pool), model_(pool.Acquire()) {}
+  ~Lease() { pool_.Release(model_); }
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  BertClassifier& operator*() const { return *model_; }
+  BertClassifier* operator->() const { return model_; }
+
+ private:
+  ModelPool& pool_;
+  BertClassifier* model_;
+};
+
+// Copies `adapter` (names as BertClassifier::trainable_params) into the model. Every trainable
+// param must be present with its shape.
+template <class Tensor, class Values>
+absl::Status LoadAdapter(const std::vector<Tensor>& adapter, Values Tensor::*values, BertClassifier& model) {
+  std::map<std::string_view, const Tensor*> by_name;
+  for (const Tensor& t : adapter) by_name[t.name] = &t;
+  for (Param& p : model.trainable_params()) {
+    auto it = by_name.find(p.name);
+    if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat("global adapter lacks '", p.name, "'"));
+    const Tensor& t = *it->second;
+    if (t.shape != p.shape || (t.*values).size() != p.value.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("global adapter tensor '", p.name, "' has the wrong shape"));
+    }
+    std::copy((t.*values).begin(), (t.*values).end(), p.value.begin());
+  }
+  if (by_name.size() != model.trainable_params().size()) {
+    return absl::InvalidArgumentError(absl::StrCat("global adapter has ", by_name.size(), " tensors, the model ",
+                                                   model.trainable_params().size()));
+  }
+  return absl::OkStatus();
+}
+
+struct FaultDecision {
+  bool dropout = false;
+  bool straggler = false;
+  bool crash = false;
+};
+
+// Counters of one server round, filled by the clients' Train calls.
+struct RoundStats {
+  int selected = 0;
+  int dropped = 0;
+  int stragglers = 0;
+  int crashed = 0;
+  std::vector<double> train_losses;
+};
+
+class Simulation;
+
+struct VirtualClient {
+  int index = 0;
+  std::string id;
+  std::vector<int64_t> indices;
+  std::unique_ptr<CutProxy> proxy;  // only for clients that may crash mid-upload
+  std::unique_ptr<ClientTrainer> trainer;
+  std::thread thread;
+
+  std::mutex mu;
+  Client* client = nullptr;  // the live SDK client, while RunUntilDone runs
+  bool vanished = false;
+  int64_t commits_at_vanish = 0;
+};
+
+// The SDK's ClientTrainer for one virtual client: forwards to the simulation.
+class SimClientTrainer final : public ClientTrainer {
+ public:
+  SimClientTrainer(Simulation* sim, VirtualClient* vc) : sim_(sim), vc_(vc) {}
+  absl::StatusOr<TrainResult> Train(const TrainTask& task, const std::vector<NamedTensor>& global) override;
+
+ private:
+  Simulation* sim_;
+  VirtualClient* vc_;
+};
+
+class Simulation final : public Evaluator {
+ public:
+  Simulation(v1::RunConfig config, SimOptions options) : config_(std::move(config)), options_(std::move(options)) {}
+  ~Simulation() override { StopEverything(); }
+
+  absl::StatusOr<SimResult> Run();
+
+  // Called by SimClientTrainer::Train on the client's thread.
+  absl::StatusOr<TrainResult> TrainClient(VirtualClient& vc, const TrainTask& task,
+                                          const std::vector<NamedTensor>& global);
+  // Evaluator: called by the server's driver before it commits each round.
+  absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t round,
+                                                         const std::vector<UpdateTensor>& adapter) override;
+
+ private:
+  absl::Status Setup();
+  FaultDecision Decide(uint64_t round, int client) const;
+  void ClientLoop(VirtualClient& vc);
+  // Sleeps up to `seconds`; false when the simulation is stopping.
+  bool SleepUnlessStopping(double seconds);
+  void StopEverything();
+  absl::Status WriteFinalOutputs(SimResult& result);
+
+  const v1::RunConfig config_;
+  SimOptions options_;
+  SimData data_;
+  Partition partition_;
+  ModelPool pool_;
+  int parallelism_ = 1;
+  std::unique_ptr<Server> server_;
+  std::vector<std::unique_ptr<VirtualClient>> clients_;
+  Clock::time_point start_;
+
+  std::mutex mu_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;
+  absl::Status client_error_;  // first unexpected client failure
+  std::map<uint64_t, RoundStats> stats_;
+  std::vector<RoundRecord> records_;
+  Clock::time_point last_commit_;
+  int64_t last_accepted_ = 0, last_up_ = 0, last_down_ = 0;
+};
+
+absl::StatusOr<TrainResult> SimClientTrainer::Train(const TrainTask& task, const std::vector<NamedTensor>& global) {
+  return sim_->TrainClient(*vc_, task, global);
+}
+
+FaultDecision Simulation::Decide(uint64_t round, int client) const {
+  const v1::SimulationConfig& s = config_.simulation();
+  const uint64_t seed = config_.seed() ^ kFaultSalt;
+  const uint64_t stream = MakeStream(static_cast<uint32_t>(round), static_cast<uint32_t>(client));
+  FaultDecision d;
+  // UniformAt is in [0, 1): probability 0 never fires, probability 1 always does.
+  d.dropout = UniformAt(seed, stream, 0) < s.dropout_probability();
+  d.straggler = !d.dropout && UniformAt(seed, stream, 1) < s.straggler_probability();
+  d.crash = !d.dropout && UniformAt(seed, stream, 2) < options_.crash_probability;
+  for (const InjectedFault& f : options_.faults) {
+    if (f.server_round != round || f.client != client) continue;
+    if (f.kind == FaultKind::kDropout) d.dropout = true;
+    if (f.kind == FaultKind::kStraggler) d.straggler = true;
+    if (f.kind == FaultKind::kCrash) d.crash = true;
+  }
+  if (d.dropout) d.straggler = d.crash = false;
+  return d;
+}
+
+bool Simulation::SleepUnlessStopping(double seconds) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return !stop_cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return stopping_; });
+}
+
+absl::StatusOr<TrainResult> Simulation::TrainClient(VirtualClient& vc, const TrainTask& task,
+                                                    const std::vector<NamedTensor>& global) {
+  const FaultDecision fault = Decide(task.round, vc.index);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RoundStats& s = stats_[task.round];
+    ++s.selected;
+    s.dropped += fault.dropout ? 1 : 0;
+    s.stragglers += fault.straggler ? 1 : 0;
+    s.crashed += fault.crash ? 1 : 0;
+  }
+  if (fault.dropout) {
+    // Vanish: the SDK client stops at once (no upload, no Leave, no heartbeats); ClientLoop brings
+    // it back after the round is committed.
+    std::lock_guard<std::mutex> lock(vc.mu);
+    vc.vanished = true;
+    vc.commits_at_vanish = server_->coordinator().rounds_committed();
+    if (vc.client != nullptr) vc.client->Stop();
+    return absl::AbortedError(absl::StrCat("simulated dropout of ", vc.id, " in round ", task.round));
+  }
+
+  TrainResult result;
+  LocalOutcome outcome;
+  {
+    Lease model(pool_);
+    FEDLORA_RETURN_IF_ERROR(LoadAdapter(global, &NamedTensor::values, *model));
+    LocalWork work;
+    work.local_epochs = task.local_epochs;
+    work.local_steps = task.local_steps;
+    work.batch_size = task.batch_size;
+    work.learning_rate = task.learning_rate;
+    work.seed = task.seed;
+    FEDLORA_ASSIGN_OR_RETURN(outcome, TrainLocally(*model, data_, vc.indices, work));
+    std::map<std::string_view, const NamedTensor*> by_name;
+    for (const NamedTensor& g : global) by_name[g.name] = &g;
+    for (const Param& p : model->trainable_params()) {
+      const NamedTensor& g = *by_name.at(p.name);  // LoadAdapter checked every name
+      NamedTensor d{p.name, p.shape, std::vector<float>(p.value.size())};
+      for (size_t i = 0; i < d.values.size(); ++i) d.values[i] = p.value[i] - g.values[i];
+      result.delta.push_back(std::move(d));
+    }
+  }
+  result.num_examples = outcome.num_examples;
+  result.steps = outcome.steps;
+  result.examples_processed = outcome.examples_processed;
+  result.train_loss_first = outcome.loss_first;
+  result.train_loss_last = outcome.loss_last;
+  result.metrics["train_loss_mean"] = outcome.loss_mean;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_[task.round].train_losses.push_back(outcome.loss_mean);
+  }
+  if (fault.crash && vc.proxy != nullptr) {
+    // Cut after about half of the encoded update (4 bytes per fp32 value) has gone upstream.
+    int64_t values = 0;
+    for (const NamedTensor& d : result.delta) values += static_cast<int64_t>(d.values.size());
+    vc.proxy->ArmCut(std::max<int64_t>(1, 2 * values));
+  }
+  if (fault.straggler && !SleepUnlessStopping(config_.simulation().straggler_delay_seconds())) {
+    return absl::CancelledError("simulation stopping");
+  }
+  return result;
+}
+
+absl::StatusOr<std::map<std::string, double>> Simulation::Evaluate(uint64_t round,
+                                                                    const std::vector<UpdateTensor>& adapter) {
+  // All pool models evaluate a slice each, in parallel: evaluation runs while the round is being
+  // aggregated, when (without stragglers) no client trains, so the cores would idle otherwise.
+  std::vector<BertClassifier*> models = pool_.AcquireAll();
+  absl::StatusOr<EvalFigures> evaluated = [&]() -> absl::StatusOr<EvalFigures> {
+    for (BertClassifier* m : models) FEDLORA_RETURN_IF_ERROR(LoadAdapter(adapter, &UpdateTensor::values, *m));
+    const int batch = static_cast<int>(config_.data().has_eval_batch_size() ? config_.data().eval_batch_size() : 64);
+    return EvaluateOnHeldOut(models, data_, batch);
+  }();
+  pool_.ReleaseAll(std::move(models));
+  FEDLORA_RETURN_IF_ERROR(evaluated.status());
+  const EvalFigures eval = *evaluated;
+  const ServerMetrics& m = server_->metrics();
+  std::lock_guard<std::mutex> lock(mu_);
+  RoundRecord r;
+  if (!records_.empty() && records_.back().server_round == round && round != 0) records_.pop_back();  // a retry
+  r.round = static_cast<int>(records_.size());
+  r.server_round = round;
+  r.eval_accuracy = eval.accuracy;
+  r.eval_loss = eval.loss;
+  r.eval_macro_f1 = eval.macro_f1;
+  const RoundStats& s = stats_[round];
+  r.selected = s.selected;
+  r.dropped = s.dropped;
+  r.stragglers = s.stragglers;
+  r.crashed = s.crashed;
+  double sum = 0;
+  for (double l : s.train_losses) sum += l;
+  r.mean_train_loss = s.train_losses.empty() ? std::nan("") : sum / static_cast<double>(s.train_losses.size());
+  const int64_t accepted = m.updates_accepted.load(), up = m.upload_bytes.load(), down = m.download_bytes.load();
+  r.reported = static_cast<int>(accepted - last_accepted_);
+  r.bytes_up = up - last_up_;
+  r.bytes_down = down - last_down_;
+  last_accepted_ = accepted;
+  last_up_ = up;
+  last_down_ = down;
+  r.round_seconds = SecondsSince(last_commit_);
+  r.elapsed_seconds = SecondsSince(start_);
+  last_commit_ = Clock::now();
+  records_.push_back(r);
+  absl::Status written = WriteRoundReports(options_.out_dir, records_, config_.run_id());
+  if (!written.ok()) {
+    FEDLORA_LOG(WARNING) << "simulate: writing the round reports: " << written;
+  }
+  return std::map<std::string, double>{
+      {"eval_accuracy", eval.accuracy}, {"eval_loss", eval.loss}, {"eval_macro_f1", eval.macro_f1}};
+}
+
+void Simulation::ClientLoop(VirtualClient& vc) {
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+    ClientOptions o;
+    o.server_address = vc.proxy != nullptr ? vc.proxy->address() : server_->address();
+    o.client_id = vc.id;
+    o.wait_for_task_seconds = 5;   // short long polls: the run's end is noticed within seconds
+    o.retry.initial_backoff_ms = 100;
+    o.retry.max_backoff_ms = 2000;  // loopback: a failed call is a crash test, retry soon
+    o.retry.max_attempts = 30;
+    o.download_final_adapter = false;
+    o.client_version = "fedlora-sim";
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(o, vc.trainer.get());
+    if (!client.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (client_error_.ok()) client_error_ = Annotate(client.status(), vc.id);
+      stop_cv_.notify_all();
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(vc.mu);
+      vc.client = client->get();
+    }
+    absl::StatusOr<RunSummary> summary = (*client)->RunUntilDone();
+    bool vanished = false;
+    int64_t commits_at_vanish = 0;
+    {
+      std::lock_guard<std::mutex> lock(vc.mu);
+      vc.client = nullptr;
+      vanished = vc.vanished;
+      commits_at_vanish = vc.commits_at_vanish;
+      vc.vanished = false;
+    }
+    if (summary.ok()) return;  // the run finished
+    if (vanished) {
+      // Rejoin (a new session) once the round it vanished from has been committed.
+      while (server_->coordinator().rounds_committed() <= commits_at_vanish && !server_->coordinator().finished()) {
+        if (!SleepUnlessStopping(0.05)) return;
+      }
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopping_ && client_error_.ok()) client_error_ = Annotate(summary.status(), vc.id);
+    stop_cv_.notify_all();
+    return;
+  }
+}
+
+void Simulation::StopEverything() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  for (auto& vc : clients_) {
+    std::lock_guard<std::mutex> lock(vc->mu);
+    if (vc->client != nullptr) vc->client->Stop();
+  }
+  for (auto& vc : clients_) {
+    if (vc->thread.joinable()) vc->thread.join();
+  }
+  if (server_ != nullptr) server_->Shutdown();
+}
+
+absl::Status Simulation::Setup() {
+  const v1::SimulationConfig& sc = config_.simulation();
+  const int num_clients = static_cast<int>(sc.has_num_clients() ? sc.num_clients() : 10);
+  const int64_t per_round = config_.selection().has_clients_per_round() ? config_.selection().clients_per_round() : 10;
+  if (options_.out_dir.empty()) return absl::InvalidArgumentError("simulate: no output directory");
+  if (per_round > num_clients) {
+    return absl::InvalidArgumentError(absl::StrCat("selection.clients_per_round (", per_round,
+                                                   ") exceeds simulation.num_clients (", num_clients,
+                                                   "): no round could ever fill"));
+  }
+  if (!(options_.crash_probability >= 0 && options_.crash_probability <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("crash probability ", options_.crash_probability, " is not in [0, 1]"));
+  }
+  if (options_.parallelism < 0) return absl::InvalidArgumentError("parallelism must be >= 0");
+  // Refuse what the virtual clients cannot do, rather than have every task fail and the run stall.
+  if (config_.aggregation().strategy() == v1::AggregationConfig::FEDPROX) {
+    return absl::UnimplementedError("simulate: the local trainer has no FedProx proximal term yet; use FEDAVG");
+  }
+  for (const v1::CodecStage& stage : config_.codec().stages()) {
+    const auto id = stage.id();
+    if (id != v1::CodecStage::NONE && id != v1::CodecStage::ZSTD && id != v1::CodecStage::FP16 &&
+        id != v1::CodecStage::BF16) {
+      return absl::UnimplementedError(absl::StrCat("simulate: codec stage ", v1::CodecStage::Id_Name(id),
+                                                   " is not implemented by the client SDK yet"));
+    }
+  }
+  for (const InjectedFault& f : options_.faults) {
+    if (f.client < 0 || f.client >= num_clients) {
+      return absl::InvalidArgumentError(absl::StrCat("injected fault names client ", f.client, " of ", num_clients));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(options_.out_dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", options_.out_dir, ": ", ec.message()));
+  // The store is the simulation's own: a leftover one would make the server resume an old run.
+  std::filesystem::remove_all(options_.out_dir + "/store", ec);
+
+  FEDLORA_ASSIGN_OR_RETURN(data_, LoadSimData(config_));
+  if (sc.partition() == v1::SimulationConfig::BY_KEY && options_.shards_per_client <= 0) {
+    FEDLORA_ASSIGN_OR_RETURN(partition_, PartitionByKey(data_.train_keys, num_clients, config_.seed()));
+  } else {
+    PartitionOptions po;
+    po.num_clients = num_clients;
+    po.seed = config_.seed();
+    po.dirichlet_alpha = sc.has_dirichlet_alpha() ? sc.dirichlet_alpha() : 0.5;
+    po.scheme = sc.partition() == v1::SimulationConfig::DIRICHLET ? PartitionScheme::kDirichlet : PartitionScheme::kIid;
+    if (options_.shards_per_client > 0) {
+      po.scheme = PartitionScheme::kLabelShards;
+      po.shards_per_client = options_.shards_per_client;
+    }
+    FEDLORA_ASSIGN_OR_RETURN(partition_, PartitionByLabel(data_.train_labels,
+                                                          static_cast<int>(data_.label_names.size()), po));
+  }
+
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  parallelism_ = std::min(options_.parallelism > 0 ? options_.parallelism : cores, num_clients);
+  // Each virtual client trains on one thread; the pool of `parallelism` models keeps the cores busy.
+  // One kernel thread also makes every client's result independent of how many run at once.
+  kernels::SetNumThreads(1);
+
+  ModelOptions mo;
+  mo.num_labels = static_cast<int>(data_.label_names.size());
+  mo.lora.rank = static_cast<int>(config_.lora().has_rank() ? config_.lora().rank() : 8);
+  mo.lora.alpha = static_cast<float>(config_.lora().has_alpha() ? config_.lora().alpha() : 16.0);
+  mo.lora.dropout = static_cast<float>(config_.lora().dropout());
+  if (config_.lora().target_modules_size() > 0) {
+    mo.lora.target_modules.assign(config_.lora().target_modules().begin(), config_.lora().target_modules().end());
+  }
+  mo.seed = config_.seed();
+  const int batch = static_cast<int>(config_.training().has_batch_size() ? config_.training().batch_size() : 16);
+  const int eval_batch = static_cast<int>(config_.data().has_eval_batch_size() ? config_.data().eval_batch_size() : 64);
+  mo.max_batch = std::max(batch, eval_batch);
+  mo.max_seq = data_.max_seq_len;
+  mo.base_model_name = config_.model().id().empty() ? config_.model().path() : config_.model().id();
+  for (int i = 0; i < parallelism_; ++i) {
+    FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(config_.model().path(), mo));
+    pool_.Add(std::move(model));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Simulation::WriteFinalOutputs(SimResult& result) {
+  FEDLORA_ASSIGN_OR_RETURN(std::string bytes, AdapterToSafetensors(result.final_adapter));
+  FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(options_.out_dir + "/final_adapter.safetensors", bytes));
+  {
+    Lease model(pool_);
+    FEDLORA_RETURN_IF_ERROR(LoadAdapter(result.final_adapter, &UpdateTensor::values, *model));
+    FEDLORA_RETURN_IF_ERROR(SavePeftAdapter(*model, options_.out_dir + "/adapter"));
+  }
+  nlohmann::json j;
+  j["run_id"] = config_.run_id();
+  j["seed"] = config_.seed();
+  j["config"] = nlohmann::json::parse(RunConfigToJson(config_), nullptr, /*allow_exceptions=*/false);
+  j["parallelism"] = parallelism_;
+  j["crash_probability"] = options_.crash_probability;
+  j["shards_per_client"] = options_.shards_per_client;
+  j["client_sizes"] = result.client_sizes;
+  j["client_label_histograms"] = result.client_label_histograms;
+  j["label_names"] = data_.label_names;
+  j["final_adapter_sha256"] = result.final_adapter_sha256;
+  j["seconds"] = result.seconds;
+  j["connection_cuts"] = result.connection_cuts;
+  nlohmann::json rounds = nlohmann::json::array();
+  for (const RoundRecord& r : result.rounds) rounds.push_back(nlohmann::json::parse(RoundRecordToJson(r)));
+  j["rounds"] = rounds;
+  if (!result.rounds.empty()) {
+    j["initial_accuracy"] = result.rounds.front().eval_accuracy;
+    j["final_accuracy"] = result.rounds.back().eval_accuracy;
+  }
+  return WriteFileAtomically(options_.out_dir + "/summary.json", j.dump(2) + "\n");
+}
+
+absl::StatusOr<SimResult> Simulation::Run() {
+  start_ = Clock::now();
+  FEDLORA_RETURN_IF_ERROR(Setup());
+  const int num_clients = partition_.num_clients();
+  const uint32_t rounds = config_.has_rounds() ? config_.rounds() : 10;
+
+  // The initial adapter: the model's freshly initialised trainable params (seeded by config.seed).
+  std::vector<UpdateTensor> initial;
+  {
+    Lease model(pool_);
+    for (const Param& p : model->trainable_params()) initial.push_back({p.name, p.shape, p.value});
+  }
+  std::sort(initial.begin(), initial.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::fprintf(stderr,
+               "simulate: %d clients (%lld train / %lld held-out examples, %zu labels), %u rounds, parallelism %d\n",
+               num_clients, static_cast<long long>(data_.train_size()), static_cast<long long>(data_.eval_size()),
+               data_.label_names.size(), rounds, parallelism_);
+
+  ServerOptions so = ServerOptionsFromRunConfig(config_);
+  so.listen_address = "127.0.0.1:0";
+  so.metrics_address.clear();
+  so.data_dir = options_.out_dir + "/store";
+  so.tls = {};
+  so.selection_window_ms = options_.selection_window_ms;
+  so.tick_ms = options_.tick_ms;
+  // Durable progress every chunk, so that a cut upload resumes where it stopped.
+  so.upload_sync_bytes = so.max_upload_chunk_bytes;
+  FEDLORA_ASSIGN_OR_RETURN(server_, Server::Create(so, config_, initial, this));
+
+  // Round 0: the untuned model (before any training).
+  {
+    last_commit_ = Clock::now();
+    FEDLORA_ASSIGN_OR_RETURN(auto ignored, Evaluate(0, initial));
+    (void)ignored;
+  }
+
+  const bool may_crash = options_.crash_probability > 0 ||
+                         std::any_of(options_.faults.begin(), options_.faults.end(),
+                                     [](const InjectedFault& f) { return f.kind == FaultKind::kCrash; });
+  for (int i = 0; i < num_clients; ++i) {
+    auto vc = std::make_unique<VirtualClient>();
+    vc->index = i;
+    vc->id = absl::StrFormat("sim-client-%05d", i);
+    vc->indices = partition_.client_indices[static_cast<size_t>(i)];
+    vc->trainer = std::make_unique<SimClientTrainer>(this, vc.get());
+    if (may_crash) {
+      FEDLORA_ASSIGN_OR_RETURN(vc->proxy, CutProxy::Start(server_->address()));
+    }
+    clients_.push_back(std::move(vc));
+  }
+  for (auto& vc : clients_) {
+    VirtualClient* p = vc.get();
+    p->thread = std::thread([this, p] { ClientLoop(*p); });
+  }
+
+  ProgressOptions po;
+  po.unit = "round";
+  std::optional<Progress> progress;
+  if (options_.progress) progress.emplace("simulate", rounds, po);
+  absl::Status outcome;
+  while (true) {
+    const bool finished = server_->WaitUntilFinished(200);
+    std::string extra;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!records_.empty()) extra = absl::StrFormat("accuracy=%.4f", records_.back().eval_accuracy);
+      if (!client_error_.ok()) outcome = client_error_;
+    }
+    if (progress) progress->Update(server_->coordinator().rounds_committed(), extra);
+    if (finished || !outcome.ok()) break;
+    if (options_.max_seconds > 0 && SecondsSince(start_) > options_.max_seconds) {
+      outcome = absl::DeadlineExceededError(absl::StrCat("simulation did not finish within ", options_.max_seconds,
+                                                         " s (", server_->coordinator().rounds_committed(), " of ",
+                                                         rounds, " rounds committed)"));
+      break;
+    }
+  }
+  if (progress) progress->Finish();
+  if (outcome.ok()) {
+    // Every client sees RunFinished at its next poll (within wait_for_task_seconds + retry_after).
+    for (auto& vc : clients_) vc->thread.join();
+  }
+  SimResult result;
+  result.final_adapter = server_->coordinator().global_adapter();
+  result.final_adapter_sha256 = server_->coordinator().global_adapter_sha256();
+  for (const auto& vc : clients_) result.connection_cuts += vc->proxy != nullptr ? vc->proxy->cuts() : 0;
+  StopEverything();
+  FEDLORA_RETURN_IF_ERROR(outcome);
+
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    result.rounds = records_;
+  }
+  result.client_sizes = partition_.Sizes();
+  result.client_label_histograms =
+      LabelHistograms(partition_, data_.train_labels, static_cast<int>(data_.label_names.size()));
+  result.seconds = SecondsSince(start_);
+  FEDLORA_RETURN_IF_ERROR(WriteRoundReports(options_.out_dir, result.rounds, config_.run_id()));
+  FEDLORA_RETURN_IF_ERROR(WriteFinalOutputs(result));
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<SimResult> RunSimulation(const v1::RunConfig& config, const SimOptions& options) {
+  FEDLORA_RETURN_IF_ERROR(ValidateRunConfig(config));
+  Simulation sim(config, options);
+  return sim.Run();
+}
+
+}  // namespace fedlora::sim

@@ -1,0 +1,98 @@
+// `fedlora simulate`: a whole federation on one machine. One aggregation server (server/, on
+// 127.0.0.1 with a kernel-chosen port) and N virtual clients (the client SDK, fedlora::Client)
+// speak the real gRPC protocol over loopback, so a simulation runs the same selection, upload,
+// validation, aggregation and checkpoint code as a deployment.
+//
+//   FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadRunConfigFile("configs/default.json"));
+//   sim::SimOptions options;
+//   options.out_dir = "runs/default";
+//   FEDLORA_ASSIGN_OR_RETURN(sim::SimResult result, sim::RunSimulation(config, options));
+//   std::cout << sim::SummaryTable(result.rounds);
+//
+// How it runs:
+//   - data.train_path is partitioned across simulation.num_clients clients (train/partition.h:
+//     IID, Dirichlet label skew, label shards, or by key); data.eval_path is the held-out split the
+//     server's evaluator scores every new global adapter on.
+//   - Virtual clients are cheap records (an id, their example indices, fault state). Each runs the
+//     SDK's RunUntilDone loop on its own thread, mostly blocked in long polls; only `parallelism`
+//     of them train at once, each borrowing one of `parallelism` model instances from a pool and
+//     holding nothing but its adapter delta in between (the local optimizer starts afresh every
+//     task, as in FedAvg). Memory is O(parallelism x model + clients x indices).
+//   - The base model is loaded once per pool slot (plus nothing for the evaluator, which borrows a
+//     slot): BertClassifier cannot share its frozen weights between instances yet.
+//   - Faults, all seeded from (config.seed, server round, client): a dropout client vanishes after
+//     selection (stops sending anything; it rejoins after the round is committed), a straggler
+//     sleeps simulation.straggler_delay_seconds after training (past the deadline when the delay is
+//     longer than what is left of it), and a crash cuts the client's connection midway through its
+//     upload (the SDK reconnects and resumes from the server's durable chunks).
+//   - Reports: out_dir/rounds.jsonl, rounds.csv and rounds.svg are rewritten after every round;
+//     summary.json, final_adapter.safetensors (the global adapter's tensors) and adapter/ (PEFT
+//     format) are written at the end; out_dir/store holds the server's store (recreated per run).
+//
+// Determinism: with the same config and seed, and when every selected client is needed (no
+// over-selection beyond num_clients, so no race decides who is selected or whose upload lands
+// first), the final adapter is bit-identical across runs: partitions, task seeds, dropout masks
+// and faults are seeded, each client trains single-threaded, and aggregation is exact.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "compression/codec.h"
+#include "fedlora/v1/config.pb.h"
+#include "sim/report.h"
+
+namespace fedlora::sim {
+
+enum class FaultKind { kDropout, kStraggler, kCrash };
+
+// A fault forced on one client in one server round, in addition to the seeded random ones (tests).
+struct InjectedFault {
+  uint64_t server_round = 1;
+  int client = 0;  // index in [0, num_clients)
+  FaultKind kind = FaultKind::kDropout;
+};
+
+// Settings the run config has no field for (see the simulation section of config.proto).
+struct SimOptions {
+  // Directory for the reports, the final adapter and the server's store. Created if missing.
+  std::string out_dir;
+  // Virtual clients training at the same time (= model instances held). 0: the number of cores,
+  // at most num_clients. Each trains single-threaded, so results do not depend on this.
+  int parallelism = 0;
+  // Probability that a selected client's upload is cut off midway, in [0, 1]. Default 0.
+  double crash_probability = 0.0;
+  // > 0: partition by label shards with this many labels per client (overrides the config's
+  // partition; config.proto has no such scheme yet).
+  int shards_per_client = 0;
+  std::vector<InjectedFault> faults;
+  // Show a progress line on stderr (core/progress.h).
+  bool progress = true;
+  // Give up (DeadlineExceeded) when the run has not finished after this many seconds; 0: never.
+  double max_seconds = 0.0;
+  // Server timings in milliseconds that the run config does not set: how long the server collects
+  // candidates before sampling (all clients are local, so 1 s is plenty) and its driver tick.
+  int64_t selection_window_ms = 1000;
+  int64_t tick_ms = 50;
+};
+
+struct SimResult {
+  // rounds[0]: the initial adapter (untuned: random classifier head, zero LoRA B) before training.
+  std::vector<RoundRecord> rounds;
+  std::vector<UpdateTensor> final_adapter;  // sorted by name
+  std::string final_adapter_sha256;         // of the server's blob (safetensors bytes)
+  std::vector<int64_t> client_sizes;        // examples per virtual client
+  std::vector<std::vector<int64_t>> client_label_histograms;
+  double seconds = 0.0;                     // wall time of the whole run
+  int64_t connection_cuts = 0;              // connections the crash proxies cut (injected crashes)
+};
+
+// Runs the federation described by `config` (defaults applied and validated by the caller, e.g.
+// through LoadRunConfigFile). InvalidArgument for a config the simulation cannot run (no data
+// paths, clients_per_round above num_clients, bad options); the model, data and server errors
+// keep their codes; DeadlineExceeded when max_seconds passes.
+absl::StatusOr<SimResult> RunSimulation(const v1::RunConfig& config, const SimOptions& options);
+
+}  // namespace fedlora::sim

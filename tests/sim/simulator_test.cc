@@ -1,0 +1,251 @@
+// A small simulation end to end: a tiny random BERT checkpoint, a vocabulary and JSONL data written
+// into a temp dir, 4 virtual clients talking to the real server over loopback gRPC, 2 rounds.
+#include "sim/simulator.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/file.h"
+#include "core/safetensors.h"
+#include "gtest/gtest.h"
+#include "proto/config_io.h"
+#include "tests/model/tiny_checkpoint.h"
+
+namespace fedlora::sim {
+namespace {
+
+// Writes the model dir (config.json, model.safetensors, vocab.txt) and train/eval JSONL files with
+// three labels, each label using its own words so that the task is learnable.
+std::string MakeFixture() {
+  const std::string dir = testing_util::MakeTempDir("sim");
+  EXPECT_FALSE(dir.empty());
+  const std::string model = dir + "/model";
+  std::filesystem::create_directories(model);
+  EXPECT_TRUE(testing_util::WriteTinyCheckpoint(model, testing_util::TinyConfig()).ok());
+  // 100 entries to match the tiny config's vocab_size: specials, then w0 .. w94.
+  std::string vocab = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n";
+  for (int i = 0; i < 95; ++i) absl::StrAppend(&vocab, "w", i, "\n");
+  EXPECT_TRUE(WriteFileAtomically(model + "/vocab.txt", vocab).ok());
+  const char* labels[3] = {"red", "green", "blue"};
+  auto write_split = [&](const std::string& path, int n, int salt) {
+    std::string out;
+    for (int i = 0; i < n; ++i) {
+      const int y = (i * 7 + salt) % 3;
+      std::string text;
+      for (int k = 0; k < 6; ++k) absl::StrAppend(&text, k ? " " : "", "w", y * 30 + (i * 13 + k * 5 + salt) % 30);
+      absl::StrAppend(&out, "{\"text\": \"", text, "\", \"label\": \"", labels[y], "\"}\n");
+    }
+    EXPECT_TRUE(WriteFileAtomically(path, out).ok());
+  };
+  write_split(dir + "/train.jsonl", 120, 1);
+  write_split(dir + "/eval.jsonl", 45, 2);
+  return dir;
+}
+
+v1::RunConfig Config(const std::string& dir, int rounds) {
+  const std::string json = absl::StrCat(R"({
+    "run_id": "sim-test", "seed": 5, "rounds": )", rounds, R"(,
+    "model": {"path": ")", dir, R"(/model", "max_seq_len": 16},
+    "lora": {"rank": 8, "alpha": 16},
+    "task": {"labels": ["red", "green", "blue"]},
+    "training": {"local_epochs": 1, "batch_size": 8, "learning_rate": 0.01},
+    "selection": {"clients_per_round": 4, "over_selection": 1.0, "min_clients": 2,
+                  "round_deadline_seconds": 4, "heartbeat_interval_seconds": 1,
+                  "heartbeat_timeout_seconds": 30, "retry_after_seconds": 1},
+    "data": {"train_path": ")", dir, R"(/train.jsonl", "eval_path": ")", dir, R"(/eval.jsonl",
+             "eval_batch_size": 16},
+    "server": {"chunk_size_bytes": 4096},
+    "simulation": {"num_clients": 4, "partition": "IID"}
+  })");
+  auto config = ParseRunConfigJson(json);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? *config : v1::RunConfig();
+}
+
+std::string Read(const std::string& path) {
+  auto s = ReadFileToString(path);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *s : std::string();
+}
+
+int Count(const std::string& hay, const std::string& needle) {
+  int n = 0;
+  for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
+  return n;
+}
+
+TEST(Simulator, TwoRoundsWithADropoutACrashedUploadAndAStraggler) {
+  const std::string dir = MakeFixture();
+  SimOptions options;
+  options.out_dir = dir + "/out";
+  options.parallelism = 2;
+  options.progress = false;
+  options.max_seconds = 80;
+  // Round 1: client 2 vanishes after selection; client 0's upload is cut midway and resumed.
+  // Round 2: client 1 sleeps 6 s after training, past the 4 s deadline: its update is refused.
+  options.faults = {{1, 2, FaultKind::kDropout}, {1, 0, FaultKind::kCrash}, {2, 1, FaultKind::kStraggler}};
+  v1::RunConfig config = Config(dir, 2);
+  config.mutable_simulation()->set_straggler_delay_seconds(6);
+  auto result = RunSimulation(config, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+
+  ASSERT_EQ(result->rounds.size(), 3u);  // round 0 (untuned) + 2 rounds
+  for (size_t i = 0; i < result->rounds.size(); ++i) {
+    const RoundRecord& r = result->rounds[i];
+    EXPECT_EQ(r.round, static_cast<int>(i));
+    EXPECT_GE(r.eval_accuracy, 0.0);
+    EXPECT_LE(r.eval_accuracy, 1.0);
+    EXPECT_GT(r.eval_loss, 0.0);
+  }
+  const RoundRecord& r1 = result->rounds[1];
+  EXPECT_EQ(r1.server_round, 1u);
+  EXPECT_EQ(r1.selected, 4);
+  EXPECT_EQ(r1.dropped, 1);
+  EXPECT_EQ(r1.crashed, 1);
+  EXPECT_EQ(r1.reported, 3);  // the dropout's update never comes; the crashed one is resumed
+  EXPECT_EQ(result->connection_cuts, 1);
+  const RoundRecord& r2 = result->rounds[2];
+  EXPECT_EQ(r2.selected, 4);  // the dropped client rejoined
+  EXPECT_EQ(r2.dropped, 0);
+  EXPECT_EQ(r2.stragglers, 1);
+  EXPECT_EQ(r2.reported, 3);  // closed at the deadline without the straggler
+  for (const RoundRecord* r : {&r1, &r2}) {
+    EXPECT_GT(r->bytes_up, 0);
+    EXPECT_GT(r->bytes_down, 0);
+    EXPECT_TRUE(std::isfinite(r->mean_train_loss));
+  }
+  // Both rounds accepted 3 updates of the same size; round 1 also carries the cut-off part of the
+  // crashed upload, so it received at least as many bytes.
+  EXPECT_GE(r1.bytes_up, r2.bytes_up);
+  EXPECT_EQ(result->client_sizes, (std::vector<int64_t>{30, 30, 30, 30}));
+
+  const std::string out = options.out_dir;
+  const std::string jsonl = Read(out + "/rounds.jsonl");
+  EXPECT_EQ(Count(jsonl, "\n"), 3);
+  EXPECT_NE(jsonl.find("\"dropped\":1"), std::string::npos);
+  const std::string csv = Read(out + "/rounds.csv");
+  EXPECT_EQ(Count(csv, "\n"), 4);
+  EXPECT_EQ(csv.rfind("round,server_round,eval_accuracy", 0), 0u);
+  const std::string svg = Read(out + "/rounds.svg");
+  EXPECT_EQ(svg.rfind("<?xml", 0), 0u);
+  EXPECT_NE(svg.find("<svg xmlns=\"http://www.w3.org/2000/svg\""), std::string::npos);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  EXPECT_EQ(Count(svg, "<polyline"), 3);  // accuracy, bytes up, bytes down
+  EXPECT_EQ(Count(svg, "<g id="), 2);
+  EXPECT_EQ(Count(svg, "<g"), Count(svg, "</g>"));
+  EXPECT_EQ(Count(svg, "<svg"), Count(svg, "</svg>"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/summary.json"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/adapter/adapter_model.safetensors"));
+  auto adapter = SafetensorsFile::Open(out + "/final_adapter.safetensors");
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  EXPECT_EQ((*adapter)->names().size(), result->final_adapter.size());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Simulator, SameConfigAndSeedGiveTheSameFinalAdapter) {
+  const std::string dir = MakeFixture();
+  std::string first;
+  for (int run = 0; run < 2; ++run) {
+    SimOptions options;
+    options.out_dir = absl::StrCat(dir, "/out", run);
+    options.parallelism = 2;
+    options.progress = false;
+    options.max_seconds = 40;
+    auto result = RunSimulation(Config(dir, 2), options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_EQ(result->rounds.size(), 3u);
+    // Training moved the adapter away from its initialisation.
+    EXPECT_NE(result->rounds[2].eval_loss, result->rounds[0].eval_loss);
+    const std::string bytes = Read(options.out_dir + "/final_adapter.safetensors");
+    ASSERT_FALSE(bytes.empty());
+    if (run == 0) {
+      first = bytes;
+    } else {
+      EXPECT_TRUE(bytes == first) << "final adapters differ between two runs with the same seed";
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Simulator, HundredsOfVirtualClientsWithFewTraining) {
+  // 200 clients of 2 examples each (400 examples, IID), 8 selected per round: the clients are
+  // cheap records and threads blocked in long polls; only 2 models exist.
+  const std::string dir = testing_util::MakeTempDir("sim_many");
+  const std::string fixture = MakeFixture();
+  v1::RunConfig config = Config(fixture, 2);
+  std::string train;
+  const std::string base = Read(fixture + "/train.jsonl");
+  for (int copy = 0; copy < 4; ++copy) train += base;  // 480 examples
+  ASSERT_TRUE(WriteFileAtomically(fixture + "/train.jsonl", train).ok());
+  config.mutable_simulation()->set_num_clients(200);
+  config.mutable_selection()->set_clients_per_round(8);
+  config.mutable_selection()->set_min_clients(8);
+  SimOptions options;
+  options.out_dir = dir + "/out";
+  options.parallelism = 2;
+  options.progress = false;
+  options.max_seconds = 80;
+  auto result = RunSimulation(config, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->rounds.size(), 3u);
+  for (int r = 1; r <= 2; ++r) {
+    EXPECT_EQ(result->rounds[static_cast<size_t>(r)].selected, 8);
+    EXPECT_EQ(result->rounds[static_cast<size_t>(r)].reported, 8);
+  }
+  ASSERT_EQ(result->client_sizes.size(), 200u);
+  for (int64_t s : result->client_sizes) EXPECT_GE(s, 2);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(fixture);
+}
+
+TEST(Simulator, RejectsConfigsItCannotRun) {
+  const std::string dir = MakeFixture();
+  SimOptions options;
+  options.out_dir = dir + "/out";
+  options.progress = false;
+  v1::RunConfig config = Config(dir, 1);
+  config.mutable_simulation()->set_num_clients(3);  // 4 per round can never fill
+  EXPECT_EQ(RunSimulation(config, options).status().code(), absl::StatusCode::kInvalidArgument);
+  config = Config(dir, 1);
+  config.mutable_data()->clear_eval_path();
+  EXPECT_EQ(RunSimulation(config, options).status().code(), absl::StatusCode::kInvalidArgument);
+  config = Config(dir, 1);
+  options.crash_probability = 1.5;
+  EXPECT_EQ(RunSimulation(config, options).status().code(), absl::StatusCode::kInvalidArgument);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Report, CsvJsonAndSvgOfKnownRecords) {
+  RoundRecord a;
+  a.round = 0;
+  a.eval_accuracy = 0.25;
+  a.mean_train_loss = std::nan("");
+  RoundRecord b;
+  b.round = 1;
+  b.server_round = 1;
+  b.eval_accuracy = 0.5;
+  b.bytes_up = 3 << 20;
+  b.bytes_down = 1 << 20;
+  b.selected = 4;
+  b.reported = 3;
+  b.dropped = 1;
+  EXPECT_EQ(RoundRecordToJson(a).find("\"mean_train_loss\":null") != std::string::npos, true);
+  const std::string csv = RoundsToCsv({a, b});
+  EXPECT_NE(csv.find("\n1,1,0.5,0,0,0,3145728,1048576,0,0,4,3,1,0,0\n"), std::string::npos) << csv;
+  const std::string svg = RoundsToSvg({a, b}, "a <title> & more");
+  EXPECT_NE(svg.find("a &lt;title&gt; &amp; more"), std::string::npos);
+  // Cumulative MiB up reaches 3 at round 1: the bytes axis tops out at a nice value >= 3.
+  EXPECT_NE(svg.find(">3<"), std::string::npos);
+  const std::string table = SummaryTable({a, b});
+  EXPECT_NE(table.find("total"), std::string::npos);
+  EXPECT_NE(table.find("0.5000"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fedlora::sim
