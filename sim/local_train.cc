@@ -15,6 +15,7 @@
 #include "model/tokenizer.h"
 #include "train/dataset.h"
 #include "train/metrics.h"
+#include "train/train_config.h"
 #include "train/trainer.h"
 
 namespace fedlora::sim {
@@ -25,28 +26,6 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> LoadTokenizerFrom(const std:
   if (std::ifstream(json).good()) return WordPieceTokenizer::FromTokenizerJson(json);
   if (std::ifstream(vocab).good()) return WordPieceTokenizer::FromVocabFile(vocab);
   return absl::NotFoundError(absl::StrCat("no tokenizer in ", model_dir, ": neither ", json, " nor ", vocab, " exists"));
-}
-
-std::string OptimizerName(v1::TrainingConfig::Optimizer o) {
-  switch (o) {
-    case v1::TrainingConfig::LAMB:
-      return "lamb";
-    case v1::TrainingConfig::SGD:
-      return "sgd";
-    default:
-      return "adamw";
-  }
-}
-
-std::string ScheduleName(v1::TrainingConfig::Schedule s) {
-  switch (s) {
-    case v1::TrainingConfig::LINEAR:
-      return "linear";
-    case v1::TrainingConfig::COSINE:
-      return "cosine";
-    default:
-      return "constant";  // config.proto's default
-  }
 }
 
 // The partition key of every example of a JSONL file, in LoadDataset's order (blank lines skipped).
@@ -113,65 +92,10 @@ absl::StatusOr<SimData> LoadSimData(const v1::RunConfig& config) {
   out.train = std::make_shared<const TokenizedDataset>(std::move(train));
   out.eval = std::make_shared<const TokenizedDataset>(std::move(eval));
 
-  const v1::TrainingConfig& t = config.training();
-  auto o = std::make_shared<TrainOptions>();
-  o->batch_size = static_cast<int>(t.has_batch_size() ? t.batch_size() : 16);
+  auto o = std::make_shared<TrainOptions>(TrainOptionsFromConfig(config.training(), out.max_seq_len));
   o->eval_batch_size = static_cast<int>(config.data().has_eval_batch_size() ? config.data().eval_batch_size() : 64);
-  o->max_seq_len = out.max_seq_len;
-  o->lr = static_cast<float>(t.has_learning_rate() ? t.learning_rate() : 5e-4);
-  o->optimizer = OptimizerName(t.optimizer());
-  o->weight_decay = static_cast<float>(t.weight_decay());
-  o->warmup_steps = t.warmup_steps();
-  o->schedule = ScheduleName(t.schedule());
-  o->grad_clip = static_cast<float>(t.has_grad_clip_norm() ? t.grad_clip_norm() : 1.0);
-  o->grad_accumulation = static_cast<int>(t.has_grad_accumulation() ? t.grad_accumulation() : 1);
-  o->progress = false;
   FEDLORA_RETURN_IF_ERROR_CTX(o->Validate(), "training config");
   out.train_options = std::move(o);
-  return out;
-}
-
-absl::StatusOr<LocalOutcome> TrainLocally(BertClassifier& model, const SimData& data, std::span<const int64_t> indices,
-                                          const LocalWork& work) {
-  if (indices.empty()) return absl::InvalidArgumentError("TrainLocally: the client holds no examples");
-  TokenizedDataset subset;
-  subset.num_labels = data.train->num_labels;
-  subset.label_names = data.train->label_names;
-  subset.examples.reserve(indices.size());
-  for (int64_t i : indices) {
-    if (i < 0 || i >= data.train->size()) return absl::OutOfRangeError(absl::StrCat("example index ", i));
-    subset.examples.push_back(data.train->examples[static_cast<size_t>(i)]);
-  }
-  TrainOptions o = *data.train_options;
-  if (work.local_steps > 0) {
-    o.max_steps = work.local_steps;
-  } else {
-    o.epochs = static_cast<int>(std::max<uint32_t>(1, work.local_epochs));
-    o.max_steps = 0;
-  }
-  if (work.batch_size > 0) o.batch_size = static_cast<int>(work.batch_size);
-  if (work.learning_rate > 0) o.lr = static_cast<float>(work.learning_rate);
-  o.seed = work.seed;
-  o.progress = false;
-
-  std::vector<float> losses;
-  fedlora::Trainer trainer(model, o);
-  trainer.on_step = [&losses](const StepReport& r) { losses.push_back(r.loss); };
-  FEDLORA_RETURN_IF_ERROR(trainer.Train(subset, nullptr));
-
-  LocalOutcome out;
-  out.num_examples = static_cast<int64_t>(indices.size());
-  out.steps = static_cast<int64_t>(losses.size());
-  // Epoch mode visits every example once per epoch; step mode takes full batches (cycling epochs).
-  out.examples_processed = work.local_steps > 0 ? out.steps * o.batch_size * o.grad_accumulation
-                                                : int64_t{o.epochs} * out.num_examples;
-  if (!losses.empty()) {
-    const size_t tenth = std::max<size_t>(1, losses.size() / 10);
-    auto mean = [](auto b, auto e) { return std::accumulate(b, e, 0.0) / static_cast<double>(e - b); };
-    out.loss_first = mean(losses.begin(), losses.begin() + static_cast<std::ptrdiff_t>(tenth));
-    out.loss_last = mean(losses.end() - static_cast<std::ptrdiff_t>(tenth), losses.end());
-    out.loss_mean = mean(losses.begin(), losses.end());
-  }
   return out;
 }
 

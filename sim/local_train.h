@@ -1,9 +1,6 @@
-// The simulator's bridge to train/: loading and tokenizing the run's data, local training of one
-// virtual client on its subset, and evaluation, behind plain structs and forward declarations.
-//
-// The SDK-facing code of the simulator (simulator.cc) includes only this header; local_train.cc
-// is the one file of sim/ that includes train/trainer.h, so the training internals can change
-// without touching the protocol side.
+// The simulator's bridge to train/: loading and tokenizing the run's data, and evaluation, behind
+// plain structs and forward declarations. Local training of a virtual client is the SDK's
+// built-in trainer (client/lora_trainer.h) on the client's subset of SimData::train.
 #pragma once
 
 #include <cstdint>
@@ -42,29 +39,6 @@ struct SimData {
 // Loads data.train_path and data.eval_path (both required), with the task's fields and labels,
 // tokenized with the model directory's tokenizer (tokenizer.json, else vocab.txt).
 absl::StatusOr<SimData> LoadSimData(const v1::RunConfig& config);
-
-// What the server's task says about this round's local work.
-struct LocalWork {
-  uint32_t local_epochs = 0;  // exactly one of local_epochs / local_steps is > 0
-  uint32_t local_steps = 0;
-  uint32_t batch_size = 0;    // 0: keep the config's
-  double learning_rate = 0;   // 0: keep the config's
-  uint64_t seed = 0;          // shuffling and dropout of this task
-};
-
-struct LocalOutcome {
-  int64_t num_examples = 0;        // size of the client's subset (the FedAvg weight)
-  int64_t steps = 0;               // optimizer steps taken
-  int64_t examples_processed = 0;  // examples seen, counting repeats
-  double loss_first = 0;           // mean step loss over the first 10% of steps (at least one)
-  double loss_last = 0;            // ... over the last 10%
-  double loss_mean = 0;            // mean step loss over the whole task
-};
-
-// Fine-tunes `model`'s trainable params (already set to the global adapter) on
-// data.train[indices]. Not thread-safe for one model; distinct models may train concurrently.
-absl::StatusOr<LocalOutcome> TrainLocally(BertClassifier& model, const SimData& data, std::span<const int64_t> indices,
-                                          const LocalWork& work);
 
 struct EvalFigures {
   int64_t count = 0;

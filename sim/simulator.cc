@@ -18,6 +18,7 @@
 #include "core/logging.h"
 #include "core/progress.h"
 #include "core/rng.h"
+#include "client/lora_trainer.h"
 #include "core/status.h"
 #include "fedlora/client.h"
 #include "fedlora/client_trainer.h"
@@ -102,28 +103,6 @@ class Lease {
   BertClassifier* model_;
 };
 
-// Copies `adapter` (names as BertClassifier::trainable_params) into the model. Every trainable
-// param must be present with its shape.
-template <class Tensor, class Values>
-absl::Status LoadAdapter(const std::vector<Tensor>& adapter, Values Tensor::*values, BertClassifier& model) {
-  std::map<std::string_view, const Tensor*> by_name;
-  for (const Tensor& t : adapter) by_name[t.name] = &t;
-  for (Param& p : model.trainable_params()) {
-    auto it = by_name.find(p.name);
-    if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat("global adapter lacks '", p.name, "'"));
-    const Tensor& t = *it->second;
-    if (t.shape != p.shape || (t.*values).size() != p.value.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("global adapter tensor '", p.name, "' has the wrong shape"));
-    }
-    std::copy((t.*values).begin(), (t.*values).end(), p.value.begin());
-  }
-  if (by_name.size() != model.trainable_params().size()) {
-    return absl::InvalidArgumentError(absl::StrCat("global adapter has ", by_name.size(), " tensors, the model ",
-                                                   model.trainable_params().size()));
-  }
-  return absl::OkStatus();
-}
-
 struct FaultDecision {
   bool dropout = false;
   bool straggler = false;
@@ -144,7 +123,7 @@ class Simulation;
 struct VirtualClient {
   int index = 0;
   std::string id;
-  std::vector<int64_t> indices;
+  std::unique_ptr<LoraTrainer> local;  // the built-in trainer on this client's examples
   std::unique_ptr<CutProxy> proxy;  // only for clients that may crash mid-upload
   std::unique_ptr<ClientTrainer> trainer;
   std::thread thread;
@@ -258,36 +237,11 @@ absl::StatusOr<TrainResult> Simulation::TrainClient(VirtualClient& vc, const Tra
     return absl::AbortedError(absl::StrCat("simulated dropout of ", vc.id, " in round ", task.round));
   }
 
-  TrainResult result;
-  LocalOutcome outcome;
-  {
-    Lease model(pool_);
-    FEDLORA_RETURN_IF_ERROR(LoadAdapter(global, &NamedTensor::values, *model));
-    LocalWork work;
-    work.local_epochs = task.local_epochs;
-    work.local_steps = task.local_steps;
-    work.batch_size = task.batch_size;
-    work.learning_rate = task.learning_rate;
-    work.seed = task.seed;
-    FEDLORA_ASSIGN_OR_RETURN(outcome, TrainLocally(*model, data_, vc.indices, work));
-    std::map<std::string_view, const NamedTensor*> by_name;
-    for (const NamedTensor& g : global) by_name[g.name] = &g;
-    for (const Param& p : model->trainable_params()) {
-      const NamedTensor& g = *by_name.at(p.name);  // LoadAdapter checked every name
-      NamedTensor d{p.name, p.shape, std::vector<float>(p.value.size())};
-      for (size_t i = 0; i < d.values.size(); ++i) d.values[i] = p.value[i] - g.values[i];
-      result.delta.push_back(std::move(d));
-    }
-  }
-  result.num_examples = outcome.num_examples;
-  result.steps = outcome.steps;
-  result.examples_processed = outcome.examples_processed;
-  result.train_loss_first = outcome.loss_first;
-  result.train_loss_last = outcome.loss_last;
-  result.metrics["train_loss_mean"] = outcome.loss_mean;
+  FEDLORA_ASSIGN_OR_RETURN(TrainResult result, vc.local->Train(task, global));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stats_[task.round].train_losses.push_back(outcome.loss_mean);
+    auto mean = result.metrics.find("train_loss_mean");  // LoraTrainer always reports it
+    if (mean != result.metrics.end()) stats_[task.round].train_losses.push_back(mean->second);
   }
   if (fault.crash && vc.proxy != nullptr) {
     // Cut after about half of the encoded update (4 bytes per fp32 value) has gone upstream.
@@ -307,7 +261,7 @@ absl::StatusOr<std::map<std::string, double>> Simulation::Evaluate(uint64_t roun
   // aggregated, when (without stragglers) no client trains, so the cores would idle otherwise.
   std::vector<BertClassifier*> models = pool_.AcquireAll();
   absl::StatusOr<EvalFigures> evaluated = [&]() -> absl::StatusOr<EvalFigures> {
-    for (BertClassifier* m : models) FEDLORA_RETURN_IF_ERROR(LoadAdapter(adapter, &UpdateTensor::values, *m));
+    for (BertClassifier* m : models) FEDLORA_RETURN_IF_ERROR(LoadAdapter(adapter, *m));
     const int batch = static_cast<int>(config_.data().has_eval_batch_size() ? config_.data().eval_batch_size() : 64);
     return EvaluateOnHeldOut(models, data_, batch);
   }();
@@ -503,7 +457,7 @@ absl::Status Simulation::WriteFinalOutputs(SimResult& result) {
   FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(options_.out_dir + "/final_adapter.safetensors", bytes));
   {
     Lease model(pool_);
-    FEDLORA_RETURN_IF_ERROR(LoadAdapter(result.final_adapter, &UpdateTensor::values, *model));
+    FEDLORA_RETURN_IF_ERROR(LoadAdapter(result.final_adapter, *model));
     FEDLORA_RETURN_IF_ERROR(SavePeftAdapter(*model, options_.out_dir + "/adapter"));
   }
   nlohmann::json j;
@@ -572,7 +526,14 @@ absl::StatusOr<SimResult> Simulation::Run() {
     auto vc = std::make_unique<VirtualClient>();
     vc->index = i;
     vc->id = absl::StrFormat("sim-client-%05d", i);
-    vc->indices = partition_.client_indices[static_cast<size_t>(i)];
+    LoraTrainer::Site site;
+    site.acquire_model = [this] {
+      return LoraTrainer::ModelLease(pool_.Acquire(), [this](BertClassifier* m) { pool_.Release(m); });
+    };
+    site.data = data_.train;
+    site.indices = partition_.client_indices[static_cast<size_t>(i)];
+    site.options = data_.train_options;
+    vc->local = std::make_unique<LoraTrainer>(std::move(site));
     vc->trainer = std::make_unique<SimClientTrainer>(this, vc.get());
     if (may_crash) {
       FEDLORA_ASSIGN_OR_RETURN(vc->proxy, CutProxy::Start(server_->address()));

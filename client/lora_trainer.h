@@ -1,0 +1,132 @@
+// The SDK's built-in ClientTrainer: LoRA fine-tuning of a BertClassifier (model/bert.h) with
+// train/'s Trainer. Internal to fedlora::client (it shows model/ and train/ types, so it is not
+// under include/fedlora/); used by `fedlora client` (one model, the site's own data file) and by
+// `fedlora simulate` (models borrowed from a pool, one example subset per virtual client).
+//
+//   LoraTrainer::Site site;
+//   site.acquire_model = [&model] {  // an owned model: the lease gives nothing back
+//     return LoraTrainer::ModelLease(model.get(), [](BertClassifier*) {});
+//   };
+//   site.data = std::make_shared<const TokenizedDataset>(std::move(tokenized));
+//   site.options = std::make_shared<const TrainOptions>(
+//       TrainOptionsFromConfig(config.training(), /*max_seq_len=*/128));
+//   LoraTrainer trainer(std::move(site));
+//   auto client = Client::Create(client_options, &trainer);
+//
+// Each task: the lent model's adapter is set to the global one, trained with the site's options
+// overridden by the task (local work, batch size, learning rate, seed), and the delta returned.
+// The optimizer starts afresh every task, as in FedAvg.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "fedlora/client_trainer.h"
+#include "fedlora/v1/config.pb.h"
+#include "model/bert.h"
+#include "train/trainer.h"
+
+namespace fedlora {
+
+// What one local task did.
+struct LocalOutcome {
+  int64_t num_examples = 0;        // size of the training (sub)set (the FedAvg weight)
+  int64_t steps = 0;               // optimizer steps taken
+  int64_t examples_processed = 0;  // examples seen, counting repeats
+  double loss_first = 0;           // mean step loss over the first 10% of steps (at least one)
+  double loss_last = 0;            // ... over the last 10%
+  double loss_mean = 0;            // mean step loss over the whole task
+};
+
+// `base` (the run config's options) with the task's overrides: local_steps (> 0) or else
+// local_epochs (at least 1); batch_size and learning_rate when > 0; the task's seed; no progress.
+TrainOptions TaskTrainOptions(const TrainOptions& base, const TrainTask& task);
+
+// Fine-tunes `model`'s trainable params (already set to the global adapter) on all of `data`.
+// Not thread-safe for one model; distinct models may train concurrently.
+absl::StatusOr<LocalOutcome> TrainLocally(BertClassifier& model, const TokenizedDataset& data,
+                                          const TrainOptions& options);
+// ... on data[indices]: InvalidArgument when `indices` is empty, OutOfRange for an index
+// outside the data.
+absl::StatusOr<LocalOutcome> TrainLocally(BertClassifier& model, const TokenizedDataset& data,
+                                          std::span<const int64_t> indices,
+                                          const TrainOptions& options);
+
+// Copies `adapter` (any struct with name, shape and values, e.g. NamedTensor or UpdateTensor;
+// names as BertClassifier::trainable_params) into the model. InvalidArgument unless every
+// trainable param is present with its shape and the adapter has no other tensor.
+template <class Tensor>
+absl::Status LoadAdapter(const std::vector<Tensor>& adapter, BertClassifier& model);
+
+// The model's trainable params minus `global` (which LoadAdapter accepted), in the model's order.
+std::vector<NamedTensor> AdapterDelta(BertClassifier& model,
+                                      const std::vector<NamedTensor>& global);
+
+class LoraTrainer final : public ClientTrainer {
+ public:
+  // A model lent for one task; the deleter gives it back (a pool) or does nothing (an owned model).
+  using ModelLease = std::unique_ptr<BertClassifier, std::function<void(BertClassifier*)>>;
+
+  struct Site {
+    // Lends a model whose LoRA shape and labels match the run; may block until one is free.
+    std::function<ModelLease()> acquire_model;
+    std::shared_ptr<const TokenizedDataset> data;
+    // The examples of `data` this site trains on; none: all of them. An empty subset fails every
+    // task (InvalidArgument).
+    std::optional<std::vector<int64_t>> indices;
+    // The run config's options (TrainOptionsFromConfig); each task overrides its own fields.
+    std::shared_ptr<const TrainOptions> options;
+    bool log_tasks = false;  // one INFO line per task (steps, loss)
+  };
+  // Builds the site at the first task, from the run config the server sent
+  // (TrainTask::run_config_json), when the model and data depend on it.
+  using SiteLoader = std::function<absl::StatusOr<Site>(const v1::RunConfig& config)>;
+
+  explicit LoraTrainer(Site site);
+  explicit LoraTrainer(SiteLoader loader);
+
+  // TrainResult: the delta, num_examples, steps, examples_processed, train_loss_first/last from
+  // LocalOutcome, and metrics["train_loss_mean"].
+  absl::StatusOr<TrainResult> Train(const TrainTask& task,
+                                    const std::vector<NamedTensor>& global) override;
+
+ private:
+  SiteLoader loader_;
+  std::optional<Site> site_;
+};
+
+template <class Tensor>
+absl::Status LoadAdapter(const std::vector<Tensor>& adapter, BertClassifier& model) {
+  std::map<std::string_view, const Tensor*> by_name;
+  for (const Tensor& t : adapter) by_name[t.name] = &t;
+  for (Param& p : model.trainable_params()) {
+    auto it = by_name.find(p.name);
+    if (it == by_name.end())
+      return absl::InvalidArgumentError(absl::StrCat("global adapter lacks '", p.name, "'"));
+    const Tensor& t = *it->second;
+    if (t.shape != p.shape || t.values.size() != p.value.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("global adapter tensor '", p.name, "' has the wrong shape"));
+    }
+    std::copy(t.values.begin(), t.values.end(), p.value.begin());
+  }
+  if (by_name.size() != model.trainable_params().size()) {
+    return absl::InvalidArgumentError(absl::StrCat("global adapter has ", by_name.size(),
+                                                   " tensors, the model ",
+                                                   model.trainable_params().size()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fedlora
