@@ -32,6 +32,7 @@
 #include "sim/cut_proxy.h"
 #include "sim/local_train.h"
 #include "train/partition.h"
+#include "train/train_config.h"
 #include <nlohmann/json.hpp>
 
 namespace fedlora::sim {
@@ -431,20 +432,9 @@ absl::Status Simulation::Setup() {
   // One kernel thread also makes every client's result independent of how many run at once.
   kernels::SetNumThreads(1);
 
-  ModelOptions mo;
-  mo.num_labels = static_cast<int>(data_.label_names.size());
-  mo.lora.rank = static_cast<int>(config_.lora().has_rank() ? config_.lora().rank() : 8);
-  mo.lora.alpha = static_cast<float>(config_.lora().has_alpha() ? config_.lora().alpha() : 16.0);
-  mo.lora.dropout = static_cast<float>(config_.lora().dropout());
-  if (config_.lora().target_modules_size() > 0) {
-    mo.lora.target_modules.assign(config_.lora().target_modules().begin(), config_.lora().target_modules().end());
-  }
-  mo.seed = config_.seed();
-  const int batch = static_cast<int>(config_.training().has_batch_size() ? config_.training().batch_size() : 16);
-  const int eval_batch = static_cast<int>(config_.data().has_eval_batch_size() ? config_.data().eval_batch_size() : 64);
-  mo.max_batch = std::max(batch, eval_batch);
-  mo.max_seq = data_.max_seq_len;
-  mo.base_model_name = config_.model().id().empty() ? config_.model().path() : config_.model().id();
+  // The pooled models both train (the virtual clients) and evaluate (round metrics): max_batch
+  // covers either batch; max_seq is LoadSimData's, already clamped to the checkpoint.
+  const ModelOptions mo = ModelOptionsFromConfig(config_, data_.max_seq_len, ModelRole::kTrainAndEvaluate);
   for (int i = 0; i < parallelism_; ++i) {
     FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(config_.model().path(), mo));
     pool_.Add(std::move(model));

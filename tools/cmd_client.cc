@@ -31,19 +31,11 @@ namespace {
 // tokenized for it.
 absl::StatusOr<LoraTrainer::Site> LoadSite(const std::string& model_dir, const std::string& data_path,
                                            const v1::RunConfig& c) {
-  ModelOptions o;
-  o.num_labels = c.task().labels_size() >= 2 ? c.task().labels_size() : 2;
-  o.lora.rank = static_cast<int>(c.lora().rank());
-  o.lora.alpha = static_cast<float>(c.lora().alpha());
-  o.lora.dropout = static_cast<float>(c.lora().dropout());
-  o.lora.target_modules.assign(c.lora().target_modules().begin(), c.lora().target_modules().end());
-  o.seed = c.seed();
-  o.max_seq = static_cast<int>(c.model().max_seq_len() > 0 ? c.model().max_seq_len() : 128);
-  o.max_batch = static_cast<int>(c.training().batch_size() > 0 ? c.training().batch_size() : 16);
-  o.base_model_name = c.model().id();
+  // Clamped to the checkpoint's position table before the model is planned for it.
+  FEDLORA_ASSIGN_OR_RETURN(const int max_seq, EffectiveMaxSeqLen(model_dir, ConfiguredMaxSeqLen(c.model())));
+  const ModelOptions o = ModelOptionsFromConfig(c, max_seq, ModelRole::kTrain);
   FEDLORA_ASSIGN_OR_RETURN(std::shared_ptr<BertClassifier> model, BertClassifier::Load(model_dir, o));
   FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(model_dir));
-  FEDLORA_ASSIGN_OR_RETURN(const int max_seq, EffectiveMaxSeqLen(model_dir, o.max_seq));
   std::vector<std::string> labels(c.task().labels().begin(), c.task().labels().end());
   FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset data, LoadTokenizedDataset(data_path, *tokenizer, max_seq, labels));
   FEDLORA_LOG(INFO) << "local model " << model_dir << " with " << data.size() << " examples from " << data_path;

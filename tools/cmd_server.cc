@@ -20,25 +20,11 @@
 #include "proto/config_io.h"
 #include "server/server.h"
 #include "tools/common.h"
+#include "train/train_config.h"
 #include "train/trainer.h"
 
 namespace fedlora::tools {
 namespace {
-
-// The model the run config describes (the same mapping cmd_client.cc uses for its local model).
-ModelOptions ServerModelOptions(const v1::RunConfig& c) {
-  ModelOptions o;
-  o.num_labels = c.task().labels_size() >= 2 ? c.task().labels_size() : 2;
-  o.lora.rank = static_cast<int>(c.lora().rank());
-  o.lora.alpha = static_cast<float>(c.lora().alpha());
-  o.lora.dropout = static_cast<float>(c.lora().dropout());
-  o.lora.target_modules.assign(c.lora().target_modules().begin(), c.lora().target_modules().end());
-  o.seed = c.seed();
-  o.max_seq = static_cast<int>(c.model().max_seq_len());
-  o.max_batch = static_cast<int>(c.data().eval_batch_size());
-  o.base_model_name = c.model().id();
-  return o;
-}
 
 // Server-side evaluation of each new global adapter on the held-out set.
 class HeldOutEvaluator : public Evaluator {
@@ -73,7 +59,10 @@ absl::Status Serve(const std::string& config_path, const std::string& listen, co
   if (!listen.empty()) options.listen_address = listen;
   if (!store.empty()) options.data_dir = store;
 
-  const ModelOptions model_options = ServerModelOptions(config);
+  // Sized for the held-out evaluation batches; max_seq clamped to the checkpoint's position table.
+  FEDLORA_ASSIGN_OR_RETURN(const int max_seq,
+                           EffectiveMaxSeqLen(config.model().path(), ConfiguredMaxSeqLen(config.model())));
+  const ModelOptions model_options = ModelOptionsFromConfig(config, max_seq, ModelRole::kEvaluate);
   FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(config.model().path(), model_options));
   std::vector<UpdateTensor> initial;
   for (const Param& p : model->trainable_params()) initial.push_back({p.name, p.shape, p.value});
@@ -81,12 +70,11 @@ absl::Status Serve(const std::string& config_path, const std::string& listen, co
   std::unique_ptr<Evaluator> evaluator;
   if (!config.data().eval_path().empty()) {
     FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(config.model().path()));
-    FEDLORA_ASSIGN_OR_RETURN(int max_seq, EffectiveMaxSeqLen(config.model().path(), model_options.max_seq));
     std::vector<std::string> labels(config.task().labels().begin(), config.task().labels().end());
     FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset eval,
                              LoadTokenizedDataset(config.data().eval_path(), *tokenizer, max_seq, labels));
     evaluator = std::make_unique<HeldOutEvaluator>(std::move(model), std::move(eval),
-                                                   static_cast<int>(config.data().eval_batch_size()));
+                                                   model_options.max_batch);
   }
 
   // Block the stop signals in every thread (gRPC's included) so that only sigtimedwait sees them.

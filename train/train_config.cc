@@ -1,5 +1,7 @@
 #include "train/train_config.h"
 
+#include <algorithm>
+
 namespace fedlora {
 
 const char* OptimizerName(v1::TrainingConfig::Optimizer optimizer) {
@@ -36,6 +38,45 @@ TrainOptions TrainOptionsFromConfig(const v1::TrainingConfig& t, int max_seq_len
   o.grad_clip = static_cast<float>(t.has_grad_clip_norm() ? t.grad_clip_norm() : 1.0);
   o.grad_accumulation = static_cast<int>(t.has_grad_accumulation() ? t.grad_accumulation() : 1);
   o.progress = false;
+  return o;
+}
+
+int ConfiguredMaxSeqLen(const v1::ModelConfig& model) {
+  return static_cast<int>(model.has_max_seq_len() ? model.max_seq_len() : 128);
+}
+
+int ConfiguredEvalBatchSize(const v1::DataConfig& data) {
+  return static_cast<int>(data.has_eval_batch_size() ? data.eval_batch_size() : 64);
+}
+
+ModelOptions ModelOptionsFromConfig(const v1::RunConfig& config, int max_seq_len, ModelRole role) {
+  ModelOptions o;
+  o.num_labels = std::max(2, config.task().labels_size());
+  const v1::LoraConfig& lora = config.lora();
+  o.lora.rank = static_cast<int>(lora.has_rank() ? lora.rank() : 8);
+  o.lora.alpha = static_cast<float>(lora.has_alpha() ? lora.alpha() : 16.0);
+  o.lora.dropout = static_cast<float>(lora.dropout());
+  // Unset keeps LoraOptions' default, which is config.proto's ["query", "value"].
+  if (lora.target_modules_size() > 0) {
+    o.lora.target_modules.assign(lora.target_modules().begin(), lora.target_modules().end());
+  }
+  o.seed = config.seed();
+  const int train_batch =
+      static_cast<int>(config.training().has_batch_size() ? config.training().batch_size() : 16);
+  const int eval_batch = ConfiguredEvalBatchSize(config.data());
+  switch (role) {
+    case ModelRole::kTrain:
+      o.max_batch = train_batch;
+      break;
+    case ModelRole::kEvaluate:
+      o.max_batch = eval_batch;
+      break;
+    case ModelRole::kTrainAndEvaluate:
+      o.max_batch = std::max(train_batch, eval_batch);
+      break;
+  }
+  o.max_seq = max_seq_len;
+  o.base_model_name = config.model().id().empty() ? config.model().path() : config.model().id();
   return o;
 }
 

@@ -1,11 +1,14 @@
-// The run config's training section (fedlora.v1.TrainingConfig) as train/'s TrainOptions: the one
-// place that maps the config's optimizer and schedule enums to Trainer's names.
+// The run config (fedlora.v1.RunConfig) as train/'s TrainOptions and model/'s ModelOptions: the one
+// place that maps the config's optimizer and schedule enums to Trainer's names, and the one place
+// that sizes a BertClassifier for a run (`fedlora client`, `fedlora server`, `fedlora simulate`).
 //
 //   TrainOptions o = TrainOptionsFromConfig(config.training(), /*max_seq_len=*/128);
 //   FEDLORA_RETURN_IF_ERROR(o.Validate());
+//   ModelOptions m = ModelOptionsFromConfig(config, /*max_seq_len=*/128, ModelRole::kEvaluate);
 #pragma once
 
 #include "fedlora/v1/config.pb.h"
+#include "model/bert.h"
 #include "train/trainer.h"
 
 namespace fedlora {
@@ -21,5 +24,27 @@ const char* ScheduleName(v1::TrainingConfig::Schedule schedule);
 // `max_seq_len` tokens per example, no progress display. Epochs, steps and seed are left at
 // TrainOptions' defaults: each task sets them. Not validated: call Validate().
 TrainOptions TrainOptionsFromConfig(const v1::TrainingConfig& training, int max_seq_len);
+
+// Tokens per example the config asks for: model.max_seq_len, or config.proto's default 128. Not
+// clamped to the checkpoint (tools/common.h EffectiveMaxSeqLen does that).
+int ConfiguredMaxSeqLen(const v1::ModelConfig& model);
+// Examples per evaluation batch: data.eval_batch_size, or config.proto's default 64.
+int ConfiguredEvalBatchSize(const v1::DataConfig& data);
+
+// What a model built from the run config is used for; it decides ModelOptions::max_batch (the
+// activations are planned for max_batch * max_seq tokens, so a too-small value fails the batch).
+enum class ModelRole {
+  kTrain,             // training.batch_size (default 16): a client's local model
+  kEvaluate,          // data.eval_batch_size (default 64): the server's held-out evaluator
+  kTrainAndEvaluate,  // the larger of the two: the simulator's pooled models do both
+};
+
+// The BertClassifier options of the run: num_labels from task.labels (at least 2, the validated
+// minimum), LoRA rank / alpha / dropout / target modules (config.proto's defaults 8, 16, 0,
+// ["query", "value"] when unset), seed, base_model_name (model.id, else model.path), max_batch
+// by `role`, and max_seq = `max_seq_len`: the tokens per example after clamping to the
+// checkpoint's position table (BertClassifier::Load refuses a longer max_seq). bf16 weights and
+// dropout overrides are left at ModelOptions' defaults.
+ModelOptions ModelOptionsFromConfig(const v1::RunConfig& config, int max_seq_len, ModelRole role);
 
 }  // namespace fedlora

@@ -1,0 +1,155 @@
+// TrainOptionsFromConfig / ModelOptionsFromConfig: every enum value's name, config.proto's defaults
+// for unset fields, and exact pass-through of set ones.
+#include "train/train_config.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace fedlora {
+namespace {
+
+TEST(OptimizerNameTest, EveryEnumValue) {
+  EXPECT_STREQ(OptimizerName(v1::TrainingConfig::OPTIMIZER_UNSPECIFIED), "adamw");
+  EXPECT_STREQ(OptimizerName(v1::TrainingConfig::ADAMW), "adamw");
+  EXPECT_STREQ(OptimizerName(v1::TrainingConfig::LAMB), "lamb");
+  EXPECT_STREQ(OptimizerName(v1::TrainingConfig::SGD), "sgd");
+  // A value added to config.proto later must be named here too.
+  EXPECT_EQ(v1::TrainingConfig::Optimizer_MAX, v1::TrainingConfig::SGD);
+}
+
+TEST(ScheduleNameTest, EveryEnumValue) {
+  EXPECT_STREQ(ScheduleName(v1::TrainingConfig::SCHEDULE_UNSPECIFIED), "constant");
+  EXPECT_STREQ(ScheduleName(v1::TrainingConfig::CONSTANT), "constant");
+  EXPECT_STREQ(ScheduleName(v1::TrainingConfig::LINEAR), "linear");
+  EXPECT_STREQ(ScheduleName(v1::TrainingConfig::COSINE), "cosine");
+  EXPECT_EQ(v1::TrainingConfig::Schedule_MAX, v1::TrainingConfig::COSINE);
+}
+
+TEST(TrainOptionsFromConfigTest, UnsetFieldsTakeConfigProtoDefaults) {
+  const TrainOptions o = TrainOptionsFromConfig(v1::TrainingConfig(), /*max_seq_len=*/96);
+  EXPECT_EQ(o.batch_size, 16);
+  EXPECT_EQ(o.lr, 5e-4f);
+  EXPECT_EQ(o.optimizer, "adamw");
+  // config.proto's defaults, which differ from TrainOptions' own (0.01 and "linear").
+  EXPECT_EQ(o.weight_decay, 0.0f);
+  EXPECT_EQ(o.schedule, "constant");
+  EXPECT_EQ(o.warmup_steps, 0);
+  EXPECT_EQ(o.grad_clip, 1.0f);
+  EXPECT_EQ(o.grad_accumulation, 1);
+  EXPECT_EQ(o.max_seq_len, 96);
+  EXPECT_FALSE(o.progress);
+  // Left to each task.
+  const TrainOptions plain;
+  EXPECT_EQ(o.epochs, plain.epochs);
+  EXPECT_EQ(o.max_steps, plain.max_steps);
+  EXPECT_EQ(o.seed, plain.seed);
+  EXPECT_TRUE(o.Validate().ok());
+}
+
+TEST(TrainOptionsFromConfigTest, SetFieldsPassThrough) {
+  v1::TrainingConfig t;
+  t.set_batch_size(7);
+  t.set_learning_rate(0.125);  // exact in float
+  t.set_optimizer(v1::TrainingConfig::LAMB);
+  t.set_weight_decay(0.25);
+  t.set_warmup_steps(13);
+  t.set_schedule(v1::TrainingConfig::COSINE);
+  t.set_grad_clip_norm(2.5);
+  t.set_grad_accumulation(3);
+  t.set_local_steps(99);  // not the options' business: each task sets its own work
+  const TrainOptions o = TrainOptionsFromConfig(t, /*max_seq_len=*/40);
+  EXPECT_EQ(o.batch_size, 7);
+  EXPECT_EQ(o.lr, 0.125f);
+  EXPECT_EQ(o.optimizer, "lamb");
+  EXPECT_EQ(o.weight_decay, 0.25f);
+  EXPECT_EQ(o.warmup_steps, 13);
+  EXPECT_EQ(o.schedule, "cosine");
+  EXPECT_EQ(o.grad_clip, 2.5f);
+  EXPECT_EQ(o.grad_accumulation, 3);
+  EXPECT_EQ(o.max_seq_len, 40);
+  EXPECT_EQ(o.max_steps, TrainOptions().max_steps);
+  EXPECT_TRUE(o.Validate().ok());
+}
+
+TEST(TrainOptionsFromConfigTest, ExplicitZeroClipDisablesClipping) {
+  // has_grad_clip_norm distinguishes "0: no clipping" from "unset: 1.0".
+  v1::TrainingConfig t;
+  t.set_grad_clip_norm(0.0);
+  EXPECT_EQ(TrainOptionsFromConfig(t, 128).grad_clip, 0.0f);
+}
+
+TEST(ConfiguredSizesTest, DefaultsAndSetValues) {
+  v1::RunConfig c;
+  EXPECT_EQ(ConfiguredMaxSeqLen(c.model()), 128);
+  EXPECT_EQ(ConfiguredEvalBatchSize(c.data()), 64);
+  c.mutable_model()->set_max_seq_len(48);
+  c.mutable_data()->set_eval_batch_size(5);
+  EXPECT_EQ(ConfiguredMaxSeqLen(c.model()), 48);
+  EXPECT_EQ(ConfiguredEvalBatchSize(c.data()), 5);
+}
+
+TEST(ModelOptionsFromConfigTest, UnsetFieldsTakeConfigProtoDefaults) {
+  v1::RunConfig c;
+  c.mutable_task()->add_labels("neg");
+  c.mutable_task()->add_labels("pos");
+  c.mutable_task()->add_labels("mixed");
+  c.mutable_model()->set_path("/models/tiny");
+  const ModelOptions o = ModelOptionsFromConfig(c, /*max_seq_len=*/64, ModelRole::kTrain);
+  EXPECT_EQ(o.num_labels, 3);
+  EXPECT_EQ(o.lora.rank, 8);
+  EXPECT_EQ(o.lora.alpha, 16.0f);
+  EXPECT_EQ(o.lora.dropout, 0.0f);
+  EXPECT_EQ(o.lora.target_modules, (std::vector<std::string>{"query", "value"}));
+  EXPECT_EQ(o.seed, 0u);
+  EXPECT_EQ(o.max_seq, 64);
+  EXPECT_EQ(o.max_batch, 16);  // training.batch_size's default
+  EXPECT_EQ(o.base_model_name, "/models/tiny");  // no model.id
+  EXPECT_FALSE(o.bf16_weights);
+  EXPECT_EQ(ModelOptionsFromConfig(c, 64, ModelRole::kEvaluate).max_batch, 64);
+  EXPECT_EQ(ModelOptionsFromConfig(c, 64, ModelRole::kTrainAndEvaluate).max_batch, 64);
+}
+
+TEST(ModelOptionsFromConfigTest, SetFieldsPassThrough) {
+  v1::RunConfig c;
+  c.set_seed(1234567890123ull);
+  c.mutable_task()->add_labels("a");
+  c.mutable_task()->add_labels("b");
+  c.mutable_lora()->set_rank(4);
+  c.mutable_lora()->set_alpha(8.5);
+  c.mutable_lora()->set_dropout(0.125);
+  c.mutable_lora()->add_target_modules("query");
+  c.mutable_lora()->add_target_modules("key");
+  c.mutable_lora()->add_target_modules("dense");
+  c.mutable_model()->set_id("all-MiniLM-L6-v2");
+  c.mutable_model()->set_path("/models/minilm");
+  c.mutable_model()->set_max_seq_len(200);  // the caller's max_seq_len (clamped) wins
+  c.mutable_training()->set_batch_size(24);
+  c.mutable_data()->set_eval_batch_size(10);
+  const ModelOptions o = ModelOptionsFromConfig(c, /*max_seq_len=*/32, ModelRole::kTrain);
+  EXPECT_EQ(o.num_labels, 2);
+  EXPECT_EQ(o.lora.rank, 4);
+  EXPECT_EQ(o.lora.alpha, 8.5f);
+  EXPECT_EQ(o.lora.dropout, 0.125f);
+  EXPECT_EQ(o.lora.target_modules, (std::vector<std::string>{"query", "key", "dense"}));
+  EXPECT_EQ(o.seed, 1234567890123ull);
+  EXPECT_EQ(o.max_seq, 32);
+  EXPECT_EQ(o.base_model_name, "all-MiniLM-L6-v2");
+  EXPECT_EQ(o.max_batch, 24);
+  EXPECT_EQ(ModelOptionsFromConfig(c, 32, ModelRole::kEvaluate).max_batch, 10);
+  // The simulator's pooled models train with 24 and evaluate with 10: the larger.
+  EXPECT_EQ(ModelOptionsFromConfig(c, 32, ModelRole::kTrainAndEvaluate).max_batch, 24);
+  c.mutable_data()->set_eval_batch_size(100);
+  EXPECT_EQ(ModelOptionsFromConfig(c, 32, ModelRole::kTrainAndEvaluate).max_batch, 100);
+}
+
+TEST(ModelOptionsFromConfigTest, FewerThanTwoLabelsStillPlansABinaryHead) {
+  // A validated classification config has >= 2 labels; an unvalidated one must not yield a
+  // 0-class head (BertClassifier::Load would plan empty logits).
+  v1::RunConfig c;
+  EXPECT_EQ(ModelOptionsFromConfig(c, 16, ModelRole::kTrain).num_labels, 2);
+}
+
+}  // namespace
+}  // namespace fedlora
