@@ -6,7 +6,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -14,9 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "client/rpc_status.h"
 #include "compression/codec.h"
+#include "compression/update_io.h"
 #include "core/file.h"
 #include "core/logging.h"
-#include "core/safetensors.h"
 #include "core/sha256.h"
 #include "core/status.h"
 #include "core/strings.h"
@@ -48,45 +47,12 @@ std::string RandomHex128() {
   return out;
 }
 
-absl::StatusOr<CodecOptions> CodecFromSpec(const v1::CodecSpec& spec) {
-  CodecOptions options;
-  const int n = spec.stages_size();
-  for (int i = 0; i < n; ++i) {
-    const v1::CodecStage& stage = spec.stages(i);
-    switch (stage.id()) {
-      case v1::CodecStage::NONE:
-        break;
-      case v1::CodecStage::FP16:
-        options.codec = CodecId::kF16;
-        break;
-      case v1::CodecStage::BF16:
-        options.codec = CodecId::kBF16;
-        break;
-      case v1::CodecStage::ZSTD:
-        if (i != n - 1) return absl::InvalidArgumentError("codec: ZSTD must be the last stage");
-        options.zstd = true;
-        if (stage.has_zstd() && stage.zstd().has_level()) options.zstd_level = stage.zstd().level();
-        break;
-      default:
-        return absl::UnimplementedError(absl::StrCat("codec stage ", v1::CodecStage::Id_Name(stage.id()),
-                                                     " is not implemented by this client"));
-    }
-  }
-  return options;
-}
-
+// The global adapter as the SDK's public tensor type.
 absl::StatusOr<std::vector<NamedTensor>> ParseAdapter(const std::string& bytes) {
-  FEDLORA_ASSIGN_OR_RETURN(auto file, SafetensorsFile::FromBytes(bytes, "global adapter"));
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> tensors, AdapterFromSafetensors(bytes));
   std::vector<NamedTensor> out;
-  for (const std::string& name : file->names()) {
-    FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file->Get(name));
-    if (t.dtype != DType::kF32) {
-      return absl::InvalidArgumentError(absl::StrCat("global adapter tensor '", name, "' is not F32"));
-    }
-    NamedTensor n{name, t.shape, std::vector<float>(t.size / sizeof(float))};
-    if (t.size > 0) std::memcpy(n.values.data(), t.data, t.size);
-    out.push_back(std::move(n));
-  }
+  out.reserve(tensors.size());
+  for (UpdateTensor& t : tensors) out.push_back({std::move(t.name), std::move(t.shape), std::move(t.values)});
   return out;
 }
 
@@ -376,7 +342,7 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   std::vector<UpdateTensor> update;
   update.reserve(result->delta.size());
   for (const NamedTensor& n : result->delta) update.push_back({n.name, n.shape, n.values});
-  FEDLORA_ASSIGN_OR_RETURN(CodecOptions codec, CodecFromSpec(task.codec()));
+  FEDLORA_ASSIGN_OR_RETURN(CodecOptions codec, CodecOptionsFromSpec(task.codec()));
   FEDLORA_ASSIGN_OR_RETURN(std::string encoded, EncodeUpdate(update, codec));
   const auto t3 = std::chrono::steady_clock::now();
   // One upload id per task attempt: every retry and resume reuses it, so the server counts it once.

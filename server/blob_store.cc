@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -134,6 +135,13 @@ absl::Status BlobWriter::Sync() {
     dir_synced_ = true;
   }
   return absl::OkStatus();
+}
+
+void BlobWriter::StartWriteback(int64_t bytes) {
+  if (finished_ || bytes <= 0) return;
+  const int64_t from = std::max<int64_t>(0, size_ - bytes);
+  // Errors (EIO shows up again at fsync; ESPIPE/EINVAL on odd file systems) are left to Sync.
+  (void)::sync_file_range(fd_, static_cast<off_t>(from), static_cast<off_t>(size_ - from), SYNC_FILE_RANGE_WRITE);
 }
 
 absl::Status BlobWriter::TruncateTo(int64_t size) {
@@ -271,6 +279,16 @@ absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& st
   FEDLORA_RETURN_IF_ERROR(MakeDir(dir));
   for (const char* sub : {"blobs", "partial", "tmp"}) FEDLORA_RETURN_IF_ERROR(MakeDir(absl::StrCat(dir, "/", sub)));
   FEDLORA_RETURN_IF_ERROR(FsyncDir(dir));
+  // Every shard directory up front: one directory fsync here instead of a mkdir plus an fsync of
+  // blobs/ on the upload path each time a blob lands in a new shard. (Commit still creates a shard
+  // that has gone missing.)
+  const std::string blobs = absl::StrCat(dir, "/blobs");
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < 256; ++i) {
+    const char shard[3] = {kHex[i >> 4], kHex[i & 15], '\0'};
+    FEDLORA_RETURN_IF_ERROR(MakeDir(absl::StrCat(blobs, "/", shard)));
+  }
+  FEDLORA_RETURN_IF_ERROR(FsyncDir(blobs));
   return std::unique_ptr<BlobStore>(new BlobStore(std::move(dir)));
 }
 
@@ -332,9 +350,14 @@ absl::StatusOr<std::string> BlobStore::Get(const std::string& hash) const {
   return bytes;
 }
 
-absl::StatusOr<std::unique_ptr<BlobReader>> BlobStore::OpenReader(const std::string& hash) const {
-  FEDLORA_RETURN_IF_ERROR(CheckHash(hash));
-  const std::string path = PathFor(hash);
+namespace {
+
+struct OpenedBlob {
+  int fd;        // read-only; the caller closes it
+  int64_t size;  // bytes
+};
+
+absl::StatusOr<OpenedBlob> OpenBlobFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoToStatus(errno, "open blob", path);
   struct stat st;
@@ -343,7 +366,38 @@ absl::StatusOr<std::unique_ptr<BlobReader>> BlobStore::OpenReader(const std::str
     ::close(fd);
     return ErrnoToStatus(err, "fstat", path);
   }
-  return std::unique_ptr<BlobReader>(new BlobReader(hash, path, fd, static_cast<int64_t>(st.st_size)));
+  return OpenedBlob{fd, static_cast<int64_t>(st.st_size)};
+}
+
+}  // namespace
+
+MappedBlob::~MappedBlob() {
+  if (addr_ != nullptr) ::munmap(addr_, size_);
+}
+
+absl::StatusOr<std::unique_ptr<MappedBlob>> BlobStore::MapCommitted(const std::string& hash) const {
+  FEDLORA_RETURN_IF_ERROR(CheckHash(hash));
+  const std::string path = PathFor(hash);
+  FEDLORA_ASSIGN_OR_RETURN(const OpenedBlob file, OpenBlobFile(path));
+  const size_t size = static_cast<size_t>(file.size);
+  void* addr = nullptr;
+  if (size > 0) {
+    addr = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, file.fd, 0);
+    if (addr == MAP_FAILED) {
+      const int err = errno;
+      ::close(file.fd);
+      return ErrnoToStatus(err, "mmap", path);
+    }
+  }
+  ::close(file.fd);  // the mapping keeps the file open
+  return std::unique_ptr<MappedBlob>(new MappedBlob(addr, size));
+}
+
+absl::StatusOr<std::unique_ptr<BlobReader>> BlobStore::OpenReader(const std::string& hash) const {
+  FEDLORA_RETURN_IF_ERROR(CheckHash(hash));
+  const std::string path = PathFor(hash);
+  FEDLORA_ASSIGN_OR_RETURN(const OpenedBlob file, OpenBlobFile(path));
+  return std::unique_ptr<BlobReader>(new BlobReader(hash, path, file.fd, file.size));
 }
 
 absl::StatusOr<bool> BlobStore::Exists(const std::string& hash) const {

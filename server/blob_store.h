@@ -61,6 +61,10 @@ class BlobWriter {
   // fsyncs what was appended so far: after it returns OK the first size() bytes survive a crash.
   // Call before recording progress (chunks_received, bytes) in the store.
   absl::Status Sync();
+  // Asks the kernel to start writing the last `bytes` appended to disk without waiting (Linux
+  // sync_file_range). Durability still comes only from Sync/Commit; this lets the disk work while
+  // more bytes arrive, so the next Sync or Commit waits for less. Best effort: never fails.
+  void StartWriteback(int64_t bytes);
   // Cuts the file to `size` bytes (<= size()), e.g. to the length the store recorded before a
   // crash, dropping a tail that was written but never acknowledged. InvalidArgument if size is
   // negative or > size(). (The file is shorter than the recorded length only if a crash came
@@ -124,6 +128,24 @@ class BlobReader {
   Sha256 hasher_;
 };
 
+// A committed blob mapped read-only into memory (BlobStore::MapCommitted). The pages come from the
+// page cache, so a blob just written is read without a copy or a disk read.
+class MappedBlob {
+ public:
+  ~MappedBlob();
+  MappedBlob(const MappedBlob&) = delete;
+  MappedBlob& operator=(const MappedBlob&) = delete;
+
+  std::string_view bytes() const { return {static_cast<const char*>(addr_), size_}; }
+
+ private:
+  friend class BlobStore;
+  MappedBlob(void* addr, size_t size) : addr_(addr), size_(size) {}
+
+  void* addr_;  // null for an empty blob
+  size_t size_;
+};
+
 struct BlobGcStats {
   int64_t blobs_kept = 0;
   int64_t blobs_deleted = 0;
@@ -150,6 +172,10 @@ class BlobStore {
   // memory (updates, adapters); stream bigger ones with OpenReader.
   absl::StatusOr<std::string> Get(const std::string& hash) const;
   absl::StatusOr<std::unique_ptr<BlobReader>> OpenReader(const std::string& hash) const;
+  // The blob mapped read-only WITHOUT re-hashing it: only for a caller whose BlobWriter::Commit just
+  // returned `hash` (Commit hashed the bytes; a third pass over them would only cost time). Others
+  // use Get or OpenReader. Errors as ErrnoToStatus.
+  absl::StatusOr<std::unique_ptr<MappedBlob>> MapCommitted(const std::string& hash) const;
   absl::StatusOr<bool> Exists(const std::string& hash) const;
   // Size in bytes without reading (NotFound when absent).
   absl::StatusOr<int64_t> Size(const std::string& hash) const;

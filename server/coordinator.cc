@@ -706,6 +706,8 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
       ack.set_bytes_acknowledged(static_cast<uint64_t>(existing->bytes));
       ack.set_duplicate(true);
       plan.duplicate_ack = ack;
+      // The row may come from a concurrent acceptance still waiting for its fsync.
+      FEDLORA_RETURN_IF_ERROR(store_->SyncCommitted());
       metrics_->updates_duplicate.fetch_add(1);
       return plan;
     }
@@ -808,7 +810,8 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
   record.client_id = client_id;
   record.task_id = header.task_id();
   record.num_examples = static_cast<int64_t>(header.num_examples());
-  FEDLORA_ASSIGN_OR_RETURN(UploadRecord stored, store_->BeginUpload(record));
+  DurabilityTicket not_awaited;  // see the header: the row needs no durability before an ack
+  FEDLORA_ASSIGN_OR_RETURN(UploadRecord stored, store_->BeginUpload(record, &not_awaited));
   UploadPlan plan;
   plan.chunks_durable = stored.chunks_received;
   plan.bytes_durable = stored.bytes;
@@ -837,7 +840,7 @@ void Coordinator::RejectUpload(const std::string& client_id, const std::string& 
   if (!upload_id.empty()) rejected_[upload_id] = std::string(why.message());
 }
 
-absl::StatusOr<std::vector<UpdateTensor>> Coordinator::DecodeAndValidate(const std::string& bytes) const {
+absl::StatusOr<std::vector<UpdateTensor>> Coordinator::DecodeAndValidate(std::string_view bytes) const {
   // Decoding limits from the adapter itself: a valid update has exactly the adapter's elements, so
   // anything that declares more is refused before a byte is allocated (decompression bombs).
   DecodeLimits limits;
@@ -871,7 +874,8 @@ absl::StatusOr<std::vector<UpdateTensor>> Coordinator::DecodeAndValidate(const s
 
 absl::StatusOr<v1::UploadAck> Coordinator::CompleteUpload(const std::string& client_id, const v1::UploadHeader& header,
                                                           const std::string& blob_hash) {
-  FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(blob_hash));
+  FEDLORA_ASSIGN_OR_RETURN(std::unique_ptr<MappedBlob> mapped, blobs_->MapCommitted(blob_hash));
+  const std::string_view bytes = mapped->bytes();
   FEDLORA_ASSIGN_OR_RETURN(UpdateHeader codec_header, ParseUpdateHeader(bytes, DecodeLimits{}));
   FEDLORA_ASSIGN_OR_RETURN(CodecOptions declared, CodecOptionsFromSpec(header.codec()));
   if (codec_header.codec != declared.codec || codec_header.zstd() != declared.zstd) {
@@ -881,6 +885,23 @@ absl::StatusOr<v1::UploadAck> Coordinator::CompleteUpload(const std::string& cli
   }
   FEDLORA_RETURN_IF_ERROR(DecodeAndValidate(bytes).status());
 
+  // The row is committed under mu_ but its fsync is waited for after mu_ is released, so that the
+  // acceptances of concurrent uploads share one WAL fsync instead of queueing on the lock. Nothing
+  // leaves this function (no ack) before the row is durable; the in-memory round may count it a
+  // moment earlier, and whatever the round does with it next (closing, aggregating) is itself a
+  // synced transaction that makes this row durable first.
+  DurabilityTicket ticket;
+  absl::StatusOr<v1::UploadAck> result = CompleteUploadLocked(client_id, header, blob_hash, bytes.size(), &ticket);
+  if (!result.ok()) return result;
+  FEDLORA_RETURN_IF_ERROR(result->duplicate() ? store_->SyncCommitted() : store_->WaitDurable(ticket));
+  if (!result->duplicate()) MaybeCrashAt("after_ack");  // durable, not yet acknowledged
+  return result;
+}
+
+absl::StatusOr<v1::UploadAck> Coordinator::CompleteUploadLocked(const std::string& client_id,
+                                                                const v1::UploadHeader& header,
+                                                                const std::string& blob_hash, size_t blob_size,
+                                                                DurabilityTicket* ticket) {
   absl::MutexLock lock(&mu_);
   const int64_t round = static_cast<int64_t>(header.round());
   // The round may have closed while the bytes were streaming.
@@ -898,22 +919,21 @@ absl::StatusOr<v1::UploadAck> Coordinator::CompleteUpload(const std::string& cli
   record.task_id = header.task_id();
   record.num_examples = static_cast<int64_t>(header.num_examples());
   record.blob_hash = blob_hash;
-  record.bytes = static_cast<int64_t>(bytes.size());
+  record.bytes = static_cast<int64_t>(blob_size);
   record.chunks_received = header.manifest().num_chunks();
   MaybeCrashAt("before_ack");
-  absl::Status s = store_->RecordAccepted(record);
+  absl::Status s = store_->RecordAccepted(record, ticket);
   v1::UploadAck ack;
   ack.set_upload_id(header.upload_id());
   ack.set_state(v1::UPLOAD_STATE_ACCEPTED);
   ack.set_chunks_acknowledged(header.manifest().num_chunks());
-  ack.set_bytes_acknowledged(static_cast<uint64_t>(bytes.size()));
+  ack.set_bytes_acknowledged(static_cast<uint64_t>(blob_size));
   if (absl::IsAlreadyExists(s)) {
     ack.set_duplicate(true);
     metrics_->updates_duplicate.fetch_add(1);
     return ack;
   }
   FEDLORA_RETURN_IF_ERROR(s);
-  MaybeCrashAt("after_ack");
   round_->accepted[client_id] = header.upload_id();
   if (ClientEntry* c = FindClientLocked(client_id)) c->reported = v1::CLIENT_STATE_IDLE;
   metrics_->updates_accepted.fetch_add(1);
@@ -938,6 +958,8 @@ absl::StatusOr<v1::UploadStatusResponse> Coordinator::GetUploadStatus(const std:
       return response;
     }
   }
+  // Report only durable state: rows other streams committed may still wait for their fsync.
+  FEDLORA_RETURN_IF_ERROR(store_->SyncCommitted());
   absl::StatusOr<UploadRecord> record = store_->GetUpload(upload_id);
   if (absl::IsNotFound(record.status())) {
     response.set_state(v1::UPLOAD_STATE_UNKNOWN);

@@ -29,6 +29,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -97,13 +98,18 @@ class Coordinator {
   absl::StatusOr<v1::AdapterManifest> AdapterManifestFor(const std::string& sha256);
 
   // Validates an upload header against the caller, its task and the round; on success the upload_id
-  // is locked to this stream until EndUpload.
+  // is locked to this stream until EndUpload. The new "receiving" row is committed but not waited
+  // on: it becomes durable with the next WAL sync (a progress checkpoint, the acceptance, a status
+  // query). Before that nothing about the upload has been acknowledged, so losing the row to a
+  // power failure only makes the client start the upload again.
   absl::StatusOr<UploadPlan> BeginUpload(const std::string& client_id, const v1::UploadHeader& header);
   // Records that the first `chunks` chunks (`bytes` bytes) of the upload are durable (after Sync).
   absl::Status RecordUploadProgress(const std::string& upload_id, int64_t chunks, int64_t bytes);
   // The whole blob is committed under `blob_hash`: decodes and validates it against the round, then
   // records it durably. Returns the ACCEPTED ack only after the store made it durable. A refused
-  // update is remembered as REJECTED with the status's message.
+  // update is remembered as REJECTED with the status's message. `blob_hash` must be what
+  // BlobWriter::Commit just returned: Commit verified the bytes, so the blob is decoded from a
+  // read-only mapping of the file (page cache) without a copy or another hash pass.
   absl::StatusOr<v1::UploadAck> CompleteUpload(const std::string& client_id, const v1::UploadHeader& header,
                                                const std::string& blob_hash);
   // Notes a refused upload (for GetUploadStatus and the metrics).
@@ -160,7 +166,11 @@ class Coordinator {
   // outside the lock.
   std::vector<std::function<void()>> ResolveWaitersLocked(bool expire_all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AggregateAndCommit(int64_t round);
-  absl::StatusOr<std::vector<UpdateTensor>> DecodeAndValidate(const std::string& bytes) const;
+  absl::StatusOr<std::vector<UpdateTensor>> DecodeAndValidate(std::string_view bytes) const;
+  // CompleteUpload's bookkeeping under mu_: records the acceptance with a deferred ticket.
+  absl::StatusOr<v1::UploadAck> CompleteUploadLocked(const std::string& client_id, const v1::UploadHeader& header,
+                                                     const std::string& blob_hash, size_t blob_size,
+                                                     DurabilityTicket* ticket);
   void UpdateClientGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ClientEntry* FindClientLocked(const std::string& client_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

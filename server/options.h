@@ -73,6 +73,10 @@ struct ServerOptions {
   // bytes (and when the stream ends), bytes. Default 8 MiB: one fsync per 8 chunks costs ~1 ms of
   // disk time per 8 MiB received, and a resume re-sends at most 8 MiB.
   int64_t upload_sync_bytes = 8 << 20;
+  // Threads that process upload messages (hash, write, fsync, decode, store), so that gRPC's few
+  // callback threads never block on disk and the fsyncs of concurrent uploads overlap (the file
+  // system and WalSyncer batch them). Default 8: the benchmark's concurrency; they mostly wait.
+  int upload_workers = 8;
   // Longest a WaitForTask long poll is held, milliseconds, whatever the client asks for. Default
   // 30 s: below common proxy idle timeouts (60 s), so a held call is never cut by the network.
   int64_t max_long_poll_ms = 30'000;

@@ -118,14 +118,17 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadChunk>
 // ------------------------------------------------------------------------------------------------
 // UploadUpdate: header first, then chunks in order, each checked against its SHA-256 before it is
 // written. Progress becomes durable (fsync + store row) every options.upload_sync_bytes and when the
-// stream ends, so a resume re-sends at most that much. The ack is sent only after the store recorded
-// the accepted update.
+// stream ends, so a resume re-sends at most that much (GetUploadStatus reports only those durable
+// checkpoints). The ack is sent only after the blob is fsynced, renamed into place and its directory
+// fsynced, the update decoded and validated, and the store's row made durable (group-committed with
+// concurrent acceptances). Messages are processed on the service's upload pool, not on gRPC's
+// callback threads, so that concurrent uploads hash, write and wait for fsyncs in parallel.
 
 class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
  public:
   UploadReactor(const ServerOptions& options, Coordinator* coordinator, BlobStore* blobs, ServerMetrics* metrics,
-                absl::StatusOr<std::string> client_id, v1::UploadAck* ack)
-      : options_(options), coordinator_(coordinator), blobs_(blobs), metrics_(metrics), ack_(ack) {
+                ThreadPool* pool, absl::StatusOr<std::string> client_id, v1::UploadAck* ack)
+      : options_(options), coordinator_(coordinator), blobs_(blobs), metrics_(metrics), pool_(pool), ack_(ack) {
     if (!client_id.ok()) {
       Finish(ToGrpcStatus(client_id.status()));
       return;
@@ -134,7 +137,14 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
     StartRead(&message_);
   }
 
+  // Hands the message to the upload pool: hashing, writing and above all the fsyncs must not hold
+  // one of gRPC's few callback threads. At most one message per stream is in flight (the next
+  // StartRead comes from Process), so a stream's chunks stay in order.
   void OnReadDone(bool ok) override {
+    pool_->Submit([this, ok] { Process(ok); });
+  }
+
+  void Process(bool ok) {
     if (!ok) {  // the client half-closed (or the call broke): keep what is durable, report it
       EndOfStream();
       return;
@@ -145,7 +155,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
     if (!s.ok()) {
       Fail(s);
     } else if (complete_) {
-      Finish(grpc::Status::OK);
+      FinishCall(grpc::Status::OK);
     } else {
       StartRead(&message_);
     }
@@ -154,6 +164,17 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
   void OnDone() override {
     if (locked_) coordinator_->EndUpload(header_.upload_id());
     delete this;
+  }
+
+  // Ends the call. The upload_id is unlocked first: a client that has the answer may resume or
+  // replay at once, before gRPC gets round to OnDone.
+  void FinishCall(const grpc::Status& status) {
+    writer_.reset();
+    if (locked_) {
+      coordinator_->EndUpload(header_.upload_id());
+      locked_ = false;
+    }
+    Finish(status);
   }
 
  private:
@@ -229,6 +250,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
       }
     }
     FEDLORA_RETURN_IF_ERROR(writer_->Append(data.data()));
+    writer_->StartWriteback(static_cast<int64_t>(data.data().size()));
     metrics_->upload_bytes.fetch_add(static_cast<int64_t>(data.data().size()));
     ++next_chunk_;
     unsynced_bytes_ += static_cast<int64_t>(data.data().size());
@@ -283,7 +305,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
     ack_->set_state(v1::UPLOAD_STATE_IN_PROGRESS);
     ack_->set_chunks_acknowledged(static_cast<uint32_t>(durable_chunks_));
     ack_->set_bytes_acknowledged(static_cast<uint64_t>(durable_chunks_) * options_.chunk_bytes);
-    Finish(grpc::Status::OK);
+    FinishCall(grpc::Status::OK);
   }
 
   void Fail(const absl::Status& status) {
@@ -301,13 +323,14 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
       coordinator_->RejectUpload(client_id_, rejected_ ? header_.upload_id() : "", status);
     }
     FEDLORA_LOG(INFO) << "upload " << header_.upload_id() << " from " << client_id_ << " refused: " << status;
-    Finish(ToGrpcStatus(status));
+    FinishCall(ToGrpcStatus(status));
   }
 
   const ServerOptions& options_;
   Coordinator* const coordinator_;
   BlobStore* const blobs_;
   ServerMetrics* const metrics_;
+  ThreadPool* const pool_;
   v1::UploadAck* const ack_;
   std::string client_id_;
   v1::UploadChunk message_;
@@ -366,7 +389,11 @@ absl::StatusOr<std::string> CallerIdentity(const grpc::ServerContextBase& contex
 
 FederationService::FederationService(const ServerOptions& options, Coordinator* coordinator, BlobStore* blobs,
                                      ServerMetrics* metrics)
-    : options_(options), coordinator_(coordinator), blobs_(blobs), metrics_(metrics) {}
+    : options_(options),
+      coordinator_(coordinator),
+      blobs_(blobs),
+      metrics_(metrics),
+      upload_pool_(std::max(options.upload_workers, 0) + 1) {}  // ThreadPool(n) keeps n - 1 workers
 
 absl::StatusOr<std::string> FederationService::Authenticate(grpc::CallbackServerContext* context) {
   FEDLORA_ASSIGN_OR_RETURN(std::string id, CallerIdentity(*context, options_.tls.enabled()));
@@ -425,7 +452,7 @@ grpc::ServerWriteReactor<v1::DownloadChunk>* FederationService::DownloadAdapter(
 
 grpc::ServerReadReactor<v1::UploadChunk>* FederationService::UploadUpdate(grpc::CallbackServerContext* context,
                                                                           v1::UploadAck* response) {
-  return new UploadReactor(options_, coordinator_, blobs_, metrics_, Authenticate(context), response);
+  return new UploadReactor(options_, coordinator_, blobs_, metrics_, &upload_pool_, Authenticate(context), response);
 }
 
 grpc::ServerUnaryReactor* FederationService::GetUploadStatus(grpc::CallbackServerContext* context,

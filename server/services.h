@@ -7,7 +7,7 @@
 // a message body.
 //
 // Thread-safety: gRPC calls the handlers from its own threads; the services hold no mutable state of
-// their own besides what the Coordinator guards.
+// their own besides what the Coordinator guards, and the upload worker pool.
 #pragma once
 
 #include <grpcpp/server_context.h>
@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "core/thread_pool.h"
 #include "fedlora/v1/admin.grpc.pb.h"
 #include "fedlora/v1/federation.grpc.pb.h"
 #include "server/blob_store.h"
@@ -59,6 +60,8 @@ class FederationService final : public v1::Federation::CallbackService {
   Coordinator* const coordinator_;
   BlobStore* const blobs_;
   ServerMetrics* const metrics_;
+  // Runs UploadUpdate's message processing off gRPC's callback threads (options.upload_workers).
+  ThreadPool upload_pool_;
 };
 
 class AdminService final : public v1::Admin::CallbackService {

@@ -141,12 +141,22 @@ struct StoreOptions {
   std::function<absl::Status(std::string_view step)> fault_hook;
 };
 
+// Names a committed write transaction for Store::WaitDurable. 0 means "nothing to wait for".
+struct DurabilityTicket {
+  uint64_t seq = 0;
+};
+
+class WalSyncer;  // group fsync of the WAL (store.cc)
+
 class Store {
  public:
   static constexpr int kSchemaVersion = 1;
 
-  // Opens or creates the database at `path`, sets WAL / synchronous=FULL / foreign keys / busy
-  // timeout, and migrates the schema to kSchemaVersion.
+  // Opens or creates the database at `path`, sets WAL / synchronous=NORMAL / foreign keys / busy
+  // timeout, and migrates the schema to kSchemaVersion. Durability does not rest on SQLite's own
+  // fsync: every write transaction is made durable by a group fsync of the WAL (see
+  // DurabilityTicket); a method that returns OK has made its transaction durable unless it was
+  // handed a ticket to wait on later.
   static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path, StoreOptions options = {});
   ~Store();
   Store(const Store&) = delete;
@@ -196,17 +206,30 @@ class Store {
   // run/round/client/task, returns the stored record unchanged (receiving: resume from its
   // `bytes`; accepted: already done). FailedPrecondition when upload_id is bound to a different
   // run/round/client/task, or the round is not selecting/training; NotFound for an unknown round.
-  absl::StatusOr<UploadRecord> BeginUpload(const UploadRecord& upload);
+  //
+  // `deferred`, here and on RecordUploadProgress / RecordAccepted: null means return only once the
+  // transaction is durable; non-null means return as soon as it is committed (visible to readers,
+  // lost on power failure until synced) and store the ticket to pass to WaitDurable. Deferring lets
+  // a caller release its own locks first, so that concurrent commits share one fsync.
+  absl::StatusOr<UploadRecord> BeginUpload(const UploadRecord& upload, DurabilityTicket* deferred = nullptr);
   // Records durable progress of a receiving upload (call after BlobWriter::Sync). NotFound for an
   // unknown upload; FailedPrecondition once accepted; InvalidArgument for negative values.
-  absl::Status RecordUploadProgress(const std::string& upload_id, int64_t chunks_received, int64_t bytes);
+  absl::Status RecordUploadProgress(const std::string& upload_id, int64_t chunks_received, int64_t bytes,
+                                    DurabilityTicket* deferred = nullptr);
   // Marks the upload accepted with its blob_hash, bytes, num_examples (>= 1), chunks_received,
   // creating the row if BeginUpload was skipped. Returns OK only after the transaction is durable.
   // AlreadyExists when this upload_id is already accepted (an idempotent replay), or another
   // upload of the same (run, round, client, task) is; both mean "acknowledge, do not count again".
   // FailedPrecondition when upload_id is bound to other run/round/client/task or the round is not
   // selecting/training; NotFound for an unknown round; InvalidArgument for empty ids or hash.
-  absl::Status RecordAccepted(const UploadRecord& upload);
+  absl::Status RecordAccepted(const UploadRecord& upload, DurabilityTicket* deferred = nullptr);
+
+  // Returns once the transaction behind `ticket` (and every one committed before it) is durable.
+  // One caller fsyncs the WAL for all waiters (group commit). Internal when the fsync fails.
+  absl::Status WaitDurable(DurabilityTicket ticket);
+  // Makes every transaction committed so far durable (no-op when nothing is pending). Call before
+  // reporting state that another thread may have committed with a deferred ticket.
+  absl::Status SyncCommitted();
   absl::StatusOr<UploadRecord> GetUpload(const std::string& upload_id);
   // Accepted uploads of a round in the canonical order: by upload_id, bytewise (memcmp).
   absl::StatusOr<std::vector<UploadRecord>> ListAcceptedUploads(const std::string& run_id, int64_t round);
@@ -228,9 +251,16 @@ class Store {
  private:
   struct Impl;  // the connection, its prepared-statement cache and the queries (store.cc)
   explicit Store(std::unique_ptr<Impl> impl);
+  // impl_->Transaction(body) under mu_, with the fsync left to the caller: *ticket receives the
+  // commit's ticket (0 when nothing was committed). Defined in store.cc, where Impl is complete.
+  template <class F>
+  auto DeferredTransaction(DurabilityTicket* ticket, F&& body);
+  // Commits the current transaction's durability: waits now, or hands the ticket out.
+  absl::Status FinishDurability(DurabilityTicket ticket, DurabilityTicket* deferred);
 
   absl::Mutex mu_;
   std::unique_ptr<Impl> impl_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<WalSyncer> syncer_;  // thread-safe on its own; also referenced by impl_
 };
 
 }  // namespace fedlora

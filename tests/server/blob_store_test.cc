@@ -67,6 +67,41 @@ TEST_F(BlobStoreTest, PutGetIsContentAddressedAndDeduplicated) {
   EXPECT_EQ((*again)->Get(kHelloHash).value(), "hello");
 }
 
+TEST_F(BlobStoreTest, MapCommittedShowsTheCommittedBytesWithoutACopy) {
+  auto w = store_->OpenPartial("up-1");
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Append("hel").ok());
+  (*w)->StartWriteback(3);  // best effort; must not disturb the content or the running hash
+  ASSERT_TRUE((*w)->Append("lo").ok());
+  (*w)->StartWriteback(2);
+  auto hash = (*w)->Commit(kHelloHash);
+  ASSERT_TRUE(hash.ok()) << hash.status();
+  auto mapped = store_->MapCommitted(*hash);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ((*mapped)->bytes(), "hello");
+
+  // The empty blob maps to an empty view.
+  auto empty = store_->Put("");
+  ASSERT_TRUE(empty.ok());
+  auto mapped_empty = store_->MapCommitted(*empty);
+  ASSERT_TRUE(mapped_empty.ok()) << mapped_empty.status();
+  EXPECT_TRUE((*mapped_empty)->bytes().empty());
+
+  // SHA-256("abc") is a valid name that was never stored; "nope" is not a name at all.
+  EXPECT_TRUE(absl::IsNotFound(
+      store_->MapCommitted("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->MapCommitted("nope").status()));
+}
+
+TEST_F(BlobStoreTest, OpenCreatesEveryShardDirectory) {
+  // So that committing a blob never has to create (and fsync) a shard on the upload path.
+  size_t shards = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_ + "/store/blobs")) shards += e.is_directory();
+  EXPECT_EQ(shards, 256u);
+  EXPECT_TRUE(std::filesystem::is_directory(dir_ + "/store/blobs/00"));
+  EXPECT_TRUE(std::filesystem::is_directory(dir_ + "/store/blobs/ff"));
+}
+
 TEST_F(BlobStoreTest, MissingAndMalformedHashes) {
   const std::string absent(64, 'a');
   EXPECT_EQ(store_->Get(absent).status().code(), absl::StatusCode::kNotFound);

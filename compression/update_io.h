@@ -1,0 +1,23 @@
+// Conversions shared by the server and the client SDK between the codec module's types and the
+// formats they travel in: a CodecSpec (the wire's codec request) and a safetensors image of an fp32
+// adapter. Thread-safe (no shared state).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "compression/codec.h"
+#include "fedlora/v1/common.pb.h"
+
+namespace fedlora {
+
+// The element codec and zstd flag a CodecSpec stands for. The codec module implements NONE, FP16,
+// BF16 and a final ZSTD; other stages give Unimplemented, a misplaced ZSTD InvalidArgument.
+absl::StatusOr<CodecOptions> CodecOptionsFromSpec(const v1::CodecSpec& spec);
+
+// Parses a safetensors image whose tensors are all F32, in the file's (sorted) name order.
+// InvalidArgument/DataLoss as SafetensorsFile; InvalidArgument for another dtype.
+absl::StatusOr<std::vector<UpdateTensor>> AdapterFromSafetensors(const std::string& bytes);
+
+}  // namespace fedlora
