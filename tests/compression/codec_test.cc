@@ -443,7 +443,9 @@ TEST(HostileDecodeFuzzTest, RandomCorruptionsAreRefusedCleanly) {
         }
         const absl::Status s = DecodeStatus(w);
         ++total;
-        if (op != 0) EXPECT_FALSE(s.ok()) << "a truncated or extended update must be refused";
+        if (op != 0) {
+          EXPECT_FALSE(s.ok()) << "a truncated or extended update must be refused";
+        }
         if (!s.ok()) {
           ++refused;
           EXPECT_TRUE(s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kDataLoss) << s;
