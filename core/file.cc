@@ -43,7 +43,9 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
-// Writes all of `bytes`, retrying on short writes and EINTR.
+
+}  // namespace
+
 int WriteAll(int fd, std::string_view bytes) {
   const char* p = bytes.data();
   size_t left = bytes.size();
@@ -59,7 +61,13 @@ int WriteAll(int fd, std::string_view bytes) {
   return 0;
 }
 
-}  // namespace
+absl::Status FsyncDirectory(const std::string& dir) {
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return ErrnoToStatus(errno, "open directory", dir);
+  FdCloser closer(dfd);
+  if (::fsync(dfd) != 0) return ErrnoToStatus(errno, "fsync directory", dir);
+  return absl::OkStatus();
+}
 
 absl::Status ErrnoToStatus(int err, std::string_view op, const std::string& path) {
   const std::string msg =
@@ -139,11 +147,7 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes
   if (::rename(tmp.c_str(), path.c_str()) != 0) return fail(errno, "rename temporary file onto");
   // Make the rename durable: without this a crash can leave the directory entry pointing at the
   // old file (or none) even though the data blocks were synced.
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return ErrnoToStatus(errno, "open directory of", path);
-  FdCloser dir_closer(dfd);
-  if (::fsync(dfd) != 0) return ErrnoToStatus(errno, "fsync directory of", path);
-  return absl::OkStatus();
+  return FsyncDirectory(dir);
 }
 
 }  // namespace fedlora

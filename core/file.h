@@ -26,6 +26,14 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 // file is removed and `path` is untouched. The new file gets mode 0644 (minus the umask).
 absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes);
 
+// Makes the directory entries of `dir` durable (creations, renames, removals in it): opens the
+// directory and fsyncs it. Errors as above, naming the directory.
+absl::Status FsyncDirectory(const std::string& dir);
+
+// Writes all of `bytes` to `fd`, retrying on short writes and EINTR. Returns 0 or the errno of
+// the failed write (for callers that build their own status with ErrnoToStatus).
+int WriteAll(int fd, std::string_view bytes);
+
 // Maps an errno value from an operation on `path` to the most specific status code.
 // `op` names the failed call ("open", "read", ...). Exposed for the other file-handling code
 // in core/ (safetensors, sha256) so all of them report I/O errors the same way.

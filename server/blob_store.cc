@@ -28,31 +28,6 @@ absl::Status MakeDir(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status FsyncDir(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, "open directory", path);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoToStatus(err, "fsync directory", path);
-  return absl::OkStatus();
-}
-
-int WriteAll(int fd, std::string_view bytes) {
-  const char* p = bytes.data();
-  size_t left = bytes.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  return 0;
-}
-
 // Reads up to n bytes at `offset`; returns the count (short only at end of file) or -errno.
 ssize_t PreadFull(int fd, char* buf, size_t n, int64_t offset) {
   size_t got = 0;
@@ -131,7 +106,7 @@ absl::Status BlobWriter::Sync() {
   if (::fsync(fd_) != 0) return ErrnoToStatus(errno, "fsync", path_);
   if (!dir_synced_) {
     // A new file's directory entry is durable only once its directory is fsynced.
-    FEDLORA_RETURN_IF_ERROR(FsyncDir(path_.substr(0, path_.find_last_of('/'))));
+    FEDLORA_RETURN_IF_ERROR(FsyncDirectory(path_.substr(0, path_.find_last_of('/'))));
     dir_synced_ = true;
   }
   return absl::OkStatus();
@@ -206,7 +181,7 @@ absl::StatusOr<std::string> BlobWriter::Commit(std::string_view expected_sha256_
   if (::stat(shard.c_str(), &st) != 0) {
     if (errno != ENOENT) return discard(ErrnoToStatus(errno, "stat", shard));
     if (::mkdir(shard.c_str(), 0755) != 0 && errno != EEXIST) return discard(ErrnoToStatus(errno, "mkdir", shard));
-    if (absl::Status s = FsyncDir(blobs_dir_); !s.ok()) return discard(s);
+    if (absl::Status s = FsyncDirectory(blobs_dir_); !s.ok()) return discard(s);
   }
   if (::stat(target.c_str(), &st) == 0) {
     // Content addressing: the same bytes are already stored (and were verified when written).
@@ -220,7 +195,7 @@ absl::StatusOr<std::string> BlobWriter::Commit(std::string_view expected_sha256_
     ::unlink(path_.c_str());
     return ErrnoToStatus(err, "rename into place", target);
   }
-  FEDLORA_RETURN_IF_ERROR(FsyncDir(shard));
+  FEDLORA_RETURN_IF_ERROR(FsyncDirectory(shard));
   return hash;
 }
 
@@ -278,7 +253,7 @@ absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& st
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   FEDLORA_RETURN_IF_ERROR(MakeDir(dir));
   for (const char* sub : {"blobs", "partial", "tmp"}) FEDLORA_RETURN_IF_ERROR(MakeDir(absl::StrCat(dir, "/", sub)));
-  FEDLORA_RETURN_IF_ERROR(FsyncDir(dir));
+  FEDLORA_RETURN_IF_ERROR(FsyncDirectory(dir));
   // Every shard directory up front: one directory fsync here instead of a mkdir plus an fsync of
   // blobs/ on the upload path each time a blob lands in a new shard. (Commit still creates a shard
   // that has gone missing.)
@@ -288,7 +263,7 @@ absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& st
     const char shard[3] = {kHex[i >> 4], kHex[i & 15], '\0'};
     FEDLORA_RETURN_IF_ERROR(MakeDir(absl::StrCat(blobs, "/", shard)));
   }
-  FEDLORA_RETURN_IF_ERROR(FsyncDir(blobs));
+  FEDLORA_RETURN_IF_ERROR(FsyncDirectory(blobs));
   return std::unique_ptr<BlobStore>(new BlobStore(std::move(dir)));
 }
 
