@@ -226,52 +226,17 @@ absl::StatusOr<std::vector<UpdateTensor>> StreamingFedAvg::Finish() const {
   return out;
 }
 
-absl::Status ApplyServerUpdate(const std::vector<UpdateTensor>& delta, float server_lr, std::vector<Param>& global) {
-  if (!std::isfinite(server_lr) || server_lr <= 0.0f) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ApplyServerUpdate: server_lr ", server_lr, " must be finite and > 0"));
+void ClipUpdateNorm(std::vector<UpdateTensor>& update, double max_norm) {
+  double sq = 0.0;
+  for (const UpdateTensor& t : update) {
+    for (float x : t.values) sq += static_cast<double>(x) * static_cast<double>(x);
   }
-  if (delta.size() != global.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("ApplyServerUpdate: delta has ", delta.size(),
-                                                   " tensors, the global adapter has ", global.size()));
+  const double norm = std::sqrt(sq);
+  if (!std::isfinite(norm) || norm <= max_norm) return;
+  const double scale = max_norm / norm;
+  for (UpdateTensor& t : update) {
+    for (float& x : t.values) x = static_cast<float>(static_cast<double>(x) * scale);
   }
-  absl::flat_hash_map<std::string_view, size_t> by_name;
-  for (size_t i = 0; i < delta.size(); ++i) {
-    if (!by_name.emplace(delta[i].name, i).second) {
-      return absl::InvalidArgumentError(absl::StrCat("ApplyServerUpdate: delta repeats tensor '", delta[i].name, "'"));
-    }
-  }
-  // Compute into fresh buffers so that `global` is untouched on any error.
-  std::vector<std::vector<float>> next(global.size());
-  const double lr = server_lr;
-  for (size_t g = 0; g < global.size(); ++g) {
-    const Param& p = global[g];
-    auto it = by_name.find(p.name);
-    if (it == by_name.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("ApplyServerUpdate: delta has no tensor '", p.name, "'"));
-    }
-    const UpdateTensor& d = delta[it->second];
-    if (d.shape != p.shape || d.values.size() != p.value.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("ApplyServerUpdate: tensor '", p.name, "' delta shape ",
-                                                     ShapeString(d.shape), " (", d.values.size(), " values) vs global ",
-                                                     ShapeString(p.shape), " (", p.value.size(), " values)"));
-    }
-    next[g].resize(p.value.size());
-    for (size_t i = 0; i < p.value.size(); ++i) {
-      if (!std::isfinite(d.values[i])) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("ApplyServerUpdate: tensor '", p.name, "' delta value ", i, " is not finite"));
-      }
-      const float v = static_cast<float>(static_cast<double>(p.value[i]) + lr * static_cast<double>(d.values[i]));
-      if (!std::isfinite(v)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("ApplyServerUpdate: tensor '", p.name, "' value ", i, " overflows fp32 after the update"));
-      }
-      next[g][i] = v;
-    }
-  }
-  for (size_t g = 0; g < global.size(); ++g) global[g].value.swap(next[g]);
-  return absl::OkStatus();
 }
 
 }  // namespace fedlora

@@ -3,7 +3,7 @@
 //   FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(SpecFromParams(global)));
 //   for (const auto& u : accepted) FEDLORA_RETURN_IF_ERROR(avg.Add(u.tensors, u.num_examples));
 //   FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> mean_delta, avg.Finish());
-//   FEDLORA_RETURN_IF_ERROR(ApplyServerUpdate(mean_delta, /*server_lr=*/1.0f, global));
+//   FEDLORA_RETURN_IF_ERROR(server_optimizer.Step(mean_delta, global));  // aggregation/server_optimizer.h
 //
 // Determinism (why the accumulator is fixed point): the server must produce a bit-identical global
 // adapter for the same set of accepted updates whatever their arrival order and whether it restarted
@@ -115,10 +115,10 @@ class StreamingFedAvg {
   uint64_t total_weight_ = 0;
 };
 
-// global[t] += server_lr * delta[t] for every tensor, computed in double and rounded to fp32 once
-// per element (deterministic). `delta` is matched to `global` by name; InvalidArgument when names,
-// counts or shapes differ, server_lr is not finite and > 0, a delta value is NaN/Inf, or a result
-// would be NaN/Inf. On error `global` is unchanged.
-absl::Status ApplyServerUpdate(const std::vector<UpdateTensor>& delta, float server_lr, std::vector<Param>& global);
+// Scales `update` down so that its L2 norm over all tensors is at most `max_norm` (> 0); an update
+// already within it is unchanged. The norm is summed in double in tensor order, so the result
+// depends on the update alone (aggregation stays order-independent). Non-finite values are left
+// for StreamingFedAvg::Add to refuse.
+void ClipUpdateNorm(std::vector<UpdateTensor>& update, double max_norm);
 
 }  // namespace fedlora

@@ -297,6 +297,10 @@ void ValidateSelection(Problems& p, const v1::SelectionConfig& s) {
   p.Range<uint32_t>("selection.retry_after_seconds", s.retry_after_seconds(), 1, 3600);
 }
 
+bool IsAdaptiveServerStrategy(AggregationConfig::Strategy s) {
+  return s == AggregationConfig::FEDADAM || s == AggregationConfig::FEDYOGI || s == AggregationConfig::FEDADAGRAD;
+}
+
 bool NeedsIndividualUpdates(AggregationConfig::Strategy s) {
   return s == AggregationConfig::MEDIAN || s == AggregationConfig::TRIMMED_MEAN ||
          s == AggregationConfig::KRUM;
@@ -313,6 +317,12 @@ void ValidateAggregation(Problems& p, const RunConfig& c) {
     p.Bad("aggregation.proximal_mu", a.proximal_mu(), "must be > 0 with strategy FEDPROX");
   }
   p.Positive("aggregation.server_learning_rate", a.server_learning_rate());
+  p.RealRange("aggregation.server_momentum", a.server_momentum(), 0, false, 1, true);
+  if (a.server_momentum() > 0 && a.strategy() != AggregationConfig::FEDAVG &&
+      a.strategy() != AggregationConfig::FEDPROX) {
+    p.Bad("aggregation.server_momentum", a.server_momentum(),
+          absl::StrCat("applies to FEDAVG and FEDPROX only, not ", AggregationConfig::Strategy_Name(a.strategy())));
+  }
   p.RealRange("aggregation.server_beta1", a.server_beta1(), 0, false, 1, true);
   p.RealRange("aggregation.server_beta2", a.server_beta2(), 0, false, 1, true);
   p.Positive("aggregation.server_tau", a.server_tau());
@@ -550,7 +560,8 @@ void ApplyRunConfigDefaults(RunConfig* c) {
     a->set_strategy(AggregationConfig::FEDAVG);
   if (!a->has_proximal_mu())
     a->set_proximal_mu(a->strategy() == AggregationConfig::FEDPROX ? 0.01 : 0.0);
-  if (!a->has_server_learning_rate()) a->set_server_learning_rate(1.0);
+  if (!a->has_server_learning_rate()) a->set_server_learning_rate(IsAdaptiveServerStrategy(a->strategy()) ? 0.01 : 1.0);
+  if (!a->has_server_momentum()) a->set_server_momentum(0.0);
   if (!a->has_server_beta1()) a->set_server_beta1(0.9);
   if (!a->has_server_beta2()) a->set_server_beta2(0.99);
   if (!a->has_server_tau()) a->set_server_tau(1e-3);

@@ -59,6 +59,40 @@ struct Coordinator::Waiter {
 
 namespace {
 
+// The server optimizer a run's aggregation config asks for. Unimplemented for the robust
+// strategies, which need every update in memory at once rather than the streaming mean.
+absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(const v1::AggregationConfig& a) {
+  ServerOptimizerOptions o;
+  switch (a.strategy()) {
+    case v1::AggregationConfig::STRATEGY_UNSPECIFIED:
+    case v1::AggregationConfig::FEDAVG:
+    case v1::AggregationConfig::FEDPROX:
+      o.kind = ServerOptimizerKind::kSgd;
+      break;
+    case v1::AggregationConfig::FEDADAM:
+      o.kind = ServerOptimizerKind::kAdam;
+      break;
+    case v1::AggregationConfig::FEDYOGI:
+      o.kind = ServerOptimizerKind::kYogi;
+      break;
+    case v1::AggregationConfig::FEDADAGRAD:
+      o.kind = ServerOptimizerKind::kAdagrad;
+      break;
+    default:
+      return absl::UnimplementedError(absl::StrCat("aggregation.strategy ",
+                                                   v1::AggregationConfig::Strategy_Name(a.strategy()),
+                                                   " is not implemented by the server yet; use FEDAVG, FEDPROX, "
+                                                   "FEDADAM, FEDYOGI or FEDADAGRAD"));
+  }
+  const bool adaptive = o.kind != ServerOptimizerKind::kSgd;
+  o.learning_rate = a.has_server_learning_rate() ? a.server_learning_rate() : (adaptive ? 0.01 : 1.0);
+  o.momentum = a.server_momentum();
+  if (a.has_server_beta1()) o.beta1 = a.server_beta1();
+  if (a.has_server_beta2()) o.beta2 = a.server_beta2();
+  if (a.has_server_tau()) o.tau = a.server_tau();
+  return o;
+}
+
 // splitmix64: a tiny, well-mixed PRNG step. Selection only needs a reproducible shuffle from a seed,
 // not cryptographic strength.
 uint64_t SplitMix64(uint64_t& state) {
@@ -246,6 +280,22 @@ absl::Status Coordinator::Restore() {
     spec_.push_back({t.name, t.shape});
   }
   spec_elements_ = global_elements_;
+  FEDLORA_ASSIGN_OR_RETURN(ServerOptimizerOptions opt_options, ServerOptimizerOptionsFromConfig(config_.aggregation()));
+  FEDLORA_ASSIGN_OR_RETURN(ServerOptimizer opt, ServerOptimizer::Create(opt_options, spec_));
+  if (opt.stateful() && current_round > 0) {
+    // The state saved with the last committed round: momentum or moments continue exactly.
+    const auto last = std::find_if(rounds.rbegin(), rounds.rend(), [&](const RoundRecord& r) {
+      return r.state == RoundState::kCommitted && r.round == current_round;
+    });
+    if (last == rounds.rend() || last->server_state_hash.empty()) {
+      return absl::DataLossError(absl::StrCat("round ", current_round, " was committed without a server optimizer state, ",
+                                              "but this run's aggregation (", ToAbsl(ServerOptimizerName(opt_options.kind)),
+                                              ") keeps one; was the run's config changed?"));
+    }
+    FEDLORA_ASSIGN_OR_RETURN(std::string state, blobs_->Get(last->server_state_hash));
+    FEDLORA_RETURN_IF_ERROR_CTX(opt.LoadState(state), absl::StrCat("round ", current_round));
+  }
+  server_opt_.emplace(std::move(opt));
 
   FEDLORA_ASSIGN_OR_RETURN(std::vector<ClientRecord> known, store_->ListClients());
   for (const ClientRecord& c : known) {
@@ -1024,30 +1074,26 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> uploads, store_->ListAcceptedUploads(run_id_, round));
   FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(spec_));
   const bool by_examples = !config_.aggregation().has_weight_by_examples() || config_.aggregation().weight_by_examples();
+  const double max_norm = config_.aggregation().max_update_norm();
   int64_t added = 0;
   for (const UploadRecord& u : uploads) {  // canonical order (by upload_id); the sum is exact anyway
     FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(u.blob_hash));
     FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> update, DecodeAndValidate(bytes));
+    if (max_norm > 0) ClipUpdateNorm(update, max_norm);
     FEDLORA_RETURN_IF_ERROR_CTX(avg.Add(update, by_examples ? u.num_examples : 1),
                                 absl::StrCat("update ", u.upload_id));
     if (++added == 1) MaybeCrashAt("during_aggregation");
   }
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> mean, avg.Finish());
-  std::vector<Param> params;
-  params.reserve(global.size());
-  for (UpdateTensor& t : global) {
-    Param p;
-    p.name = t.name;
-    p.shape = t.shape;
-    p.value = std::move(t.values);
-    params.push_back(std::move(p));
+  // Step a copy of the optimizer: its state becomes the server's only once the round commits.
+  ServerOptimizer opt = *server_opt_;
+  std::vector<UpdateTensor> next = std::move(global);
+  FEDLORA_RETURN_IF_ERROR(opt.Step(mean, next));
+  std::string state_hash;
+  if (opt.stateful()) {
+    FEDLORA_ASSIGN_OR_RETURN(std::string state, opt.SaveState());
+    FEDLORA_ASSIGN_OR_RETURN(state_hash, blobs_->Put(state));
   }
-  const float lr = static_cast<float>(
-      config_.aggregation().has_server_learning_rate() ? config_.aggregation().server_learning_rate() : 1.0);
-  FEDLORA_RETURN_IF_ERROR(ApplyServerUpdate(mean, lr, params));
-  std::vector<UpdateTensor> next;
-  next.reserve(params.size());
-  for (Param& p : params) next.push_back({p.name, p.shape, std::move(p.value)});
   FEDLORA_ASSIGN_OR_RETURN(std::string bytes, AdapterToSafetensors(next));
   FEDLORA_ASSIGN_OR_RETURN(std::string hash, blobs_->Put(bytes));
   MaybeCrashAt("during_checkpoint");
@@ -1070,7 +1116,8 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
     records.push_back({run_id_, round, "", k, v});
   }
   metrics_json["updates"] = added;
-  FEDLORA_RETURN_IF_ERROR(store_->CommitRound(run_id_, round, hash, metrics_json.dump(), records));
+  FEDLORA_RETURN_IF_ERROR(store_->CommitRound(run_id_, round, hash, metrics_json.dump(), records, state_hash));
+  server_opt_.emplace(std::move(opt));
 
   absl::MutexLock lock(&mu_);
   for (const UploadRecord& u : uploads) {

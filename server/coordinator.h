@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "aggregation/fedavg.h"
+#include "aggregation/server_optimizer.h"
 #include "compression/codec.h"
 #include "fedlora/v1/admin.pb.h"
 #include "fedlora/v1/config.pb.h"
@@ -202,6 +203,9 @@ class Coordinator {
   // (every reader first passed a locked check of restored_).
   std::vector<TensorSpec> spec_;
   int64_t spec_elements_ = 0;
+  // The server optimizer with its state after the last committed round (set by Restore; used by
+  // the driver thread's AggregateAndCommit only).
+  std::optional<ServerOptimizer> server_opt_;
   // Every adapter hash a client may download (this run's global adapters), with its round and size.
   std::map<std::string, std::pair<int64_t, int64_t>> downloadable_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<RoundInfo> round_ ABSL_GUARDED_BY(mu_);  // the open round, if any

@@ -94,13 +94,17 @@ CREATE TABLE metrics(
   PRIMARY KEY(run_id, round, client_id, key)
 ) STRICT;
 )sql",
+    // v2: the server optimizer's state (momentum / Adam moments) saved with each committed round.
+    R"sql(
+ALTER TABLE rounds ADD COLUMN server_state_hash TEXT NOT NULL DEFAULT '';
+)sql",
 };
 constexpr int kNumMigrations = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
 static_assert(kNumMigrations == Store::kSchemaVersion, "add a migration when bumping kSchemaVersion");
 
 constexpr const char* kRoundColumns =
     "run_id, round, state, deadline_ms, global_adapter_hash, result_adapter_hash, metrics_json, created_ms, "
-    "updated_ms";
+    "updated_ms, server_state_hash";
 constexpr const char* kUploadColumns =
     "upload_id, run_id, round, client_id, task_id, num_examples, blob_hash, bytes, state, chunks_received, "
     "created_ms, accepted_ms";
@@ -246,6 +250,7 @@ RoundRecord ReadRound(const Stmt& s) {
   r.metrics_json = s.Text(6);
   r.created_unix_ms = s.Int(7);
   r.updated_unix_ms = s.Int(8);
+  r.server_state_hash = s.Text(9);
   return r;
 }
 
@@ -836,7 +841,8 @@ absl::StatusOr<bool> Store::IsSelected(const std::string& run_id, int64_t round,
 }
 
 absl::Status Store::CommitRound(const std::string& run_id, int64_t round, const std::string& result_adapter_hash,
-                                const std::string& metrics_json, const std::vector<MetricRecord>& metrics) {
+                                const std::string& metrics_json, const std::vector<MetricRecord>& metrics,
+                                const std::string& server_state_hash) {
   for (const MetricRecord& m : metrics) {
     if (m.run_id != run_id || m.round != round) {
       return absl::InvalidArgumentError(absl::StrCat("CommitRound(", RoundName(run_id, round), "): metric '", m.key,
@@ -854,9 +860,10 @@ absl::Status Store::CommitRound(const std::string& run_id, int64_t round, const 
     {
       std::unique_ptr<Stmt> h;
       FEDLORA_ASSIGN_OR_RETURN(Stmt * s, impl_->Query("UPDATE rounds SET state = 'committed', result_adapter_hash = ?, "
-                                                      "metrics_json = ?, updated_ms = ? WHERE run_id = ? AND round = ?",
+                                                      "metrics_json = ?, server_state_hash = ?, updated_ms = ? "
+                                                      "WHERE run_id = ? AND round = ?",
                                                       h));
-      s->Bind(result_adapter_hash).Bind(metrics_json).Bind(impl_->Now()).Bind(run_id).Bind(round);
+      s->Bind(result_adapter_hash).Bind(metrics_json).Bind(server_state_hash).Bind(impl_->Now()).Bind(run_id).Bind(round);
       FEDLORA_RETURN_IF_ERROR(s->Run());
     }
     FEDLORA_RETURN_IF_ERROR(impl_->Fault("CommitRound:after_round_update"));
@@ -1152,7 +1159,8 @@ absl::StatusOr<absl::flat_hash_set<std::string>> Store::ReferencedBlobHashes() {
     std::unique_ptr<Stmt> h;
     FEDLORA_ASSIGN_OR_RETURN(Stmt * s, impl_->Query("SELECT blob_hash FROM uploads UNION "
                                                     "SELECT global_adapter_hash FROM rounds UNION "
-                                                    "SELECT result_adapter_hash FROM rounds",
+                                                    "SELECT result_adapter_hash FROM rounds UNION "
+                                                    "SELECT server_state_hash FROM rounds",
                                                     h));
     absl::flat_hash_set<std::string> out;
     for (;;) {

@@ -81,6 +81,7 @@ struct RoundRecord {
   std::string global_adapter_hash;  // blob the round's clients train from
   std::string result_adapter_hash;  // blob CommitRound stored; empty until committed
   std::string metrics_json;         // as given to CommitRound; empty until committed
+  std::string server_state_hash;    // blob of the server optimizer state after this round; may be empty
   int64_t created_unix_ms = 0;
   int64_t updated_unix_ms = 0;
 };
@@ -150,7 +151,7 @@ class WalSyncer;  // group fsync of the WAL (store.cc)
 
 class Store {
  public:
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
 
   // Opens or creates the database at `path`, sets WAL / synchronous=NORMAL / foreign keys / busy
   // timeout, and migrates the schema to kSchemaVersion. Durability does not rest on SQLite's own
@@ -187,11 +188,13 @@ class Store {
   absl::Status RecordSelection(const std::string& run_id, int64_t round, const std::vector<std::string>& client_ids,
                                int64_t deadline_unix_ms);
   absl::StatusOr<bool> IsSelected(const std::string& run_id, int64_t round, const std::string& client_id);
-  // Atomically: round -> committed with result_adapter_hash and metrics_json, plus every row of
-  // `metrics` (each must name this run and round). FailedPrecondition unless the round is
-  // aggregating; AlreadyExists for a metric that exists. On any error nothing changes.
+  // Atomically: round -> committed with result_adapter_hash, metrics_json and server_state_hash
+  // (empty for a stateless server optimizer), plus every row of `metrics` (each must name this run
+  // and round). FailedPrecondition unless the round is aggregating; AlreadyExists for a metric that
+  // exists. On any error nothing changes.
   absl::Status CommitRound(const std::string& run_id, int64_t round, const std::string& result_adapter_hash,
-                           const std::string& metrics_json, const std::vector<MetricRecord>& metrics);
+                           const std::string& metrics_json, const std::vector<MetricRecord>& metrics,
+                           const std::string& server_state_hash = "");
 
   // --- clients ---
   // Registers a client or refreshes it (fingerprint and last_seen updated; state kept).

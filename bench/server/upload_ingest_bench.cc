@@ -33,6 +33,7 @@
 
 #include "absl/strings/numbers.h"
 #include "aggregation/fedavg.h"
+#include "aggregation/server_optimizer.h"
 #include "core/safetensors.h"
 #include "server/server.h"
 #include "tests/server/federation_test_util.h"
@@ -229,11 +230,8 @@ int main(int argc, char** argv) {
     for (const UpdateTensor& t : expected) spec.push_back({t.name, t.shape});
     auto avg = StreamingFedAvg::Create(spec);
     for (int c = 0; c < clients; ++c) (void)avg->Add(DeltaOf(initial, c, tasks[c].round()), 10 + c);
-    std::vector<Param> params;
-    for (const UpdateTensor& t : expected) params.push_back({t.name, t.shape, t.values, {}, true});
-    (void)ApplyServerUpdate(*avg->Finish(), 1.0f, params);
-    expected.clear();
-    for (Param& p : params) expected.push_back({p.name, p.shape, p.value});
+    auto fedavg = ServerOptimizer::Create({}, spec);  // plain FedAvg: the adapter becomes the mean
+    (void)fedavg->Step(*avg->Finish(), expected);
   }
   // Validate: the final global adapter the server serves equals the direct computation.
   v1::WaitForTaskResponse fin;

@@ -235,36 +235,14 @@ TEST(StreamingFedAvgTest, CreateFinishAndMergeErrors) {
   EXPECT_EQ(avg.Merge(*other).code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(ApplyServerUpdateTest, AddsScaledDeltaAndRefusesMismatches) {
-  std::vector<Param> global(2);
-  global[0].name = "a";
-  global[0].shape = {2};
-  global[0].value = {1.0f, 2.0f};
-  global[1].name = "b";
-  global[1].shape = {1};
-  global[1].value = {-1.0f};
-  // Delta tensors in another order: matched by name.
-  const std::vector<UpdateTensor> delta = {{"b", {1}, {0.25f}}, {"a", {2}, {0.5f, -1.0f}}};
-  ASSERT_TRUE(ApplyServerUpdate(delta, 2.0f, global).ok());
-  EXPECT_EQ(global[0].value, (std::vector<float>{2.0f, 0.0f}));
-  EXPECT_EQ(global[1].value, (std::vector<float>{-0.5f}));
-
-  const auto saved = global;
-  auto expect_refused = [&](const std::vector<UpdateTensor>& d, float lr, const char* needle) {
-    absl::Status s = ApplyServerUpdate(d, lr, global);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr(needle));
-    EXPECT_EQ(global[0].value, saved[0].value);
-    EXPECT_EQ(global[1].value, saved[1].value);
-  };
-  expect_refused(delta, 0.0f, "server_lr 0");
-  expect_refused(delta, std::numeric_limits<float>::quiet_NaN(), "server_lr");
-  expect_refused({{"a", {2}, {0.5f, -1.0f}}}, 1.0f, "delta has 1 tensors");
-  expect_refused({{"b", {1}, {0.25f}}, {"c", {2}, {0.5f, -1.0f}}}, 1.0f, "delta has no tensor 'a'");
-  expect_refused({{"b", {1}, {0.25f}}, {"a", {1, 2}, {0.5f, -1.0f}}}, 1.0f, "tensor 'a' delta shape [1, 2]");
-  // The first tensor is fine, the second overflows: nothing is applied.
-  expect_refused({{"b", {1}, {std::numeric_limits<float>::max()}}, {"a", {2}, {0.5f, 0.0f}}}, 4.0f,
-                 "'b' value 0 overflows fp32");
+TEST(ClipUpdateNormTest, ScalesOnlyUpdatesAboveTheBound) {
+  std::vector<UpdateTensor> u = {{"a", {2}, {3.0f, 0.0f}}, {"b", {1}, {4.0f}}};  // norm 5
+  ClipUpdateNorm(u, 10.0);
+  EXPECT_EQ(u[0].values, (std::vector<float>{3.0f, 0.0f}));
+  EXPECT_EQ(u[1].values, (std::vector<float>{4.0f}));
+  ClipUpdateNorm(u, 2.5);  // halves every value
+  EXPECT_EQ(u[0].values, (std::vector<float>{1.5f, 0.0f}));
+  EXPECT_EQ(u[1].values, (std::vector<float>{2.0f}));
 }
 
 TEST(AggregationStrategyTest, NamesRoundTrip) {

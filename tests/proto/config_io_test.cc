@@ -475,6 +475,14 @@ const std::vector<ValidationCase>& Cases() {
          c.mutable_aggregation()->set_strategy(AggregationConfig::MEDIAN);
        },
        "aggregation.strategy (MEDIAN) needs individual updates"},
+      {"MomentumOne", [](RunConfig& c) { c.mutable_aggregation()->set_server_momentum(1.0); },
+       "aggregation.server_momentum (1)"},
+      {"MomentumWithAdam",
+       [](RunConfig& c) {
+         c.mutable_aggregation()->set_strategy(AggregationConfig::FEDADAM);
+         c.mutable_aggregation()->set_server_momentum(0.9);
+       },
+       "aggregation.server_momentum (0.9) applies to FEDAVG and FEDPROX only, not FEDADAM"},
       {"EvalEveryZero", [](RunConfig& c) { c.mutable_data()->set_eval_every_rounds(0); },
        "data.eval_every_rounds (0)"},
       {"ChunkTooSmall", [](RunConfig& c) { c.mutable_server()->set_chunk_size_bytes(4095); },

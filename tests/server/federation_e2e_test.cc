@@ -158,6 +158,21 @@ TEST(FederationE2eTest, ListenAddressInUseIsUnavailable) {
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable) << second.status();
 }
 
+TEST(FederationE2eTest, StrategiesTheServerCannotRunAreRefusedAtStart) {
+  // The robust strategies need every update at once; the server refuses them rather than silently
+  // averaging.
+  for (auto strategy : {v1::AggregationConfig::MEDIAN, v1::AggregationConfig::TRIMMED_MEAN}) {
+    TempDir dir;
+    v1::RunConfig config = TestRunConfig(1, 1, 1);
+    config.mutable_aggregation()->set_strategy(strategy);
+    auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter());
+    ASSERT_FALSE(server.ok());
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kUnimplemented) << server.status();
+    EXPECT_NE(server.status().message().find(v1::AggregationConfig::Strategy_Name(strategy)), std::string::npos)
+        << server.status();
+  }
+}
+
 // Records what it was given; fails on round 2 to show that evaluation never blocks a commit.
 class FakeEvaluator : public Evaluator {
  public:

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "aggregation/fedavg.h"
+#include "aggregation/server_optimizer.h"
 #include "compression/codec.h"
 #include "core/sha256.h"
 #include "fedlora/client.h"
@@ -102,19 +103,18 @@ class DeterministicTrainer : public ClientTrainer {
 };
 
 // The global adapter after `rounds` rounds in which every client in `clients` contributed, computed
-// directly with StreamingFedAvg + ApplyServerUpdate (what the server must reproduce bit for bit).
+// directly with StreamingFedAvg + ServerOptimizer (what the server must reproduce bit for bit).
 // `round_numbers` lists the round numbers whose deltas were aggregated, in order (an abandoned
-// round leaves a gap).
-inline std::vector<UpdateTensor> ExpectedAdapter(const std::vector<int>& clients, const std::vector<int>& round_numbers) {
+// round leaves a gap). `optimizer` is the server optimizer of the run (default: plain FedAvg).
+inline std::vector<UpdateTensor> ExpectedAdapter(const std::vector<int>& clients, const std::vector<int>& round_numbers,
+                                                 const ServerOptimizerOptions& optimizer = {}) {
   std::vector<UpdateTensor> global = InitialAdapter();
+  auto opt = ServerOptimizer::Create(optimizer, SpecFromUpdate(global));
+  EXPECT_TRUE(opt.ok()) << opt.status();
   for (int r : round_numbers) {
-    std::vector<TensorSpec> spec;
     std::vector<NamedTensor> named;
-    for (const UpdateTensor& t : global) {
-      spec.push_back({t.name, t.shape});
-      named.push_back({t.name, t.shape, t.values});
-    }
-    auto avg = StreamingFedAvg::Create(spec);
+    for (const UpdateTensor& t : global) named.push_back({t.name, t.shape, t.values});
+    auto avg = StreamingFedAvg::Create(SpecFromUpdate(global));
     EXPECT_TRUE(avg.ok());
     for (int c : clients) {
       std::vector<UpdateTensor> u;
@@ -123,18 +123,15 @@ inline std::vector<UpdateTensor> ExpectedAdapter(const std::vector<int>& clients
     }
     auto mean = avg->Finish();
     EXPECT_TRUE(mean.ok());
-    std::vector<Param> params;
-    for (UpdateTensor& t : global) params.push_back({t.name, t.shape, t.values, {}, true});
-    EXPECT_TRUE(ApplyServerUpdate(*mean, 1.0f, params).ok());
-    global.clear();
-    for (Param& p : params) global.push_back({p.name, p.shape, p.value});
+    EXPECT_TRUE(opt->Step(*mean, global).ok());
   }
   return global;
 }
-inline std::vector<UpdateTensor> ExpectedAdapter(const std::vector<int>& clients, int rounds) {
+inline std::vector<UpdateTensor> ExpectedAdapter(const std::vector<int>& clients, int rounds,
+                                                 const ServerOptimizerOptions& optimizer = {}) {
   std::vector<int> numbers;
   for (int r = 1; r <= rounds; ++r) numbers.push_back(r);
-  return ExpectedAdapter(clients, numbers);
+  return ExpectedAdapter(clients, numbers, optimizer);
 }
 
 // Bitwise equality of two adapters (names, shapes, and the bits of every value).
@@ -162,6 +159,9 @@ inline std::vector<UpdateTensor> ToUpdate(const std::vector<NamedTensor>& n) {
 }
 
 // A run config for tests: `rounds` rounds of `clients` clients, no over-selection, fast timings.
+// Server learning rate of the adaptive-strategy runs of the crash test.
+inline constexpr double kTestAdaptiveServerLr = 0.05;
+
 inline v1::RunConfig TestRunConfig(int rounds, int clients, int min_clients) {
   v1::RunConfig config;
   config.set_run_id("test-run");

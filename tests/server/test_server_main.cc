@@ -17,9 +17,12 @@
 
 int main(int argc, char** argv) {
   int port = 0, rounds = 0, clients = 0;
-  if (argc != 5 || !absl::SimpleAtoi(argv[2], &port) || !absl::SimpleAtoi(argv[3], &rounds) ||
-      !absl::SimpleAtoi(argv[4], &clients)) {
-    std::fprintf(stderr, "usage: %s <data_dir> <port> <rounds> <clients>\n", argv[0]);
+  // The optional fifth argument is the aggregation strategy, e.g. FEDADAM (server learning rate 0.05).
+  fedlora::v1::AggregationConfig::Strategy strategy = fedlora::v1::AggregationConfig::FEDAVG;
+  if ((argc != 5 && argc != 6) || !absl::SimpleAtoi(argv[2], &port) || !absl::SimpleAtoi(argv[3], &rounds) ||
+      !absl::SimpleAtoi(argv[4], &clients) ||
+      (argc == 6 && !fedlora::v1::AggregationConfig::Strategy_Parse(argv[5], &strategy))) {
+    std::fprintf(stderr, "usage: %s <data_dir> <port> <rounds> <clients> [strategy]\n", argv[0]);
     return 2;
   }
   // Block the stop signals before any thread exists, so that every thread inherits the mask and
@@ -32,8 +35,12 @@ int main(int argc, char** argv) {
   fedlora::ServerOptions options = fedlora::testing::TestServerOptions(argv[1]);
   options.listen_address = "127.0.0.1:" + std::to_string(port);
   options.metrics_address = "";
-  auto server = fedlora::Server::Create(options, fedlora::testing::TestRunConfig(rounds, clients, clients),
-                                        fedlora::testing::InitialAdapter());
+  fedlora::v1::RunConfig config = fedlora::testing::TestRunConfig(rounds, clients, clients);
+  if (strategy != fedlora::v1::AggregationConfig::FEDAVG) {
+    config.mutable_aggregation()->set_strategy(strategy);
+    config.mutable_aggregation()->set_server_learning_rate(fedlora::testing::kTestAdaptiveServerLr);
+  }
+  auto server = fedlora::Server::Create(options, config, fedlora::testing::InitialAdapter());
   if (!server.ok()) {
     std::fprintf(stderr, "fedlora_test_server: %s\n", server.status().ToString().c_str());
     return 1;
