@@ -494,6 +494,9 @@ void ValidateSimulation(Problems& p, const SimulationConfig& s) {
   p.RealRange("simulation.dropout_probability", s.dropout_probability(), 0, false, 1, false);
   p.RealRange("simulation.straggler_probability", s.straggler_probability(), 0, false, 1, false);
   p.NonNegative("simulation.straggler_delay_seconds", s.straggler_delay_seconds());
+  p.RealRange("simulation.crash_probability", s.crash_probability(), 0, false, 1, false);
+  p.Range<uint32_t>("simulation.parallelism", s.parallelism(), 0, 4096);
+  if (s.has_shards_per_client()) p.Range<uint32_t>("simulation.shards_per_client", s.shards_per_client(), 1, 100'000);
 }
 
 bool IsValidRunId(const std::string& id) {
@@ -594,6 +597,7 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   if (sim->partition() == SimulationConfig::PARTITION_UNSPECIFIED)
     sim->set_partition(SimulationConfig::IID);
   if (!sim->has_dirichlet_alpha()) sim->set_dirichlet_alpha(0.5);
+  if (!sim->has_shards_per_client()) sim->set_shards_per_client(2);
 }
 
 absl::Status ValidateRunConfig(const RunConfig& c) {

@@ -201,7 +201,7 @@ FaultDecision Simulation::Decide(uint64_t round, int client) const {
   // UniformAt is in [0, 1): probability 0 never fires, probability 1 always does.
   d.dropout = UniformAt(seed, stream, 0) < s.dropout_probability();
   d.straggler = !d.dropout && UniformAt(seed, stream, 1) < s.straggler_probability();
-  d.crash = !d.dropout && UniformAt(seed, stream, 2) < options_.crash_probability;
+  d.crash = !d.dropout && UniformAt(seed, stream, 2) < s.crash_probability();
   for (const InjectedFault& f : options_.faults) {
     if (f.server_round != round || f.client != client) continue;
     if (f.kind == FaultKind::kDropout) d.dropout = true;
@@ -382,10 +382,10 @@ absl::Status Simulation::Setup() {
                                                    ") exceeds simulation.num_clients (", num_clients,
                                                    "): no round could ever fill"));
   }
-  if (!(options_.crash_probability >= 0 && options_.crash_probability <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("crash probability ", options_.crash_probability, " is not in [0, 1]"));
+  if (!(sc.crash_probability() >= 0 && sc.crash_probability() <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("simulation.crash_probability ", sc.crash_probability(), " is not in [0, 1]"));
   }
-  if (options_.parallelism < 0) return absl::InvalidArgumentError("parallelism must be >= 0");
   // Refuse what the virtual clients cannot do, rather than have every task fail and the run stall.
   if (config_.aggregation().strategy() == v1::AggregationConfig::FEDPROX) {
     return absl::UnimplementedError("simulate: the local trainer has no FedProx proximal term yet; use FEDAVG");
@@ -410,7 +410,7 @@ absl::Status Simulation::Setup() {
   std::filesystem::remove_all(options_.out_dir + "/store", ec);
 
   FEDLORA_ASSIGN_OR_RETURN(data_, LoadSimData(config_));
-  if (sc.partition() == v1::SimulationConfig::BY_KEY && options_.shards_per_client <= 0) {
+  if (sc.partition() == v1::SimulationConfig::BY_KEY) {
     FEDLORA_ASSIGN_OR_RETURN(partition_, PartitionByKey(data_.train_keys, num_clients, config_.seed()));
   } else {
     PartitionOptions po;
@@ -418,16 +418,16 @@ absl::Status Simulation::Setup() {
     po.seed = config_.seed();
     po.dirichlet_alpha = sc.has_dirichlet_alpha() ? sc.dirichlet_alpha() : 0.5;
     po.scheme = sc.partition() == v1::SimulationConfig::DIRICHLET ? PartitionScheme::kDirichlet : PartitionScheme::kIid;
-    if (options_.shards_per_client > 0) {
+    if (sc.partition() == v1::SimulationConfig::LABEL_SHARDS) {
       po.scheme = PartitionScheme::kLabelShards;
-      po.shards_per_client = options_.shards_per_client;
+      po.shards_per_client = static_cast<int>(sc.has_shards_per_client() ? sc.shards_per_client() : 2);
     }
     FEDLORA_ASSIGN_OR_RETURN(partition_, PartitionByLabel(data_.train_labels,
                                                           static_cast<int>(data_.label_names.size()), po));
   }
 
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  parallelism_ = std::min(options_.parallelism > 0 ? options_.parallelism : cores, num_clients);
+  parallelism_ = std::min(sc.parallelism() > 0 ? static_cast<int>(sc.parallelism()) : cores, num_clients);
   // Each virtual client trains on one thread; the pool of `parallelism` models keeps the cores busy.
   // One kernel thread also makes every client's result independent of how many run at once.
   kernels::SetNumThreads(1);
@@ -455,8 +455,6 @@ absl::Status Simulation::WriteFinalOutputs(SimResult& result) {
   j["seed"] = config_.seed();
   j["config"] = nlohmann::json::parse(RunConfigToJson(config_), nullptr, /*allow_exceptions=*/false);
   j["parallelism"] = parallelism_;
-  j["crash_probability"] = options_.crash_probability;
-  j["shards_per_client"] = options_.shards_per_client;
   j["client_sizes"] = result.client_sizes;
   j["client_label_histograms"] = result.client_label_histograms;
   j["label_names"] = data_.label_names;
@@ -509,7 +507,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
     (void)ignored;
   }
 
-  const bool may_crash = options_.crash_probability > 0 ||
+  const bool may_crash = config_.simulation().crash_probability() > 0 ||
                          std::any_of(options_.faults.begin(), options_.faults.end(),
                                      [](const InjectedFault& f) { return f.kind == FaultKind::kCrash; });
   for (int i = 0; i < num_clients; ++i) {

@@ -59,14 +59,6 @@ struct InjectedFault {
 struct SimOptions {
   // Directory for the reports, the final adapter and the server's store. Created if missing.
   std::string out_dir;
-  // Virtual clients training at the same time (= model instances held). 0: the number of cores,
-  // at most num_clients. Each trains single-threaded, so results do not depend on this.
-  int parallelism = 0;
-  // Probability that a selected client's upload is cut off midway, in [0, 1]. Default 0.
-  double crash_probability = 0.0;
-  // > 0: partition by label shards with this many labels per client (overrides the config's
-  // partition; config.proto has no such scheme yet).
-  int shards_per_client = 0;
   std::vector<InjectedFault> faults;
   // Show a progress line on stderr (core/progress.h).
   bool progress = true;

@@ -25,9 +25,9 @@ struct SimulateFlags {
   int64_t rounds = -1;  // -1: keep the config's
   int64_t clients = -1;
   int64_t seed = -1;
-  int parallelism = 0;
-  float crash_probability = 0.0f;
-  int shards_per_client = 0;
+  int parallelism = -1;          // -1: keep the config's simulation.parallelism
+  float crash_probability = -1;  // -1: keep the config's simulation.crash_probability
+  int shards_per_client = 0;     // > 0: LABEL_SHARDS with this many labels per client
   float max_seconds = 0.0f;
   bool progress = true;
 };
@@ -47,14 +47,18 @@ absl::Status Simulate(const SimulateFlags& f) {
     }
     if (sel->min_clients() > sel->clients_per_round()) sel->set_min_clients(sel->clients_per_round());
   }
+  v1::SimulationConfig* sim = config.mutable_simulation();
+  if (f.parallelism >= 0) sim->set_parallelism(static_cast<uint32_t>(f.parallelism));
+  if (f.crash_probability >= 0) sim->set_crash_probability(f.crash_probability);
+  if (f.shards_per_client > 0) {
+    sim->set_partition(v1::SimulationConfig::LABEL_SHARDS);
+    sim->set_shards_per_client(static_cast<uint32_t>(f.shards_per_client));
+  }
   ApplyRunConfigDefaults(&config);
   FEDLORA_RETURN_IF_ERROR(ValidateRunConfig(config));
 
   sim::SimOptions options;
   options.out_dir = f.out_dir;
-  options.parallelism = f.parallelism;
-  options.crash_probability = f.crash_probability;
-  options.shards_per_client = f.shards_per_client;
   options.max_seconds = f.max_seconds;
   options.progress = f.progress;
   FEDLORA_ASSIGN_OR_RETURN(sim::SimResult result, sim::RunSimulation(config, options));
@@ -84,11 +88,12 @@ int RunSimulate(int argc, char** argv) {
   flags.AddInt("rounds", &f.rounds, "override the config's rounds");
   flags.AddInt("clients", &f.clients, "override simulation.num_clients (clients_per_round shrinks to fit)");
   flags.AddInt("seed", &f.seed, "override the config's seed");
-  flags.AddInt("parallelism", &f.parallelism, "virtual clients training at once (0: the number of cores)");
+  flags.AddInt("parallelism", &f.parallelism,
+               "override simulation.parallelism: virtual clients training at once (0: the number of cores)");
   flags.AddFloat("crash-probability", &f.crash_probability,
-                 "probability that a selected client's upload is cut off midway (it resumes)");
+                 "override simulation.crash_probability: a selected client's upload is cut off midway (it resumes)");
   flags.AddInt("shards-per-client", &f.shards_per_client,
-               "partition by label shards, this many labels per client (overrides the config's partition)");
+               "partition by label shards (LABEL_SHARDS), this many labels per client");
   flags.AddFloat("max-seconds", &f.max_seconds, "give up when the run takes longer (0: no limit)");
   flags.AddBool("progress", &f.progress, "show a progress line on stderr");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
@@ -96,8 +101,8 @@ int RunSimulate(int argc, char** argv) {
   if (f.rounds == 0 || f.rounds < -1) return UsageError(command, "--rounds must be >= 1");
   if (f.clients == 0 || f.clients < -1) return UsageError(command, "--clients must be >= 1");
   if (f.seed < -1) return UsageError(command, "--seed must be >= 0");
-  if (f.parallelism < 0) return UsageError(command, "--parallelism must be >= 0");
-  if (!(f.crash_probability >= 0 && f.crash_probability <= 1)) {
+  if (f.parallelism < -1) return UsageError(command, "--parallelism must be >= 0");
+  if (!(f.crash_probability == -1 || (f.crash_probability >= 0 && f.crash_probability <= 1))) {
     return UsageError(command, "--crash-probability must be in [0, 1]");
   }
   if (f.shards_per_client < 0) return UsageError(command, "--shards-per-client must be >= 0");

@@ -483,6 +483,10 @@ const std::vector<ValidationCase>& Cases() {
          c.mutable_aggregation()->set_server_momentum(0.9);
        },
        "aggregation.server_momentum (0.9) applies to FEDAVG and FEDPROX only, not FEDADAM"},
+      {"CrashProbability", [](RunConfig& c) { c.mutable_simulation()->set_crash_probability(1.5); },
+       "simulation.crash_probability (1.5)"},
+      {"ShardsZero", [](RunConfig& c) { c.mutable_simulation()->set_shards_per_client(0); },
+       "simulation.shards_per_client (0)"},
       {"EvalEveryZero", [](RunConfig& c) { c.mutable_data()->set_eval_every_rounds(0); },
        "data.eval_every_rounds (0)"},
       {"ChunkTooSmall", [](RunConfig& c) { c.mutable_server()->set_chunk_size_bytes(4095); },

@@ -61,7 +61,7 @@ v1::RunConfig Config(const std::string& dir, int rounds) {
     "data": {"train_path": ")", dir, R"(/train.jsonl", "eval_path": ")", dir, R"(/eval.jsonl",
              "eval_batch_size": 16},
     "server": {"chunk_size_bytes": 4096},
-    "simulation": {"num_clients": 4, "partition": "IID"}
+    "simulation": {"num_clients": 4, "partition": "IID", "parallelism": 2}
   })");
   auto config = ParseRunConfigJson(json);
   EXPECT_TRUE(config.ok()) << config.status();
@@ -84,7 +84,6 @@ TEST(Simulator, TwoRoundsWithADropoutACrashedUploadAndAStraggler) {
   const std::string dir = MakeFixture();
   SimOptions options;
   options.out_dir = dir + "/out";
-  options.parallelism = 2;
   options.progress = false;
   options.max_seconds = 80;
   // Round 1: client 2 vanishes after selection; client 0's upload is cut midway and resumed.
@@ -154,8 +153,7 @@ TEST(Simulator, SameConfigAndSeedGiveTheSameFinalAdapter) {
   for (int run = 0; run < 2; ++run) {
     SimOptions options;
     options.out_dir = absl::StrCat(dir, "/out", run);
-    options.parallelism = 2;
-    options.progress = false;
+      options.progress = false;
     options.max_seconds = 40;
     auto result = RunSimulation(Config(dir, 2), options);
     ASSERT_TRUE(result.ok()) << result.status();
@@ -188,7 +186,6 @@ TEST(Simulator, HundredsOfVirtualClientsWithFewTraining) {
   config.mutable_selection()->set_min_clients(8);
   SimOptions options;
   options.out_dir = dir + "/out";
-  options.parallelism = 2;
   options.progress = false;
   options.max_seconds = 80;
   auto result = RunSimulation(config, options);
@@ -216,7 +213,7 @@ TEST(Simulator, RejectsConfigsItCannotRun) {
   config.mutable_data()->clear_eval_path();
   EXPECT_EQ(RunSimulation(config, options).status().code(), absl::StatusCode::kInvalidArgument);
   config = Config(dir, 1);
-  options.crash_probability = 1.5;
+  config.mutable_simulation()->set_crash_probability(1.5);
   EXPECT_EQ(RunSimulation(config, options).status().code(), absl::StatusCode::kInvalidArgument);
   std::filesystem::remove_all(dir);
 }
