@@ -1067,9 +1067,11 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   // accepted set or the global adapter meanwhile: reading them without the lock held throughout is
   // safe. The heavy work runs unlocked so RPCs keep being answered.
   std::vector<UpdateTensor> global;
+  int64_t committed_before = 0;
   {
     absl::MutexLock lock(&mu_);
     global = global_;
+    committed_before = rounds_committed_;
   }
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> uploads, store_->ListAcceptedUploads(run_id_, round));
   FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(spec_));
@@ -1098,8 +1100,12 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   FEDLORA_ASSIGN_OR_RETURN(std::string hash, blobs_->Put(bytes));
   MaybeCrashAt("during_checkpoint");
 
+  // Evaluate every data.eval_every_rounds committed rounds, and always the last one.
+  const int64_t eval_every = std::max<int64_t>(1, config_.data().eval_every_rounds());
+  const int64_t total = config_.has_rounds() ? config_.rounds() : 10;
+  const bool evaluate = (committed_before + 1) % eval_every == 0 || committed_before + 1 >= total;
   std::map<std::string, double> eval;
-  if (evaluator_ != nullptr) {
+  if (evaluator_ != nullptr && evaluate) {
     absl::StatusOr<std::map<std::string, double>> result = evaluator_->Evaluate(static_cast<uint64_t>(round), next);
     if (result.ok()) {
       eval = *std::move(result);
@@ -1107,6 +1113,8 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
       FEDLORA_LOG(WARNING) << "round " << round << ": evaluation failed (" << result.status()
                            << "); committing without metrics";
     }
+  } else if (evaluator_ != nullptr) {
+    evaluator_->Skipped(static_cast<uint64_t>(round));
   }
   nlohmann::json metrics_json = nlohmann::json::object();
   std::vector<MetricRecord> records;

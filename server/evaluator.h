@@ -22,6 +22,9 @@ class Evaluator {
   // does not lose the round. Called from the server's round driver thread only, one call at a time.
   virtual absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t round,
                                                                   const std::vector<UpdateTensor>& adapter) = 0;
+  // Called instead of Evaluate for a round that data.eval_every_rounds skips (the last round is
+  // always evaluated), from the same thread. The default does nothing.
+  virtual void Skipped(uint64_t round) { (void)round; }
 };
 
 }  // namespace fedlora

@@ -159,9 +159,13 @@ class Simulation final : public Evaluator {
   // Evaluator: called by the server's driver before it commits each round.
   absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t round,
                                                          const std::vector<UpdateTensor>& adapter) override;
+  // Evaluator: a round data.eval_every_rounds does not evaluate; recorded without eval metrics.
+  void Skipped(uint64_t round) override;
 
  private:
   absl::Status Setup();
+  // Appends the round's record (eval figures NaN when skipped) and rewrites the reports.
+  void RecordRound(uint64_t round, const EvalFigures& eval);
   FaultDecision Decide(uint64_t round, int client) const;
   void ClientLoop(VirtualClient& vc);
   // Sleeps up to `seconds`; false when the simulation is stopping.
@@ -269,6 +273,17 @@ absl::StatusOr<std::map<std::string, double>> Simulation::Evaluate(uint64_t roun
   pool_.ReleaseAll(std::move(models));
   FEDLORA_RETURN_IF_ERROR(evaluated.status());
   const EvalFigures eval = *evaluated;
+  RecordRound(round, eval);
+  return std::map<std::string, double>{
+      {"eval_accuracy", eval.accuracy}, {"eval_loss", eval.loss}, {"eval_macro_f1", eval.macro_f1}};
+}
+
+void Simulation::Skipped(uint64_t round) {
+  const double nan = std::nan("");
+  RecordRound(round, EvalFigures{.loss = nan, .accuracy = nan, .macro_f1 = nan});
+}
+
+void Simulation::RecordRound(uint64_t round, const EvalFigures& eval) {
   const ServerMetrics& m = server_->metrics();
   std::lock_guard<std::mutex> lock(mu_);
   RoundRecord r;
@@ -301,8 +316,6 @@ absl::StatusOr<std::map<std::string, double>> Simulation::Evaluate(uint64_t roun
   if (!written.ok()) {
     FEDLORA_LOG(WARNING) << "simulate: writing the round reports: " << written;
   }
-  return std::map<std::string, double>{
-      {"eval_accuracy", eval.accuracy}, {"eval_loss", eval.loss}, {"eval_macro_f1", eval.macro_f1}};
 }
 
 void Simulation::ClientLoop(VirtualClient& vc) {
@@ -543,7 +556,12 @@ absl::StatusOr<SimResult> Simulation::Run() {
     std::string extra;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!records_.empty()) extra = absl::StrFormat("accuracy=%.4f", records_.back().eval_accuracy);
+      for (auto r = records_.rbegin(); r != records_.rend(); ++r) {  // the latest evaluated round
+        if (std::isfinite(r->eval_accuracy)) {
+          extra = absl::StrFormat("accuracy=%.4f", r->eval_accuracy);
+          break;
+        }
+      }
       if (!client_error_.ok()) outcome = client_error_;
     }
     if (progress) progress->Update(server_->coordinator().rounds_committed(), extra);

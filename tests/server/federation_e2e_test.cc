@@ -181,7 +181,9 @@ class FakeEvaluator : public Evaluator {
     if (round == 2) return absl::UnavailableError("evaluation GPU busy");
     return std::map<std::string, double>{{"eval_loss", 0.5 * round}, {"eval_accuracy", 0.25 * round}, {"macro_f1", 0.1}};
   }
+  void Skipped(uint64_t round) override { skipped.push_back(round); }
   std::vector<std::vector<UpdateTensor>> seen;
+  std::vector<uint64_t> skipped;
 };
 
 TEST(FederationE2eTest, EvaluatorSeesEachNewAdapterAndItsMetricsAreRecorded) {
@@ -203,6 +205,25 @@ TEST(FederationE2eTest, EvaluatorSeesEachNewAdapterAndItsMetricsAreRecorded) {
   EXPECT_DOUBLE_EQ(status->history(0).eval_metrics().at("macro_f1"), 0.1);
   EXPECT_FALSE(status->history(1).has_eval_loss());  // the failed evaluation: committed without metrics
   EXPECT_DOUBLE_EQ(status->history(2).eval_accuracy(), 0.75);
+  EXPECT_TRUE(evaluator.skipped.empty());
+}
+
+TEST(FederationE2eTest, EvalEveryRoundsSkipsRoundsButAlwaysEvaluatesTheLast) {
+  TempDir dir;
+  FakeEvaluator evaluator;
+  v1::RunConfig config = TestRunConfig(5, 1, 1);
+  config.mutable_data()->set_eval_every_rounds(2);
+  auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter(), &evaluator);
+  ASSERT_TRUE(server.ok()) << server.status();
+  DeterministicTrainer trainer(0);
+  auto client = Client::Create(TestClientOptions((*server)->address(), "site-0"), &trainer);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->RunUntilDone().ok());
+  // Rounds 2 and 4 by the period, 5 because it is the last.
+  ASSERT_EQ(evaluator.seen.size(), 3u);
+  EXPECT_TRUE(SameBits(evaluator.seen[0], ExpectedAdapter({0}, 2)));
+  EXPECT_TRUE(SameBits(evaluator.seen[2], ExpectedAdapter({0}, 5)));
+  EXPECT_EQ(evaluator.skipped, (std::vector<uint64_t>{1, 3}));
 }
 
 }  // namespace

@@ -153,7 +153,7 @@ TEST(Simulator, SameConfigAndSeedGiveTheSameFinalAdapter) {
   for (int run = 0; run < 2; ++run) {
     SimOptions options;
     options.out_dir = absl::StrCat(dir, "/out", run);
-      options.progress = false;
+    options.progress = false;
     options.max_seconds = 40;
     auto result = RunSimulation(Config(dir, 2), options);
     ASSERT_TRUE(result.ok()) << result.status();
@@ -184,6 +184,7 @@ TEST(Simulator, HundredsOfVirtualClientsWithFewTraining) {
   config.mutable_simulation()->set_num_clients(200);
   config.mutable_selection()->set_clients_per_round(8);
   config.mutable_selection()->set_min_clients(8);
+  config.mutable_data()->set_eval_every_rounds(2);  // round 1 is not evaluated, round 2 is
   SimOptions options;
   options.out_dir = dir + "/out";
   options.progress = false;
@@ -195,6 +196,9 @@ TEST(Simulator, HundredsOfVirtualClientsWithFewTraining) {
     EXPECT_EQ(result->rounds[static_cast<size_t>(r)].selected, 8);
     EXPECT_EQ(result->rounds[static_cast<size_t>(r)].reported, 8);
   }
+  EXPECT_TRUE(std::isnan(result->rounds[1].eval_accuracy));
+  EXPECT_GE(result->rounds[2].eval_accuracy, 0.0);
+  EXPECT_GE(result->rounds[0].eval_accuracy, 0.0);  // the untuned model always is
   ASSERT_EQ(result->client_sizes.size(), 200u);
   for (int64_t s : result->client_sizes) EXPECT_GE(s, 2);
   std::filesystem::remove_all(dir);
