@@ -268,6 +268,9 @@ void ValidateTraining(Problems& p, const TrainingConfig& t) {
   p.NonNegative("training.weight_decay", t.weight_decay());
   p.NonNegative("training.grad_clip_norm", t.grad_clip_norm());
   p.Range<uint32_t>("training.grad_accumulation", t.grad_accumulation(), 1, 1024);
+  if (!TrainingConfig::Schedule_IsValid(t.round_schedule())) {
+    p.Bad("training.round_schedule", t.round_schedule(), "is not a known schedule");
+  }
   p.RealRange("training.adam_beta1", t.adam_beta1(), 0, false, 1, true);
   p.RealRange("training.adam_beta2", t.adam_beta2(), 0, false, 1, true);
   p.Positive("training.adam_epsilon", t.adam_epsilon());

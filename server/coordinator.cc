@@ -427,6 +427,23 @@ absl::Status Coordinator::Authenticate(const std::string& client_id, const std::
 // ------------------------------------------------------------------------------------------------
 // WaitForTask and selection
 
+double Coordinator::RoundLearningRateLocked() const {
+  const v1::TrainingConfig& t = config_.training();
+  const double base = t.has_learning_rate() ? t.learning_rate() : 5e-4;
+  const double total = static_cast<double>(config_.has_rounds() ? config_.rounds() : 10);
+  // The fraction of the run done before this round: committed rounds (abandoned ones do not count,
+  // and a restarted server resumes the same value).
+  const double done = std::min(1.0, static_cast<double>(rounds_committed_) / std::max(1.0, total));
+  switch (t.round_schedule()) {
+    case v1::TrainingConfig::LINEAR:
+      return base * (1.0 - done);
+    case v1::TrainingConfig::COSINE:
+      return base * 0.5 * (1.0 + std::cos(M_PI * done));
+    default:
+      return base;
+  }
+}
+
 v1::AdapterManifest Coordinator::ManifestLocked(const std::string& hash, int64_t round, int64_t total_bytes) const {
   v1::AdapterManifest m;
   FillTensorSpecs(global_, &m);
@@ -472,6 +489,7 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
     task->set_task_id(TaskIdFor(r.round, client_id));
     *task->mutable_global_adapter() = ManifestLocked(global_hash_, global_round_, global_bytes_);
     *task->mutable_training() = config_.training();
+    task->mutable_training()->set_learning_rate(RoundLearningRateLocked());
     task->set_proximal_mu(config_.aggregation().has_proximal_mu() ? config_.aggregation().proximal_mu() : 0.0);
     task->set_deadline_seconds(static_cast<uint32_t>(std::max<int64_t>(0, CeilDiv(r.deadline_ms - Now(), 1000))));
     task->set_seed(TaskSeedFor(r.round, client_id));

@@ -206,6 +206,8 @@ class Coordinator {
   // The server optimizer with its state after the last committed round (set by Restore; used by
   // the driver thread's AggregateAndCommit only).
   std::optional<ServerOptimizer> server_opt_;
+  // training.learning_rate scaled by training.round_schedule at the current round.
+  double RoundLearningRateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every adapter hash a client may download (this run's global adapters), with its round and size.
   std::map<std::string, std::pair<int64_t, int64_t>> downloadable_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<RoundInfo> round_ ABSL_GUARDED_BY(mu_);  // the open round, if any

@@ -226,5 +226,22 @@ TEST(FederationE2eTest, EvalEveryRoundsSkipsRoundsButAlwaysEvaluatesTheLast) {
   EXPECT_EQ(evaluator.skipped, (std::vector<uint64_t>{1, 3}));
 }
 
+TEST(FederationE2eTest, RoundScheduleSetsEachRoundsLearningRate) {
+  TempDir dir;
+  v1::RunConfig config = TestRunConfig(4, 1, 1);
+  config.mutable_training()->set_learning_rate(0.01);
+  config.mutable_training()->set_round_schedule(v1::TrainingConfig::COSINE);
+  auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter());
+  ASSERT_TRUE(server.ok()) << server.status();
+  DeterministicTrainer trainer(0);
+  auto client = Client::Create(TestClientOptions((*server)->address(), "site-0"), &trainer);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->RunUntilDone().ok());
+  // Cosine over 4 rounds, taken at the start of each: 0.01 * (1 + cos(pi * k / 4)) / 2, k = 0..3.
+  ASSERT_EQ(trainer.learning_rates_seen.size(), 4u);
+  const double want[] = {0.01, 0.01 * (1 + std::sqrt(0.5)) / 2, 0.005, 0.01 * (1 - std::sqrt(0.5)) / 2};
+  for (int k = 0; k < 4; ++k) EXPECT_NEAR(trainer.learning_rates_seen[k], want[k], 1e-12) << "round " << k + 1;
+}
+
 }  // namespace
 }  // namespace fedlora

@@ -94,9 +94,11 @@ class DeterministicTrainer : public ClientTrainer {
     r.train_loss_first = 1.0;
     r.train_loss_last = 0.5;
     rounds_seen.push_back(task.round);
+    learning_rates_seen.push_back(task.learning_rate);
     return r;
   }
   std::vector<uint64_t> rounds_seen;
+  std::vector<double> learning_rates_seen;
 
  private:
   int client_;
