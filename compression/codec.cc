@@ -5,8 +5,10 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
@@ -41,40 +43,6 @@ T Load(const char* p) {
   std::memcpy(&v, p, sizeof(T));
   return v;
 }
-
-// Sequential bounds-checked reader over the decoded body. Running past the end means the tensor
-// table disagrees with the declared body size: InvalidArgument (the body itself is complete; the
-// payload length was already checked).
-class BodyReader {
- public:
-  explicit BodyReader(std::string_view body) : body_(body) {}
-  size_t pos() const { return pos_; }
-  size_t remaining() const { return body_.size() - pos_; }
-
-  template <class T>
-  absl::StatusOr<T> Read(std::string_view what) {
-    if (remaining() < sizeof(T)) return PastEnd(what, sizeof(T));
-    T v = Load<T>(body_.data() + pos_);
-    pos_ += sizeof(T);
-    return v;
-  }
-  absl::StatusOr<std::string_view> ReadBytes(size_t n, std::string_view what) {
-    if (remaining() < n) return PastEnd(what, n);
-    std::string_view v = body_.substr(pos_, n);
-    pos_ += n;
-    return v;
-  }
-
- private:
-  absl::Status PastEnd(std::string_view what, size_t need) const {
-    return absl::InvalidArgumentError(absl::StrCat("update body: ", ToAbsl(what), " at offset ", pos_, " needs ", need,
-                                                   " bytes but only ", remaining(), " remain of the declared raw size ",
-                                                   body_.size()));
-  }
-
-  std::string_view body_;
-  size_t pos_ = 0;
-};
 
 bool IsFiniteHalfBits(uint16_t bits, CodecId codec) {
   // Inf/NaN have an all-ones exponent: 5 bits (0x7C00) for fp16, 8 bits (0x7F80) for bf16.
@@ -167,61 +135,402 @@ struct DCtxDeleter {
   void operator()(ZSTD_DCtx* d) const { ZSTD_freeDCtx(d); }
 };
 
-// Decompresses exactly one zstd frame (`payload`) into exactly `raw_bytes` bytes, never writing or
-// allocating more: a frame that would produce more is refused as a decompression bomb.
-absl::StatusOr<std::string> DecompressCapped(std::string_view payload, uint64_t raw_bytes) {
-  const unsigned long long content_size = ZSTD_getFrameContentSize(payload.data(), payload.size());
-  if (content_size == ZSTD_CONTENTSIZE_ERROR) {
-    // Too short for a frame header, or bad zstd magic.
-    return absl::DataLossError(absl::StrCat("update payload: not a valid zstd frame (", payload.size(), " bytes)"));
-  }
-  if (content_size != ZSTD_CONTENTSIZE_UNKNOWN && content_size != raw_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("update payload: zstd frame declares ", content_size,
-                                                   " decompressed bytes but the header declares a raw size of ",
-                                                   raw_bytes));
-  }
-  const size_t frame_size = ZSTD_findFrameCompressedSize(payload.data(), payload.size());
-  if (ZSTD_isError(frame_size)) return ZstdError("truncated or corrupt frame", frame_size);
-  if (frame_size != payload.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("update payload: ", payload.size() - frame_size,
-                                                   " trailing bytes after the zstd frame (frame is ", frame_size,
-                                                   " of ", payload.size(), " payload bytes)"));
+// The window the zstd stage decompresses through: DecodeUpdate and ValidateUpdate never hold more
+// than this much decompressed body at once (plus zstd's own history window, at most
+// 2^kMaxZstdWindowLog and 2 MiB for what our encoder writes at level 3). 1 MiB keeps the per-refill
+// overhead (one ZSTD_decompressStream call, a memmove of at most one partial table entry, ~1 KB)
+// negligible next to decompressing 1 MiB (~1 ms).
+constexpr size_t kBodyWindowBytes = size_t{1} << 20;
+
+// The largest single read of the tensor table (a name) must fit in the window.
+static_assert(kMaxTensorNameBytes < kBodyWindowBytes);
+
+// ValidateUpdate's `consumed` hook is told of progress once at least this much more input is
+// consumed, and the values of an uncompressed payload are checked in pieces of this size: so the
+// reports are at most 2 x 4 = 8 MiB apart (a zstd pump consumes ~1 MiB), and a mapped 1 GB update
+// keeps at most ~8 MiB of itself resident beyond what the caller has dropped.
+constexpr uint64_t kConsumedReportBytes = uint64_t{4} << 20;
+
+// The update body, delivered in order: the payload itself when there is no zstd stage (zero copy),
+// or the output of the payload's zstd frame streamed through a window of at most kBodyWindowBytes.
+//
+// Two kinds of error. A stage error (the zstd frame is corrupt, ends early, or decompresses to more
+// or fewer bytes than the header's raw size) is sticky: once seen, every later call and Finish()
+// return it. A body error (a read past the declared raw size: the table disagrees with it) is
+// InvalidArgument and is the caller's to report, after Finish() has checked the whole stage, so that
+// a corrupt frame is reported as corrupt whatever bytes it decoded to before the corruption.
+class BodySource {
+ public:
+  // No zstd stage: the body is `payload`, whose size the caller checked against the header.
+  explicit BodySource(std::string_view payload) : plain_(payload), raw_bytes_(payload.size()) {}
+
+  // A zstd stage: checks the frame's header and block structure (cheap, decompresses nothing),
+  // then prepares to stream it.
+  static absl::StatusOr<BodySource> ForZstd(std::string_view payload, uint64_t raw_bytes) {
+    const unsigned long long content_size = ZSTD_getFrameContentSize(payload.data(), payload.size());
+    if (content_size == ZSTD_CONTENTSIZE_ERROR) {
+      // Too short for a frame header, or bad zstd magic.
+      return absl::DataLossError(absl::StrCat("update payload: not a valid zstd frame (", payload.size(), " bytes)"));
+    }
+    if (content_size != ZSTD_CONTENTSIZE_UNKNOWN && content_size != raw_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("update payload: zstd frame declares ", content_size,
+                                                     " decompressed bytes but the header declares a raw size of ",
+                                                     raw_bytes));
+    }
+    const size_t frame_size = ZSTD_findFrameCompressedSize(payload.data(), payload.size());
+    if (ZSTD_isError(frame_size)) return ZstdError("truncated or corrupt frame", frame_size);
+    if (frame_size != payload.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("update payload: ", payload.size() - frame_size,
+                                                     " trailing bytes after the zstd frame (frame is ", frame_size,
+                                                     " of ", payload.size(), " payload bytes)"));
+    }
+    BodySource source(std::string_view{});
+    source.raw_bytes_ = raw_bytes;
+    source.dctx_.reset(ZSTD_createDCtx());
+    if (source.dctx_ == nullptr) return absl::ResourceExhaustedError("update payload: ZSTD_createDCtx failed");
+    const size_t rc = ZSTD_DCtx_setParameter(source.dctx_.get(), ZSTD_d_windowLogMax, kMaxZstdWindowLog);
+    if (ZSTD_isError(rc)) return absl::InternalError(absl::StrCat("ZSTD_d_windowLogMax: ", ZSTD_getErrorName(rc)));
+    source.in_ = ZSTD_inBuffer{payload.data(), payload.size(), 0};
+    // raw_bytes was checked against DecodeLimits by the caller; a small body needs no bigger window
+    // (no read is ever longer than what remains of the body).
+    source.window_size_ = static_cast<size_t>(std::min<uint64_t>(kBodyWindowBytes, raw_bytes));
+    source.window_ = std::make_unique<char[]>(source.window_size_);
+    return source;
   }
 
-  std::unique_ptr<ZSTD_DCtx, DCtxDeleter> dctx(ZSTD_createDCtx());
-  if (dctx == nullptr) return absl::ResourceExhaustedError("update payload: ZSTD_createDCtx failed");
-  const size_t rc = ZSTD_DCtx_setParameter(dctx.get(), ZSTD_d_windowLogMax, kMaxZstdWindowLog);
-  if (ZSTD_isError(rc)) return absl::InternalError(absl::StrCat("ZSTD_d_windowLogMax: ", ZSTD_getErrorName(rc)));
+  // `hook` (may be null or empty) is told, at least every kConsumedReportBytes, how many leading
+  // bytes of the encoded update (header included) will not be read again. Must outlive this.
+  void SetConsumedHook(const std::function<void(uint64_t)>* hook) { hook_ = hook; }
 
-  std::string out(raw_bytes, '\0');  // raw_bytes was checked against DecodeLimits by the caller
-  ZSTD_inBuffer in{payload.data(), payload.size(), 0};
-  ZSTD_outBuffer main_out{out.data(), out.size(), 0};
-  char overflow_byte;
-  for (;;) {
-    const bool main_full = main_out.pos == main_out.size;
-    // Once our buffer is full, offer zstd a one-byte scratch buffer: any byte it writes there is
-    // output beyond the declared size.
-    ZSTD_outBuffer overflow{&overflow_byte, 1, 0};
-    ZSTD_outBuffer* target = main_full ? &overflow : &main_out;
-    const size_t in_before = in.pos, out_before = target->pos;
-    const size_t ret = ZSTD_decompressStream(dctx.get(), target, &in);
-    if (ZSTD_isError(ret)) return ZstdError("decompression failed", ret);
-    if (overflow.pos > 0) {
+  // Offset of the next unread body byte, and how many remain of the declared raw size.
+  uint64_t pos() const { return dctx_ ? produced_ - (tail_ - head_) : plain_pos_; }
+  uint64_t remaining() const { return raw_bytes_ - pos(); }
+
+  // The next `n` bytes (n <= kMaxTensorNameBytes for the table), contiguous; valid until the next call.
+  absl::StatusOr<std::string_view> Read(size_t n, std::string_view what) {
+    if (remaining() < n) {
+      return absl::InvalidArgumentError(absl::StrCat("update body: ", ToAbsl(what), " at offset ", pos(), " needs ",
+                                                     n, " bytes but only ", remaining(),
+                                                     " remain of the declared raw size ", raw_bytes_));
+    }
+    if (!dctx_) {
+      const std::string_view v = plain_.substr(plain_pos_, n);
+      plain_pos_ += n;
+      // The caller is done with the previous read, so everything before `v` is consumed.
+      Report(plain_pos_ - n);
+      return v;
+    }
+    if (tail_ - head_ < n) FEDLORA_RETURN_IF_ERROR(Refill(n));
+    const std::string_view v(window_.get() + head_, n);
+    head_ += n;
+    return v;
+  }
+
+  // The next whole `unit`s of the body, at least one and at most `max_bytes` (>= unit); the caller
+  // checked that enough remain. Valid until the next call.
+  absl::StatusOr<std::string_view> ReadSome(size_t unit, size_t max_bytes) {
+    if (!dctx_) {
+      // In pieces of kConsumedReportBytes, so that the consumed hook hears of progress that often.
+      size_t n = static_cast<size_t>(std::min<uint64_t>({max_bytes, remaining(), kConsumedReportBytes}));
+      n -= n % unit;
+      return Read(n, "values");
+    }
+    if (tail_ - head_ < unit) FEDLORA_RETURN_IF_ERROR(Refill(unit));
+    size_t n = std::min(max_bytes, tail_ - head_);
+    n -= n % unit;
+    return Read(n, "values");
+  }
+
+  // Decompresses (and discards) whatever the body parse did not read, then checks that the frame
+  // is intact (zstd's block checks and content checksum) and produced exactly the declared raw
+  // size, refusing to produce even one byte more (decompression bombs). OK without a zstd stage.
+  absl::Status Finish() {
+    if (!dctx_) {
+      Report(plain_pos_);
+      return absl::OkStatus();
+    }
+    while (stage_error_.ok() && !frame_done_) {
+      head_ = tail_ = 0;
+      (void)Pump();
+    }
+    return stage_error_;
+  }
+
+ private:
+  // Moves the unread bytes to the front of the window and decompresses until at least `need`
+  // (<= remaining(), <= window_size_) are available.
+  absl::Status Refill(size_t need) {
+    FEDLORA_RETURN_IF_ERROR(stage_error_);
+    if (head_ > 0) {
+      std::memmove(window_.get(), window_.get() + head_, tail_ - head_);
+      tail_ -= head_;
+      head_ = 0;
+    }
+    while (tail_ < need) {
+      FEDLORA_RETURN_IF_ERROR(Pump());
+      if (frame_done_ && tail_ < need) return stage_error_;  // set by Pump: the frame ended short
+    }
+    return absl::OkStatus();
+  }
+
+  // One ZSTD_decompressStream call into the free part of the window, never past the declared raw
+  // size. Once that size is reached, zstd gets a one-byte scratch buffer instead: any byte it
+  // writes there is output beyond the declared size.
+  absl::Status Pump() {
+    const uint64_t left = raw_bytes_ - produced_;
+    char overflow_byte;
+    ZSTD_outBuffer out = left == 0
+                             ? ZSTD_outBuffer{&overflow_byte, 1, 0}
+                             : ZSTD_outBuffer{window_.get() + tail_,
+                                              static_cast<size_t>(std::min<uint64_t>(window_size_ - tail_, left)), 0};
+    const size_t in_before = in_.pos;
+    const size_t ret = ZSTD_decompressStream(dctx_.get(), &out, &in_);
+    if (ZSTD_isError(ret)) return Fail(ZstdError("decompression failed", ret));
+    Report(in_.pos);  // zstd keeps no pointer into the input it has consumed
+    if (left == 0 && out.pos > 0) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("update payload: zstd frame decompresses to more than the declared ", raw_bytes_,
+                       " bytes (decompression bomb refused)")));
+    }
+    if (left > 0) {
+      tail_ += out.pos;
+      produced_ += out.pos;
+    }
+    if (ret == 0) {  // frame complete and flushed
+      frame_done_ = true;
+      if (produced_ != raw_bytes_) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat("update payload: zstd frame decompresses to ", produced_,
+                                                            " bytes but the header declares a raw size of ",
+                                                            raw_bytes_)));
+      }
+      return absl::OkStatus();
+    }
+    if (in_.pos == in_before && out.pos == 0) {
+      return Fail(absl::DataLossError(absl::StrCat("update payload: zstd frame ends early after ", produced_, " of ",
+                                                   raw_bytes_, " decompressed bytes")));
+    }
+    return absl::OkStatus();
+  }
+
+  // Tells the hook that payload bytes [0, payload_pos) are consumed, if that is news enough.
+  void Report(uint64_t payload_pos) {
+    if (hook_ == nullptr || !*hook_) return;
+    const uint64_t payload_size = dctx_ ? in_.size : plain_.size();
+    if (payload_pos < reported_ + kConsumedReportBytes && payload_pos != payload_size) return;
+    if (payload_pos <= reported_) return;
+    reported_ = payload_pos;
+    (*hook_)(kUpdateHeaderSize + payload_pos);
+  }
+
+  absl::Status Fail(absl::Status status) {
+    frame_done_ = true;
+    stage_error_ = status;
+    return status;
+  }
+
+  // Without a zstd stage.
+  std::string_view plain_;
+  uint64_t plain_pos_ = 0;
+  uint64_t raw_bytes_ = 0;  // the declared body size
+  // With a zstd stage: the frame, the decoder, and the window holding decompressed bytes
+  // [head_, tail_) not yet read; produced_ counts all bytes decompressed so far.
+  std::unique_ptr<ZSTD_DCtx, DCtxDeleter> dctx_;
+  ZSTD_inBuffer in_{nullptr, 0, 0};
+  std::unique_ptr<char[]> window_;
+  size_t window_size_ = 0;
+  size_t head_ = 0, tail_ = 0;
+  uint64_t produced_ = 0;
+  bool frame_done_ = false;
+  absl::Status stage_error_;
+  const std::function<void(uint64_t)>* hook_ = nullptr;
+  uint64_t reported_ = 0;  // payload bytes reported consumed so far
+};
+
+// Index of the first fp32 value of `n` at `src` (unaligned) that is NaN or Inf, or n.
+size_t FirstNonFiniteF32(const char* src, size_t n) {
+  // Branch-free blocks (the compiler vectorises the OR-reduction), then a scalar search only in the
+  // block that holds a bad value: validating is memory-bound, ~10 GB/s on one core.
+  constexpr size_t kBlock = 1024;
+  for (size_t i = 0; i < n; i += kBlock) {
+    const size_t m = std::min(kBlock, n - i);
+    uint32_t bad = 0;
+    for (size_t j = 0; j < m; ++j) bad |= (Load<uint32_t>(src + 4 * (i + j)) & 0x7F800000u) == 0x7F800000u;
+    if (bad != 0) {
+      for (size_t j = 0; j < m; ++j) {
+        if ((Load<uint32_t>(src + 4 * (i + j)) & 0x7F800000u) == 0x7F800000u) return i + j;
+      }
+    }
+  }
+  return n;
+}
+
+// The same for fp16/bf16 bits (see IsFiniteHalfBits).
+size_t FirstNonFiniteHalf(const char* src, size_t n, CodecId codec) {
+  const uint16_t exp_mask = codec == CodecId::kF16 ? 0x7C00 : 0x7F80;
+  constexpr size_t kBlock = 2048;
+  for (size_t i = 0; i < n; i += kBlock) {
+    const size_t m = std::min(kBlock, n - i);
+    uint32_t bad = 0;
+    for (size_t j = 0; j < m; ++j) bad |= (Load<uint16_t>(src + 2 * (i + j)) & exp_mask) == exp_mask;
+    if (bad != 0) {
+      for (size_t j = 0; j < m; ++j) {
+        if (!IsFiniteHalfBits(Load<uint16_t>(src + 2 * (i + j)), codec)) return i + j;
+      }
+    }
+  }
+  return n;
+}
+
+// Checks that the `n` encoded values at `src` are finite and, when `out` is non-null, writes them
+// there as fp32. `first` is the index of src's first value within tensor `name` (for messages).
+absl::Status CheckValues(CodecId codec, const char* src, size_t n, float* out, std::string_view name, uint64_t first) {
+  if (codec == CodecId::kRawF32) {
+    const size_t bad = FirstNonFiniteF32(src, n);
+    if (bad < n) {
+      return absl::InvalidArgumentError(absl::StrCat("update body: tensor '", ToAbsl(name), "' value ", first + bad,
+                                                     " is not finite (", Load<float>(src + 4 * bad), ")"));
+    }
+    if (out != nullptr && n > 0) std::memcpy(out, src, n * 4);
+    return absl::OkStatus();
+  }
+  const size_t bad = FirstNonFiniteHalf(src, n, codec);
+  if (bad < n) {
+    return absl::InvalidArgumentError(absl::StrCat("update body: tensor '", ToAbsl(name), "' value ", first + bad,
+                                                   " is not finite (", ToAbsl(CodecName(codec)), " bits 0x",
+                                                   absl::Hex(Load<uint16_t>(src + 2 * bad)), ")"));
+  }
+  if (out == nullptr) return absl::OkStatus();
+  // `src` may be odd-aligned: convert through an aligned block.
+  constexpr size_t kBlock = 4096;
+  uint16_t block[kBlock];
+  for (size_t i = 0; i < n; i += kBlock) {
+    const size_t m = std::min(kBlock, n - i);
+    std::memcpy(block, src + 2 * i, m * 2);
+    if (codec == CodecId::kF16) {
+      ConvertF16ToF32(block, out + i, m);
+    } else {
+      ConvertBF16ToF32(block, out + i, m);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Parses the tensor table from `source` into `tensors` (names and shapes) and checks every value;
+// with `materialize`, also fills each tensor's values. Body errors only (see BodySource).
+absl::Status WalkBody(const UpdateHeader& h, const DecodeLimits& limits, bool materialize, BodySource& source,
+                      std::vector<UpdateTensor>& tensors) {
+  FEDLORA_ASSIGN_OR_RETURN(std::string_view field, source.Read(4, "tensor count"));
+  const uint32_t count = Load<uint32_t>(field.data());
+  if (count == 0) return absl::InvalidArgumentError("update body: tensor count is 0");
+  if (count > static_cast<uint64_t>(std::max<int64_t>(limits.max_tensors, 0))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("update body: tensor count ", count, " exceeds the limit of ", limits.max_tensors));
+  }
+  if (count > source.remaining() / kMinTableEntryBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("update body: tensor count ", count, " cannot fit in the ",
+                                                   source.remaining(), " remaining body bytes"));
+  }
+
+  // `tensors` is sized once, so the views of its names in `names` stay valid.
+  tensors.assign(count, UpdateTensor{});
+  std::vector<uint64_t> numel(count);
+  absl::flat_hash_set<std::string_view> names;
+  uint64_t total = 0;
+  for (uint32_t t = 0; t < count; ++t) {
+    UpdateTensor& tensor = tensors[t];
+    FEDLORA_ASSIGN_OR_RETURN(field, source.Read(2, "tensor name length"));
+    const uint16_t name_len = Load<uint16_t>(field.data());
+    if (name_len == 0 || name_len > kMaxTensorNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("update body: tensor ", t, " name length ", name_len,
+                                                     " is not in [1, ", kMaxTensorNameBytes, "]"));
+    }
+    FEDLORA_ASSIGN_OR_RETURN(field, source.Read(name_len, "tensor name"));
+    if (field.find('\0') != std::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("update body: tensor ", t, " name contains a NUL byte"));
+    }
+    tensor.name = std::string(field);
+    if (!names.insert(tensor.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("update body: duplicate tensor name '", tensor.name, "'"));
+    }
+    FEDLORA_ASSIGN_OR_RETURN(field, source.Read(1, "tensor rank"));
+    const uint8_t rank = Load<uint8_t>(field.data());
+    if (rank > kMaxTensorRank) {
       return absl::InvalidArgumentError(
-          absl::StrCat("update payload: zstd frame decompresses to more than the declared ", raw_bytes,
-                       " bytes (decompression bomb refused)"));
+          absl::StrCat("update body: tensor '", tensor.name, "' rank ", rank, " exceeds ", kMaxTensorRank));
     }
-    if (ret == 0) break;  // frame complete and flushed
-    if (in.pos == in_before && target->pos == out_before) {
-      return absl::DataLossError(absl::StrCat("update payload: zstd frame ends early after ", main_out.pos, " of ",
-                                              raw_bytes, " decompressed bytes"));
+    tensor.shape.resize(rank);
+    for (uint8_t d = 0; d < rank; ++d) {
+      FEDLORA_ASSIGN_OR_RETURN(field, source.Read(8, "tensor dimension"));
+      const uint64_t dim = Load<uint64_t>(field.data());
+      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("update body: tensor '", tensor.name, "' dimension ", d, " is negative"));
+      }
+      tensor.shape[d] = static_cast<int64_t>(dim);
+    }
+    auto n = CheckedNumel(tensor.shape);
+    if (!n.ok()) return Annotate(n.status(), absl::StrCat("update body: tensor '", tensor.name, "'"));
+    if (static_cast<uint64_t>(*n) > h.element_count - total) {
+      return absl::InvalidArgumentError(absl::StrCat("update body: tensor '", tensor.name, "' with ", *n,
+                                                     " elements takes the table past the header's element count ",
+                                                     h.element_count));
+    }
+    numel[t] = static_cast<uint64_t>(*n);
+    total += numel[t];
+  }
+  if (total != h.element_count) {
+    return absl::InvalidArgumentError(absl::StrCat("update body: the tensor shapes hold ", total,
+                                                   " elements but the header declares ", h.element_count));
+  }
+  const size_t esize = CodecElementSize(h.codec);
+  if (source.remaining() != h.element_count * esize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("update body: ", source.remaining(), " bytes follow the tensor table but ", h.element_count, " ",
+                     ToAbsl(CodecName(h.codec)), " values need ", h.element_count * esize));
+  }
+
+  // element_count <= max_elements was checked with the header: the values fit the limits.
+  if (materialize) {
+    for (uint32_t t = 0; t < count; ++t) tensors[t].values.resize(static_cast<size_t>(numel[t]));
+  }
+  for (uint32_t t = 0; t < count; ++t) {
+    for (uint64_t done = 0; done < numel[t];) {
+      FEDLORA_ASSIGN_OR_RETURN(field, source.ReadSome(esize, static_cast<size_t>((numel[t] - done) * esize)));
+      const size_t n = field.size() / esize;
+      float* out = materialize ? tensors[t].values.data() + done : nullptr;
+      FEDLORA_RETURN_IF_ERROR(CheckValues(h.codec, field.data(), n, out, tensors[t].name, done));
+      done += n;
     }
   }
-  if (main_out.pos != raw_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("update payload: zstd frame decompresses to ", main_out.pos,
-                                                   " bytes but the header declares a raw size of ", raw_bytes));
+  return absl::OkStatus();
+}
+
+// Everything DecodeUpdate and ValidateUpdate check, in one walk over the encoded update: header,
+// payload size, zstd stage, tensor table, values. Fills `tensors` with names and shapes, and with
+// values too when `materialize`.
+absl::Status WalkUpdate(std::string_view encoded, const DecodeLimits& limits, bool materialize,
+                        std::vector<UpdateTensor>& tensors, const std::function<void(uint64_t)>* consumed = nullptr) {
+  FEDLORA_ASSIGN_OR_RETURN(const UpdateHeader h, ParseUpdateHeader(encoded, limits));
+  const std::string_view payload = encoded.substr(kUpdateHeaderSize);
+  if (payload.size() < h.payload_bytes) {
+    return absl::DataLossError(
+        absl::StrCat("update payload truncated: ", payload.size(), " of ", h.payload_bytes, " declared bytes present"));
   }
-  return out;
+  if (payload.size() > h.payload_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("update: ", payload.size() - h.payload_bytes,
+                                                   " trailing bytes after the declared payload of ", h.payload_bytes));
+  }
+  std::optional<BodySource> source;
+  if (h.zstd()) {
+    FEDLORA_ASSIGN_OR_RETURN(source, BodySource::ForZstd(payload, h.raw_bytes));
+  } else {
+    source.emplace(payload);
+  }
+  source->SetConsumedHook(consumed);
+  const absl::Status body = WalkBody(h, limits, materialize, *source, tensors);
+  // A broken zstd stage explains any body error it caused, so it is reported first.
+  FEDLORA_RETURN_IF_ERROR(source->Finish());
+  return body;
 }
 
 }  // namespace
@@ -371,114 +680,21 @@ absl::StatusOr<UpdateHeader> ParseUpdateHeader(std::string_view encoded, const D
 }
 
 absl::StatusOr<std::vector<UpdateTensor>> DecodeUpdate(std::string_view encoded, const DecodeLimits& limits) {
-  FEDLORA_ASSIGN_OR_RETURN(const UpdateHeader h, ParseUpdateHeader(encoded, limits));
-  const std::string_view payload = encoded.substr(kUpdateHeaderSize);
-  if (payload.size() < h.payload_bytes) {
-    return absl::DataLossError(
-        absl::StrCat("update payload truncated: ", payload.size(), " of ", h.payload_bytes, " declared bytes present"));
-  }
-  if (payload.size() > h.payload_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("update: ", payload.size() - h.payload_bytes,
-                                                   " trailing bytes after the declared payload of ", h.payload_bytes));
-  }
-
-  std::string decompressed;
-  std::string_view body = payload;
-  if (h.zstd()) {
-    FEDLORA_ASSIGN_OR_RETURN(decompressed, DecompressCapped(payload, h.raw_bytes));
-    body = decompressed;
-  }
-
-  BodyReader reader(body);
-  FEDLORA_ASSIGN_OR_RETURN(const uint32_t count, reader.Read<uint32_t>("tensor count"));
-  if (count == 0) return absl::InvalidArgumentError("update body: tensor count is 0");
-  if (count > static_cast<uint64_t>(std::max<int64_t>(limits.max_tensors, 0))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("update body: tensor count ", count, " exceeds the limit of ", limits.max_tensors));
-  }
-  if (count > reader.remaining() / kMinTableEntryBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("update body: tensor count ", count, " cannot fit in the ",
-                                                   reader.remaining(), " remaining body bytes"));
-  }
-
-  std::vector<UpdateTensor> tensors(count);
-  absl::flat_hash_set<std::string_view> names;
-  uint64_t total = 0;
-  for (uint32_t t = 0; t < count; ++t) {
-    UpdateTensor& tensor = tensors[t];
-    FEDLORA_ASSIGN_OR_RETURN(const uint16_t name_len, reader.Read<uint16_t>("tensor name length"));
-    if (name_len == 0 || name_len > kMaxTensorNameBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("update body: tensor ", t, " name length ", name_len,
-                                                     " is not in [1, ", kMaxTensorNameBytes, "]"));
-    }
-    FEDLORA_ASSIGN_OR_RETURN(const std::string_view name, reader.ReadBytes(name_len, "tensor name"));
-    if (name.find('\0') != std::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("update body: tensor ", t, " name contains a NUL byte"));
-    }
-    if (!names.insert(name).second) {
-      return absl::InvalidArgumentError(absl::StrCat("update body: duplicate tensor name '", ToAbsl(name), "'"));
-    }
-    tensor.name = std::string(name);
-    FEDLORA_ASSIGN_OR_RETURN(const uint8_t rank, reader.Read<uint8_t>("tensor rank"));
-    if (rank > kMaxTensorRank) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("update body: tensor '", tensor.name, "' rank ", rank, " exceeds ", kMaxTensorRank));
-    }
-    tensor.shape.resize(rank);
-    for (uint8_t d = 0; d < rank; ++d) {
-      FEDLORA_ASSIGN_OR_RETURN(const uint64_t dim, reader.Read<uint64_t>("tensor dimension"));
-      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("update body: tensor '", tensor.name, "' dimension ", d, " is negative"));
-      }
-      tensor.shape[d] = static_cast<int64_t>(dim);
-    }
-    auto numel = CheckedNumel(tensor.shape);
-    if (!numel.ok()) return Annotate(numel.status(), absl::StrCat("update body: tensor '", tensor.name, "'"));
-    if (static_cast<uint64_t>(*numel) > h.element_count - total) {
-      return absl::InvalidArgumentError(absl::StrCat("update body: tensor '", tensor.name, "' with ", *numel,
-                                                     " elements takes the table past the header's element count ",
-                                                     h.element_count));
-    }
-    total += static_cast<uint64_t>(*numel);
-  }
-  if (total != h.element_count) {
-    return absl::InvalidArgumentError(absl::StrCat("update body: the tensor shapes hold ", total,
-                                                   " elements but the header declares ", h.element_count));
-  }
-  const size_t esize = CodecElementSize(h.codec);
-  if (reader.remaining() != h.element_count * esize) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("update body: ", reader.remaining(), " bytes follow the tensor table but ", h.element_count, " ",
-                     ToAbsl(CodecName(h.codec)), " values need ", h.element_count * esize));
-  }
-
-  const char* values = body.data() + reader.pos();
-  for (UpdateTensor& tensor : tensors) {
-    const size_t n = static_cast<size_t>(CheckedNumel(tensor.shape).value());
-    tensor.values.resize(n);
-    if (h.codec == CodecId::kRawF32) {
-      if (n > 0) std::memcpy(tensor.values.data(), values, n * 4);
-      for (size_t i = 0; i < n; ++i) {
-        if (!std::isfinite(tensor.values[i])) {
-          return absl::InvalidArgumentError(absl::StrCat("update body: tensor '", tensor.name, "' value ", i,
-                                                         " is not finite (", tensor.values[i], ")"));
-        }
-      }
-    } else {
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t bits = Load<uint16_t>(values + 2 * i);
-        if (!IsFiniteHalfBits(bits, h.codec)) {
-          return absl::InvalidArgumentError(absl::StrCat("update body: tensor '", tensor.name, "' value ", i,
-                                                         " is not finite (", ToAbsl(CodecName(h.codec)), " bits 0x",
-                                                         absl::Hex(bits), ")"));
-        }
-        tensor.values[i] = h.codec == CodecId::kF16 ? F16ToF32(bits) : BF16ToF32(bits);
-      }
-    }
-    values += n * esize;
-  }
+  std::vector<UpdateTensor> tensors;
+  FEDLORA_RETURN_IF_ERROR(WalkUpdate(encoded, limits, /*materialize=*/true, tensors));
   return tensors;
+}
+
+absl::StatusOr<std::vector<UpdateTensorInfo>> ValidateUpdate(std::string_view encoded, const DecodeLimits& limits,
+                                                             const std::function<void(uint64_t)>& consumed) {
+  std::vector<UpdateTensor> tensors;
+  FEDLORA_RETURN_IF_ERROR(WalkUpdate(encoded, limits, /*materialize=*/false, tensors, &consumed));
+  std::vector<UpdateTensorInfo> table(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    table[t].name = std::move(tensors[t].name);
+    table[t].shape = std::move(tensors[t].shape);
+  }
+  return table;
 }
 
 }  // namespace fedlora

@@ -29,9 +29,10 @@
 //             row-major values concatenated in table order
 //
 // The decoder treats its input as hostile: every size is checked against the input and against
-// DecodeLimits before anything is allocated, the zstd stage decompresses into a buffer of exactly the
-// declared raw size and refuses to produce one byte more (decompression bombs), and decoded values
-// must be finite. Error codes:
+// DecodeLimits before anything is allocated, the zstd stage streams through a bounded window (1 MiB)
+// and refuses to produce one byte more than the declared raw size (decompression bombs), and decoded
+// values must be finite. When the zstd stage is broken, that is the error reported, even if the
+// bytes it produced before the break already made the table or a value invalid. Error codes:
 //   DataLoss        - the input ends early (truncated header, payload or body), or the zstd frame is
 //                     corrupt / ends early.
 //   InvalidArgument - everything else that is malformed: bad magic, unknown format/codec/version or
@@ -43,6 +44,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -122,6 +124,26 @@ absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensor
 absl::StatusOr<UpdateHeader> ParseUpdateHeader(std::string_view encoded, const DecodeLimits& limits);
 
 // Decodes and validates a whole encoded update. Errors as described at the top of this file.
+// Memory: the decoded values plus, with zstd, a 1 MiB window and zstd's history window.
 absl::StatusOr<std::vector<UpdateTensor>> DecodeUpdate(std::string_view encoded, const DecodeLimits& limits);
+
+// Name and shape of one tensor of an encoded update, as ValidateUpdate reports it.
+struct UpdateTensorInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// Checks everything DecodeUpdate checks, with the same result (OK, or the same error code and
+// message), without materialising the values: a raw payload is checked in place, a zstd payload is
+// streamed through the 1 MiB window. Returns the tensor table in wire order. Memory: the table, plus
+// with zstd the window and zstd's history window (<= 128 MiB for a hostile frame, 2 MiB for ours),
+// independent of the update's size. Lets a server accept an upload without a second copy of it.
+//
+// `consumed`, when set, is told as validation proceeds (reports at most 8 MiB of input apart, and
+// one at the end) that the first `bytes` bytes of `encoded` will not be read again; `bytes` only
+// grows. A caller validating a mapped file can drop those pages (madvise MADV_DONTNEED) so that the
+// file never counts in its RSS all at once.
+absl::StatusOr<std::vector<UpdateTensorInfo>> ValidateUpdate(std::string_view encoded, const DecodeLimits& limits,
+                                                             const std::function<void(uint64_t bytes)>& consumed = {});
 
 }  // namespace fedlora

@@ -7,9 +7,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
 
+#include "core/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -55,8 +57,8 @@ std::string Header(CodecId codec, uint32_t flags, uint64_t elements, uint64_t ra
   return h;
 }
 
-// Body of a one-tensor update named "w" of shape [n], all fp32 zeros: 16 + 4n bytes.
-std::string OneTensorBody(uint64_t n) {
+// Tensor table of a one-tensor update named "w" of shape [n]: 16 bytes.
+std::string OneTensorTable(uint64_t n) {
   std::string b;
   uint32_t count = 1;
   b.append(reinterpret_cast<const char*>(&count), 4);
@@ -65,12 +67,26 @@ std::string OneTensorBody(uint64_t n) {
   b += "w";
   b.push_back(1);  // rank
   b.append(reinterpret_cast<const char*>(&n), 8);
-  b.append(n * 4, '\0');
   return b;
 }
 
-absl::Status DecodeStatus(std::string_view wire, const DecodeLimits& limits = {}) {
-  return DecodeUpdate(wire, limits).status();
+// Body of that update, all fp32 zeros: 16 + 4n bytes.
+std::string OneTensorBody(uint64_t n) { return OneTensorTable(n) + std::string(n * 4, '\0'); }
+
+// ValidateUpdate must answer exactly as DecodeUpdate does: the same code and message, and on success
+// the decoded tensors' names and shapes in wire order. Returns DecodeUpdate's status.
+absl::Status DecodeAndValidateAgree(std::string_view wire, const DecodeLimits& limits = {}) {
+  const absl::StatusOr<std::vector<UpdateTensor>> decoded = DecodeUpdate(wire, limits);
+  const absl::StatusOr<std::vector<UpdateTensorInfo>> validated = ValidateUpdate(wire, limits);
+  EXPECT_EQ(validated.status(), decoded.status());
+  if (decoded.ok() && validated.ok()) {
+    EXPECT_EQ(validated->size(), decoded->size());
+    for (size_t t = 0; t < std::min(validated->size(), decoded->size()); ++t) {
+      EXPECT_EQ((*validated)[t].name, (*decoded)[t].name);
+      EXPECT_EQ((*validated)[t].shape, (*decoded)[t].shape);
+    }
+  }
+  return decoded.status();
 }
 
 void ExpectBitIdentical(const std::vector<UpdateTensor>& a, const std::vector<UpdateTensor>& b) {
@@ -181,7 +197,7 @@ class HostileDecodeTest : public ::testing::Test {
     wire_ = *w;
   }
   void Expect(const std::string& wire, absl::StatusCode code, const char* needle, const DecodeLimits& limits = {}) {
-    absl::Status s = DecodeStatus(wire, limits);
+    absl::Status s = DecodeAndValidateAgree(wire, limits);
     EXPECT_EQ(s.code(), code) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(needle));
   }
@@ -328,18 +344,29 @@ TEST_F(HostileDecodeTest, CorruptZstdStage) {
   Expect(flipped, absl::StatusCode::kDataLoss, "zstd: ");
 }
 
-// Streams `total` zero bytes through a zstd compressor without ever holding them: the classic bomb.
-std::string CompressZeros(uint64_t total, bool pledge_size) {
+// Streams `prefix` then `total` zero bytes through a zstd compressor without ever holding them: the
+// classic bomb. The frame has a content checksum, as our encoder writes.
+std::string CompressZeros(uint64_t total, bool pledge_size, const std::string& prefix = "") {
   ZSTD_CCtx* cctx = ZSTD_createCCtx();
   ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, 1);
-  if (pledge_size) ZSTD_CCtx_setPledgedSrcSize(cctx, total);
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
+  if (pledge_size) ZSTD_CCtx_setPledgedSrcSize(cctx, prefix.size() + total);
   const std::string zeros(1 << 20, '\0');
   std::string out;
   std::string buf(ZSTD_CStreamOutSize(), '\0');
   for (uint64_t done = 0; done < total;) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(zeros.size(), total - done));
+    const bool first = done == 0;
     done += n;
     const ZSTD_EndDirective mode = done == total ? ZSTD_e_end : ZSTD_e_continue;
+    if (first && !prefix.empty()) {
+      ZSTD_inBuffer pin{prefix.data(), prefix.size(), 0};
+      while (pin.pos < pin.size) {
+        ZSTD_outBuffer o{buf.data(), buf.size(), 0};
+        ZSTD_compressStream2(cctx, &o, &pin, ZSTD_e_continue);
+        out.append(buf.data(), o.pos);
+      }
+    }
     ZSTD_inBuffer in{zeros.data(), n, 0};
     for (;;) {
       ZSTD_outBuffer o{buf.data(), buf.size(), 0};
@@ -351,6 +378,20 @@ std::string CompressZeros(uint64_t total, bool pledge_size) {
   ZSTD_freeCCtx(cctx);
   return out;
 }
+
+// This process's peak RSS (VmHWM) in KiB since the last ResetPeakRss.
+long PeakRssKb() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::atol(line.c_str() + 6);
+  }
+  return -1;
+}
+
+// Restarts the peak at the current RSS (Linux >= 4.0), so that earlier tests' peaks do not hide
+// what the next step allocates.
+void ResetPeakRss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 long MaxRssKb() {
   rusage ru{};
@@ -373,24 +414,24 @@ TEST(DecompressionBombTest, OneGibibyteOfZerosIsRefusedQuicklyWithoutAllocatingI
 
   // 1. Honest header: refused by the limit before any decompression.
   std::string honest = Header(CodecId::kRawF32, kUpdateFlagZstd, 1, kBomb, known_size.size()) + known_size;
-  absl::Status s = DecodeStatus(honest, limits);
+  absl::Status s = DecodeAndValidateAgree(honest, limits);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("exceeds the limit"));
 
   // 2. Lying header, frame declares its size: refused from the frame header alone.
   const uint64_t small_raw = OneTensorBody(4).size();  // a plausible 4-element update
   std::string lying = Header(CodecId::kRawF32, kUpdateFlagZstd, 4, small_raw, known_size.size()) + known_size;
-  s = DecodeStatus(lying, limits);
+  s = DecodeAndValidateAgree(lying, limits);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("zstd frame declares 1073741824 decompressed bytes"));
 
   // 3. Lying header, frame size unknown: streaming decompression stops at the declared size + 1.
   std::string streaming = Header(CodecId::kRawF32, kUpdateFlagZstd, 4, small_raw, unknown_size.size()) + unknown_size;
-  s = DecodeStatus(streaming, limits);
+  s = DecodeAndValidateAgree(streaming, limits);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("decompression bomb refused"));
   // Same with the generous default limits (2 GiB): the cap is the header's raw size, not the limit.
-  s = DecodeStatus(streaming, DecodeLimits{});
+  s = DecodeAndValidateAgree(streaming, DecodeLimits{});
   EXPECT_THAT(std::string(s.message()), HasSubstr("decompression bomb refused"));
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -410,7 +451,7 @@ TEST(DecompressionBombTest, FrameShorterThanDeclaredIsRefused) {
   ASSERT_FALSE(ZSTD_isError(n));
   frame.resize(n);
   std::string wire = Header(CodecId::kRawF32, kUpdateFlagZstd, 4, body.size() + 8, frame.size()) + frame;
-  absl::Status s = DecodeStatus(wire);
+  absl::Status s = DecodeAndValidateAgree(wire);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("decompresses to 32 bytes but the header declares a raw size of 40"));
   // And with the right size it decodes: the hand-made frame is valid.
@@ -422,7 +463,8 @@ TEST(DecompressionBombTest, FrameShorterThanDeclaredIsRefused) {
 
 // Random byte flips, truncations and extensions of valid encodings (every codec, with and without
 // zstd): the decoder must answer each with OK, InvalidArgument or DataLoss, never crash or hang
-// (run under FEDLORA_SANITIZE=ON this also checks for out-of-bounds reads).
+// (run under FEDLORA_SANITIZE=ON this also checks for out-of-bounds reads), and ValidateUpdate must
+// give the same answer, message included.
 TEST(HostileDecodeFuzzTest, RandomCorruptionsAreRefusedCleanly) {
   std::mt19937 gen(1234);
   const auto u = MakeUpdate(9);
@@ -441,7 +483,7 @@ TEST(HostileDecodeFuzzTest, RandomCorruptionsAreRefusedCleanly) {
         } else {
           w += std::string(1 + gen() % 16, static_cast<char>(gen()));
         }
-        const absl::Status s = DecodeStatus(w);
+        const absl::Status s = DecodeAndValidateAgree(w);
         ++total;
         if (op != 0) {
           EXPECT_FALSE(s.ok()) << "a truncated or extended update must be refused";
@@ -456,6 +498,155 @@ TEST(HostileDecodeFuzzTest, RandomCorruptionsAreRefusedCleanly) {
   // Most flips are refused too (a flip inside a value of a raw payload can still give a valid,
   // different update: integrity of the bytes is the upload's SHA-256's job, not the codec's).
   EXPECT_GT(refused, total * 2 / 3);
+}
+
+// ValidateUpdate's memory does not grow with the update. A 1 GiB zstd body (a valid table, then
+// 2^28 - 4 fp32 zeros) is validated through the window, and the same frame followed by 4 KiB more
+// output than the header declares is refused as a bomb: peak RSS grows by far less than the 1 GiB a
+// materialising decoder needs (64 MiB: the window, zstd's history and allocator slack).
+TEST(DecompressionBombTest, ValidateStreamsAGibibyteBodyInBoundedMemory) {
+  constexpr uint64_t kN = (uint64_t{1} << 28) - 4;
+  const std::string table = OneTensorTable(kN);
+  const uint64_t raw = table.size() + 4 * kN;
+  ASSERT_EQ(raw, uint64_t{1} << 30);
+  const std::string exact = CompressZeros(4 * kN, /*pledge_size=*/false, table);
+  const std::string bomb = CompressZeros(4 * kN + 4096, /*pledge_size=*/false, table);
+  const std::string exact_wire = Header(CodecId::kRawF32, kUpdateFlagZstd, kN, raw, exact.size()) + exact;
+  const std::string bomb_wire = Header(CodecId::kRawF32, kUpdateFlagZstd, kN, raw, bomb.size()) + bomb;
+
+  ResetPeakRss();
+  const long rss_before = PeakRssKb();
+  auto ok = ValidateUpdate(exact_wire, DecodeLimits{});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_EQ(ok->size(), 1u);
+  EXPECT_EQ((*ok)[0].name, "w");
+  EXPECT_EQ((*ok)[0].shape, std::vector<int64_t>{static_cast<int64_t>(kN)});
+  const absl::Status refused = ValidateUpdate(bomb_wire, DecodeLimits{}).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("decompression bomb refused"));
+  EXPECT_LT(PeakRssKb() - rss_before, 64 * 1024) << "peak RSS grew by more than 64 MiB";
+}
+
+TEST(ValidateUpdateTest, ReportsTheTableInWireOrder) {
+  const auto u = MakeUpdate(5);
+  for (CodecId codec : {CodecId::kRawF32, CodecId::kF16, CodecId::kBF16}) {
+    for (bool zstd : {false, true}) {
+      auto wire = EncodeUpdate(u, {.codec = codec, .zstd = zstd});
+      ASSERT_TRUE(wire.ok()) << wire.status();
+      auto table = ValidateUpdate(*wire, {});
+      ASSERT_TRUE(table.ok()) << table.status();
+      ASSERT_EQ(table->size(), u.size());
+      for (size_t t = 0; t < u.size(); ++t) {
+        EXPECT_EQ((*table)[t].name, u[t].name);
+        EXPECT_EQ((*table)[t].shape, u[t].shape);
+      }
+    }
+  }
+}
+
+// The zstd stage streams through a 1 MiB window. Here the tensor table alone (1200 names of ~1 KB)
+// spans two windows, so table entries straddle refills; the values start at an odd byte offset and
+// the last tensor (700001 values) spans several more windows. Decoding must give back exactly what
+// was encoded (fp32 bit for bit, fp16/bf16 the same rounding as the encoder's), validation the
+// exact table, and a NaN deep in a later window must be reported at its index by both.
+TEST(ValidateUpdateTest, ZstdTableAndValuesSpanningManyWindows) {
+  std::mt19937 gen(42);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<UpdateTensor> u;
+  size_t table_bytes = 4;
+  for (int t = 0; t < 1200; ++t) {
+    const std::string name = "tensor." + std::to_string(t) + "." + std::string(1000 + t % 7, 'a' + t % 26);
+    u.push_back({name, {2, 3}, {}});
+    table_bytes += 2 + name.size() + 1 + 2 * 8;
+  }
+  constexpr int64_t kBig = 700001;
+  u.push_back({"big", {kBig}, {}});
+  table_bytes += 2 + 3 + 1 + 8;
+  if (table_bytes % 2 == 0) {
+    u.push_back({"od", {1}, {}});  // 2 + 2 + 1 + 8 = 13 more bytes: an odd table
+    table_bytes += 13;
+  }
+  ASSERT_EQ(table_bytes % 2, 1u);
+  ASSERT_GT(table_bytes, size_t{1} << 20);
+  for (UpdateTensor& t : u) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    for (int64_t i = 0; i < n; ++i) t.values.push_back(dist(gen));
+  }
+  const size_t big = u.size() - (u.back().name == "od" ? 2 : 1);
+  ASSERT_EQ(u[big].name, "big");
+
+  for (CodecId codec : {CodecId::kRawF32, CodecId::kF16, CodecId::kBF16}) {
+    SCOPED_TRACE(std::string(CodecName(codec)));
+    auto wire = EncodeUpdate(u, {.codec = codec, .zstd = true});
+    ASSERT_TRUE(wire.ok()) << wire.status();
+    ASSERT_TRUE(DecodeAndValidateAgree(*wire).ok());
+    auto back = DecodeUpdate(*wire, {});
+    ASSERT_TRUE(back.ok()) << back.status();
+    std::vector<UpdateTensor> expected = u;
+    for (UpdateTensor& t : expected) {
+      for (float& x : t.values) {
+        if (codec == CodecId::kF16) x = F16ToF32(F32ToF16(x));
+        if (codec == CodecId::kBF16) x = BF16ToF32(F32ToBF16(x));
+      }
+    }
+    ExpectBitIdentical(expected, *back);
+
+    // The same update with value 654321 of "big" made NaN, compressed by hand (EncodeUpdate refuses NaN).
+    auto plain = EncodeUpdate(u, {.codec = codec});
+    ASSERT_TRUE(plain.ok());
+    const size_t esize = CodecElementSize(codec);
+    const size_t tail_values = static_cast<size_t>(kBig - 654321) + (big + 1 < u.size() ? 1 : 0);
+    std::string body = plain->substr(kUpdateHeaderSize);
+    const size_t at = body.size() - tail_values * esize;
+    if (codec == CodecId::kRawF32) {
+      PutU32At(body, at, 0x7FC00000u);
+    } else {
+      PutU16At(body, at, codec == CodecId::kF16 ? 0x7E00 : 0x7FC0);
+    }
+    std::string frame(ZSTD_compressBound(body.size()), '\0');
+    ZSTD_CCtx* cctx = ZSTD_createCCtx();
+    ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
+    const size_t n = ZSTD_compress2(cctx, frame.data(), frame.size(), body.data(), body.size());
+    ZSTD_freeCCtx(cctx);
+    ASSERT_FALSE(ZSTD_isError(n));
+    frame.resize(n);
+    const auto h = ParseUpdateHeader(*plain, {});
+    ASSERT_TRUE(h.ok());
+    const std::string nan_wire = Header(codec, kUpdateFlagZstd, h->element_count, body.size(), n) + frame;
+    const absl::Status s = DecodeAndValidateAgree(nan_wire);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("tensor 'big' value 654321 is not finite"));
+  }
+}
+
+// The consumed hook: told of progress at least every 8 MiB of input, never going back, and finally
+// of the whole update, so a caller can drop a mapped file's pages as validation passes them.
+TEST(ValidateUpdateTest, ConsumedHookReportsMonotonicProgressToTheEnd) {
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<UpdateTensor> u = {{"a", {3'000'000}, {}}, {"b", {2'500'000}, {}}};  // 22 MB of fp32
+  for (UpdateTensor& t : u) {
+    for (int64_t i = 0; i < t.shape[0]; ++i) t.values.push_back(dist(gen));
+  }
+  for (bool zstd : {false, true}) {
+    auto wire = EncodeUpdate(u, {.codec = CodecId::kRawF32, .zstd = zstd});
+    ASSERT_TRUE(wire.ok());
+    std::vector<uint64_t> reports;
+    auto table = ValidateUpdate(*wire, {}, [&](uint64_t bytes) { reports.push_back(bytes); });
+    ASSERT_TRUE(table.ok()) << table.status();
+    ASSERT_EQ(table->size(), 2u);
+    ASSERT_FALSE(reports.empty());
+    EXPECT_EQ(reports.back(), wire->size()) << "zstd " << zstd;
+    uint64_t prev = 0;
+    for (uint64_t r : reports) {
+      EXPECT_GT(r, prev);
+      // The documented bound (random fp32 hardly compresses, so zstd's input advances in ~1 MiB
+      // steps like its output).
+      EXPECT_LE(r - prev, uint64_t{8} << 20) << "zstd " << zstd;
+      prev = r;
+    }
+  }
 }
 
 TEST(CodecNamesTest, ParseAndPrint) {
