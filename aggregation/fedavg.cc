@@ -24,7 +24,8 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 }
 
 // The fixed-point term round_half_even(w * x * 2^kFracBits) as a two's-complement u128, or nullopt
-// when |w * x| >= 2^(kMaxTermLog2 - kFracBits). `x` must be finite; 1 <= w <= 2^32.
+// when x is NaN/Inf or |w * x| >= 2^(kMaxTermLog2 - kFracBits); 1 <= w <= 2^32. (NaN/Inf have the
+// all-ones exponent field, which puts them far past the range check below.)
 //
 // x = mant * 2^exp exactly (mant < 2^24), so w * x = (w * mant) * 2^exp with w * mant < 2^56 an
 // exact uint64: the only rounding is the final shift, and it depends on this term alone.
@@ -129,7 +130,7 @@ absl::Status StreamingFedAvg::Add(const std::vector<UpdateTensor>& update, int64
     return absl::InvalidArgumentError(
         absl::StrCat("StreamingFedAvg: update has ", update.size(), " tensors, the global adapter has ", spec_.size()));
   }
-  // Pass 1: structure, then values; nothing is accumulated until everything checks out.
+  // Structure first (cheap: names and sizes only), so that a mismatched update touches no sums.
   std::vector<size_t> slot(update.size());
   std::vector<bool> seen(spec_.size(), false);
   for (size_t t = 0; t < update.size(); ++t) {
@@ -156,26 +157,36 @@ absl::Status StreamingFedAvg::Add(const std::vector<UpdateTensor>& update, int64
                                                      " values for shape ", ShapeString(s.shape), " (", n, ")"));
     }
   }
+  // Then one pass over the values, checking and accumulating each (wrapping u128 adds; exact, see
+  // the header): the values are read once, not once to check and again to add. A bad value ends the
+  // pass, and the terms this call added so far are subtracted again. The sums are modulo 2^128, so
+  // subtracting the same terms restores every bit: a refused update leaves no trace.
   const uint64_t w = static_cast<uint64_t>(num_examples);
-  for (const UpdateTensor& u : update) {
+  for (size_t t = 0; t < update.size(); ++t) {
+    const UpdateTensor& u = update[t];
+    u128* sums = sums_.data() + offsets_[slot[t]];
     for (size_t i = 0; i < u.values.size(); ++i) {
+      const std::optional<u128> term = FixedPointTerm(u.values[i], w);  // nullopt for NaN/Inf too
+      if (term.has_value()) {
+        sums[i] += *term;
+        continue;
+      }
+      // Roll back: every earlier tensor in full, this one up to (not including) value i.
+      for (size_t r = 0; r <= t; ++r) {
+        const std::vector<float>& values = update[r].values;
+        u128* back = sums_.data() + offsets_[slot[r]];
+        const size_t end = r == t ? i : values.size();
+        for (size_t j = 0; j < end; ++j) back[j] -= *FixedPointTerm(values[j], w);
+      }
       const float x = u.values[i];
       if (!std::isfinite(x)) {
         return absl::InvalidArgumentError(
             absl::StrCat("StreamingFedAvg: tensor '", u.name, "' value ", i, " is not finite (", x, ")"));
       }
-      if (!FixedPointTerm(x, w).has_value()) {
-        return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name, "' value ", i, " (", x,
-                                                       ") times num_examples ", num_examples,
-                                                       " exceeds the accumulator range 2^", kMaxTermLog2 - kFracBits));
-      }
+      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name, "' value ", i, " (", x,
+                                                     ") times num_examples ", num_examples,
+                                                     " exceeds the accumulator range 2^", kMaxTermLog2 - kFracBits));
     }
-  }
-  // Pass 2: accumulate (wrapping u128 adds; exact, see the header).
-  for (size_t t = 0; t < update.size(); ++t) {
-    const UpdateTensor& u = update[t];
-    u128* sums = sums_.data() + offsets_[slot[t]];
-    for (size_t i = 0; i < u.values.size(); ++i) sums[i] += *FixedPointTerm(u.values[i], w);
   }
   ++num_updates_;
   total_weight_ += w;

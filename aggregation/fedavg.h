@@ -84,8 +84,10 @@ class StreamingFedAvg {
   StreamingFedAvg& operator=(StreamingFedAvg&&) = default;
 
   // Adds one client's update with weight `num_examples`. Tensors are matched by name (their order
-  // may differ from the spec). All checks run before anything is accumulated, so a refused update
-  // leaves the accumulator unchanged. InvalidArgument when: num_examples is not in
+  // may differ from the spec). Structure is checked before any value; values are checked as they
+  // are accumulated, and a refused update's partial sums are subtracted again (exactly: the sums are
+  // modular), so a refused update leaves the accumulator bit-identical. InvalidArgument when:
+  // num_examples is not in
   // [1, kMaxWeight]; a spec tensor is missing, an extra or duplicate name appears, a shape differs,
   // or values.size() != product(shape); a value is NaN/Inf; |num_examples * value| >= 2^43.
   // ResourceExhausted after kMaxUpdates updates.

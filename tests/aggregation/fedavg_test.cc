@@ -1,6 +1,7 @@
 #include "aggregation/fedavg.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -221,6 +222,47 @@ TEST(StreamingFedAvgTest, MismatchesAreRefusedAndLeaveTheAccumulatorUnchanged) {
   StreamingFedAvg avg2 = NewAvg();
   ASSERT_TRUE(avg2.Add(reordered, 5).ok());
   EXPECT_EQ(Bytes(avg2.Finish().value()), before);
+}
+
+// Add checks values while it accumulates them, and rolls back what a refused update added. A bad
+// value near the end of the last tensor it visits (the update's tensors in reverse spec order, so
+// the roll-back must also follow the name -> slot mapping) must leave no trace: Finish() is
+// bit-identical to before, and adding the negation of the accepted update afterwards brings every
+// sum back to exactly 0 (any leftover fixed-point unit, 2^-64, would show as a nonzero mean).
+TEST(StreamingFedAvgTest, RefusedUpdateIsRolledBackExactly) {
+  const auto good = RandomUpdate(11);
+  auto negated = good;
+  for (UpdateTensor& t : negated) {
+    for (float& x : t.values) x = -x;
+  }
+  for (const bool nan : {true, false}) {
+    SCOPED_TRACE(nan ? "NaN" : "out of range");
+    StreamingFedAvg avg = NewAvg();
+    ASSERT_TRUE(avg.Add(good, 7).ok());
+    const std::string before = Bytes(avg.Finish().value());
+
+    auto bad = RandomUpdate(12);  // values up to 1e2 in magnitude
+    std::reverse(bad.begin(), bad.end());
+    ASSERT_EQ(bad.back().name, "lora_A");
+    // Value 30 of 32: NaN, or 2^36 which times 2^7 examples is 2^43, the first product out of range.
+    bad.back().values[30] = nan ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.0f, 36);
+    const absl::Status s = avg.Add(bad, 128);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(nan ? "'lora_A' value 30 is not finite"
+                                                        : "'lora_A' value 30 (6.87195e+10) times num_examples 128"));
+    EXPECT_EQ(avg.num_updates(), 1);
+    EXPECT_EQ(avg.total_weight(), 7u);
+    EXPECT_EQ(Bytes(avg.Finish().value()), before);
+
+    ASSERT_TRUE(avg.Add(negated, 7).ok());
+    auto mean = avg.Finish();
+    ASSERT_TRUE(mean.ok());
+    for (const UpdateTensor& t : *mean) {
+      for (size_t i = 0; i < t.values.size(); ++i) {
+        EXPECT_EQ(std::bit_cast<uint32_t>(t.values[i]), 0u) << t.name << "[" << i << "]";
+      }
+    }
+  }
 }
 
 TEST(StreamingFedAvgTest, CreateFinishAndMergeErrors) {
