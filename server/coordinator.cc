@@ -1,5 +1,9 @@
 #include "server/coordinator.h"
 
+#include <malloc.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -233,6 +237,9 @@ absl::Status Coordinator::Restore() {
     FEDLORA_RETURN_IF_ERROR(store_->CreateRun(run_id_, meta.dump()));
     FEDLORA_LOG(INFO) << "run " << run_id_ << " created; initial adapter " << initial_hash;
   }
+  // The initial adapter now lives in the blob store (and, below, in global_): holding it too would
+  // keep a second copy of the model for the life of the process.
+  std::vector<UpdateTensor>().swap(initial_adapter_);
   FEDLORA_ASSIGN_OR_RETURN(RecoveredState st, store_->LoadLatestState(run_id_));
   if (initial_hash.empty()) {
     const nlohmann::json meta = nlohmann::json::parse(st.run.config_json, nullptr, /*allow_exceptions=*/false);
@@ -908,35 +915,51 @@ void Coordinator::RejectUpload(const std::string& client_id, const std::string& 
   if (!upload_id.empty()) rejected_[upload_id] = std::string(why.message());
 }
 
-absl::StatusOr<std::vector<UpdateTensor>> Coordinator::DecodeAndValidate(std::string_view bytes) const {
-  // Decoding limits from the adapter itself: a valid update has exactly the adapter's elements, so
-  // anything that declares more is refused before a byte is allocated (decompression bombs).
+namespace {
+
+// Decoding limits from the adapter itself: a valid update has exactly the adapter's elements, so
+// anything that declares more is refused before a byte is allocated (decompression bombs).
+DecodeLimits LimitsForSpec(const std::vector<TensorSpec>& spec, int64_t elements) {
   DecodeLimits limits;
   int64_t table_bytes = 4;  // the body's u32 tensor count, then per tensor: u16 name length, name, u8 rank, dims
-  for (const TensorSpec& t : spec_) {
+  for (const TensorSpec& t : spec) {
     table_bytes += 2 + static_cast<int64_t>(t.name.size()) + 1 + 8 * static_cast<int64_t>(t.shape.size());
   }
-  limits.max_tensors = static_cast<int64_t>(spec_.size());
-  limits.max_elements = spec_elements_;
-  limits.max_decoded_bytes = table_bytes + spec_elements_ * 4;
-  FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> update, DecodeUpdate(bytes, limits));
-  // Same names and shapes as the adapter (order free); DecodeUpdate already refused NaN/Inf.
-  if (update.size() != spec_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("update has ", update.size(), " tensors; the adapter has ",
-                                                   spec_.size()));
+  limits.max_tensors = static_cast<int64_t>(spec.size());
+  limits.max_elements = elements;
+  limits.max_decoded_bytes = table_bytes + elements * 4;
+  return limits;
+}
+
+// Same names and shapes as the adapter, whose spec is sorted by name (the update's order is free;
+// `tensors` is sorted here). T is UpdateTensor or UpdateTensorInfo.
+template <class T>
+absl::Status MatchSpec(std::vector<T>& tensors, const std::vector<TensorSpec>& spec) {
+  if (tensors.size() != spec.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("update has ", tensors.size(), " tensors; the adapter has ",
+                                                   spec.size()));
   }
-  std::sort(update.begin(), update.end(), [](const UpdateTensor& a, const UpdateTensor& b) { return a.name < b.name; });
-  for (size_t i = 0; i < update.size(); ++i) {
-    if (update[i].name != spec_[i].name) {
-      return absl::InvalidArgumentError(absl::StrCat("update tensor '", update[i].name,
-                                                     "' is not in the adapter (expected '", spec_[i].name, "')"));
+  std::sort(tensors.begin(), tensors.end(), [](const T& a, const T& b) { return a.name < b.name; });
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].name != spec[i].name) {
+      return absl::InvalidArgumentError(absl::StrCat("update tensor '", tensors[i].name,
+                                                     "' is not in the adapter (expected '", spec[i].name, "')"));
     }
-    if (update[i].shape != spec_[i].shape) {
-      return absl::InvalidArgumentError(absl::StrCat("update tensor '", update[i].name, "' has shape ",
-                                                     ShapeText(update[i].shape), "; the adapter's is ",
-                                                     ShapeText(spec_[i].shape)));
+    if (tensors[i].shape != spec[i].shape) {
+      return absl::InvalidArgumentError(absl::StrCat("update tensor '", tensors[i].name, "' has shape ",
+                                                     ShapeText(tensors[i].shape), "; the adapter's is ",
+                                                     ShapeText(spec[i].shape)));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<UpdateTensor>> Coordinator::DecodeAndValidate(std::string_view bytes) const {
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> update,
+                           DecodeUpdate(bytes, LimitsForSpec(spec_, spec_elements_)));
+  FEDLORA_RETURN_IF_ERROR(MatchSpec(update, spec_));  // DecodeUpdate already refused NaN/Inf
   return update;
 }
 
@@ -951,7 +974,22 @@ absl::StatusOr<v1::UploadAck> Coordinator::CompleteUpload(const std::string& cli
                                                    codec_header.zstd() ? "+zstd" : "", " but the header declares ",
                                                    ToAbsl(CodecName(declared.codec)), declared.zstd ? "+zstd" : ""));
   }
-  FEDLORA_RETURN_IF_ERROR(DecodeAndValidate(bytes).status());
+  // Every check DecodeAndValidate makes, without materialising the values: the blob is read in
+  // place, so accepting an update costs no second copy of it (AggregateAndCommit decodes it later).
+  // The pages validation is done with are dropped from this process (they stay in the page cache):
+  // otherwise the mapped file counts in full toward RSS, 1 GB for a 1 GB update.
+  uint64_t dropped = 0;  // bytes at the front of the (page-aligned) mapping already dropped
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  auto drop_consumed = [&](uint64_t consumed) {
+    const uint64_t end = consumed / page * page;
+    if (end <= dropped) return;
+    // Advisory: on failure the pages merely stay resident until the unmap.
+    (void)::madvise(const_cast<char*>(bytes.data()) + dropped, end - dropped, MADV_DONTNEED);
+    dropped = end;
+  };
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensorInfo> table,
+                           ValidateUpdate(bytes, LimitsForSpec(spec_, spec_elements_), drop_consumed));
+  FEDLORA_RETURN_IF_ERROR(MatchSpec(table, spec_));
 
   // The row is committed under mu_ but its fsync is waited for after mu_ is released, so that the
   // acceptances of concurrent uploads share one WAL fsync instead of queueing on the lock. Nothing
@@ -1067,6 +1105,10 @@ absl::Status Coordinator::Tick() {
   for (auto& f : to_run) f();
   if (aggregate_round != 0) {
     absl::Status s = AggregateAndCommit(aggregate_round);
+    // Aggregation freed a few model-sized buffers (the accumulator, decoded updates, the serialized
+    // adapter); hand them back to the OS, outside the lock, so that they do not count toward the
+    // next round's RSS.
+    malloc_trim(0);
     if (!s.ok()) {
       FEDLORA_LOG(ERROR) << "aggregating round " << aggregate_round << ": " << s;
     }
