@@ -1,6 +1,7 @@
 #include "model/bert.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -70,12 +71,14 @@ struct FrozenMatrix {
     return bf16.empty() ? kernels::WeightPtr::F32(f32.data())
                         : kernels::WeightPtr::BF16(bf16.data());
   }
+  int64_t bytes() const {
+    return static_cast<int64_t>(f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t));
+  }
 };
 
 struct FrozenLinear {
   FrozenMatrix w;           // [out, in]
   std::vector<float> bias;  // [out]
-  int lora_param = -1;      // index of lora_A in params_ (lora_B follows), -1 without LoRA
 };
 
 struct LayerWeights {
@@ -171,6 +174,8 @@ absl::StatusOr<LoraTarget> ParseLoraTarget(const std::string& name) {
 
 namespace {
 
+// The classifier's options against the base's config: everything but bf16_weights and seed, which
+// belong to the base (BertClassifier::Create compares those with the base's).
 absl::Status ValidateOptions(const BertConfig& config, const ModelOptions& o) {
   if (o.num_labels < 1 || o.num_labels > 1 << 20) {
     return absl::InvalidArgumentError(
@@ -201,6 +206,9 @@ absl::Status ValidateOptions(const BertConfig& config, const ModelOptions& o) {
   FEDLORA_RETURN_IF_ERROR(probability(o.lora.dropout, 0.0f, "LoRA dropout"));
   FEDLORA_RETURN_IF_ERROR(probability(o.hidden_dropout, 0.0f, "hidden_dropout"));
   FEDLORA_RETURN_IF_ERROR(probability(o.attention_dropout, 0.0f, "attention_dropout"));
+  for (const std::string& name : o.lora.target_modules) {
+    FEDLORA_RETURN_IF_ERROR(ParseLoraTarget(name).status());
+  }
   return absl::OkStatus();
 }
 
@@ -221,13 +229,49 @@ constexpr uint64_t kStreamPooler = 2;
 constexpr uint64_t kStreamRandomBase = 3;      // FromRandom's base weights: + tensor index
 constexpr uint64_t kStreamLoraBase = 1 << 20;  // + layer * kNumLoraTargets + target
 
+// Input and output features of one encoder-layer linear.
+void InOut(const BertConfig& c, LoraTarget t, int64_t* in, int64_t* out) {
+  *in = t == LoraTarget::kOutput ? c.intermediate_size : c.hidden_size;
+  *out = t == LoraTarget::kIntermediate ? c.intermediate_size : c.hidden_size;
+}
+
 }  // namespace
+
+// --- BertBase ------------------------------------------------------------------------------------
+
+// The frozen weights. Written only by BertBase::Make, before the base is shared; read-only after.
+struct BertBase::Weights {
+  FrozenMatrix word_emb, pos_emb, type_emb;
+  std::vector<float> emb_ln_gamma, emb_ln_beta;
+  std::vector<LayerWeights> layers;
+  FrozenLinear pooler;  // BERT: dense + tanh on [CLS]; left empty for RoBERTa, whose head has none
+
+  // Sets every shape from the config, LayerNorm gains to 1 and biases to 0 (HF's initialisation).
+  void Shape(const BertConfig& config);
+  // Fills every tensor from the safetensors file at `path`; sets *used_seed when the pooler was
+  // missing and had to be drawn from `seed`.
+  absl::Status Load(const std::string& path, const BertConfig& config, bool bf16, uint64_t seed,
+                    bool* used_seed);
+  // N(0, 0.02) matrices from `seed`, one stream per tensor.
+  void Random(const BertConfig& config, bool bf16, uint64_t seed);
+  int64_t Bytes() const;
+};
 
 // --- Impl ----------------------------------------------------------------------------------------
 
 struct BertClassifier::Impl {
-  Impl(const BertConfig& c, const ModelOptions& o, std::vector<Param>& p)
-      : config(c), options(o), params(p) {}
+  Impl(const BertConfig& c, const ModelOptions& o, std::vector<Param>& p,
+       const BertBase::Weights& w)
+      : config(c),
+        options(o),
+        params(p),
+        word_emb(w.word_emb),
+        pos_emb(w.pos_emb),
+        type_emb(w.type_emb),
+        emb_ln_gamma(w.emb_ln_gamma),
+        emb_ln_beta(w.emb_ln_beta),
+        layers(w.layers),
+        pooler(w.pooler) {}
 
   const BertConfig& config;
   const ModelOptions& options;
@@ -238,11 +282,17 @@ struct BertClassifier::Impl {
   float lora_scaling = 1.0f;  // alpha / rank
   float hidden_p = 0.0f, attention_p = 0.0f, classifier_p = 0.0f, lora_p = 0.0f;
 
-  // Frozen base weights.
-  FrozenMatrix word_emb, pos_emb, type_emb;
-  std::vector<float> emb_ln_gamma, emb_ln_beta;
-  std::vector<LayerWeights> layers;
-  FrozenLinear pooler;  // BERT: frozen dense + tanh on [CLS]; unused for RoBERTa
+  // Frozen base weights: read-only views into the shared BertBase, which outlives this Impl (the
+  // classifier holds it by shared_ptr) and is never written after it was built.
+  const FrozenMatrix& word_emb;
+  const FrozenMatrix& pos_emb;
+  const FrozenMatrix& type_emb;
+  const std::vector<float>& emb_ln_gamma;
+  const std::vector<float>& emb_ln_beta;
+  const std::vector<LayerWeights>& layers;
+  const FrozenLinear& pooler;  // BERT: frozen dense + tanh on [CLS]; unused for RoBERTa
+  // [layer][LoraTarget]: index of lora_A in params (lora_B follows), -1 without LoRA.
+  std::vector<std::array<int, kNumLoraTargets>> lora_param;
   int head_dense_param =
       -1;  // RoBERTa: trainable classifier.dense (weight, bias next); -1 for BERT
   int classifier_param = -1;  // the final linear: weight at params[classifier_param], bias next
@@ -276,14 +326,7 @@ struct BertClassifier::Impl {
   int64_t L() const { return config.num_hidden_layers; }
   int64_t r() const { return options.lora.rank; }
 
-  static void InOut(const BertConfig& c, LoraTarget t, int64_t* in, int64_t* out) {
-    *in = t == LoraTarget::kOutput ? c.intermediate_size : c.hidden_size;
-    *out = t == LoraTarget::kIntermediate ? c.intermediate_size : c.hidden_size;
-  }
-
   absl::Status InitStructure(std::vector<LoraTarget>* targets);
-  absl::Status LoadWeights(const std::string& path);
-  void RandomWeights();
   absl::Status Plan();
   absl::Status CheckBatch(const Batch& batch, bool need_labels) const;
   absl::Status Encode(const Batch& batch, bool training, uint64_t seed);
@@ -302,7 +345,6 @@ struct BertClassifier::Impl {
 absl::Status BertClassifier::Impl::InitStructure(std::vector<LoraTarget>* targets) {
   const BertConfig& c = config;
   const ModelOptions& o = options;
-  FEDLORA_RETURN_IF_ERROR(c.Validate());
   FEDLORA_RETURN_IF_ERROR(ValidateOptions(c, o));
   for (const std::string& name : o.lora.target_modules) {
     FEDLORA_ASSIGN_OR_RETURN(LoraTarget t, ParseLoraTarget(name));
@@ -322,26 +364,17 @@ absl::Status BertClassifier::Impl::InitStructure(std::vector<LoraTarget>* target
   lora_p = o.lora.dropout;
 
   const int64_t h = c.hidden_size;
-  word_emb.rows = c.vocab_size;
-  pos_emb.rows = c.max_position_embeddings;
-  type_emb.rows = c.type_vocab_size;
-  word_emb.cols = pos_emb.cols = type_emb.cols = h;
-  emb_ln_gamma.assign(h, 1.0f);
-  emb_ln_beta.assign(h, 0.0f);
-  layers.resize(c.num_hidden_layers);
+  std::array<int, kNumLoraTargets> none;
+  none.fill(-1);
+  lora_param.assign(c.num_hidden_layers, none);
   params.clear();
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    LayerWeights& lw = layers[l];
     for (LoraTarget t : kAllTargets) {
       const int ti = static_cast<int>(t);
+      if (!use_target[ti]) continue;
       int64_t in, out;
       InOut(c, t, &in, &out);
-      FrozenLinear& lin = lw.lin[ti];
-      lin.w.rows = out;
-      lin.w.cols = in;
-      lin.bias.assign(out, 0.0f);
-      if (!use_target[ti]) continue;
-      lin.lora_param = static_cast<int>(params.size());
+      lora_param[l][ti] = static_cast<int>(params.size());
       const std::string base =
           absl::StrCat("base_model.model.", c.is_roberta() ? "roberta" : "bert", ".encoder.layer.",
                        l, ".", LoraTargetPath(t));
@@ -361,13 +394,7 @@ absl::Status BertClassifier::Impl::InitStructure(std::vector<LoraTarget>* target
       params.push_back(std::move(a));
       params.push_back(std::move(b));
     }
-    lw.ln1_gamma.assign(h, 1.0f);
-    lw.ln1_beta.assign(h, 0.0f);
-    lw.ln2_gamma.assign(h, 1.0f);
-    lw.ln2_beta.assign(h, 0.0f);
   }
-  pooler.w.rows = pooler.w.cols = h;
-  pooler.bias.assign(h, 0.0f);
   // The head. BERT: classifier.{weight,bias} on the pooler's output. RoBERTa
   // (RobertaClassificationHead): classifier.dense + tanh, then classifier.out_proj; PEFT saves
   // the whole "classifier" module (modules_to_save), so both of its linears are trainable.
@@ -397,7 +424,37 @@ absl::Status BertClassifier::Impl::InitStructure(std::vector<LoraTarget>* target
   return absl::OkStatus();
 }
 
-absl::Status BertClassifier::Impl::LoadWeights(const std::string& path) {
+void BertBase::Weights::Shape(const BertConfig& c) {
+  const int64_t h = c.hidden_size;
+  word_emb.rows = c.vocab_size;
+  pos_emb.rows = c.max_position_embeddings;
+  type_emb.rows = c.type_vocab_size;
+  word_emb.cols = pos_emb.cols = type_emb.cols = h;
+  emb_ln_gamma.assign(h, 1.0f);
+  emb_ln_beta.assign(h, 0.0f);
+  layers.resize(c.num_hidden_layers);
+  for (LayerWeights& lw : layers) {
+    for (LoraTarget t : kAllTargets) {
+      int64_t in, out;
+      InOut(c, t, &in, &out);
+      FrozenLinear& lin = lw.lin[static_cast<int>(t)];
+      lin.w.rows = out;
+      lin.w.cols = in;
+      lin.bias.assign(out, 0.0f);
+    }
+    lw.ln1_gamma.assign(h, 1.0f);
+    lw.ln1_beta.assign(h, 0.0f);
+    lw.ln2_gamma.assign(h, 1.0f);
+    lw.ln2_beta.assign(h, 0.0f);
+  }
+  if (!c.is_roberta()) {
+    pooler.w.rows = pooler.w.cols = h;
+    pooler.bias.assign(h, 0.0f);
+  }
+}
+
+absl::Status BertBase::Weights::Load(const std::string& path, const BertConfig& config, bool bf16,
+                                     uint64_t seed, bool* used_seed) {
   FEDLORA_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
   // BertFor* / RobertaFor* checkpoints prefix every name with "bert." / "roberta."; BertModel,
   // RobertaModel and sentence-transformers checkpoints do not.
@@ -483,7 +540,7 @@ absl::Status BertClassifier::Impl::LoadWeights(const std::string& path) {
     if (!file->Contains(full)) continue;  // the pooler, initialised below
     FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file->Get(full));
     if (s.matrix != nullptr) {
-      FillMatrix(t, options.bf16_weights, s.matrix);
+      FillMatrix(t, bf16, s.matrix);
     } else {
       ToF32(t, s.vec->data());
     }
@@ -491,8 +548,9 @@ absl::Status BertClassifier::Impl::LoadWeights(const std::string& path) {
   if (missing_pooler.size() == 2) {
     // HF initialises a weight missing from the checkpoint with N(0, initializer_range), bias 0.
     std::vector<float> w(pooler.w.rows * pooler.w.cols);
-    FillNormal(options.seed, kStreamPooler, 0.02f, &w);
-    if (options.bf16_weights) {
+    FillNormal(seed, kStreamPooler, 0.02f, &w);
+    *used_seed = true;
+    if (bf16) {
       pooler.w.bf16.resize(w.size());
       ConvertF32ToBF16(w.data(), pooler.w.bf16.data(), w.size());
     } else {
@@ -503,12 +561,12 @@ absl::Status BertClassifier::Impl::LoadWeights(const std::string& path) {
   return absl::OkStatus();
 }
 
-void BertClassifier::Impl::RandomWeights() {
+void BertBase::Weights::Random(const BertConfig& config, bool bf16, uint64_t seed) {
   uint64_t stream = kStreamRandomBase;
   auto fill = [&](FrozenMatrix* m) {
     std::vector<float> w(m->rows * m->cols);
-    FillNormal(options.seed, stream++, 0.02f, &w);
-    if (options.bf16_weights) {
+    FillNormal(seed, stream++, 0.02f, &w);
+    if (bf16) {
       m->bf16.resize(w.size());
       ConvertF32ToBF16(w.data(), m->bf16.data(), w.size());
     } else {
@@ -522,6 +580,60 @@ void BertClassifier::Impl::RandomWeights() {
     for (FrozenLinear& lin : lw.lin) fill(&lin.w);
   }
   if (!config.is_roberta()) fill(&pooler.w);
+}
+
+int64_t BertBase::Weights::Bytes() const {
+  auto vec = [](const std::vector<float>& v) {
+    return static_cast<int64_t>(v.size() * sizeof(float));
+  };
+  auto linear = [&](const FrozenLinear& lin) { return lin.w.bytes() + vec(lin.bias); };
+  int64_t total = word_emb.bytes() + pos_emb.bytes() + type_emb.bytes() + vec(emb_ln_gamma) +
+                  vec(emb_ln_beta) + linear(pooler);
+  for (const LayerWeights& lw : layers) {
+    for (const FrozenLinear& lin : lw.lin) total += linear(lin);
+    total += vec(lw.ln1_gamma) + vec(lw.ln1_beta) + vec(lw.ln2_gamma) + vec(lw.ln2_beta);
+  }
+  return total;
+}
+
+BertBase::BertBase(BertConfig config, bool bf16_weights)
+    : config_(std::move(config)),
+      bf16_weights_(bf16_weights),
+      weights_(std::make_unique<Weights>()) {}
+
+BertBase::~BertBase() = default;
+
+int64_t BertBase::weight_bytes() const { return weights_->Bytes(); }
+
+absl::StatusOr<std::shared_ptr<const BertBase>> BertBase::Make(BertConfig config,
+                                                               const ModelOptions& options,
+                                                               const std::string* weights_path) {
+  FEDLORA_RETURN_IF_ERROR(config.Validate());
+  std::shared_ptr<BertBase> base(new BertBase(std::move(config), options.bf16_weights));
+  Weights& w = *base->weights_;
+  w.Shape(base->config_);
+  if (weights_path != nullptr) {
+    bool used_seed = false;
+    FEDLORA_RETURN_IF_ERROR(
+        w.Load(*weights_path, base->config_, options.bf16_weights, options.seed, &used_seed));
+    if (used_seed) base->weight_seed_ = options.seed;
+  } else {
+    w.Random(base->config_, options.bf16_weights, options.seed);
+    base->weight_seed_ = options.seed;
+  }
+  return std::shared_ptr<const BertBase>(std::move(base));
+}
+
+absl::StatusOr<std::shared_ptr<const BertBase>> BertBase::Load(const std::string& model_dir,
+                                                               const ModelOptions& options) {
+  FEDLORA_ASSIGN_OR_RETURN(BertConfig config, ReadBertConfig(model_dir + "/config.json"));
+  const std::string path = model_dir + "/model.safetensors";
+  return Make(std::move(config), options, &path);
+}
+
+absl::StatusOr<std::shared_ptr<const BertBase>> BertBase::FromRandom(const BertConfig& config,
+                                                                     const ModelOptions& options) {
+  return Make(config, options, nullptr);
 }
 
 absl::Status BertClassifier::Impl::Plan() {
@@ -675,7 +787,8 @@ absl::Status BertClassifier::Impl::LinearForward(int layer, LoraTarget t, const 
                                                  uint64_t seed) {
   const int ti = static_cast<int>(t);
   const FrozenLinear& lin = layers[layer].lin[ti];
-  if (lin.lora_param < 0) {
+  const int lp = lora_param[layer][ti];
+  if (lp < 0) {
     return kernels::LinearForward(ctx, {.rows = rows,
                                         .in_features = lin.w.cols,
                                         .out_features = lin.w.rows,
@@ -694,8 +807,8 @@ absl::Status BertClassifier::Impl::LinearForward(int layer, LoraTarget t, const 
             .x = in,
             .w = lin.w.ptr(),
             .bias = lin.bias.data(),
-            .lora_a = params[lin.lora_param].value.data(),
-            .lora_b = params[lin.lora_param + 1].value.data(),
+            .lora_a = params[lp].value.data(),
+            .lora_b = params[lp + 1].value.data(),
             .scaling = lora_scaling,
             .dropout = Spec(training ? lora_p : 0.0f, seed, LayerSite(layer, kSiteLora + ti)),
             .y = y,
@@ -709,7 +822,8 @@ absl::Status BertClassifier::Impl::LinearBackward(int layer, LoraTarget t, const
                                                   bool accumulate_dx, uint64_t seed) {
   const int ti = static_cast<int>(t);
   const FrozenLinear& lin = layers[layer].lin[ti];
-  if (lin.lora_param < 0) {
+  const int lp = lora_param[layer][ti];
+  if (lp < 0) {
     if (dx_out == nullptr)
       return absl::OkStatus();  // frozen, and nothing below needs its input gradient
     return kernels::LinearBackward(ctx, {.rows = rows,
@@ -722,8 +836,8 @@ absl::Status BertClassifier::Impl::LinearBackward(int layer, LoraTarget t, const
                                          .workspace = workspace,
                                          .workspace_bytes = workspace_bytes});
   }
-  Param& a = params[lin.lora_param];
-  Param& b = params[lin.lora_param + 1];
+  Param& a = params[lp];
+  Param& b = params[lp + 1];
   return kernels::LoraLinearBackward(
       ctx, {.rows = rows,
             .in_features = lin.w.cols,
@@ -1085,10 +1199,10 @@ absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
 // --- Public API
 // ------------------------------------------------------------------------------------
 
-BertClassifier::BertClassifier(BertConfig config, ModelOptions options)
-    : config_(std::move(config)),
+BertClassifier::BertClassifier(std::shared_ptr<const BertBase> base, ModelOptions options)
+    : base_(std::move(base)),
       options_(std::move(options)),
-      impl_(std::make_unique<Impl>(config_, options_, params_)) {}
+      impl_(std::make_unique<Impl>(base_->config(), options_, params_, *base_->weights_)) {}
 
 BertClassifier::~BertClassifier() = default;
 
@@ -1096,23 +1210,44 @@ void BertClassifier::ZeroGrad() {
   for (Param& p : params_) std::fill(p.grad.begin(), p.grad.end(), 0.0f);
 }
 
-absl::StatusOr<std::unique_ptr<BertClassifier>> BertClassifier::Load(const std::string& model_dir,
-                                                                     const ModelOptions& options) {
-  FEDLORA_ASSIGN_OR_RETURN(BertConfig config, ReadBertConfig(model_dir + "/config.json"));
-  std::unique_ptr<BertClassifier> model(new BertClassifier(std::move(config), options));
+absl::StatusOr<std::unique_ptr<BertClassifier>> BertClassifier::Create(
+    std::shared_ptr<const BertBase> base, const ModelOptions& options) {
+  if (base == nullptr)
+    return absl::InvalidArgumentError("BertClassifier::Create: the base is null");
+  if (options.bf16_weights != base->bf16_weights()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ModelOptions.bf16_weights is ", options.bf16_weights ? "true" : "false",
+        " but the shared base holds its weights as ", base->bf16_weights() ? "bf16" : "fp32"));
+  }
+  if (base->weight_seed().has_value() && *base->weight_seed() != options.seed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ModelOptions.seed is ", options.seed, " but the shared base drew some of its weights (",
+        "FromRandom's, or a pooler missing from the checkpoint) from seed ", *base->weight_seed(),
+        "; a classifier on this base must use that seed"));
+  }
+  std::unique_ptr<BertClassifier> model(new BertClassifier(std::move(base), options));
   FEDLORA_RETURN_IF_ERROR(model->impl_->InitStructure(&model->targets_));
-  FEDLORA_RETURN_IF_ERROR(model->impl_->LoadWeights(model_dir + "/model.safetensors"));
   FEDLORA_RETURN_IF_ERROR(model->impl_->Plan());
   return model;
 }
 
+absl::StatusOr<std::unique_ptr<BertClassifier>> BertClassifier::Load(const std::string& model_dir,
+                                                                     const ModelOptions& options) {
+  FEDLORA_ASSIGN_OR_RETURN(BertConfig config, ReadBertConfig(model_dir + "/config.json"));
+  // Bad options are reported before the weights, possibly hundreds of MB, are read.
+  FEDLORA_RETURN_IF_ERROR(config.Validate());
+  FEDLORA_RETURN_IF_ERROR(ValidateOptions(config, options));
+  const std::string path = model_dir + "/model.safetensors";
+  FEDLORA_ASSIGN_OR_RETURN(auto base, BertBase::Make(std::move(config), options, &path));
+  return Create(std::move(base), options);
+}
+
 absl::StatusOr<std::unique_ptr<BertClassifier>> BertClassifier::FromRandom(
     const BertConfig& config, const ModelOptions& options) {
-  std::unique_ptr<BertClassifier> model(new BertClassifier(config, options));
-  FEDLORA_RETURN_IF_ERROR(model->impl_->InitStructure(&model->targets_));
-  model->impl_->RandomWeights();
-  FEDLORA_RETURN_IF_ERROR(model->impl_->Plan());
-  return model;
+  FEDLORA_RETURN_IF_ERROR(config.Validate());
+  FEDLORA_RETURN_IF_ERROR(ValidateOptions(config, options));
+  FEDLORA_ASSIGN_OR_RETURN(auto base, BertBase::Make(config, options, nullptr));
+  return Create(std::move(base), options);
 }
 
 absl::StatusOr<float> BertClassifier::ForwardBackward(const Batch& batch, uint64_t dropout_seed) {
@@ -1137,8 +1272,8 @@ absl::StatusOr<std::vector<float>> BertClassifier::PooledEmbeddings(const Batch&
                                                                     Pooling pooling) {
   FEDLORA_RETURN_IF_ERROR(impl_->CheckBatch(batch, /*need_labels=*/false));
   FEDLORA_RETURN_IF_ERROR(impl_->Encode(batch, /*training=*/false, 0));
-  const int64_t h = config_.hidden_size, seq = batch.seq_len;
-  const float* last = impl_->x[config_.num_hidden_layers].data();
+  const int64_t h = config().hidden_size, seq = batch.seq_len;
+  const float* last = impl_->x[config().num_hidden_layers].data();
   std::vector<float> out(static_cast<size_t>(batch.batch_size) * h, 0.0f);
   std::vector<double> sum(h);
   for (int64_t s = 0; s < batch.batch_size; ++s) {

@@ -26,14 +26,26 @@
 // the first layer's LoRA. The backward pass skips the weight gradients of frozen layers entirely
 // and the input gradient of layer 0.
 //
-// Memory: activations for (max_batch, max_seq) are allocated once by Load/FromRandom and reused;
-// a step allocates nothing. Per token and layer 8*hidden + 2*intermediate floats are kept for the
-// backward pass, plus heads*seq floats of attention probabilities: at BERT-base geometry
+// Memory: activations for (max_batch, max_seq) are allocated once by Load/FromRandom/Create and
+// reused; a step allocates nothing. Per token and layer 8*hidden + 2*intermediate floats are kept
+// for the backward pass, plus heads*seq floats of attention probabilities: at BERT-base geometry
 // (768/3072, 12 heads, 12 layers) and 8 x 128 tokens that is 12 * 1024 * (12288 + 1536) * 4 B
-// = 680 MB, next to 440 MB of fp32 weights (220 MB with bf16_weights).
+// = 680 MB per classifier, next to 440 MB of fp32 weights (220 MB with bf16_weights) held once
+// per BertBase.
+//
+// Sharing the base: the frozen weights live in a BertBase, immutable once built, which any number
+// of classifiers (a simulator's pool of virtual clients, say) hold through one
+// shared_ptr<const BertBase>. Each classifier owns only its trainable params, its activation
+// buffers and its workspace:
+//
+//   FEDLORA_ASSIGN_OR_RETURN(auto base, BertBase::Load("models/all-MiniLM-L6-v2", opts));
+//   FEDLORA_ASSIGN_OR_RETURN(auto a, BertClassifier::Create(base, opts));
+//   FEDLORA_ASSIGN_OR_RETURN(auto b, BertClassifier::Create(base, opts));  // no second copy
 //
 // Thread-safety: one BertClassifier must be used by one thread at a time (its activation buffers
-// are shared by all calls). CPU parallelism is inside the kernels (kernels::SetNumThreads).
+// are shared by all calls); classifiers sharing one BertBase may run on different threads at
+// once, since nothing writes to a BertBase after it is built. CPU parallelism is inside the
+// kernels (kernels::SetNumThreads).
 #pragma once
 
 #include <cstdint>
@@ -75,6 +87,8 @@ struct ModelOptions {
   LoraOptions lora;
   // Hold the frozen base weights as bf16 (half the memory); activations and trainable
   // parameters stay fp32. Weights stored as F32 or F16 are rounded to nearest bf16 on load.
+  // A property of the BertBase: BertClassifier::Create refuses a value that differs from its
+  // base's.
   bool bf16_weights = false;
   // Dropout probabilities in training mode; unset means the config's hidden_dropout_prob
   // (classifier_dropout for the classifier when the config has one) and
@@ -82,7 +96,9 @@ struct ModelOptions {
   std::optional<float> hidden_dropout;
   std::optional<float> attention_dropout;
   // Seeds the LoRA A initialisation and the classifier initialisation (N(0, 0.02), bias 0, as
-  // HF's initializer_range), and the pooler when the checkpoint has none.
+  // HF's initializer_range), and the pooler when the checkpoint has none (FromRandom: every base
+  // weight). When a BertBase drew weights from its seed, Create refuses a different one, so that
+  // Create(BertBase::Load(dir, o), o) and BertClassifier::Load(dir, o) are the same model.
   uint64_t seed = 0;
   // Largest batch and sequence length any call will use; activations are planned for them and
   // scale with max_batch * max_seq: ~85 MB per 128-token sequence at BERT-base geometry, ~8 MB
@@ -94,6 +110,51 @@ struct ModelOptions {
 };
 
 enum class Pooling { kMean, kCls };
+
+// The frozen part of a BERT-family encoder: its config and every base weight (word, position and
+// token-type embeddings and their LayerNorm; per layer the six linears and two LayerNorms; BERT's
+// pooler). Immutable after Load/FromRandom return, so one copy can serve many classifiers on many
+// threads (see BertClassifier::Create). Of ModelOptions it reads only bf16_weights (the storage
+// type) and seed (a missing pooler, or FromRandom's weights); the other fields belong to each
+// classifier.
+class BertBase {
+ public:
+  // Reads model_dir/config.json and model_dir/model.safetensors with the checks described at
+  // BertClassifier::Load (the same errors).
+  static absl::StatusOr<std::shared_ptr<const BertBase>> Load(const std::string& model_dir,
+                                                              const ModelOptions& options);
+  // Random weights (N(0, 0.02); LayerNorm gains 1 and all biases 0, as HF initialises) from
+  // options.seed, for tests and benchmarks.
+  static absl::StatusOr<std::shared_ptr<const BertBase>> FromRandom(const BertConfig& config,
+                                                                    const ModelOptions& options);
+  ~BertBase();
+  BertBase(const BertBase&) = delete;
+  BertBase& operator=(const BertBase&) = delete;
+
+  const BertConfig& config() const { return config_; }
+  // True when the frozen matrices are held as bf16 (ModelOptions::bf16_weights at creation).
+  bool bf16_weights() const { return bf16_weights_; }
+  // The seed some of the weights were drawn from (FromRandom; Load of a checkpoint without a
+  // pooler), or nullopt when every weight came from the checkpoint.
+  const std::optional<uint64_t>& weight_seed() const { return weight_seed_; }
+  // Bytes of weight storage this base holds (matrices at their storage type, fp32 biases and
+  // LayerNorm parameters): the memory that every further classifier sharing it does not need.
+  int64_t weight_bytes() const;
+
+ private:
+  friend class BertClassifier;
+  struct Weights;  // defined in bert.cc
+  // Builds the base from `config`: from the checkpoint at weights_path, or random when it is null.
+  static absl::StatusOr<std::shared_ptr<const BertBase>> Make(BertConfig config,
+                                                              const ModelOptions& options,
+                                                              const std::string* weights_path);
+  BertBase(BertConfig config, bool bf16_weights);
+
+  BertConfig config_;
+  bool bf16_weights_ = false;
+  std::optional<uint64_t> weight_seed_;
+  std::unique_ptr<Weights> weights_;
+};
 
 class BertClassifier {
  public:
@@ -115,12 +176,21 @@ class BertClassifier {
   // the missing tensors by name. The pooler may be absent (sentence-transformers checkpoints can
   // lack it): it is then initialised as HF does for a missing weight (N(0, 0.02), bias 0) from
   // options.seed. Unused tensors (an MLM head, position_ids, RoBERTa's pooler) are ignored.
+  // Equivalent to Create(BertBase::Load(model_dir, options), options), except that the options are
+  // checked before the weights are read.
   static absl::StatusOr<std::unique_ptr<BertClassifier>> Load(const std::string& model_dir,
                                                               const ModelOptions& options);
   // Random base weights (N(0, 0.02); LayerNorm gains 1 and all biases 0, as HF initialises), for
   // tests and benchmarks.
   static absl::StatusOr<std::unique_ptr<BertClassifier>> FromRandom(const BertConfig& config,
                                                                     const ModelOptions& options);
+  // A classifier on a shared base: its own LoRA adapters and head (initialised from options.seed),
+  // activation buffers and workspace; the base's weights are read, never copied or written.
+  // InvalidArgument when base is null, when an option is invalid for the base's config (as Load),
+  // or when options disagree with the base: bf16_weights differs, or seed differs from the
+  // base's weight_seed().
+  static absl::StatusOr<std::unique_ptr<BertClassifier>> Create(
+      std::shared_ptr<const BertBase> base, const ModelOptions& options);
   ~BertClassifier();
   BertClassifier(const BertClassifier&) = delete;
   BertClassifier& operator=(const BertClassifier&) = delete;
@@ -139,16 +209,18 @@ class BertClassifier {
   std::vector<Param>& trainable_params() { return params_; }
   const std::vector<Param>& trainable_params() const { return params_; }
   void ZeroGrad();
-  const BertConfig& config() const { return config_; }
+  const BertConfig& config() const { return base_->config(); }
   const ModelOptions& options() const { return options_; }
+  // The frozen base this classifier reads (shared with every classifier created from it).
+  const std::shared_ptr<const BertBase>& base() const { return base_; }
   // The LoRA targets in use, in LoraTarget order.
   const std::vector<LoraTarget>& lora_targets() const { return targets_; }
 
  private:
   struct Impl;
-  BertClassifier(BertConfig config, ModelOptions options);
+  BertClassifier(std::shared_ptr<const BertBase> base, ModelOptions options);
 
-  BertConfig config_;
+  std::shared_ptr<const BertBase> base_;  // never null
   ModelOptions options_;
   std::vector<LoraTarget> targets_;
   std::vector<Param> params_;

@@ -448,8 +448,11 @@ absl::Status Simulation::Setup() {
   // The pooled models both train (the virtual clients) and evaluate (round metrics): max_batch
   // covers either batch; max_seq is LoadSimData's, already clamped to the checkpoint.
   const ModelOptions mo = ModelOptionsFromConfig(config_, data_.max_seq_len, ModelRole::kTrainAndEvaluate);
+  // One read-only copy of the base weights serves the whole pool; each model adds only its adapter,
+  // head and activation buffers.
+  FEDLORA_ASSIGN_OR_RETURN(auto base, BertBase::Load(config_.model().path(), mo));
   for (int i = 0; i < parallelism_; ++i) {
-    FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(config_.model().path(), mo));
+    FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Create(base, mo));
     pool_.Add(std::move(model));
   }
   return absl::OkStatus();
