@@ -18,8 +18,9 @@
 //     of them train at once, each borrowing one of `parallelism` model instances from a pool and
 //     holding nothing but its adapter delta in between (the local optimizer starts afresh every
 //     task, as in FedAvg). Memory is O(parallelism x model + clients x indices).
-//   - The base model is loaded once per pool slot (plus nothing for the evaluator, which borrows a
-//     slot): BertClassifier cannot share its frozen weights between instances yet.
+//   - The base model's frozen weights are loaded once (model/bert.h BertBase) and shared by every
+//     pool slot; a slot adds its adapter, head and activation buffers. The evaluator borrows the
+//     slots.
 //   - Faults, all seeded from (config.seed, server round, client): a dropout client vanishes after
 //     selection (stops sending anything; it rejoins after the round is committed), a straggler
 //     sleeps simulation.straggler_delay_seconds after training (past the deadline when the delay is
