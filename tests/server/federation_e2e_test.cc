@@ -186,18 +186,30 @@ class FakeEvaluator : public Evaluator {
   std::vector<uint64_t> skipped;
 };
 
+// Runs `config` to its end with one deterministic client (site-0); the server stays up for
+// inspection. Fails the test (and returns null) when the server or the client cannot run.
+std::unique_ptr<Server> RunWithOneClient(const TempDir& dir, const v1::RunConfig& config, Evaluator* evaluator,
+                                         DeterministicTrainer& trainer) {
+  auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter(), evaluator);
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (!server.ok()) return nullptr;
+  auto client = Client::Create(TestClientOptions((*server)->address(), "site-0"), &trainer);
+  EXPECT_TRUE(client.ok()) << client.status();
+  if (!client.ok()) return nullptr;
+  absl::Status done = (*client)->RunUntilDone().status();
+  EXPECT_TRUE(done.ok()) << done;
+  return *std::move(server);
+}
+
 TEST(FederationE2eTest, EvaluatorSeesEachNewAdapterAndItsMetricsAreRecorded) {
   TempDir dir;
   FakeEvaluator evaluator;
-  auto server = Server::Create(TestServerOptions(dir.path()), TestRunConfig(3, 1, 1), testing::InitialAdapter(), &evaluator);
-  ASSERT_TRUE(server.ok()) << server.status();
   DeterministicTrainer trainer(0);
-  auto client = Client::Create(TestClientOptions((*server)->address(), "site-0"), &trainer);
-  ASSERT_TRUE(client.ok());
-  ASSERT_TRUE((*client)->RunUntilDone().ok());
+  std::unique_ptr<Server> server = RunWithOneClient(dir, TestRunConfig(3, 1, 1), &evaluator, trainer);
+  ASSERT_NE(server, nullptr);
   ASSERT_EQ(evaluator.seen.size(), 3u);
   for (int r = 1; r <= 3; ++r) EXPECT_TRUE(SameBits(evaluator.seen[r - 1], ExpectedAdapter({0}, r))) << "round " << r;
-  auto status = (*server)->coordinator().GetStatus(v1::GetStatusRequest());
+  auto status = server->coordinator().GetStatus(v1::GetStatusRequest());
   ASSERT_TRUE(status.ok());
   ASSERT_EQ(status->history_size(), 3);
   EXPECT_DOUBLE_EQ(status->history(0).eval_loss(), 0.5);
@@ -213,12 +225,8 @@ TEST(FederationE2eTest, EvalEveryRoundsSkipsRoundsButAlwaysEvaluatesTheLast) {
   FakeEvaluator evaluator;
   v1::RunConfig config = TestRunConfig(5, 1, 1);
   config.mutable_data()->set_eval_every_rounds(2);
-  auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter(), &evaluator);
-  ASSERT_TRUE(server.ok()) << server.status();
   DeterministicTrainer trainer(0);
-  auto client = Client::Create(TestClientOptions((*server)->address(), "site-0"), &trainer);
-  ASSERT_TRUE(client.ok());
-  ASSERT_TRUE((*client)->RunUntilDone().ok());
+  ASSERT_NE(RunWithOneClient(dir, config, &evaluator, trainer), nullptr);
   // Rounds 2 and 4 by the period, 5 because it is the last.
   ASSERT_EQ(evaluator.seen.size(), 3u);
   EXPECT_TRUE(SameBits(evaluator.seen[0], ExpectedAdapter({0}, 2)));
@@ -231,12 +239,8 @@ TEST(FederationE2eTest, RoundScheduleSetsEachRoundsLearningRate) {
   v1::RunConfig config = TestRunConfig(4, 1, 1);
   config.mutable_training()->set_learning_rate(0.01);
   config.mutable_training()->set_round_schedule(v1::TrainingConfig::COSINE);
-  auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter());
-  ASSERT_TRUE(server.ok()) << server.status();
   DeterministicTrainer trainer(0);
-  auto client = Client::Create(TestClientOptions((*server)->address(), "site-0"), &trainer);
-  ASSERT_TRUE(client.ok());
-  ASSERT_TRUE((*client)->RunUntilDone().ok());
+  ASSERT_NE(RunWithOneClient(dir, config, nullptr, trainer), nullptr);
   // Cosine over 4 rounds, taken at the start of each: 0.01 * (1 + cos(pi * k / 4)) / 2, k = 0..3.
   ASSERT_EQ(trainer.learning_rates_seen.size(), 4u);
   const double want[] = {0.01, 0.01 * (1 + std::sqrt(0.5)) / 2, 0.005, 0.01 * (1 - std::sqrt(0.5)) / 2};
