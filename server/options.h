@@ -97,6 +97,10 @@ struct ServerOptions {
   // the quota (target x over-selection) is reached first or every live client is already waiting.
   // Default 10 s: two polls of a client at the default retry_after.
   int64_t selection_window_ms = 10'000;
+  // Select as soon as the quota of candidates is waiting (true: a deployment starts rounds early),
+  // or only once every live client is waiting or the window has passed (false: the choice then
+  // depends on the seed alone, not on which clients polled first, as a reproducible simulation needs).
+  bool select_when_quota_reached = true;
   // A client silent (no RPC of any kind) for longer than this is considered dead: it is not
   // selected, and its task is handed to someone else, milliseconds. Default 30 s
   // (SelectionConfig.heartbeat_timeout_seconds): three missed heartbeats.

@@ -511,6 +511,9 @@ absl::StatusOr<SimResult> Simulation::Run() {
   so.data_dir = options_.out_dir + "/store";
   so.tls = {};
   so.selection_window_ms = options_.selection_window_ms;
+  // Sample each round from all live clients, not from the first to poll: with partial
+  // participation the selection is then a function of the seed, and the run reproducible.
+  so.select_when_quota_reached = false;
   so.tick_ms = options_.tick_ms;
   // Durable progress every chunk, so that a cut upload resumes where it stopped.
   so.upload_sync_bytes = so.max_upload_chunk_bytes;

@@ -155,7 +155,12 @@ TEST(Simulator, SameConfigAndSeedGiveTheSameFinalAdapter) {
     options.out_dir = absl::StrCat(dir, "/out", run);
     options.progress = false;
     options.max_seconds = 40;
-    auto result = RunSimulation(Config(dir, 2), options);
+    // Partial participation: 2 of the 4 clients per round, so the selection must not depend on
+    // which clients happened to poll first.
+    v1::RunConfig config = Config(dir, 2);
+    config.mutable_selection()->set_clients_per_round(2);
+    config.mutable_selection()->set_min_clients(2);
+    auto result = RunSimulation(config, options);
     ASSERT_TRUE(result.ok()) << result.status();
     ASSERT_EQ(result->rounds.size(), 3u);
     // Training moved the adapter away from its initialisation.
