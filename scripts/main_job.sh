@@ -29,12 +29,14 @@ mkdir -p "$OUT_DIR"
 
 # Read the training budget from the config so that the centralized baseline sees exactly as many
 # examples: rounds x clients_per_round x local_steps x batch_size.
-read -r ROUNDS PER_ROUND LOCAL_STEPS BATCH LR SEQ SEED < <("$PYTHON" - "$CONFIG" <<'EOF'
+# The centralized run decays its learning rate over its steps as the federation decays the
+# clients' rate over its rounds (training.round_schedule).
+read -r ROUNDS PER_ROUND LOCAL_STEPS BATCH LR SEQ SEED SCHEDULE < <("$PYTHON" - "$CONFIG" <<'EOF'
 import json, sys
 c = json.load(open(sys.argv[1]))
 t = c["training"]
 print(c["rounds"], c["selection"]["clients_per_round"], t["local_steps"], t["batch_size"],
-      t["learning_rate"], c["model"]["max_seq_len"], c["seed"])
+      t["learning_rate"], c["model"]["max_seq_len"], c["seed"], t.get("round_schedule", "CONSTANT").lower())
 EOF
 )
 CENTRAL_STEPS=$((ROUNDS * PER_ROUND * LOCAL_STEPS))
@@ -45,7 +47,7 @@ echo "== federated: $CONFIG ($ROUNDS rounds x $PER_ROUND clients x $LOCAL_STEPS 
 echo "== centralized: $CENTRAL_STEPS steps of $BATCH on the pooled data (same examples seen)" >&2
 "$FEDLORA" train --model models/all-MiniLM-L6-v2 --train data/fortunes/train.jsonl \
   --eval data/fortunes/test.jsonl --out "$OUT_DIR/central" --max-steps "$CENTRAL_STEPS" \
-  --batch-size "$BATCH" --lr "$LR" --max-seq-len "$SEQ" --seed "$SEED" --schedule constant \
+  --batch-size "$BATCH" --lr "$LR" --max-seq-len "$SEQ" --seed "$SEED" --schedule "$SCHEDULE" \
   --weight-decay 0 --warmup-steps 0 --rank 8 --alpha 16 --targets query,value --progress=false >/dev/null
 
 "$PYTHON" - "$OUT_DIR" "$CONFIG" <<'EOF'
