@@ -17,9 +17,9 @@ class Evaluator {
  public:
   virtual ~Evaluator() = default;
   // Evaluates `adapter` (the new global adapter after round `round`) and returns named metrics, for
-  // example {"eval_loss": 0.41, "eval_accuracy": 0.87}. An error fails the round's commit: the
-  // server logs it and retries the aggregation at the next tick, so a transient failure (a busy GPU)
-  // does not lose the round. Called from the server's round driver thread only, one call at a time.
+  // example {"eval_loss": 0.41, "eval_accuracy": 0.87}. An error never blocks the round: the server
+  // logs it and commits the round without metrics, so a failing evaluator (a busy GPU) cannot stall
+  // training. Called from the server's round driver thread only, one call at a time.
   virtual absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t round,
                                                                   const std::vector<UpdateTensor>& adapter) = 0;
   // Called instead of Evaluate for a round that data.eval_every_rounds skips (the last round is
