@@ -321,7 +321,7 @@ absl::Status Coordinator::Restore() {
     }
   }
 
-  const int64_t total_rounds = config_.has_rounds() ? config_.rounds() : 10;
+  const int64_t total_rounds = TotalRounds();
   if (st.open_round.has_value()) {
     const RoundRecord& r = *st.open_round;
     round_ = std::make_unique<RoundInfo>();
@@ -437,7 +437,7 @@ absl::Status Coordinator::Authenticate(const std::string& client_id, const std::
 double Coordinator::RoundLearningRateLocked() const {
   const v1::TrainingConfig& t = config_.training();
   const double base = t.has_learning_rate() ? t.learning_rate() : 5e-4;
-  const double total = static_cast<double>(config_.has_rounds() ? config_.rounds() : 10);
+  const double total = static_cast<double>(TotalRounds());
   // The fraction of the run done before this round: committed rounds (abandoned ones do not count,
   // and a restarted server resumes the same value).
   const double done = std::min(1.0, static_cast<double>(rounds_committed_) / std::max(1.0, total));
@@ -1162,8 +1162,7 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
 
   // Evaluate every data.eval_every_rounds committed rounds, and always the last one.
   const int64_t eval_every = std::max<int64_t>(1, config_.data().eval_every_rounds());
-  const int64_t total = config_.has_rounds() ? config_.rounds() : 10;
-  const bool evaluate = (committed_before + 1) % eval_every == 0 || committed_before + 1 >= total;
+  const bool evaluate = (committed_before + 1) % eval_every == 0 || committed_before + 1 >= TotalRounds();
   std::map<std::string, double> eval;
   if (evaluator_ != nullptr && evaluate) {
     absl::StatusOr<std::map<std::string, double>> result = evaluator_->Evaluate(static_cast<uint64_t>(round), next);
@@ -1201,7 +1200,7 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   metrics_->rounds_committed.store(rounds_committed_);
   round_.reset();
   FEDLORA_LOG(INFO) << "round " << round << " committed: " << added << " updates, adapter " << hash;
-  const int64_t total_rounds = config_.has_rounds() ? config_.rounds() : 10;
+  const int64_t total_rounds = TotalRounds();
   if (rounds_committed_ >= total_rounds) {
     finished_ = true;
     FEDLORA_LOG(INFO) << "run " << run_id_ << " finished after " << rounds_committed_ << " rounds";
@@ -1218,7 +1217,7 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
   absl::MutexLock lock(&mu_);
   v1::GetStatusResponse response;
   response.set_run_id(run_id_);
-  response.set_total_rounds(static_cast<uint64_t>(config_.has_rounds() ? config_.rounds() : 10));
+  response.set_total_rounds(static_cast<uint64_t>(TotalRounds()));
   response.set_server_start_unix_ms(start_ms_);
   if (!restored_) {
     response.set_phase(v1::ROUND_PHASE_RESTORING);

@@ -206,6 +206,8 @@ class Coordinator {
   // The server optimizer with its state after the last committed round (set by Restore; used by
   // the driver thread's AggregateAndCommit only).
   std::optional<ServerOptimizer> server_opt_;
+  // config.rounds, or config.proto's default of 10.
+  int64_t TotalRounds() const { return config_.has_rounds() ? config_.rounds() : 10; }
   // training.learning_rate scaled by training.round_schedule at the current round.
   double RoundLearningRateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every adapter hash a client may download (this run's global adapters), with its round and size.
