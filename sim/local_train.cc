@@ -70,11 +70,7 @@ absl::StatusOr<SimData> LoadSimData(const v1::RunConfig& config) {
   out.max_seq_len = static_cast<int>(std::min<int64_t>(config.model().has_max_seq_len() ? config.model().max_seq_len() : 128,
                                                        bert.max_position_embeddings));
 
-  DatasetOptions options;
-  options.text_field = config.task().text_field().empty() ? "text" : config.task().text_field();
-  options.label_field = config.task().label_field().empty() ? "label" : config.task().label_field();
-  if (!config.task().pair_field().empty()) options.pair_field = config.task().pair_field();
-  options.label_names.assign(config.task().labels().begin(), config.task().labels().end());
+  const DatasetOptions options = DatasetOptionsFromConfig(config.task());
   FEDLORA_ASSIGN_OR_RETURN(Dataset train_raw, LoadDataset(config.data().train_path(), options));
   FEDLORA_ASSIGN_OR_RETURN(Dataset eval_raw, LoadDataset(config.data().eval_path(), options));
   FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset train, TokenizeDataset(train_raw, *tokenizer, out.max_seq_len));

@@ -36,8 +36,7 @@ absl::StatusOr<LoraTrainer::Site> LoadSite(const std::string& model_dir, const s
   const ModelOptions o = ModelOptionsFromConfig(c, max_seq, ModelRole::kTrain);
   FEDLORA_ASSIGN_OR_RETURN(std::shared_ptr<BertClassifier> model, BertClassifier::Load(model_dir, o));
   FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(model_dir));
-  std::vector<std::string> labels(c.task().labels().begin(), c.task().labels().end());
-  FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset data, LoadTokenizedDataset(data_path, *tokenizer, max_seq, labels));
+  FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset data, LoadTokenizedDataset(data_path, *tokenizer, max_seq, c.task()));
   FEDLORA_LOG(INFO) << "local model " << model_dir << " with " << data.size() << " examples from " << data_path;
   LoraTrainer::Site site;
   // The one model is lent to every task; the lease's deleter keeps it alive, not frees it.

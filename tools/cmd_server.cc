@@ -70,9 +70,8 @@ absl::Status Serve(const std::string& config_path, const std::string& listen, co
   std::unique_ptr<Evaluator> evaluator;
   if (!config.data().eval_path().empty()) {
     FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(config.model().path()));
-    std::vector<std::string> labels(config.task().labels().begin(), config.task().labels().end());
     FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset eval,
-                             LoadTokenizedDataset(config.data().eval_path(), *tokenizer, max_seq, labels));
+                             LoadTokenizedDataset(config.data().eval_path(), *tokenizer, max_seq, config.task()));
     evaluator = std::make_unique<HeldOutEvaluator>(std::move(model), std::move(eval),
                                                    model_options.max_batch);
   }

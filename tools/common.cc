@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "model/bert_config.h"
 #include "train/dataset.h"
+#include "train/train_config.h"
 
 namespace fedlora::tools {
 
@@ -66,6 +67,12 @@ absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
   options.label_names = label_names;
   FEDLORA_ASSIGN_OR_RETURN(Dataset data, LoadDataset(path, options));
   label_names = data.label_names;
+  return TokenizeDataset(data, tokenizer, max_seq_len);
+}
+
+absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path, const WordPieceTokenizer& tokenizer,
+                                                      int max_seq_len, const v1::TaskConfig& task) {
+  FEDLORA_ASSIGN_OR_RETURN(Dataset data, LoadDataset(path, DatasetOptionsFromConfig(task)));
   return TokenizeDataset(data, tokenizer, max_seq_len);
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "fedlora/v1/config.pb.h"
 #include "model/tokenizer.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
@@ -38,6 +39,9 @@ absl::StatusOr<int> EffectiveMaxSeqLen(const std::string& model_dir, int request
 // Reads a labelled dataset (train/dataset.h formats) and tokenizes it. `label_names`, when not
 // empty, fixes the label order (an eval set must use the training set's); a label not in it is
 // an error. On return `label_names` holds the order used.
+// As above, reading the fields the run config's task names (train_config.h DatasetOptionsFromConfig).
+absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path, const WordPieceTokenizer& tokenizer,
+                                                      int max_seq_len, const v1::TaskConfig& task);
 absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
                                                       const WordPieceTokenizer& tokenizer,
                                                       int max_seq_len,

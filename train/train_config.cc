@@ -80,4 +80,13 @@ ModelOptions ModelOptionsFromConfig(const v1::RunConfig& config, int max_seq_len
   return o;
 }
 
+DatasetOptions DatasetOptionsFromConfig(const v1::TaskConfig& task) {
+  DatasetOptions options;
+  if (!task.text_field().empty()) options.text_field = task.text_field();
+  if (!task.label_field().empty()) options.label_field = task.label_field();
+  if (!task.pair_field().empty()) options.pair_field = task.pair_field();
+  options.label_names.assign(task.labels().begin(), task.labels().end());
+  return options;
+}
+
 }  // namespace fedlora

@@ -30,6 +30,9 @@ TrainOptions TrainOptionsFromConfig(const v1::TrainingConfig& training, int max_
 int ConfiguredMaxSeqLen(const v1::ModelConfig& model);
 // Examples per evaluation batch: data.eval_batch_size, or config.proto's default 64.
 int ConfiguredEvalBatchSize(const v1::DataConfig& data);
+// How to read a data file for the run's task: its text / pair / label field names (the defaults
+// "text", "text_pair" and "label" where the config leaves them empty) and its labels in order.
+DatasetOptions DatasetOptionsFromConfig(const v1::TaskConfig& task);
 
 // What a model built from the run config is used for; it decides ModelOptions::max_batch (the
 // activations are planned for max_batch * max_seq tokens, so a too-small value fails the batch).

@@ -151,5 +151,24 @@ TEST(ModelOptionsFromConfigTest, FewerThanTwoLabelsStillPlansABinaryHead) {
   EXPECT_EQ(ModelOptionsFromConfig(c, 16, ModelRole::kTrain).num_labels, 2);
 }
 
+TEST(DatasetOptionsFromConfigTest, FieldNamesAndLabelsComeFromTheTask) {
+  v1::TaskConfig task;
+  DatasetOptions d = DatasetOptionsFromConfig(task);  // nothing set: the documented defaults
+  EXPECT_EQ(d.text_field, "text");
+  EXPECT_EQ(d.label_field, "label");
+  EXPECT_EQ(d.pair_field, "text_pair");
+  EXPECT_TRUE(d.label_names.empty());
+  task.set_text_field("sentence");
+  task.set_label_field("topic");
+  task.set_pair_field("hypothesis");
+  task.add_labels("b");
+  task.add_labels("a");
+  d = DatasetOptionsFromConfig(task);
+  EXPECT_EQ(d.text_field, "sentence");
+  EXPECT_EQ(d.label_field, "topic");
+  EXPECT_EQ(d.pair_field, "hypothesis");
+  EXPECT_EQ(d.label_names, (std::vector<std::string>{"b", "a"}));  // index order kept
+}
+
 }  // namespace
 }  // namespace fedlora
