@@ -314,6 +314,9 @@ struct BertClassifier::Impl {
       x;                        // [L + 1][T, H]: x[0] embeddings output, x[l+1] layer l's output
   std::vector<float> mask_add;  // [B, S] additive attention mask: 0 keep, -1e30 padding
   std::vector<float> cls, pooled, cls_drop, logits;  // [B, H] x3, [B, labels]
+  // Training loss only: per-class offsets added to the logits before the cross-entropy (logit
+  // adjustment), and the head bias with them added; both empty when unset.
+  std::vector<float> loss_logit_offsets, adjusted_bias;
   // Backward scratch.
   std::vector<float> dx, dh, dz, dctx, dq, dk, dv, dg;  // [T, H] ..., dg [T, I]
   std::vector<float> dlogits, dcls, dpooled;            // [B, labels], [B, H], [B, H]
@@ -1029,12 +1032,21 @@ absl::Status BertClassifier::Impl::Head(const Batch& b, bool training, uint64_t 
                              .out = cls_drop.data()}));
   const Param& w = params[classifier_param];
   const Param& bias = params[classifier_param + 1];
+  // Logit adjustment shifts every row's logits by the same per-class offsets, so it is the head's
+  // bias plus the offsets; the bias gradient (the column sums of dlogits) is unchanged by it.
+  const float* head_bias = bias.value.data();
+  if (loss != nullptr && !loss_logit_offsets.empty()) {
+    adjusted_bias.resize(loss_logit_offsets.size());
+    for (size_t c = 0; c < adjusted_bias.size(); ++c)
+      adjusted_bias[c] = bias.value[c] + loss_logit_offsets[c];
+    head_bias = adjusted_bias.data();
+  }
   FEDLORA_RETURN_IF_ERROR(kernels::LinearForward(ctx, {.rows = bsz,
                                                        .in_features = h,
                                                        .out_features = options.num_labels,
                                                        .x = cls_drop.data(),
                                                        .w = kernels::WeightPtr::F32(w.value.data()),
-                                                       .bias = bias.value.data(),
+                                                       .bias = head_bias,
                                                        .y = logits.data()}));
   if (loss != nullptr) {
     FEDLORA_RETURN_IF_ERROR(kernels::SoftmaxCrossEntropy(ctx, {.batch = bsz,
@@ -1257,6 +1269,22 @@ absl::StatusOr<float> BertClassifier::ForwardBackward(const Batch& batch, uint64
   FEDLORA_RETURN_IF_ERROR(impl_->Head(batch, /*training=*/true, dropout_seed, &loss));
   FEDLORA_RETURN_IF_ERROR(impl_->Backward(batch, dropout_seed));
   return loss;
+}
+
+absl::Status BertClassifier::SetTrainingLogitOffsets(std::vector<float> offsets) {
+  if (!offsets.empty() && offsets.size() != static_cast<size_t>(options_.num_labels)) {
+    return absl::InvalidArgumentError(absl::StrCat("training logit offsets: got ", offsets.size(),
+                                                   " values for ", options_.num_labels,
+                                                   " classes"));
+  }
+  for (size_t c = 0; c < offsets.size(); ++c) {
+    if (!std::isfinite(offsets[c])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("training logit offset of class ", c, " is not finite: ", offsets[c]));
+    }
+  }
+  impl_->loss_logit_offsets = std::move(offsets);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<float>> BertClassifier::Logits(const Batch& batch) {

@@ -198,6 +198,12 @@ class BertClassifier {
   // Training mode (dropout on, its masks drawn from dropout_seed): returns the mean cross-entropy
   // over the batch and ADDS d(loss)/d(param) to every trainable param's grad.
   absl::StatusOr<float> ForwardBackward(const Batch& batch, uint64_t dropout_seed);
+  // Logit adjustment of the training loss (Menon et al. 2021, "Long-tail learning via logit
+  // adjustment"; FedLC for federated label skew): ForwardBackward adds offsets[c] to class c's
+  // logit before the softmax cross-entropy, so a model trained on skewed labels learns scores
+  // that are not tilted towards its frequent classes. Logits() never adds them. Empty (the
+  // default) turns it off. InvalidArgument unless empty or num_labels finite values.
+  absl::Status SetTrainingLogitOffsets(std::vector<float> offsets);
   // Eval mode (no dropout): logits, row-major [batch_size, num_labels].
   absl::StatusOr<std::vector<float>> Logits(const Batch& batch);
   // Eval mode: the last hidden state pooled per sequence, [batch_size, hidden_size]: the mean over

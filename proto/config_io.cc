@@ -275,6 +275,7 @@ void ValidateTraining(Problems& p, const TrainingConfig& t) {
   p.RealRange("training.adam_beta2", t.adam_beta2(), 0, false, 1, true);
   p.Positive("training.adam_epsilon", t.adam_epsilon());
   p.RealRange("training.momentum", t.momentum(), 0, false, 1, true);
+  p.RealRange("training.logit_adjustment", t.logit_adjustment(), 0, false, 10, false);
 }
 
 void ValidateSelection(Problems& p, const v1::SelectionConfig& s) {

@@ -135,6 +135,7 @@ absl::Status Train(TrainFlags f) {
                         {"schedule", f.train.schedule},
                         {"grad_clip", f.train.grad_clip},
                         {"grad_accumulation", f.train.grad_accumulation},
+                        {"logit_adjustment", f.train.logit_adjustment},
                         {"seed", f.train.seed},
                         {"group_by_length", f.train.group_by_length},
                         {"rank", f.rank},
@@ -191,6 +192,8 @@ int RunTrain(int argc, char** argv) {
   flags.AddString("schedule", &f.train.schedule,
                   "learning-rate schedule: constant, linear or cosine");
   flags.AddFloat("grad-clip", &f.train.grad_clip, "max global gradient norm (0: no clipping)");
+  flags.AddFloat("logit-adjustment", &f.train.logit_adjustment,
+                 "logit adjustment strength for skewed labels (0: off, 1: balanced softmax)");
   flags.AddInt("rank", &f.rank, "LoRA rank r");
   flags.AddFloat("alpha", &f.alpha, "LoRA alpha (updates are scaled by alpha / r)");
   flags.AddFloat("lora-dropout", &f.lora_dropout, "dropout on the LoRA input");

@@ -37,6 +37,7 @@ TrainOptions TrainOptionsFromConfig(const v1::TrainingConfig& t, int max_seq_len
   o.schedule = ScheduleName(t.schedule());
   o.grad_clip = static_cast<float>(t.has_grad_clip_norm() ? t.grad_clip_norm() : 1.0);
   o.grad_accumulation = static_cast<int>(t.has_grad_accumulation() ? t.grad_accumulation() : 1);
+  o.logit_adjustment = static_cast<float>(t.logit_adjustment());
   o.progress = false;
   return o;
 }

@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/progress.h"
@@ -153,6 +154,8 @@ absl::Status TrainOptions::Validate() const {
   if (warmup_steps < 0) return bad("warmup_steps", warmup_steps, ">= 0");
   if (!std::isfinite(grad_clip)) return bad("grad_clip", grad_clip, "finite");
   if (grad_accumulation < 1) return bad("grad_accumulation", grad_accumulation, ">= 1");
+  if (!std::isfinite(logit_adjustment) || logit_adjustment < 0.0f)
+    return bad("logit_adjustment", logit_adjustment, "finite and >= 0");
   return absl::OkStatus();
 }
 
@@ -163,6 +166,20 @@ std::string EpochReport::ToJson() const {
   if (has_eval) absl::StrAppend(&out, ",\"eval\":", eval.ToJson());
   absl::StrAppend(&out, "}");
   return out;
+}
+
+std::vector<float> LogitAdjustmentOffsets(const TokenizedDataset& data, float tau) {
+  if (tau == 0.0f || data.num_labels <= 0) return {};
+  std::vector<int64_t> counts(static_cast<size_t>(data.num_labels), 0);
+  for (const TokenizedExample& e : data.examples) {
+    if (e.label >= 0 && e.label < data.num_labels) ++counts[static_cast<size_t>(e.label)];
+  }
+  const double total = static_cast<double>(data.size() + data.num_labels);
+  std::vector<float> offsets(counts.size());
+  for (size_t c = 0; c < counts.size(); ++c) {
+    offsets[c] = static_cast<float>(tau * std::log(static_cast<double>(counts[c] + 1) / total));
+  }
+  return offsets;
 }
 
 Trainer::Trainer(BertClassifier& model, TrainOptions options)
@@ -183,6 +200,10 @@ absl::Status Trainer::Train(const TokenizedDataset& train, const TokenizedDatase
   }
   FEDLORA_RETURN_IF_ERROR(CheckDataset(train, model_, "training"));
   if (eval != nullptr) FEDLORA_RETURN_IF_ERROR(CheckDataset(*eval, model_, "eval"));
+  // The model keeps the offsets only for this run: a pooled model trains other clients next.
+  FEDLORA_RETURN_IF_ERROR(
+      model_.SetTrainingLogitOffsets(LogitAdjustmentOffsets(train, options_.logit_adjustment)));
+  absl::Cleanup clear_offsets = [this] { model_.SetTrainingLogitOffsets({}).IgnoreError(); };
 
   OptimizerOptions opt;
   opt.weight_decay = options_.weight_decay;

@@ -86,6 +86,12 @@ struct TrainOptions {
   // into chunks of 50 batches, each chunk sorted by length, and the batches' order shuffled. On
   // short-text corpora this removes most padding (fortunes: ~3x fewer tokens per epoch at 128).
   bool group_by_length = false;
+  // Logit adjustment for label-skewed training data (balanced softmax; FedLC for federated label
+  // skew): the training loss sees each logit plus logit_adjustment * log(prior of its class), the
+  // prior being the training set's label frequencies with add-one smoothing. 0 (the default) is
+  // plain cross-entropy; 1 is the usual strength. On a balanced training set it changes nothing.
+  // Evaluation and inference never adjust. >= 0 and finite.
+  float logit_adjustment = 0.0f;
   bool progress = true;  // per-epoch progress display (core/progress.h): a bar on a
                          // terminal, a log line every 10 s elsewhere
 
@@ -98,6 +104,10 @@ struct TrainOptions {
 // the micro-batches (the last may be shorter). Exposed for tests.
 std::vector<int64_t> EpochOrder(const TokenizedDataset& data, const TrainOptions& options,
                                 int epoch);
+
+// The per-class logit offsets TrainOptions::logit_adjustment gives on `data`:
+// tau * log((count_c + 1) / (size + num_labels)); empty when tau is 0. Exposed for tests.
+std::vector<float> LogitAdjustmentOffsets(const TokenizedDataset& data, float tau);
 
 struct StepReport {
   int64_t step = 0;  // 1-based optimizer step just taken

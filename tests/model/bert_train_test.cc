@@ -254,6 +254,71 @@ TEST(BertTrainTest, SgdStepsReduceTheLoss) {
   EXPECT_LT(last, 0.5f * first);
 }
 
+// Softmax cross-entropy of one row, in double.
+double RowCrossEntropy(const float* logits, int classes, int label) {
+  double m = logits[0];
+  for (int c = 1; c < classes; ++c) m = std::max<double>(m, logits[c]);
+  double sum = 0.0;
+  for (int c = 0; c < classes; ++c) sum += std::exp(logits[c] - m);
+  return m + std::log(sum) - logits[label];
+}
+
+TEST(BertTrainTest, TrainingLogitOffsetsShiftOnlyTheTrainingLoss) {
+  auto model = TinyModel(AllTargets(0.0f));  // no dropout: training logits equal Logits()
+  ASSERT_NE(model, nullptr);
+  const BertClassifier::Batch b = Padded();
+  auto logits = model->Logits(b);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  const std::vector<float> offsets = {-2.0f, 0.5f, 1.5f};
+  ASSERT_TRUE(model->SetTrainingLogitOffsets(offsets).ok());
+
+  // The loss is the cross-entropy of the logits plus the offsets.
+  double expected = 0.0;
+  for (int s = 0; s < 2; ++s) {
+    float row[3];
+    for (int c = 0; c < 3; ++c) row[c] = (*logits)[s * 3 + c] + offsets[c];
+    expected += RowCrossEntropy(row, 3, b.labels[s]) / 2.0;
+  }
+  model->ZeroGrad();
+  auto adjusted = model->ForwardBackward(b, 0);
+  ASSERT_TRUE(adjusted.ok()) << adjusted.status();
+  EXPECT_NEAR(*adjusted, expected, 1e-5);
+  // The head bias gradient is the batch mean of softmax(logits + offsets) - onehot.
+  const Param& bias = model->trainable_params().back();
+  for (int c = 0; c < 3; ++c) {
+    double g = 0.0;
+    for (int s = 0; s < 2; ++s) {
+      double m = -1e30, sum = 0.0, row[3];
+      for (int k = 0; k < 3; ++k) m = std::max(m, row[k] = (*logits)[s * 3 + k] + offsets[k]);
+      for (int k = 0; k < 3; ++k) sum += std::exp(row[k] - m);
+      g += (std::exp(row[c] - m) / sum - (b.labels[s] == c ? 1.0 : 0.0)) / 2.0;
+    }
+    EXPECT_NEAR(bias.grad[c], g, 1e-5) << "class " << c;
+  }
+  // Evaluation never sees the offsets.
+  auto eval = model->Logits(b);
+  ASSERT_TRUE(eval.ok());
+  EXPECT_EQ(*eval, *logits);
+
+  // Clearing restores the plain loss.
+  ASSERT_TRUE(model->SetTrainingLogitOffsets({}).ok());
+  double plain = 0.0;
+  for (int s = 0; s < 2; ++s) plain += RowCrossEntropy(logits->data() + s * 3, 3, b.labels[s]) / 2.0;
+  auto cleared = model->ForwardBackward(b, 0);
+  ASSERT_TRUE(cleared.ok());
+  EXPECT_NEAR(*cleared, plain, 1e-5);
+  EXPECT_GT(std::abs(*adjusted - *cleared), 0.1);
+
+  // Wrong count or non-finite offsets are refused and leave the model unchanged.
+  EXPECT_THAT(std::string(model->SetTrainingLogitOffsets({1.0f, 2.0f}).message()),
+              HasSubstr("got 2 values for 3 classes"));
+  EXPECT_THAT(std::string(model->SetTrainingLogitOffsets({0.0f, NAN, 0.0f}).message()),
+              HasSubstr("class 1 is not finite"));
+  auto again = model->ForwardBackward(b, 0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *cleared);
+}
+
 TEST(BertTrainTest, BadInputIsInvalidArgument) {
   auto model = TinyModel(AllTargets(0.0f));
   ASSERT_NE(model, nullptr);

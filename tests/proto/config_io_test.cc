@@ -475,6 +475,12 @@ const std::vector<ValidationCase>& Cases() {
          c.mutable_aggregation()->set_strategy(AggregationConfig::MEDIAN);
        },
        "aggregation.strategy (MEDIAN) needs individual updates"},
+      {"LogitAdjustmentNegative",
+       [](RunConfig& c) { c.mutable_training()->set_logit_adjustment(-0.5); },
+       "training.logit_adjustment (-0.5) must be finite and in [0, 10]"},
+      {"LogitAdjustmentNaN",
+       [](RunConfig& c) { c.mutable_training()->set_logit_adjustment(std::nan("")); },
+       "training.logit_adjustment (nan)"},
       {"MomentumOne", [](RunConfig& c) { c.mutable_aggregation()->set_server_momentum(1.0); },
        "aggregation.server_momentum (1)"},
       {"MomentumWithAdam",

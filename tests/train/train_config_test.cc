@@ -38,6 +38,7 @@ TEST(TrainOptionsFromConfigTest, UnsetFieldsTakeConfigProtoDefaults) {
   EXPECT_EQ(o.warmup_steps, 0);
   EXPECT_EQ(o.grad_clip, 1.0f);
   EXPECT_EQ(o.grad_accumulation, 1);
+  EXPECT_EQ(o.logit_adjustment, 0.0f);
   EXPECT_EQ(o.max_seq_len, 96);
   EXPECT_FALSE(o.progress);
   // Left to each task.
@@ -58,6 +59,7 @@ TEST(TrainOptionsFromConfigTest, SetFieldsPassThrough) {
   t.set_schedule(v1::TrainingConfig::COSINE);
   t.set_grad_clip_norm(2.5);
   t.set_grad_accumulation(3);
+  t.set_logit_adjustment(0.75);
   t.set_local_steps(99);  // not the options' business: each task sets its own work
   const TrainOptions o = TrainOptionsFromConfig(t, /*max_seq_len=*/40);
   EXPECT_EQ(o.batch_size, 7);
@@ -68,6 +70,7 @@ TEST(TrainOptionsFromConfigTest, SetFieldsPassThrough) {
   EXPECT_EQ(o.schedule, "cosine");
   EXPECT_EQ(o.grad_clip, 2.5f);
   EXPECT_EQ(o.grad_accumulation, 3);
+  EXPECT_EQ(o.logit_adjustment, 0.75f);
   EXPECT_EQ(o.max_seq_len, 40);
   EXPECT_EQ(o.max_steps, TrainOptions().max_steps);
   EXPECT_TRUE(o.Validate().ok());

@@ -222,6 +222,82 @@ TEST(Trainer, MaxStepsOverridesEpochs) {
   EXPECT_EQ(trainer.optimizer()->step_count(), 7);
 }
 
+TEST(LogitAdjustment, OffsetsAreScaledLogSmoothedPriors) {
+  TokenizedDataset d = MarkerTask(4, 1);
+  for (auto& e : d.examples) e.label = 0;
+  d.examples[3].label = 1;  // counts {3, 1}: smoothed priors 4/6 and 2/6
+  EXPECT_TRUE(LogitAdjustmentOffsets(d, 0.0f).empty());
+  const std::vector<float> o = LogitAdjustmentOffsets(d, 1.0f);
+  ASSERT_EQ(o.size(), 2u);
+  EXPECT_NEAR(o[0], std::log(4.0 / 6.0), 1e-6);
+  EXPECT_NEAR(o[1], std::log(2.0 / 6.0), 1e-6);
+  const std::vector<float> half = LogitAdjustmentOffsets(d, 0.5f);
+  EXPECT_NEAR(half[1], 0.5 * std::log(2.0 / 6.0), 1e-6);
+}
+
+// MarkerTask(120) as is (balanced) or cut to 60 examples of class 0 and 6 of class 1, trained with
+// SGD from the same initialisation.
+std::unique_ptr<BertClassifier> TrainMarkers(float logit_adjustment, bool skewed) {
+  TokenizedDataset train = MarkerTask(120, 21);
+  if (skewed) {
+    std::vector<TokenizedExample> kept;
+    for (size_t i = 0; i < train.examples.size(); ++i) {
+      if (train.examples[i].label == 0 || i % 20 == 1) kept.push_back(train.examples[i]);
+    }
+    train.examples = std::move(kept);
+  }
+  auto model = TinyModel(/*seed=*/13, /*dropout=*/0.0f);
+  TrainOptions opts;
+  opts.epochs = 2;
+  opts.batch_size = 8;
+  opts.lr = 0.05f;
+  opts.optimizer = "sgd";
+  opts.grad_clip = 0.0f;
+  opts.logit_adjustment = logit_adjustment;
+  opts.progress = false;
+  Trainer trainer(*model, opts);
+  EXPECT_TRUE(trainer.Train(train, nullptr).ok());
+  return model;
+}
+
+TEST(LogitAdjustment, CountersTheSkewOfTheTrainingLabels) {
+  // Plain cross-entropy on 10:1 labels drives the head's bias towards the frequent class; the
+  // adjusted loss already accounts for the prior, so the learned bias gap is much smaller.
+  const auto plain = TrainMarkers(0.0f, /*skewed=*/true);
+  const auto model = TrainMarkers(1.0f, /*skewed=*/true);
+  const std::vector<float>& b_plain = plain->trainable_params().back().value;
+  const std::vector<float>& b_adj = model->trainable_params().back().value;
+  const float gap_plain = b_plain[0] - b_plain[1], gap_adj = b_adj[0] - b_adj[1];
+  EXPECT_GT(gap_plain, 0.1f);
+  EXPECT_LT(gap_adj, 0.5f * gap_plain) << "plain " << gap_plain << ", adjusted " << gap_adj;
+
+  // Train() leaves no offsets behind: a later training loss is the plain cross-entropy.
+  const TokenizedDataset probe = MarkerTask(2, 5);
+  const BertClassifier::Batch batch = MakeBatch(probe, std::vector<int64_t>{0, 1}, 0);
+  auto logits = model->Logits(batch);
+  ASSERT_TRUE(logits.ok());
+  double expected = 0.0;
+  for (int s = 0; s < 2; ++s) {
+    const float* z = logits->data() + 2 * s;
+    const double m = std::max(z[0], z[1]);
+    expected += (m + std::log(std::exp(z[0] - m) + std::exp(z[1] - m)) - z[batch.labels[s]]) / 2;
+  }
+  auto loss = model->ForwardBackward(batch, 0);
+  ASSERT_TRUE(loss.ok());
+  EXPECT_NEAR(*loss, expected, 1e-5);
+}
+
+TEST(LogitAdjustment, ChangesNothingOnBalancedLabels) {
+  // Equal priors shift every logit by the same amount, which the softmax ignores.
+  const std::vector<Param> plain = TrainMarkers(0.0f, /*skewed=*/false)->trainable_params();
+  const std::vector<Param> adjusted = TrainMarkers(1.0f, /*skewed=*/false)->trainable_params();
+  for (size_t i = 0; i < plain.size(); ++i) {
+    for (size_t j = 0; j < plain[i].value.size(); ++j) {
+      ASSERT_NEAR(plain[i].value[j], adjusted[i].value[j], 1e-5) << plain[i].name << "[" << j << "]";
+    }
+  }
+}
+
 TEST(Trainer, RejectsBadOptionsAndData) {
   auto model = TinyModel(1, 0.0f);
   const TokenizedDataset train = MarkerTask(8, 3);
@@ -235,6 +311,11 @@ TEST(Trainer, RejectsBadOptionsAndData) {
   opts.optimizer = "adagrad";
   EXPECT_EQ(Trainer(*model, opts).Train(train, nullptr).code(), absl::StatusCode::kInvalidArgument);
   opts.optimizer = "adamw";
+  opts.logit_adjustment = -1.0f;
+  absl::Status negative = Trainer(*model, opts).Train(train, nullptr);
+  EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(negative.message()), testing::HasSubstr("logit_adjustment"));
+  opts.logit_adjustment = 0.0f;
   TokenizedDataset bad = train;
   bad.examples[3].label = 2;
   absl::Status s = Trainer(*model, opts).Train(bad, nullptr);
