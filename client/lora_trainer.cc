@@ -29,17 +29,18 @@ TrainOptions TaskTrainOptions(const TrainOptions& base, const TrainTask& task) {
 absl::StatusOr<LocalOutcome> TrainLocally(BertClassifier& model, const TokenizedDataset& data,
                                           const TrainOptions& options) {
   std::vector<float> losses;
+  int64_t examples = 0;
   fedlora::Trainer trainer(model, options);
-  trainer.on_step = [&losses](const StepReport& r) { losses.push_back(r.loss); };
+  trainer.on_step = [&losses, &examples](const StepReport& r) {
+    losses.push_back(r.loss);
+    examples += r.examples;
+  };
   FEDLORA_RETURN_IF_ERROR(trainer.Train(data, nullptr));
 
   LocalOutcome out;
   out.num_examples = data.size();
   out.steps = static_cast<int64_t>(losses.size());
-  // Epoch mode visits every example once per epoch; step mode takes full batches (cycling epochs).
-  out.examples_processed = options.max_steps > 0
-                               ? out.steps * options.batch_size * options.grad_accumulation
-                               : int64_t{options.epochs} * out.num_examples;
+  out.examples_processed = examples;  // an epoch's last batch may be short
   if (!losses.empty()) {
     const size_t tenth = std::max<size_t>(1, losses.size() / 10);
     auto mean = [](auto b, auto e) {

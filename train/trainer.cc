@@ -238,6 +238,7 @@ absl::Status Trainer::Train(const TokenizedDataset& train, const TokenizedDatase
     int64_t pos = 0;
     while (pos < train.size() && step < total_steps) {
       model_.ZeroGrad();
+      const int64_t step_start = pos;
       int micro = 0;
       double step_loss = 0.0;
       for (; micro < options_.grad_accumulation && pos < train.size(); ++micro) {
@@ -283,7 +284,8 @@ absl::Status Trainer::Train(const TokenizedDataset& train, const TokenizedDatase
                  .epoch = epoch,
                  .loss = static_cast<float>(step_loss / micro),
                  .lr = lr,
-                 .grad_norm = norm});
+                 .grad_norm = norm,
+                 .examples = pos - step_start});
       }
     }
     if (progress) progress->Finish();

@@ -116,6 +116,7 @@ struct StepReport {
   float loss = 0.0f;       // mean micro-batch loss of this step
   float lr = 0.0f;         // learning rate used
   float grad_norm = 0.0f;  // global norm before clipping
+  int64_t examples = 0;    // examples in this step's micro-batches (an epoch's last may be short)
 };
 
 using EvalResult = ClassificationMetrics;

@@ -239,6 +239,38 @@ TEST_F(LoraTrainerTest, SiteLoaderRunsOnceAcrossTasks) {
   EXPECT_TRUE(BitIdentical(r1->delta, r2->delta));
 }
 
+TEST_F(LoraTrainerTest, ShuffledIndicesTrainOnExactlyThoseExamples) {
+  // 10 of the 24 examples in a scrambled order: training through the indices must equal training
+  // on those examples gathered by hand, in that order, and differ from another choice of 10.
+  const TokenizedDataset data = Data();
+  const std::vector<int64_t> picked = {17, 3, 22, 8, 0, 11, 5, 19, 14, 2};
+  TokenizedDataset gathered;
+  gathered.num_labels = data.num_labels;
+  gathered.label_names = data.label_names;
+  for (int64_t i : picked) gathered.examples.push_back(data.examples[static_cast<size_t>(i)]);
+  TrainOptions o = BaseOptions();
+  o.max_steps = 5;  // an epoch of 10 at batch 4 is 4 + 4 + 2, then 4 + 4 in the next
+  o.seed = 9;
+  auto via_indices = NewModel(), by_hand = NewModel(), other = NewModel();
+  ASSERT_NE(via_indices, nullptr);
+  ASSERT_NE(by_hand, nullptr);
+  ASSERT_NE(other, nullptr);
+  auto a = TrainLocally(*via_indices, data, picked, o);
+  auto b = TrainLocally(*by_hand, gathered, o);
+  std::vector<int64_t> first_ten(10);
+  for (int i = 0; i < 10; ++i) first_ten[i] = i;
+  auto c = TrainLocally(*other, data, first_ten, o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(a->num_examples, 10);
+  EXPECT_EQ(a->steps, 5);
+  EXPECT_EQ(a->examples_processed, 18);  // the short batch counts 2, not 4
+  EXPECT_EQ(a->loss_mean, b->loss_mean);
+  EXPECT_TRUE(BitIdentical(Adapter(*via_indices), Adapter(*by_hand)));
+  EXPECT_FALSE(BitIdentical(Adapter(*via_indices), Adapter(*other)));
+}
+
 TEST_F(LoraTrainerTest, BadRunConfigJsonIsInvalidArgumentAndLoaderNotCalled) {
   int loads = 0;
   LoraTrainer trainer([&](const v1::RunConfig&) -> absl::StatusOr<LoraTrainer::Site> {
