@@ -21,6 +21,7 @@ TrainOptions TaskTrainOptions(const TrainOptions& base, const TrainTask& task) {
   }
   if (task.batch_size > 0) o.batch_size = static_cast<int>(task.batch_size);
   if (task.learning_rate > 0) o.lr = static_cast<float>(task.learning_rate);
+  o.proximal_mu = static_cast<float>(task.proximal_mu);
   o.seed = task.seed;
   o.progress = false;
   return o;

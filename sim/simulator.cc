@@ -400,9 +400,6 @@ absl::Status Simulation::Setup() {
         absl::StrCat("simulation.crash_probability ", sc.crash_probability(), " is not in [0, 1]"));
   }
   // Refuse what the virtual clients cannot do, rather than have every task fail and the run stall.
-  if (config_.aggregation().strategy() == v1::AggregationConfig::FEDPROX) {
-    return absl::UnimplementedError("simulate: the local trainer has no FedProx proximal term yet; use FEDAVG");
-  }
   for (const v1::CodecStage& stage : config_.codec().stages()) {
     const auto id = stage.id();
     if (id != v1::CodecStage::NONE && id != v1::CodecStage::ZSTD && id != v1::CodecStage::FP16 &&

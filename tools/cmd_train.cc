@@ -136,6 +136,7 @@ absl::Status Train(TrainFlags f) {
                         {"grad_clip", f.train.grad_clip},
                         {"grad_accumulation", f.train.grad_accumulation},
                         {"logit_adjustment", f.train.logit_adjustment},
+                        {"momentum", f.train.momentum},
                         {"seed", f.train.seed},
                         {"group_by_length", f.train.group_by_length},
                         {"rank", f.rank},
@@ -192,6 +193,7 @@ int RunTrain(int argc, char** argv) {
   flags.AddString("schedule", &f.train.schedule,
                   "learning-rate schedule: constant, linear or cosine");
   flags.AddFloat("grad-clip", &f.train.grad_clip, "max global gradient norm (0: no clipping)");
+  flags.AddFloat("momentum", &f.train.momentum, "SGD momentum, in [0, 1)");
   flags.AddFloat("logit-adjustment", &f.train.logit_adjustment,
                  "logit adjustment strength for skewed labels (0: off, 1: balanced softmax)");
   flags.AddInt("rank", &f.rank, "LoRA rank r");

@@ -38,6 +38,10 @@ TrainOptions TrainOptionsFromConfig(const v1::TrainingConfig& t, int max_seq_len
   o.grad_clip = static_cast<float>(t.has_grad_clip_norm() ? t.grad_clip_norm() : 1.0);
   o.grad_accumulation = static_cast<int>(t.has_grad_accumulation() ? t.grad_accumulation() : 1);
   o.logit_adjustment = static_cast<float>(t.logit_adjustment());
+  if (t.has_adam_beta1()) o.adam_beta1 = static_cast<float>(t.adam_beta1());
+  if (t.has_adam_beta2()) o.adam_beta2 = static_cast<float>(t.adam_beta2());
+  if (t.has_adam_epsilon()) o.adam_epsilon = static_cast<float>(t.adam_epsilon());
+  o.momentum = static_cast<float>(t.momentum());
   o.progress = false;
   return o;
 }

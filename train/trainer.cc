@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/progress.h"
@@ -154,8 +155,16 @@ absl::Status TrainOptions::Validate() const {
   if (warmup_steps < 0) return bad("warmup_steps", warmup_steps, ">= 0");
   if (!std::isfinite(grad_clip)) return bad("grad_clip", grad_clip, "finite");
   if (grad_accumulation < 1) return bad("grad_accumulation", grad_accumulation, ">= 1");
+  auto unit = [](float b) { return std::isfinite(b) && b >= 0.0f && b < 1.0f; };
+  if (!unit(adam_beta1)) return bad("adam_beta1", adam_beta1, "in [0, 1)");
+  if (!unit(adam_beta2)) return bad("adam_beta2", adam_beta2, "in [0, 1)");
+  if (!unit(momentum)) return bad("momentum", momentum, "in [0, 1)");
+  if (!std::isfinite(adam_epsilon) || adam_epsilon == 0.0f)
+    return bad("adam_epsilon", adam_epsilon, "finite and > 0 (< 0: the optimizer's default)");
   if (!std::isfinite(logit_adjustment) || logit_adjustment < 0.0f)
     return bad("logit_adjustment", logit_adjustment, "finite and >= 0");
+  if (!std::isfinite(proximal_mu) || proximal_mu < 0.0f)
+    return bad("proximal_mu", proximal_mu, "finite and >= 0");
   return absl::OkStatus();
 }
 
@@ -207,6 +216,11 @@ absl::Status Trainer::Train(const TokenizedDataset& train, const TokenizedDatase
 
   OptimizerOptions opt;
   opt.weight_decay = options_.weight_decay;
+  // OptimizerOptions::beta1 is SGD's momentum as well as Adam's first-moment decay.
+  opt.beta1 = absl::AsciiStrToLower(options_.optimizer) == "sgd" ? options_.momentum
+                                                                 : options_.adam_beta1;
+  opt.beta2 = options_.adam_beta2;
+  opt.eps = options_.adam_epsilon;
   FEDLORA_ASSIGN_OR_RETURN(optimizer_, MakeOptimizer(options_.optimizer, opt));
   const int64_t steps_per_epoch = StepsPerEpoch(train.size());
   const int64_t total_steps =
@@ -218,6 +232,12 @@ absl::Status Trainer::Train(const TokenizedDataset& train, const TokenizedDatase
                                        .total_steps = total_steps}));
   const int32_t pad_id = static_cast<int32_t>(model_.config().pad_token_id);
   std::vector<Param>& params = model_.trainable_params();
+  // FedProx's anchor: the params as this run found them.
+  std::vector<std::vector<float>> anchor;
+  if (options_.proximal_mu > 0.0f) {
+    anchor.reserve(params.size());
+    for (const Param& p : params) anchor.push_back(p.value);
+  }
 
   history_.clear();
   int64_t step = 0;          // optimizer steps taken
@@ -263,6 +283,14 @@ absl::Status Trainer::Train(const TokenizedDataset& train, const TokenizedDatase
         const float inv = 1.0f / static_cast<float>(micro);
         for (Param& p : params) {
           for (float& g : p.grad) g *= inv;
+        }
+      }
+      if (!anchor.empty()) {
+        const float mu = options_.proximal_mu;
+        for (size_t i = 0; i < params.size(); ++i) {
+          Param& p = params[i];
+          const std::vector<float>& w0 = anchor[i];
+          for (size_t j = 0; j < p.grad.size(); ++j) p.grad[j] += mu * (p.value[j] - w0[j]);
         }
       }
       const float norm = ClipGradNorm(params, options_.grad_clip);

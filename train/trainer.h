@@ -77,6 +77,11 @@ struct TrainOptions {
   float lr = 5e-4f;          // peak learning rate; LoRA tolerates ~10x full fine-tuning's
   std::string optimizer = "adamw";  // adamw | lamb | sgd
   float weight_decay = 0.01f;
+  float adam_beta1 = 0.9f;     // AdamW / LAMB first-moment decay, in [0, 1)
+  float adam_beta2 = 0.999f;   // AdamW / LAMB second-moment decay, in [0, 1)
+  float adam_epsilon = -1.0f;  // AdamW / LAMB denominator epsilon; < 0: the optimizer's own
+                               // default (AdamW 1e-8, LAMB 1e-6)
+  float momentum = 0.0f;       // SGD momentum, in [0, 1)
   int64_t warmup_steps = 0;         // linear warmup from 0 over this many optimizer steps
   std::string schedule = "linear";  // constant | linear | cosine (see train/schedule.h)
   float grad_clip = 1.0f;           // max global grad norm; <= 0 disables clipping
@@ -92,6 +97,11 @@ struct TrainOptions {
   // plain cross-entropy; 1 is the usual strength. On a balanced training set it changes nothing.
   // Evaluation and inference never adjust. >= 0 and finite.
   float logit_adjustment = 0.0f;
+  // FedProx (Li et al. 2020): the local loss gains (proximal_mu / 2) * ||w - w_start||^2 over the
+  // trainable params, w_start being their values when Train starts (the global adapter a client
+  // received), so each step's gradient gains proximal_mu * (w - w_start) before clipping. 0 (the
+  // default) is none. >= 0 and finite.
+  float proximal_mu = 0.0f;
   bool progress = true;  // per-epoch progress display (core/progress.h): a bar on a
                          // terminal, a log line every 10 s elsewhere
 

@@ -271,6 +271,38 @@ TEST_F(LoraTrainerTest, ShuffledIndicesTrainOnExactlyThoseExamples) {
   EXPECT_FALSE(BitIdentical(Adapter(*via_indices), Adapter(*other)));
 }
 
+TEST(TaskTrainOptionsTest, TheTaskSetsItsWorkRateSeedAndProximalTerm) {
+  TrainOptions base;
+  base.lr = 1e-3f;
+  base.batch_size = 8;
+  base.epochs = 3;
+  base.logit_adjustment = 1.0f;
+  TrainTask task;
+  task.seed = 42;
+  task.local_steps = 6;
+  task.batch_size = 4;
+  task.learning_rate = 0.25;
+  task.proximal_mu = 0.5;
+  TrainOptions o = TaskTrainOptions(base, task);
+  EXPECT_EQ(o.max_steps, 6);
+  EXPECT_EQ(o.batch_size, 4);
+  EXPECT_EQ(o.lr, 0.25f);
+  EXPECT_EQ(o.seed, 42u);
+  EXPECT_EQ(o.proximal_mu, 0.5f);
+  EXPECT_EQ(o.logit_adjustment, 1.0f);  // from the site's options (the run config)
+  EXPECT_FALSE(o.progress);
+  // Epoch mode, and a task without a rate or a proximal term keeps the site's rate and none.
+  task.local_steps = 0;
+  task.local_epochs = 2;
+  task.learning_rate = 0;
+  task.proximal_mu = 0;
+  o = TaskTrainOptions(base, task);
+  EXPECT_EQ(o.max_steps, 0);
+  EXPECT_EQ(o.epochs, 2);
+  EXPECT_EQ(o.lr, 1e-3f);
+  EXPECT_EQ(o.proximal_mu, 0.0f);
+}
+
 TEST_F(LoraTrainerTest, BadRunConfigJsonIsInvalidArgumentAndLoaderNotCalled) {
   int loads = 0;
   LoraTrainer trainer([&](const v1::RunConfig&) -> absl::StatusOr<LoraTrainer::Site> {

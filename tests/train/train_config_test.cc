@@ -39,6 +39,10 @@ TEST(TrainOptionsFromConfigTest, UnsetFieldsTakeConfigProtoDefaults) {
   EXPECT_EQ(o.grad_clip, 1.0f);
   EXPECT_EQ(o.grad_accumulation, 1);
   EXPECT_EQ(o.logit_adjustment, 0.0f);
+  EXPECT_EQ(o.adam_beta1, 0.9f);
+  EXPECT_EQ(o.adam_beta2, 0.999f);
+  EXPECT_LT(o.adam_epsilon, 0.0f);  // each optimizer's own default
+  EXPECT_EQ(o.momentum, 0.0f);
   EXPECT_EQ(o.max_seq_len, 96);
   EXPECT_FALSE(o.progress);
   // Left to each task.
@@ -60,6 +64,10 @@ TEST(TrainOptionsFromConfigTest, SetFieldsPassThrough) {
   t.set_grad_clip_norm(2.5);
   t.set_grad_accumulation(3);
   t.set_logit_adjustment(0.75);
+  t.set_adam_beta1(0.5);
+  t.set_adam_beta2(0.875);
+  t.set_adam_epsilon(0.25);
+  t.set_momentum(0.625);
   t.set_local_steps(99);  // not the options' business: each task sets its own work
   const TrainOptions o = TrainOptionsFromConfig(t, /*max_seq_len=*/40);
   EXPECT_EQ(o.batch_size, 7);
@@ -71,6 +79,10 @@ TEST(TrainOptionsFromConfigTest, SetFieldsPassThrough) {
   EXPECT_EQ(o.grad_clip, 2.5f);
   EXPECT_EQ(o.grad_accumulation, 3);
   EXPECT_EQ(o.logit_adjustment, 0.75f);
+  EXPECT_EQ(o.adam_beta1, 0.5f);
+  EXPECT_EQ(o.adam_beta2, 0.875f);
+  EXPECT_EQ(o.adam_epsilon, 0.25f);
+  EXPECT_EQ(o.momentum, 0.625f);
   EXPECT_EQ(o.max_seq_len, 40);
   EXPECT_EQ(o.max_steps, TrainOptions().max_steps);
   EXPECT_TRUE(o.Validate().ok());

@@ -298,6 +298,60 @@ TEST(LogitAdjustment, ChangesNothingOnBalancedLabels) {
   }
 }
 
+TEST(Trainer, ProximalTermAddsMuTimesTheDistanceFromTheStart) {
+  // Two SGD steps with FedProx's term, against the same two steps written out by hand:
+  // w <- w - lr * (grad + mu * (w - w_start)). The first step starts at w_start, so only the
+  // second tells a missing or mis-signed term apart.
+  const TokenizedDataset train = MarkerTask(16, 8);
+  TrainOptions opts;
+  opts.epochs = 1;
+  opts.max_steps = 2;
+  opts.batch_size = 8;
+  opts.lr = 0.05f;
+  opts.optimizer = "sgd";
+  opts.weight_decay = 0.0f;
+  opts.grad_clip = 0.0f;
+  opts.schedule = "constant";
+  opts.proximal_mu = 4.0f;
+  opts.seed = 4;
+  opts.progress = false;
+  auto prox = TinyModel(/*seed=*/7, /*dropout=*/0.0f);
+  ASSERT_TRUE(Trainer(*prox, opts).Train(train, nullptr).ok());
+  TrainOptions plain_opts = opts;
+  plain_opts.proximal_mu = 0.0f;
+  auto plain = TinyModel(7, 0.0f);
+  ASSERT_TRUE(Trainer(*plain, plain_opts).Train(train, nullptr).ok());
+
+  auto manual = TinyModel(7, 0.0f);
+  std::vector<Param>& params = manual->trainable_params();
+  std::vector<std::vector<float>> start;
+  for (const Param& p : params) start.push_back(p.value);
+  const std::vector<int64_t> order = EpochOrder(train, opts, 1);
+  for (int step = 0; step < 2; ++step) {
+    manual->ZeroGrad();
+    const auto batch =
+        MakeBatch(train, std::span<const int64_t>(order).subspan(8 * step, 8),
+                  static_cast<int32_t>(manual->config().pad_token_id));
+    ASSERT_TRUE(manual->ForwardBackward(batch, 0).ok());
+    for (size_t i = 0; i < params.size(); ++i) {
+      for (size_t j = 0; j < params[i].value.size(); ++j) {
+        const float w = params[i].value[j];
+        params[i].value[j] = w - opts.lr * (params[i].grad[j] + opts.proximal_mu * (w - start[i][j]));
+      }
+    }
+  }
+  double max_diff_plain = 0.0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    for (size_t j = 0; j < params[i].value.size(); ++j) {
+      ASSERT_NEAR(prox->trainable_params()[i].value[j], params[i].value[j], 1e-6)
+          << params[i].name << "[" << j << "]";
+      max_diff_plain = std::max<double>(
+          max_diff_plain, std::abs(plain->trainable_params()[i].value[j] - params[i].value[j]));
+    }
+  }
+  EXPECT_GT(max_diff_plain, 1e-4);  // the term is large enough to matter in this test
+}
+
 TEST(Trainer, RejectsBadOptionsAndData) {
   auto model = TinyModel(1, 0.0f);
   const TokenizedDataset train = MarkerTask(8, 3);
@@ -316,6 +370,18 @@ TEST(Trainer, RejectsBadOptionsAndData) {
   EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(negative.message()), testing::HasSubstr("logit_adjustment"));
   opts.logit_adjustment = 0.0f;
+  opts.proximal_mu = NAN;
+  EXPECT_THAT(std::string(Trainer(*model, opts).Train(train, nullptr).message()),
+              testing::HasSubstr("proximal_mu"));
+  opts.proximal_mu = 0.0f;
+  opts.momentum = 1.0f;
+  EXPECT_THAT(std::string(Trainer(*model, opts).Train(train, nullptr).message()),
+              testing::HasSubstr("momentum must be in [0, 1)"));
+  opts.momentum = 0.0f;
+  opts.adam_epsilon = 0.0f;
+  EXPECT_THAT(std::string(Trainer(*model, opts).Train(train, nullptr).message()),
+              testing::HasSubstr("adam_epsilon"));
+  opts.adam_epsilon = -1.0f;
   TokenizedDataset bad = train;
   bad.examples[3].label = 2;
   absl::Status s = Trainer(*model, opts).Train(bad, nullptr);
