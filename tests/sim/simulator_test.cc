@@ -176,6 +176,39 @@ TEST(Simulator, SameConfigAndSeedGiveTheSameFinalAdapter) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Simulator, ProximalTermAndLogitAdjustmentReachTheVirtualClients) {
+  // Each setting travels to the clients differently (proximal_mu with the task, logit_adjustment
+  // in the run config the client reads); a client that ignored either would train exactly as
+  // plain FedAvg does, and the final adapters would be equal.
+  const std::string dir = MakeFixture();
+  auto final_adapter = [&](const std::string& name, const v1::RunConfig& config) {
+    SimOptions options;
+    options.out_dir = absl::StrCat(dir, "/", name);
+    options.progress = false;
+    options.max_seconds = 40;
+    auto result = RunSimulation(config, options);
+    EXPECT_TRUE(result.ok()) << name << ": " << result.status();
+    return Read(options.out_dir + "/final_adapter.safetensors");
+  };
+  v1::RunConfig plain = Config(dir, 1);
+  plain.mutable_simulation()->set_partition(v1::SimulationConfig::DIRICHLET);
+  plain.mutable_simulation()->set_dirichlet_alpha(0.3);
+  v1::RunConfig prox = plain;
+  prox.mutable_aggregation()->set_strategy(v1::AggregationConfig::FEDPROX);
+  prox.mutable_aggregation()->set_proximal_mu(1.0);
+  v1::RunConfig adjusted = plain;
+  adjusted.mutable_training()->set_logit_adjustment(1.0);
+  const std::string a = final_adapter("plain", plain);
+  const std::string b = final_adapter("prox", prox);
+  const std::string c = final_adapter("adjusted", adjusted);
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  ASSERT_FALSE(c.empty());
+  EXPECT_NE(a, b) << "FEDPROX's proximal term changed nothing";
+  EXPECT_NE(a, c) << "training.logit_adjustment changed nothing";
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Simulator, HundredsOfVirtualClientsWithFewTraining) {
   // 200 clients of 2 examples each (400 examples, IID), 8 selected per round: the clients are
   // cheap records and threads blocked in long polls; only 2 models exist.
