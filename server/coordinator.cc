@@ -626,7 +626,7 @@ absl::Status Coordinator::MaybeCloseSelectionLocked(bool force_window) {
   int64_t live = 0;
   for (const auto& [id, c] : clients_) live += IsLive(*c, now) ? 1 : 0;
   const bool quota_reached = options_.select_when_quota_reached && n >= Quota();
-  const bool everyone_waiting = n >= Target() && n >= live;
+  const bool everyone_waiting = n >= Target() && n >= live && live >= options_.expected_clients;
   const bool window_passed = r.first_candidate_ms != 0 && now - r.first_candidate_ms >= options_.selection_window_ms;
   if (!(quota_reached || everyone_waiting || ((window_passed || force_window) && n >= MinClients()))) {
     return absl::OkStatus();

@@ -101,6 +101,11 @@ struct ServerOptions {
   // or only once every live client is waiting or the window has passed (false: the choice then
   // depends on the seed alone, not on which clients polled first, as a reproducible simulation needs).
   bool select_when_quota_reached = true;
+  // How many clients must have joined before "every live client is waiting" may close a selection;
+  // the selection window still closes it with fewer. 0 (the default): no such floor. The simulator
+  // sets it to its number of virtual clients: otherwise round 1 samples from whichever clients had
+  // joined when the first few polled, which depends on thread timing, and the run is not reproducible.
+  int64_t expected_clients = 0;
   // A client silent (no RPC of any kind) for longer than this is considered dead: it is not
   // selected, and its task is handed to someone else, milliseconds. Default 30 s
   // (SelectionConfig.heartbeat_timeout_seconds): three missed heartbeats.

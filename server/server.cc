@@ -50,6 +50,9 @@ absl::Status ValidateOptions(const ServerOptions& o) {
   if (o.max_upload_chunk_bytes < o.chunk_bytes) {
     return absl::InvalidArgumentError("max_upload_chunk_bytes is below chunk_bytes: no upload could succeed");
   }
+  if (o.expected_clients < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("expected_clients is ", o.expected_clients, "; must be >= 0"));
+  }
   if (o.tls.enabled() && (o.tls.cert_file.empty() || o.tls.key_file.empty() || o.tls.client_ca_file.empty())) {
     return absl::InvalidArgumentError(
         "TLS needs cert_file, key_file and client_ca_file: client identity comes from client certificates");

@@ -511,6 +511,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
   // Sample each round from all live clients, not from the first to poll: with partial
   // participation the selection is then a function of the seed, and the run reproducible.
   so.select_when_quota_reached = false;
+  so.expected_clients = num_clients;
   so.tick_ms = options_.tick_ms;
   // Durable progress every chunk, so that a cut upload resumes where it stopped.
   so.upload_sync_bytes = so.max_upload_chunk_bytes;

@@ -481,6 +481,42 @@ TEST_F(UploadProtocolTest, OverSelectsAndTellsTheOthersToComeBack) {
   EXPECT_TRUE(SameBits(server_->coordinator().global_adapter(), ExpectedAdapter(counted, 1)));
 }
 
+TEST_F(UploadProtocolTest, SelectionWaitsForTheExpectedClientsToJoin) {
+  // One client per round among two expected ones (the simulator's case): the first to join must not
+  // be selected merely because it is, so far, every live client. The window is long enough that
+  // only the second client's arrival can close the selection.
+  v1::RunConfig config = testing::TestRunConfig(/*rounds=*/1, /*clients=*/1, /*min_clients=*/1);
+  ServerOptions options = testing::TestServerOptions(dir_.path());
+  options.select_when_quota_reached = false;
+  options.selection_window_ms = 20'000;
+  options.expected_clients = 2;
+  auto server = Server::Create(options, config, InitialAdapter());
+  ASSERT_TRUE(server.ok()) << server.status();
+  server_ = *std::move(server);
+
+  RawClient a(server_->address(), "site-a");
+  ASSERT_TRUE(a.Join().ok());
+  v1::WaitForTaskResponse early;
+  ASSERT_TRUE(a.WaitForTask(&early, 1).ok());
+  EXPECT_FALSE(early.has_task()) << "selected before the second expected client joined";
+  RawClient b(server_->address(), "site-b");
+  ASSERT_TRUE(b.Join().ok());
+  v1::WaitForTaskResponse answer_a, answer_b;
+  std::thread ta([&] { EXPECT_TRUE(a.WaitForTask(&answer_a, 5).ok()); });
+  std::thread tb([&] { EXPECT_TRUE(b.WaitForTask(&answer_b, 5).ok()); });
+  ta.join();
+  tb.join();
+  EXPECT_EQ(answer_a.has_task() + answer_b.has_task(), 1) << "one of the two waiting clients is selected";
+}
+
+TEST_F(UploadProtocolTest, NegativeExpectedClientsIsRefused) {
+  ServerOptions options = testing::TestServerOptions(dir_.path());
+  options.expected_clients = -1;
+  auto server = Server::Create(options, testing::TestRunConfig(1, 1, 1), InitialAdapter());
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(), HasSubstr("expected_clients"));
+}
+
 TEST_F(UploadProtocolTest, SilentSelectedClientIsReplacedByALiveOne) {
   StartServer(/*rounds=*/1, /*target=*/2, /*min_clients=*/2, 1.0, 30'000, /*heartbeat_timeout_ms=*/500);
   auto p = JoinAndGetTasks({"site-a", "site-b"});
