@@ -226,7 +226,7 @@ absl::Status Sgd::Update(Param& param, std::vector<std::vector<float>>& slots, i
   float* buf = slots[0].data();
   const float* g = param.grad.data();
   float* p = param.value.data();
-  const float mu = options_.beta1;
+  const float mu = options_.momentum;
   for (int64_t i = 0; i < param.numel(); ++i) {
     buf[i] = mu * buf[i] + g[i];
     p[i] -= lr * buf[i];
@@ -241,6 +241,10 @@ absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(std::string_view name,
   if (!in_unit(options.beta1) || !in_unit(options.beta2)) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer betas must be in [0, 1), got (",
                                                    options.beta1, ", ", options.beta2, ")"));
+  }
+  if (!in_unit(options.momentum)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer momentum must be in [0, 1), got ", options.momentum));
   }
   if (!std::isfinite(options.weight_decay) || options.weight_decay < 0.0f) {
     return absl::InvalidArgumentError(

@@ -8,7 +8,6 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/progress.h"
@@ -216,9 +215,8 @@ absl::Status Trainer::Train(const TokenizedDataset& train, const TokenizedDatase
 
   OptimizerOptions opt;
   opt.weight_decay = options_.weight_decay;
-  // OptimizerOptions::beta1 is SGD's momentum as well as Adam's first-moment decay.
-  opt.beta1 = absl::AsciiStrToLower(options_.optimizer) == "sgd" ? options_.momentum
-                                                                 : options_.adam_beta1;
+  opt.beta1 = options_.adam_beta1;
+  opt.momentum = options_.momentum;
   opt.beta2 = options_.adam_beta2;
   opt.eps = options_.adam_epsilon;
   FEDLORA_ASSIGN_OR_RETURN(optimizer_, MakeOptimizer(options_.optimizer, opt));

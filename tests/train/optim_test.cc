@@ -126,7 +126,7 @@ TEST(Optimizers, ConvergeOnIllConditionedQuadratic) {
   Lamb lamb(OptimizerOptions{});
   EXPECT_LT(RunQuadratic(lamb, 2000, 0.02f), 1e-2);
   OptimizerOptions momentum;
-  momentum.beta1 = 0.9f;
+  momentum.momentum = 0.9f;
   Sgd sgd(momentum);
   EXPECT_LT(RunQuadratic(sgd, 2000, 0.001f), 1e-2);
 }
@@ -143,6 +143,7 @@ TEST(Optimizers, ExportImportResumesBitIdentically) {
     OptimizerOptions opt;
     opt.weight_decay = 0.05f;
     opt.beta1 = 0.8f;
+    opt.momentum = 0.7f;
     std::vector<Param> straight = {MakeParam("w", {2, 2}, {0.5f, -0.25f, 1.0f, 2.0f})};
     auto a = MakeOptimizer(name, opt);
     ASSERT_TRUE(a.ok());
@@ -199,6 +200,32 @@ TEST(MakeOptimizer, NamesAndOptionChecks) {
   bad = {};
   bad.weight_decay = -0.1f;
   EXPECT_EQ(MakeOptimizer("adamw", bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad = {};
+  bad.momentum = 1.0f;
+  auto momentum = MakeOptimizer("sgd", bad);
+  EXPECT_EQ(momentum.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(momentum.status().message()), testing::HasSubstr("momentum"));
+}
+
+TEST(Sgd, MomentumIsItsOwnOptionAndBeta1IsIgnored) {
+  // p = 1, g = 1 each step, lr 0.1. Momentum 0.5: buf 1 then 1.5, so p = 0.9 then 0.75. Plain SGD
+  // (the default) gives 0.9 then 0.8 whatever beta1 says: beta1 belongs to Adam and LAMB.
+  auto run = [](const OptimizerOptions& o) {
+    std::vector<Param> params = {MakeParam("w", {1}, {1.0f})};
+    auto opt = MakeOptimizer("sgd", o);
+    EXPECT_TRUE(opt.ok());
+    for (int t = 0; t < 2; ++t) {
+      params[0].grad = {1.0f};
+      EXPECT_TRUE((*opt)->Step(params, 0.1f).ok());
+    }
+    return params[0].value[0];
+  };
+  OptimizerOptions heavy;
+  heavy.momentum = 0.5f;
+  EXPECT_FLOAT_EQ(run(heavy), 0.75f);
+  OptimizerOptions plain;
+  plain.beta1 = 0.9f;
+  EXPECT_FLOAT_EQ(run(plain), 0.8f);
 }
 
 }  // namespace
