@@ -67,8 +67,7 @@ absl::StatusOr<SimData> LoadSimData(const v1::RunConfig& config) {
   FEDLORA_ASSIGN_OR_RETURN(BertConfig bert, ReadBertConfig(model_dir + "/config.json"));
   FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizerFrom(model_dir));
   SimData out;
-  out.max_seq_len = static_cast<int>(std::min<int64_t>(config.model().has_max_seq_len() ? config.model().max_seq_len() : 128,
-                                                       bert.max_position_embeddings));
+  out.max_seq_len = static_cast<int>(std::min<int64_t>(ConfiguredMaxSeqLen(config.model()), bert.max_position_embeddings));
 
   const DatasetOptions options = DatasetOptionsFromConfig(config.task());
   FEDLORA_ASSIGN_OR_RETURN(Dataset train_raw, LoadDataset(config.data().train_path(), options));
