@@ -340,6 +340,11 @@ void ValidateAggregation(Problems& p, const RunConfig& c) {
     }
   }
   p.NonNegative("aggregation.max_update_norm", a.max_update_norm());
+  const uint32_t rounds = c.has_rounds() ? c.rounds() : 10;
+  if (a.average_last_rounds() > rounds) {
+    p.Bad("aggregation.average_last_rounds", a.average_last_rounds(),
+          absl::StrCat("exceeds the run's rounds (", rounds, "): there are not that many adapters to average"));
+  }
 }
 
 const char* StageName(CodecStage::Id id) {

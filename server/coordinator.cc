@@ -1151,6 +1151,7 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   ServerOptimizer opt = *server_opt_;
   std::vector<UpdateTensor> next = std::move(global);
   FEDLORA_RETURN_IF_ERROR(opt.Step(mean, next));
+  if (committed_before + 1 >= TotalRounds()) FEDLORA_RETURN_IF_ERROR(AverageWithEarlierRounds(round, next));
   std::string state_hash;
   if (opt.stateful()) {
     FEDLORA_ASSIGN_OR_RETURN(std::string state, opt.SaveState());
@@ -1207,6 +1208,48 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
     return absl::OkStatus();
   }
   return OpenNextRoundLocked();
+}
+
+absl::Status Coordinator::AverageWithEarlierRounds(int64_t round, std::vector<UpdateTensor>& adapter) const {
+  const int64_t k = config_.aggregation().average_last_rounds();
+  if (k <= 1) return absl::OkStatus();
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> rounds, store_->ListRounds(run_id_));
+  std::vector<const RoundRecord*> earlier;  // committed before `round`, oldest first
+  for (const RoundRecord& r : rounds) {
+    if (r.state == RoundState::kCommitted && r.round < round) earlier.push_back(&r);
+  }
+  if (static_cast<int64_t>(earlier.size()) > k - 1) earlier.erase(earlier.begin(), earlier.end() - (k - 1));
+  if (earlier.empty()) return absl::OkStatus();
+  std::vector<std::vector<double>> sum(adapter.size());
+  for (size_t t = 0; t < adapter.size(); ++t) sum[t].assign(adapter[t].values.size(), 0.0);
+  auto add = [&](const std::vector<UpdateTensor>& a, int64_t from_round) -> absl::Status {
+    if (a.size() != adapter.size()) {
+      return absl::DataLossError(absl::StrCat("round ", from_round, "'s adapter has ", a.size(), " tensors; expected ",
+                                              adapter.size()));
+    }
+    for (size_t t = 0; t < a.size(); ++t) {
+      if (a[t].name != adapter[t].name || a[t].values.size() != sum[t].size()) {
+        return absl::DataLossError(absl::StrCat("round ", from_round, "'s adapter tensor ", a[t].name,
+                                                " does not match ", adapter[t].name));
+      }
+      for (size_t i = 0; i < sum[t].size(); ++i) sum[t][i] += a[t].values[i];
+    }
+    return absl::OkStatus();
+  };
+  for (const RoundRecord* r : earlier) {
+    FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(r->result_adapter_hash));
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> a, AdapterFromSafetensors(bytes));
+    FEDLORA_RETURN_IF_ERROR(CanonicalizeAdapter(a));
+    FEDLORA_RETURN_IF_ERROR(add(a, r->round));
+  }
+  FEDLORA_RETURN_IF_ERROR(add(adapter, round));
+  const double n = static_cast<double>(earlier.size() + 1);
+  for (size_t t = 0; t < adapter.size(); ++t) {
+    for (size_t i = 0; i < sum[t].size(); ++i) adapter[t].values[i] = static_cast<float>(sum[t][i] / n);
+  }
+  FEDLORA_LOG(INFO) << "round " << round << ": the final adapter is the mean of rounds " << earlier.front()->round
+                    << " to " << round << " (" << earlier.size() + 1 << " adapters)";
+  return absl::OkStatus();
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -88,6 +88,7 @@ TEST(ConfigIoTest, FullExampleLoadsWithValuesIntact) {
   EXPECT_EQ(c.selection().retry_after_seconds(), 3u);
   EXPECT_EQ(c.aggregation().strategy(), AggregationConfig::FEDPROX);
   EXPECT_EQ(c.aggregation().proximal_mu(), 0.05);
+  EXPECT_EQ(c.aggregation().average_last_rounds(), 3u);
   ASSERT_EQ(c.codec().stages_size(), 3);
   EXPECT_EQ(c.codec().stages(0).id(), CodecStage::TOPK);
   EXPECT_EQ(c.codec().stages(0).top_k().fraction(), 0.1);
@@ -152,6 +153,7 @@ TEST(ConfigIoTest, MinimalExampleGetsDocumentedDefaults) {
   EXPECT_EQ(c.aggregation().proximal_mu(), 0.0);
   EXPECT_EQ(c.aggregation().server_learning_rate(), 1.0);
   EXPECT_TRUE(c.aggregation().weight_by_examples());
+  EXPECT_EQ(c.aggregation().average_last_rounds(), 0u);
   EXPECT_EQ(c.codec().stages_size(), 0);
   EXPECT_FALSE(c.privacy().dp().enabled());
   EXPECT_EQ(c.privacy().dp().mode(), v1::DifferentialPrivacyConfig::CENTRAL);
@@ -489,6 +491,12 @@ const std::vector<ValidationCase>& Cases() {
          c.mutable_aggregation()->set_server_momentum(0.9);
        },
        "aggregation.server_momentum (0.9) applies to FEDAVG and FEDPROX only, not FEDADAM"},
+      {"AverageMoreRoundsThanTheRun",
+       [](RunConfig& c) {
+         c.set_rounds(5);
+         c.mutable_aggregation()->set_average_last_rounds(6);
+       },
+       "aggregation.average_last_rounds (6) exceeds the run's rounds (5)"},
       {"CrashProbability", [](RunConfig& c) { c.mutable_simulation()->set_crash_probability(1.5); },
        "simulation.crash_probability (1.5)"},
       {"ShardsZero", [](RunConfig& c) { c.mutable_simulation()->set_shards_per_client(0); },

@@ -112,6 +112,39 @@ TEST(FederationE2eTest, FourClientsThreeRoundsGiveTheDirectlyComputedAdapter) {
   for (const v1::ClientInfo& c : clients.clients()) EXPECT_EQ(c.rounds_participated(), 3u) << c.client_id();
 }
 
+TEST(FederationE2eTest, LastRoundCommitsTheMeanOfTheLastRoundsAdapters) {
+  // Four rounds, average_last_rounds 3: rounds 1 to 3 commit their aggregates as they are (and
+  // clients train from them), round 4 commits mean(A2, A3, A4) of the directly computed aggregates.
+  TempDir dir;
+  constexpr int kClients = 2;
+  constexpr int kRounds = 4;
+  v1::RunConfig config = TestRunConfig(kRounds, kClients, kClients);
+  config.mutable_aggregation()->set_average_last_rounds(3);
+  auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter());
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
+  std::vector<absl::StatusOr<RunSummary>> results(kClients, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) trainers.push_back(std::make_unique<DeterministicTrainer>(c));
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      auto client = Client::Create(TestClientOptions((*server)->address(), "site-" + std::to_string(c)), trainers[c].get());
+      results[c] = client.ok() ? (*client)->RunUntilDone() : absl::StatusOr<RunSummary>(client.status());
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  const std::vector<UpdateTensor> last = ExpectedAdapter({0, 1}, 4);
+  const std::vector<UpdateTensor> expected =
+      testing::TailAverage({ExpectedAdapter({0, 1}, 2), ExpectedAdapter({0, 1}, 3), last});
+  ASSERT_FALSE(SameBits(expected, last)) << "the test needs rounds whose adapters differ";
+  EXPECT_TRUE(SameBits((*server)->coordinator().global_adapter(), expected));
+  for (int c = 0; c < kClients; ++c) {
+    ASSERT_TRUE(results[c].ok()) << "client " << c << ": " << results[c].status();
+    EXPECT_TRUE(SameBits(ToUpdate(results[c]->final_adapter), expected)) << "client " << c;
+  }
+}
+
 TEST(FederationE2eTest, HealthServiceReportsServingAfterRestore) {
   TempDir dir;
   auto server = Server::Create(TestServerOptions(dir.path()), TestRunConfig(1, 1, 1), testing::InitialAdapter());

@@ -136,6 +136,20 @@ inline std::vector<UpdateTensor> ExpectedAdapter(const std::vector<int>& clients
   return ExpectedAdapter(clients, numbers, optimizer);
 }
 
+// What aggregation.average_last_rounds makes the last round commit: the element-wise mean of
+// `adapters` (oldest first), summed in double in that order and rounded once.
+inline std::vector<UpdateTensor> TailAverage(const std::vector<std::vector<UpdateTensor>>& adapters) {
+  std::vector<UpdateTensor> out = adapters.back();
+  for (size_t t = 0; t < out.size(); ++t) {
+    for (size_t i = 0; i < out[t].values.size(); ++i) {
+      double sum = 0.0;
+      for (const auto& a : adapters) sum += a[t].values[i];
+      out[t].values[i] = static_cast<float>(sum / static_cast<double>(adapters.size()));
+    }
+  }
+  return out;
+}
+
 // Bitwise equality of two adapters (names, shapes, and the bits of every value).
 inline ::testing::AssertionResult SameBits(const std::vector<UpdateTensor>& a, const std::vector<UpdateTensor>& b) {
   if (a.size() != b.size()) return ::testing::AssertionFailure() << a.size() << " vs " << b.size() << " tensors";

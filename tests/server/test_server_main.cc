@@ -2,7 +2,9 @@
 // adapter, fast timings), on a given port and data directory, run as a child process so that a test
 // can SIGKILL it (FEDLORA_TEST_CRASH_AT, see server/crash_point.h) and start it again.
 //
-//   fedlora_test_server <data_dir> <port> <rounds> <clients>
+//   fedlora_test_server <data_dir> <port> <rounds> <clients> [strategy[:tailK]]
+//
+// ":tailK" sets aggregation.average_last_rounds to K.
 //
 // Runs until killed (SIGTERM at the end of a test).
 #include <csignal>
@@ -19,10 +21,16 @@ int main(int argc, char** argv) {
   int port = 0, rounds = 0, clients = 0;
   // The optional fifth argument is the aggregation strategy, e.g. FEDADAM (server learning rate 0.05).
   fedlora::v1::AggregationConfig::Strategy strategy = fedlora::v1::AggregationConfig::FEDAVG;
+  const std::string strategy_arg = argc == 6 ? argv[5] : "FEDAVG";
+  const size_t colon = strategy_arg.find(':');
+  int tail = 0;
+  const bool tail_ok = colon == std::string::npos ||
+                       (strategy_arg.compare(colon + 1, 4, "tail") == 0 &&
+                        absl::SimpleAtoi(strategy_arg.substr(colon + 5), &tail));
   if ((argc != 5 && argc != 6) || !absl::SimpleAtoi(argv[2], &port) || !absl::SimpleAtoi(argv[3], &rounds) ||
-      !absl::SimpleAtoi(argv[4], &clients) ||
-      (argc == 6 && !fedlora::v1::AggregationConfig::Strategy_Parse(argv[5], &strategy))) {
-    std::fprintf(stderr, "usage: %s <data_dir> <port> <rounds> <clients> [strategy]\n", argv[0]);
+      !absl::SimpleAtoi(argv[4], &clients) || !tail_ok ||
+      !fedlora::v1::AggregationConfig::Strategy_Parse(strategy_arg.substr(0, colon), &strategy)) {
+    std::fprintf(stderr, "usage: %s <data_dir> <port> <rounds> <clients> [strategy[:tailK]]\n", argv[0]);
     return 2;
   }
   // Block the stop signals before any thread exists, so that every thread inherits the mask and
@@ -40,6 +48,7 @@ int main(int argc, char** argv) {
     config.mutable_aggregation()->set_strategy(strategy);
     config.mutable_aggregation()->set_server_learning_rate(fedlora::testing::kTestAdaptiveServerLr);
   }
+  config.mutable_aggregation()->set_average_last_rounds(static_cast<uint32_t>(tail));
   auto server = fedlora::Server::Create(options, config, fedlora::testing::InitialAdapter());
   if (!server.ok()) {
     std::fprintf(stderr, "fedlora_test_server: %s\n", server.status().ToString().c_str());
