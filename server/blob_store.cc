@@ -103,6 +103,13 @@ absl::Status BlobWriter::Append(std::string_view bytes) {
 
 absl::Status BlobWriter::Sync() {
   if (finished_) return absl::FailedPreconditionError(absl::StrCat("blob writer for ", path_, " is finished"));
+  return SyncBeside();
+}
+
+absl::Status BlobWriter::SyncBeside() {
+  // Touches only what Append leaves alone: the descriptor (fsync through it covers every write
+  // that returned before the call) and the directory state. `finished_` is the owner's; the
+  // contract keeps Commit and Abort away while this runs.
   if (::fsync(fd_) != 0) return ErrnoToStatus(errno, "fsync", path_);
   if (!dir_synced_) {
     // A new file's directory entry is durable only once its directory is fsynced.

@@ -25,8 +25,10 @@
 // disk, Internal), each naming the path.
 //
 // Thread-safety: BlobStore methods are thread-safe (the file system arbitrates; distinct writers
-// use distinct temp files). A BlobWriter / BlobReader is used by one thread at a time. Two writers
-// on the same partial id at once are a caller bug (the RPC layer serialises one upload_id).
+// use distinct temp files). A BlobWriter / BlobReader is used by one thread at a time, with one
+// exception: BlobWriter::SyncBeside may run on a second thread while the owner calls Append (see
+// there). Two writers on the same partial id at once are a caller bug (the RPC layer serialises
+// one upload_id).
 #pragma once
 
 #include <cstdint>
@@ -56,11 +58,17 @@ class BlobWriter {
   BlobWriter(const BlobWriter&) = delete;
   BlobWriter& operator=(const BlobWriter&) = delete;
 
-  // Appends `bytes` at the end. Not durable until Sync() or Commit().
+  // Appends `bytes` at the end. Not durable until Sync(), SyncBeside() or Commit().
   absl::Status Append(std::string_view bytes);
   // fsyncs what was appended so far: after it returns OK the first size() bytes survive a crash.
   // Call before recording progress (chunks_received, bytes) in the store.
   absl::Status Sync();
+  // Sync for a second thread, so that the owner need not wait for the disk: it may keep calling
+  // Append (and only Append) meanwhile. When it returns OK, every byte appended before the call
+  // survives a crash (the caller notes size() when it hands the call over, and records that much
+  // as progress). At most one at a time, and the owner waits for it to return before it calls
+  // anything but Append, and before it destroys the writer.
+  absl::Status SyncBeside();
   // Asks the kernel to start writing the last `bytes` appended to disk without waiting (Linux
   // sync_file_range). Durability still comes only from Sync/Commit; this lets the disk work while
   // more bytes arrive, so the next Sync or Commit waits for less. Best effort: never fails.

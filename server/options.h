@@ -71,11 +71,16 @@ struct ServerOptions {
   int64_t max_upload_bytes = int64_t{256} << 20;
   // An upload's received bytes are fsynced and recorded as resumable progress every this many
   // bytes (and when the stream ends), bytes. Default 8 MiB: one fsync per 8 chunks costs ~1 ms of
-  // disk time per 8 MiB received, and a resume re-sends at most 8 MiB.
+  // disk time per 8 MiB received. Checkpoints run beside the stream, one at a time; when the disk
+  // is slower than the stream they cover more than this, and the stream waits for the disk only
+  // once twice this is pending. So after a server crash a resume re-sends at most about four times
+  // this (the checkpoint in flight and what came after it); after a broken stream, nothing.
   int64_t upload_sync_bytes = 8 << 20;
   // Threads that process upload messages (hash, write, fsync, decode, store), so that gRPC's few
   // callback threads never block on disk and the fsyncs of concurrent uploads overlap (the file
-  // system and WalSyncer batch them). Default 8: the benchmark's concurrency; they mostly wait.
+  // system and WalSyncer batch them); as many again run the uploads' periodic checkpoints beside
+  // their streams. Default 8: the benchmark's concurrency; they mostly wait. 0 processes messages
+  // on gRPC's threads and checkpoints inline.
   int upload_workers = 8;
   // Longest a WaitForTask long poll is held, milliseconds, whatever the client asks for. Default
   // 30 s: below common proxy idle timeouts (60 s), so a held call is never cut by the network.

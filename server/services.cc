@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "core/logging.h"
 #include "core/sha256.h"
 #include "core/status.h"
@@ -118,46 +119,121 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadChunk>
 // ------------------------------------------------------------------------------------------------
 // UploadUpdate: header first, then chunks in order, each checked against its SHA-256 before it is
 // written. Progress becomes durable (fsync + store row) every options.upload_sync_bytes and when the
-// stream ends, so a resume re-sends at most that much (GetUploadStatus reports only those durable
-// checkpoints). The ack is sent only after the blob is fsynced, renamed into place and its directory
-// fsynced, the update decoded and validated, and the store's row made durable (group-committed with
-// concurrent acceptances). Messages are processed on the service's upload pool, not on gRPC's
-// callback threads, so that concurrent uploads hash, write and wait for fsyncs in parallel.
+// stream ends, so a resume re-sends little (GetUploadStatus reports only those durable
+// checkpoints). The ack is sent only after the blob is fsynced, renamed into place and
+// its directory fsynced, the update decoded and validated, and the store's row made durable
+// (group-committed with concurrent acceptances). Messages are processed on the service's upload
+// pool, not on gRPC's callback threads, so that concurrent uploads hash, write and wait for fsyncs
+// in parallel.
+//
+// The periodic checkpoints run on a second pool (the sync pool) while the stream goes on: their
+// fsync waits for the disk and their store row for the WAL, neither of which the next chunk needs.
+// One checkpoint per upload is in flight at a time, so progress rows land in order; when the next
+// is due before it is done, the stream goes on and the next one covers more, up to
+// kMaxCheckpointLag intervals, where the stream waits for the disk. Every later step that touches
+// the writer or the upload's row (the commit, the end of the call) first waits for it. A server
+// crash thus loses at most about 2 x kMaxCheckpointLag intervals of an upload, a broken stream
+// nothing (the server makes everything it verified durable before it answers).
 
 class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
  public:
+  // Checkpoint intervals (options.upload_sync_bytes) a stream may run ahead of its last checkpoint
+  // while that one still waits for the disk.
+  static constexpr int64_t kMaxCheckpointLag = 2;
+
   UploadReactor(const ServerOptions& options, Coordinator* coordinator, BlobStore* blobs, ServerMetrics* metrics,
-                ThreadPool* pool, absl::StatusOr<std::string> client_id, v1::UploadAck* ack)
-      : options_(options), coordinator_(coordinator), blobs_(blobs), metrics_(metrics), pool_(pool), ack_(ack) {
+                ThreadPool* pool, ThreadPool* sync_pool, absl::StatusOr<std::string> client_id, v1::UploadAck* ack)
+      : options_(options),
+        coordinator_(coordinator),
+        blobs_(blobs),
+        metrics_(metrics),
+        pool_(pool),
+        sync_pool_(sync_pool),
+        ack_(ack) {
     if (!client_id.ok()) {
       Finish(ToGrpcStatus(client_id.status()));
       return;
     }
     client_id_ = *std::move(client_id);
-    StartRead(&message_);
+    reading_ = true;
+    StartRead(&messages_[0]);
   }
 
-  // Hands the message to the upload pool: hashing, writing and above all the fsyncs must not hold
-  // one of gRPC's few callback threads. At most one message per stream is in flight (the next
-  // StartRead comes from Process), so a stream's chunks stay in order.
+  // Reads run one message ahead of processing: while the pool processes a message in one buffer,
+  // gRPC reads the next into the other, so receiving overlaps hashing and writing. Processing
+  // (hashing, writing and above all the fsyncs must not hold one of gRPC's few callback threads)
+  // is one drain task on the upload pool at a time, taking the messages in the order they were
+  // read, so a stream's chunks stay in order.
   void OnReadDone(bool ok) override {
-    pool_->Submit([this, ok] { Process(ok); });
+    bool read_next = false, drain = false;
+    int into = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ = false;
+      if (stopping_) return;  // the call is being finished: this message is not wanted
+      if (ok) {
+        ++queued_;
+        next_read_ ^= 1;
+        read_next = queued_ < 2;  // the other buffer is free
+      } else {
+        eof_ = true;  // the client half-closed (or the call broke)
+      }
+      if (read_next) {
+        reading_ = true;
+        into = next_read_;
+      }
+      if (!draining_) draining_ = drain = true;
+    }
+    // Outside mu_: StartRead may react inline, and a pool without workers runs Drain inline.
+    if (read_next) StartRead(&messages_[into]);
+    if (drain) pool_->Submit([this] { Drain(); });
   }
 
-  void Process(bool ok) {
-    if (!ok) {  // the client half-closed (or the call broke): keep what is durable, report it
-      EndOfStream();
-      return;
-    }
-    absl::Status s = message_.has_header() ? OnHeader(message_.header()) : OnData(message_.data());
-    // Finish must be the last thing a reaction does: OnDone (which deletes this) may run on another
-    // thread as soon as it is called.
-    if (!s.ok()) {
-      Fail(s);
-    } else if (complete_) {
-      FinishCall(grpc::Status::OK);
-    } else {
-      StartRead(&message_);
+  // Processes the messages read so far, in order, then the end of the stream if it has come.
+  void Drain() {
+    for (;;) {
+      int index = 0;
+      bool end = false;
+      {
+        absl::MutexLock lock(&mu_);
+        if (queued_ == 0 && !eof_) {
+          draining_ = false;
+          return;
+        }
+        index = next_process_;
+        end = queued_ == 0;
+      }
+      if (end) {  // eof_, and every message before it is processed
+        EndOfStream();  // finishes the call
+        return;
+      }
+      const v1::UploadChunk& message = messages_[index];
+      absl::Status s = message.has_header() ? OnHeader(message.header()) : OnData(message.data());
+      bool read_next = false;
+      int into = 0;
+      {
+        absl::MutexLock lock(&mu_);
+        --queued_;
+        next_process_ ^= 1;
+        if (!s.ok() || complete_) {
+          stopping_ = true;
+        } else if (!reading_ && !eof_) {  // the read waited for this buffer
+          reading_ = read_next = true;
+          into = next_read_;
+        }
+      }
+      // Finish must be the last thing a reaction does: OnDone (which deletes this) may run on
+      // another thread as soon as it is called. A read still in flight is answered before OnDone,
+      // and OnReadDone drops it.
+      if (!s.ok()) {
+        Fail(s);
+        return;
+      }
+      if (complete_) {
+        FinishCall(grpc::Status::OK);
+        return;
+      }
+      if (read_next) StartRead(&messages_[into]);
     }
   }
 
@@ -169,6 +245,9 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
   // Ends the call. The upload_id is unlocked first: a client that has the answer may resume or
   // replay at once, before gRPC gets round to OnDone.
   void FinishCall(const grpc::Status& status) {
+    // Every path here has already waited for its checkpoint; this keeps the writer alive for one
+    // that has not, whatever its outcome (the progress it records is true either way).
+    (void)AwaitCheckpoint();
     writer_.reset();
     if (locked_) {
       coordinator_->EndUpload(header_.upload_id());
@@ -178,6 +257,16 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
   }
 
  private:
+  // A checkpoint handed to the sync pool: the writer's SyncBeside, then the progress row for
+  // `chunks` and `bytes` (what the writer held when it was handed over). Shared with the task.
+  struct PendingCheckpoint {
+    int64_t chunks = 0;
+    int64_t bytes = 0;
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::Status status ABSL_GUARDED_BY(mu);
+  };
+
   absl::Status OnHeader(const v1::UploadHeader& header) {
     if (have_header_) return absl::InvalidArgumentError("a second upload header in one stream");
     have_header_ = true;
@@ -255,12 +344,56 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
     ++next_chunk_;
     unsynced_bytes_ += static_cast<int64_t>(data.data().size());
     if (last) return Complete();
-    if (unsynced_bytes_ >= options_.upload_sync_bytes) FEDLORA_RETURN_IF_ERROR(MakeDurable());
+    if (unsynced_bytes_ >= options_.upload_sync_bytes) FEDLORA_RETURN_IF_ERROR(MaybeStartCheckpoint());
     return absl::OkStatus();
   }
 
-  // fsyncs what was received and records it as resumable progress.
+  // Hands a checkpoint of everything received so far to the sync pool once the previous one is
+  // done (its error, if any, is returned instead). While that one still runs, the stream goes on
+  // unless kMaxCheckpointLag intervals wait for a checkpoint: then it waits for the disk.
+  absl::Status MaybeStartCheckpoint() {
+    if (CheckpointRunning() && unsynced_bytes_ / kMaxCheckpointLag < options_.upload_sync_bytes) {
+      return absl::OkStatus();
+    }
+    FEDLORA_RETURN_IF_ERROR(AwaitCheckpoint());
+    if (writer_ == nullptr || next_chunk_ == durable_chunks_) return absl::OkStatus();
+    auto checkpoint = std::make_shared<PendingCheckpoint>();
+    checkpoint->chunks = next_chunk_;
+    checkpoint->bytes = writer_->size();
+    checkpoint_ = checkpoint;
+    unsynced_bytes_ = 0;
+    // The writer outlives the task: nothing resets writer_ before AwaitCheckpoint.
+    sync_pool_->Submit([checkpoint, writer = writer_.get(), coordinator = coordinator_, id = header_.upload_id()] {
+      absl::Status s = writer->SyncBeside();
+      if (s.ok()) s = coordinator->RecordUploadProgress(id, checkpoint->chunks, checkpoint->bytes);
+      absl::MutexLock lock(&checkpoint->mu);
+      checkpoint->status = std::move(s);
+      checkpoint->done = true;
+    });
+    return absl::OkStatus();
+  }
+
+  // True while the checkpoint handed over last is still at work.
+  bool CheckpointRunning() {
+    if (checkpoint_ == nullptr) return false;
+    absl::MutexLock lock(&checkpoint_->mu);
+    return !checkpoint_->done;
+  }
+
+  // Waits for the checkpoint in flight, if any; on success its chunks count as durable.
+  absl::Status AwaitCheckpoint() {
+    if (checkpoint_ == nullptr) return absl::OkStatus();
+    const std::shared_ptr<PendingCheckpoint> checkpoint = std::move(checkpoint_);
+    checkpoint_ = nullptr;
+    absl::MutexLock lock(&checkpoint->mu);
+    checkpoint->mu.Await(absl::Condition(&checkpoint->done));
+    if (checkpoint->status.ok()) durable_chunks_ = checkpoint->chunks;
+    return checkpoint->status;
+  }
+
+  // fsyncs what was received and records it as resumable progress, on this thread.
   absl::Status MakeDurable() {
+    FEDLORA_RETURN_IF_ERROR(AwaitCheckpoint());
     if (writer_ == nullptr || next_chunk_ == durable_chunks_) return absl::OkStatus();
     FEDLORA_RETURN_IF_ERROR(writer_->Sync());
     FEDLORA_RETURN_IF_ERROR(coordinator_->RecordUploadProgress(header_.upload_id(), next_chunk_, writer_->size()));
@@ -270,6 +403,9 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
   }
 
   absl::Status Complete() {
+    // The checkpoint's progress row must land before anything below records the upload's fate,
+    // and Commit may not run beside it.
+    FEDLORA_RETURN_IF_ERROR(AwaitCheckpoint());
     absl::StatusOr<std::string> hash = writer_->Commit(header_.manifest().sha256());
     writer_.reset();
     if (!hash.ok()) {
@@ -331,9 +467,20 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
   BlobStore* const blobs_;
   ServerMetrics* const metrics_;
   ThreadPool* const pool_;
+  ThreadPool* const sync_pool_;
   v1::UploadAck* const ack_;
   std::string client_id_;
-  v1::UploadChunk message_;
+  // Read-ahead (see OnReadDone). Messages are read into messages_[next_read_] and processed from
+  // messages_[next_process_]; queued_ counts those read and not yet processed (at most 2).
+  absl::Mutex mu_;
+  v1::UploadChunk messages_[2];
+  int next_read_ ABSL_GUARDED_BY(mu_) = 0;
+  int next_process_ ABSL_GUARDED_BY(mu_) = 0;
+  int queued_ ABSL_GUARDED_BY(mu_) = 0;
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;   // a StartRead is outstanding
+  bool eof_ ABSL_GUARDED_BY(mu_) = false;       // the last read failed: no more messages
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;  // a Drain task is queued or running
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // the call is being finished
   v1::UploadHeader header_;
   bool have_header_ = false;
   bool locked_ = false;     // BeginUpload locked header_.upload_id() to this stream
@@ -342,7 +489,8 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
   std::unique_ptr<BlobWriter> writer_;
   uint32_t next_chunk_ = 0;
   int64_t durable_chunks_ = 0;
-  int64_t unsynced_bytes_ = 0;
+  int64_t unsynced_bytes_ = 0;  // received since the last checkpoint was started
+  std::shared_ptr<PendingCheckpoint> checkpoint_;  // in flight on the sync pool, or null
 };
 
 }  // namespace
@@ -393,7 +541,8 @@ FederationService::FederationService(const ServerOptions& options, Coordinator* 
       coordinator_(coordinator),
       blobs_(blobs),
       metrics_(metrics),
-      upload_pool_(std::max(options.upload_workers, 0) + 1) {}  // ThreadPool(n) keeps n - 1 workers
+      upload_pool_(std::max(options.upload_workers, 0) + 1),  // ThreadPool(n) keeps n - 1 workers
+      sync_pool_(std::max(options.upload_workers, 0) + 1) {}
 
 absl::StatusOr<std::string> FederationService::Authenticate(grpc::CallbackServerContext* context) {
   FEDLORA_ASSIGN_OR_RETURN(std::string id, CallerIdentity(*context, options_.tls.enabled()));
@@ -452,7 +601,8 @@ grpc::ServerWriteReactor<v1::DownloadChunk>* FederationService::DownloadAdapter(
 
 grpc::ServerReadReactor<v1::UploadChunk>* FederationService::UploadUpdate(grpc::CallbackServerContext* context,
                                                                           v1::UploadAck* response) {
-  return new UploadReactor(options_, coordinator_, blobs_, metrics_, &upload_pool_, Authenticate(context), response);
+  return new UploadReactor(options_, coordinator_, blobs_, metrics_, &upload_pool_, &sync_pool_, Authenticate(context),
+                           response);
 }
 
 grpc::ServerUnaryReactor* FederationService::GetUploadStatus(grpc::CallbackServerContext* context,

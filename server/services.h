@@ -62,6 +62,10 @@ class FederationService final : public v1::Federation::CallbackService {
   ServerMetrics* const metrics_;
   // Runs UploadUpdate's message processing off gRPC's callback threads (options.upload_workers).
   ThreadPool upload_pool_;
+  // Runs the uploads' periodic checkpoints (fsync, progress row) while their streams go on
+  // (options.upload_workers). Separate from upload_pool_: a stream waits for its checkpoint, which
+  // must never queue behind waiting streams.
+  ThreadPool sync_pool_;
 };
 
 class AdminService final : public v1::Admin::CallbackService {

@@ -4,9 +4,10 @@
 //   server_upload_ingest_bench 1gb [reps=2]     one client, one ~1 GB update (rank 6782, fp32)
 //
 // N clients upload a BERT-base-sized LoRA update each, concurrently, to
-//   (a) the fedlora server: per-chunk SHA-256, partial-file writes with an fsync every 8 MiB, the
-//       final blob hash, validation of the whole update in place (ValidateUpdate: table, shapes,
-//       finite values, without decoding it into tensors), a durable SQLite row, and
+//   (a) the fedlora server: per-chunk SHA-256, partial-file writes with an fsync every 8 MiB (run
+//       beside the stream, which reads one message ahead of its processing), the final blob hash,
+//       validation of the whole update in place (ValidateUpdate: table, shapes, finite values,
+//       without decoding it into tensors), a durable SQLite row, and
 //   (b) a sink: the same Federation service, but UploadUpdate only reads and drops the chunks,
 // both in one child process (so that the server's peak RSS is its own), over 127.0.0.1, and
 //   (c) the disk: the same bytes written to files in the store's directory and fdatasync'ed, which

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include "core/file.h"
 #include "core/sha256.h"
@@ -188,6 +189,40 @@ TEST_F(BlobStoreTest, PartialUploadResumesAcrossWritersAndDropsUnrecordedTail) {
   for (const char* bad : {"", "../escape", ".hidden", "a/b", "sp ace"}) {
     EXPECT_EQ(store_->OpenPartial(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
+}
+
+TEST_F(BlobStoreTest, SyncBesideRunsOnAnotherThreadWhileTheOwnerAppends) {
+  // The upload stream's pattern: every few chunks a checkpoint fsyncs on a second thread while the
+  // owner keeps appending; each byte appended before a checkpoint started is in the file when it
+  // returns, and the running digest (Append's alone) still covers everything at Commit.
+  auto w = store_->OpenPartial("upload-beside");
+  ASSERT_TRUE(w.ok()) << w.status();
+  BlobWriter& writer = **w;
+  std::string all;
+  std::thread checkpoint;
+  absl::Status checkpoint_status;
+  int64_t checkpoint_size = 0;
+  for (int i = 0; i < 64; ++i) {
+    const std::string chunk(4096 + i, static_cast<char>('a' + i % 26));
+    EXPECT_TRUE(writer.Append(chunk).ok());  // not ASSERT: a checkpoint thread may be running
+    all += chunk;
+    if (i % 8 == 7) {
+      if (checkpoint.joinable()) {  // one at a time, as the contract asks
+        checkpoint.join();
+        ASSERT_TRUE(checkpoint_status.ok()) << checkpoint_status;
+        EXPECT_GE(static_cast<int64_t>(std::filesystem::file_size(dir_ + "/store/partial/upload-beside")),
+                  checkpoint_size);
+      }
+      checkpoint_size = writer.size();
+      checkpoint = std::thread([&writer, &checkpoint_status] { checkpoint_status = writer.SyncBeside(); });
+    }
+  }
+  checkpoint.join();  // the owner waits before anything but Append
+  ASSERT_TRUE(checkpoint_status.ok()) << checkpoint_status;
+  ASSERT_TRUE(writer.Sync().ok());
+  auto hash = writer.Commit(Sha256Hex(all));
+  ASSERT_TRUE(hash.ok()) << hash.status();
+  EXPECT_EQ(store_->Get(*hash).value(), all);
 }
 
 TEST_F(BlobStoreTest, StreamingReadInChunksVerifiesAtTheEnd) {

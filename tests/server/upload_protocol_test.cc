@@ -35,6 +35,7 @@ class UploadProtocolTest : public ::testing::Test {
     v1::RunConfig config = testing::TestRunConfig(rounds, target, min_clients);
     config.mutable_selection()->set_over_selection(over_selection);
     ServerOptions options = testing::TestServerOptions(dir_.path());
+    options.upload_sync_bytes = upload_sync_bytes_;
     options.round_deadline_ms = deadline_ms;
     options.heartbeat_timeout_ms = heartbeat_timeout_ms;
     auto server = Server::Create(options, config, InitialAdapter());
@@ -77,6 +78,7 @@ class UploadProtocolTest : public ::testing::Test {
 
   TempDir dir_;
   std::unique_ptr<Server> server_;
+  int64_t upload_sync_bytes_ = 1024;  // every (1 KiB) chunk a checkpoint, as TestServerOptions
 };
 
 TEST_F(UploadProtocolTest, ReplayedUploadIsAcknowledgedAgainAndCountedOnce) {
@@ -154,6 +156,45 @@ TEST_F(UploadProtocolTest, UploadCutOffHalfwayResumesFromTheLastDurableChunk) {
   grpc::Status s = a.Upload(header, blob, half + 1, n, &ack);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
   ASSERT_TRUE(a.Upload(header, blob, half, n, &ack).ok());
+  EXPECT_EQ(ack.state(), v1::UPLOAD_STATE_ACCEPTED);
+  ASSERT_TRUE(WaitForCommits(1));
+  EXPECT_TRUE(SameBits(server_->coordinator().global_adapter(), ExpectedAdapter({0}, 1)));
+}
+
+TEST_F(UploadProtocolTest, CheckpointsBesideTheStreamAreWaitedForAtEveryEnd) {
+  // A checkpoint every 3 chunks, run beside the stream: when the stream ends (cut off by the
+  // client, or refused at a corrupt chunk while the next ones are already on their way), the server
+  // waits for the checkpoint in flight and makes every verified chunk durable before it answers.
+  upload_sync_bytes_ = 3 * 1024;
+  StartServer(1, 1, 1, 1.0, 30'000);
+  auto p = JoinAndGetTasks({"site-a"});
+  RawClient& a = *p["site-a"].client;
+  const std::string blob = EncodedDeltaFor(0, p["site-a"].task, InitialAdapter());
+  const v1::UploadHeader header = a.Header(p["site-a"].task, blob, "upload-beside", testing::ExamplesOf(0));
+  const uint32_t n = header.manifest().num_chunks();
+  ASSERT_GE(n, 8u);
+
+  v1::UploadAck partial;  // cut after 4 chunks: one checkpoint (3 chunks) started, 1 chunk after it
+  ASSERT_TRUE(a.Upload(header, blob, 0, 4, &partial).ok());
+  EXPECT_EQ(partial.state(), v1::UPLOAD_STATE_IN_PROGRESS);
+  EXPECT_EQ(partial.chunks_acknowledged(), 4u);
+  v1::UploadStatusResponse status;
+  ASSERT_TRUE(a.Status("upload-beside", &status).ok());
+  EXPECT_EQ(status.chunks_acknowledged(), 4u);
+
+  // Resume, and corrupt chunk 7: chunks 4..6 (one more checkpoint) are verified and stay durable.
+  auto corrupt = [](v1::UploadData* d) {
+    if (d->chunk_index() == 7) d->set_sha256(Sha256Hex("not the data"));
+  };
+  v1::UploadAck refused;
+  grpc::Status s = a.Upload(header, blob, 4, n, &refused, corrupt);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << s.error_message();
+  ASSERT_TRUE(a.Status("upload-beside", &status).ok());
+  EXPECT_EQ(status.state(), v1::UPLOAD_STATE_IN_PROGRESS);
+  EXPECT_EQ(status.chunks_acknowledged(), 7u);
+
+  v1::UploadAck ack;
+  ASSERT_TRUE(a.Upload(header, blob, 7, n, &ack).ok());
   EXPECT_EQ(ack.state(), v1::UPLOAD_STATE_ACCEPTED);
   ASSERT_TRUE(WaitForCommits(1));
   EXPECT_TRUE(SameBits(server_->coordinator().global_adapter(), ExpectedAdapter({0}, 1)));
