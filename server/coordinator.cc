@@ -1220,33 +1220,16 @@ absl::Status Coordinator::AverageWithEarlierRounds(int64_t round, std::vector<Up
   }
   if (static_cast<int64_t>(earlier.size()) > k - 1) earlier.erase(earlier.begin(), earlier.end() - (k - 1));
   if (earlier.empty()) return absl::OkStatus();
-  std::vector<std::vector<double>> sum(adapter.size());
-  for (size_t t = 0; t < adapter.size(); ++t) sum[t].assign(adapter[t].values.size(), 0.0);
-  auto add = [&](const std::vector<UpdateTensor>& a, int64_t from_round) -> absl::Status {
-    if (a.size() != adapter.size()) {
-      return absl::DataLossError(absl::StrCat("round ", from_round, "'s adapter has ", a.size(), " tensors; expected ",
-                                              adapter.size()));
-    }
-    for (size_t t = 0; t < a.size(); ++t) {
-      if (a[t].name != adapter[t].name || a[t].values.size() != sum[t].size()) {
-        return absl::DataLossError(absl::StrCat("round ", from_round, "'s adapter tensor ", a[t].name,
-                                                " does not match ", adapter[t].name));
-      }
-      for (size_t i = 0; i < sum[t].size(); ++i) sum[t][i] += a[t].values[i];
-    }
-    return absl::OkStatus();
-  };
+  // The unweighted mean, with FedAvg's exact accumulator: the same adapters give the same bits in
+  // any order, and Add checks each against the spec.
+  FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg mean, StreamingFedAvg::Create(spec_));
   for (const RoundRecord* r : earlier) {
     FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(r->result_adapter_hash));
     FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> a, AdapterFromSafetensors(bytes));
-    FEDLORA_RETURN_IF_ERROR(CanonicalizeAdapter(a));
-    FEDLORA_RETURN_IF_ERROR(add(a, r->round));
+    FEDLORA_RETURN_IF_ERROR_CTX(mean.Add(a, 1), absl::StrCat("round ", r->round, "'s committed adapter"));
   }
-  FEDLORA_RETURN_IF_ERROR(add(adapter, round));
-  const double n = static_cast<double>(earlier.size() + 1);
-  for (size_t t = 0; t < adapter.size(); ++t) {
-    for (size_t i = 0; i < sum[t].size(); ++i) adapter[t].values[i] = static_cast<float>(sum[t][i] / n);
-  }
+  FEDLORA_RETURN_IF_ERROR(mean.Add(adapter, 1));
+  FEDLORA_ASSIGN_OR_RETURN(adapter, mean.Finish());
   FEDLORA_LOG(INFO) << "round " << round << ": the final adapter is the mean of rounds " << earlier.front()->round
                     << " to " << round << " (" << earlier.size() + 1 << " adapters)";
   return absl::OkStatus();

@@ -168,8 +168,8 @@ class Coordinator {
   std::vector<std::function<void()>> ResolveWaitersLocked(bool expire_all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AggregateAndCommit(int64_t round);
   // aggregation.average_last_rounds: replaces `adapter` (the last round's aggregate) by its mean with
-  // the adapters the latest earlier committed rounds stored, read back from the blob store. Summed in
-  // double in round order and rounded once, so a restarted server recomputes the same bits.
+  // the adapters the latest earlier committed rounds stored, read back from the blob store. The mean
+  // is StreamingFedAvg's (exact, rounded once), so a restarted server recomputes the same bits.
   absl::Status AverageWithEarlierRounds(int64_t round, std::vector<UpdateTensor>& adapter) const;
   absl::StatusOr<std::vector<UpdateTensor>> DecodeAndValidate(std::string_view bytes) const;
   // CompleteUpload's bookkeeping under mu_: records the acceptance with a deferred ticket.

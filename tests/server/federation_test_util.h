@@ -136,18 +136,15 @@ inline std::vector<UpdateTensor> ExpectedAdapter(const std::vector<int>& clients
   return ExpectedAdapter(clients, numbers, optimizer);
 }
 
-// What aggregation.average_last_rounds makes the last round commit: the element-wise mean of
-// `adapters` (oldest first), summed in double in that order and rounded once.
+// What aggregation.average_last_rounds makes the last round commit: the unweighted mean of
+// `adapters`, with the exact accumulator the server uses for every mean.
 inline std::vector<UpdateTensor> TailAverage(const std::vector<std::vector<UpdateTensor>>& adapters) {
-  std::vector<UpdateTensor> out = adapters.back();
-  for (size_t t = 0; t < out.size(); ++t) {
-    for (size_t i = 0; i < out[t].values.size(); ++i) {
-      double sum = 0.0;
-      for (const auto& a : adapters) sum += a[t].values[i];
-      out[t].values[i] = static_cast<float>(sum / static_cast<double>(adapters.size()));
-    }
-  }
-  return out;
+  auto mean = StreamingFedAvg::Create(SpecFromUpdate(adapters.back()));
+  EXPECT_TRUE(mean.ok()) << mean.status();
+  for (const auto& a : adapters) EXPECT_TRUE(mean->Add(a, 1).ok());
+  auto out = mean->Finish();
+  EXPECT_TRUE(out.ok()) << out.status();
+  return *out;
 }
 
 // Bitwise equality of two adapters (names, shapes, and the bits of every value).
