@@ -96,18 +96,9 @@ TEST_P(CrashRecoveryTest, AcknowledgedUpdatesCountOnceAndTheAdapterMatchesAnUnin
   });
 
   std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
-  std::vector<absl::StatusOr<RunSummary>> results(kClients, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
   for (int c = 0; c < kClients; ++c) trainers.push_back(std::make_unique<DeterministicTrainer>(c));
-  for (int c = 0; c < kClients; ++c) {
-    threads.emplace_back([&, c] {
-      ClientOptions options = testing::TestClientOptions(address, "site-" + std::to_string(c));
-      options.retry.max_attempts = 200;  // rides out a restart: 200 x <= 500 ms
-      auto client = Client::Create(options, trainers[c].get());
-      results[c] = client.ok() ? (*client)->RunUntilDone() : client.status();
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<absl::StatusOr<RunSummary>> results = testing::RunClientsUntilDone(
+      address, trainers, [](ClientOptions& o) { o.retry.max_attempts = 200; });  // rides out a restart: 200 x <= 500 ms
   done.store(true);
   watcher.join();
   kill(child.load(), SIGTERM);

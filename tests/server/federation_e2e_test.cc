@@ -56,20 +56,8 @@ TEST(FederationE2eTest, FourClientsThreeRoundsGiveTheDirectlyComputedAdapter) {
   const std::string address = (*server)->address();
 
   std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
-  std::vector<absl::StatusOr<RunSummary>> results(kClients, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
   for (int c = 0; c < kClients; ++c) trainers.push_back(std::make_unique<DeterministicTrainer>(c));
-  for (int c = 0; c < kClients; ++c) {
-    threads.emplace_back([&, c] {
-      auto client = Client::Create(TestClientOptions(address, "site-" + std::to_string(c)), trainers[c].get());
-      if (!client.ok()) {
-        results[c] = client.status();
-        return;
-      }
-      results[c] = (*client)->RunUntilDone();
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<absl::StatusOr<RunSummary>> results = testing::RunClientsUntilDone(address, trainers);
 
   const std::vector<UpdateTensor> expected = ExpectedAdapter({0, 1, 2, 3}, kRounds);
   EXPECT_TRUE(SameBits((*server)->coordinator().global_adapter(), expected));
@@ -123,16 +111,8 @@ TEST(FederationE2eTest, LastRoundCommitsTheMeanOfTheLastRoundsAdapters) {
   auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter());
   ASSERT_TRUE(server.ok()) << server.status();
   std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
-  std::vector<absl::StatusOr<RunSummary>> results(kClients, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
   for (int c = 0; c < kClients; ++c) trainers.push_back(std::make_unique<DeterministicTrainer>(c));
-  for (int c = 0; c < kClients; ++c) {
-    threads.emplace_back([&, c] {
-      auto client = Client::Create(TestClientOptions((*server)->address(), "site-" + std::to_string(c)), trainers[c].get());
-      results[c] = client.ok() ? (*client)->RunUntilDone() : absl::StatusOr<RunSummary>(client.status());
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<absl::StatusOr<RunSummary>> results = testing::RunClientsUntilDone((*server)->address(), trainers);
 
   const std::vector<UpdateTensor> last = ExpectedAdapter({0, 1}, 4);
   const std::vector<UpdateTensor> expected =

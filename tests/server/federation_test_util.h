@@ -9,9 +9,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "aggregation/fedavg.h"
@@ -214,6 +216,25 @@ inline ClientOptions TestClientOptions(const std::string& address, const std::st
   o.retry.max_backoff_ms = 500;
   o.retry.max_attempts = 60;
   return o;
+}
+
+// Runs one SDK client per trainer, "site-<i>", each in its own thread, until the run ends or the
+// client gives up; their results in trainer order. `tweak` may adjust each client's options.
+inline std::vector<absl::StatusOr<RunSummary>> RunClientsUntilDone(
+    const std::string& address, const std::vector<std::unique_ptr<DeterministicTrainer>>& trainers,
+    const std::function<void(ClientOptions&)>& tweak = nullptr) {
+  std::vector<absl::StatusOr<RunSummary>> results(trainers.size(), absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t c = 0; c < trainers.size(); ++c) {
+    threads.emplace_back([&, c] {
+      ClientOptions options = TestClientOptions(address, "site-" + std::to_string(c));
+      if (tweak) tweak(options);
+      auto client = Client::Create(options, trainers[c].get());
+      results[c] = client.ok() ? (*client)->RunUntilDone() : absl::StatusOr<RunSummary>(client.status());
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
 }
 
 // --- Raw protocol: a client that speaks the wire format directly (to misbehave on purpose). ----
