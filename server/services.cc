@@ -348,13 +348,18 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
     return absl::OkStatus();
   }
 
-  // Hands a checkpoint of everything received so far to the sync pool once the previous one is
-  // done (its error, if any, is returned instead). While that one still runs, the stream goes on
-  // unless kMaxCheckpointLag intervals wait for a checkpoint: then it waits for the disk.
+  // A checkpoint is due. While the previous one still runs, the stream goes on unless
+  // kMaxCheckpointLag intervals wait for a checkpoint: then it waits for the disk.
   absl::Status MaybeStartCheckpoint() {
     if (CheckpointRunning() && unsynced_bytes_ / kMaxCheckpointLag < options_.upload_sync_bytes) {
       return absl::OkStatus();
     }
+    return StartCheckpoint();
+  }
+
+  // Hands a checkpoint of everything received so far to the sync pool once the previous one is
+  // done (its error, if any, is returned instead); nothing when all of it is already durable.
+  absl::Status StartCheckpoint() {
     FEDLORA_RETURN_IF_ERROR(AwaitCheckpoint());
     if (writer_ == nullptr || next_chunk_ == durable_chunks_) return absl::OkStatus();
     auto checkpoint = std::make_shared<PendingCheckpoint>();
@@ -391,15 +396,11 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
     return checkpoint->status;
   }
 
-  // fsyncs what was received and records it as resumable progress, on this thread.
+  // fsyncs what was received and records it as resumable progress, and waits until it is: the
+  // same checkpoint as the periodic ones, awaited at once.
   absl::Status MakeDurable() {
-    FEDLORA_RETURN_IF_ERROR(AwaitCheckpoint());
-    if (writer_ == nullptr || next_chunk_ == durable_chunks_) return absl::OkStatus();
-    FEDLORA_RETURN_IF_ERROR(writer_->Sync());
-    FEDLORA_RETURN_IF_ERROR(coordinator_->RecordUploadProgress(header_.upload_id(), next_chunk_, writer_->size()));
-    durable_chunks_ = next_chunk_;
-    unsynced_bytes_ = 0;
-    return absl::OkStatus();
+    FEDLORA_RETURN_IF_ERROR(StartCheckpoint());
+    return AwaitCheckpoint();
   }
 
   absl::Status Complete() {
