@@ -88,6 +88,37 @@ BlobWriter::~BlobWriter() {
 }
 
 absl::Status BlobWriter::Append(std::string_view bytes) {
+  FEDLORA_RETURN_IF_ERROR(Write(bytes));
+  if (hash_valid_) hasher_.Update(bytes);
+  size_ += static_cast<int64_t>(bytes.size());
+  return absl::OkStatus();
+}
+
+BlobWriter::HashedBytes BlobWriter::HashNext(std::string_view bytes) const {
+  HashedBytes h;
+  h.end_ = size_ + static_cast<int64_t>(bytes.size());
+  if (hash_valid_) {
+    h.running_ = hasher_;
+    h.own_ = h.running_->UpdateAndDigest(bytes);
+  } else {
+    h.own_ = Sha256Digest(bytes);
+  }
+  return h;
+}
+
+absl::Status BlobWriter::Append(std::string_view bytes, const HashedBytes& hashed) {
+  if (hashed.end_ != size_ + static_cast<int64_t>(bytes.size()) ||
+      (hash_valid_ && (!hashed.running_.has_value() || hashed.running_->size() != static_cast<uint64_t>(hashed.end_)))) {
+    return absl::FailedPreconditionError(absl::StrCat("Append to ", path_, ": the bytes were hashed for ending at ",
+                                                      hashed.end_, ", not at ", size_ + static_cast<int64_t>(bytes.size())));
+  }
+  FEDLORA_RETURN_IF_ERROR(Write(bytes));
+  if (hash_valid_) hasher_ = *hashed.running_;
+  size_ += static_cast<int64_t>(bytes.size());
+  return absl::OkStatus();
+}
+
+absl::Status BlobWriter::Write(std::string_view bytes) {
   if (finished_) return absl::FailedPreconditionError(absl::StrCat("blob writer for ", path_, " is finished"));
   if (int err = WriteAll(fd_, bytes); err != 0) {
     // The file may now hold part of `bytes`: put it back to the last good length so that size()
@@ -96,8 +127,6 @@ absl::Status BlobWriter::Append(std::string_view bytes) {
     (void)::lseek(fd_, static_cast<off_t>(size_), SEEK_SET);
     return ErrnoToStatus(err, "write", path_);
   }
-  if (hash_valid_) hasher_.Update(bytes);
-  size_ += static_cast<int64_t>(bytes.size());
   return absl::OkStatus();
 }
 

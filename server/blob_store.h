@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,6 +61,25 @@ class BlobWriter {
 
   // Appends `bytes` at the end. Not durable until Sync(), SyncBeside() or Commit().
   absl::Status Append(std::string_view bytes);
+
+  // Bytes hashed for the next Append: their own SHA-256, to check against the one their sender
+  // gave, and the blob's running digest advanced over them. HashNext reads the bytes once for
+  // both (Sha256::UpdateAndDigest), so that a chunked upload hashes each byte once instead of
+  // twice; Append(bytes, hashed) then writes them without hashing again.
+  class HashedBytes {
+   public:
+    const Sha256DigestBytes& own() const { return own_; }
+
+   private:
+    friend class BlobWriter;
+    Sha256DigestBytes own_{};
+    std::optional<Sha256> running_;  // absent when the writer keeps no running digest
+    int64_t end_ = 0;                // size() once the bytes are appended
+  };
+  HashedBytes HashNext(std::string_view bytes) const;
+  // Append for bytes that HashNext hashed; FailedPrecondition if `hashed` is for another length
+  // or another position (the writer changed since), with nothing written.
+  absl::Status Append(std::string_view bytes, const HashedBytes& hashed);
   // fsyncs what was appended so far: after it returns OK the first size() bytes survive a crash.
   // Call before recording progress (chunks_received, bytes) in the store.
   absl::Status Sync();
@@ -94,6 +114,9 @@ class BlobWriter {
   BlobWriter(std::string blobs_dir, std::string path, bool keep_on_destroy, int fd, int64_t size);
   // Re-hashes the file from disk when a resumed or truncated writer lost its running digest.
   absl::StatusOr<std::string> HashFile();
+  // Writes `bytes` at the end of the file, or puts the file back to size_ and fails; the caller
+  // moves size_ and the digest on.
+  absl::Status Write(std::string_view bytes);
 
   std::string blobs_dir_;
   std::string path_;

@@ -326,7 +326,9 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
       return absl::InvalidArgumentError(absl::StrCat("chunk ", data.chunk_index(), " is ", data.data().size(),
                                                      " bytes; expected ", expected));
     }
-    if (Sha256Hex(data.data()) != data.sha256()) {
+    // One pass over the bytes: their own digest for this check, and the blob's running digest.
+    const BlobWriter::HashedBytes hashed = writer_->HashNext(data.data());
+    if (ToHex(hashed.own().data(), hashed.own().size()) != data.sha256()) {
       return absl::DataLossError(absl::StrCat("chunk ", data.chunk_index(), " does not match its SHA-256; resend from chunk ",
                                               durable_chunks_));
     }
@@ -338,7 +340,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
                                                        " bytes; the manifest ", m.total_bytes()));
       }
     }
-    FEDLORA_RETURN_IF_ERROR(writer_->Append(data.data()));
+    FEDLORA_RETURN_IF_ERROR(writer_->Append(data.data(), hashed));
     writer_->StartWriteback(static_cast<int64_t>(data.data().size()));
     metrics_->upload_bytes.fetch_add(static_cast<int64_t>(data.data().size()));
     ++next_chunk_;

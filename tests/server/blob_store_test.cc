@@ -191,6 +191,50 @@ TEST_F(BlobStoreTest, PartialUploadResumesAcrossWritersAndDropsUnrecordedTail) {
   }
 }
 
+TEST_F(BlobStoreTest, HashNextChecksEachChunkAndFeedsTheBlobDigestAppendUses) {
+  std::string blob;
+  for (int i = 0; i < 3 * 128 + 5; ++i) blob += static_cast<char>(i * 37 + 11);
+  {
+    auto w = store_->OpenPartial("hashed");
+    ASSERT_TRUE(w.ok()) << w.status();
+    for (size_t off = 0; off < blob.size(); off += 128) {
+      const std::string_view chunk = std::string_view(blob).substr(off, 128);
+      const BlobWriter::HashedBytes h = (*w)->HashNext(chunk);
+      EXPECT_EQ(h.own(), Sha256Digest(chunk)) << off;
+      ASSERT_TRUE((*w)->Append(chunk, h).ok()) << off;
+    }
+    // Commit checks the running digest Append took over from HashNext against the whole blob.
+    auto hash = (*w)->Commit(Sha256Hex(blob));
+    ASSERT_TRUE(hash.ok()) << hash.status();
+    EXPECT_EQ(store_->Get(*hash).value(), blob);
+  }
+
+  auto w = store_->OpenPartial("stale");
+  ASSERT_TRUE(w.ok());
+  const BlobWriter::HashedBytes abc = (*w)->HashNext("abc");
+  ASSERT_TRUE((*w)->Append("abc", abc).ok());
+  // Hashed for another position, or for another length: refused, nothing written.
+  EXPECT_EQ((*w)->Append("def", abc).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*w)->Append("de", (*w)->HashNext("def")).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*w)->size(), 3);
+  ASSERT_TRUE((*w)->Append("d").ok());  // the plain Append and HashNext mix
+  ASSERT_TRUE((*w)->Append("ef", (*w)->HashNext("ef")).ok());
+  ASSERT_TRUE((*w)->Sync().ok());
+  w->reset();
+
+  // A resumed writer holds no running digest: HashNext still gives the chunk's own, and Commit
+  // hashes the file.
+  auto resumed = store_->OpenPartial("stale");
+  ASSERT_TRUE(resumed.ok());
+  ASSERT_EQ((*resumed)->size(), 6);
+  const BlobWriter::HashedBytes g = (*resumed)->HashNext("ghi");
+  EXPECT_EQ(g.own(), Sha256Digest("ghi"));
+  ASSERT_TRUE((*resumed)->Append("ghi", g).ok());
+  auto hash = (*resumed)->Commit(Sha256Hex("abcdefghi"));
+  ASSERT_TRUE(hash.ok()) << hash.status();
+  EXPECT_EQ(store_->Get(*hash).value(), "abcdefghi");
+}
+
 TEST_F(BlobStoreTest, SyncBesideRunsOnAnotherThreadWhileTheOwnerAppends) {
   // The upload stream's pattern: every few chunks a checkpoint fsyncs on a second thread while the
   // owner keeps appending; each byte appended before a checkpoint started is in the file when it
