@@ -147,7 +147,9 @@ class ClientImpl final : public Client {
   absl::StatusOr<std::string> Download(const v1::AdapterManifest& manifest);
   absl::Status Upload(const v1::TrainTask& task, const std::string& blob, const std::vector<NamedTensor>& delta,
                       int64_t num_examples, const std::string& upload_id);
-  absl::Status UploadAttempt(const v1::UploadHeader& header, const std::string& blob, bool* accepted);
+  // `chunk_sha256` holds each chunk's hex digest, computed once for all attempts.
+  absl::Status UploadAttempt(const v1::UploadHeader& header, const std::string& blob,
+                             const std::vector<std::string>& chunk_sha256, bool* accepted);
   // One task: returns OK when the update was accepted; a non-transient error means "give it up".
   absl::Status RunTask(const v1::TrainTask& task);
 
@@ -170,6 +172,7 @@ absl::StatusOr<std::string> ClientImpl::Download(const v1::AdapterManifest& mani
   // blindly: reserve at most 1 GiB up front, and refuse a stream that outgrows its manifest.
   blob.reserve(static_cast<size_t>(std::min<uint64_t>(manifest.total_bytes(), uint64_t{1} << 30)));
   uint32_t next = 0;
+  Sha256 whole;  // the digest of `blob`, fed as verified chunks arrive
   FEDLORA_RETURN_IF_ERROR(Retry("DownloadAdapter", [&]() -> absl::Status {
     v1::DownloadRequest request;
     request.set_adapter_sha256(manifest.sha256());
@@ -184,30 +187,36 @@ absl::StatusOr<std::string> ClientImpl::Download(const v1::AdapterManifest& mani
         return absl::DataLossError(absl::StrCat("download: got chunk ", chunk.chunk_index(), " at offset ",
                                                 chunk.offset_bytes(), ", expected chunk ", next));
       }
-      if (Sha256Hex(chunk.data()) != chunk.sha256()) {
-        ctx->TryCancel();
-        reader->Finish();
-        // Transient by nature (corruption on the way): retry from this chunk.
-        return absl::AbortedError(absl::StrCat("download: chunk ", next, " does not match its SHA-256"));
-      }
       if (blob.size() + chunk.data().size() > manifest.total_bytes()) {
         ctx->TryCancel();
         reader->Finish();
         return absl::DataLossError(absl::StrCat("download: more than the manifest's ", manifest.total_bytes(), " bytes"));
       }
+      // One pass for the chunk's own digest and the blob's; the blob's moves on only if it matches.
+      Sha256 advanced = whole;
+      const Sha256DigestBytes own = advanced.UpdateAndDigest(chunk.data());
+      if (ToHex(own.data(), own.size()) != chunk.sha256()) {
+        ctx->TryCancel();
+        reader->Finish();
+        // Transient by nature (corruption on the way): retry from this chunk.
+        return absl::AbortedError(absl::StrCat("download: chunk ", next, " does not match its SHA-256"));
+      }
+      whole = advanced;
       blob += chunk.data();
       ++next;
     }
     return FromGrpcStatus(reader->Finish());
   }));
-  if (blob.size() != manifest.total_bytes() || Sha256Hex(blob) != manifest.sha256()) {
+  const Sha256DigestBytes digest = whole.Final();
+  if (blob.size() != manifest.total_bytes() || ToHex(digest.data(), digest.size()) != manifest.sha256()) {
     return absl::DataLossError(absl::StrCat("downloaded adapter (", blob.size(), " bytes) does not match its manifest (",
                                             manifest.total_bytes(), " bytes, ", manifest.sha256(), ")"));
   }
   return blob;
 }
 
-absl::Status ClientImpl::UploadAttempt(const v1::UploadHeader& base, const std::string& blob, bool* accepted) {
+absl::Status ClientImpl::UploadAttempt(const v1::UploadHeader& base, const std::string& blob,
+                                       const std::vector<std::string>& chunk_sha256, bool* accepted) {
   *accepted = false;
   // Where to start: what the server already holds durably.
   v1::UploadStatusRequest status_request;
@@ -240,7 +249,7 @@ absl::Status ClientImpl::UploadAttempt(const v1::UploadHeader& base, const std::
     data->set_chunk_index(i);
     data->set_offset_bytes(i * chunk);
     data->set_data(blob.substr(i * chunk, chunk));
-    data->set_sha256(Sha256Hex(data->data()));
+    data->set_sha256(chunk_sha256[i]);
     ok = writer->Write(message);
   }
   if (ok) writer->WritesDone();
@@ -273,13 +282,21 @@ absl::Status ClientImpl::Upload(const v1::TrainTask& task, const std::string& bl
   }
   const uint32_t chunk = join_.limits().chunk_size_bytes() > 0 ? join_.limits().chunk_size_bytes() : (1u << 20);
   m->set_total_bytes(blob.size());
-  m->set_sha256(Sha256Hex(blob));
+  // The blob's digest and every chunk's in one pass over the bytes.
+  std::vector<std::string> chunk_sha256;
+  Sha256 whole;
+  for (size_t off = 0; off < blob.size(); off += chunk) {
+    const Sha256DigestBytes d = whole.UpdateAndDigest(std::string_view(blob).substr(off, chunk));
+    chunk_sha256.push_back(ToHex(d.data(), d.size()));
+  }
+  const Sha256DigestBytes digest = whole.Final();
+  m->set_sha256(ToHex(digest.data(), digest.size()));
   m->set_chunk_size_bytes(chunk);
   m->set_num_chunks(static_cast<uint32_t>((blob.size() + chunk - 1) / chunk));
   m->set_round(task.round());
   return Retry("UploadUpdate", [&]() -> absl::Status {
     bool accepted = false;
-    FEDLORA_RETURN_IF_ERROR(UploadAttempt(header, blob, &accepted));
+    FEDLORA_RETURN_IF_ERROR(UploadAttempt(header, blob, chunk_sha256, &accepted));
     return accepted ? absl::OkStatus() : absl::UnavailableError("upload not accepted yet");
   });
 }
