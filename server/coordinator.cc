@@ -180,8 +180,12 @@ int64_t Coordinator::rounds_committed() const {
   return rounds_committed_;
 }
 std::vector<UpdateTensor> Coordinator::global_adapter() const {
-  absl::MutexLock lock(&mu_);
-  return global_;
+  std::shared_ptr<const std::vector<UpdateTensor>> snapshot;
+  {
+    absl::MutexLock lock(&mu_);
+    snapshot = global_;
+  }
+  return *snapshot;
 }
 std::string Coordinator::global_adapter_sha256() const {
   absl::MutexLock lock(&mu_);
@@ -276,13 +280,14 @@ absl::Status Coordinator::Restore() {
   }
   last_committed_round_ = current_round;
   FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(current_hash));
-  FEDLORA_ASSIGN_OR_RETURN(global_, AdapterFromSafetensors(bytes));
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> restored, AdapterFromSafetensors(bytes));
+  global_ = std::make_shared<const std::vector<UpdateTensor>>(std::move(restored));
   global_hash_ = current_hash;
   global_bytes_ = static_cast<int64_t>(bytes.size());
   global_round_ = current_round;
   global_elements_ = 0;
   spec_.clear();
-  for (const UpdateTensor& t : global_) {
+  for (const UpdateTensor& t : *global_) {
     global_elements_ += static_cast<int64_t>(t.values.size());
     spec_.push_back({t.name, t.shape});
   }
@@ -453,7 +458,7 @@ double Coordinator::RoundLearningRateLocked() const {
 
 v1::AdapterManifest Coordinator::ManifestLocked(const std::string& hash, int64_t round, int64_t total_bytes) const {
   v1::AdapterManifest m;
-  FillTensorSpecs(global_, &m);
+  FillTensorSpecs(*global_, &m);
   m.set_total_bytes(static_cast<uint64_t>(total_bytes));
   m.set_sha256(hash);
   m.set_chunk_size_bytes(static_cast<uint32_t>(options_.chunk_bytes));
@@ -850,14 +855,14 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
     return absl::InvalidArgumentError(absl::StrCat("manifest.num_chunks is ", m.num_chunks(), " for ",
                                                    m.total_bytes(), " bytes in chunks of ", options_.chunk_bytes));
   }
-  if (m.tensors_size() != static_cast<int>(global_.size())) {
+  if (m.tensors_size() != static_cast<int>(global_->size())) {
     return absl::InvalidArgumentError(absl::StrCat("manifest lists ", m.tensors_size(),
-                                                   " tensors; the adapter has ", global_.size()));
+                                                   " tensors; the adapter has ", global_->size()));
   }
   {
     std::map<std::string, const v1::TensorSpec*> by_name;
     for (const v1::TensorSpec& t : m.tensors()) by_name[t.name()] = &t;
-    for (const UpdateTensor& g : global_) {
+    for (const UpdateTensor& g : *global_) {
       auto it = by_name.find(g.name);
       if (it == by_name.end()) {
         return absl::InvalidArgumentError(absl::StrCat("manifest lacks adapter tensor '", g.name, "'"));
@@ -1126,13 +1131,15 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   // Only the driver thread aggregates, and the round is in state aggregating, so no RPC changes the
   // accepted set or the global adapter meanwhile: reading them without the lock held throughout is
   // safe. The heavy work runs unlocked so RPCs keep being answered.
-  std::vector<UpdateTensor> global;
+  std::shared_ptr<const std::vector<UpdateTensor>> snapshot;
   int64_t committed_before = 0;
   {
     absl::MutexLock lock(&mu_);
-    global = global_;
+    snapshot = global_;
     committed_before = rounds_committed_;
   }
+  std::vector<UpdateTensor> global = *snapshot;  // the copy the optimizer steps, made unlocked
+  snapshot.reset();
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> uploads, store_->ListAcceptedUploads(run_id_, round));
   FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(spec_));
   const bool by_examples = !config_.aggregation().has_weight_by_examples() || config_.aggregation().weight_by_examples();
@@ -1187,11 +1194,13 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   FEDLORA_RETURN_IF_ERROR(store_->CommitRound(run_id_, round, hash, metrics_json.dump(), records, state_hash));
   server_opt_.emplace(std::move(opt));
 
+  auto committed = std::make_shared<const std::vector<UpdateTensor>>(std::move(next));
+  std::shared_ptr<const std::vector<UpdateTensor>> previous;  // freed after the lock is released
   absl::MutexLock lock(&mu_);
   for (const UploadRecord& u : uploads) {
     if (ClientEntry* c = FindClientLocked(u.client_id)) ++c->rounds_participated;
   }
-  global_ = std::move(next);
+  previous = std::exchange(global_, std::move(committed));
   global_hash_ = hash;
   global_bytes_ = static_cast<int64_t>(bytes.size());
   global_round_ = round;

@@ -197,7 +197,11 @@ class Coordinator {
   int64_t rounds_committed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_committed_round_ ABSL_GUARDED_BY(mu_) = 0;
   // Global adapter: tensors sorted by name, the blob hash and size, the round that produced it.
-  std::vector<UpdateTensor> global_ ABSL_GUARDED_BY(mu_);
+  // The tensors are an immutable snapshot, replaced whole at each commit, so that whoever needs a
+  // copy takes the pointer under mu_ and copies outside it: copying a 1 GB adapter takes about
+  // half a second, which every RPC would otherwise wait out on mu_ as each aggregation starts.
+  std::shared_ptr<const std::vector<UpdateTensor>> global_ ABSL_GUARDED_BY(mu_) =
+      std::make_shared<const std::vector<UpdateTensor>>();
   std::string global_hash_ ABSL_GUARDED_BY(mu_);
   int64_t global_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t global_round_ ABSL_GUARDED_BY(mu_) = 0;
