@@ -147,7 +147,7 @@ void Compress2(uint32_t a[8], uint32_t b[8], const uint8_t* blocks, size_t n) {
   }
 #endif
   // No two-lane kernel here: two passes, a slice at a time so that the second reads from cache.
-  constexpr size_t kSlice = 64 * 1024 / 64;  // blocks
+  constexpr size_t kSlice = 16 * 1024 / 64;  // blocks: 16 KiB, half of a typical L1
   for (size_t done = 0; done < n; done += kSlice) {
     const size_t m = std::min(kSlice, n - done);
     CompressOpenSsl(a, blocks + done * 64, m);
