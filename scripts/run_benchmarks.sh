@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build/default}
-ninja -C "$BUILD_DIR" kernels_lora_bench train_step_bench server_upload_ingest_bench >/dev/null
+ninja -C "$BUILD_DIR" core_sha256_bench kernels_lora_bench train_step_bench server_upload_ingest_bench >/dev/null
+echo "== SHA-256 of each chunk and the whole blob in one pass vs two OpenSSL passes (bench/core)"
+"$BUILD_DIR/bench/core/core_sha256_bench"
 echo "== LoRA linear forward+backward vs OpenBLAS sgemm (bench/kernels)"
 "$BUILD_DIR/bench/kernels/kernels_lora_bench"
 echo "== training step vs PyTorch (bench/train)"
