@@ -222,6 +222,14 @@ class RecordingTrainer : public ClientTrainer {
   DeterministicTrainer inner_{0};
 };
 
+// The run trained once, on the server's initial adapter as it holds it, uploaded once, and ended
+// with the adapter that one update gives.
+void ExpectOneTrainingOnIntactBytes(const RecordingTrainer& trainer, const RunSummary& result) {
+  ASSERT_EQ(trainer.globals_.size(), 1u);
+  EXPECT_TRUE(testing::SameBits(trainer.globals_[0], testing::InitialAdapter()));
+  EXPECT_TRUE(testing::SameBits(testing::ToUpdate(result.final_adapter), testing::ExpectedAdapter({0}, 1)));
+}
+
 void FlipAByte(v1::DownloadChunk* chunk) { (*chunk->mutable_data())[0] ^= 0x01; }
 
 TEST_F(CorruptedDownloadTest, ChunkCorruptedOnceIsFetchedAgainFromThatChunk) {
@@ -240,10 +248,8 @@ TEST_F(CorruptedDownloadTest, ChunkCorruptedOnceIsFetchedAgainFromThatChunk) {
   // The task was not given up: trained once, on the adapter as the server holds it.
   EXPECT_EQ(result->tasks_failed, 0);
   EXPECT_EQ(result->tasks_completed, 1);
-  ASSERT_EQ(trainer.globals_.size(), 1u);
-  EXPECT_TRUE(testing::SameBits(trainer.globals_[0], testing::InitialAdapter()));
+  ExpectOneTrainingOnIntactBytes(trainer, *result);
   EXPECT_EQ(proxy_->uploads(), 1);
-  EXPECT_TRUE(testing::SameBits(testing::ToUpdate(result->final_adapter), testing::ExpectedAdapter({0}, 1)));
 }
 
 TEST_F(CorruptedDownloadTest, ChunkCorruptOnEveryAttemptGivesTheTaskUpUntrained) {
@@ -260,11 +266,9 @@ TEST_F(CorruptedDownloadTest, ChunkCorruptOnEveryAttemptGivesTheTaskUpUntrained)
   EXPECT_THAT(proxy_->StartChunks(/*final_adapter=*/false), ElementsAre(0u, 1u, 1u, 0u));
   EXPECT_EQ(result->tasks_failed, 1);
   EXPECT_EQ(result->tasks_completed, 1);
-  // Nothing trained or uploaded from the damaged downloads: one training, on intact bytes.
-  ASSERT_EQ(trainer.globals_.size(), 1u);
-  EXPECT_TRUE(testing::SameBits(trainer.globals_[0], testing::InitialAdapter()));
+  // Nothing trained or uploaded from the damaged downloads.
+  ExpectOneTrainingOnIntactBytes(trainer, *result);
   EXPECT_EQ(proxy_->uploads(), 1);
-  EXPECT_TRUE(testing::SameBits(testing::ToUpdate(result->final_adapter), testing::ExpectedAdapter({0}, 1)));
 }
 
 TEST_F(CorruptedDownloadTest, ChunkAlwaysCorruptIsAnErrorNamingTheChunk) {
