@@ -340,7 +340,7 @@ void ValidateAggregation(Problems& p, const RunConfig& c) {
     }
   }
   p.NonNegative("aggregation.max_update_norm", a.max_update_norm());
-  const uint32_t rounds = c.has_rounds() ? c.rounds() : 10;
+  const uint32_t rounds = ConfiguredRounds(c);
   if (a.average_last_rounds() > rounds) {
     p.Bad("aggregation.average_last_rounds", a.average_last_rounds(),
           absl::StrCat("exceeds the run's rounds (", rounds, "): there are not that many adapters to average"));
@@ -522,7 +522,7 @@ bool IsValidRunId(const std::string& id) {
 
 void ApplyRunConfigDefaults(RunConfig* c) {
   if (c->run_id().empty()) c->set_run_id("default");
-  if (!c->has_rounds()) c->set_rounds(10);
+  if (!c->has_rounds()) c->set_rounds(kDefaultRounds);
 
   auto* model = c->mutable_model();
   if (model->id().empty()) model->set_id(LastPathComponent(model->path()));

@@ -23,6 +23,7 @@ namespace fedlora {
 
 // Defaults and limits that other modules need too (the rest are documented in config.proto).
 inline constexpr char kDefaultListenAddress[] = "127.0.0.1:50051";
+inline constexpr uint32_t kDefaultRounds = 10;
 inline constexpr uint32_t kDefaultChunkSizeBytes = 1u << 20;      // 1 MiB
 inline constexpr uint32_t kMinChunkSizeBytes = 4u << 10;          // 4 KiB
 inline constexpr uint32_t kMaxChunkSizeBytes = 64u << 20;         // 64 MiB
@@ -38,6 +39,12 @@ absl::StatusOr<v1::RunConfig> ParseRunConfigJson(std::string_view json);
 
 // Reads `path` and does what ParseRunConfigJson does; error messages start with the path.
 absl::StatusOr<v1::RunConfig> LoadRunConfigFile(const std::string& path);
+
+// config.rounds, or its default where it is unset (a config that has not been through
+// ApplyRunConfigDefaults, as tests and embedders may build).
+inline uint32_t ConfiguredRounds(const v1::RunConfig& config) {
+  return config.has_rounds() ? config.rounds() : kDefaultRounds;
+}
 
 // Fills every unset field that has a documented default. Idempotent; never fails.
 void ApplyRunConfigDefaults(v1::RunConfig* config);

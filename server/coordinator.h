@@ -42,6 +42,7 @@
 #include "fedlora/v1/admin.pb.h"
 #include "fedlora/v1/config.pb.h"
 #include "fedlora/v1/federation.pb.h"
+#include "proto/config_io.h"
 #include "server/blob_store.h"
 #include "server/evaluator.h"
 #include "server/metrics.h"
@@ -215,7 +216,7 @@ class Coordinator {
   // the driver thread's AggregateAndCommit only).
   std::optional<ServerOptimizer> server_opt_;
   // config.rounds, or config.proto's default of 10.
-  int64_t TotalRounds() const { return config_.has_rounds() ? config_.rounds() : 10; }
+  int64_t TotalRounds() const { return ConfiguredRounds(config_); }
   // training.learning_rate scaled by training.round_schedule at the current round.
   double RoundLearningRateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every adapter hash a client may download (this run's global adapters), with its round and size.

@@ -488,7 +488,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
   start_ = Clock::now();
   FEDLORA_RETURN_IF_ERROR(Setup());
   const int num_clients = partition_.num_clients();
-  const uint32_t rounds = config_.has_rounds() ? config_.rounds() : 10;
+  const uint32_t rounds = ConfiguredRounds(config_);
 
   // The initial adapter: the model's freshly initialised trainable params (seeded by config.seed).
   std::vector<UpdateTensor> initial;
