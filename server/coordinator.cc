@@ -1138,34 +1138,42 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
     snapshot = global_;
     committed_before = rounds_committed_;
   }
-  std::vector<UpdateTensor> global = *snapshot;  // the copy the optimizer steps, made unlocked
-  snapshot.reset();
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> uploads, store_->ListAcceptedUploads(run_id_, round));
-  FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(spec_));
   const bool by_examples = !config_.aggregation().has_weight_by_examples() || config_.aggregation().weight_by_examples();
   const double max_norm = config_.aggregation().max_update_norm();
   int64_t added = 0;
-  for (const UploadRecord& u : uploads) {  // canonical order (by upload_id); the sum is exact anyway
-    FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(u.blob_hash));
-    FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> update, DecodeAndValidate(bytes));
-    if (max_norm > 0) ClipUpdateNorm(update, max_norm);
-    FEDLORA_RETURN_IF_ERROR_CTX(avg.Add(update, by_examples ? u.num_examples : 1),
-                                absl::StrCat("update ", u.upload_id));
-    if (++added == 1) MaybeCrashAt("during_aggregation");
-  }
-  FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> mean, avg.Finish());
+  std::vector<UpdateTensor> mean;
+  {
+    FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(spec_));
+    for (const UploadRecord& u : uploads) {  // canonical order (by upload_id); the sum is exact anyway
+      FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(u.blob_hash));
+      FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> update, DecodeAndValidate(bytes));
+      if (max_norm > 0) ClipUpdateNorm(update, max_norm);
+      FEDLORA_RETURN_IF_ERROR_CTX(avg.Add(update, by_examples ? u.num_examples : 1),
+                                  absl::StrCat("update ", u.upload_id));
+      if (++added == 1) MaybeCrashAt("during_aggregation");
+    }
+    FEDLORA_ASSIGN_OR_RETURN(mean, avg.Finish());
+  }  // the exact accumulator (16 bytes per element) is freed before the adapter is copied below
   // Step a copy of the optimizer: its state becomes the server's only once the round commits.
   ServerOptimizer opt = *server_opt_;
-  std::vector<UpdateTensor> next = std::move(global);
+  std::vector<UpdateTensor> next = *snapshot;  // the copy the optimizer steps, made unlocked
+  snapshot.reset();
   FEDLORA_RETURN_IF_ERROR(opt.Step(mean, next));
+  std::vector<UpdateTensor>().swap(mean);  // not needed past the step: one adapter less held below
   if (committed_before + 1 >= TotalRounds()) FEDLORA_RETURN_IF_ERROR(AverageWithEarlierRounds(round, next));
   std::string state_hash;
   if (opt.stateful()) {
     FEDLORA_ASSIGN_OR_RETURN(std::string state, opt.SaveState());
     FEDLORA_ASSIGN_OR_RETURN(state_hash, blobs_->Put(state));
   }
-  FEDLORA_ASSIGN_OR_RETURN(std::string bytes, AdapterToSafetensors(next));
-  FEDLORA_ASSIGN_OR_RETURN(std::string hash, blobs_->Put(bytes));
+  std::string hash;
+  int64_t adapter_bytes = 0;
+  {
+    FEDLORA_ASSIGN_OR_RETURN(std::string bytes, AdapterToSafetensors(next));
+    FEDLORA_ASSIGN_OR_RETURN(hash, blobs_->Put(bytes));
+    adapter_bytes = static_cast<int64_t>(bytes.size());
+  }  // the serialized copy is freed before evaluation
   MaybeCrashAt("during_checkpoint");
 
   // Evaluate every data.eval_every_rounds committed rounds, and always the last one.
@@ -1202,7 +1210,7 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   }
   previous = std::exchange(global_, std::move(committed));
   global_hash_ = hash;
-  global_bytes_ = static_cast<int64_t>(bytes.size());
+  global_bytes_ = adapter_bytes;
   global_round_ = round;
   downloadable_[hash] = {round, global_bytes_};
   last_committed_round_ = round;
