@@ -195,7 +195,7 @@ absl::StatusOr<std::string> ClientImpl::Download(const v1::AdapterManifest& mani
       // One pass for the chunk's own digest and the blob's; the blob's moves on only if it matches.
       Sha256 advanced = whole;
       const Sha256DigestBytes own = advanced.UpdateAndDigest(chunk.data());
-      if (ToHex(own.data(), own.size()) != chunk.sha256()) {
+      if (ToHex(own) != chunk.sha256()) {
         ctx->TryCancel();
         reader->Finish();
         // Transient by nature (corruption on the way): retry from this chunk.
@@ -208,7 +208,7 @@ absl::StatusOr<std::string> ClientImpl::Download(const v1::AdapterManifest& mani
     return FromGrpcStatus(reader->Finish());
   }));
   const Sha256DigestBytes digest = whole.Final();
-  if (blob.size() != manifest.total_bytes() || ToHex(digest.data(), digest.size()) != manifest.sha256()) {
+  if (blob.size() != manifest.total_bytes() || ToHex(digest) != manifest.sha256()) {
     return absl::DataLossError(absl::StrCat("downloaded adapter (", blob.size(), " bytes) does not match its manifest (",
                                             manifest.total_bytes(), " bytes, ", manifest.sha256(), ")"));
   }
@@ -287,10 +287,10 @@ absl::Status ClientImpl::Upload(const v1::TrainTask& task, const std::string& bl
   Sha256 whole;
   for (size_t off = 0; off < blob.size(); off += chunk) {
     const Sha256DigestBytes d = whole.UpdateAndDigest(std::string_view(blob).substr(off, chunk));
-    chunk_sha256.push_back(ToHex(d.data(), d.size()));
+    chunk_sha256.push_back(ToHex(d));
   }
   const Sha256DigestBytes digest = whole.Final();
-  m->set_sha256(ToHex(digest.data(), digest.size()));
+  m->set_sha256(ToHex(digest));
   m->set_chunk_size_bytes(chunk);
   m->set_num_chunks(static_cast<uint32_t>((blob.size() + chunk - 1) / chunk));
   m->set_round(task.round());

@@ -93,7 +93,7 @@ Sha256DigestBytes Sha256Digest(std::string_view bytes) {
 
 std::string Sha256Hex(std::string_view bytes) {
   const Sha256DigestBytes d = Sha256Digest(bytes);
-  return ToHex(d.data(), d.size());
+  return ToHex(d);
 }
 
 absl::StatusOr<std::string> Sha256FileHex(const std::string& path) {
@@ -121,7 +121,7 @@ absl::StatusOr<std::string> Sha256FileHex(const std::string& path) {
   ::close(fd);
   if (!status.ok()) return status;
   const Sha256DigestBytes d = h.Final();
-  return ToHex(d.data(), d.size());
+  return ToHex(d);
 }
 
 std::string ToHex(const uint8_t* data, size_t size) {

@@ -61,5 +61,6 @@ absl::StatusOr<std::string> Sha256FileHex(const std::string& path);
 
 // Lowercase hex encoding, two characters per byte.
 std::string ToHex(const uint8_t* data, size_t size);
+inline std::string ToHex(const Sha256DigestBytes& digest) { return ToHex(digest.data(), digest.size()); }
 
 }  // namespace fedlora

@@ -328,7 +328,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
     }
     // One pass over the bytes: their own digest for this check, and the blob's running digest.
     const BlobWriter::HashedBytes hashed = writer_->HashNext(data.data());
-    if (ToHex(hashed.own().data(), hashed.own().size()) != data.sha256()) {
+    if (ToHex(hashed.own()) != data.sha256()) {
       return absl::DataLossError(absl::StrCat("chunk ", data.chunk_index(), " does not match its SHA-256; resend from chunk ",
                                               durable_chunks_));
     }

@@ -31,7 +31,7 @@ TEST(Sha256, DigestBytesMatchHex) {
   const auto d = Sha256Digest("abc");
   EXPECT_EQ(d[0], 0xba);
   EXPECT_EQ(d[31], 0xad);
-  EXPECT_EQ(ToHex(d.data(), d.size()), kAbc);
+  EXPECT_EQ(ToHex(d), kAbc);
 }
 
 TEST(Sha256, MultiChunkUpdateEqualsOneShot) {
@@ -46,7 +46,7 @@ TEST(Sha256, MultiChunkUpdateEqualsOneShot) {
     step = step * 3 % 1031 + 1;
   }
   const auto d = h.Final();
-  EXPECT_EQ(ToHex(d.data(), d.size()), kMillionA);
+  EXPECT_EQ(ToHex(d), kMillionA);
 }
 
 TEST(Sha256, FinalResetsForReuse) {
@@ -55,10 +55,10 @@ TEST(Sha256, FinalResetsForReuse) {
   (void)h.Final();
   h.Update("abc", 3);
   const auto d = h.Final();
-  EXPECT_EQ(ToHex(d.data(), d.size()), kAbc);
+  EXPECT_EQ(ToHex(d), kAbc);
   h.Update(nullptr, 0);  // an empty update is allowed with a null pointer
   const auto e = h.Final();
-  EXPECT_EQ(ToHex(e.data(), e.size()), kEmpty);
+  EXPECT_EQ(ToHex(e), kEmpty);
 }
 
 TEST(Sha256, FileHashMatchesInMemoryAcrossChunkBoundary) {
@@ -127,11 +127,11 @@ TEST_P(Sha256Engines, UpdateAndDigestEqualsAChunkDigestPlusAnUpdate) {
       Sha256 fused;
       fused.Update(head);
       const Sha256DigestBytes own = fused.UpdateAndDigest(piece);
-      EXPECT_EQ(ToHex(own.data(), own.size()), EvpHex(piece)) << prefix << " + " << chunk;
+      EXPECT_EQ(ToHex(own), EvpHex(piece)) << prefix << " + " << chunk;
       EXPECT_EQ(fused.size(), prefix + chunk);
       fused.Update("tail");  // the running hash goes on correctly after the fused step
       const Sha256DigestBytes whole = fused.Final();
-      EXPECT_EQ(ToHex(whole.data(), whole.size()), EvpHex(std::string(head) + std::string(piece) + "tail"))
+      EXPECT_EQ(ToHex(whole), EvpHex(std::string(head) + std::string(piece) + "tail"))
           << prefix << " + " << chunk;
     }
   }
@@ -145,10 +145,10 @@ TEST_P(Sha256Engines, ChunkedTransferHashesEachChunkAndTheWhole) {
   for (size_t off = 0; off < blob.size(); off += kChunk) {
     const std::string_view chunk = std::string_view(blob).substr(off, kChunk);
     const Sha256DigestBytes d = whole.UpdateAndDigest(chunk);
-    EXPECT_EQ(ToHex(d.data(), d.size()), EvpHex(chunk)) << off;
+    EXPECT_EQ(ToHex(d), EvpHex(chunk)) << off;
   }
   const Sha256DigestBytes d = whole.Final();
-  EXPECT_EQ(ToHex(d.data(), d.size()), EvpHex(blob));
+  EXPECT_EQ(ToHex(d), EvpHex(blob));
 }
 
 INSTANTIATE_TEST_SUITE_P(, Sha256Engines,
@@ -164,8 +164,8 @@ TEST(Sha256, CopyForksTheHash) {
   a.Update("c");
   b.Update("d");
   const auto da = a.Final(), db = b.Final();
-  EXPECT_EQ(ToHex(da.data(), da.size()), kAbc);
-  EXPECT_EQ(ToHex(db.data(), db.size()), EvpHex("abd"));
+  EXPECT_EQ(ToHex(da), kAbc);
+  EXPECT_EQ(ToHex(db), EvpHex("abd"));
 }
 
 // The SHA-NI kernels against OpenSSL's block function on arbitrary chaining values: the CPU
