@@ -107,8 +107,9 @@ BlobWriter::HashedBytes BlobWriter::HashNext(std::string_view bytes) const {
 }
 
 absl::Status BlobWriter::Append(std::string_view bytes, const HashedBytes& hashed) {
-  if (hashed.end_ != size_ + static_cast<int64_t>(bytes.size()) ||
-      (hash_valid_ && (!hashed.running_.has_value() || hashed.running_->size() != static_cast<uint64_t>(hashed.end_)))) {
+  // (A writer's running digest, once dropped, never comes back, so one kept now was kept by
+  // HashNext too.)
+  if (hashed.end_ != size_ + static_cast<int64_t>(bytes.size())) {
     return absl::FailedPreconditionError(absl::StrCat("Append to ", path_, ": the bytes were hashed for ending at ",
                                                       hashed.end_, ", not at ", size_ + static_cast<int64_t>(bytes.size())));
   }
@@ -183,7 +184,7 @@ absl::StatusOr<std::string> BlobWriter::HashFile() {
     off += n;
   }
   const Sha256DigestBytes d = h.Final();
-  return ToHex(d.data(), d.size());
+  return ToHex(d);
 }
 
 absl::StatusOr<std::string> BlobWriter::Commit(std::string_view expected_sha256_hex) {
@@ -200,7 +201,7 @@ absl::StatusOr<std::string> BlobWriter::Commit(std::string_view expected_sha256_
   std::string hash;
   if (hash_valid_) {
     const Sha256DigestBytes d = hasher_.Final();
-    hash = ToHex(d.data(), d.size());
+    hash = ToHex(d);
   } else {
     auto h = HashFile();
     if (!h.ok()) return discard(h.status());
@@ -272,7 +273,7 @@ absl::StatusOr<std::string> BlobReader::Read(size_t max_bytes) {
     if (more > 0)
       return absl::DataLossError(absl::StrCat("blob ", hash_, " grew while reading past ", size_, " bytes"));
     const Sha256DigestBytes d = hasher_.Final();
-    const std::string got = ToHex(d.data(), d.size());
+    const std::string got = ToHex(d);
     if (got != hash_) {
       return absl::DataLossError(absl::StrCat("blob ", hash_, " is corrupt: its ", size_, " bytes hash to ", got));
     }
