@@ -215,7 +215,7 @@ class Coordinator {
   // The server optimizer with its state after the last committed round (set by Restore; used by
   // the driver thread's AggregateAndCommit only).
   std::optional<ServerOptimizer> server_opt_;
-  // config.rounds, or config.proto's default of 10.
+  // config.rounds, or its default (ConfiguredRounds).
   int64_t TotalRounds() const { return ConfiguredRounds(config_); }
   // training.learning_rate scaled by training.round_schedule at the current round.
   double RoundLearningRateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
