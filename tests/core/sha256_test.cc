@@ -100,7 +100,12 @@ std::string RandomBytes(size_t n, uint32_t seed) {
 // and OpenSSL's block function.
 class Sha256Engines : public ::testing::TestWithParam<sha256_internal::Engine> {
  protected:
-  void SetUp() override { sha256_internal::SetEngineForTesting(GetParam()); }
+  void SetUp() override {
+    sha256_internal::SetEngineForTesting(GetParam());
+    // The switch takes: the OpenSSL case really runs OpenSSL's block function.
+    ASSERT_EQ(sha256_internal::UseShaNi(),
+              GetParam() == sha256_internal::Engine::kAuto && sha256_internal::CpuHasShaNi());
+  }
   void TearDown() override { sha256_internal::SetEngineForTesting(sha256_internal::Engine::kAuto); }
 };
 
