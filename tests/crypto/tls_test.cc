@@ -1,0 +1,399 @@
+// Tests of the gRPC TLS credentials (crypto/tls.h) against a real server on 127.0.0.1: who is
+// served (and seen with which identity), who is refused before any handler runs, and how the CRL
+// follows its file. Plus the plaintext rule.
+#include "crypto/tls.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "core/file.h"
+#include "crypto/certs.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/async_generic_service.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+
+namespace fedlora::crypto {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr int64_t kDay = 86400;
+int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+// Answers every method with the caller's "x509_common_name" (what server/services.cc's
+// CallerIdentity reads) and counts the calls it served.
+class IdentityService : public grpc::CallbackGenericService {
+ public:
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
+    std::string cn;
+    bool authenticated = false;
+    if (std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context()) {
+      authenticated = auth->IsPeerAuthenticated();
+      std::vector<grpc::string_ref> values = auth->FindPropertyValues("x509_common_name");
+      if (!values.empty()) cn.assign(values.front().data(), values.front().size());
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      ++calls_;
+      authenticated_ = authenticated;
+    }
+    return new Reactor(cn);
+  }
+
+  int calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+  bool last_authenticated() {
+    absl::MutexLock lock(&mu_);
+    return authenticated_;
+  }
+
+ private:
+  class Reactor : public grpc::ServerGenericBidiReactor {
+   public:
+    explicit Reactor(const std::string& cn) {
+      grpc::Slice slice(cn);
+      response_ = grpc::ByteBuffer(&slice, 1);
+      StartRead(&request_);
+    }
+    void OnReadDone(bool ok) override {
+      if (ok) {
+        StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+      } else {
+        Finish(grpc::Status(grpc::StatusCode::CANCELLED, "no request"));
+      }
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    grpc::ByteBuffer request_, response_;
+  };
+
+  absl::Mutex mu_;
+  int calls_ = 0;
+  bool authenticated_ = false;
+};
+
+struct CallResult {
+  grpc::Status status;
+  std::string body;  // the CN the server saw
+};
+
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "fedlora_tls_XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    const int64_t later = Now() + kDay;
+    ca_ = CreateCertificateAuthority(Req("test CA", later)).value();
+    other_ca_ = CreateCertificateAuthority(Req("test CA", later)).value();  // same name, other key
+    CertificateRequest server = Req("", later);
+    server.ip_addresses = {"127.0.0.1"};
+    server.dns_names = {"localhost"};
+    WritePair("server", IssueServerCertificate(ca_, server).value());
+    WritePair("site-a", IssueClientCertificate(ca_, Req("site-a", later)).value());
+    WritePair("site-b", IssueClientCertificate(ca_, Req("site-b", later)).value());
+    WritePair("foreign", IssueClientCertificate(other_ca_, Req("site-a", later)).value());
+    WritePair("expired", IssueClientCertificate(ca_, Req("site-a", Now() - kDay, Now() - 2 * kDay)).value());
+    Write("ca.pem", ca_.cert_pem);
+    empty_crl_ = RevokeCertificates(ca_, "", {}, kDay).value();
+    revoked_b_crl_ = RevokeCertificates(ca_, empty_crl_, {pems_["site-b"].cert_pem}, kDay).value();
+  }
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+
+  static CertificateRequest Req(const std::string& cn, int64_t not_after, int64_t not_before = 0) {
+    CertificateRequest r;
+    r.common_name = cn;
+    r.not_before_unix_s = not_before;
+    r.not_after_unix_s = not_after;
+    return r;
+  }
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  void Write(const std::string& name, const std::string& bytes) {
+    ASSERT_TRUE(WriteFileAtomically(Path(name), bytes).ok()) << name;
+  }
+  void WritePair(const std::string& name, const PemPair& pair) {
+    pems_[name] = pair;
+    Write(name + ".pem", pair.cert_pem);
+    Write(name + ".key", pair.key_pem);
+  }
+
+  ServerTlsFiles Files(bool with_crl) const {
+    ServerTlsFiles f;
+    f.cert_file = Path("server.pem");
+    f.key_file = Path("server.key");
+    f.client_ca_file = Path("ca.pem");
+    if (with_crl) f.crl_file = Path("crl.pem");
+    return f;
+  }
+
+  // Starts the identity service on 127.0.0.1 with `files`' credentials.
+  void Start(const ServerTlsFiles& files) {
+    absl::StatusOr<std::shared_ptr<ServerTls>> tls = ServerTls::Create(files);
+    ASSERT_TRUE(tls.ok()) << tls.status();
+    tls_ = *tls;
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", tls_->credentials(), &port_);
+    builder.RegisterCallbackGenericService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(port_, 0);
+  }
+
+  // One call on a fresh channel (its own subchannel pool: a new connection, a new handshake).
+  CallResult Call(std::shared_ptr<grpc::ChannelCredentials> creds) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    std::shared_ptr<grpc::Channel> channel =
+        grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port_), creds, args);
+    grpc::GenericStub stub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::Slice slice(std::string("who"));
+    grpc::ByteBuffer request(&slice, 1), response;
+    CallResult result;
+    absl::Notification done;
+    stub.UnaryCall(&context, "/fedlora.test.Identity/Who", grpc::StubOptions(), &request, &response,
+                   [&](grpc::Status status) {
+                     result.status = std::move(status);
+                     done.Notify();
+                   });
+    done.WaitForNotification();
+    std::vector<grpc::Slice> slices;
+    if (result.status.ok() && response.Dump(&slices).ok()) {
+      for (const grpc::Slice& s : slices) result.body.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    return result;
+  }
+  CallResult CallAs(const std::string& name) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+        ClientChannelCredentials(Path("ca.pem"), Path(name + ".pem"), Path(name + ".key"));
+    EXPECT_TRUE(creds.ok()) << creds.status();
+    return Call(*creds);
+  }
+
+  // Asserts that a call as `name` fails and that no handler ran.
+  void ExpectRefused(const std::string& name) {
+    const int before = service_.calls();
+    const CallResult r = CallAs(name);
+    EXPECT_FALSE(r.status.ok()) << name << " was served as '" << r.body << "'";
+    EXPECT_EQ(service_.calls(), before) << name << ": a handler ran";
+  }
+  void ExpectServedAs(const std::string& name, const std::string& cn) {
+    const int before = service_.calls();
+    const CallResult r = CallAs(name);
+    EXPECT_TRUE(r.status.ok()) << name << ": " << r.status.error_code() << " " << r.status.error_message();
+    EXPECT_EQ(r.body, cn) << name;
+    EXPECT_EQ(service_.calls(), before + 1) << name;
+  }
+
+  std::string dir_;
+  PemPair ca_, other_ca_;
+  std::map<std::string, PemPair> pems_;
+  std::string empty_crl_, revoked_b_crl_;
+  IdentityService service_;
+  std::shared_ptr<ServerTls> tls_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+TEST_F(TlsTest, ValidClientIsServedAndItsCnIsTheAuthContextIdentity) {
+  Start(Files(false));
+  ExpectServedAs("site-a", "site-a");
+  EXPECT_TRUE(service_.last_authenticated());
+  ExpectServedAs("site-b", "site-b");
+  EXPECT_EQ(tls_->refused_handshakes(), 0);
+}
+
+TEST_F(TlsTest, NoClientCertificateIsRefused) {
+  Start(Files(false));
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ca_.cert_pem;
+  const CallResult r = Call(grpc::SslCredentials(ssl));
+  EXPECT_FALSE(r.status.ok()) << "served as '" << r.body << "'";
+  EXPECT_EQ(service_.calls(), 0);
+}
+
+TEST_F(TlsTest, CertificateOfAnotherCaIsRefused) {
+  Start(Files(false));
+  // ClientChannelCredentials would accept the pair; the server's TLS stack must not.
+  ExpectRefused("foreign");
+}
+
+TEST_F(TlsTest, ExpiredCertificateIsRefused) {
+  Start(Files(false));
+  ExpectRefused("expired");
+}
+
+TEST_F(TlsTest, PlaintextClientIsRefused) {
+  Start(Files(false));
+  const CallResult r = Call(grpc::InsecureChannelCredentials());
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_EQ(service_.calls(), 0);
+}
+
+TEST_F(TlsTest, CertificateRevokedBeforeStartIsRefused) {
+  Write("crl.pem", revoked_b_crl_);
+  Start(Files(true));
+  EXPECT_EQ(tls_->revoked_count(), 1u);
+  ExpectRefused("site-b");
+  EXPECT_EQ(tls_->refused_handshakes(), 1);
+  ExpectServedAs("site-a", "site-a");
+}
+
+TEST_F(TlsTest, CertificateRevokedAfterStartIsRefusedOnTheNextConnection) {
+  Write("crl.pem", empty_crl_);
+  Start(Files(true));
+  ExpectServedAs("site-b", "site-b");
+  Write("crl.pem", revoked_b_crl_);  // no restart, no ReloadCrl: the handshake notices the new file
+  ExpectRefused("site-b");
+  EXPECT_EQ(tls_->refused_handshakes(), 1);
+  EXPECT_EQ(tls_->revoked_count(), 1u);
+  ExpectServedAs("site-a", "site-a");
+
+  // Rewritten in place (same inode) back to the empty list: noticed too.
+  {
+    std::ofstream out(Path("crl.pem"), std::ios::trunc);
+    out << empty_crl_;
+  }
+  ExpectServedAs("site-b", "site-b");
+}
+
+TEST_F(TlsTest, ReloadCrlAppliesANewListAndKeepsTheOldOneOnErrors) {
+  Write("crl.pem", empty_crl_);
+  Start(Files(true));
+  EXPECT_EQ(tls_->revoked_count(), 0u);
+  Write("crl.pem", revoked_b_crl_);
+  ASSERT_TRUE(tls_->ReloadCrl().ok());
+  EXPECT_EQ(tls_->revoked_count(), 1u);  // loaded by ReloadCrl, before any handshake
+  ExpectRefused("site-b");
+
+  // A broken, foreign or missing CRL is an error, and the list in force stays: no fail-open.
+  Write("crl.pem", "not a CRL");
+  absl::Status garbage = tls_->ReloadCrl();
+  EXPECT_EQ(garbage.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(garbage.message(), HasSubstr("crl_file"));
+  EXPECT_EQ(tls_->revoked_count(), 1u);
+  ExpectRefused("site-b");  // nor does the next handshake retry that file version
+
+  Write("crl.pem", RevokeCertificates(other_ca_, "", {}, kDay).value());
+  absl::Status foreign = tls_->ReloadCrl();
+  EXPECT_EQ(foreign.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(foreign.message(), HasSubstr("not signed"));
+  ExpectRefused("site-b");
+
+  fs::remove(Path("crl.pem"));
+  EXPECT_EQ(tls_->ReloadCrl().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(tls_->revoked_count(), 1u);
+  ExpectRefused("site-b");
+  ExpectServedAs("site-a", "site-a");
+}
+
+TEST_F(TlsTest, ValidCertificateNotOnTheAllowListIsRefused) {
+  ServerTlsFiles files = Files(false);
+  files.allowed_client_ids = {"site-a"};
+  Start(files);
+  ExpectRefused("site-b");
+  EXPECT_EQ(tls_->refused_handshakes(), 1);
+  ExpectServedAs("site-a", "site-a");
+}
+
+TEST_F(TlsTest, CreateChecksEveryFileUpFront) {
+  auto create_error = [](const ServerTlsFiles& f) { return ServerTls::Create(f).status(); };
+  ServerTlsFiles f = Files(false);
+  f.cert_file = Path("missing.pem");
+  EXPECT_EQ(create_error(f).code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(create_error(f).message(), HasSubstr("missing.pem"));
+
+  f = Files(false);
+  f.key_file = Path("site-a.key");
+  EXPECT_THAT(create_error(f).message(), HasSubstr("does not match"));
+
+  f = Files(false);
+  f.client_ca_file = Path("site-a.key");  // a key, no certificate
+  EXPECT_THAT(create_error(f).message(), HasSubstr("holds no PEM certificate"));
+  f.client_ca_file = Path("site-a.pem");  // a leaf, not a CA
+  EXPECT_THAT(create_error(f).message(), HasSubstr("is not a CA"));
+
+  f = Files(true);
+  EXPECT_EQ(create_error(f).code(), absl::StatusCode::kNotFound);  // no crl.pem yet
+  Write("crl.pem", "garbage");
+  EXPECT_THAT(create_error(f).message(), HasSubstr("crl_file"));
+  Write("crl.pem", RevokeCertificates(other_ca_, "", {}, kDay).value());
+  EXPECT_EQ(create_error(f).code(), absl::StatusCode::kFailedPrecondition);
+  Write("crl.pem", empty_crl_);
+  EXPECT_TRUE(create_error(f).ok());
+
+  f = Files(false);
+  f.allowed_client_ids = {"bad id"};
+  EXPECT_THAT(create_error(f).message(), HasSubstr("allowed client id 'bad id'"));
+  f = Files(false);
+  f.cert_file.clear();
+  EXPECT_THAT(create_error(f).message(), HasSubstr("cert_file is not set"));
+}
+
+TEST_F(TlsTest, ClientChannelCredentialsChecksItsFiles) {
+  EXPECT_TRUE(ClientChannelCredentials(Path("ca.pem"), Path("site-a.pem"), Path("site-a.key")).ok());
+  EXPECT_EQ(ClientChannelCredentials(Path("nope.pem"), Path("site-a.pem"), Path("site-a.key")).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_THAT(ClientChannelCredentials(Path("ca.pem"), Path("site-a.pem"), Path("site-b.key")).status().message(),
+              HasSubstr("does not match"));
+  EXPECT_THAT(ClientChannelCredentials(Path("site-b.pem"), Path("site-a.pem"), Path("site-a.key")).status().message(),
+              HasSubstr("is not a CA"));
+}
+
+TEST(PlaintextRule, LoopbackHosts) {
+  for (const char* host : {"127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost", "LocalHost", "::ffff:127.0.0.1"}) {
+    EXPECT_TRUE(IsLoopbackHost(host)) << host;
+  }
+  for (const char* host : {"0.0.0.0", "::", "192.168.1.10", "10.0.0.1", "fl.example.org", "localhost.example.org",
+                           "128.0.0.1", "", "[::1", "127.0.0.1:80"}) {
+    EXPECT_FALSE(IsLoopbackHost(host)) << host;
+  }
+}
+
+TEST(PlaintextRule, OnlyLoopbackAndOnlyWithTheFlag) {
+  for (const char* address : {"0.0.0.0:50051", "[::]:50051", ":50051", "192.168.1.10:50051", "fl.example.org:50051",
+                              "dns:///fl.example.org:443", "[fe80::1]:50051"}) {
+    for (bool insecure : {false, true}) {
+      absl::Status s = CheckPlaintextAllowed(address, insecure, "server listen address");
+      EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << address;
+      EXPECT_THAT(s.message(), HasSubstr("server listen address '")) << address;
+      EXPECT_THAT(s.message(), HasSubstr("is not a loopback address")) << address;
+      EXPECT_THAT(s.message(), HasSubstr("--cert/--key/--client-ca")) << address;
+    }
+  }
+  for (const char* address : {"127.0.0.1:50051", "[::1]:50051", "localhost:50051", "dns:///localhost:50051",
+                              "ipv4:127.0.0.1:5", "unix:/tmp/fedlora.sock"}) {
+    absl::Status refused = CheckPlaintextAllowed(address, false, "server address");
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << address;
+    EXPECT_THAT(refused.message(), HasSubstr("needs the explicit --insecure flag")) << address;
+    EXPECT_THAT(refused.message(), HasSubstr("server address")) << address;
+    EXPECT_TRUE(CheckPlaintextAllowed(address, true, "server address").ok()) << address;
+  }
+  EXPECT_EQ(CheckPlaintextAllowed("", true, "server address").code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace fedlora::crypto
