@@ -21,5 +21,6 @@ int RunSimulate(int argc, char** argv);
 int RunServer(int argc, char** argv);
 int RunClient(int argc, char** argv);
 int RunStatus(int argc, char** argv);
+int RunCerts(int argc, char** argv);
 
 }  // namespace fedlora::tools

@@ -23,6 +23,7 @@ constexpr Subcommand kSubcommands[] = {
     {"server", "run the aggregation server for a run config", RunServer},
     {"client", "join a federation and train LoRA adapters on local data", RunClient},
     {"status", "print a running server's status as JSON", RunStatus},
+    {"certs", "make a development CA, server and client certificates, and CRLs", RunCerts},
 };
 
 void PrintUsage(std::FILE* out) {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -317,6 +318,71 @@ TEST_F(FedloraCli, HelpExitsZero) {
   EXPECT_EQ(train.exit_code, 0);
   EXPECT_THAT(train.out, HasSubstr("usage: fedlora train [flags]"));
   EXPECT_THAT(train.out, HasSubstr("--targets"));
+}
+
+// `fedlora certs`: dev writes a complete PKI (keys 0600), never overwrites it without --force,
+// client adds a site, revoke creates and extends crl.pem; bad ids fail with a clear message.
+TEST_F(FedloraCli, CertsDevThenRevoke) {
+  const std::string pki = dir_ + "/pki";
+  Result dev = Run({"certs", "dev", "--dir", pki, "--clients", "site-a,site-b", "--days", "7"});
+  ASSERT_EQ(dev.exit_code, 0) << dev.err;
+  for (const char* name : {"ca", "server", "site-a", "site-b"}) {
+    const std::string cert = pki + "/" + name + ".pem", key = pki + "/" + name + ".key";
+    EXPECT_THAT(ReadFileToString(cert).value_or(""), ::testing::StartsWith("-----BEGIN CERTIFICATE-----")) << cert;
+    EXPECT_THAT(ReadFileToString(key).value_or(""), ::testing::StartsWith("-----BEGIN PRIVATE KEY-----")) << key;
+    EXPECT_EQ(fs::status(key).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write) << key;
+    EXPECT_THAT(dev.out, HasSubstr("wrote " + cert + ": ")) << name;
+  }
+  EXPECT_THAT(dev.out, HasSubstr("server certificate 'localhost'"));
+  EXPECT_THAT(dev.out, HasSubstr("for localhost,127.0.0.1"));
+  EXPECT_FALSE(fs::exists(pki + "/crl.pem"));
+  std::smatch m;
+  const std::regex serial_re("site-b\\.pem: client certificate .site-b., serial ([0-9a-f]+)");
+  ASSERT_TRUE(std::regex_search(dev.out, m, serial_re)) << dev.out;
+  const std::string serial_b = m[1];
+
+  // The CA is never replaced by accident.
+  const std::string ca_before = ReadFileToString(pki + "/ca.pem").value_or("");
+  Result again = Run({"certs", "dev", "--dir", pki});
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_THAT(again.err, HasSubstr("already exists; pass --force"));
+  EXPECT_EQ(ReadFileToString(pki + "/ca.pem").value_or(""), ca_before);
+
+  Result client = Run({"certs", "client", "--dir", pki, "--id", "site-c"});
+  ASSERT_EQ(client.exit_code, 0) << client.err;
+  EXPECT_THAT(client.out, HasSubstr("client certificate 'site-c'"));
+  EXPECT_EQ(fs::status(pki + "/site-c.key").permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
+
+  Result revoke = Run({"certs", "revoke", "--dir", pki, "--cert", pki + "/site-b.pem"});
+  ASSERT_EQ(revoke.exit_code, 0) << revoke.err;
+  EXPECT_THAT(revoke.out, HasSubstr("certificate 'site-b', serial " + serial_b));
+  EXPECT_THAT(revoke.out, HasSubstr("crl.pem: 1 revoked serial,"));
+  EXPECT_THAT(ReadFileToString(pki + "/crl.pem").value_or(""), ::testing::StartsWith("-----BEGIN X509 CRL-----"));
+  Result extend = Run({"certs", "revoke", "--dir", pki, "--cert", pki + "/site-c.pem"});
+  ASSERT_EQ(extend.exit_code, 0) << extend.err;
+  EXPECT_THAT(extend.out, HasSubstr("crl.pem: 2 revoked serials,"));
+
+  // A certificate of another CA cannot be revoked here.
+  ASSERT_EQ(Run({"certs", "dev", "--dir", dir_ + "/other"}).exit_code, 0);
+  Result foreign = Run({"certs", "revoke", "--dir", pki, "--cert", dir_ + "/other/site-a.pem"});
+  EXPECT_EQ(foreign.exit_code, 1);
+  EXPECT_THAT(foreign.err, HasSubstr("was not issued by the CA"));
+
+  Result bad_id = Run({"certs", "client", "--dir", pki, "--id", "bad/id"});
+  EXPECT_EQ(bad_id.exit_code, 2);
+  EXPECT_THAT(bad_id.err, HasSubstr("client id 'bad/id' is invalid"));
+  EXPECT_THAT(bad_id.err, HasSubstr("[A-Za-z0-9._@-]"));
+  Result reserved = Run({"certs", "client", "--dir", pki, "--id", "ca", "--force"});
+  EXPECT_EQ(reserved.exit_code, 2);
+  EXPECT_THAT(reserved.err, HasSubstr("reserved"));
+  EXPECT_EQ(ReadFileToString(pki + "/ca.pem").value_or(""), ca_before);
+  Result no_ca = Run({"certs", "client", "--dir", dir_ + "/empty", "--id", "site-d"});
+  EXPECT_EQ(no_ca.exit_code, 1);
+  EXPECT_THAT(no_ca.err, HasSubstr("fedlora certs ca --dir"));
+  Result verb = Run({"certs", "sign"});
+  EXPECT_EQ(verb.exit_code, 2);
+  EXPECT_THAT(verb.err, HasSubstr("unknown verb 'sign'"));
 }
 
 }  // namespace
