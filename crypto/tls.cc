@@ -1,6 +1,5 @@
 #include "crypto/tls.h"
 
-#include <arpa/inet.h>
 #include <sys/stat.h>
 
 #include <atomic>
@@ -8,7 +7,6 @@
 #include <set>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "core/file.h"
@@ -229,56 +227,6 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientChannelCredentia
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::SslCredentials(ssl);
   if (creds == nullptr) return absl::InternalError("grpc::SslCredentials failed");
   return creds;
-}
-
-bool IsLoopbackHost(std::string_view host) {
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  const std::string h(host);
-  const std::string lower = absl::AsciiStrToLower(h);
-  if (lower == "localhost" || lower == "localhost.") return true;
-  unsigned char v4[4];
-  if (inet_pton(AF_INET, h.c_str(), v4) == 1) return v4[0] == 127;
-  struct in6_addr v6 {};
-  if (inet_pton(AF_INET6, h.c_str(), &v6) == 1) {
-    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
-  }
-  return false;
-}
-
-absl::Status CheckPlaintextAllowed(std::string_view address, bool insecure_flag, std::string_view what) {
-  const absl::string_view w = ToAbsl(what);
-  if (address.empty()) return absl::InvalidArgumentError(absl::StrCat(w, " is empty"));
-  constexpr absl::string_view kUseTls = "use TLS (the server: --cert/--key/--client-ca; a client: --ca/--cert/--key)";
-  std::string_view rest = address;
-  bool local = false;
-  if (rest.starts_with("unix:") || rest.starts_with("unix-abstract:")) {
-    local = true;
-  } else {
-    for (std::string_view scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
-      if (rest.starts_with(scheme)) {
-        rest.remove_prefix(scheme.size());
-        break;
-      }
-    }
-    std::string_view host = rest;
-    if (rest.starts_with("[")) {
-      const size_t close = rest.find(']');
-      host = close == std::string_view::npos ? std::string_view() : rest.substr(0, close + 1);
-    } else if (rest.find(':') == rest.rfind(':') && rest.find(':') != std::string_view::npos) {
-      host = rest.substr(0, rest.find(':'));  // host:port; two or more colons: a bare IPv6 address
-    }
-    local = IsLoopbackHost(host);
-  }
-  if (!local) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(w, " '", ToAbsl(address), "' is not a loopback address, so plaintext is refused: ", kUseTls,
-                     ", or --insecure on a loopback address (127.0.0.1, [::1], localhost)"));
-  }
-  if (!insecure_flag) {
-    return absl::FailedPreconditionError(absl::StrCat("plaintext on the ", w, " '", ToAbsl(address),
-                                                      "' needs the explicit --insecure flag; otherwise ", kUseTls));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace fedlora::crypto

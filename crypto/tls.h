@@ -1,5 +1,5 @@
 // gRPC transport security for the federation port: mTLS server credentials with a CRL and an
-// allow-list of client ids, client channel credentials, and the rule for when plaintext is allowed.
+// allow-list of client ids, and client channel credentials. (The plaintext rule: proto/address.h.)
 //
 //   ServerTlsFiles files;
 //   files.cert_file = "server.pem";  // also key_file, client_ca_file, and optionally crl_file
@@ -73,15 +73,5 @@ class ServerTls {
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientChannelCredentials(const std::string& root_ca_file,
                                                                                    const std::string& cert_file,
                                                                                    const std::string& key_file);
-
-// Whether `host` (no port; IPv6 with or without brackets) is a loopback address: 127.0.0.0/8,
-// ::1 (or ::ffff:127.x.y.z) or "localhost". Names other than "localhost" are not resolved.
-bool IsLoopbackHost(std::string_view host);
-
-// The plaintext rule: plaintext only on a loopback address and only with the explicit insecure
-// flag. `address` is host:port, [v6]:port or a gRPC URI (dns:///, ipv4:, ipv6:; unix: counts as
-// local); `what` names it in the message ("server listen address", "server address").
-// FailedPrecondition saying how to fix it otherwise.
-absl::Status CheckPlaintextAllowed(std::string_view address, bool insecure_flag, std::string_view what);
 
 }  // namespace fedlora::crypto
