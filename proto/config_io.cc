@@ -1,5 +1,6 @@
 #include "proto/config_io.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
+#include "proto/address.h"
 #include "proto/wire.h"
 
 namespace fedlora {
@@ -165,47 +167,6 @@ void CheckNameList(Problems& p, const std::string& path,
   }
 }
 
-// Splits "host:port" / "[v6]:port". Returns false when malformed.
-bool SplitHostPort(const std::string& address, std::string* host, uint32_t* port) {
-  std::string port_text;
-  if (!address.empty() && address[0] == '[') {
-    size_t close = address.find(']');
-    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') {
-      return false;
-    }
-    *host = address.substr(1, close - 1);
-    port_text = address.substr(close + 2);
-  } else {
-    size_t colon = address.rfind(':');
-    if (colon == std::string::npos) return false;
-    *host = address.substr(0, colon);
-    // An unbracketed IPv6 address is ambiguous ("::1:50051").
-    if (host->find(':') != std::string::npos) return false;
-    port_text = address.substr(colon + 1);
-  }
-  if (host->empty() || port_text.empty() || port_text.size() > 5) return false;
-  for (char c : port_text) {
-    if (c < '0' || c > '9') return false;
-  }
-  if (!absl::SimpleAtoi(port_text, port) || *port > 65535) return false;
-  return true;
-}
-
-bool IsLoopbackHost(const std::string& host) {
-  if (absl::AsciiStrToLower(host) == "localhost" || host == "::1") return true;
-  // 127.0.0.0/8: four dotted decimal octets, the first 127.
-  std::vector<std::string> octets = absl::StrSplit(host, '.');
-  if (octets.size() != 4) return false;
-  for (const std::string& o : octets) {
-    uint32_t v = 0;
-    if (o.empty() || o.size() > 3 || !absl::SimpleAtoi(o, &v) || v > 255) return false;
-    for (char c : o) {
-      if (c < '0' || c > '9') return false;
-    }
-  }
-  return octets[0] == "127";
-}
-
 void ValidateModel(Problems& p, const v1::ModelConfig& m) {
   p.NonEmpty("model.path", m.path());
   if (m.id().empty() && !m.path().empty()) {
@@ -330,15 +291,6 @@ void ValidateAggregation(Problems& p, const RunConfig& c) {
   p.RealRange("aggregation.server_beta1", a.server_beta1(), 0, false, 1, true);
   p.RealRange("aggregation.server_beta2", a.server_beta2(), 0, false, 1, true);
   p.Positive("aggregation.server_tau", a.server_tau());
-  p.RealRange("aggregation.trim_fraction", a.trim_fraction(), 0, false, 0.5, true);
-  if (a.strategy() == AggregationConfig::KRUM) {
-    uint64_t f = a.krum_byzantine_clients();
-    if (c.selection().clients_per_round() <= 2 * f + 2) {
-      p.Bad("aggregation.krum_byzantine_clients", f,
-            absl::StrCat("needs selection.clients_per_round (", c.selection().clients_per_round(),
-                         ") > 2 * f + 2"));
-    }
-  }
   p.NonNegative("aggregation.max_update_norm", a.max_update_norm());
   const uint32_t rounds = ConfiguredRounds(c);
   if (a.average_last_rounds() > rounds) {
@@ -424,27 +376,6 @@ void ValidateCodec(Problems& p, const v1::CodecSpec& codec) {
   if (sparsifiers > 1) p.Add("codec.stages combine more than one of TOPK, RANDOMK and LOWRANK");
 }
 
-void ValidatePrivacy(Problems& p, const RunConfig& c) {
-  const DifferentialPrivacyConfig& dp = c.privacy().dp();
-  if (!DifferentialPrivacyConfig::Mode_IsValid(dp.mode()) ||
-      dp.mode() == DifferentialPrivacyConfig::MODE_UNSPECIFIED) {
-    p.Bad("privacy.dp.mode", dp.mode(), "is not a known mode");
-  }
-  p.Positive("privacy.dp.clip_norm", dp.clip_norm());
-  p.NonNegative("privacy.dp.noise_multiplier", dp.noise_multiplier());
-  p.RealRange("privacy.dp.target_delta", dp.target_delta(), 0, true, 1, true);
-  if (c.privacy().secure_aggregation()) {
-    if (c.selection().min_clients() < 2) {
-      p.Bad("selection.min_clients", c.selection().min_clients(),
-            "must be >= 2 with privacy.secure_aggregation (a sum of one update is that update)");
-    }
-    if (NeedsIndividualUpdates(c.aggregation().strategy())) {
-      p.Bad("aggregation.strategy", AggregationConfig::Strategy_Name(c.aggregation().strategy()),
-            "needs individual updates and cannot be combined with privacy.secure_aggregation");
-    }
-  }
-}
-
 void ValidateData(Problems& p, const v1::DataConfig& d) {
   p.Range<uint32_t>("data.eval_every_rounds", d.eval_every_rounds(), 1, 1'000'000);
   p.Range<uint32_t>("data.eval_batch_size", d.eval_batch_size(), 1, 65536);
@@ -452,27 +383,45 @@ void ValidateData(Problems& p, const v1::DataConfig& d) {
 
 void ValidateServer(Problems& p, const v1::ServerConfig& s) {
   const v1::TlsConfig& tls = s.tls();
-  bool has_tls = !tls.cert_file().empty() && !tls.key_file().empty();
-  if (tls.cert_file().empty() != tls.key_file().empty()) {
-    p.Add("server.tls.cert_file and server.tls.key_file must be set together");
+  const bool has_tls = !tls.cert_file().empty() || !tls.key_file().empty() || !tls.client_ca_file().empty();
+  if (has_tls && (tls.cert_file().empty() || tls.key_file().empty() || tls.client_ca_file().empty())) {
+    p.Add("server.tls needs cert_file, key_file and client_ca_file together: every client presents a certificate, "
+          "and its CN is the client's identity (server-only TLS, with self-named clients, is not supported)");
   }
-  if (!tls.client_ca_file().empty() && tls.cert_file().empty()) {
-    p.Add("server.tls.client_ca_file needs server.tls.cert_file and server.tls.key_file");
+  if (!has_tls && (!tls.crl_file().empty() || tls.allowed_client_ids_size() > 0)) {
+    p.Add("server.tls.crl_file and server.tls.allowed_client_ids need server.tls (cert_file, key_file, client_ca_file)");
   }
-
+  for (int i = 0; i < tls.allowed_client_ids_size(); ++i) {
+    const std::string& id = tls.allowed_client_ids(i);
+    const bool ok = !id.empty() && id.size() <= 128 && std::all_of(id.begin(), id.end(), [](char ch) {
+      return absl::ascii_isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-' || ch == '@';
+    });
+    if (!ok) p.Bad(absl::StrCat("server.tls.allowed_client_ids[", i, "]"), Quoted(id), "must be 1-128 characters of [A-Za-z0-9._@-]");
+  }
+  if (s.insecure() && has_tls) p.Add("server.insecure and server.tls exclude each other");
+  // The plaintext rule is the server's (Server::Create, whatever sets the address): a loopback
+  // address without TLS still needs server.insecure there; `fedlora simulate` sets it itself.
   std::string host;
   uint32_t port = 0;
   if (!SplitHostPort(s.listen_address(), &host, &port)) {
     p.Bad("server.listen_address", Quoted(s.listen_address()),
           "must be host:port with an explicit host (IPv6 in brackets) and a port 0-65535");
-  } else if (!IsLoopbackHost(host) && !has_tls) {
+  } else if (!has_tls && !IsLoopbackHost(host)) {
     p.Bad("server.listen_address", Quoted(s.listen_address()),
-          "is not a loopback address and needs server.tls.cert_file and server.tls.key_file");
+          "is not a loopback address and needs server.tls.cert_file, key_file and client_ca_file (plaintext, "
+          "with server.insecure, is for 127.0.0.1, [::1] and localhost only)");
   }
   if (!s.metrics_address().empty() && !SplitHostPort(s.metrics_address(), &host, &port)) {
     p.Bad("server.metrics_address", Quoted(s.metrics_address()),
           "must be host:port with an explicit host (IPv6 in brackets) and a port 0-65535");
   }
+  if (s.max_client_bytes_per_round() < s.max_update_bytes()) {
+    p.Bad("server.max_client_bytes_per_round", s.max_client_bytes_per_round(),
+          absl::StrCat("is less than server.max_update_bytes (", s.max_update_bytes(), "): no update could arrive"));
+  }
+  p.Range<uint32_t>("server.max_client_uploads_in_flight", s.max_client_uploads_in_flight(), 1, 64);
+  p.Range<uint32_t>("server.max_client_reports_per_round", s.max_client_reports_per_round(), 1, 1000);
+  p.Range<uint32_t>("server.max_metrics_per_report", s.max_metrics_per_report(), 0, 10'000);
   p.NonEmpty("server.store_dir", s.store_dir());
   p.Range<uint32_t>("server.chunk_size_bytes", s.chunk_size_bytes(), kMinChunkSizeBytes,
                     kMaxChunkSizeBytes);
@@ -577,18 +526,9 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   if (!a->has_server_beta1()) a->set_server_beta1(0.9);
   if (!a->has_server_beta2()) a->set_server_beta2(0.99);
   if (!a->has_server_tau()) a->set_server_tau(1e-3);
-  if (!a->has_trim_fraction()) a->set_trim_fraction(0.1);
-  if (!a->has_krum_byzantine_clients()) a->set_krum_byzantine_clients(1);
   if (!a->has_weight_by_examples()) a->set_weight_by_examples(true);
 
   for (CodecStage& stage : *c->mutable_codec()->mutable_stages()) ApplyCodecStageDefaults(&stage);
-
-  auto* dp = c->mutable_privacy()->mutable_dp();
-  if (dp->mode() == DifferentialPrivacyConfig::MODE_UNSPECIFIED)
-    dp->set_mode(DifferentialPrivacyConfig::CENTRAL);
-  if (!dp->has_clip_norm()) dp->set_clip_norm(1.0);
-  if (!dp->has_noise_multiplier()) dp->set_noise_multiplier(1.0);
-  if (!dp->has_target_delta()) dp->set_target_delta(1e-5);
 
   auto* d = c->mutable_data();
   if (!d->has_eval_every_rounds()) d->set_eval_every_rounds(1);
@@ -600,6 +540,11 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   if (!srv->has_chunk_size_bytes()) srv->set_chunk_size_bytes(kDefaultChunkSizeBytes);
   if (!srv->has_max_update_bytes()) srv->set_max_update_bytes(kDefaultMaxUpdateBytes);
   if (!srv->has_max_message_bytes()) srv->set_max_message_bytes(kDefaultMaxMessageBytes);
+  if (!srv->has_max_client_bytes_per_round()) srv->set_max_client_bytes_per_round(4 * srv->max_update_bytes());
+  if (!srv->has_max_client_uploads_in_flight()) srv->set_max_client_uploads_in_flight(2);
+  if (!srv->has_max_client_reports_per_round()) srv->set_max_client_reports_per_round(4);
+  if (!srv->has_max_metrics_per_report()) srv->set_max_metrics_per_report(64);
+  if (!srv->has_min_free_disk_bytes()) srv->set_min_free_disk_bytes(uint64_t{1} << 30);
 
   auto* sim = c->mutable_simulation();
   if (!sim->has_num_clients()) sim->set_num_clients(10);
@@ -622,14 +567,48 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   ValidateSelection(p, c.selection());
   ValidateAggregation(p, c);
   ValidateCodec(p, c.codec());
-  ValidatePrivacy(p, c);
   ValidateData(p, c.data());
   ValidateServer(p, c.server());
   ValidateSimulation(p, c.simulation());
+  for (std::string& refused : UnimplementedSettings(c)) p.Add(std::move(refused));
   return p.ToStatus();
 }
 
-absl::StatusOr<RunConfig> ParseRunConfigJson(std::string_view json) {
+std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
+  std::vector<std::string> out;
+  auto refuse = [&out](const std::string& what, const std::string& why) {
+    out.push_back(absl::StrCat(what, " is not implemented yet", why.empty() ? "" : absl::StrCat(" (", why, ")")));
+  };
+  if (c.task().kind() == TaskConfig::CAUSAL_LM) refuse("task.kind CAUSAL_LM", "fedlora trains encoders only so far");
+  const std::string& arch = c.model().architecture();
+  if (!arch.empty() && arch != "bert" && arch != "roberta" && arch != "xlm-roberta") {
+    refuse(absl::StrCat("model.architecture \"", absl::CEscape(arch), "\""),
+           "supported: \"bert\", \"roberta\", \"xlm-roberta\"");
+  }
+  for (int i = 0; i < c.codec().stages_size(); ++i) {
+    const CodecStage::Id id = c.codec().stages(i).id();
+    if (id == CodecStage::TOPK || id == CodecStage::RANDOMK || id == CodecStage::QUANT || id == CodecStage::LOWRANK) {
+      refuse(absl::StrCat("codec.stages[", i, "].id ", StageName(id)), "available stages: NONE, FP16, BF16, ZSTD");
+    }
+  }
+  const AggregationConfig& a = c.aggregation();
+  if (NeedsIndividualUpdates(a.strategy())) {
+    refuse(absl::StrCat("aggregation.strategy ", AggregationConfig::Strategy_Name(a.strategy())),
+           "available: FEDAVG, FEDPROX, FEDADAM, FEDYOGI, FEDADAGRAD");
+  }
+  if (a.has_trim_fraction()) refuse("aggregation.trim_fraction", "it belongs to TRIMMED_MEAN");
+  if (a.has_krum_byzantine_clients()) refuse("aggregation.krum_byzantine_clients", "it belongs to KRUM");
+  if (c.privacy().secure_aggregation()) refuse("privacy.secure_aggregation", "");
+  const DifferentialPrivacyConfig& dp = c.privacy().dp();
+  if (dp.enabled()) refuse("privacy.dp.enabled", "");
+  if (dp.mode() != DifferentialPrivacyConfig::MODE_UNSPECIFIED) refuse("privacy.dp.mode", "");
+  if (dp.has_clip_norm()) refuse("privacy.dp.clip_norm", "");
+  if (dp.has_noise_multiplier()) refuse("privacy.dp.noise_multiplier", "");
+  if (dp.has_target_delta()) refuse("privacy.dp.target_delta", "");
+  return out;
+}
+
+absl::StatusOr<RunConfig> ParseRunConfigJson(std::string_view json, const ConfigOverrides& overrides) {
   RunConfig config;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;  // a misspelt field must not silently take its default
@@ -640,13 +619,14 @@ absl::StatusOr<RunConfig> ParseRunConfigJson(std::string_view json) {
         absl::StrCat("run config is not valid JSON for fedlora.v1.RunConfig: ",
                      std::string(parsed.message().data(), parsed.message().size())));
   }
+  if (overrides) overrides(&config);
   ApplyRunConfigDefaults(&config);
   absl::Status valid = ValidateRunConfig(config);
   if (!valid.ok()) return valid;
   return config;
 }
 
-absl::StatusOr<RunConfig> LoadRunConfigFile(const std::string& path) {
+absl::StatusOr<RunConfig> LoadRunConfigFile(const std::string& path, const ConfigOverrides& overrides) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::file_status status = fs::status(path, ec);
@@ -678,7 +658,7 @@ absl::StatusOr<RunConfig> LoadRunConfigFile(const std::string& path) {
   if (!in.read(text.data(), static_cast<std::streamsize>(size))) {
     return absl::DataLossError(absl::StrCat(path, ": short read of run config"));
   }
-  absl::StatusOr<RunConfig> config = ParseRunConfigJson(text);
+  absl::StatusOr<RunConfig> config = ParseRunConfigJson(text, overrides);
   if (!config.ok()) {
     return absl::Status(config.status().code(),
                         absl::StrCat(path, ": ", std::string(config.status().message())));

@@ -12,8 +12,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -34,11 +36,16 @@ inline constexpr uint32_t kChunkMessageOverheadBytes = 64u << 10;  // 64 KiB
 // Config files larger than this are refused before they are read (a config is a few KiB).
 inline constexpr uint64_t kMaxRunConfigFileBytes = 16ull << 20;  // 16 MiB
 
-// Parses a JSON run config (unknown fields are errors), applies the defaults and validates it.
-absl::StatusOr<v1::RunConfig> ParseRunConfigJson(std::string_view json);
+// Changes a parsed config before its defaults and validation: command-line flags that override
+// config fields, so that a flag's value is validated like the config's own.
+using ConfigOverrides = std::function<void(v1::RunConfig*)>;
+
+// Parses a JSON run config (unknown fields are errors), applies `overrides` (when set), the
+// defaults, and validates it.
+absl::StatusOr<v1::RunConfig> ParseRunConfigJson(std::string_view json, const ConfigOverrides& overrides = nullptr);
 
 // Reads `path` and does what ParseRunConfigJson does; error messages start with the path.
-absl::StatusOr<v1::RunConfig> LoadRunConfigFile(const std::string& path);
+absl::StatusOr<v1::RunConfig> LoadRunConfigFile(const std::string& path, const ConfigOverrides& overrides = nullptr);
 
 // config.rounds, or its default where it is unset (a config that has not been through
 // ApplyRunConfigDefaults, as tests and embedders may build).
@@ -52,6 +59,11 @@ void ApplyRunConfigDefaults(v1::RunConfig* config);
 // Checks a config that has been through ApplyRunConfigDefaults. OK, or InvalidArgument listing
 // every problem with its field path.
 absl::Status ValidateRunConfig(const v1::RunConfig& config);
+
+// One message per setting of `config` that fedlora does not carry out yet ("privacy.dp.enabled is
+// not implemented yet"); empty when there is none. ValidateRunConfig refuses them too; the server
+// and the simulator check them before they touch the store, for configs built in code.
+std::vector<std::string> UnimplementedSettings(const v1::RunConfig& config);
 
 // Pretty-printed JSON with snake_case field names and every field written out, readable back by
 // ParseRunConfigJson to an equal message.

@@ -33,7 +33,20 @@ struct SimulateFlags {
 };
 
 absl::Status Simulate(const SimulateFlags& f) {
-  FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadRunConfigFile(f.config_path));
+  // The simulated federation runs on loopback in plaintext (its server picks a free port), whatever
+  // the config's server section says; a config that asks for TLS is refused rather than ignored.
+  bool asks_for_tls = false;
+  FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadRunConfigFile(f.config_path, [&](v1::RunConfig* c) {
+                             asks_for_tls = c->server().has_tls();
+                             c->mutable_server()->clear_tls();
+                             c->mutable_server()->set_listen_address("127.0.0.1:0");
+                             c->mutable_server()->set_insecure(true);
+                           }));
+  if (asks_for_tls) {
+    return absl::InvalidArgumentError(
+        "server.tls: `fedlora simulate` runs its virtual clients over loopback without TLS; remove server.tls "
+        "(updates are still sealed end to end)");
+  }
   if (f.rounds >= 0) config.set_rounds(static_cast<uint32_t>(f.rounds));
   if (f.seed >= 0) config.set_seed(static_cast<uint64_t>(f.seed));
   if (f.clients >= 0) {

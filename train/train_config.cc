@@ -2,6 +2,11 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+#include "core/sha256.h"
+#include "core/status.h"
+#include "model/bert_config.h"
+
 namespace fedlora {
 
 const char* OptimizerName(v1::TrainingConfig::Optimizer optimizer) {
@@ -92,6 +97,30 @@ DatasetOptions DatasetOptionsFromConfig(const v1::TaskConfig& task) {
   if (!task.pair_field().empty()) options.pair_field = task.pair_field();
   options.label_names.assign(task.labels().begin(), task.labels().end());
   return options;
+}
+
+}  // namespace fedlora
+
+namespace fedlora {
+
+absl::Status VerifyModelCheckpoint(const std::string& model_dir, const v1::ModelConfig& model) {
+  if (!model.architecture().empty()) {
+    FEDLORA_ASSIGN_OR_RETURN(BertConfig config, ReadBertConfig(model_dir + "/config.json"));
+    if (config.model_type != model.architecture()) {
+      return absl::FailedPreconditionError(absl::StrCat(model_dir, "/config.json has model_type \"", config.model_type,
+                                                        "\" but the run's model.architecture is \"",
+                                                        model.architecture(), "\""));
+    }
+  }
+  if (!model.sha256().empty()) {
+    const std::string weights = model_dir + "/model.safetensors";
+    FEDLORA_ASSIGN_OR_RETURN(std::string actual, Sha256FileHex(weights));
+    if (actual != model.sha256()) {
+      return absl::FailedPreconditionError(absl::StrCat(weights, " has SHA-256 ", actual, " but the run's model.sha256 is ",
+                                                        model.sha256(), ": not the run's model"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace fedlora

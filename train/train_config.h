@@ -50,4 +50,10 @@ enum class ModelRole {
 // dropout overrides are left at ModelOptions' defaults.
 ModelOptions ModelOptionsFromConfig(const v1::RunConfig& config, int max_seq_len, ModelRole role);
 
+// What model.sha256 and model.architecture promise about the checkpoint in `model_dir`: the SHA-256
+// of model.safetensors (when sha256 is set) and config.json's model_type (when architecture is
+// set). FailedPrecondition naming the file and both values when either differs. The server checks
+// its copy at start, clients theirs before their first task.
+absl::Status VerifyModelCheckpoint(const std::string& model_dir, const v1::ModelConfig& model);
+
 }  // namespace fedlora

@@ -2,10 +2,13 @@
 // for unset fields, and exact pass-through of set ones.
 #include "train/train_config.h"
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include "core/sha256.h"
 #include "gtest/gtest.h"
+#include "tests/model/tiny_checkpoint.h"
 
 namespace fedlora {
 namespace {
@@ -183,6 +186,42 @@ TEST(DatasetOptionsFromConfigTest, FieldNamesAndLabelsComeFromTheTask) {
   EXPECT_EQ(d.label_field, "topic");
   EXPECT_EQ(d.pair_field, "hypothesis");
   EXPECT_EQ(d.label_names, (std::vector<std::string>{"b", "a"}));  // index order kept
+}
+
+}  // namespace
+}  // namespace fedlora
+
+namespace fedlora {
+namespace {
+
+// model.sha256 and model.architecture, as the server and clients check them before loading.
+TEST(VerifyModelCheckpointTest, ChecksTheWeightsHashAndTheModelType) {
+  const std::string dir = testing_util::MakeTempDir("verify_model");
+  ASSERT_FALSE(dir.empty());
+  ASSERT_TRUE(testing_util::WriteTinyCheckpoint(dir, testing_util::TinyConfig()).ok());
+  absl::StatusOr<std::string> actual = Sha256FileHex(dir + "/model.safetensors");
+  ASSERT_TRUE(actual.ok());
+
+  v1::ModelConfig model;
+  EXPECT_TRUE(VerifyModelCheckpoint(dir, model).ok());  // nothing promised, nothing checked
+  model.set_sha256(*actual);
+  model.set_architecture("bert");
+  EXPECT_TRUE(VerifyModelCheckpoint(dir, model).ok());
+
+  v1::ModelConfig other_hash = model;
+  other_hash.set_sha256(std::string(64, '0'));
+  absl::Status s = VerifyModelCheckpoint(dir, other_hash);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find(*actual), absl::string_view::npos) << s;  // names the hash found
+
+  v1::ModelConfig other_type = model;
+  other_type.set_architecture("roberta");
+  s = VerifyModelCheckpoint(dir, other_type);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("model_type \"bert\""), absl::string_view::npos) << s;
+
+  EXPECT_FALSE(VerifyModelCheckpoint(dir + "/missing", model).ok());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
