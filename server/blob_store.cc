@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <filesystem>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -187,6 +188,41 @@ absl::StatusOr<std::string> BlobWriter::HashFile() {
   return ToHex(d);
 }
 
+absl::StatusOr<std::string> BlobWriter::SyncAndCheckDigest(std::string_view expected_sha256_hex) {
+  if (!expected_sha256_hex.empty() && !IsValidBlobHash(expected_sha256_hex)) return CheckHash(expected_sha256_hex);
+  if (::fsync(fd_) != 0) return ErrnoToStatus(errno, "fsync", path_);
+  std::string hash;
+  if (!verified_hash_.empty()) {
+    hash = verified_hash_;
+  } else if (hash_valid_) {
+    const Sha256DigestBytes d = hasher_.Final();
+    hash = ToHex(d);
+  } else {
+    FEDLORA_ASSIGN_OR_RETURN(hash, HashFile());
+  }
+  if (!expected_sha256_hex.empty() && hash != expected_sha256_hex) {
+    return absl::DataLossError(absl::StrCat("blob content hashes to ", hash, " but ", ToAbsl(expected_sha256_hex),
+                                            " was expected (", size_, " bytes discarded)"));
+  }
+  return hash;
+}
+
+absl::StatusOr<std::unique_ptr<MappedBlob>> BlobWriter::Verify(std::string_view expected_sha256_hex) {
+  if (finished_) return absl::FailedPreconditionError(absl::StrCat("blob writer for ", path_, " is finished"));
+  absl::StatusOr<std::string> hash = SyncAndCheckDigest(expected_sha256_hex);
+  if (!hash.ok()) {
+    (void)Abort();
+    return hash.status();
+  }
+  verified_hash_ = *std::move(hash);
+  void* addr = nullptr;
+  if (size_ > 0) {
+    addr = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd_, 0);
+    if (addr == MAP_FAILED) return ErrnoToStatus(errno, "mmap", path_);
+  }
+  return std::unique_ptr<MappedBlob>(new MappedBlob(addr, static_cast<size_t>(size_)));
+}
+
 absl::StatusOr<std::string> BlobWriter::Commit(std::string_view expected_sha256_hex) {
   if (finished_) return absl::FailedPreconditionError(absl::StrCat("blob writer for ", path_, " is finished"));
   // Whatever happens next, this writer is done; on failure its data is discarded.
@@ -194,24 +230,9 @@ absl::StatusOr<std::string> BlobWriter::Commit(std::string_view expected_sha256_
     (void)Abort();
     return s;
   };
-  if (!expected_sha256_hex.empty() && !IsValidBlobHash(expected_sha256_hex)) {
-    return discard(CheckHash(expected_sha256_hex));
-  }
-  if (::fsync(fd_) != 0) return discard(ErrnoToStatus(errno, "fsync", path_));
-  std::string hash;
-  if (hash_valid_) {
-    const Sha256DigestBytes d = hasher_.Final();
-    hash = ToHex(d);
-  } else {
-    auto h = HashFile();
-    if (!h.ok()) return discard(h.status());
-    hash = *std::move(h);
-  }
-  if (!expected_sha256_hex.empty() && hash != expected_sha256_hex) {
-    return discard(
-        absl::DataLossError(absl::StrCat("blob content hashes to ", hash, " but ", ToAbsl(expected_sha256_hex),
-                                         " was expected (", size_, " bytes discarded)")));
-  }
+  absl::StatusOr<std::string> checked = SyncAndCheckDigest(expected_sha256_hex);
+  if (!checked.ok()) return discard(checked.status());
+  const std::string hash = *std::move(checked);
   const std::string shard = absl::StrCat(blobs_dir_, "/", hash.substr(0, 2));
   const std::string target = absl::StrCat(shard, "/", hash.substr(2));
   struct stat st;
@@ -487,6 +508,37 @@ absl::StatusOr<BlobGcStats> BlobStore::CollectGarbage(const absl::flat_hash_set<
     ++stats.temp_files_deleted;
   }
   return stats;
+}
+
+absl::StatusOr<std::vector<std::string>> BlobStore::ListPartials() const {
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(dir_ + "/partial"));
+  std::vector<std::string> ids;
+  for (std::string& n : names) {
+    if (IsValidPartialId(n)) ids.push_back(std::move(n));
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+absl::StatusOr<int64_t> BlobStore::DiskUsageBytes() const {
+  std::error_code ec;
+  int64_t total = 0;
+  for (const char* sub : {"/blobs", "/partial", "/tmp"}) {
+    const std::string dir = dir_ + sub;
+    for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+         !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+      std::error_code size_ec;
+      if (it->is_regular_file(size_ec)) {
+        const uintmax_t n = it->file_size(size_ec);
+        if (!size_ec) total += static_cast<int64_t>(n);
+      }
+    }
+    if (ec && ec != std::errc::no_such_file_or_directory) {
+      return absl::InternalError(absl::StrCat("listing ", dir, ": ", ec.message()));
+    }
+    ec.clear();
+  }
+  return total;
 }
 
 }  // namespace fedlora

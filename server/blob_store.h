@@ -53,6 +53,8 @@ bool IsValidPartialId(std::string_view id);
 
 // Appends bytes to a not-yet-committed blob. Destroying a writer without Commit keeps a partial
 // (OpenPartial) file for a later resume and deletes an anonymous (NewWriter) one.
+class MappedBlob;
+
 class BlobWriter {
  public:
   ~BlobWriter();
@@ -106,6 +108,11 @@ class BlobWriter {
   // An empty expectation skips the check (trust our own bytes, e.g. a checkpoint). The writer is
   // unusable afterwards (FailedPrecondition), whatever the outcome.
   absl::StatusOr<std::string> Commit(std::string_view expected_sha256_hex);
+  // Commit's first half, for bytes that must be checked before they may enter blobs/: fsyncs,
+  // checks the digest as Commit does (discarding the data on a mismatch), and maps the file
+  // read-only where it is. A later Commit moves it into place without hashing it again; Abort
+  // deletes it. The mapping stays valid after either.
+  absl::StatusOr<std::unique_ptr<MappedBlob>> Verify(std::string_view expected_sha256_hex);
   // Deletes the file (partial or anonymous) without committing. Idempotent.
   absl::Status Abort();
 
@@ -114,6 +121,9 @@ class BlobWriter {
   BlobWriter(std::string blobs_dir, std::string path, bool keep_on_destroy, int fd, int64_t size);
   // Re-hashes the file from disk when a resumed or truncated writer lost its running digest.
   absl::StatusOr<std::string> HashFile();
+  // fsyncs and checks the content hash against `expected` (empty: no check); the hash, or an error
+  // after which the caller discards the data.
+  absl::StatusOr<std::string> SyncAndCheckDigest(std::string_view expected);
   // Writes `bytes` at the end of the file, or puts the file back to size_ and fails; the caller
   // moves size_ and the digest on.
   absl::Status Write(std::string_view bytes);
@@ -127,6 +137,7 @@ class BlobWriter {
   bool dir_synced_ = false;  // the file's directory entry has been fsynced
   bool hash_valid_;          // hasher_ covers exactly the first size_ bytes
   Sha256 hasher_;
+  std::string verified_hash_;  // set by Verify: the file's content hash, checked
 };
 
 // Reads a committed blob in chunks, hashing as it goes; the last Read (the one that reaches the
@@ -171,6 +182,7 @@ class MappedBlob {
 
  private:
   friend class BlobStore;
+  friend class BlobWriter;
   MappedBlob(void* addr, size_t size) : addr_(addr), size_(size) {}
 
   void* addr_;  // null for an empty blob
@@ -198,6 +210,10 @@ class BlobStore {
   absl::StatusOr<std::unique_ptr<BlobWriter>> OpenPartial(const std::string& partial_id);
   // Deletes partial/<id> if present. Idempotent.
   absl::Status DiscardPartial(const std::string& partial_id);
+  // The ids of every partial upload on disk, sorted.
+  absl::StatusOr<std::vector<std::string>> ListPartials() const;
+  // Bytes the store's files take: blobs/, partial/ and tmp/ (file sizes, not blocks).
+  absl::StatusOr<int64_t> DiskUsageBytes() const;
 
   // The whole blob, verified against its hash (DataLoss on mismatch). Meant for blobs that fit in
   // memory (updates, adapters); stream bigger ones with OpenReader.

@@ -2,17 +2,23 @@
 
 #include <malloc.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "aggregation/fedavg.h"
+#include "core/file.h"
 #include "core/logging.h"
+#include "crypto/envelope.h"
+#include "crypto/random.h"
+#include "crypto/sealed_update.h"
 #include "core/sha256.h"
 #include "core/status.h"
 #include "core/strings.h"
@@ -41,6 +47,17 @@ struct Coordinator::ClientEntry {
   bool left = false;
   int64_t rounds_participated = 0;
   int64_t updates_rejected = 0;
+  // Quotas (ServerOptions::max_client_*), counted for `quota_round` and reset when the round moves on.
+  int64_t quota_round = 0;
+  int64_t bytes_this_round = 0;
+  int reports_this_round = 0;
+  int uploads_in_flight = 0;
+  void StartQuotaRound(int64_t round) {
+    if (quota_round == round) return;
+    quota_round = round;
+    bytes_this_round = 0;
+    reports_this_round = 0;
+  }
 };
 
 struct Coordinator::RoundInfo {
@@ -113,21 +130,14 @@ uint64_t DigestPrefix64(const std::string& text) {
   return v;
 }
 
-std::string RandomToken() {
-  // 128 bits from the OS entropy pool via SHA-256 of a nonce + time; sessions only need to be
-  // unguessable by other clients, and identities are checked besides.
-  static std::atomic<uint64_t> counter{0};
-  std::string seed = absl::StrCat(SystemClockMs(), ":", counter.fetch_add(1), ":",
-                                  reinterpret_cast<uintptr_t>(&seed));
-  std::string random(16, '\0');
-  if (FILE* f = std::fopen("/dev/urandom", "rb")) {
-    if (std::fread(random.data(), 1, random.size(), f) != random.size()) random.clear();
-    std::fclose(f);
-  }
-  return Sha256Hex(seed + random).substr(0, 32);
-}
-
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Bytes available to an unprivileged writer on the file system holding `dir`.
+absl::StatusOr<int64_t> FreeDiskBytes(const std::string& dir) {
+  struct statvfs st;
+  if (::statvfs(dir.c_str(), &st) != 0) return ErrnoToStatus(errno, "statvfs", dir);
+  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
+}
 
 bool IsHexSha256(const std::string& s) { return IsValidBlobHash(s); }
 
@@ -224,6 +234,7 @@ void Coordinator::UpdateClientGaugesLocked() {
 
 absl::Status Coordinator::Restore() {
   absl::MutexLock lock(&mu_);
+  FEDLORA_ASSIGN_OR_RETURN(aggregation_key_, LoadOrCreateAggregationKey(options_.data_dir, run_id_));
   FEDLORA_ASSIGN_OR_RETURN(std::vector<RunRecord> runs, store_->ListRuns());
   const bool exists =
       std::any_of(runs.begin(), runs.end(), [&](const RunRecord& r) { return r.run_id == run_id_; });
@@ -357,6 +368,10 @@ absl::Status Coordinator::Restore() {
 absl::Status Coordinator::OpenNextRoundLocked() {
   FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> rounds, store_->ListRounds(run_id_));
   const int64_t next = rounds.empty() ? 1 : rounds.back().round + 1;
+  // Refusals of rounds before the last one can no longer be asked about by a resuming client.
+  for (auto it = rejected_.begin(); it != rejected_.end();) {
+    it = it->second.round + 2 <= next ? rejected_.erase(it) : std::next(it);
+  }
   FEDLORA_ASSIGN_OR_RETURN(RoundRecord r, store_->BeginRound(run_id_, next, global_hash_, /*deadline_unix_ms=*/0));
   round_ = std::make_unique<RoundInfo>();
   round_->round = r.round;
@@ -389,7 +404,8 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const std::string& client_id,
   }
   ClientEntry& c = *slot;
   const int64_t now = Now();
-  c.session = RandomToken();
+  // 128 bits from OpenSSL's CSPRNG; no session is handed out when it cannot deliver (fails closed).
+  FEDLORA_ASSIGN_OR_RETURN(c.session, crypto::RandomHex(16));
   c.peer = peer;
   c.client_version = request.client_version();
   c.joined_ms = now;
@@ -410,6 +426,8 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const std::string& client_id,
   limits->set_max_update_bytes(static_cast<uint64_t>(options_.max_upload_bytes));
   limits->set_chunk_size_bytes(static_cast<uint32_t>(options_.chunk_bytes));
   response.set_current_round(round_ ? round_->round : last_committed_round_);
+  response.set_server_encryption_public_key(aggregation_key_.public_key);
+  response.set_server_encryption_key_id(aggregation_key_.key_id);
   return response;
 }
 
@@ -420,7 +438,7 @@ absl::Status Coordinator::Authenticate(const std::string& client_id, const std::
   if (c == nullptr || c->session.empty()) {
     return absl::UnauthenticatedError(absl::StrCat("client '", client_id, "' has no session; call Join"));
   }
-  if (session_token != c->session) {
+  if (!crypto::ConstantTimeEquals(session_token, c->session)) {
     return absl::UnauthenticatedError(
         absl::StrCat("session token does not belong to client '", client_id, "' (expired or foreign); call Join"));
   }
@@ -506,7 +524,7 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
     task->set_deadline_seconds(static_cast<uint32_t>(std::max<int64_t>(0, CeilDiv(r.deadline_ms - Now(), 1000))));
     task->set_seed(TaskSeedFor(r.round, client_id));
     *task->mutable_codec() = config_.codec();
-    task->set_encryption_scheme(v1::EncryptionSpec::NONE);
+    task->set_encryption_scheme(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
     return response;
   }
   if (r.state == RoundState::kSelecting) {
@@ -709,8 +727,26 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& 
 
 absl::Status Coordinator::ReportMetrics(const std::string& client_id, const v1::MetricsReport& report) {
   const int64_t round = static_cast<int64_t>(report.round());
-  if (report.task_id() != TaskIdFor(round, client_id)) {
-    return absl::PermissionDeniedError(absl::StrCat("task '", report.task_id(), "' of round ", round,
+  if (report.extra_size() > options_.max_metrics_per_report) {
+    return QuotaRefused(absl::StrCat("metrics report has ", report.extra_size(),
+                                                     " extra entries; the limit is ", options_.max_metrics_per_report));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ClientEntry* c = FindClientLocked(client_id);
+    if (c == nullptr) return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
+    c->StartQuotaRound(round_ ? round_->round : last_committed_round_);
+    if (c->reports_this_round >= options_.max_client_reports_per_round) {
+      return QuotaRefused(absl::StrCat("client '", client_id, "' sent ", c->reports_this_round,
+                                                       " metrics reports this round; the limit is ",
+                                                       options_.max_client_reports_per_round));
+    }
+    ++c->reports_this_round;
+  }
+  // Bound to a task this client was really given: its selection for the round is in the store.
+  FEDLORA_ASSIGN_OR_RETURN(const bool selected, store_->IsSelected(run_id_, round, client_id));
+  if (!selected || report.task_id() != TaskIdFor(round, client_id)) {
+    return absl::PermissionDeniedError(absl::StrCat("task '", report.task_id().substr(0, 80), "' of round ", round,
                                                     " was not assigned to client '", client_id, "'"));
   }
   std::vector<std::pair<std::string, double>> values = {
@@ -721,16 +757,22 @@ absl::Status Coordinator::ReportMetrics(const std::string& client_id, const v1::
       {"time/upload_s", report.upload_seconds()}};
   if (report.has_local_eval_loss()) values.push_back({"eval/local_loss", report.local_eval_loss()});
   if (report.has_local_eval_accuracy()) values.push_back({"eval/local_accuracy", report.local_eval_accuracy()});
-  for (const auto& [k, v] : report.extra()) values.push_back({absl::StrCat("extra/", k), v});
+  for (const auto& [k, v] : report.extra()) {
+    if (k.empty() || k.size() > 128) {
+      return absl::InvalidArgumentError(absl::StrCat("metric name of ", k.size(), " bytes; names are 1-128 bytes"));
+    }
+    values.push_back({absl::StrCat("extra/", k), v});
+  }
+  std::vector<MetricRecord> records;
+  records.reserve(values.size());
   for (const auto& [key, value] : values) {
     if (!std::isfinite(value)) {
-      return absl::InvalidArgumentError(absl::StrCat("metric '", key, "' is not finite"));
+      return absl::InvalidArgumentError(absl::StrCat("metric '", key.substr(0, 140), "' is not finite"));
     }
-    absl::Status s = store_->RecordMetric({run_id_, round, client_id, key, value});
-    // A re-sent report (after a lost response) is not an error.
-    if (!s.ok() && !absl::IsAlreadyExists(s)) return s;
+    records.push_back({run_id_, round, client_id, key, value});
   }
-  return absl::OkStatus();
+  // One transaction for the whole report; a re-sent report (after a lost response) keeps the first.
+  return store_->RecordMetrics(records);
 }
 
 absl::Status Coordinator::Leave(const std::string& client_id, const v1::LeaveRequest& request) {
@@ -793,7 +835,10 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
     }
   }
   if (auto rej = rejected_.find(id); rej != rejected_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat("upload '", id, "' was rejected: ", rej->second));
+    if (rej->second.client_id != client_id) {
+      return absl::PermissionDeniedError(absl::StrCat("upload_id '", id, "' belongs to another client"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat("upload '", id, "' was rejected: ", rej->second.reason));
   }
   // Round binding.
   const int64_t round = static_cast<int64_t>(header.round());
@@ -831,10 +876,24 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
     return absl::InvalidArgumentError(absl::StrCat("num_examples ", header.num_examples(), " is outside [1, ",
                                                    StreamingFedAvg::kMaxWeight, "]"));
   }
-  const auto scheme = header.encryption().scheme();
-  if (scheme != v1::EncryptionSpec::NONE && scheme != v1::EncryptionSpec::SCHEME_UNSPECIFIED) {
-    return absl::InvalidArgumentError(absl::StrCat("encryption scheme ", v1::EncryptionSpec::Scheme_Name(scheme),
-                                                   " is not accepted by this server"));
+  // Every update is sealed to the run's aggregation key: the store holds nothing a copied disk or a
+  // TLS-terminating proxy could read.
+  const v1::EncryptionSpec& enc = header.encryption();
+  if (enc.scheme() != v1::EncryptionSpec::X25519_HKDF_AES256GCM) {
+    return absl::InvalidArgumentError(absl::StrCat("update is not sealed (encryption scheme ",
+                                                   v1::EncryptionSpec::Scheme_IsValid(enc.scheme())
+                                                       ? v1::EncryptionSpec::Scheme_Name(enc.scheme())
+                                                       : std::to_string(enc.scheme()),
+                                                   "); this server takes X25519_HKDF_AES256GCM only"));
+  }
+  if (enc.server_key_id() != aggregation_key_.key_id) {
+    return absl::InvalidArgumentError(absl::StrCat("update is sealed to key '", enc.server_key_id().substr(0, 80),
+                                                   "'; this run's aggregation key is '", aggregation_key_.key_id, "'"));
+  }
+  if (enc.ephemeral_public_key().size() != crypto::kX25519KeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("encryption.ephemeral_public_key has ",
+                                                   enc.ephemeral_public_key().size(), " bytes, not ",
+                                                   crypto::kX25519KeyBytes));
   }
   // The manifest must describe the adapter exactly and be cut the way the server expects.
   const v1::AdapterManifest& m = header.manifest();
@@ -843,8 +902,8 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
     return absl::ResourceExhaustedError(absl::StrCat("update of ", m.total_bytes(), " bytes exceeds the limit of ",
                                                      options_.max_upload_bytes, " bytes"));
   }
-  if (m.total_bytes() < kUpdateHeaderSize) {
-    return absl::InvalidArgumentError(absl::StrCat("update of ", m.total_bytes(), " bytes is shorter than the ",
+  if (m.total_bytes() < kUpdateHeaderSize + crypto::SealedBlobOverheadBytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("update of ", m.total_bytes(), " bytes is shorter than a sealed ",
                                                    kUpdateHeaderSize, "-byte codec header"));
   }
   if (m.chunk_size_bytes() != static_cast<uint64_t>(options_.chunk_bytes)) {
@@ -883,6 +942,27 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
   if (active_uploads_.count(id) != 0) {
     return absl::AbortedError(absl::StrCat("upload '", id, "' is already streaming on another call; retry later"));
   }
+  ClientEntry* c = FindClientLocked(client_id);
+  if (c == nullptr) return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
+  if (c->uploads_in_flight >= options_.max_client_uploads_in_flight) {
+    return QuotaRefused(absl::StrCat("client '", client_id, "' already streams ", c->uploads_in_flight,
+                                                     " uploads; the limit is ", options_.max_client_uploads_in_flight));
+  }
+  c->StartQuotaRound(round);
+  if (c->bytes_this_round + static_cast<int64_t>(m.total_bytes()) -
+          static_cast<int64_t>(header.start_chunk()) * options_.chunk_bytes >
+      options_.max_client_bytes_per_round) {
+    return QuotaRefused(absl::StrCat("client '", client_id, "' streamed ", c->bytes_this_round,
+                                                     " bytes in round ", round, "; this upload would pass the limit of ",
+                                                     options_.max_client_bytes_per_round));
+  }
+  // The free-disk watermark: refuse a new upload rather than fill the disk under the store.
+  FEDLORA_ASSIGN_OR_RETURN(const int64_t free_bytes, FreeDiskBytes(options_.data_dir));
+  if (free_bytes < options_.min_free_disk_bytes + static_cast<int64_t>(m.total_bytes())) {
+    return QuotaRefused(absl::StrCat("the store's disk has ", free_bytes, " bytes free; an update of ",
+                                                     m.total_bytes(), " bytes would leave less than the watermark of ",
+                                                     options_.min_free_disk_bytes));
+  }
   UploadRecord record;
   record.upload_id = id;
   record.run_id = run_id_;
@@ -899,8 +979,28 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
     return absl::FailedPreconditionError(absl::StrCat("upload '", id, "' can resume at chunk ", plan.chunks_durable,
                                                       " at the latest, not ", header.start_chunk()));
   }
-  active_uploads_.insert(id);
+  active_uploads_[id] = client_id;
+  ++c->uploads_in_flight;
   return plan;
+}
+
+absl::Status Coordinator::QuotaRefused(std::string message) const {
+  metrics_->quota_refusals.fetch_add(1);
+  return absl::ResourceExhaustedError(std::move(message));
+}
+
+absl::Status Coordinator::ChargeUploadBytes(const std::string& client_id, int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  ClientEntry* c = FindClientLocked(client_id);
+  if (c == nullptr) return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
+  c->StartQuotaRound(round_ ? round_->round : last_committed_round_);
+  if (c->bytes_this_round + bytes > options_.max_client_bytes_per_round) {
+    return QuotaRefused(absl::StrCat("client '", client_id, "' passed its limit of ",
+                                                     options_.max_client_bytes_per_round,
+                                                     " update bytes in this round"));
+  }
+  c->bytes_this_round += bytes;
+  return absl::OkStatus();
 }
 
 absl::Status Coordinator::RecordUploadProgress(const std::string& upload_id, int64_t chunks, int64_t bytes) {
@@ -909,7 +1009,10 @@ absl::Status Coordinator::RecordUploadProgress(const std::string& upload_id, int
 
 void Coordinator::EndUpload(const std::string& upload_id) {
   absl::MutexLock lock(&mu_);
-  active_uploads_.erase(upload_id);
+  auto it = active_uploads_.find(upload_id);
+  if (it == active_uploads_.end()) return;
+  if (ClientEntry* c = FindClientLocked(it->second)) --c->uploads_in_flight;
+  active_uploads_.erase(it);
 }
 
 void Coordinator::RejectUpload(const std::string& client_id, const std::string& upload_id, const absl::Status& why) {
@@ -917,7 +1020,9 @@ void Coordinator::RejectUpload(const std::string& client_id, const std::string& 
   metrics_->updates_rejected.fetch_add(1);
   if (ClientEntry* c = FindClientLocked(client_id)) ++c->updates_rejected;
   if (round_) ++round_->rejected;
-  if (!upload_id.empty()) rejected_[upload_id] = std::string(why.message());
+  if (!upload_id.empty()) {
+    rejected_[upload_id] = {client_id, std::string(why.message()), round_ ? round_->round : last_committed_round_};
+  }
 }
 
 namespace {
@@ -968,41 +1073,101 @@ absl::StatusOr<std::vector<UpdateTensor>> Coordinator::DecodeAndValidate(std::st
   return update;
 }
 
-absl::StatusOr<v1::UploadAck> Coordinator::CompleteUpload(const std::string& client_id, const v1::UploadHeader& header,
-                                                          const std::string& blob_hash) {
-  FEDLORA_ASSIGN_OR_RETURN(std::unique_ptr<MappedBlob> mapped, blobs_->MapCommitted(blob_hash));
-  const std::string_view bytes = mapped->bytes();
+namespace {
+
+// An anonymous read-write mapping for an opened update: its pages can be handed back to the OS as
+// validation moves past them, so a large update is never resident twice.
+class PlainBuffer {
+ public:
+  static absl::StatusOr<PlainBuffer> Create(size_t size) {
+    PlainBuffer b;
+    b.size_ = size;
+    if (size > 0) {
+      b.addr_ = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (b.addr_ == MAP_FAILED) {
+        b.addr_ = nullptr;
+        return absl::ResourceExhaustedError(absl::StrCat("cannot map ", size, " bytes for an update: ", std::strerror(errno)));
+      }
+    }
+    return b;
+  }
+  PlainBuffer(PlainBuffer&& o) noexcept : addr_(std::exchange(o.addr_, nullptr)), size_(o.size_) {}
+  PlainBuffer& operator=(PlainBuffer&&) = delete;
+  ~PlainBuffer() {
+    if (addr_ != nullptr) ::munmap(addr_, size_);
+  }
+  char* data() { return static_cast<char*>(addr_); }
+  std::string_view view() const { return {static_cast<const char*>(addr_), size_}; }
+
+ private:
+  PlainBuffer() = default;
+  void* addr_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Hands the pages of [data, data + consumed) back, rounded down to whole pages past `*dropped`.
+void DropConsumed(const char* data, uint64_t consumed, uint64_t* dropped) {
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t end = consumed / page * page;
+  if (end <= *dropped) return;
+  // Advisory: on failure the pages merely stay resident until the unmap.
+  (void)::madvise(const_cast<char*>(data) + *dropped, end - *dropped, MADV_DONTNEED);
+  *dropped = end;
+}
+
+}  // namespace
+
+crypto::UpdatePlace Coordinator::PlaceOf(const std::string& client_id, const v1::UploadHeader& header) const {
+  return {run_id_, header.round(), client_id, header.upload_id()};
+}
+
+absl::Status Coordinator::ValidateUpload(const std::string& client_id, const v1::UploadHeader& header,
+                                         std::string_view blob) const {
+  FEDLORA_ASSIGN_OR_RETURN(std::string_view ephemeral, crypto::SealedBlobEphemeralKey(blob));
+  if (ephemeral != header.encryption().ephemeral_public_key()) {
+    return absl::InvalidArgumentError("the sealed update's ephemeral key differs from its header's");
+  }
+  FEDLORA_ASSIGN_OR_RETURN(const size_t size, crypto::SealedBlobPlaintextSize(blob));
+  FEDLORA_ASSIGN_OR_RETURN(PlainBuffer plain, PlainBuffer::Create(size));
+  // Opened in memory only: nothing of the plaintext reaches the disk.
+  FEDLORA_RETURN_IF_ERROR(crypto::OpenUpdateBlobInto(aggregation_key_.private_key, PlaceOf(client_id, header), blob,
+                                                     plain.data(), size));
+  uint64_t blob_dropped = 0;
+  DropConsumed(blob.data(), blob.size(), &blob_dropped);  // `blob` is a file mapping (BlobWriter::Verify)
+  const std::string_view bytes = plain.view();
   FEDLORA_ASSIGN_OR_RETURN(UpdateHeader codec_header, ParseUpdateHeader(bytes, DecodeLimits{}));
   FEDLORA_ASSIGN_OR_RETURN(CodecOptions declared, CodecOptionsFromSpec(header.codec()));
   if (codec_header.codec != declared.codec || codec_header.zstd() != declared.zstd) {
-    return absl::InvalidArgumentError(absl::StrCat("blob is encoded as ", ToAbsl(CodecName(codec_header.codec)),
+    return absl::InvalidArgumentError(absl::StrCat("update is encoded as ", ToAbsl(CodecName(codec_header.codec)),
                                                    codec_header.zstd() ? "+zstd" : "", " but the header declares ",
                                                    ToAbsl(CodecName(declared.codec)), declared.zstd ? "+zstd" : ""));
   }
-  // Every check DecodeAndValidate makes, without materialising the values: the blob is read in
-  // place, so accepting an update costs no second copy of it (AggregateAndCommit decodes it later).
-  // The pages validation is done with are dropped from this process (they stay in the page cache):
-  // otherwise the mapped file counts in full toward RSS, 1 GB for a 1 GB update.
-  uint64_t dropped = 0;  // bytes at the front of the (page-aligned) mapping already dropped
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  auto drop_consumed = [&](uint64_t consumed) {
-    const uint64_t end = consumed / page * page;
-    if (end <= dropped) return;
-    // Advisory: on failure the pages merely stay resident until the unmap.
-    (void)::madvise(const_cast<char*>(bytes.data()) + dropped, end - dropped, MADV_DONTNEED);
-    dropped = end;
-  };
-  FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensorInfo> table,
-                           ValidateUpdate(bytes, LimitsForSpec(spec_, spec_elements_), drop_consumed));
-  FEDLORA_RETURN_IF_ERROR(MatchSpec(table, spec_));
+  FEDLORA_ASSIGN_OR_RETURN(CodecOptions run_codec, CodecOptionsFromSpec(config_.codec()));
+  if (declared.codec != run_codec.codec || declared.zstd != run_codec.zstd) {
+    return absl::InvalidArgumentError(absl::StrCat("update is encoded as ", ToAbsl(CodecName(declared.codec)),
+                                                   declared.zstd ? "+zstd" : "", " but the run's codec is ",
+                                                   ToAbsl(CodecName(run_codec.codec)), run_codec.zstd ? "+zstd" : ""));
+  }
+  // Every check DecodeAndValidate makes, without materialising the values; AggregateAndCommit
+  // decodes it later. Pages already checked go back to the OS as validation moves on.
+  uint64_t dropped = 0;
+  FEDLORA_ASSIGN_OR_RETURN(
+      std::vector<UpdateTensorInfo> table,
+      ValidateUpdate(bytes, LimitsForSpec(spec_, spec_elements_),
+                     [&](uint64_t consumed) { DropConsumed(bytes.data(), consumed, &dropped); }));
+  return MatchSpec(table, spec_);
+}
 
+absl::StatusOr<v1::UploadAck> Coordinator::CompleteUpload(const std::string& client_id, const v1::UploadHeader& header,
+                                                          const std::string& blob_hash, int64_t blob_size) {
   // The row is committed under mu_ but its fsync is waited for after mu_ is released, so that the
   // acceptances of concurrent uploads share one WAL fsync instead of queueing on the lock. Nothing
   // leaves this function (no ack) before the row is durable; the in-memory round may count it a
   // moment earlier, and whatever the round does with it next (closing, aggregating) is itself a
   // synced transaction that makes this row durable first.
   DurabilityTicket ticket;
-  absl::StatusOr<v1::UploadAck> result = CompleteUploadLocked(client_id, header, blob_hash, bytes.size(), &ticket);
+  absl::StatusOr<v1::UploadAck> result =
+      CompleteUploadLocked(client_id, header, blob_hash, static_cast<size_t>(blob_size), &ticket);
   if (!result.ok()) return result;
   FEDLORA_RETURN_IF_ERROR(result->duplicate() ? store_->SyncCommitted() : store_->WaitDurable(ticket));
   if (!result->duplicate()) MaybeCrashAt("after_ack");  // durable, not yet acknowledged
@@ -1061,11 +1226,16 @@ absl::StatusOr<v1::UploadStatusResponse> Coordinator::GetUploadStatus(const std:
                                                                       const std::string& upload_id) {
   v1::UploadStatusResponse response;
   response.set_upload_id(upload_id);
+  // Ownership first: another client's upload, refused or not, reads as unknown.
   {
     absl::MutexLock lock(&mu_);
     if (auto it = rejected_.find(upload_id); it != rejected_.end()) {
+      if (it->second.client_id != client_id) {
+        response.set_state(v1::UPLOAD_STATE_UNKNOWN);
+        return response;
+      }
       response.set_state(v1::UPLOAD_STATE_REJECTED);
-      response.set_reason(it->second);
+      response.set_reason(it->second.reason);
       return response;
     }
   }
@@ -1077,8 +1247,7 @@ absl::StatusOr<v1::UploadStatusResponse> Coordinator::GetUploadStatus(const std:
     return response;
   }
   FEDLORA_RETURN_IF_ERROR(record.status());
-  if (record->client_id != client_id) {
-    // Do not reveal other clients' uploads.
+  if (record->client_id != client_id || record->run_id != run_id_) {
     response.set_state(v1::UPLOAD_STATE_UNKNOWN);
     return response;
   }
@@ -1097,6 +1266,7 @@ absl::StatusOr<v1::UploadStatusResponse> Coordinator::GetUploadStatus(const std:
 absl::Status Coordinator::Tick() {
   std::vector<std::function<void()>> to_run;
   int64_t aggregate_round = 0;
+  bool sweep = false;
   absl::Status status;
   {
     absl::MutexLock lock(&mu_);
@@ -1106,8 +1276,15 @@ absl::Status Coordinator::Tick() {
     status.Update(MaybeCloseRoundLocked());
     if (round_ != nullptr && round_->state == RoundState::kAggregating) aggregate_round = round_->round;
     to_run = ResolveWaitersLocked(/*expire_all=*/false);
+    const std::pair<int64_t, int> now_for = {round_ ? round_->round : last_committed_round_,
+                                             round_ ? static_cast<int>(round_->state) : -1};
+    sweep = now_for != swept_for_;
+    swept_for_ = now_for;
   }
   for (auto& f : to_run) f();
+  // At start and whenever the round moves on, nothing of a closed round can complete any more.
+  if (sweep) SweepPartials();
+  if (sweep || Now() - store_measured_ms_ >= 1000) MeasureStore();
   if (aggregate_round != 0) {
     absl::Status s = AggregateAndCommit(aggregate_round);
     // Aggregation freed a few model-sized buffers (the accumulator, decoded updates, the serialized
@@ -1125,6 +1302,48 @@ absl::Status Coordinator::Tick() {
     for (auto& f : to_run) f();
   }
   return status;
+}
+
+void Coordinator::SweepPartials() {
+  int64_t training_round = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (round_ != nullptr && round_->state == RoundState::kTraining) training_round = round_->round;
+  }
+  absl::StatusOr<std::vector<std::string>> ids = blobs_->ListPartials();
+  if (!ids.ok()) {
+    FEDLORA_LOG(WARNING) << "listing partial uploads: " << ids.status();
+    return;
+  }
+  for (const std::string& id : *ids) {
+    absl::StatusOr<UploadRecord> u = store_->GetUpload(id);
+    if (u.ok() && u->run_id == run_id_ && u->state == UploadState::kReceiving && u->round == training_round) continue;
+    if (!u.ok() && !absl::IsNotFound(u.status())) continue;  // a store hiccup: try again next time
+    {
+      absl::MutexLock lock(&mu_);
+      // A stream that is still open discards its own partial when its upload fails.
+      if (active_uploads_.count(id) != 0) continue;
+    }
+    absl::Status s = blobs_->DiscardPartial(id);
+    if (!s.ok()) {
+      FEDLORA_LOG(WARNING) << "discarding partial upload " << id << ": " << s;
+      continue;
+    }
+    metrics_->partial_uploads_discarded.fetch_add(1);
+  }
+}
+
+void Coordinator::MeasureStore() {
+  store_measured_ms_ = Now();
+  absl::StatusOr<int64_t> blobs = blobs_->DiskUsageBytes();
+  if (!blobs.ok()) return;
+  int64_t total = *blobs;
+  for (const char* f : {"/fedlora.db", "/fedlora.db-wal", "/fedlora.db-shm"}) {
+    std::error_code ec;
+    const uintmax_t n = std::filesystem::file_size(options_.data_dir + f, ec);
+    if (!ec) total += static_cast<int64_t>(n);
+  }
+  metrics_->store_bytes.store(total);
 }
 
 absl::Status Coordinator::AggregateAndCommit(int64_t round) {
@@ -1146,8 +1365,16 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   {
     FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(spec_));
     for (const UploadRecord& u : uploads) {  // canonical order (by upload_id); the sum is exact anyway
-      FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(u.blob_hash));
-      FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> update, DecodeAndValidate(bytes));
+      std::string plain;
+      {
+        FEDLORA_ASSIGN_OR_RETURN(std::string sealed, blobs_->Get(u.blob_hash));
+        const crypto::UpdatePlace place{run_id_, static_cast<uint64_t>(u.round), u.client_id, u.upload_id};
+        absl::StatusOr<std::string> opened = crypto::OpenUpdateBlob(aggregation_key_.private_key, place, sealed);
+        if (!opened.ok()) return Annotate(opened.status(), absl::StrCat("opening update ", u.upload_id));
+        plain = *std::move(opened);
+      }  // the sealed copy is freed before decoding
+      FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> update, DecodeAndValidate(plain));
+      std::string().swap(plain);
       if (max_norm > 0) ClipUpdateNorm(update, max_norm);
       FEDLORA_RETURN_IF_ERROR_CTX(avg.Add(update, by_examples ? u.num_examples : 1),
                                   absl::StrCat("update ", u.upload_id));

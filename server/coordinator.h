@@ -43,6 +43,8 @@
 #include "fedlora/v1/config.pb.h"
 #include "fedlora/v1/federation.pb.h"
 #include "proto/config_io.h"
+#include "crypto/sealed_update.h"
+#include "server/aggregation_key.h"
 #include "server/blob_store.h"
 #include "server/evaluator.h"
 #include "server/metrics.h"
@@ -105,15 +107,23 @@ class Coordinator {
   // query). Before that nothing about the upload has been acknowledged, so losing the row to a
   // power failure only makes the client start the upload again.
   absl::StatusOr<UploadPlan> BeginUpload(const std::string& client_id, const v1::UploadHeader& header);
+  // Counts `bytes` more of an upload stream against the client's per-round quota
+  // (ServerOptions::max_client_bytes_per_round); ResourceExhausted past it.
+  absl::Status ChargeUploadBytes(const std::string& client_id, int64_t bytes);
   // Records that the first `chunks` chunks (`bytes` bytes) of the upload are durable (after Sync).
   absl::Status RecordUploadProgress(const std::string& upload_id, int64_t chunks, int64_t bytes);
-  // The whole blob is committed under `blob_hash`: decodes and validates it against the round, then
-  // records it durably. Returns the ACCEPTED ack only after the store made it durable. A refused
-  // update is remembered as REJECTED with the status's message. `blob_hash` must be what
-  // BlobWriter::Commit just returned: Commit verified the bytes, so the blob is decoded from a
-  // read-only mapping of the file (page cache) without a copy or another hash pass.
+  // Checks a complete, hash-verified upload before it may enter blobs/: opens the sealed blob for
+  // this client, round and upload with the run's aggregation key (PermissionDenied when it does not
+  // authenticate: replayed under another upload id, moved to another round or client, tampered),
+  // then checks the codec against the header and the run, and every tensor against the adapter
+  // (InvalidArgument). The plaintext stays in memory. `blob` is a read-only file mapping
+  // (BlobWriter::Verify), whose pages are dropped from this process once read.
+  absl::Status ValidateUpload(const std::string& client_id, const v1::UploadHeader& header,
+                              std::string_view blob) const;
+  // Records a validated upload, committed to blobs/ under `blob_hash`, as accepted. Returns the
+  // ACCEPTED ack only after the store made it durable.
   absl::StatusOr<v1::UploadAck> CompleteUpload(const std::string& client_id, const v1::UploadHeader& header,
-                                               const std::string& blob_hash);
+                                               const std::string& blob_hash, int64_t blob_size);
   // Notes a refused upload (for GetUploadStatus and the metrics).
   void RejectUpload(const std::string& client_id, const std::string& upload_id, const absl::Status& why);
   // Unlocks upload_id (always call after a successful BeginUpload).
@@ -178,6 +188,14 @@ class Coordinator {
                                                      const std::string& blob_hash, size_t blob_size,
                                                      DurabilityTicket* ticket);
   void UpdateClientGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ResourceExhausted with `message`, counted in the metrics' quota refusals.
+  absl::Status QuotaRefused(std::string message) const;
+  // Round driver housekeeping, outside mu_: deletes the partial uploads that can no longer complete
+  // (not of the round in training, and not streaming), and measures the store's size.
+  void SweepPartials();
+  void MeasureStore();
+  std::pair<int64_t, int> swept_for_ ABSL_GUARDED_BY(mu_) = {-1, -1};  // (round, state) last swept
+  int64_t store_measured_ms_ = 0;  // driver thread only
   ClientEntry* FindClientLocked(const std::string& client_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ServerOptions options_;
@@ -212,6 +230,9 @@ class Coordinator {
   // (every reader first passed a locked check of restored_).
   std::vector<TensorSpec> spec_;
   int64_t spec_elements_ = 0;
+  // The run's aggregation key; written once by Restore like spec_.
+  AggregationKey aggregation_key_;
+  crypto::UpdatePlace PlaceOf(const std::string& client_id, const v1::UploadHeader& header) const;
   // The server optimizer with its state after the last committed round (set by Restore; used by
   // the driver thread's AggregateAndCommit only).
   std::optional<ServerOptimizer> server_opt_;
@@ -224,10 +245,15 @@ class Coordinator {
   std::unique_ptr<RoundInfo> round_ ABSL_GUARDED_BY(mu_);  // the open round, if any
   std::map<std::string, std::unique_ptr<ClientEntry>> clients_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> active_uploads_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> active_uploads_ ABSL_GUARDED_BY(mu_);  // upload_id -> client_id
   // Refused upload ids and why (in memory only: a refused update is never counted, so losing this on
   // a restart only downgrades GetUploadStatus from REJECTED to what the store knows).
-  std::map<std::string, std::string> rejected_ ABSL_GUARDED_BY(mu_);
+  struct Rejection {
+    std::string client_id;
+    std::string reason;
+    int64_t round = 0;  // the round open when it was refused; forgotten two rounds later
+  };
+  std::map<std::string, Rejection> rejected_ ABSL_GUARDED_BY(mu_);
   uint64_t session_counter_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -44,6 +44,16 @@ std::string ServerMetrics::ToPrometheusText() const {
                updates_duplicate.load());
   AppendMetric(out, "upload_bytes_total", "counter", "Update bytes received in chunks.", upload_bytes.load());
   AppendMetric(out, "download_bytes_total", "counter", "Adapter bytes sent in chunks.", download_bytes.load());
+  AppendMetric(out, "store_bytes", "gauge", "Bytes of the store's files: database, blobs, partial uploads.",
+               store_bytes.load());
+  AppendMetric(out, "partial_uploads_discarded_total", "counter",
+               "Partial uploads deleted because their round closed or they were refused.",
+               partial_uploads_discarded.load());
+  AppendMetric(out, "quota_refusals_total", "counter",
+               "Uploads and reports refused for a per-client quota or the free-disk watermark.", quota_refusals.load());
+  AppendMetric(out, "tls_handshakes_refused_total", "counter",
+               "TLS connections refused for a revoked certificate or a client id not allowed.",
+               tls_handshakes_refused.load());
   return out;
 }
 

@@ -39,6 +39,14 @@ struct ServerMetrics {
   // Payload bytes received in upload chunks and sent in download chunks (wire, before decoding).
   std::atomic<int64_t> upload_bytes{0};
   std::atomic<int64_t> download_bytes{0};
+  // Bytes of the store's files (database, blobs, partial uploads), measured by the round driver
+  // about once a second; and partial uploads deleted because their round closed or they were refused.
+  std::atomic<int64_t> store_bytes{0};
+  std::atomic<int64_t> partial_uploads_discarded{0};
+  // Uploads and metrics reports refused for a per-client quota or the free-disk watermark.
+  std::atomic<int64_t> quota_refusals{0};
+  // TLS connections refused for a revoked certificate or a client id not on the allowed list.
+  std::atomic<int64_t> tls_handshakes_refused{0};
 
   // Renders every counter in the Prometheus text exposition format (version 0.0.4), names prefixed
   // "fedlora_". Thread-safe.

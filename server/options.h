@@ -14,14 +14,19 @@
 
 namespace fedlora {
 
-// TLS for the federation port. With all three files set, clients must present a certificate signed by
-// `client_ca_file` (mTLS) and their identity is the certificate's subject CN (or first DNS SAN when
-// the CN is empty). Without them the server listens in plaintext and takes identity from the
-// `x-fedlora-client-token` metadata entry instead: meant for loopback tests and the simulator only.
+// TLS for the federation port: all three files, so that every client presents a certificate signed
+// by `client_ca_file` (mTLS) and its identity is the certificate's subject CN. Without TLS the server
+// listens in plaintext, which ServerOptions::insecure must ask for and only a loopback address
+// allows; identity then comes from the "fedlora-client-id" metadata entry (simulation and tests).
 struct ServerTlsOptions {
   std::string cert_file;       // PEM server certificate chain
   std::string key_file;        // PEM private key of cert_file
   std::string client_ca_file;  // PEM CA bundle that signs client certificates
+  // PEM CRL signed by client_ca_file; revoked certificates are refused at the handshake. Re-read
+  // when the file changes and on Server::ReloadCrl (SIGHUP). Empty: no CRL.
+  std::string crl_file;
+  // Certificate CNs allowed to connect. Empty: any certificate client_ca_file signed.
+  std::vector<std::string> allowed_client_ids;
   bool enabled() const { return !cert_file.empty() || !key_file.empty() || !client_ca_file.empty(); }
 };
 
@@ -39,6 +44,25 @@ struct ServerOptions {
   // Directory holding the SQLite store and the blob files. Created when missing.
   std::string data_dir;
   ServerTlsOptions tls;
+  // Serve plaintext without TLS (ServerConfig.insecure). Refused unless listen_address is loopback.
+  // Default false: a server without TLS is a choice made explicitly, for simulation and tests.
+  bool insecure = false;
+
+  // --- Per-client quotas (RESOURCE_EXHAUSTED past them) and the disk ------------------------------
+  // Update bytes one client may stream in one round, resends and refused uploads included. Default
+  // 1 GiB (4 x max_upload_bytes): room for resumes, while a client that uploads garbage in a loop
+  // is stopped long before it fills the disk.
+  int64_t max_client_bytes_per_round = int64_t{1} << 30;
+  // Uploads one client may stream at once. Default 2: a retry may overlap a stream the server has
+  // not seen end yet.
+  int max_client_uploads_in_flight = 2;
+  // ReportMetrics calls one client may make per round. Default 4: one report per task, plus retries.
+  int max_client_reports_per_round = 4;
+  // Entries of one report's `extra` map. Default 64.
+  int max_metrics_per_report = 64;
+  // New uploads are refused while the store's file system has less free space than this plus the
+  // update's size, bytes. Default 1 GiB.
+  int64_t min_free_disk_bytes = int64_t{1} << 30;
 
   // --- Transport limits --------------------------------------------------------------------------
   // Largest gRPC message accepted or sent, bytes. Default 8 MiB (ServerConfig.max_message_bytes):
@@ -51,6 +75,12 @@ struct ServerOptions {
   // How long a keepalive ping may go unanswered before the connection is closed, milliseconds.
   // Default 10 s: a healthy peer answers in under a round trip; ten seconds covers a congested link.
   int keepalive_timeout_ms = 10'000;
+  // Connections are closed (GOAWAY; calls in flight get max_connection_age_grace_ms to finish, and
+  // clients reconnect) after this long, milliseconds, so that a certificate revoked in the CRL or
+  // dropped from the allowed list loses its open connection too, not only new ones. Default 10 min;
+  // the grace, 10 min, is the SDK's transfer deadline.
+  int max_connection_age_ms = 600'000;
+  int max_connection_age_grace_ms = 600'000;
   // Shortest ping interval tolerated from clients, milliseconds (grpc.http2.min_ping_interval...).
   // Default 10 s: clients ping every 30 s; faster pings are misconfiguration or abuse.
   int min_client_ping_interval_ms = 10'000;

@@ -7,9 +7,12 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/file.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "crypto/tls.h"
+#include "proto/address.h"
 #include "proto/config_io.h"
 #include "server/services.h"
 
@@ -24,6 +27,14 @@ ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config) {
   o.tls.cert_file = s.tls().cert_file();
   o.tls.key_file = s.tls().key_file();
   o.tls.client_ca_file = s.tls().client_ca_file();
+  o.tls.crl_file = s.tls().crl_file();
+  o.tls.allowed_client_ids.assign(s.tls().allowed_client_ids().begin(), s.tls().allowed_client_ids().end());
+  o.insecure = s.insecure();
+  if (s.has_max_client_bytes_per_round()) o.max_client_bytes_per_round = static_cast<int64_t>(s.max_client_bytes_per_round());
+  if (s.has_max_client_uploads_in_flight()) o.max_client_uploads_in_flight = static_cast<int>(s.max_client_uploads_in_flight());
+  if (s.has_max_client_reports_per_round()) o.max_client_reports_per_round = static_cast<int>(s.max_client_reports_per_round());
+  if (s.has_max_metrics_per_report()) o.max_metrics_per_report = static_cast<int>(s.max_metrics_per_report());
+  if (s.has_min_free_disk_bytes()) o.min_free_disk_bytes = static_cast<int64_t>(s.min_free_disk_bytes());
   if (s.has_chunk_size_bytes()) {
     o.chunk_bytes = s.chunk_size_bytes();
     o.max_upload_chunk_bytes = s.chunk_size_bytes();
@@ -57,18 +68,22 @@ absl::Status ValidateOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(
         "TLS needs cert_file, key_file and client_ca_file: client identity comes from client certificates");
   }
+  if (o.tls.enabled() && o.insecure) return absl::InvalidArgumentError("insecure and TLS exclude each other");
+  if (!o.tls.enabled()) {
+    if (!o.tls.crl_file.empty() || !o.tls.allowed_client_ids.empty()) {
+      return absl::InvalidArgumentError("a CRL or an allowed client list needs TLS");
+    }
+    FEDLORA_RETURN_IF_ERROR(CheckPlaintextAllowed(o.listen_address, o.insecure, "listen address"));
+  }
+  if (o.max_client_bytes_per_round < o.max_upload_bytes || o.max_client_uploads_in_flight < 1 ||
+      o.max_client_reports_per_round < 1 || o.max_metrics_per_report < 0 || o.min_free_disk_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "per-client quotas must admit one update: max_client_bytes_per_round ", o.max_client_bytes_per_round,
+        " >= max_upload_bytes ", o.max_upload_bytes, ", uploads in flight ", o.max_client_uploads_in_flight,
+        " >= 1, reports per round ", o.max_client_reports_per_round, " >= 1, metrics per report ",
+        o.max_metrics_per_report, " >= 0, free-disk watermark ", o.min_free_disk_bytes, " >= 0"));
+  }
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(const ServerTlsOptions& tls) {
-  if (!tls.enabled()) return grpc::InsecureServerCredentials();
-  FEDLORA_ASSIGN_OR_RETURN(std::string cert, ReadFileToString(tls.cert_file));
-  FEDLORA_ASSIGN_OR_RETURN(std::string key, ReadFileToString(tls.key_file));
-  FEDLORA_ASSIGN_OR_RETURN(std::string ca, ReadFileToString(tls.client_ca_file));
-  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  ssl.pem_root_certs = ca;
-  ssl.pem_key_cert_pairs.push_back({key, cert});
-  return grpc::SslServerCredentials(ssl);
 }
 
 }  // namespace
@@ -77,6 +92,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
                                                        std::vector<UpdateTensor> initial_adapter, Evaluator* evaluator,
                                                        Clock clock) {
   FEDLORA_RETURN_IF_ERROR(ValidateOptions(options));
+  // Refused before the store is opened: a run written to the store with a setting the server cannot
+  // carry out would stay there.
+  if (std::vector<std::string> refused = UnimplementedSettings(config); !refused.empty()) {
+    return absl::UnimplementedError(absl::StrJoin(refused, "; "));
+  }
   std::error_code ec;
   std::filesystem::create_directories(options.data_dir, ec);
   if (ec) {
@@ -94,7 +114,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
       std::make_unique<FederationService>(o, server->coordinator_.get(), server->blobs_.get(), &server->metrics_);
   server->admin_ = std::make_unique<AdminService>(o, server->coordinator_.get());
 
-  FEDLORA_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds, MakeCredentials(o.tls));
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (o.tls.enabled()) {
+    // Chain, expiry, CRL and the allowed ids are checked at every handshake (crypto/tls.h).
+    FEDLORA_ASSIGN_OR_RETURN(server->tls_,
+                             crypto::ServerTls::Create({o.tls.cert_file, o.tls.key_file, o.tls.client_ca_file,
+                                                        o.tls.crl_file, o.tls.allowed_client_ids}));
+    creds = server->tls_->credentials();
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(o.listen_address, creds, &server->port_);
@@ -108,6 +135,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, o.keepalive_time_ms);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, o.keepalive_timeout_ms);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, o.max_connection_age_ms);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, o.max_connection_age_grace_ms);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, o.min_client_ping_interval_ms);
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
@@ -117,9 +146,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
   if (health != nullptr) health->SetServingStatus(false);
 
   if (!o.metrics_address.empty()) {
-    ServerMetrics* metrics = &server->metrics_;
+    Server* s = server.get();
     FEDLORA_ASSIGN_OR_RETURN(server->metrics_http_,
-                             MetricsHttpServer::Start(o.metrics_address, [metrics] { return metrics->ToPrometheusText(); }));
+                             MetricsHttpServer::Start(o.metrics_address, [s] { return s->MetricsText(); }));
   }
   // Restore before serving: until this returns, every Federation/Admin call answers Unavailable and
   // the health service NOT_SERVING.
@@ -132,6 +161,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
 }
 
 Server::~Server() { Shutdown(); }
+
+std::string Server::MetricsText() {
+  if (tls_ != nullptr) metrics_.tls_handshakes_refused.store(tls_->refused_handshakes());
+  return metrics_.ToPrometheusText();
+}
+
+absl::Status Server::ReloadCrl() {
+  if (tls_ == nullptr) return absl::FailedPreconditionError("the server runs without TLS: there is no CRL to reload");
+  return tls_->ReloadCrl();
+}
 
 int Server::metrics_port() const { return metrics_http_ ? metrics_http_->port() : 0; }
 

@@ -29,6 +29,9 @@
 namespace grpc {
 class Server;
 }
+namespace fedlora::crypto {
+class ServerTls;
+}
 
 namespace fedlora {
 
@@ -64,6 +67,14 @@ class Server {
   // 2 s for calls in flight). Idempotent.
   void Shutdown();
 
+  // Re-reads the TLS CRL file now (SIGHUP); the previous CRL stays in force when the new one does
+  // not load. FailedPrecondition without TLS.
+  absl::Status ReloadCrl();
+
+  // The Prometheus text of metrics(), with the TLS refusal count brought up to date (what the
+  // metrics endpoint serves).
+  std::string MetricsText();
+
   Coordinator& coordinator() { return *coordinator_; }
   const ServerMetrics& metrics() const { return metrics_; }
 
@@ -78,6 +89,7 @@ class Server {
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<FederationService> federation_;
   std::unique_ptr<AdminService> admin_;
+  std::shared_ptr<crypto::ServerTls> tls_;  // null without TLS
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   int port_ = 0;

@@ -12,6 +12,8 @@
 #include "core/logging.h"
 #include "core/sha256.h"
 #include "core/status.h"
+#include "crypto/envelope.h"
+#include "crypto/sealed_update.h"
 #include "proto/wire.h"
 #include "server/grpc_status.h"
 
@@ -333,13 +335,18 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
                                               durable_chunks_));
     }
     if (data.chunk_index() == 0) {
-      // Refuse garbage from its first bytes instead of after the whole stream.
-      FEDLORA_ASSIGN_OR_RETURN(UpdateHeader h, ParseUpdateHeader(data.data(), DecodeLimits{}));
-      if (h.payload_bytes + kUpdateHeaderSize != m.total_bytes()) {
-        return absl::InvalidArgumentError(absl::StrCat("codec header declares ", h.payload_bytes + kUpdateHeaderSize,
-                                                       " bytes; the manifest ", m.total_bytes()));
+      // Refuse garbage from its first bytes instead of after the whole stream: a sealed update
+      // starts with the header's ephemeral key and an envelope header that fits the manifest's size.
+      const std::string_view first = data.data();
+      if (first.size() >= crypto::SealedBlobOverheadBytes()) {
+        FEDLORA_ASSIGN_OR_RETURN(std::string_view ephemeral, crypto::SealedBlobEphemeralKey(first));
+        if (ephemeral != header_.encryption().ephemeral_public_key()) {
+          return absl::InvalidArgumentError("the sealed update's ephemeral key differs from its header's");
+        }
+        FEDLORA_RETURN_IF_ERROR(crypto::EnvelopePlaintextSize(first.substr(crypto::kX25519KeyBytes)).status());
       }
     }
+    FEDLORA_RETURN_IF_ERROR(coordinator_->ChargeUploadBytes(client_id_, static_cast<int64_t>(data.data().size())));
     FEDLORA_RETURN_IF_ERROR(writer_->Append(data.data(), hashed));
     writer_->StartWriteback(static_cast<int64_t>(data.data().size()));
     metrics_->upload_bytes.fetch_add(static_cast<int64_t>(data.data().size()));
@@ -407,17 +414,34 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
 
   absl::Status Complete() {
     // The checkpoint's progress row must land before anything below records the upload's fate,
-    // and Commit may not run beside it.
+    // and Verify may not run beside it.
     FEDLORA_RETURN_IF_ERROR(AwaitCheckpoint());
+    // The bytes are checked where they are, in partial/: an update that fails validation never
+    // enters blobs/.
+    absl::StatusOr<std::unique_ptr<MappedBlob>> mapped = writer_->Verify(header_.manifest().sha256());
+    if (!mapped.ok()) {
+      // The partial was discarded (the blob did not match its manifest): the client starts over.
+      writer_.reset();
+      (void)coordinator_->RecordUploadProgress(header_.upload_id(), 0, 0);
+      durable_chunks_ = 0;
+      return mapped.status();
+    }
+    absl::Status valid = coordinator_->ValidateUpload(client_id_, header_, (*mapped)->bytes());
+    mapped->reset();
+    if (!valid.ok()) {
+      DiscardPartial();
+      rejected_ = true;  // a refusal of the update itself is final
+      return valid;
+    }
     absl::StatusOr<std::string> hash = writer_->Commit(header_.manifest().sha256());
+    const int64_t size = writer_->size();
     writer_.reset();
     if (!hash.ok()) {
-      // The partial was discarded (the blob did not match its manifest): the client starts over.
       (void)coordinator_->RecordUploadProgress(header_.upload_id(), 0, 0);
       durable_chunks_ = 0;
       return hash.status();
     }
-    absl::StatusOr<v1::UploadAck> ack = coordinator_->CompleteUpload(client_id_, header_, *hash);
+    absl::StatusOr<v1::UploadAck> ack = coordinator_->CompleteUpload(client_id_, header_, *hash, size);
     if (!ack.ok()) {
       (void)coordinator_->RecordUploadProgress(header_.upload_id(), 0, 0);
       durable_chunks_ = 0;
@@ -428,6 +452,18 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
     *ack_ = *std::move(ack);
     complete_ = true;
     return absl::OkStatus();
+  }
+
+  // Deletes what was received of an upload that cannot succeed, and forgets its progress.
+  void DiscardPartial() {
+    (void)AwaitCheckpoint();
+    if (writer_ != nullptr) {
+      absl::Status s = writer_->Abort();
+      if (!s.ok()) FEDLORA_LOG(WARNING) << "upload " << header_.upload_id() << ": " << s;
+      writer_.reset();
+    }
+    (void)coordinator_->RecordUploadProgress(header_.upload_id(), 0, 0);
+    durable_chunks_ = 0;
   }
 
   void EndOfStream() {
@@ -448,16 +484,19 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
   }
 
   void Fail(const absl::Status& status) {
-    // Chunks verified before the bad one stay durable, so the client can resume after them.
-    if (writer_ != nullptr) {
+    // Refusals of the update itself (not of the transport) are counted and remembered as rejected.
+    const bool permanent = rejected_ || absl::IsInvalidArgument(status) || absl::IsPermissionDenied(status) ||
+                           absl::IsFailedPrecondition(status) || absl::IsResourceExhausted(status);
+    if (permanent) {
+      // Nothing of it can be used again: its bytes go now, not at the next restart.
+      if (locked_) DiscardPartial();
+    } else if (writer_ != nullptr) {
+      // Chunks verified before the bad one stay durable, so the client can resume after them.
       absl::Status s = MakeDurable();
       if (!s.ok()) {
         FEDLORA_LOG(WARNING) << "upload " << header_.upload_id() << ": " << s;
       }
     }
-    // Refusals of the update itself (not of the transport) are counted and remembered as rejected.
-    const bool permanent = rejected_ || absl::IsInvalidArgument(status) || absl::IsPermissionDenied(status) ||
-                           absl::IsFailedPrecondition(status) || absl::IsResourceExhausted(status);
     if (permanent) {
       coordinator_->RejectUpload(client_id_, rejected_ ? header_.upload_id() : "", status);
     }

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -1105,6 +1106,23 @@ absl::Status Store::RecordMetric(const MetricRecord& metric) {
   return impl_->Transaction([&]() -> absl::Status {
     FEDLORA_RETURN_IF_ERROR(impl_->RequireRun(metric.run_id));
     return impl_->InsertMetric(metric);
+  });
+}
+
+absl::Status Store::RecordMetrics(const std::vector<MetricRecord>& metrics) {
+  for (const MetricRecord& m : metrics) {
+    if (m.key.empty()) return absl::InvalidArgumentError("RecordMetrics: empty key");
+  }
+  if (metrics.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  return impl_->Transaction([&]() -> absl::Status {
+    std::set<std::string> runs;
+    for (const MetricRecord& m : metrics) {
+      if (runs.insert(m.run_id).second) FEDLORA_RETURN_IF_ERROR(impl_->RequireRun(m.run_id));
+      absl::Status s = impl_->InsertMetric(m);
+      if (!s.ok() && !absl::IsAlreadyExists(s)) return s;
+    }
+    return absl::OkStatus();
   });
 }
 

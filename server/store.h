@@ -242,6 +242,9 @@ class Store {
   // --- metrics ---
   // AlreadyExists when (run, round, client, key) exists. NotFound for an unknown run.
   absl::Status RecordMetric(const MetricRecord& metric);
+  // All of `metrics` in one transaction (one fsync); entries whose key already exists keep their
+  // first value (a re-sent report). NotFound for an unknown run.
+  absl::Status RecordMetrics(const std::vector<MetricRecord>& metrics);
   // By client_id ("" first), then key.
   absl::StatusOr<std::vector<MetricRecord>> ListMetrics(const std::string& run_id, int64_t round);
 

@@ -121,6 +121,7 @@ int64_t PeakRssKb(pid_t pid) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   ServerOptions o;
   o.listen_address = "127.0.0.1:0";
+  o.insecure = true;
   o.metrics_address = "";
   o.data_dir = dir;
   o.tick_ms = 5;
@@ -131,6 +132,7 @@ int64_t PeakRssKb(pid_t pid) {
   // Room for the encoded update (the default cap is 256 MiB) plus its header.
   const int64_t adapter_bytes = (int64_t{48} * 768 * rank + 2 * 768) * 4;
   o.max_upload_bytes = std::max(o.max_upload_bytes, adapter_bytes + (int64_t{1} << 20));
+  o.max_client_bytes_per_round = 4 * o.max_upload_bytes;
   v1::RunConfig config = fedlora::testing::TestRunConfig(reps, clients, clients);
   auto server = Server::Create(o, config, BertBaseAdapter(rank));
   if (!server.ok()) {

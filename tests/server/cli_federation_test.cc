@@ -1,5 +1,5 @@
-// The whole system as separate processes: `fedlora server` with a run config, two `fedlora client`
-// processes training the real all-MiniLM-L6-v2 LoRA adapters on disjoint slices of the fortunes
+// The whole system as separate processes, secured as the README shows it: `fedlora certs dev`, then
+// `fedlora server` with a run config and mutual TLS, two `fedlora client` processes training the real all-MiniLM-L6-v2 LoRA adapters on disjoint slices of the fortunes
 // corpus (the built-in trainer), and `fedlora status`. Skips when the model or data have not been
 // fetched (scripts/setup.sh).
 #include <cstdio>
@@ -60,7 +60,17 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
     "server": {"listen_address": "127.0.0.1:0", "store_dir": ")" << d << R"(store"}
   })";
   const std::string bin = FEDLORA_BINARY_PATH;
-  FILE* server = popen((bin + " server --config " + d + "run.json --linger-seconds 4 2>" + d + "server.err").c_str(), "r");
+  // The secure federation of the README: `fedlora certs dev`, then the server and the clients
+  // with those files (mutual TLS; identities from the certificates).
+  ASSERT_EQ(std::system((bin + " certs dev --dir " + d + "certs --clients site-a,site-b --days 1 >" + d +
+                         "certs.out 2>&1").c_str()),
+            0)
+      << std::ifstream(d + "certs.out").rdbuf();
+  const std::string pki = d + "certs/";
+  FILE* server = popen((bin + " server --config " + d + "run.json --cert " + pki + "server.pem --key " + pki +
+                        "server.key --client-ca " + pki + "ca.pem --linger-seconds 4 2>" + d + "server.err")
+                           .c_str(),
+                       "r");
   ASSERT_NE(server, nullptr);
   char line[256] = {};
   ASSERT_NE(std::fgets(line, sizeof(line), server), nullptr) << "server printed nothing";
@@ -70,8 +80,9 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
   const std::string address = m.str();
 
   auto client_cmd = [&](const std::string& id) {
-    return bin + " client --server " + address + " --model " + model + " --data " + d + id + ".jsonl --id site-" + id +
-           " --threads 1 2>" + d + id + ".err";
+    return bin + " client --server " + address + " --model " + model + " --data " + d + id + ".jsonl --ca " + pki +
+           "ca.pem --cert " + pki + "site-" + id + ".pem --key " + pki + "site-" + id + ".key --threads 1 2>" + d + id +
+           ".err";
   };
   FILE* a = popen(client_cmd("a").c_str(), "r");
   FILE* b = popen(client_cmd("b").c_str(), "r");
@@ -82,7 +93,10 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
   EXPECT_EQ(pclose(a), 0) << out_a;
   EXPECT_EQ(pclose(b), 0) << out_b;
 
-  FILE* status = popen((bin + " status --server " + address + " --clients").c_str(), "r");
+  FILE* status = popen((bin + " status --server " + address + " --ca " + pki + "ca.pem --cert " + pki +
+                        "site-a.pem --key " + pki + "site-a.key --clients")
+                           .c_str(),
+                       "r");
   const std::string status_out = ReadAll(status);
   EXPECT_EQ(pclose(status), 0);
   EXPECT_THAT(status_out, HasSubstr("\"phase\": \"ROUND_PHASE_FINISHED\""));

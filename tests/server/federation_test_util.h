@@ -20,6 +20,7 @@
 #include "aggregation/server_optimizer.h"
 #include "compression/codec.h"
 #include "core/sha256.h"
+#include "crypto/sealed_update.h"
 #include "fedlora/client.h"
 #include "fedlora/client_trainer.h"
 #include "fedlora/v1/admin.grpc.pb.h"
@@ -194,6 +195,7 @@ inline v1::RunConfig TestRunConfig(int rounds, int clients, int min_clients) {
 inline ServerOptions TestServerOptions(const std::string& data_dir) {
   ServerOptions o;
   o.listen_address = "127.0.0.1:0";
+  o.insecure = true;  // loopback plaintext; the TLS tests clear it
   o.metrics_address = "127.0.0.1:0";
   o.data_dir = data_dir;
   o.round_deadline_ms = 30'000;
@@ -211,6 +213,7 @@ inline ClientOptions TestClientOptions(const std::string& address, const std::st
   ClientOptions o;
   o.server_address = address;
   o.client_id = id;
+  o.insecure = true;  // loopback plaintext; the TLS tests clear it
   o.wait_for_task_seconds = 5;
   o.retry.initial_backoff_ms = 50;
   o.retry.max_backoff_ms = 500;
@@ -289,15 +292,25 @@ class RawClient {
     return false;
   }
 
-  // The header for uploading `blob` (an encoded update) for `task`.
-  v1::UploadHeader Header(const v1::TrainTask& task, const std::string& blob, const std::string& upload_id,
-                          int64_t num_examples = 10) const {
+  // The header for uploading `plain` (an encoded update) for `task`, sealed as an honest client
+  // would: to the run's aggregation key, for this run, round, client and upload id. Upload and
+  // UploadAll given the same `plain` then send the sealed bytes (tests keep handling plaintext).
+  v1::UploadHeader Header(const v1::TrainTask& task, const std::string& plain, const std::string& upload_id,
+                          int64_t num_examples = 10) {
+    const crypto::UpdatePlace place{join_.run_config().run_id(), task.round(), join_.client_id(), upload_id};
+    auto sealed = crypto::SealUpdateBlob(join_.server_encryption_public_key(), place, plain);
+    EXPECT_TRUE(sealed.ok()) << sealed.status();
+    const std::string blob = sealed.ok() ? sealed->blob : plain;
+    sealed_[SealedKey(upload_id, plain)] = blob;
     v1::UploadHeader h;
     h.set_upload_id(upload_id);
     h.set_round(task.round());
     h.set_task_id(task.task_id());
     h.set_num_examples(static_cast<uint64_t>(num_examples));
-    h.mutable_encryption()->set_scheme(v1::EncryptionSpec::NONE);
+    v1::EncryptionSpec* e = h.mutable_encryption();
+    e->set_scheme(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
+    if (sealed.ok()) e->set_ephemeral_public_key(sealed->ephemeral_public_key);
+    e->set_server_key_id(join_.server_encryption_key_id());
     h.set_base_adapter_sha256(task.global_adapter().sha256());
     v1::AdapterManifest* m = h.mutable_manifest();
     for (const v1::TensorSpec& t : task.global_adapter().tensors()) *m->add_tensors() = t;
@@ -312,8 +325,9 @@ class RawClient {
 
   // Sends the header and chunks [first, last) of `blob`, then closes. `mutate` may alter each
   // chunk message before it is sent (hostile tests).
-  grpc::Status Upload(const v1::UploadHeader& header, const std::string& blob, uint32_t first, uint32_t last,
+  grpc::Status Upload(const v1::UploadHeader& header, const std::string& plain, uint32_t first, uint32_t last,
                       v1::UploadAck* ack, const std::function<void(v1::UploadData*)>& mutate = nullptr) {
+    const std::string& blob = Wire(header.upload_id(), plain);
     auto ctx = Context(30'000);
     auto writer = stub_->UploadUpdate(ctx.get(), ack);
     v1::UploadChunk msg;
@@ -335,8 +349,30 @@ class RawClient {
     return writer->Finish();
   }
 
-  grpc::Status UploadAll(const v1::UploadHeader& header, const std::string& blob, v1::UploadAck* ack) {
-    return Upload(header, blob, 0, header.manifest().num_chunks(), ack);
+  grpc::Status UploadAll(const v1::UploadHeader& header, const std::string& plain, v1::UploadAck* ack) {
+    return Upload(header, plain, 0, header.manifest().num_chunks(), ack);
+  }
+
+  // Points `header`'s manifest at `bytes` (size, hash, chunks), for tests that send altered bytes.
+  static void Reframe(v1::UploadHeader* header, const std::string& bytes) {
+    v1::AdapterManifest* m = header->mutable_manifest();
+    const uint64_t chunk = m->chunk_size_bytes();
+    m->set_total_bytes(bytes.size());
+    m->set_sha256(Sha256Hex(bytes));
+    m->set_num_chunks(static_cast<uint32_t>((bytes.size() + chunk - 1) / chunk));
+  }
+
+  grpc::Status ReportMetrics(const v1::MetricsReport& report) {
+    v1::MetricsAck ack;
+    auto ctx = Context();
+    return stub_->ReportMetrics(ctx.get(), report, &ack);
+  }
+
+  // The bytes Upload sends for `plain` under `upload_id`: what Header sealed, or `plain` itself
+  // when no header sealed it (a test that sends raw bytes on purpose).
+  const std::string& Wire(const std::string& upload_id, const std::string& plain) const {
+    auto it = sealed_.find(SealedKey(upload_id, plain));
+    return it == sealed_.end() ? plain : it->second;
   }
 
   grpc::Status Status(const std::string& upload_id, v1::UploadStatusResponse* resp) {
@@ -365,9 +401,14 @@ class RawClient {
   const std::string& session() const { return session_; }
 
  private:
+  static std::string SealedKey(const std::string& upload_id, const std::string& plain) {
+    return upload_id + "/" + Sha256Hex(plain);
+  }
+
   std::string id_;
   std::string session_;
   v1::JoinResponse join_;
+  std::map<std::string, std::string> sealed_;  // SealedKey -> the sealed blob Header made
   std::unique_ptr<v1::Federation::Stub> stub_;
   std::unique_ptr<v1::Admin::Stub> admin_;
 };

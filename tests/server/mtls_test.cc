@@ -1,11 +1,14 @@
 // Identity over mutual TLS: the server takes a client's identity from its certificate's CN, never
-// from metadata or a message body. Certificates are made per test with the openssl command line
-// (a throwaway CA, a server certificate for 127.0.0.1, client certificates).
-#include <cstdlib>
+// from metadata or a message body; revoked sites and sites not on the run's list are refused at the
+// handshake while the others finish the run. Certificates are made per test
+// with fedlora's own tooling (a throwaway CA, a server certificate for 127.0.0.1, client certificates).
+#include <ctime>
 #include <fstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "core/file.h"
+#include "crypto/certs.h"
 #include "server/server.h"
 #include "tests/server/federation_test_util.h"
 
@@ -14,33 +17,43 @@ namespace {
 
 using testing::TempDir;
 
-bool Run(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+constexpr int64_t kDay = 86'400;
 
-// Writes ca.pem, server.pem/key, <name>.pem/key for each client name into `dir`.
+bool Write(const std::string& path, const std::string& text) { return WriteFileAtomically(path, text).ok(); }
+
+// Writes ca.pem/key, server.pem/key (for 127.0.0.1 and localhost) and <name>.pem/key for each
+// client name into `dir`, with fedlora's certificate tooling (crypto/certs.h).
 bool MakeCertificates(const std::string& dir, const std::vector<std::string>& clients) {
   const std::string d = dir + "/";
-  std::ofstream(d + "san.cnf") << "subjectAltName=IP:127.0.0.1,DNS:localhost\n";
-  if (!Run("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=test-ca -keyout " +
-           d + "ca.key -out " + d + "ca.pem")) {
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  auto ca = crypto::CreateCertificateAuthority({.common_name = "test-ca", .not_after_unix_s = now + kDay});
+  if (!ca.ok() || !Write(d + "ca.pem", ca->cert_pem) || !Write(d + "ca.key", ca->key_pem)) return false;
+  auto server = crypto::IssueServerCertificate(*ca, {.common_name = "localhost", .dns_names = {"localhost"},
+                                                     .ip_addresses = {"127.0.0.1"}, .not_after_unix_s = now + kDay});
+  if (!server.ok() || !Write(d + "server.pem", server->cert_pem) || !Write(d + "server.key", server->key_pem)) {
     return false;
   }
-  auto issue = [&](const std::string& name, const std::string& cn, bool san) {
-    return Run("openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=" + cn + " -keyout " + d +
-               name + ".key -out " + d + name + ".csr") &&
-           Run("openssl x509 -req -in " + d + name + ".csr -CA " + d + "ca.pem -CAkey " + d + "ca.key -CAcreateserial -days 1 " +
-               (san ? "-extfile " + d + "san.cnf " : "") + "-out " + d + name + ".pem");
-  };
-  if (!issue("server", "localhost", true)) return false;
   for (const std::string& c : clients) {
-    if (!issue(c, c, false)) return false;
+    auto cert = crypto::IssueClientCertificate(*ca, {.common_name = c, .not_after_unix_s = now + kDay});
+    if (!cert.ok() || !Write(d + c + ".pem", cert->cert_pem) || !Write(d + c + ".key", cert->key_pem)) return false;
   }
   return true;
 }
 
+ClientOptions TlsClient(const std::string& address, const std::string& dir, const std::string& site) {
+  ClientOptions co = testing::TestClientOptions(address, "someone-else");  // ignored under TLS
+  co.insecure = false;
+  co.tls.root_ca_file = dir + "/ca.pem";
+  co.tls.cert_file = dir + "/" + site + ".pem";
+  co.tls.key_file = dir + "/" + site + ".key";
+  return co;
+}
+
 TEST(MtlsTest, IdentityIsTheCertificateCommonNameNotTheClaimedId) {
   TempDir dir;
-  if (!MakeCertificates(dir.path(), {"hospital-7"})) GTEST_SKIP() << "the openssl command line is not available";
+  ASSERT_TRUE(MakeCertificates(dir.path(), {"hospital-7"}));
   ServerOptions o = testing::TestServerOptions(dir.path() + "/store");
+  o.insecure = false;
   o.tls.cert_file = dir.path() + "/server.pem";
   o.tls.key_file = dir.path() + "/server.key";
   o.tls.client_ca_file = dir.path() + "/ca.pem";
@@ -48,11 +61,7 @@ TEST(MtlsTest, IdentityIsTheCertificateCommonNameNotTheClaimedId) {
   ASSERT_TRUE(server.ok()) << server.status();
 
   testing::DeterministicTrainer trainer(0);
-  ClientOptions co = testing::TestClientOptions((*server)->address(), "someone-else");  // ignored under TLS
-  co.tls.root_ca_file = dir.path() + "/ca.pem";
-  co.tls.cert_file = dir.path() + "/hospital-7.pem";
-  co.tls.key_file = dir.path() + "/hospital-7.key";
-  auto client = Client::Create(co, &trainer);
+  auto client = Client::Create(TlsClient((*server)->address(), dir.path(), "hospital-7"), &trainer);
   ASSERT_TRUE(client.ok()) << client.status();
   auto result = (*client)->RunUntilDone();
   ASSERT_TRUE(result.ok()) << result.status();
@@ -69,8 +78,9 @@ TEST(MtlsTest, IdentityIsTheCertificateCommonNameNotTheClaimedId) {
 
 TEST(MtlsTest, ClientWithoutCertificateIsRefused) {
   TempDir dir;
-  if (!MakeCertificates(dir.path(), {})) GTEST_SKIP() << "the openssl command line is not available";
+  ASSERT_TRUE(MakeCertificates(dir.path(), {}));
   ServerOptions o = testing::TestServerOptions(dir.path() + "/store");
+  o.insecure = false;
   o.tls.cert_file = dir.path() + "/server.pem";
   o.tls.key_file = dir.path() + "/server.key";
   o.tls.client_ca_file = dir.path() + "/ca.pem";
@@ -98,10 +108,66 @@ TEST(MtlsTest, ClientWithoutCertificateIsRefused) {
 TEST(MtlsTest, IncompleteTlsOptionsAreRefused) {
   TempDir dir;
   ServerOptions o = testing::TestServerOptions(dir.path());
+  o.insecure = false;
   o.tls.cert_file = dir.path() + "/server.pem";  // key and client CA missing
   auto server = Server::Create(o, testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
   ASSERT_FALSE(server.ok());
   EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The run's CRL and allowed list, through the real server: a site revoked while the server runs
+// (the CRL file rewritten, no restart) and a valid site not on the list are refused with nothing
+// served, and the allowed, unrevoked site finishes the run alone.
+TEST(MtlsTest, RevokedAndUnlistedSitesAreRefusedAndTheRunGoesOn) {
+  TempDir dir;
+  ASSERT_TRUE(MakeCertificates(dir.path(), {"site-a", "site-b", "site-c"}));
+  const std::string d = dir.path() + "/";
+  const std::string ca_cert = ReadFileToString(d + "ca.pem").value_or(""), ca_key = ReadFileToString(d + "ca.key").value_or("");
+  const crypto::PemPair ca{ca_cert, ca_key};
+  auto empty_crl = crypto::RevokeCertificates(ca, "", {}, kDay);
+  ASSERT_TRUE(empty_crl.ok()) << empty_crl.status();
+  ASSERT_TRUE(Write(d + "crl.pem", *empty_crl));
+
+  ServerOptions o = testing::TestServerOptions(d + "store");
+  o.insecure = false;
+  o.tls = {.cert_file = d + "server.pem", .key_file = d + "server.key", .client_ca_file = d + "ca.pem",
+           .crl_file = d + "crl.pem", .allowed_client_ids = {"site-a", "site-b"}};
+  auto server = Server::Create(o, testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  ASSERT_TRUE(server.ok()) << server.status();
+
+  // site-b is revoked after the server started.
+  auto crl = crypto::RevokeCertificates(ca, *empty_crl, {ReadFileToString(d + "site-b.pem").value_or("")}, kDay);
+  ASSERT_TRUE(crl.ok()) << crl.status();
+  ASSERT_TRUE(Write(d + "crl.pem", *crl));
+
+  auto refused = [&](const std::string& site) {
+    testing::DeterministicTrainer trainer(1);
+    ClientOptions co = TlsClient((*server)->address(), dir.path(), site);
+    co.retry.max_attempts = 2;
+    auto client = Client::Create(co, &trainer);
+    EXPECT_TRUE(client.ok()) << client.status();
+    auto result = (*client)->RunUntilDone();
+    EXPECT_FALSE(result.ok()) << site;
+    EXPECT_TRUE(absl::IsUnavailable(result.status())) << site << ": " << result.status();
+  };
+  refused("site-b");  // revoked
+  refused("site-c");  // a valid certificate of the run's CA, not on allowed_client_ids
+  EXPECT_THAT((*server)->MetricsText(), ::testing::HasSubstr("fedlora_tls_handshakes_refused_total 2"));
+
+  testing::DeterministicTrainer trainer(0);
+  auto client = Client::Create(TlsClient((*server)->address(), dir.path(), "site-a"), &trainer);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto result = (*client)->RunUntilDone();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->tasks_completed, 1);
+  EXPECT_TRUE(testing::SameBits((*server)->coordinator().global_adapter(), testing::ExpectedAdapter({0}, 1)));
+  v1::ListClientsRequest all;
+  all.set_include_inactive(true);
+  auto clients = (*server)->coordinator().ListClients(all);
+  ASSERT_TRUE(clients.ok());
+  ASSERT_EQ(clients->clients_size(), 1);  // neither refused site ever reached Join
+  EXPECT_EQ(clients->clients(0).client_id(), "site-a");
+  EXPECT_TRUE((*server)->ReloadCrl().ok());
 }
 
 }  // namespace
