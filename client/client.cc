@@ -19,7 +19,11 @@
 #include "core/sha256.h"
 #include "core/status.h"
 #include "core/strings.h"
+#include "crypto/envelope.h"
+#include "crypto/random.h"
+#include "crypto/sealed_update.h"
 #include "fedlora/v1/federation.grpc.pb.h"
+#include "proto/address.h"
 #include "proto/config_io.h"
 #include "proto/wire.h"
 
@@ -35,16 +39,6 @@ bool IsTransient(const absl::Status& s) {
   // DataLoss: a chunk corrupted on the way; the upload resumes after the last durable chunk.
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s) || absl::IsDataLoss(s) ||
          absl::IsUnknown(s);
-}
-
-std::string RandomHex128() {
-  std::random_device rd;
-  std::string out;
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t v = rd();
-    out += ToHex(reinterpret_cast<const uint8_t*>(&v), sizeof(v));
-  }
-  return out;
 }
 
 // The global adapter as the SDK's public tensor type.
@@ -146,7 +140,7 @@ class ClientImpl final : public Client {
 
   absl::StatusOr<std::string> Download(const v1::AdapterManifest& manifest);
   absl::Status Upload(const v1::TrainTask& task, const std::string& blob, const std::vector<NamedTensor>& delta,
-                      int64_t num_examples, const std::string& upload_id);
+                      int64_t num_examples, const std::string& upload_id, const std::string& ephemeral_public_key);
   // `chunk_sha256` holds each chunk's hex digest, computed once for all attempts.
   absl::Status UploadAttempt(const v1::UploadHeader& header, const std::string& blob,
                              const std::vector<std::string>& chunk_sha256, bool* accepted);
@@ -264,14 +258,17 @@ absl::Status ClientImpl::UploadAttempt(const v1::UploadHeader& base, const std::
 
 absl::Status ClientImpl::Upload(const v1::TrainTask& task, const std::string& blob,
                                 const std::vector<NamedTensor>& delta, int64_t num_examples,
-                                const std::string& upload_id) {
+                                const std::string& upload_id, const std::string& ephemeral_public_key) {
   v1::UploadHeader header;
   header.set_upload_id(upload_id);
   header.set_round(task.round());
   header.set_task_id(task.task_id());
   header.set_num_examples(static_cast<uint64_t>(num_examples));
   *header.mutable_codec() = task.codec();
-  header.mutable_encryption()->set_scheme(v1::EncryptionSpec::NONE);
+  v1::EncryptionSpec* encryption = header.mutable_encryption();
+  encryption->set_scheme(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
+  encryption->set_ephemeral_public_key(ephemeral_public_key);
+  encryption->set_server_key_id(join_.server_encryption_key_id());
   header.set_base_adapter_sha256(task.global_adapter().sha256());
   v1::AdapterManifest* m = header.mutable_manifest();
   for (const NamedTensor& t : delta) {
@@ -360,11 +357,25 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   update.reserve(result->delta.size());
   for (const NamedTensor& n : result->delta) update.push_back({n.name, n.shape, n.values});
   FEDLORA_ASSIGN_OR_RETURN(CodecOptions codec, CodecOptionsFromSpec(task.codec()));
-  FEDLORA_ASSIGN_OR_RETURN(std::string encoded, EncodeUpdate(update, codec));
-  const auto t3 = std::chrono::steady_clock::now();
   // One upload id per task attempt: every retry and resume reuses it, so the server counts it once.
-  const std::string upload_id = absl::StrCat("u-", RandomHex128());
-  FEDLORA_RETURN_IF_ERROR(Upload(task, encoded, result->delta, result->num_examples, upload_id));
+  FEDLORA_ASSIGN_OR_RETURN(const std::string random_id, crypto::RandomHex(16));
+  const std::string upload_id = absl::StrCat("u-", random_id);
+  // Sealed to the run's aggregation key, for this run, round, identity and upload only.
+  if (task.encryption_scheme() != v1::EncryptionSpec::X25519_HKDF_AES256GCM ||
+      join_.server_encryption_public_key().size() != crypto::kX25519KeyBytes) {
+    return absl::FailedPreconditionError(
+        "the server offers no X25519_HKDF_AES256GCM aggregation key; this client uploads sealed updates only");
+  }
+  crypto::SealedBlob sealed;
+  {
+    FEDLORA_ASSIGN_OR_RETURN(std::string encoded, EncodeUpdate(update, codec));
+    std::vector<UpdateTensor>().swap(update);
+    const crypto::UpdatePlace place{join_.run_config().run_id(), task.round(), join_.client_id(), upload_id};
+    FEDLORA_ASSIGN_OR_RETURN(sealed, crypto::SealUpdateBlob(join_.server_encryption_public_key(), place, encoded));
+  }
+  const auto t3 = std::chrono::steady_clock::now();
+  FEDLORA_RETURN_IF_ERROR(
+      Upload(task, sealed.blob, result->delta, result->num_examples, upload_id, sealed.ephemeral_public_key));
   const auto t4 = std::chrono::steady_clock::now();
 
   auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
@@ -452,6 +463,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options, Cl
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
   if (options.tls.enabled()) {
+    if (options.insecure) return absl::InvalidArgumentError("ClientOptions.insecure and TLS exclude each other");
+    if (options.tls.root_ca_file.empty() || options.tls.cert_file.empty() || options.tls.key_file.empty()) {
+      return absl::InvalidArgumentError(
+          "TLS needs root_ca_file, cert_file and key_file: the server identifies clients by their certificate");
+    }
     grpc::SslCredentialsOptions ssl;
     FEDLORA_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileToString(options.tls.root_ca_file));
     FEDLORA_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadFileToString(options.tls.cert_file));
@@ -461,6 +477,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options, Cl
       args.SetSslTargetNameOverride(options.tls.server_name_override);
     }
   } else {
+    FEDLORA_RETURN_IF_ERROR(CheckPlaintextAllowed(options.server_address, options.insecure, "server address"));
     if (options.client_id.empty()) {
       return absl::InvalidArgumentError("ClientOptions.client_id is required without TLS");
     }

@@ -1,6 +1,6 @@
 // fedlora client: joins a federation with the built-in LoRA trainer and the site's own data.
 //
-//   fedlora client --server 127.0.0.1:50051 --model models/all-MiniLM-L6-v2 --data site.jsonl --id site-7
+//   fedlora client --server 127.0.0.1:50051 --insecure --model models/all-MiniLM-L6-v2 --data site.jsonl --id site-7
 //   fedlora client --server fl.example.org:50051 --model ... --data ... --ca ca.pem --cert site.pem --key site.key
 //
 // Each round: download the global adapter, fine-tune it locally on --data with the run's training
@@ -31,6 +31,7 @@ namespace {
 // tokenized for it.
 absl::StatusOr<LoraTrainer::Site> LoadSite(const std::string& model_dir, const std::string& data_path,
                                            const v1::RunConfig& c) {
+  FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(model_dir, c.model()));
   // Clamped to the checkpoint's position table before the model is planned for it.
   FEDLORA_ASSIGN_OR_RETURN(const int max_seq, EffectiveMaxSeqLen(model_dir, ConfiguredMaxSeqLen(c.model())));
   const ModelOptions o = ModelOptionsFromConfig(c, max_seq, ModelRole::kTrain);
@@ -57,7 +58,9 @@ int RunClient(int argc, char** argv) {
   flags.AddString("server", &server, "host:port of the aggregation server", /*required=*/true);
   flags.AddString("model", &model_dir, "local copy of the run's model (config.json, *.safetensors)", true);
   flags.AddString("data", &data_path, "the site's labelled training data (JSONL, CSV or TSV)", true);
-  flags.AddString("id", &id, "client identity without TLS (loopback servers only)");
+  bool insecure = false;
+  flags.AddString("id", &id, "client identity without TLS (with --insecure, loopback servers only)");
+  flags.AddBool("insecure", &insecure, "plaintext without TLS, to a loopback server only");
   flags.AddString("ca", &ca, "PEM CA bundle the server certificate chains to (TLS)");
   flags.AddString("cert", &cert, "PEM client certificate: the identity with mTLS");
   flags.AddString("key", &key, "PEM key of --cert");
@@ -71,6 +74,7 @@ int RunClient(int argc, char** argv) {
   ClientOptions options;
   options.server_address = server;
   options.client_id = id;
+  options.insecure = insecure;
   options.tls.root_ca_file = ca;
   options.tls.cert_file = cert;
   options.tls.key_file = key;

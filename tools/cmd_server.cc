@@ -1,12 +1,14 @@
 // fedlora server: runs the aggregation server for the run described by a config file.
 //
-//   fedlora server --config run.json
+//   fedlora server --config run.json --cert server.pem --key server.key --client-ca ca.pem [--crl crl.pem]
+//   fedlora server --config run.json --insecure          # plaintext, loopback addresses only
 //
 // The initial global adapter is the model's freshly initialised LoRA matrices and classifier (PEFT's
 // initialisation, seeded by the run's seed), so every restart of a new run starts from the same
 // bits. When data.eval_path is set, every new global adapter is evaluated on it (loss, accuracy,
 // macro-F1 recorded with the round). Runs until SIGINT/SIGTERM, or until --linger-seconds after
-// the run finished (clients then still fetch the final adapter). Prints the bound address on stdout.
+// the run finished (clients then still fetch the final adapter); SIGHUP re-reads the TLS CRL.
+// Prints the bound address on stdout.
 #include <csignal>
 #include <ctime>
 #include <iostream>
@@ -17,6 +19,7 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "model/bert.h"
+#include "proto/address.h"
 #include "proto/config_io.h"
 #include "server/server.h"
 #include "tools/common.h"
@@ -52,13 +55,40 @@ class HeldOutEvaluator : public Evaluator {
   int batch_size_;
 };
 
-absl::Status Serve(const std::string& config_path, const std::string& listen, const std::string& store,
-                   int64_t linger_seconds) {
-  FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadRunConfigFile(config_path));
-  ServerOptions options = ServerOptionsFromRunConfig(config);
-  if (!listen.empty()) options.listen_address = listen;
-  if (!store.empty()) options.data_dir = store;
+struct ServeFlags {
+  std::string config_path, listen, store, cert, key, client_ca, crl;
+  bool insecure = false;
+  int64_t linger_seconds = 30;
+};
 
+absl::Status Serve(const ServeFlags& f) {
+  // Blocked before any thread starts (OpenBLAS's, gRPC's), so that only sigtimedwait below sees
+  // them: SIGINT and SIGTERM stop the server, SIGHUP reloads the CRL.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Flags override the config before it is validated, so that the plaintext rule and the TLS checks
+  // apply to them as to the config's own values.
+  FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadRunConfigFile(f.config_path, [&f](v1::RunConfig* c) {
+                             v1::ServerConfig* s = c->mutable_server();
+                             if (!f.listen.empty()) s->set_listen_address(f.listen);
+                             if (!f.store.empty()) s->set_store_dir(f.store);
+                             if (f.insecure) s->set_insecure(true);
+                             if (!f.cert.empty()) s->mutable_tls()->set_cert_file(f.cert);
+                             if (!f.key.empty()) s->mutable_tls()->set_key_file(f.key);
+                             if (!f.client_ca.empty()) s->mutable_tls()->set_client_ca_file(f.client_ca);
+                             if (!f.crl.empty()) s->mutable_tls()->set_crl_file(f.crl);
+                           }));
+  ServerOptions options = ServerOptionsFromRunConfig(config);
+  // The plaintext rule before anything is loaded: a server that may not start says so at once.
+  if (!options.tls.enabled()) {
+    FEDLORA_RETURN_IF_ERROR(CheckPlaintextAllowed(options.listen_address, options.insecure, "server listen address"));
+  }
+
+  FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(config.model().path(), config.model()));
   // Sized for the held-out evaluation batches; max_seq clamped to the checkpoint's position table.
   FEDLORA_ASSIGN_OR_RETURN(const int max_seq,
                            EffectiveMaxSeqLen(config.model().path(), ConfiguredMaxSeqLen(config.model())));
@@ -76,12 +106,6 @@ absl::Status Serve(const std::string& config_path, const std::string& listen, co
                                                    model_options.max_batch);
   }
 
-  // Block the stop signals in every thread (gRPC's included) so that only sigtimedwait sees them.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   FEDLORA_ASSIGN_OR_RETURN(auto server, Server::Create(options, config, std::move(initial), evaluator.get()));
   std::cout << "listening on " << server->address();
   if (server->metrics_port() != 0) std::cout << " (metrics on port " << server->metrics_port() << ")";
@@ -91,10 +115,16 @@ absl::Status Serve(const std::string& config_path, const std::string& listen, co
   constexpr int64_t kPollMs = 200;
   while (true) {
     timespec wait{0, kPollMs * 1'000'000};
-    if (sigtimedwait(&stop, nullptr, &wait) > 0) break;
+    const int sig = sigtimedwait(&signals, nullptr, &wait);
+    if (sig == SIGHUP) {
+      const absl::Status reloaded = server->ReloadCrl();
+      FEDLORA_LOG(INFO) << "SIGHUP: " << (reloaded.ok() ? "CRL reloaded" : std::string(reloaded.message()));
+      continue;
+    }
+    if (sig > 0) break;
     if (server->coordinator().finished()) {
       finished_for_ms += kPollMs;
-      if (finished_for_ms >= linger_seconds * 1000) break;
+      if (finished_for_ms >= f.linger_seconds * 1000) break;
     }
   }
   server->Shutdown();
@@ -107,14 +137,18 @@ absl::Status Serve(const std::string& config_path, const std::string& listen, co
 
 int RunServer(int argc, char** argv) {
   FlagSet flags(argv[0], "Runs the aggregation server for a run config.");
-  std::string config_path, listen, store;
-  int64_t linger_seconds = 30;
-  flags.AddString("config", &config_path, "run config (JSON, see proto/fedlora/v1/config.proto)", /*required=*/true);
-  flags.AddString("listen", &listen, "host:port to listen on (overrides server.listen_address)");
-  flags.AddString("store", &store, "store directory (overrides server.store_dir)");
-  flags.AddInt("linger-seconds", &linger_seconds, "keep serving this long after the run finished");
+  ServeFlags f;
+  flags.AddString("config", &f.config_path, "run config (JSON, see proto/fedlora/v1/config.proto)", /*required=*/true);
+  flags.AddString("listen", &f.listen, "host:port to listen on (overrides server.listen_address)");
+  flags.AddString("store", &f.store, "store directory (overrides server.store_dir)");
+  flags.AddString("cert", &f.cert, "PEM server certificate chain (overrides server.tls.cert_file)");
+  flags.AddString("key", &f.key, "PEM key of --cert (overrides server.tls.key_file)");
+  flags.AddString("client-ca", &f.client_ca, "PEM CA that signs client certificates (server.tls.client_ca_file)");
+  flags.AddString("crl", &f.crl, "PEM CRL of revoked client certificates, re-read on change and SIGHUP");
+  flags.AddBool("insecure", &f.insecure, "serve plaintext without TLS: loopback addresses only (server.insecure)");
+  flags.AddInt("linger-seconds", &f.linger_seconds, "keep serving this long after the run finished");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
-  absl::Status s = Serve(config_path, listen, store, linger_seconds);
+  absl::Status s = Serve(f);
   return s.ok() ? kExitOk : Fail(argv[0], s);
 }
 

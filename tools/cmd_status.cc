@@ -16,6 +16,7 @@
 #include "client/rpc_status.h"
 #include "core/file.h"
 #include "core/status.h"
+#include "proto/address.h"
 #include "fedlora/v1/admin.grpc.pb.h"
 #include "tools/common.h"
 
@@ -33,9 +34,12 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& m) {
 }
 
 absl::Status Status(const std::string& address, const std::string& ca, const std::string& cert,
-                    const std::string& key, bool clients, int64_t deadline_ms) {
+                    const std::string& key, bool insecure, bool clients, int64_t deadline_ms) {
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
-  if (!ca.empty() || !cert.empty() || !key.empty()) {
+  if (ca.empty() && cert.empty() && key.empty()) {
+    FEDLORA_RETURN_IF_ERROR(CheckPlaintextAllowed(address, insecure, "server address"));
+  } else {
+    if (insecure) return absl::InvalidArgumentError("--insecure and TLS (--ca, --cert, --key) exclude each other");
     grpc::SslCredentialsOptions ssl;
     FEDLORA_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileToString(ca));
     if (!cert.empty()) {
@@ -73,16 +77,17 @@ absl::Status Status(const std::string& address, const std::string& ca, const std
 int RunStatus(int argc, char** argv) {
   FlagSet flags(argv[0], "Prints a running server's status (and clients) as JSON.");
   std::string server, ca, cert, key;
-  bool clients = false;
+  bool clients = false, insecure = false;
   int64_t deadline_ms = 10'000;
   flags.AddString("server", &server, "host:port of the server", /*required=*/true);
   flags.AddString("ca", &ca, "PEM CA bundle for a TLS server");
   flags.AddString("cert", &cert, "PEM operator certificate (mTLS)");
   flags.AddString("key", &key, "PEM key of --cert");
+  flags.AddBool("insecure", &insecure, "plaintext without TLS, to a loopback server only");
   flags.AddBool("clients", &clients, "also list the clients");
   flags.AddInt("deadline-ms", &deadline_ms, "deadline of each call, milliseconds");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
-  absl::Status s = Status(server, ca, cert, key, clients, deadline_ms);
+  absl::Status s = Status(server, ca, cert, key, insecure, clients, deadline_ms);
   return s.ok() ? kExitOk : Fail(argv[0], s);
 }
 

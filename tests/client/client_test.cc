@@ -33,14 +33,32 @@ TEST(ClientTest, CreateRejectsIncompleteOptions) {
   ClientOptions o;
   EXPECT_EQ(Client::Create(o, &trainer).status().code(), absl::StatusCode::kInvalidArgument);
   o.server_address = "127.0.0.1:1";
+  // Plaintext needs --insecure, even on loopback; and never to another host.
+  auto plain = Client::Create(o, &trainer);
+  EXPECT_EQ(plain.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(plain.status().message()), HasSubstr("--insecure"));
+  o.insecure = true;
   auto no_id = Client::Create(o, &trainer);
   EXPECT_EQ(no_id.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(no_id.status().message()), HasSubstr("client_id"));
   o.client_id = "site";
+  EXPECT_TRUE(Client::Create(o, &trainer).ok());
+  o.server_address = "192.0.2.1:50051";
+  auto remote = Client::Create(o, &trainer);
+  EXPECT_EQ(remote.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(remote.status().message()), HasSubstr("is not a loopback address"));
+  o.server_address = "127.0.0.1:1";
   EXPECT_EQ(Client::Create(o, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+  // TLS: all three files, no --insecure beside it, and the files must exist.
   o.tls.root_ca_file = "/nonexistent/ca.pem";
+  EXPECT_THAT(std::string(Client::Create(o, &trainer).status().message()), HasSubstr("exclude each other"));
+  o.insecure = false;
+  EXPECT_THAT(std::string(Client::Create(o, &trainer).status().message()), HasSubstr("root_ca_file, cert_file and key_file"));
+  o.tls.cert_file = "/nonexistent/site.pem";
+  o.tls.key_file = "/nonexistent/site.key";
   EXPECT_EQ(Client::Create(o, &trainer).status().code(), absl::StatusCode::kNotFound);
   o.tls = {};
+  o.insecure = true;
   o.retry.max_attempts = 0;
   EXPECT_EQ(Client::Create(o, &trainer).status().code(), absl::StatusCode::kInvalidArgument);
 }

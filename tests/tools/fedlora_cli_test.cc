@@ -385,5 +385,46 @@ TEST_F(FedloraCli, CertsDevThenRevoke) {
   EXPECT_THAT(verb.err, HasSubstr("unknown verb 'sign'"));
 }
 
+// The plaintext rule on the real binaries: a server without TLS starts only on loopback and only
+// with --insecure; a client talks plaintext only to a loopback server and only with --insecure.
+// Each refusal comes before the model is loaded and says how to fix it.
+TEST_F(FedloraCli, PlaintextOnlyOnLoopbackWithInsecure) {
+  const std::string config = dir_ + "/run.json";
+  ASSERT_TRUE(WriteFileAtomically(config, R"({"model": {"path": "/nonexistent/model"},
+      "task": {"labels": ["neg", "pos"]}, "server": {"store_dir": ")" + dir_ + R"(/store"}})")
+                  .ok());
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> refused = {
+      {{"server", "--config", config, "--listen", "0.0.0.0:0"}, "is not a loopback address and needs server.tls"},
+      {{"server", "--config", config, "--listen", "0.0.0.0:0", "--insecure"}, "is not a loopback address"},
+      {{"server", "--config", config, "--listen", "[::]:0"}, "is not a loopback address"},
+      {{"server", "--config", config}, "--insecure"},
+      {{"server", "--config", config, "--insecure", "--cert", dir_ + "/s.pem", "--key", dir_ + "/s.key",
+        "--client-ca", dir_ + "/ca.pem"},
+       "server.insecure and server.tls exclude each other"},
+      {{"server", "--config", config, "--cert", dir_ + "/s.pem", "--key", dir_ + "/s.key"},
+       "client_ca_file together"},
+      {{"client", "--server", "10.1.2.3:50051", "--insecure", "--id", "site-a", "--model", dir_ + "/model", "--data",
+        dir_ + "/train.jsonl"},
+       "is not a loopback address"},
+      {{"client", "--server", "127.0.0.1:50051", "--id", "site-a", "--model", dir_ + "/model", "--data",
+        dir_ + "/train.jsonl"},
+       "--insecure"},
+  };
+  for (const Case& c : refused) {
+    Result r = Run(c.args);
+    EXPECT_NE(r.exit_code, 0) << c.message;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << r.err;
+    EXPECT_THAT(r.err, ::testing::Not(HasSubstr("/nonexistent/model"))) << "refused only after loading: " << r.err;
+  }
+  // With --insecure on loopback the rule passes, and the server goes on to load the model.
+  Result allowed = Run({"server", "--config", config, "--insecure", "--listen", "127.0.0.1:0"});
+  EXPECT_NE(allowed.exit_code, 0);
+  EXPECT_THAT(allowed.err, HasSubstr("/nonexistent/model"));
+}
+
 }  // namespace
 }  // namespace fedlora

@@ -8,7 +8,8 @@
 //   FEDLORA_ASSIGN_OR_RETURN(auto client, fedlora::Client::Create(options, &trainer));
 //   FEDLORA_ASSIGN_OR_RETURN(fedlora::RunSummary summary, client->RunUntilDone());
 //
-// RunUntilDone loops Join -> WaitForTask -> download the global adapter -> Train -> encode -> upload
+// RunUntilDone loops Join -> WaitForTask -> download the global adapter -> Train -> encode -> seal
+// (AES-256-GCM to the run's aggregation key, bound to run, round, client and upload) -> upload
 // (resumed after a broken stream, idempotent by upload id) -> report metrics, until the server says
 // the run is over. Every call has a deadline; transient failures (server restarting, network cuts)
 // are retried with exponential backoff and jitter; a lost session is re-joined.
@@ -26,8 +27,9 @@
 
 namespace fedlora {
 
-// TLS with a client certificate (the server derives the client's identity from it). All empty:
-// plaintext, allowed by the server on loopback only; the identity is then `ClientOptions.client_id`.
+// TLS with a client certificate (the server derives the client's identity from it); all three
+// files are needed. All empty: plaintext, which ClientOptions.insecure must ask for and only a
+// loopback server address allows; the identity is then `ClientOptions.client_id`.
 struct ClientTlsOptions {
   std::string root_ca_file;  // PEM bundle the server certificate must chain to
   std::string cert_file;     // PEM client certificate chain
@@ -58,6 +60,9 @@ struct ClientOptions {
   // required without TLS.
   std::string client_id;
   ClientTlsOptions tls;
+  // Talk plaintext to a loopback server (simulation, tests). Default false: without TLS, Create
+  // refuses unless this is set and server_address is 127.0.0.0/8, [::1] or localhost.
+  bool insecure = false;
   RetryPolicy retry;
 
   // --- Deadlines, milliseconds (every RPC has one) ---
@@ -94,8 +99,9 @@ struct RunSummary {
 class Client {
  public:
   // Checks the options and opens the channel (no network traffic until RunUntilDone). `trainer` is
-  // not owned and must outlive the client. InvalidArgument for missing address or identity, NotFound
-  // / PermissionDenied for unreadable TLS files.
+  // not owned and must outlive the client. InvalidArgument for a missing address or identity, an
+  // incomplete TLS setup, or plaintext not allowed (see `insecure`); NotFound / PermissionDenied
+  // for unreadable TLS files.
   static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options, ClientTrainer* trainer);
   virtual ~Client() = default;
 
