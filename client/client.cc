@@ -124,6 +124,7 @@ class ClientImpl final : public Client {
     request.set_protocol_version(kProtocolVersion);
     request.set_client_version(options_.client_version);
     request.mutable_capabilities()->set_device_name("cpu");
+    request.mutable_capabilities()->add_encryption_schemes(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
     v1::JoinResponse response;
     session_.clear();
     auto ctx = Context(options_.call_deadline_ms);

@@ -459,7 +459,9 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
     (void)AwaitCheckpoint();
     if (writer_ != nullptr) {
       absl::Status s = writer_->Abort();
-      if (!s.ok()) FEDLORA_LOG(WARNING) << "upload " << header_.upload_id() << ": " << s;
+      if (!s.ok()) {
+        FEDLORA_LOG(WARNING) << "upload " << header_.upload_id() << ": " << s;
+      }
       writer_.reset();
     }
     (void)coordinator_->RecordUploadProgress(header_.upload_id(), 0, 0);

@@ -6,9 +6,9 @@
 // N clients upload a BERT-base-sized LoRA update each, concurrently, to
 //   (a) the fedlora server: per-chunk and whole-blob SHA-256 (one pass over the bytes for both),
 //       partial-file writes with an fsync every 8 MiB (run beside the stream, which reads one
-//       message ahead of its processing), validation of the whole update in place
-//       (ValidateUpdate: table, shapes, finite values, without decoding it into tensors), a
-//       durable SQLite row, and
+//       message ahead of its processing), opening the sealed update (AES-256-GCM) in memory and
+//       validating it there (ValidateUpdate: table, shapes, finite values, without decoding it
+//       into tensors), the move into blobs/, a durable SQLite row, and
 //   (b) a sink: the same Federation service, but UploadUpdate only reads and drops the chunks,
 // both in one child process (so that the server's peak RSS is its own), over 127.0.0.1, and
 //   (c) the disk: the same bytes written to files in the store's directory and fdatasync'ed, which
@@ -285,11 +285,14 @@ int main(int argc, char** argv) {
       for (int c = 0; c < clients; ++c) {
         t.emplace_back([&, c] {
           fedlora::testing::RawClient& rc = to_sink ? *sinks[c] : *raw[c];
-          v1::UploadHeader h = raw[c]->Header(tasks[c], blobs[c], "b" + std::to_string(rep) + "-" + std::to_string(c) + (to_sink ? "s" : ""),
-                                              10 + c);
+          const std::string id = "b" + std::to_string(rep) + "-" + std::to_string(c) + (to_sink ? "s" : "");
+          // Sealed as a client seals it, before the clock starts: both sides get the same bytes.
+          v1::UploadHeader h = raw[c]->Header(tasks[c], blobs[c], id, 10 + c);
+          const std::string wire = raw[c]->Wire(id, blobs[c]);
+          raw[c]->ForgetSealed();
           start.arrive_and_wait();
           v1::UploadAck ack;
-          if (rc.UploadAll(h, blobs[c], &ack).ok() && ack.state() == v1::UPLOAD_STATE_ACCEPTED) ++accepted;
+          if (rc.UploadAll(h, wire, &ack).ok() && ack.state() == v1::UPLOAD_STATE_ACCEPTED) ++accepted;
         });
       }
       start.arrive_and_wait();

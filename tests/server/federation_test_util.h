@@ -368,6 +368,9 @@ class RawClient {
     return stub_->ReportMetrics(ctx.get(), report, &ack);
   }
 
+  // Drops the sealed blobs Header kept (benchmarks that seal large updates round after round).
+  void ForgetSealed() { sealed_.clear(); }
+
   // The bytes Upload sends for `plain` under `upload_id`: what Header sealed, or `plain` itself
   // when no header sealed it (a test that sends raw bytes on purpose).
   const std::string& Wire(const std::string& upload_id, const std::string& plain) const {

@@ -26,15 +26,18 @@ bool Write(const std::string& path, const std::string& text) { return WriteFileA
 bool MakeCertificates(const std::string& dir, const std::vector<std::string>& clients) {
   const std::string d = dir + "/";
   const int64_t now = static_cast<int64_t>(std::time(nullptr));
-  auto ca = crypto::CreateCertificateAuthority({.common_name = "test-ca", .not_after_unix_s = now + kDay});
+  auto ca = crypto::CreateCertificateAuthority(
+      {.common_name = "test-ca", .dns_names = {}, .ip_addresses = {}, .not_before_unix_s = 0, .not_after_unix_s = now + kDay});
   if (!ca.ok() || !Write(d + "ca.pem", ca->cert_pem) || !Write(d + "ca.key", ca->key_pem)) return false;
   auto server = crypto::IssueServerCertificate(*ca, {.common_name = "localhost", .dns_names = {"localhost"},
-                                                     .ip_addresses = {"127.0.0.1"}, .not_after_unix_s = now + kDay});
+                                                     .ip_addresses = {"127.0.0.1"}, .not_before_unix_s = 0,
+                                                     .not_after_unix_s = now + kDay});
   if (!server.ok() || !Write(d + "server.pem", server->cert_pem) || !Write(d + "server.key", server->key_pem)) {
     return false;
   }
   for (const std::string& c : clients) {
-    auto cert = crypto::IssueClientCertificate(*ca, {.common_name = c, .not_after_unix_s = now + kDay});
+    auto cert = crypto::IssueClientCertificate(
+        *ca, {.common_name = c, .dns_names = {}, .ip_addresses = {}, .not_before_unix_s = 0, .not_after_unix_s = now + kDay});
     if (!cert.ok() || !Write(d + c + ".pem", cert->cert_pem) || !Write(d + c + ".key", cert->key_pem)) return false;
   }
   return true;
