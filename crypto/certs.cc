@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "crypto/openssl_errors.h"
 
 namespace fedlora::crypto {
 namespace {
@@ -42,21 +43,9 @@ constexpr size_t kMaxPemBytes = 64 << 20;
 // 9999-12-31T23:59:59Z, the last instant X.509 can express.
 constexpr int64_t kMaxUnixSeconds = 253402300799;
 
-// The OpenSSL error queue as text ("; "-separated), emptying it.
-std::string DrainOpenSslErrors() {
-  std::string out;
-  char buf[256];
-  while (unsigned long e = ERR_get_error()) {
-    ERR_error_string_n(e, buf, sizeof buf);
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out;
-}
 
 absl::Status OpenSslError(absl::StatusCode code, const std::string& what) {
-  const std::string detail = DrainOpenSslErrors();
-  return absl::Status(code, detail.empty() ? std::string(what) : absl::StrCat(what, " (", detail, ")"));
+  return absl::Status(code, absl::StrCat(what, " (", DrainOpenSslErrors(), ")"));
 }
 absl::Status Internal(const std::string& what) { return OpenSslError(absl::StatusCode::kInternal, what); }
 

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "crypto/openssl_errors.h"
 #include "core/strings.h"
 #include "crypto/random.h"
 
@@ -66,16 +67,6 @@ class WipeOnExit {
 const unsigned char* Bytes(std::string_view s) { return reinterpret_cast<const unsigned char*>(s.data()); }
 unsigned char* Bytes(char* p) { return reinterpret_cast<unsigned char*>(p); }
 
-// OpenSSL's queued errors for this thread, oldest first, and clears the queue.
-std::string DrainOpenSslErrors() {
-  std::string text;
-  while (const unsigned long code = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(code, buf, sizeof(buf));
-    absl::StrAppend(&text, text.empty() ? "" : "; ", buf);
-  }
-  return text.empty() ? "no OpenSSL error queued" : text;
-}
 
 absl::Status OpenSslError(std::string_view what) {
   return absl::InternalError(absl::StrCat(ToAbsl(what), " failed: ", DrainOpenSslErrors()));

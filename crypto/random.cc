@@ -12,20 +12,11 @@
 #include "absl/strings/str_cat.h"
 #include "core/sha256.h"
 #include "core/status.h"
+#include "crypto/openssl_errors.h"
 
 namespace fedlora::crypto {
 namespace {
 
-// OpenSSL's queued errors for this thread, oldest first, and clears the queue.
-std::string DrainOpenSslErrors() {
-  std::string text;
-  while (const unsigned long code = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(code, buf, sizeof(buf));
-    absl::StrAppend(&text, text.empty() ? "" : "; ", buf);
-  }
-  return text.empty() ? "no OpenSSL error queued" : text;
-}
 
 }  // namespace
 

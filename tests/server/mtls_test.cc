@@ -52,6 +52,24 @@ ClientOptions TlsClient(const std::string& address, const std::string& dir, cons
   return co;
 }
 
+// `site` runs the one-round, one-client run over TLS with its certificate: its update makes the
+// global adapter, and the server knows it, by its certificate's CN, as its only client.
+void RunsTheRoundAsTheOnlyClient(Server& server, const std::string& dir, const std::string& site) {
+  testing::DeterministicTrainer trainer(0);
+  auto client = Client::Create(TlsClient(server.address(), dir, site), &trainer);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto result = client.value()->RunUntilDone();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->tasks_completed, 1);
+  EXPECT_TRUE(testing::SameBits(server.coordinator().global_adapter(), testing::ExpectedAdapter({0}, 1)));
+  v1::ListClientsRequest all;
+  all.set_include_inactive(true);
+  auto clients = server.coordinator().ListClients(all);
+  ASSERT_TRUE(clients.ok());
+  ASSERT_EQ(clients->clients_size(), 1);
+  EXPECT_EQ(clients->clients(0).client_id(), site);
+}
+
 TEST(MtlsTest, IdentityIsTheCertificateCommonNameNotTheClaimedId) {
   TempDir dir;
   ASSERT_TRUE(MakeCertificates(dir.path(), {"hospital-7"}));
@@ -63,20 +81,7 @@ TEST(MtlsTest, IdentityIsTheCertificateCommonNameNotTheClaimedId) {
   auto server = Server::Create(o, testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
   ASSERT_TRUE(server.ok()) << server.status();
 
-  testing::DeterministicTrainer trainer(0);
-  auto client = Client::Create(TlsClient((*server)->address(), dir.path(), "hospital-7"), &trainer);
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto result = (*client)->RunUntilDone();
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->tasks_completed, 1);
-  EXPECT_TRUE(testing::SameBits((*server)->coordinator().global_adapter(), testing::ExpectedAdapter({0}, 1)));
-
-  v1::ListClientsRequest all;
-  all.set_include_inactive(true);
-  auto clients = (*server)->coordinator().ListClients(all);
-  ASSERT_TRUE(clients.ok());
-  ASSERT_EQ(clients->clients_size(), 1);
-  EXPECT_EQ(clients->clients(0).client_id(), "hospital-7");
+  RunsTheRoundAsTheOnlyClient(**server, dir.path(), "hospital-7");
 }
 
 TEST(MtlsTest, ClientWithoutCertificateIsRefused) {
@@ -157,19 +162,8 @@ TEST(MtlsTest, RevokedAndUnlistedSitesAreRefusedAndTheRunGoesOn) {
   refused("site-c");  // a valid certificate of the run's CA, not on allowed_client_ids
   EXPECT_THAT((*server)->MetricsText(), ::testing::HasSubstr("fedlora_tls_handshakes_refused_total 2"));
 
-  testing::DeterministicTrainer trainer(0);
-  auto client = Client::Create(TlsClient((*server)->address(), dir.path(), "site-a"), &trainer);
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto result = (*client)->RunUntilDone();
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->tasks_completed, 1);
-  EXPECT_TRUE(testing::SameBits((*server)->coordinator().global_adapter(), testing::ExpectedAdapter({0}, 1)));
-  v1::ListClientsRequest all;
-  all.set_include_inactive(true);
-  auto clients = (*server)->coordinator().ListClients(all);
-  ASSERT_TRUE(clients.ok());
-  ASSERT_EQ(clients->clients_size(), 1);  // neither refused site ever reached Join
-  EXPECT_EQ(clients->clients(0).client_id(), "site-a");
+  // Neither refused site ever reached Join: site-a is the only client the server knows.
+  RunsTheRoundAsTheOnlyClient(**server, dir.path(), "site-a");
   EXPECT_TRUE((*server)->ReloadCrl().ok());
 }
 
