@@ -135,9 +135,12 @@ absl::StatusOr<std::string> DeriveShared(std::string_view private_key, std::stri
 }
 
 // Feeds `in` to EVP_EncryptUpdate / EVP_DecryptUpdate in int-sized pieces; `out` is null for AAD.
-absl::Status GcmUpdate(EVP_CIPHER_CTX* ctx, bool encrypt, std::string_view in, unsigned char* out) {
+// With `progress`, pieces are kProgressPieceBytes and it is told the bytes done after each.
+absl::Status GcmUpdate(EVP_CIPHER_CTX* ctx, bool encrypt, std::string_view in, unsigned char* out,
+                       const DecryptProgress& progress = nullptr) {
+  const size_t max_piece = progress ? kProgressPieceBytes : kEvpPieceBytes;
   for (size_t done = 0; done < in.size();) {
-    const size_t piece = std::min(in.size() - done, kEvpPieceBytes);
+    const size_t piece = std::min(in.size() - done, max_piece);
     int out_len = 0;
     unsigned char* dst = out == nullptr ? nullptr : out + done;
     const unsigned char* src = Bytes(in) + done;
@@ -148,6 +151,7 @@ absl::Status GcmUpdate(EVP_CIPHER_CTX* ctx, bool encrypt, std::string_view in, u
       return absl::InternalError(absl::StrCat("AES-256-GCM returned ", out_len, " bytes for ", piece));
     }
     done += piece;
+    if (progress) progress(done);
   }
   return absl::OkStatus();
 }
@@ -200,12 +204,12 @@ absl::Status GcmSealInto(std::string_view key, std::string_view nonce, std::stri
 // `unauthenticated` when the tag does not verify; `out` is zeroed on any failure.
 absl::Status GcmOpenInto(std::string_view key, std::string_view nonce, std::string_view aad1, std::string_view aad2,
                          std::string_view ciphertext, std::string_view tag, char* out,
-                         std::string_view unauthenticated) {
+                         std::string_view unauthenticated, const DecryptProgress& progress = nullptr) {
   absl::Status status = [&]() -> absl::Status {
     FEDLORA_ASSIGN_OR_RETURN(CipherCtx ctx, GcmContext(key, nonce, /*encrypt=*/false));
     FEDLORA_RETURN_IF_ERROR(GcmUpdate(ctx.get(), false, aad1, nullptr));
     FEDLORA_RETURN_IF_ERROR(GcmUpdate(ctx.get(), false, aad2, nullptr));
-    FEDLORA_RETURN_IF_ERROR(GcmUpdate(ctx.get(), false, ciphertext, Bytes(out)));
+    FEDLORA_RETURN_IF_ERROR(GcmUpdate(ctx.get(), false, ciphertext, Bytes(out), progress));
     if (EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_SET_TAG, static_cast<int>(kGcmTagBytes),
                             const_cast<char*>(tag.data())) != 1) {
       return OpenSslError("setting the AES-256-GCM tag");
@@ -381,7 +385,8 @@ absl::StatusOr<size_t> EnvelopePlaintextSize(std::string_view envelope) {
 }
 
 absl::Status OpenUpdateInto(std::string_view server_private_key, std::string_view ephemeral_public_key,
-                            std::string_view aad, std::string_view envelope, char* out, size_t out_size) {
+                            std::string_view aad, std::string_view envelope, char* out, size_t out_size,
+                            const DecryptProgress& progress) {
   FEDLORA_RETURN_IF_ERROR(CheckSize(server_private_key, kX25519KeyBytes, "server private key"));
   FEDLORA_RETURN_IF_ERROR(CheckSize(ephemeral_public_key, kX25519KeyBytes, "ephemeral public key"));
   FEDLORA_ASSIGN_OR_RETURN(const size_t n, EnvelopePlaintextSize(envelope));
@@ -402,7 +407,7 @@ absl::Status OpenUpdateInto(std::string_view server_private_key, std::string_vie
   WipeOnExit wipe_key(key);
   return GcmOpenInto(key, envelope.substr(kNonceOffset, kGcmNonceBytes), envelope.substr(0, kEnvelopeHeaderBytes), aad,
                      envelope.substr(kEnvelopeHeaderBytes, n), envelope.substr(kEnvelopeHeaderBytes + n), out,
-                     kUnauthenticatedUpdate);
+                     kUnauthenticatedUpdate, progress);
 }
 
 absl::StatusOr<std::string> OpenUpdate(std::string_view server_private_key, std::string_view ephemeral_public_key,

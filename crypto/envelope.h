@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -92,7 +93,13 @@ absl::StatusOr<std::string> OpenUpdate(std::string_view server_private_key, std:
 // As OpenUpdate, decrypting into `out`, which must hold exactly EnvelopePlaintextSize(envelope)
 // bytes and must not overlap `envelope`. On any error the contents of `out` are not to be trusted;
 // when decryption ran but the tag did not verify, `out` is zeroed.
+// `progress`, when set, is called with the plaintext bytes decrypted so far after every
+// kProgressPieceBytes (they are not authenticated until the call returns OK): a caller opening a
+// large mapped envelope can drop the pages it has passed.
+using DecryptProgress = std::function<void(size_t decrypted)>;
+inline constexpr size_t kProgressPieceBytes = size_t{8} << 20;
 absl::Status OpenUpdateInto(std::string_view server_private_key, std::string_view ephemeral_public_key,
-                            std::string_view aad, std::string_view envelope, char* out, size_t out_size);
+                            std::string_view aad, std::string_view envelope, char* out, size_t out_size,
+                            const DecryptProgress& progress = nullptr);
 
 }  // namespace fedlora::crypto

@@ -41,9 +41,10 @@ absl::StatusOr<size_t> SealedBlobPlaintextSize(std::string_view blob) {
 }
 
 absl::Status OpenUpdateBlobInto(std::string_view server_private_key, const UpdatePlace& place, std::string_view blob,
-                                char* out, size_t out_size) {
+                                char* out, size_t out_size, const std::function<void(size_t)>& progress) {
   FEDLORA_ASSIGN_OR_RETURN(std::string_view ephemeral, SealedBlobEphemeralKey(blob));
-  return OpenUpdateInto(server_private_key, ephemeral, PlaceData(place), blob.substr(kX25519KeyBytes), out, out_size);
+  return OpenUpdateInto(server_private_key, ephemeral, PlaceData(place), blob.substr(kX25519KeyBytes), out, out_size,
+                        progress);
 }
 
 absl::StatusOr<std::string> OpenUpdateBlob(std::string_view server_private_key, const UpdatePlace& place,

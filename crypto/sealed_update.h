@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -44,8 +45,9 @@ absl::StatusOr<size_t> SealedBlobPlaintextSize(std::string_view blob);
 
 // Opens `blob` into `out` (exactly SealedBlobPlaintextSize bytes). PermissionDenied when it does not
 // authenticate for `place` under this server key; InvalidArgument when malformed.
+// `progress` as for OpenUpdateInto (crypto/envelope.h): plaintext bytes decrypted so far.
 absl::Status OpenUpdateBlobInto(std::string_view server_private_key, const UpdatePlace& place, std::string_view blob,
-                                char* out, size_t out_size);
+                                char* out, size_t out_size, const std::function<void(size_t)>& progress = nullptr);
 absl::StatusOr<std::string> OpenUpdateBlob(std::string_view server_private_key, const UpdatePlace& place,
                                            std::string_view blob);
 

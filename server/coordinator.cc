@@ -1129,11 +1129,15 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id, const v1:
   }
   FEDLORA_ASSIGN_OR_RETURN(const size_t size, crypto::SealedBlobPlaintextSize(blob));
   FEDLORA_ASSIGN_OR_RETURN(PlainBuffer plain, PlainBuffer::Create(size));
-  // Opened in memory only: nothing of the plaintext reaches the disk.
-  FEDLORA_RETURN_IF_ERROR(crypto::OpenUpdateBlobInto(aggregation_key_.private_key, PlaceOf(client_id, header), blob,
-                                                     plain.data(), size));
+  // Opened in memory only: nothing of the plaintext reaches the disk. The sealed bytes (a file
+  // mapping, BlobWriter::Verify) are dropped from this process as decryption passes them, so a
+  // large update is resident about once, not twice.
+  const size_t sealed_prefix = blob.size() - size - crypto::kGcmTagBytes;  // key and envelope header
   uint64_t blob_dropped = 0;
-  DropConsumed(blob.data(), blob.size(), &blob_dropped);  // `blob` is a file mapping (BlobWriter::Verify)
+  FEDLORA_RETURN_IF_ERROR(crypto::OpenUpdateBlobInto(
+      aggregation_key_.private_key, PlaceOf(client_id, header), blob, plain.data(), size,
+      [&](size_t decrypted) { DropConsumed(blob.data(), sealed_prefix + decrypted, &blob_dropped); }));
+  DropConsumed(blob.data(), blob.size(), &blob_dropped);
   const std::string_view bytes = plain.view();
   FEDLORA_ASSIGN_OR_RETURN(UpdateHeader codec_header, ParseUpdateHeader(bytes, DecodeLimits{}));
   FEDLORA_ASSIGN_OR_RETURN(CodecOptions declared, CodecOptionsFromSpec(header.codec()));
