@@ -22,6 +22,7 @@
 #include "crypto/envelope.h"
 #include "crypto/random.h"
 #include "crypto/sealed_update.h"
+#include "crypto/tls.h"
 #include "fedlora/v1/federation.grpc.pb.h"
 #include "proto/address.h"
 #include "proto/config_io.h"
@@ -469,11 +470,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options, Cl
       return absl::InvalidArgumentError(
           "TLS needs root_ca_file, cert_file and key_file: the server identifies clients by their certificate");
     }
-    grpc::SslCredentialsOptions ssl;
-    FEDLORA_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileToString(options.tls.root_ca_file));
-    FEDLORA_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadFileToString(options.tls.cert_file));
-    FEDLORA_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadFileToString(options.tls.key_file));
-    creds = grpc::SslCredentials(ssl);
+    // Checked up front: the files parse, the root is a CA, the key belongs to the certificate.
+    FEDLORA_ASSIGN_OR_RETURN(creds, crypto::ClientChannelCredentials(options.tls.root_ca_file, options.tls.cert_file,
+                                                                     options.tls.key_file));
     if (!options.tls.server_name_override.empty()) {
       args.SetSslTargetNameOverride(options.tls.server_name_override);
     }
