@@ -430,7 +430,8 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
     mapped->reset();
     if (!valid.ok()) {
       DiscardPartial();
-      rejected_ = true;  // a refusal of the update itself is final
+      // A refusal of the update itself is final; running out of memory to open it is not.
+      rejected_ = absl::IsInvalidArgument(valid) || absl::IsPermissionDenied(valid);
       return valid;
     }
     absl::StatusOr<std::string> hash = writer_->Commit(header_.manifest().sha256());

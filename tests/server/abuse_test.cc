@@ -403,5 +403,25 @@ TEST_F(AbuseTest, MessagesOverTheMessageLimitAreRefusedByTheTransport) {
   EXPECT_EQ(st.chunks_acknowledged(), 0u);
 }
 
+TEST_F(AbuseTest, UpdatesInAnotherCodecThanTheRunsAreRefused) {
+  Start(1, 1, 1.0);  // the run's codec: none (raw fp32)
+  JoinAndGetTasks({"site-a"});
+  RawClient& a = *clients_["site-a"];
+  std::vector<UpdateTensor> u = InitialAdapter();
+  CodecOptions fp16;
+  fp16.codec = CodecId::kF16;
+  auto blob = EncodeUpdate(u, fp16);
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  v1::UploadHeader h = a.Header(tasks_["site-a"], *blob, "fp16");
+  h.mutable_codec()->add_stages()->set_id(v1::CodecStage::FP16);  // the header tells the truth
+  v1::UploadAck ack;
+  grpc::Status s = a.UploadAll(h, *blob, &ack);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("the run's codec"));
+  UploadHonest("site-a", 0, "a");
+  ASSERT_TRUE(WaitForCommits(1));
+  EXPECT_TRUE(SameBits(server_->coordinator().global_adapter(), ExpectedAdapter({0}, 1)));
+}
+
 }  // namespace
 }  // namespace fedlora

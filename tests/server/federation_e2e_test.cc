@@ -8,6 +8,8 @@
 
 #include <thread>
 
+#include <filesystem>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
@@ -183,7 +185,18 @@ TEST(FederationE2eTest, StrategiesTheServerCannotRunAreRefusedAtStart) {
     EXPECT_EQ(server.status().code(), absl::StatusCode::kUnimplemented) << server.status();
     EXPECT_NE(server.status().message().find(v1::AggregationConfig::Strategy_Name(strategy)), std::string::npos)
         << server.status();
+    // Refused before the store is opened: no run was written that a restart would find.
+    EXPECT_FALSE(std::filesystem::exists(dir.path() + "/fedlora.db"));
   }
+  // The same for every other setting the server does not carry out.
+  TempDir dir;
+  v1::RunConfig config = TestRunConfig(1, 1, 1);
+  config.mutable_privacy()->set_secure_aggregation(true);
+  auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter());
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kUnimplemented) << server.status();
+  EXPECT_NE(server.status().message().find("privacy.secure_aggregation is not implemented yet"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/fedlora.db"));
 }
 
 // Records what it was given; fails on round 2 to show that evaluation never blocks a commit.
