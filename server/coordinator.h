@@ -1,7 +1,7 @@
 // The round state machine, the client registry and the rules for accepting updates: everything the
-// gRPC services decide, without gRPC. The services (server/federation_service.cc) translate RPCs
-// into calls on a Coordinator; a driver thread (Server) calls Tick() to enforce deadlines and
-// aggregates when a round closes.
+// gRPC services decide, without gRPC. The services (server/services.cc) translate RPCs into calls
+// on a Coordinator; a driver thread (Server) calls Tick() to enforce deadlines and aggregates when
+// a round closes. The upload half lives in coordinator_uploads.cc.
 //
 // A run's life, as the coordinator drives it:
 //   Restore()             loads the run from the store (or creates it), resumes an open round

@@ -1,0 +1,59 @@
+// Internal to the server module: the coordinator's per-client and per-round records, shared by
+// coordinator.cc (sessions, selection, rounds, aggregation, the admin view) and
+// coordinator_uploads.cc (upload admission, validation and acceptance).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+
+#include "server/coordinator.h"
+
+namespace fedlora {
+
+struct Coordinator::ClientEntry {
+  std::string id;
+  std::string session;  // empty: no live session (never joined since the server started, or left)
+  std::string peer;
+  std::string client_version;
+  int64_t joined_ms = 0;
+  int64_t last_seen_ms = 0;
+  v1::ClientState reported = v1::CLIENT_STATE_IDLE;
+  bool left = false;
+  int64_t rounds_participated = 0;
+  int64_t updates_rejected = 0;
+  // Quotas (ServerOptions::max_client_*), counted for `quota_round` and reset when the round moves on.
+  int64_t quota_round = 0;
+  int64_t bytes_this_round = 0;
+  int reports_this_round = 0;
+  int uploads_in_flight = 0;
+  void StartQuotaRound(int64_t round) {
+    if (quota_round == round) return;
+    quota_round = round;
+    bytes_this_round = 0;
+    reports_this_round = 0;
+  }
+};
+
+struct Coordinator::RoundInfo {
+  int64_t round = 0;
+  RoundState state = RoundState::kSelecting;
+  int64_t started_ms = 0;
+  int64_t deadline_ms = 0;  // 0 while selecting
+  std::set<std::string> candidates;       // clients waiting for this round's selection
+  int64_t first_candidate_ms = 0;
+  std::set<std::string> selected;
+  std::map<std::string, std::string> accepted;  // client_id -> upload_id
+  int64_t rejected = 0;
+};
+
+struct Coordinator::Waiter {
+  std::string client_id;
+  int64_t expires_ms = 0;
+  WaitCallback done;
+};
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace fedlora

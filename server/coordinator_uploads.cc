@@ -1,0 +1,553 @@
+// The coordinator's upload half: admission of an upload stream (round binding, the manifest,
+// sealing, per-client quotas, the free-disk watermark), opening and validating a complete sealed
+// update before it enters blobs/, its durable acceptance, upload status, and the sweep of partial
+// uploads that can no longer complete.
+#include <sys/mman.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "compression/update_io.h"
+#include "core/file.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "core/strings.h"
+#include "crypto/envelope.h"
+#include "crypto/sealed_update.h"
+#include "proto/wire.h"
+#include "server/coordinator.h"
+#include "server/coordinator_internal.h"
+#include "server/crash_point.h"
+
+namespace fedlora {
+namespace {
+
+// Bytes available to an unprivileged writer on the file system holding `dir`.
+absl::StatusOr<int64_t> FreeDiskBytes(const std::string& dir) {
+  struct statvfs st;
+  if (::statvfs(dir.c_str(), &st) != 0) return ErrnoToStatus(errno, "statvfs", dir);
+  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
+}
+
+bool IsHexSha256(const std::string& s) { return IsValidBlobHash(s); }
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&out, i ? "," : "", shape[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// Downloads and uploads
+
+absl::StatusOr<v1::AdapterManifest> Coordinator::AdapterManifestFor(const std::string& sha256) {
+  absl::MutexLock lock(&mu_);
+  auto it = downloadable_.find(sha256);
+  if (it == downloadable_.end()) {
+    return absl::NotFoundError(absl::StrCat("no global adapter with SHA-256 '", sha256.substr(0, 80), "'"));
+  }
+  return ManifestLocked(sha256, it->second.first, it->second.second);
+}
+
+absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id, const v1::UploadHeader& header) {
+  const std::string& id = header.upload_id();
+  if (!IsValidPartialId(id)) {
+    return absl::InvalidArgumentError("upload_id must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'");
+  }
+  absl::MutexLock lock(&mu_);
+  if (!restored_) return absl::UnavailableError("server is restoring its state; retry");
+  // Idempotency first: a replay of an accepted update gets its original ack, even after its round
+  // closed.
+  absl::StatusOr<UploadRecord> existing = store_->GetUpload(id);
+  if (!existing.ok() && !absl::IsNotFound(existing.status())) return existing.status();
+  if (existing.ok()) {
+    if (existing->client_id != client_id || existing->run_id != run_id_) {
+      return absl::PermissionDeniedError(absl::StrCat("upload_id '", id, "' belongs to another client"));
+    }
+    if (existing->state == UploadState::kAccepted) {
+      if (existing->blob_hash != header.manifest().sha256()) {
+        return absl::AlreadyExistsError(absl::StrCat("upload_id '", id, "' was accepted for blob ",
+                                                     existing->blob_hash, ", not ", header.manifest().sha256()));
+      }
+      UploadPlan plan;
+      v1::UploadAck ack;
+      ack.set_upload_id(id);
+      ack.set_state(v1::UPLOAD_STATE_ACCEPTED);
+      ack.set_chunks_acknowledged(static_cast<uint32_t>(existing->chunks_received));
+      ack.set_bytes_acknowledged(static_cast<uint64_t>(existing->bytes));
+      ack.set_duplicate(true);
+      plan.duplicate_ack = ack;
+      // The row may come from a concurrent acceptance still waiting for its fsync.
+      FEDLORA_RETURN_IF_ERROR(store_->SyncCommitted());
+      metrics_->updates_duplicate.fetch_add(1);
+      return plan;
+    }
+  }
+  if (auto rej = rejected_.find(id); rej != rejected_.end()) {
+    if (rej->second.client_id != client_id) {
+      return absl::PermissionDeniedError(absl::StrCat("upload_id '", id, "' belongs to another client"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat("upload '", id, "' was rejected: ", rej->second.reason));
+  }
+  // Round binding.
+  const int64_t round = static_cast<int64_t>(header.round());
+  if (finished_) return absl::FailedPreconditionError("the run is finished; no more updates are accepted");
+  if (round_ == nullptr || round != round_->round) {
+    return absl::FailedPreconditionError(absl::StrCat("update is for round ", round, " but the current round is ",
+                                                      round_ ? round_->round : last_committed_round_,
+                                                      "; it is stale"));
+  }
+  RoundInfo& r = *round_;
+  if (r.state != RoundState::kTraining) {
+    return absl::FailedPreconditionError(absl::StrCat("round ", round, " is ", ToAbsl(RoundStateName(r.state)),
+                                                      " and no longer accepts updates"));
+  }
+  if (r.selected.count(client_id) == 0) {
+    return absl::PermissionDeniedError(absl::StrCat("client '", client_id, "' was not selected for round ", round));
+  }
+  if (header.task_id() != TaskIdFor(round, client_id)) {
+    return absl::PermissionDeniedError(absl::StrCat("task '", header.task_id(), "' of round ", round,
+                                                    " was not assigned to client '", client_id, "'"));
+  }
+  if (Now() >= r.deadline_ms) {
+    return absl::FailedPreconditionError(absl::StrCat("round ", round, " passed its deadline; the update is stale"));
+  }
+  if (auto acc = r.accepted.find(client_id); acc != r.accepted.end()) {
+    return absl::AlreadyExistsError(absl::StrCat("client '", client_id, "' already has update '", acc->second,
+                                                 "' accepted for round ", round));
+  }
+  if (header.base_adapter_sha256() != global_hash_) {
+    return absl::FailedPreconditionError(absl::StrCat("update is a delta from adapter ",
+                                                      header.base_adapter_sha256().substr(0, 80),
+                                                      " but round ", round, " trains from ", global_hash_));
+  }
+  if (header.num_examples() < 1 || header.num_examples() > static_cast<uint64_t>(StreamingFedAvg::kMaxWeight)) {
+    return absl::InvalidArgumentError(absl::StrCat("num_examples ", header.num_examples(), " is outside [1, ",
+                                                   StreamingFedAvg::kMaxWeight, "]"));
+  }
+  // Every update is sealed to the run's aggregation key: the store holds nothing a copied disk or a
+  // TLS-terminating proxy could read.
+  const v1::EncryptionSpec& enc = header.encryption();
+  if (enc.scheme() != v1::EncryptionSpec::X25519_HKDF_AES256GCM) {
+    return absl::InvalidArgumentError(absl::StrCat("update is not sealed (encryption scheme ",
+                                                   v1::EncryptionSpec::Scheme_IsValid(enc.scheme())
+                                                       ? v1::EncryptionSpec::Scheme_Name(enc.scheme())
+                                                       : std::to_string(enc.scheme()),
+                                                   "); this server takes X25519_HKDF_AES256GCM only"));
+  }
+  if (enc.server_key_id() != aggregation_key_.key_id) {
+    return absl::InvalidArgumentError(absl::StrCat("update is sealed to key '", enc.server_key_id().substr(0, 80),
+                                                   "'; this run's aggregation key is '", aggregation_key_.key_id, "'"));
+  }
+  if (enc.ephemeral_public_key().size() != crypto::kX25519KeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("encryption.ephemeral_public_key has ",
+                                                   enc.ephemeral_public_key().size(), " bytes, not ",
+                                                   crypto::kX25519KeyBytes));
+  }
+  // The manifest must describe the adapter exactly and be cut the way the server expects.
+  const v1::AdapterManifest& m = header.manifest();
+  if (!IsHexSha256(m.sha256())) return absl::InvalidArgumentError("manifest.sha256 is not 64 lowercase hex digits");
+  if (m.total_bytes() > static_cast<uint64_t>(options_.max_upload_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat("update of ", m.total_bytes(), " bytes exceeds the limit of ",
+                                                     options_.max_upload_bytes, " bytes"));
+  }
+  if (m.total_bytes() < kUpdateHeaderSize + crypto::SealedBlobOverheadBytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("update of ", m.total_bytes(), " bytes is shorter than a sealed ",
+                                                   kUpdateHeaderSize, "-byte codec header"));
+  }
+  if (m.chunk_size_bytes() != static_cast<uint64_t>(options_.chunk_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest.chunk_size_bytes is ", m.chunk_size_bytes(),
+                                                   "; this server uses ", options_.chunk_bytes));
+  }
+  if (m.num_chunks() != static_cast<uint64_t>(CeilDiv(static_cast<int64_t>(m.total_bytes()), options_.chunk_bytes))) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest.num_chunks is ", m.num_chunks(), " for ",
+                                                   m.total_bytes(), " bytes in chunks of ", options_.chunk_bytes));
+  }
+  if (m.tensors_size() != static_cast<int>(global_->size())) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest lists ", m.tensors_size(),
+                                                   " tensors; the adapter has ", global_->size()));
+  }
+  {
+    std::map<std::string, const v1::TensorSpec*> by_name;
+    for (const v1::TensorSpec& t : m.tensors()) by_name[t.name()] = &t;
+    for (const UpdateTensor& g : *global_) {
+      auto it = by_name.find(g.name);
+      if (it == by_name.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("manifest lacks adapter tensor '", g.name, "'"));
+      }
+      const v1::TensorSpec& t = *it->second;
+      std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
+      if (shape != g.shape) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", g.name, "' has shape ", ShapeText(shape),
+                                                       "; the adapter's is ", ShapeText(g.shape)));
+      }
+      if (t.dtype() != "F32") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", g.name, "' is declared ", t.dtype(), "; decoded updates are F32"));
+      }
+    }
+  }
+  FEDLORA_RETURN_IF_ERROR(CodecOptionsFromSpec(header.codec()).status());
+  if (active_uploads_.count(id) != 0) {
+    return absl::AbortedError(absl::StrCat("upload '", id, "' is already streaming on another call; retry later"));
+  }
+  ClientEntry* c = FindClientLocked(client_id);
+  if (c == nullptr) return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
+  if (c->uploads_in_flight >= options_.max_client_uploads_in_flight) {
+    return QuotaRefused(absl::StrCat("client '", client_id, "' already streams ", c->uploads_in_flight,
+                                                     " uploads; the limit is ", options_.max_client_uploads_in_flight));
+  }
+  c->StartQuotaRound(round);
+  if (c->bytes_this_round + static_cast<int64_t>(m.total_bytes()) -
+          static_cast<int64_t>(header.start_chunk()) * options_.chunk_bytes >
+      options_.max_client_bytes_per_round) {
+    return QuotaRefused(absl::StrCat("client '", client_id, "' streamed ", c->bytes_this_round,
+                                                     " bytes in round ", round, "; this upload would pass the limit of ",
+                                                     options_.max_client_bytes_per_round));
+  }
+  // The free-disk watermark: refuse a new upload rather than fill the disk under the store.
+  FEDLORA_ASSIGN_OR_RETURN(const int64_t free_bytes, FreeDiskBytes(options_.data_dir));
+  if (free_bytes < options_.min_free_disk_bytes + static_cast<int64_t>(m.total_bytes())) {
+    return QuotaRefused(absl::StrCat("the store's disk has ", free_bytes, " bytes free; an update of ",
+                                                     m.total_bytes(), " bytes would leave less than the watermark of ",
+                                                     options_.min_free_disk_bytes));
+  }
+  UploadRecord record;
+  record.upload_id = id;
+  record.run_id = run_id_;
+  record.round = round;
+  record.client_id = client_id;
+  record.task_id = header.task_id();
+  record.num_examples = static_cast<int64_t>(header.num_examples());
+  DurabilityTicket not_awaited;  // see the header: the row needs no durability before an ack
+  FEDLORA_ASSIGN_OR_RETURN(UploadRecord stored, store_->BeginUpload(record, &not_awaited));
+  UploadPlan plan;
+  plan.chunks_durable = stored.chunks_received;
+  plan.bytes_durable = stored.bytes;
+  if (static_cast<int64_t>(header.start_chunk()) > plan.chunks_durable) {
+    return absl::FailedPreconditionError(absl::StrCat("upload '", id, "' can resume at chunk ", plan.chunks_durable,
+                                                      " at the latest, not ", header.start_chunk()));
+  }
+  active_uploads_[id] = client_id;
+  ++c->uploads_in_flight;
+  return plan;
+}
+
+absl::Status Coordinator::QuotaRefused(std::string message) const {
+  metrics_->quota_refusals.fetch_add(1);
+  return absl::ResourceExhaustedError(std::move(message));
+}
+
+absl::Status Coordinator::ChargeUploadBytes(const std::string& client_id, int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  ClientEntry* c = FindClientLocked(client_id);
+  if (c == nullptr) return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
+  c->StartQuotaRound(round_ ? round_->round : last_committed_round_);
+  if (c->bytes_this_round + bytes > options_.max_client_bytes_per_round) {
+    return QuotaRefused(absl::StrCat("client '", client_id, "' passed its limit of ",
+                                                     options_.max_client_bytes_per_round,
+                                                     " update bytes in this round"));
+  }
+  c->bytes_this_round += bytes;
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::RecordUploadProgress(const std::string& upload_id, int64_t chunks, int64_t bytes) {
+  return store_->RecordUploadProgress(upload_id, chunks, bytes);
+}
+
+void Coordinator::EndUpload(const std::string& upload_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = active_uploads_.find(upload_id);
+  if (it == active_uploads_.end()) return;
+  if (ClientEntry* c = FindClientLocked(it->second)) --c->uploads_in_flight;
+  active_uploads_.erase(it);
+}
+
+void Coordinator::RejectUpload(const std::string& client_id, const std::string& upload_id, const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  metrics_->updates_rejected.fetch_add(1);
+  if (ClientEntry* c = FindClientLocked(client_id)) ++c->updates_rejected;
+  if (round_) ++round_->rejected;
+  if (!upload_id.empty()) {
+    rejected_[upload_id] = {client_id, std::string(why.message()), round_ ? round_->round : last_committed_round_};
+  }
+}
+
+namespace {
+
+// Decoding limits from the adapter itself: a valid update has exactly the adapter's elements, so
+// anything that declares more is refused before a byte is allocated (decompression bombs).
+DecodeLimits LimitsForSpec(const std::vector<TensorSpec>& spec, int64_t elements) {
+  DecodeLimits limits;
+  int64_t table_bytes = 4;  // the body's u32 tensor count, then per tensor: u16 name length, name, u8 rank, dims
+  for (const TensorSpec& t : spec) {
+    table_bytes += 2 + static_cast<int64_t>(t.name.size()) + 1 + 8 * static_cast<int64_t>(t.shape.size());
+  }
+  limits.max_tensors = static_cast<int64_t>(spec.size());
+  limits.max_elements = elements;
+  limits.max_decoded_bytes = table_bytes + elements * 4;
+  return limits;
+}
+
+// Same names and shapes as the adapter, whose spec is sorted by name (the update's order is free;
+// `tensors` is sorted here). T is UpdateTensor or UpdateTensorInfo.
+template <class T>
+absl::Status MatchSpec(std::vector<T>& tensors, const std::vector<TensorSpec>& spec) {
+  if (tensors.size() != spec.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("update has ", tensors.size(), " tensors; the adapter has ",
+                                                   spec.size()));
+  }
+  std::sort(tensors.begin(), tensors.end(), [](const T& a, const T& b) { return a.name < b.name; });
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].name != spec[i].name) {
+      return absl::InvalidArgumentError(absl::StrCat("update tensor '", tensors[i].name,
+                                                     "' is not in the adapter (expected '", spec[i].name, "')"));
+    }
+    if (tensors[i].shape != spec[i].shape) {
+      return absl::InvalidArgumentError(absl::StrCat("update tensor '", tensors[i].name, "' has shape ",
+                                                     ShapeText(tensors[i].shape), "; the adapter's is ",
+                                                     ShapeText(spec[i].shape)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<UpdateTensor>> Coordinator::DecodeAndValidate(std::string_view bytes) const {
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> update,
+                           DecodeUpdate(bytes, LimitsForSpec(spec_, spec_elements_)));
+  FEDLORA_RETURN_IF_ERROR(MatchSpec(update, spec_));  // DecodeUpdate already refused NaN/Inf
+  return update;
+}
+
+namespace {
+
+// An anonymous read-write mapping for an opened update: its pages can be handed back to the OS as
+// validation moves past them, so a large update is never resident twice.
+class PlainBuffer {
+ public:
+  static absl::StatusOr<PlainBuffer> Create(size_t size) {
+    PlainBuffer b;
+    b.size_ = size;
+    if (size > 0) {
+      b.addr_ = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (b.addr_ == MAP_FAILED) {
+        b.addr_ = nullptr;
+        return absl::ResourceExhaustedError(absl::StrCat("cannot map ", size, " bytes for an update: ", std::strerror(errno)));
+      }
+    }
+    return b;
+  }
+  PlainBuffer(PlainBuffer&& o) noexcept : addr_(std::exchange(o.addr_, nullptr)), size_(o.size_) {}
+  PlainBuffer& operator=(PlainBuffer&&) = delete;
+  ~PlainBuffer() {
+    if (addr_ != nullptr) ::munmap(addr_, size_);
+  }
+  char* data() { return static_cast<char*>(addr_); }
+  std::string_view view() const { return {static_cast<const char*>(addr_), size_}; }
+
+ private:
+  PlainBuffer() = default;
+  void* addr_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Hands the pages of [data, data + consumed) back, rounded down to whole pages past `*dropped`.
+void DropConsumed(const char* data, uint64_t consumed, uint64_t* dropped) {
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t end = consumed / page * page;
+  if (end <= *dropped) return;
+  // Advisory: on failure the pages merely stay resident until the unmap.
+  (void)::madvise(const_cast<char*>(data) + *dropped, end - *dropped, MADV_DONTNEED);
+  *dropped = end;
+}
+
+}  // namespace
+
+crypto::UpdatePlace Coordinator::PlaceOf(const std::string& client_id, const v1::UploadHeader& header) const {
+  return {run_id_, header.round(), client_id, header.upload_id()};
+}
+
+absl::Status Coordinator::ValidateUpload(const std::string& client_id, const v1::UploadHeader& header,
+                                         std::string_view blob) const {
+  FEDLORA_ASSIGN_OR_RETURN(std::string_view ephemeral, crypto::SealedBlobEphemeralKey(blob));
+  if (ephemeral != header.encryption().ephemeral_public_key()) {
+    return absl::InvalidArgumentError("the sealed update's ephemeral key differs from its header's");
+  }
+  FEDLORA_ASSIGN_OR_RETURN(const size_t size, crypto::SealedBlobPlaintextSize(blob));
+  FEDLORA_ASSIGN_OR_RETURN(PlainBuffer plain, PlainBuffer::Create(size));
+  // Opened in memory only: nothing of the plaintext reaches the disk. The sealed bytes (a file
+  // mapping, BlobWriter::Verify) are dropped from this process as decryption passes them, so a
+  // large update is resident about once, not twice.
+  const size_t sealed_prefix = blob.size() - size - crypto::kGcmTagBytes;  // key and envelope header
+  uint64_t blob_dropped = 0;
+  FEDLORA_RETURN_IF_ERROR(crypto::OpenUpdateBlobInto(
+      aggregation_key_.private_key, PlaceOf(client_id, header), blob, plain.data(), size,
+      [&](size_t decrypted) { DropConsumed(blob.data(), sealed_prefix + decrypted, &blob_dropped); }));
+  DropConsumed(blob.data(), blob.size(), &blob_dropped);
+  const std::string_view bytes = plain.view();
+  FEDLORA_ASSIGN_OR_RETURN(UpdateHeader codec_header, ParseUpdateHeader(bytes, DecodeLimits{}));
+  FEDLORA_ASSIGN_OR_RETURN(CodecOptions declared, CodecOptionsFromSpec(header.codec()));
+  if (codec_header.codec != declared.codec || codec_header.zstd() != declared.zstd) {
+    return absl::InvalidArgumentError(absl::StrCat("update is encoded as ", ToAbsl(CodecName(codec_header.codec)),
+                                                   codec_header.zstd() ? "+zstd" : "", " but the header declares ",
+                                                   ToAbsl(CodecName(declared.codec)), declared.zstd ? "+zstd" : ""));
+  }
+  FEDLORA_ASSIGN_OR_RETURN(CodecOptions run_codec, CodecOptionsFromSpec(config_.codec()));
+  if (declared.codec != run_codec.codec || declared.zstd != run_codec.zstd) {
+    return absl::InvalidArgumentError(absl::StrCat("update is encoded as ", ToAbsl(CodecName(declared.codec)),
+                                                   declared.zstd ? "+zstd" : "", " but the run's codec is ",
+                                                   ToAbsl(CodecName(run_codec.codec)), run_codec.zstd ? "+zstd" : ""));
+  }
+  // Every check DecodeAndValidate makes, without materialising the values; AggregateAndCommit
+  // decodes it later. Pages already checked go back to the OS as validation moves on.
+  uint64_t dropped = 0;
+  FEDLORA_ASSIGN_OR_RETURN(
+      std::vector<UpdateTensorInfo> table,
+      ValidateUpdate(bytes, LimitsForSpec(spec_, spec_elements_),
+                     [&](uint64_t consumed) { DropConsumed(bytes.data(), consumed, &dropped); }));
+  return MatchSpec(table, spec_);
+}
+
+absl::StatusOr<v1::UploadAck> Coordinator::CompleteUpload(const std::string& client_id, const v1::UploadHeader& header,
+                                                          const std::string& blob_hash, int64_t blob_size) {
+  // The row is committed under mu_ but its fsync is waited for after mu_ is released, so that the
+  // acceptances of concurrent uploads share one WAL fsync instead of queueing on the lock. Nothing
+  // leaves this function (no ack) before the row is durable; the in-memory round may count it a
+  // moment earlier, and whatever the round does with it next (closing, aggregating) is itself a
+  // synced transaction that makes this row durable first.
+  DurabilityTicket ticket;
+  absl::StatusOr<v1::UploadAck> result =
+      CompleteUploadLocked(client_id, header, blob_hash, static_cast<size_t>(blob_size), &ticket);
+  if (!result.ok()) return result;
+  FEDLORA_RETURN_IF_ERROR(result->duplicate() ? store_->SyncCommitted() : store_->WaitDurable(ticket));
+  if (!result->duplicate()) MaybeCrashAt("after_ack");  // durable, not yet acknowledged
+  return result;
+}
+
+absl::StatusOr<v1::UploadAck> Coordinator::CompleteUploadLocked(const std::string& client_id,
+                                                                const v1::UploadHeader& header,
+                                                                const std::string& blob_hash, size_t blob_size,
+                                                                DurabilityTicket* ticket) {
+  absl::MutexLock lock(&mu_);
+  const int64_t round = static_cast<int64_t>(header.round());
+  // The round may have closed while the bytes were streaming.
+  if (round_ == nullptr || round_->round != round || round_->state != RoundState::kTraining) {
+    return absl::FailedPreconditionError(absl::StrCat("round ", round, " closed before the upload completed; the update is stale"));
+  }
+  if (Now() >= round_->deadline_ms) {
+    return absl::FailedPreconditionError(absl::StrCat("round ", round, " passed its deadline; the update is stale"));
+  }
+  UploadRecord record;
+  record.upload_id = header.upload_id();
+  record.run_id = run_id_;
+  record.round = round;
+  record.client_id = client_id;
+  record.task_id = header.task_id();
+  record.num_examples = static_cast<int64_t>(header.num_examples());
+  record.blob_hash = blob_hash;
+  record.bytes = static_cast<int64_t>(blob_size);
+  record.chunks_received = header.manifest().num_chunks();
+  MaybeCrashAt("before_ack");
+  absl::Status s = store_->RecordAccepted(record, ticket);
+  v1::UploadAck ack;
+  ack.set_upload_id(header.upload_id());
+  ack.set_state(v1::UPLOAD_STATE_ACCEPTED);
+  ack.set_chunks_acknowledged(header.manifest().num_chunks());
+  ack.set_bytes_acknowledged(static_cast<uint64_t>(blob_size));
+  if (absl::IsAlreadyExists(s)) {
+    ack.set_duplicate(true);
+    metrics_->updates_duplicate.fetch_add(1);
+    return ack;
+  }
+  FEDLORA_RETURN_IF_ERROR(s);
+  round_->accepted[client_id] = header.upload_id();
+  if (ClientEntry* c = FindClientLocked(client_id)) c->reported = v1::CLIENT_STATE_IDLE;
+  metrics_->updates_accepted.fetch_add(1);
+  FEDLORA_LOG(INFO) << "round " << round << ": accepted update " << header.upload_id() << " from " << client_id
+                    << " (" << round_->accepted.size() << "/" << Target() << ")";
+  absl::Status close = MaybeCloseRoundLocked();
+  if (!close.ok()) {
+    FEDLORA_LOG(ERROR) << "closing round " << round << ": " << close;
+  }
+  return ack;
+}
+
+absl::StatusOr<v1::UploadStatusResponse> Coordinator::GetUploadStatus(const std::string& client_id,
+                                                                      const std::string& upload_id) {
+  v1::UploadStatusResponse response;
+  response.set_upload_id(upload_id);
+  // Ownership first: another client's upload, refused or not, reads as unknown.
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = rejected_.find(upload_id); it != rejected_.end()) {
+      if (it->second.client_id != client_id) {
+        response.set_state(v1::UPLOAD_STATE_UNKNOWN);
+        return response;
+      }
+      response.set_state(v1::UPLOAD_STATE_REJECTED);
+      response.set_reason(it->second.reason);
+      return response;
+    }
+  }
+  // Report only durable state: rows other streams committed may still wait for their fsync.
+  FEDLORA_RETURN_IF_ERROR(store_->SyncCommitted());
+  absl::StatusOr<UploadRecord> record = store_->GetUpload(upload_id);
+  if (absl::IsNotFound(record.status())) {
+    response.set_state(v1::UPLOAD_STATE_UNKNOWN);
+    return response;
+  }
+  FEDLORA_RETURN_IF_ERROR(record.status());
+  if (record->client_id != client_id || record->run_id != run_id_) {
+    response.set_state(v1::UPLOAD_STATE_UNKNOWN);
+    return response;
+  }
+  response.set_state(record->state == UploadState::kAccepted ? v1::UPLOAD_STATE_ACCEPTED
+                                                             : v1::UPLOAD_STATE_IN_PROGRESS);
+  response.set_chunks_acknowledged(static_cast<uint32_t>(record->chunks_received));
+  response.set_bytes_acknowledged(static_cast<uint64_t>(record->bytes));
+  response.set_round(static_cast<uint64_t>(record->round));
+  response.set_task_id(record->task_id);
+  return response;
+}
+
+void Coordinator::SweepPartials() {
+  int64_t training_round = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (round_ != nullptr && round_->state == RoundState::kTraining) training_round = round_->round;
+  }
+  absl::StatusOr<std::vector<std::string>> ids = blobs_->ListPartials();
+  if (!ids.ok()) {
+    FEDLORA_LOG(WARNING) << "listing partial uploads: " << ids.status();
+    return;
+  }
+  for (const std::string& id : *ids) {
+    absl::StatusOr<UploadRecord> u = store_->GetUpload(id);
+    if (u.ok() && u->run_id == run_id_ && u->state == UploadState::kReceiving && u->round == training_round) continue;
+    if (!u.ok() && !absl::IsNotFound(u.status())) continue;  // a store hiccup: try again next time
+    {
+      absl::MutexLock lock(&mu_);
+      // A stream that is still open discards its own partial when its upload fails.
+      if (active_uploads_.count(id) != 0) continue;
+    }
+    absl::Status s = blobs_->DiscardPartial(id);
+    if (!s.ok()) {
+      FEDLORA_LOG(WARNING) << "discarding partial upload " << id << ": " << s;
+      continue;
+    }
+    metrics_->partial_uploads_discarded.fetch_add(1);
+  }
+}
+
+}  // namespace fedlora
