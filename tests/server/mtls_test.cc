@@ -43,6 +43,16 @@ bool MakeCertificates(const std::string& dir, const std::vector<std::string>& cl
   return true;
 }
 
+// The test server's options with mutual TLS on the files MakeCertificates wrote into `dir`.
+ServerOptions MtlsOptions(const std::string& dir) {
+  ServerOptions o = testing::TestServerOptions(dir + "/store");
+  o.insecure = false;
+  o.tls.cert_file = dir + "/server.pem";
+  o.tls.key_file = dir + "/server.key";
+  o.tls.client_ca_file = dir + "/ca.pem";
+  return o;
+}
+
 ClientOptions TlsClient(const std::string& address, const std::string& dir, const std::string& site) {
   ClientOptions co = testing::TestClientOptions(address, "someone-else");  // ignored under TLS
   co.insecure = false;
@@ -73,12 +83,7 @@ void RunsTheRoundAsTheOnlyClient(Server& server, const std::string& dir, const s
 TEST(MtlsTest, IdentityIsTheCertificateCommonNameNotTheClaimedId) {
   TempDir dir;
   ASSERT_TRUE(MakeCertificates(dir.path(), {"hospital-7"}));
-  ServerOptions o = testing::TestServerOptions(dir.path() + "/store");
-  o.insecure = false;
-  o.tls.cert_file = dir.path() + "/server.pem";
-  o.tls.key_file = dir.path() + "/server.key";
-  o.tls.client_ca_file = dir.path() + "/ca.pem";
-  auto server = Server::Create(o, testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  auto server = Server::Create(MtlsOptions(dir.path()), testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
   ASSERT_TRUE(server.ok()) << server.status();
 
   RunsTheRoundAsTheOnlyClient(**server, dir.path(), "hospital-7");
@@ -87,12 +92,7 @@ TEST(MtlsTest, IdentityIsTheCertificateCommonNameNotTheClaimedId) {
 TEST(MtlsTest, ClientWithoutCertificateIsRefused) {
   TempDir dir;
   ASSERT_TRUE(MakeCertificates(dir.path(), {}));
-  ServerOptions o = testing::TestServerOptions(dir.path() + "/store");
-  o.insecure = false;
-  o.tls.cert_file = dir.path() + "/server.pem";
-  o.tls.key_file = dir.path() + "/server.key";
-  o.tls.client_ca_file = dir.path() + "/ca.pem";
-  auto server = Server::Create(o, testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  auto server = Server::Create(MtlsOptions(dir.path()), testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
   ASSERT_TRUE(server.ok()) << server.status();
   // Server-authenticated TLS only, with a claimed id in metadata: the handshake fails.
   grpc::SslCredentialsOptions ssl;
@@ -136,10 +136,9 @@ TEST(MtlsTest, RevokedAndUnlistedSitesAreRefusedAndTheRunGoesOn) {
   ASSERT_TRUE(empty_crl.ok()) << empty_crl.status();
   ASSERT_TRUE(Write(d + "crl.pem", *empty_crl));
 
-  ServerOptions o = testing::TestServerOptions(d + "store");
-  o.insecure = false;
-  o.tls = {.cert_file = d + "server.pem", .key_file = d + "server.key", .client_ca_file = d + "ca.pem",
-           .crl_file = d + "crl.pem", .allowed_client_ids = {"site-a", "site-b"}};
+  ServerOptions o = MtlsOptions(dir.path());
+  o.tls.crl_file = d + "crl.pem";
+  o.tls.allowed_client_ids = {"site-a", "site-b"};
   auto server = Server::Create(o, testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
   ASSERT_TRUE(server.ok()) << server.status();
 
