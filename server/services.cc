@@ -422,8 +422,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
     if (!mapped.ok()) {
       // The partial was discarded (the blob did not match its manifest): the client starts over.
       writer_.reset();
-      (void)coordinator_->RecordUploadProgress(header_.upload_id(), 0, 0);
-      durable_chunks_ = 0;
+      ForgetProgress();
       return mapped.status();
     }
     absl::Status valid = coordinator_->ValidateUpload(client_id_, header_, (*mapped)->bytes());
@@ -438,14 +437,12 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
     const int64_t size = writer_->size();
     writer_.reset();
     if (!hash.ok()) {
-      (void)coordinator_->RecordUploadProgress(header_.upload_id(), 0, 0);
-      durable_chunks_ = 0;
+      ForgetProgress();
       return hash.status();
     }
     absl::StatusOr<v1::UploadAck> ack = coordinator_->CompleteUpload(client_id_, header_, *hash, size);
     if (!ack.ok()) {
-      (void)coordinator_->RecordUploadProgress(header_.upload_id(), 0, 0);
-      durable_chunks_ = 0;
+      ForgetProgress();
       // A refusal of the update itself is final; a store hiccup (Unavailable, Internal) is not.
       rejected_ = !absl::IsUnavailable(ack.status()) && !absl::IsInternal(ack.status());
       return ack.status();
@@ -465,6 +462,11 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
       }
       writer_.reset();
     }
+    ForgetProgress();
+  }
+
+  // The upload starts over from chunk 0: its stored progress is reset.
+  void ForgetProgress() {
     (void)coordinator_->RecordUploadProgress(header_.upload_id(), 0, 0);
     durable_chunks_ = 0;
   }
@@ -492,7 +494,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
                            absl::IsFailedPrecondition(status) || absl::IsResourceExhausted(status);
     if (permanent) {
       // Nothing of it can be used again: its bytes go now, not at the next restart.
-      if (locked_) DiscardPartial();
+      if (locked_ && writer_ != nullptr) DiscardPartial();
     } else if (writer_ != nullptr) {
       // Chunks verified before the bad one stay durable, so the client can resume after them.
       absl::Status s = MakeDurable();
