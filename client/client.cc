@@ -301,6 +301,12 @@ absl::Status ClientImpl::Upload(const v1::TrainTask& task, const std::string& bl
 }
 
 absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
+  // Checked before any work: this client uploads sealed updates only.
+  if (task.encryption_scheme() != v1::EncryptionSpec::X25519_HKDF_AES256GCM ||
+      join_.server_encryption_public_key().size() != crypto::kX25519KeyBytes) {
+    return absl::FailedPreconditionError(
+        "the server offers no X25519_HKDF_AES256GCM aggregation key; this client uploads sealed updates only");
+  }
   const auto t0 = std::chrono::steady_clock::now();
   FEDLORA_ASSIGN_OR_RETURN(std::string blob, Download(task.global_adapter()));
   FEDLORA_ASSIGN_OR_RETURN(std::vector<NamedTensor> global, ParseAdapter(blob));
@@ -363,11 +369,6 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   FEDLORA_ASSIGN_OR_RETURN(const std::string random_id, crypto::RandomHex(16));
   const std::string upload_id = absl::StrCat("u-", random_id);
   // Sealed to the run's aggregation key, for this run, round, identity and upload only.
-  if (task.encryption_scheme() != v1::EncryptionSpec::X25519_HKDF_AES256GCM ||
-      join_.server_encryption_public_key().size() != crypto::kX25519KeyBytes) {
-    return absl::FailedPreconditionError(
-        "the server offers no X25519_HKDF_AES256GCM aggregation key; this client uploads sealed updates only");
-  }
   crypto::SealedBlob sealed;
   {
     FEDLORA_ASSIGN_OR_RETURN(std::string encoded, EncodeUpdate(update, codec));
