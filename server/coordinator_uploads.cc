@@ -238,6 +238,7 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
   }
   active_uploads_[id] = client_id;
   ++c->uploads_in_flight;
+  metrics_->uploads_streaming.store(static_cast<int64_t>(active_uploads_.size()));
   return plan;
 }
 
@@ -270,6 +271,7 @@ void Coordinator::EndUpload(const std::string& upload_id) {
   if (it == active_uploads_.end()) return;
   if (ClientEntry* c = FindClientLocked(it->second)) --c->uploads_in_flight;
   active_uploads_.erase(it);
+  metrics_->uploads_streaming.store(static_cast<int64_t>(active_uploads_.size()));
 }
 
 void Coordinator::RejectUpload(const std::string& client_id, const std::string& upload_id, const absl::Status& why) {

@@ -51,6 +51,8 @@ std::string ServerMetrics::ToPrometheusText() const {
                partial_uploads_discarded.load());
   AppendMetric(out, "quota_refusals_total", "counter",
                "Uploads and reports refused for a per-client quota or the free-disk watermark.", quota_refusals.load());
+  AppendMetric(out, "uploads_streaming", "gauge", "Upload streams admitted and not yet ended.",
+               uploads_streaming.load());
   AppendMetric(out, "tls_handshakes_refused_total", "counter",
                "TLS connections refused for a revoked certificate or a client id not allowed.",
                tls_handshakes_refused.load());

@@ -45,6 +45,8 @@ struct ServerMetrics {
   std::atomic<int64_t> partial_uploads_discarded{0};
   // Uploads and metrics reports refused for a per-client quota or the free-disk watermark.
   std::atomic<int64_t> quota_refusals{0};
+  // Upload streams admitted and not yet ended.
+  std::atomic<int64_t> uploads_streaming{0};
   // TLS connections refused for a revoked certificate or a client id not on the allowed list.
   std::atomic<int64_t> tls_handshakes_refused{0};
 
