@@ -1,11 +1,12 @@
 # fedlora's two commands (see README.md):
 #   make run    set up, build, and run the main job
 #   make test   set up, build, and run every test
-# Other targets: setup, build, asan (unit tests under ASan+UBSan), bench.
+# Other targets: setup, build, asan (unit tests under ASan+UBSan), bench, fuzz (each libFuzzer
+# harness for minutes; fuzz-ci: seconds), chaos (the SIGKILL chaos run, long), load (the load test).
 PRESET ?= default
 BUILD_DIR := build/$(PRESET)
 
-.PHONY: run test setup setup-tests build asan bench clean
+.PHONY: run test setup setup-tests build asan bench fuzz fuzz-ci chaos load clean
 
 run: setup build
 	scripts/main_job.sh $(BUILD_DIR)
@@ -30,6 +31,18 @@ asan: setup-tests
 
 bench: setup build
 	scripts/run_benchmarks.sh $(BUILD_DIR)
+
+fuzz: setup-tests
+	scripts/fuzz.sh --long
+
+fuzz-ci: setup-tests
+	scripts/fuzz.sh --short
+
+chaos: setup build
+	scripts/chaos.sh --long $(BUILD_DIR)
+
+load: setup build
+	scripts/load_test.sh $(BUILD_DIR)
 
 clean:
 	rm -rf build

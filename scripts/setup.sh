@@ -18,7 +18,8 @@ APT_PACKAGES=(
   libssl-dev libopenblas-dev libzstd-dev libsqlite3-dev sqlite3 nlohmann-json3-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3 python3-venv python3-pip python3-numpy python3-torch python3-sklearn
-  fortunes fortunes-min openssl
+  fortunes fortunes-min openssl libcpp-httplib-dev
+  clang libclang-rt-14-dev
 )
 
 install_system() {
