@@ -30,8 +30,9 @@
 // Memory: 16 bytes per model element (one int128) plus the tensor names/shapes, independent of the
 // number of clients: O(model).
 //
-// Merge() adds another accumulator's exact sums, so several aggregator processes can each take a
-// share of the clients and the coordinator combines them with the same bit-exact result.
+// Merge() adds another accumulator's exact sums, so that accumulators filled separately (several
+// threads or processes, each with a share of the clients) combine with the same bit-exact result.
+// The coordinator (server/coordinator.cc) uses a single accumulator.
 //
 // Thread-safety: not thread-safe; use one StreamingFedAvg per aggregation, from one thread (or
 // guard it). Finish() is const and may be called repeatedly.
@@ -50,8 +51,10 @@
 
 namespace fedlora {
 
-// Server-side aggregation strategies. kFedProx aggregates exactly like kFedAvg: its proximal term
-// (mu) is applied by the clients during local training, so the server only forwards mu.
+// Names of the averaging strategies. kFedProx aggregates exactly like kFedAvg: its proximal term
+// (mu) is applied by the clients during local training, so the server only forwards mu. The server
+// does not use this enum: it maps AggregationConfig.strategy to a ServerOptimizer itself
+// (ServerOptimizerOptionsFromConfig in server/coordinator.cc).
 enum class AggregationStrategy { kFedAvg, kFedProx };
 
 // "fedavg", "fedprox".

@@ -14,7 +14,8 @@
 //   auto client = Client::Create(client_options, &trainer);
 //
 // Each task: the lent model's adapter is set to the global one, trained with the site's options
-// overridden by the task (local work, batch size, learning rate, seed), and the delta returned.
+// overridden by the task (local work, batch size, learning rate, FedProx mu, seed), and the delta
+// returned.
 // The optimizer starts afresh every task, as in FedAvg.
 #pragma once
 
@@ -50,7 +51,8 @@ struct LocalOutcome {
 };
 
 // `base` (the run config's options) with the task's overrides: local_steps (> 0) or else
-// local_epochs (at least 1); batch_size and learning_rate when > 0; the task's seed; no progress.
+// local_epochs (at least 1); batch_size and learning_rate when > 0; the task's proximal_mu and
+// seed; no progress.
 TrainOptions TaskTrainOptions(const TrainOptions& base, const TrainTask& task);
 
 // Fine-tunes `model`'s trainable params (already set to the global adapter) on all of `data`.

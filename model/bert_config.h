@@ -1,8 +1,8 @@
 // The architecture of a BERT-family encoder, read from a Hugging Face config.json.
 //
 //   FEDLORA_ASSIGN_OR_RETURN(BertConfig cfg,
-//   ReadBertConfig("models/all-MiniLM-L6-v2/config.json")); cfg.head_dim();  // hidden_size /
-//   num_attention_heads
+//                            ReadBertConfig("models/all-MiniLM-L6-v2/config.json"));
+//   cfg.head_dim();  // hidden_size / num_attention_heads
 //
 // Supported: model_type "bert" (BERT, MiniLM and other BertModel checkpoints) and "roberta" /
 // "xlm-roberta" (same encoder; positions counted from pad_token_id + 1, no token types, a
