@@ -6,7 +6,9 @@
 #
 #   scripts/setup.sh && make build && scripts/main_job.sh build/default
 #
-# About 10-15 minutes on 2 CPU cores. Outputs go to runs/main_job/ (override with OUT_DIR).
+# About 10-15 minutes on 2 CPU cores. Outputs go to runs/main_job/ (override with OUT_DIR). The
+# console shows progress, the per-round table and the comparison; the federation's server and
+# clients log to runs/main_job/federated/server.log (WARNING and ERROR lines also reach the console).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build/default}
@@ -69,5 +71,6 @@ print(f"{'model':<64} {'held-out accuracy':>18}")
 for name, acc in rows:
     print(f"{name:<64} {acc:>18.4f}")
 print(f"\nfederated - centralized: {100 * (fed['final_accuracy'] - central['final_eval']['accuracy']):+.2f} points")
-print(f"per-round report: {out}/federated/rounds.csv, plot: {out}/federated/rounds.svg")
+print(f"per-round report: {out}/federated/rounds.csv, plot: {out}/federated/rounds.svg, "
+      f"log: {out}/federated/server.log")
 EOF

@@ -1,5 +1,7 @@
 #include "sim/simulator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -10,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +22,7 @@
 #include "core/logging.h"
 #include "core/progress.h"
 #include "core/rng.h"
+#include "core/strings.h"
 #include "client/lora_trainer.h"
 #include "core/status.h"
 #include "fedlora/client.h"
@@ -552,6 +556,14 @@ absl::StatusOr<SimResult> Simulation::Run() {
 
   ProgressOptions po;
   po.unit = "round";
+  // The progress line is console output, not a log line: away from a terminal too it goes to
+  // stderr (plain lines, newline-ended), even when the log goes to a file.
+  po.is_tty = ::isatty(STDERR_FILENO) == 1 ? 1 : 0;
+  po.emit = [tty = po.is_tty == 1](std::string_view text) {
+    const std::string s = tty ? std::string(text) : absl::StrCat(ToAbsl(text), "\n");
+    ssize_t unused = ::write(STDERR_FILENO, s.data(), s.size());
+    (void)unused;
+  };
   std::optional<Progress> progress;
   if (options_.progress) progress.emplace("simulate", rounds, po);
   absl::Status outcome;

@@ -62,7 +62,8 @@ struct SimOptions {
   // Directory for the reports, the final adapter and the server's store. Created if missing.
   std::string out_dir;
   std::vector<InjectedFault> faults;
-  // Show a progress line on stderr (core/progress.h).
+  // Show a progress line on stderr (core/progress.h). It is written to stderr directly, also away
+  // from a terminal, so that it stays on the console when the log goes to a file.
   bool progress = true;
   // Give up (DeadlineExceeded) when the run has not finished after this many seconds; 0: never.
   double max_seconds = 0.0;

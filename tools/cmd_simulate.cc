@@ -5,12 +5,15 @@
 //
 // Writes into --out: rounds.jsonl / rounds.csv / rounds.svg (rewritten after every round),
 // summary.json, final_adapter.safetensors, adapter/ (PEFT) and store/ (the server's store).
-// Prints the per-round summary table on stdout; progress and logs go to stderr.
+// Prints the per-round summary table on stdout and the progress line on stderr. The log of the
+// server and the virtual clients is appended to --out/server.log (or --log-file); its WARNING and
+// ERROR lines are copied to stderr. --verbose sends the whole log (DEBUG up) to stderr instead.
 #include <cstdio>
 #include <iostream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/logging.h"
 #include "core/status.h"
 #include "proto/config_io.h"
 #include "sim/simulator.h"
@@ -30,7 +33,15 @@ struct SimulateFlags {
   int shards_per_client = 0;     // > 0: LABEL_SHARDS with this many labels per client
   float max_seconds = 0.0f;
   bool progress = true;
+  LogFlags log;
 };
+
+// Where the log goes: --log-file when given ("-": stderr), else stderr with --verbose, else
+// out_dir/server.log. Empty: stderr.
+std::string LogPath(const SimulateFlags& f) {
+  if (!f.log.file.empty()) return LogFilePath(f.log);
+  return f.log.verbose ? std::string() : f.out_dir + "/server.log";
+}
 
 absl::Status Simulate(const SimulateFlags& f) {
   // The simulated federation runs on loopback in plaintext (its server picks a free port), whatever
@@ -70,19 +81,31 @@ absl::Status Simulate(const SimulateFlags& f) {
   ApplyRunConfigDefaults(&config);
   FEDLORA_RETURN_IF_ERROR(ValidateRunConfig(config));
 
+  const std::string log_path = LogPath(f);
+  FEDLORA_RETURN_IF_ERROR(OpenLogFile(log_path));
+  // The file is appended to: this line marks where a run starts.
+  FEDLORA_LOG(INFO) << "fedlora simulate: run " << config.run_id() << ", config " << f.config_path << ", out "
+                    << f.out_dir;
+
   sim::SimOptions options;
   options.out_dir = f.out_dir;
   options.max_seconds = f.max_seconds;
   options.progress = f.progress;
-  FEDLORA_ASSIGN_OR_RETURN(sim::SimResult result, sim::RunSimulation(config, options));
+  absl::StatusOr<sim::SimResult> run = sim::RunSimulation(config, options);
+  if (!run.ok()) {
+    if (!log_path.empty()) std::fprintf(stderr, "fedlora simulate: the log is in %s\n", log_path.c_str());
+    return run.status();
+  }
+  const sim::SimResult& result = *run;
 
   std::cout << sim::SummaryTable(result.rounds) << std::flush;
   if (!result.rounds.empty()) {
     std::fprintf(stderr,
                  "fedlora simulate: accuracy %.4f after %d rounds (untuned %.4f), %.1f s; reports in %s "
-                 "(rounds.jsonl, rounds.csv, rounds.svg, summary.json), adapter in %s/adapter\n",
+                 "(rounds.jsonl, rounds.csv, rounds.svg, summary.json), adapter in %s/adapter%s%s\n",
                  result.rounds.back().eval_accuracy, result.rounds.back().round, result.rounds.front().eval_accuracy,
-                 result.seconds, f.out_dir.c_str(), f.out_dir.c_str());
+                 result.seconds, f.out_dir.c_str(), f.out_dir.c_str(), log_path.empty() ? "" : ", log in ",
+                 log_path.c_str());
   }
   return absl::OkStatus();
 }
@@ -95,7 +118,10 @@ int RunSimulate(int argc, char** argv) {
   FlagSet flags(command,
                 "Runs a federation on this machine: one aggregation server and N virtual clients speaking the\n"
                 "real protocol over loopback, with the partitioning and faults of the config's simulation\n"
-                "section. Writes per-round reports (JSONL, CSV, SVG) and the final adapter into --out.");
+                "section. Writes per-round reports (JSONL, CSV, SVG) and the final adapter into --out.\n"
+                "The console shows the progress line and the summary table; the log of the server and the\n"
+                "clients is appended to <out>/server.log (or --log-file), and its WARNING and ERROR lines\n"
+                "are copied to stderr. --verbose (or --log-file -) sends the log to stderr instead.");
   flags.AddString("config", &f.config_path, "run config (JSON, see proto/fedlora/v1/config.proto)", true);
   flags.AddString("out", &f.out_dir, "output directory (its store/ subdirectory is recreated)");
   flags.AddInt("rounds", &f.rounds, "override the config's rounds");
@@ -109,7 +135,7 @@ int RunSimulate(int argc, char** argv) {
                "partition by label shards (LABEL_SHARDS), this many labels per client");
   flags.AddFloat("max-seconds", &f.max_seconds, "give up when the run takes longer (0: no limit)");
   flags.AddBool("progress", &f.progress, "show a progress line on stderr");
-  if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
+  if (auto code = ParseFlagsOrExit(flags, argc, argv, &f.log)) return *code;
   if (!flags.positional().empty()) return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
   if (f.rounds == 0 || f.rounds < -1) return UsageError(command, "--rounds must be >= 1");
   if (f.clients == 0 || f.clients < -1) return UsageError(command, "--clients must be >= 1");

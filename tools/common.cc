@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/file.h"
+#include "core/logging.h"
 #include "core/status.h"
 #include "model/bert_config.h"
 #include "train/dataset.h"
@@ -16,13 +18,69 @@
 
 namespace fedlora::tools {
 
-std::optional<int> ParseFlagsOrExit(FlagSet& flags, int argc, char** argv) {
+void AddLogFlags(FlagSet& flags, LogFlags* log) {
+  if (!flags.Has("log-level")) {
+    flags.AddString("log-level", &log->level,
+                    "log threshold: debug, info, warning or error (default: $FEDLORA_LOG_LEVEL, else info)");
+  }
+  if (!flags.Has("verbose")) flags.AddBool("verbose", &log->verbose, "log DEBUG lines too (--log-level debug)");
+  if (!flags.Has("log-format")) {
+    flags.AddString("log-format", &log->format,
+                    "log lines as text, or json (one object per line: ts, level, file, line, msg); default: "
+                    "$FEDLORA_LOG_FORMAT, else text");
+  }
+  if (!flags.Has("log-file")) {
+    flags.AddString("log-file", &log->file,
+                    "append the log to this file; WARNING and ERROR lines still reach stderr (-: stderr)");
+  }
+}
+
+absl::Status ApplyLogLevelAndFormat(const LogFlags& log) {
+  LogLevel level = GetLogLevel();
+  if (!log.level.empty() && !ParseLogLevel(log.level, &level)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log-level: '", log.level, "' is not one of debug, info, warning, error"));
+  }
+  if (log.verbose) {
+    if (!log.level.empty() && level != LogLevel::kDebug) {
+      return absl::InvalidArgumentError(absl::StrCat("--verbose contradicts --log-level ", log.level));
+    }
+    level = LogLevel::kDebug;
+  }
+  LogFormat format = GetLogFormat();
+  if (!log.format.empty() && !ParseLogFormat(log.format, &format)) {
+    return absl::InvalidArgumentError(absl::StrCat("--log-format: '", log.format, "' is not text or json"));
+  }
+  SetLogLevel(level);
+  SetLogFormat(format);
+  return absl::OkStatus();
+}
+
+std::string LogFilePath(const LogFlags& log) { return log.file == "-" ? std::string() : log.file; }
+
+absl::Status OpenLogFile(const std::string& path) {
+  if (path.empty()) return absl::OkStatus();
+  std::error_code ec;  // a directory that cannot be made shows as SetLogFile's error
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  return SetLogFile(path);
+}
+
+std::optional<int> ParseFlagsOrExit(FlagSet& flags, int argc, char** argv, LogFlags* log) {
+  AddLogFlags(flags, log);
   const absl::Status status = flags.Parse(argc, argv);
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
     return kExitOk;
   }
   if (!status.ok()) return UsageError(argv[0], std::string(status.message()));
+  if (absl::Status s = ApplyLogLevelAndFormat(*log); !s.ok()) return UsageError(argv[0], std::string(s.message()));
+  return std::nullopt;
+}
+
+std::optional<int> ParseFlagsOrExit(FlagSet& flags, int argc, char** argv) {
+  LogFlags log;
+  if (auto code = ParseFlagsOrExit(flags, argc, argv, &log)) return code;
+  if (absl::Status s = OpenLogFile(LogFilePath(log)); !s.ok()) return Fail(argv[0], s);
   return std::nullopt;
 }
 

@@ -18,10 +18,37 @@
 
 namespace fedlora::tools {
 
-// Parses argv into `flags`. Returns nullopt when the command should go on, else the exit code to
-// return at once: kExitOk after printing the help (--help), kExitUsage after printing the error
-// and a pointer to --help.
+// The logging flags every command takes (core/logging.h). ParseFlagsOrExit registers them, each
+// unless the command has registered a flag of that name itself.
+//   --log-level debug|info|warning|error   default: FEDLORA_LOG_LEVEL, else info
+//   --verbose                              the same as --log-level debug
+//   --log-format text|json                 default: FEDLORA_LOG_FORMAT, else text
+//   --log-file PATH                        append the log to PATH (its directory is made);
+//                                          WARNING and ERROR lines are still copied to stderr
+//                                          ("-": stderr only, the default)
+struct LogFlags {
+  std::string level;
+  bool verbose = false;
+  std::string format;
+  std::string file;
+};
+void AddLogFlags(FlagSet& flags, LogFlags* log);
+// Checks the values (InvalidArgument naming the flag) and applies the level and the format.
+absl::Status ApplyLogLevelAndFormat(const LogFlags& log);
+// The file --log-file names: empty for none or "-".
+std::string LogFilePath(const LogFlags& log);
+// Creates the directories above `path` and sends the log there (SetLogFile); nothing for "".
+absl::Status OpenLogFile(const std::string& path);
+
+// Parses argv into `flags` plus the logging flags above. Returns nullopt when the command should
+// go on, else the exit code to return at once: kExitOk after printing the help (--help),
+// kExitUsage after printing the error and a pointer to --help, kExitFailure when the log file
+// cannot be opened. On nullopt the log level, format and file are in effect. Call it once per
+// FlagSet: the logging flags it adds write into storage that ends with the call.
 std::optional<int> ParseFlagsOrExit(FlagSet& flags, int argc, char** argv);
+// The same, but the log file is left to the caller (`fedlora simulate` picks a default one): *log
+// holds the logging flags as given, the level and format are in effect.
+std::optional<int> ParseFlagsOrExit(FlagSet& flags, int argc, char** argv, LogFlags* log);
 
 // Prints "<command>: error: <message>" to stderr and returns kExitFailure.
 int Fail(const std::string& command, const absl::Status& status);

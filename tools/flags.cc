@@ -103,6 +103,13 @@ void FlagSet::AddBool(const std::string& name, bool* out, const std::string& hel
   Add(std::move(f));
 }
 
+bool FlagSet::Has(const std::string& name) const {
+  for (const Flag& f : flags_) {
+    if (f.name == name) return true;
+  }
+  return false;
+}
+
 bool FlagSet::WasSet(const std::string& name) const {
   for (const Flag& f : flags_) {
     if (f.name == name) return f.set;

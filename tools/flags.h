@@ -48,6 +48,8 @@ class FlagSet {
   bool help_requested() const { return help_requested_; }
   // Whether --name appeared on the command line.
   bool WasSet(const std::string& name) const;
+  // Whether --name is registered.
+  bool Has(const std::string& name) const;
   const std::vector<std::string>& positional() const { return positional_; }
 
   // "usage: <command> [flags]\n<summary>\n\nflags:\n  --name  help (default: x)\n..."

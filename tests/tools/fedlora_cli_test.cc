@@ -54,8 +54,9 @@ class FedloraCli : public ::testing::Test {
     if (!dir_.empty()) fs::remove_all(dir_);
   }
 
-  Result Run(const std::vector<std::string>& args) {
-    std::string cmd = Quote(fedlora_);
+  // `env`: "NAME=value " assignments put before the command.
+  Result Run(const std::vector<std::string>& args, const std::string& env = "") {
+    std::string cmd = env + Quote(fedlora_);
     // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on " " + Quote(a).
     for (const std::string& a : args) cmd.append(" ").append(Quote(a));
     const std::string out = dir_ + "/stdout", err = dir_ + "/stderr";
@@ -273,6 +274,13 @@ TEST_F(FedloraCli, UsageErrorsExitTwoWithMessage) {
        "qery"},
       {{"eval", "--model", model, "--adapter", dir_, "--data", data, "--epochs", "3"},
        "unknown flag --epochs"},
+      // The logging flags every command takes.
+      {{"eval", "--model", model, "--adapter", dir_, "--data", data, "--log-format", "yaml"},
+       "--log-format: 'yaml' is not text or json"},
+      {{"embed", "--model", model, "--data", data, "--out", dir_ + "/e", "--log-level", "loud"},
+       "--log-level: 'loud' is not one of"},
+      {{"train", "--model", model, "--train", data, "--out", dir_ + "/o", "--verbose", "--log-level", "error"},
+       "--verbose contradicts --log-level error"},
   };
   for (const Case& c : cases) {
     Result r = Run(c.args);
@@ -318,6 +326,12 @@ TEST_F(FedloraCli, HelpExitsZero) {
   EXPECT_EQ(train.exit_code, 0);
   EXPECT_THAT(train.out, HasSubstr("usage: fedlora train [flags]"));
   EXPECT_THAT(train.out, HasSubstr("--targets"));
+  for (const char* flag : {"--log-level", "--verbose", "--log-format", "--log-file"}) {
+    EXPECT_THAT(train.out, HasSubstr(flag));
+  }
+  Result simulate = Run({"simulate", "--help"});
+  EXPECT_EQ(simulate.exit_code, 0);
+  EXPECT_THAT(simulate.out, HasSubstr("<out>/server.log"));
 }
 
 // `fedlora certs`: dev writes a complete PKI (keys 0600), never overwrites it without --force,
@@ -424,6 +438,74 @@ TEST_F(FedloraCli, PlaintextOnlyOnLoopbackWithInsecure) {
   Result allowed = Run({"server", "--config", config, "--insecure", "--listen", "127.0.0.1:0"});
   EXPECT_NE(allowed.exit_code, 0);
   EXPECT_THAT(allowed.err, HasSubstr("/nonexistent/model"));
+}
+
+// `fedlora simulate` keeps its console to the progress line and the summary: the server's and the
+// clients' log goes to <out>/server.log (appended, in the FEDLORA_LOG_FORMAT chosen), or to stderr
+// with --verbose.
+TEST_F(FedloraCli, SimulateSendsTheLogToAFile) {
+  const std::string config = dir_ + "/sim.json";
+  const std::string json = R"({"run_id": "cli-sim", "seed": 3, "rounds": 2,
+      "model": {"path": ")" + dir_ + R"(/model", "max_seq_len": 16},
+      "lora": {"rank": 4, "alpha": 8},
+      "task": {"labels": ["neg", "pos"]},
+      "training": {"local_epochs": 1, "batch_size": 8, "learning_rate": 0.01},
+      "selection": {"clients_per_round": 2, "over_selection": 1.0, "min_clients": 2,
+                    "round_deadline_seconds": 30, "heartbeat_interval_seconds": 1,
+                    "heartbeat_timeout_seconds": 30, "retry_after_seconds": 1},
+      "data": {"train_path": ")" + dir_ + R"(/train.jsonl", "eval_path": ")" + dir_ + R"(/test.jsonl",
+               "eval_batch_size": 16},
+      "simulation": {"num_clients": 2, "partition": "IID", "parallelism": 2}})";
+  ASSERT_TRUE(WriteFileAtomically(config, json).ok());
+  const std::string out = dir_ + "/sim", log = out + "/server.log";
+  const std::regex log_line("(^|\n)[DI] [0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3} ");
+
+  Result text = Run({"simulate", "--config", config, "--out", out, "--max-seconds", "60"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("round"));  // the summary table
+  EXPECT_FALSE(std::regex_search(text.err, log_line)) << "INFO/DEBUG lines on the console:\n" << text.err;
+  EXPECT_THAT(text.err, HasSubstr("simulate 100.0% 2/2"));  // the progress line, away from a terminal
+  EXPECT_THAT(text.err, HasSubstr(", log in " + log + "\n"));
+  auto first = ReadFileToString(log);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_THAT(*first, HasSubstr("] fedlora simulate: run cli-sim, config " + config));
+  EXPECT_THAT(*first, HasSubstr("server listening on port"));
+  std::istringstream text_lines(*first);
+  int n_text = 0;
+  for (std::string line; std::getline(text_lines, line); ++n_text) {
+    EXPECT_TRUE(std::regex_search(line, std::regex("^[DIWE] [0-9:.]+ [a-z_]+\\.cc:[0-9]+\\] "))) << line;
+  }
+  EXPECT_GE(n_text, 3);
+
+  // FEDLORA_LOG_FORMAT=json: the second run's lines are appended, one JSON object each.
+  Result as_json = Run({"simulate", "--config", config, "--out", out, "--max-seconds", "60", "--rounds", "1"},
+                       "FEDLORA_LOG_FORMAT=json ");
+  ASSERT_EQ(as_json.exit_code, 0) << as_json.err;
+  EXPECT_FALSE(std::regex_search(as_json.err, log_line)) << as_json.err;
+  auto second = ReadFileToString(log);
+  ASSERT_TRUE(second.ok());
+  ASSERT_EQ(second->compare(0, first->size(), *first), 0) << "appended, not rewritten";
+  std::istringstream json_lines(second->substr(first->size()));
+  int n_json = 0;
+  bool saw_start = false;
+  for (std::string line; std::getline(json_lines, line); ++n_json) {
+    auto j = ParseJson(line, "server.log");
+    ASSERT_TRUE(j.ok()) << line;
+    for (const char* key : {"ts", "level", "file", "line", "msg"}) EXPECT_TRUE(j->contains(key)) << line;
+    saw_start |= (*j)["msg"].get<std::string>().rfind("fedlora simulate: run cli-sim", 0) == 0;
+  }
+  EXPECT_GE(n_json, 3);
+  EXPECT_TRUE(saw_start);
+
+  // --verbose: the whole log on the console, no file.
+  const std::string out2 = dir_ + "/sim2";
+  Result verbose = Run({"simulate", "--config", config, "--out", out2, "--max-seconds", "60", "--rounds", "1",
+                        "--verbose", "--progress=false"});
+  ASSERT_EQ(verbose.exit_code, 0) << verbose.err;
+  EXPECT_TRUE(std::regex_search(verbose.err, log_line)) << verbose.err;
+  EXPECT_THAT(verbose.err, HasSubstr("] fedlora simulate: run cli-sim"));
+  EXPECT_THAT(verbose.err, ::testing::Not(HasSubstr("log in")));
+  EXPECT_FALSE(fs::exists(out2 + "/server.log"));
 }
 
 }  // namespace

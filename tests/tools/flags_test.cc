@@ -1,6 +1,14 @@
 #include "tools/flags.h"
 
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <vector>
+
+#include "core/logging.h"
+#include "tools/common.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -103,6 +111,89 @@ TEST(FlagSet, HelpSkipsRequiredChecksAndListsFlags) {
 TEST(SplitList, TrimsAndDropsEmpty) {
   EXPECT_EQ(SplitList(" query, value,,key "), (std::vector<std::string>{"query", "value", "key"}));
   EXPECT_TRUE(SplitList("").empty());
+}
+
+TEST(FlagSet, HasNamesRegisteredFlagsOnly) {
+  Fixture f;
+  EXPECT_TRUE(f.flags.Has("model"));
+  EXPECT_TRUE(f.flags.Has("bf16"));
+  EXPECT_FALSE(f.flags.Has("verbose"));
+}
+
+// Restores the global log settings a test changes.
+class LogSettingsGuard {
+ public:
+  LogSettingsGuard() : level_(GetLogLevel()), format_(GetLogFormat()) {}
+  ~LogSettingsGuard() {
+    SetLogLevel(level_);
+    SetLogFormat(format_);
+    EXPECT_TRUE(SetLogFile("").ok());
+  }
+
+ private:
+  LogLevel level_;
+  LogFormat format_;
+};
+
+TEST(LogFlags, ParseFlagsOrExitAppliesThem) {
+  LogSettingsGuard guard;
+  std::string dir = (std::filesystem::temp_directory_path() / "flags_test_XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const std::string path = dir + "/logs/x.log";  // the directory is made
+  Fixture f;
+  Argv a({"fedlora test", "--model", "m", "--verbose", "--log-format", "JSON", "--log-file", path});
+  ASSERT_EQ(ParseFlagsOrExit(f.flags, a.argc(), a.argv()), std::nullopt);
+  EXPECT_EQ(GetLogLevel(), LogLevel::kDebug);
+  EXPECT_EQ(GetLogFormat(), LogFormat::kJson);
+  EXPECT_EQ(GetLogFile(), path);
+  FEDLORA_LOG(DEBUG) << "to the file";
+  ASSERT_TRUE(SetLogFile("").ok());
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_THAT(text.str(), HasSubstr("\"level\":\"DEBUG\""));
+  EXPECT_THAT(text.str(), HasSubstr("\"msg\":\"to the file\""));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(LogFlags, LeavesTheSettingsAloneWhenNotGiven) {
+  LogSettingsGuard guard;
+  SetLogLevel(LogLevel::kWarning);
+  SetLogFormat(LogFormat::kText);
+  Fixture f;
+  Argv a({"fedlora test", "--model", "m"});
+  ASSERT_EQ(ParseFlagsOrExit(f.flags, a.argc(), a.argv()), std::nullopt);
+  EXPECT_EQ(GetLogLevel(), LogLevel::kWarning);  // e.g. from FEDLORA_LOG_LEVEL
+  EXPECT_EQ(GetLogFormat(), LogFormat::kText);
+  EXPECT_EQ(GetLogFile(), "");
+}
+
+TEST(LogFlags, ACommandsOwnFlagOfTheSameNameWins) {
+  LogSettingsGuard guard;
+  SetLogLevel(LogLevel::kInfo);
+  FlagSet flags("fedlora test", "A test command.");
+  bool verbose = false;
+  flags.AddBool("verbose", &verbose, "the command's own meaning");
+  Argv a({"fedlora test", "--verbose", "--log-level", "error"});
+  ASSERT_EQ(ParseFlagsOrExit(flags, a.argc(), a.argv()), std::nullopt);
+  EXPECT_TRUE(verbose);
+  EXPECT_EQ(GetLogLevel(), LogLevel::kError);  // --verbose was not the logging one
+}
+
+TEST(LogFlags, BadValuesAreUsageErrors) {
+  LogSettingsGuard guard;
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--log-level", "loud"}, {"--log-format", "xml"}, {"--verbose", "--log-level", "info"}}) {
+    Fixture f;
+    std::vector<std::string> all = {"fedlora test", "--model", "m"};
+    all.insert(all.end(), args.begin(), args.end());
+    Argv a(all);
+    EXPECT_EQ(ParseFlagsOrExit(f.flags, a.argc(), a.argv()), std::optional<int>(kExitUsage)) << args[0];
+  }
+  Fixture f;
+  Argv a({"fedlora test", "--model", "m", "--log-file", "/dev/null/x.log"});  // under a file: no directory
+  EXPECT_EQ(ParseFlagsOrExit(f.flags, a.argc(), a.argv()), std::optional<int>(kExitFailure));
+  EXPECT_EQ(GetLogFile(), "");
 }
 
 }  // namespace
