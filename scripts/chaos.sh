@@ -170,16 +170,17 @@ start_client() {
   spawn "site-$1" client --server "127.0.0.1:$PORT" --insecure --id "site-$1" --model "$MODEL" \
     --data "$WORK/data/site-$1.jsonl" --threads 1
 }
-# The round the server is in, from its logs (ROUNDS + 1 once the run finished), into CUR_ROUND.
+# The round the server is in (ROUNDS + 1 once the run finished), into CUR_ROUND, from `fedlora
+# status`; unchanged while the server is down.
 CUR_ROUND=0
 current_round() {
-  local n
-  if grep -qs "run $RUN_ID finished after" "$DIR"/server.*.err; then
+  local out
+  out=$(timeout 5 "$BIN" status --server "127.0.0.1:$PORT" --insecure --deadline-ms 2000 2>/dev/null) || return 0
+  if [[ $out == *'"phase": "ROUND_PHASE_FINISHED"'* ]]; then
     CUR_ROUND=$((ROUNDS + 1))
-    return
+  elif [[ $out =~ \"current_round\":\ \"?([0-9]+) ]]; then
+    CUR_ROUND=${BASH_REMATCH[1]}
   fi
-  n=$(grep -hoEs 'round [0-9]+ opened|resuming round [0-9]+' "$DIR"/server.*.err | grep -oE '[0-9]+' | sort -n | tail -n 1)
-  CUR_ROUND=${n:-0}
 }
 last_log() { local f=$DIR/$1.${INCARNATION[$1]}.err; [[ -f $f ]] && tail -n 1 "$f" | cut -c1-160; }
 
@@ -255,7 +256,8 @@ run_federation() {
   local -A done_=()
   local ndone=0 ki=0 kills=0 skipped=0
   now
-  local since=$NOW seen=0 kill_log=""
+  local since=$NOW seen=0 kill_log="" tick=0
+  CUR_ROUND=0
   while ((ndone < CLIENTS)); do
     for ((i = 0; i < CLIENTS; ++i)); do
       [[ -n ${done_[$i]:-} ]] && continue
@@ -276,7 +278,7 @@ run_federation() {
       current_round
       fail "run not finished within $RUN_LIMIT_S s (server's logs reach round $CUR_ROUND of $ROUNDS; $ki of $nkills kills done)"
     fi
-    if ((ki < nkills && seen == 0)); then
+    if ((ki < nkills && seen == 0 && ++tick % 5 == 0)); then  # status twice a second
       current_round
       ((CUR_ROUND >= round[ki])) && seen=$((NOW > since ? NOW : since))
     fi
@@ -318,6 +320,7 @@ run_federation() {
   done
   reap server
   ((RC == 0)) || fail "server's last incarnation exited with status $RC: $(last_log server)"
+  ((nkills == 0 || kills > 0)) || fail "no kill happened before the run finished ($skipped skipped): nothing was tested"
   now
   local wall=$(((NOW - t0) / 1000))
   check_run
@@ -325,7 +328,7 @@ run_federation() {
   grep -h "resuming round" "$DIR"/server.*.err 2>/dev/null | sed 's/^.*\] /chaos:   restart: /'
   local failed_tasks
   failed_tasks=$(cat "$DIR"/site-*.out 2>/dev/null | grep -o '"tasks_failed":[1-9][0-9]*' | tr '\n' ' ')
-  echo "chaos: run $RUN_NAME passed in ${wall} s: $kills kills (${kill_log:-none}), $skipped skipped," \
+  echo "chaos: run $RUN_NAME passed in ${wall} s: $kills of $nkills planned kills (${kill_log:-none}), $skipped skipped," \
     "server started ${INCARNATION[server]} times${failed_tasks:+; client incarnations reporting given-up tasks: $failed_tasks}"
   TOTAL_KILLS=$((TOTAL_KILLS + kills))
 }
