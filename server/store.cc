@@ -351,6 +351,11 @@ class WalSyncer {
     return absl::OkStatus();
   }
 
+  bool IsDurable(uint64_t seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return synced_ >= seq;
+  }
+
   absl::Status SyncAll() {
     uint64_t target;
     {
@@ -692,7 +697,18 @@ absl::Status Store::FinishDurability(DurabilityTicket ticket, DurabilityTicket* 
   return syncer_->WaitDurable(ticket.seq);
 }
 
+template <class F>
+auto Store::WriteTransaction(DurabilityTicket* deferred, F&& body) -> decltype(body()) {
+  DurabilityTicket ticket;
+  auto result = DeferredTransaction(&ticket, std::forward<F>(body));  // mu_ held for the transaction only
+  if (!result.ok()) return result;
+  if (absl::Status s = FinishDurability(ticket, deferred); !s.ok()) return s;
+  return result;
+}
+
 absl::Status Store::WaitDurable(DurabilityTicket ticket) { return syncer_->WaitDurable(ticket.seq); }
+
+bool Store::IsDurable(DurabilityTicket ticket) { return syncer_->IsDurable(ticket.seq); }
 
 absl::Status Store::SyncCommitted() { return syncer_->SyncAll(); }
 
@@ -702,9 +718,9 @@ absl::StatusOr<int> Store::SchemaVersion() {
 }
 
 absl::Status Store::CreateRun(const std::string& run_id, const std::string& config_json) {
+  DurabilityTicket* const deferred = nullptr;
   if (run_id.empty()) return absl::InvalidArgumentError("CreateRun: empty run_id");
-  absl::MutexLock lock(&mu_);
-  return impl_->Transaction([&]() -> absl::Status {
+  return WriteTransaction(deferred, [&]() -> absl::Status {
     std::unique_ptr<Stmt> h;
     FEDLORA_ASSIGN_OR_RETURN(Stmt * s,
                              impl_->Query("INSERT INTO runs(run_id, config_json, created_ms) VALUES(?, ?, ?)", h));
@@ -733,10 +749,10 @@ absl::StatusOr<std::vector<RunRecord>> Store::ListRuns() {
 }
 
 absl::StatusOr<RoundRecord> Store::BeginRound(const std::string& run_id, int64_t round,
-                                              const std::string& global_adapter_hash, int64_t deadline_unix_ms) {
+                                              const std::string& global_adapter_hash, int64_t deadline_unix_ms,
+                                              DurabilityTicket* deferred) {
   if (round < 1) return absl::InvalidArgumentError(absl::StrCat("BeginRound: round ", round, " must be >= 1"));
-  absl::MutexLock lock(&mu_);
-  return impl_->Transaction([&]() -> absl::StatusOr<RoundRecord> {
+  return WriteTransaction(deferred, [&]() -> absl::StatusOr<RoundRecord> {
     FEDLORA_RETURN_IF_ERROR(impl_->RequireRun(run_id));
     {
       std::unique_ptr<Stmt> h;
@@ -785,12 +801,12 @@ absl::StatusOr<std::vector<RoundRecord>> Store::ListRounds(const std::string& ru
   return impl_->ReadTransaction([&] { return impl_->Rounds("run_id = ? ORDER BY round", run_id, std::nullopt); });
 }
 
-absl::Status Store::SetRoundState(const std::string& run_id, int64_t round, RoundState state) {
+absl::Status Store::SetRoundState(const std::string& run_id, int64_t round, RoundState state,
+                                  DurabilityTicket* deferred) {
   if (state == RoundState::kCommitted) {
     return absl::InvalidArgumentError("SetRoundState: a round becomes committed only through CommitRound");
   }
-  absl::MutexLock lock(&mu_);
-  return impl_->Transaction([&]() -> absl::Status {
+  return WriteTransaction(deferred, [&]() -> absl::Status {
     FEDLORA_ASSIGN_OR_RETURN(RoundState from, impl_->RoundStateOf(run_id, round));
     if (from == state) return absl::OkStatus();
     if (!IsLegalTransition(from, state)) {
@@ -807,9 +823,9 @@ absl::Status Store::SetRoundState(const std::string& run_id, int64_t round, Roun
 }
 
 absl::Status Store::RecordSelection(const std::string& run_id, int64_t round,
-                                    const std::vector<std::string>& client_ids, int64_t deadline_unix_ms) {
-  absl::MutexLock lock(&mu_);
-  return impl_->Transaction([&]() -> absl::Status {
+                                    const std::vector<std::string>& client_ids, int64_t deadline_unix_ms,
+                                    DurabilityTicket* deferred) {
+  return WriteTransaction(deferred, [&]() -> absl::Status {
     FEDLORA_ASSIGN_OR_RETURN(RoundState st, impl_->RoundStateOf(run_id, round));
     if (!AcceptsUploads(st)) {
       return absl::FailedPreconditionError(
@@ -844,6 +860,7 @@ absl::StatusOr<bool> Store::IsSelected(const std::string& run_id, int64_t round,
 absl::Status Store::CommitRound(const std::string& run_id, int64_t round, const std::string& result_adapter_hash,
                                 const std::string& metrics_json, const std::vector<MetricRecord>& metrics,
                                 const std::string& server_state_hash) {
+  DurabilityTicket* const deferred = nullptr;
   for (const MetricRecord& m : metrics) {
     if (m.run_id != run_id || m.round != round) {
       return absl::InvalidArgumentError(absl::StrCat("CommitRound(", RoundName(run_id, round), "): metric '", m.key,
@@ -851,8 +868,7 @@ absl::Status Store::CommitRound(const std::string& run_id, int64_t round, const 
     }
     if (m.key.empty()) return absl::InvalidArgumentError("CommitRound: metric with an empty key");
   }
-  absl::MutexLock lock(&mu_);
-  return impl_->Transaction([&]() -> absl::Status {
+  return WriteTransaction(deferred, [&]() -> absl::Status {
     FEDLORA_ASSIGN_OR_RETURN(RoundState st, impl_->RoundStateOf(run_id, round));
     if (st != RoundState::kAggregating) {
       return absl::FailedPreconditionError(absl::StrCat("CommitRound: ", RoundName(run_id, round), " is ",
@@ -874,9 +890,9 @@ absl::Status Store::CommitRound(const std::string& run_id, int64_t round, const 
 }
 
 absl::StatusOr<ClientRecord> Store::UpsertClient(const std::string& client_id, const std::string& cert_fingerprint) {
+  DurabilityTicket* const deferred = nullptr;
   if (client_id.empty()) return absl::InvalidArgumentError("UpsertClient: empty client_id");
-  absl::MutexLock lock(&mu_);
-  return impl_->Transaction([&]() -> absl::StatusOr<ClientRecord> {
+  return WriteTransaction(deferred, [&]() -> absl::StatusOr<ClientRecord> {
     {
       std::unique_ptr<Stmt> h;
       FEDLORA_ASSIGN_OR_RETURN(
@@ -898,8 +914,8 @@ absl::StatusOr<ClientRecord> Store::GetClient(const std::string& client_id) {
 }
 
 absl::Status Store::SetClientState(const std::string& client_id, ClientState state) {
-  absl::MutexLock lock(&mu_);
-  return impl_->Transaction([&]() -> absl::Status {
+  DurabilityTicket* const deferred = nullptr;
+  return WriteTransaction(deferred, [&]() -> absl::Status {
     std::unique_ptr<Stmt> h;
     FEDLORA_ASSIGN_OR_RETURN(Stmt * s, impl_->Query("UPDATE clients SET state = ? WHERE client_id = ?", h));
     s->Bind(ClientStateName(state)).Bind(client_id);
@@ -1101,21 +1117,21 @@ absl::StatusOr<int64_t> Store::CountAccepted(const std::string& run_id, int64_t 
 }
 
 absl::Status Store::RecordMetric(const MetricRecord& metric) {
+  DurabilityTicket* const deferred = nullptr;
   if (metric.key.empty()) return absl::InvalidArgumentError("RecordMetric: empty key");
-  absl::MutexLock lock(&mu_);
-  return impl_->Transaction([&]() -> absl::Status {
+  return WriteTransaction(deferred, [&]() -> absl::Status {
     FEDLORA_RETURN_IF_ERROR(impl_->RequireRun(metric.run_id));
     return impl_->InsertMetric(metric);
   });
 }
 
 absl::Status Store::RecordMetrics(const std::vector<MetricRecord>& metrics) {
+  DurabilityTicket* const deferred = nullptr;
   for (const MetricRecord& m : metrics) {
     if (m.key.empty()) return absl::InvalidArgumentError("RecordMetrics: empty key");
   }
   if (metrics.empty()) return absl::OkStatus();
-  absl::MutexLock lock(&mu_);
-  return impl_->Transaction([&]() -> absl::Status {
+  return WriteTransaction(deferred, [&]() -> absl::Status {
     std::set<std::string> runs;
     for (const MetricRecord& m : metrics) {
       if (runs.insert(m.run_id).second) FEDLORA_RETURN_IF_ERROR(impl_->RequireRun(m.run_id));

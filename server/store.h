@@ -12,9 +12,11 @@
 //   // after a restart:
 //   FEDLORA_ASSIGN_OR_RETURN(RecoveredState st, store->LoadLatestState("run-1"));
 //
-// Durability: the database is in WAL mode with synchronous=FULL, so every method that writes
-// returns OK only after its transaction is committed and fsynced: a row acknowledged to a client
-// survives a process kill or power loss. Each write method is one transaction (all or nothing).
+// Durability: the database is in WAL mode with synchronous=NORMAL, and every write transaction is
+// made durable by a group fsync of the WAL (DurabilityTicket, below): a method that writes returns
+// OK only after its transaction is committed and fsynced, unless it was handed a ticket to wait on
+// later, so a row acknowledged to a client survives a process kill or power loss. The fsync is
+// never waited for under the store's lock. Each write method is one transaction (all or nothing).
 // Schema: versioned through PRAGMA user_version; Open applies the missing migrations in order (each
 // in a transaction) and refuses a database newer than this binary (FailedPrecondition).
 //
@@ -34,7 +36,8 @@
 // timeout), Internal / DataLoss (other SQLite errors; DataLoss for SQLITE_CORRUPT/NOTADB). Every
 // SQLite error message carries SQLite's own text.
 //
-// Thread-safety: all methods are thread-safe (one connection guarded by a mutex). Several
+// Thread-safety: all methods are thread-safe (one connection guarded by a mutex, held for the
+// SQL only: concurrent writers wait for one shared fsync outside it). Several
 // processes may open the same file (SQLite's locking plus the busy timeout arbitrate).
 #pragma once
 
@@ -177,16 +180,18 @@ class Store {
   // the round exists; FailedPrecondition when another round of the run is still open or `round`
   // is not above every existing round number.
   absl::StatusOr<RoundRecord> BeginRound(const std::string& run_id, int64_t round,
-                                         const std::string& global_adapter_hash, int64_t deadline_unix_ms);
+                                         const std::string& global_adapter_hash, int64_t deadline_unix_ms,
+                                         DurabilityTicket* deferred = nullptr);
   absl::StatusOr<RoundRecord> GetRound(const std::string& run_id, int64_t round);
   absl::StatusOr<std::vector<RoundRecord>> ListRounds(const std::string& run_id);  // by round
   // Moves a round along its life cycle (see top). InvalidArgument for kCommitted (use
   // CommitRound); FailedPrecondition for an illegal transition.
-  absl::Status SetRoundState(const std::string& run_id, int64_t round, RoundState state);
+  absl::Status SetRoundState(const std::string& run_id, int64_t round, RoundState state,
+                             DurabilityTicket* deferred = nullptr);
   // Adds clients to the round's selection (already selected ones are ignored) and sets its
   // deadline. FailedPrecondition unless the round is selecting or training.
   absl::Status RecordSelection(const std::string& run_id, int64_t round, const std::vector<std::string>& client_ids,
-                               int64_t deadline_unix_ms);
+                               int64_t deadline_unix_ms, DurabilityTicket* deferred = nullptr);
   absl::StatusOr<bool> IsSelected(const std::string& run_id, int64_t round, const std::string& client_id);
   // Atomically: round -> committed with result_adapter_hash, metrics_json and server_state_hash
   // (empty for a stateless server optimizer), plus every row of `metrics` (each must name this run
@@ -210,7 +215,7 @@ class Store {
   // `bytes`; accepted: already done). FailedPrecondition when upload_id is bound to a different
   // run/round/client/task, or the round is not selecting/training; NotFound for an unknown round.
   //
-  // `deferred`, here and on RecordUploadProgress / RecordAccepted: null means return only once the
+  // `deferred`, here and on every method that takes one: null means return only once the
   // transaction is durable; non-null means return as soon as it is committed (visible to readers,
   // lost on power failure until synced) and store the ticket to pass to WaitDurable. Deferring lets
   // a caller release its own locks first, so that concurrent commits share one fsync.
@@ -230,6 +235,8 @@ class Store {
   // Returns once the transaction behind `ticket` (and every one committed before it) is durable.
   // One caller fsyncs the WAL for all waiters (group commit). Internal when the fsync fails.
   absl::Status WaitDurable(DurabilityTicket ticket);
+  // True when WaitDurable(ticket) would return at once.
+  bool IsDurable(DurabilityTicket ticket);
   // Makes every transaction committed so far durable (no-op when nothing is pending). Call before
   // reporting state that another thread may have committed with a deferred ticket.
   absl::Status SyncCommitted();
@@ -261,6 +268,10 @@ class Store {
   // commit's ticket (0 when nothing was committed). Defined in store.cc, where Impl is complete.
   template <class F>
   auto DeferredTransaction(DurabilityTicket* ticket, F&& body);
+  // Every write method: DeferredTransaction, then FinishDurability, so that the fsync is waited for
+  // (or its ticket handed out) after mu_ is released and concurrent writers share it.
+  template <class F>
+  auto WriteTransaction(DurabilityTicket* deferred, F&& body) -> decltype(body());
   // Commits the current transaction's durability: waits now, or hands the ticket out.
   absl::Status FinishDurability(DurabilityTicket ticket, DurabilityTicket* deferred);
 
