@@ -418,6 +418,10 @@ absl::StatusOr<RunSummary> ClientImpl::RunUntilDone() {
       auto ctx = Context(options_.wait_for_task_seconds * 1000 + 10'000);
       return FromGrpcStatus(stub_->WaitForTask(ctx.get(), request, &response));
     }));
+    if (response.has_run_finished() && response.run_finished().reason() == v1::RunFinished::FAILED) {
+      return absl::AbortedError(absl::StrCat("the server stopped the run after round ", response.run_finished().final_round(),
+                                             " on a failure it could not get past (see the server's log)"));
+    }
     if (response.has_run_finished()) {
       summary.final_round = response.run_finished().final_round();
       summary.final_adapter_sha256 = response.run_finished().final_adapter().sha256();

@@ -422,6 +422,7 @@ void ValidateServer(Problems& p, const v1::ServerConfig& s) {
   p.Range<uint32_t>("server.max_client_uploads_in_flight", s.max_client_uploads_in_flight(), 1, 64);
   p.Range<uint32_t>("server.max_client_reports_per_round", s.max_client_reports_per_round(), 1, 1000);
   p.Range<uint32_t>("server.max_metrics_per_report", s.max_metrics_per_report(), 0, 10'000);
+  p.Range<uint32_t>("server.max_aggregation_attempts", s.max_aggregation_attempts(), 1, 100);
   p.NonEmpty("server.store_dir", s.store_dir());
   p.Range<uint32_t>("server.chunk_size_bytes", s.chunk_size_bytes(), kMinChunkSizeBytes,
                     kMaxChunkSizeBytes);
@@ -545,6 +546,7 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   if (!srv->has_max_client_reports_per_round()) srv->set_max_client_reports_per_round(4);
   if (!srv->has_max_metrics_per_report()) srv->set_max_metrics_per_report(64);
   if (!srv->has_min_free_disk_bytes()) srv->set_min_free_disk_bytes(uint64_t{1} << 30);
+  if (!srv->has_max_aggregation_attempts()) srv->set_max_aggregation_attempts(3);
 
   auto* sim = c->mutable_simulation();
   if (!sim->has_num_clients()) sim->set_num_clients(10);

@@ -1,7 +1,14 @@
 // The round state machine, the client registry and the rules for accepting updates: everything the
 // gRPC services decide, without gRPC. The services (server/services.cc) translate RPCs into calls
 // on a Coordinator; a driver thread (Server) calls Tick() to enforce deadlines and aggregates when
-// a round closes. The upload half lives in coordinator_uploads.cc.
+// a round closes. Its implementation is split by concern over coordinator_*.cc (listed in
+// coordinator_internal.h); client sampling is server/selection.h.
+//
+// Blocking work never runs under the coordinator's lock: store writes made under it are committed
+// without waiting for their fsync (DurabilityTicket), and whoever answers a client from that state
+// waits for the fsync first, on the coordinator's delivery pool, never on a gRPC callback thread.
+// Aggregation and evaluation run on an aggregation thread of their own, so the round clock (Tick)
+// keeps closing windows, expiring long polls and counting heartbeats while they work.
 //
 // A run's life, as the coordinator drives it:
 //   Restore()             loads the run from the store (or creates it), resumes an open round
@@ -14,14 +21,17 @@
 //                         clients_per_round are in, or the deadline passes with >= min_clients
 //                         (else the round is abandoned and round r+1 starts from the same adapter)
 //   round r aggregating   StreamingFedAvg over the accepted uploads in canonical (upload_id)
-//                         order; new adapter blob written; evaluator called; CommitRound
+//                         order; new adapter blob written; evaluator called; CommitRound. A
+//                         failure is retried up to max_aggregation_attempts times, then the round
+//                         is abandoned (or the run stopped: stop_on_aggregation_failure)
 //   finished              after `rounds` committed rounds; WaitForTask answers RunFinished
 //
 // Thread-safety: every public method is thread-safe. Store writes that decide a client-visible
-// outcome (selection, acceptance) happen under the coordinator's lock, so what a client is told
-// always matches what is durable. Aggregation runs outside the lock on the driver thread.
+// outcome (selection, acceptance) are committed under the coordinator's lock, and made durable
+// before the client hears of them, so what a client is told always matches what is durable.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -37,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "aggregation/fedavg.h"
+#include "core/thread_pool.h"
 #include "aggregation/server_optimizer.h"
 #include "compression/codec.h"
 #include "fedlora/v1/admin.pb.h"
@@ -86,6 +97,8 @@ class Coordinator {
   // Checks that `session_token` is the live session of `client_id` and marks the client seen.
   // Unauthenticated otherwise (the client must Join again).
   absl::Status Authenticate(const std::string& client_id, const std::string& session_token);
+  // Marks the client seen (a chunk of its download went out): a client busy streaming is alive.
+  void MarkSeen(const std::string& client_id);
 
   // Answers at once through `done`, or (when max_wait_ms > 0 and the answer would be "retry
   // later") holds the request until the client is selected, the round changes, or max_wait_ms
@@ -135,17 +148,22 @@ class Coordinator {
   absl::StatusOr<v1::ListClientsResponse> ListClients(const v1::ListClientsRequest& request);
 
   // --- Driver -------------------------------------------------------------------------------------
-  // Enforces the selection window, deadlines and long-poll expiries, and aggregates a round that is
-  // ready (outside the lock). Called by the server's driver thread every options.tick_ms, and by
-  // tests. Returns the first error of an aggregation (the round then stays aggregating and is
-  // retried on the next tick).
+  // Enforces the selection window, deadlines and long-poll expiries, and starts the aggregation of
+  // a closed round on the aggregation thread (or its next try, once its pause has passed). Never
+  // waits for an aggregation. Called by the server's driver thread every options.tick_ms, and by
+  // tests. Returns the errors of the round bookkeeping (store writes).
   absl::Status Tick();
-  // Server shutdown: wakes every held WaitForTask with "retry later", and from now on answers new
-  // ones at once (Unavailable), so that no call is left holding the gRPC server open.
+  // Server shutdown: wakes every held WaitForTask with "retry later", from now on answers new ones
+  // at once (Unavailable), so that no call is left holding the gRPC server open, and asks a running
+  // aggregation to stop at its next step (a restarted server redoes it).
   void ReleaseAllWaiters();
+  // Blocks until no aggregation runs (tests; the destructor).
+  void WaitForAggregation();
 
   // --- Introspection (tests, tools) ---------------------------------------------------------------
   bool finished() const;
+  // Why the run stopped short of its rounds (stop_on_aggregation_failure); OK while it has not.
+  absl::Status stopped() const;
   int64_t rounds_committed() const;
   // The current global adapter (sorted by name) and its blob hash.
   std::vector<UpdateTensor> global_adapter() const;
@@ -156,6 +174,11 @@ class Coordinator {
   struct ClientEntry;
   struct RoundInfo;
   struct Waiter;
+  // An answer for a held or new WaitForTask, delivered by Deliver.
+  struct Delivery {
+    WaitCallback done;
+    absl::StatusOr<v1::WaitForTaskResponse> answer;
+  };
 
   int64_t Now() const { return clock_(); }
   int64_t Quota() const;
@@ -176,13 +199,31 @@ class Coordinator {
   absl::Status MaybeCloseRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers the waiters that can be answered (or have expired); returns their callbacks to run
   // outside the lock.
-  std::vector<std::function<void()>> ResolveWaitersLocked(bool expire_all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<Delivery> ResolveWaitersLocked(bool expire_all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs the deliveries once every store write made so far under mu_ (`ticket`) is durable: at
+  // once when it already is, else on the delivery pool (the caller may be a gRPC callback thread).
+  // Should the fsync fail, the clients are told Unavailable instead.
+  void Deliver(std::vector<Delivery> deliveries, DurabilityTicket ticket);
+  // Notes a write committed under mu_ whose durability the next Deliver waits for.
+  void DeferLocked(DurabilityTicket ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    pending_.seq = std::max(pending_.seq, ticket.seq);
+  }
+  // Starts aggregating the closed round on the aggregation pool when none runs and its pause has
+  // passed.
+  void MaybeStartAggregationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The end of one aggregation try: counts a failure, schedules the next try or gives the round up.
+  void AggregationDoneLocked(int64_t round, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AggregateAndCommit(int64_t round);
+  // Cancelled once shutdown began: a running aggregation checks it between its steps.
+  absl::Status CheckNotShuttingDown() const;
   // aggregation.average_last_rounds: replaces `adapter` (the last round's aggregate) by its mean with
   // the adapters the latest earlier committed rounds stored, read back from the blob store. The mean
   // is StreamingFedAvg's (exact, rounded once), so a restarted server recomputes the same bits.
   absl::Status AverageWithEarlierRounds(int64_t round, std::vector<UpdateTensor>& adapter) const;
   absl::StatusOr<std::vector<UpdateTensor>> DecodeAndValidate(std::string_view bytes) const;
+  // BeginUpload under mu_ (`free_disk_bytes` measured before it was taken).
+  absl::StatusOr<UploadPlan> AdmitUpload(const std::string& client_id, const v1::UploadHeader& header,
+                                         int64_t free_disk_bytes);
   // CompleteUpload's bookkeeping under mu_: records the acceptance with a deferred ticket.
   absl::StatusOr<v1::UploadAck> CompleteUploadLocked(const std::string& client_id, const v1::UploadHeader& header,
                                                      const std::string& blob_hash, size_t blob_size,
@@ -255,6 +296,18 @@ class Coordinator {
   };
   std::map<std::string, Rejection> rejected_ ABSL_GUARDED_BY(mu_);
   uint64_t session_counter_ ABSL_GUARDED_BY(mu_) = 0;
+  // The latest store write committed under mu_ (see DeferLocked).
+  DurabilityTicket pending_ ABSL_GUARDED_BY(mu_);
+  // Aggregation tries: one runs at a time; after a failure the next may start at retry_at_ms.
+  bool aggregating_ ABSL_GUARDED_BY(mu_) = false;
+  int aggregation_failures_ ABSL_GUARDED_BY(mu_) = 0;  // of the round now aggregating
+  int64_t aggregation_retry_at_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status stopped_ ABSL_GUARDED_BY(mu_);
+  // Last members: destroyed first, so their threads finish before anything they use goes.
+  // One worker: WaitForTask answers whose store writes still wait for their fsync.
+  ThreadPool delivery_pool_{2};
+  // One worker: the aggregation of a closed round (ThreadPool(n) keeps n - 1 workers).
+  ThreadPool aggregation_pool_{2};
 };
 
 }  // namespace fedlora

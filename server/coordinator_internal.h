@@ -1,6 +1,9 @@
-// Internal to the server module: the coordinator's per-client and per-round records, shared by
-// coordinator.cc (sessions, selection, rounds, aggregation, the admin view) and
-// coordinator_uploads.cc (upload admission, validation and acceptance).
+// Internal to the server module: the coordinator's per-client and per-round records, shared by the
+// files that implement the Coordinator: coordinator.cc (construction, Restore),
+// coordinator_sessions.cc (the client registry: Join, Authenticate, Heartbeat, metrics, Leave),
+// coordinator_selection.cc (WaitForTask, long polls, selection), coordinator_uploads.cc (upload
+// admission, validation, acceptance), coordinator_driver.cc (the round clock and aggregation) and
+// coordinator_admin.cc (GetStatus, ListClients).
 #pragma once
 
 #include <cstdint>

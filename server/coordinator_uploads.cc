@@ -58,10 +58,20 @@ absl::StatusOr<v1::AdapterManifest> Coordinator::AdapterManifestFor(const std::s
 }
 
 absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id, const v1::UploadHeader& header) {
-  const std::string& id = header.upload_id();
-  if (!IsValidPartialId(id)) {
+  if (!IsValidPartialId(header.upload_id())) {
     return absl::InvalidArgumentError("upload_id must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'");
   }
+  FEDLORA_ASSIGN_OR_RETURN(const int64_t free_bytes, FreeDiskBytes(options_.data_dir));
+  FEDLORA_ASSIGN_OR_RETURN(UploadPlan plan, AdmitUpload(client_id, header, free_bytes));
+  // A duplicate's row may come from a concurrent acceptance still waiting for its fsync: synced
+  // here, outside mu_, before the ack goes out.
+  if (plan.duplicate_ack.has_value()) FEDLORA_RETURN_IF_ERROR(store_->SyncCommitted());
+  return plan;
+}
+
+absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id, const v1::UploadHeader& header,
+                                                    int64_t free_bytes) {
+  const std::string& id = header.upload_id();
   absl::MutexLock lock(&mu_);
   if (!restored_) return absl::UnavailableError("server is restoring its state; retry");
   // Idempotency first: a replay of an accepted update gets its original ack, even after its round
@@ -85,8 +95,6 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
       ack.set_bytes_acknowledged(static_cast<uint64_t>(existing->bytes));
       ack.set_duplicate(true);
       plan.duplicate_ack = ack;
-      // The row may come from a concurrent acceptance still waiting for its fsync.
-      FEDLORA_RETURN_IF_ERROR(store_->SyncCommitted());
       metrics_->updates_duplicate.fetch_add(1);
       return plan;
     }
@@ -214,7 +222,6 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
                                                      options_.max_client_bytes_per_round));
   }
   // The free-disk watermark: refuse a new upload rather than fill the disk under the store.
-  FEDLORA_ASSIGN_OR_RETURN(const int64_t free_bytes, FreeDiskBytes(options_.data_dir));
   if (free_bytes < options_.min_free_disk_bytes + static_cast<int64_t>(m.total_bytes())) {
     return QuotaRefused(absl::StrCat("the store's disk has ", free_bytes, " bytes free; an update of ",
                                                      m.total_bytes(), " bytes would leave less than the watermark of ",
@@ -252,6 +259,7 @@ absl::Status Coordinator::ChargeUploadBytes(const std::string& client_id, int64_
   ClientEntry* c = FindClientLocked(client_id);
   if (c == nullptr) return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
   c->StartQuotaRound(round_ ? round_->round : last_committed_round_);
+  c->last_seen_ms = Now();  // a client streaming its update is alive, heartbeat or not
   if (c->bytes_this_round + bytes > options_.max_client_bytes_per_round) {
     return QuotaRefused(absl::StrCat("client '", client_id, "' passed its limit of ",
                                                      options_.max_client_bytes_per_round,
@@ -278,8 +286,8 @@ void Coordinator::RejectUpload(const std::string& client_id, const std::string& 
   absl::MutexLock lock(&mu_);
   metrics_->updates_rejected.fetch_add(1);
   if (ClientEntry* c = FindClientLocked(client_id)) ++c->updates_rejected;
-  if (round_) ++round_->rejected;
   if (!upload_id.empty()) {
+    if (round_) ++round_->rejected;  // a complete update refused at validation
     rejected_[upload_id] = {client_id, std::string(why.message()), round_ ? round_->round : last_committed_round_};
   }
 }
@@ -476,7 +484,7 @@ absl::StatusOr<v1::UploadAck> Coordinator::CompleteUploadLocked(const std::strin
   round_->accepted[client_id] = header.upload_id();
   if (ClientEntry* c = FindClientLocked(client_id)) c->reported = v1::CLIENT_STATE_IDLE;
   metrics_->updates_accepted.fetch_add(1);
-  FEDLORA_LOG(INFO) << "round " << round << ": accepted update " << header.upload_id() << " from " << client_id
+  FEDLORA_LOG(DEBUG) << "round " << round << ": accepted update " << header.upload_id() << " from " << client_id
                     << " (" << round_->accepted.size() << "/" << Target() << ")";
   absl::Status close = MaybeCloseRoundLocked();
   if (!close.ok()) {

@@ -112,6 +112,10 @@ struct ServerOptions {
   // their streams. Default 8: the benchmark's concurrency; they mostly wait. 0 processes messages
   // on gRPC's threads and checkpoints inline.
   int upload_workers = 8;
+  // Threads that answer the unary RPCs which touch the store (Join, ReportMetrics,
+  // GetUploadStatus), and as many again that read and hash download chunks, so that neither a
+  // burst of joins nor every client downloading at once holds gRPC's callback threads. Default 4.
+  int io_workers = 4;
   // Longest a WaitForTask long poll is held, milliseconds, whatever the client asks for. Default
   // 30 s: below common proxy idle timeouts (60 s), so a held call is never cut by the network.
   int64_t max_long_poll_ms = 30'000;
@@ -151,6 +155,15 @@ struct ServerOptions {
   // Period of the round driver's timer that checks deadlines and dead clients, milliseconds.
   // Default 200 ms: deadlines are seconds to hours; 200 ms keeps the lateness bounded and cheap.
   int64_t tick_ms = 200;
+  // Tries at aggregating (and committing) a closed round before giving it up, with a pause of
+  // 1 s, 2 s, 4 s ... (at most 30 s) between tries; a failure that does not pass (a corrupt update
+  // blob) must not hold the run forever. Default 3 (ServerConfig.max_aggregation_attempts).
+  int max_aggregation_attempts = 3;
+  // What giving a round up means. false (the default): the round is abandoned and the next one
+  // trains from the same adapter. true: the run stops; clients are told RunFinished(FAILED) and the
+  // round stays aggregating in the store, so that a restarted server tries it again
+  // (ServerConfig.stop_on_aggregation_failure).
+  bool stop_on_aggregation_failure = false;
   // Seed for client sampling. 0 (the default) means "the run config's seed". Sampling is a pure
   // function of (seed, round, candidate set), so a restarted server chooses the same way.
   uint64_t selection_seed = 0;

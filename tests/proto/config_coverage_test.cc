@@ -147,6 +147,8 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
       {"server.max_client_reports_per_round", {"server/abuse_test.cc", "max_client_reports_per_round"}},
       {"server.max_metrics_per_report", {"server/abuse_test.cc", "max_metrics_per_report"}},
       {"server.min_free_disk_bytes", {"server/abuse_test.cc", "min_free_disk_bytes"}},
+      {"server.max_aggregation_attempts", {"server/round_driver_test.cc", "max_aggregation_attempts"}},
+      {"server.stop_on_aggregation_failure", {"server/round_driver_test.cc", "stop_on_aggregation_failure"}},
       {"simulation.num_clients", {"sim/simulator_test.cc", "num_clients"}},
       {"simulation.partition", {"sim/simulator_test.cc", "partition"}},
       {"simulation.partition=IID", {"sim/simulator_test.cc", "IID"}},

@@ -106,7 +106,8 @@ class Client {
   virtual ~Client() = default;
 
   // Runs until the server reports the run finished, max_tasks are done, Stop() is called
-  // (Cancelled), or retries are exhausted (the last transient error). Not thread-safe: call it from
+  // (Cancelled), or retries are exhausted (the last transient error); Aborted when the server
+  // stopped the run on a failure (RunFinished FAILED). Not thread-safe: call it from
   // one thread at a time.
   virtual absl::StatusOr<RunSummary> RunUntilDone() = 0;
   // Asks RunUntilDone to return soon (it finishes the RPC in flight, leaves, and returns

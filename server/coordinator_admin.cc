@@ -1,0 +1,136 @@
+// The admin view: GetStatus and ListClients.
+#include "server/coordinator.h"
+#include "server/coordinator_internal.h"
+
+#include <malloc.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "aggregation/fedavg.h"
+#include "core/logging.h"
+#include "crypto/random.h"
+#include "crypto/sealed_update.h"
+#include "core/sha256.h"
+#include "core/status.h"
+#include "core/strings.h"
+#include "model/param.h"
+#include "proto/config_io.h"
+#include "proto/wire.h"
+#include "server/adapter_io.h"
+#include "server/crash_point.h"
+#include <nlohmann/json.hpp>
+
+namespace fedlora {
+
+// ------------------------------------------------------------------------------------------------
+// Admin
+
+absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatusRequest& request) {
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> rounds, store_->ListRounds(run_id_));
+  absl::MutexLock lock(&mu_);
+  v1::GetStatusResponse response;
+  response.set_run_id(run_id_);
+  response.set_total_rounds(static_cast<uint64_t>(TotalRounds()));
+  response.set_server_start_unix_ms(start_ms_);
+  if (!restored_) {
+    response.set_phase(v1::ROUND_PHASE_RESTORING);
+    return response;
+  }
+  const int64_t now = Now();
+  uint32_t live = 0;
+  for (const auto& [id, c] : clients_) live += IsLive(*c, now) ? 1 : 0;
+  response.set_connected_clients(live);
+  if (finished_) {
+    response.set_phase(v1::ROUND_PHASE_FINISHED);
+    response.set_current_round(static_cast<uint64_t>(last_committed_round_));
+  } else if (round_ != nullptr) {
+    response.set_current_round(static_cast<uint64_t>(round_->round));
+    response.set_round_start_unix_ms(round_->started_ms);
+    response.set_updates_accepted_this_round(static_cast<uint32_t>(round_->accepted.size()));
+    switch (round_->state) {
+      case RoundState::kSelecting:
+        response.set_phase(v1::ROUND_PHASE_WAITING_FOR_CLIENTS);
+        break;
+      case RoundState::kTraining:
+        response.set_phase(v1::ROUND_PHASE_TRAINING);
+        response.set_active_tasks(static_cast<uint32_t>(round_->selected.size() - round_->accepted.size()));
+        break;
+      default:
+        response.set_phase(v1::ROUND_PHASE_AGGREGATING);
+        break;
+    }
+  }
+  *response.mutable_global_adapter() = ManifestLocked(global_hash_, global_round_, global_bytes_);
+  std::vector<const RoundRecord*> committed;
+  for (const RoundRecord& r : rounds) {
+    if (r.state == RoundState::kCommitted) committed.push_back(&r);
+  }
+  size_t first = 0;
+  if (request.max_history() > 0 && committed.size() > request.max_history()) {
+    first = committed.size() - request.max_history();
+  }
+  for (size_t i = first; i < committed.size(); ++i) {
+    const RoundRecord& r = *committed[i];
+    v1::RoundSummary* s = response.add_history();
+    s->set_round(static_cast<uint64_t>(r.round));
+    s->set_clients_selected(static_cast<uint32_t>(r.selected_clients.size()));
+    s->set_started_unix_ms(r.created_unix_ms);
+    s->set_committed_unix_ms(r.updated_unix_ms);
+    s->set_global_adapter_sha256(r.result_adapter_hash);
+    const nlohmann::json m = nlohmann::json::parse(r.metrics_json, nullptr, /*allow_exceptions=*/false);
+    if (m.is_object()) {
+      // Updates that arrived complete: the accepted ones and those refused at validation.
+      for (const auto& [k, v] : m.items()) {
+        if (!v.is_number()) continue;
+        const double d = v.get<double>();
+        if (k == "updates") {
+          s->set_updates_accepted(static_cast<uint32_t>(d));
+        } else if (k == "updates_rejected") {
+          s->set_updates_rejected(static_cast<uint32_t>(d));
+        } else if (k == "eval_loss") {
+          s->set_eval_loss(d);
+        } else if (k == "eval_accuracy") {
+          s->set_eval_accuracy(d);
+        } else {
+          (*s->mutable_eval_metrics())[k] = d;
+        }
+      }
+      s->set_updates_received(s->updates_accepted() + s->updates_rejected());
+    }
+  }
+  return response;
+}
+
+absl::StatusOr<v1::ListClientsResponse> Coordinator::ListClients(const v1::ListClientsRequest& request) {
+  absl::MutexLock lock(&mu_);
+  const int64_t now = Now();
+  v1::ListClientsResponse response;
+  for (const auto& [id, c] : clients_) {
+    const bool live = IsLive(*c, now);
+    v1::ClientState state = c->left ? v1::CLIENT_STATE_LEFT : (live ? c->reported : v1::CLIENT_STATE_DISCONNECTED);
+    if (!live && !request.include_inactive()) continue;
+    v1::ClientInfo* info = response.add_clients();
+    info->set_client_id(id);
+    info->set_state(state);
+    info->set_peer(c->peer);
+    info->set_client_version(c->client_version);
+    info->set_joined_unix_ms(c->joined_ms);
+    info->set_last_seen_unix_ms(c->last_seen_ms);
+    if (round_ != nullptr && round_->state == RoundState::kTraining && round_->selected.count(id) != 0 &&
+        round_->accepted.count(id) == 0) {
+      info->set_current_task_id(TaskIdFor(round_->round, id));
+    }
+    info->set_rounds_participated(static_cast<uint32_t>(c->rounds_participated));
+    info->set_updates_rejected(static_cast<uint32_t>(c->updates_rejected));
+  }
+  return response;
+}
+
+}  // namespace fedlora

@@ -1,0 +1,232 @@
+// The round driver: aggregation and evaluation run beside the round clock, which keeps answering
+// heartbeats, status queries and long polls meanwhile; a round whose aggregation keeps failing is
+// given up after its tries (abandoned, or the run stopped), never retried forever.
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/server.h"
+#include "server/store.h"
+#include "tests/server/federation_test_util.h"
+
+namespace fedlora {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::EncodedDeltaFor;
+using testing::InitialAdapter;
+using testing::RawClient;
+using testing::TempDir;
+
+// Evaluate blocks until Open() (or 30 s, so that a broken test cannot hang).
+class GateEvaluator : public Evaluator {
+ public:
+  absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t, const std::vector<UpdateTensor>&) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    entered_ = true;
+    cv_.notify_all();
+    cv_.wait_for(lock, std::chrono::seconds(30), [this] { return open_; });
+    return std::map<std::string, double>{{"eval_loss", 0.5}};
+  }
+  bool WaitEntered() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [this] { return entered_; });
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool entered_ = false;
+  bool open_ = false;
+};
+
+bool WaitFor(const std::function<bool()>& done, int64_t timeout_ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+class RoundDriverTest : public ::testing::Test {
+ protected:
+  void Start(int rounds, int target, int min_clients, const std::function<void(ServerOptions&)>& tweak,
+             Evaluator* evaluator = nullptr) {
+    ServerOptions o = testing::TestServerOptions(dir_.path());
+    if (tweak) tweak(o);
+    auto server = Server::Create(o, testing::TestRunConfig(rounds, target, min_clients), InitialAdapter(), evaluator);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  RawClient& Joined(const std::string& id) {
+    auto& c = clients_[id];
+    c = std::make_unique<RawClient>(server_->address(), id);
+    EXPECT_TRUE(c->Join().ok()) << id;
+    return *c;
+  }
+
+  // Uploads client 0's honest update for `task`; returns its wire blob's hash.
+  std::string UploadHonest(RawClient& c, const v1::TrainTask& task, const std::string& upload_id) {
+    const std::string plain = EncodedDeltaFor(0, task, server_->coordinator().global_adapter());
+    v1::UploadHeader header = c.Header(task, plain, upload_id);
+    v1::UploadAck ack;
+    grpc::Status s = c.UploadAll(header, plain, &ack);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(ack.state(), v1::UPLOAD_STATE_ACCEPTED);
+    return header.manifest().sha256();
+  }
+
+  v1::GetStatusResponse Status(RawClient& c) {
+    v1::GetStatusRequest req;
+    v1::GetStatusResponse resp;
+    auto ctx = c.Context(5000);
+    grpc::Status s = c.admin()->GetStatus(ctx.get(), req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp;
+  }
+
+  // Flips one byte of the blob `hash` in the store's blobs/, so that reading it fails its hash check.
+  void CorruptBlob(const std::string& hash) {
+    const std::filesystem::path path = std::filesystem::path(dir_.path()) / "blobs" / hash.substr(0, 2) / hash.substr(2);
+    ASSERT_TRUE(std::filesystem::exists(path)) << path;
+    std::filesystem::permissions(path, std::filesystem::perms::owner_write, std::filesystem::perm_options::add);
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x5a');
+  }
+
+  TempDir dir_;
+  std::unique_ptr<Server> server_;
+  std::map<std::string, std::unique_ptr<RawClient>> clients_;
+};
+
+TEST_F(RoundDriverTest, TheClockKeepsRunningWhileARoundIsEvaluated) {
+  GateEvaluator evaluator;
+  Start(2, 1, 1, {}, &evaluator);
+  RawClient& a = Joined("site-a");
+  v1::TrainTask task;
+  ASSERT_TRUE(a.GetTask(&task));
+  // An update refused at validation first: counted as received and rejected in the round's summary.
+  std::string bad = EncodedDeltaFor(0, task, InitialAdapter());
+  const uint32_t nan = 0x7fc00000u;
+  std::memcpy(bad.data() + bad.size() - 4, &nan, 4);
+  v1::UploadAck ack;
+  EXPECT_EQ(a.UploadAll(a.Header(task, bad, "bad"), bad, &ack).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  UploadHonest(a, task, "good");
+  ASSERT_TRUE(evaluator.WaitEntered()) << "round 1 was not evaluated";
+
+  // The evaluation holds: everything else is still answered, and on time.
+  v1::HeartbeatRequest hb;
+  v1::HeartbeatResponse hb_resp;
+  auto ctx = a.Context(2000);
+  EXPECT_TRUE(a.stub()->Heartbeat(ctx.get(), hb, &hb_resp).ok());
+  EXPECT_EQ(Status(a).phase(), v1::ROUND_PHASE_AGGREGATING);
+  // A long poll of a new client ends when its wait does (the driver's tick expires it), well before
+  // its own deadline (1 s wait + 5 s).
+  RawClient& b = Joined("site-b");
+  v1::WaitForTaskResponse wait;
+  const auto t0 = std::chrono::steady_clock::now();
+  grpc::Status polled = b.WaitForTask(&wait, 1);
+  const auto waited_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(polled.ok()) << polled.error_message();
+  ASSERT_TRUE(wait.has_retry_later());
+  EXPECT_THAT(wait.retry_later().reason(), HasSubstr("aggregating"));
+  EXPECT_LT(waited_ms, 4000);
+  EXPECT_EQ(server_->coordinator().rounds_committed(), 0);
+
+  evaluator.Open();
+  ASSERT_TRUE(WaitFor([&] { return server_->coordinator().rounds_committed() == 1; }, 10'000));
+  const v1::GetStatusResponse status = Status(a);
+  ASSERT_EQ(status.history_size(), 1);
+  EXPECT_EQ(status.history(0).updates_accepted(), 1u);
+  EXPECT_EQ(status.history(0).updates_rejected(), 1u);
+  EXPECT_EQ(status.history(0).updates_received(), 2u);
+  EXPECT_DOUBLE_EQ(status.history(0).eval_loss(), 0.5);
+}
+
+// Two clients wanted, one enough at the 2 s deadline: the test corrupts the one accepted update's
+// blob before the round closes.
+void ShortRounds(ServerOptions& o) {
+  o.round_deadline_ms = 2000;
+  o.max_aggregation_attempts = 2;
+}
+
+TEST_F(RoundDriverTest, ARoundThatCannotBeAggregatedIsAbandonedAfterItsTries) {
+  Start(1, 2, 1, ShortRounds);
+  RawClient& a = Joined("site-a");
+  v1::TrainTask task;
+  ASSERT_TRUE(a.GetTask(&task));
+  ASSERT_EQ(task.round(), 1u);
+  CorruptBlob(UploadHonest(a, task, "r1"));
+
+  // Two tries (1 s apart), then round 2 opens from the same adapter.
+  ASSERT_TRUE(WaitFor([&] { return server_->metrics().rounds_abandoned.load() == 1; }, 15'000));
+  EXPECT_EQ(server_->metrics().aggregation_failures.load(), 2);
+  EXPECT_EQ(server_->coordinator().rounds_committed(), 0);
+  EXPECT_FALSE(server_->coordinator().finished());
+
+  // The run goes on: round 2 commits.
+  v1::TrainTask next;
+  ASSERT_TRUE(a.GetTask(&next));
+  EXPECT_EQ(next.round(), 2u);
+  EXPECT_EQ(next.global_adapter().sha256(), task.global_adapter().sha256());
+  UploadHonest(a, next, "r2");
+  ASSERT_TRUE(WaitFor([&] { return server_->coordinator().finished(); }, 10'000));
+  EXPECT_EQ(server_->coordinator().rounds_committed(), 1);
+  EXPECT_TRUE(server_->coordinator().stopped().ok());
+
+  server_->Shutdown();
+  server_.reset();
+  auto store = Store::Open(dir_.path() + "/fedlora.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto rounds = (*store)->ListRounds("test-run");
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_EQ(rounds->size(), 2u);
+  EXPECT_EQ((*rounds)[0].state, RoundState::kAbandoned);
+  EXPECT_EQ((*rounds)[1].state, RoundState::kCommitted);
+}
+
+TEST_F(RoundDriverTest, StopOnAggregationFailureStopsTheRunAndKeepsTheRoundForARestart) {
+  Start(1, 2, 1, [](ServerOptions& o) {
+    ShortRounds(o);
+    o.max_aggregation_attempts = 1;
+    o.stop_on_aggregation_failure = true;
+  });
+  RawClient& a = Joined("site-a");
+  v1::TrainTask task;
+  ASSERT_TRUE(a.GetTask(&task));
+  CorruptBlob(UploadHonest(a, task, "r1"));
+  ASSERT_TRUE(WaitFor([&] { return server_->coordinator().finished(); }, 15'000));
+  const absl::Status stopped = server_->coordinator().stopped();
+  EXPECT_FALSE(stopped.ok());
+  EXPECT_THAT(std::string(stopped.message()), HasSubstr("round 1 could not be aggregated in 1 tries"));
+  EXPECT_EQ(server_->metrics().rounds_abandoned.load(), 0);
+
+  v1::WaitForTaskResponse wait;
+  ASSERT_TRUE(a.WaitForTask(&wait, 1).ok());
+  ASSERT_TRUE(wait.has_run_finished());
+  EXPECT_EQ(wait.run_finished().reason(), v1::RunFinished::FAILED);
+
+  server_->Shutdown();
+  server_.reset();
+  auto store = Store::Open(dir_.path() + "/fedlora.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto round = (*store)->GetRound("test-run", 1);
+  ASSERT_TRUE(round.ok());
+  EXPECT_EQ(round->state, RoundState::kAggregating);
+}
+
+}  // namespace
+}  // namespace fedlora
