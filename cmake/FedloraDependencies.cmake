@@ -11,6 +11,10 @@ find_package(SQLite3 REQUIRED)
 find_package(nlohmann_json 3 CONFIG REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
+# cpp-httplib (libcpp-httplib-dev): the server's metrics endpoint. Debian ships it compiled; the
+# .pc file's defines (OpenSSL, zlib, brotli support) must reach every user of httplib.h, since they
+# change the classes' layout.
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 if(FEDLORA_BUILD_TESTS)
   find_package(GTest CONFIG REQUIRED)
 endif()

@@ -6,8 +6,11 @@
 // is empty); without TLS (loopback tests, simulation) the "fedlora-client-id" metadata entry. Never
 // a message body.
 //
-// Thread-safety: gRPC calls the handlers from its own threads; the services hold no mutable state of
-// their own besides what the Coordinator guards, and the upload worker pool.
+// Threads: gRPC calls the handlers on its few callback threads, which must never wait for the disk.
+// Handlers that only read memory (Heartbeat, WaitForTask, Leave, ListClients) answer there; those
+// that touch the store (Join, GetUploadStatus, ReportMetrics, GetStatus) answer from a pool; the
+// streams read, hash, write and fsync on pools of their own (download_reactor.h, upload_reactor.h).
+// The services hold no mutable state of their own besides what the Coordinator guards.
 #pragma once
 
 #include <grpcpp/server_context.h>
@@ -20,6 +23,7 @@
 #include "fedlora/v1/federation.grpc.pb.h"
 #include "server/blob_store.h"
 #include "server/coordinator.h"
+#include "server/download_cache.h"
 #include "server/metrics.h"
 #include "server/options.h"
 
@@ -66,6 +70,12 @@ class FederationService final : public v1::Federation::CallbackService {
   // (options.upload_workers). Separate from upload_pool_: a stream waits for its checkpoint, which
   // must never queue behind waiting streams.
   ThreadPool sync_pool_;
+  // Answers the unary RPCs that touch the store (options.io_workers).
+  ThreadPool rpc_pool_;
+  // Indexes the blobs downloads ask for (options.io_workers).
+  ThreadPool download_pool_;
+  // The global adapters being downloaded, mapped and chunk-hashed once.
+  DownloadCache download_cache_;
 };
 
 class AdminService final : public v1::Admin::CallbackService {
@@ -82,6 +92,7 @@ class AdminService final : public v1::Admin::CallbackService {
 
   const ServerOptions& options_;
   Coordinator* const coordinator_;
+  ThreadPool pool_;  // GetStatus, which reads the store
 };
 
 }  // namespace fedlora
