@@ -1,7 +1,7 @@
 // Test-only crash injection. When the environment variable FEDLORA_TEST_CRASH_AT names a point
 // (for example "before_ack"), the server raises SIGKILL on itself when it reaches that point, so
 // that a crash test can check that a restarted server loses nothing acknowledged and counts
-// nothing twice. Points (see server/coordinator.cc):
+// nothing twice. Points (see server/coordinator_uploads.cc and server/coordinator_driver.cc):
 //   before_ack          the update is complete and valid but not yet recorded in the store
 //   after_ack           the update is durable in the store; the ack has not been sent
 //   during_aggregation  the round is aggregating; some updates have been added

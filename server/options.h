@@ -122,7 +122,7 @@ struct ServerOptions {
 
   // --- Rounds and clients --------------------------------------------------------------------------
   // The counts (clients per round, over-selection, min clients, rounds) come from the run config's
-  // SelectionConfig. The timings below default to the run config's seconds through FromRunConfig();
+  // SelectionConfig. The timings below default to the run config's seconds through ServerOptionsFromRunConfig() (server.h);
   // they are milliseconds here so that tests can run a whole federation in a few seconds.
   //
   // Seconds from a round's start until its uploads are no longer accepted, in milliseconds.

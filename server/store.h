@@ -91,7 +91,7 @@ struct RoundRecord {
 
 struct ClientRecord {
   std::string client_id;
-  std::string cert_fingerprint;  // SHA-256 hex of the client certificate (DER)
+  std::string cert_fingerprint;  // SHA-256 hex of the client certificate (DER); not recorded yet: Coordinator::Join passes ""
   ClientState state = ClientState::kActive;
   int64_t first_seen_unix_ms = 0;
   int64_t last_seen_unix_ms = 0;
