@@ -221,9 +221,11 @@ class Coordinator {
   // is StreamingFedAvg's (exact, rounded once), so a restarted server recomputes the same bits.
   absl::Status AverageWithEarlierRounds(int64_t round, std::vector<UpdateTensor>& adapter) const;
   absl::StatusOr<std::vector<UpdateTensor>> DecodeAndValidate(std::string_view bytes) const;
-  // BeginUpload under mu_ (`free_disk_bytes` measured before it was taken).
+  // BeginUpload's checks under mu_, with what was read before it was taken (the free disk, the
+  // upload's row). A new upload is locked to the stream and `*record` filled with the row to write.
   absl::StatusOr<UploadPlan> AdmitUpload(const std::string& client_id, const v1::UploadHeader& header,
-                                         int64_t free_disk_bytes);
+                                         int64_t free_disk_bytes, const absl::StatusOr<UploadRecord>& existing,
+                                         UploadRecord* record);
   // CompleteUpload's bookkeeping under mu_: records the acceptance with a deferred ticket.
   absl::StatusOr<v1::UploadAck> CompleteUploadLocked(const std::string& client_id, const v1::UploadHeader& header,
                                                      const std::string& blob_hash, size_t blob_size,

@@ -61,23 +61,46 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
   if (!IsValidPartialId(header.upload_id())) {
     return absl::InvalidArgumentError("upload_id must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'");
   }
+  const std::string& id = header.upload_id();
+  // Disk and store reads before mu_ is taken. The row read may be stale by the time mu_ is held
+  // (another stream of this upload_id just ended): the store's own checks below keep that from
+  // counting anything twice, and the client is told to retry.
   FEDLORA_ASSIGN_OR_RETURN(const int64_t free_bytes, FreeDiskBytes(options_.data_dir));
-  FEDLORA_ASSIGN_OR_RETURN(UploadPlan plan, AdmitUpload(client_id, header, free_bytes));
-  // A duplicate's row may come from a concurrent acceptance still waiting for its fsync: synced
-  // here, outside mu_, before the ack goes out.
-  if (plan.duplicate_ack.has_value()) FEDLORA_RETURN_IF_ERROR(store_->SyncCommitted());
+  const absl::StatusOr<UploadRecord> existing = store_->GetUpload(id);
+  if (!existing.ok() && !absl::IsNotFound(existing.status())) return existing.status();
+  UploadRecord record;
+  FEDLORA_ASSIGN_OR_RETURN(UploadPlan plan, AdmitUpload(client_id, header, free_bytes, existing, &record));
+  if (plan.duplicate_ack.has_value()) {
+    // The row may come from a concurrent acceptance still waiting for its fsync.
+    FEDLORA_RETURN_IF_ERROR(store_->SyncCommitted());
+    return plan;
+  }
+  // The upload_id is locked to this stream now; its "receiving" row is written outside mu_ (the
+  // store refuses it should the round have closed meanwhile). Not awaited: see the header.
+  DurabilityTicket not_awaited;
+  absl::StatusOr<UploadRecord> stored = store_->BeginUpload(record, &not_awaited);
+  if (stored.ok() && static_cast<int64_t>(header.start_chunk()) > stored->chunks_received) {
+    stored = absl::FailedPreconditionError(absl::StrCat("upload '", id, "' can resume at chunk ",
+                                                        stored->chunks_received, " at the latest, not ",
+                                                        header.start_chunk()));
+  }
+  if (!stored.ok()) {
+    EndUpload(id);
+    return stored.status();
+  }
+  plan.chunks_durable = stored->chunks_received;
+  plan.bytes_durable = stored->bytes;
   return plan;
 }
 
 absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id, const v1::UploadHeader& header,
-                                                    int64_t free_bytes) {
+                                                    int64_t free_bytes, const absl::StatusOr<UploadRecord>& existing,
+                                                    UploadRecord* record) {
   const std::string& id = header.upload_id();
   absl::MutexLock lock(&mu_);
   if (!restored_) return absl::UnavailableError("server is restoring its state; retry");
   // Idempotency first: a replay of an accepted update gets its original ack, even after its round
   // closed.
-  absl::StatusOr<UploadRecord> existing = store_->GetUpload(id);
-  if (!existing.ok() && !absl::IsNotFound(existing.status())) return existing.status();
   if (existing.ok()) {
     if (existing->client_id != client_id || existing->run_id != run_id_) {
       return absl::PermissionDeniedError(absl::StrCat("upload_id '", id, "' belongs to another client"));
@@ -227,26 +250,16 @@ absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id
                                                      m.total_bytes(), " bytes would leave less than the watermark of ",
                                                      options_.min_free_disk_bytes));
   }
-  UploadRecord record;
-  record.upload_id = id;
-  record.run_id = run_id_;
-  record.round = round;
-  record.client_id = client_id;
-  record.task_id = header.task_id();
-  record.num_examples = static_cast<int64_t>(header.num_examples());
-  DurabilityTicket not_awaited;  // see the header: the row needs no durability before an ack
-  FEDLORA_ASSIGN_OR_RETURN(UploadRecord stored, store_->BeginUpload(record, &not_awaited));
-  UploadPlan plan;
-  plan.chunks_durable = stored.chunks_received;
-  plan.bytes_durable = stored.bytes;
-  if (static_cast<int64_t>(header.start_chunk()) > plan.chunks_durable) {
-    return absl::FailedPreconditionError(absl::StrCat("upload '", id, "' can resume at chunk ", plan.chunks_durable,
-                                                      " at the latest, not ", header.start_chunk()));
-  }
+  record->upload_id = id;
+  record->run_id = run_id_;
+  record->round = round;
+  record->client_id = client_id;
+  record->task_id = header.task_id();
+  record->num_examples = static_cast<int64_t>(header.num_examples());
   active_uploads_[id] = client_id;
   ++c->uploads_in_flight;
   metrics_->uploads_streaming.store(static_cast<int64_t>(active_uploads_.size()));
-  return plan;
+  return UploadPlan{};
 }
 
 absl::Status Coordinator::QuotaRefused(std::string message) const {
