@@ -1,16 +1,23 @@
 #include "server/metrics.h"
 
-#include <arpa/inet.h>
+#include <fcntl.h>
+#include <httplib.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
-#include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "proto/address.h"
 
 namespace fedlora {
 namespace {
@@ -20,11 +27,158 @@ void AppendMetric(std::string& out, const char* name, const char* type, const ch
                   "\nfedlora_", name, " ", value, "\n");
 }
 
-// How long one scrape connection may take to send its request, milliseconds. A real scraper sends
-// its ~100-byte request at once; a peer that dribbles bytes is cut off so it cannot hold the thread.
-constexpr int kRequestTimeoutMs = 2000;
-// How often the accept loop wakes to check for shutdown, milliseconds.
-constexpr int kPollIntervalMs = 100;
+constexpr char kContentType[] = "text/plain; version=0.0.4";
+constexpr char kMetricsPath[] = "/metrics";
+// Connections served at once. Scrapes take milliseconds; the rest of the pool keeps answering while
+// slow peers hold a thread each: an idle connection for kKeepAliveIdleS, a slow request for
+// kRequestDeadlineMs.
+constexpr size_t kPoolThreads = 8;
+// Longest wait for the next bytes of a request, and for room to write the response (httplib's
+// read and write timeouts).
+constexpr time_t kReadTimeoutS = 2;
+constexpr time_t kWriteTimeoutS = 2;
+// Longest wait for a request to start on a connection, the first one included, and the most
+// requests one connection may make (httplib's keep-alive limits, sent in the Keep-Alive header).
+constexpr time_t kKeepAliveIdleS = 2;
+constexpr size_t kKeepAliveMaxRequests = 10;
+// Longest one request may take from its first byte to the end of the response: a peer that
+// dribbles a byte now and then is cut off however short its pauses (httplib's read timeout alone
+// applies to each wait, so such a peer could hold a thread for as long as it liked).
+constexpr int64_t kRequestDeadlineMs = 5000;
+// Request bodies (none is expected) larger than this are refused with 413.
+constexpr size_t kMaxBodyBytes = 64 << 10;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Set by the post-routing handler when the response being written refuses a malformed request
+// (400, 413, ...): the connection is closed after it. Per thread: each connection is served on one
+// pool thread from start to end.
+thread_local bool t_close_after_response = false;
+
+// One connection as httplib's request parser and response writer see it: buffered reads, and
+// waits that end at the per-wait timeout, at the request deadline, or when the server stops
+// (`stop_fd` becomes readable), whichever comes first. Once a wait has failed, or the peer closed or
+// reset the connection, broken() is true (httplib does not always pass such a failure up).
+class ConnectionStream : public httplib::Stream {
+ public:
+  ConnectionStream(int sock, int stop_fd, int64_t read_timeout_ms, int64_t write_timeout_ms)
+      : sock_(sock), stop_fd_(stop_fd), read_timeout_ms_(read_timeout_ms), write_timeout_ms_(write_timeout_ms) {}
+
+  void set_deadline_ms(int64_t deadline_ms) { deadline_ms_ = deadline_ms; }
+  bool broken() const { return broken_; }
+  // Whether a request starts within `timeout_ms` (bytes already buffered count).
+  bool WaitForRequest(int64_t timeout_ms) const { return pos_ < end_ || Wait(POLLIN, timeout_ms); }
+
+  bool is_readable() const override { return pos_ < end_ || Wait(POLLIN, read_timeout_ms_); }
+  bool is_writable() const override { return Wait(POLLOUT, write_timeout_ms_); }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (pos_ == end_) {
+      if (!Wait(POLLIN, read_timeout_ms_)) return -1;
+      ssize_t n;
+      do {
+        n = recv(sock_, buf_, sizeof(buf_), 0);
+      } while (n < 0 && errno == EINTR);
+      if (n <= 0) {
+        broken_ = true;
+        return n < 0 ? -1 : 0;
+      }
+      pos_ = 0;
+      end_ = static_cast<size_t>(n);
+    }
+    const size_t n = std::min(size, end_ - pos_);
+    std::memcpy(ptr, buf_ + pos_, n);
+    pos_ += n;
+    return static_cast<ssize_t>(n);
+  }
+
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!Wait(POLLOUT, write_timeout_ms_)) return -1;
+    ssize_t n;
+    do {
+      n = send(sock_, ptr, size, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) broken_ = true;
+    return n < 0 ? -1 : n;
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { Name(getpeername, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { Name(getsockname, ip, port); }
+  socket_t socket() const override { return sock_; }
+
+ private:
+  // True when the socket is ready for `events` (or in error: the next call reports it) within
+  // `timeout_ms` and before the deadline; false, and broken() from then on, on timeout or when the
+  // server stops.
+  bool Wait(short events, int64_t timeout_ms) const {
+    const int64_t until = std::min(NowMs() + timeout_ms, deadline_ms_);
+    while (true) {
+      const int64_t left = until - NowMs();
+      if (left <= 0) break;
+      pollfd fds[2] = {{sock_, events, 0}, {stop_fd_, POLLIN, 0}};
+      const int r = poll(fds, 2, static_cast<int>(left));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0 || fds[1].revents != 0) break;
+      if (fds[0].revents != 0) return true;
+    }
+    broken_ = true;
+    return false;
+  }
+
+  void Name(int (*get)(int, sockaddr*, socklen_t*), std::string& ip, int& port) const {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    char host[NI_MAXHOST];
+    char serv[NI_MAXSERV];
+    if (get(sock_, reinterpret_cast<sockaddr*>(&addr), &len) == 0 &&
+        getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), serv, sizeof(serv),
+                    NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+      ip = host;
+      port = std::atoi(serv);
+    }
+  }
+
+  const int sock_;
+  const int stop_fd_;
+  const int64_t read_timeout_ms_;
+  const int64_t write_timeout_ms_;
+  int64_t deadline_ms_ = 0;
+  mutable bool broken_ = false;
+  char buf_[4096];
+  size_t pos_ = 0;
+  size_t end_ = 0;
+};
+
+// httplib's server with its own connection loop: the same keep-alive rules as httplib's (its limits
+// are read from the settings below), plus the request deadline and the stop pipe.
+class ScrapeServer : public httplib::Server {
+ public:
+  explicit ScrapeServer(int stop_fd) : stop_fd_(stop_fd) {}
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    ConnectionStream stream(sock, stop_fd_, read_timeout_sec_ * 1000 + read_timeout_usec_ / 1000,
+                            write_timeout_sec_ * 1000 + write_timeout_usec_ / 1000);
+    bool ok = false;
+    for (size_t served = 0; served < keep_alive_max_count_; ++served) {
+      stream.set_deadline_ms(NowMs() + int64_t{keep_alive_timeout_sec_} * 1000);
+      if (!stream.WaitForRequest(int64_t{keep_alive_timeout_sec_} * 1000)) break;
+      stream.set_deadline_ms(NowMs() + kRequestDeadlineMs);
+      bool closed = false;
+      t_close_after_response = false;
+      ok = process_request(stream, /*close_connection=*/served + 1 == keep_alive_max_count_, closed, nullptr);
+      if (!ok || closed || stream.broken() || t_close_after_response) break;
+    }
+    shutdown(sock, SHUT_RDWR);
+    close(sock);
+    return ok;
+  }
+
+  const int stop_fd_;
+};
 
 }  // namespace
 
@@ -51,6 +205,8 @@ std::string ServerMetrics::ToPrometheusText() const {
                partial_uploads_discarded.load());
   AppendMetric(out, "quota_refusals_total", "counter",
                "Uploads and reports refused for a per-client quota or the free-disk watermark.", quota_refusals.load());
+  AppendMetric(out, "aggregation_failures_total", "counter", "Aggregation tries that failed.",
+               aggregation_failures.load());
   AppendMetric(out, "uploads_streaming", "gauge", "Upload streams admitted and not yet ended.",
                uploads_streaming.load());
   AppendMetric(out, "tls_handshakes_refused_total", "counter",
@@ -59,90 +215,119 @@ std::string ServerMetrics::ToPrometheusText() const {
   return out;
 }
 
+struct MetricsHttpServer::Impl {
+  explicit Impl(int stop_read, int stop_write) : stop_read(stop_read), stop_write(stop_write), http(stop_read) {}
+  ~Impl() {
+    close(stop_read);
+    close(stop_write);
+  }
+  const int stop_read;
+  const int stop_write;  // written to once, at shutdown
+  ScrapeServer http;
+  std::thread thread;
+  std::atomic<bool> listen_returned{false};
+};
+
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(const std::string& address,
                                                                             Renderer render) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("metrics address '", address, "' is not host:port"));
+  std::string host;
+  uint32_t port = 0;
+  if (!SplitHostPort(address, &host, &port)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics address '", address, "' is not host:port (IPv6 in brackets) with a port 0-65535"));
   }
-  const std::string host = address.substr(0, colon);
-  int port = 0;
-  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("metrics address '", address, "' has a bad port"));
+  const bool bracketed = address.front() == '[';
+  unsigned char ip[sizeof(in6_addr)];
+  if (!bracketed && absl::AsciiStrToLower(host) == "localhost") host = "127.0.0.1";
+  if (inet_pton(bracketed ? AF_INET6 : AF_INET, host.c_str(), ip) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics address '", address,
+                                                   "': the host must be an IPv4 literal such as 127.0.0.1, an "
+                                                   "IPv6 literal in brackets such as [::1], or localhost"));
   }
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics address '", address, "': host must be an IPv4 literal such as 127.0.0.1"));
+  int stop_pipe[2];
+  if (pipe2(stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    return absl::UnavailableError(absl::StrCat("metrics endpoint ", address, ": pipe: ", std::strerror(errno)));
   }
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("metrics socket: ", std::strerror(errno)));
-  const int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 16) != 0) {
+  auto impl = std::make_unique<Impl>(stop_pipe[0], stop_pipe[1]);
+  ScrapeServer& http = impl->http;
+  http.Get(".*", [render = std::move(render)](const httplib::Request& req, httplib::Response& res) {
+    if (req.path != kMetricsPath) {
+      res.status = 404;
+      res.set_content("only GET /metrics is served\n", "text/plain");
+      return;
+    }
+    res.set_content(render(), kContentType);
+  });
+  // Other methods: 405 on /metrics, 404 elsewhere. httplib reads (and bounds) a body before these
+  // run, so a kept-alive connection stays in step.
+  const httplib::Server::Handler refuse = [](const httplib::Request& req, httplib::Response& res) {
+    res.status = req.path == kMetricsPath ? 405 : 404;
+    if (res.status == 405) res.set_header("Allow", "GET, HEAD");
+    res.set_content(res.status == 405 ? "only GET is allowed on /metrics\n" : "only GET /metrics is served\n",
+                    "text/plain");
+  };
+  http.Post(".*", refuse).Put(".*", refuse).Patch(".*", refuse).Delete(".*", refuse).Options(".*", refuse);
+  // Methods httplib parses but has no handler list for (CONNECT, TRACE, PRI).
+  http.set_pre_routing_handler([refuse](const httplib::Request& req, httplib::Response& res) {
+    static const char* const kRouted[] = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"};
+    if (std::find(std::begin(kRouted), std::end(kRouted), req.method) != std::end(kRouted)) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    refuse(req, res);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+    if (res.status == 200 || res.status == 404 || res.status == 405) return;
+    t_close_after_response = true;
+    res.headers.erase("Keep-Alive");
+    res.headers.erase("Connection");
+    res.set_header("Connection", "close");
+  });
+  http.new_task_queue = [] { return new httplib::ThreadPool(kPoolThreads); };
+  http.set_read_timeout(kReadTimeoutS, 0);
+  http.set_write_timeout(kWriteTimeoutS, 0);
+  http.set_keep_alive_timeout(kKeepAliveIdleS);
+  http.set_keep_alive_max_count(kKeepAliveMaxRequests);
+  http.set_payload_max_length(kMaxBodyBytes);
+  http.set_address_family(bracketed ? AF_INET6 : AF_INET);
+  // SO_REUSEADDR, not httplib's default SO_REUSEPORT, which would let a second server share a busy
+  // port (and split the scrapes) instead of failing to bind.
+  http.set_socket_options([](socket_t sock) {
+    const int one = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  });
+  errno = 0;
+  const int bound = port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, static_cast<int>(port))
+                                                                    ? static_cast<int>(port)
+                                                                    : -1);
+  if (bound <= 0) {
     const int err = errno;
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("metrics endpoint cannot bind ", address, ": ", std::strerror(err)));
+    return absl::UnavailableError(absl::StrCat("metrics endpoint cannot bind ", address,
+                                               err != 0 ? absl::StrCat(": ", std::strerror(err)) : ""));
   }
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  return std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(fd, ntohs(addr.sin_port), std::move(render)));
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] {
+    raw->http.listen_after_bind();
+    raw->listen_returned.store(true);
+  });
+  // stop() does nothing until the accept loop runs, so the destructor must not come before.
+  while (!http.is_running() && !raw->listen_returned.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (raw->listen_returned.load()) {
+    raw->thread.join();
+    return absl::UnavailableError(absl::StrCat("metrics endpoint ", address, " stopped as it started"));
+  }
+  return std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(bound, std::move(impl)));
 }
 
-MetricsHttpServer::MetricsHttpServer(int fd, int port, Renderer render)
-    : fd_(fd), port_(port), render_(std::move(render)) {
-  thread_ = std::thread([this] { Loop(); });
-}
+MetricsHttpServer::MetricsHttpServer(int port, std::unique_ptr<Impl> impl) : port_(port), impl_(std::move(impl)) {}
 
 MetricsHttpServer::~MetricsHttpServer() {
-  stop_.store(true);
-  thread_.join();
-  close(fd_);
-}
-
-void MetricsHttpServer::Loop() {
-  while (!stop_.load()) {
-    pollfd pfd{fd_, POLLIN, 0};
-    if (poll(&pfd, 1, kPollIntervalMs) <= 0) continue;
-    const int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (conn < 0) continue;
-    Serve(conn);
-    close(conn);
-  }
-}
-
-void MetricsHttpServer::Serve(int conn) {
-  // Read until the end of the request head (a blank line) or 8 KiB, whichever comes first.
-  std::string request;
-  char buf[1024];
-  while (request.size() < 8192 && request.find("\r\n\r\n") == std::string::npos &&
-         request.find("\n\n") == std::string::npos) {
-    pollfd pfd{conn, POLLIN, 0};
-    if (poll(&pfd, 1, kRequestTimeoutMs) <= 0) return;
-    const ssize_t n = read(conn, buf, sizeof(buf));
-    if (n <= 0) break;
-    request.append(buf, static_cast<size_t>(n));
-  }
-  std::string status_line;
-  std::string body;
-  if (request.rfind("GET /metrics ", 0) == 0 || request.rfind("GET / ", 0) == 0) {
-    status_line = "HTTP/1.0 200 OK";
-    body = render_();
-  } else {
-    status_line = "HTTP/1.0 404 Not Found";
-    body = "only GET /metrics is served\n";
-  }
-  const std::string response =
-      absl::StrCat(status_line, "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: ", body.size(),
-                   "\r\nConnection: close\r\n\r\n", body);
-  size_t sent = 0;
-  while (sent < response.size()) {
-    const ssize_t n = send(conn, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) return;
-    sent += static_cast<size_t>(n);
-  }
+  // The stop pipe ends every wait of the connections in progress; stop() closes the listening
+  // socket, after which listen_after_bind joins the pool and returns.
+  const char byte = 1;
+  (void)!::write(impl_->stop_write, &byte, 1);
+  impl_->http.stop();
+  impl_->thread.join();
 }
 
 }  // namespace fedlora

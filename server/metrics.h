@@ -1,4 +1,4 @@
-// Server counters and a tiny Prometheus text endpoint (HTTP/1.0, GET /metrics, loopback).
+// Server counters and their Prometheus text endpoint (cpp-httplib: GET /metrics).
 //
 //   ServerMetrics metrics;
 //   metrics.updates_accepted.fetch_add(1);
@@ -6,9 +6,10 @@
 //       [&] { return metrics.ToPrometheusText(); }));
 //   // curl http://127.0.0.1:<http->port()>/metrics
 //
-// Counters are std::atomic and may be bumped from any thread. The HTTP server handles one connection
-// at a time on its own thread: scrapes come every few seconds from one Prometheus, so concurrency
-// would buy nothing, and a slow or hostile peer is cut off by a short socket timeout.
+// Counters are std::atomic and may be bumped from any thread. The HTTP server accepts on its own
+// thread and answers on a small pool, so several scrapers are served at once. Every connection is
+// bounded (see metrics.cc for the limits): a peer that sends nothing, or dribbles its request, is
+// cut off, holds one pool thread at most for that long, and never delays the server's shutdown.
 #pragma once
 
 #include <atomic>
@@ -16,7 +17,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 
@@ -45,6 +45,8 @@ struct ServerMetrics {
   std::atomic<int64_t> partial_uploads_discarded{0};
   // Uploads and metrics reports refused for a per-client quota or the free-disk watermark.
   std::atomic<int64_t> quota_refusals{0};
+  // Aggregation tries that failed (each try counted; see ServerOptions::max_aggregation_attempts).
+  std::atomic<int64_t> aggregation_failures{0};
   // Upload streams admitted and not yet ended.
   std::atomic<int64_t> uploads_streaming{0};
   // TLS connections refused for a revoked certificate or a client id not on the allowed list.
@@ -59,11 +61,14 @@ class MetricsHttpServer {
  public:
   using Renderer = std::function<std::string()>;
 
-  // Binds `address` (host:port; host must be an IPv4 literal such as 127.0.0.1, port 0 picks one)
-  // and starts serving. InvalidArgument for a malformed address, Unavailable when the bind fails
-  // (port in use), naming the address and errno text.
+  // Binds `address` and starts serving: GET (and HEAD) /metrics answers the renderer's text as
+  // "text/plain; version=0.0.4", other paths 404, other methods on /metrics 405. `address` is
+  // host:port with an IPv4 literal (127.0.0.1), an IPv6 literal in brackets ([::1]) or localhost
+  // (bound as 127.0.0.1); port 0 picks a free port (port() tells which). InvalidArgument for a
+  // malformed address or another host name, Unavailable when the bind fails (port in use), naming
+  // the address. `render` is called on the pool's threads, possibly several at once.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& address, Renderer render);
-  // Stops the thread and closes the socket.
+  // Stops accepting, cuts off connections still open, and joins the threads.
   ~MetricsHttpServer();
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
@@ -71,15 +76,11 @@ class MetricsHttpServer {
   int port() const { return port_; }
 
  private:
-  MetricsHttpServer(int fd, int port, Renderer render);
-  void Loop();
-  void Serve(int conn);
+  struct Impl;
+  MetricsHttpServer(int port, std::unique_ptr<Impl> impl);
 
-  int fd_;
   int port_;
-  Renderer render_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace fedlora

@@ -12,6 +12,8 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "crypto/tls.h"
+#include "fedlora/v1/admin.grpc.pb.h"
+#include "fedlora/v1/federation.grpc.pb.h"
 #include "proto/address.h"
 #include "proto/config_io.h"
 #include "server/services.h"
@@ -35,6 +37,8 @@ ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config) {
   if (s.has_max_client_reports_per_round()) o.max_client_reports_per_round = static_cast<int>(s.max_client_reports_per_round());
   if (s.has_max_metrics_per_report()) o.max_metrics_per_report = static_cast<int>(s.max_metrics_per_report());
   if (s.has_min_free_disk_bytes()) o.min_free_disk_bytes = static_cast<int64_t>(s.min_free_disk_bytes());
+  if (s.has_max_aggregation_attempts()) o.max_aggregation_attempts = static_cast<int>(s.max_aggregation_attempts());
+  o.stop_on_aggregation_failure = s.stop_on_aggregation_failure();
   if (s.has_chunk_size_bytes()) {
     o.chunk_bytes = s.chunk_size_bytes();
     o.max_upload_chunk_bytes = s.chunk_size_bytes();
@@ -76,12 +80,14 @@ absl::Status ValidateOptions(const ServerOptions& o) {
     FEDLORA_RETURN_IF_ERROR(CheckPlaintextAllowed(o.listen_address, o.insecure, "listen address"));
   }
   if (o.max_client_bytes_per_round < o.max_upload_bytes || o.max_client_uploads_in_flight < 1 ||
-      o.max_client_reports_per_round < 1 || o.max_metrics_per_report < 0 || o.min_free_disk_bytes < 0) {
+      o.max_client_reports_per_round < 1 || o.max_metrics_per_report < 0 || o.min_free_disk_bytes < 0 ||
+      o.max_aggregation_attempts < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "per-client quotas must admit one update: max_client_bytes_per_round ", o.max_client_bytes_per_round,
         " >= max_upload_bytes ", o.max_upload_bytes, ", uploads in flight ", o.max_client_uploads_in_flight,
         " >= 1, reports per round ", o.max_client_reports_per_round, " >= 1, metrics per report ",
-        o.max_metrics_per_report, " >= 0, free-disk watermark ", o.min_free_disk_bytes, " >= 0"));
+        o.max_metrics_per_report, " >= 0, free-disk watermark ", o.min_free_disk_bytes, " >= 0, aggregation tries ",
+        o.max_aggregation_attempts, " >= 1"));
   }
   return absl::OkStatus();
 }
@@ -142,8 +148,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen_address, " (address in use or invalid)"));
   }
+  // Health answers for the whole server ("") and for each service by its full name; every name
+  // says NOT_SERVING until the run is restored, and again from the moment Shutdown begins.
   grpc::HealthCheckServiceInterface* health = server->grpc_server_->GetHealthCheckService();
-  if (health != nullptr) health->SetServingStatus(false);
+  if (health != nullptr) {
+    for (const char* name : {"", v1::Federation::service_full_name(), v1::Admin::service_full_name()}) {
+      health->SetServingStatus(name, false);
+    }
+  }
 
   if (!o.metrics_address.empty()) {
     Server* s = server.get();
@@ -153,7 +165,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
   // Restore before serving: until this returns, every Federation/Admin call answers Unavailable and
   // the health service NOT_SERVING.
   FEDLORA_RETURN_IF_ERROR_CTX(server->coordinator_->Restore(), "restoring the run from the store");
-  if (health != nullptr) health->SetServingStatus(true);
+  if (health != nullptr) health->SetServingStatus(true);  // every name registered above
   server->driver_ = std::thread([s = server.get()] { s->DriverLoop(); });
   FEDLORA_LOG(INFO) << "server listening on port " << server->port_
                     << (o.tls.enabled() ? " (mTLS)" : " (plaintext, loopback identity)");
@@ -207,6 +219,11 @@ bool Server::WaitUntilFinished(int64_t timeout_ms) {
 
 void Server::Shutdown() {
   if (shut_down_.exchange(true)) return;
+  // NOT_SERVING for every name at once (open Watch streams are told), and no later change: probes
+  // see the server going before it stops answering.
+  if (grpc_server_) {
+    if (grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService()) health->Shutdown();
+  }
   {
     std::lock_guard<std::mutex> lock(driver_mu_);
     stopping_ = true;

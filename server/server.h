@@ -1,11 +1,13 @@
 // The aggregation server: opens the store, starts the gRPC server (Federation, Admin, health), the
 // Prometheus endpoint and the round driver, and restores the run before serving anything but health
-// checks (which say NOT_SERVING until then).
+// checks. Health (grpc.health.v1.Health) answers for "" (the whole server), "fedlora.v1.Federation"
+// and "fedlora.v1.Admin": NOT_SERVING until the run is restored, SERVING after, NOT_SERVING again
+// from the moment Shutdown begins; any other name is NOT_FOUND.
 //
 //   FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadRunConfigFile("run.json"));
 //   ServerOptions options = ServerOptionsFromRunConfig(config);
 //   FEDLORA_ASSIGN_OR_RETURN(auto server, Server::Create(options, config, initial_adapter));
-//   server->Wait();   // until the run is finished or Shutdown() is called
+//   server->WaitUntilFinished(timeout_ms);   // until the run is finished or Shutdown() is called
 //
 // Thread-safety: every method may be called from any thread; Shutdown is idempotent.
 #pragma once
@@ -63,8 +65,10 @@ class Server {
   // Blocks until the run has finished (then the server keeps answering RunFinished until Shutdown)
   // or Shutdown() was called. Returns true when the run finished.
   bool WaitUntilFinished(int64_t timeout_ms);
-  // Stops the driver, releases held long polls, and shuts the gRPC server down (waiting up to
-  // 2 s for calls in flight). Idempotent.
+  // Turns health NOT_SERVING, stops the driver (joining it after its current tick), releases
+  // held long polls, and shuts the gRPC server down: new calls are refused, calls in flight get up
+  // to 2 s and are then cancelled (an upload cut off resumes from its last checkpoint when the
+  // client retries against a restarted server). Then stops the metrics endpoint. Idempotent.
   void Shutdown();
 
   // Re-reads the TLS CRL file now (SIGHUP); the previous CRL stays in force when the new one does

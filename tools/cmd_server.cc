@@ -8,12 +8,29 @@
 // bits. When data.eval_path is set, every new global adapter is evaluated on it (loss, accuracy,
 // macro-F1 recorded with the round). Runs until SIGINT/SIGTERM, or until --linger-seconds after
 // the run finished (clients then still fetch the final adapter); SIGHUP re-reads the TLS CRL.
-// Prints the bound address on stdout.
+// Prints the bound address on stdout, and at the end either "run finished: ..." or, for a run
+// stopped before its last round, "stopped at round N: ..." (a restart on the same store resumes it).
+//
+// Stopping: SIGINT or SIGTERM turns health NOT_SERVING, stops the round driver, refuses new
+// calls, gives calls in flight up to 2 s (uploads cut off then resume from their checkpoints), and
+// exits 0. A second SIGINT/SIGTERM during that shutdown exits at once with 128 + the signal
+// number, leaving the store as a crash would (the restart recovers from it).
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <csignal>
+#include <cstring>
 #include <ctime>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
@@ -28,6 +45,64 @@
 
 namespace fedlora::tools {
 namespace {
+
+// --- Signals ---------------------------------------------------------------------------------------
+// Threads created before main (OpenBLAS's pool) do not block the stop signals, so the kernel may
+// deliver SIGINT/SIGTERM/SIGHUP to any of them: a handler, not a blocked mask alone, keeps the
+// default action (death) away. The handler only writes the signal number to a self-pipe, which the
+// serve loop reads; main's thread blocks the signals so that the threads it starts (gRPC's, the
+// driver, the metrics pool) inherit the mask and never run the handler. It unblocks them while it
+// waits in ppoll (where a signal that no other thread can take is delivered) and once the shutdown
+// has begun.
+
+int g_signal_pipe[2] = {-1, -1};
+// Set when the shutdown begins: a stop signal then ends the process at once.
+std::atomic<bool> g_shutting_down{false};
+
+sigset_t ServerSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  return set;
+}
+
+void OnServerSignal(int sig) {
+  if (sig != SIGHUP && g_shutting_down.load()) {
+    static const char kMessage[] = "fedlora server: stop signal during the shutdown: exiting without finishing it\n";
+    (void)!write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+    _exit(128 + sig);
+  }
+  const int saved_errno = errno;
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  (void)!write(g_signal_pipe[1], &byte, 1);  // non-blocking: a full pipe already holds a stop
+  errno = saved_errno;
+}
+
+// The signals that arrived since the last call, oldest first; waits up to `timeout_ms` for one.
+std::vector<int> WaitForSignals(int timeout_ms) {
+  sigset_t unblocked;
+  pthread_sigmask(SIG_SETMASK, nullptr, &unblocked);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigdelset(&unblocked, sig);
+  pollfd pfd{g_signal_pipe[0], POLLIN, 0};
+  const timespec wait{timeout_ms / 1000, (timeout_ms % 1000) * 1'000'000L};
+  ppoll(&pfd, 1, &wait, &unblocked);  // EINTR when the handler ran in here: the byte is in the pipe
+  std::vector<int> got;
+  unsigned char buf[64];
+  ssize_t n;
+  while ((n = read(g_signal_pipe[0], buf, sizeof(buf))) > 0) got.insert(got.end(), buf, buf + n);
+  return got;
+}
+
+// From here on a stop signal exits at once (OnServerSignal), on whichever thread takes it.
+void ForceExitOnNextStopSignal() {
+  g_shutting_down.store(true);
+  const sigset_t set = ServerSignals();
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+}
+
+bool IsStop(int sig) { return sig == SIGINT || sig == SIGTERM; }
 
 // Server-side evaluation of each new global adapter on the held-out set.
 class HeldOutEvaluator : public Evaluator {
@@ -62,14 +137,7 @@ struct ServeFlags {
 };
 
 absl::Status Serve(const ServeFlags& f) {
-  // Blocked before any thread starts (OpenBLAS's, gRPC's), so that only sigtimedwait below sees
-  // them: SIGINT and SIGTERM stop the server, SIGHUP reloads the CRL.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (g_signal_pipe[0] < 0) return absl::InternalError("the stop signals could not be set up (no pipe)");
   // Flags override the config before it is validated, so that the plaintext rule and the TLS checks
   // apply to them as to the config's own values.
   FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadRunConfigFile(f.config_path, [&f](v1::RunConfig* c) {
@@ -106,36 +174,70 @@ absl::Status Serve(const ServeFlags& f) {
                                                    model_options.max_batch);
   }
 
+  // A stop asked for while the model loaded: the store has not been opened yet.
+  for (int sig : WaitForSignals(0)) {
+    if (IsStop(sig)) {
+      FEDLORA_LOG(INFO) << strsignal(sig) << " before the server started";
+      std::cout << "stopped before serving; the store " << options.data_dir << " was not opened" << std::endl;
+      return absl::OkStatus();
+    }
+  }
   FEDLORA_ASSIGN_OR_RETURN(auto server, Server::Create(options, config, std::move(initial), evaluator.get()));
   std::cout << "listening on " << server->address();
   if (server->metrics_port() != 0) std::cout << " (metrics on port " << server->metrics_port() << ")";
   std::cout << std::endl;
 
-  int64_t finished_for_ms = 0;
-  constexpr int64_t kPollMs = 200;
-  while (true) {
-    timespec wait{0, kPollMs * 1'000'000};
-    const int sig = sigtimedwait(&signals, nullptr, &wait);
-    if (sig == SIGHUP) {
-      const absl::Status reloaded = server->ReloadCrl();
-      FEDLORA_LOG(INFO) << "SIGHUP: " << (reloaded.ok() ? "CRL reloaded" : std::string(reloaded.message()));
-      continue;
+  int stop = 0;
+  std::optional<std::chrono::steady_clock::time_point> finished_at;
+  while (stop == 0) {
+    for (int sig : WaitForSignals(/*timeout_ms=*/200)) {
+      if (IsStop(sig)) {
+        stop = sig;
+      } else if (sig == SIGHUP) {
+        const absl::Status reloaded = server->ReloadCrl();
+        FEDLORA_LOG(INFO) << "SIGHUP: " << (reloaded.ok() ? "CRL reloaded" : std::string(reloaded.message()));
+      }
     }
-    if (sig > 0) break;
-    if (server->coordinator().finished()) {
-      finished_for_ms += kPollMs;
-      if (finished_for_ms >= f.linger_seconds * 1000) break;
-    }
+    if (stop != 0 || !server->coordinator().finished()) continue;
+    const auto now = std::chrono::steady_clock::now();
+    if (!finished_at) finished_at = now;
+    if (now - *finished_at >= std::chrono::seconds(f.linger_seconds)) break;
   }
+  if (stop != 0) {
+    FEDLORA_LOG(INFO) << strsignal(stop) << ": shutting down (a second SIGINT or SIGTERM exits at once)";
+  }
+  ForceExitOnNextStopSignal();
   server->Shutdown();
-  std::cout << "run finished: " << server->coordinator().rounds_committed() << " rounds committed, adapter "
-            << server->coordinator().global_adapter_sha256() << std::endl;
+  Coordinator& run = server->coordinator();
+  if (run.finished()) {
+    std::cout << "run finished: " << run.rounds_committed() << " rounds committed, adapter "
+              << run.global_adapter_sha256() << std::endl;
+  } else {
+    std::cout << "stopped at round " << server->metrics().current_round.load() << ": " << run.rounds_committed()
+              << " rounds committed; the run resumes when the server restarts on " << options.data_dir << std::endl;
+  }
   return absl::OkStatus();
 }
 
 }  // namespace
 
+void PrepareServerSignals() {
+  if (g_signal_pipe[0] >= 0) return;
+  if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    g_signal_pipe[0] = g_signal_pipe[1] = -1;
+    return;  // Serve refuses to start
+  }
+  struct sigaction action {};
+  action.sa_handler = OnServerSignal;
+  action.sa_mask = ServerSignals();  // one handler at a time
+  action.sa_flags = SA_RESTART;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &action, nullptr);
+  const sigset_t set = ServerSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
 int RunServer(int argc, char** argv) {
+  PrepareServerSignals();  // a no-op when main called it first
   FlagSet flags(argv[0], "Runs the aggregation server for a run config.");
   ServeFlags f;
   flags.AddString("config", &f.config_path, "run config (JSON, see proto/fedlora/v1/config.proto)", /*required=*/true);

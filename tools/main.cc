@@ -6,12 +6,19 @@
 #include "tools/commands.h"
 
 namespace fedlora::tools {
+
+// tools/cmd_server.cc: installs the server's SIGINT/SIGTERM/SIGHUP handlers and blocks those signals
+// in the calling thread, before that thread starts any other. Idempotent.
+void PrepareServerSignals();
+
 namespace {
 
 struct Subcommand {
   const char* name;
   const char* summary;
   int (*run)(int argc, char** argv);
+  // Called first thing in main, before the command's flags are parsed; may be null.
+  void (*prepare)() = nullptr;
 };
 
 // The dispatch table: one line per subcommand.
@@ -20,7 +27,7 @@ constexpr Subcommand kSubcommands[] = {
     {"eval", "evaluate a model with an adapter on a labelled dataset", RunEval},
     {"embed", "write the frozen model's pooled sentence embeddings of a dataset", RunEmbed},
     {"simulate", "run a whole federation (server + virtual clients) on this machine", RunSimulate},
-    {"server", "run the aggregation server for a run config", RunServer},
+    {"server", "run the aggregation server for a run config", RunServer, PrepareServerSignals},
     {"client", "join a federation and train LoRA adapters on local data", RunClient},
     {"status", "print a running server's status as JSON", RunStatus},
     {"certs", "make a development CA, server and client certificates, and CRLs", RunCerts},
@@ -39,6 +46,13 @@ void PrintUsage(std::FILE* out) {
 
 int main(int argc, char** argv) {
   using namespace fedlora::tools;
+  // The server's signal handling, before anything else runs: threads that already exist (OpenBLAS
+  // starts its pool when the library loads) must find the handlers in place.
+  if (argc >= 2) {
+    for (const Subcommand& c : kSubcommands) {
+      if (c.prepare != nullptr && std::strcmp(argv[1], c.name) == 0) c.prepare();
+    }
+  }
   if (argc < 2) {
     PrintUsage(stderr);
     return kExitUsage;
