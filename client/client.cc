@@ -38,8 +38,11 @@ std::chrono::system_clock::time_point DeadlineIn(int64_t ms) { return std::chron
 // Transient: worth retrying the same operation after a pause.
 bool IsTransient(const absl::Status& s) {
   // DataLoss: a chunk corrupted on the way; the upload resumes after the last durable chunk.
+  // Cancelled: the call reached a server in its shutdown grace (gRPC cancels what is left); the
+  // restarted server answers the retry. (Retry checks Stopped() first, so a client that stopped
+  // itself does not come here.)
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s) || absl::IsDataLoss(s) ||
-         absl::IsUnknown(s);
+         absl::IsUnknown(s) || absl::IsCancelled(s);
 }
 
 // The global adapter as the SDK's public tensor type.
@@ -111,7 +114,7 @@ class ClientImpl final : public Client {
         if (!j.ok() && !IsTransient(j)) return j;
         continue;
       }
-      if (!IsTransient(last)) return last;
+      if (!IsTransient(last) || Stopped()) return last;
       FEDLORA_LOG(DEBUG) << what << " attempt " << attempt << " failed: " << last;
       if (attempt < options_.retry.max_attempts && !SleepFor(Backoff(attempt))) {
         return absl::CancelledError("client stopped");
