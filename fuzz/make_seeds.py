@@ -1,0 +1,399 @@
+#!/usr/bin/env python3
+"""Writes fedlora's fuzz seed corpora, fuzz/corpus/<harness>/, from scratch and deterministically.
+
+    python3 fuzz/make_seeds.py          # rewrites fuzz/corpus/ (commit the result)
+
+Every seed is small (well under a few KB per harness) and built here by hand, or copied from the
+repository's own configs; no model or data set is read. The harnesses that read their input
+through FuzzedDataProvider (tokenizer, sealed_update, rpc) get seeds written by FdpWriter, which
+mirrors the order in which each harness consumes its input (see the harness's source).
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPUS = os.path.join(ROOT, "fuzz", "corpus")
+
+
+class FdpWriter:
+    """Builds an input that FuzzedDataProvider (LLVM's) reads back as the recorded values.
+
+    Strings are read from the front (a backslash doubles; a backslash and another byte end the
+    string), integers from the back, most significant byte first.
+    """
+
+    def __init__(self):
+        self.front = bytearray()
+        self.back = []  # in the order the integers are consumed
+
+    def string(self, s, max_length):
+        s = s.encode() if isinstance(s, str) else bytes(s)
+        assert len(s) <= max_length
+        for b in s:
+            self.front += b"\\\\" if b == 0x5C else bytes([b])
+        if len(s) < max_length:
+            self.front += b"\\x"
+        return self
+
+    def integer(self, value, lo, hi, bits):
+        span, n, offset = hi - lo, 0, 0
+        while offset < bits and (span >> offset) > 0:
+            n, offset = n + 1, offset + 8
+        raw = value - lo
+        assert 0 <= raw <= span
+        for i in range(n - 1, -1, -1):
+            self.back.append((raw >> (8 * i)) & 0xFF)
+        return self
+
+    def u8(self, v):
+        return self.integer(v, 0, 255, 8)
+
+    def u64(self, v):
+        return self.integer(v, 0, 2**64 - 1, 64)
+
+    def boolean(self, v):
+        return self.u8(1 if v else 0)
+
+    def rest(self, b):
+        self.front += b
+        return self
+
+    def bytes(self):
+        return bytes(self.front) + bytes(reversed(self.back))
+
+
+def write(harness, name, data):
+    d = os.path.join(CORPUS, harness)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+# ---- safetensors ------------------------------------------------------------------------------
+
+DTYPES = {"F32": ("f", 4), "F64": ("d", 8), "F16": ("e", 2), "BF16": (None, 2), "I8": ("b", 1),
+          "U8": ("B", 1), "I16": ("h", 2), "I32": ("i", 4), "I64": ("q", 8), "BOOL": ("?", 1)}
+
+
+def safetensors(tensors, metadata=None, pad=True):
+    """tensors: [(name, dtype, shape, raw bytes)] laid out in the given order."""
+    header, offset, data = {}, 0, bytearray()
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
+        data += raw
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    if pad:
+        text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + bytes(data)
+
+
+def f32(values):
+    return struct.pack("<%df" % len(values), *values)
+
+
+def safetensors_seeds():
+    write("safetensors", "f32_2x3", safetensors([("w", "F32", [2, 3], f32([0.5, -1, 2, 0, 3.25, -0.125]))]))
+    write("safetensors", "adapter", safetensors(
+        [("layer.0.query.lora_A.weight", "F32", [2, 4], f32([0.01 * i for i in range(8)])),
+         ("layer.0.query.lora_B.weight", "F32", [4, 2], f32([-0.02 * i for i in range(8)]))],
+        {"format": "pt", "fedlora": "adapter"}))
+    mixed = []
+    for i, (dt, (code, size)) in enumerate(sorted(DTYPES.items(), key=lambda kv: -kv[1][1])):
+        raw = bytes(((i + 1) * (j + 1)) & 0x7F for j in range(2 * size))
+        mixed.append(("t_" + dt.lower(), dt, [2], raw))
+    write("safetensors", "every_dtype", safetensors(mixed, {"k": "v"}))
+    write("safetensors", "scalar_and_empty", safetensors(
+        [("scalar", "F32", [], f32([1.5])), ("empty", "F32", [0, 4], b"")]))
+    write("safetensors", "unpadded", safetensors([("x", "I64", [1], struct.pack("<q", -7))], pad=False))
+    write("safetensors", "truncated", safetensors([("w", "F32", [4], f32([1, 2, 3, 4]))])[:-5])
+
+
+# ---- update wire format -----------------------------------------------------------------------
+
+CODECS = {"f32": 1, "f16": 2, "bf16": 3}
+
+
+def encode_values(codec, values):
+    if codec == "f32":
+        return struct.pack("<%df" % len(values), *values)
+    if codec == "f16":
+        return struct.pack("<%de" % len(values), *values)
+    # bf16: the upper half of fp32 (the values below are exact in bf16)
+    return b"".join(struct.pack("<I", struct.unpack("<I", struct.pack("<f", v))[0] >> 16)[:2] for v in values)
+
+
+def encode_update(tensors, codec="f32", zstd=False):
+    """tensors: [(name, shape, values)] -> the bytes of compression/codec.h's format."""
+    body = bytearray(struct.pack("<I", len(tensors)))
+    values = []
+    for name, shape, vals in tensors:
+        n = name.encode()
+        body += struct.pack("<H", len(n)) + n + struct.pack("<B", len(shape))
+        body += b"".join(struct.pack("<q", d) for d in shape)
+        values += vals
+    body += encode_values(codec, values)
+    payload = bytes(body)
+    if zstd:
+        payload = subprocess.run(["zstd", "-q", "-c", "--content-size", "--check", "-3"], input=payload,
+                                 stdout=subprocess.PIPE, check=True).stdout
+    header = b"FLU1" + struct.pack("<HBBIIQQQ", 1, CODECS[codec], 1, 1 if zstd else 0, 0, len(values), len(body),
+                                   len(payload))
+    assert len(header) == 40
+    return header + payload
+
+
+def update_seeds():
+    lora = [("layer.0.lora_A", [2, 3], [0.5, -0.25, 1.0, 0.0, -2.0, 0.125]),
+            ("layer.0.lora_B", [3, 1], [1.5, -0.5, 0.75])]
+    write("update", "f32", encode_update(lora, "f32"))
+    write("update", "f16", encode_update(lora, "f16"))
+    write("update", "bf16", encode_update(lora, "bf16"))
+    write("update", "scalar_and_empty", encode_update([("s", [], [3.0]), ("e", [0, 5], [])], "f32"))
+    if shutil.which("zstd"):
+        write("update", "f32_zstd", encode_update(lora, "f32", zstd=True))
+        write("update", "bf16_zstd", encode_update([("z", [64], [0.0] * 60 + [1.0, 2.0, 4.0, 8.0])], "bf16", zstd=True))
+    else:
+        print("make_seeds: zstd not found; no zstd seeds for the update harness", file=sys.stderr)
+
+
+# ---- sealed updates ---------------------------------------------------------------------------
+
+def sealed_seeds():
+    # raw mode (first byte odd): a blob of the right shape that cannot authenticate
+    blob = bytes(range(32)) + b"FLSE\x01\x00\x00\x00" + bytes(12) + b"ciphertext bytes" + bytes(16)
+    write("sealed_update", "raw_blob", b"\x01" + blob)
+    write("sealed_update", "raw_short", b"\x01" + bytes(40))
+    plain = encode_update([("w", [2], [1.0, -1.0])])
+
+    def seal(name, ops, changes):
+        w = FdpWriter()
+        w.string("fuzz-run", 16).u64(3).string("site-0", 16).string("upload-1", 16).string(plain, 4096)
+        w.integer(len(ops), 0, 4, 32)
+        for kind, args in ops:
+            w.integer(kind, 0, 2, 32)
+            for a in args:
+                a(w)
+        for change in changes:  # run, round, client, upload: False keeps the sealed value
+            w.boolean(change is not None)
+            if change is not None:
+                change(w)
+        write("sealed_update", name, b"\x00" + w.bytes())
+
+    seal("honest", [], [None] * 4)
+    n = len(plain) + 32 + 36
+    seal("flip_tag", [(0, [lambda w: w.integer(n - 1, 0, n - 1, 64), lambda w: w.integer(1, 1, 127, 8)])], [None] * 4)
+    seal("truncate", [(1, [lambda w: w.integer(n - 3, 0, n, 64)])], [None] * 4)
+    seal("moved_round", [], [None, lambda w: w.u64(4), None, None])
+
+
+# ---- run config -------------------------------------------------------------------------------
+
+def run_config_seeds():
+    for src in ["configs/default.json", "configs/iid.json", "configs/two_sites.json", "proto/examples/full.json",
+                "proto/examples/minimal.json"]:
+        with open(os.path.join(ROOT, src), "rb") as f:
+            write("run_config", src.replace("/", "_"), f.read())
+
+
+# ---- tokenizer --------------------------------------------------------------------------------
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "!", "\"", "#", "'", "(", ")", ",", "-", ".", "/", ":",
+         "?", "0", "1", "2", "a", "b", "c", "d", "e", "i", "o", "s", "t", "the", "how", "old", "are", "you", "am",
+         "six", "hello", "world", "un", "##aff", "##able", "##s", "##ed", "##ing", "##e", "##o", "##t", "cafe",
+         "naive", "\u4f60", "\u597d", "\u00e9", "##\u00e9", "fortune", "##s", "wise", "man", "says"]
+
+
+def tokenizer_seed(kind, text, pair, max_length, file_bytes):
+    w = FdpWriter()
+    w.string(text, 1024)
+    w.boolean(pair is not None)
+    if pair is not None:
+        w.string(pair, 1024)
+    w.integer(max_length, -1, 64, 32)
+    w.rest(file_bytes)
+    return bytes([kind]) + w.bytes()
+
+
+def tokenizer_seeds():
+    vocab_txt = ("\n".join(VOCAB) + "\n").encode()
+    vocab = {}
+    for i, t in enumerate(VOCAB):
+        vocab[t] = i  # a repeated token keeps its last line, as vocab.txt does
+    tok_json = json.dumps({
+        "version": "1.0",
+        "added_tokens": [{"id": i, "content": t, "special": True} for i, t in enumerate(VOCAB[:5])],
+        "normalizer": {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                       "strip_accents": None, "lowercase": True},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                  "max_input_chars_per_word": 100, "vocab": vocab},
+    }, ensure_ascii=False, separators=(",", ":")).encode()
+    write("tokenizer", "vocab_lower", tokenizer_seed(0, "How old are you?", "I am six.", 16, vocab_txt))
+    write("tokenizer", "vocab_cased", tokenizer_seed(1, "Hello World [SEP] unaffable", None, -1, vocab_txt))
+    write("tokenizer", "json_unicode", tokenizer_seed(2, "Caf\u00e9 na\u00efve \u4f60\u597d! The wise man says.",
+                                                      "fortunes", 8, tok_json))
+    write("tokenizer", "json_invalid_utf8", tokenizer_seed(2, b"ab\xff\xc3(\xe2\x82 \x00\t[MASK]", "x" * 20, 3,
+                                                           tok_json))
+    write("tokenizer", "vocab_crlf", tokenizer_seed(0, "the old man", None, 0, vocab_txt.replace(b"\n", b"\r\n")))
+
+
+# ---- model config.json ------------------------------------------------------------------------
+
+def bert_config_seeds():
+    minilm = {"architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
+              "hidden_dropout_prob": 0.1, "hidden_size": 384, "initializer_range": 0.02, "intermediate_size": 1536,
+              "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "bert",
+              "num_attention_heads": 12, "num_hidden_layers": 6, "pad_token_id": 0,
+              "position_embedding_type": "absolute", "type_vocab_size": 2, "vocab_size": 30522}
+    write("bert_config", "minilm", json.dumps(minilm, indent=2))
+    roberta = dict(minilm, model_type="roberta", max_position_embeddings=514, pad_token_id=1, type_vocab_size=1,
+                   vocab_size=50265, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+                   classifier_dropout=None)
+    write("bert_config", "roberta", json.dumps(roberta, indent=2))
+    write("bert_config", "tiny", json.dumps({"model_type": "bert", "vocab_size": 10, "hidden_size": 4,
+                                             "num_hidden_layers": 1, "num_attention_heads": 2,
+                                             "intermediate_size": 8}))
+
+
+# ---- server RPCs ------------------------------------------------------------------------------
+# Mirrors fuzz_rpc.cc: per call, the RPC (0..10) and the caller (site 0..3; 4: "x<n>"; 5: fuzzed)
+# with its session mode (0: fuzzed token, 1: none, 2-3: the site's own), then the call's input.
+
+def varint(n):
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def field(number, wire_type, payload):
+    key = varint((number << 3) | wire_type)
+    return key + (varint(payload) if wire_type == 0 else varint(len(payload)) + payload)
+
+
+def double(number, value):
+    return varint((number << 3) | 1) + struct.pack("<d", value)
+
+
+class RpcScript:
+    def __init__(self):
+        self.w = FdpWriter()
+
+    def call(self, rpc, site, session_mode=2):
+        self.w.integer(rpc, 0, 10, 32).integer(site, 0, 5, 32)
+        if site == 4:
+            self.w.u8(7)
+        elif site == 5:
+            self.w.string("bad id!", 140)
+        self.w.integer(session_mode, 0, 3, 32)
+        if session_mode == 0:
+            self.w.string("not-a-session-token", 80)
+        return self.w
+
+    def join(self, site, version=True):
+        self.call(0, site).string(field(2, 2, b"0.1.0") + field(3, 2, field(2, 2, b"cpu")), 256)
+        self.w.boolean(version)
+
+    def wait(self, site):
+        self.call(1, site).string(field(1, 0, 1), 16)
+
+    def heartbeat(self, site):
+        self.call(2, site).string(field(2, 0, 2) + field(3, 0, 5) + field(4, 0, 10), 64)
+        self.w.boolean(True)
+
+    def download(self, site, chunks=16):
+        self.call(3, site).string(b"", 96)
+        self.w.boolean(True).boolean(True).u8(0).integer(chunks, 0, 16, 32)
+
+    def upload(self, site, honest=True, seal=True, upload=0, first=0, last=0, bad_chunk=255, bad_kind=2):
+        w = self.call(4, site)
+        w.boolean(honest)
+        if honest:
+            w.u8(upload)
+        else:
+            w.string(encode_update([("classifier.weight", [2], [0.5, 1.0])]), 8192)
+        w.boolean(False)  # the task's codec
+        w.boolean(False).u8(upload).integer(1, 0, 3, 32)  # a pool id: "<site>-u<upload % 32>"
+        w.integer(10, 0, 1000, 64)  # num_examples
+        w.boolean(seal)
+        w.boolean(False)  # no fuzzed header fields
+        w.u8(first).u8(last).u8(bad_chunk).integer(bad_kind, 0, 2, 32)
+        if bad_kind < 2:
+            w.string(field(3, 2, b"spoiled"), 256)
+        w.integer(1, 0, 7, 32)  # the header first
+
+    def status(self, site, upload=0):
+        self.call(5, site).boolean(True).u8(upload).integer(1, 0, 3, 32)
+
+    def report(self, site):
+        report = double(3, 0.9) + double(4, 0.4) + field(5, 0, 100) + field(6, 0, 10)
+        self.call(6, site).string(report, 512)
+        self.w.boolean(True)
+
+    def leave(self, site):
+        self.call(7, site).string(field(1, 2, b"finished"), 64)
+
+    def admin(self, status=True):
+        self.call(8, 0).boolean(status)
+        self.w.string(field(1, 0, 3) if status else field(1, 0, 1), 16)
+
+    def raw(self, site, method, data):
+        self.call(9, site).integer(method, 0, 10, 32)
+        self.w.string(data, 1024)
+
+    def bytes(self):
+        return self.w.bytes()
+
+
+def rpc_seeds():
+    s = RpcScript()
+    s.join(0), s.join(1), s.wait(0), s.wait(1), s.wait(0), s.wait(1), s.upload(0), s.upload(1)
+    write("rpc", "round", s.bytes())
+    s = RpcScript()
+    s.wait(0), s.wait(1), s.heartbeat(0), s.download(0), s.upload(0, upload=1), s.report(0), s.status(0, 1)
+    s.admin(True)
+    write("rpc", "round_again", s.bytes())
+    s = RpcScript()
+    s.join(2), s.wait(2), s.upload(2, upload=2, first=0, last=130), s.status(2, 2), s.upload(2, upload=2, first=130)
+    s.leave(2)
+    write("rpc", "resume", s.bytes())
+    s = RpcScript()
+    s.join(3), s.wait(3), s.upload(3, honest=False, seal=True, upload=3), s.upload(3, seal=False, upload=4)
+    s.upload(3, upload=5, bad_chunk=1, bad_kind=0), s.upload(3, upload=6, bad_chunk=0, bad_kind=1)
+    s.admin(False)
+    write("rpc", "hostile_uploads", s.bytes())
+    s = RpcScript()
+    s.call(0, 5, 0).string(b"", 256)
+    s.w.boolean(False)
+    s.call(1, 4, 1).string(b"", 16)
+    s.raw(0, 0, field(1, 0, 99)), s.raw(1, 4, b"\xff\xff\xff"), s.raw(0, 10, b""), s.raw(0, 8, field(1, 0, 1))
+    write("rpc", "strangers", s.bytes())
+
+
+def main():
+    if os.path.isdir(CORPUS):
+        shutil.rmtree(CORPUS)
+    safetensors_seeds()
+    update_seeds()
+    sealed_seeds()
+    run_config_seeds()
+    tokenizer_seeds()
+    bert_config_seeds()
+    rpc_seeds()
+    for h in sorted(os.listdir(CORPUS)):
+        files = os.listdir(os.path.join(CORPUS, h))
+        size = sum(os.path.getsize(os.path.join(CORPUS, h, f)) for f in files)
+        print(f"{h}: {len(files)} seeds, {size} bytes")
+
+
+if __name__ == "__main__":
+    main()
