@@ -205,9 +205,8 @@ class ServerSignalTest : public ::testing::Test {
     CopyLines(data + "/train.jsonl", d_ + "a.jsonl", 0, 32);
     CopyLines(data + "/train.jsonl", d_ + "b.jsonl", 32, 32);
     // retry_after_seconds: a long poll released by the shutdown comes back after the stopped server
-    // has closed its port. A call that reaches the server during its 2 s grace period gets
-    // CANCELLED from gRPC instead, which the client SDK takes as final (IsTransient in
-    // client/client.cc), so the clients would not ride out the restart.
+    // has closed its port, rather than into its 2 s grace period (where gRPC answers CANCELLED,
+    // which the client SDK retries too).
     std::ofstream(d_ + "run.json") << R"({
       "run_id": "lifecycle", "seed": 5,
       "model": {"path": ")" << model_ << R"(", "max_seq_len": 32},
