@@ -22,6 +22,7 @@
 #include <google/protobuf/stubs/logging.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <sanitizer/common_interface_defs.h>
 #include <sanitizer/lsan_interface.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -101,6 +102,11 @@ Federation* g = nullptr;
 // re-run nearly every input under a full heap scan. A crashing process skips this; see MakeStoreDir.
 void Stop() {
   if (g == nullptr) return;
+  // FEDLORA_FUZZ_MEMPROFILE=1: where the live heap is, by allocation stack, before the server stops
+  // (to tell the server's own state from the fuzzer's when the RSS grows over a long run).
+  if (const char* p = std::getenv("FEDLORA_FUZZ_MEMPROFILE"); p != nullptr && *p == '1') {
+    __sanitizer_print_memory_profile(90, 20);
+  }
   g->generic.reset();
   g->admin.reset();
   g->stub.reset();

@@ -55,7 +55,11 @@ echo "fuzz.sh: built in $(($(date +%s) - build_start)) s"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
-WORK_ROOT=$(mktemp -d "${TMPDIR:-/tmp}/fedlora_fuzz.XXXXXX")
+# Work folders on tmpfs when there is one: the tokenizer harness writes a file per input and the
+# RPC harness's server fsyncs its store, which on a disk would cost more than the inputs.
+work_base=${TMPDIR:-/tmp}
+[[ -d /dev/shm && -w /dev/shm ]] && work_base=/dev/shm
+WORK_ROOT=$(mktemp -d "$work_base/fedlora_fuzz.XXXXXX")
 cleanup() { [[ ${FEDLORA_FUZZ_KEEP:-0} == 1 ]] || rm -rf "$WORK_ROOT"; }
 trap cleanup EXIT
 
@@ -85,7 +89,8 @@ for h in "${HARNESSES[@]}"; do
   [[ -f fuzz/$h.dict ]] && flags+=("-dict=fuzz/$h.dict")
   lsan=""
   [[ -f fuzz/lsan_$h.supp ]] && lsan="suppressions=$ROOT/fuzz/lsan_$h.supp"
-  echo "fuzz.sh: $h: ${FEDLORA_FUZZ_RUNS:+${FEDLORA_FUZZ_RUNS} runs}${FEDLORA_FUZZ_RUNS:-${SECONDS_EACH} s} from $seeds seeds"
+  if [[ -n ${FEDLORA_FUZZ_RUNS:-} ]]; then budget="$FEDLORA_FUZZ_RUNS runs"; else budget="$SECONDS_EACH s"; fi
+  echo "fuzz.sh: $h: $budget from $seeds seeds"
   start=$(date +%s)
   set +e
   FEDLORA_FUZZ_TMP=$work/tmp TMPDIR=$work/tmp LSAN_OPTIONS=${LSAN_OPTIONS:-$lsan} \
