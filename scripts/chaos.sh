@@ -310,9 +310,13 @@ run_federation() {
     sleep 0.1
   done
 
-  # All clients finished: the server lingers, finished, for LINGER_S. Ask it, then let it exit.
-  timeout 20 "$BIN" status --server "127.0.0.1:$PORT" --insecure >"$DIR/status.json" 2>"$DIR/status.err" ||
-    fail "fedlora status failed: $(tail -n 2 "$DIR/status.err")"
+  # All clients finished: the server lingers, finished, for LINGER_S. Ask it, then let it exit. A server
+  # restarted by a late kill may still be loading the model: ask again until it listens (20 s at most).
+  local asked=0
+  until timeout 20 "$BIN" status --server "127.0.0.1:$PORT" --insecure >"$DIR/status.json" 2>"$DIR/status.err"; do
+    ((++asked < 40)) && alive server || fail "fedlora status failed: $(tail -n 2 "$DIR/status.err")"
+    sleep 0.5
+  done
   local waited=0
   while alive server; do
     ((++waited <= (LINGER_S + 30) * 10)) || fail "server still running $((LINGER_S + 30)) s after the run finished"
