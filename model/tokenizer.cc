@@ -179,6 +179,9 @@ void AppendUtf8(char32_t c, std::string* out) {
 // Largest id we accept: a vocabulary of 16M tokens is far beyond any BERT-family model (30-250k),
 // and the bound keeps a hostile file from making us allocate an id table of gigabytes.
 constexpr int64_t kMaxVocabId = (int64_t{1} << 24) - 1;
+// Ids may leave gaps (HF's added tokens can), but no more than this many unused ids in all: the
+// id table is dense, and a small file must not make it large.
+constexpr int64_t kMaxVocabIdGaps = 65536;
 
 // HF's longest_first truncation of a pair to `budget` tokens in all (the special tokens excluded).
 void TruncatePair(size_t budget, std::vector<int32_t>* a, std::vector<int32_t>* b) {
@@ -216,6 +219,12 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::Create(
     }
     max_id = std::max<int64_t>(max_id, id);
     tok->max_token_bytes_ = std::max(tok->max_token_bytes_, token.size());
+  }
+  const int64_t entries = static_cast<int64_t>(vocab.size());
+  if (max_id + 1 - entries > kMaxVocabIdGaps) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer: the largest id is ", max_id, " for ", entries,
+                                                   " tokens; ids may leave at most ", kMaxVocabIdGaps,
+                                                   " unused below the largest"));
   }
   tok->id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
   for (const auto& [token, id] : vocab) {

@@ -342,5 +342,22 @@ TEST_F(TokenizerTest, FromTokenizerJsonErrors) {
   EXPECT_EQ(shared_id.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A small file must not make the id table large: found by fuzz_tokenizer (a 68-byte file whose
+// [UNK] id 16,777,215 made the loader allocate 512 MiB). Gaps in the ids are allowed up to 65,536.
+TEST_F(TokenizerTest, FromTokenizerJsonRefusesSparseHugeIds) {
+  auto sparse = WordPieceTokenizer::FromTokenizerJson(WriteFile(
+      "sparse.json",
+      R"({"model": {"type": "WordPiece", "vocab": {"[CLS]": 0, "[SEP]": 1, "[PAD]": 2, "[UNK]": 16777215}}})"));
+  EXPECT_EQ(sparse.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(sparse.status().message()), HasSubstr("largest id is 16777215 for 4 tokens"));
+  auto gaps = WordPieceTokenizer::FromTokenizerJson(WriteFile(
+      "gaps.json", R"({"model": {"type": "WordPiece", "vocab": {"[CLS]": 0, "[SEP]": 1, "[PAD]": 2, "[UNK]": 65539}}})"));
+  ASSERT_TRUE(gaps.ok()) << gaps.status();
+  EXPECT_EQ((*gaps)->TokenizeToIds("word"), std::vector<int32_t>{65539});
+  auto one_more = WordPieceTokenizer::FromTokenizerJson(WriteFile(
+      "gaps2.json", R"({"model": {"type": "WordPiece", "vocab": {"[CLS]": 0, "[SEP]": 1, "[PAD]": 2, "[UNK]": 65540}}})"));
+  EXPECT_EQ(one_more.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace fedlora
