@@ -1,6 +1,10 @@
 #include "core/thread_pool.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cstdlib>
 #include <latch>
@@ -11,11 +15,25 @@ namespace {
 thread_local bool tls_in_worker = false;
 }  // namespace
 
-ThreadPool::ThreadPool(int num_threads) {
+ThreadPool::ThreadPool(int num_threads) : ThreadPool(num_threads, 0) {}
+
+ThreadPool::ThreadPool(int num_threads, int nice_increment) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   num_threads_ = num_threads;
+  nice_increment = std::clamp(nice_increment, 0, 19);
+  // The niceness a worker sets is relative to its creator's: a new thread inherits it.
   workers_.reserve(num_threads - 1);
-  for (int i = 0; i + 1 < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 0; i + 1 < num_threads; ++i) {
+    workers_.emplace_back([this, nice_increment] {
+      if (nice_increment > 0) {
+        errno = 0;
+        const int now = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+        // Best effort: a worker that cannot lower itself still works at its creator's priority.
+        if (errno == 0) (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), std::min(now + nice_increment, 19));
+      }
+      WorkerLoop();
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {

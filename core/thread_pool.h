@@ -25,6 +25,10 @@ class ThreadPool {
   // num_threads <= 0 means std::thread::hardware_concurrency(). The calling thread also works,
   // so a pool of n threads keeps n - 1 workers.
   explicit ThreadPool(int num_threads = 0);
+  // Workers that run `nice_increment` steps of niceness below the thread that made the pool (Linux
+  // keeps niceness per thread): bulk work that must yield the cores to latency-bound threads.
+  // 0 is the plain pool; the increment is clamped to 0..19.
+  ThreadPool(int num_threads, int nice_increment);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

@@ -308,8 +308,9 @@ class Coordinator {
   // Last members: destroyed first, so their threads finish before anything they use goes.
   // One worker: WaitForTask answers whose store writes still wait for their fsync.
   ThreadPool delivery_pool_{2};
-  // One worker: the aggregation of a closed round (ThreadPool(n) keeps n - 1 workers).
-  ThreadPool aggregation_pool_{2};
+  // One worker: the aggregation and evaluation of a closed round (ThreadPool(n) keeps n - 1
+  // workers), at options_.bulk_work_nice.
+  ThreadPool aggregation_pool_{2, options_.bulk_work_nice};
 };
 
 }  // namespace fedlora

@@ -113,9 +113,15 @@ struct ServerOptions {
   // on gRPC's threads and checkpoints inline.
   int upload_workers = 8;
   // Threads that answer the unary RPCs which touch the store (Join, ReportMetrics,
-  // GetUploadStatus), and as many again that read and hash download chunks, so that neither a
-  // burst of joins nor every client downloading at once holds gRPC's callback threads. Default 4.
+  // GetUploadStatus), and as many again that load, verify and chunk-hash a global adapter for
+  // downloads (once per adapter: download_cache.h), so that neither a burst of joins nor every
+  // client downloading at once holds gRPC's callback threads. Default 4.
   int io_workers = 4;
+  // Niceness added to the threads of bulk work: upload processing (hash, unseal, validate),
+  // download indexing, aggregation and evaluation. When the cores are busy, gRPC's threads and
+  // the unary RPCs (Heartbeat, WaitForTask, Join) run first, and the bulk work takes what is left.
+  // 0 runs everything at the server's own priority; at most 19.
+  int bulk_work_nice = 10;
   // Longest a WaitForTask long poll is held, milliseconds, whatever the client asks for. Default
   // 30 s: below common proxy idle timeouts (60 s), so a held call is never cut by the network.
   int64_t max_long_poll_ms = 30'000;

@@ -89,6 +89,10 @@ absl::Status ValidateOptions(const ServerOptions& o) {
         o.max_metrics_per_report, " >= 0, free-disk watermark ", o.min_free_disk_bytes, " >= 0, aggregation tries ",
         o.max_aggregation_attempts, " >= 1"));
   }
+  if (o.bulk_work_nice < 0 || o.bulk_work_nice > 19) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bulk_work_nice is ", o.bulk_work_nice, "; niceness steps are 0 to 19"));
+  }
   return absl::OkStatus();
 }
 

@@ -111,10 +111,11 @@ FederationService::FederationService(const ServerOptions& options, Coordinator* 
       coordinator_(coordinator),
       blobs_(blobs),
       metrics_(metrics),
-      upload_pool_(std::max(options.upload_workers, 0) + 1),  // ThreadPool(n) keeps n - 1 workers
+      // ThreadPool(n) keeps n - 1 workers.
+      upload_pool_(std::max(options.upload_workers, 0) + 1, options.bulk_work_nice),
       sync_pool_(std::max(options.upload_workers, 0) + 1),
       rpc_pool_(std::max(options.io_workers, 0) + 1),
-      download_pool_(std::max(options.io_workers, 0) + 1),
+      download_pool_(std::max(options.io_workers, 0) + 1, options.bulk_work_nice),
       download_cache_(blobs, /*keep=*/3) {}
 
 absl::StatusOr<std::string> FederationService::Authenticate(grpc::CallbackServerContext* context) {

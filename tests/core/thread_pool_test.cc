@@ -1,6 +1,10 @@
 #include "core/thread_pool.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <mutex>
 #include <numeric>
@@ -24,6 +28,32 @@ TEST(ThreadPool, ParallelForCoversEveryIndexExactlyOnce) {
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "threads=" << threads << " n=" << n;
     }
   }
+}
+
+TEST(ThreadPool, NiceWorkersRunBelowTheirCreator) {
+  errno = 0;
+  const int mine = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+  ASSERT_EQ(errno, 0);
+  for (const auto& [increment, want] : std::vector<std::pair<int, int>>{
+           {0, mine}, {5, std::min(mine + 5, 19)}, {40, 19}, {-3, mine}}) {
+    ThreadPool pool(3, increment);
+    std::mutex mu;
+    std::vector<int> seen;
+    std::atomic<int> left{8};
+    for (int i = 0; i < 8; ++i) {
+      pool.Submit([&] {
+        const int p = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          seen.push_back(p);
+        }
+        left.fetch_sub(1);
+      });
+    }
+    while (left.load() > 0) std::this_thread::yield();
+    for (int p : seen) EXPECT_EQ(p, want) << "increment " << increment;
+  }
+  EXPECT_EQ(getpriority(PRIO_PROCESS, static_cast<id_t>(gettid())), mine);  // the creator keeps its own
 }
 
 TEST(ThreadPool, ChunksRespectGrain) {

@@ -558,6 +558,16 @@ TEST_F(UploadProtocolTest, NegativeExpectedClientsIsRefused) {
   EXPECT_THAT(server.status().message(), HasSubstr("expected_clients"));
 }
 
+TEST_F(UploadProtocolTest, BulkWorkNiceOutsideZeroToNineteenIsRefused) {
+  for (int nice : {-1, 20}) {
+    ServerOptions options = testing::TestServerOptions(dir_.path());
+    options.bulk_work_nice = nice;
+    auto server = Server::Create(options, testing::TestRunConfig(1, 1, 1), InitialAdapter());
+    ASSERT_FALSE(server.ok()) << nice;
+    EXPECT_THAT(server.status().message(), HasSubstr("bulk_work_nice is " + std::to_string(nice)));
+  }
+}
+
 TEST_F(UploadProtocolTest, SilentSelectedClientIsReplacedByALiveOne) {
   StartServer(/*rounds=*/1, /*target=*/2, /*min_clients=*/2, 1.0, 30'000, /*heartbeat_timeout_ms=*/500);
   auto p = JoinAndGetTasks({"site-a", "site-b"});
