@@ -57,13 +57,22 @@ median_of() {
     awk '{v[NR] = $1} END {if (NR == 0) print "n/a"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2}'
 }
 echo
+# The heartbeats the goal is measured on: the prober's (every client's heartbeat, from a process
+# that moves no bulk data), else the clients' own (probe_process=0).
+hb=heartbeat
+what="Heartbeat"
+if [[ $(median_of "probe_heartbeat.agg.p99_ms") != n/a ]]; then hb=probe_heartbeat; what="Heartbeat (prober)"; fi
 met=MET
 for phase in burst agg other; do
-  p99=$(median_of "heartbeat.$phase.p99_ms")
-  echo "Heartbeat p99, $phase phase: median $p99 ms (goal < 100 ms)"
-  if [[ $p99 != n/a ]] && awk -v x="$p99" 'BEGIN {exit !(x >= 100)}'; then met=MISSED; fi
+  p99=$(median_of "$hb.$phase.p99_ms")
+  echo "$what p99, $phase phase: median $p99 ms (goal < 100 ms)"
+  if [[ $p99 == n/a ]]; then
+    [[ $met == MISSED ]] || met="NOT MEASURED (no $phase heartbeats)"
+  elif awk -v x="$p99" 'BEGIN {exit !(x >= 100)}'; then
+    met=MISSED
+  fi
 done
-echo "goal: Heartbeat p99 < 100 ms in every phase (medians): $met"
+echo "goal: $what p99 < 100 ms in every phase (medians): $met"
 dead=$(awk '$1 == "figure" && $2 == "liveness.declared_dead" {print $3}' "$out"/rep-*.txt | tr '\n' ' ')
 live=$(awk '$1 == "figure" && $2 == "liveness.min_connected" {print $3}' "$out"/rep-*.txt | tr '\n' ' ')
 echo "live clients declared dead, per run: $dead; server's lowest live count, per run: $live"

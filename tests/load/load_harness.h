@@ -16,7 +16,10 @@
 // heartbeat interval, with the task id while it holds one and (idle_heartbeats) without one
 // otherwise; every probe_every-th client also sends WaitForTask with max_wait_seconds 0 at each
 // heartbeat, which the server answers at once, then the same Heartbeat to the baseline server
-// (kBaseline). Every call is timed with steady_clock.
+// (kBaseline). With probe_process (the default) every client's heartbeats and probes go out from
+// the prober process instead (prober.h; kProbeHeartbeat), which moves no bulk data, as from
+// machines of their own; and this process runs at clients_nice, so that the clients' bulk work
+// takes only the CPU the server leaves. Every call is timed with steady_clock.
 //
 // Phases, from the clients' events and the server's round history (its commit times):
 //   download burst           round r's first task received .. the last client has downloaded it
@@ -31,9 +34,9 @@
 // every such declaration is wrong. LoadReport::declared_dead counts clients of the first two kinds;
 // min_connected shows the third.
 //
-// Processes: the fedlora server, a trivial baseline server (see kBaseline) and this one, which
-// runs the clients and samples the server's /proc/<pid>/status (VmRSS, VmHWM, Threads) and
-// /proc/<pid>/fd every sample_ms.
+// Processes: the fedlora server, a trivial baseline server (see kBaseline), the prober (see
+// probe_process) and this one, which runs the clients and samples the server's
+// /proc/<pid>/status (VmRSS, VmHWM, Threads) and /proc/<pid>/fd every sample_ms.
 #pragma once
 
 #include <sys/types.h>
@@ -58,6 +61,12 @@ struct LoadOptions {
   // which competes for the cores as a real forward pass would, or a sleep (false).
   int64_t eval_ms = 3000;
   bool eval_burn = true;
+  // ServerOptions::bulk_work_nice of the server (0: its bulk work at its own priority).
+  int server_bulk_work_nice = 10;
+  // Niceness added to this process (the clients) once the servers and the prober are forked: the
+  // clients stand for machines of their own, whose CPUs the server would not share. 0: the
+  // clients compete with the server for the cores on equal terms.
+  int clients_nice = 19;
   // Run config heartbeat interval (seconds) and the server's dead-client timeout (milliseconds).
   int heartbeat_interval_s = 1;
   int64_t heartbeat_timeout_ms = 3000;
@@ -65,6 +74,9 @@ struct LoadOptions {
   bool idle_heartbeats = true;
   // Every n-th client probes WaitForTask(max_wait 0) at each heartbeat; 0: no probes.
   int probe_every = 4;
+  // Every client's heartbeats (and the probes) go out from a process of their own (prober.h), as
+  // from machines of their own; false: from this process, queued behind every client's bulk data.
+  bool probe_process = true;
   // WaitForTask long poll, seconds (the SDK's default 20).
   int wait_for_task_s = 20;
   // The whole run is abandoned after this long, milliseconds.
@@ -85,7 +97,9 @@ const char* PhaseName(Phase p);
 // kBaseline: the probing clients' Heartbeat to a trivial Federation server in a third process
 // (answers at once, no state): what the machine and the client process alone cost a call, at the
 // same moments, so that the server's share of the latency can be told apart on a busy machine.
-enum Rpc { kHeartbeat = 0, kWaitProbe, kWaitLong, kDownload, kUpload, kAdminStatus, kBaseline, kNumRpcs };
+// kProbeHeartbeat: the clients' Heartbeat sent from the prober process (prober.h), which moves no
+// bulk data: the server's latency without the load process's own queue in it.
+enum Rpc { kHeartbeat = 0, kWaitProbe, kWaitLong, kDownload, kUpload, kAdminStatus, kBaseline, kProbeHeartbeat, kNumRpcs };
 const char* RpcName(Rpc r);
 
 struct LatencyStats {
@@ -154,7 +168,9 @@ struct LoadReport {
   std::vector<std::string> log_excerpt;
 
   bool valid() const { return problems.empty(); }
-  // The goal: Heartbeat p99 under 100 ms in every phase, and no client declared dead.
+  // The goal: Heartbeat p99 under 100 ms in every phase, and no client declared dead. The
+  // heartbeats it is measured on: the prober's when there is one, else every client's.
+  Rpc goal_heartbeat() const { return latency_all[kProbeHeartbeat].count > 0 ? kProbeHeartbeat : kHeartbeat; }
   bool heartbeat_goal_met() const;
   bool liveness_goal_met() const { return declared_dead == 0 && min_connected >= options.clients; }
 };
