@@ -286,12 +286,12 @@ void LoadClient::RunMain() {
 }
 
 void LoadClient::RunHeartbeats() {
+  if (ProbeSlot() >= 0) return;  // the prober heartbeats for this client
   const LoadOptions& o = shared_->options;
   const auto interval = std::chrono::milliseconds(int64_t{1000} * o.heartbeat_interval_s);
   // Spread over the interval, as clients that started at different times would be.
   auto next = Steady::now() + interval * index_ / std::max(1, o.clients);
   const bool probe = o.probe_every > 0 && index_ % o.probe_every == 0;
-  if (ProbeSlot() >= 0) return;  // the prober heartbeats for this client
   while (true) {
     std::string session, task_id;
     uint64_t task_round = 0;
