@@ -115,6 +115,96 @@ def safetensors_seeds():
     write("safetensors", "truncated", safetensors([("w", "F32", [4], f32([1, 2, 3, 4]))])[:-5])
 
 
+# ---- gguf -------------------------------------------------------------------------------------
+# Mirrors the spec (docs/gguf.md in ggml; core/gguf.h): little-endian, strings as u64 length + bytes.
+
+GGUF_TYPES = {"u8": 0, "i8": 1, "u16": 2, "i16": 3, "u32": 4, "i32": 5, "f32": 6, "bool": 7, "str": 8, "arr": 9,
+              "u64": 10, "i64": 11, "f64": 12}
+GGUF_PACK = {"u8": "<B", "i8": "<b", "u16": "<H", "i16": "<h", "u32": "<I", "i32": "<i", "f32": "<f", "bool": "<?",
+             "u64": "<Q", "i64": "<q", "f64": "<d"}
+GGML = {"F32": (0, 1, 4), "F16": (1, 1, 2), "Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22),
+        "Q5_1": (7, 32, 24), "Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176),
+        "Q6_K": (14, 256, 210), "IQ2_XXS": (16, 256, 66), "BF16": (30, 1, 2)}
+
+
+def gguf_str(s):
+    s = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(s)) + s
+
+
+def gguf_value(kind, v):
+    """kind: a scalar name, "str", or ("arr", element kind) with v a list."""
+    if isinstance(kind, tuple):
+        elem = kind[1]
+        return struct.pack("<IQ", GGUF_TYPES["arr"] if isinstance(elem, tuple) else GGUF_TYPES[elem], len(v)) + \
+            b"".join(gguf_value(elem, e) for e in v)
+    if kind == "str":
+        return gguf_str(v)
+    return struct.pack(GGUF_PACK[kind], v)
+
+
+def gguf_type_id(kind):
+    return GGUF_TYPES["arr"] if isinstance(kind, tuple) else GGUF_TYPES[kind]
+
+
+def gguf_blocks(n_bytes, seed):
+    """Deterministic block bytes; every 16-bit field then reads as a modest finite fp16 (0x3?..)."""
+    return bytes(((seed * 31 + i * 7) & 0x3F) | 0x30 if i % 2 else (seed + i * 13) & 0xFF for i in range(n_bytes))
+
+
+def gguf_file(kvs, tensors, version=3, alignment=32):
+    """kvs: [(key, kind, value)]; tensors: [(name, ne innermost first, ggml type name)]."""
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs))
+    for key, kind, v in kvs:
+        out += gguf_str(key) + struct.pack("<I", gguf_type_id(kind)) + gguf_value(kind, v)
+    offset, data = 0, b""
+    for i, (name, ne, tname) in enumerate(tensors):
+        type_id, block, block_bytes = GGML[tname]
+        numel = 1
+        for d in ne:
+            numel *= d
+        raw = gguf_blocks(numel // block * block_bytes, i + 1)
+        out += gguf_str(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne)
+        out += struct.pack("<IQ", type_id, offset)
+        data += raw + bytes(-len(raw) % alignment)
+        offset += len(raw) + (-len(raw) % alignment)
+    return out + bytes(-len(out) % alignment) + data
+
+
+def gguf_seeds():
+    tokens = ["<|endoftext|>", "<|im_start|>", "a", "b", "\u0120the", "\u0120a", "th", "e", "\u010a", "\u00e9"]
+    llama = [("general.architecture", "str", "llama"), ("general.name", "str", "tiny"),
+             ("llama.block_count", "u32", 1), ("llama.embedding_length", "u32", 64),
+             ("llama.rope.freq_base", "f32", 10000.0), ("llama.attention.layer_norm_rms_epsilon", "f32", 1e-5),
+             ("general.alignment", "u32", 32), ("tokenizer.ggml.model", "str", "gpt2"),
+             ("tokenizer.ggml.tokens", ("arr", "str"), tokens),
+             ("tokenizer.ggml.token_type", ("arr", "i32"), [3, 3] + [1] * 8),
+             ("tokenizer.ggml.merges", ("arr", "str"), ["t h", "th e", "\u0120 a"]),
+             ("tokenizer.ggml.add_bos_token", "bool", False), ("tokenizer.ggml.bos_token_id", "u32", 1)]
+    tiny = [("token_embd.weight", [64, 4], "Q8_0"), ("blk.0.attn_norm.weight", [64], "F32"),
+            ("blk.0.ffn_up.weight", [64, 2], "Q4_1")]
+    write("gguf", "tiny_llama", gguf_file(llama, tiny))
+    write("gguf", "every_tensor_type", gguf_file(
+        [("general.architecture", "str", "x")],
+        [(t.lower(), [GGML[t][1] * (2 if GGML[t][1] == 1 else 1)], t) for t in GGML if t != "IQ2_XXS"] +
+        [("q4_0.3d", [32, 2, 2], "Q4_0"), ("f16.4d", [2, 1, 2, 2], "F16")]))
+    scalars = [(k, k, v) for k, v in [("u8", 255), ("i8", -128), ("u16", 65535), ("i16", -32768), ("u32", 2**32 - 1),
+                                       ("i32", -2**31), ("f32", 0.5), ("bool", True), ("u64", 2**64 - 1),
+                                       ("i64", -2**63), ("f64", -1e300)]]
+    arrays = [("a." + k, ("arr", k), vals) for k, vals in [
+        ("u8", [0, 255]), ("i8", [-1, 1]), ("u16", [7]), ("i16", [-7]), ("u32", [1, 2, 3]), ("i32", [-1]),
+        ("f32", [1.5, -2.5]), ("bool", [True, False]), ("u64", [2**63]), ("i64", [-5]), ("f64", [0.25]),
+        ("str", ["", "x", "\u00e9\u00e8"])]]
+    nested = [("a.nested", ("arr", ("arr", "i16")), [[1, 2], [], [3]]),
+              ("a.deep", ("arr", ("arr", ("arr", ("arr", "u8")))), [[[[9]]]]), ("a.empty", ("arr", "str"), [])]
+    write("gguf", "every_value_type", gguf_file([("s", "str", "value")] + scalars + arrays + nested, []))
+    write("gguf", "v2_align64", gguf_file([("general.alignment", "u32", 64)],
+                                          [("a", [32], "Q5_1"), ("b", [256, 2], "Q6_K")], version=2, alignment=64))
+    write("gguf", "truncated", gguf_file(llama[:3], tiny)[:-40])
+    write("gguf", "unsupported_type", gguf_file([("general.architecture", "str", "x")],
+                                                [("blk.0.attn_q.weight", [256], "IQ2_XXS")]))
+
+
 # ---- update wire format -----------------------------------------------------------------------
 
 CODECS = {"f32": 1, "f16": 2, "bf16": 3}
@@ -383,6 +473,7 @@ def main():
     if os.path.isdir(CORPUS):
         shutil.rmtree(CORPUS)
     safetensors_seeds()
+    gguf_seeds()
     update_seeds()
     sealed_seeds()
     run_config_seeds()
