@@ -23,15 +23,16 @@ __device__ __forceinline__ float WarpSum(float v) {
 }
 
 __global__ void SoftmaxForwardKernel(int64_t rows, int64_t S, int64_t rows_per_batch, const float* mask_all,
-                                     float* scores, float p_drop, uint64_t seed, uint64_t stream, uint64_t offset,
+                                     bool causal, float* scores, float p_drop, uint64_t seed, uint64_t stream, uint64_t offset,
                                      float* dropped) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.y;
   if (r >= rows) return;
   const int lane = threadIdx.x;
   float* s = scores + r * S;
   const float* mask = mask_all != nullptr ? mask_all + (r / rows_per_batch) * S : nullptr;
+  const int64_t n = causal ? r % S + 1 : S;  // live columns; the rest of the row becomes 0
   float m = -INFINITY;
-  for (int64_t j = lane; j < S; j += 32) {
+  for (int64_t j = lane; j < n; j += 32) {
     float v = s[j];
     if (mask != nullptr) v += mask[j];
     s[j] = v;
@@ -39,7 +40,7 @@ __global__ void SoftmaxForwardKernel(int64_t rows, int64_t S, int64_t rows_per_b
   }
   m = WarpMax(m);
   float sum = 0.0f;
-  for (int64_t j = lane; j < S; j += 32) {
+  for (int64_t j = lane; j < n; j += 32) {
     const float e = expf(s[j] - m);
     s[j] = e;
     sum += e;
@@ -47,7 +48,7 @@ __global__ void SoftmaxForwardKernel(int64_t rows, int64_t S, int64_t rows_per_b
   const float inv = 1.0f / WarpSum(sum);
   const float keep_scale = 1.0f / (1.0f - p_drop);
   for (int64_t j = lane; j < S; j += 32) {
-    const float pj = s[j] * inv;
+    const float pj = j < n ? s[j] * inv : 0.0f;
     s[j] = pj;
     if (dropped != nullptr) {
       const uint64_t idx = static_cast<uint64_t>(r * S + j);
@@ -84,7 +85,7 @@ absl::Status AttentionSoftmaxForwardCuda(const ExecContext& ctx, const SoftmaxFo
   const int64_t rows = a.batch * a.heads * a.seq;
   const unsigned grid = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
   SoftmaxForwardKernel<<<grid, dim3(32, kWarpsPerBlock), 0, Stream(ctx)>>>(
-      rows, a.seq, a.heads * a.seq, a.mask, a.scores, a.dropout.p, a.dropout.seed, a.dropout.stream, a.dropout.offset,
+      rows, a.seq, a.heads * a.seq, a.mask, a.causal, a.scores, a.dropout.p, a.dropout.seed, a.dropout.stream, a.dropout.offset,
       a.dropout.active() ? a.dropped : nullptr);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();

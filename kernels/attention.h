@@ -1,7 +1,9 @@
-// Multi-head scaled dot-product self-attention with a padding mask, as BertSelfAttention:
+// Multi-head scaled dot-product self-attention with a padding mask, as BertSelfAttention, and
+// optionally causal with grouped-query heads, as LlamaAttention:
 //
 //   S = scale * Q K^T + mask            mask[b, j] added to every row of sequence b (HF passes
 //                                       0 for real tokens and the dtype minimum for padding)
+//                                       causal: S[i, j] = -inf for j > i (key after the query)
 //   P = softmax_rows(S)                 saved for the backward          [batch, heads, seq, seq]
 //   Pd = dropout(P)                     attention_probs_dropout (identity when p == 0)
 //   O = Pd V
@@ -14,6 +16,10 @@
 // The products run through Gemm (strided over heads; the scale rides on the GEMM's alpha); the
 // softmax is one fused pass per row (mask, max, exp, sum, normalise, dropout), and so is its
 // backward.
+//
+// Grouped-query attention (Ainslie et al. 2023): kv_heads divides heads, and query head h reads
+// K/V head h / (heads / kv_heads); K, V, dK and dV have kv_heads heads, dK and dV summing over
+// the query heads of their group. kv_heads = 0 means kv_heads = heads.
 //
 // Layouts (Q, K, V, O and their gradients all use args.layout):
 //   kBHSD: [batch, heads, seq, head_dim] contiguous.
@@ -40,6 +46,8 @@ struct AttentionDims {
   int64_t batch = 0, heads = 0, seq = 0, head_dim = 0;
   AttentionLayout layout = AttentionLayout::kBSHD;
   float scale = 0.0f;  // 0 means 1 / sqrt(head_dim)
+  int64_t kv_heads = 0;  // 0: heads (multi-head); else divides heads (grouped-query)
+  bool causal = false;   // each query attends to keys at or before its position only
 };
 
 struct AttentionForwardArgs {
@@ -78,11 +86,13 @@ absl::Status AttentionForward(const ExecContext& ctx, const AttentionForwardArgs
 absl::Status AttentionBackward(const ExecContext& ctx, const AttentionBackwardArgs& args);
 
 // The fused row-wise pieces, exposed for tests. Rows are the batch*heads*seq rows of P.
-//   forward:  scores (already scaled) -> P = softmax(scores + mask) in place; dropped = dropout(P)
+//   forward:  scores (already scaled) -> P = softmax(scores + mask) in place (causal: over
+//             j <= i, zeros after); dropped = dropout(P)
 //   backward: dscores = P * (dP' - rowsum(dP' * P)),  dP' = dropout'(dprobs), in place on dprobs
 struct SoftmaxForwardArgs {
   int64_t batch = 0, heads = 0, seq = 0;
   const float* mask = nullptr;  // [batch, seq] or null
+  bool causal = false;          // row i keeps columns j <= i; the rest of P is exactly 0
   float* scores = nullptr;      // [batch, heads, seq, seq] in: scaled scores, out: P
   DropoutSpec dropout{};
   float* dropped = nullptr;     // [batch, heads, seq, seq] Pd, required when dropout is active

@@ -47,15 +47,17 @@ absl::Status AttentionSoftmaxForward(const ExecContext& ctx, const SoftmaxForwar
     for (int64_t r = r0; r < r1; ++r) {
       float* s = a.scores + r * S;
       const float* mask = a.mask != nullptr ? a.mask + (r / rows_per_batch) * S : nullptr;
-      // p_j = exp(s_j + mask_j - max) / sum
+      // p_j = exp(s_j + mask_j - max) / sum over the live columns j < n; causal: n = i + 1
+      const int64_t n = a.causal ? r % S + 1 : S;
       if (mask != nullptr) {
-        for (int64_t j = 0; j < S; ++j) s[j] += mask[j];
+        for (int64_t j = 0; j < n; ++j) s[j] += mask[j];
       }
-      const float m = internal::Max8(s, S);
-      for (int64_t j = 0; j < S; ++j) s[j] = internal::FastExp(s[j] - m);
-      const float sum = internal::Sum8(S, [&](int64_t j) { return s[j]; });
+      const float m = internal::Max8(s, n);
+      for (int64_t j = 0; j < n; ++j) s[j] = internal::FastExp(s[j] - m);
+      const float sum = internal::Sum8(n, [&](int64_t j) { return s[j]; });
       const float inv = 1.0f / sum;
-      for (int64_t j = 0; j < S; ++j) s[j] *= inv;
+      for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+      for (int64_t j = n; j < S; ++j) s[j] = 0.0f;
       if (a.dropout.active()) {
         float* d = a.dropped + r * S;
         const uint64_t base = static_cast<uint64_t>(r * S);

@@ -51,6 +51,9 @@ absl::Status CanRun(const ExecContext& ctx, const EmbeddingForwardArgs& a) {
   if (a.tokens == 0 || a.hidden == 0) return absl::OkStatus();
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.input_ids, "input_ids"));
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.out, "out"));
+  if (a.word.is_quant() || a.position.is_quant() || a.token_type.is_quant()) {
+    return absl::UnimplementedError("EmbeddingForward: quantized embedding tables (fp32 and bf16 only)");
+  }
   if (!a.word.valid()) return internal::InvalidArg(kOp, "exactly one of word.f32 / word.bf16 must be set");
   if (!a.position.valid()) return internal::InvalidArg(kOp, "exactly one of position.f32 / position.bf16 must be set");
   if (HasTypes(a) && !a.token_type.valid()) return internal::InvalidArg(kOp, "token_type has both f32 and bf16 set");

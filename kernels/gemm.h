@@ -23,6 +23,11 @@
 // For BERT-base (768 x 3072 weights) the minimum is 256 * 3072 * 4 = 3 MiB. bf16 B requires
 // batch == 1.
 //
+// Quantized B (b_quant, a frozen weight in a ggml block format, core/ggml_quant.h): the same panel
+// scheme, each stored row dequantized exactly as ggml does (a row is stored_cols elements in
+// whole blocks, packed: ldb must be 0 or stored_cols). CPU: every type DequantizeRows supports;
+// CUDA: Q8_0, Q4_0 and Q4_1 (Unimplemented for the others). Same workspace as bf16.
+//
 // FLOPs: 2 * m * n * k per batch entry.
 #pragma once
 
@@ -30,6 +35,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "core/ggml_quant.h"
 #include "kernels/context.h"
 
 namespace fedlora::kernels {
@@ -45,17 +51,19 @@ struct GemmArgs {
   const float* a = nullptr;
   int64_t lda = 0;
   const float* b = nullptr;          // fp32 B, or
-  const uint16_t* b_bf16 = nullptr;  // bf16 B (bit patterns); exactly one of b / b_bf16
+  const uint16_t* b_bf16 = nullptr;  // bf16 B (bit patterns), or
+  const uint8_t* b_quant = nullptr;  // block-quantized B; exactly one of b / b_bf16 / b_quant
+  GgmlType b_quant_type = GgmlType::kF32;
   int64_t ldb = 0;
   float* c = nullptr;
   int64_t ldc = 0;
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
-  void* workspace = nullptr;  // only for b_bf16; on ctx.device
+  void* workspace = nullptr;  // only for b_bf16 / b_quant; on ctx.device
   size_t workspace_bytes = 0;
 };
 
-// Minimum workspace for `args` (0 unless b_bf16 is set).
+// Minimum workspace for `args` (0 unless b_bf16 or b_quant is set).
 size_t GemmWorkspaceBytes(const GemmArgs& args);
 absl::Status CanRun(const ExecContext& ctx, const GemmArgs& args);
 absl::Status Gemm(const ExecContext& ctx, const GemmArgs& args);

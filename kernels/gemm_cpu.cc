@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <string>
 
 #include "kernels/gemm.h"
 #include "kernels/kernel_util.h"
@@ -44,7 +45,7 @@ void ScaleC(const GemmArgs& g, float* c) {
 }  // namespace
 
 size_t GemmWorkspaceBytes(const GemmArgs& args) {
-  if (args.b_bf16 == nullptr) return 0;
+  if (args.b_bf16 == nullptr && args.b_quant == nullptr) return 0;
   const int64_t rows = BStoredRows(args), cols = BStoredCols(args);
   if (rows <= 0 || cols <= 0) return 0;
   return static_cast<size_t>(std::min(rows, kGemmBf16PanelRows) * cols) * sizeof(float);
@@ -64,19 +65,35 @@ absl::Status CanRun(const ExecContext& ctx, const GemmArgs& in) {
   if (g.lda < (g.trans_a ? g.m : g.k)) return internal::InvalidArg(kOp, absl::StrCat("lda ", g.lda, " too small"));
   if (g.ldb < BStoredCols(g)) return internal::InvalidArg(kOp, absl::StrCat("ldb ", g.ldb, " too small"));
   if (g.ldc < g.n) return internal::InvalidArg(kOp, absl::StrCat("ldc ", g.ldc, " < n ", g.n));
-  if ((g.b != nullptr) == (g.b_bf16 != nullptr) && g.k > 0 && g.m > 0 && g.n > 0) {
-    return internal::InvalidArg(kOp, "exactly one of b and b_bf16 must be set");
+  const int set_b = (g.b != nullptr) + (g.b_bf16 != nullptr) + (g.b_quant != nullptr);
+  if (set_b != 1 && g.k > 0 && g.m > 0 && g.n > 0) {
+    return internal::InvalidArg(kOp, "exactly one of b, b_bf16 and b_quant must be set");
   }
   if (g.m > 0 && g.n > 0) {
     FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, g.c, "c"));
     if (g.k > 0) FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, g.a, "a"));
   }
-  if (g.b_bf16 != nullptr) {
-    if (g.batch != 1) return absl::UnimplementedError("Gemm: bf16 B requires batch == 1");
+  if (g.b_bf16 != nullptr || g.b_quant != nullptr) {
+    const char* kind = g.b_bf16 != nullptr ? "bf16" : "quantized";
+    if (g.batch != 1) return absl::UnimplementedError(absl::StrCat("Gemm: ", kind, " B requires batch == 1"));
     const size_t need = GemmWorkspaceBytes(g);
     if (need > 0 && (g.workspace == nullptr || g.workspace_bytes < need)) {
-      return internal::InvalidArg(kOp, absl::StrCat("bf16 B needs a workspace of ", need, " bytes, got ",
+      return internal::InvalidArg(kOp, absl::StrCat(kind, " B needs a workspace of ", need, " bytes, got ",
                                                     g.workspace == nullptr ? 0 : g.workspace_bytes));
+    }
+  }
+  if (g.b_quant != nullptr) {
+    if (g.ldb != BStoredCols(g)) {
+      return internal::InvalidArg(kOp, absl::StrCat("quantized B must be packed: ldb ", g.ldb, " != stored columns ",
+                                                    BStoredCols(g)));
+    }
+    if (absl::StatusOr<int64_t> rb = GgmlRowBytes(g.b_quant_type, BStoredCols(g)); !rb.ok()) {
+      return absl::Status(rb.status().code(), absl::StrCat("Gemm: quantized B: ", rb.status().message()));
+    }
+    if (ctx.device == Device::kCuda && g.b_quant_type != GgmlType::kQ8_0 && g.b_quant_type != GgmlType::kQ4_0 &&
+        g.b_quant_type != GgmlType::kQ4_1) {
+      return absl::UnimplementedError(absl::StrCat("Gemm: quantized B of type ", std::string(GgmlTypeName(g.b_quant_type)),
+                                                   " on CUDA (supported there: Q8_0, Q4_0, Q4_1)"));
     }
   }
   return absl::OkStatus();
@@ -97,7 +114,7 @@ absl::Status GemmCpu(const ExecContext& ctx, const GemmArgs& g) {
     for (int64_t i = 0; i < g.batch; ++i) ScaleC(g, g.c + i * g.stride_c);
     return absl::OkStatus();
   }
-  if (g.b_bf16 == nullptr) {
+  if (g.b_bf16 == nullptr && g.b_quant == nullptr) {
     // Batches run one after another, each on OpenBLAS's own threads (see SetNumThreads); calling
     // OpenBLAS from several of our pool threads at once would oversubscribe the cores.
     for (int64_t i = 0; i < g.batch; ++i) {
@@ -108,15 +125,21 @@ absl::Status GemmCpu(const ExecContext& ctx, const GemmArgs& g) {
     }
     return absl::OkStatus();
   }
-  // bf16 B: widen a panel of stored rows into the workspace, multiply, next panel. The widening
-  // is exact, so the result equals the fp32 GEMM on the widened weight.
+  // bf16 or quantized B: widen a panel of stored rows into the workspace, multiply, next panel.
+  // The widening is exact (dequantization as ggml's), so the result equals the fp32 GEMM on the
+  // widened weight.
   const int64_t rows = BStoredRows(g), cols = BStoredCols(g);
+  const int64_t row_bytes = g.b_quant != nullptr ? *GgmlRowBytes(g.b_quant_type, cols) : 0;  // checked by CanRun
   const int64_t panel = std::clamp<int64_t>(static_cast<int64_t>(g.workspace_bytes / (cols * sizeof(float))), 1, rows);
   float* ws = static_cast<float*>(g.workspace);
   ThreadPool& pool = ctx.Pool();
   for (int64_t r0 = 0; r0 < rows; r0 += panel) {
     const int64_t p = std::min(panel, rows - r0);
     pool.ParallelFor(0, p, std::max<int64_t>(1, kElementwiseGrain / cols), [&](int64_t b, int64_t e) {
+      if (g.b_quant != nullptr) {
+        (void)DequantizeRows(g.b_quant_type, g.b_quant + (r0 + b) * row_bytes, e - b, cols, ws + b * cols, cols);
+        return;
+      }
       for (int64_t r = b; r < e; ++r) {
         const uint16_t* src = g.b_bf16 + (r0 + r) * g.ldb;
         float* dst = ws + r * cols;

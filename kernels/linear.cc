@@ -12,9 +12,9 @@ namespace {
 constexpr std::string_view kFwd = "LinearForward";
 constexpr std::string_view kBwd = "LinearBackward";
 
-// The panel workspace both products need for a bf16 W [out, in]: panels of rows of W.
+// The panel workspace both products need for a bf16 or quantized W [out, in]: panels of rows of W.
 size_t WeightWorkspace(const WeightPtr& w, int64_t out, int64_t in) {
-  GemmArgs g{.trans_b = true, .m = 1, .n = out, .k = in, .b_bf16 = w.bf16};
+  GemmArgs g{.trans_b = true, .m = 1, .n = out, .k = in, .b_bf16 = w.bf16, .b_quant = w.quant};
   return GemmWorkspaceBytes(g);
 }
 
@@ -32,11 +32,11 @@ absl::Status CanRun(const ExecContext& ctx, const LinearForwardArgs& a) {
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kFwd, a.y, "y"));
   if (a.in_features > 0) {
     FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kFwd, a.x, "x"));
-    if (!a.w.valid()) return internal::InvalidArg(kFwd, "exactly one of w.f32 / w.bf16 must be set");
+    if (!a.w.valid()) return internal::InvalidArg(kFwd, "exactly one of w.f32 / w.bf16 / w.quant must be set");
   }
   const size_t need = LinearWorkspaceBytes(a);
   if (need > 0 && (a.workspace == nullptr || a.workspace_bytes < need)) {
-    return internal::InvalidArg(kFwd, absl::StrCat("bf16 weight needs a workspace of ", need, " bytes"));
+    return internal::InvalidArg(kFwd, absl::StrCat("a bf16 or quantized weight needs a workspace of ", need, " bytes"));
   }
   return absl::OkStatus();
 }
@@ -46,12 +46,12 @@ absl::Status CanRun(const ExecContext& ctx, const LinearBackwardArgs& a) {
   FEDLORA_RETURN_IF_ERROR(internal::CheckDims(kBwd, {a.rows, a.in_features, a.out_features}));
   if (a.rows > 0 && a.out_features > 0) FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kBwd, a.dy, "dy"));
   if (a.dx != nullptr && a.out_features > 0 && a.in_features > 0 && !a.w.valid()) {
-    return internal::InvalidArg(kBwd, "dx requested: exactly one of w.f32 / w.bf16 must be set");
+    return internal::InvalidArg(kBwd, "dx requested: exactly one of w.f32 / w.bf16 / w.quant must be set");
   }
   if (a.dw != nullptr && a.rows > 0 && a.in_features > 0) FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kBwd, a.x, "x (for dw)"));
   const size_t need = LinearWorkspaceBytes(a);
   if (need > 0 && (a.workspace == nullptr || a.workspace_bytes < need)) {
-    return internal::InvalidArg(kBwd, absl::StrCat("bf16 weight needs a workspace of ", need, " bytes"));
+    return internal::InvalidArg(kBwd, absl::StrCat("a bf16 or quantized weight needs a workspace of ", need, " bytes"));
   }
   return absl::OkStatus();
 }
@@ -67,7 +67,8 @@ absl::Status LinearForward(const ExecContext& ctx, const LinearForwardArgs& a) {
     beta = 1.0f;
   }
   return Gemm(ctx, GemmArgs{.trans_b = true, .m = a.rows, .n = a.out_features, .k = a.in_features, .beta = beta,
-                            .a = a.x, .b = a.w.f32, .b_bf16 = a.w.bf16, .c = a.y, .workspace = a.workspace,
+                            .a = a.x, .b = a.w.f32, .b_bf16 = a.w.bf16, .b_quant = a.w.quant,
+                            .b_quant_type = a.w.quant_type, .c = a.y, .workspace = a.workspace,
                             .workspace_bytes = a.workspace_bytes});
 }
 
@@ -76,7 +77,8 @@ absl::Status LinearBackward(const ExecContext& ctx, const LinearBackwardArgs& a)
   if (a.dx != nullptr) {  // dx [rows, in] = dy [rows, out] W [out, in]
     FEDLORA_RETURN_IF_ERROR(Gemm(ctx, GemmArgs{.m = a.rows, .n = a.in_features, .k = a.out_features,
                                                .beta = a.accumulate_dx ? 1.0f : 0.0f, .a = a.dy, .b = a.w.f32,
-                                               .b_bf16 = a.w.bf16, .c = a.dx, .workspace = a.workspace,
+                                               .b_bf16 = a.w.bf16, .b_quant = a.w.quant,
+                                               .b_quant_type = a.w.quant_type, .c = a.dx, .workspace = a.workspace,
                                                .workspace_bytes = a.workspace_bytes}));
   }
   if (a.dw != nullptr) {  // dW [out, in] = dy^T [out, rows] x [rows, in]

@@ -12,7 +12,7 @@ namespace {
 constexpr std::string_view kFwd = "LoraLinearForward";
 constexpr std::string_view kBwd = "LoraLinearBackward";
 
-// Workspace regions, back to back: [bf16 panel][xd (dropout only)][g (backward only)].
+// Workspace regions, back to back: [weight panel][xd (dropout only)][g (backward only)].
 struct Layout {
   size_t panel = 0, xd = 0, g = 0;
   size_t total() const { return panel + xd + g; }
@@ -35,7 +35,7 @@ absl::Status CheckCommon(std::string_view op, const Args& a) {
   if (a.rank < 1) return internal::InvalidArg(op, "rank must be >= 1");
   if (a.in_features < 1 || a.out_features < 1) return internal::InvalidArg(op, "in_features and out_features must be >= 1");
   if (!(a.dropout.p >= 0.0f && a.dropout.p < 1.0f)) return internal::InvalidArg(op, "dropout p not in [0, 1)");
-  if (!a.w.valid()) return internal::InvalidArg(op, "exactly one of w.f32 / w.bf16 must be set");
+  if (!a.w.valid()) return internal::InvalidArg(op, "exactly one of w.f32 / w.bf16 / w.quant must be set");
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(op, a.lora_a, "lora_a"));
   return internal::CheckPtr(op, a.lora_b, "lora_b");
 }

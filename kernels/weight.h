@@ -1,11 +1,15 @@
-// Frozen weights may be stored in fp32 or bf16 (to fit edge devices). A WeightPtr names one of
-// the two; kernels that read frozen weights (linear, LoRA linear, embedding) accept either.
+// Frozen weights may be stored in fp32, bf16, or a ggml block-quantized format (Q8_0, Q4_1, ...:
+// core/ggml_quant.h), to fit edge devices. A WeightPtr names one of them. Linear and LoRA linear
+// accept all three (the GEMM widens panels of rows); the BERT embedding kernel takes fp32 or bf16.
 //
 //   kernels::WeightPtr w = kernels::WeightPtr::F32(dense_weight);    // or ::BF16(bits)
+//   kernels::WeightPtr q = kernels::WeightPtr::Quant(blocks, GgmlType::kQ4_1);  // rows of blocks
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+
+#include "core/ggml_quant.h"
 
 // Inline helpers callable from CUDA device code too. (Not FEDLORA_HOST_DEVICE: core/rng.h owns
 // that name, without the inline.)
@@ -18,14 +22,18 @@
 namespace fedlora::kernels {
 
 struct WeightPtr {
-  const float* f32 = nullptr;      // exactly one of f32 / bf16 is set
+  const float* f32 = nullptr;      // exactly one of f32 / bf16 / quant is set
   const uint16_t* bf16 = nullptr;  // bf16 bit patterns
+  const uint8_t* quant = nullptr;  // rows of ggml blocks of quant_type, packed
+  GgmlType quant_type = GgmlType::kF32;
 
-  static WeightPtr F32(const float* p) { return WeightPtr{p, nullptr}; }
-  static WeightPtr BF16(const uint16_t* p) { return WeightPtr{nullptr, p}; }
+  static WeightPtr F32(const float* p) { return WeightPtr{p, nullptr, nullptr}; }
+  static WeightPtr BF16(const uint16_t* p) { return WeightPtr{nullptr, p, nullptr}; }
+  static WeightPtr Quant(const uint8_t* p, GgmlType type) { return WeightPtr{nullptr, nullptr, p, type}; }
   bool is_bf16() const { return bf16 != nullptr; }
+  bool is_quant() const { return quant != nullptr; }
   // Exactly one pointer set.
-  bool valid() const { return (f32 != nullptr) != (bf16 != nullptr); }
+  bool valid() const { return (f32 != nullptr) + (bf16 != nullptr) + (quant != nullptr) == 1; }
 };
 
 // bf16 -> fp32 is exact: the bf16 bits are the high half of the fp32 bits. Inline (and usable in

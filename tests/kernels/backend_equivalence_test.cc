@@ -4,6 +4,7 @@
 // backends differ only in summation order and in libm vs CUDA math functions.
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -20,6 +21,9 @@
 #include "kernels/linear.h"
 #include "kernels/lora_linear.h"
 #include "kernels/reduce.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
 #include "tests/kernels/test_util.h"
 
 namespace fedlora::kernels {
@@ -115,6 +119,32 @@ TEST_F(BackendEquivalence, GemmBf16Panels) {
     d.c = dev_.Upload(Guarded(m * n));
     ASSERT_TRUE(Gemm(Gpu(), d).ok());
     EXPECT_TRUE(SameAsCpu(d.c, c, kGemmTol, kGemmTol)) << "trans_b=" << tb;
+  }
+}
+
+TEST_F(BackendEquivalence, GemmQuantizedPanels) {
+  for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1}) {
+    for (bool tb : {true, false}) {
+      const int64_t m = 9, n = tb ? 600 : 64, k = tb ? 64 : 600;
+      std::vector<float> values;
+      const auto q = testing::RandomQuantMatrix(type, tb ? n : k, tb ? k : n, 16, &values);
+      const auto a = Random(m * k, 17);
+      GemmArgs g{.trans_b = tb, .m = m, .n = n, .k = k, .a = a.data(), .b_quant = q.data(), .b_quant_type = type};
+      const size_t ws = GemmWorkspaceBytes(g);
+      std::vector<float> hws(ws / 4);
+      g.workspace = hws.data();
+      g.workspace_bytes = ws;
+      Guarded c(m * n);
+      g.c = c.data();
+      ASSERT_TRUE(Gemm(Cpu(), g).ok());
+      GemmArgs d = g;
+      d.a = dev_.Upload(a);
+      d.b_quant = dev_.Upload(q);
+      d.workspace = dev_.Workspace(ws);
+      d.c = dev_.Upload(Guarded(m * n));
+      ASSERT_TRUE(Gemm(Gpu(), d).ok());
+      EXPECT_TRUE(SameAsCpu(d.c, c, kGemmTol, kGemmTol)) << GgmlTypeName(type) << " trans_b=" << tb;
+    }
   }
 }
 
@@ -267,14 +297,21 @@ TEST_F(BackendEquivalence, DropoutMaskIsIdentical) {
 }
 
 TEST_F(BackendEquivalence, AttentionForwardBackward) {
+  struct Heads {
+    int64_t heads, kv_heads;
+    bool causal;
+  };
   for (auto layout : {AttentionLayout::kBHSD, AttentionLayout::kBSHD}) {
-    const AttentionDims dims{.batch = 3, .heads = 4, .seq = 37, .head_dim = 16, .layout = layout};
-    const int64_t E = 3 * 4 * 37 * 16, P = 3 * 4 * 37 * 37;
-    const auto q = Random(E, 61), k = Random(E, 62), v = Random(E, 63), dout = Random(E, 64);
+   for (Heads hc : {Heads{4, 0, false}, Heads{6, 2, true}, Heads{4, 1, true}}) {
+    const AttentionDims dims{.batch = 3, .heads = hc.heads, .seq = 37, .head_dim = 16, .layout = layout,
+                             .kv_heads = hc.kv_heads, .causal = hc.causal};
+    const int64_t kvh = hc.kv_heads == 0 ? hc.heads : hc.kv_heads;
+    const int64_t E = 3 * hc.heads * 37 * 16, EK = 3 * kvh * 37 * 16, P = 3 * hc.heads * 37 * 37;
+    const auto q = Random(E, 61), k = Random(EK, 62), v = Random(EK, 63), dout = Random(E, 64);
     std::vector<float> mask(3 * 37, 0.0f);
     for (int64_t j = 30; j < 37; ++j) mask[37 + j] = -std::numeric_limits<float>::max();
     const DropoutSpec drop{.p = 0.1f, .seed = 3, .offset = 0};
-    Guarded out(E), probs(P), dq(E), dk(E), dv(E);
+    Guarded out(E), probs(P), dq(E), dk(EK), dv(EK);
     AttentionForwardArgs f{.dims = dims, .q = q.data(), .k = k.data(), .v = v.data(), .mask = mask.data(),
                            .dropout = drop, .probs = probs.data(), .out = out.data()};
     std::vector<float> fws(AttentionWorkspaceBytes(f) / 4);
@@ -304,18 +341,82 @@ TEST_F(BackendEquivalence, AttentionForwardBackward) {
     bd.probs = fd.probs;
     bd.dout = dev_.Upload(dout);
     bd.dq = dev_.Upload(Guarded(E));
-    bd.dk = dev_.Upload(Guarded(E));
-    bd.dv = dev_.Upload(Guarded(E));
+    bd.dk = dev_.Upload(Guarded(EK));
+    bd.dv = dev_.Upload(Guarded(EK));
     bd.workspace = dev_.Workspace(b.workspace_bytes);
     ASSERT_TRUE(AttentionBackward(Gpu(), bd).ok());
-    const char* tag = layout == AttentionLayout::kBHSD ? "BHSD" : "BSHD";
+    const std::string tag = std::string(layout == AttentionLayout::kBHSD ? "BHSD" : "BSHD") + " heads " +
+                            std::to_string(hc.heads) + "/" + std::to_string(kvh) + (hc.causal ? " causal" : "");
     // Probabilities: exp and a 37-term sum; then GEMMs over 37..16 terms: 1e-5 / 1e-4.
     EXPECT_TRUE(SameAsCpu(fd.probs, probs, 1e-5, 1e-4)) << tag << " probs";
     EXPECT_TRUE(SameAsCpu(fd.out, out, kGemmTol, kGemmTol)) << tag << " out";
     EXPECT_TRUE(SameAsCpu(bd.dq, dq, kGemmTol, kGemmTol)) << tag << " dq";
     EXPECT_TRUE(SameAsCpu(bd.dk, dk, kGemmTol, kGemmTol)) << tag << " dk";
     EXPECT_TRUE(SameAsCpu(bd.dv, dv, kGemmTol, kGemmTol)) << tag << " dv";
+   }
   }
+}
+
+TEST_F(BackendEquivalence, RmsNormForwardBackward) {
+  const int64_t R = 50, C = 576;
+  const auto x = Random(R * C, 131, -3, 3), gamma = Random(C, 132, 0.5f, 1.5f), dy = Random(R * C, 134);
+  Guarded y(R * C), rstd(R), dx(R * C), dg(C);
+  ASSERT_TRUE(RmsNormForward(Cpu(), {.rows = R, .cols = C, .eps = 1e-5f, .x = x.data(), .gamma = gamma.data(),
+                                     .y = y.data(), .rstd = rstd.data()})
+                  .ok());
+  ASSERT_TRUE(RmsNormBackward(Cpu(), {.rows = R, .cols = C, .x = x.data(), .gamma = gamma.data(), .rstd = rstd.data(),
+                                      .dy = dy.data(), .dx = dx.data(), .dgamma = dg.data()})
+                  .ok());
+  float *xd = dev_.Upload(x), *gd = dev_.Upload(gamma), *dyd = dev_.Upload(dy);
+  float *yd = dev_.Upload(Guarded(R * C)), *rd = dev_.Upload(Guarded(R)), *dxd = dev_.Upload(Guarded(R * C)),
+        *dgd = dev_.Upload(Guarded(C));
+  ASSERT_TRUE(RmsNormForward(Gpu(), {.rows = R, .cols = C, .eps = 1e-5f, .x = xd, .gamma = gd, .y = yd, .rstd = rd}).ok());
+  ASSERT_TRUE(RmsNormBackward(Gpu(), {.rows = R, .cols = C, .x = xd, .gamma = gd, .rstd = rd, .dy = dyd, .dx = dxd,
+                                      .dgamma = dgd})
+                  .ok());
+  EXPECT_TRUE(SameAsCpu(yd, y, 1e-4, 1e-4));
+  EXPECT_TRUE(SameAsCpu(rd, rstd, 1e-5, 1e-4));
+  EXPECT_TRUE(SameAsCpu(dxd, dx, 1e-4, 1e-4));
+  EXPECT_TRUE(SameAsCpu(dgd, dg, 1e-4, 1e-4));
+}
+
+TEST_F(BackendEquivalence, Rope) {
+  const int64_t T = 70, H = 9, D = 64, P = 300;
+  const RopeTables tables = MakeRopeTables(100000.0, D, P);
+  std::vector<int32_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>((t * 37) % P);
+  const auto x = Random(T * H * D, 141);
+  for (bool inverse : {false, true}) {
+    Guarded cpu(x);
+    ASSERT_TRUE(Rope(Cpu(), {.tokens = T, .heads = H, .head_dim = D, .max_positions = P, .positions = pos.data(),
+                             .cos = tables.cos.data(), .sin = tables.sin.data(), .x = cpu.data(), .inverse = inverse})
+                    .ok());
+    float* xd = dev_.Upload(Guarded(x));
+    ASSERT_TRUE(Rope(Gpu(), {.tokens = T, .heads = H, .head_dim = D, .max_positions = P, .positions = dev_.Upload(pos),
+                             .cos = dev_.Upload(tables.cos), .sin = dev_.Upload(tables.sin), .x = xd,
+                             .inverse = inverse})
+                    .ok());
+    // Two products and a sum per element, the same table: exact up to contraction.
+    EXPECT_TRUE(SameAsCpu(xd, cpu, 1e-6, 1e-6)) << "inverse=" << inverse;
+  }
+}
+
+TEST_F(BackendEquivalence, SwiGlu) {
+  const int64_t n = 10007;
+  const auto gate = Random(n, 151, -8, 8), up = Random(n, 152), dy = Random(n, 153);
+  Guarded y(n), dg(n), du(n);
+  ASSERT_TRUE(SwiGluForward(Cpu(), {.n = n, .gate = gate.data(), .up = up.data(), .y = y.data()}).ok());
+  ASSERT_TRUE(SwiGluBackward(Cpu(), {.n = n, .gate = gate.data(), .up = up.data(), .dy = dy.data(), .dgate = dg.data(),
+                                     .dup = du.data()})
+                  .ok());
+  float *gd = dev_.Upload(gate), *ud = dev_.Upload(up), *dyd = dev_.Upload(dy);
+  float *yd = dev_.Upload(Guarded(n)), *dgd = dev_.Upload(Guarded(n)), *dud = dev_.Upload(Guarded(n));
+  ASSERT_TRUE(SwiGluForward(Gpu(), {.n = n, .gate = gd, .up = ud, .y = yd}).ok());
+  ASSERT_TRUE(SwiGluBackward(Gpu(), {.n = n, .gate = gd, .up = ud, .dy = dyd, .dgate = dgd, .dup = dud}).ok());
+  // The CPU's polynomial exp against CUDA's expf: a few ulp.
+  EXPECT_TRUE(SameAsCpu(yd, y, 1e-6, 1e-5));
+  EXPECT_TRUE(SameAsCpu(dgd, dg, 1e-6, 1e-5));
+  EXPECT_TRUE(SameAsCpu(dud, du, 1e-6, 1e-5));
 }
 
 TEST_F(BackendEquivalence, Embedding) {

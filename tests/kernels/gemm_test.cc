@@ -160,6 +160,49 @@ TEST(Gemm, Bf16WeightMatchesFp32AcrossPanels) {
   }
 }
 
+TEST(Gemm, QuantizedWeightMatchesFp32OnItsValuesAcrossPanels) {
+  for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1}) {
+    for (bool tb : {true, false}) {
+      // 600 stored rows of 64 elements (2 blocks): three panels at the minimum workspace.
+      const int64_t m = 5, n = tb ? 600 : 64, k = tb ? 64 : 600;
+      std::vector<float> b;
+      const auto q = testing::RandomQuantMatrix(type, tb ? n : k, tb ? k : n, 8, &b);
+      const auto a = Random(m * k, 9);
+      const auto want = NaiveGemm(GemmArgs{.trans_b = tb, .m = m, .n = n, .k = k, .a = a.data(), .b = b.data()},
+                                  std::vector<float>(m * n));
+      GemmArgs g{.trans_b = tb, .m = m, .n = n, .k = k, .a = a.data(), .b_quant = q.data(), .b_quant_type = type};
+      const size_t ws_bytes = GemmWorkspaceBytes(g);
+      EXPECT_EQ(ws_bytes, static_cast<size_t>(kGemmBf16PanelRows * (tb ? k : n) * 4));
+      std::vector<float> ws(ws_bytes / 4);
+      g.workspace = ws.data();
+      g.workspace_bytes = ws_bytes;
+      Guarded c(m * n);
+      g.c = c.data();
+      ASSERT_TRUE(Gemm(Cpu(), g).ok());
+      EXPECT_TRUE(AllClose(c.values(), want, 1e-4, 1e-5)) << GgmlTypeName(type) << " trans_b=" << tb;
+      EXPECT_TRUE(c.GuardsIntact());
+    }
+  }
+}
+
+TEST(Gemm, RefusesQuantizedWeightsItCannotRead) {
+  std::vector<float> a(64 * 2), c(4), ws(64 * 2);
+  std::vector<uint8_t> q(4 * 40);
+  GemmArgs g{.trans_b = true, .m = 2, .n = 2, .k = 48, .a = a.data(), .b_quant = q.data(),
+             .b_quant_type = GgmlType::kQ4_1, .c = c.data(), .workspace = ws.data(), .workspace_bytes = ws.size() * 4};
+  absl::Status st = Gemm(Cpu(), g);  // 48 is not a whole number of 32-element blocks
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  g.k = 64;
+  g.ldb = 65;  // quantized rows are packed
+  EXPECT_EQ(Gemm(Cpu(), g).code(), absl::StatusCode::kInvalidArgument);
+  g.ldb = 0;
+  g.b_quant_type = GgmlType::kIQ2_XXS;
+  st = Gemm(Cpu(), g);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+  g.b_quant_type = GgmlType::kQ4_1;
+  EXPECT_TRUE(Gemm(Cpu(), g).ok());
+}
+
 TEST(Gemm, RejectsBadArguments) {
   std::vector<float> a(6), b(6), c(4);
   GemmArgs ok{.m = 2, .n = 2, .k = 3, .a = a.data(), .b = b.data(), .c = c.data()};

@@ -8,9 +8,13 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "core/ggml_quant.h"
+#include "core/tensor.h"
 #include "kernels/context.h"
 #include "kernels/device.h"
 
@@ -23,6 +27,46 @@ inline std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.0f, floa
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
   return v;
+}
+
+// A random [rows, cols] matrix in a ggml 32-element block format (Q8_0, Q4_0 or Q4_1), and in
+// `values` the elements it stands for, decoded here from the format's definition (ggml's
+// ggml-common.h: Q8_0 = d, 32 x int8, q * d; Q4_0 = d, 16 nibble bytes, (q - 8) * d; Q4_1 = d, m,
+// 16 nibble bytes, q * d + m; byte j holds element j low, j + 16 high), independently of
+// core/ggml_quant.cc. Scales are exact fp16 values.
+inline std::vector<uint8_t> RandomQuantMatrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed,
+                                              std::vector<float>* values) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 255), scale(1, 63);
+  auto half = [](float v) {  // v = k / 1024 or -k / 1024 for small k: exact in fp16
+    const uint16_t bits = F32ToF16(v);
+    return std::pair<uint8_t, uint8_t>(static_cast<uint8_t>(bits & 0xff), static_cast<uint8_t>(bits >> 8));
+  };
+  const int block_bytes = type == GgmlType::kQ8_0 ? 34 : type == GgmlType::kQ4_0 ? 18 : 20;
+  std::vector<uint8_t> out;
+  values->assign(static_cast<size_t>(rows * cols), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      std::vector<uint8_t> blk(block_bytes);
+      const float d = static_cast<float>(scale(rng)) / 1024.0f;
+      const float m = -static_cast<float>(scale(rng)) / 256.0f;
+      std::tie(blk[0], blk[1]) = half(d);
+      if (type == GgmlType::kQ4_1) std::tie(blk[2], blk[3]) = half(m);
+      const int q0 = type == GgmlType::kQ4_1 ? 4 : 2;
+      for (int j = q0; j < block_bytes; ++j) blk[j] = static_cast<uint8_t>(byte(rng));
+      float* v = values->data() + r * cols + b * 32;
+      for (int j = 0; j < 32; ++j) {
+        if (type == GgmlType::kQ8_0) {
+          v[j] = static_cast<float>(static_cast<int8_t>(blk[2 + j])) * d;
+        } else {
+          const int q = j < 16 ? blk[q0 + j] & 0x0f : blk[q0 + j - 16] >> 4;
+          v[j] = type == GgmlType::kQ4_0 ? static_cast<float>(q - 8) * d : static_cast<float>(q) * d + m;
+        }
+      }
+      out.insert(out.end(), blk.begin(), blk.end());
+    }
+  }
+  return out;
 }
 
 // Guard values after each output buffer catch a kernel that writes past its end. The value is an
