@@ -11,6 +11,10 @@ find_package(SQLite3 REQUIRED)
 find_package(nlohmann_json 3 CONFIG REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
+# PCRE2 (libpcre2-dev) runs the byte-level BPE pre-tokenizer regexes; ICU (libicu-dev) gives
+# their NFC normalizer (model/pretokenize.h).
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
 # cpp-httplib (libcpp-httplib-dev): the server's metrics endpoint. Debian ships it compiled; the
 # .pc file's defines (OpenSSL, zlib, brotli support) must reach every user of httplib.h, since they
 # change the classes' layout.

@@ -20,7 +20,7 @@ APT_PACKAGES=(
   python3 python3-venv python3-pip python3-numpy python3-torch python3-sklearn
   python3-filelock python3-regex python3-packaging python3-fsspec python3-yaml python3-requests
   python3-psutil python3-sentencepiece
-  fortunes fortunes-min openssl libcpp-httplib-dev
+  fortunes fortunes-min openssl libcpp-httplib-dev libpcre2-dev libicu-dev python3-jinja2
   clang libclang-rt-14-dev
 )
 
