@@ -22,6 +22,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/linear.h"
 #include "kernels/lora_linear.h"
+#include "model/frozen.h"
 
 namespace fedlora {
 namespace {
@@ -60,26 +61,6 @@ uint64_t LayerSite(int layer, uint64_t site) {
 // --------------------------------------------------------------------------------
 
 namespace {
-
-// A frozen matrix, held in fp32 or bf16. Written once at load; read-only afterwards.
-struct FrozenMatrix {
-  int64_t rows = 0, cols = 0;
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
-
-  kernels::WeightPtr ptr() const {
-    return bf16.empty() ? kernels::WeightPtr::F32(f32.data())
-                        : kernels::WeightPtr::BF16(bf16.data());
-  }
-  int64_t bytes() const {
-    return static_cast<int64_t>(f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t));
-  }
-};
-
-struct FrozenLinear {
-  FrozenMatrix w;           // [out, in]
-  std::vector<float> bias;  // [out]
-};
 
 struct LayerWeights {
   FrozenLinear lin[kNumLoraTargets];  // indexed by LoraTarget

@@ -106,57 +106,68 @@ nlohmann::json PeftAdapterConfig(const BertClassifier& model) {
   return j;
 }
 
-absl::Status SavePeftAdapter(const BertClassifier& model, const std::string& dir) {
-  FEDLORA_RETURN_IF_ERROR(MakeDirs(dir));
-  std::vector<SafetensorsTensorToWrite> tensors;
-  for (const Param& p : model.trainable_params()) {
-    tensors.push_back(
-        {p.name, DType::kF32, p.shape, p.value.data(), p.value.size() * sizeof(float)});
+namespace {
+
+// PEFT LoraConfig settings fedlora does not implement: an adapter that sets any of them would load
+// with the wrong scale or shape, so it is refused. Absent, null, false, "none" and empty are fine.
+absl::Status RefuseUnimplemented(const nlohmann::json& cfg, const std::string& config_path) {
+  auto set = [&](const char* key) {
+    auto it = cfg.find(key);
+    if (it == cfg.end() || it->is_null()) return false;
+    if (it->is_boolean()) return it->get<bool>();
+    if (it->is_object() || it->is_array()) return !it->empty();
+    return true;
+  };
+  for (const char* key : {"use_rslora", "use_dora", "alpha_pattern", "rank_pattern", "layers_to_transform",
+                          "layers_pattern", "layer_replication", "megatron_config", "loftq_config", "fan_in_fan_out"}) {
+    if (set(key)) {
+      return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", key, " = ", cfg.at(key).dump(),
+                                                     " is a PEFT setting fedlora does not implement"));
+    }
   }
-  FEDLORA_RETURN_IF_ERROR(
-      WriteSafetensors(dir + "/" + kPeftWeightsFile, tensors, {{"format", "pt"}}));
-  return WriteFileAtomically(dir + "/" + kPeftConfigFile, PeftAdapterConfig(model).dump(2) + "\n");
+  auto bias = cfg.find("bias");
+  if (bias != cfg.end() && !(bias->is_string() && bias->get<std::string>() == "none")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config_path, ": bias = ", bias->dump(), ": only \"none\" (no trained biases) is implemented"));
+  }
+  return absl::OkStatus();
 }
 
-absl::Status LoadPeftAdapter(const std::string& dir, BertClassifier* model) {
+// Checks adapter_config.json against `expected` (the model's own) and loads every param's values
+// from the weights file. On error the params are unchanged.
+absl::Status LoadAdapter(const std::string& dir, const nlohmann::json& expected, int rank, float lora_alpha,
+                         std::vector<Param>& params) {
   const std::string config_path = dir + "/" + kPeftConfigFile;
   const std::string weights_path = dir + "/" + kPeftWeightsFile;
   FEDLORA_ASSIGN_OR_RETURN(nlohmann::json cfg, ReadJsonFile(config_path));
-  if (!cfg.is_object())
-    return absl::InvalidArgumentError(absl::StrCat(config_path, ": expected a JSON object"));
-  const nlohmann::json expected = PeftAdapterConfig(*model);
+  if (!cfg.is_object()) return absl::InvalidArgumentError(absl::StrCat(config_path, ": expected a JSON object"));
   FEDLORA_ASSIGN_OR_RETURN(std::string peft_type, GetString(cfg, "peft_type", config_path));
   if (peft_type != "LORA") {
-    return absl::InvalidArgumentError(
-        absl::StrCat(config_path, ": peft_type \"", peft_type, "\", expected \"LORA\""));
+    return absl::InvalidArgumentError(absl::StrCat(config_path, ": peft_type \"", peft_type, "\", expected \"LORA\""));
   }
-  FEDLORA_ASSIGN_OR_RETURN(std::string task_type,
-                           GetStringOr(cfg, "task_type", "SEQ_CLS", config_path));
-  if (task_type != "SEQ_CLS") {
+  const std::string want_task = expected["task_type"].get<std::string>();
+  FEDLORA_ASSIGN_OR_RETURN(std::string task_type, GetStringOr(cfg, "task_type", want_task, config_path));
+  if (task_type != want_task) {
     return absl::InvalidArgumentError(
-        absl::StrCat(config_path, ": task_type \"", task_type, "\", expected \"SEQ_CLS\""));
+        absl::StrCat(config_path, ": task_type \"", task_type, "\", expected \"", want_task, "\""));
   }
+  FEDLORA_RETURN_IF_ERROR(RefuseUnimplemented(cfg, config_path));
   FEDLORA_ASSIGN_OR_RETURN(int64_t r, GetInt(cfg, "r", config_path));
-  if (r != model->options().lora.rank) {
-    return absl::InvalidArgumentError(absl::StrCat(config_path, ": adapter rank r = ", r,
-                                                   ", the model has rank ",
-                                                   model->options().lora.rank));
+  if (r != rank) {
+    return absl::InvalidArgumentError(absl::StrCat(config_path, ": adapter rank r = ", r, ", the model has rank ", rank));
   }
   FEDLORA_ASSIGN_OR_RETURN(double alpha, GetDouble(cfg, "lora_alpha", config_path));
-  if (std::fabs(alpha - model->options().lora.alpha) > 1e-6 * std::fabs(alpha)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        config_path, ": lora_alpha = ", alpha, ", the model has ", model->options().lora.alpha));
+  if (std::fabs(alpha - lora_alpha) > 1e-6 * std::fabs(alpha)) {
+    return absl::InvalidArgumentError(absl::StrCat(config_path, ": lora_alpha = ", alpha, ", the model has ", lora_alpha));
   }
   const auto targets = cfg.find("target_modules");
   if (targets == cfg.end() || !SameTargets(*targets, expected["target_modules"])) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(config_path, ": target_modules ",
-                     targets == cfg.end() ? std::string("missing") : targets->dump(),
-                     ", the model has ", expected["target_modules"].dump()));
+    return absl::InvalidArgumentError(absl::StrCat(config_path, ": target_modules ",
+                                                   targets == cfg.end() ? std::string("missing") : targets->dump(),
+                                                   ", the model has ", expected["target_modules"].dump()));
   }
 
   FEDLORA_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(weights_path));
-  std::vector<Param>& params = model->trainable_params();
   std::set<std::string> wanted;
   for (const Param& p : params) wanted.insert(p.name);
   std::vector<std::string> missing, extra, wrong;
@@ -172,8 +183,8 @@ absl::Status LoadPeftAdapter(const std::string& dir, BertClassifier* model) {
     }
     FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file->Get(p.name));
     if (t.shape != p.shape) {
-      wrong.push_back(absl::StrCat("'", p.name, "' has shape [", absl::StrJoin(t.shape, ", "),
-                                   "], expected [", absl::StrJoin(p.shape, ", "), "]"));
+      wrong.push_back(absl::StrCat("'", p.name, "' has shape [", absl::StrJoin(t.shape, ", "), "], expected [",
+                                   absl::StrJoin(p.shape, ", "), "]"));
       continue;
     }
     const size_t n = static_cast<size_t>(t.numel());
@@ -202,16 +213,92 @@ absl::Status LoadPeftAdapter(const std::string& dir, BertClassifier* model) {
   }
   if (!missing.empty() || !extra.empty() || !wrong.empty()) {
     std::vector<std::string> problems;
-    if (!missing.empty())
-      problems.push_back(absl::StrCat("missing tensors: ", absl::StrJoin(missing, ", ")));
-    if (!extra.empty())
-      problems.push_back(absl::StrCat("unexpected tensors: ", absl::StrJoin(extra, ", ")));
+    if (!missing.empty()) problems.push_back(absl::StrCat("missing tensors: ", absl::StrJoin(missing, ", ")));
+    if (!extra.empty()) problems.push_back(absl::StrCat("unexpected tensors: ", absl::StrJoin(extra, ", ")));
     if (!wrong.empty()) problems.push_back(absl::StrJoin(wrong, "; "));
     return absl::InvalidArgumentError(
         absl::StrCat(weights_path, " does not match the model: ", absl::StrJoin(problems, "; ")));
   }
   for (size_t i = 0; i < params.size(); ++i) params[i].value = std::move(values[i]);
   return absl::OkStatus();
+}
+
+absl::Status SaveAdapter(const std::vector<Param>& params, const nlohmann::json& config, const std::string& dir) {
+  FEDLORA_RETURN_IF_ERROR(MakeDirs(dir));
+  std::vector<SafetensorsTensorToWrite> tensors;
+  for (const Param& p : params) {
+    tensors.push_back({p.name, DType::kF32, p.shape, p.value.data(), p.value.size() * sizeof(float)});
+  }
+  FEDLORA_RETURN_IF_ERROR(WriteSafetensors(dir + "/" + kPeftWeightsFile, tensors, {{"format", "pt"}}));
+  return WriteFileAtomically(dir + "/" + kPeftConfigFile, config.dump(2) + "\n");
+}
+
+}  // namespace
+
+absl::StatusOr<LoraOptions> ReadPeftLoraOptions(const std::string& dir) {
+  const std::string config_path = dir + "/" + kPeftConfigFile;
+  FEDLORA_ASSIGN_OR_RETURN(nlohmann::json cfg, ReadJsonFile(config_path));
+  if (!cfg.is_object()) return absl::InvalidArgumentError(absl::StrCat(config_path, ": expected a JSON object"));
+  FEDLORA_RETURN_IF_ERROR(RefuseUnimplemented(cfg, config_path));
+  LoraOptions o;
+  FEDLORA_ASSIGN_OR_RETURN(int64_t r, GetInt(cfg, "r", config_path));
+  if (r < 1 || r > (1 << 16)) return absl::InvalidArgumentError(absl::StrCat(config_path, ": r = ", r));
+  o.rank = static_cast<int>(r);
+  FEDLORA_ASSIGN_OR_RETURN(double alpha, GetDouble(cfg, "lora_alpha", config_path));
+  o.alpha = static_cast<float>(alpha);
+  FEDLORA_ASSIGN_OR_RETURN(double dropout, GetDoubleOr(cfg, "lora_dropout", 0.0, config_path));
+  o.dropout = static_cast<float>(dropout);
+  auto targets = cfg.find("target_modules");
+  if (targets == cfg.end() || !targets->is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config_path, ": target_modules must be a list of module names (a regular expression is not "
+                     "supported here)"));
+  }
+  FEDLORA_ASSIGN_OR_RETURN(o.target_modules, GetStringArray(cfg, "target_modules", config_path));
+  return o;
+}
+
+absl::Status SavePeftAdapter(const BertClassifier& model, const std::string& dir) {
+  return SaveAdapter(model.trainable_params(), PeftAdapterConfig(model), dir);
+}
+
+absl::Status LoadPeftAdapter(const std::string& dir, BertClassifier* model) {
+  return LoadAdapter(dir, PeftAdapterConfig(*model), model->options().lora.rank, model->options().lora.alpha,
+                     model->trainable_params());
+}
+
+nlohmann::json PeftAdapterConfig(const CausalLm& model) {
+  const DecoderOptions& o = model.options();
+  nlohmann::json j;
+  j["peft_type"] = "LORA";
+  j["task_type"] = "CAUSAL_LM";
+  j["r"] = o.lora.rank;
+  j["lora_alpha"] = o.lora.alpha;
+  j["lora_dropout"] = o.lora.dropout;
+  nlohmann::json targets = nlohmann::json::array();
+  for (DecoderTarget t : model.lora_targets()) targets.push_back(DecoderTargetName(t));
+  j["target_modules"] = targets;
+  j["modules_to_save"] = nullptr;
+  j["base_model_name_or_path"] = o.base_model_name;
+  j["bias"] = "none";
+  j["fan_in_fan_out"] = false;
+  j["inference_mode"] = true;
+  j["init_lora_weights"] = true;
+  j["use_rslora"] = false;
+  j["use_dora"] = false;
+  j["layers_to_transform"] = nullptr;
+  j["layers_pattern"] = nullptr;
+  j["revision"] = nullptr;
+  return j;
+}
+
+absl::Status SavePeftAdapter(const CausalLm& model, const std::string& dir) {
+  return SaveAdapter(model.trainable_params(), PeftAdapterConfig(model), dir);
+}
+
+absl::Status LoadPeftAdapter(const std::string& dir, CausalLm* model) {
+  return LoadAdapter(dir, PeftAdapterConfig(*model), model->options().lora.rank, model->options().lora.alpha,
+                     model->trainable_params());
 }
 
 }  // namespace fedlora

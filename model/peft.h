@@ -13,6 +13,14 @@
 //   base_model.model.classifier.weight / .bias                                 (modules_to_save)
 // (RoBERTa: base_model.model.roberta.encoder..., and classifier.dense.* / classifier.out_proj.*).
 // These are the Param::name of BertClassifier::trainable_params(). The values are written as F32.
+//
+// Decoders (CausalLm): task_type CAUSAL_LM, target_modules the projection names ("q_proj", ...,
+// "down_proj"), no modules_to_save; tensors as transformers' LlamaForCausalLM wrapped by PEFT saves
+// them: base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight [r, in], ...
+//
+// Loading refuses the PEFT settings fedlora does not implement (use_rslora, use_dora,
+// alpha_pattern, rank_pattern, layers_to_transform, layers_pattern, layer_replication, loftq,
+// megatron, fan_in_fan_out, bias other than "none") instead of loading them with a wrong scale.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -21,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "model/bert.h"
+#include "model/decoder.h"
 
 namespace fedlora {
 
@@ -41,5 +50,15 @@ absl::Status SavePeftAdapter(const BertClassifier& model, const std::string& dir
 // lora_alpha, target_modules, a missing or extra tensor, or a wrong shape; NotFound for a missing
 // file. F32, F16 and BF16 tensors are accepted. On error the model is unchanged.
 absl::Status LoadPeftAdapter(const std::string& dir, BertClassifier* model);
+
+// The LoRA options an adapter directory was trained with (r, lora_alpha, lora_dropout and a list
+// of target_modules), after the same refusals as LoadPeftAdapter; for building the model to load
+// it into. InvalidArgument for a regular-expression target_modules.
+absl::StatusOr<LoraOptions> ReadPeftLoraOptions(const std::string& dir);
+
+// The same for decoders.
+nlohmann::json PeftAdapterConfig(const CausalLm& model);
+absl::Status SavePeftAdapter(const CausalLm& model, const std::string& dir);
+absl::Status LoadPeftAdapter(const std::string& dir, CausalLm* model);
 
 }  // namespace fedlora

@@ -175,3 +175,85 @@ TEST(PeftTest, MismatchesAreRejectedAndLeaveTheModelUnchanged) {
 
 }  // namespace
 }  // namespace fedlora
+
+namespace fedlora {
+namespace {
+
+// PEFT settings that would change the adapter's scale or shape are refused, not ignored.
+TEST(PeftTest, RefusesSettingsFedloraDoesNotImplement) {
+  const std::string dir = testing_util::MakeTempDir("peft");
+  auto m = Model({"query", "value"});
+  ASSERT_TRUE(SavePeftAdapter(*m, dir).ok());
+  const std::string cfg_path = dir + "/" + kPeftConfigFile;
+  auto original = ReadJsonFile(cfg_path);
+  ASSERT_TRUE(original.ok());
+  const std::vector<std::pair<std::string, nlohmann::json>> cases = {
+      {"use_rslora", true},
+      {"use_dora", true},
+      {"alpha_pattern", {{"query", 32}}},
+      {"rank_pattern", {{"value", 2}}},
+      {"layers_to_transform", {0}},
+      {"fan_in_fan_out", true},
+      {"bias", "lora_only"}};
+  for (const auto& [key, value] : cases) {
+    nlohmann::json cfg = *original;
+    cfg[key] = value;
+    ASSERT_TRUE(WriteFileAtomically(cfg_path, cfg.dump()).ok());
+    const absl::Status st = LoadPeftAdapter(dir, m.get());
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << key;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(key)) << st;
+  }
+  // Explicitly off is fine.
+  nlohmann::json cfg = *original;
+  cfg["use_rslora"] = false;
+  cfg["alpha_pattern"] = nlohmann::json::object();
+  ASSERT_TRUE(WriteFileAtomically(cfg_path, cfg.dump()).ok());
+  EXPECT_TRUE(LoadPeftAdapter(dir, m.get()).ok());
+}
+
+TEST(PeftTest, DecoderAdapterRoundTripsWithCausalLmConfig) {
+  DecoderConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 32;
+  c.tie_word_embeddings = true;
+  DecoderOptions o;
+  o.lora.rank = 4;
+  o.lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+  o.max_batch = 1;
+  o.max_seq = 8;
+  o.base_model_name = "HuggingFaceTB/SmolLM2-135M-Instruct";
+  auto base = DecoderBase::FromRandom(c, o);
+  ASSERT_TRUE(base.ok());
+  auto a = CausalLm::Create(*base, o);
+  o.seed = 99;
+  auto b = CausalLm::Create(*base, o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (Param& p : (*a)->trainable_params()) {
+    for (size_t i = 0; i < p.value.size(); ++i) p.value[i] = 0.01f * static_cast<float>(i % 17) - 0.05f;
+  }
+  const std::string dir = testing_util::MakeTempDir("peft");
+  ASSERT_TRUE(SavePeftAdapter(**a, dir).ok());
+  auto cfg = ReadJsonFile(dir + "/" + kPeftConfigFile);
+  ASSERT_TRUE(cfg.ok());
+  EXPECT_EQ((*cfg)["task_type"], "CAUSAL_LM");
+  EXPECT_EQ((*cfg)["target_modules"], nlohmann::json({"q_proj", "v_proj", "down_proj"}));
+  EXPECT_TRUE((*cfg)["modules_to_save"].is_null());
+  ASSERT_TRUE(LoadPeftAdapter(dir, b->get()).ok());
+  for (size_t i = 0; i < (*a)->trainable_params().size(); ++i) {
+    EXPECT_EQ((*a)->trainable_params()[i].value, (*b)->trainable_params()[i].value);
+  }
+  // An encoder adapter is not a decoder's.
+  auto enc = Model({"query", "value"});
+  const std::string enc_dir = testing_util::MakeTempDir("peft");
+  ASSERT_TRUE(SavePeftAdapter(*enc, enc_dir).ok());
+  EXPECT_THAT(std::string(LoadPeftAdapter(enc_dir, b->get()).message()), HasSubstr("CAUSAL_LM"));
+}
+
+}  // namespace
+}  // namespace fedlora

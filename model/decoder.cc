@@ -1,0 +1,405 @@
+// Decoder: target names, the frozen base, CausalLm construction and planning. The step is in
+// decoder_step.cc, generation in decoder_generate.cc, checkpoint loading in decoder_load.cc.
+#include "model/decoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/rng.h"
+#include "core/status.h"
+#include "kernels/attention.h"
+#include "kernels/linear.h"
+#include "kernels/lora_linear.h"
+#include "model/decoder_impl.h"
+
+namespace fedlora {
+namespace {
+
+constexpr DecoderTarget kAllTargets[kNumDecoderTargets] = {
+    DecoderTarget::kQProj,    DecoderTarget::kKProj,  DecoderTarget::kVProj,   DecoderTarget::kOProj,
+    DecoderTarget::kGateProj, DecoderTarget::kUpProj, DecoderTarget::kDownProj};
+
+// Initialisation streams of options.seed (core/rng.h).
+constexpr uint64_t kStreamRandomBase = 3;      // FromRandom: + tensor index
+constexpr uint64_t kStreamLoraBase = 1 << 20;  // + layer * kNumDecoderTargets + target
+
+void FillUniform(uint64_t seed, uint64_t stream, float bound, std::vector<float>* v) {
+  Rng rng(seed, stream);
+  for (float& x : *v) x = static_cast<float>((2.0 * rng.Uniform() - 1.0) * bound);
+}
+void FillNormal(uint64_t seed, uint64_t stream, float stddev, std::vector<float>* v) {
+  Rng rng(seed, stream);
+  for (float& x : *v) x = static_cast<float>(rng.Normal(0.0, stddev));
+}
+
+}  // namespace
+
+// --- Names ---------------------------------------------------------------------------------------
+
+const char* DecoderTargetName(DecoderTarget t) {
+  static constexpr const char* kNames[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  return kNames[static_cast<int>(t)];
+}
+
+const char* DecoderTargetPath(DecoderTarget t) {
+  static constexpr const char* kPaths[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                           "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                           "mlp.down_proj"};
+  return kPaths[static_cast<int>(t)];
+}
+
+absl::StatusOr<DecoderTarget> ParseDecoderTarget(const std::string& name) {
+  for (DecoderTarget t : kAllTargets) {
+    if (name == DecoderTargetName(t) || name == DecoderTargetPath(t)) return t;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown LoRA target module \"", name,
+      "\" for a decoder (accepted: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or their paths "
+      "such as self_attn.q_proj)"));
+}
+
+// --- The frozen base -----------------------------------------------------------------------------
+
+void DecoderBase::Weights::Shape(const DecoderConfig& c, DecoderTarget t, int64_t* out, int64_t* in) {
+  switch (t) {
+    case DecoderTarget::kQProj: *out = c.q_dim(), *in = c.hidden_size; return;
+    case DecoderTarget::kKProj:
+    case DecoderTarget::kVProj: *out = c.kv_dim(), *in = c.hidden_size; return;
+    case DecoderTarget::kOProj: *out = c.hidden_size, *in = c.q_dim(); return;
+    case DecoderTarget::kGateProj:
+    case DecoderTarget::kUpProj: *out = c.intermediate_size, *in = c.hidden_size; return;
+    case DecoderTarget::kDownProj: *out = c.hidden_size, *in = c.intermediate_size; return;
+  }
+}
+
+absl::Status DecoderBase::Weights::Check(const DecoderConfig& c) const {
+  auto matrix = [](const FrozenMatrix& m, int64_t rows, int64_t cols, const std::string& what) -> absl::Status {
+    if (m.rows != rows || m.cols != cols || m.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " is [", m.rows, ", ", m.cols, "], expected [", rows, ", ",
+                                                     cols, "] from the config"));
+    }
+    return absl::OkStatus();
+  };
+  auto vec = [](const std::vector<float>& v, int64_t n, const std::string& what) -> absl::Status {
+    if (static_cast<int64_t>(v.size()) != n) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " has ", v.size(), " values, expected ", n));
+    }
+    return absl::OkStatus();
+  };
+  FEDLORA_RETURN_IF_ERROR(matrix(embed, c.vocab_size, c.hidden_size, "the token embeddings"));
+  if (!lm_head.empty()) FEDLORA_RETURN_IF_ERROR(matrix(lm_head, c.vocab_size, c.hidden_size, "the output head"));
+  if (lm_head.empty() && !c.tie_word_embeddings) {
+    return absl::InvalidArgumentError("the checkpoint has no output head and the config does not tie it");
+  }
+  FEDLORA_RETURN_IF_ERROR(vec(final_norm, c.hidden_size, "the final norm"));
+  if (static_cast<int64_t>(layers.size()) != c.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(layers.size(), " layers, expected ", c.num_hidden_layers));
+  }
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const DecoderLayerWeights& lw = layers[l];
+    FEDLORA_RETURN_IF_ERROR(vec(lw.input_norm, c.hidden_size, absl::StrCat("layer ", l, " input norm")));
+    FEDLORA_RETURN_IF_ERROR(vec(lw.post_attention_norm, c.hidden_size, absl::StrCat("layer ", l, " post-attention norm")));
+    for (DecoderTarget t : kAllTargets) {
+      int64_t out, in;
+      Shape(c, t, &out, &in);
+      const FrozenLinear& lin = lw.proj[static_cast<int>(t)];
+      const std::string what = absl::StrCat("layer ", l, " ", DecoderTargetName(t));
+      FEDLORA_RETURN_IF_ERROR(matrix(lin.w, out, in, what));
+      const bool want_bias = c.qkv_bias && static_cast<int>(t) <= static_cast<int>(DecoderTarget::kVProj);
+      FEDLORA_RETURN_IF_ERROR(vec(lin.bias, want_bias ? out : 0, what + " bias"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+DecoderBase::DecoderBase(DecoderConfig config, std::unique_ptr<Weights> weights)
+    : config_(std::move(config)), weights_(std::move(weights)) {}
+DecoderBase::~DecoderBase() = default;
+
+absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(DecoderConfig config,
+                                                                  std::unique_ptr<DecoderBase::Weights> weights) {
+  FEDLORA_RETURN_IF_ERROR(config.Validate());
+  FEDLORA_RETURN_IF_ERROR(weights->Check(config));
+  return std::shared_ptr<const DecoderBase>(new DecoderBase(std::move(config), std::move(weights)));
+}
+
+int64_t DecoderBase::weight_bytes() const {
+  auto vec = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * sizeof(float)); };
+  int64_t total = weights_->embed.bytes() + weights_->lm_head.bytes() + vec(weights_->final_norm);
+  for (const DecoderLayerWeights& lw : weights_->layers) {
+    total += vec(lw.input_norm) + vec(lw.post_attention_norm);
+    for (const FrozenLinear& lin : lw.proj) total += lin.w.bytes() + vec(lin.bias);
+  }
+  return total;
+}
+
+std::string DecoderBase::storage_summary() const {
+  std::map<std::string, int> count;
+  auto add = [&](const FrozenMatrix& m) {
+    if (m.empty()) return;
+    count[!m.quant.empty() ? std::string(GgmlTypeName(m.quant_type)) : !m.bf16.empty() ? "BF16" : "F32"]++;
+  };
+  add(weights_->embed);
+  add(weights_->lm_head);
+  for (const DecoderLayerWeights& lw : weights_->layers) {
+    for (const FrozenLinear& lin : lw.proj) add(lin.w);
+  }
+  std::vector<std::string> parts;
+  for (const auto& [name, n] : count) parts.push_back(absl::StrCat(name, " x ", n));
+  return absl::StrCat(absl::StrJoin(parts, ", "), " matrices");
+}
+
+absl::StatusOr<std::shared_ptr<const DecoderBase>> DecoderBase::FromRandom(const DecoderConfig& config,
+                                                                           const DecoderOptions& options) {
+  FEDLORA_RETURN_IF_ERROR(config.Validate());
+  auto w = std::make_unique<Weights>();
+  uint64_t stream = kStreamRandomBase;
+  auto matrix = [&](FrozenMatrix* m, int64_t rows, int64_t cols) {
+    std::vector<float> v(static_cast<size_t>(rows * cols));
+    FillNormal(options.seed, stream++, 0.02f, &v);
+    m->SetF32(rows, cols, std::move(v), options.weights == WeightStorage::kBF16 ? WeightStorage::kBF16 : WeightStorage::kF32);
+  };
+  const int64_t h = config.hidden_size;
+  matrix(&w->embed, config.vocab_size, h);
+  if (!config.tie_word_embeddings) matrix(&w->lm_head, config.vocab_size, h);
+  w->final_norm.assign(h, 1.0f);
+  w->layers.resize(config.num_hidden_layers);
+  for (DecoderLayerWeights& lw : w->layers) {
+    lw.input_norm.assign(h, 1.0f);
+    lw.post_attention_norm.assign(h, 1.0f);
+    for (DecoderTarget t : kAllTargets) {
+      int64_t out, in;
+      Weights::Shape(config, t, &out, &in);
+      FrozenLinear& lin = lw.proj[static_cast<int>(t)];
+      matrix(&lin.w, out, in);
+      if (config.qkv_bias && static_cast<int>(t) <= static_cast<int>(DecoderTarget::kVProj)) lin.bias.assign(out, 0.0f);
+    }
+  }
+  return MakeDecoderBase(config, std::move(w));
+}
+
+absl::StatusOr<std::shared_ptr<const DecoderBase>> DecoderBase::Load(const std::string& path,
+                                                                     const DecoderOptions& options) {
+  if (path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) return LoadDecoderGguf(path, options.weights);
+  return LoadDecoderSafetensors(path, options.weights);
+}
+
+// --- CausalLm construction -------------------------------------------------------------------------
+
+namespace {
+
+absl::Status ValidateOptions(const DecoderConfig& c, const DecoderOptions& o) {
+  if (o.max_batch < 1 || o.max_seq < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_batch and max_seq must be positive, got ", o.max_batch, " and ", o.max_seq));
+  }
+  if (o.max_seq > c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("max_seq ", o.max_seq, " exceeds the model's ",
+                                                   c.max_position_embeddings, " positions (max_position_embeddings)"));
+  }
+  if (static_cast<int64_t>(o.max_batch) * o.max_seq > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError("max_batch x max_seq above 2^24 tokens");
+  }
+  const int64_t min_dim = std::min({c.hidden_size, c.kv_dim(), c.intermediate_size, c.q_dim()});
+  if (o.lora.rank < 1 || o.lora.rank > min_dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoRA rank must be in [1, ", min_dim, "] for this model, got ", o.lora.rank));
+  }
+  if (!std::isfinite(o.lora.alpha)) return absl::InvalidArgumentError("LoRA alpha must be finite");
+  if (!(o.lora.dropout >= 0.0f && o.lora.dropout < 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("LoRA dropout must be in [0, 1), got ", o.lora.dropout));
+  }
+  if (o.lora.target_modules.empty()) return absl::InvalidArgumentError("no LoRA target modules");
+  for (const std::string& name : o.lora.target_modules) FEDLORA_RETURN_IF_ERROR(ParseDecoderTarget(name).status());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CausalLm::CausalLm(std::shared_ptr<const DecoderBase> base, DecoderOptions options)
+    : base_(std::move(base)), options_(std::move(options)) {}
+CausalLm::~CausalLm() = default;
+
+absl::StatusOr<std::unique_ptr<CausalLm>> CausalLm::Load(const std::string& path, const DecoderOptions& options) {
+  FEDLORA_ASSIGN_OR_RETURN(auto base, DecoderBase::Load(path, options));
+  return Create(std::move(base), options);
+}
+
+absl::StatusOr<std::unique_ptr<CausalLm>> CausalLm::Create(std::shared_ptr<const DecoderBase> base,
+                                                           const DecoderOptions& options) {
+  if (base == nullptr) return absl::InvalidArgumentError("CausalLm::Create: null base");
+  const DecoderConfig& c = base->config();
+  FEDLORA_RETURN_IF_ERROR(ValidateOptions(c, options));
+  std::unique_ptr<CausalLm> lm(new CausalLm(std::move(base), options));
+  const DecoderOptions& o = lm->options_;
+  lm->impl_ = std::make_unique<Impl>(c, lm->base_->weights(), o, lm->params_);
+  Impl& im = *lm->impl_;
+  for (const std::string& name : o.lora.target_modules) {
+    im.use_target[static_cast<int>(*ParseDecoderTarget(name))] = true;
+  }
+  for (DecoderTarget t : kAllTargets) {
+    if (im.use_target[static_cast<int>(t)]) lm->targets_.push_back(t);
+  }
+  im.lora_scaling = o.lora.alpha / static_cast<float>(o.lora.rank);
+  im.lora_p = o.lora.dropout;
+  im.attention_p = static_cast<float>(c.attention_dropout);
+  im.lora_param.assign(c.num_hidden_layers, {});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    im.lora_param[l].fill(-1);
+    for (DecoderTarget t : lm->targets_) {
+      const int ti = static_cast<int>(t);
+      int64_t out, in;
+      DecoderBase::Weights::Shape(c, t, &out, &in);
+      im.lora_param[l][ti] = static_cast<int>(lm->params_.size());
+      const std::string name = absl::StrCat("base_model.model.model.layers.", l, ".", DecoderTargetPath(t));
+      Param a{name + ".lora_A.weight", {o.lora.rank, in}, std::vector<float>(o.lora.rank * in),
+              std::vector<float>(o.lora.rank * in, 0.0f), true};
+      // PEFT: kaiming_uniform_(A, a=sqrt(5)) -> bound 1 / sqrt(fan_in); B starts at zero.
+      FillUniform(o.seed, kStreamLoraBase + l * kNumDecoderTargets + ti, 1.0f / std::sqrt(static_cast<float>(in)),
+                  &a.value);
+      Param b{name + ".lora_B.weight", {out, o.lora.rank}, std::vector<float>(out * o.lora.rank, 0.0f),
+              std::vector<float>(out * o.lora.rank, 0.0f), true};
+      lm->params_.push_back(std::move(a));
+      lm->params_.push_back(std::move(b));
+    }
+  }
+  FEDLORA_RETURN_IF_ERROR(im.Plan());
+  return lm;
+}
+
+void CausalLm::ZeroGrad() {
+  for (Param& p : params_) std::fill(p.grad.begin(), p.grad.end(), 0.0f);
+}
+
+absl::Status CausalLm::Impl::Plan() {
+  const int64_t tokens = static_cast<int64_t>(options.max_batch) * options.max_seq;
+  const int64_t h = H(), qd = config.q_dim(), kvd = config.kv_dim(), inter = config.intermediate_size;
+  const int64_t probs = static_cast<int64_t>(options.max_batch) * config.num_attention_heads * options.max_seq *
+                        options.max_seq;
+  rope = kernels::MakeRopeTables(config.rope_theta, config.head_dim, options.max_seq);
+  acts.resize(options.recompute_activations ? 1 : L());
+  for (DecoderLayerActs& a : acts) {
+    for (auto* v : {&a.n1, &a.z, &a.n2}) v->assign(tokens * h, 0.0f);
+    for (auto* v : {&a.q, &a.ctx}) v->assign(tokens * qd, 0.0f);
+    for (auto* v : {&a.k, &a.v}) v->assign(tokens * kvd, 0.0f);
+    for (auto* v : {&a.gate, &a.up, &a.act}) v->assign(tokens * inter, 0.0f);
+    for (auto* v : {&a.rstd1, &a.rstd2}) v->assign(tokens, 0.0f);
+    a.probs.assign(probs, 0.0f);
+    for (int t = 0; t < kNumDecoderTargets; ++t) {
+      if (use_target[t]) a.lora_h[t].assign(tokens * r(), 0.0f);
+    }
+  }
+  x.assign(L() + 1, std::vector<float>(tokens * h, 0.0f));
+  nf.assign(tokens * h, 0.0f);
+  rstd_f.assign(tokens, 0.0f);
+  mask_add.assign(tokens, 0.0f);
+  positions.assign(tokens, 0);
+  tmp.assign(tokens * h, 0.0f);
+  for (auto* v : {&dx, &dn}) v->assign(tokens * h, 0.0f);
+  for (auto* v : {&dq, &dctx}) v->assign(tokens * qd, 0.0f);
+  for (auto* v : {&dk, &dv}) v->assign(tokens * kvd, 0.0f);
+  for (auto* v : {&dgate, &dup, &dact}) v->assign(tokens * inter, 0.0f);
+  const int64_t chunk = std::min<int64_t>(kLmHeadChunkRows, tokens);
+  head_in.assign(chunk * h, 0.0f);
+  dhead_in.assign(chunk * h, 0.0f);
+  head_logits.assign(chunk * config.vocab_size, 0.0f);
+  head_labels.assign(chunk, 0);
+
+  // Workspace: the largest any kernel of a step asks for at the planned sizes.
+  size_t need = 0;
+  for (DecoderTarget t : kAllTargets) {
+    const int ti = static_cast<int>(t);
+    int64_t out, in;
+    DecoderBase::Weights::Shape(config, t, &out, &in);
+    const kernels::WeightPtr w = weights.layers[0].proj[ti].w.ptr();
+    kernels::LoraLinearForwardArgs f{.rows = tokens, .in_features = in, .out_features = out, .rank = r(), .w = w,
+                                     .dropout = {lora_p, 0, 0}};
+    kernels::LoraLinearBackwardArgs b{.rows = tokens, .in_features = in, .out_features = out, .rank = r(), .w = w,
+                                      .dropout = {lora_p, 0, 0}};
+    kernels::LinearForwardArgs lf{.rows = tokens, .in_features = in, .out_features = out, .w = w};
+    kernels::LinearBackwardArgs lb{.rows = tokens, .in_features = in, .out_features = out, .w = w, .dx = dx.data()};
+    need = std::max({need, kernels::LoraLinearWorkspaceBytes(f), kernels::LoraLinearWorkspaceBytes(b),
+                     kernels::LinearWorkspaceBytes(lf), kernels::LinearWorkspaceBytes(lb)});
+  }
+  {
+    kernels::LinearForwardArgs f{.rows = chunk, .in_features = h, .out_features = config.vocab_size,
+                                 .w = weights.head().ptr()};
+    kernels::LinearBackwardArgs b{.rows = chunk, .in_features = h, .out_features = config.vocab_size,
+                                  .w = weights.head().ptr(), .dx = dx.data()};
+    need = std::max({need, kernels::LinearWorkspaceBytes(f), kernels::LinearWorkspaceBytes(b)});
+  }
+  {
+    kernels::AttentionDims dims{.batch = options.max_batch, .heads = config.num_attention_heads,
+                                .seq = options.max_seq, .head_dim = config.head_dim,
+                                .kv_heads = config.num_key_value_heads, .causal = true};
+    kernels::AttentionForwardArgs af{.dims = dims, .dropout = {attention_p, 0, 0}};
+    kernels::AttentionBackwardArgs ab{.dims = dims, .dropout = {attention_p, 0, 0}};
+    need = std::max({need, kernels::AttentionWorkspaceBytes(af), kernels::AttentionWorkspaceBytes(ab)});
+  }
+  workspace_storage.assign(need / sizeof(float) + 16 + 1, 0.0f);
+  uintptr_t p = reinterpret_cast<uintptr_t>(workspace_storage.data());
+  p = (p + 63) & ~uintptr_t{63};
+  workspace = reinterpret_cast<void*>(p);
+  workspace_bytes = need;
+  return absl::OkStatus();
+}
+
+absl::Status CausalLm::Impl::CheckBatch(const Batch& b, bool need_labels) const {
+  if (b.batch_size < 1 || b.seq_len < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("empty batch: batch_size ", b.batch_size, ", seq_len ", b.seq_len));
+  }
+  if (b.batch_size > options.max_batch || b.seq_len > options.max_seq) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", b.batch_size, " x ", b.seq_len,
+                                                   " exceeds the planned maximum ", options.max_batch, " x ",
+                                                   options.max_seq, " (DecoderOptions max_batch, max_seq)"));
+  }
+  const size_t n = static_cast<size_t>(b.batch_size) * b.seq_len;
+  if (b.input_ids.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input_ids has ", b.input_ids.size(), " entries, expected ", b.batch_size, " x ", b.seq_len));
+  }
+  if (!b.attention_mask.empty() && b.attention_mask.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("attention_mask has ", b.attention_mask.size(), " entries, expected 0 or ", n));
+  }
+  if (need_labels && b.labels.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("labels has ", b.labels.size(), " entries, expected ", n));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (b.input_ids[i] < 0 || b.input_ids[i] >= config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("input_ids[", i, "] = ", b.input_ids[i],
+                                                     " outside the vocabulary [0, ", config.vocab_size, ")"));
+    }
+    if (need_labels && b.labels[i] != -100 && (b.labels[i] < 0 || b.labels[i] >= config.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("labels[", i, "] = ", b.labels[i],
+                                                     ": neither -100 nor a token id below ", config.vocab_size));
+    }
+  }
+  if (!b.attention_mask.empty()) {
+    for (int s = 0; s < b.batch_size; ++s) {
+      const int32_t* row = b.attention_mask.data() + static_cast<size_t>(s) * b.seq_len;
+      if (row[0] != 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", s, " does not start with a token (attention_mask[0] = ", row[0],
+                         "): decoders take right-padded batches"));
+      }
+      bool padding = false;
+      for (int j = 0; j < b.seq_len; ++j) {
+        if (row[j] != 0 && row[j] != 1) {
+          return absl::InvalidArgumentError(absl::StrCat("attention_mask value ", row[j], ", expected 0 or 1"));
+        }
+        if (row[j] == 0) padding = true;
+        if (row[j] == 1 && padding) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("sequence ", s, " has a token after padding: decoders take right-padded batches"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fedlora

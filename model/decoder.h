@@ -1,0 +1,167 @@
+// Decoder-only transformers (LLaMA family: LLaMA, SmolLM, Qwen2) for causal language modelling,
+// with LoRA adapters, on the CPU.
+//
+//   DecoderOptions opts;                         // LoRA r8 on all seven projections
+//   FEDLORA_ASSIGN_OR_RETURN(auto lm, CausalLm::Load("models/SmolLM2-135M-Instruct/"
+//                                                    "SmolLM2-135M-Instruct.Q4_1.gguf", opts));
+//   CausalLm::Batch batch{...};                 // ids from model/bpe_tokenizer.h; labels -100
+//   lm->ZeroGrad();                              //   except on the response tokens
+//   FEDLORA_ASSIGN_OR_RETURN(float loss, lm->ForwardBackward(batch, /*dropout_seed=*/step));
+//   for (Param& p : lm->trainable_params()) { /* optimizer step on p.value with p.grad */ }
+//
+// The network is Hugging Face's LlamaForCausalLM (Qwen2ForCausalLM: plus q/k/v biases): token
+// embeddings; N layers of x += o_proj(attention(rope(q_proj(n)), rope(k_proj(n)), v_proj(n))) with
+// n = RMSNorm(x), causal grouped-query attention, then x += down_proj(silu(gate_proj(n)) *
+// up_proj(n)) with n = RMSNorm(x); a final RMSNorm and the output head (tied to the embeddings or
+// separate). LoRA (PEFT's lora.Linear: A kaiming-uniform, B zero, scale alpha / r) on any of the
+// seven projections.
+//
+// The loss is transformers': logits at position t predict labels[t + 1]; the mean cross-entropy
+// over targets that are not -100. The output head runs only on the rows that have a target, in
+// chunks, so logits never take more than kLmHeadChunkRows x vocab floats.
+//
+// The frozen base (DecoderBase) holds its matrices as DecoderOptions::weights says: fp32, bf16, or
+// as stored (a GGUF's Q4_1 / Q8_0 blocks stay 4 and 8 bits: QLoRA-style, the GEMMs widen panels of
+// rows; model/frozen.h). LoRA weights, their gradients and all activations are fp32. The backward
+// flows through the quantized weights to every layer's adapters.
+//
+// Memory: activations for (max_batch, max_seq) are planned once; a step allocates nothing. Per
+// token and layer about 4*hidden + 2*kv_dim + 2*q_dim + 3*intermediate floats are kept, plus
+// heads*seq of attention probabilities; with recompute_activations only each layer's input is
+// kept and the layer is recomputed in the backward (one more forward; the memory of one layer).
+//
+// Thread-safety: as BertClassifier: one CausalLm per thread at a time; many may share a base.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/bert.h"
+#include "model/decoder_config.h"
+#include "model/frozen.h"
+#include "model/param.h"
+
+namespace fedlora {
+
+// The seven projections of a decoder layer that can carry LoRA, named as PEFT's target_modules.
+enum class DecoderTarget { kQProj = 0, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj };
+inline constexpr int kNumDecoderTargets = 7;
+// "q_proj", ..., "down_proj".
+const char* DecoderTargetName(DecoderTarget target);
+// The module path inside one layer: "self_attn.q_proj", ..., "mlp.down_proj".
+const char* DecoderTargetPath(DecoderTarget target);
+// Accepts the names and the paths; InvalidArgument naming the text and the accepted names.
+absl::StatusOr<DecoderTarget> ParseDecoderTarget(const std::string& name);
+
+// Rows of logits computed at once by the output head (64 x 49,152 floats = 12.6 MB for SmolLM2).
+inline constexpr int64_t kLmHeadChunkRows = 64;
+
+struct DecoderOptions {
+  LoraOptions lora{.rank = 8,
+                   .alpha = 16.0f,
+                   .dropout = 0.0f,
+                   .target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}};
+  WeightStorage weights = WeightStorage::kAsStored;
+  uint64_t seed = 0;  // LoRA A initialisation; FromRandom's base weights
+  // Largest batch and sequence length any call will use (generation: prompt + new tokens).
+  int max_batch = 4;
+  int max_seq = 256;
+  bool recompute_activations = false;
+  std::string base_model_name;  // recorded in the PEFT adapter_config.json
+};
+
+// The frozen part: config and base weights. Immutable once built; share it between CausalLms.
+class DecoderBase {
+ public:
+  // `path` is a directory with config.json and model.safetensors (or a sharded
+  // model.safetensors.index.json), or a .gguf file. Reads DecoderOptions::weights only.
+  static absl::StatusOr<std::shared_ptr<const DecoderBase>> Load(const std::string& path,
+                                                                 const DecoderOptions& options);
+  // Random weights (N(0, 0.02), norms 1, biases 0) from options.seed, for tests and benchmarks.
+  static absl::StatusOr<std::shared_ptr<const DecoderBase>> FromRandom(const DecoderConfig& config,
+                                                                       const DecoderOptions& options);
+  ~DecoderBase();
+  DecoderBase(const DecoderBase&) = delete;
+  DecoderBase& operator=(const DecoderBase&) = delete;
+
+  const DecoderConfig& config() const { return config_; }
+  // Bytes of weight storage held (matrices at their storage type, fp32 norms and biases).
+  int64_t weight_bytes() const;
+  // A short description of the storage, e.g. "Q4_1 x 210, Q8_0 x 1, F32 x 61".
+  std::string storage_summary() const;
+
+  struct Weights;  // model/decoder_weights.h
+  const Weights& weights() const { return *weights_; }
+
+ private:
+  friend absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(DecoderConfig config,
+                                                                           std::unique_ptr<Weights> weights);
+  DecoderBase(DecoderConfig config, std::unique_ptr<Weights> weights);
+  DecoderConfig config_;
+  std::unique_ptr<Weights> weights_;
+};
+
+class CausalLm {
+ public:
+  // Row-major [batch_size, seq_len]. Sequences are right-padded: attention_mask is 1...1 0...0
+  // per row (empty: all 1). labels: -100 or a token id; empty means no loss (Logits/Generate).
+  struct Batch {
+    int batch_size = 0;
+    int seq_len = 0;
+    std::vector<int32_t> input_ids;
+    std::vector<int32_t> attention_mask;
+    std::vector<int32_t> labels;
+  };
+  struct LossSum {
+    double nll = 0.0;    // summed over the targets
+    int64_t tokens = 0;  // targets counted
+  };
+  struct GenerateOptions {
+    int max_new_tokens = 64;
+    std::vector<int32_t> stop_ids;  // generation ends after emitting one of these
+    bool use_cache = true;          // false recomputes the whole sequence each step (tests)
+  };
+
+  static absl::StatusOr<std::unique_ptr<CausalLm>> Load(const std::string& path, const DecoderOptions& options);
+  static absl::StatusOr<std::unique_ptr<CausalLm>> Create(std::shared_ptr<const DecoderBase> base,
+                                                          const DecoderOptions& options);
+  ~CausalLm();
+  CausalLm(const CausalLm&) = delete;
+  CausalLm& operator=(const CausalLm&) = delete;
+
+  // Training mode (LoRA dropout on, masks from dropout_seed): the mean loss over the batch's
+  // targets; ADDS d(loss)/d(param) to every trainable param's grad. InvalidArgument when the
+  // batch has no target.
+  absl::StatusOr<float> ForwardBackward(const Batch& batch, uint64_t dropout_seed);
+  // Eval mode: the summed loss and the number of targets (perplexity = exp(nll / tokens)).
+  absl::StatusOr<LossSum> Evaluate(const Batch& batch);
+  // Eval mode: logits at every position, [batch_size, seq_len, vocab_size].
+  absl::StatusOr<std::vector<float>> Logits(const Batch& batch);
+  // Greedy decoding of one prompt: the new tokens (the stop token included when one is hit).
+  // prompt + max_new_tokens must fit in max_seq.
+  absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt, const GenerateOptions& options);
+
+  std::vector<Param>& trainable_params() { return params_; }
+  const std::vector<Param>& trainable_params() const { return params_; }
+  void ZeroGrad();
+  const DecoderConfig& config() const { return base_->config(); }
+  const DecoderOptions& options() const { return options_; }
+  const std::shared_ptr<const DecoderBase>& base() const { return base_; }
+  const std::vector<DecoderTarget>& lora_targets() const { return targets_; }
+
+ private:
+  struct Impl;
+  CausalLm(std::shared_ptr<const DecoderBase> base, DecoderOptions options);
+
+  std::shared_ptr<const DecoderBase> base_;
+  DecoderOptions options_;
+  std::vector<DecoderTarget> targets_;
+  std::vector<Param> params_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fedlora

@@ -1,0 +1,270 @@
+// CausalLm's forward, backward, evaluation and logits (see model/decoder.h for the network).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
+#include "kernels/linear.h"
+#include "kernels/lora_linear.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+#include "model/decoder_impl.h"
+
+namespace fedlora {
+namespace {
+
+// Every dropout site of a step draws from its own core/rng.h stream of the step's seed.
+constexpr uint64_t kSiteLayerBase = 16, kSitesPerLayer = 16, kSiteAttnProbs = 0, kSiteLora = 8;
+
+}  // namespace
+
+kernels::DropoutSpec CausalLm::Impl::LoraSpec(bool training, uint64_t seed, int64_t layer, DecoderTarget t) const {
+  return kernels::DropoutSpec{.p = training ? lora_p : 0.0f, .seed = seed, .offset = 0,
+                              .stream = kSiteLayerBase + layer * kSitesPerLayer + kSiteLora + static_cast<int>(t)};
+}
+
+void CausalLm::Impl::Embed(const Batch& b) {
+  const int64_t tokens = static_cast<int64_t>(b.batch_size) * b.seq_len, h = H();
+  for (int64_t i = 0; i < tokens; ++i) weights.embed.RowToF32(b.input_ids[i], x[0].data() + i * h);
+  for (int64_t i = 0; i < tokens; ++i) {
+    // Padding keys get a large negative bias, so exp() underflows to exactly 0.
+    mask_add[i] = b.attention_mask.empty() || b.attention_mask[i] != 0 ? 0.0f : -1e30f;
+    positions[i] = static_cast<int32_t>(i % b.seq_len);  // right padding: position = index
+  }
+}
+
+absl::Status CausalLm::Impl::Linear(int64_t layer, DecoderTarget t, const float* in, int64_t rows, float* y,
+                                    bool training, uint64_t seed, DecoderLayerActs& a) {
+  const int ti = static_cast<int>(t);
+  const FrozenLinear& lin = weights.layers[layer].proj[ti];
+  const float* bias = lin.bias.empty() ? nullptr : lin.bias.data();
+  const int lp = lora_param[layer][ti];
+  if (lp < 0) {
+    return kernels::LinearForward(ctx, {.rows = rows, .in_features = lin.w.cols, .out_features = lin.w.rows, .x = in,
+                                        .w = lin.w.ptr(), .bias = bias, .y = y, .workspace = workspace,
+                                        .workspace_bytes = workspace_bytes});
+  }
+  return kernels::LoraLinearForward(
+      ctx, {.rows = rows, .in_features = lin.w.cols, .out_features = lin.w.rows, .rank = r(), .x = in,
+            .w = lin.w.ptr(), .bias = bias, .lora_a = params[lp].value.data(), .lora_b = params[lp + 1].value.data(),
+            .scaling = lora_scaling, .dropout = LoraSpec(training, seed, layer, t), .y = y,
+            .h = a.lora_h[ti].data(), .workspace = workspace, .workspace_bytes = workspace_bytes});
+}
+
+absl::Status CausalLm::Impl::LinearBackward(int64_t layer, DecoderTarget t, const float* in, const float* dy,
+                                            int64_t rows, float* dx_out, bool accumulate_dx, uint64_t seed,
+                                            DecoderLayerActs& a) {
+  const int ti = static_cast<int>(t);
+  const FrozenLinear& lin = weights.layers[layer].proj[ti];
+  const int lp = lora_param[layer][ti];
+  if (lp < 0) {
+    if (dx_out == nullptr) return absl::OkStatus();  // frozen, and nothing below needs its input gradient
+    return kernels::LinearBackward(ctx, {.rows = rows, .in_features = lin.w.cols, .out_features = lin.w.rows,
+                                         .w = lin.w.ptr(), .dy = dy, .dx = dx_out, .accumulate_dx = accumulate_dx,
+                                         .workspace = workspace, .workspace_bytes = workspace_bytes});
+  }
+  Param& pa = params[lp];
+  Param& pb = params[lp + 1];
+  return kernels::LoraLinearBackward(
+      ctx, {.rows = rows, .in_features = lin.w.cols, .out_features = lin.w.rows, .rank = r(), .x = in,
+            .w = lin.w.ptr(), .lora_a = pa.value.data(), .lora_b = pb.value.data(), .scaling = lora_scaling,
+            .dropout = LoraSpec(true, seed, layer, t), .h = a.lora_h[ti].data(), .dy = dy, .dx = dx_out,
+            .accumulate_dx = accumulate_dx, .da = pa.grad.data(), .db = pb.grad.data(), .accumulate_params = true,
+            .workspace = workspace, .workspace_bytes = workspace_bytes});
+}
+
+absl::Status CausalLm::Impl::LayerForward(int64_t l, int64_t batch, int64_t seq, bool training, uint64_t seed,
+                                          DecoderLayerActs& a) {
+  const DecoderLayerWeights& lw = weights.layers[l];
+  const int64_t T = batch * seq, h = H(), inter = config.intermediate_size;
+  const float eps = static_cast<float>(config.rms_norm_eps);
+  const float* in = x[l].data();
+  float* out = x[l + 1].data();
+  // n1 = RMSNorm(x); q, k, v = projections; rotary on q and k
+  FEDLORA_RETURN_IF_ERROR(kernels::RmsNormForward(
+      ctx, {.rows = T, .cols = h, .eps = eps, .x = in, .gamma = lw.input_norm.data(), .y = a.n1.data(),
+            .rstd = a.rstd1.data()}));
+  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kQProj, a.n1.data(), T, a.q.data(), training, seed, a));
+  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kKProj, a.n1.data(), T, a.k.data(), training, seed, a));
+  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kVProj, a.n1.data(), T, a.v.data(), training, seed, a));
+  for (auto [buf, heads] : {std::pair<float*, int64_t>{a.q.data(), config.num_attention_heads},
+                            {a.k.data(), config.num_key_value_heads}}) {
+    FEDLORA_RETURN_IF_ERROR(kernels::Rope(
+        ctx, {.tokens = T, .heads = heads, .head_dim = config.head_dim, .max_positions = rope.max_positions,
+              .positions = positions.data(), .cos = rope.cos.data(), .sin = rope.sin.data(), .x = buf}));
+  }
+  const kernels::AttentionDims dims{.batch = batch, .heads = config.num_attention_heads, .seq = seq,
+                                    .head_dim = config.head_dim, .layout = kernels::AttentionLayout::kBSHD,
+                                    .kv_heads = config.num_key_value_heads, .causal = true};
+  FEDLORA_RETURN_IF_ERROR(kernels::AttentionForward(
+      ctx, {.dims = dims, .q = a.q.data(), .k = a.k.data(), .v = a.v.data(), .mask = mask_add.data(),
+            .dropout = {.p = training ? attention_p : 0.0f, .seed = seed, .offset = 0,
+                        .stream = kSiteLayerBase + l * kSitesPerLayer + kSiteAttnProbs},
+            .probs = a.probs.data(), .out = a.ctx.data(), .workspace = workspace, .workspace_bytes = workspace_bytes}));
+  // z = x + o_proj(ctx)
+  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kOProj, a.ctx.data(), T, tmp.data(), training, seed, a));
+  FEDLORA_RETURN_IF_ERROR(kernels::Add(ctx, {.n = T * h, .a = tmp.data(), .b = in, .out = a.z.data()}));
+  // n2 = RMSNorm(z); x' = z + down_proj(silu(gate_proj(n2)) * up_proj(n2))
+  FEDLORA_RETURN_IF_ERROR(kernels::RmsNormForward(
+      ctx, {.rows = T, .cols = h, .eps = eps, .x = a.z.data(), .gamma = lw.post_attention_norm.data(),
+            .y = a.n2.data(), .rstd = a.rstd2.data()}));
+  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kGateProj, a.n2.data(), T, a.gate.data(), training, seed, a));
+  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kUpProj, a.n2.data(), T, a.up.data(), training, seed, a));
+  FEDLORA_RETURN_IF_ERROR(
+      kernels::SwiGluForward(ctx, {.n = T * inter, .gate = a.gate.data(), .up = a.up.data(), .y = a.act.data()}));
+  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kDownProj, a.act.data(), T, tmp.data(), training, seed, a));
+  return kernels::Add(ctx, {.n = T * h, .a = tmp.data(), .b = a.z.data(), .out = out});
+}
+
+absl::Status CausalLm::Impl::LayerBackward(int64_t l, int64_t batch, int64_t seq, uint64_t seed, DecoderLayerActs& a) {
+  const DecoderLayerWeights& lw = weights.layers[l];
+  const int64_t T = batch * seq, h = H(), inter = config.intermediate_size;
+  const bool first = l == 0;  // nothing below the first layer needs an input gradient
+  // x' = z + down(act): dz starts as dx' (kept in dx), d(act) through down_proj.
+  FEDLORA_RETURN_IF_ERROR(LinearBackward(l, DecoderTarget::kDownProj, a.act.data(), dx.data(), T, dact.data(), false,
+                                         seed, a));
+  FEDLORA_RETURN_IF_ERROR(kernels::SwiGluBackward(ctx, {.n = T * inter, .gate = a.gate.data(), .up = a.up.data(),
+                                                        .dy = dact.data(), .dgate = dgate.data(), .dup = dup.data()}));
+  FEDLORA_RETURN_IF_ERROR(
+      LinearBackward(l, DecoderTarget::kGateProj, a.n2.data(), dgate.data(), T, dn.data(), false, seed, a));
+  FEDLORA_RETURN_IF_ERROR(LinearBackward(l, DecoderTarget::kUpProj, a.n2.data(), dup.data(), T, dn.data(), true, seed, a));
+  FEDLORA_RETURN_IF_ERROR(kernels::RmsNormBackward(
+      ctx, {.rows = T, .cols = h, .x = a.z.data(), .gamma = lw.post_attention_norm.data(), .rstd = a.rstd2.data(),
+            .dy = dn.data(), .dx = dx.data(), .accumulate_dx = true}));
+  // z = x + o(ctx): dx now holds dz.
+  FEDLORA_RETURN_IF_ERROR(
+      LinearBackward(l, DecoderTarget::kOProj, a.ctx.data(), dx.data(), T, dctx.data(), false, seed, a));
+  const kernels::AttentionDims dims{.batch = batch, .heads = config.num_attention_heads, .seq = seq,
+                                    .head_dim = config.head_dim, .layout = kernels::AttentionLayout::kBSHD,
+                                    .kv_heads = config.num_key_value_heads, .causal = true};
+  FEDLORA_RETURN_IF_ERROR(kernels::AttentionBackward(
+      ctx, {.dims = dims, .q = a.q.data(), .k = a.k.data(), .v = a.v.data(), .probs = a.probs.data(),
+            .dropout = {.p = attention_p, .seed = seed, .offset = 0,
+                        .stream = kSiteLayerBase + l * kSitesPerLayer + kSiteAttnProbs},
+            .dout = dctx.data(), .dq = dq.data(), .dk = dk.data(), .dv = dv.data(), .workspace = workspace,
+            .workspace_bytes = workspace_bytes}));
+  for (auto [buf, heads] : {std::pair<float*, int64_t>{dq.data(), config.num_attention_heads},
+                            {dk.data(), config.num_key_value_heads}}) {
+    FEDLORA_RETURN_IF_ERROR(kernels::Rope(
+        ctx, {.tokens = T, .heads = heads, .head_dim = config.head_dim, .max_positions = rope.max_positions,
+              .positions = positions.data(), .cos = rope.cos.data(), .sin = rope.sin.data(), .x = buf,
+              .inverse = true}));
+  }
+  float* dn1 = first ? nullptr : dn.data();
+  FEDLORA_RETURN_IF_ERROR(LinearBackward(l, DecoderTarget::kQProj, a.n1.data(), dq.data(), T, dn1, false, seed, a));
+  FEDLORA_RETURN_IF_ERROR(LinearBackward(l, DecoderTarget::kKProj, a.n1.data(), dk.data(), T, dn1, true, seed, a));
+  FEDLORA_RETURN_IF_ERROR(LinearBackward(l, DecoderTarget::kVProj, a.n1.data(), dv.data(), T, dn1, true, seed, a));
+  if (first) return absl::OkStatus();
+  return kernels::RmsNormBackward(ctx, {.rows = T, .cols = h, .x = x[l].data(), .gamma = lw.input_norm.data(),
+                                        .rstd = a.rstd1.data(), .dy = dn.data(), .dx = dx.data(),
+                                        .accumulate_dx = true});
+}
+
+absl::Status CausalLm::Impl::Forward(const Batch& b, bool training, uint64_t seed) {
+  Embed(b);
+  for (int64_t l = 0; l < L(); ++l) {
+    FEDLORA_RETURN_IF_ERROR(LayerForward(l, b.batch_size, b.seq_len, training, seed, ActsFor(l)));
+  }
+  const int64_t T = static_cast<int64_t>(b.batch_size) * b.seq_len;
+  return kernels::RmsNormForward(ctx, {.rows = T, .cols = H(), .eps = static_cast<float>(config.rms_norm_eps),
+                                       .x = x[L()].data(), .gamma = weights.final_norm.data(), .y = nf.data(),
+                                       .rstd = rstd_f.data()});
+}
+
+absl::Status CausalLm::Impl::Head(const Batch& b, bool backward, LossSum* sum) {
+  const int64_t S = b.seq_len, h = H(), V = config.vocab_size;
+  // Rows with a target: position t of sequence s predicts labels[s, t + 1].
+  std::vector<int64_t> rows;
+  for (int64_t s = 0; s < b.batch_size; ++s) {
+    for (int64_t t = 0; t + 1 < S; ++t) {
+      if (b.labels[s * S + t + 1] != kernels::kIgnoreIndex) rows.push_back(s * S + t);
+    }
+  }
+  const int64_t n = static_cast<int64_t>(rows.size());
+  sum->nll = 0.0;
+  sum->tokens = n;
+  if (backward) std::fill(dn.begin(), dn.begin() + static_cast<int64_t>(b.batch_size) * S * h, 0.0f);
+  const FrozenMatrix& head = weights.head();
+  for (int64_t c0 = 0; c0 < n; c0 += kLmHeadChunkRows) {
+    const int64_t c = std::min(kLmHeadChunkRows, n - c0);
+    for (int64_t i = 0; i < c; ++i) {
+      std::memcpy(head_in.data() + i * h, nf.data() + rows[c0 + i] * h, h * sizeof(float));
+      head_labels[i] = b.labels[rows[c0 + i] + 1];
+    }
+    FEDLORA_RETURN_IF_ERROR(kernels::LinearForward(ctx, {.rows = c, .in_features = h, .out_features = V,
+                                                         .x = head_in.data(), .w = head.ptr(),
+                                                         .y = head_logits.data(), .workspace = workspace,
+                                                         .workspace_bytes = workspace_bytes}));
+    float loss = 0.0f;
+    // Each chunk's mean times c / n: the chunks' gradients add up to those of the mean over n.
+    FEDLORA_RETURN_IF_ERROR(kernels::SoftmaxCrossEntropy(
+        ctx, {.batch = c, .classes = V, .logits = head_logits.data(), .labels = head_labels.data(), .loss = &loss,
+              .dlogits = backward ? head_logits.data() : nullptr,
+              .loss_scale = static_cast<float>(c) / static_cast<float>(n)}));
+    sum->nll += static_cast<double>(loss) * c;
+    if (!backward) continue;
+    FEDLORA_RETURN_IF_ERROR(kernels::LinearBackward(ctx, {.rows = c, .in_features = h, .out_features = V,
+                                                          .w = head.ptr(), .dy = head_logits.data(),
+                                                          .dx = dhead_in.data(), .workspace = workspace,
+                                                          .workspace_bytes = workspace_bytes}));
+    for (int64_t i = 0; i < c; ++i) {
+      float* dst = dn.data() + rows[c0 + i] * h;
+      const float* src = dhead_in.data() + i * h;
+      for (int64_t j = 0; j < h; ++j) dst[j] += src[j];
+    }
+  }
+  if (!backward) return absl::OkStatus();
+  // Through the final norm into dx = d(loss)/d(x[L]).
+  const int64_t T = static_cast<int64_t>(b.batch_size) * S;
+  return kernels::RmsNormBackward(ctx, {.rows = T, .cols = h, .x = x[L()].data(), .gamma = weights.final_norm.data(),
+                                        .rstd = rstd_f.data(), .dy = dn.data(), .dx = dx.data()});
+}
+
+absl::StatusOr<float> CausalLm::ForwardBackward(const Batch& batch, uint64_t dropout_seed) {
+  Impl& im = *impl_;
+  FEDLORA_RETURN_IF_ERROR(im.CheckBatch(batch, /*need_labels=*/true));
+  FEDLORA_RETURN_IF_ERROR(im.Forward(batch, /*training=*/true, dropout_seed));
+  LossSum sum;
+  FEDLORA_RETURN_IF_ERROR(im.Head(batch, /*backward=*/true, &sum));
+  if (sum.tokens == 0) return absl::InvalidArgumentError("the batch has no target (every label after the first is -100)");
+  for (int64_t l = im.L() - 1; l >= 0; --l) {
+    if (options_.recompute_activations) {
+      // The same seed gives the same dropout masks, so the recomputed layer equals the first pass.
+      FEDLORA_RETURN_IF_ERROR(im.LayerForward(l, batch.batch_size, batch.seq_len, true, dropout_seed, im.ActsFor(l)));
+    }
+    FEDLORA_RETURN_IF_ERROR(im.LayerBackward(l, batch.batch_size, batch.seq_len, dropout_seed, im.ActsFor(l)));
+  }
+  return static_cast<float>(sum.nll / static_cast<double>(sum.tokens));
+}
+
+absl::StatusOr<CausalLm::LossSum> CausalLm::Evaluate(const Batch& batch) {
+  Impl& im = *impl_;
+  FEDLORA_RETURN_IF_ERROR(im.CheckBatch(batch, /*need_labels=*/true));
+  FEDLORA_RETURN_IF_ERROR(im.Forward(batch, /*training=*/false, 0));
+  LossSum sum;
+  FEDLORA_RETURN_IF_ERROR(im.Head(batch, /*backward=*/false, &sum));
+  return sum;
+}
+
+absl::StatusOr<std::vector<float>> CausalLm::Logits(const Batch& batch) {
+  Impl& im = *impl_;
+  FEDLORA_RETURN_IF_ERROR(im.CheckBatch(batch, /*need_labels=*/false));
+  FEDLORA_RETURN_IF_ERROR(im.Forward(batch, /*training=*/false, 0));
+  const int64_t T = static_cast<int64_t>(batch.batch_size) * batch.seq_len, h = im.H(), V = config().vocab_size;
+  std::vector<float> logits(static_cast<size_t>(T * V));
+  for (int64_t r0 = 0; r0 < T; r0 += kLmHeadChunkRows) {
+    const int64_t c = std::min(kLmHeadChunkRows, T - r0);
+    FEDLORA_RETURN_IF_ERROR(kernels::LinearForward(im.ctx, {.rows = c, .in_features = h, .out_features = V,
+                                                            .x = im.nf.data() + r0 * h, .w = im.weights.head().ptr(),
+                                                            .y = logits.data() + r0 * V, .workspace = im.workspace,
+                                                            .workspace_bytes = im.workspace_bytes}));
+  }
+  return logits;
+}
+
+}  // namespace fedlora

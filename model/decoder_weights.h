@@ -1,0 +1,40 @@
+// The frozen weights of a decoder (internal to model/decoder*.cc): shapes follow Hugging Face's
+// LlamaForCausalLM, [out, in] for every projection.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "model/decoder.h"
+#include "model/frozen.h"
+
+namespace fedlora {
+
+struct DecoderLayerWeights {
+  std::vector<float> input_norm;        // [hidden]
+  FrozenLinear proj[kNumDecoderTargets];  // indexed by DecoderTarget; q/k/v biases for Qwen2
+  std::vector<float> post_attention_norm;  // [hidden]
+};
+
+struct DecoderBase::Weights {
+  FrozenMatrix embed;  // [vocab, hidden]
+  std::vector<DecoderLayerWeights> layers;
+  std::vector<float> final_norm;  // [hidden]
+  FrozenMatrix lm_head;           // [vocab, hidden]; empty when tied to embed
+
+  const FrozenMatrix& head() const { return lm_head.empty() ? embed : lm_head; }
+  // [out, in] of a projection.
+  static void Shape(const DecoderConfig& c, DecoderTarget t, int64_t* out, int64_t* in);
+  // Every matrix and vector has its config shape (the loaders' last check).
+  absl::Status Check(const DecoderConfig& c) const;
+};
+
+// Builds the base once the weights are filled (Check passes).
+absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(DecoderConfig config,
+                                                                  std::unique_ptr<DecoderBase::Weights> weights);
+// The loaders (model/decoder_load.cc).
+absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderSafetensors(const std::string& dir,
+                                                                         WeightStorage storage);
+absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderGguf(const std::string& path, WeightStorage storage);
+
+}  // namespace fedlora

@@ -1,0 +1,227 @@
+// The decoder's contract beyond what decoder_reference_test.py compares with transformers:
+// config parsing and refusals, batch validation, gradients against finite differences,
+// activation recomputation, generation with and without the KV cache, and the memory of a
+// quantized base.
+#include "model/decoder.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "model/decoder_config.h"
+
+namespace fedlora {
+namespace {
+
+DecoderConfig Tiny() {
+  DecoderConfig c;
+  c.vocab_size = 96;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+DecoderOptions Opts() {
+  DecoderOptions o;
+  o.lora.rank = 2;
+  o.max_batch = 2;
+  o.max_seq = 10;
+  o.seed = 3;
+  return o;
+}
+
+CausalLm::Batch TwoRows() {
+  CausalLm::Batch b;
+  b.batch_size = 2;
+  b.seq_len = 6;
+  b.input_ids = {5, 17, 3, 44, 90, 12, 7, 8, 9, 0, 0, 0};
+  b.attention_mask = {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0};
+  b.labels = {-100, -100, 3, 44, 90, 12, 7, 8, 9, -100, -100, -100};
+  return b;
+}
+
+std::unique_ptr<CausalLm> Make(const DecoderOptions& o, DecoderConfig c = Tiny()) {
+  auto base = DecoderBase::FromRandom(c, o);
+  EXPECT_TRUE(base.ok()) << base.status();
+  auto lm = CausalLm::Create(*base, o);
+  EXPECT_TRUE(lm.ok()) << lm.status();
+  // Nonzero B, so that the A gradients are not all zero.
+  for (Param& p : (*lm)->trainable_params()) {
+    if (p.name.find("lora_B") != std::string::npos) {
+      for (size_t i = 0; i < p.value.size(); ++i) p.value[i] = 0.05f * std::sin(static_cast<float>(i) + 1.0f);
+    }
+  }
+  return std::move(*lm);
+}
+
+TEST(DecoderConfig, ParsesLlamaAndRefusesWhatItDoesNotCompute) {
+  nlohmann::json j = {{"model_type", "llama"}, {"vocab_size", 100}, {"hidden_size", 64}, {"intermediate_size", 128},
+                      {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                      {"eos_token_id", {2, 3}}, {"rope_theta", 100000.0}, {"tie_word_embeddings", true}};
+  auto c = ParseDecoderConfig(j, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 16);
+  EXPECT_EQ(c->kv_dim(), 32);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int64_t>{2, 3}));
+  EXPECT_FALSE(c->qkv_bias);
+  struct Bad {
+    const char* key;
+    nlohmann::json value;
+    const char* message;
+  };
+  for (const Bad& bad : {Bad{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}, "rope_scaling"},
+                         Bad{"attention_bias", true, "attention_bias"}, Bad{"mlp_bias", true, "mlp_bias"},
+                         Bad{"hidden_act", "gelu", "hidden_act"}, Bad{"num_key_value_heads", 3, "multiple"},
+                         Bad{"model_type", "gpt2", "unknown decoder architecture"},
+                         Bad{"pretraining_tp", 2, "pretraining_tp"}}) {
+    nlohmann::json b = j;
+    b[bad.key] = bad.value;
+    auto st = ParseDecoderConfig(b, "config.json").status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad.key;
+    EXPECT_NE(std::string(st.message()).find(bad.message), std::string::npos) << st;
+  }
+  nlohmann::json q = j;
+  q["model_type"] = "qwen2";
+  q["use_sliding_window"] = true;
+  EXPECT_FALSE(ParseDecoderConfig(q, "config.json").ok());
+  q["use_sliding_window"] = false;
+  auto qc = ParseDecoderConfig(q, "config.json");
+  ASSERT_TRUE(qc.ok()) << qc.status();
+  EXPECT_TRUE(qc->qkv_bias);
+}
+
+TEST(CausalLm, NamesItsAdaptersAsPeft) {
+  auto lm = Make(Opts());
+  const auto& params = lm->trainable_params();
+  ASSERT_EQ(params.size(), 2u * 7 * 2);
+  EXPECT_EQ(params[0].name, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+  EXPECT_EQ(params[0].shape, (std::vector<int64_t>{2, 32}));
+  EXPECT_EQ(params[3].name, "base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight");
+  EXPECT_EQ(params[3].shape, (std::vector<int64_t>{16, 2}));
+  EXPECT_EQ(params.back().name, "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight");
+}
+
+TEST(CausalLm, GradientsMatchFiniteDifferences) {
+  auto lm = Make(Opts());
+  const CausalLm::Batch b = TwoRows();
+  lm->ZeroGrad();
+  auto loss = lm->ForwardBackward(b, 1);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  // A sample of entries of every adapter: central differences of the mean loss in double.
+  for (Param& p : lm->trainable_params()) {
+    for (size_t i = 0; i < p.value.size(); i += 7) {
+      const float saved = p.value[i];
+      const float eps = 1e-2f;
+      p.value[i] = saved + eps;
+      auto up = lm->Evaluate(b);
+      p.value[i] = saved - eps;
+      auto down = lm->Evaluate(b);
+      p.value[i] = saved;
+      ASSERT_TRUE(up.ok() && down.ok());
+      const double numeric = (up->nll / up->tokens - down->nll / down->tokens) / (2.0 * eps);
+      EXPECT_NEAR(p.grad[i], numeric, 2e-3 + 2e-2 * std::abs(numeric)) << p.name << "[" << i << "]";
+    }
+  }
+}
+
+TEST(CausalLm, RecomputingActivationsGivesTheSameGradients) {
+  DecoderOptions o = Opts();
+  o.lora.dropout = 0.1f;  // the recomputed forward must redraw the same masks
+  auto a = Make(o);
+  o.recompute_activations = true;
+  auto b = Make(o);
+  a->ZeroGrad();
+  b->ZeroGrad();
+  auto la = a->ForwardBackward(TwoRows(), 42);
+  auto lb = b->ForwardBackward(TwoRows(), 42);
+  ASSERT_TRUE(la.ok() && lb.ok());
+  EXPECT_EQ(*la, *lb);
+  for (size_t i = 0; i < a->trainable_params().size(); ++i) {
+    EXPECT_EQ(a->trainable_params()[i].grad, b->trainable_params()[i].grad) << a->trainable_params()[i].name;
+  }
+}
+
+TEST(CausalLm, GreedyDecodingWithTheCacheEqualsDecodingWithout) {
+  for (bool tied : {true, false}) {
+    DecoderConfig c = Tiny();
+    c.tie_word_embeddings = tied;
+    DecoderOptions o = Opts();
+    o.max_seq = 20;
+    auto lm = Make(o, c);
+    CausalLm::GenerateOptions g;
+    g.max_new_tokens = 12;
+    auto cached = lm->Generate({5, 17, 3}, g);
+    g.use_cache = false;
+    auto uncached = lm->Generate({5, 17, 3}, g);
+    ASSERT_TRUE(cached.ok() && uncached.ok()) << cached.status() << uncached.status();
+    EXPECT_EQ(cached->size(), 12u);
+    EXPECT_EQ(*cached, *uncached);
+    // A stop token ends generation after emitting it.
+    g.use_cache = true;
+    g.stop_ids = {(*cached)[3]};
+    auto stopped = lm->Generate({5, 17, 3}, g);
+    ASSERT_TRUE(stopped.ok());
+    const auto first = std::find(cached->begin(), cached->end(), (*cached)[3]) - cached->begin();
+    EXPECT_EQ(stopped->size(), static_cast<size_t>(first + 1));
+    g.max_new_tokens = 18;  // 3 + 18 > max_seq 20
+    EXPECT_EQ(lm->Generate({5, 17, 3}, g).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(CausalLm, RefusesMalformedBatches) {
+  auto lm = Make(Opts());
+  CausalLm::Batch b = TwoRows();
+  b.attention_mask = {0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0};  // left padding
+  EXPECT_NE(std::string(lm->ForwardBackward(b, 0).status().message()).find("right-padded"), std::string::npos);
+  b = TwoRows();
+  b.labels[4] = 96;  // outside the vocabulary
+  EXPECT_EQ(lm->ForwardBackward(b, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  b = TwoRows();
+  b.labels.assign(12, -100);
+  b.labels[0] = 5;  // the first position is never a target
+  EXPECT_NE(std::string(lm->ForwardBackward(b, 0).status().message()).find("no target"), std::string::npos);
+  b = TwoRows();
+  b.input_ids[2] = -1;
+  EXPECT_EQ(lm->Logits(b).status().code(), absl::StatusCode::kInvalidArgument);
+  b = TwoRows();
+  b.seq_len = 11;  // over max_seq
+  EXPECT_EQ(lm->Logits(b).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CausalLm, RefusesBadOptions) {
+  auto base = DecoderBase::FromRandom(Tiny(), Opts());
+  ASSERT_TRUE(base.ok());
+  DecoderOptions o = Opts();
+  o.lora.target_modules = {"q_proj", "query"};
+  EXPECT_NE(std::string(CausalLm::Create(*base, o).status().message()).find("unknown LoRA target module \"query\""),
+            std::string::npos);
+  o = Opts();
+  o.lora.rank = 17;  // above kv_dim 16
+  EXPECT_EQ(CausalLm::Create(*base, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Opts();
+  o.max_seq = 65;  // above max_position_embeddings
+  EXPECT_EQ(CausalLm::Create(*base, o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(DecoderBase, Bf16HalvesTheWeights) {
+  DecoderOptions o = Opts();
+  o.weights = WeightStorage::kF32;
+  auto f32 = DecoderBase::FromRandom(Tiny(), o);
+  o.weights = WeightStorage::kBF16;
+  auto bf16 = DecoderBase::FromRandom(Tiny(), o);
+  ASSERT_TRUE(f32.ok() && bf16.ok());
+  const int64_t norms = (2 * 2 + 1) * 32 * 4;  // fp32 in both
+  EXPECT_EQ((*bf16)->weight_bytes() - norms, ((*f32)->weight_bytes() - norms) / 2);
+}
+
+}  // namespace
+}  // namespace fedlora
