@@ -17,6 +17,7 @@ inline constexpr int kExitUsage = 2;
 int RunTrain(int argc, char** argv);
 int RunEval(int argc, char** argv);
 int RunEmbed(int argc, char** argv);
+int RunGenerate(int argc, char** argv);
 int RunSimulate(int argc, char** argv);
 int RunServer(int argc, char** argv);
 int RunClient(int argc, char** argv);

@@ -1,0 +1,143 @@
+// fedlora generate: greedy completions of a decoder (optionally with a LoRA adapter) for prompts.
+//
+//   fedlora generate --model models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf
+//       --prompt "What is the capital of France?" [--adapter runs/x/adapter] [--max-new-tokens 64]
+//
+// The prompt is a user message rendered with the model's chat template (or --chat-template NAME);
+// --raw sends it as plain text instead. --prompts FILE reads one JSON object a line, {"prompt": ...}
+// (or {"messages": [...]}), and prints one JSON object a line, {"prompt": ..., "completion": ...}.
+// Generation stops at the end-of-turn or end-of-sequence token, which is not printed.
+#include <algorithm>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/json.h"
+#include "core/status.h"
+#include "kernels/context.h"
+#include "model/decoder.h"
+#include "model/decoder_tokenizer.h"
+#include "model/peft.h"
+#include "tools/common.h"
+
+namespace fedlora::tools {
+namespace {
+
+struct GenerateFlags {
+  std::string model, adapter, prompt, prompts, chat_template, system;
+  bool raw = false;
+  int max_new_tokens = 64;
+  int threads = 0;
+};
+
+absl::StatusOr<std::vector<ChatMessage>> MessagesOf(const nlohmann::json& line, const std::string& what) {
+  if (line.contains("messages")) {
+    const nlohmann::json& m = line["messages"];
+    if (!m.is_array()) return absl::InvalidArgumentError(what + ": \"messages\" is not an array");
+    std::vector<ChatMessage> out;
+    for (const auto& item : m) {
+      FEDLORA_ASSIGN_OR_RETURN(std::string role, GetString(item, "role", what));
+      FEDLORA_ASSIGN_OR_RETURN(std::string content, GetString(item, "content", what));
+      out.push_back({role, content});
+    }
+    return out;
+  }
+  FEDLORA_ASSIGN_OR_RETURN(std::string prompt, GetString(line, "prompt", what));
+  return std::vector<ChatMessage>{{"user", prompt}};
+}
+
+absl::Status Generate(const GenerateFlags& f) {
+  kernels::SetNumThreads(f.threads);
+  FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadDecoderTokenizer(f.model, f.chat_template));
+  if (!f.raw && !tok.chat.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        f.model, " has no chat template: pass --chat-template chatml|smollm2|qwen2|llama3, or --raw"));
+  }
+  // The prompts, as token ids.
+  std::vector<std::vector<ChatMessage>> conversations;
+  if (!f.prompts.empty()) {
+    std::ifstream in(f.prompts);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", f.prompts));
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const std::string what = absl::StrCat(f.prompts, ":", n);
+      FEDLORA_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(line, what));
+      FEDLORA_ASSIGN_OR_RETURN(auto messages, MessagesOf(j, what));
+      conversations.push_back(std::move(messages));
+    }
+  } else {
+    conversations.push_back({{"user", f.prompt}});
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> texts;
+  for (auto& messages : conversations) {
+    if (!f.system.empty()) messages.insert(messages.begin(), {"system", f.system});
+    std::string text;
+    if (f.raw) {
+      for (const ChatMessage& m : messages) text += m.content;
+      prompts.push_back(tok.tokenizer->Encode(text, /*add_special=*/true));
+    } else {
+      text = tok.chat->Render(messages, /*add_generation_prompt=*/true);
+      prompts.push_back(tok.tokenizer->Encode(text, /*add_special=*/false));
+    }
+    texts.push_back(messages.back().content);
+  }
+  size_t longest = 0;
+  for (const auto& p : prompts) longest = std::max(longest, p.size());
+
+  DecoderOptions o;
+  if (!f.adapter.empty()) {
+    FEDLORA_ASSIGN_OR_RETURN(o.lora, ReadPeftLoraOptions(f.adapter));
+  }
+  o.max_batch = 1;
+  o.max_seq = static_cast<int>(longest) + f.max_new_tokens;
+  FEDLORA_ASSIGN_OR_RETURN(auto lm, CausalLm::Load(f.model, o));
+  if (!f.adapter.empty()) FEDLORA_RETURN_IF_ERROR(LoadPeftAdapter(f.adapter, lm.get()));
+  CausalLm::GenerateOptions g;
+  g.max_new_tokens = f.max_new_tokens;
+  if (tok.tokenizer->eos_id() >= 0) g.stop_ids.push_back(tok.tokenizer->eos_id());
+  if (tok.chat.has_value()) {
+    const int32_t eot = tok.tokenizer->TokenToId(std::string(tok.chat->end_of_turn()));
+    if (eot >= 0) g.stop_ids.push_back(eot);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<int32_t> out, lm->Generate(prompts[i], g));
+    if (!out.empty() && std::find(g.stop_ids.begin(), g.stop_ids.end(), out.back()) != g.stop_ids.end()) out.pop_back();
+    const std::string completion = tok.tokenizer->Decode(out, /*skip_special=*/true);
+    if (f.prompts.empty()) {
+      std::cout << completion << "\n";
+    } else {
+      std::cout << nlohmann::json{{"prompt", texts[i]}, {"completion", completion}}.dump() << "\n";
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunGenerate(int argc, char** argv) {
+  const std::string command = argv[0];
+  GenerateFlags f;
+  FlagSet flags(command, "Greedy completions of a decoder (and a LoRA adapter) for prompts.");
+  flags.AddString("model", &f.model, "decoder: a .gguf file or a directory with config.json and safetensors", true);
+  flags.AddString("adapter", &f.adapter, "PEFT LoRA adapter directory (from fedlora train or PEFT)");
+  flags.AddString("prompt", &f.prompt, "the user message");
+  flags.AddString("prompts", &f.prompts, "JSONL file of {\"prompt\": ...} or {\"messages\": [...]}");
+  flags.AddString("system", &f.system, "a system message before the prompt");
+  flags.AddString("chat-template", &f.chat_template, "chatml, smollm2, qwen2 or llama3 instead of the model's");
+  flags.AddBool("raw", &f.raw, "send the prompt as plain text, without a chat template");
+  flags.AddInt("max-new-tokens", &f.max_new_tokens, "tokens to generate at most");
+  flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
+  if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
+  if (!flags.positional().empty()) return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
+  if (f.prompt.empty() == f.prompts.empty()) return UsageError(command, "give exactly one of --prompt and --prompts");
+  if (f.max_new_tokens < 1 || f.max_new_tokens > 32768) return UsageError(command, "--max-new-tokens must be in [1, 32768]");
+  if (f.threads < 0) return UsageError(command, "--threads must be >= 0");
+  if (absl::Status s = Generate(f); !s.ok()) return Fail(command, s);
+  return kExitOk;
+}
+
+}  // namespace fedlora::tools
