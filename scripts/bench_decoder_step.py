@@ -36,40 +36,9 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 def write_hf_checkpoint(out_dir):
     """SmolLM2's GGUF dequantized to an fp32 Hugging Face checkpoint (Q/K rows un-permuted)."""
-    import gguf
-    import torch
-    import transformers
-    from decoder_reference_test import unpermute_qk
+    from decoder_reference_test import smollm2_as_transformers
 
-    r = gguf.GGUFReader(SMOL)
-    meta = {k: f.parts[f.data[0]].tolist()[0] for k, f in r.fields.items()
-            if f.data and f.types and f.types[0] in (gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32)}
-    cfg = transformers.LlamaConfig(
-        vocab_size=49152, hidden_size=meta["llama.embedding_length"], intermediate_size=meta["llama.feed_forward_length"],
-        num_hidden_layers=meta["llama.block_count"], num_attention_heads=meta["llama.attention.head_count"],
-        num_key_value_heads=meta["llama.attention.head_count_kv"], rope_theta=meta["llama.rope.freq_base"],
-        rms_norm_eps=meta["llama.attention.layer_norm_rms_epsilon"], max_position_embeddings=8192,
-        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
-    model = transformers.LlamaForCausalLM(cfg).float()
-    gg = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-          "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-          "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
-    sd = model.state_dict()
-    with torch.no_grad():
-        for t in r.tensors:
-            v = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
-            v = v.reshape([int(d) for d in reversed(t.shape.tolist())])
-            if t.name == "token_embd.weight":
-                hf = "model.embed_tokens.weight"
-            elif t.name == "output_norm.weight":
-                hf = "model.norm.weight"
-            else:
-                _, layer, part, _ = t.name.split(".")
-                hf = f"model.layers.{layer}.{gg[part]}.weight"
-                if part in ("attn_q", "attn_k"):
-                    v = unpermute_qk(v, cfg.num_attention_heads if part == "attn_q" else cfg.num_key_value_heads)
-            sd[hf].copy_(torch.from_numpy(v))
-    model.save_pretrained(out_dir, safe_serialization=True)
+    smollm2_as_transformers(SMOL).save_pretrained(out_dir, safe_serialization=True)
 
 
 def torch_half(args):

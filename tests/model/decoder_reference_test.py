@@ -213,8 +213,10 @@ def unpermute_qk(w, n_head):
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def smollm2_case(dump, tmp):
-    r = gguf.GGUFReader(SMOL)
+def smollm2_as_transformers(gguf_path=SMOL, **config):
+    """SmolLM2's GGUF as transformers' LlamaForCausalLM on its weights dequantized to fp32 by `gguf`
+    (Q/K rows un-permuted). `config` adds LlamaConfig fields."""
+    r = gguf.GGUFReader(gguf_path)
     meta = {k: f.parts[f.data[0]].tolist()[0] for k, f in r.fields.items()
             if f.data and f.types and f.types[0] in (gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32)}
     cfg = transformers.LlamaConfig(
@@ -222,7 +224,7 @@ def smollm2_case(dump, tmp):
         num_hidden_layers=meta["llama.block_count"], num_attention_heads=meta["llama.attention.head_count"],
         num_key_value_heads=meta["llama.attention.head_count_kv"], rope_theta=meta["llama.rope.freq_base"],
         rms_norm_eps=meta["llama.attention.layer_norm_rms_epsilon"], max_position_embeddings=8192,
-        tie_word_embeddings=True, attn_implementation="eager")
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, **config)
     model = transformers.LlamaForCausalLM(cfg).float().eval()
     gg = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
           "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -244,6 +246,11 @@ def smollm2_case(dump, tmp):
                 elif part == "attn_k":
                     v = unpermute_qk(v, cfg.num_key_value_heads)
             sd[hf].copy_(torch.from_numpy(v))
+    return model
+
+
+def smollm2_case(dump, tmp):
+    model = smollm2_as_transformers(attn_implementation="eager")
     rng = np.random.default_rng(11)
     ids = rng.integers(0, 49152, size=(2, 16)).astype(np.int32)
     mask = np.ones_like(ids)
@@ -253,7 +260,7 @@ def smollm2_case(dump, tmp):
         out = model(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask, dtype=torch.long),
                     labels=torch.tensor(labels, dtype=torch.long))
     logits, loss = out.logits.numpy(), float(out.loss)
-    del model, sd
+    del model
     got = run_dump(dump, SMOL, tmp, "smollm2", ids, mask, labels, {}, [])
     if got is None:
         return
