@@ -23,8 +23,8 @@ namespace fedlora {
 enum class WeightStorage {
   kF32,       // widen everything to fp32
   kBF16,      // round to bf16 (half the memory of fp32)
-  kAsStored,  // keep the checkpoint's type: bf16 stays bf16, a GGUF's Q4_1 / Q8_0 stay quantized
-              // (other types, F16 included, are widened to fp32)
+  kAsStored,  // keep the checkpoint's type: bf16 stays bf16, a GGUF's block-quantized matrices
+              // (Q4_1, Q8_0, Q4_K, ...) stay quantized; F32 and F16 are held as fp32
 };
 
 struct FrozenMatrix {
