@@ -19,6 +19,7 @@
 #include "model/bert.h"
 #include "model/peft.h"
 #include "tools/common.h"
+#include "tools/decoder_commands.h"
 #include "train/trainer.h"
 
 namespace fedlora::tools {
@@ -26,6 +27,7 @@ namespace {
 
 struct EvalFlags {
   std::string model_dir, adapter_dir, data_path;
+  DecoderDataFlags data;
   int batch_size = 32;
   int max_seq_len = 128;
   int threads = 0;
@@ -75,6 +77,24 @@ absl::StatusOr<ModelOptions> OptionsFromAdapter(const std::string& dir,
 }
 
 absl::Status Eval(EvalFlags f) {
+  if (IsDecoderModel(f.model_dir)) {
+    return EvalDecoder({.model = f.model_dir,
+                        .adapter = f.adapter_dir,
+                        .data_path = f.data_path,
+                        .data = f.data,
+                        .batch_size = f.batch_size,
+                        .max_seq_len = f.max_seq_len,
+                        .threads = f.threads});
+  }
+  if (f.adapter_dir.empty()) {
+    return absl::InvalidArgumentError("--adapter is required for an encoder (its classifier)");
+  }
+  if (f.data.exact_match || !f.data.chat_template.empty() || !f.data.system.empty() ||
+      f.data.prompt_field != "prompt" || f.data.response_field != "response") {
+    return absl::InvalidArgumentError(
+        "--exact-match, --chat-template, --system, --prompt-field and --response-field apply to "
+        "decoder models only");
+  }
   if (!IsDirectory(f.model_dir))
     return absl::NotFoundError(absl::StrCat("model directory ", f.model_dir, " not found"));
   if (!IsDirectory(f.adapter_dir)) {
@@ -114,19 +134,31 @@ int RunEval(int argc, char** argv) {
   EvalFlags f;
   FlagSet flags(
       command,
-      "Evaluates a model with a LoRA adapter on a labelled dataset; prints loss, accuracy and\n"
-      "macro-F1 as one JSON line.");
-  flags.AddString("model", &f.model_dir, "base model directory", true);
+      "Evaluates a model with a LoRA adapter; prints one JSON line. An encoder is scored on a\n"
+      "labelled dataset (loss, accuracy, macro-F1); a decoder on JSONL conversations (response\n"
+      "loss and perplexity, and with --exact-match the fraction of exact greedy completions).");
+  flags.AddString("model", &f.model_dir, "base model: an encoder directory, or a decoder", true);
   flags.AddString("adapter", &f.adapter_dir,
-                  "adapter directory (adapter_config.json, adapter_model.safetensors)", true);
-  flags.AddString("data", &f.data_path, "labelled data file (JSONL, CSV or TSV)", true);
-  flags.AddInt("batch-size", &f.batch_size, "examples per forward pass");
+                  "adapter directory (adapter_config.json, adapter_model.safetensors); decoders "
+                  "without one are scored untuned");
+  flags.AddString("data", &f.data_path, "data file (encoders: JSONL, CSV or TSV; decoders: JSONL)",
+                  true);
+  flags.AddString("chat-template", &f.data.chat_template,
+                  "decoders: chatml, smollm2, qwen2 or llama3 instead of the model's template");
+  flags.AddString("prompt-field", &f.data.prompt_field, "decoders: JSONL field of the prompt");
+  flags.AddString("response-field", &f.data.response_field, "decoders: JSONL field of the response");
+  flags.AddString("system", &f.data.system, "decoders: a system message before each prompt");
+  flags.AddBool("exact-match", &f.data.exact_match,
+                "decoders: also score greedy generations against the responses");
+  flags.AddInt("batch-size", &f.batch_size, "examples per forward pass (default 32; decoders 8)");
   flags.AddInt("max-seq-len", &f.max_seq_len, "tokens per example; longer texts are cut");
   flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
   flags.AddBool("bf16", &f.bf16, "hold the frozen base weights in bf16");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
   if (!flags.positional().empty())
     return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
+  // A decoder plans its activations for the whole batch: a smaller default.
+  if (!flags.WasSet("batch-size") && IsDecoderModel(f.model_dir)) f.batch_size = 8;
   if (f.batch_size < 1) return UsageError(command, "--batch-size must be >= 1");
   if (f.max_seq_len < 2) return UsageError(command, "--max-seq-len must be >= 2");
   if (f.threads < 0) return UsageError(command, "--threads must be >= 0");

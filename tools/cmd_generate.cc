@@ -98,11 +98,7 @@ absl::Status Generate(const GenerateFlags& f) {
   if (!f.adapter.empty()) FEDLORA_RETURN_IF_ERROR(LoadPeftAdapter(f.adapter, lm.get()));
   CausalLm::GenerateOptions g;
   g.max_new_tokens = f.max_new_tokens;
-  if (tok.tokenizer->eos_id() >= 0) g.stop_ids.push_back(tok.tokenizer->eos_id());
-  if (tok.chat.has_value()) {
-    const int32_t eot = tok.tokenizer->TokenToId(std::string(tok.chat->end_of_turn()));
-    if (eot >= 0) g.stop_ids.push_back(eot);
-  }
+  g.stop_ids = DecoderStopIds(tok);
   for (size_t i = 0; i < prompts.size(); ++i) {
     FEDLORA_ASSIGN_OR_RETURN(std::vector<int32_t> out, lm->Generate(prompts[i], g));
     if (!out.empty() && std::find(g.stop_ids.begin(), g.stop_ids.end(), out.back()) != g.stop_ids.end()) out.pop_back();

@@ -21,8 +21,10 @@
 #include "core/status.h"
 #include "kernels/context.h"
 #include "model/bert.h"
+#include "model/decoder.h"
 #include "model/peft.h"
 #include "tools/common.h"
+#include "tools/decoder_commands.h"
 #include "train/trainer.h"
 
 namespace fedlora::tools {
@@ -34,9 +36,11 @@ struct TrainFlags {
   int rank = 8;
   float alpha = 16.0f;
   float lora_dropout = 0.0f;
-  std::string targets = "query,value";
+  std::string targets;  // "": the family's default (query,value; all seven decoder projections)
   int threads = 0;
   bool bf16 = false;
+  bool recompute = false;
+  DecoderDataFlags data;
 };
 
 nlohmann::json MetricsJson(const EvalResult& m) {
@@ -49,6 +53,26 @@ nlohmann::json MetricsJson(const EvalResult& m) {
 }
 
 absl::Status Train(TrainFlags f) {
+  if (IsDecoderModel(f.model_dir)) {
+    return TrainDecoder({.model = f.model_dir,
+                         .train_path = f.train_path,
+                         .eval_path = f.eval_path,
+                         .out_dir = f.out_dir,
+                         .train = f.train,
+                         .data = f.data,
+                         .rank = f.rank,
+                         .alpha = f.alpha,
+                         .lora_dropout = f.lora_dropout,
+                         .targets = f.targets,
+                         .threads = f.threads,
+                         .bf16 = f.bf16,
+                         .recompute = f.recompute});
+  }
+  if (f.data.exact_match || f.recompute || !f.data.chat_template.empty() || !f.data.system.empty()) {
+    return absl::InvalidArgumentError(
+        "--exact-match, --recompute, --chat-template and --system apply to decoder models only");
+  }
+  if (f.targets.empty()) f.targets = "query,value";
   if (!IsDirectory(f.model_dir))
     return absl::NotFoundError(absl::StrCat("model directory ", f.model_dir, " not found"));
   if (!IsRegularFile(f.train_path))
@@ -124,27 +148,13 @@ absl::Status Train(TrainFlags f) {
   metrics["train"] = f.train_path;
   metrics["eval"] = f.eval_path;
   metrics["label_names"] = label_names;
-  metrics["options"] = {{"epochs", f.train.epochs},
-                        {"max_steps", f.train.max_steps},
-                        {"batch_size", f.train.batch_size},
-                        {"max_seq_len", f.train.max_seq_len},
-                        {"lr", f.train.lr},
-                        {"optimizer", f.train.optimizer},
-                        {"weight_decay", f.train.weight_decay},
-                        {"warmup_steps", f.train.warmup_steps},
-                        {"schedule", f.train.schedule},
-                        {"grad_clip", f.train.grad_clip},
-                        {"grad_accumulation", f.train.grad_accumulation},
-                        {"logit_adjustment", f.train.logit_adjustment},
-                        {"momentum", f.train.momentum},
-                        {"seed", f.train.seed},
-                        {"group_by_length", f.train.group_by_length},
-                        {"rank", f.rank},
-                        {"alpha", f.alpha},
-                        {"lora_dropout", f.lora_dropout},
-                        {"targets", SplitList(f.targets)},
-                        {"bf16", f.bf16},
-                        {"threads", kernels::NumThreads()}};
+  metrics["options"] = TrainOptionsJson(f.train);
+  metrics["options"]["rank"] = f.rank;
+  metrics["options"]["alpha"] = f.alpha;
+  metrics["options"]["lora_dropout"] = f.lora_dropout;
+  metrics["options"]["targets"] = SplitList(f.targets);
+  metrics["options"]["bf16"] = f.bf16;
+  metrics["options"]["threads"] = kernels::NumThreads();
   nlohmann::json epochs = nlohmann::json::array();
   for (const EpochReport& r : trainer.history()) {
     nlohmann::json e = {{"epoch", r.epoch},
@@ -170,10 +180,13 @@ int RunTrain(int argc, char** argv) {
   TrainFlags f;
   FlagSet flags(
       command,
-      "Fine-tunes LoRA adapters (and the classifier) of a BERT-family model on a labelled dataset\n"
-      "(JSONL/CSV/TSV with text and label), writing a PEFT adapter and metrics.json into --out.");
+      "Fine-tunes LoRA adapters of a model, writing a PEFT adapter and metrics.json into --out.\n"
+      "A BERT-family encoder (and its classifier) learns a labelled dataset (JSONL/CSV/TSV with\n"
+      "text and label); a decoder (a .gguf file, or a LLaMA/Qwen2 directory) learns the responses\n"
+      "of JSONL conversations ({\"prompt\", \"response\"} or {\"messages\": [...]}).");
   flags.AddString("model", &f.model_dir,
-                  "model directory: config.json, model.safetensors, tokenizer.json or vocab.txt",
+                  "encoder directory (config.json, model.safetensors, tokenizer.json or vocab.txt), "
+                  "or a decoder: a .gguf file or a directory with config.json and safetensors",
                   true);
   flags.AddString("train", &f.train_path, "training data file", true);
   flags.AddString("eval", &f.eval_path, "evaluation data file, scored after every epoch");
@@ -200,7 +213,9 @@ int RunTrain(int argc, char** argv) {
   flags.AddFloat("alpha", &f.alpha, "LoRA alpha (updates are scaled by alpha / r)");
   flags.AddFloat("lora-dropout", &f.lora_dropout, "dropout on the LoRA input");
   flags.AddString("targets", &f.targets,
-                  "LoRA target modules: query,key,value,attn_out,intermediate,output");
+                  "LoRA target modules: encoders query,key,value,attn_out,intermediate,output "
+                  "(default query,value); decoders q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
+                  "down_proj (default all seven)");
   flags.AddUint("seed", &f.train.seed, "seed for initialisation, shuffling and dropout");
   flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
   flags.AddBool("bf16", &f.bf16, "hold the frozen base weights in bf16 (half the memory)");
@@ -208,18 +223,34 @@ int RunTrain(int argc, char** argv) {
                 "batch examples of similar length together (less padding, faster epochs)");
   flags.AddBool("progress", &f.train.progress, "show per-epoch progress on stderr");
   flags.AddInt("eval-batch-size", &f.train.eval_batch_size,
-               "examples per forward pass when evaluating");
+               "examples per forward pass when evaluating (decoders: at most --batch-size)");
+  flags.AddString("chat-template", &f.data.chat_template,
+                  "decoders: chatml, smollm2, qwen2 or llama3 instead of the model's template");
+  flags.AddString("prompt-field", &f.data.prompt_field, "decoders: JSONL field of the prompt");
+  flags.AddString("response-field", &f.data.response_field,
+                  "decoders: JSONL field of the response (a label works: classification by "
+                  "generation)");
+  flags.AddString("system", &f.data.system, "decoders: a system message before each prompt");
+  flags.AddBool("exact-match", &f.data.exact_match,
+                "decoders: also score greedy generations against the eval responses");
+  flags.AddBool("recompute", &f.recompute,
+                "decoders: keep only each layer's input and recompute it in the backward (less "
+                "memory, one more forward)");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
   if (!flags.positional().empty())
     return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
   if (absl::Status s = f.train.Validate(); !s.ok())
     return UsageError(command, std::string(s.message()));
   if (f.threads < 0) return UsageError(command, "--threads must be >= 0");
-  if (SplitList(f.targets).empty()) return UsageError(command, "--targets names no module");
+  if (flags.WasSet("targets") && SplitList(f.targets).empty())
+    return UsageError(command, "--targets names no module");
+  const bool decoder = IsDecoderModel(f.model_dir);
   for (const std::string& t : SplitList(f.targets)) {
-    if (auto parsed = ParseLoraTarget(t); !parsed.ok())
-      return UsageError(command, std::string(parsed.status().message()));
+    const absl::Status parsed = decoder ? ParseDecoderTarget(t).status() : ParseLoraTarget(t).status();
+    if (!parsed.ok()) return UsageError(command, std::string(parsed.message()));
   }
+  if (!decoder && (f.data.prompt_field != "prompt" || f.data.response_field != "response"))
+    return UsageError(command, "--prompt-field and --response-field apply to decoder models only");
   if (absl::Status s = Train(f); !s.ok()) return Fail(command, s);
   return kExitOk;
 }

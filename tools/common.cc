@@ -12,7 +12,9 @@
 #include "core/file.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "core/json.h"
 #include "model/bert_config.h"
+#include "model/decoder_config.h"
 #include "train/dataset.h"
 #include "train/train_config.h"
 
@@ -102,6 +104,41 @@ bool IsDirectory(const std::string& path) {
 bool IsRegularFile(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+nlohmann::json TrainOptionsJson(const TrainOptions& o) {
+  return {{"epochs", o.epochs},
+          {"max_steps", o.max_steps},
+          {"batch_size", o.batch_size},
+          {"max_seq_len", o.max_seq_len},
+          {"lr", o.lr},
+          {"optimizer", o.optimizer},
+          {"weight_decay", o.weight_decay},
+          {"warmup_steps", o.warmup_steps},
+          {"schedule", o.schedule},
+          {"grad_clip", o.grad_clip},
+          {"grad_accumulation", o.grad_accumulation},
+          {"logit_adjustment", o.logit_adjustment},
+          {"momentum", o.momentum},
+          {"seed", o.seed},
+          {"group_by_length", o.group_by_length}};
+}
+
+bool IsDecoderModel(const std::string& path) {
+  if (path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) return true;
+  if (!IsDirectory(path)) return false;
+  absl::StatusOr<nlohmann::json> config = ReadJsonFile(path + "/config.json");
+  return config.ok() && IsDecoderConfig(*config);
+}
+
+std::vector<int32_t> DecoderStopIds(const DecoderTokenizer& tokenizer) {
+  std::vector<int32_t> ids;
+  if (tokenizer.tokenizer->eos_id() >= 0) ids.push_back(tokenizer.tokenizer->eos_id());
+  if (tokenizer.chat.has_value()) {
+    const int32_t eot = tokenizer.tokenizer->TokenToId(std::string(tokenizer.chat->end_of_turn()));
+    if (eot >= 0 && std::find(ids.begin(), ids.end(), eot) == ids.end()) ids.push_back(eot);
+  }
+  return ids;
 }
 
 absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> LoadTokenizer(const std::string& model_dir) {

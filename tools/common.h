@@ -11,6 +11,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "fedlora/v1/config.pb.h"
+#include <nlohmann/json.hpp>
+#include "model/decoder_tokenizer.h"
 #include "model/tokenizer.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
@@ -79,6 +81,16 @@ absl::Status WriteNpyFloat(const std::string& path, const std::vector<float>& da
                            const std::vector<int64_t>& shape);
 absl::Status WriteNpyInt32(const std::string& path, const std::vector<int32_t>& data,
                            const std::vector<int64_t>& shape);
+
+// The training options as metrics.json records them.
+nlohmann::json TrainOptionsJson(const TrainOptions& o);
+
+// Whether `path` is a decoder checkpoint: a .gguf file, or a directory whose config.json has a
+// decoder model_type (model/decoder_config.h). Anything else is taken for a BERT-family encoder.
+bool IsDecoderModel(const std::string& path);
+// The ids that end a decoder's generation: its end-of-sequence token and its chat template's
+// end-of-turn token, those it has.
+std::vector<int32_t> DecoderStopIds(const DecoderTokenizer& tokenizer);
 
 // Whether `path` names an existing directory / regular file.
 bool IsDirectory(const std::string& path);

@@ -1,32 +1,18 @@
 #include "train/trainer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <numeric>
-#include <optional>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/progress.h"
-#include "core/rng.h"
 #include "core/status.h"
+#include "train/train_loop.h"
 
 namespace fedlora {
 namespace {
-
-// Rng streams (core/rng.h): one per purpose so that shuffling and dropout never share bits.
-// Shuffling of epoch e uses stream MakeStream(kShuffleStream, e); the 64-bit dropout seed of
-// micro-batch i is words 2i and 2i+1 of stream kDropoutStream.
-constexpr uint32_t kShuffleStream = 0x53484646;  // "SHFF"
-constexpr uint64_t kDropoutStream = 0x44524f50;  // "DROP"
-
-uint64_t DropoutSeed(uint64_t seed, uint64_t micro_batch) {
-  return static_cast<uint64_t>(U32At(seed, kDropoutStream, 2 * micro_batch)) |
-         (static_cast<uint64_t>(U32At(seed, kDropoutStream, 2 * micro_batch + 1)) << 32);
-}
 
 std::string JsonNumber(double x) {
   return std::isfinite(x) ? absl::StrFormat("%.9g", x) : std::string("null");
@@ -108,32 +94,11 @@ BertClassifier::Batch MakeBatch(const TokenizedDataset& data, std::span<const in
 
 std::vector<int64_t> EpochOrder(const TokenizedDataset& data, const TrainOptions& options,
                                 int epoch) {
-  std::vector<int64_t> order(data.size());
-  std::iota(order.begin(), order.end(), 0);
-  Rng rng(options.seed, MakeStream(kShuffleStream, static_cast<uint32_t>(epoch)));
-  rng.Shuffle(order);
-  if (!options.group_by_length || options.batch_size <= 1) return order;
-  // HF's LengthGroupedSampler: chunks of 50 batches, each sorted by decreasing length (stable, so
-  // ties keep the shuffled order), then the full batches in a random order. The chunk size is a
-  // multiple of batch_size, so only the very last batch can be short; it stays last so that every
-  // other batch remains full.
-  const int64_t n = data.size(), bs = options.batch_size, chunk = 50 * bs;
-  auto longer = [&data](int64_t a, int64_t b) {
-    return data.examples[a].input_ids.size() > data.examples[b].input_ids.size();
-  };
-  for (int64_t begin = 0; begin < n; begin += chunk) {
-    std::stable_sort(order.begin() + begin, order.begin() + std::min(n, begin + chunk), longer);
-  }
-  const int64_t full_batches = n / bs;
-  std::vector<int64_t> batch_ids(full_batches);
-  std::iota(batch_ids.begin(), batch_ids.end(), 0);
-  rng.Shuffle(batch_ids);
-  std::vector<int64_t> grouped;
-  grouped.reserve(n);
-  for (int64_t b : batch_ids)
-    grouped.insert(grouped.end(), order.begin() + b * bs, order.begin() + (b + 1) * bs);
-  grouped.insert(grouped.end(), order.begin() + full_batches * bs, order.end());
-  return grouped;
+  std::vector<int64_t> lengths;
+  lengths.reserve(data.examples.size());
+  for (const TokenizedExample& e : data.examples)
+    lengths.push_back(static_cast<int64_t>(e.input_ids.size()));
+  return EpochOrderOfLengths(lengths, options, epoch);
 }
 
 absl::Status TrainOptions::Validate() const {
@@ -193,10 +158,7 @@ std::vector<float> LogitAdjustmentOffsets(const TokenizedDataset& data, float ta
 Trainer::Trainer(BertClassifier& model, TrainOptions options)
     : model_(model), options_(std::move(options)) {}
 
-int64_t Trainer::StepsPerEpoch(int64_t n) const {
-  const int64_t micro = (n + options_.batch_size - 1) / options_.batch_size;
-  return (micro + options_.grad_accumulation - 1) / options_.grad_accumulation;
-}
+int64_t Trainer::StepsPerEpoch(int64_t n) const { return StepsPerEpochOf(options_, n); }
 
 absl::Status Trainer::Train(const TokenizedDataset& train, const TokenizedDataset* eval) {
   FEDLORA_RETURN_IF_ERROR(options_.Validate());
@@ -213,122 +175,34 @@ absl::Status Trainer::Train(const TokenizedDataset& train, const TokenizedDatase
       model_.SetTrainingLogitOffsets(LogitAdjustmentOffsets(train, options_.logit_adjustment)));
   absl::Cleanup clear_offsets = [this] { model_.SetTrainingLogitOffsets({}).IgnoreError(); };
 
-  OptimizerOptions opt;
-  opt.weight_decay = options_.weight_decay;
-  opt.beta1 = options_.adam_beta1;
-  opt.momentum = options_.momentum;
-  opt.beta2 = options_.adam_beta2;
-  opt.eps = options_.adam_epsilon;
-  FEDLORA_ASSIGN_OR_RETURN(optimizer_, MakeOptimizer(options_.optimizer, opt));
-  const int64_t steps_per_epoch = StepsPerEpoch(train.size());
-  const int64_t total_steps =
-      options_.max_steps > 0 ? options_.max_steps : options_.epochs * steps_per_epoch;
-  FEDLORA_ASSIGN_OR_RETURN(
-      LearningRateSchedule schedule,
-      MakeSchedule(options_.schedule, {.base_lr = options_.lr,
-                                       .warmup_steps = std::min(options_.warmup_steps, total_steps),
-                                       .total_steps = total_steps}));
   const int32_t pad_id = static_cast<int32_t>(model_.config().pad_token_id);
-  std::vector<Param>& params = model_.trainable_params();
-  // FedProx's anchor: the params as this run found them.
-  std::vector<std::vector<float>> anchor;
-  if (options_.proximal_mu > 0.0f) {
-    anchor.reserve(params.size());
-    for (const Param& p : params) anchor.push_back(p.value);
-  }
-
-  history_.clear();
-  int64_t step = 0;          // optimizer steps taken
-  uint64_t micro_index = 0;  // micro-batches run, for dropout seeds
-  for (int epoch = 1; step < total_steps; ++epoch) {
-    const auto start = std::chrono::steady_clock::now();
-    const std::vector<int64_t> order = EpochOrder(train, options_, epoch);
-    std::optional<Progress> progress;
-    const int64_t epoch_start_step = step;
-    if (options_.progress) {
-      ProgressOptions progress_options;
-      progress_options.unit = "step";
-      progress.emplace(absl::StrCat("epoch ", epoch), std::min(steps_per_epoch, total_steps - step),
-                       progress_options);
-    }
-    double loss_sum = 0.0;  // sum over examples of the micro-batch mean loss
-    int64_t seen = 0;
-    int64_t pos = 0;
-    while (pos < train.size() && step < total_steps) {
-      model_.ZeroGrad();
-      const int64_t step_start = pos;
-      int micro = 0;
-      double step_loss = 0.0;
-      for (; micro < options_.grad_accumulation && pos < train.size(); ++micro) {
-        const int64_t end = std::min<int64_t>(pos + options_.batch_size, train.size());
-        const BertClassifier::Batch batch =
-            MakeBatch(train, std::span<const int64_t>(order).subspan(pos, end - pos), pad_id);
-        FEDLORA_ASSIGN_OR_RETURN(
-            float loss, model_.ForwardBackward(batch, DropoutSeed(options_.seed, micro_index++)));
-        if (!std::isfinite(loss)) {
-          return absl::FailedPreconditionError(absl::StrCat("training loss became ", loss,
-                                                            " at step ", step + 1, " (epoch ",
-                                                            epoch, "); try a lower learning rate"));
-        }
-        step_loss += loss;
-        loss_sum += static_cast<double>(loss) * (end - pos);
-        seen += end - pos;
-        pos = end;
-      }
-      // The model added the gradient of each micro-batch's mean loss; average them so the step
-      // sees the gradient of the mean, whatever the accumulation.
-      if (micro > 1) {
-        const float inv = 1.0f / static_cast<float>(micro);
-        for (Param& p : params) {
-          for (float& g : p.grad) g *= inv;
-        }
-      }
-      if (!anchor.empty()) {
-        const float mu = options_.proximal_mu;
-        for (size_t i = 0; i < params.size(); ++i) {
-          Param& p = params[i];
-          const std::vector<float>& w0 = anchor[i];
-          for (size_t j = 0; j < p.grad.size(); ++j) p.grad[j] += mu * (p.value[j] - w0[j]);
-        }
-      }
-      const float norm = ClipGradNorm(params, options_.grad_clip);
-      if (!std::isfinite(norm)) {
-        return absl::FailedPreconditionError(absl::StrCat("gradient norm became ", norm,
-                                                          " at step ", step + 1, " (epoch ", epoch,
-                                                          "); try a lower learning rate"));
-      }
-      const float lr = schedule.LearningRateAt(step);
-      FEDLORA_RETURN_IF_ERROR(optimizer_->Step(params, lr));
-      ++step;
-      if (progress) {
-        progress->Update(step - epoch_start_step, absl::StrFormat("loss=%.4f lr=%.2e |g|=%.3f",
-                                                                  step_loss / micro, lr, norm));
-      }
-      if (on_step) {
-        on_step({.step = step,
-                 .total_steps = total_steps,
-                 .epoch = epoch,
-                 .loss = static_cast<float>(step_loss / micro),
-                 .lr = lr,
-                 .grad_norm = norm,
-                 .examples = pos - step_start});
-      }
-    }
-    if (progress) progress->Finish();
+  TrainLoop loop;
+  loop.params = &model_.trainable_params();
+  loop.zero_grad = [this] { model_.ZeroGrad(); };
+  loop.forward_backward = [&](std::span<const int64_t> indices, uint64_t seed) {
+    return model_.ForwardBackward(MakeBatch(train, indices, pad_id), seed);
+  };
+  loop.lengths.reserve(train.examples.size());
+  for (const TokenizedExample& e : train.examples)
+    loop.lengths.push_back(static_cast<int64_t>(e.input_ids.size()));
+  loop.on_step = on_step;
+  loop.after_epoch = [&](int epoch, int64_t steps, double train_loss,
+                         double seconds) -> absl::Status {
     EpochReport report;
     report.epoch = epoch;
-    report.steps = step;
-    report.train_loss = seen > 0 ? loss_sum / static_cast<double>(seen) : 0.0;
-    report.seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report.steps = steps;
+    report.train_loss = train_loss;
+    report.seconds = seconds;
     if (eval != nullptr && eval->size() > 0) {
       FEDLORA_ASSIGN_OR_RETURN(report.eval, Evaluate(model_, *eval, options_.eval_batch_size));
       report.has_eval = true;
     }
     history_.push_back(report);
     if (on_epoch) on_epoch(report);
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  };
+  history_.clear();
+  return RunTrainLoop(options_, loop, &optimizer_);
 }
 
 absl::StatusOr<EvalResult> Evaluate(BertClassifier& model, const TokenizedDataset& data,

@@ -1,0 +1,50 @@
+// The optimizer-step loop that the classifier Trainer (train/trainer.h) and the causal-LM trainer
+// (train/lm_trainer.h) share: epochs in seeded orders, micro-batches accumulated into one step,
+// gradient averaging, FedProx's proximal term, global-norm clipping, the schedule, the optimizer,
+// the progress display, and the non-finite checks. The model is seen only through callbacks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/param.h"
+#include "train/optim.h"
+#include "train/trainer.h"
+
+namespace fedlora {
+
+struct TrainLoop {
+  // The trainable params (their grads are read and scaled, their values stepped).
+  std::vector<Param>* params = nullptr;
+  std::function<void()> zero_grad;
+  // Runs one micro-batch (the examples at `indices`) in training mode and ADDS the gradient of its
+  // mean loss to the params' grads; returns that mean loss.
+  std::function<absl::StatusOr<float>(std::span<const int64_t> indices, uint64_t dropout_seed)>
+      forward_backward;
+  // Token counts of the examples, for group_by_length.
+  std::vector<int64_t> lengths;
+  // Called after every epoch with epoch, steps so far, mean training loss and seconds.
+  std::function<absl::Status(int epoch, int64_t steps, double train_loss, double seconds)>
+      after_epoch;
+  std::function<void(const StepReport&)> on_step;
+};
+
+// Runs the loop over lengths.size() examples under `options` (already validated). Writes the
+// optimizer it made into *optimizer. FailedPrecondition when the loss or the gradient norm becomes
+// non-finite; the callbacks' errors are returned as they are.
+absl::Status RunTrainLoop(const TrainOptions& options, const TrainLoop& loop,
+                          std::unique_ptr<Optimizer>* optimizer);
+
+// The epoch order (as EpochOrder) for examples of these lengths.
+std::vector<int64_t> EpochOrderOfLengths(std::span<const int64_t> lengths,
+                                         const TrainOptions& options, int epoch);
+
+// Optimizer steps per epoch for `n` examples.
+int64_t StepsPerEpochOf(const TrainOptions& options, int64_t n);
+
+}  // namespace fedlora
