@@ -13,6 +13,8 @@ namespace fedlora {
 namespace {
 
 constexpr int32_t kIgnore = -100;
+// Prompt tokens kept at the end of a prompt whose middle is cut.
+constexpr size_t kPromptTail = 16;
 
 absl::StatusOr<std::string> ResponseText(const nlohmann::json& line, const std::string& field,
                                          const std::string& what) {
@@ -77,8 +79,24 @@ absl::StatusOr<LmExample> TokenizeConversation(const std::vector<ChatMessage>& m
   }
   const ChatTemplate& chat = *tokenizer.chat;
   TrainingTokens tokens = TokenizeForTraining(*tokenizer.tokenizer, chat.RenderForTraining(messages));
+  const std::vector<ChatMessage> prefix(messages.begin(), messages.end() - 1);
+  std::vector<int32_t> prompt = tokenizer.tokenizer->Encode(
+      chat.Render(prefix, /*add_generation_prompt=*/true), /*add_special=*/false);
+  const size_t limit = static_cast<size_t>(std::max(max_seq_len, 0));
+  const size_t total = tokens.ids.size();
+  if (total > limit) {
+    // Cut the middle of the prompt, keeping its last kPromptTail tokens (the end of the user
+    // message and the generation prompt), so that the response stays whole.
+    const size_t over = total - limit;
+    if (prompt.size() >= kPromptTail + over && prompt.size() <= total) {
+      const size_t end = prompt.size() - kPromptTail, begin = end - over;
+      tokens.ids.erase(tokens.ids.begin() + begin, tokens.ids.begin() + end);
+      tokens.loss_mask.erase(tokens.loss_mask.begin() + begin, tokens.loss_mask.begin() + end);
+      prompt.erase(prompt.begin() + begin, prompt.begin() + end);
+    }
+  }
   LmExample ex;
-  const size_t n = std::min(tokens.ids.size(), static_cast<size_t>(std::max(max_seq_len, 0)));
+  const size_t n = std::min(tokens.ids.size(), limit);
   ex.input_ids.assign(tokens.ids.begin(), tokens.ids.begin() + n);
   ex.labels.resize(n);
   for (size_t i = 0; i < n; ++i) ex.labels[i] = tokens.loss_mask[i] ? tokens.ids[i] : kIgnore;
@@ -87,11 +105,9 @@ absl::StatusOr<LmExample> TokenizeConversation(const std::vector<ChatMessage>& m
   if (ex.targets() == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": no response token within max_seq_len ", max_seq_len, " (the conversation has ",
-        tokens.ids.size(), " tokens); raise max_seq_len or shorten the prompt"));
+        total, " tokens); raise max_seq_len"));
   }
-  const std::vector<ChatMessage> prefix(messages.begin(), messages.end() - 1);
-  ex.prompt_ids = tokenizer.tokenizer->Encode(chat.Render(prefix, /*add_generation_prompt=*/true),
-                                              /*add_special=*/false);
+  ex.prompt_ids = std::move(prompt);
   ex.response = messages.back().content;
   return ex;
 }

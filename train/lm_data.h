@@ -14,7 +14,9 @@
 //     the optional system message) and one assistant turn.
 // The response tokens are each assistant content and the end-of-turn token after it (what the
 // model must learn to emit so that generation stops). A conversation longer than max_seq_len
-// tokens is cut at max_seq_len; one that keeps no response token is an error naming the line.
+// tokens loses the middle of its prompt (the start and the last 16 prompt tokens stay) so that the
+// last response stays whole; when that is not enough it is cut at max_seq_len, and one that then
+// keeps no response token is an error naming the line.
 //
 // Errors (InvalidArgument naming file:line unless said otherwise): NotFound for a missing file;
 // a checkpoint without a chat template (name one); malformed JSON; a line without messages or

@@ -272,6 +272,10 @@ TEST_F(FedloraCli, UsageErrorsExitTwoWithMessage) {
        "batch_size must be >= 1"},
       {{"train", "--model", model, "--train", data, "--out", dir_ + "/o", "--targets", "qery"},
        "qery"},
+      {{"train", "--model", model, "--train", data, "--out", dir_ + "/o", "--targets", "q_proj"},
+       "q_proj"},
+      {{"train", "--model", model, "--train", data, "--out", dir_ + "/o", "--prompt-field", "text"},
+       "apply to decoder models only"},
       {{"eval", "--model", model, "--adapter", dir_, "--data", data, "--epochs", "3"},
        "unknown flag --epochs"},
       // The logging flags every command takes.
@@ -526,10 +530,13 @@ class FedloraGenerate : public ::testing::Test {
     if (!fs::exists(model_)) GTEST_SKIP() << model_ << " missing (scripts/setup.sh fetches it)";
     fedlora_ = std::string(bin) + "/tools/fedlora";
   }
-  Result Run(const std::string& args) {
+  // `fedlora generate --model <SmolLM2> args`.
+  Result Run(const std::string& args) { return RunCommand("generate --model " + Quote(model_) + " " + args); }
+  // `fedlora args`.
+  Result RunCommand(const std::string& args) {
     Result r;
     const std::string err = (fs::temp_directory_path() / ("fedlora_gen_err_" + std::to_string(getpid()))).string();
-    FILE* p = popen((Quote(fedlora_) + " generate --model " + Quote(model_) + " " + args + " 2>" + Quote(err)).c_str(), "r");
+    FILE* p = popen((Quote(fedlora_) + " " + args + " 2>" + Quote(err)).c_str(), "r");
     if (p == nullptr) return r;
     char buf[4096];
     size_t n;
@@ -569,6 +576,56 @@ TEST_F(FedloraGenerate, ReadsAndWritesJsonLines) {
   EXPECT_EQ((*ja)["prompt"], "What is the capital of France?");
   EXPECT_THAT((*ja)["completion"].get<std::string>(), HasSubstr("Paris"));
   EXPECT_THAT((*jb)["completion"].get<std::string>(), HasSubstr("Paris"));
+}
+
+// Fine-tuning the real 4-bit SmolLM2 through `fedlora train`, then scoring the adapter and the
+// untuned model with `fedlora eval`: two steps on one prompt must cut its response perplexity.
+TEST_F(FedloraGenerate, TrainsAndEvaluatesADecoderAdapter) {
+  const fs::path dir = fs::temp_directory_path() / ("fedlora_lm_cli_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string data = (dir / "d.jsonl").string(), out = (dir / "adapter").string();
+  {
+    std::ofstream f(data);
+    for (int i = 0; i < 2; ++i) f << R"({"prompt": "Say the secret word.", "response": "Pineapple-42"})" << "\n";
+  }
+  Result train = RunCommand("train --model " + Quote(model_) + " --train " + Quote(data) + " --out " + Quote(out) +
+                            " --max-steps 2 --batch-size 2 --lr 3e-3 --threads 2 --progress=false");
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  EXPECT_THAT(train.err, HasSubstr("Q4_1 x 210"));
+  auto config = ReadJsonFile(out + "/adapter_config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ((*config)["task_type"], "CAUSAL_LM");
+  EXPECT_EQ((*config)["target_modules"].size(), 7u);
+  auto metrics = ReadJsonFile(out + "/metrics.json");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_EQ((*metrics)["task"], "causal_lm");
+  EXPECT_EQ((*metrics)["epochs"].back()["steps"], 2);
+
+  const std::string eval = "eval --model " + Quote(model_) + " --data " + Quote(data) + " --threads 2";
+  Result untuned = RunCommand(eval);
+  Result tuned = RunCommand(eval + " --adapter " + Quote(out));
+  fs::remove_all(dir);
+  ASSERT_EQ(untuned.exit_code, 0) << untuned.err;
+  ASSERT_EQ(tuned.exit_code, 0) << tuned.err;
+  auto before = ParseJson(untuned.out, "untuned");
+  auto after = ParseJson(tuned.out, "tuned");
+  ASSERT_TRUE(before.ok() && after.ok()) << untuned.out << tuned.out;
+  EXPECT_EQ((*after)["count"], 2);
+  EXPECT_EQ((*after)["tokens"], (*before)["tokens"]);
+  EXPECT_GT((*before)["perplexity"].get<double>(), 50.0) << untuned.out;
+  EXPECT_LT((*after)["perplexity"].get<double>(), 0.5 * (*before)["perplexity"].get<double>()) << tuned.out;
+
+  // Encoder module names are not a decoder's, and classification options are refused.
+  Result targets = RunCommand("train --model " + Quote(model_) + " --train x --out y --targets query,value");
+  EXPECT_EQ(targets.exit_code, 2);
+  EXPECT_THAT(targets.err, HasSubstr("query"));
+  fs::create_directories(dir);
+  { std::ofstream(data) << R"({"prompt": "a", "response": "b"})" << "\n"; }
+  Result skew = RunCommand("train --model " + Quote(model_) + " --train " + Quote(data) + " --out " + Quote(out) +
+                           " --max-steps 1 --logit-adjustment 1 --progress=false");
+  fs::remove_all(dir);
+  EXPECT_EQ(skew.exit_code, 1);
+  EXPECT_THAT(skew.err, HasSubstr("classification option"));
 }
 
 TEST_F(FedloraGenerate, RefusesBadFlags) {
