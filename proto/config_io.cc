@@ -581,7 +581,7 @@ std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
   auto refuse = [&out](const std::string& what, const std::string& why) {
     out.push_back(absl::StrCat(what, " is not implemented yet", why.empty() ? "" : absl::StrCat(" (", why, ")")));
   };
-  if (c.task().kind() == TaskConfig::CAUSAL_LM) refuse("task.kind CAUSAL_LM", "fedlora trains encoders only so far");
+  if (c.task().kind() == TaskConfig::CAUSAL_LM) refuse("task.kind CAUSAL_LM", "federated runs take encoders only so far; `fedlora train` fine-tunes decoders");
   const std::string& arch = c.model().architecture();
   if (!arch.empty() && arch != "bert" && arch != "roberta" && arch != "xlm-roberta") {
     refuse(absl::StrCat("model.architecture \"", absl::CEscape(arch), "\""),

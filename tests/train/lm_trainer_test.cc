@@ -151,6 +151,24 @@ TEST_F(LmDataTest, CutsLongConversationsAndRefusesOnesWithoutAResponseToken) {
       << none.status();
 }
 
+TEST_F(LmDataTest, ALongPromptLosesItsMiddleAndKeepsTheResponseWhole) {
+  const std::string path =
+      Write("d.jsonl", "{\"prompt\": \"" + std::string(40, 'q') + "xyz\", \"response\": \"ab\"}\n");
+  LmDataOptions o;
+  o.max_seq_len = 40;  // the conversation takes 66 tokens, 62 of them the prompt
+  auto data = LoadLmDataset(path, tok_, o);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const LmExample& ex = data->examples[0];
+  const BpeTokenizer& t = *tok_.tokenizer;
+  EXPECT_EQ(ex.input_ids.size(), 40u);
+  EXPECT_EQ(Targets(ex, t), "ab<|im_end|>");
+  // The start and the prompt's last 16 tokens stay.
+  EXPECT_EQ(t.Decode(ex.input_ids), "<|im_start|>user\n" + std::string(14, 'q') +
+                                        "xyz<|im_end|>\n<|im_start|>assistant\nab<|im_end|>\n");
+  ASSERT_EQ(ex.prompt_ids.size(), 36u);
+  EXPECT_TRUE(std::equal(ex.prompt_ids.begin(), ex.prompt_ids.end(), ex.input_ids.begin()));
+}
+
 TEST_F(LmDataTest, RefusesBadLinesNamingThem) {
   struct Case {
     std::string text, message;
