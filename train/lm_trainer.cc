@@ -77,15 +77,9 @@ absl::Status LmTrainer::Train(const LmDataset& train, const LmDataset* eval,
   FEDLORA_RETURN_IF_ERROR(CheckLmDataset(train, model_, "training"));
   if (eval != nullptr) FEDLORA_RETURN_IF_ERROR(CheckLmDataset(*eval, model_, "eval"));
   const int32_t pad_id = PadId(eval_options);
-  TrainLoop loop;
-  loop.params = &model_.trainable_params();
-  loop.zero_grad = [this] { model_.ZeroGrad(); };
-  loop.forward_backward = [&](std::span<const int64_t> indices, uint64_t seed) {
-    return model_.ForwardBackward(MakeLmBatch(train, indices, pad_id), seed);
-  };
-  loop.lengths.reserve(train.examples.size());
-  for (const LmExample& e : train.examples)
-    loop.lengths.push_back(static_cast<int64_t>(e.input_ids.size()));
+  TrainLoop loop = ModelTrainLoop(model_, train, [pad_id](const LmDataset& d, std::span<const int64_t> i) {
+    return MakeLmBatch(d, i, pad_id);
+  });
   loop.on_step = on_step;
   loop.after_epoch = [&](int epoch, int64_t steps, double train_loss,
                          double seconds) -> absl::Status {

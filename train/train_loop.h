@@ -34,6 +34,23 @@ struct TrainLoop {
   std::function<void(const StepReport&)> on_step;
 };
 
+// A loop over `model` (trainable_params, ZeroGrad, ForwardBackward(batch, seed)) training on
+// `data` (examples with input_ids), each micro-batch built by make_batch(data, indices).
+template <class Model, class Data, class MakeBatchFn>
+TrainLoop ModelTrainLoop(Model& model, const Data& data, MakeBatchFn make_batch) {
+  TrainLoop loop;
+  loop.params = &model.trainable_params();
+  loop.zero_grad = [&model] { model.ZeroGrad(); };
+  loop.forward_backward = [&model, &data, make_batch](std::span<const int64_t> indices,
+                                                      uint64_t seed) {
+    return model.ForwardBackward(make_batch(data, indices), seed);
+  };
+  loop.lengths.reserve(data.examples.size());
+  for (const auto& e : data.examples)
+    loop.lengths.push_back(static_cast<int64_t>(e.input_ids.size()));
+  return loop;
+}
+
 // Runs the loop over lengths.size() examples under `options` (already validated). Writes the
 // optimizer it made into *optimizer. FailedPrecondition when the loss or the gradient norm becomes
 // non-finite; the callbacks' errors are returned as they are.

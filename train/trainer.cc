@@ -176,15 +176,9 @@ absl::Status Trainer::Train(const TokenizedDataset& train, const TokenizedDatase
   absl::Cleanup clear_offsets = [this] { model_.SetTrainingLogitOffsets({}).IgnoreError(); };
 
   const int32_t pad_id = static_cast<int32_t>(model_.config().pad_token_id);
-  TrainLoop loop;
-  loop.params = &model_.trainable_params();
-  loop.zero_grad = [this] { model_.ZeroGrad(); };
-  loop.forward_backward = [&](std::span<const int64_t> indices, uint64_t seed) {
-    return model_.ForwardBackward(MakeBatch(train, indices, pad_id), seed);
-  };
-  loop.lengths.reserve(train.examples.size());
-  for (const TokenizedExample& e : train.examples)
-    loop.lengths.push_back(static_cast<int64_t>(e.input_ids.size()));
+  TrainLoop loop = ModelTrainLoop(model_, train, [pad_id](const TokenizedDataset& d, std::span<const int64_t> i) {
+    return MakeBatch(d, i, pad_id);
+  });
   loop.on_step = on_step;
   loop.after_epoch = [&](int epoch, int64_t steps, double train_loss,
                          double seconds) -> absl::Status {
