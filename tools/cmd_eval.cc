@@ -150,8 +150,9 @@ int RunEval(int argc, char** argv) {
   flags.AddString("system", &f.data.system, "decoders: a system message before each prompt");
   flags.AddBool("exact-match", &f.data.exact_match,
                 "decoders: also score greedy generations against the responses");
-  flags.AddInt("batch-size", &f.batch_size, "examples per forward pass (default 32; decoders 8)");
-  flags.AddInt("max-seq-len", &f.max_seq_len, "tokens per example; longer texts are cut");
+  flags.AddInt("batch-size", &f.batch_size, "examples per forward pass (decoders: 8 unless given)");
+  flags.AddInt("max-seq-len", &f.max_seq_len,
+               "tokens per example (decoders: the rendered conversation); longer texts are cut");
   flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
   flags.AddBool("bf16", &f.bf16, "hold the frozen base weights in bf16");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;

@@ -197,7 +197,8 @@ int RunTrain(int argc, char** argv) {
   flags.AddInt("batch-size", &f.train.batch_size, "examples per micro-batch");
   flags.AddInt("grad-accumulation", &f.train.grad_accumulation, "micro-batches per optimizer step");
   flags.AddInt("max-seq-len", &f.train.max_seq_len,
-               "tokens per example, [CLS]/[SEP] included; longer texts are cut");
+               "tokens per example ([CLS]/[SEP] included; decoders: the rendered conversation); longer "
+               "texts are cut (a decoder prompt loses its middle, so that the response stays whole)");
   flags.AddFloat("lr", &f.train.lr, "peak learning rate");
   flags.AddString("optimizer", &f.train.optimizer, "adamw, lamb or sgd");
   flags.AddFloat("weight-decay", &f.train.weight_decay,
