@@ -285,8 +285,10 @@ run_federation() {
     if ((ki < nkills && seen > 0 && NOW >= seen + delay[ki])); then
       local who=${target[ki]}
       current_round
-      # A client killed after the run finished could miss the server's linger: not killed then.
-      if [[ $who != server ]] && ((CUR_ROUND > ROUNDS)); then
+      # No kill after the run finished: a client restarted then, or a client waiting out its
+      # backoff while a restarted server loads, can miss the server's short linger (LINGER_S)
+      # and find no server left to tell it the run is over.
+      if ((CUR_ROUND > ROUNDS)); then
         ((++skipped))
         echo "chaos:   kill $((ki + 1)): $who not killed, the run has finished"
       elif alive "$who"; then
