@@ -22,8 +22,12 @@ absl::Status CheckLmDataset(const LmDataset& data, const CausalLm& model, std::s
   const int max_seq = model.options().max_seq;
   for (int64_t i = 0; i < data.size(); ++i) {
     const LmExample& ex = data.examples[i];
-    if (ex.input_ids.empty() || static_cast<int>(ex.input_ids.size()) > max_seq ||
-        ex.labels.size() != ex.input_ids.size()) {
+    if (ex.labels.size() != ex.input_ids.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(std::string(what), " example ", i, " has ",
+                                                     ex.labels.size(), " labels for ",
+                                                     ex.input_ids.size(), " tokens"));
+    }
+    if (ex.input_ids.empty() || static_cast<int>(ex.input_ids.size()) > max_seq) {
       return absl::InvalidArgumentError(absl::StrCat(std::string(what), " example ", i, " has ",
                                                      ex.input_ids.size(),
                                                      " tokens; the model takes 1 to ", max_seq));
@@ -83,8 +87,11 @@ absl::Status LmTrainer::Train(const LmDataset& train, const LmDataset* eval,
   loop.on_step = on_step;
   loop.after_epoch = [&](int epoch, int64_t steps, double train_loss,
                          double seconds) -> absl::Status {
-    LmEpochReport report{.epoch = epoch, .steps = steps, .train_loss = train_loss,
-                         .seconds = seconds};
+    LmEpochReport report;
+    report.epoch = epoch;
+    report.steps = steps;
+    report.train_loss = train_loss;
+    report.seconds = seconds;
     if (eval != nullptr && eval->size() > 0) {
       FEDLORA_ASSIGN_OR_RETURN(report.eval, EvaluateLm(model_, *eval, eval_options));
       report.has_eval = true;

@@ -360,6 +360,10 @@ TEST(LmTrainer, RefusesWhatItCannotTrain) {
   too_long.examples.push_back(MakeExample(std::vector<int32_t>(65, 1), std::vector<int32_t>(65, 1)));
   EXPECT_NE(LmTrainer(*lm, o).Train(too_long, nullptr, {}).message().find("the model takes 1 to 64"),
             std::string::npos);
+  LmDataset mismatched;
+  mismatched.examples.push_back(MakeExample({1, 2, 3}, {-100, 2}));
+  EXPECT_NE(LmTrainer(*lm, o).Train(mismatched, nullptr, {}).message().find("2 labels for 3 tokens"),
+            std::string::npos);
 }
 
 }  // namespace
