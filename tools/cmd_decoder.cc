@@ -167,6 +167,7 @@ absl::Status EvalDecoder(const DecoderEvalFlags& f) {
   if (!f.adapter.empty()) {
     FEDLORA_ASSIGN_OR_RETURN(options.lora, ReadPeftLoraOptions(f.adapter));
   }
+  options.weights = f.bf16 ? WeightStorage::kBF16 : WeightStorage::kAsStored;
   options.max_batch = f.batch_size;
   options.max_seq = f.max_seq_len;
   options.base_model_name = f.model;

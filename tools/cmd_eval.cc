@@ -84,7 +84,8 @@ absl::Status Eval(EvalFlags f) {
                         .data = f.data,
                         .batch_size = f.batch_size,
                         .max_seq_len = f.max_seq_len,
-                        .threads = f.threads});
+                        .threads = f.threads,
+                        .bf16 = f.bf16});
   }
   if (f.adapter_dir.empty()) {
     return absl::InvalidArgumentError("--adapter is required for an encoder (its classifier)");

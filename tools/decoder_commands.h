@@ -38,6 +38,7 @@ struct DecoderEvalFlags {
   int batch_size = 8;
   int max_seq_len = 128;
   int threads = 0;
+  bool bf16 = false;
 };
 absl::Status EvalDecoder(const DecoderEvalFlags& f);
 
