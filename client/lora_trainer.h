@@ -1,10 +1,12 @@
-// The SDK's built-in ClientTrainer: LoRA fine-tuning of a BertClassifier (model/bert.h) with
-// train/'s Trainer. Internal to fedlora::client (it shows model/ and train/ types, so it is not
-// under include/fedlora/); used by `fedlora client` (one model, the site's own data file) and by
-// `fedlora simulate` (models borrowed from a pool, one example subset per virtual client).
+// The SDK's built-in ClientTrainer: LoRA fine-tuning with train/'s trainers, of a BertClassifier
+// (model/bert.h, SEQUENCE_CLASSIFICATION, train/trainer.h) or a CausalLm (model/decoder.h,
+// CAUSAL_LM, train/lm_trainer.h). Internal to fedlora::client (it shows model/ and train/ types,
+// so it is not under include/fedlora/); used by `fedlora client` (one model, the site's own data
+// file) and by `fedlora simulate` (models borrowed from a pool, one example subset per virtual
+// client).
 //
-//   LoraTrainer::Site site;
-//   site.acquire_model = [&model] {  // an owned model: the lease gives nothing back
+//   LoraTrainer::Site site;             // LoraTrainer::DecoderSite for a CausalLm
+//   site.acquire_model = [&model] {     // an owned model: the lease gives nothing back
 //     return LoraTrainer::ModelLease(model.get(), [](BertClassifier*) {});
 //   };
 //   site.data = std::make_shared<const TokenizedDataset>(std::move(tokenized));
@@ -28,6 +30,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,6 +39,8 @@
 #include "fedlora/client_trainer.h"
 #include "fedlora/v1/config.pb.h"
 #include "model/bert.h"
+#include "model/decoder.h"
+#include "train/lm_data.h"
 #include "train/trainer.h"
 
 namespace fedlora {
@@ -59,43 +64,57 @@ TrainOptions TaskTrainOptions(const TrainOptions& base, const TrainTask& task);
 // Not thread-safe for one model; distinct models may train concurrently.
 absl::StatusOr<LocalOutcome> TrainLocally(BertClassifier& model, const TokenizedDataset& data,
                                           const TrainOptions& options);
+absl::StatusOr<LocalOutcome> TrainLocally(CausalLm& model, const LmDataset& data,
+                                          const TrainOptions& options);
 // ... on data[indices]: InvalidArgument when `indices` is empty, OutOfRange for an index
 // outside the data.
 absl::StatusOr<LocalOutcome> TrainLocally(BertClassifier& model, const TokenizedDataset& data,
                                           std::span<const int64_t> indices,
                                           const TrainOptions& options);
+absl::StatusOr<LocalOutcome> TrainLocally(CausalLm& model, const LmDataset& data,
+                                          std::span<const int64_t> indices,
+                                          const TrainOptions& options);
 
 // Copies `adapter` (any struct with name, shape and values, e.g. NamedTensor or UpdateTensor;
-// names as BertClassifier::trainable_params) into the model. InvalidArgument unless every
-// trainable param is present with its shape and the adapter has no other tensor.
-template <class Tensor>
-absl::Status LoadAdapter(const std::vector<Tensor>& adapter, BertClassifier& model);
+// names as the model's trainable_params) into `model` (a BertClassifier or a CausalLm).
+// InvalidArgument unless every trainable param is present with its shape and the adapter has no
+// other tensor.
+template <class Tensor, class Model>
+absl::Status LoadAdapter(const std::vector<Tensor>& adapter, Model& model);
 
 // The model's trainable params minus `global` (which LoadAdapter accepted), in the model's order.
-std::vector<NamedTensor> AdapterDelta(BertClassifier& model,
-                                      const std::vector<NamedTensor>& global);
+template <class Model>
+std::vector<NamedTensor> AdapterDelta(Model& model, const std::vector<NamedTensor>& global);
+
+// Where one site trains: a model source, its data and its options.
+template <class Model, class Data>
+struct LoraSite {
+  // A model lent for one task; the deleter gives it back (a pool) or does nothing (an owned model).
+  using Lease = std::unique_ptr<Model, std::function<void(Model*)>>;
+  // Lends a model whose LoRA shape (and labels) match the run; may block until one is free.
+  std::function<Lease()> acquire_model;
+  std::shared_ptr<const Data> data;
+  // The examples of `data` this site trains on; none: all of them. An empty subset fails every
+  // task (InvalidArgument).
+  std::optional<std::vector<int64_t>> indices;
+  // The run config's options (TrainOptionsFromConfig); each task overrides its own fields.
+  std::shared_ptr<const TrainOptions> options;
+  bool log_tasks = false;  // one INFO line per task (steps, loss)
+};
 
 class LoraTrainer final : public ClientTrainer {
  public:
-  // A model lent for one task; the deleter gives it back (a pool) or does nothing (an owned model).
-  using ModelLease = std::unique_ptr<BertClassifier, std::function<void(BertClassifier*)>>;
-
-  struct Site {
-    // Lends a model whose LoRA shape and labels match the run; may block until one is free.
-    std::function<ModelLease()> acquire_model;
-    std::shared_ptr<const TokenizedDataset> data;
-    // The examples of `data` this site trains on; none: all of them. An empty subset fails every
-    // task (InvalidArgument).
-    std::optional<std::vector<int64_t>> indices;
-    // The run config's options (TrainOptionsFromConfig); each task overrides its own fields.
-    std::shared_ptr<const TrainOptions> options;
-    bool log_tasks = false;  // one INFO line per task (steps, loss)
-  };
+  using Site = LoraSite<BertClassifier, TokenizedDataset>;
+  using DecoderSite = LoraSite<CausalLm, LmDataset>;
+  using ModelLease = Site::Lease;
+  using DecoderLease = DecoderSite::Lease;
+  using AnySite = std::variant<Site, DecoderSite>;
   // Builds the site at the first task, from the run config the server sent
   // (TrainTask::run_config_json), when the model and data depend on it.
-  using SiteLoader = std::function<absl::StatusOr<Site>(const v1::RunConfig& config)>;
+  using SiteLoader = std::function<absl::StatusOr<AnySite>(const v1::RunConfig& config)>;
 
   explicit LoraTrainer(Site site);
+  explicit LoraTrainer(DecoderSite site);
   explicit LoraTrainer(SiteLoader loader);
 
   // TrainResult: the delta, num_examples, steps, examples_processed, train_loss_first/last from
@@ -105,11 +124,11 @@ class LoraTrainer final : public ClientTrainer {
 
  private:
   SiteLoader loader_;
-  std::optional<Site> site_;
+  std::optional<AnySite> site_;
 };
 
-template <class Tensor>
-absl::Status LoadAdapter(const std::vector<Tensor>& adapter, BertClassifier& model) {
+template <class Tensor, class Model>
+absl::Status LoadAdapter(const std::vector<Tensor>& adapter, Model& model) {
   std::map<std::string_view, const Tensor*> by_name;
   for (const Tensor& t : adapter) by_name[t.name] = &t;
   for (Param& p : model.trainable_params()) {
@@ -129,6 +148,20 @@ absl::Status LoadAdapter(const std::vector<Tensor>& adapter, BertClassifier& mod
                                                    model.trainable_params().size()));
   }
   return absl::OkStatus();
+}
+
+template <class Model>
+std::vector<NamedTensor> AdapterDelta(Model& model, const std::vector<NamedTensor>& global) {
+  std::map<std::string_view, const NamedTensor*> by_name;
+  for (const NamedTensor& g : global) by_name[g.name] = &g;
+  std::vector<NamedTensor> delta;
+  for (const Param& p : model.trainable_params()) {
+    const NamedTensor& g = *by_name.at(p.name);  // LoadAdapter checked every name and shape
+    NamedTensor d{p.name, p.shape, std::vector<float>(p.value.size())};
+    for (size_t i = 0; i < d.values.size(); ++i) d.values[i] = p.value[i] - g.values[i];
+    delta.push_back(std::move(d));
+  }
+  return delta;
 }
 
 }  // namespace fedlora

@@ -184,7 +184,7 @@ absl::StatusOr<std::shared_ptr<const DecoderBase>> DecoderBase::FromRandom(const
 
 absl::StatusOr<std::shared_ptr<const DecoderBase>> DecoderBase::Load(const std::string& path,
                                                                      const DecoderOptions& options) {
-  if (path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) return LoadDecoderGguf(path, options.weights);
+  if (IsGgufPath(path)) return LoadDecoderGguf(path, options.weights);
   return LoadDecoderSafetensors(path, options.weights);
 }
 

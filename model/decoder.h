@@ -105,6 +105,15 @@ class DecoderBase {
   std::unique_ptr<Weights> weights_;
 };
 
+// Whether `path` names a decoder checkpoint: a .gguf file, or a directory whose config.json has a
+// decoder model_type (IsDecoderConfig). Anything else is taken for a BERT-family encoder.
+bool IsDecoderCheckpoint(const std::string& path);
+bool IsGgufPath(const std::string& path);
+// The architecture of a checkpoint DecoderBase::Load reads, without its weights.
+absl::StatusOr<DecoderConfig> ReadDecoderCheckpointConfig(const std::string& path);
+// The file model.sha256 covers: the .gguf itself, or the directory's model.safetensors.
+std::string DecoderWeightsFile(const std::string& path);
+
 class CausalLm {
  public:
   // Row-major [batch_size, seq_len]. Sequences are right-padded: attention_mask is 1...1 0...0

@@ -323,4 +323,26 @@ absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderGguf(const std::st
   return MakeDecoderBase(std::move(c), std::move(w));
 }
 
+bool IsGgufPath(const std::string& path) {
+  return path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0;
+}
+
+bool IsDecoderCheckpoint(const std::string& path) {
+  if (IsGgufPath(path)) return true;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return false;
+  absl::StatusOr<nlohmann::json> config = ReadJsonFile(path + "/config.json");
+  return config.ok() && IsDecoderConfig(*config);
+}
+
+absl::StatusOr<DecoderConfig> ReadDecoderCheckpointConfig(const std::string& path) {
+  if (!IsGgufPath(path)) return ReadDecoderConfig(path + "/config.json");
+  FEDLORA_ASSIGN_OR_RETURN(auto f, GgufFile::Open(path));
+  return ConfigFromGguf(*f);
+}
+
+std::string DecoderWeightsFile(const std::string& path) {
+  return IsGgufPath(path) ? path : path + "/model.safetensors";
+}
+
 }  // namespace fedlora

@@ -1,5 +1,6 @@
 #include "model/decoder_tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <utility>
 
@@ -87,6 +88,26 @@ absl::StatusOr<DecoderTokenizer> LoadDecoderTokenizer(const std::string& path, c
     out.chat = *t;
   }
   return out;
+}
+
+std::vector<int32_t> DecoderTokenizer::stop_ids() const {
+  std::vector<int32_t> ids;
+  if (tokenizer->eos_id() >= 0) ids.push_back(tokenizer->eos_id());
+  if (chat.has_value()) {
+    const int32_t eot = tokenizer->TokenToId(std::string(chat->end_of_turn()));
+    if (eot >= 0 && std::find(ids.begin(), ids.end(), eot) == ids.end()) ids.push_back(eot);
+  }
+  return ids;
+}
+
+absl::StatusOr<DecoderTokenizer> LoadChatTokenizer(const std::string& path, const std::string& chat_template) {
+  FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadDecoderTokenizer(path, chat_template));
+  if (!tok.chat.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(path,
+                                                   " has no chat template: name one (--chat-template, or "
+                                                   "task.chat_template in a run config): chatml, smollm2, qwen2 or llama3"));
+  }
+  return tok;
 }
 
 }  // namespace fedlora

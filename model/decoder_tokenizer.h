@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/bpe_tokenizer.h"
@@ -28,9 +29,16 @@ class GgufFile;
 struct DecoderTokenizer {
   std::unique_ptr<BpeTokenizer> tokenizer;
   std::optional<ChatTemplate> chat;
+
+  // The ids that end a generation: the end-of-sequence token and the chat template's end-of-turn
+  // token, those the vocabulary has.
+  std::vector<int32_t> stop_ids() const;
 };
 
 absl::StatusOr<DecoderTokenizer> LoadDecoderTokenizer(const std::string& path, const std::string& chat_template);
+// The same, for conversations: InvalidArgument when the result has no chat template (the
+// checkpoint has none and `chat_template` names none).
+absl::StatusOr<DecoderTokenizer> LoadChatTokenizer(const std::string& path, const std::string& chat_template);
 // The GGUF part, for a file already open.
 absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizerFromGguf(const GgufFile& file);
 

@@ -191,12 +191,34 @@ void ValidateTask(Problems& p, const TaskConfig& t) {
   } else if (t.kind() == TaskConfig::SEQUENCE_CLASSIFICATION) {
     CheckNameList(p, "task.labels", t.labels(), 2);
     p.NonEmpty("task.label_field", t.label_field());
-  } else if (t.kind() == TaskConfig::CAUSAL_LM && t.labels_size() > 0) {
-    p.Add(absl::StrCat("task.labels has ", t.labels_size(), " entries; CAUSAL_LM takes none"));
-  }
-  p.NonEmpty("task.text_field", t.text_field());
-  if (!t.pair_field().empty() && t.pair_field() == t.text_field()) {
-    p.Bad("task.pair_field", Quoted(t.pair_field()), "must differ from task.text_field");
+    p.NonEmpty("task.text_field", t.text_field());
+    if (!t.pair_field().empty() && t.pair_field() == t.text_field()) {
+      p.Bad("task.pair_field", Quoted(t.pair_field()), "must differ from task.text_field");
+    }
+    for (const auto& [name, set] : {std::pair{"prompt_field", !t.prompt_field().empty()},
+                                    {"response_field", !t.response_field().empty()},
+                                    {"system_prompt", !t.system_prompt().empty()},
+                                    {"chat_template", !t.chat_template().empty()},
+                                    {"exact_match", t.exact_match()}}) {
+      if (set) p.Add(absl::StrCat("task.", name, " belongs to CAUSAL_LM, not SEQUENCE_CLASSIFICATION"));
+    }
+  } else if (t.kind() == TaskConfig::CAUSAL_LM) {
+    if (t.labels_size() > 0) {
+      p.Add(absl::StrCat("task.labels has ", t.labels_size(), " entries; CAUSAL_LM takes none"));
+    }
+    for (const auto& [name, value] : {std::pair{"text_field", &t.text_field()},
+                                      {"pair_field", &t.pair_field()},
+                                      {"label_field", &t.label_field()}}) {
+      if (!value->empty()) {
+        p.Add(absl::StrCat("task.", name, " belongs to SEQUENCE_CLASSIFICATION; CAUSAL_LM reads "
+                           "task.prompt_field and task.response_field"));
+      }
+    }
+    p.NonEmpty("task.prompt_field", t.prompt_field());
+    p.NonEmpty("task.response_field", t.response_field());
+    if (!t.prompt_field().empty() && t.prompt_field() == t.response_field()) {
+      p.Bad("task.response_field", Quoted(t.response_field()), "must differ from task.prompt_field");
+    }
   }
 }
 
@@ -474,24 +496,33 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   if (c->run_id().empty()) c->set_run_id("default");
   if (!c->has_rounds()) c->set_rounds(kDefaultRounds);
 
+  auto* task = c->mutable_task();
+  if (task->kind() == TaskConfig::KIND_UNSPECIFIED)
+    task->set_kind(TaskConfig::SEQUENCE_CLASSIFICATION);
+  const bool causal_lm = task->kind() == TaskConfig::CAUSAL_LM;
+  if (causal_lm) {
+    if (task->prompt_field().empty()) task->set_prompt_field("prompt");
+    if (task->response_field().empty()) task->set_response_field("response");
+  } else {
+    if (task->text_field().empty()) task->set_text_field("text");
+    if (task->label_field().empty()) task->set_label_field("label");
+  }
+
   auto* model = c->mutable_model();
   if (model->id().empty()) model->set_id(LastPathComponent(model->path()));
-  if (!model->has_max_seq_len()) model->set_max_seq_len(128);
+  if (!model->has_max_seq_len()) model->set_max_seq_len(causal_lm ? 256 : 128);
 
   auto* lora = c->mutable_lora();
   if (!lora->has_rank()) lora->set_rank(8);
   if (!lora->has_alpha()) lora->set_alpha(16.0);
   if (lora->target_modules().empty()) {
-    lora->add_target_modules("query");
-    lora->add_target_modules("value");
-  }
-
-  auto* task = c->mutable_task();
-  if (task->kind() == TaskConfig::KIND_UNSPECIFIED)
-    task->set_kind(TaskConfig::SEQUENCE_CLASSIFICATION);
-  if (task->text_field().empty()) task->set_text_field("text");
-  if (task->label_field().empty() && task->kind() == TaskConfig::SEQUENCE_CLASSIFICATION) {
-    task->set_label_field("label");
+    if (causal_lm) {
+      for (const char* m : {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+        lora->add_target_modules(m);
+    } else {
+      lora->add_target_modules("query");
+      lora->add_target_modules("value");
+    }
   }
 
   auto* t = c->mutable_training();
@@ -572,6 +603,12 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   ValidateData(p, c.data());
   ValidateServer(p, c.server());
   ValidateSimulation(p, c.simulation());
+  const SimulationConfig::Partition partition = c.simulation().partition();
+  if (c.task().kind() == TaskConfig::CAUSAL_LM &&
+      (partition == SimulationConfig::DIRICHLET || partition == SimulationConfig::LABEL_SHARDS)) {
+    p.Add(absl::StrCat("simulation.partition ", SimulationConfig::Partition_Name(partition),
+                       " splits by label and CAUSAL_LM has none: use IID or BY_KEY"));
+  }
   for (std::string& refused : UnimplementedSettings(c)) p.Add(std::move(refused));
   return p.ToStatus();
 }
@@ -581,9 +618,16 @@ std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
   auto refuse = [&out](const std::string& what, const std::string& why) {
     out.push_back(absl::StrCat(what, " is not implemented yet", why.empty() ? "" : absl::StrCat(" (", why, ")")));
   };
-  if (c.task().kind() == TaskConfig::CAUSAL_LM) refuse("task.kind CAUSAL_LM", "federated runs take encoders only so far; `fedlora train` fine-tunes decoders");
   const std::string& arch = c.model().architecture();
-  if (!arch.empty() && arch != "bert" && arch != "roberta" && arch != "xlm-roberta") {
+  if (c.task().kind() == TaskConfig::CAUSAL_LM) {
+    if (!arch.empty() && arch != "llama" && arch != "qwen2") {
+      refuse(absl::StrCat("model.architecture \"", absl::CEscape(arch), "\" for CAUSAL_LM"),
+             "supported: \"llama\", \"qwen2\"");
+    }
+    if (c.training().logit_adjustment() != 0) {
+      refuse("training.logit_adjustment for CAUSAL_LM", "it adjusts a classifier's label logits");
+    }
+  } else if (!arch.empty() && arch != "bert" && arch != "roberta" && arch != "xlm-roberta") {
     refuse(absl::StrCat("model.architecture \"", absl::CEscape(arch), "\""),
            "supported: \"bert\", \"roberta\", \"xlm-roberta\"");
   }

@@ -113,6 +113,7 @@ std::string RoundRecordToJson(const RoundRecord& r) {
                       {"eval_accuracy", Num(r.eval_accuracy)},
                       {"eval_loss", Num(r.eval_loss)},
                       {"eval_macro_f1", Num(r.eval_macro_f1)},
+                      {"eval_perplexity", Num(r.eval_perplexity)},
                       {"mean_train_loss", Num(r.mean_train_loss)},
                       {"bytes_up", r.bytes_up},
                       {"bytes_down", r.bytes_down},
@@ -129,13 +130,13 @@ std::string RoundRecordToJson(const RoundRecord& r) {
 std::string RoundsToCsv(const std::vector<RoundRecord>& rounds) {
   std::string out =
       "round,server_round,eval_accuracy,eval_loss,eval_macro_f1,mean_train_loss,bytes_up,bytes_down,round_seconds,"
-      "elapsed_seconds,selected,reported,dropped,stragglers,crashed\n";
+      "elapsed_seconds,selected,reported,dropped,stragglers,crashed,eval_perplexity\n";
   auto cell = [](double v) { return std::isfinite(v) ? absl::StrFormat("%.6g", v) : std::string(); };
   for (const RoundRecord& r : rounds) {
     absl::StrAppend(&out, r.round, ",", r.server_round, ",", cell(r.eval_accuracy), ",", cell(r.eval_loss), ",",
                     cell(r.eval_macro_f1), ",", cell(r.mean_train_loss), ",", r.bytes_up, ",", r.bytes_down, ",",
                     cell(r.round_seconds), ",", cell(r.elapsed_seconds), ",", r.selected, ",", r.reported, ",",
-                    r.dropped, ",", r.stragglers, ",", r.crashed, "\n");
+                    r.dropped, ",", r.stragglers, ",", r.crashed, ",", cell(r.eval_perplexity), "\n");
   }
   return out;
 }
@@ -143,11 +144,15 @@ std::string RoundsToCsv(const std::vector<RoundRecord>& rounds) {
 std::string RoundsToSvg(const std::vector<RoundRecord>& rounds, const std::string& title) {
   constexpr double kWidth = 760, kHeight = 620;
   double max_round = 1;
-  std::vector<std::pair<double, double>> acc, up, down;
-  double cum_up = 0, cum_down = 0;
+  std::vector<std::pair<double, double>> acc, ppl, up, down;
+  double cum_up = 0, cum_down = 0, max_ppl = 0;
   for (const RoundRecord& r : rounds) {
     max_round = std::max(max_round, static_cast<double>(r.round));
     if (std::isfinite(r.eval_accuracy)) acc.emplace_back(r.round, r.eval_accuracy);
+    if (std::isfinite(r.eval_perplexity)) {
+      ppl.emplace_back(r.round, r.eval_perplexity);
+      max_ppl = std::max(max_ppl, r.eval_perplexity);
+    }
     cum_up += static_cast<double>(r.bytes_up) / kMiB;
     cum_down += static_cast<double>(r.bytes_down) / kMiB;
     up.emplace_back(r.round, cum_up);
@@ -172,12 +177,23 @@ std::string RoundsToSvg(const std::vector<RoundRecord>& rounds, const std::strin
       static_cast<int>(kWidth), static_cast<int>(kHeight), static_cast<int>(kWidth), static_cast<int>(kHeight),
       static_cast<int>(kWidth / 2), XmlEscape(title));
 
-  // Top panel: accuracy on [0, 1].
-  Panel top{80, 50, kWidth - 120, 210, max_round, 1.0};
-  absl::StrAppend(&svg, "<g id=\"accuracy\">\n");
-  Axes(&svg, top, 0.2, "held-out accuracy", "%.1f");
-  Series(&svg, top, acc, "acc");
-  absl::StrAppend(&svg, "</g>\n");
+  if (acc.empty() && !ppl.empty()) {
+    // Top panel: perplexity from 0 to a nice value above the largest.
+    double p_top = 1, p_step = 0.2;
+    NiceAxis(max_ppl, &p_top, &p_step);
+    Panel top{80, 50, kWidth - 120, 210, max_round, p_top};
+    absl::StrAppend(&svg, "<g id=\"perplexity\">\n");
+    Axes(&svg, top, p_step, "held-out perplexity", "%g");
+    Series(&svg, top, ppl, "acc");
+    absl::StrAppend(&svg, "</g>\n");
+  } else {
+    // Top panel: accuracy on [0, 1].
+    Panel top{80, 50, kWidth - 120, 210, max_round, 1.0};
+    absl::StrAppend(&svg, "<g id=\"accuracy\">\n");
+    Axes(&svg, top, 0.2, "held-out accuracy", "%.1f");
+    Series(&svg, top, acc, "acc");
+    absl::StrAppend(&svg, "</g>\n");
+  }
 
   // Bottom panel: cumulative MiB.
   double y_top = 1, y_step = 0.2;
@@ -199,9 +215,9 @@ std::string RoundsToSvg(const std::vector<RoundRecord>& rounds, const std::strin
 }
 
 std::string SummaryTable(const std::vector<RoundRecord>& rounds) {
-  std::string out = absl::StrFormat("%5s %8s %8s %10s %6s %6s %6s %5s %5s %10s %10s %8s\n", "round", "accuracy",
-                                    "loss", "train_loss", "select", "report", "drop", "strag", "crash", "MiB_up",
-                                    "MiB_down", "seconds");
+  std::string out = absl::StrFormat("%5s %8s %8s %10s %10s %6s %6s %6s %5s %5s %10s %10s %8s\n", "round",
+                                    "accuracy", "loss", "perplexity", "train_loss", "select", "report", "drop",
+                                    "strag", "crash", "MiB_up", "MiB_down", "seconds");
   int64_t up = 0, down = 0;
   int selected = 0, reported = 0, dropped = 0, strag = 0, crashed = 0;
   double seconds = 0;
@@ -209,8 +225,9 @@ std::string SummaryTable(const std::vector<RoundRecord>& rounds) {
     return std::isfinite(v) ? FormatDouble(fmt, v) : std::string("-");
   };
   for (const RoundRecord& r : rounds) {
-    absl::StrAppendFormat(&out, "%5d %8s %8s %10s %6d %6d %6d %5d %5d %10.3f %10.3f %8.1f\n", r.round,
-                          f(r.eval_accuracy, "%.4f"), f(r.eval_loss, "%.4f"), f(r.mean_train_loss, "%.4f"), r.selected,
+    absl::StrAppendFormat(&out, "%5d %8s %8s %10s %10s %6d %6d %6d %5d %5d %10.3f %10.3f %8.1f\n", r.round,
+                          f(r.eval_accuracy, "%.4f"), f(r.eval_loss, "%.4f"), f(r.eval_perplexity, "%.3f"),
+                          f(r.mean_train_loss, "%.4f"), r.selected,
                           r.reported, r.dropped, r.stragglers, r.crashed, static_cast<double>(r.bytes_up) / kMiB,
                           static_cast<double>(r.bytes_down) / kMiB, r.round_seconds);
     up += r.bytes_up;
@@ -222,7 +239,8 @@ std::string SummaryTable(const std::vector<RoundRecord>& rounds) {
     crashed += r.crashed;
     seconds = r.elapsed_seconds;
   }
-  absl::StrAppendFormat(&out, "%5s %8s %8s %10s %6d %6d %6d %5d %5d %10.3f %10.3f %8.1f\n", "total", "", "", "",
+  absl::StrAppendFormat(&out, "%5s %8s %8s %10s %10s %6d %6d %6d %5d %5d %10.3f %10.3f %8.1f\n", "total", "", "",
+                        "", "",
                         selected, reported, dropped, strag, crashed, static_cast<double>(up) / kMiB,
                         static_cast<double>(down) / kMiB, seconds);
   return out;

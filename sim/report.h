@@ -6,10 +6,12 @@
 //
 // Files written (each atomically, so a reader never sees half a file): rounds.jsonl (one object
 // per round, keys as in RoundRecordToJson), rounds.csv (same columns, a header row) and
-// rounds.svg (two panels: held-out accuracy vs round, cumulative MiB up and down vs round).
+// rounds.svg (two panels: held-out accuracy, or perplexity when no round has an accuracy, vs round;
+// cumulative MiB up and down vs round).
 // Pure functions apart from WriteRoundReports; thread-safe.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,6 +27,9 @@ struct RoundRecord {
   double eval_accuracy = 0;
   double eval_loss = 0;
   double eval_macro_f1 = 0;
+  // CAUSAL_LM: exp(eval_loss), the response perplexity (eval_accuracy is then the exact-match
+  // rate when task.exact_match asks for it, and eval_macro_f1 NaN). NaN for a classifier.
+  double eval_perplexity = std::nan("");
   // Mean over this round's reporting clients of their mean local step loss (NaN when none).
   double mean_train_loss = 0;
   // Wire bytes the server received in upload chunks / sent in download chunks since the previous

@@ -29,6 +29,7 @@
 #include "fedlora/client_trainer.h"
 #include "kernels/context.h"
 #include "model/bert.h"
+#include "model/decoder.h"
 #include "model/peft.h"
 #include "proto/config_io.h"
 #include "server/adapter_io.h"
@@ -51,36 +52,37 @@ constexpr uint64_t kFaultSalt = 0x6661'756c'7473'0001ull;  // "faults"
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // A fixed set of model instances that virtual clients (and the evaluator) borrow one at a time.
+template <class Model>
 class ModelPool {
  public:
-  void Add(std::unique_ptr<BertClassifier> m) {
+  void Add(std::unique_ptr<Model> m) {
     std::lock_guard<std::mutex> lock(mu_);
     free_.push_back(m.get());
     all_.push_back(std::move(m));
   }
-  BertClassifier* Acquire() {
+  Model* Acquire() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] { return !free_.empty(); });
-    BertClassifier* m = free_.back();
+    Model* m = free_.back();
     free_.pop_back();
     return m;
   }
   // Every model at once (waits until none is lent), so that nothing else computes meanwhile.
-  std::vector<BertClassifier*> AcquireAll() {
+  std::vector<Model*> AcquireAll() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] { return free_.size() == all_.size(); });
-    std::vector<BertClassifier*> out;
+    std::vector<Model*> out;
     out.swap(free_);
     return out;
   }
-  void ReleaseAll(std::vector<BertClassifier*> models) {
+  void ReleaseAll(std::vector<Model*> models) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       free_.insert(free_.end(), models.begin(), models.end());
     }
     cv_.notify_all();
   }
-  void Release(BertClassifier* m) {
+  void Release(Model* m) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       free_.push_back(m);
@@ -91,22 +93,23 @@ class ModelPool {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<BertClassifier*> free_;
-  std::vector<std::unique_ptr<BertClassifier>> all_;
+  std::vector<Model*> free_;
+  std::vector<std::unique_ptr<Model>> all_;
 };
 
+template <class Model>
 class Lease {
  public:
-  explicit Lease(ModelPool& pool) : pool_(pool), model_(pool.Acquire()) {}
+  explicit Lease(ModelPool<Model>& pool) : pool_(pool), model_(pool.Acquire()) {}
   ~Lease() { pool_.Release(model_); }
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
-  BertClassifier& operator*() const { return *model_; }
-  BertClassifier* operator->() const { return model_; }
+  Model& operator*() const { return *model_; }
+  Model* operator->() const { return model_; }
 
  private:
-  ModelPool& pool_;
-  BertClassifier* model_;
+  ModelPool<Model>& pool_;
+  Model* model_;
 };
 
 struct FaultDecision {
@@ -169,6 +172,15 @@ class Simulation final : public Evaluator {
 
  private:
   absl::Status Setup();
+  // Loads the adapter into every pooled model and evaluates it on the held-out set.
+  template <class Model>
+  absl::StatusOr<EvalFigures> EvaluateWith(ModelPool<Model>& pool, const std::vector<UpdateTensor>& adapter);
+  // The pooled models' freshly initialised trainable params, sorted by name.
+  template <class Model>
+  std::vector<UpdateTensor> InitialAdapter(ModelPool<Model>& pool);
+  // The site of virtual client `i`: its examples of the run's data, models from `pool`.
+  template <class Model, class Data>
+  LoraSite<Model, Data> ClientSite(ModelPool<Model>& pool, std::shared_ptr<const Data> data, int i);
   // Appends the round's record (eval figures NaN when skipped) and rewrites the reports.
   void RecordRound(uint64_t round, const EvalFigures& eval);
   FaultDecision Decide(uint64_t round, int client) const;
@@ -182,7 +194,9 @@ class Simulation final : public Evaluator {
   SimOptions options_;
   SimData data_;
   Partition partition_;
-  ModelPool pool_;
+  // The models of the run's kind: classifiers (SEQUENCE_CLASSIFICATION) or decoders (CAUSAL_LM).
+  ModelPool<BertClassifier> pool_;
+  ModelPool<CausalLm> lm_pool_;
   int parallelism_ = 1;
   std::unique_ptr<Server> server_;
   std::vector<std::unique_ptr<VirtualClient>> clients_;
@@ -267,25 +281,59 @@ absl::StatusOr<TrainResult> Simulation::TrainClient(VirtualClient& vc, const Tra
 
 absl::StatusOr<std::map<std::string, double>> Simulation::Evaluate(uint64_t round,
                                                                     const std::vector<UpdateTensor>& adapter) {
+  FEDLORA_ASSIGN_OR_RETURN(const EvalFigures eval,
+                           data_.causal_lm ? EvaluateWith(lm_pool_, adapter) : EvaluateWith(pool_, adapter));
+  RecordRound(round, eval);
+  if (!data_.causal_lm) {
+    return std::map<std::string, double>{
+        {"eval_accuracy", eval.accuracy}, {"eval_loss", eval.loss}, {"eval_macro_f1", eval.macro_f1}};
+  }
+  std::map<std::string, double> metrics{{"eval_loss", eval.loss}, {"eval_perplexity", eval.perplexity}};
+  if (data_.exact_match) metrics["eval_accuracy"] = eval.accuracy;
+  return metrics;
+}
+
+template <class Model>
+absl::StatusOr<EvalFigures> Simulation::EvaluateWith(ModelPool<Model>& pool,
+                                                     const std::vector<UpdateTensor>& adapter) {
   // All pool models evaluate a slice each, in parallel: evaluation runs while the round is being
   // aggregated, when (without stragglers) no client trains, so the cores would idle otherwise.
-  std::vector<BertClassifier*> models = pool_.AcquireAll();
+  std::vector<Model*> models = pool.AcquireAll();
   absl::StatusOr<EvalFigures> evaluated = [&]() -> absl::StatusOr<EvalFigures> {
-    for (BertClassifier* m : models) FEDLORA_RETURN_IF_ERROR(LoadAdapter(adapter, *m));
-    const int batch = static_cast<int>(config_.data().has_eval_batch_size() ? config_.data().eval_batch_size() : 64);
+    for (Model* m : models) FEDLORA_RETURN_IF_ERROR(LoadAdapter(adapter, *m));
+    const int batch = data_.causal_lm ? LmEvalBatchSize(config_) : ConfiguredEvalBatchSize(config_.data());
     return EvaluateOnHeldOut(models, data_, batch);
   }();
-  pool_.ReleaseAll(std::move(models));
-  FEDLORA_RETURN_IF_ERROR(evaluated.status());
-  const EvalFigures eval = *evaluated;
-  RecordRound(round, eval);
-  return std::map<std::string, double>{
-      {"eval_accuracy", eval.accuracy}, {"eval_loss", eval.loss}, {"eval_macro_f1", eval.macro_f1}};
+  pool.ReleaseAll(std::move(models));
+  return evaluated;
+}
+
+template <class Model>
+std::vector<UpdateTensor> Simulation::InitialAdapter(ModelPool<Model>& pool) {
+  std::vector<UpdateTensor> initial;
+  {
+    Lease<Model> model(pool);
+    for (const Param& p : model->trainable_params()) initial.push_back({p.name, p.shape, p.value});
+  }
+  std::sort(initial.begin(), initial.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  return initial;
+}
+
+template <class Model, class Data>
+LoraSite<Model, Data> Simulation::ClientSite(ModelPool<Model>& pool, std::shared_ptr<const Data> data, int i) {
+  LoraSite<Model, Data> site;
+  site.acquire_model = [&pool] {
+    return typename LoraSite<Model, Data>::Lease(pool.Acquire(), [&pool](Model* m) { pool.Release(m); });
+  };
+  site.data = std::move(data);
+  site.indices = partition_.client_indices[static_cast<size_t>(i)];
+  site.options = data_.train_options;
+  return site;
 }
 
 void Simulation::Skipped(uint64_t round) {
   const double nan = std::nan("");
-  RecordRound(round, EvalFigures{.loss = nan, .accuracy = nan, .macro_f1 = nan});
+  RecordRound(round, EvalFigures{.loss = nan, .accuracy = nan, .macro_f1 = nan, .perplexity = nan});
 }
 
 void Simulation::RecordRound(uint64_t round, const EvalFigures& eval) {
@@ -298,6 +346,7 @@ void Simulation::RecordRound(uint64_t round, const EvalFigures& eval) {
   r.eval_accuracy = eval.accuracy;
   r.eval_loss = eval.loss;
   r.eval_macro_f1 = eval.macro_f1;
+  r.eval_perplexity = eval.perplexity;
   const RoundStats& s = stats_[round];
   r.selected = s.selected;
   r.dropped = s.dropped;
@@ -421,6 +470,7 @@ absl::Status Simulation::Setup() {
   // The store is the simulation's own: a leftover one would make the server resume an old run.
   std::filesystem::remove_all(options_.out_dir + "/store", ec);
 
+  FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(config_.model().path(), config_.task()));
   FEDLORA_ASSIGN_OR_RETURN(data_, LoadSimData(config_));
   if (sc.partition() == v1::SimulationConfig::BY_KEY) {
     FEDLORA_ASSIGN_OR_RETURN(partition_, PartitionByKey(data_.train_keys, num_clients, config_.seed()));
@@ -434,8 +484,7 @@ absl::Status Simulation::Setup() {
       po.scheme = PartitionScheme::kLabelShards;
       po.shards_per_client = static_cast<int>(sc.has_shards_per_client() ? sc.shards_per_client() : 2);
     }
-    FEDLORA_ASSIGN_OR_RETURN(partition_, PartitionByLabel(data_.train_labels,
-                                                          static_cast<int>(data_.label_names.size()), po));
+    FEDLORA_ASSIGN_OR_RETURN(partition_, PartitionByLabel(data_.train_labels, data_.num_partition_labels(), po));
   }
 
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -444,12 +493,22 @@ absl::Status Simulation::Setup() {
   // One kernel thread also makes every client's result independent of how many run at once.
   kernels::SetNumThreads(1);
 
-  // The pooled models both train (the virtual clients) and evaluate (round metrics): max_batch
-  // covers either batch; max_seq is LoadSimData's, already clamped to the checkpoint.
-  const ModelOptions mo = ModelOptionsFromConfig(config_, data_.max_seq_len, ModelRole::kTrainAndEvaluate);
   // One read-only copy of the base weights serves the whole pool; each model adds only its adapter,
   // head and activation buffers.
   FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(config_.model().path(), config_.model()));
+  if (data_.causal_lm) {
+    // Planned for the training batch; evaluation runs in batches of at most that (LmEvalBatchSize).
+    const DecoderOptions o = DecoderOptionsFromConfig(config_, data_.max_seq_len);
+    FEDLORA_ASSIGN_OR_RETURN(auto base, DecoderBase::Load(config_.model().path(), o));
+    for (int i = 0; i < parallelism_; ++i) {
+      FEDLORA_ASSIGN_OR_RETURN(auto model, CausalLm::Create(base, o));
+      lm_pool_.Add(std::move(model));
+    }
+    return absl::OkStatus();
+  }
+  // The pooled models both train (the virtual clients) and evaluate (round metrics): max_batch
+  // covers either batch; max_seq is LoadSimData's, already clamped to the checkpoint.
+  const ModelOptions mo = ModelOptionsFromConfig(config_, data_.max_seq_len, ModelRole::kTrainAndEvaluate);
   FEDLORA_ASSIGN_OR_RETURN(auto base, BertBase::Load(config_.model().path(), mo));
   for (int i = 0; i < parallelism_; ++i) {
     FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Create(base, mo));
@@ -461,8 +520,12 @@ absl::Status Simulation::Setup() {
 absl::Status Simulation::WriteFinalOutputs(SimResult& result) {
   FEDLORA_ASSIGN_OR_RETURN(std::string bytes, AdapterToSafetensors(result.final_adapter));
   FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(options_.out_dir + "/final_adapter.safetensors", bytes));
-  {
-    Lease model(pool_);
+  if (data_.causal_lm) {
+    Lease<CausalLm> model(lm_pool_);
+    FEDLORA_RETURN_IF_ERROR(LoadAdapter(result.final_adapter, *model));
+    FEDLORA_RETURN_IF_ERROR(SavePeftAdapter(*model, options_.out_dir + "/adapter"));
+  } else {
+    Lease<BertClassifier> model(pool_);
     FEDLORA_RETURN_IF_ERROR(LoadAdapter(result.final_adapter, *model));
     FEDLORA_RETURN_IF_ERROR(SavePeftAdapter(*model, options_.out_dir + "/adapter"));
   }
@@ -481,8 +544,15 @@ absl::Status Simulation::WriteFinalOutputs(SimResult& result) {
   for (const RoundRecord& r : result.rounds) rounds.push_back(nlohmann::json::parse(RoundRecordToJson(r)));
   j["rounds"] = rounds;
   if (!result.rounds.empty()) {
-    j["initial_accuracy"] = result.rounds.front().eval_accuracy;
-    j["final_accuracy"] = result.rounds.back().eval_accuracy;
+    const RoundRecord &first = result.rounds.front(), &last = result.rounds.back();
+    if (!data_.causal_lm || data_.exact_match) {
+      j["initial_accuracy"] = first.eval_accuracy;
+      j["final_accuracy"] = last.eval_accuracy;
+    }
+    if (data_.causal_lm) {
+      j["initial_perplexity"] = first.eval_perplexity;
+      j["final_perplexity"] = last.eval_perplexity;
+    }
   }
   return WriteFileAtomically(options_.out_dir + "/summary.json", j.dump(2) + "\n");
 }
@@ -494,16 +564,12 @@ absl::StatusOr<SimResult> Simulation::Run() {
   const uint32_t rounds = ConfiguredRounds(config_);
 
   // The initial adapter: the model's freshly initialised trainable params (seeded by config.seed).
-  std::vector<UpdateTensor> initial;
-  {
-    Lease model(pool_);
-    for (const Param& p : model->trainable_params()) initial.push_back({p.name, p.shape, p.value});
-  }
-  std::sort(initial.begin(), initial.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-  std::fprintf(stderr,
-               "simulate: %d clients (%lld train / %lld held-out examples, %zu labels), %u rounds, parallelism %d\n",
+  const std::vector<UpdateTensor> initial = data_.causal_lm ? InitialAdapter(lm_pool_) : InitialAdapter(pool_);
+  const std::string task = data_.causal_lm ? std::string("conversations")
+                                           : absl::StrCat("examples, ", data_.label_names.size(), " labels");
+  std::fprintf(stderr, "simulate: %d clients (%lld train / %lld held-out %s), %u rounds, parallelism %d\n",
                num_clients, static_cast<long long>(data_.train_size()), static_cast<long long>(data_.eval_size()),
-               data_.label_names.size(), rounds, parallelism_);
+               task.c_str(), rounds, parallelism_);
 
   ServerOptions so = ServerOptionsFromRunConfig(config_);
   so.listen_address = "127.0.0.1:0";
@@ -535,14 +601,8 @@ absl::StatusOr<SimResult> Simulation::Run() {
     auto vc = std::make_unique<VirtualClient>();
     vc->index = i;
     vc->id = absl::StrFormat("sim-client-%05d", i);
-    LoraTrainer::Site site;
-    site.acquire_model = [this] {
-      return LoraTrainer::ModelLease(pool_.Acquire(), [this](BertClassifier* m) { pool_.Release(m); });
-    };
-    site.data = data_.train;
-    site.indices = partition_.client_indices[static_cast<size_t>(i)];
-    site.options = data_.train_options;
-    vc->local = std::make_unique<LoraTrainer>(std::move(site));
+    vc->local = data_.causal_lm ? std::make_unique<LoraTrainer>(ClientSite(lm_pool_, data_.lm_train, i))
+                                : std::make_unique<LoraTrainer>(ClientSite(pool_, data_.train, i));
     vc->trainer = std::make_unique<SimClientTrainer>(this, vc.get());
     if (may_crash) {
       FEDLORA_ASSIGN_OR_RETURN(vc->proxy, CutProxy::Start(server_->address()));
@@ -575,8 +635,12 @@ absl::StatusOr<SimResult> Simulation::Run() {
       for (auto r = records_.rbegin(); r != records_.rend(); ++r) {  // the latest evaluated round
         if (std::isfinite(r->eval_accuracy)) {
           extra = absl::StrFormat("accuracy=%.4f", r->eval_accuracy);
-          break;
+        } else if (std::isfinite(r->eval_perplexity)) {
+          extra = absl::StrFormat("perplexity=%.3f", r->eval_perplexity);
+        } else {
+          continue;
         }
+        break;
       }
       if (!client_error_.ok()) outcome = client_error_;
     }
@@ -607,7 +671,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
   }
   result.client_sizes = partition_.Sizes();
   result.client_label_histograms =
-      LabelHistograms(partition_, data_.train_labels, static_cast<int>(data_.label_names.size()));
+      LabelHistograms(partition_, data_.train_labels, data_.num_partition_labels());
   result.seconds = SecondsSince(start_);
   FEDLORA_RETURN_IF_ERROR(WriteRoundReports(options_.out_dir, result.rounds, config_.run_id()));
   FEDLORA_RETURN_IF_ERROR(WriteFinalOutputs(result));

@@ -19,6 +19,8 @@
 #include "fedlora/v1/config.pb.h"
 #include "kernels/context.h"
 #include "model/bert.h"
+#include "model/decoder.h"
+#include "train/lm_data.h"
 #include "tools/common.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -27,11 +29,27 @@ namespace fedlora::tools {
 namespace {
 
 // The site of the built-in LoRA trainer (client/lora_trainer.h), built at the first task, when
-// the run config is known: a BertClassifier with the run's LoRA shape and labels, and --data
-// tokenized for it.
-absl::StatusOr<LoraTrainer::Site> LoadSite(const std::string& model_dir, const std::string& data_path,
-                                           const v1::RunConfig& c) {
+// the run config is known: a BertClassifier with the run's LoRA shape and labels and --data
+// tokenized for it, or for a CAUSAL_LM run a CausalLm and --data as conversations.
+absl::StatusOr<LoraTrainer::AnySite> LoadSite(const std::string& model_dir, const std::string& data_path,
+                                              const v1::RunConfig& c) {
+  FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(model_dir, c.task()));
   FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(model_dir, c.model()));
+  if (c.task().kind() == v1::TaskConfig::CAUSAL_LM) {
+    FEDLORA_ASSIGN_OR_RETURN(const int max_seq, DecoderMaxSeqLen(model_dir, ConfiguredMaxSeqLen(c.model())));
+    FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadChatTokenizer(model_dir, c.task().chat_template()));
+    FEDLORA_ASSIGN_OR_RETURN(LmDataset data, LoadLmDataset(data_path, tok, LmDataOptionsFromConfig(c.task(), max_seq)));
+    FEDLORA_ASSIGN_OR_RETURN(std::shared_ptr<CausalLm> model,
+                             CausalLm::Load(model_dir, DecoderOptionsFromConfig(c, max_seq)));
+    FEDLORA_LOG(INFO) << "local decoder " << model_dir << " with " << data.size() << " conversations from "
+                      << data_path;
+    LoraTrainer::DecoderSite site;
+    site.acquire_model = [model] { return LoraTrainer::DecoderLease(model.get(), [model](CausalLm*) {}); };
+    site.data = std::make_shared<const LmDataset>(std::move(data));
+    site.options = std::make_shared<const TrainOptions>(TrainOptionsFromConfig(c.training(), max_seq));
+    site.log_tasks = true;
+    return site;
+  }
   // Clamped to the checkpoint's position table before the model is planned for it.
   FEDLORA_ASSIGN_OR_RETURN(const int max_seq, EffectiveMaxSeqLen(model_dir, ConfiguredMaxSeqLen(c.model())));
   const ModelOptions o = ModelOptionsFromConfig(c, max_seq, ModelRole::kTrain);
@@ -56,8 +74,11 @@ int RunClient(int argc, char** argv) {
   int threads = 0;
   int64_t max_tasks = 0;
   flags.AddString("server", &server, "host:port of the aggregation server", /*required=*/true);
-  flags.AddString("model", &model_dir, "local copy of the run's model (config.json, *.safetensors)", true);
-  flags.AddString("data", &data_path, "the site's labelled training data (JSONL, CSV or TSV)", true);
+  flags.AddString("model", &model_dir,
+                  "local copy of the run's model (a directory with config.json and *.safetensors, or a decoder's .gguf)",
+                  true);
+  flags.AddString("data", &data_path,
+                  "the site's training data: labelled JSONL, CSV or TSV; a decoder run's JSONL conversations", true);
   bool insecure = false;
   flags.AddString("id", &id, "client identity without TLS (with --insecure, loopback servers only)");
   flags.AddBool("insecure", &insecure, "plaintext without TLS, to a loopback server only");
@@ -67,7 +88,9 @@ int RunClient(int argc, char** argv) {
   flags.AddInt("threads", &threads, "CPU threads for training (0: all cores)");
   flags.AddInt("max-tasks", &max_tasks, "stop after this many accepted updates (0: until the run ends)");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
-  if (!IsDirectory(model_dir)) return Fail(argv[0], absl::NotFoundError("model directory " + model_dir + " not found"));
+  if (!IsDirectory(model_dir) && !IsRegularFile(model_dir)) {
+    return Fail(argv[0], absl::NotFoundError("model " + model_dir + " not found"));
+  }
   if (!IsRegularFile(data_path)) return Fail(argv[0], absl::NotFoundError("data file " + data_path + " not found"));
   kernels::SetNumThreads(threads);
 

@@ -43,16 +43,6 @@ LmDataOptions DataOptions(const DecoderDataFlags& d, int max_seq_len) {
   return o;
 }
 
-absl::StatusOr<DecoderTokenizer> LoadTokenizerWithTemplate(const std::string& model,
-                                                           const std::string& chat_template) {
-  FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadDecoderTokenizer(model, chat_template));
-  if (!tok.chat.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        model, " has no chat template: pass --chat-template chatml|smollm2|qwen2|llama3"));
-  }
-  return tok;
-}
-
 }  // namespace
 
 absl::Status TrainDecoder(DecoderTrainFlags f) {
@@ -62,7 +52,7 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
     return absl::NotFoundError(absl::StrCat("eval data ", f.eval_path, " not found"));
   kernels::SetNumThreads(f.threads);
   FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok,
-                           LoadTokenizerWithTemplate(f.model, f.data.chat_template));
+                           LoadChatTokenizer(f.model, f.data.chat_template));
   const LmDataOptions data_options = DataOptions(f.data, f.train.max_seq_len);
   FEDLORA_ASSIGN_OR_RETURN(LmDataset train, LoadLmDataset(f.train_path, tok, data_options));
   LmDataset eval;
@@ -104,7 +94,7 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
   LmEvalOptions eval_options{.batch_size = std::min(f.train.eval_batch_size, f.train.batch_size),
                              .exact_match = f.data.exact_match,
                              .tokenizer = tok.tokenizer.get(),
-                             .stop_ids = DecoderStopIds(tok)};
+                             .stop_ids = tok.stop_ids()};
   LmTrainer trainer(*lm, f.train);
   trainer.on_epoch = [](const LmEpochReport& r) {
     std::string line =
@@ -160,7 +150,7 @@ absl::Status EvalDecoder(const DecoderEvalFlags& f) {
     return absl::NotFoundError(absl::StrCat("data file ", f.data_path, " not found"));
   kernels::SetNumThreads(f.threads);
   FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok,
-                           LoadTokenizerWithTemplate(f.model, f.data.chat_template));
+                           LoadChatTokenizer(f.model, f.data.chat_template));
   FEDLORA_ASSIGN_OR_RETURN(LmDataset data,
                            LoadLmDataset(f.data_path, tok, DataOptions(f.data, f.max_seq_len)));
   DecoderOptions options;
@@ -179,7 +169,7 @@ absl::Status EvalDecoder(const DecoderEvalFlags& f) {
                  {.batch_size = f.batch_size,
                   .exact_match = f.data.exact_match,
                   .tokenizer = tok.tokenizer.get(),
-                  .stop_ids = DecoderStopIds(tok)}));
+                  .stop_ids = tok.stop_ids()}));
   std::cout << result.ToJson() << std::endl;
   return absl::OkStatus();
 }

@@ -19,6 +19,7 @@
 #include "model/bert.h"
 #include "model/peft.h"
 #include "tools/common.h"
+#include "model/decoder.h"
 #include "tools/decoder_commands.h"
 #include "train/trainer.h"
 
@@ -77,7 +78,7 @@ absl::StatusOr<ModelOptions> OptionsFromAdapter(const std::string& dir,
 }
 
 absl::Status Eval(EvalFlags f) {
-  if (IsDecoderModel(f.model_dir)) {
+  if (IsDecoderCheckpoint(f.model_dir)) {
     return EvalDecoder({.model = f.model_dir,
                         .adapter = f.adapter_dir,
                         .data_path = f.data_path,
@@ -160,7 +161,7 @@ int RunEval(int argc, char** argv) {
   if (!flags.positional().empty())
     return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
   // A decoder plans its activations for the whole batch: a smaller default.
-  if (!flags.WasSet("batch-size") && IsDecoderModel(f.model_dir)) f.batch_size = 8;
+  if (!flags.WasSet("batch-size") && IsDecoderCheckpoint(f.model_dir)) f.batch_size = 8;
   if (f.batch_size < 1) return UsageError(command, "--batch-size must be >= 1");
   if (f.max_seq_len < 2) return UsageError(command, "--max-seq-len must be >= 2");
   if (f.threads < 0) return UsageError(command, "--threads must be >= 0");

@@ -98,7 +98,7 @@ absl::Status Generate(const GenerateFlags& f) {
   if (!f.adapter.empty()) FEDLORA_RETURN_IF_ERROR(LoadPeftAdapter(f.adapter, lm.get()));
   CausalLm::GenerateOptions g;
   g.max_new_tokens = f.max_new_tokens;
-  g.stop_ids = DecoderStopIds(tok);
+  g.stop_ids = tok.stop_ids();
   for (size_t i = 0; i < prompts.size(); ++i) {
     FEDLORA_ASSIGN_OR_RETURN(std::vector<int32_t> out, lm->Generate(prompts[i], g));
     if (!out.empty() && std::find(g.stop_ids.begin(), g.stop_ids.end(), out.back()) != g.stop_ids.end()) out.pop_back();

@@ -35,7 +35,12 @@
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "client/lora_trainer.h"
 #include "model/bert.h"
+#include "model/decoder.h"
+#include "model/decoder_tokenizer.h"
+#include "train/lm_data.h"
+#include "train/lm_trainer.h"
 #include "proto/address.h"
 #include "proto/config_io.h"
 #include "server/server.h"
@@ -130,6 +135,71 @@ class HeldOutEvaluator : public Evaluator {
   int batch_size_;
 };
 
+// The initial adapter and the held-out evaluator (none without data.eval_path) of a
+// SEQUENCE_CLASSIFICATION run.
+absl::Status LoadEncoderRun(const v1::RunConfig& config, std::vector<UpdateTensor>* initial,
+                            std::unique_ptr<Evaluator>* evaluator) {
+  // Sized for the held-out evaluation batches; max_seq clamped to the checkpoint's position table.
+  FEDLORA_ASSIGN_OR_RETURN(const int max_seq,
+                           EffectiveMaxSeqLen(config.model().path(), ConfiguredMaxSeqLen(config.model())));
+  const ModelOptions model_options = ModelOptionsFromConfig(config, max_seq, ModelRole::kEvaluate);
+  FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(config.model().path(), model_options));
+  for (const Param& p : model->trainable_params()) initial->push_back({p.name, p.shape, p.value});
+  if (config.data().eval_path().empty()) return absl::OkStatus();
+  FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(config.model().path()));
+  FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset eval,
+                           LoadTokenizedDataset(config.data().eval_path(), *tokenizer, max_seq, config.task()));
+  *evaluator = std::make_unique<HeldOutEvaluator>(std::move(model), std::move(eval), model_options.max_batch);
+  return absl::OkStatus();
+}
+
+// Server-side evaluation of a CAUSAL_LM run's global adapters: response loss and perplexity, and
+// the exact-match rate as eval_accuracy when task.exact_match asks for it.
+class LmHeldOutEvaluator : public Evaluator {
+ public:
+  LmHeldOutEvaluator(std::unique_ptr<CausalLm> model, LmDataset data, DecoderTokenizer tokenizer,
+                     int batch_size, bool exact_match)
+      : model_(std::move(model)), data_(std::move(data)), tokenizer_(std::move(tokenizer)) {
+    options_.batch_size = batch_size;
+    options_.exact_match = exact_match;
+    options_.tokenizer = tokenizer_.tokenizer.get();
+    options_.stop_ids = tokenizer_.stop_ids();
+  }
+
+  absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t round,
+                                                         const std::vector<UpdateTensor>& adapter) override {
+    FEDLORA_RETURN_IF_ERROR(LoadAdapter(adapter, *model_));
+    FEDLORA_ASSIGN_OR_RETURN(LmEvalResult r, EvaluateLm(*model_, data_, options_));
+    FEDLORA_LOG(INFO) << "round " << round << " eval: " << r.ToJson();
+    std::map<std::string, double> metrics{{"eval_loss", r.loss}, {"eval_perplexity", r.perplexity}};
+    if (r.has_exact_match) metrics["eval_accuracy"] = r.exact_match;
+    return metrics;
+  }
+
+ private:
+  std::unique_ptr<CausalLm> model_;
+  LmDataset data_;
+  DecoderTokenizer tokenizer_;
+  LmEvalOptions options_;
+};
+
+// The initial adapter (the model's freshly initialised trainable params) and the held-out
+// evaluator (none without data.eval_path) of a CAUSAL_LM run.
+absl::Status LoadDecoderRun(const v1::RunConfig& config, std::vector<UpdateTensor>* initial,
+                            std::unique_ptr<Evaluator>* evaluator) {
+  const std::string& path = config.model().path();
+  FEDLORA_ASSIGN_OR_RETURN(const int max_seq, DecoderMaxSeqLen(path, ConfiguredMaxSeqLen(config.model())));
+  FEDLORA_ASSIGN_OR_RETURN(auto model, CausalLm::Load(path, DecoderOptionsFromConfig(config, max_seq)));
+  for (const Param& p : model->trainable_params()) initial->push_back({p.name, p.shape, p.value});
+  if (config.data().eval_path().empty()) return absl::OkStatus();
+  FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadChatTokenizer(path, config.task().chat_template()));
+  FEDLORA_ASSIGN_OR_RETURN(LmDataset eval, LoadLmDataset(config.data().eval_path(), tok,
+                                                         LmDataOptionsFromConfig(config.task(), max_seq)));
+  *evaluator = std::make_unique<LmHeldOutEvaluator>(std::move(model), std::move(eval), std::move(tok),
+                                                    LmEvalBatchSize(config), config.task().exact_match());
+  return absl::OkStatus();
+}
+
 struct ServeFlags {
   std::string config_path, listen, store, cert, key, client_ca, crl;
   bool insecure = false;
@@ -156,23 +226,16 @@ absl::Status Serve(const ServeFlags& f) {
     FEDLORA_RETURN_IF_ERROR(CheckPlaintextAllowed(options.listen_address, options.insecure, "server listen address"));
   }
 
+  FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(config.model().path(), config.task()));
   FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(config.model().path(), config.model()));
-  // Sized for the held-out evaluation batches; max_seq clamped to the checkpoint's position table.
-  FEDLORA_ASSIGN_OR_RETURN(const int max_seq,
-                           EffectiveMaxSeqLen(config.model().path(), ConfiguredMaxSeqLen(config.model())));
-  const ModelOptions model_options = ModelOptionsFromConfig(config, max_seq, ModelRole::kEvaluate);
-  FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(config.model().path(), model_options));
   std::vector<UpdateTensor> initial;
-  for (const Param& p : model->trainable_params()) initial.push_back({p.name, p.shape, p.value});
-
   std::unique_ptr<Evaluator> evaluator;
-  if (!config.data().eval_path().empty()) {
-    FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(config.model().path()));
-    FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset eval,
-                             LoadTokenizedDataset(config.data().eval_path(), *tokenizer, max_seq, config.task()));
-    evaluator = std::make_unique<HeldOutEvaluator>(std::move(model), std::move(eval),
-                                                   model_options.max_batch);
+  if (config.task().kind() == v1::TaskConfig::CAUSAL_LM) {
+    FEDLORA_RETURN_IF_ERROR(LoadDecoderRun(config, &initial, &evaluator));
+  } else {
+    FEDLORA_RETURN_IF_ERROR(LoadEncoderRun(config, &initial, &evaluator));
   }
+
 
   // A stop asked for while the model loaded: the store has not been opened yet.
   for (int sig : WaitForSignals(0)) {

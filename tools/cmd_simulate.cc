@@ -8,6 +8,7 @@
 // Prints the per-round summary table on stdout and the progress line on stderr. The log of the
 // server and the virtual clients is appended to --out/server.log (or --log-file); its WARNING and
 // ERROR lines are copied to stderr. --verbose sends the whole log (DEBUG up) to stderr instead.
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -100,12 +101,15 @@ absl::Status Simulate(const SimulateFlags& f) {
 
   std::cout << sim::SummaryTable(result.rounds) << std::flush;
   if (!result.rounds.empty()) {
+    const sim::RoundRecord &first = result.rounds.front(), &last = result.rounds.back();
+    // A decoder run without exact match has perplexity only.
+    const bool perplexity = !std::isfinite(last.eval_accuracy) && std::isfinite(last.eval_perplexity);
     std::fprintf(stderr,
-                 "fedlora simulate: accuracy %.4f after %d rounds (untuned %.4f), %.1f s; reports in %s "
+                 "fedlora simulate: %s %.4f after %d rounds (untuned %.4f), %.1f s; reports in %s "
                  "(rounds.jsonl, rounds.csv, rounds.svg, summary.json), adapter in %s/adapter%s%s\n",
-                 result.rounds.back().eval_accuracy, result.rounds.back().round, result.rounds.front().eval_accuracy,
-                 result.seconds, f.out_dir.c_str(), f.out_dir.c_str(), log_path.empty() ? "" : ", log in ",
-                 log_path.c_str());
+                 perplexity ? "perplexity" : "accuracy", perplexity ? last.eval_perplexity : last.eval_accuracy,
+                 last.round, perplexity ? first.eval_perplexity : first.eval_accuracy, result.seconds,
+                 f.out_dir.c_str(), f.out_dir.c_str(), log_path.empty() ? "" : ", log in ", log_path.c_str());
   }
   return absl::OkStatus();
 }

@@ -53,7 +53,7 @@ nlohmann::json MetricsJson(const EvalResult& m) {
 }
 
 absl::Status Train(TrainFlags f) {
-  if (IsDecoderModel(f.model_dir)) {
+  if (IsDecoderCheckpoint(f.model_dir)) {
     return TrainDecoder({.model = f.model_dir,
                          .train_path = f.train_path,
                          .eval_path = f.eval_path,
@@ -245,7 +245,7 @@ int RunTrain(int argc, char** argv) {
   if (f.threads < 0) return UsageError(command, "--threads must be >= 0");
   if (flags.WasSet("targets") && SplitList(f.targets).empty())
     return UsageError(command, "--targets names no module");
-  const bool decoder = IsDecoderModel(f.model_dir);
+  const bool decoder = IsDecoderCheckpoint(f.model_dir);
   for (const std::string& t : SplitList(f.targets)) {
     const absl::Status parsed = decoder ? ParseDecoderTarget(t).status() : ParseLoraTarget(t).status();
     if (!parsed.ok()) return UsageError(command, std::string(parsed.message()));

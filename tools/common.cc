@@ -124,23 +124,6 @@ nlohmann::json TrainOptionsJson(const TrainOptions& o) {
           {"group_by_length", o.group_by_length}};
 }
 
-bool IsDecoderModel(const std::string& path) {
-  if (path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) return true;
-  if (!IsDirectory(path)) return false;
-  absl::StatusOr<nlohmann::json> config = ReadJsonFile(path + "/config.json");
-  return config.ok() && IsDecoderConfig(*config);
-}
-
-std::vector<int32_t> DecoderStopIds(const DecoderTokenizer& tokenizer) {
-  std::vector<int32_t> ids;
-  if (tokenizer.tokenizer->eos_id() >= 0) ids.push_back(tokenizer.tokenizer->eos_id());
-  if (tokenizer.chat.has_value()) {
-    const int32_t eot = tokenizer.tokenizer->TokenToId(std::string(tokenizer.chat->end_of_turn()));
-    if (eot >= 0 && std::find(ids.begin(), ids.end(), eot) == ids.end()) ids.push_back(eot);
-  }
-  return ids;
-}
-
 absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> LoadTokenizer(const std::string& model_dir) {
   const std::string json = model_dir + "/tokenizer.json", vocab = model_dir + "/vocab.txt";
   if (IsRegularFile(json)) return WordPieceTokenizer::FromTokenizerJson(json);

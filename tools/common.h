@@ -85,13 +85,6 @@ absl::Status WriteNpyInt32(const std::string& path, const std::vector<int32_t>& 
 // The training options as metrics.json records them.
 nlohmann::json TrainOptionsJson(const TrainOptions& o);
 
-// Whether `path` is a decoder checkpoint: a .gguf file, or a directory whose config.json has a
-// decoder model_type (model/decoder_config.h). Anything else is taken for a BERT-family encoder.
-bool IsDecoderModel(const std::string& path);
-// The ids that end a decoder's generation: its end-of-sequence token and its chat template's
-// end-of-turn token, those it has.
-std::vector<int32_t> DecoderStopIds(const DecoderTokenizer& tokenizer);
-
 // Whether `path` names an existing directory / regular file.
 bool IsDirectory(const std::string& path);
 bool IsRegularFile(const std::string& path);

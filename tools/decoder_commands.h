@@ -1,5 +1,5 @@
 // `fedlora train` and `fedlora eval` on decoder checkpoints (tools/cmd_decoder.cc): the commands
-// parse the flags and call these when --model is a decoder (IsDecoderModel).
+// parse the flags and call these when --model is a decoder (IsDecoderCheckpoint).
 #pragma once
 
 #include <string>

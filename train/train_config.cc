@@ -59,34 +59,76 @@ int ConfiguredEvalBatchSize(const v1::DataConfig& data) {
   return static_cast<int>(data.has_eval_batch_size() ? data.eval_batch_size() : 64);
 }
 
-ModelOptions ModelOptionsFromConfig(const v1::RunConfig& config, int max_seq_len, ModelRole role) {
-  ModelOptions o;
-  o.num_labels = std::max(2, config.task().labels_size());
-  const v1::LoraConfig& lora = config.lora();
-  o.lora.rank = static_cast<int>(lora.has_rank() ? lora.rank() : 8);
-  o.lora.alpha = static_cast<float>(lora.has_alpha() ? lora.alpha() : 16.0);
-  o.lora.dropout = static_cast<float>(lora.dropout());
-  // Unset keeps LoraOptions' default, which is config.proto's ["query", "value"].
+namespace {
+
+// The config's LoRA settings over `o`'s defaults (unset target_modules keeps o's).
+void ApplyLoraConfig(const v1::LoraConfig& lora, LoraOptions& o) {
+  o.rank = static_cast<int>(lora.has_rank() ? lora.rank() : 8);
+  o.alpha = static_cast<float>(lora.has_alpha() ? lora.alpha() : 16.0);
+  o.dropout = static_cast<float>(lora.dropout());
   if (lora.target_modules_size() > 0) {
-    o.lora.target_modules.assign(lora.target_modules().begin(), lora.target_modules().end());
+    o.target_modules.assign(lora.target_modules().begin(), lora.target_modules().end());
   }
-  o.seed = config.seed();
+}
+
+int MaxBatchFor(const v1::RunConfig& config, ModelRole role) {
   const int train_batch =
       static_cast<int>(config.training().has_batch_size() ? config.training().batch_size() : 16);
   const int eval_batch = ConfiguredEvalBatchSize(config.data());
   switch (role) {
     case ModelRole::kTrain:
-      o.max_batch = train_batch;
-      break;
+      return train_batch;
     case ModelRole::kEvaluate:
-      o.max_batch = eval_batch;
-      break;
+      return eval_batch;
     case ModelRole::kTrainAndEvaluate:
-      o.max_batch = std::max(train_batch, eval_batch);
       break;
   }
+  return std::max(train_batch, eval_batch);
+}
+
+std::string BaseModelName(const v1::ModelConfig& model) {
+  return model.id().empty() ? model.path() : model.id();
+}
+
+}  // namespace
+
+ModelOptions ModelOptionsFromConfig(const v1::RunConfig& config, int max_seq_len, ModelRole role) {
+  ModelOptions o;
+  o.num_labels = std::max(2, config.task().labels_size());
+  // Unset target_modules keeps LoraOptions' default, which is config.proto's ["query", "value"].
+  ApplyLoraConfig(config.lora(), o.lora);
+  o.seed = config.seed();
+  o.max_batch = MaxBatchFor(config, role);
   o.max_seq = max_seq_len;
-  o.base_model_name = config.model().id().empty() ? config.model().path() : config.model().id();
+  o.base_model_name = BaseModelName(config.model());
+  return o;
+}
+
+DecoderOptions DecoderOptionsFromConfig(const v1::RunConfig& config, int max_seq_len) {
+  DecoderOptions o;  // its default targets are config.proto's CAUSAL_LM default, all seven
+  ApplyLoraConfig(config.lora(), o.lora);
+  o.seed = config.seed();
+  o.max_batch = MaxBatchFor(config, ModelRole::kTrain);
+  o.max_seq = max_seq_len;
+  o.base_model_name = BaseModelName(config.model());
+  return o;
+}
+
+absl::StatusOr<int> DecoderMaxSeqLen(const std::string& path, int configured) {
+  FEDLORA_ASSIGN_OR_RETURN(DecoderConfig config, ReadDecoderCheckpointConfig(path));
+  return static_cast<int>(std::min<int64_t>(configured, config.max_position_embeddings));
+}
+
+int LmEvalBatchSize(const v1::RunConfig& config) {
+  return std::min(ConfiguredEvalBatchSize(config.data()), MaxBatchFor(config, ModelRole::kTrain));
+}
+
+LmDataOptions LmDataOptionsFromConfig(const v1::TaskConfig& task, int max_seq_len) {
+  LmDataOptions o;
+  if (!task.prompt_field().empty()) o.prompt_field = task.prompt_field();
+  if (!task.response_field().empty()) o.response_field = task.response_field();
+  o.system = task.system_prompt();
+  o.max_seq_len = max_seq_len;
   return o;
 }
 
@@ -104,21 +146,43 @@ DatasetOptions DatasetOptionsFromConfig(const v1::TaskConfig& task) {
 namespace fedlora {
 
 absl::Status VerifyModelCheckpoint(const std::string& model_dir, const v1::ModelConfig& model) {
+  const bool decoder = IsDecoderCheckpoint(model_dir);
   if (!model.architecture().empty()) {
-    FEDLORA_ASSIGN_OR_RETURN(BertConfig config, ReadBertConfig(model_dir + "/config.json"));
-    if (config.model_type != model.architecture()) {
-      return absl::FailedPreconditionError(absl::StrCat(model_dir, "/config.json has model_type \"", config.model_type,
+    std::string model_type;
+    if (decoder) {
+      FEDLORA_ASSIGN_OR_RETURN(DecoderConfig config, ReadDecoderCheckpointConfig(model_dir));
+      model_type = config.model_type;
+    } else {
+      FEDLORA_ASSIGN_OR_RETURN(BertConfig config, ReadBertConfig(model_dir + "/config.json"));
+      model_type = config.model_type;
+    }
+    if (model_type != model.architecture()) {
+      return absl::FailedPreconditionError(absl::StrCat(model_dir, " has model_type \"", model_type,
                                                         "\" but the run's model.architecture is \"",
                                                         model.architecture(), "\""));
     }
   }
   if (!model.sha256().empty()) {
-    const std::string weights = model_dir + "/model.safetensors";
+    const std::string weights = decoder ? DecoderWeightsFile(model_dir) : model_dir + "/model.safetensors";
     FEDLORA_ASSIGN_OR_RETURN(std::string actual, Sha256FileHex(weights));
     if (actual != model.sha256()) {
       return absl::FailedPreconditionError(absl::StrCat(weights, " has SHA-256 ", actual, " but the run's model.sha256 is ",
                                                         model.sha256(), ": not the run's model"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckModelFitsTask(const std::string& path, const v1::TaskConfig& task) {
+  const bool decoder = IsDecoderCheckpoint(path);
+  if (task.kind() == v1::TaskConfig::CAUSAL_LM && !decoder) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " is not a decoder checkpoint (a .gguf file or a llama/qwen2 directory): task.kind CAUSAL_LM needs one"));
+  }
+  if (task.kind() != v1::TaskConfig::CAUSAL_LM && decoder) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " is a decoder checkpoint: task.kind SEQUENCE_CLASSIFICATION takes a BERT-family encoder; "
+              "a decoder runs as CAUSAL_LM (classification by generation: the label as the response)"));
   }
   return absl::OkStatus();
 }

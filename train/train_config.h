@@ -9,6 +9,8 @@
 
 #include "fedlora/v1/config.pb.h"
 #include "model/bert.h"
+#include "model/decoder.h"
+#include "train/lm_data.h"
 #include "train/trainer.h"
 
 namespace fedlora {
@@ -50,10 +52,30 @@ enum class ModelRole {
 // dropout overrides are left at ModelOptions' defaults.
 ModelOptions ModelOptionsFromConfig(const v1::RunConfig& config, int max_seq_len, ModelRole role);
 
+// The CausalLm options of a CAUSAL_LM run: LoRA as ModelOptionsFromConfig (all seven projections
+// when target_modules is unset), seed, base_model_name, max_seq = `max_seq_len` (already clamped
+// to the checkpoint's context), and max_batch = training.batch_size whatever the model's role: a
+// decoder's activations are planned for max_batch x max_seq tokens, so its evaluation runs in
+// batches of at most the training batch (LmEvalBatchSize) rather than planning a second, larger
+// buffer. The base stays as stored.
+DecoderOptions DecoderOptionsFromConfig(const v1::RunConfig& config, int max_seq_len);
+// `configured` tokens per conversation, at most the decoder checkpoint's context length.
+absl::StatusOr<int> DecoderMaxSeqLen(const std::string& path, int configured);
+// Examples per CAUSAL_LM evaluation batch: data.eval_batch_size (default 64), at most
+// training.batch_size (default 16).
+int LmEvalBatchSize(const v1::RunConfig& config);
+// How to read a CAUSAL_LM data file: task.prompt_field / response_field (defaults "prompt",
+// "response"), task.system_prompt, and `max_seq_len` tokens per conversation.
+LmDataOptions LmDataOptionsFromConfig(const v1::TaskConfig& task, int max_seq_len);
+
 // What model.sha256 and model.architecture promise about the checkpoint in `model_dir`: the SHA-256
-// of model.safetensors (when sha256 is set) and config.json's model_type (when architecture is
-// set). FailedPrecondition naming the file and both values when either differs. The server checks
+// of model.safetensors or of the .gguf file (when sha256 is set) and the model_type of config.json
+// or the GGUF (when architecture is set). FailedPrecondition naming the file and both values when either differs. The server checks
 // its copy at start, clients theirs before their first task.
 absl::Status VerifyModelCheckpoint(const std::string& model_dir, const v1::ModelConfig& model);
+
+// FailedPrecondition when the checkpoint at `path` does not fit the task: CAUSAL_LM needs a
+// decoder (a .gguf file or a llama/qwen2 directory), SEQUENCE_CLASSIFICATION an encoder.
+absl::Status CheckModelFitsTask(const std::string& path, const v1::TaskConfig& task);
 
 }  // namespace fedlora

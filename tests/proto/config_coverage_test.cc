@@ -71,6 +71,12 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
       {"task.text_field", {"train/train_config_test.cc", "text_field"}},
       {"task.pair_field", {"train/train_config_test.cc", "pair_field"}},
       {"task.label_field", {"train/train_config_test.cc", "label_field"}},
+      {"task.kind=CAUSAL_LM", {"sim/simulator_test.cc", "CAUSAL_LM"}},
+      {"task.prompt_field", {"sim/simulator_test.cc", "prompt_field"}},
+      {"task.response_field", {"sim/simulator_test.cc", "response_field"}},
+      {"task.system_prompt", {"sim/simulator_test.cc", "system_prompt"}},
+      {"task.chat_template", {"sim/simulator_test.cc", "chat_template"}},
+      {"task.exact_match", {"sim/simulator_test.cc", "exact_match"}},
       {"training.local_epochs", {"sim/simulator_test.cc", "local_epochs"}},
       {"training.local_steps", {"server/cli_federation_test.cc", "local_steps"}},
       {"training.batch_size", {"server/cli_federation_test.cc", "batch_size"}},
@@ -179,12 +185,6 @@ CodecStage StageWith(CodecStage::Id id) {
 // implemented yet, naming it.
 const std::map<std::string, std::pair<Mutation, std::string>>& RefusedSettings() {
   static const auto* m = new std::map<std::string, std::pair<Mutation, std::string>>{
-      {"task.kind=CAUSAL_LM",
-       {[](RunConfig& c) {
-          c.mutable_task()->set_kind(v1::TaskConfig::CAUSAL_LM);
-          c.mutable_task()->clear_labels();
-        },
-        "task.kind CAUSAL_LM"}},
       {"aggregation.strategy=MEDIAN",
        {[](RunConfig& c) { c.mutable_aggregation()->set_strategy(v1::AggregationConfig::MEDIAN); },
         "aggregation.strategy MEDIAN"}},

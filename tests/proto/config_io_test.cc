@@ -48,6 +48,17 @@ RunConfig MinimalConfig() {
   return config.ok() ? *config : RunConfig();
 }
 
+// A valid CAUSAL_LM task in place of MinimalConfig's classification one.
+void MakeCausalLm(RunConfig& c) {
+  v1::TaskConfig* t = c.mutable_task();
+  t->set_kind(v1::TaskConfig::CAUSAL_LM);
+  t->clear_labels();
+  t->clear_text_field();
+  t->clear_label_field();
+  t->set_prompt_field("prompt");
+  t->set_response_field("response");
+}
+
 void ExpectInvalid(const absl::Status& status, const std::string& fragment) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr(fragment));
@@ -183,6 +194,23 @@ TEST(ConfigIoTest, MinimalExampleGetsDocumentedDefaults) {
 
 // Hostile input never crashes: every prefix of a valid config, and every single-byte corruption of
 // it, gives either an error or a config that passes validation.
+TEST(ConfigIoTest, CausalLmGetsItsOwnDefaults) {
+  absl::StatusOr<RunConfig> c = ParseRunConfigJson(
+      R"({"model": {"path": "models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf"},
+          "task": {"kind": "CAUSAL_LM"}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model().id(), "SmolLM2-135M-Instruct.Q4_1.gguf");
+  EXPECT_EQ(c->model().max_seq_len(), 256u);
+  EXPECT_THAT(c->lora().target_modules(), ::testing::ElementsAre("q_proj", "k_proj", "v_proj", "o_proj",
+                                                                 "gate_proj", "up_proj", "down_proj"));
+  EXPECT_EQ(c->task().prompt_field(), "prompt");
+  EXPECT_EQ(c->task().response_field(), "response");
+  EXPECT_EQ(c->task().text_field(), "");  // classification fields stay unset
+  EXPECT_EQ(c->task().label_field(), "");
+  EXPECT_FALSE(c->task().exact_match());
+  EXPECT_TRUE(ValidateRunConfig(*c).ok());
+}
+
 TEST(ConfigIoTest, TruncatedAndCorruptedInputNeverCrashes) {
   std::ifstream in(ExamplePath("full.json"), std::ios::binary);
   std::string full((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -476,12 +504,46 @@ const std::vector<ValidationCase>& Cases() {
        "privacy.secure_aggregation is not implemented yet"},
       {"Median", [](RunConfig& c) { c.mutable_aggregation()->set_strategy(AggregationConfig::MEDIAN); },
        "aggregation.strategy MEDIAN is not implemented yet"},
-      {"CausalLm",
+      {"CausalLmGpt2",
        [](RunConfig& c) {
-         c.mutable_task()->set_kind(v1::TaskConfig::CAUSAL_LM);
-         c.mutable_task()->clear_labels();
+         MakeCausalLm(c);
+         c.mutable_model()->set_architecture("gpt2");
        },
-       "task.kind CAUSAL_LM is not implemented yet"},
+       "model.architecture \"gpt2\" for CAUSAL_LM is not implemented yet"},
+      {"CausalLmLogitAdjustment",
+       [](RunConfig& c) {
+         MakeCausalLm(c);
+         c.mutable_training()->set_logit_adjustment(1.0);
+       },
+       "training.logit_adjustment for CAUSAL_LM is not implemented yet"},
+      {"CausalLmTextField",
+       [](RunConfig& c) {
+         MakeCausalLm(c);
+         c.mutable_task()->set_text_field("text");
+       },
+       "task.text_field belongs to SEQUENCE_CLASSIFICATION"},
+      {"CausalLmSameFields",
+       [](RunConfig& c) {
+         MakeCausalLm(c);
+         c.mutable_task()->set_response_field("prompt");
+       },
+       "task.response_field (\"prompt\") must differ from task.prompt_field"},
+      {"CausalLmNoPromptField",
+       [](RunConfig& c) {
+         MakeCausalLm(c);
+         c.mutable_task()->clear_prompt_field();
+       },
+       "task.prompt_field must not be empty"},
+      {"CausalLmByLabel",
+       [](RunConfig& c) {
+         MakeCausalLm(c);
+         c.mutable_simulation()->set_partition(v1::SimulationConfig::DIRICHLET);
+       },
+       "simulation.partition DIRICHLET splits by label and CAUSAL_LM has none"},
+      {"ClassifierExactMatch", [](RunConfig& c) { c.mutable_task()->set_exact_match(true); },
+       "task.exact_match belongs to CAUSAL_LM"},
+      {"ClassifierChatTemplate", [](RunConfig& c) { c.mutable_task()->set_chat_template("chatml"); },
+       "task.chat_template belongs to CAUSAL_LM"},
       {"DecoderArchitecture", [](RunConfig& c) { c.mutable_model()->set_architecture("llama"); },
        "model.architecture \"llama\" is not implemented yet"},
       {"TopK",

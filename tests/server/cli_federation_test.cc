@@ -1,11 +1,13 @@
 // The whole system as separate processes, secured as the README shows it: `fedlora certs dev`, then
 // `fedlora server` with a run config and mutual TLS, two `fedlora client` processes training the real all-MiniLM-L6-v2 LoRA adapters on disjoint slices of the fortunes
-// corpus (the built-in trainer), and `fedlora status`. Skips when the model or data have not been
-// fetched (scripts/setup.sh).
+// corpus (the built-in trainer), and `fedlora status`. And a CAUSAL_LM federation of the real 4-bit
+// SmolLM2 (plaintext on loopback): the server's perplexity evaluator and the clients' decoder
+// trainer. Skips when the model or data have not been fetched (scripts/setup.sh).
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <string>
 
@@ -33,6 +35,25 @@ void CopyLines(const std::string& from, const std::string& to, int first, int co
   for (int i = 0; std::getline(in, line) && i < first + count; ++i) {
     if (i >= first) out << line << "\n";
   }
+}
+
+// Starts `command` (a `fedlora server`) and reads the address from its first line.
+FILE* StartServer(const std::string& command, std::string* address) {
+  FILE* server = popen(command.c_str(), "r");
+  if (server == nullptr) return nullptr;
+  char line[256] = {};
+  if (std::fgets(line, sizeof(line), server) == nullptr) {
+    ADD_FAILURE() << "server printed nothing";
+    return server;
+  }
+  std::smatch m;
+  const std::string first(line);
+  if (std::regex_search(first, m, std::regex("127\\.0\\.0\\.1:[0-9]+"))) {
+    *address = m.str();
+  } else {
+    ADD_FAILURE() << first;
+  }
+  return server;
 }
 
 TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
@@ -67,17 +88,13 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
             0)
       << std::ifstream(d + "certs.out").rdbuf();
   const std::string pki = d + "certs/";
-  FILE* server = popen((bin + " server --config " + d + "run.json --cert " + pki + "server.pem --key " + pki +
-                        "server.key --client-ca " + pki + "ca.pem --linger-seconds 4 2>" + d + "server.err")
-                           .c_str(),
-                       "r");
+  std::string address;
+  FILE* server = StartServer(bin + " server --config " + d + "run.json --cert " + pki + "server.pem --key " + pki +
+                                 "server.key --client-ca " + pki + "ca.pem --linger-seconds 4 2>" + d + "server.err",
+                             &address);
   ASSERT_NE(server, nullptr);
-  char line[256] = {};
-  ASSERT_NE(std::fgets(line, sizeof(line), server), nullptr) << "server printed nothing";
+  ASSERT_FALSE(address.empty());
   std::smatch m;
-  const std::string first(line);
-  ASSERT_TRUE(std::regex_search(first, m, std::regex("127\\.0\\.0\\.1:[0-9]+"))) << first;
-  const std::string address = m.str();
 
   auto client_cmd = [&](const std::string& id) {
     return bin + " client --server " + address + " --model " + model + " --data " + d + id + ".jsonl --ca " + pki +
@@ -111,6 +128,69 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
     EXPECT_THAT(*out, HasSubstr("\"tasks_completed\":2"));
     EXPECT_THAT(*out, HasSubstr("\"final_adapter_sha256\":\"" + final_sha + "\""));
   }
+}
+
+// A decoder federation across processes: `fedlora server` builds the initial adapter from the GGUF
+// and scores each round by response perplexity and exact match; two `fedlora client` processes
+// fine-tune their local copy of the 4-bit model on their own conversations.
+TEST(CliFederationTest, DecoderServerAndTwoClientProcesses) {
+  const char* src = std::getenv("FEDLORA_SOURCE_DIR");
+  ASSERT_NE(src, nullptr);
+  const std::string model = std::string(src) + "/models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " missing (scripts/setup.sh fetches it)";
+  testing::TempDir dir;
+  const std::string d = dir.path() + "/";
+  auto write = [&](const std::string& name, const std::string& answer, int n) {
+    std::ofstream out(d + name);
+    for (int i = 0; i < n; ++i) out << R"({"prompt": "Give the password, number )" << i << R"(.", "response": ")" << answer << "\"}\n";
+  };
+  write("a.jsonl", "tangerine", 4);
+  write("b.jsonl", "tangerine", 4);
+  write("eval.jsonl", "tangerine", 2);
+  std::ofstream(d + "run.json") << R"({
+    "run_id": "cli-decoder", "seed": 3,
+    "model": {"path": ")" << model << R"(", "max_seq_len": 48},
+    "lora": {"rank": 4, "target_modules": ["q_proj", "v_proj"]},
+    "task": {"kind": "CAUSAL_LM", "exact_match": true},
+    "training": {"local_steps": 2, "batch_size": 2, "learning_rate": 0.01},
+    "selection": {"clients_per_round": 2, "over_selection": 1.0, "min_clients": 2, "retry_after_seconds": 1,
+                  "heartbeat_interval_seconds": 2},
+    "rounds": 1,
+    "data": {"eval_path": ")" << d << R"(eval.jsonl"},
+    "server": {"listen_address": "127.0.0.1:0", "store_dir": ")" << d << R"(store", "insecure": true}
+  })";
+  const std::string bin = FEDLORA_BINARY_PATH;
+  std::string address;
+  FILE* server = StartServer(bin + " server --config " + d + "run.json --linger-seconds 4 2>" + d + "server.err",
+                             &address);
+  ASSERT_NE(server, nullptr);
+  ASSERT_FALSE(address.empty());
+  auto client_cmd = [&](const std::string& id) {
+    return bin + " client --server " + address + " --insecure --id site-" + id + " --model " + model + " --data " +
+           d + id + ".jsonl --threads 1 2>" + d + id + ".err";
+  };
+  FILE* a = popen(client_cmd("a").c_str(), "r");
+  FILE* b = popen(client_cmd("b").c_str(), "r");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const std::string out_a = ReadAll(a);
+  const std::string out_b = ReadAll(b);
+  EXPECT_EQ(pclose(a), 0) << out_a << std::ifstream(d + "a.err").rdbuf();
+  EXPECT_EQ(pclose(b), 0) << out_b << std::ifstream(d + "b.err").rdbuf();
+  const std::string server_out = ReadAll(server);
+  EXPECT_EQ(pclose(server), 0) << server_out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(server_out, m, std::regex("1 rounds committed, adapter ([0-9a-f]{64})"))) << server_out;
+  for (const std::string* out : {&out_a, &out_b}) {
+    EXPECT_THAT(*out, HasSubstr("\"tasks_completed\":1"));
+    EXPECT_THAT(*out, HasSubstr("\"final_adapter_sha256\":\"" + m.str(1) + "\""));
+  }
+  // The server's evaluator scored the new global adapter with the decoder's figures.
+  std::ifstream err(d + "server.err");
+  const std::string log((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(log, HasSubstr("round 1 eval: {\"count\":2"));
+  EXPECT_THAT(log, HasSubstr("\"perplexity\":"));
+  EXPECT_THAT(log, HasSubstr("\"exact_match\":"));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // A small simulation end to end: a tiny random BERT checkpoint, a vocabulary and JSONL data written
-// into a temp dir, 4 virtual clients talking to the real server over loopback gRPC, 2 rounds.
+// into a temp dir, 4 virtual clients talking to the real server over loopback gRPC, 2 rounds. And a
+// CAUSAL_LM federation of the real 4-bit SmolLM2 (fetched by scripts/setup.sh) on two sites.
 #include "sim/simulator.h"
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/file.h"
+#include "core/json.h"
 #include "core/safetensors.h"
 #include "gtest/gtest.h"
 #include "proto/config_io.h"
@@ -276,7 +278,8 @@ TEST(Report, CsvJsonAndSvgOfKnownRecords) {
   b.dropped = 1;
   EXPECT_EQ(RoundRecordToJson(a).find("\"mean_train_loss\":null") != std::string::npos, true);
   const std::string csv = RoundsToCsv({a, b});
-  EXPECT_NE(csv.find("\n1,1,0.5,0,0,0,3145728,1048576,0,0,4,3,1,0,0\n"), std::string::npos) << csv;
+  // The last column, eval_perplexity, is empty: NaN for a classifier.
+  EXPECT_NE(csv.find("\n1,1,0.5,0,0,0,3145728,1048576,0,0,4,3,1,0,0,\n"), std::string::npos) << csv;
   const std::string svg = RoundsToSvg({a, b}, "a <title> & more");
   EXPECT_NE(svg.find("a &lt;title&gt; &amp; more"), std::string::npos);
   // Cumulative MiB up reaches 3 at round 1: the bytes axis tops out at a nice value >= 3.
@@ -284,6 +287,94 @@ TEST(Report, CsvJsonAndSvgOfKnownRecords) {
   const std::string table = SummaryTable({a, b});
   EXPECT_NE(table.find("total"), std::string::npos);
   EXPECT_NE(table.find("0.5000"), std::string::npos);
+}
+
+// Instruction tuning of SmolLM2-135M-Instruct (Q4_1 base) across two sites that each know one
+// answer: partitioned BY_KEY on "site", a system prompt and the checkpoint's own template named,
+// exact match scored. Two rounds of two local steps learn both answers: the held-out perplexity of
+// the federated adapter falls far below the untuned model's.
+TEST(Simulator, DecoderFederationLearnsBothSitesAnswers) {
+  const char* src = std::getenv("FEDLORA_SOURCE_DIR");
+  ASSERT_NE(src, nullptr) << "run through ctest";
+  const std::string model = std::string(src) + "/models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " missing (scripts/setup.sh fetches it)";
+  const std::string dir = testing_util::MakeTempDir("sim_decoder");
+  ASSERT_FALSE(dir.empty());
+  auto write = [&](const std::string& path, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) {
+      const bool a = i % 2 == 0;
+      absl::StrAppend(&out, "{\"question\": \"Say the ", a ? "first" : "second", " code word, please (", i,
+                      ").\", \"answer\": \"", a ? "zebra" : "walrus", "\", \"site\": \"", a ? "a" : "b", "\"}\n");
+    }
+    ASSERT_TRUE(WriteFileAtomically(path, out).ok());
+  };
+  write(dir + "/train.jsonl", 16);
+  write(dir + "/eval.jsonl", 4);
+  const std::string json = absl::StrCat(R"({
+    "run_id": "sim-decoder", "seed": 3, "rounds": 2,
+    "model": {"path": ")", model, R"(", "max_seq_len": 64},
+    "lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+    "task": {"kind": "CAUSAL_LM", "prompt_field": "question", "response_field": "answer",
+             "system_prompt": "You answer in one word.", "chat_template": "smollm2", "exact_match": true},
+    "training": {"local_steps": 2, "batch_size": 4, "learning_rate": 0.01},
+    "selection": {"clients_per_round": 2, "over_selection": 1.0, "min_clients": 2,
+                  "round_deadline_seconds": 300, "heartbeat_interval_seconds": 1,
+                  "heartbeat_timeout_seconds": 60, "retry_after_seconds": 1},
+    "data": {"train_path": ")", dir, R"(/train.jsonl", "eval_path": ")", dir, R"(/eval.jsonl"},
+    "server": {"chunk_size_bytes": 65536},
+    "simulation": {"num_clients": 2, "partition": "BY_KEY", "partition_key_field": "site", "parallelism": 2}
+  })");
+  absl::StatusOr<v1::RunConfig> config = ParseRunConfigJson(json);
+  ASSERT_TRUE(config.ok()) << config.status();
+  SimOptions options;
+  options.out_dir = dir + "/out";
+  options.progress = false;
+  options.max_seconds = 300;
+  auto result = RunSimulation(*config, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+
+  ASSERT_EQ(result->rounds.size(), 3u);
+  for (const RoundRecord& r : result->rounds) {
+    EXPECT_TRUE(std::isfinite(r.eval_perplexity)) << r.round;
+    EXPECT_NEAR(r.eval_perplexity, std::exp(r.eval_loss), 1e-9 * r.eval_perplexity);
+    EXPECT_GE(r.eval_accuracy, 0.0);  // exact match asked for
+    EXPECT_LE(r.eval_accuracy, 1.0);
+    EXPECT_TRUE(std::isnan(r.eval_macro_f1));
+  }
+  EXPECT_EQ(result->rounds[1].reported, 2);
+  EXPECT_EQ(result->rounds[2].reported, 2);
+  // The untuned model has never seen these answers; the federated adapter has learnt both.
+  EXPECT_GT(result->rounds[0].eval_perplexity, 20.0);
+  EXPECT_LT(result->rounds[2].eval_perplexity, 0.2 * result->rounds[0].eval_perplexity);
+  EXPECT_EQ(result->client_sizes, (std::vector<int64_t>{8, 8}));  // one site per key
+  // The adapter is LoRA on q_proj and v_proj only: A and B for each of 30 layers.
+  EXPECT_EQ(result->final_adapter.size(), 30u * 2 * 2);
+
+  auto adapter_config = ReadJsonFile(options.out_dir + "/adapter/adapter_config.json");
+  ASSERT_TRUE(adapter_config.ok()) << adapter_config.status();
+  EXPECT_EQ((*adapter_config)["task_type"], "CAUSAL_LM");
+  EXPECT_EQ((*adapter_config)["r"], 4);
+  auto summary = ReadJsonFile(options.out_dir + "/summary.json");
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ((*summary)["final_perplexity"].get<double>(), result->rounds[2].eval_perplexity);
+  EXPECT_TRUE(summary->contains("final_accuracy"));
+  EXPECT_NE(Read(options.out_dir + "/rounds.csv").find("eval_perplexity"), std::string::npos);
+
+  // A classification task on a decoder checkpoint is refused before anything runs.
+  v1::RunConfig classify = *config;
+  classify.mutable_task()->Clear();
+  classify.mutable_task()->set_kind(v1::TaskConfig::SEQUENCE_CLASSIFICATION);
+  classify.mutable_task()->add_labels("zebra");
+  classify.mutable_task()->add_labels("walrus");
+  classify.mutable_task()->set_text_field("question");
+  classify.mutable_task()->set_label_field("answer");
+  classify.mutable_lora()->clear_target_modules();
+  classify.mutable_lora()->add_target_modules("query");
+  absl::Status refused = RunSimulation(classify, options).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_NE(refused.message().find("is a decoder checkpoint"), absl::string_view::npos) << refused;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

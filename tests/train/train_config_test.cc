@@ -1,7 +1,9 @@
-// TrainOptionsFromConfig / ModelOptionsFromConfig: every enum value's name, config.proto's defaults
-// for unset fields, and exact pass-through of set ones.
+// TrainOptionsFromConfig / ModelOptionsFromConfig / DecoderOptionsFromConfig: every enum value's
+// name, config.proto's defaults for unset fields, and exact pass-through of set ones; the checks a
+// server and its clients make of their checkpoint.
 #include "train/train_config.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -221,6 +223,78 @@ TEST(VerifyModelCheckpointTest, ChecksTheWeightsHashAndTheModelType) {
   EXPECT_NE(s.message().find("model_type \"bert\""), absl::string_view::npos) << s;
 
   EXPECT_FALSE(VerifyModelCheckpoint(dir + "/missing", model).ok());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DecoderOptionsFromConfigTest, LoraSeedAndOneBatchPlan) {
+  v1::RunConfig c;
+  c.set_seed(9);
+  c.mutable_model()->set_id("smol");
+  EXPECT_EQ(DecoderOptionsFromConfig(c, 64).lora.target_modules.size(), 7u);  // all seven by default
+  c.mutable_lora()->set_rank(4);
+  c.mutable_lora()->set_alpha(32);
+  c.mutable_lora()->set_dropout(0.1);
+  c.mutable_lora()->add_target_modules("q_proj");
+  c.mutable_training()->set_batch_size(6);
+  c.mutable_data()->set_eval_batch_size(32);
+  const DecoderOptions o = DecoderOptionsFromConfig(c, 64);
+  EXPECT_EQ(o.lora.rank, 4);
+  EXPECT_EQ(o.lora.alpha, 32.0f);
+  EXPECT_FLOAT_EQ(o.lora.dropout, 0.1f);
+  EXPECT_EQ(o.lora.target_modules, std::vector<std::string>{"q_proj"});
+  EXPECT_EQ(o.seed, 9u);
+  EXPECT_EQ(o.max_seq, 64);
+  EXPECT_EQ(o.max_batch, 6);  // the training batch, not the larger eval batch
+  EXPECT_EQ(o.base_model_name, "smol");
+  EXPECT_EQ(LmEvalBatchSize(c), 6);
+  c.mutable_data()->set_eval_batch_size(2);
+  EXPECT_EQ(LmEvalBatchSize(c), 2);
+}
+
+TEST(LmDataOptionsFromConfigTest, FieldsAndSystemPromptComeFromTheTask) {
+  v1::TaskConfig t;
+  LmDataOptions o = LmDataOptionsFromConfig(t, 100);
+  EXPECT_EQ(o.prompt_field, "prompt");
+  EXPECT_EQ(o.response_field, "response");
+  EXPECT_EQ(o.system, "");
+  EXPECT_EQ(o.max_seq_len, 100);
+  t.set_prompt_field("q");
+  t.set_response_field("a");
+  t.set_system_prompt("Be brief.");
+  o = LmDataOptionsFromConfig(t, 100);
+  EXPECT_EQ(o.prompt_field, "q");
+  EXPECT_EQ(o.response_field, "a");
+  EXPECT_EQ(o.system, "Be brief.");
+}
+
+// The real SmolLM2 GGUF (scripts/setup.sh fetches it, its SHA-256 pinned there).
+TEST(VerifyModelCheckpointTest, ADecoderGgufIsHashedWholeAndItsArchitectureRead) {
+  const char* src = std::getenv("FEDLORA_SOURCE_DIR");
+  ASSERT_NE(src, nullptr) << "run through ctest";
+  const std::string gguf = std::string(src) + "/models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(gguf)) GTEST_SKIP() << gguf << " missing (scripts/setup.sh fetches it)";
+  v1::ModelConfig model;
+  model.set_sha256("b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53");
+  model.set_architecture("llama");
+  EXPECT_TRUE(VerifyModelCheckpoint(gguf, model).ok());
+  model.set_architecture("qwen2");
+  absl::Status s = VerifyModelCheckpoint(gguf, model);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("model_type \"llama\""), absl::string_view::npos) << s;
+  EXPECT_EQ(DecoderMaxSeqLen(gguf, 1 << 20).value_or(0), 8192);  // clamped to the context length
+  EXPECT_EQ(DecoderMaxSeqLen(gguf, 200).value_or(0), 200);
+
+  v1::TaskConfig lm, classify;
+  lm.set_kind(v1::TaskConfig::CAUSAL_LM);
+  classify.set_kind(v1::TaskConfig::SEQUENCE_CLASSIFICATION);
+  EXPECT_TRUE(CheckModelFitsTask(gguf, lm).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(CheckModelFitsTask(gguf, classify)));
+  const std::string dir = testing_util::MakeTempDir("fits_task");
+  ASSERT_TRUE(testing_util::WriteTinyCheckpoint(dir, testing_util::TinyConfig()).ok());
+  EXPECT_TRUE(CheckModelFitsTask(dir, classify).ok());
+  s = CheckModelFitsTask(dir, lm);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("not a decoder checkpoint"), absl::string_view::npos) << s;
   std::filesystem::remove_all(dir);
 }
 
