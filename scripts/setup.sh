@@ -20,7 +20,7 @@ APT_PACKAGES=(
   python3 python3-venv python3-pip python3-numpy python3-torch python3-sklearn
   python3-filelock python3-regex python3-packaging python3-fsspec python3-yaml python3-requests
   python3-psutil python3-sentencepiece
-  fortunes fortunes-min openssl libcpp-httplib-dev libpcre2-dev libicu-dev python3-jinja2
+  fortunes fortunes-min wordnet-base openssl libcpp-httplib-dev libpcre2-dev libicu-dev python3-jinja2
   clang libclang-rt-14-dev
 )
 
@@ -112,11 +112,17 @@ fetch_smollm2() {
   touch "$SMOL_DIR/.verified"
 }
 
-# The fortunes corpus: eight topical categories from Debian's fortunes package, fixed split.
+# The fortunes corpus (eight topical categories from Debian's fortunes package) and the WordNet
+# "define X" corpus (eight lexicographer domains from Debian's wordnet-base), fixed splits.
 fetch_data() {
-  if [[ -f data/fortunes/.done ]]; then return; fi
-  /usr/bin/python3 scripts/make_fortunes_dataset.py --out data/fortunes
-  touch data/fortunes/.done
+  if [[ ! -f data/fortunes/.done ]]; then
+    /usr/bin/python3 scripts/make_fortunes_dataset.py --out data/fortunes
+    touch data/fortunes/.done
+  fi
+  if [[ ! -f data/wordnet/.done ]]; then
+    /usr/bin/python3 scripts/make_wordnet_dataset.py --out data/wordnet
+    touch data/wordnet/.done
+  fi
 }
 
 case "$WHAT" in
