@@ -1,6 +1,7 @@
 // The built-in LoRA trainer (client/lora_trainer.h) on a tiny random checkpoint (2 layers, hidden
 // 32, written by tests/model/tiny_checkpoint.h) and a synthetic tokenized dataset: determinism,
-// the subset overload, error paths, the site loader, and that training moves the adapter.
+// the subset overload, error paths, the site loader, and that training moves the adapter; and the
+// same for a decoder site on a tiny random LLaMA (tests/model/tiny_decoder.h).
 #include "client/lora_trainer.h"
 
 #include <cmath>
@@ -11,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/model/tiny_checkpoint.h"
+#include "tests/model/tiny_decoder.h"
 #include "train/train_config.h"
 
 namespace fedlora {
@@ -357,16 +359,7 @@ TEST_F(LoraTrainerTest, TrainingChangesTheAdapterWithFiniteLosses) {
 class DecoderLoraTrainerTest : public ::testing::Test {
  protected:
   static std::unique_ptr<CausalLm> NewLm() {
-    DecoderConfig c;
-    c.vocab_size = 64;
-    c.hidden_size = 32;
-    c.intermediate_size = 48;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 8;
-    c.max_position_embeddings = 32;
-    c.tie_word_embeddings = true;
+    const DecoderConfig c = testing_util::TinyDecoderConfig();
     DecoderOptions o;
     o.lora.rank = 2;
     o.max_batch = 4;

@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/model/tiny_checkpoint.h"
+#include "tests/model/tiny_decoder.h"
 
 namespace fedlora {
 namespace {
@@ -212,16 +213,7 @@ TEST(PeftTest, RefusesSettingsFedloraDoesNotImplement) {
 }
 
 TEST(PeftTest, DecoderAdapterRoundTripsWithCausalLmConfig) {
-  DecoderConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.max_position_embeddings = 32;
-  c.tie_word_embeddings = true;
+  const DecoderConfig c = testing_util::TinyDecoderConfig();
   DecoderOptions o;
   o.lora.rank = 4;
   o.lora.target_modules = {"q_proj", "v_proj", "down_proj"};

@@ -10,6 +10,7 @@
 #include <iterator>
 #include <regex>
 #include <string>
+#include <utility>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -54,6 +55,26 @@ FILE* StartServer(const std::string& command, std::string* address) {
     ADD_FAILURE() << first;
   }
   return server;
+}
+
+// Runs the two client commands at once (their stderr goes to `dir`/a.err and b.err) and returns
+// their stdout; a client that fails is a test failure showing its stderr.
+std::pair<std::string, std::string> RunClients(const std::string& a_cmd, const std::string& b_cmd,
+                                               const std::string& dir) {
+  FILE* a = popen(a_cmd.c_str(), "r");
+  FILE* b = popen(b_cmd.c_str(), "r");
+  std::pair<std::string, std::string> out;
+  if (a == nullptr || b == nullptr) {
+    ADD_FAILURE() << "popen failed";
+    if (a != nullptr) pclose(a);
+    if (b != nullptr) pclose(b);
+    return out;
+  }
+  out.first = ReadAll(a);
+  out.second = ReadAll(b);
+  EXPECT_EQ(pclose(a), 0) << out.first << std::ifstream(dir + "a.err").rdbuf();
+  EXPECT_EQ(pclose(b), 0) << out.second << std::ifstream(dir + "b.err").rdbuf();
+  return out;
 }
 
 TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
@@ -101,14 +122,7 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
            "ca.pem --cert " + pki + "site-" + id + ".pem --key " + pki + "site-" + id + ".key --threads 1 2>" + d + id +
            ".err";
   };
-  FILE* a = popen(client_cmd("a").c_str(), "r");
-  FILE* b = popen(client_cmd("b").c_str(), "r");
-  ASSERT_NE(a, nullptr);
-  ASSERT_NE(b, nullptr);
-  const std::string out_a = ReadAll(a);
-  const std::string out_b = ReadAll(b);
-  EXPECT_EQ(pclose(a), 0) << out_a;
-  EXPECT_EQ(pclose(b), 0) << out_b;
+  const auto [out_a, out_b] = RunClients(client_cmd("a"), client_cmd("b"), d);
 
   FILE* status = popen((bin + " status --server " + address + " --ca " + pki + "ca.pem --cert " + pki +
                         "site-a.pem --key " + pki + "site-a.key --clients")
@@ -169,14 +183,7 @@ TEST(CliFederationTest, DecoderServerAndTwoClientProcesses) {
     return bin + " client --server " + address + " --insecure --id site-" + id + " --model " + model + " --data " +
            d + id + ".jsonl --threads 1 2>" + d + id + ".err";
   };
-  FILE* a = popen(client_cmd("a").c_str(), "r");
-  FILE* b = popen(client_cmd("b").c_str(), "r");
-  ASSERT_NE(a, nullptr);
-  ASSERT_NE(b, nullptr);
-  const std::string out_a = ReadAll(a);
-  const std::string out_b = ReadAll(b);
-  EXPECT_EQ(pclose(a), 0) << out_a << std::ifstream(d + "a.err").rdbuf();
-  EXPECT_EQ(pclose(b), 0) << out_b << std::ifstream(d + "b.err").rdbuf();
+  const auto [out_a, out_b] = RunClients(client_cmd("a"), client_cmd("b"), d);
   const std::string server_out = ReadAll(server);
   EXPECT_EQ(pclose(server), 0) << server_out;
   std::smatch m;
