@@ -18,9 +18,9 @@
 //     of them train at once, each borrowing one of `parallelism` model instances from a pool and
 //     holding nothing but its adapter delta in between (the local optimizer starts afresh every
 //     task, as in FedAvg). Memory is O(parallelism x model + clients x indices).
-//   - The base model's frozen weights are loaded once (model/bert.h BertBase) and shared by every
-//     pool slot; a slot adds its adapter, head and activation buffers. The evaluator borrows the
-//     slots.
+//   - The base model's frozen weights are loaded once (model/bert.h BertBase, or for a CAUSAL_LM
+//     run model/decoder.h DecoderBase) and shared by every pool slot; a slot adds its adapter,
+//     head and activation buffers. The evaluator borrows the slots.
 //   - Faults, all seeded from (config.seed, server round, client): a dropout client vanishes after
 //     selection (stops sending anything; it rejoins after the round is committed), a straggler
 //     sleeps simulation.straggler_delay_seconds after training (past the deadline when the delay is
@@ -76,7 +76,8 @@ struct SimOptions {
 };
 
 struct SimResult {
-  // rounds[0]: the initial adapter (untuned: random classifier head, zero LoRA B) before training.
+  // rounds[0]: the initial adapter (untuned: zero LoRA B, and a random classifier head) before
+  // training.
   std::vector<RoundRecord> rounds;
   std::vector<UpdateTensor> final_adapter;  // sorted by name
   std::string final_adapter_sha256;         // of the server's blob (safetensors bytes)
