@@ -13,7 +13,9 @@ and adverbs), so that a prompt has one right answer; the word is the synset's fi
 lower case, spaces for underscores; glosses shorter than 15 or longer than 200 characters are
 dropped. Each domain is capped by a seeded sample, then split train/test per domain.
 
-Outputs under --out: train.jsonl, test.jsonl and stats.json (examples per domain per split).
+Outputs under --out: train.jsonl, test.jsonl, test_small.jsonl (the first --small-per-domain test
+examples of each domain, in file order: the held-out set of configs/wordnet_smollm2.json) and
+stats.json (examples per domain per split).
 Deterministic: the same --seed and input files give byte-identical outputs. Standard library only.
 """
 
@@ -79,6 +81,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--per-domain", type=int, default=250, help="examples kept per domain")
     parser.add_argument("--test-per-domain", type=int, default=50)
+    parser.add_argument("--small-per-domain", type=int, default=10)
     parser.add_argument("--seed", type=int, default=20261202)
     args = parser.parse_args()
     if args.test_per_domain >= args.per_domain:
@@ -117,7 +120,13 @@ def main():
     rng.shuffle(test)
 
     os.makedirs(args.out, exist_ok=True)
-    for name, rows in (("train", train), ("test", test)):
+    taken = collections.Counter()
+    small = []
+    for row in test:
+        if taken[row["lexname"]] < args.small_per_domain:
+            taken[row["lexname"]] += 1
+            small.append(row)
+    for name, rows in (("train", train), ("test", test), ("test_small", small)):
         with open(os.path.join(args.out, name + ".jsonl"), "w", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
