@@ -528,7 +528,7 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   auto* t = c->mutable_training();
   if (t->local_work_case() == TrainingConfig::LOCAL_WORK_NOT_SET) t->set_local_epochs(1);
   if (!t->has_batch_size()) t->set_batch_size(16);
-  if (!t->has_learning_rate()) t->set_learning_rate(5e-4);
+  if (!t->has_learning_rate()) t->set_learning_rate(causal_lm ? kDecoderDefaultLearningRate : kDefaultLearningRate);
   if (t->optimizer() == TrainingConfig::OPTIMIZER_UNSPECIFIED)
     t->set_optimizer(TrainingConfig::ADAMW);
   if (t->schedule() == TrainingConfig::SCHEDULE_UNSPECIFIED)

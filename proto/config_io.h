@@ -26,6 +26,10 @@ namespace fedlora {
 // Defaults and limits that other modules need too (the rest are documented in config.proto).
 inline constexpr char kDefaultListenAddress[] = "127.0.0.1:50051";
 inline constexpr uint32_t kDefaultRounds = 10;
+// training.learning_rate unless set: 5e-4 for SEQUENCE_CLASSIFICATION; 2e-3 for CAUSAL_LM, the
+// best measured on both decoder tasks (docs/results.md).
+inline constexpr double kDefaultLearningRate = 5e-4;
+inline constexpr double kDecoderDefaultLearningRate = 2e-3;
 inline constexpr uint32_t kDefaultChunkSizeBytes = 1u << 20;      // 1 MiB
 inline constexpr uint32_t kMinChunkSizeBytes = 4u << 10;          // 4 KiB
 inline constexpr uint32_t kMaxChunkSizeBytes = 64u << 20;         // 64 MiB

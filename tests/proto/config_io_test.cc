@@ -208,6 +208,7 @@ TEST(ConfigIoTest, CausalLmGetsItsOwnDefaults) {
   EXPECT_EQ(c->task().text_field(), "");  // classification fields stay unset
   EXPECT_EQ(c->task().label_field(), "");
   EXPECT_FALSE(c->task().exact_match());
+  EXPECT_EQ(c->training().learning_rate(), 2e-3);  // the decoders' measured best
   EXPECT_TRUE(ValidateRunConfig(*c).ok());
 }
 
