@@ -199,7 +199,10 @@ int RunTrain(int argc, char** argv) {
   flags.AddInt("max-seq-len", &f.train.max_seq_len,
                "tokens per example ([CLS]/[SEP] included; decoders: the rendered conversation); longer "
                "texts are cut (a decoder prompt loses its middle, so that the response stays whole)");
-  flags.AddFloat("lr", &f.train.lr, "peak learning rate (default 2e-3, the best measured: docs/results.md)");
+  // The best centralized learning rate measured, for MiniLM on fortunes and for SmolLM2 on
+  // fortunes and WordNet (docs/results.md); TrainOptions' own default is 5e-4.
+  f.train.lr = 2e-3f;
+  flags.AddFloat("lr", &f.train.lr, "peak learning rate (the best measured: docs/results.md)");
   flags.AddString("optimizer", &f.train.optimizer, "adamw, lamb or sgd");
   flags.AddFloat("weight-decay", &f.train.weight_decay,
                  "decoupled weight decay (not on 1-D params)");
@@ -246,9 +249,6 @@ int RunTrain(int argc, char** argv) {
   if (flags.WasSet("targets") && SplitList(f.targets).empty())
     return UsageError(command, "--targets names no module");
   const bool decoder = IsDecoderCheckpoint(f.model_dir);
-  // The best centralized learning rate measured, for MiniLM on fortunes and for SmolLM2 on
-  // fortunes and WordNet (docs/results.md); TrainOptions' own default is 5e-4.
-  if (!flags.WasSet("lr")) f.train.lr = 2e-3f;
   for (const std::string& t : SplitList(f.targets)) {
     const absl::Status parsed = decoder ? ParseDecoderTarget(t).status() : ParseLoraTarget(t).status();
     if (!parsed.ok()) return UsageError(command, std::string(parsed.message()));
