@@ -114,7 +114,7 @@ absl::Status HeadGemms(const ExecContext& ctx, const AttentionDims& d, GemmArgs 
 }  // namespace
 
 size_t AttentionWorkspaceBytes(const AttentionForwardArgs& a) {
-  return a.dropout.active() ? internal::AlignUp(static_cast<size_t>(ProbsElems(a.dims)) * sizeof(float)) : 0;
+  return a.dropout.active() && a.out != nullptr ? internal::AlignUp(static_cast<size_t>(ProbsElems(a.dims)) * sizeof(float)) : 0;
 }
 size_t AttentionWorkspaceBytes(const AttentionBackwardArgs& a) {
   const size_t one = internal::AlignUp(static_cast<size_t>(ProbsElems(a.dims)) * sizeof(float));
@@ -126,10 +126,10 @@ absl::Status CanRun(const ExecContext& ctx, const AttentionForwardArgs& a) {
   FEDLORA_RETURN_IF_ERROR(CheckDimsCommon(kFwd, a.dims));
   if (!(a.dropout.p >= 0.0f && a.dropout.p < 1.0f)) return internal::InvalidArg(kFwd, "dropout p not in [0, 1)");
   if (ProbsElems(a.dims) == 0) return absl::OkStatus();
-  for (auto [p, name] : {std::pair<const void*, const char*>{a.q, "q"}, {a.k, "k"}, {a.v, "v"}, {a.probs, "probs"},
-                         {a.out, "out"}}) {
+  for (auto [p, name] : {std::pair<const void*, const char*>{a.q, "q"}, {a.k, "k"}, {a.probs, "probs"}}) {
     FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kFwd, p, name));
   }
+  if (a.out != nullptr) FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kFwd, a.v, "v"));
   const size_t need = AttentionWorkspaceBytes(a);
   if (need > 0 && (a.workspace == nullptr || a.workspace_bytes < need)) {
     return internal::InvalidArg(kFwd, absl::StrCat("needs a workspace of ", need, " bytes"));
@@ -166,6 +166,10 @@ absl::Status AttentionForward(const ExecContext& ctx, const AttentionForwardArgs
                                              .lda = qs.row, .b = a.k, .ldb = ks.row, .c = a.probs, .ldc = S},
                                     q, kv, p));
   // P = softmax(S + mask) (causal: over keys at or before the query); Pd = dropout(P)
+  if (a.out == nullptr) {  // P only: Pd and O are not wanted
+    return AttentionSoftmaxForward(ctx, SoftmaxForwardArgs{.batch = d.batch, .heads = d.heads, .seq = S,
+                                                           .mask = a.mask, .causal = d.causal, .scores = a.probs});
+  }
   float* dropped = a.dropout.active() ? static_cast<float*>(a.workspace) : nullptr;
   FEDLORA_RETURN_IF_ERROR(AttentionSoftmaxForward(
       ctx, SoftmaxForwardArgs{.batch = d.batch, .heads = d.heads, .seq = S, .mask = a.mask, .causal = d.causal,

@@ -28,7 +28,7 @@
 //
 // FLOPs: forward 4 * batch * heads * seq^2 * head_dim (two GEMMs); backward twice that.
 // Workspace (AttentionWorkspaceBytes): forward 4 * batch*heads*seq^2 bytes when dropout is active
-// (Pd), else 0; backward 4 * batch*heads*seq^2 for dP, plus as much again for Pd with dropout.
+// and O is wanted (Pd), else 0; backward 4 * batch*heads*seq^2 for dP, plus as much again for Pd with dropout.
 #pragma once
 
 #include <cstddef>
@@ -58,7 +58,8 @@ struct AttentionForwardArgs {
   const float* mask = nullptr;  // [batch, seq] additive, or null (no padding)
   DropoutSpec dropout{};        // on P; element index = flat index in [batch, heads, seq, seq]
   float* probs = nullptr;       // [batch, heads, seq, seq] saved P (before dropout)
-  float* out = nullptr;         // layout-shaped O
+  float* out = nullptr;         // layout-shaped O; null computes P alone (v unused), for a
+                                // backward that recomputes P instead of keeping it
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };

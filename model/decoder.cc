@@ -278,17 +278,15 @@ void CausalLm::ZeroGrad() {
 absl::Status CausalLm::Impl::Plan() {
   const int64_t tokens = static_cast<int64_t>(options.max_batch) * options.max_seq;
   const int64_t h = H(), qd = config.q_dim(), kvd = config.kv_dim(), inter = config.intermediate_size;
-  const int64_t probs = static_cast<int64_t>(options.max_batch) * config.num_attention_heads * options.max_seq *
-                        options.max_seq;
+  const int64_t probs_elems = static_cast<int64_t>(options.max_batch) * config.num_attention_heads *
+                              options.max_seq * options.max_seq;
   rope = kernels::MakeRopeTables(config.rope_theta, config.head_dim, options.max_seq);
   acts.resize(options.recompute_activations ? 1 : L());
   for (DecoderLayerActs& a : acts) {
-    for (auto* v : {&a.n1, &a.z, &a.n2}) v->assign(tokens * h, 0.0f);
+    a.z.assign(tokens * h, 0.0f);
     for (auto* v : {&a.q, &a.ctx}) v->assign(tokens * qd, 0.0f);
     for (auto* v : {&a.k, &a.v}) v->assign(tokens * kvd, 0.0f);
-    for (auto* v : {&a.gate, &a.up, &a.act}) v->assign(tokens * inter, 0.0f);
-    for (auto* v : {&a.rstd1, &a.rstd2}) v->assign(tokens, 0.0f);
-    a.probs.assign(probs, 0.0f);
+    for (auto* v : {&a.gate, &a.up}) v->assign(tokens * inter, 0.0f);
     for (int t = 0; t < kNumDecoderTargets; ++t) {
       if (use_target[t]) a.lora_h[t].assign(tokens * r(), 0.0f);
     }
@@ -299,6 +297,10 @@ absl::Status CausalLm::Impl::Plan() {
   mask_add.assign(tokens, 0.0f);
   positions.assign(tokens, 0);
   tmp.assign(tokens * h, 0.0f);
+  norm.assign(tokens * h, 0.0f);
+  rstd.assign(tokens, 0.0f);
+  act.assign(tokens * inter, 0.0f);
+  probs.assign(probs_elems, 0.0f);
   for (auto* v : {&dx, &dn}) v->assign(tokens * h, 0.0f);
   for (auto* v : {&dq, &dctx}) v->assign(tokens * qd, 0.0f);
   for (auto* v : {&dk, &dv}) v->assign(tokens * kvd, 0.0f);

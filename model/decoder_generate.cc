@@ -97,12 +97,12 @@ absl::StatusOr<std::vector<int32_t>> CausalLm::Generate(const std::vector<int32_
       DecoderLayerActs& a = im.ActsFor(l);
       const DecoderLayerWeights& lw = im.weights.layers[l];
       FEDLORA_RETURN_IF_ERROR(kernels::RmsNormForward(
-          im.ctx, {.rows = 1, .cols = h, .eps = eps, .x = xrow.data(), .gamma = lw.input_norm.data(), .y = a.n1.data()}));
+          im.ctx, {.rows = 1, .cols = h, .eps = eps, .x = xrow.data(), .gamma = lw.input_norm.data(), .y = im.norm.data()}));
       float* kp = cache_k[l].data() + p * kvd;
       float* vp = cache_v[l].data() + p * kvd;
-      FEDLORA_RETURN_IF_ERROR(im.Linear(l, DecoderTarget::kQProj, a.n1.data(), 1, a.q.data(), false, 0, a));
-      FEDLORA_RETURN_IF_ERROR(im.Linear(l, DecoderTarget::kKProj, a.n1.data(), 1, kp, false, 0, a));
-      FEDLORA_RETURN_IF_ERROR(im.Linear(l, DecoderTarget::kVProj, a.n1.data(), 1, vp, false, 0, a));
+      FEDLORA_RETURN_IF_ERROR(im.Linear(l, DecoderTarget::kQProj, im.norm.data(), 1, a.q.data(), false, 0, a));
+      FEDLORA_RETURN_IF_ERROR(im.Linear(l, DecoderTarget::kKProj, im.norm.data(), 1, kp, false, 0, a));
+      FEDLORA_RETURN_IF_ERROR(im.Linear(l, DecoderTarget::kVProj, im.norm.data(), 1, vp, false, 0, a));
       for (auto [buf, nh] : {std::pair<float*, int64_t>{a.q.data(), heads}, {kp, c.num_key_value_heads}}) {
         FEDLORA_RETURN_IF_ERROR(kernels::Rope(im.ctx, {.tokens = 1, .heads = nh, .head_dim = D,
                                                        .max_positions = im.rope.max_positions, .positions = &pos,
@@ -134,12 +134,12 @@ absl::StatusOr<std::vector<int32_t>> CausalLm::Generate(const std::vector<int32_
       FEDLORA_RETURN_IF_ERROR(kernels::Add(im.ctx, {.n = h, .a = im.tmp.data(), .b = xrow.data(), .out = a.z.data()}));
       FEDLORA_RETURN_IF_ERROR(kernels::RmsNormForward(
           im.ctx, {.rows = 1, .cols = h, .eps = eps, .x = a.z.data(), .gamma = lw.post_attention_norm.data(),
-                   .y = a.n2.data()}));
-      FEDLORA_RETURN_IF_ERROR(im.Linear(l, DecoderTarget::kGateProj, a.n2.data(), 1, a.gate.data(), false, 0, a));
-      FEDLORA_RETURN_IF_ERROR(im.Linear(l, DecoderTarget::kUpProj, a.n2.data(), 1, a.up.data(), false, 0, a));
+                   .y = im.norm.data()}));
+      FEDLORA_RETURN_IF_ERROR(im.Linear(l, DecoderTarget::kGateProj, im.norm.data(), 1, a.gate.data(), false, 0, a));
+      FEDLORA_RETURN_IF_ERROR(im.Linear(l, DecoderTarget::kUpProj, im.norm.data(), 1, a.up.data(), false, 0, a));
       FEDLORA_RETURN_IF_ERROR(kernels::SwiGluForward(
-          im.ctx, {.n = c.intermediate_size, .gate = a.gate.data(), .up = a.up.data(), .y = a.act.data()}));
-      FEDLORA_RETURN_IF_ERROR(im.Linear(l, DecoderTarget::kDownProj, a.act.data(), 1, im.tmp.data(), false, 0, a));
+          im.ctx, {.n = c.intermediate_size, .gate = a.gate.data(), .up = a.up.data(), .y = im.act.data()}));
+      FEDLORA_RETURN_IF_ERROR(im.Linear(l, DecoderTarget::kDownProj, im.act.data(), 1, im.tmp.data(), false, 0, a));
       FEDLORA_RETURN_IF_ERROR(kernels::Add(im.ctx, {.n = h, .a = im.tmp.data(), .b = a.z.data(), .out = xrow.data()}));
     }
     FEDLORA_RETURN_IF_ERROR(kernels::RmsNormForward(

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/attention.h"
 #include "kernels/context.h"
 #include "kernels/dropout.h"
 #include "kernels/rope.h"
@@ -15,9 +16,11 @@
 
 namespace fedlora {
 
-// What one layer's forward keeps for its backward. [tokens, width] row-major.
+// What one layer's forward keeps for its backward. [tokens, width] row-major. The norms' outputs,
+// SwiGLU's product and the attention probabilities are not kept: the backward recomputes them
+// (Impl::norm, act, probs), which costs elementwise work and one Q K^T per layer.
 struct DecoderLayerActs {
-  std::vector<float> n1, rstd1, q, k, v, probs, ctx, z, n2, rstd2, gate, up, act;
+  std::vector<float> q, k, v, ctx, z, gate, up;
   std::array<std::vector<float>, kNumDecoderTargets> lora_h;  // [tokens, rank] per used target
 };
 
@@ -44,6 +47,9 @@ struct CausalLm::Impl {
   std::vector<float> mask_add;         // [tokens] 0 or -1e30
   std::vector<int32_t> positions;      // [tokens]
   std::vector<float> tmp;              // [tokens, hidden] a projection's output before the residual add
+  // One layer's recomputable values, shared by all layers: an RMSNorm's output and 1 / rms,
+  // silu(gate) * up, and the attention probabilities [batch, heads, seq, seq].
+  std::vector<float> norm, rstd, act, probs;
   // Backward scratch.
   std::vector<float> dx, dn, dq, dk, dv, dctx, dgate, dup, dact;
   // The output head, kLmHeadChunkRows rows at a time.
@@ -68,6 +74,13 @@ struct CausalLm::Impl {
   // dx holds d(loss)/d(x[layer + 1]) on entry and d(loss)/d(x[layer]) on return (layer > 0).
   absl::Status LayerBackward(int64_t layer, int64_t batch, int64_t seq, uint64_t seed, DecoderLayerActs& a);
   absl::Status Forward(const Batch& b, bool training, uint64_t seed);
+  // norm, rstd = RMSNorm of layer l's input x[l] (AttentionNorm) or of a.z (MlpNorm).
+  absl::Status AttentionNorm(int64_t l, int64_t tokens);
+  absl::Status MlpNorm(int64_t l, int64_t tokens, const DecoderLayerActs& a);
+  // Layer l's attention over a.q, a.k, a.v: probs, and the output into `out` unless it is null.
+  absl::Status Attention(int64_t l, int64_t batch, int64_t seq, bool training, uint64_t seed,
+                         const DecoderLayerActs& a, float* out);
+  kernels::AttentionDims AttentionDimsFor(int64_t batch, int64_t seq) const;
   // The output head over the target rows: summed NLL and count; with `backward`, d(loss)/d(x[L])
   // into dx (the loss being the mean over the targets).
   absl::Status Head(const Batch& b, bool backward, LossSum* sum);

@@ -78,46 +78,60 @@ absl::Status CausalLm::Impl::LinearBackward(int64_t layer, DecoderTarget t, cons
             .workspace = workspace, .workspace_bytes = workspace_bytes});
 }
 
+kernels::AttentionDims CausalLm::Impl::AttentionDimsFor(int64_t batch, int64_t seq) const {
+  return {.batch = batch, .heads = config.num_attention_heads, .seq = seq, .head_dim = config.head_dim,
+          .layout = kernels::AttentionLayout::kBSHD, .kv_heads = config.num_key_value_heads, .causal = true};
+}
+
+absl::Status CausalLm::Impl::AttentionNorm(int64_t l, int64_t T) {
+  return kernels::RmsNormForward(ctx, {.rows = T, .cols = H(), .eps = static_cast<float>(config.rms_norm_eps),
+                                       .x = x[l].data(), .gamma = weights.layers[l].input_norm.data(),
+                                       .y = norm.data(), .rstd = rstd.data()});
+}
+
+absl::Status CausalLm::Impl::MlpNorm(int64_t l, int64_t T, const DecoderLayerActs& a) {
+  return kernels::RmsNormForward(ctx, {.rows = T, .cols = H(), .eps = static_cast<float>(config.rms_norm_eps),
+                                       .x = a.z.data(), .gamma = weights.layers[l].post_attention_norm.data(),
+                                       .y = norm.data(), .rstd = rstd.data()});
+}
+
+absl::Status CausalLm::Impl::Attention(int64_t l, int64_t batch, int64_t seq, bool training, uint64_t seed,
+                                       const DecoderLayerActs& a, float* out) {
+  return kernels::AttentionForward(
+      ctx, {.dims = AttentionDimsFor(batch, seq), .q = a.q.data(), .k = a.k.data(), .v = a.v.data(),
+            .mask = mask_add.data(),
+            .dropout = {.p = training ? attention_p : 0.0f, .seed = seed, .offset = 0,
+                        .stream = kSiteLayerBase + l * kSitesPerLayer + kSiteAttnProbs},
+            .probs = probs.data(), .out = out, .workspace = workspace, .workspace_bytes = workspace_bytes});
+}
+
 absl::Status CausalLm::Impl::LayerForward(int64_t l, int64_t batch, int64_t seq, bool training, uint64_t seed,
                                           DecoderLayerActs& a) {
-  const DecoderLayerWeights& lw = weights.layers[l];
   const int64_t T = batch * seq, h = H(), inter = config.intermediate_size;
-  const float eps = static_cast<float>(config.rms_norm_eps);
   const float* in = x[l].data();
   float* out = x[l + 1].data();
   // n1 = RMSNorm(x); q, k, v = projections; rotary on q and k
-  FEDLORA_RETURN_IF_ERROR(kernels::RmsNormForward(
-      ctx, {.rows = T, .cols = h, .eps = eps, .x = in, .gamma = lw.input_norm.data(), .y = a.n1.data(),
-            .rstd = a.rstd1.data()}));
-  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kQProj, a.n1.data(), T, a.q.data(), training, seed, a));
-  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kKProj, a.n1.data(), T, a.k.data(), training, seed, a));
-  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kVProj, a.n1.data(), T, a.v.data(), training, seed, a));
+  FEDLORA_RETURN_IF_ERROR(AttentionNorm(l, T));
+  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kQProj, norm.data(), T, a.q.data(), training, seed, a));
+  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kKProj, norm.data(), T, a.k.data(), training, seed, a));
+  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kVProj, norm.data(), T, a.v.data(), training, seed, a));
   for (auto [buf, heads] : {std::pair<float*, int64_t>{a.q.data(), config.num_attention_heads},
                             {a.k.data(), config.num_key_value_heads}}) {
     FEDLORA_RETURN_IF_ERROR(kernels::Rope(
         ctx, {.tokens = T, .heads = heads, .head_dim = config.head_dim, .max_positions = rope.max_positions,
               .positions = positions.data(), .cos = rope.cos.data(), .sin = rope.sin.data(), .x = buf}));
   }
-  const kernels::AttentionDims dims{.batch = batch, .heads = config.num_attention_heads, .seq = seq,
-                                    .head_dim = config.head_dim, .layout = kernels::AttentionLayout::kBSHD,
-                                    .kv_heads = config.num_key_value_heads, .causal = true};
-  FEDLORA_RETURN_IF_ERROR(kernels::AttentionForward(
-      ctx, {.dims = dims, .q = a.q.data(), .k = a.k.data(), .v = a.v.data(), .mask = mask_add.data(),
-            .dropout = {.p = training ? attention_p : 0.0f, .seed = seed, .offset = 0,
-                        .stream = kSiteLayerBase + l * kSitesPerLayer + kSiteAttnProbs},
-            .probs = a.probs.data(), .out = a.ctx.data(), .workspace = workspace, .workspace_bytes = workspace_bytes}));
+  FEDLORA_RETURN_IF_ERROR(Attention(l, batch, seq, training, seed, a, a.ctx.data()));
   // z = x + o_proj(ctx)
   FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kOProj, a.ctx.data(), T, tmp.data(), training, seed, a));
   FEDLORA_RETURN_IF_ERROR(kernels::Add(ctx, {.n = T * h, .a = tmp.data(), .b = in, .out = a.z.data()}));
   // n2 = RMSNorm(z); x' = z + down_proj(silu(gate_proj(n2)) * up_proj(n2))
-  FEDLORA_RETURN_IF_ERROR(kernels::RmsNormForward(
-      ctx, {.rows = T, .cols = h, .eps = eps, .x = a.z.data(), .gamma = lw.post_attention_norm.data(),
-            .y = a.n2.data(), .rstd = a.rstd2.data()}));
-  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kGateProj, a.n2.data(), T, a.gate.data(), training, seed, a));
-  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kUpProj, a.n2.data(), T, a.up.data(), training, seed, a));
+  FEDLORA_RETURN_IF_ERROR(MlpNorm(l, T, a));
+  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kGateProj, norm.data(), T, a.gate.data(), training, seed, a));
+  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kUpProj, norm.data(), T, a.up.data(), training, seed, a));
   FEDLORA_RETURN_IF_ERROR(
-      kernels::SwiGluForward(ctx, {.n = T * inter, .gate = a.gate.data(), .up = a.up.data(), .y = a.act.data()}));
-  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kDownProj, a.act.data(), T, tmp.data(), training, seed, a));
+      kernels::SwiGluForward(ctx, {.n = T * inter, .gate = a.gate.data(), .up = a.up.data(), .y = act.data()}));
+  FEDLORA_RETURN_IF_ERROR(Linear(l, DecoderTarget::kDownProj, act.data(), T, tmp.data(), training, seed, a));
   return kernels::Add(ctx, {.n = T * h, .a = tmp.data(), .b = a.z.data(), .out = out});
 }
 
@@ -125,25 +139,28 @@ absl::Status CausalLm::Impl::LayerBackward(int64_t l, int64_t batch, int64_t seq
   const DecoderLayerWeights& lw = weights.layers[l];
   const int64_t T = batch * seq, h = H(), inter = config.intermediate_size;
   const bool first = l == 0;  // nothing below the first layer needs an input gradient
-  // x' = z + down(act): dz starts as dx' (kept in dx), d(act) through down_proj.
-  FEDLORA_RETURN_IF_ERROR(LinearBackward(l, DecoderTarget::kDownProj, a.act.data(), dx.data(), T, dact.data(), false,
+  // x' = z + down(act): dz starts as dx' (kept in dx), d(act) through down_proj. act, and below
+  // n2, P and n1, are recomputed as the forward made them (same kernels, inputs and seed).
+  FEDLORA_RETURN_IF_ERROR(
+      kernels::SwiGluForward(ctx, {.n = T * inter, .gate = a.gate.data(), .up = a.up.data(), .y = act.data()}));
+  FEDLORA_RETURN_IF_ERROR(LinearBackward(l, DecoderTarget::kDownProj, act.data(), dx.data(), T, dact.data(), false,
                                          seed, a));
   FEDLORA_RETURN_IF_ERROR(kernels::SwiGluBackward(ctx, {.n = T * inter, .gate = a.gate.data(), .up = a.up.data(),
                                                         .dy = dact.data(), .dgate = dgate.data(), .dup = dup.data()}));
+  FEDLORA_RETURN_IF_ERROR(MlpNorm(l, T, a));
   FEDLORA_RETURN_IF_ERROR(
-      LinearBackward(l, DecoderTarget::kGateProj, a.n2.data(), dgate.data(), T, dn.data(), false, seed, a));
-  FEDLORA_RETURN_IF_ERROR(LinearBackward(l, DecoderTarget::kUpProj, a.n2.data(), dup.data(), T, dn.data(), true, seed, a));
+      LinearBackward(l, DecoderTarget::kGateProj, norm.data(), dgate.data(), T, dn.data(), false, seed, a));
+  FEDLORA_RETURN_IF_ERROR(LinearBackward(l, DecoderTarget::kUpProj, norm.data(), dup.data(), T, dn.data(), true, seed, a));
   FEDLORA_RETURN_IF_ERROR(kernels::RmsNormBackward(
-      ctx, {.rows = T, .cols = h, .x = a.z.data(), .gamma = lw.post_attention_norm.data(), .rstd = a.rstd2.data(),
+      ctx, {.rows = T, .cols = h, .x = a.z.data(), .gamma = lw.post_attention_norm.data(), .rstd = rstd.data(),
             .dy = dn.data(), .dx = dx.data(), .accumulate_dx = true}));
   // z = x + o(ctx): dx now holds dz.
   FEDLORA_RETURN_IF_ERROR(
       LinearBackward(l, DecoderTarget::kOProj, a.ctx.data(), dx.data(), T, dctx.data(), false, seed, a));
-  const kernels::AttentionDims dims{.batch = batch, .heads = config.num_attention_heads, .seq = seq,
-                                    .head_dim = config.head_dim, .layout = kernels::AttentionLayout::kBSHD,
-                                    .kv_heads = config.num_key_value_heads, .causal = true};
+  FEDLORA_RETURN_IF_ERROR(Attention(l, batch, seq, /*training=*/true, seed, a, /*out=*/nullptr));
   FEDLORA_RETURN_IF_ERROR(kernels::AttentionBackward(
-      ctx, {.dims = dims, .q = a.q.data(), .k = a.k.data(), .v = a.v.data(), .probs = a.probs.data(),
+      ctx, {.dims = AttentionDimsFor(batch, seq), .q = a.q.data(), .k = a.k.data(), .v = a.v.data(),
+            .probs = probs.data(),
             .dropout = {.p = attention_p, .seed = seed, .offset = 0,
                         .stream = kSiteLayerBase + l * kSitesPerLayer + kSiteAttnProbs},
             .dout = dctx.data(), .dq = dq.data(), .dk = dk.data(), .dv = dv.data(), .workspace = workspace,
@@ -156,12 +173,13 @@ absl::Status CausalLm::Impl::LayerBackward(int64_t l, int64_t batch, int64_t seq
               .inverse = true}));
   }
   float* dn1 = first ? nullptr : dn.data();
-  FEDLORA_RETURN_IF_ERROR(LinearBackward(l, DecoderTarget::kQProj, a.n1.data(), dq.data(), T, dn1, false, seed, a));
-  FEDLORA_RETURN_IF_ERROR(LinearBackward(l, DecoderTarget::kKProj, a.n1.data(), dk.data(), T, dn1, true, seed, a));
-  FEDLORA_RETURN_IF_ERROR(LinearBackward(l, DecoderTarget::kVProj, a.n1.data(), dv.data(), T, dn1, true, seed, a));
+  FEDLORA_RETURN_IF_ERROR(AttentionNorm(l, T));
+  FEDLORA_RETURN_IF_ERROR(LinearBackward(l, DecoderTarget::kQProj, norm.data(), dq.data(), T, dn1, false, seed, a));
+  FEDLORA_RETURN_IF_ERROR(LinearBackward(l, DecoderTarget::kKProj, norm.data(), dk.data(), T, dn1, true, seed, a));
+  FEDLORA_RETURN_IF_ERROR(LinearBackward(l, DecoderTarget::kVProj, norm.data(), dv.data(), T, dn1, true, seed, a));
   if (first) return absl::OkStatus();
   return kernels::RmsNormBackward(ctx, {.rows = T, .cols = h, .x = x[l].data(), .gamma = lw.input_norm.data(),
-                                        .rstd = a.rstd1.data(), .dy = dn.data(), .dx = dx.data(),
+                                        .rstd = rstd.data(), .dy = dn.data(), .dx = dx.data(),
                                         .accumulate_dx = true});
 }
 

@@ -212,6 +212,26 @@ TEST(Attention, GroupedCausalBackwardMatchesFiniteDifferences) {
   }
 }
 
+// With out null the forward computes P alone (a backward that recomputes P rather than keeping
+// it relies on this): the same P bit for bit, with dropout on too, and it needs no workspace
+// and no V.
+TEST(Attention, ProbsOnlyForwardEqualsFullForward) {
+  for (auto layout : {AttentionLayout::kBHSD, AttentionLayout::kBSHD}) {
+    for (float p : {0.0f, 0.2f}) {
+      const Case c = MakeCase(layout, /*with_mask=*/true, p, /*heads=*/6, /*kv_heads=*/2, /*causal=*/true);
+      std::vector<float> full;
+      c.Forward(&full);
+      Guarded probs(c.ProbElems(), 7.0f);  // poisoned: every entry must be written
+      AttentionForwardArgs f{.dims = c.d, .q = c.q.data(), .k = c.k.data(), .mask = c.mask.data(),
+                             .dropout = c.dropout, .probs = probs.data()};
+      EXPECT_EQ(AttentionWorkspaceBytes(f), 0u);
+      ASSERT_TRUE(AttentionForward(Cpu(), f).ok());
+      EXPECT_TRUE(probs.GuardsIntact());
+      EXPECT_EQ(probs.values(), full) << "p=" << p;
+    }
+  }
+}
+
 TEST(Attention, RefusesKvHeadsThatDoNotDivideHeads) {
   Case c = MakeCase(AttentionLayout::kBSHD, false, 0.0f, /*heads=*/6, /*kv_heads=*/4);
   std::vector<float> out(c.Elems()), probs(c.ProbElems());
