@@ -18,7 +18,6 @@ transformers 4.44.2 and PEFT 0.12.0 from scripts/requirements-tests.txt).
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,15 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "model"))
 SMOL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct.Q4_1.gguf")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
+
+
+def peak_rss_mb():
+    """This process's peak RSS (VmHWM): its own, where ru_maxrss would keep a forking parent's."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return -1.0
 
 def write_hf_checkpoint(out_dir):
     """SmolLM2's GGUF dequantized to an fp32 Hugging Face checkpoint (Q/K rows un-permuted)."""
@@ -79,7 +87,7 @@ def torch_half(args):
         out = model.generate(input_ids=ids[:1, :32], attention_mask=torch.ones_like(ids[:1, :32]), max_new_tokens=64,
                              min_new_tokens=64, do_sample=False, pad_token_id=2)
         gen_tps = (out.shape[1] - 32) / (time.perf_counter() - t)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    rss = peak_rss_mb()
     print(json.dumps({"engine": "pytorch", "weights": "f32", "recompute": False, "threads": args.threads,
                       "load_s": round(load_s, 2), "first_loss": first, "step_s_median": times[len(times) // 2],
                       "step_s_min": times[0], "steps": args.steps, "gen_tokens_per_s": gen_tps,
@@ -136,15 +144,23 @@ def main():
                 results[c].append(line)
                 print(json.dumps(line), flush=True)
     med = lambda c, k: statistics.median(x[k] for x in results[c])
-    base = configs[0]
+    base, f32 = configs[0], configs[1]
+    # Validate: every engine trained the same model on the same batch (the first step's loss).
+    for c in configs[1:]:
+        for r, b in zip(results[c], results[base]):
+            if abs(r["first_loss"] - b["first_loss"]) > 1e-3 * abs(b["first_loss"]):
+                print(f"first-step loss {r['first_loss']} of {c} differs from PyTorch's {b['first_loss']}",
+                      file=sys.stderr)
+                return 1
     print(f"\nbatch {args.batch} x {args.seq}, {args.threads} threads, medians of {args.reps} runs "
           f"({args.steps} timed steps each)")
-    print("| engine | base weights | recompute | step (s) | step / PyTorch | gen tokens/s | gen / PyTorch | peak RSS (MB) | RSS / PyTorch | first loss |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| engine | base weights | recompute | step (s) | step / PyTorch | step / fedlora fp32 | gen tokens/s | gen / PyTorch | peak RSS (MB) | RSS / PyTorch | first loss |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for c in configs:
         engine, weights, recompute = c
         print(f"| {engine} | {weights or 'f32'} | {'yes' if recompute else 'no'} | {med(c, 'step_s_median'):.2f} | "
-              f"{med(c, 'step_s_median') / med(base, 'step_s_median'):.2f} | {med(c, 'gen_tokens_per_s'):.1f} | "
+              f"{med(c, 'step_s_median') / med(base, 'step_s_median'):.2f} | "
+              f"{med(c, 'step_s_median') / med(f32, 'step_s_median'):.2f} | {med(c, 'gen_tokens_per_s'):.1f} | "
               f"{med(c, 'gen_tokens_per_s') / med(base, 'gen_tokens_per_s'):.2f} | {med(c, 'peak_rss_mb'):.0f} | "
               f"{med(c, 'peak_rss_mb') / med(base, 'peak_rss_mb'):.2f} | {med(c, 'first_loss'):.4f} |")
     return 0

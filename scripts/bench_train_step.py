@@ -25,7 +25,6 @@ the same run and the same thread count, bounds what either engine can reach.
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,15 @@ GEOMETRIES = {
 BATCH, SEQ, RANK, ALPHA, LABELS = 8, 128, 8, 16.0, 2
 TARGETS = ("query", "value")
 
+
+
+def peak_rss_mb():
+    """This process's peak RSS (VmHWM): its own, where ru_maxrss would keep a forking parent's."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return -1.0
 
 def count_flops(g, batch=BATCH, seq=SEQ, rank=RANK):
     """FLOPs of one step: forward + backward without frozen weight gradients.
@@ -166,7 +174,7 @@ def torch_main(args):
         "trainable_params": sum(p.numel() for p in params),
         "step_median_s": times[len(times) // 2], "step_min_s": times[0], "steps": args.steps,
         "rss_after_mb": rss_mb_now(),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "peak_rss_mb": peak_rss_mb(),
     }))
 
 

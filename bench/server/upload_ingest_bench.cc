@@ -43,6 +43,7 @@
 #include "absl/strings/numbers.h"
 #include "aggregation/fedavg.h"
 #include "aggregation/server_optimizer.h"
+#include "core/process_memory.h"
 #include "core/safetensors.h"
 #include "server/server.h"
 #include "tests/server/federation_test_util.h"
@@ -96,22 +97,6 @@ class SinkService final : public v1::Federation::CallbackService {
     return new Reader(ack);
   }
 };
-
-// Restarts the process's peak-RSS counter (VmHWM) at its current RSS (Linux >= 4.0), so that the
-// next PeakRssKb covers only what happens in between.
-void ResetPeakRss(pid_t pid) {
-  std::ofstream out("/proc/" + std::to_string(pid) + "/clear_refs");
-  out << "5";
-}
-
-int64_t PeakRssKb(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6);
-  }
-  return -1;
-}
 
 // Child: both servers; writes "<fedlora port> <sink port>\n" to `fd`, then waits for SIGTERM.
 [[noreturn]] void RunServers(int fd, int clients, int reps, int rank, const std::string& dir) {
@@ -305,10 +290,10 @@ int main(int argc, char** argv) {
     sink_times.push_back(timed(true));
     disk_times.push_back(DurableWriteSeconds(dir.path(), blobs));
     valid &= disk_times.back() > 0;
-    ResetPeakRss(child);
+    ResetPeakResident(child);
     RssSampler sampler(child);
     ours.push_back(timed(false));
-    ingest_rss_kb = std::max(ingest_rss_kb, PeakRssKb(child));
+    ingest_rss_kb = std::max(ingest_rss_kb, PeakResidentKib(child));
     const auto [anon_kb, file_kb] = sampler.Stop();
     ingest_anon_kb = std::max(ingest_anon_kb, anon_kb);
     ingest_file_kb = std::max(ingest_file_kb, file_kb);
@@ -341,7 +326,7 @@ int main(int argc, char** argv) {
   } else {
     valid = false;
   }
-  const int64_t rss_kb = PeakRssKb(child);
+  const int64_t rss_kb = PeakResidentKib(child);
   kill(child, SIGTERM);
   waitpid(child, nullptr, 0);
   if (!valid) {

@@ -9,9 +9,7 @@
 // --weights q4 keeps the GGUF's Q4_1 / Q8_0 blocks (the 4-bit base); f32 widens them. LoRA r8 on
 // all seven projections, dropout off, lr 1e-4. Prints one JSON line: the first step's loss, the
 // median and min step time, generation tokens/s (prompt: the batch's first 32 tokens) and the
-// peak RSS of this process.
-#include <sys/resource.h>
-
+// peak RSS of this process (VmHWM: this program's own, not a parent's before exec).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/process_memory.h"
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "kernels/context.h"
@@ -94,15 +93,13 @@ absl::Status Run(const std::string& model_path, const std::string& batch_path, c
     FEDLORA_ASSIGN_OR_RETURN(auto out, gen->Generate(prompt, go));
     gen_tps = static_cast<double>(out.size()) / Seconds(t0, Clock::now());
   }
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
   std::cout << absl::StrFormat(
                    "{\"engine\":\"fedlora\",\"weights\":\"%s\",\"recompute\":%s,\"threads\":%d,\"load_s\":%.2f,"
                    "\"first_loss\":%.6g,\"step_s_median\":%.4f,\"step_s_min\":%.4f,\"steps\":%d,"
                    "\"gen_tokens_per_s\":%.2f,\"weight_mb\":%.1f,\"peak_rss_mb\":%.1f}",
                    weights, recompute ? "true" : "false", threads, load_s, first_loss, times[times.size() / 2],
                    times.front(), steps, gen_tps, lm->base()->weight_bytes() / 1048576.0,
-                   usage.ru_maxrss / 1024.0)
+                   PeakResidentKib() / 1024.0)
             << std::endl;
   return absl::OkStatus();
 }

@@ -14,8 +14,6 @@
 // Dropout is off (p = 0) so that both engines compute the same function and the losses can be
 // compared; dropout's cost is a few elementwise passes, small next to the GEMMs.
 #include <cblas.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -27,6 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/process_memory.h"
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "kernels/context.h"
@@ -41,16 +40,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-// Resident set size now, in MiB (/proc/self/statm's second field, in pages); -1 if unreadable.
-double RssMbNow() {
-  std::FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return -1.0;
-  long pages_total = 0, pages_resident = 0;
-  const int n = std::fscanf(f, "%ld %ld", &pages_total, &pages_resident);
-  std::fclose(f);
-  return n == 2 ? pages_resident * (sysconf(_SC_PAGESIZE) / 1048576.0) : -1.0;
 }
 
 absl::StatusOr<std::vector<int32_t>> ReadI32(const SafetensorsFile& file, const std::string& name) {
@@ -167,9 +156,7 @@ absl::Status Run(int argc, char** argv) {
   const double sgemm =
       SgemmGflops(batch.batch_size * batch.seq_len, static_cast<int>(cfg.intermediate_size),
                   static_cast<int>(cfg.hidden_size), 5);
-  const double rss_after = RssMbNow();
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
+  const double rss_after = ResidentKib() / 1024.0;
   std::cout
       << absl::StrFormat(
              "{\"engine\":\"fedlora\",\"threads\":%d,\"load_s\":%.3f,\"first_loss\":%.9g,"
@@ -178,7 +165,7 @@ absl::Status Run(int argc, char** argv) {
              "\"rss_after_mb\":%.1f,\"peak_rss_mb\":%.1f}",
              kernels::NumThreads(), load_s, first_loss, first_norm, trainable,
              times[times.size() / 2], times.front(), steps, sgemm, batch.batch_size * batch.seq_len,
-             cfg.intermediate_size, cfg.hidden_size, rss_after, usage.ru_maxrss / 1024.0)
+             cfg.intermediate_size, cfg.hidden_size, rss_after, PeakResidentKib() / 1024.0)
       << std::endl;
   return absl::OkStatus();
 }

@@ -1,16 +1,15 @@
 #include "compression/codec.h"
 
-#include <sys/resource.h>
 #include <zstd.h>
 
 #include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <random>
 
+#include "core/process_memory.h"
 #include "core/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -379,26 +378,6 @@ std::string CompressZeros(uint64_t total, bool pledge_size, const std::string& p
   return out;
 }
 
-// This process's peak RSS (VmHWM) in KiB since the last ResetPeakRss.
-long PeakRssKb() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::atol(line.c_str() + 6);
-  }
-  return -1;
-}
-
-// Restarts the peak at the current RSS (Linux >= 4.0), so that earlier tests' peaks do not hide
-// what the next step allocates.
-void ResetPeakRss() { std::ofstream("/proc/self/clear_refs") << "5"; }
-
-long MaxRssKb() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss;
-}
-
 TEST(DecompressionBombTest, OneGibibyteOfZerosIsRefusedQuicklyWithoutAllocatingIt) {
   constexpr uint64_t kBomb = uint64_t{1} << 30;
   const std::string unknown_size = CompressZeros(kBomb, /*pledge_size=*/false);
@@ -409,7 +388,7 @@ TEST(DecompressionBombTest, OneGibibyteOfZerosIsRefusedQuicklyWithoutAllocatingI
 
   // A server sizes its limits from the adapter: here 1M elements, 8 MiB decoded.
   const DecodeLimits limits{.max_elements = 1 << 20, .max_decoded_bytes = 8 << 20};
-  const long rss_before = MaxRssKb();
+  const int64_t rss_before = PeakResidentKib();
   const auto t0 = std::chrono::steady_clock::now();
 
   // 1. Honest header: refused by the limit before any decompression.
@@ -437,7 +416,7 @@ TEST(DecompressionBombTest, OneGibibyteOfZerosIsRefusedQuicklyWithoutAllocatingI
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Decompressing 1 GiB would take ~0.3-1 s and 1 GiB of memory; refusing takes microseconds.
   EXPECT_LT(seconds, 0.2);
-  EXPECT_LT(MaxRssKb() - rss_before, 64 * 1024) << "peak RSS grew by more than 64 MiB";
+  EXPECT_LT(PeakResidentKib() - rss_before, 64 * 1024) << "peak RSS grew by more than 64 MiB";
 }
 
 TEST(DecompressionBombTest, FrameShorterThanDeclaredIsRefused) {
@@ -514,8 +493,8 @@ TEST(DecompressionBombTest, ValidateStreamsAGibibyteBodyInBoundedMemory) {
   const std::string exact_wire = Header(CodecId::kRawF32, kUpdateFlagZstd, kN, raw, exact.size()) + exact;
   const std::string bomb_wire = Header(CodecId::kRawF32, kUpdateFlagZstd, kN, raw, bomb.size()) + bomb;
 
-  ResetPeakRss();
-  const long rss_before = PeakRssKb();
+  ResetPeakResident();
+  const int64_t rss_before = PeakResidentKib();
   auto ok = ValidateUpdate(exact_wire, DecodeLimits{});
   ASSERT_TRUE(ok.ok()) << ok.status();
   ASSERT_EQ(ok->size(), 1u);
@@ -524,7 +503,7 @@ TEST(DecompressionBombTest, ValidateStreamsAGibibyteBodyInBoundedMemory) {
   const absl::Status refused = ValidateUpdate(bomb_wire, DecodeLimits{}).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_THAT(std::string(refused.message()), HasSubstr("decompression bomb refused"));
-  EXPECT_LT(PeakRssKb() - rss_before, 64 * 1024) << "peak RSS grew by more than 64 MiB";
+  EXPECT_LT(PeakResidentKib() - rss_before, 64 * 1024) << "peak RSS grew by more than 64 MiB";
 }
 
 TEST(ValidateUpdateTest, ReportsTheTableInWireOrder) {
