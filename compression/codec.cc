@@ -15,18 +15,21 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "core/strings.h"
+#include "compression/body_source.h"
+#include "compression/quantize.h"
+#include "compression/sparsify.h"
 #include "core/tensor.h"
 
 namespace fedlora {
 namespace {
 
+using compression_internal::BodySource;
+using compression_internal::kMaxZstdWindowLog;
+using compression_internal::Load;
+
 static_assert(std::endian::native == std::endian::little,
               "the update wire format is little-endian; add byte swapping for big-endian hosts");
 
-// Largest zstd window (back-reference distance, allocated by the decoder) a frame may ask for:
-// 2^27 = 128 MiB, zstd's own default limit and what levels <= 19 use at most. Stated explicitly so
-// a hostile frame cannot make the decoder allocate more whatever the library default becomes.
-constexpr int kMaxZstdWindowLog = 27;
 
 // Smallest tensor-table entry: 2 (name length)
 // + 1 (name) + 1 (rank). Used to refuse tensor counts that cannot fit before reserving memory.
@@ -37,12 +40,6 @@ void PutU16(std::string& out, uint16_t v) { out.append(reinterpret_cast<const ch
 void PutU32(std::string& out, uint32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); }
 void PutU64(std::string& out, uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
 
-template <class T>
-T Load(const char* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
 
 bool IsFiniteHalfBits(uint16_t bits, CodecId codec) {
   // Inf/NaN have an all-ones exponent: 5 bits (0x7C00) for fp16, 8 bits (0x7F80) for bf16.
@@ -90,260 +87,111 @@ absl::Status ValidateTensorsForEncode(const std::vector<UpdateTensor>& tensors, 
   return absl::OkStatus();
 }
 
-// Appends the values of all tensors in `codec`'s element format.
-absl::Status AppendValues(const std::vector<UpdateTensor>& tensors, CodecId codec, std::string& out) {
-  for (const UpdateTensor& tensor : tensors) {
-    const size_t n = tensor.values.size();
-    if (codec == CodecId::kRawF32) {
-      if (n > 0) out.append(reinterpret_cast<const char*>(tensor.values.data()), n * sizeof(float));
-      continue;
+// Appends x[0, n) in `codec`'s element format (fp32, fp16, bf16). `name` and `first` (the index of
+// x[0] in its tensor) are for messages.
+absl::Status AppendDenseValues(const float* x, size_t n, CodecId codec, const std::string& name, std::string& out) {
+  if (codec == CodecId::kRawF32) {
+    if (n > 0) out.append(reinterpret_cast<const char*>(x), n * sizeof(float));
+    return absl::OkStatus();
+  }
+  const size_t start = out.size();
+  out.resize(start + n * 2);
+  // std::string storage is suitably aligned only for char; convert through a local buffer in
+  // blocks so the uint16_t writes are aligned.
+  constexpr size_t kBlock = 4096;
+  uint16_t block[kBlock];
+  for (size_t i = 0; i < n; i += kBlock) {
+    const size_t m = std::min(kBlock, n - i);
+    if (codec == CodecId::kF16) {
+      ConvertF32ToF16(x + i, block, m);
+    } else {
+      ConvertF32ToBF16(x + i, block, m);
     }
-    const size_t start = out.size();
-    out.resize(start + n * 2);
-    // std::string storage is suitably aligned only for char; convert through a local buffer in
-    // blocks so the uint16_t writes are aligned.
-    constexpr size_t kBlock = 4096;
-    uint16_t block[kBlock];
-    for (size_t i = 0; i < n; i += kBlock) {
-      const size_t m = std::min(kBlock, n - i);
-      if (codec == CodecId::kF16) {
-        ConvertF32ToF16(tensor.values.data() + i, block, m);
+    for (size_t j = 0; j < m; ++j) {
+      if (!IsFiniteHalfBits(block[j], codec)) {
+        return absl::InvalidArgumentError(absl::StrCat("EncodeUpdate: tensor '", name, "' value ", i + j, " (",
+                                                       x[i + j], ") overflows ", ToAbsl(CodecName(codec))));
+      }
+    }
+    std::memcpy(out.data() + start + i * 2, block, m * 2);
+  }
+  return absl::OkStatus();
+}
+
+// Streams of core/rng.h for the seeded stages: tensor t's random-k indices and its stochastic
+// rounding draw from distinct streams of CodecOptions::seed.
+uint64_t RandomKSeed(uint64_t seed, size_t tensor) { return seed ^ (0x9E3779B97F4A7C15ull * (tensor + 1)); }
+constexpr uint64_t kQuantStreamBase = uint64_t{1} << 40;
+
+absl::Status CheckEncodeOptions(const CodecOptions& o) {
+  if (o.codec != CodecId::kRawF32 && o.codec != CodecId::kF16 && o.codec != CodecId::kBF16 &&
+      o.codec != CodecId::kQuant) {
+    return absl::InvalidArgumentError(absl::StrCat("EncodeUpdate: unknown codec id ", static_cast<int>(o.codec)));
+  }
+  if (o.codec == CodecId::kQuant) {
+    FEDLORA_RETURN_IF_ERROR(Annotate(CheckQuantSpec(o.quant_bits, o.quant_block_size), "EncodeUpdate"));
+  }
+  if (o.sparsifier != Sparsifier::kNone && o.sparsifier != Sparsifier::kTopK && o.sparsifier != Sparsifier::kRandomK) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EncodeUpdate: unknown sparsifier id ", static_cast<int>(o.sparsifier)));
+  }
+  if (o.sparsifier != Sparsifier::kNone && !(o.fraction > 0.0 && o.fraction <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("EncodeUpdate: kept fraction ", o.fraction, " is not in (0, 1]"));
+  }
+  if (o.global_top_k && o.sparsifier != Sparsifier::kTopK) {
+    return absl::InvalidArgumentError("EncodeUpdate: global selection belongs to top-k");
+  }
+  return absl::OkStatus();
+}
+
+// The version 2 body after the tensor table: per tensor, the kept entries and their values.
+absl::Status AppendV2Sections(const std::vector<UpdateTensor>& tensors, const CodecOptions& o, std::string& body) {
+  std::vector<std::vector<int64_t>> global;
+  if (o.global_top_k) {
+    std::vector<const std::vector<float>*> all;
+    for (const UpdateTensor& t : tensors) all.push_back(&t.values);
+    global = GlobalTopKIndices(all, o.fraction);
+  }
+  std::vector<float> kept;
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    const UpdateTensor& t = tensors[ti];
+    const int64_t n = static_cast<int64_t>(t.values.size());
+    const float* values = t.values.data();
+    size_t count = t.values.size();
+    if (o.sparsifier != Sparsifier::kNone) {
+      std::vector<int64_t> idx;
+      if (o.sparsifier == Sparsifier::kRandomK) {
+        const uint64_t seed = RandomKSeed(o.seed, ti);
+        idx = RandomKIndices(seed, n, KeptCount(n, o.fraction));
+        PutU64(body, idx.size());
+        PutU64(body, seed);
       } else {
-        ConvertF32ToBF16(tensor.values.data() + i, block, m);
+        idx = o.global_top_k ? std::move(global[ti]) : TopKIndices(values, n, KeptCount(n, o.fraction));
+        PutU64(body, idx.size());
+        std::string gaps;
+        AppendIndexGaps(idx, gaps);
+        PutU64(body, gaps.size());
+        body.append(gaps);
       }
-      for (size_t j = 0; j < m; ++j) {
-        if (!IsFiniteHalfBits(block[j], codec)) {
-          return absl::InvalidArgumentError(absl::StrCat("EncodeUpdate: tensor '", tensor.name, "' value ", i + j, " (",
-                                                         tensor.values[i + j], ") overflows ",
-                                                         ToAbsl(CodecName(codec))));
-        }
-      }
-      std::memcpy(out.data() + start + i * 2, block, m * 2);
+      kept.resize(idx.size());
+      for (size_t j = 0; j < idx.size(); ++j) kept[j] = values[idx[j]];
+      values = kept.data();
+      count = kept.size();
+    }
+    if (o.codec == CodecId::kQuant) {
+      QuantizeAppend(values, static_cast<int64_t>(count),
+                     QuantSpec{.bits = o.quant_bits, .block_size = o.quant_block_size,
+                               .stochastic = o.quant_stochastic, .seed = o.seed, .stream = kQuantStreamBase + ti},
+                     body);
+    } else {
+      FEDLORA_RETURN_IF_ERROR(AppendDenseValues(values, count, o.codec, t.name, body));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status ZstdError(std::string_view what, size_t code) {
-  return absl::DataLossError(absl::StrCat("update payload: ", ToAbsl(what), ": zstd: ", ZSTD_getErrorName(code)));
-}
-
 struct CCtxDeleter {
   void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
-};
-struct DCtxDeleter {
-  void operator()(ZSTD_DCtx* d) const { ZSTD_freeDCtx(d); }
-};
-
-// The window the zstd stage decompresses through: DecodeUpdate and ValidateUpdate never hold more
-// than this much decompressed body at once (plus zstd's own history window, at most
-// 2^kMaxZstdWindowLog and 2 MiB for what our encoder writes at level 3). 1 MiB keeps the per-refill
-// overhead (one ZSTD_decompressStream call, a memmove of at most one partial table entry, ~1 KB)
-// negligible next to decompressing 1 MiB (~1 ms).
-constexpr size_t kBodyWindowBytes = size_t{1} << 20;
-
-// The largest single read of the tensor table (a name) must fit in the window.
-static_assert(kMaxTensorNameBytes < kBodyWindowBytes);
-
-// ValidateUpdate's `consumed` hook is told of progress once at least this much more input is
-// consumed, and the values of an uncompressed payload are checked in pieces of this size: so the
-// reports are at most 2 x 4 = 8 MiB apart (a zstd pump consumes ~1 MiB), and a mapped 1 GB update
-// keeps at most ~8 MiB of itself resident beyond what the caller has dropped.
-constexpr uint64_t kConsumedReportBytes = uint64_t{4} << 20;
-
-// The update body, delivered in order: the payload itself when there is no zstd stage (zero copy),
-// or the output of the payload's zstd frame streamed through a window of at most kBodyWindowBytes.
-//
-// Two kinds of error. A stage error (the zstd frame is corrupt, ends early, or decompresses to more
-// or fewer bytes than the header's raw size) is sticky: once seen, every later call and Finish()
-// return it. A body error (a read past the declared raw size: the table disagrees with it) is
-// InvalidArgument and is the caller's to report, after Finish() has checked the whole stage, so that
-// a corrupt frame is reported as corrupt whatever bytes it decoded to before the corruption.
-class BodySource {
- public:
-  // No zstd stage: the body is `payload`, whose size the caller checked against the header.
-  explicit BodySource(std::string_view payload) : plain_(payload), raw_bytes_(payload.size()) {}
-
-  // A zstd stage: checks the frame's header and block structure (cheap, decompresses nothing),
-  // then prepares to stream it.
-  static absl::StatusOr<BodySource> ForZstd(std::string_view payload, uint64_t raw_bytes) {
-    const unsigned long long content_size = ZSTD_getFrameContentSize(payload.data(), payload.size());
-    if (content_size == ZSTD_CONTENTSIZE_ERROR) {
-      // Too short for a frame header, or bad zstd magic.
-      return absl::DataLossError(absl::StrCat("update payload: not a valid zstd frame (", payload.size(), " bytes)"));
-    }
-    if (content_size != ZSTD_CONTENTSIZE_UNKNOWN && content_size != raw_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("update payload: zstd frame declares ", content_size,
-                                                     " decompressed bytes but the header declares a raw size of ",
-                                                     raw_bytes));
-    }
-    const size_t frame_size = ZSTD_findFrameCompressedSize(payload.data(), payload.size());
-    if (ZSTD_isError(frame_size)) return ZstdError("truncated or corrupt frame", frame_size);
-    if (frame_size != payload.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("update payload: ", payload.size() - frame_size,
-                                                     " trailing bytes after the zstd frame (frame is ", frame_size,
-                                                     " of ", payload.size(), " payload bytes)"));
-    }
-    BodySource source(std::string_view{});
-    source.raw_bytes_ = raw_bytes;
-    source.dctx_.reset(ZSTD_createDCtx());
-    if (source.dctx_ == nullptr) return absl::ResourceExhaustedError("update payload: ZSTD_createDCtx failed");
-    const size_t rc = ZSTD_DCtx_setParameter(source.dctx_.get(), ZSTD_d_windowLogMax, kMaxZstdWindowLog);
-    if (ZSTD_isError(rc)) return absl::InternalError(absl::StrCat("ZSTD_d_windowLogMax: ", ZSTD_getErrorName(rc)));
-    source.in_ = ZSTD_inBuffer{payload.data(), payload.size(), 0};
-    // raw_bytes was checked against DecodeLimits by the caller; a small body needs no bigger window
-    // (no read is ever longer than what remains of the body).
-    source.window_size_ = static_cast<size_t>(std::min<uint64_t>(kBodyWindowBytes, raw_bytes));
-    source.window_ = std::make_unique<char[]>(source.window_size_);
-    return source;
-  }
-
-  // `hook` (may be null or empty) is told, at least every kConsumedReportBytes, how many leading
-  // bytes of the encoded update (header included) will not be read again. Must outlive this.
-  void SetConsumedHook(const std::function<void(uint64_t)>* hook) { hook_ = hook; }
-
-  // Offset of the next unread body byte, and how many remain of the declared raw size.
-  uint64_t pos() const { return dctx_ ? produced_ - (tail_ - head_) : plain_pos_; }
-  uint64_t remaining() const { return raw_bytes_ - pos(); }
-
-  // The next `n` bytes (n <= kMaxTensorNameBytes for the table), contiguous; valid until the next call.
-  absl::StatusOr<std::string_view> Read(size_t n, std::string_view what) {
-    if (remaining() < n) {
-      return absl::InvalidArgumentError(absl::StrCat("update body: ", ToAbsl(what), " at offset ", pos(), " needs ",
-                                                     n, " bytes but only ", remaining(),
-                                                     " remain of the declared raw size ", raw_bytes_));
-    }
-    if (!dctx_) {
-      const std::string_view v = plain_.substr(plain_pos_, n);
-      plain_pos_ += n;
-      // The caller is done with the previous read, so everything before `v` is consumed.
-      Report(plain_pos_ - n);
-      return v;
-    }
-    if (tail_ - head_ < n) FEDLORA_RETURN_IF_ERROR(Refill(n));
-    const std::string_view v(window_.get() + head_, n);
-    head_ += n;
-    return v;
-  }
-
-  // The next whole `unit`s of the body, at least one and at most `max_bytes` (>= unit); the caller
-  // checked that enough remain. Valid until the next call.
-  absl::StatusOr<std::string_view> ReadSome(size_t unit, size_t max_bytes) {
-    if (!dctx_) {
-      // In pieces of kConsumedReportBytes, so that the consumed hook hears of progress that often.
-      size_t n = static_cast<size_t>(std::min<uint64_t>({max_bytes, remaining(), kConsumedReportBytes}));
-      n -= n % unit;
-      return Read(n, "values");
-    }
-    if (tail_ - head_ < unit) FEDLORA_RETURN_IF_ERROR(Refill(unit));
-    size_t n = std::min(max_bytes, tail_ - head_);
-    n -= n % unit;
-    return Read(n, "values");
-  }
-
-  // Decompresses (and discards) whatever the body parse did not read, then checks that the frame
-  // is intact (zstd's block checks and content checksum) and produced exactly the declared raw
-  // size, refusing to produce even one byte more (decompression bombs). OK without a zstd stage.
-  absl::Status Finish() {
-    if (!dctx_) {
-      Report(plain_pos_);
-      return absl::OkStatus();
-    }
-    while (stage_error_.ok() && !frame_done_) {
-      head_ = tail_ = 0;
-      (void)Pump();
-    }
-    return stage_error_;
-  }
-
- private:
-  // Moves the unread bytes to the front of the window and decompresses until at least `need`
-  // (<= remaining(), <= window_size_) are available.
-  absl::Status Refill(size_t need) {
-    FEDLORA_RETURN_IF_ERROR(stage_error_);
-    if (head_ > 0) {
-      std::memmove(window_.get(), window_.get() + head_, tail_ - head_);
-      tail_ -= head_;
-      head_ = 0;
-    }
-    while (tail_ < need) {
-      FEDLORA_RETURN_IF_ERROR(Pump());
-      if (frame_done_ && tail_ < need) return stage_error_;  // set by Pump: the frame ended short
-    }
-    return absl::OkStatus();
-  }
-
-  // One ZSTD_decompressStream call into the free part of the window, never past the declared raw
-  // size. Once that size is reached, zstd gets a one-byte scratch buffer instead: any byte it
-  // writes there is output beyond the declared size.
-  absl::Status Pump() {
-    const uint64_t left = raw_bytes_ - produced_;
-    char overflow_byte;
-    ZSTD_outBuffer out = left == 0
-                             ? ZSTD_outBuffer{&overflow_byte, 1, 0}
-                             : ZSTD_outBuffer{window_.get() + tail_,
-                                              static_cast<size_t>(std::min<uint64_t>(window_size_ - tail_, left)), 0};
-    const size_t in_before = in_.pos;
-    const size_t ret = ZSTD_decompressStream(dctx_.get(), &out, &in_);
-    if (ZSTD_isError(ret)) return Fail(ZstdError("decompression failed", ret));
-    Report(in_.pos);  // zstd keeps no pointer into the input it has consumed
-    if (left == 0 && out.pos > 0) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("update payload: zstd frame decompresses to more than the declared ", raw_bytes_,
-                       " bytes (decompression bomb refused)")));
-    }
-    if (left > 0) {
-      tail_ += out.pos;
-      produced_ += out.pos;
-    }
-    if (ret == 0) {  // frame complete and flushed
-      frame_done_ = true;
-      if (produced_ != raw_bytes_) {
-        return Fail(absl::InvalidArgumentError(absl::StrCat("update payload: zstd frame decompresses to ", produced_,
-                                                            " bytes but the header declares a raw size of ",
-                                                            raw_bytes_)));
-      }
-      return absl::OkStatus();
-    }
-    if (in_.pos == in_before && out.pos == 0) {
-      return Fail(absl::DataLossError(absl::StrCat("update payload: zstd frame ends early after ", produced_, " of ",
-                                                   raw_bytes_, " decompressed bytes")));
-    }
-    return absl::OkStatus();
-  }
-
-  // Tells the hook that payload bytes [0, payload_pos) are consumed, if that is news enough.
-  void Report(uint64_t payload_pos) {
-    if (hook_ == nullptr || !*hook_) return;
-    const uint64_t payload_size = dctx_ ? in_.size : plain_.size();
-    if (payload_pos < reported_ + kConsumedReportBytes && payload_pos != payload_size) return;
-    if (payload_pos <= reported_) return;
-    reported_ = payload_pos;
-    (*hook_)(kUpdateHeaderSize + payload_pos);
-  }
-
-  absl::Status Fail(absl::Status status) {
-    frame_done_ = true;
-    stage_error_ = status;
-    return status;
-  }
-
-  // Without a zstd stage.
-  std::string_view plain_;
-  uint64_t plain_pos_ = 0;
-  uint64_t raw_bytes_ = 0;  // the declared body size
-  // With a zstd stage: the frame, the decoder, and the window holding decompressed bytes
-  // [head_, tail_) not yet read; produced_ counts all bytes decompressed so far.
-  std::unique_ptr<ZSTD_DCtx, DCtxDeleter> dctx_;
-  ZSTD_inBuffer in_{nullptr, 0, 0};
-  std::unique_ptr<char[]> window_;
-  size_t window_size_ = 0;
-  size_t head_ = 0, tail_ = 0;
-  uint64_t produced_ = 0;
-  bool frame_done_ = false;
-  absl::Status stage_error_;
-  const std::function<void(uint64_t)>* hook_ = nullptr;
-  uint64_t reported_ = 0;  // payload bytes reported consumed so far
 };
 
 // Index of the first fp32 value of `n` at `src` (unaligned) that is NaN or Inf, or n.
@@ -415,10 +263,128 @@ absl::Status CheckValues(CodecId codec, const char* src, size_t n, float* out, s
   return absl::OkStatus();
 }
 
+// Reads `bytes` bytes of gap varints (compression/sparsify.h) that must give exactly k ascending
+// indices below n; appends them to `indices` unless it is null.
+absl::Status ReadIndexGaps(BodySource& source, uint64_t bytes, uint64_t k, uint64_t n, std::vector<int64_t>* indices,
+                           const std::string& name) {
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("update body: tensor '", name, "' top-k indices: ", what));
+  };
+  uint64_t gap = 0, count = 0, next = 0;
+  int shift = 0;
+  for (uint64_t left = bytes; left > 0;) {
+    FEDLORA_ASSIGN_OR_RETURN(std::string_view chunk, source.ReadSome(1, static_cast<size_t>(left)));
+    left -= chunk.size();
+    for (char ch : chunk) {
+      const uint64_t c = static_cast<uint8_t>(ch);
+      if (shift == 63 && (c & 0x7E) != 0) return bad("a gap overflows 64 bits");
+      gap |= (c & 0x7F) << shift;
+      if ((c & 0x80) != 0) {
+        shift += 7;
+        if (shift > 63) return bad("a gap varint is longer than 10 bytes");
+        continue;
+      }
+      if (c == 0 && shift > 0) return bad("a gap varint is not in its shortest form");
+      if (count == k) return bad(absl::StrCat("more than the ", k, " kept entries"));
+      if (gap >= n - next) return bad(absl::StrCat("index ", next, " + ", gap, " is outside the tensor's ", n, " entries"));
+      if (indices != nullptr) indices->push_back(static_cast<int64_t>(next + gap));
+      next += gap + 1;
+      ++count;
+      gap = 0;
+      shift = 0;
+    }
+  }
+  if (shift != 0) return bad("the last gap varint is cut off");
+  if (count != k) return bad(absl::StrCat(count, " indices for ", k, " kept entries"));
+  return absl::OkStatus();
+}
+
+// Version 2: each tensor's kept entries and their values (see the layout in codec.h). `kept`
+// receives each tensor's k.
+absl::Status WalkV2Sections(const UpdateHeader& h, bool materialize, BodySource& source,
+                            std::vector<UpdateTensor>& tensors, const std::vector<uint64_t>& numel,
+                            std::vector<int64_t>& kept) {
+  std::vector<int64_t> idx;
+  std::vector<float> buf;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    UpdateTensor& tensor = tensors[t];
+    const uint64_t n = numel[t];
+    auto bad = [&](const std::string& what) {
+      return absl::InvalidArgumentError(absl::StrCat("update body: tensor '", tensor.name, "' ", what));
+    };
+    uint64_t k = n;
+    std::optional<RandomKSampler> sampler;
+    idx.clear();
+    if (h.sparsifier != Sparsifier::kNone) {
+      FEDLORA_ASSIGN_OR_RETURN(std::string_view f, source.Read(8, "kept count"));
+      k = Load<uint64_t>(f.data());
+      if (k > n) return bad(absl::StrCat("keeps ", k, " of its ", n, " entries"));
+      if (h.sparsifier == Sparsifier::kTopK) {
+        FEDLORA_ASSIGN_OR_RETURN(f, source.Read(8, "index byte count"));
+        const uint64_t bytes = Load<uint64_t>(f.data());
+        if (bytes > source.remaining() || bytes < k || bytes / 10 > k) {
+          return bad(absl::StrCat("declares ", bytes, " index bytes for ", k, " indices (", source.remaining(),
+                                  " body bytes remain)"));
+        }
+        FEDLORA_RETURN_IF_ERROR(ReadIndexGaps(source, bytes, k, n, materialize ? &idx : nullptr, tensor.name));
+      } else {
+        FEDLORA_ASSIGN_OR_RETURN(f, source.Read(8, "random-k seed"));
+        if (materialize) sampler.emplace(Load<uint64_t>(f.data()), static_cast<int64_t>(n), static_cast<int64_t>(k));
+      }
+    }
+    kept[t] = static_cast<int64_t>(k);
+    const bool quant = h.codec == CodecId::kQuant;
+    const uint64_t need = quant ? QuantizedBytes(k, h.quant_bits, h.quant_block_size) : k * CodecElementSize(h.codec);
+    if (source.remaining() < need) {
+      return bad(absl::StrCat("needs ", need, " bytes for its ", k, " ", ToAbsl(CodecName(h.codec)),
+                              " values but only ", source.remaining(), " remain"));
+    }
+    if (materialize) tensor.values.assign(static_cast<size_t>(n), 0.0f);
+    // Places m decoded values, the kept entries [done, done + m), into the dense tensor.
+    auto place = [&](const float* v, uint64_t done, uint64_t m) {
+      float* out = tensor.values.data();
+      if (h.sparsifier == Sparsifier::kNone) {
+        std::memcpy(out + done, v, m * sizeof(float));
+      } else if (sampler) {
+        for (uint64_t j = 0; j < m; ++j) out[sampler->Next()] = v[j];
+      } else {
+        for (uint64_t j = 0; j < m; ++j) out[idx[done + j]] = v[j];
+      }
+    };
+    const std::string what = absl::StrCat("update body: tensor '", tensor.name, "'");
+    for (uint64_t done = 0; done < k;) {
+      uint64_t m;
+      std::string_view f;
+      if (quant) {
+        m = std::min<uint64_t>(static_cast<uint64_t>(h.quant_block_size), k - done);
+        FEDLORA_ASSIGN_OR_RETURN(f, source.Read(QuantBlockBytes(m, h.quant_bits), "quantized block"));
+        if (materialize) buf.resize(m);
+        FEDLORA_RETURN_IF_ERROR(DequantizeBlock(f, static_cast<int64_t>(m), h.quant_bits,
+                                                materialize ? buf.data() : nullptr, what, done));
+      } else {
+        const size_t esize = CodecElementSize(h.codec);
+        FEDLORA_ASSIGN_OR_RETURN(f, source.ReadSome(esize, static_cast<size_t>((k - done) * esize)));
+        m = f.size() / esize;
+        if (materialize) buf.resize(m);
+        FEDLORA_RETURN_IF_ERROR(
+            CheckValues(h.codec, f.data(), m, materialize ? buf.data() : nullptr, tensor.name, done));
+      }
+      if (materialize) place(buf.data(), done, m);
+      done += m;
+    }
+  }
+  if (source.remaining() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("update body: ", source.remaining(), " bytes follow the last tensor's values"));
+  }
+  return absl::OkStatus();
+}
+
 // Parses the tensor table from `source` into `tensors` (names and shapes) and checks every value;
-// with `materialize`, also fills each tensor's values. Body errors only (see BodySource).
+// with `materialize`, also fills each tensor's values, and `kept` gets the entries each tensor
+// sends. Body errors only (see BodySource).
 absl::Status WalkBody(const UpdateHeader& h, const DecodeLimits& limits, bool materialize, BodySource& source,
-                      std::vector<UpdateTensor>& tensors) {
+                      std::vector<UpdateTensor>& tensors, std::vector<int64_t>& kept) {
   FEDLORA_ASSIGN_OR_RETURN(std::string_view field, source.Read(4, "tensor count"));
   const uint32_t count = Load<uint32_t>(field.data());
   if (count == 0) return absl::InvalidArgumentError("update body: tensor count is 0");
@@ -482,6 +448,9 @@ absl::Status WalkBody(const UpdateHeader& h, const DecodeLimits& limits, bool ma
     return absl::InvalidArgumentError(absl::StrCat("update body: the tensor shapes hold ", total,
                                                    " elements but the header declares ", h.element_count));
   }
+  kept.assign(count, 0);
+  if (h.format_version == kUpdateFormatVersion2) return WalkV2Sections(h, materialize, source, tensors, numel, kept);
+  for (uint32_t t = 0; t < count; ++t) kept[t] = static_cast<int64_t>(numel[t]);
   const size_t esize = CodecElementSize(h.codec);
   if (source.remaining() != h.element_count * esize) {
     return absl::InvalidArgumentError(
@@ -509,9 +478,10 @@ absl::Status WalkBody(const UpdateHeader& h, const DecodeLimits& limits, bool ma
 // payload size, zstd stage, tensor table, values. Fills `tensors` with names and shapes, and with
 // values too when `materialize`.
 absl::Status WalkUpdate(std::string_view encoded, const DecodeLimits& limits, bool materialize,
-                        std::vector<UpdateTensor>& tensors, const std::function<void(uint64_t)>* consumed = nullptr) {
+                        std::vector<UpdateTensor>& tensors, std::vector<int64_t>& kept,
+                        const std::function<void(uint64_t)>* consumed = nullptr) {
   FEDLORA_ASSIGN_OR_RETURN(const UpdateHeader h, ParseUpdateHeader(encoded, limits));
-  const std::string_view payload = encoded.substr(kUpdateHeaderSize);
+  const std::string_view payload = encoded.substr(h.header_bytes());
   if (payload.size() < h.payload_bytes) {
     return absl::DataLossError(
         absl::StrCat("update payload truncated: ", payload.size(), " of ", h.payload_bytes, " declared bytes present"));
@@ -526,8 +496,8 @@ absl::Status WalkUpdate(std::string_view encoded, const DecodeLimits& limits, bo
   } else {
     source.emplace(payload);
   }
-  source->SetConsumedHook(consumed);
-  const absl::Status body = WalkBody(h, limits, materialize, *source, tensors);
+  source->SetConsumedHook(consumed, h.header_bytes());
+  const absl::Status body = WalkBody(h, limits, materialize, *source, tensors, kept);
   // A broken zstd stage explains any body error it caused, so it is reported first.
   FEDLORA_RETURN_IF_ERROR(source->Finish());
   return body;
@@ -543,8 +513,49 @@ std::string_view CodecName(CodecId codec) {
       return "fp16";
     case CodecId::kBF16:
       return "bf16";
+    case CodecId::kQuant:
+      return "quant";
   }
   return "unknown";
+}
+
+std::string_view SparsifierName(Sparsifier sparsifier) {
+  switch (sparsifier) {
+    case Sparsifier::kNone:
+      return "none";
+    case Sparsifier::kTopK:
+      return "top-k";
+    case Sparsifier::kRandomK:
+      return "random-k";
+  }
+  return "unknown";
+}
+
+std::string CodecOptions::Describe() const {
+  std::string out;
+  if (sparsifier != Sparsifier::kNone) {
+    absl::StrAppend(&out, ToAbsl(SparsifierName(sparsifier)), " ", fraction * 100, "%", global_top_k ? " global" : "",
+                    " + ");
+  }
+  if (codec == CodecId::kQuant) {
+    absl::StrAppend(&out, "quant ", quant_bits, " bit/", quant_block_size, quant_stochastic ? "" : " nearest");
+  } else {
+    absl::StrAppend(&out, ToAbsl(CodecName(codec)));
+  }
+  if (zstd) absl::StrAppend(&out, " + zstd");
+  return out;
+}
+
+CodecOptions UpdateHeader::options() const {
+  CodecOptions o;
+  o.sparsifier = sparsifier;
+  o.codec = codec;
+  if (codec == CodecId::kQuant) {
+    o.quant_bits = quant_bits;
+    o.quant_block_size = quant_block_size;
+  }
+  o.zstd = zstd();
+  return o;
 }
 
 absl::StatusOr<CodecId> ParseCodecName(std::string_view name) {
@@ -556,19 +567,20 @@ absl::StatusOr<CodecId> ParseCodecName(std::string_view name) {
       absl::StrCat("unknown update codec '", ToAbsl(name), "' (expected fp32, fp16 or bf16)"));
 }
 
-size_t CodecElementSize(CodecId codec) { return codec == CodecId::kRawF32 ? 4 : 2; }
+size_t CodecElementSize(CodecId codec) {
+  return codec == CodecId::kRawF32 ? 4 : codec == CodecId::kQuant ? 0 : 2;
+}
 
 absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensors, const CodecOptions& options) {
-  if (options.codec != CodecId::kRawF32 && options.codec != CodecId::kF16 && options.codec != CodecId::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat("EncodeUpdate: unknown codec id ", static_cast<int>(options.codec)));
-  }
+  FEDLORA_RETURN_IF_ERROR(CheckEncodeOptions(options));
+  const bool v2 = options.sparsifier != Sparsifier::kNone || options.codec == CodecId::kQuant;
   uint64_t element_count = 0;
   FEDLORA_RETURN_IF_ERROR(ValidateTensorsForEncode(tensors, element_count));
 
   std::string body;
   size_t table_bytes = 4;
   for (const UpdateTensor& t : tensors) table_bytes += 2 + t.name.size() + 1 + 8 * t.shape.size();
-  body.reserve(table_bytes + element_count * CodecElementSize(options.codec));
+  if (!v2) body.reserve(table_bytes + element_count * CodecElementSize(options.codec));
   PutU32(body, static_cast<uint32_t>(tensors.size()));
   for (const UpdateTensor& t : tensors) {
     PutU16(body, static_cast<uint16_t>(t.name.size()));
@@ -576,7 +588,13 @@ absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensor
     PutU8(body, static_cast<uint8_t>(t.shape.size()));
     for (int64_t d : t.shape) PutU64(body, static_cast<uint64_t>(d));
   }
-  FEDLORA_RETURN_IF_ERROR(AppendValues(tensors, options.codec, body));
+  if (v2) {
+    FEDLORA_RETURN_IF_ERROR(AppendV2Sections(tensors, options, body));
+  } else {
+    for (const UpdateTensor& t : tensors) {
+      FEDLORA_RETURN_IF_ERROR(AppendDenseValues(t.values.data(), t.values.size(), options.codec, t.name, body));
+    }
+  }
 
   std::string payload;
   if (options.zstd) {
@@ -600,9 +618,9 @@ absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensor
   const std::string& data = options.zstd ? payload : body;
 
   std::string out;
-  out.reserve(kUpdateHeaderSize + data.size());
+  out.reserve(kUpdateHeaderSizeV2 + data.size());
   out.append(kUpdateMagic, 4);
-  PutU16(out, kUpdateFormatVersion);
+  PutU16(out, v2 ? kUpdateFormatVersion2 : kUpdateFormatVersion);
   PutU8(out, static_cast<uint8_t>(options.codec));
   PutU8(out, kCodecVersion);
   PutU32(out, options.zstd ? kUpdateFlagZstd : 0u);
@@ -610,6 +628,13 @@ absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensor
   PutU64(out, element_count);
   PutU64(out, body.size());
   PutU64(out, data.size());
+  if (v2) {
+    const bool quant = options.codec == CodecId::kQuant;
+    PutU8(out, static_cast<uint8_t>(options.sparsifier));
+    PutU8(out, quant ? static_cast<uint8_t>(options.quant_bits) : 0);
+    PutU16(out, 0);  // reserved
+    PutU32(out, quant ? static_cast<uint32_t>(options.quant_block_size) : 0);
+  }
   out.append(data);
   return out;
 }
@@ -633,15 +658,47 @@ absl::StatusOr<UpdateHeader> ParseUpdateHeader(std::string_view encoded, const D
   h.raw_bytes = Load<uint64_t>(p + 24);
   h.payload_bytes = Load<uint64_t>(p + 32);
 
-  if (h.format_version != kUpdateFormatVersion) {
+  if (h.format_version != kUpdateFormatVersion && h.format_version != kUpdateFormatVersion2) {
     return absl::InvalidArgumentError(absl::StrCat("update header: unsupported format version ", h.format_version,
-                                                   " (this build reads version ", kUpdateFormatVersion, ")"));
+                                                   " (this build reads versions ", kUpdateFormatVersion, " and ",
+                                                   kUpdateFormatVersion2, ")"));
   }
+  const bool v2 = h.format_version == kUpdateFormatVersion2;
   if (codec != static_cast<uint8_t>(CodecId::kRawF32) && codec != static_cast<uint8_t>(CodecId::kF16) &&
-      codec != static_cast<uint8_t>(CodecId::kBF16)) {
+      codec != static_cast<uint8_t>(CodecId::kBF16) && codec != static_cast<uint8_t>(CodecId::kQuant)) {
     return absl::InvalidArgumentError(absl::StrCat("update header: unknown codec id ", codec));
   }
   h.codec = static_cast<CodecId>(codec);
+  if (v2) {
+    if (encoded.size() < kUpdateHeaderSizeV2) {
+      return absl::DataLossError(absl::StrCat("update header truncated: ", encoded.size(), " bytes, need ",
+                                              kUpdateHeaderSizeV2, " for format version 2"));
+    }
+    const uint8_t sparsifier = Load<uint8_t>(p + 40);
+    h.quant_bits = Load<uint8_t>(p + 41);
+    const uint16_t reserved2 = Load<uint16_t>(p + 42);
+    h.quant_block_size = Load<uint32_t>(p + 44);
+    if (sparsifier > static_cast<uint8_t>(Sparsifier::kRandomK)) {
+      return absl::InvalidArgumentError(absl::StrCat("update header: unknown sparsifier id ", sparsifier));
+    }
+    h.sparsifier = static_cast<Sparsifier>(sparsifier);
+    if (reserved2 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("update header: reserved field is ", reserved2, ", must be 0"));
+    }
+    if (h.codec == CodecId::kQuant) {
+      FEDLORA_RETURN_IF_ERROR(Annotate(CheckQuantSpec(h.quant_bits, h.quant_block_size), "update header"));
+    } else if (h.quant_bits != 0 || h.quant_block_size != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("update header: quantization bits ", h.quant_bits,
+                                                     " and block size ", h.quant_block_size, " without the ",
+                                                     "quant codec (both must be 0)"));
+    }
+    if (h.sparsifier == Sparsifier::kNone && h.codec != CodecId::kQuant) {
+      return absl::InvalidArgumentError(absl::StrCat("update header: format version 2 for a dense ",
+                                                     ToAbsl(CodecName(h.codec)), " update (written as version 1)"));
+    }
+  } else if (h.codec == CodecId::kQuant) {
+    return absl::InvalidArgumentError("update header: the quant codec needs format version 2");
+  }
   if (h.codec_version != kCodecVersion) {
     return absl::InvalidArgumentError(absl::StrCat("update header: unsupported ", ToAbsl(CodecName(h.codec)),
                                                    " codec version ", h.codec_version, " (this build reads version ",
@@ -664,8 +721,9 @@ absl::StatusOr<UpdateHeader> ParseUpdateHeader(std::string_view encoded, const D
     return absl::InvalidArgumentError(
         absl::StrCat("update header: raw size ", h.raw_bytes, " bytes exceeds the limit of ", max_bytes));
   }
-  // element_count <= max_elements (int64) and element size <= 4: no overflow in uint64.
-  const uint64_t min_raw = 4 + h.element_count * CodecElementSize(h.codec);
+  // element_count <= max_elements (int64) and element size <= 4: no overflow in uint64. Version 2
+  // sizes depend on what each tensor keeps: the body walk checks them.
+  const uint64_t min_raw = v2 ? 4 : 4 + h.element_count * CodecElementSize(h.codec);
   if (h.raw_bytes < min_raw) {
     return absl::InvalidArgumentError(absl::StrCat("update header: raw size ", h.raw_bytes, " bytes cannot hold ",
                                                    h.element_count, " ", ToAbsl(CodecName(h.codec)),
@@ -681,18 +739,21 @@ absl::StatusOr<UpdateHeader> ParseUpdateHeader(std::string_view encoded, const D
 
 absl::StatusOr<std::vector<UpdateTensor>> DecodeUpdate(std::string_view encoded, const DecodeLimits& limits) {
   std::vector<UpdateTensor> tensors;
-  FEDLORA_RETURN_IF_ERROR(WalkUpdate(encoded, limits, /*materialize=*/true, tensors));
+  std::vector<int64_t> kept;
+  FEDLORA_RETURN_IF_ERROR(WalkUpdate(encoded, limits, /*materialize=*/true, tensors, kept));
   return tensors;
 }
 
 absl::StatusOr<std::vector<UpdateTensorInfo>> ValidateUpdate(std::string_view encoded, const DecodeLimits& limits,
                                                              const std::function<void(uint64_t)>& consumed) {
   std::vector<UpdateTensor> tensors;
-  FEDLORA_RETURN_IF_ERROR(WalkUpdate(encoded, limits, /*materialize=*/false, tensors, &consumed));
+  std::vector<int64_t> kept;
+  FEDLORA_RETURN_IF_ERROR(WalkUpdate(encoded, limits, /*materialize=*/false, tensors, kept, &consumed));
   std::vector<UpdateTensorInfo> table(tensors.size());
   for (size_t t = 0; t < tensors.size(); ++t) {
     table[t].name = std::move(tensors[t].name);
     table[t].shape = std::move(tensors[t].shape);
+    table[t].kept = kept[t];
   }
   return table;
 }

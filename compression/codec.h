@@ -1,5 +1,7 @@
 // The update wire format: a versioned, self-describing encoding of a model update (a list of named
-// fp32 tensors) with a choice of element codec and an optional lossless zstd stage.
+// fp32 tensors): an optional sparsifying stage (top-k, random-k; compression/sparsify.h), an
+// element codec (fp32, fp16, bf16, or blockwise quantization to 1/2/4/8 bits;
+// compression/quantize.h) and an optional lossless zstd stage.
 //
 //   CodecOptions opts{.codec = CodecId::kBF16, .zstd = true};
 //   FEDLORA_ASSIGN_OR_RETURN(std::string wire, EncodeUpdate(tensors, opts));
@@ -8,9 +10,9 @@
 //
 // Layout (all integers little-endian):
 //
-//   header (40 bytes, kUpdateHeaderSize)
+//   header (40 bytes, kUpdateHeaderSize; 48 in format version 2)
 //     [0, 4)   magic "FLU1"
-//     [4, 6)   u16 format version (kUpdateFormatVersion)
+//     [4, 6)   u16 format version: 1 for a dense fp32/fp16/bf16 update, 2 otherwise
 //     [6, 7)   u8  codec id (CodecId)
 //     [7, 8)   u8  codec version (kCodecVersion for every codec today)
 //     [8, 12)  u32 flags (kUpdateFlagZstd; every other bit must be 0)
@@ -18,6 +20,11 @@
 //     [16, 24) u64 element count: total number of values over all tensors
 //     [24, 32) u64 raw byte size: size of the body before the zstd stage
 //     [32, 40) u64 payload byte size: size of what follows the header (== raw size without zstd)
+//     version 2 only:
+//     [40, 41) u8  sparsifier (Sparsifier: 0 none, 1 top-k, 2 random-k)
+//     [41, 42) u8  quantization bits (1, 2, 4, 8 with kQuant; else 0)
+//     [42, 44) u16 reserved, must be 0
+//     [44, 48) u32 quantization block size (kQuant: a multiple of 8 up to 65536; else 0)
 //   payload: the body, or one zstd frame holding the body (our encoder writes the frame's content
 //            size and content checksum; the decoder checks both when present)
 //
@@ -27,6 +34,14 @@
 //                 u8 rank (0..kMaxTensorRank), rank x i64 dims (each >= 0)
 //     values: element count x element size (4 for kRawF32, 2 for kF16/kBF16), the tensors'
 //             row-major values concatenated in table order
+//
+//   body, version 2: the tensor count and table as above, then per tensor in table order:
+//     with a sparsifier: u64 k, the entries kept (k <= the tensor's element count), then
+//       top-k:    u64 index bytes, then that many bytes of gap varints giving k ascending indices
+//       random-k: u64 seed; the indices are RandomKIndices(seed, element count, k)
+//     the values of the k kept entries (all entries without a sparsifier), in the element codec:
+//       fp32/fp16/bf16 as in version 1; kQuant as compression/quantize.h (blocks of scale + codes)
+//     Entries not kept decode as 0.
 //
 // The decoder treats its input as hostile: every size is checked against the input and against
 // DecodeLimits before anything is allocated, the zstd stage streams through a bounded window (1 MiB)
@@ -67,30 +82,65 @@ enum class CodecId : uint8_t {
   kF16 = 2,     // IEEE half, round to nearest even; relative error <= 2^-11 in the normal range
                 //   (|x| >= 2^-14), absolute <= 2^-25 below it; |x| must round to <= 65504
   kBF16 = 3,    // bfloat16, round to nearest even; relative error <= 2^-8
+  kQuant = 4,   // blockwise quantization (compression/quantize.h); format version 2
+};
+
+// Sparsifying stages. The numeric ids are part of the wire format: never renumber.
+enum class Sparsifier : uint8_t {
+  kNone = 0,
+  kTopK = 1,     // the largest-magnitude entries, indices sent as gap varints
+  kRandomK = 2,  // entries drawn from a seed that travels instead of the indices
 };
 
 inline constexpr char kUpdateMagic[4] = {'F', 'L', 'U', '1'};
-inline constexpr uint16_t kUpdateFormatVersion = 1;
+inline constexpr uint16_t kUpdateFormatVersion = 1;    // dense fp32 / fp16 / bf16
+inline constexpr uint16_t kUpdateFormatVersion2 = 2;   // a sparsifier or kQuant
 inline constexpr uint8_t kCodecVersion = 1;
-inline constexpr size_t kUpdateHeaderSize = 40;  // bytes
+inline constexpr size_t kUpdateHeaderSize = 40;    // bytes, version 1
+inline constexpr size_t kUpdateHeaderSizeV2 = 48;  // bytes, version 2
 inline constexpr uint32_t kUpdateFlagZstd = 1u << 0;
 inline constexpr size_t kMaxTensorNameBytes = 1024;
 inline constexpr int kMaxTensorRank = 8;
 
-// "fp32", "fp16", "bf16".
+// "fp32", "fp16", "bf16", "quant".
 std::string_view CodecName(CodecId codec);
+// "none", "top-k", "random-k".
+std::string_view SparsifierName(Sparsifier sparsifier);
 // Inverse of CodecName; also accepts "f32"/"f16" spellings. InvalidArgument naming the text.
 absl::StatusOr<CodecId> ParseCodecName(std::string_view name);
-// Bytes per encoded element: 4 for kRawF32, 2 for kF16 and kBF16.
+// Bytes per encoded element: 4 for kRawF32, 2 for kF16 and kBF16 (kQuant has no fixed size: 0).
 size_t CodecElementSize(CodecId codec);
 
 struct CodecOptions {
+  // Which entries travel: all, or fraction of them (per tensor; with global_top_k, of the whole
+  // update, so that a tensor may keep more or fewer than its share). KeptCount gives k.
+  Sparsifier sparsifier = Sparsifier::kNone;
+  double fraction = 0.01;
+  bool global_top_k = false;
   CodecId codec = CodecId::kRawF32;
+  // kQuant: bits per value, values per scale, stochastic (unbiased) or nearest rounding.
+  int quant_bits = 8;
+  int64_t quant_block_size = 256;
+  bool quant_stochastic = true;
+  // Random-k indices and stochastic rounding draw from this seed (the same seed gives the same
+  // bytes); a client passes a value derived from its task's seed.
+  uint64_t seed = 0;
   // Follow the element codec with a lossless zstd stage. Pays off for sparse or low-entropy
   // updates; dense fp32 noise compresses by only a few percent.
   bool zstd = false;
   // zstd compression level (1..19 are sensible; 3 is zstd's default: ~300 MB/s on one core).
   int zstd_level = 3;
+  // Whether the client keeps what the lossy stages did not send and adds it to its next update
+  // (compression/error_feedback.h). Not part of the wire format; EncodeUpdate ignores it.
+  bool error_feedback = false;
+
+  // The stages the receiver can see on the wire, compared by a server enforcing its run's codec.
+  bool SameWireFormat(const CodecOptions& o) const {
+    return sparsifier == o.sparsifier && codec == o.codec && zstd == o.zstd &&
+           (codec != CodecId::kQuant || (quant_bits == o.quant_bits && quant_block_size == o.quant_block_size));
+  }
+  // What the format writes ("top-k 1% + quant 8 bit/256 + zstd"), for messages and reports.
+  std::string Describe() const;
 };
 
 // Hard caps the decoder enforces before allocating. The defaults fit a LoRA update of a 7B-class
@@ -111,12 +161,20 @@ struct UpdateHeader {
   uint64_t element_count = 0;
   uint64_t raw_bytes = 0;
   uint64_t payload_bytes = 0;
+  // Version 2 fields (kNone / 0 in version 1).
+  Sparsifier sparsifier = Sparsifier::kNone;
+  int quant_bits = 0;
+  int64_t quant_block_size = 0;
   bool zstd() const { return (flags & kUpdateFlagZstd) != 0; }
+  size_t header_bytes() const { return format_version == kUpdateFormatVersion ? kUpdateHeaderSize : kUpdateHeaderSizeV2; }
+  // The wire-visible options this header stands for (fraction, seed and error feedback unset).
+  CodecOptions options() const;
 };
 
 // Encodes `tensors` (in the given order). InvalidArgument when a tensor's values do not match its
 // shape, a name is empty/too long/has a NUL or repeats, a rank exceeds kMaxTensorRank, a value is
-// NaN/Inf, or a value overflows the chosen codec (|x| > 65504 for fp16); Internal on a zstd failure.
+// NaN/Inf, a value overflows the chosen codec (|x| > 65504 for fp16), or an option is out of range
+// (fraction not in (0, 1], quantization bits or block size); Internal on a zstd failure.
 absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensors, const CodecOptions& options);
 
 // Parses and validates only the 40-byte header against `limits` (cheap; lets a server reject an
@@ -131,6 +189,7 @@ absl::StatusOr<std::vector<UpdateTensor>> DecodeUpdate(std::string_view encoded,
 struct UpdateTensorInfo {
   std::string name;
   std::vector<int64_t> shape;
+  int64_t kept = 0;  // entries that travel: the element count without a sparsifier, else k
 };
 
 // Checks everything DecodeUpdate checks, with the same result (OK, or the same error code and

@@ -239,6 +239,56 @@ def encode_update(tensors, codec="f32", zstd=False):
     return header + payload
 
 
+def varint(v):
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def encode_update_v2(tensors, sections, codec=1, sparsifier=0, bits=0, block=0, zstd=False):
+    """Format version 2: tensors [(name, shape)], sections the bytes after the table, written by hand."""
+    body = bytearray(struct.pack("<I", len(tensors)))
+    elements = 0
+    for name, shape in tensors:
+        n = name.encode()
+        body += struct.pack("<H", len(n)) + n + struct.pack("<B", len(shape))
+        body += b"".join(struct.pack("<q", d) for d in shape)
+        count = 1
+        for d in shape:
+            count *= d
+        elements += count
+    body += sections
+    payload = bytes(body)
+    if zstd:
+        payload = subprocess.run(["zstd", "-q", "-c", "--content-size", "--check", "-3"], input=payload,
+                                 stdout=subprocess.PIPE, check=True).stdout
+    header = b"FLU1" + struct.pack("<HBBIIQQQ", 2, codec, 1, 1 if zstd else 0, 0, elements, len(body), len(payload))
+    header += struct.pack("<BBHI", sparsifier, bits, 0, block)
+    assert len(header) == 48
+    return header + payload
+
+
+def update_v2_seeds():
+    # top-k: 3 of 16 entries (indices 1, 7, 8) in fp32
+    topk = struct.pack("<Q", 3) + struct.pack("<Q", 3) + varint(1) + varint(5) + varint(0)
+    topk += struct.pack("<3f", 2.0, -1.5, 0.25)
+    write("update", "v2_topk_f32", encode_update_v2([("w", [4, 4])], topk, codec=1, sparsifier=1))
+    # random-k: 2 of 8 entries from seed 42, in bf16 (1.0, -2.0)
+    randk = struct.pack("<QQ", 2, 42) + struct.pack("<HH", 0x3F80, 0xC000)
+    write("update", "v2_randomk_bf16", encode_update_v2([("v", [8])], randk, codec=3, sparsifier=2))
+    # dense 2-bit quantization, block 8: one full block and a block of 2 (scale 1.0, codes 0..3)
+    quant = struct.pack("<f", 1.0) + bytes([0b11100100, 0b00011011]) + struct.pack("<f", 0.5) + bytes([0b0110])
+    write("update", "v2_quant2", encode_update_v2([("q", [10])], quant, codec=4, bits=2, block=8))
+    # top-k 2 of 8 + 8-bit quantization + zstd
+    both = struct.pack("<QQ", 2, 2) + varint(0) + varint(6) + struct.pack("<f", 3.0) + bytes([255, 0])
+    if shutil.which("zstd"):
+        write("update", "v2_topk_quant8_zstd",
+              encode_update_v2([("t", [8])], both, codec=4, sparsifier=1, bits=8, block=256, zstd=True))
+
+
 def update_seeds():
     lora = [("layer.0.lora_A", [2, 3], [0.5, -0.25, 1.0, 0.0, -2.0, 0.125]),
             ("layer.0.lora_B", [3, 1], [1.5, -0.5, 0.75])]
@@ -251,6 +301,7 @@ def update_seeds():
         write("update", "bf16_zstd", encode_update([("z", [64], [0.0] * 60 + [1.0, 2.0, 4.0, 8.0])], "bf16", zstd=True))
     else:
         print("make_seeds: zstd not found; no zstd seeds for the update harness", file=sys.stderr)
+    update_v2_seeds()
 
 
 # ---- sealed updates ---------------------------------------------------------------------------

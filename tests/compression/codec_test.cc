@@ -210,8 +210,8 @@ TEST_F(HostileDecodeTest, HeaderFields) {
   w[0] = 'X';
   Expect(w, absl::StatusCode::kInvalidArgument, "bad magic");
   w = wire_;
-  PutU16At(w, 4, 2);
-  Expect(w, absl::StatusCode::kInvalidArgument, "unsupported format version 2");
+  PutU16At(w, 4, 3);
+  Expect(w, absl::StatusCode::kInvalidArgument, "unsupported format version 3");
   w = wire_;
   w[6] = 9;
   Expect(w, absl::StatusCode::kInvalidArgument, "unknown codec id 9");
