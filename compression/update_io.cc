@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "compression/quantize.h"
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "core/strings.h"
@@ -23,6 +24,28 @@ absl::StatusOr<CodecOptions> CodecOptionsFromSpec(const v1::CodecSpec& spec) {
       case v1::CodecStage::BF16:
         options.codec = CodecId::kBF16;
         break;
+      case v1::CodecStage::TOPK:
+        options.sparsifier = Sparsifier::kTopK;
+        options.fraction = stage.top_k().has_fraction() ? stage.top_k().fraction() : 0.01;
+        options.global_top_k = stage.top_k().global();
+        options.error_feedback |= !stage.top_k().has_error_feedback() || stage.top_k().error_feedback();
+        break;
+      case v1::CodecStage::RANDOMK:
+        options.sparsifier = Sparsifier::kRandomK;
+        options.fraction = stage.random_k().has_fraction() ? stage.random_k().fraction() : 0.01;
+        options.error_feedback |= !stage.random_k().has_error_feedback() || stage.random_k().error_feedback();
+        break;
+      case v1::CodecStage::QUANT: {
+        const v1::QuantParams& q = stage.quant();
+        options.codec = CodecId::kQuant;
+        options.quant_bits = q.has_bits() ? static_cast<int>(q.bits()) : 8;
+        options.quant_block_size = q.has_block_size() ? q.block_size() : 256;
+        options.quant_stochastic = !q.has_stochastic() || q.stochastic();
+        options.error_feedback |= q.has_error_feedback() ? q.error_feedback() : !options.quant_stochastic;
+        FEDLORA_RETURN_IF_ERROR(Annotate(CheckQuantSpec(options.quant_bits, options.quant_block_size),
+                                         absl::StrCat("codec stage ", i)));
+        break;
+      }
       case v1::CodecStage::ZSTD:
         if (i != n - 1) {
           return absl::InvalidArgumentError(absl::StrCat("codec stage ", i, ": ZSTD must be the last stage"));

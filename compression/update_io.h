@@ -12,8 +12,10 @@
 
 namespace fedlora {
 
-// The element codec and zstd flag a CodecSpec stands for. The codec module implements NONE, FP16,
-// BF16 and a final ZSTD; other stages give Unimplemented, a misplaced ZSTD InvalidArgument.
+// The CodecOptions a CodecSpec stands for (seed unset: the client derives it from its task). The
+// codec module implements NONE, TOPK, RANDOMK, FP16, BF16, QUANT and a final ZSTD; LOWRANK gives
+// Unimplemented, a misplaced ZSTD or quantization parameters out of range InvalidArgument. Error
+// feedback is on when any stage asks for it (config_io fills each stage's default).
 absl::StatusOr<CodecOptions> CodecOptionsFromSpec(const v1::CodecSpec& spec);
 
 // Parses a safetensors image whose tensors are all F32, in the file's (sorted) name order.
