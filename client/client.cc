@@ -7,12 +7,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "client/rpc_status.h"
 #include "compression/codec.h"
+#include "compression/error_feedback.h"
 #include "compression/update_io.h"
 #include "core/file.h"
 #include "core/logging.h"
@@ -151,6 +153,9 @@ class ClientImpl final : public Client {
                              const std::vector<std::string>& chunk_sha256, bool* accepted);
   // One task: returns OK when the update was accepted; a non-transient error means "give it up".
   absl::Status RunTask(const v1::TrainTask& task);
+  // The error-feedback residual of this run: loaded from state_dir the first time, or empty.
+  absl::StatusOr<ErrorFeedback*> Feedback();
+  std::string FeedbackPath() const { return options_.state_dir + "/error_feedback.safetensors"; }
 
   const ClientOptions options_;
   ClientTrainer* const trainer_;
@@ -159,6 +164,8 @@ class ClientImpl final : public Client {
   std::string session_;
   bool joined_ = false;
   v1::JoinResponse join_;
+  std::optional<ErrorFeedback> feedback_;
+  std::string feedback_run_;  // the run id feedback_ belongs to
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -368,13 +375,23 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   update.reserve(result->delta.size());
   for (const NamedTensor& n : result->delta) update.push_back({n.name, n.shape, n.values});
   FEDLORA_ASSIGN_OR_RETURN(CodecOptions codec, CodecOptionsFromSpec(task.codec()));
+  codec.seed = task.seed();  // random-k indices and stochastic rounding: reproducible per task
+  ErrorFeedback* feedback = nullptr;
+  if (codec.error_feedback) {
+    FEDLORA_ASSIGN_OR_RETURN(feedback, Feedback());
+  }
   // One upload id per task attempt: every retry and resume reuses it, so the server counts it once.
   FEDLORA_ASSIGN_OR_RETURN(const std::string random_id, crypto::RandomHex(16));
   const std::string upload_id = absl::StrCat("u-", random_id);
   // Sealed to the run's aggregation key, for this run, round, identity and upload only.
   crypto::SealedBlob sealed;
   {
-    FEDLORA_ASSIGN_OR_RETURN(std::string encoded, EncodeUpdate(update, codec));
+    std::string encoded;
+    if (feedback != nullptr) {
+      FEDLORA_ASSIGN_OR_RETURN(encoded, feedback->Encode(update, codec));
+    } else {
+      FEDLORA_ASSIGN_OR_RETURN(encoded, EncodeUpdate(update, codec));
+    }
     std::vector<UpdateTensor>().swap(update);
     const crypto::UpdatePlace place{join_.run_config().run_id(), task.round(), join_.client_id(), upload_id};
     FEDLORA_ASSIGN_OR_RETURN(sealed, crypto::SealUpdateBlob(join_.server_encryption_public_key(), place, encoded));
@@ -383,6 +400,15 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   FEDLORA_RETURN_IF_ERROR(
       Upload(task, sealed.blob, result->delta, result->num_examples, upload_id, sealed.ephemeral_public_key));
   const auto t4 = std::chrono::steady_clock::now();
+  if (feedback != nullptr) {  // accepted: what was not sent waits for the next update
+    feedback->Commit();
+    if (!options_.state_dir.empty()) {
+      if (absl::Status st = feedback->Save(FeedbackPath(), feedback_run_); !st.ok()) {
+        FEDLORA_LOG(ERROR) << options_.client_id << ": the error-feedback residual was not saved (a restart loses "
+                           << "it): " << st;
+      }
+    }
+  }
 
   auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
   v1::MetricsReport report;
@@ -407,6 +433,21 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
     FEDLORA_LOG(WARNING) << options_.client_id << ": metrics for round " << task.round() << ": " << s;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<ErrorFeedback*> ClientImpl::Feedback() {
+  const std::string& run = join_.run_config().run_id();
+  if (feedback_ && feedback_run_ == run) return &*feedback_;
+  feedback_run_ = run;
+  if (options_.state_dir.empty()) {
+    FEDLORA_LOG(WARNING) << options_.client_id << ": the run's codec keeps an error-feedback residual; without a "
+                         << "state directory it lives in memory only and a restart loses it";
+    feedback_.emplace();
+  } else {
+    FEDLORA_ASSIGN_OR_RETURN(ErrorFeedback loaded, ErrorFeedback::Load(FeedbackPath(), run));
+    feedback_ = std::move(loaded);
+  }
+  return &*feedback_;
 }
 
 absl::StatusOr<RunSummary> ClientImpl::RunUntilDone() {

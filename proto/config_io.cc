@@ -52,6 +52,7 @@ void ApplyCodecStageDefaults(CodecStage* stage) {
         auto* p = stage->mutable_top_k();
         if (!p->has_fraction()) p->set_fraction(0.01);
         if (!p->has_error_feedback()) p->set_error_feedback(true);
+        if (!p->has_global()) p->set_global(false);
       }
       break;
     }
@@ -69,6 +70,7 @@ void ApplyCodecStageDefaults(CodecStage* stage) {
         if (!p->has_bits()) p->set_bits(8);
         if (!p->has_block_size()) p->set_block_size(256);
         if (!p->has_stochastic()) p->set_stochastic(true);
+        if (!p->has_error_feedback()) p->set_error_feedback(!p->stochastic());
       }
       break;
     }
@@ -377,7 +379,8 @@ void ValidateCodec(Problems& p, const v1::CodecSpec& codec) {
           if (bits != 1 && bits != 2 && bits != 4 && bits != 8) {
             p.Bad(path + ".quant.bits", bits, "must be 1, 2, 4 or 8");
           }
-          p.Range<uint32_t>(path + ".quant.block_size", s.quant().block_size(), 1, 1u << 20);
+          p.Range<uint32_t>(path + ".quant.block_size", s.quant().block_size(), 8, 65536);
+          if (s.quant().block_size() % 8 != 0) p.Bad(path + ".quant.block_size", s.quant().block_size(), "must be a multiple of 8");
         }
         break;
       case CodecStage::LOWRANK:
@@ -395,6 +398,14 @@ void ValidateCodec(Problems& p, const v1::CodecSpec& codec) {
     }
   }
   if (value_encoders > 1) p.Add("codec.stages combine more than one of FP16, BF16 and QUANT");
+  bool encoded = false;  // a sparsifier chooses among the raw values, so it comes first
+  for (int i = 0; i < codec.stages_size(); ++i) {
+    const CodecStage::Id id = codec.stages(i).id();
+    if (id == CodecStage::FP16 || id == CodecStage::BF16 || id == CodecStage::QUANT) encoded = true;
+    if ((id == CodecStage::TOPK || id == CodecStage::RANDOMK || id == CodecStage::LOWRANK) && encoded) {
+      p.Bad(absl::StrCat("codec.stages[", i, "].id"), StageName(id), "must come before FP16, BF16 or QUANT");
+    }
+  }
   if (sparsifiers > 1) p.Add("codec.stages combine more than one of TOPK, RANDOMK and LOWRANK");
 }
 
@@ -633,8 +644,9 @@ std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
   }
   for (int i = 0; i < c.codec().stages_size(); ++i) {
     const CodecStage::Id id = c.codec().stages(i).id();
-    if (id == CodecStage::TOPK || id == CodecStage::RANDOMK || id == CodecStage::QUANT || id == CodecStage::LOWRANK) {
-      refuse(absl::StrCat("codec.stages[", i, "].id ", StageName(id)), "available stages: NONE, FP16, BF16, ZSTD");
+    if (id == CodecStage::LOWRANK) {
+      refuse(absl::StrCat("codec.stages[", i, "].id ", StageName(id)),
+             "available stages: NONE, TOPK, RANDOMK, FP16, BF16, QUANT, ZSTD");
     }
   }
   const AggregationConfig& a = c.aggregation();

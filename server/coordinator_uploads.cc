@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "compression/sparsify.h"
 #include "compression/update_io.h"
 #include "core/file.h"
 #include "core/logging.h"
@@ -344,6 +345,29 @@ absl::Status MatchSpec(std::vector<T>& tensors, const std::vector<TensorSpec>& s
   return absl::OkStatus();
 }
 
+// A sparsified update keeps exactly the run's fraction: KeptCount of each tensor, or of the
+// whole update with global top-k. More would undo the compression the run asked for.
+absl::Status CheckKeptCounts(const std::vector<UpdateTensorInfo>& table, const CodecOptions& codec) {
+  if (codec.sparsifier == Sparsifier::kNone) return absl::OkStatus();
+  int64_t total = 0, kept = 0;
+  for (const UpdateTensorInfo& t : table) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    total += n;
+    kept += t.kept;
+    if (!codec.global_top_k && t.kept != KeptCount(n, codec.fraction)) {
+      return absl::InvalidArgumentError(absl::StrCat("update tensor '", t.name, "' keeps ", t.kept, " of ", n,
+                                                     " entries; the run's ", codec.Describe(), " keeps ",
+                                                     KeptCount(n, codec.fraction)));
+    }
+  }
+  if (codec.global_top_k && kept != KeptCount(total, codec.fraction)) {
+    return absl::InvalidArgumentError(absl::StrCat("update keeps ", kept, " of ", total, " entries; the run's ",
+                                                   codec.Describe(), " keeps ", KeptCount(total, codec.fraction)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<UpdateTensor>> Coordinator::DecodeAndValidate(std::string_view bytes) const {
@@ -420,17 +444,17 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id, const v1:
   DropConsumed(blob.data(), blob.size(), &blob_dropped);
   const std::string_view bytes = plain.view();
   FEDLORA_ASSIGN_OR_RETURN(UpdateHeader codec_header, ParseUpdateHeader(bytes, DecodeLimits{}));
+  const CodecOptions encoded = codec_header.options();
   FEDLORA_ASSIGN_OR_RETURN(CodecOptions declared, CodecOptionsFromSpec(header.codec()));
-  if (codec_header.codec != declared.codec || codec_header.zstd() != declared.zstd) {
-    return absl::InvalidArgumentError(absl::StrCat("update is encoded as ", ToAbsl(CodecName(codec_header.codec)),
-                                                   codec_header.zstd() ? "+zstd" : "", " but the header declares ",
-                                                   ToAbsl(CodecName(declared.codec)), declared.zstd ? "+zstd" : ""));
+  if (!encoded.SameWireFormat(declared)) {
+    return absl::InvalidArgumentError(absl::StrCat("update is encoded as ", encoded.Describe(),
+                                                   " but the header declares ", declared.Describe()));
   }
   FEDLORA_ASSIGN_OR_RETURN(CodecOptions run_codec, CodecOptionsFromSpec(config_.codec()));
-  if (declared.codec != run_codec.codec || declared.zstd != run_codec.zstd) {
-    return absl::InvalidArgumentError(absl::StrCat("update is encoded as ", ToAbsl(CodecName(declared.codec)),
-                                                   declared.zstd ? "+zstd" : "", " but the run's codec is ",
-                                                   ToAbsl(CodecName(run_codec.codec)), run_codec.zstd ? "+zstd" : ""));
+  if (!declared.SameWireFormat(run_codec) || declared.fraction != run_codec.fraction ||
+      declared.global_top_k != run_codec.global_top_k) {
+    return absl::InvalidArgumentError(absl::StrCat("update is encoded as ", declared.Describe(),
+                                                   " but the run's codec is ", run_codec.Describe()));
   }
   // Every check DecodeAndValidate makes, without materialising the values; AggregateAndCommit
   // decodes it later. Pages already checked go back to the OS as validation moves on.
@@ -439,7 +463,8 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id, const v1:
       std::vector<UpdateTensorInfo> table,
       ValidateUpdate(bytes, LimitsForSpec(spec_, spec_elements_),
                      [&](uint64_t consumed) { DropConsumed(bytes.data(), consumed, &dropped); }));
-  return MatchSpec(table, spec_);
+  FEDLORA_RETURN_IF_ERROR(MatchSpec(table, spec_));
+  return CheckKeptCounts(table, run_codec);
 }
 
 absl::StatusOr<v1::UploadAck> Coordinator::CompleteUpload(const std::string& client_id, const v1::UploadHeader& header,

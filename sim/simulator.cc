@@ -388,6 +388,9 @@ void Simulation::ClientLoop(VirtualClient& vc) {
     o.retry.max_attempts = 30;
     o.download_final_adapter = false;
     o.client_version = "fedlora-sim";
+    o.state_dir = options_.out_dir + "/clients/" + vc.id;  // survives the client's simulated crashes
+    std::error_code ec;
+    std::filesystem::create_directories(o.state_dir, ec);
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(o, vc.trainer.get());
     if (!client.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -469,6 +472,7 @@ absl::Status Simulation::Setup() {
   if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", options_.out_dir, ": ", ec.message()));
   // The store is the simulation's own: a leftover one would make the server resume an old run.
   std::filesystem::remove_all(options_.out_dir + "/store", ec);
+  std::filesystem::remove_all(options_.out_dir + "/clients", ec);
 
   FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(config_.model().path(), config_.task()));
   FEDLORA_ASSIGN_OR_RETURN(data_, LoadSimData(config_));

@@ -8,9 +8,12 @@
 // seeded by the task), upload the delta. The model architecture, LoRA shape and label set come
 // from the server's run config, so the local model always matches the global adapter. Prints a
 // JSON summary on stdout when the run ends.
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
+
+#include <filesystem>
 
 #include "client/lora_trainer.h"
 #include "core/logging.h"
@@ -87,7 +90,16 @@ int RunClient(int argc, char** argv) {
   flags.AddString("key", &key, "PEM key of --cert");
   flags.AddInt("threads", &threads, "CPU threads for training (0: all cores)");
   flags.AddInt("max-tasks", &max_tasks, "stop after this many accepted updates (0: until the run ends)");
+  std::string state_dir;
+  flags.AddString("state-dir", &state_dir,
+                  "directory for the site's state across restarts: the error-feedback residual of a lossy codec "
+                  "(empty: kept in memory)");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
+  if (!state_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(state_dir, ec);
+    if (ec) return Fail(argv[0], absl::PermissionDeniedError("cannot create --state-dir " + state_dir + ": " + ec.message()));
+  }
   if (!IsDirectory(model_dir) && !IsRegularFile(model_dir)) {
     return Fail(argv[0], absl::NotFoundError("model " + model_dir + " not found"));
   }
@@ -102,6 +114,7 @@ int RunClient(int argc, char** argv) {
   options.tls.cert_file = cert;
   options.tls.key_file = key;
   options.max_tasks = max_tasks;
+  options.state_dir = state_dir;
   LoraTrainer trainer([&model_dir, &data_path](const v1::RunConfig& config) {
     return LoadSite(model_dir, data_path, config);
   });

@@ -132,6 +132,22 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
       {"codec.stages.id=BF16", {"compression/codec_test.cc", "HalfCastsRoundTripWithinTheirRoundingBound"}},
       {"codec.stages.version", {"compression/codec_test.cc", "version"}},
       {"codec.stages.zstd.level", {"compression/codec_test.cc", "zstd"}},
+      {"codec.stages.id=TOPK", {"sim/simulator_test.cc", "CompressedUpdatesWithErrorFeedbackCrossTheWire"}},
+      {"codec.stages.id=RANDOMK", {"compression/pipeline_test.cc", "GlobalTopKAndRandomKRoundTrip"}},
+      {"codec.stages.id=QUANT", {"sim/simulator_test.cc", "QUANT"}},
+      {"codec.stages.top_k.fraction", {"compression/pipeline_test.cc", "CodecOptionsFromSpecCarriesEveryParameter"}},
+      {"codec.stages.top_k.error_feedback",
+       {"compression/pipeline_test.cc", "SentPlusResidualEqualsTheRawSumExactly"}},
+      {"codec.stages.top_k.global", {"compression/pipeline_test.cc", "GlobalTopKAndRandomKRoundTrip"}},
+      {"codec.stages.random_k.fraction",
+       {"compression/pipeline_test.cc", "CodecOptionsFromSpecCarriesEveryParameter"}},
+      {"codec.stages.random_k.error_feedback",
+       {"compression/pipeline_test.cc", "CodecOptionsFromSpecCarriesEveryParameter"}},
+      {"codec.stages.quant.bits", {"compression/pipeline_test.cc", "StochasticRoundingIsUnbiased"}},
+      {"codec.stages.quant.block_size", {"compression/pipeline_test.cc", "CodecOptionsFromSpecCarriesEveryParameter"}},
+      {"codec.stages.quant.stochastic", {"compression/pipeline_test.cc", "SignModeSendsTheMeanMagnitude"}},
+      {"codec.stages.quant.error_feedback",
+       {"compression/pipeline_test.cc", "CodecOptionsFromSpecCarriesEveryParameter"}},
       {"data.eval_path", {"server/cli_federation_test.cc", "eval_path"}},
       {"data.train_path", {"sim/simulator_test.cc", "train_path"}},
       {"data.eval_every_rounds", {"server/federation_e2e_test.cc", "eval_every_rounds"}},
@@ -199,63 +215,8 @@ const std::map<std::string, std::pair<Mutation, std::string>>& RefusedSettings()
       {"aggregation.krum_byzantine_clients",
        {[](RunConfig& c) { c.mutable_aggregation()->set_krum_byzantine_clients(1); },
         "aggregation.krum_byzantine_clients"}},
-      {"codec.stages.id=TOPK",
-       {[](RunConfig& c) { *c.mutable_codec()->add_stages() = StageWith(CodecStage::TOPK); }, "TOPK"}},
-      {"codec.stages.id=RANDOMK",
-       {[](RunConfig& c) { *c.mutable_codec()->add_stages() = StageWith(CodecStage::RANDOMK); }, "RANDOMK"}},
-      {"codec.stages.id=QUANT",
-       {[](RunConfig& c) { *c.mutable_codec()->add_stages() = StageWith(CodecStage::QUANT); }, "QUANT"}},
       {"codec.stages.id=LOWRANK",
        {[](RunConfig& c) { *c.mutable_codec()->add_stages() = StageWith(CodecStage::LOWRANK); }, "LOWRANK"}},
-      {"codec.stages.top_k.fraction",
-       {[](RunConfig& c) {
-          CodecStage* s = c.mutable_codec()->add_stages();
-          *s = StageWith(CodecStage::TOPK);
-          s->mutable_top_k()->set_fraction(0.5);
-        },
-        "TOPK"}},
-      {"codec.stages.top_k.error_feedback",
-       {[](RunConfig& c) {
-          CodecStage* s = c.mutable_codec()->add_stages();
-          *s = StageWith(CodecStage::TOPK);
-          s->mutable_top_k()->set_error_feedback(false);
-        },
-        "TOPK"}},
-      {"codec.stages.random_k.fraction",
-       {[](RunConfig& c) {
-          CodecStage* s = c.mutable_codec()->add_stages();
-          *s = StageWith(CodecStage::RANDOMK);
-          s->mutable_random_k()->set_fraction(0.5);
-        },
-        "RANDOMK"}},
-      {"codec.stages.random_k.error_feedback",
-       {[](RunConfig& c) {
-          CodecStage* s = c.mutable_codec()->add_stages();
-          *s = StageWith(CodecStage::RANDOMK);
-          s->mutable_random_k()->set_error_feedback(false);
-        },
-        "RANDOMK"}},
-      {"codec.stages.quant.bits",
-       {[](RunConfig& c) {
-          CodecStage* s = c.mutable_codec()->add_stages();
-          *s = StageWith(CodecStage::QUANT);
-          s->mutable_quant()->set_bits(4);
-        },
-        "QUANT"}},
-      {"codec.stages.quant.block_size",
-       {[](RunConfig& c) {
-          CodecStage* s = c.mutable_codec()->add_stages();
-          *s = StageWith(CodecStage::QUANT);
-          s->mutable_quant()->set_block_size(64);
-        },
-        "QUANT"}},
-      {"codec.stages.quant.stochastic",
-       {[](RunConfig& c) {
-          CodecStage* s = c.mutable_codec()->add_stages();
-          *s = StageWith(CodecStage::QUANT);
-          s->mutable_quant()->set_stochastic(false);
-        },
-        "QUANT"}},
       {"codec.stages.low_rank.rank",
        {[](RunConfig& c) {
           CodecStage* s = c.mutable_codec()->add_stages();

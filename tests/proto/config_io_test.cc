@@ -242,7 +242,7 @@ TEST(ConfigIoTest, TruncatedAndCorruptedInputNeverCrashes) {
 }
 
 TEST(ConfigIoTest, StrategyAndStageDefaultsDependOnTheirKind) {
-  // RANDOMK is refused (not implemented yet), but its documented defaults are filled all the same.
+  // RANDOMK before BF16 is a valid pipeline; its documented defaults are filled.
   absl::StatusOr<RunConfig> c = RunConfig();
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(R"({
     "model": {"path": "m/"}, "task": {"labels": ["a", "b"]},
@@ -250,7 +250,7 @@ TEST(ConfigIoTest, StrategyAndStageDefaultsDependOnTheirKind) {
     "aggregation": {"strategy": "FEDPROX"},
     "codec": {"stages": [{"id": "RANDOMK"}, {"id": "BF16"}, {"id": "ZSTD"}]}})", &*c).ok());
   ApplyRunConfigDefaults(&*c);
-  ExpectInvalid(ValidateRunConfig(*c), "codec.stages[0].id RANDOMK is not implemented yet");
+  EXPECT_TRUE(ValidateRunConfig(*c).ok()) << ValidateRunConfig(*c);
   EXPECT_EQ(c->model().id(), "m");                  // trailing slash ignored
   EXPECT_EQ(c->selection().min_clients(), 4u);      // ceil(7 / 2)
   EXPECT_EQ(c->aggregation().proximal_mu(), 0.01);  // FedProx default
@@ -483,6 +483,20 @@ const std::vector<ValidationCase>& Cases() {
          s->mutable_quant()->set_block_size(64);
        },
        "codec.stages[0].quant.bits (3) must be 1, 2, 4 or 8"},
+      {"CodecQuantBlockNotAMultipleOf8",
+       [](RunConfig& c) {
+         CodecStage* s = c.mutable_codec()->add_stages();
+         *s = Stage(CodecStage::QUANT);
+         s->mutable_quant()->set_bits(8);
+         s->mutable_quant()->set_block_size(100);
+       },
+       "codec.stages[0].quant.block_size (100) must be a multiple of 8"},
+      {"CodecSparsifierAfterTheValueEncoding",
+       [](RunConfig& c) {
+         *c.mutable_codec()->add_stages() = Stage(CodecStage::BF16);
+         *c.mutable_codec()->add_stages() = Stage(CodecStage::TOPK);
+       },
+       "codec.stages[1].id (TOPK) must come before FP16, BF16 or QUANT"},
       {"CodecTopKFractionZero",
        [](RunConfig& c) {
          CodecStage* s = c.mutable_codec()->add_stages();
@@ -547,9 +561,9 @@ const std::vector<ValidationCase>& Cases() {
        "task.chat_template belongs to CAUSAL_LM"},
       {"DecoderArchitecture", [](RunConfig& c) { c.mutable_model()->set_architecture("llama"); },
        "model.architecture \"llama\" is not implemented yet"},
-      {"TopK",
-       [](RunConfig& c) { *c.mutable_codec()->add_stages() = Stage(CodecStage::TOPK); },
-       "codec.stages[0].id TOPK is not implemented yet"},
+      {"LowRank",
+       [](RunConfig& c) { *c.mutable_codec()->add_stages() = Stage(CodecStage::LOWRANK); },
+       "codec.stages[0].id LOWRANK is not implemented yet"},
       {"LogitAdjustmentNegative",
        [](RunConfig& c) { c.mutable_training()->set_logit_adjustment(-0.5); },
        "training.logit_adjustment (-0.5) must be finite and in [0, 10]"},

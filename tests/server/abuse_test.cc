@@ -50,6 +50,7 @@ class AbuseTest : public ::testing::Test {
   void Start(int rounds, int target, double over_selection, const std::function<void(ServerOptions&)>& tweak = {}) {
     v1::RunConfig config = testing::TestRunConfig(rounds, target, target);
     config.mutable_selection()->set_over_selection(over_selection);
+    *config.mutable_codec() = codec_;
     ServerOptions o = testing::TestServerOptions(dir_.path());
     if (tweak) tweak(o);
     auto server = Server::Create(o, config, InitialAdapter());
@@ -91,6 +92,7 @@ class AbuseTest : public ::testing::Test {
     return false;
   }
 
+  v1::CodecSpec codec_;  // the run's codec (empty: raw fp32)
   TempDir dir_;
   std::unique_ptr<Server> server_;
   std::map<std::string, std::unique_ptr<RawClient>> clients_;
@@ -419,6 +421,46 @@ TEST_F(AbuseTest, UpdatesInAnotherCodecThanTheRunsAreRefused) {
   UploadHonest("site-a", 0, "a");
   ASSERT_TRUE(WaitForCommits(1));
   EXPECT_TRUE(SameBits(server_->coordinator().global_adapter(), ExpectedAdapter({0}, 1)));
+}
+
+TEST_F(AbuseTest, SparseUpdatesMustKeepTheRunsFraction) {
+  v1::CodecStage* topk = codec_.add_stages();
+  topk->set_id(v1::CodecStage::TOPK);
+  topk->set_version(1);
+  topk->mutable_top_k()->set_fraction(0.25);
+  topk->mutable_top_k()->set_error_feedback(true);
+  Start(1, 1, 1.0);
+  JoinAndGetTasks({"site-a"});
+  RawClient& a = *clients_["site-a"];
+  const auto delta = DecodeUpdate(EncodedDeltaFor(0, tasks_["site-a"], InitialAdapter()), DecodeLimits{});
+  ASSERT_TRUE(delta.ok()) << delta.status();
+  CodecOptions o{.sparsifier = Sparsifier::kTopK, .fraction = 0.5};
+  // Half of every tensor under a header that declares the run's 25%: the kept counts give it away.
+  auto more = EncodeUpdate(*delta, o);
+  ASSERT_TRUE(more.ok()) << more.status();
+  v1::UploadHeader h = a.Header(tasks_["site-a"], *more, "half");
+  *h.mutable_codec() = codec_;
+  v1::UploadAck ack;
+  grpc::Status s = a.UploadAll(h, *more, &ack);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("entries; the run's top-k 25% + fp32 keeps"));
+  // Dense fp32 under the same header: another format than it declares.
+  const std::string dense = EncodedDeltaFor(0, tasks_["site-a"], InitialAdapter());
+  h = a.Header(tasks_["site-a"], dense, "dense");
+  *h.mutable_codec() = codec_;
+  s = a.UploadAll(h, dense, &ack);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("update is encoded as fp32 but the header declares top-k 25% + fp32"));
+  // The run's own format is accepted and aggregated.
+  o.fraction = 0.25;
+  auto quarter = EncodeUpdate(*delta, o);
+  ASSERT_TRUE(quarter.ok());
+  h = a.Header(tasks_["site-a"], *quarter, "quarter");
+  *h.mutable_codec() = codec_;
+  s = a.UploadAll(h, *quarter, &ack);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(ack.state(), v1::UPLOAD_STATE_ACCEPTED);
+  EXPECT_TRUE(WaitForCommits(1));
 }
 
 }  // namespace

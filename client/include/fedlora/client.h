@@ -86,6 +86,10 @@ struct ClientOptions {
   int64_t max_tasks = 0;
   // Version string sent in Join, for the server's logs.
   std::string client_version = "0.1.0";
+  // Directory for the site's state that must outlive a restart: today the error-feedback residual
+  // of a lossy update codec (error_feedback.safetensors, written atomically after each accepted
+  // update). Default empty: the residual is kept in memory only and a restart loses it.
+  std::string state_dir;
 };
 
 struct RunSummary {
