@@ -577,10 +577,13 @@ absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensor
   uint64_t element_count = 0;
   FEDLORA_RETURN_IF_ERROR(ValidateTensorsForEncode(tensors, element_count));
 
-  std::string body;
+  // The body is built behind room for the header, so that an update without zstd is written once
+  // and returned as it is (a 1 GB update is not copied a second time).
+  const size_t header_bytes = v2 ? kUpdateHeaderSizeV2 : kUpdateHeaderSize;
+  std::string body(header_bytes, '\0');
   size_t table_bytes = 4;
   for (const UpdateTensor& t : tensors) table_bytes += 2 + t.name.size() + 1 + 8 * t.shape.size();
-  if (!v2) body.reserve(table_bytes + element_count * CodecElementSize(options.codec));
+  if (!v2) body.reserve(header_bytes + table_bytes + element_count * CodecElementSize(options.codec));
   PutU32(body, static_cast<uint32_t>(tensors.size()));
   for (const UpdateTensor& t : tensors) {
     PutU16(body, static_cast<uint16_t>(t.name.size()));
@@ -595,8 +598,9 @@ absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensor
       FEDLORA_RETURN_IF_ERROR(AppendDenseValues(t.values.data(), t.values.size(), options.codec, t.name, body));
     }
   }
+  const size_t raw_bytes = body.size() - header_bytes;
 
-  std::string payload;
+  std::string out;
   if (options.zstd) {
     std::unique_ptr<ZSTD_CCtx, CCtxDeleter> cctx(ZSTD_createCCtx());
     if (cctx == nullptr) return absl::ResourceExhaustedError("EncodeUpdate: ZSTD_createCCtx failed");
@@ -610,32 +614,34 @@ absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensor
                                                        value, ": ", ZSTD_getErrorName(rc)));
       }
     }
-    payload.resize(ZSTD_compressBound(body.size()));
-    const size_t n = ZSTD_compress2(cctx.get(), payload.data(), payload.size(), body.data(), body.size());
+    out.resize(header_bytes + ZSTD_compressBound(raw_bytes));
+    const size_t n = ZSTD_compress2(cctx.get(), out.data() + header_bytes, out.size() - header_bytes,
+                                    body.data() + header_bytes, raw_bytes);
     if (ZSTD_isError(n)) return absl::InternalError(absl::StrCat("EncodeUpdate: zstd: ", ZSTD_getErrorName(n)));
-    payload.resize(n);
+    out.resize(header_bytes + n);
+  } else {
+    out = std::move(body);
   }
-  const std::string& data = options.zstd ? payload : body;
 
-  std::string out;
-  out.reserve(kUpdateHeaderSizeV2 + data.size());
-  out.append(kUpdateMagic, 4);
-  PutU16(out, v2 ? kUpdateFormatVersion2 : kUpdateFormatVersion);
-  PutU8(out, static_cast<uint8_t>(options.codec));
-  PutU8(out, kCodecVersion);
-  PutU32(out, options.zstd ? kUpdateFlagZstd : 0u);
-  PutU32(out, 0);  // reserved
-  PutU64(out, element_count);
-  PutU64(out, body.size());
-  PutU64(out, data.size());
+  std::string header;
+  header.reserve(header_bytes);
+  header.append(kUpdateMagic, 4);
+  PutU16(header, v2 ? kUpdateFormatVersion2 : kUpdateFormatVersion);
+  PutU8(header, static_cast<uint8_t>(options.codec));
+  PutU8(header, kCodecVersion);
+  PutU32(header, options.zstd ? kUpdateFlagZstd : 0u);
+  PutU32(header, 0);  // reserved
+  PutU64(header, element_count);
+  PutU64(header, raw_bytes);
+  PutU64(header, out.size() - header_bytes);
   if (v2) {
     const bool quant = options.codec == CodecId::kQuant;
-    PutU8(out, static_cast<uint8_t>(options.sparsifier));
-    PutU8(out, quant ? static_cast<uint8_t>(options.quant_bits) : 0);
-    PutU16(out, 0);  // reserved
-    PutU32(out, quant ? static_cast<uint32_t>(options.quant_block_size) : 0);
+    PutU8(header, static_cast<uint8_t>(options.sparsifier));
+    PutU8(header, quant ? static_cast<uint8_t>(options.quant_bits) : 0);
+    PutU16(header, 0);  // reserved
+    PutU32(header, quant ? static_cast<uint32_t>(options.quant_block_size) : 0);
   }
-  out.append(data);
+  std::memcpy(out.data(), header.data(), header_bytes);
   return out;
 }
 

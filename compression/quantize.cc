@@ -11,7 +11,8 @@
 namespace fedlora {
 namespace {
 
-// The level value of code q, computed in double so that encoder and decoder agree bit for bit.
+// The value of code q: one formula, used by every decoder (the server's, and the client's own for
+// error feedback), so both see the same bits.
 inline float Level(double s, double step, uint32_t q) { return static_cast<float>(-s + q * step); }
 
 }  // namespace
@@ -49,7 +50,8 @@ void QuantizeAppend(const float* x, int64_t n, const QuantSpec& spec, std::strin
       for (int64_t i = 0; i < m; ++i) s = std::max(s, std::fabs(v[i]));
     }
     out.append(reinterpret_cast<const char*>(&s), 4);
-    const double step = 2.0 * static_cast<double>(s) / top;
+    // t = (x + s) / step in [0, top]: the code's position between levels.
+    const float inv_step = s > 0.0f ? static_cast<float>(top) / (2.0f * s) : 0.0f, ftop = static_cast<float>(top);
     uint32_t acc = 0;
     int filled = 0;
     for (int64_t i = 0; i < m; ++i) {
@@ -57,13 +59,14 @@ void QuantizeAppend(const float* x, int64_t n, const QuantSpec& spec, std::strin
       if (sign_mode) {
         q = v[i] >= 0.0f ? 1 : 0;
       } else if (s > 0.0f) {
-        const double t = std::clamp((static_cast<double>(v[i]) + s) / step, 0.0, static_cast<double>(top));
-        const double lo = std::floor(t);
-        q = static_cast<uint32_t>(lo);
+        const float t = std::clamp((v[i] + s) * inv_step, 0.0f, ftop);
+        q = static_cast<uint32_t>(t);  // floor: t >= 0
+        const float frac = t - static_cast<float>(q);
         if (spec.stochastic) {
-          // P(up) = t - lo, so E[value] = -s + step * t = x (up to the 2^-24 grid of the draw).
-          if (q < top && static_cast<double>(rng.UniformFloat()) < t - lo) ++q;
-        } else if (t - lo >= 0.5 && q < top) {
+          // P(up) = frac, so E[value] = -s + step * t = x (up to float rounding and the 2^-24 grid
+          // of the draw).
+          if (q < top && rng.UniformFloat() < frac) ++q;
+        } else if (frac >= 0.5f && q < top) {
           ++q;
         }
       }

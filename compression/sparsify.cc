@@ -13,20 +13,34 @@ int64_t KeptCount(int64_t numel, double fraction) {
   return std::clamp<int64_t>(static_cast<int64_t>(k), 1, numel);
 }
 
+namespace {
+
+// The k-th largest of `mags` (k >= 1); reorders them.
+float KthLargest(std::vector<float>& mags, int64_t k) {
+  std::nth_element(mags.begin(), mags.begin() + (k - 1), mags.end(), std::greater<float>());
+  return mags[static_cast<size_t>(k - 1)];
+}
+
+}  // namespace
+
 std::vector<int64_t> TopKIndices(const float* x, int64_t n, int64_t k) {
-  std::vector<int64_t> idx(static_cast<size_t>(n));
-  std::iota(idx.begin(), idx.end(), int64_t{0});
   k = std::clamp<int64_t>(k, 0, n);
-  if (k < n) {
-    auto larger = [x](int64_t a, int64_t b) {
-      const float fa = std::fabs(x[a]), fb = std::fabs(x[b]);
-      return fa > fb || (fa == fb && a < b);
-    };
-    std::nth_element(idx.begin(), idx.begin() + k, idx.end(), larger);
-    idx.resize(static_cast<size_t>(k));
+  std::vector<int64_t> out;
+  if (k == 0) return out;
+  // Select on the magnitudes alone (4 bytes each, no indirection), then one pass in index order:
+  // everything above the k-th largest, and entries equal to it while places are left.
+  std::vector<float> mags(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) mags[i] = std::fabs(x[i]);
+  const float threshold = KthLargest(mags, k);
+  int64_t above = 0;
+  for (int64_t i = 0; i < n; ++i) above += std::fabs(x[i]) > threshold;
+  int64_t ties_left = k - above;
+  out.reserve(static_cast<size_t>(k));
+  for (int64_t i = 0; i < n; ++i) {
+    const float m = std::fabs(x[i]);
+    if (m > threshold || (m == threshold && ties_left-- > 0)) out.push_back(i);
   }
-  std::sort(idx.begin(), idx.end());
-  return idx;
+  return out;
 }
 
 std::vector<std::vector<int64_t>> GlobalTopKIndices(const std::vector<const std::vector<float>*>& tensors,
@@ -43,8 +57,7 @@ std::vector<std::vector<int64_t>> GlobalTopKIndices(const std::vector<const std:
   for (const auto* t : tensors) {
     for (float v : *t) mags.push_back(std::fabs(v));
   }
-  std::nth_element(mags.begin(), mags.begin() + (k - 1), mags.end(), std::greater<float>());
-  const float threshold = mags[static_cast<size_t>(k - 1)];
+  const float threshold = KthLargest(mags, k);
   std::vector<float>().swap(mags);
   int64_t above = 0;
   for (const auto* t : tensors) {
@@ -65,15 +78,29 @@ RandomKSampler::RandomKSampler(uint64_t seed, int64_t n, int64_t k)
     : rng_(seed, 0), n_(n), left_(std::clamp<int64_t>(k, 0, n)) {}
 
 int64_t RandomKSampler::Next() {
-  while (i_ < n_) {
-    const int64_t i = i_++;
-    // Taken when u * (entries left) < (picks left): certain once every remaining entry is needed.
-    if (rng_.Uniform() * static_cast<double>(n_ - i) < static_cast<double>(left_)) {
-      --left_;
-      return i;
+  if (left_ <= 0) return n_ - 1;  // only after more than k calls
+  // Vitter's Algorithm A ("Faster methods for random sampling", CACM 1984): draw how many entries
+  // to skip, S, from P(S >= s) = prod_{j < s} (N - left - j) / (N - j) with one uniform, instead
+  // of one draw per entry. The last pick is uniform over what remains.
+  double remaining = static_cast<double>(n_ - i_);
+  int64_t skip = 0;
+  if (left_ == 1) {
+    skip = std::min<int64_t>(static_cast<int64_t>(remaining * rng_.Uniform()), n_ - i_ - 1);
+  } else {
+    const double v = rng_.Uniform();
+    double top = remaining - static_cast<double>(left_);
+    double quot = top / remaining;
+    while (quot > v) {
+      ++skip;
+      top -= 1.0;
+      remaining -= 1.0;
+      quot *= top / remaining;
     }
   }
-  return n_ - 1;  // only after more than k calls
+  const int64_t index = i_ + skip;
+  i_ = index + 1;
+  --left_;
+  return index;
 }
 
 std::vector<int64_t> RandomKIndices(uint64_t seed, int64_t n, int64_t k) {

@@ -33,8 +33,8 @@ std::vector<std::vector<int64_t>> GlobalTopKIndices(const std::vector<const std:
                                                      double fraction);
 
 // k distinct indices of [0, n), every k-subset equally likely, yielded in ascending order by
-// selection sampling (Knuth's Algorithm S: index i is taken with probability (k - taken) / (n - i))
-// from core/rng.h stream (seed, 0). O(n) draws and O(1) memory, so that a decoder streams them.
+// sequential sampling (Vitter's Algorithm A: one draw per pick, O(n) cheap steps in all) from
+// core/rng.h stream (seed, 0). O(1) memory, so that a decoder streams them.
 class RandomKSampler {
  public:
   RandomKSampler(uint64_t seed, int64_t n, int64_t k);

@@ -5,13 +5,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build/default}
-ninja -C "$BUILD_DIR" core_sha256_bench kernels_lora_bench train_step_bench server_upload_ingest_bench >/dev/null
+ninja -C "$BUILD_DIR" core_sha256_bench kernels_lora_bench compression_codec_bench train_step_bench decoder_step_bench \
+  server_upload_ingest_bench >/dev/null
 echo "== SHA-256 of each chunk and the whole blob in one pass vs two OpenSSL passes (bench/core)"
 "$BUILD_DIR/bench/core/core_sha256_bench"
 echo "== LoRA linear forward+backward vs OpenBLAS sgemm (bench/kernels)"
 "$BUILD_DIR/bench/kernels/kernels_lora_bench"
+echo "== update codecs: encode / decode vs memcpy (bench/compression)"
+"$BUILD_DIR/bench/compression/compression_codec_bench"
 echo "== training step vs PyTorch (bench/train)"
 bench/train/bench_train_step.sh "$BUILD_DIR"
+echo "== decoder training step and generation vs transformers + PEFT (bench/train)"
+bench/train/bench_decoder_step.sh "$BUILD_DIR"
 echo "== upload ingest vs raw gRPC loopback (bench/server)"
 "$BUILD_DIR/bench/server/server_upload_ingest_bench"
 "$BUILD_DIR/bench/server/server_upload_ingest_bench" 1gb
