@@ -94,6 +94,10 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
           s->set_updates_accepted(static_cast<uint32_t>(d));
         } else if (k == "updates_rejected") {
           s->set_updates_rejected(static_cast<uint32_t>(d));
+        } else if (k == "upload_bytes") {
+          s->set_upload_bytes(static_cast<uint64_t>(d));
+        } else if (k == "update_fp32_bytes") {
+          s->set_update_fp32_bytes(static_cast<uint64_t>(d));
         } else if (k == "eval_loss") {
           s->set_eval_loss(d);
         } else if (k == "eval_accuracy") {

@@ -234,6 +234,10 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
     records.push_back({run_id_, round, "", k, v});
   }
   metrics_json["updates"] = added;
+  int64_t wire_bytes = 0;
+  for (const UploadRecord& u : uploads) wire_bytes += u.bytes;
+  metrics_json["upload_bytes"] = wire_bytes;
+  metrics_json["update_fp32_bytes"] = added * spec_elements_ * static_cast<int64_t>(sizeof(float));
   {
     absl::MutexLock lock(&mu_);
     if (round_ != nullptr && round_->round == round) metrics_json["updates_rejected"] = round_->rejected;

@@ -522,6 +522,7 @@ absl::StatusOr<v1::UploadAck> Coordinator::CompleteUploadLocked(const std::strin
   round_->accepted[client_id] = header.upload_id();
   if (ClientEntry* c = FindClientLocked(client_id)) c->reported = v1::CLIENT_STATE_IDLE;
   metrics_->updates_accepted.fetch_add(1);
+  metrics_->update_fp32_bytes.fetch_add(spec_elements_ * static_cast<int64_t>(sizeof(float)));
   FEDLORA_LOG(DEBUG) << "round " << round << ": accepted update " << header.upload_id() << " from " << client_id
                     << " (" << round_->accepted.size() << "/" << Target() << ")";
   absl::Status close = MaybeCloseRoundLocked();

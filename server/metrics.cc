@@ -198,6 +198,9 @@ std::string ServerMetrics::ToPrometheusText() const {
                updates_duplicate.load());
   AppendMetric(out, "upload_bytes_total", "counter", "Update bytes received in chunks.", upload_bytes.load());
   AppendMetric(out, "download_bytes_total", "counter", "Adapter bytes sent in chunks.", download_bytes.load());
+  AppendMetric(out, "update_fp32_bytes_total", "counter",
+               "Accepted updates as dense fp32 values (4 bytes per adapter parameter each), before the run's codec.",
+               update_fp32_bytes.load());
   AppendMetric(out, "store_bytes", "gauge", "Bytes of the store's files: database, blobs, partial uploads.",
                store_bytes.load());
   AppendMetric(out, "partial_uploads_discarded_total", "counter",

@@ -38,6 +38,8 @@ struct ServerMetrics {
   std::atomic<int64_t> updates_duplicate{0};
   // Payload bytes received in upload chunks and sent in download chunks (wire, before decoding).
   std::atomic<int64_t> upload_bytes{0};
+  // The accepted updates as dense fp32 values: upload_bytes against it is the codec's saving.
+  std::atomic<int64_t> update_fp32_bytes{0};
   std::atomic<int64_t> download_bytes{0};
   // Bytes of the store's files (database, blobs, partial uploads), measured by the round driver
   // about once a second; and partial uploads deleted because their round closed or they were refused.

@@ -36,6 +36,8 @@ struct RoundRecord {
   // round's commit (a straggler's refused late upload lands in the round during which it arrived).
   int64_t bytes_up = 0;
   int64_t bytes_down = 0;
+  // The accepted updates as dense fp32 values: bytes_up against it is the codec's saving.
+  int64_t bytes_up_fp32 = 0;
   double round_seconds = 0;    // wall time since the previous commit (round 0: setup time)
   double elapsed_seconds = 0;  // wall time since the simulation started
   // Clients given a task for this round, updates the server accepted for it, and injected faults.

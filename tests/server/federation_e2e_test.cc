@@ -10,6 +10,7 @@
 
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
@@ -78,6 +79,10 @@ TEST(FederationE2eTest, FourClientsThreeRoundsGiveTheDirectlyComputedAdapter) {
   EXPECT_THAT(scrape, ::testing::HasSubstr(" 200 OK"));
   EXPECT_THAT(scrape, ::testing::HasSubstr("fedlora_updates_accepted_total 12\n"));
   EXPECT_THAT(scrape, ::testing::HasSubstr("fedlora_rounds_committed_total 3\n"));
+  int64_t adapter_elements = 0;
+  for (const UpdateTensor& t : testing::InitialAdapter()) adapter_elements += static_cast<int64_t>(t.values.size());
+  EXPECT_THAT(scrape, ::testing::HasSubstr(absl::StrCat("fedlora_update_fp32_bytes_total ", 12 * 4 * adapter_elements,
+                                                        "\n")));
 
   // The admin view agrees: three committed rounds of four clients each.
   testing::RawClient admin(address, "operator");
@@ -90,6 +95,10 @@ TEST(FederationE2eTest, FourClientsThreeRoundsGiveTheDirectlyComputedAdapter) {
   for (const v1::RoundSummary& r : status.history()) {
     EXPECT_EQ(r.clients_selected(), 4u);
     EXPECT_EQ(r.updates_accepted(), 4u);
+    // Four sealed fp32 updates: the values plus the format's header, table and the seal's bytes.
+    EXPECT_EQ(r.update_fp32_bytes(), static_cast<uint64_t>(4 * 4 * adapter_elements));
+    EXPECT_GT(r.upload_bytes(), r.update_fp32_bytes());
+    EXPECT_LT(r.upload_bytes(), r.update_fp32_bytes() + 4 * 4096);
   }
   EXPECT_EQ(status.global_adapter().sha256(), (*server)->coordinator().global_adapter_sha256());
 

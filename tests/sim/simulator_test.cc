@@ -250,6 +250,11 @@ TEST(Simulator, CompressedUpdatesWithErrorFeedbackCrossTheWire) {
   for (int r = 1; r <= 2; ++r) {
     EXPECT_EQ(b.rounds[r].reported, a.rounds[r].reported) << "round " << r;
     EXPECT_LT(b.rounds[r].bytes_up * 3, a.rounds[r].bytes_up) << "round " << r;
+    // Both runs accepted the same updates: the same dense fp32 size, which the uncompressed wire
+    // bytes exceed only by framing and the compressed ones undercut.
+    EXPECT_EQ(b.rounds[r].bytes_up_fp32, a.rounds[r].bytes_up_fp32) << "round " << r;
+    EXPECT_GT(a.rounds[r].bytes_up, a.rounds[r].bytes_up_fp32) << "round " << r;
+    EXPECT_LT(b.rounds[r].bytes_up * 3, b.rounds[r].bytes_up_fp32) << "round " << r;
   }
   EXPECT_NE(b.rounds[2].eval_loss, b.rounds[0].eval_loss) << "compressed updates changed nothing";
   int residuals = 0;
@@ -328,8 +333,8 @@ TEST(Report, CsvJsonAndSvgOfKnownRecords) {
   b.dropped = 1;
   EXPECT_EQ(RoundRecordToJson(a).find("\"mean_train_loss\":null") != std::string::npos, true);
   const std::string csv = RoundsToCsv({a, b});
-  // The last column, eval_perplexity, is empty: NaN for a classifier.
-  EXPECT_NE(csv.find("\n1,1,0.5,0,0,0,3145728,1048576,0,0,4,3,1,0,0,\n"), std::string::npos) << csv;
+  // eval_perplexity is empty (NaN for a classifier); bytes_up_fp32 comes last.
+  EXPECT_NE(csv.find("\n1,1,0.5,0,0,0,3145728,1048576,0,0,4,3,1,0,0,,0\n"), std::string::npos) << csv;
   const std::string svg = RoundsToSvg({a, b}, "a <title> & more");
   EXPECT_NE(svg.find("a &lt;title&gt; &amp; more"), std::string::npos);
   // Cumulative MiB up reaches 3 at round 1: the bytes axis tops out at a nice value >= 3.
