@@ -26,21 +26,14 @@ import time
 
 import numpy as np
 
+from proc_memory import peak_rss_mb
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "model"))
 SMOL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct.Q4_1.gguf")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
-
-
-def peak_rss_mb():
-    """This process's peak RSS (VmHWM): its own, where ru_maxrss would keep a forking parent's."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    return -1.0
 
 def write_hf_checkpoint(out_dir):
     """SmolLM2's GGUF dequantized to an fp32 Hugging Face checkpoint (Q/K rows un-permuted)."""

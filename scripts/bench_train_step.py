@@ -33,6 +33,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from proc_memory import peak_rss_mb
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "model"))
 import make_random_checkpoint  # noqa: E402
@@ -47,15 +49,6 @@ GEOMETRIES = {
 BATCH, SEQ, RANK, ALPHA, LABELS = 8, 128, 8, 16.0, 2
 TARGETS = ("query", "value")
 
-
-
-def peak_rss_mb():
-    """This process's peak RSS (VmHWM): its own, where ru_maxrss would keep a forking parent's."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    return -1.0
 
 def count_flops(g, batch=BATCH, seq=SEQ, rank=RANK):
     """FLOPs of one step: forward + backward without frozen weight gradients.
