@@ -50,8 +50,9 @@ void QuantizeAppend(const float* x, int64_t n, const QuantSpec& spec, std::strin
       for (int64_t i = 0; i < m; ++i) s = std::max(s, std::fabs(v[i]));
     }
     out.append(reinterpret_cast<const char*>(&s), 4);
-    // t = (x + s) / step in [0, top]: the code's position between levels.
-    const float inv_step = s > 0.0f ? static_cast<float>(top) / (2.0f * s) : 0.0f, ftop = static_cast<float>(top);
+    // t = (x + s) / step in [0, top]: the code's position between levels. In double, so that a
+    // subnormal or huge scale gives a finite 1 / step (in float, 255 / 2e-45 overflows).
+    const double inv_step = s > 0.0f ? top / (2.0 * static_cast<double>(s)) : 0.0, dtop = top;
     uint32_t acc = 0;
     int filled = 0;
     for (int64_t i = 0; i < m; ++i) {
@@ -59,9 +60,9 @@ void QuantizeAppend(const float* x, int64_t n, const QuantSpec& spec, std::strin
       if (sign_mode) {
         q = v[i] >= 0.0f ? 1 : 0;
       } else if (s > 0.0f) {
-        const float t = std::clamp((v[i] + s) * inv_step, 0.0f, ftop);
+        const double t = std::clamp((static_cast<double>(v[i]) + s) * inv_step, 0.0, dtop);
         q = static_cast<uint32_t>(t);  // floor: t >= 0
-        const float frac = t - static_cast<float>(q);
+        const float frac = static_cast<float>(t - q);
         if (spec.stochastic) {
           // P(up) = frac, so E[value] = -s + step * t = x (up to float rounding and the 2^-24 grid
           // of the draw).

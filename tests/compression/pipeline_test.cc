@@ -136,6 +136,27 @@ TEST(QuantizeTest, NearestRoundingIsWithinHalfAStepAndSignModeSendsTheMeanMagnit
   for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(out[i], y[i] > 0 ? 4.5f : -4.5f);
 }
 
+TEST(QuantizeTest, SubnormalAndHugeScalesStayFinite) {
+  // A block whose largest magnitude is subnormal makes 1 / step overflow in float (a fuzzer found
+  // the NaN this gave); one near FLT_MAX makes 2s overflow.
+  const float tiny = 1e-45f, huge = 3e38f;
+  for (const std::vector<float>& x : {std::vector<float>{tiny, -tiny, 0, tiny, 0, 0, -tiny, tiny},
+                                      std::vector<float>{huge, -huge, 1, 0, -1, huge / 3, 0, 2}}) {
+    for (bool stochastic : {true, false}) {
+      std::string enc;
+      QuantizeAppend(x.data(), 8, {.bits = 8, .block_size = 8, .stochastic = stochastic, .seed = 1}, enc);
+      std::vector<float> out(8);
+      ASSERT_TRUE(DequantizeBlock(enc, 8, 8, out.data(), "t", 0).ok());
+      float s = 0;
+      for (float v : x) s = std::max(s, std::fabs(v));
+      for (int i = 0; i < 8; ++i) {
+        EXPECT_TRUE(std::isfinite(out[i]));
+        EXPECT_LE(std::fabs(out[i] - x[i]), 2.0 * s / 255 * (1 + 1e-6)) << i;
+      }
+    }
+  }
+}
+
 TEST(QuantizeTest, StochasticRoundingIsUnbiased) {
   // Each value is decoded many times with different seeds; the mean must approach it. One value's
   // error is at most one step (2s / (2^bits - 1)), its variance at most step^2 / 4; over 4000 draws
