@@ -177,7 +177,7 @@ struct UpdateHeader {
 // (fraction not in (0, 1], quantization bits or block size); Internal on a zstd failure.
 absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensors, const CodecOptions& options);
 
-// Parses and validates only the 40-byte header against `limits` (cheap; lets a server reject an
+// Parses and validates only the header (40 or 48 bytes) against `limits` (cheap; lets a server reject an
 // upload early from its first chunk). Errors as DecodeUpdate.
 absl::StatusOr<UpdateHeader> ParseUpdateHeader(std::string_view encoded, const DecodeLimits& limits);
 

@@ -27,6 +27,7 @@ PIPELINES = {
     "none": [],
     "bf16_zstd": [{"id": "BF16"}, {"id": "ZSTD"}],
     "q4_zstd": [{"id": "QUANT", "quant": {"bits": 4}}, {"id": "ZSTD"}],
+    "q2_zstd": [{"id": "QUANT", "quant": {"bits": 2}}, {"id": "ZSTD"}],
     "q2_ef_zstd": [{"id": "QUANT", "quant": {"bits": 2, "error_feedback": True}}, {"id": "ZSTD"}],
     "topk10_q8_zstd": [{"id": "TOPK", "top_k": {"fraction": 0.1}}, {"id": "QUANT"}, {"id": "ZSTD"}],
     "topk5_q8_zstd": [{"id": "TOPK", "top_k": {"fraction": 0.05}}, {"id": "QUANT"}, {"id": "ZSTD"}],
@@ -58,7 +59,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fedlora", default=os.path.join(ROOT, "build", "default", "tools", "fedlora"))
     ap.add_argument("--seeds", default="17,18,19")
-    ap.add_argument("--pipelines", default="none,topk10_q8_zstd,q2_ef_zstd,topk1_q8_zstd")
+    ap.add_argument("--pipelines", default="none,topk10_q8_zstd,q2_zstd")
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "compression"))
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
