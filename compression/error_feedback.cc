@@ -1,10 +1,8 @@
 #include "compression/error_feedback.h"
 
-#include <cstring>
-#include <map>
-
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "compression/update_io.h"
 #include "core/safetensors.h"
 #include "core/status.h"
 
@@ -22,16 +20,7 @@ absl::StatusOr<ErrorFeedback> ErrorFeedback::Load(const std::string& path, const
   if (!file.ok()) return Annotate(file.status(), "error-feedback residual");
   auto it = (*file)->metadata().find(kRunIdKey);
   if (it == (*file)->metadata().end() || it->second != run_id) return ef;
-  for (const std::string& name : (*file)->names()) {
-    FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, (*file)->Get(name));
-    if (t.dtype != DType::kF32) {
-      return absl::InvalidArgumentError(absl::StrCat("error-feedback residual ", path, ": tensor '", name,
-                                                     "' is not F32"));
-    }
-    UpdateTensor u{name, t.shape, std::vector<float>(t.size / sizeof(float))};
-    if (t.size > 0) std::memcpy(u.values.data(), t.data, t.size);
-    ef.residual_.push_back(std::move(u));
-  }
+  FEDLORA_ASSIGN_OR_RETURN(ef.residual_, AdapterFromSafetensors(**file, "error-feedback residual " + path));
   return ef;
 }
 

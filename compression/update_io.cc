@@ -64,12 +64,16 @@ absl::StatusOr<CodecOptions> CodecOptionsFromSpec(const v1::CodecSpec& spec) {
 
 absl::StatusOr<std::vector<UpdateTensor>> AdapterFromSafetensors(const std::string& bytes) {
   FEDLORA_ASSIGN_OR_RETURN(auto file, SafetensorsFile::FromBytes(bytes, "global adapter"));
+  return AdapterFromSafetensors(*file, "global adapter");
+}
+
+absl::StatusOr<std::vector<UpdateTensor>> AdapterFromSafetensors(const SafetensorsFile& file, std::string_view what) {
   std::vector<UpdateTensor> out;
-  for (const std::string& name : file->names()) {
-    FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file->Get(name));
+  for (const std::string& name : file.names()) {
+    FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file.Get(name));
     if (t.dtype != DType::kF32) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("global adapter tensor '", name, "' is ", ToAbsl(DTypeName(t.dtype)), ", expected F32"));
+      return absl::InvalidArgumentError(absl::StrCat(ToAbsl(what), " tensor '", name, "' is ",
+                                                     ToAbsl(DTypeName(t.dtype)), ", expected F32"));
     }
     UpdateTensor u;
     u.name = name;

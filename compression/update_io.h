@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "compression/codec.h"
+#include "core/safetensors.h"
 #include "fedlora/v1/common.pb.h"
 
 namespace fedlora {
@@ -21,5 +22,7 @@ absl::StatusOr<CodecOptions> CodecOptionsFromSpec(const v1::CodecSpec& spec);
 // Parses a safetensors image whose tensors are all F32, in the file's (sorted) name order.
 // InvalidArgument/DataLoss as SafetensorsFile; InvalidArgument for another dtype.
 absl::StatusOr<std::vector<UpdateTensor>> AdapterFromSafetensors(const std::string& bytes);
+// The same for an opened file; `what` names it in errors.
+absl::StatusOr<std::vector<UpdateTensor>> AdapterFromSafetensors(const SafetensorsFile& file, std::string_view what);
 
 }  // namespace fedlora
