@@ -87,8 +87,8 @@ absl::Status ValidateTensorsForEncode(const std::vector<UpdateTensor>& tensors, 
   return absl::OkStatus();
 }
 
-// Appends x[0, n) in `codec`'s element format (fp32, fp16, bf16). `name` and `first` (the index of
-// x[0] in its tensor) are for messages.
+// Appends x[0, n) in `codec`'s element format (fp32, fp16, bf16). `name` is for messages, whose
+// value index counts the values passed (with a sparsifier: the tensor's kept entries).
 absl::Status AppendDenseValues(const float* x, size_t n, CodecId codec, const std::string& name, std::string& out) {
   if (codec == CodecId::kRawF32) {
     if (n > 0) out.append(reinterpret_cast<const char*>(x), n * sizeof(float));
