@@ -46,18 +46,20 @@ command -v sqlite3 >/dev/null || { echo "chaos: FAIL: sqlite3 not installed (scr
 # --- Settings per mode -----------------------------------------------------------------------
 CLIENTS=3
 LINGER_S=6           # the server keeps serving this long after the run finished
+# Kill k waits for round ROUND_k (spread over the run: 1 + k * ROUNDS / kills) and then a delay of
+# 0..KILL_MAX_MS from the moment that round was seen open, or from the previous restart if later.
 if [[ $MODE == short ]]; then
-  ROUNDS=3
+  ROUNDS=4
   RUN_LIMIT_S=180    # a run (reference or chaos) not finished by then is a wedge
   RUNS=("server 3" "client 3")
+  KILL_MAX_MS=1500   # an idle machine trains a short round in about 1 s: a longer delay can outlast
+                     # the whole run, and then no kill happens
 else
   ROUNDS=4
   RUN_LIMIT_S=300
   RUNS=("server 5" "server 5" "client 5" "client 5" "both 8")
+  KILL_MAX_MS=4500
 fi
-# Kill k waits for round ROUND_k (spread over the run: 1 + k * ROUNDS / kills) and then a delay of
-# 0..KILL_MAX_MS from the moment that round was seen open, or from the previous restart if later.
-KILL_MAX_MS=4500
 DOWN_MAX_MS=1000     # a killed process stays down 0..DOWN_MAX_MS before its restart
 RUN_ID=chaos
 
