@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/rpc_status.h"
 #include "compression/codec.h"
+#include "compression/downlink.h"
 #include "compression/error_feedback.h"
 #include "compression/update_io.h"
 #include "core/file.h"
@@ -146,6 +147,14 @@ class ClientImpl final : public Client {
   }
 
   absl::StatusOr<std::string> Download(const v1::AdapterManifest& manifest);
+  // The task's global adapter (a safetensors image): the held one when it is that, else rebuilt
+  // from the task's delta chain, else downloaded. Becomes the held adapter.
+  absl::StatusOr<std::string> FetchGlobalAdapter(const v1::TrainTask& task);
+  // The held adapter with the chain's deltas applied; DataLoss when it does not hash to `target`.
+  absl::StatusOr<std::string> RebuildFromDeltas(const v1::AdapterDeltaChain& chain, const v1::AdapterManifest& target);
+  // Loads the held adapter from state_dir once (a missing or unreadable file: none held).
+  void LoadHeldAdapter();
+  std::string HeldAdapterPath() const { return options_.state_dir + "/global_adapter.safetensors"; }
   absl::Status Upload(const v1::TrainTask& task, const std::string& blob, const std::vector<NamedTensor>& delta,
                       int64_t num_examples, const std::string& upload_id, const std::string& ephemeral_public_key);
   // `chunk_sha256` holds each chunk's hex digest, computed once for all attempts.
@@ -166,11 +175,78 @@ class ClientImpl final : public Client {
   v1::JoinResponse join_;
   std::optional<ErrorFeedback> feedback_;
   std::string feedback_run_;  // the run id feedback_ belongs to
+  // The last global adapter this client obtained, and its SHA-256 (empty: none).
+  std::string held_adapter_;
+  std::string held_sha256_;
+  bool held_loaded_ = false;
+  int64_t adapters_downloaded_ = 0, adapters_rebuilt_ = 0, adapters_reused_ = 0;
 
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
 };
+
+void ClientImpl::LoadHeldAdapter() {
+  if (held_loaded_) return;
+  held_loaded_ = true;
+  if (options_.state_dir.empty()) return;
+  absl::StatusOr<std::string> bytes = ReadFileToString(HeldAdapterPath());
+  if (!bytes.ok()) return;  // none yet, or unreadable: the next task downloads the adapter whole
+  held_sha256_ = Sha256Hex(*bytes);
+  held_adapter_ = *std::move(bytes);
+}
+
+absl::StatusOr<std::string> ClientImpl::RebuildFromDeltas(const v1::AdapterDeltaChain& chain,
+                                                          const v1::AdapterManifest& target) {
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> adapter, AdapterFromSafetensors(held_adapter_));
+  DecodeLimits limits;
+  limits.max_elements = 0;
+  for (const UpdateTensor& t : adapter) limits.max_elements += static_cast<int64_t>(t.values.size());
+  limits.max_decoded_bytes = std::max<int64_t>(limits.max_elements * 8, 1 << 20);
+  limits.max_tensors = static_cast<int64_t>(adapter.size());
+  for (const v1::AdapterManifest& m : chain.deltas()) {
+    FEDLORA_ASSIGN_OR_RETURN(std::string blob, Download(m));
+    FEDLORA_RETURN_IF_ERROR_CTX(ApplyDownlinkDelta(adapter, blob, limits),
+                                absl::StrCat("downlink delta ", m.sha256().substr(0, 16)));
+  }
+  FEDLORA_ASSIGN_OR_RETURN(std::string rebuilt, AdapterToSafetensors(adapter));
+  if (Sha256Hex(rebuilt) != target.sha256()) {
+    return absl::DataLossError(absl::StrCat("the adapter rebuilt from ", chain.deltas_size(),
+                                            " downlink deltas does not hash to ", target.sha256().substr(0, 16)));
+  }
+  return rebuilt;
+}
+
+absl::StatusOr<std::string> ClientImpl::FetchGlobalAdapter(const v1::TrainTask& task) {
+  const v1::AdapterManifest& target = task.global_adapter();
+  LoadHeldAdapter();
+  if (!held_sha256_.empty() && held_sha256_ == target.sha256()) {
+    ++adapters_reused_;
+    return held_adapter_;
+  }
+  std::optional<std::string> blob;
+  if (task.has_global_delta() && !held_sha256_.empty() && task.global_delta().base_sha256() == held_sha256_) {
+    absl::StatusOr<std::string> rebuilt = RebuildFromDeltas(task.global_delta(), target);
+    if (rebuilt.ok()) {
+      ++adapters_rebuilt_;
+      blob = *std::move(rebuilt);
+    } else {
+      if (absl::IsCancelled(rebuilt.status()) && Stopped()) return rebuilt.status();
+      FEDLORA_LOG(WARNING) << options_.client_id << ": " << rebuilt.status() << "; downloading the adapter whole";
+    }
+  }
+  if (!blob.has_value()) {
+    FEDLORA_ASSIGN_OR_RETURN(blob, Download(target));
+    ++adapters_downloaded_;
+  }
+  held_adapter_ = *blob;
+  held_sha256_ = target.sha256();
+  if (!options_.state_dir.empty()) {
+    absl::Status saved = WriteFileAtomically(HeldAdapterPath(), held_adapter_);
+    if (!saved.ok()) FEDLORA_LOG(WARNING) << options_.client_id << ": keeping the global adapter: " << saved;
+  }
+  return *std::move(blob);
+}
 
 absl::StatusOr<std::string> ClientImpl::Download(const v1::AdapterManifest& manifest) {
   std::string blob;
@@ -318,7 +394,7 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
         "the server offers no X25519_HKDF_AES256GCM aggregation key; this client uploads sealed updates only");
   }
   const auto t0 = std::chrono::steady_clock::now();
-  FEDLORA_ASSIGN_OR_RETURN(std::string blob, Download(task.global_adapter()));
+  FEDLORA_ASSIGN_OR_RETURN(std::string blob, FetchGlobalAdapter(task));
   FEDLORA_ASSIGN_OR_RETURN(std::vector<NamedTensor> global, ParseAdapter(blob));
   const auto t1 = std::chrono::steady_clock::now();
 
@@ -459,6 +535,8 @@ absl::StatusOr<RunSummary> ClientImpl::RunUntilDone() {
     FEDLORA_RETURN_IF_ERROR(Retry("WaitForTask", [&] {
       v1::WaitForTaskRequest request;
       request.set_max_wait_seconds(static_cast<uint32_t>(options_.wait_for_task_seconds));
+      LoadHeldAdapter();
+      request.set_held_adapter_sha256(held_sha256_);
       auto ctx = Context(options_.wait_for_task_seconds * 1000 + 10'000);
       return FromGrpcStatus(stub_->WaitForTask(ctx.get(), request, &response));
     }));
@@ -468,6 +546,9 @@ absl::StatusOr<RunSummary> ClientImpl::RunUntilDone() {
     }
     if (response.has_run_finished()) {
       summary.final_round = response.run_finished().final_round();
+      summary.adapters_downloaded = adapters_downloaded_;
+      summary.adapters_rebuilt = adapters_rebuilt_;
+      summary.adapters_reused = adapters_reused_;
       summary.final_adapter_sha256 = response.run_finished().final_adapter().sha256();
       if (options_.download_final_adapter) {
         FEDLORA_ASSIGN_OR_RETURN(std::string blob, Download(response.run_finished().final_adapter()));

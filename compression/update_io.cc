@@ -85,4 +85,13 @@ absl::StatusOr<std::vector<UpdateTensor>> AdapterFromSafetensors(const Safetenso
   return out;
 }
 
+absl::StatusOr<std::string> AdapterToSafetensors(const std::vector<UpdateTensor>& adapter) {
+  std::vector<SafetensorsTensorToWrite> tensors;
+  tensors.reserve(adapter.size());
+  for (const UpdateTensor& t : adapter) {
+    tensors.push_back({t.name, DType::kF32, t.shape, t.values.data(), t.values.size() * sizeof(float)});
+  }
+  return SerializeSafetensors(tensors, {{"format", "pt"}});
+}
+
 }  // namespace fedlora

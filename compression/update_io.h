@@ -25,4 +25,8 @@ absl::StatusOr<std::vector<UpdateTensor>> AdapterFromSafetensors(const std::stri
 // The same for an opened file; `what` names it in errors.
 absl::StatusOr<std::vector<UpdateTensor>> AdapterFromSafetensors(const SafetensorsFile& file, std::string_view what);
 
+// The safetensors image of `adapter` (all F32, in the given order). Deterministic: the same tensors
+// give the same bytes, hence the same blob hash, on the server and on every client.
+absl::StatusOr<std::string> AdapterToSafetensors(const std::vector<UpdateTensor>& adapter);
+
 }  // namespace fedlora

@@ -35,7 +35,8 @@ using v1::TrainingConfig;
 // ------------------------------------------------------------------------------------------------
 // Defaults
 
-void ApplyCodecStageDefaults(CodecStage* stage) {
+// For the downlink (`uplink` false) error_feedback stays unset: it does not apply there.
+void ApplyCodecStageDefaults(CodecStage* stage, bool uplink) {
   if (stage->version() == 0) stage->set_version(kCodecStageVersion);
   // Parameters are filled only for a stage whose params case is unset or already matches its id; a
   // mismatch is left for validation to report.
@@ -51,7 +52,7 @@ void ApplyCodecStageDefaults(CodecStage* stage) {
       if (stage->has_top_k() || stage->params_case() == CodecStage::PARAMS_NOT_SET) {
         auto* p = stage->mutable_top_k();
         if (!p->has_fraction()) p->set_fraction(0.01);
-        if (!p->has_error_feedback()) p->set_error_feedback(true);
+        if (uplink && !p->has_error_feedback()) p->set_error_feedback(true);
         if (!p->has_global()) p->set_global(false);
       }
       break;
@@ -60,7 +61,7 @@ void ApplyCodecStageDefaults(CodecStage* stage) {
       if (stage->has_random_k() || stage->params_case() == CodecStage::PARAMS_NOT_SET) {
         auto* p = stage->mutable_random_k();
         if (!p->has_fraction()) p->set_fraction(0.01);
-        if (!p->has_error_feedback()) p->set_error_feedback(true);
+        if (uplink && !p->has_error_feedback()) p->set_error_feedback(true);
       }
       break;
     }
@@ -70,7 +71,7 @@ void ApplyCodecStageDefaults(CodecStage* stage) {
         if (!p->has_bits()) p->set_bits(8);
         if (!p->has_block_size()) p->set_block_size(256);
         if (!p->has_stochastic()) p->set_stochastic(true);
-        if (!p->has_error_feedback()) p->set_error_feedback(!p->stochastic());
+        if (uplink && !p->has_error_feedback()) p->set_error_feedback(!p->stochastic());
       }
       break;
     }
@@ -327,13 +328,15 @@ const char* StageName(CodecStage::Id id) {
   return CodecStage::Id_IsValid(id) ? CodecStage::Id_Name(id).c_str() : "?";
 }
 
-void ValidateCodec(Problems& p, const v1::CodecSpec& codec) {
+// `field` names the spec ("codec" or "downlink_codec") in messages.
+void ValidateCodec(Problems& p, const v1::CodecSpec& codec, const std::string& field) {
+  const bool downlink = field != "codec";
   std::set<int> seen;
   int value_encoders = 0;  // FP16, BF16, QUANT: alternative encodings of each value
   int sparsifiers = 0;     // TOPK, RANDOMK, LOWRANK: alternative reductions of each tensor
   for (int i = 0; i < codec.stages_size(); ++i) {
     const CodecStage& s = codec.stages(i);
-    const std::string path = absl::StrCat("codec.stages[", i, "]");
+    const std::string path = absl::StrCat(field, ".stages[", i, "]");
     if (!CodecStage::Id_IsValid(s.id()) || s.id() == CodecStage::ID_UNSPECIFIED) {
       p.Bad(path + ".id", s.id(), "is not a known codec stage");
       continue;
@@ -393,20 +396,27 @@ void ValidateCodec(Problems& p, const v1::CodecSpec& codec) {
       default:
         break;
     }
+    const bool error_feedback_set = (s.has_top_k() && s.top_k().has_error_feedback()) ||
+                                    (s.has_random_k() && s.random_k().has_error_feedback()) ||
+                                    (s.has_quant() && s.quant().has_error_feedback());
+    if (downlink && error_feedback_set) {
+      p.Add(absl::StrCat(path, " sets error_feedback, which does not apply to the downlink: the server always ",
+                         "carries what the codec drops into the next round's delta"));
+    }
     if (s.params_case() != expected) {
       p.Add(absl::StrCat(path, " has parameters that do not belong to stage ", StageName(s.id())));
     }
   }
-  if (value_encoders > 1) p.Add("codec.stages combine more than one of FP16, BF16 and QUANT");
+  if (value_encoders > 1) p.Add(absl::StrCat(field, ".stages combine more than one of FP16, BF16 and QUANT"));
   bool encoded = false;  // a sparsifier chooses among the raw values, so it comes first
   for (int i = 0; i < codec.stages_size(); ++i) {
     const CodecStage::Id id = codec.stages(i).id();
     if (id == CodecStage::FP16 || id == CodecStage::BF16 || id == CodecStage::QUANT) encoded = true;
     if ((id == CodecStage::TOPK || id == CodecStage::RANDOMK || id == CodecStage::LOWRANK) && encoded) {
-      p.Bad(absl::StrCat("codec.stages[", i, "].id"), StageName(id), "must come before FP16, BF16 or QUANT");
+      p.Bad(absl::StrCat(field, ".stages[", i, "].id"), StageName(id), "must come before FP16, BF16 or QUANT");
     }
   }
-  if (sparsifiers > 1) p.Add("codec.stages combine more than one of TOPK, RANDOMK and LOWRANK");
+  if (sparsifiers > 1) p.Add(absl::StrCat(field, ".stages combine more than one of TOPK, RANDOMK and LOWRANK"));
 }
 
 void ValidateData(Problems& p, const v1::DataConfig& d) {
@@ -571,7 +581,10 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   if (!a->has_server_tau()) a->set_server_tau(1e-3);
   if (!a->has_weight_by_examples()) a->set_weight_by_examples(true);
 
-  for (CodecStage& stage : *c->mutable_codec()->mutable_stages()) ApplyCodecStageDefaults(&stage);
+  for (CodecStage& stage : *c->mutable_codec()->mutable_stages()) ApplyCodecStageDefaults(&stage, /*uplink=*/true);
+  for (CodecStage& stage : *c->mutable_downlink_codec()->mutable_stages()) {
+    ApplyCodecStageDefaults(&stage, /*uplink=*/false);
+  }
 
   auto* d = c->mutable_data();
   if (!d->has_eval_every_rounds()) d->set_eval_every_rounds(1);
@@ -610,7 +623,8 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   ValidateTraining(p, c.training());
   ValidateSelection(p, c.selection());
   ValidateAggregation(p, c);
-  ValidateCodec(p, c.codec());
+  ValidateCodec(p, c.codec(), "codec");
+  ValidateCodec(p, c.downlink_codec(), "downlink_codec");
   ValidateData(p, c.data());
   ValidateServer(p, c.server());
   ValidateSimulation(p, c.simulation());
@@ -642,11 +656,13 @@ std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
     refuse(absl::StrCat("model.architecture \"", absl::CEscape(arch), "\""),
            "supported: \"bert\", \"roberta\", \"xlm-roberta\"");
   }
-  for (int i = 0; i < c.codec().stages_size(); ++i) {
-    const CodecStage::Id id = c.codec().stages(i).id();
-    if (id == CodecStage::LOWRANK) {
-      refuse(absl::StrCat("codec.stages[", i, "].id ", StageName(id)),
-             "available stages: NONE, TOPK, RANDOMK, FP16, BF16, QUANT, ZSTD");
+  for (const auto& [field, spec] : {std::pair{"codec", &c.codec()}, std::pair{"downlink_codec", &c.downlink_codec()}}) {
+    for (int i = 0; i < spec->stages_size(); ++i) {
+      const CodecStage::Id id = spec->stages(i).id();
+      if (id == CodecStage::LOWRANK) {
+        refuse(absl::StrCat(field, ".stages[", i, "].id ", StageName(id)),
+               "available stages: NONE, TOPK, RANDOMK, FP16, BF16, QUANT, ZSTD");
+      }
     }
   }
   const AggregationConfig& a = c.aggregation();

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "core/safetensors.h"
 #include "core/status.h"
 
 namespace fedlora {
@@ -24,15 +23,6 @@ absl::Status CanonicalizeAdapter(std::vector<UpdateTensor>& adapter) {
     }
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> AdapterToSafetensors(const std::vector<UpdateTensor>& adapter) {
-  std::vector<SafetensorsTensorToWrite> tensors;
-  tensors.reserve(adapter.size());
-  for (const UpdateTensor& t : adapter) {
-    tensors.push_back({t.name, DType::kF32, t.shape, t.values.data(), t.values.size() * sizeof(float)});
-  }
-  return SerializeSafetensors(tensors, {{"format", "pt"}});
 }
 
 void FillTensorSpecs(const std::vector<UpdateTensor>& adapter, v1::AdapterManifest* manifest) {

@@ -17,11 +17,8 @@ namespace fedlora {
 // tensor's values match its shape. InvalidArgument naming the tensor otherwise.
 absl::Status CanonicalizeAdapter(std::vector<UpdateTensor>& adapter);
 
-// The safetensors image of `adapter` (all F32). Deterministic: the same tensors give the same bytes,
-// hence the same blob hash.
-absl::StatusOr<std::string> AdapterToSafetensors(const std::vector<UpdateTensor>& adapter);
-// AdapterFromSafetensors and CodecOptionsFromSpec, shared with the client, live in
-// compression/update_io.h.
+// AdapterToSafetensors, AdapterFromSafetensors and CodecOptionsFromSpec, shared with the client,
+// live in compression/update_io.h.
 
 // The manifest's tensor list for an adapter (dtype "F32").
 void FillTensorSpecs(const std::vector<UpdateTensor>& adapter, v1::AdapterManifest* manifest);

@@ -147,6 +147,10 @@ uint64_t Coordinator::TaskSeedFor(int64_t round, const std::string& client_id) c
   return DigestPrefix64(absl::StrCat("task-seed\n", config_.seed(), "\n", round, "\n", client_id));
 }
 
+uint64_t Coordinator::DownlinkSeedFor(int64_t round) const {
+  return DigestPrefix64(absl::StrCat("downlink-seed\n", config_.seed(), "\n", round));
+}
+
 Coordinator::ClientEntry* Coordinator::FindClientLocked(const std::string& client_id) {
   auto it = clients_.find(client_id);
   return it == clients_.end() ? nullptr : it->second.get();
@@ -208,17 +212,35 @@ absl::Status Coordinator::Restore() {
   }
   FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> rounds, store_->ListRounds(run_id_));
   FEDLORA_ASSIGN_OR_RETURN(int64_t initial_size, blobs_->Size(initial_hash));
-  downloadable_[initial_hash] = {0, initial_size};
+  downloadable_[initial_hash] = {0, initial_size, false};
+  if (config_.downlink_codec().stages_size() > 0) {
+    FEDLORA_ASSIGN_OR_RETURN(CodecOptions downlink, CodecOptionsFromSpec(config_.downlink_codec()));
+    downlink_ = downlink;
+  } else {
+    downlink_.reset();
+  }
+  downlink_steps_.clear();
   rounds_committed_ = 0;
-  std::string current_hash = initial_hash;
-  int64_t current_round = 0;
+  std::string current_hash = initial_hash, current_broadcast = initial_hash;
+  int64_t current_round = 0, broadcast_round = 0;
   for (const RoundRecord& r : rounds) {
     if (r.state != RoundState::kCommitted) continue;
     ++rounds_committed_;
     FEDLORA_ASSIGN_OR_RETURN(int64_t size, blobs_->Size(r.result_adapter_hash));
-    downloadable_[r.result_adapter_hash] = {r.round, size};
+    downloadable_[r.result_adapter_hash] = {r.round, size, false};
     current_hash = r.result_adapter_hash;
     current_round = r.round;
+    if (r.broadcast_hash.empty()) {
+      current_broadcast = r.result_adapter_hash;
+    } else {
+      FEDLORA_ASSIGN_OR_RETURN(int64_t broadcast_size, blobs_->Size(r.broadcast_hash));
+      FEDLORA_ASSIGN_OR_RETURN(int64_t delta_size, blobs_->Size(r.broadcast_delta_hash));
+      downloadable_[r.broadcast_hash] = {r.round, broadcast_size, false};
+      downloadable_[r.broadcast_delta_hash] = {r.round, delta_size, true};
+      downlink_steps_.push_back({r.round, current_broadcast, r.broadcast_delta_hash, r.broadcast_hash, delta_size});
+      current_broadcast = r.broadcast_hash;
+    }
+    broadcast_round = r.round;
   }
   last_committed_round_ = current_round;
   FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(current_hash));
@@ -227,6 +249,17 @@ absl::Status Coordinator::Restore() {
   global_hash_ = current_hash;
   global_bytes_ = static_cast<int64_t>(bytes.size());
   global_round_ = current_round;
+  broadcast_ = global_;
+  broadcast_hash_ = global_hash_;
+  broadcast_bytes_ = global_bytes_;
+  broadcast_round_ = broadcast_round;
+  if (current_broadcast != current_hash) {
+    FEDLORA_ASSIGN_OR_RETURN(std::string b, blobs_->Get(current_broadcast));
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> adapter, AdapterFromSafetensors(b));
+    broadcast_ = std::make_shared<const std::vector<UpdateTensor>>(std::move(adapter));
+    broadcast_hash_ = current_broadcast;
+    broadcast_bytes_ = static_cast<int64_t>(b.size());
+  }
   global_elements_ = 0;
   spec_.clear();
   for (const UpdateTensor& t : *global_) {
@@ -278,9 +311,9 @@ absl::Status Coordinator::Restore() {
     round_->deadline_ms = r.deadline_unix_ms;
     round_->selected.insert(r.selected_clients.begin(), r.selected_clients.end());
     for (const UploadRecord& u : st.accepted_uploads) round_->accepted[u.client_id] = u.upload_id;
-    if (r.global_adapter_hash != global_hash_) {
+    if (r.global_adapter_hash != broadcast_hash_) {
       return absl::DataLossError(absl::StrCat("open round ", r.round, " trains from adapter ", r.global_adapter_hash,
-                                              " but the last committed adapter is ", global_hash_));
+                                              " but the last committed round's clients train from ", broadcast_hash_));
     }
     FEDLORA_LOG(INFO) << "resuming round " << r.round << " (" << RoundStateName(r.state) << ", "
                       << round_->accepted.size() << " updates accepted, " << st.receiving_uploads.size()
@@ -304,7 +337,7 @@ absl::Status Coordinator::OpenNextRoundLocked() {
     it = it->second.round + 2 <= next ? rejected_.erase(it) : std::next(it);
   }
   DurabilityTicket ticket;
-  FEDLORA_ASSIGN_OR_RETURN(RoundRecord r, store_->BeginRound(run_id_, next, global_hash_, /*deadline_unix_ms=*/0, &ticket));
+  FEDLORA_ASSIGN_OR_RETURN(RoundRecord r, store_->BeginRound(run_id_, next, broadcast_hash_, /*deadline_unix_ms=*/0, &ticket));
   DeferLocked(ticket);
   round_ = std::make_unique<RoundInfo>();
   round_->round = r.round;

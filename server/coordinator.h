@@ -97,14 +97,19 @@ class Coordinator {
   // Checks that `session_token` is the live session of `client_id` and marks the client seen.
   // Unauthenticated otherwise (the client must Join again).
   absl::Status Authenticate(const std::string& client_id, const std::string& session_token);
-  // Marks the client seen (a chunk of its download went out): a client busy streaming is alive.
-  void MarkSeen(const std::string& client_id);
+  // A download chunk of `bytes` of blob `sha256` went out to `client_id` (`last`: the blob's final
+  // chunk). Marks the client seen (a client busy streaming is alive) and counts the bytes to the open round; a completed download
+  // also counts what it stands for as a full adapter (download_full_bytes).
+  void NoteDownloadChunk(const std::string& client_id, const std::string& sha256, int64_t bytes, bool last);
 
   // Answers at once through `done`, or (when max_wait_ms > 0 and the answer would be "retry
   // later") holds the request until the client is selected, the round changes, or max_wait_ms
   // passes. `done` is called exactly once, possibly on another thread, never under a lock.
   using WaitCallback = std::function<void(absl::StatusOr<v1::WaitForTaskResponse>)>;
-  void WaitForTask(const std::string& client_id, int64_t max_wait_ms, WaitCallback done);
+  // `held_adapter_sha256` is the adapter the client holds (WaitForTaskRequest), empty for none: a
+  // task offers a delta chain from it when there is one (TrainTask.global_delta).
+  void WaitForTask(const std::string& client_id, int64_t max_wait_ms, WaitCallback done,
+                   const std::string& held_adapter_sha256 = "");
 
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const std::string& client_id, const v1::HeartbeatRequest& request);
   absl::Status ReportMetrics(const std::string& client_id, const v1::MetricsReport& report);
@@ -187,6 +192,8 @@ class Coordinator {
   bool IsLive(const ClientEntry& c, int64_t now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string TaskIdFor(int64_t round, const std::string& client_id) const;
   uint64_t TaskSeedFor(int64_t round, const std::string& client_id) const;
+  // Seeds the downlink codec's random choices for the delta `round` commits (the same on a rerun).
+  uint64_t DownlinkSeedFor(int64_t round) const;
   v1::AdapterManifest ManifestLocked(const std::string& hash, int64_t round, int64_t total_bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The answer to WaitForTask right now, or nullopt when the client should keep waiting.
@@ -283,8 +290,32 @@ class Coordinator {
   int64_t TotalRounds() const { return ConfiguredRounds(config_); }
   // training.learning_rate scaled by training.round_schedule at the current round.
   double RoundLearningRateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every adapter hash a client may download (this run's global adapters), with its round and size.
-  std::map<std::string, std::pair<int64_t, int64_t>> downloadable_ ABSL_GUARDED_BY(mu_);
+  // The adapter clients train from. Without a downlink codec it is the global adapter; with one, the
+  // broadcast adapter (compression/downlink.h): the initial adapter plus every round's decoded
+  // delta. Same names and shapes as global_.
+  std::shared_ptr<const std::vector<UpdateTensor>> broadcast_ ABSL_GUARDED_BY(mu_) =
+      std::make_shared<const std::vector<UpdateTensor>>();
+  std::string broadcast_hash_ ABSL_GUARDED_BY(mu_);
+  int64_t broadcast_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t broadcast_round_ ABSL_GUARDED_BY(mu_) = 0;
+  // The run's downlink codec (config.downlink_codec); unset without one.
+  std::optional<CodecOptions> downlink_;
+  // Each round's downlink delta: from broadcast `base` to broadcast `result`, by round.
+  struct DownlinkStep {
+    int64_t round = 0;
+    std::string base, delta, result;
+    int64_t delta_bytes = 0;
+  };
+  std::vector<DownlinkStep> downlink_steps_ ABSL_GUARDED_BY(mu_);
+  // The delta chain from `held` to the broadcast adapter, when it is shorter than the adapter.
+  std::optional<v1::AdapterDeltaChain> DeltaChainLocked(const std::string& held) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every blob a client may download: this run's global and broadcast adapters and downlink deltas.
+  struct Downloadable {
+    int64_t round = 0;
+    int64_t bytes = 0;
+    bool delta = false;
+  };
+  std::map<std::string, Downloadable> downloadable_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<RoundInfo> round_ ABSL_GUARDED_BY(mu_);  // the open round, if any
   std::map<std::string, std::unique_ptr<ClientEntry>> clients_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(mu_);

@@ -98,6 +98,10 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
           s->set_upload_bytes(static_cast<uint64_t>(d));
         } else if (k == "update_fp32_bytes") {
           s->set_update_fp32_bytes(static_cast<uint64_t>(d));
+        } else if (k == "download_bytes") {
+          s->set_download_bytes(static_cast<uint64_t>(d));
+        } else if (k == "download_full_bytes") {
+          s->set_download_full_bytes(static_cast<uint64_t>(d));
         } else if (k == "eval_loss") {
           s->set_eval_loss(d);
         } else if (k == "eval_accuracy") {

@@ -24,6 +24,7 @@
 #include "model/param.h"
 #include "proto/config_io.h"
 #include "proto/wire.h"
+#include "compression/downlink.h"
 #include "server/adapter_io.h"
 #include "server/crash_point.h"
 #include <nlohmann/json.hpp>
@@ -156,11 +157,12 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   // Only the driver thread aggregates, and the round is in state aggregating, so no RPC changes the
   // accepted set or the global adapter meanwhile: reading them without the lock held throughout is
   // safe. The heavy work runs unlocked so RPCs keep being answered.
-  std::shared_ptr<const std::vector<UpdateTensor>> snapshot;
+  std::shared_ptr<const std::vector<UpdateTensor>> snapshot, broadcast;
   int64_t committed_before = 0;
   {
     absl::MutexLock lock(&mu_);
     snapshot = global_;
+    broadcast = broadcast_;
     committed_before = rounds_committed_;
   }
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> uploads, store_->ListAcceptedUploads(run_id_, round));
@@ -208,6 +210,23 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
     FEDLORA_ASSIGN_OR_RETURN(hash, blobs_->Put(bytes));
     adapter_bytes = static_cast<int64_t>(bytes.size());
   }  // the serialized copy is freed before evaluation
+  // The downlink: the next broadcast adapter and the delta that leads to it (compression/downlink.h).
+  BroadcastHashes downlink;
+  std::shared_ptr<const std::vector<UpdateTensor>> next_broadcast;
+  int64_t broadcast_bytes = 0, delta_bytes = 0;
+  if (downlink_.has_value()) {
+    CodecOptions o = *downlink_;
+    o.seed = DownlinkSeedFor(round);
+    FEDLORA_ASSIGN_OR_RETURN(DownlinkDelta d, EncodeDownlinkDelta(*broadcast, next, o));
+    FEDLORA_ASSIGN_OR_RETURN(downlink.delta_hash, blobs_->Put(d.blob));
+    delta_bytes = static_cast<int64_t>(d.blob.size());
+    std::string().swap(d.blob);
+    FEDLORA_ASSIGN_OR_RETURN(std::string bytes, AdapterToSafetensors(d.rebuilt));
+    FEDLORA_ASSIGN_OR_RETURN(downlink.adapter_hash, blobs_->Put(bytes));
+    broadcast_bytes = static_cast<int64_t>(bytes.size());
+    next_broadcast = std::make_shared<const std::vector<UpdateTensor>>(std::move(d.rebuilt));
+  }
+  broadcast.reset();
   MaybeCrashAt("during_checkpoint");
 
   // Evaluate every data.eval_every_rounds committed rounds, and always the last one.
@@ -240,10 +259,14 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   metrics_json["update_fp32_bytes"] = added * spec_elements_ * static_cast<int64_t>(sizeof(float));
   {
     absl::MutexLock lock(&mu_);
-    if (round_ != nullptr && round_->round == round) metrics_json["updates_rejected"] = round_->rejected;
+    if (round_ != nullptr && round_->round == round) {
+      metrics_json["updates_rejected"] = round_->rejected;
+      metrics_json["download_bytes"] = round_->download_bytes;
+      metrics_json["download_full_bytes"] = round_->download_full_bytes;
+    }
   }
   FEDLORA_RETURN_IF_ERROR(CheckNotShuttingDown());
-  FEDLORA_RETURN_IF_ERROR(store_->CommitRound(run_id_, round, hash, metrics_json.dump(), records, state_hash));
+  FEDLORA_RETURN_IF_ERROR(store_->CommitRound(run_id_, round, hash, metrics_json.dump(), records, state_hash, downlink));
   server_opt_.emplace(std::move(opt));
 
   auto committed = std::make_shared<const std::vector<UpdateTensor>>(std::move(next));
@@ -257,7 +280,20 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   global_hash_ = hash;
   global_bytes_ = adapter_bytes;
   global_round_ = round;
-  downloadable_[hash] = {round, global_bytes_};
+  downloadable_[hash] = {round, global_bytes_, false};
+  broadcast_round_ = round;
+  if (next_broadcast != nullptr) {
+    downlink_steps_.push_back({round, broadcast_hash_, downlink.delta_hash, downlink.adapter_hash, delta_bytes});
+    downloadable_[downlink.delta_hash] = {round, delta_bytes, true};
+    downloadable_[downlink.adapter_hash] = {round, broadcast_bytes, false};
+    broadcast_ = std::move(next_broadcast);
+    broadcast_hash_ = downlink.adapter_hash;
+    broadcast_bytes_ = broadcast_bytes;
+  } else {
+    broadcast_ = global_;
+    broadcast_hash_ = hash;
+    broadcast_bytes_ = adapter_bytes;
+  }
   last_committed_round_ = round;
   ++rounds_committed_;
   metrics_->rounds_committed.store(rounds_committed_);

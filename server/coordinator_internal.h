@@ -26,6 +26,7 @@ struct Coordinator::ClientEntry {
   bool left = false;
   int64_t rounds_participated = 0;
   int64_t updates_rejected = 0;
+  std::string held_adapter;  // as the client's last WaitForTask said
   // Quotas (ServerOptions::max_client_*), counted for `quota_round` and reset when the round moves on.
   int64_t quota_round = 0;
   int64_t bytes_this_round = 0;
@@ -49,6 +50,10 @@ struct Coordinator::RoundInfo {
   std::set<std::string> selected;
   std::map<std::string, std::string> accepted;  // client_id -> upload_id
   int64_t rejected = 0;
+  // Download bytes sent while this round was open, and what the completed downloads stand for as
+  // full adapters.
+  int64_t download_bytes = 0;
+  int64_t download_full_bytes = 0;
 };
 
 struct Coordinator::Waiter {

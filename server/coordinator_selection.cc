@@ -93,7 +93,12 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
     v1::TrainTask* task = response.mutable_task();
     task->set_round(static_cast<uint64_t>(r.round));
     task->set_task_id(TaskIdFor(r.round, client_id));
-    *task->mutable_global_adapter() = ManifestLocked(global_hash_, global_round_, global_bytes_);
+    *task->mutable_global_adapter() = ManifestLocked(broadcast_hash_, broadcast_round_, broadcast_bytes_);
+    if (const ClientEntry* c = FindClientLocked(client_id)) {
+      if (std::optional<v1::AdapterDeltaChain> chain = DeltaChainLocked(c->held_adapter)) {
+        *task->mutable_global_delta() = *std::move(chain);
+      }
+    }
     *task->mutable_training() = config_.training();
     task->mutable_training()->set_learning_rate(RoundLearningRateLocked());
     task->set_proximal_mu(config_.aggregation().has_proximal_mu() ? config_.aggregation().proximal_mu() : 0.0);
@@ -141,7 +146,34 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
   return RetryLaterLocked(absl::StrCat("round ", r.round, " is aggregating"));
 }
 
-void Coordinator::WaitForTask(const std::string& client_id, int64_t max_wait_ms, WaitCallback done) {
+std::optional<v1::AdapterDeltaChain> Coordinator::DeltaChainLocked(const std::string& held) const {
+  // A chain longer than this is not offered: its manifests alone would fill a message.
+  constexpr size_t kMaxChain = 64;
+  if (held.empty()) return std::nullopt;
+  v1::AdapterDeltaChain chain;
+  chain.set_base_sha256(held);
+  if (held == broadcast_hash_) return chain;  // the client holds it already: nothing to download
+  if (downlink_steps_.empty() || downlink_steps_.back().result != broadcast_hash_) return std::nullopt;
+  size_t first = downlink_steps_.size();
+  int64_t bytes = 0;
+  while (first > 0 && downlink_steps_.size() - first < kMaxChain) {
+    --first;
+    bytes += downlink_steps_[first].delta_bytes;
+    if (bytes >= broadcast_bytes_) return std::nullopt;  // the full adapter is no larger
+    if (downlink_steps_[first].base == held) {
+      for (size_t i = first; i < downlink_steps_.size(); ++i) {
+        const DownlinkStep& step = downlink_steps_[i];
+        *chain.add_deltas() = ManifestLocked(step.delta, step.round, step.delta_bytes);
+      }
+      return chain;
+    }
+    if (first > 0 && downlink_steps_[first - 1].result != downlink_steps_[first].base) return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+void Coordinator::WaitForTask(const std::string& client_id, int64_t max_wait_ms, WaitCallback done,
+                              const std::string& held_adapter_sha256) {
   std::vector<Delivery> deliveries;
   DurabilityTicket ticket;
   do {
@@ -151,7 +183,10 @@ void Coordinator::WaitForTask(const std::string& client_id, int64_t max_wait_ms,
                                                                                : "server is shutting down")});
       break;
     }
-    if (ClientEntry* c = FindClientLocked(client_id)) c->reported = v1::CLIENT_STATE_IDLE;
+    if (ClientEntry* c = FindClientLocked(client_id)) {
+      c->reported = v1::CLIENT_STATE_IDLE;
+      c->held_adapter = held_adapter_sha256.substr(0, 64);
+    }
     const bool may_hold = max_wait_ms > 0;
     std::optional<v1::WaitForTaskResponse> answer = AnswerLocked(client_id, may_hold);
     if (!answer.has_value()) {

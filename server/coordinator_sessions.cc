@@ -101,9 +101,19 @@ absl::Status Coordinator::Authenticate(const std::string& client_id, const std::
   return absl::OkStatus();
 }
 
-void Coordinator::MarkSeen(const std::string& client_id) {
+void Coordinator::NoteDownloadChunk(const std::string& client_id, const std::string& sha256, int64_t bytes,
+                                    bool last) {
   absl::MutexLock lock(&mu_);
   if (ClientEntry* c = FindClientLocked(client_id)) c->last_seen_ms = std::max(c->last_seen_ms, Now());
+  if (round_ != nullptr) round_->download_bytes += bytes;
+  if (!last) return;
+  auto it = downloadable_.find(sha256);
+  if (it == downloadable_.end()) return;
+  // A full adapter stands for itself; a delta for the broadcast adapter when it is the chain's last.
+  int64_t full = it->second.bytes;
+  if (it->second.delta) full = it->second.round == broadcast_round_ ? broadcast_bytes_ : 0;
+  if (round_ != nullptr) round_->download_full_bytes += full;
+  metrics_->download_full_bytes.fetch_add(full);
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ absl::StatusOr<v1::AdapterManifest> Coordinator::AdapterManifestFor(const std::s
   if (it == downloadable_.end()) {
     return absl::NotFoundError(absl::StrCat("no global adapter with SHA-256 '", sha256.substr(0, 80), "'"));
   }
-  return ManifestLocked(sha256, it->second.first, it->second.second);
+  return ManifestLocked(sha256, it->second.round, it->second.bytes);
 }
 
 absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id, const v1::UploadHeader& header) {
@@ -156,10 +156,10 @@ absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id
     return absl::AlreadyExistsError(absl::StrCat("client '", client_id, "' already has update '", acc->second,
                                                  "' accepted for round ", round));
   }
-  if (header.base_adapter_sha256() != global_hash_) {
+  if (header.base_adapter_sha256() != broadcast_hash_) {
     return absl::FailedPreconditionError(absl::StrCat("update is a delta from adapter ",
                                                       header.base_adapter_sha256().substr(0, 80),
-                                                      " but round ", round, " trains from ", global_hash_));
+                                                      " but round ", round, " trains from ", broadcast_hash_));
   }
   if (header.num_examples() < 1 || header.num_examples() > static_cast<uint64_t>(StreamingFedAvg::kMaxWeight)) {
     return absl::InvalidArgumentError(absl::StrCat("num_examples ", header.num_examples(), " is outside [1, ",

@@ -16,7 +16,7 @@ namespace {
 // on the pool (DownloadCache); gRPC's callback threads only start writes and see them complete.
 class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadChunk> {
  public:
-  DownloadReactor(DownloadCache* cache, ServerMetrics* metrics, ThreadPool* pool, std::function<void()> on_chunk,
+  DownloadReactor(DownloadCache* cache, ServerMetrics* metrics, ThreadPool* pool, DownloadChunkCallback on_chunk,
                   absl::StatusOr<v1::AdapterManifest> manifest, uint32_t start_chunk)
       : cache_(cache), metrics_(metrics), pool_(pool), on_chunk_(std::move(on_chunk)), index_(start_chunk) {
     if (!manifest.ok()) {
@@ -41,7 +41,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadChunk>
     }
     metrics_->download_bytes.fetch_add(static_cast<int64_t>(chunk_.data().size()));
     ++index_;
-    if (on_chunk_) on_chunk_();
+    if (on_chunk_) on_chunk_(static_cast<int64_t>(chunk_.data().size()), index_ == manifest_.num_chunks());
     Next();
   }
 
@@ -79,7 +79,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadChunk>
   DownloadCache* const cache_;
   ServerMetrics* const metrics_;
   ThreadPool* const pool_;
-  const std::function<void()> on_chunk_;
+  const DownloadChunkCallback on_chunk_;
   uint32_t index_;
   v1::AdapterManifest manifest_;
   std::shared_ptr<const CachedAdapter> adapter_;
@@ -89,7 +89,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadChunk>
 }  // namespace
 
 grpc::ServerWriteReactor<v1::DownloadChunk>* NewDownloadReactor(DownloadCache* cache, ServerMetrics* metrics,
-                                                                ThreadPool* pool, std::function<void()> on_chunk,
+                                                                ThreadPool* pool, DownloadChunkCallback on_chunk,
                                                                 absl::StatusOr<v1::AdapterManifest> manifest,
                                                                 uint32_t start_chunk) {
   return new DownloadReactor(cache, metrics, pool, std::move(on_chunk), std::move(manifest), start_chunk);

@@ -6,8 +6,8 @@
 //   return NewDownloadReactor(&cache, metrics, &io_pool, on_chunk, coordinator->AdapterManifestFor(hash), start);
 //
 // A non-OK `manifest` finishes the call with that status. `on_chunk` (may be empty) runs after each
-// chunk went out (the server marks the client seen). The reactor deletes itself
-// when done.
+// chunk went out, with its size and whether it was the blob's last (the server marks the client
+// seen and counts the bytes). The reactor deletes itself when done.
 #pragma once
 
 #include <grpcpp/support/server_callback.h>
@@ -23,8 +23,10 @@
 
 namespace fedlora {
 
+using DownloadChunkCallback = std::function<void(int64_t bytes, bool last)>;
+
 grpc::ServerWriteReactor<v1::DownloadChunk>* NewDownloadReactor(DownloadCache* cache, ServerMetrics* metrics,
-                                                                ThreadPool* pool, std::function<void()> on_chunk,
+                                                                ThreadPool* pool, DownloadChunkCallback on_chunk,
                                                                 absl::StatusOr<v1::AdapterManifest> manifest,
                                                                 uint32_t start_chunk);
 

@@ -198,6 +198,9 @@ std::string ServerMetrics::ToPrometheusText() const {
                updates_duplicate.load());
   AppendMetric(out, "upload_bytes_total", "counter", "Update bytes received in chunks.", upload_bytes.load());
   AppendMetric(out, "download_bytes_total", "counter", "Adapter bytes sent in chunks.", download_bytes.load());
+  AppendMetric(out, "download_full_bytes_total", "counter",
+               "Completed downloads as full adapters: a downlink delta chain counts the adapter it rebuilds.",
+               download_full_bytes.load());
   AppendMetric(out, "update_fp32_bytes_total", "counter",
                "Accepted updates as dense fp32 values (4 bytes per adapter parameter each), before the run's codec.",
                update_fp32_bytes.load());

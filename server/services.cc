@@ -153,7 +153,8 @@ grpc::ServerUnaryReactor* FederationService::WaitForTask(grpc::CallbackServerCon
                             [reactor, response](absl::StatusOr<v1::WaitForTaskResponse> answer) {
                               if (answer.ok()) *response = *std::move(answer);
                               reactor->Finish(ToGrpcStatus(answer.status()));
-                            });
+                            },
+                            request->held_adapter_sha256());
   return reactor;
 }
 
@@ -172,8 +173,12 @@ grpc::ServerWriteReactor<v1::DownloadChunk>* FederationService::DownloadAdapter(
   absl::StatusOr<std::string> id = Authenticate(context);
   absl::StatusOr<v1::AdapterManifest> manifest =
       id.ok() ? coordinator_->AdapterManifestFor(request->adapter_sha256()) : id.status();
-  std::function<void()> on_chunk;
-  if (id.ok()) on_chunk = [coordinator = coordinator_, client = *id] { coordinator->MarkSeen(client); };
+  DownloadChunkCallback on_chunk;
+  if (id.ok()) {
+    on_chunk = [coordinator = coordinator_, client = *id, hash = request->adapter_sha256()](int64_t bytes, bool last) {
+      coordinator->NoteDownloadChunk(client, hash, bytes, last);
+    };
+  }
   return NewDownloadReactor(&download_cache_, metrics_, &download_pool_, std::move(on_chunk), std::move(manifest),
                             request->start_chunk());
 }

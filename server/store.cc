@@ -99,13 +99,18 @@ CREATE TABLE metrics(
     R"sql(
 ALTER TABLE rounds ADD COLUMN server_state_hash TEXT NOT NULL DEFAULT '';
 )sql",
+    // v3: the downlink's broadcast adapter and the delta that leads to it, with each committed round.
+    R"sql(
+ALTER TABLE rounds ADD COLUMN broadcast_hash TEXT NOT NULL DEFAULT '';
+ALTER TABLE rounds ADD COLUMN broadcast_delta_hash TEXT NOT NULL DEFAULT '';
+)sql",
 };
 constexpr int kNumMigrations = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
 static_assert(kNumMigrations == Store::kSchemaVersion, "add a migration when bumping kSchemaVersion");
 
 constexpr const char* kRoundColumns =
     "run_id, round, state, deadline_ms, global_adapter_hash, result_adapter_hash, metrics_json, created_ms, "
-    "updated_ms, server_state_hash";
+    "updated_ms, server_state_hash, broadcast_hash, broadcast_delta_hash";
 constexpr const char* kUploadColumns =
     "upload_id, run_id, round, client_id, task_id, num_examples, blob_hash, bytes, state, chunks_received, "
     "created_ms, accepted_ms";
@@ -252,6 +257,8 @@ RoundRecord ReadRound(const Stmt& s) {
   r.created_unix_ms = s.Int(7);
   r.updated_unix_ms = s.Int(8);
   r.server_state_hash = s.Text(9);
+  r.broadcast_hash = s.Text(10);
+  r.broadcast_delta_hash = s.Text(11);
   return r;
 }
 
@@ -859,8 +866,11 @@ absl::StatusOr<bool> Store::IsSelected(const std::string& run_id, int64_t round,
 
 absl::Status Store::CommitRound(const std::string& run_id, int64_t round, const std::string& result_adapter_hash,
                                 const std::string& metrics_json, const std::vector<MetricRecord>& metrics,
-                                const std::string& server_state_hash) {
+                                const std::string& server_state_hash, const BroadcastHashes& broadcast) {
   DurabilityTicket* const deferred = nullptr;
+  if (broadcast.adapter_hash.empty() != broadcast.delta_hash.empty()) {
+    return absl::InvalidArgumentError("CommitRound: a broadcast adapter and its delta come together");
+  }
   for (const MetricRecord& m : metrics) {
     if (m.run_id != run_id || m.round != round) {
       return absl::InvalidArgumentError(absl::StrCat("CommitRound(", RoundName(run_id, round), "): metric '", m.key,
@@ -877,10 +887,18 @@ absl::Status Store::CommitRound(const std::string& run_id, int64_t round, const 
     {
       std::unique_ptr<Stmt> h;
       FEDLORA_ASSIGN_OR_RETURN(Stmt * s, impl_->Query("UPDATE rounds SET state = 'committed', result_adapter_hash = ?, "
-                                                      "metrics_json = ?, server_state_hash = ?, updated_ms = ? "
+                                                      "metrics_json = ?, server_state_hash = ?, broadcast_hash = ?, "
+                                                      "broadcast_delta_hash = ?, updated_ms = ? "
                                                       "WHERE run_id = ? AND round = ?",
                                                       h));
-      s->Bind(result_adapter_hash).Bind(metrics_json).Bind(server_state_hash).Bind(impl_->Now()).Bind(run_id).Bind(round);
+      s->Bind(result_adapter_hash)
+          .Bind(metrics_json)
+          .Bind(server_state_hash)
+          .Bind(broadcast.adapter_hash)
+          .Bind(broadcast.delta_hash)
+          .Bind(impl_->Now())
+          .Bind(run_id)
+          .Bind(round);
       FEDLORA_RETURN_IF_ERROR(s->Run());
     }
     FEDLORA_RETURN_IF_ERROR(impl_->Fault("CommitRound:after_round_update"));
@@ -1194,7 +1212,9 @@ absl::StatusOr<absl::flat_hash_set<std::string>> Store::ReferencedBlobHashes() {
     FEDLORA_ASSIGN_OR_RETURN(Stmt * s, impl_->Query("SELECT blob_hash FROM uploads UNION "
                                                     "SELECT global_adapter_hash FROM rounds UNION "
                                                     "SELECT result_adapter_hash FROM rounds UNION "
-                                                    "SELECT server_state_hash FROM rounds",
+                                                    "SELECT server_state_hash FROM rounds UNION "
+                                                    "SELECT broadcast_hash FROM rounds UNION "
+                                                    "SELECT broadcast_delta_hash FROM rounds",
                                                     h));
     absl::flat_hash_set<std::string> out;
     for (;;) {

@@ -75,6 +75,12 @@ struct RunRecord {
   int64_t created_unix_ms = 0;
 };
 
+// The downlink's blobs of a committed round (RoundRecord::broadcast_hash, broadcast_delta_hash).
+struct BroadcastHashes {
+  std::string adapter_hash;
+  std::string delta_hash;
+};
+
 struct RoundRecord {
   std::string run_id;
   int64_t round = 0;
@@ -85,6 +91,10 @@ struct RoundRecord {
   std::string result_adapter_hash;  // blob CommitRound stored; empty until committed
   std::string metrics_json;         // as given to CommitRound; empty until committed
   std::string server_state_hash;    // blob of the server optimizer state after this round; may be empty
+  // With a downlink codec: the adapter clients train from next (the previous one plus the decoded
+  // delta) and the delta's blob. Empty without one.
+  std::string broadcast_hash;
+  std::string broadcast_delta_hash;
   int64_t created_unix_ms = 0;
   int64_t updated_unix_ms = 0;
 };
@@ -154,7 +164,7 @@ class WalSyncer;  // group fsync of the WAL (store.cc)
 
 class Store {
  public:
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
 
   // Opens or creates the database at `path`, sets WAL / synchronous=NORMAL / foreign keys / busy
   // timeout, and migrates the schema to kSchemaVersion. Durability does not rest on SQLite's own
@@ -197,9 +207,10 @@ class Store {
   // (empty for a stateless server optimizer), plus every row of `metrics` (each must name this run
   // and round). FailedPrecondition unless the round is aggregating; AlreadyExists for a metric that
   // exists. On any error nothing changes.
+  // `broadcast` (both hashes or neither) is stored with it: see RoundRecord.
   absl::Status CommitRound(const std::string& run_id, int64_t round, const std::string& result_adapter_hash,
                            const std::string& metrics_json, const std::vector<MetricRecord>& metrics,
-                           const std::string& server_state_hash = "");
+                           const std::string& server_state_hash = "", const BroadcastHashes& broadcast = {});
 
   // --- clients ---
   // Registers a client or refreshes it (fingerprint and last_seen updated; state kept).

@@ -38,6 +38,9 @@ struct RoundRecord {
   int64_t bytes_down = 0;
   // The accepted updates as dense fp32 values: bytes_up against it is the codec's saving.
   int64_t bytes_up_fp32 = 0;
+  // What the completed downloads stand for as full adapters (a downlink delta chain counts the
+  // adapter it rebuilds): bytes_down against it is the downlink codec's saving.
+  int64_t bytes_down_full = 0;
   double round_seconds = 0;    // wall time since the previous commit (round 0: setup time)
   double elapsed_seconds = 0;  // wall time since the simulation started
   // Clients given a task for this round, updates the server accepted for it, and injected faults.

@@ -209,7 +209,7 @@ class Simulation final : public Evaluator {
   std::map<uint64_t, RoundStats> stats_;
   std::vector<RoundRecord> records_;
   Clock::time_point last_commit_;
-  int64_t last_accepted_ = 0, last_up_ = 0, last_down_ = 0, last_fp32_ = 0;
+  int64_t last_accepted_ = 0, last_up_ = 0, last_down_ = 0, last_fp32_ = 0, last_down_full_ = 0;
 };
 
 absl::StatusOr<TrainResult> SimClientTrainer::Train(const TrainTask& task, const std::vector<NamedTensor>& global) {
@@ -362,6 +362,9 @@ void Simulation::RecordRound(uint64_t round, const EvalFigures& eval) {
   const int64_t fp32 = m.update_fp32_bytes.load();
   r.bytes_up_fp32 = fp32 - last_fp32_;
   last_fp32_ = fp32;
+  const int64_t down_full = m.download_full_bytes.load();
+  r.bytes_down_full = down_full - last_down_full_;
+  last_down_full_ = down_full;
   last_accepted_ = accepted;
   last_up_ = up;
   last_down_ = down;

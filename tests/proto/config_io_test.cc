@@ -262,6 +262,39 @@ TEST(ConfigIoTest, StrategyAndStageDefaultsDependOnTheirKind) {
   EXPECT_EQ(c->codec().stages(2).zstd().level(), 3);
 }
 
+TEST(ConfigIoTest, TheDownlinkCodecIsCheckedLikeTheUplinksWithoutErrorFeedback) {
+  // Defaults fill the downlink's stages too, except error_feedback: the server always carries the
+  // downlink's error into the next delta, so the setting does not apply and is refused.
+  absl::StatusOr<RunConfig> c = ParseRunConfigJson(R"({
+    "model": {"path": "m"}, "task": {"labels": ["a", "b"]},
+    "downlink_codec": {"stages": [{"id": "QUANT", "quant": {"bits": 4}}, {"id": "ZSTD"}]}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->downlink_codec().stages_size(), 2);
+  EXPECT_EQ(c->downlink_codec().stages(0).quant().block_size(), 256u);
+  EXPECT_TRUE(c->downlink_codec().stages(0).quant().stochastic());
+  EXPECT_FALSE(c->downlink_codec().stages(0).quant().has_error_feedback());
+  EXPECT_EQ(c->downlink_codec().stages(1).zstd().level(), 3);
+
+  for (const char* stage : {R"({"id": "TOPK", "top_k": {"error_feedback": true}})",
+                            R"({"id": "RANDOMK", "random_k": {"error_feedback": false}})",
+                            R"({"id": "QUANT", "quant": {"error_feedback": true}})"}) {
+    ExpectInvalid(ParseRunConfigJson(absl::StrCat(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
+                                                    "downlink_codec": {"stages": [)",
+                                                  stage, "]}}"))
+                      .status(),
+                  "downlink_codec.stages[0] sets error_feedback, which does not apply to the downlink");
+  }
+  ExpectInvalid(ParseRunConfigJson(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
+    "downlink_codec": {"stages": [{"id": "ZSTD"}, {"id": "QUANT"}]}})").status(),
+                "downlink_codec.stages[0].id");
+  ExpectInvalid(ParseRunConfigJson(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
+    "downlink_codec": {"stages": [{"id": "QUANT", "quant": {"bits": 3}}]}})").status(),
+                "downlink_codec.stages[0].quant.bits");
+  ExpectInvalid(ParseRunConfigJson(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
+    "downlink_codec": {"stages": [{"id": "LOWRANK"}]}})").status(),
+                "downlink_codec.stages[0].id LOWRANK is not implemented yet");
+}
+
 TEST(ConfigIoTest, ApplyingDefaultsTwiceChangesNothing) {
   RunConfig once = MinimalConfig();
   RunConfig twice = once;

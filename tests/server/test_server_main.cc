@@ -2,9 +2,10 @@
 // adapter, fast timings), on a given port and data directory, run as a child process so that a test
 // can SIGKILL it (FEDLORA_TEST_CRASH_AT, see server/crash_point.h) and start it again.
 //
-//   fedlora_test_server <data_dir> <port> <rounds> <clients> [strategy[:tailK]]
+//   fedlora_test_server <data_dir> <port> <rounds> <clients> [strategy[:tailK|:downlink]]
 //
-// ":tailK" sets aggregation.average_last_rounds to K.
+// ":tailK" sets aggregation.average_last_rounds to K; ":downlink" sets downlink_codec to
+// [QUANT 8 bit nearest, ZSTD].
 //
 // Runs until killed (SIGTERM at the end of a test).
 #include <csignal>
@@ -24,13 +25,14 @@ int main(int argc, char** argv) {
   const std::string strategy_arg = argc == 6 ? argv[5] : "FEDAVG";
   const size_t colon = strategy_arg.find(':');
   int tail = 0;
-  const bool tail_ok = colon == std::string::npos ||
+  const bool downlink = colon != std::string::npos && strategy_arg.substr(colon + 1) == "downlink";
+  const bool tail_ok = colon == std::string::npos || downlink ||
                        (strategy_arg.compare(colon + 1, 4, "tail") == 0 &&
                         absl::SimpleAtoi(strategy_arg.substr(colon + 5), &tail));
   if ((argc != 5 && argc != 6) || !absl::SimpleAtoi(argv[2], &port) || !absl::SimpleAtoi(argv[3], &rounds) ||
       !absl::SimpleAtoi(argv[4], &clients) || !tail_ok ||
       !fedlora::v1::AggregationConfig::Strategy_Parse(strategy_arg.substr(0, colon), &strategy)) {
-    std::fprintf(stderr, "usage: %s <data_dir> <port> <rounds> <clients> [strategy[:tailK]]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s <data_dir> <port> <rounds> <clients> [strategy[:tailK|:downlink]]\n", argv[0]);
     return 2;
   }
   // Block the stop signals before any thread exists, so that every thread inherits the mask and
@@ -49,6 +51,18 @@ int main(int argc, char** argv) {
     config.mutable_aggregation()->set_server_learning_rate(fedlora::testing::kTestAdaptiveServerLr);
   }
   config.mutable_aggregation()->set_average_last_rounds(static_cast<uint32_t>(tail));
+  if (downlink) {
+    fedlora::v1::CodecStage* quant = config.mutable_downlink_codec()->add_stages();
+    quant->set_id(fedlora::v1::CodecStage::QUANT);
+    quant->set_version(1);
+    quant->mutable_quant()->set_bits(8);
+    quant->mutable_quant()->set_block_size(256);
+    quant->mutable_quant()->set_stochastic(false);
+    fedlora::v1::CodecStage* zstd = config.mutable_downlink_codec()->add_stages();
+    zstd->set_id(fedlora::v1::CodecStage::ZSTD);
+    zstd->set_version(1);
+    zstd->mutable_zstd()->set_level(3);
+  }
   auto server = fedlora::Server::Create(options, config, fedlora::testing::InitialAdapter());
   if (!server.ok()) {
     std::fprintf(stderr, "fedlora_test_server: %s\n", server.status().ToString().c_str());

@@ -266,6 +266,59 @@ TEST(Simulator, CompressedUpdatesWithErrorFeedbackCrossTheWire) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Simulator, DownlinkDeltasRebuildTheBroadcastAdapter) {
+  // The same federation with full downloads and with downlink_codec [QUANT 8 bit, ZSTD]. Every
+  // client trains every round, so from round 2 on each holds the previous broadcast adapter and is
+  // offered its delta. The server accepts only updates from the broadcast adapter's hash, so every
+  // accepted update proves its client rebuilt that adapter bit for bit.
+  const std::string dir = MakeFixture();
+  auto run = [&](const std::string& name, const v1::RunConfig& config) {
+    SimOptions options;
+    options.out_dir = absl::StrCat(dir, "/", name);
+    options.progress = false;
+    options.max_seconds = 60;
+    auto result = RunSimulation(config, options);
+    EXPECT_TRUE(result.ok()) << name << ": " << result.status();
+    return result.ok() ? *result : SimResult{};
+  };
+  const v1::RunConfig plain = Config(dir, 3);
+  v1::RunConfig packed = plain;
+  v1::CodecStage* quant = packed.mutable_downlink_codec()->add_stages();
+  quant->set_id(v1::CodecStage::QUANT);
+  quant->set_version(1);
+  quant->mutable_quant()->set_bits(8);
+  quant->mutable_quant()->set_block_size(256);
+  quant->mutable_quant()->set_stochastic(false);
+  v1::CodecStage* zstd = packed.mutable_downlink_codec()->add_stages();
+  zstd->set_id(v1::CodecStage::ZSTD);
+  zstd->set_version(1);
+  zstd->mutable_zstd()->set_level(3);
+  ASSERT_TRUE(ValidateRunConfig(packed).ok()) << ValidateRunConfig(packed);
+  const SimResult a = run("plain", plain);
+  const SimResult b = run("packed", packed);
+  ASSERT_EQ(a.rounds.size(), 4u);
+  ASSERT_EQ(b.rounds.size(), 4u);
+  for (int r = 1; r <= 3; ++r) {
+    EXPECT_EQ(a.rounds[r].reported, 4) << "round " << r;
+    EXPECT_EQ(b.rounds[r].reported, 4) << "round " << r;
+    // Full downloads stand for themselves.
+    EXPECT_EQ(a.rounds[r].bytes_down_full, a.rounds[r].bytes_down) << "round " << r;
+    EXPECT_GT(a.rounds[r].bytes_down, 0) << "round " << r;
+  }
+  // Round 1 starts from the initial adapter, downloaded whole; later rounds send deltas.
+  EXPECT_EQ(b.rounds[1].bytes_down, a.rounds[1].bytes_down);
+  for (int r = 2; r <= 3; ++r) {
+    EXPECT_EQ(b.rounds[r].bytes_down_full, a.rounds[r].bytes_down_full) << "round " << r;
+    EXPECT_LT(b.rounds[r].bytes_down * 3, b.rounds[r].bytes_down_full) << "round " << r;
+  }
+  EXPECT_NE(b.rounds[3].eval_loss, b.rounds[0].eval_loss) << "training changed nothing";
+  // Each client keeps the adapter it trained from, for deltas after a restart.
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/packed/clients")) {
+    EXPECT_TRUE(std::filesystem::exists(e.path() / "global_adapter.safetensors")) << e.path();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Simulator, HundredsOfVirtualClientsWithFewTraining) {
   // 200 clients of 2 examples each (400 examples, IID), 8 selected per round: the clients are
   // cheap records and threads blocked in long polls; only 2 models exist.
@@ -333,8 +386,8 @@ TEST(Report, CsvJsonAndSvgOfKnownRecords) {
   b.dropped = 1;
   EXPECT_EQ(RoundRecordToJson(a).find("\"mean_train_loss\":null") != std::string::npos, true);
   const std::string csv = RoundsToCsv({a, b});
-  // eval_perplexity is empty (NaN for a classifier); bytes_up_fp32 comes last.
-  EXPECT_NE(csv.find("\n1,1,0.5,0,0,0,3145728,1048576,0,0,4,3,1,0,0,,0\n"), std::string::npos) << csv;
+  // eval_perplexity is empty (NaN for a classifier); bytes_up_fp32 and bytes_down_full come last.
+  EXPECT_NE(csv.find("\n1,1,0.5,0,0,0,3145728,1048576,0,0,4,3,1,0,0,,0,0\n"), std::string::npos) << csv;
   const std::string svg = RoundsToSvg({a, b}, "a <title> & more");
   EXPECT_NE(svg.find("a &lt;title&gt; &amp; more"), std::string::npos);
   // Cumulative MiB up reaches 3 at round 1: the bytes axis tops out at a nice value >= 3.

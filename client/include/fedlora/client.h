@@ -86,9 +86,10 @@ struct ClientOptions {
   int64_t max_tasks = 0;
   // Version string sent in Join, for the server's logs.
   std::string client_version = "0.1.0";
-  // Directory for the site's state that must outlive a restart: today the error-feedback residual
-  // of a lossy update codec (error_feedback.safetensors, written atomically after each accepted
-  // update). Default empty: the residual is kept in memory only and a restart loses it.
+  // Directory for the site's state that must outlive a restart: the error-feedback residual of a
+  // lossy update codec (error_feedback.safetensors, written atomically after each accepted update)
+  // and the last global adapter (global_adapter.safetensors), from which a run with a downlink
+  // codec sends deltas. Default empty: both live in memory only and a restart loses them.
   std::string state_dir;
 };
 
@@ -96,6 +97,11 @@ struct RunSummary {
   int64_t tasks_completed = 0;   // updates this client had accepted
   int64_t tasks_failed = 0;      // tasks given up (trainer error, update refused, round closed)
   uint64_t final_round = 0;      // the run's last committed round
+  // How the tasks' global adapters arrived: downloaded whole, rebuilt from a downlink delta chain,
+  // or already held.
+  int64_t adapters_downloaded = 0;
+  int64_t adapters_rebuilt = 0;
+  int64_t adapters_reused = 0;
   std::string final_adapter_sha256;
   std::vector<NamedTensor> final_adapter;  // empty unless download_final_adapter
 };
