@@ -5,8 +5,10 @@
                                  [--pipelines none,topk10_q8_zstd,...] [--out runs/compression]
 
 Runs `fedlora simulate --config configs/default.json --seed S` once per pipeline and seed, with
-only `codec` changed, then prints one table: bytes up and down per round (medians over the
-rounds and seeds), the upload compression ratio against the uncompressed run, the final accuracy
+only `codec` (and, for the ".down" pipelines, `downlink_codec`) changed, then prints one table:
+bytes up and down per round (medians over the rounds and seeds), the upload and download
+compression ratios against the uncompressed run (download: against what the same run's downloads
+stand for as full adapters), the final accuracy
 (mean and spread over the seeds), the accuracy difference against the uncompressed run of the
 same seed (mean over seeds), and the first round whose held-out accuracy reached the
 uncompressed run's final accuracy of the same seed. A run already in --out (its summary.json) is
@@ -22,7 +24,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Each pipeline: the run config's codec.stages.
+Q2_ZSTD = [{"id": "QUANT", "quant": {"bits": 2}}, {"id": "ZSTD"}]
+
+# Each pipeline: the run config's codec.stages, or (up, down): codec.stages and downlink_codec.stages.
 PIPELINES = {
     "none": [],
     "bf16_zstd": [{"id": "BF16"}, {"id": "ZSTD"}],
@@ -33,6 +37,9 @@ PIPELINES = {
     "topk5_q8_zstd": [{"id": "TOPK", "top_k": {"fraction": 0.05}}, {"id": "QUANT"}, {"id": "ZSTD"}],
     "topk1_q8_zstd": [{"id": "TOPK", "top_k": {"fraction": 0.01}}, {"id": "QUANT"}, {"id": "ZSTD"}],
     "randk10_q8_zstd": [{"id": "RANDOMK", "random_k": {"fraction": 0.1}}, {"id": "QUANT"}, {"id": "ZSTD"}],
+    "q2_zstd.down_q8n_zstd": (Q2_ZSTD, [{"id": "QUANT", "quant": {"bits": 8, "stochastic": False}}, {"id": "ZSTD"}]),
+    "q2_zstd.down_q4n_zstd": (Q2_ZSTD, [{"id": "QUANT", "quant": {"bits": 4, "stochastic": False}}, {"id": "ZSTD"}]),
+    "q2_zstd.down_q2n_zstd": (Q2_ZSTD, [{"id": "QUANT", "quant": {"bits": 2, "stochastic": False}}, {"id": "ZSTD"}]),
 }
 
 
@@ -43,7 +50,11 @@ def run(fedlora, pipeline, seed, out_root):
         with open(os.path.join(ROOT, "configs", "default.json")) as f:
             config = json.load(f)
         config["run_id"] = f"compression-{pipeline}"
-        config["codec"] = {"stages": PIPELINES[pipeline]}
+        spec = PIPELINES[pipeline]
+        up, down = spec if isinstance(spec, tuple) else (spec, [])
+        config["codec"] = {"stages": up}
+        if down:
+            config["downlink_codec"] = {"stages": down}
         os.makedirs(out, exist_ok=True)
         config_path = os.path.join(out_root, f"{pipeline}.json")
         with open(config_path, "w") as f:
@@ -81,9 +92,10 @@ def main():
 
     base_up = per_round("none", "bytes_up")
     print(f"\nconfigs/default.json, seeds {args.seeds}; bytes are medians over rounds and seeds")
-    print("| pipeline | bytes up / round | bytes down / round | upload ratio | final accuracy (mean, min-max) "
-          "| vs uncompressed (mean of paired differences) | first round at the uncompressed final accuracy |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| pipeline | bytes up / round | bytes down / round | upload ratio | download ratio "
+          "| final accuracy (mean, min-max) | vs uncompressed (mean of paired differences) "
+          "| first round at the uncompressed final accuracy |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for p in pipelines:
         accs = [results[(p, s)]["final_accuracy"] for s in seeds]
         deltas = [results[(p, s)]["final_accuracy"] - results[("none", s)]["final_accuracy"] for s in seeds]
@@ -94,7 +106,10 @@ def main():
                    if x.get("eval_accuracy") is not None and x["eval_accuracy"] >= target]
             reach.append(str(hit[0]) if hit else "-")
         up = per_round(p, "bytes_up")
-        print(f"| {p} | {up:,.0f} | {per_round(p, 'bytes_down'):,.0f} | {base_up / up:.1f}x | "
+        down = sum(x["bytes_down"] for s in seeds for x in trained_rounds(results[(p, s)]))
+        down_full = sum(x.get("bytes_down_full", 0) for s in seeds for x in trained_rounds(results[(p, s)]))
+        down_ratio = f"{down_full / down:.1f}x" if down_full and down else "-"
+        print(f"| {p} | {up:,.0f} | {per_round(p, 'bytes_down'):,.0f} | {base_up / up:.1f}x | {down_ratio} | "
               f"{statistics.mean(accs):.4f} ({min(accs):.4f}-{max(accs):.4f}) | {statistics.mean(deltas):+.4f} "
               f"({', '.join(f'{d:+.4f}' for d in deltas)}) | {', '.join(reach)} |")
     return 0

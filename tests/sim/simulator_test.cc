@@ -70,6 +70,36 @@ v1::RunConfig Config(const std::string& dir, int rounds) {
   return config.ok() ? *config : v1::RunConfig();
 }
 
+// `fedlora simulate` of `config` into <dir>/<name>, within a minute.
+SimResult RunIn(const std::string& dir, const std::string& name, const v1::RunConfig& config) {
+  SimOptions options;
+  options.out_dir = absl::StrCat(dir, "/", name);
+  options.progress = false;
+  options.max_seconds = 60;
+  auto result = RunSimulation(config, options);
+  EXPECT_TRUE(result.ok()) << name << ": " << result.status();
+  return result.ok() ? *result : SimResult{};
+}
+
+// QUANT 8 bit in blocks of 256, and ZSTD level 3, as a config holds them.
+v1::CodecStage QuantStage(bool stochastic) {
+  v1::CodecStage quant;
+  quant.set_id(v1::CodecStage::QUANT);
+  quant.set_version(1);
+  quant.mutable_quant()->set_bits(8);
+  quant.mutable_quant()->set_block_size(256);
+  quant.mutable_quant()->set_stochastic(stochastic);
+  return quant;
+}
+
+v1::CodecStage ZstdStage() {
+  v1::CodecStage zstd;
+  zstd.set_id(v1::CodecStage::ZSTD);
+  zstd.set_version(1);
+  zstd.mutable_zstd()->set_level(3);
+  return zstd;
+}
+
 std::string Read(const std::string& path) {
   auto s = ReadFileToString(path);
   EXPECT_TRUE(s.ok()) << s.status();
@@ -217,15 +247,6 @@ TEST(Simulator, CompressedUpdatesWithErrorFeedbackCrossTheWire) {
   // smaller on the wire, training still moves the adapter, and every client that uploaded keeps
   // its error-feedback residual in its state directory.
   const std::string dir = MakeFixture();
-  auto run = [&](const std::string& name, const v1::RunConfig& config) {
-    SimOptions options;
-    options.out_dir = absl::StrCat(dir, "/", name);
-    options.progress = false;
-    options.max_seconds = 60;
-    auto result = RunSimulation(config, options);
-    EXPECT_TRUE(result.ok()) << name << ": " << result.status();
-    return result.ok() ? *result : SimResult{};
-  };
   const v1::RunConfig plain = Config(dir, 2);
   v1::RunConfig packed = plain;
   v1::CodecStage* topk = packed.mutable_codec()->add_stages();
@@ -233,18 +254,11 @@ TEST(Simulator, CompressedUpdatesWithErrorFeedbackCrossTheWire) {
   topk->set_version(1);
   topk->mutable_top_k()->set_fraction(0.1);
   topk->mutable_top_k()->set_error_feedback(true);
-  v1::CodecStage* quant = packed.mutable_codec()->add_stages();
-  quant->set_id(v1::CodecStage::QUANT);
-  quant->set_version(1);
-  quant->mutable_quant()->set_bits(8);
-  quant->mutable_quant()->set_block_size(256);
-  v1::CodecStage* zstd = packed.mutable_codec()->add_stages();
-  zstd->set_id(v1::CodecStage::ZSTD);
-  zstd->set_version(1);
-  zstd->mutable_zstd()->set_level(3);
+  *packed.mutable_codec()->add_stages() = QuantStage(/*stochastic=*/true);
+  *packed.mutable_codec()->add_stages() = ZstdStage();
   ASSERT_TRUE(ValidateRunConfig(packed).ok()) << ValidateRunConfig(packed);
-  const SimResult a = run("plain", plain);
-  const SimResult b = run("packed", packed);
+  const SimResult a = RunIn(dir, "plain", plain);
+  const SimResult b = RunIn(dir, "packed", packed);
   ASSERT_EQ(a.rounds.size(), 3u);
   ASSERT_EQ(b.rounds.size(), 3u);
   for (int r = 1; r <= 2; ++r) {
@@ -272,30 +286,13 @@ TEST(Simulator, DownlinkDeltasRebuildTheBroadcastAdapter) {
   // offered its delta. The server accepts only updates from the broadcast adapter's hash, so every
   // accepted update proves its client rebuilt that adapter bit for bit.
   const std::string dir = MakeFixture();
-  auto run = [&](const std::string& name, const v1::RunConfig& config) {
-    SimOptions options;
-    options.out_dir = absl::StrCat(dir, "/", name);
-    options.progress = false;
-    options.max_seconds = 60;
-    auto result = RunSimulation(config, options);
-    EXPECT_TRUE(result.ok()) << name << ": " << result.status();
-    return result.ok() ? *result : SimResult{};
-  };
   const v1::RunConfig plain = Config(dir, 3);
   v1::RunConfig packed = plain;
-  v1::CodecStage* quant = packed.mutable_downlink_codec()->add_stages();
-  quant->set_id(v1::CodecStage::QUANT);
-  quant->set_version(1);
-  quant->mutable_quant()->set_bits(8);
-  quant->mutable_quant()->set_block_size(256);
-  quant->mutable_quant()->set_stochastic(false);
-  v1::CodecStage* zstd = packed.mutable_downlink_codec()->add_stages();
-  zstd->set_id(v1::CodecStage::ZSTD);
-  zstd->set_version(1);
-  zstd->mutable_zstd()->set_level(3);
+  *packed.mutable_downlink_codec()->add_stages() = QuantStage(/*stochastic=*/false);
+  *packed.mutable_downlink_codec()->add_stages() = ZstdStage();
   ASSERT_TRUE(ValidateRunConfig(packed).ok()) << ValidateRunConfig(packed);
-  const SimResult a = run("plain", plain);
-  const SimResult b = run("packed", packed);
+  const SimResult a = RunIn(dir, "plain", plain);
+  const SimResult b = RunIn(dir, "packed", packed);
   ASSERT_EQ(a.rounds.size(), 4u);
   ASSERT_EQ(b.rounds.size(), 4u);
   for (int r = 1; r <= 3; ++r) {
