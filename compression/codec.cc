@@ -131,11 +131,17 @@ absl::Status CheckEncodeOptions(const CodecOptions& o) {
   if (o.codec == CodecId::kQuant) {
     FEDLORA_RETURN_IF_ERROR(Annotate(CheckQuantSpec(o.quant_bits, o.quant_block_size), "EncodeUpdate"));
   }
-  if (o.sparsifier != Sparsifier::kNone && o.sparsifier != Sparsifier::kTopK && o.sparsifier != Sparsifier::kRandomK) {
+  if (o.sparsifier != Sparsifier::kNone && o.sparsifier != Sparsifier::kTopK && o.sparsifier != Sparsifier::kRandomK &&
+      o.sparsifier != Sparsifier::kLowRank) {
     return absl::InvalidArgumentError(
         absl::StrCat("EncodeUpdate: unknown sparsifier id ", static_cast<int>(o.sparsifier)));
   }
-  if (o.sparsifier != Sparsifier::kNone && !(o.fraction > 0.0 && o.fraction <= 1.0)) {
+  if (o.sparsifier == Sparsifier::kLowRank && (o.low_rank < 1 || o.low_rank > kMaxLowRank)) {
+    return absl::InvalidArgumentError(absl::StrCat("EncodeUpdate: low-rank rank ", o.low_rank, " is not in [1, ",
+                                                   kMaxLowRank, "]"));
+  }
+  if ((o.sparsifier == Sparsifier::kTopK || o.sparsifier == Sparsifier::kRandomK) &&
+      !(o.fraction > 0.0 && o.fraction <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("EncodeUpdate: kept fraction ", o.fraction, " is not in (0, 1]"));
   }
   if (o.global_top_k && o.sparsifier != Sparsifier::kTopK) {
@@ -158,7 +164,17 @@ absl::Status AppendV2Sections(const std::vector<UpdateTensor>& tensors, const Co
     const int64_t n = static_cast<int64_t>(t.values.size());
     const float* values = t.values.data();
     size_t count = t.values.size();
-    if (o.sparsifier != Sparsifier::kNone) {
+    if (o.sparsifier == Sparsifier::kLowRank) {
+      const LowRankLayout layout = LowRankLayoutFor(t.shape, o.low_rank);
+      PutU64(body, static_cast<uint64_t>(layout.values));
+      if (layout.factored()) {
+        std::vector<float> local;
+        std::vector<float>& q = o.warm_start != nullptr ? (*o.warm_start)[t.name] : local;
+        PowerIteration(values, layout, RandomKSeed(o.seed, ti), q, kept);
+        values = kept.data();
+        count = kept.size();
+      }
+    } else if (o.sparsifier != Sparsifier::kNone) {
       std::vector<int64_t> idx;
       if (o.sparsifier == Sparsifier::kRandomK) {
         const uint64_t seed = RandomKSeed(o.seed, ti);
@@ -305,7 +321,7 @@ absl::Status WalkV2Sections(const UpdateHeader& h, bool materialize, BodySource&
                             std::vector<UpdateTensor>& tensors, const std::vector<uint64_t>& numel,
                             std::vector<int64_t>& kept) {
   std::vector<int64_t> idx;
-  std::vector<float> buf;
+  std::vector<float> buf, factors;
   for (size_t t = 0; t < tensors.size(); ++t) {
     UpdateTensor& tensor = tensors[t];
     const uint64_t n = numel[t];
@@ -314,12 +330,18 @@ absl::Status WalkV2Sections(const UpdateHeader& h, bool materialize, BodySource&
     };
     uint64_t k = n;
     std::optional<RandomKSampler> sampler;
+    LowRankLayout layout;
     idx.clear();
     if (h.sparsifier != Sparsifier::kNone) {
       FEDLORA_ASSIGN_OR_RETURN(std::string_view f, source.Read(8, "kept count"));
       k = Load<uint64_t>(f.data());
       if (k > n) return bad(absl::StrCat("keeps ", k, " of its ", n, " entries"));
-      if (h.sparsifier == Sparsifier::kTopK) {
+      if (h.sparsifier == Sparsifier::kLowRank) {
+        layout = LowRankLayoutFor(tensor.shape, h.low_rank);
+        if (k != static_cast<uint64_t>(layout.values)) {
+          return bad(absl::StrCat("sends ", k, " values; at rank ", h.low_rank, " it travels as ", layout.values));
+        }
+      } else if (h.sparsifier == Sparsifier::kTopK) {
         FEDLORA_ASSIGN_OR_RETURN(f, source.Read(8, "index byte count"));
         const uint64_t bytes = Load<uint64_t>(f.data());
         if (bytes > source.remaining() || bytes < k || bytes / 10 > k) {
@@ -340,10 +362,19 @@ absl::Status WalkV2Sections(const UpdateHeader& h, bool materialize, BodySource&
                               " values but only ", source.remaining(), " remain"));
     }
     if (materialize) tensor.values.assign(static_cast<size_t>(n), 0.0f);
+    // A factored tensor's values are read even when not materialised: their largest magnitudes
+    // bound the product.
+    const bool factored = layout.factored();
+    const bool read_values = materialize || factored;
+    if (factored && materialize) factors.resize(k);
+    double max_p = 0, max_q = 0;
+    const uint64_t p_values = static_cast<uint64_t>(layout.rows * layout.rank);
     // Places m decoded values, the kept entries [done, done + m), into the dense tensor.
     auto place = [&](const float* v, uint64_t done, uint64_t m) {
       float* out = tensor.values.data();
-      if (h.sparsifier == Sparsifier::kNone) {
+      if (factored) {
+        std::memcpy(factors.data() + done, v, m * sizeof(float));
+      } else if (h.sparsifier == Sparsifier::kNone || h.sparsifier == Sparsifier::kLowRank) {
         std::memcpy(out + done, v, m * sizeof(float));
       } else if (sampler) {
         for (uint64_t j = 0; j < m; ++j) out[sampler->Next()] = v[j];
@@ -358,19 +389,33 @@ absl::Status WalkV2Sections(const UpdateHeader& h, bool materialize, BodySource&
       if (quant) {
         m = std::min<uint64_t>(static_cast<uint64_t>(h.quant_block_size), k - done);
         FEDLORA_ASSIGN_OR_RETURN(f, source.Read(QuantBlockBytes(m, h.quant_bits), "quantized block"));
-        if (materialize) buf.resize(m);
+        if (read_values) buf.resize(m);
         FEDLORA_RETURN_IF_ERROR(DequantizeBlock(f, static_cast<int64_t>(m), h.quant_bits,
-                                                materialize ? buf.data() : nullptr, what, done));
+                                                read_values ? buf.data() : nullptr, what, done));
       } else {
         const size_t esize = CodecElementSize(h.codec);
         FEDLORA_ASSIGN_OR_RETURN(f, source.ReadSome(esize, static_cast<size_t>((k - done) * esize)));
         m = f.size() / esize;
-        if (materialize) buf.resize(m);
+        if (read_values) buf.resize(m);
         FEDLORA_RETURN_IF_ERROR(
-            CheckValues(h.codec, f.data(), m, materialize ? buf.data() : nullptr, tensor.name, done));
+            CheckValues(h.codec, f.data(), m, read_values ? buf.data() : nullptr, tensor.name, done));
+      }
+      if (factored) {
+        for (uint64_t j = 0; j < m; ++j) {
+          double& max = done + j < p_values ? max_p : max_q;
+          max = std::max(max, static_cast<double>(std::fabs(buf[j])));
+        }
       }
       if (materialize) place(buf.data(), done, m);
       done += m;
+    }
+    if (factored) {
+      const double bound = static_cast<double>(layout.rank) * max_p * max_q;
+      if (bound > std::numeric_limits<float>::max() / 2) {
+        return bad(absl::StrCat("has rank-", layout.rank, " factors up to ", max_p, " and ", max_q,
+                                " whose product may overflow"));
+      }
+      if (materialize) ExpandFactors(factors.data(), layout, tensor.values.data());
     }
   }
   if (source.remaining() != 0) {
@@ -527,13 +572,17 @@ std::string_view SparsifierName(Sparsifier sparsifier) {
       return "top-k";
     case Sparsifier::kRandomK:
       return "random-k";
+    case Sparsifier::kLowRank:
+      return "low-rank";
   }
   return "unknown";
 }
 
 std::string CodecOptions::Describe() const {
   std::string out;
-  if (sparsifier != Sparsifier::kNone) {
+  if (sparsifier == Sparsifier::kLowRank) {
+    absl::StrAppend(&out, "low-rank ", low_rank, " + ");
+  } else if (sparsifier != Sparsifier::kNone) {
     absl::StrAppend(&out, ToAbsl(SparsifierName(sparsifier)), " ", fraction * 100, "%", global_top_k ? " global" : "",
                     " + ");
   }
@@ -550,6 +599,7 @@ CodecOptions UpdateHeader::options() const {
   CodecOptions o;
   o.sparsifier = sparsifier;
   o.codec = codec;
+  if (sparsifier == Sparsifier::kLowRank) o.low_rank = low_rank;
   if (codec == CodecId::kQuant) {
     o.quant_bits = quant_bits;
     o.quant_block_size = quant_block_size;
@@ -638,7 +688,7 @@ absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensor
     const bool quant = options.codec == CodecId::kQuant;
     PutU8(header, static_cast<uint8_t>(options.sparsifier));
     PutU8(header, quant ? static_cast<uint8_t>(options.quant_bits) : 0);
-    PutU16(header, 0);  // reserved
+    PutU16(header, options.sparsifier == Sparsifier::kLowRank ? static_cast<uint16_t>(options.low_rank) : 0);
     PutU32(header, quant ? static_cast<uint32_t>(options.quant_block_size) : 0);
   }
   std::memcpy(out.data(), header.data(), header_bytes);
@@ -682,14 +732,16 @@ absl::StatusOr<UpdateHeader> ParseUpdateHeader(std::string_view encoded, const D
     }
     const uint8_t sparsifier = Load<uint8_t>(p + 40);
     h.quant_bits = Load<uint8_t>(p + 41);
-    const uint16_t reserved2 = Load<uint16_t>(p + 42);
+    h.low_rank = Load<uint16_t>(p + 42);
     h.quant_block_size = Load<uint32_t>(p + 44);
-    if (sparsifier > static_cast<uint8_t>(Sparsifier::kRandomK)) {
+    if (sparsifier > static_cast<uint8_t>(Sparsifier::kLowRank)) {
       return absl::InvalidArgumentError(absl::StrCat("update header: unknown sparsifier id ", sparsifier));
     }
     h.sparsifier = static_cast<Sparsifier>(sparsifier);
-    if (reserved2 != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("update header: reserved field is ", reserved2, ", must be 0"));
+    if (h.sparsifier == Sparsifier::kLowRank ? h.low_rank < 1 || h.low_rank > kMaxLowRank : h.low_rank != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("update header: low-rank rank ", h.low_rank, " with sparsifier ",
+                                                     ToAbsl(SparsifierName(h.sparsifier)), " (must be 1 to ",
+                                                     kMaxLowRank, " with low-rank, else 0)"));
     }
     if (h.codec == CodecId::kQuant) {
       FEDLORA_RETURN_IF_ERROR(Annotate(CheckQuantSpec(h.quant_bits, h.quant_block_size), "update header"));

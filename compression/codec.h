@@ -21,9 +21,9 @@
 //     [24, 32) u64 raw byte size: size of the body before the zstd stage
 //     [32, 40) u64 payload byte size: size of what follows the header (== raw size without zstd)
 //     version 2 only:
-//     [40, 41) u8  sparsifier (Sparsifier: 0 none, 1 top-k, 2 random-k)
+//     [40, 41) u8  sparsifier (Sparsifier: 0 none, 1 top-k, 2 random-k, 3 low-rank)
 //     [41, 42) u8  quantization bits (1, 2, 4, 8 with kQuant; else 0)
-//     [42, 44) u16 reserved, must be 0
+//     [42, 44) u16 low-rank rank (1..kMaxLowRank with the low-rank sparsifier; else 0)
 //     [44, 48) u32 quantization block size (kQuant: a multiple of 8 up to 65536; else 0)
 //   payload: the body, or one zstd frame holding the body (our encoder writes the frame's content
 //            size and content checksum; the decoder checks both when present)
@@ -36,12 +36,15 @@
 //             row-major values concatenated in table order
 //
 //   body, version 2: the tensor count and table as above, then per tensor in table order:
-//     with a sparsifier: u64 k, the entries kept (k <= the tensor's element count), then
+//     with a sparsifier: u64 k, the values that travel (k <= the tensor's element count), then
 //       top-k:    u64 index bytes, then that many bytes of gap varints giving k ascending indices
 //       random-k: u64 seed; the indices are RandomKIndices(seed, element count, k)
-//     the values of the k kept entries (all entries without a sparsifier), in the element codec:
+//       low-rank: nothing; k must be LowRankLayoutFor(shape, rank).values (compression/low_rank.h)
+//     the k values (all entries without a sparsifier), in the element codec:
 //       fp32/fp16/bf16 as in version 1; kQuant as compression/quantize.h (blocks of scale + codes)
-//     Entries not kept decode as 0.
+//     Entries not kept decode as 0. A factored low-rank tensor's values are P then Q, and it
+//     decodes as P Q^T; the factors must bound the product below FLT_MAX / 2 (rank x max|P| x
+//     max|Q|), so that no decoded value overflows.
 //
 // The decoder treats its input as hostile: every size is checked against the input and against
 // DecodeLimits before anything is allocated, the zstd stage streams through a bounded window (1 MiB)
@@ -65,6 +68,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "compression/low_rank.h"
 
 namespace fedlora {
 
@@ -90,6 +94,7 @@ enum class Sparsifier : uint8_t {
   kNone = 0,
   kTopK = 1,     // the largest-magnitude entries, indices sent as gap varints
   kRandomK = 2,  // entries drawn from a seed that travels instead of the indices
+  kLowRank = 3,  // matrices as rank-r factors (compression/low_rank.h)
 };
 
 inline constexpr char kUpdateMagic[4] = {'F', 'L', 'U', '1'};
@@ -101,10 +106,11 @@ inline constexpr size_t kUpdateHeaderSizeV2 = 48;  // bytes, version 2
 inline constexpr uint32_t kUpdateFlagZstd = 1u << 0;
 inline constexpr size_t kMaxTensorNameBytes = 1024;
 inline constexpr int kMaxTensorRank = 8;
+inline constexpr int64_t kMaxLowRank = 4096;
 
 // "fp32", "fp16", "bf16", "quant".
 std::string_view CodecName(CodecId codec);
-// "none", "top-k", "random-k".
+// "none", "top-k", "random-k", "low-rank".
 std::string_view SparsifierName(Sparsifier sparsifier);
 // Inverse of CodecName; also accepts "f32"/"f16" spellings. InvalidArgument naming the text.
 absl::StatusOr<CodecId> ParseCodecName(std::string_view name);
@@ -117,6 +123,10 @@ struct CodecOptions {
   Sparsifier sparsifier = Sparsifier::kNone;
   double fraction = 0.01;
   bool global_top_k = false;
+  // kLowRank: the factors' rank (1..kMaxLowRank), and the warm start it reads and updates (each
+  // factored tensor's Q; may be null: Q0 is then drawn from `seed`).
+  int64_t low_rank = 4;
+  LowRankWarmStart* warm_start = nullptr;
   CodecId codec = CodecId::kRawF32;
   // kQuant: bits per value, values per scale, stochastic (unbiased) or nearest rounding.
   int quant_bits = 8;
@@ -137,7 +147,8 @@ struct CodecOptions {
   // The stages the receiver can see on the wire, compared by a server enforcing its run's codec.
   bool SameWireFormat(const CodecOptions& o) const {
     return sparsifier == o.sparsifier && codec == o.codec && zstd == o.zstd &&
-           (codec != CodecId::kQuant || (quant_bits == o.quant_bits && quant_block_size == o.quant_block_size));
+           (codec != CodecId::kQuant || (quant_bits == o.quant_bits && quant_block_size == o.quant_block_size)) &&
+           (sparsifier != Sparsifier::kLowRank || low_rank == o.low_rank);
   }
   // What the format writes ("top-k 1% + quant 8 bit/256 + zstd"), for messages and reports.
   std::string Describe() const;
@@ -165,6 +176,7 @@ struct UpdateHeader {
   Sparsifier sparsifier = Sparsifier::kNone;
   int quant_bits = 0;
   int64_t quant_block_size = 0;
+  int64_t low_rank = 0;
   bool zstd() const { return (flags & kUpdateFlagZstd) != 0; }
   size_t header_bytes() const { return format_version == kUpdateFormatVersion ? kUpdateHeaderSize : kUpdateHeaderSizeV2; }
   // The wire-visible options this header stands for (fraction, seed and error feedback unset).
@@ -189,7 +201,7 @@ absl::StatusOr<std::vector<UpdateTensor>> DecodeUpdate(std::string_view encoded,
 struct UpdateTensorInfo {
   std::string name;
   std::vector<int64_t> shape;
-  int64_t kept = 0;  // entries that travel: the element count without a sparsifier, else k
+  int64_t kept = 0;  // values that travel: the element count without a sparsifier, else k
 };
 
 // Checks everything DecodeUpdate checks, with the same result (OK, or the same error code and

@@ -10,6 +10,8 @@ namespace fedlora {
 namespace {
 
 constexpr char kRunIdKey[] = "fedlora_run_id";
+constexpr char kWarmStartPrefix[] = "low_rank_q/";
+constexpr size_t kWarmStartPrefixSize = sizeof(kWarmStartPrefix) - 1;
 
 }  // namespace
 
@@ -20,7 +22,15 @@ absl::StatusOr<ErrorFeedback> ErrorFeedback::Load(const std::string& path, const
   if (!file.ok()) return Annotate(file.status(), "error-feedback residual");
   auto it = (*file)->metadata().find(kRunIdKey);
   if (it == (*file)->metadata().end() || it->second != run_id) return ef;
-  FEDLORA_ASSIGN_OR_RETURN(ef.residual_, AdapterFromSafetensors(**file, "error-feedback residual " + path));
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> tensors,
+                           AdapterFromSafetensors(**file, "error-feedback residual " + path));
+  for (UpdateTensor& t : tensors) {
+    if (t.name.starts_with(kWarmStartPrefix)) {
+      ef.warm_[t.name.substr(kWarmStartPrefixSize)] = std::move(t.values);
+    } else {
+      ef.residual_.push_back(std::move(t));
+    }
+  }
   return ef;
 }
 
@@ -28,6 +38,10 @@ absl::Status ErrorFeedback::Save(const std::string& path, const std::string& run
   std::vector<SafetensorsTensorToWrite> tensors;
   for (const UpdateTensor& t : residual_) {
     tensors.push_back({t.name, DType::kF32, t.shape, t.values.data(), t.values.size() * sizeof(float)});
+  }
+  for (const auto& [name, q] : warm_) {
+    tensors.push_back({absl::StrCat(kWarmStartPrefix, name), DType::kF32, {static_cast<int64_t>(q.size())}, q.data(),
+                       q.size() * sizeof(float)});
   }
   return WriteSafetensors(path, tensors, {{kRunIdKey, run_id}});
 }
@@ -48,7 +62,10 @@ std::vector<UpdateTensor> ErrorFeedback::Corrected(const std::vector<UpdateTenso
 absl::StatusOr<std::string> ErrorFeedback::Encode(const std::vector<UpdateTensor>& update,
                                                   const CodecOptions& options) {
   std::vector<UpdateTensor> corrected = Corrected(update);
-  FEDLORA_ASSIGN_OR_RETURN(std::string wire, EncodeUpdate(corrected, options));
+  CodecOptions o = options;
+  pending_warm_ = warm_;
+  o.warm_start = options.sparsifier == Sparsifier::kLowRank ? &pending_warm_ : nullptr;
+  FEDLORA_ASSIGN_OR_RETURN(std::string wire, EncodeUpdate(corrected, o));
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> sent, DecodeUpdate(wire, DecodeLimits{}));
   for (size_t t = 0; t < corrected.size(); ++t) {
     std::vector<float>& c = corrected[t].values;
@@ -64,6 +81,8 @@ void ErrorFeedback::Commit() {
   if (!has_pending_) return;
   residual_ = std::move(pending_);
   pending_.clear();
+  warm_ = std::move(pending_warm_);
+  pending_warm_.clear();
   has_pending_ = false;
 }
 

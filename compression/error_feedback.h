@@ -10,8 +10,10 @@
 //   FEDLORA_RETURN_IF_ERROR(ef.Save(path, run_id));
 //
 // An update the server never accepted changes nothing: without Commit the residual stays as it
-// was. The residual lives beside the site's other state in one safetensors file, written
-// atomically, tagged with the run id; a file of another run starts afresh.
+// was. With the low-rank stage the same holds for its warm start (each tensor's last Q,
+// compression/low_rank.h). Both live beside the site's other state in one safetensors file
+// (the warm start under "low_rank_q/<tensor>"), written atomically, tagged with the run id; a file
+// of another run starts afresh.
 //
 // Thread-safety: none; one per client.
 #pragma once
@@ -38,15 +40,18 @@ class ErrorFeedback {
   // have is dropped: the adapter's shape changed).
   std::vector<UpdateTensor> Corrected(const std::vector<UpdateTensor>& update) const;
   // Encodes Corrected(update) with `options`, decodes the result as the server will, and keeps
-  // corrected - decoded as the pending residual. Errors as EncodeUpdate / DecodeUpdate.
+  // corrected - decoded as the pending residual (and, for low-rank, the new warm start as the
+  // pending one; options.warm_start is ignored). Errors as EncodeUpdate / DecodeUpdate.
   absl::StatusOr<std::string> Encode(const std::vector<UpdateTensor>& update, const CodecOptions& options);
-  // The pending residual becomes the residual (call once the server accepted the update).
+  // The pending residual and warm start become current (call once the server accepted the update).
   void Commit();
 
   const std::vector<UpdateTensor>& residual() const { return residual_; }
+  const LowRankWarmStart& warm_start() const { return warm_; }
 
  private:
   std::vector<UpdateTensor> residual_, pending_;
+  LowRankWarmStart warm_, pending_warm_;
   bool has_pending_ = false;
 };
 

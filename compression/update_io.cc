@@ -35,6 +35,17 @@ absl::StatusOr<CodecOptions> CodecOptionsFromSpec(const v1::CodecSpec& spec) {
         options.fraction = stage.random_k().has_fraction() ? stage.random_k().fraction() : 0.01;
         options.error_feedback |= !stage.random_k().has_error_feedback() || stage.random_k().error_feedback();
         break;
+      case v1::CodecStage::LOWRANK: {
+        // PowerSGD is biased: its error feedback is always on.
+        options.sparsifier = Sparsifier::kLowRank;
+        options.low_rank = stage.low_rank().has_rank() ? stage.low_rank().rank() : 4;
+        options.error_feedback = true;
+        if (options.low_rank < 1 || options.low_rank > kMaxLowRank) {
+          return absl::InvalidArgumentError(absl::StrCat("codec stage ", i, ": low_rank.rank ", options.low_rank,
+                                                         " is not in [1, ", kMaxLowRank, "]"));
+        }
+        break;
+      }
       case v1::CodecStage::QUANT: {
         const v1::QuantParams& q = stage.quant();
         options.codec = CodecId::kQuant;

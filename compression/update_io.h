@@ -13,10 +13,10 @@
 
 namespace fedlora {
 
-// The CodecOptions a CodecSpec stands for (seed unset: the client derives it from its task). The
-// codec module implements NONE, TOPK, RANDOMK, FP16, BF16, QUANT and a final ZSTD; LOWRANK gives
-// Unimplemented, a misplaced ZSTD or quantization parameters out of range InvalidArgument. Error
-// feedback is on when any stage asks for it (config_io fills each stage's default).
+// The CodecOptions a CodecSpec stands for (seed unset: the client derives it from its task). Every
+// stage is implemented; a misplaced ZSTD, quantization parameters or a rank out of range give
+// InvalidArgument, an unknown stage id Unimplemented. Error feedback is on when any stage asks for
+// it (config_io fills each stage's default) and always with LOWRANK.
 absl::StatusOr<CodecOptions> CodecOptionsFromSpec(const v1::CodecSpec& spec);
 
 // Parses a safetensors image whose tensors are all F32, in the file's (sorted) name order.

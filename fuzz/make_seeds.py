@@ -248,7 +248,7 @@ def varint(v):
     return bytes(out)
 
 
-def encode_update_v2(tensors, sections, codec=1, sparsifier=0, bits=0, block=0, zstd=False):
+def encode_update_v2(tensors, sections, codec=1, sparsifier=0, bits=0, block=0, zstd=False, rank=0):
     """Format version 2: tensors [(name, shape)], sections the bytes after the table, written by hand."""
     body = bytearray(struct.pack("<I", len(tensors)))
     elements = 0
@@ -266,7 +266,7 @@ def encode_update_v2(tensors, sections, codec=1, sparsifier=0, bits=0, block=0, 
         payload = subprocess.run(["zstd", "-q", "-c", "--content-size", "--check", "-3"], input=payload,
                                  stdout=subprocess.PIPE, check=True).stdout
     header = b"FLU1" + struct.pack("<HBBIIQQQ", 2, codec, 1, 1 if zstd else 0, 0, elements, len(body), len(payload))
-    header += struct.pack("<BBHI", sparsifier, bits, 0, block)
+    header += struct.pack("<BBHI", sparsifier, bits, rank, block)
     assert len(header) == 48
     return header + payload
 
@@ -282,6 +282,9 @@ def update_v2_seeds():
     # dense 2-bit quantization, block 8: one full block and a block of 2 (scale 1.0, codes 0..3)
     quant = struct.pack("<f", 1.0) + bytes([0b11100100, 0b00011011]) + struct.pack("<f", 0.5) + bytes([0b0110])
     write("update", "v2_quant2", encode_update_v2([("q", [10])], quant, codec=4, bits=2, block=8))
+    # low-rank 1: a 4 x 8 matrix as P (4 x 1) and Q (8 x 1) in fp32, decoded as P Q^T
+    lowrank = struct.pack("<Q", 12) + struct.pack("<12f", 1.0, -0.5, 0.25, 2.0, *[0.5 * i for i in range(8)])
+    write("update", "v2_lowrank1_f32", encode_update_v2([("m", [4, 8])], lowrank, codec=1, sparsifier=3, rank=1))
     # top-k 2 of 8 + 8-bit quantization + zstd
     both = struct.pack("<QQ", 2, 2) + varint(0) + varint(6) + struct.pack("<f", 3.0) + bytes([255, 0])
     if shutil.which("zstd"):

@@ -656,15 +656,6 @@ std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
     refuse(absl::StrCat("model.architecture \"", absl::CEscape(arch), "\""),
            "supported: \"bert\", \"roberta\", \"xlm-roberta\"");
   }
-  for (const auto& [field, spec] : {std::pair{"codec", &c.codec()}, std::pair{"downlink_codec", &c.downlink_codec()}}) {
-    for (int i = 0; i < spec->stages_size(); ++i) {
-      const CodecStage::Id id = spec->stages(i).id();
-      if (id == CodecStage::LOWRANK) {
-        refuse(absl::StrCat(field, ".stages[", i, "].id ", StageName(id)),
-               "available stages: NONE, TOPK, RANDOMK, FP16, BF16, QUANT, ZSTD");
-      }
-    }
-  }
   const AggregationConfig& a = c.aggregation();
   if (NeedsIndividualUpdates(a.strategy())) {
     refuse(absl::StrCat("aggregation.strategy ", AggregationConfig::Strategy_Name(a.strategy())),

@@ -348,7 +348,8 @@ absl::Status MatchSpec(std::vector<T>& tensors, const std::vector<TensorSpec>& s
 // A sparsified update keeps exactly the run's fraction: KeptCount of each tensor, or of the
 // whole update with global top-k. More would undo the compression the run asked for.
 absl::Status CheckKeptCounts(const std::vector<UpdateTensorInfo>& table, const CodecOptions& codec) {
-  if (codec.sparsifier == Sparsifier::kNone) return absl::OkStatus();
+  // Low-rank counts follow from the header's rank and each shape; the decoder checked them.
+  if (codec.sparsifier == Sparsifier::kNone || codec.sparsifier == Sparsifier::kLowRank) return absl::OkStatus();
   int64_t total = 0, kept = 0;
   for (const UpdateTensorInfo& t : table) {
     int64_t n = 1;

@@ -123,6 +123,14 @@ TEST(DownlinkTest, EveryStageOfADownlinkCodecSpecRebuildsBitForBit) {
     *spec.add_stages() = quant;
     specs.push_back(spec);
   }
+  {
+    v1::CodecSpec spec;  // rank-2 factors in bf16
+    v1::CodecStage lowrank = Stage(v1::CodecStage::LOWRANK);
+    lowrank.mutable_low_rank()->set_rank(2);
+    *spec.add_stages() = lowrank;
+    *spec.add_stages() = Stage(v1::CodecStage::BF16);
+    specs.push_back(spec);
+  }
   for (const v1::CodecSpec& spec : specs) {
     absl::StatusOr<CodecOptions> options = CodecOptionsFromSpec(spec);
     ASSERT_TRUE(options.ok()) << spec.ShortDebugString() << ": " << options.status();

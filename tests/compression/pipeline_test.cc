@@ -368,8 +368,11 @@ TEST_F(HostileV2Test, OverlongVarintAndBadQuantBlocks) {
 
 TEST_F(HostileV2Test, HeaderFieldsOfVersionTwo) {
   std::string w = TopK();
-  w[40] = 3;
-  Expect(w, "unknown sparsifier id 3");
+  w[40] = 4;
+  Expect(w, "unknown sparsifier id 4");
+  w = TopK();
+  w[42] = 1;  // a low-rank rank with top-k
+  Expect(w, "low-rank rank 1 with sparsifier top-k");
   w = TopK();
   w[41] = 8;  // bits without the quant codec
   Expect(w, "without the quant codec");
@@ -427,9 +430,21 @@ TEST(PipelineTest, CodecOptionsFromSpecCarriesEveryParameter) {
   EXPECT_TRUE(o->global_top_k);
   spec.mutable_stages(1)->mutable_quant()->set_block_size(100);
   EXPECT_EQ(CodecOptionsFromSpec(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.mutable_stages(1)->mutable_quant()->set_block_size(64);
+  spec.mutable_stages(1)->mutable_quant()->set_error_feedback(false);
   spec.mutable_stages(0)->set_id(v1::CodecStage::LOWRANK);
   spec.mutable_stages(0)->mutable_low_rank()->set_rank(2);
-  EXPECT_EQ(CodecOptionsFromSpec(spec).status().code(), absl::StatusCode::kUnimplemented);
+  o = CodecOptionsFromSpec(spec);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->sparsifier, Sparsifier::kLowRank);
+  EXPECT_EQ(o->low_rank, 2);
+  EXPECT_TRUE(o->error_feedback) << "low-rank always keeps its residual";
+  EXPECT_EQ(o->Describe(), "low-rank 2 + quant 2 bit/64 + zstd");
+  CodecOptions rank3 = *o;
+  rank3.low_rank = 3;
+  EXPECT_FALSE(o->SameWireFormat(rank3));
+  spec.mutable_stages(0)->mutable_low_rank()->set_rank(5000);
+  EXPECT_EQ(CodecOptionsFromSpec(spec).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Values on the 1/64 grid with small magnitudes: every sum and difference below is exact in

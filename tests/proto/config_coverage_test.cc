@@ -169,6 +169,10 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
        {"proto/config_io_test.cc", "\"random_k\": {\"error_feedback\""}},
       {"downlink_codec.stages.quant.error_feedback", {"proto/config_io_test.cc", "\"quant\": {\"error_feedback\""}},
       {"downlink_codec.stages.quant.stochastic", {"compression/downlink_test.cc", "mutable_quant()->set_stochastic"}},
+      {"codec.stages.id=LOWRANK", {"sim/simulator_test.cc", "LowRankUpdatesCrossTheWire"}},
+      {"codec.stages.low_rank.rank", {"compression/pipeline_test.cc", "low_rank()->set_rank"}},
+      {"downlink_codec.stages.id=LOWRANK", {"compression/downlink_test.cc", "CodecStage::LOWRANK"}},
+      {"downlink_codec.stages.low_rank.rank", {"compression/downlink_test.cc", "mutable_low_rank()->set_rank"}},
       {"data.eval_path", {"server/cli_federation_test.cc", "eval_path"}},
       {"data.train_path", {"sim/simulator_test.cc", "train_path"}},
       {"data.eval_every_rounds", {"server/federation_e2e_test.cc", "eval_every_rounds"}},
@@ -236,25 +240,6 @@ const std::map<std::string, std::pair<Mutation, std::string>>& RefusedSettings()
       {"aggregation.krum_byzantine_clients",
        {[](RunConfig& c) { c.mutable_aggregation()->set_krum_byzantine_clients(1); },
         "aggregation.krum_byzantine_clients"}},
-      {"codec.stages.id=LOWRANK",
-       {[](RunConfig& c) { *c.mutable_codec()->add_stages() = StageWith(CodecStage::LOWRANK); }, "LOWRANK"}},
-      {"codec.stages.low_rank.rank",
-       {[](RunConfig& c) {
-          CodecStage* s = c.mutable_codec()->add_stages();
-          *s = StageWith(CodecStage::LOWRANK);
-          s->mutable_low_rank()->set_rank(2);
-        },
-        "LOWRANK"}},
-      {"downlink_codec.stages.id=LOWRANK",
-       {[](RunConfig& c) { *c.mutable_downlink_codec()->add_stages() = StageWith(CodecStage::LOWRANK); },
-        "downlink_codec.stages[0].id LOWRANK"}},
-      {"downlink_codec.stages.low_rank.rank",
-       {[](RunConfig& c) {
-          CodecStage* s = c.mutable_downlink_codec()->add_stages();
-          *s = StageWith(CodecStage::LOWRANK);
-          s->mutable_low_rank()->set_rank(2);
-        },
-        "downlink_codec.stages[0].id LOWRANK"}},
       {"privacy.dp.enabled",
        {[](RunConfig& c) { c.mutable_privacy()->mutable_dp()->set_enabled(true); }, "privacy.dp.enabled"}},
       {"privacy.dp.mode",

@@ -290,9 +290,10 @@ TEST(ConfigIoTest, TheDownlinkCodecIsCheckedLikeTheUplinksWithoutErrorFeedback) 
   ExpectInvalid(ParseRunConfigJson(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
     "downlink_codec": {"stages": [{"id": "QUANT", "quant": {"bits": 3}}]}})").status(),
                 "downlink_codec.stages[0].quant.bits");
-  ExpectInvalid(ParseRunConfigJson(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
-    "downlink_codec": {"stages": [{"id": "LOWRANK"}]}})").status(),
-                "downlink_codec.stages[0].id LOWRANK is not implemented yet");
+  absl::StatusOr<RunConfig> lowrank = ParseRunConfigJson(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
+    "downlink_codec": {"stages": [{"id": "LOWRANK"}, {"id": "BF16"}]}})");
+  ASSERT_TRUE(lowrank.ok()) << lowrank.status();
+  EXPECT_EQ(lowrank->downlink_codec().stages(0).low_rank().rank(), 4u);
 }
 
 TEST(ConfigIoTest, ApplyingDefaultsTwiceChangesNothing) {
@@ -594,9 +595,13 @@ const std::vector<ValidationCase>& Cases() {
        "task.chat_template belongs to CAUSAL_LM"},
       {"DecoderArchitecture", [](RunConfig& c) { c.mutable_model()->set_architecture("llama"); },
        "model.architecture \"llama\" is not implemented yet"},
-      {"LowRank",
-       [](RunConfig& c) { *c.mutable_codec()->add_stages() = Stage(CodecStage::LOWRANK); },
-       "codec.stages[0].id LOWRANK is not implemented yet"},
+      {"LowRankRank",
+       [](RunConfig& c) {
+         CodecStage s = Stage(CodecStage::LOWRANK);
+         s.mutable_low_rank()->set_rank(5000);
+         *c.mutable_codec()->add_stages() = s;
+       },
+       "codec.stages[0].low_rank.rank"},
       {"LogitAdjustmentNegative",
        [](RunConfig& c) { c.mutable_training()->set_logit_adjustment(-0.5); },
        "training.logit_adjustment (-0.5) must be finite and in [0, 10]"},
