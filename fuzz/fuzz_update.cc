@@ -7,8 +7,9 @@
 // - an update that decodes has a header ParseUpdateHeader accepts, with the same codec;
 // - every tensor keeps at most its element count (all of them without a sparsifier);
 // - a decoded update encodes again (same stages, keeping every entry) and decodes to the same bits
-//   unless quantized; a version 1 encoding without zstd is the input itself (every field of the
-//   format is determined).
+//   unless quantized or low-rank; a version 1 encoding without zstd is the input itself (every
+//   field of the format is determined). A low-rank update is only encoded and decoded again: its
+//   projection is approximate, and the factors of huge values may not bound their product.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -92,6 +93,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto again = EncodeUpdate(*decoded, options);
   if (!again.ok()) return 0;  // the encoder refuses some updates the decoder takes (no tensors)
   auto redecoded = DecodeUpdate(*again, limits);
+  if (options.sparsifier == Sparsifier::kLowRank) return 0;
   FUZZ_CHECK(redecoded.ok(), redecoded.status());
   // Quantizing again picks new scales, so only the exact element codecs round-trip bit for bit.
   if (options.codec != CodecId::kQuant) FUZZ_CHECK(SameBits(*decoded, *redecoded), "values differ after a round trip");
