@@ -99,6 +99,9 @@ TEST(FederationE2eTest, FourClientsThreeRoundsGiveTheDirectlyComputedAdapter) {
     EXPECT_EQ(r.update_fp32_bytes(), static_cast<uint64_t>(4 * 4 * adapter_elements));
     EXPECT_GT(r.upload_bytes(), r.update_fp32_bytes());
     EXPECT_LT(r.upload_bytes(), r.update_fp32_bytes() + 4 * 4096);
+    // Without a downlink codec each of the four clients downloads the whole adapter once.
+    EXPECT_EQ(r.download_bytes(), 4 * status.global_adapter().total_bytes()) << "round " << r.round();
+    EXPECT_EQ(r.download_full_bytes(), r.download_bytes()) << "round " << r.round();
   }
   EXPECT_EQ(status.global_adapter().sha256(), (*server)->coordinator().global_adapter_sha256());
 
