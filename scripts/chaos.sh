@@ -45,7 +45,10 @@ command -v sqlite3 >/dev/null || { echo "chaos: FAIL: sqlite3 not installed (scr
 
 # --- Settings per mode -----------------------------------------------------------------------
 CLIENTS=3
-LINGER_S=6           # the server keeps serving this long after the run finished
+# The server keeps serving this long after the run finished: longer than a client's backoff after
+# a server restart (0.2 s doubling: 6.4 s by the sixth try, 12.8 s by the seventh), so that a client
+# waiting one out still finds the server to tell it the run is over.
+LINGER_S=15
 # Kill k waits for round ROUND_k (spread over the run: 1 + k * ROUNDS / kills) and then a delay of
 # 0..KILL_MAX_MS from the moment that round was seen open, or from the previous restart if later.
 if [[ $MODE == short ]]; then
