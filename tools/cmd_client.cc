@@ -93,7 +93,7 @@ int RunClient(int argc, char** argv) {
   std::string state_dir;
   flags.AddString("state-dir", &state_dir,
                   "directory for the site's state across restarts: the error-feedback residual of a lossy codec "
-                  "(empty: kept in memory)");
+                  "and the last global adapter, from which a downlink codec sends deltas (empty: kept in memory)");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
   if (!state_dir.empty()) {
     std::error_code ec;
