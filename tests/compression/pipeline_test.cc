@@ -390,6 +390,39 @@ TEST_F(HostileV2Test, HeaderFieldsOfVersionTwo) {
   EXPECT_EQ(DecodeUpdate(truncated, DecodeLimits{}).status().code(), absl::StatusCode::kDataLoss);
 }
 
+TEST_F(HostileV2Test, LowRankLiesAboutCountsRanksAndFactorsAreRefused) {
+  // One tensor "w" [4, 64] of rank 1 at low-rank rank 1: 68 fp32 values (P 4, Q 64).
+  UpdateTensor m{"w", {4, 64}, std::vector<float>(256)};
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 64; ++j) m.values[i * 64 + j] = static_cast<float>((i + 1) * (j - 30)) / 64.0f;
+  }
+  auto wire = [&] { return *EncodeUpdate({m}, {.sparsifier = Sparsifier::kLowRank, .low_rank = 1}); };
+  constexpr size_t kLowRankSection = kSection + 8;  // two dims
+  std::string w = wire();
+  uint64_t k;
+  std::memcpy(&k, w.data() + kLowRankSection, 8);
+  ASSERT_EQ(k, 68u);
+  ASSERT_TRUE(DecodeUpdate(w, DecodeLimits{}).ok());
+
+  w[kLowRankSection] = 67;
+  Expect(w, "sends 67 values; at rank 1 it travels as 68");
+  w = wire();
+  w[42] = 0;  // rank 0 with the low-rank sparsifier
+  Expect(w, "low-rank rank 0 with sparsifier low-rank");
+  w = wire();
+  w[42] = 2;  // rank 2: the section's count no longer fits
+  Expect(w, "at rank 2 it travels as 136");
+  w = wire();
+  w[40] = static_cast<char>(Sparsifier::kRandomK);  // a rank with another sparsifier
+  Expect(w, "low-rank rank 1 with sparsifier random-k");
+  w = wire();
+  // P's first value and Q's first value both 1e30: finite factors whose product overflows.
+  const float big = 1e30f;
+  std::memcpy(w.data() + kLowRankSection + 8, &big, 4);
+  std::memcpy(w.data() + kLowRankSection + 8 + 4 * 4, &big, 4);
+  Expect(w, "whose product may overflow");
+}
+
 TEST(PipelineTest, CodecOptionsFromSpecCarriesEveryParameter) {
   v1::CodecSpec spec;
   v1::CodecStage* s = spec.add_stages();
