@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -34,6 +35,37 @@ namespace fedlora {
 
 absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatusRequest& request) {
   FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> rounds, store_->ListRounds(run_id_));
+  std::vector<const RoundRecord*> committed;
+  for (const RoundRecord& r : rounds) {
+    if (r.state == RoundState::kCommitted) committed.push_back(&r);
+  }
+  size_t first = 0;
+  if (request.max_history() > 0 && committed.size() > request.max_history()) {
+    first = committed.size() - request.max_history();
+  }
+  // Per round of the history, from the store (before mu_ is taken): the examples of its accepted
+  // updates, and their clients' reported train_loss_last weighted by those examples.
+  struct FromStore {
+    uint64_t examples = 0;
+    double loss_sum = 0, loss_weight = 0;
+  };
+  std::vector<FromStore> from_store(committed.size() - first);
+  for (size_t i = first; i < committed.size(); ++i) {
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> ups, store_->ListAcceptedUploads(run_id_, committed[i]->round));
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<MetricRecord> metrics, store_->ListMetrics(run_id_, committed[i]->round));
+    std::map<std::string, double> loss_last;
+    for (const MetricRecord& m : metrics) {
+      if (m.key == "train/loss_last") loss_last[m.client_id] = m.value;
+    }
+    FromStore& f = from_store[i - first];
+    for (const UploadRecord& u : ups) {
+      f.examples += static_cast<uint64_t>(u.num_examples);
+      auto it = loss_last.find(u.client_id);
+      if (it == loss_last.end()) continue;
+      f.loss_sum += static_cast<double>(u.num_examples) * it->second;
+      f.loss_weight += static_cast<double>(u.num_examples);
+    }
+  }
   absl::MutexLock lock(&mu_);
   v1::GetStatusResponse response;
   response.set_run_id(run_id_);
@@ -68,14 +100,6 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
     }
   }
   *response.mutable_global_adapter() = ManifestLocked(global_hash_, global_round_, global_bytes_);
-  std::vector<const RoundRecord*> committed;
-  for (const RoundRecord& r : rounds) {
-    if (r.state == RoundState::kCommitted) committed.push_back(&r);
-  }
-  size_t first = 0;
-  if (request.max_history() > 0 && committed.size() > request.max_history()) {
-    first = committed.size() - request.max_history();
-  }
   for (size_t i = first; i < committed.size(); ++i) {
     const RoundRecord& r = *committed[i];
     v1::RoundSummary* s = response.add_history();
@@ -112,6 +136,11 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
       }
       s->set_updates_received(s->updates_accepted() + s->updates_rejected());
     }
+    s->set_clients_dropped(s->clients_selected() > s->updates_accepted() ? s->clients_selected() - s->updates_accepted()
+                                                                          : 0);
+    const FromStore& f = from_store[i - first];
+    s->set_examples(f.examples);
+    if (f.loss_weight > 0) s->set_mean_train_loss(f.loss_sum / f.loss_weight);
   }
   return response;
 }

@@ -102,6 +102,11 @@ TEST(FederationE2eTest, FourClientsThreeRoundsGiveTheDirectlyComputedAdapter) {
     // Without a downlink codec each of the four clients downloads the whole adapter once.
     EXPECT_EQ(r.download_bytes(), 4 * status.global_adapter().total_bytes()) << "round " << r.round();
     EXPECT_EQ(r.download_full_bytes(), r.download_bytes()) << "round " << r.round();
+    // Every selected client delivered; the test trainer reports train_loss_last 0.5.
+    EXPECT_EQ(r.clients_dropped(), 0u);
+    EXPECT_EQ(r.examples(), static_cast<uint64_t>(testing::ExamplesOf(0) + testing::ExamplesOf(1) +
+                                                  testing::ExamplesOf(2) + testing::ExamplesOf(3)));
+    EXPECT_DOUBLE_EQ(r.mean_train_loss(), 0.5) << "round " << r.round();
   }
   EXPECT_EQ(status.global_adapter().sha256(), (*server)->coordinator().global_adapter_sha256());
 
