@@ -152,7 +152,8 @@ class ClientImpl final : public Client {
   absl::StatusOr<std::string> FetchGlobalAdapter(const v1::TrainTask& task);
   // The held adapter with the chain's deltas applied; DataLoss when it does not hash to `target`.
   absl::StatusOr<std::string> RebuildFromDeltas(const v1::AdapterDeltaChain& chain, const v1::AdapterManifest& target);
-  // Loads the held adapter from state_dir once (a missing or unreadable file: none held).
+  // Loads the held adapter from state_dir, at the start of a run (a missing or unreadable file: the
+  // one in memory, if any, stays).
   void LoadHeldAdapter();
   std::string HeldAdapterPath() const { return options_.state_dir + "/global_adapter.safetensors"; }
   absl::Status Upload(const v1::TrainTask& task, const std::string& blob, const std::vector<NamedTensor>& delta,
@@ -178,7 +179,6 @@ class ClientImpl final : public Client {
   // The last global adapter this client obtained, and its SHA-256 (empty: none).
   std::string held_adapter_;
   std::string held_sha256_;
-  bool held_loaded_ = false;
   int64_t adapters_downloaded_ = 0, adapters_rebuilt_ = 0, adapters_reused_ = 0;
 
   std::mutex mu_;
@@ -187,8 +187,6 @@ class ClientImpl final : public Client {
 };
 
 void ClientImpl::LoadHeldAdapter() {
-  if (held_loaded_) return;
-  held_loaded_ = true;
   if (options_.state_dir.empty()) return;
   absl::StatusOr<std::string> bytes = ReadFileToString(HeldAdapterPath());
   if (!bytes.ok()) return;  // none yet, or unreadable: the next task downloads the adapter whole
@@ -219,7 +217,6 @@ absl::StatusOr<std::string> ClientImpl::RebuildFromDeltas(const v1::AdapterDelta
 
 absl::StatusOr<std::string> ClientImpl::FetchGlobalAdapter(const v1::TrainTask& task) {
   const v1::AdapterManifest& target = task.global_adapter();
-  LoadHeldAdapter();
   if (!held_sha256_.empty() && held_sha256_ == target.sha256()) {
     ++adapters_reused_;
     return held_adapter_;
@@ -528,6 +525,7 @@ absl::StatusOr<ErrorFeedback*> ClientImpl::Feedback() {
 
 absl::StatusOr<RunSummary> ClientImpl::RunUntilDone() {
   RunSummary summary;
+  LoadHeldAdapter();
   FEDLORA_RETURN_IF_ERROR(Retry("Join", [&] { return JoinOnce(); }));
   while (true) {
     if (Stopped()) return absl::CancelledError("client stopped");
@@ -535,7 +533,6 @@ absl::StatusOr<RunSummary> ClientImpl::RunUntilDone() {
     FEDLORA_RETURN_IF_ERROR(Retry("WaitForTask", [&] {
       v1::WaitForTaskRequest request;
       request.set_max_wait_seconds(static_cast<uint32_t>(options_.wait_for_task_seconds));
-      LoadHeldAdapter();
       request.set_held_adapter_sha256(held_sha256_);
       auto ctx = Context(options_.wait_for_task_seconds * 1000 + 10'000);
       return FromGrpcStatus(stub_->WaitForTask(ctx.get(), request, &response));

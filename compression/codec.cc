@@ -117,8 +117,8 @@ absl::Status AppendDenseValues(const float* x, size_t n, CodecId codec, const st
   return absl::OkStatus();
 }
 
-// Streams of core/rng.h for the seeded stages: tensor t's random-k indices and its stochastic
-// rounding draw from distinct streams of CodecOptions::seed.
+// Streams of core/rng.h for the seeded stages: tensor t's random-k indices (or, with low-rank, its
+// first Q0) and its stochastic rounding draw from distinct streams of CodecOptions::seed.
 uint64_t RandomKSeed(uint64_t seed, size_t tensor) { return seed ^ (0x9E3779B97F4A7C15ull * (tensor + 1)); }
 constexpr uint64_t kQuantStreamBase = uint64_t{1} << 40;
 

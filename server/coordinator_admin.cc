@@ -7,10 +7,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"

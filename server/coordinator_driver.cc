@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "aggregation/fedavg.h"
+#include "compression/downlink.h"
 #include "core/logging.h"
 #include "crypto/random.h"
 #include "crypto/sealed_update.h"
@@ -24,7 +25,6 @@
 #include "model/param.h"
 #include "proto/config_io.h"
 #include "proto/wire.h"
-#include "compression/downlink.h"
 #include "server/adapter_io.h"
 #include "server/crash_point.h"
 #include <nlohmann/json.hpp>

@@ -22,7 +22,6 @@ namespace {
 using ::google::protobuf::Descriptor;
 using ::google::protobuf::FieldDescriptor;
 using ::testing::HasSubstr;
-using v1::CodecStage;
 using v1::RunConfig;
 
 // Paths of every leaf field ("server.tls.crl_file"), and of every enum value but *_UNSPECIFIED
@@ -215,12 +214,6 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
 }
 
 using Mutation = std::function<void(RunConfig&)>;
-
-CodecStage StageWith(CodecStage::Id id) {
-  CodecStage s;
-  s.set_id(id);
-  return s;
-}
 
 // Refused: a change that sets the setting on a valid config; validation must then say it is not
 // implemented yet, naming it.
