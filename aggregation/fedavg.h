@@ -120,10 +120,14 @@ class StreamingFedAvg {
   uint64_t total_weight_ = 0;
 };
 
-// Scales `update` down so that its L2 norm over all tensors is at most `max_norm` (> 0); an update
-// already within it is unchanged. The norm is summed in double in tensor order, so the result
-// depends on the update alone (aggregation stays order-independent). Non-finite values are left
-// for StreamingFedAvg::Add to refuse.
-void ClipUpdateNorm(std::vector<UpdateTensor>& update, double max_norm);
+// The L2 norm of `update` over all its tensors, summed in double in tensor order.
+double UpdateNorm(const std::vector<UpdateTensor>& update);
+
+// Scales `update` down so that its L2 norm (UpdateNorm) is at most `max_norm` (> 0), and returns
+// the norm it had. An update already within it is unchanged. The result's norm never exceeds
+// max_norm: should rounding to fp32 leave it a hair above, the update is shrunk a little more. The
+// result depends on the update alone (aggregation stays order-independent). Non-finite values are
+// left for StreamingFedAvg::Add to refuse.
+double ClipUpdateNorm(std::vector<UpdateTensor>& update, double max_norm);
 
 }  // namespace fedlora

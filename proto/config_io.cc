@@ -26,6 +26,7 @@ namespace {
 
 using v1::AggregationConfig;
 using v1::CodecStage;
+using v1::AdaptiveClipping;
 using v1::DifferentialPrivacyConfig;
 using v1::RunConfig;
 using v1::SimulationConfig;
@@ -324,6 +325,57 @@ void ValidateAggregation(Problems& p, const RunConfig& c) {
   }
 }
 
+void ValidatePrivacy(Problems& p, const RunConfig& c) {
+  const DifferentialPrivacyConfig& dp = c.privacy().dp();
+  const AdaptiveClipping& ac = dp.adaptive_clipping();
+  if (!dp.enabled()) {
+    // Settings of a switched-off feature would be silently ignored: refuse them.
+    const bool any = dp.mode() != DifferentialPrivacyConfig::MODE_UNSPECIFIED || dp.has_clip_norm() ||
+                     dp.has_noise_multiplier() || dp.has_target_delta() || dp.has_max_epsilon() ||
+                     dp.has_population_size() || c.privacy().dp().has_adaptive_clipping();
+    if (any) p.Add("privacy.dp settings are given but privacy.dp.enabled is false: enable it or remove them");
+    return;
+  }
+  if (!DifferentialPrivacyConfig::Mode_IsValid(dp.mode())) p.Bad("privacy.dp.mode", dp.mode(), "is not a known mode");
+  if (!dp.has_clip_norm()) {
+    p.Add("privacy.dp.clip_norm is required with differential privacy");
+  } else {
+    p.Positive("privacy.dp.clip_norm", dp.clip_norm());
+  }
+  if (!dp.has_noise_multiplier()) {
+    p.Add("privacy.dp.noise_multiplier is required with differential privacy");
+  } else {
+    p.RealRange("privacy.dp.noise_multiplier", dp.noise_multiplier(), 0, true, 1e6, false);
+  }
+  p.RealRange("privacy.dp.target_delta", dp.target_delta(), 0, true, 0.1, false);
+  if (dp.has_max_epsilon()) p.Positive("privacy.dp.max_epsilon", dp.max_epsilon());
+  const uint32_t cohort = c.selection().clients_per_round();
+  if (dp.has_population_size() && dp.population_size() < cohort) {
+    p.Bad("privacy.dp.population_size", dp.population_size(),
+          absl::StrCat("must be >= selection.clients_per_round (", cohort, ")"));
+  }
+  const AggregationConfig& a = c.aggregation();
+  if (a.weight_by_examples()) {
+    p.Add("aggregation.weight_by_examples must be false with differential privacy: each client's weight must be "
+          "bounded, so every update weighs the same");
+  }
+  if (a.max_update_norm() != 0) {
+    p.Add("aggregation.max_update_norm is replaced by privacy.dp.clip_norm with differential privacy: remove it");
+  }
+  if (ac.enabled()) {
+    p.RealRange("privacy.dp.adaptive_clipping.target_quantile", ac.target_quantile(), 0, true, 1, true);
+    p.Positive("privacy.dp.adaptive_clipping.learning_rate", ac.learning_rate());
+    if (!std::isfinite(ac.count_noise_stddev()) ||
+        (dp.has_noise_multiplier() && !(ac.count_noise_stddev() > dp.noise_multiplier() / 2))) {
+      p.Bad("privacy.dp.adaptive_clipping.count_noise_stddev", ac.count_noise_stddev(),
+            absl::StrCat("must be finite and > noise_multiplier / 2 (", dp.noise_multiplier() / 2,
+                         "), or the count's noise would leave none for the update"));
+    }
+  } else if (ac.has_target_quantile() || ac.has_learning_rate() || ac.has_count_noise_stddev()) {
+    p.Add("privacy.dp.adaptive_clipping settings are given but adaptive_clipping.enabled is false");
+  }
+}
+
 const char* StageName(CodecStage::Id id) {
   return CodecStage::Id_IsValid(id) ? CodecStage::Id_Name(id).c_str() : "?";
 }
@@ -579,7 +631,23 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   if (!a->has_server_beta1()) a->set_server_beta1(0.9);
   if (!a->has_server_beta2()) a->set_server_beta2(0.99);
   if (!a->has_server_tau()) a->set_server_tau(1e-3);
-  if (!a->has_weight_by_examples()) a->set_weight_by_examples(true);
+  // Differential privacy bounds each client's influence, so every update weighs the same.
+  if (!a->has_weight_by_examples()) a->set_weight_by_examples(!c->privacy().dp().enabled());
+
+  if (c->privacy().dp().enabled()) {
+    auto* dp = c->mutable_privacy()->mutable_dp();
+    if (dp->mode() == DifferentialPrivacyConfig::MODE_UNSPECIFIED) dp->set_mode(DifferentialPrivacyConfig::CENTRAL);
+    if (!dp->has_target_delta()) dp->set_target_delta(1e-5);
+    auto* ac = dp->mutable_adaptive_clipping();
+    if (ac->enabled()) {
+      if (!ac->has_target_quantile()) ac->set_target_quantile(0.5);
+      if (!ac->has_learning_rate()) ac->set_learning_rate(0.2);
+      if (!ac->has_count_noise_stddev() && dp->has_noise_multiplier()) {
+        const double per_round = static_cast<double>(c->selection().clients_per_round()) / 20.0;
+        ac->set_count_noise_stddev(per_round > dp->noise_multiplier() / 2 ? per_round : dp->noise_multiplier());
+      }
+    }
+  }
 
   for (CodecStage& stage : *c->mutable_codec()->mutable_stages()) ApplyCodecStageDefaults(&stage, /*uplink=*/true);
   for (CodecStage& stage : *c->mutable_downlink_codec()->mutable_stages()) {
@@ -626,6 +694,7 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   ValidateCodec(p, c.codec(), "codec");
   ValidateCodec(p, c.downlink_codec(), "downlink_codec");
   ValidateData(p, c.data());
+  ValidatePrivacy(p, c);
   ValidateServer(p, c.server());
   ValidateSimulation(p, c.simulation());
   const SimulationConfig::Partition partition = c.simulation().partition();
@@ -664,12 +733,12 @@ std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
   if (a.has_trim_fraction()) refuse("aggregation.trim_fraction", "it belongs to TRIMMED_MEAN");
   if (a.has_krum_byzantine_clients()) refuse("aggregation.krum_byzantine_clients", "it belongs to KRUM");
   if (c.privacy().secure_aggregation()) refuse("privacy.secure_aggregation", "");
-  const DifferentialPrivacyConfig& dp = c.privacy().dp();
-  if (dp.enabled()) refuse("privacy.dp.enabled", "");
-  if (dp.mode() != DifferentialPrivacyConfig::MODE_UNSPECIFIED) refuse("privacy.dp.mode", "");
-  if (dp.has_clip_norm()) refuse("privacy.dp.clip_norm", "");
-  if (dp.has_noise_multiplier()) refuse("privacy.dp.noise_multiplier", "");
-  if (dp.has_target_delta()) refuse("privacy.dp.target_delta", "");
+  const DifferentialPrivacyConfig::Mode mode = c.privacy().dp().mode();
+  if (mode == DifferentialPrivacyConfig::DISTRIBUTED) {
+    refuse("privacy.dp.mode DISTRIBUTED", "it needs secure aggregation; CENTRAL is available");
+  } else if (mode == DifferentialPrivacyConfig::LOCAL) {
+    refuse("privacy.dp.mode LOCAL", "CENTRAL is available");
+  }
   return out;
 }
 

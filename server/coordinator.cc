@@ -20,6 +20,7 @@
 #include "crypto/sealed_update.h"
 #include "core/sha256.h"
 #include "core/status.h"
+#include "crypto/envelope.h"
 #include "core/strings.h"
 #include "model/param.h"
 #include "proto/config_io.h"
@@ -243,6 +244,23 @@ absl::Status Coordinator::Restore() {
     broadcast_round = r.round;
   }
   last_committed_round_ = current_round;
+  {
+    // The DP noise key: a secret of the server's, derived from the run's aggregation key.
+    FEDLORA_ASSIGN_OR_RETURN(std::string noise_key, crypto::HkdfSha256(aggregation_key_.private_key, run_id_,
+                                                                       "fedlora/v1 dp noise", 32));
+    FEDLORA_ASSIGN_OR_RETURN(dp_, ServerDp::Create(config_, std::move(noise_key), rounds));
+    const int64_t configured = ConfiguredRounds(config_);
+    affordable_rounds_ = dp_.has_value() ? dp_->AffordableRounds(rounds_committed_, configured) : configured;
+    if (dp_.has_value()) {
+      metrics_->dp_epsilon_micro.store(static_cast<int64_t>(std::llround(dp_->epsilon() * 1e6)));
+      FEDLORA_LOG(INFO) << "differential privacy: epsilon " << dp_->epsilon() << " at delta " << dp_->target_delta()
+                        << " after " << rounds_committed_ << " rounds; clip norm " << dp_->clip_norm()
+                        << (affordable_rounds_ < configured
+                                ? absl::StrCat("; the budget affords ", affordable_rounds_, " of the ", configured,
+                                               " configured rounds")
+                                : std::string());
+    }
+  }
   FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(current_hash));
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> restored, AdapterFromSafetensors(bytes));
   global_ = std::make_shared<const std::vector<UpdateTensor>>(std::move(restored));

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -57,6 +58,7 @@
 #include "crypto/sealed_update.h"
 #include "server/aggregation_key.h"
 #include "server/blob_store.h"
+#include "server/differential_privacy.h"
 #include "server/evaluator.h"
 #include "server/metrics.h"
 #include "server/options.h"
@@ -286,8 +288,13 @@ class Coordinator {
   // The server optimizer with its state after the last committed round (set by Restore; used by
   // the driver thread's AggregateAndCommit only).
   std::optional<ServerOptimizer> server_opt_;
-  // config.rounds, or its default (ConfiguredRounds).
-  int64_t TotalRounds() const { return ConfiguredRounds(config_); }
+  // config.rounds (or its default), or fewer when the privacy budget affords fewer (set by Restore).
+  int64_t TotalRounds() const { return std::min<int64_t>(ConfiguredRounds(config_), affordable_rounds_); }
+  int64_t affordable_rounds_ = std::numeric_limits<int64_t>::max();
+  // Differential privacy (config.privacy.dp); unset without it. Written by Restore and, under mu_,
+  // by the aggregation thread as it commits a round; that thread reads it without the lock (no one
+  // else writes it), every other reader holds mu_.
+  std::optional<ServerDp> dp_;
   // training.learning_rate scaled by training.round_schedule at the current round.
   double RoundLearningRateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The adapter clients train from. Without a downlink codec it is the global adapter; with one, the

@@ -100,6 +100,13 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
     }
   }
   *response.mutable_global_adapter() = ManifestLocked(global_hash_, global_round_, global_bytes_);
+  if (dp_.has_value()) {
+    response.set_dp_epsilon(dp_->epsilon());
+    response.set_dp_target_delta(dp_->target_delta());
+    if (dp_->max_epsilon().has_value()) response.set_dp_max_epsilon(*dp_->max_epsilon());
+    response.set_dp_clip_norm(dp_->clip_norm());
+    response.set_privacy_budget_spent(finished_ && stopped_.ok() && TotalRounds() < ConfiguredRounds(config_));
+  }
   for (size_t i = first; i < committed.size(); ++i) {
     const RoundRecord& r = *committed[i];
     v1::RoundSummary* s = response.add_history();
@@ -130,6 +137,10 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
           s->set_eval_loss(d);
         } else if (k == "eval_accuracy") {
           s->set_eval_accuracy(d);
+        } else if (k == "dp_epsilon") {
+          s->set_dp_epsilon(d);
+        } else if (k.rfind("dp_", 0) == 0) {
+          // The rest of the round's DP record (noise multiplier, rate, clip norms) is the accountant's.
         } else {
           (*s->mutable_eval_metrics())[k] = d;
         }

@@ -168,8 +168,9 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> uploads, store_->ListAcceptedUploads(run_id_, round));
   const bool by_examples = !config_.aggregation().has_weight_by_examples() || config_.aggregation().weight_by_examples();
   const double max_norm = config_.aggregation().max_update_norm();
-  int64_t added = 0;
+  int64_t added = 0, unclipped = 0;
   std::vector<UpdateTensor> mean;
+  std::optional<DpRound> dp_round;
   {
     FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(spec_));
     for (const UploadRecord& u : uploads) {  // canonical order (by upload_id); the sum is exact anyway
@@ -183,13 +184,20 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
       }  // the sealed copy is freed before decoding
       FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> update, DecodeAndValidate(plain));
       std::string().swap(plain);
-      if (max_norm > 0) ClipUpdateNorm(update, max_norm);
+      if (dp_.has_value()) {
+        unclipped += dp_->Clip(update) ? 1 : 0;
+      } else if (max_norm > 0) {
+        ClipUpdateNorm(update, max_norm);
+      }
       FEDLORA_RETURN_IF_ERROR_CTX(avg.Add(update, by_examples ? u.num_examples : 1),
                                   absl::StrCat("update ", u.upload_id));
       if (++added == 1) MaybeCrashAt("during_aggregation");
       FEDLORA_RETURN_IF_ERROR(CheckNotShuttingDown());
     }
     FEDLORA_ASSIGN_OR_RETURN(mean, avg.Finish());
+    if (dp_.has_value()) {
+      FEDLORA_ASSIGN_OR_RETURN(dp_round, dp_->Release(round, mean, added, unclipped));
+    }
   }  // the exact accumulator (16 bytes per element) is freed before the adapter is copied below
   // Step a copy of the optimizer: its state becomes the server's only once the round commits.
   ServerOptimizer opt = *server_opt_;
@@ -257,6 +265,7 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   for (const UploadRecord& u : uploads) wire_bytes += u.bytes;
   metrics_json["upload_bytes"] = wire_bytes;
   metrics_json["update_fp32_bytes"] = added * spec_elements_ * static_cast<int64_t>(sizeof(float));
+  if (dp_round.has_value()) dp_round->AddTo(metrics_json);
   {
     absl::MutexLock lock(&mu_);
     if (round_ != nullptr && round_->round == round) {
@@ -273,6 +282,14 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   std::shared_ptr<const std::vector<UpdateTensor>> previous;  // freed after the lock is released
   absl::MutexLock lock(&mu_);
   aggregation_failures_ = 0;
+  if (dp_round.has_value()) {
+    // The accountant's durable state is the round's metrics, committed above; this only mirrors it.
+    const absl::Status dp_committed = dp_->Commit(*dp_round);
+    if (!dp_committed.ok()) {
+      FEDLORA_LOG(ERROR) << "round " << round << ": DP accountant: " << dp_committed;
+    }
+    metrics_->dp_epsilon_micro.store(static_cast<int64_t>(std::llround(dp_->epsilon() * 1e6)));
+  }
   for (const UploadRecord& u : uploads) {
     if (ClientEntry* c = FindClientLocked(u.client_id)) ++c->rounds_participated;
   }
@@ -302,7 +319,11 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   const int64_t total_rounds = TotalRounds();
   if (rounds_committed_ >= total_rounds) {
     finished_ = true;
-    FEDLORA_LOG(INFO) << "run " << run_id_ << " finished after " << rounds_committed_ << " rounds";
+    FEDLORA_LOG(INFO) << "run " << run_id_ << " finished after " << rounds_committed_ << " rounds"
+                      << (total_rounds < ConfiguredRounds(config_)
+                              ? absl::StrCat(": the privacy budget (epsilon ", dp_->max_epsilon().value_or(0),
+                                             ") affords no more; epsilon spent ", dp_->epsilon())
+                              : std::string());
     return absl::OkStatus();
   }
   return OpenNextRoundLocked();

@@ -74,7 +74,9 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
   if (finished_) {
     v1::WaitForTaskResponse response;
     v1::RunFinished* done = response.mutable_run_finished();
-    done->set_reason(stopped_.ok() ? v1::RunFinished::COMPLETED : v1::RunFinished::FAILED);
+    done->set_reason(!stopped_.ok()                                 ? v1::RunFinished::FAILED
+                     : TotalRounds() < ConfiguredRounds(config_) ? v1::RunFinished::PRIVACY_BUDGET_SPENT
+                                                                 : v1::RunFinished::COMPLETED);
     done->set_final_round(static_cast<uint64_t>(last_committed_round_));
     *done->mutable_final_adapter() = ManifestLocked(global_hash_, global_round_, global_bytes_);
     return response;

@@ -17,6 +17,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "proto/address.h"
 
 namespace fedlora {
@@ -218,6 +219,12 @@ std::string ServerMetrics::ToPrometheusText() const {
   AppendMetric(out, "tls_handshakes_refused_total", "counter",
                "TLS connections refused for a revoked certificate or a client id not allowed.",
                tls_handshakes_refused.load());
+  if (const int64_t eps = dp_epsilon_micro.load(); eps >= 0) {
+    absl::StrAppend(&out,
+                    "# HELP fedlora_dp_epsilon Privacy spent by the committed rounds (epsilon at "
+                    "privacy.dp.target_delta).\n# TYPE fedlora_dp_epsilon gauge\nfedlora_dp_epsilon ",
+                    absl::StrFormat("%.6f", static_cast<double>(eps) / 1e6), "\n");
+  }
   return out;
 }
 

@@ -56,6 +56,9 @@ struct ServerMetrics {
   std::atomic<int64_t> uploads_streaming{0};
   // TLS connections refused for a revoked certificate or a client id not on the allowed list.
   std::atomic<int64_t> tls_handshakes_refused{0};
+  // With differential privacy: epsilon spent by the committed rounds, in millionths; -1 (not
+  // exported) without it.
+  std::atomic<int64_t> dp_epsilon_micro{-1};
 
   // Renders every counter in the Prometheus text exposition format (version 0.0.4), names prefixed
   // "fedlora_". Thread-safe.

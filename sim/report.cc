@@ -119,6 +119,7 @@ std::string RoundRecordToJson(const RoundRecord& r) {
                       {"bytes_down", r.bytes_down},
                       {"bytes_up_fp32", r.bytes_up_fp32},
                       {"bytes_down_full", r.bytes_down_full},
+                      {"dp_epsilon", Num(r.dp_epsilon)},
                       {"round_seconds", Num(r.round_seconds)},
                       {"elapsed_seconds", Num(r.elapsed_seconds)},
                       {"selected", r.selected},
@@ -133,14 +134,14 @@ std::string RoundsToCsv(const std::vector<RoundRecord>& rounds) {
   std::string out =
       "round,server_round,eval_accuracy,eval_loss,eval_macro_f1,mean_train_loss,bytes_up,bytes_down,round_seconds,"
       "elapsed_seconds,selected,reported,dropped,stragglers,crashed,eval_perplexity,bytes_up_fp32,"
-      "bytes_down_full\n";
+      "bytes_down_full,dp_epsilon\n";
   auto cell = [](double v) { return std::isfinite(v) ? absl::StrFormat("%.6g", v) : std::string(); };
   for (const RoundRecord& r : rounds) {
     absl::StrAppend(&out, r.round, ",", r.server_round, ",", cell(r.eval_accuracy), ",", cell(r.eval_loss), ",",
                     cell(r.eval_macro_f1), ",", cell(r.mean_train_loss), ",", r.bytes_up, ",", r.bytes_down, ",",
                     cell(r.round_seconds), ",", cell(r.elapsed_seconds), ",", r.selected, ",", r.reported, ",",
                     r.dropped, ",", r.stragglers, ",", r.crashed, ",", cell(r.eval_perplexity), ",",
-                    r.bytes_up_fp32, ",", r.bytes_down_full, "\n");
+                    r.bytes_up_fp32, ",", r.bytes_down_full, ",", cell(r.dp_epsilon), "\n");
   }
   return out;
 }

@@ -110,6 +110,10 @@ absl::Status Simulate(const SimulateFlags& f) {
                  perplexity ? "perplexity" : "accuracy", perplexity ? last.eval_perplexity : last.eval_accuracy,
                  last.round, perplexity ? first.eval_perplexity : first.eval_accuracy, result.seconds,
                  f.out_dir.c_str(), f.out_dir.c_str(), log_path.empty() ? "" : ", log in ", log_path.c_str());
+    if (std::isfinite(last.dp_epsilon)) {
+      std::fprintf(stderr, "fedlora simulate: differential privacy: epsilon %.4f at delta %g after %d rounds\n",
+                   last.dp_epsilon, config.privacy().dp().target_delta(), last.round);
+    }
   }
   return absl::OkStatus();
 }

@@ -287,6 +287,39 @@ TEST(ClipUpdateNormTest, ScalesOnlyUpdatesAboveTheBound) {
   EXPECT_EQ(u[1].values, (std::vector<float>{2.0f}));
 }
 
+TEST(ClipUpdateNormTest, ClippedNormsNeverExceedTheBound) {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<double> bound(1e-3, 10.0);
+  int clipped = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::vector<UpdateTensor> u = {{"a", {37}, {}}, {"b", {3, 5}, {}}};
+    const float spread = std::exp2(static_cast<float>(trial % 9) - 4);
+    for (UpdateTensor& t : u) {
+      t.values.resize(static_cast<size_t>(std::accumulate(t.shape.begin(), t.shape.end(), int64_t{1},
+                                                          std::multiplies<int64_t>())));
+      for (float& v : t.values) v = normal(rng) * spread;
+    }
+    const double c = bound(rng);
+    const double before = UpdateNorm(u);
+    const std::vector<UpdateTensor> original = u;
+    EXPECT_DOUBLE_EQ(ClipUpdateNorm(u, c), before);
+    const double after = UpdateNorm(u);
+    ASSERT_LE(after, c) << "trial " << trial;
+    if (before > c) {
+      ++clipped;
+      EXPECT_NEAR(after, c, c * 1e-5) << "trial " << trial;  // scaled to the bound, not far below it
+      for (size_t i = 0; i < u[0].values.size(); ++i) {
+        EXPECT_NEAR(u[0].values[i], original[0].values[i] * (c / before), 4e-6 * std::abs(original[0].values[i]) + 1e-12);
+      }
+    } else {
+      EXPECT_EQ(u[0].values, original[0].values);
+    }
+  }
+  EXPECT_GT(clipped, 500);
+  EXPECT_LT(clipped, 2000);
+}
+
 TEST(AggregationStrategyTest, NamesRoundTrip) {
   EXPECT_EQ(ParseAggregationStrategy("FedProx").value(), AggregationStrategy::kFedProx);
   EXPECT_EQ(ParseAggregationStrategy(AggregationStrategyName(AggregationStrategy::kFedAvg)).value(),

@@ -24,6 +24,7 @@ using ::google::protobuf::util::MessageDifferencer;
 using ::testing::HasSubstr;
 using v1::AggregationConfig;
 using v1::CodecStage;
+using v1::DifferentialPrivacyConfig;
 using v1::RunConfig;
 
 // CTest sets FEDLORA_SOURCE_DIR to the repository root.
@@ -46,6 +47,17 @@ RunConfig MinimalConfig() {
   absl::StatusOr<RunConfig> config = ParseRunConfigJson(kMinimalJson);
   EXPECT_TRUE(config.ok()) << config.status();
   return config.ok() ? *config : RunConfig();
+}
+
+// Valid central differential privacy on a config whose defaults were filled without it.
+void EnableDp(RunConfig& c) {
+  auto* dp = c.mutable_privacy()->mutable_dp();
+  dp->set_enabled(true);
+  dp->set_mode(DifferentialPrivacyConfig::CENTRAL);
+  dp->set_clip_norm(1);
+  dp->set_noise_multiplier(1);
+  dp->set_target_delta(1e-5);
+  c.mutable_aggregation()->set_weight_by_examples(false);
 }
 
 // A valid CAUSAL_LM task in place of MinimalConfig's classification one.
@@ -168,8 +180,9 @@ TEST(ConfigIoTest, MinimalExampleGetsDocumentedDefaults) {
   EXPECT_TRUE(c.aggregation().weight_by_examples());
   EXPECT_EQ(c.aggregation().average_last_rounds(), 0u);
   EXPECT_EQ(c.codec().stages_size(), 0);
-  EXPECT_FALSE(c.privacy().dp().enabled());  // privacy is not implemented: no defaults to fill
+  EXPECT_FALSE(c.privacy().dp().enabled());  // DP is off by default: none of its defaults are filled
   EXPECT_FALSE(c.privacy().dp().has_clip_norm());
+  EXPECT_FALSE(c.privacy().dp().has_target_delta());
   EXPECT_FALSE(c.privacy().secure_aggregation());
   EXPECT_FALSE(c.aggregation().has_trim_fraction());
   EXPECT_FALSE(c.aggregation().has_krum_byzantine_clients());
@@ -350,6 +363,26 @@ TEST(ConfigIoTest, EveryProblemIsReportedAtOnce) {
   ExpectInvalid(s, "model.path must not be empty");
   ExpectInvalid(s, "lora.rank (0)");
   ExpectInvalid(s, "task.labels has 0 entries, needs at least 2");
+}
+
+TEST(ConfigIoTest, DifferentialPrivacyDefaults) {
+  absl::StatusOr<RunConfig> c = ParseRunConfigJson(
+      R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]}, "selection": {"clients_per_round": 40},
+          "privacy": {"dp": {"enabled": true, "clip_norm": 0.5, "noise_multiplier": 1.2,
+                             "adaptive_clipping": {"enabled": true}}}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const DifferentialPrivacyConfig& dp = c->privacy().dp();
+  EXPECT_EQ(dp.mode(), DifferentialPrivacyConfig::CENTRAL);
+  EXPECT_DOUBLE_EQ(dp.target_delta(), 1e-5);
+  EXPECT_FALSE(dp.has_max_epsilon());
+  EXPECT_FALSE(dp.has_population_size());
+  EXPECT_FALSE(c->aggregation().weight_by_examples());  // every update weighs the same under DP
+  EXPECT_DOUBLE_EQ(dp.adaptive_clipping().target_quantile(), 0.5);
+  EXPECT_DOUBLE_EQ(dp.adaptive_clipping().learning_rate(), 0.2);
+  EXPECT_DOUBLE_EQ(dp.adaptive_clipping().count_noise_stddev(), 2.0);  // 40 clients / 20
+  RunConfig valid = MinimalConfig();
+  EnableDp(valid);
+  EXPECT_TRUE(ValidateRunConfig(valid).ok()) << ValidateRunConfig(valid);
 }
 
 struct ValidationCase {
@@ -545,10 +578,70 @@ const std::vector<ValidationCase>& Cases() {
          s->mutable_zstd()->set_level(23);
        },
        "codec.stages[0].zstd.level (23)"},
-      {"DpEnabled", [](RunConfig& c) { c.mutable_privacy()->mutable_dp()->set_enabled(true); },
-       "privacy.dp.enabled is not implemented yet"},
-      {"DpClipSet", [](RunConfig& c) { c.mutable_privacy()->mutable_dp()->set_clip_norm(1); },
-       "privacy.dp.clip_norm is not implemented yet"},
+      {"DpWithoutClipNorm",
+       [](RunConfig& c) {
+         c.mutable_privacy()->mutable_dp()->set_enabled(true);
+         c.mutable_privacy()->mutable_dp()->set_noise_multiplier(1);
+       },
+       "privacy.dp.clip_norm is required with differential privacy"},
+      {"DpWithoutNoise",
+       [](RunConfig& c) {
+         c.mutable_privacy()->mutable_dp()->set_enabled(true);
+         c.mutable_privacy()->mutable_dp()->set_clip_norm(1);
+       },
+       "privacy.dp.noise_multiplier is required with differential privacy"},
+      {"DpSettingsWhileOff", [](RunConfig& c) { c.mutable_privacy()->mutable_dp()->set_clip_norm(1); },
+       "privacy.dp settings are given but privacy.dp.enabled is false"},
+      {"DpNegativeClip",
+       [](RunConfig& c) {
+         EnableDp(c);
+         c.mutable_privacy()->mutable_dp()->set_clip_norm(-1);
+       },
+       "privacy.dp.clip_norm (-1) must be finite and > 0"},
+      {"DpDelta",
+       [](RunConfig& c) {
+         EnableDp(c);
+         c.mutable_privacy()->mutable_dp()->set_target_delta(0.5);
+       },
+       "privacy.dp.target_delta (0.5) must be finite and in (0, 0.1]"},
+      {"DpWeightedByExamples",
+       [](RunConfig& c) {
+         EnableDp(c);
+         c.mutable_aggregation()->set_weight_by_examples(true);
+       },
+       "aggregation.weight_by_examples must be false with differential privacy"},
+      {"DpAndMaxUpdateNorm",
+       [](RunConfig& c) {
+         EnableDp(c);
+         c.mutable_aggregation()->set_max_update_norm(2);
+       },
+       "aggregation.max_update_norm is replaced by privacy.dp.clip_norm"},
+      {"DpPopulationBelowCohort",
+       [](RunConfig& c) {
+         EnableDp(c);
+         c.mutable_privacy()->mutable_dp()->set_population_size(1);
+       },
+       "privacy.dp.population_size (1) must be >= selection.clients_per_round (10)"},
+      {"DpCountNoiseTooSmall",
+       [](RunConfig& c) {
+         EnableDp(c);
+         c.mutable_privacy()->mutable_dp()->set_noise_multiplier(4);
+         c.mutable_privacy()->mutable_dp()->mutable_adaptive_clipping()->set_enabled(true);
+         c.mutable_privacy()->mutable_dp()->mutable_adaptive_clipping()->set_count_noise_stddev(2);
+       },
+       "privacy.dp.adaptive_clipping.count_noise_stddev (2) must be finite and > noise_multiplier / 2 (2)"},
+      {"DpAdaptiveSettingsWhileOff",
+       [](RunConfig& c) {
+         EnableDp(c);
+         c.mutable_privacy()->mutable_dp()->mutable_adaptive_clipping()->set_target_quantile(0.9);
+       },
+       "privacy.dp.adaptive_clipping settings are given but adaptive_clipping.enabled is false"},
+      {"DpDistributed",
+       [](RunConfig& c) {
+         EnableDp(c);
+         c.mutable_privacy()->mutable_dp()->set_mode(DifferentialPrivacyConfig::DISTRIBUTED);
+       },
+       "privacy.dp.mode DISTRIBUTED is not implemented yet (it needs secure aggregation"},
       {"SecAgg", [](RunConfig& c) { c.mutable_privacy()->set_secure_aggregation(true); },
        "privacy.secure_aggregation is not implemented yet"},
       {"Median", [](RunConfig& c) { c.mutable_aggregation()->set_strategy(AggregationConfig::MEDIAN); },

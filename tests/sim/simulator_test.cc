@@ -346,6 +346,28 @@ TEST(Simulator, DownlinkDeltasRebuildTheBroadcastAdapter) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Simulator, DifferentialPrivacyReportsEpsilonEachRound) {
+  // Central DP, z = 1.1, 4 of 10 clients per round (rate 0.4): the report's epsilon after each
+  // round is Opacus 1.5.2's for that many steps (compute_rdp / get_privacy_spent, default orders).
+  const std::string dir = MakeFixture();
+  v1::RunConfig config = Config(dir, 2);
+  config.mutable_aggregation()->clear_weight_by_examples();
+  auto* dp = config.mutable_privacy()->mutable_dp();
+  dp->set_enabled(true);
+  dp->set_clip_norm(0.5);
+  dp->set_noise_multiplier(1.1);
+  dp->set_population_size(10);
+  ApplyRunConfigDefaults(&config);
+  ASSERT_TRUE(ValidateRunConfig(config).ok()) << ValidateRunConfig(config);
+  const SimResult r = RunIn(dir, "dp", config);
+  ASSERT_EQ(r.rounds.size(), 3u);
+  EXPECT_NEAR(r.rounds[0].dp_epsilon, 0.0, 1e-12);
+  EXPECT_NEAR(r.rounds[1].dp_epsilon, 3.169983661174558, 1e-6 * 3.169983661174558);
+  EXPECT_NEAR(r.rounds[2].dp_epsilon, 4.221090867085359, 1e-6 * 4.221090867085359);
+  EXPECT_NE(r.rounds[2].eval_loss, r.rounds[0].eval_loss) << "the noisy updates changed nothing";
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Simulator, HundredsOfVirtualClientsWithFewTraining) {
   // 200 clients of 2 examples each (400 examples, IID), 8 selected per round: the clients are
   // cheap records and threads blocked in long polls; only 2 models exist.
@@ -411,10 +433,15 @@ TEST(Report, CsvJsonAndSvgOfKnownRecords) {
   b.selected = 4;
   b.reported = 3;
   b.dropped = 1;
+  b.dp_epsilon = 2.5;
   EXPECT_EQ(RoundRecordToJson(a).find("\"mean_train_loss\":null") != std::string::npos, true);
+  EXPECT_NE(RoundRecordToJson(a).find("\"dp_epsilon\":null"), std::string::npos);  // no DP
+  EXPECT_NE(RoundRecordToJson(b).find("\"dp_epsilon\":2.5"), std::string::npos);
   const std::string csv = RoundsToCsv({a, b});
-  // eval_perplexity is empty (NaN for a classifier); bytes_up_fp32 and bytes_down_full come last.
-  EXPECT_NE(csv.find("\n1,1,0.5,0,0,0,3145728,1048576,0,0,4,3,1,0,0,,0,0\n"), std::string::npos) << csv;
+  // eval_perplexity is empty (NaN for a classifier); bytes_up_fp32, bytes_down_full and dp_epsilon
+  // come last.
+  EXPECT_NE(csv.find("\n1,1,0.5,0,0,0,3145728,1048576,0,0,4,3,1,0,0,,0,0,2.5\n"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("\n0,0,0.25,0,0,,0,0,0,0,0,0,0,0,0,,0,0,\n"), std::string::npos) << csv;
   const std::string svg = RoundsToSvg({a, b}, "a <title> & more");
   EXPECT_NE(svg.find("a &lt;title&gt; &amp; more"), std::string::npos);
   // Cumulative MiB up reaches 3 at round 1: the bytes axis tops out at a nice value >= 3.

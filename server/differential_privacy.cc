@@ -1,0 +1,158 @@
+#include "server/differential_privacy.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "aggregation/fedavg.h"
+#include "core/status.h"
+#include "privacy/gaussian_noise.h"
+
+namespace fedlora {
+
+void DpRound::AddTo(nlohmann::json& metrics) const {
+  metrics["dp_noise_multiplier"] = noise_multiplier;
+  metrics["dp_sampling_rate"] = sampling_rate;
+  metrics["dp_clip_norm"] = clip_norm;
+  metrics["dp_next_clip_norm"] = next_clip_norm;
+  if (unclipped_fraction.has_value()) metrics["dp_unclipped_fraction"] = *unclipped_fraction;
+  metrics["dp_epsilon"] = epsilon;
+}
+
+absl::StatusOr<DpRound> DpRound::From(const nlohmann::json& metrics) {
+  auto number = [&metrics](const char* key) -> std::optional<double> {
+    auto it = metrics.find(key);
+    if (it == metrics.end() || !it->is_number()) return std::nullopt;
+    return it->get<double>();
+  };
+  DpRound r;
+  const std::optional<double> z = number("dp_noise_multiplier"), q = number("dp_sampling_rate"),
+                              c = number("dp_clip_norm"), next = number("dp_next_clip_norm"),
+                              eps = number("dp_epsilon");
+  if (!z || !q || !c || !next || !eps) return absl::NotFoundError("the round's metrics hold no DP record");
+  r.noise_multiplier = *z;
+  r.sampling_rate = *q;
+  r.clip_norm = *c;
+  r.next_clip_norm = *next;
+  r.epsilon = *eps;
+  r.unclipped_fraction = number("dp_unclipped_fraction");
+  return r;
+}
+
+ServerDp::ServerDp(const v1::RunConfig& config, std::string noise_key)
+    : dp_(config.privacy().dp()), noise_key_(std::move(noise_key)) {
+  if (dp_.has_population_size()) {
+    sampling_rate_ = static_cast<double>(config.selection().clients_per_round()) /
+                     static_cast<double>(dp_.population_size());
+  }
+  clip_norm_ = dp_.clip_norm();
+}
+
+absl::StatusOr<std::optional<ServerDp>> ServerDp::Create(const v1::RunConfig& config, std::string noise_key,
+                                                         const std::vector<RoundRecord>& rounds) {
+  if (!config.privacy().dp().enabled()) return std::optional<ServerDp>();
+  if (config.privacy().dp().mode() != v1::DifferentialPrivacyConfig::CENTRAL) {
+    return absl::UnimplementedError("privacy.dp.mode: only CENTRAL is implemented");
+  }
+  ServerDp dp(config, std::move(noise_key));
+  for (const RoundRecord& r : rounds) {
+    if (r.state != RoundState::kCommitted) continue;
+    const nlohmann::json metrics = nlohmann::json::parse(r.metrics_json, nullptr, /*allow_exceptions=*/false);
+    absl::StatusOr<DpRound> record = metrics.is_object() ? DpRound::From(metrics)
+                                                          : absl::NotFoundError("the round's metrics are not JSON");
+    if (!record.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "round ", r.round, " was committed without differential privacy (", record.status().message(),
+          "): a run cannot turn privacy.dp on midway, since the earlier adapters carry no guarantee"));
+    }
+    FEDLORA_RETURN_IF_ERROR_CTX(dp.Commit(*record), absl::StrCat("round ", r.round, "'s DP record"));
+  }
+  int64_t committed = 0;
+  for (const RoundRecord& r : rounds) committed += r.state == RoundState::kCommitted ? 1 : 0;
+  if (committed == 0 && dp.AffordableRounds(0, 1) == 0) {
+    privacy::RdpAccountant one;
+    FEDLORA_RETURN_IF_ERROR(one.AddSteps(config.privacy().dp().noise_multiplier(), dp.sampling_rate_, 1));
+    FEDLORA_ASSIGN_OR_RETURN(privacy::PrivacySpent spent, one.GetEpsilon(dp.target_delta()));
+    return absl::InvalidArgumentError(absl::StrCat("privacy.dp.max_epsilon (", config.privacy().dp().max_epsilon(),
+                                                   ") affords no round: one round costs epsilon ", spent.epsilon,
+                                                   " at delta ", dp.target_delta()));
+  }
+  return std::optional<ServerDp>(std::move(dp));
+}
+
+double ServerDp::UpdateNoiseMultiplier() const {
+  const double z = dp_.noise_multiplier();
+  if (!dp_.adaptive_clipping().enabled()) return z;
+  const double sigma_b = dp_.adaptive_clipping().count_noise_stddev();
+  return std::pow(std::pow(z, -2.0) - std::pow(2.0 * sigma_b, -2.0), -0.5);
+}
+
+bool ServerDp::Clip(std::vector<UpdateTensor>& update) const {
+  return ClipUpdateNorm(update, clip_norm_) <= clip_norm_;
+}
+
+absl::StatusOr<DpRound> ServerDp::Release(int64_t round, std::vector<UpdateTensor>& mean, int64_t n,
+                                          int64_t unclipped) const {
+  if (n < 1) return absl::InvalidArgumentError("no update to release");
+  DpRound r;
+  r.noise_multiplier = dp_.noise_multiplier();
+  r.sampling_rate = sampling_rate_;
+  r.clip_norm = clip_norm_;
+  r.next_clip_norm = clip_norm_;
+  // Two streams per round: the update's noise and the count's.
+  const uint64_t stream = static_cast<uint64_t>(round) * 2;
+  const double sigma = UpdateNoiseMultiplier() * clip_norm_ / static_cast<double>(n);  // on the mean
+  FEDLORA_ASSIGN_OR_RETURN(privacy::GaussianSampler noise, privacy::GaussianSampler::Create(noise_key_, stream));
+  for (UpdateTensor& t : mean) {
+    for (float& v : t.values) {
+      FEDLORA_ASSIGN_OR_RETURN(double z, noise.Next());
+      v = static_cast<float>(static_cast<double>(v) + sigma * z);
+    }
+  }
+  if (dp_.adaptive_clipping().enabled()) {
+    const v1::AdaptiveClipping& ac = dp_.adaptive_clipping();
+    FEDLORA_ASSIGN_OR_RETURN(privacy::GaussianSampler count_noise,
+                             privacy::GaussianSampler::Create(noise_key_, stream + 1));
+    FEDLORA_ASSIGN_OR_RETURN(double z, count_noise.Next());
+    const double fraction = (static_cast<double>(unclipped) + ac.count_noise_stddev() * z) / static_cast<double>(n);
+    r.unclipped_fraction = fraction;
+    r.next_clip_norm = clip_norm_ * std::exp(-ac.learning_rate() * (fraction - ac.target_quantile()));
+  }
+  privacy::RdpAccountant after = accountant_;
+  FEDLORA_RETURN_IF_ERROR(after.AddSteps(r.noise_multiplier, r.sampling_rate, 1));
+  FEDLORA_ASSIGN_OR_RETURN(privacy::PrivacySpent spent, after.GetEpsilon(target_delta()));
+  r.epsilon = spent.epsilon;
+  return r;
+}
+
+absl::Status ServerDp::Commit(const DpRound& r) {
+  if (!(std::isfinite(r.next_clip_norm) && r.next_clip_norm > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("next clip norm ", r.next_clip_norm, " is not finite and > 0"));
+  }
+  FEDLORA_RETURN_IF_ERROR(accountant_.AddSteps(r.noise_multiplier, r.sampling_rate, 1));
+  FEDLORA_ASSIGN_OR_RETURN(privacy::PrivacySpent spent, accountant_.GetEpsilon(target_delta()));
+  epsilon_ = spent.epsilon;
+  clip_norm_ = r.next_clip_norm;
+  return absl::OkStatus();
+}
+
+int64_t ServerDp::AffordableRounds(int64_t committed, int64_t configured) const {
+  if (!dp_.has_max_epsilon() || committed >= configured) return std::max(committed, configured);
+  // Every further round costs the same (the configured z and rate): find the most that fit.
+  auto fits = [this](int64_t more) {
+    privacy::RdpAccountant a = accountant_;
+    if (!a.AddSteps(dp_.noise_multiplier(), sampling_rate_, static_cast<uint64_t>(more)).ok()) return false;
+    absl::StatusOr<privacy::PrivacySpent> spent = a.GetEpsilon(target_delta());
+    return spent.ok() && spent->epsilon <= dp_.max_epsilon();
+  };
+  if (!fits(0)) return committed;
+  int64_t lo = 0, hi = configured - committed;  // fits(lo) holds
+  if (fits(hi)) return configured;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return committed + lo;
+}
+
+}  // namespace fedlora

@@ -1,0 +1,92 @@
+// The server's client-level differential privacy (config.privacy.dp, CENTRAL mode): clipping each
+// decoded update, Gaussian noise on the sum, adaptive clipping, and the accountant.
+//
+//   FEDLORA_ASSIGN_OR_RETURN(std::optional<ServerDp> dp, ServerDp::Create(config, noise_key, rounds));
+//   ...  // aggregation: for each update, unclipped += dp->Clip(update); avg.Add(update, 1)
+//   FEDLORA_ASSIGN_OR_RETURN(DpRound r, dp->Release(round, mean, n, unclipped));   // noise in `mean`
+//   r.AddTo(metrics_json);  // committed with the round: the accountant's durable state
+//   dp->Commit(r);          // once the round is committed
+//
+// The noise is N(0, (z * C)^2) per coordinate of the sum of the n clipped updates (z the noise
+// multiplier, C the round's clip norm), drawn from a generator keyed by a server secret (derived
+// from the aggregation key) and the round: a server that redoes a round adds the same noise, and
+// no client can predict it. With adaptive clipping (Andrew et al. 2021) the count of updates within
+// C is released with noise of standard deviation sigma_b, the update noise multiplier becomes
+// (z^-2 - (2 sigma_b)^-2)^-1/2, and the pair costs exactly what one Gaussian release at z costs.
+// Each committed round's metrics hold what the accountant needs (its noise multiplier and sampling
+// rate), so the epsilon survives restarts with the rounds themselves.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "compression/codec.h"
+#include "fedlora/v1/config.pb.h"
+#include "privacy/rdp_accountant.h"
+#include "server/store.h"
+#include <nlohmann/json.hpp>
+
+namespace fedlora {
+
+// What one round released, as stored in its metrics JSON (the "dp_*" keys).
+struct DpRound {
+  double noise_multiplier = 0;  // the round's total z (what the accountant composes)
+  double sampling_rate = 1;
+  double clip_norm = 0;         // C the round clipped to
+  double next_clip_norm = 0;    // C the next round clips to
+  std::optional<double> unclipped_fraction;  // the noisy fraction, with adaptive clipping
+  double epsilon = 0;           // spent by this round and the ones before it
+
+  void AddTo(nlohmann::json& metrics) const;
+  // Reads the keys back; NotFound when the round has none (committed without DP).
+  static absl::StatusOr<DpRound> From(const nlohmann::json& metrics);
+};
+
+class ServerDp {
+ public:
+  // nullopt without privacy.dp.enabled. `noise_key` is the 32-byte secret the noise is drawn with;
+  // `rounds` the run's rounds from the store, whose committed metrics restore the accountant.
+  // FailedPrecondition when a committed round lacks the DP record (the run did not always have
+  // DP), InvalidArgument when the budget affords no round at all.
+  static absl::StatusOr<std::optional<ServerDp>> Create(const v1::RunConfig& config, std::string noise_key,
+                                                        const std::vector<RoundRecord>& rounds);
+
+  // Clips `update` in place to the round's clip norm (its L2 norm, summed in double, is then at
+  // most clip_norm()); returns whether it was already within it.
+  bool Clip(std::vector<UpdateTensor>& update) const;
+
+  // Adds the noise for the mean of `n` clipped updates to `mean` (the sum's noise divided by n),
+  // and works out the round's release: the next clip norm and the epsilon after it.
+  absl::StatusOr<DpRound> Release(int64_t round, std::vector<UpdateTensor>& mean, int64_t n,
+                                  int64_t unclipped) const;
+
+  // The round is committed: the accountant takes its step and the clip norm moves.
+  absl::Status Commit(const DpRound& r);
+
+  double clip_norm() const { return clip_norm_; }
+  double epsilon() const { return epsilon_; }
+  double target_delta() const { return dp_.target_delta(); }
+  std::optional<double> max_epsilon() const {
+    return dp_.has_max_epsilon() ? std::optional<double>(dp_.max_epsilon()) : std::nullopt;
+  }
+  // Committed rounds plus the rounds the budget still affords at the configured noise, at most
+  // `configured` (everything, without a budget).
+  int64_t AffordableRounds(int64_t committed, int64_t configured) const;
+
+ private:
+  ServerDp(const v1::RunConfig& config, std::string noise_key);
+  double UpdateNoiseMultiplier() const;
+
+  v1::DifferentialPrivacyConfig dp_;
+  std::string noise_key_;
+  double sampling_rate_ = 1;
+  double clip_norm_ = 0;
+  double epsilon_ = 0;
+  privacy::RdpAccountant accountant_;
+};
+
+}  // namespace fedlora

@@ -1,0 +1,311 @@
+// Client-level differential privacy on the server (CENTRAL mode): clipping, the noise, adaptive
+// clipping, the accountant's durable record, and the privacy budget across a restart. Expected
+// epsilons come from Opacus 1.5.2's RDP analysis (opacus/accountants/analysis/rdp.py: compute_rdp
+// and get_privacy_spent over its default orders).
+#include "server/differential_privacy.h"
+
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/server.h"
+#include "server/store.h"
+#include "tests/server/federation_test_util.h"
+
+namespace fedlora {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::EncodedDeltaFor;
+using testing::InitialAdapter;
+using testing::RawClient;
+using testing::TempDir;
+
+// Opacus: eps(z = 1.0, q = 1, steps, delta 1e-5) and eps(z = 1.1, q = 0.3, steps, delta 1e-5).
+constexpr double kEpsZ1Q1[] = {4.728507067217623, 7.077391578166641, 9.009958991683897};
+constexpr double kEpsZ11Q03[] = {2.8463127958837884, 3.6410123839271735, 4.205764718110888};
+
+v1::RunConfig DpConfig(int rounds, int clients, double z, double clip) {
+  v1::RunConfig c = testing::TestRunConfig(rounds, clients, 1);
+  auto* dp = c.mutable_privacy()->mutable_dp();
+  dp->set_enabled(true);
+  dp->set_noise_multiplier(z);
+  dp->set_clip_norm(clip);
+  c.mutable_aggregation()->clear_weight_by_examples();
+  ApplyRunConfigDefaults(&c);
+  return c;
+}
+
+std::string Key(char fill) { return std::string(32, fill); }
+
+std::vector<UpdateTensor> Zeros(int64_t n) { return {{"w", {n}, std::vector<float>(static_cast<size_t>(n), 0.0f)}}; }
+
+double Stddev(const std::vector<float>& v) {
+  double sum = 0, sq = 0;
+  for (float x : v) sum += x;
+  const double mean = sum / static_cast<double>(v.size());
+  for (float x : v) sq += (x - mean) * (x - mean);
+  return std::sqrt(sq / static_cast<double>(v.size()));
+}
+
+ServerDp MakeDp(const v1::RunConfig& c, char key = 'k', const std::vector<RoundRecord>& rounds = {}) {
+  absl::StatusOr<std::optional<ServerDp>> dp = ServerDp::Create(c, Key(key), rounds);
+  EXPECT_TRUE(dp.ok()) << dp.status();
+  EXPECT_TRUE(dp.ok() && dp->has_value());
+  return **dp;
+}
+
+TEST(ServerDpTest, OffWithoutDpEnabled) {
+  auto dp = ServerDp::Create(testing::TestRunConfig(3, 2, 1), Key('k'), {});
+  ASSERT_TRUE(dp.ok());
+  EXPECT_FALSE(dp->has_value());
+}
+
+TEST(ServerDpTest, TheNoiseHasTheConfiguredStddevAndIsReproducibleOnlyWithTheKey) {
+  const v1::RunConfig c = DpConfig(3, 4, 2.0, 1.5);
+  ServerDp dp = MakeDp(c);
+  std::vector<UpdateTensor> a = Zeros(200'000), b = Zeros(200'000), other_round = Zeros(200'000);
+  ASSERT_TRUE(dp.Release(1, a, 4, 4).ok());
+  ASSERT_TRUE(dp.Release(1, b, 4, 4).ok());
+  ASSERT_TRUE(dp.Release(2, other_round, 4, 4).ok());
+  // z * C on the sum of 4 updates: 2.0 * 1.5 / 4 = 0.75 on their mean.
+  EXPECT_NEAR(Stddev(a[0].values), 0.75, 0.75 * 0.01);
+  EXPECT_EQ(a[0].values, b[0].values);  // a server that redoes a round adds the same noise
+  EXPECT_NE(a[0].values, other_round[0].values);
+  ServerDp another_key = MakeDp(c, 'q');
+  std::vector<UpdateTensor> d = Zeros(200'000);
+  ASSERT_TRUE(another_key.Release(1, d, 4, 4).ok());
+  EXPECT_NE(a[0].values, d[0].values);
+  // Noise is centred and roughly Gaussian: about 68% within one standard deviation.
+  const double mean = std::accumulate(a[0].values.begin(), a[0].values.end(), 0.0) / 200'000;
+  EXPECT_NEAR(mean, 0.0, 0.01);
+  const auto within = std::count_if(a[0].values.begin(), a[0].values.end(), [](float x) { return std::abs(x) < 0.75; });
+  EXPECT_NEAR(static_cast<double>(within) / 200'000, 0.6827, 0.005);
+}
+
+TEST(ServerDpTest, ClippedUpdatesNeverExceedTheClipNorm) {
+  ServerDp dp = MakeDp(DpConfig(3, 2, 1.0, 0.25));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0, 0.03f);
+  int within = 0;
+  for (int i = 0; i < 200; ++i) {
+    std::vector<UpdateTensor> u = {{"a", {50}, std::vector<float>(50)}};
+    for (float& v : u[0].values) v = normal(rng) * static_cast<float>(1 + i % 3);
+    const double before = UpdateNorm(u);
+    within += dp.Clip(u) ? 1 : 0;
+    EXPECT_LE(UpdateNorm(u), 0.25);
+    EXPECT_EQ(before <= 0.25, UpdateNorm(u) == before);
+  }
+  EXPECT_GT(within, 20);
+  EXPECT_LT(within, 180);
+}
+
+TEST(ServerDpTest, EpsilonPerRoundMatchesOpacusWithTheSamplingRate) {
+  v1::RunConfig c = DpConfig(5, 3, 1.1, 1.0);
+  c.mutable_privacy()->mutable_dp()->set_population_size(10);  // q = 3 / 10
+  ServerDp dp = MakeDp(c);
+  for (int round = 1; round <= 3; ++round) {
+    std::vector<UpdateTensor> mean = Zeros(8);
+    absl::StatusOr<DpRound> r = dp.Release(round, mean, 3, 3);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_DOUBLE_EQ(r->sampling_rate, 0.3);
+    EXPECT_NEAR(r->epsilon, kEpsZ11Q03[round - 1], 1e-6 * kEpsZ11Q03[round - 1]);
+    ASSERT_TRUE(dp.Commit(*r).ok());
+    EXPECT_DOUBLE_EQ(dp.epsilon(), r->epsilon);
+  }
+}
+
+TEST(ServerDpTest, AdaptiveClippingFollowsTheNoisyUnclippedFraction) {
+  v1::RunConfig c = DpConfig(3, 20, 1.0, 2.0);
+  auto* ac = c.mutable_privacy()->mutable_dp()->mutable_adaptive_clipping();
+  ac->set_enabled(true);
+  ApplyRunConfigDefaults(&c);
+  EXPECT_DOUBLE_EQ(ac->target_quantile(), 0.5);
+  EXPECT_DOUBLE_EQ(ac->learning_rate(), 0.2);
+  EXPECT_DOUBLE_EQ(ac->count_noise_stddev(), 1.0);  // 20 / 20 = 1 > z / 2
+  ServerDp dp = MakeDp(c);
+  // The count's noise: sigma_b / n = 1 / 20 on the fraction, over many rounds.
+  std::vector<double> fractions;
+  for (int round = 1; round <= 400; ++round) {
+    std::vector<UpdateTensor> mean = Zeros(4);
+    absl::StatusOr<DpRound> r = dp.Release(round, mean, 20, 15);
+    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE(r->unclipped_fraction.has_value());
+    EXPECT_DOUBLE_EQ(r->next_clip_norm, 2.0 * std::exp(-0.2 * (*r->unclipped_fraction - 0.5)));
+    fractions.push_back(*r->unclipped_fraction);
+  }
+  const double mean = std::accumulate(fractions.begin(), fractions.end(), 0.0) / 400;
+  double sq = 0;
+  for (double f : fractions) sq += (f - mean) * (f - mean);
+  EXPECT_NEAR(mean, 0.75, 0.01);
+  EXPECT_NEAR(std::sqrt(sq / 400), 0.05, 0.006);
+  // The update's own noise multiplier shrinks to (z^-2 - (2 sigma_b)^-2)^-1/2 = (1 - 1/4)^-1/2.
+  std::vector<UpdateTensor> big = Zeros(200'000);
+  ASSERT_TRUE(dp.Release(1, big, 20, 15).ok());
+  EXPECT_NEAR(Stddev(big[0].values), std::pow(0.75, -0.5) * 2.0 / 20, 0.01 * std::pow(0.75, -0.5) * 2.0 / 20);
+  // Clip norms move: more than the target quantile within the norm shrinks it.
+  std::vector<UpdateTensor> m = Zeros(4);
+  absl::StatusOr<DpRound> r = dp.Release(7, m, 20, 20);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(dp.Commit(*r).ok());
+  EXPECT_DOUBLE_EQ(dp.clip_norm(), r->next_clip_norm);
+}
+
+TEST(ServerDpTest, TheAccountantIsRestoredFromTheCommittedRounds) {
+  const v1::RunConfig c = DpConfig(5, 2, 1.0, 1.0);
+  ServerDp dp = MakeDp(c);
+  std::vector<RoundRecord> rounds;
+  for (int round = 1; round <= 2; ++round) {
+    std::vector<UpdateTensor> mean = Zeros(4);
+    absl::StatusOr<DpRound> r = dp.Release(round, mean, 2, 1);
+    ASSERT_TRUE(r.ok());
+    nlohmann::json metrics = {{"updates", 2}};
+    r->AddTo(metrics);
+    RoundRecord rec;
+    rec.round = round;
+    rec.state = RoundState::kCommitted;
+    rec.metrics_json = metrics.dump();
+    rounds.push_back(rec);
+    ASSERT_TRUE(dp.Commit(*r).ok());
+  }
+  RoundRecord abandoned;
+  abandoned.round = 3;
+  abandoned.state = RoundState::kAbandoned;
+  rounds.push_back(abandoned);  // released nothing: costs nothing
+  ServerDp restored = MakeDp(c, 'k', rounds);
+  EXPECT_NEAR(restored.epsilon(), kEpsZ1Q1[1], 1e-6 * kEpsZ1Q1[1]);
+  EXPECT_DOUBLE_EQ(restored.epsilon(), dp.epsilon());
+
+  // A committed round without a DP record: the run did not always have DP.
+  RoundRecord plain;
+  plain.round = 4;
+  plain.state = RoundState::kCommitted;
+  plain.metrics_json = R"({"updates": 2})";
+  rounds.push_back(plain);
+  auto refused = ServerDp::Create(c, Key('k'), rounds);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("round 4 was committed without differential privacy"));
+}
+
+TEST(ServerDpTest, TheBudgetAffordsTheRoundsWhoseEpsilonFits) {
+  v1::RunConfig c = DpConfig(10, 2, 1.0, 1.0);
+  c.mutable_privacy()->mutable_dp()->set_max_epsilon(kEpsZ1Q1[1] + 0.01);  // two rounds fit, three do not
+  ServerDp dp = MakeDp(c);
+  EXPECT_EQ(dp.AffordableRounds(0, 10), 2);
+  EXPECT_EQ(dp.AffordableRounds(0, 1), 1);
+  c.mutable_privacy()->mutable_dp()->set_max_epsilon(kEpsZ1Q1[0] - 0.01);
+  auto none = ServerDp::Create(c, Key('k'), {});
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(none.status().message()), HasSubstr("affords no round"));
+}
+
+bool WaitFor(const std::function<bool()>& done, int64_t timeout_ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+v1::GetStatusResponse Status(RawClient& c) {
+  v1::GetStatusRequest req;
+  v1::GetStatusResponse resp;
+  auto ctx = c.Context(5000);
+  grpc::Status s = c.admin()->GetStatus(ctx.get(), req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return resp;
+}
+
+// A federation with DP: one client, z = 1, budget for two of four rounds, a restart in between.
+TEST(ServerDpFederationTest, EpsilonIsReportedAndTheBudgetEndsTheRunAcrossARestart) {
+  TempDir dir;
+  v1::RunConfig config = DpConfig(4, 1, 1.0, 0.05);
+  config.mutable_privacy()->mutable_dp()->set_max_epsilon(kEpsZ1Q1[1] + 0.01);
+  auto start = [&]() {
+    auto server = Server::Create(testing::TestServerOptions(dir.path()), config, InitialAdapter(), nullptr);
+    EXPECT_TRUE(server.ok()) << server.status();
+    return server.ok() ? *std::move(server) : nullptr;
+  };
+  std::unique_ptr<Server> server = start();
+  ASSERT_NE(server, nullptr);
+  auto client = std::make_unique<RawClient>(server->address(), "site-a");
+  ASSERT_TRUE(client->Join().ok());
+  v1::GetStatusResponse status = Status(*client);
+  EXPECT_EQ(status.total_rounds(), 2u);  // what the budget affords of the 4 configured
+  EXPECT_DOUBLE_EQ(status.dp_epsilon(), 0.0);
+  EXPECT_DOUBLE_EQ(status.dp_target_delta(), 1e-5);
+  EXPECT_DOUBLE_EQ(status.dp_max_epsilon(), kEpsZ1Q1[1] + 0.01);
+  EXPECT_DOUBLE_EQ(status.dp_clip_norm(), 0.05);
+
+  v1::TrainTask task;
+  ASSERT_TRUE(client->GetTask(&task));
+  const std::vector<UpdateTensor> initial = server->coordinator().global_adapter();
+  const std::string plain = EncodedDeltaFor(0, task, initial);
+  v1::UploadAck ack;
+  ASSERT_TRUE(client->UploadAll(client->Header(task, plain, "r1"), plain, &ack).ok());
+  ASSERT_TRUE(WaitFor([&] { return server->coordinator().rounds_committed() == 1; }, 10'000));
+  status = Status(*client);
+  ASSERT_EQ(status.history_size(), 1);
+  EXPECT_NEAR(status.history(0).dp_epsilon(), kEpsZ1Q1[0], 1e-6 * kEpsZ1Q1[0]);
+  EXPECT_NEAR(status.dp_epsilon(), kEpsZ1Q1[0], 1e-6 * kEpsZ1Q1[0]);
+  EXPECT_THAT(server->metrics().ToPrometheusText(), HasSubstr("fedlora_dp_epsilon 4.728507\n"));
+  // The global adapter moved by the clipped update plus noise of z * C = 0.05 per coordinate.
+  const std::vector<UpdateTensor> after = server->coordinator().global_adapter();
+  std::vector<float> moved;
+  double norm_sq = 0;
+  for (size_t t = 0; t < after.size(); ++t) {
+    for (size_t i = 0; i < after[t].values.size(); ++i) moved.push_back(after[t].values[i] - initial[t].values[i]);
+  }
+  for (float v : moved) norm_sq += static_cast<double>(v) * v;
+  EXPECT_NEAR(Stddev(moved), 0.05, 0.05 * 0.06);  // 2240 draws; the clipped update adds ~0.001
+  EXPECT_GT(std::sqrt(norm_sq), 1.0);
+
+  // Restart: the accountant comes back from the store.
+  client.reset();
+  server->Shutdown();
+  server = start();
+  ASSERT_NE(server, nullptr);
+  client = std::make_unique<RawClient>(server->address(), "site-a");
+  ASSERT_TRUE(client->Join().ok());
+  status = Status(*client);
+  EXPECT_NEAR(status.dp_epsilon(), kEpsZ1Q1[0], 1e-6 * kEpsZ1Q1[0]);
+  ASSERT_TRUE(client->GetTask(&task));
+  EXPECT_EQ(task.round(), 2u);
+  const std::string plain2 = EncodedDeltaFor(0, task, server->coordinator().global_adapter());
+  ASSERT_TRUE(client->UploadAll(client->Header(task, plain2, "r2"), plain2, &ack).ok());
+  ASSERT_TRUE(WaitFor([&] { return server->coordinator().finished(); }, 10'000));
+  EXPECT_EQ(server->coordinator().rounds_committed(), 2);
+  v1::WaitForTaskResponse done;
+  ASSERT_TRUE(client->WaitForTask(&done, 0).ok());
+  ASSERT_TRUE(done.has_run_finished());
+  EXPECT_EQ(done.run_finished().reason(), v1::RunFinished::PRIVACY_BUDGET_SPENT);
+  EXPECT_EQ(done.run_finished().final_round(), 2u);
+
+  // And again: the budget is still spent, no round opens, epsilon is the two rounds'.
+  client.reset();
+  server->Shutdown();
+  server = start();
+  ASSERT_NE(server, nullptr);
+  EXPECT_TRUE(server->coordinator().finished());
+  client = std::make_unique<RawClient>(server->address(), "site-a");
+  ASSERT_TRUE(client->Join().ok());
+  status = Status(*client);
+  EXPECT_TRUE(status.privacy_budget_spent());
+  EXPECT_EQ(status.phase(), v1::ROUND_PHASE_FINISHED);
+  EXPECT_NEAR(status.dp_epsilon(), kEpsZ1Q1[1], 1e-6 * kEpsZ1Q1[1]);
+  EXPECT_LE(status.dp_epsilon(), status.dp_max_epsilon());
+  ASSERT_TRUE(client->WaitForTask(&done, 0).ok());
+  ASSERT_TRUE(done.has_run_finished());
+  EXPECT_EQ(done.run_finished().reason(), v1::RunFinished::PRIVACY_BUDGET_SPENT);
+  client.reset();
+  server->Shutdown();
+}
+
+}  // namespace
+}  // namespace fedlora
