@@ -1,0 +1,236 @@
+#include "crypto/shamir.h"
+
+#include <openssl/bn.h>
+
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "crypto/openssl_errors.h"
+
+namespace fedlora::crypto {
+namespace {
+
+struct BnClearFree {
+  void operator()(BIGNUM* b) const { BN_clear_free(b); }
+};
+struct BnCtxFree {
+  void operator()(BN_CTX* c) const { BN_CTX_free(c); }
+};
+using Bn = std::unique_ptr<BIGNUM, BnClearFree>;
+using BnCtx = std::unique_ptr<BN_CTX, BnCtxFree>;
+
+absl::Status OpenSslFailure(const char* what) {
+  return absl::InternalError(absl::StrCat(what, " failed: ", DrainOpenSslErrors()));
+}
+
+// Secret-holding numbers live in the secure heap when one is configured.
+absl::StatusOr<Bn> NewBn() {
+  Bn b(BN_secure_new());
+  if (b == nullptr) return OpenSslFailure("BN_secure_new");
+  return b;
+}
+
+absl::StatusOr<Bn> FromBytes(std::string_view bytes) {
+  Bn b(BN_bin2bn(reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<int>(bytes.size()),
+                 BN_secure_new()));
+  if (b == nullptr) return OpenSslFailure("BN_bin2bn");
+  return b;
+}
+
+absl::StatusOr<Bn> FromWord(uint32_t w) {
+  FEDLORA_ASSIGN_OR_RETURN(Bn b, NewBn());
+  if (BN_set_word(b.get(), w) != 1) return OpenSslFailure("BN_set_word");
+  return b;
+}
+
+// p, parsed once per call (cheap next to the arithmetic).
+absl::StatusOr<Bn> Prime() {
+  BIGNUM* p = nullptr;
+  if (BN_hex2bn(&p, kShamirPrimeHex) == 0) return OpenSslFailure("BN_hex2bn");
+  return Bn(p);
+}
+
+absl::StatusOr<std::string> ToBytes(const BIGNUM* b, size_t n) {
+  std::string out(n, '\0');
+  if (BN_bn2binpad(b, reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) != static_cast<int>(n)) {
+    return absl::InvalidArgumentError(absl::StrCat("value does not fit in ", n, " bytes"));
+  }
+  return out;
+}
+
+absl::Status CheckPoints(std::span<const uint32_t> xs, uint32_t threshold) {
+  if (threshold == 0) return absl::InvalidArgumentError("Shamir threshold must be at least 1");
+  if (xs.size() < threshold) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Shamir threshold ", threshold, " is above the number of shares ", xs.size()));
+  }
+  std::unordered_set<uint32_t> seen;
+  for (uint32_t x : xs) {
+    if (x == 0) return absl::InvalidArgumentError("Shamir share point x = 0 would reveal the secret");
+    if (!seen.insert(x).second) return absl::InvalidArgumentError(absl::StrCat("repeated Shamir share point x = ", x));
+  }
+  return absl::OkStatus();
+}
+
+// Evaluates sum coeffs[i] x^i mod p at every x (Horner), with coeffs[0] the secret.
+absl::StatusOr<std::vector<ShamirShare>> Evaluate(const std::vector<Bn>& coeffs, const BIGNUM* p,
+                                                  std::span<const uint32_t> xs, BN_CTX* ctx) {
+  std::vector<ShamirShare> shares;
+  shares.reserve(xs.size());
+  absl::StatusOr<Bn> acc = NewBn();
+  if (!acc.ok()) return acc.status();
+  for (uint32_t x : xs) {
+    absl::StatusOr<Bn> bx = FromWord(x);
+    if (!bx.ok()) return bx.status();
+    if (BN_copy(acc->get(), coeffs.back().get()) == nullptr) return OpenSslFailure("BN_copy");
+    for (size_t i = coeffs.size() - 1; i-- > 0;) {
+      if (BN_mod_mul(acc->get(), acc->get(), bx->get(), p, ctx) != 1 ||
+          BN_mod_add(acc->get(), acc->get(), coeffs[i].get(), p, ctx) != 1) {
+        return OpenSslFailure("BN_mod_mul/BN_mod_add");
+      }
+    }
+    absl::StatusOr<std::string> y = ToBytes(acc->get(), kShamirShareBytes);
+    if (!y.ok()) return y.status();
+    shares.push_back(ShamirShare{x, *std::move(y)});
+  }
+  return shares;
+}
+
+absl::Status CheckSecret(std::string_view secret32) {
+  if (secret32.size() != kShamirSecretBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Shamir secret must be ", kShamirSecretBytes, " bytes, got ", secret32.size()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ShamirShare>> ShamirSplitAt(std::string_view secret32, uint32_t threshold,
+                                                       std::span<const uint32_t> xs) {
+  if (absl::Status s = CheckSecret(secret32); !s.ok()) return s;
+  if (absl::Status s = CheckPoints(xs, threshold); !s.ok()) return s;
+  BnCtx ctx(BN_CTX_secure_new());
+  if (ctx == nullptr) return OpenSslFailure("BN_CTX_secure_new");
+  absl::StatusOr<Bn> p = Prime();
+  if (!p.ok()) return p.status();
+  std::vector<Bn> coeffs;
+  absl::StatusOr<Bn> s = FromBytes(secret32);
+  if (!s.ok()) return s.status();
+  coeffs.push_back(*std::move(s));
+  for (uint32_t i = 1; i < threshold; ++i) {
+    absl::StatusOr<Bn> a = NewBn();
+    if (!a.ok()) return a.status();
+    if (BN_priv_rand_range(a->get(), p->get()) != 1) return OpenSslFailure("BN_priv_rand_range");
+    coeffs.push_back(*std::move(a));
+  }
+  return Evaluate(coeffs, p->get(), xs, ctx.get());
+}
+
+absl::StatusOr<std::vector<ShamirShare>> ShamirSplit(std::string_view secret32, uint32_t threshold,
+                                                     uint32_t num_shares) {
+  std::vector<uint32_t> xs(num_shares);
+  for (uint32_t i = 0; i < num_shares; ++i) xs[i] = i + 1;
+  return ShamirSplitAt(secret32, threshold, xs);
+}
+
+absl::StatusOr<std::vector<ShamirShare>> ShamirSplitWithCoefficients(std::string_view secret32,
+                                                                     std::span<const std::string> coefficients,
+                                                                     std::span<const uint32_t> xs) {
+  if (absl::Status s = CheckSecret(secret32); !s.ok()) return s;
+  const uint32_t threshold = static_cast<uint32_t>(coefficients.size()) + 1;
+  if (absl::Status s = CheckPoints(xs, threshold); !s.ok()) return s;
+  BnCtx ctx(BN_CTX_secure_new());
+  if (ctx == nullptr) return OpenSslFailure("BN_CTX_secure_new");
+  absl::StatusOr<Bn> p = Prime();
+  if (!p.ok()) return p.status();
+  std::vector<Bn> coeffs;
+  absl::StatusOr<Bn> s = FromBytes(secret32);
+  if (!s.ok()) return s.status();
+  coeffs.push_back(*std::move(s));
+  for (const std::string& c : coefficients) {
+    if (c.size() > kShamirShareBytes) return absl::InvalidArgumentError("Shamir coefficient longer than 33 bytes");
+    absl::StatusOr<Bn> a = FromBytes(c);
+    if (!a.ok()) return a.status();
+    if (BN_cmp(a->get(), p->get()) >= 0) return absl::InvalidArgumentError("Shamir coefficient is not below p");
+    coeffs.push_back(*std::move(a));
+  }
+  return Evaluate(coeffs, p->get(), xs, ctx.get());
+}
+
+absl::Status CheckShamirShare(const ShamirShare& share) {
+  if (share.x == 0) return absl::InvalidArgumentError("Shamir share has x = 0");
+  if (share.y.size() != kShamirShareBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Shamir share y must be ", kShamirShareBytes, " bytes, got ", share.y.size()));
+  }
+  // y < p = 2^256 + 297 = 0x01 || 00 (29 bytes) || 01 29, compared big-endian byte by byte.
+  static constexpr unsigned char kP[kShamirShareBytes] = {0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                          0,    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01, 0x29};
+  for (size_t i = 0; i < kShamirShareBytes; ++i) {
+    const auto b = static_cast<unsigned char>(share.y[i]);
+    if (b < kP[i]) return absl::OkStatus();
+    if (b > kP[i]) break;
+  }
+  return absl::InvalidArgumentError("Shamir share y is not below p");
+}
+
+absl::StatusOr<std::string> ShamirCombine(std::span<const ShamirShare> shares, uint32_t threshold) {
+  if (threshold == 0) return absl::InvalidArgumentError("Shamir threshold must be at least 1");
+  if (shares.size() < threshold) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Shamir combine needs ", threshold, " shares, got ", shares.size()));
+  }
+  const std::span<const ShamirShare> used = shares.first(threshold);
+  std::vector<uint32_t> xs;
+  for (const ShamirShare& s : used) {
+    if (absl::Status st = CheckShamirShare(s); !st.ok()) return st;
+    xs.push_back(s.x);
+  }
+  if (absl::Status st = CheckPoints(xs, threshold); !st.ok()) return st;
+
+  BnCtx ctx(BN_CTX_secure_new());
+  if (ctx == nullptr) return OpenSslFailure("BN_CTX_secure_new");
+  absl::StatusOr<Bn> p = Prime();
+  absl::StatusOr<Bn> sum = NewBn(), num = NewBn(), den = NewBn(), diff = NewBn(), term = NewBn();
+  for (const auto* r : {&p, &sum, &num, &den, &diff, &term}) {
+    if (!r->ok()) return r->status();
+  }
+  std::vector<Bn> bx;
+  for (uint32_t x : xs) {
+    absl::StatusOr<Bn> b = FromWord(x);
+    if (!b.ok()) return b.status();
+    bx.push_back(*std::move(b));
+  }
+  BN_zero(sum->get());
+  // secret = sum_i y_i * prod_{j != i} x_j / (x_j - x_i)  (mod p)
+  for (size_t i = 0; i < used.size(); ++i) {
+    if (BN_one(num->get()) != 1 || BN_one(den->get()) != 1) return OpenSslFailure("BN_one");
+    for (size_t j = 0; j < used.size(); ++j) {
+      if (j == i) continue;
+      if (BN_mod_mul(num->get(), num->get(), bx[j].get(), p->get(), ctx.get()) != 1 ||
+          BN_mod_sub(diff->get(), bx[j].get(), bx[i].get(), p->get(), ctx.get()) != 1 ||
+          BN_mod_mul(den->get(), den->get(), diff->get(), p->get(), ctx.get()) != 1) {
+        return OpenSslFailure("Lagrange basis");
+      }
+    }
+    if (BN_mod_inverse(den->get(), den->get(), p->get(), ctx.get()) == nullptr) return OpenSslFailure("BN_mod_inverse");
+    absl::StatusOr<Bn> y = FromBytes(used[i].y);
+    if (!y.ok()) return y.status();
+    if (BN_mod_mul(term->get(), num->get(), den->get(), p->get(), ctx.get()) != 1 ||
+        BN_mod_mul(term->get(), term->get(), y->get(), p->get(), ctx.get()) != 1 ||
+        BN_mod_add(sum->get(), sum->get(), term->get(), p->get(), ctx.get()) != 1) {
+      return OpenSslFailure("Lagrange sum");
+    }
+  }
+  if (BN_num_bits(sum->get()) > static_cast<int>(8 * kShamirSecretBytes)) {
+    return absl::InvalidArgumentError("inconsistent shares: the interpolated value is not a 32-byte secret");
+  }
+  return ToBytes(sum->get(), kShamirSecretBytes);
+}
+
+}  // namespace fedlora::crypto
