@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/rpc_status.h"
+#include "client/secure_update.h"
 #include "compression/codec.h"
 #include "compression/downlink.h"
 #include "compression/error_feedback.h"
@@ -25,6 +26,7 @@
 #include "crypto/envelope.h"
 #include "crypto/random.h"
 #include "crypto/sealed_update.h"
+#include "crypto/secagg.h"
 #include "crypto/tls.h"
 #include "fedlora/v1/federation.grpc.pb.h"
 #include "proto/address.h"
@@ -163,6 +165,11 @@ class ClientImpl final : public Client {
                              const std::vector<std::string>& chunk_sha256, bool* accepted);
   // One task: returns OK when the update was accepted; a non-transient error means "give it up".
   absl::Status RunTask(const v1::TrainTask& task);
+  // Secure aggregation: one SecureAggregation call (retried), and a step: `request` sent, then
+  // polled until the answer is not "ask again" or `until` passes (DeadlineExceeded).
+  absl::StatusOr<v1::SecureAggregationResponse> SecAggCall(const v1::SecureAggregationRequest& request);
+  absl::StatusOr<v1::SecureAggregationResponse> SecAggStep(v1::SecureAggregationRequest request,
+                                                           std::chrono::steady_clock::time_point until);
   // The error-feedback residual of this run: loaded from state_dir the first time, or empty.
   absl::StatusOr<ErrorFeedback*> Feedback();
   std::string FeedbackPath() const { return options_.state_dir + "/error_feedback.safetensors"; }
@@ -383,6 +390,28 @@ absl::Status ClientImpl::Upload(const v1::TrainTask& task, const std::string& bl
   });
 }
 
+absl::StatusOr<v1::SecureAggregationResponse> ClientImpl::SecAggCall(const v1::SecureAggregationRequest& request) {
+  v1::SecureAggregationResponse response;
+  FEDLORA_RETURN_IF_ERROR(Retry("SecureAggregation", [&] {
+    auto ctx = Context(options_.call_deadline_ms);
+    return FromGrpcStatus(stub_->SecureAggregation(ctx.get(), request, &response));
+  }));
+  return response;
+}
+
+absl::StatusOr<v1::SecureAggregationResponse> ClientImpl::SecAggStep(v1::SecureAggregationRequest request,
+                                                                     std::chrono::steady_clock::time_point until) {
+  while (true) {
+    FEDLORA_ASSIGN_OR_RETURN(v1::SecureAggregationResponse response, SecAggCall(request));
+    if (!response.has_retry_after_ms()) return response;
+    if (std::chrono::steady_clock::now() >= until) {
+      return absl::DeadlineExceededError(absl::StrCat("round ", request.round(), ": secure aggregation did not move on"));
+    }
+    request.set_poll(true);  // the message was taken: from now on only ask
+    if (!SleepFor(std::max<int64_t>(20, response.retry_after_ms()))) return absl::CancelledError("client stopped");
+  }
+}
+
 absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   // Checked before any work: this client uploads sealed updates only.
   if (task.encryption_scheme() != v1::EncryptionSpec::X25519_HKDF_AES256GCM ||
@@ -391,6 +420,32 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
         "the server offers no X25519_HKDF_AES256GCM aggregation key; this client uploads sealed updates only");
   }
   const auto t0 = std::chrono::steady_clock::now();
+  // Secure aggregation's key steps (crypto/secagg.h) come first, with every client of the round:
+  // advertise fresh keys, share the secrets, and receive the neighbours' shares for the mask.
+  std::optional<crypto::SecAggClient> secagg;
+  v1::SecAggMaskedInputRequest masked_request;
+  v1::SecureAggregationRequest secagg_base;
+  const auto secagg_until = t0 + std::chrono::seconds(task.deadline_seconds()) + std::chrono::minutes(2);
+  if (task.has_secure_aggregation()) {
+    const v1::SecureAggregationTask& sa = task.secure_aggregation();
+    FEDLORA_ASSIGN_OR_RETURN(crypto::SecAggClient c, crypto::SecAggClient::Create(sa.params(), sa.client_index()));
+    secagg.emplace(std::move(c));
+    secagg_base.set_round(task.round());
+    secagg_base.set_task_id(task.task_id());
+    v1::SecureAggregationRequest request = secagg_base;
+    FEDLORA_ASSIGN_OR_RETURN(*request.mutable_advertise_keys(), secagg->AdvertiseKeys());
+    FEDLORA_ASSIGN_OR_RETURN(v1::SecureAggregationResponse response, SecAggStep(request, secagg_until));
+    if (!response.has_share_keys()) {
+      return absl::FailedPreconditionError(absl::StrCat("round ", task.round(), ": secure aggregation: ", response.done()));
+    }
+    request = secagg_base;
+    FEDLORA_ASSIGN_OR_RETURN(*request.mutable_share_keys(), secagg->ShareKeys(response.share_keys()));
+    FEDLORA_ASSIGN_OR_RETURN(response, SecAggStep(request, secagg_until));
+    if (!response.has_masked_input()) {
+      return absl::FailedPreconditionError(absl::StrCat("round ", task.round(), ": secure aggregation: ", response.done()));
+    }
+    masked_request = response.masked_input();
+  }
   FEDLORA_ASSIGN_OR_RETURN(std::string blob, FetchGlobalAdapter(task));
   FEDLORA_ASSIGN_OR_RETURN(std::vector<NamedTensor> global, ParseAdapter(blob));
   const auto t1 = std::chrono::steady_clock::now();
@@ -445,13 +500,16 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   if (result->num_examples < 1) return absl::InvalidArgumentError("trainer returned num_examples < 1");
 
   std::vector<UpdateTensor> update;
-  update.reserve(result->delta.size());
-  for (const NamedTensor& n : result->delta) update.push_back({n.name, n.shape, n.values});
-  FEDLORA_ASSIGN_OR_RETURN(CodecOptions codec, CodecOptionsFromSpec(task.codec()));
-  codec.seed = task.seed();  // random-k indices and stochastic rounding: reproducible per task
   ErrorFeedback* feedback = nullptr;
-  if (codec.error_feedback) {
-    FEDLORA_ASSIGN_OR_RETURN(feedback, Feedback());
+  CodecOptions codec;
+  if (!secagg.has_value()) {
+    update.reserve(result->delta.size());
+    for (const NamedTensor& n : result->delta) update.push_back({n.name, n.shape, n.values});
+    FEDLORA_ASSIGN_OR_RETURN(codec, CodecOptionsFromSpec(task.codec()));
+    codec.seed = task.seed();  // random-k indices and stochastic rounding: reproducible per task
+    if (codec.error_feedback) {
+      FEDLORA_ASSIGN_OR_RETURN(feedback, Feedback());
+    }
   }
   // One upload id per task attempt: every retry and resume reuses it, so the server counts it once.
   FEDLORA_ASSIGN_OR_RETURN(const std::string random_id, crypto::RandomHex(16));
@@ -460,7 +518,13 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   crypto::SealedBlob sealed;
   {
     std::string encoded;
-    if (feedback != nullptr) {
+    if (secagg.has_value()) {
+      // The masked fixed-point vector is the update (SecAgg+ step 2).
+      FEDLORA_ASSIGN_OR_RETURN(std::vector<uint64_t> input,
+                               EncodeSecureUpdate(result->delta, task.secure_aggregation()));
+      FEDLORA_ASSIGN_OR_RETURN(v1::SecAggMaskedInputResponse masked, secagg->MaskedInput(masked_request, input));
+      encoded = std::move(*masked.mutable_masked_input());
+    } else if (feedback != nullptr) {
       FEDLORA_ASSIGN_OR_RETURN(encoded, feedback->Encode(update, codec));
     } else {
       FEDLORA_ASSIGN_OR_RETURN(encoded, EncodeUpdate(update, codec));
@@ -472,6 +536,25 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   const auto t3 = std::chrono::steady_clock::now();
   FEDLORA_RETURN_IF_ERROR(
       Upload(task, sealed.blob, result->delta, result->num_examples, upload_id, sealed.ephemeral_public_key));
+  if (secagg.has_value()) {
+    // Step 3: once the uploads close, reveal the neighbours' shares the server needs to unmask the sum.
+    v1::SecureAggregationRequest poll = secagg_base;
+    poll.set_poll(true);
+    absl::StatusOr<v1::SecureAggregationResponse> response = SecAggStep(poll, secagg_until);
+    if (response.ok() && response->has_unmasking()) {
+      v1::SecureAggregationRequest request = secagg_base;
+      absl::StatusOr<v1::SecAggUnmaskingResponse> shares = secagg->Unmask(response->unmasking());
+      if (shares.ok()) {
+        *request.mutable_unmasking() = *std::move(shares);
+        response = SecAggCall(request);
+      } else {
+        response = shares.status();  // an inconsistent request: refused, nothing revealed
+      }
+    }
+    if (!response.ok()) {
+      FEDLORA_LOG(WARNING) << options_.client_id << ": round " << task.round() << ": unmasking: " << response.status();
+    }
+  }
   const auto t4 = std::chrono::steady_clock::now();
   if (feedback != nullptr) {  // accepted: what was not sent waits for the next update
     feedback->Commit();

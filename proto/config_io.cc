@@ -325,7 +325,28 @@ void ValidateAggregation(Problems& p, const RunConfig& c) {
   }
 }
 
+void ValidateSecureAggregation(Problems& p, const RunConfig& c) {
+  if (!c.privacy().secure_aggregation()) return;
+  if (c.codec().stages_size() > 0) {
+    p.Add("codec must be empty with privacy.secure_aggregation: the masked fixed-point vector is the update's wire "
+          "format, and sparse or per-client-scaled codecs cannot be summed under masks");
+  }
+  if (c.aggregation().weight_by_examples()) {
+    p.Add("aggregation.weight_by_examples must be false with privacy.secure_aggregation: the server only learns "
+          "the plain sum of the updates");
+  }
+  if (!c.privacy().dp().enabled() && c.aggregation().max_update_norm() <= 0) {
+    p.Add("privacy.secure_aggregation needs a bound on every update for its fixed-point encoding: set "
+          "aggregation.max_update_norm (clients clip to it) or privacy.dp.clip_norm");
+  }
+  if (c.selection().min_clients() < 3) {
+    p.Bad("selection.min_clients", c.selection().min_clients(),
+          "must be >= 3 with privacy.secure_aggregation: with two clients each would learn the other's update");
+  }
+}
+
 void ValidatePrivacy(Problems& p, const RunConfig& c) {
+  ValidateSecureAggregation(p, c);
   const DifferentialPrivacyConfig& dp = c.privacy().dp();
   const AdaptiveClipping& ac = dp.adaptive_clipping();
   if (!dp.enabled()) {
@@ -355,6 +376,10 @@ void ValidatePrivacy(Problems& p, const RunConfig& c) {
           absl::StrCat("must be >= selection.clients_per_round (", cohort, ")"));
   }
   const AggregationConfig& a = c.aggregation();
+  if (dp.mode() == DifferentialPrivacyConfig::DISTRIBUTED && !c.privacy().secure_aggregation()) {
+    p.Add("privacy.dp.mode DISTRIBUTED needs privacy.secure_aggregation: without it the server sees each update "
+          "with only its client's share of the noise (use CENTRAL)");
+  }
   if (a.weight_by_examples()) {
     p.Add("aggregation.weight_by_examples must be false with differential privacy: each client's weight must be "
           "bounded, so every update weighs the same");
@@ -631,8 +656,11 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   if (!a->has_server_beta1()) a->set_server_beta1(0.9);
   if (!a->has_server_beta2()) a->set_server_beta2(0.99);
   if (!a->has_server_tau()) a->set_server_tau(1e-3);
-  // Differential privacy bounds each client's influence, so every update weighs the same.
-  if (!a->has_weight_by_examples()) a->set_weight_by_examples(!c->privacy().dp().enabled());
+  // Differential privacy bounds each client's influence, and secure aggregation sums without
+  // weights: with either, every update weighs the same.
+  if (!a->has_weight_by_examples()) {
+    a->set_weight_by_examples(!c->privacy().dp().enabled() && !c->privacy().secure_aggregation());
+  }
 
   if (c->privacy().dp().enabled()) {
     auto* dp = c->mutable_privacy()->mutable_dp();
@@ -732,12 +760,11 @@ std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
   }
   if (a.has_trim_fraction()) refuse("aggregation.trim_fraction", "it belongs to TRIMMED_MEAN");
   if (a.has_krum_byzantine_clients()) refuse("aggregation.krum_byzantine_clients", "it belongs to KRUM");
-  if (c.privacy().secure_aggregation()) refuse("privacy.secure_aggregation", "");
-  const DifferentialPrivacyConfig::Mode mode = c.privacy().dp().mode();
-  if (mode == DifferentialPrivacyConfig::DISTRIBUTED) {
-    refuse("privacy.dp.mode DISTRIBUTED", "it needs secure aggregation; CENTRAL is available");
-  } else if (mode == DifferentialPrivacyConfig::LOCAL) {
-    refuse("privacy.dp.mode LOCAL", "CENTRAL is available");
+  const v1::DifferentialPrivacyConfig& dp = c.privacy().dp();
+  if (dp.mode() == DifferentialPrivacyConfig::LOCAL) refuse("privacy.dp.mode LOCAL", "CENTRAL and DISTRIBUTED are");
+  if (c.privacy().secure_aggregation() && dp.enabled() && dp.adaptive_clipping().enabled()) {
+    refuse("privacy.dp.adaptive_clipping with privacy.secure_aggregation",
+           "the server would need each update's norm; fixed clipping is");
   }
   return out;
 }

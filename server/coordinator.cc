@@ -121,6 +121,10 @@ int64_t Coordinator::rounds_committed() const {
   absl::MutexLock lock(&mu_);
   return rounds_committed_;
 }
+std::optional<double> Coordinator::dp_epsilon() const {
+  absl::MutexLock lock(&mu_);
+  return dp_.has_value() ? std::optional<double>(dp_->epsilon()) : std::nullopt;
+}
 std::vector<UpdateTensor> Coordinator::global_adapter() const {
   std::shared_ptr<const std::vector<UpdateTensor>> snapshot;
   {
@@ -248,7 +252,12 @@ absl::Status Coordinator::Restore() {
     // The DP noise key: a secret of the server's, derived from the run's aggregation key.
     FEDLORA_ASSIGN_OR_RETURN(std::string noise_key, crypto::HkdfSha256(aggregation_key_.private_key, run_id_,
                                                                        "fedlora/v1 dp noise", 32));
-    FEDLORA_ASSIGN_OR_RETURN(dp_, ServerDp::Create(config_, std::move(noise_key), rounds));
+    FEDLORA_ASSIGN_OR_RETURN(dp_, ServerDp::Create(config_, std::move(noise_key), rounds, MinClients(), Quota()));
+    if (config_.privacy().secure_aggregation()) {
+      FEDLORA_ASSIGN_OR_RETURN(secagg_, SecAggEncodingFor(config_));
+    } else {
+      secagg_.reset();
+    }
     const int64_t configured = ConfiguredRounds(config_);
     affordable_rounds_ = dp_.has_value() ? dp_->AffordableRounds(rounds_committed_, configured) : configured;
     if (dp_.has_value()) {
@@ -338,6 +347,10 @@ absl::Status Coordinator::Restore() {
                       << " uploads resumable)";
   } else if (rounds_committed_ >= total_rounds) {
     finished_ = true;
+  }
+  if (round_ != nullptr && secagg_.has_value() && round_->state != RoundState::kSelecting) {
+    // Its keys and shares were in the previous process's memory only: start the round afresh.
+    FEDLORA_RETURN_IF_ERROR(AbandonRoundLocked("its secure aggregation cannot resume after a restart"));
   }
   metrics_->rounds_committed.store(rounds_committed_);
   restored_ = true;

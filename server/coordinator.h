@@ -114,6 +114,10 @@ class Coordinator {
                    const std::string& held_adapter_sha256 = "");
 
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const std::string& client_id, const v1::HeartbeatRequest& request);
+  // A step of the caller's secure-aggregation round (coordinator_secagg.cc): takes its message, if
+  // any, and answers with the next step's input or "ask again".
+  absl::StatusOr<v1::SecureAggregationResponse> SecureAggregation(const std::string& client_id,
+                                                                   const v1::SecureAggregationRequest& request);
   absl::Status ReportMetrics(const std::string& client_id, const v1::MetricsReport& report);
   absl::Status Leave(const std::string& client_id, const v1::LeaveRequest& request);
 
@@ -172,6 +176,8 @@ class Coordinator {
   // Why the run stopped short of its rounds (stop_on_aggregation_failure); OK while it has not.
   absl::Status stopped() const;
   int64_t rounds_committed() const;
+  // With differential privacy: epsilon spent by the committed rounds; nullopt without it.
+  std::optional<double> dp_epsilon() const;
   // The current global adapter (sorted by name) and its blob hash.
   std::vector<UpdateTensor> global_adapter() const;
   std::string global_adapter_sha256() const;
@@ -180,6 +186,7 @@ class Coordinator {
  private:
   struct ClientEntry;
   struct RoundInfo;
+  struct SecAggRound;
   struct Waiter;
   // An answer for a held or new WaitForTask, delivered by Deliver.
   struct Delivery {
@@ -223,6 +230,29 @@ class Coordinator {
   // The end of one aggregation try: counts a failure, schedules the next try or gives the round up.
   void AggregationDoneLocked(int64_t round, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AggregateAndCommit(int64_t round);
+  // Marks the open round abandoned (durably), counts it and opens the next one.
+  absl::Status AbandonRoundLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Secure aggregation (coordinator_secagg.cc). The encoding every round of the run uses, fixed at
+  // Restore from the config; unset without privacy.secure_aggregation.
+  struct SecAggEncoding {
+    double clip_norm = 0;
+    double range = 0;
+    uint32_t frac_bits = 0;
+    uint32_t modulus_bits = 0;
+  };
+  std::optional<SecAggEncoding> secagg_;
+  absl::StatusOr<SecAggEncoding> SecAggEncodingFor(const v1::RunConfig& config) const;
+  // At selection: the round's SecAgg+ parameters over the selected clients.
+  absl::Status StartSecAggLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes the key steps once every client answered or their time ran out; abandons the round when
+  // too few are left.
+  absl::Status AdvanceSecAggLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The aggregation thread's part: the masked inputs of `uploads`, the unmasking step, and the
+  // mean of the survivors' updates. FailedPrecondition when the round cannot be unmasked.
+  absl::StatusOr<std::vector<UpdateTensor>> AggregateSecAgg(int64_t round, const std::vector<UploadRecord>& uploads,
+                                                            int64_t* survivors);
+  // The checks of a masked upload (its size and values) in place of the codec's.
+  absl::Status ValidateMaskedUpload(std::string_view plain) const;
   // Cancelled once shutdown began: a running aggregation checks it between its steps.
   absl::Status CheckNotShuttingDown() const;
   // aggregation.average_last_rounds: replaces `adapter` (the last round's aggregate) by its mean with

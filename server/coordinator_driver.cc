@@ -50,6 +50,7 @@ absl::Status Coordinator::Tick() {
     if (!restored_) return absl::OkStatus();
     UpdateClientGaugesLocked();
     status.Update(MaybeCloseSelectionLocked(/*force_window=*/false));
+    status.Update(AdvanceSecAggLocked());
     status.Update(MaybeCloseRoundLocked());
     MaybeStartAggregationLocked();
     deliveries = ResolveWaitersLocked(/*expire_all=*/false);
@@ -100,7 +101,8 @@ void Coordinator::AggregationDoneLocked(int64_t round, const absl::Status& statu
   }
   metrics_->aggregation_failures.fetch_add(1);
   ++aggregation_failures_;
-  const int attempts = std::max(1, options_.max_aggregation_attempts);
+  // A secure-aggregation round has one try: its clients answer the unmasking step once.
+  const int attempts = round_->secagg != nullptr ? 1 : std::max(1, options_.max_aggregation_attempts);
   if (aggregation_failures_ < attempts) {
     const int64_t pause_ms = std::min<int64_t>(int64_t{1000} << (aggregation_failures_ - 1), 30'000);
     aggregation_retry_at_ms_ = Now() + pause_ms;
@@ -171,7 +173,21 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   int64_t added = 0, unclipped = 0;
   std::vector<UpdateTensor> mean;
   std::optional<DpRound> dp_round;
-  {
+  if (secagg_.has_value()) {
+    // The server learns only the sum of the survivors' clipped (and, with DISTRIBUTED DP, noised)
+    // updates: the clients clipped them, and an unclipped count does not exist.
+    int64_t cohort = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (round_ != nullptr && round_->round == round && round_->secagg != nullptr) {
+        cohort = static_cast<int64_t>(round_->secagg->cohort.size());
+      }
+    }
+    FEDLORA_ASSIGN_OR_RETURN(mean, AggregateSecAgg(round, uploads, &added));
+    if (dp_.has_value()) {
+      FEDLORA_ASSIGN_OR_RETURN(dp_round, dp_->Release(round, mean, added, /*unclipped=*/0, cohort));
+    }
+  } else {
     FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(spec_));
     for (const UploadRecord& u : uploads) {  // canonical order (by upload_id); the sum is exact anyway
       std::string plain;

@@ -108,6 +108,10 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
     task->set_seed(TaskSeedFor(r.round, client_id));
     *task->mutable_codec() = config_.codec();
     task->set_encryption_scheme(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
+    if (r.secagg != nullptr) {
+      *task->mutable_secure_aggregation() = r.secagg->task;
+      task->mutable_secure_aggregation()->set_client_index(r.secagg->index.at(client_id));
+    }
     return response;
   }
   if (r.state == RoundState::kSelecting) {
@@ -128,7 +132,8 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
       if (r.accepted.count(id) == 0 && c != nullptr && IsLive(*c, now)) ++working;
     }
     const ClientEntry* me = FindClientLocked(client_id);
-    if (working < Quota() && me != nullptr && IsLive(*me, now) && now < r.deadline_ms) {
+    // Not in a secure-aggregation round: its cohort is fixed when the selection closes.
+    if (r.secagg == nullptr && working < Quota() && me != nullptr && IsLive(*me, now) && now < r.deadline_ms) {
       DurabilityTicket ticket;
       absl::Status s = store_->RecordSelection(run_id_, r.round, {client_id}, r.deadline_ms, &ticket);
       if (s.ok()) {
@@ -306,6 +311,7 @@ absl::Status Coordinator::MaybeCloseSelectionLocked(bool force_window) {
   r.deadline_ms = deadline;
   r.state = RoundState::kTraining;
   r.candidates.clear();
+  if (secagg_.has_value()) FEDLORA_RETURN_IF_ERROR(StartSecAggLocked());
   FEDLORA_LOG(DEBUG) << "round " << r.round << ": selected " << pool.size() << " of " << n << " waiting clients";
   return absl::OkStatus();
 }
@@ -314,7 +320,12 @@ absl::Status Coordinator::MaybeCloseRoundLocked() {
   if (round_ == nullptr || round_->state != RoundState::kTraining) return absl::OkStatus();
   RoundInfo& r = *round_;
   const int64_t accepted = static_cast<int64_t>(r.accepted.size());
-  const bool target_met = accepted >= Target();
+  // With secure aggregation only the clients that shared their keys can upload.
+  const int64_t target = r.secagg == nullptr ? Target()
+                         : r.secagg->phase == SecAggRound::Phase::kMaskedInput
+                             ? std::min<int64_t>(Target(), static_cast<int64_t>(r.secagg->u2.size()))
+                             : Target();
+  const bool target_met = accepted >= target;
   const bool deadline_passed = Now() >= r.deadline_ms;
   DurabilityTicket ticket;
   if (target_met || (deadline_passed && accepted >= MinClients())) {
@@ -328,15 +339,21 @@ absl::Status Coordinator::MaybeCloseRoundLocked() {
     return absl::OkStatus();
   }
   if (deadline_passed) {
-    FEDLORA_RETURN_IF_ERROR(store_->SetRoundState(run_id_, r.round, RoundState::kAbandoned, &ticket));
-    DeferLocked(ticket);
-    FEDLORA_LOG(WARNING) << "round " << r.round << " abandoned: " << accepted << " updates by the deadline, "
-                         << MinClients() << " needed; retrying as a new round";
-    metrics_->rounds_abandoned.fetch_add(1);
-    round_.reset();
-    return OpenNextRoundLocked();
+    return AbandonRoundLocked(
+        absl::StrCat(accepted, " updates by the deadline, ", MinClients(), " needed; retrying as a new round"));
   }
   return absl::OkStatus();
+}
+
+absl::Status Coordinator::AbandonRoundLocked(const std::string& why) {
+  DurabilityTicket ticket;
+  const int64_t round = round_->round;
+  FEDLORA_RETURN_IF_ERROR(store_->SetRoundState(run_id_, round, RoundState::kAbandoned, &ticket));
+  DeferLocked(ticket);
+  FEDLORA_LOG(WARNING) << "round " << round << " abandoned: " << why;
+  metrics_->rounds_abandoned.fetch_add(1);
+  round_.reset();
+  return OpenNextRoundLocked();
 }
 
 }  // namespace fedlora

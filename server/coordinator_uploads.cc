@@ -444,6 +444,12 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id, const v1:
       [&](size_t decrypted) { DropConsumed(blob.data(), sealed_prefix + decrypted, &blob_dropped); }));
   DropConsumed(blob.data(), blob.size(), &blob_dropped);
   const std::string_view bytes = plain.view();
+  if (secagg_.has_value()) {
+    if (header.codec().stages_size() > 0) {
+      return absl::InvalidArgumentError("a masked update of a secure-aggregation round declares no codec stages");
+    }
+    return ValidateMaskedUpload(bytes);
+  }
   FEDLORA_ASSIGN_OR_RETURN(UpdateHeader codec_header, ParseUpdateHeader(bytes, DecodeLimits{}));
   const CodecOptions encoded = codec_header.options();
   FEDLORA_ASSIGN_OR_RETURN(CodecOptions declared, CodecOptionsFromSpec(header.codec()));
@@ -496,6 +502,15 @@ absl::StatusOr<v1::UploadAck> Coordinator::CompleteUploadLocked(const std::strin
   }
   if (Now() >= round_->deadline_ms) {
     return absl::FailedPreconditionError(absl::StrCat("round ", round, " passed its deadline; the update is stale"));
+  }
+  if (const SecAggRound* s = round_->secagg.get(); s != nullptr) {
+    // A masked update only counts from a client whose keys are in the round's key sharing (U2).
+    auto it = s->index.find(client_id);
+    if (s->phase != SecAggRound::Phase::kMaskedInput || it == s->index.end() ||
+        !std::binary_search(s->u2.begin(), s->u2.end(), it->second)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "round ", round, ": '", client_id, "' cannot upload a masked update (the key sharing did not include it)"));
+    }
   }
   UploadRecord record;
   record.upload_id = header.upload_id();

@@ -46,15 +46,22 @@ ServerDp::ServerDp(const v1::RunConfig& config, std::string noise_key)
                      static_cast<double>(dp_.population_size());
   }
   clip_norm_ = dp_.clip_norm();
+  planned_noise_multiplier_ = dp_.noise_multiplier();
 }
 
 absl::StatusOr<std::optional<ServerDp>> ServerDp::Create(const v1::RunConfig& config, std::string noise_key,
-                                                         const std::vector<RoundRecord>& rounds) {
+                                                         const std::vector<RoundRecord>& rounds, int64_t min_clients,
+                                                         int64_t max_cohort) {
   if (!config.privacy().dp().enabled()) return std::optional<ServerDp>();
-  if (config.privacy().dp().mode() != v1::DifferentialPrivacyConfig::CENTRAL) {
-    return absl::UnimplementedError("privacy.dp.mode: only CENTRAL is implemented");
+  const v1::DifferentialPrivacyConfig::Mode mode = config.privacy().dp().mode();
+  if (mode != v1::DifferentialPrivacyConfig::CENTRAL &&
+      !(mode == v1::DifferentialPrivacyConfig::DISTRIBUTED && config.privacy().secure_aggregation())) {
+    return absl::UnimplementedError("privacy.dp.mode: CENTRAL, and DISTRIBUTED with secure aggregation, are implemented");
   }
   ServerDp dp(config, std::move(noise_key));
+  if (mode == v1::DifferentialPrivacyConfig::DISTRIBUTED && max_cohort > min_clients) {
+    dp.planned_noise_multiplier_ *= std::sqrt(static_cast<double>(min_clients) / static_cast<double>(max_cohort));
+  }
   for (const RoundRecord& r : rounds) {
     if (r.state != RoundState::kCommitted) continue;
     const nlohmann::json metrics = nlohmann::json::parse(r.metrics_json, nullptr, /*allow_exceptions=*/false);
@@ -71,7 +78,7 @@ absl::StatusOr<std::optional<ServerDp>> ServerDp::Create(const v1::RunConfig& co
   for (const RoundRecord& r : rounds) committed += r.state == RoundState::kCommitted ? 1 : 0;
   if (committed == 0 && dp.AffordableRounds(0, 1) == 0) {
     privacy::RdpAccountant one;
-    FEDLORA_RETURN_IF_ERROR(one.AddSteps(config.privacy().dp().noise_multiplier(), dp.sampling_rate_, 1));
+    FEDLORA_RETURN_IF_ERROR(one.AddSteps(dp.planned_noise_multiplier_, dp.sampling_rate_, 1));
     FEDLORA_ASSIGN_OR_RETURN(privacy::PrivacySpent spent, one.GetEpsilon(dp.target_delta()));
     return absl::InvalidArgumentError(absl::StrCat("privacy.dp.max_epsilon (", config.privacy().dp().max_epsilon(),
                                                    ") affords no round: one round costs epsilon ", spent.epsilon,
@@ -92,13 +99,22 @@ bool ServerDp::Clip(std::vector<UpdateTensor>& update) const {
 }
 
 absl::StatusOr<DpRound> ServerDp::Release(int64_t round, std::vector<UpdateTensor>& mean, int64_t n,
-                                          int64_t unclipped) const {
+                                          int64_t unclipped, int64_t cohort) const {
   if (n < 1) return absl::InvalidArgumentError("no update to release");
   DpRound r;
   r.noise_multiplier = dp_.noise_multiplier();
   r.sampling_rate = sampling_rate_;
   r.clip_norm = clip_norm_;
   r.next_clip_norm = clip_norm_;
+  if (dp_.mode() == v1::DifferentialPrivacyConfig::DISTRIBUTED) {
+    if (cohort < n) return absl::InvalidArgumentError(absl::StrCat("a cohort of ", cohort, " cannot have ", n, " survivors"));
+    r.noise_multiplier *= std::sqrt(static_cast<double>(n) / static_cast<double>(cohort));
+    privacy::RdpAccountant after = accountant_;
+    FEDLORA_RETURN_IF_ERROR(after.AddSteps(r.noise_multiplier, r.sampling_rate, 1));
+    FEDLORA_ASSIGN_OR_RETURN(privacy::PrivacySpent spent, after.GetEpsilon(target_delta()));
+    r.epsilon = spent.epsilon;
+    return r;
+  }
   // Two streams per round: the update's noise and the count's.
   const uint64_t stream = static_cast<uint64_t>(round) * 2;
   const double sigma = UpdateNoiseMultiplier() * clip_norm_ / static_cast<double>(n);  // on the mean
@@ -138,10 +154,10 @@ absl::Status ServerDp::Commit(const DpRound& r) {
 
 int64_t ServerDp::AffordableRounds(int64_t committed, int64_t configured) const {
   if (!dp_.has_max_epsilon() || committed >= configured) return std::max(committed, configured);
-  // Every further round costs the same (the configured z and rate): find the most that fit.
+  // Every further round is planned at the same cost (the weakest noise it can have): find the most that fit.
   auto fits = [this](int64_t more) {
     privacy::RdpAccountant a = accountant_;
-    if (!a.AddSteps(dp_.noise_multiplier(), sampling_rate_, static_cast<uint64_t>(more)).ok()) return false;
+    if (!a.AddSteps(planned_noise_multiplier_, sampling_rate_, static_cast<uint64_t>(more)).ok()) return false;
     absl::StatusOr<privacy::PrivacySpent> spent = a.GetEpsilon(target_delta());
     return spent.ok() && spent->epsilon <= dp_.max_epsilon();
   };

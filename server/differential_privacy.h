@@ -49,20 +49,24 @@ struct DpRound {
 class ServerDp {
  public:
   // nullopt without privacy.dp.enabled. `noise_key` is the 32-byte secret the noise is drawn with;
-  // `rounds` the run's rounds from the store, whose committed metrics restore the accountant.
-  // FailedPrecondition when a committed round lacks the DP record (the run did not always have
-  // DP), InvalidArgument when the budget affords no round at all.
+  // `rounds` the run's rounds from the store, whose committed metrics restore the accountant;
+  // `min_clients` and `max_cohort` bound a DISTRIBUTED round's survivors and cohort (the budget
+  // plans with the weakest noise they allow). FailedPrecondition when a committed round lacks the
+  // DP record (the run did not always have DP), InvalidArgument when the budget affords no round.
   static absl::StatusOr<std::optional<ServerDp>> Create(const v1::RunConfig& config, std::string noise_key,
-                                                        const std::vector<RoundRecord>& rounds);
+                                                        const std::vector<RoundRecord>& rounds,
+                                                        int64_t min_clients = 1, int64_t max_cohort = 1);
 
   // Clips `update` in place to the round's clip norm (its L2 norm, summed in double, is then at
   // most clip_norm()); returns whether it was already within it.
   bool Clip(std::vector<UpdateTensor>& update) const;
 
   // Adds the noise for the mean of `n` clipped updates to `mean` (the sum's noise divided by n),
-  // and works out the round's release: the next clip norm and the epsilon after it.
-  absl::StatusOr<DpRound> Release(int64_t round, std::vector<UpdateTensor>& mean, int64_t n,
-                                  int64_t unclipped) const;
+  // and works out the round's release: the next clip norm and the epsilon after it. DISTRIBUTED:
+  // the n updates carry their clients' noise shares, each 1/cohort of the variance, so the server
+  // adds nothing and the round's noise multiplier is z * sqrt(n / cohort).
+  absl::StatusOr<DpRound> Release(int64_t round, std::vector<UpdateTensor>& mean, int64_t n, int64_t unclipped,
+                                  int64_t cohort = 0) const;
 
   // The round is committed: the accountant takes its step and the clip norm moves.
   absl::Status Commit(const DpRound& r);
@@ -83,6 +87,7 @@ class ServerDp {
 
   v1::DifferentialPrivacyConfig dp_;
   std::string noise_key_;
+  double planned_noise_multiplier_ = 0;  // the weakest a future round can have (the budget's plan)
   double sampling_rate_ = 1;
   double clip_norm_ = 0;
   double epsilon_ = 0;

@@ -168,6 +168,16 @@ grpc::ServerUnaryReactor* FederationService::Heartbeat(grpc::CallbackServerConte
   return FinishWith(context, r.status());
 }
 
+grpc::ServerUnaryReactor* FederationService::SecureAggregation(grpc::CallbackServerContext* context,
+                                                               const v1::SecureAggregationRequest* request,
+                                                               v1::SecureAggregationResponse* response) {
+  absl::StatusOr<std::string> id = Authenticate(context);
+  if (!id.ok()) return FinishWith(context, id.status());
+  absl::StatusOr<v1::SecureAggregationResponse> r = coordinator_->SecureAggregation(*id, *request);
+  if (r.ok()) *response = *std::move(r);
+  return FinishWith(context, r.status());
+}
+
 grpc::ServerWriteReactor<v1::DownloadChunk>* FederationService::DownloadAdapter(grpc::CallbackServerContext* context,
                                                                                 const v1::DownloadRequest* request) {
   absl::StatusOr<std::string> id = Authenticate(context);

@@ -44,6 +44,9 @@ class FederationService final : public v1::Federation::CallbackService {
                                         v1::WaitForTaskResponse* response) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* SecureAggregation(grpc::CallbackServerContext* context,
+                                              const v1::SecureAggregationRequest* request,
+                                              v1::SecureAggregationResponse* response) override;
   grpc::ServerWriteReactor<v1::DownloadChunk>* DownloadAdapter(grpc::CallbackServerContext* context,
                                                                const v1::DownloadRequest* request) override;
   grpc::ServerReadReactor<v1::UploadChunk>* UploadUpdate(grpc::CallbackServerContext* context,

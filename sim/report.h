@@ -42,7 +42,7 @@ struct RoundRecord {
   // adapter it rebuilds): bytes_down against it is the downlink codec's saving.
   int64_t bytes_down_full = 0;
   // With differential privacy: epsilon (at privacy.dp.target_delta) spent by the rounds committed
-  // so far, as the server's accountant composes them; NaN without it.
+  // so far, from the server's accountant; NaN without it.
   double dp_epsilon = std::nan("");
   double round_seconds = 0;    // wall time since the previous commit (round 0: setup time)
   double elapsed_seconds = 0;  // wall time since the simulation started

@@ -31,7 +31,6 @@
 #include "model/bert.h"
 #include "model/decoder.h"
 #include "model/peft.h"
-#include "privacy/rdp_accountant.h"
 #include "proto/config_io.h"
 #include "server/adapter_io.h"
 #include "server/evaluator.h"
@@ -184,7 +183,6 @@ class Simulation final : public Evaluator {
   LoraSite<Model, Data> ClientSite(ModelPool<Model>& pool, std::shared_ptr<const Data> data, int i);
   // Appends the round's record (eval figures NaN when skipped) and rewrites the reports.
   void RecordRound(uint64_t round, const EvalFigures& eval);
-  double EpsilonAfter(int rounds) const;
   FaultDecision Decide(uint64_t round, int client) const;
   void ClientLoop(VirtualClient& vc);
   // Sleeps up to `seconds`; false when the simulation is stopping.
@@ -338,24 +336,14 @@ void Simulation::Skipped(uint64_t round) {
   RecordRound(round, EvalFigures{.loss = nan, .accuracy = nan, .macro_f1 = nan, .perplexity = nan});
 }
 
-double Simulation::EpsilonAfter(int rounds) const {
-  // Every round of a run costs the same (its noise multiplier and sampling rate), so epsilon after
-  // `rounds` is the accountant's for that many steps: what the server's status reports.
-  const v1::DifferentialPrivacyConfig& dp = config_.privacy().dp();
-  const double rate = dp.has_population_size() ? static_cast<double>(config_.selection().clients_per_round()) /
-                                                     static_cast<double>(dp.population_size())
-                                               : 1.0;
-  privacy::RdpAccountant accountant;
-  if (!accountant.AddSteps(dp.noise_multiplier(), rate, static_cast<uint64_t>(rounds)).ok()) return std::nan("");
-  absl::StatusOr<privacy::PrivacySpent> spent = accountant.GetEpsilon(dp.target_delta());
-  return spent.ok() ? spent->epsilon : std::nan("");
-}
-
 void Simulation::RecordRound(uint64_t round, const EvalFigures& eval) {
   const ServerMetrics& m = server_->metrics();
   std::lock_guard<std::mutex> lock(mu_);
   RoundRecord r;
   if (!records_.empty() && records_.back().server_round == round && round != 0) records_.pop_back();  // a retry
+  // The server's accountant has every round before this one committed: the previous record's epsilon
+  // (this round's is known once it commits: the next record, or the end of the run, fills it in).
+  if (!records_.empty()) records_.back().dp_epsilon = server_->coordinator().dp_epsilon().value_or(std::nan(""));
   r.round = static_cast<int>(records_.size());
   r.server_round = round;
   r.eval_accuracy = eval.accuracy;
@@ -383,7 +371,6 @@ void Simulation::RecordRound(uint64_t round, const EvalFigures& eval) {
   last_accepted_ = accepted;
   last_up_ = up;
   last_down_ = down;
-  if (config_.privacy().dp().enabled()) r.dp_epsilon = EpsilonAfter(r.round);
   r.round_seconds = SecondsSince(last_commit_);
   r.elapsed_seconds = SecondsSince(start_);
   last_commit_ = Clock::now();
@@ -697,6 +684,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
 
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!records_.empty()) records_.back().dp_epsilon = server_->coordinator().dp_epsilon().value_or(std::nan(""));
     result.rounds = records_;
   }
   result.client_sizes = partition_.Sizes();

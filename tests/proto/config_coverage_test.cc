@@ -124,6 +124,8 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
       {"aggregation.server_momentum", {"aggregation/server_optimizer_test.cc", "MomentumAccumulatesDeltas"}},
       {"aggregation.average_last_rounds", {"server/federation_e2e_test.cc", "average_last_rounds"}},
       {"privacy.dp.enabled", {"server/differential_privacy_test.cc", "set_enabled(true)"}},
+      {"privacy.dp.mode=DISTRIBUTED", {"sim/simulator_test.cc", "DifferentialPrivacyConfig::DISTRIBUTED"}},
+      {"privacy.secure_aggregation", {"server/secure_aggregation_test.cc", "set_secure_aggregation(true)"}},
       {"privacy.dp.mode", {"proto/config_io_test.cc", "DifferentialPrivacyConfig::CENTRAL"}},
       {"privacy.dp.mode=CENTRAL", {"proto/config_io_test.cc", "DifferentialPrivacyConfig::CENTRAL"}},
       {"privacy.dp.clip_norm", {"server/differential_privacy_test.cc", "ClippedUpdatesNeverExceedTheClipNorm"}},
@@ -246,16 +248,9 @@ const std::map<std::string, std::pair<Mutation, std::string>>& RefusedSettings()
       {"aggregation.krum_byzantine_clients",
        {[](RunConfig& c) { c.mutable_aggregation()->set_krum_byzantine_clients(1); },
         "aggregation.krum_byzantine_clients"}},
-      {"privacy.dp.mode=DISTRIBUTED",
-       {[](RunConfig& c) {
-          c.mutable_privacy()->mutable_dp()->set_mode(v1::DifferentialPrivacyConfig::DISTRIBUTED);
-        },
-        "privacy.dp.mode"}},
       {"privacy.dp.mode=LOCAL",
        {[](RunConfig& c) { c.mutable_privacy()->mutable_dp()->set_mode(v1::DifferentialPrivacyConfig::LOCAL); },
         "privacy.dp.mode"}},
-      {"privacy.secure_aggregation",
-       {[](RunConfig& c) { c.mutable_privacy()->set_secure_aggregation(true); }, "privacy.secure_aggregation"}},
   };
   return *m;
 }

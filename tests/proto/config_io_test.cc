@@ -60,6 +60,13 @@ void EnableDp(RunConfig& c) {
   c.mutable_aggregation()->set_weight_by_examples(false);
 }
 
+// Valid secure aggregation on a config whose defaults were filled without it.
+void EnableSecAgg(RunConfig& c) {
+  c.mutable_privacy()->set_secure_aggregation(true);
+  c.mutable_aggregation()->set_max_update_norm(1);
+  c.mutable_aggregation()->set_weight_by_examples(false);
+}
+
 // A valid CAUSAL_LM task in place of MinimalConfig's classification one.
 void MakeCausalLm(RunConfig& c) {
   v1::TaskConfig* t = c.mutable_task();
@@ -385,6 +392,21 @@ TEST(ConfigIoTest, DifferentialPrivacyDefaults) {
   EXPECT_TRUE(ValidateRunConfig(valid).ok()) << ValidateRunConfig(valid);
 }
 
+TEST(ConfigIoTest, SecureAggregationDefaultsToEqualWeights) {
+  absl::StatusOr<RunConfig> c = ParseRunConfigJson(
+      R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]}, "aggregation": {"max_update_norm": 0.5},
+          "privacy": {"secure_aggregation": true}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->aggregation().weight_by_examples());
+  RunConfig valid = MinimalConfig();
+  EnableSecAgg(valid);
+  EXPECT_TRUE(ValidateRunConfig(valid).ok()) << ValidateRunConfig(valid);
+  EnableDp(valid);
+  valid.mutable_privacy()->mutable_dp()->set_mode(DifferentialPrivacyConfig::DISTRIBUTED);
+  valid.mutable_aggregation()->set_max_update_norm(0);
+  EXPECT_TRUE(ValidateRunConfig(valid).ok()) << ValidateRunConfig(valid);
+}
+
 struct ValidationCase {
   std::string name;
   std::function<void(RunConfig&)> mutate;
@@ -641,9 +663,48 @@ const std::vector<ValidationCase>& Cases() {
          EnableDp(c);
          c.mutable_privacy()->mutable_dp()->set_mode(DifferentialPrivacyConfig::DISTRIBUTED);
        },
-       "privacy.dp.mode DISTRIBUTED is not implemented yet (it needs secure aggregation"},
-      {"SecAgg", [](RunConfig& c) { c.mutable_privacy()->set_secure_aggregation(true); },
-       "privacy.secure_aggregation is not implemented yet"},
+       "privacy.dp.mode DISTRIBUTED needs privacy.secure_aggregation"},
+      {"SecAggWithACodec",
+       [](RunConfig& c) {
+         EnableSecAgg(c);
+         *c.mutable_codec()->add_stages() = Stage(CodecStage::ZSTD);
+       },
+       "codec must be empty with privacy.secure_aggregation"},
+      {"SecAggWithoutABound",
+       [](RunConfig& c) {
+         EnableSecAgg(c);
+         c.mutable_aggregation()->set_max_update_norm(0);
+       },
+       "privacy.secure_aggregation needs a bound on every update"},
+      {"SecAggWeighted",
+       [](RunConfig& c) {
+         EnableSecAgg(c);
+         c.mutable_aggregation()->set_weight_by_examples(true);
+       },
+       "aggregation.weight_by_examples must be false with privacy.secure_aggregation"},
+      {"SecAggTwoClients",
+       [](RunConfig& c) {
+         EnableSecAgg(c);
+         c.mutable_selection()->set_min_clients(2);
+       },
+       "selection.min_clients (2) must be >= 3 with privacy.secure_aggregation"},
+      {"SecAggAdaptiveClipping",
+       [](RunConfig& c) {
+         EnableDp(c);
+         c.mutable_privacy()->set_secure_aggregation(true);
+         auto* ac = c.mutable_privacy()->mutable_dp()->mutable_adaptive_clipping();
+         ac->set_enabled(true);
+         ac->set_target_quantile(0.5);
+         ac->set_learning_rate(0.2);
+         ac->set_count_noise_stddev(1);
+       },
+       "privacy.dp.adaptive_clipping with privacy.secure_aggregation is not implemented yet"},
+      {"DpLocal",
+       [](RunConfig& c) {
+         EnableDp(c);
+         c.mutable_privacy()->mutable_dp()->set_mode(DifferentialPrivacyConfig::LOCAL);
+       },
+       "privacy.dp.mode LOCAL is not implemented yet"},
       {"Median", [](RunConfig& c) { c.mutable_aggregation()->set_strategy(AggregationConfig::MEDIAN); },
        "aggregation.strategy MEDIAN is not implemented yet"},
       {"CausalLmGpt2",

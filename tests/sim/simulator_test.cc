@@ -368,6 +368,41 @@ TEST(Simulator, DifferentialPrivacyReportsEpsilonEachRound) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Simulator, SecureAggregationWithDistributedNoiseThroughADropout) {
+  // The SDK's secure-aggregation path: 4 clients mask their clipped, noised updates; in round 1
+  // client 2 drops after sharing its keys, so the server unmasks the other three. Each client adds
+  // noise of variance (z C)^2 / 4, so round 1's sum carries z_eff = 2 sqrt(3/4) and round 2's z = 2;
+  // the expected epsilons are Opacus 1.5.2's for those (compute_rdp at q = 1, get_privacy_spent).
+  const std::string dir = MakeFixture();
+  v1::RunConfig config = Config(dir, 2);
+  config.mutable_aggregation()->clear_weight_by_examples();
+  config.mutable_selection()->set_min_clients(3);
+  config.mutable_selection()->set_round_deadline_seconds(8);
+  config.mutable_privacy()->set_secure_aggregation(true);
+  auto* dp = config.mutable_privacy()->mutable_dp();
+  dp->set_enabled(true);
+  dp->set_mode(v1::DifferentialPrivacyConfig::DISTRIBUTED);
+  dp->set_clip_norm(0.5);
+  dp->set_noise_multiplier(2.0);
+  ApplyRunConfigDefaults(&config);
+  ASSERT_TRUE(ValidateRunConfig(config).ok()) << ValidateRunConfig(config);
+  SimOptions options;
+  options.out_dir = dir + "/secagg";
+  options.progress = false;
+  options.max_seconds = 90;
+  options.faults = {{1, 2, FaultKind::kDropout}};
+  auto run = RunSimulation(config, options);
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->rounds.size(), 3u);
+  EXPECT_EQ(run->rounds[1].reported, 3);
+  EXPECT_EQ(run->rounds[2].reported, 4);
+  EXPECT_NEAR(run->rounds[0].dp_epsilon, 0.0, 1e-12);
+  EXPECT_NEAR(run->rounds[1].dp_epsilon, 2.541218097242522, 1e-6 * 2.541218097242522);
+  EXPECT_NEAR(run->rounds[2].dp_epsilon, 3.47863372538627, 1e-6 * 3.47863372538627);
+  EXPECT_NE(run->rounds[2].eval_loss, run->rounds[0].eval_loss) << "the masked updates changed nothing";
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Simulator, HundredsOfVirtualClientsWithFewTraining) {
   // 200 clients of 2 examples each (400 examples, IID), 8 selected per round: the clients are
   // cheap records and threads blocked in long polls; only 2 models exist.

@@ -1,0 +1,252 @@
+// Secure aggregation through the real server: clients (driven here step by step with the SecAgg+
+// library, as the SDK does) mask their clipped fixed-point updates; the server commits the mean of
+// the survivors' updates without opening any one of them, survives clients that drop after sharing
+// their keys or after uploading, abandons a round it cannot unmask, and abandons an open round
+// after a restart instead of resuming it.
+#include <cmath>
+#include <functional>
+#include <thread>
+
+#include "aggregation/fedavg.h"
+#include "client/secure_update.h"
+#include "crypto/secagg.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/server.h"
+#include "server/store.h"
+#include "tests/server/federation_test_util.h"
+
+namespace fedlora {
+namespace {
+
+using testing::DeltaValue;
+using testing::InitialAdapter;
+using testing::RawClient;
+using testing::TempDir;
+
+constexpr double kClip = 0.1;
+
+v1::RunConfig SecAggConfig(int clients) {
+  v1::RunConfig c = testing::TestRunConfig(1, clients, 3);
+  c.mutable_privacy()->set_secure_aggregation(true);
+  c.mutable_aggregation()->set_max_update_norm(kClip);
+  c.mutable_aggregation()->clear_weight_by_examples();
+  ApplyRunConfigDefaults(&c);
+  return c;
+}
+
+ServerOptions Options(const std::string& dir) {
+  ServerOptions o = testing::TestServerOptions(dir);
+  o.round_deadline_ms = 6000;  // key and unmasking steps wait 1.5 s for a missing client
+  return o;
+}
+
+// Client `k`'s delta for `task`, as the trainer would return it.
+std::vector<NamedTensor> Delta(int k, const v1::TrainTask& task) {
+  std::vector<NamedTensor> d;
+  for (const v1::TensorSpec& t : task.global_adapter().tensors()) {
+    NamedTensor n{t.name(), {t.shape().begin(), t.shape().end()}, {}};
+    int64_t count = 1;
+    for (int64_t s : n.shape) count *= s;
+    for (int64_t i = 0; i < count; ++i) n.values.push_back(DeltaValue(k, task.round(), t.name(), i));
+    d.push_back(std::move(n));
+  }
+  return d;
+}
+
+enum class Drop { kNone, kAfterShareKeys, kAfterUpload };
+
+v1::SecureAggregationResponse Call(RawClient& c, const v1::SecureAggregationRequest& req) {
+  v1::SecureAggregationResponse resp;
+  auto ctx = c.Context(5000);
+  grpc::Status s = c.stub()->SecureAggregation(ctx.get(), req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return resp;
+}
+
+// Sends `req`, then polls until the answer is more than "ask again" (at most 20 s).
+v1::SecureAggregationResponse Step(RawClient& c, v1::SecureAggregationRequest req) {
+  for (int i = 0; i < 400; ++i) {
+    v1::SecureAggregationResponse resp = Call(c, req);
+    if (!resp.has_retry_after_ms()) return resp;
+    req.set_poll(true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ADD_FAILURE() << "secure aggregation did not move on";
+  return {};
+}
+
+// One client's whole round; returns the task it got.
+v1::TrainTask RunClient(const std::string& address, int k, Drop drop, bool answer_unmasking = true) {
+  RawClient c(address, absl::StrCat("site-", k));
+  EXPECT_TRUE(c.Join().ok());
+  v1::TrainTask task;
+  EXPECT_TRUE(c.GetTask(&task));
+  EXPECT_TRUE(task.has_secure_aggregation());
+  const v1::SecureAggregationTask& sa = task.secure_aggregation();
+  auto client = crypto::SecAggClient::Create(sa.params(), sa.client_index());
+  EXPECT_TRUE(client.ok()) << client.status();
+  if (!client.ok()) return task;
+  v1::SecureAggregationRequest base;
+  base.set_round(task.round());
+  base.set_task_id(task.task_id());
+  v1::SecureAggregationRequest req = base;
+  *req.mutable_advertise_keys() = client->AdvertiseKeys().value();
+  v1::SecureAggregationResponse resp = Step(c, req);
+  EXPECT_TRUE(resp.has_share_keys()) << resp.done();
+  req = base;
+  *req.mutable_share_keys() = client->ShareKeys(resp.share_keys()).value();
+  resp = Step(c, req);
+  EXPECT_TRUE(resp.has_masked_input()) << resp.done();
+  if (drop == Drop::kAfterShareKeys) return task;
+  absl::StatusOr<std::vector<uint64_t>> input = EncodeSecureUpdate(Delta(k, task), sa);
+  EXPECT_TRUE(input.ok()) << input.status();
+  const std::string masked = client->MaskedInput(resp.masked_input(), *input).value().masked_input();
+  v1::UploadAck ack;
+  grpc::Status up = c.UploadAll(c.Header(task, masked, absl::StrCat("u", k)), masked, &ack);
+  EXPECT_TRUE(up.ok()) << up.error_message();
+  EXPECT_EQ(ack.state(), v1::UPLOAD_STATE_ACCEPTED) << ack.reason();
+  if (drop == Drop::kAfterUpload || !answer_unmasking) return task;
+  req = base;
+  req.set_poll(true);
+  resp = Step(c, req);
+  if (!resp.has_unmasking()) return task;  // the round went on without this client
+  req = base;
+  *req.mutable_unmasking() = client->Unmask(resp.unmasking()).value();
+  EXPECT_FALSE(Call(c, req).done().empty());
+  return task;
+}
+
+bool WaitFor(const std::function<bool()>& done, int64_t timeout_ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+TEST(SecureAggregationTest, TheServerCommitsTheSurvivorsMeanThroughDropouts) {
+  TempDir dir;
+  auto server = Server::Create(Options(dir.path()), SecAggConfig(6), InitialAdapter(), nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::vector<UpdateTensor> initial = (*server)->coordinator().global_adapter();
+  // Site 4 drops after sharing its keys (no upload); site 5 uploads and never answers step 3.
+  std::vector<std::thread> sites;
+  std::vector<v1::TrainTask> tasks(6);
+  for (int k = 0; k < 6; ++k) {
+    const Drop drop = k == 4 ? Drop::kAfterShareKeys : k == 5 ? Drop::kAfterUpload : Drop::kNone;
+    sites.emplace_back([&, k, drop] { tasks[k] = RunClient((*server)->address(), k, drop); });
+  }
+  for (std::thread& t : sites) t.join();
+  ASSERT_TRUE(WaitFor([&] { return (*server)->coordinator().rounds_committed() == 1; }, 20'000));
+
+  // The plaintext mean of the five uploaded updates, each clipped to kClip.
+  const std::vector<UpdateTensor> after = (*server)->coordinator().global_adapter();
+  std::vector<std::vector<UpdateTensor>> clipped;
+  for (int k : {0, 1, 2, 3, 5}) {
+    std::vector<UpdateTensor> u;
+    for (NamedTensor& n : Delta(k, tasks[k])) u.push_back({n.name, n.shape, n.values});
+    std::sort(u.begin(), u.end(), [](const UpdateTensor& a, const UpdateTensor& b) { return a.name < b.name; });
+    ClipUpdateNorm(u, kClip);
+    clipped.push_back(std::move(u));
+  }
+  // Fixed point with frac_bits f: each value is off by < 2^-f, the mean too.
+  const double tolerance = std::ldexp(1.0, -static_cast<int>(tasks[0].secure_aggregation().frac_bits())) + 1e-7;
+  EXPECT_GE(tasks[0].secure_aggregation().frac_bits(), 20u);
+  ASSERT_EQ(after.size(), initial.size());
+  double max_error = 0;
+  for (size_t t = 0; t < after.size(); ++t) {
+    for (size_t i = 0; i < after[t].values.size(); ++i) {
+      double mean = 0;
+      for (const auto& u : clipped) mean += u[t].values[i];
+      mean /= static_cast<double>(clipped.size());
+      max_error = std::max(max_error, std::abs(after[t].values[i] - initial[t].values[i] - mean));
+    }
+  }
+  EXPECT_LT(max_error, tolerance);
+  RawClient op((*server)->address(), "operator");
+  v1::GetStatusRequest req;
+  v1::GetStatusResponse status;
+  auto ctx = op.Context(5000);
+  ASSERT_TRUE(op.admin()->GetStatus(ctx.get(), req, &status).ok());
+  ASSERT_EQ(status.history_size(), 1);
+  EXPECT_EQ(status.history(0).updates_accepted(), 5u);
+  (*server)->Shutdown();
+}
+
+TEST(SecureAggregationTest, ARoundThatCannotBeUnmaskedIsAbandonedWithoutAResult) {
+  // Four clients upload, one answers the unmasking step: no survivor's self-mask seed has the
+  // threshold's shares, so the sum stays masked and the round is given up.
+  TempDir dir;
+  v1::RunConfig config = SecAggConfig(4);
+  config.set_rounds(2);
+  auto server = Server::Create(Options(dir.path()), config, InitialAdapter(), nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string initial_hash = (*server)->coordinator().global_adapter_sha256();
+  std::vector<std::thread> sites;
+  for (int k = 0; k < 4; ++k) {
+    sites.emplace_back([&, k] { RunClient((*server)->address(), k, Drop::kNone, /*answer_unmasking=*/k == 0); });
+  }
+  for (std::thread& t : sites) t.join();
+  ASSERT_TRUE(WaitFor([&] { return (*server)->metrics().rounds_abandoned.load() == 1; }, 20'000));
+  EXPECT_EQ((*server)->coordinator().rounds_committed(), 0);
+  EXPECT_EQ((*server)->coordinator().global_adapter_sha256(), initial_hash);
+  (*server)->Shutdown();
+  server->reset();
+  auto store = Store::Open(dir.path() + "/fedlora.db");
+  ASSERT_TRUE(store.ok());
+  auto rounds = (*store)->ListRounds("test-run");
+  ASSERT_TRUE(rounds.ok());
+  ASSERT_GE(rounds->size(), 1u);
+  EXPECT_EQ((*rounds)[0].state, RoundState::kAbandoned);
+}
+
+TEST(SecureAggregationTest, ARestartAbandonsTheOpenRoundAndTheNextOneHasFreshParameters) {
+  TempDir dir;
+  v1::RunConfig config = SecAggConfig(3);
+  config.set_rounds(2);
+  v1::TrainTask first;
+  {
+    auto server = Server::Create(Options(dir.path()), config, InitialAdapter(), nullptr);
+    ASSERT_TRUE(server.ok()) << server.status();
+    // Every client uploads; none answers step 3, and the server stops while it waits for them.
+    std::vector<std::thread> sites;
+    std::vector<v1::TrainTask> tasks(3);
+    for (int k = 0; k < 3; ++k) {
+      sites.emplace_back([&, k] { tasks[k] = RunClient((*server)->address(), k, Drop::kAfterUpload); });
+    }
+    for (std::thread& t : sites) t.join();
+    first = tasks[0];
+    (*server)->Shutdown();
+  }
+  auto server = Server::Create(Options(dir.path()), config, InitialAdapter(), nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ((*server)->coordinator().rounds_committed(), 0);
+  EXPECT_EQ((*server)->metrics().rounds_abandoned.load(), 1) << "the restart did not abandon the open round";
+  RawClient c((*server)->address(), "site-0");
+  ASSERT_TRUE(c.Join().ok());
+  RawClient c1((*server)->address(), "site-1");
+  ASSERT_TRUE(c1.Join().ok());
+  RawClient c2((*server)->address(), "site-2");
+  ASSERT_TRUE(c2.Join().ok());
+  v1::TrainTask next;
+  std::thread t1([&] { v1::TrainTask t; c1.GetTask(&t); });
+  std::thread t2([&] { v1::TrainTask t; c2.GetTask(&t); });
+  ASSERT_TRUE(c.GetTask(&next));
+  t1.join();
+  t2.join();
+  EXPECT_EQ(next.round(), first.round() + 1);
+  ASSERT_TRUE(next.has_secure_aggregation());
+  EXPECT_NE(next.secure_aggregation().params().round_nonce(), first.secure_aggregation().params().round_nonce());
+  // The old round's masked uploads are not counted in the new one.
+  v1::SecureAggregationRequest stale;
+  stale.set_round(first.round());
+  stale.set_task_id(first.task_id());
+  stale.set_poll(true);
+  EXPECT_FALSE(Call(c, stale).done().empty());
+  (*server)->Shutdown();
+}
+
+}  // namespace
+}  // namespace fedlora
