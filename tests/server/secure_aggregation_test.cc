@@ -8,13 +8,12 @@
 #include <thread>
 
 #include "aggregation/fedavg.h"
-#include "client/secure_update.h"
-#include "crypto/secagg.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "server/store.h"
 #include "tests/server/federation_test_util.h"
+#include "tests/server/secagg_test_client.h"
 
 namespace fedlora {
 namespace {
@@ -54,26 +53,10 @@ std::vector<NamedTensor> Delta(int k, const v1::TrainTask& task) {
   return d;
 }
 
-enum class Drop { kNone, kAfterShareKeys, kAfterUpload };
+using Drop = testing::SecAggDrop;
 
 v1::SecureAggregationResponse Call(RawClient& c, const v1::SecureAggregationRequest& req) {
-  v1::SecureAggregationResponse resp;
-  auto ctx = c.Context(5000);
-  grpc::Status s = c.stub()->SecureAggregation(ctx.get(), req, &resp);
-  EXPECT_TRUE(s.ok()) << s.error_message();
-  return resp;
-}
-
-// Sends `req`, then polls until the answer is more than "ask again" (at most 20 s).
-v1::SecureAggregationResponse Step(RawClient& c, v1::SecureAggregationRequest req) {
-  for (int i = 0; i < 400; ++i) {
-    v1::SecureAggregationResponse resp = Call(c, req);
-    if (!resp.has_retry_after_ms()) return resp;
-    req.set_poll(true);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ADD_FAILURE() << "secure aggregation did not move on";
-  return {};
+  return testing::SecAggCall(c, req);
 }
 
 // One client's whole round; returns the task it got.
@@ -82,38 +65,7 @@ v1::TrainTask RunClient(const std::string& address, int k, Drop drop, bool answe
   EXPECT_TRUE(c.Join().ok());
   v1::TrainTask task;
   EXPECT_TRUE(c.GetTask(&task));
-  EXPECT_TRUE(task.has_secure_aggregation());
-  const v1::SecureAggregationTask& sa = task.secure_aggregation();
-  auto client = crypto::SecAggClient::Create(sa.params(), sa.client_index());
-  EXPECT_TRUE(client.ok()) << client.status();
-  if (!client.ok()) return task;
-  v1::SecureAggregationRequest base;
-  base.set_round(task.round());
-  base.set_task_id(task.task_id());
-  v1::SecureAggregationRequest req = base;
-  *req.mutable_advertise_keys() = client->AdvertiseKeys().value();
-  v1::SecureAggregationResponse resp = Step(c, req);
-  EXPECT_TRUE(resp.has_share_keys()) << resp.done();
-  req = base;
-  *req.mutable_share_keys() = client->ShareKeys(resp.share_keys()).value();
-  resp = Step(c, req);
-  EXPECT_TRUE(resp.has_masked_input()) << resp.done();
-  if (drop == Drop::kAfterShareKeys) return task;
-  absl::StatusOr<std::vector<uint64_t>> input = EncodeSecureUpdate(Delta(k, task), sa);
-  EXPECT_TRUE(input.ok()) << input.status();
-  const std::string masked = client->MaskedInput(resp.masked_input(), *input).value().masked_input();
-  v1::UploadAck ack;
-  grpc::Status up = c.UploadAll(c.Header(task, masked, absl::StrCat("u", k)), masked, &ack);
-  EXPECT_TRUE(up.ok()) << up.error_message();
-  EXPECT_EQ(ack.state(), v1::UPLOAD_STATE_ACCEPTED) << ack.reason();
-  if (drop == Drop::kAfterUpload || !answer_unmasking) return task;
-  req = base;
-  req.set_poll(true);
-  resp = Step(c, req);
-  if (!resp.has_unmasking()) return task;  // the round went on without this client
-  req = base;
-  *req.mutable_unmasking() = client->Unmask(resp.unmasking()).value();
-  EXPECT_FALSE(Call(c, req).done().empty());
+  testing::RunSecAggClient(c, task, Delta(k, task), absl::StrCat("u", k), drop, answer_unmasking);
   return task;
 }
 
