@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <ctime>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -25,6 +26,7 @@
 #include "core/strings.h"
 #include "client/lora_trainer.h"
 #include "core/status.h"
+#include "crypto/certs.h"
 #include "fedlora/client.h"
 #include "fedlora/client_trainer.h"
 #include "kernels/context.h"
@@ -183,6 +185,8 @@ class Simulation final : public Evaluator {
   LoraSite<Model, Data> ClientSite(ModelPool<Model>& pool, std::shared_ptr<const Data> data, int i);
   // Appends the round's record (eval figures NaN when skipped) and rewrites the reports.
   void RecordRound(uint64_t round, const EvalFigures& eval);
+  // SimOptions::mtls: the run's PKI in <out_dir>/pki, and the server's TLS options for it.
+  absl::StatusOr<ServerTlsOptions> MakePki(int num_clients) const;
   FaultDecision Decide(uint64_t round, int client) const;
   void ClientLoop(VirtualClient& vc);
   // Sleeps up to `seconds`; false when the simulation is stopping.
@@ -390,7 +394,12 @@ void Simulation::ClientLoop(VirtualClient& vc) {
     ClientOptions o;
     o.server_address = vc.proxy != nullptr ? vc.proxy->address() : server_->address();
     o.client_id = vc.id;
-    o.insecure = true;  // the simulation's own server, on loopback
+    if (options_.mtls) {
+      const std::string pki = options_.out_dir + "/pki/";
+      o.tls = {.root_ca_file = pki + "ca.pem", .cert_file = pki + vc.id + ".pem", .key_file = pki + vc.id + ".key"};
+    } else {
+      o.insecure = true;  // the simulation's own server, on loopback
+    }
     o.wait_for_task_seconds = 5;   // short long polls: the run's end is noticed within seconds
     o.retry.initial_backoff_ms = 100;
     o.retry.max_backoff_ms = 2000;  // loopback: a failed call is a crash test, retry soon
@@ -574,6 +583,37 @@ absl::Status Simulation::WriteFinalOutputs(SimResult& result) {
   return WriteFileAtomically(options_.out_dir + "/summary.json", j.dump(2) + "\n");
 }
 
+absl::StatusOr<ServerTlsOptions> Simulation::MakePki(int num_clients) const {
+  const std::string dir = options_.out_dir + "/pki/";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("creating ", dir, ": ", ec.message()));
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  crypto::CertificateRequest r;
+  r.common_name = "fedlora simulation CA";
+  r.not_after_unix_s = now + 7 * 86400;
+  FEDLORA_ASSIGN_OR_RETURN(crypto::PemPair ca, crypto::CreateCertificateAuthority(r));
+  auto write = [&dir](const std::string& name, const crypto::PemPair& pair) -> absl::Status {
+    FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(dir + name + ".pem", pair.cert_pem));
+    return WriteFileAtomically(dir + name + ".key", pair.key_pem);
+  };
+  FEDLORA_RETURN_IF_ERROR(write("ca", ca));
+  r.common_name = "localhost";
+  r.ip_addresses = {"127.0.0.1"};
+  r.dns_names = {"localhost"};
+  FEDLORA_ASSIGN_OR_RETURN(crypto::PemPair server, crypto::IssueServerCertificate(ca, r));
+  FEDLORA_RETURN_IF_ERROR(write("server", server));
+  r.ip_addresses.clear();
+  r.dns_names.clear();
+  for (int i = 0; i < num_clients; ++i) {
+    r.common_name = absl::StrFormat("sim-client-%05d", i);
+    FEDLORA_ASSIGN_OR_RETURN(crypto::PemPair client, crypto::IssueClientCertificate(ca, r));
+    FEDLORA_RETURN_IF_ERROR(write(r.common_name, client));
+  }
+  return ServerTlsOptions{.cert_file = dir + "server.pem", .key_file = dir + "server.key",
+                          .client_ca_file = dir + "ca.pem"};
+}
+
 absl::StatusOr<SimResult> Simulation::Run() {
   start_ = Clock::now();
   FEDLORA_RETURN_IF_ERROR(Setup());
@@ -593,7 +633,10 @@ absl::StatusOr<SimResult> Simulation::Run() {
   so.metrics_address.clear();
   so.data_dir = options_.out_dir + "/store";
   so.tls = {};
-  so.insecure = true;
+  so.insecure = !options_.mtls;
+  if (options_.mtls) {
+    FEDLORA_ASSIGN_OR_RETURN(so.tls, MakePki(num_clients));
+  }
   so.selection_window_ms = options_.selection_window_ms;
   // Sample each round from all live clients, not from the first to poll: with partial
   // participation the selection is then a function of the seed, and the run reproducible.

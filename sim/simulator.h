@@ -73,6 +73,11 @@ struct SimOptions {
   // driver tick.
   int64_t selection_window_ms = 5000;
   int64_t tick_ms = 50;
+  // Serve the federation over mutual TLS, as a deployment does, with a development PKI made for the
+  // run in <out_dir>/pki (crypto/certs.h): a CA, the server's certificate for 127.0.0.1 and one
+  // client certificate per virtual client (CN = its id, the identity the server sees). False:
+  // plaintext on loopback, identities from metadata.
+  bool mtls = false;
 };
 
 struct SimResult {

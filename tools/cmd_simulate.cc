@@ -34,6 +34,7 @@ struct SimulateFlags {
   int shards_per_client = 0;     // > 0: LABEL_SHARDS with this many labels per client
   float max_seconds = 0.0f;
   bool progress = true;
+  bool mtls = false;
   LogFlags log;
 };
 
@@ -92,6 +93,7 @@ absl::Status Simulate(const SimulateFlags& f) {
   options.out_dir = f.out_dir;
   options.max_seconds = f.max_seconds;
   options.progress = f.progress;
+  options.mtls = f.mtls;
   absl::StatusOr<sim::SimResult> run = sim::RunSimulation(config, options);
   if (!run.ok()) {
     if (!log_path.empty()) std::fprintf(stderr, "fedlora simulate: the log is in %s\n", log_path.c_str());
@@ -143,6 +145,8 @@ int RunSimulate(int argc, char** argv) {
                "partition by label shards (LABEL_SHARDS), this many labels per client");
   flags.AddFloat("max-seconds", &f.max_seconds, "give up when the run takes longer (0: no limit)");
   flags.AddBool("progress", &f.progress, "show a progress line on stderr");
+  flags.AddBool("mtls", &f.mtls,
+                "serve the federation over mutual TLS with a development PKI made for the run in <out>/pki");
   if (auto code = ParseFlagsOrExit(flags, argc, argv, &f.log)) return *code;
   if (!flags.positional().empty()) return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
   if (f.rounds == 0 || f.rounds < -1) return UsageError(command, "--rounds must be >= 1");

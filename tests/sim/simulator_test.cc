@@ -368,8 +368,9 @@ TEST(Simulator, DifferentialPrivacyReportsEpsilonEachRound) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(Simulator, SecureAggregationWithDistributedNoiseThroughADropout) {
-  // The SDK's secure-aggregation path: 4 clients mask their clipped, noised updates; in round 1
+TEST(Simulator, SecureAggregationWithDistributedNoiseOverMutualTlsThroughADropout) {
+  // Everything on: mutual TLS (a PKI made for the run), sealed updates, secure aggregation and
+  // distributed DP. The SDK's secure-aggregation path: 4 clients mask their clipped, noised updates; in round 1
   // client 2 drops after sharing its keys, so the server unmasks the other three. Each client adds
   // noise of variance (z C)^2 / 4, so round 1's sum carries z_eff = 2 sqrt(3/4) and round 2's z = 2;
   // the expected epsilons are Opacus 1.5.2's for those (compute_rdp at q = 1, get_privacy_spent).
@@ -391,6 +392,7 @@ TEST(Simulator, SecureAggregationWithDistributedNoiseThroughADropout) {
   options.progress = false;
   options.max_seconds = 90;
   options.faults = {{1, 2, FaultKind::kDropout}};
+  options.mtls = true;
   auto run = RunSimulation(config, options);
   ASSERT_TRUE(run.ok()) << run.status();
   ASSERT_EQ(run->rounds.size(), 3u);
@@ -400,6 +402,8 @@ TEST(Simulator, SecureAggregationWithDistributedNoiseThroughADropout) {
   EXPECT_NEAR(run->rounds[1].dp_epsilon, 2.541218097242522, 1e-6 * 2.541218097242522);
   EXPECT_NEAR(run->rounds[2].dp_epsilon, 3.47863372538627, 1e-6 * 3.47863372538627);
   EXPECT_NE(run->rounds[2].eval_loss, run->rounds[0].eval_loss) << "the masked updates changed nothing";
+  // (A server without TLS would have refused to start: options.mtls leaves it no plaintext.)
+  EXPECT_TRUE(std::filesystem::exists(dir + "/secagg/pki/sim-client-00003.pem"));
   std::filesystem::remove_all(dir);
 }
 
