@@ -37,7 +37,9 @@ using v1::TrainingConfig;
 // Defaults
 
 // For the downlink (`uplink` false) error_feedback stays unset: it does not apply there.
-void ApplyCodecStageDefaults(CodecStage* stage, bool uplink) {
+// `shared_scale`: the run has secure aggregation, whose QUANT stage has one scale for the whole
+// update (no blocks).
+void ApplyCodecStageDefaults(CodecStage* stage, bool uplink, bool shared_scale = false) {
   if (stage->version() == 0) stage->set_version(kCodecStageVersion);
   // Parameters are filled only for a stage whose params case is unset or already matches its id; a
   // mismatch is left for validation to report.
@@ -70,7 +72,7 @@ void ApplyCodecStageDefaults(CodecStage* stage, bool uplink) {
       if (stage->has_quant() || stage->params_case() == CodecStage::PARAMS_NOT_SET) {
         auto* p = stage->mutable_quant();
         if (!p->has_bits()) p->set_bits(8);
-        if (!p->has_block_size()) p->set_block_size(256);
+        if (!p->has_block_size() && !shared_scale) p->set_block_size(256);
         if (!p->has_stochastic()) p->set_stochastic(true);
         if (uplink && !p->has_error_feedback()) p->set_error_feedback(!p->stochastic());
       }
@@ -327,9 +329,29 @@ void ValidateAggregation(Problems& p, const RunConfig& c) {
 
 void ValidateSecureAggregation(Problems& p, const RunConfig& c) {
   if (!c.privacy().secure_aggregation()) return;
-  if (c.codec().stages_size() > 0) {
-    p.Add("codec must be empty with privacy.secure_aggregation: the masked fixed-point vector is the update's wire "
-          "format, and sparse or per-client-scaled codecs cannot be summed under masks");
+  // The masked fixed-point vector is the update's wire format: sparse or per-client-scaled codecs
+  // cannot be summed under masks. A QUANT stage sets the fixed point's precision instead, with one
+  // power-of-two scale for every client.
+  const bool quant_only = c.codec().stages_size() == 1 && c.codec().stages(0).id() == CodecStage::QUANT;
+  if (c.codec().stages_size() > 0 && !quant_only) {
+    p.Add("codec with privacy.secure_aggregation takes no stage but QUANT: the masked fixed-point vector is the "
+          "update's wire format, and sparse, half-precision or compressed updates cannot be summed under masks");
+  }
+  if (quant_only) {
+    const v1::QuantParams& q = c.codec().stages(0).quant();
+    if (q.bits() < 2) {
+      p.Bad("codec.stages[0].quant.bits", q.bits(), "must be 2, 4 or 8 with privacy.secure_aggregation");
+    }
+    if (!q.stochastic()) {
+      p.Add("codec.stages[0].quant.stochastic must be true with privacy.secure_aggregation (unbiased rounding)");
+    }
+    if (q.error_feedback()) {
+      p.Add("codec.stages[0].quant.error_feedback does not apply with privacy.secure_aggregation");
+    }
+    if (q.has_block_size()) {
+      p.Add("codec.stages[0].quant.block_size does not apply with privacy.secure_aggregation: every client "
+            "quantizes with one scale for the whole update, so that the levels add up");
+    }
   }
   if (c.aggregation().weight_by_examples()) {
     p.Add("aggregation.weight_by_examples must be false with privacy.secure_aggregation: the server only learns "
@@ -406,7 +428,7 @@ const char* StageName(CodecStage::Id id) {
 }
 
 // `field` names the spec ("codec" or "downlink_codec") in messages.
-void ValidateCodec(Problems& p, const v1::CodecSpec& codec, const std::string& field) {
+void ValidateCodec(Problems& p, const v1::CodecSpec& codec, const std::string& field, bool shared_scale = false) {
   const bool downlink = field != "codec";
   std::set<int> seen;
   int value_encoders = 0;  // FP16, BF16, QUANT: alternative encodings of each value
@@ -459,8 +481,12 @@ void ValidateCodec(Problems& p, const v1::CodecSpec& codec, const std::string& f
           if (bits != 1 && bits != 2 && bits != 4 && bits != 8) {
             p.Bad(path + ".quant.bits", bits, "must be 1, 2, 4 or 8");
           }
-          p.Range<uint32_t>(path + ".quant.block_size", s.quant().block_size(), 8, 65536);
-          if (s.quant().block_size() % 8 != 0) p.Bad(path + ".quant.block_size", s.quant().block_size(), "must be a multiple of 8");
+          if (s.quant().has_block_size() || !shared_scale) {
+            p.Range<uint32_t>(path + ".quant.block_size", s.quant().block_size(), 8, 65536);
+            if (s.quant().block_size() % 8 != 0) {
+              p.Bad(path + ".quant.block_size", s.quant().block_size(), "must be a multiple of 8");
+            }
+          }
         }
         break;
       case CodecStage::LOWRANK:
@@ -677,7 +703,9 @@ void ApplyRunConfigDefaults(RunConfig* c) {
     }
   }
 
-  for (CodecStage& stage : *c->mutable_codec()->mutable_stages()) ApplyCodecStageDefaults(&stage, /*uplink=*/true);
+  for (CodecStage& stage : *c->mutable_codec()->mutable_stages()) {
+    ApplyCodecStageDefaults(&stage, /*uplink=*/true, c->privacy().secure_aggregation());
+  }
   for (CodecStage& stage : *c->mutable_downlink_codec()->mutable_stages()) {
     ApplyCodecStageDefaults(&stage, /*uplink=*/false);
   }
@@ -719,7 +747,7 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   ValidateTraining(p, c.training());
   ValidateSelection(p, c.selection());
   ValidateAggregation(p, c);
-  ValidateCodec(p, c.codec(), "codec");
+  ValidateCodec(p, c.codec(), "codec", c.privacy().secure_aggregation());
   ValidateCodec(p, c.downlink_codec(), "downlink_codec");
   ValidateData(p, c.data());
   ValidatePrivacy(p, c);

@@ -51,9 +51,26 @@ absl::StatusOr<Coordinator::SecAggEncoding> Coordinator::SecAggEncodingFor(const
   if (dp.enabled() && dp.mode() == v1::DifferentialPrivacyConfig::DISTRIBUTED) {
     e.range += 10.0 * dp.noise_multiplier() * e.clip_norm / std::sqrt(static_cast<double>(MinClients()));
   }
+  const double cohort = static_cast<double>(Quota());
+  if (config.codec().stages_size() == 1 && config.codec().stages(0).id() == v1::CodecStage::QUANT) {
+    // QUANT b bits: each client's levels are b-bit signed integers (|level| <= 2^(b-1) - 1 at the
+    // range), one power-of-two step for everyone, and the sum of the largest cohort needs
+    // ceil(log2 cohort) bits more.
+    const uint32_t b = config.codec().stages(0).quant().bits();
+    const double levels = std::ldexp(1.0, static_cast<int>(b) - 1) - 1;
+    if (levels / e.range < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("privacy.secure_aggregation with QUANT ", b, " bits: values up to ",
+                                                     e.range, " need more than ", b, " bits at any step <= 1"));
+    }
+    e.frac_bits = static_cast<uint32_t>(std::min(40.0, std::floor(std::log2(levels / e.range))));
+    e.modulus_bits = std::min<uint32_t>(64, b + static_cast<uint32_t>(std::ceil(std::log2(std::max(2.0, cohort)))));
+    FEDLORA_RETURN_IF_ERROR_CTX(
+        crypto::CheckSecAggFixedPoint(static_cast<uint64_t>(Quota()), e.range, e.frac_bits, e.modulus_bits),
+        "privacy.secure_aggregation's fixed-point encoding");
+    return e;
+  }
   // The fraction bits that keep a sum over the largest cohort within the signed range: 32-bit
   // elements when that leaves at least 16 of them, else 64-bit ones.
-  const double cohort = static_cast<double>(Quota());
   for (uint32_t m : {32u, 64u}) {
     const double room = std::ldexp(1.0, static_cast<int>(m) - 1) / (cohort * e.range);
     const int f = room >= 4 ? std::min(40, static_cast<int>(std::floor(std::log2(room))) - 1) : -1;

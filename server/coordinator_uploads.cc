@@ -445,8 +445,13 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id, const v1:
   DropConsumed(blob.data(), blob.size(), &blob_dropped);
   const std::string_view bytes = plain.view();
   if (secagg_.has_value()) {
-    if (header.codec().stages_size() > 0) {
-      return absl::InvalidArgumentError("a masked update of a secure-aggregation round declares no codec stages");
+    const v1::CodecSpec& run = config_.codec();
+    const v1::CodecSpec& declared = header.codec();
+    const bool same = declared.stages_size() == run.stages_size() &&
+                      (run.stages_size() == 0 || (declared.stages(0).id() == run.stages(0).id() &&
+                                                  declared.stages(0).quant().bits() == run.stages(0).quant().bits()));
+    if (!same) {
+      return absl::InvalidArgumentError("a masked update must declare the run's codec (empty, or its QUANT stage)");
     }
     return ValidateMaskedUpload(bytes);
   }

@@ -398,6 +398,13 @@ TEST(ConfigIoTest, SecureAggregationDefaultsToEqualWeights) {
           "privacy": {"secure_aggregation": true}})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_FALSE(c->aggregation().weight_by_examples());
+  // A QUANT stage gets no block size (one scale for the whole update).
+  absl::StatusOr<RunConfig> quant = ParseRunConfigJson(
+      R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]}, "aggregation": {"max_update_norm": 0.5},
+          "codec": {"stages": [{"id": "QUANT", "quant": {"bits": 8}}]}, "privacy": {"secure_aggregation": true}})");
+  ASSERT_TRUE(quant.ok()) << quant.status();
+  EXPECT_FALSE(quant->codec().stages(0).quant().has_block_size());
+  EXPECT_TRUE(quant->codec().stages(0).quant().stochastic());
   RunConfig valid = MinimalConfig();
   EnableSecAgg(valid);
   EXPECT_TRUE(ValidateRunConfig(valid).ok()) << ValidateRunConfig(valid);
@@ -669,7 +676,35 @@ const std::vector<ValidationCase>& Cases() {
          EnableSecAgg(c);
          *c.mutable_codec()->add_stages() = Stage(CodecStage::ZSTD);
        },
-       "codec must be empty with privacy.secure_aggregation"},
+       "codec with privacy.secure_aggregation takes no stage but QUANT"},
+      {"SecAggQuantWithBlocks",
+       [](RunConfig& c) {
+         EnableSecAgg(c);
+         CodecStage* s = c.mutable_codec()->add_stages();
+         *s = Stage(CodecStage::QUANT);
+         s->mutable_quant()->set_bits(8);
+         s->mutable_quant()->set_stochastic(true);
+         s->mutable_quant()->set_block_size(256);
+       },
+       "codec.stages[0].quant.block_size does not apply with privacy.secure_aggregation"},
+      {"SecAggQuantNearest",
+       [](RunConfig& c) {
+         EnableSecAgg(c);
+         CodecStage* s = c.mutable_codec()->add_stages();
+         *s = Stage(CodecStage::QUANT);
+         s->mutable_quant()->set_bits(8);
+         s->mutable_quant()->set_stochastic(false);
+       },
+       "codec.stages[0].quant.stochastic must be true with privacy.secure_aggregation"},
+      {"SecAggQuantOneBit",
+       [](RunConfig& c) {
+         EnableSecAgg(c);
+         CodecStage* s = c.mutable_codec()->add_stages();
+         *s = Stage(CodecStage::QUANT);
+         s->mutable_quant()->set_bits(1);
+         s->mutable_quant()->set_stochastic(true);
+       },
+       "codec.stages[0].quant.bits (1) must be 2, 4 or 8 with privacy.secure_aggregation"},
       {"SecAggWithoutABound",
        [](RunConfig& c) {
          EnableSecAgg(c);

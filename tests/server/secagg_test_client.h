@@ -74,8 +74,10 @@ inline void RunSecAggClient(RawClient& c, const v1::TrainTask& task, const std::
   absl::StatusOr<std::vector<uint64_t>> input = EncodeSecureUpdate(delta, sa);
   ASSERT_TRUE(input.ok()) << input.status();
   const std::string masked = client->MaskedInput(resp.masked_input(), *input).value().masked_input();
+  v1::UploadHeader header = c.Header(task, masked, upload_id);
+  *header.mutable_codec() = task.codec();  // the run's codec: empty, or the QUANT stage setting the precision
   v1::UploadAck ack;
-  grpc::Status up = c.UploadAll(c.Header(task, masked, upload_id), masked, &ack);
+  grpc::Status up = c.UploadAll(header, masked, &ack);
   ASSERT_TRUE(up.ok()) << up.error_message();
   ASSERT_EQ(ack.state(), v1::UPLOAD_STATE_ACCEPTED) << ack.reason();
   if (drop == SecAggDrop::kAfterUpload || !answer_unmasking) return;

@@ -25,9 +25,14 @@ using testing::TempDir;
 
 constexpr double kClip = 0.1;
 
-v1::RunConfig SecAggConfig(int clients) {
+v1::RunConfig SecAggConfig(int clients, uint32_t quant_bits = 0) {
   v1::RunConfig c = testing::TestRunConfig(1, clients, 3);
   c.mutable_privacy()->set_secure_aggregation(true);
+  if (quant_bits > 0) {
+    v1::CodecStage* s = c.mutable_codec()->add_stages();
+    s->set_id(v1::CodecStage::QUANT);
+    s->mutable_quant()->set_bits(quant_bits);
+  }
   c.mutable_aggregation()->set_max_update_norm(kClip);
   c.mutable_aggregation()->clear_weight_by_examples();
   ApplyRunConfigDefaults(&c);
@@ -78,9 +83,13 @@ bool WaitFor(const std::function<bool()>& done, int64_t timeout_ms) {
   return done();
 }
 
-TEST(SecureAggregationTest, TheServerCommitsTheSurvivorsMeanThroughDropouts) {
+// Without a codec (32-bit elements), and with QUANT 8 bits (8-bit levels of one power-of-two step,
+// summed in 8 + ceil(log2 6) = 11-bit elements, 2 bytes each on the wire).
+class SecureAggregationTest : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(SecureAggregationTest, TheServerCommitsTheSurvivorsMeanThroughDropouts) {
   TempDir dir;
-  auto server = Server::Create(Options(dir.path()), SecAggConfig(6), InitialAdapter(), nullptr);
+  auto server = Server::Create(Options(dir.path()), SecAggConfig(6, GetParam()), InitialAdapter(), nullptr);
   ASSERT_TRUE(server.ok()) << server.status();
   const std::vector<UpdateTensor> initial = (*server)->coordinator().global_adapter();
   // Site 4 drops after sharing its keys (no upload); site 5 uploads and never answers step 3.
@@ -104,8 +113,15 @@ TEST(SecureAggregationTest, TheServerCommitsTheSurvivorsMeanThroughDropouts) {
     clipped.push_back(std::move(u));
   }
   // Fixed point with frac_bits f: each value is off by < 2^-f, the mean too.
-  const double tolerance = std::ldexp(1.0, -static_cast<int>(tasks[0].secure_aggregation().frac_bits())) + 1e-7;
-  EXPECT_GE(tasks[0].secure_aggregation().frac_bits(), 20u);
+  const v1::SecureAggregationTask& sa = tasks[0].secure_aggregation();
+  const double tolerance = std::ldexp(1.0, -static_cast<int>(sa.frac_bits())) + 1e-7;
+  if (GetParam() == 0) {
+    EXPECT_EQ(sa.params().modulus_bits(), 32u);
+    EXPECT_GE(sa.frac_bits(), 20u);
+  } else {
+    EXPECT_EQ(sa.params().modulus_bits(), 11u);
+    EXPECT_EQ(sa.frac_bits(), 10u);  // 127 levels over +-0.1: a step of 2^-10
+  }
   ASSERT_EQ(after.size(), initial.size());
   double max_error = 0;
   for (size_t t = 0; t < after.size(); ++t) {
@@ -124,10 +140,19 @@ TEST(SecureAggregationTest, TheServerCommitsTheSurvivorsMeanThroughDropouts) {
   ASSERT_TRUE(op.admin()->GetStatus(ctx.get(), req, &status).ok());
   ASSERT_EQ(status.history_size(), 1);
   EXPECT_EQ(status.history(0).updates_accepted(), 5u);
+  // Each sealed masked update: 2240 elements of ceil(m / 8) bytes, plus the seal.
+  const uint64_t element_bytes = (sa.params().modulus_bits() + 7) / 8;
+  EXPECT_GT(status.history(0).upload_bytes(), 5 * 2240 * element_bytes);
+  EXPECT_LT(status.history(0).upload_bytes(), 5 * (2240 * element_bytes + 200));
   (*server)->Shutdown();
 }
 
-TEST(SecureAggregationTest, ARoundThatCannotBeUnmaskedIsAbandonedWithoutAResult) {
+INSTANTIATE_TEST_SUITE_P(Codecs, SecureAggregationTest, ::testing::Values(0u, 8u),
+                         [](const ::testing::TestParamInfo<uint32_t>& i) {
+                           return i.param == 0 ? std::string("NoCodec") : absl::StrCat("Quant", i.param);
+                         });
+
+TEST(SecureAggregationRoundTest, ARoundThatCannotBeUnmaskedIsAbandonedWithoutAResult) {
   // Four clients upload, one answers the unmasking step: no survivor's self-mask seed has the
   // threshold's shares, so the sum stays masked and the round is given up.
   TempDir dir;
@@ -154,7 +179,7 @@ TEST(SecureAggregationTest, ARoundThatCannotBeUnmaskedIsAbandonedWithoutAResult)
   EXPECT_EQ((*rounds)[0].state, RoundState::kAbandoned);
 }
 
-TEST(SecureAggregationTest, ARestartAbandonsTheOpenRoundAndTheNextOneHasFreshParameters) {
+TEST(SecureAggregationRoundTest, ARestartAbandonsTheOpenRoundAndTheNextOneHasFreshParameters) {
   TempDir dir;
   v1::RunConfig config = SecAggConfig(3);
   config.set_rounds(2);
