@@ -2,6 +2,7 @@
 
 #include <openssl/bn.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_set>
@@ -110,8 +111,13 @@ absl::Status CheckSecret(std::string_view secret32) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<ShamirShare>> ShamirSplitAt(std::string_view secret32, uint32_t threshold,
-                                                       std::span<const uint32_t> xs) {
+namespace {
+
+// Shares of the polynomial secret + a_1 x + ... + a_{threshold-1} x^{threshold-1} at `xs`, with
+// `coefficient(i, p, out)` setting a_i.
+absl::StatusOr<std::vector<ShamirShare>> SplitWith(
+    std::string_view secret32, uint32_t threshold, std::span<const uint32_t> xs,
+    const std::function<absl::Status(uint32_t i, const BIGNUM* p, BIGNUM* out)>& coefficient) {
   if (absl::Status s = CheckSecret(secret32); !s.ok()) return s;
   if (absl::Status s = CheckPoints(xs, threshold); !s.ok()) return s;
   BnCtx ctx(BN_CTX_secure_new());
@@ -125,10 +131,20 @@ absl::StatusOr<std::vector<ShamirShare>> ShamirSplitAt(std::string_view secret32
   for (uint32_t i = 1; i < threshold; ++i) {
     absl::StatusOr<Bn> a = NewBn();
     if (!a.ok()) return a.status();
-    if (BN_priv_rand_range(a->get(), p->get()) != 1) return OpenSslFailure("BN_priv_rand_range");
+    if (absl::Status set = coefficient(i, p->get(), a->get()); !set.ok()) return set;
     coeffs.push_back(*std::move(a));
   }
   return Evaluate(coeffs, p->get(), xs, ctx.get());
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ShamirShare>> ShamirSplitAt(std::string_view secret32, uint32_t threshold,
+                                                       std::span<const uint32_t> xs) {
+  return SplitWith(secret32, threshold, xs, [](uint32_t, const BIGNUM* p, BIGNUM* out) -> absl::Status {
+    if (BN_priv_rand_range(out, p) != 1) return OpenSslFailure("BN_priv_rand_range");
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<std::vector<ShamirShare>> ShamirSplit(std::string_view secret32, uint32_t threshold,
@@ -141,25 +157,18 @@ absl::StatusOr<std::vector<ShamirShare>> ShamirSplit(std::string_view secret32, 
 absl::StatusOr<std::vector<ShamirShare>> ShamirSplitWithCoefficients(std::string_view secret32,
                                                                      std::span<const std::string> coefficients,
                                                                      std::span<const uint32_t> xs) {
-  if (absl::Status s = CheckSecret(secret32); !s.ok()) return s;
-  const uint32_t threshold = static_cast<uint32_t>(coefficients.size()) + 1;
-  if (absl::Status s = CheckPoints(xs, threshold); !s.ok()) return s;
-  BnCtx ctx(BN_CTX_secure_new());
-  if (ctx == nullptr) return OpenSslFailure("BN_CTX_secure_new");
-  absl::StatusOr<Bn> p = Prime();
-  if (!p.ok()) return p.status();
-  std::vector<Bn> coeffs;
-  absl::StatusOr<Bn> s = FromBytes(secret32);
-  if (!s.ok()) return s.status();
-  coeffs.push_back(*std::move(s));
   for (const std::string& c : coefficients) {
     if (c.size() > kShamirShareBytes) return absl::InvalidArgumentError("Shamir coefficient longer than 33 bytes");
-    absl::StatusOr<Bn> a = FromBytes(c);
-    if (!a.ok()) return a.status();
-    if (BN_cmp(a->get(), p->get()) >= 0) return absl::InvalidArgumentError("Shamir coefficient is not below p");
-    coeffs.push_back(*std::move(a));
   }
-  return Evaluate(coeffs, p->get(), xs, ctx.get());
+  const uint32_t threshold = static_cast<uint32_t>(coefficients.size()) + 1;
+  return SplitWith(secret32, threshold, xs, [&](uint32_t i, const BIGNUM* p, BIGNUM* out) -> absl::Status {
+    const std::string& c = coefficients[i - 1];
+    if (BN_bin2bn(reinterpret_cast<const unsigned char*>(c.data()), static_cast<int>(c.size()), out) == nullptr) {
+      return OpenSslFailure("BN_bin2bn");
+    }
+    if (BN_cmp(out, p) >= 0) return absl::InvalidArgumentError("Shamir coefficient is not below p");
+    return absl::OkStatus();
+  });
 }
 
 absl::Status CheckShamirShare(const ShamirShare& share) {

@@ -33,7 +33,7 @@ if [[ -z $MODE ]]; then
   echo "usage: scripts/fuzz.sh --short|--long [harness...]" >&2
   exit 2
 fi
-ALL=(safetensors gguf update sealed_update run_config tokenizer bpe_tokenizer bert_config rpc)
+ALL=(safetensors gguf update sealed_update secagg run_config tokenizer bpe_tokenizer bert_config rpc)
 ((${#HARNESSES[@]})) || HARNESSES=("${ALL[@]}")
 
 if [[ $MODE == short ]]; then SECONDS_EACH=${FEDLORA_FUZZ_SECONDS:-25}; else SECONDS_EACH=${FEDLORA_FUZZ_SECONDS:-600}; fi

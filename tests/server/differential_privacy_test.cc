@@ -23,6 +23,7 @@ using testing::EncodedDeltaFor;
 using testing::InitialAdapter;
 using testing::RawClient;
 using testing::TempDir;
+using testing::WaitFor;
 
 // Opacus: eps(z = 1.0, q = 1, steps, delta 1e-5) and eps(z = 1.1, q = 0.3, steps, delta 1e-5).
 constexpr double kEpsZ1Q1[] = {4.728507067217623, 7.077391578166641, 9.009958991683897};
@@ -204,24 +205,6 @@ TEST(ServerDpTest, TheBudgetAffordsTheRoundsWhoseEpsilonFits) {
   EXPECT_THAT(std::string(none.status().message()), HasSubstr("affords no round"));
 }
 
-bool WaitFor(const std::function<bool()>& done, int64_t timeout_ms) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < until) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return done();
-}
-
-v1::GetStatusResponse Status(RawClient& c) {
-  v1::GetStatusRequest req;
-  v1::GetStatusResponse resp;
-  auto ctx = c.Context(5000);
-  grpc::Status s = c.admin()->GetStatus(ctx.get(), req, &resp);
-  EXPECT_TRUE(s.ok()) << s.error_message();
-  return resp;
-}
-
 // A federation with DP: one client, z = 1, budget for two of four rounds, a restart in between.
 TEST(ServerDpFederationTest, EpsilonIsReportedAndTheBudgetEndsTheRunAcrossARestart) {
   TempDir dir;
@@ -236,7 +219,7 @@ TEST(ServerDpFederationTest, EpsilonIsReportedAndTheBudgetEndsTheRunAcrossAResta
   ASSERT_NE(server, nullptr);
   auto client = std::make_unique<RawClient>(server->address(), "site-a");
   ASSERT_TRUE(client->Join().ok());
-  v1::GetStatusResponse status = Status(*client);
+  v1::GetStatusResponse status = client->RunStatus();
   EXPECT_EQ(status.total_rounds(), 2u);  // what the budget affords of the 4 configured
   EXPECT_DOUBLE_EQ(status.dp_epsilon(), 0.0);
   EXPECT_DOUBLE_EQ(status.dp_target_delta(), 1e-5);
@@ -250,7 +233,7 @@ TEST(ServerDpFederationTest, EpsilonIsReportedAndTheBudgetEndsTheRunAcrossAResta
   v1::UploadAck ack;
   ASSERT_TRUE(client->UploadAll(client->Header(task, plain, "r1"), plain, &ack).ok());
   ASSERT_TRUE(WaitFor([&] { return server->coordinator().rounds_committed() == 1; }, 10'000));
-  status = Status(*client);
+  status = client->RunStatus();
   ASSERT_EQ(status.history_size(), 1);
   EXPECT_NEAR(status.history(0).dp_epsilon(), kEpsZ1Q1[0], 1e-6 * kEpsZ1Q1[0]);
   EXPECT_NEAR(status.dp_epsilon(), kEpsZ1Q1[0], 1e-6 * kEpsZ1Q1[0]);
@@ -273,7 +256,7 @@ TEST(ServerDpFederationTest, EpsilonIsReportedAndTheBudgetEndsTheRunAcrossAResta
   ASSERT_NE(server, nullptr);
   client = std::make_unique<RawClient>(server->address(), "site-a");
   ASSERT_TRUE(client->Join().ok());
-  status = Status(*client);
+  status = client->RunStatus();
   EXPECT_NEAR(status.dp_epsilon(), kEpsZ1Q1[0], 1e-6 * kEpsZ1Q1[0]);
   ASSERT_TRUE(client->GetTask(&task));
   EXPECT_EQ(task.round(), 2u);
@@ -295,7 +278,7 @@ TEST(ServerDpFederationTest, EpsilonIsReportedAndTheBudgetEndsTheRunAcrossAResta
   EXPECT_TRUE(server->coordinator().finished());
   client = std::make_unique<RawClient>(server->address(), "site-a");
   ASSERT_TRUE(client->Join().ok());
-  status = Status(*client);
+  status = client->RunStatus();
   EXPECT_TRUE(status.privacy_budget_spent());
   EXPECT_EQ(status.phase(), v1::ROUND_PHASE_FINISHED);
   EXPECT_NEAR(status.dp_epsilon(), kEpsZ1Q1[1], 1e-6 * kEpsZ1Q1[1]);

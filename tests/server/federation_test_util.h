@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -32,6 +33,16 @@
 #include "server/options.h"
 
 namespace fedlora::testing {
+
+// Polls `done` every 10 ms until it holds or `timeout_ms` passes; its last answer.
+inline bool WaitFor(const std::function<bool()>& done, int64_t timeout_ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
 
 // A fresh directory under the system temp dir, removed at destruction.
 class TempDir {
@@ -399,6 +410,15 @@ class RawClient {
 
   v1::Federation::Stub* stub() { return stub_.get(); }
   v1::Admin::Stub* admin() { return admin_.get(); }
+  // Admin.GetStatus, expected to succeed.
+  v1::GetStatusResponse RunStatus() {
+    v1::GetStatusRequest req;
+    v1::GetStatusResponse resp;
+    auto ctx = Context(5000);
+    grpc::Status s = admin()->GetStatus(ctx.get(), req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp;
+  }
   const v1::JoinResponse& join() const { return join_; }
   void set_session(std::string s) { session_ = std::move(s); }
   const std::string& session() const { return session_; }

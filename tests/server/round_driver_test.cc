@@ -21,6 +21,7 @@ using testing::EncodedDeltaFor;
 using testing::InitialAdapter;
 using testing::RawClient;
 using testing::TempDir;
+using testing::WaitFor;
 
 // Evaluate blocks until Open() (or 30 s, so that a broken test cannot hang).
 class GateEvaluator : public Evaluator {
@@ -49,15 +50,6 @@ class GateEvaluator : public Evaluator {
   bool open_ = false;
 };
 
-bool WaitFor(const std::function<bool()>& done, int64_t timeout_ms) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < until) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return done();
-}
-
 class RoundDriverTest : public ::testing::Test {
  protected:
   void Start(int rounds, int target, int min_clients, const std::function<void(ServerOptions&)>& tweak,
@@ -85,15 +77,6 @@ class RoundDriverTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(ack.state(), v1::UPLOAD_STATE_ACCEPTED);
     return header.manifest().sha256();
-  }
-
-  v1::GetStatusResponse Status(RawClient& c) {
-    v1::GetStatusRequest req;
-    v1::GetStatusResponse resp;
-    auto ctx = c.Context(5000);
-    grpc::Status s = c.admin()->GetStatus(ctx.get(), req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return resp;
   }
 
   // Flips one byte of the blob `hash` in the store's blobs/, so that reading it fails its hash check.
@@ -131,7 +114,7 @@ TEST_F(RoundDriverTest, TheClockKeepsRunningWhileARoundIsEvaluated) {
   v1::HeartbeatResponse hb_resp;
   auto ctx = a.Context(2000);
   EXPECT_TRUE(a.stub()->Heartbeat(ctx.get(), hb, &hb_resp).ok());
-  EXPECT_EQ(Status(a).phase(), v1::ROUND_PHASE_AGGREGATING);
+  EXPECT_EQ(a.RunStatus().phase(), v1::ROUND_PHASE_AGGREGATING);
   // A long poll of a new client ends when its wait does (the driver's tick expires it), well before
   // its own deadline (1 s wait + 5 s).
   RawClient& b = Joined("site-b");
@@ -148,7 +131,7 @@ TEST_F(RoundDriverTest, TheClockKeepsRunningWhileARoundIsEvaluated) {
 
   evaluator.Open();
   ASSERT_TRUE(WaitFor([&] { return server_->coordinator().rounds_committed() == 1; }, 10'000));
-  const v1::GetStatusResponse status = Status(a);
+  const v1::GetStatusResponse status = a.RunStatus();
   ASSERT_EQ(status.history_size(), 1);
   EXPECT_EQ(status.history(0).updates_accepted(), 1u);
   EXPECT_EQ(status.history(0).updates_rejected(), 1u);

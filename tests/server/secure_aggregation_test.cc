@@ -22,6 +22,7 @@ using testing::DeltaValue;
 using testing::InitialAdapter;
 using testing::RawClient;
 using testing::TempDir;
+using testing::WaitFor;
 
 constexpr double kClip = 0.1;
 
@@ -72,15 +73,6 @@ v1::TrainTask RunClient(const std::string& address, int k, Drop drop, bool answe
   EXPECT_TRUE(c.GetTask(&task));
   testing::RunSecAggClient(c, task, Delta(k, task), absl::StrCat("u", k), drop, answer_unmasking);
   return task;
-}
-
-bool WaitFor(const std::function<bool()>& done, int64_t timeout_ms) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < until) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return done();
 }
 
 // Without a codec (32-bit elements), and with QUANT 8 bits (8-bit levels of one power-of-two step,
@@ -134,10 +126,7 @@ TEST_P(SecureAggregationTest, TheServerCommitsTheSurvivorsMeanThroughDropouts) {
   }
   EXPECT_LT(max_error, tolerance);
   RawClient op((*server)->address(), "operator");
-  v1::GetStatusRequest req;
-  v1::GetStatusResponse status;
-  auto ctx = op.Context(5000);
-  ASSERT_TRUE(op.admin()->GetStatus(ctx.get(), req, &status).ok());
+  const v1::GetStatusResponse status = op.RunStatus();
   ASSERT_EQ(status.history_size(), 1);
   EXPECT_EQ(status.history(0).updates_accepted(), 5u);
   // Each sealed masked update: 2240 elements of ceil(m / 8) bytes, plus the seal.
