@@ -141,6 +141,17 @@ INSTANTIATE_TEST_SUITE_P(Codecs, SecureAggregationTest, ::testing::Values(0u, 8u
                            return i.param == 0 ? std::string("NoCodec") : absl::StrCat("Quant", i.param);
                          });
 
+TEST(SecureAggregationRoundTest, AnEncodingThatCouldOverflowIsRefusedAtStart) {
+  // QUANT 2 bits has one level each side: values up to 2.0 cannot be encoded at a step <= 1.
+  TempDir dir;
+  v1::RunConfig config = SecAggConfig(4, 2);
+  config.mutable_aggregation()->set_max_update_norm(2.0);
+  auto server = Server::Create(Options(dir.path()), config, InitialAdapter(), nullptr);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(server.status().message().find("QUANT 2 bits"), std::string::npos) << server.status();
+}
+
 TEST(SecureAggregationRoundTest, ARoundThatCannotBeUnmaskedIsAbandonedWithoutAResult) {
   // Four clients upload, one answers the unmasking step: no survivor's self-mask seed has the
   // threshold's shares, so the sum stays masked and the round is given up.
