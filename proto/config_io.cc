@@ -735,6 +735,12 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   if (!sim->has_shards_per_client()) sim->set_shards_per_client(2);
 }
 
+absl::Status ValidatePrivacySettings(const RunConfig& c) {
+  Problems p;
+  ValidatePrivacy(p, c);
+  return p.ToStatus();
+}
+
 absl::Status ValidateRunConfig(const RunConfig& c) {
   Problems p;
   if (!IsValidRunId(c.run_id())) {

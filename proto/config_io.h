@@ -64,6 +64,10 @@ void ApplyRunConfigDefaults(v1::RunConfig* config);
 // every problem with its field path.
 absl::Status ValidateRunConfig(const v1::RunConfig& config);
 
+// ValidateRunConfig's checks of the privacy section alone (and of what it needs elsewhere: the
+// codec, weights, bounds, min_clients): for a server whose config was built in code.
+absl::Status ValidatePrivacySettings(const v1::RunConfig& config);
+
 // One message per setting of `config` that fedlora does not carry out yet ("privacy.dp.enabled is
 // not implemented yet"); empty when there is none. ValidateRunConfig refuses them too; the server
 // and the simulator check them before they touch the store, for configs built in code.

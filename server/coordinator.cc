@@ -92,17 +92,25 @@ Coordinator::~Coordinator() {
   WaitForAggregation();
 }
 
-int64_t Coordinator::Target() const {
-  return std::max<int64_t>(1, config_.selection().has_clients_per_round() ? config_.selection().clients_per_round() : 10);
+int64_t Coordinator::TargetFor(const v1::RunConfig& config) {
+  return std::max<int64_t>(1, config.selection().has_clients_per_round() ? config.selection().clients_per_round() : 10);
 }
-int64_t Coordinator::Quota() const {
-  const double over = config_.selection().has_over_selection() ? config_.selection().over_selection() : 1.3;
+int64_t Coordinator::QuotaFor(const v1::RunConfig& config) {
+  const double over = config.selection().has_over_selection() ? config.selection().over_selection() : 1.3;
+  const int64_t target = TargetFor(config);
   // The small epsilon keeps 10 * 1.3 = 13.000000000000002 from becoming 14.
-  return std::max<int64_t>(Target(), static_cast<int64_t>(std::ceil(static_cast<double>(Target()) * over - 1e-9)));
+  return std::max<int64_t>(target, static_cast<int64_t>(std::ceil(static_cast<double>(target) * over - 1e-9)));
 }
-int64_t Coordinator::MinClients() const {
-  if (config_.selection().has_min_clients()) return std::max<int64_t>(1, config_.selection().min_clients());
-  return CeilDiv(Target(), 2);
+int64_t Coordinator::MinClientsFor(const v1::RunConfig& config) {
+  if (config.selection().has_min_clients()) return std::max<int64_t>(1, config.selection().min_clients());
+  return CeilDiv(TargetFor(config), 2);
+}
+
+absl::Status Coordinator::CheckPrivacy(const v1::RunConfig& config) {
+  FEDLORA_RETURN_IF_ERROR(ValidatePrivacySettings(config));
+  if (config.privacy().secure_aggregation()) FEDLORA_RETURN_IF_ERROR(SecAggEncodingFor(config).status());
+  // The budget check needs no real key.
+  return ServerDp::Create(config, std::string(32, '\0'), {}, MinClientsFor(config), QuotaFor(config)).status();
 }
 
 bool Coordinator::restored() const {

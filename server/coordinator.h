@@ -171,6 +171,11 @@ class Coordinator {
   // Blocks until no aggregation runs (tests; the destructor).
   void WaitForAggregation();
 
+  // Whether the server can carry out the config's privacy settings: they validate
+  // (ValidatePrivacySettings), the secure-aggregation encoding cannot overflow, and a DP budget
+  // affords a round. Server::Create asks before it opens the store.
+  static absl::Status CheckPrivacy(const v1::RunConfig& config);
+
   // --- Introspection (tests, tools) ---------------------------------------------------------------
   bool finished() const;
   // Why the run stopped short of its rounds (stop_on_aggregation_failure); OK while it has not.
@@ -195,9 +200,12 @@ class Coordinator {
   };
 
   int64_t Now() const { return clock_(); }
-  int64_t Quota() const;
-  int64_t Target() const;
-  int64_t MinClients() const;
+  int64_t Quota() const { return QuotaFor(config_); }
+  int64_t Target() const { return TargetFor(config_); }
+  int64_t MinClients() const { return MinClientsFor(config_); }
+  static int64_t QuotaFor(const v1::RunConfig& config);
+  static int64_t TargetFor(const v1::RunConfig& config);
+  static int64_t MinClientsFor(const v1::RunConfig& config);
   bool IsLive(const ClientEntry& c, int64_t now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string TaskIdFor(int64_t round, const std::string& client_id) const;
   uint64_t TaskSeedFor(int64_t round, const std::string& client_id) const;
@@ -241,7 +249,7 @@ class Coordinator {
     uint32_t modulus_bits = 0;
   };
   std::optional<SecAggEncoding> secagg_;
-  absl::StatusOr<SecAggEncoding> SecAggEncodingFor(const v1::RunConfig& config) const;
+  static absl::StatusOr<SecAggEncoding> SecAggEncodingFor(const v1::RunConfig& config);
   // At selection: the round's SecAgg+ parameters over the selected clients.
   absl::Status StartSecAggLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the key steps once every client answered or their time ran out; abandons the round when

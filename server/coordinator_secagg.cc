@@ -41,7 +41,7 @@ v1::SecureAggregationResponse Done(std::string why) {
 
 }  // namespace
 
-absl::StatusOr<Coordinator::SecAggEncoding> Coordinator::SecAggEncodingFor(const v1::RunConfig& config) const {
+absl::StatusOr<Coordinator::SecAggEncoding> Coordinator::SecAggEncodingFor(const v1::RunConfig& config) {
   const v1::DifferentialPrivacyConfig& dp = config.privacy().dp();
   SecAggEncoding e;
   e.clip_norm = dp.enabled() ? dp.clip_norm() : config.aggregation().max_update_norm();
@@ -49,9 +49,9 @@ absl::StatusOr<Coordinator::SecAggEncoding> Coordinator::SecAggEncodingFor(const
   // noise (largest with the fewest clients) gets ten of its standard deviations on top.
   e.range = e.clip_norm;
   if (dp.enabled() && dp.mode() == v1::DifferentialPrivacyConfig::DISTRIBUTED) {
-    e.range += 10.0 * dp.noise_multiplier() * e.clip_norm / std::sqrt(static_cast<double>(MinClients()));
+    e.range += 10.0 * dp.noise_multiplier() * e.clip_norm / std::sqrt(static_cast<double>(MinClientsFor(config)));
   }
-  const double cohort = static_cast<double>(Quota());
+  const double cohort = static_cast<double>(QuotaFor(config));
   if (config.codec().stages_size() == 1 && config.codec().stages(0).id() == v1::CodecStage::QUANT) {
     // QUANT b bits: each client's levels are b-bit signed integers (|level| <= 2^(b-1) - 1 at the
     // range), one power-of-two step for everyone, and the sum of the largest cohort needs
@@ -65,7 +65,7 @@ absl::StatusOr<Coordinator::SecAggEncoding> Coordinator::SecAggEncodingFor(const
     e.frac_bits = static_cast<uint32_t>(std::min(40.0, std::floor(std::log2(levels / e.range))));
     e.modulus_bits = std::min<uint32_t>(64, b + static_cast<uint32_t>(std::ceil(std::log2(std::max(2.0, cohort)))));
     FEDLORA_RETURN_IF_ERROR_CTX(
-        crypto::CheckSecAggFixedPoint(static_cast<uint64_t>(Quota()), e.range, e.frac_bits, e.modulus_bits),
+        crypto::CheckSecAggFixedPoint(static_cast<uint64_t>(QuotaFor(config)), e.range, e.frac_bits, e.modulus_bits),
         "privacy.secure_aggregation's fixed-point encoding");
     return e;
   }
@@ -81,11 +81,11 @@ absl::StatusOr<Coordinator::SecAggEncoding> Coordinator::SecAggEncodingFor(const
     }
   }
   if (e.modulus_bits == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("privacy.secure_aggregation: a sum of ", Quota(),
+    return absl::InvalidArgumentError(absl::StrCat("privacy.secure_aggregation: a sum of ", QuotaFor(config),
                                                    " updates within +-", e.range, " does not fit 64-bit elements"));
   }
   FEDLORA_RETURN_IF_ERROR_CTX(
-      crypto::CheckSecAggFixedPoint(static_cast<uint64_t>(Quota()), e.range, e.frac_bits, e.modulus_bits),
+      crypto::CheckSecAggFixedPoint(static_cast<uint64_t>(QuotaFor(config)), e.range, e.frac_bits, e.modulus_bits),
       "privacy.secure_aggregation's fixed-point encoding");
   return e;
 }

@@ -107,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
   if (std::vector<std::string> refused = UnimplementedSettings(config); !refused.empty()) {
     return absl::UnimplementedError(absl::StrJoin(refused, "; "));
   }
+  FEDLORA_RETURN_IF_ERROR(Coordinator::CheckPrivacy(config));
   std::error_code ec;
   std::filesystem::create_directories(options.data_dir, ec);
   if (ec) {

@@ -76,6 +76,8 @@ TEST(WireTest, FederationServiceHasExactlyTheDocumentedMethods) {
            Streaming::kUnary},
           {"ReportMetrics", "fedlora.v1.MetricsReport", "fedlora.v1.MetricsAck", Streaming::kUnary},
           {"Leave", "fedlora.v1.LeaveRequest", "fedlora.v1.LeaveResponse", Streaming::kUnary},
+          {"SecureAggregation", "fedlora.v1.SecureAggregationRequest", "fedlora.v1.SecureAggregationResponse",
+           Streaming::kUnary},
       });
 }
 
@@ -94,7 +96,7 @@ TEST(WireTest, AdminServiceHasExactlyTheDocumentedMethods) {
 TEST(WireTest, NoServicesBeyondFederationAndAdmin) {
   const DescriptorPool* pool = DescriptorPool::generated_pool();
   int services = 0;
-  for (const char* file : {"fedlora/v1/common.proto", "fedlora/v1/config.proto",
+  for (const char* file : {"fedlora/v1/common.proto", "fedlora/v1/config.proto", "fedlora/v1/secure_aggregation.proto",
                            "fedlora/v1/federation.proto", "fedlora/v1/admin.proto"}) {
     const FileDescriptor* fd = pool->FindFileByName(file);
     ASSERT_NE(fd, nullptr) << file;
@@ -116,11 +118,12 @@ TEST(WireTest, EveryEnumStartsWithUnspecified) {
   std::vector<const EnumDescriptor*> enums;
   for (const FileDescriptor* fd :
        {v1::TensorSpec::descriptor()->file(), v1::RunConfig::descriptor()->file(),
-        v1::JoinRequest::descriptor()->file(), v1::GetStatusRequest::descriptor()->file()}) {
+        v1::SecAggParams::descriptor()->file(), v1::JoinRequest::descriptor()->file(),
+        v1::GetStatusRequest::descriptor()->file()}) {
     for (int i = 0; i < fd->enum_type_count(); ++i) enums.push_back(fd->enum_type(i));
     for (int i = 0; i < fd->message_type_count(); ++i) CollectEnums(fd->message_type(i), &enums);
   }
-  EXPECT_GE(enums.size(), 13u);  // the 13 enums of today; proves the walk found them
+  EXPECT_GE(enums.size(), 14u);  // the 14 enums of today; proves the walk found them
   for (const EnumDescriptor* e : enums) {
     const auto* zero = e->FindValueByNumber(0);
     ASSERT_NE(zero, nullptr) << e->full_name();

@@ -206,13 +206,26 @@ TEST(FederationE2eTest, StrategiesTheServerCannotRunAreRefusedAtStart) {
     EXPECT_FALSE(std::filesystem::exists(dir.path() + "/fedlora.db"));
   }
   // The same for every other setting the server does not carry out.
+  {
+    TempDir dir;
+    v1::RunConfig config = TestRunConfig(1, 1, 1);
+    config.mutable_privacy()->mutable_dp()->set_mode(v1::DifferentialPrivacyConfig::LOCAL);
+    auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter());
+    ASSERT_FALSE(server.ok());
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kUnimplemented) << server.status();
+    EXPECT_NE(server.status().message().find("privacy.dp.mode LOCAL is not implemented yet"), std::string::npos);
+    EXPECT_FALSE(std::filesystem::exists(dir.path() + "/fedlora.db"));
+  }
+  // And for privacy settings the server cannot carry out as given (a config built in code skips
+  // ValidateRunConfig): secure aggregation without a bound on the updates.
   TempDir dir;
-  v1::RunConfig config = TestRunConfig(1, 1, 1);
+  v1::RunConfig config = TestRunConfig(1, 3, 3);
   config.mutable_privacy()->set_secure_aggregation(true);
+  config.mutable_aggregation()->set_weight_by_examples(false);
   auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter());
   ASSERT_FALSE(server.ok());
-  EXPECT_EQ(server.status().code(), absl::StatusCode::kUnimplemented) << server.status();
-  EXPECT_NE(server.status().message().find("privacy.secure_aggregation is not implemented yet"), std::string::npos);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << server.status();
+  EXPECT_NE(server.status().message().find("needs a bound on every update"), std::string::npos) << server.status();
   EXPECT_FALSE(std::filesystem::exists(dir.path() + "/fedlora.db"));
 }
 
