@@ -6,8 +6,11 @@
 
 Each variant is configs/default.json with min_clients 3 (secure aggregation needs 3), equal
 weights (weight_by_examples false: secure aggregation and DP both need them) and:
-  secagg            privacy.secure_aggregation, each update clipped to L2 norm 1
-                    (aggregation.max_update_norm)
+  plain_equal       no privacy setting, aggregation.max_update_norm 50: the same run as `secagg`
+                    without secure aggregation
+  secagg            privacy.secure_aggregation, each update clipped to L2 norm 50
+                    (aggregation.max_update_norm: a bound for the fixed point, far above this
+                    task's update norms, so that nothing is clipped)
   secagg_dp_zZ      privacy.secure_aggregation and DISTRIBUTED DP, clip norm 1, noise multiplier Z,
                     population_size 10 (sampling rate 3/10), delta 1e-5
 Runs `fedlora simulate --mtls` once per variant and seed (mutual TLS, sealed updates, and the
@@ -32,9 +35,9 @@ def variant_config(name, seed):
     c["run_id"] = f"{name}-{seed}"
     c["selection"]["min_clients"] = 3
     c["aggregation"]["weight_by_examples"] = False
-    c.setdefault("privacy", {})["secure_aggregation"] = True
-    if name == "secagg":
-        c["aggregation"]["max_update_norm"] = 1.0
+    c.setdefault("privacy", {})["secure_aggregation"] = name != "plain_equal"
+    if name in ("secagg", "plain_equal"):
+        c["aggregation"]["max_update_norm"] = 50.0
     elif name.startswith("secagg_dp_z"):
         z = float(name[len("secagg_dp_z"):])
         c["privacy"]["dp"] = {"enabled": True, "mode": "DISTRIBUTED", "clip_norm": 1.0, "noise_multiplier": z,
@@ -48,7 +51,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fedlora", default=os.path.join(ROOT, "build/default/tools/fedlora"))
     ap.add_argument("--seeds", default="17,18,19")
-    ap.add_argument("--variants", default="secagg,secagg_dp_z0.5")
+    ap.add_argument("--variants", default="plain_equal,secagg,secagg_dp_z0.5")
     ap.add_argument("--out", default=os.path.join(ROOT, "runs/privacy"))
     args = ap.parse_args()
     rows = []

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build/default}
 ninja -C "$BUILD_DIR" core_sha256_bench kernels_lora_bench compression_codec_bench train_step_bench decoder_step_bench \
-  server_upload_ingest_bench >/dev/null
+  server_upload_ingest_bench crypto_secagg_bench server_secagg_round_bench >/dev/null
 echo "== SHA-256 of each chunk and the whole blob in one pass vs two OpenSSL passes (bench/core)"
 "$BUILD_DIR/bench/core/core_sha256_bench"
 echo "== LoRA linear forward+backward vs OpenBLAS sgemm (bench/kernels)"
@@ -20,3 +20,7 @@ bench/train/bench_decoder_step.sh "$BUILD_DIR"
 echo "== upload ingest vs raw gRPC loopback (bench/server)"
 "$BUILD_DIR/bench/server/server_upload_ingest_bench"
 "$BUILD_DIR/bench/server/server_upload_ingest_bench" 1gb
+echo "== secure aggregation: SecAgg+ steps in process vs a plain sum (bench/crypto)"
+"$BUILD_DIR/bench/crypto/crypto_secagg_bench"
+echo "== secure aggregation: a round through the server vs the same round in plaintext (bench/server)"
+"$BUILD_DIR/bench/server/server_secagg_round_bench"
