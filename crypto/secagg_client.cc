@@ -192,7 +192,11 @@ absl::StatusOr<v1::SecAggShareKeysResponse> SecAggClient::Impl::ShareKeys(const 
   v1::SecAggShareKeysResponse out;
   out.set_client_index(index);
   size_t q = 0;
-  for (const auto& [j, keys] : peers) {
+  for (const auto& peer : peers) {
+    // Named copies, not structured bindings: a lambda below uses them (clang 14 cannot capture
+    // structured bindings).
+    const uint32_t j = peer.first;
+    const auto& keys = peer.second;
     std::string plaintext;
     AppendU32(plaintext, index);
     AppendU32(plaintext, j);
