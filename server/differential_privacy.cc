@@ -109,12 +109,18 @@ absl::StatusOr<DpRound> ServerDp::Release(int64_t round, std::vector<UpdateTenso
   if (dp_.mode() == v1::DifferentialPrivacyConfig::DISTRIBUTED) {
     if (cohort < n) return absl::InvalidArgumentError(absl::StrCat("a cohort of ", cohort, " cannot have ", n, " survivors"));
     r.noise_multiplier *= std::sqrt(static_cast<double>(n) / static_cast<double>(cohort));
-    privacy::RdpAccountant after = accountant_;
-    FEDLORA_RETURN_IF_ERROR(after.AddSteps(r.noise_multiplier, r.sampling_rate, 1));
-    FEDLORA_ASSIGN_OR_RETURN(privacy::PrivacySpent spent, after.GetEpsilon(target_delta()));
-    r.epsilon = spent.epsilon;
-    return r;
+  } else {
+    FEDLORA_RETURN_IF_ERROR(AddServerNoise(round, mean, n, unclipped, r));
   }
+  privacy::RdpAccountant after = accountant_;
+  FEDLORA_RETURN_IF_ERROR(after.AddSteps(r.noise_multiplier, r.sampling_rate, 1));
+  FEDLORA_ASSIGN_OR_RETURN(privacy::PrivacySpent spent, after.GetEpsilon(target_delta()));
+  r.epsilon = spent.epsilon;
+  return r;
+}
+
+absl::Status ServerDp::AddServerNoise(int64_t round, std::vector<UpdateTensor>& mean, int64_t n, int64_t unclipped,
+                                      DpRound& r) const {
   // Two streams per round: the update's noise and the count's.
   const uint64_t stream = static_cast<uint64_t>(round) * 2;
   const double sigma = UpdateNoiseMultiplier() * clip_norm_ / static_cast<double>(n);  // on the mean
@@ -134,11 +140,7 @@ absl::StatusOr<DpRound> ServerDp::Release(int64_t round, std::vector<UpdateTenso
     r.unclipped_fraction = fraction;
     r.next_clip_norm = clip_norm_ * std::exp(-ac.learning_rate() * (fraction - ac.target_quantile()));
   }
-  privacy::RdpAccountant after = accountant_;
-  FEDLORA_RETURN_IF_ERROR(after.AddSteps(r.noise_multiplier, r.sampling_rate, 1));
-  FEDLORA_ASSIGN_OR_RETURN(privacy::PrivacySpent spent, after.GetEpsilon(target_delta()));
-  r.epsilon = spent.epsilon;
-  return r;
+  return absl::OkStatus();
 }
 
 absl::Status ServerDp::Commit(const DpRound& r) {

@@ -84,6 +84,9 @@ class ServerDp {
  private:
   ServerDp(const v1::RunConfig& config, std::string noise_key);
   double UpdateNoiseMultiplier() const;
+  // CENTRAL: the noise on `mean` and, with adaptive clipping, the noisy count and next clip norm.
+  absl::Status AddServerNoise(int64_t round, std::vector<UpdateTensor>& mean, int64_t n, int64_t unclipped,
+                              DpRound& r) const;
 
   v1::DifferentialPrivacyConfig dp_;
   std::string noise_key_;
