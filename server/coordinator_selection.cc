@@ -320,11 +320,11 @@ absl::Status Coordinator::MaybeCloseRoundLocked() {
   if (round_ == nullptr || round_->state != RoundState::kTraining) return absl::OkStatus();
   RoundInfo& r = *round_;
   const int64_t accepted = static_cast<int64_t>(r.accepted.size());
-  // With secure aggregation only the clients that shared their keys can upload.
-  const int64_t target = r.secagg == nullptr ? Target()
-                         : r.secagg->phase == SecAggRound::Phase::kMaskedInput
-                             ? std::min<int64_t>(Target(), static_cast<int64_t>(r.secagg->u2.size()))
-                             : Target();
+  int64_t target = Target();
+  if (r.secagg != nullptr && r.secagg->phase == SecAggRound::Phase::kMaskedInput) {
+    // Only the clients that shared their keys can upload.
+    target = std::min<int64_t>(target, static_cast<int64_t>(r.secagg->u2.size()));
+  }
   const bool target_met = accepted >= target;
   const bool deadline_passed = Now() >= r.deadline_ms;
   DurabilityTicket ticket;
