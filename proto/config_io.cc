@@ -375,7 +375,7 @@ void ValidatePrivacy(Problems& p, const RunConfig& c) {
     // Settings of a switched-off feature would be silently ignored: refuse them.
     const bool any = dp.mode() != DifferentialPrivacyConfig::MODE_UNSPECIFIED || dp.has_clip_norm() ||
                      dp.has_noise_multiplier() || dp.has_target_delta() || dp.has_max_epsilon() ||
-                     dp.has_population_size() || c.privacy().dp().has_adaptive_clipping();
+                     dp.has_population_size() || dp.has_adaptive_clipping();
     if (any) p.Add("privacy.dp settings are given but privacy.dp.enabled is false: enable it or remove them");
     return;
   }
@@ -692,8 +692,8 @@ void ApplyRunConfigDefaults(RunConfig* c) {
     auto* dp = c->mutable_privacy()->mutable_dp();
     if (dp->mode() == DifferentialPrivacyConfig::MODE_UNSPECIFIED) dp->set_mode(DifferentialPrivacyConfig::CENTRAL);
     if (!dp->has_target_delta()) dp->set_target_delta(1e-5);
-    auto* ac = dp->mutable_adaptive_clipping();
-    if (ac->enabled()) {
+    if (dp->adaptive_clipping().enabled()) {
+      auto* ac = dp->mutable_adaptive_clipping();
       if (!ac->has_target_quantile()) ac->set_target_quantile(0.5);
       if (!ac->has_learning_rate()) ac->set_learning_rate(0.2);
       if (!ac->has_count_noise_stddev() && dp->has_noise_multiplier()) {
