@@ -561,6 +561,15 @@ void ValidateServer(Problems& p, const v1::ServerConfig& s) {
     p.Bad("server.metrics_address", Quoted(s.metrics_address()),
           "must be host:port with an explicit host (IPv6 in brackets) and a port 0-65535");
   }
+  if (!s.health_address().empty()) {
+    if (!SplitHostPort(s.health_address(), &host, &port)) {
+      p.Bad("server.health_address", Quoted(s.health_address()),
+            "must be host:port with an explicit host (IPv6 in brackets) and a port 0-65535");
+    } else if (port != 0 && (s.health_address() == s.listen_address() || s.health_address() == s.metrics_address())) {
+      p.Bad("server.health_address", Quoted(s.health_address()),
+            "must differ from server.listen_address and server.metrics_address");
+    }
+  }
   if (s.max_client_bytes_per_round() < s.max_update_bytes()) {
     p.Bad("server.max_client_bytes_per_round", s.max_client_bytes_per_round(),
           absl::StrCat("is less than server.max_update_bytes (", s.max_update_bytes(), "): no update could arrive"));

@@ -41,6 +41,10 @@ struct ServerOptions {
   // host:port of the Prometheus text endpoint (HTTP/1.0 GET /metrics). Empty disables it. Port 0
   // picks a free port; Server::metrics_port() tells which.
   std::string metrics_address = "127.0.0.1:0";
+  // host:port of a plaintext port serving only grpc.health.v1.Health, with the same statuses as
+  // listen_address (ServerConfig.health_address): for probes without a client certificate, such
+  // as Kubernetes' gRPC probes. Empty (the default) opens no such port; port 0 picks a free one.
+  std::string health_address;
   // Directory holding the SQLite store and the blob files. Created when missing.
   std::string data_dir;
   ServerTlsOptions tls;

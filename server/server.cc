@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
@@ -25,6 +26,7 @@ ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config) {
   const v1::ServerConfig& s = config.server();
   o.listen_address = s.listen_address().empty() ? kDefaultListenAddress : s.listen_address();
   o.metrics_address = s.metrics_address();
+  o.health_address = s.health_address();
   o.data_dir = s.store_dir().empty() ? "fedlora_store" : s.store_dir();
   o.tls.cert_file = s.tls().cert_file();
   o.tls.key_file = s.tls().key_file();
@@ -54,6 +56,21 @@ ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config) {
 }
 
 namespace {
+
+// The health port's catch-all: every method but grpc.health.v1's (registered by gRPC itself, and
+// matched first) is UNIMPLEMENTED. Registering it also gives that server the callback queue the
+// default health service runs on.
+class HealthPortOthers : public grpc::CallbackGenericService {
+ public:
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
+    class Refuse : public grpc::ServerGenericBidiReactor {
+     public:
+      Refuse() { Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this port serves grpc.health.v1.Health only")); }
+      void OnDone() override { delete this; }
+    };
+    return new Refuse;
+  }
+};
 
 absl::Status ValidateOptions(const ServerOptions& o) {
   if (o.data_dir.empty()) return absl::InvalidArgumentError("ServerOptions.data_dir is empty");
@@ -153,14 +170,23 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen_address, " (address in use or invalid)"));
   }
-  // Health answers for the whole server ("") and for each service by its full name; every name
-  // says NOT_SERVING until the run is restored, and again from the moment Shutdown begins.
-  grpc::HealthCheckServiceInterface* health = server->grpc_server_->GetHealthCheckService();
-  if (health != nullptr) {
-    for (const char* name : {"", v1::Federation::service_full_name(), v1::Admin::service_full_name()}) {
-      health->SetServingStatus(name, false);
+  if (!o.health_address.empty()) {
+    // Plaintext on purpose: it serves the health statuses and nothing else.
+    grpc::ServerBuilder health_builder;
+    server->health_others_ = std::make_unique<HealthPortOthers>();
+    health_builder.RegisterCallbackGenericService(server->health_others_.get());
+    health_builder.AddListeningPort(o.health_address, grpc::InsecureServerCredentials(), &server->health_port_);
+    health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    server->health_server_ = health_builder.BuildAndStart();
+    if (server->health_server_ == nullptr || server->health_port_ == 0 ||
+        server->health_server_->GetHealthCheckService() == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve health on ", o.health_address, " (address in use or invalid)"));
     }
   }
+  // Health answers for the whole server ("") and for each service by its full name; every name
+  // says NOT_SERVING until the run is restored, and again from the moment Shutdown begins.
+  server->SetServing(false);
 
   if (!o.metrics_address.empty()) {
     Server* s = server.get();
@@ -170,7 +196,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
   // Restore before serving: until this returns, every Federation/Admin call answers Unavailable and
   // the health service NOT_SERVING.
   FEDLORA_RETURN_IF_ERROR_CTX(server->coordinator_->Restore(), "restoring the run from the store");
-  if (health != nullptr) health->SetServingStatus(true);  // every name registered above
+  server->SetServing(true);
   server->driver_ = std::thread([s = server.get()] { s->DriverLoop(); });
   FEDLORA_LOG(INFO) << "server listening on port " << server->port_
                     << (o.tls.enabled() ? " (mTLS)" : " (plaintext, loopback identity)");
@@ -187,6 +213,16 @@ std::string Server::MetricsText() {
 absl::Status Server::ReloadCrl() {
   if (tls_ == nullptr) return absl::FailedPreconditionError("the server runs without TLS: there is no CRL to reload");
   return tls_->ReloadCrl();
+}
+
+void Server::SetServing(bool serving) {
+  for (grpc::Server* g : {grpc_server_.get(), health_server_.get()}) {
+    grpc::HealthCheckServiceInterface* health = g != nullptr ? g->GetHealthCheckService() : nullptr;
+    if (health == nullptr) continue;
+    for (const char* name : {"", v1::Federation::service_full_name(), v1::Admin::service_full_name()}) {
+      health->SetServingStatus(name, serving);
+    }
+  }
 }
 
 int Server::metrics_port() const { return metrics_http_ ? metrics_http_->port() : 0; }
@@ -226,8 +262,9 @@ void Server::Shutdown() {
   if (shut_down_.exchange(true)) return;
   // NOT_SERVING for every name at once (open Watch streams are told), and no later change: probes
   // see the server going before it stops answering.
-  if (grpc_server_) {
-    if (grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService()) health->Shutdown();
+  for (grpc::Server* g : {grpc_server_.get(), health_server_.get()}) {
+    if (g == nullptr) continue;
+    if (grpc::HealthCheckServiceInterface* health = g->GetHealthCheckService()) health->Shutdown();
   }
   {
     std::lock_guard<std::mutex> lock(driver_mu_);
@@ -239,6 +276,10 @@ void Server::Shutdown() {
   if (grpc_server_) {
     grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     grpc_server_->Wait();
+  }
+  if (health_server_) {
+    health_server_->Shutdown(std::chrono::system_clock::now());
+    health_server_->Wait();
   }
   metrics_http_.reset();
 }

@@ -2,7 +2,8 @@
 // Prometheus endpoint and the round driver, and restores the run before serving anything but health
 // checks. Health (grpc.health.v1.Health) answers for "" (the whole server), "fedlora.v1.Federation"
 // and "fedlora.v1.Admin": NOT_SERVING until the run is restored, SERVING after, NOT_SERVING again
-// from the moment Shutdown begins; any other name is NOT_FOUND.
+// from the moment Shutdown begins; any other name is NOT_FOUND. ServerOptions::health_address adds
+// a plaintext port that serves only these statuses.
 //
 //   FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadRunConfigFile("run.json"));
 //   ServerOptions options = ServerOptionsFromRunConfig(config);
@@ -30,6 +31,7 @@
 
 namespace grpc {
 class Server;
+class CallbackGenericService;
 }
 namespace fedlora::crypto {
 class ServerTls;
@@ -57,8 +59,9 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  // The bound gRPC port and metrics port (0 when the endpoint is disabled).
+  // The bound gRPC port, health port and metrics port (0 when that endpoint is disabled).
   int port() const { return port_; }
+  int health_port() const { return health_port_; }
   int metrics_port() const;
   std::string address() const;
 
@@ -85,6 +88,8 @@ class Server {
  private:
   Server() = default;
   void DriverLoop();
+  // Sets every health name of both gRPC servers (the main one and the health port's).
+  void SetServing(bool serving);
 
   ServerOptions options_;
   ServerMetrics metrics_;
@@ -95,8 +100,11 @@ class Server {
   std::unique_ptr<AdminService> admin_;
   std::shared_ptr<crypto::ServerTls> tls_;  // null without TLS
   std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<grpc::CallbackGenericService> health_others_;  // outlives health_server_
+  std::unique_ptr<grpc::Server> health_server_;  // null without ServerOptions::health_address
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   int port_ = 0;
+  int health_port_ = 0;
 
   std::mutex driver_mu_;
   std::condition_variable driver_cv_;

@@ -2,6 +2,7 @@
 //
 //   fedlora server --config run.json --cert server.pem --key server.key --client-ca ca.pem [--crl crl.pem]
 //   fedlora server --config run.json --insecure          # plaintext, loopback addresses only
+//   fedlora server ... --health-listen 0.0.0.0:8081      # a plaintext port for health probes only
 //
 // The initial global adapter is the model's freshly initialised LoRA matrices and classifier (PEFT's
 // initialisation, seeded by the run's seed), so every restart of a new run starts from the same
@@ -201,7 +202,7 @@ absl::Status LoadDecoderRun(const v1::RunConfig& config, std::vector<UpdateTenso
 }
 
 struct ServeFlags {
-  std::string config_path, listen, store, cert, key, client_ca, crl;
+  std::string config_path, listen, health_listen, metrics_listen, store, cert, key, client_ca, crl;
   bool insecure = false;
   int64_t linger_seconds = 30;
 };
@@ -213,6 +214,8 @@ absl::Status Serve(const ServeFlags& f) {
   FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadRunConfigFile(f.config_path, [&f](v1::RunConfig* c) {
                              v1::ServerConfig* s = c->mutable_server();
                              if (!f.listen.empty()) s->set_listen_address(f.listen);
+                             if (!f.health_listen.empty()) s->set_health_address(f.health_listen);
+                             if (!f.metrics_listen.empty()) s->set_metrics_address(f.metrics_listen);
                              if (!f.store.empty()) s->set_store_dir(f.store);
                              if (f.insecure) s->set_insecure(true);
                              if (!f.cert.empty()) s->mutable_tls()->set_cert_file(f.cert);
@@ -247,6 +250,7 @@ absl::Status Serve(const ServeFlags& f) {
   }
   FEDLORA_ASSIGN_OR_RETURN(auto server, Server::Create(options, config, std::move(initial), evaluator.get()));
   std::cout << "listening on " << server->address();
+  if (server->health_port() != 0) std::cout << " (health on port " << server->health_port() << ")";
   if (server->metrics_port() != 0) std::cout << " (metrics on port " << server->metrics_port() << ")";
   std::cout << std::endl;
 
@@ -305,6 +309,10 @@ int RunServer(int argc, char** argv) {
   ServeFlags f;
   flags.AddString("config", &f.config_path, "run config (JSON, see proto/fedlora/v1/config.proto)", /*required=*/true);
   flags.AddString("listen", &f.listen, "host:port to listen on (overrides server.listen_address)");
+  flags.AddString("health-listen", &f.health_listen,
+                  "host:port of a plaintext port serving only gRPC health (overrides server.health_address)");
+  flags.AddString("metrics-listen", &f.metrics_listen,
+                  "host:port of the Prometheus endpoint (overrides server.metrics_address)");
   flags.AddString("store", &f.store, "store directory (overrides server.store_dir)");
   flags.AddString("cert", &f.cert, "PEM server certificate chain (overrides server.tls.cert_file)");
   flags.AddString("key", &f.key, "PEM key of --cert (overrides server.tls.key_file)");

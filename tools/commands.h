@@ -22,6 +22,7 @@ int RunSimulate(int argc, char** argv);
 int RunServer(int argc, char** argv);
 int RunClient(int argc, char** argv);
 int RunStatus(int argc, char** argv);
+int RunHealth(int argc, char** argv);
 int RunCerts(int argc, char** argv);
 
 }  // namespace fedlora::tools

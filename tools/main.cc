@@ -31,6 +31,7 @@ constexpr Subcommand kSubcommands[] = {
     {"server", "run the aggregation server for a run config", RunServer, PrepareServerSignals},
     {"client", "join a federation and train LoRA adapters on local data", RunClient},
     {"status", "print a running server's status as JSON", RunStatus},
+    {"health", "ask a server's gRPC health service whether it serves (exit 0 if so)", RunHealth},
     {"certs", "make a development CA, server and client certificates, and CRLs", RunCerts},
 };
 

@@ -891,6 +891,14 @@ const std::vector<ValidationCase>& Cases() {
        "server.max_client_reports_per_round (0)"},
       {"MetricsAddressBad", [](RunConfig& c) { c.mutable_server()->set_metrics_address("9464"); },
        "server.metrics_address (\"9464\")"},
+      {"HealthAddressBad", [](RunConfig& c) { c.mutable_server()->set_health_address("0.0.0.0"); },
+       "server.health_address (\"0.0.0.0\") must be host:port"},
+      {"HealthAddressIsTheListenAddress",
+       [](RunConfig& c) {
+         c.mutable_server()->set_listen_address("127.0.0.1:50051");
+         c.mutable_server()->set_health_address("127.0.0.1:50051");
+       },
+       "server.health_address (\"127.0.0.1:50051\") must differ from server.listen_address"},
       {"SimNoClients", [](RunConfig& c) { c.mutable_simulation()->set_num_clients(0); },
        "simulation.num_clients (0)"},
       {"SimByKeyWithoutField",

@@ -3,6 +3,8 @@
 // corpus (the built-in trainer), and `fedlora status`. And a CAUSAL_LM federation of the real 4-bit
 // SmolLM2 (plaintext on loopback): the server's perplexity evaluator and the clients' decoder
 // trainer. Skips when the model or data have not been fetched (scripts/setup.sh).
+#include <sys/wait.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -10,6 +12,7 @@
 #include <iterator>
 #include <regex>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "gmock/gmock.h"
@@ -38,8 +41,18 @@ void CopyLines(const std::string& from, const std::string& to, int first, int co
   }
 }
 
-// Starts `command` (a `fedlora server`) and reads the address from its first line.
-FILE* StartServer(const std::string& command, std::string* address) {
+// Runs `command` and returns its exit code and stdout.
+std::pair<int, std::string> RunCommand(const std::string& command) {
+  FILE* f = popen(command.c_str(), "r");
+  if (f == nullptr) return {-1, ""};
+  std::string out = ReadAll(f);
+  const int status = pclose(f);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Starts `command` (a `fedlora server`) and reads the address (and the health port, when it
+// prints one) from its first line.
+FILE* StartServer(const std::string& command, std::string* address, std::string* health_port = nullptr) {
   FILE* server = popen(command.c_str(), "r");
   if (server == nullptr) return nullptr;
   char line[256] = {};
@@ -53,6 +66,9 @@ FILE* StartServer(const std::string& command, std::string* address) {
     *address = m.str();
   } else {
     ADD_FAILURE() << first;
+  }
+  if (health_port != nullptr && std::regex_search(first, m, std::regex("health on port ([0-9]+)"))) {
+    *health_port = m.str(1);
   }
   return server;
 }
@@ -109,13 +125,28 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
             0)
       << std::ifstream(d + "certs.out").rdbuf();
   const std::string pki = d + "certs/";
-  std::string address;
+  std::string address, health_port;
   FILE* server = StartServer(bin + " server --config " + d + "run.json --cert " + pki + "server.pem --key " + pki +
-                                 "server.key --client-ca " + pki + "ca.pem --linger-seconds 4 2>" + d + "server.err",
-                             &address);
+                                 "server.key --client-ca " + pki + "ca.pem --health-listen 127.0.0.1:0" +
+                                 " --linger-seconds 4 2>" + d + "server.err",
+                             &address, &health_port);
   ASSERT_NE(server, nullptr);
   ASSERT_FALSE(address.empty());
+  ASSERT_FALSE(health_port.empty());
   std::smatch m;
+
+  // `fedlora health`: over the plaintext health port, and over mTLS on the federation port.
+  auto [health_rc, health_out] = RunCommand(bin + " health --insecure --server 127.0.0.1:" + health_port);
+  EXPECT_EQ(health_rc, 0) << health_out;
+  EXPECT_EQ(health_out, "SERVING\n");
+  std::tie(health_rc, health_out) =
+      RunCommand(bin + " health --server " + address + " --service fedlora.v1.Federation --ca " + pki +
+                 "ca.pem --cert " + pki + "site-a.pem --key " + pki + "site-a.key");
+  EXPECT_EQ(health_rc, 0) << health_out;
+  EXPECT_EQ(health_out, "SERVING\n");
+  // The federation port without a client certificate: the handshake fails, and the probe says so.
+  std::tie(health_rc, health_out) = RunCommand(bin + " health --server " + address + " --insecure 2>&1");
+  EXPECT_EQ(health_rc, 1) << health_out;
 
   auto client_cmd = [&](const std::string& id) {
     return bin + " client --server " + address + " --model " + model + " --data " + d + id + ".jsonl --ca " + pki +
@@ -136,6 +167,10 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
 
   const std::string server_out = ReadAll(server);
   EXPECT_EQ(pclose(server), 0) << server_out;
+  // Gone: the probe fails.
+  std::tie(health_rc, health_out) =
+      RunCommand(bin + " health --insecure --server 127.0.0.1:" + health_port + " --deadline-ms 2000 2>&1");
+  EXPECT_EQ(health_rc, 1) << health_out;
   ASSERT_TRUE(std::regex_search(server_out, m, std::regex("2 rounds committed, adapter ([0-9a-f]{64})"))) << server_out;
   const std::string final_sha = m.str(1);
   for (const std::string* out : {&out_a, &out_b}) {

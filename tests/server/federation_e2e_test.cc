@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "client/health_check.h"
 #include "server/server.h"
 #include "tests/server/federation_test_util.h"
 
@@ -176,6 +177,54 @@ TEST(FederationE2eTest, HealthServiceReportsServingAfterRestore) {
   std::string bytes;
   for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+}
+
+// ServerOptions::health_address: a plaintext port that answers grpc.health.v1 with the main port's
+// statuses, serves no other RPC, and closes with the server.
+TEST(FederationE2eTest, HealthPortMirrorsTheServerAndServesNothingElse) {
+  TempDir dir;
+  ServerOptions o = TestServerOptions(dir.path());
+  o.health_address = "127.0.0.1:0";
+  auto server = Server::Create(o, TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_NE((*server)->health_port(), 0);
+  ASSERT_NE((*server)->health_port(), (*server)->port());
+  auto health = grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->health_port()),
+                                    grpc::InsecureChannelCredentials());
+  for (const char* name : {"", "fedlora.v1.Federation", "fedlora.v1.Admin"}) {
+    auto status = CheckHealth(health, name, 5000);
+    ASSERT_TRUE(status.ok()) << name << ": " << status.status();
+    EXPECT_EQ(*status, HealthStatus::kServing) << name;
+  }
+  auto unknown = CheckHealth(health, "fedlora.v1.Nope", 5000);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound) << unknown.status();
+  // The main port agrees.
+  auto main_port = CheckHealth(grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials()), "", 5000);
+  ASSERT_TRUE(main_port.ok()) << main_port.status();
+  EXPECT_EQ(*main_port, HealthStatus::kServing);
+  // Nothing but health: a Federation call on the health port is UNIMPLEMENTED.
+  auto stub = v1::Federation::NewStub(health);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::HeartbeatResponse response;
+  EXPECT_EQ(stub->Heartbeat(&ctx, v1::HeartbeatRequest(), &response).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+
+  (*server)->Shutdown();
+  auto gone = CheckHealth(health, "", 2000);
+  EXPECT_FALSE(gone.ok() && *gone == HealthStatus::kServing);
+}
+
+TEST(FederationE2eTest, HealthAddressInUseIsUnavailable) {
+  TempDir dir1;
+  TempDir dir2;
+  auto first = Server::Create(TestServerOptions(dir1.path()), TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  ASSERT_TRUE(first.ok()) << first.status();
+  ServerOptions o = TestServerOptions(dir2.path());
+  o.health_address = (*first)->address();
+  auto second = Server::Create(o, TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable) << second.status();
+  EXPECT_THAT(second.status().message(), ::testing::HasSubstr("cannot serve health"));
 }
 
 TEST(FederationE2eTest, ListenAddressInUseIsUnavailable) {
