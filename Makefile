@@ -2,11 +2,13 @@
 #   make run    set up, build, and run the main job
 #   make test   set up, build, and run every test
 # Other targets: setup, build, asan (unit tests under ASan+UBSan), bench, fuzz (each libFuzzer
-# harness for minutes; fuzz-ci: seconds), chaos (the SIGKILL chaos run, long), load (the load test).
+# harness for minutes; fuzz-ci: seconds), chaos (the SIGKILL chaos run, long), load (the load test),
+# deploy-test (the container images and the compose federation, docs/deploy.md; deploy-ci: the
+# short version CI runs, plus the Kubernetes manifests' validation).
 PRESET ?= default
 BUILD_DIR := build/$(PRESET)
 
-.PHONY: run test setup setup-tests build asan bench fuzz fuzz-ci chaos load clean
+.PHONY: run test setup setup-tests build asan bench fuzz fuzz-ci chaos load deploy-test deploy-ci clean
 
 run: setup build
 	scripts/main_job.sh $(BUILD_DIR)
@@ -43,6 +45,16 @@ chaos: setup build
 
 load: setup build
 	scripts/load_test.sh $(BUILD_DIR)
+
+deploy-test:
+	scripts/setup.sh --deploy
+	scripts/deploy.sh validate
+	scripts/deploy.sh test
+
+deploy-ci:
+	scripts/setup.sh --deploy
+	scripts/deploy.sh validate
+	scripts/deploy.sh test --short
 
 clean:
 	rm -rf build

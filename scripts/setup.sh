@@ -6,6 +6,7 @@
 #   scripts/setup.sh --system   # system packages only
 #   scripts/setup.sh --tests    # what the tests need: the above, since the reference tests run on
 #                               # the real default model and corpus too
+#   scripts/setup.sh --deploy   # system packages, podman and the manifest validator, model and data
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -24,9 +25,9 @@ APT_PACKAGES=(
   clang libclang-rt-14-dev
 )
 
-install_system() {
+install_packages() {
   local missing=()
-  for p in "${APT_PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if ((${#missing[@]})); then
@@ -37,6 +38,7 @@ install_system() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
   fi
 }
+install_system() { install_packages "${APT_PACKAGES[@]}"; }
 
 # Python tools for the reference tests, in a venv over Debian's python3 (which has torch, numpy
 # and scikit-learn from Debian): scripts/requirements-tests.txt, versions and hashes pinned,
@@ -125,9 +127,33 @@ fetch_data() {
   fi
 }
 
+# Containers and the Kubernetes manifests' validator (scripts/deploy.sh, docs/deploy.md): podman
+# with runc and the DNS plugin that lets compose services find each other by name, podman-compose,
+# debootstrap for a local base image; kubernetes-validate (pinned, hashed) in .venv-deploy over
+# Debian's PyYAML and jsonschema.
+DEPLOY_PACKAGES=(
+  podman podman-compose runc debootstrap golang-github-containernetworking-plugin-dnsname
+  python3-jsonschema python3-yaml
+)
+install_deploy() {
+  install_packages "${DEPLOY_PACKAGES[@]}"
+  if [[ ! -x .venv-deploy/bin/python ]]; then
+    /usr/bin/python3 -m venv --system-site-packages .venv-deploy
+  fi
+  local want
+  want=$(sha256sum scripts/requirements-deploy.txt | cut -d' ' -f1)
+  if [[ $(cat .venv-deploy/.fedlora-requirements 2>/dev/null) != "$want" ]]; then
+    echo "setup: installing the deployment checks' Python packages into .venv-deploy"
+    .venv-deploy/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes \
+      -r scripts/requirements-deploy.txt
+    echo "$want" > .venv-deploy/.fedlora-requirements
+  fi
+}
+
 case "$WHAT" in
   --system) install_system ;;
   --tests) install_system; install_test_python; fetch_model; fetch_smollm2; fetch_data ;;
   --all) install_system; install_test_python; fetch_model; fetch_smollm2; fetch_data ;;
-  *) echo "usage: scripts/setup.sh [--all|--system|--tests]" >&2; exit 2 ;;
+  --deploy) install_system; install_deploy; fetch_model; fetch_data ;;
+  *) echo "usage: scripts/setup.sh [--all|--system|--tests|--deploy]" >&2; exit 2 ;;
 esac

@@ -914,6 +914,37 @@ const std::vector<ValidationCase>& Cases() {
 INSTANTIATE_TEST_SUITE_P(AllRules, ValidationTest, ::testing::ValuesIn(Cases()),
                          [](const auto& info) { return info.param.name; });
 
+// Every config the repository ships loads and validates: configs/, the compose federation's, and
+// the one embedded in the Kubernetes ConfigMap (the block under "run.json: |").
+TEST(ConfigIoTest, ShippedConfigsValidate) {
+  std::vector<std::string> files = {"/deploy/compose/run.json"};
+  for (const auto& entry : std::filesystem::directory_iterator(SourceDir() + "/configs")) {
+    if (entry.path().extension() == ".json") files.push_back("/configs/" + entry.path().filename().string());
+  }
+  ASSERT_GE(files.size(), 5u);
+  for (const std::string& f : files) {
+    auto loaded = fedlora::LoadRunConfigFile(SourceDir() + f);
+    EXPECT_TRUE(loaded.ok()) << f << ": " << loaded.status();
+  }
+  std::ifstream configmap(SourceDir() + "/deploy/k8s/configmap.yaml");
+  ASSERT_TRUE(configmap.good());
+  std::string line, json;
+  bool in_block = false;
+  while (std::getline(configmap, line)) {
+    if (line == "  run.json: |") {
+      in_block = true;
+    } else if (in_block) {
+      if (!line.empty() && !line.starts_with("    ")) break;
+      json += line.empty() ? "" : line.substr(4);
+      json += "\n";
+    }
+  }
+  ASSERT_FALSE(json.empty()) << "no run.json block in deploy/k8s/configmap.yaml";
+  auto k8s = fedlora::ParseRunConfigJson(json);
+  ASSERT_TRUE(k8s.ok()) << k8s.status();
+  EXPECT_EQ(k8s->server().health_address(), "0.0.0.0:8081");  // the probes' port
+}
+
 TEST(ConfigIoTest, ListenAddressesThatAreAccepted) {
   for (const char* address : {"127.0.0.1:50051", "127.0.0.1:0", "127.3.2.1:1", "localhost:8080",
                               "LOCALHOST:8080", "[::1]:50051"}) {

@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# fedlora's containers, built and run with podman (docs/deploy.md).
+#
+#   scripts/deploy.sh base            # a local Debian 12 base image (debootstrap), when no registry
+#                                     # can be reached: localhost/fedlora-base:bookworm
+#   scripts/deploy.sh images          # the server and client images (deploy/Dockerfile), and sizes
+#   scripts/deploy.sh test            # images, then the compose federation over mTLS to the end of
+#                                     # its run, the server SIGKILLed once mid-run (it resumes from
+#                                     # its volume); removes what it made
+#   scripts/deploy.sh test --short    # images, then the server alone: health check, mTLS health
+#   scripts/deploy.sh validate        # the Kubernetes manifests against the API schema
+#   scripts/deploy.sh k8s-secrets DIR # Secret manifests from a `fedlora certs dev` directory
+#   scripts/deploy.sh clean [--all]   # removes the images (--all: the local base too)
+#
+# The tests remove the containers, volumes and network they made, and keep the images (and the
+# builder's layers and ccache) so that the next build takes seconds.
+#
+# BASE (default: the local base above; debian:bookworm-slim where a registry answers) is the image
+# both stages build on. Needs podman, podman-compose and debootstrap (scripts/setup.sh --deploy).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VERB=${1:-}
+shift || true
+
+export CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/deploy/podman/containers.conf}
+BASE=${BASE:-localhost/fedlora-base:bookworm}
+SERVER_IMAGE=localhost/fedlora-server:latest
+CLIENT_IMAGE=localhost/fedlora-client:latest
+PROJECT=fedlora-test
+OUT=${OUT:-build/deploy}
+mkdir -p "$OUT"
+
+log() { echo "deploy: $*" >&2; }
+die() { log "$*"; exit 1; }
+
+make_base() {
+  if [[ $BASE != localhost/fedlora-base:bookworm ]] || podman image exists "$BASE"; then return; fi
+  log "making $BASE with debootstrap (minbase, bookworm)"
+  local rootfs
+  rootfs=$(mktemp -d)
+  debootstrap --variant=minbase bookworm "$rootfs" http://deb.debian.org/debian > "$OUT/debootstrap.log" 2>&1 \
+    || { rm -rf "$rootfs"; die "debootstrap failed: $OUT/debootstrap.log"; }
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+  tar -C "$rootfs" -c . | podman import - "$BASE" > /dev/null
+  rm -rf "$rootfs"
+}
+
+build_images() {
+  make_base
+  local t0=$SECONDS
+  for target in server client; do
+    local image=$SERVER_IMAGE
+    [[ $target == client ]] && image=$CLIENT_IMAGE
+    log "building $image (deploy/Dockerfile --target $target)"
+    # Docker format: OCI images drop HEALTHCHECK.
+    podman build --network host --isolation chroot --format docker --build-arg "BASE=$BASE" \
+      -f deploy/Dockerfile --target "$target" -t "$image" . > "$OUT/build-$target.log" 2>&1 \
+      || { tail -n 30 "$OUT/build-$target.log" >&2; die "image build failed: $OUT/build-$target.log"; }
+  done
+  log "images built in $((SECONDS - t0)) s"
+  podman images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'fedlora-(server|client)|fedlora-base' >&2
+}
+
+compose() { podman-compose -p "$PROJECT" -f deploy/compose.yaml "$@"; }
+
+# Waits up to $2 seconds for the server container's log to match the regex $1.
+wait_for_log() {
+  local pattern=$1 timeout=$2 until=$((SECONDS + $2))
+  while ((SECONDS < until)); do
+    if podman logs "${PROJECT}_server_1" 2>&1 | grep -Eq "$pattern"; then return 0; fi
+    sleep 2
+  done
+  podman logs "${PROJECT}_server_1" 2>&1 | tail -n 30 >&2
+  die "no '$pattern' in the server's log after $timeout s"
+}
+
+cleanup_compose() {
+  # Containers first, with their anonymous volumes (the images' VOLUME), then the named ones.
+  podman ps -a -q --filter "label=io.podman.compose.project=$PROJECT" | xargs -r podman rm -f -v > /dev/null 2>&1 || true
+  compose down -v > /dev/null 2>&1 || true
+  local v
+  for v in federation store site-a site-b; do podman volume rm -f "${PROJECT}_$v" > /dev/null 2>&1 || true; done
+  podman network rm -f "${PROJECT}_default" > /dev/null 2>&1 || true
+}
+
+check_prerequisites() {
+  for f in models/all-MiniLM-L6-v2/model.safetensors data/fortunes/train.jsonl data/fortunes/test.jsonl; do
+    [[ -f $f ]] || die "$f is missing; run scripts/setup.sh first"
+  done
+}
+
+# The whole federation: setup, server and two sites; the server killed after round 1.
+test_full() {
+  check_prerequisites
+  build_images
+  cleanup_compose
+  trap cleanup_compose EXIT
+  local t0=$SECONDS
+  FEDLORA_SERVER_IMAGE=$SERVER_IMAGE FEDLORA_CLIENT_IMAGE=$CLIENT_IMAGE compose up -d > "$OUT/compose-up.log" 2>&1 \
+    || { cat "$OUT/compose-up.log" >&2; die "compose up failed"; }
+  wait_for_log "round 1 committed" 600
+  # A crash, not a stop: SIGKILL from outside the container. The restart policy (on-failure)
+  # starts it again on the same store volume.
+  local pid
+  pid=$(podman inspect -f '{{.State.Pid}}' "${PROJECT}_server_1")
+  log "round 1 committed after $((SECONDS - t0)) s; SIGKILL to the server (pid $pid)"
+  kill -9 "$pid"
+  wait_for_log "finished after 3 rounds" 900
+  local restarts
+  restarts=$(podman inspect -f '{{.RestartCount}}' "${PROJECT}_server_1")
+  ((restarts >= 1)) || die "the server was not restarted (RestartCount $restarts)"
+  # Both lives of the server log to the container's log: it started twice, and created the run once
+  # (the second life restored it from the volume).
+  local server_log
+  server_log=$(podman logs "${PROJECT}_server_1" 2>&1)
+  (($(grep -c "^listening on" <<< "$server_log") >= 2)) || die "the server's log shows a single start"
+  (($(grep -c "run compose-two-sites created" <<< "$server_log") == 1)) \
+    || die "the restarted server did not resume the run from its volume"
+  local site rc final=() out
+  for site in site-a site-b; do
+    rc=$(timeout 300 podman wait "${PROJECT}_${site}_1") || die "$site did not finish"
+    out=$(podman logs "${PROJECT}_${site}_1" 2>/dev/null)
+    [[ $rc == 0 ]] || { podman logs "${PROJECT}_${site}_1" 2>&1 | tail -n 20 >&2; die "$site exited $rc"; }
+    final+=("$(grep -o '"final_adapter_sha256":"[0-9a-f]*"' <<< "$out" | tail -n 1)")
+  done
+  [[ -n ${final[0]} && ${final[0]} == "${final[1]}" ]] || die "the sites ended with different adapters: ${final[*]}"
+  local sha=${final[0]#*:\"}
+  sha=${sha%\"}
+  grep -Eq "round 3 committed: .*adapter $sha" <<< "$server_log" \
+    || die "the server's round-3 adapter is not the sites' $sha"
+  log "PASS: 3 rounds over mTLS, the server killed after round 1 and resumed from its volume" \
+      "($restarts restart), both sites hold the final adapter; $((SECONDS - t0)) s"
+}
+
+# CI's short version: the server alone, healthy, and answering health over mTLS.
+test_short() {
+  check_prerequisites
+  build_images
+  cleanup_compose
+  trap cleanup_compose EXIT
+  FEDLORA_SERVER_IMAGE=$SERVER_IMAGE FEDLORA_CLIENT_IMAGE=$CLIENT_IMAGE compose up -d setup server \
+    > "$OUT/compose-up.log" 2>&1 || true  # podman-compose 1.0.3 cannot start a subset: see below
+  if ! podman container exists "${PROJECT}_server_1"; then
+    FEDLORA_SERVER_IMAGE=$SERVER_IMAGE FEDLORA_CLIENT_IMAGE=$CLIENT_IMAGE compose up -d > "$OUT/compose-up.log" 2>&1 \
+      || { cat "$OUT/compose-up.log" >&2; die "compose up failed"; }
+  fi
+  wait_for_log "listening on" 300
+  local until=$((SECONDS + 60))
+  until podman healthcheck run "${PROJECT}_server_1" > /dev/null 2>&1; do
+    ((SECONDS < until)) || die "the server's health check never passed"
+    sleep 2
+  done
+  podman exec "${PROJECT}_server_1" fedlora health --server localhost:50051 --ca /federation/certs/ca.pem \
+    --cert /federation/certs/site-a.pem --key /federation/certs/site-a.key | grep -qx SERVING \
+    || die "health over mTLS did not answer SERVING"
+  log "PASS: the server image starts, its health check passes, health answers over mTLS"
+}
+
+validate_manifests() {
+  local py=.venv-deploy/bin/python
+  [[ -x $py ]] || die "$py missing; run scripts/setup.sh --deploy"
+  # The validator must refuse a broken manifest, or its passing means nothing.
+  if "$py" scripts/validate_k8s.py <(sed 's/replicas:/replicaz:/' deploy/k8s/coordinator.yaml) > /dev/null 2>&1; then
+    die "the validator accepted a StatefulSet with an unknown field"
+  fi
+  "$py" scripts/validate_k8s.py deploy/k8s/*.yaml
+}
+
+# Secret manifests for the coordinator and each site, from a `fedlora certs dev` directory.
+secret() {  # name, then key=file pairs
+  local name=$1 kv
+  shift
+  printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: %s\n  labels:\n    app.kubernetes.io/name: fedlora\ntype: Opaque\ndata:\n' "$name"
+  for kv in "$@"; do printf '  %s: %s\n' "${kv%%=*}" "$(base64 -w0 < "${kv#*=}")"; done
+}
+k8s_secrets() {
+  local dir=${1:?usage: scripts/deploy.sh k8s-secrets CERT_DIR [SITE...]} site
+  shift
+  (($#)) || set -- site-a site-b
+  secret fedlora-coordinator-tls "server.pem=$dir/server.pem" "server.key=$dir/server.key" "ca.pem=$dir/ca.pem"
+  for site in "$@"; do
+    echo "---"
+    secret "fedlora-$site-tls" "ca.pem=$dir/ca.pem" "tls.pem=$dir/$site.pem" "tls.key=$dir/$site.key"
+  done
+}
+
+case $VERB in
+  base) make_base ;;
+  images) build_images ;;
+  test)
+    if [[ ${1:-} == --short ]]; then test_short; else test_full; fi
+    ;;
+  validate) validate_manifests ;;
+  k8s-secrets) k8s_secrets "$@" ;;
+  clean)
+    cleanup_compose
+    podman rmi -f "$SERVER_IMAGE" "$CLIENT_IMAGE" > /dev/null 2>&1 || true
+    podman image prune -f > /dev/null  # the builder stage's layers
+    if [[ ${1:-} == --all ]]; then podman rmi -f localhost/fedlora-base:bookworm > /dev/null 2>&1 || true; fi
+    ;;
+  *) die "usage: scripts/deploy.sh base|images|test [--short]|validate|k8s-secrets DIR [SITE...]|clean [--all]" ;;
+esac
