@@ -8,6 +8,8 @@
 #                                     # its run, the server SIGKILLed once mid-run (it resumes from
 #                                     # its volume); removes what it made
 #   scripts/deploy.sh test --short    # images, then the server alone: health check, mTLS health
+#   scripts/deploy.sh test-k8s        # the coordinator StatefulSet's pod under podman kube play:
+#                                     # healthy, SIGKILLed, resumed from its claim
 #   scripts/deploy.sh validate        # the Kubernetes manifests against the API schema
 #   scripts/deploy.sh k8s-secrets DIR # Secret manifests from a `fedlora certs dev` directory
 #   scripts/deploy.sh clean [--all]   # removes the images (--all: the local base too)
@@ -157,6 +159,62 @@ test_short() {
   log "PASS: the server image starts, its health check passes, health answers over mTLS"
 }
 
+# The coordinator StatefulSet's pod template under `podman kube play` (the ConfigMap as it is, the
+# store's claim, the TLS Secret and the assets as host folders): SERVING on the probes' port and over
+# mTLS, then SIGKILLed: the pod's restart policy starts it again, and it resumes the run from its
+# claim.
+K8S_POD=fedlora-coordinator-0
+cleanup_k8s() {
+  [[ -f $OUT/k8s/pod.yaml ]] && podman kube play --down "$OUT/k8s/pod.yaml" > /dev/null 2>&1
+  podman volume rm -f "store-$K8S_POD" "$K8S_POD-tmp" fedlora-run > /dev/null 2>&1 || true
+  rm -rf "$OUT/k8s"
+}
+k8s_probe() {  # SERVING on the health port, as the grpc probes ask it
+  podman exec "$K8S_POD-coordinator" fedlora health --insecure --server 127.0.0.1:8081 2> /dev/null | grep -qx SERVING
+}
+wait_k8s_serving() {
+  local until=$((SECONDS + $1))
+  until k8s_probe; do
+    ((SECONDS < until)) || { podman logs "$K8S_POD-coordinator" 2>&1 | tail -n 20 >&2; die "the coordinator pod never served"; }
+    sleep 2
+  done
+}
+test_k8s() {
+  check_prerequisites
+  [[ -n $(podman images -q "$SERVER_IMAGE") ]] || build_images
+  local py=.venv-deploy/bin/python
+  [[ -x $py ]] || die "$py missing; run scripts/setup.sh --deploy"
+  cleanup_k8s
+  trap cleanup_k8s EXIT
+  mkdir -p "$OUT/k8s"
+  # Certificates as the Secret would hold them, readable by the pod's user (10001).
+  podman run --rm --user 0 --entrypoint sh -v "$ROOT/$OUT/k8s:/out" "$CLIENT_IMAGE" -ec \
+    'fedlora certs dev --dir /out/tls --clients site-a --dns fedlora-coordinator,localhost --days 1 > /dev/null
+     chown -R 10001:10001 /out/tls' || die "fedlora certs dev failed"
+  "$py" scripts/k8s_pod.py deploy/k8s/coordinator.yaml --image "$SERVER_IMAGE" --tls "$ROOT/$OUT/k8s/tls" \
+    --assets "$ROOT" --name "$K8S_POD" > "$OUT/k8s/pod.yaml"
+  local t0=$SECONDS
+  podman kube play --configmap deploy/k8s/configmap.yaml "$OUT/k8s/pod.yaml" > "$OUT/k8s/play.log" 2>&1 \
+    || { cat "$OUT/k8s/play.log" >&2; die "podman kube play failed"; }
+  wait_k8s_serving 300
+  podman exec "$K8S_POD-coordinator" fedlora health --server localhost:50051 --ca /etc/fedlora/tls/ca.pem \
+    --cert /etc/fedlora/tls/site-a.pem --key /etc/fedlora/tls/site-a.key | grep -qx SERVING \
+    || die "the coordinator pod does not answer health over mTLS"
+  [[ $(podman exec "$K8S_POD-coordinator" id -u) == 10001 ]] || die "the coordinator pod does not run as uid 10001"
+  if podman exec "$K8S_POD-coordinator" touch /probe 2> /dev/null; then die "the pod's root file system is writable"; fi
+  log "coordinator pod SERVING after $((SECONDS - t0)) s; SIGKILL to it"
+  kill -9 "$(podman inspect -f '{{.State.Pid}}' "$K8S_POD-coordinator")"
+  sleep 3
+  wait_k8s_serving 300
+  local pod_log
+  pod_log=$(podman logs "$K8S_POD-coordinator" 2>&1)
+  (($(grep -c "^listening on" <<< "$pod_log") >= 2)) || die "the coordinator pod was not restarted"
+  (($(grep -c "run k8s-two-sites created" <<< "$pod_log") == 1)) || die "the restarted pod did not resume its run"
+  grep -q "resuming round 1" <<< "$pod_log" || die "the restarted pod did not resume round 1"
+  log "PASS: the coordinator StatefulSet's pod serves, runs non-root on a read-only root, and after a SIGKILL" \
+      "resumes its run from the claim; $((SECONDS - t0)) s"
+}
+
 validate_manifests() {
   local py=.venv-deploy/bin/python
   [[ -x $py ]] || die "$py missing; run scripts/setup.sh --deploy"
@@ -192,6 +250,7 @@ case $VERB in
     if [[ ${1:-} == --short ]]; then test_short; else test_full; fi
     ;;
   validate) validate_manifests ;;
+  test-k8s) test_k8s ;;
   k8s-secrets) k8s_secrets "$@" ;;
   clean)
     cleanup_compose
@@ -199,5 +258,5 @@ case $VERB in
     podman image prune -f > /dev/null  # the builder stage's layers
     if [[ ${1:-} == --all ]]; then podman rmi -f localhost/fedlora-base:bookworm > /dev/null 2>&1 || true; fi
     ;;
-  *) die "usage: scripts/deploy.sh base|images|test [--short]|validate|k8s-secrets DIR [SITE...]|clean [--all]" ;;
+  *) die "usage: scripts/deploy.sh base|images|test [--short]|test-k8s|validate|k8s-secrets DIR [SITE...]|clean [--all]" ;;
 esac

@@ -128,11 +128,12 @@ fetch_data() {
 }
 
 # Containers and the Kubernetes manifests' validator (scripts/deploy.sh, docs/deploy.md): podman
-# with runc and the DNS plugin that lets compose services find each other by name, podman-compose,
+# with runc, catatonit (the pods' pause process) and the DNS plugin that lets compose services find
+# each other by name, podman-compose,
 # debootstrap for a local base image; kubernetes-validate (pinned, hashed) in .venv-deploy over
 # Debian's PyYAML and jsonschema.
 DEPLOY_PACKAGES=(
-  podman podman-compose runc debootstrap golang-github-containernetworking-plugin-dnsname
+  podman podman-compose runc catatonit debootstrap golang-github-containernetworking-plugin-dnsname
   python3-jsonschema python3-yaml
 )
 install_deploy() {
