@@ -247,7 +247,9 @@ absl::StatusOr<std::string> ClientImpl::FetchGlobalAdapter(const v1::TrainTask& 
   held_sha256_ = target.sha256();
   if (!options_.state_dir.empty()) {
     absl::Status saved = WriteFileAtomically(HeldAdapterPath(), held_adapter_);
-    if (!saved.ok()) FEDLORA_LOG(WARNING) << options_.client_id << ": keeping the global adapter: " << saved;
+    if (!saved.ok()) {
+      FEDLORA_LOG(WARNING) << options_.client_id << ": keeping the global adapter: " << saved;
+    }
   }
   return *std::move(blob);
 }

@@ -396,7 +396,9 @@ void Simulation::ClientLoop(VirtualClient& vc) {
     o.client_id = vc.id;
     if (options_.mtls) {
       const std::string pki = options_.out_dir + "/pki/";
-      o.tls = {.root_ca_file = pki + "ca.pem", .cert_file = pki + vc.id + ".pem", .key_file = pki + vc.id + ".key"};
+      o.tls.root_ca_file = pki + "ca.pem";
+      o.tls.cert_file = pki + vc.id + ".pem";
+      o.tls.key_file = pki + vc.id + ".key";
     } else {
       o.insecure = true;  // the simulation's own server, on loopback
     }
@@ -610,8 +612,11 @@ absl::StatusOr<ServerTlsOptions> Simulation::MakePki(int num_clients) const {
     FEDLORA_ASSIGN_OR_RETURN(crypto::PemPair client, crypto::IssueClientCertificate(ca, r));
     FEDLORA_RETURN_IF_ERROR(write(r.common_name, client));
   }
-  return ServerTlsOptions{.cert_file = dir + "server.pem", .key_file = dir + "server.key",
-                          .client_ca_file = dir + "ca.pem"};
+  ServerTlsOptions tls;
+  tls.cert_file = dir + "server.pem";
+  tls.key_file = dir + "server.key";
+  tls.client_ca_file = dir + "ca.pem";
+  return tls;
 }
 
 absl::StatusOr<SimResult> Simulation::Run() {
