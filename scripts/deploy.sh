@@ -193,6 +193,9 @@ test_k8s() {
      chown -R 10001:10001 /out/tls' || die "fedlora certs dev failed"
   "$py" scripts/k8s_pod.py deploy/k8s/coordinator.yaml --image "$SERVER_IMAGE" --tls "$ROOT/$OUT/k8s/tls" \
     --assets "$ROOT" --name "$K8S_POD" > "$OUT/k8s/pod.yaml"
+  # The Secrets `k8s-secrets` writes from these certificates are valid API objects too.
+  k8s_secrets "$OUT/k8s/tls" site-a > "$OUT/k8s/secrets.yaml"
+  "$py" scripts/validate_k8s.py "$OUT/k8s/secrets.yaml" > /dev/null || die "k8s-secrets wrote invalid Secrets"
   local t0=$SECONDS
   podman kube play --configmap deploy/k8s/configmap.yaml "$OUT/k8s/pod.yaml" > "$OUT/k8s/play.log" 2>&1 \
     || { cat "$OUT/k8s/play.log" >&2; die "podman kube play failed"; }
