@@ -202,6 +202,7 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
       {"server.tls.crl_file", {"server/mtls_test.cc", "crl_file"}},
       {"server.tls.allowed_client_ids", {"server/mtls_test.cc", "allowed_client_ids"}},
       {"server.metrics_address", {"server/metrics_test.cc", "metrics"}},
+      {"server.health_address", {"server/federation_e2e_test.cc", "health_address"}},
       {"server.insecure", {"tools/fedlora_cli_test.cc", "--insecure"}},
       {"server.max_client_bytes_per_round", {"server/abuse_test.cc", "max_client_bytes_per_round"}},
       {"server.max_client_uploads_in_flight", {"server/abuse_test.cc", "max_client_uploads_in_flight"}},
