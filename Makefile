@@ -8,7 +8,7 @@
 PRESET ?= default
 BUILD_DIR := build/$(PRESET)
 
-.PHONY: run test setup setup-tests build asan bench fuzz fuzz-ci chaos load deploy-test clean
+.PHONY: run test setup setup-tests build asan bench fuzz fuzz-ci chaos load deploy-test bazel bazel-full clean
 
 run: setup build
 	scripts/main_job.sh $(BUILD_DIR)
@@ -45,6 +45,13 @@ chaos: setup build
 
 load: setup build
 	scripts/load_test.sh $(BUILD_DIR)
+
+# bazel: the Bazel build beside CMake (docs/bazel.md): every CPU library, fedlora, the unit tests.
+bazel: setup-tests
+	scripts/bazel.sh --ci
+
+bazel-full: setup-tests
+	scripts/bazel.sh --full
 
 deploy-test:
 	scripts/setup.sh --deploy
