@@ -50,9 +50,10 @@ std::pair<int, std::string> RunCommand(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-// Starts `command` (a `fedlora server`) and reads the address (and the health port, when it
-// prints one) from its first line.
-FILE* StartServer(const std::string& command, std::string* address, std::string* health_port = nullptr) {
+// Starts `command` (a `fedlora server`) and reads the address (and the health and metrics ports,
+// when it prints them) from its first line.
+FILE* StartServer(const std::string& command, std::string* address, std::string* health_port = nullptr,
+                  std::string* metrics_port = nullptr) {
   FILE* server = popen(command.c_str(), "r");
   if (server == nullptr) return nullptr;
   char line[256] = {};
@@ -69,6 +70,9 @@ FILE* StartServer(const std::string& command, std::string* address, std::string*
   }
   if (health_port != nullptr && std::regex_search(first, m, std::regex("health on port ([0-9]+)"))) {
     *health_port = m.str(1);
+  }
+  if (metrics_port != nullptr && std::regex_search(first, m, std::regex("metrics on port ([0-9]+)"))) {
+    *metrics_port = m.str(1);
   }
   return server;
 }
@@ -125,14 +129,16 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
             0)
       << std::ifstream(d + "certs.out").rdbuf();
   const std::string pki = d + "certs/";
-  std::string address, health_port;
+  std::string address, health_port, metrics_port;
   FILE* server = StartServer(bin + " server --config " + d + "run.json --cert " + pki + "server.pem --key " + pki +
-                                 "server.key --client-ca " + pki + "ca.pem --health-listen 127.0.0.1:0" +
+                                 "server.key --client-ca " + pki + "ca.pem --health-listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0" +
                                  " --linger-seconds 4 2>" + d + "server.err",
-                             &address, &health_port);
+                             &address, &health_port, &metrics_port);
   ASSERT_NE(server, nullptr);
   ASSERT_FALSE(address.empty());
   ASSERT_FALSE(health_port.empty());
+  ASSERT_FALSE(metrics_port.empty());  // the run config has no metrics address: --metrics-listen opened it
+  EXPECT_NE(metrics_port, health_port);
   std::smatch m;
 
   // `fedlora health`: over the plaintext health port, and over mTLS on the federation port.
