@@ -5,9 +5,9 @@
 #                                     # can be reached: localhost/fedlora-base:bookworm
 #   scripts/deploy.sh images          # the server and client images (deploy/Dockerfile), and sizes
 #   scripts/deploy.sh test            # images, then the compose federation over mTLS to the end of
-#                                     # its run, the server SIGKILLed once mid-run (it resumes from
-#                                     # its volume); removes what it made
-#   scripts/deploy.sh test --short    # images, then the server alone: health check, mTLS health
+#                                     # its run: the image's health check and mTLS health checked,
+#                                     # the server SIGKILLed once mid-run (it resumes from its
+#                                     # volume); removes what it made
 #   scripts/deploy.sh test-k8s        # the coordinator StatefulSet's pod under podman kube play:
 #                                     # healthy, SIGKILLed, resumed from its claim
 #   scripts/deploy.sh validate        # the Kubernetes manifests against the API schema
@@ -102,6 +102,11 @@ test_full() {
   FEDLORA_SERVER_IMAGE=$SERVER_IMAGE FEDLORA_CLIENT_IMAGE=$CLIENT_IMAGE compose up -d > "$OUT/compose-up.log" 2>&1 \
     || { cat "$OUT/compose-up.log" >&2; die "compose up failed"; }
   wait_for_log "round 1 committed" 600
+  # The image's HEALTHCHECK (the plaintext health port) passes, and health answers over mTLS.
+  podman healthcheck run "${PROJECT}_server_1" > /dev/null || die "the server image's health check fails"
+  podman exec "${PROJECT}_server_1" fedlora health --server localhost:50051 --ca /federation/certs/ca.pem \
+    --cert /federation/certs/site-a.pem --key /federation/certs/site-a.key | grep -qx SERVING \
+    || die "health over mTLS did not answer SERVING"
   # A crash, not a stop: SIGKILL from outside the container. The restart policy (on-failure)
   # starts it again on the same store volume.
   local pid
@@ -133,30 +138,6 @@ test_full() {
     || die "the server's round-3 adapter is not the sites' $sha"
   log "PASS: 3 rounds over mTLS, the server killed after round 1 and resumed from its volume" \
       "($restarts restart), both sites hold the final adapter; $((SECONDS - t0)) s"
-}
-
-# CI's short version: the server alone, healthy, and answering health over mTLS.
-test_short() {
-  check_prerequisites
-  build_images
-  cleanup_compose
-  trap cleanup_compose EXIT
-  FEDLORA_SERVER_IMAGE=$SERVER_IMAGE FEDLORA_CLIENT_IMAGE=$CLIENT_IMAGE compose up -d setup server \
-    > "$OUT/compose-up.log" 2>&1 || true  # podman-compose 1.0.3 cannot start a subset: see below
-  if ! podman container exists "${PROJECT}_server_1"; then
-    FEDLORA_SERVER_IMAGE=$SERVER_IMAGE FEDLORA_CLIENT_IMAGE=$CLIENT_IMAGE compose up -d > "$OUT/compose-up.log" 2>&1 \
-      || { cat "$OUT/compose-up.log" >&2; die "compose up failed"; }
-  fi
-  wait_for_log "listening on" 300
-  local until=$((SECONDS + 60))
-  until podman healthcheck run "${PROJECT}_server_1" > /dev/null 2>&1; do
-    ((SECONDS < until)) || die "the server's health check never passed"
-    sleep 2
-  done
-  podman exec "${PROJECT}_server_1" fedlora health --server localhost:50051 --ca /federation/certs/ca.pem \
-    --cert /federation/certs/site-a.pem --key /federation/certs/site-a.key | grep -qx SERVING \
-    || die "health over mTLS did not answer SERVING"
-  log "PASS: the server image starts, its health check passes, health answers over mTLS"
 }
 
 # The coordinator StatefulSet's pod template under `podman kube play` (the ConfigMap as it is, the
@@ -250,7 +231,7 @@ case $VERB in
   base) make_base ;;
   images) build_images ;;
   test)
-    if [[ ${1:-} == --short ]]; then test_short; else test_full; fi
+    test_full
     ;;
   validate) validate_manifests ;;
   test-k8s) test_k8s ;;
@@ -261,5 +242,5 @@ case $VERB in
     podman image prune -f > /dev/null  # the builder stage's layers
     if [[ ${1:-} == --all ]]; then podman rmi -f localhost/fedlora-base:bookworm > /dev/null 2>&1 || true; fi
     ;;
-  *) die "usage: scripts/deploy.sh base|images|test [--short]|test-k8s|validate|k8s-secrets DIR [SITE...]|clean [--all]" ;;
+  *) die "usage: scripts/deploy.sh base|images|test|test-k8s|validate|k8s-secrets DIR [SITE...]|clean [--all]" ;;
 esac
