@@ -11,6 +11,14 @@ find_package(SQLite3 REQUIRED)
 find_package(nlohmann_json 3 CONFIG REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
+# oneDNN (libdnnl-dev): the CPU's bf16 GEMMs (kernels/gemm_bf16_cpu.cc). Debian's build runs on
+# OpenMP (libgomp). Found by hand: its CMake package also asks for OpenCL, which fedlora never uses.
+find_path(FEDLORA_DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp REQUIRED)
+find_library(FEDLORA_DNNL_LIBRARY dnnl REQUIRED)
+find_library(FEDLORA_GOMP_LIBRARY NAMES gomp libgomp.so.1 REQUIRED)
+add_library(fedlora_dnnl INTERFACE)
+target_include_directories(fedlora_dnnl SYSTEM INTERFACE ${FEDLORA_DNNL_INCLUDE_DIR})
+target_link_libraries(fedlora_dnnl INTERFACE ${FEDLORA_DNNL_LIBRARY} ${FEDLORA_GOMP_LIBRARY})
 # PCRE2 (libpcre2-dev) runs the byte-level BPE pre-tokenizer regexes; ICU (libicu-dev) gives
 # their NFC normalizer (model/pretokenize.h).
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)

@@ -28,6 +28,12 @@
 // whole blocks, packed: ldb must be 0 or stored_cols). CPU: every type DequantizeRows supports;
 // CUDA: Q8_0, Q4_0 and Q4_1 (Unimplemented for the others). Same workspace as bf16.
 //
+// bf16 math (bf16_math with b_bf16): the CPU rounds op(A) to bf16 (round to nearest even) into the
+// workspace and multiplies it with the bf16 B with fp32 accumulation (oneDNN's matmul on
+// AVX512_BF16), about 1e-2 relative from the fp32 result instead of fp32 rounding. It is a
+// permission, not a demand: where Bf16MathAvailable() is false (no AVX512_BF16, or on CUDA) the
+// exact fp32 path above runs. The workspace then also holds op(A) as bf16: m * k * 2 bytes.
+//
 // FLOPs: 2 * m * n * k per batch entry.
 #pragma once
 
@@ -59,9 +65,14 @@ struct GemmArgs {
   int64_t ldc = 0;
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  bool bf16_math = false;     // with b_bf16: may round A to bf16 (see bf16 math above)
   void* workspace = nullptr;  // only for b_bf16 / b_quant; on ctx.device
   size_t workspace_bytes = 0;
 };
+
+// True when this CPU multiplies in bf16 (AVX512_BF16 and oneDNN's bf16 matmul): GemmArgs::bf16_math
+// takes effect on the CPU. Computed once; thread-safe.
+bool Bf16MathAvailable();
 
 // Minimum workspace for `args` (0 unless b_bf16 or b_quant is set).
 size_t GemmWorkspaceBytes(const GemmArgs& args);
@@ -72,6 +83,13 @@ namespace internal {
 // Backends, called by Gemm after validation with leading dimensions resolved (never 0).
 absl::Status GemmCpu(const ExecContext& ctx, const GemmArgs& args);
 absl::Status GemmCuda(const ExecContext& ctx, const GemmArgs& args);
+// bf16 math on the CPU (gemm_bf16_cpu.cc): args.bf16_math with b_bf16, Bf16MathAvailable().
+absl::Status GemmBf16MathCpu(const ExecContext& ctx, const GemmArgs& args);
+// Bytes of the bf16 copy of op(A) that GemmBf16MathCpu keeps at the start of the workspace.
+size_t Bf16MathABytes(const GemmArgs& args);
+// Tests: false makes Bf16MathAvailable() false from now on (the fp32 path runs); true restores
+// the CPU's answer.
+void SetBf16MathAllowedForTesting(bool allowed);
 }  // namespace internal
 
 }  // namespace fedlora::kernels

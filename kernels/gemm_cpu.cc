@@ -48,7 +48,12 @@ size_t GemmWorkspaceBytes(const GemmArgs& args) {
   if (args.b_bf16 == nullptr && args.b_quant == nullptr) return 0;
   const int64_t rows = BStoredRows(args), cols = BStoredCols(args);
   if (rows <= 0 || cols <= 0) return 0;
-  return static_cast<size_t>(std::min(rows, kGemmBf16PanelRows) * cols) * sizeof(float);
+  const size_t panel = static_cast<size_t>(std::min(rows, kGemmBf16PanelRows) * cols) * sizeof(float);
+  // bf16 math needs the bf16 copy of A; the panel keeps the fp32 path (CUDA) runnable too.
+  if (args.bf16_math && args.b_bf16 != nullptr && Bf16MathAvailable()) {
+    return std::max(panel, internal::Bf16MathABytes(args));
+  }
+  return panel;
 }
 
 absl::Status CanRun(const ExecContext& ctx, const GemmArgs& in) {
@@ -72,6 +77,9 @@ absl::Status CanRun(const ExecContext& ctx, const GemmArgs& in) {
   if (g.m > 0 && g.n > 0) {
     FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, g.c, "c"));
     if (g.k > 0) FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, g.a, "a"));
+  }
+  if (g.bf16_math && g.b_bf16 == nullptr && g.k > 0) {
+    return internal::InvalidArg(kOp, "bf16_math applies to a bf16 B only");
   }
   if (g.b_bf16 != nullptr || g.b_quant != nullptr) {
     const char* kind = g.b_bf16 != nullptr ? "bf16" : "quantized";
@@ -125,6 +133,7 @@ absl::Status GemmCpu(const ExecContext& ctx, const GemmArgs& g) {
     }
     return absl::OkStatus();
   }
+  if (g.bf16_math && g.b_bf16 != nullptr && Bf16MathAvailable()) return GemmBf16MathCpu(ctx, g);
   // bf16 or quantized B: widen a panel of stored rows into the workspace, multiply, next panel.
   // The widening is exact (dequantization as ggml's), so the result equals the fp32 GEMM on the
   // widened weight.

@@ -1,6 +1,8 @@
 // Linear layer composed from Gemm, BiasAdd and ColumnSum: the same code drives every backend.
 #include "kernels/linear.h"
 
+#include <algorithm>
+
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/kernel_util.h"
@@ -12,17 +14,23 @@ namespace {
 constexpr std::string_view kFwd = "LinearForward";
 constexpr std::string_view kBwd = "LinearBackward";
 
-// The panel workspace both products need for a bf16 or quantized W [out, in]: panels of rows of W.
-size_t WeightWorkspace(const WeightPtr& w, int64_t out, int64_t in) {
-  GemmArgs g{.trans_b = true, .m = 1, .n = out, .k = in, .b_bf16 = w.bf16, .b_quant = w.quant};
-  return GemmWorkspaceBytes(g);
+// The workspace both products need for a bf16 or quantized W [out, in]: panels of rows of W, and
+// with bf16 math the bf16 copy of x [rows, in] or dy [rows, out] (the larger).
+size_t WeightWorkspace(const WeightPtr& w, int64_t rows, int64_t out, int64_t in) {
+  GemmArgs g{.trans_b = true, .m = rows, .n = out, .k = in, .b_bf16 = w.bf16, .b_quant = w.quant,
+             .bf16_math = w.bf16_math};
+  const size_t fwd = GemmWorkspaceBytes(g);
+  GemmArgs b{.m = rows, .n = in, .k = out, .b_bf16 = w.bf16, .b_quant = w.quant, .bf16_math = w.bf16_math};
+  return std::max(fwd, GemmWorkspaceBytes(b));
 }
 
 }  // namespace
 
-size_t LinearWorkspaceBytes(const LinearForwardArgs& a) { return WeightWorkspace(a.w, a.out_features, a.in_features); }
+size_t LinearWorkspaceBytes(const LinearForwardArgs& a) {
+  return WeightWorkspace(a.w, a.rows, a.out_features, a.in_features);
+}
 size_t LinearWorkspaceBytes(const LinearBackwardArgs& a) {
-  return a.dx != nullptr ? WeightWorkspace(a.w, a.out_features, a.in_features) : 0;
+  return a.dx != nullptr ? WeightWorkspace(a.w, a.rows, a.out_features, a.in_features) : 0;
 }
 
 absl::Status CanRun(const ExecContext& ctx, const LinearForwardArgs& a) {
@@ -68,7 +76,8 @@ absl::Status LinearForward(const ExecContext& ctx, const LinearForwardArgs& a) {
   }
   return Gemm(ctx, GemmArgs{.trans_b = true, .m = a.rows, .n = a.out_features, .k = a.in_features, .beta = beta,
                             .a = a.x, .b = a.w.f32, .b_bf16 = a.w.bf16, .b_quant = a.w.quant,
-                            .b_quant_type = a.w.quant_type, .c = a.y, .workspace = a.workspace,
+                            .b_quant_type = a.w.quant_type, .c = a.y, .bf16_math = a.w.bf16_math,
+                            .workspace = a.workspace,
                             .workspace_bytes = a.workspace_bytes});
 }
 
@@ -78,7 +87,8 @@ absl::Status LinearBackward(const ExecContext& ctx, const LinearBackwardArgs& a)
     FEDLORA_RETURN_IF_ERROR(Gemm(ctx, GemmArgs{.m = a.rows, .n = a.in_features, .k = a.out_features,
                                                .beta = a.accumulate_dx ? 1.0f : 0.0f, .a = a.dy, .b = a.w.f32,
                                                .b_bf16 = a.w.bf16, .b_quant = a.w.quant,
-                                               .b_quant_type = a.w.quant_type, .c = a.dx, .workspace = a.workspace,
+                                               .b_quant_type = a.w.quant_type, .c = a.dx,
+                                               .bf16_math = a.w.bf16_math, .workspace = a.workspace,
                                                .workspace_bytes = a.workspace_bytes}));
   }
   if (a.dw != nullptr) {  // dW [out, in] = dy^T [out, rows] x [rows, in]

@@ -12,7 +12,7 @@ namespace {
 constexpr std::string_view kFwd = "LoraLinearForward";
 constexpr std::string_view kBwd = "LoraLinearBackward";
 
-// Workspace regions, back to back: [weight panel][xd (dropout only)][g (backward only)].
+// Workspace regions, back to back: [weight panel (and bf16 math copy)][xd (dropout only)][g (backward only)].
 struct Layout {
   size_t panel = 0, xd = 0, g = 0;
   size_t total() const { return panel + xd + g; }
@@ -20,7 +20,8 @@ struct Layout {
 
 Layout MakeLayout(const WeightPtr& w, int64_t rows, int64_t in, int64_t out, int64_t rank, bool dropout, bool backward) {
   Layout l;
-  l.panel = internal::AlignUp(LinearWorkspaceBytes(LinearForwardArgs{.in_features = in, .out_features = out, .w = w}));
+  l.panel = internal::AlignUp(
+      LinearWorkspaceBytes(LinearForwardArgs{.rows = rows, .in_features = in, .out_features = out, .w = w}));
   if (dropout) l.xd = internal::AlignUp(static_cast<size_t>(rows * in) * sizeof(float));
   if (backward) l.g = internal::AlignUp(static_cast<size_t>(rows * rank) * sizeof(float));
   return l;

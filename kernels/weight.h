@@ -1,6 +1,7 @@
 // Frozen weights may be stored in fp32, bf16, or a ggml block-quantized format (Q8_0, Q4_1, ...:
 // core/ggml_quant.h), to fit edge devices. A WeightPtr names one of them. Linear and LoRA linear
-// accept all three (the GEMM widens panels of rows); the BERT embedding kernel takes fp32 or bf16.
+// accept all three (the GEMM widens panels of rows, or multiplies in bf16 where a bf16 weight
+// allows it: WithBf16Math); the BERT embedding kernel takes fp32 or bf16.
 //
 //   kernels::WeightPtr w = kernels::WeightPtr::F32(dense_weight);    // or ::BF16(bits)
 //   kernels::WeightPtr q = kernels::WeightPtr::Quant(blocks, GgmlType::kQ4_1);  // rows of blocks
@@ -26,10 +27,17 @@ struct WeightPtr {
   const uint16_t* bf16 = nullptr;  // bf16 bit patterns
   const uint8_t* quant = nullptr;  // rows of ggml blocks of quant_type, packed
   GgmlType quant_type = GgmlType::kF32;
+  // bf16 only: GEMMs with this weight may round their other operand to bf16 (GemmArgs::bf16_math).
+  bool bf16_math = false;
 
   static WeightPtr F32(const float* p) { return WeightPtr{p, nullptr, nullptr}; }
   static WeightPtr BF16(const uint16_t* p) { return WeightPtr{nullptr, p, nullptr}; }
   static WeightPtr Quant(const uint8_t* p, GgmlType type) { return WeightPtr{nullptr, nullptr, p, type}; }
+  WeightPtr WithBf16Math(bool on) const {
+    WeightPtr w = *this;
+    w.bf16_math = on && bf16 != nullptr;
+    return w;
+  }
   bool is_bf16() const { return bf16 != nullptr; }
   bool is_quant() const { return quant != nullptr; }
   // Exactly one pointer set.

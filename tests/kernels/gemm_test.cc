@@ -1,8 +1,12 @@
 #include "kernels/gemm.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "core/tensor.h"
 #include "kernels/device.h"
 #include "tests/kernels/test_util.h"
 
@@ -201,6 +205,113 @@ TEST(Gemm, RefusesQuantizedWeightsItCannotRead) {
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
   g.b_quant_type = GgmlType::kQ4_1;
   EXPECT_TRUE(Gemm(Cpu(), g).ok());
+}
+
+// bf16 math: A rounded to bf16 (nearest even), times the bf16 B, accumulated in fp32. The
+// reference rounds A the same way (core/tensor.h's F32ToBF16) and sums the exact products in
+// double, so only the fp32 accumulation separates the two.
+std::vector<float> RoundedToBf16(const std::vector<float>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = BF16ToF32(F32ToBF16(v[i]));
+  return out;
+}
+
+TEST(GemmBf16Math, MatchesTheProductOfTheRoundedOperands) {
+  if (!Bf16MathAvailable()) GTEST_SKIP() << "this CPU has no bf16 dot products (AVX512_BF16)";
+  struct Case {
+    bool ta, tb;
+    int64_t m, n, k, lda, ldb, ldc;
+    float alpha, beta;
+  };
+  // The model's shapes (forward x W^T, input gradient dy W) and padded, scaled, transposed variants.
+  for (const Case& cs : {Case{false, true, 64, 96, 80, 0, 0, 0, 1.0f, 0.0f}, Case{false, false, 64, 80, 96, 0, 0, 0, 1.0f, 1.0f},
+                         Case{false, true, 7, 33, 129, 131, 130, 40, 0.5f, 0.0f},
+                         Case{true, false, 9, 17, 31, 12, 20, 0, 2.0f, -1.0f}}) {
+    const int64_t lda = cs.lda ? cs.lda : (cs.ta ? cs.m : cs.k), ldb = cs.ldb ? cs.ldb : (cs.tb ? cs.k : cs.n),
+                  ldc = cs.ldc ? cs.ldc : cs.n;
+    const auto a = Random((cs.ta ? cs.k : cs.m) * lda, 21);
+    auto b = Random((cs.tb ? cs.n : cs.k) * ldb, 22);
+    const auto bits = ToBf16Exact(b);
+    const auto c0 = Random(cs.m * ldc, 23);
+    const auto a_rounded = RoundedToBf16(a);
+    GemmArgs g{.trans_a = cs.ta, .trans_b = cs.tb, .m = cs.m, .n = cs.n, .k = cs.k, .alpha = cs.alpha,
+               .beta = cs.beta, .a = a_rounded.data(), .lda = cs.lda, .b = b.data(), .ldb = cs.ldb, .ldc = cs.ldc};
+    auto want = NaiveGemm(g, c0);
+    g.a = a.data();
+    g.b = nullptr;
+    g.b_bf16 = bits.data();
+    g.bf16_math = true;
+    const size_t ws_bytes = GemmWorkspaceBytes(g);
+    EXPECT_GE(ws_bytes, static_cast<size_t>(cs.m * cs.k * 2));
+    std::vector<float> ws(ws_bytes / 4 + 1);
+    g.workspace = ws.data();
+    g.workspace_bytes = ws_bytes;
+    // beta == 0 must ignore what C held: poison it (the padding columns must stay as they were).
+    std::vector<float> c_init = c0;
+    for (int64_t i = 0; i < cs.m && cs.beta == 0.0f; ++i) std::fill_n(c_init.begin() + i * ldc, cs.n, std::nanf(""));
+    Guarded c(c_init);
+    g.c = c.data();
+    ASSERT_TRUE(Gemm(Cpu(), g).ok()) << cs.m << "x" << cs.n << "x" << cs.k;
+    // Exact bf16 products summed in fp32 over up to 129 terms of magnitude <= 1.
+    EXPECT_TRUE(AllClose(c.values(), want, 2e-5, 1e-5)) << cs.m << "x" << cs.n << "x" << cs.k;
+    EXPECT_TRUE(c.GuardsIntact());
+  }
+}
+
+TEST(GemmBf16Math, StaysWithinBf16RoundingOfTheFp32Product) {
+  if (!Bf16MathAvailable()) GTEST_SKIP() << "this CPU has no bf16 dot products (AVX512_BF16)";
+  const int64_t m = 32, n = 48, k = 256;
+  const auto a = Random(m * k, 31);
+  auto b = Random(n * k, 32);
+  const auto bits = ToBf16Exact(b);
+  GemmArgs g{.trans_b = true, .m = m, .n = n, .k = k, .a = a.data(), .b = b.data()};
+  const auto fp32 = NaiveGemm(g, std::vector<float>(m * n));
+  g.b = nullptr;
+  g.b_bf16 = bits.data();
+  g.bf16_math = true;
+  std::vector<float> ws(GemmWorkspaceBytes(g) / 4);
+  g.workspace = ws.data();
+  g.workspace_bytes = ws.size() * 4;
+  std::vector<float> c(m * n);
+  g.c = c.data();
+  ASSERT_TRUE(Gemm(Cpu(), g).ok());
+  // Each a rounded by up to 2^-9 relative: a sum of 256 terms of |a b| <= 1 moves by about
+  // 2^-9 * sqrt(256) * E|ab| ~ 0.01; and it must move at all, or A was not rounded.
+  double worst = 0.0;
+  for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(c[i]) - fp32[i]));
+  EXPECT_LT(worst, 0.05);
+  EXPECT_GT(worst, 1e-5);
+}
+
+TEST(GemmBf16Math, RunsTheExactFp32PathWhereBf16IsUnavailable) {
+  const int64_t m = 6, n = 40, k = 300;
+  const auto a = Random(m * k, 41);
+  auto b = Random(n * k, 42);
+  const auto bits = ToBf16Exact(b);
+  internal::SetBf16MathAllowedForTesting(false);
+  EXPECT_FALSE(Bf16MathAvailable());
+  GemmArgs g{.trans_b = true, .m = m, .n = n, .k = k, .a = a.data(), .b_bf16 = bits.data(), .bf16_math = true};
+  const size_t ws_bytes = GemmWorkspaceBytes(g);
+  EXPECT_EQ(ws_bytes, static_cast<size_t>(n * k * 4));  // the fp32 panel only
+  std::vector<float> ws(ws_bytes / 4), c(m * n), want(m * n);
+  g.workspace = ws.data();
+  g.workspace_bytes = ws_bytes;
+  g.c = c.data();
+  ASSERT_TRUE(Gemm(Cpu(), g).ok());
+  GemmArgs plain = g;
+  plain.bf16_math = false;
+  plain.c = want.data();
+  ASSERT_TRUE(Gemm(Cpu(), plain).ok());
+  internal::SetBf16MathAllowedForTesting(true);
+  EXPECT_EQ(c, want);
+}
+
+TEST(GemmBf16Math, AppliesToBf16WeightsOnly) {
+  std::vector<float> a(6), b(6), c(4);
+  GemmArgs g{.m = 2, .n = 2, .k = 3, .a = a.data(), .b = b.data(), .c = c.data(), .bf16_math = true};
+  const absl::Status st = Gemm(Cpu(), g);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("bf16_math"), std::string::npos) << st;
 }
 
 TEST(Gemm, RejectsBadArguments) {

@@ -35,6 +35,12 @@ _LIBRARIES = {
     "gtest_no_main": ["gtest"],
 }
 
+# Libraries without a pkg-config file: target name -> link flags (headers in /usr/include).
+# oneDNN (libdnnl-dev) runs on OpenMP (libgomp).
+_PLAIN_LIBRARIES = {
+    "dnnl": ["-ldnnl", "-lgomp"],
+}
+
 def _pkg_config(rctx, flag, modules):
     result = rctx.execute(["pkg-config", flag] + modules)
     if result.return_code != 0:
@@ -72,6 +78,12 @@ def _system_libs_impl(rctx):
             build.append("    includes = %r," % includes)
         build.append("    defines = %r," % defines)
         build.append("    linkopts = %r," % linkopts)
+        build.append(")")
+        build.append("")
+    for name, linkopts in sorted(_PLAIN_LIBRARIES.items()):
+        build.append("cc_library(")
+        build.append("    name = %r," % name)
+        build.append("    linkopts = %r," % (linkopts + ["-pthread"]))
         build.append(")")
         build.append("")
     rctx.file("WORKSPACE", 'workspace(name = "%s")\n' % rctx.name)
