@@ -580,9 +580,10 @@ int64_t BertBase::Weights::Bytes() const {
   return total;
 }
 
-BertBase::BertBase(BertConfig config, bool bf16_weights)
+BertBase::BertBase(BertConfig config, bool bf16_weights, bool bf16_math)
     : config_(std::move(config)),
       bf16_weights_(bf16_weights),
+      bf16_math_(bf16_math),
       weights_(std::make_unique<Weights>()) {}
 
 BertBase::~BertBase() = default;
@@ -593,7 +594,10 @@ absl::StatusOr<std::shared_ptr<const BertBase>> BertBase::Make(BertConfig config
                                                                const ModelOptions& options,
                                                                const std::string* weights_path) {
   FEDLORA_RETURN_IF_ERROR(config.Validate());
-  std::shared_ptr<BertBase> base(new BertBase(std::move(config), options.bf16_weights));
+  if (options.bf16_math && !options.bf16_weights) {
+    return absl::InvalidArgumentError("ModelOptions.bf16_math needs bf16_weights: bf16 GEMMs read bf16 weights");
+  }
+  std::shared_ptr<BertBase> base(new BertBase(std::move(config), options.bf16_weights, options.bf16_math));
   Weights& w = *base->weights_;
   w.Shape(base->config_);
   if (weights_path != nullptr) {
@@ -605,6 +609,11 @@ absl::StatusOr<std::shared_ptr<const BertBase>> BertBase::Make(BertConfig config
     w.Random(base->config_, options.bf16_weights, options.seed);
     base->weight_seed_ = options.seed;
   }
+  // The encoder's GEMM weights (not the embedding tables, which are gathered, not multiplied).
+  for (LayerWeights& lw : w.layers) {
+    for (FrozenLinear& lin : lw.lin) lin.w.bf16_math = options.bf16_math;
+  }
+  w.pooler.w.bf16_math = options.bf16_math;
   return std::shared_ptr<const BertBase>(std::move(base));
 }
 
@@ -1211,6 +1220,10 @@ absl::StatusOr<std::unique_ptr<BertClassifier>> BertClassifier::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "ModelOptions.bf16_weights is ", options.bf16_weights ? "true" : "false",
         " but the shared base holds its weights as ", base->bf16_weights() ? "bf16" : "fp32"));
+  }
+  if (options.bf16_math != base->bf16_math()) {
+    return absl::InvalidArgumentError(absl::StrCat("ModelOptions.bf16_math is ", options.bf16_math ? "true" : "false",
+                                                   " but the shared base's is ", base->bf16_math() ? "true" : "false"));
   }
   if (base->weight_seed().has_value() && *base->weight_seed() != options.seed) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -90,6 +90,11 @@ struct ModelOptions {
   // A property of the BertBase: BertClassifier::Create refuses a value that differs from its
   // base's.
   bool bf16_weights = false;
+  // Multiply with the frozen matrices in bf16 (each GEMM's activation operand rounded to bf16,
+  // fp32 accumulation: kernels/gemm.h) on CPUs with AVX512_BF16, about twice the fp32 rate;
+  // elsewhere the exact fp32 products run. Needs bf16_weights. LoRA factors, gradients and the
+  // optimizer stay fp32. A property of the BertBase, like bf16_weights.
+  bool bf16_math = false;
   // Dropout probabilities in training mode; unset means the config's hidden_dropout_prob
   // (classifier_dropout for the classifier when the config has one) and
   // attention_probs_dropout_prob.
@@ -115,7 +120,7 @@ enum class Pooling { kMean, kCls };
 // token-type embeddings and their LayerNorm; per layer the six linears and two LayerNorms; BERT's
 // pooler). Immutable after Load/FromRandom return, so one copy can serve many classifiers on many
 // threads (see BertClassifier::Create). Of ModelOptions it reads only bf16_weights (the storage
-// type) and seed (a missing pooler, or FromRandom's weights); the other fields belong to each
+// type), bf16_math and seed (a missing pooler, or FromRandom's weights); the other fields belong to each
 // classifier.
 class BertBase {
  public:
@@ -134,6 +139,9 @@ class BertBase {
   const BertConfig& config() const { return config_; }
   // True when the frozen matrices are held as bf16 (ModelOptions::bf16_weights at creation).
   bool bf16_weights() const { return bf16_weights_; }
+  // True when GEMMs with the frozen matrices may run in bf16 (ModelOptions::bf16_math at
+  // creation); they do where kernels::Bf16MathAvailable().
+  bool bf16_math() const { return bf16_math_; }
   // The seed some of the weights were drawn from (FromRandom; Load of a checkpoint without a
   // pooler), or nullopt when every weight came from the checkpoint.
   const std::optional<uint64_t>& weight_seed() const { return weight_seed_; }
@@ -148,10 +156,11 @@ class BertBase {
   static absl::StatusOr<std::shared_ptr<const BertBase>> Make(BertConfig config,
                                                               const ModelOptions& options,
                                                               const std::string* weights_path);
-  BertBase(BertConfig config, bool bf16_weights);
+  BertBase(BertConfig config, bool bf16_weights, bool bf16_math);
 
   BertConfig config_;
   bool bf16_weights_ = false;
+  bool bf16_math_ = false;
   std::optional<uint64_t> weight_seed_;
   std::unique_ptr<Weights> weights_;
 };
@@ -187,7 +196,7 @@ class BertClassifier {
   // A classifier on a shared base: its own LoRA adapters and head (initialised from options.seed),
   // activation buffers and workspace; the base's weights are read, never copied or written.
   // InvalidArgument when base is null, when an option is invalid for the base's config (as Load),
-  // or when options disagree with the base: bf16_weights differs, or seed differs from the
+  // or when options disagree with the base: bf16_weights or bf16_math differs, or seed differs from the
   // base's weight_seed().
   static absl::StatusOr<std::unique_ptr<BertClassifier>> Create(
       std::shared_ptr<const BertBase> base, const ModelOptions& options);

@@ -116,15 +116,32 @@ absl::Status DecoderBase::Weights::Check(const DecoderConfig& c) const {
   return absl::OkStatus();
 }
 
-DecoderBase::DecoderBase(DecoderConfig config, std::unique_ptr<Weights> weights)
-    : config_(std::move(config)), weights_(std::move(weights)) {}
+DecoderBase::DecoderBase(DecoderConfig config, std::unique_ptr<Weights> weights, bool bf16_math)
+    : config_(std::move(config)), weights_(std::move(weights)), bf16_math_(bf16_math) {}
 DecoderBase::~DecoderBase() = default;
 
 absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(DecoderConfig config,
-                                                                  std::unique_ptr<DecoderBase::Weights> weights) {
+                                                                  std::unique_ptr<DecoderBase::Weights> weights,
+                                                                  bool bf16_math) {
   FEDLORA_RETURN_IF_ERROR(config.Validate());
   FEDLORA_RETURN_IF_ERROR(weights->Check(config));
-  return std::shared_ptr<const DecoderBase>(new DecoderBase(std::move(config), std::move(weights)));
+  if (bf16_math) {
+    // The GEMM weights: every projection and the head (the tied embedding too, which the gather
+    // reads as it is).
+    FrozenMatrix& head = weights->lm_head.empty() ? weights->embed : weights->lm_head;
+    std::vector<FrozenMatrix*> matrices = {&head};
+    for (DecoderLayerWeights& lw : weights->layers) {
+      for (FrozenLinear& lin : lw.proj) matrices.push_back(&lin.w);
+    }
+    for (FrozenMatrix* m : matrices) {
+      if (m->bf16.empty()) {
+        return absl::InvalidArgumentError(
+            "DecoderOptions.bf16_math needs the frozen matrices held as bf16 (weights = WeightStorage::kBF16)");
+      }
+      m->bf16_math = true;
+    }
+  }
+  return std::shared_ptr<const DecoderBase>(new DecoderBase(std::move(config), std::move(weights), bf16_math));
 }
 
 int64_t DecoderBase::weight_bytes() const {
@@ -179,13 +196,16 @@ absl::StatusOr<std::shared_ptr<const DecoderBase>> DecoderBase::FromRandom(const
       if (config.qkv_bias && static_cast<int>(t) <= static_cast<int>(DecoderTarget::kVProj)) lin.bias.assign(out, 0.0f);
     }
   }
-  return MakeDecoderBase(config, std::move(w));
+  return MakeDecoderBase(config, std::move(w), options.bf16_math);
 }
 
 absl::StatusOr<std::shared_ptr<const DecoderBase>> DecoderBase::Load(const std::string& path,
                                                                      const DecoderOptions& options) {
-  if (IsGgufPath(path)) return LoadDecoderGguf(path, options.weights);
-  return LoadDecoderSafetensors(path, options.weights);
+  if (options.bf16_math && options.weights != WeightStorage::kBF16) {
+    return absl::InvalidArgumentError("DecoderOptions.bf16_math needs weights = WeightStorage::kBF16");
+  }
+  if (IsGgufPath(path)) return LoadDecoderGguf(path, options);
+  return LoadDecoderSafetensors(path, options);
 }
 
 // --- CausalLm construction -------------------------------------------------------------------------
@@ -234,6 +254,10 @@ absl::StatusOr<std::unique_ptr<CausalLm>> CausalLm::Create(std::shared_ptr<const
   if (base == nullptr) return absl::InvalidArgumentError("CausalLm::Create: null base");
   const DecoderConfig& c = base->config();
   FEDLORA_RETURN_IF_ERROR(ValidateOptions(c, options));
+  if (options.bf16_math != base->bf16_math()) {
+    return absl::InvalidArgumentError(absl::StrCat("DecoderOptions.bf16_math is ", options.bf16_math ? "true" : "false",
+                                                   " but the shared base's is ", base->bf16_math() ? "true" : "false"));
+  }
   std::unique_ptr<CausalLm> lm(new CausalLm(std::move(base), options));
   const DecoderOptions& o = lm->options_;
   lm->impl_ = std::make_unique<Impl>(c, lm->base_->weights(), o, lm->params_);

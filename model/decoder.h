@@ -74,6 +74,11 @@ struct DecoderOptions {
   int max_batch = 4;
   int max_seq = 256;
   bool recompute_activations = false;
+  // Multiply with the frozen projections and the LM head in bf16 (activation operand rounded to
+  // bf16, fp32 accumulation: kernels/gemm.h) on CPUs with AVX512_BF16; the exact fp32 products
+  // elsewhere. Needs weights == kBF16 (a 4- or 8-bit GGUF base is then widened to bf16). LoRA
+  // factors, gradients and the optimizer stay fp32. A property of the DecoderBase.
+  bool bf16_math = false;
   std::string base_model_name;  // recorded in the PEFT adapter_config.json
 };
 
@@ -81,7 +86,7 @@ struct DecoderOptions {
 class DecoderBase {
  public:
   // `path` is a directory with config.json and model.safetensors (or a sharded
-  // model.safetensors.index.json), or a .gguf file. Reads DecoderOptions::weights only.
+  // model.safetensors.index.json), or a .gguf file. Reads DecoderOptions::weights and bf16_math.
   static absl::StatusOr<std::shared_ptr<const DecoderBase>> Load(const std::string& path,
                                                                  const DecoderOptions& options);
   // Random weights (N(0, 0.02), norms 1, biases 0) from options.seed, for tests and benchmarks.
@@ -96,16 +101,21 @@ class DecoderBase {
   int64_t weight_bytes() const;
   // A short description of the storage, e.g. "Q4_1 x 210, Q8_0 x 1, F32 x 61".
   std::string storage_summary() const;
+  // DecoderOptions::bf16_math at load: GEMMs with the frozen matrices may run in bf16 (they do
+  // where kernels::Bf16MathAvailable()).
+  bool bf16_math() const { return bf16_math_; }
 
   struct Weights;  // model/decoder_weights.h
   const Weights& weights() const { return *weights_; }
 
  private:
   friend absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(DecoderConfig config,
-                                                                           std::unique_ptr<Weights> weights);
-  DecoderBase(DecoderConfig config, std::unique_ptr<Weights> weights);
+                                                                           std::unique_ptr<Weights> weights,
+                                                                           bool bf16_math);
+  DecoderBase(DecoderConfig config, std::unique_ptr<Weights> weights, bool bf16_math);
   DecoderConfig config_;
   std::unique_ptr<Weights> weights_;
+  bool bf16_math_ = false;
 };
 
 // Whether `path` names a decoder checkpoint: a .gguf file, or a directory whose config.json has a

@@ -261,7 +261,8 @@ const char* GgufName(DecoderTarget t) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderSafetensors(const std::string& dir,
-                                                                         WeightStorage storage) {
+                                                                         const DecoderOptions& options) {
+  const WeightStorage storage = options.weights;
   FEDLORA_ASSIGN_OR_RETURN(DecoderConfig c, ReadDecoderConfig(dir + "/config.json"));
   Shards s;
   FEDLORA_RETURN_IF_ERROR(s.Open(dir));
@@ -288,10 +289,12 @@ absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderSafetensors(const 
       if (HasBias(c, t)) FEDLORA_RETURN_IF_ERROR(FillVector(s, p + DecoderTargetPath(t) + ".bias", out, &lin.bias));
     }
   }
-  return MakeDecoderBase(std::move(c), std::move(w));
+  return MakeDecoderBase(std::move(c), std::move(w), options.bf16_math);
 }
 
-absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderGguf(const std::string& path, WeightStorage storage) {
+absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderGguf(const std::string& path,
+                                                                  const DecoderOptions& options) {
+  const WeightStorage storage = options.weights;
   FEDLORA_ASSIGN_OR_RETURN(auto f, GgufFile::Open(path));
   FEDLORA_ASSIGN_OR_RETURN(DecoderConfig c, ConfigFromGguf(*f));
   auto w = std::make_unique<DecoderBase::Weights>();
@@ -320,7 +323,7 @@ absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderGguf(const std::st
       }
     }
   }
-  return MakeDecoderBase(std::move(c), std::move(w));
+  return MakeDecoderBase(std::move(c), std::move(w), options.bf16_math);
 }
 
 bool IsGgufPath(const std::string& path) {

@@ -29,12 +29,15 @@ struct DecoderBase::Weights {
   absl::Status Check(const DecoderConfig& c) const;
 };
 
-// Builds the base once the weights are filled (Check passes).
+// Builds the base once the weights are filled (Check passes); bf16_math (DecoderOptions) marks the
+// projections and the head, which must then be held as bf16.
 absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(DecoderConfig config,
-                                                                  std::unique_ptr<DecoderBase::Weights> weights);
-// The loaders (model/decoder_load.cc).
+                                                                  std::unique_ptr<DecoderBase::Weights> weights,
+                                                                  bool bf16_math);
+// The loaders (model/decoder_load.cc): DecoderOptions::weights and bf16_math.
 absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderSafetensors(const std::string& dir,
-                                                                         WeightStorage storage);
-absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderGguf(const std::string& path, WeightStorage storage);
+                                                                         const DecoderOptions& options);
+absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderGguf(const std::string& path,
+                                                                  const DecoderOptions& options);
 
 }  // namespace fedlora

@@ -10,7 +10,7 @@ namespace fedlora {
 
 kernels::WeightPtr FrozenMatrix::ptr() const {
   if (!quant.empty()) return kernels::WeightPtr::Quant(quant.data(), quant_type);
-  if (!bf16.empty()) return kernels::WeightPtr::BF16(bf16.data());
+  if (!bf16.empty()) return kernels::WeightPtr::BF16(bf16.data()).WithBf16Math(bf16_math);
   return kernels::WeightPtr::F32(f32.data());
 }
 

@@ -33,6 +33,8 @@ struct FrozenMatrix {
   std::vector<uint16_t> bf16;
   std::vector<uint8_t> quant;  // rows of ggml blocks of quant_type
   GgmlType quant_type = GgmlType::kF32;
+  // bf16 storage only: GEMMs with this matrix may multiply in bf16 (kernels::WeightPtr::bf16_math).
+  bool bf16_math = false;
 
   kernels::WeightPtr ptr() const;
   int64_t bytes() const;

@@ -1,12 +1,13 @@
 // Helper for bert_reference_test.py: runs the C++ model on a checkpoint and writes what it
 // computed to a safetensors file, for comparison with the independent PyTorch implementation.
 //
-//   bert_reference_dump grad  CKPT_DIR OUT.safetensors [--bf16]
+//   bert_reference_dump grad  CKPT_DIR OUT.safetensors [--bf16 | --bf16-math]
 //       BERT or RoBERTa (from its config.json). LoRA on all six targets (r 4, alpha 8), dropout
 //       off, B matrices set to nonzero values (PEFT's zero init would make every A gradient zero
 //       and hide errors), one ForwardBackward on a fixed padded batch. Writes the batch (input_ids,
 //       token_type_ids, attention_mask, labels, I32), logits, loss, mean_pooled, and "value/NAME"
-//       and "grad/NAME" for every trainable param.
+//       and "grad/NAME" for every trainable param. --bf16 holds the base as bf16; --bf16-math also
+//       multiplies in bf16, and writes bf16_math_active (1 where the CPU has bf16 dot products).
 //   bert_reference_dump embed MODEL_DIR OUT.safetensors ID,ID,...
 //       One unpadded sequence; writes mean_pooled and cls (the last hidden state's [CLS] row).
 #include <cmath>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "core/safetensors.h"
 #include "core/status.h"
+#include "kernels/gemm.h"
 #include "model/bert.h"
 
 namespace fedlora {
@@ -45,7 +47,7 @@ struct Out {
   }
 };
 
-absl::Status Grad(const std::string& dir, const std::string& out_path, bool bf16) {
+absl::Status Grad(const std::string& dir, const std::string& out_path, bool bf16, bool bf16_math) {
   ModelOptions o;
   o.num_labels = 3;
   o.lora.rank = 4;
@@ -53,7 +55,8 @@ absl::Status Grad(const std::string& dir, const std::string& out_path, bool bf16
   o.lora.target_modules = {"query", "key", "value", "attn_out", "intermediate", "output"};
   o.hidden_dropout = 0.0f;
   o.attention_dropout = 0.0f;
-  o.bf16_weights = bf16;
+  o.bf16_weights = bf16 || bf16_math;
+  o.bf16_math = bf16_math;
   o.seed = 7;
   o.max_batch = 4;
   o.max_seq = 16;
@@ -95,6 +98,8 @@ absl::Status Grad(const std::string& dir, const std::string& out_path, bool bf16
   out.Add("loss", {1}, std::vector<float>{loss}, DType::kF32);
   out.Add("mean_pooled", {b, model->config().hidden_size}, pooled, DType::kF32);
   out.Add("lora_scaling", {1}, std::vector<float>{o.lora.alpha / o.lora.rank}, DType::kF32);
+  const int32_t active = bf16_math && kernels::Bf16MathAvailable() ? 1 : 0;
+  out.Add("bf16_math_active", {1}, std::vector<int32_t>{active}, DType::kI32);
   for (const Param& p : model->trainable_params()) {
     out.Add("value/" + p.name, p.shape, p.value, DType::kF32);
     out.Add("grad/" + p.name, p.shape, p.grad, DType::kF32);
@@ -131,12 +136,13 @@ absl::Status Embed(const std::string& dir, const std::string& out_path,
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   absl::Status status;
-  if (mode == "grad" && (argc == 4 || argc == 5)) {
-    status = fedlora::Grad(argv[2], argv[3], argc == 5 && std::string(argv[4]) == "--bf16");
+  const std::string flag = argc == 5 ? argv[4] : "";
+  if (mode == "grad" && (argc == 4 || flag == "--bf16" || flag == "--bf16-math")) {
+    status = fedlora::Grad(argv[2], argv[3], flag == "--bf16", flag == "--bf16-math");
   } else if (mode == "embed" && argc == 5) {
     status = fedlora::Embed(argv[2], argv[3], argv[4]);
   } else {
-    std::fprintf(stderr, "usage: %s grad CKPT OUT [--bf16] | embed MODEL OUT IDS\n", argv[0]);
+    std::fprintf(stderr, "usage: %s grad CKPT OUT [--bf16 | --bf16-math] | embed MODEL OUT IDS\n", argv[0]);
     return 2;
   }
   if (!status.ok()) {

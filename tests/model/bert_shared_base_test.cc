@@ -295,6 +295,16 @@ TEST(SharedBaseTest, CreateRefusesOptionsThatDisagreeWithTheBase) {
     auto bf16_base = BertBase::Load(with_pooler, bf16);
     ASSERT_TRUE(bf16_base.ok());
     expect_invalid(BertClassifier::Create(*bf16_base, o).status(), "bf16_weights");
+    ModelOptions math = bf16;
+    math.bf16_math = true;
+    expect_invalid(BertClassifier::Create(*bf16_base, math).status(), "bf16_math");
+    auto math_base = BertBase::Load(with_pooler, math);
+    ASSERT_TRUE(math_base.ok()) << math_base.status();
+    EXPECT_TRUE((*math_base)->bf16_math());
+    expect_invalid(BertClassifier::Create(*math_base, bf16).status(), "bf16_math");
+    ModelOptions math_without_bf16 = o;
+    math_without_bf16.bf16_math = true;
+    expect_invalid(BertBase::Load(with_pooler, math_without_bf16).status(), "bf16_math needs bf16_weights");
   }
   {
     // The pooler of this checkpoint was drawn from o.seed; another seed would be another model.

@@ -4,12 +4,14 @@
 // quantized base.
 #include "model/decoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/gemm.h"
 #include "model/decoder_config.h"
 
 namespace fedlora {
@@ -221,6 +223,53 @@ TEST(DecoderBase, Bf16HalvesTheWeights) {
   ASSERT_TRUE(f32.ok() && bf16.ok());
   const int64_t norms = (2 * 2 + 1) * 32 * 4;  // fp32 in both
   EXPECT_EQ((*bf16)->weight_bytes() - norms, ((*f32)->weight_bytes() - norms) / 2);
+}
+
+// bf16 math rounds the activations that meet a frozen matrix to bf16: the loss and gradients stay
+// within bf16 rounding of fp32 math on the same bf16 weights, and where the CPU has bf16 dot
+// products they differ from it (the bf16 path ran).
+TEST(CausalLm, Bf16MathStaysWithinBf16RoundingOfFp32Math) {
+  DecoderOptions o = Opts();
+  o.weights = WeightStorage::kBF16;
+  auto exact = Make(o);
+  o.bf16_math = true;
+  auto bf16 = Make(o);
+  ASSERT_TRUE(exact && bf16);
+  EXPECT_TRUE(bf16->base()->bf16_math());
+  const CausalLm::Batch b = TwoRows();
+  auto l0 = exact->ForwardBackward(b, 0);
+  auto l1 = bf16->ForwardBackward(b, 0);
+  ASSERT_TRUE(l0.ok() && l1.ok()) << l0.status() << l1.status();
+  EXPECT_NEAR(*l1, *l0, 2e-2 * std::abs(*l0));
+  double diff = 0.0, scale = 0.0;
+  for (size_t i = 0; i < exact->trainable_params().size(); ++i) {
+    const Param& p0 = exact->trainable_params()[i];
+    const Param& p1 = bf16->trainable_params()[i];
+    for (size_t j = 0; j < p0.grad.size(); ++j) {
+      diff = std::max(diff, static_cast<double>(std::abs(p1.grad[j] - p0.grad[j])));
+      scale = std::max(scale, static_cast<double>(std::abs(p0.grad[j])));
+    }
+  }
+  EXPECT_GT(scale, 0.0);
+  EXPECT_LE(diff, 2e-2 * scale);
+  if (kernels::Bf16MathAvailable()) {
+    EXPECT_GT(diff, 1e-6 * scale) << "bf16 math gave fp32 math's gradients: the bf16 path did not run";
+  }
+}
+
+TEST(CausalLm, Bf16MathNeedsBf16Weights) {
+  DecoderOptions o = Opts();
+  o.bf16_math = true;
+  o.weights = WeightStorage::kF32;
+  auto base = DecoderBase::FromRandom(Tiny(), o);
+  EXPECT_EQ(base.status().code(), absl::StatusCode::kInvalidArgument) << base.status();
+  o.weights = WeightStorage::kBF16;
+  auto math = DecoderBase::FromRandom(Tiny(), o);
+  ASSERT_TRUE(math.ok()) << math.status();
+  o.bf16_math = false;
+  const absl::Status st = CausalLm::Create(*math, o).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(std::string(st.message()).find("bf16_math"), std::string::npos) << st;
 }
 
 }  // namespace
