@@ -182,6 +182,9 @@ void ValidateModel(Problems& p, const v1::ModelConfig& m) {
     p.Bad("model.sha256", Quoted(m.sha256()), "must be 64 lowercase hex characters");
   }
   p.Range<uint32_t>("model.max_seq_len", m.max_seq_len(), 1, 1u << 20);
+  if (!v1::ModelConfig::Precision_IsValid(m.precision())) {
+    p.Bad("model.precision", m.precision(), "is not a known precision (FP32, BF16)");
+  }
 }
 
 void ValidateLora(Problems& p, const v1::LoraConfig& l) {

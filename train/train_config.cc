@@ -101,6 +101,7 @@ ModelOptions ModelOptionsFromConfig(const v1::RunConfig& config, int max_seq_len
   o.max_batch = MaxBatchFor(config, role);
   o.max_seq = max_seq_len;
   o.base_model_name = BaseModelName(config.model());
+  o.bf16_weights = o.bf16_math = config.model().precision() == v1::ModelConfig::BF16;
   return o;
 }
 
@@ -111,6 +112,10 @@ DecoderOptions DecoderOptionsFromConfig(const v1::RunConfig& config, int max_seq
   o.max_batch = MaxBatchFor(config, ModelRole::kTrain);
   o.max_seq = max_seq_len;
   o.base_model_name = BaseModelName(config.model());
+  if (config.model().precision() == v1::ModelConfig::BF16) {
+    o.weights = WeightStorage::kBF16;
+    o.bf16_math = true;
+  }
   return o;
 }
 

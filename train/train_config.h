@@ -48,8 +48,8 @@ enum class ModelRole {
 // minimum), LoRA rank / alpha / dropout / target modules (config.proto's defaults 8, 16, 0,
 // ["query", "value"] when unset), seed, base_model_name (model.id, else model.path), max_batch
 // by `role`, and max_seq = `max_seq_len`: the tokens per example after clamping to the
-// checkpoint's position table (BertClassifier::Load refuses a longer max_seq). bf16 weights and
-// dropout overrides are left at ModelOptions' defaults.
+// checkpoint's position table (BertClassifier::Load refuses a longer max_seq), and bf16_weights
+// with bf16_math when model.precision is BF16. Dropout overrides are left at ModelOptions' defaults.
 ModelOptions ModelOptionsFromConfig(const v1::RunConfig& config, int max_seq_len, ModelRole role);
 
 // The CausalLm options of a CAUSAL_LM run: LoRA as ModelOptionsFromConfig (all seven projections
@@ -57,7 +57,7 @@ ModelOptions ModelOptionsFromConfig(const v1::RunConfig& config, int max_seq_len
 // to the checkpoint's context), and max_batch = training.batch_size whatever the model's role: a
 // decoder's activations are planned for max_batch x max_seq tokens, so its evaluation runs in
 // batches of at most the training batch (LmEvalBatchSize) rather than planning a second, larger
-// buffer. The base stays as stored.
+// buffer. The base stays as stored, or with model.precision BF16 is held as bf16 with bf16_math.
 DecoderOptions DecoderOptionsFromConfig(const v1::RunConfig& config, int max_seq_len);
 // `configured` tokens per conversation, at most the decoder checkpoint's context length.
 absl::StatusOr<int> DecoderMaxSeqLen(const std::string& path, int configured);

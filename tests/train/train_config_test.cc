@@ -171,6 +171,30 @@ TEST(ModelOptionsFromConfigTest, FewerThanTwoLabelsStillPlansABinaryHead) {
   EXPECT_EQ(ModelOptionsFromConfig(c, 16, ModelRole::kTrain).num_labels, 2);
 }
 
+// model.precision: BF16 holds the base as bf16 and multiplies in bf16 (encoders and decoders);
+// FP32 and unset keep fp32 weights and exact products.
+TEST(ModelOptionsFromConfigTest, PrecisionBf16HoldsAndMultipliesTheBaseInBf16) {
+  v1::RunConfig c;
+  c.mutable_task()->add_labels("a");
+  c.mutable_task()->add_labels("b");
+  for (auto p : {v1::ModelConfig::PRECISION_UNSPECIFIED, v1::ModelConfig::FP32}) {
+    c.mutable_model()->set_precision(p);
+    const ModelOptions o = ModelOptionsFromConfig(c, 16, ModelRole::kTrain);
+    EXPECT_FALSE(o.bf16_weights);
+    EXPECT_FALSE(o.bf16_math);
+    const DecoderOptions d = DecoderOptionsFromConfig(c, 16);
+    EXPECT_EQ(d.weights, WeightStorage::kAsStored);
+    EXPECT_FALSE(d.bf16_math);
+  }
+  c.mutable_model()->set_precision(v1::ModelConfig::BF16);
+  const ModelOptions o = ModelOptionsFromConfig(c, 16, ModelRole::kTrain);
+  EXPECT_TRUE(o.bf16_weights);
+  EXPECT_TRUE(o.bf16_math);
+  const DecoderOptions d = DecoderOptionsFromConfig(c, 16);
+  EXPECT_EQ(d.weights, WeightStorage::kBF16);
+  EXPECT_TRUE(d.bf16_math);
+}
+
 TEST(DatasetOptionsFromConfigTest, FieldNamesAndLabelsComeFromTheTask) {
   v1::TaskConfig task;
   DatasetOptions d = DatasetOptionsFromConfig(task);  // nothing set: the documented defaults
