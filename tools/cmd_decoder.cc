@@ -15,6 +15,7 @@
 #include "core/file.h"
 #include "core/status.h"
 #include "kernels/context.h"
+#include "kernels/gemm.h"
 #include "model/decoder.h"
 #include "model/decoder_tokenizer.h"
 #include "model/peft.h"
@@ -65,7 +66,8 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
   options.lora.alpha = f.alpha;
   options.lora.dropout = f.lora_dropout;
   if (!f.targets.empty()) options.lora.target_modules = SplitList(f.targets);
-  options.weights = f.bf16 ? WeightStorage::kBF16 : WeightStorage::kAsStored;
+  options.weights = f.bf16 || f.bf16_math ? WeightStorage::kBF16 : WeightStorage::kAsStored;
+  options.bf16_math = f.bf16_math;
   options.seed = f.train.seed;
   // Evaluation runs in batches of at most the training batch: a decoder's activations are
   // planned for max_batch x max_seq tokens, and a second, larger plan would only cost memory.
@@ -121,7 +123,9 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
   metrics["options"]["alpha"] = f.alpha;
   metrics["options"]["lora_dropout"] = f.lora_dropout;
   metrics["options"]["targets"] = lm->options().lora.target_modules;
-  metrics["options"]["bf16"] = f.bf16;
+  metrics["options"]["bf16"] = f.bf16 || f.bf16_math;
+  metrics["options"]["bf16_math"] = f.bf16_math;
+  metrics["options"]["bf16_math_active"] = f.bf16_math && kernels::Bf16MathAvailable();
   metrics["options"]["chat_template"] = std::string(tok.chat->name());
   metrics["options"]["system"] = f.data.system;
   metrics["options"]["threads"] = kernels::NumThreads();
@@ -157,7 +161,8 @@ absl::Status EvalDecoder(const DecoderEvalFlags& f) {
   if (!f.adapter.empty()) {
     FEDLORA_ASSIGN_OR_RETURN(options.lora, ReadPeftLoraOptions(f.adapter));
   }
-  options.weights = f.bf16 ? WeightStorage::kBF16 : WeightStorage::kAsStored;
+  options.weights = f.bf16 || f.bf16_math ? WeightStorage::kBF16 : WeightStorage::kAsStored;
+  options.bf16_math = f.bf16_math;
   options.max_batch = f.batch_size;
   options.max_seq = f.max_seq_len;
   options.base_model_name = f.model;

@@ -33,6 +33,7 @@ struct EvalFlags {
   int max_seq_len = 128;
   int threads = 0;
   bool bf16 = false;
+  bool bf16_math = false;  // implies bf16
 };
 
 // The model options an adapter directory implies.
@@ -86,7 +87,8 @@ absl::Status Eval(EvalFlags f) {
                         .batch_size = f.batch_size,
                         .max_seq_len = f.max_seq_len,
                         .threads = f.threads,
-                        .bf16 = f.bf16});
+                        .bf16 = f.bf16,
+                        .bf16_math = f.bf16_math});
   }
   if (f.adapter_dir.empty()) {
     return absl::InvalidArgumentError("--adapter is required for an encoder (its classifier)");
@@ -118,7 +120,8 @@ absl::Status Eval(EvalFlags f) {
                                                    " labels but the adapter's classifier has ",
                                                    options.num_labels));
   }
-  options.bf16_weights = f.bf16;
+  options.bf16_weights = f.bf16 || f.bf16_math;
+  options.bf16_math = f.bf16_math;
   options.max_batch = f.batch_size;
   options.max_seq = f.max_seq_len;
   options.base_model_name = f.model_dir;
@@ -157,6 +160,8 @@ int RunEval(int argc, char** argv) {
                "tokens per example (decoders: the rendered conversation); longer texts are cut");
   flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
   flags.AddBool("bf16", &f.bf16, "hold the frozen base weights in bf16");
+  flags.AddBool("bf16-math", &f.bf16_math,
+                "also multiply with them in bf16 where the CPU has AVX512_BF16 (implies --bf16)");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
   if (!flags.positional().empty())
     return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");

@@ -20,6 +20,7 @@
 #include "core/file.h"
 #include "core/status.h"
 #include "kernels/context.h"
+#include "kernels/gemm.h"
 #include "model/bert.h"
 #include "model/decoder.h"
 #include "model/peft.h"
@@ -39,6 +40,7 @@ struct TrainFlags {
   std::string targets;  // "": the family's default (query,value; all seven decoder projections)
   int threads = 0;
   bool bf16 = false;
+  bool bf16_math = false;  // implies bf16
   bool recompute = false;
   DecoderDataFlags data;
 };
@@ -66,6 +68,7 @@ absl::Status Train(TrainFlags f) {
                          .targets = f.targets,
                          .threads = f.threads,
                          .bf16 = f.bf16,
+                         .bf16_math = f.bf16_math,
                          .recompute = f.recompute});
   }
   if (f.data.exact_match || f.recompute || !f.data.chat_template.empty() || !f.data.system.empty()) {
@@ -106,7 +109,8 @@ absl::Status Train(TrainFlags f) {
   options.lora.alpha = f.alpha;
   options.lora.dropout = f.lora_dropout;
   options.lora.target_modules = SplitList(f.targets);
-  options.bf16_weights = f.bf16;
+  options.bf16_weights = f.bf16 || f.bf16_math;
+  options.bf16_math = f.bf16_math;
   options.seed = f.train.seed;
   options.max_batch = std::max(f.train.batch_size, f.train.eval_batch_size);
   options.max_seq = f.train.max_seq_len;
@@ -153,7 +157,9 @@ absl::Status Train(TrainFlags f) {
   metrics["options"]["alpha"] = f.alpha;
   metrics["options"]["lora_dropout"] = f.lora_dropout;
   metrics["options"]["targets"] = SplitList(f.targets);
-  metrics["options"]["bf16"] = f.bf16;
+  metrics["options"]["bf16"] = f.bf16 || f.bf16_math;
+  metrics["options"]["bf16_math"] = f.bf16_math;
+  metrics["options"]["bf16_math_active"] = f.bf16_math && kernels::Bf16MathAvailable();
   metrics["options"]["threads"] = kernels::NumThreads();
   nlohmann::json epochs = nlohmann::json::array();
   for (const EpochReport& r : trainer.history()) {
@@ -223,6 +229,9 @@ int RunTrain(int argc, char** argv) {
   flags.AddUint("seed", &f.train.seed, "seed for initialisation, shuffling and dropout");
   flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
   flags.AddBool("bf16", &f.bf16, "hold the frozen base weights in bf16 (half the memory)");
+  flags.AddBool("bf16-math", &f.bf16_math,
+                "also multiply with them in bf16, fp32 accumulation, where the CPU has AVX512_BF16 "
+                "(implies --bf16)");
   flags.AddBool("group-by-length", &f.train.group_by_length,
                 "batch examples of similar length together (less padding, faster epochs)");
   flags.AddBool("progress", &f.train.progress, "show per-epoch progress on stderr");

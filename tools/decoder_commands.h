@@ -28,6 +28,7 @@ struct DecoderTrainFlags {
   std::string targets;  // "" : all seven projections
   int threads = 0;
   bool bf16 = false;
+  bool bf16_math = false;  // implies bf16
   bool recompute = false;
 };
 absl::Status TrainDecoder(DecoderTrainFlags f);
@@ -39,6 +40,7 @@ struct DecoderEvalFlags {
   int max_seq_len = 128;
   int threads = 0;
   bool bf16 = false;
+  bool bf16_math = false;  // implies bf16
 };
 absl::Status EvalDecoder(const DecoderEvalFlags& f);
 

@@ -2,11 +2,12 @@
 // geometry, and greedy generation, timed. The C++ half of bench/train/bench_decoder_step.sh,
 // which runs it and the PyTorch half (scripts/bench_decoder_step.py) on the same model and batch.
 //
-//   decoder_step_bench --model FILE.gguf --batch BATCH.safetensors [--weights q4|f32]
+//   decoder_step_bench --model FILE.gguf --batch BATCH.safetensors [--weights q4|f32|bf16] [--math fp32|bf16]
 //                      [--threads N] [--steps 3] [--warmup 1] [--rank 8] [--recompute]
 //                      [--generate 64]
 //
-// --weights q4 keeps the GGUF's Q4_1 / Q8_0 blocks (the 4-bit base); f32 widens them. LoRA r8 on
+// --weights q4 keeps the GGUF's Q4_1 / Q8_0 blocks (the 4-bit base); f32 and bf16 widen them.
+// --math bf16 multiplies with the base in bf16 (DecoderOptions::bf16_math; bf16 weights). LoRA r8 on
 // all seven projections, dropout off, lr 1e-4. Prints one JSON line: the first step's loss, the
 // median and min step time, generation tokens/s (prompt: the batch's first 32 tokens) and the
 // peak RSS of this process (VmHWM: this program's own, not a parent's before exec).
@@ -24,6 +25,7 @@
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "kernels/context.h"
+#include "kernels/gemm.h"
 #include "model/decoder.h"
 #include "tools/flags.h"
 #include "train/optim.h"
@@ -35,8 +37,8 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-absl::Status Run(const std::string& model_path, const std::string& batch_path, const std::string& weights, int threads,
-                 int steps, int warmup, int rank, bool recompute, int generate) {
+absl::Status Run(const std::string& model_path, const std::string& batch_path, const std::string& weights,
+                 bool bf16_math, int threads, int steps, int warmup, int rank, bool recompute, int generate) {
   kernels::SetNumThreads(threads);
   FEDLORA_ASSIGN_OR_RETURN(auto bf, SafetensorsFile::Open(batch_path));
   FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor ids, bf->Get("input_ids"));
@@ -50,7 +52,8 @@ absl::Status Run(const std::string& model_path, const std::string& batch_path, c
   DecoderOptions o;
   o.lora.rank = rank;
   o.lora.alpha = 2.0f * rank;
-  o.weights = weights == "q4" ? WeightStorage::kAsStored : WeightStorage::kF32;
+  o.weights = weights == "q4" ? WeightStorage::kAsStored : weights == "bf16" ? WeightStorage::kBF16 : WeightStorage::kF32;
+  o.bf16_math = bf16_math;
   o.max_batch = batch.batch_size;
   o.max_seq = batch.seq_len;
   o.recompute_activations = recompute;
@@ -94,10 +97,13 @@ absl::Status Run(const std::string& model_path, const std::string& batch_path, c
     gen_tps = static_cast<double>(out.size()) / Seconds(t0, Clock::now());
   }
   std::cout << absl::StrFormat(
-                   "{\"engine\":\"fedlora\",\"weights\":\"%s\",\"recompute\":%s,\"threads\":%d,\"load_s\":%.2f,"
+                   "{\"engine\":\"fedlora\",\"weights\":\"%s\",\"math\":\"%s\",\"bf16_math_active\":%s,"
+                   "\"recompute\":%s,\"threads\":%d,\"load_s\":%.2f,"
                    "\"first_loss\":%.6g,\"step_s_median\":%.4f,\"step_s_min\":%.4f,\"steps\":%d,"
                    "\"gen_tokens_per_s\":%.2f,\"weight_mb\":%.1f,\"peak_rss_mb\":%.1f}",
-                   weights, recompute ? "true" : "false", threads, load_s, first_loss, times[times.size() / 2],
+                   weights, bf16_math ? "bf16" : "fp32",
+                   bf16_math && kernels::Bf16MathAvailable() ? "true" : "false", recompute ? "true" : "false",
+                   threads, load_s, first_loss, times[times.size() / 2],
                    times.front(), steps, gen_tps, lm->base()->weight_bytes() / 1048576.0,
                    PeakResidentKib() / 1024.0)
             << std::endl;
@@ -108,13 +114,14 @@ absl::Status Run(const std::string& model_path, const std::string& batch_path, c
 }  // namespace fedlora
 
 int main(int argc, char** argv) {
-  std::string model, batch, weights = "q4";
+  std::string model, batch, weights, math = "fp32";
   int threads = 2, steps = 3, warmup = 1, rank = 8, generate = 64;
   bool recompute = false;
   fedlora::tools::FlagSet flags("decoder_step_bench", "Times one decoder LoRA training step and generation.");
   flags.AddString("model", &model, "SmolLM2 .gguf file", true);
   flags.AddString("batch", &batch, "safetensors with input_ids I32 [B, S]", true);
-  flags.AddString("weights", &weights, "q4 (as stored) or f32");
+  flags.AddString("weights", &weights, "q4 (as stored), f32 or bf16 (default q4; bf16 with --math bf16)");
+  flags.AddString("math", &math, "fp32, or bf16: GEMMs with the base in bf16 (needs bf16 weights)");
   flags.AddInt("threads", &threads, "CPU threads");
   flags.AddInt("steps", &steps, "timed steps");
   flags.AddInt("warmup", &warmup, "untimed steps after the first");
@@ -125,11 +132,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(), flags.Help().c_str());
     return 2;
   }
-  if ((weights != "q4" && weights != "f32") || steps < 1) {
-    std::fprintf(stderr, "--weights q4|f32, --steps >= 1\n");
+  if (weights.empty()) weights = math == "bf16" ? "bf16" : "q4";
+  if ((weights != "q4" && weights != "f32" && weights != "bf16") || (math != "fp32" && math != "bf16") ||
+      (math == "bf16" && weights != "bf16") || steps < 1) {
+    std::fprintf(stderr, "--weights q4|f32|bf16, --math fp32|bf16 (bf16 math needs bf16 weights), --steps >= 1\n");
     return 2;
   }
-  const absl::Status st = fedlora::Run(model, batch, weights, threads, steps, warmup, rank, recompute, generate);
+  const absl::Status st =
+      fedlora::Run(model, batch, weights, math == "bf16", threads, steps, warmup, rank, recompute, generate);
   if (!st.ok()) {
     std::fprintf(stderr, "decoder_step_bench: %s\n", std::string(st.message()).c_str());
     return 1;

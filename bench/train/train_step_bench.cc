@@ -4,12 +4,14 @@
 // same batch.
 //
 //   train_step_bench --model DIR --init DIR/init.safetensors --batch DIR/batch.safetensors
-//                    [--threads N] [--steps 5] [--warmup 2] [--rank 8] [--alpha 16]
+//                    [--threads N] [--steps 5] [--warmup 2] [--rank 8] [--alpha 16] [--math fp32|bf16]
 //
 // Prints one JSON line: the loss and pre-clip gradient norm of the first step (for validation
 // against PyTorch), the median / min step time over --steps timed steps after --warmup untimed
 // ones, the OpenBLAS sgemm rate at the FFN shape of this geometry (same threads, same run), and
-// the peak RSS of this process.
+// the peak RSS of this process. --math bf16 holds the base in bf16 and multiplies with it in bf16
+// (ModelOptions::bf16_math); the JSON then also carries the rate of that bf16 GEMM at the FFN shape
+// through kernels::Gemm (bf16_gemm_gflops), and whether the CPU ran it in bf16 (bf16_math_active).
 //
 // Dropout is off (p = 0) so that both engines compute the same function and the losses can be
 // compared; dropout's cost is a few elementwise passes, small next to the GEMMs.
@@ -28,7 +30,9 @@
 #include "core/process_memory.h"
 #include "core/safetensors.h"
 #include "core/status.h"
+#include "core/tensor.h"
 #include "kernels/context.h"
+#include "kernels/gemm.h"
 #include "model/bert.h"
 #include "tools/flags.h"
 #include "train/optim.h"
@@ -69,8 +73,31 @@ double SgemmGflops(int m, int n, int k, int repeats) {
   return 2.0 * m * n * k / times[times.size() / 2] / 1e9;
 }
 
+// Median GFLOP/s of the same product through kernels::Gemm with a bf16 W and bf16 math (the
+// ceiling of a bf16-math step), or -1 when the product fails.
+double Bf16GemmGflops(int m, int n, int k, int repeats) {
+  std::vector<float> a(static_cast<size_t>(m) * k, 0.5f), c(static_cast<size_t>(m) * n);
+  std::vector<uint16_t> w(static_cast<size_t>(n) * k, F32ToBF16(0.25f));
+  kernels::GemmArgs g{.trans_b = true, .m = m, .n = n, .k = k, .a = a.data(), .b_bf16 = w.data(), .c = c.data(),
+                      .bf16_math = true};
+  std::vector<float> ws(kernels::GemmWorkspaceBytes(g) / sizeof(float) + 1);
+  g.workspace = ws.data();
+  g.workspace_bytes = ws.size() * sizeof(float);
+  const kernels::ExecContext ctx;
+  if (!kernels::Gemm(ctx, g).ok()) return -1.0;
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = Clock::now();
+    if (!kernels::Gemm(ctx, g).ok()) return -1.0;
+    times.push_back(Seconds(t0, Clock::now()));
+  }
+  std::sort(times.begin(), times.end());
+  if (c[0] != 0.125f * k || c.back() != 0.125f * k) return -1.0;  // exact in bf16 too
+  return 2.0 * m * n * k / times[times.size() / 2] / 1e9;
+}
+
 absl::Status Run(int argc, char** argv) {
-  std::string model_dir, init_path, batch_path;
+  std::string model_dir, init_path, batch_path, math = "fp32";
   int threads = 0, steps = 5, warmup = 2, rank = 8;
   float alpha = 16.0f;
   tools::FlagSet flags("train_step_bench", "Times one LoRA training step of the C++ engine.");
@@ -85,12 +112,15 @@ absl::Status Run(int argc, char** argv) {
   flags.AddInt("warmup", &warmup, "untimed steps before timing");
   flags.AddInt("rank", &rank, "LoRA rank");
   flags.AddFloat("alpha", &alpha, "LoRA alpha");
+  flags.AddString("math", &math, "fp32, or bf16: the base held and multiplied in bf16");
   FEDLORA_RETURN_IF_ERROR(flags.Parse(argc, argv));
   if (flags.help_requested()) {
     std::cout << flags.Help();
     return absl::OkStatus();
   }
   if (steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
+  if (math != "fp32" && math != "bf16") return absl::InvalidArgumentError("--math must be fp32 or bf16");
+  const bool bf16_math = math == "bf16";
   kernels::SetNumThreads(threads);
 
   FEDLORA_ASSIGN_OR_RETURN(auto batch_file, SafetensorsFile::Open(batch_path));
@@ -111,6 +141,7 @@ absl::Status Run(int argc, char** argv) {
   opts.attention_dropout = 0.0f;
   opts.max_batch = batch.batch_size;
   opts.max_seq = batch.seq_len;
+  opts.bf16_weights = opts.bf16_math = bf16_math;
   const auto load_start = Clock::now();
   FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(model_dir, opts));
   const double load_s = Seconds(load_start, Clock::now());
@@ -156,16 +187,21 @@ absl::Status Run(int argc, char** argv) {
   const double sgemm =
       SgemmGflops(batch.batch_size * batch.seq_len, static_cast<int>(cfg.intermediate_size),
                   static_cast<int>(cfg.hidden_size), 5);
+  const double bf16_gemm =
+      bf16_math ? Bf16GemmGflops(batch.batch_size * batch.seq_len, static_cast<int>(cfg.intermediate_size),
+                                 static_cast<int>(cfg.hidden_size), 5)
+                : -1.0;
   const double rss_after = ResidentKib() / 1024.0;
   std::cout
       << absl::StrFormat(
-             "{\"engine\":\"fedlora\",\"threads\":%d,\"load_s\":%.3f,\"first_loss\":%.9g,"
+             "{\"engine\":\"fedlora\",\"math\":\"%s\",\"bf16_math_active\":%s,\"threads\":%d,"
+             "\"load_s\":%.3f,\"first_loss\":%.9g,"
              "\"first_grad_norm\":%.9g,\"trainable_params\":%d,\"step_median_s\":%.6f,"
              "\"step_min_s\":%.6f,\"steps\":%d,\"sgemm_gflops\":%.2f,\"sgemm_shape\":[%d,%d,%d],"
-             "\"rss_after_mb\":%.1f,\"peak_rss_mb\":%.1f}",
-             kernels::NumThreads(), load_s, first_loss, first_norm, trainable,
+             "\"bf16_gemm_gflops\":%.2f,\"rss_after_mb\":%.1f,\"peak_rss_mb\":%.1f}",
+             math, bf16_math && kernels::Bf16MathAvailable() ? "true" : "false", kernels::NumThreads(), load_s, first_loss, first_norm, trainable,
              times[times.size() / 2], times.front(), steps, sgemm, batch.batch_size * batch.seq_len,
-             cfg.intermediate_size, cfg.hidden_size, rss_after, PeakResidentKib() / 1024.0)
+             cfg.intermediate_size, cfg.hidden_size, bf16_gemm, rss_after, PeakResidentKib() / 1024.0)
       << std::endl;
   return absl::OkStatus();
 }
