@@ -254,6 +254,8 @@ def run_geometry(args, geo):
             for engine, mode in (configs if rep % 2 == 0 else configs[::-1]):
                 cmd = fedlora_cmd(args, geo, d, mode) if engine == "fedlora" else hf_cmd(args, geo, d, mode)
                 r = run_child(cmd, args.threads)
+                if "step_s_median" in r:  # decoder_step_bench's name for it
+                    r["step_median_s"] = r["step_s_median"]
                 runs[(engine, mode)].append(r)
                 print(f"[{geo}] rep {rep} {engine} {mode}: step {r['step_median_s'] * 1e3:.0f} ms, "
                       f"first loss {r['first_loss']:.6f}, grad norm {r['first_grad_norm']:.6f}, "
