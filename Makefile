@@ -1,14 +1,16 @@
 # fedlora's two commands (see README.md):
 #   make run    set up, build, and run the main job
 #   make test   set up, build, and run every test
-# Other targets: setup, build, asan (unit tests under ASan+UBSan), bench, fuzz (each libFuzzer
-# harness for minutes; fuzz-ci: seconds), chaos (the SIGKILL chaos run, long), load (the load test),
-# deploy-test (the Kubernetes manifests' validation, the container images, the compose federation
-# and the coordinator's pod, each server killed once mid-run: docs/deploy.md).
+# Other targets: setup, build, asan (unit tests under ASan+UBSan), bench, bench-hf (one training
+# step against Hugging Face transformers + PEFT on PyPI's PyTorch, installed into .venv-bench:
+# docs/benchmarks.md), fuzz (each libFuzzer harness for minutes; fuzz-ci: seconds), chaos (the
+# SIGKILL chaos run, long), load (the load test), deploy-test (the Kubernetes manifests'
+# validation, the container images, the compose federation and the coordinator's pod, each server
+# killed once mid-run: docs/deploy.md).
 PRESET ?= default
 BUILD_DIR := build/$(PRESET)
 
-.PHONY: run test setup setup-tests build asan bench fuzz fuzz-ci chaos load deploy-test bazel bazel-full clean
+.PHONY: run test setup setup-tests build asan bench bench-hf fuzz fuzz-ci chaos load deploy-test bazel bazel-full clean
 
 run: setup build
 	scripts/main_job.sh $(BUILD_DIR)
@@ -33,6 +35,12 @@ asan: setup-tests
 
 bench: setup build
 	scripts/run_benchmarks.sh $(BUILD_DIR)
+
+bench-hf:
+	scripts/setup.sh --bench
+	cmake --preset $(PRESET) >/dev/null
+	cmake --build --preset $(PRESET) --target train_step_bench decoder_step_bench
+	bench/train/bench_hf_step.sh $(BUILD_DIR)
 
 fuzz: setup-tests
 	scripts/fuzz.sh --long

@@ -88,7 +88,7 @@ def make_inputs(out_dir, g, seed):
     for layer in range(g["layers"]):
         for target in TARGETS:
             p = f"bert.encoder.layer.{layer}.attention.self.{target}"
-            init[peft_name(p + ".lora_A.weight")] = rng.uniform(-1, 1, (RANK, h)).astype(np.float32) / np.sqrt(h)
+            init[peft_name(p + ".lora_A.weight")] = (rng.uniform(-1, 1, (RANK, h)) / np.sqrt(h)).astype(np.float32)
             # B is zero in PEFT's init; nonzero here so that the adapters change the loss.
             init[peft_name(p + ".lora_B.weight")] = (rng.standard_normal((h, RANK)) * 0.02).astype(np.float32)
     init[peft_name("classifier.weight")] = (rng.standard_normal((LABELS, h)) * 0.02).astype(np.float32)

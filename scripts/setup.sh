@@ -7,6 +7,8 @@
 #   scripts/setup.sh --tests    # what the tests need: the above, since the reference tests run on
 #                               # the real default model and corpus too
 #   scripts/setup.sh --deploy   # system packages, podman and the manifest validator, model and data
+#   scripts/setup.sh --bench    # system packages and .venv-bench: PyPI's PyTorch, transformers and
+#                               # PEFT for scripts/bench_hf_step.py (about 6 GB; not the tests or CI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -151,10 +153,29 @@ install_deploy() {
   fi
 }
 
+# The Hugging Face baseline of scripts/bench_hf_step.py: PyPI's PyTorch 2.x, transformers and
+# PEFT from scripts/requirements-bench.txt (versions and hashes pinned, installed without
+# dependencies) in .venv-bench, a venv without Debian's site packages so that Debian's torch stays
+# out. A stamp holding the file's hash makes a rerun install nothing. Not used by the tests or CI.
+install_bench_python() {
+  if [[ ! -x .venv-bench/bin/python ]]; then
+    /usr/bin/python3 -m venv .venv-bench
+  fi
+  local want
+  want=$(sha256sum scripts/requirements-bench.txt | cut -d' ' -f1)
+  if [[ $(cat .venv-bench/.fedlora-requirements 2>/dev/null) != "$want" ]]; then
+    echo "setup: installing PyTorch, transformers and PEFT into .venv-bench (about 3 GB to download)"
+    .venv-bench/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes \
+      -r scripts/requirements-bench.txt
+    echo "$want" > .venv-bench/.fedlora-requirements
+  fi
+}
+
 case "$WHAT" in
   --system) install_system ;;
   --tests) install_system; install_test_python; fetch_model; fetch_smollm2; fetch_data ;;
   --all) install_system; install_test_python; fetch_model; fetch_smollm2; fetch_data ;;
   --deploy) install_system; install_deploy; fetch_model; fetch_data ;;
-  *) echo "usage: scripts/setup.sh [--all|--system|--tests|--deploy]" >&2; exit 2 ;;
+  --bench) install_system; install_bench_python ;;
+  *) echo "usage: scripts/setup.sh [--all|--system|--tests|--deploy|--bench]" >&2; exit 2 ;;
 esac

@@ -2,15 +2,19 @@
 // geometry, and greedy generation, timed. The C++ half of bench/train/bench_decoder_step.sh,
 // which runs it and the PyTorch half (scripts/bench_decoder_step.py) on the same model and batch.
 //
-//   decoder_step_bench --model FILE.gguf --batch BATCH.safetensors [--weights q4|f32|bf16] [--math fp32|bf16]
+//   decoder_step_bench --model FILE.gguf|DIR --batch BATCH.safetensors [--weights q4|f32|bf16] [--math fp32|bf16]
 //                      [--threads N] [--steps 3] [--warmup 1] [--rank 8] [--recompute]
-//                      [--generate 64]
+//                      [--generate 64] [--targets q_proj,v_proj] [--init INIT.safetensors]
 //
-// --weights q4 keeps the GGUF's Q4_1 / Q8_0 blocks (the 4-bit base); f32 and bf16 widen them.
-// --math bf16 multiplies with the base in bf16 (DecoderOptions::bf16_math; bf16 weights). LoRA r8 on
-// all seven projections, dropout off, lr 1e-4. Prints one JSON line: the first step's loss, the
-// median and min step time, generation tokens/s (prompt: the batch's first 32 tokens) and the
-// peak RSS of this process (VmHWM: this program's own, not a parent's before exec).
+// --weights q4 keeps the GGUF's Q4_1 / Q8_0 blocks (the 4-bit base); f32 and bf16 widen them;
+// --math bf16 multiplies with the base in bf16 (DecoderOptions::bf16_math; bf16 weights). LoRA r8
+// (alpha 2r) on --targets (default: all seven projections), dropout off, lr 1e-4; --init sets the
+// LoRA values by PEFT name (scripts/bench_hf_step.py starts both engines from the same ones).
+// Prints one JSON line: the first step's loss and pre-clip gradient norm, the median and min step
+// time, generation tokens/s (prompt: the batch's first 32 tokens), the OpenBLAS sgemm rate at the
+// FFN shape (batch*seq x intermediate x hidden, same threads, same run) and the peak RSS of this
+// process (VmHWM: this program's own, not a parent's before exec). With --math bf16 also the rate
+// of the bf16-math GEMM at that shape (bf16_gemm_gflops) and whether it ran in bf16.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,11 +25,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "bench/train/sgemm_rate.h"
 #include "core/process_memory.h"
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "kernels/context.h"
-#include "kernels/gemm.h"
 #include "model/decoder.h"
 #include "tools/flags.h"
 #include "train/optim.h"
@@ -37,8 +42,23 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
+// Copies the initial trainable values from `path` by PEFT name.
+absl::Status LoadInit(const std::string& path, std::vector<Param>& params) {
+  FEDLORA_ASSIGN_OR_RETURN(auto init, SafetensorsFile::Open(path));
+  for (Param& p : params) {
+    FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, init->Get(p.name));
+    if (t.dtype != DType::kF32 || t.shape != p.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(p.name, ": init tensor has another dtype or shape"));
+    }
+    std::memcpy(p.value.data(), t.data, t.size);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(const std::string& model_path, const std::string& batch_path, const std::string& weights,
-                 bool bf16_math, int threads, int steps, int warmup, int rank, bool recompute, int generate) {
+                 bool bf16_math, int threads,
+                 int steps, int warmup, int rank, bool recompute, int generate, const std::string& targets,
+                 const std::string& init_path) {
   kernels::SetNumThreads(threads);
   FEDLORA_ASSIGN_OR_RETURN(auto bf, SafetensorsFile::Open(batch_path));
   FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor ids, bf->Get("input_ids"));
@@ -57,27 +77,35 @@ absl::Status Run(const std::string& model_path, const std::string& batch_path, c
   o.max_batch = batch.batch_size;
   o.max_seq = batch.seq_len;
   o.recompute_activations = recompute;
+  if (!targets.empty()) o.lora.target_modules = absl::StrSplit(targets, ',');
   const auto t_load = Clock::now();
   FEDLORA_ASSIGN_OR_RETURN(auto lm, CausalLm::Load(model_path, o));
   const double load_s = Seconds(t_load, Clock::now());
+  if (!init_path.empty()) FEDLORA_RETURN_IF_ERROR(LoadInit(init_path, lm->trainable_params()));
+  int64_t trainable = 0;
+  for (const Param& p : lm->trainable_params()) trainable += p.numel();
 
   OptimizerOptions adamw_opts;
   adamw_opts.weight_decay = 0.01f;
   FEDLORA_ASSIGN_OR_RETURN(auto adamw, MakeOptimizer("adamw", adamw_opts));
-  float first_loss = 0.0f;
-  auto step = [&]() -> absl::StatusOr<float> {
+  float first_loss = 0.0f, first_norm = 0.0f;
+  auto step = [&](bool first) -> absl::Status {
     lm->ZeroGrad();
     FEDLORA_ASSIGN_OR_RETURN(float loss, lm->ForwardBackward(batch, 0));
-    ClipGradNorm(lm->trainable_params(), 1.0f);
+    const float norm = ClipGradNorm(lm->trainable_params(), 1.0f);
     FEDLORA_RETURN_IF_ERROR(adamw->Step(lm->trainable_params(), 1e-4f));
-    return loss;
+    if (first) {
+      first_loss = loss;
+      first_norm = norm;
+    }
+    return absl::OkStatus();
   };
-  FEDLORA_ASSIGN_OR_RETURN(first_loss, step());
-  for (int i = 0; i < warmup; ++i) FEDLORA_RETURN_IF_ERROR(step().status());
+  FEDLORA_RETURN_IF_ERROR(step(true));
+  for (int i = 0; i < warmup; ++i) FEDLORA_RETURN_IF_ERROR(step(false));
   std::vector<double> times;
   for (int i = 0; i < steps; ++i) {
     const auto t0 = Clock::now();
-    FEDLORA_RETURN_IF_ERROR(step().status());
+    FEDLORA_RETURN_IF_ERROR(step(false));
     times.push_back(Seconds(t0, Clock::now()));
   }
   std::sort(times.begin(), times.end());
@@ -96,16 +124,23 @@ absl::Status Run(const std::string& model_path, const std::string& batch_path, c
     FEDLORA_ASSIGN_OR_RETURN(auto out, gen->Generate(prompt, go));
     gen_tps = static_cast<double>(out.size()) / Seconds(t0, Clock::now());
   }
+  const DecoderConfig& cfg = lm->base()->config();
+  const int tokens = batch.batch_size * batch.seq_len;
+  const double sgemm =
+      SgemmGflops(tokens, static_cast<int>(cfg.intermediate_size), static_cast<int>(cfg.hidden_size), 5);
+  const double bf16_gemm =
+      bf16_math ? Bf16GemmGflops(tokens, static_cast<int>(cfg.intermediate_size), static_cast<int>(cfg.hidden_size), 5)
+                : -1.0;
   std::cout << absl::StrFormat(
                    "{\"engine\":\"fedlora\",\"weights\":\"%s\",\"math\":\"%s\",\"bf16_math_active\":%s,"
                    "\"recompute\":%s,\"threads\":%d,\"load_s\":%.2f,"
-                   "\"first_loss\":%.6g,\"step_s_median\":%.4f,\"step_s_min\":%.4f,\"steps\":%d,"
-                   "\"gen_tokens_per_s\":%.2f,\"weight_mb\":%.1f,\"peak_rss_mb\":%.1f}",
-                   weights, bf16_math ? "bf16" : "fp32",
-                   bf16_math && kernels::Bf16MathAvailable() ? "true" : "false", recompute ? "true" : "false",
-                   threads, load_s, first_loss, times[times.size() / 2],
-                   times.front(), steps, gen_tps, lm->base()->weight_bytes() / 1048576.0,
-                   PeakResidentKib() / 1024.0)
+                   "\"first_loss\":%.9g,\"first_grad_norm\":%.9g,\"trainable_params\":%d,\"step_s_median\":%.4f,"
+                   "\"step_s_min\":%.4f,\"steps\":%d,\"gen_tokens_per_s\":%.2f,\"weight_mb\":%.1f,"
+                   "\"sgemm_gflops\":%.2f,\"sgemm_shape\":[%d,%d,%d],\"bf16_gemm_gflops\":%.2f,\"peak_rss_mb\":%.1f}",
+                   weights, bf16_math ? "bf16" : "fp32", bf16_math && kernels::Bf16MathAvailable() ? "true" : "false",
+                   recompute ? "true" : "false", threads, load_s, first_loss, first_norm, trainable,
+                   times[times.size() / 2], times.front(), steps, gen_tps, lm->base()->weight_bytes() / 1048576.0,
+                   sgemm, tokens, cfg.intermediate_size, cfg.hidden_size, bf16_gemm, PeakResidentKib() / 1024.0)
             << std::endl;
   return absl::OkStatus();
 }
@@ -114,7 +149,7 @@ absl::Status Run(const std::string& model_path, const std::string& batch_path, c
 }  // namespace fedlora
 
 int main(int argc, char** argv) {
-  std::string model, batch, weights, math = "fp32";
+  std::string model, batch, weights, math = "fp32", targets, init;
   int threads = 2, steps = 3, warmup = 1, rank = 8, generate = 64;
   bool recompute = false;
   fedlora::tools::FlagSet flags("decoder_step_bench", "Times one decoder LoRA training step and generation.");
@@ -128,6 +163,8 @@ int main(int argc, char** argv) {
   flags.AddInt("rank", &rank, "LoRA rank");
   flags.AddBool("recompute", &recompute, "recompute activations in the backward");
   flags.AddInt("generate", &generate, "new tokens to generate (0: skip)");
+  flags.AddString("targets", &targets, "LoRA target modules, comma-separated (default: all seven)");
+  flags.AddString("init", &init, "safetensors with the initial LoRA values (PEFT names)");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok() || flags.help_requested()) {
     std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(), flags.Help().c_str());
     return 2;
@@ -138,8 +175,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--weights q4|f32|bf16, --math fp32|bf16 (bf16 math needs bf16 weights), --steps >= 1\n");
     return 2;
   }
-  const absl::Status st =
-      fedlora::Run(model, batch, weights, math == "bf16", threads, steps, warmup, rank, recompute, generate);
+  const absl::Status st = fedlora::Run(model, batch, weights, math == "bf16", threads, steps, warmup, rank, recompute, generate, targets, init);
   if (!st.ok()) {
     std::fprintf(stderr, "decoder_step_bench: %s\n", std::string(st.message()).c_str());
     return 1;

@@ -15,8 +15,6 @@
 //
 // Dropout is off (p = 0) so that both engines compute the same function and the losses can be
 // compared; dropout's cost is a few elementwise passes, small next to the GEMMs.
-#include <cblas.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -27,6 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/train/sgemm_rate.h"
 #include "core/process_memory.h"
 #include "core/safetensors.h"
 #include "core/status.h"
@@ -52,48 +51,6 @@ absl::StatusOr<std::vector<int32_t>> ReadI32(const SafetensorsFile& file, const 
   std::vector<int32_t> out(t.numel());
   std::memcpy(out.data(), t.data, t.size);
   return out;
-}
-
-// Median GFLOP/s of C[m,n] = A[m,k] W[n,k]^T (row-major), the call a linear layer's forward makes.
-double SgemmGflops(int m, int n, int k, int repeats) {
-  std::vector<float> a(static_cast<size_t>(m) * k, 0.5f), b(static_cast<size_t>(n) * k, 0.25f),
-      c(static_cast<size_t>(m) * n);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
-              0.0f, c.data(), n);
-  std::vector<double> times;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
-                0.0f, c.data(), n);
-    times.push_back(Seconds(t0, Clock::now()));
-  }
-  std::sort(times.begin(), times.end());
-  // Known answer: every element is k * 0.5 * 0.25.
-  if (c[0] != 0.125f * k || c.back() != 0.125f * k) return -1.0;
-  return 2.0 * m * n * k / times[times.size() / 2] / 1e9;
-}
-
-// Median GFLOP/s of the same product through kernels::Gemm with a bf16 W and bf16 math (the
-// ceiling of a bf16-math step), or -1 when the product fails.
-double Bf16GemmGflops(int m, int n, int k, int repeats) {
-  std::vector<float> a(static_cast<size_t>(m) * k, 0.5f), c(static_cast<size_t>(m) * n);
-  std::vector<uint16_t> w(static_cast<size_t>(n) * k, F32ToBF16(0.25f));
-  kernels::GemmArgs g{.trans_b = true, .m = m, .n = n, .k = k, .a = a.data(), .b_bf16 = w.data(), .c = c.data(),
-                      .bf16_math = true};
-  std::vector<float> ws(kernels::GemmWorkspaceBytes(g) / sizeof(float) + 1);
-  g.workspace = ws.data();
-  g.workspace_bytes = ws.size() * sizeof(float);
-  const kernels::ExecContext ctx;
-  if (!kernels::Gemm(ctx, g).ok()) return -1.0;
-  std::vector<double> times;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = Clock::now();
-    if (!kernels::Gemm(ctx, g).ok()) return -1.0;
-    times.push_back(Seconds(t0, Clock::now()));
-  }
-  std::sort(times.begin(), times.end());
-  if (c[0] != 0.125f * k || c.back() != 0.125f * k) return -1.0;  // exact in bf16 too
-  return 2.0 * m * n * k / times[times.size() / 2] / 1e9;
 }
 
 absl::Status Run(int argc, char** argv) {

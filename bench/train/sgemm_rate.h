@@ -1,0 +1,67 @@
+// The OpenBLAS sgemm rate at a given shape, measured by the training-step benchmarks in the same
+// run and thread count as the step they time: what either engine's GEMMs can reach; and the rate
+// of the bf16-math GEMM (kernels/gemm.h) at that shape, the ceiling of a bf16-math step.
+#ifndef FEDLORA_BENCH_TRAIN_SGEMM_RATE_H_
+#define FEDLORA_BENCH_TRAIN_SGEMM_RATE_H_
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/context.h"
+#include "kernels/gemm.h"
+
+namespace fedlora {
+
+// Median GFLOP/s of C[m,n] = A[m,k] W[n,k]^T (row-major), the call a linear layer's forward makes;
+// -1 when the known answer is wrong.
+inline double SgemmGflops(int m, int n, int k, int repeats) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<float> a(static_cast<size_t>(m) * k, 0.5f), b(static_cast<size_t>(n) * k, 0.25f),
+      c(static_cast<size_t>(m) * n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
+              0.0f, c.data(), n);
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
+                0.0f, c.data(), n);
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  // Known answer: every element is k * 0.5 * 0.25.
+  if (c[0] != 0.125f * k || c.back() != 0.125f * k) return -1.0;
+  return 2.0 * m * n * k / times[times.size() / 2] / 1e9;
+}
+
+// Median GFLOP/s of the same product through kernels::Gemm with a bf16 W and bf16 math; -1 when
+// the product fails or its known answer is wrong.
+inline double Bf16GemmGflops(int m, int n, int k, int repeats) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<float> a(static_cast<size_t>(m) * k, 0.5f), c(static_cast<size_t>(m) * n);
+  std::vector<uint16_t> w(static_cast<size_t>(n) * k, F32ToBF16(0.25f));
+  kernels::GemmArgs g{.trans_b = true, .m = m, .n = n, .k = k, .a = a.data(), .b_bf16 = w.data(), .c = c.data(),
+                      .bf16_math = true};
+  std::vector<float> ws(kernels::GemmWorkspaceBytes(g) / sizeof(float) + 1);
+  g.workspace = ws.data();
+  g.workspace_bytes = ws.size() * sizeof(float);
+  const kernels::ExecContext ctx;
+  if (!kernels::Gemm(ctx, g).ok()) return -1.0;
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = Clock::now();
+    if (!kernels::Gemm(ctx, g).ok()) return -1.0;
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  if (c[0] != 0.125f * k || c.back() != 0.125f * k) return -1.0;  // 0.5 and 0.25 are exact in bf16
+  return 2.0 * m * n * k / times[times.size() / 2] / 1e9;
+}
+
+}  // namespace fedlora
+
+#endif  // FEDLORA_BENCH_TRAIN_SGEMM_RATE_H_
