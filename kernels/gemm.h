@@ -28,6 +28,11 @@
 // whole blocks, packed: ldb must be 0 or stored_cols). CPU: every type DequantizeRows supports;
 // CUDA: Q8_0, Q4_0 and Q4_1 (Unimplemented for the others). Same workspace as bf16.
 //
+// CPU threads: OpenBLAS's own (kernels::SetNumThreads). When OpenBLAS has one thread and ctx's
+// pool a width above 1 (the simulator, sim/simulator.h), an fp32 product runs instead as
+// single-threaded OpenBLAS calls on the pool, one per batch entry or per block of C's rows; the
+// result equals the single-threaded call's bit for bit at every width.
+//
 // FLOPs: 2 * m * n * k per batch entry.
 #pragma once
 
@@ -72,6 +77,9 @@ namespace internal {
 // Backends, called by Gemm after validation with leading dimensions resolved (never 0).
 absl::Status GemmCpu(const ExecContext& ctx, const GemmArgs& args);
 absl::Status GemmCuda(const ExecContext& ctx, const GemmArgs& args);
+// The blocks of rows a batch-1 fp32 product is split into on the CPU pool (1: one call), for any
+// width above 1. Blocks are large enough for OpenBLAS to compute them as it does the whole product.
+int64_t GemmCpuRowBlocks(const GemmArgs& args);
 }  // namespace internal
 
 }  // namespace fedlora::kernels
