@@ -20,6 +20,7 @@ ThreadPool::ThreadPool(int num_threads) : ThreadPool(num_threads, 0) {}
 ThreadPool::ThreadPool(int num_threads, int nice_increment) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   num_threads_ = num_threads;
+  width_.store(num_threads, std::memory_order_relaxed);
   nice_increment = std::clamp(nice_increment, 0, 19);
   // The niceness a worker sets is relative to its creator's: a new thread inherits it.
   workers_.reserve(num_threads - 1);
@@ -43,6 +44,10 @@ ThreadPool::~ThreadPool() {
   }
   cv_.notify_all();
   for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::SetWidth(int width) {
+  width_.store(std::clamp(width, 1, num_threads_), std::memory_order_relaxed);
 }
 
 void ThreadPool::WorkerLoop() {
@@ -78,7 +83,7 @@ void ThreadPool::ParallelFor(int64_t begin, int64_t end, int64_t grain,
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   const int64_t max_chunks = (n + grain - 1) / grain;
-  const int64_t chunks = std::min<int64_t>(max_chunks, num_threads_);
+  const int64_t chunks = std::min<int64_t>(max_chunks, Width());
   if (chunks <= 1 || workers_.empty() || tls_in_worker) {
     fn(begin, end);
     return;

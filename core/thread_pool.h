@@ -5,11 +5,13 @@
 //
 // ParallelFor splits [begin, end) into contiguous chunks of at least `grain` items, runs them on
 // the workers and the calling thread, and returns when all are done. Chunk boundaries depend only
-// on (begin, end, grain, NumThreads()), so results that depend on the split are reproducible.
+// on (begin, end, grain, Width()), so results that depend on the split are reproducible; the CPU
+// kernels go further and give the same bits at every width (see kernels/context.h).
 // Thread-safe: several threads may call Submit/ParallelFor at once. A ParallelFor issued from
 // inside a worker runs inline (no nested parallelism, no deadlock).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -34,6 +36,11 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int NumThreads() const { return num_threads_; }
+  // The most threads one ParallelFor uses, the caller included: 1..NumThreads(), NumThreads()
+  // unless set. A pool shared out by a ThreadBudget (core/thread_budget.h) has it set there. May
+  // change while another thread runs ParallelFor; a call in progress keeps the width it read.
+  int Width() const { return width_.load(std::memory_order_relaxed); }
+  void SetWidth(int width);
 
   // Runs fn(chunk_begin, chunk_end) over [begin, end). Blocks until every chunk has run.
   void ParallelFor(int64_t begin, int64_t end, int64_t grain,
@@ -49,6 +56,7 @@ class ThreadPool {
   void WorkerLoop();
 
   int num_threads_;
+  std::atomic<int> width_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;

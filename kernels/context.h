@@ -18,6 +18,10 @@
 //   are explicit outputs of the forward and inputs of the backward.
 // - CUDA work is enqueued on ctx.stream and is asynchronous; the CPU path is synchronous and
 //   multi-threaded on ctx pool. Outputs must not alias inputs unless the header says so.
+// - CPU results do not depend on the pool's width (ThreadPool::Width): a sum across ParallelFor
+//   chunks (norm parameter gradients, SumSquares, ColumnSum, the cross-entropy loss) is split by
+//   the problem size alone and combined in a fixed order (tests/kernels/thread_invariance_test.cc).
+//   OpenBLAS's own threads (SetNumThreads) are the exception: see kernels/gemm.h.
 // - Gradient outputs have an `accumulate` flag: false overwrites, true adds (gradient accumulation
 //   across micro-batches, or dx of a tensor that feeds several layers such as Q/K/V).
 #pragma once

@@ -34,6 +34,13 @@
 // permission, not a demand: where Bf16MathAvailable() is false (no AVX512_BF16, or on CUDA) the
 // exact fp32 path above runs. The workspace then also holds op(A) as bf16: m * k * 2 bytes.
 //
+// CPU threads: OpenBLAS's own (kernels::SetNumThreads). When OpenBLAS has one thread and ctx's
+// pool a width above 1 (the simulator, sim/simulator.h), an fp32 product runs instead as
+// single-threaded OpenBLAS calls on the pool, one per batch entry or per block of C's rows; the
+// result equals the single-threaded call's bit for bit at every width.
+// bf16 math runs on oneDNN's OpenMP threads, as many as the pool's width; unlike the fp32
+// split, its bits are not promised to be the same at every width.
+//
 // FLOPs: 2 * m * n * k per batch entry.
 #pragma once
 
@@ -90,6 +97,9 @@ size_t Bf16MathABytes(const GemmArgs& args);
 // Tests: false makes Bf16MathAvailable() false from now on (the fp32 path runs); true restores
 // the CPU's answer.
 void SetBf16MathAllowedForTesting(bool allowed);
+// The blocks of rows a batch-1 fp32 product is split into on the CPU pool (1: one call), for any
+// width above 1. Blocks are large enough for OpenBLAS to compute them as it does the whole product.
+int64_t GemmCpuRowBlocks(const GemmArgs& args);
 }  // namespace internal
 
 }  // namespace fedlora::kernels

@@ -106,8 +106,8 @@ absl::Status GemmBf16MathCpu(const ExecContext& ctx, const GemmArgs& g) {
   pool.ParallelFor(0, rows, std::max<int64_t>(1, kElementwiseGrain / cols), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) RoundToBf16(g.a + r * g.lda, a16 + r * cols, cols);
   });
-  // oneDNN runs on OpenMP threads; this thread's OpenMP width follows the kernels' pool.
-  omp_set_num_threads(pool.NumThreads());
+  // oneDNN runs on OpenMP threads; this thread's OpenMP width follows the pool's width.
+  omp_set_num_threads(pool.Width());
   try {
     const dnnl::engine& eng = Engine();
     dnnl::stream stream(eng);

@@ -42,6 +42,49 @@ void ScaleC(const GemmArgs& g, float* c) {
   }
 }
 
+// fp32 GEMMs split over our pool (SgemmOnPool): OpenBLAS runs single-threaded on blocks of C's rows,
+// or on whole batch entries. Every element of C is the same dot product whichever block computes
+// it, so the result equals the unsplit call's bit for bit (tests/kernels/gemm_test.cc checks the
+// models' shapes), provided OpenBLAS takes the same code path for a block as for the whole: its
+// small-matrix and "direct" kernels take products below about 7.3M multiply-adds, so a product is
+// split only into blocks of at least kSplitMinMacs. Block boundaries are multiples of
+// kSplitRowAlign rows.
+constexpr int64_t kSplitMinMacs = int64_t{1} << 23;
+constexpr int64_t kSplitRowAlign = 16;
+
+// Rows [r0, r1) of batch entry i.
+void SgemmRows(const GemmArgs& g, int64_t i, int64_t r0, int64_t r1) {
+  const float* a = g.a + i * g.stride_a + (g.trans_a ? r0 : r0 * g.lda);
+  cblas_sgemm(CblasRowMajor, Op(g.trans_a), Op(g.trans_b), static_cast<int>(r1 - r0), static_cast<int>(g.n),
+              static_cast<int>(g.k), g.alpha, a, static_cast<int>(g.lda), g.b + i * g.stride_b,
+              static_cast<int>(g.ldb), g.beta, g.c + i * g.stride_c + r0 * g.ldc, static_cast<int>(g.ldc));
+}
+
+// Rows where block j of `blocks` starts (GemmCpuRowBlocks): whole units of kSplitRowAlign rows,
+// at least min_units per block; the last block also takes the rows past the last whole unit.
+int64_t BlockStart(const GemmArgs& g, int64_t blocks, int64_t j) {
+  return j == blocks ? g.m : kSplitRowAlign * (j * (g.m / kSplitRowAlign) / blocks);
+}
+
+void SgemmOnPool(ThreadPool& pool, const GemmArgs& g) {
+  if (g.batch > 1 && g.stride_c != 0) {  // entries with C's of their own: whole entries per thread
+    pool.ParallelFor(0, g.batch, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) SgemmRows(g, i, 0, g.m);
+    });
+    return;
+  }
+  const int64_t blocks = internal::GemmCpuRowBlocks(g);
+  for (int64_t i = 0; i < g.batch; ++i) {  // several entries here share one C: in order
+    if (blocks < 2) {
+      SgemmRows(g, i, 0, g.m);
+      continue;
+    }
+    pool.ParallelFor(0, blocks, 1, [&](int64_t b, int64_t e) {
+      SgemmRows(g, i, BlockStart(g, blocks, b), BlockStart(g, blocks, e));
+    });
+  }
+}
+
 }  // namespace
 
 size_t GemmWorkspaceBytes(const GemmArgs& args) {
@@ -117,14 +160,27 @@ absl::Status Gemm(const ExecContext& ctx, const GemmArgs& args) {
 
 namespace internal {
 
+int64_t GemmCpuRowBlocks(const GemmArgs& g) {
+  if (g.n <= 0 || g.k <= 0) return 1;
+  const int64_t unit_macs = kSplitRowAlign * g.n * g.k;
+  const int64_t min_units = (kSplitMinMacs + unit_macs - 1) / unit_macs;
+  return std::max<int64_t>(1, (g.m / kSplitRowAlign) / min_units);
+}
+
 absl::Status GemmCpu(const ExecContext& ctx, const GemmArgs& g) {
   if (g.k == 0) {
     for (int64_t i = 0; i < g.batch; ++i) ScaleC(g, g.c + i * g.stride_c);
     return absl::OkStatus();
   }
   if (g.b_bf16 == nullptr && g.b_quant == nullptr) {
-    // Batches run one after another, each on OpenBLAS's own threads (see SetNumThreads); calling
-    // OpenBLAS from several of our pool threads at once would oversubscribe the cores.
+    // Single-threaded OpenBLAS (the simulator's setting, see sim/simulator.h) with a pool that may
+    // use more threads: blocks of the product on the pool.
+    if (ctx.Pool().Width() > 1 && openblas_get_num_threads() == 1) {
+      SgemmOnPool(ctx.Pool(), g);
+      return absl::OkStatus();
+    }
+    // Otherwise batches run one after another, each on OpenBLAS's own threads (see SetNumThreads);
+    // calling a multi-threaded OpenBLAS from several of our pool threads would oversubscribe the cores.
     for (int64_t i = 0; i < g.batch; ++i) {
       cblas_sgemm(CblasRowMajor, Op(g.trans_a), Op(g.trans_b), static_cast<int>(g.m), static_cast<int>(g.n),
                   static_cast<int>(g.k), g.alpha, g.a + i * g.stride_a, static_cast<int>(g.lda),

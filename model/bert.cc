@@ -257,7 +257,7 @@ struct BertClassifier::Impl {
   const BertConfig& config;
   const ModelOptions& options;
   std::vector<Param>& params;
-  kernels::ExecContext ctx;  // CPU, kernels' default pool
+  kernels::ExecContext ctx;  // CPU, kernels' default pool unless SetThreadPool gave one
 
   bool use_target[kNumLoraTargets] = {};
   float lora_scaling = 1.0f;  // alpha / rank
@@ -1211,6 +1211,8 @@ BertClassifier::~BertClassifier() = default;
 void BertClassifier::ZeroGrad() {
   for (Param& p : params_) std::fill(p.grad.begin(), p.grad.end(), 0.0f);
 }
+
+void BertClassifier::SetThreadPool(ThreadPool* pool) { impl_->ctx.pool = pool; }
 
 absl::StatusOr<std::unique_ptr<BertClassifier>> BertClassifier::Create(
     std::shared_ptr<const BertBase> base, const ModelOptions& options) {

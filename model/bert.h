@@ -45,7 +45,8 @@
 // Thread-safety: one BertClassifier must be used by one thread at a time (its activation buffers
 // are shared by all calls); classifiers sharing one BertBase may run on different threads at
 // once, since nothing writes to a BertBase after it is built. CPU parallelism is inside the
-// kernels (kernels::SetNumThreads).
+// kernels (kernels::SetNumThreads), on the kernels' default pool unless SetThreadPool gives the
+// classifier a pool of its own.
 #pragma once
 
 #include <cstdint>
@@ -60,6 +61,8 @@
 #include "model/param.h"
 
 namespace fedlora {
+
+class ThreadPool;  // core/thread_pool.h
 
 // A linear layer that can carry a LoRA adapter. The names are those of PEFT's target_modules
 // where unambiguous; "attn_out" is BERT's attention.output.dense and "output" the FFN's
@@ -224,6 +227,10 @@ class BertClassifier {
   std::vector<Param>& trainable_params() { return params_; }
   const std::vector<Param>& trainable_params() const { return params_; }
   void ZeroGrad();
+  // The pool this classifier's CPU kernels run on; null (the default): kernels::DefaultPool().
+  // The pool must outlive its use here. Its width may change between calls: the kernels' results
+  // do not depend on it (kernels/context.h). The simulator gives each pooled model one.
+  void SetThreadPool(ThreadPool* pool);
   const BertConfig& config() const { return base_->config(); }
   const ModelOptions& options() const { return options_; }
   // The frozen base this classifier reads (shared with every classifier created from it).

@@ -299,6 +299,8 @@ void CausalLm::ZeroGrad() {
   for (Param& p : params_) std::fill(p.grad.begin(), p.grad.end(), 0.0f);
 }
 
+void CausalLm::SetThreadPool(ThreadPool* pool) { impl_->ctx.pool = pool; }
+
 absl::Status CausalLm::Impl::Plan() {
   const int64_t tokens = static_cast<int64_t>(options.max_batch) * options.max_seq;
   const int64_t h = H(), qd = config.q_dim(), kvd = config.kv_dim(), inter = config.intermediate_size;

@@ -33,7 +33,8 @@
 // 0.7 GB at 4 x 256 tokens. With recompute_activations only each layer's input is kept and the
 // layer is recomputed in the backward (one more forward; the memory of one layer).
 //
-// Thread-safety: as BertClassifier: one CausalLm per thread at a time; many may share a base.
+// Thread-safety: as BertClassifier: one CausalLm per thread at a time; many may share a base. CPU
+// kernels run on the kernels' default pool, or on the one SetThreadPool gives.
 #pragma once
 
 #include <cstdint>
@@ -170,6 +171,8 @@ class CausalLm {
   std::vector<Param>& trainable_params() { return params_; }
   const std::vector<Param>& trainable_params() const { return params_; }
   void ZeroGrad();
+  // As BertClassifier::SetThreadPool.
+  void SetThreadPool(ThreadPool* pool);
   const DecoderConfig& config() const { return base_->config(); }
   const DecoderOptions& options() const { return options_; }
   const std::shared_ptr<const DecoderBase>& base() const { return base_; }

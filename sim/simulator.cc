@@ -26,6 +26,8 @@
 #include "core/strings.h"
 #include "client/lora_trainer.h"
 #include "core/status.h"
+#include "core/thread_budget.h"
+#include "core/thread_pool.h"
 #include "crypto/certs.h"
 #include "fedlora/client.h"
 #include "fedlora/client_trainer.h"
@@ -54,30 +56,45 @@ constexpr uint64_t kFaultSalt = 0x6661'756c'7473'0001ull;  // "faults"
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // A fixed set of model instances that virtual clients (and the evaluator) borrow one at a time.
+// Each model computes on a thread pool of its own, with a thread per core; while it is lent, its
+// pool is a member of `budget`, which shares the cores among the models lent at the moment.
 template <class Model>
 class ModelPool {
  public:
+  explicit ModelPool(ThreadBudget& budget) : budget_(budget) {}
   void Add(std::unique_ptr<Model> m) {
+    auto threads = std::make_unique<ThreadPool>(budget_.cores());
+    threads->SetWidth(1);
+    m->SetThreadPool(threads.get());
     std::lock_guard<std::mutex> lock(mu_);
     free_.push_back(m.get());
+    threads_[m.get()] = std::move(threads);
     all_.push_back(std::move(m));
   }
   Model* Acquire() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return !free_.empty(); });
-    Model* m = free_.back();
-    free_.pop_back();
+    Model* m = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return !free_.empty(); });
+      m = free_.back();
+      free_.pop_back();
+    }
+    budget_.Join(threads_.at(m).get());
     return m;
   }
   // Every model at once (waits until none is lent), so that nothing else computes meanwhile.
   std::vector<Model*> AcquireAll() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return free_.size() == all_.size(); });
     std::vector<Model*> out;
-    out.swap(free_);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return free_.size() == all_.size(); });
+      out.swap(free_);
+    }
+    for (Model* m : out) budget_.Join(threads_.at(m).get());
     return out;
   }
   void ReleaseAll(std::vector<Model*> models) {
+    for (Model* m : models) budget_.Leave(threads_.at(m).get());
     {
       std::lock_guard<std::mutex> lock(mu_);
       free_.insert(free_.end(), models.begin(), models.end());
@@ -85,6 +102,7 @@ class ModelPool {
     cv_.notify_all();
   }
   void Release(Model* m) {
+    budget_.Leave(threads_.at(m).get());
     {
       std::lock_guard<std::mutex> lock(mu_);
       free_.push_back(m);
@@ -93,10 +111,13 @@ class ModelPool {
   }
 
  private:
+  ThreadBudget& budget_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Model*> free_;
   std::vector<std::unique_ptr<Model>> all_;
+  // Written by Add only, before any model is lent.
+  std::map<const Model*, std::unique_ptr<ThreadPool>> threads_;
 };
 
 template <class Model>
@@ -198,9 +219,11 @@ class Simulation final : public Evaluator {
   SimOptions options_;
   SimData data_;
   Partition partition_;
+  // The cores, shared by the models lent at the moment (clients training, the evaluator).
+  ThreadBudget budget_{0};
   // The models of the run's kind: classifiers (SEQUENCE_CLASSIFICATION) or decoders (CAUSAL_LM).
-  ModelPool<BertClassifier> pool_;
-  ModelPool<CausalLm> lm_pool_;
+  ModelPool<BertClassifier> pool_{budget_};
+  ModelPool<CausalLm> lm_pool_{budget_};
   int parallelism_ = 1;
   std::unique_ptr<Server> server_;
   std::vector<std::unique_ptr<VirtualClient>> clients_;
@@ -511,10 +534,12 @@ absl::Status Simulation::Setup() {
     FEDLORA_ASSIGN_OR_RETURN(partition_, PartitionByLabel(data_.train_labels, data_.num_partition_labels(), po));
   }
 
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = budget_.cores();
   parallelism_ = std::min(sc.parallelism() > 0 ? static_cast<int>(sc.parallelism()) : cores, num_clients);
-  // Each virtual client trains on one thread; the pool of `parallelism` models keeps the cores busy.
-  // One kernel thread also makes every client's result independent of how many run at once.
+  // `parallelism` models train at once, each on its own thread pool whose width the budget sets
+  // (all the cores for a client that trains alone). OpenBLAS runs single-threaded, so that a GEMM
+  // is split over the model's pool instead (kernels/gemm.h); the kernels give the same bits at
+  // every width, so a client's result does not depend on how many others train meanwhile.
   kernels::SetNumThreads(1);
 
   // One read-only copy of the base weights serves the whole pool; each model adds only its adapter,

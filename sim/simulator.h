@@ -18,6 +18,11 @@
 //     of them train at once, each borrowing one of `parallelism` model instances from a pool and
 //     holding nothing but its adapter delta in between (the local optimizer starts afresh every
 //     task, as in FedAvg). Memory is O(parallelism x model + clients x indices).
+//   - Every core stays busy: each pooled model computes on a thread pool of its own, and the
+//     cores are shared among the models lent at the moment (core/thread_budget.h): a client that
+//     trains alone gets all of them, k clients training at once get cores / k each. The shares
+//     change as clients start and finish, between kernels. OpenBLAS runs single-threaded; a GEMM
+//     is split over the model's pool instead (kernels/gemm.h).
 //   - The base model's frozen weights are loaded once (model/bert.h BertBase, or for a CAUSAL_LM
 //     run model/decoder.h DecoderBase) and shared by every pool slot; a slot adds its adapter,
 //     head and activation buffers. The evaluator borrows the slots.
@@ -33,8 +38,9 @@
 // Determinism: with the same config and seed, and when every selected client is needed (no
 // over-selection, so no race decides whose upload lands first), the final adapter is bit-identical
 // across runs: partitions, task seeds, dropout masks and faults are seeded, the server samples each
-// round's clients from all live ones (not the first to poll), each client trains single-threaded,
-// and aggregation is exact.
+// round's clients from all live ones (not the first to poll), aggregation is exact, and a client's
+// training does not depend on how many threads it got: the CPU kernels give the same bits at every
+// pool width (kernels/context.h), and the split GEMM the bits of the single-threaded one.
 #pragma once
 
 #include <cstdint>

@@ -30,6 +30,24 @@ TEST(ThreadPool, ParallelForCoversEveryIndexExactlyOnce) {
   }
 }
 
+TEST(ThreadPool, WidthBoundsTheChunksOfParallelFor) {
+  ThreadPool pool(4);
+  EXPECT_EQ(pool.Width(), 4);
+  for (const auto& [set, want] : std::vector<std::pair<int, int>>{{2, 2}, {0, 1}, {9, 4}, {3, 3}}) {
+    pool.SetWidth(set);
+    EXPECT_EQ(pool.Width(), want);
+    std::mutex mu;
+    std::vector<std::pair<int64_t, int64_t>> chunks;
+    pool.ParallelFor(0, 12, 1, [&](int64_t b, int64_t e) {
+      std::lock_guard<std::mutex> lock(mu);
+      chunks.emplace_back(b, e);
+    });
+    std::sort(chunks.begin(), chunks.end());
+    ASSERT_EQ(static_cast<int>(chunks.size()), want) << "width " << set;
+    for (int i = 0; i < want; ++i) EXPECT_EQ(chunks[i], (std::pair<int64_t, int64_t>(i * 12 / want, (i + 1) * 12 / want)));
+  }
+}
+
 TEST(ThreadPool, NiceWorkersRunBelowTheirCreator) {
   errno = 0;
   const int mine = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));

@@ -1,5 +1,7 @@
 #include "kernels/gemm.h"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -7,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "core/tensor.h"
+#include "kernels/context.h"
 #include "kernels/device.h"
 #include "tests/kernels/test_util.h"
 
@@ -335,6 +338,65 @@ TEST(Gemm, RejectsBadArguments) {
   EXPECT_EQ(Gemm(Cpu(), bad).code(), absl::StatusCode::kInvalidArgument);
   if (!CudaAvailable()) {
     EXPECT_EQ(Gemm(testing::Gpu(), ok).code(), absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+// The simulator's setting (kernels/gemm.h): OpenBLAS on one thread, products split over the pool.
+// Every width gives the bits of the single-threaded call, for the products the models make:
+// MiniLM-L6 (hidden 384, FFN 1536, 12 heads of 32, 16 x 64 tokens), SmolLM2-135M (576, 1536,
+// 9 heads of 64, vocabulary 49152), LoRA rank 8, row counts that are not multiples of 16.
+TEST(Gemm, SplitOnThePoolMatchesOneThreadBitForBit) {
+  SetNumThreads(1);
+  ASSERT_EQ(openblas_get_num_threads(), 1);
+  struct Shape {
+    bool ta, tb;
+    int64_t m, n, k, batch;
+    float alpha, beta;
+    int64_t pad;  // added to lda
+    bool split;   // expect more than one row block
+  };
+  const std::vector<Shape> shapes = {
+      {false, true, 1024, 384, 384, 1, 1.0f, 0.0f, 0, true},     // frozen linear forward y = x W^T
+      {false, true, 1024, 1536, 384, 1, 1.0f, 1.0f, 0, true},    // ... FFN up, accumulating
+      {false, true, 1024, 384, 1536, 1, 1.0f, 0.0f, 0, true},    // ... FFN down
+      {false, false, 1024, 384, 1536, 1, 1.0f, 0.0f, 0, true},   // backward dx = dy W
+      {false, false, 1024, 1536, 384, 1, 1.0f, 1.0f, 0, true},   // ... accumulating
+      {true, false, 384, 1536, 1024, 1, 1.0f, 0.0f, 0, true},    // dW = dy^T x
+      {false, true, 1000, 576, 576, 1, 1.0f, 0.0f, 5, true},     // odd rows, padded A
+      {false, true, 1023, 1536, 576, 1, 0.5f, 1.0f, 0, true},
+      {false, false, 1023, 576, 1536, 1, 1.0f, 0.0f, 0, true},
+      {true, true, 1017, 576, 576, 1, 1.0f, 0.0f, 3, true},
+      {false, true, 64, 49152, 576, 1, 1.0f, 0.0f, 0, true},     // LM head
+      {false, true, 1024, 8, 384, 1, 1.0f, 0.0f, 0, false},      // LoRA x A^T
+      {false, true, 1024, 384, 8, 1, 2.0f, 1.0f, 0, false},      // LoRA (x A^T) B^T, scaled, added
+      {true, false, 8, 384, 1024, 1, 1.0f, 0.0f, 0, false},      // LoRA dA
+      {false, true, 64, 64, 32, 192, 0.17f, 0.0f, 0, false},     // attention scores per head
+      {false, false, 64, 32, 64, 192, 1.0f, 0.0f, 0, false},     // P V per head
+      {true, false, 64, 64, 64, 144, 1.0f, 0.0f, 0, false},      // backward per head
+  };
+  ThreadPool one(1), four(4);
+  for (const Shape& s : shapes) {
+    const int64_t lda = (s.ta ? s.m : s.k) + s.pad, a_rows = s.ta ? s.k : s.m;
+    const int64_t b_size = s.n * s.k, c_size = s.m * s.n;
+    const auto a = Random(s.batch * a_rows * lda, 11), b = Random(s.batch * b_size, 12), c0 = Random(s.batch * c_size, 13);
+    auto run = [&](ThreadPool& pool) {
+      std::vector<float> c = c0;
+      GemmArgs g{.trans_a = s.ta, .trans_b = s.tb, .m = s.m, .n = s.n, .k = s.k, .alpha = s.alpha, .beta = s.beta,
+                 .a = a.data(), .lda = lda, .b = b.data(), .c = c.data(), .batch = s.batch,
+                 .stride_a = a_rows * lda, .stride_b = b_size, .stride_c = c_size};
+      EXPECT_EQ(internal::GemmCpuRowBlocks(g) > 1, s.split);
+      EXPECT_TRUE(Gemm(ExecContext{.pool = &pool}, g).ok());
+      return c;
+    };
+    const std::vector<float> want = run(one);
+    for (int width : {2, 3, 4}) {
+      four.SetWidth(width);
+      const std::vector<float> got = run(four);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+          << "m " << s.m << " n " << s.n << " k " << s.k << " batch " << s.batch << " trans " << s.ta << s.tb
+          << " width " << width;
+    }
   }
 }
 

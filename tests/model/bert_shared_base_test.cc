@@ -12,6 +12,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "core/thread_pool.h"
 #include "kernels/context.h"
 #include "model/bert.h"
 #include "tests/model/tiny_checkpoint.h"
@@ -221,10 +222,13 @@ TEST(SharedBaseTest, TrainingOneClassifierLeavesTheOthersUnchanged) {
 }
 
 TEST(SharedBaseTest, ConcurrentTrainingMatchesSequential) {
-  // As the simulator runs its pool: one kernel thread per classifier, classifiers on their own
-  // threads. Kernel results then depend only on their inputs, so the runs must agree bit for bit.
+  // As the simulator runs its pool: OpenBLAS single-threaded, classifiers on their own threads,
+  // each on a kernel pool of its own whose width differs. Kernel results depend only on their
+  // inputs, not on the width, so the runs must agree bit for bit with one-thread runs.
   const int threads_before = kernels::NumThreads();
   kernels::SetNumThreads(1);
+  ThreadPool two(3), three(3);
+  two.SetWidth(2);
   ModelOptions o = Options();
   o.lora.target_modules = {"query", "key", "value", "attn_out", "intermediate", "output"};
   o.lora.dropout = 0.1f;
@@ -248,6 +252,8 @@ TEST(SharedBaseTest, ConcurrentTrainingMatchesSequential) {
     ASSERT_TRUE(m.ok()) << m.status();
     models.push_back(std::move(*m));
   }
+  models[2]->SetThreadPool(&two);
+  models[3]->SetThreadPool(&three);
   std::vector<uint32_t> seq_a, seq_b, par_a, par_b;
   run(*models[0], Padded(), &seq_a);
   run(*models[1], Other(), &seq_b);
