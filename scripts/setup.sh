@@ -7,6 +7,8 @@
 #   scripts/setup.sh --tests    # what the tests need: the above, since the reference tests run on
 #                               # the real default model and corpus too
 #   scripts/setup.sh --deploy   # system packages, podman and the manifest validator, model and data
+#   scripts/setup.sh --flower   # system packages, .venv-flower (Flower, PyPI torch: the baseline of
+#                               # bench/sim/compare_flower.sh), model and data
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -151,10 +153,29 @@ install_deploy() {
   fi
 }
 
+# Flower's simulation and a PyPI torch for the end-to-end baseline (bench/sim/flower_iid.py) in
+# .venv-flower, apart from Debian's packages: scripts/requirements-flower.txt, every package pinned
+# and hashed, installed without dependencies. A stamp holding the file's hash makes a rerun install
+# nothing.
+install_flower() {
+  if [[ ! -x .venv-flower/bin/python ]]; then
+    /usr/bin/python3 -m venv .venv-flower
+  fi
+  local want
+  want=$(sha256sum scripts/requirements-flower.txt | cut -d' ' -f1)
+  if [[ $(cat .venv-flower/.fedlora-requirements 2>/dev/null) != "$want" ]]; then
+    echo "setup: installing Flower, torch and PEFT into .venv-flower (about 2.7 GB of wheels)"
+    .venv-flower/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes \
+      -r scripts/requirements-flower.txt
+    echo "$want" > .venv-flower/.fedlora-requirements
+  fi
+}
+
 case "$WHAT" in
   --system) install_system ;;
   --tests) install_system; install_test_python; fetch_model; fetch_smollm2; fetch_data ;;
   --all) install_system; install_test_python; fetch_model; fetch_smollm2; fetch_data ;;
   --deploy) install_system; install_deploy; fetch_model; fetch_data ;;
-  *) echo "usage: scripts/setup.sh [--all|--system|--tests|--deploy]" >&2; exit 2 ;;
+  --flower) install_system; install_flower; fetch_model; fetch_data ;;
+  *) echo "usage: scripts/setup.sh [--all|--system|--tests|--deploy|--flower]" >&2; exit 2 ;;
 esac
