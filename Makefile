@@ -4,11 +4,13 @@
 # Other targets: setup, build, asan (unit tests under ASan+UBSan), bench, fuzz (each libFuzzer
 # harness for minutes; fuzz-ci: seconds), chaos (the SIGKILL chaos run, long), load (the load test),
 # deploy-test (the Kubernetes manifests' validation, the container images, the compose federation
-# and the coordinator's pod, each server killed once mid-run: docs/deploy.md).
+# and the coordinator's pod, each server killed once mid-run: docs/deploy.md), bench-flower
+# (fedlora simulate against Flower's simulation of configs/iid.json, 3 alternating reps: about half an
+# hour; FLOWER_ARGS="--reps 1" for one; docs/benchmarks.md).
 PRESET ?= default
 BUILD_DIR := build/$(PRESET)
 
-.PHONY: run test setup setup-tests build asan bench fuzz fuzz-ci chaos load deploy-test bazel bazel-full clean
+.PHONY: run test setup setup-tests build asan bench bench-flower fuzz fuzz-ci chaos load deploy-test bazel bazel-full clean
 
 run: setup build
 	scripts/main_job.sh $(BUILD_DIR)
@@ -33,6 +35,10 @@ asan: setup-tests
 
 bench: setup build
 	scripts/run_benchmarks.sh $(BUILD_DIR)
+
+bench-flower: build
+	scripts/setup.sh --flower
+	bench/sim/compare_flower.sh $(FLOWER_ARGS)
 
 fuzz: setup-tests
 	scripts/fuzz.sh --long
