@@ -9,6 +9,8 @@
 #   scripts/setup.sh --deploy   # system packages, podman and the manifest validator, model and data
 #   scripts/setup.sh --bench    # system packages and .venv-bench: PyPI's PyTorch, transformers and
 #                               # PEFT for scripts/bench_hf_step.py (about 6 GB; not the tests or CI)
+#   scripts/setup.sh --flower   # system packages, .venv-flower (Flower, PyPI torch: the baseline of
+#                               # bench/sim/compare_flower.sh), model and data
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -153,21 +155,21 @@ install_deploy() {
   fi
 }
 
-# The Hugging Face baseline of scripts/bench_hf_step.py: PyPI's PyTorch 2.x, transformers and
-# PEFT from scripts/requirements-bench.txt (versions and hashes pinned, installed without
-# dependencies) in .venv-bench, a venv without Debian's site packages so that Debian's torch stays
-# out. A stamp holding the file's hash makes a rerun install nothing. Not used by the tests or CI.
-install_bench_python() {
-  if [[ ! -x .venv-bench/bin/python ]]; then
-    /usr/bin/python3 -m venv .venv-bench
+# A venv apart from Debian's packages (so that Debian's torch stays out) for a benchmark's
+# baseline: install_bench_venv DIR REQUIREMENTS WHAT installs every package of REQUIREMENTS,
+# pinned and hashed, without dependencies. A stamp holding the file's hash makes a rerun install
+# nothing. Not used by the tests or CI.
+install_bench_venv() {
+  local dir=$1 requirements=$2 what=$3
+  if [[ ! -x $dir/bin/python ]]; then
+    /usr/bin/python3 -m venv "$dir"
   fi
   local want
-  want=$(sha256sum scripts/requirements-bench.txt | cut -d' ' -f1)
-  if [[ $(cat .venv-bench/.fedlora-requirements 2>/dev/null) != "$want" ]]; then
-    echo "setup: installing PyTorch, transformers and PEFT into .venv-bench (about 3 GB to download)"
-    .venv-bench/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes \
-      -r scripts/requirements-bench.txt
-    echo "$want" > .venv-bench/.fedlora-requirements
+  want=$(sha256sum "$requirements" | cut -d' ' -f1)
+  if [[ $(cat "$dir/.fedlora-requirements" 2>/dev/null) != "$want" ]]; then
+    echo "setup: installing $what into $dir"
+    "$dir/bin/pip" install -q --disable-pip-version-check --no-deps --require-hashes -r "$requirements"
+    echo "$want" > "$dir/.fedlora-requirements"
   fi
 }
 
@@ -176,6 +178,11 @@ case "$WHAT" in
   --tests) install_system; install_test_python; fetch_model; fetch_smollm2; fetch_data ;;
   --all) install_system; install_test_python; fetch_model; fetch_smollm2; fetch_data ;;
   --deploy) install_system; install_deploy; fetch_model; fetch_data ;;
-  --bench) install_system; install_bench_python ;;
-  *) echo "usage: scripts/setup.sh [--all|--system|--tests|--deploy|--bench]" >&2; exit 2 ;;
+  --bench) install_system; install_bench_venv .venv-bench scripts/requirements-bench.txt \
+    "PyPI's PyTorch, transformers and PEFT (the baseline of scripts/bench_hf_step.py; about 3 GB)" ;;
+  --flower) install_system
+    install_bench_venv .venv-flower scripts/requirements-flower.txt \
+      "Flower, PyPI's PyTorch and PEFT (the baseline of bench/sim/compare_flower.sh; about 2.7 GB)"
+    fetch_model; fetch_data ;;
+  *) echo "usage: scripts/setup.sh [--all|--system|--tests|--deploy|--bench|--flower]" >&2; exit 2 ;;
 esac
