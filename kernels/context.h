@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/tensor.h"  // fedlora::Device
 #include "core/thread_pool.h"
@@ -54,5 +55,16 @@ ThreadPool& DefaultPool();
 void SetNumThreads(int n);
 // The thread count last set (or that of ThreadPool::Default()).
 int NumThreads();
+
+// OpenBLAS picks its kernels by CPU model when it loads; Debian 12's (0.3.21) does not know the
+// Xeons after Sapphire Rapids and runs its Prescott (SSE3) kernels on them, about 5x slower than
+// its AVX-512 ones (measured: 25 against 125 GFLOP/s on one core). It reads OPENBLAS_CORETYPE
+// only when it loads, so a program calls this first thing in main: on such a fallback kernel, on
+// a CPU with AVX-512 (or AVX2 and FMA), with OPENBLAS_CORETYPE unset, it sets OPENBLAS_CORETYPE to
+// SkylakeX (Haswell) and re-executes /proc/self/exe with the same arguments. Returns (and the
+// program goes on as it is) when nothing needs changing or the exec fails.
+void RestartForFasterOpenBlas(char** argv);
+// The kernel set OpenBLAS chose ("SkylakeX", "Prescott", ...).
+std::string OpenBlasCoreName();
 
 }  // namespace fedlora::kernels

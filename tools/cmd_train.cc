@@ -161,6 +161,7 @@ absl::Status Train(TrainFlags f) {
   metrics["options"]["bf16_math"] = f.bf16_math;
   metrics["options"]["bf16_math_active"] = f.bf16_math && kernels::Bf16MathAvailable();
   metrics["options"]["threads"] = kernels::NumThreads();
+  metrics["openblas_core"] = kernels::OpenBlasCoreName();
   nlohmann::json epochs = nlohmann::json::array();
   for (const EpochReport& r : trainer.history()) {
     nlohmann::json e = {{"epoch", r.epoch},

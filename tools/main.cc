@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/context.h"
 #include "tools/commands.h"
 
 namespace fedlora::tools {
@@ -48,6 +49,7 @@ void PrintUsage(std::FILE* out) {
 
 int main(int argc, char** argv) {
   using namespace fedlora::tools;
+  fedlora::kernels::RestartForFasterOpenBlas(argv);
   // The server's signal handling, before anything else runs: threads that already exist (OpenBLAS
   // starts its pool when the library loads) must find the handlers in place.
   if (argc >= 2) {

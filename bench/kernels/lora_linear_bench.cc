@@ -45,6 +45,7 @@ void Check(const absl::Status& s, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  fedlora::kernels::RestartForFasterOpenBlas(argv);
   const int threads = argc > 1 ? std::atoi(argv[1]) : 0;
   const int iters = argc > 2 ? std::atoi(argv[2]) : 10;
   fk::SetNumThreads(threads);

@@ -149,6 +149,7 @@ absl::Status Run(const std::string& model_path, const std::string& batch_path, c
 }  // namespace fedlora
 
 int main(int argc, char** argv) {
+  fedlora::kernels::RestartForFasterOpenBlas(argv);
   std::string model, batch, weights, math = "fp32", targets, init;
   int threads = 2, steps = 3, warmup = 1, rank = 8, generate = 64;
   bool recompute = false;

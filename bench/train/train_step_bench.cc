@@ -167,6 +167,7 @@ absl::Status Run(int argc, char** argv) {
 }  // namespace fedlora
 
 int main(int argc, char** argv) {
+  fedlora::kernels::RestartForFasterOpenBlas(argv);
   const absl::Status status = fedlora::Run(argc, argv);
   if (!status.ok()) {
     std::cerr << "train_step_bench: " << status << "\n";
