@@ -41,7 +41,7 @@ import time
 import numpy as np
 
 import bench_train_step
-from bench_train_step import BATCH, SEQ, RANK, ALPHA, LABELS, count_flops, make_inputs, peft_name
+from bench_train_step import BATCH, SEQ, RANK, ALPHA, LABELS, count_flops, make_inputs, peft_name, time_steps
 from proc_memory import peak_rss_mb
 import safetensors_np  # tests/model, on the path through bench_train_step
 
@@ -182,15 +182,7 @@ def hf_main(args):
         if record:
             first["loss"], first["norm"] = loss.item(), norm.item()
 
-    step(True)
-    for _ in range(args.warmup):
-        step(False)
-    times = []
-    for _ in range(args.steps):
-        t = time.perf_counter()
-        step(False)
-        times.append(time.perf_counter() - t)
-    times.sort()
+    times = time_steps(step, args.warmup, args.steps)
     print(json.dumps({
         "engine": "hf", "mode": args.hf_mode, "threads": torch.get_num_threads(), "load_s": load_s,
         "first_loss": first["loss"], "first_grad_norm": first["norm"],

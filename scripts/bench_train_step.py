@@ -106,6 +106,20 @@ def rss_mb_now():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def time_steps(step, warmup, steps):
+    """Runs step(True) once (it records the first loss), then `warmup` untimed and `steps` timed
+    steps; returns the timed steps' seconds, sorted."""
+    step(True)
+    for _ in range(warmup):
+        step(False)
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step(False)
+        times.append(time.perf_counter() - t)
+    return sorted(times)
+
+
 def torch_main(args):
     import torch
     import torch_bert
@@ -152,15 +166,7 @@ def torch_main(args):
         if record:
             first["loss"], first["norm"] = float(loss), float(norm)
 
-    step(True)
-    for _ in range(args.warmup):
-        step(False)
-    times = []
-    for _ in range(args.steps):
-        t = time.perf_counter()
-        step(False)
-        times.append(time.perf_counter() - t)
-    times.sort()
+    times = time_steps(step, args.warmup, args.steps)
     print(json.dumps({
         "engine": "torch", "torch": torch.__version__, "threads": torch.get_num_threads(), "load_s": load_s,
         "first_loss": first["loss"], "first_grad_norm": first["norm"],
