@@ -57,12 +57,13 @@ void SetNumThreads(int n);
 int NumThreads();
 
 // OpenBLAS picks its kernels by CPU model when it loads; Debian 12's (0.3.21) does not know the
-// Xeons after Sapphire Rapids and runs its Prescott (SSE3) kernels on them, about 5x slower than
-// its AVX-512 ones (measured: 25 against 125 GFLOP/s on one core). It reads OPENBLAS_CORETYPE
-// only when it loads, so a program calls this first thing in main: on such a fallback kernel, on
-// a CPU with AVX-512 (or AVX2 and FMA), with OPENBLAS_CORETYPE unset, it sets OPENBLAS_CORETYPE to
-// SkylakeX (Haswell) and re-executes /proc/self/exe with the same arguments. Returns (and the
-// program goes on as it is) when nothing needs changing or the exec fails.
+// Xeons after Sapphire Rapids and runs its Prescott (SSE3) kernels on them, far slower than its
+// AVX-512 ones (measured on 2 cores at the FFN shape: 34 against 281 GFLOP/s, see
+// docs/benchmarks.md). It reads OPENBLAS_CORETYPE only when it loads, so a program calls this
+// first thing in main: on such a fallback kernel, on a CPU with AVX-512 (or AVX2 and FMA), with
+// OPENBLAS_CORETYPE unset, it sets OPENBLAS_CORETYPE to SkylakeX (Haswell) and re-executes
+// /proc/self/exe with the same arguments. Returns (and the program goes on as it is) when nothing
+// needs changing or the exec fails.
 void RestartForFasterOpenBlas(char** argv);
 // The kernel set OpenBLAS chose ("SkylakeX", "Prescott", ...).
 std::string OpenBlasCoreName();

@@ -2,19 +2,22 @@
 // geometry, and greedy generation, timed. The C++ half of bench/train/bench_decoder_step.sh,
 // which runs it and the PyTorch half (scripts/bench_decoder_step.py) on the same model and batch.
 //
-//   decoder_step_bench --model FILE.gguf|DIR --batch BATCH.safetensors [--weights q4|f32|bf16] [--math fp32|bf16]
+//   decoder_step_bench --model FILE.gguf|DIR --batch BATCH.safetensors [--weights q4|q8|f32|bf16] [--math fp32|bf16|int8]
 //                      [--threads N] [--steps 3] [--warmup 1] [--rank 8] [--recompute]
 //                      [--generate 64] [--targets q_proj,v_proj] [--init INIT.safetensors]
 //
-// --weights q4 keeps the GGUF's Q4_1 / Q8_0 blocks (the 4-bit base); f32 and bf16 widen them;
-// --math bf16 multiplies with the base in bf16 (DecoderOptions::bf16_math; bf16 weights). LoRA r8
+// --weights q4 keeps the GGUF's Q4_1 / Q8_0 blocks (the 4-bit base); f32 and bf16 widen them; q8
+// holds every matrix as Q8_0 (WeightStorage::kQ8_0). --math bf16 multiplies with the base in bf16
+// (DecoderOptions::bf16_math; bf16 weights), --math int8 the forward products in int8
+// (DecoderOptions::int8_math; q8 weights). LoRA r8
 // (alpha 2r) on --targets (default: all seven projections), dropout off, lr 1e-4; --init sets the
 // LoRA values by PEFT name (scripts/bench_hf_step.py starts both engines from the same ones).
 // Prints one JSON line: the first step's loss and pre-clip gradient norm, the median and min step
 // time, generation tokens/s (prompt: the batch's first 32 tokens), the OpenBLAS sgemm rate at the
 // FFN shape (batch*seq x intermediate x hidden, same threads, same run) and the peak RSS of this
 // process (VmHWM: this program's own, not a parent's before exec). With --math bf16 also the rate
-// of the bf16-math GEMM at that shape (bf16_gemm_gflops) and whether it ran in bf16.
+// of the bf16-math GEMM at that shape (bf16_gemm_gflops). reduced_math_active: whether bf16 or
+// int8 math ran (this CPU has AVX512_BF16, AVX512-VNNI).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -26,14 +29,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "bench/train/sgemm_rate.h"
+#include "bench/train/bench_util.h"
 #include "core/process_memory.h"
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "kernels/context.h"
 #include "model/decoder.h"
 #include "tools/flags.h"
-#include "train/optim.h"
 
 namespace fedlora {
 namespace {
@@ -56,7 +58,7 @@ absl::Status LoadInit(const std::string& path, std::vector<Param>& params) {
 }
 
 absl::Status Run(const std::string& model_path, const std::string& batch_path, const std::string& weights,
-                 bool bf16_math, int threads,
+                 const std::string& math, int threads,
                  int steps, int warmup, int rank, bool recompute, int generate, const std::string& targets,
                  const std::string& init_path) {
   kernels::SetNumThreads(threads);
@@ -72,8 +74,14 @@ absl::Status Run(const std::string& model_path, const std::string& batch_path, c
   DecoderOptions o;
   o.lora.rank = rank;
   o.lora.alpha = 2.0f * rank;
-  o.weights = weights == "q4" ? WeightStorage::kAsStored : weights == "bf16" ? WeightStorage::kBF16 : WeightStorage::kF32;
+  o.weights = weights == "q4"     ? WeightStorage::kAsStored
+              : weights == "q8"   ? WeightStorage::kQ8_0
+              : weights == "bf16" ? WeightStorage::kBF16
+                                  : WeightStorage::kF32;
+  const bool bf16_math = math == "bf16";
   o.bf16_math = bf16_math;
+  o.int8_math = math == "int8";
+  const bool reduced_active = bf16_math ? kernels::Bf16MathAvailable() : o.int8_math && kernels::Int8MathAvailable();
   o.max_batch = batch.batch_size;
   o.max_seq = batch.seq_len;
   o.recompute_activations = recompute;
@@ -85,30 +93,8 @@ absl::Status Run(const std::string& model_path, const std::string& batch_path, c
   int64_t trainable = 0;
   for (const Param& p : lm->trainable_params()) trainable += p.numel();
 
-  OptimizerOptions adamw_opts;
-  adamw_opts.weight_decay = 0.01f;
-  FEDLORA_ASSIGN_OR_RETURN(auto adamw, MakeOptimizer("adamw", adamw_opts));
-  float first_loss = 0.0f, first_norm = 0.0f;
-  auto step = [&](bool first) -> absl::Status {
-    lm->ZeroGrad();
-    FEDLORA_ASSIGN_OR_RETURN(float loss, lm->ForwardBackward(batch, 0));
-    const float norm = ClipGradNorm(lm->trainable_params(), 1.0f);
-    FEDLORA_RETURN_IF_ERROR(adamw->Step(lm->trainable_params(), 1e-4f));
-    if (first) {
-      first_loss = loss;
-      first_norm = norm;
-    }
-    return absl::OkStatus();
-  };
-  FEDLORA_RETURN_IF_ERROR(step(true));
-  for (int i = 0; i < warmup; ++i) FEDLORA_RETURN_IF_ERROR(step(false));
-  std::vector<double> times;
-  for (int i = 0; i < steps; ++i) {
-    const auto t0 = Clock::now();
-    FEDLORA_RETURN_IF_ERROR(step(false));
-    times.push_back(Seconds(t0, Clock::now()));
-  }
-  std::sort(times.begin(), times.end());
+  FEDLORA_ASSIGN_OR_RETURN(TimedSteps t, TimeLoraSteps(*lm, batch, steps, warmup));
+  const std::vector<double>& times = t.seconds;
 
   double gen_tps = 0.0;
   if (generate > 0) {
@@ -132,13 +118,13 @@ absl::Status Run(const std::string& model_path, const std::string& batch_path, c
       bf16_math ? Bf16GemmGflops(tokens, static_cast<int>(cfg.intermediate_size), static_cast<int>(cfg.hidden_size), 5)
                 : -1.0;
   std::cout << absl::StrFormat(
-                   "{\"engine\":\"fedlora\",\"weights\":\"%s\",\"math\":\"%s\",\"bf16_math_active\":%s,"
+                   "{\"engine\":\"fedlora\",\"weights\":\"%s\",\"math\":\"%s\",\"reduced_math_active\":%s,"
                    "\"recompute\":%s,\"threads\":%d,\"load_s\":%.2f,"
                    "\"first_loss\":%.9g,\"first_grad_norm\":%.9g,\"trainable_params\":%d,\"step_s_median\":%.4f,"
                    "\"step_s_min\":%.4f,\"steps\":%d,\"gen_tokens_per_s\":%.2f,\"weight_mb\":%.1f,"
                    "\"sgemm_gflops\":%.2f,\"sgemm_shape\":[%d,%d,%d],\"bf16_gemm_gflops\":%.2f,\"peak_rss_mb\":%.1f}",
-                   weights, bf16_math ? "bf16" : "fp32", bf16_math && kernels::Bf16MathAvailable() ? "true" : "false",
-                   recompute ? "true" : "false", threads, load_s, first_loss, first_norm, trainable,
+                   weights, math, reduced_active ? "true" : "false",
+                   recompute ? "true" : "false", threads, load_s, t.first_loss, t.first_grad_norm, trainable,
                    times[times.size() / 2], times.front(), steps, gen_tps, lm->base()->weight_bytes() / 1048576.0,
                    sgemm, tokens, cfg.intermediate_size, cfg.hidden_size, bf16_gemm, PeakResidentKib() / 1024.0)
             << std::endl;
@@ -156,8 +142,8 @@ int main(int argc, char** argv) {
   fedlora::tools::FlagSet flags("decoder_step_bench", "Times one decoder LoRA training step and generation.");
   flags.AddString("model", &model, "SmolLM2 .gguf file", true);
   flags.AddString("batch", &batch, "safetensors with input_ids I32 [B, S]", true);
-  flags.AddString("weights", &weights, "q4 (as stored), f32 or bf16 (default q4; bf16 with --math bf16)");
-  flags.AddString("math", &math, "fp32, or bf16: GEMMs with the base in bf16 (needs bf16 weights)");
+  flags.AddString("weights", &weights, "q4 (as stored), q8, f32 or bf16 (default q4; bf16 with --math bf16, q8 with --math int8)");
+  flags.AddString("math", &math, "fp32; bf16: GEMMs with the base in bf16 (bf16 weights); int8: forward GEMMs in int8 (q8 weights)");
   flags.AddInt("threads", &threads, "CPU threads");
   flags.AddInt("steps", &steps, "timed steps");
   flags.AddInt("warmup", &warmup, "untimed steps after the first");
@@ -170,13 +156,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(), flags.Help().c_str());
     return 2;
   }
-  if (weights.empty()) weights = math == "bf16" ? "bf16" : "q4";
-  if ((weights != "q4" && weights != "f32" && weights != "bf16") || (math != "fp32" && math != "bf16") ||
-      (math == "bf16" && weights != "bf16") || steps < 1) {
-    std::fprintf(stderr, "--weights q4|f32|bf16, --math fp32|bf16 (bf16 math needs bf16 weights), --steps >= 1\n");
+  if (weights.empty()) weights = math == "bf16" ? "bf16" : math == "int8" ? "q8" : "q4";
+  if ((weights != "q4" && weights != "q8" && weights != "f32" && weights != "bf16") ||
+      (math != "fp32" && math != "bf16" && math != "int8") || (math == "bf16" && weights != "bf16") ||
+      (math == "int8" && weights != "q8") || steps < 1) {
+    std::fprintf(stderr,
+                 "--weights q4|q8|f32|bf16, --math fp32|bf16|int8 (bf16 math needs bf16 weights, int8 math q8 "
+                 "weights), --steps >= 1\n");
     return 2;
   }
-  const absl::Status st = fedlora::Run(model, batch, weights, math == "bf16", threads, steps, warmup, rank, recompute, generate, targets, init);
+  const absl::Status st = fedlora::Run(model, batch, weights, math, threads, steps, warmup, rank, recompute, generate, targets, init);
   if (!st.ok()) {
     std::fprintf(stderr, "decoder_step_bench: %s\n", std::string(st.message()).c_str());
     return 1;

@@ -25,7 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "bench/train/sgemm_rate.h"
+#include "bench/train/bench_util.h"
 #include "core/process_memory.h"
 #include "core/safetensors.h"
 #include "core/status.h"
@@ -34,7 +34,6 @@
 #include "kernels/gemm.h"
 #include "model/bert.h"
 #include "tools/flags.h"
-#include "train/optim.h"
 
 namespace fedlora {
 namespace {
@@ -116,30 +115,8 @@ absl::Status Run(int argc, char** argv) {
     trainable += p.numel();
   }
 
-  OptimizerOptions adamw_opts;
-  adamw_opts.weight_decay = 0.01f;
-  FEDLORA_ASSIGN_OR_RETURN(auto adamw, MakeOptimizer("adamw", adamw_opts));
-  float first_loss = 0.0f, first_norm = 0.0f;
-  auto step = [&](bool first) -> absl::Status {
-    model->ZeroGrad();
-    FEDLORA_ASSIGN_OR_RETURN(float loss, model->ForwardBackward(batch, /*dropout_seed=*/0));
-    const float norm = ClipGradNorm(model->trainable_params(), 1.0f);
-    FEDLORA_RETURN_IF_ERROR(adamw->Step(model->trainable_params(), 1e-4f));
-    if (first) {
-      first_loss = loss;
-      first_norm = norm;
-    }
-    return absl::OkStatus();
-  };
-  FEDLORA_RETURN_IF_ERROR(step(true));
-  for (int i = 0; i < warmup; ++i) FEDLORA_RETURN_IF_ERROR(step(false));
-  std::vector<double> times;
-  for (int i = 0; i < steps; ++i) {
-    const auto t0 = Clock::now();
-    FEDLORA_RETURN_IF_ERROR(step(false));
-    times.push_back(Seconds(t0, Clock::now()));
-  }
-  std::sort(times.begin(), times.end());
+  FEDLORA_ASSIGN_OR_RETURN(TimedSteps t, TimeLoraSteps(*model, batch, steps, warmup));
+  const std::vector<double>& times = t.seconds;
   const BertConfig& cfg = model->config();
   const double sgemm =
       SgemmGflops(batch.batch_size * batch.seq_len, static_cast<int>(cfg.intermediate_size),
@@ -156,7 +133,7 @@ absl::Status Run(int argc, char** argv) {
              "\"first_grad_norm\":%.9g,\"trainable_params\":%d,\"step_median_s\":%.6f,"
              "\"step_min_s\":%.6f,\"steps\":%d,\"sgemm_gflops\":%.2f,\"sgemm_shape\":[%d,%d,%d],"
              "\"bf16_gemm_gflops\":%.2f,\"rss_after_mb\":%.1f,\"peak_rss_mb\":%.1f}",
-             math, bf16_math && kernels::Bf16MathAvailable() ? "true" : "false", kernels::NumThreads(), load_s, first_loss, first_norm, trainable,
+             math, bf16_math && kernels::Bf16MathAvailable() ? "true" : "false", kernels::NumThreads(), load_s, t.first_loss, t.first_grad_norm, trainable,
              times[times.size() / 2], times.front(), steps, sgemm, batch.batch_size * batch.seq_len,
              cfg.intermediate_size, cfg.hidden_size, bf16_gemm, rss_after, PeakResidentKib() / 1024.0)
       << std::endl;

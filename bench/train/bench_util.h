@@ -1,8 +1,9 @@
-// The OpenBLAS sgemm rate at a given shape, measured by the training-step benchmarks in the same
-// run and thread count as the step they time: what either engine's GEMMs can reach; and the rate
-// of the bf16-math GEMM (kernels/gemm.h) at that shape, the ceiling of a bf16-math step.
-#ifndef FEDLORA_BENCH_TRAIN_SGEMM_RATE_H_
-#define FEDLORA_BENCH_TRAIN_SGEMM_RATE_H_
+// What the training-step benchmarks share: the timed loop of LoRA steps (AdamW, clip 1.0), and the
+// GEMM rates they report beside the step, measured in the same run and thread count: the OpenBLAS
+// sgemm rate at a given shape (what either engine's GEMMs can reach) and the rate of the bf16-math
+// GEMM (kernels/gemm.h) at that shape, the ceiling of a bf16-math step.
+#ifndef FEDLORA_BENCH_TRAIN_BENCH_UTIL_H_
+#define FEDLORA_BENCH_TRAIN_BENCH_UTIL_H_
 
 #include <cblas.h>
 
@@ -11,11 +12,46 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/status.h"
 #include "core/tensor.h"
 #include "kernels/context.h"
 #include "kernels/gemm.h"
+#include "train/optim.h"
 
 namespace fedlora {
+
+struct TimedSteps {
+  float first_loss = 0.0f;
+  float first_grad_norm = 0.0f;  // before clipping
+  std::vector<double> seconds;   // the timed steps, sorted
+};
+
+// One untimed first step (its loss and gradient norm are the run's check values), `warmup` more
+// untimed, then `steps` timed: ZeroGrad, ForwardBackward, clip to 1.0, AdamW (lr 1e-4, weight
+// decay 0.01). Model is BertModel or CausalLm.
+template <typename Model, typename Batch>
+absl::StatusOr<TimedSteps> TimeLoraSteps(Model& model, const Batch& batch, int steps, int warmup) {
+  using Clock = std::chrono::steady_clock;
+  OptimizerOptions adamw_opts;
+  adamw_opts.weight_decay = 0.01f;
+  FEDLORA_ASSIGN_OR_RETURN(auto adamw, MakeOptimizer("adamw", adamw_opts));
+  TimedSteps out;
+  for (int i = 0; i < 1 + warmup + steps; ++i) {
+    const auto t0 = Clock::now();
+    model.ZeroGrad();
+    FEDLORA_ASSIGN_OR_RETURN(float loss, model.ForwardBackward(batch, /*dropout_seed=*/0));
+    const float norm = ClipGradNorm(model.trainable_params(), 1.0f);
+    FEDLORA_RETURN_IF_ERROR(adamw->Step(model.trainable_params(), 1e-4f));
+    if (i == 0) {
+      out.first_loss = loss;
+      out.first_grad_norm = norm;
+    } else if (i > warmup) {
+      out.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+  }
+  std::sort(out.seconds.begin(), out.seconds.end());
+  return out;
+}
 
 // Median GFLOP/s of C[m,n] = A[m,k] W[n,k]^T (row-major), the call a linear layer's forward makes;
 // -1 when the known answer is wrong.
@@ -64,4 +100,4 @@ inline double Bf16GemmGflops(int m, int n, int k, int repeats) {
 
 }  // namespace fedlora
 
-#endif  // FEDLORA_BENCH_TRAIN_SGEMM_RATE_H_
+#endif  // FEDLORA_BENCH_TRAIN_BENCH_UTIL_H_
