@@ -1,6 +1,7 @@
 #include "core/ggml_quant.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <iterator>
 
@@ -323,6 +324,26 @@ absl::Status DequantizeRows(GgmlType type, const uint8_t* src, int64_t rows, int
     default: return Unsupported(type);  // unreachable: GgmlRowBytes checked the type
   }
   for (int64_t r = 0; r < rows; ++r) row(src + r * *row_bytes, nb, dst + r * dst_stride);
+  return absl::OkStatus();
+}
+
+absl::Status QuantizeRowsQ8_0(const float* src, int64_t rows, int64_t n, uint8_t* dst) {
+  if (n <= 0 || n % kGgmlQK != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("QuantizeRowsQ8_0: row length ", n, " is not a positive multiple of 32"));
+  }
+  if (rows < 0) return absl::InvalidArgumentError(absl::StrCat("QuantizeRowsQ8_0: negative row count ", rows));
+  BlockQ8_0* out = reinterpret_cast<BlockQ8_0*>(dst);
+  for (int64_t b = 0; b < rows * (n / kGgmlQK); ++b) {
+    const float* x = src + b * kGgmlQK;
+    float amax = 0.0f;
+    for (int i = 0; i < kGgmlQK; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    BlockQ8_0 blk;
+    blk.d = F32ToF16(d);
+    for (int i = 0; i < kGgmlQK; ++i) blk.qs[i] = static_cast<int8_t>(std::lround(x[i] * id));
+    std::memcpy(out + b, &blk, sizeof(blk));
+  }
   return absl::OkStatus();
 }
 

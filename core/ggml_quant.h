@@ -90,6 +90,12 @@ absl::Status DequantizeRow(GgmlType type, const uint8_t* src, int64_t n, float* 
 absl::Status DequantizeRows(GgmlType type, const uint8_t* src, int64_t rows, int64_t n, float* dst,
                             int64_t dst_stride);
 
+// Quantizes `rows` rows of n floats (row r at src + r * n) to Q8_0 as ggml's reference does: per
+// block of 32, d = max|x| / 127 (stored as fp16), q = round-half-away(x / d) (0 for an all-zero
+// block). InvalidArgument when n is not a positive multiple of 32 or rows is negative; dst holds
+// rows * GgmlRowBytes(kQ8_0, n) bytes.
+absl::Status QuantizeRowsQ8_0(const float* src, int64_t rows, int64_t n, uint8_t* dst);
+
 // --- Block layouts ----------------------------------------------------------------------------
 // qs nibbles: byte j holds element j in its low nibble and element j + 16 (classic formats) in its
 // high nibble. qh (Q5_0, Q5_1): bit i is the fifth bit of element i.

@@ -713,6 +713,34 @@ TEST(GgmlQuant, TypeTable) {
   ExpectError(GgmlRowBytes(GgmlType::kF32, INT64_MAX).status(), C::kInvalidArgument, {"overflows"});
 }
 
+TEST(GgmlQuant, QuantizeRowsQ8_0AsGgmlsReference) {
+  // Block 0: -16 .. 15 (max 16: d = 16/127, q = round-half-away(x * 127 / 16)); block 1: zeros;
+  // block 2 (row 1): 0.5 at element 3, -0.25 at element 4 (q = 127, -63.5 -> -64).
+  std::vector<float> x(128, 0.0f);
+  for (int i = 0; i < 32; ++i) x[i] = static_cast<float>(i - 16);
+  x[64 + 3] = 0.5f;
+  x[64 + 4] = -0.25f;
+  std::vector<uint8_t> q(2 * *GgmlRowBytes(GgmlType::kQ8_0, 64));
+  ASSERT_TRUE(QuantizeRowsQ8_0(x.data(), 2, 64, q.data()).ok());
+  BlockQ8_0 b[3];
+  std::memcpy(b, q.data(), sizeof(b));
+  EXPECT_EQ(b[0].d, F32ToF16(16.0f / 127.0f));
+  EXPECT_EQ(b[0].qs[0], -127);   // -16
+  EXPECT_EQ(b[0].qs[17], 8);     // 1 * 7.9375
+  EXPECT_EQ(b[0].qs[31], 119);   // 15 * 7.9375 = 119.06
+  EXPECT_EQ(b[0].qs[24], 64);    // 8 * 7.9375 = 63.5, away from zero
+  EXPECT_EQ(b[1].d, F32ToF16(0.0f));
+  for (int8_t v : b[1].qs) EXPECT_EQ(v, 0);
+  EXPECT_EQ(b[2].qs[3], 127);
+  EXPECT_EQ(b[2].qs[4], -64);
+  // Dequantized, every value is within half a step (plus the fp16 rounding of d) of the input.
+  std::vector<float> back(128);
+  ASSERT_TRUE(DequantizeRows(GgmlType::kQ8_0, q.data(), 2, 64, back.data(), 64).ok());
+  for (int i = 0; i < 32; ++i) EXPECT_NEAR(back[i], x[i], 0.5f * 16.0f / 127.0f + 1e-2f) << i;
+  ExpectError(QuantizeRowsQ8_0(x.data(), 1, 40, q.data()), C::kInvalidArgument, {"40", "multiple of 32"});
+  ExpectError(QuantizeRowsQ8_0(x.data(), -1, 32, q.data()), C::kInvalidArgument, {"negative"});
+}
+
 TEST(GgmlQuant, DequantizeRowsWithStrideAndUnalignedSource) {
   // Two Q4_0 rows of 32 at an odd address, into rows 40 floats apart.
   std::string buf = "x";
