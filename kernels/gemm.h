@@ -34,6 +34,15 @@
 // permission, not a demand: where Bf16MathAvailable() is false (no AVX512_BF16, or on CUDA) the
 // exact fp32 path above runs. The workspace then also holds op(A) as bf16: m * k * 2 bytes.
 //
+// int8 math (int8_math with a Q8_0 b_quant): the forward product A W^T (trans_b, not trans_a,
+// batch 1) quantizes each row of A per block of 32 (d = max|a| / 127, q = nearest-even(a * 127 /
+// max|a|)) and sums each block's int8 products exactly in int32 (AVX512-VNNI); C = alpha * sum over
+// blocks, in block order, of fma(float(int dot), d_w * d_a, .) (+ beta * C). About 1e-2 relative
+// from the fp32 product on the dequantized W; the same bits at every thread count. A permission
+// like bf16 math: without AVX512-VNNI, on CUDA, and for the other products (the input gradient
+// A W) the exact path runs. The workspace then holds A quantized and W repacked, 256 columns at a
+// time: Int8MathWorkspaceBytes.
+//
 // CPU threads: OpenBLAS's own (kernels::SetNumThreads). When OpenBLAS has one thread and ctx's
 // pool a width above 1 (the simulator, sim/simulator.h), an fp32 product runs instead as
 // single-threaded OpenBLAS calls on the pool, one per batch entry or per block of C's rows; the
@@ -73,6 +82,7 @@ struct GemmArgs {
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
   bool bf16_math = false;     // with b_bf16: may round A to bf16 (see bf16 math above)
+  bool int8_math = false;     // with a Q8_0 b_quant: may quantize A to int8 (see int8 math above)
   void* workspace = nullptr;  // only for b_bf16 / b_quant; on ctx.device
   size_t workspace_bytes = 0;
 };
@@ -80,6 +90,9 @@ struct GemmArgs {
 // True when this CPU multiplies in bf16 (AVX512_BF16 and oneDNN's bf16 matmul): GemmArgs::bf16_math
 // takes effect on the CPU. Computed once; thread-safe.
 bool Bf16MathAvailable();
+
+// True when this CPU multiplies in int8 (AVX512-VNNI): GemmArgs::int8_math takes effect on the CPU.
+bool Int8MathAvailable();
 
 // Minimum workspace for `args` (0 unless b_bf16 or b_quant is set).
 size_t GemmWorkspaceBytes(const GemmArgs& args);
@@ -97,6 +110,11 @@ size_t Bf16MathABytes(const GemmArgs& args);
 // Tests: false makes Bf16MathAvailable() false from now on (the fp32 path runs); true restores
 // the CPU's answer.
 void SetBf16MathAllowedForTesting(bool allowed);
+// int8 math on the CPU (gemm_int8_cpu.cc): true when `args` runs there (see int8 math above).
+bool UsesInt8Math(const GemmArgs& args);
+absl::Status GemmInt8MathCpu(const ExecContext& ctx, const GemmArgs& args);
+size_t Int8MathWorkspaceBytes(const GemmArgs& args);
+void SetInt8MathAllowedForTesting(bool allowed);
 // The blocks of rows a batch-1 fp32 product is split into on the CPU pool (1: one call), for any
 // width above 1. Blocks are large enough for OpenBLAS to compute them as it does the whole product.
 int64_t GemmCpuRowBlocks(const GemmArgs& args);

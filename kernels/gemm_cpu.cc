@@ -96,6 +96,10 @@ size_t GemmWorkspaceBytes(const GemmArgs& args) {
   if (args.bf16_math && args.b_bf16 != nullptr && Bf16MathAvailable()) {
     return std::max(panel, internal::Bf16MathABytes(args));
   }
+  if (args.int8_math && args.b_quant != nullptr) {
+    GemmArgs g = Resolved(args);
+    if (internal::UsesInt8Math(g)) return std::max(panel, internal::Int8MathWorkspaceBytes(g));
+  }
   return panel;
 }
 
@@ -123,6 +127,9 @@ absl::Status CanRun(const ExecContext& ctx, const GemmArgs& in) {
   }
   if (g.bf16_math && g.b_bf16 == nullptr && g.k > 0) {
     return internal::InvalidArg(kOp, "bf16_math applies to a bf16 B only");
+  }
+  if (g.int8_math && g.b_quant_type != GgmlType::kQ8_0 && g.k > 0) {
+    return internal::InvalidArg(kOp, "int8_math applies to a Q8_0 B only");
   }
   if (g.b_bf16 != nullptr || g.b_quant != nullptr) {
     const char* kind = g.b_bf16 != nullptr ? "bf16" : "quantized";
@@ -190,6 +197,7 @@ absl::Status GemmCpu(const ExecContext& ctx, const GemmArgs& g) {
     return absl::OkStatus();
   }
   if (g.bf16_math && g.b_bf16 != nullptr && Bf16MathAvailable()) return GemmBf16MathCpu(ctx, g);
+  if (UsesInt8Math(g)) return GemmInt8MathCpu(ctx, g);
   // bf16 or quantized B: widen a panel of stored rows into the workspace, multiply, next panel.
   // The widening is exact (dequantization as ggml's), so the result equals the fp32 GEMM on the
   // widened weight.

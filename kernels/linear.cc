@@ -18,9 +18,10 @@ constexpr std::string_view kBwd = "LinearBackward";
 // with bf16 math the bf16 copy of x [rows, in] or dy [rows, out] (the larger).
 size_t WeightWorkspace(const WeightPtr& w, int64_t rows, int64_t out, int64_t in) {
   GemmArgs g{.trans_b = true, .m = rows, .n = out, .k = in, .b_bf16 = w.bf16, .b_quant = w.quant,
-             .bf16_math = w.bf16_math};
+             .b_quant_type = w.quant_type, .bf16_math = w.bf16_math, .int8_math = w.int8_math};
   const size_t fwd = GemmWorkspaceBytes(g);
-  GemmArgs b{.m = rows, .n = in, .k = out, .b_bf16 = w.bf16, .b_quant = w.quant, .bf16_math = w.bf16_math};
+  GemmArgs b{.m = rows, .n = in, .k = out, .b_bf16 = w.bf16, .b_quant = w.quant, .b_quant_type = w.quant_type,
+             .bf16_math = w.bf16_math};
   return std::max(fwd, GemmWorkspaceBytes(b));
 }
 
@@ -77,7 +78,7 @@ absl::Status LinearForward(const ExecContext& ctx, const LinearForwardArgs& a) {
   return Gemm(ctx, GemmArgs{.trans_b = true, .m = a.rows, .n = a.out_features, .k = a.in_features, .beta = beta,
                             .a = a.x, .b = a.w.f32, .b_bf16 = a.w.bf16, .b_quant = a.w.quant,
                             .b_quant_type = a.w.quant_type, .c = a.y, .bf16_math = a.w.bf16_math,
-                            .workspace = a.workspace,
+                            .int8_math = a.w.int8_math, .workspace = a.workspace,
                             .workspace_bytes = a.workspace_bytes});
 }
 

@@ -1,7 +1,8 @@
 // Frozen weights may be stored in fp32, bf16, or a ggml block-quantized format (Q8_0, Q4_1, ...:
 // core/ggml_quant.h), to fit edge devices. A WeightPtr names one of them. Linear and LoRA linear
 // accept all three (the GEMM widens panels of rows, or multiplies in bf16 where a bf16 weight
-// allows it: WithBf16Math); the BERT embedding kernel takes fp32 or bf16.
+// allows it: WithBf16Math, or in int8 where a Q8_0 weight does: WithInt8Math); the BERT embedding
+// kernel takes fp32 or bf16.
 //
 //   kernels::WeightPtr w = kernels::WeightPtr::F32(dense_weight);    // or ::BF16(bits)
 //   kernels::WeightPtr q = kernels::WeightPtr::Quant(blocks, GgmlType::kQ4_1);  // rows of blocks
@@ -29,6 +30,9 @@ struct WeightPtr {
   GgmlType quant_type = GgmlType::kF32;
   // bf16 only: GEMMs with this weight may round their other operand to bf16 (GemmArgs::bf16_math).
   bool bf16_math = false;
+  // Q8_0 only: forward GEMMs with this weight may quantize their other operand to int8
+  // (GemmArgs::int8_math).
+  bool int8_math = false;
 
   static WeightPtr F32(const float* p) { return WeightPtr{p, nullptr, nullptr}; }
   static WeightPtr BF16(const uint16_t* p) { return WeightPtr{nullptr, p, nullptr}; }
@@ -36,6 +40,11 @@ struct WeightPtr {
   WeightPtr WithBf16Math(bool on) const {
     WeightPtr w = *this;
     w.bf16_math = on && bf16 != nullptr;
+    return w;
+  }
+  WeightPtr WithInt8Math(bool on) const {
+    WeightPtr w = *this;
+    w.int8_math = on && quant != nullptr && quant_type == GgmlType::kQ8_0;
     return w;
   }
   bool is_bf16() const { return bf16 != nullptr; }

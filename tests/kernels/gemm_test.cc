@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "core/ggml_quant.h"
 #include "core/tensor.h"
 #include "kernels/context.h"
 #include "kernels/device.h"
@@ -315,6 +317,202 @@ TEST(GemmBf16Math, AppliesToBf16WeightsOnly) {
   const absl::Status st = Gemm(Cpu(), g);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("bf16_math"), std::string::npos) << st;
+}
+
+// int8 math, computed here as kernels/gemm.h defines it: A quantized per block of 32, exact int
+// block dots, blocks summed in order with one fma each, then alpha and beta.
+std::vector<float> Int8MathReference(const GemmArgs& g, const std::vector<float>& a, const std::vector<uint8_t>& w,
+                                     const std::vector<float>& c0) {
+  const int64_t kb = g.k / 32, lda = g.lda ? g.lda : g.k, ldc = g.ldc ? g.ldc : g.n;
+  std::vector<float> c = c0;
+  std::vector<BlockQ8_0> wb(static_cast<size_t>(g.n * kb));
+  std::memcpy(wb.data(), w.data(), wb.size() * sizeof(BlockQ8_0));
+  for (int64_t r = 0; r < g.m; ++r) {
+    std::vector<int> q(g.k);
+    std::vector<float> d(kb);
+    for (int64_t b = 0; b < kb; ++b) {
+      float amax = 0.0f;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(a[r * lda + b * 32 + i]));
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      d[b] = amax / 127.0f;
+      for (int i = 0; i < 32; ++i) q[b * 32 + i] = static_cast<int>(std::nearbyint(a[r * lda + b * 32 + i] * inv));
+    }
+    for (int64_t j = 0; j < g.n; ++j) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < kb; ++b) {
+        const BlockQ8_0& blk = wb[j * kb + b];
+        int dot = 0;
+        for (int i = 0; i < 32; ++i) dot += q[b * 32 + i] * blk.qs[i];
+        const float s = F16ToF32(blk.d) * d[b];
+        acc = std::fma(static_cast<float>(dot), s, acc);
+      }
+      const float out = g.alpha * acc;
+      c[r * ldc + j] = g.beta == 0.0f ? out : out + g.beta * c0[r * ldc + j];
+    }
+  }
+  return c;
+}
+
+GemmArgs Int8Args(int64_t m, int64_t n, int64_t k, const std::vector<float>& a, const std::vector<uint8_t>& w) {
+  return GemmArgs{.trans_b = true, .m = m, .n = n, .k = k, .a = a.data(), .b_quant = w.data(),
+                  .b_quant_type = GgmlType::kQ8_0, .int8_math = true};
+}
+
+TEST(GemmInt8Math, MatchesItsDefinitionBitForBit) {
+  if (!Int8MathAvailable()) GTEST_SKIP() << "this CPU has no int8 dot products (AVX512-VNNI)";
+  struct Case {
+    int64_t m, n, k, lda, ldc;
+    float alpha, beta;
+  };
+  // Row tails (not a multiple of 4), column tails (not a multiple of 16 or 32), several chunks of
+  // 256 columns, padded A and C, alpha and beta.
+  for (const Case& cs : {Case{37, 45, 96, 0, 0, 1.0f, 0.0f}, Case{5, 300, 64, 0, 0, 1.0f, 1.0f},
+                         Case{64, 32, 576, 580, 40, 0.5f, -1.0f}, Case{1, 7, 32, 0, 0, 2.0f, 0.0f},
+                         Case{130, 600, 128, 0, 0, 1.0f, 0.0f}}) {
+    const int64_t lda = cs.lda ? cs.lda : cs.k, ldc = cs.ldc ? cs.ldc : cs.n;
+    auto a = Random(cs.m * lda, 51);
+    a[0] = 0.0f;  // an exact zero, and an all-zero block when k allows it
+    if (cs.m > 1 && cs.k >= 64) std::fill_n(a.begin() + lda + 32, 32, 0.0f);
+    const auto wf = Random(cs.n * cs.k, 52);
+    std::vector<uint8_t> w(cs.n * *GgmlRowBytes(GgmlType::kQ8_0, cs.k));
+    ASSERT_TRUE(QuantizeRowsQ8_0(wf.data(), cs.n, cs.k, w.data()).ok());
+    const auto c0 = Random(cs.m * ldc, 53);
+    GemmArgs g = Int8Args(cs.m, cs.n, cs.k, a, w);
+    g.lda = cs.lda;
+    g.ldc = cs.ldc;
+    g.alpha = cs.alpha;
+    g.beta = cs.beta;
+    const auto want = Int8MathReference(g, a, w, c0);
+    const size_t ws_bytes = GemmWorkspaceBytes(g);
+    EXPECT_GE(ws_bytes, static_cast<size_t>(cs.m * cs.k));  // A quantized
+    std::vector<float> ws(ws_bytes / 4 + 1);
+    g.workspace = ws.data();
+    g.workspace_bytes = ws_bytes;
+    std::vector<float> c_init = c0;
+    for (int64_t i = 0; i < cs.m && cs.beta == 0.0f; ++i) std::fill_n(c_init.begin() + i * ldc, cs.n, std::nanf(""));
+    Guarded c(c_init);
+    g.c = c.data();
+    ASSERT_TRUE(Gemm(Cpu(), g).ok()) << cs.m << "x" << cs.n << "x" << cs.k;
+    ASSERT_EQ(c.values().size(), want.size());
+    EXPECT_EQ(std::memcmp(c.values().data(), want.data(), want.size() * sizeof(float)), 0)
+        << cs.m << "x" << cs.n << "x" << cs.k;
+    EXPECT_TRUE(c.GuardsIntact());
+  }
+}
+
+TEST(GemmInt8Math, StaysWithinInt8RoundingOfTheFp32Product) {
+  if (!Int8MathAvailable()) GTEST_SKIP() << "this CPU has no int8 dot products (AVX512-VNNI)";
+  const int64_t m = 32, n = 48, k = 256;
+  const auto a = Random(m * k, 61), wf = Random(n * k, 62);
+  std::vector<uint8_t> w(n * *GgmlRowBytes(GgmlType::kQ8_0, k));
+  ASSERT_TRUE(QuantizeRowsQ8_0(wf.data(), n, k, w.data()).ok());
+  std::vector<float> wd(n * k);  // the weight the exact path multiplies with
+  ASSERT_TRUE(DequantizeRows(GgmlType::kQ8_0, w.data(), n, k, wd.data(), k).ok());
+  GemmArgs g{.trans_b = true, .m = m, .n = n, .k = k, .a = a.data(), .b = wd.data()};
+  const auto fp32 = NaiveGemm(g, std::vector<float>(m * n));
+  g = Int8Args(m, n, k, a, w);
+  std::vector<float> ws(GemmWorkspaceBytes(g) / 4 + 1), c(m * n);
+  g.workspace = ws.data();
+  g.workspace_bytes = ws.size() * 4;
+  g.c = c.data();
+  ASSERT_TRUE(Gemm(Cpu(), g).ok());
+  // Each a moves by up to half a step (max|a| / 254 per block): with |a|, |w| <= 1 over 256 terms
+  // a sum of independent errors of about sqrt(256) / 254 / sqrt(3) ~ 0.04 at most a few times that.
+  double worst = 0.0, moved = 0.0;
+  for (int64_t i = 0; i < m * n; ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(c[i]) - fp32[i]));
+    moved += c[i] != fp32[i];
+  }
+  EXPECT_LT(worst, 0.15);
+  EXPECT_GT(moved, m * n / 2);  // int8 math ran: most results differ from the exact product
+}
+
+TEST(GemmInt8Math, SameBitsAtEveryWidth) {
+  if (!Int8MathAvailable()) GTEST_SKIP() << "this CPU has no int8 dot products (AVX512-VNNI)";
+  const int64_t m = 203, n = 576, k = 576;  // SmolLM2's attention projection, odd rows
+  const auto a = Random(m * k, 71), wf = Random(n * k, 72);
+  std::vector<uint8_t> w(n * *GgmlRowBytes(GgmlType::kQ8_0, k));
+  ASSERT_TRUE(QuantizeRowsQ8_0(wf.data(), n, k, w.data()).ok());
+  ThreadPool pool(4);
+  auto run = [&](int width) {
+    pool.SetWidth(width);
+    GemmArgs g = Int8Args(m, n, k, a, w);
+    std::vector<float> ws(GemmWorkspaceBytes(g) / 4 + 1), c(m * n);
+    g.workspace = ws.data();
+    g.workspace_bytes = ws.size() * 4;
+    g.c = c.data();
+    EXPECT_TRUE(Gemm(ExecContext{.pool = &pool}, g).ok());
+    return c;
+  };
+  const auto want = run(1);
+  for (int width : {2, 3, 4}) EXPECT_EQ(run(width), want) << "width " << width;
+}
+
+TEST(GemmInt8Math, NonFiniteInputsReachTheOutput) {
+  if (!Int8MathAvailable()) GTEST_SKIP() << "this CPU has no int8 dot products (AVX512-VNNI)";
+  const int64_t m = 3, n = 16, k = 64;
+  auto a = Random(m * k, 81);
+  a[5] = std::nanf("");                             // row 0
+  a[k + 40] = std::numeric_limits<float>::infinity();  // row 1
+  const auto wf = Random(n * k, 82);
+  std::vector<uint8_t> w(n * *GgmlRowBytes(GgmlType::kQ8_0, k));
+  ASSERT_TRUE(QuantizeRowsQ8_0(wf.data(), n, k, w.data()).ok());
+  GemmArgs g = Int8Args(m, n, k, a, w);
+  std::vector<float> ws(GemmWorkspaceBytes(g) / 4 + 1), c(m * n);
+  g.workspace = ws.data();
+  g.workspace_bytes = ws.size() * 4;
+  g.c = c.data();
+  ASSERT_TRUE(Gemm(Cpu(), g).ok());
+  for (int64_t j = 0; j < n; ++j) {
+    EXPECT_TRUE(std::isnan(c[j])) << j;
+    EXPECT_TRUE(std::isnan(c[n + j])) << j;
+    EXPECT_TRUE(std::isfinite(c[2 * n + j])) << j;
+  }
+}
+
+TEST(GemmInt8Math, RunsTheExactPathElsewhere) {
+  const int64_t m = 6, n = 40, k = 64;
+  const auto a = Random(m * k, 91), dy = Random(m * n, 93), wf = Random(n * k, 92);
+  std::vector<uint8_t> w(n * *GgmlRowBytes(GgmlType::kQ8_0, k));
+  ASSERT_TRUE(QuantizeRowsQ8_0(wf.data(), n, k, w.data()).ok());
+  auto run = [&](GemmArgs g, bool int8) {
+    g.int8_math = int8;
+    std::vector<float> ws(GemmWorkspaceBytes(g) / 4 + 1), c(g.m * g.n);
+    g.workspace = ws.data();
+    g.workspace_bytes = ws.size() * 4;
+    g.c = c.data();
+    EXPECT_TRUE(Gemm(Cpu(), g).ok());
+    return c;
+  };
+  // The input gradient dy W (no trans_b) is exact whatever int8_math says.
+  const GemmArgs backward{.m = m, .n = k, .k = n, .a = dy.data(), .b_quant = w.data(), .b_quant_type = GgmlType::kQ8_0};
+  EXPECT_EQ(run(backward, true), run(backward, false));
+  // Without VNNI (or when tests turn it off) the forward product is exact too.
+  internal::SetInt8MathAllowedForTesting(false);
+  EXPECT_FALSE(Int8MathAvailable());
+  const GemmArgs forward = Int8Args(m, n, k, a, w);
+  EXPECT_EQ(GemmWorkspaceBytes(forward), static_cast<size_t>(n * k * 4));  // the fp32 panel only
+  const auto off = run(forward, true);
+  EXPECT_EQ(off, run(forward, false));
+  internal::SetInt8MathAllowedForTesting(true);
+  if (Int8MathAvailable()) EXPECT_NE(run(forward, true), off);
+}
+
+TEST(GemmInt8Math, AppliesToQ8_0WeightsOnly) {
+  std::vector<float> a(64), c(4);
+  std::vector<uint8_t> w(2 * *GgmlRowBytes(GgmlType::kQ4_0, 32));
+  GemmArgs g{.trans_b = true, .m = 2, .n = 2, .k = 32, .a = a.data(), .b_quant = w.data(),
+             .b_quant_type = GgmlType::kQ4_0, .c = c.data(), .int8_math = true};
+  std::vector<float> ws(GemmWorkspaceBytes(g) / 4 + 1);
+  g.workspace = ws.data();
+  g.workspace_bytes = ws.size() * 4;
+  absl::Status st = Gemm(Cpu(), g);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("int8_math applies to a Q8_0 B only"), std::string::npos) << st;
+  std::vector<float> b(64);
+  GemmArgs f32{.trans_b = true, .m = 2, .n = 2, .k = 32, .a = a.data(), .b = b.data(), .c = c.data(), .int8_math = true};
+  st = Gemm(Cpu(), f32);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
 }
 
 TEST(Gemm, RejectsBadArguments) {
