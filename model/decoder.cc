@@ -116,23 +116,35 @@ absl::Status DecoderBase::Weights::Check(const DecoderConfig& c) const {
   return absl::OkStatus();
 }
 
-DecoderBase::DecoderBase(DecoderConfig config, std::unique_ptr<Weights> weights, bool bf16_math)
-    : config_(std::move(config)), weights_(std::move(weights)), bf16_math_(bf16_math) {}
+DecoderBase::DecoderBase(DecoderConfig config, std::unique_ptr<Weights> weights, bool bf16_math, bool int8_math)
+    : config_(std::move(config)), weights_(std::move(weights)), bf16_math_(bf16_math), int8_math_(int8_math) {}
 DecoderBase::~DecoderBase() = default;
 
 absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(DecoderConfig config,
                                                                   std::unique_ptr<DecoderBase::Weights> weights,
-                                                                  bool bf16_math) {
+                                                                  bool bf16_math, bool int8_math) {
   FEDLORA_RETURN_IF_ERROR(config.Validate());
   FEDLORA_RETURN_IF_ERROR(weights->Check(config));
-  if (bf16_math) {
-    // The GEMM weights: every projection and the head (the tied embedding too, which the gather
-    // reads as it is).
-    FrozenMatrix& head = weights->lm_head.empty() ? weights->embed : weights->lm_head;
-    std::vector<FrozenMatrix*> matrices = {&head};
-    for (DecoderLayerWeights& lw : weights->layers) {
-      for (FrozenLinear& lin : lw.proj) matrices.push_back(&lin.w);
+  if (bf16_math && int8_math) return absl::InvalidArgumentError("DecoderOptions: bf16_math and int8_math exclude each other");
+  // The GEMM weights: every projection and the head (the tied embedding too, which the gather
+  // reads as it is).
+  FrozenMatrix& head = weights->lm_head.empty() ? weights->embed : weights->lm_head;
+  std::vector<FrozenMatrix*> matrices = {&head};
+  for (DecoderLayerWeights& lw : weights->layers) {
+    for (FrozenLinear& lin : lw.proj) matrices.push_back(&lin.w);
+  }
+  if (int8_math) {
+    int marked = 0;
+    for (FrozenMatrix* m : matrices) {
+      m->int8_math = !m->quant.empty() && m->quant_type == GgmlType::kQ8_0;
+      marked += m->int8_math;
     }
+    if (marked == 0) {
+      return absl::InvalidArgumentError(
+          "DecoderOptions.int8_math needs frozen matrices held as Q8_0 (weights = WeightStorage::kQ8_0)");
+    }
+  }
+  if (bf16_math) {
     for (FrozenMatrix* m : matrices) {
       if (m->bf16.empty()) {
         return absl::InvalidArgumentError(
@@ -141,7 +153,8 @@ absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(DecoderConfig
       m->bf16_math = true;
     }
   }
-  return std::shared_ptr<const DecoderBase>(new DecoderBase(std::move(config), std::move(weights), bf16_math));
+  return std::shared_ptr<const DecoderBase>(
+      new DecoderBase(std::move(config), std::move(weights), bf16_math, int8_math));
 }
 
 int64_t DecoderBase::weight_bytes() const {
@@ -178,7 +191,8 @@ absl::StatusOr<std::shared_ptr<const DecoderBase>> DecoderBase::FromRandom(const
   auto matrix = [&](FrozenMatrix* m, int64_t rows, int64_t cols) {
     std::vector<float> v(static_cast<size_t>(rows * cols));
     FillNormal(options.seed, stream++, 0.02f, &v);
-    m->SetF32(rows, cols, std::move(v), options.weights == WeightStorage::kBF16 ? WeightStorage::kBF16 : WeightStorage::kF32);
+    const bool keep = options.weights == WeightStorage::kBF16 || options.weights == WeightStorage::kQ8_0;
+    m->SetF32(rows, cols, std::move(v), keep ? options.weights : WeightStorage::kF32);
   };
   const int64_t h = config.hidden_size;
   matrix(&w->embed, config.vocab_size, h);
@@ -196,13 +210,16 @@ absl::StatusOr<std::shared_ptr<const DecoderBase>> DecoderBase::FromRandom(const
       if (config.qkv_bias && static_cast<int>(t) <= static_cast<int>(DecoderTarget::kVProj)) lin.bias.assign(out, 0.0f);
     }
   }
-  return MakeDecoderBase(config, std::move(w), options.bf16_math);
+  return MakeDecoderBase(config, std::move(w), options.bf16_math, options.int8_math);
 }
 
 absl::StatusOr<std::shared_ptr<const DecoderBase>> DecoderBase::Load(const std::string& path,
                                                                      const DecoderOptions& options) {
   if (options.bf16_math && options.weights != WeightStorage::kBF16) {
     return absl::InvalidArgumentError("DecoderOptions.bf16_math needs weights = WeightStorage::kBF16");
+  }
+  if (options.int8_math && options.weights != WeightStorage::kQ8_0) {
+    return absl::InvalidArgumentError("DecoderOptions.int8_math needs weights = WeightStorage::kQ8_0");
   }
   if (IsGgufPath(path)) return LoadDecoderGguf(path, options);
   return LoadDecoderSafetensors(path, options);
@@ -257,6 +274,10 @@ absl::StatusOr<std::unique_ptr<CausalLm>> CausalLm::Create(std::shared_ptr<const
   if (options.bf16_math != base->bf16_math()) {
     return absl::InvalidArgumentError(absl::StrCat("DecoderOptions.bf16_math is ", options.bf16_math ? "true" : "false",
                                                    " but the shared base's is ", base->bf16_math() ? "true" : "false"));
+  }
+  if (options.int8_math != base->int8_math()) {
+    return absl::InvalidArgumentError(absl::StrCat("DecoderOptions.int8_math is ", options.int8_math ? "true" : "false",
+                                                   " but the shared base's is ", base->int8_math() ? "true" : "false"));
   }
   std::unique_ptr<CausalLm> lm(new CausalLm(std::move(base), options));
   const DecoderOptions& o = lm->options_;

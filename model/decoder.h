@@ -80,6 +80,11 @@ struct DecoderOptions {
   // elsewhere. Needs weights == kBF16 (a 4- or 8-bit GGUF base is then widened to bf16). LoRA
   // factors, gradients and the optimizer stay fp32. A property of the DecoderBase.
   bool bf16_math = false;
+  // Multiply the forward products of the Q8_0 frozen matrices in int8 (the activation quantized
+  // per block of 32, exact int32 block sums: kernels/gemm.h) on CPUs with AVX512-VNNI; the exact
+  // products elsewhere and for the input gradients. Needs weights == kQ8_0. A property of the
+  // DecoderBase; not with bf16_math.
+  bool int8_math = false;
   std::string base_model_name;  // recorded in the PEFT adapter_config.json
 };
 
@@ -87,7 +92,7 @@ struct DecoderOptions {
 class DecoderBase {
  public:
   // `path` is a directory with config.json and model.safetensors (or a sharded
-  // model.safetensors.index.json), or a .gguf file. Reads DecoderOptions::weights and bf16_math.
+  // model.safetensors.index.json), or a .gguf file. Reads DecoderOptions::weights, bf16_math and int8_math.
   static absl::StatusOr<std::shared_ptr<const DecoderBase>> Load(const std::string& path,
                                                                  const DecoderOptions& options);
   // Random weights (N(0, 0.02), norms 1, biases 0) from options.seed, for tests and benchmarks.
@@ -105,6 +110,9 @@ class DecoderBase {
   // DecoderOptions::bf16_math at load: GEMMs with the frozen matrices may run in bf16 (they do
   // where kernels::Bf16MathAvailable()).
   bool bf16_math() const { return bf16_math_; }
+  // DecoderOptions::int8_math at load: forward GEMMs with the Q8_0 matrices may run in int8 (they
+  // do where kernels::Int8MathAvailable()).
+  bool int8_math() const { return int8_math_; }
 
   struct Weights;  // model/decoder_weights.h
   const Weights& weights() const { return *weights_; }
@@ -112,11 +120,12 @@ class DecoderBase {
  private:
   friend absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(DecoderConfig config,
                                                                            std::unique_ptr<Weights> weights,
-                                                                           bool bf16_math);
-  DecoderBase(DecoderConfig config, std::unique_ptr<Weights> weights, bool bf16_math);
+                                                                           bool bf16_math, bool int8_math);
+  DecoderBase(DecoderConfig config, std::unique_ptr<Weights> weights, bool bf16_math, bool int8_math);
   DecoderConfig config_;
   std::unique_ptr<Weights> weights_;
   bool bf16_math_ = false;
+  bool int8_math_ = false;
 };
 
 // Whether `path` names a decoder checkpoint: a .gguf file, or a directory whose config.json has a

@@ -221,8 +221,9 @@ absl::Status FillMatrixGguf(const GgufFile& f, const std::string& name, int64_t 
   // from[r]: the GGUF row holding Hugging Face row r (quantized rows move whole: blocks run along a row).
   std::vector<int64_t> from(rows);
   for (int64_t g = 0; g < rows; ++g) from[unpermute_head_dim > 0 ? HfRowOfGgufRow(g, unpermute_head_dim) : g] = g;
-  const bool keep_quant = storage == WeightStorage::kAsStored && t.type != GgmlType::kF32 &&
-                          t.type != GgmlType::kF16 && t.type != GgmlType::kBF16;
+  const bool keep_quant = (storage == WeightStorage::kAsStored && t.type != GgmlType::kF32 &&
+                           t.type != GgmlType::kF16 && t.type != GgmlType::kBF16) ||
+                          (storage == WeightStorage::kQ8_0 && t.type == GgmlType::kQ8_0);
   if (keep_quant) {
     std::vector<uint8_t> bytes(static_cast<size_t>(rows * row_bytes));
     for (int64_t r = 0; r < rows; ++r) std::memcpy(bytes.data() + r * row_bytes, t.data + from[r] * row_bytes, row_bytes);
@@ -289,7 +290,7 @@ absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderSafetensors(const 
       if (HasBias(c, t)) FEDLORA_RETURN_IF_ERROR(FillVector(s, p + DecoderTargetPath(t) + ".bias", out, &lin.bias));
     }
   }
-  return MakeDecoderBase(std::move(c), std::move(w), options.bf16_math);
+  return MakeDecoderBase(std::move(c), std::move(w), options.bf16_math, options.int8_math);
 }
 
 absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderGguf(const std::string& path,
@@ -323,7 +324,7 @@ absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderGguf(const std::st
       }
     }
   }
-  return MakeDecoderBase(std::move(c), std::move(w), options.bf16_math);
+  return MakeDecoderBase(std::move(c), std::move(w), options.bf16_math, options.int8_math);
 }
 
 bool IsGgufPath(const std::string& path) {

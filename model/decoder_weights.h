@@ -30,11 +30,12 @@ struct DecoderBase::Weights {
 };
 
 // Builds the base once the weights are filled (Check passes); bf16_math (DecoderOptions) marks the
-// projections and the head, which must then be held as bf16.
+// projections and the head, which must then be held as bf16; int8_math marks those held as Q8_0
+// (at least one must be).
 absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(DecoderConfig config,
                                                                   std::unique_ptr<DecoderBase::Weights> weights,
-                                                                  bool bf16_math);
-// The loaders (model/decoder_load.cc): DecoderOptions::weights and bf16_math.
+                                                                  bool bf16_math, bool int8_math);
+// The loaders (model/decoder_load.cc): DecoderOptions::weights, bf16_math and int8_math.
 absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderSafetensors(const std::string& dir,
                                                                          const DecoderOptions& options);
 absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderGguf(const std::string& path,

@@ -9,7 +9,7 @@
 namespace fedlora {
 
 kernels::WeightPtr FrozenMatrix::ptr() const {
-  if (!quant.empty()) return kernels::WeightPtr::Quant(quant.data(), quant_type);
+  if (!quant.empty()) return kernels::WeightPtr::Quant(quant.data(), quant_type).WithInt8Math(int8_math);
   if (!bf16.empty()) return kernels::WeightPtr::BF16(bf16.data()).WithBf16Math(bf16_math);
   return kernels::WeightPtr::F32(f32.data());
 }
@@ -27,13 +27,17 @@ void FrozenMatrix::SetF32(int64_t r, int64_t c, std::vector<float> values, Weigh
   if (storage == WeightStorage::kBF16) {
     bf16.resize(values.size());
     ConvertF32ToBF16(values.data(), bf16.data(), values.size());
+  } else if (storage == WeightStorage::kQ8_0 && c > 0 && c % kGgmlQK == 0) {
+    quant.resize(static_cast<size_t>(r * *GgmlRowBytes(GgmlType::kQ8_0, c)));
+    (void)QuantizeRowsQ8_0(values.data(), r, c, quant.data());  // c is a positive multiple of 32
+    quant_type = GgmlType::kQ8_0;
   } else {
     f32 = std::move(values);
   }
 }
 
 void FrozenMatrix::SetBF16(int64_t r, int64_t c, std::vector<uint16_t> bits, WeightStorage storage) {
-  if (storage == WeightStorage::kF32) {
+  if (storage == WeightStorage::kF32 || storage == WeightStorage::kQ8_0) {
     std::vector<float> v(bits.size());
     ConvertBF16ToF32(bits.data(), v.data(), bits.size());
     SetF32(r, c, std::move(v), storage);

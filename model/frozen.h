@@ -25,6 +25,8 @@ enum class WeightStorage {
   kBF16,      // round to bf16 (half the memory of fp32)
   kAsStored,  // keep the checkpoint's type: bf16 stays bf16, a GGUF's block-quantized matrices
               // (Q4_1, Q8_0, Q4_K, ...) stay quantized; F32 and F16 are held as fp32
+  kQ8_0,      // quantize to Q8_0 (a quarter of fp32's memory; a GGUF's Q8_0 kept as it is, other
+              // types widened first); a matrix whose rows are not whole blocks of 32 stays fp32
 };
 
 struct FrozenMatrix {
@@ -35,13 +37,15 @@ struct FrozenMatrix {
   GgmlType quant_type = GgmlType::kF32;
   // bf16 storage only: GEMMs with this matrix may multiply in bf16 (kernels::WeightPtr::bf16_math).
   bool bf16_math = false;
+  // Q8_0 storage only: forward GEMMs with this matrix may multiply in int8 (WeightPtr::int8_math).
+  bool int8_math = false;
 
   kernels::WeightPtr ptr() const;
   int64_t bytes() const;
   bool empty() const { return f32.empty() && bf16.empty() && quant.empty(); }
   // Takes fp32 values [rows, cols], stored as `storage` says (kAsStored keeps fp32).
   void SetF32(int64_t rows, int64_t cols, std::vector<float> values, WeightStorage storage);
-  // Keeps raw bf16 bits (kBF16 and kAsStored), or widens them (kF32).
+  // Keeps raw bf16 bits (kBF16 and kAsStored), or widens them (kF32; kQ8_0 then quantizes).
   void SetBF16(int64_t rows, int64_t cols, std::vector<uint16_t> bits, WeightStorage storage);
   // Keeps ggml blocks as they are; InvalidArgument when the byte count is not rows whole rows of
   // cols elements (core/ggml_quant.h), Unimplemented for a type the GEMM cannot widen.

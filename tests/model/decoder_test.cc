@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/gemm.h"
 #include "model/decoder_config.h"
+#include "model/decoder_weights.h"
 
 namespace fedlora {
 namespace {
@@ -270,6 +271,80 @@ TEST(CausalLm, Bf16MathNeedsBf16Weights) {
   const absl::Status st = CausalLm::Create(*math, o).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(std::string(st.message()).find("bf16_math"), std::string::npos) << st;
+}
+
+TEST(DecoderBase, Q8_0StorageQuantizesWholeBlockMatrices) {
+  DecoderOptions o = Opts();
+  o.weights = WeightStorage::kF32;
+  auto f32 = DecoderBase::FromRandom(Tiny(), o);
+  o.weights = WeightStorage::kQ8_0;
+  auto q8 = DecoderBase::FromRandom(Tiny(), o);
+  ASSERT_TRUE(f32.ok() && q8.ok()) << f32.status() << q8.status();
+  const auto& w0 = (*f32)->weights().layers[0].proj[0].w;
+  const auto& w1 = (*q8)->weights().layers[0].proj[0].w;
+  ASSERT_EQ(w1.quant_type, GgmlType::kQ8_0);
+  ASSERT_FALSE(w1.quant.empty());
+  // 34 bytes per 32 values, and each value within half a step of the fp32 one.
+  EXPECT_EQ(static_cast<int64_t>(w1.quant.size()), w0.rows * w0.cols / 32 * 34);
+  const std::vector<float> a = w0.ToF32(), b = w1.ToF32();
+  float amax = 0.0f;
+  for (float v : a) amax = std::max(amax, std::abs(v));
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(b[i], a[i], amax / 254.0f * 1.01f) << i;
+}
+
+// int8 math quantizes the activations that meet a Q8_0 matrix in a forward product: the loss and
+// gradients stay within int8 rounding of exact math on the same Q8_0 weights, and where the CPU
+// has VNNI they differ from it (the int8 path ran).
+TEST(CausalLm, Int8MathStaysWithinInt8RoundingOfExactMath) {
+  DecoderOptions o = Opts();
+  o.weights = WeightStorage::kQ8_0;
+  auto exact = Make(o);
+  o.int8_math = true;
+  auto int8 = Make(o);
+  ASSERT_TRUE(exact && int8);
+  EXPECT_TRUE(int8->base()->int8_math());
+  const CausalLm::Batch b = TwoRows();
+  auto l0 = exact->ForwardBackward(b, 0);
+  auto l1 = int8->ForwardBackward(b, 0);
+  ASSERT_TRUE(l0.ok() && l1.ok()) << l0.status() << l1.status();
+  EXPECT_NEAR(*l1, *l0, 2e-2 * std::abs(*l0));
+  double diff = 0.0, scale = 0.0;
+  for (size_t i = 0; i < exact->trainable_params().size(); ++i) {
+    const Param& p0 = exact->trainable_params()[i];
+    const Param& p1 = int8->trainable_params()[i];
+    for (size_t j = 0; j < p0.grad.size(); ++j) {
+      diff = std::max(diff, static_cast<double>(std::abs(p1.grad[j] - p0.grad[j])));
+      scale = std::max(scale, static_cast<double>(std::abs(p0.grad[j])));
+    }
+  }
+  EXPECT_GT(scale, 0.0);
+  EXPECT_LE(diff, 5e-2 * scale);
+  if (kernels::Int8MathAvailable()) {
+    EXPECT_GT(diff, 1e-6 * scale) << "int8 math gave exact math's gradients: the int8 path did not run";
+  }
+}
+
+TEST(CausalLm, Int8MathNeedsQ8_0Weights) {
+  DecoderOptions o = Opts();
+  o.int8_math = true;
+  o.weights = WeightStorage::kBF16;
+  auto base = DecoderBase::FromRandom(Tiny(), o);
+  EXPECT_EQ(base.status().code(), absl::StatusCode::kInvalidArgument) << base.status();
+  EXPECT_NE(std::string(base.status().message()).find("int8_math needs frozen matrices held as Q8_0"),
+            std::string::npos) << base.status();
+  o.weights = WeightStorage::kQ8_0;
+  o.bf16_math = true;
+  EXPECT_EQ(DecoderBase::FromRandom(Tiny(), o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.bf16_math = false;
+  auto math = DecoderBase::FromRandom(Tiny(), o);
+  ASSERT_TRUE(math.ok()) << math.status();
+  o.int8_math = false;
+  const absl::Status st = CausalLm::Create(*math, o).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(std::string(st.message()).find("int8_math"), std::string::npos) << st;
+  o.int8_math = true;
+  o.weights = WeightStorage::kF32;
+  EXPECT_EQ(DecoderBase::Load("/nonexistent.gguf", o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
