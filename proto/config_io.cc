@@ -183,7 +183,7 @@ void ValidateModel(Problems& p, const v1::ModelConfig& m) {
   }
   p.Range<uint32_t>("model.max_seq_len", m.max_seq_len(), 1, 1u << 20);
   if (!v1::ModelConfig::Precision_IsValid(m.precision())) {
-    p.Bad("model.precision", m.precision(), "is not a known precision (FP32, BF16)");
+    p.Bad("model.precision", m.precision(), "is not a known precision (FP32, BF16, INT8)");
   }
 }
 
@@ -762,6 +762,9 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   ValidateModel(p, c.model());
   ValidateLora(p, c.lora());
   ValidateTask(p, c.task());
+  if (c.model().precision() == v1::ModelConfig::INT8 && c.task().kind() != v1::TaskConfig::CAUSAL_LM) {
+    p.Add("model.precision INT8 applies to decoder models (task.kind CAUSAL_LM): encoders have no Q8_0 base");
+  }
   ValidateTraining(p, c.training());
   ValidateSelection(p, c.selection());
   ValidateAggregation(p, c);

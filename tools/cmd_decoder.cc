@@ -35,6 +35,13 @@ nlohmann::json LmMetricsJson(const LmEvalResult& r) {
   return j;
 }
 
+absl::Status CheckMathFlags(bool bf16, bool bf16_math, bool int8_math) {
+  if (int8_math && (bf16 || bf16_math)) {
+    return absl::InvalidArgumentError("--int8-math holds the base as Q8_0: not with --bf16 or --bf16-math");
+  }
+  return absl::OkStatus();
+}
+
 LmDataOptions DataOptions(const DecoderDataFlags& d, int max_seq_len) {
   LmDataOptions o;
   o.prompt_field = d.prompt_field;
@@ -66,8 +73,12 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
   options.lora.alpha = f.alpha;
   options.lora.dropout = f.lora_dropout;
   if (!f.targets.empty()) options.lora.target_modules = SplitList(f.targets);
-  options.weights = f.bf16 || f.bf16_math ? WeightStorage::kBF16 : WeightStorage::kAsStored;
+  FEDLORA_RETURN_IF_ERROR(CheckMathFlags(f.bf16, f.bf16_math, f.int8_math));
+  options.weights = f.int8_math               ? WeightStorage::kQ8_0
+                    : f.bf16 || f.bf16_math ? WeightStorage::kBF16
+                                            : WeightStorage::kAsStored;
   options.bf16_math = f.bf16_math;
+  options.int8_math = f.int8_math;
   options.seed = f.train.seed;
   // Evaluation runs in batches of at most the training batch: a decoder's activations are
   // planned for max_batch x max_seq tokens, and a second, larger plan would only cost memory.
@@ -126,6 +137,8 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
   metrics["options"]["bf16"] = f.bf16 || f.bf16_math;
   metrics["options"]["bf16_math"] = f.bf16_math;
   metrics["options"]["bf16_math_active"] = f.bf16_math && kernels::Bf16MathAvailable();
+  metrics["options"]["int8_math"] = f.int8_math;
+  metrics["options"]["int8_math_active"] = f.int8_math && kernels::Int8MathAvailable();
   metrics["options"]["chat_template"] = std::string(tok.chat->name());
   metrics["options"]["system"] = f.data.system;
   metrics["options"]["threads"] = kernels::NumThreads();
@@ -161,8 +174,12 @@ absl::Status EvalDecoder(const DecoderEvalFlags& f) {
   if (!f.adapter.empty()) {
     FEDLORA_ASSIGN_OR_RETURN(options.lora, ReadPeftLoraOptions(f.adapter));
   }
-  options.weights = f.bf16 || f.bf16_math ? WeightStorage::kBF16 : WeightStorage::kAsStored;
+  FEDLORA_RETURN_IF_ERROR(CheckMathFlags(f.bf16, f.bf16_math, f.int8_math));
+  options.weights = f.int8_math               ? WeightStorage::kQ8_0
+                    : f.bf16 || f.bf16_math ? WeightStorage::kBF16
+                                            : WeightStorage::kAsStored;
   options.bf16_math = f.bf16_math;
+  options.int8_math = f.int8_math;
   options.max_batch = f.batch_size;
   options.max_seq = f.max_seq_len;
   options.base_model_name = f.model;

@@ -34,6 +34,7 @@ struct EvalFlags {
   int threads = 0;
   bool bf16 = false;
   bool bf16_math = false;  // implies bf16
+  bool int8_math = false;  // decoders
 };
 
 // The model options an adapter directory implies.
@@ -88,15 +89,16 @@ absl::Status Eval(EvalFlags f) {
                         .max_seq_len = f.max_seq_len,
                         .threads = f.threads,
                         .bf16 = f.bf16,
-                        .bf16_math = f.bf16_math});
+                        .bf16_math = f.bf16_math,
+                        .int8_math = f.int8_math});
   }
   if (f.adapter_dir.empty()) {
     return absl::InvalidArgumentError("--adapter is required for an encoder (its classifier)");
   }
   if (f.data.exact_match || !f.data.chat_template.empty() || !f.data.system.empty() ||
-      f.data.prompt_field != "prompt" || f.data.response_field != "response") {
+      f.data.prompt_field != "prompt" || f.data.response_field != "response" || f.int8_math) {
     return absl::InvalidArgumentError(
-        "--exact-match, --chat-template, --system, --prompt-field and --response-field apply to "
+        "--exact-match, --chat-template, --system, --prompt-field, --response-field and --int8-math apply to "
         "decoder models only");
   }
   if (!IsDirectory(f.model_dir))
@@ -162,6 +164,9 @@ int RunEval(int argc, char** argv) {
   flags.AddBool("bf16", &f.bf16, "hold the frozen base weights in bf16");
   flags.AddBool("bf16-math", &f.bf16_math,
                 "also multiply with them in bf16 where the CPU has AVX512_BF16 (implies --bf16)");
+  flags.AddBool("int8-math", &f.int8_math,
+                "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where the CPU has "
+                "AVX512-VNNI (not with --bf16)");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
   if (!flags.positional().empty())
     return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");

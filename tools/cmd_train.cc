@@ -41,6 +41,7 @@ struct TrainFlags {
   int threads = 0;
   bool bf16 = false;
   bool bf16_math = false;  // implies bf16
+  bool int8_math = false;  // decoders
   bool recompute = false;
   DecoderDataFlags data;
 };
@@ -69,11 +70,12 @@ absl::Status Train(TrainFlags f) {
                          .threads = f.threads,
                          .bf16 = f.bf16,
                          .bf16_math = f.bf16_math,
+                         .int8_math = f.int8_math,
                          .recompute = f.recompute});
   }
-  if (f.data.exact_match || f.recompute || !f.data.chat_template.empty() || !f.data.system.empty()) {
+  if (f.data.exact_match || f.recompute || !f.data.chat_template.empty() || !f.data.system.empty() || f.int8_math) {
     return absl::InvalidArgumentError(
-        "--exact-match, --recompute, --chat-template and --system apply to decoder models only");
+        "--exact-match, --recompute, --chat-template, --system and --int8-math apply to decoder models only");
   }
   if (f.targets.empty()) f.targets = "query,value";
   if (!IsDirectory(f.model_dir))
@@ -233,6 +235,9 @@ int RunTrain(int argc, char** argv) {
   flags.AddBool("bf16-math", &f.bf16_math,
                 "also multiply with them in bf16, fp32 accumulation, where the CPU has AVX512_BF16 "
                 "(implies --bf16)");
+  flags.AddBool("int8-math", &f.int8_math,
+                "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where the CPU has "
+                "AVX512-VNNI (not with --bf16)");
   flags.AddBool("group-by-length", &f.train.group_by_length,
                 "batch examples of similar length together (less padding, faster epochs)");
   flags.AddBool("progress", &f.train.progress, "show per-epoch progress on stderr");

@@ -29,6 +29,7 @@ struct DecoderTrainFlags {
   int threads = 0;
   bool bf16 = false;
   bool bf16_math = false;  // implies bf16
+  bool int8_math = false;  // the base held as Q8_0; not with bf16
   bool recompute = false;
 };
 absl::Status TrainDecoder(DecoderTrainFlags f);
@@ -41,6 +42,7 @@ struct DecoderEvalFlags {
   int threads = 0;
   bool bf16 = false;
   bool bf16_math = false;  // implies bf16
+  bool int8_math = false;  // the base held as Q8_0; not with bf16
 };
 absl::Status EvalDecoder(const DecoderEvalFlags& f);
 

@@ -115,6 +115,9 @@ DecoderOptions DecoderOptionsFromConfig(const v1::RunConfig& config, int max_seq
   if (config.model().precision() == v1::ModelConfig::BF16) {
     o.weights = WeightStorage::kBF16;
     o.bf16_math = true;
+  } else if (config.model().precision() == v1::ModelConfig::INT8) {
+    o.weights = WeightStorage::kQ8_0;
+    o.int8_math = true;
   }
   return o;
 }

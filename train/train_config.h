@@ -57,7 +57,8 @@ ModelOptions ModelOptionsFromConfig(const v1::RunConfig& config, int max_seq_len
 // to the checkpoint's context), and max_batch = training.batch_size whatever the model's role: a
 // decoder's activations are planned for max_batch x max_seq tokens, so its evaluation runs in
 // batches of at most the training batch (LmEvalBatchSize) rather than planning a second, larger
-// buffer. The base stays as stored, or with model.precision BF16 is held as bf16 with bf16_math.
+// buffer. The base stays as stored, or with model.precision BF16 is held as bf16 with bf16_math,
+// or with INT8 as Q8_0 with int8_math.
 DecoderOptions DecoderOptionsFromConfig(const v1::RunConfig& config, int max_seq_len);
 // `configured` tokens per conversation, at most the decoder checkpoint's context length.
 absl::StatusOr<int> DecoderMaxSeqLen(const std::string& path, int configured);

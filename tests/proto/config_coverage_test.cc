@@ -63,6 +63,7 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
       {"model.precision", {"train/train_config_test.cc", "PrecisionBf16HoldsAndMultipliesTheBaseInBf16"}},
       {"model.precision=FP32", {"train/train_config_test.cc", "v1::ModelConfig::FP32"}},
       {"model.precision=BF16", {"train/train_config_test.cc", "v1::ModelConfig::BF16"}},
+      {"model.precision=INT8", {"train/train_config_test.cc", "v1::ModelConfig::INT8"}},
       {"lora.rank", {"train/train_config_test.cc", "rank"}},
       {"lora.alpha", {"train/train_config_test.cc", "alpha"}},
       {"lora.dropout", {"train/train_config_test.cc", "dropout"}},

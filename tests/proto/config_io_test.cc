@@ -782,6 +782,8 @@ const std::vector<ValidationCase>& Cases() {
        "task.exact_match belongs to CAUSAL_LM"},
       {"ClassifierChatTemplate", [](RunConfig& c) { c.mutable_task()->set_chat_template("chatml"); },
        "task.chat_template belongs to CAUSAL_LM"},
+      {"Int8PrecisionForAnEncoder", [](RunConfig& c) { c.mutable_model()->set_precision(v1::ModelConfig::INT8); },
+       "model.precision INT8 applies to decoder models (task.kind CAUSAL_LM)"},
       {"DecoderArchitecture", [](RunConfig& c) { c.mutable_model()->set_architecture("llama"); },
        "model.architecture \"llama\" is not implemented yet"},
       {"LowRankRank",

@@ -195,6 +195,19 @@ TEST(ModelOptionsFromConfigTest, PrecisionBf16HoldsAndMultipliesTheBaseInBf16) {
   EXPECT_TRUE(d.bf16_math);
 }
 
+// model.precision: INT8 (decoders) holds the base as Q8_0 and multiplies the forward products in int8.
+TEST(ModelOptionsFromConfigTest, PrecisionInt8HoldsTheDecoderBaseAsQ8_0WithInt8Math) {
+  v1::RunConfig c;
+  c.mutable_task()->set_kind(v1::TaskConfig::CAUSAL_LM);
+  c.mutable_model()->set_precision(v1::ModelConfig::INT8);
+  const DecoderOptions d = DecoderOptionsFromConfig(c, 16);
+  EXPECT_EQ(d.weights, WeightStorage::kQ8_0);
+  EXPECT_TRUE(d.int8_math);
+  EXPECT_FALSE(d.bf16_math);
+  c.mutable_model()->set_precision(v1::ModelConfig::BF16);
+  EXPECT_FALSE(DecoderOptionsFromConfig(c, 16).int8_math);
+}
+
 TEST(DatasetOptionsFromConfigTest, FieldNamesAndLabelsComeFromTheTask) {
   v1::TaskConfig task;
   DatasetOptions d = DatasetOptionsFromConfig(task);  // nothing set: the documented defaults
