@@ -39,8 +39,9 @@
 // max|a|)) and sums each block's int8 products exactly in int32 (AVX512-VNNI); C = alpha * sum over
 // blocks, in block order, of fma(float(int dot), d_w * d_a, .) (+ beta * C). About 1e-2 relative
 // from the fp32 product on the dequantized W; the same bits at every thread count. A permission
-// like bf16 math: without AVX512-VNNI, on CUDA, and for the other products (the input gradient
-// A W) the exact path runs. The workspace then holds A quantized and W repacked, 256 columns at a
+// like bf16 math: without AVX512-VNNI, on CUDA, below kGemmInt8MinRows rows (generation: W is
+// repacked per call, which a few rows do not repay) and for the other products (the input
+// gradient A W) the exact path runs. The workspace then holds A quantized and W repacked, 256 columns at a
 // time: Int8MathWorkspaceBytes.
 //
 // CPU threads: OpenBLAS's own (kernels::SetNumThreads). When OpenBLAS has one thread and ctx's
@@ -63,6 +64,7 @@
 namespace fedlora::kernels {
 
 inline constexpr int64_t kGemmBf16PanelRows = 256;
+inline constexpr int64_t kGemmInt8MinRows = 32;
 
 struct GemmArgs {
   bool trans_a = false;

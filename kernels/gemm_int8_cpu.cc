@@ -178,7 +178,7 @@ void SetInt8MathAllowedForTesting(bool allowed) { g_allowed.store(allowed, std::
 
 bool UsesInt8Math(const GemmArgs& g) {
   return g.int8_math && g.b_quant != nullptr && g.b_quant_type == GgmlType::kQ8_0 && g.trans_b && !g.trans_a &&
-         g.batch == 1 && g.k % kGgmlQK == 0 && Int8MathAvailable();
+         g.batch == 1 && g.m >= kGemmInt8MinRows && g.k % kGgmlQK == 0 && Int8MathAvailable();
 }
 
 size_t Int8MathWorkspaceBytes(const GemmArgs& g) { return MakeLayout(g).total; }

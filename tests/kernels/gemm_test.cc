@@ -366,8 +366,8 @@ TEST(GemmInt8Math, MatchesItsDefinitionBitForBit) {
   };
   // Row tails (not a multiple of 4), column tails (not a multiple of 16 or 32), several chunks of
   // 256 columns, padded A and C, alpha and beta.
-  for (const Case& cs : {Case{37, 45, 96, 0, 0, 1.0f, 0.0f}, Case{5, 300, 64, 0, 0, 1.0f, 1.0f},
-                         Case{64, 32, 576, 580, 40, 0.5f, -1.0f}, Case{1, 7, 32, 0, 0, 2.0f, 0.0f},
+  for (const Case& cs : {Case{37, 45, 96, 0, 0, 1.0f, 0.0f}, Case{34, 300, 64, 0, 0, 1.0f, 1.0f},
+                         Case{64, 32, 576, 580, 40, 0.5f, -1.0f}, Case{33, 7, 32, 0, 0, 2.0f, 0.0f},
                          Case{130, 600, 128, 0, 0, 1.0f, 0.0f}}) {
     const int64_t lda = cs.lda ? cs.lda : cs.k, ldc = cs.ldc ? cs.ldc : cs.n;
     auto a = Random(cs.m * lda, 51);
@@ -450,7 +450,7 @@ TEST(GemmInt8Math, SameBitsAtEveryWidth) {
 
 TEST(GemmInt8Math, NonFiniteInputsReachTheOutput) {
   if (!Int8MathAvailable()) GTEST_SKIP() << "this CPU has no int8 dot products (AVX512-VNNI)";
-  const int64_t m = 3, n = 16, k = 64;
+  const int64_t m = 35, n = 16, k = 64;
   auto a = Random(m * k, 81);
   a[5] = std::nanf("");                             // row 0
   a[k + 40] = std::numeric_limits<float>::infinity();  // row 1
@@ -466,12 +466,12 @@ TEST(GemmInt8Math, NonFiniteInputsReachTheOutput) {
   for (int64_t j = 0; j < n; ++j) {
     EXPECT_TRUE(std::isnan(c[j])) << j;
     EXPECT_TRUE(std::isnan(c[n + j])) << j;
-    EXPECT_TRUE(std::isfinite(c[2 * n + j])) << j;
+    for (int64_t r = 2; r < m; ++r) EXPECT_TRUE(std::isfinite(c[r * n + j])) << r << " " << j;
   }
 }
 
 TEST(GemmInt8Math, RunsTheExactPathElsewhere) {
-  const int64_t m = 6, n = 40, k = 64;
+  const int64_t m = 40, n = 40, k = 64;
   const auto a = Random(m * k, 91), dy = Random(m * n, 93), wf = Random(n * k, 92);
   std::vector<uint8_t> w(n * *GgmlRowBytes(GgmlType::kQ8_0, k));
   ASSERT_TRUE(QuantizeRowsQ8_0(wf.data(), n, k, w.data()).ok());
@@ -484,6 +484,9 @@ TEST(GemmInt8Math, RunsTheExactPathElsewhere) {
     EXPECT_TRUE(Gemm(Cpu(), g).ok());
     return c;
   };
+  // Fewer than kGemmInt8MinRows rows (generation) run exactly.
+  const GemmArgs few = Int8Args(kGemmInt8MinRows - 1, n, k, a, w);
+  EXPECT_EQ(run(few, true), run(few, false));
   // The input gradient dy W (no trans_b) is exact whatever int8_math says.
   const GemmArgs backward{.m = m, .n = k, .k = n, .a = dy.data(), .b_quant = w.data(), .b_quant_type = GgmlType::kQ8_0};
   EXPECT_EQ(run(backward, true), run(backward, false));

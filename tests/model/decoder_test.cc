@@ -297,13 +297,20 @@ TEST(DecoderBase, Q8_0StorageQuantizesWholeBlockMatrices) {
 // has VNNI they differ from it (the int8 path ran).
 TEST(CausalLm, Int8MathStaysWithinInt8RoundingOfExactMath) {
   DecoderOptions o = Opts();
+  o.max_batch = 4;
+  o.max_seq = 10;  // 40 tokens: at least kernels::kGemmInt8MinRows rows per product
   o.weights = WeightStorage::kQ8_0;
   auto exact = Make(o);
   o.int8_math = true;
   auto int8 = Make(o);
   ASSERT_TRUE(exact && int8);
   EXPECT_TRUE(int8->base()->int8_math());
-  const CausalLm::Batch b = TwoRows();
+  CausalLm::Batch b;
+  b.batch_size = 4;
+  b.seq_len = 10;
+  for (int i = 0; i < 40; ++i) b.input_ids.push_back((i * 37 + 11) % 96);
+  b.attention_mask.assign(40, 1);
+  b.labels = b.input_ids;
   auto l0 = exact->ForwardBackward(b, 0);
   auto l1 = int8->ForwardBackward(b, 0);
   ASSERT_TRUE(l0.ok() && l1.ok()) << l0.status() << l1.status();
