@@ -18,29 +18,17 @@
 #include <random>
 #include <vector>
 
+#include "bench/kernels/bench_util.h"
 #include "kernels/context.h"
 #include "kernels/lora_linear.h"
 
 namespace fk = fedlora::kernels;
+using fedlora::bench::Check;
+using fedlora::bench::Random;
 
 namespace {
 
 constexpr int64_t kRows = 1024, kIn = 768, kOut = 768, kRank = 8;
-
-std::vector<float> Random(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-void Check(const absl::Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, std::string(s.message()).c_str());
-    std::exit(1);
-  }
-}
 
 }  // namespace
 

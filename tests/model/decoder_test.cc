@@ -8,6 +8,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -226,6 +227,21 @@ TEST(DecoderBase, Bf16HalvesTheWeights) {
   EXPECT_EQ((*bf16)->weight_bytes() - norms, ((*f32)->weight_bytes() - norms) / 2);
 }
 
+// The largest |gradient difference| between two models' trainable parameters, and the largest
+// |gradient| of the first.
+std::pair<double, double> MaxGradDiff(const CausalLm& a, const CausalLm& b) {
+  double diff = 0.0, scale = 0.0;
+  for (size_t i = 0; i < a.trainable_params().size(); ++i) {
+    const Param& p0 = a.trainable_params()[i];
+    const Param& p1 = b.trainable_params()[i];
+    for (size_t j = 0; j < p0.grad.size(); ++j) {
+      diff = std::max(diff, static_cast<double>(std::abs(p1.grad[j] - p0.grad[j])));
+      scale = std::max(scale, static_cast<double>(std::abs(p0.grad[j])));
+    }
+  }
+  return {diff, scale};
+}
+
 // bf16 math rounds the activations that meet a frozen matrix to bf16: the loss and gradients stay
 // within bf16 rounding of fp32 math on the same bf16 weights, and where the CPU has bf16 dot
 // products they differ from it (the bf16 path ran).
@@ -242,15 +258,7 @@ TEST(CausalLm, Bf16MathStaysWithinBf16RoundingOfFp32Math) {
   auto l1 = bf16->ForwardBackward(b, 0);
   ASSERT_TRUE(l0.ok() && l1.ok()) << l0.status() << l1.status();
   EXPECT_NEAR(*l1, *l0, 2e-2 * std::abs(*l0));
-  double diff = 0.0, scale = 0.0;
-  for (size_t i = 0; i < exact->trainable_params().size(); ++i) {
-    const Param& p0 = exact->trainable_params()[i];
-    const Param& p1 = bf16->trainable_params()[i];
-    for (size_t j = 0; j < p0.grad.size(); ++j) {
-      diff = std::max(diff, static_cast<double>(std::abs(p1.grad[j] - p0.grad[j])));
-      scale = std::max(scale, static_cast<double>(std::abs(p0.grad[j])));
-    }
-  }
+  const auto [diff, scale] = MaxGradDiff(*exact, *bf16);
   EXPECT_GT(scale, 0.0);
   EXPECT_LE(diff, 2e-2 * scale);
   if (kernels::Bf16MathAvailable()) {
@@ -315,15 +323,7 @@ TEST(CausalLm, Int8MathStaysWithinInt8RoundingOfExactMath) {
   auto l1 = int8->ForwardBackward(b, 0);
   ASSERT_TRUE(l0.ok() && l1.ok()) << l0.status() << l1.status();
   EXPECT_NEAR(*l1, *l0, 2e-2 * std::abs(*l0));
-  double diff = 0.0, scale = 0.0;
-  for (size_t i = 0; i < exact->trainable_params().size(); ++i) {
-    const Param& p0 = exact->trainable_params()[i];
-    const Param& p1 = int8->trainable_params()[i];
-    for (size_t j = 0; j < p0.grad.size(); ++j) {
-      diff = std::max(diff, static_cast<double>(std::abs(p1.grad[j] - p0.grad[j])));
-      scale = std::max(scale, static_cast<double>(std::abs(p0.grad[j])));
-    }
-  }
+  const auto [diff, scale] = MaxGradDiff(*exact, *int8);
   EXPECT_GT(scale, 0.0);
   EXPECT_LE(diff, 5e-2 * scale);
   if (kernels::Int8MathAvailable()) {
