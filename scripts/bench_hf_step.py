@@ -213,7 +213,8 @@ def fedlora_cmd(args, geo, d, math):
               "--rank", str(RANK), "--init", os.path.join(d, "init.safetensors"),
               "--batch", os.path.join(d, "batch.safetensors")]
     if geo in DECODERS:
-        cmd = [args.decoder_bin, "--model", d, "--weights", "bf16" if math == "bf16" else "f32", "--generate", "0",
+        weights = {"bf16": "bf16", "int8": "q8"}.get(math, "f32")
+        cmd = [args.decoder_bin, "--model", d, "--weights", weights, "--generate", "0",
                "--targets", ",".join(DECODER_TARGETS)] + common
     else:
         cmd = [args.encoder_bin, "--model", d, "--alpha", str(ALPHA)] + common
@@ -323,7 +324,8 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fedlora-math", default="fp32", help="fedlora's math modes to run: fp32, bf16 or both")
+    p.add_argument("--fedlora-math", default="fp32",
+                   help="fedlora's math modes to run: fp32, bf16, int8 (decoders: a Q8_0 base), comma-separated")
     p.add_argument("--hf-modes", default="fp32,bf16", help="HF modes: fp32 and/or bf16 (autocast)")
     p.add_argument("--json-out", help="also write the results here as JSON")
     # The HF child's arguments.
@@ -337,11 +339,14 @@ def main():
     args.fedlora_math = args.fedlora_math.split(",")
     args.hf_modes = args.hf_modes.split(",")
     geometries = args.geometries.split(",")
-    for name, values, allowed in (("--fedlora-math", args.fedlora_math, ("fp32", "bf16")),
+    for name, values, allowed in (("--fedlora-math", args.fedlora_math, ("fp32", "bf16", "int8")),
                                   ("--hf-modes", args.hf_modes, ("fp32", "bf16")),
                                   ("--geometries", geometries, (*ENCODERS, *DECODERS))):
         if not values or any(v not in allowed for v in values):
             raise SystemExit(f"bench: {name} takes a comma-separated list of {', '.join(allowed)}")
+    if "int8" in args.fedlora_math and any(g in ENCODERS for g in geometries):
+        raise SystemExit("bench: --fedlora-math int8 is for decoder geometries (a Q8_0 base): "
+                         f"{', '.join(DECODERS)}")
     args.encoder_bin = os.path.join(args.build_dir, "bench", "train", "train_step_bench")
     args.decoder_bin = os.path.join(args.build_dir, "bench", "train", "decoder_step_bench")
     needed = {args.encoder_bin for g in geometries if g in ENCODERS} | {args.decoder_bin for g in geometries
@@ -349,9 +354,9 @@ def main():
     for binary in sorted(needed):
         if not os.access(binary, os.X_OK):
             raise SystemExit(f"bench: {binary} not found; build the train_step_bench and decoder_step_bench targets")
-        if "bf16" in args.fedlora_math and not accepts_math(binary):
-            raise SystemExit(f"bench: {binary} has no --math flag, so this build of fedlora has no bf16 math "
-                             "mode; run with --fedlora-math fp32")
+        if any(m != "fp32" for m in args.fedlora_math) and not accepts_math(binary):
+            raise SystemExit(f"bench: {binary} has no --math flag, so this build of fedlora has no bf16 or int8 "
+                             "math mode; run with --fedlora-math fp32")
     rows = []
     for geo in geometries:
         rows.append(run_geometry(args, geo))

@@ -3,7 +3,7 @@
 # and bf16 autocast) at MiniLM-L6, BERT-base and SmolLM2-135M geometry; see scripts/bench_hf_step.py.
 #
 #   bench/train/bench_hf_step.sh [BUILD_DIR] [--geometries minilm,base,smollm2] [--threads 2]
-#                                [--steps 5] [--warmup 2] [--reps 1] [--fedlora-math fp32,bf16]
+#                                [--steps 5] [--warmup 2] [--reps 1] [--fedlora-math fp32,bf16,int8]
 #
 # Builds nothing and installs nothing: run `scripts/setup.sh --bench` and build the
 # train_step_bench and decoder_step_bench targets first (make bench-hf does all three).
