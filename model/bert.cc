@@ -7,13 +7,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "core/rng.h"
-#include "core/safetensors.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
+#include "kernels/backend.h"
 #include "kernels/context.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/dropout.h"
@@ -22,18 +20,21 @@
 #include "kernels/layernorm.h"
 #include "kernels/linear.h"
 #include "kernels/lora_linear.h"
+#include "model/bert_internal.h"
 #include "model/frozen.h"
 
 namespace fedlora {
+
+using bert_internal::FillNormal;
+using bert_internal::FillUniform;
+using bert_internal::InOut;
+using bert_internal::kAllTargets;
+using bert_internal::kStreamClassifier;
+using bert_internal::kStreamLoraBase;
+using bert_internal::kStreamPooler;
+using bert_internal::LayerWeights;
+
 namespace {
-
-constexpr LoraTarget kAllTargets[kNumLoraTargets] = {
-    LoraTarget::kQuery,   LoraTarget::kKey,          LoraTarget::kValue,
-    LoraTarget::kAttnOut, LoraTarget::kIntermediate, LoraTarget::kOutput};
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
 
 // Every dropout site of a step draws from its own core/rng.h stream (seed = the step's dropout
 // seed), so no two sites share a mask and the backward recomputes each forward mask exactly.
@@ -53,51 +54,6 @@ enum Site : uint64_t {
 };
 uint64_t LayerSite(int layer, uint64_t site) {
   return kSiteLayerBase + layer * kSitesPerLayer + site;
-}
-
-}  // namespace
-
-// --- Frozen weights
-// --------------------------------------------------------------------------------
-
-namespace {
-
-struct LayerWeights {
-  FrozenLinear lin[kNumLoraTargets];  // indexed by LoraTarget
-  std::vector<float> ln1_gamma, ln1_beta, ln2_gamma, ln2_beta;
-};
-
-// Copies `t` (F32, F16 or BF16; possibly unaligned) into fp32.
-void ToF32(const SafetensorsTensor& t, float* out) {
-  const size_t n = static_cast<size_t>(t.numel());
-  if (t.dtype == DType::kF32) {
-    std::memcpy(out, t.data, n * sizeof(float));
-    return;
-  }
-  std::vector<uint16_t> bits(n);
-  std::memcpy(bits.data(), t.data, n * sizeof(uint16_t));
-  if (t.dtype == DType::kBF16) {
-    ConvertBF16ToF32(bits.data(), out, n);
-  } else {
-    ConvertF16ToF32(bits.data(), out, n);
-  }
-}
-
-void FillMatrix(const SafetensorsTensor& t, bool want_bf16, FrozenMatrix* m) {
-  const size_t n = static_cast<size_t>(t.numel());
-  if (want_bf16 && t.dtype == DType::kBF16) {
-    m->bf16.resize(n);
-    std::memcpy(m->bf16.data(), t.data, n * sizeof(uint16_t));
-    return;
-  }
-  std::vector<float> f(n);
-  ToF32(t, f.data());
-  if (want_bf16) {
-    m->bf16.resize(n);
-    ConvertF32ToBF16(f.data(), m->bf16.data(), n);
-  } else {
-    m->f32 = std::move(f);
-  }
 }
 
 }  // namespace
@@ -193,50 +149,7 @@ absl::Status ValidateOptions(const BertConfig& config, const ModelOptions& o) {
   return absl::OkStatus();
 }
 
-// Deterministic initialisation: each tensor draws from its own core/rng.h stream of options.seed.
-void FillUniform(uint64_t seed, uint64_t stream, float bound, std::vector<float>* v) {
-  Rng rng(seed, stream);
-  for (float& x : *v) x = static_cast<float>((2.0 * rng.Uniform() - 1.0) * bound);
-}
-
-void FillNormal(uint64_t seed, uint64_t stream, float stddev, std::vector<float>* v) {
-  Rng rng(seed, stream);
-  for (float& x : *v) x = static_cast<float>(rng.Normal(0.0, stddev));
-}
-
-// Stream ids for initialisation.
-constexpr uint64_t kStreamClassifier = 1;
-constexpr uint64_t kStreamPooler = 2;
-constexpr uint64_t kStreamRandomBase = 3;      // FromRandom's base weights: + tensor index
-constexpr uint64_t kStreamLoraBase = 1 << 20;  // + layer * kNumLoraTargets + target
-
-// Input and output features of one encoder-layer linear.
-void InOut(const BertConfig& c, LoraTarget t, int64_t* in, int64_t* out) {
-  *in = t == LoraTarget::kOutput ? c.intermediate_size : c.hidden_size;
-  *out = t == LoraTarget::kIntermediate ? c.intermediate_size : c.hidden_size;
-}
-
 }  // namespace
-
-// --- BertBase ------------------------------------------------------------------------------------
-
-// The frozen weights. Written only by BertBase::Make, before the base is shared; read-only after.
-struct BertBase::Weights {
-  FrozenMatrix word_emb, pos_emb, type_emb;
-  std::vector<float> emb_ln_gamma, emb_ln_beta;
-  std::vector<LayerWeights> layers;
-  FrozenLinear pooler;  // BERT: dense + tanh on [CLS]; left empty for RoBERTa, whose head has none
-
-  // Sets every shape from the config, LayerNorm gains to 1 and biases to 0 (HF's initialisation).
-  void Shape(const BertConfig& config);
-  // Fills every tensor from the safetensors file at `path`; sets *used_seed when the pooler was
-  // missing and had to be drawn from `seed`.
-  absl::Status Load(const std::string& path, const BertConfig& config, bool bf16, uint64_t seed,
-                    bool* used_seed);
-  // N(0, 0.02) matrices from `seed`, one stream per tensor.
-  void Random(const BertConfig& config, bool bf16, uint64_t seed);
-  int64_t Bytes() const;
-};
 
 // --- Impl ----------------------------------------------------------------------------------------
 
@@ -257,7 +170,10 @@ struct BertClassifier::Impl {
   const BertConfig& config;
   const ModelOptions& options;
   std::vector<Param>& params;
-  kernels::ExecContext ctx;  // CPU, kernels' default pool unless SetThreadPool gave one
+  // The device this classifier computes on, and its context (its stream; on the CPU, the kernels'
+  // default pool unless SetThreadPool gave one). Declared before every array it allocates.
+  std::shared_ptr<kernels::Backend> backend;
+  kernels::ExecContext ctx;
 
   bool use_target[kNumLoraTargets] = {};
   float lora_scaling = 1.0f;  // alpha / rank
@@ -272,37 +188,60 @@ struct BertClassifier::Impl {
   const std::vector<float>& emb_ln_beta;
   const std::vector<LayerWeights>& layers;
   const FrozenLinear& pooler;  // BERT: frozen dense + tanh on [CLS]; unused for RoBERTa
+  // The same weights where the kernels read them: the host arrays above on the CPU, the base's
+  // device copies on a GPU (BertBase::WeightsOn). Set by BindWeights.
+  struct DevLinear {
+    kernels::WeightPtr w;
+    const float* bias = nullptr;
+  };
+  struct DevLayer {
+    DevLinear lin[kNumLoraTargets];
+    const float *ln1_gamma = nullptr, *ln1_beta = nullptr, *ln2_gamma = nullptr, *ln2_beta = nullptr;
+  };
+  std::shared_ptr<const kernels::DeviceMirror> mirror;
+  kernels::WeightPtr dev_word, dev_pos, dev_type;
+  const float *dev_emb_gamma = nullptr, *dev_emb_beta = nullptr;
+  std::vector<DevLayer> dev_layers;
+  DevLinear dev_pooler;
+  // The trainable params on the device (GPU only; on the CPU the kernels use params' own
+  // vectors): uploaded before each call, gradients downloaded after ForwardBackward.
+  std::vector<kernels::DeviceArray<float>> dev_value, dev_grad;
   // [layer][LoraTarget]: index of lora_A in params (lora_B follows), -1 without LoRA.
   std::vector<std::array<int, kNumLoraTargets>> lora_param;
   int head_dense_param =
       -1;  // RoBERTa: trainable classifier.dense (weight, bias next); -1 for BERT
   int classifier_param = -1;  // the final linear: weight at params[classifier_param], bias next
   std::vector<int32_t> position_ids;  // [T], RoBERTa only (BERT's positions are 0..S-1)
+  // The batch's inputs on the device (GPU only: the CPU reads the host vectors).
+  kernels::DeviceArray<int32_t> dev_ids, dev_types, dev_positions, dev_labels;
 
   // Saved activations per layer, sized for max_batch * max_seq tokens (T) by Plan().
+  using Array = kernels::DeviceArray<float>;
   struct LayerActs {
-    std::vector<float> q, k, v;                  // [T, H] projections (bias and LoRA included)
-    std::vector<float> lora_h[kNumLoraTargets];  // [T, r] dropout(x) A^T, for the LoRA backward
-    std::vector<float> probs;                    // [B, heads, S, S] softmax before dropout
-    std::vector<float> ctx;                      // [T, H] attention output
-    std::vector<float> z1, mean1, rstd1;         // LN1 input [T, H] and statistics [T]
-    std::vector<float> h1;                       // [T, H] LN1 output
-    std::vector<float> u, g;                     // [T, I] intermediate before / after GELU
-    std::vector<float> z2, mean2, rstd2;         // LN2 input and statistics
+    Array q, k, v;                  // [T, H] projections (bias and LoRA included)
+    Array lora_h[kNumLoraTargets];  // [T, r] dropout(x) A^T, for the LoRA backward
+    Array probs;                    // [B, heads, S, S] softmax before dropout
+    Array ctx;                      // [T, H] attention output
+    Array z1, mean1, rstd1;         // LN1 input [T, H] and statistics [T]
+    Array h1;                       // [T, H] LN1 output
+    Array u, g;                     // [T, I] intermediate before / after GELU
+    Array z2, mean2, rstd2;         // LN2 input and statistics
   };
   std::vector<LayerActs> acts;
-  std::vector<std::vector<float>>
-      x;                        // [L + 1][T, H]: x[0] embeddings output, x[l+1] layer l's output
-  std::vector<float> mask_add;  // [B, S] additive attention mask: 0 keep, -1e30 padding
-  std::vector<float> cls, pooled, cls_drop, logits;  // [B, H] x3, [B, labels]
+  std::vector<Array> x;  // [L + 1][T, H]: x[0] embeddings output, x[l+1] layer l's output
+  std::vector<float> mask_host;  // [B, S] additive attention mask: 0 keep, -1e30 padding
+  Array mask_add;                // mask_host on the device (GPU only)
+  Array cls, pooled, cls_drop, logits;  // [B, H] x3, [B, labels]
+  Array loss_value;                     // [1]
   // Training loss only: per-class offsets added to the logits before the cross-entropy (logit
-  // adjustment), and the head bias with them added; both empty when unset.
-  std::vector<float> loss_logit_offsets, adjusted_bias;
+  // adjustment), and the head bias with them added; empty when unset.
+  std::vector<float> loss_logit_offsets, adjusted_bias_host;
+  Array adjusted_bias;  // [labels]
   // Backward scratch.
-  std::vector<float> dx, dh, dz, dctx, dq, dk, dv, dg;  // [T, H] ..., dg [T, I]
-  std::vector<float> dlogits, dcls, dpooled;            // [B, labels], [B, H], [B, H]
-  std::vector<float> workspace_storage;
-  void* workspace = nullptr;  // 64-byte aligned start inside workspace_storage
+  Array dx, dh, dz, dctx, dq, dk, dv, dg;  // [T, H] ..., dg [T, I]
+  Array dlogits, dcls, dpooled;            // [B, labels], [B, H], [B, H]
+  kernels::DeviceArray<uint8_t> workspace_storage;
+  void* workspace = nullptr;  // workspace_storage.data() (256-byte aligned)
   size_t workspace_bytes = 0;
 
   int64_t H() const { return config.hidden_size; }
@@ -311,10 +250,25 @@ struct BertClassifier::Impl {
   int64_t r() const { return options.lora.rank; }
 
   absl::Status InitStructure(std::vector<LoraTarget>* targets);
+  // The backend for options.device, and the frozen weights' pointers in `weights` (the base's
+  // arrays on that device).
+  absl::Status BindWeights(std::shared_ptr<const kernels::DeviceMirror> weights);
   absl::Status Plan();
+  bool on_host() const { return backend->device() == Device::kCpu; }
+  // Where the kernels read and write trainable param i.
+  float* Val(int i) { return on_host() ? params[i].value.data() : dev_value[i].data(); }
+  float* Grad(int i) { return on_host() ? params[i].grad.data() : dev_grad[i].data(); }
+  // GPU: the params' values (and their gradients, which ForwardBackward adds to) to the device,
+  // and the gradients back. No-ops on the CPU.
+  absl::Status ParamsToDevice(bool grads);
+  absl::Status GradsToHost();
+  // `host` where the kernels read it: itself on the CPU, its copy in `dev` on a GPU.
+  template <class T>
+  absl::StatusOr<const T*> Stage(const std::vector<T>& host, size_t count, kernels::DeviceArray<T>& dev);
   absl::Status CheckBatch(const Batch& batch, bool need_labels) const;
   absl::Status Encode(const Batch& batch, bool training, uint64_t seed);
-  absl::Status Head(const Batch& batch, bool training, uint64_t seed, float* loss);
+  // The head's logits; with_loss: the cross-entropy into loss_value (on the device) and dlogits.
+  absl::Status Head(const Batch& batch, bool training, uint64_t seed, bool with_loss);
   absl::Status Backward(const Batch& batch, uint64_t seed);
 
   kernels::DropoutSpec HiddenDropout(bool training, uint64_t seed, uint64_t site) const {
@@ -408,252 +362,53 @@ absl::Status BertClassifier::Impl::InitStructure(std::vector<LoraTarget>* target
   return absl::OkStatus();
 }
 
-void BertBase::Weights::Shape(const BertConfig& c) {
-  const int64_t h = c.hidden_size;
-  word_emb.rows = c.vocab_size;
-  pos_emb.rows = c.max_position_embeddings;
-  type_emb.rows = c.type_vocab_size;
-  word_emb.cols = pos_emb.cols = type_emb.cols = h;
-  emb_ln_gamma.assign(h, 1.0f);
-  emb_ln_beta.assign(h, 0.0f);
-  layers.resize(c.num_hidden_layers);
-  for (LayerWeights& lw : layers) {
-    for (LoraTarget t : kAllTargets) {
-      int64_t in, out;
-      InOut(c, t, &in, &out);
-      FrozenLinear& lin = lw.lin[static_cast<int>(t)];
-      lin.w.rows = out;
-      lin.w.cols = in;
-      lin.bias.assign(out, 0.0f);
-    }
-    lw.ln1_gamma.assign(h, 1.0f);
-    lw.ln1_beta.assign(h, 0.0f);
-    lw.ln2_gamma.assign(h, 1.0f);
-    lw.ln2_beta.assign(h, 0.0f);
-  }
-  if (!c.is_roberta()) {
-    pooler.w.rows = pooler.w.cols = h;
-    pooler.bias.assign(h, 0.0f);
-  }
-}
-
-absl::Status BertBase::Weights::Load(const std::string& path, const BertConfig& config, bool bf16,
-                                     uint64_t seed, bool* used_seed) {
-  FEDLORA_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
-  // BertFor* / RobertaFor* checkpoints prefix every name with "bert." / "roberta."; BertModel,
-  // RobertaModel and sentence-transformers checkpoints do not.
-  const std::string model_prefix = config.is_roberta() ? "roberta." : "bert.";
-  const std::string prefix =
-      file->Contains(model_prefix + "embeddings.word_embeddings.weight") ? model_prefix : "";
-  struct Slot {
-    std::string name;  // without prefix
-    std::vector<int64_t> shape;
-    FrozenMatrix* matrix = nullptr;  // exactly one of matrix / vec
-    std::vector<float>* vec = nullptr;
-    bool is_pooler = false;
-  };
-  std::vector<Slot> slots;
-  auto matrix = [&](std::string name, FrozenMatrix* m, bool is_pooler = false) {
-    slots.push_back(Slot{std::move(name), {m->rows, m->cols}, m, nullptr, is_pooler});
-  };
-  auto vec = [&](std::string name, std::vector<float>* v, bool is_pooler = false) {
-    slots.push_back(
-        Slot{std::move(name), {static_cast<int64_t>(v->size())}, nullptr, v, is_pooler});
-  };
-  matrix("embeddings.word_embeddings.weight", &word_emb);
-  matrix("embeddings.position_embeddings.weight", &pos_emb);
-  matrix("embeddings.token_type_embeddings.weight", &type_emb);
-  vec("embeddings.LayerNorm.weight", &emb_ln_gamma);
-  vec("embeddings.LayerNorm.bias", &emb_ln_beta);
-  for (int l = 0; l < config.num_hidden_layers; ++l) {
-    const std::string p = absl::StrCat("encoder.layer.", l, ".");
-    LayerWeights& lw = layers[l];
-    for (LoraTarget t : kAllTargets) {
-      FrozenLinear& lin = lw.lin[static_cast<int>(t)];
-      matrix(absl::StrCat(p, LoraTargetPath(t), ".weight"), &lin.w);
-      vec(absl::StrCat(p, LoraTargetPath(t), ".bias"), &lin.bias);
-    }
-    vec(p + "attention.output.LayerNorm.weight", &lw.ln1_gamma);
-    vec(p + "attention.output.LayerNorm.bias", &lw.ln1_beta);
-    vec(p + "output.LayerNorm.weight", &lw.ln2_gamma);
-    vec(p + "output.LayerNorm.bias", &lw.ln2_beta);
-  }
-  if (!config.is_roberta()) {  // RoBERTa's classification head does not use the pooler
-    matrix("pooler.dense.weight", &pooler.w, true);
-    vec("pooler.dense.bias", &pooler.bias, true);
-  }
-
-  std::vector<std::string> missing, missing_pooler, wrong;
-  for (const Slot& s : slots) {
-    const std::string full = prefix + s.name;
-    if (!file->Contains(full)) {
-      (s.is_pooler ? missing_pooler : missing).push_back(full);
-      continue;
-    }
-    FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file->Get(full));
-    if (t.dtype != DType::kF32 && t.dtype != DType::kF16 && t.dtype != DType::kBF16) {
-      wrong.push_back(absl::StrCat("'", full, "' has dtype ", std::string(DTypeName(t.dtype)),
-                                   ", expected F32, F16 or BF16"));
-    } else if (t.shape != s.shape) {
-      wrong.push_back(absl::StrCat("'", full, "' has shape ", ShapeString(t.shape), ", expected ",
-                                   ShapeString(s.shape), " from config.json"));
-    }
-  }
-  if (missing_pooler.size() == 1) missing.push_back(missing_pooler[0]);  // half a pooler is corrupt
-  auto listing = [](const std::vector<std::string>& items) {
-    constexpr size_t kMaxListed =
-        20;  // a wrong model can miss hundreds; name enough to recognise it
-    std::vector<std::string> shown(items.begin(),
-                                   items.begin() + std::min(items.size(), kMaxListed));
-    std::string text = absl::StrJoin(shown, "; ");
-    if (items.size() > kMaxListed)
-      absl::StrAppend(&text, "; and ", items.size() - kMaxListed, " more");
-    return text;
-  };
-  if (!missing.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": missing ", missing.size(),
-                                                   " tensor(s) (name prefix \"", prefix,
-                                                   "\"): ", listing(missing)));
-  }
-  if (!wrong.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": ", wrong.size(), " tensor(s) do not match the config: ", listing(wrong)));
-  }
-  for (const Slot& s : slots) {
-    const std::string full = prefix + s.name;
-    if (!file->Contains(full)) continue;  // the pooler, initialised below
-    FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file->Get(full));
-    if (s.matrix != nullptr) {
-      FillMatrix(t, bf16, s.matrix);
-    } else {
-      ToF32(t, s.vec->data());
-    }
-  }
-  if (missing_pooler.size() == 2) {
-    // HF initialises a weight missing from the checkpoint with N(0, initializer_range), bias 0.
-    std::vector<float> w(pooler.w.rows * pooler.w.cols);
-    FillNormal(seed, kStreamPooler, 0.02f, &w);
-    *used_seed = true;
-    if (bf16) {
-      pooler.w.bf16.resize(w.size());
-      ConvertF32ToBF16(w.data(), pooler.w.bf16.data(), w.size());
-    } else {
-      pooler.w.f32 = std::move(w);
-    }
-    std::fill(pooler.bias.begin(), pooler.bias.end(), 0.0f);
-  }
-  return absl::OkStatus();
-}
-
-void BertBase::Weights::Random(const BertConfig& config, bool bf16, uint64_t seed) {
-  uint64_t stream = kStreamRandomBase;
-  auto fill = [&](FrozenMatrix* m) {
-    std::vector<float> w(m->rows * m->cols);
-    FillNormal(seed, stream++, 0.02f, &w);
-    if (bf16) {
-      m->bf16.resize(w.size());
-      ConvertF32ToBF16(w.data(), m->bf16.data(), w.size());
-    } else {
-      m->f32 = std::move(w);
-    }
-  };
-  fill(&word_emb);
-  fill(&pos_emb);
-  fill(&type_emb);
-  for (LayerWeights& lw : layers) {
-    for (FrozenLinear& lin : lw.lin) fill(&lin.w);
-  }
-  if (!config.is_roberta()) fill(&pooler.w);
-}
-
-int64_t BertBase::Weights::Bytes() const {
-  auto vec = [](const std::vector<float>& v) {
-    return static_cast<int64_t>(v.size() * sizeof(float));
-  };
-  auto linear = [&](const FrozenLinear& lin) { return lin.w.bytes() + vec(lin.bias); };
-  int64_t total = word_emb.bytes() + pos_emb.bytes() + type_emb.bytes() + vec(emb_ln_gamma) +
-                  vec(emb_ln_beta) + linear(pooler);
-  for (const LayerWeights& lw : layers) {
-    for (const FrozenLinear& lin : lw.lin) total += linear(lin);
-    total += vec(lw.ln1_gamma) + vec(lw.ln1_beta) + vec(lw.ln2_gamma) + vec(lw.ln2_beta);
-  }
-  return total;
-}
-
-BertBase::BertBase(BertConfig config, bool bf16_weights, bool bf16_math)
-    : config_(std::move(config)),
-      bf16_weights_(bf16_weights),
-      bf16_math_(bf16_math),
-      weights_(std::make_unique<Weights>()) {}
-
-BertBase::~BertBase() = default;
-
-int64_t BertBase::weight_bytes() const { return weights_->Bytes(); }
-
-absl::StatusOr<std::shared_ptr<const BertBase>> BertBase::Make(BertConfig config,
-                                                               const ModelOptions& options,
-                                                               const std::string* weights_path) {
-  FEDLORA_RETURN_IF_ERROR(config.Validate());
-  if (options.bf16_math && !options.bf16_weights) {
-    return absl::InvalidArgumentError("ModelOptions.bf16_math needs bf16_weights: bf16 GEMMs read bf16 weights");
-  }
-  std::shared_ptr<BertBase> base(new BertBase(std::move(config), options.bf16_weights, options.bf16_math));
-  Weights& w = *base->weights_;
-  w.Shape(base->config_);
-  if (weights_path != nullptr) {
-    bool used_seed = false;
-    FEDLORA_RETURN_IF_ERROR(
-        w.Load(*weights_path, base->config_, options.bf16_weights, options.seed, &used_seed));
-    if (used_seed) base->weight_seed_ = options.seed;
-  } else {
-    w.Random(base->config_, options.bf16_weights, options.seed);
-    base->weight_seed_ = options.seed;
-  }
-  // The encoder's GEMM weights (not the embedding tables, which are gathered, not multiplied).
-  for (LayerWeights& lw : w.layers) {
-    for (FrozenLinear& lin : lw.lin) lin.w.bf16_math = options.bf16_math;
-  }
-  w.pooler.w.bf16_math = options.bf16_math;
-  return std::shared_ptr<const BertBase>(std::move(base));
-}
-
-absl::StatusOr<std::shared_ptr<const BertBase>> BertBase::Load(const std::string& model_dir,
-                                                               const ModelOptions& options) {
-  FEDLORA_ASSIGN_OR_RETURN(BertConfig config, ReadBertConfig(model_dir + "/config.json"));
-  const std::string path = model_dir + "/model.safetensors";
-  return Make(std::move(config), options, &path);
-}
-
-absl::StatusOr<std::shared_ptr<const BertBase>> BertBase::FromRandom(const BertConfig& config,
-                                                                     const ModelOptions& options) {
-  return Make(config, options, nullptr);
-}
-
 absl::Status BertClassifier::Impl::Plan() {
   const int64_t tokens = static_cast<int64_t>(options.max_batch) * options.max_seq;
   const int64_t h = H(), inter = I(), heads = config.num_attention_heads;
   const int64_t probs =
       static_cast<int64_t>(options.max_batch) * heads * options.max_seq * options.max_seq;
+  kernels::Backend& be = *backend;
+  auto zeros = [&](auto* array, int64_t count) -> absl::Status {
+    using A = std::remove_pointer_t<decltype(array)>;
+    FEDLORA_ASSIGN_OR_RETURN(*array, A::Zeros(be, static_cast<size_t>(count)));
+    return absl::OkStatus();
+  };
   acts.resize(L());
   for (LayerActs& a : acts) {
-    for (auto* v : {&a.q, &a.k, &a.v, &a.ctx, &a.z1, &a.h1, &a.z2}) v->assign(tokens * h, 0.0f);
-    for (auto* v : {&a.mean1, &a.rstd1, &a.mean2, &a.rstd2}) v->assign(tokens, 0.0f);
-    a.u.assign(tokens * inter, 0.0f);
-    a.g.assign(tokens * inter, 0.0f);
-    a.probs.assign(probs, 0.0f);
+    for (Array* v : {&a.q, &a.k, &a.v, &a.ctx, &a.z1, &a.h1, &a.z2}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * h));
+    for (Array* v : {&a.mean1, &a.rstd1, &a.mean2, &a.rstd2}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens));
+    FEDLORA_RETURN_IF_ERROR(zeros(&a.u, tokens * inter));
+    FEDLORA_RETURN_IF_ERROR(zeros(&a.g, tokens * inter));
+    FEDLORA_RETURN_IF_ERROR(zeros(&a.probs, probs));
     for (int t = 0; t < kNumLoraTargets; ++t) {
-      if (use_target[t]) a.lora_h[t].assign(tokens * r(), 0.0f);
+      if (use_target[t]) FEDLORA_RETURN_IF_ERROR(zeros(&a.lora_h[t], tokens * r()));
     }
   }
-  x.assign(L() + 1, std::vector<float>(tokens * h, 0.0f));
-  mask_add.assign(tokens, 0.0f);
+  x.resize(L() + 1);
+  for (Array& xl : x) FEDLORA_RETURN_IF_ERROR(zeros(&xl, tokens * h));
+  mask_host.assign(tokens, 0.0f);
   if (config.is_roberta()) position_ids.assign(tokens, 0);
-  for (auto* v : {&cls, &pooled, &cls_drop, &dcls, &dpooled})
-    v->assign(options.max_batch * h, 0.0f);
-  logits.assign(options.max_batch * options.num_labels, 0.0f);
-  dlogits.assign(options.max_batch * options.num_labels, 0.0f);
-  for (auto* v : {&dx, &dh, &dz, &dctx, &dq, &dk, &dv}) v->assign(tokens * h, 0.0f);
-  dg.assign(tokens * inter, 0.0f);
+  for (Array* v : {&cls, &pooled, &cls_drop, &dcls, &dpooled})
+    FEDLORA_RETURN_IF_ERROR(zeros(v, options.max_batch * h));
+  FEDLORA_RETURN_IF_ERROR(zeros(&logits, options.max_batch * options.num_labels));
+  FEDLORA_RETURN_IF_ERROR(zeros(&dlogits, options.max_batch * options.num_labels));
+  FEDLORA_RETURN_IF_ERROR(zeros(&loss_value, 1));
+  for (Array* v : {&dx, &dh, &dz, &dctx, &dq, &dk, &dv}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * h));
+  FEDLORA_RETURN_IF_ERROR(zeros(&dg, tokens * inter));
+  if (!on_host()) {
+    FEDLORA_RETURN_IF_ERROR(zeros(&mask_add, tokens));
+    FEDLORA_RETURN_IF_ERROR(zeros(&dev_ids, tokens));
+    FEDLORA_RETURN_IF_ERROR(zeros(&dev_types, tokens));
+    FEDLORA_RETURN_IF_ERROR(zeros(&dev_positions, tokens));
+    FEDLORA_RETURN_IF_ERROR(zeros(&dev_labels, options.max_batch));
+    FEDLORA_RETURN_IF_ERROR(zeros(&adjusted_bias, options.num_labels));
+    dev_value.resize(params.size());
+    dev_grad.resize(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      FEDLORA_RETURN_IF_ERROR(zeros(&dev_value[i], params[i].numel()));
+      FEDLORA_RETURN_IF_ERROR(zeros(&dev_grad[i], params[i].numel()));
+    }
+  }
 
   // Workspace: the largest any kernel of a step asks for at the planned sizes (every
   // requirement grows with the row count, so a smaller batch fits too).
@@ -701,10 +456,8 @@ absl::Status BertClassifier::Impl::Plan() {
     need = std::max(
         {need, kernels::AttentionWorkspaceBytes(af), kernels::AttentionWorkspaceBytes(ab)});
   }
-  workspace_storage.assign(need / sizeof(float) + 16 + 1, 0.0f);
-  uintptr_t p = reinterpret_cast<uintptr_t>(workspace_storage.data());
-  p = (p + 63) & ~uintptr_t{63};
-  workspace = reinterpret_cast<void*>(p);
+  FEDLORA_RETURN_IF_ERROR(zeros(&workspace_storage, static_cast<int64_t>(need)));
+  workspace = workspace_storage.data();
   workspace_bytes = need;
   return absl::OkStatus();
 }
@@ -780,14 +533,15 @@ absl::Status BertClassifier::Impl::LinearForward(int layer, LoraTarget t, const 
                                                  uint64_t seed) {
   const int ti = static_cast<int>(t);
   const FrozenLinear& lin = layers[layer].lin[ti];
+  const DevLinear& dl = dev_layers[layer].lin[ti];
   const int lp = lora_param[layer][ti];
   if (lp < 0) {
     return kernels::LinearForward(ctx, {.rows = rows,
                                         .in_features = lin.w.cols,
                                         .out_features = lin.w.rows,
                                         .x = in,
-                                        .w = lin.w.ptr(),
-                                        .bias = lin.bias.data(),
+                                        .w = dl.w,
+                                        .bias = dl.bias,
                                         .y = y,
                                         .workspace = workspace,
                                         .workspace_bytes = workspace_bytes});
@@ -798,10 +552,10 @@ absl::Status BertClassifier::Impl::LinearForward(int layer, LoraTarget t, const 
             .out_features = lin.w.rows,
             .rank = r(),
             .x = in,
-            .w = lin.w.ptr(),
-            .bias = lin.bias.data(),
-            .lora_a = params[lp].value.data(),
-            .lora_b = params[lp + 1].value.data(),
+            .w = dl.w,
+            .bias = dl.bias,
+            .lora_a = Val(lp),
+            .lora_b = Val(lp + 1),
             .scaling = lora_scaling,
             .dropout = Spec(training ? lora_p : 0.0f, seed, LayerSite(layer, kSiteLora + ti)),
             .y = y,
@@ -815,6 +569,7 @@ absl::Status BertClassifier::Impl::LinearBackward(int layer, LoraTarget t, const
                                                   bool accumulate_dx, uint64_t seed) {
   const int ti = static_cast<int>(t);
   const FrozenLinear& lin = layers[layer].lin[ti];
+  const DevLinear& dl = dev_layers[layer].lin[ti];
   const int lp = lora_param[layer][ti];
   if (lp < 0) {
     if (dx_out == nullptr)
@@ -822,32 +577,30 @@ absl::Status BertClassifier::Impl::LinearBackward(int layer, LoraTarget t, const
     return kernels::LinearBackward(ctx, {.rows = rows,
                                          .in_features = lin.w.cols,
                                          .out_features = lin.w.rows,
-                                         .w = lin.w.ptr(),
+                                         .w = dl.w,
                                          .dy = dy,
                                          .dx = dx_out,
                                          .accumulate_dx = accumulate_dx,
                                          .workspace = workspace,
                                          .workspace_bytes = workspace_bytes});
   }
-  Param& a = params[lp];
-  Param& b = params[lp + 1];
   return kernels::LoraLinearBackward(
       ctx, {.rows = rows,
             .in_features = lin.w.cols,
             .out_features = lin.w.rows,
             .rank = r(),
             .x = in,
-            .w = lin.w.ptr(),
-            .lora_a = a.value.data(),
-            .lora_b = b.value.data(),
+            .w = dl.w,
+            .lora_a = Val(lp),
+            .lora_b = Val(lp + 1),
             .scaling = lora_scaling,
             .dropout = Spec(lora_p, seed, LayerSite(layer, kSiteLora + ti)),
             .h = acts[layer].lora_h[ti].data(),
             .dy = dy,
             .dx = dx_out,
             .accumulate_dx = accumulate_dx,
-            .da = a.grad.data(),
-            .db = b.grad.data(),
+            .da = Grad(lp),
+            .db = Grad(lp + 1),
             .accumulate_params = true,
             .workspace = workspace,
             .workspace_bytes = workspace_bytes});
@@ -858,7 +611,13 @@ absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_
   // Padding gets a large negative additive bias, so exp() underflows to exactly 0 (HF uses the
   // dtype's minimum; any value below about -100 times the score scale gives the same result).
   for (int64_t i = 0; i < tokens; ++i) {
-    mask_add[i] = b.attention_mask.empty() || b.attention_mask[i] != 0 ? 0.0f : -1e30f;
+    mask_host[i] = b.attention_mask.empty() || b.attention_mask[i] != 0 ? 0.0f : -1e30f;
+  }
+  FEDLORA_ASSIGN_OR_RETURN(const float* mask, Stage(mask_host, tokens, mask_add));
+  FEDLORA_ASSIGN_OR_RETURN(const int32_t* ids, Stage(b.input_ids, tokens, dev_ids));
+  const int32_t* types = nullptr;
+  if (!b.token_type_ids.empty()) {
+    FEDLORA_ASSIGN_OR_RETURN(types, Stage(b.token_type_ids, tokens, dev_types));
   }
   const int32_t* positions = nullptr;  // BERT: 0..S-1 per sequence (the kernel's default)
   if (config.is_roberta()) {
@@ -873,7 +632,7 @@ absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_
         position_ids[t] = real ? pad + count : pad;
       }
     }
-    positions = position_ids.data();
+    FEDLORA_ASSIGN_OR_RETURN(positions, Stage(position_ids, tokens, dev_positions));
   }
   float* x0 = x[0].data();
   FEDLORA_RETURN_IF_ERROR(kernels::EmbeddingForward(
@@ -883,12 +642,12 @@ absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_
             .vocab = word_emb.rows,
             .max_positions = pos_emb.rows,
             .type_vocab = type_emb.rows,
-            .input_ids = b.input_ids.data(),
+            .input_ids = ids,
             .position_ids = positions,
-            .token_type_ids = b.token_type_ids.empty() ? nullptr : b.token_type_ids.data(),
-            .word = word_emb.ptr(),
-            .position = pos_emb.ptr(),
-            .token_type = type_emb.ptr(),
+            .token_type_ids = types,
+            .word = dev_word,
+            .position = dev_pos,
+            .token_type = dev_type,
             .out = x0}));
   // The embeddings are frozen: their LayerNorm needs no saved statistics.
   FEDLORA_RETURN_IF_ERROR(
@@ -896,8 +655,8 @@ absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_
                                       .cols = h,
                                       .eps = static_cast<float>(config.layer_norm_eps),
                                       .x = x0,
-                                      .gamma = emb_ln_gamma.data(),
-                                      .beta = emb_ln_beta.data(),
+                                      .gamma = dev_emb_gamma,
+                                      .beta = dev_emb_beta,
                                       .y = x0}));
   FEDLORA_RETURN_IF_ERROR(
       kernels::Dropout(ctx, {.n = tokens * h,
@@ -913,7 +672,7 @@ absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_
   const float eps = static_cast<float>(config.layer_norm_eps);
   for (int l = 0; l < L(); ++l) {
     LayerActs& a = acts[l];
-    const LayerWeights& lw = layers[l];
+    const DevLayer& lw = dev_layers[l];
     const float* in = x[l].data();
     FEDLORA_RETURN_IF_ERROR(
         LinearForward(l, LoraTarget::kQuery, in, tokens, a.q.data(), training, seed));
@@ -926,7 +685,7 @@ absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_
               .q = a.q.data(),
               .k = a.k.data(),
               .v = a.v.data(),
-              .mask = mask_add.data(),
+              .mask = mask,
               .dropout = Spec(training ? attention_p : 0.0f, seed, LayerSite(l, kSiteAttnProbs)),
               .probs = a.probs.data(),
               .out = a.ctx.data(),
@@ -946,8 +705,8 @@ absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_
                                                             .cols = h,
                                                             .eps = eps,
                                                             .x = a.z1.data(),
-                                                            .gamma = lw.ln1_gamma.data(),
-                                                            .beta = lw.ln1_beta.data(),
+                                                            .gamma = lw.ln1_gamma,
+                                                            .beta = lw.ln1_beta,
                                                             .y = a.h1.data(),
                                                             .mean = a.mean1.data(),
                                                             .rstd = a.rstd1.data()}));
@@ -970,8 +729,8 @@ absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_
                                                             .cols = h,
                                                             .eps = eps,
                                                             .x = a.z2.data(),
-                                                            .gamma = lw.ln2_gamma.data(),
-                                                            .beta = lw.ln2_beta.data(),
+                                                            .gamma = lw.ln2_gamma,
+                                                            .beta = lw.ln2_beta,
                                                             .y = x[l + 1].data(),
                                                             .mean = a.mean2.data(),
                                                             .rstd = a.rstd2.data()}));
@@ -979,12 +738,11 @@ absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_
   return absl::OkStatus();
 }
 
-absl::Status BertClassifier::Impl::Head(const Batch& b, bool training, uint64_t seed, float* loss) {
+absl::Status BertClassifier::Impl::Head(const Batch& b, bool training, uint64_t seed, bool with_loss) {
   const int64_t bsz = b.batch_size, seq = b.seq_len, h = H();
-  const float* last = x[L()].data();
-  for (int64_t s = 0; s < bsz; ++s) {  // gather the [CLS] / <s> rows: B*H floats
-    std::memcpy(cls.data() + s * h, last + s * seq * h, h * sizeof(float));
-  }
+  const size_t row = static_cast<size_t>(h) * sizeof(float);
+  // Gather the [CLS] / <s> rows: B*H floats.
+  FEDLORA_RETURN_IF_ERROR(backend->CopyRows(cls.data(), row, x[L()].data(), seq * row, row, bsz));
   // pooled = tanh(dense(cls)): BERT's frozen pooler, or RoBERTa's trainable classifier.dense
   // applied after a dropout (kept in place in cls: the backward needs the dropped input).
   if (head_dense_param >= 0) {
@@ -998,16 +756,16 @@ absl::Status BertClassifier::Impl::Head(const Batch& b, bool training, uint64_t 
               .in_features = h,
               .out_features = h,
               .x = cls.data(),
-              .w = kernels::WeightPtr::F32(params[head_dense_param].value.data()),
-              .bias = params[head_dense_param + 1].value.data(),
+              .w = kernels::WeightPtr::F32(Val(head_dense_param)),
+              .bias = Val(head_dense_param + 1),
               .y = pooled.data()}));
   } else {
     FEDLORA_RETURN_IF_ERROR(kernels::LinearForward(ctx, {.rows = bsz,
                                                          .in_features = h,
                                                          .out_features = h,
                                                          .x = cls.data(),
-                                                         .w = pooler.w.ptr(),
-                                                         .bias = pooler.bias.data(),
+                                                         .w = dev_pooler.w,
+                                                         .bias = dev_pooler.bias,
                                                          .y = pooled.data(),
                                                          .workspace = workspace,
                                                          .workspace_bytes = workspace_bytes}));
@@ -1020,30 +778,30 @@ absl::Status BertClassifier::Impl::Head(const Batch& b, bool training, uint64_t 
                              .spec = Spec(training ? classifier_p : 0.0f, seed, kSiteClassifier),
                              .x = pooled.data(),
                              .out = cls_drop.data()}));
-  const Param& w = params[classifier_param];
   const Param& bias = params[classifier_param + 1];
   // Logit adjustment shifts every row's logits by the same per-class offsets, so it is the head's
   // bias plus the offsets; the bias gradient (the column sums of dlogits) is unchanged by it.
-  const float* head_bias = bias.value.data();
-  if (loss != nullptr && !loss_logit_offsets.empty()) {
-    adjusted_bias.resize(loss_logit_offsets.size());
-    for (size_t c = 0; c < adjusted_bias.size(); ++c)
-      adjusted_bias[c] = bias.value[c] + loss_logit_offsets[c];
-    head_bias = adjusted_bias.data();
+  const float* head_bias = Val(classifier_param + 1);
+  if (with_loss && !loss_logit_offsets.empty()) {
+    adjusted_bias_host.resize(loss_logit_offsets.size());
+    for (size_t c = 0; c < adjusted_bias_host.size(); ++c)
+      adjusted_bias_host[c] = bias.value[c] + loss_logit_offsets[c];
+    FEDLORA_ASSIGN_OR_RETURN(head_bias, Stage(adjusted_bias_host, adjusted_bias_host.size(), adjusted_bias));
   }
   FEDLORA_RETURN_IF_ERROR(kernels::LinearForward(ctx, {.rows = bsz,
                                                        .in_features = h,
                                                        .out_features = options.num_labels,
                                                        .x = cls_drop.data(),
-                                                       .w = kernels::WeightPtr::F32(w.value.data()),
+                                                       .w = kernels::WeightPtr::F32(Val(classifier_param)),
                                                        .bias = head_bias,
                                                        .y = logits.data()}));
-  if (loss != nullptr) {
+  if (with_loss) {
+    FEDLORA_ASSIGN_OR_RETURN(const int32_t* labels, Stage(b.labels, bsz, dev_labels));
     FEDLORA_RETURN_IF_ERROR(kernels::SoftmaxCrossEntropy(ctx, {.batch = bsz,
                                                                .classes = options.num_labels,
                                                                .logits = logits.data(),
-                                                               .labels = b.labels.data(),
-                                                               .loss = loss,
+                                                               .labels = labels,
+                                                               .loss = loss_value.data(),
                                                                .dlogits = dlogits.data()}));
   }
   return absl::OkStatus();
@@ -1051,19 +809,17 @@ absl::Status BertClassifier::Impl::Head(const Batch& b, bool training, uint64_t 
 
 absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
   const int64_t bsz = b.batch_size, seq = b.seq_len, tokens = bsz * seq, h = H();
-  Param& w = params[classifier_param];
-  Param& bias = params[classifier_param + 1];
   // Final linear (trainable): dW += dlogits^T x, db += sum dlogits, dx = dlogits W.
   FEDLORA_RETURN_IF_ERROR(
       kernels::LinearBackward(ctx, {.rows = bsz,
                                     .in_features = h,
                                     .out_features = options.num_labels,
                                     .x = cls_drop.data(),
-                                    .w = kernels::WeightPtr::F32(w.value.data()),
+                                    .w = kernels::WeightPtr::F32(Val(classifier_param)),
                                     .dy = dlogits.data(),
                                     .dx = dcls.data(),
-                                    .dw = w.grad.data(),
-                                    .dbias = bias.grad.data(),
+                                    .dw = Grad(classifier_param),
+                                    .dbias = Grad(classifier_param + 1),
                                     .accumulate_params = true}));
   const bool encoder_trainable =
       std::any_of(std::begin(use_target), std::end(use_target), [](bool u) { return u; });
@@ -1079,18 +835,16 @@ absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
                                                             .dy = dcls.data(),
                                                             .dx = dpooled.data()}));
   if (head_dense_param >= 0) {
-    Param& dw = params[head_dense_param];
-    Param& db = params[head_dense_param + 1];
     FEDLORA_RETURN_IF_ERROR(
         kernels::LinearBackward(ctx, {.rows = bsz,
                                       .in_features = h,
                                       .out_features = h,
                                       .x = cls.data(),
-                                      .w = kernels::WeightPtr::F32(dw.value.data()),
+                                      .w = kernels::WeightPtr::F32(Val(head_dense_param)),
                                       .dy = dpooled.data(),
                                       .dx = encoder_trainable ? dcls.data() : nullptr,
-                                      .dw = dw.grad.data(),
-                                      .dbias = db.grad.data(),
+                                      .dw = Grad(head_dense_param),
+                                      .dbias = Grad(head_dense_param + 1),
                                       .accumulate_params = true}));
     if (!encoder_trainable) return absl::OkStatus();
     FEDLORA_RETURN_IF_ERROR(kernels::Dropout(ctx, {.n = bsz * h,
@@ -1101,16 +855,16 @@ absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
     FEDLORA_RETURN_IF_ERROR(kernels::LinearBackward(ctx, {.rows = bsz,
                                                           .in_features = h,
                                                           .out_features = h,
-                                                          .w = pooler.w.ptr(),
+                                                          .w = dev_pooler.w,
                                                           .dy = dpooled.data(),
                                                           .dx = dcls.data(),
                                                           .workspace = workspace,
                                                           .workspace_bytes = workspace_bytes}));
   }
   // Only the [CLS] rows of the last hidden state receive a gradient.
-  std::fill(dx.begin(), dx.begin() + tokens * h, 0.0f);
-  for (int64_t s = 0; s < bsz; ++s)
-    std::memcpy(dx.data() + s * seq * h, dcls.data() + s * h, h * sizeof(float));
+  const size_t row = static_cast<size_t>(h) * sizeof(float);
+  FEDLORA_RETURN_IF_ERROR(backend->Zero(dx.data(), tokens * row));
+  FEDLORA_RETURN_IF_ERROR(backend->CopyRows(dx.data(), seq * row, dcls.data(), row, row, bsz));
 
   const kernels::AttentionDims dims{.batch = bsz,
                                     .heads = config.num_attention_heads,
@@ -1120,13 +874,13 @@ absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
   const int64_t n = tokens * h;
   for (int l = static_cast<int>(L()) - 1; l >= 0; --l) {
     LayerActs& a = acts[l];
-    const LayerWeights& lw = layers[l];
+    const DevLayer& lw = dev_layers[l];
     const float* in = x[l].data();
     // dx holds d(loss)/d(layer output). LN2: dh = d/dz2; it is also the residual gradient to h1.
     FEDLORA_RETURN_IF_ERROR(kernels::LayerNormBackward(ctx, {.rows = tokens,
                                                              .cols = h,
                                                              .x = a.z2.data(),
-                                                             .gamma = lw.ln2_gamma.data(),
+                                                             .gamma = lw.ln2_gamma,
                                                              .mean = a.mean2.data(),
                                                              .rstd = a.rstd2.data(),
                                                              .dy = dx.data(),
@@ -1156,7 +910,7 @@ absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
     FEDLORA_RETURN_IF_ERROR(kernels::LayerNormBackward(ctx, {.rows = tokens,
                                                              .cols = h,
                                                              .x = a.z1.data(),
-                                                             .gamma = lw.ln1_gamma.data(),
+                                                             .gamma = lw.ln1_gamma,
                                                              .mean = a.mean1.data(),
                                                              .rstd = a.rstd1.data(),
                                                              .dy = dh.data(),
@@ -1198,6 +952,66 @@ absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
   return absl::OkStatus();
 }
 
+absl::Status BertClassifier::Impl::BindWeights(std::shared_ptr<const kernels::DeviceMirror> weights) {
+  FEDLORA_ASSIGN_OR_RETURN(backend, kernels::Backend::Create(options.device));
+  ThreadPool* pool = ctx.pool;
+  ctx = backend->ctx();
+  ctx.pool = pool;
+  mirror = std::move(weights);
+  const kernels::DeviceMirror& m = *mirror;
+  auto linear = [&](const FrozenLinear& lin, DevLinear* d) -> absl::Status {
+    FEDLORA_ASSIGN_OR_RETURN(d->w, m.Get(lin.w.ptr()));
+    FEDLORA_ASSIGN_OR_RETURN(d->bias, m.Get(lin.bias.data()));
+    return absl::OkStatus();
+  };
+  FEDLORA_ASSIGN_OR_RETURN(dev_word, m.Get(word_emb.ptr()));
+  FEDLORA_ASSIGN_OR_RETURN(dev_pos, m.Get(pos_emb.ptr()));
+  FEDLORA_ASSIGN_OR_RETURN(dev_type, m.Get(type_emb.ptr()));
+  FEDLORA_ASSIGN_OR_RETURN(dev_emb_gamma, m.Get(emb_ln_gamma.data()));
+  FEDLORA_ASSIGN_OR_RETURN(dev_emb_beta, m.Get(emb_ln_beta.data()));
+  dev_layers.resize(layers.size());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LayerWeights& lw = layers[l];
+    DevLayer& dl = dev_layers[l];
+    for (int t = 0; t < kNumLoraTargets; ++t) FEDLORA_RETURN_IF_ERROR(linear(lw.lin[t], &dl.lin[t]));
+    FEDLORA_ASSIGN_OR_RETURN(dl.ln1_gamma, m.Get(lw.ln1_gamma.data()));
+    FEDLORA_ASSIGN_OR_RETURN(dl.ln1_beta, m.Get(lw.ln1_beta.data()));
+    FEDLORA_ASSIGN_OR_RETURN(dl.ln2_gamma, m.Get(lw.ln2_gamma.data()));
+    FEDLORA_ASSIGN_OR_RETURN(dl.ln2_beta, m.Get(lw.ln2_beta.data()));
+  }
+  return linear(pooler, &dev_pooler);
+}
+
+template <class T>
+absl::StatusOr<const T*> BertClassifier::Impl::Stage(const std::vector<T>& host, size_t count,
+                                                     kernels::DeviceArray<T>& dev) {
+  if (on_host()) return host.data();
+  if (count > dev.size() || count > host.size()) {
+    return absl::InternalError(absl::StrCat("BertClassifier: staging ", count, " values into ", dev.size()));
+  }
+  FEDLORA_RETURN_IF_ERROR(backend->Upload(dev.data(), host.data(), count * sizeof(T)));
+  return static_cast<const T*>(dev.data());
+}
+
+absl::Status BertClassifier::Impl::ParamsToDevice(bool grads) {
+  if (on_host()) return absl::OkStatus();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const size_t bytes = params[i].value.size() * sizeof(float);
+    FEDLORA_RETURN_IF_ERROR(backend->Upload(dev_value[i].data(), params[i].value.data(), bytes));
+    if (grads) FEDLORA_RETURN_IF_ERROR(backend->Upload(dev_grad[i].data(), params[i].grad.data(), bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BertClassifier::Impl::GradsToHost() {
+  if (on_host()) return absl::OkStatus();
+  for (size_t i = 0; i < params.size(); ++i) {
+    FEDLORA_RETURN_IF_ERROR(
+        backend->Download(params[i].grad.data(), dev_grad[i].data(), params[i].grad.size() * sizeof(float)));
+  }
+  return absl::OkStatus();
+}
+
 // --- Public API
 // ------------------------------------------------------------------------------------
 
@@ -1233,8 +1047,10 @@ absl::StatusOr<std::unique_ptr<BertClassifier>> BertClassifier::Create(
         "FromRandom's, or a pooler missing from the checkpoint) from seed ", *base->weight_seed(),
         "; a classifier on this base must use that seed"));
   }
+  FEDLORA_ASSIGN_OR_RETURN(auto weights, base->WeightsOn(options.device));
   std::unique_ptr<BertClassifier> model(new BertClassifier(std::move(base), options));
   FEDLORA_RETURN_IF_ERROR(model->impl_->InitStructure(&model->targets_));
+  FEDLORA_RETURN_IF_ERROR(model->impl_->BindWeights(std::move(weights)));
   FEDLORA_RETURN_IF_ERROR(model->impl_->Plan());
   return model;
 }
@@ -1260,10 +1076,13 @@ absl::StatusOr<std::unique_ptr<BertClassifier>> BertClassifier::FromRandom(
 
 absl::StatusOr<float> BertClassifier::ForwardBackward(const Batch& batch, uint64_t dropout_seed) {
   FEDLORA_RETURN_IF_ERROR(impl_->CheckBatch(batch, /*need_labels=*/true));
+  FEDLORA_RETURN_IF_ERROR(impl_->ParamsToDevice(/*grads=*/true));
   FEDLORA_RETURN_IF_ERROR(impl_->Encode(batch, /*training=*/true, dropout_seed));
-  float loss = 0.0f;
-  FEDLORA_RETURN_IF_ERROR(impl_->Head(batch, /*training=*/true, dropout_seed, &loss));
+  FEDLORA_RETURN_IF_ERROR(impl_->Head(batch, /*training=*/true, dropout_seed, /*with_loss=*/true));
   FEDLORA_RETURN_IF_ERROR(impl_->Backward(batch, dropout_seed));
+  float loss = 0.0f;
+  FEDLORA_RETURN_IF_ERROR(impl_->backend->Download(&loss, impl_->loss_value.data(), sizeof(float)));
+  FEDLORA_RETURN_IF_ERROR(impl_->GradsToHost());
   return loss;
 }
 
@@ -1285,19 +1104,27 @@ absl::Status BertClassifier::SetTrainingLogitOffsets(std::vector<float> offsets)
 
 absl::StatusOr<std::vector<float>> BertClassifier::Logits(const Batch& batch) {
   FEDLORA_RETURN_IF_ERROR(impl_->CheckBatch(batch, /*need_labels=*/false));
+  FEDLORA_RETURN_IF_ERROR(impl_->ParamsToDevice(/*grads=*/false));
   FEDLORA_RETURN_IF_ERROR(impl_->Encode(batch, /*training=*/false, 0));
-  FEDLORA_RETURN_IF_ERROR(impl_->Head(batch, /*training=*/false, 0, nullptr));
-  return std::vector<float>(
-      impl_->logits.begin(),
-      impl_->logits.begin() + static_cast<int64_t>(batch.batch_size) * options_.num_labels);
+  FEDLORA_RETURN_IF_ERROR(impl_->Head(batch, /*training=*/false, 0, /*with_loss=*/false));
+  std::vector<float> out(static_cast<size_t>(batch.batch_size) * options_.num_labels);
+  FEDLORA_RETURN_IF_ERROR(impl_->backend->Download(out.data(), impl_->logits.data(), out.size() * sizeof(float)));
+  return out;
 }
 
 absl::StatusOr<std::vector<float>> BertClassifier::PooledEmbeddings(const Batch& batch,
                                                                     Pooling pooling) {
   FEDLORA_RETURN_IF_ERROR(impl_->CheckBatch(batch, /*need_labels=*/false));
+  FEDLORA_RETURN_IF_ERROR(impl_->ParamsToDevice(/*grads=*/false));
   FEDLORA_RETURN_IF_ERROR(impl_->Encode(batch, /*training=*/false, 0));
   const int64_t h = config().hidden_size, seq = batch.seq_len;
   const float* last = impl_->x[config().num_hidden_layers].data();
+  std::vector<float> last_host;  // GPU: the last hidden state, downloaded
+  if (!impl_->on_host()) {
+    last_host.resize(static_cast<size_t>(batch.batch_size) * seq * h);
+    FEDLORA_RETURN_IF_ERROR(impl_->backend->Download(last_host.data(), last, last_host.size() * sizeof(float)));
+    last = last_host.data();
+  }
   std::vector<float> out(static_cast<size_t>(batch.batch_size) * h, 0.0f);
   std::vector<double> sum(h);
   for (int64_t s = 0; s < batch.batch_size; ++s) {

@@ -1,5 +1,5 @@
 // BERT-family encoder (BERT, MiniLM, RoBERTa) for sequence classification, with LoRA adapters, on
-// the CPU.
+// the CPU or a CUDA GPU (ModelOptions::device).
 //
 //   ModelOptions opts;
 //   opts.num_labels = 2;
@@ -44,25 +44,32 @@
 //
 // Thread-safety: one BertClassifier must be used by one thread at a time (its activation buffers
 // are shared by all calls); classifiers sharing one BertBase may run on different threads at
-// once, since nothing writes to a BertBase after it is built. CPU parallelism is inside the
+// once, since nothing writes to a BertBase's weights after it is built (WeightsOn makes its GPU
+// copy once, under a lock). CPU parallelism is inside the
 // kernels (kernels::SetNumThreads), on the kernels' default pool unless SetThreadPool gives the
 // classifier a pool of its own.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/tensor.h"  // fedlora::Device
 #include "model/bert_config.h"
 #include "model/param.h"
 
 namespace fedlora {
 
 class ThreadPool;  // core/thread_pool.h
+namespace kernels {
+class DeviceMirror;  // kernels/backend.h
+}  // namespace kernels
 
 // A linear layer that can carry a LoRA adapter. The names are those of PEFT's target_modules
 // where unambiguous; "attn_out" is BERT's attention.output.dense and "output" the FFN's
@@ -115,6 +122,12 @@ struct ModelOptions {
   int max_seq = 128;
   // Name of the base model recorded in the PEFT adapter_config.json.
   std::string base_model_name;
+  // Where the classifier computes (kernels/backend.h). kCuda: activations, inputs and a copy of
+  // the trainable params live on the GPU, the base's frozen weights are copied there once per
+  // base and shared by its classifiers, and every call returns its results on the host (params'
+  // values are uploaded before each call, gradients downloaded after ForwardBackward).
+  // FailedPrecondition from Create when CUDA is not usable. A property of each classifier.
+  Device device = Device::kCpu;
 };
 
 enum class Pooling { kMean, kCls };
@@ -151,6 +164,9 @@ class BertBase {
   // Bytes of weight storage this base holds (matrices at their storage type, fp32 biases and
   // LayerNorm parameters): the memory that every further classifier sharing it does not need.
   int64_t weight_bytes() const;
+  // The frozen weights on `device`: on the CPU the host arrays themselves; on CUDA a copy made by
+  // the first call and shared by every later one (thread-safe).
+  absl::StatusOr<std::shared_ptr<const kernels::DeviceMirror>> WeightsOn(Device device) const;
 
  private:
   friend class BertClassifier;
@@ -166,6 +182,8 @@ class BertBase {
   bool bf16_math_ = false;
   std::optional<uint64_t> weight_seed_;
   std::unique_ptr<Weights> weights_;
+  mutable std::mutex mirrors_mu_;
+  mutable std::array<std::shared_ptr<const kernels::DeviceMirror>, 2> mirrors_;  // by Device
 };
 
 class BertClassifier {

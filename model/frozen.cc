@@ -81,6 +81,17 @@ void FrozenMatrix::RowToF32(int64_t r, float* dst) const {
   }
 }
 
+absl::Status FrozenMatrix::AddTo(kernels::DeviceMirror& mirror) const {
+  FEDLORA_RETURN_IF_ERROR(mirror.Add(f32.data(), f32.size() * sizeof(float)));
+  FEDLORA_RETURN_IF_ERROR(mirror.Add(bf16.data(), bf16.size() * sizeof(uint16_t)));
+  return mirror.Add(quant.data(), quant.size());
+}
+
+absl::Status FrozenLinear::AddTo(kernels::DeviceMirror& mirror) const {
+  FEDLORA_RETURN_IF_ERROR(w.AddTo(mirror));
+  return fedlora::AddTo(bias, mirror);
+}
+
 std::vector<float> FrozenMatrix::ToF32() const {
   std::vector<float> out(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r) RowToF32(r, out.data() + r * cols);

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "core/ggml_quant.h"
 #include "core/tensor.h"
+#include "kernels/backend.h"
 #include "kernels/weight.h"
 
 namespace fedlora {
@@ -54,11 +55,20 @@ struct FrozenMatrix {
   void RowToF32(int64_t r, float* dst) const;
   // Every value as fp32 (tests, exports).
   std::vector<float> ToF32() const;
+  // Adds the storage to `mirror` (kernels/backend.h), so that ptr() can be translated there.
+  absl::Status AddTo(kernels::DeviceMirror& mirror) const;
 };
 
 struct FrozenLinear {
   FrozenMatrix w;           // [out, in]
   std::vector<float> bias;  // [out] or empty
+
+  absl::Status AddTo(kernels::DeviceMirror& mirror) const;
 };
+
+// Adds a float array to `mirror`.
+inline absl::Status AddTo(const std::vector<float>& v, kernels::DeviceMirror& mirror) {
+  return mirror.Add(v.data(), v.size() * sizeof(float));
+}
 
 }  // namespace fedlora
