@@ -132,7 +132,8 @@ class ClientImpl final : public Client {
     v1::JoinRequest request;
     request.set_protocol_version(kProtocolVersion);
     request.set_client_version(options_.client_version);
-    request.mutable_capabilities()->set_device_name("cpu");
+    request.mutable_capabilities()->set_device_name(options_.device_name);
+    request.mutable_capabilities()->set_has_cuda(options_.has_cuda);
     request.mutable_capabilities()->add_encryption_schemes(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
     v1::JoinResponse response;
     session_.clear();

@@ -425,6 +425,8 @@ void Simulation::ClientLoop(VirtualClient& vc) {
     } else {
       o.insecure = true;  // the simulation's own server, on loopback
     }
+    o.has_cuda = options_.device == Device::kCuda;
+    o.device_name = std::string(DeviceName(options_.device));
     o.wait_for_task_seconds = 5;   // short long polls: the run's end is noticed within seconds
     o.retry.initial_backoff_ms = 100;
     o.retry.max_backoff_ms = 2000;  // loopback: a failed call is a crash test, retry soon
@@ -546,6 +548,9 @@ absl::Status Simulation::Setup() {
   // head and activation buffers.
   FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(config_.model().path(), config_.model()));
   if (data_.causal_lm) {
+    if (options_.device != Device::kCpu) {
+      return absl::UnimplementedError("simulate --device cuda: decoder runs compute on the CPU so far");
+    }
     // Planned for the training batch; evaluation runs in batches of at most that (LmEvalBatchSize).
     const DecoderOptions o = DecoderOptionsFromConfig(config_, data_.max_seq_len);
     FEDLORA_ASSIGN_OR_RETURN(auto base, DecoderBase::Load(config_.model().path(), o));
@@ -557,7 +562,8 @@ absl::Status Simulation::Setup() {
   }
   // The pooled models both train (the virtual clients) and evaluate (round metrics): max_batch
   // covers either batch; max_seq is LoadSimData's, already clamped to the checkpoint.
-  const ModelOptions mo = ModelOptionsFromConfig(config_, data_.max_seq_len, ModelRole::kTrainAndEvaluate);
+  ModelOptions mo = ModelOptionsFromConfig(config_, data_.max_seq_len, ModelRole::kTrainAndEvaluate);
+  mo.device = options_.device;
   FEDLORA_ASSIGN_OR_RETURN(auto base, BertBase::Load(config_.model().path(), mo));
   for (int i = 0; i < parallelism_; ++i) {
     FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Create(base, mo));

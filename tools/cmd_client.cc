@@ -13,14 +13,13 @@
 #include <memory>
 #include <string>
 
-#include <filesystem>
-
 #include "client/lora_trainer.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "fedlora/client.h"
 #include "fedlora/v1/config.pb.h"
 #include "kernels/context.h"
+#include "kernels/device.h"
 #include "model/bert.h"
 #include "model/decoder.h"
 #include "train/lm_data.h"
@@ -33,12 +32,16 @@ namespace {
 
 // The site of the built-in LoRA trainer (client/lora_trainer.h), built at the first task, when
 // the run config is known: a BertClassifier with the run's LoRA shape and labels and --data
-// tokenized for it, or for a CAUSAL_LM run a CausalLm and --data as conversations.
+// tokenized for it, or for a CAUSAL_LM run a CausalLm and --data as conversations. The encoder
+// computes on `device`; a decoder on the CPU (refused when --device said cuda).
 absl::StatusOr<LoraTrainer::AnySite> LoadSite(const std::string& model_dir, const std::string& data_path,
-                                              const v1::RunConfig& c) {
+                                              const v1::RunConfig& c, const std::string& device_flag, Device device) {
   FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(model_dir, c.task()));
   FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(model_dir, c.model()));
   if (c.task().kind() == v1::TaskConfig::CAUSAL_LM) {
+    if (device_flag == "cuda") {
+      return absl::UnimplementedError("--device cuda: decoder runs train on the CPU so far (encoders run on CUDA)");
+    }
     FEDLORA_ASSIGN_OR_RETURN(const int max_seq, DecoderMaxSeqLen(model_dir, ConfiguredMaxSeqLen(c.model())));
     FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadChatTokenizer(model_dir, c.task().chat_template()));
     FEDLORA_ASSIGN_OR_RETURN(LmDataset data, LoadLmDataset(data_path, tok, LmDataOptionsFromConfig(c.task(), max_seq)));
@@ -55,7 +58,8 @@ absl::StatusOr<LoraTrainer::AnySite> LoadSite(const std::string& model_dir, cons
   }
   // Clamped to the checkpoint's position table before the model is planned for it.
   FEDLORA_ASSIGN_OR_RETURN(const int max_seq, EffectiveMaxSeqLen(model_dir, ConfiguredMaxSeqLen(c.model())));
-  const ModelOptions o = ModelOptionsFromConfig(c, max_seq, ModelRole::kTrain);
+  ModelOptions o = ModelOptionsFromConfig(c, max_seq, ModelRole::kTrain);
+  o.device = device;
   FEDLORA_ASSIGN_OR_RETURN(std::shared_ptr<BertClassifier> model, BertClassifier::Load(model_dir, o));
   FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(model_dir));
   FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset data, LoadTokenizedDataset(data_path, *tokenizer, max_seq, c.task()));
@@ -89,6 +93,9 @@ int RunClient(int argc, char** argv) {
   flags.AddString("cert", &cert, "PEM client certificate: the identity with mTLS");
   flags.AddString("key", &key, "PEM key of --cert");
   flags.AddInt("threads", &threads, "CPU threads for training (0: all cores)");
+  std::string device_flag = "cpu";
+  flags.AddString("device", &device_flag,
+                  "cpu, cuda or auto (the GPU when one is usable); encoder runs only so far, decoders train on the CPU");
   flags.AddInt("max-tasks", &max_tasks, "stop after this many accepted updates (0: until the run ends)");
   std::string state_dir;
   flags.AddString("state-dir", &state_dir,
@@ -105,8 +112,12 @@ int RunClient(int argc, char** argv) {
   }
   if (!IsRegularFile(data_path)) return Fail(argv[0], absl::NotFoundError("data file " + data_path + " not found"));
   kernels::SetNumThreads(threads);
+  const absl::StatusOr<Device> device = ResolveDevice(device_flag);
+  if (!device.ok()) return Fail(argv[0], device.status());
 
   ClientOptions options;
+  options.has_cuda = *device == Device::kCuda;
+  options.device_name = options.has_cuda ? kernels::CudaDeviceDescription() : "cpu";
   options.server_address = server;
   options.client_id = id;
   options.insecure = insecure;
@@ -115,8 +126,8 @@ int RunClient(int argc, char** argv) {
   options.tls.key_file = key;
   options.max_tasks = max_tasks;
   options.state_dir = state_dir;
-  LoraTrainer trainer([&model_dir, &data_path](const v1::RunConfig& config) {
-    return LoadSite(model_dir, data_path, config);
+  LoraTrainer trainer([&model_dir, &data_path, &device_flag, &device](const v1::RunConfig& config) {
+    return LoadSite(model_dir, data_path, config, device_flag, *device);
   });
   auto client = Client::Create(options, &trainer);
   if (!client.ok()) return Fail(argv[0], client.status());

@@ -35,6 +35,7 @@ struct EvalFlags {
   bool bf16 = false;
   bool bf16_math = false;  // implies bf16
   bool int8_math = false;  // decoders
+  std::string device = "cpu";  // --device: cpu, cuda, auto
 };
 
 // The model options an adapter directory implies.
@@ -80,7 +81,11 @@ absl::StatusOr<ModelOptions> OptionsFromAdapter(const std::string& dir,
 }
 
 absl::Status Eval(EvalFlags f) {
+  FEDLORA_ASSIGN_OR_RETURN(const Device device, ResolveDevice(f.device));
   if (IsDecoderCheckpoint(f.model_dir)) {
+    if (f.device == "cuda") {
+      return absl::UnimplementedError("--device cuda: decoder models run on the CPU so far (encoders run on CUDA)");
+    }
     return EvalDecoder({.model = f.model_dir,
                         .adapter = f.adapter_dir,
                         .data_path = f.data_path,
@@ -127,6 +132,7 @@ absl::Status Eval(EvalFlags f) {
   options.max_batch = f.batch_size;
   options.max_seq = f.max_seq_len;
   options.base_model_name = f.model_dir;
+  options.device = device;
   FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(f.model_dir, options));
   FEDLORA_RETURN_IF_ERROR(LoadPeftAdapter(f.adapter_dir, model.get()));
   FEDLORA_ASSIGN_OR_RETURN(EvalResult result, Evaluate(*model, data, f.batch_size));
@@ -164,6 +170,8 @@ int RunEval(int argc, char** argv) {
   flags.AddBool("bf16", &f.bf16, "hold the frozen base weights in bf16");
   flags.AddBool("bf16-math", &f.bf16_math,
                 "also multiply with them in bf16 where the CPU has AVX512_BF16 (implies --bf16)");
+  flags.AddString("device", &f.device,
+                  "cpu, cuda or auto (the GPU when one is usable); encoders only so far, decoders run on the CPU");
   flags.AddBool("int8-math", &f.int8_math,
                 "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where the CPU has "
                 "AVX512-VNNI (not with --bf16)");

@@ -138,12 +138,13 @@ class HeldOutEvaluator : public Evaluator {
 
 // The initial adapter and the held-out evaluator (none without data.eval_path) of a
 // SEQUENCE_CLASSIFICATION run.
-absl::Status LoadEncoderRun(const v1::RunConfig& config, std::vector<UpdateTensor>* initial,
+absl::Status LoadEncoderRun(const v1::RunConfig& config, Device device, std::vector<UpdateTensor>* initial,
                             std::unique_ptr<Evaluator>* evaluator) {
   // Sized for the held-out evaluation batches; max_seq clamped to the checkpoint's position table.
   FEDLORA_ASSIGN_OR_RETURN(const int max_seq,
                            EffectiveMaxSeqLen(config.model().path(), ConfiguredMaxSeqLen(config.model())));
-  const ModelOptions model_options = ModelOptionsFromConfig(config, max_seq, ModelRole::kEvaluate);
+  ModelOptions model_options = ModelOptionsFromConfig(config, max_seq, ModelRole::kEvaluate);
+  model_options.device = device;
   FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(config.model().path(), model_options));
   for (const Param& p : model->trainable_params()) initial->push_back({p.name, p.shape, p.value});
   if (config.data().eval_path().empty()) return absl::OkStatus();
@@ -205,6 +206,7 @@ struct ServeFlags {
   std::string config_path, listen, health_listen, metrics_listen, store, cert, key, client_ca, crl;
   bool insecure = false;
   int64_t linger_seconds = 30;
+  std::string device = "cpu";  // the held-out evaluator's
 };
 
 absl::Status Serve(const ServeFlags& f) {
@@ -233,10 +235,14 @@ absl::Status Serve(const ServeFlags& f) {
   FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(config.model().path(), config.model()));
   std::vector<UpdateTensor> initial;
   std::unique_ptr<Evaluator> evaluator;
+  FEDLORA_ASSIGN_OR_RETURN(const Device device, ResolveDevice(f.device));
   if (config.task().kind() == v1::TaskConfig::CAUSAL_LM) {
+    if (f.device == "cuda") {
+      return absl::UnimplementedError("--device cuda: a decoder run's evaluator computes on the CPU so far");
+    }
     FEDLORA_RETURN_IF_ERROR(LoadDecoderRun(config, &initial, &evaluator));
   } else {
-    FEDLORA_RETURN_IF_ERROR(LoadEncoderRun(config, &initial, &evaluator));
+    FEDLORA_RETURN_IF_ERROR(LoadEncoderRun(config, device, &initial, &evaluator));
   }
 
 
@@ -318,6 +324,9 @@ int RunServer(int argc, char** argv) {
   flags.AddString("key", &f.key, "PEM key of --cert (overrides server.tls.key_file)");
   flags.AddString("client-ca", &f.client_ca, "PEM CA that signs client certificates (server.tls.client_ca_file)");
   flags.AddString("crl", &f.crl, "PEM CRL of revoked client certificates, re-read on change and SIGHUP");
+  flags.AddString("device", &f.device,
+                  "cpu, cuda or auto (the GPU when one is usable): where the held-out evaluation computes; "
+                  "encoder runs only so far");
   flags.AddBool("insecure", &f.insecure, "serve plaintext without TLS: loopback addresses only (server.insecure)");
   flags.AddInt("linger-seconds", &f.linger_seconds, "keep serving this long after the run finished");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;

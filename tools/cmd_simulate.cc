@@ -35,6 +35,7 @@ struct SimulateFlags {
   float max_seconds = 0.0f;
   bool progress = true;
   bool mtls = false;
+  std::string device = "cpu";
   LogFlags log;
 };
 
@@ -94,6 +95,9 @@ absl::Status Simulate(const SimulateFlags& f) {
   options.max_seconds = f.max_seconds;
   options.progress = f.progress;
   options.mtls = f.mtls;
+  FEDLORA_ASSIGN_OR_RETURN(options.device, ResolveDevice(f.device));
+  // auto: decoder runs compute on the CPU (the CUDA backend runs encoders so far).
+  if (f.device == "auto" && config.task().kind() == v1::TaskConfig::CAUSAL_LM) options.device = Device::kCpu;
   absl::StatusOr<sim::SimResult> run = sim::RunSimulation(config, options);
   if (!run.ok()) {
     if (!log_path.empty()) std::fprintf(stderr, "fedlora simulate: the log is in %s\n", log_path.c_str());
@@ -145,6 +149,9 @@ int RunSimulate(int argc, char** argv) {
                "partition by label shards (LABEL_SHARDS), this many labels per client");
   flags.AddFloat("max-seconds", &f.max_seconds, "give up when the run takes longer (0: no limit)");
   flags.AddBool("progress", &f.progress, "show a progress line on stderr");
+  flags.AddString("device", &f.device,
+                  "cpu, cuda or auto (the GPU when one is usable): where the virtual clients and the evaluation "
+                  "compute; encoder runs only so far");
   flags.AddBool("mtls", &f.mtls,
                 "serve the federation over mutual TLS with a development PKI made for the run in <out>/pki");
   if (auto code = ParseFlagsOrExit(flags, argc, argv, &f.log)) return *code;

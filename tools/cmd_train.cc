@@ -42,6 +42,7 @@ struct TrainFlags {
   bool bf16 = false;
   bool bf16_math = false;  // implies bf16
   bool int8_math = false;  // decoders
+  std::string device = "cpu";  // --device: cpu, cuda, auto
   bool recompute = false;
   DecoderDataFlags data;
 };
@@ -56,7 +57,11 @@ nlohmann::json MetricsJson(const EvalResult& m) {
 }
 
 absl::Status Train(TrainFlags f) {
+  FEDLORA_ASSIGN_OR_RETURN(const Device device, ResolveDevice(f.device));
   if (IsDecoderCheckpoint(f.model_dir)) {
+    if (f.device == "cuda") {
+      return absl::UnimplementedError("--device cuda: decoder models run on the CPU so far (encoders run on CUDA)");
+    }
     return TrainDecoder({.model = f.model_dir,
                          .train_path = f.train_path,
                          .eval_path = f.eval_path,
@@ -117,6 +122,7 @@ absl::Status Train(TrainFlags f) {
   options.max_batch = std::max(f.train.batch_size, f.train.eval_batch_size);
   options.max_seq = f.train.max_seq_len;
   options.base_model_name = f.model_dir;
+  options.device = device;
   FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(f.model_dir, options));
   // Fail before hours of training rather than at the end: the output directory must be writable.
   std::error_code ec;
@@ -129,9 +135,10 @@ absl::Status Train(TrainFlags f) {
   for (const Param& p : model->trainable_params()) trainable += p.numel();
   std::fprintf(stderr,
                "fedlora train: %lld train / %lld eval examples, %zu labels, %lld trainable params, "
-               "%d threads\n",
+               "%d threads, device %s\n",
                static_cast<long long>(train.size()), static_cast<long long>(eval.size()),
-               label_names.size(), static_cast<long long>(trainable), kernels::NumThreads());
+               label_names.size(), static_cast<long long>(trainable), kernels::NumThreads(),
+               std::string(DeviceName(device)).c_str());
 
   Trainer trainer(*model, f.train);
   trainer.on_epoch = [](const EpochReport& r) {
@@ -163,6 +170,7 @@ absl::Status Train(TrainFlags f) {
   metrics["options"]["bf16_math"] = f.bf16_math;
   metrics["options"]["bf16_math_active"] = f.bf16_math && kernels::Bf16MathAvailable();
   metrics["options"]["threads"] = kernels::NumThreads();
+  metrics["options"]["device"] = std::string(DeviceName(device));
   metrics["openblas_core"] = kernels::OpenBlasCoreName();
   nlohmann::json epochs = nlohmann::json::array();
   for (const EpochReport& r : trainer.history()) {
@@ -235,6 +243,8 @@ int RunTrain(int argc, char** argv) {
   flags.AddBool("bf16-math", &f.bf16_math,
                 "also multiply with them in bf16, fp32 accumulation, where the CPU has AVX512_BF16 "
                 "(implies --bf16)");
+  flags.AddString("device", &f.device,
+                  "cpu, cuda or auto (the GPU when one is usable); encoders only so far, decoders run on the CPU");
   flags.AddBool("int8-math", &f.int8_math,
                 "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where the CPU has "
                 "AVX512-VNNI (not with --bf16)");

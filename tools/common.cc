@@ -13,6 +13,7 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/json.h"
+#include "kernels/device.h"
 #include "model/bert_config.h"
 #include "model/decoder_config.h"
 #include "train/dataset.h"
@@ -130,6 +131,16 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> LoadTokenizer(const std::str
   if (IsRegularFile(vocab)) return WordPieceTokenizer::FromVocabFile(vocab);
   return absl::NotFoundError(
       absl::StrCat("no tokenizer in ", model_dir, ": neither ", json, " nor ", vocab, " exists"));
+}
+
+absl::StatusOr<Device> ResolveDevice(const std::string& text) {
+  if (text == "cpu") return Device::kCpu;
+  if (text == "auto") return kernels::CudaAvailable() ? Device::kCuda : Device::kCpu;
+  if (text == "cuda") {
+    FEDLORA_RETURN_IF_ERROR(kernels::CheckCudaAvailable());
+    return Device::kCuda;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--device must be cpu, cuda or auto, got '", text, "'"));
 }
 
 absl::StatusOr<int> EffectiveMaxSeqLen(const std::string& model_dir, int requested) {

@@ -57,6 +57,10 @@ int Fail(const std::string& command, const absl::Status& status);
 // Prints "<command>: <message>" to stderr and returns kExitUsage (bad flag values).
 int UsageError(const std::string& command, const std::string& message);
 
+// --device: "cpu", "cuda" or "auto" (the GPU when one is usable, else the CPU). InvalidArgument
+// naming the text otherwise; FailedPrecondition with CUDA's reason for "cuda" without a usable GPU.
+absl::StatusOr<Device> ResolveDevice(const std::string& text);
+
 // The model directory's tokenizer: tokenizer.json when present, else vocab.txt (lower-cased).
 // NotFound naming both paths when neither exists.
 absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> LoadTokenizer(const std::string& model_dir);

@@ -18,6 +18,7 @@
 #include "core/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/device.h"
 
 namespace fedlora {
 namespace {
@@ -216,6 +217,7 @@ TEST_F(FedloraCli, TrainThenEvalEndToEnd) {
   auto metrics = ReadJsonFile(out + "/metrics.json");
   ASSERT_TRUE(metrics.ok());
   EXPECT_EQ((*metrics)["epochs"].size(), 4u);
+  EXPECT_EQ((*metrics)["options"]["device"], "cpu");
   EXPECT_EQ((*metrics)["label_names"], nlohmann::json({"neg", "pos"}));
   // fedlora re-executes itself onto OpenBLAS's AVX2 / AVX-512 kernels where OpenBLAS fell back to
   // its SSE ones for a CPU model it does not know (kernels::RestartForFasterOpenBlas).
@@ -654,6 +656,33 @@ TEST_F(FedloraCli, Int8MathIsForDecoders) {
   Result r = Run({"train", "--model", model, "--train", data, "--out", dir_ + "/o", "--int8-math"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_THAT(r.err, HasSubstr("--int8-math apply to decoder models only"));
+}
+
+TEST_F(FedloraCli, DeviceIsCpuCudaOrAuto) {
+  const std::string model = dir_ + "/model", data = dir_ + "/train.jsonl";
+  Result r = Run({"train", "--model", model, "--train", data, "--out", dir_ + "/o", "--device", "tpu"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--device must be cpu, cuda or auto, got 'tpu'"));
+  if (!kernels::CudaAvailable()) {
+    // cuda says why it cannot be had; auto falls back to the CPU.
+    r = Run({"eval", "--model", model, "--adapter", dir_ + "/none", "--data", data, "--device", "cuda"});
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("CUDA"));
+    r = Run({"train", "--model", model, "--train", data, "--out", dir_ + "/auto", "--device", "auto", "--max-steps",
+             "1", "--batch-size", "4", "--threads", "1", "--max-seq-len", "16"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("device cpu"));
+  }
+}
+
+TEST_F(FedloraGenerate, DecodersRefuseCuda) {
+  Result r = RunCommand("train --model " + Quote(model_) + " --train /dev/null --out /tmp/x --device cuda");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  if (kernels::CudaAvailable()) {
+    EXPECT_THAT(r.err, HasSubstr("decoder models run on the CPU so far"));
+  } else {
+    EXPECT_THAT(r.err, HasSubstr("CUDA"));
+  }
 }
 
 TEST_F(FedloraGenerate, RefusesBadFlags) {

@@ -86,6 +86,10 @@ struct ClientOptions {
   int64_t max_tasks = 0;
   // Version string sent in Join, for the server's logs.
   std::string client_version = "0.1.0";
+  // The device the site trains on, reported in Join's capabilities (for the server's logs and
+  // selection): "cpu", or the GPU's description with has_cuda set.
+  std::string device_name = "cpu";
+  bool has_cuda = false;
   // Directory for the site's state that must outlive a restart: the error-feedback residual of a
   // lossy update codec (error_feedback.safetensors, written atomically after each accepted update)
   // and the last global adapter (global_adapter.safetensors), from which a run with a downlink
