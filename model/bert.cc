@@ -211,7 +211,22 @@ struct BertClassifier::Impl {
   int head_dense_param =
       -1;  // RoBERTa: trainable classifier.dense (weight, bias next); -1 for BERT
   int classifier_param = -1;  // the final linear: weight at params[classifier_param], bias next
-  std::vector<int32_t> position_ids;  // [T], RoBERTa only (BERT's positions are 0..S-1)
+  // The rows a call computes. A padding token never changes a real token's value (its key gets
+  // the mask's -1e30, so its attention weight is exactly 0) and the head reads only each
+  // sequence's first position, so when every sequence starts with a real token the padding is
+  // left out: the real tokens are packed into `rows` rows, sequence s's at [start[s], start[s] +
+  // len[s]), and attention runs per sequence over its own tokens. Otherwise (a sequence starting
+  // with padding, whose state the head reads) every position is a row and the mask applies.
+  struct Layout {
+    int64_t rows = 0;
+    bool packed = false;
+    bool masked = false;  // some row is padding: attention needs mask_host
+    std::vector<int64_t> start, len;
+  };
+  Layout layout;
+  // Per row: token, token type and position ids (BERT: the index in its sequence; RoBERTa: HF's
+  // create_position_ids_from_input_ids), and the attention mask (0, or -1e30 for padding).
+  std::vector<int32_t> row_ids, row_types, row_positions;
   // The batch's inputs on the device (GPU only: the CPU reads the host vectors).
   kernels::DeviceArray<int32_t> dev_ids, dev_types, dev_positions, dev_labels;
 
@@ -229,7 +244,7 @@ struct BertClassifier::Impl {
   };
   std::vector<LayerActs> acts;
   std::vector<Array> x;  // [L + 1][T, H]: x[0] embeddings output, x[l+1] layer l's output
-  std::vector<float> mask_host;  // [B, S] additive attention mask: 0 keep, -1e30 padding
+  std::vector<float> mask_host;  // [rows] additive attention mask: 0 keep, -1e30 padding
   Array mask_add;                // mask_host on the device (GPU only)
   Array cls, pooled, cls_drop, logits;  // [B, H] x3, [B, labels]
   Array loss_value;                     // [1]
@@ -266,6 +281,8 @@ struct BertClassifier::Impl {
   template <class T>
   absl::StatusOr<const T*> Stage(const std::vector<T>& host, size_t count, kernels::DeviceArray<T>& dev);
   absl::Status CheckBatch(const Batch& batch, bool need_labels) const;
+  // The layout and the per-row ids and mask of a checked batch.
+  void Arrange(const Batch& batch);
   absl::Status Encode(const Batch& batch, bool training, uint64_t seed);
   // The head's logits; with_loss: the cross-entropy into loss_value (on the device) and dlogits.
   absl::Status Head(const Batch& batch, bool training, uint64_t seed, bool with_loss);
@@ -276,6 +293,12 @@ struct BertClassifier::Impl {
   }
   absl::Status LinearForward(int layer, LoraTarget t, const float* in, int64_t rows, float* y,
                              bool training, uint64_t seed);
+  // Layer l's self-attention over the layout's rows: a.ctx and a.probs from a.q, a.k, a.v; one
+  // call for the whole batch (masked), or one per sequence (packed).
+  absl::Status Attention(int l, int64_t bsz, int64_t seq, const float* mask, bool training, uint64_t seed,
+                         LayerActs& a);
+  // Its backward: dq, dk, dv from dctx.
+  absl::Status AttentionBackward(int l, int64_t bsz, int64_t seq, uint64_t seed, LayerActs& a);
   absl::Status LinearBackward(int layer, LoraTarget t, const float* in, const float* dy,
                               int64_t rows, float* dx, bool accumulate_dx, uint64_t seed);
 };
@@ -387,7 +410,7 @@ absl::Status BertClassifier::Impl::Plan() {
   x.resize(L() + 1);
   for (Array& xl : x) FEDLORA_RETURN_IF_ERROR(zeros(&xl, tokens * h));
   mask_host.assign(tokens, 0.0f);
-  if (config.is_roberta()) position_ids.assign(tokens, 0);
+  for (auto* v : {&row_ids, &row_types, &row_positions}) v->assign(tokens, 0);
   for (Array* v : {&cls, &pooled, &cls_drop, &dcls, &dpooled})
     FEDLORA_RETURN_IF_ERROR(zeros(v, options.max_batch * h));
   FEDLORA_RETURN_IF_ERROR(zeros(&logits, options.max_batch * options.num_labels));
@@ -606,34 +629,119 @@ absl::Status BertClassifier::Impl::LinearBackward(int layer, LoraTarget t, const
             .workspace_bytes = workspace_bytes});
 }
 
-absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_t seed) {
-  const int64_t bsz = b.batch_size, seq = b.seq_len, tokens = bsz * seq, h = H();
-  // Padding gets a large negative additive bias, so exp() underflows to exactly 0 (HF uses the
-  // dtype's minimum; any value below about -100 times the score scale gives the same result).
-  for (int64_t i = 0; i < tokens; ++i) {
-    mask_host[i] = b.attention_mask.empty() || b.attention_mask[i] != 0 ? 0.0f : -1e30f;
+absl::Status BertClassifier::Impl::Attention(int l, int64_t bsz, int64_t seq, const float* mask, bool training,
+                                             uint64_t seed, LayerActs& a) {
+  const int64_t h = H(), heads = config.num_attention_heads;
+  const kernels::DropoutSpec spec = Spec(training ? attention_p : 0.0f, seed, LayerSite(l, kSiteAttnProbs));
+  auto run = [&](int64_t batch, int64_t n, int64_t row, int64_t prob, const float* m) {
+    kernels::DropoutSpec d = spec;
+    d.offset = static_cast<uint64_t>(prob);
+    return kernels::AttentionForward(
+        ctx, {.dims = {.batch = batch, .heads = heads, .seq = n, .head_dim = config.head_dim(),
+                       .layout = kernels::AttentionLayout::kBSHD},
+              .q = a.q.data() + row * h,
+              .k = a.k.data() + row * h,
+              .v = a.v.data() + row * h,
+              .mask = m,
+              .dropout = d,
+              .probs = a.probs.data() + prob,
+              .out = a.ctx.data() + row * h,
+              .workspace = workspace,
+              .workspace_bytes = workspace_bytes});
+  };
+  if (!layout.packed) return run(bsz, seq, 0, 0, mask);
+  int64_t prob = 0;
+  for (int64_t s = 0; s < bsz; ++s) {
+    const int64_t n = layout.len[s];
+    FEDLORA_RETURN_IF_ERROR(run(1, n, layout.start[s], prob, nullptr));
+    prob += heads * n * n;
   }
-  FEDLORA_ASSIGN_OR_RETURN(const float* mask, Stage(mask_host, tokens, mask_add));
-  FEDLORA_ASSIGN_OR_RETURN(const int32_t* ids, Stage(b.input_ids, tokens, dev_ids));
+  return absl::OkStatus();
+}
+
+absl::Status BertClassifier::Impl::AttentionBackward(int l, int64_t bsz, int64_t seq, uint64_t seed, LayerActs& a) {
+  const int64_t h = H(), heads = config.num_attention_heads;
+  const kernels::DropoutSpec spec = Spec(attention_p, seed, LayerSite(l, kSiteAttnProbs));
+  auto run = [&](int64_t batch, int64_t n, int64_t row, int64_t prob) {
+    kernels::DropoutSpec d = spec;
+    d.offset = static_cast<uint64_t>(prob);
+    return kernels::AttentionBackward(
+        ctx, {.dims = {.batch = batch, .heads = heads, .seq = n, .head_dim = config.head_dim(),
+                       .layout = kernels::AttentionLayout::kBSHD},
+              .q = a.q.data() + row * h,
+              .k = a.k.data() + row * h,
+              .v = a.v.data() + row * h,
+              .probs = a.probs.data() + prob,
+              .dropout = d,
+              .dout = dctx.data() + row * h,
+              .dq = dq.data() + row * h,
+              .dk = dk.data() + row * h,
+              .dv = dv.data() + row * h,
+              .workspace = workspace,
+              .workspace_bytes = workspace_bytes});
+  };
+  if (!layout.packed) return run(bsz, seq, 0, 0);
+  int64_t prob = 0;
+  for (int64_t s = 0; s < bsz; ++s) {
+    const int64_t n = layout.len[s];
+    FEDLORA_RETURN_IF_ERROR(run(1, n, layout.start[s], prob));
+    prob += heads * n * n;
+  }
+  return absl::OkStatus();
+}
+
+void BertClassifier::Impl::Arrange(const Batch& b) {
+  const int64_t bsz = b.batch_size, seq = b.seq_len;
+  auto real = [&](int64_t t) { return b.attention_mask.empty() || b.attention_mask[t] != 0; };
+  Layout& lay = layout;
+  lay.packed = true;
+  for (int64_t s = 0; s < bsz; ++s) lay.packed = lay.packed && real(s * seq);
+  lay.masked = false;
+  lay.start.assign(bsz, 0);
+  lay.len.assign(bsz, 0);
+  const int32_t pad = static_cast<int32_t>(config.pad_token_id);
+  int64_t row = 0;
+  for (int64_t s = 0; s < bsz; ++s) {
+    lay.start[s] = row;
+    int32_t count = 0;  // RoBERTa: real (non-pad) ids so far in the sequence
+    for (int64_t j = 0; j < seq; ++j) {
+      const int64_t t = s * seq + j;
+      int32_t position = static_cast<int32_t>(j);
+      if (config.is_roberta()) {
+        // HF create_position_ids_from_input_ids: pad + cumulative count of non-pad ids; pads get pad.
+        const bool not_pad = b.input_ids[t] != pad;
+        count += not_pad ? 1 : 0;
+        position = not_pad ? pad + count : pad;
+      }
+      if (lay.packed && !real(t)) continue;
+      row_ids[row] = b.input_ids[t];
+      row_types[row] = b.token_type_ids.empty() ? 0 : b.token_type_ids[t];
+      row_positions[row] = position;
+      // Padding gets a large negative additive bias, so exp() underflows to exactly 0 (HF uses the
+      // dtype's minimum; any value below about -100 times the score scale gives the same result).
+      mask_host[row] = real(t) ? 0.0f : -1e30f;
+      lay.masked = lay.masked || !real(t);
+      ++row;
+    }
+    lay.len[s] = row - lay.start[s];
+  }
+  lay.rows = row;
+}
+
+absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_t seed) {
+  const int64_t bsz = b.batch_size, seq = b.seq_len, h = H();
+  Arrange(b);
+  const int64_t tokens = layout.rows;
+  const float* mask = nullptr;
+  if (layout.masked) {
+    FEDLORA_ASSIGN_OR_RETURN(mask, Stage(mask_host, tokens, mask_add));
+  }
+  FEDLORA_ASSIGN_OR_RETURN(const int32_t* ids, Stage(row_ids, tokens, dev_ids));
   const int32_t* types = nullptr;
   if (!b.token_type_ids.empty()) {
-    FEDLORA_ASSIGN_OR_RETURN(types, Stage(b.token_type_ids, tokens, dev_types));
+    FEDLORA_ASSIGN_OR_RETURN(types, Stage(row_types, tokens, dev_types));
   }
-  const int32_t* positions = nullptr;  // BERT: 0..S-1 per sequence (the kernel's default)
-  if (config.is_roberta()) {
-    // HF create_position_ids_from_input_ids: pad + cumulative count of non-pad ids; pads get pad.
-    const int32_t pad = static_cast<int32_t>(config.pad_token_id);
-    for (int64_t s = 0; s < bsz; ++s) {
-      int32_t count = 0;
-      for (int64_t j = 0; j < seq; ++j) {
-        const int64_t t = s * seq + j;
-        const bool real = b.input_ids[t] != pad;
-        count += real ? 1 : 0;
-        position_ids[t] = real ? pad + count : pad;
-      }
-    }
-    FEDLORA_ASSIGN_OR_RETURN(positions, Stage(position_ids, tokens, dev_positions));
-  }
+  FEDLORA_ASSIGN_OR_RETURN(const int32_t* positions, Stage(row_positions, tokens, dev_positions));
   float* x0 = x[0].data();
   FEDLORA_RETURN_IF_ERROR(kernels::EmbeddingForward(
       ctx, {.tokens = tokens,
@@ -664,11 +772,6 @@ absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_
                              .x = x0,
                              .out = x0}));
 
-  const kernels::AttentionDims dims{.batch = bsz,
-                                    .heads = config.num_attention_heads,
-                                    .seq = seq,
-                                    .head_dim = config.head_dim(),
-                                    .layout = kernels::AttentionLayout::kBSHD};
   const float eps = static_cast<float>(config.layer_norm_eps);
   for (int l = 0; l < L(); ++l) {
     LayerActs& a = acts[l];
@@ -680,17 +783,7 @@ absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_
         LinearForward(l, LoraTarget::kKey, in, tokens, a.k.data(), training, seed));
     FEDLORA_RETURN_IF_ERROR(
         LinearForward(l, LoraTarget::kValue, in, tokens, a.v.data(), training, seed));
-    FEDLORA_RETURN_IF_ERROR(kernels::AttentionForward(
-        ctx, {.dims = dims,
-              .q = a.q.data(),
-              .k = a.k.data(),
-              .v = a.v.data(),
-              .mask = mask,
-              .dropout = Spec(training ? attention_p : 0.0f, seed, LayerSite(l, kSiteAttnProbs)),
-              .probs = a.probs.data(),
-              .out = a.ctx.data(),
-              .workspace = workspace,
-              .workspace_bytes = workspace_bytes}));
+    FEDLORA_RETURN_IF_ERROR(Attention(l, bsz, seq, mask, training, seed, a));
     // z1 = x + dropout(ctx Wo^T + bo);  h1 = LN(z1)
     FEDLORA_RETURN_IF_ERROR(
         LinearForward(l, LoraTarget::kAttnOut, a.ctx.data(), tokens, a.z1.data(), training, seed));
@@ -739,10 +832,13 @@ absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_
 }
 
 absl::Status BertClassifier::Impl::Head(const Batch& b, bool training, uint64_t seed, bool with_loss) {
-  const int64_t bsz = b.batch_size, seq = b.seq_len, h = H();
+  const int64_t bsz = b.batch_size, h = H();
   const size_t row = static_cast<size_t>(h) * sizeof(float);
-  // Gather the [CLS] / <s> rows: B*H floats.
-  FEDLORA_RETURN_IF_ERROR(backend->CopyRows(cls.data(), row, x[L()].data(), seq * row, row, bsz));
+  // Gather the [CLS] / <s> rows (each sequence's first): B*H floats.
+  for (int64_t s = 0; s < bsz; ++s) {
+    FEDLORA_RETURN_IF_ERROR(
+        backend->CopyRows(cls.data() + s * h, row, x[L()].data() + layout.start[s] * h, row, row, 1));
+  }
   // pooled = tanh(dense(cls)): BERT's frozen pooler, or RoBERTa's trainable classifier.dense
   // applied after a dropout (kept in place in cls: the backward needs the dropped input).
   if (head_dense_param >= 0) {
@@ -808,7 +904,7 @@ absl::Status BertClassifier::Impl::Head(const Batch& b, bool training, uint64_t 
 }
 
 absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
-  const int64_t bsz = b.batch_size, seq = b.seq_len, tokens = bsz * seq, h = H();
+  const int64_t bsz = b.batch_size, seq = b.seq_len, tokens = layout.rows, h = H();
   // Final linear (trainable): dW += dlogits^T x, db += sum dlogits, dx = dlogits W.
   FEDLORA_RETURN_IF_ERROR(
       kernels::LinearBackward(ctx, {.rows = bsz,
@@ -864,13 +960,9 @@ absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
   // Only the [CLS] rows of the last hidden state receive a gradient.
   const size_t row = static_cast<size_t>(h) * sizeof(float);
   FEDLORA_RETURN_IF_ERROR(backend->Zero(dx.data(), tokens * row));
-  FEDLORA_RETURN_IF_ERROR(backend->CopyRows(dx.data(), seq * row, dcls.data(), row, row, bsz));
-
-  const kernels::AttentionDims dims{.batch = bsz,
-                                    .heads = config.num_attention_heads,
-                                    .seq = seq,
-                                    .head_dim = config.head_dim(),
-                                    .layout = kernels::AttentionLayout::kBSHD};
+  for (int64_t s = 0; s < bsz; ++s) {
+    FEDLORA_RETURN_IF_ERROR(backend->CopyRows(dx.data() + layout.start[s] * h, row, dcls.data() + s * h, row, row, 1));
+  }
   const int64_t n = tokens * h;
   for (int l = static_cast<int>(L()) - 1; l >= 0; --l) {
     LayerActs& a = acts[l];
@@ -927,19 +1019,7 @@ absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
     FEDLORA_RETURN_IF_ERROR(LinearBackward(l, LoraTarget::kAttnOut, a.ctx.data(), d_attn, tokens,
                                            dctx.data(),
                                            /*accumulate_dx=*/false, seed));
-    FEDLORA_RETURN_IF_ERROR(kernels::AttentionBackward(
-        ctx, {.dims = dims,
-              .q = a.q.data(),
-              .k = a.k.data(),
-              .v = a.v.data(),
-              .probs = a.probs.data(),
-              .dropout = Spec(attention_p, seed, LayerSite(l, kSiteAttnProbs)),
-              .dout = dctx.data(),
-              .dq = dq.data(),
-              .dk = dk.data(),
-              .dv = dv.data(),
-              .workspace = workspace,
-              .workspace_bytes = workspace_bytes}));
+    FEDLORA_RETURN_IF_ERROR(AttentionBackward(l, bsz, seq, seed, a));
     // The embeddings are frozen: layer 0 needs no input gradient, only its LoRA gradients.
     float* dx_in = l > 0 ? dx.data() : nullptr;
     FEDLORA_RETURN_IF_ERROR(
@@ -1117,11 +1197,12 @@ absl::StatusOr<std::vector<float>> BertClassifier::PooledEmbeddings(const Batch&
   FEDLORA_RETURN_IF_ERROR(impl_->CheckBatch(batch, /*need_labels=*/false));
   FEDLORA_RETURN_IF_ERROR(impl_->ParamsToDevice(/*grads=*/false));
   FEDLORA_RETURN_IF_ERROR(impl_->Encode(batch, /*training=*/false, 0));
-  const int64_t h = config().hidden_size, seq = batch.seq_len;
+  const int64_t h = config().hidden_size;
+  const Impl::Layout& lay = impl_->layout;
   const float* last = impl_->x[config().num_hidden_layers].data();
   std::vector<float> last_host;  // GPU: the last hidden state, downloaded
   if (!impl_->on_host()) {
-    last_host.resize(static_cast<size_t>(batch.batch_size) * seq * h);
+    last_host.resize(static_cast<size_t>(lay.rows) * h);
     FEDLORA_RETURN_IF_ERROR(impl_->backend->Download(last_host.data(), last, last_host.size() * sizeof(float)));
     last = last_host.data();
   }
@@ -1130,15 +1211,15 @@ absl::StatusOr<std::vector<float>> BertClassifier::PooledEmbeddings(const Batch&
   for (int64_t s = 0; s < batch.batch_size; ++s) {
     float* o = out.data() + s * h;
     if (pooling == Pooling::kCls) {
-      std::memcpy(o, last + s * seq * h, h * sizeof(float));
+      std::memcpy(o, last + lay.start[s] * h, h * sizeof(float));
       continue;
     }
     // Mean over unpadded tokens, accumulated in double (seq up to 512 terms).
     std::fill(sum.begin(), sum.end(), 0.0);
     int64_t count = 0;
-    for (int64_t j = 0; j < seq; ++j) {
-      if (!batch.attention_mask.empty() && batch.attention_mask[s * seq + j] == 0) continue;
-      const float* row = last + (s * seq + j) * h;
+    for (int64_t r = lay.start[s]; r < lay.start[s] + lay.len[s]; ++r) {
+      if (impl_->mask_host[r] != 0.0f) continue;  // padding (kept only when not packed)
+      const float* row = last + r * h;
       for (int64_t c = 0; c < h; ++c) sum[c] += row[c];
       ++count;
     }

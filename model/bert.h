@@ -26,6 +26,12 @@
 // the first layer's LoRA. The backward pass skips the weight gradients of frozen layers entirely
 // and the input gradient of layer 0.
 //
+// Padding costs no work: when every sequence of a batch starts with a token (right padding, as
+// the tokenizer pads), the encoder computes only the real tokens, packed row after row, with
+// attention per sequence over its own tokens; the results are those of the padded batch (padding
+// is masked out of attention either way). A batch with a sequence that starts with padding is
+// computed in full under the mask (its first position, which the head reads, is then a pad).
+//
 // Memory: activations for (max_batch, max_seq) are allocated once by Load/FromRandom/Create and
 // reused; a step allocates nothing. Per token and layer 8*hidden + 2*intermediate floats are kept
 // for the backward pass, plus heads*seq floats of attention probabilities: at BERT-base geometry

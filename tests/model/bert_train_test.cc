@@ -203,6 +203,48 @@ TEST(BertTrainTest, PaddingDoesNotChangeTheResult) {
   for (int c = 0; c < 32; ++c) EXPECT_NEAR((*pooled_both)[32 + c], (*pooled_one)[c], 1e-5f);
 }
 
+// Padded() starts every sequence with a token, so its padding is left out (packed rows, attention
+// per sequence). A sequence that starts with padding makes the whole batch keep every position
+// under the mask instead; both layouts must give the other sequences the same values, in the
+// forward and in the gradients.
+TEST(BertTrainTest, PackedAndMaskedLayoutsAgree) {
+  ModelOptions o = AllTargets(0.0f);
+  o.max_batch = 3;
+  auto model = TinyModel(o);
+  ASSERT_NE(model, nullptr);
+  const BertClassifier::Batch packed = Padded();
+  BertClassifier::Batch masked = packed;
+  masked.batch_size = 3;
+  for (int32_t id : {0, 0, 2, 31, 32, 33, 3}) masked.input_ids.push_back(id);
+  for (int i = 0; i < 7; ++i) masked.token_type_ids.push_back(0);
+  for (int32_t m : {0, 0, 1, 1, 1, 1, 1}) masked.attention_mask.push_back(m);
+  masked.labels.push_back(1);
+  auto lp = model->Logits(packed), lm = model->Logits(masked);
+  ASSERT_TRUE(lp.ok() && lm.ok());
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR((*lm)[i], (*lp)[i], 1e-5f) << i;
+  for (Pooling pooling : {Pooling::kMean, Pooling::kCls}) {
+    auto pp = model->PooledEmbeddings(packed, pooling), pm = model->PooledEmbeddings(masked, pooling);
+    ASSERT_TRUE(pp.ok() && pm.ok());
+    for (int i = 0; i < 64; ++i) EXPECT_NEAR((*pm)[i], (*pp)[i], 1e-5f) << i;
+  }
+  // Gradients: the loss is the batch mean, so three times the masked batch's gradients less those
+  // of its third sequence alone are twice the packed batch's.
+  BertClassifier::Batch third{1, 7, {0, 0, 2, 31, 32, 33, 3}, {0, 0, 0, 0, 0, 0, 0}, {0, 0, 1, 1, 1, 1, 1}, {1}};
+  auto grads = [&](const BertClassifier::Batch& b) {
+    model->ZeroGrad();
+    EXPECT_TRUE(model->ForwardBackward(b, 0).ok());
+    std::vector<std::vector<float>> g;
+    for (const Param& p : model->trainable_params()) g.push_back(p.grad);
+    return g;
+  };
+  const auto gp = grads(packed), gm = grads(masked), g3 = grads(third);
+  for (size_t t = 0; t < gp.size(); ++t) {
+    for (size_t i = 0; i < gp[t].size(); ++i) {
+      EXPECT_NEAR(3.0f * gm[t][i] - g3[t][i], 2.0f * gp[t][i], 1e-4f) << model->trainable_params()[t].name << i;
+    }
+  }
+}
+
 TEST(BertTrainTest, TrainableParamsArePeftNamedAndInitialised) {
   ModelOptions o;
   o.max_batch = 1;
