@@ -152,6 +152,19 @@ absl::StatusOr<const void*> DeviceMirror::Find(const void* host) const {
   return static_cast<const void*>(it->second.data());
 }
 
+absl::StatusOr<std::shared_ptr<const DeviceMirror>> MirrorCache::Get(
+    Device device, const std::function<absl::Status(DeviceMirror&)>& fill) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<const DeviceMirror>& slot = mirrors_[device == Device::kCuda ? 1 : 0];
+  if (slot == nullptr) {
+    FEDLORA_ASSIGN_OR_RETURN(auto backend, Backend::Create(device));
+    auto mirror = std::make_shared<DeviceMirror>(std::move(backend));
+    FEDLORA_RETURN_IF_ERROR(fill(*mirror));
+    slot = std::move(mirror);
+  }
+  return slot;
+}
+
 absl::StatusOr<WeightPtr> DeviceMirror::Get(const WeightPtr& w) const {
   WeightPtr out = w;
   FEDLORA_ASSIGN_OR_RETURN(out.f32, Get(w.f32));

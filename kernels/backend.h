@@ -19,9 +19,12 @@
 // DeviceMirrors must not outlive the backend that allocated them.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -144,6 +147,18 @@ class DeviceMirror {
   std::shared_ptr<Backend> backend_;
   absl::flat_hash_map<const void*, DeviceArray<uint8_t>> copies_;
   size_t bytes_ = 0;
+};
+
+// A base model's mirrors, one per device, each made by the first Get for its device (with its own
+// backend, `fill` adding the arrays) and shared by every later one. Thread-safe.
+class MirrorCache {
+ public:
+  absl::StatusOr<std::shared_ptr<const DeviceMirror>> Get(
+      Device device, const std::function<absl::Status(DeviceMirror&)>& fill) const;
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::array<std::shared_ptr<const DeviceMirror>, 2> mirrors_;  // by Device
 };
 
 }  // namespace fedlora::kernels

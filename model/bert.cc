@@ -21,6 +21,7 @@
 #include "kernels/linear.h"
 #include "kernels/lora_linear.h"
 #include "model/bert_internal.h"
+#include "model/device_params.h"
 #include "model/frozen.h"
 
 namespace fedlora {
@@ -203,9 +204,8 @@ struct BertClassifier::Impl {
   const float *dev_emb_gamma = nullptr, *dev_emb_beta = nullptr;
   std::vector<DevLayer> dev_layers;
   DevLinear dev_pooler;
-  // The trainable params on the device (GPU only; on the CPU the kernels use params' own
-  // vectors): uploaded before each call, gradients downloaded after ForwardBackward.
-  std::vector<kernels::DeviceArray<float>> dev_value, dev_grad;
+  // Where the kernels read and write the trainable params (model/device_params.h).
+  DeviceParams dev_params{params};
   // [layer][LoraTarget]: index of lora_A in params (lora_B follows), -1 without LoRA.
   std::vector<std::array<int, kNumLoraTargets>> lora_param;
   int head_dense_param =
@@ -270,16 +270,12 @@ struct BertClassifier::Impl {
   absl::Status BindWeights(std::shared_ptr<const kernels::DeviceMirror> weights);
   absl::Status Plan();
   bool on_host() const { return backend->device() == Device::kCpu; }
-  // Where the kernels read and write trainable param i.
-  float* Val(int i) { return on_host() ? params[i].value.data() : dev_value[i].data(); }
-  float* Grad(int i) { return on_host() ? params[i].grad.data() : dev_grad[i].data(); }
-  // GPU: the params' values (and their gradients, which ForwardBackward adds to) to the device,
-  // and the gradients back. No-ops on the CPU.
-  absl::Status ParamsToDevice(bool grads);
-  absl::Status GradsToHost();
-  // `host` where the kernels read it: itself on the CPU, its copy in `dev` on a GPU.
+  float* Val(int i) { return dev_params.Value(i); }
+  float* Grad(int i) { return dev_params.Grad(i); }
   template <class T>
-  absl::StatusOr<const T*> Stage(const std::vector<T>& host, size_t count, kernels::DeviceArray<T>& dev);
+  absl::StatusOr<const T*> Stage(const std::vector<T>& host, size_t count, kernels::DeviceArray<T>& dev) {
+    return fedlora::Stage(*backend, host, count, dev);
+  }
   absl::Status CheckBatch(const Batch& batch, bool need_labels) const;
   // The layout and the per-row ids and mask of a checked batch.
   void Arrange(const Batch& batch);
@@ -425,13 +421,8 @@ absl::Status BertClassifier::Impl::Plan() {
     FEDLORA_RETURN_IF_ERROR(zeros(&dev_positions, tokens));
     FEDLORA_RETURN_IF_ERROR(zeros(&dev_labels, options.max_batch));
     FEDLORA_RETURN_IF_ERROR(zeros(&adjusted_bias, options.num_labels));
-    dev_value.resize(params.size());
-    dev_grad.resize(params.size());
-    for (size_t i = 0; i < params.size(); ++i) {
-      FEDLORA_RETURN_IF_ERROR(zeros(&dev_value[i], params[i].numel()));
-      FEDLORA_RETURN_IF_ERROR(zeros(&dev_grad[i], params[i].numel()));
-    }
   }
+  FEDLORA_RETURN_IF_ERROR(dev_params.Bind(be));
 
   // Workspace: the largest any kernel of a step asks for at the planned sizes (every
   // requirement grows with the row count, so a smaller batch fits too).
@@ -1062,36 +1053,6 @@ absl::Status BertClassifier::Impl::BindWeights(std::shared_ptr<const kernels::De
   return linear(pooler, &dev_pooler);
 }
 
-template <class T>
-absl::StatusOr<const T*> BertClassifier::Impl::Stage(const std::vector<T>& host, size_t count,
-                                                     kernels::DeviceArray<T>& dev) {
-  if (on_host()) return host.data();
-  if (count > dev.size() || count > host.size()) {
-    return absl::InternalError(absl::StrCat("BertClassifier: staging ", count, " values into ", dev.size()));
-  }
-  FEDLORA_RETURN_IF_ERROR(backend->Upload(dev.data(), host.data(), count * sizeof(T)));
-  return static_cast<const T*>(dev.data());
-}
-
-absl::Status BertClassifier::Impl::ParamsToDevice(bool grads) {
-  if (on_host()) return absl::OkStatus();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const size_t bytes = params[i].value.size() * sizeof(float);
-    FEDLORA_RETURN_IF_ERROR(backend->Upload(dev_value[i].data(), params[i].value.data(), bytes));
-    if (grads) FEDLORA_RETURN_IF_ERROR(backend->Upload(dev_grad[i].data(), params[i].grad.data(), bytes));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status BertClassifier::Impl::GradsToHost() {
-  if (on_host()) return absl::OkStatus();
-  for (size_t i = 0; i < params.size(); ++i) {
-    FEDLORA_RETURN_IF_ERROR(
-        backend->Download(params[i].grad.data(), dev_grad[i].data(), params[i].grad.size() * sizeof(float)));
-  }
-  return absl::OkStatus();
-}
-
 // --- Public API
 // ------------------------------------------------------------------------------------
 
@@ -1156,13 +1117,13 @@ absl::StatusOr<std::unique_ptr<BertClassifier>> BertClassifier::FromRandom(
 
 absl::StatusOr<float> BertClassifier::ForwardBackward(const Batch& batch, uint64_t dropout_seed) {
   FEDLORA_RETURN_IF_ERROR(impl_->CheckBatch(batch, /*need_labels=*/true));
-  FEDLORA_RETURN_IF_ERROR(impl_->ParamsToDevice(/*grads=*/true));
+  FEDLORA_RETURN_IF_ERROR(impl_->dev_params.ToDevice(/*grads=*/true));
   FEDLORA_RETURN_IF_ERROR(impl_->Encode(batch, /*training=*/true, dropout_seed));
   FEDLORA_RETURN_IF_ERROR(impl_->Head(batch, /*training=*/true, dropout_seed, /*with_loss=*/true));
   FEDLORA_RETURN_IF_ERROR(impl_->Backward(batch, dropout_seed));
   float loss = 0.0f;
   FEDLORA_RETURN_IF_ERROR(impl_->backend->Download(&loss, impl_->loss_value.data(), sizeof(float)));
-  FEDLORA_RETURN_IF_ERROR(impl_->GradsToHost());
+  FEDLORA_RETURN_IF_ERROR(impl_->dev_params.GradsToHost());
   return loss;
 }
 
@@ -1184,7 +1145,7 @@ absl::Status BertClassifier::SetTrainingLogitOffsets(std::vector<float> offsets)
 
 absl::StatusOr<std::vector<float>> BertClassifier::Logits(const Batch& batch) {
   FEDLORA_RETURN_IF_ERROR(impl_->CheckBatch(batch, /*need_labels=*/false));
-  FEDLORA_RETURN_IF_ERROR(impl_->ParamsToDevice(/*grads=*/false));
+  FEDLORA_RETURN_IF_ERROR(impl_->dev_params.ToDevice(/*grads=*/false));
   FEDLORA_RETURN_IF_ERROR(impl_->Encode(batch, /*training=*/false, 0));
   FEDLORA_RETURN_IF_ERROR(impl_->Head(batch, /*training=*/false, 0, /*with_loss=*/false));
   std::vector<float> out(static_cast<size_t>(batch.batch_size) * options_.num_labels);
@@ -1195,7 +1156,7 @@ absl::StatusOr<std::vector<float>> BertClassifier::Logits(const Batch& batch) {
 absl::StatusOr<std::vector<float>> BertClassifier::PooledEmbeddings(const Batch& batch,
                                                                     Pooling pooling) {
   FEDLORA_RETURN_IF_ERROR(impl_->CheckBatch(batch, /*need_labels=*/false));
-  FEDLORA_RETURN_IF_ERROR(impl_->ParamsToDevice(/*grads=*/false));
+  FEDLORA_RETURN_IF_ERROR(impl_->dev_params.ToDevice(/*grads=*/false));
   FEDLORA_RETURN_IF_ERROR(impl_->Encode(batch, /*training=*/false, 0));
   const int64_t h = config().hidden_size;
   const Impl::Layout& lay = impl_->layout;

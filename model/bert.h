@@ -56,10 +56,8 @@
 // classifier a pool of its own.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -67,15 +65,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/tensor.h"  // fedlora::Device
+#include "kernels/backend.h"
 #include "model/bert_config.h"
 #include "model/param.h"
 
 namespace fedlora {
 
 class ThreadPool;  // core/thread_pool.h
-namespace kernels {
-class DeviceMirror;  // kernels/backend.h
-}  // namespace kernels
 
 // A linear layer that can carry a LoRA adapter. The names are those of PEFT's target_modules
 // where unambiguous; "attn_out" is BERT's attention.output.dense and "output" the FFN's
@@ -188,8 +184,7 @@ class BertBase {
   bool bf16_math_ = false;
   std::optional<uint64_t> weight_seed_;
   std::unique_ptr<Weights> weights_;
-  mutable std::mutex mirrors_mu_;
-  mutable std::array<std::shared_ptr<const kernels::DeviceMirror>, 2> mirrors_;  // by Device
+  kernels::MirrorCache mirrors_;
 };
 
 class BertClassifier {

@@ -262,15 +262,7 @@ absl::Status BertBase::Weights::AddTo(kernels::DeviceMirror& mirror) const {
 }
 
 absl::StatusOr<std::shared_ptr<const kernels::DeviceMirror>> BertBase::WeightsOn(Device device) const {
-  std::lock_guard<std::mutex> lock(mirrors_mu_);
-  std::shared_ptr<const kernels::DeviceMirror>& slot = mirrors_[device == Device::kCuda ? 1 : 0];
-  if (slot == nullptr) {
-    FEDLORA_ASSIGN_OR_RETURN(auto backend, kernels::Backend::Create(device));
-    auto mirror = std::make_shared<kernels::DeviceMirror>(std::move(backend));
-    FEDLORA_RETURN_IF_ERROR(weights_->AddTo(*mirror));
-    slot = std::move(mirror);
-  }
-  return slot;
+  return mirrors_.Get(device, [this](kernels::DeviceMirror& m) { return weights_->AddTo(m); });
 }
 
 BertBase::BertBase(BertConfig config, bool bf16_weights, bool bf16_math)

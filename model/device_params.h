@@ -1,0 +1,78 @@
+// A model's trainable params where its kernels read them (internal to model/): on the CPU the
+// params' own vectors; on a GPU device copies, uploaded before each call and whose gradients are
+// downloaded after a backward. Also the staging of host inputs. Shared by BertClassifier and
+// CausalLm.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "kernels/backend.h"
+#include "model/param.h"
+
+namespace fedlora {
+
+class DeviceParams {
+ public:
+  explicit DeviceParams(std::vector<Param>& params) : params_(params) {}
+
+  // Allocates the device copies (GPU; nothing on the CPU). Call once the params have their shapes.
+  absl::Status Bind(kernels::Backend& backend) {
+    backend_ = &backend;
+    value_.clear();
+    grad_.clear();
+    if (on_host()) return absl::OkStatus();
+    for (const Param& p : params_) {
+      FEDLORA_ASSIGN_OR_RETURN(auto v, kernels::DeviceArray<float>::Zeros(backend, p.value.size()));
+      FEDLORA_ASSIGN_OR_RETURN(auto g, kernels::DeviceArray<float>::Zeros(backend, p.grad.size()));
+      value_.push_back(std::move(v));
+      grad_.push_back(std::move(g));
+    }
+    return absl::OkStatus();
+  }
+  bool on_host() const { return backend_ == nullptr || backend_->device() == Device::kCpu; }
+  float* Value(int i) { return on_host() ? params_[i].value.data() : value_[i].data(); }
+  float* Grad(int i) { return on_host() ? params_[i].grad.data() : grad_[i].data(); }
+  // The values (and with `grads` the gradients, which a backward adds to) to the device.
+  absl::Status ToDevice(bool grads) {
+    if (on_host()) return absl::OkStatus();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const size_t bytes = params_[i].value.size() * sizeof(float);
+      FEDLORA_RETURN_IF_ERROR(backend_->Upload(value_[i].data(), params_[i].value.data(), bytes));
+      if (grads) FEDLORA_RETURN_IF_ERROR(backend_->Upload(grad_[i].data(), params_[i].grad.data(), bytes));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status GradsToHost() {
+    if (on_host()) return absl::OkStatus();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      FEDLORA_RETURN_IF_ERROR(
+          backend_->Download(params_[i].grad.data(), grad_[i].data(), params_[i].grad.size() * sizeof(float)));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<Param>& params_;
+  kernels::Backend* backend_ = nullptr;
+  std::vector<kernels::DeviceArray<float>> value_, grad_;
+};
+
+// The first `count` values of `host` where the kernels read them: `host` itself on the CPU, its
+// copy in `dev` (uploaded now) on a GPU.
+template <class T>
+absl::StatusOr<const T*> Stage(kernels::Backend& backend, const std::vector<T>& host, size_t count,
+                               kernels::DeviceArray<T>& dev) {
+  if (backend.device() == Device::kCpu) return host.data();
+  if (count > dev.size() || count > host.size()) {
+    return absl::InternalError(absl::StrCat("staging ", count, " values into ", dev.size()));
+  }
+  FEDLORA_RETURN_IF_ERROR(backend.Upload(dev.data(), host.data(), count * sizeof(T)));
+  return static_cast<const T*>(dev.data());
+}
+
+}  // namespace fedlora
