@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -157,6 +158,22 @@ absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(DecoderConfig
       new DecoderBase(std::move(config), std::move(weights), bf16_math, int8_math));
 }
 
+absl::Status DecoderBase::Weights::AddTo(kernels::DeviceMirror& mirror) const {
+  FEDLORA_RETURN_IF_ERROR(embed.AddTo(mirror));
+  FEDLORA_RETURN_IF_ERROR(lm_head.AddTo(mirror));
+  FEDLORA_RETURN_IF_ERROR(fedlora::AddTo(final_norm, mirror));
+  for (const DecoderLayerWeights& lw : layers) {
+    FEDLORA_RETURN_IF_ERROR(fedlora::AddTo(lw.input_norm, mirror));
+    FEDLORA_RETURN_IF_ERROR(fedlora::AddTo(lw.post_attention_norm, mirror));
+    for (const FrozenLinear& lin : lw.proj) FEDLORA_RETURN_IF_ERROR(lin.AddTo(mirror));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const kernels::DeviceMirror>> DecoderBase::WeightsOn(Device device) const {
+  return mirrors_.Get(device, [this](kernels::DeviceMirror& m) { return weights_->AddTo(m); });
+}
+
 int64_t DecoderBase::weight_bytes() const {
   auto vec = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * sizeof(float)); };
   int64_t total = weights_->embed.bytes() + weights_->lm_head.bytes() + vec(weights_->final_norm);
@@ -279,6 +296,7 @@ absl::StatusOr<std::unique_ptr<CausalLm>> CausalLm::Create(std::shared_ptr<const
     return absl::InvalidArgumentError(absl::StrCat("DecoderOptions.int8_math is ", options.int8_math ? "true" : "false",
                                                    " but the shared base's is ", base->int8_math() ? "true" : "false"));
   }
+  FEDLORA_ASSIGN_OR_RETURN(auto on_device, base->WeightsOn(options.device));
   std::unique_ptr<CausalLm> lm(new CausalLm(std::move(base), options));
   const DecoderOptions& o = lm->options_;
   lm->impl_ = std::make_unique<Impl>(c, lm->base_->weights(), o, lm->params_);
@@ -312,6 +330,7 @@ absl::StatusOr<std::unique_ptr<CausalLm>> CausalLm::Create(std::shared_ptr<const
       lm->params_.push_back(std::move(b));
     }
   }
+  FEDLORA_RETURN_IF_ERROR(im.BindWeights(std::move(on_device)));
   FEDLORA_RETURN_IF_ERROR(im.Plan());
   return lm;
 }
@@ -327,36 +346,58 @@ absl::Status CausalLm::Impl::Plan() {
   const int64_t h = H(), qd = config.q_dim(), kvd = config.kv_dim(), inter = config.intermediate_size;
   const int64_t probs_elems = static_cast<int64_t>(options.max_batch) * config.num_attention_heads *
                               options.max_seq * options.max_seq;
+  kernels::Backend& be = *backend;
+  auto zeros = [&](auto* array, int64_t count) -> absl::Status {
+    using A = std::remove_pointer_t<decltype(array)>;
+    FEDLORA_ASSIGN_OR_RETURN(*array, A::Zeros(be, static_cast<size_t>(count)));
+    return absl::OkStatus();
+  };
   rope = kernels::MakeRopeTables(config.rope_theta, config.head_dim, options.max_seq);
   acts.resize(options.recompute_activations ? 1 : L());
   for (DecoderLayerActs& a : acts) {
-    a.z.assign(tokens * h, 0.0f);
-    for (auto* v : {&a.q, &a.ctx}) v->assign(tokens * qd, 0.0f);
-    for (auto* v : {&a.k, &a.v}) v->assign(tokens * kvd, 0.0f);
-    for (auto* v : {&a.gate, &a.up}) v->assign(tokens * inter, 0.0f);
+    FEDLORA_RETURN_IF_ERROR(zeros(&a.z, tokens * h));
+    for (Array* v : {&a.q, &a.ctx}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * qd));
+    for (Array* v : {&a.k, &a.v}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * kvd));
+    for (Array* v : {&a.gate, &a.up}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * inter));
     for (int t = 0; t < kNumDecoderTargets; ++t) {
-      if (use_target[t]) a.lora_h[t].assign(tokens * r(), 0.0f);
+      if (use_target[t]) FEDLORA_RETURN_IF_ERROR(zeros(&a.lora_h[t], tokens * r()));
     }
   }
-  x.assign(L() + 1, std::vector<float>(tokens * h, 0.0f));
-  nf.assign(tokens * h, 0.0f);
-  rstd_f.assign(tokens, 0.0f);
-  mask_add.assign(tokens, 0.0f);
-  positions.assign(tokens, 0);
-  tmp.assign(tokens * h, 0.0f);
-  norm.assign(tokens * h, 0.0f);
-  rstd.assign(tokens, 0.0f);
-  act.assign(tokens * inter, 0.0f);
-  probs.assign(probs_elems, 0.0f);
-  for (auto* v : {&dx, &dn}) v->assign(tokens * h, 0.0f);
-  for (auto* v : {&dq, &dctx}) v->assign(tokens * qd, 0.0f);
-  for (auto* v : {&dk, &dv}) v->assign(tokens * kvd, 0.0f);
-  for (auto* v : {&dgate, &dup, &dact}) v->assign(tokens * inter, 0.0f);
+  x.resize(L() + 1);
+  for (Array& xl : x) FEDLORA_RETURN_IF_ERROR(zeros(&xl, tokens * h));
+  FEDLORA_RETURN_IF_ERROR(zeros(&nf, tokens * h));
+  FEDLORA_RETURN_IF_ERROR(zeros(&rstd_f, tokens));
+  mask_host.assign(tokens, 0.0f);
+  positions_host.assign(tokens, 0);
+  FEDLORA_RETURN_IF_ERROR(zeros(&tmp, tokens * h));
+  FEDLORA_RETURN_IF_ERROR(zeros(&norm, tokens * h));
+  FEDLORA_RETURN_IF_ERROR(zeros(&rstd, tokens));
+  FEDLORA_RETURN_IF_ERROR(zeros(&act, tokens * inter));
+  FEDLORA_RETURN_IF_ERROR(zeros(&probs, probs_elems));
+  for (Array* v : {&dx, &dn}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * h));
+  for (Array* v : {&dq, &dctx}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * qd));
+  for (Array* v : {&dk, &dv}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * kvd));
+  for (Array* v : {&dgate, &dup, &dact}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * inter));
   const int64_t chunk = std::min<int64_t>(kLmHeadChunkRows, tokens);
-  head_in.assign(chunk * h, 0.0f);
-  dhead_in.assign(chunk * h, 0.0f);
-  head_logits.assign(chunk * config.vocab_size, 0.0f);
-  head_labels.assign(chunk, 0);
+  FEDLORA_RETURN_IF_ERROR(zeros(&head_in, chunk * h));
+  FEDLORA_RETURN_IF_ERROR(zeros(&dhead_in, chunk * h));
+  FEDLORA_RETURN_IF_ERROR(zeros(&head_logits, chunk * config.vocab_size));
+  FEDLORA_RETURN_IF_ERROR(zeros(&head_loss, (tokens + chunk - 1) / chunk));
+  head_labels_host.assign(chunk, 0);
+  if (!on_host()) {
+    FEDLORA_RETURN_IF_ERROR(zeros(&rope_cos, static_cast<int64_t>(rope.cos.size())));
+    FEDLORA_RETURN_IF_ERROR(zeros(&rope_sin, static_cast<int64_t>(rope.sin.size())));
+    FEDLORA_ASSIGN_OR_RETURN(rope_cos_ptr, Stage(be, rope.cos, rope.cos.size(), rope_cos));
+    FEDLORA_ASSIGN_OR_RETURN(rope_sin_ptr, Stage(be, rope.sin, rope.sin.size(), rope_sin));
+    FEDLORA_RETURN_IF_ERROR(zeros(&dev_mask, tokens));
+    FEDLORA_RETURN_IF_ERROR(zeros(&dev_positions, tokens));
+    FEDLORA_RETURN_IF_ERROR(zeros(&head_labels, chunk));
+    embed_host.assign(tokens * h, 0.0f);
+  } else {
+    rope_cos_ptr = rope.cos.data();
+    rope_sin_ptr = rope.sin.data();
+  }
+  FEDLORA_RETURN_IF_ERROR(dev_params.Bind(be));
 
   // Workspace: the largest any kernel of a step asks for at the planned sizes.
   size_t need = 0;
@@ -364,7 +405,7 @@ absl::Status CausalLm::Impl::Plan() {
     const int ti = static_cast<int>(t);
     int64_t out, in;
     DecoderBase::Weights::Shape(config, t, &out, &in);
-    const kernels::WeightPtr w = weights.layers[0].proj[ti].w.ptr();
+    const kernels::WeightPtr w = weights.layers[0].proj[ti].w.ptr();  // the host's: shapes and format only
     kernels::LoraLinearForwardArgs f{.rows = tokens, .in_features = in, .out_features = out, .rank = r(), .w = w,
                                      .dropout = {lora_p, 0, 0}};
     kernels::LoraLinearBackwardArgs b{.rows = tokens, .in_features = in, .out_features = out, .rank = r(), .w = w,
@@ -389,11 +430,32 @@ absl::Status CausalLm::Impl::Plan() {
     kernels::AttentionBackwardArgs ab{.dims = dims, .dropout = {attention_p, 0, 0}};
     need = std::max({need, kernels::AttentionWorkspaceBytes(af), kernels::AttentionWorkspaceBytes(ab)});
   }
-  workspace_storage.assign(need / sizeof(float) + 16 + 1, 0.0f);
-  uintptr_t p = reinterpret_cast<uintptr_t>(workspace_storage.data());
-  p = (p + 63) & ~uintptr_t{63};
-  workspace = reinterpret_cast<void*>(p);
+  FEDLORA_RETURN_IF_ERROR(zeros(&workspace_storage, static_cast<int64_t>(need)));
+  workspace = workspace_storage.data();
   workspace_bytes = need;
+  return absl::OkStatus();
+}
+
+absl::Status CausalLm::Impl::BindWeights(std::shared_ptr<const kernels::DeviceMirror> on_device) {
+  FEDLORA_ASSIGN_OR_RETURN(backend, kernels::Backend::Create(options.device));
+  ThreadPool* pool = ctx.pool;
+  ctx = backend->ctx();
+  ctx.pool = pool;
+  mirror = std::move(on_device);
+  const kernels::DeviceMirror& m = *mirror;
+  dev_layers.resize(weights.layers.size());
+  for (size_t l = 0; l < weights.layers.size(); ++l) {
+    const DecoderLayerWeights& lw = weights.layers[l];
+    DevLayer& dl = dev_layers[l];
+    for (int t = 0; t < kNumDecoderTargets; ++t) {
+      FEDLORA_ASSIGN_OR_RETURN(dl.proj[t].w, m.Get(lw.proj[t].w.ptr()));
+      FEDLORA_ASSIGN_OR_RETURN(dl.proj[t].bias, m.Get(lw.proj[t].bias.empty() ? nullptr : lw.proj[t].bias.data()));
+    }
+    FEDLORA_ASSIGN_OR_RETURN(dl.input_norm, m.Get(lw.input_norm.data()));
+    FEDLORA_ASSIGN_OR_RETURN(dl.post_attention_norm, m.Get(lw.post_attention_norm.data()));
+  }
+  FEDLORA_ASSIGN_OR_RETURN(dev_final_norm, m.Get(weights.final_norm.data()));
+  FEDLORA_ASSIGN_OR_RETURN(dev_head, m.Get(weights.head().ptr()));
   return absl::OkStatus();
 }
 

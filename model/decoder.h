@@ -44,6 +44,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/backend.h"
 #include "model/bert.h"
 #include "model/decoder_config.h"
 #include "model/frozen.h"
@@ -86,6 +87,9 @@ struct DecoderOptions {
   // DecoderBase; not with bf16_math.
   bool int8_math = false;
   std::string base_model_name;  // recorded in the PEFT adapter_config.json
+  // Where the model computes, as ModelOptions::device (model/bert.h). On kCuda, Generate is
+  // refused (greedy decoding runs on the CPU so far).
+  Device device = Device::kCpu;
 };
 
 // The frozen part: config and base weights. Immutable once built; share it between CausalLms.
@@ -116,6 +120,8 @@ class DecoderBase {
 
   struct Weights;  // model/decoder_weights.h
   const Weights& weights() const { return *weights_; }
+  // The frozen weights on `device`, as BertBase::WeightsOn.
+  absl::StatusOr<std::shared_ptr<const kernels::DeviceMirror>> WeightsOn(Device device) const;
 
  private:
   friend absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(DecoderConfig config,
@@ -126,6 +132,7 @@ class DecoderBase {
   std::unique_ptr<Weights> weights_;
   bool bf16_math_ = false;
   bool int8_math_ = false;
+  kernels::MirrorCache mirrors_;
 };
 
 // Whether `path` names a decoder checkpoint: a .gguf file, or a directory whose config.json has a

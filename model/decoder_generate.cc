@@ -27,6 +27,9 @@ int32_t ArgMax(const float* v, int64_t n) {
 absl::StatusOr<std::vector<int32_t>> CausalLm::Generate(const std::vector<int32_t>& prompt,
                                                         const GenerateOptions& go) {
   Impl& im = *impl_;
+  if (!im.on_host()) {
+    return absl::UnimplementedError("Generate: greedy decoding runs on the CPU so far (DecoderOptions::device)");
+  }
   const DecoderConfig& c = config();
   const int64_t P = static_cast<int64_t>(prompt.size());
   if (P == 0) return absl::InvalidArgumentError("Generate: empty prompt");
@@ -72,12 +75,12 @@ absl::StatusOr<std::vector<int32_t>> CausalLm::Generate(const std::vector<int32_
   std::vector<std::vector<float>> cache_k(im.L(), std::vector<float>(options_.max_seq * kvd));
   std::vector<std::vector<float>> cache_v = cache_k;
   Batch pb{.batch_size = 1, .seq_len = static_cast<int>(P), .input_ids = prompt, .attention_mask = {}, .labels = {}};
-  im.Embed(pb);
+  FEDLORA_RETURN_IF_ERROR(im.Embed(pb));
   for (int64_t l = 0; l < im.L(); ++l) {
     DecoderLayerActs& a = im.ActsFor(l);
     FEDLORA_RETURN_IF_ERROR(im.LayerForward(l, 1, P, false, 0, a));
-    std::copy(a.k.begin(), a.k.begin() + P * kvd, cache_k[l].begin());
-    std::copy(a.v.begin(), a.v.begin() + P * kvd, cache_v[l].begin());
+    std::copy(a.k.data(), a.k.data() + P * kvd, cache_k[l].begin());
+    std::copy(a.v.data(), a.v.data() + P * kvd, cache_v[l].begin());
   }
   const float eps = static_cast<float>(c.rms_norm_eps);
   FEDLORA_RETURN_IF_ERROR(kernels::RmsNormForward(im.ctx, {.rows = 1, .cols = h, .eps = eps,

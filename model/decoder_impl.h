@@ -8,11 +8,13 @@
 
 #include "absl/status/status.h"
 #include "kernels/attention.h"
+#include "kernels/backend.h"
 #include "kernels/context.h"
 #include "kernels/dropout.h"
 #include "kernels/rope.h"
 #include "model/decoder.h"
 #include "model/decoder_weights.h"
+#include "model/device_params.h"
 
 namespace fedlora {
 
@@ -20,8 +22,8 @@ namespace fedlora {
 // SwiGLU's product and the attention probabilities are not kept: the backward recomputes them
 // (Impl::norm, act, probs), which costs elementwise work and one Q K^T per layer.
 struct DecoderLayerActs {
-  std::vector<float> q, k, v, ctx, z, gate, up;
-  std::array<std::vector<float>, kNumDecoderTargets> lora_h;  // [tokens, rank] per used target
+  kernels::DeviceArray<float> q, k, v, ctx, z, gate, up;
+  std::array<kernels::DeviceArray<float>, kNumDecoderTargets> lora_h;  // [tokens, rank] per used target
 };
 
 struct CausalLm::Impl {
@@ -32,7 +34,26 @@ struct CausalLm::Impl {
   const DecoderBase::Weights& weights;
   const DecoderOptions& options;
   std::vector<Param>& params;
+  // The device this model computes on and its context (kernels/backend.h); declared before every
+  // array it allocates.
+  std::shared_ptr<kernels::Backend> backend;
   kernels::ExecContext ctx;
+  // The frozen weights where the kernels read them (the base's arrays on the CPU, its device copy
+  // on a GPU: DecoderBase::WeightsOn), set by BindWeights.
+  struct DevLinear {
+    kernels::WeightPtr w;
+    const float* bias = nullptr;
+  };
+  struct DevLayer {
+    DevLinear proj[kNumDecoderTargets];
+    const float* input_norm = nullptr;
+    const float* post_attention_norm = nullptr;
+  };
+  std::shared_ptr<const kernels::DeviceMirror> mirror;
+  std::vector<DevLayer> dev_layers;
+  const float* dev_final_norm = nullptr;
+  kernels::WeightPtr dev_head;
+  DeviceParams dev_params{params};
 
   bool use_target[kNumDecoderTargets] = {};
   std::vector<std::array<int, kNumDecoderTargets>> lora_param;  // [layer][target]: index of A, or -1
@@ -40,23 +61,36 @@ struct CausalLm::Impl {
   float lora_p = 0.0f;
   float attention_p = 0.0f;
 
-  kernels::RopeTables rope;
+  using Array = kernels::DeviceArray<float>;
+  kernels::RopeTables rope;            // host tables
+  Array rope_cos, rope_sin;            // their device copies (GPU only)
+  const float *rope_cos_ptr = nullptr, *rope_sin_ptr = nullptr;  // where the kernels read the tables
   std::vector<DecoderLayerActs> acts;  // one per layer, or one in all with recompute_activations
-  std::vector<std::vector<float>> x;   // layer inputs, x[L] the last layer's output
-  std::vector<float> nf, rstd_f;       // final norm
-  std::vector<float> mask_add;         // [tokens] 0 or -1e30
-  std::vector<int32_t> positions;      // [tokens]
-  std::vector<float> tmp;              // [tokens, hidden] a projection's output before the residual add
+  std::vector<Array> x;                // layer inputs, x[L] the last layer's output
+  Array nf, rstd_f;                    // final norm
+  // The batch's attention mask ([tokens] 0 or -1e30) and positions, on the host and where the
+  // kernels read them (mask_ptr, positions_ptr: set by Embed); the embeddings' host staging (GPU
+  // only).
+  std::vector<float> mask_host;
+  std::vector<int32_t> positions_host;
+  Array dev_mask;
+  kernels::DeviceArray<int32_t> dev_positions;
+  const float* mask_ptr = nullptr;
+  const int32_t* positions_ptr = nullptr;
+  std::vector<float> embed_host;
+  Array tmp;                           // [tokens, hidden] a projection's output before the residual add
   // One layer's recomputable values, shared by all layers: an RMSNorm's output and 1 / rms,
   // silu(gate) * up, and the attention probabilities [batch, heads, seq, seq].
-  std::vector<float> norm, rstd, act, probs;
+  Array norm, rstd, act, probs;
   // Backward scratch.
-  std::vector<float> dx, dn, dq, dk, dv, dctx, dgate, dup, dact;
-  // The output head, kLmHeadChunkRows rows at a time.
-  std::vector<float> head_in, head_logits, dhead_in;
-  std::vector<int32_t> head_labels;
-  std::vector<float> workspace_storage;
-  void* workspace = nullptr;
+  Array dx, dn, dq, dk, dv, dctx, dgate, dup, dact;
+  // The output head, kLmHeadChunkRows rows at a time: its input rows, logits, input gradient,
+  // labels, and each chunk's mean loss.
+  Array head_in, head_logits, dhead_in, head_loss;
+  std::vector<int32_t> head_labels_host;
+  kernels::DeviceArray<int32_t> head_labels;
+  kernels::DeviceArray<uint8_t> workspace_storage;
+  void* workspace = nullptr;  // workspace_storage.data() (256-byte aligned)
   size_t workspace_bytes = 0;
 
   int64_t L() const { return config.num_hidden_layers; }
@@ -64,10 +98,13 @@ struct CausalLm::Impl {
   int64_t r() const { return options.lora.rank; }
   DecoderLayerActs& ActsFor(int64_t layer) { return acts[options.recompute_activations ? 0 : layer]; }
 
+  // The backend for options.device and the frozen weights' pointers in `weights`.
+  absl::Status BindWeights(std::shared_ptr<const kernels::DeviceMirror> weights);
   absl::Status Plan();
+  bool on_host() const { return backend->device() == Device::kCpu; }
   absl::Status CheckBatch(const Batch& b, bool need_labels) const;
   // Embeddings of b's tokens into x[0]; mask and positions for the batch.
-  void Embed(const Batch& b);
+  absl::Status Embed(const Batch& b);
   // One layer: x[layer] -> x[layer + 1], keeping what the backward needs in `a`.
   absl::Status LayerForward(int64_t layer, int64_t batch, int64_t seq, bool training, uint64_t seed,
                             DecoderLayerActs& a);

@@ -27,6 +27,8 @@ struct DecoderBase::Weights {
   static void Shape(const DecoderConfig& c, DecoderTarget t, int64_t* out, int64_t* in);
   // Every matrix and vector has its config shape (the loaders' last check).
   absl::Status Check(const DecoderConfig& c) const;
+  // Adds every array to `mirror` (DecoderBase::WeightsOn).
+  absl::Status AddTo(kernels::DeviceMirror& mirror) const;
 };
 
 // Builds the base once the weights are filled (Check passes); bf16_math (DecoderOptions) marks the
