@@ -215,8 +215,9 @@ struct BertClassifier::Impl {
   // the mask's -1e30, so its attention weight is exactly 0) and the head reads only each
   // sequence's first position, so when every sequence starts with a real token the padding is
   // left out: the real tokens are packed into `rows` rows, sequence s's at [start[s], start[s] +
-  // len[s]), and attention runs per sequence over its own tokens. Otherwise (a sequence starting
-  // with padding, whose state the head reads) every position is a row and the mask applies.
+  // len[s]), and attention runs per sequence over its own tokens. Otherwise (no padding at all,
+  // or a sequence starting with padding, whose state the head reads) every position is a row,
+  // attention runs once for the batch, and the mask applies where there is padding.
   struct Layout {
     int64_t rows = 0;
     bool packed = false;
@@ -685,7 +686,10 @@ void BertClassifier::Impl::Arrange(const Batch& b) {
   const int64_t bsz = b.batch_size, seq = b.seq_len;
   auto real = [&](int64_t t) { return b.attention_mask.empty() || b.attention_mask[t] != 0; };
   Layout& lay = layout;
-  lay.packed = true;
+  // Packed when it leaves something out: a batch without padding keeps one batched attention.
+  bool any_padding = false;
+  for (int64_t t = 0; t < bsz * seq; ++t) any_padding = any_padding || !real(t);
+  lay.packed = any_padding;
   for (int64_t s = 0; s < bsz; ++s) lay.packed = lay.packed && real(s * seq);
   lay.masked = false;
   lay.start.assign(bsz, 0);
