@@ -26,8 +26,6 @@
 
 namespace fedlora {
 
-using bert_internal::FillNormal;
-using bert_internal::FillUniform;
 using bert_internal::InOut;
 using bert_internal::kAllTargets;
 using bert_internal::kStreamClassifier;
@@ -1028,10 +1026,7 @@ absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
 }
 
 absl::Status BertClassifier::Impl::BindWeights(std::shared_ptr<const kernels::DeviceMirror> weights) {
-  FEDLORA_ASSIGN_OR_RETURN(backend, kernels::Backend::Create(options.device));
-  ThreadPool* pool = ctx.pool;
-  ctx = backend->ctx();
-  ctx.pool = pool;
+  FEDLORA_ASSIGN_OR_RETURN(backend, OpenBackend(options.device, &ctx));
   mirror = std::move(weights);
   const kernels::DeviceMirror& m = *mirror;
   auto linear = [&](const FrozenLinear& lin, DevLinear* d) -> absl::Status {

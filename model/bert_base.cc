@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/rng.h"
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -14,21 +13,7 @@
 #include "model/bert_internal.h"
 
 namespace fedlora {
-namespace bert_internal {
 
-void FillUniform(uint64_t seed, uint64_t stream, float bound, std::vector<float>* v) {
-  Rng rng(seed, stream);
-  for (float& x : *v) x = static_cast<float>((2.0 * rng.Uniform() - 1.0) * bound);
-}
-
-void FillNormal(uint64_t seed, uint64_t stream, float stddev, std::vector<float>* v) {
-  Rng rng(seed, stream);
-  for (float& x : *v) x = static_cast<float>(rng.Normal(0.0, stddev));
-}
-
-}  // namespace bert_internal
-
-using bert_internal::FillNormal;
 using bert_internal::InOut;
 using bert_internal::kAllTargets;
 using bert_internal::kStreamPooler;

@@ -22,10 +22,6 @@ struct LayerWeights {
   std::vector<float> ln1_gamma, ln1_beta, ln2_gamma, ln2_beta;
 };
 
-// Deterministic initialisation: each tensor draws from its own core/rng.h stream of options.seed.
-void FillUniform(uint64_t seed, uint64_t stream, float bound, std::vector<float>* v);
-void FillNormal(uint64_t seed, uint64_t stream, float stddev, std::vector<float>* v);
-
 // Stream ids for initialisation.
 inline constexpr uint64_t kStreamClassifier = 1;
 inline constexpr uint64_t kStreamPooler = 2;

@@ -10,7 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/rng.h"
 #include "core/status.h"
 #include "kernels/attention.h"
 #include "kernels/linear.h"
@@ -28,14 +27,6 @@ constexpr DecoderTarget kAllTargets[kNumDecoderTargets] = {
 constexpr uint64_t kStreamRandomBase = 3;      // FromRandom: + tensor index
 constexpr uint64_t kStreamLoraBase = 1 << 20;  // + layer * kNumDecoderTargets + target
 
-void FillUniform(uint64_t seed, uint64_t stream, float bound, std::vector<float>* v) {
-  Rng rng(seed, stream);
-  for (float& x : *v) x = static_cast<float>((2.0 * rng.Uniform() - 1.0) * bound);
-}
-void FillNormal(uint64_t seed, uint64_t stream, float stddev, std::vector<float>* v) {
-  Rng rng(seed, stream);
-  for (float& x : *v) x = static_cast<float>(rng.Normal(0.0, stddev));
-}
 
 }  // namespace
 
@@ -437,10 +428,7 @@ absl::Status CausalLm::Impl::Plan() {
 }
 
 absl::Status CausalLm::Impl::BindWeights(std::shared_ptr<const kernels::DeviceMirror> on_device) {
-  FEDLORA_ASSIGN_OR_RETURN(backend, kernels::Backend::Create(options.device));
-  ThreadPool* pool = ctx.pool;
-  ctx = backend->ctx();
-  ctx.pool = pool;
+  FEDLORA_ASSIGN_OR_RETURN(backend, OpenBackend(options.device, &ctx));
   mirror = std::move(on_device);
   const kernels::DeviceMirror& m = *mirror;
   dev_layers.resize(weights.layers.size());

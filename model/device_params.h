@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -61,6 +62,15 @@ class DeviceParams {
   kernels::Backend* backend_ = nullptr;
   std::vector<kernels::DeviceArray<float>> value_, grad_;
 };
+
+// The backend for `device`; *ctx becomes its context, keeping the CPU pool *ctx had.
+inline absl::StatusOr<std::shared_ptr<kernels::Backend>> OpenBackend(Device device, kernels::ExecContext* ctx) {
+  FEDLORA_ASSIGN_OR_RETURN(auto backend, kernels::Backend::Create(device));
+  ThreadPool* pool = ctx->pool;
+  *ctx = backend->ctx();
+  ctx->pool = pool;
+  return backend;
+}
 
 // The first `count` values of `host` where the kernels read them: `host` itself on the CPU, its
 // copy in `dev` (uploaded now) on a GPU.

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/rng.h"
 #include "core/status.h"
 
 namespace fedlora {
@@ -90,6 +91,16 @@ absl::Status FrozenMatrix::AddTo(kernels::DeviceMirror& mirror) const {
 absl::Status FrozenLinear::AddTo(kernels::DeviceMirror& mirror) const {
   FEDLORA_RETURN_IF_ERROR(w.AddTo(mirror));
   return fedlora::AddTo(bias, mirror);
+}
+
+void FillUniform(uint64_t seed, uint64_t stream, float bound, std::vector<float>* v) {
+  Rng rng(seed, stream);
+  for (float& x : *v) x = static_cast<float>((2.0 * rng.Uniform() - 1.0) * bound);
+}
+
+void FillNormal(uint64_t seed, uint64_t stream, float stddev, std::vector<float>* v) {
+  Rng rng(seed, stream);
+  for (float& x : *v) x = static_cast<float>(rng.Normal(0.0, stddev));
 }
 
 std::vector<float> FrozenMatrix::ToF32() const {

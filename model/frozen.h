@@ -66,6 +66,11 @@ struct FrozenLinear {
   absl::Status AddTo(kernels::DeviceMirror& mirror) const;
 };
 
+// Deterministic initialisation (random bases, LoRA A, task heads): each tensor draws from its own
+// core/rng.h stream of the seed. U(-bound, bound) and N(0, stddev).
+void FillUniform(uint64_t seed, uint64_t stream, float bound, std::vector<float>* v);
+void FillNormal(uint64_t seed, uint64_t stream, float stddev, std::vector<float>* v);
+
 // Adds a float array to `mirror`.
 inline absl::Status AddTo(const std::vector<float>& v, kernels::DeviceMirror& mirror) {
   return mirror.Add(v.data(), v.size() * sizeof(float));
