@@ -1,5 +1,5 @@
 // Decoder-only transformers (LLaMA family: LLaMA, SmolLM, Qwen2) for causal language modelling,
-// with LoRA adapters, on the CPU.
+// with LoRA adapters, on the CPU or a CUDA GPU (DecoderOptions::device; greedy decoding on the CPU).
 //
 //   DecoderOptions opts;                         // LoRA r8 on all seven projections
 //   FEDLORA_ASSIGN_OR_RETURN(auto lm, CausalLm::Load("models/SmolLM2-135M-Instruct/"
