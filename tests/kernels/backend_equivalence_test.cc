@@ -357,6 +357,41 @@ TEST_F(BackendEquivalence, AttentionForwardBackward) {
   }
 }
 
+// The fused softmax pieces on their own, with a mask, causal rows and dropout: a 45-term row sum
+// and exp, then the backward's row dot product: 1e-6 absolute on values of at most 1.
+TEST_F(BackendEquivalence, AttentionSoftmaxPieces) {
+  for (bool causal : {false, true}) {
+    const int64_t batch = 2, heads = 3, seq = 45, P = batch * heads * seq * seq;
+    const auto scores = Random(P, 71), dprobs = Random(P, 72);
+    std::vector<float> mask(batch * seq, 0.0f);
+    for (int64_t j = 40; j < seq; ++j) mask[seq + j] = -1e30f;
+    const DropoutSpec drop{.p = 0.2f, .seed = 9, .offset = 5};
+    Guarded probs(scores), dropped(P), grad(dprobs);
+    ASSERT_TRUE(AttentionSoftmaxForward(Cpu(), {.batch = batch, .heads = heads, .seq = seq, .mask = mask.data(),
+                                                .causal = causal, .scores = probs.data(), .dropout = drop,
+                                                .dropped = dropped.data()})
+                    .ok());
+    ASSERT_TRUE(AttentionSoftmaxBackward(Cpu(), {.batch = batch, .heads = heads, .seq = seq,
+                                                 .probs = probs.data(), .dropout = drop, .grad = grad.data()})
+                    .ok());
+    float* probs_d = dev_.Upload(Guarded(scores));
+    float* dropped_d = dev_.Upload(Guarded(P));
+    float* grad_d = dev_.Upload(Guarded(dprobs));
+    ASSERT_TRUE(AttentionSoftmaxForward(Gpu(), {.batch = batch, .heads = heads, .seq = seq,
+                                                .mask = dev_.Upload(mask), .causal = causal, .scores = probs_d,
+                                                .dropout = drop, .dropped = dropped_d})
+                    .ok());
+    ASSERT_TRUE(AttentionSoftmaxBackward(
+                    Gpu(), {.batch = batch, .heads = heads, .seq = seq, .probs = probs_d, .dropout = drop,
+                            .grad = grad_d})
+                    .ok());
+    const char* tag = causal ? "causal" : "bidirectional";
+    EXPECT_TRUE(SameAsCpu(probs_d, probs, 1e-6, 1e-5)) << tag << " probs";
+    EXPECT_TRUE(SameAsCpu(dropped_d, dropped, 1e-6, 1e-5)) << tag << " dropped";
+    EXPECT_TRUE(SameAsCpu(grad_d, grad, 1e-6, 1e-5)) << tag << " dscores";
+  }
+}
+
 TEST_F(BackendEquivalence, RmsNormForwardBackward) {
   const int64_t R = 50, C = 576;
   const auto x = Random(R * C, 131, -3, 3), gamma = Random(C, 132, 0.5f, 1.5f), dy = Random(R * C, 134);
