@@ -24,39 +24,11 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-// The fixed-point term round_half_even(w * x * 2^kFracBits) as a two's-complement u128, or nullopt
-// when x is NaN/Inf or |w * x| >= 2^(kMaxTermLog2 - kFracBits); 1 <= w <= 2^32. (NaN/Inf have the
-// all-ones exponent field, which puts them far past the range check below.)
-//
-// x = mant * 2^exp exactly (mant < 2^24), so w * x = (w * mant) * 2^exp with w * mant < 2^56 an
-// exact uint64: the only rounding is the final shift, and it depends on this term alone.
+// The fixed-point term (kernels/fixed_point.h), or nullopt when x is NaN/Inf or out of range.
 std::optional<u128> FixedPointTerm(float x, uint64_t w) {
-  const uint32_t bits = std::bit_cast<uint32_t>(x);
-  const bool negative = (bits >> 31) != 0;
-  const uint32_t exp_field = (bits >> 23) & 0xFF;
-  const uint32_t frac = bits & 0x7FFFFF;
-  if (exp_field == 0 && frac == 0) return u128{0};  // +-0
-  const uint64_t mant = exp_field == 0 ? frac : (frac | 0x800000u);
-  const int exp = exp_field == 0 ? -149 : static_cast<int>(exp_field) - 150;
-  const uint64_t p = w * mant;  // < 2^32 * 2^24 = 2^56
-  const int shift = exp + StreamingFedAvg::kFracBits;
   u128 q;
-  if (shift >= 0) {
-    if (std::bit_width(p) + shift > StreamingFedAvg::kMaxTermLog2) return std::nullopt;
-    q = static_cast<u128>(p) << shift;
-  } else {
-    const int r = -shift;
-    if (r > 56) {
-      q = 0;  // p < 2^56 <= 2^(r-1): below half of one unit, rounds to 0 (ties included, 0 is even)
-    } else {
-      uint64_t whole = p >> r;
-      const uint64_t rem = p & ((uint64_t{1} << r) - 1);
-      const uint64_t half = uint64_t{1} << (r - 1);
-      if (rem > half || (rem == half && (whole & 1) != 0)) ++whole;
-      q = whole;
-    }
-  }
-  return negative ? static_cast<u128>(-q) : q;
+  if (!kernels::FixedPointTerm(std::bit_cast<uint32_t>(x), w, &q)) return std::nullopt;
+  return q;
 }
 
 }  // namespace
@@ -93,7 +65,7 @@ std::vector<TensorSpec> SpecFromUpdate(const std::vector<UpdateTensor>& tensors)
   return spec;
 }
 
-absl::StatusOr<StreamingFedAvg> StreamingFedAvg::Create(std::vector<TensorSpec> spec) {
+absl::StatusOr<StreamingFedAvg> StreamingFedAvg::Create(std::vector<TensorSpec> spec, Device device) {
   if (spec.empty()) return absl::InvalidArgumentError("StreamingFedAvg: the adapter spec has no tensors");
   StreamingFedAvg avg;
   int64_t total = 0;
@@ -113,8 +85,15 @@ absl::StatusOr<StreamingFedAvg> StreamingFedAvg::Create(std::vector<TensorSpec> 
     total += *numel;
   }
   avg.offsets_.push_back(total);
-  avg.sums_.assign(static_cast<size_t>(total), u128{0});
   avg.spec_ = std::move(spec);
+  if (device == Device::kCpu) {
+    avg.sums_.assign(static_cast<size_t>(total), u128{0});
+    return avg;
+  }
+  FEDLORA_ASSIGN_OR_RETURN(avg.backend_, kernels::Backend::Create(device));
+  FEDLORA_ASSIGN_OR_RETURN(avg.dev_sums_, kernels::DeviceArray<u128>::Zeros(*avg.backend_, total));
+  FEDLORA_ASSIGN_OR_RETURN(avg.dev_values_, kernels::DeviceArray<float>::Zeros(*avg.backend_, total));
+  avg.staging_.resize(static_cast<size_t>(total));
   return avg;
 }
 
@@ -163,6 +142,7 @@ absl::Status StreamingFedAvg::Add(const std::vector<UpdateTensor>& update, int64
   // pass, and the terms this call added so far are subtracted again. The sums are modulo 2^128, so
   // subtracting the same terms restores every bit: a refused update leaves no trace.
   const uint64_t w = static_cast<uint64_t>(num_examples);
+  if (backend_ != nullptr) return AddOnDevice(update, slot, w);
   for (size_t t = 0; t < update.size(); ++t) {
     const UpdateTensor& u = update[t];
     u128* sums = sums_.data() + offsets_[slot[t]];
@@ -194,6 +174,46 @@ absl::Status StreamingFedAvg::Add(const std::vector<UpdateTensor>& update, int64
   return absl::OkStatus();
 }
 
+absl::Status StreamingFedAvg::AddOnDevice(const std::vector<UpdateTensor>& update, const std::vector<size_t>& slot,
+                                          uint64_t w) {
+  for (size_t t = 0; t < update.size(); ++t) {
+    std::copy(update[t].values.begin(), update[t].values.end(), staging_.begin() + offsets_[slot[t]]);
+  }
+  const int64_t n = offsets_.back();
+  FEDLORA_RETURN_IF_ERROR(backend_->Upload(dev_values_.data(), staging_.data(), staging_.size() * sizeof(float)));
+  kernels::FixedPointAccumulateArgs args{.n = n, .x = dev_values_.data(), .weight = w, .sums = dev_sums_.data()};
+  int64_t bad = -1;
+  args.first_bad = &bad;
+  FEDLORA_RETURN_IF_ERROR(kernels::FixedPointAccumulate(backend_->ctx(), args));
+  if (bad >= 0) {
+    // Every in-range term was added: subtract the same terms, which restores every bit.
+    args.sign = -1;
+    int64_t again = -1;
+    args.first_bad = &again;
+    FEDLORA_RETURN_IF_ERROR(kernels::FixedPointAccumulate(backend_->ctx(), args));
+    const size_t t = static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), bad) - offsets_.begin() - 1);
+    const size_t i = static_cast<size_t>(bad - offsets_[t]);
+    const float x = staging_[static_cast<size_t>(bad)];
+    if (!std::isfinite(x)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StreamingFedAvg: tensor '", spec_[t].name, "' value ", i, " is not finite (", x, ")"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", spec_[t].name, "' value ", i, " (", x,
+                                                   ") times num_examples ", w, " exceeds the accumulator range 2^",
+                                                   kMaxTermLog2 - kFracBits));
+  }
+  ++num_updates_;
+  total_weight_ += w;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<u128>> StreamingFedAvg::HostSums() const {
+  if (backend_ == nullptr) return sums_;
+  std::vector<u128> host(dev_sums_.size());
+  FEDLORA_RETURN_IF_ERROR(backend_->Download(host.data(), dev_sums_.data(), dev_sums_.bytes()));
+  return host;
+}
+
 absl::Status StreamingFedAvg::Merge(const StreamingFedAvg& other) {
   if (other.spec_.size() != spec_.size()) {
     return absl::InvalidArgumentError(
@@ -210,7 +230,18 @@ absl::Status StreamingFedAvg::Merge(const StreamingFedAvg& other) {
     return absl::ResourceExhaustedError(absl::StrCat("StreamingFedAvg::Merge: ", num_updates_, " + ",
                                                      other.num_updates_, " updates exceed ", kMaxUpdates));
   }
-  for (size_t i = 0; i < sums_.size(); ++i) sums_[i] += other.sums_[i];
+  if (backend_ == nullptr && other.backend_ == nullptr) {
+    for (size_t i = 0; i < sums_.size(); ++i) sums_[i] += other.sums_[i];
+  } else {  // through the host: O(model) once per merge
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<u128> mine, HostSums());
+    FEDLORA_ASSIGN_OR_RETURN(const std::vector<u128> theirs, other.HostSums());
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] += theirs[i];
+    if (backend_ == nullptr) {
+      sums_ = std::move(mine);
+    } else {
+      FEDLORA_RETURN_IF_ERROR(backend_->Upload(dev_sums_.data(), mine.data(), dev_sums_.bytes()));
+    }
+  }
   num_updates_ += other.num_updates_;
   total_weight_ += other.total_weight_;
   return absl::OkStatus();
@@ -218,6 +249,11 @@ absl::Status StreamingFedAvg::Merge(const StreamingFedAvg& other) {
 
 absl::StatusOr<std::vector<UpdateTensor>> StreamingFedAvg::Finish() const {
   if (num_updates_ == 0) return absl::FailedPreconditionError("StreamingFedAvg: no updates to average");
+  std::vector<u128> downloaded;
+  if (backend_ != nullptr) {
+    FEDLORA_ASSIGN_OR_RETURN(downloaded, HostSums());
+  }
+  const std::vector<u128>& sums = backend_ == nullptr ? sums_ : downloaded;
   // mean = S * 2^-kFracBits / W. |S| < 2^127 converts to long double (64-bit mantissa on x86-64,
   // 113-bit on aarch64) with relative error <= 2^-64, the division adds as much, and the final
   // cast rounds to fp32: a deterministic function of (S, W) alone.
@@ -230,7 +266,7 @@ absl::StatusOr<std::vector<UpdateTensor>> StreamingFedAvg::Finish() const {
     const int64_t begin = offsets_[t], end = offsets_[t + 1];
     out[t].values.resize(static_cast<size_t>(end - begin));
     for (int64_t i = begin; i < end; ++i) {
-      const i128 s = static_cast<i128>(sums_[static_cast<size_t>(i)]);
+      const i128 s = static_cast<i128>(sums[static_cast<size_t>(i)]);
       out[t].values[static_cast<size_t>(i - begin)] =
           static_cast<float>(static_cast<long double>(s) * inv_scale / weight);
     }

@@ -30,6 +30,12 @@
 // Memory: 16 bytes per model element (one int128) plus the tensor names/shapes, independent of the
 // number of clients: O(model).
 //
+// Device: Create(spec, Device::kCuda) keeps the sums in GPU memory and adds each update there with
+// kernels::FixedPointAccumulate (the term computed by the same code as on the CPU): integer sums,
+// so the result is bit-identical to the CPU accumulator's. Add uploads the update's values (one
+// host-to-device copy of 4 bytes per element); Finish downloads the sums once and divides on the
+// host.
+//
 // Merge() adds another accumulator's exact sums, so that accumulators filled separately (several
 // threads or processes, each with a share of the clients) combine with the same bit-exact result.
 // The coordinator (server/coordinator.cc) uses a single accumulator.
@@ -47,6 +53,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "compression/codec.h"
+#include "kernels/backend.h"
+#include "kernels/fixed_point.h"
 #include "model/param.h"
 
 namespace fedlora {
@@ -74,14 +82,17 @@ std::vector<TensorSpec> SpecFromUpdate(const std::vector<UpdateTensor>& tensors)
 
 class StreamingFedAvg {
  public:
-  static constexpr int kFracBits = 64;                      // fixed-point fraction bits of each term
-  static constexpr int kMaxTermLog2 = 107;                  // |term| < 2^107 (i.e. |w*x| < 2^43)
+  static constexpr int kFracBits = kernels::kFixedFracBits;       // fixed-point fraction bits of each term
+  static constexpr int kMaxTermLog2 = kernels::kFixedMaxTermLog2;  // |term| < 2^107 (i.e. |w*x| < 2^43)
   static constexpr int64_t kMaxUpdates = int64_t{1} << 20;  // 127 - 107 bits of headroom
   static constexpr int64_t kMaxWeight = int64_t{1} << 32;   // num_examples per update
 
   // An empty accumulator for an adapter with these tensors. InvalidArgument on an empty spec,
-  // empty/duplicate names, negative dimensions or an element count that overflows.
-  static absl::StatusOr<StreamingFedAvg> Create(std::vector<TensorSpec> spec);
+  // empty/duplicate names, negative dimensions or an element count that overflows. On kCuda the sums
+  // live in GPU memory: FailedPrecondition naming the reason when CUDA is not usable,
+  // ResourceExhausted when the GPU lacks the memory.
+  static absl::StatusOr<StreamingFedAvg> Create(std::vector<TensorSpec> spec,
+                                                Device device = Device::kCpu);
 
   StreamingFedAvg(StreamingFedAvg&&) = default;
   StreamingFedAvg& operator=(StreamingFedAvg&&) = default;
@@ -92,7 +103,8 @@ class StreamingFedAvg {
   // modular), so a refused update leaves the accumulator bit-identical. InvalidArgument when:
   // num_examples is not in
   // [1, kMaxWeight]; a spec tensor is missing, an extra or duplicate name appears, a shape differs,
-  // or values.size() != product(shape); a value is NaN/Inf; |num_examples * value| >= 2^43.
+  // or values.size() != product(shape); a value is NaN/Inf; |num_examples * value| >= 2^43 (on the
+  // CPU the first such value in the update's order is named, on CUDA the first in the spec's).
   // ResourceExhausted after kMaxUpdates updates.
   absl::Status Add(const std::vector<UpdateTensor>& update, int64_t num_examples);
 
@@ -103,19 +115,27 @@ class StreamingFedAvg {
   // The weighted mean of everything added, in spec order. FailedPrecondition when nothing was added.
   absl::StatusOr<std::vector<UpdateTensor>> Finish() const;
 
+  Device device() const { return backend_ == nullptr ? Device::kCpu : backend_->device(); }
   int64_t num_updates() const { return num_updates_; }
   uint64_t total_weight() const { return total_weight_; }
   const std::vector<TensorSpec>& spec() const { return spec_; }
   // Bytes held by the accumulators (16 per element): the O(model) memory figure.
-  int64_t accumulator_bytes() const { return static_cast<int64_t>(sums_.size() * sizeof(unsigned __int128)); }
+  int64_t accumulator_bytes() const { return offsets_.back() * static_cast<int64_t>(sizeof(unsigned __int128)); }
 
  private:
   StreamingFedAvg() = default;
+  absl::Status AddOnDevice(const std::vector<UpdateTensor>& update, const std::vector<size_t>& slot, uint64_t w);
+  // The sums as host memory: sums_ itself on the CPU, a download on CUDA.
+  absl::StatusOr<std::vector<unsigned __int128>> HostSums() const;
 
   std::vector<TensorSpec> spec_;
   absl::flat_hash_map<std::string, size_t> index_;  // name -> position in spec_
   std::vector<int64_t> offsets_;                    // start of each spec tensor in sums_
-  std::vector<unsigned __int128> sums_;             // two's-complement fixed point, wraps (see above)
+  std::vector<unsigned __int128> sums_;             // two's-complement fixed point, wraps (see above); CPU
+  std::shared_ptr<kernels::Backend> backend_;       // CUDA only (null on the CPU); outlives the arrays below
+  kernels::DeviceArray<unsigned __int128> dev_sums_;  // CUDA: the sums
+  kernels::DeviceArray<float> dev_values_;            // CUDA: one update's values, in spec order
+  std::vector<float> staging_;                        // CUDA: the same, on the host
   int64_t num_updates_ = 0;
   uint64_t total_weight_ = 0;
 };

@@ -10,11 +10,25 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/device.h"
 
+// Built twice: aggregation_fedavg_test runs every case on the CPU accumulator;
+// aggregation_fedavg_gpu_test (FEDLORA_FEDAVG_GPU_TEST, label gpu) runs the same cases with the
+// sums in GPU memory, plus CPU-against-GPU bit identity, and skips itself without a GPU.
 namespace fedlora {
 namespace {
 
 using ::testing::HasSubstr;
+
+// Opens each case that accumulates on kDevice.
+#if defined(FEDLORA_FEDAVG_GPU_TEST)
+constexpr Device kDevice = Device::kCuda;
+#define REQUIRE_DEVICE() \
+  if (!kernels::CudaAvailable()) GTEST_SKIP() << "no CUDA device: " << kernels::CudaDeviceDescription()
+#else
+constexpr Device kDevice = Device::kCpu;
+#define REQUIRE_DEVICE() (void)0
+#endif
 
 std::vector<TensorSpec> Spec() { return {{"lora_A", {4, 8}}, {"lora_B", {8, 4}}, {"head.bias", {3}}}; }
 
@@ -45,7 +59,7 @@ std::string Bytes(const std::vector<UpdateTensor>& u) {
 }
 
 StreamingFedAvg NewAvg() {
-  auto avg = StreamingFedAvg::Create(Spec());
+  auto avg = StreamingFedAvg::Create(Spec(), kDevice);
   EXPECT_TRUE(avg.ok()) << avg.status();
   return *std::move(avg);
 }
@@ -53,6 +67,7 @@ StreamingFedAvg NewAvg() {
 const int64_t kWeights[5] = {3, 17, 1, 250, 42};
 
 TEST(StreamingFedAvgTest, BitIdenticalForAllPermutationsMergesAndRestarts) {
+  REQUIRE_DEVICE();
   std::vector<std::vector<UpdateTensor>> updates;
   for (uint32_t i = 0; i < 5; ++i) updates.push_back(RandomUpdate(100 + i));
 
@@ -105,6 +120,7 @@ TEST(StreamingFedAvgTest, BitIdenticalForAllPermutationsMergesAndRestarts) {
 }
 
 TEST(StreamingFedAvgTest, MatchesDoublePrecisionReference) {
+  REQUIRE_DEVICE();
   std::vector<std::vector<UpdateTensor>> updates;
   for (uint32_t i = 0; i < 5; ++i) updates.push_back(RandomUpdate(200 + i));
   StreamingFedAvg avg = NewAvg();
@@ -132,8 +148,9 @@ TEST(StreamingFedAvgTest, MatchesDoublePrecisionReference) {
 }
 
 TEST(StreamingFedAvgTest, WeightingByExamplesIsExactOnSmallIntegers) {
+  REQUIRE_DEVICE();
   const std::vector<TensorSpec> spec = {{"w", {4}}};
-  auto avg = StreamingFedAvg::Create(spec);
+  auto avg = StreamingFedAvg::Create(spec, kDevice);
   ASSERT_TRUE(avg.ok());
   // (1*2 + 3*6) / 4 = 5;  (1*1 + 3*(-3)) / 4 = -2;  (1*0.5 + 3*0.5) / 4 = 0.5;  (1*7 + 3*0) / 4 = 1.75.
   ASSERT_TRUE(avg->Add({{"w", {4}, {2.0f, 1.0f, 0.5f, 7.0f}}}, 1).ok());
@@ -145,7 +162,7 @@ TEST(StreamingFedAvgTest, WeightingByExamplesIsExactOnSmallIntegers) {
   EXPECT_EQ((*mean)[0].shape, (std::vector<int64_t>{4}));
 
   // A non-representable mean is correctly rounded: (1*1 + 2*1 + 3*4) / 6 = 2.5; 17/6 rounds to nearest.
-  auto avg2 = StreamingFedAvg::Create({{"w", {2}}});
+  auto avg2 = StreamingFedAvg::Create({{"w", {2}}}, kDevice);
   ASSERT_TRUE(avg2->Add({{"w", {2}, {1.0f, 1.0f}}}, 1).ok());
   ASSERT_TRUE(avg2->Add({{"w", {2}, {1.0f, 2.0f}}}, 2).ok());
   ASSERT_TRUE(avg2->Add({{"w", {2}, {4.0f, 4.0f}}}, 3).ok());
@@ -156,7 +173,8 @@ TEST(StreamingFedAvgTest, WeightingByExamplesIsExactOnSmallIntegers) {
 }
 
 TEST(StreamingFedAvgTest, FixedPointRangeAndResolution) {
-  auto avg = StreamingFedAvg::Create({{"w", {5}}});
+  REQUIRE_DEVICE();
+  auto avg = StreamingFedAvg::Create({{"w", {5}}}, kDevice);
   ASSERT_TRUE(avg.ok());
   // 2^-64 is exactly one fixed-point unit; 1e-30 is far below it and is flushed to 0 (the
   // documented resolution); 2^42 is inside the range; subnormal fp32 flushes too.
@@ -177,6 +195,7 @@ TEST(StreamingFedAvgTest, FixedPointRangeAndResolution) {
 }
 
 TEST(StreamingFedAvgTest, MismatchesAreRefusedAndLeaveTheAccumulatorUnchanged) {
+  REQUIRE_DEVICE();
   StreamingFedAvg avg = NewAvg();
   const auto good = RandomUpdate(1);
   ASSERT_TRUE(avg.Add(good, 5).ok());
@@ -230,6 +249,7 @@ TEST(StreamingFedAvgTest, MismatchesAreRefusedAndLeaveTheAccumulatorUnchanged) {
 // bit-identical to before, and adding the negation of the accepted update afterwards brings every
 // sum back to exactly 0 (any leftover fixed-point unit, 2^-64, would show as a nonzero mean).
 TEST(StreamingFedAvgTest, RefusedUpdateIsRolledBackExactly) {
+  REQUIRE_DEVICE();
   const auto good = RandomUpdate(11);
   auto negated = good;
   for (UpdateTensor& t : negated) {
@@ -266,6 +286,7 @@ TEST(StreamingFedAvgTest, RefusedUpdateIsRolledBackExactly) {
 }
 
 TEST(StreamingFedAvgTest, CreateFinishAndMergeErrors) {
+  REQUIRE_DEVICE();
   EXPECT_EQ(StreamingFedAvg::Create({}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(StreamingFedAvg::Create({{"a", {1}}, {"a", {2}}}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(StreamingFedAvg::Create({{"a", {-1}}}).status().code(), absl::StatusCode::kInvalidArgument);
@@ -276,6 +297,38 @@ TEST(StreamingFedAvgTest, CreateFinishAndMergeErrors) {
   ASSERT_TRUE(other.ok());
   EXPECT_EQ(avg.Merge(*other).code(), absl::StatusCode::kInvalidArgument);
 }
+
+#if defined(FEDLORA_FEDAVG_GPU_TEST)
+// The same updates on both devices, in different orders and through a cross-device merge: the
+// same bits, and the device the sums live on is the one asked for.
+TEST(StreamingFedAvgTest, CudaSumsAreTheCpuSumsBitForBit) {
+  REQUIRE_DEVICE();
+  std::vector<std::vector<UpdateTensor>> updates;
+  for (uint32_t i = 0; i < 5; ++i) updates.push_back(RandomUpdate(300 + i));
+  auto cpu = StreamingFedAvg::Create(Spec(), Device::kCpu);
+  auto gpu = StreamingFedAvg::Create(Spec(), Device::kCuda);
+  auto half = StreamingFedAvg::Create(Spec(), Device::kCpu);
+  ASSERT_TRUE(cpu.ok() && gpu.ok() && half.ok());
+  EXPECT_EQ(gpu->device(), Device::kCuda);
+  for (int i : {0, 1, 2, 3, 4}) ASSERT_TRUE(cpu->Add(updates[i], kWeights[i]).ok());
+  for (int i : {4, 2}) ASSERT_TRUE(gpu->Add(updates[i], kWeights[i]).ok());
+  for (int i : {3, 1, 0}) ASSERT_TRUE(half->Add(updates[i], kWeights[i]).ok());
+  ASSERT_TRUE(gpu->Merge(*half).ok());
+  EXPECT_EQ(Bytes(gpu->Finish().value()), Bytes(cpu->Finish().value()));
+  auto cpu_merged = StreamingFedAvg::Create(Spec(), Device::kCpu);
+  ASSERT_TRUE(cpu_merged->Merge(*gpu).ok());
+  EXPECT_EQ(Bytes(cpu_merged->Finish().value()), Bytes(cpu->Finish().value()));
+}
+#else
+TEST(StreamingFedAvgTest, CudaWithoutAGpuIsRefusedWithItsReason) {
+  if (kernels::CudaAvailable()) GTEST_SKIP() << "a CUDA device is present";
+  auto avg = StreamingFedAvg::Create(Spec(), Device::kCuda);
+  ASSERT_FALSE(avg.ok());
+  EXPECT_EQ(avg.status().code(), absl::StatusCode::kFailedPrecondition) << avg.status();
+  EXPECT_THAT(std::string(avg.status().message()), HasSubstr("CUDA"));
+  EXPECT_EQ(NewAvg().device(), Device::kCpu);
+}
+#endif
 
 TEST(ClipUpdateNormTest, ScalesOnlyUpdatesAboveTheBound) {
   std::vector<UpdateTensor> u = {{"a", {2}, {3.0f, 0.0f}}, {"b", {1}, {4.0f}}};  // norm 5

@@ -2,6 +2,7 @@
 // spirit of ggml's test-backend-ops). Skips itself without a GPU. Each device output buffer has
 // kGuard guard floats after it that must survive the kernel. Tolerances are stated per op: the
 // backends differ only in summation order and in libm vs CUDA math functions.
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -16,6 +17,7 @@
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
+#include "kernels/fixed_point.h"
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
 #include "kernels/linear.h"
@@ -524,6 +526,49 @@ TEST_F(BackendEquivalence, AdamW) {
   EXPECT_TRUE(SameAsCpu(d.param, pc, 1e-6, 1e-6));
   EXPECT_TRUE(SameAsCpu(d.m, mc, 1e-7, 1e-6));
   EXPECT_TRUE(SameAsCpu(d.v, vc, 1e-8, 1e-6));
+}
+
+// Federated averaging's exact accumulator: integer sums, so the bits must be the CPU's exactly,
+// the rolled-back update included.
+TEST_F(BackendEquivalence, FixedPointAccumulateIsBitIdentical) {
+  const int64_t n = 300007;
+  std::vector<u128> cpu(n);
+  for (int64_t i = 0; i < n; ++i) cpu[i] = (static_cast<u128>(i) << 70) - static_cast<u128>(i * 977);
+  u128* dev = dev_.Upload(cpu);
+  for (uint64_t w : {uint64_t{1}, uint64_t{37}, uint64_t{1} << 32}) {
+    std::vector<float> x = Random(n, static_cast<uint32_t>(w), -3.0f, 3.0f);
+    x[11] = std::ldexp(1.0f, -80);  // rounds to 0 or 1 unit depending on w
+    int64_t bad_cpu = 0, bad_gpu = 0;
+    ASSERT_TRUE(FixedPointAccumulate(Cpu(), {.n = n, .x = x.data(), .weight = w, .sums = cpu.data(),
+                                             .first_bad = &bad_cpu})
+                    .ok());
+    ASSERT_TRUE(FixedPointAccumulate(Gpu(), {.n = n, .x = dev_.Upload(x), .weight = w, .sums = dev,
+                                             .first_bad = &bad_gpu})
+                    .ok());
+    EXPECT_EQ(bad_cpu, -1);
+    EXPECT_EQ(bad_gpu, -1);
+  }
+  // An update with bad values in two places: both report the first, add the rest; subtracting
+  // it again restores the bits.
+  std::vector<float> x = Random(n, 99);
+  x[250000] = std::numeric_limits<float>::infinity();
+  x[123457] = std::ldexp(1.0f, 44);
+  for (int sign : {1, -1}) {
+    int64_t bad_cpu = 0, bad_gpu = 0;
+    ASSERT_TRUE(FixedPointAccumulate(Cpu(), {.n = n, .x = x.data(), .weight = 2, .sign = sign, .sums = cpu.data(),
+                                             .first_bad = &bad_cpu})
+                    .ok());
+    ASSERT_TRUE(FixedPointAccumulate(Gpu(), {.n = n, .x = dev_.Upload(x), .weight = 2, .sign = sign, .sums = dev,
+                                             .first_bad = &bad_gpu})
+                    .ok());
+    EXPECT_EQ(bad_cpu, 123457);
+    EXPECT_EQ(bad_gpu, 123457);
+  }
+  std::vector<u128> got(n);
+  ASSERT_TRUE(CopyToHost(got.data(), dev, n * sizeof(u128)).ok());
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; ++i) differ += got[i] != cpu[i] ? 1 : 0;
+  EXPECT_EQ(differ, 0) << "sums that differ from the CPU's";
 }
 
 TEST_F(BackendEquivalence, ReductionsAndElementwise) {
