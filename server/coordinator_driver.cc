@@ -188,7 +188,7 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
       FEDLORA_ASSIGN_OR_RETURN(dp_round, dp_->Release(round, mean, added, /*unclipped=*/0, cohort));
     }
   } else {
-    FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(spec_));
+    FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(spec_, options_.aggregation_device));
     for (const UploadRecord& u : uploads) {  // canonical order (by upload_id); the sum is exact anyway
       std::string plain;
       {

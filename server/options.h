@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace fedlora {
 
 // TLS for the federation port: all three files, so that every client presents a certificate signed
@@ -126,6 +128,10 @@ struct ServerOptions {
   // the unary RPCs (Heartbeat, WaitForTask, Join) run first, and the bulk work takes what is left.
   // 0 runs everything at the server's own priority; at most 19.
   int bulk_work_nice = 10;
+  // Where a round's updates are summed (aggregation/fedavg.h): kCuda keeps the exact fixed-point
+  // sums in GPU memory, with the same bits as kCpu. The server fails to start when kCuda is asked
+  // for and CUDA is not usable. Default kCpu.
+  Device aggregation_device = Device::kCpu;
   // Longest a WaitForTask long poll is held, milliseconds, whatever the client asks for. Default
   // 30 s: below common proxy idle timeouts (60 s), so a held call is never cut by the network.
   int64_t max_long_poll_ms = 30'000;

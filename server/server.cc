@@ -13,6 +13,7 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "crypto/tls.h"
+#include "kernels/device.h"
 #include "fedlora/v1/admin.grpc.pb.h"
 #include "fedlora/v1/federation.grpc.pb.h"
 #include "proto/address.h"
@@ -74,6 +75,9 @@ class HealthPortOthers : public grpc::CallbackGenericService {
 
 absl::Status ValidateOptions(const ServerOptions& o) {
   if (o.data_dir.empty()) return absl::InvalidArgumentError("ServerOptions.data_dir is empty");
+  if (o.aggregation_device == Device::kCuda) {
+    FEDLORA_RETURN_IF_ERROR_CTX(kernels::CheckCudaAvailable(), "ServerOptions.aggregation_device is cuda");
+  }
   if (o.chunk_bytes < 1 || o.chunk_bytes + int64_t{kChunkMessageOverheadBytes} > o.max_message_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("chunk_bytes ", o.chunk_bytes, " plus ", kChunkMessageOverheadBytes,
                                                    " bytes of framing must fit in max_message_bytes ",

@@ -681,6 +681,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
   so.tick_ms = options_.tick_ms;
   // Durable progress every chunk, so that a cut upload resumes where it stopped.
   so.upload_sync_bytes = so.max_upload_chunk_bytes;
+  so.aggregation_device = options_.device;  // the sums, like the models, on the simulation's device
   FEDLORA_ASSIGN_OR_RETURN(server_, Server::Create(so, config_, initial, this));
 
   // Round 0: the untuned model (before any training).

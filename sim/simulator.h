@@ -87,9 +87,10 @@ struct SimOptions {
   // client certificate per virtual client (CN = its id, the identity the server sees). False:
   // plaintext on loopback, identities from metadata.
   bool mtls = false;
-  // Where the virtual clients' encoder models compute (ModelOptions::device): with kCuda every
-  // pooled model has its own stream and all share one device copy of the base. Decoder runs
-  // compute on the CPU; kCuda is refused for them.
+  // Where the virtual clients' encoder models compute (ModelOptions::device) and the server sums
+  // the updates (ServerOptions::aggregation_device): with kCuda every pooled model has its own
+  // stream and all share one device copy of the base. Decoder runs compute on the CPU; kCuda is
+  // refused for them.
   Device device = Device::kCpu;
 };
 

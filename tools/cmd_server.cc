@@ -206,7 +206,7 @@ struct ServeFlags {
   std::string config_path, listen, health_listen, metrics_listen, store, cert, key, client_ca, crl;
   bool insecure = false;
   int64_t linger_seconds = 30;
-  std::string device = "cpu";  // the held-out evaluator's
+  std::string device = "cpu";  // the held-out evaluator's and the aggregation's
 };
 
 absl::Status Serve(const ServeFlags& f) {
@@ -244,6 +244,7 @@ absl::Status Serve(const ServeFlags& f) {
   } else {
     FEDLORA_RETURN_IF_ERROR(LoadEncoderRun(config, device, &initial, &evaluator));
   }
+  options.aggregation_device = device;
 
 
   // A stop asked for while the model loaded: the store has not been opened yet.
@@ -325,8 +326,9 @@ int RunServer(int argc, char** argv) {
   flags.AddString("client-ca", &f.client_ca, "PEM CA that signs client certificates (server.tls.client_ca_file)");
   flags.AddString("crl", &f.crl, "PEM CRL of revoked client certificates, re-read on change and SIGHUP");
   flags.AddString("device", &f.device,
-                  "cpu, cuda or auto (the GPU when one is usable): where the held-out evaluation computes; "
-                  "encoder runs only so far");
+                  "cpu, cuda or auto (the GPU when one is usable): where the round's updates are summed "
+                  "(the same bits on both) and the held-out evaluation computes; a decoder run evaluates on "
+                  "the CPU, so it refuses cuda");
   flags.AddBool("insecure", &f.insecure, "serve plaintext without TLS: loopback addresses only (server.insecure)");
   flags.AddInt("linger-seconds", &f.linger_seconds, "keep serving this long after the run finished");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;

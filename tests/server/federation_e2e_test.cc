@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "client/health_check.h"
+#include "kernels/device.h"
 #include "server/server.h"
 #include "tests/server/federation_test_util.h"
 
@@ -143,6 +144,19 @@ TEST(FederationE2eTest, LastRoundCommitsTheMeanOfTheLastRoundsAdapters) {
     ASSERT_TRUE(results[c].ok()) << "client " << c << ": " << results[c].status();
     EXPECT_TRUE(SameBits(ToUpdate(results[c]->final_adapter), expected)) << "client " << c;
   }
+}
+
+// gpu_aggregation_test.cc runs a federation with the sums on the GPU; without one, such a server
+// does not start, and says why.
+TEST(FederationE2eTest, AggregationOnCudaWithoutAGpuIsRefused) {
+  if (kernels::CudaAvailable()) GTEST_SKIP() << "a CUDA device is present";
+  TempDir dir;
+  ServerOptions options = TestServerOptions(dir.path());
+  options.aggregation_device = Device::kCuda;
+  auto server = Server::Create(options, TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kFailedPrecondition) << server.status();
+  EXPECT_THAT(std::string(server.status().message()), ::testing::HasSubstr("aggregation_device is cuda"));
 }
 
 TEST(FederationE2eTest, HealthServiceReportsServingAfterRestore) {
