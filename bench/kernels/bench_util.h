@@ -1,7 +1,9 @@
-// What the kernel benchmarks share: seeded inputs and exiting on a failed kernel call.
+// What the kernel benchmarks share: seeded inputs, exiting on a failed kernel call, and timing.
 #ifndef FEDLORA_BENCH_KERNELS_BENCH_UTIL_H_
 #define FEDLORA_BENCH_KERNELS_BENCH_UTIL_H_
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +30,20 @@ inline void Check(const absl::Status& s, const char* what) {
     std::fprintf(stderr, "%s: %s\n", what, std::string(s.message()).c_str());
     std::exit(1);
   }
+}
+
+// The median wall time of `iters` calls of f, after one untimed warm-up call.
+template <typename F>
+double MedianSeconds(int iters, F&& f) {
+  f();
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
 }
 
 }  // namespace fedlora::bench

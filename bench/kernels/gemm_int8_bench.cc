@@ -24,24 +24,8 @@
 
 namespace fk = fedlora::kernels;
 using fedlora::bench::Check;
+using fedlora::bench::MedianSeconds;
 using fedlora::bench::Random;
-
-namespace {
-
-template <typename F>
-double MedianSeconds(int iters, F&& f) {
-  f();
-  std::vector<double> t;
-  for (int i = 0; i < iters; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   fk::RestartForFasterOpenBlas(argv);
