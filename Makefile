@@ -3,7 +3,8 @@
 #   make test   set up, build, and run every test
 # Other targets: setup, build, asan (unit tests under ASan+UBSan), bench, bench-hf (one training
 # step against Hugging Face transformers + PEFT on PyPI's PyTorch, installed into .venv-bench:
-# docs/benchmarks.md), bench-flower (fedlora simulate against Flower's simulation of
+# docs/benchmarks.md), bench-gpu (bench/gpu.sh on a GPU machine: the GPU tests, then the GPU
+# timings into $(OUT), default build/gpu-bench.md), bench-flower (fedlora simulate against Flower's simulation of
 # configs/iid.json, 3 alternating reps: about half an hour; FLOWER_ARGS="--reps 1" for one), fuzz
 # (each libFuzzer harness for minutes; fuzz-ci: seconds), chaos (the SIGKILL chaos run, long), load
 # (the load test), deploy-test (the Kubernetes manifests' validation, the container images, the
@@ -11,7 +12,7 @@
 PRESET ?= default
 BUILD_DIR := build/$(PRESET)
 
-.PHONY: run test setup setup-tests build asan bench bench-hf bench-flower fuzz fuzz-ci chaos load deploy-test bazel bazel-full clean
+.PHONY: run test setup setup-tests build asan bench bench-hf bench-gpu bench-flower fuzz fuzz-ci chaos load deploy-test bazel bazel-full clean
 
 run: setup build
 	scripts/main_job.sh $(BUILD_DIR)
@@ -42,6 +43,9 @@ bench-hf:
 	cmake --preset $(PRESET) >/dev/null
 	cmake --build --preset $(PRESET) --target train_step_bench decoder_step_bench
 	bench/train/bench_hf_step.sh $(BUILD_DIR)
+
+bench-gpu:
+	bench/gpu.sh $(or $(OUT),build/gpu-bench.md)
 
 bench-flower: build
 	scripts/setup.sh --flower

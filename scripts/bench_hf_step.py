@@ -76,7 +76,7 @@ def count_decoder_flops(g, batch=BATCH, seq=SEQ, rank=RANK):
     return layers * per_layer + head - (2 * t * h * h + 4 * t * h * k)
 
 
-def make_decoder_inputs(out_dir, g, seed):
+def make_decoder_inputs(out_dir, g, seed, batch_size=BATCH, seq=SEQ):
     """A random Llama checkpoint of geometry `g` (weights N(0, 0.02), norm gains 1 + N(0, 0.1)),
     the initial LoRA values (PEFT names; B != 0 so that the adapters matter) and one batch."""
     rng = np.random.default_rng(seed)
@@ -118,7 +118,7 @@ def make_decoder_inputs(out_dir, g, seed):
             init[peft_name(p + ".lora_A.weight")] = (rng.uniform(-1, 1, (RANK, h)) / np.sqrt(h)).astype(np.float32)
             init[peft_name(p + ".lora_B.weight")] = (rng.standard_normal((out, RANK)) * 0.02).astype(np.float32)
     safetensors_np.write(os.path.join(out_dir, "init.safetensors"), init)
-    ids = rng.integers(0, g["vocab"], (BATCH, SEQ)).astype(np.int32)
+    ids = rng.integers(0, g["vocab"], (batch_size, seq)).astype(np.int32)
     safetensors_np.write(os.path.join(out_dir, "batch.safetensors"), {"input_ids": ids})
 
 
@@ -143,7 +143,8 @@ def hf_main(args):
             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout=0.0)
         lora = peft.LoraConfig(task_type=peft.TaskType.SEQ_CLS, r=RANK, lora_alpha=ALPHA, lora_dropout=0.0,
                                target_modules=["query", "value"])
-    model = peft.get_peft_model(model, lora)
+    device = torch.device(args.device)
+    model = peft.get_peft_model(model, lora).to(device)
     model.train()
     # Start from the init file's values: PEFT's names carry the adapter name ("default") and
     # the classifier's modules_to_save wrapper, the file's are those of a saved adapter.
@@ -153,11 +154,11 @@ def hf_main(args):
         for name, p in model.named_parameters():
             if p.requires_grad:
                 key = name.replace(".modules_to_save", "").replace(".default", "")
-                p.copy_(torch.from_numpy(init.pop(key)))
+                p.copy_(torch.from_numpy(init.pop(key)).to(device))
                 params.append(p)
     if init:
         raise SystemExit(f"bench: init tensors without a trainable PEFT parameter: {sorted(init)[:4]}")
-    batch = {k: torch.from_numpy(v.astype(np.int64))
+    batch = {k: torch.from_numpy(v.astype(np.int64)).to(device)
              for k, v in safetensors_np.read(os.path.join(args.dir, "batch.safetensors")).items()}
     if decoder:
         batch["labels"] = batch["input_ids"]  # next-token loss on every token
@@ -169,7 +170,7 @@ def hf_main(args):
 
     def autocast():
         if args.hf_mode == "bf16":
-            return torch.autocast("cpu", dtype=torch.bfloat16)
+            return torch.autocast(device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def step(record):
@@ -179,6 +180,8 @@ def hf_main(args):
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # the step's wall time includes its kernels
         if record:
             first["loss"], first["norm"] = loss.item(), norm.item()
 
@@ -189,6 +192,8 @@ def hf_main(args):
         "trainable_params": sum(p.numel() for p in params),
         "step_median_s": times[len(times) // 2], "step_min_s": times[0], "steps": args.steps,
         "peak_rss_mb": peak_rss_mb(), "attn_implementation": model.config._attn_implementation,
+        "device": args.device,
+        "peak_device_mb": torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
         "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
     }))
 
@@ -220,12 +225,15 @@ def fedlora_cmd(args, geo, d, math):
         cmd = [args.encoder_bin, "--model", d, "--alpha", str(ALPHA)] + common
     if math != "fp32":  # fp32 is the default; the flag is passed only where it is needed
         cmd += ["--math", math]
+    if args.device != "cpu":
+        cmd += ["--device", args.device]
     return cmd
 
 
 def hf_cmd(args, geo, d, mode):
     return [sys.executable, os.path.abspath(__file__), "hf", "--dir", d, "--geometry", geo, "--hf-mode", mode,
-            "--threads", str(args.threads), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            "--threads", str(args.threads), "--steps", str(args.steps), "--warmup", str(args.warmup),
+            "--device", args.device]
 
 
 def rel(a, b):
@@ -239,9 +247,9 @@ def run_geometry(args, geo):
     with tempfile.TemporaryDirectory(prefix=f"fedlora_bench_hf_{geo}_") as d:
         t0 = time.perf_counter()
         if geo in DECODERS:
-            make_decoder_inputs(d, DECODERS[geo], args.seed)
+            make_decoder_inputs(d, DECODERS[geo], args.seed, args.batch, args.seq)
         else:
-            make_inputs(d, ENCODERS[geo], args.seed)
+            make_inputs(d, ENCODERS[geo], args.seed, args.batch, args.seq)
         print(f"[{geo}] inputs written in {time.perf_counter() - t0:.1f} s", flush=True)
         for rep in range(args.reps):
             for engine, mode in (configs if rep % 2 == 0 else configs[::-1]):
@@ -269,9 +277,11 @@ def run_geometry(args, geo):
               f"{c['grad_norm_rel_diff']:.1e}, trainable params {runs[('fedlora', 'fp32')][0]['trainable_params']} vs "
               f"{runs[('hf', 'fp32')][0]['trainable_params']}: {'ok' if valid else 'MISMATCH'}", flush=True)
 
-    flops = count_decoder_flops(DECODERS[geo]) if geo in DECODERS else count_flops(ENCODERS[geo])
+    flops = (count_decoder_flops(DECODERS[geo], args.batch, args.seq) if geo in DECODERS
+             else count_flops(ENCODERS[geo], args.batch, args.seq))
     med = lambda c, k: statistics.median(r[k] for r in runs[c])  # noqa: E731
-    row = {"geometry": geo, "threads": args.threads, "batch": BATCH, "seq": SEQ, "rank": RANK,
+    row = {"geometry": geo, "threads": args.threads, "batch": args.batch, "seq": args.seq, "rank": RANK,
+           "device": args.device,
            "gflop_per_step": flops / 1e9, "valid": valid, "checks": checks, "reps": args.reps,
            "steps": args.steps, "warmup": args.warmup, "configs": []}
     hf_fp32 = med(("hf", "fp32"), "step_median_s") if ("hf", "fp32") in runs else None
@@ -279,11 +289,13 @@ def run_geometry(args, geo):
     for c in configs:
         step = med(c, "step_median_s")
         entry = {"engine": c[0], "math": c[1], "step_s": step, "gflops": flops / step / 1e9,
+                 "tokens_per_s": args.batch * args.seq / step,
+                 "mfu": flops / step / 1e9 / args.gemm_peak if args.gemm_peak else None,
                  "peak_rss_mb": med(c, "peak_rss_mb"), "first_loss": runs[c][0]["first_loss"],
                  "first_grad_norm": runs[c][0]["first_grad_norm"],
                  "ratio_over_hf_fp32": step / hf_fp32 if hf_fp32 else None,
                  "ratio_over_hf_bf16": step / hf_bf16 if hf_bf16 else None, "runs": runs[c]}
-        if c[0] == "fedlora":
+        if c[0] == "fedlora" and args.device == "cpu":
             entry["sgemm_gflops"] = med(c, "sgemm_gflops")
             entry["sgemm_shape"] = runs[c][0]["sgemm_shape"]
         else:
@@ -294,24 +306,52 @@ def run_geometry(args, geo):
 
 
 def print_table(rows, args):
-    print(f"\nbatch {BATCH} x {SEQ}, LoRA r{RANK} alpha {ALPHA:g}, {args.threads} threads, medians of "
+    where = f"{args.threads} threads" if args.device == "cpu" else f"on {args.device_name}"
+    if args.gemm_peak:
+        where += f", cuBLAS bf16 GEMM peak {args.gemm_peak / 1e3:.0f} TFLOP/s (MFU is against it)"
+    print(f"\nbatch {args.batch} x {args.seq}, LoRA r{RANK} alpha {ALPHA:g}, {where}, medians of "
           f"{args.reps} run(s) of {args.steps} timed steps after {args.warmup} warmup steps")
     hf = next((r for r in rows if "torch" in r), None)
     if hf:
         print(f"HF side: torch {hf['torch']}, transformers {hf['transformers']}, peft {hf['peft']}, "
               f"attention {hf['attn_implementation']}")
-    print("\n| geometry | GFLOP/step | engine | math | step (ms) | step / HF fp32 | step / HF bf16 | GFLOP/s "
-          "| OpenBLAS sgemm GFLOP/s | peak RSS (MB) | first loss | valid |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    gpu = args.device != "cpu"
+    extra = " | tokens/s | MFU" if gpu else " | OpenBLAS sgemm GFLOP/s"
+    print("\n| geometry | GFLOP/step | engine | math | step (ms) | step / HF fp32 | step / HF bf16 | GFLOP/s"
+          f"{extra} | peak RSS (MB) | first loss | valid |")
+    print("| --- " * (12 if gpu else 11) + "| --- |")
     fmt = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731
     for r in rows:
         for c in r["configs"]:
             math = c["math"] + (" autocast" if c["engine"] == "hf" and c["math"] == "bf16" else "")
-            sgemm = f"{c['sgemm_gflops']:.1f}" if "sgemm_gflops" in c else "–"
+            if gpu:
+                mfu = "–" if c["mfu"] is None else f"{100 * c['mfu']:.1f}%"
+                cols = f"{c['tokens_per_s']:.0f} | {mfu}"
+            else:
+                cols = f"{c['sgemm_gflops']:.1f}" if "sgemm_gflops" in c else "–"
             print(f"| {r['geometry']} | {r['gflop_per_step']:.0f} | {'fedlora' if c['engine'] == 'fedlora' else 'HF+PEFT'} "
                   f"| {math} | {c['step_s'] * 1e3:.0f} | {fmt(c['ratio_over_hf_fp32'])} | {fmt(c['ratio_over_hf_bf16'])} "
-                  f"| {c['gflops']:.1f} | {sgemm} | {c['peak_rss_mb']:.0f} | {c['first_loss']:.6f} "
+                  f"| {c['gflops']:.1f} | {cols} | {c['peak_rss_mb']:.0f} | {c['first_loss']:.6f} "
                   f"| {'yes' if r['valid'] else 'NO'} |")
+
+
+def cublas_bf16_peak_gflops(device):
+    """GFLOP/s of an 8192^3 bf16 matrix product through PyTorch (cuBLAS): the mean of 10 products
+    after 3 warm-ups, random inputs. MFU is measured against this, in the same run."""
+    import torch
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        a @ b
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / 10
+    return 2 * n**3 / seconds / 1e9, torch.cuda.get_device_name(device)
 
 
 def main():
@@ -328,6 +368,10 @@ def main():
                    help="fedlora's math modes to run: fp32, bf16, int8 (decoders: a Q8_0 base), comma-separated")
     p.add_argument("--hf-modes", default="fp32,bf16", help="HF modes: fp32 and/or bf16 (autocast)")
     p.add_argument("--json-out", help="also write the results here as JSON")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where both engines train; cuda adds tokens/s and MFU against a bf16 GEMM peak")
+    p.add_argument("--batch", type=int, default=BATCH, help="sequences per step")
+    p.add_argument("--seq", type=int, default=SEQ, help="tokens per sequence")
     # The HF child's arguments.
     p.add_argument("--dir", help=argparse.SUPPRESS)
     p.add_argument("--geometry", help=argparse.SUPPRESS)
@@ -347,6 +391,12 @@ def main():
     if "int8" in args.fedlora_math and any(g in ENCODERS for g in geometries):
         raise SystemExit("bench: --fedlora-math int8 is for decoder geometries (a Q8_0 base): "
                          f"{', '.join(DECODERS)}")
+    if args.batch < 1 or args.seq < 4:
+        raise SystemExit("bench: --batch must be >= 1 and --seq >= 4")
+    args.gemm_peak, args.device_name = None, "cpu"
+    if args.device == "cuda":
+        args.gemm_peak, args.device_name = cublas_bf16_peak_gflops("cuda")
+        print(f"{args.device_name}: bf16 GEMM 8192^3 at {args.gemm_peak / 1e3:.0f} TFLOP/s", flush=True)
     args.encoder_bin = os.path.join(args.build_dir, "bench", "train", "train_step_bench")
     args.decoder_bin = os.path.join(args.build_dir, "bench", "train", "decoder_step_bench")
     needed = {args.encoder_bin for g in geometries if g in ENCODERS} | {args.decoder_bin for g in geometries

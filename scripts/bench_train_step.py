@@ -72,7 +72,7 @@ def peft_name(path):
     return "base_model.model." + path
 
 
-def make_inputs(out_dir, g, seed):
+def make_inputs(out_dir, g, seed, batch_size=BATCH, seq=SEQ):
     args = SimpleNamespace(layers=g["layers"], hidden=g["hidden"], heads=g["heads"],
                            intermediate=g["intermediate"], vocab=g["vocab"], max_pos=g["max_pos"])
     cfg = make_random_checkpoint.make_config(args)
@@ -94,10 +94,10 @@ def make_inputs(out_dir, g, seed):
     init[peft_name("classifier.weight")] = (rng.standard_normal((LABELS, h)) * 0.02).astype(np.float32)
     init[peft_name("classifier.bias")] = np.zeros(LABELS, np.float32)
     safetensors_np.write(os.path.join(out_dir, "init.safetensors"), init)
-    ids = rng.integers(1000, g["vocab"], (BATCH, SEQ)).astype(np.int32)
+    ids = rng.integers(1000, g["vocab"], (batch_size, seq)).astype(np.int32)
     ids[:, 0], ids[:, -1] = 101, 102  # [CLS] ... [SEP]
-    batch = {"input_ids": ids, "attention_mask": np.ones((BATCH, SEQ), np.int32),
-             "labels": (np.arange(BATCH) % LABELS).astype(np.int32)}
+    batch = {"input_ids": ids, "attention_mask": np.ones((batch_size, seq), np.int32),
+             "labels": (np.arange(batch_size) % LABELS).astype(np.int32)}
     safetensors_np.write(os.path.join(out_dir, "batch.safetensors"), batch)
 
 

@@ -4,7 +4,7 @@
 //
 //   decoder_step_bench --model FILE.gguf|DIR --batch BATCH.safetensors [--weights q4|q8|f32|bf16] [--math fp32|bf16|int8]
 //                      [--threads N] [--steps 3] [--warmup 1] [--rank 8] [--recompute]
-//                      [--generate 64] [--targets q_proj,v_proj] [--init INIT.safetensors]
+//                      [--generate 64] [--targets q_proj,v_proj] [--init INIT.safetensors] [--device cpu|cuda]
 //
 // --weights q4 keeps the GGUF's Q4_1 / Q8_0 blocks (the 4-bit base); f32 and bf16 widen them; q8
 // holds every matrix as Q8_0 (WeightStorage::kQ8_0). --math bf16 multiplies with the base in bf16
@@ -17,7 +17,9 @@
 // FFN shape (batch*seq x intermediate x hidden, same threads, same run) and the peak RSS of this
 // process (VmHWM: this program's own, not a parent's before exec). With --math bf16 also the rate
 // of the bf16-math GEMM at that shape (bf16_gemm_gflops). reduced_math_active: whether bf16 or
-// int8 math ran (this CPU has AVX512_BF16, AVX512-VNNI).
+// int8 math ran (this CPU has AVX512_BF16, AVX512-VNNI). --device cuda trains on the GPU
+// (DecoderOptions::device; generation stays on the CPU, so it needs --generate 0) and skips the
+// CPU sgemm rate (-1).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -60,7 +62,7 @@ absl::Status LoadInit(const std::string& path, std::vector<Param>& params) {
 absl::Status Run(const std::string& model_path, const std::string& batch_path, const std::string& weights,
                  const std::string& math, int threads,
                  int steps, int warmup, int rank, bool recompute, int generate, const std::string& targets,
-                 const std::string& init_path) {
+                 const std::string& init_path, Device device) {
   kernels::SetNumThreads(threads);
   FEDLORA_ASSIGN_OR_RETURN(auto bf, SafetensorsFile::Open(batch_path));
   FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor ids, bf->Get("input_ids"));
@@ -85,6 +87,7 @@ absl::Status Run(const std::string& model_path, const std::string& batch_path, c
   o.max_batch = batch.batch_size;
   o.max_seq = batch.seq_len;
   o.recompute_activations = recompute;
+  o.device = device;
   if (!targets.empty()) o.lora.target_modules = absl::StrSplit(targets, ',');
   const auto t_load = Clock::now();
   FEDLORA_ASSIGN_OR_RETURN(auto lm, CausalLm::Load(model_path, o));
@@ -113,17 +116,19 @@ absl::Status Run(const std::string& model_path, const std::string& batch_path, c
   const DecoderConfig& cfg = lm->base()->config();
   const int tokens = batch.batch_size * batch.seq_len;
   const double sgemm =
-      SgemmGflops(tokens, static_cast<int>(cfg.intermediate_size), static_cast<int>(cfg.hidden_size), 5);
+      device == Device::kCpu
+          ? SgemmGflops(tokens, static_cast<int>(cfg.intermediate_size), static_cast<int>(cfg.hidden_size), 5)
+          : -1.0;
   const double bf16_gemm =
-      bf16_math ? Bf16GemmGflops(tokens, static_cast<int>(cfg.intermediate_size), static_cast<int>(cfg.hidden_size), 5)
+      bf16_math && device == Device::kCpu ? Bf16GemmGflops(tokens, static_cast<int>(cfg.intermediate_size), static_cast<int>(cfg.hidden_size), 5)
                 : -1.0;
   std::cout << absl::StrFormat(
-                   "{\"engine\":\"fedlora\",\"weights\":\"%s\",\"math\":\"%s\",\"reduced_math_active\":%s,"
+                   "{\"engine\":\"fedlora\",\"device\":\"%s\",\"weights\":\"%s\",\"math\":\"%s\",\"reduced_math_active\":%s,"
                    "\"recompute\":%s,\"threads\":%d,\"load_s\":%.2f,"
                    "\"first_loss\":%.9g,\"first_grad_norm\":%.9g,\"trainable_params\":%d,\"step_s_median\":%.4f,"
                    "\"step_s_min\":%.4f,\"steps\":%d,\"gen_tokens_per_s\":%.2f,\"weight_mb\":%.1f,"
                    "\"sgemm_gflops\":%.2f,\"sgemm_shape\":[%d,%d,%d],\"bf16_gemm_gflops\":%.2f,\"peak_rss_mb\":%.1f}",
-                   weights, math, reduced_active ? "true" : "false",
+                   DeviceName(device), weights, math, reduced_active ? "true" : "false",
                    recompute ? "true" : "false", threads, load_s, t.first_loss, t.first_grad_norm, trainable,
                    times[times.size() / 2], times.front(), steps, gen_tps, lm->base()->weight_bytes() / 1048576.0,
                    sgemm, tokens, cfg.intermediate_size, cfg.hidden_size, bf16_gemm, PeakResidentKib() / 1024.0)
@@ -136,7 +141,7 @@ absl::Status Run(const std::string& model_path, const std::string& batch_path, c
 
 int main(int argc, char** argv) {
   fedlora::kernels::RestartForFasterOpenBlas(argv);
-  std::string model, batch, weights, math = "fp32", targets, init;
+  std::string model, batch, weights, math = "fp32", targets, init, device = "cpu";
   int threads = 2, steps = 3, warmup = 1, rank = 8, generate = 64;
   bool recompute = false;
   fedlora::tools::FlagSet flags("decoder_step_bench", "Times one decoder LoRA training step and generation.");
@@ -152,6 +157,7 @@ int main(int argc, char** argv) {
   flags.AddInt("generate", &generate, "new tokens to generate (0: skip)");
   flags.AddString("targets", &targets, "LoRA target modules, comma-separated (default: all seven)");
   flags.AddString("init", &init, "safetensors with the initial LoRA values (PEFT names)");
+  flags.AddString("device", &device, "cpu or cuda (training only: cuda needs --generate 0)");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok() || flags.help_requested()) {
     std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(), flags.Help().c_str());
     return 2;
@@ -165,7 +171,12 @@ int main(int argc, char** argv) {
                  "weights), --steps >= 1\n");
     return 2;
   }
-  const absl::Status st = fedlora::Run(model, batch, weights, math, threads, steps, warmup, rank, recompute, generate, targets, init);
+  if ((device != "cpu" && device != "cuda") || (device == "cuda" && generate != 0)) {
+    std::fprintf(stderr, "--device cpu|cuda; generation computes on the CPU, so --device cuda needs --generate 0\n");
+    return 2;
+  }
+  const absl::Status st = fedlora::Run(model, batch, weights, math, threads, steps, warmup, rank, recompute, generate,
+                                       targets, init, device == "cuda" ? fedlora::Device::kCuda : fedlora::Device::kCpu);
   if (!st.ok()) {
     std::fprintf(stderr, "decoder_step_bench: %s\n", std::string(st.message()).c_str());
     return 1;

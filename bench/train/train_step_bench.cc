@@ -5,6 +5,7 @@
 //
 //   train_step_bench --model DIR --init DIR/init.safetensors --batch DIR/batch.safetensors
 //                    [--threads N] [--steps 5] [--warmup 2] [--rank 8] [--alpha 16] [--math fp32|bf16]
+//                    [--device cpu|cuda]
 //
 // Prints one JSON line: the loss and pre-clip gradient norm of the first step (for validation
 // against PyTorch), the median / min step time over --steps timed steps after --warmup untimed
@@ -12,6 +13,7 @@
 // the peak RSS of this process. --math bf16 holds the base in bf16 and multiplies with it in bf16
 // (ModelOptions::bf16_math); the JSON then also carries the rate of that bf16 GEMM at the FFN shape
 // through kernels::Gemm (bf16_gemm_gflops), and whether the CPU ran it in bf16 (bf16_math_active).
+// --device cuda trains on the GPU (ModelOptions::device) and skips the CPU GEMM rates (-1).
 //
 // Dropout is off (p = 0) so that both engines compute the same function and the losses can be
 // compared; dropout's cost is a few elementwise passes, small next to the GEMMs.
@@ -53,7 +55,7 @@ absl::StatusOr<std::vector<int32_t>> ReadI32(const SafetensorsFile& file, const 
 }
 
 absl::Status Run(int argc, char** argv) {
-  std::string model_dir, init_path, batch_path, math = "fp32";
+  std::string model_dir, init_path, batch_path, math = "fp32", device_name = "cpu";
   int threads = 0, steps = 5, warmup = 2, rank = 8;
   float alpha = 16.0f;
   tools::FlagSet flags("train_step_bench", "Times one LoRA training step of the C++ engine.");
@@ -69,6 +71,7 @@ absl::Status Run(int argc, char** argv) {
   flags.AddInt("rank", &rank, "LoRA rank");
   flags.AddFloat("alpha", &alpha, "LoRA alpha");
   flags.AddString("math", &math, "fp32, or bf16: the base held and multiplied in bf16");
+  flags.AddString("device", &device_name, "cpu or cuda");
   FEDLORA_RETURN_IF_ERROR(flags.Parse(argc, argv));
   if (flags.help_requested()) {
     std::cout << flags.Help();
@@ -76,6 +79,8 @@ absl::Status Run(int argc, char** argv) {
   }
   if (steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
   if (math != "fp32" && math != "bf16") return absl::InvalidArgumentError("--math must be fp32 or bf16");
+  if (device_name != "cpu" && device_name != "cuda") return absl::InvalidArgumentError("--device must be cpu or cuda");
+  const Device device = device_name == "cuda" ? Device::kCuda : Device::kCpu;
   const bool bf16_math = math == "bf16";
   kernels::SetNumThreads(threads);
 
@@ -98,6 +103,7 @@ absl::Status Run(int argc, char** argv) {
   opts.max_batch = batch.batch_size;
   opts.max_seq = batch.seq_len;
   opts.bf16_weights = opts.bf16_math = bf16_math;
+  opts.device = device;
   const auto load_start = Clock::now();
   FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(model_dir, opts));
   const double load_s = Seconds(load_start, Clock::now());
@@ -118,22 +124,23 @@ absl::Status Run(int argc, char** argv) {
   FEDLORA_ASSIGN_OR_RETURN(TimedSteps t, TimeLoraSteps(*model, batch, steps, warmup));
   const std::vector<double>& times = t.seconds;
   const BertConfig& cfg = model->config();
+  const bool cpu = device == Device::kCpu;
   const double sgemm =
-      SgemmGflops(batch.batch_size * batch.seq_len, static_cast<int>(cfg.intermediate_size),
+      !cpu ? -1.0 : SgemmGflops(batch.batch_size * batch.seq_len, static_cast<int>(cfg.intermediate_size),
                   static_cast<int>(cfg.hidden_size), 5);
   const double bf16_gemm =
-      bf16_math ? Bf16GemmGflops(batch.batch_size * batch.seq_len, static_cast<int>(cfg.intermediate_size),
+      bf16_math && cpu ? Bf16GemmGflops(batch.batch_size * batch.seq_len, static_cast<int>(cfg.intermediate_size),
                                  static_cast<int>(cfg.hidden_size), 5)
                 : -1.0;
   const double rss_after = ResidentKib() / 1024.0;
   std::cout
       << absl::StrFormat(
-             "{\"engine\":\"fedlora\",\"math\":\"%s\",\"bf16_math_active\":%s,\"threads\":%d,"
+             "{\"engine\":\"fedlora\",\"device\":\"%s\",\"math\":\"%s\",\"bf16_math_active\":%s,\"threads\":%d,"
              "\"load_s\":%.3f,\"first_loss\":%.9g,"
              "\"first_grad_norm\":%.9g,\"trainable_params\":%d,\"step_median_s\":%.6f,"
              "\"step_min_s\":%.6f,\"steps\":%d,\"sgemm_gflops\":%.2f,\"sgemm_shape\":[%d,%d,%d],"
              "\"bf16_gemm_gflops\":%.2f,\"rss_after_mb\":%.1f,\"peak_rss_mb\":%.1f}",
-             math, bf16_math && kernels::Bf16MathAvailable() ? "true" : "false", kernels::NumThreads(), load_s, t.first_loss, t.first_grad_norm, trainable,
+             DeviceName(device), math, bf16_math && kernels::Bf16MathAvailable() ? "true" : "false", kernels::NumThreads(), load_s, t.first_loss, t.first_grad_norm, trainable,
              times[times.size() / 2], times.front(), steps, sgemm, batch.batch_size * batch.seq_len,
              cfg.intermediate_size, cfg.hidden_size, bf16_gemm, rss_after, PeakResidentKib() / 1024.0)
       << std::endl;
