@@ -105,7 +105,8 @@ struct ModelOptions {
   // Multiply with the frozen matrices in bf16 (each GEMM's activation operand rounded to bf16,
   // fp32 accumulation: kernels/gemm.h) on CPUs with AVX512_BF16, about twice the fp32 rate;
   // elsewhere the exact fp32 products run. Needs bf16_weights. LoRA factors, gradients and the
-  // optimizer stay fp32. A property of the BertBase, like bf16_weights.
+  // optimizer stay fp32. A property of the BertBase, like bf16_weights. CPU only so far: Create
+  // refuses it with device kCuda.
   bool bf16_math = false;
   // Dropout probabilities in training mode; unset means the config's hidden_dropout_prob
   // (classifier_dropout for the classifier when the config has one) and

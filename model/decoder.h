@@ -88,7 +88,8 @@ struct DecoderOptions {
   bool int8_math = false;
   std::string base_model_name;  // recorded in the PEFT adapter_config.json
   // Where the model computes, as ModelOptions::device (model/bert.h). On kCuda, Generate is
-  // refused (greedy decoding runs on the CPU so far).
+  // refused (greedy decoding runs on the CPU so far), and so are bf16_math and int8_math (CPU
+  // kernels; the CUDA GEMMs are fp32).
   Device device = Device::kCpu;
 };
 

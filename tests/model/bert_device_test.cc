@@ -62,6 +62,21 @@ TEST(BertDevice, CudaIsRefusedWithItsReasonWhereThereIsNone) {
   EXPECT_TRUE(BertClassifier::Create(base, Options(Device::kCpu)).ok());
 }
 
+// bf16 math is a CPU kernel: asked for on CUDA it is refused, not run as fp32.
+TEST(BertDevice, Bf16MathIsRefusedOnCuda) {
+  const std::string dir = testing_util::MakeTempDir("bert_device_bf16");
+  ASSERT_TRUE(testing_util::WriteTinyCheckpoint(dir, testing_util::TinyConfig()).ok());
+  ModelOptions o = Options(Device::kCpu);
+  o.bf16_weights = o.bf16_math = true;
+  auto base = BertBase::Load(dir, o);
+  ASSERT_TRUE(base.ok()) << base.status();
+  o.device = Device::kCuda;
+  auto model = BertClassifier::Create(*base, o);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented) << model.status();
+  EXPECT_NE(model.status().message().find("bf16_math"), std::string::npos) << model.status();
+}
+
 TEST(BertDevice, TheCpuBaseIsItsOwnMirrorAndSharedByEveryClassifier) {
   auto base = TinyBase();
   ASSERT_NE(base, nullptr);

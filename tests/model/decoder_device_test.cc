@@ -47,6 +47,25 @@ TEST(DecoderDevice, CudaIsRefusedWithItsReasonWhereThereIsNone) {
   EXPECT_TRUE(CausalLm::Create(base, Options(Device::kCpu)).ok());
 }
 
+// bf16 and int8 math are CPU kernels: asked for on CUDA they are refused, not run as fp32.
+TEST(DecoderDevice, ReducedMathIsRefusedOnCuda) {
+  DecoderOptions bf16 = Options(Device::kCpu);
+  bf16.weights = WeightStorage::kBF16;
+  bf16.bf16_math = true;
+  DecoderOptions int8 = Options(Device::kCpu);
+  int8.weights = WeightStorage::kQ8_0;
+  int8.int8_math = true;
+  for (DecoderOptions o : {bf16, int8}) {
+    auto base = DecoderBase::FromRandom(testing_util::TinyDecoderConfig(), o);
+    ASSERT_TRUE(base.ok()) << base.status();
+    o.device = Device::kCuda;
+    auto lm = CausalLm::Create(*base, o);
+    ASSERT_FALSE(lm.ok());
+    EXPECT_EQ(lm.status().code(), absl::StatusCode::kUnimplemented) << lm.status();
+    EXPECT_NE(lm.status().message().find(o.bf16_math ? "bf16_math" : "int8_math"), std::string::npos) << lm.status();
+  }
+}
+
 TEST(DecoderDevice, TheCpuBaseIsItsOwnMirror) {
   auto base = TinyBase();
   ASSERT_NE(base, nullptr);
