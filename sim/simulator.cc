@@ -548,11 +548,9 @@ absl::Status Simulation::Setup() {
   // head and activation buffers.
   FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(config_.model().path(), config_.model()));
   if (data_.causal_lm) {
-    if (options_.device != Device::kCpu) {
-      return absl::UnimplementedError("simulate --device cuda: decoder runs compute on the CPU so far");
-    }
     // Planned for the training batch; evaluation runs in batches of at most that (LmEvalBatchSize).
-    const DecoderOptions o = DecoderOptionsFromConfig(config_, data_.max_seq_len);
+    DecoderOptions o = DecoderOptionsFromConfig(config_, data_.max_seq_len);
+    o.device = options_.device;
     FEDLORA_ASSIGN_OR_RETURN(auto base, DecoderBase::Load(config_.model().path(), o));
     for (int i = 0; i < parallelism_; ++i) {
       FEDLORA_ASSIGN_OR_RETURN(auto model, CausalLm::Create(base, o));

@@ -32,21 +32,22 @@ namespace {
 
 // The site of the built-in LoRA trainer (client/lora_trainer.h), built at the first task, when
 // the run config is known: a BertClassifier with the run's LoRA shape and labels and --data
-// tokenized for it, or for a CAUSAL_LM run a CausalLm and --data as conversations. The encoder
-// computes on `device`; a decoder on the CPU (refused when --device said cuda).
+// tokenized for it, or for a CAUSAL_LM run a CausalLm and --data as conversations. The model
+// computes on `resolved` unless the run's precision needs the CPU (DeviceForRun).
 absl::StatusOr<LoraTrainer::AnySite> LoadSite(const std::string& model_dir, const std::string& data_path,
-                                              const v1::RunConfig& c, const std::string& device_flag, Device device) {
+                                              const v1::RunConfig& c, const std::string& device_flag,
+                                              Device resolved) {
   FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(model_dir, c.task()));
   FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(model_dir, c.model()));
+  FEDLORA_ASSIGN_OR_RETURN(const Device device,
+                           DeviceForRun(device_flag, resolved, CpuOnlyWork(c, /*evaluates=*/false)));
   if (c.task().kind() == v1::TaskConfig::CAUSAL_LM) {
-    if (device_flag == "cuda") {
-      return absl::UnimplementedError("--device cuda: decoder runs train on the CPU so far (encoders run on CUDA)");
-    }
     FEDLORA_ASSIGN_OR_RETURN(const int max_seq, DecoderMaxSeqLen(model_dir, ConfiguredMaxSeqLen(c.model())));
     FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadChatTokenizer(model_dir, c.task().chat_template()));
     FEDLORA_ASSIGN_OR_RETURN(LmDataset data, LoadLmDataset(data_path, tok, LmDataOptionsFromConfig(c.task(), max_seq)));
-    FEDLORA_ASSIGN_OR_RETURN(std::shared_ptr<CausalLm> model,
-                             CausalLm::Load(model_dir, DecoderOptionsFromConfig(c, max_seq)));
+    DecoderOptions options = DecoderOptionsFromConfig(c, max_seq);
+    options.device = device;
+    FEDLORA_ASSIGN_OR_RETURN(std::shared_ptr<CausalLm> model, CausalLm::Load(model_dir, options));
     FEDLORA_LOG(INFO) << "local decoder " << model_dir << " with " << data.size() << " conversations from "
                       << data_path;
     LoraTrainer::DecoderSite site;
@@ -95,7 +96,8 @@ int RunClient(int argc, char** argv) {
   flags.AddInt("threads", &threads, "CPU threads for training (0: all cores)");
   std::string device_flag = "cpu";
   flags.AddString("device", &device_flag,
-                  "cpu, cuda or auto (the GPU when one is usable); encoder runs only so far, decoders train on the CPU");
+                  "cpu, cuda or auto (the GPU when one is usable); a run with BF16 or INT8 precision trains on the "
+                  "CPU (auto) or is refused (cuda)");
   flags.AddInt("max-tasks", &max_tasks, "stop after this many accepted updates (0: until the run ends)");
   std::string state_dir;
   flags.AddString("state-dir", &state_dir,

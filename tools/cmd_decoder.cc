@@ -86,6 +86,7 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
   options.max_seq = f.train.max_seq_len;
   options.recompute_activations = f.recompute;
   options.base_model_name = f.model;
+  options.device = f.device;
   FEDLORA_ASSIGN_OR_RETURN(auto lm, CausalLm::Load(f.model, options));
   std::error_code ec;
   std::filesystem::create_directories(f.out_dir, ec);
@@ -183,6 +184,7 @@ absl::Status EvalDecoder(const DecoderEvalFlags& f) {
   options.max_batch = f.batch_size;
   options.max_seq = f.max_seq_len;
   options.base_model_name = f.model;
+  options.device = f.device;
   FEDLORA_ASSIGN_OR_RETURN(auto lm, CausalLm::Load(f.model, options));
   if (!f.adapter.empty()) FEDLORA_RETURN_IF_ERROR(LoadPeftAdapter(f.adapter, lm.get()));
   FEDLORA_ASSIGN_OR_RETURN(

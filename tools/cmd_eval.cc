@@ -81,11 +81,11 @@ absl::StatusOr<ModelOptions> OptionsFromAdapter(const std::string& dir,
 }
 
 absl::Status Eval(EvalFlags f) {
-  FEDLORA_ASSIGN_OR_RETURN(const Device device, ResolveDevice(f.device));
+  FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
+  FEDLORA_ASSIGN_OR_RETURN(
+      const Device device,
+      DeviceForRun(f.device, resolved, CpuOnlyWork(f.bf16_math, f.int8_math, f.data.exact_match)));
   if (IsDecoderCheckpoint(f.model_dir)) {
-    if (f.device == "cuda") {
-      return absl::UnimplementedError("--device cuda: decoder models run on the CPU so far (encoders run on CUDA)");
-    }
     return EvalDecoder({.model = f.model_dir,
                         .adapter = f.adapter_dir,
                         .data_path = f.data_path,
@@ -95,7 +95,8 @@ absl::Status Eval(EvalFlags f) {
                         .threads = f.threads,
                         .bf16 = f.bf16,
                         .bf16_math = f.bf16_math,
-                        .int8_math = f.int8_math});
+                        .int8_math = f.int8_math,
+                        .device = device});
   }
   if (f.adapter_dir.empty()) {
     return absl::InvalidArgumentError("--adapter is required for an encoder (its classifier)");
@@ -171,7 +172,8 @@ int RunEval(int argc, char** argv) {
   flags.AddBool("bf16-math", &f.bf16_math,
                 "also multiply with them in bf16 where the CPU has AVX512_BF16 (implies --bf16)");
   flags.AddString("device", &f.device,
-                  "cpu, cuda or auto (the GPU when one is usable); encoders only so far, decoders run on the CPU");
+                  "cpu, cuda or auto (the GPU when one is usable); bf16 or int8 math and exact-match evaluation run on "
+                  "the CPU: auto then takes it, cuda is refused");
   flags.AddBool("int8-math", &f.int8_math,
                 "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where the CPU has "
                 "AVX512-VNNI (not with --bf16)");

@@ -187,11 +187,13 @@ class LmHeldOutEvaluator : public Evaluator {
 
 // The initial adapter (the model's freshly initialised trainable params) and the held-out
 // evaluator (none without data.eval_path) of a CAUSAL_LM run.
-absl::Status LoadDecoderRun(const v1::RunConfig& config, std::vector<UpdateTensor>* initial,
+absl::Status LoadDecoderRun(const v1::RunConfig& config, Device device, std::vector<UpdateTensor>* initial,
                             std::unique_ptr<Evaluator>* evaluator) {
   const std::string& path = config.model().path();
   FEDLORA_ASSIGN_OR_RETURN(const int max_seq, DecoderMaxSeqLen(path, ConfiguredMaxSeqLen(config.model())));
-  FEDLORA_ASSIGN_OR_RETURN(auto model, CausalLm::Load(path, DecoderOptionsFromConfig(config, max_seq)));
+  DecoderOptions options = DecoderOptionsFromConfig(config, max_seq);
+  options.device = device;
+  FEDLORA_ASSIGN_OR_RETURN(auto model, CausalLm::Load(path, options));
   for (const Param& p : model->trainable_params()) initial->push_back({p.name, p.shape, p.value});
   if (config.data().eval_path().empty()) return absl::OkStatus();
   FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadChatTokenizer(path, config.task().chat_template()));
@@ -235,16 +237,15 @@ absl::Status Serve(const ServeFlags& f) {
   FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(config.model().path(), config.model()));
   std::vector<UpdateTensor> initial;
   std::unique_ptr<Evaluator> evaluator;
-  FEDLORA_ASSIGN_OR_RETURN(const Device device, ResolveDevice(f.device));
+  FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
+  FEDLORA_ASSIGN_OR_RETURN(const Device device,
+                           DeviceForRun(f.device, resolved, CpuOnlyWork(config, /*evaluates=*/true)));
   if (config.task().kind() == v1::TaskConfig::CAUSAL_LM) {
-    if (f.device == "cuda") {
-      return absl::UnimplementedError("--device cuda: a decoder run's evaluator computes on the CPU so far");
-    }
-    FEDLORA_RETURN_IF_ERROR(LoadDecoderRun(config, &initial, &evaluator));
+    FEDLORA_RETURN_IF_ERROR(LoadDecoderRun(config, device, &initial, &evaluator));
   } else {
     FEDLORA_RETURN_IF_ERROR(LoadEncoderRun(config, device, &initial, &evaluator));
   }
-  options.aggregation_device = device;
+  options.aggregation_device = resolved;  // exact sums: the same bits on either device
 
 
   // A stop asked for while the model loaded: the store has not been opened yet.
@@ -327,8 +328,8 @@ int RunServer(int argc, char** argv) {
   flags.AddString("crl", &f.crl, "PEM CRL of revoked client certificates, re-read on change and SIGHUP");
   flags.AddString("device", &f.device,
                   "cpu, cuda or auto (the GPU when one is usable): where the round's updates are summed "
-                  "(the same bits on both) and the held-out evaluation computes; a decoder run evaluates on "
-                  "the CPU, so it refuses cuda");
+                  "(the same bits on both) and the held-out evaluation computes; an evaluation that needs the "
+                  "CPU (BF16 or INT8 precision, exact match) runs there with auto and is refused with cuda");
   flags.AddBool("insecure", &f.insecure, "serve plaintext without TLS: loopback addresses only (server.insecure)");
   flags.AddInt("linger-seconds", &f.linger_seconds, "keep serving this long after the run finished");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;

@@ -95,9 +95,8 @@ absl::Status Simulate(const SimulateFlags& f) {
   options.max_seconds = f.max_seconds;
   options.progress = f.progress;
   options.mtls = f.mtls;
-  FEDLORA_ASSIGN_OR_RETURN(options.device, ResolveDevice(f.device));
-  // auto: decoder runs compute on the CPU (the CUDA backend runs encoders so far).
-  if (f.device == "auto" && config.task().kind() == v1::TaskConfig::CAUSAL_LM) options.device = Device::kCpu;
+  FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
+  FEDLORA_ASSIGN_OR_RETURN(options.device, DeviceForRun(f.device, resolved, CpuOnlyWork(config, /*evaluates=*/true)));
   absl::StatusOr<sim::SimResult> run = sim::RunSimulation(config, options);
   if (!run.ok()) {
     if (!log_path.empty()) std::fprintf(stderr, "fedlora simulate: the log is in %s\n", log_path.c_str());
@@ -151,7 +150,8 @@ int RunSimulate(int argc, char** argv) {
   flags.AddBool("progress", &f.progress, "show a progress line on stderr");
   flags.AddString("device", &f.device,
                   "cpu, cuda or auto (the GPU when one is usable): where the virtual clients and the evaluation "
-                  "compute; encoder runs only so far");
+                  "compute and the server sums; a run that needs the CPU (BF16 or INT8 precision, exact match) "
+                  "runs there with auto and is refused with cuda");
   flags.AddBool("mtls", &f.mtls,
                 "serve the federation over mutual TLS with a development PKI made for the run in <out>/pki");
   if (auto code = ParseFlagsOrExit(flags, argc, argv, &f.log)) return *code;

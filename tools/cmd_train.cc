@@ -57,11 +57,11 @@ nlohmann::json MetricsJson(const EvalResult& m) {
 }
 
 absl::Status Train(TrainFlags f) {
-  FEDLORA_ASSIGN_OR_RETURN(const Device device, ResolveDevice(f.device));
+  FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
+  FEDLORA_ASSIGN_OR_RETURN(
+      const Device device,
+      DeviceForRun(f.device, resolved, CpuOnlyWork(f.bf16_math, f.int8_math, f.data.exact_match)));
   if (IsDecoderCheckpoint(f.model_dir)) {
-    if (f.device == "cuda") {
-      return absl::UnimplementedError("--device cuda: decoder models run on the CPU so far (encoders run on CUDA)");
-    }
     return TrainDecoder({.model = f.model_dir,
                          .train_path = f.train_path,
                          .eval_path = f.eval_path,
@@ -76,7 +76,8 @@ absl::Status Train(TrainFlags f) {
                          .bf16 = f.bf16,
                          .bf16_math = f.bf16_math,
                          .int8_math = f.int8_math,
-                         .recompute = f.recompute});
+                         .recompute = f.recompute,
+                         .device = device});
   }
   if (f.data.exact_match || f.recompute || !f.data.chat_template.empty() || !f.data.system.empty() || f.int8_math) {
     return absl::InvalidArgumentError(
@@ -244,7 +245,8 @@ int RunTrain(int argc, char** argv) {
                 "also multiply with them in bf16, fp32 accumulation, where the CPU has AVX512_BF16 "
                 "(implies --bf16)");
   flags.AddString("device", &f.device,
-                  "cpu, cuda or auto (the GPU when one is usable); encoders only so far, decoders run on the CPU");
+                  "cpu, cuda or auto (the GPU when one is usable); bf16 or int8 math and exact-match evaluation run on "
+                  "the CPU: auto then takes it, cuda is refused");
   flags.AddBool("int8-math", &f.int8_math,
                 "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where the CPU has "
                 "AVX512-VNNI (not with --bf16)");

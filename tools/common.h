@@ -61,6 +61,18 @@ int UsageError(const std::string& command, const std::string& message);
 // naming the text otherwise; FailedPrecondition with CUDA's reason for "cuda" without a usable GPU.
 absl::StatusOr<Device> ResolveDevice(const std::string& text);
 
+// What of a run computes on the CPU only so far: bf16 and int8 math (CPU kernels) and exact-match
+// evaluation (greedy decoding), named for a message; "" when none of them is asked for.
+std::string CpuOnlyWork(bool bf16_math, bool int8_math, bool exact_match);
+// The same for a federated run: its precision (BF16: bf16 math, INT8: int8 math) and, where the
+// caller evaluates (`evaluates`), the task's exact-match scoring.
+std::string CpuOnlyWork(const v1::RunConfig& config, bool evaluates);
+
+// The device a run computes on, `resolved` from --device `flag` (ResolveDevice), when `cpu_only`
+// (CpuOnlyWork) names work that needs the CPU: "auto" then takes the CPU, "cuda" is refused with
+// Unimplemented naming that work. `resolved` itself otherwise.
+absl::StatusOr<Device> DeviceForRun(const std::string& flag, Device resolved, const std::string& cpu_only);
+
 // The model directory's tokenizer: tokenizer.json when present, else vocab.txt (lower-cased).
 // NotFound naming both paths when neither exists.
 absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> LoadTokenizer(const std::string& model_dir);

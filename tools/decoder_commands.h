@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "core/tensor.h"
 #include "train/trainer.h"
 
 namespace fedlora::tools {
@@ -31,6 +32,7 @@ struct DecoderTrainFlags {
   bool bf16_math = false;  // implies bf16
   bool int8_math = false;  // the base held as Q8_0; not with bf16
   bool recompute = false;
+  Device device = Device::kCpu;  // tools/common.h DeviceForRun: never kCuda with CPU-only work
 };
 absl::Status TrainDecoder(DecoderTrainFlags f);
 
@@ -43,6 +45,7 @@ struct DecoderEvalFlags {
   bool bf16 = false;
   bool bf16_math = false;  // implies bf16
   bool int8_math = false;  // the base held as Q8_0; not with bf16
+  Device device = Device::kCpu;  // as DecoderTrainFlags::device
 };
 absl::Status EvalDecoder(const DecoderEvalFlags& f);
 
