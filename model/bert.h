@@ -173,7 +173,7 @@ class BertBase {
 
  private:
   friend class BertClassifier;
-  struct Weights;  // defined in bert.cc
+  struct Weights;  // defined in bert_internal.h
   // Builds the base from `config`: from the checkpoint at weights_path, or random when it is null.
   static absl::StatusOr<std::shared_ptr<const BertBase>> Make(BertConfig config,
                                                               const ModelOptions& options,
