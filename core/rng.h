@@ -27,11 +27,7 @@
 #include <utility>
 #include <vector>
 
-#if defined(__CUDACC__)
-#define FEDLORA_HOST_DEVICE __host__ __device__
-#else
-#define FEDLORA_HOST_DEVICE
-#endif
+#include "core/host_device.h"
 
 namespace fedlora {
 

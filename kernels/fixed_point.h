@@ -15,13 +15,8 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "core/host_device.h"
 #include "kernels/context.h"
-
-#if defined(__CUDACC__)
-#define FEDLORA_HOST_DEVICE __host__ __device__
-#else
-#define FEDLORA_HOST_DEVICE
-#endif
 
 namespace fedlora::kernels {
 
