@@ -191,6 +191,12 @@ struct BertClassifier::Impl {
   absl::Status PerSequence(const std::function<absl::Status(int64_t n, int64_t row, int64_t prob)>& run) const;
   // Its backward: dq, dk, dv from dctx.
   absl::Status AttentionBackward(int l, int64_t bsz, int64_t seq, uint64_t seed, LayerActs& a);
+  // A residual sublayer's backward through its LayerNorm (input z, statistics mean/rstd) into
+  // dz_norm, then through its output dropout (dropout site `site` of layer l): returns the
+  // gradient of the sublayer's output dense, dz_norm itself without dropout, else dz.
+  absl::StatusOr<const float*> SublayerBackward(int l, uint64_t site, int64_t tokens, const float* z,
+                                                const float* gamma, const float* mean, const float* rstd,
+                                                const float* dy, float* dz_norm, uint64_t seed);
   absl::Status LinearBackward(int layer, LoraTarget t, const float* in, const float* dy,
                               int64_t rows, float* dx, bool accumulate_dx, uint64_t seed);
 };

@@ -383,6 +383,20 @@ absl::Status BertClassifier::Impl::Head(const Batch& b, bool training, uint64_t 
   return absl::OkStatus();
 }
 
+absl::StatusOr<const float*> BertClassifier::Impl::SublayerBackward(int l, uint64_t site, int64_t tokens,
+                                                                   const float* z, const float* gamma,
+                                                                   const float* mean, const float* rstd,
+                                                                   const float* dy, float* dz_norm, uint64_t seed) {
+  FEDLORA_RETURN_IF_ERROR(kernels::LayerNormBackward(
+      ctx, {.rows = tokens, .cols = H(), .x = z, .gamma = gamma, .mean = mean, .rstd = rstd, .dy = dy, .dx = dz_norm}));
+  if (hidden_p == 0.0f) return dz_norm;  // without dropout the dense's gradient is dz_norm itself
+  FEDLORA_RETURN_IF_ERROR(kernels::Dropout(ctx, {.n = tokens * H(),
+                                                 .spec = HiddenDropout(true, seed, LayerSite(l, site)),
+                                                 .x = dz_norm,
+                                                 .out = dz.data()}));
+  return dz.data();
+}
+
 absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
   const int64_t bsz = b.batch_size, seq = b.seq_len, tokens = layout.rows, h = H();
   // Final linear (trainable): dW += dlogits^T x, db += sum dlogits, dx = dlogits W.
@@ -443,30 +457,15 @@ absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
   for (int64_t s = 0; s < bsz; ++s) {
     FEDLORA_RETURN_IF_ERROR(backend->CopyRows(dx.data() + layout.start[s] * h, row, dcls.data() + s * h, row, row, 1));
   }
-  const int64_t n = tokens * h;
   for (int l = static_cast<int>(L()) - 1; l >= 0; --l) {
     LayerActs& a = acts[l];
     const DevLayer& lw = dev_layers[l];
     const float* in = x[l].data();
-    // dx holds d(loss)/d(layer output). LN2: dh = d/dz2; it is also the residual gradient to h1.
-    FEDLORA_RETURN_IF_ERROR(kernels::LayerNormBackward(ctx, {.rows = tokens,
-                                                             .cols = h,
-                                                             .x = a.z2.data(),
-                                                             .gamma = lw.ln2_gamma,
-                                                             .mean = a.mean2.data(),
-                                                             .rstd = a.rstd2.data(),
-                                                             .dy = dx.data(),
-                                                             .dx = dh.data()}));
-    // dz = dropout'(dh), the gradient of the FFN output dense; without dropout it is dh itself.
-    const float* d_ffn = dh.data();
-    if (hidden_p > 0.0f) {
-      FEDLORA_RETURN_IF_ERROR(
-          kernels::Dropout(ctx, {.n = n,
-                                 .spec = HiddenDropout(true, seed, LayerSite(l, kSiteFfnOut)),
-                                 .x = dh.data(),
-                                 .out = dz.data()}));
-      d_ffn = dz.data();
-    }
+    // dx holds d(loss)/d(layer output). LN2: dh = d/dz2, also the residual gradient to h1; the
+    // FFN output dense's gradient is dropout'(dh).
+    FEDLORA_ASSIGN_OR_RETURN(const float* d_ffn, SublayerBackward(l, kSiteFfnOut, tokens, a.z2.data(), lw.ln2_gamma,
+                                                                  a.mean2.data(), a.rstd2.data(), dx.data(),
+                                                                  dh.data(), seed));
     FEDLORA_RETURN_IF_ERROR(LinearBackward(l, LoraTarget::kOutput, a.g.data(), d_ffn, tokens,
                                            dg.data(),
                                            /*accumulate_dx=*/false, seed));
@@ -478,24 +477,11 @@ absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
     FEDLORA_RETURN_IF_ERROR(LinearBackward(l, LoraTarget::kIntermediate, a.h1.data(), dg.data(),
                                            tokens, dh.data(),
                                            /*accumulate_dx=*/true, seed));
-    // LN1: dx = d/dz1, the residual gradient to the layer input; dz = d/d(attention dense output).
-    FEDLORA_RETURN_IF_ERROR(kernels::LayerNormBackward(ctx, {.rows = tokens,
-                                                             .cols = h,
-                                                             .x = a.z1.data(),
-                                                             .gamma = lw.ln1_gamma,
-                                                             .mean = a.mean1.data(),
-                                                             .rstd = a.rstd1.data(),
-                                                             .dy = dh.data(),
-                                                             .dx = dx.data()}));
-    const float* d_attn = dx.data();
-    if (hidden_p > 0.0f) {
-      FEDLORA_RETURN_IF_ERROR(
-          kernels::Dropout(ctx, {.n = n,
-                                 .spec = HiddenDropout(true, seed, LayerSite(l, kSiteAttnOut)),
-                                 .x = dx.data(),
-                                 .out = dz.data()}));
-      d_attn = dz.data();
-    }
+    // LN1: dx = d/dz1, the residual gradient to the layer input; the attention dense's gradient is
+    // dropout'(dx).
+    FEDLORA_ASSIGN_OR_RETURN(const float* d_attn, SublayerBackward(l, kSiteAttnOut, tokens, a.z1.data(), lw.ln1_gamma,
+                                                                   a.mean1.data(), a.rstd1.data(), dh.data(),
+                                                                   dx.data(), seed));
     FEDLORA_RETURN_IF_ERROR(LinearBackward(l, LoraTarget::kAttnOut, a.ctx.data(), d_attn, tokens,
                                            dctx.data(),
                                            /*accumulate_dx=*/false, seed));
