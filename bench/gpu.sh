@@ -12,7 +12,8 @@
 #
 # Prints the tables and writes them to OUT_FILE. Needs an NVIDIA GPU, the project's build
 # dependencies (scripts/setup.sh) and a python3 with torch (CUDA), transformers, peft and numpy
-# (PYTHON overrides which). Runs in about 5 minutes on an H200 after the build.
+# (PYTHON overrides which). Not yet timed on a GPU; the timings after the build are sized for 5
+# minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ $# -lt 1 || $1 == -* ]]; then
