@@ -82,10 +82,12 @@ absl::StatusOr<ModelOptions> OptionsFromAdapter(const std::string& dir,
 
 absl::Status Eval(EvalFlags f) {
   FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
-  FEDLORA_ASSIGN_OR_RETURN(
-      const Device device,
-      DeviceForRun(f.device, resolved, CpuOnlyWork(f.bf16_math, f.int8_math, f.data.exact_match)));
-  if (IsDecoderCheckpoint(f.model_dir)) {
+  // An encoder refuses --int8-math and --exact-match below, with its own message.
+  const bool decoder = IsDecoderCheckpoint(f.model_dir);
+  FEDLORA_ASSIGN_OR_RETURN(const Device device,
+                           DeviceForRun(f.device, resolved,
+                                        CpuOnlyWork(f.bf16_math, decoder && f.int8_math, decoder && f.data.exact_match)));
+  if (decoder) {
     return EvalDecoder({.model = f.model_dir,
                         .adapter = f.adapter_dir,
                         .data_path = f.data_path,

@@ -58,10 +58,12 @@ nlohmann::json MetricsJson(const EvalResult& m) {
 
 absl::Status Train(TrainFlags f) {
   FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
-  FEDLORA_ASSIGN_OR_RETURN(
-      const Device device,
-      DeviceForRun(f.device, resolved, CpuOnlyWork(f.bf16_math, f.int8_math, f.data.exact_match)));
-  if (IsDecoderCheckpoint(f.model_dir)) {
+  // An encoder refuses --int8-math and --exact-match below, with its own message.
+  const bool decoder = IsDecoderCheckpoint(f.model_dir);
+  FEDLORA_ASSIGN_OR_RETURN(const Device device,
+                           DeviceForRun(f.device, resolved,
+                                        CpuOnlyWork(f.bf16_math, decoder && f.int8_math, decoder && f.data.exact_match)));
+  if (decoder) {
     return TrainDecoder({.model = f.model_dir,
                          .train_path = f.train_path,
                          .eval_path = f.eval_path,
