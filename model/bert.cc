@@ -406,6 +406,8 @@ void BertClassifier::ZeroGrad() {
   for (Param& p : params_) std::fill(p.grad.begin(), p.grad.end(), 0.0f);
 }
 
+DeviceParams& BertClassifier::device_params() { return impl_->dev_params; }
+
 void BertClassifier::SetThreadPool(ThreadPool* pool) { impl_->ctx.pool = pool; }
 
 absl::StatusOr<std::unique_ptr<BertClassifier>> BertClassifier::Create(

@@ -72,6 +72,7 @@
 namespace fedlora {
 
 class ThreadPool;  // core/thread_pool.h
+class DeviceParams;  // model/device_params.h
 
 // A linear layer that can carry a LoRA adapter. The names are those of PEFT's target_modules
 // where unambiguous; "attn_out" is BERT's attention.output.dense and "output" the FFN's
@@ -247,6 +248,9 @@ class BertClassifier {
   std::vector<Param>& trainable_params() { return params_; }
   const std::vector<Param>& trainable_params() const { return params_; }
   void ZeroGrad();
+  // The params where the kernels read them (model/device_params.h): a training loop that steps
+  // on the device holds them there between Acquire and Release.
+  DeviceParams& device_params();
   // The pool this classifier's CPU kernels run on; null (the default): kernels::DefaultPool().
   // The pool must outlive its use here. Its width may change between calls: the kernels' results
   // do not depend on it (kernels/context.h). The simulator gives each pooled model one.

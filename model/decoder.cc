@@ -334,6 +334,8 @@ void CausalLm::ZeroGrad() {
   for (Param& p : params_) std::fill(p.grad.begin(), p.grad.end(), 0.0f);
 }
 
+DeviceParams& CausalLm::device_params() { return impl_->dev_params; }
+
 void CausalLm::SetThreadPool(ThreadPool* pool) { impl_->ctx.pool = pool; }
 
 absl::Status CausalLm::Impl::Plan() {

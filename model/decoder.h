@@ -52,6 +52,8 @@
 
 namespace fedlora {
 
+class DeviceParams;  // model/device_params.h
+
 // The seven projections of a decoder layer that can carry LoRA, named as PEFT's target_modules.
 enum class DecoderTarget { kQProj = 0, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj };
 inline constexpr int kNumDecoderTargets = 7;
@@ -188,6 +190,9 @@ class CausalLm {
   std::vector<Param>& trainable_params() { return params_; }
   const std::vector<Param>& trainable_params() const { return params_; }
   void ZeroGrad();
+  // The params where the kernels read them (model/device_params.h): a training loop that steps
+  // on the device holds them there between Acquire and Release.
+  DeviceParams& device_params();
   // As BertClassifier::SetThreadPool.
   void SetThreadPool(ThreadPool* pool);
   const DecoderConfig& config() const { return base_->config(); }

@@ -69,6 +69,8 @@ class Optimizer {
   virtual std::string_view name() const = 0;
 
   int64_t step_count() const { return step_; }
+  // The options with eps resolved to this optimizer's default when it was given as negative.
+  const OptimizerOptions& options() const { return options_; }
 
   // Snapshot of the state for a checkpoint; Import restores it (InvalidArgument when the
   // optimizer kind differs or a tensor name is not one this optimizer keeps).

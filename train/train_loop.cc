@@ -7,11 +7,13 @@
 #include <optional>
 #include <string>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/progress.h"
 #include "core/rng.h"
 #include "core/status.h"
+#include "train/device_step.h"
 #include "train/schedule.h"
 
 namespace fedlora {
@@ -84,12 +86,71 @@ absl::Status RunTrainLoop(const TrainOptions& options, const TrainLoop& loop,
                                       .warmup_steps = std::min(options.warmup_steps, total_steps),
                                       .total_steps = total_steps}));
   std::vector<Param>& params = *loop.params;
-  // FedProx's anchor: the params as this run found them.
+  // The device step (train/device_step.h) holds the params on the model's device for the run and
+  // lets them go around each epoch's callback (which may evaluate) and at the end, on any exit.
+  std::unique_ptr<DeviceAdamW> on_device;
+  if (loop.step_on_device && loop.device != nullptr && optimizer.name() == "adamw") {
+    FEDLORA_RETURN_IF_ERROR(loop.device->Acquire());
+    auto made = DeviceAdamW::Create(*loop.device, optimizer, options.proximal_mu > 0.0f);
+    if (!made.ok()) {
+      loop.device->Release().IgnoreError();
+      return made.status();
+    }
+    on_device = *std::move(made);
+  }
+  absl::Cleanup release = [&] {
+    if (on_device != nullptr) loop.device->Release().IgnoreError();
+  };
+  // Hands the params (and the optimizer's state) back to the host.
+  auto to_host = [&]() -> absl::Status {
+    if (on_device == nullptr) return absl::OkStatus();
+    FEDLORA_RETURN_IF_ERROR(on_device->ExportTo(optimizer));
+    return loop.device->Release();
+  };
+  // FedProx's anchor: the params as this run found them (kept on the device by DeviceAdamW).
   std::vector<std::vector<float>> anchor;
-  if (options.proximal_mu > 0.0f) {
+  if (options.proximal_mu > 0.0f && on_device == nullptr) {
     anchor.reserve(params.size());
     for (const Param& p : params) anchor.push_back(p.value);
   }
+  // The parts of a step that read or change the gradients, where they are.
+  auto zero_grad = [&]() -> absl::Status {
+    if (on_device != nullptr) return loop.device->ZeroGrads();
+    loop.zero_grad();
+    return absl::OkStatus();
+  };
+  auto average = [&](float inv) -> absl::Status {
+    if (on_device != nullptr) return on_device->Average(inv);
+    for (Param& p : params) {
+      for (float& g : p.grad) g *= inv;
+    }
+    return absl::OkStatus();
+  };
+  auto add_proximal = [&](float mu) -> absl::Status {
+    if (on_device != nullptr) return on_device->AddProximal(mu);
+    for (size_t i = 0; i < params.size(); ++i) {
+      Param& p = params[i];
+      const std::vector<float>& w0 = anchor[i];
+      for (size_t j = 0; j < p.grad.size(); ++j) p.grad[j] += mu * (p.value[j] - w0[j]);
+    }
+    return absl::OkStatus();
+  };
+  // Clips by the global norm and steps; returns the norm before clipping (non-finite: no step).
+  auto clip_and_step = [&](float lr) -> absl::StatusOr<float> {
+    if (on_device == nullptr) {
+      const float norm = ClipGradNorm(params, options.grad_clip);
+      if (std::isfinite(norm)) FEDLORA_RETURN_IF_ERROR(optimizer.Step(params, lr));
+      return norm;
+    }
+    FEDLORA_ASSIGN_OR_RETURN(const float norm, on_device->GradNorm());
+    if (!std::isfinite(norm)) return norm;
+    const float max_norm = options.grad_clip;
+    // ClipGradNorm's factor, applied by AdamW as it reads each gradient.
+    const float scale =
+        max_norm > 0.0f && norm > max_norm ? static_cast<float>(static_cast<double>(max_norm) / norm) : 1.0f;
+    FEDLORA_RETURN_IF_ERROR(on_device->Step(lr, scale));
+    return norm;
+  };
 
   int64_t step = 0;          // optimizer steps taken
   uint64_t micro_index = 0;  // micro-batches run, for dropout seeds
@@ -108,7 +169,7 @@ absl::Status RunTrainLoop(const TrainOptions& options, const TrainLoop& loop,
     int64_t seen = 0;
     int64_t pos = 0;
     while (pos < n && step < total_steps) {
-      loop.zero_grad();
+      FEDLORA_RETURN_IF_ERROR(zero_grad());
       const int64_t step_start = pos;
       int micro = 0;
       double step_loss = 0.0;
@@ -130,28 +191,15 @@ absl::Status RunTrainLoop(const TrainOptions& options, const TrainLoop& loop,
       }
       // The model added the gradient of each micro-batch's mean loss; average them so the step
       // sees the gradient of the mean, whatever the accumulation.
-      if (micro > 1) {
-        const float inv = 1.0f / static_cast<float>(micro);
-        for (Param& p : params) {
-          for (float& g : p.grad) g *= inv;
-        }
-      }
-      if (!anchor.empty()) {
-        const float mu = options.proximal_mu;
-        for (size_t i = 0; i < params.size(); ++i) {
-          Param& p = params[i];
-          const std::vector<float>& w0 = anchor[i];
-          for (size_t j = 0; j < p.grad.size(); ++j) p.grad[j] += mu * (p.value[j] - w0[j]);
-        }
-      }
-      const float norm = ClipGradNorm(params, options.grad_clip);
+      if (micro > 1) FEDLORA_RETURN_IF_ERROR(average(1.0f / static_cast<float>(micro)));
+      if (options.proximal_mu > 0.0f) FEDLORA_RETURN_IF_ERROR(add_proximal(options.proximal_mu));
+      const float lr = schedule.LearningRateAt(step);
+      FEDLORA_ASSIGN_OR_RETURN(const float norm, clip_and_step(lr));
       if (!std::isfinite(norm)) {
         return absl::FailedPreconditionError(absl::StrCat("gradient norm became ", norm,
                                                           " at step ", step + 1, " (epoch ", epoch,
                                                           "); try a lower learning rate"));
       }
-      const float lr = schedule.LearningRateAt(step);
-      FEDLORA_RETURN_IF_ERROR(optimizer.Step(params, lr));
       ++step;
       if (progress) {
         progress->Update(step - epoch_start_step, absl::StrFormat("loss=%.4f lr=%.2e |g|=%.3f",
@@ -171,11 +219,13 @@ absl::Status RunTrainLoop(const TrainOptions& options, const TrainLoop& loop,
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (loop.after_epoch) {
+      FEDLORA_RETURN_IF_ERROR(to_host());
       FEDLORA_RETURN_IF_ERROR(loop.after_epoch(
           epoch, step, seen > 0 ? loss_sum / static_cast<double>(seen) : 0.0, seconds));
+      if (on_device != nullptr) FEDLORA_RETURN_IF_ERROR(loop.device->Acquire());
     }
   }
-  return absl::OkStatus();
+  return to_host();
 }
 
 }  // namespace fedlora

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "model/device_params.h"
 #include "model/param.h"
 #include "train/optim.h"
 #include "train/trainer.h"
@@ -32,6 +33,12 @@ struct TrainLoop {
   std::function<absl::Status(int epoch, int64_t steps, double train_loss, double seconds)>
       after_epoch;
   std::function<void(const StepReport&)> on_step;
+  // The model's params where its kernels read them. With step_on_device and an AdamW optimizer,
+  // the loop holds them there for the whole run and steps with train/device_step.h (ModelTrainLoop
+  // turns it on for a model on a GPU; tests turn it on for the CPU backend); otherwise the
+  // gradients come to the host after each backward and the optimizer steps there.
+  DeviceParams* device = nullptr;
+  bool step_on_device = false;
 };
 
 // A loop over `model` (trainable_params, ZeroGrad, ForwardBackward(batch, seed)) training on
@@ -41,6 +48,8 @@ TrainLoop ModelTrainLoop(Model& model, const Data& data, MakeBatchFn make_batch)
   TrainLoop loop;
   loop.params = &model.trainable_params();
   loop.zero_grad = [&model] { model.ZeroGrad(); };
+  loop.device = &model.device_params();
+  loop.step_on_device = !loop.device->on_host();
   loop.forward_backward = [&model, &data, make_batch](std::span<const int64_t> indices,
                                                       uint64_t seed) {
     return model.ForwardBackward(make_batch(data, indices), seed);

@@ -2,64 +2,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <span>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/device_params.h"
+#include "tests/train/tiny_task.h"
+#include "train/train_loop.h"
 
 namespace fedlora {
 namespace {
-
-// A 2-layer encoder small enough that a whole training run takes well under a second.
-BertConfig TinyConfig() {
-  BertConfig c;
-  c.vocab_size = 40;
-  c.hidden_size = 32;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 2;
-  c.intermediate_size = 64;
-  c.max_position_embeddings = 32;
-  return c;
-}
-
-std::unique_ptr<BertClassifier> TinyModel(uint64_t seed, float dropout) {
-  ModelOptions o;
-  o.num_labels = 2;
-  o.lora.rank = 4;
-  o.lora.alpha = 8.0f;
-  o.seed = seed;
-  o.max_batch = 16;
-  o.max_seq = 24;
-  o.hidden_dropout = dropout;
-  o.attention_dropout = dropout;
-  auto model = BertClassifier::FromRandom(TinyConfig(), o);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(*model) : nullptr;
-}
-
-// Class k's sequences contain marker token 5 + k three times among filler tokens 10..39, with
-// lengths 6..20: separable by the presence of one token, but only through attention.
-TokenizedDataset MarkerTask(int n, uint64_t seed) {
-  TokenizedDataset d;
-  d.num_labels = 2;
-  d.label_names = {"five", "six"};
-  uint64_t s = seed;
-  auto next = [&s](uint64_t bound) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;  // Knuth's MMIX LCG
-    return static_cast<int32_t>((s >> 33) % bound);
-  };
-  for (int i = 0; i < n; ++i) {
-    TokenizedExample ex;
-    ex.label = i % 2;
-    const int len = 6 + next(15);
-    ex.input_ids.push_back(1);  // [CLS]-like
-    for (int t = 1; t < len - 1; ++t) ex.input_ids.push_back(10 + next(30));
-    ex.input_ids.push_back(2);  // [SEP]-like
-    for (int k = 0; k < 3; ++k) ex.input_ids[1 + next(len - 2)] = 5 + ex.label;
-    ex.token_type_ids.assign(ex.input_ids.size(), 0);
-    d.examples.push_back(std::move(ex));
-  }
-  return d;
-}
 
 TEST(MakeBatch, PadsToLongestWithMask) {
   TokenizedDataset d;
@@ -391,6 +344,137 @@ TEST(Trainer, RejectsBadOptionsAndData) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Evaluate(*model, TokenizedDataset{}, 4).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The device step (train/device_step.h) on the CPU backend, where the device copies are the
+// params' own vectors, against the host loop: accumulation, FedProx, clipping that bites, weight
+// decay and dropout, over two epochs with a callback between them.
+TEST(DeviceStep, MatchesTheHostLoopOnTheCpuBackend) {
+  const TokenizedDataset train = MarkerTask(24, 5);
+  TrainOptions opts;
+  opts.epochs = 2;
+  opts.batch_size = 4;
+  opts.grad_accumulation = 2;
+  opts.lr = 2e-2f;
+  opts.weight_decay = 0.05f;
+  opts.grad_clip = 0.05f;  // below the norms of this task: every step clips
+  opts.proximal_mu = 0.5f;
+  opts.seed = 3;
+  opts.progress = false;
+  struct Run {
+    std::vector<Param> params;
+    OptimizerState state;
+    std::vector<float> norms;
+    std::vector<bool> held;  // DeviceParams::resident() during each step's report / each epoch's callback
+    std::vector<bool> held_in_callback;
+  };
+  auto run = [&](bool on_device) {
+    Run r;
+    auto model = TinyModel(/*seed=*/11, /*dropout=*/0.1f);
+    EXPECT_NE(model, nullptr);
+    const std::vector<float> start = model->trainable_params()[0].value;
+    TrainLoop loop = ModelTrainLoop(*model, train, [](const TokenizedDataset& d, std::span<const int64_t> i) {
+      return MakeBatch(d, i, /*pad_id=*/0);
+    });
+    EXPECT_FALSE(loop.step_on_device);  // a CPU model steps on the host unless asked
+    loop.step_on_device = on_device;
+    loop.on_step = [&](const StepReport& s) {
+      r.norms.push_back(s.grad_norm);
+      r.held.push_back(model->device_params().resident());
+    };
+    loop.after_epoch = [&](int, int64_t, double, double) {
+      r.held_in_callback.push_back(model->device_params().resident());
+      // The callback sees the trained values on the host.
+      EXPECT_NE(model->trainable_params()[0].value, start);
+      return absl::OkStatus();
+    };
+    std::unique_ptr<Optimizer> optimizer;
+    EXPECT_TRUE(RunTrainLoop(opts, loop, &optimizer).ok());
+    EXPECT_FALSE(model->device_params().resident());
+    r.params = model->trainable_params();
+    r.state = optimizer->ExportState();
+    return r;
+  };
+  const Run host = run(false), device = run(true);
+  EXPECT_EQ(host.held, std::vector<bool>(6, false));
+  EXPECT_EQ(device.held, std::vector<bool>(6, true));
+  EXPECT_EQ(device.held_in_callback, std::vector<bool>(2, false));
+  ASSERT_EQ(device.norms.size(), host.norms.size());
+  for (size_t i = 0; i < host.norms.size(); ++i) {
+    EXPECT_GT(host.norms[i], opts.grad_clip);
+    EXPECT_NEAR(device.norms[i], host.norms[i], 1e-4f * host.norms[i]) << "step " << i;
+  }
+  ASSERT_EQ(device.params.size(), host.params.size());
+  for (size_t i = 0; i < host.params.size(); ++i) {
+    float largest = 0.0f;
+    for (float v : host.params[i].value) largest = std::max(largest, std::fabs(v));
+    for (size_t j = 0; j < host.params[i].value.size(); ++j) {
+      ASSERT_NEAR(device.params[i].value[j], host.params[i].value[j], 1e-4f * largest)
+          << host.params[i].name << "[" << j << "]";
+    }
+  }
+  EXPECT_EQ(device.state.optimizer, "adamw");
+  EXPECT_EQ(device.state.step, host.state.step);
+  ASSERT_EQ(device.state.tensors.size(), host.state.tensors.size());
+  for (size_t i = 0; i < host.state.tensors.size(); ++i) {
+    const OptimizerStateTensor &h = host.state.tensors[i], &d = device.state.tensors[i];
+    ASSERT_EQ(d.name, h.name);
+    ASSERT_EQ(d.shape, h.shape);
+    float largest = 0.0f;
+    for (float v : h.value) largest = std::max(largest, std::fabs(v));
+    for (size_t j = 0; j < h.value.size(); ++j) ASSERT_NEAR(d.value[j], h.value[j], 1e-3f * largest) << h.name;
+  }
+}
+
+// LAMB and SGD have no device step: asked for one, the loop steps on the host.
+TEST(DeviceStep, OtherOptimizersStepOnTheHost) {
+  const TokenizedDataset train = MarkerTask(8, 6);
+  TrainOptions opts;
+  opts.epochs = 1;
+  opts.batch_size = 4;
+  opts.optimizer = "lamb";
+  opts.progress = false;
+  auto model = TinyModel(2, 0.0f);
+  ASSERT_NE(model, nullptr);
+  TrainLoop loop = ModelTrainLoop(*model, train, [](const TokenizedDataset& d, std::span<const int64_t> i) {
+    return MakeBatch(d, i, /*pad_id=*/0);
+  });
+  loop.step_on_device = true;
+  int steps = 0;
+  loop.on_step = [&](const StepReport&) {
+    EXPECT_FALSE(model->device_params().resident());
+    ++steps;
+  };
+  std::unique_ptr<Optimizer> optimizer;
+  ASSERT_TRUE(RunTrainLoop(opts, loop, &optimizer).ok());
+  EXPECT_EQ(steps, 2);
+  EXPECT_EQ(optimizer->step_count(), 2);
+}
+
+// A non-finite norm on the device path fails the step and still hands the params back.
+TEST(DeviceStep, ANonFiniteNormFailsAndReleasesTheParams) {
+  const TokenizedDataset train = MarkerTask(8, 6);
+  TrainOptions opts;
+  opts.epochs = 1;
+  opts.batch_size = 4;
+  opts.progress = false;
+  auto model = TinyModel(2, 0.0f);
+  ASSERT_NE(model, nullptr);
+  TrainLoop loop = ModelTrainLoop(*model, train, [](const TokenizedDataset& d, std::span<const int64_t> i) {
+    return MakeBatch(d, i, /*pad_id=*/0);
+  });
+  loop.step_on_device = true;
+  auto forward_backward = loop.forward_backward;
+  loop.forward_backward = [&](std::span<const int64_t> i, uint64_t seed) -> absl::StatusOr<float> {
+    auto loss = forward_backward(i, seed);
+    model->device_params().Grad(0)[0] = std::numeric_limits<float>::infinity();
+    return loss;
+  };
+  std::unique_ptr<Optimizer> optimizer;
+  const absl::Status s = RunTrainLoop(opts, loop, &optimizer);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("gradient norm became inf"));
+  EXPECT_FALSE(model->device_params().resident());
 }
 
 }  // namespace
