@@ -18,6 +18,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/fixed_point.h"
+#include "kernels/fused_attention.h"
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
 #include "kernels/linear.h"
@@ -356,6 +357,62 @@ TEST_F(BackendEquivalence, AttentionForwardBackward) {
     EXPECT_TRUE(SameAsCpu(bd.dk, dk, kGemmTol, kGemmTol)) << tag << " dk";
     EXPECT_TRUE(SameAsCpu(bd.dv, dv, kGemmTol, kGemmTol)) << tag << " dv";
    }
+  }
+}
+
+// Memory-efficient attention over packed sequences (one longer than a warp's 32 keys, one of a
+// single token, one empty), with dropout: the CPU sums in order, the GPU online; 1e-5 / 1e-4.
+TEST_F(BackendEquivalence, FusedAttentionForwardBackward) {
+  const std::vector<int32_t> starts = {0, 45, 46, 46, 59, 70};
+  const int64_t T = 70, D = 24;
+  struct Heads {
+    int64_t heads, kv_heads;
+    bool causal;
+  };
+  for (Heads hc : {Heads{4, 0, false}, Heads{6, 2, true}}) {
+    const int64_t kvh = hc.kv_heads == 0 ? hc.heads : hc.kv_heads, E = T * hc.heads * D, EK = T * kvh * D;
+    const auto q = Random(E, 71), k = Random(EK, 72), v = Random(EK, 73), dout = Random(E, 74);
+    const FusedAttentionDims dims{.tokens = T, .num_seqs = 5, .heads = hc.heads, .head_dim = D,
+                                  .kv_heads = hc.kv_heads, .causal = hc.causal, .seq_start = starts.data()};
+    const DropoutSpec drop{.p = 0.1f, .seed = 5, .offset = 3, .stream = 2};
+    Guarded out(E), lse(T * hc.heads), dq(E), dk(EK), dv(EK);
+    FusedAttentionForwardArgs f{.dims = dims, .q = q.data(), .k = k.data(), .v = v.data(), .dropout = drop,
+                                .out = out.data(), .lse = lse.data()};
+    ASSERT_TRUE(FusedAttentionForward(Cpu(), f).ok());
+    std::vector<float> ws(FusedAttentionBackwardWorkspaceBytes(dims) / 4);
+    FusedAttentionBackwardArgs b{.dims = dims, .q = q.data(), .k = k.data(), .v = v.data(), .out = out.data(),
+                                 .lse = lse.data(), .dropout = drop, .dout = dout.data(), .dq = dq.data(),
+                                 .dk = dk.data(), .dv = dv.data(), .workspace = ws.data(),
+                                 .workspace_bytes = ws.size() * 4};
+    ASSERT_TRUE(FusedAttentionBackward(Cpu(), b).ok());
+
+    FusedAttentionForwardArgs fd = f;
+    fd.dims.seq_start = dev_.Upload(starts);
+    fd.q = dev_.Upload(q);
+    fd.k = dev_.Upload(k);
+    fd.v = dev_.Upload(v);
+    fd.out = dev_.Upload(Guarded(E));
+    fd.lse = dev_.Upload(Guarded(T * hc.heads));
+    ASSERT_TRUE(FusedAttentionForward(Gpu(), fd).ok());
+    FusedAttentionBackwardArgs bd = b;
+    bd.dims = fd.dims;
+    bd.q = fd.q;
+    bd.k = fd.k;
+    bd.v = fd.v;
+    bd.out = fd.out;
+    bd.lse = fd.lse;
+    bd.dout = dev_.Upload(dout);
+    bd.dq = dev_.Upload(Guarded(E));
+    bd.dk = dev_.Upload(Guarded(EK));
+    bd.dv = dev_.Upload(Guarded(EK));
+    bd.workspace = dev_.Workspace(b.workspace_bytes);
+    ASSERT_TRUE(FusedAttentionBackward(Gpu(), bd).ok());
+    const std::string tag = "heads " + std::to_string(hc.heads) + "/" + std::to_string(kvh);
+    EXPECT_TRUE(SameAsCpu(fd.lse, lse, 1e-5, 1e-5)) << tag << " lse";
+    EXPECT_TRUE(SameAsCpu(fd.out, out, 1e-5, 1e-4)) << tag << " out";
+    EXPECT_TRUE(SameAsCpu(bd.dq, dq, 1e-5, 1e-4)) << tag << " dq";
+    EXPECT_TRUE(SameAsCpu(bd.dk, dk, 1e-5, 1e-4)) << tag << " dk";
+    EXPECT_TRUE(SameAsCpu(bd.dv, dv, 1e-5, 1e-4)) << tag << " dv";
   }
 }
 
