@@ -341,8 +341,10 @@ void CausalLm::SetThreadPool(ThreadPool* pool) { impl_->ctx.pool = pool; }
 absl::Status CausalLm::Impl::Plan() {
   const int64_t tokens = static_cast<int64_t>(options.max_batch) * options.max_seq;
   const int64_t h = H(), qd = config.q_dim(), kvd = config.kv_dim(), inter = config.intermediate_size;
-  const int64_t probs_elems = static_cast<int64_t>(options.max_batch) * config.num_attention_heads *
-                              options.max_seq * options.max_seq;
+  fused_attention = options.fused_attention.value_or(!on_host());
+  const int64_t probs_elems = fused_attention ? 1
+                                              : static_cast<int64_t>(options.max_batch) * config.num_attention_heads *
+                                                    options.max_seq * options.max_seq;
   kernels::Backend& be = *backend;
   auto zeros = [&](auto* array, int64_t count) -> absl::Status {
     using A = std::remove_pointer_t<decltype(array)>;
@@ -356,6 +358,7 @@ absl::Status CausalLm::Impl::Plan() {
     for (Array* v : {&a.q, &a.ctx}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * qd));
     for (Array* v : {&a.k, &a.v}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * kvd));
     for (Array* v : {&a.gate, &a.up}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * inter));
+    if (fused_attention) FEDLORA_RETURN_IF_ERROR(zeros(&a.lse, tokens * config.num_attention_heads));
     for (int t = 0; t < kNumDecoderTargets; ++t) {
       if (use_target[t]) FEDLORA_RETURN_IF_ERROR(zeros(&a.lora_h[t], tokens * r()));
     }
@@ -366,6 +369,8 @@ absl::Status CausalLm::Impl::Plan() {
   FEDLORA_RETURN_IF_ERROR(zeros(&rstd_f, tokens));
   mask_host.assign(tokens, 0.0f);
   positions_host.assign(tokens, 0);
+  seq_start_host.assign(options.max_batch + 1, 0);
+  FEDLORA_RETURN_IF_ERROR(zeros(&dev_seq_start, options.max_batch + 1));
   FEDLORA_RETURN_IF_ERROR(zeros(&tmp, tokens * h));
   FEDLORA_RETURN_IF_ERROR(zeros(&norm, tokens * h));
   FEDLORA_RETURN_IF_ERROR(zeros(&rstd, tokens));
@@ -425,7 +430,9 @@ absl::Status CausalLm::Impl::Plan() {
                                 .kv_heads = config.num_key_value_heads, .causal = true};
     kernels::AttentionForwardArgs af{.dims = dims, .dropout = {attention_p, 0, 0}};
     kernels::AttentionBackwardArgs ab{.dims = dims, .dropout = {attention_p, 0, 0}};
-    need = std::max({need, kernels::AttentionWorkspaceBytes(af), kernels::AttentionWorkspaceBytes(ab)});
+    need = std::max({need, kernels::AttentionWorkspaceBytes(af), kernels::AttentionWorkspaceBytes(ab),
+                     kernels::FusedAttentionBackwardWorkspaceBytes(
+                         {.tokens = tokens, .heads = config.num_attention_heads})});
   }
   FEDLORA_RETURN_IF_ERROR(zeros(&workspace_storage, static_cast<int64_t>(need)));
   workspace = workspace_storage.data();

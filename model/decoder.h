@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,11 @@ struct DecoderOptions {
   int max_batch = 4;
   int max_seq = 256;
   bool recompute_activations = false;
+  // Attention through kernels/fused_attention.h: the log-sum-exp of each row kept instead of the
+  // [batch, heads, seq, seq] probabilities (memory grows with tokens, not seq^2). Unset: on for
+  // kCuda, off for kCpu, where the materialising attention's GEMMs are faster. Same results up to
+  // fp32 summation order.
+  std::optional<bool> fused_attention;
   // Multiply with the frozen projections and the LM head in bf16 (activation operand rounded to
   // bf16, fp32 accumulation: kernels/gemm.h) on CPUs with AVX512_BF16; the exact fp32 products
   // elsewhere. Needs weights == kBF16 (a 4- or 8-bit GGUF base is then widened to bf16). LoRA

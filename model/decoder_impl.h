@@ -11,6 +11,7 @@
 #include "kernels/backend.h"
 #include "kernels/context.h"
 #include "kernels/dropout.h"
+#include "kernels/fused_attention.h"
 #include "kernels/rope.h"
 #include "model/decoder.h"
 #include "model/decoder_weights.h"
@@ -23,6 +24,7 @@ namespace fedlora {
 // (Impl::norm, act, probs), which costs elementwise work and one Q K^T per layer.
 struct DecoderLayerActs {
   kernels::DeviceArray<float> q, k, v, ctx, z, gate, up;
+  kernels::DeviceArray<float> lse;  // [tokens, heads], with fused attention
   std::array<kernels::DeviceArray<float>, kNumDecoderTargets> lora_h;  // [tokens, rank] per used target
 };
 
@@ -75,6 +77,11 @@ struct CausalLm::Impl {
   std::vector<int32_t> positions_host;
   Array dev_mask;
   kernels::DeviceArray<int32_t> dev_positions;
+  // Fused attention (DecoderOptions::fused_attention): every sequence's token range, b * seq_len.
+  bool fused_attention = false;
+  std::vector<int32_t> seq_start_host;
+  kernels::DeviceArray<int32_t> dev_seq_start;
+  const int32_t* seq_start_ptr = nullptr;
   const float* mask_ptr = nullptr;
   const int32_t* positions_ptr = nullptr;
   std::vector<float> embed_host;
@@ -114,10 +121,12 @@ struct CausalLm::Impl {
   // norm, rstd = RMSNorm of layer l's input x[l] (AttentionNorm) or of a.z (MlpNorm).
   absl::Status AttentionNorm(int64_t l, int64_t tokens);
   absl::Status MlpNorm(int64_t l, int64_t tokens, const DecoderLayerActs& a);
-  // Layer l's attention over a.q, a.k, a.v: probs, and the output into `out` unless it is null.
+  // Layer l's attention over a.q, a.k, a.v: probs (fused: a.lse), and the output into `out`
+  // unless it is null (not fused only: the backward's recomputation of probs).
   absl::Status Attention(int64_t l, int64_t batch, int64_t seq, bool training, uint64_t seed,
-                         const DecoderLayerActs& a, float* out);
+                         DecoderLayerActs& a, float* out);
   kernels::AttentionDims AttentionDimsFor(int64_t batch, int64_t seq) const;
+  kernels::FusedAttentionDims FusedDimsFor(int64_t batch, int64_t seq) const;
   // The output head over the target rows: summed NLL and count; with `backward`, d(loss)/d(x[L])
   // into dx (the loss being the mean over the targets).
   absl::Status Head(const Batch& b, bool backward, LossSum* sum);

@@ -41,6 +41,10 @@ absl::Status CausalLm::Impl::Embed(const Batch& b) {
   }
   FEDLORA_ASSIGN_OR_RETURN(mask_ptr, Stage(*backend, mask_host, tokens, dev_mask));
   FEDLORA_ASSIGN_OR_RETURN(positions_ptr, Stage(*backend, positions_host, tokens, dev_positions));
+  if (fused_attention) {
+    for (int64_t s = 0; s <= b.batch_size; ++s) seq_start_host[s] = static_cast<int32_t>(s * b.seq_len);
+    FEDLORA_ASSIGN_OR_RETURN(seq_start_ptr, Stage(*backend, seq_start_host, b.batch_size + 1, dev_seq_start));
+  }
   return absl::OkStatus();
 }
 
@@ -101,14 +105,25 @@ absl::Status CausalLm::Impl::MlpNorm(int64_t l, int64_t T, const DecoderLayerAct
                                        .y = norm.data(), .rstd = rstd.data()});
 }
 
+kernels::FusedAttentionDims CausalLm::Impl::FusedDimsFor(int64_t batch, int64_t seq) const {
+  return {.tokens = batch * seq, .num_seqs = batch, .heads = config.num_attention_heads, .head_dim = config.head_dim,
+          .kv_heads = config.num_key_value_heads, .causal = true, .seq_start = seq_start_ptr};
+}
+
 absl::Status CausalLm::Impl::Attention(int64_t l, int64_t batch, int64_t seq, bool training, uint64_t seed,
-                                       const DecoderLayerActs& a, float* out) {
+                                       DecoderLayerActs& a, float* out) {
+  const kernels::DropoutSpec drop{.p = training ? attention_p : 0.0f, .seed = seed, .offset = 0,
+                                  .stream = kSiteLayerBase + l * kSitesPerLayer + kSiteAttnProbs};
+  if (fused_attention) {
+    // Right padding and causal attention: a real token never sees a padding key, so each row of
+    // the batch is one sequence and the mask is not needed.
+    return kernels::FusedAttentionForward(ctx, {.dims = FusedDimsFor(batch, seq), .q = a.q.data(), .k = a.k.data(),
+                                                .v = a.v.data(), .dropout = drop, .out = out, .lse = a.lse.data()});
+  }
   return kernels::AttentionForward(
       ctx, {.dims = AttentionDimsFor(batch, seq), .q = a.q.data(), .k = a.k.data(), .v = a.v.data(),
-            .mask = mask_ptr,
-            .dropout = {.p = training ? attention_p : 0.0f, .seed = seed, .offset = 0,
-                        .stream = kSiteLayerBase + l * kSitesPerLayer + kSiteAttnProbs},
-            .probs = probs.data(), .out = out, .workspace = workspace, .workspace_bytes = workspace_bytes});
+            .mask = mask_ptr, .dropout = drop, .probs = probs.data(), .out = out, .workspace = workspace,
+            .workspace_bytes = workspace_bytes});
 }
 
 absl::Status CausalLm::Impl::LayerForward(int64_t l, int64_t batch, int64_t seq, bool training, uint64_t seed,
@@ -163,14 +178,21 @@ absl::Status CausalLm::Impl::LayerBackward(int64_t l, int64_t batch, int64_t seq
   // z = x + o(ctx): dx now holds dz.
   FEDLORA_RETURN_IF_ERROR(
       LinearBackward(l, DecoderTarget::kOProj, a.ctx.data(), dx.data(), T, dctx.data(), false, seed, a));
-  FEDLORA_RETURN_IF_ERROR(Attention(l, batch, seq, /*training=*/true, seed, a, /*out=*/nullptr));
-  FEDLORA_RETURN_IF_ERROR(kernels::AttentionBackward(
-      ctx, {.dims = AttentionDimsFor(batch, seq), .q = a.q.data(), .k = a.k.data(), .v = a.v.data(),
-            .probs = probs.data(),
-            .dropout = {.p = attention_p, .seed = seed, .offset = 0,
-                        .stream = kSiteLayerBase + l * kSitesPerLayer + kSiteAttnProbs},
-            .dout = dctx.data(), .dq = dq.data(), .dk = dk.data(), .dv = dv.data(), .workspace = workspace,
-            .workspace_bytes = workspace_bytes}));
+  const kernels::DropoutSpec drop{.p = attention_p, .seed = seed, .offset = 0,
+                                  .stream = kSiteLayerBase + l * kSitesPerLayer + kSiteAttnProbs};
+  if (fused_attention) {
+    // O (a.ctx) and the log-sum-exp are the forward's; P is recomputed inside.
+    FEDLORA_RETURN_IF_ERROR(kernels::FusedAttentionBackward(
+        ctx, {.dims = FusedDimsFor(batch, seq), .q = a.q.data(), .k = a.k.data(), .v = a.v.data(),
+              .out = a.ctx.data(), .lse = a.lse.data(), .dropout = drop, .dout = dctx.data(), .dq = dq.data(),
+              .dk = dk.data(), .dv = dv.data(), .workspace = workspace, .workspace_bytes = workspace_bytes}));
+  } else {
+    FEDLORA_RETURN_IF_ERROR(Attention(l, batch, seq, /*training=*/true, seed, a, /*out=*/nullptr));
+    FEDLORA_RETURN_IF_ERROR(kernels::AttentionBackward(
+        ctx, {.dims = AttentionDimsFor(batch, seq), .q = a.q.data(), .k = a.k.data(), .v = a.v.data(),
+              .probs = probs.data(), .dropout = drop, .dout = dctx.data(), .dq = dq.data(), .dk = dk.data(),
+              .dv = dv.data(), .workspace = workspace, .workspace_bytes = workspace_bytes}));
+  }
   for (auto [buf, heads] : {std::pair<float*, int64_t>{dq.data(), config.num_attention_heads},
                             {dk.data(), config.num_key_value_heads}}) {
     FEDLORA_RETURN_IF_ERROR(kernels::Rope(
