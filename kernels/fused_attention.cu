@@ -17,7 +17,10 @@ struct Geometry {
   bool causal, dropout;
   uint64_t seed, stream, offset;
   const int32_t* seq_start;
+  const float* mask;  // [tokens] or null
 };
+
+__device__ float MaskAt(const Geometry& g, int64_t key) { return g.mask != nullptr ? g.mask[key] : 0.0f; }
 
 __device__ float WarpSum(float x) {
 #pragma unroll
@@ -80,7 +83,7 @@ __global__ void ForwardKernel(Geometry g, const float* q, const float* k, const 
   // weighted sum of values, all rescaled when m grows.
   float m = -INFINITY, l = 0.0f;
   for (int64_t j = 0; j < lim; ++j) {
-    const float s = g.scale * RowDot(g, qr, k + ((begin + j) * g.kv_heads + kvh) * D);
+    const float s = g.scale * RowDot(g, qr, k + ((begin + j) * g.kv_heads + kvh) * D) + MaskAt(g, begin + j);
     const float m_new = fmaxf(m, s);
     const float correction = expf(m - m_new);  // 0 on the first key (m = -inf)
     const float p = expf(s - m_new);
@@ -130,7 +133,7 @@ __global__ void DqKernel(Geometry g, const float* q, const float* k, const float
   const float l = lse[warp], rowdot = dsum[warp];
   for (int64_t j = 0; j < lim; ++j) {
     const float* kj = k + ((begin + j) * g.kv_heads + kvh) * D;
-    const float p = expf(g.scale * RowDot(g, qr, kj) - l);
+    const float p = expf(g.scale * RowDot(g, qr, kj) + MaskAt(g, begin + j) - l);
     const float keep = g.dropout ? Keep(g, row + j) : 1.0f;
     const float ds = p * (keep * RowDot(g, dor, v + ((begin + j) * g.kv_heads + kvh) * D) - rowdot);
 #pragma unroll
@@ -165,7 +168,7 @@ __global__ void DkvKernel(Geometry g, const float* q, const float* k, const floa
       const int64_t t = begin + i;
       const float* qi = q + (t * g.heads + h) * D;
       const float* doi = dout + (t * g.heads + h) * D;
-      const float p = expf(g.scale * RowDot(g, kr, qi) - lse[t * g.heads + h]);
+      const float p = expf(g.scale * RowDot(g, kr, qi) + MaskAt(g, tj) - lse[t * g.heads + h]);
       const float keep = g.dropout ? Keep(g, base + static_cast<uint64_t>((h * n + i) * n + j)) : 1.0f;
       const float ds = p * (keep * RowDot(g, vr, doi) - dsum[t * g.heads + h]);
 #pragma unroll
@@ -204,6 +207,7 @@ Geometry GeometryOf(const FusedAttentionDims& d, const DropoutSpec& drop) {
   g.stream = drop.stream;
   g.offset = drop.offset;
   g.seq_start = d.seq_start;
+  g.mask = d.mask;
   return g;
 }
 

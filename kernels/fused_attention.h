@@ -7,8 +7,10 @@
 //
 //   sequence s holds tokens [seq_start[s], seq_start[s+1]); a query attends to the keys of its own
 //   sequence (causal: at or before its position)
-//   lse[t, h] = log sum_j exp(scale q_t . k_j)          (kv head of h: h / (heads / kv_heads))
-//   P[t, j]   = exp(scale q_t . k_j - lse[t, h]);  O[t] = sum_j dropout(P[t, j]) v_j
+//   S[t, j]   = scale q_t . k_j + mask[j]               (kv head of h: h / (heads / kv_heads);
+//                                                      mask: 0, or -1e30 for a padding key)
+//   lse[t, h] = log sum_j exp(S[t, j]);  P[t, j] = exp(S[t, j] - lse[t, h])
+//   O[t]      = sum_j dropout(P[t, j]) v_j
 //
 // Backward, with dO given (dQ, dK, dV overwritten; dK and dV sum over the heads of their group):
 //   D[t] = dO[t] . O[t];  dP = dropout'(dO[t] . v_j);  dS = P (dP - D[t])
@@ -19,7 +21,7 @@
 // AttentionForward give it, so either op drops the same probabilities.
 //
 // Layouts: q, out, dout, dq [tokens, heads, head_dim]; k, v, dk, dv [tokens, kv_heads, head_dim];
-// lse [tokens, heads]; seq_start [num_seqs + 1] int32 with seq_start[0] = 0 and
+// lse [tokens, heads]; mask [tokens] or null; seq_start [num_seqs + 1] int32 with seq_start[0] = 0 and
 // seq_start[num_seqs] = tokens, in ctx.device memory like every other pointer. head_dim <= 256.
 //
 // CPU: one task per (sequence, kv head), each row's scores in a buffer of one row. CUDA: one warp
@@ -46,6 +48,7 @@ struct FusedAttentionDims {
   float scale = 0.0f;          // 0: 1 / sqrt(head_dim)
   bool causal = false;
   const int32_t* seq_start = nullptr;  // [num_seqs + 1]
+  const float* mask = nullptr;         // [tokens] additive, by key; null: none
 };
 
 struct FusedAttentionForwardArgs {

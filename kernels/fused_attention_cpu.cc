@@ -116,7 +116,7 @@ absl::Status FusedAttentionForward(const ExecContext& ctx, const FusedAttentionF
         const float* q = a.q + (t * H + h) * D;
         float m = -INFINITY;
         for (int64_t j = 0; j < lim; ++j) {
-          w[j] = scale * Dot(q, a.k + ((begin + j) * kvh + g) * D, D);
+          w[j] = scale * Dot(q, a.k + ((begin + j) * kvh + g) * D, D) + (d.mask != nullptr ? d.mask[begin + j] : 0.0f);
           m = std::max(m, w[j]);
         }
         float sum = 0.0f;
@@ -168,7 +168,8 @@ absl::Status FusedAttentionBackward(const ExecContext& ctx, const FusedAttention
         for (int64_t j = 0; j < lim; ++j) {
           const float* k = a.k + ((begin + j) * kvh + g) * D;
           const float* v = a.v + ((begin + j) * kvh + g) * D;
-          const float p = std::exp(scale * Dot(q, k, D) - lse);
+          const float mask = d.mask != nullptr ? d.mask[begin + j] : 0.0f;
+          const float p = std::exp(scale * Dot(q, k, D) + mask - lse);
           float keep = 1.0f;
           if (a.dropout.active()) {
             keep = UniformAt(a.dropout.seed, a.dropout.stream, row + j) >= a.dropout.p ? keep_scale : 0.0f;

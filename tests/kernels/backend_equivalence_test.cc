@@ -367,13 +367,16 @@ TEST_F(BackendEquivalence, FusedAttentionForwardBackward) {
   const int64_t T = 70, D = 24;
   struct Heads {
     int64_t heads, kv_heads;
-    bool causal;
+    bool causal, masked;
   };
-  for (Heads hc : {Heads{4, 0, false}, Heads{6, 2, true}}) {
+  std::vector<float> mask(T, 0.0f);
+  for (int64_t t : {40, 41, 44, 58, 59}) mask[t] = -1e30f;
+  for (Heads hc : {Heads{4, 0, false, true}, Heads{6, 2, true, false}}) {
     const int64_t kvh = hc.kv_heads == 0 ? hc.heads : hc.kv_heads, E = T * hc.heads * D, EK = T * kvh * D;
     const auto q = Random(E, 71), k = Random(EK, 72), v = Random(EK, 73), dout = Random(E, 74);
     const FusedAttentionDims dims{.tokens = T, .num_seqs = 5, .heads = hc.heads, .head_dim = D,
-                                  .kv_heads = hc.kv_heads, .causal = hc.causal, .seq_start = starts.data()};
+                                  .kv_heads = hc.kv_heads, .causal = hc.causal, .seq_start = starts.data(),
+                                  .mask = hc.masked ? mask.data() : nullptr};
     const DropoutSpec drop{.p = 0.1f, .seed = 5, .offset = 3, .stream = 2};
     Guarded out(E), lse(T * hc.heads), dq(E), dk(EK), dv(EK);
     FusedAttentionForwardArgs f{.dims = dims, .q = q.data(), .k = k.data(), .v = v.data(), .dropout = drop,
@@ -388,6 +391,7 @@ TEST_F(BackendEquivalence, FusedAttentionForwardBackward) {
 
     FusedAttentionForwardArgs fd = f;
     fd.dims.seq_start = dev_.Upload(starts);
+    if (hc.masked) fd.dims.mask = dev_.Upload(mask);
     fd.q = dev_.Upload(q);
     fd.k = dev_.Upload(k);
     fd.v = dev_.Upload(v);

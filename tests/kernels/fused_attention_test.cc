@@ -25,17 +25,21 @@ constexpr int64_t kTokens = 28, kSeqs = 5, kDim = 16;
 
 struct Case {
   int64_t heads, kv_heads;
-  bool causal;
+  bool causal, masked;
 };
 
 TEST(FusedAttention, MatchesPerSequenceAttention) {
-  for (Case c : {Case{4, 0, false}, Case{6, 2, true}, Case{4, 1, true}}) {
+  // Padding keys (mask -1e30) at the ends of the first and fourth sequences and the start of the last.
+  std::vector<float> mask(kTokens, 0.0f);
+  for (int64_t t : {3, 4, 17, 18, 19}) mask[t] = -1e30f;
+  for (Case c : {Case{4, 0, false, false}, Case{6, 2, true, false}, Case{4, 1, true, false}, Case{4, 2, false, true}}) {
     const int64_t kvh = c.kv_heads == 0 ? c.heads : c.kv_heads;
     const int64_t E = kTokens * c.heads * kDim, EK = kTokens * kvh * kDim;
     const auto q = Random(E, 1), k = Random(EK, 2), v = Random(EK, 3), dout = Random(E, 4);
     const DropoutSpec drop{.p = 0.2f, .seed = 9, .offset = 7, .stream = 3};
     const FusedAttentionDims dims{.tokens = kTokens, .num_seqs = kSeqs, .heads = c.heads, .head_dim = kDim,
-                                  .kv_heads = c.kv_heads, .causal = c.causal, .seq_start = kStarts.data()};
+                                  .kv_heads = c.kv_heads, .causal = c.causal, .seq_start = kStarts.data(),
+                                  .mask = c.masked ? mask.data() : nullptr};
     std::vector<float> out(E, NAN), lse(kTokens * c.heads, NAN), dq(E, NAN), dk(EK, NAN), dv(EK, NAN);
     ASSERT_TRUE(FusedAttentionForward(Cpu(), {.dims = dims, .q = q.data(), .k = k.data(), .v = v.data(),
                                               .dropout = drop, .out = out.data(), .lse = lse.data()})
@@ -60,7 +64,8 @@ TEST(FusedAttention, MatchesPerSequenceAttention) {
       offset += static_cast<uint64_t>(c.heads * n * n);
       std::vector<float> probs(c.heads * n * n);
       AttentionForwardArgs f{.dims = ad, .q = q.data() + b * c.heads * kDim, .k = k.data() + b * kvh * kDim,
-                             .v = v.data() + b * kvh * kDim, .dropout = d, .probs = probs.data(),
+                             .v = v.data() + b * kvh * kDim, .mask = c.masked ? mask.data() + b : nullptr,
+                             .dropout = d, .probs = probs.data(),
                              .out = ro.data() + b * c.heads * kDim};
       std::vector<float> fws(AttentionWorkspaceBytes(f) / 4 + 1);
       f.workspace = fws.data();
@@ -74,7 +79,8 @@ TEST(FusedAttention, MatchesPerSequenceAttention) {
       bw.workspace_bytes = bws.size() * 4;
       ASSERT_TRUE(AttentionBackward(Cpu(), bw).ok());
     }
-    const std::string tag = "heads " + std::to_string(c.heads) + "/" + std::to_string(kvh) + (c.causal ? " causal" : "");
+    const std::string tag = "heads " + std::to_string(c.heads) + "/" + std::to_string(kvh) + (c.causal ? " causal" : "") +
+                            (c.masked ? " masked" : "");
     EXPECT_TRUE(AllClose(out, ro, 1e-5, 1e-4)) << tag << " out";
     EXPECT_TRUE(AllClose(dq, rdq, 1e-5, 1e-4)) << tag << " dq";
     EXPECT_TRUE(AllClose(dk, rdk, 1e-5, 1e-4)) << tag << " dk";
@@ -85,6 +91,7 @@ TEST(FusedAttention, MatchesPerSequenceAttention) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(kDim));
     double sum = 0.0;
     for (int64_t j = b; j <= t; ++j) {
+      if (c.masked && mask[j] != 0.0f) continue;
       double dot = 0.0;
       for (int64_t e = 0; e < kDim; ++e) dot += double(q[(t * c.heads + h) * kDim + e]) * k[(j * kvh + g) * kDim + e];
       sum += std::exp(scale * dot);
