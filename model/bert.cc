@@ -207,8 +207,9 @@ absl::Status BertClassifier::Impl::InitStructure(std::vector<LoraTarget>* target
 absl::Status BertClassifier::Impl::Plan() {
   const int64_t tokens = static_cast<int64_t>(options.max_batch) * options.max_seq;
   const int64_t h = H(), inter = I(), heads = config.num_attention_heads;
+  fused_attention = options.fused_attention.value_or(!on_host());
   const int64_t probs =
-      static_cast<int64_t>(options.max_batch) * heads * options.max_seq * options.max_seq;
+      fused_attention ? 1 : static_cast<int64_t>(options.max_batch) * heads * options.max_seq * options.max_seq;
   kernels::Backend& be = *backend;
   auto zeros = [&](auto* array, int64_t count) -> absl::Status {
     using A = std::remove_pointer_t<decltype(array)>;
@@ -222,6 +223,7 @@ absl::Status BertClassifier::Impl::Plan() {
     FEDLORA_RETURN_IF_ERROR(zeros(&a.u, tokens * inter));
     FEDLORA_RETURN_IF_ERROR(zeros(&a.g, tokens * inter));
     FEDLORA_RETURN_IF_ERROR(zeros(&a.probs, probs));
+    if (fused_attention) FEDLORA_RETURN_IF_ERROR(zeros(&a.lse, tokens * heads));
     for (int t = 0; t < kNumLoraTargets; ++t) {
       if (use_target[t]) FEDLORA_RETURN_IF_ERROR(zeros(&a.lora_h[t], tokens * r()));
     }
@@ -229,6 +231,8 @@ absl::Status BertClassifier::Impl::Plan() {
   x.resize(L() + 1);
   for (Array& xl : x) FEDLORA_RETURN_IF_ERROR(zeros(&xl, tokens * h));
   mask_host.assign(tokens, 0.0f);
+  seq_start_host.assign(options.max_batch + 1, 0);
+  FEDLORA_RETURN_IF_ERROR(zeros(&dev_seq_start, options.max_batch + 1));
   for (auto* v : {&row_ids, &row_types, &row_positions}) v->assign(tokens, 0);
   for (Array* v : {&cls, &pooled, &cls_drop, &dcls, &dpooled})
     FEDLORA_RETURN_IF_ERROR(zeros(v, options.max_batch * h));
@@ -290,8 +294,8 @@ absl::Status BertClassifier::Impl::Plan() {
                                 .head_dim = config.head_dim()};
     kernels::AttentionForwardArgs af{.dims = dims, .dropout = {attention_p, 0, 0}};
     kernels::AttentionBackwardArgs ab{.dims = dims, .dropout = {attention_p, 0, 0}};
-    need = std::max(
-        {need, kernels::AttentionWorkspaceBytes(af), kernels::AttentionWorkspaceBytes(ab)});
+    need = std::max({need, kernels::AttentionWorkspaceBytes(af), kernels::AttentionWorkspaceBytes(ab),
+                     kernels::FusedAttentionBackwardWorkspaceBytes({.tokens = tokens, .heads = heads})});
   }
   FEDLORA_RETURN_IF_ERROR(zeros(&workspace_storage, static_cast<int64_t>(need)));
   workspace = workspace_storage.data();

@@ -124,12 +124,18 @@ struct ModelOptions {
   // for MiniLM-L6 (see Memory above).
   int max_batch = 32;
   int max_seq = 128;
+  // Attention through kernels/fused_attention.h, one call per batch, each row's log-sum-exp kept
+  // instead of the [batch, heads, seq, seq] probabilities. Unset: on for kCuda, off for kCpu
+  // (where the materialising attention's GEMMs are faster). Same results up to fp32 summation
+  // order.
+  std::optional<bool> fused_attention;
   // Name of the base model recorded in the PEFT adapter_config.json.
   std::string base_model_name;
   // Where the classifier computes (kernels/backend.h). kCuda: activations, inputs and a copy of
   // the trainable params live on the GPU, the base's frozen weights are copied there once per
   // base and shared by its classifiers, and every call returns its results on the host (params'
-  // values are uploaded before each call, gradients downloaded after ForwardBackward).
+  // values are uploaded before each call, gradients downloaded after ForwardBackward, except
+  // while a training loop holds them on the device: device_params()).
   // FailedPrecondition from Create when CUDA is not usable. A property of each classifier.
   Device device = Device::kCpu;
 };

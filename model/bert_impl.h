@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/fused_attention.h"
 #include "kernels/context.h"
 #include "kernels/dropout.h"
 #include "model/bert.h"
@@ -128,7 +129,8 @@ struct BertClassifier::Impl {
   struct LayerActs {
     Array q, k, v;                  // [T, H] projections (bias and LoRA included)
     Array lora_h[kNumLoraTargets];  // [T, r] dropout(x) A^T, for the LoRA backward
-    Array probs;                    // [B, heads, S, S] softmax before dropout
+    Array probs;                    // [B, heads, S, S] softmax before dropout (not fused)
+    Array lse;                      // [T, heads] rows' log-sum-exp (fused attention)
     Array ctx;                      // [T, H] attention output
     Array z1, mean1, rstd1;         // LN1 input [T, H] and statistics [T]
     Array h1;                       // [T, H] LN1 output
@@ -139,6 +141,12 @@ struct BertClassifier::Impl {
   std::vector<Array> x;  // [L + 1][T, H]: x[0] embeddings output, x[l+1] layer l's output
   std::vector<float> mask_host;  // [rows] additive attention mask: 0 keep, -1e30 padding
   Array mask_add;                // mask_host on the device (GPU only)
+  // Fused attention (ModelOptions::fused_attention): the sequences' first rows and the row count.
+  bool fused_attention = false;
+  std::vector<int32_t> seq_start_host;
+  kernels::DeviceArray<int32_t> dev_seq_start;
+  const int32_t* seq_start_ptr = nullptr;
+  const float* fused_mask = nullptr;  // the staged mask_host when the layout is masked, else null
   Array cls, pooled, cls_drop, logits;  // [B, H] x3, [B, labels]
   Array loss_value;                     // [1]
   // Training loss only: per-class offsets added to the logits before the cross-entropy (logit
@@ -183,7 +191,8 @@ struct BertClassifier::Impl {
   absl::Status LinearForward(int layer, LoraTarget t, const float* in, int64_t rows, float* y,
                              bool training, uint64_t seed);
   // Layer l's self-attention over the layout's rows: a.ctx and a.probs from a.q, a.k, a.v; one
-  // call for the whole batch (masked), or one per sequence (packed).
+  // call for the whole batch (masked), or one per sequence (packed). Fused: a.ctx and a.lse, one
+  // call either way.
   absl::Status Attention(int l, int64_t bsz, int64_t seq, const float* mask, bool training, uint64_t seed,
                          LayerActs& a);
   // Packed layout: run(n, row, prob) for each sequence, with its n tokens from row `row` and its
@@ -191,6 +200,8 @@ struct BertClassifier::Impl {
   absl::Status PerSequence(const std::function<absl::Status(int64_t n, int64_t row, int64_t prob)>& run) const;
   // Its backward: dq, dk, dv from dctx.
   absl::Status AttentionBackward(int l, int64_t bsz, int64_t seq, uint64_t seed, LayerActs& a);
+  // The fused attention's dims for the current layout: one sequence per layout range.
+  kernels::FusedAttentionDims FusedDims(int64_t bsz) const;
   // A residual sublayer's backward through its LayerNorm (input z, statistics mean/rstd) into
   // dz_norm, then through its output dropout (dropout site `site` of layer l): returns the
   // gradient of the sublayer's output dense, dz_norm itself without dropout, else dz.

@@ -118,10 +118,20 @@ absl::Status BertClassifier::Impl::PerSequence(
   return absl::OkStatus();
 }
 
+kernels::FusedAttentionDims BertClassifier::Impl::FusedDims(int64_t bsz) const {
+  return {.tokens = layout.rows, .num_seqs = bsz, .heads = config.num_attention_heads, .head_dim = config.head_dim(),
+          .seq_start = seq_start_ptr, .mask = fused_mask};
+}
+
 absl::Status BertClassifier::Impl::Attention(int l, int64_t bsz, int64_t seq, const float* mask, bool training,
                                              uint64_t seed, LayerActs& a) {
   const int64_t h = H(), heads = config.num_attention_heads;
   const kernels::DropoutSpec spec = Spec(training ? attention_p : 0.0f, seed, LayerSite(l, kSiteAttnProbs));
+  if (fused_attention) {
+    return kernels::FusedAttentionForward(ctx, {.dims = FusedDims(bsz), .q = a.q.data(), .k = a.k.data(),
+                                                .v = a.v.data(), .dropout = spec, .out = a.ctx.data(),
+                                                .lse = a.lse.data()});
+  }
   auto run = [&](int64_t batch, int64_t n, int64_t row, int64_t prob, const float* m) {
     kernels::DropoutSpec d = spec;
     d.offset = static_cast<uint64_t>(prob);
@@ -145,6 +155,12 @@ absl::Status BertClassifier::Impl::Attention(int l, int64_t bsz, int64_t seq, co
 absl::Status BertClassifier::Impl::AttentionBackward(int l, int64_t bsz, int64_t seq, uint64_t seed, LayerActs& a) {
   const int64_t h = H(), heads = config.num_attention_heads;
   const kernels::DropoutSpec spec = Spec(attention_p, seed, LayerSite(l, kSiteAttnProbs));
+  if (fused_attention) {
+    return kernels::FusedAttentionBackward(
+        ctx, {.dims = FusedDims(bsz), .q = a.q.data(), .k = a.k.data(), .v = a.v.data(), .out = a.ctx.data(),
+              .lse = a.lse.data(), .dropout = spec, .dout = dctx.data(), .dq = dq.data(), .dk = dk.data(),
+              .dv = dv.data(), .workspace = workspace, .workspace_bytes = workspace_bytes});
+  }
   auto run = [&](int64_t batch, int64_t n, int64_t row, int64_t prob) {
     kernels::DropoutSpec d = spec;
     d.offset = static_cast<uint64_t>(prob);
@@ -222,6 +238,12 @@ absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_
     FEDLORA_ASSIGN_OR_RETURN(types, Stage(row_types, tokens, dev_types));
   }
   FEDLORA_ASSIGN_OR_RETURN(const int32_t* positions, Stage(row_positions, tokens, dev_positions));
+  fused_mask = mask;
+  if (fused_attention) {
+    for (int64_t s = 0; s < bsz; ++s) seq_start_host[s] = static_cast<int32_t>(layout.start[s]);
+    seq_start_host[bsz] = static_cast<int32_t>(tokens);
+    FEDLORA_ASSIGN_OR_RETURN(seq_start_ptr, Stage(seq_start_host, bsz + 1, dev_seq_start));
+  }
   float* x0 = x[0].data();
   FEDLORA_RETURN_IF_ERROR(kernels::EmbeddingForward(
       ctx, {.tokens = tokens,

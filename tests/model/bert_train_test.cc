@@ -245,6 +245,43 @@ TEST(BertTrainTest, PackedAndMaskedLayoutsAgree) {
   }
 }
 
+// Fused attention (kernels/fused_attention.h), on the CPU here as it runs by default on CUDA:
+// the materialising attention's loss, gradients and logits, with dropout everywhere, for a packed
+// batch, a masked one (a sequence starting with padding) and one without padding.
+TEST(BertTrainTest, FusedAttentionGivesTheMaterialisingAttentionsResults) {
+  ModelOptions o = AllTargets(0.1f);
+  o.max_batch = 3;
+  o.fused_attention = false;
+  auto plain = TinyModel(o);
+  o.fused_attention = true;
+  auto fused = TinyModel(o);
+  ASSERT_NE(plain, nullptr);
+  ASSERT_NE(fused, nullptr);
+  BertClassifier::Batch masked = Padded();
+  masked.batch_size = 3;
+  for (int32_t id : {0, 0, 2, 31, 32, 33, 3}) masked.input_ids.push_back(id);
+  for (int i = 0; i < 7; ++i) masked.token_type_ids.push_back(0);
+  for (int32_t m : {0, 0, 1, 1, 1, 1, 1}) masked.attention_mask.push_back(m);
+  masked.labels.push_back(1);
+  const BertClassifier::Batch full{2, 4, {2, 11, 12, 3, 2, 21, 22, 3}, {0, 0, 1, 1, 0, 1, 1, 1}, {}, {1, 2}};
+  for (const BertClassifier::Batch& b : {Padded(), masked, full}) {
+    plain->ZeroGrad();
+    fused->ZeroGrad();
+    auto lp = plain->ForwardBackward(b, 77), lf = fused->ForwardBackward(b, 77);
+    ASSERT_TRUE(lp.ok() && lf.ok()) << lp.status() << lf.status();
+    EXPECT_NEAR(*lf, *lp, 1e-5f * std::fabs(*lp)) << "batch of " << b.batch_size;
+    for (size_t t = 0; t < plain->trainable_params().size(); ++t) {
+      const Param &p = plain->trainable_params()[t], &f = fused->trainable_params()[t];
+      float largest = 0.0f;
+      for (float g : p.grad) largest = std::max(largest, std::fabs(g));
+      for (size_t i = 0; i < p.grad.size(); ++i) ASSERT_NEAR(f.grad[i], p.grad[i], 1e-4f * largest) << p.name;
+    }
+    auto gp = plain->Logits(b), gf = fused->Logits(b);
+    ASSERT_TRUE(gp.ok() && gf.ok());
+    for (size_t i = 0; i < gp->size(); ++i) EXPECT_NEAR((*gf)[i], (*gp)[i], 1e-5f);
+  }
+}
+
 TEST(BertTrainTest, TrainableParamsArePeftNamedAndInitialised) {
   ModelOptions o;
   o.max_batch = 1;
