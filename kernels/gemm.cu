@@ -5,7 +5,9 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <map>
 
 #include "kernels/cuda_util.cuh"
 #include "kernels/gemm.h"
@@ -196,13 +198,24 @@ absl::Status GemmBf16MathCuda(const ExecContext& ctx, const GemmArgs& g) {
       pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
   FEDLORA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
       pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  FEDLORA_CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatmulAlgoGetHeuristic(lt, desc.h, lay_b.h, lay_a.h, lay_c.h, lay_c.h, pref.h, 1, &heuristic, &found));
-  if (found == 0) {
-    return absl::InternalError(absl::StrCat("Gemm: cublasLtMatmulAlgoGetHeuristic found no bf16 algorithm for m=", g.m,
-                                            " n=", g.n, " k=", g.k));
+  // The heuristic costs more host time than the descriptors: its answer is kept per thread for
+  // each handle (device), shape, leading dimensions and alignments.
+  thread_local std::map<std::array<int64_t, 12>, cublasLtMatmulAlgo_t> algos;
+  const std::array<int64_t, 12> key = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(lt)),
+                                       g.trans_a, g.trans_b, g.m, g.n, g.k, ldb16, a_cols, g.ldc, align_a, align_b,
+                                       align_c};
+  auto cached = algos.find(key);
+  if (cached == algos.end()) {
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    FEDLORA_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulAlgoGetHeuristic(lt, desc.h, lay_b.h, lay_a.h, lay_c.h, lay_c.h, pref.h, 1, &heuristic, &found));
+    if (found == 0) {
+      return absl::InternalError(absl::StrCat(
+          "Gemm: cublasLtMatmulAlgoGetHeuristic found no bf16 algorithm for m=", g.m, " n=", g.n, " k=", g.k));
+    }
+    if (algos.size() >= 4096) algos.clear();  // bounded: many distinct row counts come and go
+    cached = algos.emplace(key, heuristic.algo).first;
   }
   // C and D are one matrix (in place, beta == 0 reads no C); one call per batch entry, so that a
   // C shared by the entries (stride_c == 0) accumulates in order as on the CPU.
@@ -210,7 +223,7 @@ absl::Status GemmBf16MathCuda(const ExecContext& ctx, const GemmArgs& g) {
     float* c = g.c + i * g.stride_c;
     FEDLORA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(lt, desc.h, &g.alpha, b16 + i * b_stride, lay_b.h,
                                                   a16 + i * a_stride, lay_a.h, &g.beta, c, lay_c.h, c, lay_c.h,
-                                                  &heuristic.algo, ws, kGemmCublasLtWorkspaceBytes, stream));
+                                                  &cached->second, ws, kGemmCublasLtWorkspaceBytes, stream));
   }
   return absl::OkStatus();
 }

@@ -151,7 +151,7 @@ TEST_F(BackendEquivalence, GemmQuantizedPanels) {
   }
 }
 
-// bf16 math on CUDA against the exact fp32 product on the CPU: operands rounded to bf16 (2^-9
+// bf16 math on CUDA against the exact fp32 product on the CPU: operands rounded to bf16 (2^-8
 // relative each) over k <= 96 terms of O(1) values stay within 1e-2 of the largest |C|.
 ::testing::AssertionResult WithinBf16OfCpu(const float* dev, const Guarded& cpu) {
   double largest = 0.0;
