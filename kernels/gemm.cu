@@ -162,8 +162,8 @@ absl::Status GemmBf16MathCuda(const ExecContext& ctx, const GemmArgs& g) {
           g.b_quant, row_bytes, b_rows, b_cols, static_cast<int>(g.b_quant_type), dst);
     } else {
       const int64_t b_entries = g.stride_b == 0 ? 1 : g.batch;
-      ConvertRowsKernel<<<GridFor(b_entries * b_rows * b_cols, 256), 256, 0, stream>>>(g.b, g.ldb, g.stride_b, b_entries,
-                                                                                       b_rows, b_cols, dst);
+      ConvertRowsKernel<<<GridFor(b_entries * b_rows * b_cols, 256), 256, 0, stream>>>(
+          g.b, g.ldb, g.stride_b, b_entries, b_rows, b_cols, dst);
       b_stride = g.stride_b == 0 ? 0 : b_rows * b_cols;
     }
     FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();

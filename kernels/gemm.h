@@ -19,7 +19,7 @@
 // equal the fp32 GEMM on the widened weight. A panel is a block of consecutive stored rows of B:
 // it covers a block of output columns when trans_b, a block of the k dimension otherwise.
 // Workspace: GemmWorkspaceBytes(args) = min(stored_rows, kGemmBf16PanelRows) * stored_cols * 4
-// bytes (0 for fp32 B); a larger workspace uses larger panels (up to the whole matrix in one GEMM).
+// bytes (0 for fp32 B without bf16 math); a larger workspace uses larger panels (up to the whole matrix in one GEMM).
 // For BERT-base (768 x 3072 weights) the minimum is 256 * 3072 * 4 = 3 MiB. bf16 B requires
 // batch == 1.
 //
@@ -33,7 +33,7 @@
 //   CPU (with b_bf16 only; other B are refused there): op(A) is rounded into the workspace and
 //   multiplied with the bf16 B by oneDNN's matmul on AVX512_BF16. It is a permission, not a
 //   demand: where Bf16MathAvailable() is false (no AVX512_BF16) the exact fp32 path above runs.
-//   CUDA (any B: fp32, bf16 or quantized; batch and strides as for fp32): A, and B unless it is
+//   CUDA (any B: fp32 with any batch and strides, or bf16 / quantized with batch 1): A, and B unless it is
 //   stored bf16, are converted to packed bf16 in the workspace (quantized B dequantized straight
 //   to bf16), then cublasLtMatmul multiplies them with CUBLAS_COMPUTE_32F into fp32 C.
 // Workspace with bf16 math: sized for either backend, the larger of the CPU's (the panel and op(A)

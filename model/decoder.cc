@@ -288,7 +288,8 @@ absl::StatusOr<std::unique_ptr<CausalLm>> CausalLm::Create(std::shared_ptr<const
                                                    " but the shared base's is ", base->int8_math() ? "true" : "false"));
   }
   if (options.device == Device::kCuda && options.int8_math) {
-    return absl::UnimplementedError("DecoderOptions.int8_math runs on the CPU only: on CUDA the GEMMs are fp32 or bf16");
+    return absl::UnimplementedError(
+        "DecoderOptions.int8_math runs on the CPU only: on CUDA the GEMMs are fp32 or bf16");
   }
   FEDLORA_ASSIGN_OR_RETURN(auto on_device, base->WeightsOn(options.device));
   std::unique_ptr<CausalLm> lm(new CausalLm(std::move(base), options));
