@@ -4,8 +4,8 @@
 #   1. federated averaging's exact accumulation of 100 updates against a device-to-device copy
 #      (bench/kernels/aggregation_bench.cc);
 #   2. one LoRA training step (r8, batch 32) of MiniLM-L6, BERT-base and SmolLM2-135M geometry at
-#      sequence 128 and 512: fedlora (fp32) against Hugging Face transformers + PEFT in fp32 and
-#      with bf16 autocast, tokens/s and MFU against a cuBLAS bf16 GEMM peak measured in the run
+#      sequence 128 and 512: fedlora in fp32 and with bf16 math (the frozen base in bf16, cuBLASLt)
+#      against Hugging Face transformers + PEFT in fp32 and with bf16 autocast, tokens/s and MFU against a cuBLAS bf16 GEMM peak measured in the run
 #      (scripts/bench_hf_step.py --device cuda).
 #
 #   bench/gpu.sh OUT_FILE [BUILD_DIR]
@@ -57,7 +57,7 @@ fi
     echo
     echo "## One LoRA training step, batch 32 x $seq"
     "$PYTHON" scripts/bench_hf_step.py --build-dir "$BUILD_DIR" --device cuda --batch 32 --seq "$seq" \
-      --geometries minilm,base,smollm2 --hf-modes fp32,bf16 --fedlora-math fp32 --steps 5 --warmup 2 \
+      --geometries minilm,base,smollm2 --hf-modes fp32,bf16 --fedlora-math fp32,bf16 --steps 5 --warmup 2 \
       --json-out "${OUT%.*}-seq$seq.json" | sed -n '/^batch /,$p'
   done
 } | tee "$OUT"

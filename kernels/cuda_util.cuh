@@ -1,6 +1,7 @@
-// Internal helpers for the kernels' .cu files: stream and cuBLAS handle, launch geometry.
+// Internal helpers for the kernels' .cu files: stream, cuBLAS and cuBLASLt handles, launch geometry.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -18,6 +19,9 @@ inline cudaStream_t Stream(const ExecContext& ctx) { return static_cast<cudaStre
 // created on first use and deliberately never destroyed (destroying them in a thread_local
 // destructor can run after the CUDA runtime has shut down at exit).
 absl::StatusOr<cublasHandle_t> CublasHandle(const ExecContext& ctx);
+// The calling thread's cuBLASLt handle for the current device (bf16 math in gemm.cu), kept the
+// same way. cuBLASLt takes the stream per call.
+absl::StatusOr<cublasLtHandle_t> CublasLtHandle();
 
 // Grid size for a grid-stride loop over n items with `block` threads, capped so that huge
 // tensors do not launch millions of blocks (each thread loops instead).

@@ -1,6 +1,6 @@
 // General matrix multiply, row-major:  C = alpha * op(A) op(B) + beta * C,  op(X) = X or X^T.
 // CPU: OpenBLAS cblas_sgemm. CUDA: cuBLAS (cublasGemmStridedBatchedEx / cublasGemmEx, fp32
-// compute, no TF32, so that both backends agree to fp32 rounding).
+// compute, no TF32, so that both backends agree to fp32 rounding); with bf16_math, cuBLASLt in bf16.
 //
 //   // y[m,n] = x[m,k] W[n,k]^T
 //   kernels::GemmArgs g{.trans_b = true, .m = m, .n = n, .k = k, .a = x, .b = w, .c = y};
@@ -19,7 +19,7 @@
 // equal the fp32 GEMM on the widened weight. A panel is a block of consecutive stored rows of B:
 // it covers a block of output columns when trans_b, a block of the k dimension otherwise.
 // Workspace: GemmWorkspaceBytes(args) = min(stored_rows, kGemmBf16PanelRows) * stored_cols * 4
-// bytes (0 for fp32 B); a larger workspace uses larger panels (up to the whole matrix in one GEMM).
+// bytes (0 for fp32 B without bf16 math); a larger workspace uses larger panels (up to the whole matrix in one GEMM).
 // For BERT-base (768 x 3072 weights) the minimum is 256 * 3072 * 4 = 3 MiB. bf16 B requires
 // batch == 1.
 //
@@ -28,11 +28,17 @@
 // whole blocks, packed: ldb must be 0 or stored_cols). CPU: every type DequantizeRows supports;
 // CUDA: Q8_0, Q4_0 and Q4_1 (Unimplemented for the others). Same workspace as bf16.
 //
-// bf16 math (bf16_math with b_bf16): the CPU rounds op(A) to bf16 (round to nearest even) into the
-// workspace and multiplies it with the bf16 B with fp32 accumulation (oneDNN's matmul on
-// AVX512_BF16), about 1e-2 relative from the fp32 result instead of fp32 rounding. It is a
-// permission, not a demand: where Bf16MathAvailable() is false (no AVX512_BF16, or on CUDA) the
-// exact fp32 path above runs. The workspace then also holds op(A) as bf16: m * k * 2 bytes.
+// bf16 math (bf16_math): operands rounded to bf16 (round to nearest even), products summed in
+// fp32, about 1e-2 relative from the fp32 result instead of fp32 rounding.
+//   CPU (with b_bf16 only; other B are refused there): op(A) is rounded into the workspace and
+//   multiplied with the bf16 B by oneDNN's matmul on AVX512_BF16. It is a permission, not a
+//   demand: where Bf16MathAvailable() is false (no AVX512_BF16) the exact fp32 path above runs.
+//   CUDA (any B: fp32 with any batch and strides, or bf16 / quantized with batch 1): A, and B unless it is
+//   stored bf16, are converted to packed bf16 in the workspace (quantized B dequantized straight
+//   to bf16), then cublasLtMatmul multiplies them with CUBLAS_COMPUTE_32F into fp32 C.
+// Workspace with bf16 math: sized for either backend, the larger of the CPU's (the panel and op(A)
+// as bf16, m * k * 2 bytes) and CUDA's (internal::CudaBf16MathWorkspace: kGemmCublasLtWorkspaceBytes
+// for cuBLASLt, then A and B as bf16, one copy per batch entry unless its stride is 0).
 //
 // int8 math (int8_math with a Q8_0 b_quant): the forward product A W^T (trans_b, not trans_a,
 // batch 1) quantizes each row of A per block of 32 (d = max|a| / 127, q = nearest-even(a * 127 /
@@ -65,6 +71,8 @@ namespace fedlora::kernels {
 
 inline constexpr int64_t kGemmBf16PanelRows = 256;
 inline constexpr int64_t kGemmInt8MinRows = 32;
+// cuBLASLt's own workspace inside a bf16-math workspace on CUDA.
+inline constexpr size_t kGemmCublasLtWorkspaceBytes = size_t{4} << 20;
 
 struct GemmArgs {
   bool trans_a = false;
@@ -83,9 +91,9 @@ struct GemmArgs {
   int64_t ldc = 0;
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
-  bool bf16_math = false;     // with b_bf16: may round A to bf16 (see bf16 math above)
+  bool bf16_math = false;     // may round A and B to bf16 (see bf16 math above)
   bool int8_math = false;     // with a Q8_0 b_quant: may quantize A to int8 (see int8 math above)
-  void* workspace = nullptr;  // only for b_bf16 / b_quant; on ctx.device
+  void* workspace = nullptr;  // only for b_bf16 / b_quant / bf16_math; on ctx.device
   size_t workspace_bytes = 0;
 };
 
@@ -96,7 +104,7 @@ bool Bf16MathAvailable();
 // True when this CPU multiplies in int8 (AVX512-VNNI): GemmArgs::int8_math takes effect on the CPU.
 bool Int8MathAvailable();
 
-// Minimum workspace for `args` (0 unless b_bf16 or b_quant is set).
+// Minimum workspace for `args` on either backend (0 unless b_bf16, b_quant or bf16_math is set).
 size_t GemmWorkspaceBytes(const GemmArgs& args);
 absl::Status CanRun(const ExecContext& ctx, const GemmArgs& args);
 absl::Status Gemm(const ExecContext& ctx, const GemmArgs& args);
@@ -112,6 +120,14 @@ size_t Bf16MathABytes(const GemmArgs& args);
 // Tests: false makes Bf16MathAvailable() false from now on (the fp32 path runs); true restores
 // the CPU's answer.
 void SetBf16MathAllowedForTesting(bool allowed);
+// Where the CUDA bf16-math path keeps its pieces in the workspace: offsets from the workspace
+// rounded up to 256 bytes (total covers that rounding). cuBLASLt's workspace is at offset 0.
+struct CudaBf16MathLayout {
+  size_t a_offset = 0;  // op(A)'s stored matrix as packed bf16, per batch entry (one if stride_a == 0)
+  size_t b_offset = 0;  // B as packed bf16 (nothing when B is stored bf16)
+  size_t total = 0;     // bytes the workspace needs; 0 when m, n or k is 0
+};
+CudaBf16MathLayout CudaBf16MathWorkspace(const GemmArgs& args);
 // int8 math on the CPU (gemm_int8_cpu.cc): true when `args` runs there (see int8 math above).
 bool UsesInt8Math(const GemmArgs& args);
 absl::Status GemmInt8MathCpu(const ExecContext& ctx, const GemmArgs& args);

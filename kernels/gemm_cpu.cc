@@ -88,19 +88,22 @@ void SgemmOnPool(ThreadPool& pool, const GemmArgs& g) {
 }  // namespace
 
 size_t GemmWorkspaceBytes(const GemmArgs& args) {
-  if (args.b_bf16 == nullptr && args.b_quant == nullptr) return 0;
+  // bf16 math on CUDA: cuBLASLt's workspace and the bf16 copies (0 for an empty product).
+  size_t need = args.bf16_math ? internal::CudaBf16MathWorkspace(args).total : 0;
+  if (args.b_bf16 == nullptr && args.b_quant == nullptr) return need;
   const int64_t rows = BStoredRows(args), cols = BStoredCols(args);
-  if (rows <= 0 || cols <= 0) return 0;
+  if (rows <= 0 || cols <= 0) return need;
   const size_t panel = static_cast<size_t>(std::min(rows, kGemmBf16PanelRows) * cols) * sizeof(float);
-  // bf16 math needs the bf16 copy of A; the panel keeps the fp32 path (CUDA) runnable too.
+  need = std::max(need, panel);
+  // bf16 math on the CPU needs the bf16 copy of A; the panel keeps the fp32 path runnable too.
   if (args.bf16_math && args.b_bf16 != nullptr && Bf16MathAvailable()) {
-    return std::max(panel, internal::Bf16MathABytes(args));
+    return std::max(need, internal::Bf16MathABytes(args));
   }
   if (args.int8_math && args.b_quant != nullptr) {
     GemmArgs g = Resolved(args);
-    if (internal::UsesInt8Math(g)) return std::max(panel, internal::Int8MathWorkspaceBytes(g));
+    if (internal::UsesInt8Math(g)) return std::max(need, internal::Int8MathWorkspaceBytes(g));
   }
-  return panel;
+  return need;
 }
 
 absl::Status CanRun(const ExecContext& ctx, const GemmArgs& in) {
@@ -125,20 +128,21 @@ absl::Status CanRun(const ExecContext& ctx, const GemmArgs& in) {
     FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, g.c, "c"));
     if (g.k > 0) FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, g.a, "a"));
   }
-  if (g.bf16_math && g.b_bf16 == nullptr && g.k > 0) {
-    return internal::InvalidArg(kOp, "bf16_math applies to a bf16 B only");
+  if (g.bf16_math && g.b_bf16 == nullptr && g.k > 0 && ctx.device != Device::kCuda) {
+    return internal::InvalidArg(kOp, "bf16_math applies to a bf16 B only on the CPU");
   }
   if (g.int8_math && g.b_quant_type != GgmlType::kQ8_0 && g.k > 0) {
     return internal::InvalidArg(kOp, "int8_math applies to a Q8_0 B only");
   }
-  if (g.b_bf16 != nullptr || g.b_quant != nullptr) {
-    const char* kind = g.b_bf16 != nullptr ? "bf16" : "quantized";
-    if (g.batch != 1) return absl::UnimplementedError(absl::StrCat("Gemm: ", kind, " B requires batch == 1"));
-    const size_t need = GemmWorkspaceBytes(g);
-    if (need > 0 && (g.workspace == nullptr || g.workspace_bytes < need)) {
-      return internal::InvalidArg(kOp, absl::StrCat(kind, " B needs a workspace of ", need, " bytes, got ",
-                                                    g.workspace == nullptr ? 0 : g.workspace_bytes));
-    }
+  if ((g.b_bf16 != nullptr || g.b_quant != nullptr) && g.batch != 1) {
+    return absl::UnimplementedError(
+        absl::StrCat("Gemm: ", g.b_bf16 != nullptr ? "bf16" : "quantized", " B requires batch == 1"));
+  }
+  if (const size_t need = GemmWorkspaceBytes(g);
+      need > 0 && (g.workspace == nullptr || g.workspace_bytes < need)) {
+    const char* kind = g.b_bf16 != nullptr ? "bf16 B" : g.b_quant != nullptr ? "quantized B" : "bf16 math";
+    return internal::InvalidArg(kOp, absl::StrCat(kind, " needs a workspace of ", need, " bytes, got ",
+                                                  g.workspace == nullptr ? 0 : g.workspace_bytes));
   }
   if (g.b_quant != nullptr) {
     if (g.ldb != BStoredCols(g)) {
@@ -166,6 +170,21 @@ absl::Status Gemm(const ExecContext& ctx, const GemmArgs& args) {
 }
 
 namespace internal {
+
+CudaBf16MathLayout CudaBf16MathWorkspace(const GemmArgs& g) {
+  CudaBf16MathLayout l;
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch < 1) return l;
+  constexpr size_t kAlign = 256;
+  auto round_up = [](size_t v) { return (v + kAlign - 1) / kAlign * kAlign; };
+  const size_t a_entries = g.stride_a == 0 ? 1 : static_cast<size_t>(g.batch);
+  const size_t b_entries = g.stride_b == 0 ? 1 : static_cast<size_t>(g.batch);
+  const size_t a_bytes = a_entries * static_cast<size_t>(g.m * g.k) * 2;
+  const size_t b_bytes = g.b_bf16 != nullptr ? 0 : b_entries * static_cast<size_t>(g.k * g.n) * 2;
+  l.a_offset = round_up(kGemmCublasLtWorkspaceBytes);
+  l.b_offset = l.a_offset + round_up(a_bytes);
+  l.total = l.b_offset + round_up(b_bytes) + kAlign;  // the base may need rounding up to 256
+  return l;
+}
 
 int64_t GemmCpuRowBlocks(const GemmArgs& g) {
   if (g.n <= 0 || g.k <= 0) return 1;

@@ -427,9 +427,6 @@ absl::StatusOr<std::unique_ptr<BertClassifier>> BertClassifier::Create(
     return absl::InvalidArgumentError(absl::StrCat("ModelOptions.bf16_math is ", options.bf16_math ? "true" : "false",
                                                    " but the shared base's is ", base->bf16_math() ? "true" : "false"));
   }
-  if (options.device == Device::kCuda && options.bf16_math) {
-    return absl::UnimplementedError("ModelOptions.bf16_math runs on the CPU only so far: on CUDA the GEMMs are fp32");
-  }
   if (base->weight_seed().has_value() && *base->weight_seed() != options.seed) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ModelOptions.seed is ", options.seed, " but the shared base drew some of its weights (",

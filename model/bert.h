@@ -104,10 +104,9 @@ struct ModelOptions {
   // base's.
   bool bf16_weights = false;
   // Multiply with the frozen matrices in bf16 (each GEMM's activation operand rounded to bf16,
-  // fp32 accumulation: kernels/gemm.h) on CPUs with AVX512_BF16, about twice the fp32 rate;
-  // elsewhere the exact fp32 products run. Needs bf16_weights. LoRA factors, gradients and the
-  // optimizer stay fp32. A property of the BertBase, like bf16_weights. CPU only so far: Create
-  // refuses it with device kCuda.
+  // fp32 accumulation: kernels/gemm.h) on CPUs with AVX512_BF16, about twice the fp32 rate, and
+  // on CUDA (cuBLASLt); on other CPUs the exact fp32 products run. Needs bf16_weights. LoRA
+  // factors, gradients and the optimizer stay fp32. A property of the BertBase, like bf16_weights.
   bool bf16_math = false;
   // Dropout probabilities in training mode; unset means the config's hidden_dropout_prob
   // (classifier_dropout for the classifier when the config has one) and
@@ -166,7 +165,7 @@ class BertBase {
   // True when the frozen matrices are held as bf16 (ModelOptions::bf16_weights at creation).
   bool bf16_weights() const { return bf16_weights_; }
   // True when GEMMs with the frozen matrices may run in bf16 (ModelOptions::bf16_math at
-  // creation); they do where kernels::Bf16MathAvailable().
+  // creation); they do on CUDA, and on the CPU where kernels::Bf16MathAvailable().
   bool bf16_math() const { return bf16_math_; }
   // The seed some of the weights were drawn from (FromRandom; Load of a checkpoint without a
   // pooler), or nullopt when every weight came from the checkpoint.

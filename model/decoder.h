@@ -85,8 +85,8 @@ struct DecoderOptions {
   // fp32 summation order.
   std::optional<bool> fused_attention;
   // Multiply with the frozen projections and the LM head in bf16 (activation operand rounded to
-  // bf16, fp32 accumulation: kernels/gemm.h) on CPUs with AVX512_BF16; the exact fp32 products
-  // elsewhere. Needs weights == kBF16 (a 4- or 8-bit GGUF base is then widened to bf16). LoRA
+  // bf16, fp32 accumulation: kernels/gemm.h) on CPUs with AVX512_BF16 and on CUDA (cuBLASLt); the
+  // exact fp32 products on other CPUs. Needs weights == kBF16 (a 4- or 8-bit GGUF base is then widened to bf16). LoRA
   // factors, gradients and the optimizer stay fp32. A property of the DecoderBase.
   bool bf16_math = false;
   // Multiply the forward products of the Q8_0 frozen matrices in int8 (the activation quantized
@@ -96,8 +96,8 @@ struct DecoderOptions {
   bool int8_math = false;
   std::string base_model_name;  // recorded in the PEFT adapter_config.json
   // Where the model computes, as ModelOptions::device (model/bert.h). On kCuda, Generate is
-  // refused (greedy decoding runs on the CPU so far), and so are bf16_math and int8_math (CPU
-  // kernels; the CUDA GEMMs are fp32).
+  // refused (greedy decoding runs on the CPU so far), and so is int8_math (a CPU kernel; the CUDA
+  // GEMMs are fp32, or bf16 with bf16_math).
   Device device = Device::kCpu;
 };
 
@@ -121,7 +121,7 @@ class DecoderBase {
   // A short description of the storage, e.g. "Q4_1 x 210, Q8_0 x 1, F32 x 61".
   std::string storage_summary() const;
   // DecoderOptions::bf16_math at load: GEMMs with the frozen matrices may run in bf16 (they do
-  // where kernels::Bf16MathAvailable()).
+  // on CUDA, and on the CPU where kernels::Bf16MathAvailable()).
   bool bf16_math() const { return bf16_math_; }
   // DecoderOptions::int8_math at load: forward GEMMs with the Q8_0 matrices may run in int8 (they
   // do where kernels::Int8MathAvailable()).

@@ -96,7 +96,7 @@ int RunClient(int argc, char** argv) {
   flags.AddInt("threads", &threads, "CPU threads for training (0: all cores)");
   std::string device_flag = "cpu";
   flags.AddString("device", &device_flag,
-                  "cpu, cuda or auto (the GPU when one is usable); a run with BF16 or INT8 precision trains on the "
+                  "cpu, cuda or auto (the GPU when one is usable); a run with INT8 precision trains on the "
                   "CPU (auto) or is refused (cuda)");
   flags.AddInt("max-tasks", &max_tasks, "stop after this many accepted updates (0: until the run ends)");
   std::string state_dir;

@@ -137,7 +137,7 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
   metrics["options"]["targets"] = lm->options().lora.target_modules;
   metrics["options"]["bf16"] = f.bf16 || f.bf16_math;
   metrics["options"]["bf16_math"] = f.bf16_math;
-  metrics["options"]["bf16_math_active"] = f.bf16_math && kernels::Bf16MathAvailable();
+  metrics["options"]["bf16_math_active"] = f.bf16_math && (f.device == Device::kCuda || kernels::Bf16MathAvailable());
   metrics["options"]["int8_math"] = f.int8_math;
   metrics["options"]["int8_math_active"] = f.int8_math && kernels::Int8MathAvailable();
   metrics["options"]["chat_template"] = std::string(tok.chat->name());

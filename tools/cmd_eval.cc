@@ -86,7 +86,7 @@ absl::Status Eval(EvalFlags f) {
   const bool decoder = IsDecoderCheckpoint(f.model_dir);
   FEDLORA_ASSIGN_OR_RETURN(const Device device,
                            DeviceForRun(f.device, resolved,
-                                        CpuOnlyWork(f.bf16_math, decoder && f.int8_math, decoder && f.data.exact_match)));
+                                        CpuOnlyWork(decoder && f.int8_math, decoder && f.data.exact_match)));
   if (decoder) {
     return EvalDecoder({.model = f.model_dir,
                         .adapter = f.adapter_dir,
@@ -172,9 +172,9 @@ int RunEval(int argc, char** argv) {
   flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
   flags.AddBool("bf16", &f.bf16, "hold the frozen base weights in bf16");
   flags.AddBool("bf16-math", &f.bf16_math,
-                "also multiply with them in bf16 where the CPU has AVX512_BF16 (implies --bf16)");
+                "also multiply with them in bf16 on CUDA and where the CPU has AVX512_BF16 (implies --bf16)");
   flags.AddString("device", &f.device,
-                  "cpu, cuda or auto (the GPU when one is usable); bf16 or int8 math and exact-match evaluation run on "
+                  "cpu, cuda or auto (the GPU when one is usable); int8 math and exact-match evaluation run on "
                   "the CPU: auto then takes it, cuda is refused");
   flags.AddBool("int8-math", &f.int8_math,
                 "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where the CPU has "

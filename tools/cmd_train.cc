@@ -62,7 +62,7 @@ absl::Status Train(TrainFlags f) {
   const bool decoder = IsDecoderCheckpoint(f.model_dir);
   FEDLORA_ASSIGN_OR_RETURN(const Device device,
                            DeviceForRun(f.device, resolved,
-                                        CpuOnlyWork(f.bf16_math, decoder && f.int8_math, decoder && f.data.exact_match)));
+                                        CpuOnlyWork(decoder && f.int8_math, decoder && f.data.exact_match)));
   if (decoder) {
     return TrainDecoder({.model = f.model_dir,
                          .train_path = f.train_path,
@@ -171,7 +171,7 @@ absl::Status Train(TrainFlags f) {
   metrics["options"]["targets"] = SplitList(f.targets);
   metrics["options"]["bf16"] = f.bf16 || f.bf16_math;
   metrics["options"]["bf16_math"] = f.bf16_math;
-  metrics["options"]["bf16_math_active"] = f.bf16_math && kernels::Bf16MathAvailable();
+  metrics["options"]["bf16_math_active"] = f.bf16_math && (device == Device::kCuda || kernels::Bf16MathAvailable());
   metrics["options"]["threads"] = kernels::NumThreads();
   metrics["options"]["device"] = std::string(DeviceName(device));
   metrics["openblas_core"] = kernels::OpenBlasCoreName();
@@ -244,10 +244,10 @@ int RunTrain(int argc, char** argv) {
   flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
   flags.AddBool("bf16", &f.bf16, "hold the frozen base weights in bf16 (half the memory)");
   flags.AddBool("bf16-math", &f.bf16_math,
-                "also multiply with them in bf16, fp32 accumulation, where the CPU has AVX512_BF16 "
-                "(implies --bf16)");
+                "also multiply with them in bf16, fp32 accumulation, on CUDA and where the CPU has "
+                "AVX512_BF16 (implies --bf16)");
   flags.AddString("device", &f.device,
-                  "cpu, cuda or auto (the GPU when one is usable); bf16 or int8 math and exact-match evaluation run on "
+                  "cpu, cuda or auto (the GPU when one is usable); int8 math and exact-match evaluation run on "
                   "the CPU: auto then takes it, cuda is refused");
   flags.AddBool("int8-math", &f.int8_math,
                 "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where the CPU has "

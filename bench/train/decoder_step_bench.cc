@@ -17,7 +17,7 @@
 // FFN shape (batch*seq x intermediate x hidden, same threads, same run) and the peak RSS of this
 // process (VmHWM: this program's own, not a parent's before exec). With --math bf16 also the rate
 // of the bf16-math GEMM at that shape (bf16_gemm_gflops). reduced_math_active: whether bf16 or
-// int8 math ran (this CPU has AVX512_BF16, AVX512-VNNI). --device cuda trains on the GPU
+// int8 math ran (bf16: on CUDA, or this CPU has AVX512_BF16; int8: AVX512-VNNI). --device cuda trains on the GPU
 // (DecoderOptions::device; generation stays on the CPU, so it needs --generate 0) and skips the
 // CPU sgemm rate (-1).
 #include <algorithm>
@@ -83,7 +83,8 @@ absl::Status Run(const std::string& model_path, const std::string& batch_path, c
   const bool bf16_math = math == "bf16";
   o.bf16_math = bf16_math;
   o.int8_math = math == "int8";
-  const bool reduced_active = bf16_math ? kernels::Bf16MathAvailable() : o.int8_math && kernels::Int8MathAvailable();
+  const bool reduced_active = bf16_math ? device == Device::kCuda || kernels::Bf16MathAvailable()
+                                        : o.int8_math && kernels::Int8MathAvailable();
   o.max_batch = batch.batch_size;
   o.max_seq = batch.seq_len;
   o.recompute_activations = recompute;

@@ -12,7 +12,8 @@
 // ones, the OpenBLAS sgemm rate at the FFN shape of this geometry (same threads, same run), and
 // the peak RSS of this process. --math bf16 holds the base in bf16 and multiplies with it in bf16
 // (ModelOptions::bf16_math); the JSON then also carries the rate of that bf16 GEMM at the FFN shape
-// through kernels::Gemm (bf16_gemm_gflops), and whether the CPU ran it in bf16 (bf16_math_active).
+// through kernels::Gemm (bf16_gemm_gflops), and whether it ran in bf16 (bf16_math_active: always on
+// CUDA, on a CPU with AVX512_BF16).
 // --device cuda trains on the GPU (ModelOptions::device) and skips the CPU GEMM rates (-1).
 //
 // Dropout is off (p = 0) so that both engines compute the same function and the losses can be
@@ -140,7 +141,7 @@ absl::Status Run(int argc, char** argv) {
              "\"first_grad_norm\":%.9g,\"trainable_params\":%d,\"step_median_s\":%.6f,"
              "\"step_min_s\":%.6f,\"steps\":%d,\"sgemm_gflops\":%.2f,\"sgemm_shape\":[%d,%d,%d],"
              "\"bf16_gemm_gflops\":%.2f,\"rss_after_mb\":%.1f,\"peak_rss_mb\":%.1f}",
-             DeviceName(device), math, bf16_math && kernels::Bf16MathAvailable() ? "true" : "false", kernels::NumThreads(), load_s, t.first_loss, t.first_grad_norm, trainable,
+             DeviceName(device), math, bf16_math && (!cpu || kernels::Bf16MathAvailable()) ? "true" : "false", kernels::NumThreads(), load_s, t.first_loss, t.first_grad_norm, trainable,
              times[times.size() / 2], times.front(), steps, sgemm, batch.batch_size * batch.seq_len,
              cfg.intermediate_size, cfg.hidden_size, bf16_gemm, rss_after, PeakResidentKib() / 1024.0)
       << std::endl;

@@ -2,6 +2,7 @@
 // spirit of ggml's test-backend-ops). Skips itself without a GPU. Each device output buffer has
 // kGuard guard floats after it that must survive the kernel. Tolerances are stated per op: the
 // backends differ only in summation order and in libm vs CUDA math functions.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -149,6 +150,77 @@ TEST_F(BackendEquivalence, GemmQuantizedPanels) {
       EXPECT_TRUE(SameAsCpu(d.c, c, kGemmTol, kGemmTol)) << GgmlTypeName(type) << " trans_b=" << tb;
     }
   }
+}
+
+// bf16 math on CUDA against the exact fp32 product on the CPU: operands rounded to bf16 (2^-8
+// relative each) over k <= 96 terms of O(1) values stay within 1e-2 of the largest |C|.
+::testing::AssertionResult WithinBf16OfCpu(const float* dev, const Guarded& cpu) {
+  double largest = 0.0;
+  for (float v : cpu.values()) largest = std::max(largest, std::fabs(static_cast<double>(v)));
+  return SameAsCpu(dev, cpu, 1e-2 * largest, 0.0);
+}
+
+TEST_F(BackendEquivalence, GemmBf16MathAgainstFp32) {
+  const int64_t m = 37, n = 64, k = 96;  // n and k whole 32-element blocks for the quantized B
+  enum class BKind { kF32, kBf16, kQ4_1 };
+  for (BKind kind : {BKind::kF32, BKind::kBf16, BKind::kQ4_1}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        const int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+        const auto a = Random(m * k, 101), c0 = Random(m * n, 103);
+        auto b = Random(k * n, 102);
+        const auto bits = TruncateToBf16(b);
+        std::vector<float> q_values;
+        const auto q = testing::RandomQuantMatrix(GgmlType::kQ4_1, b_rows, b_cols, 104, &q_values);
+        GemmArgs g{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 0.7f, .beta = 0.3f, .a = a.data()};
+        if (kind == BKind::kF32) g.b = b.data();
+        if (kind == BKind::kBf16) g.b_bf16 = bits.data();
+        if (kind == BKind::kQ4_1) {
+          g.b_quant = q.data();
+          g.b_quant_type = GgmlType::kQ4_1;
+        }
+        // The CPU reference: the exact fp32 product (with the panel workspace a bf16 or quantized B needs).
+        std::vector<float> hws(GemmWorkspaceBytes(g) / 4 + 1);
+        g.workspace = hws.data();
+        g.workspace_bytes = hws.size() * 4;
+        Guarded c(c0);
+        g.c = c.data();
+        ASSERT_TRUE(Gemm(Cpu(), g).ok());
+        GemmArgs d = g;
+        d.bf16_math = true;
+        d.a = dev_.Upload(a);
+        if (kind == BKind::kF32) d.b = dev_.Upload(b);
+        if (kind == BKind::kBf16) d.b_bf16 = dev_.Upload(bits);
+        if (kind == BKind::kQ4_1) d.b_quant = dev_.Upload(q);
+        d.workspace_bytes = GemmWorkspaceBytes(d);
+        d.workspace = dev_.Workspace(d.workspace_bytes);
+        d.c = dev_.Upload(Guarded(c0));
+        const absl::Status st = Gemm(Gpu(), d);
+        ASSERT_TRUE(st.ok()) << st;
+        EXPECT_TRUE(WithinBf16OfCpu(d.c, c)) << "B kind " << static_cast<int>(kind) << " ta=" << ta << " tb=" << tb;
+      }
+    }
+  }
+  // Padded leading dimensions, beta == 0 over a NaN-poisoned C, and a strided batch with a broadcast B.
+  const int64_t batch = 3, lda = k + 5, ldc = n + 3;
+  const auto a = Random(batch * m * lda, 105), b = Random(k * n, 106);
+  GemmArgs g{.m = m, .n = n, .k = k, .a = a.data(), .lda = lda, .b = b.data(), .ldc = ldc, .batch = batch,
+             .stride_a = m * lda, .stride_b = 0, .stride_c = m * ldc};
+  std::vector<float> c0(batch * m * ldc, std::nanf(""));
+  for (int64_t i = 0; i < batch * m; ++i) std::fill_n(c0.begin() + i * ldc + n, ldc - n, 5.0f);  // padding survives
+  Guarded c(c0);
+  g.c = c.data();
+  ASSERT_TRUE(Gemm(Cpu(), g).ok());
+  GemmArgs d = g;
+  d.bf16_math = true;
+  d.a = dev_.Upload(a);
+  d.b = dev_.Upload(b);
+  d.workspace_bytes = GemmWorkspaceBytes(d);
+  d.workspace = dev_.Workspace(d.workspace_bytes);
+  d.c = dev_.Upload(Guarded(c0));
+  const absl::Status st = Gemm(Gpu(), d);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_TRUE(WithinBf16OfCpu(d.c, c)) << "batched";
 }
 
 TEST_F(BackendEquivalence, LinearForwardBackward) {

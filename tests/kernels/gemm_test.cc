@@ -297,7 +297,9 @@ TEST(GemmBf16Math, RunsTheExactFp32PathWhereBf16IsUnavailable) {
   EXPECT_FALSE(Bf16MathAvailable());
   GemmArgs g{.trans_b = true, .m = m, .n = n, .k = k, .a = a.data(), .b_bf16 = bits.data(), .bf16_math = true};
   const size_t ws_bytes = GemmWorkspaceBytes(g);
-  EXPECT_EQ(ws_bytes, static_cast<size_t>(n * k * 4));  // the fp32 panel only
+  // The fp32 panel (n * k * 4 = 48000 bytes) is smaller than what CUDA's bf16 math needs:
+  // cuBLASLt's 4 MiB, A as bf16 (6 * 300 * 2 = 3600, rounded up to 3840) and 256 for alignment.
+  EXPECT_EQ(ws_bytes, static_cast<size_t>((4 << 20) + 3840 + 256));
   std::vector<float> ws(ws_bytes / 4), c(m * n), want(m * n);
   g.workspace = ws.data();
   g.workspace_bytes = ws_bytes;
@@ -317,6 +319,52 @@ TEST(GemmBf16Math, AppliesToBf16WeightsOnly) {
   const absl::Status st = Gemm(Cpu(), g);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("bf16_math"), std::string::npos) << st;
+}
+
+TEST(GemmBf16Math, WorkspaceCoversTheCudaBf16Copies) {
+  std::vector<float> a(1), b(1);
+  // fp32 B [k, n] = [70, 50], A [m, k] = [30, 70]: 4 MiB for cuBLASLt, A as bf16 (4200 bytes ->
+  // 4352), B as bf16 (7000 -> 7168), 256 for aligning the base.
+  GemmArgs g{.m = 30, .n = 50, .k = 70, .a = a.data(), .b = b.data(), .bf16_math = true};
+  EXPECT_EQ(GemmWorkspaceBytes(g), static_cast<size_t>((4 << 20) + 4352 + 7168 + 256));
+  const internal::CudaBf16MathLayout l = internal::CudaBf16MathWorkspace(g);
+  EXPECT_EQ(l.a_offset, kGemmCublasLtWorkspaceBytes);
+  EXPECT_EQ(l.b_offset, kGemmCublasLtWorkspaceBytes + 4352);
+  // Batch 3 with a broadcast B: three copies of A, one of B.
+  GemmArgs batched = g;
+  batched.batch = 3;
+  batched.stride_a = 30 * 70;
+  batched.stride_c = 30 * 50;
+  EXPECT_EQ(GemmWorkspaceBytes(batched), static_cast<size_t>((4 << 20) + 12800 + 7168 + 256));  // 12600 -> 12800
+  // A bf16 B is multiplied in place: no copy of it (the CPU's fp32 panel, 70 * 50 * 4 bytes, is
+  // smaller).
+  std::vector<uint16_t> bits(1);
+  GemmArgs bf16 = g;
+  bf16.b = nullptr;
+  bf16.b_bf16 = bits.data();
+  EXPECT_EQ(GemmWorkspaceBytes(bf16), static_cast<size_t>((4 << 20) + 4352 + 256));
+  // A quantized B [n, k] = [50, 64] (trans_b) is dequantized to bf16: 50 * 64 * 2 = 6400 bytes.
+  std::vector<uint8_t> q(1);
+  GemmArgs quant{.trans_b = true, .m = 30, .n = 50, .k = 64, .a = a.data(), .b_quant = q.data(),
+                 .b_quant_type = GgmlType::kQ8_0, .bf16_math = true};
+  EXPECT_EQ(GemmWorkspaceBytes(quant), static_cast<size_t>((4 << 20) + 3840 + 6400 + 256));  // 3840 = 30 * 64 * 2
+  // An empty product needs none; without bf16 math an fp32 B needs none.
+  GemmArgs empty = g;
+  empty.k = 0;
+  EXPECT_EQ(GemmWorkspaceBytes(empty), 0u);
+  g.bf16_math = false;
+  EXPECT_EQ(GemmWorkspaceBytes(g), 0u);
+}
+
+TEST(GemmBf16Math, RefusesATooSmallWorkspace) {
+  const int64_t m = 4, n = 8, k = 16;
+  std::vector<float> a(m * k), c(m * n), ws(1024);
+  std::vector<uint16_t> bits(n * k);
+  GemmArgs g{.trans_b = true, .m = m, .n = n, .k = k, .a = a.data(), .b_bf16 = bits.data(), .c = c.data(),
+             .bf16_math = true, .workspace = ws.data(), .workspace_bytes = ws.size() * 4};
+  const absl::Status st = Gemm(Cpu(), g);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("bf16 B needs a workspace of"), std::string::npos) << st;
 }
 
 // int8 math, computed here as kernels/gemm.h defines it: A quantized per block of 32, exact int
