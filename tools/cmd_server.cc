@@ -239,7 +239,7 @@ absl::Status Serve(const ServeFlags& f) {
   std::unique_ptr<Evaluator> evaluator;
   FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
   FEDLORA_ASSIGN_OR_RETURN(const Device device,
-                           DeviceForRun(f.device, resolved, CpuOnlyWork(config, /*evaluates=*/true)));
+                           DeviceForRun(f.device, resolved, CpuOnlyWork(config)));
   if (config.task().kind() == v1::TaskConfig::CAUSAL_LM) {
     FEDLORA_RETURN_IF_ERROR(LoadDecoderRun(config, device, &initial, &evaluator));
   } else {

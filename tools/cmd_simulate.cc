@@ -96,7 +96,7 @@ absl::Status Simulate(const SimulateFlags& f) {
   options.progress = f.progress;
   options.mtls = f.mtls;
   FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
-  FEDLORA_ASSIGN_OR_RETURN(options.device, DeviceForRun(f.device, resolved, CpuOnlyWork(config, /*evaluates=*/true)));
+  FEDLORA_ASSIGN_OR_RETURN(options.device, DeviceForRun(f.device, resolved, CpuOnlyWork(config)));
   absl::StatusOr<sim::SimResult> run = sim::RunSimulation(config, options);
   if (!run.ok()) {
     if (!log_path.empty()) std::fprintf(stderr, "fedlora simulate: the log is in %s\n", log_path.c_str());

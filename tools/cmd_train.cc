@@ -61,8 +61,7 @@ absl::Status Train(TrainFlags f) {
   // An encoder refuses --int8-math and --exact-match below, with its own message.
   const bool decoder = IsDecoderCheckpoint(f.model_dir);
   FEDLORA_ASSIGN_OR_RETURN(const Device device,
-                           DeviceForRun(f.device, resolved,
-                                        CpuOnlyWork(f.bf16_math, decoder && f.int8_math, decoder && f.data.exact_match)));
+                           DeviceForRun(f.device, resolved, CpuOnlyWork(f.bf16_math, decoder && f.int8_math)));
   if (decoder) {
     return TrainDecoder({.model = f.model_dir,
                          .train_path = f.train_path,

@@ -61,12 +61,11 @@ int UsageError(const std::string& command, const std::string& message);
 // naming the text otherwise; FailedPrecondition with CUDA's reason for "cuda" without a usable GPU.
 absl::StatusOr<Device> ResolveDevice(const std::string& text);
 
-// What of a run computes on the CPU only so far: bf16 and int8 math (CPU kernels) and exact-match
-// evaluation (greedy decoding), named for a message; "" when none of them is asked for.
-std::string CpuOnlyWork(bool bf16_math, bool int8_math, bool exact_match);
-// The same for a federated run: its precision (BF16: bf16 math, INT8: int8 math) and, where the
-// caller evaluates (`evaluates`), the task's exact-match scoring.
-std::string CpuOnlyWork(const v1::RunConfig& config, bool evaluates);
+// What of a run computes on the CPU only so far: bf16 and int8 math (CPU kernels), named for a
+// message; "" when neither is asked for. (Exact-match evaluation, greedy decoding, runs on CUDA.)
+std::string CpuOnlyWork(bool bf16_math, bool int8_math);
+// The same for a federated run: its precision (BF16: bf16 math, INT8: int8 math).
+std::string CpuOnlyWork(const v1::RunConfig& config);
 
 // The device a run computes on, `resolved` from --device `flag` (ResolveDevice), when `cpu_only`
 // (CpuOnlyWork) names work that needs the CPU: "auto" then takes the CPU, "cuda" is refused with
