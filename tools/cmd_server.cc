@@ -329,7 +329,7 @@ int RunServer(int argc, char** argv) {
   flags.AddString("device", &f.device,
                   "cpu, cuda or auto (the GPU when one is usable): where the round's updates are summed "
                   "(the same bits on both) and the held-out evaluation computes; an evaluation that needs the "
-                  "CPU (BF16 or INT8 precision, exact match) runs there with auto and is refused with cuda");
+                  "CPU (BF16 or INT8 precision) runs there with auto and is refused with cuda");
   flags.AddBool("insecure", &f.insecure, "serve plaintext without TLS: loopback addresses only (server.insecure)");
   flags.AddInt("linger-seconds", &f.linger_seconds, "keep serving this long after the run finished");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;

@@ -150,7 +150,7 @@ int RunSimulate(int argc, char** argv) {
   flags.AddBool("progress", &f.progress, "show a progress line on stderr");
   flags.AddString("device", &f.device,
                   "cpu, cuda or auto (the GPU when one is usable): where the virtual clients and the evaluation "
-                  "compute and the server sums; a run that needs the CPU (BF16 or INT8 precision, exact match) "
+                  "compute and the server sums; a run that needs the CPU (BF16 or INT8 precision) "
                   "runs there with auto and is refused with cuda");
   flags.AddBool("mtls", &f.mtls,
                 "serve the federation over mutual TLS with a development PKI made for the run in <out>/pki");

@@ -246,8 +246,8 @@ int RunTrain(int argc, char** argv) {
                 "also multiply with them in bf16, fp32 accumulation, where the CPU has AVX512_BF16 "
                 "(implies --bf16)");
   flags.AddString("device", &f.device,
-                  "cpu, cuda or auto (the GPU when one is usable); bf16 or int8 math and exact-match evaluation run on "
-                  "the CPU: auto then takes it, cuda is refused");
+                  "cpu, cuda or auto (the GPU when one is usable); bf16 or int8 math run on the CPU: auto then "
+                  "takes it, cuda is refused");
   flags.AddBool("int8-math", &f.int8_math,
                 "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where the CPU has "
                 "AVX512-VNNI (not with --bf16)");

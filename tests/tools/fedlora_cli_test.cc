@@ -698,6 +698,23 @@ TEST_F(FedloraGenerate, RefusesBadFlags) {
   Result r = Run("--prompt hi --chat-template vicuna");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("vicuna"));
+  r = Run("--prompt hi --device tpu");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--device must be cpu, cuda or auto"));
+  if (!kernels::CudaAvailable()) {
+    r = Run("--prompt hi --device cuda");
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_THAT(r.err, HasSubstr("CUDA"));
+  }
+}
+
+// --device auto decodes where a GPU is usable (the same greedy tokens as the CPU), else on the CPU.
+TEST_F(FedloraGenerate, AutoDeviceGivesTheCpusCompletion) {
+  Result cpu = Run("--prompt 'What is the capital of France?' --max-new-tokens 8 --threads 2 --device cpu");
+  Result any = Run("--prompt 'What is the capital of France?' --max-new-tokens 8 --threads 2 --device auto");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  ASSERT_EQ(any.exit_code, 0) << any.err;
+  EXPECT_EQ(any.out, cpu.out);
 }
 
 }  // namespace
