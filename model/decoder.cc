@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "core/status.h"
 #include "kernels/attention.h"
+#include "kernels/decode_attention.h"
 #include "kernels/linear.h"
 #include "kernels/lora_linear.h"
 #include "model/decoder_impl.h"
@@ -434,6 +435,9 @@ absl::Status CausalLm::Impl::Plan() {
                      kernels::FusedAttentionBackwardWorkspaceBytes(
                          {.tokens = tokens, .heads = config.num_attention_heads})});
   }
+  need = std::max(need, kernels::DecodeAttentionWorkspaceBytes({.heads = config.num_attention_heads,
+                                                                .kv_heads = config.num_key_value_heads,
+                                                                .head_dim = config.head_dim, .len = options.max_seq}));
   FEDLORA_RETURN_IF_ERROR(zeros(&workspace_storage, static_cast<int64_t>(need)));
   workspace = workspace_storage.data();
   workspace_bytes = need;

@@ -1,5 +1,5 @@
 // Decoder-only transformers (LLaMA family: LLaMA, SmolLM, Qwen2) for causal language modelling,
-// with LoRA adapters, on the CPU or a CUDA GPU (DecoderOptions::device; greedy decoding on the CPU).
+// with LoRA adapters, on the CPU or a CUDA GPU (DecoderOptions::device).
 //
 //   DecoderOptions opts;                         // LoRA r8 on all seven projections
 //   FEDLORA_ASSIGN_OR_RETURN(auto lm, CausalLm::Load("models/SmolLM2-135M-Instruct/"
@@ -95,9 +95,9 @@ struct DecoderOptions {
   // DecoderBase; not with bf16_math.
   bool int8_math = false;
   std::string base_model_name;  // recorded in the PEFT adapter_config.json
-  // Where the model computes, as ModelOptions::device (model/bert.h). On kCuda, Generate is
-  // refused (greedy decoding runs on the CPU so far), and so is int8_math (a CPU kernel; the CUDA
-  // GEMMs are fp32, or bf16 with bf16_math).
+  // Where the model computes, as ModelOptions::device (model/bert.h): training, evaluation and
+  // greedy decoding. On kCuda, int8_math is refused (a CPU kernel; the CUDA GEMMs are fp32, or
+  // bf16 with bf16_math).
   Device device = Device::kCpu;
 };
 

@@ -96,6 +96,9 @@ struct CausalLm::Impl {
   Array head_in, head_logits, dhead_in, head_loss;
   std::vector<int32_t> head_labels_host;
   kernels::DeviceArray<int32_t> head_labels;
+  // Generate's KV cache: per layer the rotated keys and the values, [max_seq, kv_dim], allocated
+  // by the first cached Generate.
+  std::vector<Array> cache_k, cache_v;
   kernels::DeviceArray<uint8_t> workspace_storage;
   void* workspace = nullptr;  // workspace_storage.data() (256-byte aligned)
   size_t workspace_bytes = 0;
@@ -110,6 +113,8 @@ struct CausalLm::Impl {
   absl::Status Plan();
   bool on_host() const { return backend->device() == Device::kCpu; }
   absl::Status CheckBatch(const Batch& b, bool need_labels) const;
+  // Embeddings of `tokens` token ids into x[0]'s first rows (gathered on the host, then uploaded).
+  absl::Status GatherEmbeddings(const int32_t* ids, int64_t tokens);
   // Embeddings of b's tokens into x[0]; mask and positions for the batch.
   absl::Status Embed(const Batch& b);
   // One layer: x[layer] -> x[layer + 1], keeping what the backward needs in `a`.

@@ -28,12 +28,18 @@ kernels::DropoutSpec CausalLm::Impl::LoraSpec(bool training, uint64_t seed, int6
                               .stream = kSiteLayerBase + layer * kSitesPerLayer + kSiteLora + static_cast<int>(t)};
 }
 
-absl::Status CausalLm::Impl::Embed(const Batch& b) {
-  const int64_t tokens = static_cast<int64_t>(b.batch_size) * b.seq_len, h = H();
+absl::Status CausalLm::Impl::GatherEmbeddings(const int32_t* ids, int64_t tokens) {
+  const int64_t h = H();
   // The rows are gathered on the host (the table may be block-quantized), then uploaded.
   float* rows = on_host() ? x[0].data() : embed_host.data();
-  for (int64_t i = 0; i < tokens; ++i) weights.embed.RowToF32(b.input_ids[i], rows + i * h);
+  for (int64_t i = 0; i < tokens; ++i) weights.embed.RowToF32(ids[i], rows + i * h);
   if (!on_host()) FEDLORA_RETURN_IF_ERROR(backend->Upload(x[0].data(), rows, tokens * h * sizeof(float)));
+  return absl::OkStatus();
+}
+
+absl::Status CausalLm::Impl::Embed(const Batch& b) {
+  const int64_t tokens = static_cast<int64_t>(b.batch_size) * b.seq_len;
+  FEDLORA_RETURN_IF_ERROR(GatherEmbeddings(b.input_ids.data(), tokens));
   for (int64_t i = 0; i < tokens; ++i) {
     // Padding keys get a large negative bias, so exp() underflows to exactly 0.
     mask_host[i] = b.attention_mask.empty() || b.attention_mask[i] != 0 ? 0.0f : -1e30f;

@@ -90,8 +90,8 @@ struct SimOptions {
   // Where the virtual clients' models compute (ModelOptions::device, DecoderOptions::device) and
   // the server sums the updates (ServerOptions::aggregation_device): with kCuda every pooled model
   // has its own stream and all share one device copy of the base. The models refuse kCuda with
-  // int8 math, and a decoder's exact-match evaluation with kCuda fails (greedy decoding runs on
-  // the CPU): tools/common.h DeviceForRun picks the CPU for those. bf16 math runs on CUDA.
+  // int8 math: tools/common.h DeviceForRun picks the CPU for it. bf16 math and exact-match
+  // evaluation run on CUDA.
   Device device = Device::kCpu;
 };
 

@@ -40,7 +40,7 @@ absl::StatusOr<LoraTrainer::AnySite> LoadSite(const std::string& model_dir, cons
   FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(model_dir, c.task()));
   FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(model_dir, c.model()));
   FEDLORA_ASSIGN_OR_RETURN(const Device device,
-                           DeviceForRun(device_flag, resolved, CpuOnlyWork(c, /*evaluates=*/false)));
+                           DeviceForRun(device_flag, resolved, CpuOnlyWork(c)));
   if (c.task().kind() == v1::TaskConfig::CAUSAL_LM) {
     FEDLORA_ASSIGN_OR_RETURN(const int max_seq, DecoderMaxSeqLen(model_dir, ConfiguredMaxSeqLen(c.model())));
     FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadChatTokenizer(model_dir, c.task().chat_template()));

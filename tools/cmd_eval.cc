@@ -85,8 +85,7 @@ absl::Status Eval(EvalFlags f) {
   // An encoder refuses --int8-math and --exact-match below, with its own message.
   const bool decoder = IsDecoderCheckpoint(f.model_dir);
   FEDLORA_ASSIGN_OR_RETURN(const Device device,
-                           DeviceForRun(f.device, resolved,
-                                        CpuOnlyWork(decoder && f.int8_math, decoder && f.data.exact_match)));
+                           DeviceForRun(f.device, resolved, CpuOnlyWork(decoder && f.int8_math)));
   if (decoder) {
     return EvalDecoder({.model = f.model_dir,
                         .adapter = f.adapter_dir,
@@ -174,8 +173,8 @@ int RunEval(int argc, char** argv) {
   flags.AddBool("bf16-math", &f.bf16_math,
                 "also multiply with them in bf16 on CUDA and where the CPU has AVX512_BF16 (implies --bf16)");
   flags.AddString("device", &f.device,
-                  "cpu, cuda or auto (the GPU when one is usable); int8 math and exact-match evaluation run on "
-                  "the CPU: auto then takes it, cuda is refused");
+                  "cpu, cuda or auto (the GPU when one is usable); int8 math runs on the CPU: auto then takes "
+                  "it, cuda is refused");
   flags.AddBool("int8-math", &f.int8_math,
                 "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where the CPU has "
                 "AVX512-VNNI (not with --bf16)");

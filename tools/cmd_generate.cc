@@ -30,6 +30,7 @@ struct GenerateFlags {
   bool raw = false;
   int max_new_tokens = 64;
   int threads = 0;
+  std::string device = "cpu";  // --device: cpu, cuda, auto
 };
 
 absl::StatusOr<std::vector<ChatMessage>> MessagesOf(const nlohmann::json& line, const std::string& what) {
@@ -49,6 +50,7 @@ absl::StatusOr<std::vector<ChatMessage>> MessagesOf(const nlohmann::json& line, 
 }
 
 absl::Status Generate(const GenerateFlags& f) {
+  FEDLORA_ASSIGN_OR_RETURN(const Device device, ResolveDevice(f.device));
   kernels::SetNumThreads(f.threads);
   FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadDecoderTokenizer(f.model, f.chat_template));
   if (!f.raw && !tok.chat.has_value()) {
@@ -94,6 +96,7 @@ absl::Status Generate(const GenerateFlags& f) {
   }
   o.max_batch = 1;
   o.max_seq = static_cast<int>(longest) + f.max_new_tokens;
+  o.device = device;
   FEDLORA_ASSIGN_OR_RETURN(auto lm, CausalLm::Load(f.model, o));
   if (!f.adapter.empty()) FEDLORA_RETURN_IF_ERROR(LoadPeftAdapter(f.adapter, lm.get()));
   CausalLm::GenerateOptions g;
@@ -127,6 +130,7 @@ int RunGenerate(int argc, char** argv) {
   flags.AddBool("raw", &f.raw, "send the prompt as plain text, without a chat template");
   flags.AddInt("max-new-tokens", &f.max_new_tokens, "tokens to generate at most");
   flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
+  flags.AddString("device", &f.device, "cpu, cuda or auto (the GPU when one is usable)");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
   if (!flags.positional().empty()) return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
   if (f.prompt.empty() == f.prompts.empty()) return UsageError(command, "give exactly one of --prompt and --prompts");

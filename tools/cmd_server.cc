@@ -239,7 +239,7 @@ absl::Status Serve(const ServeFlags& f) {
   std::unique_ptr<Evaluator> evaluator;
   FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
   FEDLORA_ASSIGN_OR_RETURN(const Device device,
-                           DeviceForRun(f.device, resolved, CpuOnlyWork(config, /*evaluates=*/true)));
+                           DeviceForRun(f.device, resolved, CpuOnlyWork(config)));
   if (config.task().kind() == v1::TaskConfig::CAUSAL_LM) {
     FEDLORA_RETURN_IF_ERROR(LoadDecoderRun(config, device, &initial, &evaluator));
   } else {
@@ -329,7 +329,7 @@ int RunServer(int argc, char** argv) {
   flags.AddString("device", &f.device,
                   "cpu, cuda or auto (the GPU when one is usable): where the round's updates are summed "
                   "(the same bits on both) and the held-out evaluation computes; an evaluation that needs the "
-                  "CPU (INT8 precision, exact match) runs there with auto and is refused with cuda");
+                  "CPU (INT8 precision) runs there with auto and is refused with cuda");
   flags.AddBool("insecure", &f.insecure, "serve plaintext without TLS: loopback addresses only (server.insecure)");
   flags.AddInt("linger-seconds", &f.linger_seconds, "keep serving this long after the run finished");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;

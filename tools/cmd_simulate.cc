@@ -96,7 +96,7 @@ absl::Status Simulate(const SimulateFlags& f) {
   options.progress = f.progress;
   options.mtls = f.mtls;
   FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
-  FEDLORA_ASSIGN_OR_RETURN(options.device, DeviceForRun(f.device, resolved, CpuOnlyWork(config, /*evaluates=*/true)));
+  FEDLORA_ASSIGN_OR_RETURN(options.device, DeviceForRun(f.device, resolved, CpuOnlyWork(config)));
   absl::StatusOr<sim::SimResult> run = sim::RunSimulation(config, options);
   if (!run.ok()) {
     if (!log_path.empty()) std::fprintf(stderr, "fedlora simulate: the log is in %s\n", log_path.c_str());
@@ -150,7 +150,7 @@ int RunSimulate(int argc, char** argv) {
   flags.AddBool("progress", &f.progress, "show a progress line on stderr");
   flags.AddString("device", &f.device,
                   "cpu, cuda or auto (the GPU when one is usable): where the virtual clients and the evaluation "
-                  "compute and the server sums; a run that needs the CPU (INT8 precision, exact match) "
+                  "compute and the server sums; a run that needs the CPU (INT8 precision) "
                   "runs there with auto and is refused with cuda");
   flags.AddBool("mtls", &f.mtls,
                 "serve the federation over mutual TLS with a development PKI made for the run in <out>/pki");

@@ -61,8 +61,7 @@ absl::Status Train(TrainFlags f) {
   // An encoder refuses --int8-math and --exact-match below, with its own message.
   const bool decoder = IsDecoderCheckpoint(f.model_dir);
   FEDLORA_ASSIGN_OR_RETURN(const Device device,
-                           DeviceForRun(f.device, resolved,
-                                        CpuOnlyWork(decoder && f.int8_math, decoder && f.data.exact_match)));
+                           DeviceForRun(f.device, resolved, CpuOnlyWork(decoder && f.int8_math)));
   if (decoder) {
     return TrainDecoder({.model = f.model_dir,
                          .train_path = f.train_path,
@@ -247,8 +246,8 @@ int RunTrain(int argc, char** argv) {
                 "also multiply with them in bf16, fp32 accumulation, on CUDA and where the CPU has "
                 "AVX512_BF16 (implies --bf16)");
   flags.AddString("device", &f.device,
-                  "cpu, cuda or auto (the GPU when one is usable); int8 math and exact-match evaluation run on "
-                  "the CPU: auto then takes it, cuda is refused");
+                  "cpu, cuda or auto (the GPU when one is usable); int8 math runs on the CPU: auto then takes "
+                  "it, cuda is refused");
   flags.AddBool("int8-math", &f.int8_math,
                 "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where the CPU has "
                 "AVX512-VNNI (not with --bf16)");

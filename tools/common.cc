@@ -143,17 +143,10 @@ absl::StatusOr<Device> ResolveDevice(const std::string& text) {
   return absl::InvalidArgumentError(absl::StrCat("--device must be cpu, cuda or auto, got '", text, "'"));
 }
 
-std::string CpuOnlyWork(bool int8_math, bool exact_match) {
-  std::vector<std::string> work;
-  if (int8_math) work.push_back("int8 math");
-  if (exact_match) work.push_back("exact-match evaluation (greedy decoding)");
-  return absl::StrJoin(work, " and ");
-}
+std::string CpuOnlyWork(bool int8_math) { return int8_math ? "int8 math" : ""; }
 
-std::string CpuOnlyWork(const v1::RunConfig& config, bool evaluates) {
-  const v1::ModelConfig::Precision precision = config.model().precision();
-  return CpuOnlyWork(precision == v1::ModelConfig::INT8,
-                     evaluates && config.task().kind() == v1::TaskConfig::CAUSAL_LM && config.task().exact_match());
+std::string CpuOnlyWork(const v1::RunConfig& config) {
+  return CpuOnlyWork(config.model().precision() == v1::ModelConfig::INT8);
 }
 
 absl::StatusOr<Device> DeviceForRun(const std::string& flag, Device resolved, const std::string& cpu_only) {

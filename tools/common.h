@@ -61,13 +61,11 @@ int UsageError(const std::string& command, const std::string& message);
 // naming the text otherwise; FailedPrecondition with CUDA's reason for "cuda" without a usable GPU.
 absl::StatusOr<Device> ResolveDevice(const std::string& text);
 
-// What of a run computes on the CPU only so far: int8 math (a CPU kernel) and exact-match
-// evaluation (greedy decoding), named for a message; "" when neither is asked for. (bf16 math runs
-// on CUDA too.)
-std::string CpuOnlyWork(bool int8_math, bool exact_match);
-// The same for a federated run: its precision (INT8: int8 math) and, where the caller evaluates
-// (`evaluates`), the task's exact-match scoring.
-std::string CpuOnlyWork(const v1::RunConfig& config, bool evaluates);
+// What of a run computes on the CPU only so far: int8 math (a CPU kernel), named for a message;
+// "" when it is not asked for. (bf16 math and exact-match evaluation run on CUDA too.)
+std::string CpuOnlyWork(bool int8_math);
+// The same for a federated run: its precision (INT8: int8 math).
+std::string CpuOnlyWork(const v1::RunConfig& config);
 
 // The device a run computes on, `resolved` from --device `flag` (ResolveDevice), when `cpu_only`
 // (CpuOnlyWork) names work that needs the CPU: "auto" then takes the CPU, "cuda" is refused with

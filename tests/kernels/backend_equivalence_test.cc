@@ -14,6 +14,7 @@
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/decode_attention.h"
 #include "kernels/device.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
@@ -524,6 +525,41 @@ TEST_F(BackendEquivalence, AttentionSoftmaxPieces) {
     EXPECT_TRUE(SameAsCpu(probs_d, probs, 1e-6, 1e-5)) << tag << " probs";
     EXPECT_TRUE(SameAsCpu(dropped_d, dropped, 1e-6, 1e-5)) << tag << " dropped";
     EXPECT_TRUE(SameAsCpu(grad_d, grad, 1e-6, 1e-5)) << tag << " dscores";
+  }
+}
+
+// One decoding step against a KV cache: lengths 1, within one chunk, exactly one chunk, and
+// several chunks (the split and combine), with multi-head and grouped-query heads. The output is
+// poisoned with NaN first.
+TEST_F(BackendEquivalence, DecodeAttention) {
+  struct Case {
+    int64_t heads, kv_heads, D, len;
+  };
+  for (Case c : {Case{4, 4, 16, 1}, Case{6, 2, 16, 37}, Case{8, 2, 64, kDecodeAttentionChunk},
+                 Case{8, 1, 64, 2 * kDecodeAttentionChunk + 45}, Case{3, 3, 128, kDecodeAttentionChunk + 1}}) {
+    const std::string tag = std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " D " +
+                            std::to_string(c.D) + " len " + std::to_string(c.len);
+    const int64_t E = c.heads * c.D, EK = c.len * c.kv_heads * c.D;
+    const auto q = Random(E, 81), k = Random(EK, 82), v = Random(EK, 83);
+    DecodeAttentionArgs a{.heads = c.heads, .kv_heads = c.kv_heads, .head_dim = c.D, .len = c.len, .q = q.data(),
+                          .k_cache = k.data(), .v_cache = v.data()};
+    const size_t ws = DecodeAttentionWorkspaceBytes(a);
+    std::vector<float> hws(ws / 4);
+    Guarded out(E, NAN);
+    a.out = out.data();
+    a.workspace = hws.data();
+    a.workspace_bytes = ws;
+    ASSERT_TRUE(DecodeAttention(Cpu(), a).ok()) << tag;
+    DecodeAttentionArgs d = a;
+    d.q = dev_.Upload(q);
+    d.k_cache = dev_.Upload(k);
+    d.v_cache = dev_.Upload(v);
+    d.out = dev_.Upload(Guarded(E, NAN));
+    d.workspace = dev_.Workspace(ws);
+    ASSERT_TRUE(DecodeAttention(Gpu(), d).ok()) << tag;
+    // Dot products of D <= 128 terms, a softmax and weighted sum over <= 557 positions, summed in
+    // another order (per chunk, then combined): 1e-5 on outputs of at most 1.
+    EXPECT_TRUE(SameAsCpu(d.out, out, 1e-5, 1e-4)) << tag;
   }
 }
 

@@ -25,6 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct Result {
   int exit_code = -1;
@@ -675,16 +676,20 @@ TEST_F(FedloraCli, DeviceIsCpuCudaOrAuto) {
   }
 }
 
-// Decoders train on CUDA; exact-match evaluation (greedy decoding) needs the CPU, so cuda is
-// refused for it, naming it (without a GPU, cuda is refused first, with CUDA's reason).
+// Decoders train and decode on CUDA; int8 math needs the CPU, so cuda is refused for it, naming
+// it (without a GPU, cuda is refused first, with CUDA's reason). Exact-match evaluation (greedy
+// decoding) is not CPU-only work.
 TEST_F(FedloraGenerate, CudaIsRefusedForWorkThatNeedsTheCpu) {
-  Result r = RunCommand("train --model " + Quote(model_) + " --train /dev/null --out /tmp/x --device cuda --exact-match");
+  Result r = RunCommand("train --model " + Quote(model_) + " --train /dev/null --out /tmp/x --device cuda --int8-math");
   EXPECT_EQ(r.exit_code, 1) << r.err;
   if (kernels::CudaAvailable()) {
-    EXPECT_THAT(r.err, HasSubstr("exact-match evaluation (greedy decoding) runs on the CPU only so far"));
+    EXPECT_THAT(r.err, HasSubstr("int8 math runs on the CPU only so far"));
   } else {
     EXPECT_THAT(r.err, HasSubstr("CUDA"));
   }
+  r = RunCommand("train --model " + Quote(model_) + " --train /dev/null --out /tmp/x --device cuda --exact-match");
+  EXPECT_EQ(r.exit_code, 1) << r.err;  // no data, or no GPU
+  EXPECT_THAT(r.err, Not(HasSubstr("runs on the CPU only")));
 }
 
 TEST_F(FedloraGenerate, RefusesBadFlags) {
@@ -693,6 +698,23 @@ TEST_F(FedloraGenerate, RefusesBadFlags) {
   Result r = Run("--prompt hi --chat-template vicuna");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("vicuna"));
+  r = Run("--prompt hi --device tpu");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--device must be cpu, cuda or auto"));
+  if (!kernels::CudaAvailable()) {
+    r = Run("--prompt hi --device cuda");
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_THAT(r.err, HasSubstr("CUDA"));
+  }
+}
+
+// --device auto decodes where a GPU is usable (the same greedy tokens as the CPU), else on the CPU.
+TEST_F(FedloraGenerate, AutoDeviceGivesTheCpusCompletion) {
+  Result cpu = Run("--prompt 'What is the capital of France?' --max-new-tokens 8 --threads 2 --device cpu");
+  Result any = Run("--prompt 'What is the capital of France?' --max-new-tokens 8 --threads 2 --device auto");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  ASSERT_EQ(any.exit_code, 0) << any.err;
+  EXPECT_EQ(any.out, cpu.out);
 }
 
 }  // namespace
