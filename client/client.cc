@@ -29,6 +29,7 @@
 #include "crypto/secagg.h"
 #include "crypto/tls.h"
 #include "fedlora/v1/federation.grpc.pb.h"
+#include "kernels/backend.h"
 #include "proto/address.h"
 #include "proto/config_io.h"
 #include "proto/wire.h"
@@ -174,6 +175,9 @@ class ClientImpl final : public Client {
   // The error-feedback residual of this run: loaded from state_dir the first time, or empty.
   absl::StatusOr<ErrorFeedback*> Feedback();
   std::string FeedbackPath() const { return options_.state_dir + "/error_feedback.safetensors"; }
+  // Where the update's top-k and quantization stages run: the GPU (made at the first update) when
+  // the site trains on one, else null (the host).
+  absl::StatusOr<kernels::Backend*> EncodeBackend();
 
   const ClientOptions options_;
   ClientTrainer* const trainer_;
@@ -183,6 +187,7 @@ class ClientImpl final : public Client {
   bool joined_ = false;
   v1::JoinResponse join_;
   std::optional<ErrorFeedback> feedback_;
+  std::shared_ptr<kernels::Backend> encode_backend_;  // EncodeBackend's, once made
   std::string feedback_run_;  // the run id feedback_ belongs to
   // The last global adapter this client obtained, and its SHA-256 (empty: none).
   std::string held_adapter_;
@@ -527,10 +532,14 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
                                EncodeSecureUpdate(result->delta, task.secure_aggregation()));
       FEDLORA_ASSIGN_OR_RETURN(v1::SecAggMaskedInputResponse masked, secagg->MaskedInput(masked_request, input));
       encoded = std::move(*masked.mutable_masked_input());
-    } else if (feedback != nullptr) {
-      FEDLORA_ASSIGN_OR_RETURN(encoded, feedback->Encode(update, codec));
     } else {
-      FEDLORA_ASSIGN_OR_RETURN(encoded, EncodeUpdate(update, codec));
+      FEDLORA_ASSIGN_OR_RETURN(kernels::Backend* const device, EncodeBackend());
+      absl::StatusOr<std::string> wire =
+          feedback != nullptr ? feedback->Encode(update, codec, device) : EncodeUpdate(update, codec, device);
+      if (!wire.ok()) {
+        return Annotate(wire.status(), device != nullptr ? "encoding the update on the GPU" : "encoding the update");
+      }
+      encoded = *std::move(wire);
     }
     std::vector<UpdateTensor>().swap(update);
     const crypto::UpdatePlace place{join_.run_config().run_id(), task.round(), join_.client_id(), upload_id};
@@ -592,6 +601,14 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
     FEDLORA_LOG(WARNING) << options_.client_id << ": metrics for round " << task.round() << ": " << s;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<kernels::Backend*> ClientImpl::EncodeBackend() {
+  if (!options_.has_cuda) return nullptr;
+  if (encode_backend_ == nullptr) {
+    FEDLORA_ASSIGN_OR_RETURN(encode_backend_, kernels::Backend::Create(Device::kCuda));
+  }
+  return encode_backend_.get();
 }
 
 absl::StatusOr<ErrorFeedback*> ClientImpl::Feedback() {

@@ -15,14 +15,17 @@
 #include "core/status.h"
 #include "core/strings.h"
 #include "compression/body_source.h"
+#include "compression/encode_stages.h"
 #include "compression/quantize.h"
 #include "compression/sparsify.h"
 #include "core/tensor.h"
+#include "kernels/topk.h"
 
 namespace fedlora {
 namespace {
 
 using compression_internal::BodySource;
+using compression_internal::EncodeStages;
 using compression_internal::kMaxZstdWindowLog;
 using compression_internal::Load;
 
@@ -150,12 +153,16 @@ absl::Status CheckEncodeOptions(const CodecOptions& o) {
 }
 
 // The version 2 body after the tensor table: per tensor, the kept entries and their values.
-absl::Status AppendV2Sections(const std::vector<UpdateTensor>& tensors, const CodecOptions& o, std::string& body) {
+absl::Status AppendV2Sections(const std::vector<UpdateTensor>& tensors, const CodecOptions& o, EncodeStages& stages,
+                              std::string& body) {
   std::vector<std::vector<int64_t>> global;
   if (o.global_top_k) {
-    std::vector<const std::vector<float>*> all;
-    for (const UpdateTensor& t : tensors) all.push_back(&t.values);
-    global = GlobalTopKIndices(all, o.fraction);
+    uint64_t total = 0;
+    for (const UpdateTensor& t : tensors) total += t.values.size();
+    if (total > static_cast<uint64_t>(kernels::kTopKMaxN)) {
+      return absl::InvalidArgumentError(absl::StrCat("EncodeUpdate: global top-k over ", total, " values (at most 2^32)"));
+    }
+    FEDLORA_ASSIGN_OR_RETURN(global, stages.GlobalTopK(tensors, o.fraction));
   }
   std::vector<float> kept;
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
@@ -181,7 +188,14 @@ absl::Status AppendV2Sections(const std::vector<UpdateTensor>& tensors, const Co
         PutU64(body, idx.size());
         PutU64(body, seed);
       } else {
-        idx = o.global_top_k ? std::move(global[ti]) : TopKIndices(values, n, KeptCount(n, o.fraction));
+        if (o.global_top_k) {
+          idx = std::move(global[ti]);
+        } else if (n > kernels::kTopKMaxN) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("EncodeUpdate: tensor '", t.name, "' has ", n, " values, top-k takes at most 2^32"));
+        } else {
+          FEDLORA_ASSIGN_OR_RETURN(idx, stages.TopK(values, n, KeptCount(n, o.fraction)));
+        }
         PutU64(body, idx.size());
         std::string gaps;
         AppendIndexGaps(idx, gaps);
@@ -194,10 +208,11 @@ absl::Status AppendV2Sections(const std::vector<UpdateTensor>& tensors, const Co
       count = kept.size();
     }
     if (o.codec == CodecId::kQuant) {
-      QuantizeAppend(values, static_cast<int64_t>(count),
-                     QuantSpec{.bits = o.quant_bits, .block_size = o.quant_block_size,
-                               .stochastic = o.quant_stochastic, .seed = o.seed, .stream = kQuantStreamBase + ti},
-                     body);
+      FEDLORA_RETURN_IF_ERROR(stages.QuantizeAppend(
+          values, static_cast<int64_t>(count),
+          QuantSpec{.bits = o.quant_bits, .block_size = o.quant_block_size, .stochastic = o.quant_stochastic,
+                    .seed = o.seed, .stream = kQuantStreamBase + ti},
+          body));
     } else {
       FEDLORA_RETURN_IF_ERROR(AppendDenseValues(values, count, o.codec, t.name, body));
     }
@@ -550,7 +565,18 @@ absl::Status WalkUpdate(std::string_view encoded, const DecodeLimits& limits, bo
 }  // namespace
 
 absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensors, const CodecOptions& options) {
+  return EncodeUpdate(tensors, options, nullptr);
+}
+
+absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensors, const CodecOptions& options,
+                                         kernels::Backend* backend) {
   FEDLORA_RETURN_IF_ERROR(CheckEncodeOptions(options));
+  EncodeStages stages(backend);
+  if (stages.on_device() && options.sparsifier == Sparsifier::kLowRank) {
+    return absl::UnimplementedError(
+        "EncodeUpdate: the low-rank stage has no GPU path; encode on the CPU (--device cpu) or choose another "
+        "sparsifier");
+  }
   const bool v2 = options.sparsifier != Sparsifier::kNone || options.codec == CodecId::kQuant;
   uint64_t element_count = 0;
   FEDLORA_RETURN_IF_ERROR(ValidateTensorsForEncode(tensors, element_count));
@@ -570,7 +596,7 @@ absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensor
     for (int64_t d : t.shape) PutU64(body, static_cast<uint64_t>(d));
   }
   if (v2) {
-    FEDLORA_RETURN_IF_ERROR(AppendV2Sections(tensors, options, body));
+    FEDLORA_RETURN_IF_ERROR(AppendV2Sections(tensors, options, stages, body));
   } else {
     for (const UpdateTensor& t : tensors) {
       FEDLORA_RETURN_IF_ERROR(AppendDenseValues(t.values.data(), t.values.size(), options.codec, t.name, body));

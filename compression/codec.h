@@ -72,6 +72,10 @@
 
 namespace fedlora {
 
+namespace kernels {
+class Backend;  // kernels/backend.h
+}  // namespace kernels
+
 // One named tensor of an update (usually the delta of one adapter parameter). `values` has
 // product(shape) elements, row-major.
 struct UpdateTensor {
@@ -188,6 +192,14 @@ struct UpdateHeader {
 // NaN/Inf, a value overflows the chosen codec (|x| > 65504 for fp16), or an option is out of range
 // (fraction not in (0, 1], quantization bits or block size); Internal on a zstd failure.
 absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensors, const CodecOptions& options);
+
+// EncodeUpdate with the value-dependent stages on `backend`'s device: top-k selection (per tensor
+// or global, kernels/topk.h) and quantization (kernels/block_quant.h) run there, and the bytes are
+// EncodeUpdate's bit for bit. What works on the seed or on bytes the host holds stays on the host:
+// random-k indices, the fp32/fp16/bf16 element formats, zstd. The low-rank stage has no device
+// path: Unimplemented on CUDA. A null or CPU backend is EncodeUpdate(tensors, options).
+absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensors, const CodecOptions& options,
+                                         kernels::Backend* backend);
 
 // Parses and validates only the header (40 or 48 bytes) against `limits` (cheap; lets a server reject an
 // upload early from its first chunk). Errors as DecodeUpdate.

@@ -60,12 +60,12 @@ std::vector<UpdateTensor> ErrorFeedback::Corrected(const std::vector<UpdateTenso
 }
 
 absl::StatusOr<std::string> ErrorFeedback::Encode(const std::vector<UpdateTensor>& update,
-                                                  const CodecOptions& options) {
+                                                  const CodecOptions& options, kernels::Backend* backend) {
   std::vector<UpdateTensor> corrected = Corrected(update);
   CodecOptions o = options;
   pending_warm_ = warm_;
   o.warm_start = options.sparsifier == Sparsifier::kLowRank ? &pending_warm_ : nullptr;
-  FEDLORA_ASSIGN_OR_RETURN(std::string wire, EncodeUpdate(corrected, o));
+  FEDLORA_ASSIGN_OR_RETURN(std::string wire, EncodeUpdate(corrected, o, backend));
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> sent, DecodeUpdate(wire, DecodeLimits{}));
   for (size_t t = 0; t < corrected.size(); ++t) {
     std::vector<float>& c = corrected[t].values;

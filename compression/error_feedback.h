@@ -41,8 +41,11 @@ class ErrorFeedback {
   std::vector<UpdateTensor> Corrected(const std::vector<UpdateTensor>& update) const;
   // Encodes Corrected(update) with `options`, decodes the result as the server will, and keeps
   // corrected - decoded as the pending residual (and, for low-rank, the new warm start as the
-  // pending one; options.warm_start is ignored). Errors as EncodeUpdate / DecodeUpdate.
-  absl::StatusOr<std::string> Encode(const std::vector<UpdateTensor>& update, const CodecOptions& options);
+  // pending one; options.warm_start is ignored). A non-null `backend` runs the top-k and
+  // quantization stages on its device (EncodeUpdate's backend overload; the same bytes). Errors as
+  // EncodeUpdate / DecodeUpdate.
+  absl::StatusOr<std::string> Encode(const std::vector<UpdateTensor>& update, const CodecOptions& options,
+                                     kernels::Backend* backend = nullptr);
   // The pending residual and warm start become current (call once the server accepted the update).
   void Commit();
 

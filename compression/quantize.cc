@@ -5,8 +5,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "core/rng.h"
+#include "core/status.h"
 #include "core/strings.h"
+#include "kernels/block_quant.h"
 
 namespace fedlora {
 namespace {
@@ -29,58 +30,20 @@ absl::Status CheckQuantSpec(int bits, int64_t block_size) {
 }
 
 uint64_t QuantizedBytes(uint64_t n, int bits, int64_t block_size) {
-  const uint64_t block = static_cast<uint64_t>(block_size);
-  const uint64_t full = n / block, rest = n % block;
-  return full * QuantBlockBytes(block, bits) + (rest > 0 ? QuantBlockBytes(rest, bits) : 0);
+  return kernels::BlockQuantizedBytes(n, bits, block_size);
 }
 
 void QuantizeAppend(const float* x, int64_t n, const QuantSpec& spec, std::string& out) {
-  const uint32_t top = (1u << spec.bits) - 1;  // highest code
-  const bool sign_mode = spec.bits == 1 && !spec.stochastic;
-  Rng rng(spec.seed, spec.stream);
-  for (int64_t b = 0; b < n; b += spec.block_size) {
-    const int64_t m = std::min<int64_t>(spec.block_size, n - b);
-    const float* v = x + b;
-    float s = 0.0f;
-    if (sign_mode) {
-      double sum = 0.0;
-      for (int64_t i = 0; i < m; ++i) sum += std::fabs(v[i]);
-      s = static_cast<float>(sum / static_cast<double>(m));
-    } else {
-      for (int64_t i = 0; i < m; ++i) s = std::max(s, std::fabs(v[i]));
-    }
-    out.append(reinterpret_cast<const char*>(&s), 4);
-    // t = (x + s) / step in [0, top]: the code's position between levels. In double, so that a
-    // subnormal or huge scale gives a finite 1 / step (in float, 255 / 2e-45 overflows).
-    const double inv_step = s > 0.0f ? top / (2.0 * static_cast<double>(s)) : 0.0, dtop = top;
-    uint32_t acc = 0;
-    int filled = 0;
-    for (int64_t i = 0; i < m; ++i) {
-      uint32_t q = 0;
-      if (sign_mode) {
-        q = v[i] >= 0.0f ? 1 : 0;
-      } else if (s > 0.0f) {
-        const double t = std::clamp((static_cast<double>(v[i]) + s) * inv_step, 0.0, dtop);
-        q = static_cast<uint32_t>(t);  // floor: t >= 0
-        const float frac = static_cast<float>(t - q);
-        if (spec.stochastic) {
-          // P(up) = frac, so E[value] = -s + step * t = x (up to float rounding and the 2^-24 grid
-          // of the draw).
-          if (q < top && rng.UniformFloat() < frac) ++q;
-        } else if (frac >= 0.5f && q < top) {
-          ++q;
-        }
-      }
-      acc |= q << filled;
-      filled += spec.bits;
-      if (filled == 8) {
-        out.push_back(static_cast<char>(acc));
-        acc = 0;
-        filled = 0;
-      }
-    }
-    if (filled > 0) out.push_back(static_cast<char>(acc));
-  }
+  const size_t start = out.size();
+  out.resize(start + QuantizedBytes(static_cast<uint64_t>(n), spec.bits, spec.block_size));
+  // kernels::BlockQuantize on the CPU needs no workspace and refuses only a spec CheckQuantSpec
+  // refuses.
+  const absl::Status status = kernels::BlockQuantize(
+      kernels::ExecContext{},
+      kernels::BlockQuantizeArgs{.n = n, .x = x, .bits = spec.bits, .block_size = spec.block_size,
+                                 .stochastic = spec.stochastic, .seed = spec.seed, .stream = spec.stream,
+                                 .out = reinterpret_cast<uint8_t*>(out.data() + start)});
+  FEDLORA_CHECK(status.ok());
 }
 
 absl::Status DequantizeBlock(std::string_view block, int64_t n, int bits, float* out, std::string_view what,

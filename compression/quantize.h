@@ -27,10 +27,12 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "kernels/block_quant.h"
 
 namespace fedlora {
 
-inline constexpr int64_t kMaxQuantBlockSize = 65536;  // a block's bytes stay well under the 1 MiB body window
+// A block's bytes stay well under the 1 MiB body window.
+inline constexpr int64_t kMaxQuantBlockSize = kernels::kMaxQuantBlockSize;
 
 struct QuantSpec {
   int bits = 8;              // 1, 2, 4 or 8
@@ -48,9 +50,11 @@ absl::Status CheckQuantSpec(int bits, int64_t block_size);
 // Bytes of `n` quantized values: ceil(n / block) scales and ceil(bits * values / 8) per block.
 uint64_t QuantizedBytes(uint64_t n, int bits, int64_t block_size);
 // Bytes of one block of `n` values (n <= block_size).
-inline uint64_t QuantBlockBytes(uint64_t n, int bits) { return 4 + (n * static_cast<uint64_t>(bits) + 7) / 8; }
+using kernels::QuantBlockBytes;
 
 // Appends the encoding of x[0, n) to `out`. The values must be finite (EncodeUpdate checks).
+// kernels::BlockQuantize on the CPU (kernels/block_quant.h), whose CUDA backend writes the same
+// bytes.
 void QuantizeAppend(const float* x, int64_t n, const QuantSpec& spec, std::string& out);
 
 // Decodes one block of `n` values from `block` (QuantBlockBytes(n, bits) bytes) into out[0, n)

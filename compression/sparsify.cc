@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/status.h"
+#include "kernels/topk.h"
 
 namespace fedlora {
 
@@ -13,65 +15,43 @@ int64_t KeptCount(int64_t numel, double fraction) {
   return std::clamp<int64_t>(static_cast<int64_t>(k), 1, numel);
 }
 
-namespace {
-
-// The k-th largest of `mags` (k >= 1); reorders them.
-float KthLargest(std::vector<float>& mags, int64_t k) {
-  std::nth_element(mags.begin(), mags.begin() + (k - 1), mags.end(), std::greater<float>());
-  return mags[static_cast<size_t>(k - 1)];
-}
-
-}  // namespace
-
 std::vector<int64_t> TopKIndices(const float* x, int64_t n, int64_t k) {
   k = std::clamp<int64_t>(k, 0, n);
-  std::vector<int64_t> out;
+  std::vector<int64_t> out(static_cast<size_t>(k));
   if (k == 0) return out;
-  // Select on the magnitudes alone (4 bytes each, no indirection), then one pass in index order:
-  // everything above the k-th largest, and entries equal to it while places are left.
-  std::vector<float> mags(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) mags[i] = std::fabs(x[i]);
-  const float threshold = KthLargest(mags, k);
-  int64_t above = 0;
-  for (int64_t i = 0; i < n; ++i) above += std::fabs(x[i]) > threshold;
-  int64_t ties_left = k - above;
-  out.reserve(static_cast<size_t>(k));
-  for (int64_t i = 0; i < n; ++i) {
-    const float m = std::fabs(x[i]);
-    if (m > threshold || (m == threshold && ties_left-- > 0)) out.push_back(i);
+  // kernels::TopK on the CPU: its workspace is n floats, and it refuses nothing a finite x of at
+  // most 2^32 entries gives it.
+  const kernels::ExecContext cpu;
+  std::vector<float> workspace(static_cast<size_t>(n));
+  const absl::Status status =
+      kernels::TopK(cpu, kernels::TopKArgs{.n = n, .k = k, .x = x, .indices = out.data(), .workspace = workspace.data(),
+                                           .workspace_bytes = workspace.size() * sizeof(float)});
+  FEDLORA_CHECK(status.ok());
+  return out;
+}
+
+std::vector<std::vector<int64_t>> SplitIndices(const std::vector<int64_t>& flat, const std::vector<int64_t>& sizes) {
+  std::vector<std::vector<int64_t>> out(sizes.size());
+  size_t t = 0;
+  int64_t base = 0;
+  for (int64_t i : flat) {  // ascending: the tensors come in order
+    while (i >= base + sizes[t]) base += sizes[t++];
+    out[t].push_back(i - base);
   }
   return out;
 }
 
 std::vector<std::vector<int64_t>> GlobalTopKIndices(const std::vector<const std::vector<float>*>& tensors,
                                                      double fraction) {
-  std::vector<std::vector<int64_t>> out(tensors.size());
-  int64_t total = 0;
-  for (const auto* t : tensors) total += static_cast<int64_t>(t->size());
-  int64_t k = KeptCount(total, fraction);
-  if (k == 0) return out;
-  // The k-th largest magnitude; everything above it is kept, and entries equal to it fill the
-  // remaining places in (tensor, index) order.
-  std::vector<float> mags;
-  mags.reserve(static_cast<size_t>(total));
+  // Top-k over the concatenation: ties go to the earlier tensor and the lower index.
+  std::vector<float> all;
+  std::vector<int64_t> sizes;
   for (const auto* t : tensors) {
-    for (float v : *t) mags.push_back(std::fabs(v));
+    all.insert(all.end(), t->begin(), t->end());
+    sizes.push_back(static_cast<int64_t>(t->size()));
   }
-  const float threshold = KthLargest(mags, k);
-  std::vector<float>().swap(mags);
-  int64_t above = 0;
-  for (const auto* t : tensors) {
-    for (float v : *t) above += std::fabs(v) > threshold;
-  }
-  int64_t ties_left = k - above;
-  for (size_t ti = 0; ti < tensors.size(); ++ti) {
-    const std::vector<float>& t = *tensors[ti];
-    for (size_t i = 0; i < t.size(); ++i) {
-      const float m = std::fabs(t[i]);
-      if (m > threshold || (m == threshold && ties_left-- > 0)) out[ti].push_back(static_cast<int64_t>(i));
-    }
-  }
-  return out;
+  const int64_t total = static_cast<int64_t>(all.size());
+  return SplitIndices(TopKIndices(all.data(), total, KeptCount(total, fraction)), sizes);
 }
 
 RandomKSampler::RandomKSampler(uint64_t seed, int64_t n, int64_t k)

@@ -24,6 +24,7 @@ namespace fedlora {
 int64_t KeptCount(int64_t numel, double fraction);
 
 // The k entries of x[0, n) with the largest |x|, ties broken towards the lower index; ascending.
+// x must be finite and n at most 2^32. kernels::TopK on the CPU (kernels/topk.h).
 std::vector<int64_t> TopKIndices(const float* x, int64_t n, int64_t k);
 
 // Top-k over several tensors at once (global selection): KeptCount(total, fraction) entries of
@@ -31,6 +32,9 @@ std::vector<int64_t> TopKIndices(const float* x, int64_t n, int64_t k);
 // list per tensor.
 std::vector<std::vector<int64_t>> GlobalTopKIndices(const std::vector<const std::vector<float>*>& tensors,
                                                      double fraction);
+// Splits an ascending index list over the concatenation of tensors of `sizes` entries into one
+// ascending list per tensor (GlobalTopKIndices's last step).
+std::vector<std::vector<int64_t>> SplitIndices(const std::vector<int64_t>& flat, const std::vector<int64_t>& sizes);
 
 // k distinct indices of [0, n), every k-subset equally likely, yielded in ascending order by
 // sequential sampling (Vitter's Algorithm A: one draw per pick, O(n) cheap steps in all) from

@@ -13,6 +13,7 @@
 #include "kernels/activation.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
+#include "kernels/block_quant.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/decode_attention.h"
 #include "kernels/device.h"
@@ -29,6 +30,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
+#include "kernels/topk.h"
 #include "tests/kernels/test_util.h"
 
 namespace fedlora::kernels {
@@ -738,6 +740,80 @@ TEST_F(BackendEquivalence, FixedPointAccumulateIsBitIdentical) {
   int64_t differ = 0;
   for (int64_t i = 0; i < n; ++i) differ += got[i] != cpu[i] ? 1 : 0;
   EXPECT_EQ(differ, 0) << "sums that differ from the CPU's";
+}
+
+// Top-k selection: the GPU's indices must be the CPU's exactly, ties (and -0 against +0) included.
+// The index buffer is poisoned, with poisoned guard entries after the k that must survive.
+TEST_F(BackendEquivalence, TopKIndicesAreIdentical) {
+  constexpr size_t kGuardIdx = 16;
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{300007}}) {
+    std::vector<float> x = Random(static_cast<size_t>(n), static_cast<uint32_t>(61 + n));
+    for (int64_t i = 0; i < n; i += 3) x[i] = std::round(x[i] * 8.0f) / 8.0f;  // ties, zeros of both signs
+    const float* xd = dev_.Upload(x);
+    for (int64_t k : {int64_t{1}, n / 100 + 1, n / 2, n}) {
+      if (k < 1) continue;
+      std::vector<int64_t> cpu(static_cast<size_t>(k));
+      TopKArgs a{.n = n, .k = k, .x = x.data(), .indices = cpu.data()};
+      auto cpu_ws = TopKWorkspaceBytes(Cpu(), a);
+      ASSERT_TRUE(cpu_ws.ok());
+      std::vector<uint8_t> ws(*cpu_ws);
+      a.workspace = ws.data();
+      a.workspace_bytes = ws.size();
+      ASSERT_TRUE(TopK(Cpu(), a).ok());
+      int64_t* idx = dev_.Upload(std::vector<int64_t>(static_cast<size_t>(k) + kGuardIdx, -1));
+      TopKArgs d{.n = n, .k = k, .x = xd, .indices = idx};
+      auto gpu_ws = TopKWorkspaceBytes(Gpu(), d);
+      ASSERT_TRUE(gpu_ws.ok()) << gpu_ws.status();
+      d.workspace = dev_.Workspace(*gpu_ws);
+      d.workspace_bytes = *gpu_ws;
+      const absl::Status st = TopK(Gpu(), d);
+      ASSERT_TRUE(st.ok()) << st;
+      std::vector<int64_t> got(static_cast<size_t>(k) + kGuardIdx);
+      ASSERT_TRUE(CopyToHost(got.data(), idx, got.size() * sizeof(int64_t)).ok());
+      for (size_t g = 0; g < kGuardIdx; ++g) ASSERT_EQ(got[static_cast<size_t>(k) + g], -1) << "wrote past k";
+      got.resize(static_cast<size_t>(k));
+      EXPECT_EQ(got, cpu) << "n " << n << " k " << k;
+    }
+  }
+}
+
+// Blockwise quantization: the GPU writes the CPU's bytes, scales, codes, padding and (stochastic)
+// the same random draws, for every bit width, with a short last block and an all-zero block.
+TEST_F(BackendEquivalence, BlockQuantizeBytesAreIdentical) {
+  constexpr size_t kGuardBytes = 64;
+  const int64_t n = 100003;
+  std::vector<float> x = Random(static_cast<size_t>(n), 71, -2.0f, 2.0f);
+  for (int64_t i = 256; i < 512; ++i) x[static_cast<size_t>(i)] = 0.0f;  // s = 0 blocks: no draws
+  const float* xd = dev_.Upload(x);
+  for (int bits : {1, 2, 4, 8}) {
+    for (bool stochastic : {false, true}) {
+      for (int64_t block : {int64_t{8}, int64_t{264}}) {
+        const size_t bytes = BlockQuantizedBytes(static_cast<uint64_t>(n), bits, block);
+        std::vector<uint8_t> cpu(bytes, 0xAB);
+        BlockQuantizeArgs a{.n = n, .x = x.data(), .bits = bits, .block_size = block, .stochastic = stochastic,
+                            .seed = 0x0123456789abcdefull, .stream = 5, .out = cpu.data()};
+        ASSERT_TRUE(BlockQuantize(Cpu(), a).ok());
+        uint8_t* out = dev_.Upload(std::vector<uint8_t>(bytes + kGuardBytes, 0xAB));
+        BlockQuantizeArgs d = a;
+        d.x = xd;
+        d.out = out;
+        auto ws = BlockQuantizeWorkspaceBytes(Gpu(), d);
+        ASSERT_TRUE(ws.ok()) << ws.status();
+        d.workspace = dev_.Workspace(*ws);
+        d.workspace_bytes = *ws;
+        const absl::Status st = BlockQuantize(Gpu(), d);
+        ASSERT_TRUE(st.ok()) << st;
+        std::vector<uint8_t> got(bytes + kGuardBytes);
+        ASSERT_TRUE(CopyToHost(got.data(), out, got.size()).ok());
+        for (size_t g = 0; g < kGuardBytes; ++g) ASSERT_EQ(got[bytes + g], 0xAB) << "wrote past the end";
+        got.resize(bytes);
+        size_t first_diff = bytes;
+        for (size_t i = 0; i < bytes && first_diff == bytes; ++i) first_diff = got[i] != cpu[i] ? i : bytes;
+        EXPECT_EQ(first_diff, bytes) << "bits " << bits << " stochastic " << stochastic << " block " << block
+                                     << ": first differing byte";
+      }
+    }
+  }
 }
 
 TEST_F(BackendEquivalence, ReductionsAndElementwise) {
