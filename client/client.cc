@@ -533,7 +533,11 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
       FEDLORA_ASSIGN_OR_RETURN(v1::SecAggMaskedInputResponse masked, secagg->MaskedInput(masked_request, input));
       encoded = std::move(*masked.mutable_masked_input());
     } else {
-      FEDLORA_ASSIGN_OR_RETURN(kernels::Backend* const device, EncodeBackend());
+      // Low-rank factorisation has no GPU path: such a codec encodes on the host.
+      kernels::Backend* device = nullptr;
+      if (codec.sparsifier != Sparsifier::kLowRank) {
+        FEDLORA_ASSIGN_OR_RETURN(device, EncodeBackend());
+      }
       absl::StatusOr<std::string> wire =
           feedback != nullptr ? feedback->Encode(update, codec, device) : EncodeUpdate(update, codec, device);
       if (!wire.ok()) {

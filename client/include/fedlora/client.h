@@ -88,8 +88,8 @@ struct ClientOptions {
   std::string client_version = "0.1.0";
   // The device the site trains on, reported in Join's capabilities (for the server's logs and
   // selection): "cpu", or the GPU's description with has_cuda set. With has_cuda the update's
-  // top-k and quantization stages run on the GPU too (the same bytes as on the CPU); a codec
-  // stage without a GPU path (low-rank) fails the task with Unimplemented.
+  // top-k and quantization stages run on the GPU too (the same bytes as on the CPU); a low-rank
+  // codec, which has no GPU path, encodes on the host.
   std::string device_name = "cpu";
   bool has_cuda = false;
   // Directory for the site's state that must outlive a restart: the error-feedback residual of a
