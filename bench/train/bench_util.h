@@ -10,12 +10,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/status.h"
 #include "core/tensor.h"
 #include "kernels/context.h"
 #include "kernels/gemm.h"
+#include "model/device_params.h"
+#include "train/device_step.h"
 #include "train/optim.h"
 
 namespace fedlora {
@@ -28,7 +31,9 @@ struct TimedSteps {
 
 // One untimed first step (its loss and gradient norm are the run's check values), `warmup` more
 // untimed, then `steps` timed: ZeroGrad, ForwardBackward, clip to 1.0, AdamW (lr 1e-4, weight
-// decay 0.01). Model is BertModel or CausalLm.
+// decay 0.01). Model is BertModel or CausalLm. A model on a GPU steps as the training loop does
+// there: params, gradients and AdamW's moments held on the device (train/device_step.h), each
+// step timed to the end of its last kernel.
 template <typename Model, typename Batch>
 absl::StatusOr<TimedSteps> TimeLoraSteps(Model& model, const Batch& batch, int steps, int warmup) {
   using Clock = std::chrono::steady_clock;
@@ -36,12 +41,27 @@ absl::StatusOr<TimedSteps> TimeLoraSteps(Model& model, const Batch& batch, int s
   adamw_opts.weight_decay = 0.01f;
   FEDLORA_ASSIGN_OR_RETURN(auto adamw, MakeOptimizer("adamw", adamw_opts));
   TimedSteps out;
+  DeviceParams& device = model.device_params();
+  std::unique_ptr<DeviceAdamW> on_device;
+  if (!device.on_host()) {
+    FEDLORA_RETURN_IF_ERROR(device.Acquire());
+    FEDLORA_ASSIGN_OR_RETURN(on_device, DeviceAdamW::Create(device, *adamw, /*proximal=*/false));
+  }
   for (int i = 0; i < 1 + warmup + steps; ++i) {
     const auto t0 = Clock::now();
-    model.ZeroGrad();
-    FEDLORA_ASSIGN_OR_RETURN(float loss, model.ForwardBackward(batch, /*dropout_seed=*/0));
-    const float norm = ClipGradNorm(model.trainable_params(), 1.0f);
-    FEDLORA_RETURN_IF_ERROR(adamw->Step(model.trainable_params(), 1e-4f));
+    float loss = 0.0f, norm = 0.0f;
+    if (on_device != nullptr) {
+      FEDLORA_RETURN_IF_ERROR(device.ZeroGrads());
+      FEDLORA_ASSIGN_OR_RETURN(loss, model.ForwardBackward(batch, /*dropout_seed=*/0));
+      FEDLORA_ASSIGN_OR_RETURN(norm, on_device->GradNorm());
+      FEDLORA_RETURN_IF_ERROR(on_device->Step(1e-4f, norm > 1.0f ? 1.0f / norm : 1.0f));
+      FEDLORA_RETURN_IF_ERROR(device.backend().Synchronize());
+    } else {
+      model.ZeroGrad();
+      FEDLORA_ASSIGN_OR_RETURN(loss, model.ForwardBackward(batch, /*dropout_seed=*/0));
+      norm = ClipGradNorm(model.trainable_params(), 1.0f);
+      FEDLORA_RETURN_IF_ERROR(adamw->Step(model.trainable_params(), 1e-4f));
+    }
     if (i == 0) {
       out.first_loss = loss;
       out.first_grad_norm = norm;
@@ -49,6 +69,7 @@ absl::StatusOr<TimedSteps> TimeLoraSteps(Model& model, const Batch& batch, int s
       out.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
   }
+  if (on_device != nullptr) FEDLORA_RETURN_IF_ERROR(device.Release());
   std::sort(out.seconds.begin(), out.seconds.end());
   return out;
 }
