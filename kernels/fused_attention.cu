@@ -68,15 +68,34 @@ __device__ float RowDot(const Geometry& g, const float (&r)[kPerLane], const flo
   return WarpSum(s);
 }
 
+// What a warp handling query row `warp` (= token * heads + head) needs to know of it: its token,
+// head and kv head, its sequence's first token, how many keys it sees, and the dropout index of
+// its (row, key 0) element.
+struct QueryRow {
+  int64_t t, h, kvh, begin, lim;
+  uint64_t row;
+};
+
+__device__ QueryRow QueryRowOf(const Geometry& g, int64_t warp) {
+  QueryRow r;
+  r.t = warp / g.heads;
+  r.h = warp % g.heads;
+  r.kvh = r.h / (g.heads / g.kv_heads);
+  int64_t n;
+  uint64_t base;
+  SequenceOf(g, r.t, &r.begin, &n, &base);
+  const int64_t i = r.t - r.begin;
+  r.lim = g.causal ? i + 1 : n;
+  r.row = base + static_cast<uint64_t>((r.h * n + i) * n);
+  return r;
+}
+
 __global__ void ForwardKernel(Geometry g, const float* q, const float* k, const float* v, float* out, float* lse) {
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   if (warp >= g.tokens * g.heads) return;
-  const int64_t t = warp / g.heads, h = warp % g.heads, kvh = h / (g.heads / g.kv_heads), D = g.head_dim;
-  int64_t begin, n;
-  uint64_t base;
-  SequenceOf(g, t, &begin, &n, &base);
-  const int64_t i = t - begin, lim = g.causal ? i + 1 : n;
-  const uint64_t row = base + static_cast<uint64_t>((h * n + i) * n);
+  const QueryRow r = QueryRowOf(g, warp);
+  const int64_t t = r.t, h = r.h, kvh = r.kvh, D = g.head_dim, begin = r.begin, lim = r.lim;
+  const uint64_t row = r.row;
   float qr[kPerLane], acc[kPerLane] = {};
   LoadRow(g, q + (t * g.heads + h) * D, qr);
   // Online softmax: m the running max, l the running sum of exp(s - m), acc the dropped-out
@@ -121,12 +140,9 @@ __global__ void DqKernel(Geometry g, const float* q, const float* k, const float
                          const float* dout, const float* dsum, float* dq) {
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   if (warp >= g.tokens * g.heads) return;
-  const int64_t t = warp / g.heads, h = warp % g.heads, kvh = h / (g.heads / g.kv_heads), D = g.head_dim;
-  int64_t begin, n;
-  uint64_t base;
-  SequenceOf(g, t, &begin, &n, &base);
-  const int64_t i = t - begin, lim = g.causal ? i + 1 : n;
-  const uint64_t row = base + static_cast<uint64_t>((h * n + i) * n);
+  const QueryRow r = QueryRowOf(g, warp);
+  const int64_t kvh = r.kvh, D = g.head_dim, begin = r.begin, lim = r.lim;
+  const uint64_t row = r.row;
   float qr[kPerLane], dor[kPerLane], acc[kPerLane] = {};
   LoadRow(g, q + warp * D, qr);
   LoadRow(g, dout + warp * D, dor);

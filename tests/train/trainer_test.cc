@@ -346,6 +346,13 @@ TEST(Trainer, RejectsBadOptionsAndData) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The trainer's loop over `model` and `data`, padding with id 0.
+TrainLoop LoopOver(BertClassifier& model, const TokenizedDataset& data) {
+  return ModelTrainLoop(model, data, [](const TokenizedDataset& d, std::span<const int64_t> i) {
+    return MakeBatch(d, i, /*pad_id=*/0);
+  });
+}
+
 // The device step (train/device_step.h) on the CPU backend, where the device copies are the
 // params' own vectors, against the host loop: accumulation, FedProx, clipping that bites, weight
 // decay and dropout, over two epochs with a callback between them.
@@ -373,9 +380,7 @@ TEST(DeviceStep, MatchesTheHostLoopOnTheCpuBackend) {
     auto model = TinyModel(/*seed=*/11, /*dropout=*/0.1f);
     EXPECT_NE(model, nullptr);
     const std::vector<float> start = model->trainable_params()[0].value;
-    TrainLoop loop = ModelTrainLoop(*model, train, [](const TokenizedDataset& d, std::span<const int64_t> i) {
-      return MakeBatch(d, i, /*pad_id=*/0);
-    });
+    TrainLoop loop = LoopOver(*model, train);
     EXPECT_FALSE(loop.step_on_device);  // a CPU model steps on the host unless asked
     loop.step_on_device = on_device;
     loop.on_step = [&](const StepReport& s) {
@@ -436,9 +441,7 @@ TEST(DeviceStep, OtherOptimizersStepOnTheHost) {
   opts.progress = false;
   auto model = TinyModel(2, 0.0f);
   ASSERT_NE(model, nullptr);
-  TrainLoop loop = ModelTrainLoop(*model, train, [](const TokenizedDataset& d, std::span<const int64_t> i) {
-    return MakeBatch(d, i, /*pad_id=*/0);
-  });
+  TrainLoop loop = LoopOver(*model, train);
   loop.step_on_device = true;
   int steps = 0;
   loop.on_step = [&](const StepReport&) {
@@ -460,9 +463,7 @@ TEST(DeviceStep, ANonFiniteNormFailsAndReleasesTheParams) {
   opts.progress = false;
   auto model = TinyModel(2, 0.0f);
   ASSERT_NE(model, nullptr);
-  TrainLoop loop = ModelTrainLoop(*model, train, [](const TokenizedDataset& d, std::span<const int64_t> i) {
-    return MakeBatch(d, i, /*pad_id=*/0);
-  });
+  TrainLoop loop = LoopOver(*model, train);
   loop.step_on_device = true;
   auto forward_backward = loop.forward_backward;
   loop.forward_backward = [&](std::span<const int64_t> i, uint64_t seed) -> absl::StatusOr<float> {
