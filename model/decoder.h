@@ -97,7 +97,7 @@ struct DecoderOptions {
   std::string base_model_name;  // recorded in the PEFT adapter_config.json
   // Where the model computes, as ModelOptions::device (model/bert.h): training, evaluation and
   // greedy decoding. On kCuda, int8_math is refused (a CPU kernel; the CUDA GEMMs are fp32, or
-  // bf16 with bf16_math).
+  // bf16 through cuBLASLt with bf16_math).
   Device device = Device::kCpu;
 };
 
