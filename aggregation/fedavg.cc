@@ -97,7 +97,41 @@ absl::StatusOr<StreamingFedAvg> StreamingFedAvg::Create(std::vector<TensorSpec> 
   return avg;
 }
 
+// One tensor of an update: `count` values, at positions index[0, count) of the tensor when
+// `index` is set, else at 0, 1, ...
+struct StreamingFedAvg::TensorView {
+  const std::string& name;
+  const std::vector<int64_t>& shape;
+  const float* values;
+  const int64_t* index;
+  int64_t count;
+  int64_t Position(int64_t i) const { return index != nullptr ? index[i] : i; }
+};
+
 absl::Status StreamingFedAvg::Add(const std::vector<UpdateTensor>& update, int64_t num_examples) {
+  std::vector<TensorView> views;
+  views.reserve(update.size());
+  for (const UpdateTensor& u : update) {
+    views.push_back({u.name, u.shape, u.values.data(), nullptr, static_cast<int64_t>(u.values.size())});
+  }
+  return AddViews(views, num_examples);
+}
+
+absl::Status StreamingFedAvg::Add(const std::vector<KeptTensor>& update, int64_t num_examples) {
+  std::vector<TensorView> views;
+  views.reserve(update.size());
+  for (const KeptTensor& u : update) {
+    if (!u.dense && u.indices.size() != u.values.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name, "' has ", u.indices.size(),
+                                                     " indices for ", u.values.size(), " kept values"));
+    }
+    views.push_back({u.name, u.shape, u.values.data(), u.dense ? nullptr : u.indices.data(),
+                     static_cast<int64_t>(u.values.size())});
+  }
+  return AddViews(views, num_examples);
+}
+
+absl::Status StreamingFedAvg::AddViews(const std::vector<TensorView>& update, int64_t num_examples) {
   if (num_examples < 1 || num_examples > kMaxWeight) {
     return absl::InvalidArgumentError(
         absl::StrCat("StreamingFedAvg: num_examples ", num_examples, " is not in [1, ", kMaxWeight, "]"));
@@ -110,11 +144,11 @@ absl::Status StreamingFedAvg::Add(const std::vector<UpdateTensor>& update, int64
     return absl::InvalidArgumentError(
         absl::StrCat("StreamingFedAvg: update has ", update.size(), " tensors, the global adapter has ", spec_.size()));
   }
-  // Structure first (cheap: names and sizes only), so that a mismatched update touches no sums.
+  // Structure first (names, sizes and positions only), so that a mismatched update touches no sums.
   std::vector<size_t> slot(update.size());
   std::vector<bool> seen(spec_.size(), false);
   for (size_t t = 0; t < update.size(); ++t) {
-    const UpdateTensor& u = update[t];
+    const TensorView& u = update[t];
     auto it = index_.find(u.name);
     if (it == index_.end()) {
       return absl::InvalidArgumentError(
@@ -132,79 +166,109 @@ absl::Status StreamingFedAvg::Add(const std::vector<UpdateTensor>& update, int64
                                                      ShapeString(s.shape)));
     }
     const int64_t n = offsets_[it->second + 1] - offsets_[it->second];
-    if (static_cast<int64_t>(u.values.size()) != n) {
-      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name, "' has ", u.values.size(),
+    if (u.index == nullptr && u.count != n) {
+      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name, "' has ", u.count,
                                                      " values for shape ", ShapeString(s.shape), " (", n, ")"));
     }
-  }
-  // Then one pass over the values, checking and accumulating each (wrapping u128 adds; exact, see
-  // the header): the values are read once, not once to check and again to add. A bad value ends the
-  // pass, and the terms this call added so far are subtracted again. The sums are modulo 2^128, so
-  // subtracting the same terms restores every bit: a refused update leaves no trace.
-  const uint64_t w = static_cast<uint64_t>(num_examples);
-  if (backend_ != nullptr) return AddOnDevice(update, slot, w);
-  for (size_t t = 0; t < update.size(); ++t) {
-    const UpdateTensor& u = update[t];
-    u128* sums = sums_.data() + offsets_[slot[t]];
-    for (size_t i = 0; i < u.values.size(); ++i) {
-      const std::optional<u128> term = FixedPointTerm(u.values[i], w);  // nullopt for NaN/Inf too
-      if (term.has_value()) {
-        sums[i] += *term;
-        continue;
+    for (int64_t i = 0; u.index != nullptr && i < u.count; ++i) {
+      const int64_t floor = i == 0 ? 0 : u.index[i - 1] + 1;
+      if (u.index[i] < floor || u.index[i] >= n) {
+        return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name, "' kept index ", i, " (",
+                                                       u.index[i], ") is not in [", floor, ", ", n, ")"));
       }
-      // Roll back: every earlier tensor in full, this one up to (not including) value i.
-      for (size_t r = 0; r <= t; ++r) {
-        const std::vector<float>& values = update[r].values;
-        u128* back = sums_.data() + offsets_[slot[r]];
-        const size_t end = r == t ? i : values.size();
-        for (size_t j = 0; j < end; ++j) back[j] -= *FixedPointTerm(values[j], w);
-      }
-      const float x = u.values[i];
-      if (!std::isfinite(x)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("StreamingFedAvg: tensor '", u.name, "' value ", i, " is not finite (", x, ")"));
-      }
-      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name, "' value ", i, " (", x,
-                                                     ") times num_examples ", num_examples,
-                                                     " exceeds the accumulator range 2^", kMaxTermLog2 - kFracBits));
     }
   }
+  const uint64_t w = static_cast<uint64_t>(num_examples);
+  FEDLORA_RETURN_IF_ERROR(backend_ != nullptr ? AddOnDevice(update, slot, w) : AddOnHost(update, slot, w));
   ++num_updates_;
   total_weight_ += w;
   return absl::OkStatus();
 }
 
-absl::Status StreamingFedAvg::AddOnDevice(const std::vector<UpdateTensor>& update, const std::vector<size_t>& slot,
-                                          uint64_t w) {
-  for (size_t t = 0; t < update.size(); ++t) {
-    std::copy(update[t].values.begin(), update[t].values.end(), staging_.begin() + offsets_[slot[t]]);
+namespace {
+
+// Refusing value i of tensor `name` (at position `pos`): not finite, or out of the accumulator's range.
+absl::Status BadValue(const std::string& name, int64_t pos, float x, uint64_t w) {
+  if (!std::isfinite(x)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StreamingFedAvg: tensor '", name, "' value ", pos, " is not finite (", x, ")"));
   }
-  const int64_t n = offsets_.back();
-  FEDLORA_RETURN_IF_ERROR(backend_->Upload(dev_values_.data(), staging_.data(), staging_.size() * sizeof(float)));
-  kernels::FixedPointAccumulateArgs args{.n = n, .x = dev_values_.data(), .weight = w, .sums = dev_sums_.data()};
+  return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", name, "' value ", pos, " (", x,
+                                                 ") times num_examples ", w, " exceeds the accumulator range 2^",
+                                                 StreamingFedAvg::kMaxTermLog2 - StreamingFedAvg::kFracBits));
+}
+
+}  // namespace
+
+absl::Status StreamingFedAvg::AddOnHost(const std::vector<TensorView>& update, const std::vector<size_t>& slot,
+                                        uint64_t w) {
+  // One pass over the values, checking and accumulating each (wrapping u128 adds; exact, see the
+  // header): the values are read once, not once to check and again to add. A bad value ends the
+  // pass, and the terms this call added so far are subtracted again. The sums are modulo 2^128, so
+  // subtracting the same terms restores every bit: a refused update leaves no trace.
+  for (size_t t = 0; t < update.size(); ++t) {
+    const TensorView& u = update[t];
+    u128* sums = sums_.data() + offsets_[slot[t]];
+    for (int64_t i = 0; i < u.count; ++i) {
+      const std::optional<u128> term = FixedPointTerm(u.values[i], w);  // nullopt for NaN/Inf too
+      if (term.has_value()) {
+        sums[u.Position(i)] += *term;
+        continue;
+      }
+      // Roll back: every earlier tensor in full, this one up to (not including) value i.
+      for (size_t r = 0; r <= t; ++r) {
+        const TensorView& v = update[r];
+        u128* back = sums_.data() + offsets_[slot[r]];
+        const int64_t end = r == t ? i : v.count;
+        for (int64_t j = 0; j < end; ++j) back[v.Position(j)] -= *FixedPointTerm(v.values[j], w);
+      }
+      return BadValue(u.name, u.Position(i), u.values[i], w);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StreamingFedAvg::AddOnDevice(const std::vector<TensorView>& update, const std::vector<size_t>& slot,
+                                          uint64_t w) {
+  // A dense update is staged in spec order and added element by element; a sparse one as its kept
+  // values, each with its position in the sums.
+  bool dense = true;
+  for (const TensorView& u : update) dense = dense && u.index == nullptr;
+  std::vector<int64_t> begin(update.size());  // where each tensor's values start in staging_
+  int64_t staged = 0;
+  for (size_t t = 0; t < update.size(); ++t) {
+    const TensorView& u = update[t];
+    begin[t] = dense ? offsets_[slot[t]] : staged;
+    std::copy(u.values, u.values + u.count, staging_.begin() + begin[t]);
+    if (!dense) {
+      index_staging_.resize(static_cast<size_t>(staged + u.count));
+      for (int64_t i = 0; i < u.count; ++i) index_staging_[staged + i] = offsets_[slot[t]] + u.Position(i);
+    }
+    staged += u.count;
+  }
+  kernels::FixedPointAccumulateArgs args{.n = staged, .x = dev_values_.data(), .weight = w, .sums = dev_sums_.data()};
+  FEDLORA_RETURN_IF_ERROR(backend_->Upload(dev_values_.data(), staging_.data(), staged * sizeof(float)));
+  if (!dense) {
+    if (dev_index_.size() < static_cast<size_t>(staged)) {
+      dev_index_ = {};  // freed before the larger one is asked for
+      FEDLORA_ASSIGN_OR_RETURN(dev_index_, kernels::DeviceArray<int64_t>::Zeros(*backend_, staged));
+    }
+    FEDLORA_RETURN_IF_ERROR(backend_->Upload(dev_index_.data(), index_staging_.data(), staged * sizeof(int64_t)));
+    args.index = dev_index_.data();
+  }
   int64_t bad = -1;
   args.first_bad = &bad;
   FEDLORA_RETURN_IF_ERROR(kernels::FixedPointAccumulate(backend_->ctx(), args));
-  if (bad >= 0) {
-    // Every in-range term was added: subtract the same terms, which restores every bit.
-    args.sign = -1;
-    int64_t again = -1;
-    args.first_bad = &again;
-    FEDLORA_RETURN_IF_ERROR(kernels::FixedPointAccumulate(backend_->ctx(), args));
-    const size_t t = static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), bad) - offsets_.begin() - 1);
-    const size_t i = static_cast<size_t>(bad - offsets_[t]);
-    const float x = staging_[static_cast<size_t>(bad)];
-    if (!std::isfinite(x)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("StreamingFedAvg: tensor '", spec_[t].name, "' value ", i, " is not finite (", x, ")"));
-    }
-    return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", spec_[t].name, "' value ", i, " (", x,
-                                                   ") times num_examples ", w, " exceeds the accumulator range 2^",
-                                                   kMaxTermLog2 - kFracBits));
-  }
-  ++num_updates_;
-  total_weight_ += w;
-  return absl::OkStatus();
+  if (bad < 0) return absl::OkStatus();
+  // Every in-range term was added: subtract the same terms, which restores every bit.
+  args.sign = -1;
+  int64_t again = -1;
+  args.first_bad = &again;
+  FEDLORA_RETURN_IF_ERROR(kernels::FixedPointAccumulate(backend_->ctx(), args));
+  // The kernel names the smallest staged position: in spec order when dense, else in update order.
+  size_t t = 0;
+  while (t + 1 < update.size() && !(begin[t] <= bad && bad < begin[t] + update[t].count)) ++t;
+  return BadValue(update[t].name, update[t].Position(bad - begin[t]), staging_[static_cast<size_t>(bad)], w);
 }
 
 absl::StatusOr<std::vector<u128>> StreamingFedAvg::HostSums() const {
@@ -274,29 +338,40 @@ absl::StatusOr<std::vector<UpdateTensor>> StreamingFedAvg::Finish() const {
   return out;
 }
 
-double UpdateNorm(const std::vector<UpdateTensor>& update) {
+namespace {
+
+template <class Tensor>
+double NormOf(const std::vector<Tensor>& update) {
   double sq = 0.0;
-  for (const UpdateTensor& t : update) {
+  for (const Tensor& t : update) {
     for (float x : t.values) sq += static_cast<double>(x) * static_cast<double>(x);
   }
   return std::sqrt(sq);
 }
 
-double ClipUpdateNorm(std::vector<UpdateTensor>& update, double max_norm) {
-  const double norm = UpdateNorm(update);
+template <class Tensor>
+double ClipNorm(std::vector<Tensor>& update, double max_norm) {
+  const double norm = NormOf(update);
   if (!std::isfinite(norm) || norm <= max_norm) return norm;
   double scale = max_norm / norm;
   for (int attempt = 0; attempt < 8; ++attempt) {
-    for (UpdateTensor& t : update) {
+    for (Tensor& t : update) {
       for (float& x : t.values) x = static_cast<float>(static_cast<double>(x) * scale);
     }
-    const double now = UpdateNorm(update);
+    const double now = NormOf(update);
     if (now <= max_norm) return norm;
     // Rounding each value to fp32 left the norm a hair above the bound: shrink by a little more.
     scale = max_norm / now * (1.0 - 0x1p-20);
   }
-  for (UpdateTensor& t : update) std::fill(t.values.begin(), t.values.end(), 0.0f);  // unreachable in practice
+  for (Tensor& t : update) std::fill(t.values.begin(), t.values.end(), 0.0f);  // unreachable in practice
   return norm;
 }
+
+}  // namespace
+
+double UpdateNorm(const std::vector<UpdateTensor>& update) { return NormOf(update); }
+double UpdateNorm(const std::vector<KeptTensor>& update) { return NormOf(update); }
+double ClipUpdateNorm(std::vector<UpdateTensor>& update, double max_norm) { return ClipNorm(update, max_norm); }
+double ClipUpdateNorm(std::vector<KeptTensor>& update, double max_norm) { return ClipNorm(update, max_norm); }
 
 }  // namespace fedlora

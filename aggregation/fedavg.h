@@ -30,11 +30,17 @@
 // Memory: 16 bytes per model element (one int128) plus the tensor names/shapes, independent of the
 // number of clients: O(model).
 //
+// Sparse updates: Add also takes an update as DecodeUpdateKept hands it over (compression/codec.h),
+// a top-k or random-k tensor as its kept values and their positions. Only those entries are added:
+// an entry not kept is 0, whose term is 0, so the sums are bit-identical to adding the expanded
+// update, at the cost of the kept entries rather than the model.
+//
 // Device: Create(spec, Device::kCuda) keeps the sums in GPU memory and adds each update there with
 // kernels::FixedPointAccumulate (the term computed by the same code as on the CPU): integer sums,
 // so the result is bit-identical to the CPU accumulator's. Add uploads the update's values (one
-// host-to-device copy of 4 bytes per element); Finish downloads the sums once and divides on the
-// host.
+// host-to-device copy of 4 bytes per element; for a sparse update, 4 bytes per kept value and 8 for
+// its position, and the kernel adds each into its sum in place); Finish downloads the sums once and
+// divides on the host.
 //
 // Merge() adds another accumulator's exact sums, so that accumulators filled separately (several
 // threads or processes, each with a share of the clients) combine with the same bit-exact result.
@@ -107,6 +113,11 @@ class StreamingFedAvg {
   // CPU the first such value in the update's order is named, on CUDA the first in the spec's).
   // ResourceExhausted after kMaxUpdates updates.
   absl::Status Add(const std::vector<UpdateTensor>& update, int64_t num_examples);
+  // The same for an update of kept entries, with the same result as Add of its expansion. Also
+  // InvalidArgument when a sparse tensor's indices and values differ in number, or an index is
+  // outside the tensor or not above the one before it (a message names the tensor). Errors name a
+  // value by its position in the tensor; on CUDA, a sparse update's first bad value in its order.
+  absl::Status Add(const std::vector<KeptTensor>& update, int64_t num_examples);
 
   // Adds the sums of `other` (built from an identical spec, else InvalidArgument). The result is
   // bit-identical to having added other's updates here directly.
@@ -123,8 +134,12 @@ class StreamingFedAvg {
   int64_t accumulator_bytes() const { return offsets_.back() * static_cast<int64_t>(sizeof(unsigned __int128)); }
 
  private:
+  struct TensorView;  // one tensor of either form of update (fedavg.cc)
+
   StreamingFedAvg() = default;
-  absl::Status AddOnDevice(const std::vector<UpdateTensor>& update, const std::vector<size_t>& slot, uint64_t w);
+  absl::Status AddViews(const std::vector<TensorView>& update, int64_t num_examples);
+  absl::Status AddOnHost(const std::vector<TensorView>& update, const std::vector<size_t>& slot, uint64_t w);
+  absl::Status AddOnDevice(const std::vector<TensorView>& update, const std::vector<size_t>& slot, uint64_t w);
   // The sums as host memory: sums_ itself on the CPU, a download on CUDA.
   absl::StatusOr<std::vector<unsigned __int128>> HostSums() const;
 
@@ -134,14 +149,18 @@ class StreamingFedAvg {
   std::vector<unsigned __int128> sums_;             // two's-complement fixed point, wraps (see above); CPU
   std::shared_ptr<kernels::Backend> backend_;       // CUDA only (null on the CPU); outlives the arrays below
   kernels::DeviceArray<unsigned __int128> dev_sums_;  // CUDA: the sums
-  kernels::DeviceArray<float> dev_values_;            // CUDA: one update's values, in spec order
-  std::vector<float> staging_;                        // CUDA: the same, on the host
+  kernels::DeviceArray<float> dev_values_;            // CUDA: one update's values, in spec order, or its kept values
+  kernels::DeviceArray<int64_t> dev_index_;           // CUDA: a sparse update's positions in the sums (grown on demand)
+  std::vector<float> staging_;                        // CUDA: the values, on the host
+  std::vector<int64_t> index_staging_;                // CUDA: the positions, on the host
   int64_t num_updates_ = 0;
   uint64_t total_weight_ = 0;
 };
 
-// The L2 norm of `update` over all its tensors, summed in double in tensor order.
+// The L2 norm of `update` over all its tensors, summed in double in tensor order. The kept form
+// gives its expansion's norm to the bit (an entry not kept adds +0 to the sum).
 double UpdateNorm(const std::vector<UpdateTensor>& update);
+double UpdateNorm(const std::vector<KeptTensor>& update);
 
 // Scales `update` down so that its L2 norm (UpdateNorm) is at most `max_norm` (> 0), and returns
 // the norm it had. An update already within it is unchanged. The result's norm never exceeds
@@ -149,5 +168,7 @@ double UpdateNorm(const std::vector<UpdateTensor>& update);
 // result depends on the update alone (aggregation stays order-independent). Non-finite values are
 // left for StreamingFedAvg::Add to refuse.
 double ClipUpdateNorm(std::vector<UpdateTensor>& update, double max_norm);
+// The same on the kept entries: they become the clipped expansion's entries, bit for bit.
+double ClipUpdateNorm(std::vector<KeptTensor>& update, double max_norm);
 
 }  // namespace fedlora

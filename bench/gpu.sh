@@ -2,7 +2,8 @@
 # The GPU benchmark (docs/benchmarks.md, "The engine on the GPU"): builds, runs every GPU test,
 # then times on the GPU, each against a baseline measured in the same run:
 #   1. federated averaging's exact accumulation of 100 updates against a device-to-device copy
-#      (bench/kernels/aggregation_bench.cc);
+#      (bench/kernels/aggregation_bench.cc), and the server's decode-and-add of sparsified updates,
+#      the kept entries against the dense expansion (bench/aggregation/decode_add_bench.cc);
 #   2. one LoRA training step (r8, batch 32) of MiniLM-L6, BERT-base and SmolLM2-135M geometry at
 #      sequence 128 and 512: fedlora in fp32 and with bf16 math (the frozen base in bf16, cuBLASLt)
 #      against Hugging Face transformers + PEFT in fp32 and with bf16 autocast, tokens/s and MFU against a cuBLAS bf16 GEMM peak measured in the run
@@ -53,6 +54,10 @@ fi
   echo "## Exact aggregation of 100 updates against a device-to-device copy"
   echo
   "$BUILD_DIR/bench/kernels/kernels_aggregation_bench" cuda $((1 << 24)) 100 5
+  echo
+  echo "## Decoding and adding sparsified updates: the kept entries against the dense expansion"
+  echo
+  "$BUILD_DIR/bench/aggregation/aggregation_decode_add_bench" cuda $((1 << 24)) 16 3
   for seq in 128 512; do
     echo
     echo "## One LoRA training step, batch 32 x $seq"

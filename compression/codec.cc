@@ -330,10 +330,13 @@ absl::Status ReadIndexGaps(BodySource& source, uint64_t bytes, uint64_t k, uint6
 }
 
 // Version 2: each tensor's kept entries and their values (see the layout in codec.h). `kept`
-// receives each tensor's k.
+// receives each tensor's k. With `indices` (materialize only), a top-k or random-k tensor's values
+// are its k kept values, and (*indices)[t] their ascending positions, instead of the dense tensor.
 absl::Status WalkV2Sections(const UpdateHeader& h, bool materialize, BodySource& source,
                             std::vector<UpdateTensor>& tensors, const std::vector<uint64_t>& numel,
-                            std::vector<int64_t>& kept) {
+                            std::vector<int64_t>& kept, std::vector<std::vector<int64_t>>* indices) {
+  const bool compact =
+      indices != nullptr && (h.sparsifier == Sparsifier::kTopK || h.sparsifier == Sparsifier::kRandomK);
   std::vector<int64_t> idx;
   std::vector<float> buf, factors;
   for (size_t t = 0; t < tensors.size(); ++t) {
@@ -375,7 +378,7 @@ absl::Status WalkV2Sections(const UpdateHeader& h, bool materialize, BodySource&
       return bad(absl::StrCat("needs ", need, " bytes for its ", k, " ", ToAbsl(CodecName(h.codec)),
                               " values but only ", source.remaining(), " remain"));
     }
-    if (materialize) tensor.values.assign(static_cast<size_t>(n), 0.0f);
+    if (materialize) tensor.values.assign(static_cast<size_t>(compact ? k : n), 0.0f);
     // A factored tensor's values are read even when not materialised: their largest magnitudes
     // bound the product.
     const bool factored = layout.factored();
@@ -388,8 +391,11 @@ absl::Status WalkV2Sections(const UpdateHeader& h, bool materialize, BodySource&
       float* out = tensor.values.data();
       if (factored) {
         std::memcpy(factors.data() + done, v, m * sizeof(float));
-      } else if (h.sparsifier == Sparsifier::kNone || h.sparsifier == Sparsifier::kLowRank) {
+      } else if (compact || h.sparsifier == Sparsifier::kNone || h.sparsifier == Sparsifier::kLowRank) {
         std::memcpy(out + done, v, m * sizeof(float));
+        if (sampler && compact) {
+          for (uint64_t j = 0; j < m; ++j) idx.push_back(sampler->Next());
+        }
       } else if (sampler) {
         for (uint64_t j = 0; j < m; ++j) out[sampler->Next()] = v[j];
       } else {
@@ -431,6 +437,7 @@ absl::Status WalkV2Sections(const UpdateHeader& h, bool materialize, BodySource&
       }
       if (materialize) ExpandFactors(factors.data(), layout, tensor.values.data());
     }
+    if (compact) (*indices)[t] = std::move(idx);
   }
   if (source.remaining() != 0) {
     return absl::InvalidArgumentError(
@@ -440,10 +447,12 @@ absl::Status WalkV2Sections(const UpdateHeader& h, bool materialize, BodySource&
 }
 
 // Parses the tensor table from `source` into `tensors` (names and shapes) and checks every value;
-// with `materialize`, also fills each tensor's values, and `kept` gets the entries each tensor
+// with `materialize`, also fills each tensor's values (compactly with `indices`; see WalkV2Sections),
+// and `kept` gets the entries each tensor
 // sends. Body errors only (see BodySource).
 absl::Status WalkBody(const UpdateHeader& h, const DecodeLimits& limits, bool materialize, BodySource& source,
-                      std::vector<UpdateTensor>& tensors, std::vector<int64_t>& kept) {
+                      std::vector<UpdateTensor>& tensors, std::vector<int64_t>& kept,
+                      std::vector<std::vector<int64_t>>* indices) {
   FEDLORA_ASSIGN_OR_RETURN(std::string_view field, source.Read(4, "tensor count"));
   const uint32_t count = Load<uint32_t>(field.data());
   if (count == 0) return absl::InvalidArgumentError("update body: tensor count is 0");
@@ -508,7 +517,10 @@ absl::Status WalkBody(const UpdateHeader& h, const DecodeLimits& limits, bool ma
                                                    " elements but the header declares ", h.element_count));
   }
   kept.assign(count, 0);
-  if (h.format_version == kUpdateFormatVersion2) return WalkV2Sections(h, materialize, source, tensors, numel, kept);
+  if (h.format_version == kUpdateFormatVersion2) {
+    if (indices != nullptr) indices->assign(count, {});
+    return WalkV2Sections(h, materialize, source, tensors, numel, kept, indices);
+  }
   for (uint32_t t = 0; t < count; ++t) kept[t] = static_cast<int64_t>(numel[t]);
   const size_t esize = CodecElementSize(h.codec);
   if (source.remaining() != h.element_count * esize) {
@@ -538,7 +550,8 @@ absl::Status WalkBody(const UpdateHeader& h, const DecodeLimits& limits, bool ma
 // values too when `materialize`.
 absl::Status WalkUpdate(std::string_view encoded, const DecodeLimits& limits, bool materialize,
                         std::vector<UpdateTensor>& tensors, std::vector<int64_t>& kept,
-                        const std::function<void(uint64_t)>* consumed = nullptr) {
+                        const std::function<void(uint64_t)>* consumed = nullptr,
+                        std::vector<std::vector<int64_t>>* indices = nullptr) {
   FEDLORA_ASSIGN_OR_RETURN(const UpdateHeader h, ParseUpdateHeader(encoded, limits));
   const std::string_view payload = encoded.substr(h.header_bytes());
   if (payload.size() < h.payload_bytes) {
@@ -556,7 +569,7 @@ absl::Status WalkUpdate(std::string_view encoded, const DecodeLimits& limits, bo
     source.emplace(payload);
   }
   source->SetConsumedHook(consumed, h.header_bytes());
-  const absl::Status body = WalkBody(h, limits, materialize, *source, tensors, kept);
+  const absl::Status body = WalkBody(h, limits, materialize, *source, tensors, kept, indices);
   // A broken zstd stage explains any body error it caused, so it is reported first.
   FEDLORA_RETURN_IF_ERROR(source->Finish());
   return body;
@@ -754,6 +767,24 @@ absl::StatusOr<std::vector<UpdateTensor>> DecodeUpdate(std::string_view encoded,
   std::vector<int64_t> kept;
   FEDLORA_RETURN_IF_ERROR(WalkUpdate(encoded, limits, /*materialize=*/true, tensors, kept));
   return tensors;
+}
+
+absl::StatusOr<std::vector<KeptTensor>> DecodeUpdateKept(std::string_view encoded, const DecodeLimits& limits) {
+  std::vector<UpdateTensor> tensors;
+  std::vector<int64_t> kept;
+  std::vector<std::vector<int64_t>> indices;
+  FEDLORA_RETURN_IF_ERROR(WalkUpdate(encoded, limits, /*materialize=*/true, tensors, kept, nullptr, &indices));
+  FEDLORA_ASSIGN_OR_RETURN(const UpdateHeader h, ParseUpdateHeader(encoded, limits));
+  const bool sparse = h.sparsifier == Sparsifier::kTopK || h.sparsifier == Sparsifier::kRandomK;
+  std::vector<KeptTensor> out(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    out[t].name = std::move(tensors[t].name);
+    out[t].shape = std::move(tensors[t].shape);
+    out[t].values = std::move(tensors[t].values);
+    out[t].dense = !sparse;
+    if (sparse) out[t].indices = std::move(indices[t]);
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<UpdateTensorInfo>> ValidateUpdate(std::string_view encoded, const DecodeLimits& limits,

@@ -209,6 +209,22 @@ absl::StatusOr<UpdateHeader> ParseUpdateHeader(std::string_view encoded, const D
 // Memory: the decoded values plus, with zstd, a 1 MiB window and zstd's history window.
 absl::StatusOr<std::vector<UpdateTensor>> DecodeUpdate(std::string_view encoded, const DecodeLimits& limits);
 
+// One tensor of a decoded update holding only the entries that travelled: a top-k or random-k
+// tensor's kept values and their ascending positions, else (`dense`) all product(shape) values.
+// Entries not kept are 0. Aggregation adds it without expanding it (StreamingFedAvg::Add).
+struct KeptTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool dense = true;
+  std::vector<int64_t> indices;  // !dense: one per value, strictly ascending, < product(shape)
+  std::vector<float> values;
+};
+
+// DecodeUpdate without expanding the sparsified tensors: the same checks and errors, and each
+// tensor's values equal DecodeUpdate's at its kept positions (low-rank tensors come back dense).
+// Memory: the kept values plus 8 bytes of index per kept value, instead of the dense update.
+absl::StatusOr<std::vector<KeptTensor>> DecodeUpdateKept(std::string_view encoded, const DecodeLimits& limits);
+
 // Name and shape of one tensor of an encoded update, as ValidateUpdate reports it.
 struct UpdateTensorInfo {
   std::string name;

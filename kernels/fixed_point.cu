@@ -1,5 +1,5 @@
 // FixedPointAccumulate: CUDA backend. One thread per element (grid-stride): each sum is touched
-// by one thread, so no atomics are needed on the sums; integer adds make the bits the CPU's.
+// by one thread (indices are distinct), so no atomics are needed on the sums; integer adds make the bits the CPU's.
 #include "kernels/cuda_util.cuh"
 #include "kernels/fixed_point.h"
 
@@ -8,8 +8,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void FixedPointAccumulateKernel(int64_t n, const float* __restrict__ x, uint64_t w, int sign,
-                                           u128* __restrict__ sums, unsigned long long* first_bad) {
+__global__ void FixedPointAccumulateKernel(int64_t n, const float* __restrict__ x, const int64_t* __restrict__ index,
+                                           uint64_t w, int sign, u128* __restrict__ sums,
+                                           unsigned long long* first_bad) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     u128 term;
@@ -17,7 +18,7 @@ __global__ void FixedPointAccumulateKernel(int64_t n, const float* __restrict__ 
       atomicMin(first_bad, static_cast<unsigned long long>(i));
       continue;
     }
-    sums[i] += sign > 0 ? term : -term;
+    sums[index != nullptr ? index[i] : i] += sign > 0 ? term : -term;
   }
 }
 
@@ -34,8 +35,8 @@ absl::Status FixedPointAccumulateCuda(const ExecContext& ctx, const FixedPointAc
   const unsigned long long none = static_cast<unsigned long long>(a.n);
   absl::Status status = [&]() -> absl::Status {
     FEDLORA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(bad, &none, sizeof(none), cudaMemcpyHostToDevice, stream));
-    FixedPointAccumulateKernel<<<GridFor(a.n, kThreads), kThreads, 0, stream>>>(a.n, a.x, a.weight, a.sign, a.sums,
-                                                                                  bad);
+    FixedPointAccumulateKernel<<<GridFor(a.n, kThreads), kThreads, 0, stream>>>(a.n, a.x, a.index, a.weight, a.sign,
+                                                                                  a.sums, bad);
     FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
     unsigned long long host = none;
     FEDLORA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host, bad, sizeof(host), cudaMemcpyDeviceToHost, stream));

@@ -2,12 +2,13 @@
 // (aggregation/fedavg.h says why it is fixed point and proves its range and error bounds).
 //
 //   term(x, w) = round_half_even(w * x * 2^kFracBits) as a two's-complement 128-bit integer
-//   FixedPointAccumulate:  sums[i] += sign * term(x[i], weight)   for every i whose term is in range
+//   FixedPointAccumulate:  sums[j] += sign * term(x[i], weight)   for every i whose term is in range,
+//                          where j = index[i] with an index array (a sparse update's kept entries), else i
 //
 // Integer addition modulo 2^128 is associative, so both backends produce the same bits in any
 // order: the CUDA result is bit-identical to the CPU's, not merely close. A value whose term is out
 // of range (NaN, Inf, |w * x| >= 2^(kMaxTermLog2 - kFracBits)) adds nothing and is reported:
-// `first_bad` (a host pointer on both backends) receives the smallest such index, or -1. Calling
+// `first_bad` (a host pointer on both backends) receives the smallest such i, or -1. Calling
 // again with sign -1 subtracts exactly what the first call added, which is how a refused update is
 // rolled back.
 #pragma once
@@ -71,8 +72,11 @@ struct FixedPointAccumulateArgs {
   const float* x = nullptr;  // [n]
   uint64_t weight = 1;       // in [1, 2^32]
   int sign = 1;              // +1 adds, -1 subtracts
-  u128* sums = nullptr;      // [n], wrapping
-  int64_t* first_bad = nullptr;  // host: the smallest index whose term is out of range, or -1
+  u128* sums = nullptr;      // [n], or as many as the indices reach; wrapping
+  // Optional [n], in the backend's memory: where each value goes. The indices must be distinct (no two
+  // threads add to one sum) and within `sums`; the caller checks (StreamingFedAvg::Add does).
+  const int64_t* index = nullptr;
+  int64_t* first_bad = nullptr;  // host: the smallest i whose term is out of range, or -1
 };
 
 absl::Status CanRun(const ExecContext& ctx, const FixedPointAccumulateArgs& args);

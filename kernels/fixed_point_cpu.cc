@@ -35,7 +35,7 @@ absl::Status FixedPointAccumulate(const ExecContext& ctx, const FixedPointAccumu
         }
         continue;
       }
-      a.sums[i] += a.sign > 0 ? term : -term;
+      a.sums[a.index != nullptr ? a.index[i] : i] += a.sign > 0 ? term : -term;
     }
   });
   const int64_t bad = first_bad.load();

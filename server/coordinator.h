@@ -267,7 +267,8 @@ class Coordinator {
   // the adapters the latest earlier committed rounds stored, read back from the blob store. The mean
   // is StreamingFedAvg's (exact, rounded once), so a restarted server recomputes the same bits.
   absl::Status AverageWithEarlierRounds(int64_t round, std::vector<UpdateTensor>& adapter) const;
-  absl::StatusOr<std::vector<UpdateTensor>> DecodeAndValidate(std::string_view bytes) const;
+  // An accepted update, decoded (a sparsified one as its kept entries) and matched to the adapter.
+  absl::StatusOr<std::vector<KeptTensor>> DecodeAndValidate(std::string_view bytes) const;
   // BeginUpload's checks under mu_, with what was read before it was taken (the free disk, the
   // upload's row). A new upload is locked to the stream and `*record` filled with the row to write.
   absl::StatusOr<UploadPlan> AdmitUpload(const std::string& client_id, const v1::UploadHeader& header,

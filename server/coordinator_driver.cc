@@ -198,7 +198,8 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
         if (!opened.ok()) return Annotate(opened.status(), absl::StrCat("opening update ", u.upload_id));
         plain = *std::move(opened);
       }  // the sealed copy is freed before decoding
-      FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> update, DecodeAndValidate(plain));
+      // A sparsified update stays sparse: its kept entries are clipped and added where they go.
+      FEDLORA_ASSIGN_OR_RETURN(std::vector<KeptTensor> update, DecodeAndValidate(plain));
       std::string().swap(plain);
       if (dp_.has_value()) {
         unclipped += dp_->Clip(update) ? 1 : 0;

@@ -98,6 +98,10 @@ bool ServerDp::Clip(std::vector<UpdateTensor>& update) const {
   return ClipUpdateNorm(update, clip_norm_) <= clip_norm_;
 }
 
+bool ServerDp::Clip(std::vector<KeptTensor>& update) const {
+  return ClipUpdateNorm(update, clip_norm_) <= clip_norm_;
+}
+
 absl::StatusOr<DpRound> ServerDp::Release(int64_t round, std::vector<UpdateTensor>& mean, int64_t n,
                                           int64_t unclipped, int64_t cohort) const {
   if (n < 1) return absl::InvalidArgumentError("no update to release");

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -280,6 +281,127 @@ TEST(StreamingFedAvgTest, RefusedUpdateIsRolledBackExactly) {
     for (const UpdateTensor& t : *mean) {
       for (size_t i = 0; i < t.values.size(); ++i) {
         EXPECT_EQ(std::bit_cast<uint32_t>(t.values[i]), 0u) << t.name << "[" << i << "]";
+      }
+    }
+  }
+}
+
+// The kept form of `u`: lora_A and lora_B keep every third entry from `first` on (lora_B in a
+// second pass of the even ones too), head.bias stays dense; `expanded` gets the same update with
+// the entries not kept set to 0.
+std::vector<KeptTensor> Keep(const std::vector<UpdateTensor>& u, int first, std::vector<UpdateTensor>& expanded) {
+  std::vector<KeptTensor> kept;
+  expanded = u;
+  for (size_t t = 0; t < u.size(); ++t) {
+    KeptTensor k{u[t].name, u[t].shape, u[t].name == "head.bias", {}, {}};
+    if (k.dense) {
+      k.values = u[t].values;
+    } else {
+      for (size_t i = 0; i < u[t].values.size(); ++i) {
+        if ((static_cast<int>(i) - first) % 3 == 0 && static_cast<int>(i) >= first) {
+          k.indices.push_back(static_cast<int64_t>(i));
+          k.values.push_back(u[t].values[i]);
+        } else {
+          expanded[t].values[i] = 0.0f;
+        }
+      }
+    }
+    kept.push_back(std::move(k));
+  }
+  return kept;
+}
+
+// Adding only the kept entries gives the bits of adding the expanded update (on the CPU
+// accumulator), in any tensor order, mixed with dense updates, and after a merge.
+TEST(StreamingFedAvgTest, KeptUpdatesGiveTheExpandedUpdatesBits) {
+  REQUIRE_DEVICE();
+  StreamingFedAvg kept_avg = NewAvg();
+  auto reference = StreamingFedAvg::Create(Spec(), Device::kCpu);
+  ASSERT_TRUE(reference.ok());
+  for (uint32_t i = 0; i < 5; ++i) {
+    std::vector<UpdateTensor> expanded;
+    std::vector<KeptTensor> kept = Keep(RandomUpdate(400 + i), static_cast<int>(i % 3), expanded);
+    if (i == 1) kept[0].values[2] = expanded[0].values[kept[0].indices[2]] = -0.0f;
+    if (i % 2 == 1) std::reverse(kept.begin(), kept.end());
+    if (i == 3) {  // a wholly dense update in kept form
+      kept.clear();
+      expanded = RandomUpdate(400 + i);
+      for (const UpdateTensor& t : expanded) kept.push_back({t.name, t.shape, true, {}, t.values});
+    }
+    ASSERT_TRUE(kept_avg.Add(kept, kWeights[i]).ok()) << i;
+    ASSERT_TRUE(reference->Add(expanded, kWeights[i]).ok()) << i;
+  }
+  EXPECT_EQ(Bytes(kept_avg.Finish().value()), Bytes(reference->Finish().value()));
+}
+
+// The server's path: an encoded top-k + 8-bit update, decoded kept and added, against the same
+// update decoded dense and added on the CPU.
+TEST(StreamingFedAvgTest, DecodedKeptUpdatesAddUpAsTheirDenseDecoding) {
+  REQUIRE_DEVICE();
+  StreamingFedAvg kept_avg = NewAvg();
+  auto reference = StreamingFedAvg::Create(Spec(), Device::kCpu);
+  ASSERT_TRUE(reference.ok());
+  for (uint32_t i = 0; i < 4; ++i) {
+    const CodecOptions o{.sparsifier = i % 2 == 0 ? Sparsifier::kTopK : Sparsifier::kRandomK, .fraction = 0.3,
+                         .codec = CodecId::kQuant, .quant_block_size = 16, .seed = i};
+    const absl::StatusOr<std::string> wire = EncodeUpdate(RandomUpdate(500 + i), o);
+    ASSERT_TRUE(wire.ok()) << wire.status();
+    absl::StatusOr<std::vector<KeptTensor>> kept = DecodeUpdateKept(*wire, {});
+    absl::StatusOr<std::vector<UpdateTensor>> dense = DecodeUpdate(*wire, {});
+    ASSERT_TRUE(kept.ok() && dense.ok());
+    ASSERT_FALSE((*kept)[0].dense);
+    ClipUpdateNorm(*kept, 0.5);
+    ClipUpdateNorm(*dense, 0.5);
+    ASSERT_TRUE(kept_avg.Add(*kept, kWeights[i]).ok());
+    ASSERT_TRUE(reference->Add(*dense, kWeights[i]).ok());
+  }
+  EXPECT_EQ(Bytes(kept_avg.Finish().value()), Bytes(reference->Finish().value()));
+}
+
+TEST(StreamingFedAvgTest, MalformedKeptUpdatesAreRefusedAndLeaveNoTrace) {
+  REQUIRE_DEVICE();
+  StreamingFedAvg avg = NewAvg();
+  std::vector<UpdateTensor> expanded;
+  const std::vector<KeptTensor> good = Keep(RandomUpdate(21), 1, expanded);
+  ASSERT_TRUE(avg.Add(good, 5).ok());
+  const std::string before = Bytes(avg.Finish().value());
+  struct Case {
+    std::string what;
+    std::function<void(std::vector<KeptTensor>&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"'lora_A' has 10 indices for 11 kept values", [](auto& u) { u[0].indices.pop_back(); }},
+      {"'lora_A' kept index 2 (4) is not in [5, 32)", [](auto& u) { u[0].indices[2] = 4; }},
+      {"'lora_A' kept index 1 (1) is not in [2, 32)", [](auto& u) { u[0].indices[1] = 1; }},  // a repeat
+      {"'lora_B' kept index 10 (32) is not in [29, 32)", [](auto& u) { u[1].indices[10] = 32; }},
+      {"'lora_A' kept index 0 (-1) is not in [0, 32)", [](auto& u) { u[0].indices[0] = -1; }},
+      {"'head.bias' has 2 values for shape [3] (3)", [](auto& u) { u[2].values.pop_back(); }},
+      // A late bad value: everything added before it is rolled back.
+      {"'lora_B' value 31 is not finite", [](auto& u) { u[1].values.back() = std::nanf(""); }},
+      {"'lora_B' value 31 (1e+15) times num_examples 5", [](auto& u) { u[1].values.back() = 1e15f; }},
+  };
+  for (const Case& c : cases) {
+    std::vector<KeptTensor> bad = good;
+    c.edit(bad);
+    const absl::Status s = avg.Add(bad, 5);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.what));
+    EXPECT_EQ(avg.num_updates(), 1);
+    EXPECT_EQ(Bytes(avg.Finish().value()), before) << c.what;
+  }
+}
+
+TEST(ClipUpdateNormTest, KeptEntriesClipAsTheirExpansion) {
+  for (uint32_t seed = 0; seed < 50; ++seed) {
+    std::vector<UpdateTensor> expanded;
+    std::vector<KeptTensor> kept = Keep(RandomUpdate(600 + seed), static_cast<int>(seed % 3), expanded);
+    ASSERT_EQ(UpdateNorm(kept), UpdateNorm(expanded));
+    const double bound = UpdateNorm(kept) * (0.2 + 0.03 * seed);
+    ASSERT_EQ(ClipUpdateNorm(kept, bound), ClipUpdateNorm(expanded, bound));
+    for (size_t t = 0; t < kept.size(); ++t) {
+      for (size_t j = 0; j < kept[t].values.size(); ++j) {
+        const size_t i = kept[t].dense ? j : static_cast<size_t>(kept[t].indices[j]);
+        ASSERT_EQ(std::bit_cast<uint32_t>(kept[t].values[j]), std::bit_cast<uint32_t>(expanded[t].values[i]));
       }
     }
   }

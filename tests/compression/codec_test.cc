@@ -13,6 +13,7 @@
 #include "core/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/compression/kept_check.h"
 
 namespace fedlora {
 namespace {
@@ -78,6 +79,7 @@ absl::Status DecodeAndValidateAgree(std::string_view wire, const DecodeLimits& l
   const absl::StatusOr<std::vector<UpdateTensor>> decoded = DecodeUpdate(wire, limits);
   const absl::StatusOr<std::vector<UpdateTensorInfo>> validated = ValidateUpdate(wire, limits);
   EXPECT_EQ(validated.status(), decoded.status());
+  testing::ExpectKeptMatchesDecode(wire, limits);
   if (decoded.ok() && validated.ok()) {
     EXPECT_EQ(validated->size(), decoded->size());
     for (size_t t = 0; t < std::min(validated->size(), decoded->size()); ++t) {

@@ -13,6 +13,7 @@
 #include "compression/update_io.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/compression/kept_check.h"
 
 namespace fedlora {
 namespace {
@@ -46,6 +47,7 @@ std::vector<UpdateTensor> RoundTrip(const std::vector<UpdateTensor>& u, const Co
   EXPECT_TRUE(dec.ok()) << dec.status();
   absl::StatusOr<std::vector<UpdateTensorInfo>> table = ValidateUpdate(*enc, DecodeLimits{});
   EXPECT_TRUE(table.ok()) << table.status();
+  testing::ExpectKeptMatchesDecode(*enc);
   return dec.ok() ? *dec : std::vector<UpdateTensor>{};
 }
 
@@ -303,6 +305,7 @@ class HostileV2Test : public ::testing::Test {
     EXPECT_EQ(d.code(), absl::StatusCode::kInvalidArgument) << d;
     EXPECT_THAT(std::string(d.message()), HasSubstr(want));
     EXPECT_EQ(d, v) << "ValidateUpdate and DecodeUpdate disagree";
+    testing::ExpectKeptMatchesDecode(wire);
   }
 };
 

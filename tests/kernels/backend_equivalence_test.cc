@@ -735,6 +735,21 @@ TEST_F(BackendEquivalence, FixedPointAccumulateIsBitIdentical) {
     EXPECT_EQ(bad_cpu, 123457);
     EXPECT_EQ(bad_gpu, 123457);
   }
+  // A sparse update: every third sum, in scattered order, through the index array.
+  std::vector<int64_t> index;
+  for (int64_t i = n - 1; i >= 0; i -= 3) index.push_back(i);
+  std::swap(index[5], index[index.size() / 2]);
+  const int64_t k = static_cast<int64_t>(index.size());
+  const std::vector<float> kept = Random(k, 98, -5.0f, 5.0f);
+  int64_t bad_cpu = 0, bad_gpu = 0;
+  ASSERT_TRUE(FixedPointAccumulate(Cpu(), {.n = k, .x = kept.data(), .weight = 3, .sums = cpu.data(),
+                                           .index = index.data(), .first_bad = &bad_cpu})
+                  .ok());
+  ASSERT_TRUE(FixedPointAccumulate(Gpu(), {.n = k, .x = dev_.Upload(kept), .weight = 3, .sums = dev,
+                                           .index = dev_.Upload(index), .first_bad = &bad_gpu})
+                  .ok());
+  EXPECT_EQ(bad_cpu, -1);
+  EXPECT_EQ(bad_gpu, -1);
   std::vector<u128> got(n);
   ASSERT_TRUE(CopyToHost(got.data(), dev, n * sizeof(u128)).ok());
   int64_t differ = 0;

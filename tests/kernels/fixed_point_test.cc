@@ -85,6 +85,25 @@ TEST(FixedPoint, ManyElementsAcrossThreadsGiveTheSerialResult) {
   }
 }
 
+TEST(FixedPoint, IndexedValuesGoToTheirSumsAndNowhereElse) {
+  // A sparse update: three kept entries of ten sums, one out of range.
+  const std::vector<float> x = {1.0f, -2.0f, std::ldexp(1.0f, 50)};
+  const std::vector<int64_t> index = {7, 2, 9};
+  std::vector<u128> sums(10, 3);
+  int64_t bad = -7;
+  FixedPointAccumulateArgs a{.n = 3, .x = x.data(), .weight = 2, .sums = sums.data(), .index = index.data(),
+                             .first_bad = &bad};
+  ASSERT_TRUE(FixedPointAccumulate(Cpu(), a).ok());
+  EXPECT_EQ(bad, 2);  // the position in x, not the sum it would have gone to
+  for (int64_t i = 0; i < 10; ++i) {
+    const u128 want = i == 7 ? 3 + 2 * kOne : i == 2 ? 3 - 4 * kOne : 3;
+    EXPECT_TRUE(sums[i] == want) << i;
+  }
+  a.sign = -1;
+  ASSERT_TRUE(FixedPointAccumulate(Cpu(), a).ok());
+  for (u128 s : sums) EXPECT_TRUE(s == 3);
+}
+
 TEST(FixedPoint, BadArgumentsAreRefused) {
   std::vector<float> x = {1.0f};
   std::vector<u128> sums(1, 0);
