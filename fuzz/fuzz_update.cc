@@ -6,6 +6,8 @@
 //   the same tensor table; its `consumed` reports only grow and stay within the input;
 // - an update that decodes has a header ParseUpdateHeader accepts, with the same codec;
 // - every tensor keeps at most its element count (all of them without a sparsifier);
+// - DecodeUpdateKept gives the same result as DecodeUpdate, and its kept entries (at strictly
+//   ascending positions inside the tensor) expand to DecodeUpdate's values bit for bit;
 // - a decoded update encodes again (same stages, keeping every entry) and decodes to the same bits
 //   unless quantized or low-rank; a version 1 encoding without zstd is the input itself (every
 //   field of the format is determined). A low-rank update is only encoded and decoded again: its
@@ -53,6 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   auto header = ParseUpdateHeader(encoded, limits);
   auto decoded = DecodeUpdate(encoded, limits);
+  auto kept = DecodeUpdateKept(encoded, limits);
   uint64_t last_consumed = 0;
   bool consumed_ok = true;
   auto table = ValidateUpdate(encoded, limits, [&](uint64_t bytes) {
@@ -63,9 +66,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(consumed_ok, "consumed went backwards or past the input");
 
   FUZZ_CHECK(decoded.ok() == table.ok(), decoded.status(), table.status());
+  FUZZ_CHECK(decoded.status() == kept.status(), decoded.status(), kept.status());
   if (!decoded.ok()) {
     FUZZ_CHECK(decoded.status() == table.status(), decoded.status(), table.status());
     return 0;
+  }
+  FUZZ_CHECK(kept->size() == decoded->size(), "DecodeUpdateKept and DecodeUpdate list different tensors");
+  for (size_t i = 0; i < kept->size(); ++i) {
+    const KeptTensor& k = (*kept)[i];
+    std::vector<float> expanded = k.values;
+    if (!k.dense) {
+      FUZZ_CHECK(k.indices.size() == k.values.size(), k.name);
+      expanded.assign((*decoded)[i].values.size(), 0.0f);
+      for (size_t j = 0; j < k.indices.size(); ++j) {
+        FUZZ_CHECK(k.indices[j] >= (j == 0 ? 0 : k.indices[j - 1] + 1) &&
+                       k.indices[j] < static_cast<int64_t>(expanded.size()),
+                   k.name + ": kept positions out of order or range");
+        expanded[static_cast<size_t>(k.indices[j])] = k.values[j];
+      }
+    }
+    FUZZ_CHECK(k.name == (*decoded)[i].name && k.shape == (*decoded)[i].shape &&
+                   SameBits({{k.name, k.shape, expanded}}, {(*decoded)[i]}),
+               k.name + ": kept entries differ from the decoded tensor");
   }
   FUZZ_CHECK(header.ok(), header.status());
   FUZZ_CHECK(table->size() == decoded->size(), "ValidateUpdate and DecodeUpdate list different tensors");
