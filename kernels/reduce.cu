@@ -1,5 +1,8 @@
-// SumSquares, Scale, ColumnSum: CUDA backend. Both reductions are deterministic (fixed
+// SumSquares, SumSquaresMany, Scale, ColumnSum: CUDA backend. The reductions are deterministic (fixed
 // assignment of elements to threads, fixed tree order), like the CPU's.
+#include <algorithm>
+#include <vector>
+
 #include "kernels/cuda_util.cuh"
 #include "kernels/reduce.h"
 
@@ -28,6 +31,49 @@ __global__ void SumSquaresKernel(int64_t n, const float* __restrict__ x, float* 
     const double base = accumulate ? static_cast<double>(*result) : 0.0;
     *result = static_cast<float>(base + sh[0]);
   }
+}
+
+// SumSquaresMany: block (r, t) sums range r of 64 of tensor t (the CPU's split) in double.
+constexpr int kManyRanges = 64;
+constexpr int kManyThreads = 256;
+
+struct TensorRef {
+  const float* x;
+  int64_t n;
+};
+
+__global__ void RangeSumSquaresKernel(int64_t tensors, const TensorRef* refs, double* partial) {
+  __shared__ double sh[kManyThreads];
+  for (int64_t t = blockIdx.y; t < tensors; t += gridDim.y) {
+    const TensorRef ref = refs[t];
+    const int64_t r = blockIdx.x;
+    const int64_t b = r * ref.n / kManyRanges, e = (r + 1) * ref.n / kManyRanges;
+    double s = 0.0;
+    for (int64_t i = b + threadIdx.x; i < e; i += blockDim.x) {
+      const double v = ref.x[i];
+      s += v * v;
+    }
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+      if (threadIdx.x < stride) sh[threadIdx.x] += sh[threadIdx.x + stride];
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[t * kManyRanges + r] = sh[0];
+    __syncthreads();  // sh is reused by the next tensor
+  }
+}
+
+// One thread: per tensor, the running total plus its 64 partials in order, rounded to fp32, as
+// SumSquares with accumulate does on the CPU.
+__global__ void AddRangeSumsKernel(int64_t tensors, const double* partial, float* result, bool accumulate) {
+  float total = accumulate ? *result : 0.0f;
+  for (int64_t t = 0; t < tensors; ++t) {
+    double s = total;
+    for (int r = 0; r < kManyRanges; ++r) s += partial[t * kManyRanges + r];
+    total = static_cast<float>(s);
+  }
+  *result = total;
 }
 
 __global__ void ScaleKernel(int64_t n, float alpha, float* x) {
@@ -61,6 +107,36 @@ absl::Status SumSquaresCuda(const ExecContext& ctx, const SumSquaresArgs& a) {
   SumSquaresKernel<<<1, kSumSquaresThreads, 0, Stream(ctx)>>>(a.n, a.x, a.result, a.accumulate);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
+}
+
+absl::Status SumSquaresManyCuda(const ExecContext& ctx, const SumSquaresManyArgs& a) {
+  cudaStream_t stream = Stream(ctx);
+  if (a.tensors == 0) {
+    if (!a.accumulate) FEDLORA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.result, 0, sizeof(float), stream));
+    return absl::OkStatus();
+  }
+  std::vector<TensorRef> refs(static_cast<size_t>(a.tensors));
+  for (int64_t t = 0; t < a.tensors; ++t) refs[t] = {a.x[t], a.n[t]};
+  // Scratch: the tensor table, then 64 partial sums per tensor.
+  const size_t table_bytes = refs.size() * sizeof(TensorRef);
+  void* scratch = nullptr;
+  FEDLORA_CUDA_RETURN_IF_ERROR(
+      cudaMallocAsync(&scratch, table_bytes + refs.size() * kManyRanges * sizeof(double), stream));
+  TensorRef* dev_refs = static_cast<TensorRef*>(scratch);
+  double* partial = reinterpret_cast<double*>(static_cast<char*>(scratch) + table_bytes);
+  const absl::Status status = [&]() -> absl::Status {
+    // From pageable memory: returns once `refs` is staged, so it may go out of scope after.
+    FEDLORA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev_refs, refs.data(), table_bytes, cudaMemcpyHostToDevice, stream));
+    const dim3 grid(kManyRanges, static_cast<unsigned>(std::min<int64_t>(a.tensors, 65535)));
+    RangeSumSquaresKernel<<<grid, kManyThreads, 0, stream>>>(a.tensors, dev_refs, partial);
+    FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
+    AddRangeSumsKernel<<<1, 1, 0, stream>>>(a.tensors, partial, a.result, a.accumulate);
+    FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
+    return absl::OkStatus();
+  }();
+  const cudaError_t freed = cudaFreeAsync(scratch, stream);
+  if (status.ok() && freed != cudaSuccess) FEDLORA_CUDA_RETURN_IF_ERROR(freed);
+  return status;
 }
 
 absl::Status ScaleCuda(const ExecContext& ctx, const ScaleArgs& a) {

@@ -1,4 +1,4 @@
-// SumSquares, Scale, ColumnSum: validation, dispatch, CPU backend.
+// SumSquares, SumSquaresMany, Scale, ColumnSum: validation, dispatch, CPU backend.
 #include <algorithm>
 
 #include "kernels/kernel_util.h"
@@ -20,6 +20,21 @@ absl::Status CanRun(const ExecContext& ctx, const SumSquaresArgs& a) {
   FEDLORA_RETURN_IF_ERROR(internal::CheckDims(kOp, {a.n}));
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.result, "result"));
   return internal::CheckPtr(kOp, a.x, "x", a.n > 0);
+}
+
+absl::Status CanRun(const ExecContext& ctx, const SumSquaresManyArgs& a) {
+  constexpr std::string_view kOp = "SumSquaresMany";
+  FEDLORA_RETURN_IF_ERROR(internal::CheckBackend(ctx, kOp));
+  FEDLORA_RETURN_IF_ERROR(internal::CheckDims(kOp, {a.tensors}));
+  FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.result, "result"));
+  if (a.tensors == 0) return absl::OkStatus();
+  FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.x, "x"));
+  FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.n, "n"));
+  for (int64_t t = 0; t < a.tensors; ++t) {
+    if (a.n[t] < 0) return internal::InvalidArg(kOp, absl::StrCat("n[", t, "] = ", a.n[t], " is negative"));
+    FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.x[t], "x[t]", a.n[t] > 0));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CanRun(const ExecContext& ctx, const ScaleArgs& a) {
@@ -59,6 +74,17 @@ absl::Status SumSquares(const ExecContext& ctx, const SumSquaresArgs& a) {
   double total = a.accumulate ? static_cast<double>(*a.result) : 0.0;
   for (double p : partial) total += p;
   *a.result = static_cast<float>(total);
+  return absl::OkStatus();
+}
+
+absl::Status SumSquaresMany(const ExecContext& ctx, const SumSquaresManyArgs& a) {
+  FEDLORA_RETURN_IF_ERROR(CanRun(ctx, a));
+  if (ctx.device == Device::kCuda) return FEDLORA_KERNELS_CUDA(internal::SumSquaresManyCuda(ctx, a));
+  if (a.tensors == 0 && !a.accumulate) *a.result = 0.0f;
+  for (int64_t t = 0; t < a.tensors; ++t) {
+    FEDLORA_RETURN_IF_ERROR(
+        SumSquares(ctx, {.n = a.n[t], .x = a.x[t], .result = a.result, .accumulate = t > 0 || a.accumulate}));
+  }
   return absl::OkStatus();
 }
 

@@ -87,13 +87,17 @@ absl::Status DeviceAdamW::AddProximal(float mu) {
 
 absl::StatusOr<float> DeviceAdamW::GradNorm() {
   kernels::Backend& be = params_.backend();
-  FEDLORA_RETURN_IF_ERROR(be.Zero(sum_.data(), sizeof(float)));
+  std::vector<const float*> grads;
+  std::vector<int64_t> sizes;
   for (int i = 0; i < params_.size(); ++i) {
     const int64_t n = params_.param(i).numel();
     if (n == 0) continue;
-    FEDLORA_RETURN_IF_ERROR(
-        kernels::SumSquares(be.ctx(), {.n = n, .x = params_.Grad(i), .result = sum_.data(), .accumulate = true}));
+    grads.push_back(params_.Grad(i));
+    sizes.push_back(n);
   }
+  FEDLORA_RETURN_IF_ERROR(kernels::SumSquaresMany(be.ctx(), {.tensors = static_cast<int64_t>(grads.size()),
+                                                             .x = grads.data(), .n = sizes.data(),
+                                                             .result = sum_.data()}));
   float sum = 0.0f;
   FEDLORA_RETURN_IF_ERROR(be.Download(&sum, sum_.data(), sizeof(float)));
   return std::sqrt(sum);

@@ -841,6 +841,20 @@ TEST_F(BackendEquivalence, ReductionsAndElementwise) {
   float* ssd = dev_.Upload(Guarded(1));
   ASSERT_TRUE(SumSquares(Gpu(), SumSquaresArgs{.n = n, .x = xd, .result = ssd}).ok());
   EXPECT_TRUE(SameAsCpu(ssd, ss, 0, 1e-7));
+  // SumSquaresMany over three tensors (one empty), accumulating onto a start value.
+  const auto x2 = Random(5000, 104);
+  const std::vector<const float*> host_ptrs = {x.data(), x2.data(), x.data()};
+  const std::vector<const float*> dev_ptrs = {xd, dev_.Upload(x2), xd};
+  const std::vector<int64_t> lens = {n, 5000, 0};
+  Guarded many(std::vector<float>{0.75f});
+  ASSERT_TRUE(SumSquaresMany(Cpu(), SumSquaresManyArgs{.tensors = 3, .x = host_ptrs.data(), .n = lens.data(),
+                                                       .result = many.data(), .accumulate = true})
+                  .ok());
+  float* manyd = dev_.Upload(Guarded(std::vector<float>{0.75f}));
+  ASSERT_TRUE(SumSquaresMany(Gpu(), SumSquaresManyArgs{.tensors = 3, .x = dev_ptrs.data(), .n = lens.data(),
+                                                       .result = manyd, .accumulate = true})
+                  .ok());
+  EXPECT_TRUE(SameAsCpu(manyd, many, 0, 1e-7));
   // ColumnSum (129 terms, different order): 1e-5.
   Guarded cs(C);
   ASSERT_TRUE(ColumnSum(Cpu(), ColumnSumArgs{.rows = R, .cols = C, .x = x.data(), .out = cs.data()}).ok());

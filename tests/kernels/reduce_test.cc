@@ -36,6 +36,41 @@ TEST(Reduce, SumSquaresOfIntegersIsExact) {
   EXPECT_EQ(r1, r3);
 }
 
+// One call for several tensors gives the bits of SumSquares on each in turn.
+TEST(Reduce, SumSquaresManyIsSumSquaresPerTensorInTurn) {
+  const std::vector<std::vector<float>> xs = {testing::Random(1000, 1), {}, testing::Random(7, 2),
+                                              testing::Random(70001, 3)};
+  std::vector<const float*> ptrs;
+  std::vector<int64_t> ns;
+  for (const auto& x : xs) {
+    ptrs.push_back(x.data());
+    ns.push_back(static_cast<int64_t>(x.size()));
+  }
+  for (bool accumulate : {false, true}) {
+    float want = 2.5f, got = 2.5f;
+    for (size_t t = 0; t < xs.size(); ++t) {
+      ASSERT_TRUE(SumSquares(Cpu(), SumSquaresArgs{.n = ns[t], .x = xs[t].data(), .result = &want,
+                                                   .accumulate = t > 0 || accumulate})
+                      .ok());
+    }
+    ASSERT_TRUE(SumSquaresMany(Cpu(), SumSquaresManyArgs{.tensors = 4, .x = ptrs.data(), .n = ns.data(),
+                                                         .result = &got, .accumulate = accumulate})
+                    .ok());
+    EXPECT_EQ(got, want) << accumulate;
+  }
+  float none = 9.0f;
+  ASSERT_TRUE(SumSquaresMany(Cpu(), SumSquaresManyArgs{.tensors = 0, .result = &none}).ok());
+  EXPECT_EQ(none, 0.0f);
+  const int64_t negative = -1;
+  EXPECT_EQ(SumSquaresMany(Cpu(), SumSquaresManyArgs{.tensors = 1, .x = ptrs.data(), .n = &negative, .result = &none})
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  const float* null_x = nullptr;
+  EXPECT_EQ(SumSquaresMany(Cpu(), SumSquaresManyArgs{.tensors = 1, .x = &null_x, .n = ns.data(), .result = &none})
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(Reduce, ScaleAndColumnSum) {
   Guarded x(std::vector<float>{1, 2, 3, 4, 5, 6});
   ASSERT_TRUE(Scale(Cpu(), ScaleArgs{.n = 6, .alpha = -2.0f, .x = x.data()}).ok());
