@@ -11,13 +11,11 @@ namespace {
 
 constexpr int kSumSquaresThreads = 1024;
 
-// One block: each thread strides over the array in double, then a shared-memory tree.
-// A single SM streams the few million adapter gradients in tens of microseconds, which is not
-// worth a workspace and a second kernel.
-__global__ void SumSquaresKernel(int64_t n, const float* __restrict__ x, float* result, bool accumulate) {
-  __shared__ double sh[kSumSquaresThreads];
+// The sum of x[b, e)^2 in double over the block's threads, added in a fixed tree; every thread
+// gets it. `sh` holds blockDim.x doubles.
+__device__ double BlockSumSquares(const float* __restrict__ x, int64_t b, int64_t e, double* sh) {
   double s = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+  for (int64_t i = b + threadIdx.x; i < e; i += blockDim.x) {
     const double v = x[i];
     s += v * v;
   }
@@ -27,9 +25,19 @@ __global__ void SumSquaresKernel(int64_t n, const float* __restrict__ x, float* 
     if (threadIdx.x < stride) sh[threadIdx.x] += sh[threadIdx.x + stride];
     __syncthreads();
   }
+  const double total = sh[0];
+  __syncthreads();  // sh may be reused once every thread has read it
+  return total;
+}
+
+// SumSquares: one block, which streams one adapter tensor in microseconds (SumSquaresMany takes
+// many tensors at once).
+__global__ void SumSquaresKernel(int64_t n, const float* __restrict__ x, float* result, bool accumulate) {
+  __shared__ double sh[kSumSquaresThreads];
+  const double total = BlockSumSquares(x, 0, n, sh);
   if (threadIdx.x == 0) {
     const double base = accumulate ? static_cast<double>(*result) : 0.0;
-    *result = static_cast<float>(base + sh[0]);
+    *result = static_cast<float>(base + total);
   }
 }
 
@@ -47,20 +55,8 @@ __global__ void RangeSumSquaresKernel(int64_t tensors, const TensorRef* refs, do
   for (int64_t t = blockIdx.y; t < tensors; t += gridDim.y) {
     const TensorRef ref = refs[t];
     const int64_t r = blockIdx.x;
-    const int64_t b = r * ref.n / kManyRanges, e = (r + 1) * ref.n / kManyRanges;
-    double s = 0.0;
-    for (int64_t i = b + threadIdx.x; i < e; i += blockDim.x) {
-      const double v = ref.x[i];
-      s += v * v;
-    }
-    sh[threadIdx.x] = s;
-    __syncthreads();
-    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-      if (threadIdx.x < stride) sh[threadIdx.x] += sh[threadIdx.x + stride];
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) partial[t * kManyRanges + r] = sh[0];
-    __syncthreads();  // sh is reused by the next tensor
+    const double total = BlockSumSquares(ref.x, r * ref.n / kManyRanges, (r + 1) * ref.n / kManyRanges, sh);
+    if (threadIdx.x == 0) partial[t * kManyRanges + r] = total;
   }
 }
 
