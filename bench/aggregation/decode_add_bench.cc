@@ -96,52 +96,41 @@ int main(int argc, char** argv) {
     Check(spec_update.status(), "DecodeUpdate");
     const std::vector<TensorSpec> spec = SpecFromUpdate(*spec_update);
     const DecodeLimits limits{.max_elements = elements, .max_decoded_bytes = int64_t{4} << 30};
-    auto dense_round = [&]() {
-      auto avg = StreamingFedAvg::Create(spec, device);
-      Check(avg.status(), "StreamingFedAvg::Create");
-      for (int u = 0; u < updates; ++u) {
-        auto d = DecodeUpdate(wires[u % wires.size()], limits);
-        Check(d.status(), "DecodeUpdate");
-        Check(avg->Add(*d, 1 + u % 7), "Add dense");
-      }
-      return *std::move(avg);
-    };
-    auto kept_round = [&]() {
-      auto avg = StreamingFedAvg::Create(spec, device);
-      Check(avg.status(), "StreamingFedAvg::Create");
-      for (int u = 0; u < updates; ++u) {
-        auto k = DecodeUpdateKept(wires[u % wires.size()], limits);
+    // One update decoded and added by either path.
+    auto add = [&](StreamingFedAvg& avg, const std::string& wire, bool kept, int64_t weight) {
+      if (kept) {
+        auto k = DecodeUpdateKept(wire, limits);
         Check(k.status(), "DecodeUpdateKept");
-        Check(avg->Add(*k, 1 + u % 7), "Add kept");
+        Check(avg.Add(*k, weight), "Add kept");
+      } else {
+        auto d = DecodeUpdate(wire, limits);
+        Check(d.status(), "DecodeUpdate");
+        Check(avg.Add(*d, weight), "Add dense");
       }
+    };
+    auto fresh = [&]() {
+      auto avg = StreamingFedAvg::Create(spec, device);
+      Check(avg.status(), "StreamingFedAvg::Create");
       return *std::move(avg);
     };
-    const auto dense_mean = dense_round().Finish();
-    const auto kept_mean = kept_round().Finish();
-    Check(dense_mean.status(), "Finish dense");
-    Check(kept_mean.status(), "Finish kept");
-    if (Bits(*dense_mean) != Bits(*kept_mean)) {
+    std::string means[2];
+    for (bool kept : {false, true}) {
+      StreamingFedAvg avg = fresh();
+      for (int u = 0; u < updates; ++u) add(avg, wires[u % wires.size()], kept, 1 + u % 7);
+      const auto mean = avg.Finish();
+      Check(mean.status(), "Finish");
+      means[kept] = Bits(*mean);
+    }
+    if (means[0] != means[1]) {
       std::fprintf(stderr, "validation failed (%s): the kept path's mean differs from the dense path's\n", p.name);
       return 1;
     }
-    // Timed: the adds of `updates` updates into a fresh accumulator (creating it is outside).
+    // Timed: the adds of `updates` updates into an accumulator created outside the timing.
     auto time_adds = [&](bool kept) {
-      auto avg = StreamingFedAvg::Create(spec, device);
-      Check(avg.status(), "StreamingFedAvg::Create");
+      StreamingFedAvg avg = fresh();
       int u = 0;
       return MedianSeconds(reps, [&] {
-        for (int i = 0; i < updates; ++i, ++u) {
-          const std::string& w = wires[u % wires.size()];
-          if (kept) {
-            auto k = DecodeUpdateKept(w, limits);
-            Check(k.status(), "DecodeUpdateKept");
-            Check(avg->Add(*k, 1), "Add kept");
-          } else {
-            auto d = DecodeUpdate(w, limits);
-            Check(d.status(), "DecodeUpdate");
-            Check(avg->Add(*d, 1), "Add dense");
-          }
-        }
+        for (int i = 0; i < updates; ++i, ++u) add(avg, wires[u % wires.size()], kept, 1);
       });
     };
     const double dense_s = time_adds(false), kept_s = time_adds(true);
