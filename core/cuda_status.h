@@ -9,6 +9,9 @@
 
 namespace fedlora {
 inline absl::Status CudaError(cudaError_t err, const char* expr, const char* file, int line) {
+  // Reported here: reset the runtime's last error, so that the next launch check (which reads it
+  // with cudaGetLastError) does not blame an unrelated kernel for a failed allocation.
+  (void)cudaGetLastError();
   // Out of memory is a resource problem, not a bug; everything else is an internal failure.
   const auto code = err == cudaErrorMemoryAllocation ? absl::StatusCode::kResourceExhausted
                                                      : absl::StatusCode::kInternal;

@@ -235,6 +235,15 @@ absl::Status GemmCuda(const ExecContext& ctx, const GemmArgs& g) {
   FEDLORA_ASSIGN_OR_RETURN(cublasHandle_t h, CublasHandle(ctx));
   if (g.b_bf16 == nullptr && g.b_quant == nullptr) {
     if (g.batch == 1) return Sgemm(h, g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.a, g.lda, g.b, g.ldb, g.beta, g.c, g.ldc);
+    if (g.stride_c == 0) {
+      // Entries sharing one C accumulate in order, as on the CPU: a strided batch would run them
+      // concurrently on the same output.
+      for (int64_t i = 0; i < g.batch; ++i) {
+        FEDLORA_RETURN_IF_ERROR(Sgemm(h, g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.a + i * g.stride_a, g.lda,
+                                      g.b + i * g.stride_b, g.ldb, g.beta, g.c, g.ldc));
+      }
+      return absl::OkStatus();
+    }
     FEDLORA_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
         h, CuOp(g.trans_b), CuOp(g.trans_a), static_cast<int>(g.n), static_cast<int>(g.m), static_cast<int>(g.k),
         &g.alpha, g.b, CUDA_R_32F, static_cast<int>(g.ldb), g.stride_b, g.a, CUDA_R_32F, static_cast<int>(g.lda),

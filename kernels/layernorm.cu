@@ -71,7 +71,7 @@ __global__ void LayerNormBackwardParamsKernel(int64_t rows, int64_t C, const flo
                                               const float* __restrict__ dy, float* dgamma, float* dbeta,
                                               bool accumulate) {
   __shared__ float sg[8][33], sb[8][33];
-  const int64_t c = blockIdx.x * 32 + threadIdx.x;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float g = 0.0f, b = 0.0f;
   if (c < C) {
     for (int64_t r = threadIdx.y; r < rows; r += 8) {
@@ -106,15 +106,15 @@ absl::Status LayerNormForwardCuda(const ExecContext& ctx, const LayerNormForward
 }
 
 absl::Status LayerNormBackwardCuda(const ExecContext& ctx, const LayerNormBackwardArgs& a) {
-  if (a.rows == 0) return absl::OkStatus();
-  // Parameters first: dx may overwrite dy.
-  if (a.dgamma != nullptr || a.dbeta != nullptr) {
+  // Parameters first: dx may overwrite dy. With no rows they are zeros (or left as they are when
+  // accumulating), as on the CPU.
+  if ((a.dgamma != nullptr || a.dbeta != nullptr) && a.cols > 0) {
     const unsigned grid = static_cast<unsigned>((a.cols + 31) / 32);
     LayerNormBackwardParamsKernel<<<grid, dim3(32, 8), 0, Stream(ctx)>>>(a.rows, a.cols, a.x, a.mean, a.rstd, a.dy,
                                                                           a.dgamma, a.dbeta, a.accumulate_params);
     FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   }
-  if (a.dx != nullptr) {
+  if (a.dx != nullptr && a.rows > 0) {
     const unsigned grid = static_cast<unsigned>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
     LayerNormBackwardDxKernel<<<grid, dim3(32, kWarpsPerBlock), 0, Stream(ctx)>>>(
         a.rows, a.cols, a.x, a.gamma, a.mean, a.rstd, a.dy, a.dx, a.accumulate_dx);

@@ -83,7 +83,7 @@ __global__ void ScaleKernel(int64_t n, float alpha, float* x) {
 // row; the 8 partial sums per column are added in fixed order.
 __global__ void ColumnSumKernel(int64_t rows, int64_t cols, const float* __restrict__ x, float* out, bool accumulate) {
   __shared__ float sh[8][33];
-  const int64_t c = blockIdx.x * 32 + threadIdx.x;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float s = 0.0f;
   if (c < cols) {
     for (int64_t r = threadIdx.y; r < rows; r += 8) s += x[r * cols + c];

@@ -11,7 +11,9 @@
 // SumSquares accumulates in double on both backends, over a fixed split of the array (64 ranges
 // on the CPU, one block's threads on CUDA; SumSquaresMany: 64 ranges per tensor on both, a block
 // each on CUDA), so the result does not depend on the thread count; it is rounded to fp32 once
-// per tensor. ColumnSum adds each column in row order on both backends.
+// per tensor. ColumnSum adds each column in row order on the CPU; on CUDA as 8 interleaved
+// partial sums (rows r = y mod 8) added in fixed order, so both are deterministic but may differ
+// in the last bits.
 // `result` lives on ctx.device (device memory for CUDA), like every other pointer.
 #pragma once
 

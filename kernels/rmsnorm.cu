@@ -51,7 +51,7 @@ __global__ void RmsNormBackwardParamsKernel(int64_t rows, int64_t C, const float
                                             const float* __restrict__ rstd, const float* __restrict__ dy,
                                             float* dgamma, bool accumulate) {
   __shared__ float sg[8][33];
-  const int64_t c = blockIdx.x * 32 + threadIdx.x;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float g = 0.0f;
   if (c < C) {
     for (int64_t r = threadIdx.y; r < rows; r += 8) g += dy[r * C + c] * (x[r * C + c] * rstd[r]);
