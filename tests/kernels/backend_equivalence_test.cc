@@ -103,6 +103,20 @@ TEST_F(BackendEquivalence, Gemm) {
   d.c = dev_.Upload(Guarded(batch * m * n));
   ASSERT_TRUE(Gemm(Gpu(), d).ok());
   EXPECT_TRUE(SameAsCpu(d.c, c, kGemmTol, kGemmTol)) << "batched";
+  // Entries sharing one C (stride_c 0) accumulate into it in order.
+  const auto c0 = Random(m * n, 6);
+  GemmArgs shared = g;
+  shared.beta = 1.0f;
+  shared.stride_c = 0;
+  Guarded sc(c0);
+  shared.c = sc.data();
+  ASSERT_TRUE(Gemm(Cpu(), shared).ok());
+  GemmArgs ds = shared;
+  ds.a = d.a;
+  ds.b = d.b;
+  ds.c = dev_.Upload(Guarded(c0));
+  ASSERT_TRUE(Gemm(Gpu(), ds).ok());
+  EXPECT_TRUE(SameAsCpu(ds.c, sc, kGemmTol, kGemmTol)) << "batched, one C";
 }
 
 TEST_F(BackendEquivalence, GemmBf16Panels) {
@@ -338,6 +352,18 @@ TEST_F(BackendEquivalence, LayerNormForwardBackward) {
   EXPECT_TRUE(SameAsCpu(dxd, dx, 1e-4, 1e-4));
   EXPECT_TRUE(SameAsCpu(dgd, dg, 1e-4, 1e-4));
   EXPECT_TRUE(SameAsCpu(dbd, db, 1e-4, 1e-4));
+  // No rows: the parameter gradients are zeros on both.
+  Guarded dg0(C, 7.0f), db0(C, 7.0f);
+  ASSERT_TRUE(LayerNormBackward(Cpu(), LayerNormBackwardArgs{.rows = 0, .cols = C, .x = x.data(), .gamma = gamma.data(),
+                                                             .mean = mean.data(), .rstd = rstd.data(), .dy = dy.data(),
+                                                             .dgamma = dg0.data(), .dbeta = db0.data()})
+                  .ok());
+  float *dg0d = dev_.Upload(Guarded(C, 7.0f)), *db0d = dev_.Upload(Guarded(C, 7.0f));
+  ASSERT_TRUE(LayerNormBackward(Gpu(), LayerNormBackwardArgs{.rows = 0, .cols = C, .x = xd, .gamma = gd, .mean = md,
+                                                             .rstd = rd, .dy = dyd, .dgamma = dg0d, .dbeta = db0d})
+                  .ok());
+  EXPECT_TRUE(SameAsCpu(dg0d, dg0, 0, 0));
+  EXPECT_TRUE(SameAsCpu(db0d, db0, 0, 0));
 }
 
 TEST_F(BackendEquivalence, Activations) {

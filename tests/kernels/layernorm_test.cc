@@ -72,6 +72,22 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
   for (int64_t j = 0; j < C; ++j) EXPECT_FLOAT_EQ(dg2[j], 2 * dg[j]);
 }
 
+TEST(LayerNorm, BackwardWithNoRowsGivesZeroParameterGradients) {
+  Guarded dg(3, 7.0f), db(3, 7.0f);
+  ASSERT_TRUE(LayerNormBackward(Cpu(), LayerNormBackwardArgs{.rows = 0, .cols = 3, .dgamma = dg.data(),
+                                                             .dbeta = db.data()})
+                  .ok());
+  EXPECT_EQ(dg.values(), std::vector<float>(3, 0.0f));
+  EXPECT_EQ(db.values(), std::vector<float>(3, 0.0f));
+  // Accumulating: nothing to add.
+  Guarded acc(3, 7.0f);
+  ASSERT_TRUE(LayerNormBackward(Cpu(), LayerNormBackwardArgs{.rows = 0, .cols = 3, .dgamma = acc.data(),
+                                                             .accumulate_params = true})
+                  .ok());
+  EXPECT_EQ(acc.values(), std::vector<float>(3, 7.0f));
+  EXPECT_TRUE(dg.GuardsIntact() && db.GuardsIntact() && acc.GuardsIntact());
+}
+
 TEST(LayerNorm, RejectsBadArguments) {
   std::vector<float> x(8), g(4), y(8), m(2);
   EXPECT_EQ(LayerNormForward(Cpu(), LayerNormForwardArgs{.rows = 2, .cols = 4, .x = x.data(), .y = y.data()}).code(),
