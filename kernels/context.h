@@ -11,11 +11,14 @@
 //   buffers, FailedPrecondition when the backend is not available (CUDA requested but not built or
 //   no device), Unimplemented for a combination no backend supports.
 // - All pointers in an args struct live on ctx.device (host memory for kCpu, device memory for
-//   kCuda), including scalar outputs such as a loss. Tensors are dense, row-major, fp32 unless the
+//   kCuda), including scalar outputs such as a loss, unless the field says host (SumSquaresMany's
+//   tables of tensors). Tensors are dense, row-major, fp32 unless the
 //   field says otherwise; bf16 tensors are raw bit patterns (uint16_t), as in core/tensor.h.
-// - Kernels never allocate. Scratch memory comes from the caller as (workspace, workspace_bytes),
-//   sized by the op's *WorkspaceBytes(args) function; saved activations (mean/rstd, probabilities)
-//   are explicit outputs of the forward and inputs of the backward.
+// - Scratch memory comes from the caller as (workspace, workspace_bytes), sized by the op's
+//   *WorkspaceBytes(args) function; saved activations (mean/rstd, probabilities) are explicit
+//   outputs of the forward and inputs of the backward. The exceptions take a few bytes per row or
+//   tensor from the stream's memory pool (cudaMallocAsync) on CUDA: FixedPointAccumulate,
+//   SoftmaxCrossEntropy and SumSquaresMany.
 // - CUDA work is enqueued on ctx.stream and is asynchronous; the CPU path is synchronous and
 //   multi-threaded on ctx pool. Outputs must not alias inputs unless the header says so.
 // - CPU results do not depend on the pool's width (ThreadPool::Width): a sum across ParallelFor
