@@ -111,12 +111,10 @@ absl::Status SoftmaxCrossEntropyCuda(const ExecContext& ctx, const CrossEntropyA
     return absl::OkStatus();
   }
   // Scratch: the valid-label count, then one double per row.
-  void* scratch = nullptr;
-  FEDLORA_CUDA_RETURN_IF_ERROR(
-      cudaMallocAsync(&scratch, sizeof(int64_t) + static_cast<size_t>(a.batch) * sizeof(double), stream));
-  int64_t* count = static_cast<int64_t*>(scratch);
-  double* row_loss = reinterpret_cast<double*>(count + 1);
-  const absl::Status status = [&]() -> absl::Status {
+  const size_t bytes = sizeof(int64_t) + static_cast<size_t>(a.batch) * sizeof(double);
+  return WithStreamScratch(stream, bytes, [&](void* scratch) -> absl::Status {
+    int64_t* count = static_cast<int64_t*>(scratch);
+    double* row_loss = reinterpret_cast<double*>(count + 1);
     CountLabelsKernel<<<1, kThreads, 0, stream>>>(a.batch, a.classes, a.labels, a.ignore_index, count);
     FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
     const int64_t grid = std::min<int64_t>(a.batch, int64_t{1} << 20);
@@ -126,10 +124,7 @@ absl::Status SoftmaxCrossEntropyCuda(const ExecContext& ctx, const CrossEntropyA
     MeanLossKernel<<<1, kRanges, 0, stream>>>(a.batch, row_loss, count, a.loss);
     FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
     return absl::OkStatus();
-  }();
-  const cudaError_t freed = cudaFreeAsync(scratch, stream);
-  if (status.ok() && freed != cudaSuccess) FEDLORA_CUDA_RETURN_IF_ERROR(freed);
-  return status;
+  });
 }
 
 }  // namespace fedlora::kernels::internal

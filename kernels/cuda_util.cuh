@@ -32,6 +32,18 @@ inline unsigned GridFor(int64_t n, int block, int64_t max_blocks = 65535 * 4) {
   return static_cast<unsigned>(g);
 }
 
+// Runs body(scratch) -> absl::Status with `bytes` of stream-ordered scratch (cudaMallocAsync from
+// the stream's pool), freed on the stream afterwards whatever body returns.
+template <class Body>
+absl::Status WithStreamScratch(cudaStream_t stream, size_t bytes, Body&& body) {
+  void* scratch = nullptr;
+  FEDLORA_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&scratch, bytes, stream));
+  const absl::Status status = body(scratch);
+  const cudaError_t freed = cudaFreeAsync(scratch, stream);
+  if (status.ok() && freed != cudaSuccess) FEDLORA_CUDA_RETURN_IF_ERROR(freed);
+  return status;
+}
+
 // Returns the launch error, if any, as a Status (kernel launches report errors asynchronously).
 #define FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR() FEDLORA_CUDA_RETURN_IF_ERROR(cudaGetLastError())
 

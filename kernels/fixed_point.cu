@@ -1,5 +1,6 @@
 // FixedPointAccumulate: CUDA backend. One thread per element (grid-stride): each sum is touched
-// by one thread (indices are distinct), so no atomics are needed on the sums; integer adds make the bits the CPU's.
+// by one thread (indices are distinct), so no atomics are needed on the sums; integer adds make
+// the bits the CPU's.
 #include "kernels/cuda_util.cuh"
 #include "kernels/fixed_point.h"
 
@@ -30,10 +31,10 @@ absl::Status FixedPointAccumulateCuda(const ExecContext& ctx, const FixedPointAc
     return absl::OkStatus();
   }
   cudaStream_t stream = Stream(ctx);
-  unsigned long long* bad = nullptr;  // device scratch for the smallest bad index
-  FEDLORA_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&bad, sizeof(*bad), stream));
   const unsigned long long none = static_cast<unsigned long long>(a.n);
-  absl::Status status = [&]() -> absl::Status {
+  // Scratch: the smallest bad index.
+  return WithStreamScratch(stream, sizeof(unsigned long long), [&](void* scratch) -> absl::Status {
+    auto* bad = static_cast<unsigned long long*>(scratch);
     FEDLORA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(bad, &none, sizeof(none), cudaMemcpyHostToDevice, stream));
     FixedPointAccumulateKernel<<<GridFor(a.n, kThreads), kThreads, 0, stream>>>(a.n, a.x, a.index, a.weight, a.sign,
                                                                                   a.sums, bad);
@@ -43,10 +44,7 @@ absl::Status FixedPointAccumulateCuda(const ExecContext& ctx, const FixedPointAc
     FEDLORA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     *a.first_bad = host == none ? -1 : static_cast<int64_t>(host);
     return absl::OkStatus();
-  }();
-  const cudaError_t freed = cudaFreeAsync(bad, stream);
-  if (status.ok() && freed != cudaSuccess) FEDLORA_CUDA_RETURN_IF_ERROR(freed);
-  return status;
+  });
 }
 
 }  // namespace fedlora::kernels::internal

@@ -115,12 +115,10 @@ absl::Status SumSquaresManyCuda(const ExecContext& ctx, const SumSquaresManyArgs
   for (int64_t t = 0; t < a.tensors; ++t) refs[t] = {a.x[t], a.n[t]};
   // Scratch: the tensor table, then 64 partial sums per tensor.
   const size_t table_bytes = refs.size() * sizeof(TensorRef);
-  void* scratch = nullptr;
-  FEDLORA_CUDA_RETURN_IF_ERROR(
-      cudaMallocAsync(&scratch, table_bytes + refs.size() * kManyRanges * sizeof(double), stream));
-  TensorRef* dev_refs = static_cast<TensorRef*>(scratch);
-  double* partial = reinterpret_cast<double*>(static_cast<char*>(scratch) + table_bytes);
-  const absl::Status status = [&]() -> absl::Status {
+  const size_t bytes = table_bytes + refs.size() * kManyRanges * sizeof(double);
+  return WithStreamScratch(stream, bytes, [&](void* scratch) -> absl::Status {
+    TensorRef* dev_refs = static_cast<TensorRef*>(scratch);
+    double* partial = reinterpret_cast<double*>(static_cast<char*>(scratch) + table_bytes);
     // From pageable memory: returns once `refs` is staged, so it may go out of scope after.
     FEDLORA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev_refs, refs.data(), table_bytes, cudaMemcpyHostToDevice, stream));
     const dim3 grid(kManyRanges, static_cast<unsigned>(std::min<int64_t>(a.tensors, 65535)));
@@ -129,10 +127,7 @@ absl::Status SumSquaresManyCuda(const ExecContext& ctx, const SumSquaresManyArgs
     AddRangeSumsKernel<<<1, 1, 0, stream>>>(a.tensors, partial, a.result, a.accumulate);
     FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
     return absl::OkStatus();
-  }();
-  const cudaError_t freed = cudaFreeAsync(scratch, stream);
-  if (status.ok() && freed != cudaSuccess) FEDLORA_CUDA_RETURN_IF_ERROR(freed);
-  return status;
+  });
 }
 
 absl::Status ScaleCuda(const ExecContext& ctx, const ScaleArgs& a) {
