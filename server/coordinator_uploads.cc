@@ -374,7 +374,7 @@ absl::Status CheckKeptCounts(const std::vector<UpdateTensorInfo>& table, const C
 absl::StatusOr<std::vector<KeptTensor>> Coordinator::DecodeAndValidate(std::string_view bytes) const {
   FEDLORA_ASSIGN_OR_RETURN(std::vector<KeptTensor> update,
                            DecodeUpdateKept(bytes, LimitsForSpec(spec_, spec_elements_)));
-  FEDLORA_RETURN_IF_ERROR(MatchSpec(update, spec_));  // DecodeUpdate already refused NaN/Inf
+  FEDLORA_RETURN_IF_ERROR(MatchSpec(update, spec_));  // DecodeUpdateKept already refused NaN/Inf
   return update;
 }
 

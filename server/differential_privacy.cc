@@ -94,10 +94,6 @@ double ServerDp::UpdateNoiseMultiplier() const {
   return std::pow(std::pow(z, -2.0) - std::pow(2.0 * sigma_b, -2.0), -0.5);
 }
 
-bool ServerDp::Clip(std::vector<UpdateTensor>& update) const {
-  return ClipUpdateNorm(update, clip_norm_) <= clip_norm_;
-}
-
 bool ServerDp::Clip(std::vector<KeptTensor>& update) const {
   return ClipUpdateNorm(update, clip_norm_) <= clip_norm_;
 }

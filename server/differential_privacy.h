@@ -59,7 +59,6 @@ class ServerDp {
 
   // Clips `update` in place to the round's clip norm (its L2 norm, summed in double, is then at
   // most clip_norm()); returns whether it was already within it.
-  bool Clip(std::vector<UpdateTensor>& update) const;
   bool Clip(std::vector<KeptTensor>& update) const;
 
   // Adds the noise for the mean of `n` clipped updates to `mean` (the sum's noise divided by n),

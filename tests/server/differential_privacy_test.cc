@@ -93,7 +93,9 @@ TEST(ServerDpTest, ClippedUpdatesNeverExceedTheClipNorm) {
   std::normal_distribution<float> normal(0, 0.03f);
   int within = 0;
   for (int i = 0; i < 200; ++i) {
-    std::vector<UpdateTensor> u = {{"a", {50}, std::vector<float>(50)}};
+    // As the server holds a top-k update: 50 kept entries (the even positions) of 100.
+    std::vector<KeptTensor> u = {{"a", {100}, false, {}, std::vector<float>(50)}};
+    for (int64_t j = 0; j < 50; ++j) u[0].indices.push_back(2 * j);
     for (float& v : u[0].values) v = normal(rng) * static_cast<float>(1 + i % 3);
     const double before = UpdateNorm(u);
     within += dp.Clip(u) ? 1 : 0;
