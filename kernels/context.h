@@ -12,8 +12,8 @@
 //   no device), Unimplemented for a combination no backend supports.
 // - All pointers in an args struct live on ctx.device (host memory for kCpu, device memory for
 //   kCuda), including scalar outputs such as a loss, unless the field says host (SumSquaresMany's
-//   tables of tensors). Tensors are dense, row-major, fp32 unless the
-//   field says otherwise; bf16 tensors are raw bit patterns (uint16_t), as in core/tensor.h.
+//   tables of tensors). Tensors are dense, row-major, fp32 unless the field says otherwise; bf16
+//   tensors are raw bit patterns (uint16_t), as in core/tensor.h.
 // - Scratch memory comes from the caller as (workspace, workspace_bytes), sized by the op's
 //   *WorkspaceBytes(args) function; saved activations (mean/rstd, probabilities) are explicit
 //   outputs of the forward and inputs of the backward. The exceptions take a few bytes per row or

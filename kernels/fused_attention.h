@@ -9,11 +9,11 @@
 //   sequence (causal: at or before its position)
 //   S[t, j]   = scale q_t . k_j + mask[j]               (kv head of h: h / (heads / kv_heads);
 //                                                      mask: 0, or -1e30 for a padding key)
+//   lse[t, h] = log sum_j exp(S[t, j]);  P[t, j] = exp(S[t, j] - lse[t, h])
+//   O[t]      = sum_j dropout(P[t, j]) v_j
 //   A query must see at least one unmasked key: for a row whose keys are all masked lse rounds to
 //   -1e30 and the two backends' outputs differ (the models never build one: every sequence keeps
 //   its first token).
-//   lse[t, h] = log sum_j exp(S[t, j]);  P[t, j] = exp(S[t, j] - lse[t, h])
-//   O[t]      = sum_j dropout(P[t, j]) v_j
 //
 // Backward, with dO given (dQ, dK, dV overwritten; dK and dV sum over the heads of their group):
 //   D[t] = dO[t] . O[t];  dP = dropout'(dO[t] . v_j);  dS = P (dP - D[t])

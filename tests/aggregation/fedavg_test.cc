@@ -286,9 +286,8 @@ TEST(StreamingFedAvgTest, RefusedUpdateIsRolledBackExactly) {
   }
 }
 
-// The kept form of `u`: lora_A and lora_B keep every third entry from `first` on (lora_B in a
-// second pass of the even ones too), head.bias stays dense; `expanded` gets the same update with
-// the entries not kept set to 0.
+// The kept form of `u`: lora_A and lora_B keep every third entry from `first` on, head.bias stays
+// dense; `expanded` gets the same update with the entries not kept set to 0.
 std::vector<KeptTensor> Keep(const std::vector<UpdateTensor>& u, int first, std::vector<UpdateTensor>& expanded) {
   std::vector<KeptTensor> kept;
   expanded = u;
@@ -312,7 +311,7 @@ std::vector<KeptTensor> Keep(const std::vector<UpdateTensor>& u, int first, std:
 }
 
 // Adding only the kept entries gives the bits of adding the expanded update (on the CPU
-// accumulator), in any tensor order, mixed with dense updates, and after a merge.
+// accumulator), in any tensor order, a kept -0 included, mixed with a wholly dense update.
 TEST(StreamingFedAvgTest, KeptUpdatesGiveTheExpandedUpdatesBits) {
   REQUIRE_DEVICE();
   StreamingFedAvg kept_avg = NewAvg();
