@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   }
   auto add = [&](int u) {
     int64_t bad = 0;
-    Check(fk::FixedPointAccumulate(b.ctx(), {.n = n, .x = values[u % kBuffers].data(), .weight = 1 + u % 97,
+    Check(fk::FixedPointAccumulate(b.ctx(), {.n = n, .x = values[u % kBuffers].data(), .weight = static_cast<uint64_t>(1 + u % 97),
                                              .sums = sums->data(), .first_bad = &bad}),
           "FixedPointAccumulate");
     if (bad != -1) {
