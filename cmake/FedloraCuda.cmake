@@ -28,10 +28,9 @@ if(NOT FEDLORA_CUDA STREQUAL "OFF")
     find_package(CUDAToolkit REQUIRED)
     find_package(NCCL)
     set(FEDLORA_HAVE_CUDA ON)
-    add_compile_definitions(FEDLORA_HAVE_CUDA=1)
-    if(NCCL_FOUND)
-      add_compile_definitions(FEDLORA_HAVE_NCCL=1)
-    endif()
+    # FEDLORA_HAVE_CUDA (and FEDLORA_HAVE_NCCL) are defined for the targets with CUDA sources
+    # only (fedlora_cc_library): every other object is the same bits with or without CUDA, so a
+    # CPU-only twin of the kernels can be linked from the same build (kernels/CMakeLists.txt).
     message(STATUS "fedlora: CUDA backend ON (${CMAKE_CUDA_COMPILER}, archs ${CMAKE_CUDA_ARCHITECTURES}, NCCL ${NCCL_FOUND})")
   elseif(FEDLORA_CUDA STREQUAL "ON")
     message(FATAL_ERROR "FEDLORA_CUDA=ON but no CUDA compiler (nvcc) was found")

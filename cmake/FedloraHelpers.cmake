@@ -2,7 +2,8 @@
 #
 #   fedlora_cc_library(NAME core SRCS a.cc b.cc CUDA_SRCS a.cu DEPS absl::status PUBLIC_INCLUDE dir)
 #     -> target fedlora_core, alias fedlora::core. Sources are listed, never globbed.
-#     CUDA_SRCS are compiled only when the CUDA backend is enabled (FEDLORA_HAVE_CUDA).
+#     CUDA_SRCS are compiled only when the CUDA backend is enabled (FEDLORA_HAVE_CUDA); the
+#     target then defines FEDLORA_HAVE_CUDA for its own sources only.
 #   fedlora_cc_test(NAME core_status_test SRCS status_test.cc DEPS fedlora::core LABELS unit)
 #     -> a GoogleTest executable registered with CTest (one CTest entry per binary).
 #   fedlora_cc_binary(NAME fedlora SRCS main.cc DEPS ...)
@@ -23,7 +24,10 @@ function(fedlora_cc_library)
     if(FEDLORA_HAVE_CUDA AND ARG_CUDA_SRCS)
       set_target_properties(${target} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF
                                                  CUDA_ARCHITECTURES "${FEDLORA_CUDA_ARCHITECTURES}")
-      target_link_libraries(${target} PUBLIC CUDA::cudart CUDA::cublas)
+      # Private: the CUDA headers and defines stay inside this target; its consumers link the
+      # CUDA libraries (a static library passes them on) and compile as they would without CUDA.
+      target_compile_definitions(${target} PRIVATE FEDLORA_HAVE_CUDA=1 $<$<BOOL:${NCCL_FOUND}>:FEDLORA_HAVE_NCCL=1>)
+      target_link_libraries(${target} PRIVATE CUDA::cudart CUDA::cublas)
     endif()
   else()
     add_library(${target} INTERFACE)
