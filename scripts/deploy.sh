@@ -19,6 +19,12 @@
 #
 # BASE (default: the local base above; debian:bookworm-slim where a registry answers) is the image
 # both stages build on. Needs podman, podman-compose and debootstrap (scripts/setup.sh --deploy).
+#
+# IMAGE_BINARY=prebuilt (the default) copies the host's CPU-only build of the command into the
+# images: `fedlora-cpu` from $BUILD_DIR (default build/default, the tree `make test` builds; built
+# here when missing, which compiles only the kernels' CPU twin when the tree is built), so the
+# images cost no second compile of the tree. IMAGE_BINARY=source compiles it in the Dockerfile's
+# builder stage instead, as `docker build` does by default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -27,6 +33,8 @@ shift || true
 
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/deploy/podman/containers.conf}
 BASE=${BASE:-localhost/fedlora-base:bookworm}
+IMAGE_BINARY=${IMAGE_BINARY:-prebuilt}
+BUILD_DIR=${BUILD_DIR:-build/default}
 SERVER_IMAGE=localhost/fedlora-server:latest
 CLIENT_IMAGE=localhost/fedlora-client:latest
 PROJECT=fedlora-test
@@ -48,15 +56,46 @@ make_base() {
   rm -rf "$rootfs"
 }
 
+# The host's CPU-only `fedlora` and the Debian packages of its libraries, in deploy/.prebuilt/ for
+# the Dockerfile's prebuilt stage. The runtime stage installs those packages by name, so the host
+# must be the image's release (Debian 12).
+stage_prebuilt() {
+  # shellcheck disable=SC1091
+  [[ $(. /etc/os-release && echo "${ID:-}:${VERSION_CODENAME:-}") == debian:bookworm ]] \
+    || die "IMAGE_BINARY=prebuilt needs a Debian 12 host (the images' release); use IMAGE_BINARY=source"
+  [[ $BASE == localhost/fedlora-base:bookworm || $BASE == *debian:bookworm* ]] \
+    || die "IMAGE_BINARY=prebuilt copies a Debian 12 binary; BASE=$BASE needs IMAGE_BINARY=source"
+  if [[ ! -f $BUILD_DIR/build.ninja ]]; then
+    [[ $BUILD_DIR == build/default ]] || die "$BUILD_DIR is not a configured build tree"
+    cmake --preset default > /dev/null
+  fi
+  log "building fedlora-cpu in $BUILD_DIR"
+  cmake --build "$BUILD_DIR" --target fedlora_cpu > "$OUT/build-fedlora-cpu.log" 2>&1 \
+    || { tail -n 30 "$OUT/build-fedlora-cpu.log" >&2; die "building fedlora-cpu failed: $OUT/build-fedlora-cpu.log"; }
+  rm -rf deploy/.prebuilt
+  install -D -s "$BUILD_DIR/tools/fedlora-cpu" deploy/.prebuilt/usr/local/bin/fedlora
+  if ldd deploy/.prebuilt/usr/local/bin/fedlora | grep -Eq 'libcuda|libcublas'; then
+    die "$BUILD_DIR/tools/fedlora-cpu loads CUDA's libraries"
+  fi
+  deploy/runtime_packages.sh deploy/.prebuilt/usr/local/bin/fedlora > deploy/.prebuilt/runtime-packages.txt \
+    || die "runtime_packages.sh failed on $BUILD_DIR/tools/fedlora-cpu"
+}
+
 build_images() {
   make_base
   local t0=$SECONDS
+  case $IMAGE_BINARY in
+    prebuilt) stage_prebuilt ;;
+    source) ;;
+    *) die "IMAGE_BINARY=$IMAGE_BINARY: expected prebuilt or source" ;;
+  esac
   for target in server client; do
     local image=$SERVER_IMAGE
     [[ $target == client ]] && image=$CLIENT_IMAGE
-    log "building $image (deploy/Dockerfile --target $target)"
+    log "building $image (deploy/Dockerfile --target $target, binary: $IMAGE_BINARY)"
     # Docker format: OCI images drop HEALTHCHECK.
     podman build --network host --isolation chroot --format docker --build-arg "BASE=$BASE" \
+      --build-arg "BINARY=$([[ $IMAGE_BINARY == source ]] && echo builder || echo prebuilt)" \
       -f deploy/Dockerfile --target "$target" -t "$image" . > "$OUT/build-$target.log" 2>&1 \
       || { tail -n 30 "$OUT/build-$target.log" >&2; die "image build failed: $OUT/build-$target.log"; }
   done
