@@ -30,10 +30,11 @@ build:
 	cmake --preset $(PRESET) >/dev/null
 	cmake --build --preset $(PRESET)
 
+# asan and fuzz share one build: build/sanitize (clang, ASan+UBSan, libFuzzer instrumentation).
 asan: setup-tests
-	cmake --preset asan-ubsan >/dev/null
-	cmake --build --preset asan-ubsan
-	ctest --preset asan-ubsan -j 2
+	cmake --preset sanitize >/dev/null
+	cmake --build --preset sanitize
+	ctest --preset sanitize -j 2
 
 bench: setup build
 	scripts/run_benchmarks.sh $(BUILD_DIR)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds fedlora's libFuzzer harnesses (the `fuzz` preset: clang, ASan+UBSan) and runs each one on
-# a copy of its seed corpus (fuzz/corpus/<harness>/; the committed corpus is never written).
+# Builds fedlora's libFuzzer harnesses (the `sanitize` preset: clang, ASan+UBSan, the build that
+# `make asan` tests too) and runs each one on a copy of its seed corpus (fuzz/corpus/<harness>/;
+# the committed corpus is never written), two at a time.
 #
 #   scripts/fuzz.sh --short            # `make fuzz-ci`: ~25 s per harness
 #   scripts/fuzz.sh --long             # `make fuzz`: 10 min per harness
@@ -9,12 +10,13 @@
 # Environment:
 #   FEDLORA_FUZZ_SECONDS   seconds per harness (default 25 with --short, 600 with --long)
 #   FEDLORA_FUZZ_RUNS      stop each harness after this many executions instead (-runs=)
+#   FEDLORA_FUZZ_JOBS      harnesses run at once (default 2)
 #   FEDLORA_FUZZ_BUILD_JOBS  build parallelism (default 2)
 #   FEDLORA_FUZZ_KEEP=1    keep the work folders (grown corpora, logs; the path is printed at the end)
 #
 # Exit status: 0 when no harness found anything; 1 when one crashed, leaked, timed out or ran out of
-# memory (its reproducer is copied to build/fuzz/findings/<harness>/ and the path printed; rerun it
-# with `build/fuzz/fuzz/fuzz_<harness> <file>`); 2 on a usage or build error.
+# memory (its reproducer is copied to build/sanitize/findings/<harness>/ and the path printed; rerun it
+# with `build/sanitize/fuzz/fuzz_<harness> <file>`); 2 on a usage or build error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -37,13 +39,13 @@ ALL=(safetensors gguf update sealed_update secagg run_config tokenizer bpe_token
 ((${#HARNESSES[@]})) || HARNESSES=("${ALL[@]}")
 
 if [[ $MODE == short ]]; then SECONDS_EACH=${FEDLORA_FUZZ_SECONDS:-25}; else SECONDS_EACH=${FEDLORA_FUZZ_SECONDS:-600}; fi
-BUILD=build/fuzz
+BUILD=build/sanitize
 export CCACHE_BASEDIR=$ROOT CCACHE_NOHASHDIR=1
 
-echo "fuzz.sh: building the fuzz preset into $BUILD"
+echo "fuzz.sh: building the harnesses of the sanitize preset in $BUILD"
 build_start=$(date +%s)
-cmake --preset fuzz >/dev/null || { echo "fuzz.sh: configure failed" >&2; exit 2; }
-cmake --build --preset fuzz --target fuzzers -- -j "${FEDLORA_FUZZ_BUILD_JOBS:-2}" >"$BUILD/fuzz_build.log" 2>&1 || {
+cmake --preset sanitize >/dev/null || { echo "fuzz.sh: configure failed" >&2; exit 2; }
+cmake --build --preset sanitize --target fuzzers -- -j "${FEDLORA_FUZZ_BUILD_JOBS:-2}" >"$BUILD/fuzz_build.log" 2>&1 || {
   tail -40 "$BUILD/fuzz_build.log" >&2
   echo "fuzz.sh: build failed (log: $BUILD/fuzz_build.log)" >&2
   exit 2
@@ -63,15 +65,19 @@ WORK_ROOT=$(mktemp -d "$work_base/fedlora_fuzz.XXXXXX")
 cleanup() { [[ ${FEDLORA_FUZZ_KEEP:-0} == 1 ]] || rm -rf "$WORK_ROOT"; }
 trap cleanup EXIT
 
-failed=0
-SUMMARY=()
 for h in "${HARNESSES[@]}"; do
-  bin=$BUILD/fuzz/fuzz_$h
-  if [[ ! -x $bin || ! -d fuzz/corpus/$h ]]; then
+  if [[ ! -x $BUILD/fuzz/fuzz_$h || ! -d fuzz/corpus/$h ]]; then
     echo "fuzz.sh: no harness '$h' (known: ${ALL[*]})" >&2
     exit 2
   fi
-  work=$WORK_ROOT/$h
+done
+
+# Runs harness $1 in its work folder; leaves there its summary line, and on a finding a report and
+# a file named failed.
+fuzz_one() {
+  local h=$1
+  local bin=$BUILD/fuzz/fuzz_$h work=$WORK_ROOT/$h
+  local seeds flags lsan budget start rc took final execs cov corp artifacts a
   mkdir -p "$work/corpus" "$work/artifacts" "$work/tmp"
   cp -r "fuzz/corpus/$h/." "$work/corpus/"
   seeds=$(find "$work/corpus" -type f | wc -l)
@@ -105,19 +111,46 @@ for h in "${HARNESSES[@]}"; do
   corp=$(sed -nE 's/.* corp: ([0-9]+\/[0-9]+[a-zA-Z]*) .*/\1/p' <<<"$final")
   artifacts=$(find "$work/artifacts" -type f | sort)
   if ((rc != 0)) || [[ -n $artifacts ]]; then
-    failed=1
     mkdir -p "$BUILD/findings/$h"
-    echo "fuzz.sh: $h FAILED (exit $rc after $took s). End of its log:" >&2
-    grep -vE '^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)' "$work/log" | tail -60 >&2
-    for a in $artifacts; do
-      cp "$a" "$BUILD/findings/$h/"
-      echo "fuzz.sh: $h reproducer: $BUILD/findings/$h/$(basename "$a")  (rerun: $bin $BUILD/findings/$h/$(basename "$a"))" >&2
-    done
+    {
+      echo "fuzz.sh: $h FAILED (exit $rc after $took s). End of its log:"
+      grep -vE '^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)' "$work/log" | tail -60
+      for a in $artifacts; do
+        cp "$a" "$BUILD/findings/$h/"
+        echo "fuzz.sh: $h reproducer: $BUILD/findings/$h/$(basename "$a")  (rerun: $bin $BUILD/findings/$h/$(basename "$a"))"
+      done
+    } > "$work/report"
     cp "$work/log" "$BUILD/findings/$h/log"
-    SUMMARY+=("$(printf '%-14s FAILED  exit %-3s %6s s  %10s execs  cov %-6s corpus %s' "$h" "$rc" "$took" "${execs:-?}" "${cov:-?}" "${corp:-?}")")
+    printf '%-14s FAILED  exit %-3s %6s s  %10s execs  cov %-6s corpus %s\n' "$h" "$rc" "$took" "${execs:-?}" "${cov:-?}" "${corp:-?}" > "$work/summary"
+    touch "$work/failed"
   else
-    SUMMARY+=("$(printf '%-14s ok      %6s s  %10s execs  cov %-6s corpus %s' "$h" "$took" "${execs:-?}" "${cov:-?}" "${corp:-?}")")
+    printf '%-14s ok      %6s s  %10s execs  cov %-6s corpus %s\n' "$h" "$took" "${execs:-?}" "${cov:-?}" "${corp:-?}" > "$work/summary"
   fi
+}
+
+# FEDLORA_FUZZ_JOBS harnesses at a time (default 2, one per core here): each is one process and
+# gets its whole budget of seconds.
+JOBS=${FEDLORA_FUZZ_JOBS:-2}
+[[ $JOBS =~ ^[1-9][0-9]*$ ]] || { echo "fuzz.sh: FEDLORA_FUZZ_JOBS must be a positive integer, not '$JOBS'" >&2; exit 2; }
+running=0
+for h in "${HARNESSES[@]}"; do
+  fuzz_one "$h" &
+  if ((++running >= JOBS)); then
+    wait -n || true
+    running=$((running - 1))
+  fi
+done
+wait
+
+failed=0
+SUMMARY=()
+for h in "${HARNESSES[@]}"; do
+  if [[ -f $WORK_ROOT/$h/failed ]]; then
+    failed=1
+    cat "$WORK_ROOT/$h/report" >&2
+  fi
+  SUMMARY+=("$(cat "$WORK_ROOT/$h/summary" 2>/dev/null || echo "$h: no summary (the harness's shell died)")")
+  [[ -f $WORK_ROOT/$h/summary ]] || failed=1
 done
 
 echo "fuzz.sh: summary ($MODE)"
