@@ -71,7 +71,9 @@ TEST_P(CrashRecoveryTest, AcknowledgedUpdatesCountOnceAndTheAdapterMatchesAnUnin
   TempDir dir;
   const int port = FreePort();
   const std::string address = "127.0.0.1:" + std::to_string(port);
-  const auto& [crash_at, strategy] = GetParam();
+  // Plain references, not a structured binding: clang 14 (the sanitize preset) cannot capture one.
+  const std::string& crash_at = std::get<0>(GetParam());
+  const std::string& strategy = std::get<1>(GetParam());
   std::atomic<pid_t> child{SpawnServer(dir.path(), port, crash_at, strategy)};
   ASSERT_GT(child.load(), 0);
 
