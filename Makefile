@@ -30,10 +30,11 @@ build:
 	cmake --preset $(PRESET) >/dev/null
 	cmake --build --preset $(PRESET)
 
-# asan and fuzz share one build: build/sanitize (clang, ASan+UBSan, libFuzzer instrumentation).
+# asan and fuzz share one build: build/sanitize (clang, ASan+UBSan, libFuzzer instrumentation),
+# which builds the unit tests (the ones it runs) and the fuzz harnesses, not the integration tests.
 asan: setup-tests
 	cmake --preset sanitize >/dev/null
-	cmake --build --preset sanitize
+	cmake --build --preset sanitize --target unit_tests fuzzers
 	ctest --preset sanitize -j 2
 
 bench: setup build

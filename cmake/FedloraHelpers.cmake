@@ -61,6 +61,9 @@ function(fedlora_cc_test)
   endif()
   set_tests_properties(${ARG_NAME} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
                        ENVIRONMENT "FEDLORA_SOURCE_DIR=${PROJECT_SOURCE_DIR};FEDLORA_BINARY_DIR=${PROJECT_BINARY_DIR};${ARG_ENV}")
+  if("unit" IN_LIST ARG_LABELS)
+    set_property(GLOBAL APPEND PROPERTY FEDLORA_UNIT_TESTS ${ARG_NAME})
+  endif()
   if("gpu" IN_LIST ARG_LABELS)
     # GoogleTest exits 0 when its cases skip themselves (no GPU here); report that to CTest as a
     # skip, not as a pass.
