@@ -21,9 +21,9 @@
 # both stages build on. Needs podman, podman-compose and debootstrap (scripts/setup.sh --deploy).
 #
 # IMAGE_BINARY=prebuilt (the default) copies the host's CPU-only build of the command into the
-# images: `fedlora-cpu` from $BUILD_DIR (default build/default, the tree `make test` builds; built
-# here when missing, which compiles only the kernels' CPU twin when the tree is built), so the
-# images cost no second compile of the tree. IMAGE_BINARY=source compiles it in the Dockerfile's
+# images: `fedlora-cpu` from $FEDLORA_IMAGE_BUILD_DIR (default build/default, the tree `make test`
+# builds; built here when missing, which compiles only the kernels' CPU twin when the tree is
+# built), so the images cost no second compile of the tree. IMAGE_BINARY=source compiles it in the Dockerfile's
 # builder stage instead, as `docker build` does by default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +34,7 @@ shift || true
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/deploy/podman/containers.conf}
 BASE=${BASE:-localhost/fedlora-base:bookworm}
 IMAGE_BINARY=${IMAGE_BINARY:-prebuilt}
-BUILD_DIR=${BUILD_DIR:-build/default}
+FEDLORA_IMAGE_BUILD_DIR=${FEDLORA_IMAGE_BUILD_DIR:-build/default}
 SERVER_IMAGE=localhost/fedlora-server:latest
 CLIENT_IMAGE=localhost/fedlora-client:latest
 PROJECT=fedlora-test
@@ -60,25 +60,26 @@ make_base() {
 # the Dockerfile's prebuilt stage. The runtime stage installs those packages by name, so the host
 # must be the image's release (Debian 12).
 stage_prebuilt() {
+  local dir=$FEDLORA_IMAGE_BUILD_DIR
   # shellcheck disable=SC1091
   [[ $(. /etc/os-release && echo "${ID:-}:${VERSION_CODENAME:-}") == debian:bookworm ]] \
     || die "IMAGE_BINARY=prebuilt needs a Debian 12 host (the images' release); use IMAGE_BINARY=source"
   [[ $BASE == localhost/fedlora-base:bookworm || $BASE == *debian:bookworm* ]] \
     || die "IMAGE_BINARY=prebuilt copies a Debian 12 binary; BASE=$BASE needs IMAGE_BINARY=source"
-  if [[ ! -f $BUILD_DIR/build.ninja ]]; then
-    [[ $BUILD_DIR == build/default ]] || die "$BUILD_DIR is not a configured build tree"
+  if [[ ! -f $dir/build.ninja ]]; then
+    [[ $dir == build/default ]] || die "$dir is not a configured build tree"
     cmake --preset default > /dev/null
   fi
-  log "building fedlora-cpu in $BUILD_DIR"
-  cmake --build "$BUILD_DIR" --target fedlora_cpu > "$OUT/build-fedlora-cpu.log" 2>&1 \
+  log "building fedlora-cpu in $dir"
+  cmake --build "$dir" --target fedlora_cpu > "$OUT/build-fedlora-cpu.log" 2>&1 \
     || { tail -n 30 "$OUT/build-fedlora-cpu.log" >&2; die "building fedlora-cpu failed: $OUT/build-fedlora-cpu.log"; }
   rm -rf deploy/.prebuilt
-  install -D -s "$BUILD_DIR/tools/fedlora-cpu" deploy/.prebuilt/usr/local/bin/fedlora
+  install -D -s "$dir/tools/fedlora-cpu" deploy/.prebuilt/usr/local/bin/fedlora
   if ldd deploy/.prebuilt/usr/local/bin/fedlora | grep -Eq 'libcuda|libcublas'; then
-    die "$BUILD_DIR/tools/fedlora-cpu loads CUDA's libraries"
+    die "$dir/tools/fedlora-cpu loads CUDA's libraries"
   fi
   deploy/runtime_packages.sh deploy/.prebuilt/usr/local/bin/fedlora > deploy/.prebuilt/runtime-packages.txt \
-    || die "runtime_packages.sh failed on $BUILD_DIR/tools/fedlora-cpu"
+    || die "runtime_packages.sh failed on $dir/tools/fedlora-cpu"
 }
 
 build_images() {
