@@ -12,7 +12,7 @@ weights (weight_by_examples false: secure aggregation and DP both need them) and
                     (aggregation.max_update_norm: a bound for the fixed point, far above this
                     task's update norms, so that nothing is clipped)
   secagg_dp_zZ      privacy.secure_aggregation and DISTRIBUTED DP, clip norm 1, noise multiplier Z,
-                    population_size 10 (sampling rate 3/10), delta 1e-5
+                    delta 1e-5 (accounted at sampling rate 1)
 Runs `fedlora simulate --mtls` once per variant and seed (mutual TLS, sealed updates, and the
 variant's privacy all on) and prints one row each: final accuracy, epsilon at delta 1e-5, bytes up
 per round, wall time. A run already in --out (its summary.json) is read instead of run again.
@@ -41,7 +41,7 @@ def variant_config(name, seed):
     elif name.startswith("secagg_dp_z"):
         z = float(name[len("secagg_dp_z"):])
         c["privacy"]["dp"] = {"enabled": True, "mode": "DISTRIBUTED", "clip_norm": 1.0, "noise_multiplier": z,
-                              "population_size": 10, "target_delta": 1e-5}
+                              "target_delta": 1e-5}
     else:
         sys.exit(f"unknown variant {name}")
     return c

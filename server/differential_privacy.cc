@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "aggregation/fedavg.h"
 #include "core/status.h"
+#include "crypto/random.h"
 #include "privacy/gaussian_noise.h"
 
 namespace fedlora {
@@ -39,17 +40,12 @@ absl::StatusOr<DpRound> DpRound::From(const nlohmann::json& metrics) {
   return r;
 }
 
-ServerDp::ServerDp(const v1::RunConfig& config, std::string noise_key)
-    : dp_(config.privacy().dp()), noise_key_(std::move(noise_key)) {
-  if (dp_.has_population_size()) {
-    sampling_rate_ = static_cast<double>(config.selection().clients_per_round()) /
-                     static_cast<double>(dp_.population_size());
-  }
+ServerDp::ServerDp(const v1::RunConfig& config) : dp_(config.privacy().dp()) {
   clip_norm_ = dp_.clip_norm();
   planned_noise_multiplier_ = dp_.noise_multiplier();
 }
 
-absl::StatusOr<std::optional<ServerDp>> ServerDp::Create(const v1::RunConfig& config, std::string noise_key,
+absl::StatusOr<std::optional<ServerDp>> ServerDp::Create(const v1::RunConfig& config,
                                                          const std::vector<RoundRecord>& rounds, int64_t min_clients,
                                                          int64_t max_cohort) {
   if (!config.privacy().dp().enabled()) return std::optional<ServerDp>();
@@ -58,7 +54,11 @@ absl::StatusOr<std::optional<ServerDp>> ServerDp::Create(const v1::RunConfig& co
       !(mode == v1::DifferentialPrivacyConfig::DISTRIBUTED && config.privacy().secure_aggregation())) {
     return absl::UnimplementedError("privacy.dp.mode: CENTRAL, and DISTRIBUTED with secure aggregation, are implemented");
   }
-  ServerDp dp(config, std::move(noise_key));
+  if (config.privacy().dp().has_population_size()) {
+    return absl::InvalidArgumentError(
+        "privacy.dp.population_size is refused: the server's cohorts are not uniform samples of a population");
+  }
+  ServerDp dp(config);
   if (mode == v1::DifferentialPrivacyConfig::DISTRIBUTED && max_cohort > min_clients) {
     dp.planned_noise_multiplier_ *= std::sqrt(static_cast<double>(min_clients) / static_cast<double>(max_cohort));
   }
@@ -98,7 +98,7 @@ bool ServerDp::Clip(std::vector<KeptTensor>& update) const {
   return ClipUpdateNorm(update, clip_norm_) <= clip_norm_;
 }
 
-absl::StatusOr<DpRound> ServerDp::Release(int64_t round, std::vector<UpdateTensor>& mean, int64_t n,
+absl::StatusOr<DpRound> ServerDp::Release(std::vector<UpdateTensor>& mean, int64_t n,
                                           int64_t unclipped, int64_t cohort) const {
   if (n < 1) return absl::InvalidArgumentError("no update to release");
   DpRound r;
@@ -110,7 +110,7 @@ absl::StatusOr<DpRound> ServerDp::Release(int64_t round, std::vector<UpdateTenso
     if (cohort < n) return absl::InvalidArgumentError(absl::StrCat("a cohort of ", cohort, " cannot have ", n, " survivors"));
     r.noise_multiplier *= std::sqrt(static_cast<double>(n) / static_cast<double>(cohort));
   } else {
-    FEDLORA_RETURN_IF_ERROR(AddServerNoise(round, mean, n, unclipped, r));
+    FEDLORA_RETURN_IF_ERROR(AddServerNoise(mean, n, unclipped, r));
   }
   privacy::RdpAccountant after = accountant_;
   FEDLORA_RETURN_IF_ERROR(after.AddSteps(r.noise_multiplier, r.sampling_rate, 1));
@@ -119,12 +119,13 @@ absl::StatusOr<DpRound> ServerDp::Release(int64_t round, std::vector<UpdateTenso
   return r;
 }
 
-absl::Status ServerDp::AddServerNoise(int64_t round, std::vector<UpdateTensor>& mean, int64_t n, int64_t unclipped,
+absl::Status ServerDp::AddServerNoise(std::vector<UpdateTensor>& mean, int64_t n, int64_t unclipped,
                                       DpRound& r) const {
-  // Two streams per round: the update's noise and the count's.
-  const uint64_t stream = static_cast<uint64_t>(round) * 2;
+  // A fresh key from the CSPRNG for every release, held only here: nothing persisted regenerates the
+  // noise. Two streams: the update's noise and the count's.
+  FEDLORA_ASSIGN_OR_RETURN(const std::string key, crypto::RandomBytes(32));
   const double sigma = UpdateNoiseMultiplier() * clip_norm_ / static_cast<double>(n);  // on the mean
-  FEDLORA_ASSIGN_OR_RETURN(privacy::GaussianSampler noise, privacy::GaussianSampler::Create(noise_key_, stream));
+  FEDLORA_ASSIGN_OR_RETURN(privacy::GaussianSampler noise, privacy::GaussianSampler::Create(key, 0));
   for (UpdateTensor& t : mean) {
     for (float& v : t.values) {
       FEDLORA_ASSIGN_OR_RETURN(double z, noise.Next());
@@ -134,7 +135,7 @@ absl::Status ServerDp::AddServerNoise(int64_t round, std::vector<UpdateTensor>& 
   if (dp_.adaptive_clipping().enabled()) {
     const v1::AdaptiveClipping& ac = dp_.adaptive_clipping();
     FEDLORA_ASSIGN_OR_RETURN(privacy::GaussianSampler count_noise,
-                             privacy::GaussianSampler::Create(noise_key_, stream + 1));
+                             privacy::GaussianSampler::Create(key, 1));
     FEDLORA_ASSIGN_OR_RETURN(double z, count_noise.Next());
     const double fraction = (static_cast<double>(unclipped) + ac.count_noise_stddev() * z) / static_cast<double>(n);
     r.unclipped_fraction = fraction;

@@ -1,20 +1,23 @@
 // The server's client-level differential privacy (config.privacy.dp, CENTRAL mode): clipping each
 // decoded update, Gaussian noise on the sum, adaptive clipping, and the accountant.
 //
-//   FEDLORA_ASSIGN_OR_RETURN(std::optional<ServerDp> dp, ServerDp::Create(config, noise_key, rounds));
+//   FEDLORA_ASSIGN_OR_RETURN(std::optional<ServerDp> dp, ServerDp::Create(config, rounds));
 //   ...  // aggregation: for each update, unclipped += dp->Clip(update); avg.Add(update, 1)
-//   FEDLORA_ASSIGN_OR_RETURN(DpRound r, dp->Release(round, mean, n, unclipped));   // noise in `mean`
+//   FEDLORA_ASSIGN_OR_RETURN(DpRound r, dp->Release(mean, n, unclipped));   // noise in `mean`
 //   r.AddTo(metrics_json);  // committed with the round: the accountant's durable state
 //   dp->Commit(r);          // once the round is committed
 //
 // The noise is N(0, (z * C)^2) per coordinate of the sum of the n clipped updates (z the noise
-// multiplier, C the round's clip norm), drawn from a generator keyed by a server secret (derived
-// from the aggregation key) and the round: a server that redoes a round adds the same noise, and
-// no client can predict it. With adaptive clipping (Andrew et al. 2021) the count of updates within
+// multiplier, C the round's clip norm), drawn from a generator keyed by 32 fresh bytes of the
+// CSPRNG per release that are never stored: nothing on the server's disk regenerates the noise to
+// strip it from a released adapter (a round redone after a crash draws new noise; only the
+// committed one is released). With adaptive clipping (Andrew et al. 2021) the count of updates within
 // C is released with noise of standard deviation sigma_b, the update noise multiplier becomes
 // (z^-2 - (2 sigma_b)^-2)^-1/2, and the pair costs exactly what one Gaussian release at z costs.
 // Each committed round's metrics hold what the accountant needs (its noise multiplier and sampling
-// rate), so the epsilon survives restarts with the rounds themselves.
+// rate), so the epsilon survives restarts with the rounds themselves. The sampling rate is 1: the
+// server's cohorts are the first clients to ask, not a uniform sample of a population, so no
+// amplification by subsampling is claimed (privacy.dp.population_size is refused).
 #pragma once
 
 #include <cstdint>
@@ -48,12 +51,11 @@ struct DpRound {
 
 class ServerDp {
  public:
-  // nullopt without privacy.dp.enabled. `noise_key` is the 32-byte secret the noise is drawn with;
-  // `rounds` the run's rounds from the store, whose committed metrics restore the accountant;
+  // nullopt without privacy.dp.enabled. `rounds` the run's rounds from the store, whose committed metrics restore the accountant;
   // `min_clients` and `max_cohort` bound a DISTRIBUTED round's survivors and cohort (the budget
   // plans with the weakest noise they allow). FailedPrecondition when a committed round lacks the
   // DP record (the run did not always have DP), InvalidArgument when the budget affords no round.
-  static absl::StatusOr<std::optional<ServerDp>> Create(const v1::RunConfig& config, std::string noise_key,
+  static absl::StatusOr<std::optional<ServerDp>> Create(const v1::RunConfig& config,
                                                         const std::vector<RoundRecord>& rounds,
                                                         int64_t min_clients = 1, int64_t max_cohort = 1);
 
@@ -65,7 +67,7 @@ class ServerDp {
   // and works out the round's release: the next clip norm and the epsilon after it. DISTRIBUTED:
   // the n updates carry their clients' noise shares, each 1/cohort of the variance, so the server
   // adds nothing and the round's noise multiplier is z * sqrt(n / cohort).
-  absl::StatusOr<DpRound> Release(int64_t round, std::vector<UpdateTensor>& mean, int64_t n, int64_t unclipped,
+  absl::StatusOr<DpRound> Release(std::vector<UpdateTensor>& mean, int64_t n, int64_t unclipped,
                                   int64_t cohort = 0) const;
 
   // The round is committed: the accountant takes its step and the clip norm moves.
@@ -82,14 +84,12 @@ class ServerDp {
   int64_t AffordableRounds(int64_t committed, int64_t configured) const;
 
  private:
-  ServerDp(const v1::RunConfig& config, std::string noise_key);
+  explicit ServerDp(const v1::RunConfig& config);
   double UpdateNoiseMultiplier() const;
   // CENTRAL: the noise on `mean` and, with adaptive clipping, the noisy count and next clip norm.
-  absl::Status AddServerNoise(int64_t round, std::vector<UpdateTensor>& mean, int64_t n, int64_t unclipped,
-                              DpRound& r) const;
+  absl::Status AddServerNoise(std::vector<UpdateTensor>& mean, int64_t n, int64_t unclipped, DpRound& r) const;
 
   v1::DifferentialPrivacyConfig dp_;
-  std::string noise_key_;
   double planned_noise_multiplier_ = 0;  // the weakest a future round can have (the budget's plan)
   double sampling_rate_ = 1;
   double clip_norm_ = 0;
