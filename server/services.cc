@@ -233,14 +233,22 @@ AdminService::AdminService(const ServerOptions& options, Coordinator* coordinato
     : options_(options), coordinator_(coordinator), pool_(3) {}
 
 absl::Status AdminService::CheckOperator(grpc::CallbackServerContext* context) const {
-  if (IsLoopbackPeer(context->peer())) return absl::OkStatus();
-  absl::StatusOr<std::string> id = CallerIdentity(*context, options_.tls.enabled());
-  if (options_.tls.enabled() && id.ok() &&
+  if (!options_.tls.enabled()) {
+    // Plaintext serves loopback addresses only; on it there are no certificates to tell callers apart.
+    if (IsLoopbackPeer(context->peer())) return absl::OkStatus();
+    return absl::PermissionDeniedError(
+        absl::StrCat("the Admin service answers loopback callers only without TLS; caller is ", context->peer()));
+  }
+  // Under TLS only a certificate makes an operator: a site's connection through a sidecar, a proxy
+  // or a port forward arrives on loopback too.
+  absl::StatusOr<std::string> id = CallerIdentity(*context, /*tls=*/true);
+  if (id.ok() &&
       std::find(options_.operator_ids.begin(), options_.operator_ids.end(), *id) != options_.operator_ids.end()) {
     return absl::OkStatus();
   }
-  return absl::PermissionDeniedError(absl::StrCat("the Admin service answers loopback callers and operators only; ",
-                                                  "caller is ", context->peer()));
+  return absl::PermissionDeniedError(absl::StrCat(
+      "the Admin service answers operators only (server.tls.operator_ids, or the server's --operators); ",
+      id.ok() ? absl::StrCat("'", *id, "' is not one") : absl::StrCat("caller ", context->peer(), " has no identity")));
 }
 
 grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* context,

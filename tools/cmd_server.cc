@@ -205,7 +205,7 @@ absl::Status LoadDecoderRun(const v1::RunConfig& config, Device device, std::vec
 }
 
 struct ServeFlags {
-  std::string config_path, listen, health_listen, metrics_listen, store, cert, key, client_ca, crl;
+  std::string config_path, listen, health_listen, metrics_listen, store, cert, key, client_ca, crl, operators;
   bool insecure = false;
   int64_t linger_seconds = 30;
   std::string device = "cpu";  // the held-out evaluator's and the aggregation's
@@ -226,6 +226,10 @@ absl::Status Serve(const ServeFlags& f) {
                              if (!f.key.empty()) s->mutable_tls()->set_key_file(f.key);
                              if (!f.client_ca.empty()) s->mutable_tls()->set_client_ca_file(f.client_ca);
                              if (!f.crl.empty()) s->mutable_tls()->set_crl_file(f.crl);
+                             if (!f.operators.empty()) {
+                               s->mutable_tls()->clear_operator_ids();
+                               for (const std::string& id : SplitList(f.operators)) s->mutable_tls()->add_operator_ids(id);
+                             }
                            }));
   ServerOptions options = ServerOptionsFromRunConfig(config);
   // The plaintext rule before anything is loaded: a server that may not start says so at once.
@@ -326,6 +330,8 @@ int RunServer(int argc, char** argv) {
   flags.AddString("key", &f.key, "PEM key of --cert (overrides server.tls.key_file)");
   flags.AddString("client-ca", &f.client_ca, "PEM CA that signs client certificates (server.tls.client_ca_file)");
   flags.AddString("crl", &f.crl, "PEM CRL of revoked client certificates, re-read on change and SIGHUP");
+  flags.AddString("operators", &f.operators,
+                  "certificate CNs that may call the Admin service, comma-separated (server.tls.operator_ids)");
   flags.AddString("device", &f.device,
                   "cpu, cuda or auto (the GPU when one is usable): where the round's updates are summed "
                   "(the same bits on both) and the held-out evaluation computes; an evaluation that needs the "

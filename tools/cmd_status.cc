@@ -1,11 +1,11 @@
 // fedlora status: asks a running server for its run status (Admin.GetStatus) and, with --clients,
 // its client list (Admin.ListClients). Prints JSON on stdout.
 //
-//   fedlora status --server 127.0.0.1:50051
+//   fedlora status --server 127.0.0.1:50051 --insecure
 //   fedlora status --server fl.example.org:50051 --ca ca.pem --cert operator.pem --key operator.key
 //
-// The Admin service answers loopback callers, and over mTLS the operator identities the server
-// lists.
+// Over mTLS the Admin service answers the operator identities the server lists (--operators,
+// server.tls.operator_ids) only; a plaintext server, loopback callers.
 #include <grpcpp/grpcpp.h>
 #include <google/protobuf/util/json_util.h>
 

@@ -123,8 +123,8 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
   })";
   const std::string bin = FEDLORA_BINARY_PATH;
   // The secure federation of the README: `fedlora certs dev`, then the server and the clients
-  // with those files (mutual TLS; identities from the certificates).
-  ASSERT_EQ(std::system((bin + " certs dev --dir " + d + "certs --clients site-a,site-b --days 1 >" + d +
+  // with those files (mutual TLS; identities from the certificates), and `ops`, the operator.
+  ASSERT_EQ(std::system((bin + " certs dev --dir " + d + "certs --clients site-a,site-b,ops --days 1 >" + d +
                          "certs.out 2>&1").c_str()),
             0)
       << std::ifstream(d + "certs.out").rdbuf();
@@ -132,7 +132,7 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
   std::string address, health_port, metrics_port;
   FILE* server = StartServer(bin + " server --config " + d + "run.json --cert " + pki + "server.pem --key " + pki +
                                  "server.key --client-ca " + pki + "ca.pem --health-listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0" +
-                                 " --linger-seconds 4 2>" + d + "server.err",
+                                 " --operators ops --linger-seconds 4 2>" + d + "server.err",
                              &address, &health_port, &metrics_port);
   ASSERT_NE(server, nullptr);
   ASSERT_FALSE(address.empty());
@@ -162,7 +162,7 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
   const auto [out_a, out_b] = RunClients(client_cmd("a"), client_cmd("b"), d);
 
   FILE* status = popen((bin + " status --server " + address + " --ca " + pki + "ca.pem --cert " + pki +
-                        "site-a.pem --key " + pki + "site-a.key --clients")
+                        "ops.pem --key " + pki + "ops.key --clients")
                            .c_str(),
                        "r");
   const std::string status_out = ReadAll(status);

@@ -5,6 +5,7 @@
 #include <ctime>
 #include <fstream>
 
+#include "fedlora/v1/admin.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "core/file.h"
@@ -111,6 +112,41 @@ TEST(MtlsTest, ClientWithoutCertificateIsRefused) {
   // And a plaintext client cannot talk to it at all.
   testing::RawClient plain((*server)->address(), "hospital-7");
   EXPECT_FALSE(plain.Join().ok());
+}
+
+// The Admin service over TLS with `site`'s certificate, from 127.0.0.1: the status code of GetStatus.
+grpc::StatusCode AdminStatusAs(const Server& server, const std::string& dir, const std::string& site) {
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = read(dir + "/ca.pem");
+  ssl.pem_cert_chain = read(dir + "/" + site + ".pem");
+  ssl.pem_private_key = read(dir + "/" + site + ".key");
+  auto stub = v1::Admin::NewStub(grpc::CreateChannel(server.address(), grpc::SslCredentials(ssl)));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GetStatusRequest req;
+  v1::GetStatusResponse resp;
+  const grpc::Status s = stub->GetStatus(&ctx, req, &resp);
+  if (s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    EXPECT_THAT(s.error_message(), ::testing::HasSubstr("operators only")) << site;
+  }
+  return s.error_code();
+}
+
+TEST(MtlsTest, UnderTlsOnlyOperatorCertificatesReachTheAdminServiceEvenFromLoopback) {
+  TempDir dir;
+  ASSERT_TRUE(MakeCertificates(dir.path(), {"hospital-7", "ops"}));
+  ServerOptions o = MtlsOptions(dir.path());
+  o.operator_ids = {"ops"};
+  auto server = Server::Create(o, testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  ASSERT_TRUE(server.ok()) << server.status();
+  // A site's certificate on a loopback connection (as through a sidecar or a port forward) lists
+  // nothing; the operator's does.
+  EXPECT_EQ(AdminStatusAs(**server, dir.path(), "hospital-7"), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(AdminStatusAs(**server, dir.path(), "ops"), grpc::StatusCode::OK);
 }
 
 TEST(MtlsTest, IncompleteTlsOptionsAreRefused) {
