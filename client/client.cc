@@ -368,7 +368,7 @@ absl::Status ClientImpl::Upload(const v1::TrainTask& task, const std::string& bl
   v1::EncryptionSpec* encryption = header.mutable_encryption();
   encryption->set_scheme(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
   encryption->set_ephemeral_public_key(ephemeral_public_key);
-  encryption->set_server_key_id(join_.server_encryption_key_id());
+  encryption->set_server_key_id(task.aggregation_key().key_id());
   header.set_base_adapter_sha256(task.global_adapter().sha256());
   v1::AdapterManifest* m = header.mutable_manifest();
   for (const NamedTensor& t : delta) {
@@ -423,9 +423,14 @@ absl::StatusOr<v1::SecureAggregationResponse> ClientImpl::SecAggStep(v1::SecureA
 absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   // Checked before any work: this client uploads sealed updates only.
   if (task.encryption_scheme() != v1::EncryptionSpec::X25519_HKDF_AES256GCM ||
-      join_.server_encryption_public_key().size() != crypto::kX25519KeyBytes) {
+      task.aggregation_key().public_key().size() != crypto::kX25519KeyBytes) {
     return absl::FailedPreconditionError(
         "the server offers no X25519_HKDF_AES256GCM aggregation key; this client uploads sealed updates only");
+  }
+  if (task.aggregation_key().key_id() != crypto::AggregationKeyId(task.aggregation_key().public_key())) {
+    return absl::FailedPreconditionError(absl::StrCat("the task's aggregation key id '",
+                                                      task.aggregation_key().key_id().substr(0, 80),
+                                                      "' does not name its key"));
   }
   const auto t0 = std::chrono::steady_clock::now();
   // Secure aggregation's key steps (crypto/secagg.h) come first, with every client of the round:
@@ -546,8 +551,9 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
       encoded = *std::move(wire);
     }
     std::vector<UpdateTensor>().swap(update);
-    const crypto::UpdatePlace place{join_.run_config().run_id(), task.round(), join_.client_id(), upload_id};
-    FEDLORA_ASSIGN_OR_RETURN(sealed, crypto::SealUpdateBlob(join_.server_encryption_public_key(), place, encoded));
+    const crypto::UpdatePlace place{join_.run_config().run_id(), task.round(), join_.client_id(), upload_id,
+                                    static_cast<uint64_t>(result->num_examples)};
+    FEDLORA_ASSIGN_OR_RETURN(sealed, crypto::SealUpdateBlob(task.aggregation_key().public_key(), place, encoded));
   }
   const auto t3 = std::chrono::steady_clock::now();
   FEDLORA_RETURN_IF_ERROR(

@@ -119,7 +119,7 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   return out;
 }
 
-absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes) {
+absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes, unsigned mode) {
   if (path.empty() || path.back() == '/') {
     return absl::InvalidArgumentError(absl::StrCat("WriteFileAtomically: not a file path: '", path, "'"));
   }
@@ -132,7 +132,7 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes
   int fd = -1;
   for (int attempt = 0; attempt < 16; ++attempt) {
     tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1), ".", gen() % 1000000);
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, static_cast<mode_t>(mode));
     if (fd >= 0 || errno != EEXIST) break;
   }
   if (fd < 0) return ErrnoToStatus(errno, "create temporary file for", path);

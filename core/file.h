@@ -23,8 +23,9 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 // Writes `bytes` to `path` so that a reader (or a crash) sees either the old file or the complete
 // new one, never a mix: writes a temporary file in the same directory, fsyncs it, renames it over
 // `path`, then fsyncs the directory so the rename itself is durable. On failure the temporary
-// file is removed and `path` is untouched. The new file gets mode 0644 (minus the umask).
-absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes);
+// file is removed and `path` is untouched. The new file has `mode` (minus the umask) from its
+// creation: a secret written with 0600 is never readable by others, not even for a moment.
+absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes, unsigned mode = 0644);
 
 // Makes the directory entries of `dir` durable (creations, renames, removals in it): opens the
 // directory and fsyncs it. Errors as above, naming the directory.

@@ -23,7 +23,7 @@ namespace {
 
 constexpr char kMagic[4] = {'F', 'L', 'S', 'E'};
 constexpr size_t kNonceOffset = 8;  // magic (4), version (1), reserved zeros (3)
-constexpr char kUpdateLabel[] = "fedlora/v1 update";
+constexpr char kUpdateLabel[] = "fedlora/v2 update";
 constexpr char kSealInfo[] = "fedlora/v1 sealed update";
 constexpr size_t kHkdfMaxBytes = 255 * 32;
 // GCM's limit for one (key, nonce): 2^39 - 256 bits of plaintext (NIST SP 800-38D).
@@ -327,14 +327,15 @@ absl::StatusOr<std::string> Aes256GcmOpen(std::string_view key, std::string_view
 }
 
 std::string UpdateAssociatedData(std::string_view run_id, uint64_t round, std::string_view client_id,
-                                 std::string_view upload_id) {
+                                 std::string_view upload_id, uint64_t num_examples) {
   std::string out;
-  out.reserve(5 * 8 + sizeof(kUpdateLabel) + run_id.size() + client_id.size() + upload_id.size());
+  out.reserve(6 * 8 + sizeof(kUpdateLabel) + run_id.size() + client_id.size() + upload_id.size());
   AppendField(out, kUpdateLabel);
   AppendField(out, run_id);
   AppendLittleEndian64(out, round);
   AppendField(out, client_id);
   AppendField(out, upload_id);
+  AppendLittleEndian64(out, num_examples);
   return out;
 }
 

@@ -66,12 +66,12 @@ absl::StatusOr<std::string> Aes256GcmSeal(std::string_view key, std::string_view
 absl::StatusOr<std::string> Aes256GcmOpen(std::string_view key, std::string_view nonce, std::string_view aad,
                                           std::string_view ciphertext_and_tag);
 
-// The canonical associated data binding a sealed update to its run, round, client and upload:
-// each of "fedlora/v1 update", run_id, client_id and upload_id as its length (8 bytes little-endian)
-// and bytes, in the order label, run_id, round, client_id, upload_id, with round as 8 bytes
-// little-endian. Distinct inputs give distinct encodings.
+// The canonical associated data binding a sealed update to its run, round, client, upload and
+// FedAvg weight: each of "fedlora/v2 update", run_id, client_id and upload_id as its length (8 bytes
+// little-endian) and bytes, in the order label, run_id, round, client_id, upload_id, num_examples,
+// with round and num_examples as 8 bytes little-endian. Distinct inputs give distinct encodings.
 std::string UpdateAssociatedData(std::string_view run_id, uint64_t round, std::string_view client_id,
-                                 std::string_view upload_id);
+                                 std::string_view upload_id, uint64_t num_examples);
 
 struct SealedUpdate {
   std::string ephemeral_public_key;  // 32 bytes

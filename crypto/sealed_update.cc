@@ -9,7 +9,7 @@ namespace fedlora::crypto {
 namespace {
 
 std::string PlaceData(const UpdatePlace& p) {
-  return UpdateAssociatedData(p.run_id, p.round, p.client_id, p.upload_id);
+  return UpdateAssociatedData(p.run_id, p.round, p.client_id, p.upload_id, p.num_examples);
 }
 
 }  // namespace

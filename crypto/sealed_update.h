@@ -1,7 +1,7 @@
 // The sealed form of an update on the wire and in the server's blob store: the client's fresh
 // X25519 public key (32 bytes), then the envelope of crypto/envelope.h (AES-256-GCM under a key
-// from X25519 with the run's aggregation key and HKDF-SHA256), whose associated data binds the
-// update to its run, round, client and upload. Only the aggregation server opens it, and only at
+// from X25519 with the round's aggregation key and HKDF-SHA256), whose associated data binds the
+// update to its run, round, client, upload and weight. Only the aggregation server opens it, and only at
 // the place it was sealed for: a replayed, moved or tampered blob does not authenticate.
 //
 //   FEDLORA_ASSIGN_OR_RETURN(SealedBlob sealed, SealUpdateBlob(server_public_key, place, encoded));
@@ -19,12 +19,14 @@
 
 namespace fedlora::crypto {
 
-// Where an update belongs; sealed into its associated data.
+// Where an update belongs and the FedAvg weight its client claims (UploadHeader.num_examples);
+// sealed into its associated data, so that no one on the way can change either.
 struct UpdatePlace {
   std::string_view run_id;
   uint64_t round = 0;
   std::string_view client_id;
   std::string_view upload_id;
+  uint64_t num_examples = 0;
 };
 
 struct SealedBlob {
@@ -51,7 +53,7 @@ absl::Status OpenUpdateBlobInto(std::string_view server_private_key, const Updat
 absl::StatusOr<std::string> OpenUpdateBlob(std::string_view server_private_key, const UpdatePlace& place,
                                            std::string_view blob);
 
-// The id that names an aggregation public key (JoinResponse.server_encryption_key_id): "x25519-"
+// The id that names an aggregation public key (TrainTask.aggregation_key.key_id): "x25519-"
 // and the first 16 hex digits of its SHA-256.
 std::string AggregationKeyId(std::string_view public_key);
 

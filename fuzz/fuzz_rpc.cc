@@ -412,14 +412,14 @@ void Upload(FuzzedDataProvider& in, const Caller& c) {
   const bool seal = in.ConsumeBool();
   if (seal && c.site != nullptr) {
     const v1::JoinResponse& join = c.site->join;
-    const crypto::UpdatePlace place{join.run_config().run_id(), task.round(), c.id, upload_id};
-    auto sealed = Seal(join.server_encryption_public_key(), place, plain);
+    const crypto::UpdatePlace place{join.run_config().run_id(), task.round(), c.id, upload_id, h.num_examples()};
+    auto sealed = Seal(task.aggregation_key().public_key(), place, plain);
     if (sealed.ok()) {
       blob = sealed->blob;
       h.mutable_encryption()->set_ephemeral_public_key(sealed->ephemeral_public_key);
     }
     h.mutable_encryption()->set_scheme(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
-    h.mutable_encryption()->set_server_key_id(join.server_encryption_key_id());
+    h.mutable_encryption()->set_server_key_id(task.aggregation_key().key_id());
   }
   h.set_base_adapter_sha256(task.global_adapter().sha256());
   v1::AdapterManifest* m = h.mutable_manifest();

@@ -4,7 +4,7 @@
 // Two kinds of input, chosen by the first byte:
 // - raw: the rest is a blob as a client would send it. Nothing the fuzzer writes can authenticate,
 //   so opening must fail (and must not crash, leak or read out of bounds);
-// - seal and tamper: the input gives a plaintext and a place (run, round, client, upload), which
+// - seal and tamper: the input gives a plaintext and a place (run, round, client, upload, weight), which
 //   are sealed honestly; then some bytes are flipped, the blob is cut or extended, and the place
 //   may change. Opening must give back the plaintext exactly when nothing changed, and
 //   PermissionDenied or InvalidArgument otherwise.
@@ -60,7 +60,8 @@ void SealAndTamper(FuzzedDataProvider& in) {
   const std::string client = in.ConsumeRandomLengthString(16);
   const std::string upload = in.ConsumeRandomLengthString(16);
   const std::string plain = in.ConsumeRandomLengthString(4096);
-  auto sealed = SealUpdateBlob(ServerKey().public_key, {run, round, client, upload}, plain);
+  const uint64_t examples = in.ConsumeIntegral<uint64_t>();
+  auto sealed = SealUpdateBlob(ServerKey().public_key, {run, round, client, upload, examples}, plain);
   FUZZ_CHECK(sealed.ok(), sealed.status());
   std::string blob = sealed->blob;
   FUZZ_CHECK(blob.size() == plain.size() + SealedBlobOverheadBytes(), "");
@@ -83,14 +84,16 @@ void SealAndTamper(FuzzedDataProvider& in) {
     }
   }
   std::string run2 = run, client2 = client, upload2 = upload;
-  uint64_t round2 = round;
+  uint64_t round2 = round, examples2 = examples;
   if (in.ConsumeBool()) run2 = in.ConsumeRandomLengthString(16);
   if (in.ConsumeBool()) round2 = in.ConsumeIntegral<uint64_t>();
   if (in.ConsumeBool()) client2 = in.ConsumeRandomLengthString(16);
   if (in.ConsumeBool()) upload2 = in.ConsumeRandomLengthString(16);
-  const bool same = blob == sealed->blob && run2 == run && round2 == round && client2 == client && upload2 == upload;
+  if (in.ConsumeBool()) examples2 = in.ConsumeIntegral<uint64_t>();
+  const bool same = blob == sealed->blob && run2 == run && round2 == round && client2 == client && upload2 == upload &&
+                    examples2 == examples;
 
-  auto opened = OpenUpdateBlob(ServerKey().private_key, {run2, round2, client2, upload2}, blob);
+  auto opened = OpenUpdateBlob(ServerKey().private_key, {run2, round2, client2, upload2, examples2}, blob);
   FUZZ_TRACE("seal %zu bytes, %d ops, unchanged %d: %s\n", plain.size(), ops, same ? 1 : 0,
              opened.status().ToString().c_str());
   if (same) {

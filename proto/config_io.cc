@@ -323,6 +323,13 @@ void ValidateAggregation(Problems& p, const RunConfig& c) {
   p.RealRange("aggregation.server_beta2", a.server_beta2(), 0, false, 1, true);
   p.Positive("aggregation.server_tau", a.server_tau());
   p.NonNegative("aggregation.max_update_norm", a.max_update_norm());
+  if (a.max_examples_per_client() > (uint64_t{1} << 32)) {
+    p.Bad("aggregation.max_examples_per_client", a.max_examples_per_client(), "must be at most 2^32");
+  }
+  if (a.weight_by_examples() && a.max_examples_per_client() == 0) {
+    p.Add("aggregation.weight_by_examples needs aggregation.max_examples_per_client: a client's example count is "
+          "its own claim and its weight in the mean, so without a bound one site could set the mean alone");
+  }
   const uint32_t rounds = ConfiguredRounds(c);
   if (a.average_last_rounds() > rounds) {
     p.Bad("aggregation.average_last_rounds", a.average_last_rounds(),
@@ -395,10 +402,12 @@ void ValidatePrivacy(Problems& p, const RunConfig& c) {
   }
   p.RealRange("privacy.dp.target_delta", dp.target_delta(), 0, true, 0.1, false);
   if (dp.has_max_epsilon()) p.Positive("privacy.dp.max_epsilon", dp.max_epsilon());
-  const uint32_t cohort = c.selection().clients_per_round();
-  if (dp.has_population_size() && dp.population_size() < cohort) {
-    p.Bad("privacy.dp.population_size", dp.population_size(),
-          absl::StrCat("must be >= selection.clients_per_round (", cohort, ")"));
+  if (dp.has_population_size()) {
+    // Amplification by subsampling needs each round's cohort to be a uniformly random sample of a
+    // population the server knows; the server selects the first clients that ask, so the only
+    // sampling rate it can honour is 1.
+    p.Add("privacy.dp.population_size is refused: the server selects the first clients that ask for a task, not a "
+          "uniformly random sample of a population, so the accountant takes the sampling rate 1; remove it");
   }
   const AggregationConfig& a = c.aggregation();
   if (dp.mode() == DifferentialPrivacyConfig::DISTRIBUTED && !c.privacy().secure_aggregation()) {
@@ -537,16 +546,21 @@ void ValidateServer(Problems& p, const v1::ServerConfig& s) {
     p.Add("server.tls needs cert_file, key_file and client_ca_file together: every client presents a certificate, "
           "and its CN is the client's identity (server-only TLS, with self-named clients, is not supported)");
   }
-  if (!has_tls && (!tls.crl_file().empty() || tls.allowed_client_ids_size() > 0)) {
-    p.Add("server.tls.crl_file and server.tls.allowed_client_ids need server.tls (cert_file, key_file, client_ca_file)");
+  if (!has_tls && (!tls.crl_file().empty() || tls.allowed_client_ids_size() > 0 || tls.operator_ids_size() > 0)) {
+    p.Add("server.tls.crl_file, allowed_client_ids and operator_ids need server.tls (cert_file, key_file, "
+          "client_ca_file): without TLS no caller has a certificate");
   }
-  for (int i = 0; i < tls.allowed_client_ids_size(); ++i) {
-    const std::string& id = tls.allowed_client_ids(i);
-    const bool ok = !id.empty() && id.size() <= 128 && std::all_of(id.begin(), id.end(), [](char ch) {
-      return absl::ascii_isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-' || ch == '@';
-    });
-    if (!ok) p.Bad(absl::StrCat("server.tls.allowed_client_ids[", i, "]"), Quoted(id), "must be 1-128 characters of [A-Za-z0-9._@-]");
-  }
+  auto check_ids = [&](const google::protobuf::RepeatedPtrField<std::string>& ids, const char* field) {
+    for (int i = 0; i < ids.size(); ++i) {
+      const std::string& id = ids.Get(i);
+      const bool ok = !id.empty() && id.size() <= 128 && std::all_of(id.begin(), id.end(), [](char ch) {
+        return absl::ascii_isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-' || ch == '@';
+      });
+      if (!ok) p.Bad(absl::StrCat("server.tls.", field, "[", i, "]"), Quoted(id), "must be 1-128 characters of [A-Za-z0-9._@-]");
+    }
+  };
+  check_ids(tls.allowed_client_ids(), "allowed_client_ids");
+  check_ids(tls.operator_ids(), "operator_ids");
   if (s.insecure() && has_tls) p.Add("server.insecure and server.tls exclude each other");
   // The plaintext rule is the server's (Server::Create, whatever sets the address): a loopback
   // address without TLS still needs server.insecure there; `fedlora simulate` sets it itself.
@@ -695,9 +709,11 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   if (!a->has_server_beta2()) a->set_server_beta2(0.99);
   if (!a->has_server_tau()) a->set_server_tau(1e-3);
   // Differential privacy bounds each client's influence, and secure aggregation sums without
-  // weights: with either, every update weighs the same.
+  // weights: with either, every update weighs the same; so does every update without a bound on
+  // the count a client may claim.
   if (!a->has_weight_by_examples()) {
-    a->set_weight_by_examples(!c->privacy().dp().enabled() && !c->privacy().secure_aggregation());
+    a->set_weight_by_examples(!c->privacy().dp().enabled() && !c->privacy().secure_aggregation() &&
+                              a->max_examples_per_client() > 0);
   }
 
   if (c->privacy().dp().enabled()) {

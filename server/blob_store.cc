@@ -483,6 +483,13 @@ absl::StatusOr<std::vector<std::string>> BlobStore::List() const {
   return hashes;
 }
 
+absl::Status BlobStore::Delete(const std::string& hash) {
+  if (!IsValidBlobHash(hash)) return absl::InvalidArgumentError(absl::StrCat("not a blob hash: '", hash.substr(0, 80), "'"));
+  const std::string path = PathFor(hash);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoToStatus(errno, "unlink", path);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<BlobGcStats> BlobStore::CollectGarbage(const absl::flat_hash_set<std::string>& referenced) {
   BlobGcStats stats;
   FEDLORA_ASSIGN_OR_RETURN(std::vector<std::string> hashes, List());

@@ -226,6 +226,8 @@ class BlobStore {
   absl::StatusOr<bool> Exists(const std::string& hash) const;
   // Size in bytes without reading (NotFound when absent).
   absl::StatusOr<int64_t> Size(const std::string& hash) const;
+  // Unlinks committed blob `hash` (a sealed update whose round has closed). Idempotent.
+  absl::Status Delete(const std::string& hash);
   // Every committed blob's hash, sorted.
   absl::StatusOr<std::vector<std::string>> List() const;
 

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -110,7 +111,7 @@ absl::Status Coordinator::CheckPrivacy(const v1::RunConfig& config) {
   FEDLORA_RETURN_IF_ERROR(ValidatePrivacySettings(config));
   if (config.privacy().secure_aggregation()) FEDLORA_RETURN_IF_ERROR(SecAggEncodingFor(config).status());
   // The budget check needs no real key.
-  return ServerDp::Create(config, std::string(32, '\0'), {}, MinClientsFor(config), QuotaFor(config)).status();
+  return ServerDp::Create(config, {}, MinClientsFor(config), QuotaFor(config)).status();
 }
 
 bool Coordinator::restored() const {
@@ -182,7 +183,8 @@ void Coordinator::UpdateClientGaugesLocked() {
 
 absl::Status Coordinator::Restore() {
   absl::MutexLock lock(&mu_);
-  FEDLORA_ASSIGN_OR_RETURN(aggregation_key_, LoadOrCreateAggregationKey(options_.data_dir, run_id_));
+  FEDLORA_ASSIGN_OR_RETURN(keys_, RoundKeys::Open(options_.key_dir.empty() ? options_.data_dir + "/keys" : options_.key_dir,
+                                                  run_id_));
   FEDLORA_ASSIGN_OR_RETURN(std::vector<RunRecord> runs, store_->ListRuns());
   const bool exists =
       std::any_of(runs.begin(), runs.end(), [&](const RunRecord& r) { return r.run_id == run_id_; });
@@ -257,10 +259,7 @@ absl::Status Coordinator::Restore() {
   }
   last_committed_round_ = current_round;
   {
-    // The DP noise key: a secret of the server's, derived from the run's aggregation key.
-    FEDLORA_ASSIGN_OR_RETURN(std::string noise_key, crypto::HkdfSha256(aggregation_key_.private_key, run_id_,
-                                                                       "fedlora/v1 dp noise", 32));
-    FEDLORA_ASSIGN_OR_RETURN(dp_, ServerDp::Create(config_, std::move(noise_key), rounds, MinClients(), Quota()));
+    FEDLORA_ASSIGN_OR_RETURN(dp_, ServerDp::Create(config_, rounds, MinClients(), Quota()));
     if (config_.privacy().secure_aggregation()) {
       FEDLORA_ASSIGN_OR_RETURN(secagg_, SecAggEncodingFor(config_));
     } else {
@@ -350,15 +349,27 @@ absl::Status Coordinator::Restore() {
       return absl::DataLossError(absl::StrCat("open round ", r.round, " trains from adapter ", r.global_adapter_hash,
                                               " but the last committed round's clients train from ", broadcast_hash_));
     }
-    FEDLORA_LOG(INFO) << "resuming round " << r.round << " (" << RoundStateName(r.state) << ", "
-                      << round_->accepted.size() << " updates accepted, " << st.receiving_uploads.size()
-                      << " uploads resumable)";
+    FEDLORA_RETURN_IF_ERROR(RestoreRoundKeyLocked(r, static_cast<int64_t>(st.accepted_uploads.size())));
+    if (round_ != nullptr && round_->round == r.round) {
+      FEDLORA_LOG(INFO) << "resuming round " << r.round << " (" << RoundStateName(r.state) << ", "
+                        << round_->accepted.size() << " updates accepted, " << st.receiving_uploads.size()
+                        << " uploads resumable)";
+    }
   } else if (rounds_committed_ >= total_rounds) {
     finished_ = true;
   }
   if (round_ != nullptr && secagg_.has_value() && round_->state != RoundState::kSelecting) {
     // Its keys and shares were in the previous process's memory only: start the round afresh.
     FEDLORA_RETURN_IF_ERROR(AbandonRoundLocked("its secure aggregation cannot resume after a restart"));
+  }
+  // Keys of rounds that closed before a crash let them be destroyed; their sealed updates went with
+  // the garbage collection above.
+  for (const RoundRecord& r : rounds) {
+    if (r.state == RoundState::kCommitted || r.state == RoundState::kAbandoned) forgotten_through_ = r.round;
+  }
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<int64_t> keyed, keys_->List());
+  for (int64_t k : keyed) {
+    if (round_ == nullptr || k != round_->round) FEDLORA_RETURN_IF_ERROR(keys_->Destroy(k));
   }
   metrics_->rounds_committed.store(rounds_committed_);
   restored_ = true;
@@ -375,16 +386,88 @@ absl::Status Coordinator::OpenNextRoundLocked() {
   for (auto it = rejected_.begin(); it != rejected_.end();) {
     it = it->second.round + 2 <= next ? rejected_.erase(it) : std::next(it);
   }
+  // The round's key exists durably before the round does: a task never names a key a crash can lose.
+  absl::StatusOr<AggregationKey> key = keys_->Create(next);
+  if (absl::IsAlreadyExists(key.status())) {  // left by a server that stopped before the round began
+    FEDLORA_RETURN_IF_ERROR(keys_->Destroy(next));
+    key = keys_->Create(next);
+  }
+  FEDLORA_RETURN_IF_ERROR(key.status());
   DurabilityTicket ticket;
-  FEDLORA_ASSIGN_OR_RETURN(RoundRecord r, store_->BeginRound(run_id_, next, broadcast_hash_, /*deadline_unix_ms=*/0, &ticket));
+  FEDLORA_ASSIGN_OR_RETURN(RoundRecord r, store_->BeginRound(run_id_, next, broadcast_hash_, /*deadline_unix_ms=*/0,
+                                                             &ticket, key->key_id));
   DeferLocked(ticket);
   round_ = std::make_unique<RoundInfo>();
+  round_->key = std::make_shared<const AggregationKey>(*std::move(key));
   round_->round = r.round;
   round_->state = RoundState::kSelecting;
   round_->started_ms = Now();
   metrics_->current_round.store(r.round);
   FEDLORA_LOG(DEBUG) << "round " << r.round << " opened (selecting " << Quota() << " of the waiting clients)";
   return absl::OkStatus();
+}
+
+absl::Status Coordinator::RestoreRoundKeyLocked(const RoundRecord& r, int64_t accepted) {
+  absl::StatusOr<AggregationKey> key = keys_->Load(r.round);
+  if (key.ok() && !r.key_id.empty() && key->key_id != r.key_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "round ", r.round, "'s aggregation key ", keys_->PathOf(r.round), " is ", key->key_id, ", but the round's ",
+        "updates are sealed to ", r.key_id, ": restore the file that holds ", r.key_id, " (mode 0600)"));
+  }
+  if (absl::IsNotFound(key.status())) {
+    if (accepted > 0 || r.state == RoundState::kAggregating) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "round ", r.round, "'s aggregation key ", keys_->PathOf(r.round), " is missing, and the round's ", accepted,
+          " accepted updates are sealed to it (", r.key_id.empty() ? "key id not recorded" : r.key_id,
+          "): restore that file (mode 0600) from wherever the key directory (server.key_dir) is kept, and start "
+          "the server again. The server will not start without it: it would count the round's updates as "
+          "accepted yet never open them"));
+    }
+    // Nothing was accepted under the lost key: the round starts again under a new one.
+    FEDLORA_LOG(WARNING) << "round " << r.round << "'s aggregation key " << keys_->PathOf(r.round)
+                         << " is missing; no update was accepted under it";
+    return AbandonRoundLocked("its aggregation key is missing");
+  }
+  FEDLORA_RETURN_IF_ERROR(key.status());
+  round_->key = std::make_shared<const AggregationKey>(*std::move(key));
+  return absl::OkStatus();
+}
+
+void Coordinator::ForgetRound(int64_t round, const std::vector<UploadRecord>& uploads) {
+  if (absl::Status s = keys_->Destroy(round); !s.ok()) {
+    FEDLORA_LOG(ERROR) << "round " << round << ": destroying its aggregation key: " << s;
+  }
+  for (const UploadRecord& u : uploads) {
+    if (u.blob_hash.empty()) continue;
+    if (absl::Status s = blobs_->Delete(u.blob_hash); !s.ok()) {
+      FEDLORA_LOG(ERROR) << "round " << round << ": deleting sealed update " << u.upload_id << ": " << s;
+    }
+  }
+}
+
+void Coordinator::ForgetClosedRounds() {
+  int64_t open = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!restored_) return;
+    open = round_ != nullptr ? round_->round : std::numeric_limits<int64_t>::max();
+  }
+  absl::StatusOr<std::vector<RoundRecord>> rounds = store_->ListRounds(run_id_);
+  if (!rounds.ok()) {
+    FEDLORA_LOG(WARNING) << "listing rounds to forget: " << rounds.status();
+    return;
+  }
+  for (const RoundRecord& r : *rounds) {
+    if (r.round <= forgotten_through_ || r.round >= open) continue;
+    if (r.state != RoundState::kCommitted && r.state != RoundState::kAbandoned) break;
+    absl::StatusOr<std::vector<UploadRecord>> uploads = store_->ListAcceptedUploads(run_id_, r.round);
+    if (!uploads.ok()) {
+      FEDLORA_LOG(WARNING) << "round " << r.round << ": listing its updates to delete: " << uploads.status();
+      return;
+    }
+    ForgetRound(r.round, *uploads);
+    forgotten_through_ = r.round;
+  }
 }
 
 // ------------------------------------------------------------------------------------------------

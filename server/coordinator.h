@@ -321,8 +321,21 @@ class Coordinator {
   // (every reader first passed a locked check of restored_).
   std::vector<TensorSpec> spec_;
   int64_t spec_elements_ = 0;
-  // The run's aggregation key; written once by Restore like spec_.
-  AggregationKey aggregation_key_;
+  // Where the rounds' aggregation keys live; set once by Restore like spec_. The open round's key
+  // is its RoundInfo::key.
+  std::optional<RoundKeys> keys_;
+  // The key of `round` while that round is open; FailedPrecondition once it has closed.
+  absl::StatusOr<std::shared_ptr<const AggregationKey>> KeyFor(int64_t round) const;
+  // Outside mu_: destroys round `round`'s key and its sealed updates (`uploads`), once it has closed.
+  void ForgetRound(int64_t round, const std::vector<UploadRecord>& uploads);
+  // Outside mu_: destroys every key file but the open round's, and the sealed updates of every
+  // closed round after forgotten_through_ (the driver's sweep, and Restore).
+  void ForgetClosedRounds();
+  // Restore: the open round `r`'s key into round_. A missing key with `accepted` updates (or an
+  // aggregating round), or a key other than the one the round recorded, refuses start; a missing
+  // key with nothing accepted abandons the round.
+  absl::Status RestoreRoundKeyLocked(const RoundRecord& r, int64_t accepted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t forgotten_through_ = 0;  // rounds up to this have no key and no sealed update; driver only
   crypto::UpdatePlace PlaceOf(const std::string& client_id, const v1::UploadHeader& header) const;
   // The server optimizer with its state after the last committed round (set by Restore; used by
   // the driver thread's AggregateAndCommit only).

@@ -62,7 +62,10 @@ absl::Status Coordinator::Tick() {
   }
   Deliver(std::move(deliveries), ticket);
   // At start and whenever the round moves on, nothing of a closed round can complete any more.
-  if (sweep) SweepPartials();
+  if (sweep) {
+    SweepPartials();
+    ForgetClosedRounds();
+  }
   if (sweep || Now() - store_measured_ms_ >= 1000) MeasureStore();
   return status;
 }
@@ -168,11 +171,15 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
     committed_before = rounds_committed_;
   }
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> uploads, store_->ListAcceptedUploads(run_id_, round));
-  const bool by_examples = !config_.aggregation().has_weight_by_examples() || config_.aggregation().weight_by_examples();
+  // A client's weight is its claimed example count, capped at the configured bound (the count is
+  // sealed with the update, so no one on the way can change it, but the client itself may lie).
+  const int64_t max_examples = static_cast<int64_t>(config_.aggregation().max_examples_per_client());
+  const bool by_examples = config_.aggregation().weight_by_examples() && max_examples > 0;
   const double max_norm = config_.aggregation().max_update_norm();
   int64_t added = 0, unclipped = 0;
   std::vector<UpdateTensor> mean;
   std::optional<DpRound> dp_round;
+  FEDLORA_ASSIGN_OR_RETURN(const std::shared_ptr<const AggregationKey> key, KeyFor(round));
   if (secagg_.has_value()) {
     // The server learns only the sum of the survivors' clipped (and, with DISTRIBUTED DP, noised)
     // updates: the clients clipped them, and an unclipped count does not exist.
@@ -185,7 +192,7 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
     }
     FEDLORA_ASSIGN_OR_RETURN(mean, AggregateSecAgg(round, uploads, &added));
     if (dp_.has_value()) {
-      FEDLORA_ASSIGN_OR_RETURN(dp_round, dp_->Release(round, mean, added, /*unclipped=*/0, cohort));
+      FEDLORA_ASSIGN_OR_RETURN(dp_round, dp_->Release(mean, added, /*unclipped=*/0, cohort));
     }
   } else {
     FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(spec_, options_.aggregation_device));
@@ -193,8 +200,9 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
       std::string plain;
       {
         FEDLORA_ASSIGN_OR_RETURN(std::string sealed, blobs_->Get(u.blob_hash));
-        const crypto::UpdatePlace place{run_id_, static_cast<uint64_t>(u.round), u.client_id, u.upload_id};
-        absl::StatusOr<std::string> opened = crypto::OpenUpdateBlob(aggregation_key_.private_key, place, sealed);
+        const crypto::UpdatePlace place{run_id_, static_cast<uint64_t>(u.round), u.client_id, u.upload_id,
+                                        static_cast<uint64_t>(u.num_examples)};
+        absl::StatusOr<std::string> opened = crypto::OpenUpdateBlob(key->private_key, place, sealed);
         if (!opened.ok()) return Annotate(opened.status(), absl::StrCat("opening update ", u.upload_id));
         plain = *std::move(opened);
       }  // the sealed copy is freed before decoding
@@ -206,14 +214,14 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
       } else if (max_norm > 0) {
         ClipUpdateNorm(update, max_norm);
       }
-      FEDLORA_RETURN_IF_ERROR_CTX(avg.Add(update, by_examples ? u.num_examples : 1),
+      FEDLORA_RETURN_IF_ERROR_CTX(avg.Add(update, by_examples ? std::min(u.num_examples, max_examples) : 1),
                                   absl::StrCat("update ", u.upload_id));
       if (++added == 1) MaybeCrashAt("during_aggregation");
       FEDLORA_RETURN_IF_ERROR(CheckNotShuttingDown());
     }
     FEDLORA_ASSIGN_OR_RETURN(mean, avg.Finish());
     if (dp_.has_value()) {
-      FEDLORA_ASSIGN_OR_RETURN(dp_round, dp_->Release(round, mean, added, unclipped));
+      FEDLORA_ASSIGN_OR_RETURN(dp_round, dp_->Release(mean, added, unclipped));
     }
   }  // the exact accumulator (16 bytes per element) is freed before the adapter is copied below
   // Step a copy of the optimizer: its state becomes the server's only once the round commits.
@@ -294,6 +302,7 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   FEDLORA_RETURN_IF_ERROR(CheckNotShuttingDown());
   FEDLORA_RETURN_IF_ERROR(store_->CommitRound(run_id_, round, hash, metrics_json.dump(), records, state_hash, downlink));
   server_opt_.emplace(std::move(opt));
+  ForgetRound(round, uploads);
 
   auto committed = std::make_shared<const std::vector<UpdateTensor>>(std::move(next));
   std::shared_ptr<const std::vector<UpdateTensor>> previous;  // freed after the lock is released

@@ -58,6 +58,8 @@ struct Coordinator::RoundInfo {
   int64_t download_full_bytes = 0;
   // The round's secure aggregation, when the run has it (set when the selection closes).
   std::unique_ptr<SecAggRound> secagg;
+  // The key the round's updates are sealed to (server/aggregation_key.h).
+  std::shared_ptr<const AggregationKey> key;
 };
 
 struct Coordinator::SecAggRound {

@@ -256,6 +256,7 @@ absl::StatusOr<std::vector<UpdateTensor>> Coordinator::AggregateSecAgg(int64_t r
                                                                       int64_t* survivors) {
   std::unique_ptr<crypto::SecAggServer> server;
   std::map<std::string, uint32_t> index;
+  FEDLORA_ASSIGN_OR_RETURN(const std::shared_ptr<const AggregationKey> key, KeyFor(round));
   {
     absl::MutexLock lock(&mu_);
     if (round_ == nullptr || round_->round != round || round_->secagg == nullptr ||
@@ -270,8 +271,9 @@ absl::StatusOr<std::vector<UpdateTensor>> Coordinator::AggregateSecAgg(int64_t r
     auto it = index.find(u.client_id);
     if (it == index.end()) continue;
     FEDLORA_ASSIGN_OR_RETURN(std::string sealed, blobs_->Get(u.blob_hash));
-    const crypto::UpdatePlace place{run_id_, static_cast<uint64_t>(u.round), u.client_id, u.upload_id};
-    absl::StatusOr<std::string> opened = crypto::OpenUpdateBlob(aggregation_key_.private_key, place, sealed);
+    const crypto::UpdatePlace place{run_id_, static_cast<uint64_t>(u.round), u.client_id, u.upload_id,
+                                    static_cast<uint64_t>(u.num_examples)};
+    absl::StatusOr<std::string> opened = crypto::OpenUpdateBlob(key->private_key, place, sealed);
     if (!opened.ok()) return Annotate(opened.status(), absl::StrCat("opening update ", u.upload_id));
     v1::SecAggMaskedInputResponse masked;
     masked.set_client_index(it->second);

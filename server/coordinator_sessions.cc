@@ -73,8 +73,6 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const std::string& client_id,
   limits->set_max_update_bytes(static_cast<uint64_t>(options_.max_upload_bytes));
   limits->set_chunk_size_bytes(static_cast<uint32_t>(options_.chunk_bytes));
   response.set_current_round(round_ ? round_->round : last_committed_round_);
-  response.set_server_encryption_public_key(aggregation_key_.public_key);
-  response.set_server_encryption_key_id(aggregation_key_.key_id);
   return response;
 }
 

@@ -165,8 +165,13 @@ absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id
     return absl::InvalidArgumentError(absl::StrCat("num_examples ", header.num_examples(), " is outside [1, ",
                                                    StreamingFedAvg::kMaxWeight, "]"));
   }
-  // Every update is sealed to the run's aggregation key: the store holds nothing a copied disk or a
-  // TLS-terminating proxy could read.
+  if (const uint64_t cap = config_.aggregation().max_examples_per_client();
+      config_.aggregation().weight_by_examples() && header.num_examples() > cap) {
+    FEDLORA_LOG(WARNING) << "client '" << client_id << "' claims " << header.num_examples() << " examples in round "
+                         << round << "; its update weighs aggregation.max_examples_per_client = " << cap;
+  }
+  // Every update is sealed to the round's aggregation key: the store holds nothing a TLS-terminating
+  // proxy could read, and nothing of a closed round that a copied disk could.
   const v1::EncryptionSpec& enc = header.encryption();
   if (enc.scheme() != v1::EncryptionSpec::X25519_HKDF_AES256GCM) {
     return absl::InvalidArgumentError(absl::StrCat("update is not sealed (encryption scheme ",
@@ -175,9 +180,9 @@ absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id
                                                        : std::to_string(enc.scheme()),
                                                    "); this server takes X25519_HKDF_AES256GCM only"));
   }
-  if (enc.server_key_id() != aggregation_key_.key_id) {
+  if (enc.server_key_id() != r.key->key_id) {
     return absl::InvalidArgumentError(absl::StrCat("update is sealed to key '", enc.server_key_id().substr(0, 80),
-                                                   "'; this run's aggregation key is '", aggregation_key_.key_id, "'"));
+                                                   "'; round ", round, "'s aggregation key is '", r.key->key_id, "'"));
   }
   if (enc.ephemeral_public_key().size() != crypto::kX25519KeyBytes) {
     return absl::InvalidArgumentError(absl::StrCat("encryption.ephemeral_public_key has ",
@@ -423,7 +428,16 @@ void DropConsumed(const char* data, uint64_t consumed, uint64_t* dropped) {
 }  // namespace
 
 crypto::UpdatePlace Coordinator::PlaceOf(const std::string& client_id, const v1::UploadHeader& header) const {
-  return {run_id_, header.round(), client_id, header.upload_id()};
+  return {run_id_, header.round(), client_id, header.upload_id(), header.num_examples()};
+}
+
+absl::StatusOr<std::shared_ptr<const AggregationKey>> Coordinator::KeyFor(int64_t round) const {
+  absl::MutexLock lock(&mu_);
+  if (round_ == nullptr || round_->round != round || round_->key == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("round ", round, " is not open: its aggregation key is destroyed"));
+  }
+  return round_->key;
 }
 
 absl::Status Coordinator::ValidateUpload(const std::string& client_id, const v1::UploadHeader& header,
@@ -433,6 +447,8 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id, const v1:
     return absl::InvalidArgumentError("the sealed update's ephemeral key differs from its header's");
   }
   FEDLORA_ASSIGN_OR_RETURN(const size_t size, crypto::SealedBlobPlaintextSize(blob));
+  FEDLORA_ASSIGN_OR_RETURN(const std::shared_ptr<const AggregationKey> key,
+                           KeyFor(static_cast<int64_t>(header.round())));
   FEDLORA_ASSIGN_OR_RETURN(PlainBuffer plain, PlainBuffer::Create(size));
   // Opened in memory only: nothing of the plaintext reaches the disk. The sealed bytes (a file
   // mapping, BlobWriter::Verify) are dropped from this process as decryption passes them, so a
@@ -440,7 +456,7 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id, const v1:
   const size_t sealed_prefix = blob.size() - size - crypto::kGcmTagBytes;  // key and envelope header
   uint64_t blob_dropped = 0;
   FEDLORA_RETURN_IF_ERROR(crypto::OpenUpdateBlobInto(
-      aggregation_key_.private_key, PlaceOf(client_id, header), blob, plain.data(), size,
+      key->private_key, PlaceOf(client_id, header), blob, plain.data(), size,
       [&](size_t decrypted) { DropConsumed(blob.data(), sealed_prefix + decrypted, &blob_dropped); }));
   DropConsumed(blob.data(), blob.size(), &blob_dropped);
   const std::string_view bytes = plain.view();

@@ -33,8 +33,8 @@ struct ServerTlsOptions {
 };
 
 struct ServerOptions {
-  // Identities (as derived from TLS certificates) allowed to call the Admin service besides callers
-  // on the loopback interface, who always may.
+  // Certificate CNs allowed to call the Admin service (ServerConfig.tls.operator_ids). With TLS these
+  // alone may, whatever address they connect from; without TLS (loopback only), loopback callers.
   std::vector<std::string> operator_ids;
 
   // host:port for the Federation, Admin and health services. Port 0 picks a free port (tests).
@@ -49,6 +49,9 @@ struct ServerOptions {
   std::string health_address;
   // Directory holding the SQLite store and the blob files. Created when missing.
   std::string data_dir;
+  // Directory of the per-round aggregation keys (server/aggregation_key.h), ServerConfig.key_dir.
+  // Empty: data_dir + "/keys". Outside the store volume, a copy of the store opens nothing.
+  std::string key_dir;
   ServerTlsOptions tls;
   // Serve plaintext without TLS (ServerConfig.insecure). Refused unless listen_address is loopback.
   // Default false: a server without TLS is a choice made explicitly, for simulation and tests.

@@ -29,11 +29,13 @@ ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config) {
   o.metrics_address = s.metrics_address();
   o.health_address = s.health_address();
   o.data_dir = s.store_dir().empty() ? "fedlora_store" : s.store_dir();
+  o.key_dir = s.key_dir();
   o.tls.cert_file = s.tls().cert_file();
   o.tls.key_file = s.tls().key_file();
   o.tls.client_ca_file = s.tls().client_ca_file();
   o.tls.crl_file = s.tls().crl_file();
   o.tls.allowed_client_ids.assign(s.tls().allowed_client_ids().begin(), s.tls().allowed_client_ids().end());
+  o.operator_ids.assign(s.tls().operator_ids().begin(), s.tls().operator_ids().end());
   o.insecure = s.insecure();
   if (s.has_max_client_bytes_per_round()) o.max_client_bytes_per_round = static_cast<int64_t>(s.max_client_bytes_per_round());
   if (s.has_max_client_uploads_in_flight()) o.max_client_uploads_in_flight = static_cast<int>(s.max_client_uploads_in_flight());

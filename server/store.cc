@@ -104,13 +104,17 @@ ALTER TABLE rounds ADD COLUMN server_state_hash TEXT NOT NULL DEFAULT '';
 ALTER TABLE rounds ADD COLUMN broadcast_hash TEXT NOT NULL DEFAULT '';
 ALTER TABLE rounds ADD COLUMN broadcast_delta_hash TEXT NOT NULL DEFAULT '';
 )sql",
+    // v4: the id of the aggregation key each round's updates are sealed to.
+    R"sql(
+ALTER TABLE rounds ADD COLUMN key_id TEXT NOT NULL DEFAULT '';
+)sql",
 };
 constexpr int kNumMigrations = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
 static_assert(kNumMigrations == Store::kSchemaVersion, "add a migration when bumping kSchemaVersion");
 
 constexpr const char* kRoundColumns =
     "run_id, round, state, deadline_ms, global_adapter_hash, result_adapter_hash, metrics_json, created_ms, "
-    "updated_ms, server_state_hash, broadcast_hash, broadcast_delta_hash";
+    "updated_ms, server_state_hash, broadcast_hash, broadcast_delta_hash, key_id";
 constexpr const char* kUploadColumns =
     "upload_id, run_id, round, client_id, task_id, num_examples, blob_hash, bytes, state, chunks_received, "
     "created_ms, accepted_ms";
@@ -259,6 +263,7 @@ RoundRecord ReadRound(const Stmt& s) {
   r.server_state_hash = s.Text(9);
   r.broadcast_hash = s.Text(10);
   r.broadcast_delta_hash = s.Text(11);
+  r.key_id = s.Text(12);
   return r;
 }
 
@@ -757,7 +762,7 @@ absl::StatusOr<std::vector<RunRecord>> Store::ListRuns() {
 
 absl::StatusOr<RoundRecord> Store::BeginRound(const std::string& run_id, int64_t round,
                                               const std::string& global_adapter_hash, int64_t deadline_unix_ms,
-                                              DurabilityTicket* deferred) {
+                                              DurabilityTicket* deferred, const std::string& key_id) {
   if (round < 1) return absl::InvalidArgumentError(absl::StrCat("BeginRound: round ", round, " must be >= 1"));
   return WriteTransaction(deferred, [&]() -> absl::StatusOr<RoundRecord> {
     FEDLORA_RETURN_IF_ERROR(impl_->RequireRun(run_id));
@@ -787,11 +792,11 @@ absl::StatusOr<RoundRecord> Store::BeginRound(const std::string& run_id, int64_t
     {
       std::unique_ptr<Stmt> h;
       FEDLORA_ASSIGN_OR_RETURN(Stmt * s, impl_->Query("INSERT INTO rounds(run_id, round, state, deadline_ms, "
-                                                      "global_adapter_hash, created_ms, updated_ms) "
-                                                      "VALUES(?, ?, 'selecting', ?, ?, ?, ?)",
+                                                      "global_adapter_hash, created_ms, updated_ms, key_id) "
+                                                      "VALUES(?, ?, 'selecting', ?, ?, ?, ?, ?)",
                                                       h));
       const int64_t now = impl_->Now();
-      s->Bind(run_id).Bind(round).Bind(deadline_unix_ms).Bind(global_adapter_hash).Bind(now).Bind(now);
+      s->Bind(run_id).Bind(round).Bind(deadline_unix_ms).Bind(global_adapter_hash).Bind(now).Bind(now).Bind(key_id);
       FEDLORA_RETURN_IF_ERROR_CTX(s->Run(), absl::StrCat("BeginRound: ", RoundName(run_id, round)));
     }
     return impl_->GetRound(run_id, round);
@@ -1209,7 +1214,11 @@ absl::StatusOr<absl::flat_hash_set<std::string>> Store::ReferencedBlobHashes() {
   absl::MutexLock lock(&mu_);
   return impl_->ReadTransaction([&]() -> absl::StatusOr<absl::flat_hash_set<std::string>> {
     std::unique_ptr<Stmt> h;
-    FEDLORA_ASSIGN_OR_RETURN(Stmt * s, impl_->Query("SELECT blob_hash FROM uploads UNION "
+    // A sealed update is referenced only while its round is open: once the round has committed or
+    // been abandoned nothing needs it, and keeping it would keep what a copied disk could open.
+    FEDLORA_ASSIGN_OR_RETURN(Stmt * s, impl_->Query("SELECT u.blob_hash FROM uploads u JOIN rounds r "
+                                                    "ON r.run_id = u.run_id AND r.round = u.round "
+                                                    "WHERE r.state NOT IN ('committed', 'abandoned') UNION "
                                                     "SELECT global_adapter_hash FROM rounds UNION "
                                                     "SELECT result_adapter_hash FROM rounds UNION "
                                                     "SELECT server_state_hash FROM rounds UNION "

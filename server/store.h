@@ -95,6 +95,9 @@ struct RoundRecord {
   // delta) and the delta's blob. Empty without one.
   std::string broadcast_hash;
   std::string broadcast_delta_hash;
+  // The aggregation key the round's updates are sealed to (crypto::AggregationKeyId); empty for a
+  // round begun without one.
+  std::string key_id;
   int64_t created_unix_ms = 0;
   int64_t updated_unix_ms = 0;
 };
@@ -164,7 +167,7 @@ class WalSyncer;  // group fsync of the WAL (store.cc)
 
 class Store {
  public:
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
 
   // Opens or creates the database at `path`, sets WAL / synchronous=NORMAL / foreign keys / busy
   // timeout, and migrates the schema to kSchemaVersion. Durability does not rest on SQLite's own
@@ -188,10 +191,10 @@ class Store {
   // --- rounds ---
   // Opens round `round` (>= 1) in state selecting. NotFound for an unknown run; AlreadyExists when
   // the round exists; FailedPrecondition when another round of the run is still open or `round`
-  // is not above every existing round number.
+  // is not above every existing round number. `key_id` names the round's aggregation key.
   absl::StatusOr<RoundRecord> BeginRound(const std::string& run_id, int64_t round,
                                          const std::string& global_adapter_hash, int64_t deadline_unix_ms,
-                                         DurabilityTicket* deferred = nullptr);
+                                         DurabilityTicket* deferred = nullptr, const std::string& key_id = "");
   absl::StatusOr<RoundRecord> GetRound(const std::string& run_id, int64_t round);
   absl::StatusOr<std::vector<RoundRecord>> ListRounds(const std::string& run_id);  // by round
   // Moves a round along its life cycle (see top). InvalidArgument for kCommitted (use
@@ -268,8 +271,8 @@ class Store {
 
   // --- recovery and GC ---
   absl::StatusOr<RecoveredState> LoadLatestState(const std::string& run_id);
-  // Every blob hash a row points to (uploads, rounds' global and result adapters): keep these when
-  // collecting blob garbage.
+  // Every blob hash a row still needs (the uploads of rounds not yet committed or abandoned, the
+  // rounds' adapters and optimizer states): keep these when collecting blob garbage.
   absl::StatusOr<absl::flat_hash_set<std::string>> ReferencedBlobHashes();
 
  private:

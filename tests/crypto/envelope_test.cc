@@ -411,27 +411,30 @@ TEST(Aes256Gcm, PlaintextAbove2GiB) {
 
 TEST(UpdateAssociatedData, CanonicalLayout) {
   std::string expected;
-  expected += std::string("\x11\0\0\0\0\0\0\0", 8) + "fedlora/v1 update";  // label, 17 bytes
+  expected += std::string("\x11\0\0\0\0\0\0\0", 8) + "fedlora/v2 update";  // label, 17 bytes
   expected += std::string("\x03\0\0\0\0\0\0\0", 8) + "run";
   expected += std::string("\x07\x01\0\0\0\0\0\0", 8);  // round 263
   expected += std::string("\x02\0\0\0\0\0\0\0", 8) + "c1";
   expected += std::string("\0\0\0\0\0\0\0\0", 8);  // empty upload id
-  EXPECT_EQ(ToHexString(UpdateAssociatedData("run", 263, "c1", "")), ToHexString(expected));
+  expected += std::string("\x40\x42\x0f\0\0\0\0\0", 8);  // num_examples 1,000,000
+  EXPECT_EQ(ToHexString(UpdateAssociatedData("run", 263, "c1", "", 1'000'000)), ToHexString(expected));
 }
 
 TEST(UpdateAssociatedData, DistinctInputsGiveDistinctEncodings) {
   const std::vector<std::string> all = {
-      UpdateAssociatedData("run", 1, "client", "upload"),
-      UpdateAssociatedData("run2", 1, "client", "upload"),
-      UpdateAssociatedData("run", 2, "client", "upload"),
-      UpdateAssociatedData("run", 256, "client", "upload"),
-      UpdateAssociatedData("run", 1, "client2", "upload"),
-      UpdateAssociatedData("run", 1, "client", "upload2"),
+      UpdateAssociatedData("run", 1, "client", "upload", 1),
+      UpdateAssociatedData("run2", 1, "client", "upload", 1),
+      UpdateAssociatedData("run", 2, "client", "upload", 1),
+      UpdateAssociatedData("run", 256, "client", "upload", 1),
+      UpdateAssociatedData("run", 1, "client2", "upload", 1),
+      UpdateAssociatedData("run", 1, "client", "upload2", 1),
       // Moving bytes between neighbouring fields must change the encoding.
-      UpdateAssociatedData("ru", 1, "nclient", "upload"),
-      UpdateAssociatedData("run", 1, "clientu", "pload"),
-      UpdateAssociatedData("", 1, "", ""),
-      UpdateAssociatedData("", 0, "", ""),
+      UpdateAssociatedData("ru", 1, "nclient", "upload", 1),
+      UpdateAssociatedData("run", 1, "clientu", "pload", 1),
+      UpdateAssociatedData("", 1, "", "", 1),
+      UpdateAssociatedData("", 0, "", "", 1),
+      UpdateAssociatedData("run", 1, "client", "upload", 2),
+      UpdateAssociatedData("run", 1, "client", "upload", 0),
   };
   EXPECT_EQ(std::set<std::string>(all.begin(), all.end()).size(), all.size());
 }
@@ -454,7 +457,7 @@ class EnvelopeTest : public ::testing::Test {
   }
 
   X25519KeyPair server_;
-  const std::string aad_ = UpdateAssociatedData("run-7", 3, "client-a", "upload-0123");
+  const std::string aad_ = UpdateAssociatedData("run-7", 3, "client-a", "upload-0123", 40);
 };
 
 TEST_F(EnvelopeTest, RoundTripsAndHasTheDocumentedLayout) {
@@ -546,10 +549,11 @@ TEST_F(EnvelopeTest, TruncatedEnvelopeFailsToOpen) {
 TEST_F(EnvelopeTest, WrongAssociatedDataFailsToOpen) {
   const SealedUpdate sealed = Seal("update", aad_);
   const std::string wrong[] = {
-      UpdateAssociatedData("run-8", 3, "client-a", "upload-0123"),  // run
-      UpdateAssociatedData("run-7", 4, "client-a", "upload-0123"),  // round
-      UpdateAssociatedData("run-7", 3, "client-b", "upload-0123"),  // client
-      UpdateAssociatedData("run-7", 3, "client-a", "upload-0124"),  // upload
+      UpdateAssociatedData("run-8", 3, "client-a", "upload-0123", 40),  // run
+      UpdateAssociatedData("run-7", 4, "client-a", "upload-0123", 40),  // round
+      UpdateAssociatedData("run-7", 3, "client-b", "upload-0123", 40),  // client
+      UpdateAssociatedData("run-7", 3, "client-a", "upload-0124", 40),  // upload
+      UpdateAssociatedData("run-7", 3, "client-a", "upload-0123", 41),  // weight
       "",
   };
   for (const std::string& aad : wrong) {

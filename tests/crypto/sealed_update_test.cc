@@ -17,7 +17,7 @@ class SealedUpdateTest : public ::testing::Test {
   }
   X25519KeyPair server_;
   const std::string plaintext_ = "an encoded update, header and tensors";
-  const UpdatePlace place_{"run-1", 3, "site-a", "u-0001"};
+  const UpdatePlace place_{"run-1", 3, "site-a", "u-0001", 120};
 };
 
 TEST_F(SealedUpdateTest, OpensWhereItWasSealedAndStartsWithItsEphemeralKey) {
@@ -36,14 +36,16 @@ TEST_F(SealedUpdateTest, OpensWhereItWasSealedAndStartsWithItsEphemeralKey) {
 TEST_F(SealedUpdateTest, RefusesEveryOtherPlaceAndKey) {
   auto sealed = SealUpdateBlob(server_.public_key, place_, plaintext_);
   ASSERT_TRUE(sealed.ok());
-  const std::vector<UpdatePlace> moved = {{"run-2", 3, "site-a", "u-0001"},
-                                          {"run-1", 4, "site-a", "u-0001"},
-                                          {"run-1", 3, "site-b", "u-0001"},
-                                          {"run-1", 3, "site-a", "u-0002"}};
+  const std::vector<UpdatePlace> moved = {{"run-2", 3, "site-a", "u-0001", 120},
+                                          {"run-1", 4, "site-a", "u-0001", 120},
+                                          {"run-1", 3, "site-b", "u-0001", 120},
+                                          {"run-1", 3, "site-a", "u-0002", 120},
+                                          // A rewritten FedAvg weight does not open either.
+                                          {"run-1", 3, "site-a", "u-0001", 1'000'000}};
   for (const UpdatePlace& p : moved) {
     auto opened = OpenUpdateBlob(server_.private_key, p, sealed->blob);
     EXPECT_TRUE(absl::IsPermissionDenied(opened.status())) << p.run_id << " " << p.round << " " << p.client_id << " "
-                                                           << p.upload_id << ": " << opened.status();
+                                                           << p.upload_id << " " << p.num_examples << ": " << opened.status();
   }
   auto other = GenerateX25519KeyPair();
   ASSERT_TRUE(other.ok());

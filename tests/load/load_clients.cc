@@ -87,7 +87,7 @@ v1::UploadAck LoadClient::Upload(const v1::TrainTask& task, const crypto::Sealed
   v1::EncryptionSpec* e = header.mutable_encryption();
   e->set_scheme(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
   e->set_ephemeral_public_key(sealed.ephemeral_public_key);
-  e->set_server_key_id(join_.server_encryption_key_id());
+  e->set_server_key_id(task.aggregation_key().key_id());
   header.set_base_adapter_sha256(task.global_adapter().sha256());
   v1::AdapterManifest* m = header.mutable_manifest();
   for (const v1::TensorSpec& t : task.global_adapter().tensors()) *m->add_tensors() = t;
@@ -175,8 +175,8 @@ void LoadClient::RunTask(const v1::TrainTask& task) {
     std::string plain = shared_->encoded;
     const float last = kDelta + PatchOf(index_, shared_->options.clients);
     std::memcpy(plain.data() + plain.size() - sizeof(float), &last, sizeof(float));
-    const crypto::UpdatePlace place{join_.run_config().run_id(), r, join_.client_id(), upload_id};
-    sealed = crypto::SealUpdateBlob(join_.server_encryption_public_key(), place, plain);
+    const crypto::UpdatePlace place{join_.run_config().run_id(), r, join_.client_id(), upload_id, kExamples};
+    sealed = crypto::SealUpdateBlob(task.aggregation_key().public_key(), place, plain);
   }
   if (!sealed.ok()) {
     problem = absl::StrCat(id_, ": sealing: ", sealed.status().ToString());

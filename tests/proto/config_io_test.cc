@@ -184,7 +184,9 @@ TEST(ConfigIoTest, MinimalExampleGetsDocumentedDefaults) {
   EXPECT_EQ(c.aggregation().strategy(), AggregationConfig::FEDAVG);
   EXPECT_EQ(c.aggregation().proximal_mu(), 0.0);
   EXPECT_EQ(c.aggregation().server_learning_rate(), 1.0);
-  EXPECT_TRUE(c.aggregation().weight_by_examples());
+  // A client's example count is its own claim: without a bound on it, every update weighs the same.
+  EXPECT_FALSE(c.aggregation().weight_by_examples());
+  EXPECT_EQ(c.aggregation().max_examples_per_client(), 0u);
   EXPECT_EQ(c.aggregation().average_last_rounds(), 0u);
   EXPECT_EQ(c.codec().stages_size(), 0);
   EXPECT_FALSE(c.privacy().dp().enabled());  // DP is off by default: none of its defaults are filled
@@ -214,6 +216,20 @@ TEST(ConfigIoTest, MinimalExampleGetsDocumentedDefaults) {
 
 // Hostile input never crashes: every prefix of a valid config, and every single-byte corruption of
 // it, gives either an error or a config that passes validation.
+TEST(ConfigIoTest, ExampleWeightsFollowTheBoundOnClaimedCounts) {
+  absl::StatusOr<RunConfig> bounded = ParseRunConfigJson(
+      R"({"model": {"path": "models/m"}, "task": {"labels": ["neg", "pos"]},
+          "aggregation": {"max_examples_per_client": 5000}})");
+  ASSERT_TRUE(bounded.ok()) << bounded.status();
+  EXPECT_TRUE(bounded->aggregation().weight_by_examples());
+  EXPECT_EQ(bounded->aggregation().max_examples_per_client(), 5000u);
+  absl::StatusOr<RunConfig> unbounded = ParseRunConfigJson(
+      R"({"model": {"path": "models/m"}, "task": {"labels": ["neg", "pos"]},
+          "aggregation": {"weight_by_examples": true}})");
+  EXPECT_TRUE(absl::IsInvalidArgument(unbounded.status())) << unbounded.status();
+  EXPECT_THAT(unbounded.status().message(), HasSubstr("needs aggregation.max_examples_per_client"));
+}
+
 TEST(ConfigIoTest, CausalLmGetsItsOwnDefaults) {
   absl::StatusOr<RunConfig> c = ParseRunConfigJson(
       R"({"model": {"path": "models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf"},
@@ -633,6 +649,12 @@ const std::vector<ValidationCase>& Cases() {
          c.mutable_privacy()->mutable_dp()->set_target_delta(0.5);
        },
        "privacy.dp.target_delta (0.5) must be finite and in (0, 0.1]"},
+      {"WeightByExamplesWithoutABound",
+       [](RunConfig& c) { c.mutable_aggregation()->set_weight_by_examples(true); },
+       "aggregation.weight_by_examples needs aggregation.max_examples_per_client"},
+      {"MaxExamplesAboveTheWeightLimit",
+       [](RunConfig& c) { c.mutable_aggregation()->set_max_examples_per_client((uint64_t{1} << 32) + 1); },
+       "aggregation.max_examples_per_client (4294967297) must be at most 2^32"},
       {"DpWeightedByExamples",
        [](RunConfig& c) {
          EnableDp(c);
@@ -645,12 +667,12 @@ const std::vector<ValidationCase>& Cases() {
          c.mutable_aggregation()->set_max_update_norm(2);
        },
        "aggregation.max_update_norm is replaced by privacy.dp.clip_norm"},
-      {"DpPopulationBelowCohort",
+      {"DpPopulationSize",
        [](RunConfig& c) {
          EnableDp(c);
-         c.mutable_privacy()->mutable_dp()->set_population_size(1);
+         c.mutable_privacy()->mutable_dp()->set_population_size(1000);
        },
-       "privacy.dp.population_size (1) must be >= selection.clients_per_round (10)"},
+       "privacy.dp.population_size is refused: the server selects the first clients that ask"},
       {"DpCountNoiseTooSmall",
        [](RunConfig& c) {
          EnableDp(c);
@@ -861,7 +883,17 @@ const std::vector<ValidationCase>& Cases() {
        },
        "server-only TLS, with self-named clients, is not supported"},
       {"CrlWithoutTls", [](RunConfig& c) { c.mutable_server()->mutable_tls()->set_crl_file("crl.pem"); },
-       "server.tls.crl_file and server.tls.allowed_client_ids need server.tls"},
+       "server.tls.crl_file, allowed_client_ids and operator_ids need server.tls"},
+      {"OperatorsWithoutTls", [](RunConfig& c) { c.mutable_server()->mutable_tls()->add_operator_ids("ops"); },
+       "without TLS no caller has a certificate"},
+      {"BadOperatorId",
+       [](RunConfig& c) {
+         c.mutable_server()->mutable_tls()->set_cert_file("s.pem");
+         c.mutable_server()->mutable_tls()->set_key_file("s.key");
+         c.mutable_server()->mutable_tls()->set_client_ca_file("ca.pem");
+         c.mutable_server()->mutable_tls()->add_operator_ids("no spaces");
+       },
+       "server.tls.operator_ids[0] (\"no spaces\") must be 1-128 characters"},
       {"InsecureWithTls",
        [](RunConfig& c) {
          c.mutable_server()->set_insecure(true);

@@ -106,9 +106,15 @@ TEST_F(AbuseTest, SealedUpdatesCannotBeReplayedMovedOrTampered) {
   JoinAndGetTasks({"site-a", "site-b", "mallory"});
   RawClient& a = *clients_["site-a"];
   RawClient& m = *clients_["mallory"];
-  EXPECT_EQ(a.join().server_encryption_public_key().size(), 32u);
-  EXPECT_THAT(a.join().server_encryption_key_id(), HasSubstr("x25519-"));
+  EXPECT_EQ(tasks_["site-a"].aggregation_key().public_key().size(), 32u);
+  EXPECT_THAT(tasks_["site-a"].aggregation_key().key_id(), HasSubstr("x25519-"));
   EXPECT_EQ(tasks_["site-a"].encryption_scheme(), v1::EncryptionSpec::X25519_HKDF_AES256GCM);
+  {
+    // The open round's key is the owner's alone, from the moment it was written.
+    struct stat st;
+    ASSERT_EQ(::stat((dir_.path() + "/keys/test-run.round-1.x25519").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+  }
 
   const std::string plain_a = EncodedDeltaFor(0, tasks_["site-a"], InitialAdapter());
   const v1::UploadHeader header_a = a.Header(tasks_["site-a"], plain_a, "a-r1", testing::ExamplesOf(0));
@@ -180,13 +186,14 @@ TEST_F(AbuseTest, SealedUpdatesCannotBeReplayedMovedOrTampered) {
   ASSERT_TRUE(WaitForCommits(1));
 
   // Round 2: the round-1 update site-a held back, now sent for round 2 under its original upload
-  // id (the header says round 2): sealed for round 1, it does not open.
+  // id (the header says round 2, and names round 2's key): sealed for round 1, it does not open.
   NextTasks({"site-a", "site-b"});
   {
     v1::UploadHeader h = header_held;
     h.set_round(tasks_["site-a"].round());
     h.set_task_id(tasks_["site-a"].task_id());
     h.set_base_adapter_sha256(tasks_["site-a"].global_adapter().sha256());
+    h.mutable_encryption()->set_server_key_id(tasks_["site-a"].aggregation_key().key_id());
     grpc::Status s = a.Upload(h, held_sealed, 0, h.manifest().num_chunks(), &ack);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr("does not authenticate"));
@@ -203,10 +210,13 @@ TEST_F(AbuseTest, SealedUpdatesCannotBeReplayedMovedOrTampered) {
     if (!entry.is_regular_file()) continue;
     EXPECT_EQ(ReadAll(entry.path().string()).find(probe), std::string::npos) << entry.path();
   }
-  // The aggregation key is the owner's alone.
+  // Both rounds closed: their keys are destroyed, and the key directory is the owner's alone.
+  for (const char* closed : {"/keys/test-run.round-1.x25519", "/keys/test-run.round-2.x25519"}) {
+    EXPECT_FALSE(std::filesystem::exists(dir_.path() + closed)) << closed;
+  }
   struct stat st;
-  ASSERT_EQ(::stat((dir_.path() + "/keys/test-run.x25519").c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat((dir_.path() + "/keys").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
 }
 
 TEST_F(AbuseTest, InvalidUpdatesInALoopHitTheByteQuotaAndLeaveTheDiskAsItWas) {

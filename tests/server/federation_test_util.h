@@ -188,6 +188,9 @@ inline std::vector<UpdateTensor> ToUpdate(const std::vector<NamedTensor>& n) {
 // A run config for tests: `rounds` rounds of `clients` clients, no over-selection, fast timings.
 // Server learning rate of the adaptive-strategy runs of the crash test.
 inline constexpr double kTestAdaptiveServerLr = 0.05;
+// The bound on a client's claimed example count in test runs: far above ExamplesOf, so that the
+// tests' updates weigh their claimed counts.
+inline constexpr uint64_t kTestMaxExamples = 1000;
 
 inline v1::RunConfig TestRunConfig(int rounds, int clients, int min_clients) {
   v1::RunConfig config;
@@ -199,6 +202,7 @@ inline v1::RunConfig TestRunConfig(int rounds, int clients, int min_clients) {
   config.mutable_selection()->set_over_selection(1.0);
   config.mutable_selection()->set_min_clients(min_clients);
   config.mutable_selection()->set_heartbeat_interval_seconds(1);
+  config.mutable_aggregation()->set_max_examples_per_client(kTestMaxExamples);
   ApplyRunConfigDefaults(&config);
   return config;
 }
@@ -304,12 +308,13 @@ class RawClient {
   }
 
   // The header for uploading `plain` (an encoded update) for `task`, sealed as an honest client
-  // would: to the run's aggregation key, for this run, round, client and upload id. Upload and
+  // would: to the round's aggregation key, for this run, round, client, upload id and weight. Upload and
   // UploadAll given the same `plain` then send the sealed bytes (tests keep handling plaintext).
   v1::UploadHeader Header(const v1::TrainTask& task, const std::string& plain, const std::string& upload_id,
                           int64_t num_examples = 10) {
-    const crypto::UpdatePlace place{join_.run_config().run_id(), task.round(), join_.client_id(), upload_id};
-    auto sealed = crypto::SealUpdateBlob(join_.server_encryption_public_key(), place, plain);
+    const crypto::UpdatePlace place{join_.run_config().run_id(), task.round(), join_.client_id(), upload_id,
+                                    static_cast<uint64_t>(num_examples)};
+    auto sealed = crypto::SealUpdateBlob(task.aggregation_key().public_key(), place, plain);
     EXPECT_TRUE(sealed.ok()) << sealed.status();
     const std::string blob = sealed.ok() ? sealed->blob : plain;
     sealed_[SealedKey(upload_id, plain)] = blob;
@@ -321,7 +326,7 @@ class RawClient {
     v1::EncryptionSpec* e = h.mutable_encryption();
     e->set_scheme(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
     if (sealed.ok()) e->set_ephemeral_public_key(sealed->ephemeral_public_key);
-    e->set_server_key_id(join_.server_encryption_key_id());
+    e->set_server_key_id(task.aggregation_key().key_id());
     h.set_base_adapter_sha256(task.global_adapter().sha256());
     v1::AdapterManifest* m = h.mutable_manifest();
     for (const v1::TensorSpec& t : task.global_adapter().tensors()) *m->add_tensors() = t;
