@@ -592,6 +592,7 @@ void ValidateServer(Problems& p, const v1::ServerConfig& s) {
           absl::StrCat("is less than server.max_update_bytes (", s.max_update_bytes(), "): no update could arrive"));
   }
   p.Range<uint32_t>("server.max_client_uploads_in_flight", s.max_client_uploads_in_flight(), 1, 64);
+  p.Range<uint32_t>("server.max_client_uploads_per_round", s.max_client_uploads_per_round(), 1, 1000);
   p.Range<uint32_t>("server.max_client_reports_per_round", s.max_client_reports_per_round(), 1, 1000);
   p.Range<uint32_t>("server.max_metrics_per_report", s.max_metrics_per_report(), 0, 10'000);
   p.Range<uint32_t>("server.max_aggregation_attempts", s.max_aggregation_attempts(), 1, 100);
@@ -750,6 +751,7 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   if (!srv->has_max_message_bytes()) srv->set_max_message_bytes(kDefaultMaxMessageBytes);
   if (!srv->has_max_client_bytes_per_round()) srv->set_max_client_bytes_per_round(4 * srv->max_update_bytes());
   if (!srv->has_max_client_uploads_in_flight()) srv->set_max_client_uploads_in_flight(2);
+  if (!srv->has_max_client_uploads_per_round()) srv->set_max_client_uploads_per_round(4);
   if (!srv->has_max_client_reports_per_round()) srv->set_max_client_reports_per_round(4);
   if (!srv->has_max_metrics_per_report()) srv->set_max_metrics_per_report(64);
   if (!srv->has_min_free_disk_bytes()) srv->set_min_free_disk_bytes(uint64_t{1} << 30);

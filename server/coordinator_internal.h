@@ -33,12 +33,14 @@ struct Coordinator::ClientEntry {
   int64_t quota_round = 0;
   int64_t bytes_this_round = 0;
   int reports_this_round = 0;
+  int uploads_this_round = 0;  // new upload ids begun
   int uploads_in_flight = 0;
   void StartQuotaRound(int64_t round) {
     if (quota_round == round) return;
     quota_round = round;
     bytes_this_round = 0;
     reports_this_round = 0;
+    uploads_this_round = 0;
   }
 };
 

@@ -243,6 +243,11 @@ absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id
                                                      " uploads; the limit is ", options_.max_client_uploads_in_flight));
   }
   c->StartQuotaRound(round);
+  const bool new_upload = !existing.ok();  // a resume continues a row this quota already counted
+  if (new_upload && c->uploads_this_round >= options_.max_client_uploads_per_round) {
+    return QuotaRefused(absl::StrCat("client '", client_id, "' began ", c->uploads_this_round, " uploads in round ",
+                                     round, "; the limit is ", options_.max_client_uploads_per_round));
+  }
   if (c->bytes_this_round + static_cast<int64_t>(m.total_bytes()) -
           static_cast<int64_t>(header.start_chunk()) * options_.chunk_bytes >
       options_.max_client_bytes_per_round) {
@@ -264,6 +269,7 @@ absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id
   record->num_examples = static_cast<int64_t>(header.num_examples());
   active_uploads_[id] = client_id;
   ++c->uploads_in_flight;
+  if (new_upload) ++c->uploads_this_round;
   metrics_->uploads_streaming.store(static_cast<int64_t>(active_uploads_.size()));
   return UploadPlan{};
 }

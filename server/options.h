@@ -65,6 +65,11 @@ struct ServerOptions {
   // Uploads one client may stream at once. Default 2: a retry may overlap a stream the server has
   // not seen end yet.
   int max_client_uploads_in_flight = 2;
+  // New uploads (upload ids) one client may begin per round, charged at the header whether or not
+  // any byte follows (ServerConfig.max_client_uploads_per_round). Default 4: one per task, plus
+  // room for a client that restarted without its upload id; a stream of header-only uploads stops
+  // here instead of leaving a row and a partial file each.
+  int max_client_uploads_per_round = 4;
   // ReportMetrics calls one client may make per round. Default 4: one report per task, plus retries.
   int max_client_reports_per_round = 4;
   // Entries of one report's `extra` map. Default 64.

@@ -39,6 +39,7 @@ ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config) {
   o.insecure = s.insecure();
   if (s.has_max_client_bytes_per_round()) o.max_client_bytes_per_round = static_cast<int64_t>(s.max_client_bytes_per_round());
   if (s.has_max_client_uploads_in_flight()) o.max_client_uploads_in_flight = static_cast<int>(s.max_client_uploads_in_flight());
+  if (s.has_max_client_uploads_per_round()) o.max_client_uploads_per_round = static_cast<int>(s.max_client_uploads_per_round());
   if (s.has_max_client_reports_per_round()) o.max_client_reports_per_round = static_cast<int>(s.max_client_reports_per_round());
   if (s.has_max_metrics_per_report()) o.max_metrics_per_report = static_cast<int>(s.max_metrics_per_report());
   if (s.has_min_free_disk_bytes()) o.min_free_disk_bytes = static_cast<int64_t>(s.min_free_disk_bytes());

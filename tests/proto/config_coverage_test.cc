@@ -213,6 +213,7 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
       {"server.insecure", {"tools/fedlora_cli_test.cc", "--insecure"}},
       {"server.max_client_bytes_per_round", {"server/abuse_test.cc", "max_client_bytes_per_round"}},
       {"server.max_client_uploads_in_flight", {"server/abuse_test.cc", "max_client_uploads_in_flight"}},
+      {"server.max_client_uploads_per_round", {"server/abuse_test.cc", "max_client_uploads_per_round"}},
       {"server.max_client_reports_per_round", {"server/abuse_test.cc", "max_client_reports_per_round"}},
       {"server.max_metrics_per_report", {"server/abuse_test.cc", "max_metrics_per_report"}},
       {"server.min_free_disk_bytes", {"server/abuse_test.cc", "min_free_disk_bytes"}},

@@ -224,6 +224,7 @@ TEST_F(AbuseTest, InvalidUpdatesInALoopHitTheByteQuotaAndLeaveTheDiskAsItWas) {
   Start(1, 2, 1.5, [](ServerOptions& o) {
     o.max_upload_bytes = 32 << 10;
     o.max_client_bytes_per_round = 64 << 10;
+    o.max_client_uploads_per_round = 100;  // the byte quota is under test here
   });
   JoinAndGetTasks({"site-a", "site-b", "mallory"});
   RawClient& m = *clients_["mallory"];
@@ -279,6 +280,56 @@ TEST_F(AbuseTest, PartialUploadsAreDeletedWhenTheirRoundCloses) {
   EXPECT_GE(server_->metrics().partial_uploads_discarded.load(), 1);
   EXPECT_THAT(server_->metrics().ToPrometheusText(), HasSubstr("fedlora_store_bytes "));
   EXPECT_GT(server_->metrics().store_bytes.load(), 0);
+}
+
+TEST_F(AbuseTest, HeaderOnlyStreamsAreChargedAtTheHeader) {
+  Start(1, 2, 1.5, [](ServerOptions& o) { o.max_client_uploads_per_round = 3; });
+  JoinAndGetTasks({"site-a", "site-b", "mallory"});
+  RawClient& m = *clients_["mallory"];
+  const std::string blob = EncodedDeltaFor(2, tasks_["mallory"], InitialAdapter());
+  // Three streams that send a header and close: each begins an upload (a resumable row and a
+  // partial file), and each counts.
+  for (int i = 0; i < 3; ++i) {
+    const v1::UploadHeader h = m.Header(tasks_["mallory"], blob, "header-only-" + std::to_string(i));
+    v1::UploadAck ack;
+    const grpc::Status s = m.Upload(h, blob, 0, 0, &ack);
+    EXPECT_NE(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << i << ": " << s.error_message();
+  }
+  int64_t partials = 0;
+  FilesBytes(dir_.path() + "/partial", &partials);
+  const int64_t quota_before = server_->metrics().quota_refusals.load();
+  // The fourth, and a flood after it, are refused at the header: no row, no file.
+  for (int i = 3; i < 50; ++i) {
+    const std::string id = "header-only-" + std::to_string(i);
+    v1::UploadAck ack;
+    const grpc::Status s = m.Upload(m.Header(tasks_["mallory"], blob, id), blob, 0, 0, &ack);
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << i << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("began 3 uploads in round 1; the limit is 3"));
+  }
+  {
+    auto store = Store::Open(dir_.path() + "/fedlora.db");  // a second reader of the server's store
+    ASSERT_TRUE(store.ok()) << store.status();
+    EXPECT_TRUE((*store)->GetUpload("header-only-2").ok());
+    for (int i = 3; i < 50; ++i) {
+      const std::string id = "header-only-" + std::to_string(i);
+      EXPECT_TRUE(absl::IsNotFound((*store)->GetUpload(id).status())) << id;
+    }
+  }
+  int64_t partials_after = 0;
+  FilesBytes(dir_.path() + "/partial", &partials_after);
+  EXPECT_EQ(partials_after, partials);
+  EXPECT_EQ(server_->metrics().quota_refusals.load(), quota_before + 47);
+  // A resume of an upload already begun is not a new one.
+  {
+    const v1::UploadHeader h = m.Header(tasks_["mallory"], blob, "header-only-0");
+    v1::UploadAck ack;
+    const grpc::Status s = m.Upload(h, blob, 0, 0, &ack);
+    EXPECT_NE(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  }
+  UploadHonest("site-a", 0, "a");
+  UploadHonest("site-b", 1, "b");
+  ASSERT_TRUE(WaitForCommits(1));
+  EXPECT_TRUE(SameBits(server_->coordinator().global_adapter(), ExpectedAdapter({0, 1}, 1)));
 }
 
 TEST_F(AbuseTest, UploadsInFlightPerClientAreCapped) {

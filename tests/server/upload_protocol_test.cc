@@ -38,6 +38,9 @@ class UploadProtocolTest : public ::testing::Test {
     options.upload_sync_bytes = upload_sync_bytes_;
     options.round_deadline_ms = deadline_ms;
     options.heartbeat_timeout_ms = heartbeat_timeout_ms;
+    // The hostile test begins dozens of uploads to reach each validation; the quota on new uploads
+    // per round is abuse_test's.
+    options.max_client_uploads_per_round = 1000;
     auto server = Server::Create(options, config, InitialAdapter());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
