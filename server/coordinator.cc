@@ -258,25 +258,6 @@ absl::Status Coordinator::Restore() {
     broadcast_round = r.round;
   }
   last_committed_round_ = current_round;
-  {
-    FEDLORA_ASSIGN_OR_RETURN(dp_, ServerDp::Create(config_, rounds, MinClients(), Quota()));
-    if (config_.privacy().secure_aggregation()) {
-      FEDLORA_ASSIGN_OR_RETURN(secagg_, SecAggEncodingFor(config_));
-    } else {
-      secagg_.reset();
-    }
-    const int64_t configured = ConfiguredRounds(config_);
-    affordable_rounds_ = dp_.has_value() ? dp_->AffordableRounds(rounds_committed_, configured) : configured;
-    if (dp_.has_value()) {
-      metrics_->dp_epsilon_micro.store(static_cast<int64_t>(std::llround(dp_->epsilon() * 1e6)));
-      FEDLORA_LOG(INFO) << "differential privacy: epsilon " << dp_->epsilon() << " at delta " << dp_->target_delta()
-                        << " after " << rounds_committed_ << " rounds; clip norm " << dp_->clip_norm()
-                        << (affordable_rounds_ < configured
-                                ? absl::StrCat("; the budget affords ", affordable_rounds_, " of the ", configured,
-                                               " configured rounds")
-                                : std::string());
-    }
-  }
   FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(current_hash));
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> restored, AdapterFromSafetensors(bytes));
   global_ = std::make_shared<const std::vector<UpdateTensor>>(std::move(restored));
@@ -301,6 +282,34 @@ absl::Status Coordinator::Restore() {
     spec_.push_back({t.name, t.shape});
   }
   spec_elements_ = global_elements_;
+  {
+    if (config_.privacy().secure_aggregation()) {
+      FEDLORA_ASSIGN_OR_RETURN(secagg_, SecAggEncodingFor(config_));
+    } else {
+      secagg_.reset();
+    }
+    // Under secure aggregation a client's contribution is its clipped update rounded to the fixed
+    // point: up to this much more than the clip norm, which the accountant must assume.
+    const double encoding_bound = secagg_.has_value() ? FixedPointRoundingBound(secagg_->frac_bits, spec_elements_) : 0;
+    FEDLORA_ASSIGN_OR_RETURN(dp_, ServerDp::Create(config_, rounds, MinClients(), Quota(), encoding_bound));
+    if (dp_.has_value() && encoding_bound > 0) {
+      FEDLORA_LOG(INFO) << "differential privacy with secure aggregation: the fixed point (" << secagg_->frac_bits
+                        << " fraction bits, " << spec_elements_ << " values) adds up to " << encoding_bound
+                        << " to an update's norm; the accountant takes the sensitivity " << dp_->clip_norm() << " + "
+                        << encoding_bound;
+    }
+    const int64_t configured = ConfiguredRounds(config_);
+    affordable_rounds_ = dp_.has_value() ? dp_->AffordableRounds(rounds_committed_, configured) : configured;
+    if (dp_.has_value()) {
+      metrics_->dp_epsilon_micro.store(static_cast<int64_t>(std::llround(dp_->epsilon() * 1e6)));
+      FEDLORA_LOG(INFO) << "differential privacy: epsilon " << dp_->epsilon() << " at delta " << dp_->target_delta()
+                        << " after " << rounds_committed_ << " rounds; clip norm " << dp_->clip_norm()
+                        << (affordable_rounds_ < configured
+                                ? absl::StrCat("; the budget affords ", affordable_rounds_, " of the ", configured,
+                                               " configured rounds")
+                                : std::string());
+    }
+  }
   FEDLORA_ASSIGN_OR_RETURN(ServerOptimizerOptions opt_options, ServerOptimizerOptionsFromConfig(config_.aggregation()));
   FEDLORA_ASSIGN_OR_RETURN(ServerOptimizer opt, ServerOptimizer::Create(opt_options, spec_));
   if (opt.stateful() && current_round > 0) {

@@ -40,6 +40,10 @@ absl::StatusOr<DpRound> DpRound::From(const nlohmann::json& metrics) {
   return r;
 }
 
+double FixedPointRoundingBound(uint32_t frac_bits, int64_t elements) {
+  return std::ldexp(1.0, -static_cast<int>(frac_bits)) * std::sqrt(static_cast<double>(std::max<int64_t>(0, elements)));
+}
+
 ServerDp::ServerDp(const v1::RunConfig& config) : dp_(config.privacy().dp()) {
   clip_norm_ = dp_.clip_norm();
   planned_noise_multiplier_ = dp_.noise_multiplier();
@@ -47,7 +51,7 @@ ServerDp::ServerDp(const v1::RunConfig& config) : dp_(config.privacy().dp()) {
 
 absl::StatusOr<std::optional<ServerDp>> ServerDp::Create(const v1::RunConfig& config,
                                                          const std::vector<RoundRecord>& rounds, int64_t min_clients,
-                                                         int64_t max_cohort) {
+                                                         int64_t max_cohort, double encoding_bound) {
   if (!config.privacy().dp().enabled()) return std::optional<ServerDp>();
   const v1::DifferentialPrivacyConfig::Mode mode = config.privacy().dp().mode();
   if (mode != v1::DifferentialPrivacyConfig::CENTRAL &&
@@ -58,7 +62,12 @@ absl::StatusOr<std::optional<ServerDp>> ServerDp::Create(const v1::RunConfig& co
     return absl::InvalidArgumentError(
         "privacy.dp.population_size is refused: the server's cohorts are not uniform samples of a population");
   }
+  if (!(std::isfinite(encoding_bound) && encoding_bound >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("encoding bound ", encoding_bound, " is not finite and >= 0"));
+  }
   ServerDp dp(config);
+  dp.sensitivity_scale_ = dp.clip_norm_ / (dp.clip_norm_ + encoding_bound);
+  dp.planned_noise_multiplier_ *= dp.sensitivity_scale_;
   if (mode == v1::DifferentialPrivacyConfig::DISTRIBUTED && max_cohort > min_clients) {
     dp.planned_noise_multiplier_ *= std::sqrt(static_cast<double>(min_clients) / static_cast<double>(max_cohort));
   }
@@ -102,7 +111,7 @@ absl::StatusOr<DpRound> ServerDp::Release(std::vector<UpdateTensor>& mean, int64
                                           int64_t unclipped, int64_t cohort) const {
   if (n < 1) return absl::InvalidArgumentError("no update to release");
   DpRound r;
-  r.noise_multiplier = dp_.noise_multiplier();
+  r.noise_multiplier = dp_.noise_multiplier() * sensitivity_scale_;
   r.sampling_rate = sampling_rate_;
   r.clip_norm = clip_norm_;
   r.next_clip_norm = clip_norm_;

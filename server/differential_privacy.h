@@ -49,15 +49,24 @@ struct DpRound {
   static absl::StatusOr<DpRound> From(const nlohmann::json& metrics);
 };
 
+// The most stochastic or nearest rounding to a grid of step 2^-frac_bits can add, in L2 norm, to a
+// vector of `elements` values: each value moves by less than one step, so sqrt(elements) steps.
+double FixedPointRoundingBound(uint32_t frac_bits, int64_t elements);
+
 class ServerDp {
  public:
   // nullopt without privacy.dp.enabled. `rounds` the run's rounds from the store, whose committed metrics restore the accountant;
   // `min_clients` and `max_cohort` bound a DISTRIBUTED round's survivors and cohort (the budget
   // plans with the weakest noise they allow). FailedPrecondition when a committed round lacks the
   // DP record (the run did not always have DP), InvalidArgument when the budget affords no round.
+  // `encoding_bound` bounds, in L2 norm, what a client's encoding may add to its clipped update
+  // beyond the clip norm C (secure aggregation's fixed-point rounding: FixedPointRoundingBound):
+  // the accountant then takes the sensitivity C + encoding_bound, i.e. the noise multiplier
+  // z * C / (C + encoding_bound).
   static absl::StatusOr<std::optional<ServerDp>> Create(const v1::RunConfig& config,
                                                         const std::vector<RoundRecord>& rounds,
-                                                        int64_t min_clients = 1, int64_t max_cohort = 1);
+                                                        int64_t min_clients = 1, int64_t max_cohort = 1,
+                                                        double encoding_bound = 0);
 
   // Clips `update` in place to the round's clip norm (its L2 norm, summed in double, is then at
   // most clip_norm()); returns whether it was already within it.
@@ -90,6 +99,7 @@ class ServerDp {
   absl::Status AddServerNoise(std::vector<UpdateTensor>& mean, int64_t n, int64_t unclipped, DpRound& r) const;
 
   v1::DifferentialPrivacyConfig dp_;
+  double sensitivity_scale_ = 1;  // C / (C + encoding_bound): what the accountant's z is scaled by
   double planned_noise_multiplier_ = 0;  // the weakest a future round can have (the budget's plan)
   double sampling_rate_ = 1;
   double clip_norm_ = 0;

@@ -4,6 +4,8 @@
 // and get_privacy_spent over its default orders).
 #include "server/differential_privacy.h"
 
+#include <limits>
+
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -11,6 +13,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "crypto/prg.h"
+#include "crypto/secagg_fixed_point.h"
 #include "server/server.h"
 #include "server/store.h"
 #include "tests/server/federation_test_util.h"
@@ -128,6 +132,77 @@ TEST(ServerDpTest, APopulationSizeIsRefusedNotAccountedFor) {
   EXPECT_THAT(valid.message(), HasSubstr("privacy.dp.population_size is refused"));
   auto dp = ServerDp::Create(c, {});
   EXPECT_TRUE(absl::IsInvalidArgument(dp.status())) << dp.status();
+}
+
+// Opacus 1.5.2's epsilon at sampling rate 1 (compute_rdp is alpha * steps / (2 z^2) there), with
+// get_privacy_spent's conversion over its default orders.
+double OpacusEpsilonAtRateOne(double z, int steps, double delta) {
+  std::vector<double> orders;
+  for (int x = 1; x < 100; ++x) orders.push_back(1 + x / 10.0);
+  for (int a = 12; a < 64; ++a) orders.push_back(a);
+  double best = std::numeric_limits<double>::infinity();
+  for (double a : orders) {
+    const double rdp = a * steps / (2 * z * z);
+    best = std::min(best, rdp - (std::log(delta) + std::log(a)) / (a - 1) + std::log((a - 1) / a));
+  }
+  return best;
+}
+
+// Secure aggregation's fixed point rounds each value of a clipped update up or down to a step of
+// 2^-f: the client's contribution can exceed the clip norm by nearly sqrt(d) steps (340x the clip
+// norm for 2-bit levels). The bound holds for every encoding, comes close for an adversarial one,
+// and the accountant's noise multiplier is z * C / (C + bound).
+TEST(ServerDpTest, UnderSecureAggregationTheSensitivityIncludesTheFixedPointRounding) {
+  constexpr double kClip = 1.0;
+  constexpr int64_t kD = 4096;
+  auto prg = crypto::Prg::Create(std::string(crypto::Prg::kSeedBytes, 's'));
+  ASSERT_TRUE(prg.ok());
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0, 1);
+  for (uint32_t f : {2u, 4u, 8u, 16u}) {
+    const double bound = FixedPointRoundingBound(f, kD);
+    EXPECT_DOUBLE_EQ(bound, std::ldexp(1.0, -static_cast<int>(f)) * 64.0);
+    double worst = 0;
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> v(kD);
+      if (trial < 10) {
+        // Spread evenly, every value far below a coarse step: stochastic rounding sends a share of
+        // them a whole step away from 0.
+        for (float& x : v) x = normal(rng) < 0 ? -1.0f : 1.0f;
+      } else {
+        for (float& x : v) x = normal(rng);
+      }
+      double norm = 0;
+      for (float x : v) norm += static_cast<double>(x) * x;
+      norm = std::sqrt(norm);
+      for (float& x : v) x = static_cast<float>(x * kClip / norm);  // clipped to exactly C
+      auto encoded = crypto::EncodeSecAggFixedPoint(v, kClip, f, 62, *prg);
+      ASSERT_TRUE(encoded.ok()) << encoded.status();
+      auto decoded = crypto::DecodeSecAggFixedPointSum(*encoded, f, 62);
+      ASSERT_TRUE(decoded.ok());
+      double sq = 0;
+      for (double x : *decoded) sq += x * x;
+      const double contributed = std::sqrt(sq);
+      EXPECT_LE(contributed, kClip + bound) << f << " fraction bits, trial " << trial;
+      worst = std::max(worst, contributed);
+    }
+    // What the accountant would have missed: the encoded update exceeds the clip norm, by several
+    // times for coarse steps.
+    if (f <= 4) EXPECT_GT(worst, 2 * kClip) << f;
+    if (f == 16) EXPECT_LT(worst, 1.01 * kClip);
+  }
+  // The accountant: z * C / (C + bound) per round.
+  const v1::RunConfig c = DpConfig(3, 4, 1.0, kClip);
+  const double bound = FixedPointRoundingBound(8, kD);  // 0.25
+  auto dp = ServerDp::Create(c, {}, 1, 1, bound);
+  ASSERT_TRUE(dp.ok() && dp->has_value()) << dp.status();
+  std::vector<UpdateTensor> mean = Zeros(8);
+  absl::StatusOr<DpRound> r = (*dp)->Release(mean, 4, 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->noise_multiplier, 1.0 * kClip / (kClip + 0.25));
+  EXPECT_NEAR(r->epsilon, OpacusEpsilonAtRateOne(0.8, 1, 1e-5), 1e-9);
+  EXPECT_NEAR(OpacusEpsilonAtRateOne(1.0, 1, 1e-5), kEpsZ1Q1[0], 1e-12);  // the formula is Opacus's
+  EXPECT_TRUE(absl::IsInvalidArgument(ServerDp::Create(c, {}, 1, 1, -1).status()));
 }
 
 TEST(ServerDpTest, AdaptiveClippingFollowsTheNoisyUnclippedFraction) {

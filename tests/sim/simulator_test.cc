@@ -402,8 +402,12 @@ TEST(Simulator, SecureAggregationWithDistributedNoiseOverMutualTlsThroughADropou
   EXPECT_EQ(run->rounds[1].reported, 3);
   EXPECT_EQ(run->rounds[2].reported, 4);
   EXPECT_NEAR(run->rounds[0].dp_epsilon, 0.0, 1e-12);
-  EXPECT_NEAR(run->rounds[1].dp_epsilon, 2.541218097242522, 1e-6 * 2.541218097242522);
-  EXPECT_NEAR(run->rounds[2].dp_epsilon, 3.47863372538627, 1e-6 * 3.47863372538627);
+  // A hair above Opacus's values at z_eff: the accountant takes the sensitivity C + 2^-f sqrt(d) of
+  // the fixed point, a relative 1e-5 more here (differential_privacy_test checks the scaling).
+  EXPECT_GE(run->rounds[1].dp_epsilon, 2.541218097242522);
+  EXPECT_LE(run->rounds[1].dp_epsilon, 2.541218097242522 * (1 + 1e-4));
+  EXPECT_GE(run->rounds[2].dp_epsilon, 3.47863372538627);
+  EXPECT_LE(run->rounds[2].dp_epsilon, 3.47863372538627 * (1 + 1e-4));
   EXPECT_NE(run->rounds[2].eval_loss, run->rounds[0].eval_loss) << "the masked updates changed nothing";
   // (A server without TLS would have refused to start: options.mtls leaves it no plaintext.)
   EXPECT_TRUE(std::filesystem::exists(dir + "/secagg/pki/sim-client-00003.pem"));
