@@ -206,6 +206,13 @@ void Coordinator::WaitForTask(const std::string& client_id, int64_t max_wait_ms,
       }
       answer = AnswerLocked(client_id, may_hold);
     }
+    if (!answer.has_value()) {
+      // A client holds one poll at a time, and briefly a retry beside one its transport dropped;
+      // more are answered at once, so that a flood of polls holds no memory.
+      const auto held = std::count_if(waiters_.begin(), waiters_.end(),
+                                      [&](const std::unique_ptr<Waiter>& w) { return w->client_id == client_id; });
+      if (held >= options_.max_client_held_polls) answer = AnswerLocked(client_id, /*may_hold=*/false);
+    }
     if (answer.has_value()) {
       deliveries.push_back({std::move(done), *std::move(answer)});
     } else {

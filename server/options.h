@@ -143,6 +143,9 @@ struct ServerOptions {
   // Longest a WaitForTask long poll is held, milliseconds, whatever the client asks for. Default
   // 30 s: below common proxy idle timeouts (60 s), so a held call is never cut by the network.
   int64_t max_long_poll_ms = 30'000;
+  // WaitForTask polls one client may have held at once; more are answered at once with "retry
+  // later". Default 2: the client's poll, and a retry beside one whose connection it lost.
+  int max_client_held_polls = 2;
 
   // --- Rounds and clients --------------------------------------------------------------------------
   // The counts (clients per round, over-selection, min clients, rounds) come from the run config's

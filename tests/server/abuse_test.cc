@@ -4,6 +4,7 @@
 // beside honest ones; every test ends with the honest result, bit for bit.
 #include <sys/stat.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -330,6 +331,32 @@ TEST_F(AbuseTest, HeaderOnlyStreamsAreChargedAtTheHeader) {
   UploadHonest("site-b", 1, "b");
   ASSERT_TRUE(WaitForCommits(1));
   EXPECT_TRUE(SameBits(server_->coordinator().global_adapter(), ExpectedAdapter({0, 1}, 1)));
+}
+
+TEST_F(AbuseTest, HeldPollsPerClientAreCapped) {
+  // Target 3: two waiting clients never complete the selection, so every poll would be held.
+  Start(1, 3, 1.0, [](ServerOptions& o) { o.max_client_held_polls = 2; });
+  clients_["mallory"] = std::make_unique<RawClient>(server_->address(), "mallory");
+  ASSERT_TRUE(clients_["mallory"]->Join().ok());
+  RawClient& m = *clients_["mallory"];
+  constexpr int kPolls = 40;
+  std::atomic<int> quick{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kPolls; ++i) {
+    threads.emplace_back([&] {
+      const auto t0 = std::chrono::steady_clock::now();
+      v1::WaitForTaskResponse resp;
+      const grpc::Status s = m.WaitForTask(&resp, /*max_wait_s=*/6);
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      if (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3)) {
+        EXPECT_TRUE(resp.has_retry_later());
+        ++quick;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Two were held for their whole wait; the rest were answered at once.
+  EXPECT_EQ(quick.load(), kPolls - 2);
 }
 
 TEST_F(AbuseTest, UploadsInFlightPerClientAreCapped) {
