@@ -250,6 +250,9 @@ class Coordinator {
   };
   std::optional<SecAggEncoding> secagg_;
   static absl::StatusOr<SecAggEncoding> SecAggEncodingFor(const v1::RunConfig& config);
+  // DataLoss when the unmasked sum `total` of `n` updates is larger than n clipped updates (plus the
+  // distributed noise) can be: a client's wrong share or masked input randomised it.
+  absl::Status CheckUnmaskedSum(int64_t round, const std::vector<double>& total, int64_t n) const;
   // At selection: the round's SecAgg+ parameters over the selected clients.
   absl::Status StartSecAggLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the key steps once every client answered or their time ran out; abandons the round when

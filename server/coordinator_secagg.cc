@@ -251,6 +251,31 @@ absl::Status Coordinator::ValidateMaskedUpload(std::string_view plain) const {
   return crypto::UnpackSecAggVector(plain, static_cast<uint64_t>(spec_elements_), m).status();
 }
 
+absl::Status Coordinator::CheckUnmaskedSum(int64_t round, const std::vector<double>& total, int64_t n) const {
+  // n clipped updates, each at most its rounding bound above the clip norm, plus (DISTRIBUTED DP)
+  // noise of total variance (z C)^2 per value at most, whose norm exceeds z C (sqrt(d) + 10) with
+  // probability below e^-50. A wrong share or an out-of-range masked input from one client makes
+  // the sum uniform over the modulus instead, orders of magnitude above this.
+  const double d = static_cast<double>(total.size());
+  const double rounding = FixedPointRoundingBound(secagg_->frac_bits, static_cast<int64_t>(total.size()));
+  const v1::DifferentialPrivacyConfig& dp = config_.privacy().dp();
+  const double noise = dp.enabled() && dp.mode() == v1::DifferentialPrivacyConfig::DISTRIBUTED
+                           ? dp.noise_multiplier() * secagg_->clip_norm * (std::sqrt(d) + 10)
+                           : 0;
+  const double bound = static_cast<double>(n) * (secagg_->clip_norm + rounding) + noise;
+  double sq = 0;
+  for (double v : total) sq += v * v;
+  const double norm = std::sqrt(sq);
+  if (!(norm <= bound)) {
+    metrics_->secagg_implausible_sums.fetch_add(1);
+    return absl::DataLossError(absl::StrCat(
+        "round ", round, ": the unmasked sum of ", n, " updates has L2 norm ", norm, ", above the ", bound,
+        " that many clipped updates can reach: a client sent a wrong share or masked input, so the sum is not "
+        "committed"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<UpdateTensor>> Coordinator::AggregateSecAgg(int64_t round,
                                                                       const std::vector<UploadRecord>& uploads,
                                                                       int64_t* survivors) {
@@ -325,6 +350,7 @@ absl::StatusOr<std::vector<UpdateTensor>> Coordinator::AggregateSecAgg(int64_t r
   const int64_t n = static_cast<int64_t>(server->survivors().size());
   FEDLORA_LOG(INFO) << "round " << round << ": secure aggregation unmasked the sum of " << n << " updates ("
                     << responses.size() << " of " << expected << " survivors answered step 3)";
+  FEDLORA_RETURN_IF_ERROR(CheckUnmaskedSum(round, total, n));
   std::vector<UpdateTensor> mean;
   size_t offset = 0;
   for (const TensorSpec& t : spec_) {

@@ -214,6 +214,9 @@ std::string ServerMetrics::ToPrometheusText() const {
                "Uploads and reports refused for a per-client quota or the free-disk watermark.", quota_refusals.load());
   AppendMetric(out, "aggregation_failures_total", "counter", "Aggregation tries that failed.",
                aggregation_failures.load());
+  AppendMetric(out, "secagg_implausible_sums_total", "counter",
+               "Secure-aggregation sums refused as larger than their clipped updates can make them.",
+               secagg_implausible_sums.load());
   AppendMetric(out, "uploads_streaming", "gauge", "Upload streams admitted and not yet ended.",
                uploads_streaming.load());
   AppendMetric(out, "tls_handshakes_refused_total", "counter",

@@ -54,7 +54,8 @@ inline v1::SecureAggregationResponse SecAggStep(RawClient& c, v1::SecureAggregat
 // `upload_id`), and step 3 unless it drops out first or `answer_unmasking` is false.
 inline void RunSecAggClient(RawClient& c, const v1::TrainTask& task, const std::vector<NamedTensor>& delta,
                             const std::string& upload_id, SecAggDrop drop = SecAggDrop::kNone,
-                            bool answer_unmasking = true, SecAggTraffic* traffic = nullptr) {
+                            bool answer_unmasking = true, SecAggTraffic* traffic = nullptr,
+                            const std::function<void(v1::SecAggUnmaskingResponse*)>& tamper = nullptr) {
   ASSERT_TRUE(task.has_secure_aggregation());
   const v1::SecureAggregationTask& sa = task.secure_aggregation();
   auto client = crypto::SecAggClient::Create(sa.params(), sa.client_index());
@@ -87,6 +88,7 @@ inline void RunSecAggClient(RawClient& c, const v1::TrainTask& task, const std::
   if (!resp.has_unmasking()) return;  // the round went on without this client
   req = base;
   *req.mutable_unmasking() = client->Unmask(resp.unmasking()).value();
+  if (tamper) tamper(req.mutable_unmasking());
   EXPECT_FALSE(SecAggCall(c, req, traffic).done().empty());
 }
 

@@ -179,6 +179,38 @@ TEST(SecureAggregationRoundTest, ARoundThatCannotBeUnmaskedIsAbandonedWithoutARe
   EXPECT_EQ((*rounds)[0].state, RoundState::kAbandoned);
 }
 
+TEST(SecureAggregationRoundTest, WrongSharesDoNotCommitARandomisedSum) {
+  // Two of four survivors answer the unmasking step with a byte of every share flipped: whichever
+  // threshold of shares the server combines, a reconstructed seed is wrong and the unmasked sum is
+  // noise over the whole modulus. The server refuses to commit it and abandons the round.
+  TempDir dir;
+  v1::RunConfig config = SecAggConfig(4);
+  auto server = Server::Create(Options(dir.path()), config, InitialAdapter(), nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string initial_hash = (*server)->coordinator().global_adapter_sha256();
+  auto flip = [](v1::SecAggUnmaskingResponse* r) {
+    for (v1::SecAggRevealedShare& s : *r->mutable_shares()) {
+      if (!s.share().empty()) s.mutable_share()->back() ^= 0x5a;  // a well-formed share of another value
+    }
+  };
+  std::vector<std::thread> sites;
+  for (int k = 0; k < 4; ++k) {
+    sites.emplace_back([&, k] {
+      RawClient c((*server)->address(), absl::StrCat("site-", k));
+      ASSERT_TRUE(c.Join().ok());
+      v1::TrainTask task;
+      ASSERT_TRUE(c.GetTask(&task));
+      testing::RunSecAggClient(c, task, Delta(k, task), absl::StrCat("u", k), Drop::kNone, true, nullptr,
+                               k < 2 ? std::function<void(v1::SecAggUnmaskingResponse*)>(flip) : nullptr);
+    });
+  }
+  for (std::thread& t : sites) t.join();
+  ASSERT_TRUE(WaitFor([&] { return (*server)->metrics().rounds_abandoned.load() >= 1; }, 20'000));
+  EXPECT_EQ((*server)->coordinator().rounds_committed(), 0);
+  EXPECT_EQ((*server)->coordinator().global_adapter_sha256(), initial_hash);
+  EXPECT_GE((*server)->metrics().secagg_implausible_sums.load(), 1);
+}
+
 TEST(SecureAggregationRoundTest, ARestartAbandonsTheOpenRoundAndTheNextOneHasFreshParameters) {
   TempDir dir;
   v1::RunConfig config = SecAggConfig(3);
