@@ -333,9 +333,15 @@ bool IsTerminal(RoundState state) { return state == RoundState::kCommitted || st
 // WAL is append-only between checkpoints and a checkpoint first syncs it, so one fsync after a
 // transaction's COMMIT returned covers that transaction and every earlier one: waiters that arrive
 // while an fsync is running are served by the next one (one fsync per batch, not per commit).
+//
+// A failed fsync is final: the kernel may have dropped the dirty pages it could not write and
+// marked them clean, so a later fsync that succeeds proves nothing about them. Every wait after
+// the first failure fails with it (as PostgreSQL has done since 2018): nothing written after it is
+// acknowledged, and a restart recovers from what is really on disk.
 class WalSyncer {
  public:
-  explicit WalSyncer(std::string wal_path) : wal_path_(std::move(wal_path)) {}
+  WalSyncer(std::string wal_path, std::function<absl::Status(std::string_view)> fault_hook)
+      : wal_path_(std::move(wal_path)), fault_hook_(std::move(fault_hook)) {}
 
   // Called right after a COMMIT succeeded, under Store::mu_, so tickets follow commit order.
   DurabilityTicket Committed() {
@@ -346,6 +352,7 @@ class WalSyncer {
   absl::Status WaitDurable(uint64_t seq) {
     std::unique_lock<std::mutex> lock(mu_);
     while (synced_ < seq) {
+      if (!failed_.ok()) return failed_;
       if (syncing_) {
         cv_.wait(lock);
         continue;
@@ -357,7 +364,11 @@ class WalSyncer {
       lock.lock();
       syncing_ = false;
       cv_.notify_all();
-      if (!s.ok()) return s;
+      if (!s.ok()) {
+        failed_ = absl::DataLossError(absl::StrCat(s.message(), "; the store is no longer durable and refuses "
+                                                                "every later write's durability: restart the server"));
+        return failed_;
+      }
       synced_ = std::max(synced_, target);
     }
     return absl::OkStatus();
@@ -387,8 +398,14 @@ class WalSyncer {
       if (errno == ENOENT) return absl::OkStatus();
       return absl::InternalError(absl::StrCat("opening ", wal_path_, " to fsync it: ", std::strerror(errno)));
     }
-    const int rc = ::fsync(fd);
-    const int err = errno;
+    int rc = ::fsync(fd);
+    int err = errno;
+    if (rc == 0 && fault_hook_ != nullptr) {
+      if (absl::Status injected = fault_hook_("WalSyncer:fsync"); !injected.ok()) {
+        rc = -1;
+        err = EIO;
+      }
+    }
     ::close(fd);
     if (rc != 0) return absl::InternalError(absl::StrCat("fsync ", wal_path_, ": ", std::strerror(err)));
     if (!dir_synced_) {
@@ -406,10 +423,12 @@ class WalSyncer {
   }
 
   const std::string wal_path_;
+  const std::function<absl::Status(std::string_view)> fault_hook_;
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t committed_ = 0;  // tickets handed out
   uint64_t synced_ = 0;     // every ticket <= this is durable
+  absl::Status failed_;     // the first fsync failure, for good
   bool syncing_ = false;    // one thread is inside FsyncWal
   bool dir_synced_ = false;
 };
@@ -684,7 +703,8 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, Stor
   FEDLORA_RETURN_IF_ERROR(impl->Exec("PRAGMA synchronous = NORMAL"));
   FEDLORA_RETURN_IF_ERROR(impl->Exec("PRAGMA foreign_keys = ON"));
   const char* db_file = sqlite3_db_filename(impl->db, "main");
-  auto syncer = std::make_shared<WalSyncer>(absl::StrCat(db_file != nullptr ? db_file : path.c_str(), "-wal"));
+  auto syncer =
+      std::make_shared<WalSyncer>(absl::StrCat(db_file != nullptr ? db_file : path.c_str(), "-wal"), impl->options.fault_hook);
   impl->syncer = syncer.get();
   FEDLORA_RETURN_IF_ERROR_CTX(impl->Migrate(), absl::StrCat("store '", path, "'"));
   auto store = std::unique_ptr<Store>(new Store(std::move(impl)));

@@ -154,7 +154,8 @@ struct StoreOptions {
   // Test-only fault injection: called inside write transactions at the named steps
   // "CommitRound:after_round_update", "CommitRound:before_commit" and
   // "RecordAccepted:before_commit"; a non-OK status aborts and rolls back the transaction as a real
-  // failure would (a test may also kill the process there). Null in production.
+  // failure would (a test may also kill the process there). Also after each WAL fsync
+  // ("WalSyncer:fsync"), where a non-OK status stands for a failed fsync. Null in production.
   std::function<absl::Status(std::string_view step)> fault_hook;
 };
 

@@ -266,6 +266,30 @@ TEST_F(StoreTest, AcceptedUploadsListInCanonicalBytewiseOrder) {
   EXPECT_THAT(ids, ElementsAre("u-B", "u-a", "u-aa", "u-b", "u-c"));  // memcmp: 'B' < 'a'
 }
 
+TEST_F(StoreTest, AFailedFsyncIsFinal) {
+  // The first WAL fsync after this flag is set fails; every later one would succeed. Durability
+  // must never be reported again: the kernel may have dropped the pages it could not write.
+  auto fail_next = std::make_shared<std::atomic<bool>>(false);
+  StoreOptions o = Options();
+  o.fault_hook = [fail_next](std::string_view step) {
+    return step == "WalSyncer:fsync" && fail_next->exchange(false) ? absl::InternalError("injected: EIO")
+                                                                   : absl::OkStatus();
+  };
+  Reopen(o);
+  ASSERT_TRUE(store_->CreateRun("run", "{}").ok());  // durable: the fsync succeeded
+  fail_next->store(true);
+  DurabilityTicket first;
+  ASSERT_TRUE(store_->BeginRound("run", 1, Hash("init"), 5000, &first).ok());
+  const absl::Status failed = store_->WaitDurable(first);
+  EXPECT_TRUE(absl::IsDataLoss(failed)) << failed;
+  EXPECT_THAT(std::string(failed.message()), HasSubstr("no longer durable"));
+  EXPECT_FALSE(fail_next->load());  // consumed: the next fsync would succeed
+  DurabilityTicket second;
+  ASSERT_TRUE(store_->SetRoundState("run", 1, RoundState::kTraining, &second).ok());
+  EXPECT_TRUE(absl::IsDataLoss(store_->WaitDurable(second)));
+  EXPECT_TRUE(absl::IsDataLoss(store_->SyncCommitted()));
+}
+
 TEST_F(StoreTest, CommitRoundIsAtomic) {
   StartTraining();
   ASSERT_TRUE(store_->SetRoundState("run", 1, RoundState::kAggregating).ok());
