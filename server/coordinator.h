@@ -381,7 +381,13 @@ class Coordinator {
   std::unique_ptr<RoundInfo> round_ ABSL_GUARDED_BY(mu_);  // the open round, if any
   std::map<std::string, std::unique_ptr<ClientEntry>> clients_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::string> active_uploads_ ABSL_GUARDED_BY(mu_);  // upload_id -> client_id
+  // Upload streams admitted and not yet ended, by upload_id: whose, and the disk bytes reserved.
+  struct ActiveUpload {
+    std::string client_id;
+    int64_t reserved_bytes = 0;
+  };
+  std::map<std::string, ActiveUpload> active_uploads_ ABSL_GUARDED_BY(mu_);
+  int64_t disk_reserved_ ABSL_GUARDED_BY(mu_) = 0;  // the sum of their reserved_bytes
   // Refused upload ids and why (in memory only: a refused update is never counted, so losing this on
   // a restart only downgrades GetUploadStatus from REJECTED to what the store knows).
   struct Rejection {

@@ -66,7 +66,9 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
   // Disk and store reads before mu_ is taken. The row read may be stale by the time mu_ is held
   // (another stream of this upload_id just ended): the store's own checks below keep that from
   // counting anything twice, and the client is told to retry.
-  FEDLORA_ASSIGN_OR_RETURN(const int64_t free_bytes, FreeDiskBytes(options_.data_dir));
+  FEDLORA_ASSIGN_OR_RETURN(const int64_t free_bytes, options_.free_disk_bytes_for_test
+                                                         ? options_.free_disk_bytes_for_test()
+                                                         : FreeDiskBytes(options_.data_dir));
   const absl::StatusOr<UploadRecord> existing = store_->GetUpload(id);
   if (!existing.ok() && !absl::IsNotFound(existing.status())) return existing.status();
   UploadRecord record;
@@ -255,11 +257,14 @@ absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id
                                                      " bytes in round ", round, "; this upload would pass the limit of ",
                                                      options_.max_client_bytes_per_round));
   }
-  // The free-disk watermark: refuse a new upload rather than fill the disk under the store.
-  if (free_bytes < options_.min_free_disk_bytes + static_cast<int64_t>(m.total_bytes())) {
-    return QuotaRefused(absl::StrCat("the store's disk has ", free_bytes, " bytes free; an update of ",
-                                                     m.total_bytes(), " bytes would leave less than the watermark of ",
-                                                     options_.min_free_disk_bytes));
+  // The free-disk watermark: refuse a new upload rather than fill the disk under the store. The
+  // free space was read before the lock; the uploads admitted since and still streaming have not
+  // written yet, so their sizes are reserved against it.
+  const int64_t size = static_cast<int64_t>(m.total_bytes());
+  if (free_bytes - disk_reserved_ < options_.min_free_disk_bytes + size) {
+    return QuotaRefused(absl::StrCat("the store's disk has ", free_bytes, " bytes free, ", disk_reserved_,
+                                     " of them reserved for uploads streaming; an update of ", size,
+                                     " bytes would leave less than the watermark of ", options_.min_free_disk_bytes));
   }
   record->upload_id = id;
   record->run_id = run_id_;
@@ -267,7 +272,8 @@ absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id
   record->client_id = client_id;
   record->task_id = header.task_id();
   record->num_examples = static_cast<int64_t>(header.num_examples());
-  active_uploads_[id] = client_id;
+  active_uploads_[id] = {client_id, size};
+  disk_reserved_ += size;
   ++c->uploads_in_flight;
   if (new_upload) ++c->uploads_this_round;
   metrics_->uploads_streaming.store(static_cast<int64_t>(active_uploads_.size()));
@@ -302,7 +308,8 @@ void Coordinator::EndUpload(const std::string& upload_id) {
   absl::MutexLock lock(&mu_);
   auto it = active_uploads_.find(upload_id);
   if (it == active_uploads_.end()) return;
-  if (ClientEntry* c = FindClientLocked(it->second)) --c->uploads_in_flight;
+  if (ClientEntry* c = FindClientLocked(it->second.client_id)) --c->uploads_in_flight;
+  disk_reserved_ -= it->second.reserved_bytes;
   active_uploads_.erase(it);
   metrics_->uploads_streaming.store(static_cast<int64_t>(active_uploads_.size()));
 }

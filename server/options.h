@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,8 @@ struct ServerOptions {
   // New uploads are refused while the store's file system has less free space than this plus the
   // update's size, bytes. Default 1 GiB.
   int64_t min_free_disk_bytes = int64_t{1} << 30;
+  // Test-only: the free bytes of the store's file system, in place of statvfs. Null in production.
+  std::function<int64_t()> free_disk_bytes_for_test;
 
   // --- Transport limits --------------------------------------------------------------------------
   // Largest gRPC message accepted or sent, bytes. Default 8 MiB (ServerConfig.max_message_bytes):

@@ -406,6 +406,41 @@ TEST_F(AbuseTest, NewUploadsAreRefusedBelowTheFreeDiskWatermark) {
   EXPECT_EQ(server_->coordinator().rounds_committed(), 0);
 }
 
+TEST_F(AbuseTest, ConcurrentUploadsCannotTogetherPassTheFreeDiskWatermark) {
+  // The disk (as the server sees it) has room above the watermark for one update and a half. Two
+  // streams are admitted one after the other, each before any byte is written: the second must
+  // count the first's reservation, or together they would write past the watermark.
+  const std::string blob_probe = EncodedDeltaFor(0, v1::TrainTask(), InitialAdapter());
+  const int64_t sealed = static_cast<int64_t>(blob_probe.size() + crypto::SealedBlobOverheadBytes());
+  Start(1, 2, 1.0, [sealed](ServerOptions& o) {
+    o.min_free_disk_bytes = int64_t{1} << 30;
+    o.free_disk_bytes_for_test = [sealed] { return (int64_t{1} << 30) + sealed * 3 / 2; };
+  });
+  JoinAndGetTasks({"site-a", "site-b"});
+  RawClient& a = *clients_["site-a"];
+  const std::string blob = EncodedDeltaFor(0, tasks_["site-a"], InitialAdapter());
+  auto ctx = a.Context(30'000);
+  v1::UploadAck held_ack;
+  auto writer = a.stub()->UploadUpdate(ctx.get(), &held_ack);
+  v1::UploadChunk msg;
+  *msg.mutable_header() = a.Header(tasks_["site-a"], blob, "a-held");
+  ASSERT_TRUE(writer->Write(msg));
+  ASSERT_TRUE(testing::WaitFor([&] { return server_->metrics().uploads_streaming.load() == 1; }, 10'000));
+
+  RawClient& b = *clients_["site-b"];
+  const std::string blob_b = EncodedDeltaFor(1, tasks_["site-b"], InitialAdapter());
+  v1::UploadAck ack;
+  const grpc::Status s = b.UploadAll(b.Header(tasks_["site-b"], blob_b, "b"), blob_b, &ack);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("reserved for uploads streaming"));
+  ctx->TryCancel();
+  (void)writer->Finish();
+  // Once the first stream ends its reservation is released, and b's upload fits.
+  ASSERT_TRUE(testing::WaitFor([&] { return server_->metrics().uploads_streaming.load() == 0; }, 10'000));
+  const grpc::Status again = b.UploadAll(b.Header(tasks_["site-b"], blob_b, "b2"), blob_b, &ack);
+  EXPECT_TRUE(again.ok()) << again.error_message();
+}
+
 TEST_F(AbuseTest, MetricsAreBoundToTheClientsOwnTaskAndBounded) {
   Start(1, 2, 1.0, [](ServerOptions& o) {
     o.max_metrics_per_report = 4;
