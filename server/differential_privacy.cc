@@ -52,7 +52,19 @@ ServerDp::ServerDp(const v1::RunConfig& config) : dp_(config.privacy().dp()) {
 absl::StatusOr<std::optional<ServerDp>> ServerDp::Create(const v1::RunConfig& config,
                                                          const std::vector<RoundRecord>& rounds, int64_t min_clients,
                                                          int64_t max_cohort, double encoding_bound) {
-  if (!config.privacy().dp().enabled()) return std::optional<ServerDp>();
+  if (!config.privacy().dp().enabled()) {
+    for (const RoundRecord& r : rounds) {
+      if (r.state != RoundState::kCommitted) continue;
+      const nlohmann::json metrics = nlohmann::json::parse(r.metrics_json, nullptr, /*allow_exceptions=*/false);
+      if (metrics.is_object() && DpRound::From(metrics).ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "round ", r.round, " was committed with differential privacy, and this config turns privacy.dp off: the "
+            "rest of the run would release adapters without noise and stop counting epsilon. Restore the run's "
+            "privacy.dp settings, or start a new run (a new run_id)"));
+      }
+    }
+    return std::optional<ServerDp>();
+  }
   const v1::DifferentialPrivacyConfig::Mode mode = config.privacy().dp().mode();
   if (mode != v1::DifferentialPrivacyConfig::CENTRAL &&
       !(mode == v1::DifferentialPrivacyConfig::DISTRIBUTED && config.privacy().secure_aggregation())) {

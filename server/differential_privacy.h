@@ -55,7 +55,8 @@ double FixedPointRoundingBound(uint32_t frac_bits, int64_t elements);
 
 class ServerDp {
  public:
-  // nullopt without privacy.dp.enabled. `rounds` the run's rounds from the store, whose committed metrics restore the accountant;
+  // nullopt without privacy.dp.enabled (FailedPrecondition then if a committed round had DP).
+  // `rounds` the run's rounds from the store, whose committed metrics restore the accountant;
   // `min_clients` and `max_cohort` bound a DISTRIBUTED round's survivors and cohort (the budget
   // plans with the weakest noise they allow). FailedPrecondition when a committed round lacks the
   // DP record (the run did not always have DP), InvalidArgument when the budget affords no round.

@@ -266,6 +266,13 @@ TEST(ServerDpTest, TheAccountantIsRestoredFromTheCommittedRounds) {
   EXPECT_NEAR(restored.epsilon(), kEpsZ1Q1[1], 1e-6 * kEpsZ1Q1[1]);
   EXPECT_DOUBLE_EQ(restored.epsilon(), dp.epsilon());
 
+  // A restart with DP switched off: refused, not a silent run on without noise or accounting.
+  v1::RunConfig off = c;
+  off.mutable_privacy()->mutable_dp()->set_enabled(false);
+  auto switched_off = ServerDp::Create(off, rounds);
+  EXPECT_TRUE(absl::IsFailedPrecondition(switched_off.status())) << switched_off.status();
+  EXPECT_THAT(std::string(switched_off.status().message()), HasSubstr("round 1 was committed with differential privacy"));
+
   // A committed round without a DP record: the run did not always have DP.
   RoundRecord plain;
   plain.round = 4;
