@@ -32,6 +32,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -284,12 +285,14 @@ class Coordinator {
   void UpdateClientGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ResourceExhausted with `message`, counted in the metrics' quota refusals.
   absl::Status QuotaRefused(std::string message) const;
-  // Round driver housekeeping, outside mu_: deletes the partial uploads that can no longer complete
-  // (not of the round in training, and not streaming), and measures the store's size.
+  // Housekeeping, on housekeeping_pool_ outside mu_: deletes the partial uploads that can no longer
+  // complete (not of the round in training, and not streaming), and measures the store's size.
   void SweepPartials();
   void MeasureStore();
   std::pair<int64_t, int> swept_for_ ABSL_GUARDED_BY(mu_) = {-1, -1};  // (round, state) last swept
-  int64_t store_measured_ms_ = 0;  // driver thread only
+  std::atomic<int64_t> store_measured_ms_{0};
+  std::atomic<bool> housekeeping_{false};     // a pass is queued or running
+  std::atomic<bool> sweep_pending_{false};    // the round moved on since the last sweep
   ClientEntry* FindClientLocked(const std::string& client_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ServerOptions options_;
@@ -338,7 +341,7 @@ class Coordinator {
   // aggregating round), or a key other than the one the round recorded, refuses start; a missing
   // key with nothing accepted abandons the round.
   absl::Status RestoreRoundKeyLocked(const RoundRecord& r, int64_t accepted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t forgotten_through_ = 0;  // rounds up to this have no key and no sealed update; driver only
+  int64_t forgotten_through_ = 0;  // rounds up to this have no key and no sealed update; housekeeping only
   crypto::UpdatePlace PlaceOf(const std::string& client_id, const v1::UploadHeader& header) const;
   // The server optimizer with its state after the last committed round (set by Restore; used by
   // the driver thread's AggregateAndCommit only).
@@ -410,6 +413,8 @@ class Coordinator {
   // One worker: the aggregation and evaluation of a closed round (ThreadPool(n) keeps n - 1
   // workers), at options_.bulk_work_nice.
   ThreadPool aggregation_pool_{2, options_.bulk_work_nice};
+  // One worker: housekeeping (Tick hands it the sweeps and the store's size).
+  ThreadPool housekeeping_pool_{2, options_.bulk_work_nice};
 };
 
 }  // namespace fedlora

@@ -61,12 +61,23 @@ absl::Status Coordinator::Tick() {
     swept_for_ = now_for;
   }
   Deliver(std::move(deliveries), ticket);
-  // At start and whenever the round moves on, nothing of a closed round can complete any more.
-  if (sweep) {
-    SweepPartials();
-    ForgetClosedRounds();
+  // Housekeeping walks directories and reads the store: it runs beside the round clock, on its own
+  // thread, one pass at a time. At start and whenever the round moves on, nothing of a closed
+  // round can complete any more; the store's size is measured then and every 10 s.
+  const bool measure = Now() - store_measured_ms_.load() >= 10'000;
+  if ((sweep || measure) && !housekeeping_.exchange(true)) {
+    if (sweep) sweep_pending_.store(true);
+    housekeeping_pool_.Submit([this] {
+      if (sweep_pending_.exchange(false)) {
+        SweepPartials();
+        ForgetClosedRounds();
+      }
+      MeasureStore();
+      housekeeping_.store(false);
+    });
+  } else if (sweep) {
+    sweep_pending_.store(true);  // the pass under way missed it: the next one does it
   }
-  if (sweep || Now() - store_measured_ms_ >= 1000) MeasureStore();
   return status;
 }
 
@@ -146,7 +157,7 @@ absl::Status Coordinator::CheckNotShuttingDown() const {
 }
 
 void Coordinator::MeasureStore() {
-  store_measured_ms_ = Now();
+  store_measured_ms_.store(Now());
   absl::StatusOr<int64_t> blobs = blobs_->DiskUsageBytes();
   if (!blobs.ok()) return;
   int64_t total = *blobs;
