@@ -24,6 +24,7 @@
 #include "core/status.h"
 #include "core/strings.h"
 #include "crypto/envelope.h"
+#include "crypto/key_signature.h"
 #include "crypto/random.h"
 #include "crypto/sealed_update.h"
 #include "crypto/secagg.h"
@@ -62,11 +63,13 @@ absl::StatusOr<std::vector<NamedTensor>> ParseAdapter(const std::string& bytes) 
 
 class ClientImpl final : public Client {
  public:
-  ClientImpl(ClientOptions options, ClientTrainer* trainer, std::shared_ptr<grpc::Channel> channel)
+  ClientImpl(ClientOptions options, ClientTrainer* trainer, std::shared_ptr<grpc::Channel> channel,
+             std::optional<crypto::AggregationKeyTrust> key_trust)
       : options_(std::move(options)),
         trainer_(trainer),
         stub_(v1::Federation::NewStub(channel)),
-        rng_(std::random_device{}()) {}
+        rng_(std::random_device{}()),
+        key_trust_(std::move(key_trust)) {}
 
   absl::StatusOr<RunSummary> RunUntilDone() override;
   void Stop() override {
@@ -183,6 +186,8 @@ class ClientImpl final : public Client {
   ClientTrainer* const trainer_;
   std::unique_ptr<v1::Federation::Stub> stub_;
   std::mt19937_64 rng_;
+  // With TLS: whose signature a round's aggregation key must carry (crypto/key_signature.h).
+  const std::optional<crypto::AggregationKeyTrust> key_trust_;
   std::string session_;
   bool joined_ = false;
   v1::JoinResponse join_;
@@ -431,6 +436,13 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
     return absl::FailedPreconditionError(absl::StrCat("the task's aggregation key id '",
                                                       task.aggregation_key().key_id().substr(0, 80),
                                                       "' does not name its key"));
+  }
+  if (key_trust_.has_value()) {
+    // Over TLS the key must be the server's own, whatever terminated the TLS connection.
+    const v1::AggregationKey& k = task.aggregation_key();
+    FEDLORA_RETURN_IF_ERROR_CTX(crypto::VerifyAggregationKey(*key_trust_, k.signer_certificate_pem(), k.signature(),
+                                                             join_.run_config().run_id(), task.round(), k.public_key()),
+                                "refusing to seal an update to this round's key");
   }
   const auto t0 = std::chrono::steady_clock::now();
   // Secure aggregation's key steps (crypto/secagg.h) come first, with every client of the round:
@@ -697,6 +709,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options, Cl
   if (options.server_address.empty()) return absl::InvalidArgumentError("ClientOptions.server_address is empty");
   if (options.retry.max_attempts < 1) return absl::InvalidArgumentError("RetryPolicy.max_attempts must be >= 1");
   std::shared_ptr<grpc::ChannelCredentials> creds;
+  std::optional<crypto::AggregationKeyTrust> key_trust;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
@@ -716,6 +729,21 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options, Cl
     if (!options.tls.server_name_override.empty()) {
       args.SetSslTargetNameOverride(options.tls.server_name_override);
     }
+    crypto::AggregationKeyTrust trust;
+    FEDLORA_ASSIGN_OR_RETURN(trust.root_ca_pem, ReadFileToString(options.tls.root_ca_file));
+    uint32_t port = 0;
+    if (!options.tls.server_name_override.empty()) {
+      trust.expected_host = options.tls.server_name_override;
+    } else if (!SplitHostPort(options.server_address, &trust.expected_host, &port)) {
+      return absl::InvalidArgumentError(absl::StrCat("server address '", options.server_address, "' is not host:port"));
+    }
+    trust.pin_sha256_hex = options.tls.server_key_pin;
+    if (!trust.pin_sha256_hex.empty() &&
+        (trust.pin_sha256_hex.size() != 64 ||
+         trust.pin_sha256_hex.find_first_not_of("0123456789abcdef") != std::string::npos)) {
+      return absl::InvalidArgumentError("ClientTlsOptions.server_key_pin must be 64 lowercase hex digits (a SHA-256)");
+    }
+    key_trust = std::move(trust);
   } else {
     FEDLORA_RETURN_IF_ERROR(CheckPlaintextAllowed(options.server_address, options.insecure, "server address"));
     if (options.client_id.empty()) {
@@ -724,7 +752,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options, Cl
     creds = grpc::InsecureChannelCredentials();
   }
   auto channel = grpc::CreateCustomChannel(options.server_address, creds, args);
-  return std::unique_ptr<Client>(new ClientImpl(std::move(options), trainer, std::move(channel)));
+  return std::unique_ptr<Client>(new ClientImpl(std::move(options), trainer, std::move(channel), std::move(key_trust)));
 }
 
 }  // namespace fedlora

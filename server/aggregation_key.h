@@ -26,6 +26,7 @@ struct AggregationKey {
   std::string private_key;  // 32 bytes
   std::string public_key;   // 32 bytes
   std::string key_id;       // crypto::AggregationKeyId(public_key)
+  std::string signature;    // the server's signature on it (crypto/key_signature.h); empty without TLS
 };
 
 class RoundKeys {

@@ -21,7 +21,9 @@
 #include "crypto/sealed_update.h"
 #include "core/sha256.h"
 #include "core/status.h"
+#include "core/file.h"
 #include "crypto/envelope.h"
+#include "crypto/key_signature.h"
 #include "core/strings.h"
 #include "model/param.h"
 #include "proto/config_io.h"
@@ -185,6 +187,10 @@ absl::Status Coordinator::Restore() {
   absl::MutexLock lock(&mu_);
   FEDLORA_ASSIGN_OR_RETURN(keys_, RoundKeys::Open(options_.key_dir.empty() ? options_.data_dir + "/keys" : options_.key_dir,
                                                   run_id_));
+  if (options_.tls.enabled()) {
+    FEDLORA_ASSIGN_OR_RETURN(signing_key_pem_, ReadFileToString(options_.tls.key_file));
+    FEDLORA_ASSIGN_OR_RETURN(signing_chain_pem_, ReadFileToString(options_.tls.cert_file));
+  }
   FEDLORA_ASSIGN_OR_RETURN(std::vector<RunRecord> runs, store_->ListRuns());
   const bool exists =
       std::any_of(runs.begin(), runs.end(), [&](const RunRecord& r) { return r.run_id == run_id_; });
@@ -402,6 +408,7 @@ absl::Status Coordinator::OpenNextRoundLocked() {
     key = keys_->Create(next);
   }
   FEDLORA_RETURN_IF_ERROR(key.status());
+  FEDLORA_RETURN_IF_ERROR(SignRoundKey(next, *key));
   DurabilityTicket ticket;
   FEDLORA_ASSIGN_OR_RETURN(RoundRecord r, store_->BeginRound(run_id_, next, broadcast_hash_, /*deadline_unix_ms=*/0,
                                                              &ticket, key->key_id));
@@ -438,7 +445,15 @@ absl::Status Coordinator::RestoreRoundKeyLocked(const RoundRecord& r, int64_t ac
     return AbandonRoundLocked("its aggregation key is missing");
   }
   FEDLORA_RETURN_IF_ERROR(key.status());
+  FEDLORA_RETURN_IF_ERROR(SignRoundKey(r.round, *key));
   round_->key = std::make_shared<const AggregationKey>(*std::move(key));
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::SignRoundKey(int64_t round, AggregationKey& key) const {
+  if (signing_key_pem_.empty()) return absl::OkStatus();
+  FEDLORA_ASSIGN_OR_RETURN(key.signature, crypto::SignAggregationKey(signing_key_pem_, run_id_,
+                                                                     static_cast<uint64_t>(round), key.public_key));
   return absl::OkStatus();
 }
 

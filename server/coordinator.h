@@ -330,6 +330,11 @@ class Coordinator {
   // Where the rounds' aggregation keys live; set once by Restore like spec_. The open round's key
   // is its RoundInfo::key.
   std::optional<RoundKeys> keys_;
+  // With TLS: the server's certificate key and chain (PEM), which sign each round's key; set once
+  // by Restore like spec_. Empty without TLS.
+  std::string signing_key_pem_, signing_chain_pem_;
+  // Signs `key` for `round` when the server has TLS.
+  absl::Status SignRoundKey(int64_t round, AggregationKey& key) const;
   // The key of `round` while that round is open; FailedPrecondition once it has closed.
   absl::StatusOr<std::shared_ptr<const AggregationKey>> KeyFor(int64_t round) const;
   // Outside mu_: destroys round `round`'s key and its sealed updates (`uploads`), once it has closed.

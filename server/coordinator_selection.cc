@@ -110,6 +110,10 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
     task->set_encryption_scheme(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
     task->mutable_aggregation_key()->set_public_key(r.key->public_key);
     task->mutable_aggregation_key()->set_key_id(r.key->key_id);
+    if (!r.key->signature.empty()) {
+      task->mutable_aggregation_key()->set_signature(r.key->signature);
+      task->mutable_aggregation_key()->set_signer_certificate_pem(signing_chain_pem_);
+    }
     if (r.secagg != nullptr) {
       *task->mutable_secure_aggregation() = r.secagg->task;
       task->mutable_secure_aggregation()->set_client_index(r.secagg->index.at(client_id));

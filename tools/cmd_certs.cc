@@ -6,7 +6,7 @@
 //   fedlora client --server 127.0.0.1:50051 --ca pki/ca.pem --cert pki/site-a.pem --key pki/site-a.key ...
 //   fedlora certs revoke --dir pki --cert pki/site-b.pem    # writes or extends pki/crl.pem (--crl)
 //
-// Verbs: dev, ca, server, client, revoke; `fedlora certs <verb> --help` lists each one's flags.
+// Verbs: dev, ca, server, client, revoke, pin; `fedlora certs <verb> --help` lists each one's flags.
 // Private keys are written with mode 0600, certificates and CRLs 0644, each file atomically. An
 // existing key or CA is never overwritten without --force.
 #include <fcntl.h>
@@ -25,6 +25,7 @@
 #include "core/file.h"
 #include "core/status.h"
 #include "crypto/certs.h"
+#include "crypto/key_signature.h"
 #include "tools/common.h"
 
 namespace fedlora::tools {
@@ -220,6 +221,10 @@ int RunDev(int argc, char** argv) {
   if (!s.ok()) return Fail(argv[0], s);
   std::printf("server: --cert %s --key %s --client-ca %s\n", Join(dir, "server.pem").c_str(),
               Join(dir, "server.key").c_str(), Join(dir, "ca.pem").c_str());
+  if (absl::StatusOr<std::string> pin = crypto::CertificatePin(ReadFileToString(Join(dir, "server.pem")).value_or(""));
+      pin.ok()) {
+    std::printf("server key pin (clients' --server-pin): %s\n", pin->c_str());
+  }
   if (!ids.empty()) {
     std::printf("client %s: --ca %s --cert %s --key %s\n", ids[0].c_str(), Join(dir, "ca.pem").c_str(),
                 Join(dir, ids[0] + ".pem").c_str(), Join(dir, ids[0] + ".key").c_str());
@@ -340,17 +345,30 @@ struct Verb {
   int (*run)(int argc, char** argv);
 };
 
+int RunPin(int argc, char** argv) {
+  FlagSet flags(argv[0], "Prints a certificate's key pin: the SHA-256 of its public key, for clients' --server-pin.");
+  std::string cert;
+  flags.AddString("cert", &cert, "PEM certificate (the server's)", /*required=*/true);
+  if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
+  absl::StatusOr<std::string> pem = ReadFileToString(cert);
+  absl::StatusOr<std::string> pin = pem.ok() ? crypto::CertificatePin(*pem) : pem.status();
+  if (!pin.ok()) return Fail(argv[0], pin.status());
+  std::printf("%s\n", pin->c_str());
+  return kExitOk;
+}
+
 constexpr Verb kVerbs[] = {
     {"dev", "CA + server + client certificates for a local federation, in one go", RunDev},
     {"ca", "a new CA (ca.pem, ca.key)", RunCa},
     {"server", "a server certificate signed by the CA (server.pem, server.key)", RunServerCert},
     {"client", "a client certificate for one site id (<id>.pem, <id>.key)", RunClientCert},
     {"revoke", "add certificates to the CRL (crl.pem)", RunRevoke},
+    {"pin", "print a certificate's key pin (for clients' --server-pin)", RunPin},
 };
 
 void PrintVerbs(std::FILE* out) {
   std::fprintf(out,
-               "usage: fedlora certs <verb> --dir DIR [flags]\nDevelopment PKI for mTLS between server and "
+               "usage: fedlora certs <verb> [flags]\nDevelopment PKI for mTLS between server and "
                "clients.\n\nverbs:\n");
   for (const Verb& v : kVerbs) std::fprintf(out, "  %-8s %s\n", v.name, v.summary);
   std::fprintf(out, "\n'fedlora certs <verb> --help' lists the flags of a verb.\n");

@@ -93,6 +93,10 @@ int RunClient(int argc, char** argv) {
   flags.AddString("ca", &ca, "PEM CA bundle the server certificate chains to (TLS)");
   flags.AddString("cert", &cert, "PEM client certificate: the identity with mTLS");
   flags.AddString("key", &key, "PEM key of --cert");
+  std::string server_pin;
+  flags.AddString("server-pin", &server_pin,
+                  "SHA-256 of the server certificate's public key (`fedlora certs pin`): only that key may sign "
+                  "the aggregation keys this client seals its updates to");
   flags.AddInt("threads", &threads, "CPU threads for training (0: all cores)");
   std::string device_flag = "cpu";
   flags.AddString("device", &device_flag,
@@ -126,6 +130,7 @@ int RunClient(int argc, char** argv) {
   options.tls.root_ca_file = ca;
   options.tls.cert_file = cert;
   options.tls.key_file = key;
+  options.tls.server_key_pin = server_pin;
   options.max_tasks = max_tasks;
   options.state_dir = state_dir;
   LoraTrainer trainer([&model_dir, &data_path, &device_flag, &device](const v1::RunConfig& config) {

@@ -154,8 +154,15 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
   std::tie(health_rc, health_out) = RunCommand(bin + " health --server " + address + " --insecure 2>&1");
   EXPECT_EQ(health_rc, 1) << health_out;
 
+  // The clients pin the server's key, as the README does: `fedlora certs pin`.
+  FILE* pin_cmd = popen((bin + " certs pin --cert " + pki + "server.pem").c_str(), "r");
+  std::string pin = ReadAll(pin_cmd);
+  ASSERT_EQ(pclose(pin_cmd), 0);
+  while (!pin.empty() && pin.back() == '\n') pin.pop_back();
+  ASSERT_EQ(pin.size(), 64u) << pin;
   auto client_cmd = [&](const std::string& id) {
-    return bin + " client --server " + address + " --model " + model + " --data " + d + id + ".jsonl --ca " + pki +
+    return bin + " client --server " + address + " --server-pin " + pin + " --model " + model + " --data " + d + id +
+           ".jsonl --ca " + pki +
            "ca.pem --cert " + pki + "site-" + id + ".pem --key " + pki + "site-" + id + ".key --threads 1 2>" + d + id +
            ".err";
   };

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "core/file.h"
 #include "crypto/certs.h"
+#include "crypto/key_signature.h"
 #include "server/server.h"
 #include "tests/server/federation_test_util.h"
 
@@ -65,9 +66,12 @@ ClientOptions TlsClient(const std::string& address, const std::string& dir, cons
 
 // `site` runs the one-round, one-client run over TLS with its certificate: its update makes the
 // global adapter, and the server knows it, by its certificate's CN, as its only client.
-void RunsTheRoundAsTheOnlyClient(Server& server, const std::string& dir, const std::string& site) {
+void RunsTheRoundAsTheOnlyClient(Server& server, const std::string& dir, const std::string& site,
+                                 const std::string& server_pin = "") {
   testing::DeterministicTrainer trainer(0);
-  auto client = Client::Create(TlsClient(server.address(), dir, site), &trainer);
+  ClientOptions co = TlsClient(server.address(), dir, site);
+  co.tls.server_key_pin = server_pin;
+  auto client = Client::Create(co, &trainer);
   ASSERT_TRUE(client.ok()) << client.status();
   auto result = client.value()->RunUntilDone();
   ASSERT_TRUE(result.ok()) << result.status();
@@ -88,6 +92,19 @@ TEST(MtlsTest, IdentityIsTheCertificateCommonNameNotTheClaimedId) {
   ASSERT_TRUE(server.ok()) << server.status();
 
   RunsTheRoundAsTheOnlyClient(**server, dir.path(), "hospital-7");
+}
+
+TEST(MtlsTest, AClientPinnedToTheServersKeySealsToTheKeysItSigned) {
+  // The server signs each round's key with its certificate's key; a client pinned to that key
+  // checks the signature before sealing (the refusals are crypto_key_signature_test's).
+  TempDir dir;
+  ASSERT_TRUE(MakeCertificates(dir.path(), {"hospital-7"}));
+  auto server = Server::Create(MtlsOptions(dir.path()), testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::ifstream in(dir.path() + "/server.pem");
+  auto pin = crypto::CertificatePin(std::string(std::istreambuf_iterator<char>(in), {}));
+  ASSERT_TRUE(pin.ok()) << pin.status();
+  RunsTheRoundAsTheOnlyClient(**server, dir.path(), "hospital-7", *pin);
 }
 
 TEST(MtlsTest, ClientWithoutCertificateIsRefused) {

@@ -36,6 +36,11 @@ struct ClientTlsOptions {
   std::string key_file;      // PEM private key of cert_file
   // Expected server name when it differs from the address's host (tests with a fixed certificate).
   std::string server_name_override;
+  // The server certificate's key pin: SHA-256 of its SubjectPublicKeyInfo, 64 lowercase hex digits
+  // (`fedlora certs dev` prints it; `fedlora certs pin` computes it). Set, a round's aggregation
+  // key must be signed by that key; empty, by a certificate of root_ca_file valid for the server
+  // name, which a TLS-terminating proxy with a certificate from the same CA also has.
+  std::string server_key_pin;
   bool enabled() const { return !root_ca_file.empty() || !cert_file.empty() || !key_file.empty(); }
 };
 
