@@ -8,7 +8,7 @@ namespace fedlora {
 
 // Version of the fedlora.v1 protocol, exchanged in JoinRequest / JoinResponse.protocol_version.
 // Bumped on any change a peer of the previous version would misread.
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;  // 2: per-round signed aggregation keys, the weight sealed
 
 // Metadata entry carrying JoinResponse.session_token on every call after Join. gRPC metadata keys
 // are lowercase ASCII.
