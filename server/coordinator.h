@@ -290,7 +290,7 @@ class Coordinator {
   void SweepPartials();
   void MeasureStore();
   std::pair<int64_t, int> swept_for_ ABSL_GUARDED_BY(mu_) = {-1, -1};  // (round, state) last swept
-  std::atomic<int64_t> store_measured_ms_{0};
+  int64_t store_measured_ms_ = 0;  // when Tick last handed the measurement over; driver thread only
   std::atomic<bool> housekeeping_{false};     // a pass is queued or running
   std::atomic<bool> sweep_pending_{false};    // the round moved on since the last sweep
   ClientEntry* FindClientLocked(const std::string& client_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -64,9 +64,11 @@ absl::Status Coordinator::Tick() {
   // Housekeeping walks directories and reads the store: it runs beside the round clock, on its own
   // thread, one pass at a time. At start and whenever the round moves on, nothing of a closed
   // round can complete any more; the store's size is measured then and every 10 s.
-  const bool measure = Now() - store_measured_ms_.load() >= 10'000;
+  const int64_t now = Now();
+  const bool measure = now - store_measured_ms_ >= 10'000;
   if ((sweep || measure) && !housekeeping_.exchange(true)) {
     if (sweep) sweep_pending_.store(true);
+    store_measured_ms_ = now;  // the housekeeping thread never reads the (injectable) clock
     housekeeping_pool_.Submit([this] {
       if (sweep_pending_.exchange(false)) {
         SweepPartials();
@@ -157,7 +159,6 @@ absl::Status Coordinator::CheckNotShuttingDown() const {
 }
 
 void Coordinator::MeasureStore() {
-  store_measured_ms_.store(Now());
   absl::StatusOr<int64_t> blobs = blobs_->DiskUsageBytes();
   if (!blobs.ok()) return;
   int64_t total = *blobs;
