@@ -19,24 +19,10 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "crypto/openssl_errors.h"
+#include "crypto/openssl_ptr.h"
 
 namespace fedlora::crypto {
 namespace {
-
-template <typename T, void (*F)(T*)>
-struct Deleter {
-  void operator()(T* p) const { F(p); }
-};
-using BioPtr = std::unique_ptr<BIO, Deleter<BIO, BIO_free_all>>;
-using X509Ptr = std::unique_ptr<X509, Deleter<X509, X509_free>>;
-using CrlPtr = std::unique_ptr<X509_CRL, Deleter<X509_CRL, X509_CRL_free>>;
-using KeyPtr = std::unique_ptr<EVP_PKEY, Deleter<EVP_PKEY, EVP_PKEY_free>>;
-using BnPtr = std::unique_ptr<BIGNUM, Deleter<BIGNUM, BN_free>>;
-using AsnIntPtr = std::unique_ptr<ASN1_INTEGER, Deleter<ASN1_INTEGER, ASN1_INTEGER_free>>;
-using AsnTimePtr = std::unique_ptr<ASN1_TIME, Deleter<ASN1_TIME, ASN1_TIME_free>>;
-using RevokedPtr = std::unique_ptr<X509_REVOKED, Deleter<X509_REVOKED, X509_REVOKED_free>>;
-using ExtPtr = std::unique_ptr<X509_EXTENSION, Deleter<X509_EXTENSION, X509_EXTENSION_free>>;
-using NamesPtr = std::unique_ptr<GENERAL_NAMES, Deleter<GENERAL_NAMES, GENERAL_NAMES_free>>;
 
 // Larger PEM inputs are refused rather than handed to OpenSSL (whose BIO lengths are int).
 constexpr size_t kMaxPemBytes = 64 << 20;
