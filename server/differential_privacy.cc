@@ -108,6 +108,22 @@ absl::StatusOr<std::optional<ServerDp>> ServerDp::Create(const v1::RunConfig& co
   return std::optional<ServerDp>(std::move(dp));
 }
 
+std::string ServerDp::Assumptions() const {
+  const bool distributed = dp_.mode() == v1::DifferentialPrivacyConfig::DISTRIBUTED;
+  std::string out = absl::StrCat(
+      "RDP accountant of the Gaussian mechanism, one step per committed round, at delta ", target_delta(),
+      "; sampling rate ", sampling_rate_, " (no amplification: the server's cohorts are the first sites to ask, "
+      "not a uniform sample); ", distributed ? "DISTRIBUTED: the sites' noise shares, accounted as if only the "
+      "fewest survivors a round allows had added theirs" : "CENTRAL: the server adds the noise (it is trusted to)",
+      "; sensitivity ", sensitivity(), " (clip norm ", clip_norm_);
+  if (sensitivity_scale_ < 1) absl::StrAppend(&out, " plus the fixed point's rounding under secure aggregation");
+  absl::StrAppend(&out, "); noise multiplier ", planned_noise_multiplier_, " on that sensitivity");
+  if (dp_.adaptive_clipping().enabled()) {
+    absl::StrAppend(&out, "; adaptive clipping (its noisy count is part of the same Gaussian budget)");
+  }
+  return out;
+}
+
 double ServerDp::UpdateNoiseMultiplier() const {
   const double z = dp_.noise_multiplier();
   if (!dp_.adaptive_clipping().enabled()) return z;

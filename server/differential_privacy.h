@@ -84,6 +84,13 @@ class ServerDp {
   absl::Status Commit(const DpRound& r);
 
   double clip_norm() const { return clip_norm_; }
+  // What the accountant assumes for the next round: its sampling rate, the noise multiplier it
+  // composes (the weakest a round may have, scaled to the sensitivity), and the sensitivity (the
+  // clip norm plus what a client's encoding can add to it); Assumptions() says all of it in words.
+  double sampling_rate() const { return sampling_rate_; }
+  double accounted_noise_multiplier() const { return planned_noise_multiplier_; }
+  double sensitivity() const { return clip_norm_ / sensitivity_scale_; }
+  std::string Assumptions() const;
   double epsilon() const { return epsilon_; }
   double target_delta() const { return dp_.target_delta(); }
   std::optional<double> max_epsilon() const {

@@ -205,6 +205,24 @@ TEST(ServerDpTest, UnderSecureAggregationTheSensitivityIncludesTheFixedPointRoun
   EXPECT_TRUE(absl::IsInvalidArgument(ServerDp::Create(c, {}, 1, 1, -1).status()));
 }
 
+TEST(ServerDpTest, StatusSaysWhatTheAccountantAssumes) {
+  const v1::RunConfig c = DpConfig(3, 4, 1.0, 1.0);
+  ServerDp plain = MakeDp(c);
+  EXPECT_DOUBLE_EQ(plain.sampling_rate(), 1.0);
+  EXPECT_DOUBLE_EQ(plain.accounted_noise_multiplier(), 1.0);
+  EXPECT_DOUBLE_EQ(plain.sensitivity(), 1.0);
+  EXPECT_THAT(plain.Assumptions(), HasSubstr("sampling rate 1 "));
+  EXPECT_THAT(plain.Assumptions(), HasSubstr("CENTRAL"));
+  EXPECT_THAT(plain.Assumptions(), ::testing::Not(HasSubstr("rounding")));
+  // Under secure aggregation's fixed point: the sensitivity grows by the rounding bound and the
+  // multiplier the accountant composes shrinks with it.
+  auto secagg = ServerDp::Create(c, {}, 1, 1, /*encoding_bound=*/0.25);
+  ASSERT_TRUE(secagg.ok() && secagg->has_value()) << secagg.status();
+  EXPECT_DOUBLE_EQ((*secagg)->sensitivity(), 1.25);
+  EXPECT_DOUBLE_EQ((*secagg)->accounted_noise_multiplier(), 0.8);
+  EXPECT_THAT((*secagg)->Assumptions(), HasSubstr("rounding"));
+}
+
 TEST(ServerDpTest, AdaptiveClippingFollowsTheNoisyUnclippedFraction) {
   v1::RunConfig c = DpConfig(3, 20, 1.0, 2.0);
   auto* ac = c.mutable_privacy()->mutable_dp()->mutable_adaptive_clipping();
@@ -318,6 +336,10 @@ TEST(ServerDpFederationTest, EpsilonIsReportedAndTheBudgetEndsTheRunAcrossAResta
   EXPECT_DOUBLE_EQ(status.dp_target_delta(), 1e-5);
   EXPECT_DOUBLE_EQ(status.dp_max_epsilon(), kEpsZ1Q1[1] + 0.01);
   EXPECT_DOUBLE_EQ(status.dp_clip_norm(), 0.05);
+  EXPECT_DOUBLE_EQ(status.dp_sampling_rate(), 1.0);
+  EXPECT_DOUBLE_EQ(status.dp_noise_multiplier(), 1.0);
+  EXPECT_DOUBLE_EQ(status.dp_sensitivity(), 0.05);
+  EXPECT_THAT(status.dp_assumptions(), HasSubstr("no amplification"));
 
   v1::TrainTask task;
   ASSERT_TRUE(client->GetTask(&task));
