@@ -21,6 +21,28 @@ namespace {
 
 constexpr char kSuffix[] = ".x25519";
 
+// Overwrites `path` with zeros, syncs it and unlinks it (OK when it does not exist). In place first,
+// so that the key's blocks do not outlive the unlink on a file system that writes in place (ext4,
+// xfs); a copy-on-write file system or an SSD's remapping may still keep old blocks, which is why
+// the key directory can be a tmpfs (ServerOptions::key_dir).
+absl::Status ShredKeyFile(const std::string& path, const std::string& dir) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return ErrnoToStatus(errno, "open", path);
+  }
+  struct stat st {};
+  const int size_err = ::fstat(fd, &st) != 0 ? errno : 0;
+  const size_t bytes = size_err == 0 ? std::max<size_t>(static_cast<size_t>(st.st_size), crypto::kX25519KeyBytes) : 0;
+  const int err = size_err != 0 ? size_err : WriteAll(fd, std::string(bytes, '\0'));
+  const int sync = err == 0 && ::fsync(fd) != 0 ? errno : 0;
+  ::close(fd);
+  if (err != 0) return ErrnoToStatus(err, "overwrite", path);
+  if (sync != 0) return ErrnoToStatus(sync, "fsync", path);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoToStatus(errno, "unlink", path);
+  return FsyncDirectory(dir);
+}
+
 }  // namespace
 
 absl::StatusOr<RoundKeys> RoundKeys::Open(std::string dir, std::string run_id) {
@@ -69,23 +91,10 @@ absl::StatusOr<AggregationKey> RoundKeys::Load(int64_t round) const {
   return key;
 }
 
-absl::Status RoundKeys::Destroy(int64_t round) const {
-  const std::string path = PathOf(round);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return absl::OkStatus();
-    return ErrnoToStatus(errno, "open", path);
-  }
-  // Overwritten in place first, so that the key's blocks do not outlive the unlink on a file system
-  // that writes in place (ext4, xfs); a copy-on-write file system or an SSD's remapping may still
-  // keep old blocks, which is why the key directory can be a tmpfs (ServerOptions::key_dir).
-  const int err = WriteAll(fd, std::string(crypto::kX25519KeyBytes, '\0'));
-  const int sync = err == 0 && ::fsync(fd) != 0 ? errno : 0;
-  ::close(fd);
-  if (err != 0) return ErrnoToStatus(err, "overwrite", path);
-  if (sync != 0) return ErrnoToStatus(sync, "fsync", path);
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoToStatus(errno, "unlink", path);
-  return FsyncDirectory(dir_);
+absl::Status RoundKeys::Destroy(int64_t round) const { return ShredKeyFile(PathOf(round), dir_); }
+
+absl::Status RoundKeys::DestroyRunKey() const {
+  return ShredKeyFile(absl::StrCat(dir_, "/", run_id_, kSuffix), dir_);
 }
 
 absl::StatusOr<std::vector<int64_t>> RoundKeys::List() const {

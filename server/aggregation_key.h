@@ -41,6 +41,8 @@ class RoundKeys {
   // Overwrites the round's key file with zeros, syncs it, unlinks it and syncs the directory. OK
   // when there is none.
   absl::Status Destroy(int64_t round) const;
+  // The same for the whole run's key that protocol version 1 kept (<dir>/<run_id>.x25519).
+  absl::Status DestroyRunKey() const;
   // Rounds of this run that have a key file, ascending.
   absl::StatusOr<std::vector<int64_t>> List() const;
 

@@ -109,11 +109,15 @@ int64_t Coordinator::MinClientsFor(const v1::RunConfig& config) {
   return CeilDiv(TargetFor(config), 2);
 }
 
-absl::Status Coordinator::CheckPrivacy(const v1::RunConfig& config) {
+absl::Status Coordinator::CheckPrivacy(const v1::RunConfig& config, int64_t adapter_elements) {
   FEDLORA_RETURN_IF_ERROR(ValidatePrivacySettings(config));
-  if (config.privacy().secure_aggregation()) FEDLORA_RETURN_IF_ERROR(SecAggEncodingFor(config).status());
-  // The budget check needs no real key.
-  return ServerDp::Create(config, {}, MinClientsFor(config), QuotaFor(config)).status();
+  double encoding_bound = 0;
+  if (config.privacy().secure_aggregation()) {
+    FEDLORA_ASSIGN_OR_RETURN(SecAggEncoding encoding, SecAggEncodingFor(config));
+    encoding_bound = FixedPointRoundingBound(encoding.frac_bits, adapter_elements);
+  }
+  // The budget check needs no real key; Restore checks it again with the run's adapter.
+  return ServerDp::Create(config, {}, MinClientsFor(config), QuotaFor(config), encoding_bound).status();
 }
 
 bool Coordinator::restored() const {
@@ -150,7 +154,7 @@ std::string Coordinator::global_adapter_sha256() const {
 }
 
 bool Coordinator::IsLive(const ClientEntry& c, int64_t now) const {
-  return !c.session.empty() && !c.left && now - c.last_seen_ms <= options_.heartbeat_timeout_ms;
+  return !c.session.empty() && !c.left && !c.blocked && now - c.last_seen_ms <= options_.heartbeat_timeout_ms;
 }
 
 std::string Coordinator::TaskIdFor(int64_t round, const std::string& client_id) const {
@@ -340,6 +344,7 @@ absl::Status Coordinator::Restore() {
     entry->joined_ms = c.first_seen_unix_ms;
     entry->last_seen_ms = c.last_seen_unix_ms;
     entry->reported = v1::CLIENT_STATE_DISCONNECTED;
+    entry->blocked = c.state == ClientState::kBlocked;
     clients_[c.client_id] = std::move(entry);
   }
   for (const RoundRecord& r : rounds) {
@@ -386,6 +391,9 @@ absl::Status Coordinator::Restore() {
   for (int64_t k : keyed) {
     if (round_ == nullptr || k != round_->round) FEDLORA_RETURN_IF_ERROR(keys_->Destroy(k));
   }
+  // Protocol version 1's one key for the whole run: nothing sealed to it can be counted any more,
+  // and kept it would let a copy of the disk open that version's uploads.
+  FEDLORA_RETURN_IF_ERROR(keys_->DestroyRunKey());
   metrics_->rounds_committed.store(rounds_committed_);
   restored_ = true;
   if (!finished_ && round_ == nullptr) FEDLORA_RETURN_IF_ERROR(OpenNextRoundLocked());

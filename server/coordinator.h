@@ -158,6 +158,9 @@ class Coordinator {
   // --- Admin --------------------------------------------------------------------------------------
   absl::StatusOr<v1::GetStatusResponse> GetStatus(const v1::GetStatusRequest& request);
   absl::StatusOr<v1::ListClientsResponse> ListClients(const v1::ListClientsRequest& request);
+  // Blocks a client or lifts its block (durably first), for `operator_id`'s request.
+  absl::StatusOr<v1::BlockClientResponse> BlockClient(const v1::BlockClientRequest& request,
+                                                      const std::string& operator_id);
 
   // --- Driver -------------------------------------------------------------------------------------
   // Enforces the selection window, deadlines and long-poll expiries, and starts the aggregation of
@@ -174,8 +177,9 @@ class Coordinator {
 
   // Whether the server can carry out the config's privacy settings: they validate
   // (ValidatePrivacySettings), the secure-aggregation encoding cannot overflow, and a DP budget
-  // affords a round. Server::Create asks before it opens the store.
-  static absl::Status CheckPrivacy(const v1::RunConfig& config);
+  // affords a round (under secure aggregation with the fixed point's rounding of an adapter of
+  // `adapter_elements` values in the sensitivity). Server::Create asks before it opens the store.
+  static absl::Status CheckPrivacy(const v1::RunConfig& config, int64_t adapter_elements);
 
   // --- Introspection (tests, tools) ---------------------------------------------------------------
   bool finished() const;

@@ -105,6 +105,10 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
     response.set_dp_target_delta(dp_->target_delta());
     if (dp_->max_epsilon().has_value()) response.set_dp_max_epsilon(*dp_->max_epsilon());
     response.set_dp_clip_norm(dp_->clip_norm());
+    response.set_dp_sampling_rate(dp_->sampling_rate());
+    response.set_dp_noise_multiplier(dp_->accounted_noise_multiplier());
+    response.set_dp_sensitivity(dp_->sensitivity());
+    response.set_dp_assumptions(dp_->Assumptions());
     response.set_privacy_budget_spent(finished_ && stopped_.ok() && TotalRounds() < ConfiguredRounds(config_));
   }
   for (size_t i = first; i < committed.size(); ++i) {
@@ -177,7 +181,56 @@ absl::StatusOr<v1::ListClientsResponse> Coordinator::ListClients(const v1::ListC
     }
     info->set_rounds_participated(static_cast<uint32_t>(c->rounds_participated));
     info->set_updates_rejected(static_cast<uint32_t>(c->updates_rejected));
+    info->set_blocked(c->blocked);
   }
+  return response;
+}
+
+absl::StatusOr<v1::BlockClientResponse> Coordinator::BlockClient(const v1::BlockClientRequest& request,
+                                                                 const std::string& operator_id) {
+  const std::string& id = request.client_id();
+  // Durable before it takes effect, so that a restart keeps it. A site not seen yet gets its row now.
+  absl::StatusOr<ClientRecord> known = store_->GetClient(id);
+  if (absl::IsNotFound(known.status())) known = store_->UpsertClient(id, /*cert_fingerprint=*/"");
+  FEDLORA_RETURN_IF_ERROR(known.status());
+  FEDLORA_RETURN_IF_ERROR(store_->SetClientState(id, request.blocked() ? ClientState::kBlocked : ClientState::kActive));
+  std::vector<Delivery> deliveries;
+  DurabilityTicket ticket;
+  v1::BlockClientResponse response;
+  {
+    absl::MutexLock lock(&mu_);
+    auto& slot = clients_[id];
+    if (!slot) {
+      slot = std::make_unique<ClientEntry>();
+      slot->id = id;
+      slot->joined_ms = known->first_seen_unix_ms;
+      slot->last_seen_ms = known->last_seen_unix_ms;
+      slot->reported = v1::CLIENT_STATE_DISCONNECTED;
+    }
+    ClientEntry& c = *slot;
+    c.blocked = request.blocked();
+    if (c.blocked) {
+      // Its session ends and its held polls are answered; not live, it cannot be selected, and a
+      // task it holds goes to a replacement as a silent client's would.
+      c.session.clear();
+      if (round_ != nullptr) round_->candidates.erase(id);
+      deliveries = ResolveWaitersLocked(/*expire_all=*/false);
+      ticket = pending_;
+    }
+    UpdateClientGaugesLocked();
+    FEDLORA_LOG(WARNING) << "client " << id << (c.blocked ? " blocked" : " unblocked") << " by operator "
+                         << operator_id << (request.reason().empty() ? "" : ": ") << request.reason();
+    v1::ClientInfo* info = response.mutable_client();
+    info->set_client_id(id);
+    info->set_state(c.left ? v1::CLIENT_STATE_LEFT : v1::CLIENT_STATE_DISCONNECTED);
+    info->set_peer(c.peer);
+    info->set_joined_unix_ms(c.joined_ms);
+    info->set_last_seen_unix_ms(c.last_seen_ms);
+    info->set_rounds_participated(static_cast<uint32_t>(c.rounds_participated));
+    info->set_updates_rejected(static_cast<uint32_t>(c.updates_rejected));
+    info->set_blocked(c.blocked);
+  }
+  Deliver(std::move(deliveries), ticket);
   return response;
 }
 

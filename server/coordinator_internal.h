@@ -12,6 +12,8 @@
 #include <set>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "crypto/secagg.h"
 #include "server/coordinator.h"
 
@@ -26,6 +28,8 @@ struct Coordinator::ClientEntry {
   int64_t last_seen_ms = 0;
   v1::ClientState reported = v1::CLIENT_STATE_IDLE;
   bool left = false;
+  bool blocked = false;  // by an operator (Admin.BlockClient): refused everywhere, never selected
+  int held_polls = 0;    // WaitForTask polls held in waiters_
   int64_t rounds_participated = 0;
   int64_t updates_rejected = 0;
   std::string held_adapter;  // as the client's last WaitForTask said
@@ -86,6 +90,11 @@ struct Coordinator::Waiter {
   int64_t expires_ms = 0;
   WaitCallback done;
 };
+
+// What a blocked client is told, wherever it calls.
+inline absl::Status BlockedError(const std::string& client_id) {
+  return absl::PermissionDeniedError(absl::StrCat("client '", client_id, "' is blocked by the operator"));
+}
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

@@ -196,9 +196,14 @@ void Coordinator::WaitForTask(const std::string& client_id, int64_t max_wait_ms,
                                                                                : "server is shutting down")});
       break;
     }
-    if (ClientEntry* c = FindClientLocked(client_id)) {
-      c->reported = v1::CLIENT_STATE_IDLE;
-      c->held_adapter = held_adapter_sha256.substr(0, 64);
+    ClientEntry* me = FindClientLocked(client_id);
+    if (me != nullptr && me->blocked) {
+      deliveries.push_back({std::move(done), BlockedError(client_id)});
+      break;
+    }
+    if (me != nullptr) {
+      me->reported = v1::CLIENT_STATE_IDLE;
+      me->held_adapter = held_adapter_sha256.substr(0, 64);
     }
     const bool may_hold = max_wait_ms > 0;
     std::optional<v1::WaitForTaskResponse> answer = AnswerLocked(client_id, may_hold);
@@ -213,9 +218,9 @@ void Coordinator::WaitForTask(const std::string& client_id, int64_t max_wait_ms,
     if (!answer.has_value()) {
       // A client holds one poll at a time, and briefly a retry beside one its transport dropped;
       // more are answered at once, so that a flood of polls holds no memory.
-      const auto held = std::count_if(waiters_.begin(), waiters_.end(),
-                                      [&](const std::unique_ptr<Waiter>& w) { return w->client_id == client_id; });
-      if (held >= options_.max_client_held_polls) answer = AnswerLocked(client_id, /*may_hold=*/false);
+      if (me == nullptr || me->held_polls >= options_.max_client_held_polls) {
+        answer = AnswerLocked(client_id, /*may_hold=*/false);
+      }
     }
     if (answer.has_value()) {
       deliveries.push_back({std::move(done), *std::move(answer)});
@@ -225,6 +230,7 @@ void Coordinator::WaitForTask(const std::string& client_id, int64_t max_wait_ms,
       w->expires_ms = Now() + max_wait_ms;
       w->done = std::move(done);
       waiters_.push_back(std::move(w));
+      ++me->held_polls;
     }
     for (Delivery& d : ResolveWaitersLocked(/*expire_all=*/false)) deliveries.push_back(std::move(d));
     ticket = pending_;
@@ -259,6 +265,12 @@ std::vector<Coordinator::Delivery> Coordinator::ResolveWaitersLocked(bool expire
   const int64_t now = Now();
   std::vector<std::unique_ptr<Waiter>> keep;
   for (auto& w : waiters_) {
+    ClientEntry* c = FindClientLocked(w->client_id);
+    if (c != nullptr && c->blocked) {
+      --c->held_polls;
+      out.push_back({std::move(w->done), BlockedError(w->client_id)});
+      continue;
+    }
     std::optional<v1::WaitForTaskResponse> answer;
     if (expire_all || now >= w->expires_ms) {
       answer = AnswerLocked(w->client_id, /*may_hold=*/false);
@@ -266,10 +278,11 @@ std::vector<Coordinator::Delivery> Coordinator::ResolveWaitersLocked(bool expire
       answer = AnswerLocked(w->client_id, /*may_hold=*/true);
     }
     if (answer.has_value()) {
+      if (c != nullptr) --c->held_polls;
       out.push_back({std::move(w->done), *std::move(answer)});
     } else {
       // Holding a long poll counts as being alive.
-      if (ClientEntry* c = FindClientLocked(w->client_id)) c->last_seen_ms = now;
+      if (c != nullptr) c->last_seen_ms = now;
       keep.push_back(std::move(w));
     }
   }

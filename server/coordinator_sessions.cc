@@ -41,9 +41,7 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const std::string& client_id,
   // Durable before the session exists, and written (and fsynced, with concurrent joins) outside mu_.
   FEDLORA_ASSIGN_OR_RETURN(ClientRecord record, store_->UpsertClient(client_id, /*cert_fingerprint=*/""));
   absl::MutexLock lock(&mu_);
-  if (record.state == ClientState::kBlocked) {
-    return absl::PermissionDeniedError(absl::StrCat("client '", client_id, "' is blocked by the operator"));
-  }
+  if (record.state == ClientState::kBlocked) return BlockedError(client_id);
   auto& slot = clients_[client_id];
   if (!slot) {
     slot = std::make_unique<ClientEntry>();
@@ -80,6 +78,7 @@ absl::Status Coordinator::Authenticate(const std::string& client_id, const std::
   absl::MutexLock lock(&mu_);
   if (!restored_) return absl::UnavailableError("server is restoring its state; retry");
   ClientEntry* c = FindClientLocked(client_id);
+  if (c != nullptr && c->blocked) return BlockedError(client_id);
   if (c == nullptr || c->session.empty()) {
     return absl::UnauthenticatedError(absl::StrCat("client '", client_id, "' has no session; call Join"));
   }

@@ -537,6 +537,7 @@ absl::StatusOr<v1::UploadAck> Coordinator::CompleteUploadLocked(const std::strin
   if (Now() >= round_->deadline_ms) {
     return absl::FailedPreconditionError(absl::StrCat("round ", round, " passed its deadline; the update is stale"));
   }
+  if (const ClientEntry* c = FindClientLocked(client_id); c != nullptr && c->blocked) return BlockedError(client_id);
   if (const SecAggRound* s = round_->secagg.get(); s != nullptr) {
     // A masked update only counts from a client whose keys are in the round's key sharing (U2).
     auto it = s->index.find(client_id);

@@ -131,7 +131,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
   if (std::vector<std::string> refused = UnimplementedSettings(config); !refused.empty()) {
     return absl::UnimplementedError(absl::StrJoin(refused, "; "));
   }
-  FEDLORA_RETURN_IF_ERROR(Coordinator::CheckPrivacy(config));
+  int64_t adapter_elements = 0;
+  for (const UpdateTensor& t : initial_adapter) adapter_elements += static_cast<int64_t>(t.values.size());
+  FEDLORA_RETURN_IF_ERROR(Coordinator::CheckPrivacy(config, adapter_elements));
   std::error_code ec;
   std::filesystem::create_directories(options.data_dir, ec);
   if (ec) {

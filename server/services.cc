@@ -271,4 +271,26 @@ grpc::ServerUnaryReactor* AdminService::ListClients(grpc::CallbackServerContext*
   return FinishWith(context, r.status());
 }
 
+grpc::ServerUnaryReactor* AdminService::BlockClient(grpc::CallbackServerContext* context,
+                                                    const v1::BlockClientRequest* request,
+                                                    v1::BlockClientResponse* response) {
+  absl::Status allowed = CheckOperator(context);
+  if (!allowed.ok()) return FinishWith(context, allowed);
+  if (!IsValidClientId(request->client_id())) {
+    return FinishWith(context, absl::InvalidArgumentError("BlockClient: client_id must be 1-128 characters of "
+                                                          "[A-Za-z0-9._@-]"));
+  }
+  if (request->reason().size() > 256) {
+    return FinishWith(context, absl::InvalidArgumentError(absl::StrCat("BlockClient: reason of ",
+                                                                       request->reason().size(),
+                                                                       " bytes; at most 256")));
+  }
+  absl::StatusOr<std::string> by = CallerIdentity(*context, options_.tls.enabled());
+  const std::string operator_id = by.ok() ? *by : context->peer();
+  // Writes the store, durably.
+  return AnswerOnPool<v1::BlockClientResponse>(context, pool_, response, [this, request, operator_id] {
+    return coordinator_->BlockClient(*request, operator_id);
+  });
+}
+
 }  // namespace fedlora

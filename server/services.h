@@ -8,7 +8,7 @@
 //
 // Threads: gRPC calls the handlers on its few callback threads, which must never wait for the disk.
 // Handlers that only read memory (Heartbeat, WaitForTask, Leave, ListClients) answer there; those
-// that touch the store (Join, GetUploadStatus, ReportMetrics, GetStatus) answer from a pool; the
+// that touch the store (Join, GetUploadStatus, ReportMetrics, GetStatus, BlockClient) answer from a pool; the
 // streams read, hash, write and fsync on pools of their own (download_reactor.h, upload_reactor.h).
 // The services hold no mutable state of their own besides what the Coordinator guards.
 #pragma once
@@ -89,13 +89,15 @@ class AdminService final : public v1::Admin::CallbackService {
                                       v1::GetStatusResponse* response) override;
   grpc::ServerUnaryReactor* ListClients(grpc::CallbackServerContext* context, const v1::ListClientsRequest* request,
                                         v1::ListClientsResponse* response) override;
+  grpc::ServerUnaryReactor* BlockClient(grpc::CallbackServerContext* context, const v1::BlockClientRequest* request,
+                                        v1::BlockClientResponse* response) override;
 
  private:
   absl::Status CheckOperator(grpc::CallbackServerContext* context) const;
 
   const ServerOptions& options_;
   Coordinator* const coordinator_;
-  ThreadPool pool_;  // GetStatus, which reads the store
+  ThreadPool pool_;  // GetStatus and BlockClient, which touch the store
 };
 
 }  // namespace fedlora

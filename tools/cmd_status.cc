@@ -1,5 +1,6 @@
 // fedlora status: asks a running server for its run status (Admin.GetStatus) and, with --clients,
-// its client list (Admin.ListClients). Prints JSON on stdout.
+// its client list (Admin.ListClients); with --block ID (or --unblock ID) blocks a client instead
+// (Admin.BlockClient). Prints JSON on stdout.
 //
 //   fedlora status --server 127.0.0.1:50051 --insecure
 //   fedlora status --server fl.example.org:50051 --ca ca.pem --cert operator.pem --key operator.key
@@ -33,8 +34,36 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& m) {
   return out;
 }
 
+// What to ask for: the status, the client list, or a block (or its lifting) of one client.
+struct Request {
+  bool clients = false;
+  std::string block, unblock, reason;
+  int64_t deadline_ms = 10'000;
+};
+
+absl::Status Block(v1::Admin::Stub& stub, const std::string& address, const Request& r) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(r.deadline_ms));
+  v1::BlockClientRequest req;
+  req.set_client_id(r.block.empty() ? r.unblock : r.block);
+  req.set_blocked(!r.block.empty());
+  req.set_reason(r.reason);
+  v1::BlockClientResponse response;
+  FEDLORA_RETURN_IF_ERROR_CTX(FromGrpcStatus(stub.BlockClient(&ctx, req, &response)),
+                              absl::StrCat("BlockClient at ", address));
+  FEDLORA_ASSIGN_OR_RETURN(std::string json, ToJson(response));
+  std::cout << json << std::endl;
+  return absl::OkStatus();
+}
+
 absl::Status Status(const std::string& address, const std::string& ca, const std::string& cert,
-                    const std::string& key, bool insecure, bool clients, int64_t deadline_ms) {
+                    const std::string& key, bool insecure, const Request& r) {
+  if (!r.block.empty() && !r.unblock.empty()) return absl::InvalidArgumentError("--block and --unblock exclude each other");
+  if (!r.reason.empty() && r.block.empty() && r.unblock.empty()) {
+    return absl::InvalidArgumentError("--reason goes with --block or --unblock");
+  }
+  const bool clients = r.clients;
+  const int64_t deadline_ms = r.deadline_ms;
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (ca.empty() && cert.empty() && key.empty()) {
     FEDLORA_RETURN_IF_ERROR(CheckPlaintextAllowed(address, insecure, "server address"));
@@ -51,6 +80,7 @@ absl::Status Status(const std::string& address, const std::string& ca, const std
     creds = grpc::SslCredentials(ssl);
   }
   auto stub = v1::Admin::NewStub(grpc::CreateChannel(address, creds));
+  if (!r.block.empty() || !r.unblock.empty()) return Block(*stub, address, r);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
   v1::GetStatusResponse status;
@@ -77,17 +107,20 @@ absl::Status Status(const std::string& address, const std::string& ca, const std
 int RunStatus(int argc, char** argv) {
   FlagSet flags(argv[0], "Prints a running server's status (and clients) as JSON.");
   std::string server, ca, cert, key;
-  bool clients = false, insecure = false;
-  int64_t deadline_ms = 10'000;
+  bool insecure = false;
+  Request r;
   flags.AddString("server", &server, "host:port of the server", /*required=*/true);
   flags.AddString("ca", &ca, "PEM CA bundle for a TLS server");
   flags.AddString("cert", &cert, "PEM operator certificate (mTLS)");
   flags.AddString("key", &key, "PEM key of --cert");
   flags.AddBool("insecure", &insecure, "plaintext without TLS, to a loopback server only");
-  flags.AddBool("clients", &clients, "also list the clients");
-  flags.AddInt("deadline-ms", &deadline_ms, "deadline of each call, milliseconds");
+  flags.AddBool("clients", &r.clients, "also list the clients");
+  flags.AddString("block", &r.block, "block this client id (durable; prints the client instead of the status)");
+  flags.AddString("unblock", &r.unblock, "lift the block of this client id");
+  flags.AddString("reason", &r.reason, "why, for the server's log (with --block or --unblock)");
+  flags.AddInt("deadline-ms", &r.deadline_ms, "deadline of each call, milliseconds");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
-  absl::Status s = Status(server, ca, cert, key, insecure, clients, deadline_ms);
+  absl::Status s = Status(server, ca, cert, key, insecure, r);
   return s.ok() ? kExitOk : Fail(argv[0], s);
 }
 

@@ -363,6 +363,80 @@ TEST_F(AbuseTest, HeldPollsPerClientAreCapped) {
   EXPECT_EQ(quick.load(), kPolls - 2);
 }
 
+grpc::Status SetBlocked(RawClient& operator_client, const std::string& id, bool blocked,
+                        v1::BlockClientResponse* response) {
+  v1::BlockClientRequest req;
+  req.set_client_id(id);
+  req.set_blocked(blocked);
+  req.set_reason("sent a poisoned update");
+  grpc::ClientContext ctx;
+  return operator_client.admin()->BlockClient(&ctx, req, response);
+}
+
+TEST_F(AbuseTest, AnOperatorBlocksASiteEverywhereAndTheBlockSurvivesARestart) {
+  Start(2, 2, 1.0);
+  JoinAndGetTasks({"alice", "mallory"});
+  v1::BlockClientResponse blocked;
+  // (Plaintext: loopback callers are operators; under TLS only server.tls.operator_ids, mtls_test.)
+  ASSERT_TRUE(SetBlocked(*clients_["alice"], "mallory", true, &blocked).ok());
+  EXPECT_EQ(blocked.client().client_id(), "mallory");
+  EXPECT_TRUE(blocked.client().blocked());
+
+  // Refused everywhere, with the reason.
+  RawClient& m = *clients_["mallory"];
+  v1::WaitForTaskResponse poll;
+  grpc::Status s = m.WaitForTask(&poll, 1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("blocked by the operator"));
+  const std::string blob = EncodedDeltaFor(1, tasks_["mallory"], InitialAdapter());
+  v1::UploadAck ack;
+  s = m.UploadAll(m.Header(tasks_["mallory"], blob, "u-mallory", testing::ExamplesOf(1)), blob, &ack);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  s = m.Join();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+
+  // Its task goes to a live site, and the round commits without it.
+  clients_["carol"] = std::make_unique<RawClient>(server_->address(), "carol");
+  ASSERT_TRUE(clients_["carol"]->Join().ok());
+  NextTasks({"carol"});
+  EXPECT_EQ(tasks_["carol"].round(), 1u);
+  UploadHonest("alice", 0, "u-alice");
+  UploadHonest("carol", 2, "u-carol");
+  ASSERT_TRUE(WaitForCommits(1));
+
+  v1::ListClientsRequest list_req;
+  list_req.set_include_inactive(true);
+  v1::ListClientsResponse list;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(clients_["alice"]->admin()->ListClients(&ctx, list_req, &list).ok());
+  }
+  std::map<std::string, bool> shown;
+  for (const v1::ClientInfo& c : list.clients()) shown[c.client_id()] = c.blocked();
+  EXPECT_EQ(shown, (std::map<std::string, bool>{{"alice", false}, {"carol", false}, {"mallory", true}}));
+
+  // Durable: a restarted server refuses it too, until the block is lifted.
+  server_.reset();
+  clients_.clear();
+  Start(2, 2, 1.0);
+  clients_["mallory"] = std::make_unique<RawClient>(server_->address(), "mallory");
+  s = clients_["mallory"]->Join();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  clients_["ops"] = std::make_unique<RawClient>(server_->address(), "ops");
+  v1::BlockClientResponse lifted;
+  ASSERT_TRUE(SetBlocked(*clients_["ops"], "mallory", false, &lifted).ok());
+  EXPECT_FALSE(lifted.client().blocked());
+  EXPECT_TRUE(clients_["mallory"]->Join().ok());
+}
+
+TEST_F(AbuseTest, BlockClientRefusesAMalformedId) {
+  Start(1, 2, 1.0);
+  clients_["ops"] = std::make_unique<RawClient>(server_->address(), "ops");
+  v1::BlockClientResponse r;
+  const grpc::Status s = SetBlocked(*clients_["ops"], "bad id/../x", true, &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+}
+
 TEST_F(AbuseTest, UploadsInFlightPerClientAreCapped) {
   Start(1, 1, 1.0, [](ServerOptions& o) { o.max_client_uploads_in_flight = 2; });
   JoinAndGetTasks({"mallory"});

@@ -131,7 +131,8 @@ TEST(MtlsTest, ClientWithoutCertificateIsRefused) {
   EXPECT_FALSE(plain.Join().ok());
 }
 
-// The Admin service over TLS with `site`'s certificate, from 127.0.0.1: the status code of GetStatus.
+// The Admin service over TLS with `site`'s certificate, from 127.0.0.1: the status code of GetStatus
+// (BlockClient's must be the same).
 grpc::StatusCode AdminStatusAs(const Server& server, const std::string& dir, const std::string& site) {
   auto read = [](const std::string& path) {
     std::ifstream in(path);
@@ -150,6 +151,14 @@ grpc::StatusCode AdminStatusAs(const Server& server, const std::string& dir, con
   if (s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
     EXPECT_THAT(s.error_message(), ::testing::HasSubstr("operators only")) << site;
   }
+  // Blocking a site answers the same callers.
+  grpc::ClientContext block_ctx;
+  block_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::BlockClientRequest block;
+  block.set_client_id("site-never-seen");
+  block.set_blocked(true);
+  v1::BlockClientResponse blocked;
+  EXPECT_EQ(stub->BlockClient(&block_ctx, block, &blocked).error_code(), s.error_code()) << site;
   return s.error_code();
 }
 

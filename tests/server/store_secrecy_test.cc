@@ -259,5 +259,45 @@ TEST_F(StoreSecrecyTest, ALostKeyWithNothingAcceptedStartsTheRoundAgain) {
   EXPECT_TRUE(SameBits(server_->coordinator().global_adapter(), ExpectedAdapter({0, 1}, std::vector<int>{2})));
 }
 
+TEST_F(StoreSecrecyTest, TheRunKeyOfProtocolVersionOneIsShreddedAtStart) {
+  ASSERT_TRUE(Start(1, 2).ok());
+  Stop();
+  // What a version 1 server left: one key for the whole run, beside the per-round ones.
+  const std::string legacy = dir_.path() + "/keys/test-run.x25519";
+  {
+    std::ofstream out(legacy, std::ios::binary);
+    out << std::string(32, 'k');
+  }
+  ASSERT_TRUE(std::filesystem::exists(legacy));
+  ASSERT_TRUE(Start(1, 2).ok());
+  EXPECT_FALSE(std::filesystem::exists(legacy));
+  EXPECT_TRUE(std::filesystem::exists(dir_.path() + "/keys/test-run.round-1.x25519"));
+}
+
+TEST(StoreSecrecyBudgetTest, TheBudgetCheckAtCreateIncludesTheFixedPointRounding) {
+  // One round at z = 1 costs epsilon 4.73 at sensitivity C. Under secure aggregation with 8-bit
+  // QUANT the fixed point has 10 fraction bits here, whose rounding of the test adapter's 2240
+  // values adds 0.046 to C = 0.01: the same round then costs far more than a budget of 4.8.
+  v1::RunConfig config = testing::TestRunConfig(1, 3, 3);
+  config.mutable_privacy()->set_secure_aggregation(true);
+  v1::CodecStage* q = config.mutable_codec()->add_stages();
+  q->set_id(v1::CodecStage::QUANT);
+  q->mutable_quant()->set_bits(8);
+  auto* dp = config.mutable_privacy()->mutable_dp();
+  dp->set_enabled(true);
+  dp->set_mode(v1::DifferentialPrivacyConfig::DISTRIBUTED);
+  dp->set_noise_multiplier(1.0);
+  dp->set_clip_norm(0.01);
+  dp->set_max_epsilon(4.8);
+  config.mutable_aggregation()->clear_weight_by_examples();
+  ApplyRunConfigDefaults(&config);
+  TempDir dir;
+  auto server = Server::Create(testing::TestServerOptions(dir.path()), config, InitialAdapter());
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(std::string(server.status().message()), ::testing::HasSubstr("affords no round"));
+  // Without the adapter's size (as before the fix) the same config passed the check.
+  EXPECT_TRUE(Coordinator::CheckPrivacy(config, 0).ok()) << Coordinator::CheckPrivacy(config, 0);
+}
+
 }  // namespace
 }  // namespace fedlora
