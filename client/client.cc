@@ -523,6 +523,9 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
     return absl::FailedPreconditionError(absl::StrCat("task ", task.task_id(), " was cancelled by the server"));
   }
   if (result->num_examples < 1) return absl::InvalidArgumentError("trainer returned num_examples < 1");
+  // Under secure aggregation or DP the server learns nothing of this site's data size or loss.
+  const bool hide_statistics = HidesPerClientStatistics(join_.run_config());
+  const int64_t claimed_examples = hide_statistics ? 1 : result->num_examples;
 
   std::vector<UpdateTensor> update;
   ErrorFeedback* feedback = nullptr;
@@ -564,12 +567,12 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
     }
     std::vector<UpdateTensor>().swap(update);
     const crypto::UpdatePlace place{join_.run_config().run_id(), task.round(), join_.client_id(), upload_id,
-                                    static_cast<uint64_t>(result->num_examples)};
+                                    static_cast<uint64_t>(claimed_examples)};
     FEDLORA_ASSIGN_OR_RETURN(sealed, crypto::SealUpdateBlob(task.aggregation_key().public_key(), place, encoded));
   }
   const auto t3 = std::chrono::steady_clock::now();
   FEDLORA_RETURN_IF_ERROR(
-      Upload(task, sealed.blob, result->delta, result->num_examples, upload_id, sealed.ephemeral_public_key));
+      Upload(task, sealed.blob, result->delta, claimed_examples, upload_id, sealed.ephemeral_public_key));
   if (secagg.has_value()) {
     // Step 3: once the uploads close, reveal the neighbours' shares the server needs to unmask the sum.
     v1::SecureAggregationRequest poll = secagg_base;
@@ -600,6 +603,7 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
     }
   }
 
+  if (hide_statistics) return absl::OkStatus();  // no metrics report: the server refuses one
   auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
   v1::MetricsReport report;
   report.set_round(task.round());

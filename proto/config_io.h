@@ -79,6 +79,13 @@ std::string RunConfigToJson(const v1::RunConfig& config);
 
 // The config as clients may see it (JoinResponse.run_config): without model.path, data, server and
 // simulation, which describe the server's machine.
+// Whether the run keeps each site's training statistics from the server: under secure aggregation
+// or differential privacy a site sends no metrics report and claims 1 example (its update weighs
+// the same as any other), so that neither its loss nor the size of its data is disclosed.
+inline bool HidesPerClientStatistics(const v1::RunConfig& config) {
+  return config.privacy().secure_aggregation() || config.privacy().dp().enabled();
+}
+
 v1::RunConfig RedactRunConfigForClients(const v1::RunConfig& config);
 
 }  // namespace fedlora

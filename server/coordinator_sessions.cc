@@ -140,6 +140,11 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& 
 
 absl::Status Coordinator::ReportMetrics(const std::string& client_id, const v1::MetricsReport& report) {
   const int64_t round = static_cast<int64_t>(report.round());
+  if (HidesPerClientStatistics(config_)) {
+    return absl::FailedPreconditionError(
+        "metrics reports are refused under secure aggregation or differential privacy: a site's loss, example "
+        "count and timings would disclose what the aggregate hides");
+  }
   if (report.extra_size() > options_.max_metrics_per_report) {
     return QuotaRefused(absl::StrCat("metrics report has ", report.extra_size(),
                                                      " extra entries; the limit is ", options_.max_metrics_per_report));

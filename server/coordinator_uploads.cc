@@ -21,6 +21,7 @@
 #include "core/strings.h"
 #include "crypto/envelope.h"
 #include "crypto/sealed_update.h"
+#include "proto/config_io.h"
 #include "proto/wire.h"
 #include "server/coordinator.h"
 #include "server/coordinator_internal.h"
@@ -166,6 +167,11 @@ absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id
   if (header.num_examples() < 1 || header.num_examples() > static_cast<uint64_t>(StreamingFedAvg::kMaxWeight)) {
     return absl::InvalidArgumentError(absl::StrCat("num_examples ", header.num_examples(), " is outside [1, ",
                                                    StreamingFedAvg::kMaxWeight, "]"));
+  }
+  if (HidesPerClientStatistics(config_) && header.num_examples() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_examples ", header.num_examples(), ": under secure aggregation or differential privacy every update "
+        "weighs the same and a site claims 1 example, so that the size of its data is not disclosed"));
   }
   if (const uint64_t cap = config_.aggregation().max_examples_per_client();
       config_.aggregation().weight_by_examples() && header.num_examples() > cap) {

@@ -346,6 +346,17 @@ TEST(ServerDpFederationTest, EpsilonIsReportedAndTheBudgetEndsTheRunAcrossAResta
   const std::vector<UpdateTensor> initial = server->coordinator().global_adapter();
   const std::string plain = EncodedDeltaFor(0, task, initial);
   v1::UploadAck ack;
+  // A site's data size and loss stay with it: a claimed example count other than 1 and a metrics
+  // report are refused.
+  grpc::Status refused = client->UploadAll(client->Header(task, plain, "r1-count", 400), plain, &ack);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr("size of its data is not disclosed"));
+  v1::MetricsReport report;
+  report.set_round(task.round());
+  report.set_task_id(task.task_id());
+  report.set_train_loss_last(0.5);
+  refused = client->ReportMetrics(report);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
   ASSERT_TRUE(client->UploadAll(client->Header(task, plain, "r1"), plain, &ack).ok());
   ASSERT_TRUE(WaitFor([&] { return server->coordinator().rounds_committed() == 1; }, 10'000));
   status = client->RunStatus();

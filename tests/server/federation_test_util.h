@@ -310,8 +310,10 @@ class RawClient {
   // The header for uploading `plain` (an encoded update) for `task`, sealed as an honest client
   // would: to the round's aggregation key, for this run, round, client, upload id and weight. Upload and
   // UploadAll given the same `plain` then send the sealed bytes (tests keep handling plaintext).
+  // `num_examples` < 0: what an honest client claims (1 under secure aggregation or DP, else 10).
   v1::UploadHeader Header(const v1::TrainTask& task, const std::string& plain, const std::string& upload_id,
-                          int64_t num_examples = 10) {
+                          int64_t num_examples = -1) {
+    if (num_examples < 0) num_examples = HidesPerClientStatistics(join_.run_config()) ? 1 : 10;
     const crypto::UpdatePlace place{join_.run_config().run_id(), task.round(), join_.client_id(), upload_id,
                                     static_cast<uint64_t>(num_examples)};
     auto sealed = crypto::SealUpdateBlob(task.aggregation_key().public_key(), place, plain);
