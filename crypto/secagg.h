@@ -231,6 +231,11 @@ class SecAggServer {
   const std::map<uint32_t, std::string>& reconstructed_self_mask_seeds() const;
   const std::map<uint32_t, std::string>& reconstructed_mask_private_keys() const;
   bool aborted() const;
+  // Clients whose revealed shares were found wrong while Finish decoded a secret from more shares
+  // than the threshold (ShamirCombineChecked), ascending; the sum is then still the right one.
+  // Shares beyond the threshold are what catches them: with exactly the threshold, a wrong share
+  // goes unnoticed unless it breaks the result (a dropped client's rebuilt key, the sum's size).
+  const std::vector<uint32_t>& misbehaving() const;
 
  private:
   struct Impl;

@@ -59,6 +59,11 @@ struct SecAggServer::Impl {
   std::map<uint32_t, std::vector<ShamirShare>> self_mask_shares;    // survivors
   std::map<uint32_t, std::vector<ShamirShare>> private_key_shares;  // dropped
   std::map<uint32_t, std::string> rebuilt_b, rebuilt_s;
+  std::vector<uint32_t> misbehaving;  // revealers of shares found wrong
+
+  // The secret of `shares` (at least the threshold): checked, and their wrong revealers noted,
+  // when there are more.
+  absl::StatusOr<std::string> Rebuild(const std::vector<ShamirShare>& shares);
 
   Impl(v1::SecAggParams p, SecAggGraph g) : params(std::move(p)), graph(std::move(g)) {
     const uint32_t n = params.num_clients();
@@ -136,6 +141,7 @@ const std::vector<uint32_t>& SecAggServer::shared_keys() const { return impl_->u
 const std::vector<uint32_t>& SecAggServer::survivors() const { return impl_->u3; }
 bool SecAggServer::aborted() const { return impl_->step == Step::kAborted; }
 const std::map<uint32_t, std::string>& SecAggServer::reconstructed_self_mask_seeds() const { return impl_->rebuilt_b; }
+const std::vector<uint32_t>& SecAggServer::misbehaving() const { return impl_->misbehaving; }
 const std::map<uint32_t, std::string>& SecAggServer::reconstructed_mask_private_keys() const {
   return impl_->rebuilt_s;
 }
@@ -375,6 +381,19 @@ absl::StatusOr<std::vector<uint64_t>> SecAggServer::Finish() {
   return result;
 }
 
+absl::StatusOr<std::string> SecAggServer::Impl::Rebuild(const std::vector<ShamirShare>& shares) {
+  const uint32_t t = params.threshold();
+  if (shares.size() <= t) return ShamirCombine(shares, t);
+  FEDLORA_ASSIGN_OR_RETURN(ShamirDecoded decoded, ShamirCombineChecked(shares, t));
+  for (uint32_t x : decoded.wrong_x) {
+    const uint32_t revealer = x - 1;  // client r's shares are at x = r + 1
+    if (!Contains(misbehaving, revealer)) {
+      misbehaving.insert(std::upper_bound(misbehaving.begin(), misbehaving.end(), revealer), revealer);
+    }
+  }
+  return std::move(decoded.secret);
+}
+
 absl::StatusOr<std::vector<uint64_t>> SecAggServer::Impl::Finish() {
   const uint32_t t = params.threshold();
   // Every check comes before any reconstruction: an aborted round reveals nothing.
@@ -404,14 +423,14 @@ absl::StatusOr<std::vector<uint64_t>> SecAggServer::Impl::Finish() {
   const uint32_t m = params.modulus_bits();
   if (sum.empty()) sum.assign(params.vector_length(), 0);
   for (uint32_t i : u3) {
-    absl::StatusOr<std::string> b = ShamirCombine(self_mask_shares.at(i), t);
+    absl::StatusOr<std::string> b = Rebuild(self_mask_shares.at(i));
     if (!b.ok()) return Abort(absl::StrCat("survivor ", i, "'s self-mask seed: ", std::string(b.status().message())));
     rebuilt_b[i] = *b;
     FEDLORA_RETURN_IF_ERROR(AddSecAggMask(*b, m, /*subtract=*/true, sum));
     Wipe(*b);
   }
   for (const auto& [j, alive] : dropped) {
-    absl::StatusOr<std::string> sk = ShamirCombine(private_key_shares.at(j), t);
+    absl::StatusOr<std::string> sk = Rebuild(private_key_shares.at(j));
     if (!sk.ok()) return Abort(absl::StrCat("dropped client ", j, "'s mask key: ", std::string(sk.status().message())));
     absl::StatusOr<std::string> pk = X25519PublicKey(*sk);
     if (!pk.ok() || *pk != keys[j]->mask_public_key()) {

@@ -188,6 +188,62 @@ absl::Status CheckShamirShare(const ShamirShare& share) {
   return absl::InvalidArgumentError("Shamir share y is not below p");
 }
 
+namespace {
+
+// The value at `at` of the polynomial through `used` (checked shares at distinct points):
+// sum_i y_i * prod_{j != i} (at - x_j) / (x_i - x_j)  (mod p).
+absl::StatusOr<Bn> InterpolateAt(std::span<const ShamirShare> used, uint32_t at, const BIGNUM* p, BN_CTX* ctx) {
+  absl::StatusOr<Bn> sum = NewBn(), num = NewBn(), den = NewBn(), diff = NewBn(), term = NewBn(), bat = FromWord(at);
+  for (const auto* r : {&sum, &num, &den, &diff, &term, &bat}) {
+    if (!r->ok()) return r->status();
+  }
+  std::vector<Bn> bx;
+  for (const ShamirShare& sh : used) {
+    FEDLORA_ASSIGN_OR_RETURN(Bn b, FromWord(sh.x));
+    bx.push_back(std::move(b));
+  }
+  BN_zero(sum->get());
+  for (size_t i = 0; i < used.size(); ++i) {
+    if (BN_one(num->get()) != 1 || BN_one(den->get()) != 1) return OpenSslFailure("BN_one");
+    for (size_t j = 0; j < used.size(); ++j) {
+      if (j == i) continue;
+      if (BN_mod_sub(diff->get(), bat->get(), bx[j].get(), p, ctx) != 1 ||
+          BN_mod_mul(num->get(), num->get(), diff->get(), p, ctx) != 1 ||
+          BN_mod_sub(diff->get(), bx[i].get(), bx[j].get(), p, ctx) != 1 ||
+          BN_mod_mul(den->get(), den->get(), diff->get(), p, ctx) != 1) {
+        return OpenSslFailure("Lagrange basis");
+      }
+    }
+    if (BN_mod_inverse(den->get(), den->get(), p, ctx) == nullptr) return OpenSslFailure("BN_mod_inverse");
+    FEDLORA_ASSIGN_OR_RETURN(Bn y, FromBytes(used[i].y));
+    if (BN_mod_mul(term->get(), num->get(), den->get(), p, ctx) != 1 ||
+        BN_mod_mul(term->get(), term->get(), y.get(), p, ctx) != 1 ||
+        BN_mod_add(sum->get(), sum->get(), term->get(), p, ctx) != 1) {
+      return OpenSslFailure("Lagrange sum");
+    }
+  }
+  return std::move(*sum);
+}
+
+// Checks every share's form and that the points are distinct.
+absl::Status CheckShares(std::span<const ShamirShare> shares, uint32_t threshold) {
+  std::vector<uint32_t> xs;
+  for (const ShamirShare& s : shares) {
+    FEDLORA_RETURN_IF_ERROR(CheckShamirShare(s));
+    xs.push_back(s.x);
+  }
+  return CheckPoints(xs, threshold);
+}
+
+absl::StatusOr<std::string> SecretFrom(const BIGNUM* value) {
+  if (BN_num_bits(value) > static_cast<int>(8 * kShamirSecretBytes)) {
+    return absl::InvalidArgumentError("inconsistent shares: the interpolated value is not a 32-byte secret");
+  }
+  return ToBytes(value, kShamirSecretBytes);
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> ShamirCombine(std::span<const ShamirShare> shares, uint32_t threshold) {
   if (threshold == 0) return absl::InvalidArgumentError("Shamir threshold must be at least 1");
   if (shares.size() < threshold) {
@@ -195,51 +251,48 @@ absl::StatusOr<std::string> ShamirCombine(std::span<const ShamirShare> shares, u
         absl::StrCat("Shamir combine needs ", threshold, " shares, got ", shares.size()));
   }
   const std::span<const ShamirShare> used = shares.first(threshold);
-  std::vector<uint32_t> xs;
-  for (const ShamirShare& s : used) {
-    if (absl::Status st = CheckShamirShare(s); !st.ok()) return st;
-    xs.push_back(s.x);
-  }
-  if (absl::Status st = CheckPoints(xs, threshold); !st.ok()) return st;
-
+  FEDLORA_RETURN_IF_ERROR(CheckShares(used, threshold));
   BnCtx ctx(BN_CTX_secure_new());
   if (ctx == nullptr) return OpenSslFailure("BN_CTX_secure_new");
-  absl::StatusOr<Bn> p = Prime();
-  absl::StatusOr<Bn> sum = NewBn(), num = NewBn(), den = NewBn(), diff = NewBn(), term = NewBn();
-  for (const auto* r : {&p, &sum, &num, &den, &diff, &term}) {
-    if (!r->ok()) return r->status();
+  FEDLORA_ASSIGN_OR_RETURN(Bn p, Prime());
+  FEDLORA_ASSIGN_OR_RETURN(Bn at0, InterpolateAt(used, 0, p.get(), ctx.get()));
+  return SecretFrom(at0.get());
+}
+
+absl::StatusOr<ShamirDecoded> ShamirCombineChecked(std::span<const ShamirShare> shares, uint32_t threshold,
+                                                   int max_tries) {
+  if (threshold == 0) return absl::InvalidArgumentError("Shamir threshold must be at least 1");
+  if (shares.size() <= threshold) {
+    return absl::FailedPreconditionError(absl::StrCat("checking Shamir shares needs more than ", threshold,
+                                                      " of them, got ", shares.size()));
   }
-  std::vector<Bn> bx;
-  for (uint32_t x : xs) {
-    absl::StatusOr<Bn> b = FromWord(x);
-    if (!b.ok()) return b.status();
-    bx.push_back(*std::move(b));
-  }
-  BN_zero(sum->get());
-  // secret = sum_i y_i * prod_{j != i} x_j / (x_j - x_i)  (mod p)
-  for (size_t i = 0; i < used.size(); ++i) {
-    if (BN_one(num->get()) != 1 || BN_one(den->get()) != 1) return OpenSslFailure("BN_one");
-    for (size_t j = 0; j < used.size(); ++j) {
-      if (j == i) continue;
-      if (BN_mod_mul(num->get(), num->get(), bx[j].get(), p->get(), ctx.get()) != 1 ||
-          BN_mod_sub(diff->get(), bx[j].get(), bx[i].get(), p->get(), ctx.get()) != 1 ||
-          BN_mod_mul(den->get(), den->get(), diff->get(), p->get(), ctx.get()) != 1) {
-        return OpenSslFailure("Lagrange basis");
-      }
+  FEDLORA_RETURN_IF_ERROR(CheckShares(shares, threshold));
+  BnCtx ctx(BN_CTX_secure_new());
+  if (ctx == nullptr) return OpenSslFailure("BN_CTX_secure_new");
+  FEDLORA_ASSIGN_OR_RETURN(Bn p, Prime());
+  const size_t n = shares.size();
+  // The polynomial must be the one of more than half of the shares, and of more than `threshold`:
+  // with fewer wrong shares than that, only the dealt polynomial can gather so many.
+  const size_t needed = std::max<size_t>(threshold + 1, n / 2 + 1);
+  // Candidate subsets: consecutive runs of `threshold` shares from each start (a wrong share spoils
+  // the runs that hold it, so with few wrong shares one of the first runs is clean).
+  for (int attempt = 0; attempt < max_tries && static_cast<size_t>(attempt) < n; ++attempt) {
+    std::vector<ShamirShare> subset;
+    for (uint32_t k = 0; k < threshold; ++k) subset.push_back(shares[(static_cast<size_t>(attempt) + k) % n]);
+    std::vector<uint32_t> wrong;
+    for (const ShamirShare& sh : shares) {
+      FEDLORA_ASSIGN_OR_RETURN(Bn v, InterpolateAt(subset, sh.x, p.get(), ctx.get()));
+      FEDLORA_ASSIGN_OR_RETURN(std::string y, ToBytes(v.get(), kShamirShareBytes));
+      if (y != sh.y) wrong.push_back(sh.x);
+      if (wrong.size() > n - needed) break;
     }
-    if (BN_mod_inverse(den->get(), den->get(), p->get(), ctx.get()) == nullptr) return OpenSslFailure("BN_mod_inverse");
-    absl::StatusOr<Bn> y = FromBytes(used[i].y);
-    if (!y.ok()) return y.status();
-    if (BN_mod_mul(term->get(), num->get(), den->get(), p->get(), ctx.get()) != 1 ||
-        BN_mod_mul(term->get(), term->get(), y->get(), p->get(), ctx.get()) != 1 ||
-        BN_mod_add(sum->get(), sum->get(), term->get(), p->get(), ctx.get()) != 1) {
-      return OpenSslFailure("Lagrange sum");
-    }
+    if (n - wrong.size() < needed) continue;
+    FEDLORA_ASSIGN_OR_RETURN(Bn at0, InterpolateAt(subset, 0, p.get(), ctx.get()));
+    FEDLORA_ASSIGN_OR_RETURN(std::string secret, SecretFrom(at0.get()));
+    return ShamirDecoded{std::move(secret), std::move(wrong)};
   }
-  if (BN_num_bits(sum->get()) > static_cast<int>(8 * kShamirSecretBytes)) {
-    return absl::InvalidArgumentError("inconsistent shares: the interpolated value is not a 32-byte secret");
-  }
-  return ToBytes(sum->get(), kShamirSecretBytes);
+  return absl::InvalidArgumentError(absl::StrCat("inconsistent shares: no polynomial of degree ", threshold - 1,
+                                                 " passes through ", needed, " of the ", n, " shares"));
 }
 
 }  // namespace fedlora::crypto

@@ -58,6 +58,23 @@ absl::StatusOr<std::vector<ShamirShare>> ShamirSplitWithCoefficients(std::string
 // can never be told apart from random: they give some other value, not an error.
 absl::StatusOr<std::string> ShamirCombine(std::span<const ShamirShare> shares, uint32_t threshold);
 
+// A secret recovered from more shares than the threshold, and the points of the shares that are
+// not on its polynomial (wrong shares, and so the parties that gave them).
+struct ShamirDecoded {
+  std::string secret;
+  std::vector<uint32_t> wrong_x;
+};
+
+// Recovers the secret from more than `threshold` shares some of which may be wrong: the polynomial
+// of degree threshold - 1 through at least max(threshold + 1, n / 2 + 1) of the n shares, tried
+// from at most `max_tries` runs of `threshold` consecutive shares. It finds the dealt polynomial
+// when that many shares are right and one run tried holds no wrong share (one wrong share and
+// n >= threshold + 2, for instance); another polynomial would have to pass through threshold
+// right shares it does not know. FailedPrecondition with `threshold` shares or fewer (nothing to
+// check against); InvalidArgument as ShamirCombine, or "inconsistent shares" when none is found.
+absl::StatusOr<ShamirDecoded> ShamirCombineChecked(std::span<const ShamirShare> shares, uint32_t threshold,
+                                                   int max_tries = 16);
+
 // Checks one share's form (x != 0, y 33 bytes and below p) without combining.
 absl::Status CheckShamirShare(const ShamirShare& share);
 

@@ -258,6 +258,10 @@ class Coordinator {
   // DataLoss when the unmasked sum `total` of `n` updates is larger than n clipped updates (plus the
   // distributed noise) can be: a client's wrong share or masked input randomised it.
   absl::Status CheckUnmaskedSum(int64_t round, const std::vector<double>& total, int64_t n) const;
+  // Logs and counts the cohort members (`index`: client id -> cohort index) whose revealed shares
+  // were wrong, and keeps them out of the next round's selection.
+  void ExcludeMisbehaving(int64_t round, const std::vector<uint32_t>& misbehaving,
+                          const std::map<std::string, uint32_t>& index) ABSL_LOCKS_EXCLUDED(mu_);
   // At selection: the round's SecAgg+ parameters over the selected clients.
   absl::Status StartSecAggLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the key steps once every client answered or their time ran out; abandons the round when

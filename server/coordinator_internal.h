@@ -30,6 +30,7 @@ struct Coordinator::ClientEntry {
   bool left = false;
   bool blocked = false;  // by an operator (Admin.BlockClient): refused everywhere, never selected
   int held_polls = 0;    // WaitForTask polls held in waiters_
+  int64_t excluded_through_round = 0;  // not selected up to this round (wrong SecAgg shares)
   int64_t rounds_participated = 0;
   int64_t updates_rejected = 0;
   std::string held_adapter;  // as the client's last WaitForTask said

@@ -251,6 +251,19 @@ absl::Status Coordinator::ValidateMaskedUpload(std::string_view plain) const {
   return crypto::UnpackSecAggVector(plain, static_cast<uint64_t>(spec_elements_), m).status();
 }
 
+void Coordinator::ExcludeMisbehaving(int64_t round, const std::vector<uint32_t>& misbehaving,
+                                     const std::map<std::string, uint32_t>& index) {
+  if (misbehaving.empty()) return;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, i] : index) {
+    if (!std::binary_search(misbehaving.begin(), misbehaving.end(), i)) continue;
+    FEDLORA_LOG(WARNING) << "round " << round << ": " << id << " revealed wrong secure-aggregation shares; the sum "
+                         << "was rebuilt without them, and " << id << " sits out round " << round + 1;
+    metrics_->secagg_misbehaving_clients.fetch_add(1);
+    if (ClientEntry* c = FindClientLocked(id)) c->excluded_through_round = round + 1;
+  }
+}
+
 absl::Status Coordinator::CheckUnmaskedSum(int64_t round, const std::vector<double>& total, int64_t n) const {
   // n clipped updates, each at most its rounding bound above the clip norm, plus (DISTRIBUTED DP)
   // noise of total variance (z C)^2 per value at most, whose norm exceeds z C (sqrt(d) + 10) with
@@ -344,7 +357,9 @@ absl::StatusOr<std::vector<UpdateTensor>> Coordinator::AggregateSecAgg(int64_t r
       FEDLORA_LOG(WARNING) << "round " << round << ": unmasking shares of client index " << i << " left out: " << st;
     }
   }
-  FEDLORA_ASSIGN_OR_RETURN(std::vector<uint64_t> sum, server->Finish());
+  absl::StatusOr<std::vector<uint64_t>> finished = server->Finish();
+  ExcludeMisbehaving(round, server->misbehaving(), index);
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<uint64_t> sum, std::move(finished));
   FEDLORA_ASSIGN_OR_RETURN(std::vector<double> total,
                            crypto::DecodeSecAggFixedPointSum(sum, secagg_->frac_bits, secagg_->modulus_bits));
   const int64_t n = static_cast<int64_t>(server->survivors().size());

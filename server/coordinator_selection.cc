@@ -121,6 +121,10 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
     return response;
   }
   if (r.state == RoundState::kSelecting) {
+    if (const ClientEntry* c = FindClientLocked(client_id); c != nullptr && c->excluded_through_round >= r.round) {
+      return RetryLaterLocked(absl::StrCat("sitting out round ", r.round, ": wrong secure-aggregation shares in round ",
+                                           c->excluded_through_round - 1));
+    }
     r.candidates.insert(client_id);
     if (r.first_candidate_ms == 0) r.first_candidate_ms = Now();
     if (may_hold) return std::nullopt;

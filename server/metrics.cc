@@ -217,6 +217,9 @@ std::string ServerMetrics::ToPrometheusText() const {
   AppendMetric(out, "secagg_implausible_sums_total", "counter",
                "Secure-aggregation sums refused as larger than their clipped updates can make them.",
                secagg_implausible_sums.load());
+  AppendMetric(out, "secagg_misbehaving_clients_total", "counter",
+               "Clients found revealing wrong secure-aggregation shares (each then sits out a round).",
+               secagg_misbehaving_clients.load());
   AppendMetric(out, "uploads_streaming", "gauge", "Upload streams admitted and not yet ended.",
                uploads_streaming.load());
   AppendMetric(out, "tls_handshakes_refused_total", "counter",

@@ -54,6 +54,7 @@ struct ServerMetrics {
   std::atomic<int64_t> aggregation_failures{0};
   // Secure-aggregation sums refused as larger than their clipped updates can make them.
   std::atomic<int64_t> secagg_implausible_sums{0};
+  std::atomic<int64_t> secagg_misbehaving_clients{0};
   // Upload streams admitted and not yet ended.
   std::atomic<int64_t> uploads_streaming{0};
   // TLS connections refused for a revoked certificate or a client id not on the allowed list.

@@ -195,5 +195,53 @@ TEST(Shamir, ResultAbove2To256IsInconsistent) {
   EXPECT_TRUE(absl::StrContains(got.status().message(), "inconsistent shares")) << got.status();
 }
 
+// Flips a bit of a share's y, keeping it a valid field element (below p: its first byte stays 0/1).
+void Corrupt(ShamirShare& share) { share.y[32] = static_cast<char>(share.y[32] ^ 0x5a); }
+
+TEST(Shamir, CheckedCombineFindsTheWrongSharesAndTheSecret) {
+  const std::string secret(32, '\x42');
+  auto shares = ShamirSplit(secret, /*threshold=*/4, /*num_shares=*/9);
+  ASSERT_TRUE(shares.ok()) << shares.status();
+  // All right: nothing wrong, the secret.
+  auto clean = ShamirCombineChecked(*shares, 4);
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  EXPECT_EQ(clean->secret, secret);
+  EXPECT_TRUE(clean->wrong_x.empty());
+  // Wrong shares anywhere, among them the first (which ShamirCombine uses and so gets wrong): each
+  // is named, and the secret is still the dealt one.
+  for (const std::vector<size_t>& bad : std::vector<std::vector<size_t>>{{0}, {3}, {8}, {0, 5}, {1, 2}}) {
+    std::vector<ShamirShare> v = *shares;
+    std::vector<uint32_t> want;
+    for (size_t i : bad) {
+      Corrupt(v[i]);
+      want.push_back(v[i].x);
+    }
+    auto decoded = ShamirCombineChecked(v, 4);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(decoded->secret, secret);
+    std::sort(decoded->wrong_x.begin(), decoded->wrong_x.end());
+    EXPECT_EQ(decoded->wrong_x, want);
+    if (bad.front() == 0) {
+      auto plain = ShamirCombine(v, 4);
+      EXPECT_TRUE(!plain.ok() || *plain != secret);
+    }
+  }
+}
+
+TEST(Shamir, CheckedCombineRefusesWhatItCannotDecide) {
+  const std::string secret(32, '\x07');
+  auto shares = ShamirSplit(secret, 3, 5);
+  ASSERT_TRUE(shares.ok());
+  // Exactly the threshold: nothing to check against.
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      ShamirCombineChecked(std::span<const ShamirShare>(*shares).first(3), 3).status()));
+  // Three of five wrong: no polynomial gathers a majority, and none is guessed.
+  std::vector<ShamirShare> v = *shares;
+  for (size_t i : {0, 2, 4}) Corrupt(v[i]);
+  auto decoded = ShamirCombineChecked(v, 3);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_TRUE(absl::StrContains(decoded.status().message(), "inconsistent shares")) << decoded.status();
+}
+
 }  // namespace
 }  // namespace fedlora::crypto

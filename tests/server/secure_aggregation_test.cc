@@ -180,9 +180,10 @@ TEST(SecureAggregationRoundTest, ARoundThatCannotBeUnmaskedIsAbandonedWithoutARe
 }
 
 TEST(SecureAggregationRoundTest, WrongSharesDoNotCommitARandomisedSum) {
-  // Two of four survivors answer the unmasking step with a byte of every share flipped: whichever
-  // threshold of shares the server combines, a reconstructed seed is wrong and the unmasked sum is
-  // noise over the whole modulus. The server refuses to commit it and abandons the round.
+  // Two of four survivors answer the unmasking step with a byte of every share flipped. Each seed
+  // then has 4 shares, 2 of them wrong, at threshold 3: no polynomial gathers a majority, so the
+  // shares are found inconsistent (without them, the unmasked sum would be noise over the whole
+  // modulus, which CheckUnmaskedSum refuses). Nothing is committed and the round is abandoned.
   TempDir dir;
   v1::RunConfig config = SecAggConfig(4);
   auto server = Server::Create(Options(dir.path()), config, InitialAdapter(), nullptr);
@@ -208,7 +209,69 @@ TEST(SecureAggregationRoundTest, WrongSharesDoNotCommitARandomisedSum) {
   ASSERT_TRUE(WaitFor([&] { return (*server)->metrics().rounds_abandoned.load() >= 1; }, 20'000));
   EXPECT_EQ((*server)->coordinator().rounds_committed(), 0);
   EXPECT_EQ((*server)->coordinator().global_adapter_sha256(), initial_hash);
-  EXPECT_GE((*server)->metrics().secagg_implausible_sums.load(), 1);
+}
+
+TEST(SecureAggregationRoundTest, OneWrongShareIsOutvotedAndItsSenderSitsOutTheNextRound) {
+  // Six sites, threshold 3: each survivor's seed has five shares. Site 0 flips a byte of every share
+  // it reveals; the other four shares of each seed outvote it, the round commits the exact mean of
+  // the six updates, and site 0 is named and left out of round 2's selection.
+  TempDir dir;
+  v1::RunConfig config = SecAggConfig(6);
+  config.set_rounds(2);
+  auto server = Server::Create(Options(dir.path()), config, InitialAdapter(), nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::vector<UpdateTensor> initial = (*server)->coordinator().global_adapter();
+  auto flip = [](v1::SecAggUnmaskingResponse* r) {
+    for (v1::SecAggRevealedShare& s : *r->mutable_shares()) {
+      if (!s.share().empty()) s.mutable_share()->back() ^= 0x5a;
+    }
+  };
+  std::vector<v1::TrainTask> tasks(6);
+  std::vector<std::thread> sites;
+  for (int k = 0; k < 6; ++k) {
+    sites.emplace_back([&, k] {
+      RawClient c((*server)->address(), absl::StrCat("site-", k));
+      ASSERT_TRUE(c.Join().ok());
+      ASSERT_TRUE(c.GetTask(&tasks[k]));
+      testing::RunSecAggClient(c, tasks[k], Delta(k, tasks[k]), absl::StrCat("u", k), Drop::kNone, true, nullptr,
+                               k == 0 ? std::function<void(v1::SecAggUnmaskingResponse*)>(flip) : nullptr);
+    });
+  }
+  for (std::thread& t : sites) t.join();
+  ASSERT_TRUE(WaitFor([&] { return (*server)->coordinator().rounds_committed() == 1; }, 20'000));
+  EXPECT_EQ((*server)->metrics().secagg_misbehaving_clients.load(), 1);
+  EXPECT_EQ((*server)->metrics().secagg_implausible_sums.load(), 0);
+
+  const std::vector<UpdateTensor> after = (*server)->coordinator().global_adapter();
+  std::vector<std::vector<UpdateTensor>> clipped;
+  for (int k = 0; k < 6; ++k) {
+    std::vector<UpdateTensor> u;
+    for (NamedTensor& n : Delta(k, tasks[k])) u.push_back({n.name, n.shape, n.values});
+    std::sort(u.begin(), u.end(), [](const UpdateTensor& a, const UpdateTensor& b) { return a.name < b.name; });
+    ClipUpdateNorm(u, kClip);
+    clipped.push_back(std::move(u));
+  }
+  const double tolerance = std::ldexp(1.0, -static_cast<int>(tasks[0].secure_aggregation().frac_bits())) + 1e-7;
+  ASSERT_EQ(after.size(), initial.size());
+  double max_error = 0;
+  for (size_t t = 0; t < after.size(); ++t) {
+    for (size_t i = 0; i < after[t].values.size(); ++i) {
+      double mean = 0;
+      for (const auto& u : clipped) mean += u[t].values[i];
+      mean /= static_cast<double>(clipped.size());
+      max_error = std::max(max_error, std::abs(after[t].values[i] - initial[t].values[i] - mean));
+    }
+  }
+  EXPECT_LT(max_error, tolerance);
+
+  // Round 2: site 0 is told to sit it out; an honest site is a candidate as usual.
+  RawClient liar((*server)->address(), "site-0");
+  ASSERT_TRUE(liar.Join().ok());
+  v1::WaitForTaskResponse poll;
+  ASSERT_TRUE(liar.WaitForTask(&poll, 0).ok());
+  ASSERT_TRUE(poll.has_retry_later());
+  EXPECT_THAT(poll.retry_later().reason(), ::testing::HasSubstr("sitting out round 2"));
+  (*server)->Shutdown();
 }
 
 TEST(SecureAggregationRoundTest, ARestartAbandonsTheOpenRoundAndTheNextOneHasFreshParameters) {
