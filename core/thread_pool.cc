@@ -77,6 +77,25 @@ void ThreadPool::Submit(std::function<void()> task) {
   cv_.notify_one();
 }
 
+bool ThreadPool::TrySubmit(std::function<void()> task, size_t max_queued) {
+  if (workers_.empty()) {
+    task();
+    return true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (tasks_.size() >= max_queued) return false;
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+  return true;
+}
+
+size_t ThreadPool::Queued() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tasks_.size();
+}
+
 void ThreadPool::ParallelFor(int64_t begin, int64_t end, int64_t grain,
                              const std::function<void(int64_t, int64_t)>& fn) {
   const int64_t n = end - begin;

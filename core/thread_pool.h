@@ -48,6 +48,11 @@ class ThreadPool {
 
   // Queues a task; it runs on some worker (or inline when the pool has no workers).
   void Submit(std::function<void()> task);
+  // Submit, unless `max_queued` tasks already wait for a worker: then false, and `task` is dropped
+  // (a pool without workers runs it inline and returns true). For queues that peers can fill.
+  bool TrySubmit(std::function<void()> task, size_t max_queued);
+  // Tasks waiting for a worker now.
+  size_t Queued();
 
   // The process-wide pool used by kernels. Sized by FEDLORA_NUM_THREADS, else the core count.
   static ThreadPool& Default();

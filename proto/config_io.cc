@@ -596,6 +596,10 @@ void ValidateServer(Problems& p, const v1::ServerConfig& s) {
   p.Range<uint32_t>("server.max_client_reports_per_round", s.max_client_reports_per_round(), 1, 1000);
   p.Range<uint32_t>("server.max_metrics_per_report", s.max_metrics_per_report(), 0, 10'000);
   p.Range<uint32_t>("server.max_aggregation_attempts", s.max_aggregation_attempts(), 1, 100);
+  p.Range<uint64_t>("server.grpc_memory_bytes", s.grpc_memory_bytes(), uint64_t{16} << 20, uint64_t{64} << 30);
+  p.Range<uint32_t>("server.grpc_max_threads", s.grpc_max_threads(), 4, 4096);
+  p.Range<uint32_t>("server.max_concurrent_streams", s.max_concurrent_streams(), 4, 10'000);
+  p.Range<uint32_t>("server.max_client_downloads_in_flight", s.max_client_downloads_in_flight(), 1, 64);
   p.NonEmpty("server.store_dir", s.store_dir());
   p.Range<uint32_t>("server.chunk_size_bytes", s.chunk_size_bytes(), kMinChunkSizeBytes,
                     kMaxChunkSizeBytes);
@@ -756,6 +760,10 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   if (!srv->has_max_metrics_per_report()) srv->set_max_metrics_per_report(64);
   if (!srv->has_min_free_disk_bytes()) srv->set_min_free_disk_bytes(uint64_t{1} << 30);
   if (!srv->has_max_aggregation_attempts()) srv->set_max_aggregation_attempts(3);
+  if (!srv->has_grpc_memory_bytes()) srv->set_grpc_memory_bytes(uint64_t{1} << 30);
+  if (!srv->has_grpc_max_threads()) srv->set_grpc_max_threads(256);
+  if (!srv->has_max_concurrent_streams()) srv->set_max_concurrent_streams(1000);
+  if (!srv->has_max_client_downloads_in_flight()) srv->set_max_client_downloads_in_flight(2);
 
   auto* sim = c->mutable_simulation();
   if (!sim->has_num_clients()) sim->set_num_clients(10);

@@ -16,22 +16,33 @@ namespace {
 // on the pool (DownloadCache); gRPC's callback threads only start writes and see them complete.
 class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadChunk> {
  public:
-  DownloadReactor(DownloadCache* cache, ServerMetrics* metrics, ThreadPool* pool, DownloadChunkCallback on_chunk,
+  DownloadReactor(DownloadCache* cache, ServerMetrics* metrics, ThreadPool* pool, size_t max_queued,
+                  DownloadChunkCallback on_chunk, std::function<void()> on_done,
                   absl::StatusOr<v1::AdapterManifest> manifest, uint32_t start_chunk)
-      : cache_(cache), metrics_(metrics), pool_(pool), on_chunk_(std::move(on_chunk)), index_(start_chunk) {
+      : cache_(cache),
+        metrics_(metrics),
+        pool_(pool),
+        on_chunk_(std::move(on_chunk)),
+        on_done_(std::move(on_done)),
+        index_(start_chunk) {
     if (!manifest.ok()) {
       Finish(ToGrpcStatus(manifest.status()));
       return;
     }
     manifest_ = *std::move(manifest);
-    pool_->Submit([this] {
-      absl::Status s = Start();
-      if (!s.ok()) {
-        Finish(ToGrpcStatus(s));
-        return;
-      }
-      Next();
-    });
+    const bool queued = pool_->TrySubmit(
+        [this] {
+          absl::Status s = Start();
+          if (!s.ok()) {
+            Finish(ToGrpcStatus(s));
+            return;
+          }
+          Next();
+        },
+        max_queued);
+    if (!queued) {
+      Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "the server's download queue is full; retry later"));
+    }
   }
 
   void OnWriteDone(bool ok) override {
@@ -45,7 +56,10 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadChunk>
     Next();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (on_done_) on_done_();
+    delete this;
+  }
 
  private:
   absl::Status Start() {
@@ -80,6 +94,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadChunk>
   ServerMetrics* const metrics_;
   ThreadPool* const pool_;
   const DownloadChunkCallback on_chunk_;
+  const std::function<void()> on_done_;
   uint32_t index_;
   v1::AdapterManifest manifest_;
   std::shared_ptr<const CachedAdapter> adapter_;
@@ -89,10 +104,13 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadChunk>
 }  // namespace
 
 grpc::ServerWriteReactor<v1::DownloadChunk>* NewDownloadReactor(DownloadCache* cache, ServerMetrics* metrics,
-                                                                ThreadPool* pool, DownloadChunkCallback on_chunk,
+                                                                ThreadPool* pool, size_t max_queued,
+                                                                DownloadChunkCallback on_chunk,
+                                                                std::function<void()> on_done,
                                                                 absl::StatusOr<v1::AdapterManifest> manifest,
                                                                 uint32_t start_chunk) {
-  return new DownloadReactor(cache, metrics, pool, std::move(on_chunk), std::move(manifest), start_chunk);
+  return new DownloadReactor(cache, metrics, pool, max_queued, std::move(on_chunk), std::move(on_done),
+                             std::move(manifest), start_chunk);
 }
 
 }  // namespace fedlora

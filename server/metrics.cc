@@ -13,7 +13,12 @@
 #include <cstdlib>
 #include <chrono>
 #include <cstring>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -30,10 +35,13 @@ void AppendMetric(std::string& out, const char* name, const char* type, const ch
 
 constexpr char kContentType[] = "text/plain; version=0.0.4";
 constexpr char kMetricsPath[] = "/metrics";
-// Connections served at once. Scrapes take milliseconds; the rest of the pool keeps answering while
-// slow peers hold a thread each: an idle connection for kKeepAliveIdleS, a slow request for
-// kRequestDeadlineMs.
-constexpr size_t kPoolThreads = 8;
+// Connections served at once, each on its own thread; one more is closed as it is accepted, never
+// queued behind slow peers. Scrapes take milliseconds; a slow peer holds a thread for at most
+// kKeepAliveIdleS idle, or kRequestDeadlineMs per request.
+constexpr size_t kPoolThreads = 32;
+// Connections one peer address may hold at once; more are closed as they are accepted. A scraper
+// needs one; a peer dribbling bytes on many cannot take the threads other scrapers need.
+constexpr int kMaxConnectionsPerPeer = 8;
 // Longest wait for the next bytes of a request, and for room to write the response (httplib's
 // read and write timeouts).
 constexpr time_t kReadTimeoutS = 2;
@@ -45,7 +53,7 @@ constexpr size_t kKeepAliveMaxRequests = 10;
 // Longest one request may take from its first byte to the end of the response: a peer that
 // dribbles a byte now and then is cut off however short its pauses (httplib's read timeout alone
 // applies to each wait, so such a peer could hold a thread for as long as it liked).
-constexpr int64_t kRequestDeadlineMs = 5000;
+constexpr int64_t kRequestDeadlineMs = 2000;
 // Request bodies (none is expected) larger than this are refused with 413.
 constexpr size_t kMaxBodyBytes = 64 << 10;
 
@@ -153,6 +161,79 @@ class ConnectionStream : public httplib::Stream {
   size_t end_ = 0;
 };
 
+// Set on the accepting thread while it closes a connection over kPoolThreads: process_and_close_socket
+// then closes the socket at once instead of serving it.
+thread_local bool t_refuse_connection = false;
+
+// httplib's task queue for the accepted connections: kPoolThreads workers, and no queue. A
+// connection that finds every worker busy is refused (closed on the accepting thread).
+class ConnectionPool : public httplib::TaskQueue {
+ public:
+  explicit ConnectionPool(size_t n) {
+    for (size_t i = 0; i < n; ++i) threads_.emplace_back([this] { Work(); });
+  }
+
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!stopping_ && busy_ < threads_.size()) {
+        ++busy_;
+        jobs_.push_back(std::move(fn));
+        cv_.notify_one();
+        return;
+      }
+    }
+    t_refuse_connection = true;
+    fn();
+    t_refuse_connection = false;
+  }
+
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+ private:
+  void Work() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      fn();
+      std::lock_guard<std::mutex> lock(mu_);
+      --busy_;
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  size_t busy_ = 0;  // jobs queued or running; never above the number of threads
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// The peer's address without its port ("" when unknown).
+std::string PeerAddress(int sock) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  char host[NI_MAXHOST];
+  if (getpeername(sock, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0) {
+    return "";
+  }
+  return host;
+}
+
 // httplib's server with its own connection loop: the same keep-alive rules as httplib's (its limits
 // are read from the settings below), plus the request deadline and the stop pipe.
 class ScrapeServer : public httplib::Server {
@@ -161,6 +242,32 @@ class ScrapeServer : public httplib::Server {
 
  private:
   bool process_and_close_socket(socket_t sock) override {
+    const std::string peer = t_refuse_connection ? "" : PeerAddress(sock);
+    if (t_refuse_connection || !AdmitPeer(peer)) {
+      shutdown(sock, SHUT_RDWR);
+      close(sock);
+      return false;
+    }
+    const bool ok = Serve(sock);
+    {
+      // Before the close: a peer that reconnects once it sees the end finds its slot free.
+      std::lock_guard<std::mutex> lock(peers_mu_);
+      if (--peers_[peer] == 0) peers_.erase(peer);
+    }
+    shutdown(sock, SHUT_RDWR);
+    close(sock);
+    return ok;
+  }
+
+  bool AdmitPeer(const std::string& peer) {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    int& n = peers_[peer];
+    if (n >= kMaxConnectionsPerPeer) return false;
+    ++n;
+    return true;
+  }
+
+  bool Serve(socket_t sock) {
     ConnectionStream stream(sock, stop_fd_, read_timeout_sec_ * 1000 + read_timeout_usec_ / 1000,
                             write_timeout_sec_ * 1000 + write_timeout_usec_ / 1000);
     bool ok = false;
@@ -173,12 +280,12 @@ class ScrapeServer : public httplib::Server {
       ok = process_request(stream, /*close_connection=*/served + 1 == keep_alive_max_count_, closed, nullptr);
       if (!ok || closed || stream.broken() || t_close_after_response) break;
     }
-    shutdown(sock, SHUT_RDWR);
-    close(sock);
     return ok;
   }
 
   const int stop_fd_;
+  std::mutex peers_mu_;
+  std::map<std::string, int> peers_;  // connections open per peer address
 };
 
 }  // namespace
@@ -302,7 +409,7 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(cons
     res.headers.erase("Connection");
     res.set_header("Connection", "close");
   });
-  http.new_task_queue = [] { return new httplib::ThreadPool(kPoolThreads); };
+  http.new_task_queue = [] { return new ConnectionPool(kPoolThreads); };
   http.set_read_timeout(kReadTimeoutS, 0);
   http.set_write_timeout(kWriteTimeoutS, 0);
   http.set_keep_alive_timeout(kKeepAliveIdleS);

@@ -81,7 +81,34 @@ struct ServerOptions {
   // Test-only: the free bytes of the store's file system, in place of statvfs. Null in production.
   std::function<int64_t()> free_disk_bytes_for_test;
 
+  // DownloadAdapter streams one client may have open at once, charged when the stream starts; more
+  // are refused with RESOURCE_EXHAUSTED at once (ServerConfig.max_client_downloads_in_flight).
+  // Default 2: a resume may overlap a stream the server has not seen end yet. Each open stream
+  // holds a chunk (chunk_bytes) and gRPC's buffers, so unread streams cannot pile up.
+  int max_client_downloads_in_flight = 2;
+  // Tasks that may wait in each of the server's worker queues (the unary RPCs that touch the
+  // store, download starts, upload processing); a call that finds its queue full is refused with
+  // RESOURCE_EXHAUSTED. Default 1024: far beyond what the workers clear in a second.
+  int max_queued_tasks = 1024;
+
   // --- Transport limits --------------------------------------------------------------------------
+  // Memory gRPC may use for the connections and calls of listen_address (grpc::ResourceQuota),
+  // bytes (ServerConfig.grpc_memory_bytes). Default 1 GiB. Past it gRPC shrinks its read buffers
+  // and flow-control windows and refuses new calls, instead of growing without end.
+  int64_t grpc_memory_bytes = int64_t{1} << 30;
+  // Threads gRPC's resource quota lets it create for listen_address (ServerConfig.grpc_max_threads).
+  // Default 256.
+  int grpc_max_threads = 256;
+  // Calls one connection may have open at once on listen_address (HTTP/2 SETTINGS
+  // max_concurrent_streams; ServerConfig.max_concurrent_streams). More wait on the client's side
+  // for one to end. Default 1000: a client makes a handful at once, but the simulator's virtual
+  // clients share one connection (gRPC pools it), each with a long poll held.
+  int max_concurrent_streams = 1000;
+  // The same three for the plaintext health port, which anyone who reaches it may use: one Watch
+  // or Check at a time per connection is all a probe needs. Defaults 4 streams, 32 MiB, 16 threads.
+  int health_max_concurrent_streams = 4;
+  int64_t health_grpc_memory_bytes = int64_t{32} << 20;
+  int health_grpc_max_threads = 16;
   // Largest gRPC message accepted or sent, bytes. Default 8 MiB (ServerConfig.max_message_bytes):
   // one 1 MiB chunk plus framing fits with room to spare, and anything bigger is a broken or
   // hostile peer (chunks are the only big field on the wire).

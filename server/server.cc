@@ -3,9 +3,11 @@
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 
 #include <chrono>
 #include <filesystem>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -43,6 +45,12 @@ ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config) {
   if (s.has_max_client_reports_per_round()) o.max_client_reports_per_round = static_cast<int>(s.max_client_reports_per_round());
   if (s.has_max_metrics_per_report()) o.max_metrics_per_report = static_cast<int>(s.max_metrics_per_report());
   if (s.has_min_free_disk_bytes()) o.min_free_disk_bytes = static_cast<int64_t>(s.min_free_disk_bytes());
+  if (s.has_grpc_memory_bytes()) o.grpc_memory_bytes = static_cast<int64_t>(s.grpc_memory_bytes());
+  if (s.has_grpc_max_threads()) o.grpc_max_threads = static_cast<int>(s.grpc_max_threads());
+  if (s.has_max_concurrent_streams()) o.max_concurrent_streams = static_cast<int>(s.max_concurrent_streams());
+  if (s.has_max_client_downloads_in_flight()) {
+    o.max_client_downloads_in_flight = static_cast<int>(s.max_client_downloads_in_flight());
+  }
   if (s.has_max_aggregation_attempts()) o.max_aggregation_attempts = static_cast<int>(s.max_aggregation_attempts());
   o.stop_on_aggregation_failure = s.stop_on_aggregation_failure();
   if (s.has_chunk_size_bytes()) {
@@ -75,6 +83,18 @@ class HealthPortOthers : public grpc::CallbackGenericService {
     return new Refuse;
   }
 };
+
+// Bounds on what peers can make a gRPC server hold: calls per connection (more wait on the
+// client's side), and the memory and threads of a resource quota (past its memory gRPC shrinks
+// its buffers and refuses new calls).
+void ApplyBounds(grpc::ServerBuilder& builder, const char* name, int max_streams, int64_t memory_bytes,
+                 int max_threads) {
+  grpc::ResourceQuota quota(name);
+  quota.Resize(static_cast<size_t>(memory_bytes));
+  quota.SetMaxThreads(max_threads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, max_streams);
+}
 
 absl::Status ValidateOptions(const ServerOptions& o) {
   if (o.data_dir.empty()) return absl::InvalidArgumentError("ServerOptions.data_dir is empty");
@@ -112,6 +132,19 @@ absl::Status ValidateOptions(const ServerOptions& o) {
         " >= 1, reports per round ", o.max_client_reports_per_round, " >= 1, metrics per report ",
         o.max_metrics_per_report, " >= 0, free-disk watermark ", o.min_free_disk_bytes, " >= 0, aggregation tries ",
         o.max_aggregation_attempts, " >= 1"));
+  }
+  if (o.max_client_downloads_in_flight < 1 || o.max_queued_tasks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_client_downloads_in_flight ", o.max_client_downloads_in_flight,
+                                                   " and max_queued_tasks ", o.max_queued_tasks, " must be >= 1"));
+  }
+  for (const auto& [name, streams, memory, threads] :
+       {std::tuple{"", o.max_concurrent_streams, o.grpc_memory_bytes, o.grpc_max_threads},
+        std::tuple{"health_", o.health_max_concurrent_streams, o.health_grpc_memory_bytes, o.health_grpc_max_threads}}) {
+    if (streams < 1 || memory < (int64_t{1} << 20) || threads < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(name, "max_concurrent_streams ", streams, " must be >= 1, ", name,
+                                                     "grpc_memory_bytes ", memory, " >= 1 MiB, ", name,
+                                                     "grpc_max_threads ", threads, " >= 2"));
+    }
   }
   if (o.bulk_work_nice < 0 || o.bulk_work_nice > 19) {
     return absl::InvalidArgumentError(
@@ -175,6 +208,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, o.max_connection_age_ms);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, o.max_connection_age_grace_ms);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, o.min_client_ping_interval_ms);
+  ApplyBounds(builder, "fedlora", o.max_concurrent_streams, o.grpc_memory_bytes, o.grpc_max_threads);
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen_address, " (address in use or invalid)"));
@@ -186,6 +220,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
     health_builder.RegisterCallbackGenericService(server->health_others_.get());
     health_builder.AddListeningPort(o.health_address, grpc::InsecureServerCredentials(), &server->health_port_);
     health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    ApplyBounds(health_builder, "fedlora-health", o.health_max_concurrent_streams, o.health_grpc_memory_bytes,
+                o.health_grpc_max_threads);
     server->health_server_ = health_builder.BuildAndStart();
     if (server->health_server_ == nullptr || server->health_port_ == 0 ||
         server->health_server_->GetHealthCheckService() == nullptr) {

@@ -41,25 +41,35 @@ grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context, const
   return reactor;
 }
 
+absl::Status QueueFull() {
+  return absl::ResourceExhaustedError("the server has too many calls of this kind waiting; retry later");
+}
+
 // Runs `answer` (which may touch the store, and wait for its fsync) on `pool`, then finishes the
 // call with its status, `*response` filled on success. The gRPC callback thread returns at once.
+// When `max_queued` answers already wait for the pool, the call is refused RESOURCE_EXHAUSTED instead.
 template <class Response>
-grpc::ServerUnaryReactor* AnswerOnPool(grpc::CallbackServerContext* context, ThreadPool& pool, Response* response,
-                                       std::function<absl::StatusOr<Response>()> answer) {
+grpc::ServerUnaryReactor* AnswerOnPool(grpc::CallbackServerContext* context, ThreadPool& pool, size_t max_queued,
+                                       Response* response, std::function<absl::StatusOr<Response>()> answer) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  pool.Submit([reactor, response, answer = std::move(answer)] {
-    absl::StatusOr<Response> r = answer();
-    if (r.ok()) *response = *std::move(r);
-    reactor->Finish(ToGrpcStatus(r.status()));
-  });
+  const bool queued = pool.TrySubmit(
+      [reactor, response, answer = std::move(answer)] {
+        absl::StatusOr<Response> r = answer();
+        if (r.ok()) *response = *std::move(r);
+        reactor->Finish(ToGrpcStatus(r.status()));
+      },
+      max_queued);
+  if (!queued) reactor->Finish(ToGrpcStatus(QueueFull()));
   return reactor;
 }
 
 // The same for an RPC whose answer is an empty message.
-grpc::ServerUnaryReactor* StatusOnPool(grpc::CallbackServerContext* context, ThreadPool& pool,
+grpc::ServerUnaryReactor* StatusOnPool(grpc::CallbackServerContext* context, ThreadPool& pool, size_t max_queued,
                                        std::function<absl::Status()> answer) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  pool.Submit([reactor, answer = std::move(answer)] { reactor->Finish(ToGrpcStatus(answer())); });
+  const bool queued =
+      pool.TrySubmit([reactor, answer = std::move(answer)] { reactor->Finish(ToGrpcStatus(answer())); }, max_queued);
+  if (!queued) reactor->Finish(ToGrpcStatus(QueueFull()));
   return reactor;
 }
 
@@ -116,7 +126,22 @@ FederationService::FederationService(const ServerOptions& options, Coordinator* 
       sync_pool_(std::max(options.upload_workers, 0) + 1),
       rpc_pool_(std::max(options.io_workers, 0) + 1),
       download_pool_(std::max(options.io_workers, 0) + 1, options.bulk_work_nice),
-      download_cache_(blobs, /*keep=*/3) {}
+      download_cache_(blobs, /*keep=*/3),
+      download_slots_(options.max_client_downloads_in_flight) {}
+
+bool ClientSlots::TryAcquire(const std::string& client) {
+  absl::MutexLock lock(&mu_);
+  int& n = open_[client];
+  if (n >= max_) return false;
+  ++n;
+  return true;
+}
+
+void ClientSlots::Release(const std::string& client) {
+  absl::MutexLock lock(&mu_);
+  auto it = open_.find(client);
+  if (it != open_.end() && --it->second <= 0) open_.erase(it);
+}
 
 absl::StatusOr<std::string> FederationService::Authenticate(grpc::CallbackServerContext* context) {
   FEDLORA_ASSIGN_OR_RETURN(std::string id, CallerIdentity(*context, options_.tls.enabled()));
@@ -129,7 +154,7 @@ grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* c
   absl::StatusOr<std::string> id = CallerIdentity(*context, options_.tls.enabled());
   if (!id.ok()) return FinishWith(context, id.status());
   // Registering the client writes (and fsyncs) its row.
-  return AnswerOnPool<v1::JoinResponse>(context, rpc_pool_, response,
+  return AnswerOnPool<v1::JoinResponse>(context, rpc_pool_, QueueCap(), response,
                                         [this, id = *std::move(id), peer = context->peer(), request] {
                                           return coordinator_->Join(id, peer, *request);
                                         });
@@ -184,13 +209,23 @@ grpc::ServerWriteReactor<v1::DownloadChunk>* FederationService::DownloadAdapter(
   absl::StatusOr<v1::AdapterManifest> manifest =
       id.ok() ? coordinator_->AdapterManifestFor(request->adapter_sha256()) : id.status();
   DownloadChunkCallback on_chunk;
+  std::function<void()> on_done;
   if (id.ok()) {
     on_chunk = [coordinator = coordinator_, client = *id, hash = request->adapter_sha256()](int64_t bytes, bool last) {
       coordinator->NoteDownloadChunk(client, hash, bytes, last);
     };
+    // Charged as the stream starts, so that streams a client opens and never reads cannot pile up.
+    if (download_slots_.TryAcquire(*id)) {
+      on_done = [this, client = *id] { download_slots_.Release(client); };
+    } else {
+      metrics_->quota_refusals.fetch_add(1);
+      manifest = absl::ResourceExhaustedError(
+          absl::StrCat("client '", *id, "' already has ", options_.max_client_downloads_in_flight,
+                       " downloads open (server.max_client_downloads_in_flight)"));
+    }
   }
-  return NewDownloadReactor(&download_cache_, metrics_, &download_pool_, std::move(on_chunk), std::move(manifest),
-                            request->start_chunk());
+  return NewDownloadReactor(&download_cache_, metrics_, &download_pool_, QueueCap(), std::move(on_chunk),
+                            std::move(on_done), std::move(manifest), request->start_chunk());
 }
 
 grpc::ServerReadReactor<v1::UploadChunk>* FederationService::UploadUpdate(grpc::CallbackServerContext* context,
@@ -205,7 +240,7 @@ grpc::ServerUnaryReactor* FederationService::GetUploadStatus(grpc::CallbackServe
   absl::StatusOr<std::string> id = Authenticate(context);
   if (!id.ok()) return FinishWith(context, id.status());
   // Reads the upload's row, after an fsync of what was committed before.
-  return AnswerOnPool<v1::UploadStatusResponse>(context, rpc_pool_, response, [this, id = *std::move(id), request] {
+  return AnswerOnPool<v1::UploadStatusResponse>(context, rpc_pool_, QueueCap(), response, [this, id = *std::move(id), request] {
     return coordinator_->GetUploadStatus(id, request->upload_id());
   });
 }
@@ -215,7 +250,7 @@ grpc::ServerUnaryReactor* FederationService::ReportMetrics(grpc::CallbackServerC
   absl::StatusOr<std::string> id = Authenticate(context);
   if (!id.ok()) return FinishWith(context, id.status());
   // One store transaction (and fsync) per report.
-  return StatusOnPool(context, rpc_pool_,
+  return StatusOnPool(context, rpc_pool_, QueueCap(),
                       [this, id = *std::move(id), request] { return coordinator_->ReportMetrics(id, *request); });
 }
 
@@ -257,7 +292,7 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* c
   absl::Status allowed = CheckOperator(context);
   if (!allowed.ok()) return FinishWith(context, allowed);
   // Reads the round history from the store.
-  return AnswerOnPool<v1::GetStatusResponse>(context, pool_, response,
+  return AnswerOnPool<v1::GetStatusResponse>(context, pool_, static_cast<size_t>(options_.max_queued_tasks), response,
                                              [this, request] { return coordinator_->GetStatus(*request); });
 }
 

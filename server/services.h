@@ -17,7 +17,9 @@
 
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "core/thread_pool.h"
 #include "fedlora/v1/admin.grpc.pb.h"
 #include "fedlora/v1/federation.grpc.pb.h"
@@ -33,6 +35,19 @@ namespace fedlora {
 absl::StatusOr<std::string> CallerIdentity(const grpc::ServerContextBase& context, bool tls);
 // True when gRPC reports the peer on a loopback address ("ipv4:127.x.x.x:port", "ipv6:[::1]:port").
 bool IsLoopbackPeer(const std::string& peer);
+
+// At most `max` of something at once per client: TryAcquire is false past it; Release gives one back.
+class ClientSlots {
+ public:
+  explicit ClientSlots(int max) : max_(max) {}
+  bool TryAcquire(const std::string& client);
+  void Release(const std::string& client);
+
+ private:
+  const int max_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, int> open_ ABSL_GUARDED_BY(mu_);
+};
 
 class FederationService final : public v1::Federation::CallbackService {
  public:
@@ -79,6 +94,9 @@ class FederationService final : public v1::Federation::CallbackService {
   ThreadPool download_pool_;
   // The global adapters being downloaded, mapped and chunk-hashed once.
   DownloadCache download_cache_;
+  // Open DownloadAdapter streams per client (options.max_client_downloads_in_flight).
+  ClientSlots download_slots_;
+  size_t QueueCap() const { return static_cast<size_t>(options_.max_queued_tasks); }
 };
 
 class AdminService final : public v1::Admin::CallbackService {

@@ -74,6 +74,31 @@ TEST(ThreadPool, NiceWorkersRunBelowTheirCreator) {
   EXPECT_EQ(getpriority(PRIO_PROCESS, static_cast<id_t>(gettid())), mine);  // the creator keeps its own
 }
 
+// A queue peers can fill holds at most max_queued waiting tasks: TrySubmit refuses the next one
+// (the server answers that call RESOURCE_EXHAUSTED) and takes tasks again once the queue drains.
+TEST(ThreadPool, TrySubmitRefusesPastTheQueueBound) {
+  ThreadPool pool(2);  // one worker
+  std::mutex gate;
+  gate.lock();
+  std::atomic<int> ran{0};
+  std::atomic<bool> started{false};
+  ASSERT_TRUE(pool.TrySubmit([&] {
+    started = true;
+    std::lock_guard<std::mutex> hold(gate);  // the worker is busy until the gate opens
+    ++ran;
+  }, 3));
+  while (!started.load()) std::this_thread::yield();
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(pool.TrySubmit([&] { ++ran; }, 3)) << i;
+  EXPECT_EQ(pool.Queued(), 3u);
+  EXPECT_FALSE(pool.TrySubmit([&] { ++ran; }, 3));
+  gate.unlock();
+  while (ran.load() < 4) std::this_thread::yield();
+  EXPECT_EQ(pool.Queued(), 0u);
+  EXPECT_TRUE(pool.TrySubmit([&] { ++ran; }, 3));
+  while (ran.load() < 5) std::this_thread::yield();
+  EXPECT_EQ(ran.load(), 5);
+}
+
 TEST(ThreadPool, ChunksRespectGrain) {
   ThreadPool pool(4);
   std::atomic<int> chunks{0};

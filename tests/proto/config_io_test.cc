@@ -381,6 +381,25 @@ TEST(ConfigIoTest, ExplicitZeroIsValidatedNotDefaulted) {
                 "selection.min_clients (12) exceeds selection.clients_per_round (10)");
 }
 
+TEST(ConfigIoTest, ServerBoundsGetDefaultsAndNonsenseIsRefused) {
+  absl::StatusOr<RunConfig> c =
+      ParseRunConfigJson(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->server().grpc_memory_bytes(), uint64_t{1} << 30);
+  EXPECT_EQ(c->server().grpc_max_threads(), 256u);
+  EXPECT_EQ(c->server().max_concurrent_streams(), 1000u);
+  EXPECT_EQ(c->server().max_client_downloads_in_flight(), 2u);
+  absl::Status s = ParseRunConfigJson(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
+                                          "server": {"grpc_memory_bytes": 1000, "grpc_max_threads": 0,
+                                                     "max_concurrent_streams": 0,
+                                                     "max_client_downloads_in_flight": 0}})")
+                       .status();
+  ExpectInvalid(s, "server.grpc_memory_bytes (1000) must be in [16777216, 68719476736]");
+  ExpectInvalid(s, "server.grpc_max_threads (0) must be in [4, 4096]");
+  ExpectInvalid(s, "server.max_concurrent_streams (0) must be in [4, 10000]");
+  ExpectInvalid(s, "server.max_client_downloads_in_flight (0) must be in [1, 64]");
+}
+
 TEST(ConfigIoTest, EveryProblemIsReportedAtOnce) {
   absl::Status s = ParseRunConfigJson(R"({"lora": {"rank": 0}})").status();
   ExpectInvalid(s, "model.path must not be empty");
