@@ -596,6 +596,7 @@ void ValidateServer(Problems& p, const v1::ServerConfig& s) {
   p.Range<uint32_t>("server.max_client_reports_per_round", s.max_client_reports_per_round(), 1, 1000);
   p.Range<uint32_t>("server.max_metrics_per_report", s.max_metrics_per_report(), 0, 10'000);
   p.Range<uint32_t>("server.max_aggregation_attempts", s.max_aggregation_attempts(), 1, 100);
+  p.Range<uint32_t>("server.retain_rounds", s.retain_rounds(), 0, 1'000'000);
   p.NonEmpty("server.store_dir", s.store_dir());
   p.Range<uint32_t>("server.chunk_size_bytes", s.chunk_size_bytes(), kMinChunkSizeBytes,
                     kMaxChunkSizeBytes);
@@ -756,6 +757,7 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   if (!srv->has_max_metrics_per_report()) srv->set_max_metrics_per_report(64);
   if (!srv->has_min_free_disk_bytes()) srv->set_min_free_disk_bytes(uint64_t{1} << 30);
   if (!srv->has_max_aggregation_attempts()) srv->set_max_aggregation_attempts(3);
+  if (!srv->has_retain_rounds()) srv->set_retain_rounds(10);
 
   auto* sim = c->mutable_simulation();
   if (!sim->has_num_clients()) sim->set_num_clients(10);

@@ -45,6 +45,7 @@ ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config) {
   if (s.has_min_free_disk_bytes()) o.min_free_disk_bytes = static_cast<int64_t>(s.min_free_disk_bytes());
   if (s.has_max_aggregation_attempts()) o.max_aggregation_attempts = static_cast<int>(s.max_aggregation_attempts());
   o.stop_on_aggregation_failure = s.stop_on_aggregation_failure();
+  if (s.has_retain_rounds()) o.retain_rounds = static_cast<int64_t>(s.retain_rounds());
   if (s.has_chunk_size_bytes()) {
     o.chunk_bytes = s.chunk_size_bytes();
     o.max_upload_chunk_bytes = s.chunk_size_bytes();
@@ -112,6 +113,10 @@ absl::Status ValidateOptions(const ServerOptions& o) {
         " >= 1, reports per round ", o.max_client_reports_per_round, " >= 1, metrics per report ",
         o.max_metrics_per_report, " >= 0, free-disk watermark ", o.min_free_disk_bytes, " >= 0, aggregation tries ",
         o.max_aggregation_attempts, " >= 1"));
+  }
+  if (o.retain_rounds < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("retain_rounds is ", o.retain_rounds, "; it counts rounds (0 keeps every round)"));
   }
   if (o.bulk_work_nice < 0 || o.bulk_work_nice > 19) {
     return absl::InvalidArgumentError(
