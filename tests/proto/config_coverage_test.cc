@@ -218,6 +218,7 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
       {"server.max_metrics_per_report", {"server/abuse_test.cc", "max_metrics_per_report"}},
       {"server.min_free_disk_bytes", {"server/abuse_test.cc", "min_free_disk_bytes"}},
       {"server.max_aggregation_attempts", {"server/round_driver_test.cc", "max_aggregation_attempts"}},
+      {"server.retain_rounds", {"server/retention_test.cc", "set_retain_rounds"}},
       {"server.stop_on_aggregation_failure", {"server/round_driver_test.cc", "stop_on_aggregation_failure"}},
       {"simulation.num_clients", {"sim/simulator_test.cc", "num_clients"}},
       {"simulation.partition", {"sim/simulator_test.cc", "partition"}},

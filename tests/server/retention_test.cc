@@ -182,8 +182,12 @@ TEST_F(RetentionTest, PruningKeepsTheDpEpsilonAcrossARestart) {
   dp->set_noise_multiplier(1.0);
   dp->set_clip_norm(1.0);
   config.mutable_aggregation()->clear_weight_by_examples();
+  config.mutable_server()->set_retain_rounds(1);
   ApplyRunConfigDefaults(&config);
-  Start(config, /*retain=*/1);
+  // The setting reaches the server's options (and defaults to 10 when unset).
+  EXPECT_EQ(ServerOptionsFromRunConfig(config).retain_rounds, 1);
+  EXPECT_EQ(ServerOptionsFromRunConfig(testing::TestRunConfig(1, 1, 1)).retain_rounds, 10);
+  Start(config, ServerOptionsFromRunConfig(config).retain_rounds);
   std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
   for (int c = 0; c < 2; ++c) trainers.push_back(std::make_unique<DeterministicTrainer>(c));
   ASSERT_TRUE(RunClients(trainers));
