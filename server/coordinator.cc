@@ -229,7 +229,8 @@ absl::Status Coordinator::Restore() {
     FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> before, store_->ListRounds(run_id_));
     if (const int64_t keep_from = RetentionKeepFrom(before); keep_from > 0) {
       FEDLORA_RETURN_IF_ERROR(store_->PruneRoundBlobs(run_id_, keep_from).status());
-      retained_from_.store(keep_from);
+      pruned_from_ = keep_from;
+      retained_from_.store(keep_from);  // the collection below deletes the blobs
     }
     FEDLORA_ASSIGN_OR_RETURN(absl::flat_hash_set<std::string> referenced, store_->ReferencedBlobHashes());
     referenced.insert(initial_hash);

@@ -350,7 +350,12 @@ class Coordinator {
   // Housekeeping: clears the hashes of the rounds below RetentionKeepFrom in the store, forgets
   // their downloads and delta steps, deletes the blobs no row names any more, and truncates the WAL.
   void ApplyRetention();
-  std::atomic<int64_t> retained_from_{0};
+  // Deletes retention_pending_ blobs that no row names, unless a round is being aggregated (its
+  // blobs may be Put and not yet recorded: a content-addressed hash may recur); else next pass.
+  void DeletePrunedBlobs();
+  int64_t pruned_from_ = 0;                      // rows below this are pruned; housekeeping and Restore only
+  std::vector<std::string> retention_pending_;   // blobs of pruned rows, not yet deleted; housekeeping only
+  std::atomic<int64_t> retained_from_{0};        // pruned_from_ once its blobs are deleted
   // Restore: the open round `r`'s key into round_. A missing key with `accepted` updates (or an
   // aggregating round), or a key other than the one the round recorded, refuses start; a missing
   // key with nothing accepted abandons the round.

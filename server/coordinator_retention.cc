@@ -40,23 +40,22 @@ void Coordinator::ApplyRetention() {
     return;
   }
   const int64_t keep_from = RetentionKeepFrom(*rounds);
-  if (keep_from <= retained_from_.load()) return;
-  // The blobs the pruned rows name; deleted below unless another row still names them (blobs are
-  // content-addressed: an adapter may recur).
-  std::vector<std::string> candidates;
-  for (const RoundRecord& r : *rounds) {
-    if (r.round >= keep_from || !IsTerminal(r.state)) continue;
-    for (const std::string* h : {&r.result_adapter_hash, &r.global_adapter_hash, &r.server_state_hash,
-                                 &r.broadcast_hash, &r.broadcast_delta_hash}) {
-      if (!h->empty()) candidates.push_back(*h);
+  if (keep_from > pruned_from_) {
+    // The blobs the pruned rows name, deleted below once no row names them.
+    for (const RoundRecord& r : *rounds) {
+      if (r.round >= keep_from || !IsTerminal(r.state)) continue;
+      for (const std::string* h : {&r.result_adapter_hash, &r.global_adapter_hash, &r.server_state_hash,
+                                   &r.broadcast_hash, &r.broadcast_delta_hash}) {
+        if (!h->empty()) retention_pending_.push_back(*h);
+      }
     }
-  }
-  // Rows first: a crash after this leaves blobs no row names, which Restore's collection deletes.
-  if (absl::StatusOr<int64_t> pruned = store_->PruneRoundBlobs(run_id_, keep_from); !pruned.ok()) {
-    FEDLORA_LOG(WARNING) << "retention: clearing the hashes of rounds below " << keep_from << ": " << pruned.status();
-    return;
-  }
-  {
+    // Rows first: a crash after this leaves blobs no row names, which Restore's collection deletes.
+    if (absl::StatusOr<int64_t> pruned = store_->PruneRoundBlobs(run_id_, keep_from); !pruned.ok()) {
+      FEDLORA_LOG(WARNING) << "retention: clearing the hashes of rounds below " << keep_from << ": "
+                           << pruned.status();
+      return;
+    }
+    pruned_from_ = keep_from;
     absl::MutexLock lock(&mu_);
     std::erase_if(downlink_steps_, [&](const DownlinkStep& s) { return s.round < keep_from; });
     std::erase_if(downloadable_, [&](const auto& entry) {
@@ -64,27 +63,41 @@ void Coordinator::ApplyRetention() {
              entry.first != broadcast_hash_;
     });
   }
-  absl::StatusOr<absl::flat_hash_set<std::string>> referenced = store_->ReferencedBlobHashes();
+  DeletePrunedBlobs();
+}
+
+void Coordinator::DeletePrunedBlobs() {
+  if (retention_pending_.empty()) return;
   absl::StatusOr<RunRecord> run = store_->GetRun(run_id_);
-  if (!referenced.ok() || !run.ok()) {
-    FEDLORA_LOG(WARNING) << "retention: reading what the store still names: "
-                         << (referenced.ok() ? run.status() : referenced.status());
+  if (!run.ok()) {
+    FEDLORA_LOG(WARNING) << "retention: reading the run: " << run.status();
     return;
   }
   int64_t deleted = 0;
-  for (const std::string& h : candidates) {
-    // The run's row names the initial adapter in its config (Restore needs it).
-    if (referenced->contains(h) || run->config_json.find(h) != std::string::npos) continue;
-    if (absl::Status s = blobs_->Delete(h); !s.ok()) {
-      FEDLORA_LOG(WARNING) << "retention: deleting blob " << h << ": " << s;
-      continue;
+  {
+    // Under mu_ with no aggregation running, no blob can be Put and recorded behind our back.
+    absl::MutexLock lock(&mu_);
+    if (aggregating_) return;
+    absl::StatusOr<absl::flat_hash_set<std::string>> referenced = store_->ReferencedBlobHashes();
+    if (!referenced.ok()) {
+      FEDLORA_LOG(WARNING) << "retention: reading what the store still names: " << referenced.status();
+      return;
     }
-    referenced->insert(h);  // a hash listed twice is deleted once
-    ++deleted;
+    absl::flat_hash_set<std::string> done;
+    for (const std::string& h : retention_pending_) {
+      // The run's row names the initial adapter in its config (Restore needs it).
+      if (referenced->contains(h) || run->config_json.find(h) != std::string::npos || !done.insert(h).second) continue;
+      if (absl::Status s = blobs_->Delete(h); !s.ok()) {
+        FEDLORA_LOG(WARNING) << "retention: deleting blob " << h << ": " << s << " (a restart collects it)";
+        continue;
+      }
+      ++deleted;
+    }
   }
+  retention_pending_.clear();
   if (absl::Status s = store_->CheckpointWal(); !s.ok()) FEDLORA_LOG(WARNING) << "retention: " << s;
-  retained_from_.store(keep_from);
-  FEDLORA_LOG(INFO) << "retention: rounds below " << keep_from << " pruned; " << deleted << " blobs deleted";
+  retained_from_.store(pruned_from_);
+  FEDLORA_LOG(INFO) << "retention: rounds below " << pruned_from_ << " pruned; " << deleted << " blobs deleted";
 }
 
 }  // namespace fedlora
