@@ -600,6 +600,7 @@ void ValidateServer(Problems& p, const v1::ServerConfig& s) {
   p.Range<uint32_t>("server.grpc_max_threads", s.grpc_max_threads(), 4, 4096);
   p.Range<uint32_t>("server.max_concurrent_streams", s.max_concurrent_streams(), 4, 10'000);
   p.Range<uint32_t>("server.max_client_downloads_in_flight", s.max_client_downloads_in_flight(), 1, 64);
+  p.Range<uint32_t>("server.retain_rounds", s.retain_rounds(), 0, 1'000'000);
   p.NonEmpty("server.store_dir", s.store_dir());
   p.Range<uint32_t>("server.chunk_size_bytes", s.chunk_size_bytes(), kMinChunkSizeBytes,
                     kMaxChunkSizeBytes);
@@ -764,6 +765,7 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   if (!srv->has_grpc_max_threads()) srv->set_grpc_max_threads(256);
   if (!srv->has_max_concurrent_streams()) srv->set_max_concurrent_streams(1000);
   if (!srv->has_max_client_downloads_in_flight()) srv->set_max_client_downloads_in_flight(2);
+  if (!srv->has_retain_rounds()) srv->set_retain_rounds(10);
 
   auto* sim = c->mutable_simulation();
   if (!sim->has_num_clients()) sim->set_num_clients(10);

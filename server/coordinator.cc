@@ -228,6 +228,14 @@ absl::Status Coordinator::Restore() {
   // updates, and of updates committed to disk by a crashed server before it recorded them (their
   // clients upload them again). Partial uploads are kept for resumption.
   {
+    // Retention first (a round may have closed after the last pass): the collection below then
+    // deletes the pruned rounds' blobs too.
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> before, store_->ListRounds(run_id_));
+    if (const int64_t keep_from = RetentionKeepFrom(before); keep_from > 0) {
+      FEDLORA_RETURN_IF_ERROR(store_->PruneRoundBlobs(run_id_, keep_from).status());
+      pruned_from_ = keep_from;
+      retained_from_.store(keep_from);  // the collection below deletes the blobs
+    }
     FEDLORA_ASSIGN_OR_RETURN(absl::flat_hash_set<std::string> referenced, store_->ReferencedBlobHashes());
     referenced.insert(initial_hash);
     FEDLORA_ASSIGN_OR_RETURN(BlobGcStats gc, blobs_->CollectGarbage(referenced));
@@ -251,6 +259,10 @@ absl::Status Coordinator::Restore() {
   for (const RoundRecord& r : rounds) {
     if (r.state != RoundState::kCommitted) continue;
     ++rounds_committed_;
+    if (r.result_adapter_hash.empty()) {  // pruned by retention: counted, nothing to serve
+      current_broadcast.clear();
+      continue;
+    }
     FEDLORA_ASSIGN_OR_RETURN(int64_t size, blobs_->Size(r.result_adapter_hash));
     downloadable_[r.result_adapter_hash] = {r.round, size, false};
     current_hash = r.result_adapter_hash;

@@ -186,6 +186,8 @@ class Coordinator {
   // Why the run stopped short of its rounds (stop_on_aggregation_failure); OK while it has not.
   absl::Status stopped() const;
   int64_t rounds_committed() const;
+  // Retention (ServerOptions::retain_rounds): rounds below this have had their blobs deleted.
+  int64_t retained_from_round() const { return retained_from_.load(); }
   // With differential privacy: epsilon spent by the committed rounds; nullopt without it.
   std::optional<double> dp_epsilon() const;
   // The current global adapter (sorted by name) and its blob hash.
@@ -350,6 +352,18 @@ class Coordinator {
   // Outside mu_: destroys every key file but the open round's, and the sealed updates of every
   // closed round after forgotten_through_ (the driver's sweep, and Restore).
   void ForgetClosedRounds();
+  // Retention (coordinator_retention.cc): the lowest round number whose blobs are kept, given the
+  // run's rounds (0 when every round is kept).
+  int64_t RetentionKeepFrom(const std::vector<RoundRecord>& rounds) const;
+  // Housekeeping: clears the hashes of the rounds below RetentionKeepFrom in the store, forgets
+  // their downloads and delta steps, deletes the blobs no row names any more, and truncates the WAL.
+  void ApplyRetention();
+  // Deletes retention_pending_ blobs that no row names, unless a round is being aggregated (its
+  // blobs may be Put and not yet recorded: a content-addressed hash may recur); else next pass.
+  void DeletePrunedBlobs();
+  int64_t pruned_from_ = 0;                      // rows below this are pruned; housekeeping and Restore only
+  std::vector<std::string> retention_pending_;   // blobs of pruned rows, not yet deleted; housekeeping only
+  std::atomic<int64_t> retained_from_{0};        // pruned_from_ once its blobs are deleted
   // Restore: the open round `r`'s key into round_. A missing key with `accepted` updates (or an
   // aggregating round), or a key other than the one the round recorded, refuses start; a missing
   // key with nothing accepted abandons the round.

@@ -73,6 +73,7 @@ absl::Status Coordinator::Tick() {
       if (sweep_pending_.exchange(false)) {
         SweepPartials();
         ForgetClosedRounds();
+        ApplyRetention();
       }
       MeasureStore();
       housekeeping_.store(false);
@@ -381,6 +382,11 @@ absl::Status Coordinator::AverageWithEarlierRounds(int64_t round, std::vector<Up
   // any order, and Add checks each against the spec.
   FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg mean, StreamingFedAvg::Create(spec_));
   for (const RoundRecord* r : earlier) {
+    if (r->result_adapter_hash.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "round ", r->round, "'s adapter, which aggregation.average_last_rounds averages, was deleted by an "
+          "earlier server.retain_rounds below average_last_rounds - 1"));
+    }
     FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(r->result_adapter_hash));
     FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> a, AdapterFromSafetensors(bytes));
     FEDLORA_RETURN_IF_ERROR_CTX(mean.Add(a, 1), absl::StrCat("round ", r->round, "'s committed adapter"));

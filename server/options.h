@@ -221,6 +221,11 @@ struct ServerOptions {
   // round stays aggregating in the store, so that a restarted server tries it again
   // (ServerConfig.stop_on_aggregation_failure).
   bool stop_on_aggregation_failure = false;
+  // Committed rounds whose blobs (adapter, optimizer state, downlink adapter and delta) are kept,
+  // counting back from the latest (ServerConfig.retain_rounds); older ones are deleted at each
+  // round's close and their rows' hashes cleared. Never fewer than aggregation.average_last_rounds
+  // - 1, nor than 1. 0 keeps every round. Default 10.
+  int64_t retain_rounds = 10;
   // Seed for client sampling. 0 (the default) means "the run config's seed". Sampling is a pure
   // function of (seed, round, candidate set), so a restarted server chooses the same way.
   uint64_t selection_seed = 0;

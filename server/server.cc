@@ -53,6 +53,7 @@ ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config) {
   }
   if (s.has_max_aggregation_attempts()) o.max_aggregation_attempts = static_cast<int>(s.max_aggregation_attempts());
   o.stop_on_aggregation_failure = s.stop_on_aggregation_failure();
+  if (s.has_retain_rounds()) o.retain_rounds = static_cast<int64_t>(s.retain_rounds());
   if (s.has_chunk_size_bytes()) {
     o.chunk_bytes = s.chunk_size_bytes();
     o.max_upload_chunk_bytes = s.chunk_size_bytes();
@@ -145,6 +146,10 @@ absl::Status ValidateOptions(const ServerOptions& o) {
                                                      "grpc_memory_bytes ", memory, " >= 1 MiB, ", name,
                                                      "grpc_max_threads ", threads, " >= 2"));
     }
+  }
+  if (o.retain_rounds < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("retain_rounds is ", o.retain_rounds, "; it counts rounds (0 keeps every round)"));
   }
   if (o.bulk_work_nice < 0 || o.bulk_work_nice > 19) {
     return absl::InvalidArgumentError(

@@ -1256,4 +1256,29 @@ absl::StatusOr<absl::flat_hash_set<std::string>> Store::ReferencedBlobHashes() {
   });
 }
 
+absl::StatusOr<int64_t> Store::PruneRoundBlobs(const std::string& run_id, int64_t before_round) {
+  return WriteTransaction(nullptr, [&]() -> absl::StatusOr<int64_t> {
+    std::unique_ptr<Stmt> h;
+    FEDLORA_ASSIGN_OR_RETURN(
+        Stmt * s, impl_->Query("UPDATE rounds SET result_adapter_hash = '', global_adapter_hash = '', "
+                               "server_state_hash = '', broadcast_hash = '', broadcast_delta_hash = '' "
+                               "WHERE run_id = ? AND round < ? AND state IN ('committed', 'abandoned') AND "
+                               "(result_adapter_hash != '' OR global_adapter_hash != '' OR server_state_hash != '' "
+                               "OR broadcast_hash != '' OR broadcast_delta_hash != '')",
+                               h));
+    s->Bind(run_id).Bind(before_round);
+    FEDLORA_RETURN_IF_ERROR(s->Run());
+    return static_cast<int64_t>(sqlite3_changes(impl_->db));
+  });
+}
+
+absl::Status Store::CheckpointWal() {
+  absl::MutexLock lock(&mu_);
+  char* err = nullptr;
+  const int rc = sqlite3_exec(impl_->db, "PRAGMA wal_checkpoint(TRUNCATE)", nullptr, nullptr, &err);
+  sqlite3_free(err);
+  if (rc != SQLITE_OK) return SqlError(impl_->db, rc, "checkpointing the WAL");
+  return absl::OkStatus();
+}
+
 }  // namespace fedlora

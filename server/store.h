@@ -276,6 +276,16 @@ class Store {
   // rounds' adapters and optimizer states): keep these when collecting blob garbage.
   absl::StatusOr<absl::flat_hash_set<std::string>> ReferencedBlobHashes();
 
+  // --- retention (server/coordinator_retention.cc) ---
+  // Clears the blob hashes (result, global, optimizer state, broadcast adapter and delta) of every
+  // closed round of the run numbered below `before_round`, so that ReferencedBlobHashes no longer
+  // names them; the rows, their state and metrics_json stay (DP accounting counts them). A round
+  // still open is never touched. Returns how many rounds changed.
+  absl::StatusOr<int64_t> PruneRoundBlobs(const std::string& run_id, int64_t before_round);
+  // Checkpoints the WAL into the database and truncates it (PRAGMA wal_checkpoint(TRUNCATE)), so
+  // that the WAL does not sit at its high-water mark. Best effort under concurrent readers.
+  absl::Status CheckpointWal();
+
  private:
   struct Impl;  // the connection, its prepared-statement cache and the queries (store.cc)
   explicit Store(std::unique_ptr<Impl> impl);

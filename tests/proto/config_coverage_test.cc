@@ -222,6 +222,7 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
       {"server.max_concurrent_streams", {"server/floods_test.cc", "set_max_concurrent_streams"}},
       {"server.max_client_downloads_in_flight", {"server/floods_test.cc", "max_client_downloads_in_flight"}},
       {"server.max_aggregation_attempts", {"server/round_driver_test.cc", "max_aggregation_attempts"}},
+      {"server.retain_rounds", {"server/retention_test.cc", "set_retain_rounds"}},
       {"server.stop_on_aggregation_failure", {"server/round_driver_test.cc", "stop_on_aggregation_failure"}},
       {"simulation.num_clients", {"sim/simulator_test.cc", "num_clients"}},
       {"simulation.partition", {"sim/simulator_test.cc", "partition"}},

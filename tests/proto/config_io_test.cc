@@ -940,6 +940,8 @@ const std::vector<ValidationCase>& Cases() {
        "server.max_client_bytes_per_round (1048576) is less than server.max_update_bytes"},
       {"UploadsInFlightZero", [](RunConfig& c) { c.mutable_server()->set_max_client_uploads_in_flight(0); },
        "server.max_client_uploads_in_flight (0)"},
+      {"RetainRoundsTooMany", [](RunConfig& c) { c.mutable_server()->set_retain_rounds(2'000'000); },
+       "server.retain_rounds (2000000) must be in [0, 1000000]"},
       {"ReportsPerRoundZero", [](RunConfig& c) { c.mutable_server()->set_max_client_reports_per_round(0); },
        "server.max_client_reports_per_round (0)"},
       {"MetricsAddressBad", [](RunConfig& c) { c.mutable_server()->set_metrics_address("9464"); },
