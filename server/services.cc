@@ -323,7 +323,8 @@ grpc::ServerUnaryReactor* AdminService::BlockClient(grpc::CallbackServerContext*
   absl::StatusOr<std::string> by = CallerIdentity(*context, options_.tls.enabled());
   const std::string operator_id = by.ok() ? *by : context->peer();
   // Writes the store, durably.
-  return AnswerOnPool<v1::BlockClientResponse>(context, pool_, response, [this, request, operator_id] {
+  return AnswerOnPool<v1::BlockClientResponse>(context, pool_, static_cast<size_t>(options_.max_queued_tasks), response,
+                                               [this, request, operator_id] {
     return coordinator_->BlockClient(*request, operator_id);
   });
 }
