@@ -89,6 +89,8 @@ TEST(WireTest, AdminServiceHasExactlyTheDocumentedMethods) {
                           "fedlora.v1.GetStatusResponse", Streaming::kUnary},
                          {"ListClients", "fedlora.v1.ListClientsRequest",
                           "fedlora.v1.ListClientsResponse", Streaming::kUnary},
+                         {"BlockClient", "fedlora.v1.BlockClientRequest",
+                          "fedlora.v1.BlockClientResponse", Streaming::kUnary},
                      });
 }
 
