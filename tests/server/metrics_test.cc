@@ -332,14 +332,15 @@ TEST(MetricsHttpServerTest, ADribblingFloodDoesNotDelayOtherScrapes) {
     EXPECT_THAT(r, StartsWith("HTTP/1.1 200 OK\r\n"));
     EXPECT_LT(took_s, 1.0) << "scrape " << i << " waited behind the flood";
   }
-  // All but kMaxConnectionsPerPeer (8) of the flood were closed without being served.
+  // All but kMaxConnectionsPerPeer (8) of the flood were closed without being served (and a served
+  // dribbler may since have hit the request deadline, hence at least).
   int closed_at_once = 0;
   for (int fd : flood) {
     pollfd p{fd, POLLIN, 0};
     char byte;
     if (poll(&p, 1, 0) == 1 && recv(fd, &byte, 1, MSG_DONTWAIT) <= 0) ++closed_at_once;
   }
-  EXPECT_EQ(closed_at_once, kFlood - 8);
+  EXPECT_GE(closed_at_once, kFlood - 8);
   stop = true;
   for (auto& t : dribblers) t.join();
   for (int fd : flood) close(fd);

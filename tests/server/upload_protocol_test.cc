@@ -36,6 +36,9 @@ class UploadProtocolTest : public ::testing::Test {
     config.mutable_selection()->set_over_selection(over_selection);
     ServerOptions options = testing::TestServerOptions(dir_.path());
     options.upload_sync_bytes = upload_sync_bytes_;
+    // Back-to-back downloads here can start before the server has seen the previous stream end;
+    // the per-client cap is floods_test's subject, not this file's.
+    options.max_client_downloads_in_flight = 8;
     options.round_deadline_ms = deadline_ms;
     options.heartbeat_timeout_ms = heartbeat_timeout_ms;
     // The hostile test begins dozens of uploads to reach each validation; the quota on new uploads
