@@ -214,6 +214,8 @@ class Coordinator {
   static int64_t TargetFor(const v1::RunConfig& config);
   static int64_t MinClientsFor(const v1::RunConfig& config);
   bool IsLive(const ClientEntry& c, int64_t now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What Admin shows of a client: ListClients' entry, BlockClient's answer.
+  v1::ClientInfo ClientInfoLocked(const ClientEntry& c, int64_t now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string TaskIdFor(int64_t round, const std::string& client_id) const;
   uint64_t TaskSeedFor(int64_t round, const std::string& client_id) const;
   // Seeds the downlink codec's random choices for the delta `round` commits (the same on a rerun).

@@ -1,4 +1,4 @@
-// The admin view: GetStatus and ListClients.
+// The admin view: GetStatus, ListClients and BlockClient.
 #include "server/coordinator.h"
 #include "server/coordinator_internal.h"
 
@@ -160,28 +160,31 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
   return response;
 }
 
+v1::ClientInfo Coordinator::ClientInfoLocked(const ClientEntry& c, int64_t now) const {
+  v1::ClientInfo info;
+  info.set_client_id(c.id);
+  info.set_state(c.left ? v1::CLIENT_STATE_LEFT : (IsLive(c, now) ? c.reported : v1::CLIENT_STATE_DISCONNECTED));
+  info.set_peer(c.peer);
+  info.set_client_version(c.client_version);
+  info.set_joined_unix_ms(c.joined_ms);
+  info.set_last_seen_unix_ms(c.last_seen_ms);
+  if (round_ != nullptr && round_->state == RoundState::kTraining && round_->selected.count(c.id) != 0 &&
+      round_->accepted.count(c.id) == 0) {
+    info.set_current_task_id(TaskIdFor(round_->round, c.id));
+  }
+  info.set_rounds_participated(static_cast<uint32_t>(c.rounds_participated));
+  info.set_updates_rejected(static_cast<uint32_t>(c.updates_rejected));
+  info.set_blocked(c.blocked);
+  return info;
+}
+
 absl::StatusOr<v1::ListClientsResponse> Coordinator::ListClients(const v1::ListClientsRequest& request) {
   absl::MutexLock lock(&mu_);
   const int64_t now = Now();
   v1::ListClientsResponse response;
   for (const auto& [id, c] : clients_) {
-    const bool live = IsLive(*c, now);
-    v1::ClientState state = c->left ? v1::CLIENT_STATE_LEFT : (live ? c->reported : v1::CLIENT_STATE_DISCONNECTED);
-    if (!live && !request.include_inactive()) continue;
-    v1::ClientInfo* info = response.add_clients();
-    info->set_client_id(id);
-    info->set_state(state);
-    info->set_peer(c->peer);
-    info->set_client_version(c->client_version);
-    info->set_joined_unix_ms(c->joined_ms);
-    info->set_last_seen_unix_ms(c->last_seen_ms);
-    if (round_ != nullptr && round_->state == RoundState::kTraining && round_->selected.count(id) != 0 &&
-        round_->accepted.count(id) == 0) {
-      info->set_current_task_id(TaskIdFor(round_->round, id));
-    }
-    info->set_rounds_participated(static_cast<uint32_t>(c->rounds_participated));
-    info->set_updates_rejected(static_cast<uint32_t>(c->updates_rejected));
-    info->set_blocked(c->blocked);
+    if (!IsLive(*c, now) && !request.include_inactive()) continue;
+    *response.add_clients() = ClientInfoLocked(*c, now);
   }
   return response;
 }
@@ -220,15 +223,7 @@ absl::StatusOr<v1::BlockClientResponse> Coordinator::BlockClient(const v1::Block
     UpdateClientGaugesLocked();
     FEDLORA_LOG(WARNING) << "client " << id << (c.blocked ? " blocked" : " unblocked") << " by operator "
                          << operator_id << (request.reason().empty() ? "" : ": ") << request.reason();
-    v1::ClientInfo* info = response.mutable_client();
-    info->set_client_id(id);
-    info->set_state(c.left ? v1::CLIENT_STATE_LEFT : v1::CLIENT_STATE_DISCONNECTED);
-    info->set_peer(c.peer);
-    info->set_joined_unix_ms(c.joined_ms);
-    info->set_last_seen_unix_ms(c.last_seen_ms);
-    info->set_rounds_participated(static_cast<uint32_t>(c.rounds_participated));
-    info->set_updates_rejected(static_cast<uint32_t>(c.updates_rejected));
-    info->set_blocked(c.blocked);
+    *response.mutable_client() = ClientInfoLocked(c, Now());
   }
   Deliver(std::move(deliveries), ticket);
   return response;

@@ -95,7 +95,9 @@ void Coordinator::DeletePrunedBlobs() {
     }
   }
   retention_pending_.clear();
-  if (absl::Status s = store_->CheckpointWal(); !s.ok()) FEDLORA_LOG(WARNING) << "retention: " << s;
+  if (absl::Status s = store_->CheckpointWal(); !s.ok()) {
+    FEDLORA_LOG(WARNING) << "retention: " << s;
+  }
   retained_from_.store(pruned_from_);
   FEDLORA_LOG(INFO) << "retention: rounds below " << pruned_from_ << " pruned; " << deleted << " blobs deleted";
 }

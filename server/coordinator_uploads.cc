@@ -1,7 +1,8 @@
 // The coordinator's upload half: admission of an upload stream (round binding, the manifest,
 // sealing, per-client quotas, the free-disk watermark), opening and validating a complete sealed
 // update before it enters blobs/, its durable acceptance, upload status, and the sweep of partial
-// uploads that can no longer complete.
+// uploads that can no longer complete. Just over 600 lines; issue 37's split of the Coordinator
+// into a round aggregator and its session state divides it (admission vs. validation).
 #include <sys/mman.h>
 #include <sys/statvfs.h>
 #include <unistd.h>

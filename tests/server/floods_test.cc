@@ -93,6 +93,14 @@ class DownloadFlood {
 // (max_client_downloads_in_flight), the rest refused at once; RSS grows by under 96 MiB (gRPC's state for the 1000 calls at once) (without
 // the cap all 1000 are served, and RSS grew by 2158 MiB: the server's chunks and gRPC buffers,
 // and the adapter piling up in the flooder's own buffers), and an honest client finishes its round.
+// One honest client (site-0) runs to the end of the run on `server`.
+void AnHonestClientFinishes(Server& server) {
+  std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
+  trainers.push_back(std::make_unique<DeterministicTrainer>(0));
+  auto results = testing::RunClientsUntilDone(server.address(), trainers);
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+}
+
 TEST(FloodsTest, UnreadDownloadsAreCappedPerClient) {
   TempDir dir;
   ServerOptions o = testing::TestServerOptions(dir.path());
@@ -118,10 +126,7 @@ TEST(FloodsTest, UnreadDownloadsAreCappedPerClient) {
   ::testing::Test::RecordProperty("rss_growth_mib", static_cast<int>(grown));
 
   // The flooder's two admitted streams are still open; an honest client runs its round.
-  std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
-  trainers.push_back(std::make_unique<DeterministicTrainer>(0));
-  auto results = testing::RunClientsUntilDone((*server)->address(), trainers);
-  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_NO_FATAL_FAILURE(AnHonestClientFinishes(**server));
   EXPECT_TRUE((*server)->WaitUntilFinished(10'000));
   flood.Cancel();
 }
@@ -202,10 +207,7 @@ TEST(FloodsTest, HealthWatchStreamsAreCappedPerConnection) {
   ::testing::Test::RecordProperty("rss_growth_mib", static_cast<int>(grown));
 
   // The main port serves an honest client's round.
-  std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
-  trainers.push_back(std::make_unique<DeterministicTrainer>(0));
-  auto results = testing::RunClientsUntilDone((*server)->address(), trainers);
-  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_NO_FATAL_FAILURE(AnHonestClientFinishes(**server));
 }
 
 // The run config's bounds reach the main port: server.max_concurrent_streams 4 lets one connection
@@ -230,10 +232,7 @@ TEST(FloodsTest, RunConfigBoundsTheMainPort) {
   int64_t grown = 0;
   EXPECT_EQ(WatchFlood((*server)->address(), 2, 10, &grown), 2 * 4);
 
-  std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
-  trainers.push_back(std::make_unique<DeterministicTrainer>(0));
-  auto results = testing::RunClientsUntilDone((*server)->address(), trainers);
-  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_NO_FATAL_FAILURE(AnHonestClientFinishes(**server));
 }
 
 // 2000 WaitForTask polls from one client at once: two are held (max_client_held_polls), the rest
@@ -288,10 +287,7 @@ TEST(FloodsTest, HeldPollsAreCappedPerClient) {
   EXPECT_LT(grown, 96) << "RSS grew " << grown << " MiB under " << kPolls << " held polls";
   ::testing::Test::RecordProperty("rss_growth_mib", static_cast<int>(grown));
 
-  std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
-  trainers.push_back(std::make_unique<DeterministicTrainer>(0));
-  auto results = testing::RunClientsUntilDone((*server)->address(), trainers);
-  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_NO_FATAL_FAILURE(AnHonestClientFinishes(**server));
   EXPECT_TRUE((*server)->WaitUntilFinished(10'000));
   for (Poll& p : polls) {
     if (p.ctx != nullptr) p.ctx->TryCancel();

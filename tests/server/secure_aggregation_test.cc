@@ -59,6 +59,30 @@ std::vector<NamedTensor> Delta(int k, const v1::TrainTask& task) {
   return d;
 }
 
+// The largest difference between the adapter's move (`after` - `initial`) and the plaintext mean
+// of the sites' updates (`sites`: each its Delta for its task, clipped to kClip).
+double ErrorAgainstClippedMean(const std::vector<UpdateTensor>& initial, const std::vector<UpdateTensor>& after,
+                               const std::vector<v1::TrainTask>& tasks, const std::vector<int>& sites) {
+  std::vector<std::vector<UpdateTensor>> clipped;
+  for (int k : sites) {
+    std::vector<UpdateTensor> u;
+    for (NamedTensor& n : Delta(k, tasks[k])) u.push_back({n.name, n.shape, n.values});
+    std::sort(u.begin(), u.end(), [](const UpdateTensor& a, const UpdateTensor& b) { return a.name < b.name; });
+    ClipUpdateNorm(u, kClip);
+    clipped.push_back(std::move(u));
+  }
+  double max_error = 0;
+  for (size_t t = 0; t < after.size(); ++t) {
+    for (size_t i = 0; i < after[t].values.size(); ++i) {
+      double mean = 0;
+      for (const auto& u : clipped) mean += u[t].values[i];
+      mean /= static_cast<double>(clipped.size());
+      max_error = std::max(max_error, std::abs(after[t].values[i] - initial[t].values[i] - mean));
+    }
+  }
+  return max_error;
+}
+
 using Drop = testing::SecAggDrop;
 
 v1::SecureAggregationResponse Call(RawClient& c, const v1::SecureAggregationRequest& req) {
@@ -96,14 +120,6 @@ TEST_P(SecureAggregationTest, TheServerCommitsTheSurvivorsMeanThroughDropouts) {
 
   // The plaintext mean of the five uploaded updates, each clipped to kClip.
   const std::vector<UpdateTensor> after = (*server)->coordinator().global_adapter();
-  std::vector<std::vector<UpdateTensor>> clipped;
-  for (int k : {0, 1, 2, 3, 5}) {
-    std::vector<UpdateTensor> u;
-    for (NamedTensor& n : Delta(k, tasks[k])) u.push_back({n.name, n.shape, n.values});
-    std::sort(u.begin(), u.end(), [](const UpdateTensor& a, const UpdateTensor& b) { return a.name < b.name; });
-    ClipUpdateNorm(u, kClip);
-    clipped.push_back(std::move(u));
-  }
   // Fixed point with frac_bits f: each value is off by < 2^-f, the mean too.
   const v1::SecureAggregationTask& sa = tasks[0].secure_aggregation();
   const double tolerance = std::ldexp(1.0, -static_cast<int>(sa.frac_bits())) + 1e-7;
@@ -115,16 +131,7 @@ TEST_P(SecureAggregationTest, TheServerCommitsTheSurvivorsMeanThroughDropouts) {
     EXPECT_EQ(sa.frac_bits(), 10u);  // 127 levels over +-0.1: a step of 2^-10
   }
   ASSERT_EQ(after.size(), initial.size());
-  double max_error = 0;
-  for (size_t t = 0; t < after.size(); ++t) {
-    for (size_t i = 0; i < after[t].values.size(); ++i) {
-      double mean = 0;
-      for (const auto& u : clipped) mean += u[t].values[i];
-      mean /= static_cast<double>(clipped.size());
-      max_error = std::max(max_error, std::abs(after[t].values[i] - initial[t].values[i] - mean));
-    }
-  }
-  EXPECT_LT(max_error, tolerance);
+  EXPECT_LT(ErrorAgainstClippedMean(initial, after, tasks, {0, 1, 2, 3, 5}), tolerance);
   RawClient op((*server)->address(), "operator");
   const v1::GetStatusResponse status = op.RunStatus();
   ASSERT_EQ(status.history_size(), 1);
@@ -243,26 +250,9 @@ TEST(SecureAggregationRoundTest, OneWrongShareIsOutvotedAndItsSenderSitsOutTheNe
   EXPECT_EQ((*server)->metrics().secagg_implausible_sums.load(), 0);
 
   const std::vector<UpdateTensor> after = (*server)->coordinator().global_adapter();
-  std::vector<std::vector<UpdateTensor>> clipped;
-  for (int k = 0; k < 6; ++k) {
-    std::vector<UpdateTensor> u;
-    for (NamedTensor& n : Delta(k, tasks[k])) u.push_back({n.name, n.shape, n.values});
-    std::sort(u.begin(), u.end(), [](const UpdateTensor& a, const UpdateTensor& b) { return a.name < b.name; });
-    ClipUpdateNorm(u, kClip);
-    clipped.push_back(std::move(u));
-  }
   const double tolerance = std::ldexp(1.0, -static_cast<int>(tasks[0].secure_aggregation().frac_bits())) + 1e-7;
   ASSERT_EQ(after.size(), initial.size());
-  double max_error = 0;
-  for (size_t t = 0; t < after.size(); ++t) {
-    for (size_t i = 0; i < after[t].values.size(); ++i) {
-      double mean = 0;
-      for (const auto& u : clipped) mean += u[t].values[i];
-      mean /= static_cast<double>(clipped.size());
-      max_error = std::max(max_error, std::abs(after[t].values[i] - initial[t].values[i] - mean));
-    }
-  }
-  EXPECT_LT(max_error, tolerance);
+  EXPECT_LT(ErrorAgainstClippedMean(initial, after, tasks, {0, 1, 2, 3, 4, 5}), tolerance);
 
   // Round 2: site 0 is told to sit it out; an honest site is a candidate as usual.
   RawClient liar((*server)->address(), "site-0");
