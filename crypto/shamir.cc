@@ -271,9 +271,11 @@ absl::StatusOr<ShamirDecoded> ShamirCombineChecked(std::span<const ShamirShare> 
   if (ctx == nullptr) return OpenSslFailure("BN_CTX_secure_new");
   FEDLORA_ASSIGN_OR_RETURN(Bn p, Prime());
   const size_t n = shares.size();
-  // The polynomial must be the one of more than half of the shares, and of more than `threshold`:
-  // with fewer wrong shares than that, only the dealt polynomial can gather so many.
-  const size_t needed = std::max<size_t>(threshold + 1, n / 2 + 1);
+  // The polynomial must pass through ceil((n + threshold) / 2) shares (and more than `threshold`).
+  // Two polynomials of degree threshold - 1 share at most threshold - 1 points, so with w wrong
+  // shares another one gathers at most threshold - 1 + w: up to floor((n - threshold) / 2) wrong
+  // shares, even chosen together, only the dealt polynomial reaches that count.
+  const size_t needed = std::max<size_t>(threshold + 1, (n + threshold + 1) / 2);
   // Candidate subsets: consecutive runs of `threshold` shares from each start (a wrong share spoils
   // the runs that hold it, so with few wrong shares one of the first runs is clean).
   for (int attempt = 0; attempt < max_tries && static_cast<size_t>(attempt) < n; ++attempt) {

@@ -65,13 +65,14 @@ struct ShamirDecoded {
   std::vector<uint32_t> wrong_x;
 };
 
-// Recovers the secret from more than `threshold` shares some of which may be wrong: the polynomial
-// of degree threshold - 1 through at least max(threshold + 1, n / 2 + 1) of the n shares, tried
-// from at most `max_tries` runs of `threshold` consecutive shares. It finds the dealt polynomial
-// when that many shares are right and one run tried holds no wrong share (one wrong share and
-// n >= threshold + 2, for instance); another polynomial would have to pass through threshold
-// right shares it does not know. FailedPrecondition with `threshold` shares or fewer (nothing to
-// check against); InvalidArgument as ShamirCombine, or "inconsistent shares" when none is found.
+// Recovers the secret from n > `threshold` shares some of which may be wrong: the polynomial of
+// degree threshold - 1 through at least max(threshold + 1, ceil((n + threshold) / 2)) of them,
+// tried from at most `max_tries` runs of `threshold` consecutive shares. With at most
+// floor((n - threshold) / 2) wrong shares (colluding or not) no other polynomial gathers that many,
+// so what it returns is the dealt secret; it finds it when one run tried holds no wrong share. More
+// wrong shares than that are beyond any decoder: chosen together they can pass for the sharing.
+// FailedPrecondition with `threshold` shares or fewer (nothing to check against); InvalidArgument
+// as ShamirCombine, or "inconsistent shares" when none is found.
 absl::StatusOr<ShamirDecoded> ShamirCombineChecked(std::span<const ShamirShare> shares, uint32_t threshold,
                                                    int max_tries = 16);
 

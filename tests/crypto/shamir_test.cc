@@ -195,8 +195,18 @@ TEST(Shamir, ResultAbove2To256IsInconsistent) {
   EXPECT_TRUE(absl::StrContains(got.status().message(), "inconsistent shares")) << got.status();
 }
 
-// Flips a bit of a share's y, keeping it a valid field element (below p: its first byte stays 0/1).
-void Corrupt(ShamirShare& share) { share.y[32] = static_cast<char>(share.y[32] ^ 0x5a); }
+// Adds `k` to a share's y (big-endian). The errors are then fixed numbers, so which polynomials
+// pass through which shares does not depend on the random coefficients of the sharing. (y + k
+// reaching p would need y within k of it: probability about 2^-250.)
+void Add(ShamirShare& share, uint32_t k) {
+  uint32_t carry = k;
+  for (size_t i = share.y.size(); i-- > 0 && carry != 0;) {
+    carry += static_cast<uint8_t>(share.y[i]);
+    share.y[i] = static_cast<char>(carry & 0xff);
+    carry >>= 8;
+  }
+}
+void Corrupt(ShamirShare& share) { Add(share, 0x5a); }
 
 TEST(Shamir, CheckedCombineFindsTheWrongSharesAndTheSecret) {
   const std::string secret(32, '\x42');
@@ -228,6 +238,23 @@ TEST(Shamir, CheckedCombineFindsTheWrongSharesAndTheSecret) {
   }
 }
 
+// Two liars who agree on a wrong polynomial: with f the dealt one, f - (x - 3)(x - 4)(x - 5) passes
+// through the right shares at x = 3, 4, 5 and the liars' at x = 1, 2 (f(1) + 24, f(2) + 6): five of
+// nine, more than half and more than the threshold. Only ceil((9 + 4) / 2) = 7 outvotes them.
+TEST(Shamir, CheckedCombineIsNotFooledByLiarsWhoAgree) {
+  const std::string secret(32, '\x31');
+  auto shares = ShamirSplit(secret, /*threshold=*/4, /*num_shares=*/9);
+  ASSERT_TRUE(shares.ok()) << shares.status();
+  std::vector<ShamirShare> v = *shares;
+  Add(v[0], 24);
+  Add(v[1], 6);
+  auto decoded = ShamirCombineChecked(v, 4);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->secret, secret);
+  std::sort(decoded->wrong_x.begin(), decoded->wrong_x.end());
+  EXPECT_EQ(decoded->wrong_x, (std::vector<uint32_t>{1, 2}));
+}
+
 TEST(Shamir, CheckedCombineRefusesWhatItCannotDecide) {
   const std::string secret(32, '\x07');
   auto shares = ShamirSplit(secret, 3, 5);
@@ -235,9 +262,11 @@ TEST(Shamir, CheckedCombineRefusesWhatItCannotDecide) {
   // Exactly the threshold: nothing to check against.
   EXPECT_TRUE(absl::IsFailedPrecondition(
       ShamirCombineChecked(std::span<const ShamirShare>(*shares).first(3), 3).status()));
-  // Three of five wrong: no polynomial gathers a majority, and none is guessed.
+  // Two of five wrong (it corrects one): no polynomial of degree 2 passes through four of these
+  // shares (the errors +1 at x = 1 and +1000 at x = 3 fit none), and none is guessed.
   std::vector<ShamirShare> v = *shares;
-  for (size_t i : {0, 2, 4}) Corrupt(v[i]);
+  Add(v[0], 1);
+  Add(v[2], 1000);
   auto decoded = ShamirCombineChecked(v, 3);
   ASSERT_FALSE(decoded.ok());
   EXPECT_TRUE(absl::StrContains(decoded.status().message(), "inconsistent shares")) << decoded.status();
