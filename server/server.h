@@ -25,6 +25,7 @@
 #include "compression/codec.h"
 #include "fedlora/v1/config.pb.h"
 #include "server/coordinator.h"
+#include "server/data_dir_lock.h"
 #include "server/evaluator.h"
 #include "server/metrics.h"
 #include "server/options.h"
@@ -93,6 +94,7 @@ class Server {
 
   ServerOptions options_;
   ServerMetrics metrics_;
+  std::unique_ptr<DataDirLock> dir_lock_;  // held while the server lives; released after the store closes
   std::unique_ptr<Store> store_;
   std::unique_ptr<BlobStore> blobs_;
   std::unique_ptr<Coordinator> coordinator_;
