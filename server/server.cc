@@ -290,6 +290,10 @@ void Server::Shutdown() {
     health_server_->Wait();
   }
   metrics_http_.reset();
+  // The run's state is on disk and nothing writes it any more: another server (or `fedlora store`)
+  // may take the data directory now, before this object is destroyed.
+  if (coordinator_) coordinator_->WaitForAggregation();
+  dir_lock_.reset();
 }
 
 }  // namespace fedlora

@@ -72,7 +72,8 @@ class Server {
   // Turns health NOT_SERVING, stops the driver (joining it after its current tick), releases
   // held long polls, and shuts the gRPC server down: new calls are refused, calls in flight get up
   // to 2 s and are then cancelled (an upload cut off resumes from its last checkpoint when the
-  // client retries against a restarted server). Then stops the metrics endpoint. Idempotent.
+  // client retries against a restarted server). Then stops the metrics endpoint, waits for an
+  // aggregation to stop, and releases the data directory's lock (server/data_dir_lock.h). Idempotent.
   void Shutdown();
 
   // Re-reads the TLS CRL file now (SIGHUP); the previous CRL stays in force when the new one does
@@ -94,7 +95,7 @@ class Server {
 
   ServerOptions options_;
   ServerMetrics metrics_;
-  std::unique_ptr<DataDirLock> dir_lock_;  // held while the server lives; released after the store closes
+  std::unique_ptr<DataDirLock> dir_lock_;  // held from Create until Shutdown (or destruction)
   std::unique_ptr<Store> store_;
   std::unique_ptr<BlobStore> blobs_;
   std::unique_ptr<Coordinator> coordinator_;
