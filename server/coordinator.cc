@@ -75,6 +75,19 @@ absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(const v1
   return o;
 }
 
+// A blob the run needs to resume is damaged: an error naming the round, the blob and the commands
+// that diagnose and repair it (tools/cmd_store.cc), with the blob store's own code and text.
+absl::Status ResumeBlobError(const absl::Status& s, int64_t round, absl::string_view what, const std::string& hash,
+                             const std::string& data_dir, const std::string& run_id) {
+  const std::string where = round == 0 ? std::string("the run's") : absl::StrCat("round ", round, "'s");
+  const std::string args = absl::StrCat("--data-dir ", data_dir, " --run-id ", run_id);
+  return absl::Status(s.code(), absl::StrCat(where, " ", what, " (blob ", hash, ") cannot be read: ", s.message(),
+                                             ". The server cannot resume run '", run_id, "' without it: run `fedlora ",
+                                             "store verify ", args, "` to see what is damaged, then `fedlora store ",
+                                             "repair ", args, "` (add --rewind to roll the run back to its newest ",
+                                             "intact round)"));
+}
+
 }  // namespace
 
 Coordinator::Coordinator(ServerOptions options, v1::RunConfig config, std::vector<UpdateTensor> initial_adapter,
@@ -244,8 +257,11 @@ absl::Status Coordinator::Restore() {
     }
   }
   FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> rounds, store_->ListRounds(run_id_));
-  FEDLORA_ASSIGN_OR_RETURN(int64_t initial_size, blobs_->Size(initial_hash));
-  downloadable_[initial_hash] = {0, initial_size, false};
+  absl::StatusOr<int64_t> initial_size = blobs_->Size(initial_hash);
+  if (!initial_size.ok()) {
+    return ResumeBlobError(initial_size.status(), 0, "initial adapter", initial_hash, options_.data_dir, run_id_);
+  }
+  downloadable_[initial_hash] = {0, *initial_size, false};
   if (config_.downlink_codec().stages_size() > 0) {
     FEDLORA_ASSIGN_OR_RETURN(CodecOptions downlink, CodecOptionsFromSpec(config_.downlink_codec()));
     downlink_ = downlink;
@@ -256,6 +272,11 @@ absl::Status Coordinator::Restore() {
   rounds_committed_ = 0;
   std::string current_hash = initial_hash, current_broadcast = initial_hash;
   int64_t current_round = 0, broadcast_round = 0;
+  auto ResumeSize = [&](int64_t round, absl::string_view what, const std::string& hash) -> absl::StatusOr<int64_t> {
+    absl::StatusOr<int64_t> size = blobs_->Size(hash);
+    if (!size.ok()) return ResumeBlobError(size.status(), round, what, hash, options_.data_dir, run_id_);
+    return size;
+  };
   for (const RoundRecord& r : rounds) {
     if (r.state != RoundState::kCommitted) continue;
     ++rounds_committed_;
@@ -263,15 +284,15 @@ absl::Status Coordinator::Restore() {
       current_broadcast.clear();
       continue;
     }
-    FEDLORA_ASSIGN_OR_RETURN(int64_t size, blobs_->Size(r.result_adapter_hash));
+    FEDLORA_ASSIGN_OR_RETURN(int64_t size, ResumeSize(r.round, "result adapter", r.result_adapter_hash));
     downloadable_[r.result_adapter_hash] = {r.round, size, false};
     current_hash = r.result_adapter_hash;
     current_round = r.round;
     if (r.broadcast_hash.empty()) {
       current_broadcast = r.result_adapter_hash;
     } else {
-      FEDLORA_ASSIGN_OR_RETURN(int64_t broadcast_size, blobs_->Size(r.broadcast_hash));
-      FEDLORA_ASSIGN_OR_RETURN(int64_t delta_size, blobs_->Size(r.broadcast_delta_hash));
+      FEDLORA_ASSIGN_OR_RETURN(int64_t broadcast_size, ResumeSize(r.round, "broadcast adapter", r.broadcast_hash));
+      FEDLORA_ASSIGN_OR_RETURN(int64_t delta_size, ResumeSize(r.round, "broadcast delta", r.broadcast_delta_hash));
       downloadable_[r.broadcast_hash] = {r.round, broadcast_size, false};
       downloadable_[r.broadcast_delta_hash] = {r.round, delta_size, true};
       downlink_steps_.push_back({r.round, current_broadcast, r.broadcast_delta_hash, r.broadcast_hash, delta_size});
@@ -280,7 +301,13 @@ absl::Status Coordinator::Restore() {
     broadcast_round = r.round;
   }
   last_committed_round_ = current_round;
-  FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(current_hash));
+  absl::StatusOr<std::string> bytes_or = blobs_->Get(current_hash);
+  if (!bytes_or.ok()) {
+    return ResumeBlobError(bytes_or.status(), current_round,
+                           current_round == 0 ? "initial adapter" : "result adapter (the current global adapter)",
+                           current_hash, options_.data_dir, run_id_);
+  }
+  std::string bytes = *std::move(bytes_or);
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> restored, AdapterFromSafetensors(bytes));
   global_ = std::make_shared<const std::vector<UpdateTensor>>(std::move(restored));
   global_hash_ = current_hash;
@@ -291,7 +318,12 @@ absl::Status Coordinator::Restore() {
   broadcast_bytes_ = global_bytes_;
   broadcast_round_ = broadcast_round;
   if (current_broadcast != current_hash) {
-    FEDLORA_ASSIGN_OR_RETURN(std::string b, blobs_->Get(current_broadcast));
+    absl::StatusOr<std::string> b_or = blobs_->Get(current_broadcast);
+    if (!b_or.ok()) {
+      return ResumeBlobError(b_or.status(), broadcast_round, "broadcast adapter (what clients train from next)",
+                             current_broadcast, options_.data_dir, run_id_);
+    }
+    std::string b = *std::move(b_or);
     FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> adapter, AdapterFromSafetensors(b));
     broadcast_ = std::make_shared<const std::vector<UpdateTensor>>(std::move(adapter));
     broadcast_hash_ = current_broadcast;
@@ -344,8 +376,12 @@ absl::Status Coordinator::Restore() {
                                               "but this run's aggregation (", ToAbsl(ServerOptimizerName(opt_options.kind)),
                                               ") keeps one; was the run's config changed?"));
     }
-    FEDLORA_ASSIGN_OR_RETURN(std::string state, blobs_->Get(last->server_state_hash));
-    FEDLORA_RETURN_IF_ERROR_CTX(opt.LoadState(state), absl::StrCat("round ", current_round));
+    absl::StatusOr<std::string> state = blobs_->Get(last->server_state_hash);
+    if (!state.ok()) {
+      return ResumeBlobError(state.status(), current_round, "server optimizer state", last->server_state_hash,
+                             options_.data_dir, run_id_);
+    }
+    FEDLORA_RETURN_IF_ERROR_CTX(opt.LoadState(*state), absl::StrCat("round ", current_round));
   }
   server_opt_.emplace(std::move(opt));
 

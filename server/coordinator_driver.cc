@@ -184,6 +184,8 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
     committed_before = rounds_committed_;
   }
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> uploads, store_->ListAcceptedUploads(run_id_, round));
+  std::vector<UploadRecord> all_uploads;  // set when some were left out as corrupt
+  nlohmann::json metrics_json_extra = nlohmann::json::object();
   // A client's weight is its claimed example count, capped at the configured bound (the count is
   // sealed with the update, so no one on the way can change it, but the client itself may lie).
   const int64_t max_examples = static_cast<int64_t>(config_.aggregation().max_examples_per_client());
@@ -209,10 +211,21 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
     }
   } else {
     FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(spec_, options_.aggregation_device));
+    std::vector<UploadRecord> intact;
     for (const UploadRecord& u : uploads) {  // canonical order (by upload_id); the sum is exact anyway
       std::string plain;
       {
-        FEDLORA_ASSIGN_OR_RETURN(std::string sealed, blobs_->Get(u.blob_hash));
+        absl::StatusOr<std::string> read = blobs_->Get(u.blob_hash);
+        if (absl::IsDataLoss(read.status()) || absl::IsNotFound(read.status())) {
+          // Its client was told ACCEPTED: say loudly that the update is lost, and go on without it.
+          metrics_->updates_corrupt.fetch_add(1);
+          FEDLORA_LOG(ERROR) << "round " << round << ": accepted update " << u.upload_id << " of client "
+                             << u.client_id << " is " << (absl::IsNotFound(read.status()) ? "missing" : "corrupt")
+                             << " in the blob store (" << read.status().message()
+                             << "); it is left out of the aggregate";
+          continue;
+        }
+        FEDLORA_ASSIGN_OR_RETURN(std::string sealed, std::move(read));
         const crypto::UpdatePlace place{run_id_, static_cast<uint64_t>(u.round), u.client_id, u.upload_id,
                                         static_cast<uint64_t>(u.num_examples)};
         absl::StatusOr<std::string> opened = crypto::OpenUpdateBlob(key->private_key, place, sealed);
@@ -229,9 +242,25 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
       }
       FEDLORA_RETURN_IF_ERROR_CTX(avg.Add(update, by_examples ? std::min(u.num_examples, max_examples) : 1),
                                   absl::StrCat("update ", u.upload_id));
+      intact.push_back(u);
       if (++added == 1) MaybeCrashAt("during_aggregation");
       FEDLORA_RETURN_IF_ERROR(CheckNotShuttingDown());
     }
+    if (const int64_t lost = static_cast<int64_t>(uploads.size()) - added; lost > 0) {
+      metrics_json_extra["updates_corrupt"] = lost;
+      if (added < MinClients()) {
+        FEDLORA_RETURN_IF_ERROR(CheckNotShuttingDown());
+        absl::MutexLock lock(&mu_);  // housekeeping (ForgetClosedRounds) deletes its key and blobs
+        if (round_ == nullptr || round_->round != round) return absl::OkStatus();
+        aggregation_failures_ = 0;
+        return AbandonRoundLocked(absl::StrCat(lost, " of its ", uploads.size(),
+                                               " accepted updates are corrupt or missing in the blob store, and the ",
+                                               added, " intact ones are fewer than min_clients (", MinClients(), ")"));
+      }
+    }
+    // Corrupt ones counted nowhere below (bytes, participation); ForgetRound still deletes them.
+    all_uploads = uploads;
+    uploads = std::move(intact);
     FEDLORA_ASSIGN_OR_RETURN(mean, avg.Finish());
     if (dp_.has_value()) {
       FEDLORA_ASSIGN_OR_RETURN(dp_round, dp_->Release(mean, added, unclipped));
@@ -299,6 +328,7 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
     records.push_back({run_id_, round, "", k, v});
   }
   metrics_json["updates"] = added;
+  metrics_json.update(metrics_json_extra);
   int64_t wire_bytes = 0;
   for (const UploadRecord& u : uploads) wire_bytes += u.bytes;
   metrics_json["upload_bytes"] = wire_bytes;
@@ -315,7 +345,7 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   FEDLORA_RETURN_IF_ERROR(CheckNotShuttingDown());
   FEDLORA_RETURN_IF_ERROR(store_->CommitRound(run_id_, round, hash, metrics_json.dump(), records, state_hash, downlink));
   server_opt_.emplace(std::move(opt));
-  ForgetRound(round, uploads);
+  ForgetRound(round, all_uploads.empty() ? uploads : all_uploads);
 
   auto committed = std::make_shared<const std::vector<UpdateTensor>>(std::move(next));
   std::shared_ptr<const std::vector<UpdateTensor>> previous;  // freed after the lock is released

@@ -54,7 +54,7 @@ absl::StatusOr<std::optional<ServerDp>> ServerDp::Create(const v1::RunConfig& co
                                                          int64_t max_cohort, double encoding_bound) {
   if (!config.privacy().dp().enabled()) {
     for (const RoundRecord& r : rounds) {
-      if (r.state != RoundState::kCommitted) continue;
+      if (!ReleasedAnAdapter(r)) continue;  // a rewound round's release still happened
       const nlohmann::json metrics = nlohmann::json::parse(r.metrics_json, nullptr, /*allow_exceptions=*/false);
       if (metrics.is_object() && DpRound::From(metrics).ok()) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -83,8 +83,10 @@ absl::StatusOr<std::optional<ServerDp>> ServerDp::Create(const v1::RunConfig& co
   if (mode == v1::DifferentialPrivacyConfig::DISTRIBUTED && max_cohort > min_clients) {
     dp.planned_noise_multiplier_ *= std::sqrt(static_cast<double>(min_clients) / static_cast<double>(max_cohort));
   }
+  // Every released adapter counts, including those of rounds a repair rewound (IsRewound): what was
+  // released cannot be taken back, so rewinding never lowers the epsilon.
   for (const RoundRecord& r : rounds) {
-    if (r.state != RoundState::kCommitted) continue;
+    if (!ReleasedAnAdapter(r)) continue;
     const nlohmann::json metrics = nlohmann::json::parse(r.metrics_json, nullptr, /*allow_exceptions=*/false);
     absl::StatusOr<DpRound> record = metrics.is_object() ? DpRound::From(metrics)
                                                           : absl::NotFoundError("the round's metrics are not JSON");
@@ -96,7 +98,7 @@ absl::StatusOr<std::optional<ServerDp>> ServerDp::Create(const v1::RunConfig& co
     FEDLORA_RETURN_IF_ERROR_CTX(dp.Commit(*record), absl::StrCat("round ", r.round, "'s DP record"));
   }
   int64_t committed = 0;
-  for (const RoundRecord& r : rounds) committed += r.state == RoundState::kCommitted ? 1 : 0;
+  for (const RoundRecord& r : rounds) committed += ReleasedAnAdapter(r) ? 1 : 0;
   if (committed == 0 && dp.AffordableRounds(0, 1) == 0) {
     privacy::RdpAccountant one;
     FEDLORA_RETURN_IF_ERROR(one.AddSteps(dp.planned_noise_multiplier_, dp.sampling_rate_, 1));

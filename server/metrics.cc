@@ -304,6 +304,9 @@ std::string ServerMetrics::ToPrometheusText() const {
   AppendMetric(out, "updates_rejected_total", "counter", "Upload attempts refused.", updates_rejected.load());
   AppendMetric(out, "updates_duplicate_total", "counter", "Re-sent uploads answered with the original ack.",
                updates_duplicate.load());
+  AppendMetric(out, "updates_corrupt_total", "counter",
+               "Accepted updates found corrupt or missing in the blob store at aggregation and left out.",
+               updates_corrupt.load());
   AppendMetric(out, "upload_bytes_total", "counter", "Update bytes received in chunks.", upload_bytes.load());
   AppendMetric(out, "download_bytes_total", "counter", "Adapter bytes sent in chunks.", download_bytes.load());
   AppendMetric(out, "download_full_bytes_total", "counter",

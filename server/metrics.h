@@ -36,6 +36,8 @@ struct ServerMetrics {
   std::atomic<int64_t> updates_accepted{0};
   std::atomic<int64_t> updates_rejected{0};
   std::atomic<int64_t> updates_duplicate{0};
+  // Accepted updates found corrupt or missing in the blob store at aggregation, and left out.
+  std::atomic<int64_t> updates_corrupt{0};
   // Payload bytes received in upload chunks and sent in download chunks (wire, before decoding).
   std::atomic<int64_t> upload_bytes{0};
   // The accepted updates as dense fp32 values: upload_bytes against it is the codec's saving.

@@ -180,6 +180,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
   std::unique_ptr<Server> server(new Server());
   server->options_ = std::move(options);
   const ServerOptions& o = server->options_;
+  FEDLORA_ASSIGN_OR_RETURN(server->dir_lock_, DataDirLock::Acquire(o.data_dir));
   FEDLORA_ASSIGN_OR_RETURN(server->store_, Store::Open(o.data_dir + "/fedlora.db"));
   FEDLORA_ASSIGN_OR_RETURN(server->blobs_, BlobStore::Open(o.data_dir));
   server->coordinator_ = std::make_unique<Coordinator>(o, std::move(config), std::move(initial_adapter),
@@ -332,6 +333,10 @@ void Server::Shutdown() {
     health_server_->Wait();
   }
   metrics_http_.reset();
+  // The run's state is on disk and nothing writes it any more: another server (or `fedlora store`)
+  // may take the data directory now, before this object is destroyed.
+  if (coordinator_) coordinator_->WaitForAggregation();
+  dir_lock_.reset();
 }
 
 }  // namespace fedlora

@@ -25,6 +25,7 @@
 #include "compression/codec.h"
 #include "fedlora/v1/config.pb.h"
 #include "server/coordinator.h"
+#include "server/data_dir_lock.h"
 #include "server/evaluator.h"
 #include "server/metrics.h"
 #include "server/options.h"
@@ -71,7 +72,8 @@ class Server {
   // Turns health NOT_SERVING, stops the driver (joining it after its current tick), releases
   // held long polls, and shuts the gRPC server down: new calls are refused, calls in flight get up
   // to 2 s and are then cancelled (an upload cut off resumes from its last checkpoint when the
-  // client retries against a restarted server). Then stops the metrics endpoint. Idempotent.
+  // client retries against a restarted server). Then stops the metrics endpoint, waits for an
+  // aggregation to stop, and releases the data directory's lock (server/data_dir_lock.h). Idempotent.
   void Shutdown();
 
   // Re-reads the TLS CRL file now (SIGHUP); the previous CRL stays in force when the new one does
@@ -93,6 +95,7 @@ class Server {
 
   ServerOptions options_;
   ServerMetrics metrics_;
+  std::unique_ptr<DataDirLock> dir_lock_;  // held from Create until Shutdown (or destruction)
   std::unique_ptr<Store> store_;
   std::unique_ptr<BlobStore> blobs_;
   std::unique_ptr<Coordinator> coordinator_;

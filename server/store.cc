@@ -22,6 +22,7 @@
 #include "core/status.h"
 #include "core/strings.h"
 #include "server/blob_store.h"
+#include <nlohmann/json.hpp>
 
 namespace fedlora {
 namespace {
@@ -325,6 +326,11 @@ std::string_view UploadStateName(UploadState state) {
 }
 
 std::string_view ClientStateName(ClientState state) { return state == ClientState::kBlocked ? "blocked" : "active"; }
+
+bool IsRewound(const RoundRecord& r) {
+  return r.state == RoundState::kAbandoned && !r.result_adapter_hash.empty();
+}
+bool ReleasedAnAdapter(const RoundRecord& r) { return r.state == RoundState::kCommitted || IsRewound(r); }
 
 bool IsTerminal(RoundState state) { return state == RoundState::kCommitted || state == RoundState::kAbandoned; }
 
@@ -1283,6 +1289,42 @@ absl::Status Store::CheckpointWal() {
   sqlite3_free(err);
   if (rc != SQLITE_OK) return SqlError(impl_->db, rc, "checkpointing the WAL");
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Store::RewindRun(const std::string& run_id, int64_t keep_through, const std::string& reason) {
+  return WriteTransaction(nullptr, [&]() -> absl::StatusOr<int64_t> {
+    FEDLORA_RETURN_IF_ERROR(impl_->RequireRun(run_id));
+    if (keep_through < 0) return absl::InvalidArgumentError(absl::StrCat("RewindRun: round ", keep_through, " < 0"));
+    if (keep_through > 0) {
+      FEDLORA_ASSIGN_OR_RETURN(RoundState st, impl_->RoundStateOf(run_id, keep_through));
+      if (st != RoundState::kCommitted) {
+        return absl::FailedPreconditionError(absl::StrCat("RewindRun: ", RoundName(run_id, keep_through), " is ",
+                                                          ToAbsl(RoundStateName(st)), ", not committed"));
+      }
+    }
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> later,
+                             impl_->Rounds("run_id = ? AND round > ? ORDER BY round", run_id, keep_through));
+    int64_t lost = 0;
+    for (const RoundRecord& r : later) {
+      if (r.state == RoundState::kAbandoned) continue;
+      std::string metrics = r.metrics_json;
+      if (r.state == RoundState::kCommitted) {
+        ++lost;
+        nlohmann::json m = nlohmann::json::parse(metrics, nullptr, /*allow_exceptions=*/false);
+        if (m.is_object()) {
+          m["rewound"] = reason;
+          metrics = m.dump();
+        }
+      }
+      std::unique_ptr<Stmt> h;
+      FEDLORA_ASSIGN_OR_RETURN(Stmt * s, impl_->Query("UPDATE rounds SET state = 'abandoned', metrics_json = ?, "
+                                                      "updated_ms = ? WHERE run_id = ? AND round = ?",
+                                                      h));
+      s->Bind(metrics).Bind(impl_->Now()).Bind(run_id).Bind(r.round);
+      FEDLORA_RETURN_IF_ERROR(s->Run());
+    }
+    return lost;
+  });
 }
 
 }  // namespace fedlora

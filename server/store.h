@@ -102,6 +102,12 @@ struct RoundRecord {
   int64_t updated_unix_ms = 0;
 };
 
+// A committed round that Store::RewindRun later marked lost: abandoned, with its result adapter
+// and metrics (its DP record) kept. Its adapter was released, so privacy accounting still counts it.
+bool IsRewound(const RoundRecord& r);
+// Committed, or committed and then rewound: the round released an adapter.
+bool ReleasedAnAdapter(const RoundRecord& r);
+
 struct ClientRecord {
   std::string client_id;
   std::string cert_fingerprint;  // SHA-256 hex of the client certificate (DER); not recorded yet: Coordinator::Join passes ""
@@ -272,6 +278,13 @@ class Store {
 
   // --- recovery and GC ---
   absl::StatusOr<RecoveredState> LoadLatestState(const std::string& run_id);
+  // Rolls run `run_id` back to round `keep_through` (0: to the initial adapter), for a store whose
+  // later adapters are lost (fedlora store repair --rewind; the server must not be running). In one
+  // transaction every later round becomes abandoned: a committed one keeps its hashes and metrics
+  // (IsRewound) and its metrics JSON gains "rewound": `reason`; an open one is abandoned as usual.
+  // Returns how many committed rounds were marked lost. FailedPrecondition unless `keep_through` is
+  // 0 or a committed round; NotFound for an unknown run. The one exception to "committed is final".
+  absl::StatusOr<int64_t> RewindRun(const std::string& run_id, int64_t keep_through, const std::string& reason);
   // Every blob hash a row still needs (the uploads of rounds not yet committed or abandoned, the
   // rounds' adapters and optimizer states): keep these when collecting blob garbage.
   absl::StatusOr<absl::flat_hash_set<std::string>> ReferencedBlobHashes();

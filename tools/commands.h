@@ -24,5 +24,6 @@ int RunClient(int argc, char** argv);
 int RunStatus(int argc, char** argv);
 int RunHealth(int argc, char** argv);
 int RunCerts(int argc, char** argv);
+int RunStore(int argc, char** argv);
 
 }  // namespace fedlora::tools

@@ -33,6 +33,7 @@ constexpr Subcommand kSubcommands[] = {
     {"client", "join a federation and train LoRA adapters on local data", RunClient},
     {"status", "print a running server's status as JSON", RunStatus},
     {"health", "ask a server's gRPC health service whether it serves (exit 0 if so)", RunHealth},
+    {"store", "verify or repair a stopped server's store (blob hashes, rewind)", RunStore},
     {"certs", "make a development CA, server and client certificates, and CRLs", RunCerts},
 };
 

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "server/store.h"
+#include "server/store_check.h"
 #include "tests/server/federation_test_util.h"
 
 namespace fedlora {
@@ -89,6 +90,14 @@ class RoundDriverTest : public ::testing::Test {
     f.put('\x5a');
   }
 
+  // Puts a directory where the blob `hash` was: reading it fails with an I/O error (EISDIR), which
+  // is not corruption, so aggregation fails and is retried.
+  void MakeBlobUnreadable(const std::string& hash) {
+    const std::filesystem::path path = std::filesystem::path(dir_.path()) / "blobs" / hash.substr(0, 2) / hash.substr(2);
+    ASSERT_TRUE(std::filesystem::remove(path)) << path;
+    ASSERT_TRUE(std::filesystem::create_directory(path)) << path;
+  }
+
   TempDir dir_;
   std::unique_ptr<Server> server_;
   std::map<std::string, std::unique_ptr<RawClient>> clients_;
@@ -139,8 +148,8 @@ TEST_F(RoundDriverTest, TheClockKeepsRunningWhileARoundIsEvaluated) {
   EXPECT_DOUBLE_EQ(status.history(0).eval_loss(), 0.5);
 }
 
-// Two clients wanted, one enough at the 2 s deadline: the test corrupts the one accepted update's
-// blob before the round closes.
+// Two clients wanted, one enough at the 2 s deadline: the test makes the one accepted update's
+// blob unreadable (or corrupts it) before the round closes.
 void ShortRounds(ServerOptions& o) {
   o.round_deadline_ms = 2000;
   o.max_aggregation_attempts = 2;
@@ -152,7 +161,7 @@ TEST_F(RoundDriverTest, ARoundThatCannotBeAggregatedIsAbandonedAfterItsTries) {
   v1::TrainTask task;
   ASSERT_TRUE(a.GetTask(&task));
   ASSERT_EQ(task.round(), 1u);
-  CorruptBlob(UploadHonest(a, task, "r1"));
+  MakeBlobUnreadable(UploadHonest(a, task, "r1"));
 
   // Two tries (1 s apart), then round 2 opens from the same adapter.
   ASSERT_TRUE(WaitFor([&] { return server_->metrics().rounds_abandoned.load() == 1; }, 15'000));
@@ -190,7 +199,7 @@ TEST_F(RoundDriverTest, StopOnAggregationFailureStopsTheRunAndKeepsTheRoundForAR
   RawClient& a = Joined("site-a");
   v1::TrainTask task;
   ASSERT_TRUE(a.GetTask(&task));
-  CorruptBlob(UploadHonest(a, task, "r1"));
+  MakeBlobUnreadable(UploadHonest(a, task, "r1"));
   ASSERT_TRUE(WaitFor([&] { return server_->coordinator().finished(); }, 15'000));
   const absl::Status stopped = server_->coordinator().stopped();
   EXPECT_FALSE(stopped.ok());
@@ -209,6 +218,93 @@ TEST_F(RoundDriverTest, StopOnAggregationFailureStopsTheRunAndKeepsTheRoundForAR
   auto round = (*store)->GetRound("test-run", 1);
   ASSERT_TRUE(round.ok());
   EXPECT_EQ(round->state, RoundState::kAggregating);
+}
+
+// A corrupt accepted update (its client was told ACCEPTED) is left out, counted and logged; the
+// round commits with the intact ones when they are enough.
+TEST_F(RoundDriverTest, ACorruptAcceptedUpdateIsLeftOutAndTheRoundCommitsWithTheRest) {
+  Start(1, 2, 1, ShortRounds);
+  RawClient& a = Joined("site-a");
+  RawClient& b = Joined("site-b");
+  v1::TrainTask ta, tb;
+  ASSERT_TRUE(a.GetTask(&ta));
+  ASSERT_TRUE(b.GetTask(&tb));
+  CorruptBlob(UploadHonest(a, ta, "a1"));
+  UploadHonest(b, tb, "b1");
+  ASSERT_TRUE(WaitFor([&] { return server_->coordinator().finished(); }, 15'000));
+  EXPECT_EQ(server_->coordinator().rounds_committed(), 1);
+  EXPECT_EQ(server_->metrics().updates_corrupt.load(), 1);
+  EXPECT_EQ(server_->metrics().aggregation_failures.load(), 0);
+  EXPECT_THAT(server_->metrics().ToPrometheusText(), HasSubstr("fedlora_updates_corrupt_total 1"));
+  server_->Shutdown();
+  server_.reset();
+  auto store = Store::Open(dir_.path() + "/fedlora.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto round = (*store)->GetRound("test-run", 1);
+  ASSERT_TRUE(round.ok());
+  EXPECT_EQ(round->state, RoundState::kCommitted);
+  EXPECT_THAT(round->metrics_json, HasSubstr("\"updates\":1"));
+  EXPECT_THAT(round->metrics_json, HasSubstr("\"updates_corrupt\":1"));
+}
+
+// Too few intact updates: the round is abandoned at once with that reason, not retried.
+TEST_F(RoundDriverTest, ARoundLeftWithTooFewIntactUpdatesIsAbandonedAtOnce) {
+  Start(1, 2, 1, ShortRounds);
+  RawClient& a = Joined("site-a");
+  v1::TrainTask task;
+  ASSERT_TRUE(a.GetTask(&task));
+  CorruptBlob(UploadHonest(a, task, "r1"));
+  ASSERT_TRUE(WaitFor([&] { return server_->metrics().rounds_abandoned.load() == 1; }, 15'000));
+  EXPECT_EQ(server_->metrics().updates_corrupt.load(), 1);
+  EXPECT_EQ(server_->metrics().aggregation_failures.load(), 0);
+  v1::TrainTask next;
+  ASSERT_TRUE(a.GetTask(&next));
+  EXPECT_EQ(next.round(), 2u);
+  EXPECT_EQ(next.global_adapter().sha256(), task.global_adapter().sha256());
+}
+
+// A flipped byte in the latest committed adapter: the server refuses to start with an error naming
+// the round, the blob and the commands; after `repair --rewind` it starts from the round before.
+TEST_F(RoundDriverTest, ACorruptLatestAdapterStopsTheStartWithTheRepairCommandUntilRewound) {
+  Start(2, 1, 1, {});
+  RawClient& a = Joined("site-a");
+  v1::TrainTask task;
+  ASSERT_TRUE(a.GetTask(&task));
+  UploadHonest(a, task, "r1");
+  ASSERT_TRUE(WaitFor([&] { return server_->coordinator().rounds_committed() == 1; }, 10'000));
+  const std::string adapter = server_->coordinator().global_adapter_sha256();
+  ASSERT_NE(adapter, task.global_adapter().sha256());
+  server_->Shutdown();
+  server_.reset();
+  clients_.clear();
+  CorruptBlob(adapter);
+
+  const ServerOptions o = testing::TestServerOptions(dir_.path());
+  auto refused = Server::Create(o, testing::TestRunConfig(2, 1, 1), InitialAdapter(), nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::IsDataLoss(refused.status())) << refused.status();
+  const std::string msg(refused.status().message());
+  EXPECT_THAT(msg, HasSubstr("round 1's result adapter"));
+  EXPECT_THAT(msg, HasSubstr(adapter));
+  EXPECT_THAT(msg, HasSubstr("fedlora store verify --data-dir " + dir_.path() + " --run-id test-run"));
+  EXPECT_THAT(msg, HasSubstr("fedlora store repair"));
+  {
+    auto store = Store::Open(dir_.path() + "/fedlora.db");
+    ASSERT_TRUE(store.ok());
+    auto blobs = BlobStore::Open(dir_.path());
+    ASSERT_TRUE(blobs.ok());
+    auto repaired = RepairRun(**store, **blobs, "test-run", /*rewind=*/true);
+    ASSERT_TRUE(repaired.ok()) << repaired.status();
+    EXPECT_EQ(repaired->rewound_to, 0);
+  }
+  auto server = Server::Create(o, testing::TestRunConfig(2, 1, 1), InitialAdapter(), nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ((*server)->coordinator().rounds_committed(), 0);
+  EXPECT_EQ((*server)->coordinator().global_adapter_sha256(), task.global_adapter().sha256());
+  // A second user of the same data directory is refused while this server holds it.
+  auto second = Server::Create(o, testing::TestRunConfig(2, 1, 1), InitialAdapter(), nullptr);
+  EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
+  (*server)->Shutdown();
 }
 
 }  // namespace
