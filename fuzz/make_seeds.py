@@ -375,6 +375,29 @@ def peft_seeds():
     write("peft", "not_json", FdpWriter().string("{\"peft_type\": ", 4096).rest(b"").bytes())
 
 
+# ---- server optimizer state and error-feedback residual files ----------------------------------
+
+def state_files_seeds():
+    # A control byte (bit 0: 0 optimizer state, 1 residual; bits 1-2: sgd, adam, yogi, adagrad),
+    # then the file, for fuzz_state_files.cc's adapter: lora_A [2, 3], lora_B [3].
+    def f64(values):
+        return struct.pack("<%dd" % len(values), *values)
+    shapes = [("lora_A", [2, 3]), ("lora_B", [3])]
+    for kind_id, kind, moments in [(0, "sgd", "m"), (1, "adam", "mv"), (2, "yogi", "mv"), (3, "adagrad", "mv")]:
+        tensors = [("%s/%s" % (p, n), "F64", shape, f64([0.125] * (6 if len(shape) == 2 else 3)))
+                   for n, shape in shapes for p in moments]
+        meta = {"fedlora.server_optimizer": kind, "fedlora.server_steps": "3"}
+        write("state_files", "optimizer_" + kind, bytes([kind_id << 1]) + safetensors(tensors, meta))
+    adam = [("%s/%s" % (p, n), "F64", shape, f64([0.5] * (6 if len(shape) == 2 else 3))) for n, shape in shapes for p in "mv"]
+    write("state_files", "optimizer_adam_last_step",
+          bytes([1 << 1]) + safetensors(adam, {"fedlora.server_optimizer": "adam", "fedlora.server_steps": "9223372036854775806"}))
+    residual = [("lora_A", "F32", [2, 3], f32([0.5, -0.25, 1.0, 0.0, -2.0, 0.125])), ("lora_B", "F32", [3], f32([1.0, 2.0, 3.0])),
+                ("low_rank_q/lora_A", "F32", [3], f32([1.0, 0.0, 0.0]))]
+    write("state_files", "residual", b"\x01" + safetensors(residual, {"fedlora_run_id": "run-fuzz"}))
+    write("state_files", "residual_other_run", b"\x01" + safetensors(residual, {"fedlora_run_id": "run-0"}))
+    write("state_files", "residual_bf16", b"\x01" + safetensors([("lora_B", "BF16", [3], bytes(6))], {"fedlora_run_id": "run-fuzz"}))
+
+
 # ---- sealed updates ---------------------------------------------------------------------------
 
 def sealed_seeds():
@@ -591,7 +614,7 @@ def rpc_seeds():
     write("rpc", "strangers", s.bytes())
 
 
-GENERATED = ["safetensors", "gguf", "update", "downlink", "metrics_http", "peft", "sealed_update", "run_config", "tokenizer", "bert_config", "rpc"]
+GENERATED = ["safetensors", "gguf", "update", "downlink", "metrics_http", "peft", "state_files", "sealed_update", "run_config", "tokenizer", "bert_config", "rpc"]
 
 
 def main():
@@ -608,6 +631,7 @@ def main():
     downlink_seeds()
     metrics_http_seeds()
     peft_seeds()
+    state_files_seeds()
     sealed_seeds()
     run_config_seeds()
     tokenizer_seeds()
