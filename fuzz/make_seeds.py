@@ -5,7 +5,7 @@
 
 Every seed is small (well under a few KB per harness) and built here by hand, or copied from the
 repository's own configs; no model or data set is read. The harnesses that read their input
-through FuzzedDataProvider (tokenizer, sealed_update, rpc) get seeds written by FdpWriter, which
+through FuzzedDataProvider (tokenizer, sealed_update, rpc, peft) get seeds written by FdpWriter, which
 mirrors the order in which each harness consumes its input (see the harness's source).
 """
 import json
