@@ -211,6 +211,10 @@ absl::Status ServerOptimizer::LoadState(std::string_view bytes) {
       saved_steps < 0) {
     return loss("no optimizer kind or step count in the metadata");
   }
+  // The next Step counts one more: a saved count at the top of int64 would overflow there.
+  if (saved_steps == std::numeric_limits<int64_t>::max()) {
+    return loss(absl::StrCat("step count ", saved_steps, " leaves no next step"));
+  }
   if (kind->second != ServerOptimizerName(options_.kind)) {
     return loss(absl::StrCat("saved by optimizer '", kind->second, "', this run uses '",
                              ToAbsl(ServerOptimizerName(options_.kind)), "'"));

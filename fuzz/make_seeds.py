@@ -5,7 +5,7 @@
 
 Every seed is small (well under a few KB per harness) and built here by hand, or copied from the
 repository's own configs; no model or data set is read. The harnesses that read their input
-through FuzzedDataProvider (tokenizer, sealed_update, rpc) get seeds written by FdpWriter, which
+through FuzzedDataProvider (tokenizer, sealed_update, rpc, peft) get seeds written by FdpWriter, which
 mirrors the order in which each harness consumes its input (see the harness's source).
 """
 import json
@@ -307,6 +307,97 @@ def update_seeds():
     update_v2_seeds()
 
 
+# ---- downlink deltas and the metrics endpoint --------------------------------------------------
+
+def downlink_seeds():
+    # A control byte (bit 0: hold an adapter laid out as the delta; bit 1: hold values near FLT_MAX),
+    # then the delta blob.
+    fixed = [("lora_A", [2, 3], [0.5, -0.25, 1.0, 0.0, -2.0, 0.125]), ("lora_B", [3], [1.5, -0.5, 0.75])]
+    write("downlink", "fixed_f32", b"\x00" + encode_update(fixed, "f32"))
+    write("downlink", "fixed_bf16", b"\x00" + encode_update(fixed, "bf16"))
+    write("downlink", "fixed_wrong_shape", b"\x00" + encode_update([("lora_A", [3, 2], [0.0] * 6), ("lora_B", [3], [1.0] * 3)]))
+    write("downlink", "matched_f16", b"\x01" + encode_update([("w", [4], [1.0, -1.0, 0.5, 2.0])], "f16"))
+    write("downlink", "overflow", b"\x03" + encode_update([("w", [2], [3.0e38, -3.0e38])], "f32"))
+    topk = struct.pack("<Q", 3) + struct.pack("<Q", 3) + varint(1) + varint(5) + varint(0) + struct.pack("<3f", 2.0, -1.5, 0.25)
+    write("downlink", "matched_topk", b"\x01" + encode_update_v2([("w", [4, 4])], topk, codec=1, sparsifier=1))
+    quant = struct.pack("<f", 1.0) + bytes([0b11100100, 0b00011011]) + struct.pack("<f", 0.5) + bytes([0b0110])
+    write("downlink", "matched_quant2", b"\x01" + encode_update_v2([("q", [10])], quant, codec=4, bits=2, block=8))
+    if shutil.which("zstd"):
+        write("downlink", "fixed_f32_zstd", b"\x00" + encode_update(fixed, "f32", zstd=True))
+
+
+def metrics_http_seeds():
+    # Raw request bytes, as a scraper (or anyone reaching the port) sends them.
+    reqs = {
+        "get": b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        "get_close": b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        "head": b"HEAD /metrics HTTP/1.0\r\n\r\n",
+        "keepalive_two": b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\nGET /other HTTP/1.1\r\nHost: x\r\n\r\n",
+        "post_body": b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+        "chunked": b"PUT /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        "range": b"GET /metrics HTTP/1.1\r\nHost: x\r\nRange: bytes=0-4,10-\r\n\r\n",
+        "query": b"GET /metrics?a=1&b=%zz&c HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip, br\r\n\r\n",
+        "trace": b"TRACE / HTTP/1.1\r\nHost: x\r\n\r\n",
+        "multipart": (b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                      b"Content-Length: 44\r\n\r\n--b\r\nContent-Disposition: form-data; name=a\r\n\r\n1\r\n--b--"),
+        "huge_length": b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n",
+        "bad_version": b"GET /metrics HTTP/9.9\r\n\r\n",
+        "expect": b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\nx",
+    }
+    for name, data in reqs.items():
+        write("metrics_http", name, data)
+
+
+# ---- PEFT adapters ----------------------------------------------------------------------------
+
+def peft_seeds():
+    # adapter_config.json (a FuzzedDataProvider string), then adapter_model.safetensors, for
+    # fuzz_peft.cc's model: 2 layers, hidden 32, r 4 on query and value, 3 labels.
+    config = {"peft_type": "LORA", "task_type": "SEQ_CLS", "r": 4, "lora_alpha": 8.0, "lora_dropout": 0.05,
+              "target_modules": ["query", "value"], "modules_to_save": ["classifier"],
+              "base_model_name_or_path": "tiny", "bias": "none", "fan_in_fan_out": False, "inference_mode": True}
+    tensors = []
+    for layer in range(2):
+        for m in ("query", "value"):
+            prefix = "base_model.model.bert.encoder.layer.%d.attention.self.%s." % (layer, m)
+            tensors.append((prefix + "lora_A.weight", "F32", [4, 32], f32([0.01 * i for i in range(128)])))
+            tensors.append((prefix + "lora_B.weight", "F16", [32, 4], struct.pack("<128e", *([0.5] * 128))))
+    tensors.append(("base_model.model.classifier.weight", "F32", [3, 32], f32([0.1] * 96)))
+    tensors.append(("base_model.model.classifier.bias", "F32", [3], f32([0.0, 1.0, -1.0])))
+    weights = safetensors(tensors)
+    text = json.dumps(config)
+    write("peft", "valid", FdpWriter().string(text, 4096).rest(weights).bytes())
+    bad = dict(config, r=8)
+    write("peft", "wrong_rank", FdpWriter().string(json.dumps(bad), 4096).rest(weights).bytes())
+    dora = dict(config, use_dora=True)
+    write("peft", "dora", FdpWriter().string(json.dumps(dora), 4096).rest(weights).bytes())
+    write("peft", "missing_tensor", FdpWriter().string(text, 4096).rest(safetensors(tensors[1:])).bytes())
+    write("peft", "not_json", FdpWriter().string("{\"peft_type\": ", 4096).rest(b"").bytes())
+
+
+# ---- server optimizer state and error-feedback residual files ----------------------------------
+
+def state_files_seeds():
+    # A control byte (bit 0: 0 optimizer state, 1 residual; bits 1-2: sgd, adam, yogi, adagrad),
+    # then the file, for fuzz_state_files.cc's adapter: lora_A [2, 3], lora_B [3].
+    def f64(values):
+        return struct.pack("<%dd" % len(values), *values)
+    shapes = [("lora_A", [2, 3]), ("lora_B", [3])]
+    for kind_id, kind, moments in [(0, "sgd", "m"), (1, "adam", "mv"), (2, "yogi", "mv"), (3, "adagrad", "mv")]:
+        tensors = [("%s/%s" % (p, n), "F64", shape, f64([0.125] * (6 if len(shape) == 2 else 3)))
+                   for n, shape in shapes for p in moments]
+        meta = {"fedlora.server_optimizer": kind, "fedlora.server_steps": "3"}
+        write("state_files", "optimizer_" + kind, bytes([kind_id << 1]) + safetensors(tensors, meta))
+    adam = [("%s/%s" % (p, n), "F64", shape, f64([0.5] * (6 if len(shape) == 2 else 3))) for n, shape in shapes for p in "mv"]
+    write("state_files", "optimizer_adam_last_step",
+          bytes([1 << 1]) + safetensors(adam, {"fedlora.server_optimizer": "adam", "fedlora.server_steps": "9223372036854775806"}))
+    residual = [("lora_A", "F32", [2, 3], f32([0.5, -0.25, 1.0, 0.0, -2.0, 0.125])), ("lora_B", "F32", [3], f32([1.0, 2.0, 3.0])),
+                ("low_rank_q/lora_A", "F32", [3], f32([1.0, 0.0, 0.0]))]
+    write("state_files", "residual", b"\x01" + safetensors(residual, {"fedlora_run_id": "run-fuzz"}))
+    write("state_files", "residual_other_run", b"\x01" + safetensors(residual, {"fedlora_run_id": "run-0"}))
+    write("state_files", "residual_bf16", b"\x01" + safetensors([("lora_B", "BF16", [3], bytes(6))], {"fedlora_run_id": "run-fuzz"}))
+
+
 # ---- sealed updates ---------------------------------------------------------------------------
 
 def sealed_seeds():
@@ -523,7 +614,7 @@ def rpc_seeds():
     write("rpc", "strangers", s.bytes())
 
 
-GENERATED = ["safetensors", "gguf", "update", "sealed_update", "run_config", "tokenizer", "bert_config", "rpc"]
+GENERATED = ["safetensors", "gguf", "update", "downlink", "metrics_http", "peft", "state_files", "sealed_update", "run_config", "tokenizer", "bert_config", "rpc"]
 
 
 def main():
@@ -537,6 +628,10 @@ def main():
     safetensors_seeds()
     gguf_seeds()
     update_seeds()
+    downlink_seeds()
+    metrics_http_seeds()
+    peft_seeds()
+    state_files_seeds()
     sealed_seeds()
     run_config_seeds()
     tokenizer_seeds()

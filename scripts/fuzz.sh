@@ -35,7 +35,8 @@ if [[ -z $MODE ]]; then
   echo "usage: scripts/fuzz.sh --short|--long [harness...]" >&2
   exit 2
 fi
-ALL=(safetensors gguf update sealed_update secagg run_config tokenizer bpe_tokenizer bert_config rpc)
+ALL=(safetensors gguf update downlink sealed_update secagg run_config tokenizer bpe_tokenizer bert_config rpc
+     metrics_http peft state_files)
 ((${#HARNESSES[@]})) || HARNESSES=("${ALL[@]}")
 
 if [[ $MODE == short ]]; then SECONDS_EACH=${FEDLORA_FUZZ_SECONDS:-25}; else SECONDS_EACH=${FEDLORA_FUZZ_SECONDS:-600}; fi
@@ -83,6 +84,11 @@ fuzz_one() {
   seeds=$(find "$work/corpus" -type f | wc -l)
   # One allocation over 256 MiB from a small input is a memory amplification: reported as a finding.
   flags=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=256 -print_final_stats=1 "-artifact_prefix=$work/artifacts/")
+  if [[ $h == metrics_http ]]; then
+    # Each input goes over a loopback connection to the server's threads, as for rpc below: the
+    # harness checks for leaks itself at exit, after the server has stopped (fuzz_metrics_http.cc).
+    flags=(-timeout=30 -rss_limit_mb=2048 -print_final_stats=1 "-artifact_prefix=$work/artifacts/" -detect_leaks=0)
+  fi
   if [[ $h == rpc ]]; then
     # Eight calls per input with deadlines of 2-5 s: an input may take that long on a busy machine.
     # The server's threads run beside each input, so libFuzzer's per-input leak check would re-run

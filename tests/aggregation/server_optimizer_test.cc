@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
+#include "core/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -173,6 +175,26 @@ TEST(ServerOptimizerTest, LoadStateRefusesForeignOrDamagedState) {
   s = other->LoadState(*adam_state);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(s.message()), HasSubstr("does not match the adapter"));
+}
+
+// Found by fuzz/fuzz_state_files.cc: a saved step count of INT64_MAX loaded, and the next Step's
+// count (steps + 1) overflowed int64.
+TEST(ServerOptimizerTest, LoadStateRefusesAStepCountWithNoNextStep) {
+  auto state = [](const std::string& steps) {
+    auto bytes = SerializeSafetensors({}, {{"fedlora.server_optimizer", "sgd"}, {"fedlora.server_steps", steps}});
+    EXPECT_TRUE(bytes.ok());
+    return bytes.ok() ? *bytes : std::string();
+  };
+  ServerOptimizer opt = Make({.kind = ServerOptimizerKind::kSgd});
+  const absl::Status s = opt.LoadState(state(absl::StrCat(std::numeric_limits<int64_t>::max())));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("leaves no next step"));
+  EXPECT_EQ(opt.steps(), 0);
+  // One below still loads, and steps to the top.
+  ASSERT_TRUE(opt.LoadState(state(absl::StrCat(std::numeric_limits<int64_t>::max() - 1))).ok());
+  std::vector<UpdateTensor> x = Global();
+  ASSERT_TRUE(opt.Step(Global(), x).ok());
+  EXPECT_EQ(opt.steps(), std::numeric_limits<int64_t>::max());
 }
 
 TEST(ServerOptimizerTest, CreateRefusesBadOptions) {
