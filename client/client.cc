@@ -112,9 +112,10 @@ class ClientImpl final : public Client {
   }
 
   // Runs `call` until it succeeds, fails permanently, or max_attempts are used. A lost session
-  // (Unauthenticated) is re-joined once per attempt.
+  // (Unauthenticated) is re-joined once per attempt. With `busy_is_transient`, ResourceExhausted is
+  // tried again too (a cap on calls open at once, not a quota spent).
   template <class F>
-  absl::Status Retry(const char* what, F&& call) {
+  absl::Status Retry(const char* what, F&& call, bool busy_is_transient = false) {
     absl::Status last;
     for (int attempt = 1; attempt <= options_.retry.max_attempts; ++attempt) {
       if (Stopped()) return absl::CancelledError("client stopped");
@@ -126,7 +127,8 @@ class ClientImpl final : public Client {
         if (!j.ok() && !IsTransient(j)) return j;
         continue;
       }
-      if (!IsTransient(last) || Stopped()) return last;
+      const bool transient = IsTransient(last) || (busy_is_transient && absl::IsResourceExhausted(last));
+      if (!transient || Stopped()) return last;
       FEDLORA_LOG(DEBUG) << what << " attempt " << attempt << " failed: " << last;
       if (attempt < options_.retry.max_attempts && !SleepFor(Backoff(attempt))) {
         return absl::CancelledError("client stopped");
@@ -308,7 +310,7 @@ absl::StatusOr<std::string> ClientImpl::Download(const v1::AdapterManifest& mani
       ++next;
     }
     return FromGrpcStatus(reader->Finish());
-  }));
+  }, /*busy_is_transient=*/true));  // the server frees our last stream's slot when it sees it end
   const Sha256DigestBytes digest = whole.Final();
   if (blob.size() != manifest.total_bytes() || ToHex(digest) != manifest.sha256()) {
     return absl::DataLossError(absl::StrCat("downloaded adapter (", blob.size(), " bytes) does not match its manifest (",

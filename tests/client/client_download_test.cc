@@ -115,6 +115,10 @@ class CorruptingFederation final : public v1::Federation::Service {
       for (const DownloadCall& earlier : downloads_) call.nth += earlier.adapter_sha256 == call.adapter_sha256;
       downloads_.push_back(call);
     }
+    if (refuse_ && refuse_(call)) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          "client 'site-0' already has 2 downloads open (server.max_client_downloads_in_flight)");
+    }
     auto ctx = Upstream(c);
     std::unique_ptr<grpc::ClientReader<v1::DownloadChunk>> in = stub_->DownloadAdapter(ctx.get(), *r);
     v1::DownloadChunk chunk;
@@ -127,6 +131,10 @@ class CorruptingFederation final : public v1::Federation::Service {
     }
     return in->Finish();
   }
+
+  // Answers the DownloadAdapter requests `refuse` picks as the server does past its per-client cap
+  // of open downloads. Set before the client starts.
+  void RefuseWhen(std::function<bool(const DownloadCall&)> refuse) { refuse_ = std::move(refuse); }
 
   // Every DownloadAdapter request so far, in arrival order.
   std::vector<DownloadCall> downloads() {
@@ -160,6 +168,7 @@ class CorruptingFederation final : public v1::Federation::Service {
 
   std::unique_ptr<v1::Federation::Stub> stub_;
   ChunkHook hook_;
+  std::function<bool(const DownloadCall&)> refuse_;
   const std::chrono::steady_clock::time_point started_;
   std::mutex mu_;
   std::string final_sha256_;
@@ -250,6 +259,20 @@ TEST_F(CorruptedDownloadTest, ChunkCorruptedOnceIsFetchedAgainFromThatChunk) {
   EXPECT_EQ(result->tasks_completed, 1);
   ExpectOneTrainingOnIntactBytes(trainer, *result);
   EXPECT_EQ(proxy_->uploads(), 1);
+}
+
+// The server releases a download slot when it sees the stream end, which may be just after the
+// client does: a download refused for the cap is tried again, not the task given up.
+TEST_F(CorruptedDownloadTest, ADownloadRefusedForTheOpenStreamCapIsTriedAgain) {
+  StartWith(nullptr);
+  proxy_->RefuseWhen([](const DownloadCall& call) { return !call.final_adapter && call.nth == 0; });
+  RecordingTrainer trainer;
+  auto result = RunClient(&trainer);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_THAT(proxy_->StartChunks(/*final_adapter=*/false), ElementsAre(0u, 0u));
+  EXPECT_EQ(result->tasks_failed, 0);
+  EXPECT_EQ(result->tasks_completed, 1);
+  ExpectOneTrainingOnIntactBytes(trainer, *result);
 }
 
 TEST_F(CorruptedDownloadTest, ChunkCorruptOnEveryAttemptGivesTheTaskUpUntrained) {
