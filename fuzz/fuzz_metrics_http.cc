@@ -15,9 +15,13 @@
 
 #include <sanitizer/lsan_interface.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -50,7 +54,18 @@ std::string Exchange(std::string_view request) {
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = htons(static_cast<uint16_t>(Server()->port()));
-  FUZZ_CHECK(connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, "the server refused a connection");
+  // An interrupted connect (EINTR, see below) goes on in the background: wait for its outcome.
+  int rc = connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  if (rc != 0 && errno == EINTR) {
+    pollfd out{sock, POLLOUT, 0};
+    while (poll(&out, 1, 10000) < 0 && errno == EINTR) {
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    rc = getsockopt(sock, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0 ? 0 : -1;
+    if (err != 0) errno = err;
+  }
+  FUZZ_CHECK(rc == 0, std::string("the server refused a connection: ") + std::strerror(errno));
   // The reply is read only after the whole request went: large requests are sent while reading.
   std::string reply;
   size_t sent = 0;
@@ -62,18 +77,28 @@ std::string Exchange(std::string_view request) {
       shut = true;
     }
     pollfd fd{sock, static_cast<short>(POLLIN | (shut ? 0 : POLLOUT)), 0};
-    const int r = poll(&fd, 1, 10000);
+    // libFuzzer's -timeout arms a periodic SIGALRM, which interrupts poll (EINTR): wait again for
+    // what is left of the 10 s.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    int r;
+    do {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      r = poll(&fd, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+    } while (r < 0 && errno == EINTR);
     FUZZ_CHECK(r > 0, "the server neither read, answered nor closed within 10 s");
     if ((fd.revents & POLLOUT) != 0 && !shut) {
       const ssize_t n = send(sock, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
       if (n > 0) {
         sent += static_cast<size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
       } else {
         sent = request.size();  // the server closed its side: nothing more goes
       }
     }
     if ((fd.revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
       const ssize_t n = recv(sock, buf, sizeof(buf), 0);
+      if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;
       reply.append(buf, static_cast<size_t>(n));
     }
