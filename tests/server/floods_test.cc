@@ -308,9 +308,8 @@ TEST(FloodsTest, HeldPollsAreCappedPerClient) {
 // while an honest client runs its round: each is refused at its header (none of its bytes reach a
 // file or an update), and the honest client finishes. RSS grows by under 128 MiB, a twelfth of
 // the 1.6 GB sent (measured 25-27 MiB alone, 56-77 MiB after the floods above in the same
-// process). More flooding threads cost the test's own client
-// more (16 threads: 99-198 MiB, 64: 58-73 MiB, noisy: their buffers and malloc arenas), so they
-// would measure the flooder rather than the server.
+// process). More flooding threads cost the test's own client more (16 threads: 99-198 MiB, 64:
+// 58-73 MiB, noisy: their buffers and malloc arenas): they would measure the flooder, not the server.
 TEST(FloodsTest, RefusedUploadsCostLittleMemory) {
   TempDir dir;
   auto server = Server::Create(testing::TestServerOptions(dir.path()), testing::TestRunConfig(1, 1, 1),
