@@ -20,6 +20,7 @@
 #include "server/audit_trail.h"
 #include "server/server.h"
 #include "server/store.h"
+#include "server/store_check.h"
 #include "tests/server/federation_test_util.h"
 
 namespace fedlora {
@@ -190,6 +191,19 @@ TEST_F(AuditTrailTest, ATamperedCopyIsRefused) {
   absl::StatusOr<std::string> opened = OpenAuditCopy(audit_.private_key, c, **blobs);
   EXPECT_FALSE(opened.ok());
   EXPECT_TRUE(absl::IsDataLoss(opened.status()) || absl::IsPermissionDenied(opened.status())) << opened.status();
+  // `fedlora store verify` sees it: the copy is corrupt, the other intact, and the run can still resume.
+  auto check = CheckRun(**store, **blobs, "test-run");
+  ASSERT_TRUE(check.ok()) << check.status();
+  int audit_checked = 0;
+  for (const BlobCheck& b : check->blobs) {
+    if (b.kind != "audit copy") continue;
+    ++audit_checked;
+    EXPECT_EQ(b.health, b.upload_id == c.upload_id ? BlobHealth::kCorrupt : BlobHealth::kIntact) << b.upload_id;
+    if (b.upload_id == c.upload_id) {
+      EXPECT_THAT(b.cost, HasSubstr("the run itself is unaffected"));
+    }
+  }
+  EXPECT_EQ(audit_checked, 2);
 }
 
 TEST_F(AuditTrailTest, WithSecureAggregationTheSettingIsRefused) {
