@@ -4,10 +4,13 @@
 // with the offline private key to exactly the bytes its client uploaded, for the round, client and
 // weight it was sent with, while the sealed uploads themselves are gone; no other key opens one, and
 // a tampered or moved copy is refused. The setting is refused with secure aggregation, and a
-// missing or malformed key file is refused naming the file.
+// missing or malformed key file is refused naming the file. The copies are recorded before the round
+// commits (seen from a second connection while the round waits in evaluation).
 #include <filesystem>
 #include <fstream>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -18,6 +21,7 @@
 #include "crypto/x25519_pem.h"
 #include "proto/config_io.h"
 #include "server/audit_trail.h"
+#include "server/evaluator.h"
 #include "server/server.h"
 #include "server/store.h"
 #include "server/store_check.h"
@@ -39,6 +43,33 @@ struct Sent {
   int64_t round = 0, num_examples = 0;
 };
 
+// Holds the round's evaluation (after its updates are aggregated, before CommitRound) until Open().
+class GateEvaluator : public Evaluator {
+ public:
+  absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t, const std::vector<UpdateTensor>&) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    entered_ = true;
+    cv_.notify_all();
+    cv_.wait_for(lock, std::chrono::seconds(30), [this] { return open_; });
+    return std::map<std::string, double>{{"eval_loss", 0.5}};
+  }
+  bool WaitEntered() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [this] { return entered_; });
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool entered_ = false;
+  bool open_ = false;
+};
+
 class AuditTrailTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -49,13 +80,13 @@ class AuditTrailTest : public ::testing::Test {
     ASSERT_TRUE(WriteFileAtomically(pub_file_, *crypto::X25519PublicKeyToPem(audit_.public_key)).ok());
   }
 
-  absl::Status Start(int rounds, int64_t retain) {
+  absl::Status Start(int rounds, int64_t retain, Evaluator* evaluator = nullptr) {
     v1::RunConfig config = testing::TestRunConfig(rounds, 2, 2);
     config.mutable_server()->set_audit_public_key_file(pub_file_);
     ServerOptions o = testing::TestServerOptions(dir_.path());
     o.audit_public_key_file = ServerOptionsFromRunConfig(config).audit_public_key_file;
     o.retain_rounds = retain;
-    auto server = Server::Create(o, config, InitialAdapter());
+    auto server = Server::Create(o, config, InitialAdapter(), evaluator);
     if (!server.ok()) return server.status();
     server_ = *std::move(server);
     return absl::OkStatus();
@@ -156,6 +187,31 @@ TEST_F(AuditTrailTest, EveryCountedUpdateOpensOfflineAfterRestartAndRetention) {
       EXPECT_FALSE(std::filesystem::exists((*blobs)->PathFor(u.blob_hash))) << u.upload_id;
     }
   }
+}
+
+TEST_F(AuditTrailTest, TheCopiesAreDurableBeforeTheRoundCommits) {
+  GateEvaluator evaluator;
+  ASSERT_TRUE(Start(1, 0, &evaluator).ok());
+  const std::vector<Sent> sent = PlayRound(1);
+  ASSERT_TRUE(evaluator.WaitEntered());  // aggregated, not committed
+  {
+    auto store = Store::Open(dir_.path() + "/fedlora.db");  // a second connection, as another process
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto round = (*store)->GetRound("test-run", 1);
+    ASSERT_TRUE(round.ok()) << round.status();
+    EXPECT_EQ(round->state, RoundState::kAggregating);
+    auto copies = (*store)->ListAuditCopies("test-run", 1);
+    ASSERT_TRUE(copies.ok()) << copies.status();
+    EXPECT_EQ(copies->size(), 2u);
+  }
+  evaluator.Open();
+  ASSERT_TRUE(WaitFor([&] { return server_->coordinator().rounds_committed() >= 1; }, 20'000));
+  Stop();
+  auto store = Store::Open(dir_.path() + "/fedlora.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto copies = (*store)->ListAuditCopies("test-run", 0);
+  ASSERT_TRUE(copies.ok()) << copies.status();
+  EXPECT_EQ(copies->size(), sent.size());
 }
 
 TEST_F(AuditTrailTest, ATamperedCopyIsRefused) {
