@@ -342,6 +342,10 @@ void ValidateAggregation(Problems& p, const RunConfig& c) {
 
 void ValidateSecureAggregation(Problems& p, const RunConfig& c) {
   if (!c.privacy().secure_aggregation()) return;
+  if (!c.server().audit_public_key_file().empty()) {
+    p.Add("server.audit_public_key_file cannot be used with privacy.secure_aggregation: the server never sees an "
+          "individual update there, so it has none to keep");
+  }
   // The masked fixed-point vector is the update's wire format: sparse or per-client-scaled codecs
   // cannot be summed under masks. A QUANT stage sets the fixed point's precision instead, with one
   // power-of-two scale for every client.

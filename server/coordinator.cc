@@ -1,5 +1,6 @@
 // The coordinator's construction, accessors and Restore (see coordinator.h for the whole).
 #include "server/coordinator.h"
+#include "server/audit_trail.h"
 #include "server/coordinator_internal.h"
 #include "server/selection.h"
 
@@ -207,6 +208,9 @@ absl::Status Coordinator::Restore() {
   if (options_.tls.enabled()) {
     FEDLORA_ASSIGN_OR_RETURN(signing_key_pem_, ReadFileToString(options_.tls.key_file));
     FEDLORA_ASSIGN_OR_RETURN(signing_chain_pem_, ReadFileToString(options_.tls.cert_file));
+  }
+  if (!options_.audit_public_key_file.empty()) {
+    FEDLORA_ASSIGN_OR_RETURN(audit_public_key_, LoadAuditPublicKey(options_.audit_public_key_file));
   }
   FEDLORA_ASSIGN_OR_RETURN(std::vector<RunRecord> runs, store_->ListRuns());
   const bool exists =

@@ -345,6 +345,7 @@ class Coordinator {
   // With TLS: the server's certificate key and chain (PEM), which sign each round's key; set once
   // by Restore like spec_. Empty without TLS.
   std::string signing_key_pem_, signing_chain_pem_;
+  std::string audit_public_key_;  // raw X25519 key of the offline audit key; empty: no audit trail
   // Signs `key` for `round` when the server has TLS.
   absl::Status SignRoundKey(int64_t round, AggregationKey& key) const;
   // The key of `round` while that round is open; FailedPrecondition once it has closed.

@@ -1,6 +1,7 @@
 // The round driver: Tick (the round clock) and aggregation on the aggregation thread, with its
 // bounded tries.
 #include "server/coordinator.h"
+#include "server/audit_trail.h"
 #include "server/coordinator_internal.h"
 
 #include <malloc.h>
@@ -212,6 +213,14 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   } else {
     FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(spec_, options_.aggregation_device));
     std::vector<UploadRecord> intact;
+    // With an audit key: the updates that already have a copy (an aggregation redone after a crash
+    // or a failure), and the copies made now, recorded below before the round commits.
+    absl::flat_hash_set<std::string> audited;
+    std::vector<AuditCopyRecord> audit_copies;
+    if (!audit_public_key_.empty()) {
+      FEDLORA_ASSIGN_OR_RETURN(std::vector<AuditCopyRecord> existing, store_->ListAuditCopies(run_id_, round));
+      for (const AuditCopyRecord& c : existing) audited.insert(c.upload_id);
+    }
     for (const UploadRecord& u : uploads) {  // canonical order (by upload_id); the sum is exact anyway
       std::string plain;
       {
@@ -231,6 +240,10 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
         absl::StatusOr<std::string> opened = crypto::OpenUpdateBlob(key->private_key, place, sealed);
         if (!opened.ok()) return Annotate(opened.status(), absl::StrCat("opening update ", u.upload_id));
         plain = *std::move(opened);
+        if (!audit_public_key_.empty() && !audited.contains(u.upload_id)) {
+          FEDLORA_ASSIGN_OR_RETURN(AuditCopyRecord copy, SealAuditCopy(audit_public_key_, place, plain, *blobs_));
+          audit_copies.push_back(std::move(copy));
+        }
       }  // the sealed copy is freed before decoding
       // A sparsified update stays sparse: its kept entries are clipped and added where they go.
       FEDLORA_ASSIGN_OR_RETURN(std::vector<KeptTensor> update, DecodeAndValidate(plain));
@@ -258,6 +271,8 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
                                                added, " intact ones are fewer than min_clients (", MinClients(), ")"));
       }
     }
+    // Durable before CommitRound: a round that counted an update always has its audit copy.
+    FEDLORA_RETURN_IF_ERROR_CTX(store_->RecordAuditCopies(audit_copies), "recording the audit copies");
     // Corrupt ones counted nowhere below (bytes, participation); ForgetRound still deletes them.
     all_uploads = uploads;
     uploads = std::move(intact);

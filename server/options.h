@@ -53,6 +53,9 @@ struct ServerOptions {
   // Directory of the per-round aggregation keys (server/aggregation_key.h), ServerConfig.key_dir.
   // Empty: data_dir + "/keys". Outside the store volume, a copy of the store opens nothing.
   std::string key_dir;
+  // PEM X25519 public key file of the offline audit key (ServerConfig.audit_public_key_file,
+  // server/audit_trail.h). Empty: no audit trail; every update is deleted with its round.
+  std::string audit_public_key_file;
   ServerTlsOptions tls;
   // Serve plaintext without TLS (ServerConfig.insecure). Refused unless listen_address is loopback.
   // Default false: a server without TLS is a choice made explicitly, for simulation and tests.

@@ -20,6 +20,7 @@
 #include "fedlora/v1/federation.grpc.pb.h"
 #include "proto/address.h"
 #include "proto/config_io.h"
+#include "server/audit_trail.h"
 #include "server/services.h"
 
 namespace fedlora {
@@ -32,6 +33,7 @@ ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config) {
   o.health_address = s.health_address();
   o.data_dir = s.store_dir().empty() ? "fedlora_store" : s.store_dir();
   o.key_dir = s.key_dir();
+  o.audit_public_key_file = s.audit_public_key_file();
   o.tls.cert_file = s.tls().cert_file();
   o.tls.key_file = s.tls().key_file();
   o.tls.client_ca_file = s.tls().client_ca_file();
@@ -172,6 +174,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
   int64_t adapter_elements = 0;
   for (const UpdateTensor& t : initial_adapter) adapter_elements += static_cast<int64_t>(t.values.size());
   FEDLORA_RETURN_IF_ERROR(Coordinator::CheckPrivacy(config, adapter_elements));
+  FEDLORA_RETURN_IF_ERROR(CheckAuditSettings(options, config));
   std::error_code ec;
   std::filesystem::create_directories(options.data_dir, ec);
   if (ec) {

@@ -113,6 +113,19 @@ ALTER TABLE rounds ADD COLUMN broadcast_delta_hash TEXT NOT NULL DEFAULT '';
     R"sql(
 ALTER TABLE rounds ADD COLUMN key_id TEXT NOT NULL DEFAULT '';
 )sql",
+    // v5: the audit trail (server/audit_trail.h): each counted update sealed to an offline key.
+    R"sql(
+CREATE TABLE audit_copies(
+  upload_id    TEXT PRIMARY KEY NOT NULL,
+  run_id       TEXT NOT NULL,
+  round        INTEGER NOT NULL,
+  client_id    TEXT NOT NULL,
+  num_examples INTEGER NOT NULL,
+  blob_hash    TEXT NOT NULL,
+  created_ms   INTEGER NOT NULL
+) STRICT;
+CREATE INDEX audit_copies_by_round ON audit_copies(run_id, round);
+)sql",
 };
 constexpr int kNumMigrations = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
 static_assert(kNumMigrations == Store::kSchemaVersion, "add a migration when bumping kSchemaVersion");
@@ -1211,6 +1224,45 @@ absl::StatusOr<std::vector<MetricRecord>> Store::ListMetrics(const std::string& 
   return out;
 }
 
+absl::Status Store::RecordAuditCopies(const std::vector<AuditCopyRecord>& copies) {
+  for (const AuditCopyRecord& c : copies) {
+    if (c.upload_id.empty() || c.blob_hash.empty()) {
+      return absl::InvalidArgumentError("RecordAuditCopies: empty upload_id or blob_hash");
+    }
+  }
+  if (copies.empty()) return absl::OkStatus();
+  return WriteTransaction(nullptr, [&]() -> absl::Status {
+    for (const AuditCopyRecord& c : copies) {
+      std::unique_ptr<Stmt> h;
+      FEDLORA_ASSIGN_OR_RETURN(Stmt * s, impl_->Query("INSERT OR IGNORE INTO audit_copies(upload_id, run_id, round, "
+                                                      "client_id, num_examples, blob_hash, created_ms) "
+                                                      "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                                      h));
+      s->Bind(c.upload_id).Bind(c.run_id).Bind(c.round).Bind(c.client_id).Bind(c.num_examples).Bind(c.blob_hash);
+      s->Bind(impl_->Now());
+      FEDLORA_RETURN_IF_ERROR(s->Run());
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<AuditCopyRecord>> Store::ListAuditCopies(const std::string& run_id, int64_t round) {
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<Stmt> h;
+  FEDLORA_ASSIGN_OR_RETURN(Stmt * s, impl_->Query("SELECT upload_id, run_id, round, client_id, num_examples, blob_hash "
+                                                  "FROM audit_copies WHERE (? = '' OR run_id = ?) AND "
+                                                  "(? = 0 OR round = ?) ORDER BY run_id, round, upload_id",
+                                                  h));
+  s->Bind(run_id).Bind(run_id).Bind(round).Bind(round);
+  std::vector<AuditCopyRecord> out;
+  for (;;) {
+    FEDLORA_ASSIGN_OR_RETURN(bool row, s->Step());
+    if (!row) break;
+    out.push_back(AuditCopyRecord{s->Text(0), s->Text(1), s->Int(2), s->Text(3), s->Int(4), s->Text(5)});
+  }
+  return out;
+}
+
 absl::StatusOr<RecoveredState> Store::LoadLatestState(const std::string& run_id) {
   absl::MutexLock lock(&mu_);
   return impl_->ReadTransaction([&]() -> absl::StatusOr<RecoveredState> {
@@ -1253,7 +1305,8 @@ absl::StatusOr<absl::flat_hash_set<std::string>> Store::ReferencedBlobHashes() {
                                                     "SELECT result_adapter_hash FROM rounds UNION "
                                                     "SELECT server_state_hash FROM rounds UNION "
                                                     "SELECT broadcast_hash FROM rounds UNION "
-                                                    "SELECT broadcast_delta_hash FROM rounds",
+                                                    "SELECT broadcast_delta_hash FROM rounds UNION "
+                                                    "SELECT blob_hash FROM audit_copies",
                                                     h));
     absl::flat_hash_set<std::string> out;
     for (;;) {

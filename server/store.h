@@ -139,6 +139,17 @@ struct MetricRecord {
   double value = 0.0;
 };
 
+// An accepted update re-sealed to the offline audit key (server/audit_trail.h); kept past every
+// retention setting.
+struct AuditCopyRecord {
+  std::string upload_id;
+  std::string run_id;
+  int64_t round = 0;
+  std::string client_id;
+  int64_t num_examples = 0;
+  std::string blob_hash;  // the audit blob (crypto/sealed_update.h's form, sealed to the audit key)
+};
+
 // What a restarting server needs to resume a run.
 struct RecoveredState {
   RunRecord run;
@@ -174,7 +185,7 @@ class WalSyncer;  // group fsync of the WAL (store.cc)
 
 class Store {
  public:
-  static constexpr int kSchemaVersion = 4;
+  static constexpr int kSchemaVersion = 5;
 
   // Opens or creates the database at `path`, sets WAL / synchronous=NORMAL / foreign keys / busy
   // timeout, and migrates the schema to kSchemaVersion. Durability does not rest on SQLite's own
@@ -276,6 +287,14 @@ class Store {
   // By client_id ("" first), then key.
   absl::StatusOr<std::vector<MetricRecord>> ListMetrics(const std::string& run_id, int64_t round);
 
+  // --- audit trail (server/audit_trail.h) ---
+  // Records the copies in one durable transaction; an upload that already has one keeps it (a
+  // redone aggregation). InvalidArgument for an empty upload_id or blob_hash.
+  absl::Status RecordAuditCopies(const std::vector<AuditCopyRecord>& copies);
+  // The copies of run `run_id` ("" for every run) and round `round` (0 for every round), by run,
+  // round and upload_id.
+  absl::StatusOr<std::vector<AuditCopyRecord>> ListAuditCopies(const std::string& run_id, int64_t round);
+
   // --- recovery and GC ---
   absl::StatusOr<RecoveredState> LoadLatestState(const std::string& run_id);
   // Rolls run `run_id` back to round `keep_through` (0: to the initial adapter), for a store whose
@@ -286,7 +305,7 @@ class Store {
   // 0 or a committed round; NotFound for an unknown run. The one exception to "committed is final".
   absl::StatusOr<int64_t> RewindRun(const std::string& run_id, int64_t keep_through, const std::string& reason);
   // Every blob hash a row still needs (the uploads of rounds not yet committed or abandoned, the
-  // rounds' adapters and optimizer states): keep these when collecting blob garbage.
+  // rounds' adapters and optimizer states, the audit copies): keep these when collecting blob garbage.
   absl::StatusOr<absl::flat_hash_set<std::string>> ReferencedBlobHashes();
 
   // --- retention (server/coordinator_retention.cc) ---

@@ -70,6 +70,9 @@ std::string CostOf(const BlobCheck& b, bool latest, bool has_open_round) {
   if (b.kind == "accepted update") {
     return "the update is left out of the open round's aggregate, although its client was told ACCEPTED";
   }
+  if (b.kind == "audit copy") {
+    return "the audit trail loses this update (server.audit_public_key_file); the run itself is unaffected";
+  }
   if (b.kind == "optimizer state") {
     return latest ? no_start : "nothing now (only the latest committed round's state is read)";
   }
@@ -106,7 +109,7 @@ absl::StatusOr<RunCheck> CheckRun(Store& store, const BlobStore& blobs, const st
     b.health = health.first;
     b.detail = health.second;
     if (b.health != BlobHealth::kIntact) {
-      const bool latest = b.kind != "accepted update" && b.round == out.latest_committed;
+      const bool latest = b.kind != "accepted update" && b.kind != "audit copy" && b.round == out.latest_committed;
       b.cost = CostOf(b, latest, st.open_round.has_value());
     }
     out.blobs.push_back(std::move(b));
@@ -127,6 +130,10 @@ absl::StatusOr<RunCheck> CheckRun(Store& store, const BlobStore& blobs, const st
   }
   for (const UploadRecord& u : st.accepted_uploads) {
     FEDLORA_RETURN_IF_ERROR(add(u.round, "accepted update", u.blob_hash, u.upload_id, u.client_id));
+  }
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<AuditCopyRecord> audit, store.ListAuditCopies(run_id, 0));
+  for (const AuditCopyRecord& c : audit) {
+    FEDLORA_RETURN_IF_ERROR(add(c.round, "audit copy", c.blob_hash, c.upload_id, c.client_id));
   }
   return out;
 }

@@ -24,11 +24,11 @@ std::string_view BlobHealthName(BlobHealth h);  // "intact", "corrupt", "missing
 struct BlobCheck {
   int64_t round = 0;      // 0 for the initial adapter
   std::string kind;       // "initial adapter", "result adapter", "broadcast adapter", "broadcast delta",
-                          // "optimizer state", "accepted update"
+                          // "optimizer state", "accepted update", "audit copy"
   std::string hash;
   BlobHealth health = BlobHealth::kIntact;
   std::string detail;     // the blob store's error, when not intact
-  std::string upload_id;  // accepted updates only
+  std::string upload_id;  // accepted updates and audit copies only
   std::string client_id;
   std::string cost;       // what the damage costs, when not intact
 };

@@ -6,7 +6,7 @@
 //   fedlora client --server 127.0.0.1:50051 --ca pki/ca.pem --cert pki/site-a.pem --key pki/site-a.key ...
 //   fedlora certs revoke --dir pki --cert pki/site-b.pem    # writes or extends pki/crl.pem (--crl)
 //
-// Verbs: dev, ca, server, client, revoke, pin; `fedlora certs <verb> --help` lists each one's flags.
+// Verbs: dev, ca, server, client, revoke, pin, audit-key; `fedlora certs <verb> --help` lists each one's flags.
 // Private keys are written with mode 0600, certificates and CRLs 0644, each file atomically. An
 // existing key or CA is never overwritten without --force.
 #include <fcntl.h>
@@ -25,7 +25,9 @@
 #include "core/file.h"
 #include "core/status.h"
 #include "crypto/certs.h"
+#include "crypto/envelope.h"
 #include "crypto/key_signature.h"
+#include "crypto/x25519_pem.h"
 #include "tools/common.h"
 
 namespace fedlora::tools {
@@ -357,6 +359,35 @@ int RunPin(int argc, char** argv) {
   return kExitOk;
 }
 
+// The offline audit key pair (server/audit_trail.h): audit.pub for the server's
+// audit_public_key_file, audit.key (0600) to keep off the server.
+absl::Status AuditKey(const std::string& dir, bool force) {
+  const std::string pub_path = Join(dir, "audit.pub"), key_path = Join(dir, "audit.key");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  FEDLORA_RETURN_IF_ERROR(RefuseOverwrite({key_path, pub_path}, force));
+  FEDLORA_ASSIGN_OR_RETURN(crypto::X25519KeyPair pair, crypto::GenerateX25519KeyPair());
+  FEDLORA_ASSIGN_OR_RETURN(std::string key_pem, crypto::X25519PrivateKeyToPem(pair.private_key));
+  FEDLORA_ASSIGN_OR_RETURN(std::string pub_pem, crypto::X25519PublicKeyToPem(pair.public_key));
+  FEDLORA_RETURN_IF_ERROR(WriteKeyFile(key_path, key_pem));
+  FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(pub_path, pub_pem));
+  std::printf("wrote %s (X25519 private key, mode 0600: keep it offline, never on the server)\n", key_path.c_str());
+  std::printf("wrote %s (set server.audit_public_key_file to it)\n", pub_path.c_str());
+  return absl::OkStatus();
+}
+
+int RunAuditKey(int argc, char** argv) {
+  FlagSet flags(argv[0], "Makes the offline audit key pair: --out/audit.pub for the server, --out/audit.key to keep offline.");
+  std::string out;
+  bool force = false;
+  flags.AddString("out", &out, "directory to write audit.pub and audit.key to (created if missing)", true);
+  flags.AddBool("force", &force, "replace an existing audit key pair");
+  if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
+  absl::Status s = AuditKey(out, force);
+  return s.ok() ? kExitOk : Fail(argv[0], s);
+}
+
 constexpr Verb kVerbs[] = {
     {"dev", "CA + server + client certificates for a local federation, in one go", RunDev},
     {"ca", "a new CA (ca.pem, ca.key)", RunCa},
@@ -364,13 +395,14 @@ constexpr Verb kVerbs[] = {
     {"client", "a client certificate for one site id (<id>.pem, <id>.key)", RunClientCert},
     {"revoke", "add certificates to the CRL (crl.pem)", RunRevoke},
     {"pin", "print a certificate's key pin (for clients' --server-pin)", RunPin},
+    {"audit-key", "the offline audit key pair (audit.pub, audit.key)", RunAuditKey},
 };
 
 void PrintVerbs(std::FILE* out) {
   std::fprintf(out,
                "usage: fedlora certs <verb> [flags]\nDevelopment PKI for mTLS between server and "
                "clients.\n\nverbs:\n");
-  for (const Verb& v : kVerbs) std::fprintf(out, "  %-8s %s\n", v.name, v.summary);
+  for (const Verb& v : kVerbs) std::fprintf(out, "  %-9s %s\n", v.name, v.summary);
   std::fprintf(out, "\n'fedlora certs <verb> --help' lists the flags of a verb.\n");
 }
 

@@ -35,6 +35,7 @@ constexpr Subcommand kSubcommands[] = {
     {"health", "ask a server's gRPC health service whether it serves (exit 0 if so)", RunHealth},
     {"store", "verify or repair a stopped server's store (blob hashes, rewind)", RunStore},
     {"certs", "make a development CA, server and client certificates, and CRLs", RunCerts},
+    {"audit", "open the audit trail (server.audit_public_key_file) with the offline key", RunAudit},
 };
 
 void PrintUsage(std::FILE* out) {

@@ -223,6 +223,7 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
       {"server.max_client_downloads_in_flight", {"server/floods_test.cc", "max_client_downloads_in_flight"}},
       {"server.max_aggregation_attempts", {"server/round_driver_test.cc", "max_aggregation_attempts"}},
       {"server.retain_rounds", {"server/retention_test.cc", "set_retain_rounds"}},
+      {"server.audit_public_key_file", {"server/audit_trail_test.cc", "set_audit_public_key_file"}},
       {"server.stop_on_aggregation_failure", {"server/round_driver_test.cc", "stop_on_aggregation_failure"}},
       {"simulation.num_clients", {"sim/simulator_test.cc", "num_clients"}},
       {"simulation.partition", {"sim/simulator_test.cc", "partition"}},
