@@ -614,7 +614,39 @@ def rpc_seeds():
     write("rpc", "strangers", s.bytes())
 
 
-GENERATED = ["safetensors", "gguf", "update", "downlink", "metrics_http", "peft", "state_files", "sealed_update", "run_config", "tokenizer", "bert_config", "rpc"]
+# ---- dataset, chat_template, decoder_config -----------------------------------------------------
+
+def dataset_seeds():
+    # Byte 0: the loader (0 .jsonl, 1 .csv, 2 .tsv, 3 labels.txt, 4 LM .jsonl); byte 1: options
+    # (fuzz_dataset.cc); then the file.
+    def w(name, loader, flags, text):
+        write("dataset", name, bytes([loader, flags]) + (text.encode() if isinstance(text, str) else text))
+    w("jsonl_names", 0, 0, '{"text": "good film", "label": "positive"}\n{"text": "dull", "text_pair": null, "label": "negative"}\n')
+    w("jsonl_indices", 0, 0, '{"text": "a", "text_pair": "b", "label": 2}\n\n{"text": "c", "label": 0}')
+    w("jsonl_given_names", 0, 1, '{"text": "x", "label": "positive"}\r\n{"text": "y", "label": 1}\r\n')
+    w("jsonl_mixed_labels", 0, 0, '{"text": "a", "label": 1}\n{"text": "b", "label": "one"}\n')
+    w("jsonl_bad_line", 0, 0, '{"text": "a", "label": "x"}\n[1, 2]\n{"text": ')
+    w("jsonl_too_long", 0, 2, '{"text": "more than sixteen bytes of text", "label": "x"}\n')
+    w("csv_quoted", 1, 0, 'text,text_pair,label\r\n"a, ""quoted""\nline",,pos\r\nplain,pair,neg\r\n')
+    w("csv_bom_decimal", 1, 0, b"\xef\xbb\xbftext,label\n\xc3\xa9t\xc3\xa9,10\nhiver,2\n")
+    w("csv_unclosed", 1, 0, 'text,label\n"never closed,1\n')
+    w("csv_text_after_quote", 1, 0, 'text,label\n"a"b,1\n')
+    w("tsv_glue", 2, 0, 'sentence\tlabel\ttext\n"quotes stay"\t1\tit is fine\n')
+    w("tsv_pairs", 2, 1, 'text\ttext_pair\tlabel\nq\t\tpositive\nq2\tp2\tnegative')
+    w("tsv_short_row", 2, 0, 'text\tlabel\nonly one field\n')
+    w("labels", 3, 0, 'negative\npositive \r\n\n neutral\t\n')
+    w("labels_twice", 3, 0, 'a\nb\na\n')
+    w("lm_messages", 4, 64 | 40, json.dumps({"messages": [{"role": "system", "content": "Be kind."},
+        {"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "See you."}]}) + "\n")
+    w("lm_prompt_response", 4, 64 | 32, '{"prompt": "2+2?", "response": "4"}\n{"prompt": "3+3?", "response": 6}\n')
+    w("lm_label_field", 4, 128 | 20, '{"prompt": "Is it good?", "label": "yes"}\n')
+    w("lm_cut_middle", 4, 8, json.dumps({"prompt": "a long prompt " * 8, "response": "ok"}) + "\n")
+    w("lm_ends_with_user", 4, 64, '{"messages": [{"role": "user", "content": "Hi"}]}\n')
+    w("lm_bad_message", 4, 64, '{"messages": [{"role": "user", "content": 3}]}\n')
+
+
+GENERATED = ["safetensors", "gguf", "update", "downlink", "metrics_http", "peft", "state_files", "sealed_update", "run_config", "tokenizer", "bert_config", "rpc", "dataset"]
 
 
 def main():
@@ -637,6 +669,7 @@ def main():
     tokenizer_seeds()
     bert_config_seeds()
     rpc_seeds()
+    dataset_seeds()
     for h in sorted(os.listdir(CORPUS)):
         files = os.listdir(os.path.join(CORPUS, h))
         size = sum(os.path.getsize(os.path.join(CORPUS, h, f)) for f in files)
