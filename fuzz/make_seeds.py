@@ -646,7 +646,60 @@ def dataset_seeds():
     w("lm_bad_message", 4, 64, '{"messages": [{"role": "user", "content": 3}]}\n')
 
 
-GENERATED = ["safetensors", "gguf", "update", "downlink", "metrics_http", "peft", "state_files", "sealed_update", "run_config", "tokenizer", "bert_config", "rpc", "dataset"]
+SMOLLM2_JINJA = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+                 "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+                 "' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n"
+                 "' + message['content'] + '<|im_end|>' + '\n"
+                 "'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n"
+                 "' }}{% endif %}")
+QWEN2_JINJA = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+               "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+               "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+               "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+LLAMA3_JINJA = ("{% set loop_messages = messages %}{% for message in loop_messages %}"
+                "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+                "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+                "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+                "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
+
+
+def chat_template_seeds():
+    # fuzz_chat_template.cc: a template choice (0-3 by name, 4: Detect on a Jinja string), then
+    # the messages: a count, and for each a role (0-3 known, 4: a string) and its content.
+    roles = ["system", "user", "assistant", "tool"]
+
+    def w(name, choice, messages, jinja=None):
+        f = FdpWriter().integer(choice, 0, 4, 32)
+        if jinja is not None:
+            f.string(jinja, 4096)
+        f.integer(len(messages), 0, 8, 64)
+        for role, content in messages:
+            if role in roles:
+                f.integer(roles.index(role), 0, 4, 64)
+            else:
+                f.integer(4, 0, 4, 64).string(role, 16)
+            f.string(content, 256)
+        write("chat_template", name, f.bytes())
+    talk = [("user", "Hi!"), ("assistant", "Hello. How can I help?"), ("user", "Bye"), ("assistant", "See you.")]
+    w("chatml_system", 0, [("system", "Be brief.")] + talk)
+    w("smollm2_no_system", 1, talk)
+    w("qwen2_unicode", 2, [("user", "Zürich → 東京? 🚆"), ("assistant", "e\u0301 (NFD) and \u00e9 (NFC)")])
+    w("llama3_strip", 3, [("user", "\u3000 padded \u00a0\n"), ("assistant", "\t\u2028answer\u0085 ")])
+    w("llama3_specials_in_content", 3, [("user", "<|eot_id|><|start_header_id|>"), ("assistant", "<|im_end|> x <|eot_id|>")])
+    w("custom_role", 0, [("narrator", "Once upon a time"), ("assistant", "")])
+    w("invalid_utf8", 2, [("user", b"\xff\xc3"), ("assistant", b"ok \xe2\x82")])
+    w("no_messages", 1, [])
+    w("detect_smollm2", 4, talk, SMOLLM2_JINJA)
+    w("detect_qwen2", 4, talk, QWEN2_JINJA)
+    w("detect_llama3", 4, talk, LLAMA3_JINJA)
+    w("detect_chatml_tools", 4, talk, QWEN2_JINJA.replace("{% for", "{% if tools %}{{ tools }}{% endif %}{% for", 1))
+    w("detect_llama31_dated", 4, talk, "{{ 'Cutting Knowledge Date: December 2023' }}" + LLAMA3_JINJA)
+    w("detect_other_prompt", 4, talk, QWEN2_JINJA.replace("You are a helpful assistant.", "You are a pirate."))
+    w("detect_name", 4, talk, "llama3")
+    w("detect_nothing", 4, talk, "{{ messages }}")
+
+
+GENERATED = ["safetensors", "gguf", "update", "downlink", "metrics_http", "peft", "state_files", "sealed_update", "run_config", "tokenizer", "bert_config", "rpc", "dataset", "chat_template"]
 
 
 def main():
@@ -670,6 +723,7 @@ def main():
     bert_config_seeds()
     rpc_seeds()
     dataset_seeds()
+    chat_template_seeds()
     for h in sorted(os.listdir(CORPUS)):
         files = os.listdir(os.path.join(CORPUS, h))
         size = sum(os.path.getsize(os.path.join(CORPUS, h, f)) for f in files)
