@@ -21,12 +21,15 @@
 // - an accepted config passes Validate and keeps Validate's bounds (positive sizes, dimensions
 //   under the caps, heads a multiple of the key-value heads, an even head_dim, token ids inside
 //   the vocabulary);
+// - mode 1: it holds what the metadata says (each key the mapping reads, as written; the token
+//   count as vocab_size without a vocab_size key; a separate head exactly when output.weight exists);
 // - it round-trips: written back as a config.json with every field, and as GGUF metadata with the
 //   keys llama.cpp's converter writes, it reads back equal (GGUF carries no attention_dropout and
 //   one eos id: those are compared where it can carry them).
 #include <unistd.h>
 
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -183,7 +186,12 @@ std::string ArchOf(const std::vector<Kv>& kvs) {
 
 // The records as GGUF metadata; keys given twice keep their first value (a GGUF with a key twice
 // is fuzz_gguf's business).
-std::string MetadataGguf(const uint8_t* data, size_t size) {
+struct Metadata {
+  std::vector<Kv> kvs;
+  bool output_weight = false;
+};
+
+Metadata MetadataOf(const uint8_t* data, size_t size) {
   Reader r{data, size};
   uint8_t flags = 0;
   r.Byte(&flags);
@@ -212,7 +220,52 @@ std::string MetadataGguf(const uint8_t* data, size_t size) {
     kv.key = arch + suffix;
     if (seen.insert(kv.key).second) kvs.push_back(std::move(kv));
   }
-  return Gguf(kvs, (flags & 1) != 0);
+  return {std::move(kvs), (flags & 1) != 0};
+}
+
+// A scalar record's value as a number (NaN for strings, arrays and booleans).
+double Number(const Kv& kv) {
+  uint64_t bits = 0;
+  if (kv.type == kString || kv.type == kArray || kv.type == kBool) return std::nan("");
+  for (size_t i = 0; i < Width(kv.type); ++i) bits |= uint64_t{static_cast<uint8_t>(kv.value[i])} << (8 * i);
+  switch (kv.type) {
+    case kI8: return static_cast<int8_t>(bits);
+    case kI16: return static_cast<int16_t>(bits);
+    case kI32: return static_cast<int32_t>(bits);
+    case kI64: return static_cast<double>(static_cast<int64_t>(bits));
+    case kF32: return std::bit_cast<float>(static_cast<uint32_t>(bits));
+    case kF64: return std::bit_cast<double>(bits);
+    default: return static_cast<double>(bits);
+  }
+}
+
+// An accepted config holds what the metadata says: each key the mapping reads, as written.
+void CheckMapping(const Metadata& m, const DecoderConfig& c) {
+  const std::string a = c.model_type;
+  const std::pair<std::string, double> fields[] = {
+      {a + ".block_count", c.num_hidden_layers}, {a + ".embedding_length", c.hidden_size},
+      {a + ".feed_forward_length", c.intermediate_size}, {a + ".attention.head_count", c.num_attention_heads},
+      {a + ".attention.head_count_kv", c.num_key_value_heads}, {a + ".context_length", c.max_position_embeddings},
+      {a + ".attention.key_length", c.head_dim}, {a + ".vocab_size", c.vocab_size},
+      {a + ".attention.layer_norm_rms_epsilon", c.rms_norm_eps}, {a + ".rope.freq_base", c.rope_theta},
+      {"tokenizer.ggml.bos_token_id", c.bos_token_id}, {"tokenizer.ggml.padding_token_id", c.pad_token_id}};
+  bool has_vocab_size = false;
+  for (const Kv& kv : m.kvs) {
+    for (const auto& [key, value] : fields) {
+      if (kv.key == key) FUZZ_CHECK(Number(kv) == value, kv.key + " is not what the config holds");
+    }
+    has_vocab_size |= kv.key == a + ".vocab_size";
+    if (kv.key == "general.architecture") FUZZ_CHECK(kv.value.substr(8) == c.model_type, "model_type");
+    if (kv.key == "tokenizer.ggml.eos_token_id") {
+      FUZZ_CHECK(c.eos_token_ids.size() == 1 && Number(kv) == static_cast<double>(c.eos_token_ids[0]), "eos");
+    }
+  }
+  for (const Kv& kv : m.kvs) {
+    if (kv.key == "tokenizer.ggml.tokens" && kv.type == kArray && !has_vocab_size) {  // the token list (count < 256)
+      FUZZ_CHECK(static_cast<uint8_t>(kv.value[4]) == c.vocab_size, "vocab_size is not the token count");
+    }
+  }
+  FUZZ_CHECK(c.tie_word_embeddings == !m.output_weight, "tie_word_embeddings does not follow output.weight");
 }
 
 // ---- checks --------------------------------------------------------------------------------------
@@ -316,11 +369,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const int mode = data[0] % 3;
   std::string path;
+  Metadata metadata;
   if (mode == 0) {
     Write("ckpt/config.json", std::string(reinterpret_cast<const char*>(data) + 1, size - 1));
     path = Dir() + "/ckpt";
   } else if (mode == 1) {
-    path = Write("model.gguf", MetadataGguf(data + 1, size - 1));
+    metadata = MetadataOf(data + 1, size - 1);
+    path = Write("model.gguf", Gguf(metadata.kvs, metadata.output_weight));
   } else {
     path = Write("model.gguf", std::string(reinterpret_cast<const char*>(data) + 1, size - 1));
   }
@@ -331,6 +386,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   CheckBounds(*config);
+  if (mode == 1) CheckMapping(metadata, *config);
   CheckJsonRoundTrip(*config);
   CheckGgufRoundTrip(*config);
   return 0;
