@@ -614,7 +614,183 @@ def rpc_seeds():
     write("rpc", "strangers", s.bytes())
 
 
-GENERATED = ["safetensors", "gguf", "update", "downlink", "metrics_http", "peft", "state_files", "sealed_update", "run_config", "tokenizer", "bert_config", "rpc"]
+# ---- dataset, chat_template, decoder_config -----------------------------------------------------
+
+def dataset_seeds():
+    # Byte 0: the loader (0 .jsonl, 1 .csv, 2 .tsv, 3 labels.txt, 4 LM .jsonl); byte 1: options
+    # (fuzz_dataset.cc); then the file.
+    def w(name, loader, flags, text):
+        write("dataset", name, bytes([loader, flags]) + (text.encode() if isinstance(text, str) else text))
+    w("jsonl_names", 0, 0, '{"text": "good film", "label": "positive"}\n{"text": "dull", "text_pair": null, "label": "negative"}\n')
+    w("jsonl_indices", 0, 0, '{"text": "a", "text_pair": "b", "label": 2}\n\n{"text": "c", "label": 0}')
+    w("jsonl_given_names", 0, 1, '{"text": "x", "label": "positive"}\r\n{"text": "y", "label": 1}\r\n')
+    w("jsonl_mixed_labels", 0, 0, '{"text": "a", "label": 1}\n{"text": "b", "label": "one"}\n')
+    w("jsonl_bad_line", 0, 0, '{"text": "a", "label": "x"}\n[1, 2]\n{"text": ')
+    w("jsonl_too_long", 0, 2, '{"text": "more than sixteen bytes of text", "label": "x"}\n')
+    w("csv_quoted", 1, 0, 'text,text_pair,label\r\n"a, ""quoted""\nline",,pos\r\nplain,pair,neg\r\n')
+    w("csv_bom_decimal", 1, 0, b"\xef\xbb\xbftext,label\n\xc3\xa9t\xc3\xa9,10\nhiver,2\n")
+    w("csv_unclosed", 1, 0, 'text,label\n"never closed,1\n')
+    w("csv_text_after_quote", 1, 0, 'text,label\n"a"b,1\n')
+    w("tsv_glue", 2, 0, 'sentence\tlabel\ttext\n"quotes stay"\t1\tit is fine\n')
+    w("tsv_pairs", 2, 1, 'text\ttext_pair\tlabel\nq\t\tpositive\nq2\tp2\tnegative')
+    w("tsv_short_row", 2, 0, 'text\tlabel\nonly one field\n')
+    w("labels", 3, 0, 'negative\npositive \r\n\n neutral\t\n')
+    w("labels_twice", 3, 0, 'a\nb\na\n')
+    w("lm_messages", 4, 64 | 40, json.dumps({"messages": [{"role": "system", "content": "Be kind."},
+        {"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "See you."}]}) + "\n")
+    w("lm_prompt_response", 4, 64 | 32, '{"prompt": "2+2?", "response": "4"}\n{"prompt": "3+3?", "response": 6}\n')
+    w("lm_label_field", 4, 128 | 20, '{"prompt": "Is it good?", "label": "yes"}\n')
+    w("lm_cut_middle", 4, 8, json.dumps({"prompt": "a long prompt " * 8, "response": "ok"}) + "\n")
+    w("lm_ends_with_user", 4, 64, '{"messages": [{"role": "user", "content": "Hi"}]}\n')
+    w("lm_bad_message", 4, 64, '{"messages": [{"role": "user", "content": 3}]}\n')
+
+
+SMOLLM2_JINJA = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+                 "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+                 "' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n"
+                 "' + message['content'] + '<|im_end|>' + '\n"
+                 "'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n"
+                 "' }}{% endif %}")
+QWEN2_JINJA = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+               "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+               "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+               "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+LLAMA3_JINJA = ("{% set loop_messages = messages %}{% for message in loop_messages %}"
+                "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+                "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+                "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+                "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
+
+
+def chat_template_seeds():
+    # fuzz_chat_template.cc: a template choice (0-3 by name, 4: Detect on a Jinja string), then
+    # the messages: a count, and for each a role (0-3 known, 4: a string) and its content.
+    roles = ["system", "user", "assistant", "tool"]
+
+    def w(name, choice, messages, jinja=None):
+        f = FdpWriter().integer(choice, 0, 4, 32)
+        if jinja is not None:
+            f.string(jinja, 4096)
+        f.integer(len(messages), 0, 8, 64)
+        for role, content in messages:
+            if role in roles:
+                f.integer(roles.index(role), 0, 4, 64)
+            else:
+                f.integer(4, 0, 4, 64).string(role, 16)
+            f.string(content, 256)
+        write("chat_template", name, f.bytes())
+    talk = [("user", "Hi!"), ("assistant", "Hello. How can I help?"), ("user", "Bye"), ("assistant", "See you.")]
+    w("chatml_system", 0, [("system", "Be brief.")] + talk)
+    w("smollm2_no_system", 1, talk)
+    w("qwen2_unicode", 2, [("user", "Zürich → 東京? 🚆"), ("assistant", "e\u0301 (NFD) and \u00e9 (NFC)")])
+    w("llama3_strip", 3, [("user", "\u3000 padded \u00a0\n"), ("assistant", "\t\u2028answer\u0085 ")])
+    w("llama3_specials_in_content", 3, [("user", "<|eot_id|><|start_header_id|>"), ("assistant", "<|im_end|> x <|eot_id|>")])
+    w("custom_role", 0, [("narrator", "Once upon a time"), ("assistant", "")])
+    w("invalid_utf8", 2, [("user", b"\xff\xc3"), ("assistant", b"ok \xe2\x82")])
+    w("no_messages", 1, [])
+    w("detect_smollm2", 4, talk, SMOLLM2_JINJA)
+    w("detect_qwen2", 4, talk, QWEN2_JINJA)
+    w("detect_llama3", 4, talk, LLAMA3_JINJA)
+    w("detect_chatml_tools", 4, talk, QWEN2_JINJA.replace("{% for", "{% if tools %}{{ tools }}{% endif %}{% for", 1))
+    w("detect_llama31_dated", 4, talk, "{{ 'Cutting Knowledge Date: December 2023' }}" + LLAMA3_JINJA)
+    w("detect_other_prompt", 4, talk, QWEN2_JINJA.replace("You are a helpful assistant.", "You are a pirate."))
+    w("detect_name", 4, talk, "llama3")
+    w("detect_nothing", 4, talk, "{{ messages }}")
+
+
+DECODER_KEYS = ["general.architecture", ".block_count", ".embedding_length", ".feed_forward_length",
+                ".attention.head_count", ".attention.head_count_kv", ".context_length",
+                ".attention.layer_norm_rms_epsilon", ".rope.freq_base", ".attention.key_length",
+                ".attention.value_length", ".rope.dimension_count", ".rope.scaling.type", ".rope.scaling.factor",
+                ".vocab_size", "tokenizer.ggml.tokens", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                "tokenizer.ggml.padding_token_id", "general.alignment", "general.name"]  # fuzz_decoder_config.cc kKeys
+
+
+def decoder_config_seeds():
+    # Byte 0: 0 config.json, 1 GGUF metadata records, 2 a whole .gguf (fuzz_decoder_config.cc).
+    smollm2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 576,
+               "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+               "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 100000, "hidden_act": "silu",
+               "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
+               "rope_scaling": None, "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1, "torch_dtype": "bfloat16"}
+    qwen2 = {"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+             "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "max_position_embeddings": 32768,
+             "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": True, "use_sliding_window": False,
+             "sliding_window": 32768, "bos_token_id": 151643, "eos_token_id": [151643, 151645], "attention_dropout": 0.0}
+    tiny = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "head_dim": 8}
+
+    def j(name, cfg):
+        write("decoder_config", name, b"\x00" + (json.dumps(cfg) if isinstance(cfg, dict) else cfg).encode())
+    j("json_smollm2", smollm2)
+    j("json_qwen2", qwen2)
+    j("json_tiny", tiny)
+    j("json_rope_scaling", dict(smollm2, rope_scaling={"type": "llama3", "factor": 8.0}))
+    j("json_gelu", dict(tiny, hidden_act="gelu"))
+    j("json_odd_head_dim", dict(tiny, head_dim=7))
+    j("json_kv_not_divisor", dict(tiny, num_key_value_heads=3))
+    j("json_huge", dict(tiny, hidden_size=2**40))
+    j("json_eos_outside", dict(tiny, eos_token_id=[1, 64]))
+    j("json_sliding_window", dict(qwen2, use_sliding_window=True))
+    j("json_mistral", dict(tiny, model_type="mistral"))
+    j("json_missing_field", {k: v for k, v in tiny.items() if k != "intermediate_size"})
+    j("json_truncated", json.dumps(tiny)[:40])
+
+    def rec(key, kind, v):
+        k = bytes([DECODER_KEYS.index(key)]) if key in DECODER_KEYS else b"\xff" + bytes([len(key)]) + key.encode()
+        if kind == "str":
+            body = bytes([len(v)]) + v.encode()
+        elif isinstance(kind, tuple):
+            body = bytes([GGUF_TYPES[kind[1]], len(v)]) + b"".join(
+                bytes([len(e)]) + e.encode() if kind[1] == "str" else struct.pack(GGUF_PACK[kind[1]], e) for e in v)
+        else:
+            body = struct.pack(GGUF_PACK[kind], v)
+        return k + bytes([GGUF_TYPES["arr" if isinstance(kind, tuple) else kind]]) + body
+
+    def llama_meta(arch="llama", **over):
+        fields = {"general.architecture": ("str", arch), ".block_count": ("u32", 2), ".embedding_length": ("u32", 32),
+                  ".feed_forward_length": ("u32", 48), ".attention.head_count": ("u32", 4),
+                  ".attention.head_count_kv": ("u32", 2), ".context_length": ("u32", 128),
+                  ".attention.layer_norm_rms_epsilon": ("f32", 1e-5), ".rope.freq_base": ("f32", 10000.0),
+                  ".rope.dimension_count": ("u32", 8), "tokenizer.ggml.tokens": (("arr", "str"), ["<s>", "</s>", "a", "b"]),
+                  "tokenizer.ggml.bos_token_id": ("u32", 0), "tokenizer.ggml.eos_token_id": ("u32", 1)}
+        fields.update(over)
+        return b"".join(rec(k, *kv) for k, kv in fields.items() if kv is not None)
+
+    def m(name, flags, body):
+        write("decoder_config", name, b"\x01" + bytes([flags]) + body)
+    m("meta_llama_tied", 0, llama_meta())
+    m("meta_qwen2_untied", 1, llama_meta("qwen2", **{".vocab_size": ("u64", 151936), "tokenizer.ggml.tokens": None,
+                                                      ".attention.key_length": ("u32", 64), ".attention.value_length": ("u32", 64),
+                                                      ".embedding_length": ("u32", 896), ".attention.head_count": ("u32", 14),
+                                                      ".rope.dimension_count": ("u32", 64)}))
+    m("meta_partial_rotary", 0, llama_meta(**{".rope.dimension_count": ("u32", 4)}))
+    m("meta_rope_scaling", 0, llama_meta(**{".rope.scaling.type": ("str", "linear")}))
+    m("meta_signed_and_f64", 0, llama_meta(**{".block_count": ("i64", 2), ".rope.freq_base": ("f64", 5e5),
+                                               "tokenizer.ggml.padding_token_id": ("i32", -1)}))
+    m("meta_negative_count", 0, llama_meta(**{".block_count": ("i32", -2)}))
+    m("meta_wrong_type", 0, llama_meta(**{".attention.layer_norm_rms_epsilon": ("str", "1e-5")}))
+    m("meta_missing_eps", 0, llama_meta(**{".attention.layer_norm_rms_epsilon": None}))
+    m("meta_falcon", 0, llama_meta("falcon"))
+    m("meta_value_length", 0, llama_meta(**{".attention.value_length": ("u32", 16)}))
+    m("meta_custom_key", 0, llama_meta(**{"llama.expert_count": ("u32", 8)}))
+
+    def g(name, kvs, tensors=()):
+        write("decoder_config", name, b"\x02" + gguf_file(kvs, list(tensors)))
+    whole = [("general.architecture", "str", "llama"), ("llama.block_count", "u32", 1),
+             ("llama.embedding_length", "u32", 32), ("llama.feed_forward_length", "u32", 64),
+             ("llama.attention.head_count", "u32", 2), ("llama.context_length", "u32", 64),
+             ("llama.attention.layer_norm_rms_epsilon", "f32", 1e-6), ("llama.vocab_size", "u32", 10),
+             ("tokenizer.ggml.eos_token_id", "u32", 9)]
+    g("gguf_tied", whole)
+    g("gguf_untied", whole, [("output.weight", [32, 10], "F32")])
+    g("gguf_eos_outside", whole[:-1] + [("tokenizer.ggml.eos_token_id", "u32", 10)])
+    g("gguf_truncated", whole[:4])
+    write("decoder_config", "gguf_cut", b"\x02" + gguf_file(whole, [])[:-90])
+
+
+GENERATED = ["safetensors", "gguf", "update", "downlink", "metrics_http", "peft", "state_files", "sealed_update", "run_config", "tokenizer", "bert_config", "rpc", "dataset", "chat_template", "decoder_config"]
 
 
 def main():
@@ -637,6 +813,9 @@ def main():
     tokenizer_seeds()
     bert_config_seeds()
     rpc_seeds()
+    dataset_seeds()
+    chat_template_seeds()
+    decoder_config_seeds()
     for h in sorted(os.listdir(CORPUS)):
         files = os.listdir(os.path.join(CORPUS, h))
         size = sum(os.path.getsize(os.path.join(CORPUS, h, f)) for f in files)

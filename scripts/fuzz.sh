@@ -36,7 +36,7 @@ if [[ -z $MODE ]]; then
   exit 2
 fi
 ALL=(safetensors gguf update downlink sealed_update secagg run_config tokenizer bpe_tokenizer bert_config rpc
-     metrics_http peft state_files)
+     metrics_http peft state_files dataset chat_template decoder_config)
 ((${#HARNESSES[@]})) || HARNESSES=("${ALL[@]}")
 
 if [[ $MODE == short ]]; then SECONDS_EACH=${FEDLORA_FUZZ_SECONDS:-25}; else SECONDS_EACH=${FEDLORA_FUZZ_SECONDS:-600}; fi

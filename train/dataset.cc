@@ -142,7 +142,7 @@ absl::StatusOr<std::vector<Row>> SplitRows(const std::string& path, std::string_
     bool any_quoted = false;
     while (true) {
       std::string field;
-      if (quoting && data[i] == '"') {
+      if (quoting && i < n && data[i] == '"') {
         any_quoted = true;
         const int64_t quote_line = line;
         ++i;
@@ -173,8 +173,7 @@ absl::StatusOr<std::vector<Row>> SplitRows(const std::string& path, std::string_
       row.fields.push_back(std::move(field));
       if (i < n && data[i] == sep) {
         ++i;
-        if (i == n) row.fields.emplace_back();  // a separator at the very end: one more, empty, field
-        continue;
+        continue;  // the next field: empty when a line end or the end of the data follows
       }
       // End of the row: skip "\r\n" or "\n" (or nothing at end of data).
       if (i < n && data[i] == '\r') ++i;

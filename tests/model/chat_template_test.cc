@@ -108,6 +108,20 @@ TEST(ChatTemplateTest, Llama3TrimsContent) {
   EXPECT_EQ(t->Render({{"user", "   "}}, false), "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n<|eot_id|>");
 }
 
+// Code points whose UTF-8 bytes, read from the wrong offset or with the wrong length, decode to
+// a space: U+2160 (E2 85 A0: E2 85 as two bytes gives U+0085), U+10A0 (E1 82 A0: 82 A0 gives
+// U+00A0), U+0800 (E0 A0 80: E0 A0 gives U+0020), U+1085. Python's strip keeps them whole (found
+// by fuzz/fuzz_chat_template.cc: the trim cut them in half, leaving invalid UTF-8).
+TEST(ChatTemplateTest, Llama3TrimKeepsCodePointsWhole) {
+  auto t = ChatTemplate::FromName("llama3");
+  ASSERT_TRUE(t.ok());
+  auto rendered = [&](const std::string& content) { return t->Render({{"user", content}}, false); };
+  const std::string head = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n";
+  EXPECT_EQ(rendered("\u2160 x \u10a0"), head + "\u2160 x \u10a0<|eot_id|>");
+  EXPECT_EQ(rendered("\u0800"), head + "\u0800<|eot_id|>");
+  EXPECT_EQ(rendered(" \u2800\u1085 "), head + "\u2800\u1085<|eot_id|>");
+}
+
 TEST(ChatTemplateTest, ResponseSpans) {
   auto t = ChatTemplate::FromName("chatml");
   ASSERT_TRUE(t.ok());

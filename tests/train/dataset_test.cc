@@ -166,6 +166,23 @@ TEST_F(DatasetTest, CsvErrors) {
   ExpectError("headeronly.csv", "text,label\n", 0, "no examples");
 }
 
+// A row ending in a separator has one more, empty, field, whether or not a line end follows it
+// (found by fuzz/fuzz_dataset.cc: at the very end of the file such a row counted two).
+TEST_F(DatasetTest, TrailingSeparatorAtEndOfFileIsOneEmptyField) {
+  for (const char* ext : {".csv", ".tsv"}) {
+    const std::string sep = std::string(ext) == ".csv" ? "," : "\t";
+    const std::string header = "text" + sep + "label" + sep + "note\n";
+    for (const char* end : {"", "\n"}) {
+      const std::string name = std::string("end") + (*end ? "_newline" : "") + ext;
+      auto ds = LoadDataset(Write(name, header + "hello" + sep + "x" + sep + end));
+      ASSERT_TRUE(ds.ok()) << name << ": " << ds.status();
+      EXPECT_THAT(Texts(*ds), ElementsAre("hello"));
+    }
+    ExpectError(std::string("ragged") + ext, "text" + sep + "label\nhello" + sep + "x" + sep, 2,
+                "row has 3 fields, the header has 2");
+  }
+}
+
 TEST_F(DatasetTest, TsvHasNoQuoting) {
   DatasetOptions options;
   options.text_field = "sentence";
