@@ -18,6 +18,11 @@
 //
 // The sites keep their sessions and tasks from one input to the next, as the server keeps its
 // state: an input that makes the server fail may need the ones before it to do so again.
+//
+// Built twice: fuzz_rpc runs a plain FedAvg federation; fuzz_rpc_private (FEDLORA_FUZZ_RPC_PRIVATE)
+// runs SecAgg+ with distributed DP, so that SecureAggregation requests, the refusals of plaintext
+// uploads and metrics, and the clipped, equally weighted path are what the calls meet, and it
+// opens the plaintext health port too, which gets raw health requests. Neither uses TLS.
 #include <fuzzer/FuzzedDataProvider.h>
 #include <google/protobuf/stubs/logging.h>
 #include <grpcpp/generic/generic_stub.h>
@@ -38,6 +43,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "compression/codec.h"
@@ -89,6 +95,8 @@ struct Federation {
   std::unique_ptr<v1::Federation::Stub> stub;
   std::unique_ptr<v1::Admin::Stub> admin;
   std::unique_ptr<grpc::GenericStub> generic;
+  std::shared_ptr<grpc::Channel> health_channel;  // the health port, where there is one
+  std::unique_ptr<grpc::GenericStub> health;
   Site sites[kSites];
   std::vector<std::string> adapter_hashes;  // every adapter hash the server has named
 };
@@ -107,6 +115,8 @@ void Stop() {
   if (const char* p = std::getenv("FEDLORA_FUZZ_MEMPROFILE"); p != nullptr && *p == '1') {
     __sanitizer_print_memory_profile(90, 20);
   }
+  g->health.reset();
+  g->health_channel.reset();
   g->generic.reset();
   g->admin.reset();
   g->stub.reset();
@@ -161,6 +171,19 @@ void Start() {
   config.mutable_selection()->set_over_selection(1.0);
   config.mutable_selection()->set_min_clients(1);
   config.mutable_selection()->set_heartbeat_interval_seconds(1);
+#ifdef FEDLORA_FUZZ_RPC_PRIVATE
+  config.mutable_selection()->set_clients_per_round(3);
+  config.mutable_selection()->set_min_clients(3);
+  config.mutable_privacy()->set_secure_aggregation(true);
+  config.mutable_aggregation()->clear_weight_by_examples();
+  v1::DifferentialPrivacyConfig* dp = config.mutable_privacy()->mutable_dp();
+  dp->set_enabled(true);
+  dp->set_mode(v1::DifferentialPrivacyConfig::DISTRIBUTED);
+  dp->set_clip_norm(1.0);
+  dp->set_noise_multiplier(1.0);
+  dp->set_target_delta(1e-5);
+  dp->set_max_epsilon(1e9);
+#endif
   ApplyRunConfigDefaults(&config);
   absl::Status valid = ValidateRunConfig(config);
   FUZZ_CHECK(valid.ok(), valid);
@@ -184,6 +207,9 @@ void Start() {
   o.heartbeat_timeout_ms = 2000;
   o.heartbeat_interval_ms = 1000;
   o.tick_ms = 20;
+#ifdef FEDLORA_FUZZ_RPC_PRIVATE
+  o.health_address = "127.0.0.1:0";
+#endif
   auto server = Server::Create(o, config, InitialAdapter());
   FUZZ_CHECK(server.ok(), server.status());
   g->server = *std::move(server);
@@ -195,6 +221,11 @@ void Start() {
   g->stub = v1::Federation::NewStub(g->channel);
   g->admin = v1::Admin::NewStub(g->channel);
   g->generic = std::make_unique<grpc::GenericStub>(g->channel);
+  if (g->server->health_port() > 0) {
+    g->health_channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(g->server->health_port()),
+                                            grpc::InsecureChannelCredentials());
+    g->health = std::make_unique<grpc::GenericStub>(g->health_channel);
+  }
   for (int i = 0; i < kSites; ++i) g->sites[i].id = "site-" + std::to_string(i);
   // Registered last, so that it runs before the destructors of gRPC's globals made above.
   std::atexit(Stop);
@@ -525,8 +556,22 @@ void Admin(FuzzedDataProvider& in, const Caller& c) {
   }
 }
 
+// A SecureAggregation step as a cohort member (or anyone) might send it: a fuzzed request, given
+// the caller's task and round when the input says so.
+void SecureAggregation(FuzzedDataProvider& in, const Caller& c) {
+  v1::SecureAggregationRequest req = Fuzzed<v1::SecureAggregationRequest>(in, 768);
+  if (in.ConsumeBool() && c.site != nullptr && c.site->task) {
+    req.set_round(c.site->task->round());
+    req.set_task_id(c.site->task->task_id());
+  }
+  v1::SecureAggregationResponse resp;
+  auto ctx = Context(c);
+  Trace("SecureAggregation", c, g->stub->SecureAggregation(ctx.get(), req, &resp));
+}
+
 // Raw bytes to a method, unparsed: the server's deserialization of each request type. Streaming
-// methods get a unary call, which the server must refuse or handle.
+// methods get a unary call, which the server must refuse or handle. Health methods go to the
+// health port where there is one.
 void Raw(FuzzedDataProvider& in, const Caller& c) {
   static const char* const kMethods[] = {
       "/fedlora.v1.Federation/Join",          "/fedlora.v1.Federation/WaitForTask",
@@ -534,7 +579,9 @@ void Raw(FuzzedDataProvider& in, const Caller& c) {
       "/fedlora.v1.Federation/UploadUpdate",  "/fedlora.v1.Federation/GetUploadStatus",
       "/fedlora.v1.Federation/ReportMetrics", "/fedlora.v1.Federation/Leave",
       "/fedlora.v1.Admin/GetStatus",          "/fedlora.v1.Admin/ListClients",
-      "/fedlora.v1.Federation/NoSuchMethod",
+      "/fedlora.v1.Federation/NoSuchMethod",  "/fedlora.v1.Federation/SecureAggregation",
+      "/fedlora.v1.Admin/BlockClient",        "/grpc.health.v1.Health/Check",
+      "/grpc.health.v1.Health/Watch",
   };
   const char* method = kMethods[in.ConsumeIntegralInRange<size_t>(0, std::size(kMethods) - 1)];
   const std::string bytes = in.ConsumeRandomLengthString(1024);
@@ -543,7 +590,8 @@ void Raw(FuzzedDataProvider& in, const Caller& c) {
   grpc::ByteBuffer response;
   auto ctx = Context(c);
   grpc::CompletionQueue cq;
-  auto call = g->generic->PrepareUnaryCall(ctx.get(), method, request, &cq);
+  const bool health_port = g->health != nullptr && std::string_view(method).rfind("/grpc.health", 0) == 0;
+  auto call = (health_port ? g->health : g->generic)->PrepareUnaryCall(ctx.get(), method, request, &cq);
   call->StartCall();
   grpc::Status status;
   call->Finish(&response, &status, reinterpret_cast<void*>(1));
@@ -574,7 +622,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace fedlora;
   FuzzedDataProvider in(data, size);
   for (int call = 0; call < kMaxCallsPerInput && in.remaining_bytes() > 0; ++call) {
-    const int rpc = in.ConsumeIntegralInRange<int>(0, 10);
+    const int rpc = in.ConsumeIntegralInRange<int>(0, 11);
     const Caller caller = PickCaller(in);
     switch (rpc) {
       case 0: Join(in, caller); break;
@@ -586,6 +634,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 6: ReportMetrics(in, caller); break;
       case 7: Leave(in, caller); break;
       case 8: Admin(in, caller); break;
+      case 9: SecureAggregation(in, caller); break;
       default: Raw(in, caller); break;
     }
   }

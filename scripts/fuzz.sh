@@ -36,7 +36,7 @@ if [[ -z $MODE ]]; then
   exit 2
 fi
 ALL=(safetensors gguf update downlink sealed_update secagg run_config tokenizer bpe_tokenizer bert_config rpc
-     metrics_http peft state_files dataset chat_template decoder_config)
+     rpc_private metrics_http peft state_files dataset chat_template decoder_config)
 ((${#HARNESSES[@]})) || HARNESSES=("${ALL[@]}")
 
 if [[ $MODE == short ]]; then SECONDS_EACH=${FEDLORA_FUZZ_SECONDS:-25}; else SECONDS_EACH=${FEDLORA_FUZZ_SECONDS:-600}; fi
@@ -79,8 +79,10 @@ fuzz_one() {
   local h=$1
   local bin=$BUILD/fuzz/fuzz_$h work=$WORK_ROOT/$h
   local seeds flags lsan budget start rc took final execs cov corp artifacts a
+  # rpc_private is fuzz_rpc.cc on a SecAgg+ / DP federation: the same input format, rpc's seeds.
+  local base=${h%_private}
   mkdir -p "$work/corpus" "$work/artifacts" "$work/tmp"
-  cp -r "fuzz/corpus/$h/." "$work/corpus/"
+  cp -r "fuzz/corpus/$base/." "$work/corpus/"
   seeds=$(find "$work/corpus" -type f | wc -l)
   # One allocation over 256 MiB from a small input is a memory amplification: reported as a finding.
   flags=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=256 -print_final_stats=1 "-artifact_prefix=$work/artifacts/")
@@ -89,7 +91,7 @@ fuzz_one() {
     # harness checks for leaks itself at exit, after the server has stopped (fuzz_metrics_http.cc).
     flags=(-timeout=30 -rss_limit_mb=2048 -print_final_stats=1 "-artifact_prefix=$work/artifacts/" -detect_leaks=0)
   fi
-  if [[ $h == rpc ]]; then
+  if [[ $base == rpc ]]; then
     # Eight calls per input with deadlines of 2-5 s: an input may take that long on a busy machine.
     # The server's threads run beside each input, so libFuzzer's per-input leak check would re-run
     # nearly every input under a full heap scan; the harness checks for leaks itself at exit, after
@@ -99,9 +101,9 @@ fuzz_one() {
            -detect_leaks=0 -entropic=0)
   fi
   if [[ -n ${FEDLORA_FUZZ_RUNS:-} ]]; then flags+=("-runs=$FEDLORA_FUZZ_RUNS"); else flags+=("-max_total_time=$SECONDS_EACH"); fi
-  [[ -f fuzz/$h.dict ]] && flags+=("-dict=fuzz/$h.dict")
+  [[ -f fuzz/$base.dict ]] && flags+=("-dict=fuzz/$base.dict")
   lsan=""
-  [[ -f fuzz/lsan_$h.supp ]] && lsan="suppressions=$ROOT/fuzz/lsan_$h.supp"
+  [[ -f fuzz/lsan_$base.supp ]] && lsan="suppressions=$ROOT/fuzz/lsan_$base.supp"
   if [[ -n ${FEDLORA_FUZZ_RUNS:-} ]]; then budget="$FEDLORA_FUZZ_RUNS runs"; else budget="$SECONDS_EACH s"; fi
   echo "fuzz.sh: $h: $budget from $seeds seeds"
   start=$(date +%s)
