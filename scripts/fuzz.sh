@@ -67,7 +67,7 @@ cleanup() { [[ ${FEDLORA_FUZZ_KEEP:-0} == 1 ]] || rm -rf "$WORK_ROOT"; }
 trap cleanup EXIT
 
 for h in "${HARNESSES[@]}"; do
-  if [[ ! -x $BUILD/fuzz/fuzz_$h || ! -d fuzz/corpus/$h ]]; then
+  if [[ ! -x $BUILD/fuzz/fuzz_$h || ! -d fuzz/corpus/${h%_private} ]]; then
     echo "fuzz.sh: no harness '$h' (known: ${ALL[*]})" >&2
     exit 2
   fi
