@@ -19,10 +19,13 @@
 // The sites keep their sessions and tasks from one input to the next, as the server keeps its
 // state: an input that makes the server fail may need the ones before it to do so again.
 //
-// Built twice: fuzz_rpc runs a plain FedAvg federation; fuzz_rpc_private (FEDLORA_FUZZ_RPC_PRIVATE)
-// runs SecAgg+ with distributed DP, so that SecureAggregation requests, the refusals of plaintext
-// uploads and metrics, and the clipped, equally weighted path are what the calls meet, and it
-// opens the plaintext health port too, which gets raw health requests. Neither uses TLS.
+// Built three times: fuzz_rpc runs a plain FedAvg federation; fuzz_rpc_private
+// (FEDLORA_FUZZ_RPC_PRIVATE) runs SecAgg+ with distributed DP, so that SecureAggregation requests,
+// the refusals of plaintext uploads and metrics, and the clipped, equally weighted path are what
+// the calls meet, and it opens the plaintext health port too, which gets raw health requests;
+// fuzz_rpc_tls (FEDLORA_FUZZ_RPC_TLS) runs the plain federation over mutual TLS: each site calls
+// with its own certificate (the claimed id in the metadata is then ignored), strangers with a
+// certificate of an id no site uses, and fuzzed identities with the operator's certificate.
 #include <fuzzer/FuzzedDataProvider.h>
 #include <google/protobuf/stubs/logging.h>
 #include <grpcpp/generic/generic_stub.h>
@@ -38,7 +41,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -48,8 +54,10 @@
 
 #include "compression/codec.h"
 #include "compression/update_io.h"
+#include "core/file.h"
 #include "core/logging.h"
 #include "core/sha256.h"
+#include "crypto/certs.h"
 #include "crypto/sealed_update.h"
 #include "fedlora/v1/admin.grpc.pb.h"
 #include "fedlora/v1/federation.grpc.pb.h"
@@ -88,13 +96,23 @@ struct Site {
   std::vector<std::string> upload_ids;  // ids this site has used, to resume or repeat
 };
 
-struct Federation {
-  std::string dir;
-  std::unique_ptr<Server> server;
+// One connection to the server and its stubs.
+struct Link {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Federation::Stub> stub;
   std::unique_ptr<v1::Admin::Stub> admin;
   std::unique_ptr<grpc::GenericStub> generic;
+};
+
+// links[i < kSites]: site i's own (TLS only); links[kStranger]: everyone else's without TLS, a
+// stranger's certificate with it; links[kOperator]: the operator's certificate (TLS only).
+constexpr int kStranger = kSites;
+constexpr int kOperator = kSites + 1;
+
+struct Federation {
+  std::string dir;
+  std::unique_ptr<Server> server;
+  Link links[kSites + 2];
   std::shared_ptr<grpc::Channel> health_channel;  // the health port, where there is one
   std::unique_ptr<grpc::GenericStub> health;
   Site sites[kSites];
@@ -117,10 +135,7 @@ void Stop() {
   }
   g->health.reset();
   g->health_channel.reset();
-  g->generic.reset();
-  g->admin.reset();
-  g->stub.reset();
-  g->channel.reset();
+  for (Link& l : g->links) l = Link{};
   if (g->server != nullptr) g->server->Shutdown();
   g->server.reset();
   std::error_code ec;
@@ -155,6 +170,54 @@ std::string MakeStoreDir() {
   FUZZ_CHECK(mkdtemp(tmpl.data()) != nullptr, "mkdtemp " + tmpl);
   return tmpl;
 }
+
+#ifdef FEDLORA_FUZZ_RPC_TLS
+// The certificate's id of links[i].
+std::string CertName(int i) {
+  if (i < kSites) return "site-" + std::to_string(i);
+  return i == kStranger ? "stranger" : "ops";
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A CA, the server's certificate for 127.0.0.1, and one client certificate per link, as PEM files
+// in `dir` (fedlora's own certificate tooling, as `fedlora certs dev` makes them).
+void MakeCertificates(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  const int64_t until = static_cast<int64_t>(std::time(nullptr)) + 30 * 86'400;
+  auto ca = crypto::CreateCertificateAuthority({.common_name = "fuzz-ca", .dns_names = {}, .ip_addresses = {},
+                                                .not_before_unix_s = 0, .not_after_unix_s = until});
+  FUZZ_CHECK(ca.ok(), ca.status());
+  auto write = [&](const std::string& name, const crypto::PemPair& pair) {
+    FUZZ_CHECK(WriteFileAtomically(dir + "/" + name + ".pem", pair.cert_pem).ok(), "writing " + name + ".pem");
+    FUZZ_CHECK(WriteFileAtomically(dir + "/" + name + ".key", pair.key_pem).ok(), "writing " + name + ".key");
+  };
+  write("ca", *ca);
+  auto server = crypto::IssueServerCertificate(*ca, {.common_name = "localhost", .dns_names = {"localhost"},
+                                                     .ip_addresses = {"127.0.0.1"}, .not_before_unix_s = 0,
+                                                     .not_after_unix_s = until});
+  FUZZ_CHECK(server.ok(), server.status());
+  write("server", *server);
+  for (int i = 0; i < kSites + 2; ++i) {
+    auto client = crypto::IssueClientCertificate(*ca, {.common_name = CertName(i), .dns_names = {},
+                                                       .ip_addresses = {}, .not_before_unix_s = 0,
+                                                       .not_after_unix_s = until});
+    FUZZ_CHECK(client.ok(), client.status());
+    write(CertName(i), *client);
+  }
+}
+
+std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(const std::string& dir, const std::string& name) {
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ReadAll(dir + "/ca.pem");
+  ssl.pem_cert_chain = ReadAll(dir + "/" + name + ".pem");
+  ssl.pem_private_key = ReadAll(dir + "/" + name + ".key");
+  return grpc::SslCredentials(ssl);
+}
+#endif
 
 void Start() {
   g = new Federation();
@@ -210,6 +273,15 @@ void Start() {
 #ifdef FEDLORA_FUZZ_RPC_PRIVATE
   o.health_address = "127.0.0.1:0";
 #endif
+#ifdef FEDLORA_FUZZ_RPC_TLS
+  const std::string certs = g->dir + "/certs";
+  MakeCertificates(certs);
+  o.insecure = false;
+  o.tls.cert_file = certs + "/server.pem";
+  o.tls.key_file = certs + "/server.key";
+  o.tls.client_ca_file = certs + "/ca.pem";
+  o.operator_ids = {CertName(kOperator)};
+#endif
   auto server = Server::Create(o, config, InitialAdapter());
   FUZZ_CHECK(server.ok(), server.status());
   g->server = *std::move(server);
@@ -217,10 +289,17 @@ void Start() {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(16 << 20);
   args.SetMaxReceiveMessageSize(16 << 20);
-  g->channel = grpc::CreateCustomChannel(g->server->address(), grpc::InsecureChannelCredentials(), args);
-  g->stub = v1::Federation::NewStub(g->channel);
-  g->admin = v1::Admin::NewStub(g->channel);
-  g->generic = std::make_unique<grpc::GenericStub>(g->channel);
+  auto connect = [&](Link& l, const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+    l.channel = grpc::CreateCustomChannel(g->server->address(), credentials, args);
+    l.stub = v1::Federation::NewStub(l.channel);
+    l.admin = v1::Admin::NewStub(l.channel);
+    l.generic = std::make_unique<grpc::GenericStub>(l.channel);
+  };
+#ifdef FEDLORA_FUZZ_RPC_TLS
+  for (int i = 0; i < kSites + 2; ++i) connect(g->links[i], ClientCredentials(certs, CertName(i)));
+#else
+  connect(g->links[kStranger], grpc::InsecureChannelCredentials());
+#endif
   if (g->server->health_port() > 0) {
     g->health_channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(g->server->health_port()),
                                             grpc::InsecureChannelCredentials());
@@ -244,7 +323,11 @@ struct Caller {
   Site* site = nullptr;  // null: a stranger
   std::string id;
   std::string session;
+  int link = kStranger;  // whose connection (g->links) it calls on
 };
+
+// The stubs `c` calls with: its own connection where it has one (under TLS), else the shared one.
+Link& L(const Caller& c) { return g->links[c.link].stub != nullptr ? g->links[c.link] : g->links[kStranger]; }
 
 Caller PickCaller(FuzzedDataProvider& in) {
   Caller c;
@@ -252,10 +335,12 @@ Caller PickCaller(FuzzedDataProvider& in) {
   if (who < kSites) {
     c.site = &g->sites[who];
     c.id = c.site->id;
+    c.link = who;
   } else if (who == kSites) {
     c.id = "x" + std::to_string(in.ConsumeIntegral<uint8_t>());  // a valid id the sites do not use
   } else {
     c.id = Printable(in.ConsumeRandomLengthString(140));
+    c.link = kOperator;
   }
   switch (in.ConsumeIntegralInRange<int>(0, 3)) {
     case 0:
@@ -312,7 +397,7 @@ void Join(FuzzedDataProvider& in, const Caller& c) {
   if (in.ConsumeBool()) req.set_protocol_version(kProtocolVersion);
   v1::JoinResponse resp;
   auto ctx = Context(c);
-  grpc::Status s = g->stub->Join(ctx.get(), req, &resp);
+  grpc::Status s = L(c).stub->Join(ctx.get(), req, &resp);
   Trace("Join", c, s);
   if (s.ok() && c.site != nullptr) {
     c.site->session = resp.session_token();
@@ -325,7 +410,7 @@ void WaitForTask(FuzzedDataProvider& in, const Caller& c) {
   v1::WaitForTaskRequest req = Fuzzed<v1::WaitForTaskRequest>(in, 16);
   v1::WaitForTaskResponse resp;
   auto ctx = Context(c);
-  grpc::Status s = g->stub->WaitForTask(ctx.get(), req, &resp);
+  grpc::Status s = L(c).stub->WaitForTask(ctx.get(), req, &resp);
   Trace("WaitForTask", c, s, resp.has_task() ? " task " + resp.task().task_id() : resp.has_retry_later() ? " retry" : "");
   if (!s.ok()) return;
   if (resp.has_task()) {
@@ -341,7 +426,7 @@ void Heartbeat(FuzzedDataProvider& in, const Caller& c) {
   if (in.ConsumeBool() && c.site != nullptr && c.site->task) req.set_task_id(c.site->task->task_id());
   v1::HeartbeatResponse resp;
   auto ctx = Context(c);
-  grpc::Status s = g->stub->Heartbeat(ctx.get(), req, &resp);
+  grpc::Status s = L(c).stub->Heartbeat(ctx.get(), req, &resp);
   Trace("Heartbeat", c, s);
   if (s.ok() && c.site != nullptr && resp.action() == v1::HeartbeatResponse::CANCEL_TASK) c.site->task.reset();
 }
@@ -351,7 +436,7 @@ void Download(FuzzedDataProvider& in, const Caller& c) {
   if (in.ConsumeBool()) req.set_adapter_sha256(KnownAdapterHash(in, c));
   const int max_chunks = in.ConsumeIntegralInRange<int>(0, 16);
   auto ctx = Context(c);
-  auto reader = g->stub->DownloadAdapter(ctx.get(), req);
+  auto reader = L(c).stub->DownloadAdapter(ctx.get(), req);
   v1::DownloadChunk chunk;
   int n = 0;
   while (n < max_chunks && reader->Read(&chunk)) ++n;
@@ -477,7 +562,7 @@ void Upload(FuzzedDataProvider& in, const Caller& c) {
 
   v1::UploadAck ack;
   auto ctx = Context(c, kUploadDeadlineMs);
-  auto writer = g->stub->UploadUpdate(ctx.get(), &ack);
+  auto writer = L(c).stub->UploadUpdate(ctx.get(), &ack);
   v1::UploadChunk msg;
   if (in.ConsumeIntegralInRange<int>(0, 7) != 0) {
     *msg.mutable_header() = h;
@@ -515,7 +600,7 @@ void GetUploadStatus(FuzzedDataProvider& in, const Caller& c) {
   req.set_upload_id(NewUploadId(in, c.site, c.site != nullptr && c.site->task ? c.site->task->round() : 0));
   v1::UploadStatusResponse resp;
   auto ctx = Context(c);
-  Trace("GetUploadStatus", c, g->stub->GetUploadStatus(ctx.get(), req, &resp), " state " + std::to_string(resp.state()));
+  Trace("GetUploadStatus", c, L(c).stub->GetUploadStatus(ctx.get(), req, &resp), " state " + std::to_string(resp.state()));
 }
 
 void ReportMetrics(FuzzedDataProvider& in, const Caller& c) {
@@ -526,14 +611,14 @@ void ReportMetrics(FuzzedDataProvider& in, const Caller& c) {
   }
   v1::MetricsAck resp;
   auto ctx = Context(c);
-  Trace("ReportMetrics", c, g->stub->ReportMetrics(ctx.get(), req, &resp));
+  Trace("ReportMetrics", c, L(c).stub->ReportMetrics(ctx.get(), req, &resp));
 }
 
 void Leave(FuzzedDataProvider& in, const Caller& c) {
   v1::LeaveRequest req = Fuzzed<v1::LeaveRequest>(in, 64);
   v1::LeaveResponse resp;
   auto ctx = Context(c);
-  grpc::Status s = g->stub->Leave(ctx.get(), req, &resp);
+  grpc::Status s = L(c).stub->Leave(ctx.get(), req, &resp);
   Trace("Leave", c, s);
   if (s.ok() && c.site != nullptr) {
     c.site->session.clear();
@@ -546,13 +631,13 @@ void Admin(FuzzedDataProvider& in, const Caller& c) {
   if (in.ConsumeBool()) {
     v1::GetStatusRequest req = Fuzzed<v1::GetStatusRequest>(in, 16);
     v1::GetStatusResponse resp;
-    grpc::Status s = g->admin->GetStatus(ctx.get(), req, &resp);
+    grpc::Status s = L(c).admin->GetStatus(ctx.get(), req, &resp);
     Trace("GetStatus", c, s, " round " + std::to_string(resp.current_round()));
     if (s.ok()) Remember(resp.global_adapter());
   } else {
     v1::ListClientsRequest req = Fuzzed<v1::ListClientsRequest>(in, 16);
     v1::ListClientsResponse resp;
-    Trace("ListClients", c, g->admin->ListClients(ctx.get(), req, &resp));
+    Trace("ListClients", c, L(c).admin->ListClients(ctx.get(), req, &resp));
   }
 }
 
@@ -566,7 +651,7 @@ void SecureAggregation(FuzzedDataProvider& in, const Caller& c) {
   }
   v1::SecureAggregationResponse resp;
   auto ctx = Context(c);
-  Trace("SecureAggregation", c, g->stub->SecureAggregation(ctx.get(), req, &resp));
+  Trace("SecureAggregation", c, L(c).stub->SecureAggregation(ctx.get(), req, &resp));
 }
 
 // Raw bytes to a method, unparsed: the server's deserialization of each request type. Streaming
@@ -591,7 +676,7 @@ void Raw(FuzzedDataProvider& in, const Caller& c) {
   auto ctx = Context(c);
   grpc::CompletionQueue cq;
   const bool health_port = g->health != nullptr && std::string_view(method).rfind("/grpc.health", 0) == 0;
-  auto call = (health_port ? g->health : g->generic)->PrepareUnaryCall(ctx.get(), method, request, &cq);
+  auto call = (health_port ? g->health : L(c).generic)->PrepareUnaryCall(ctx.get(), method, request, &cq);
   call->StartCall();
   grpc::Status status;
   call->Finish(&response, &status, reinterpret_cast<void*>(1));

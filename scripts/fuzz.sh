@@ -36,7 +36,7 @@ if [[ -z $MODE ]]; then
   exit 2
 fi
 ALL=(safetensors gguf update downlink sealed_update secagg run_config tokenizer bpe_tokenizer bert_config rpc
-     rpc_private metrics_http peft state_files dataset chat_template decoder_config)
+     rpc_private rpc_tls metrics_http peft state_files dataset chat_template decoder_config)
 ((${#HARNESSES[@]})) || HARNESSES=("${ALL[@]}")
 
 if [[ $MODE == short ]]; then SECONDS_EACH=${FEDLORA_FUZZ_SECONDS:-25}; else SECONDS_EACH=${FEDLORA_FUZZ_SECONDS:-600}; fi
@@ -67,7 +67,7 @@ cleanup() { [[ ${FEDLORA_FUZZ_KEEP:-0} == 1 ]] || rm -rf "$WORK_ROOT"; }
 trap cleanup EXIT
 
 for h in "${HARNESSES[@]}"; do
-  if [[ ! -x $BUILD/fuzz/fuzz_$h || ! -d fuzz/corpus/${h%_private} ]]; then
+  if [[ ! -x $BUILD/fuzz/fuzz_$h || ! -d fuzz/corpus/$(sed -E 's/_(private|tls)$//' <<<"$h") ]]; then
     echo "fuzz.sh: no harness '$h' (known: ${ALL[*]})" >&2
     exit 2
   fi
@@ -79,8 +79,10 @@ fuzz_one() {
   local h=$1
   local bin=$BUILD/fuzz/fuzz_$h work=$WORK_ROOT/$h
   local seeds flags lsan budget start rc took final execs cov corp artifacts a
-  # rpc_private is fuzz_rpc.cc on a SecAgg+ / DP federation: the same input format, rpc's seeds.
+  # rpc_private and rpc_tls are fuzz_rpc.cc on a SecAgg+ / DP federation and over mutual TLS: the
+  # same input format, rpc's seeds.
   local base=${h%_private}
+  base=${base%_tls}
   mkdir -p "$work/corpus" "$work/artifacts" "$work/tmp"
   cp -r "fuzz/corpus/$base/." "$work/corpus/"
   seeds=$(find "$work/corpus" -type f | wc -l)
