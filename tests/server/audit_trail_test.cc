@@ -32,6 +32,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::EncodedDeltaFor;
+using testing::GateEvaluator;
 using testing::InitialAdapter;
 using testing::RawClient;
 using testing::TempDir;
@@ -41,33 +42,6 @@ using testing::WaitFor;
 struct Sent {
   std::string plain, client_id, upload_id;
   int64_t round = 0, num_examples = 0;
-};
-
-// Holds the round's evaluation (after its updates are aggregated, before CommitRound) until Open().
-class GateEvaluator : public Evaluator {
- public:
-  absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t, const std::vector<UpdateTensor>&) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    entered_ = true;
-    cv_.notify_all();
-    cv_.wait_for(lock, std::chrono::seconds(30), [this] { return open_; });
-    return std::map<std::string, double>{{"eval_loss", 0.5}};
-  }
-  bool WaitEntered() {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(10), [this] { return entered_; });
-  }
-  void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool entered_ = false;
-  bool open_ = false;
 };
 
 class AuditTrailTest : public ::testing::Test {

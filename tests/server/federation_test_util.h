@@ -8,11 +8,13 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +32,7 @@
 #include "model/param.h"
 #include "proto/config_io.h"
 #include "proto/wire.h"
+#include "server/evaluator.h"
 #include "server/options.h"
 
 namespace fedlora::testing {
@@ -455,5 +458,33 @@ inline std::string EncodedDeltaFor(int client, const v1::TrainTask& task, const 
   EXPECT_TRUE(enc.ok()) << enc.status();
   return enc.ok() ? *enc : std::string();
 }
+
+// An evaluator whose Evaluate blocks until Open() (or 30 s, so that a broken test cannot hang):
+// it holds a round after its updates are aggregated, before it commits.
+class GateEvaluator : public Evaluator {
+ public:
+  absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t, const std::vector<UpdateTensor>&) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    entered_ = true;
+    cv_.notify_all();
+    cv_.wait_for(lock, std::chrono::seconds(30), [this] { return open_; });
+    return std::map<std::string, double>{{"eval_loss", 0.5}};
+  }
+  bool WaitEntered() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [this] { return entered_; });
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool entered_ = false;
+  bool open_ = false;
+};
 
 }  // namespace fedlora::testing
