@@ -1,5 +1,7 @@
 // Fuzzes the aggregation server's RPC handlers (server/services.h and everything behind them) with
 // messages built from the fuzz input, as a hostile or broken client would send them.
+// Over 600 lines, not split: one harness (a script of calls over shared sites and links) built
+// three ways; the certificate and call helpers would move to fuzz/ headers only for it.
 //
 // One fedlora Server per process (Server::Create, plaintext on 127.0.0.1 as the tests run it, the
 // store on a private temporary directory), called over a loopback channel: Server does not expose

@@ -3,6 +3,9 @@
 
     python3 fuzz/make_seeds.py          # rewrites fuzz/corpus/ (commit the result)
 
+Over 600 lines, not split: one writer per harness, each short and independent; a module per
+harness would only add imports.
+
 Every seed is small (well under a few KB per harness) and built here by hand, or copied from the
 repository's own configs; no model or data set is read. The harnesses that read their input
 through FuzzedDataProvider (tokenizer, sealed_update, rpc, peft) get seeds written by FdpWriter, which
