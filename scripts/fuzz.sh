@@ -119,7 +119,15 @@ fuzz_one() {
   execs=$(grep -E '^stat::number_of_executed_units:' "$work/log" | awk '{print $2}' | tail -1 || true)
   cov=$(sed -nE 's/.* cov: ([0-9]+) .*/\1/p' <<<"$final")
   corp=$(sed -nE 's/.* corp: ([0-9]+\/[0-9]+[a-zA-Z]*) .*/\1/p' <<<"$final")
-  artifacts=$(find "$work/artifacts" -type f | sort)
+  # A slow unit (libFuzzer's report past 10 s) is not a finding: -timeout catches a real hang, and
+  # a busy or paused machine stalls whichever input is running (rerun alone, such inputs take
+  # milliseconds). It is kept beside the findings and named, without failing the run.
+  for a in $(find "$work/artifacts" -type f -name 'slow-unit-*' | sort); do
+    mkdir -p "$BUILD/findings/$h"
+    cp "$a" "$BUILD/findings/$h/"
+    echo "fuzz.sh: $h: a slow unit (not a finding): $BUILD/findings/$h/$(basename "$a")" >> "$work/notes"
+  done
+  artifacts=$(find "$work/artifacts" -type f ! -name 'slow-unit-*' | sort)
   if ((rc != 0)) || [[ -n $artifacts ]]; then
     mkdir -p "$BUILD/findings/$h"
     {
@@ -159,6 +167,7 @@ for h in "${HARNESSES[@]}"; do
     failed=1
     cat "$WORK_ROOT/$h/report" >&2
   fi
+  [[ -f $WORK_ROOT/$h/notes ]] && cat "$WORK_ROOT/$h/notes"
   SUMMARY+=("$(cat "$WORK_ROOT/$h/summary" 2>/dev/null || echo "$h: no summary (the harness's shell died)")")
   [[ -f $WORK_ROOT/$h/summary ]] || failed=1
 done
