@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "client/rpc_status.h"
 #include "client/secure_update.h"
@@ -55,6 +56,31 @@ bool IsTransient(const absl::Status& s) {
          absl::IsUnknown(s) || absl::IsCancelled(s);
 }
 
+// What a task's error means to RunUntilDone, carried as a payload of the status RunTask returns:
+// "local", the site cannot train (its data, model or settings do not fit the run): trying again
+// gives the same error, so the client leaves with it; "server", the server cancelled the task: the
+// next WaitForTask has the answer. Without the payload the error may pass (a GPU blip, a network
+// cut beyond the retries): the client waits and takes the task again, max_attempts in a row.
+constexpr char kTaskFailureUrl[] = "fedlora.dev/client/task-failure";
+
+absl::Status WithFailureKind(absl::Status s, absl::string_view kind) {
+  s.SetPayload(kTaskFailureUrl, absl::Cord(kind));
+  return s;
+}
+
+bool IsFailureKind(const absl::Status& s, absl::string_view kind) {
+  const auto p = s.GetPayload(kTaskFailureUrl);
+  return p.has_value() && *p == kind;
+}
+
+// A trainer's error that trying again cannot fix: the site's own files or settings are wrong.
+// Unavailable, ResourceExhausted, Internal and the like may pass.
+bool IsPermanentTrainerError(const absl::Status& s) {
+  return absl::IsInvalidArgument(s) || absl::IsFailedPrecondition(s) || absl::IsNotFound(s) ||
+         absl::IsUnimplemented(s) || absl::IsPermissionDenied(s) || absl::IsOutOfRange(s) || absl::IsDataLoss(s) ||
+         absl::IsAlreadyExists(s);
+}
+
 // The global adapter as the SDK's public tensor type.
 absl::StatusOr<std::vector<NamedTensor>> ParseAdapter(const std::string& bytes) {
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> tensors, AdapterFromSafetensors(bytes));
@@ -93,6 +119,16 @@ class ClientImpl final : public Client {
     return ctx;
   }
 
+  // For logs: the identity the server gave (under TLS, the certificate's), else the configured one.
+  const std::string& Who() const { return join_.client_id().empty() ? options_.client_id : join_.client_id(); }
+  // Ends the session; with an error, the server records the site as failed with it.
+  void Leave(const absl::Status& error);
+  // Leave(error), and the error RunUntilDone returns for it.
+  absl::Status LeaveFailed(const absl::Status& error);
+  // Joins (retried) and lets the trainer check the run (ClientTrainer::Prepare): a site that
+  // cannot take part leaves at once.
+  absl::Status JoinAndPrepare();
+
   bool Stopped() {
     std::lock_guard<std::mutex> lock(mu_);
     return stop_;
@@ -101,6 +137,15 @@ class ClientImpl final : public Client {
   bool SleepFor(int64_t ms) {
     std::unique_lock<std::mutex> lock(mu_);
     return !cv_.wait_for(lock, Ms(ms), [this] { return stop_; });
+  }
+  // The pauses of one operation's retries, without jitter.
+  int64_t RetryBudgetMs() const {
+    const RetryPolicy& p = options_.retry;
+    double total = 0, ms = static_cast<double>(p.initial_backoff_ms);
+    for (int i = 1; i < p.max_attempts; ++i, ms = std::min(ms * p.multiplier, static_cast<double>(p.max_backoff_ms))) {
+      total += std::min(ms, static_cast<double>(p.max_backoff_ms));
+    }
+    return static_cast<int64_t>(total);
   }
   int64_t Backoff(int attempt) {
     const RetryPolicy& p = options_.retry;
@@ -122,14 +167,20 @@ class ClientImpl final : public Client {
       last = call();
       if (last.ok()) return last;
       if (absl::IsUnauthenticated(last) && joined_) {
-        FEDLORA_LOG(INFO) << options_.client_id << ": session lost (" << last << "); joining again";
+        FEDLORA_LOG(INFO) << Who() << ": session lost (" << last << "); joining again";
         absl::Status j = JoinOnce();
         if (!j.ok() && !IsTransient(j)) return j;
         continue;
       }
       const bool transient = IsTransient(last) || (busy_is_transient && absl::IsResourceExhausted(last));
       if (!transient || Stopped()) return last;
-      FEDLORA_LOG(DEBUG) << what << " attempt " << attempt << " failed: " << last;
+      if (attempt == 1) {
+        FEDLORA_LOG(WARNING) << Who() << ": " << what << " to " << options_.server_address << " failed (" << last
+                             << "); trying again, " << options_.retry.max_attempts - 1 << " more times over about "
+                             << (RetryBudgetMs() + 999) / 1000 << " s";
+      } else {
+        FEDLORA_LOG(DEBUG) << what << " attempt " << attempt << " failed: " << last;
+      }
       if (attempt < options_.retry.max_attempts && !SleepFor(Backoff(attempt))) {
         return absl::CancelledError("client stopped");
       }
@@ -252,7 +303,7 @@ absl::StatusOr<std::string> ClientImpl::FetchGlobalAdapter(const v1::TrainTask& 
       blob = *std::move(rebuilt);
     } else {
       if (absl::IsCancelled(rebuilt.status()) && Stopped()) return rebuilt.status();
-      FEDLORA_LOG(WARNING) << options_.client_id << ": " << rebuilt.status() << "; downloading the adapter whole";
+      FEDLORA_LOG(WARNING) << Who() << ": " << rebuilt.status() << "; downloading the adapter whole";
     }
   }
   if (!blob.has_value()) {
@@ -264,7 +315,7 @@ absl::StatusOr<std::string> ClientImpl::FetchGlobalAdapter(const v1::TrainTask& 
   if (!options_.state_dir.empty()) {
     absl::Status saved = WriteFileAtomically(HeldAdapterPath(), held_adapter_);
     if (!saved.ok()) {
-      FEDLORA_LOG(WARNING) << options_.client_id << ": keeping the global adapter: " << saved;
+      FEDLORA_LOG(WARNING) << Who() << ": keeping the global adapter: " << saved;
     }
   }
   return *std::move(blob);
@@ -523,11 +574,17 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   hb_cv.notify_all();
   heartbeat.join();
   const auto t2 = std::chrono::steady_clock::now();
-  if (!result.ok()) return Annotate(result.status(), "trainer");
   if (cancelled.load()) {
-    return absl::FailedPreconditionError(absl::StrCat("task ", task.task_id(), " was cancelled by the server"));
+    return WithFailureKind(
+        absl::FailedPreconditionError(absl::StrCat("task ", task.task_id(), " was cancelled by the server")), "server");
   }
-  if (result->num_examples < 1) return absl::InvalidArgumentError("trainer returned num_examples < 1");
+  if (!result.ok()) {
+    absl::Status s = Annotate(result.status(), "trainer");
+    return IsPermanentTrainerError(s) ? WithFailureKind(std::move(s), "local") : s;
+  }
+  if (result->num_examples < 1) {
+    return WithFailureKind(absl::InvalidArgumentError("trainer returned num_examples < 1"), "local");
+  }
   // Under secure aggregation or DP the server learns nothing of this site's data size or loss.
   const bool hide_statistics = HidesPerClientStatistics(join_.run_config());
   const int64_t claimed_examples = hide_statistics ? 1 : result->num_examples;
@@ -566,7 +623,10 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
       absl::StatusOr<std::string> wire =
           feedback != nullptr ? feedback->Encode(update, codec, device) : EncodeUpdate(update, codec, device);
       if (!wire.ok()) {
-        return Annotate(wire.status(), device != nullptr ? "encoding the update on the GPU" : "encoding the update");
+        absl::Status e =
+            Annotate(wire.status(), device != nullptr ? "encoding the update on the GPU" : "encoding the update");
+        // The trainer's delta does not match the adapter's names or shapes: it will not next time either.
+        return absl::IsInvalidArgument(e) ? WithFailureKind(std::move(e), "local") : e;
       }
       encoded = *std::move(wire);
     }
@@ -594,7 +654,7 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
       }
     }
     if (!response.ok()) {
-      FEDLORA_LOG(WARNING) << options_.client_id << ": round " << task.round() << ": unmasking: " << response.status();
+      FEDLORA_LOG(WARNING) << Who() << ": round " << task.round() << ": unmasking: " << response.status();
     }
   }
   const auto t4 = std::chrono::steady_clock::now();
@@ -602,7 +662,7 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
     feedback->Commit();
     if (!options_.state_dir.empty()) {
       if (absl::Status st = feedback->Save(FeedbackPath(), feedback_run_); !st.ok()) {
-        FEDLORA_LOG(ERROR) << options_.client_id << ": the error-feedback residual was not saved (a restart loses "
+        FEDLORA_LOG(ERROR) << Who() << ": the error-feedback residual was not saved (a restart loses "
                            << "it): " << st;
       }
     }
@@ -629,7 +689,7 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   });
   // Metrics are informative: a refusal does not undo the accepted update.
   if (!s.ok()) {
-    FEDLORA_LOG(WARNING) << options_.client_id << ": metrics for round " << task.round() << ": " << s;
+    FEDLORA_LOG(WARNING) << Who() << ": metrics for round " << task.round() << ": " << s;
   }
   return absl::OkStatus();
 }
@@ -647,7 +707,7 @@ absl::StatusOr<ErrorFeedback*> ClientImpl::Feedback() {
   if (feedback_ && feedback_run_ == run) return &*feedback_;
   feedback_run_ = run;
   if (options_.state_dir.empty()) {
-    FEDLORA_LOG(WARNING) << options_.client_id << ": the run's codec keeps an error-feedback residual; without a "
+    FEDLORA_LOG(WARNING) << Who() << ": the run's codec keeps an error-feedback residual; without a "
                          << "state directory it lives in memory only and a restart loses it";
     feedback_.emplace();
   } else {
@@ -659,8 +719,10 @@ absl::StatusOr<ErrorFeedback*> ClientImpl::Feedback() {
 
 absl::StatusOr<RunSummary> ClientImpl::RunUntilDone() {
   RunSummary summary;
+  int failed_in_a_row = 0;  // tasks, the transient errors of RunTask
   LoadHeldAdapter();
-  FEDLORA_RETURN_IF_ERROR(Retry("Join", [&] { return JoinOnce(); }));
+  FEDLORA_RETURN_IF_ERROR(JoinAndPrepare());
+  std::string waiting_for;  // the last "retry later" reason logged
   while (true) {
     if (Stopped()) return absl::CancelledError("client stopped");
     v1::WaitForTaskResponse response;
@@ -688,6 +750,10 @@ absl::StatusOr<RunSummary> ClientImpl::RunUntilDone() {
       break;
     }
     if (response.has_retry_later()) {
+      if (response.retry_later().reason() != waiting_for) {
+        waiting_for = response.retry_later().reason();
+        FEDLORA_LOG(INFO) << Who() << ": " << waiting_for.substr(0, 200);
+      }
       const int64_t ms = int64_t{1000} * std::max<uint32_t>(1, response.retry_later().retry_after_seconds());
       if (!SleepFor(ms)) return absl::CancelledError("client stopped");
       continue;
@@ -696,19 +762,67 @@ absl::StatusOr<RunSummary> ClientImpl::RunUntilDone() {
     absl::Status s = RunTask(response.task());
     if (s.ok()) {
       ++summary.tasks_completed;
+      failed_in_a_row = 0;
     } else {
       if (absl::IsCancelled(s) && Stopped()) return s;
       ++summary.tasks_failed;
-      FEDLORA_LOG(WARNING) << options_.client_id << ": task " << response.task().task_id() << " given up: " << s;
+      if (IsFailureKind(s, "server")) {
+        FEDLORA_LOG(INFO) << Who() << ": " << s.message();
+        continue;
+      }
+      // The server hands a selected site its task again at once: wait before taking it, and stop
+      // after max_attempts failures in a row.
+      ++failed_in_a_row;
+      if (IsFailureKind(s, "local") || failed_in_a_row >= options_.retry.max_attempts) {
+        if (!IsFailureKind(s, "local")) {
+          s = Annotate(s, absl::StrCat(failed_in_a_row, " tasks in a row failed; the last"));
+        }
+        return LeaveFailed(s);
+      }
+      const int64_t wait_ms = Backoff(failed_in_a_row);
+      FEDLORA_LOG(WARNING) << Who() << ": task " << response.task().task_id() << " given up (taken again in "
+                           << (wait_ms + 999) / 1000 << " s): " << s;
+      if (!SleepFor(wait_ms)) return absl::CancelledError("client stopped");
     }
     if (options_.max_tasks > 0 && summary.tasks_completed >= options_.max_tasks) break;
   }
+  Leave(absl::OkStatus());
+  return summary;
+}
+
+absl::Status ClientImpl::JoinAndPrepare() {
+  FEDLORA_RETURN_IF_ERROR(Retry("Join", [&] { return JoinOnce(); }));
+  FEDLORA_LOG(INFO) << Who() << ": joined run '" << join_.run_config().run_id() << "' at " << options_.server_address
+                    << (join_.current_round() > 0 ? absl::StrCat(" (round ", join_.current_round(), " in progress)") : "");
+  absl::Status s = trainer_->Prepare(RunConfigToJson(join_.run_config()));
+  if (s.ok()) return s;
+  s = Annotate(s, "trainer");
+  if (IsPermanentTrainerError(s)) return LeaveFailed(s);
+  // It may pass (a busy GPU): the first task tries again, under the task's rules.
+  FEDLORA_LOG(WARNING) << Who() << ": " << s;
+  return absl::OkStatus();
+}
+
+absl::Status ClientImpl::LeaveFailed(const absl::Status& error) {
+  Leave(error);
+  return absl::Status(error.code(), absl::StrCat("this site cannot take part in run '", join_.run_config().run_id(),
+                                                 "': ", error.message(), " (it left the run; the server shows it as "
+                                                 "FAILED until it joins again)"));
+}
+
+void ClientImpl::Leave(const absl::Status& error) {
   v1::LeaveRequest leave;
-  leave.set_reason("finished");
+  leave.set_reason(error.ok() ? "finished" : "failed");
+  if (!error.ok()) {
+    leave.set_error(absl::StrCat(absl::StatusCodeToString(error.code()), ": ", error.message()).substr(0, 1024));
+  }
   v1::LeaveResponse left;
   auto ctx = Context(options_.call_deadline_ms);
-  (void)stub_->Leave(ctx.get(), leave, &left);  // best effort: the server times the session out anyway
-  return summary;
+  absl::Status s = FromGrpcStatus(stub_->Leave(ctx.get(), leave, &left));
+  // Best effort: without it the server times the session out and gives the task to another site.
+  if (!s.ok() && !error.ok()) {
+    FEDLORA_LOG(WARNING) << Who() << ": telling the server of the failure: " << s;
+  }
 }
 
 }  // namespace

@@ -150,21 +150,23 @@ LoraTrainer::LoraTrainer(DecoderSite site) : site_(std::move(site)) {}
 
 LoraTrainer::LoraTrainer(SiteLoader loader) : loader_(std::move(loader)) {}
 
+absl::Status LoraTrainer::Prepare(const std::string& run_config_json) {
+  if (site_.has_value()) return absl::OkStatus();
+  if (!loader_) return absl::FailedPreconditionError("LoraTrainer has neither a site nor a site loader");
+  v1::RunConfig config;
+  google::protobuf::util::JsonParseOptions parse;
+  parse.ignore_unknown_fields = true;  // a newer server may send fields this client does not know
+  if (!google::protobuf::util::JsonStringToMessage(run_config_json, &config, parse).ok()) {
+    return absl::InvalidArgumentError("the server's run config is not valid JSON for fedlora.v1.RunConfig");
+  }
+  FEDLORA_ASSIGN_OR_RETURN(AnySite site, loader_(config));
+  site_ = std::move(site);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainResult> LoraTrainer::Train(const TrainTask& task,
                                                const std::vector<NamedTensor>& global) {
-  if (!site_.has_value()) {
-    if (!loader_)
-      return absl::FailedPreconditionError("LoraTrainer has neither a site nor a site loader");
-    v1::RunConfig config;
-    google::protobuf::util::JsonParseOptions parse;
-    parse.ignore_unknown_fields = true;  // a newer server may send fields this client does not know
-    if (!google::protobuf::util::JsonStringToMessage(task.run_config_json, &config, parse).ok()) {
-      return absl::InvalidArgumentError(
-          "the server's run config is not valid JSON for fedlora.v1.RunConfig");
-    }
-    FEDLORA_ASSIGN_OR_RETURN(AnySite site, loader_(config));
-    site_ = std::move(site);
-  }
+  FEDLORA_RETURN_IF_ERROR(Prepare(task.run_config_json));
   return std::visit([&](const auto& site) { return RunTask(site, task, global); }, *site_);
 }
 

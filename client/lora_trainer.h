@@ -117,6 +117,9 @@ class LoraTrainer final : public ClientTrainer {
   explicit LoraTrainer(DecoderSite site);
   explicit LoraTrainer(SiteLoader loader);
 
+  // Loads the site (the loader's model and data) for the run, once: a site built with its model
+  // and data has nothing to do.
+  absl::Status Prepare(const std::string& run_config_json) override;
   // TrainResult: the delta, num_examples, steps, examples_processed, train_loss_first/last from
   // LocalOutcome, and metrics["train_loss_mean"].
   absl::StatusOr<TrainResult> Train(const TrainTask& task,

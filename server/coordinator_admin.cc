@@ -163,7 +163,12 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
 v1::ClientInfo Coordinator::ClientInfoLocked(const ClientEntry& c, int64_t now) const {
   v1::ClientInfo info;
   info.set_client_id(c.id);
-  info.set_state(c.left ? v1::CLIENT_STATE_LEFT : (IsLive(c, now) ? c.reported : v1::CLIENT_STATE_DISCONNECTED));
+  if (c.left) {
+    info.set_state(c.failure.empty() ? v1::CLIENT_STATE_LEFT : v1::CLIENT_STATE_FAILED);
+    info.set_failure(c.failure);
+  } else {
+    info.set_state(IsLive(c, now) ? c.reported : v1::CLIENT_STATE_DISCONNECTED);
+  }
   info.set_peer(c.peer);
   info.set_client_version(c.client_version);
   info.set_joined_unix_ms(c.joined_ms);

@@ -19,6 +19,9 @@
 
 namespace fedlora {
 
+// Bytes kept of the error a failing client leaves with (LeaveRequest.error).
+inline constexpr size_t kMaxFailureBytes = 1024;
+
 struct Coordinator::ClientEntry {
   std::string id;
   std::string session;  // empty: no live session (never joined since the server started, or left)
@@ -28,6 +31,7 @@ struct Coordinator::ClientEntry {
   int64_t last_seen_ms = 0;
   v1::ClientState reported = v1::CLIENT_STATE_IDLE;
   bool left = false;
+  std::string failure;  // the error it left with (LeaveRequest.error); cleared when it joins again
   bool blocked = false;  // by an operator (Admin.BlockClient): refused everywhere, never selected
   int held_polls = 0;    // WaitForTask polls held in waiters_
   int64_t excluded_through_round = 0;  // not selected up to this round (wrong SecAgg shares)

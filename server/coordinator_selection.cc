@@ -12,8 +12,10 @@
 #include <cstring>
 #include <filesystem>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "aggregation/fedavg.h"
 #include "core/logging.h"
 #include "crypto/random.h"
@@ -128,7 +130,8 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
     r.candidates.insert(client_id);
     if (r.first_candidate_ms == 0) r.first_candidate_ms = Now();
     if (may_hold) return std::nullopt;
-    return RetryLaterLocked(absl::StrCat("waiting for clients to start round ", r.round));
+    return RetryLaterLocked(absl::StrCat("waiting for sites to start round ", r.round, " (", r.candidates.size(),
+                                         " waiting, ", MinClients(), " needed)"));
   }
   if (r.state == RoundState::kTraining) {
     // A selected client that went silent (no RPC within heartbeat_timeout) will most likely never
@@ -356,7 +359,22 @@ absl::Status Coordinator::MaybeCloseRoundLocked() {
     target = std::min<int64_t>(target, static_cast<int64_t>(r.secagg->u2.size()));
   }
   const bool target_met = accepted >= target;
-  const bool deadline_passed = Now() >= r.deadline_ms;
+  // Sites that failed (left with an error) will not deliver: when they are all the round still
+  // waits for, waiting for the deadline gains nothing. (A secure-aggregation round keeps its own
+  // step clock: its dropouts are part of the protocol.)
+  std::vector<std::string> failed;
+  bool only_failed_remain = r.secagg == nullptr;
+  for (const std::string& id : r.selected) {
+    if (r.accepted.count(id) != 0) continue;
+    const ClientEntry* c = FindClientLocked(id);
+    if (c != nullptr && c->left && !c->failure.empty()) {
+      failed.push_back(id);
+    } else {
+      only_failed_remain = false;
+    }
+  }
+  only_failed_remain = only_failed_remain && !failed.empty();
+  const bool deadline_passed = Now() >= r.deadline_ms || only_failed_remain;
   DurabilityTicket ticket;
   if (target_met || (deadline_passed && accepted >= MinClients())) {
     FEDLORA_RETURN_IF_ERROR(store_->SetRoundState(run_id_, r.round, RoundState::kAggregating, &ticket));
@@ -365,8 +383,12 @@ absl::Status Coordinator::MaybeCloseRoundLocked() {
     aggregation_failures_ = 0;
     aggregation_retry_at_ms_ = 0;
     FEDLORA_LOG(DEBUG) << "round " << r.round << " closed with " << accepted << " updates"
-                      << (target_met ? "" : " at its deadline");
+                      << (target_met ? "" : only_failed_remain ? " (the other selected sites failed)" : " at its deadline");
     return absl::OkStatus();
+  }
+  if (only_failed_remain) {
+    return AbandonRoundLocked(absl::StrCat(accepted, " updates, ", MinClients(), " needed, and every selected site still due (",
+                                           absl::StrJoin(failed, ", "), ") failed; retrying as a new round"));
   }
   if (deadline_passed) {
     return AbandonRoundLocked(

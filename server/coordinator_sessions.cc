@@ -56,6 +56,7 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const std::string& client_id,
   c.joined_ms = now;
   c.last_seen_ms = now;
   c.left = false;
+  c.failure.clear();
   c.reported = v1::CLIENT_STATE_IDLE;
   metrics_->joins.fetch_add(1);
   UpdateClientGaugesLocked();
@@ -123,7 +124,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& 
   if (c == nullptr) return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
   c->last_seen_ms = Now();
   if (request.state() != v1::CLIENT_STATE_UNSPECIFIED && request.state() != v1::CLIENT_STATE_DISCONNECTED &&
-      request.state() != v1::CLIENT_STATE_LEFT) {
+      request.state() != v1::CLIENT_STATE_LEFT && request.state() != v1::CLIENT_STATE_FAILED) {
     c->reported = request.state();
   }
   v1::HeartbeatResponse response;
@@ -202,7 +203,22 @@ absl::Status Coordinator::Leave(const std::string& client_id, const v1::LeaveReq
   c->reported = v1::CLIENT_STATE_LEFT;
   if (round_) round_->candidates.erase(client_id);
   UpdateClientGaugesLocked();
-  FEDLORA_LOG(DEBUG) << "client " << client_id << " left: " << request.reason();
+  if (request.error().empty()) {
+    c->failure.clear();
+    FEDLORA_LOG(DEBUG) << "client " << client_id << " left: " << request.reason();
+    return absl::OkStatus();
+  }
+  // The site's own words, shown to operators: bounded, and no control characters in logs.
+  c->failure = request.error().substr(0, kMaxFailureBytes);
+  for (char& ch : c->failure) {
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = ' ';
+  }
+  metrics_->clients_failed.fetch_add(1);
+  const bool had_task = round_ != nullptr && round_->state == RoundState::kTraining &&
+                        round_->selected.count(client_id) != 0 && round_->accepted.count(client_id) == 0;
+  FEDLORA_LOG(WARNING) << "client " << client_id << " failed and left"
+                       << (had_task ? absl::StrCat(" (its task of round ", round_->round, " will not be done)") : "")
+                       << ": " << c->failure;
   return absl::OkStatus();
 }
 

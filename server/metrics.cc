@@ -293,8 +293,11 @@ class ScrapeServer : public httplib::Server {
 std::string ServerMetrics::ToPrometheusText() const {
   std::string out;
   AppendMetric(out, "rounds_committed_total", "counter", "Rounds aggregated and committed.", rounds_committed.load());
-  AppendMetric(out, "rounds_abandoned_total", "counter", "Round attempts abandoned at the deadline.",
+  AppendMetric(out, "rounds_abandoned_total", "counter", "Round attempts abandoned (too few updates by the deadline, or every selected site failed).",
                rounds_abandoned.load());
+  AppendMetric(out, "clients_failed_total", "counter",
+               "Clients that left on an error they could not get past (a broken dataset, a model of the wrong kind).",
+               clients_failed.load());
   AppendMetric(out, "current_round", "gauge", "Round in progress (0 before the first).", current_round.load());
   AppendMetric(out, "clients_registered", "gauge", "Clients known to the server.", clients_registered.load());
   AppendMetric(out, "clients_live", "gauge", "Clients heard from within the heartbeat timeout.", clients_live.load());

@@ -27,6 +27,7 @@ struct ServerMetrics {
   std::atomic<int64_t> rounds_committed{0};
   // Round attempts abandoned because the deadline passed with fewer than min_clients updates.
   std::atomic<int64_t> rounds_abandoned{0};
+  std::atomic<int64_t> clients_failed{0};  // Leave with an error
   std::atomic<int64_t> current_round{0};
   // Clients known to the registry, and of them those heard from within the heartbeat timeout.
   std::atomic<int64_t> clients_registered{0};

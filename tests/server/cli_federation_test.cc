@@ -5,6 +5,8 @@
 // trainer. Skips when the model or data have not been fetched (scripts/setup.sh).
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -246,6 +248,69 @@ TEST(CliFederationTest, DecoderServerAndTwoClientProcesses) {
   EXPECT_THAT(log, HasSubstr("round 1 eval: {\"count\":2"));
   EXPECT_THAT(log, HasSubstr("\"perplexity\":"));
   EXPECT_THAT(log, HasSubstr("\"exact_match\":"));
+}
+
+// A site that cannot train (the issue of a new user: a decoder GGUF in a classification run, a
+// broken JSONL) exits at once with one message instead of taking its task again in a loop; the
+// server records it as failed and gives the round to the next site without waiting for the deadline.
+TEST(CliFederationTest, AClientThatCannotTrainExitsAtOnceAndTheRunGoesOn) {
+  const char* src = std::getenv("FEDLORA_SOURCE_DIR");
+  ASSERT_NE(src, nullptr);
+  const std::string model = std::string(src) + "/models/all-MiniLM-L6-v2";
+  const std::string decoder = std::string(src) + "/models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+  const std::string data = std::string(src) + "/data/fortunes";
+  if (!std::filesystem::exists(model + "/model.safetensors") || !std::filesystem::exists(decoder) ||
+      !std::filesystem::exists(data + "/train.jsonl")) {
+    GTEST_SKIP() << "models or fortunes data not fetched (scripts/setup.sh)";
+  }
+  testing::TempDir dir;
+  const std::string d = dir.path() + "/";
+  CopyLines(data + "/train.jsonl", d + "good.jsonl", 0, 16);
+  CopyLines(data + "/train.jsonl", d + "broken.jsonl", 16, 2);
+  std::ofstream(d + "broken.jsonl", std::ios::app) << "{\"text\": \"cut off\n";
+  std::ofstream(d + "run.json") << R"({
+    "run_id": "cli-fail", "seed": 3,
+    "model": {"path": ")" << model << R"(", "max_seq_len": 32},
+    "task": {"labels": ["computers","definitions","men-women","politics","science","songs-poems","work","zippy"]},
+    "training": {"local_steps": 1, "batch_size": 8, "learning_rate": 0.001},
+    "selection": {"clients_per_round": 1, "over_selection": 1.0, "min_clients": 1, "retry_after_seconds": 1,
+                  "heartbeat_interval_seconds": 2},
+    "rounds": 1,
+    "server": {"listen_address": "127.0.0.1:0", "store_dir": ")" << d << R"(store", "insecure": true}
+  })";
+  const std::string bin = FEDLORA_BINARY_PATH;
+  std::string address;
+  const auto start = std::chrono::steady_clock::now();
+  FILE* server = StartServer(bin + " server --config " + d + "run.json --linger-seconds 2 2>" + d + "server.err",
+                             &address);
+  ASSERT_NE(server, nullptr);
+  ASSERT_FALSE(address.empty());
+  auto client_cmd = [&](const std::string& id, const std::string& model_path) {
+    return "timeout 120 " + bin + " client --server " + address + " --insecure --id " + id + " --model " + model_path +
+           " --data " + d + (id == "good" ? "good" : "broken") + ".jsonl --threads 1 2>" + d + id + ".err";
+  };
+  // One at a time: each is the round's one selected site.
+  for (const auto& [id, model_path] : {std::pair<std::string, std::string>{"decoder", decoder}, {"broken", model}}) {
+    auto [rc, out] = RunCommand(client_cmd(id, model_path));
+    std::ifstream err_file(d + id + ".err");
+    const std::string err((std::istreambuf_iterator<char>(err_file)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(rc, 1) << id << ": " << out << err;
+    EXPECT_THAT(err, HasSubstr("this site cannot take part in run 'cli-fail'")) << id;
+    EXPECT_LE(std::count(err.begin(), err.end(), '\n'), 8) << id << " logged in a loop:\n" << err.substr(0, 2000);
+    if (id == "broken") EXPECT_THAT(err, HasSubstr("broken.jsonl:3"));
+  }
+  auto [rc, out] = RunCommand(client_cmd("good", model));
+  EXPECT_EQ(rc, 0) << out << std::ifstream(d + "good.err").rdbuf();
+  EXPECT_THAT(out, HasSubstr("\"tasks_completed\":1"));
+  const std::string server_out = ReadAll(server);
+  EXPECT_EQ(pclose(server), 0) << server_out;
+  EXPECT_THAT(server_out, HasSubstr("1 rounds committed"));
+  // Far from the 600 s round deadline: the failed sites' rounds closed when they left.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(90));
+  std::ifstream err(d + "server.err");
+  const std::string log((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(log, HasSubstr("client decoder failed and left"));
+  EXPECT_THAT(log, HasSubstr("client broken failed and left"));
 }
 
 }  // namespace

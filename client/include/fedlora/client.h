@@ -106,7 +106,7 @@ struct ClientOptions {
 
 struct RunSummary {
   int64_t tasks_completed = 0;   // updates this client had accepted
-  int64_t tasks_failed = 0;      // tasks given up (trainer error, update refused, round closed)
+  int64_t tasks_failed = 0;      // tasks given up (trainer error, update refused, round closed), then taken again
   uint64_t final_round = 0;      // the run's last committed round
   // How the tasks' global adapters arrived: downloaded whole, rebuilt from a downlink delta chain,
   // or already held.
@@ -128,8 +128,10 @@ class Client {
 
   // Runs until the server reports the run finished, max_tasks are done, Stop() is called
   // (Cancelled), or retries are exhausted (the last transient error); Aborted when the server
-  // stopped the run on a failure (RunFinished FAILED). Not thread-safe: call it from
-  // one thread at a time.
+  // stopped the run on a failure (RunFinished FAILED). A trainer error that trying again cannot fix,
+  // or RetryPolicy.max_attempts failed tasks in a row, end it too: the client leaves with the
+  // error, which the server shows (see ClientTrainer::Train), and returns it. Not thread-safe: call
+  // it from one thread at a time.
   virtual absl::StatusOr<RunSummary> RunUntilDone() = 0;
   // Asks RunUntilDone to return soon (it finishes the RPC in flight, leaves, and returns
   // Cancelled). Thread-safe.

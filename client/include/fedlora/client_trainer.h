@@ -64,9 +64,21 @@ struct TrainResult {
 class ClientTrainer {
  public:
   virtual ~ClientTrainer() = default;
+  // Called once the client has joined a run, before it asks for a task, with the run config as
+  // TrainTask.run_config_json: checks (and may load) what training will need, so that a site that
+  // cannot take part says so at once rather than when its first task arrives. Errors as for Train.
+  // The default does nothing.
+  virtual absl::Status Prepare(const std::string& run_config_json) {
+    (void)run_config_json;
+    return absl::OkStatus();
+  }
   // Fine-tunes from `global_adapter` and returns the delta. Called from the thread that runs
-  // Client::RunUntilDone, one task at a time. An error skips this round's task (the client asks for
-  // the next one); it is logged, not fatal.
+  // Client::RunUntilDone, one task at a time. An error that trying again cannot fix
+  // (InvalidArgument, FailedPrecondition, NotFound, Unimplemented, PermissionDenied, OutOfRange,
+  // DataLoss, AlreadyExists: the site's data or model does not fit the run) ends the run for this
+  // site: the client leaves with it (the server shows the site FAILED) and RunUntilDone returns it.
+  // Any other error (Unavailable, ResourceExhausted, Internal, ...) is logged and the task taken
+  // again after a backoff, RetryPolicy.max_attempts times in a row at most.
   virtual absl::StatusOr<TrainResult> Train(const TrainTask& task, const std::vector<NamedTensor>& global_adapter) = 0;
 };
 
