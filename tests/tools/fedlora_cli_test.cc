@@ -655,9 +655,16 @@ TEST_F(FedloraGenerate, TrainsAndEvaluatesADecoderAdapter) {
     for (int i = 0; i < 2; ++i) f << R"({"prompt": "Say the secret word.", "response": "Pineapple-42"})" << "\n";
   }
   Result train = RunCommand("train --model " + Quote(model_) + " --train " + Quote(data) + " --out " + Quote(out) +
-                            " --max-steps 2 --batch-size 2 --lr 3e-3 --threads 2 --progress=false");
+                            " --max-steps 2 --batch-size 2 --lr 3e-3 --threads 2 --progress=false --system " +
+                            Quote("Answer tersely."));
   ASSERT_EQ(train.exit_code, 0) << train.err;
   EXPECT_THAT(train.err, HasSubstr("Q4_1 x 210"));
+  // The adapter records the prompt settings the run used (the model's template, by name).
+  auto meta = ReadJsonFile(out + "/fedlora_adapter.json");
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ((*meta)["system_prompt"], "Answer tersely.");
+  EXPECT_EQ((*meta)["chat_template"], "smollm2");
+  EXPECT_TRUE((*meta)["max_seq_len"].is_number_integer());
   auto config = ReadJsonFile(out + "/adapter_config.json");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ((*config)["task_type"], "CAUSAL_LM");
@@ -670,6 +677,10 @@ TEST_F(FedloraGenerate, TrainsAndEvaluatesADecoderAdapter) {
   const std::string eval = "eval --model " + Quote(model_) + " --data " + Quote(data) + " --threads 2";
   Result untuned = RunCommand(eval);
   Result tuned = RunCommand(eval + " --adapter " + Quote(out));
+  // Without --system, eval and generate take the adapter's; a different one is said on stderr.
+  Result tuned_system = RunCommand(eval + " --adapter " + Quote(out) + " --system " + Quote("Answer tersely."));
+  Result verbose = RunCommand("generate --model " + Quote(model_) + " --adapter " + Quote(out) +
+                              " --prompt hi --max-new-tokens 1 --threads 2 --system " + Quote("Be verbose."));
   // The base requantized to Q8_0 with int8 forward products: within 10% of the exact perplexity on
   // the 4-bit base (measured: 6% here, +3% untuned; int8 activations are noisier than bf16's);
   // int8 math refuses a bf16 base.
@@ -678,6 +689,10 @@ TEST_F(FedloraGenerate, TrainsAndEvaluatesADecoderAdapter) {
   fs::remove_all(dir);
   ASSERT_EQ(untuned.exit_code, 0) << untuned.err;
   ASSERT_EQ(tuned.exit_code, 0) << tuned.err;
+  EXPECT_EQ(tuned.out, tuned_system.out);
+  EXPECT_THAT(tuned.err, Not(HasSubstr("differs")));
+  EXPECT_EQ(verbose.exit_code, 0) << verbose.err;
+  EXPECT_THAT(verbose.err, HasSubstr("--system \"Be verbose.\" differs from the adapter's \"Answer tersely.\""));
   ASSERT_EQ(int8.exit_code, 0) << int8.err;
   EXPECT_NE(int8_bf16.exit_code, 0);
   EXPECT_THAT(int8_bf16.err, HasSubstr("not with --bf16"));
