@@ -81,7 +81,7 @@ bool SameTargets(const nlohmann::json& a, const nlohmann::json& b) {
 namespace {
 
 nlohmann::json EncoderPeftConfig(const LoraOptions& lora, const std::vector<LoraTarget>& targets,
-                             const std::string& base_model) {
+                                 const std::string& base_model) {
   nlohmann::json j;
   j["peft_type"] = "LORA";
   j["task_type"] = "SEQ_CLS";
@@ -102,7 +102,7 @@ nlohmann::json EncoderPeftConfig(const LoraOptions& lora, const std::vector<Lora
 }
 
 nlohmann::json DecoderPeftConfig(const LoraOptions& lora, const std::vector<DecoderTarget>& targets,
-                             const std::string& base_model) {
+                                 const std::string& base_model) {
   nlohmann::json j;
   j["peft_type"] = "LORA";
   j["task_type"] = "CAUSAL_LM";

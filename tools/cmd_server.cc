@@ -219,12 +219,15 @@ class OutWriter {
 
   void Poll(Server& server) {
     Coordinator& run = server.coordinator();
-    if (every_round_ && run.rounds_committed() != seen_committed_) {
-      seen_committed_ = run.rounds_committed();
+    const int64_t committed = run.rounds_committed();
+    if (every_round_ && committed != seen_committed_) {
       absl::StatusOr<std::vector<RoundRecord>> rounds = server.store().ListRounds(run_id_);
       if (!rounds.ok()) FEDLORA_LOG(ERROR) << "--out: " << rounds.status();
+      int64_t listed = 0;
       for (const RoundRecord& r : rounds.value_or(std::vector<RoundRecord>{})) {
-        if (r.state != RoundState::kCommitted || r.round <= last_round_) continue;
+        if (r.state != RoundState::kCommitted) continue;
+        ++listed;
+        if (r.round <= last_round_) continue;
         last_round_ = r.round;
         const std::string dir = absl::StrCat(dir_, "/round-", r.round);
         if (IsDirectory(dir)) continue;  // written before a restart (whole: the writes are atomic)
@@ -235,6 +238,7 @@ class OutWriter {
           FEDLORA_LOG(ERROR) << "--out-every-round: round " << r.round << ": " << done.status();
         }
       }
+      if (listed >= committed) seen_committed_ = committed;  // else look again at the next poll
     }
     if (final_written_ || !run.finished()) return;
     final_written_ = true;
