@@ -46,12 +46,12 @@ enum class AdapterTask { kSequenceClassification, kCausalLm };
 
 struct AdapterMetadata {
   AdapterTask task = AdapterTask::kSequenceClassification;
-  std::string base_model;                // must exist; made absolute (against the working directory)
-  std::vector<std::string> label_names;  // classifiers: one per classifier row, in order (>= 2)
+  std::string base_model{};              // must exist; made absolute (against the working directory)
+  std::vector<std::string> label_names{};  // classifiers: one per classifier row, in order (>= 2)
   int max_seq_len = 0;                   // >= 1
-  std::string system_prompt;             // decoders ("": none)
-  std::string chat_template;             // decoders: chatml, smollm2, qwen2 or llama3 (required)
-  std::string run_id;                    // a federation's adapter: its run ("" otherwise)
+  std::string system_prompt{};           // decoders ("": none)
+  std::string chat_template{};           // decoders: chatml, smollm2, qwen2 or llama3 (required)
+  std::string run_id{};                  // a federation's adapter: its run ("" otherwise)
   int64_t round = -1;                    // and the committed round it is (-1: not recorded)
 };
 

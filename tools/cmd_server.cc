@@ -222,7 +222,9 @@ class OutWriter {
     const int64_t committed = run.rounds_committed();
     if (every_round_ && committed != seen_committed_) {
       absl::StatusOr<std::vector<RoundRecord>> rounds = server.store().ListRounds(run_id_);
-      if (!rounds.ok()) FEDLORA_LOG(ERROR) << "--out: " << rounds.status();
+      if (!rounds.ok()) {
+        FEDLORA_LOG(ERROR) << "--out: " << rounds.status();
+      }
       int64_t listed = 0;
       for (const RoundRecord& r : rounds.value_or(std::vector<RoundRecord>{})) {
         if (r.state != RoundState::kCommitted) continue;
