@@ -3,6 +3,7 @@
 #include <stdio.h>  // renameat2 (glibc >= 2.28)
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <filesystem>
@@ -91,10 +92,18 @@ nlohmann::json MetadataJson(const AdapterMetadata& meta, const std::string& base
 absl::Status MoveIntoPlace(const std::string& tmp, const std::string& dir) {
   if (rename(tmp.c_str(), dir.c_str()) == 0) return absl::OkStatus();
   if (errno != ENOTEMPTY && errno != EEXIST) return ErrnoToStatus(errno, "rename", dir);
-  if (renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0) {
-    return ErrnoToStatus(errno, "rename (exchange)", dir);
-  }
   std::error_code ec;
+  if (renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0) {
+    if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) return ErrnoToStatus(errno, "rename (exchange)", dir);
+    // A file system without the exchange: the old directory steps aside first (a crash between the
+    // two renames leaves both complete, beside each other, and none at `dir`).
+    std::string old = dir + ".old-XXXXXX";
+    if (mkdtemp(old.data()) == nullptr) return ErrnoToStatus(errno, "mkdtemp", old);
+    if (rename(dir.c_str(), old.c_str()) != 0) return ErrnoToStatus(errno, "rename", dir);
+    if (rename(tmp.c_str(), dir.c_str()) != 0) return ErrnoToStatus(errno, "rename", dir);
+    fs::remove_all(old, ec);
+    return absl::OkStatus();
+  }
   fs::remove_all(tmp, ec);  // now the old adapter; a leftover is harmless
   return absl::OkStatus();
 }
@@ -133,6 +142,7 @@ absl::Status WriteAdapterDirectory(const std::string& dir, const std::vector<Saf
   if (ec) return ErrnoToStatus(ec.value(), "mkdir", parent);
   std::string tmp = clean.string() + ".tmp-XXXXXX";
   if (mkdtemp(tmp.data()) == nullptr) return ErrnoToStatus(errno, "mkdtemp", tmp);
+  chmod(tmp.c_str(), 0755);  // mkdtemp's 0700 would hide the adapter from its other users
   peft_config["base_model_name_or_path"] = base;
   absl::Status s = WriteSafetensors(tmp + "/" + kPeftWeightsFile, tensors, {{"format", "pt"}});
   if (s.ok()) s = WriteFileAtomically(tmp + "/" + kPeftConfigFile, peft_config.dump(2) + "\n");

@@ -66,6 +66,7 @@ TEST(AdapterDir, WritesEverythingNeededAndReadsItBack) {
   EXPECT_EQ(meta["run_id"], "r");
   EXPECT_EQ(meta["round"], 7);
   EXPECT_EQ(Json(dir + "/adapter_config.json")["base_model_name_or_path"], base);
+  EXPECT_NE(fs::status(dir).permissions() & fs::perms::others_read, fs::perms::none);  // not mkdtemp's 0700
   auto info = ReadAdapterMetadata(dir);
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->label_names, (std::vector<std::string>{"red", "green", "blue"}));
