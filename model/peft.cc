@@ -63,13 +63,6 @@ nlohmann::json TargetModulesJson(const std::vector<LoraTarget>& targets) {
   return list;
 }
 
-absl::Status MakeDirs(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return ErrnoToStatus(ec.value(), "mkdir", dir);
-  return absl::OkStatus();
-}
-
 // True when two target_modules values select the same modules: equal regular expressions, or
 // lists naming the same set in any order (PEFT writes them as a set, so the order varies).
 bool SameTargets(const nlohmann::json& a, const nlohmann::json& b) {
@@ -85,17 +78,19 @@ bool SameTargets(const nlohmann::json& a, const nlohmann::json& b) {
 
 }  // namespace
 
-nlohmann::json PeftAdapterConfig(const BertClassifier& model) {
-  const ModelOptions& o = model.options();
+namespace {
+
+nlohmann::json EncoderPeftConfig(const LoraOptions& lora, const std::vector<LoraTarget>& targets,
+                                 const std::string& base_model) {
   nlohmann::json j;
   j["peft_type"] = "LORA";
   j["task_type"] = "SEQ_CLS";
-  j["r"] = o.lora.rank;
-  j["lora_alpha"] = o.lora.alpha;
-  j["lora_dropout"] = o.lora.dropout;
-  j["target_modules"] = TargetModulesJson(model.lora_targets());
+  j["r"] = lora.rank;
+  j["lora_alpha"] = lora.alpha;
+  j["lora_dropout"] = lora.dropout;
+  j["target_modules"] = TargetModulesJson(targets);
   j["modules_to_save"] = nlohmann::json::array({"classifier"});
-  j["base_model_name_or_path"] = o.base_model_name;
+  j["base_model_name_or_path"] = base_model;
   j["bias"] = "none";
   j["fan_in_fan_out"] = false;
   j["inference_mode"] = true;
@@ -104,6 +99,65 @@ nlohmann::json PeftAdapterConfig(const BertClassifier& model) {
   j["layers_pattern"] = nullptr;
   j["revision"] = nullptr;
   return j;
+}
+
+nlohmann::json DecoderPeftConfig(const LoraOptions& lora, const std::vector<DecoderTarget>& targets,
+                                 const std::string& base_model) {
+  nlohmann::json j;
+  j["peft_type"] = "LORA";
+  j["task_type"] = "CAUSAL_LM";
+  j["r"] = lora.rank;
+  j["lora_alpha"] = lora.alpha;
+  j["lora_dropout"] = lora.dropout;
+  nlohmann::json names = nlohmann::json::array();
+  for (DecoderTarget t : targets) names.push_back(DecoderTargetName(t));
+  j["target_modules"] = names;
+  j["modules_to_save"] = nullptr;
+  j["base_model_name_or_path"] = base_model;
+  j["bias"] = "none";
+  j["fan_in_fan_out"] = false;
+  j["inference_mode"] = true;
+  j["init_lora_weights"] = true;
+  j["use_rslora"] = false;
+  j["use_dora"] = false;
+  j["layers_to_transform"] = nullptr;
+  j["layers_pattern"] = nullptr;
+  j["revision"] = nullptr;
+  return j;
+}
+
+}  // namespace
+
+nlohmann::json PeftAdapterConfig(const BertClassifier& model) {
+  const ModelOptions& o = model.options();
+  return EncoderPeftConfig(o.lora, model.lora_targets(), o.base_model_name);
+}
+
+// The models order their targets as the enums do, each once (BertClassifier, CausalLm).
+absl::StatusOr<nlohmann::json> PeftEncoderAdapterConfig(const LoraOptions& lora, const std::string& base_model) {
+  bool use[kNumLoraTargets] = {};
+  for (const std::string& name : lora.target_modules) {
+    FEDLORA_ASSIGN_OR_RETURN(LoraTarget t, ParseLoraTarget(name));
+    use[static_cast<int>(t)] = true;
+  }
+  std::vector<LoraTarget> targets;
+  for (int i = 0; i < kNumLoraTargets; ++i) {
+    if (use[i]) targets.push_back(static_cast<LoraTarget>(i));
+  }
+  return EncoderPeftConfig(lora, targets, base_model);
+}
+
+absl::StatusOr<nlohmann::json> PeftDecoderAdapterConfig(const LoraOptions& lora, const std::string& base_model) {
+  bool use[kNumDecoderTargets] = {};
+  for (const std::string& name : lora.target_modules) {
+    FEDLORA_ASSIGN_OR_RETURN(DecoderTarget t, ParseDecoderTarget(name));
+    use[static_cast<int>(t)] = true;
+  }
+  std::vector<DecoderTarget> targets;
+  for (int i = 0; i < kNumDecoderTargets; ++i) {
+    if (use[i]) targets.push_back(static_cast<DecoderTarget>(i));
+  }
+  return DecoderPeftConfig(lora, targets, base_model);
 }
 
 namespace {
@@ -223,16 +277,6 @@ absl::Status LoadAdapter(const std::string& dir, const nlohmann::json& expected,
   return absl::OkStatus();
 }
 
-absl::Status SaveAdapter(const std::vector<Param>& params, const nlohmann::json& config, const std::string& dir) {
-  FEDLORA_RETURN_IF_ERROR(MakeDirs(dir));
-  std::vector<SafetensorsTensorToWrite> tensors;
-  for (const Param& p : params) {
-    tensors.push_back({p.name, DType::kF32, p.shape, p.value.data(), p.value.size() * sizeof(float)});
-  }
-  FEDLORA_RETURN_IF_ERROR(WriteSafetensors(dir + "/" + kPeftWeightsFile, tensors, {{"format", "pt"}}));
-  return WriteFileAtomically(dir + "/" + kPeftConfigFile, config.dump(2) + "\n");
-}
-
 }  // namespace
 
 absl::StatusOr<LoraOptions> ReadPeftLoraOptions(const std::string& dir) {
@@ -258,10 +302,6 @@ absl::StatusOr<LoraOptions> ReadPeftLoraOptions(const std::string& dir) {
   return o;
 }
 
-absl::Status SavePeftAdapter(const BertClassifier& model, const std::string& dir) {
-  return SaveAdapter(model.trainable_params(), PeftAdapterConfig(model), dir);
-}
-
 absl::Status LoadPeftAdapter(const std::string& dir, BertClassifier* model) {
   return LoadAdapter(dir, PeftAdapterConfig(*model), model->options().lora.rank, model->options().lora.alpha,
                      model->trainable_params());
@@ -269,31 +309,7 @@ absl::Status LoadPeftAdapter(const std::string& dir, BertClassifier* model) {
 
 nlohmann::json PeftAdapterConfig(const CausalLm& model) {
   const DecoderOptions& o = model.options();
-  nlohmann::json j;
-  j["peft_type"] = "LORA";
-  j["task_type"] = "CAUSAL_LM";
-  j["r"] = o.lora.rank;
-  j["lora_alpha"] = o.lora.alpha;
-  j["lora_dropout"] = o.lora.dropout;
-  nlohmann::json targets = nlohmann::json::array();
-  for (DecoderTarget t : model.lora_targets()) targets.push_back(DecoderTargetName(t));
-  j["target_modules"] = targets;
-  j["modules_to_save"] = nullptr;
-  j["base_model_name_or_path"] = o.base_model_name;
-  j["bias"] = "none";
-  j["fan_in_fan_out"] = false;
-  j["inference_mode"] = true;
-  j["init_lora_weights"] = true;
-  j["use_rslora"] = false;
-  j["use_dora"] = false;
-  j["layers_to_transform"] = nullptr;
-  j["layers_pattern"] = nullptr;
-  j["revision"] = nullptr;
-  return j;
-}
-
-absl::Status SavePeftAdapter(const CausalLm& model, const std::string& dir) {
-  return SaveAdapter(model.trainable_params(), PeftAdapterConfig(model), dir);
+  return DecoderPeftConfig(o.lora, model.lora_targets(), o.base_model_name);
 }
 
 absl::Status LoadPeftAdapter(const std::string& dir, CausalLm* model) {

@@ -1,8 +1,10 @@
 // PEFT-compatible LoRA adapter files (Hugging Face peft), so that an adapter trained here loads
 // with `PeftModel.from_pretrained(base, dir)` and one trained with PEFT loads here.
 //
-//   FEDLORA_RETURN_IF_ERROR(SavePeftAdapter(*model, "out/adapter"));
 //   FEDLORA_RETURN_IF_ERROR(LoadPeftAdapter("out/adapter", model.get()));
+//
+// Writing goes through model/adapter_dir.h (SaveAdapterDirectory), which adds what fedlora
+// records beside PEFT's two files (label names, max_seq_len, prompt settings).
 //
 // A directory holds adapter_config.json (peft_type LORA, task_type SEQ_CLS, r, lora_alpha,
 // lora_dropout, target_modules, modules_to_save ["classifier"], base_model_name_or_path, bias
@@ -42,8 +44,10 @@ inline constexpr char kPeftWeightsFile[] = "adapter_model.safetensors";
 // apart), it is a regular expression that PEFT full-matches instead.
 nlohmann::json PeftAdapterConfig(const BertClassifier& model);
 
-// Writes both files into `dir` (created if missing), each atomically. Errors as core/file.h.
-absl::Status SavePeftAdapter(const BertClassifier& model, const std::string& dir);
+// The same object from the LoRA settings alone (no model loaded: `fedlora export`), equal to
+// PeftAdapterConfig of a model built with them. InvalidArgument for an unknown target module.
+absl::StatusOr<nlohmann::json> PeftEncoderAdapterConfig(const LoraOptions& lora, const std::string& base_model);
+absl::StatusOr<nlohmann::json> PeftDecoderAdapterConfig(const LoraOptions& lora, const std::string& base_model);
 
 // Reads both files and replaces the values of every trainable param. The adapter must match the
 // model exactly: InvalidArgument naming the difference for another peft_type or task_type, r,
@@ -58,7 +62,6 @@ absl::StatusOr<LoraOptions> ReadPeftLoraOptions(const std::string& dir);
 
 // The same for decoders.
 nlohmann::json PeftAdapterConfig(const CausalLm& model);
-absl::Status SavePeftAdapter(const CausalLm& model, const std::string& dir);
 absl::Status LoadPeftAdapter(const std::string& dir, CausalLm* model);
 
 }  // namespace fedlora

@@ -85,6 +85,10 @@ class Server {
   std::string MetricsText();
 
   Coordinator& coordinator() { return *coordinator_; }
+  // The store and blobs the run lives in, for reading its committed rounds (`fedlora server
+  // --out`); both thread-safe, and open until the server is destroyed.
+  Store& store() { return *store_; }
+  BlobStore& blobs() { return *blobs_; }
   const ServerMetrics& metrics() const { return metrics_; }
 
  private:

@@ -34,7 +34,7 @@
 #include "kernels/context.h"
 #include "model/bert.h"
 #include "model/decoder.h"
-#include "model/peft.h"
+#include "model/adapter_dir.h"
 #include "proto/config_io.h"
 #include "server/adapter_io.h"
 #include "server/evaluator.h"
@@ -573,14 +573,19 @@ absl::Status Simulation::Setup() {
 absl::Status Simulation::WriteFinalOutputs(SimResult& result) {
   FEDLORA_ASSIGN_OR_RETURN(std::string bytes, AdapterToSafetensors(result.final_adapter));
   FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(options_.out_dir + "/final_adapter.safetensors", bytes));
+  // The final adapter with what is needed to use it: the run's labels, max_seq_len and prompts.
+  AdapterMetadata meta = AdapterMetadataForRun(
+      config_, data_.max_seq_len, data_.label_names,
+      data_.causal_lm ? std::string(data_.tokenizer->chat->name()) : std::string());
+  if (!result.rounds.empty()) meta.round = static_cast<int64_t>(result.rounds.back().server_round);
   if (data_.causal_lm) {
     Lease<CausalLm> model(lm_pool_);
     FEDLORA_RETURN_IF_ERROR(LoadAdapter(result.final_adapter, *model));
-    FEDLORA_RETURN_IF_ERROR(SavePeftAdapter(*model, options_.out_dir + "/adapter"));
+    FEDLORA_RETURN_IF_ERROR(SaveAdapterDirectory(*model, meta, options_.out_dir + "/adapter"));
   } else {
     Lease<BertClassifier> model(pool_);
     FEDLORA_RETURN_IF_ERROR(LoadAdapter(result.final_adapter, *model));
-    FEDLORA_RETURN_IF_ERROR(SavePeftAdapter(*model, options_.out_dir + "/adapter"));
+    FEDLORA_RETURN_IF_ERROR(SaveAdapterDirectory(*model, meta, options_.out_dir + "/adapter"));
   }
   nlohmann::json j;
   j["run_id"] = config_.run_id();

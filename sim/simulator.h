@@ -32,8 +32,9 @@
 //     longer than what is left of it), and a crash cuts the client's connection midway through its
 //     upload (the SDK reconnects and resumes from the server's durable chunks).
 //   - Reports: out_dir/rounds.jsonl, rounds.csv and rounds.svg are rewritten after every round;
-//     summary.json, final_adapter.safetensors (the global adapter's tensors) and adapter/ (PEFT
-//     format) are written at the end; out_dir/store holds the server's store (recreated per run).
+//     summary.json, final_adapter.safetensors (the global adapter's tensors) and adapter/ (an
+//     adapter directory, model/adapter_dir.h: PEFT's files, the labels, max_seq_len and prompt
+//     settings) are written at the end; out_dir/store holds the server's store (recreated per run).
 //
 // Determinism: with the same config and seed, and when every selected client is needed (no
 // over-selection, so no race decides whose upload lands first), the final adapter is bit-identical

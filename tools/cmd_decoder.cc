@@ -1,6 +1,8 @@
 // Decoder fine-tuning and evaluation behind `fedlora train` / `fedlora eval`.
 //
-// train writes into --out: the PEFT adapter (task_type CAUSAL_LM) and metrics.json (options,
+// train writes into --out: the adapter directory of model/adapter_dir.h (PEFT's files, task_type
+// CAUSAL_LM, and fedlora_adapter.json with max_seq_len, the system prompt and the chat template)
+// and metrics.json (options,
 // per-epoch metrics, the final evaluation); one JSON line per epoch goes to stdout.
 // eval prints {"count":..,"tokens":..,"loss":..,"perplexity":..[,"exact_match":..]}.
 #include "tools/decoder_commands.h"
@@ -18,6 +20,7 @@
 #include "kernels/gemm.h"
 #include "model/decoder.h"
 #include "model/decoder_tokenizer.h"
+#include "model/adapter_dir.h"
 #include "model/peft.h"
 #include "tools/common.h"
 #include "train/lm_data.h"
@@ -87,6 +90,7 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
   options.recompute_activations = f.recompute;
   options.base_model_name = f.model;
   options.device = f.device;
+  FEDLORA_RETURN_IF_ERROR(CheckAdapterDirectoryTarget(f.out_dir));
   FEDLORA_ASSIGN_OR_RETURN(auto lm, CausalLm::Load(f.model, options));
   std::error_code ec;
   std::filesystem::create_directories(f.out_dir, ec);
@@ -123,7 +127,13 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
     std::cout << r.ToJson() << std::endl;
   };
   FEDLORA_RETURN_IF_ERROR(trainer.Train(train, eval.size() > 0 ? &eval : nullptr, eval_options));
-  FEDLORA_RETURN_IF_ERROR(SavePeftAdapter(*lm, f.out_dir));
+  FEDLORA_RETURN_IF_ERROR(SaveAdapterDirectory(*lm,
+                                                {.task = AdapterTask::kCausalLm,
+                                                 .base_model = f.model,
+                                                 .max_seq_len = f.train.max_seq_len,
+                                                 .system_prompt = f.data.system,
+                                                 .chat_template = std::string(tok.chat->name())},
+                                                f.out_dir));
 
   nlohmann::json metrics;
   metrics["model"] = f.model;

@@ -3,10 +3,13 @@
 //   fedlora eval --model models/all-MiniLM-L6-v2 --adapter runs/central --data
 //   data/fortunes/test.jsonl
 //
-// The adapter directory is what `fedlora train` (or PEFT) wrote: adapter_config.json gives the
-// LoRA shape (r, lora_alpha, target_modules), the classifier's rows in adapter_model.safetensors
-// the number of labels, and labels.json (when present) the label order. Prints one JSON line on
-// stdout: {"count":..,"loss":..,"accuracy":..,"macro_f1":..}.
+// The adapter directory is what fedlora (train, simulate, server --out, export) or PEFT wrote:
+// adapter_config.json gives the LoRA shape (r, lora_alpha, target_modules), the classifier's rows
+// in adapter_model.safetensors the number of labels, and labels.json the label order: a
+// classifier adapter without it is refused (the order is never guessed from the data).
+// fedlora_adapter.json gives the defaults of --max-seq-len (and for decoders --system and
+// --chat-template): the run's values; a flag that differs wins and is said on stderr. Prints one
+// JSON line on stdout: {"count":..,"loss":..,"accuracy":..,"macro_f1":..}.
 #include <iostream>
 #include <string>
 #include <vector>
@@ -17,6 +20,7 @@
 #include "core/status.h"
 #include "kernels/context.h"
 #include "model/bert.h"
+#include "model/adapter_dir.h"
 #include "model/peft.h"
 #include "tools/common.h"
 #include "model/decoder.h"
@@ -36,6 +40,8 @@ struct EvalFlags {
   bool bf16_math = false;  // implies bf16
   bool int8_math = false;  // decoders
   std::string device = "cpu";  // --device: cpu, cuda, auto
+  // Which of the settings an adapter records were given on the command line.
+  bool max_seq_len_given = false, system_given = false, chat_template_given = false;
 };
 
 // The model options an adapter directory implies.
@@ -67,15 +73,20 @@ absl::StatusOr<ModelOptions> OptionsFromAdapter(const std::string& dir,
   }
   options.num_labels = static_cast<int>(classifier.shape[0]);
 
-  const std::string labels_path = dir + "/labels.json";
-  if (IsRegularFile(labels_path)) {
-    FEDLORA_ASSIGN_OR_RETURN(nlohmann::json labels, ReadJsonFile(labels_path));
-    FEDLORA_ASSIGN_OR_RETURN(label_names, GetStringArray(labels, "label_names", labels_path));
-    if (static_cast<int>(label_names.size()) != options.num_labels) {
-      return absl::InvalidArgumentError(absl::StrCat(labels_path, " names ", label_names.size(),
-                                                     " labels but the classifier has ",
-                                                     options.num_labels));
-    }
+  const std::string labels_path = dir + "/" + kLabelsFile;
+  FEDLORA_ASSIGN_OR_RETURN(AdapterDirInfo info, ReadAdapterMetadata(dir));
+  if (!info.label_names) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, " has no ", kLabelsFile, ": the order of its classifier's ", options.num_labels,
+        " rows is not recorded, and fedlora eval does not guess it from the data (a file holding some of the "
+        "labels would be scored against the wrong rows). fedlora train, simulate, server --out and export "
+        "write it; for another adapter write ",
+        labels_path, " as {\"label_names\": [row 0's label, row 1's, ...]}, in the order of the run's labels"));
+  }
+  label_names = *info.label_names;
+  if (static_cast<int>(label_names.size()) != options.num_labels) {
+    return absl::InvalidArgumentError(absl::StrCat(labels_path, " names ", label_names.size(),
+                                                   " labels but the classifier has ", options.num_labels));
   }
   return options;
 }
@@ -86,6 +97,15 @@ absl::Status Eval(EvalFlags f) {
   const bool decoder = IsDecoderCheckpoint(f.model_dir);
   FEDLORA_ASSIGN_OR_RETURN(const Device device,
                            DeviceForRun(f.device, resolved, CpuOnlyWork(decoder && f.int8_math)));
+  if (IsDirectory(f.adapter_dir)) {
+    FEDLORA_RETURN_IF_ERROR(ApplyAdapterSettings("fedlora eval", f.adapter_dir,
+                                                 {.max_seq_len = &f.max_seq_len,
+                                                  .max_seq_len_given = f.max_seq_len_given,
+                                                  .system = decoder ? &f.data.system : nullptr,
+                                                  .system_given = f.system_given,
+                                                  .chat_template = decoder ? &f.data.chat_template : nullptr,
+                                                  .chat_template_given = f.chat_template_given}));
+  }
   if (decoder) {
     return EvalDecoder({.model = f.model_dir,
                         .adapter = f.adapter_dir,
@@ -119,8 +139,6 @@ absl::Status Eval(EvalFlags f) {
   FEDLORA_ASSIGN_OR_RETURN(f.max_seq_len, EffectiveMaxSeqLen(f.model_dir, f.max_seq_len));
   std::vector<std::string> label_names;
   FEDLORA_ASSIGN_OR_RETURN(ModelOptions options, OptionsFromAdapter(f.adapter_dir, label_names));
-  // Without labels.json, the data's own label order is used (labels must then be integers or
-  // sort the same way as in training).
   FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(f.model_dir));
   FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset data, LoadTokenizedDataset(f.data_path, *tokenizer,
                                                                        f.max_seq_len, label_names));
@@ -159,15 +177,18 @@ int RunEval(int argc, char** argv) {
   flags.AddString("data", &f.data_path, "data file (encoders: JSONL, CSV or TSV; decoders: JSONL)",
                   true);
   flags.AddString("chat-template", &f.data.chat_template,
-                  "decoders: chatml, smollm2, qwen2 or llama3 instead of the model's template");
+                  "decoders: chatml, smollm2, qwen2 or llama3 instead of the model's template (default: the "
+                  "adapter's, fedlora_adapter.json)");
   flags.AddString("prompt-field", &f.data.prompt_field, "decoders: JSONL field of the prompt");
   flags.AddString("response-field", &f.data.response_field, "decoders: JSONL field of the response");
-  flags.AddString("system", &f.data.system, "decoders: a system message before each prompt");
+  flags.AddString("system", &f.data.system,
+                  "decoders: a system message before each prompt (default: the adapter's, fedlora_adapter.json)");
   flags.AddBool("exact-match", &f.data.exact_match,
                 "decoders: also score greedy generations against the responses");
   flags.AddInt("batch-size", &f.batch_size, "examples per forward pass (decoders: 8 unless given)");
   flags.AddInt("max-seq-len", &f.max_seq_len,
-               "tokens per example (decoders: the rendered conversation); longer texts are cut");
+               "tokens per example (decoders: the rendered conversation); longer texts are cut. Default: the "
+               "adapter's (the run's, fedlora_adapter.json), else 128");
   flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
   flags.AddBool("bf16", &f.bf16, "hold the frozen base weights in bf16");
   flags.AddBool("bf16-math", &f.bf16_math,
@@ -183,6 +204,9 @@ int RunEval(int argc, char** argv) {
     return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
   // A decoder plans its activations for the whole batch: a smaller default.
   if (!flags.WasSet("batch-size") && IsDecoderCheckpoint(f.model_dir)) f.batch_size = 8;
+  f.max_seq_len_given = flags.WasSet("max-seq-len");
+  f.system_given = flags.WasSet("system");
+  f.chat_template_given = flags.WasSet("chat-template");
   if (f.batch_size < 1) return UsageError(command, "--batch-size must be >= 1");
   if (f.max_seq_len < 2) return UsageError(command, "--max-seq-len must be >= 2");
   if (f.threads < 0) return UsageError(command, "--threads must be >= 0");

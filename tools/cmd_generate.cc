@@ -6,7 +6,9 @@
 // The prompt is a user message rendered with the model's chat template (or --chat-template NAME);
 // --raw sends it as plain text instead. --prompts FILE reads one JSON object a line, {"prompt": ...}
 // (or {"messages": [...]}), and prints one JSON object a line, {"prompt": ..., "completion": ...}.
-// Generation stops at the end-of-turn or end-of-sequence token, which is not printed.
+// Generation stops at the end-of-turn or end-of-sequence token, which is not printed. With an
+// adapter that records its run's system prompt and chat template (fedlora_adapter.json), those are
+// --system's and --chat-template's defaults; a flag that differs wins and is said on stderr.
 #include <algorithm>
 #include <fstream>
 #include <iostream>
@@ -31,6 +33,7 @@ struct GenerateFlags {
   int max_new_tokens = 64;
   int threads = 0;
   std::string device = "cpu";  // --device: cpu, cuda, auto
+  bool system_given = false, chat_template_given = false;
 };
 
 absl::StatusOr<std::vector<ChatMessage>> MessagesOf(const nlohmann::json& line, const std::string& what) {
@@ -49,8 +52,15 @@ absl::StatusOr<std::vector<ChatMessage>> MessagesOf(const nlohmann::json& line, 
   return std::vector<ChatMessage>{{"user", prompt}};
 }
 
-absl::Status Generate(const GenerateFlags& f) {
+absl::Status Generate(GenerateFlags f) {
   FEDLORA_ASSIGN_OR_RETURN(const Device device, ResolveDevice(f.device));
+  if (!f.raw) {
+    FEDLORA_RETURN_IF_ERROR(ApplyAdapterSettings("fedlora generate", f.adapter,
+                                                 {.system = &f.system,
+                                                  .system_given = f.system_given,
+                                                  .chat_template = &f.chat_template,
+                                                  .chat_template_given = f.chat_template_given}));
+  }
   kernels::SetNumThreads(f.threads);
   FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadDecoderTokenizer(f.model, f.chat_template));
   if (!f.raw && !tok.chat.has_value()) {
@@ -125,14 +135,17 @@ int RunGenerate(int argc, char** argv) {
   flags.AddString("adapter", &f.adapter, "PEFT LoRA adapter directory (from fedlora train or PEFT)");
   flags.AddString("prompt", &f.prompt, "the user message");
   flags.AddString("prompts", &f.prompts, "JSONL file of {\"prompt\": ...} or {\"messages\": [...]}");
-  flags.AddString("system", &f.system, "a system message before the prompt");
-  flags.AddString("chat-template", &f.chat_template, "chatml, smollm2, qwen2 or llama3 instead of the model's");
+  flags.AddString("system", &f.system, "a system message before the prompt (default: the adapter's)");
+  flags.AddString("chat-template", &f.chat_template,
+                  "chatml, smollm2, qwen2 or llama3 instead of the model's (default: the adapter's)");
   flags.AddBool("raw", &f.raw, "send the prompt as plain text, without a chat template");
   flags.AddInt("max-new-tokens", &f.max_new_tokens, "tokens to generate at most");
   flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
   flags.AddString("device", &f.device, "cpu, cuda or auto (the GPU when one is usable)");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
   if (!flags.positional().empty()) return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
+  f.system_given = flags.WasSet("system");
+  f.chat_template_given = flags.WasSet("chat-template");
   if (f.prompt.empty() == f.prompts.empty()) return UsageError(command, "give exactly one of --prompt and --prompts");
   if (f.max_new_tokens < 1 || f.max_new_tokens > 32768) return UsageError(command, "--max-new-tokens must be in [1, 32768]");
   if (f.threads < 0) return UsageError(command, "--threads must be >= 0");

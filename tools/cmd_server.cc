@@ -12,6 +12,11 @@
 // Prints the bound address on stdout, and at the end either "run finished: ..." or, for a run
 // stopped before its last round, "stopped at round N: ..." (a restart on the same store resumes it).
 //
+// --out DIR: when the run finishes, its final adapter is written to DIR/adapter as an adapter
+// directory (model/adapter_dir.h: PEFT's files, the labels, max_seq_len and prompt settings), and
+// with --out-every-round each committed round's to DIR/round-N as it commits; each atomically
+// (tools/adapter_export.h, as `fedlora export` writes them).
+//
 // Stopping: SIGINT or SIGTERM turns health NOT_SERVING, stops the round driver, refuses new
 // calls, gives calls in flight up to 2 s (uploads cut off then resume from their checkpoints), and
 // exits 0. A second SIGINT/SIGTERM during that shutdown exits at once with 128 + the signal
@@ -45,6 +50,8 @@
 #include "proto/address.h"
 #include "proto/config_io.h"
 #include "server/server.h"
+#include "server/store.h"
+#include "tools/adapter_export.h"
 #include "tools/common.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -204,8 +211,65 @@ absl::Status LoadDecoderRun(const v1::RunConfig& config, Device device, std::vec
   return absl::OkStatus();
 }
 
+// --out: writes the run's committed adapters from the store as the serve loop polls it.
+class OutWriter {
+ public:
+  OutWriter(std::string dir, bool every_round, RunAdapterFormat format, std::string run_id)
+      : dir_(std::move(dir)), every_round_(every_round), format_(std::move(format)), run_id_(std::move(run_id)) {}
+
+  void Poll(Server& server) {
+    Coordinator& run = server.coordinator();
+    const int64_t committed = run.rounds_committed();
+    if (every_round_ && committed != seen_committed_) {
+      absl::StatusOr<std::vector<RoundRecord>> rounds = server.store().ListRounds(run_id_);
+      if (!rounds.ok()) {
+        FEDLORA_LOG(ERROR) << "--out: " << rounds.status();
+      }
+      int64_t listed = 0;
+      for (const RoundRecord& r : rounds.value_or(std::vector<RoundRecord>{})) {
+        if (r.state != RoundState::kCommitted) continue;
+        ++listed;
+        if (r.round <= last_round_) continue;
+        last_round_ = r.round;
+        const std::string dir = absl::StrCat(dir_, "/round-", r.round);
+        if (IsDirectory(dir)) continue;  // written before a restart (whole: the writes are atomic)
+        absl::StatusOr<int64_t> done = ExportRound(server.store(), server.blobs(), run_id_, r.round, format_, dir);
+        if (done.ok()) {
+          FEDLORA_LOG(INFO) << "round " << r.round << "'s adapter written to " << dir;
+        } else {
+          FEDLORA_LOG(ERROR) << "--out-every-round: round " << r.round << ": " << done.status();
+        }
+      }
+      if (listed >= committed) seen_committed_ = committed;  // else look again at the next poll
+    }
+    if (final_written_ || !run.finished()) return;
+    final_written_ = true;
+    const std::string dir = dir_ + "/adapter";
+    absl::StatusOr<int64_t> round = ExportRound(server.store(), server.blobs(), run_id_, 0, format_, dir);
+    if (round.ok()) {
+      std::cout << "final adapter (round " << *round << ") written to " << dir << std::endl;
+    } else {
+      final_status_ = round.status();
+      FEDLORA_LOG(ERROR) << "--out: the final adapter was not written: " << round.status();
+    }
+  }
+  // The final adapter's write, once tried.
+  const absl::Status& status() const { return final_status_; }
+
+ private:
+  const std::string dir_;
+  const bool every_round_;
+  const RunAdapterFormat format_;
+  const std::string run_id_;
+  int64_t seen_committed_ = -1, last_round_ = 0;
+  bool final_written_ = false;
+  absl::Status final_status_;
+};
+
 struct ServeFlags {
   std::string config_path, listen, health_listen, metrics_listen, store, cert, key, client_ca, crl, operators;
+  std::string out;
+  bool out_every_round = false;
   bool insecure = false;
   int64_t linger_seconds = 30;
   std::string device = "cpu";  // the held-out evaluator's and the aggregation's
@@ -250,6 +314,12 @@ absl::Status Serve(const ServeFlags& f) {
     FEDLORA_RETURN_IF_ERROR(LoadEncoderRun(config, device, &initial, &evaluator));
   }
   options.aggregation_device = resolved;  // exact sums: the same bits on either device
+  std::optional<OutWriter> out;
+  if (!f.out.empty()) {
+    FEDLORA_ASSIGN_OR_RETURN(RunAdapterFormat format, AdapterFormatForRun(config, ""));
+    FEDLORA_RETURN_IF_ERROR(CheckAdapterDirectoryTarget(f.out + "/adapter"));
+    out.emplace(f.out, f.out_every_round, std::move(format), config.run_id());
+  }
 
 
   // A stop asked for while the model loaded: the store has not been opened yet.
@@ -277,6 +347,7 @@ absl::Status Serve(const ServeFlags& f) {
         FEDLORA_LOG(INFO) << "SIGHUP: " << (reloaded.ok() ? "CRL reloaded" : std::string(reloaded.message()));
       }
     }
+    if (out) out->Poll(*server);
     if (stop != 0 || !server->coordinator().finished()) continue;
     const auto now = std::chrono::steady_clock::now();
     if (!finished_at) finished_at = now;
@@ -285,6 +356,7 @@ absl::Status Serve(const ServeFlags& f) {
   if (stop != 0) {
     FEDLORA_LOG(INFO) << strsignal(stop) << ": shutting down (a second SIGINT or SIGTERM exits at once)";
   }
+  if (out) out->Poll(*server);  // a run that finished since the last poll
   ForceExitOnNextStopSignal();
   server->Shutdown();
   Coordinator& run = server->coordinator();
@@ -295,7 +367,7 @@ absl::Status Serve(const ServeFlags& f) {
     std::cout << "stopped at round " << server->metrics().current_round.load() << ": " << run.rounds_committed()
               << " rounds committed; the run resumes when the server restarts on " << options.data_dir << std::endl;
   }
-  return absl::OkStatus();
+  return out ? out->status() : absl::OkStatus();
 }
 
 }  // namespace
@@ -338,7 +410,12 @@ int RunServer(int argc, char** argv) {
                   "CPU (INT8 precision) runs there with auto and is refused with cuda");
   flags.AddBool("insecure", &f.insecure, "serve plaintext without TLS: loopback addresses only (server.insecure)");
   flags.AddInt("linger-seconds", &f.linger_seconds, "keep serving this long after the run finished");
+  flags.AddString("out", &f.out,
+                  "when the run finishes, write its final adapter to OUT/adapter (PEFT's files with the labels, "
+                  "max_seq_len and prompt settings)");
+  flags.AddBool("out-every-round", &f.out_every_round, "with --out: also each committed round's adapter to OUT/round-N");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
+  if (f.out_every_round && f.out.empty()) return UsageError(argv[0], "--out-every-round needs --out DIR");
   absl::Status s = Serve(f);
   return s.ok() ? kExitOk : Fail(argv[0], s);
 }

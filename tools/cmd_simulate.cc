@@ -4,7 +4,8 @@
 //   fedlora simulate --config configs/iid.json --rounds 3 --clients 4 --seed 7
 //
 // Writes into --out: rounds.jsonl / rounds.csv / rounds.svg (rewritten after every round),
-// summary.json, final_adapter.safetensors, adapter/ (PEFT) and store/ (the server's store).
+// summary.json, final_adapter.safetensors, adapter/ (PEFT's files with the labels, max_seq_len and
+// prompt settings: model/adapter_dir.h) and store/ (the server's store).
 // Prints the per-round summary table on stdout and the progress line on stderr. The log of the
 // server and the virtual clients is appended to --out/server.log (or --log-file); its WARNING and
 // ERROR lines are copied to stderr. --verbose sends the whole log (DEBUG up) to stderr instead.

@@ -3,9 +3,9 @@
 //   fedlora train --model models/all-MiniLM-L6-v2 --train data/fortunes/train.jsonl
 //       --eval data/fortunes/test.jsonl --out runs/central --epochs 3 --group-by-length
 //
-// Writes into --out: the PEFT adapter (adapter_config.json, adapter_model.safetensors),
-// labels.json (the label order the classifier was trained with, read back by `fedlora eval`)
-// and metrics.json (options, per-epoch metrics, final evaluation). Prints one JSON line per
+// Writes into --out: the adapter directory of model/adapter_dir.h (PEFT's adapter_config.json and
+// adapter_model.safetensors, labels.json with the label order the classifier was trained with,
+// fedlora_adapter.json with max_seq_len; `fedlora eval` reads them back) and metrics.json (options, per-epoch metrics, final evaluation). Prints one JSON line per
 // epoch on stdout; the progress display and human-readable lines go to stderr.
 #include <cmath>
 #include <cstdio>
@@ -23,7 +23,7 @@
 #include "kernels/gemm.h"
 #include "model/bert.h"
 #include "model/decoder.h"
-#include "model/peft.h"
+#include "model/adapter_dir.h"
 #include "tools/common.h"
 #include "tools/decoder_commands.h"
 #include "train/trainer.h"
@@ -126,7 +126,9 @@ absl::Status Train(TrainFlags f) {
   options.base_model_name = f.model_dir;
   options.device = device;
   FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(f.model_dir, options));
-  // Fail before hours of training rather than at the end: the output directory must be writable.
+  // Fail before hours of training rather than at the end: the output directory must be writable,
+  // and not a directory of other files (the adapter replaces it whole).
+  FEDLORA_RETURN_IF_ERROR(CheckAdapterDirectoryTarget(f.out_dir));
   std::error_code ec;
   std::filesystem::create_directories(f.out_dir, ec);
   if (ec)
@@ -155,9 +157,12 @@ absl::Status Train(TrainFlags f) {
   };
   FEDLORA_RETURN_IF_ERROR(trainer.Train(train, eval.size() > 0 ? &eval : nullptr));
 
-  FEDLORA_RETURN_IF_ERROR(SavePeftAdapter(*model, f.out_dir));
-  nlohmann::json labels = {{"label_names", label_names}};
-  FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(f.out_dir + "/labels.json", labels.dump(2) + "\n"));
+  FEDLORA_RETURN_IF_ERROR(SaveAdapterDirectory(*model,
+                                                {.task = AdapterTask::kSequenceClassification,
+                                                 .base_model = f.model_dir,
+                                                 .label_names = label_names,
+                                                 .max_seq_len = f.train.max_seq_len},
+                                                f.out_dir));
   nlohmann::json metrics;
   metrics["model"] = f.model_dir;
   metrics["train"] = f.train_path;

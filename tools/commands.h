@@ -25,6 +25,7 @@ int RunStatus(int argc, char** argv);
 int RunHealth(int argc, char** argv);
 int RunCerts(int argc, char** argv);
 int RunStore(int argc, char** argv);
+int RunExport(int argc, char** argv);
 int RunAudit(int argc, char** argv);
 
 }  // namespace fedlora::tools

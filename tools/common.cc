@@ -14,6 +14,7 @@
 #include "core/status.h"
 #include "core/json.h"
 #include "kernels/device.h"
+#include "model/adapter_dir.h"
 #include "model/bert_config.h"
 #include "model/decoder_config.h"
 #include "train/dataset.h"
@@ -123,6 +124,46 @@ nlohmann::json TrainOptionsJson(const TrainOptions& o) {
           {"momentum", o.momentum},
           {"seed", o.seed},
           {"group_by_length", o.group_by_length}};
+}
+
+namespace {
+
+void Note(const std::string& command, const std::string& flag, const std::string& given, const std::string& recorded,
+          const std::string& adapter_dir) {
+  std::fprintf(stderr, "%s: %s %s differs from the adapter's %s (%s/%s): figures may differ from the run's\n",
+               command.c_str(), flag.c_str(), given.c_str(), recorded.c_str(), adapter_dir.c_str(), kAdapterMetadataFile);
+}
+
+std::string Quoted(const std::string& s) { return nlohmann::json(s).dump(); }
+
+}  // namespace
+
+absl::Status ApplyAdapterSettings(const std::string& command, const std::string& adapter_dir,
+                                  const AdapterSettings& s) {
+  if (adapter_dir.empty()) return absl::OkStatus();
+  FEDLORA_ASSIGN_OR_RETURN(AdapterDirInfo info, ReadAdapterMetadata(adapter_dir));
+  if (s.max_seq_len != nullptr && info.max_seq_len) {
+    if (!s.max_seq_len_given) {
+      *s.max_seq_len = *info.max_seq_len;
+    } else if (*s.max_seq_len != *info.max_seq_len) {
+      Note(command, "--max-seq-len", std::to_string(*s.max_seq_len), std::to_string(*info.max_seq_len), adapter_dir);
+    }
+  }
+  if (s.system != nullptr && info.system_prompt) {
+    if (!s.system_given) {
+      *s.system = *info.system_prompt;
+    } else if (*s.system != *info.system_prompt) {
+      Note(command, "--system", Quoted(*s.system), Quoted(*info.system_prompt), adapter_dir);
+    }
+  }
+  if (s.chat_template != nullptr && info.chat_template) {
+    if (!s.chat_template_given) {
+      *s.chat_template = *info.chat_template;
+    } else if (*s.chat_template != *info.chat_template) {
+      Note(command, "--chat-template", *s.chat_template, *info.chat_template, adapter_dir);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> LoadTokenizer(const std::string& model_dir) {

@@ -72,6 +72,22 @@ std::string CpuOnlyWork(const v1::RunConfig& config);
 // Unimplemented naming that work. `resolved` itself otherwise.
 absl::StatusOr<Device> DeviceForRun(const std::string& flag, Device resolved, const std::string& cpu_only);
 
+// Settings an adapter directory records (model/adapter_dir.h's fedlora_adapter.json) that a
+// command's flags may also give: max_seq_len, and for decoders the system prompt and the chat
+// template. A flag left out takes the adapter's value; a flag given with a value other than the
+// adapter's wins and is said in one line on stderr ("<command>: --max-seq-len 128 differs from
+// the adapter's 64 ..."). Reads nothing for an empty `adapter_dir`; errors as ReadAdapterMetadata.
+struct AdapterSettings {
+  int* max_seq_len = nullptr;  // null: the command does not take it
+  bool max_seq_len_given = false;
+  std::string* system = nullptr;
+  bool system_given = false;
+  std::string* chat_template = nullptr;
+  bool chat_template_given = false;
+};
+absl::Status ApplyAdapterSettings(const std::string& command, const std::string& adapter_dir,
+                                  const AdapterSettings& settings);
+
 // The model directory's tokenizer: tokenizer.json when present, else vocab.txt (lower-cased).
 // NotFound naming both paths when neither exists.
 absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> LoadTokenizer(const std::string& model_dir);

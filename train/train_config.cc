@@ -92,6 +92,23 @@ std::string BaseModelName(const v1::ModelConfig& model) {
 
 }  // namespace
 
+AdapterMetadata AdapterMetadataForRun(const v1::RunConfig& config, int max_seq_len,
+                                      std::vector<std::string> label_names, const std::string& chat_template) {
+  AdapterMetadata meta;
+  meta.base_model = config.model().path();
+  meta.max_seq_len = max_seq_len;
+  meta.run_id = config.run_id();
+  if (config.task().kind() == v1::TaskConfig::CAUSAL_LM) {
+    meta.task = AdapterTask::kCausalLm;
+    meta.system_prompt = config.task().system_prompt();
+    meta.chat_template = chat_template;
+  } else {
+    meta.task = AdapterTask::kSequenceClassification;
+    meta.label_names = std::move(label_names);
+  }
+  return meta;
+}
+
 ModelOptions ModelOptionsFromConfig(const v1::RunConfig& config, int max_seq_len, ModelRole role) {
   ModelOptions o;
   o.num_labels = std::max(2, config.task().labels_size());

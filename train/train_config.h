@@ -8,6 +8,7 @@
 #pragma once
 
 #include "fedlora/v1/config.pb.h"
+#include "model/adapter_dir.h"
 #include "model/bert.h"
 #include "model/decoder.h"
 #include "train/lm_data.h"
@@ -68,6 +69,13 @@ int LmEvalBatchSize(const v1::RunConfig& config);
 // How to read a CAUSAL_LM data file: task.prompt_field / response_field (defaults "prompt",
 // "response"), task.system_prompt, and `max_seq_len` tokens per conversation.
 LmDataOptions LmDataOptionsFromConfig(const v1::TaskConfig& task, int max_seq_len);
+
+// What an adapter of this run records beside its weights (model/adapter_dir.h): the task,
+// model.path as the base model, `label_names` (a classifier's rows in order: task.labels), the
+// run's `max_seq_len` (already clamped to the checkpoint), and for CAUSAL_LM task.system_prompt
+// and `chat_template`, the name of the template the run renders with (DecoderTokenizer::chat).
+AdapterMetadata AdapterMetadataForRun(const v1::RunConfig& config, int max_seq_len,
+                                      std::vector<std::string> label_names, const std::string& chat_template);
 
 // What model.sha256 and model.architecture promise about the checkpoint in `model_dir`: the SHA-256
 // of model.safetensors or of the .gguf file (when sha256 is set) and the model_type of config.json

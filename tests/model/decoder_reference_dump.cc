@@ -20,7 +20,7 @@
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "model/decoder.h"
-#include "model/peft.h"
+#include "model/adapter_dir.h"
 
 namespace fedlora {
 namespace {
@@ -61,7 +61,12 @@ absl::Status Run(const std::string& model, const std::string& in_path, const std
     if (v.size() != p.value.size()) return absl::InvalidArgumentError(p.name + ": size mismatch");
     p.value = v;
   }
-  if (!adapter_dir.empty()) FEDLORA_RETURN_IF_ERROR(SavePeftAdapter(*lm, adapter_dir));
+  // The reference test reads the PEFT files only; the template name is a placeholder it ignores.
+  if (!adapter_dir.empty()) {
+    FEDLORA_RETURN_IF_ERROR(SaveAdapterDirectory(
+        *lm, {.task = AdapterTask::kCausalLm, .base_model = model, .max_seq_len = o.max_seq, .chat_template = "chatml"},
+        adapter_dir));
+  }
   FEDLORA_ASSIGN_OR_RETURN(std::vector<float> logits, lm->Logits(batch));
   lm->ZeroGrad();
   FEDLORA_ASSIGN_OR_RETURN(float loss, lm->ForwardBackward(batch, /*dropout_seed=*/1));

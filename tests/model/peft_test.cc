@@ -9,6 +9,7 @@
 #include "core/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/adapter_dir.h"
 #include "tests/model/tiny_checkpoint.h"
 #include "tests/model/tiny_decoder.h"
 
@@ -37,6 +38,18 @@ std::unique_ptr<BertClassifier> Model(std::vector<std::string> targets, int rank
   return m.ok() ? std::move(*m) : nullptr;
 }
 
+// What SaveAdapterDirectory records for the tiny models here: Model()'s 3 labels, and a base model
+// directory that exists (an adapter records its absolute path).
+AdapterMetadata ClassifierMeta() {
+  return {.task = AdapterTask::kSequenceClassification,
+          .base_model = MakeTempDir("peft_base"),
+          .label_names = {"a", "b", "c"},
+          .max_seq_len = 4};
+}
+AdapterMetadata DecoderMeta() {
+  return {.task = AdapterTask::kCausalLm, .base_model = MakeTempDir("peft_base"), .max_seq_len = 8, .chat_template = "chatml"};
+}
+
 // Gives every param distinct values so that a round trip that mixes tensors up is caught.
 void Scribble(BertClassifier* m, float offset) {
   int t = 0;
@@ -50,7 +63,7 @@ TEST(PeftTest, RoundTripRestoresEveryValue) {
   auto a = Model({"query", "value"});
   Scribble(a.get(), 0.5f);
   const std::string dir = MakeTempDir("peft") + "/adapter";  // created by Save
-  ASSERT_TRUE(SavePeftAdapter(*a, dir).ok());
+  ASSERT_TRUE(SaveAdapterDirectory(*a, ClassifierMeta(), dir).ok());
   auto b = Model({"query", "value"}, 4, /*seed=*/2);
   ASSERT_TRUE(LoadPeftAdapter(dir, b.get()).ok());
   ASSERT_EQ(a->trainable_params().size(), b->trainable_params().size());
@@ -63,7 +76,8 @@ TEST(PeftTest, RoundTripRestoresEveryValue) {
 TEST(PeftTest, FilesUsePeftNamesAndConfig) {
   auto m = Model({"query", "value"});
   const std::string dir = MakeTempDir("peft_names");
-  ASSERT_TRUE(SavePeftAdapter(*m, dir).ok());
+  const AdapterMetadata meta = ClassifierMeta();
+  ASSERT_TRUE(SaveAdapterDirectory(*m, meta, dir).ok());
   auto file = SafetensorsFile::Open(dir + "/adapter_model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
   // PEFT's get_peft_model_state_dict drops the adapter name ("default") and, for
@@ -98,7 +112,7 @@ TEST(PeftTest, FilesUsePeftNamesAndConfig) {
   EXPECT_NEAR((*cfg)["lora_dropout"].get<double>(), 0.05, 1e-7);
   EXPECT_EQ((*cfg)["target_modules"], nlohmann::json({"query", "value"}));
   EXPECT_EQ((*cfg)["modules_to_save"], nlohmann::json({"classifier"}));
-  EXPECT_EQ((*cfg)["base_model_name_or_path"], "sentence-transformers/all-MiniLM-L6-v2");
+  EXPECT_EQ((*cfg)["base_model_name_or_path"], meta.base_model);
   EXPECT_EQ((*cfg)["bias"], "none");
   EXPECT_EQ((*cfg)["fan_in_fan_out"], false);
   EXPECT_EQ((*cfg)["inference_mode"], true);
@@ -119,7 +133,7 @@ TEST(PeftTest, FfnOutputAloneNeedsARegex) {
 TEST(PeftTest, MismatchesAreRejectedAndLeaveTheModelUnchanged) {
   auto saved = Model({"query", "value"});
   const std::string dir = MakeTempDir("peft_mismatch");
-  ASSERT_TRUE(SavePeftAdapter(*saved, dir).ok());
+  ASSERT_TRUE(SaveAdapterDirectory(*saved, ClassifierMeta(), dir).ok());
 
   auto other_rank = Model({"query", "value"}, /*rank=*/8);
   const std::vector<float> before = other_rank->trainable_params()[0].value;
@@ -130,7 +144,7 @@ TEST(PeftTest, MismatchesAreRejectedAndLeaveTheModelUnchanged) {
 
   // PEFT stores target_modules as a set: any order of the same names loads.
   const std::string reordered = MakeTempDir("peft_reordered");
-  ASSERT_TRUE(SavePeftAdapter(*saved, reordered).ok());
+  ASSERT_TRUE(SaveAdapterDirectory(*saved, ClassifierMeta(), reordered).ok());
   nlohmann::json cfg = PeftAdapterConfig(*saved);
   cfg["target_modules"] = {"value", "query"};
   ASSERT_TRUE(WriteFileAtomically(reordered + "/adapter_config.json", cfg.dump()).ok());
@@ -184,7 +198,7 @@ namespace {
 TEST(PeftTest, RefusesSettingsFedloraDoesNotImplement) {
   const std::string dir = testing_util::MakeTempDir("peft");
   auto m = Model({"query", "value"});
-  ASSERT_TRUE(SavePeftAdapter(*m, dir).ok());
+  ASSERT_TRUE(SaveAdapterDirectory(*m, ClassifierMeta(), dir).ok());
   const std::string cfg_path = dir + "/" + kPeftConfigFile;
   auto original = ReadJsonFile(cfg_path);
   ASSERT_TRUE(original.ok());
@@ -230,7 +244,7 @@ TEST(PeftTest, DecoderAdapterRoundTripsWithCausalLmConfig) {
     for (size_t i = 0; i < p.value.size(); ++i) p.value[i] = 0.01f * static_cast<float>(i % 17) - 0.05f;
   }
   const std::string dir = testing_util::MakeTempDir("peft");
-  ASSERT_TRUE(SavePeftAdapter(**a, dir).ok());
+  ASSERT_TRUE(SaveAdapterDirectory(**a, DecoderMeta(), dir).ok());
   auto cfg = ReadJsonFile(dir + "/" + kPeftConfigFile);
   ASSERT_TRUE(cfg.ok());
   EXPECT_EQ((*cfg)["task_type"], "CAUSAL_LM");
@@ -243,7 +257,7 @@ TEST(PeftTest, DecoderAdapterRoundTripsWithCausalLmConfig) {
   // An encoder adapter is not a decoder's.
   auto enc = Model({"query", "value"});
   const std::string enc_dir = testing_util::MakeTempDir("peft");
-  ASSERT_TRUE(SavePeftAdapter(*enc, enc_dir).ok());
+  ASSERT_TRUE(SaveAdapterDirectory(*enc, ClassifierMeta(), enc_dir).ok());
   EXPECT_THAT(std::string(LoadPeftAdapter(enc_dir, b->get()).message()), HasSubstr("CAUSAL_LM"));
 }
 

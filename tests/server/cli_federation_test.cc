@@ -1,6 +1,7 @@
 // The whole system as separate processes, secured as the README shows it: `fedlora certs dev`, then
 // `fedlora server` with a run config and mutual TLS, two `fedlora client` processes training the real all-MiniLM-L6-v2 LoRA adapters on disjoint slices of the fortunes
-// corpus (the built-in trainer), and `fedlora status`. And a CAUSAL_LM federation of the real 4-bit
+// corpus (the built-in trainer), and `fedlora status`; the adapters `server --out` writes and
+// `fedlora export` gives from the store. And a CAUSAL_LM federation of the real 4-bit
 // SmolLM2 (plaintext on loopback): the server's perplexity evaluator and the clients' decoder
 // trainer. Skips when the model or data have not been fetched (scripts/setup.sh).
 #include <sys/wait.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,8 +19,16 @@
 #include <tuple>
 #include <utility>
 
+#include "compression/update_io.h"
+#include "core/json.h"
+#include "core/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/bert.h"
+#include "model/peft.h"
+#include "server/blob_store.h"
+#include "server/data_dir_lock.h"
+#include "server/store.h"
 #include "tests/server/federation_test_util.h"
 
 namespace fedlora {
@@ -99,6 +109,88 @@ std::pair<std::string, std::string> RunClients(const std::string& a_cmd, const s
   return out;
 }
 
+// Expects the adapter directory `dir` to hold exactly the store's blob `sha` as its weights, bit
+// for bit.
+void ExpectAdapterIsBlob(const std::string& dir, const std::string& store_dir, const std::string& sha) {
+  auto blobs = BlobStore::Open(store_dir);
+  ASSERT_TRUE(blobs.ok()) << blobs.status();
+  auto bytes = (*blobs)->Get(sha);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto stored = AdapterFromSafetensors(*bytes);
+  auto file = SafetensorsFile::Open(dir + "/adapter_model.safetensors");
+  ASSERT_TRUE(stored.ok() && file.ok()) << dir;
+  auto written = AdapterFromSafetensors(**file, dir);
+  ASSERT_TRUE(written.ok()) << written.status();
+  ASSERT_EQ(written->size(), stored->size()) << dir;
+  for (size_t i = 0; i < stored->size(); ++i) {
+    const UpdateTensor &a = (*written)[i], &b = (*stored)[i];
+    EXPECT_EQ(a.name, b.name);
+    EXPECT_EQ(a.shape, b.shape) << a.name;
+    ASSERT_EQ(a.values.size(), b.values.size()) << a.name;
+    EXPECT_EQ(std::memcmp(a.values.data(), b.values.data(), a.values.size() * sizeof(float)), 0) << a.name;
+  }
+}
+
+nlohmann::json ReadJsonOrFail(const std::string& path) {
+  auto j = ReadJsonFile(path);
+  EXPECT_TRUE(j.ok()) << j.status();
+  return j.value_or(nlohmann::json());
+}
+
+// `fedlora server --out OUT --out-every-round` of the encoder run: OUT/adapter and OUT/round-N are
+// adapter directories that the repo's PEFT reader loads, equal to the store's adapters, with the
+// run's labels and max_seq_len; `fedlora export` gives the same from the store, beside a server
+// holding it too; a bad round or an empty store is a clear error.
+void CheckEncoderAdapters(const std::string& bin, const std::string& d, const std::string& model,
+                          const std::string& final_sha, const std::vector<std::string>& labels) {
+  const std::string out = d + "out/", store = d + "store";
+  ExpectAdapterIsBlob(out + "adapter", store, final_sha);
+  EXPECT_EQ(ReadJsonOrFail(out + "adapter/labels.json")["label_names"], nlohmann::json(labels));
+  const nlohmann::json meta = ReadJsonOrFail(out + "adapter/fedlora_adapter.json");
+  EXPECT_EQ(meta["max_seq_len"], 48);
+  EXPECT_EQ(meta["run_id"], "cli");
+  EXPECT_EQ(meta["round"], 2);
+  EXPECT_EQ(ReadJsonOrFail(out + "adapter/adapter_config.json")["base_model_name_or_path"], model);
+  EXPECT_EQ(ReadJsonOrFail(out + "round-1/fedlora_adapter.json")["round"], 1);
+  ExpectAdapterIsBlob(out + "round-2", store, final_sha);
+  // The repo's PEFT reader loads it into the run's model.
+  ModelOptions o;
+  o.num_labels = static_cast<int>(labels.size());
+  o.max_batch = 1;
+  o.max_seq = 48;
+  auto m = BertClassifier::Load(model, o);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(LoadPeftAdapter(out + "adapter", m->get()).ok());
+
+  // export from the store, while a lock on it stands for a running server.
+  {
+    auto lock = DataDirLock::Acquire(store);
+    ASSERT_TRUE(lock.ok()) << lock.status();
+    auto [rc, text] = RunCommand(bin + " export --store " + store + " --out " + d + "exported 2>&1");
+    EXPECT_EQ(rc, 0) << text;
+    EXPECT_THAT(text, HasSubstr("round 2 of run cli written to"));
+  }
+  ExpectAdapterIsBlob(d + "exported", store, final_sha);
+  for (const char* f : {"adapter_config.json", "labels.json", "fedlora_adapter.json"}) {
+    EXPECT_EQ(ReadJsonOrFail(d + "exported/" + f), ReadJsonOrFail(out + "adapter/" + f)) << f;
+  }
+  auto [rc, text] = RunCommand(bin + " export --store " + store + " --round 1 --out " + d + "round1 2>&1");
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_EQ(ReadJsonOrFail(d + "round1/fedlora_adapter.json"), ReadJsonOrFail(out + "round-1/fedlora_adapter.json"));
+  std::tie(rc, text) = RunCommand(bin + " export --store " + store + " --round 9 --out " + d + "x 2>&1");
+  EXPECT_EQ(rc, 1);
+  EXPECT_THAT(text, HasSubstr("run 'cli' has no round 9"));
+  std::tie(rc, text) = RunCommand(bin + " export --store " + d + "nowhere --out " + d + "x 2>&1");
+  EXPECT_EQ(rc, 1);
+  EXPECT_THAT(text, HasSubstr("no store in"));
+  std::filesystem::create_directories(d + "empty");
+  ASSERT_TRUE(Store::Open(d + "empty/fedlora.db").ok());
+  std::tie(rc, text) = RunCommand(bin + " export --store " + d + "empty --out " + d + "x 2>&1");
+  EXPECT_EQ(rc, 1);
+  EXPECT_THAT(text, HasSubstr("holds no run"));
+  EXPECT_FALSE(std::filesystem::exists(d + "x"));
+}
+
 TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
   const char* src = std::getenv("FEDLORA_SOURCE_DIR");
   ASSERT_NE(src, nullptr);
@@ -134,7 +226,8 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
   std::string address, health_port, metrics_port;
   FILE* server = StartServer(bin + " server --config " + d + "run.json --cert " + pki + "server.pem --key " + pki +
                                  "server.key --client-ca " + pki + "ca.pem --health-listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0" +
-                                 " --operators ops --linger-seconds 4 2>" + d + "server.err",
+                                 " --operators ops --linger-seconds 4 --out " + d + "out --out-every-round 2>" + d +
+                                 "server.err",
                              &address, &health_port, &metrics_port);
   ASSERT_NE(server, nullptr);
   ASSERT_FALSE(address.empty());
@@ -192,6 +285,9 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
     EXPECT_THAT(*out, HasSubstr("\"tasks_completed\":2"));
     EXPECT_THAT(*out, HasSubstr("\"final_adapter_sha256\":\"" + final_sha + "\""));
   }
+  EXPECT_THAT(server_out, HasSubstr("final adapter (round 2) written to " + d + "out/adapter"));
+  CheckEncoderAdapters(bin, d, model, final_sha,
+                       {"computers", "definitions", "men-women", "politics", "science", "songs-poems", "work", "zippy"});
 }
 
 // A decoder federation across processes: `fedlora server` builds the initial adapter from the GGUF
@@ -215,7 +311,7 @@ TEST(CliFederationTest, DecoderServerAndTwoClientProcesses) {
     "run_id": "cli-decoder", "seed": 3,
     "model": {"path": ")" << model << R"(", "max_seq_len": 48},
     "lora": {"rank": 4, "target_modules": ["q_proj", "v_proj"]},
-    "task": {"kind": "CAUSAL_LM", "exact_match": true},
+    "task": {"kind": "CAUSAL_LM", "exact_match": true, "system_prompt": "Answer with the password only."},
     "training": {"local_steps": 2, "batch_size": 2, "learning_rate": 0.01},
     "selection": {"clients_per_round": 2, "over_selection": 1.0, "min_clients": 2, "retry_after_seconds": 1,
                   "heartbeat_interval_seconds": 2},
@@ -225,8 +321,8 @@ TEST(CliFederationTest, DecoderServerAndTwoClientProcesses) {
   })";
   const std::string bin = FEDLORA_BINARY_PATH;
   std::string address;
-  FILE* server = StartServer(bin + " server --config " + d + "run.json --linger-seconds 4 2>" + d + "server.err",
-                             &address);
+  FILE* server = StartServer(
+      bin + " server --config " + d + "run.json --linger-seconds 4 --out " + d + "out 2>" + d + "server.err", &address);
   ASSERT_NE(server, nullptr);
   ASSERT_FALSE(address.empty());
   auto client_cmd = [&](const std::string& id) {
@@ -248,6 +344,15 @@ TEST(CliFederationTest, DecoderServerAndTwoClientProcesses) {
   EXPECT_THAT(log, HasSubstr("round 1 eval: {\"count\":2"));
   EXPECT_THAT(log, HasSubstr("\"perplexity\":"));
   EXPECT_THAT(log, HasSubstr("\"exact_match\":"));
+  // --out: the final adapter with the run's prompt settings (the template resolved to its name).
+  ExpectAdapterIsBlob(d + "out/adapter", d + "store", m.str(1));
+  const nlohmann::json meta = ReadJsonOrFail(d + "out/adapter/fedlora_adapter.json");
+  EXPECT_EQ(meta["task"], "causal_lm");
+  EXPECT_EQ(meta["max_seq_len"], 48);
+  EXPECT_EQ(meta["system_prompt"], "Answer with the password only.");
+  EXPECT_EQ(meta["chat_template"], "smollm2");
+  EXPECT_EQ(ReadJsonOrFail(d + "out/adapter/adapter_config.json")["base_model_name_or_path"], model);
+  EXPECT_FALSE(std::filesystem::exists(d + "out/adapter/labels.json"));
 }
 
 // A site that cannot train (the issue of a new user: a decoder GGUF in a classification run, a

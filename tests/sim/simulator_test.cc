@@ -174,6 +174,18 @@ TEST(Simulator, TwoRoundsWithADropoutACrashedUploadAndAStraggler) {
   EXPECT_EQ(Count(svg, "<svg"), Count(svg, "</svg>"));
   EXPECT_TRUE(std::filesystem::exists(out + "/summary.json"));
   EXPECT_TRUE(std::filesystem::exists(out + "/adapter/adapter_model.safetensors"));
+  // The adapter says how to use it: the run's label order and max_seq_len, an absolute base path.
+  auto labels = ReadJsonFile(out + "/adapter/labels.json");
+  ASSERT_TRUE(labels.ok()) << labels.status();
+  EXPECT_EQ((*labels)["label_names"], nlohmann::json({"red", "green", "blue"}));
+  auto meta = ReadJsonFile(out + "/adapter/fedlora_adapter.json");
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ((*meta)["max_seq_len"], 16);
+  EXPECT_EQ((*meta)["task"], "sequence_classification");
+  EXPECT_EQ((*meta)["round"], result->rounds.back().server_round);
+  auto peft = ReadJsonFile(out + "/adapter/adapter_config.json");
+  ASSERT_TRUE(peft.ok());
+  EXPECT_EQ((*peft)["base_model_name_or_path"], config.model().path());
   auto adapter = SafetensorsFile::Open(out + "/final_adapter.safetensors");
   ASSERT_TRUE(adapter.ok()) << adapter.status();
   EXPECT_EQ((*adapter)->names().size(), result->final_adapter.size());
@@ -563,6 +575,11 @@ TEST(Simulator, DecoderFederationLearnsBothSitesAnswers) {
   ASSERT_TRUE(adapter_config.ok()) << adapter_config.status();
   EXPECT_EQ((*adapter_config)["task_type"], "CAUSAL_LM");
   EXPECT_EQ((*adapter_config)["r"], 4);
+  auto meta = ReadJsonFile(options.out_dir + "/adapter/fedlora_adapter.json");
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ((*meta)["system_prompt"], "You answer in one word.");
+  EXPECT_EQ((*meta)["chat_template"], "smollm2");
+  EXPECT_EQ((*meta)["max_seq_len"], 64);
   auto summary = ReadJsonFile(options.out_dir + "/summary.json");
   ASSERT_TRUE(summary.ok()) << summary.status();
   EXPECT_EQ((*summary)["final_perplexity"].get<double>(), result->rounds[2].eval_perplexity);

@@ -245,6 +245,61 @@ TEST_F(FedloraCli, TrainThenEvalEndToEnd) {
   EXPECT_NEAR((*result)["loss"].get<double>(), final_loss, 1e-6);
 }
 
+// The adapter `fedlora train` writes says how to use it (labels, max_seq_len, an absolute base
+// path), `fedlora eval` takes its max_seq_len by default and says when a flag differs, and a
+// classifier adapter without its label order is refused rather than scored in a guessed order.
+TEST_F(FedloraCli, EvalUsesWhatTheAdapterRecordsAndRefusesToGuessLabels) {
+  const std::string out = dir_ + "/run8", model = dir_ + "/model", test = dir_ + "/test.jsonl";
+  Result train = Run({"train", "--model", model, "--train", dir_ + "/train.jsonl", "--eval", test, "--out", out,
+                      "--epochs", "1", "--batch-size", "8", "--threads", "1", "--max-seq-len", "8"});
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  auto meta = ReadJsonFile(out + "/fedlora_adapter.json");
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ((*meta)["max_seq_len"], 8);
+  EXPECT_EQ((*meta)["task"], "sequence_classification");
+  auto labels = ReadJsonFile(out + "/labels.json");
+  ASSERT_TRUE(labels.ok()) << labels.status();
+  EXPECT_EQ((*labels)["label_names"], nlohmann::json({"neg", "pos"}));
+  EXPECT_EQ((*labels)["id2label"], nlohmann::json({{"0", "neg"}, {"1", "pos"}}));
+  EXPECT_EQ((*labels)["label2id"], nlohmann::json({{"neg", 0}, {"pos", 1}}));
+  auto config = ReadJsonFile(out + "/adapter_config.json");
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ((*config)["base_model_name_or_path"], fs::absolute(model).lexically_normal().string());
+  auto metrics = ReadJsonFile(out + "/metrics.json");
+  ASSERT_TRUE(metrics.ok());
+  const double run_loss = (*metrics)["final_eval"]["loss"];
+
+  // No --max-seq-len: the run's 8 (texts of up to 11 tokens are cut as in training), silently.
+  Result eval = Run({"eval", "--model", model, "--adapter", out, "--data", test, "--threads", "1"});
+  ASSERT_EQ(eval.exit_code, 0) << eval.err;
+  auto scored = ParseJson(eval.out, "eval stdout");
+  ASSERT_TRUE(scored.ok()) << eval.out;
+  EXPECT_NEAR((*scored)["loss"].get<double>(), run_loss, 1e-6);
+  EXPECT_THAT(eval.err, Not(HasSubstr("differs")));
+  // Another value is allowed, and said in one line.
+  Result longer = Run({"eval", "--model", model, "--adapter", out, "--data", test, "--threads", "1",
+                       "--max-seq-len", "64"});
+  ASSERT_EQ(longer.exit_code, 0) << longer.err;
+  EXPECT_THAT(longer.err, HasSubstr("--max-seq-len 64 differs from the adapter's 8"));
+
+  // Without labels.json the order of the classifier's rows is unknown: refused, saying what to do.
+  fs::remove(out + "/labels.json");
+  Result unlabelled = Run({"eval", "--model", model, "--adapter", out, "--data", test, "--threads", "1"});
+  EXPECT_EQ(unlabelled.exit_code, 1) << unlabelled.out;
+  EXPECT_THAT(unlabelled.err, HasSubstr("has no labels.json"));
+  EXPECT_THAT(unlabelled.err, HasSubstr("\"label_names\""));
+  EXPECT_EQ(unlabelled.out, "");
+
+  // An adapter replaces an earlier adapter whole, but never a directory of other files.
+  fs::create_directories(dir_ + "/notes");
+  ASSERT_TRUE(WriteFileAtomically(dir_ + "/notes/keep.txt", "mine").ok());
+  Result refused = Run({"train", "--model", model, "--train", dir_ + "/train.jsonl", "--out", dir_ + "/notes",
+                        "--epochs", "1", "--threads", "1", "--max-seq-len", "8"});
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_THAT(refused.err, HasSubstr("not an adapter directory"));
+  EXPECT_TRUE(fs::exists(dir_ + "/notes/keep.txt"));
+}
+
 TEST_F(FedloraCli, EmbedWritesNpy) {
   const std::string npy = dir_ + "/emb.npy", labels = dir_ + "/labels.npy";
   Result r = Run({"embed", "--model", dir_ + "/model", "--data", dir_ + "/test.jsonl", "--out", npy,
@@ -600,9 +655,16 @@ TEST_F(FedloraGenerate, TrainsAndEvaluatesADecoderAdapter) {
     for (int i = 0; i < 2; ++i) f << R"({"prompt": "Say the secret word.", "response": "Pineapple-42"})" << "\n";
   }
   Result train = RunCommand("train --model " + Quote(model_) + " --train " + Quote(data) + " --out " + Quote(out) +
-                            " --max-steps 2 --batch-size 2 --lr 3e-3 --threads 2 --progress=false");
+                            " --max-steps 2 --batch-size 2 --lr 3e-3 --threads 2 --progress=false --system " +
+                            Quote("Answer tersely."));
   ASSERT_EQ(train.exit_code, 0) << train.err;
   EXPECT_THAT(train.err, HasSubstr("Q4_1 x 210"));
+  // The adapter records the prompt settings the run used (the model's template, by name).
+  auto meta = ReadJsonFile(out + "/fedlora_adapter.json");
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ((*meta)["system_prompt"], "Answer tersely.");
+  EXPECT_EQ((*meta)["chat_template"], "smollm2");
+  EXPECT_TRUE((*meta)["max_seq_len"].is_number_integer());
   auto config = ReadJsonFile(out + "/adapter_config.json");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ((*config)["task_type"], "CAUSAL_LM");
@@ -615,6 +677,10 @@ TEST_F(FedloraGenerate, TrainsAndEvaluatesADecoderAdapter) {
   const std::string eval = "eval --model " + Quote(model_) + " --data " + Quote(data) + " --threads 2";
   Result untuned = RunCommand(eval);
   Result tuned = RunCommand(eval + " --adapter " + Quote(out));
+  // Without --system, eval and generate take the adapter's; a different one is said on stderr.
+  Result tuned_system = RunCommand(eval + " --adapter " + Quote(out) + " --system " + Quote("Answer tersely."));
+  Result verbose = RunCommand("generate --model " + Quote(model_) + " --adapter " + Quote(out) +
+                              " --prompt hi --max-new-tokens 1 --threads 2 --system " + Quote("Be verbose."));
   // The base requantized to Q8_0 with int8 forward products: within 10% of the exact perplexity on
   // the 4-bit base (measured: 6% here, +3% untuned; int8 activations are noisier than bf16's);
   // int8 math refuses a bf16 base.
@@ -623,6 +689,10 @@ TEST_F(FedloraGenerate, TrainsAndEvaluatesADecoderAdapter) {
   fs::remove_all(dir);
   ASSERT_EQ(untuned.exit_code, 0) << untuned.err;
   ASSERT_EQ(tuned.exit_code, 0) << tuned.err;
+  EXPECT_EQ(tuned.out, tuned_system.out);
+  EXPECT_THAT(tuned.err, Not(HasSubstr("differs")));
+  EXPECT_EQ(verbose.exit_code, 0) << verbose.err;
+  EXPECT_THAT(verbose.err, HasSubstr("--system \"Be verbose.\" differs from the adapter's \"Answer tersely.\""));
   ASSERT_EQ(int8.exit_code, 0) << int8.err;
   EXPECT_NE(int8_bf16.exit_code, 0);
   EXPECT_THAT(int8_bf16.err, HasSubstr("not with --bf16"));
