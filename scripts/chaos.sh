@@ -180,7 +180,7 @@ start_client() {
 CUR_ROUND=0
 current_round() {
   local out
-  out=$(timeout 5 "$BIN" status --server "127.0.0.1:$PORT" --insecure --deadline-ms 2000 2>/dev/null) || return 0
+  out=$(timeout 5 "$BIN" status --server "127.0.0.1:$PORT" --insecure --json --deadline-ms 2000 2>/dev/null) || return 0
   if [[ $out == *'"phase": "ROUND_PHASE_FINISHED"'* ]]; then
     CUR_ROUND=$((ROUNDS + 1))
   elif [[ $out =~ \"current_round\":\ \"?([0-9]+) ]]; then
@@ -320,7 +320,7 @@ run_federation() {
   # All clients finished: the server lingers, finished, for LINGER_S. Ask it, then let it exit. A server
   # restarted by a late kill may still be loading the model: ask again until it listens (20 s at most).
   local asked=0
-  until timeout 20 "$BIN" status --server "127.0.0.1:$PORT" --insecure >"$DIR/status.json" 2>"$DIR/status.err"; do
+  until timeout 20 "$BIN" status --server "127.0.0.1:$PORT" --insecure --json >"$DIR/status.json" 2>"$DIR/status.err"; do
     ((++asked < 40)) && alive server || fail "fedlora status failed: $(tail -n 2 "$DIR/status.err")"
     sleep 0.5
   done

@@ -1,6 +1,7 @@
 // fedlora status: asks a running server for its run status (Admin.GetStatus) and, with --clients,
 // its client list (Admin.ListClients); with --block ID (or --unblock ID) blocks a client instead
-// (Admin.BlockClient). Prints JSON on stdout.
+// (Admin.BlockClient). Prints a short view for people by default (tools/status_view.h), or one JSON
+// document with --json.
 //
 //   fedlora status --server 127.0.0.1:50051 --insecure
 //   fedlora status --server fl.example.org:50051 --ca ca.pem --cert operator.pem --key operator.key
@@ -8,9 +9,10 @@
 // Over mTLS the Admin service answers the operator identities the server lists (--operators,
 // server.tls.operator_ids) only; a plaintext server, loopback callers.
 #include <grpcpp/grpcpp.h>
-#include <google/protobuf/util/json_util.h>
 
+#include <ctime>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -20,23 +22,15 @@
 #include "proto/address.h"
 #include "fedlora/v1/admin.grpc.pb.h"
 #include "tools/common.h"
+#include "tools/status_view.h"
 
 namespace fedlora::tools {
 namespace {
 
-absl::StatusOr<std::string> ToJson(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.preserve_proto_field_names = true;
-  auto status = google::protobuf::util::MessageToJsonString(m, &out, options);
-  if (!status.ok()) return absl::InternalError(absl::StrCat("printing JSON: ", status.ToString()));
-  return out;
-}
-
 // What to ask for: the status, the client list, or a block (or its lifting) of one client.
 struct Request {
   bool clients = false;
+  bool json = false;
   std::string block, unblock, reason;
   int64_t deadline_ms = 10'000;
 };
@@ -51,8 +45,12 @@ absl::Status Block(v1::Admin::Stub& stub, const std::string& address, const Requ
   v1::BlockClientResponse response;
   FEDLORA_RETURN_IF_ERROR_CTX(FromGrpcStatus(stub.BlockClient(&ctx, req, &response)),
                               absl::StrCat("BlockClient at ", address));
-  FEDLORA_ASSIGN_OR_RETURN(std::string json, ToJson(response));
-  std::cout << json << std::endl;
+  if (r.json) {
+    FEDLORA_ASSIGN_OR_RETURN(std::string json, MessageJson(response));
+    std::cout << json << std::endl;
+  } else {
+    std::cout << ClientsView({response.client()}, static_cast<int64_t>(std::time(nullptr)) * 1000);
+  }
   return absl::OkStatus();
 }
 
@@ -86,18 +84,25 @@ absl::Status Status(const std::string& address, const std::string& ca, const std
   v1::GetStatusResponse status;
   FEDLORA_RETURN_IF_ERROR_CTX(FromGrpcStatus(stub->GetStatus(&ctx, v1::GetStatusRequest(), &status)),
                               absl::StrCat("GetStatus from ", address));
-  FEDLORA_ASSIGN_OR_RETURN(std::string json, ToJson(status));
-  std::cout << json << std::endl;
+  std::optional<v1::ListClientsResponse> list;
   if (clients) {
     grpc::ClientContext ctx2;
     ctx2.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
     v1::ListClientsRequest req;
     req.set_include_inactive(true);
-    v1::ListClientsResponse list;
-    FEDLORA_RETURN_IF_ERROR_CTX(FromGrpcStatus(stub->ListClients(&ctx2, req, &list)),
+    list.emplace();
+    FEDLORA_RETURN_IF_ERROR_CTX(FromGrpcStatus(stub->ListClients(&ctx2, req, &*list)),
                                 absl::StrCat("ListClients from ", address));
-    FEDLORA_ASSIGN_OR_RETURN(json, ToJson(list));
+  }
+  if (r.json) {
+    FEDLORA_ASSIGN_OR_RETURN(std::string json, StatusJson(status, list ? &*list : nullptr));
     std::cout << json << std::endl;
+    return absl::OkStatus();
+  }
+  const int64_t now_ms = static_cast<int64_t>(std::time(nullptr)) * 1000;
+  std::cout << StatusView(status, now_ms);
+  if (list) {
+    std::cout << "\n" << ClientsView({list->clients().begin(), list->clients().end()}, now_ms);
   }
   return absl::OkStatus();
 }
@@ -105,7 +110,7 @@ absl::Status Status(const std::string& address, const std::string& ca, const std
 }  // namespace
 
 int RunStatus(int argc, char** argv) {
-  FlagSet flags(argv[0], "Prints a running server's status (and clients) as JSON.");
+  FlagSet flags(argv[0], "Prints a running server's status (and clients): a short view, or JSON with --json.");
   std::string server, ca, cert, key;
   bool insecure = false;
   Request r;
@@ -115,6 +120,9 @@ int RunStatus(int argc, char** argv) {
   flags.AddString("key", &key, "PEM key of --cert");
   flags.AddBool("insecure", &insecure, "plaintext without TLS, to a loopback server only");
   flags.AddBool("clients", &r.clients, "also list the clients");
+  flags.AddBool("json", &r.json,
+                "print one JSON document: GetStatusResponse's fields (proto names, 64-bit integers as numbers), "
+                "with --clients a \"clients\" array beside them");
   flags.AddString("block", &r.block, "block this client id (durable; prints the client instead of the status)");
   flags.AddString("unblock", &r.unblock, "lift the block of this client id");
   flags.AddString("reason", &r.reason, "why, for the server's log (with --block or --unblock)");

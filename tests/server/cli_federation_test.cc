@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 #include <tuple>
@@ -263,15 +264,23 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
   };
   const auto [out_a, out_b] = RunClients(client_cmd("a"), client_cmd("b"), d);
 
-  FILE* status = popen((bin + " status --server " + address + " --ca " + pki + "ca.pem --cert " + pki +
-                        "ops.pem --key " + pki + "ops.key --clients")
-                           .c_str(),
-                       "r");
-  const std::string status_out = ReadAll(status);
-  EXPECT_EQ(pclose(status), 0);
-  EXPECT_THAT(status_out, HasSubstr("\"phase\": \"ROUND_PHASE_FINISHED\""));
-  EXPECT_THAT(status_out, HasSubstr("\"client_id\": \"site-a\""));
-  EXPECT_THAT(status_out, HasSubstr("eval_accuracy"));
+  const std::string status_cmd = bin + " status --server " + address + " --ca " + pki + "ca.pem --cert " + pki +
+                                 "ops.pem --key " + pki + "ops.key --clients";
+  // For a person: a few lines, the rounds, the sites.
+  auto [status_rc, status_view] = RunCommand(status_cmd);
+  EXPECT_EQ(status_rc, 0) << status_view;
+  EXPECT_THAT(status_view, HasSubstr("run cli: finished after round 2 of 2\n"));
+  EXPECT_THAT(status_view, HasSubstr("last evaluation (round 2): accuracy "));
+  EXPECT_THAT(status_view, ::testing::ContainsRegex("\nsite-a +left +2 "));
+  // For a program: one JSON document, the clients beside the status.
+  auto [json_rc, status_out] = RunCommand(status_cmd + " --json");
+  EXPECT_EQ(json_rc, 0) << status_out;
+  const nlohmann::json status_json = nlohmann::json::parse(status_out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(status_json.is_discarded()) << status_out;
+  EXPECT_EQ(status_json["phase"], "ROUND_PHASE_FINISHED");
+  EXPECT_EQ(status_json["current_round"], 2);
+  ASSERT_EQ(status_json["clients"].size(), 2u) << status_out;
+  EXPECT_TRUE(status_json["history"][1].contains("eval_accuracy"));
 
   const std::string server_out = ReadAll(server);
   EXPECT_EQ(pclose(server), 0) << server_out;
