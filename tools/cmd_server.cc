@@ -272,6 +272,7 @@ struct ServeFlags {
   bool out_every_round = false;
   bool insecure = false;
   int64_t linger_seconds = 30;
+  int64_t rounds = -1;  // -1: the config's
   std::string device = "cpu";  // the held-out evaluator's and the aggregation's
 };
 
@@ -280,6 +281,7 @@ absl::Status Serve(const ServeFlags& f) {
   // Flags override the config before it is validated, so that the plaintext rule and the TLS checks
   // apply to them as to the config's own values.
   FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadRunConfigFile(f.config_path, [&f](v1::RunConfig* c) {
+                             if (f.rounds >= 0) c->set_rounds(static_cast<uint32_t>(f.rounds));
                              v1::ServerConfig* s = c->mutable_server();
                              if (!f.listen.empty()) s->set_listen_address(f.listen);
                              if (!f.health_listen.empty()) s->set_health_address(f.health_listen);
@@ -410,12 +412,16 @@ int RunServer(int argc, char** argv) {
                   "CPU (INT8 precision) runs there with auto and is refused with cuda");
   flags.AddBool("insecure", &f.insecure, "serve plaintext without TLS: loopback addresses only (server.insecure)");
   flags.AddInt("linger-seconds", &f.linger_seconds, "keep serving this long after the run finished");
+  flags.AddInt("rounds", &f.rounds, "rounds to run (overrides the config's rounds)");
   flags.AddString("out", &f.out,
                   "when the run finishes, write its final adapter to OUT/adapter (PEFT's files with the labels, "
                   "max_seq_len and prompt settings)");
   flags.AddBool("out-every-round", &f.out_every_round, "with --out: also each committed round's adapter to OUT/round-N");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
   if (f.out_every_round && f.out.empty()) return UsageError(argv[0], "--out-every-round needs --out DIR");
+  if (f.rounds != -1 && (f.rounds < 1 || f.rounds > 1'000'000)) {
+    return UsageError(argv[0], "--rounds must be 1-1000000");
+  }
   absl::Status s = Serve(f);
   return s.ok() ? kExitOk : Fail(argv[0], s);
 }

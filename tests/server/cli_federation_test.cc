@@ -389,14 +389,15 @@ TEST(CliFederationTest, AClientThatCannotTrainExitsAtOnceAndTheRunGoesOn) {
     "training": {"local_steps": 1, "batch_size": 8, "learning_rate": 0.001},
     "selection": {"clients_per_round": 1, "over_selection": 1.0, "min_clients": 1, "retry_after_seconds": 1,
                   "heartbeat_interval_seconds": 2},
-    "rounds": 1,
+    "rounds": 5,
     "server": {"listen_address": "127.0.0.1:0", "store_dir": ")" << d << R"(store", "insecure": true}
   })";
   const std::string bin = FEDLORA_BINARY_PATH;
   std::string address;
   const auto start = std::chrono::steady_clock::now();
-  FILE* server = StartServer(bin + " server --config " + d + "run.json --linger-seconds 2 2>" + d + "server.err",
-                             &address);
+  // --rounds 1: the server runs one round whatever the config says.
+  FILE* server = StartServer(
+      bin + " server --config " + d + "run.json --rounds 1 --linger-seconds 2 2>" + d + "server.err", &address);
   ASSERT_NE(server, nullptr);
   ASSERT_FALSE(address.empty());
   auto client_cmd = [&](const std::string& id, const std::string& model_path) {

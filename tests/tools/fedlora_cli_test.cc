@@ -351,6 +351,9 @@ TEST_F(FedloraCli, UsageErrorsExitTwoWithMessage) {
        "--log-level: 'loud' is not one of"},
       {{"train", "--model", model, "--train", data, "--out", dir_ + "/o", "--verbose", "--log-level", "error"},
        "--verbose contradicts --log-level error"},
+      {{"server", "--config", dir_ + "/run.json", "--rounds", "0"}, "--rounds must be 1-1000000"},
+      {{"simulate", "--config", dir_ + "/run.json", "--out", dir_ + "/s", "--rounds", "4294967297"},
+       "--rounds must be 1-1000000"},
   };
   for (const Case& c : cases) {
     Result r = Run(c.args);
