@@ -225,6 +225,7 @@ absl::Status LoadAdapter(const std::string& dir, const nlohmann::json& expected,
   std::set<std::string> wanted;
   for (const Param& p : params) wanted.insert(p.name);
   std::vector<std::string> missing, extra, wrong;
+  bool shape_mismatch = false;
   for (const std::string& name : file->names()) {
     if (wanted.count(name) == 0) extra.push_back(name);
   }
@@ -237,6 +238,7 @@ absl::Status LoadAdapter(const std::string& dir, const nlohmann::json& expected,
     }
     FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file->Get(p.name));
     if (t.shape != p.shape) {
+      shape_mismatch = true;
       wrong.push_back(absl::StrCat("'", p.name, "' has shape [", absl::StrJoin(t.shape, ", "), "], expected [",
                                    absl::StrJoin(p.shape, ", "), "]"));
       continue;
@@ -270,8 +272,16 @@ absl::Status LoadAdapter(const std::string& dir, const nlohmann::json& expected,
     if (!missing.empty()) problems.push_back(absl::StrCat("missing tensors: ", absl::StrJoin(missing, ", ")));
     if (!extra.empty()) problems.push_back(absl::StrCat("unexpected tensors: ", absl::StrJoin(extra, ", ")));
     if (!wrong.empty()) problems.push_back(absl::StrJoin(wrong, "; "));
-    return absl::InvalidArgumentError(
-        absl::StrCat(weights_path, " does not match the model: ", absl::StrJoin(problems, "; ")));
+    if (missing.empty() && extra.empty() && !shape_mismatch) {  // bad values, not another model
+      return absl::InvalidArgumentError(absl::StrCat(weights_path, ": ", absl::StrJoin(problems, "; ")));
+    }
+    // The rank and targets agreed: names or shapes that do not fit mean another base model.
+    std::string base = "another base model";
+    if (auto b = cfg.find("base_model_name_or_path"); b != cfg.end() && b->is_string() && !b->get<std::string>().empty()) {
+      base = absl::StrCat("another base model (its adapter_config.json names ", b->get<std::string>(), ")");
+    }
+    return absl::InvalidArgumentError(absl::StrCat(dir, " is an adapter for ", base, ": its tensors do not fit this model's (",
+                                                   absl::StrJoin(problems, "; "), ")"));
   }
   for (size_t i = 0; i < params.size(); ++i) params[i].value = std::move(values[i]);
   return absl::OkStatus();

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iostream>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,12 @@ absl::StatusOr<std::vector<ChatMessage>> MessagesOf(const nlohmann::json& line, 
 }
 
 absl::Status Generate(GenerateFlags f) {
+  if (!std::filesystem::exists(f.model)) return absl::NotFoundError(absl::StrCat("--model ", f.model, " does not exist"));
+  if (!IsDecoderCheckpoint(f.model)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model ", f.model, " is not a decoder checkpoint (a LLaMA or Qwen2 directory with config.json, or a "
+        ".gguf): generate writes text with a decoder; an encoder classifies (fedlora eval) or embeds (fedlora embed)"));
+  }
   FEDLORA_ASSIGN_OR_RETURN(const Device device, ResolveDevice(f.device));
   if (!f.raw) {
     FEDLORA_RETURN_IF_ERROR(ApplyAdapterSettings("fedlora generate", f.adapter,

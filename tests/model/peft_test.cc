@@ -59,6 +59,33 @@ void Scribble(BertClassifier* m, float offset) {
   }
 }
 
+// The same LoRA settings on a base of another width: the error says what the user got wrong
+// (another base model, the one the adapter names), not only which tensor is missing.
+TEST(PeftTest, AnAdapterForAnotherBaseModelSaysSo) {
+  const AdapterMetadata meta = ClassifierMeta();
+  auto small = Model({"query", "value"});
+  const std::string dir = MakeTempDir("peft") + "/adapter";
+  ASSERT_TRUE(SaveAdapterDirectory(*small, meta, dir).ok());
+  ModelOptions o;
+  o.num_labels = 3;
+  o.lora.rank = 4;
+  o.lora.alpha = 8.0f;
+  o.lora.dropout = 0.05f;
+  o.lora.target_modules = {"query", "value"};
+  o.max_batch = 1;
+  o.max_seq = 4;
+  BertConfig wide = TinyConfig();
+  wide.hidden_size = 48;
+  auto other = BertClassifier::FromRandom(wide, o);
+  ASSERT_TRUE(other.ok()) << other.status();
+  absl::Status s = LoadPeftAdapter(dir, other->get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr(dir + " is an adapter for another base model (its adapter_config.json names " +
+                        meta.base_model + ")"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("has shape [4, 32], expected [4, 48]"));
+}
+
 TEST(PeftTest, RoundTripRestoresEveryValue) {
   auto a = Model({"query", "value"});
   Scribble(a.get(), 0.5f);

@@ -376,6 +376,9 @@ TEST_F(FedloraCli, MissingFilesExitOneWithMessage) {
       {{"eval", "--model", model, "--adapter", dir_ + "/no_adapter", "--data", data}, "no_adapter"},
       // A directory without adapter files: the error names the missing adapter_config.json.
       {{"eval", "--model", model, "--adapter", model, "--data", data}, "adapter_config.json"},
+      // The wrong kind of model: said as such, not as a tokenizer detail.
+      {{"generate", "--model", model, "--prompt", "hi"}, "is not a decoder checkpoint"},
+      {{"generate", "--model", dir_ + "/nope", "--prompt", "hi"}, "/nope does not exist"},
   };
   for (const Case& c : cases) {
     Result r = Run(c.args);
