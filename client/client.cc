@@ -27,6 +27,7 @@
 #include "core/sha256.h"
 #include "core/status.h"
 #include "core/strings.h"
+#include "core/version.h"
 #include "crypto/envelope.h"
 #include "crypto/key_signature.h"
 #include "crypto/random.h"
@@ -191,7 +192,7 @@ class ClientImpl final : public Client {
   absl::Status JoinOnce() {
     v1::JoinRequest request;
     request.set_protocol_version(kProtocolVersion);
-    request.set_client_version(options_.client_version);
+    request.set_client_version(options_.client_version.empty() ? FEDLORA_VERSION : options_.client_version);
     request.mutable_capabilities()->set_device_name(options_.device_name);
     request.mutable_capabilities()->set_has_cuda(options_.has_cuda);
     request.mutable_capabilities()->add_encryption_schemes(v1::EncryptionSpec::X25519_HKDF_AES256GCM);

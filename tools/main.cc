@@ -3,7 +3,9 @@
 #include <cstring>
 #include <string>
 
+#include "core/version.h"
 #include "kernels/context.h"
+#include "kernels/device.h"
 #include "tools/commands.h"
 
 namespace fedlora::tools {
@@ -31,7 +33,7 @@ constexpr Subcommand kSubcommands[] = {
     {"simulate", "run a whole federation (server + virtual clients) on this machine", RunSimulate},
     {"server", "run the aggregation server for a run config", RunServer, PrepareServerSignals},
     {"client", "join a federation and train LoRA adapters on local data", RunClient},
-    {"status", "print a running server's status as JSON", RunStatus},
+    {"status", "print a running server's status (--json: as one JSON document)", RunStatus},
     {"health", "ask a server's gRPC health service whether it serves (exit 0 if so)", RunHealth},
     {"store", "verify or repair a stopped server's store (blob hashes, rewind)", RunStore},
     {"export", "write a federation's adapter from a server's store as a PEFT directory", RunExport},
@@ -42,7 +44,8 @@ constexpr Subcommand kSubcommands[] = {
 void PrintUsage(std::FILE* out) {
   std::fprintf(out,
                "usage: fedlora <command> [flags]\n"
-               "Federated LoRA fine-tuning of transformer encoders.\n\ncommands:\n");
+               "       fedlora --version\n"
+               "Federated LoRA fine-tuning of BERT-family encoders and decoder LLMs.\n\ncommands:\n");
   for (const Subcommand& c : kSubcommands) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
   std::fprintf(out, "\n'fedlora <command> --help' lists the flags of a command.\n");
 }
@@ -67,6 +70,10 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   if (command == "--help" || command == "-h" || command == "help") {
     PrintUsage(stdout);
+    return kExitOk;
+  }
+  if (command == "--version" || command == "version") {
+    std::printf("fedlora %s (GPU: %s)\n", FEDLORA_VERSION, fedlora::kernels::CudaDeviceDescription().c_str());
     return kExitOk;
   }
   for (const Subcommand& c : kSubcommands) {

@@ -16,6 +16,7 @@
 #include "core/json.h"
 #include "core/rng.h"
 #include "core/safetensors.h"
+#include "core/version.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/device.h"
@@ -408,6 +409,12 @@ TEST_F(FedloraCli, HelpExitsZero) {
   Result simulate = Run({"simulate", "--help"});
   EXPECT_EQ(simulate.exit_code, 0);
   EXPECT_THAT(simulate.out, HasSubstr("<out>/server.log"));
+  // --version: the one version core/version.h holds, and the GPU it would use.
+  for (const char* spelling : {"--version", "version"}) {
+    Result version = Run({spelling});
+    EXPECT_EQ(version.exit_code, 0) << version.err;
+    EXPECT_THAT(version.out, ::testing::MatchesRegex("fedlora " FEDLORA_VERSION " \\(GPU: .+\\)\n"));
+  }
 }
 
 // `fedlora certs`: dev writes a complete PKI (keys 0600), never overwrites it without --force,

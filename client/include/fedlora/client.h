@@ -89,8 +89,8 @@ struct ClientOptions {
   bool download_final_adapter = true;
   // Stop after this many tasks were trained and uploaded; 0 (default) runs until the run finishes.
   int64_t max_tasks = 0;
-  // Version string sent in Join, for the server's logs.
-  std::string client_version = "0.1.0";
+  // Version string sent in Join, for the server's logs. Default empty: this SDK's version.
+  std::string client_version;
   // The device the site trains on, reported in Join's capabilities (for the server's logs and
   // selection): "cpu", or the GPU's description with has_cuda set. With has_cuda the update's
   // top-k and quantization stages run on the GPU too (the same bytes as on the CPU); a low-rank
