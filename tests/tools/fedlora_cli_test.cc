@@ -452,7 +452,7 @@ TEST_F(FedloraCli, PlaintextOnlyOnLoopbackWithInsecure) {
   // With --insecure on loopback the rule passes, and the server goes on to load the model.
   Result allowed = Run({"server", "--config", config, "--insecure", "--listen", "127.0.0.1:0"});
   EXPECT_NE(allowed.exit_code, 0);
-  EXPECT_THAT(allowed.err, HasSubstr("/nonexistent/model"));
+  EXPECT_THAT(allowed.err, HasSubstr("model.path: /nonexistent/model does not exist"));
 }
 
 // `fedlora simulate` keeps its console to the progress line and the summary: the server's and the
