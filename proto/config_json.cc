@@ -109,9 +109,7 @@ std::string DescribeSyntaxError(const std::string& what) {
   const std::string found = at_end ? "the end of the text" : detail;
   if (context == "object key") {
     if (absl::StrContains(detail, "unexpected '}'")) return "a trailing comma before '}' (JSON allows none)";
-    if (absl::StrContains(detail, "invalid literal")) {
-      return absl::StrCat("expected a field name in double quotes (", detail, ")");
-    }
+    if (absl::StrContains(detail, "invalid literal")) return "expected a field name in double quotes";
     return absl::StrCat("expected a field name in double quotes, found ", found);
   }
   if (context == "object separator") return absl::StrCat("expected ':' after the field name, found ", found);
