@@ -205,6 +205,17 @@ TEST_F(ConfigPathsTest, FlagsAndDefaultsAndTextStayRelativeToTheWorkingDirectory
   EXPECT_EQ(text->model().path(), "m");  // no file, no directory to resolve against
 }
 
+// "run.json" has the parent path "": its directory is the working directory.
+TEST_F(ConfigPathsTest, AConfigNamedWithoutADirectoryResolvesAgainstTheWorkingDirectory) {
+  Write("configs/run.json", std::string("{") + kValid + "}");
+  const std::filesystem::path before = std::filesystem::current_path();
+  std::filesystem::current_path(dir_ / "configs");
+  absl::StatusOr<RunConfig> c = LoadRunConfigFile("run.json");
+  std::filesystem::current_path(before);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model().path(), Abs("configs/m"));
+}
+
 TEST_F(ConfigPathsTest, ErrorsInAFileStartWithItsPathLineAndColumn) {
   const std::string config = Write("configs/run.json", "{\n  \"lora\": {\"rank\": \"eight\"}\n}");
   absl::Status s = LoadRunConfigFile(config).status();
