@@ -92,7 +92,8 @@ TEST(ConfigIoTest, FullExampleLoadsWithValuesIntact) {
   EXPECT_EQ(c.rounds(), 20u);
   EXPECT_EQ(c.model().id(), "all-MiniLM-L6-v2");
   // Relative paths in a file are relative to its directory.
-  const std::string examples = (std::filesystem::path(SourceDir()) / "proto/examples").lexically_normal().string();
+  const std::string examples =
+      (std::filesystem::absolute(SourceDir()) / "proto/examples").lexically_normal().string();
   EXPECT_EQ(c.model().path(), examples + "/models/all-MiniLM-L6-v2");
   EXPECT_EQ(c.model().architecture(), "bert");
   EXPECT_EQ(c.model().max_seq_len(), 96u);
@@ -982,7 +983,8 @@ TEST(ConfigIoTest, ShippedConfigsValidate) {
   // configs/ is run from anywhere (`fedlora simulate --config configs/default.json` from the
   // repository's root): its relative paths, relative to configs/, must land in the repository's
   // models/, data/ and runs/.
-  const std::string root = std::filesystem::path(SourceDir()).lexically_normal().string();
+  std::string root = std::filesystem::absolute(SourceDir()).lexically_normal().string();
+  if (root.ends_with("/")) root.pop_back();  // "." under Bazel gives ".../"
   for (const std::string& f : files) {
     auto loaded = fedlora::LoadRunConfigFile(SourceDir() + f);
     EXPECT_TRUE(loaded.ok()) << f << ": " << loaded.status();
