@@ -286,11 +286,16 @@ class Checker {
       return;
     }
     std::map<const google::protobuf::OneofDescriptor*, std::vector<std::string>> oneofs;
+    std::map<const FieldDescriptor*, std::string> seen;  // a field by both its names ("local_steps", "localSteps")
     for (auto& [key, value] : obj.items()) {
       const std::string child = path.empty() ? key : absl::StrCat(path, ".", key);
       const FieldDescriptor* f = FindField(d, key);
       if (f == nullptr) {
         Problem(child, UnknownField(d, key, path));
+        continue;
+      }
+      if (auto [it, added] = seen.emplace(f, key); !added) {
+        Problem(child, absl::StrCat(child, " is given twice (as ", it->second, " and ", key, ")"));
         continue;
       }
       const auto* oneof = f->real_containing_oneof();

@@ -58,6 +58,9 @@ TEST(ConfigJsonTest, OtherSyntaxErrorsSayWhatWasExpected) {
 TEST(ConfigJsonTest, DuplicateKeysAreRefused) {
   EXPECT_EQ(Error(std::string("{") + kValid + ",\n\"rounds\": 3, \"rounds\": 4}"),
             "line 2, column 14: rounds is given twice (JSON keys must be unique)");
+  // Protobuf reads lowerCamelCase names too: one field under both of its names is given twice.
+  EXPECT_THAT(Error(R"({"training": {"local_steps": 1, "localSteps": 2}})"),
+              HasSubstr("training.local_steps is given twice (as localSteps and local_steps)"));
 }
 
 TEST(ConfigJsonTest, AnUnknownFieldNamesItsPathAndTheNearestName) {
