@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "core/did_you_mean.h"
 #include "core/strings.h"
 #include "model/bpe_tokenizer.h"
 
@@ -106,12 +108,17 @@ absl::Status Unrecognised(std::string_view why) {
 
 }  // namespace
 
-absl::StatusOr<ChatTemplate> ChatTemplate::FromName(std::string_view name) {
+absl::StatusOr<ChatTemplate> ChatTemplate::FromName(std::string_view typed) {
+  const std::string name = absl::AsciiStrToLower(ToAbsl(typed));  // any case, as the config's enum values
   if (name == "chatml") return ChatTemplate(Kind::kChatML);
   if (name == "smollm2") return ChatTemplate(Kind::kSmolLM2);
   if (name == "qwen2") return ChatTemplate(Kind::kQwen2);
   if (name == "llama3") return ChatTemplate(Kind::kLlama3);
-  return absl::InvalidArgumentError(absl::StrCat("chat template '", ToAbsl(name), "' is unknown; known: ", ToAbsl(kNames)));
+  std::string message = absl::StrCat("chat template '", ToAbsl(typed), "' is unknown; known: ", ToAbsl(kNames), " (any case)");
+  if (auto near = NearestName(name, {"chatml", "smollm2", "qwen2", "llama3"})) {
+    absl::StrAppend(&message, "; did you mean ", *near, "?");
+  }
+  return absl::InvalidArgumentError(message);
 }
 
 absl::StatusOr<ChatTemplate> ChatTemplate::Detect(std::string_view jinja) {

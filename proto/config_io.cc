@@ -21,7 +21,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
+#include "core/status.h"
 #include "proto/address.h"
+#include "proto/config_json.h"
+#include "proto/config_paths.h"
 #include "proto/wire.h"
 
 namespace fedlora {
@@ -853,22 +856,34 @@ std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
   return out;
 }
 
-absl::StatusOr<RunConfig> ParseRunConfigJson(std::string_view json, const ConfigOverrides& overrides) {
+namespace {
+
+// Parses, resolves relative paths against `base_dir` (when set), overrides, defaults and validates.
+// Errors of the text are located ("<source>:<line>:<column>: "); the others start with "<source>: ".
+absl::StatusOr<RunConfig> ParseRunConfigText(std::string_view json, const std::string& source,
+                                             const std::filesystem::path* base_dir, const ConfigOverrides& overrides) {
+  const std::string prefix = source.empty() ? "" : absl::StrCat(source, ": ");
+  FEDLORA_ASSIGN_OR_RETURN(const std::string checked, CheckRunConfigJson(json, source));
   RunConfig config;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;  // a misspelt field must not silently take its default
-  auto parsed = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(json.data(), json.size()), &config, options);
+  auto parsed = google::protobuf::util::JsonStringToMessage(checked, &config, options);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("run config is not valid JSON for fedlora.v1.RunConfig: ",
-                     std::string(parsed.message().data(), parsed.message().size())));
+        absl::StrCat(prefix, "run config: ", std::string(parsed.message().data(), parsed.message().size())));
   }
+  if (base_dir != nullptr) ResolveRunConfigPaths(&config, *base_dir);
   if (overrides) overrides(&config);
   ApplyRunConfigDefaults(&config);
   absl::Status valid = ValidateRunConfig(config);
-  if (!valid.ok()) return valid;
+  if (!valid.ok()) return absl::Status(valid.code(), absl::StrCat(prefix, std::string(valid.message())));
   return config;
+}
+
+}  // namespace
+
+absl::StatusOr<RunConfig> ParseRunConfigJson(std::string_view json, const ConfigOverrides& overrides) {
+  return ParseRunConfigText(json, "", nullptr, overrides);
 }
 
 absl::StatusOr<RunConfig> LoadRunConfigFile(const std::string& path, const ConfigOverrides& overrides) {
@@ -903,12 +918,8 @@ absl::StatusOr<RunConfig> LoadRunConfigFile(const std::string& path, const Confi
   if (!in.read(text.data(), static_cast<std::streamsize>(size))) {
     return absl::DataLossError(absl::StrCat(path, ": short read of run config"));
   }
-  absl::StatusOr<RunConfig> config = ParseRunConfigJson(text, overrides);
-  if (!config.ok()) {
-    return absl::Status(config.status().code(),
-                        absl::StrCat(path, ": ", std::string(config.status().message())));
-  }
-  return config;
+  const fs::path dir = fs::path(path).parent_path();
+  return ParseRunConfigText(text, path, &dir, overrides);
 }
 
 std::string RunConfigToJson(const RunConfig& config) {

@@ -7,7 +7,9 @@
 //
 // Every error is InvalidArgument (except a missing or unreadable file, which keeps its errno code)
 // and names the field path, e.g. "selection.min_clients (12) exceeds selection.clients_per_round
-// (10)"; all problems of a config are reported in one message, separated by "; ".
+// (10)"; all problems of a config are reported in one message, separated by "; ". Errors in the
+// JSON text also give its line and column (proto/config_json.h): "run.json:7:5: unknown field
+// selection.clients_per_rund; did you mean clients_per_round?". Enum values are read in any case.
 // All functions are thread-safe (they touch no shared state).
 #pragma once
 
@@ -20,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "fedlora/v1/config.pb.h"
+#include "proto/config_paths.h"  // CheckRunConfigInputsExist, for LoadRunConfigFile's callers
 
 namespace fedlora {
 
@@ -44,11 +47,14 @@ inline constexpr uint64_t kMaxRunConfigFileBytes = 16ull << 20;  // 16 MiB
 // config fields, so that a flag's value is validated like the config's own.
 using ConfigOverrides = std::function<void(v1::RunConfig*)>;
 
-// Parses a JSON run config (unknown fields are errors), applies `overrides` (when set), the
-// defaults, and validates it.
+// Parses a JSON run config strictly (syntax errors, unknown fields and duplicate keys are errors),
+// applies `overrides` (when set), the defaults, and validates it. Paths stay as written.
 absl::StatusOr<v1::RunConfig> ParseRunConfigJson(std::string_view json, const ConfigOverrides& overrides = nullptr);
 
-// Reads `path` and does what ParseRunConfigJson does; error messages start with the path.
+// Reads `path` and does what ParseRunConfigJson does, except that relative paths in the file are
+// made absolute against the file's directory before `overrides` apply (proto/config_paths.h);
+// error messages start with the path ("<path>:<line>:<column>: " for errors in the text). Checks
+// no file but the config: CheckRunConfigInputsExist does, for the commands that read them.
 absl::StatusOr<v1::RunConfig> LoadRunConfigFile(const std::string& path, const ConfigOverrides& overrides = nullptr);
 
 // config.rounds, or its default where it is unset (a config that has not been through

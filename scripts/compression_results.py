@@ -24,6 +24,16 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+
+def absolute_paths(config):
+    """configs/default.json's relative paths made absolute: fedlora reads them relative to the config's
+    directory, and this copy of it lives elsewhere."""
+    for section, key in (("model", "path"), ("data", "train_path"), ("data", "eval_path")):
+        value = config.get(section, {}).get(key)
+        if value and not os.path.isabs(value):
+            config[section][key] = os.path.normpath(os.path.join(ROOT, "configs", value))
+    return config
+
 Q2_ZSTD = [{"id": "QUANT", "quant": {"bits": 2}}, {"id": "ZSTD"}]
 
 # Each pipeline: the run config's codec.stages, or (up, down): codec.stages and downlink_codec.stages.
@@ -51,7 +61,7 @@ def run(fedlora, pipeline, seed, out_root):
     summary = os.path.join(out, "summary.json")
     if not os.path.exists(summary):
         with open(os.path.join(ROOT, "configs", "default.json")) as f:
-            config = json.load(f)
+            config = absolute_paths(json.load(f))
         config["run_id"] = f"compression-{pipeline}"
         spec = PIPELINES[pipeline]
         up, down = spec if isinstance(spec, tuple) else (spec, [])

@@ -28,9 +28,19 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def absolute_paths(config):
+    """configs/default.json's relative paths made absolute: fedlora reads them relative to the config's
+    directory, and this copy of it lives elsewhere."""
+    for section, key in (("model", "path"), ("data", "train_path"), ("data", "eval_path")):
+        value = config.get(section, {}).get(key)
+        if value and not os.path.isabs(value):
+            config[section][key] = os.path.normpath(os.path.join(ROOT, "configs", value))
+    return config
+
+
 def variant_config(name, seed):
     with open(os.path.join(ROOT, "configs", "default.json")) as f:
-        c = json.load(f)
+        c = absolute_paths(json.load(f))
     c["seed"] = seed
     c["run_id"] = f"{name}-{seed}"
     c["selection"]["min_clients"] = 3

@@ -96,7 +96,7 @@ int RunEmbed(int argc, char** argv) {
   flags.AddString(
       "label-names", &f.label_names_path,
       "label order: a labels.json from `fedlora train`, or a text file with one label a line");
-  flags.AddString("pooling", &f.pooling, "mean (over real tokens) or cls");
+  flags.AddChoice("pooling", &f.pooling, {"mean", "cls"}, "mean (over real tokens) or cls");
   flags.AddInt("batch-size", &f.batch_size, "examples per forward pass");
   flags.AddInt("max-seq-len", &f.max_seq_len, "tokens per example; longer texts are cut");
   flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");

@@ -303,6 +303,7 @@ absl::Status Serve(const ServeFlags& f) {
     FEDLORA_RETURN_IF_ERROR(CheckPlaintextAllowed(options.listen_address, options.insecure, "server listen address"));
   }
 
+  FEDLORA_RETURN_IF_ERROR(CheckRunConfigInputsExist(config, /*reads_train_data=*/false));
   FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(config.model().path(), config.task()));
   FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(config.model().path(), config.model()));
   std::vector<UpdateTensor> initial;

@@ -84,6 +84,7 @@ absl::Status Simulate(const SimulateFlags& f) {
   }
   ApplyRunConfigDefaults(&config);
   FEDLORA_RETURN_IF_ERROR(ValidateRunConfig(config));
+  FEDLORA_RETURN_IF_ERROR(CheckRunConfigInputsExist(config, /*reads_train_data=*/true));
 
   const std::string log_path = LogPath(f);
   FEDLORA_RETURN_IF_ERROR(OpenLogFile(log_path));

@@ -227,12 +227,12 @@ int RunTrain(int argc, char** argv) {
   // fortunes and WordNet (docs/results.md); TrainOptions' own default is 5e-4.
   f.train.lr = 2e-3f;
   flags.AddFloat("lr", &f.train.lr, "peak learning rate (the best measured: docs/results.md)");
-  flags.AddString("optimizer", &f.train.optimizer, "adamw, lamb or sgd");
+  flags.AddChoice("optimizer", &f.train.optimizer, {"adamw", "lamb", "sgd"}, "optimizer (training.optimizer)");
   flags.AddFloat("weight-decay", &f.train.weight_decay,
                  "decoupled weight decay (not on 1-D params)");
   flags.AddInt("warmup-steps", &f.train.warmup_steps, "linear learning-rate warmup steps");
-  flags.AddString("schedule", &f.train.schedule,
-                  "learning-rate schedule: constant, linear or cosine");
+  flags.AddChoice("schedule", &f.train.schedule, {"constant", "linear", "cosine"},
+                  "learning-rate schedule (training.schedule)");
   flags.AddFloat("grad-clip", &f.train.grad_clip, "max global gradient norm (0: no clipping)");
   flags.AddFloat("momentum", &f.train.momentum, "SGD momentum, in [0, 1)");
   flags.AddFloat("logit-adjustment", &f.train.logit_adjustment,

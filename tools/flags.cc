@@ -6,11 +6,14 @@
 #include <limits>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/did_you_mean.h"
 
 namespace fedlora::tools {
 namespace {
@@ -101,6 +104,23 @@ void FlagSet::AddBool(const std::string& name, bool* out, const std::string& hel
            return absl::OkStatus();
          }};
   Add(std::move(f));
+}
+
+void FlagSet::AddChoice(const std::string& name, std::string* out, std::vector<std::string> choices,
+                        const std::string& help) {
+  const std::string type = absl::StrJoin(choices, "|");
+  Add({name, help, *out, type, false, false, false, [name, out, choices](const std::string& v) {
+         for (const std::string& c : choices) {
+           if (absl::EqualsIgnoreCase(c, v)) {
+             *out = c;
+             return absl::OkStatus();
+           }
+         }
+         std::string message = absl::StrCat("--", name, ": unknown value '", v, "'; valid: ",
+                                            absl::StrJoin(choices, ", "), " (any case)");
+         if (auto near = NearestName(v, choices)) absl::StrAppend(&message, "; did you mean ", *near, "?");
+         return absl::InvalidArgumentError(message);
+       }});
 }
 
 bool FlagSet::Has(const std::string& name) const {

@@ -15,7 +15,7 @@
 // Syntax: `--name value` or `--name=value`; booleans also as bare `--name` (true) or
 // `--name=false`. `-h`/`--help` requests help. `--` ends flags. Anything else not starting with
 // `-` is a positional argument. Values are checked in full ("12x" is not an integer) and against
-// the type's range. Not thread-safe; one FlagSet per parse.
+// the type's range; a choice's value in any case. Not thread-safe; one FlagSet per parse.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +40,11 @@ class FlagSet {
   void AddUint(const std::string& name, uint64_t* out, const std::string& help);
   void AddFloat(const std::string& name, float* out, const std::string& help);
   void AddBool(const std::string& name, bool* out, const std::string& help);
+  // A value from `choices` (lowercase), matched in any case as the run config's enum values are, and
+  // stored as spelt in `choices` ("--optimizer ADAMW" -> "adamw"). Anything else is refused with
+  // the valid values and the nearest one.
+  void AddChoice(const std::string& name, std::string* out, std::vector<std::string> choices,
+                 const std::string& help);
 
   // Parses argv[1..argc). InvalidArgument, naming the flag, for an unknown flag, a missing or
   // malformed value, a repeated flag, or (unless help was requested) a missing required flag.

@@ -41,7 +41,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 @functools.cache
 def run_config(path: str) -> dict:
-    return json.loads((REPO / path).read_text())
+    """The run config, its relative paths made absolute: as fedlora reads them, relative to the config's directory."""
+    file = REPO / path
+    cfg = json.loads(file.read_text())
+    for section, key in (("model", "path"), ("data", "train_path"), ("data", "eval_path")):
+        if cfg.get(section, {}).get(key):
+            cfg[section][key] = str((file.parent / cfg[section][key]).resolve())
+    return cfg
 
 
 @functools.cache

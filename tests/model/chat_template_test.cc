@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "model/bpe_tokenizer.h"
 #include "model/pretokenize.h"
 
@@ -72,6 +73,18 @@ TEST(ChatTemplateTest, RefusesUnknownTemplates) {
   auto t = ChatTemplate::FromName("mistral");
   ASSERT_FALSE(t.ok());
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("chatml, smollm2, qwen2, llama3"));
+}
+
+// Names in any case, as the run config's enum values (task.chat_template, --chat-template).
+TEST(ChatTemplateTest, NamesAreReadInAnyCaseAndATypoGetsTheNearest) {
+  for (const char* name : {"ChatML", "SMOLLM2", "Qwen2", "LLaMA3"}) {
+    auto t = ChatTemplate::FromName(name);
+    ASSERT_TRUE(t.ok()) << name << ": " << t.status();
+    EXPECT_EQ(absl::AsciiStrToLower(name), std::string(t->name()));
+  }
+  auto t = ChatTemplate::FromName("chatlm");
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("(any case); did you mean chatml?"));
 }
 
 TEST(ChatTemplateTest, SmolLM2) {

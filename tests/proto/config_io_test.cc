@@ -91,7 +91,10 @@ TEST(ConfigIoTest, FullExampleLoadsWithValuesIntact) {
   EXPECT_EQ(c.seed(), 1234u);
   EXPECT_EQ(c.rounds(), 20u);
   EXPECT_EQ(c.model().id(), "all-MiniLM-L6-v2");
-  EXPECT_EQ(c.model().path(), "models/all-MiniLM-L6-v2");
+  // Relative paths in a file are relative to its directory.
+  const std::string examples =
+      (std::filesystem::absolute(SourceDir()) / "proto/examples").lexically_normal().string();
+  EXPECT_EQ(c.model().path(), examples + "/models/all-MiniLM-L6-v2");
   EXPECT_EQ(c.model().architecture(), "bert");
   EXPECT_EQ(c.model().max_seq_len(), 96u);
   EXPECT_EQ(c.lora().rank(), 4u);
@@ -124,15 +127,15 @@ TEST(ConfigIoTest, FullExampleLoadsWithValuesIntact) {
   EXPECT_EQ(c.codec().stages(0).id(), CodecStage::BF16);
   EXPECT_EQ(c.codec().stages(1).zstd().level(), 5);
   EXPECT_FALSE(c.has_privacy());
-  EXPECT_EQ(c.data().eval_path(), "data/fortunes/eval.jsonl");
+  EXPECT_EQ(c.data().eval_path(), examples + "/data/fortunes/eval.jsonl");
   EXPECT_EQ(c.data().eval_every_rounds(), 2u);
   EXPECT_EQ(c.server().listen_address(), "127.0.0.1:50061");
   EXPECT_EQ(c.server().store_dir(), "/var/lib/fedlora/fortunes");
   EXPECT_EQ(c.server().chunk_size_bytes(), 262144u);
   EXPECT_EQ(c.server().max_update_bytes(), 67108864u);
   EXPECT_EQ(c.server().max_message_bytes(), 4194304u);
-  EXPECT_EQ(c.server().tls().cert_file(), "certs/server.pem");
-  EXPECT_EQ(c.server().tls().crl_file(), "certs/crl.pem");
+  EXPECT_EQ(c.server().tls().cert_file(), examples + "/certs/server.pem");
+  EXPECT_EQ(c.server().tls().crl_file(), examples + "/certs/crl.pem");
   EXPECT_THAT(c.server().tls().allowed_client_ids(), ::testing::ElementsAre("site-a", "site-b"));
   EXPECT_EQ(c.server().max_client_bytes_per_round(), 268435456u);
   EXPECT_EQ(c.server().max_client_uploads_in_flight(), 1u);
@@ -340,9 +343,9 @@ TEST(ConfigIoTest, ApplyingDefaultsTwiceChangesNothing) {
 }
 
 TEST(ConfigIoTest, MalformedJsonIsInvalidArgument) {
-  ExpectInvalid(ParseRunConfigJson(R"({"model": {"path": "m"})").status(), "not valid JSON");
-  ExpectInvalid(ParseRunConfigJson("").status(), "not valid JSON");
-  ExpectInvalid(ParseRunConfigJson("[1, 2]").status(), "not valid JSON");
+  ExpectInvalid(ParseRunConfigJson(R"({"model": {"path": "m"})").status(), "line 1, column 24: JSON syntax");
+  ExpectInvalid(ParseRunConfigJson("").status(), "the run config is empty");
+  ExpectInvalid(ParseRunConfigJson("[1, 2]").status(), "must be a JSON object");
 }
 
 TEST(ConfigIoTest, UnknownFieldIsRejectedWithItsName) {
@@ -977,9 +980,22 @@ TEST(ConfigIoTest, ShippedConfigsValidate) {
     if (entry.path().extension() == ".json") files.push_back("/configs/" + entry.path().filename().string());
   }
   ASSERT_GE(files.size(), 5u);
+  // configs/ is run from anywhere (`fedlora simulate --config configs/default.json` from the
+  // repository's root): its relative paths, relative to configs/, must land in the repository's
+  // models/, data/ and runs/.
+  std::string root = std::filesystem::absolute(SourceDir()).lexically_normal().string();
+  if (root.ends_with("/")) root.pop_back();  // "." under Bazel gives ".../"
   for (const std::string& f : files) {
     auto loaded = fedlora::LoadRunConfigFile(SourceDir() + f);
     EXPECT_TRUE(loaded.ok()) << f << ": " << loaded.status();
+    if (!loaded.ok() || !f.starts_with("/configs/")) continue;
+    for (const std::string* path : {&loaded->model().path(), &loaded->data().train_path(),
+                                    &loaded->data().eval_path(), &loaded->server().store_dir()}) {
+      if (path->empty() || *path == "fedlora_store") continue;
+      EXPECT_TRUE(path->starts_with(root + "/models/") || path->starts_with(root + "/data/") ||
+                  path->starts_with(root + "/runs/"))
+          << f << ": " << *path;
+    }
   }
   std::ifstream configmap(SourceDir() + "/deploy/k8s/configmap.yaml");
   ASSERT_TRUE(configmap.good());
@@ -1076,11 +1092,10 @@ TEST_F(ConfigFileTest, DirectoryIsInvalidArgument) {
   ExpectInvalid(LoadRunConfigFile(dir_.string()).status(), "not a regular file");
 }
 
-TEST_F(ConfigFileTest, ParseErrorQuotesProtobufAndThePath) {
+TEST_F(ConfigFileTest, ParseErrorNamesThePathLineColumnAndField) {
   std::string path = Write("bad.json", R"({"lora": {"rank": "eight"}})");
   absl::Status s = LoadRunConfigFile(path).status();
-  ExpectInvalid(s, path + ": run config is not valid JSON");
-  ExpectInvalid(s, "lora.rank");
+  ExpectInvalid(s, path + ":1:11: lora.rank must be a whole number");
   ExpectInvalid(s, "eight");
 }
 

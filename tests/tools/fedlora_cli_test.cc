@@ -520,7 +520,7 @@ TEST_F(FedloraCli, PlaintextOnlyOnLoopbackWithInsecure) {
   // With --insecure on loopback the rule passes, and the server goes on to load the model.
   Result allowed = Run({"server", "--config", config, "--insecure", "--listen", "127.0.0.1:0"});
   EXPECT_NE(allowed.exit_code, 0);
-  EXPECT_THAT(allowed.err, HasSubstr("/nonexistent/model"));
+  EXPECT_THAT(allowed.err, HasSubstr("model.path: /nonexistent/model does not exist"));
 }
 
 // `fedlora simulate` keeps its console to the progress line and the summary: the server's and the
@@ -746,13 +746,13 @@ TEST_F(FedloraCli, DeviceIsCpuCudaOrAuto) {
   const std::string model = dir_ + "/model", data = dir_ + "/train.jsonl";
   Result r = Run({"train", "--model", model, "--train", data, "--out", dir_ + "/o", "--device", "tpu"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
-  EXPECT_THAT(r.err, HasSubstr("--device must be cpu, cuda or auto, got 'tpu'"));
+  EXPECT_THAT(r.err, HasSubstr("--device: unknown value 'tpu'; valid: cpu, cuda, auto (any case)"));
   if (!kernels::CudaAvailable()) {
     // cuda says why it cannot be had; auto falls back to the CPU.
     r = Run({"eval", "--model", model, "--adapter", dir_ + "/none", "--data", data, "--device", "cuda"});
     EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_THAT(r.err, HasSubstr("CUDA"));
-    r = Run({"train", "--model", model, "--train", data, "--out", dir_ + "/auto", "--device", "auto", "--max-steps",
+    r = Run({"train", "--model", model, "--train", data, "--out", dir_ + "/auto", "--device", "Auto", "--max-steps",
              "1", "--batch-size", "4", "--threads", "1", "--max-seq-len", "16"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_THAT(r.err, HasSubstr("device cpu"));
@@ -783,7 +783,7 @@ TEST_F(FedloraGenerate, RefusesBadFlags) {
   EXPECT_THAT(r.err, HasSubstr("vicuna"));
   r = Run("--prompt hi --device tpu");
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("--device must be cpu, cuda or auto"));
+  EXPECT_THAT(r.err, HasSubstr("--device: unknown value 'tpu'"));
   if (!kernels::CudaAvailable()) {
     r = Run("--prompt hi --device cuda");
     EXPECT_EQ(r.exit_code, 1);

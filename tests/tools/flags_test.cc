@@ -108,6 +108,29 @@ TEST(FlagSet, HelpSkipsRequiredChecksAndListsFlags) {
   EXPECT_THAT(help, HasSubstr("--bf16 "));
 }
 
+// Choices are matched in any case, as the run config's enum values are ("--optimizer ADAMW" and
+// "optimizer": "adamw" both work), and a wrong one is answered with the valid ones.
+TEST(FlagSet, ChoicesTakeAnyCaseAndSuggestTheNearest) {
+  for (const char* typed : {"cosine", "COSINE", "Cosine"}) {
+    std::string schedule = "linear";
+    FlagSet flags("fedlora test", "A test command.");
+    flags.AddChoice("schedule", &schedule, {"constant", "linear", "cosine"}, "learning-rate schedule");
+    Argv a({"fedlora test", "--schedule", typed});
+    ASSERT_TRUE(flags.Parse(a.argc(), a.argv()).ok()) << typed;
+    EXPECT_EQ(schedule, "cosine");
+  }
+  std::string optimizer = "adamw";
+  FlagSet flags("fedlora test", "A test command.");
+  flags.AddChoice("optimizer", &optimizer, {"adamw", "lamb", "sgd"}, "optimizer");
+  EXPECT_THAT(flags.Help(), HasSubstr("--optimizer <adamw|lamb|sgd>"));
+  EXPECT_THAT(flags.Help(), HasSubstr("(default: adamw)"));
+  Argv a({"fedlora test", "--optimizer=sdg"});
+  absl::Status s = flags.Parse(a.argc(), a.argv());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(s.message()), "--optimizer: unknown value 'sdg'; valid: adamw, lamb, sgd (any case); did you mean sgd?");
+  EXPECT_EQ(optimizer, "adamw");
+}
+
 TEST(SplitList, TrimsAndDropsEmpty) {
   EXPECT_EQ(SplitList(" query, value,,key "), (std::vector<std::string>{"query", "value", "key"}));
   EXPECT_TRUE(SplitList("").empty());
