@@ -28,6 +28,7 @@ namespace {
 struct EmbedFlags {
   std::string model_dir, data_path, out_path, labels_out, label_names_path;
   std::string pooling = "mean";
+  EncoderDataFlags fields;
   int batch_size = 32;
   int max_seq_len = 128;
   int threads = 0;
@@ -50,7 +51,7 @@ absl::Status Embed(EmbedFlags f, Pooling pooling) {
   }
   FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(f.model_dir));
   FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset data, LoadTokenizedDataset(f.data_path, *tokenizer,
-                                                                       f.max_seq_len, label_names));
+                                                                       f.max_seq_len, label_names, f.fields));
   if (data.size() == 0)
     return absl::InvalidArgumentError(absl::StrCat(f.data_path, " has no examples"));
   ModelOptions options;
@@ -93,6 +94,7 @@ int RunEmbed(int argc, char** argv) {
   flags.AddString("data", &f.data_path, "data file (JSONL, CSV or TSV)", true);
   flags.AddString("out", &f.out_path, "output .npy for the embeddings [examples, hidden]", true);
   flags.AddString("labels-out", &f.labels_out, "output .npy for the label indices [examples]");
+  AddEncoderDataFlags(flags, &f.fields);
   flags.AddString(
       "label-names", &f.label_names_path,
       "label order: a labels.json from `fedlora train`, or a text file with one label a line");
@@ -103,6 +105,9 @@ int RunEmbed(int argc, char** argv) {
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
   if (!flags.positional().empty())
     return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
+  if (const std::string p = EncoderDataFlagsProblem(f.fields, flags, /*decoder=*/false); !p.empty()) {
+    return UsageError(command, p);
+  }
   Pooling pooling;
   if (f.pooling == "mean") {
     pooling = Pooling::kMean;

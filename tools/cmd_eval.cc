@@ -33,6 +33,7 @@ namespace {
 struct EvalFlags {
   std::string model_dir, adapter_dir, data_path;
   DecoderDataFlags data;
+  EncoderDataFlags fields;
   int batch_size = 32;
   int max_seq_len = 128;
   int threads = 0;
@@ -141,7 +142,7 @@ absl::Status Eval(EvalFlags f) {
   FEDLORA_ASSIGN_OR_RETURN(ModelOptions options, OptionsFromAdapter(f.adapter_dir, label_names));
   FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(f.model_dir));
   FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset data, LoadTokenizedDataset(f.data_path, *tokenizer,
-                                                                       f.max_seq_len, label_names));
+                                                                       f.max_seq_len, label_names, f.fields));
   if (static_cast<int>(label_names.size()) > options.num_labels) {
     return absl::InvalidArgumentError(absl::StrCat(f.data_path, " has ", label_names.size(),
                                                    " labels but the adapter's classifier has ",
@@ -179,6 +180,7 @@ int RunEval(int argc, char** argv) {
   flags.AddString("chat-template", &f.data.chat_template,
                   "decoders: chatml, smollm2, qwen2 or llama3 instead of the model's template (default: the "
                   "adapter's, fedlora_adapter.json)");
+  AddEncoderDataFlags(flags, &f.fields);
   flags.AddString("prompt-field", &f.data.prompt_field, "decoders: JSONL field of the prompt");
   flags.AddString("response-field", &f.data.response_field, "decoders: JSONL field of the response");
   flags.AddString("system", &f.data.system,
@@ -207,6 +209,9 @@ int RunEval(int argc, char** argv) {
   f.max_seq_len_given = flags.WasSet("max-seq-len");
   f.system_given = flags.WasSet("system");
   f.chat_template_given = flags.WasSet("chat-template");
+  if (const std::string p = EncoderDataFlagsProblem(f.fields, flags, IsDecoderCheckpoint(f.model_dir)); !p.empty()) {
+    return UsageError(command, p);
+  }
   if (f.batch_size < 1) return UsageError(command, "--batch-size must be >= 1");
   if (f.max_seq_len < 2) return UsageError(command, "--max-seq-len must be >= 2");
   if (f.threads < 0) return UsageError(command, "--threads must be >= 0");

@@ -45,6 +45,7 @@ struct TrainFlags {
   std::string device = "cpu";  // --device: cpu, cuda, auto
   bool recompute = false;
   DecoderDataFlags data;
+  EncoderDataFlags fields;
 };
 
 nlohmann::json MetricsJson(const EvalResult& m) {
@@ -100,11 +101,11 @@ absl::Status Train(TrainFlags f) {
   std::vector<std::string> label_names;
   FEDLORA_ASSIGN_OR_RETURN(
       TokenizedDataset train,
-      LoadTokenizedDataset(f.train_path, *tokenizer, f.train.max_seq_len, label_names));
+      LoadTokenizedDataset(f.train_path, *tokenizer, f.train.max_seq_len, label_names, f.fields));
   TokenizedDataset eval;
   if (!f.eval_path.empty()) {
     FEDLORA_ASSIGN_OR_RETURN(
-        eval, LoadTokenizedDataset(f.eval_path, *tokenizer, f.train.max_seq_len, label_names));
+        eval, LoadTokenizedDataset(f.eval_path, *tokenizer, f.train.max_seq_len, label_names, f.fields));
   }
   if (label_names.size() < 2) {
     return absl::InvalidArgumentError(
@@ -263,6 +264,7 @@ int RunTrain(int argc, char** argv) {
                "examples per forward pass when evaluating (decoders: at most --batch-size)");
   flags.AddString("chat-template", &f.data.chat_template,
                   "decoders: chatml, smollm2, qwen2 or llama3 instead of the model's template");
+  AddEncoderDataFlags(flags, &f.fields);
   flags.AddString("prompt-field", &f.data.prompt_field, "decoders: JSONL field of the prompt");
   flags.AddString("response-field", &f.data.response_field,
                   "decoders: JSONL field of the response (a label works: classification by "
@@ -288,6 +290,9 @@ int RunTrain(int argc, char** argv) {
   }
   if (!decoder && (f.data.prompt_field != "prompt" || f.data.response_field != "response"))
     return UsageError(command, "--prompt-field and --response-field apply to decoder models only");
+  if (const std::string p = EncoderDataFlagsProblem(f.fields, flags, decoder); !p.empty()) {
+    return UsageError(command, p);
+  }
   if (absl::Status s = Train(f); !s.ok()) return Fail(command, s);
   return kExitOk;
 }

@@ -208,12 +208,38 @@ absl::StatusOr<int> EffectiveMaxSeqLen(const std::string& model_dir, int request
   return static_cast<int>(std::min<int64_t>(requested, config.max_position_embeddings));
 }
 
+void AddEncoderDataFlags(FlagSet& flags, EncoderDataFlags* fields) {
+  flags.AddString("text-field", &fields->text_field, "encoders: JSONL field (or CSV/TSV column) of the text");
+  flags.AddString("pair-field", &fields->pair_field,
+                  "encoders: field of a pair task's second text (used when the data has it)");
+  flags.AddString("label-field", &fields->label_field, "encoders: field of the label (a name or its index)");
+}
+
+std::string EncoderDataFlagsProblem(const EncoderDataFlags& fields, const FlagSet& flags, bool decoder) {
+  if (decoder && fields.any_given(flags)) {
+    return "--text-field, --pair-field and --label-field apply to encoder models only (a decoder reads "
+           "--prompt-field and --response-field)";
+  }
+  if (fields.text_field.empty() || fields.pair_field.empty() || fields.label_field.empty()) {
+    return "--text-field, --pair-field and --label-field must not be empty";
+  }
+  if (fields.text_field == fields.pair_field || fields.text_field == fields.label_field ||
+      fields.pair_field == fields.label_field) {
+    return "--text-field, --pair-field and --label-field must name different fields";
+  }
+  return "";
+}
+
 absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
                                                       const WordPieceTokenizer& tokenizer,
                                                       int max_seq_len,
-                                                      std::vector<std::string>& label_names) {
+                                                      std::vector<std::string>& label_names,
+                                                      const EncoderDataFlags& fields) {
   DatasetOptions options;
   options.label_names = label_names;
+  options.text_field = fields.text_field;
+  options.pair_field = fields.pair_field;
+  options.label_field = fields.label_field;
   FEDLORA_ASSIGN_OR_RETURN(Dataset data, LoadDataset(path, options));
   label_names = data.label_names;
   return TokenizeDataset(data, tokenizer, max_seq_len);

@@ -35,6 +35,22 @@ struct LogFlags {
   std::string file;
 };
 void AddLogFlags(FlagSet& flags, LogFlags* log);
+
+// The fields of an encoder's labelled data (JSONL keys, or CSV/TSV columns), as a run config's
+// task.text_field, pair_field and label_field name them: --text-field, --pair-field, --label-field.
+struct EncoderDataFlags {
+  std::string text_field = "text";
+  std::string pair_field = "text_pair";  // the second text of a pair task, used when present
+  std::string label_field = "label";
+  // Whether any was given on the command line (decoders refuse them).
+  bool any_given(const FlagSet& flags) const {
+    return flags.WasSet("text-field") || flags.WasSet("pair-field") || flags.WasSet("label-field");
+  }
+};
+void AddEncoderDataFlags(FlagSet& flags, EncoderDataFlags* fields);
+// Empty unless the flags contradict themselves or the model: a decoder takes none of them (it
+// reads --prompt-field and --response-field), a name is not empty, the text and pair fields differ.
+std::string EncoderDataFlagsProblem(const EncoderDataFlags& fields, const FlagSet& flags, bool decoder);
 // Checks the values (InvalidArgument naming the flag) and applies the level and the format.
 absl::Status ApplyLogLevelAndFormat(const LogFlags& log);
 // The file --log-file names: empty for none or "-".
@@ -105,7 +121,8 @@ absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path, c
 absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
                                                       const WordPieceTokenizer& tokenizer,
                                                       int max_seq_len,
-                                                      std::vector<std::string>& label_names);
+                                                      std::vector<std::string>& label_names,
+                                                      const EncoderDataFlags& fields = {});
 
 // Writes a little-endian .npy (format version 1.0) holding a C-order array of `shape`.
 absl::Status WriteNpyFloat(const std::string& path, const std::vector<float>& data,

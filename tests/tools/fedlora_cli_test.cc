@@ -301,6 +301,42 @@ TEST_F(FedloraCli, EvalUsesWhatTheAdapterRecordsAndRefusesToGuessLabels) {
   EXPECT_TRUE(fs::exists(dir_ + "/notes/keep.txt"));
 }
 
+// Data whose fields are not "text" and "label": the encoder commands read them by name, as a run
+// config's task.text_field and task.label_field do.
+TEST_F(FedloraCli, EncoderCommandsReadTheFieldsTheyAreTold) {
+  for (const char* name : {"train", "test"}) {
+    std::string text = ReadFileToString(dir_ + "/" + name + ".jsonl").value();
+    text = std::regex_replace(text, std::regex("\"text\":"), "\"sentence\":");
+    text = std::regex_replace(text, std::regex("\"label\":"), "\"y\":");
+    ASSERT_TRUE(WriteFileAtomically(dir_ + "/" + name + "_renamed.jsonl", text).ok());
+  }
+  const std::vector<std::string> fields = {"--text-field", "sentence", "--label-field", "y"};
+  auto with = [&](std::vector<std::string> args, bool named) {
+    if (named) args.insert(args.end(), fields.begin(), fields.end());
+    return Run(args);
+  };
+  const std::vector<std::string> train = {"train", "--model", dir_ + "/model", "--train", dir_ + "/train_renamed.jsonl",
+                                          "--out", dir_ + "/run", "--epochs", "1", "--threads", "1",
+                                          "--max-seq-len", "32"};
+  Result unnamed = with(train, false);
+  EXPECT_EQ(unnamed.exit_code, 1);
+  EXPECT_THAT(unnamed.err, HasSubstr("text"));
+  Result trained = with(train, true);
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  Result eval = with({"eval", "--model", dir_ + "/model", "--adapter", dir_ + "/run", "--data",
+                      dir_ + "/test_renamed.jsonl", "--threads", "1"}, true);
+  ASSERT_EQ(eval.exit_code, 0) << eval.err;
+  EXPECT_THAT(eval.out, HasSubstr("\"count\":32"));
+  Result embed = with({"embed", "--model", dir_ + "/model", "--data", dir_ + "/test_renamed.jsonl", "--out",
+                       dir_ + "/e.npy", "--labels-out", dir_ + "/l.npy", "--threads", "1"}, true);
+  EXPECT_EQ(embed.exit_code, 0) << embed.err;
+  EXPECT_TRUE(fs::exists(dir_ + "/l.npy"));
+  Result empty = Run({"embed", "--model", dir_ + "/model", "--data", dir_ + "/test.jsonl", "--out",
+                      dir_ + "/e.npy", "--text-field", ""});
+  EXPECT_EQ(empty.exit_code, 2);
+  EXPECT_THAT(empty.err, HasSubstr("must not be empty"));
+}
+
 TEST_F(FedloraCli, EmbedWritesNpy) {
   const std::string npy = dir_ + "/emb.npy", labels = dir_ + "/labels.npy";
   Result r = Run({"embed", "--model", dir_ + "/model", "--data", dir_ + "/test.jsonl", "--out", npy,
