@@ -54,7 +54,7 @@ echo "== centralized: $CENTRAL_STEPS steps of $BATCH on the pooled data (same ex
 "$FEDLORA" train --model models/all-MiniLM-L6-v2 --train data/fortunes/train.jsonl \
   --eval data/fortunes/test.jsonl --out "$OUT_DIR/central" --max-steps "$CENTRAL_STEPS" \
   --batch-size "$BATCH" --lr "$CENTRAL_LR" --max-seq-len "$SEQ" --seed "$SEED" --schedule "$SCHEDULE" \
-  --weight-decay 0 --warmup-steps 0 --rank 8 --alpha 16 --targets query,value --progress=false >/dev/null
+  --weight-decay 0 --warmup-steps 0 --rank 8 --alpha 16 --targets query,value --no-progress >/dev/null
 
 "$PYTHON" - "$OUT_DIR" "$CONFIG" "$CENTRAL_LR" <<'EOF'
 import json, sys

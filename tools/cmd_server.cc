@@ -414,6 +414,7 @@ int RunServer(int argc, char** argv) {
   flags.AddBool("insecure", &f.insecure, "serve plaintext without TLS: loopback addresses only (server.insecure)");
   flags.AddInt("linger-seconds", &f.linger_seconds, "keep serving this long after the run finished");
   flags.AddInt("rounds", &f.rounds, "rounds to run (overrides the config's rounds)");
+  flags.SetDefaultText("rounds", "the config's");
   flags.AddString("out", &f.out,
                   "when the run finishes, write its final adapter to OUT/adapter (PEFT's files with the labels, "
                   "max_seq_len and prompt settings)");

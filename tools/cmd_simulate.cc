@@ -150,6 +150,9 @@ int RunSimulate(int argc, char** argv) {
                "partition by label shards (LABEL_SHARDS), this many labels per client");
   flags.AddFloat("max-seconds", &f.max_seconds, "give up when the run takes longer (0: no limit)");
   flags.AddBool("progress", &f.progress, "show a progress line on stderr");
+  for (const char* name : {"rounds", "clients", "seed", "parallelism", "crash-probability"}) {
+    flags.SetDefaultText(name, "the config's");
+  }
   flags.AddString("device", &f.device,
                   "cpu, cuda or auto (the GPU when one is usable): where the virtual clients and the evaluation "
                   "compute and the server sums; a run that needs the CPU (INT8 precision) "

@@ -123,6 +123,10 @@ void FlagSet::AddChoice(const std::string& name, std::string* out, std::vector<s
        }});
 }
 
+void FlagSet::SetDefaultText(const std::string& name, std::string text) {
+  if (Flag* f = Find(name)) f->default_text = std::move(text);
+}
+
 bool FlagSet::Has(const std::string& name) const {
   for (const Flag& f : flags_) {
     if (f.name == name) return true;
@@ -153,7 +157,7 @@ absl::Status FlagSet::Parse(int argc, char** argv) {
       help_requested_ = true;
       continue;
     }
-    // Accept "--name" and "-name", then split off "=value".
+    // Accept "--name" and "-name", then split off "=value"; messages name the flag as typed.
     std::string body = arg.substr(arg.rfind("--", 0) == 0 ? 2 : 1);
     std::string value;
     bool has_value = false;
@@ -162,21 +166,31 @@ absl::Status FlagSet::Parse(int argc, char** argv) {
       body = body.substr(0, eq);
       has_value = true;
     }
+    const std::string typed = arg.substr(0, arg.find('='));
     Flag* flag = Find(body);
+    if (flag == nullptr && body == "v" && Has("verbose")) flag = Find("verbose");
+    bool negated = false;
+    if (flag == nullptr && body.rfind("no-", 0) == 0) {
+      if (Flag* b = Find(body.substr(3)); b != nullptr && b->is_bool) {
+        if (has_value) return absl::InvalidArgumentError(absl::StrCat(typed, " takes no value"));
+        flag = b;
+        negated = true;
+      }
+    }
     if (flag == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", body, " for '", command_,
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", typed, " for '", command_,
                                                      "' (see '", command_, " --help')"));
     }
     if (flag->set)
-      return absl::InvalidArgumentError(absl::StrCat("--", body, " given more than once"));
+      return absl::InvalidArgumentError(absl::StrCat("--", flag->name, " given more than once"));
     if (!has_value) {
       if (flag->is_bool) {
-        value = "true";
+        value = negated ? "false" : "true";
       } else if (i + 1 < argc) {
         value = argv[++i];
       } else {
         return absl::InvalidArgumentError(
-            absl::StrCat("--", body, " needs a ", flag->type, " value"));
+            absl::StrCat(typed, " needs a ", flag->type, " value"));
       }
     }
     if (absl::Status s = flag->parse(value); !s.ok()) return s;
@@ -195,8 +209,8 @@ absl::Status FlagSet::Parse(int argc, char** argv) {
 std::string FlagSet::Help() const {
   std::string out = absl::StrCat("usage: ", command_, " [flags]\n", summary_, "\n\nflags:\n");
   for (const Flag& f : flags_) {
-    std::string left =
-        absl::StrCat("  --", f.name, f.is_bool ? "" : absl::StrCat(" <", f.type, ">"));
+    std::string left = f.is_bool ? absl::StrCat("  --[no-]", f.name) : absl::StrCat("  --", f.name, " <", f.type, ">");
+    if (f.name == "verbose") left = "  -v, --[no-]verbose";
     absl::StrAppend(&out, absl::StrFormat("%-28s %s", left, f.help));
     if (f.required) {
       absl::StrAppend(&out, " (required)");

@@ -12,9 +12,10 @@
 // other subcommand's flags, and `fedlora eval --epochs 3` would pass silently. A FlagSet holds
 // only its own command's flags, rejects anything else by name, and prints its own help.
 //
-// Syntax: `--name value` or `--name=value`; booleans also as bare `--name` (true) or
-// `--name=false`. `-h`/`--help` requests help. `--` ends flags. Anything else not starting with
-// `-` is a positional argument. Values are checked in full ("12x" is not an integer) and against
+// Syntax: `--name value` or `--name=value`; booleans also as bare `--name` (true), `--no-name`
+// (false) or `--name=false`. `-h`/`--help` requests help; `-v` is `--verbose` where a command has
+// it. `--` ends flags. Anything else not starting with `-` is a positional argument. Errors name a
+// flag as it was typed. Values are checked in full ("12x" is not an integer) and against
 // the type's range; a choice's value in any case. Not thread-safe; one FlagSet per parse.
 #pragma once
 
@@ -40,6 +41,9 @@ class FlagSet {
   void AddUint(const std::string& name, uint64_t* out, const std::string& help);
   void AddFloat(const std::string& name, float* out, const std::string& help);
   void AddBool(const std::string& name, bool* out, const std::string& help);
+  // Shows `text` as --name's default in help instead of its initial value: for a sentinel such as
+  // -1 meaning "the config's".
+  void SetDefaultText(const std::string& name, std::string text);
   // A value from `choices` (lowercase), matched in any case as the run config's enum values are, and
   // stored as spelt in `choices` ("--optimizer ADAMW" -> "adamw"). Anything else is refused with
   // the valid values and the nearest one.

@@ -439,7 +439,7 @@ TEST_F(FedloraCli, HelpExitsZero) {
   EXPECT_EQ(train.exit_code, 0);
   EXPECT_THAT(train.out, HasSubstr("usage: fedlora train [flags]"));
   EXPECT_THAT(train.out, HasSubstr("--targets"));
-  for (const char* flag : {"--log-level", "--verbose", "--log-format", "--log-file"}) {
+  for (const char* flag : {"--log-level", "-v, --[no-]verbose", "--log-format", "--log-file"}) {
     EXPECT_THAT(train.out, HasSubstr(flag));
   }
   Result simulate = Run({"simulate", "--help"});

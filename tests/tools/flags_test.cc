@@ -105,7 +105,41 @@ TEST(FlagSet, HelpSkipsRequiredChecksAndListsFlags) {
   EXPECT_THAT(help, HasSubstr("--model <string>"));
   EXPECT_THAT(help, HasSubstr("(required)"));
   EXPECT_THAT(help, HasSubstr("(default: 0.0005)"));
-  EXPECT_THAT(help, HasSubstr("--bf16 "));
+  EXPECT_THAT(help, HasSubstr("--[no-]bf16 "));
+}
+
+// The conventions of common command-line tools: --no-X for a boolean, -v for --verbose, errors
+// naming the flag as it was typed, and a sentinel default shown as what it means.
+TEST(FlagSet, FollowsCommonConventions) {
+  Fixture f;
+  bool progress = true, verbose = false;
+  int64_t rounds = -1;
+  f.flags.AddBool("progress", &progress, "progress line");
+  f.flags.AddBool("verbose", &verbose, "debug lines");
+  f.flags.AddInt("rounds", &rounds, "rounds");
+  f.flags.SetDefaultText("rounds", "the config's");
+  ASSERT_TRUE(f.Parse({"--model", "m", "--no-progress", "-v"}).ok());
+  EXPECT_FALSE(progress);
+  EXPECT_TRUE(verbose);
+  const std::string help = f.flags.Help();
+  EXPECT_THAT(help, HasSubstr("-v, --[no-]verbose"));
+  EXPECT_THAT(help, HasSubstr("(default: the config's)"));
+  EXPECT_THAT(help, ::testing::Not(HasSubstr("(default: -1)")));
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"--model", "m", "-x"}, "unknown flag -x for"},
+      {{"--model", "m", "--no-model"}, "unknown flag --no-model"},  // not a boolean
+      {{"--model", "m", "--no-progress=true"}, "--no-progress takes no value"},
+      {{"--model", "m", "--progress", "--no-progress"}, "--progress given more than once"},
+      {{"--model", "m", "-lr"}, "-lr needs a float value"},
+  };
+  for (const auto& [args, message] : refused) {
+    Fixture g;
+    bool p = true;
+    g.flags.AddBool("progress", &p, "progress line");
+    const absl::Status s = g.Parse(args);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(message));
+  }
 }
 
 // Choices are matched in any case, as the run config's enum values are ("--optimizer ADAMW" and
