@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +49,7 @@
 #include "kernels/backend.h"
 #include "model/bert.h"
 #include "model/decoder_config.h"
+#include "model/sampling.h"
 #include "model/frozen.h"
 #include "model/param.h"
 
@@ -172,6 +174,9 @@ class CausalLm {
     int max_new_tokens = 64;
     std::vector<int32_t> stop_ids;  // generation ends after emitting one of these
     bool use_cache = true;          // false recomputes the whole sequence each step (tests)
+    SamplingOptions sampling;       // default: greedy
+    // Called with each token as it is chosen (streaming); may be empty.
+    std::function<void(int32_t)> on_token;
   };
 
   static absl::StatusOr<std::unique_ptr<CausalLm>> Load(const std::string& path, const DecoderOptions& options);

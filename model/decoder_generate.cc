@@ -1,4 +1,4 @@
-// CausalLm::Generate: greedy decoding, on the model's backend (CPU or CUDA). With the KV cache,
+// CausalLm::Generate: greedy or sampled decoding (model/sampling.h), on the model's backend (CPU or CUDA). With the KV cache,
 // the prompt runs once through the training forward (eval mode) and each new token through a
 // one-row step that attends to the cached keys and values (kernels/decode_attention.h); without
 // it, every step reruns the whole sequence (the reference the cache is tested against). The cache
@@ -36,26 +36,29 @@ absl::StatusOr<std::vector<int32_t>> CausalLm::Generate(const std::vector<int32_
       return absl::InvalidArgumentError(absl::StrCat("Generate: prompt token ", id, " outside the vocabulary"));
     }
   }
+  FEDLORA_RETURN_IF_ERROR_CTX(CheckSamplingOptions(go.sampling), "Generate");
+  Rng rng(go.sampling.seed);
   std::vector<int32_t> seq = prompt, out;
   if (go.max_new_tokens == 0) return out;
   FEDLORA_RETURN_IF_ERROR(im.dev_params.ToDevice(/*grads=*/false));
   const int64_t h = c.hidden_size, V = c.vocab_size, kvd = c.kv_dim();
   const float eps = static_cast<float>(c.rms_norm_eps);
   std::vector<float> logits(static_cast<size_t>(V));
-  // The greedy token after a final-normed row `row` (on the device): its logits into head_logits,
-  // down to the host, and the first maximum.
+  // The token after a final-normed row `row` (on the device): its logits into head_logits, down to
+  // the host, and the choice among them.
   auto next_token = [&](const float* row) -> absl::StatusOr<int32_t> {
     FEDLORA_RETURN_IF_ERROR(kernels::LinearForward(im.ctx, {.rows = 1, .in_features = h, .out_features = V,
                                                             .x = row, .w = im.dev_head, .y = im.head_logits.data(),
                                                             .workspace = im.workspace,
                                                             .workspace_bytes = im.workspace_bytes}));
     FEDLORA_RETURN_IF_ERROR(im.backend->Download(logits.data(), im.head_logits.data(), V * sizeof(float)));
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    return SampleToken(logits, go.sampling, rng);
   };
   // Emits `tok`; true when it is a stop token.
   auto emit = [&](int32_t tok) {
     out.push_back(tok);
     seq.push_back(tok);
+    if (go.on_token) go.on_token(tok);
     return std::find(go.stop_ids.begin(), go.stop_ids.end(), tok) != go.stop_ids.end();
   };
 

@@ -1,4 +1,6 @@
-// fedlora generate: greedy completions of a decoder (optionally with a LoRA adapter) for prompts.
+// fedlora generate: completions of a decoder (optionally with a LoRA adapter) for prompts: greedy, or
+// sampled (--temperature, --top-k, --top-p, --seed; model/sampling.h), printed at the end or as
+// they come (--stream); --prompt - and --prompts - read stdin.
 //
 //   fedlora generate --model models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf
 //       --prompt "What is the capital of France?" [--adapter runs/x/adapter] [--max-new-tokens 64]
@@ -13,6 +15,8 @@
 #include <fstream>
 #include <iostream>
 #include <filesystem>
+#include <random>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -21,8 +25,10 @@
 #include "core/status.h"
 #include "kernels/context.h"
 #include "model/decoder.h"
+#include "core/logging.h"
 #include "model/decoder_tokenizer.h"
 #include "model/peft.h"
+#include "model/sampling.h"
 #include "tools/common.h"
 
 namespace fedlora::tools {
@@ -31,6 +37,9 @@ namespace {
 struct GenerateFlags {
   std::string model, adapter, prompt, prompts, chat_template, system;
   bool raw = false;
+  bool stream = false;
+  SamplingOptions sampling;
+  bool seed_given = false;
   int max_new_tokens = 64;
   int threads = 0;
   std::string device = "cpu";  // --device: cpu, cuda, auto
@@ -74,10 +83,17 @@ absl::Status Generate(GenerateFlags f) {
     return absl::InvalidArgumentError(absl::StrCat(
         f.model, " has no chat template: pass --chat-template chatml|smollm2|qwen2|llama3, or --raw"));
   }
-  // The prompts, as token ids.
+  // The prompts, as token ids ("-": from stdin).
   std::vector<std::vector<ChatMessage>> conversations;
+  if (f.prompt == "-") {
+    f.prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    while (!f.prompt.empty() && (f.prompt.back() == '\n' || f.prompt.back() == '\r')) f.prompt.pop_back();
+    if (f.prompt.empty()) return absl::InvalidArgumentError("--prompt -: stdin held no prompt");
+  }
   if (!f.prompts.empty()) {
-    std::ifstream in(f.prompts);
+    std::ifstream file;
+    if (f.prompts != "-") file.open(f.prompts);
+    std::istream& in = f.prompts == "-" ? std::cin : file;
     if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", f.prompts));
     std::string line;
     for (int n = 1; std::getline(in, line); ++n) {
@@ -119,11 +135,32 @@ absl::Status Generate(GenerateFlags f) {
   CausalLm::GenerateOptions g;
   g.max_new_tokens = f.max_new_tokens;
   g.stop_ids = tok.stop_ids();
+  g.sampling = f.sampling;
+  if (!g.sampling.greedy() && !f.seed_given) {
+    g.sampling.seed = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+    FEDLORA_LOG(INFO) << "sampling with --seed " << g.sampling.seed << " (pass it to repeat this output)";
+  }
+  // --stream: each token's text as soon as it is whole (a multi-byte character may take several).
+  std::vector<int32_t> so_far;
+  std::string printed;
+  if (f.stream) {
+    g.on_token = [&](int32_t t) {
+      if (std::find(g.stop_ids.begin(), g.stop_ids.end(), t) != g.stop_ids.end()) return;
+      so_far.push_back(t);
+      const std::string text = tok.tokenizer->Decode(so_far, /*skip_special=*/true);
+      if (text.starts_with(printed) && !text.ends_with("\xEF\xBF\xBD")) {
+        std::cout << text.substr(printed.size()) << std::flush;
+        printed = text;
+      }
+    };
+  }
   for (size_t i = 0; i < prompts.size(); ++i) {
     FEDLORA_ASSIGN_OR_RETURN(std::vector<int32_t> out, lm->Generate(prompts[i], g));
     if (!out.empty() && std::find(g.stop_ids.begin(), g.stop_ids.end(), out.back()) != g.stop_ids.end()) out.pop_back();
     const std::string completion = tok.tokenizer->Decode(out, /*skip_special=*/true);
-    if (f.prompts.empty()) {
+    if (f.stream) {
+      std::cout << (completion.starts_with(printed) ? completion.substr(printed.size()) : "") << "\n";
+    } else if (f.prompts.empty()) {
       std::cout << completion << "\n";
     } else {
       std::cout << nlohmann::json{{"prompt", texts[i]}, {"completion", completion}}.dump() << "\n";
@@ -137,16 +174,22 @@ absl::Status Generate(GenerateFlags f) {
 int RunGenerate(int argc, char** argv) {
   const std::string command = argv[0];
   GenerateFlags f;
-  FlagSet flags(command, "Greedy completions of a decoder (and a LoRA adapter) for prompts.");
+  FlagSet flags(command, "Completions of a decoder (and a LoRA adapter) for prompts: greedy, or sampled with --temperature.");
   flags.AddString("model", &f.model, "decoder: a .gguf file or a directory with config.json and safetensors", true);
   flags.AddString("adapter", &f.adapter, "PEFT LoRA adapter directory (from fedlora train or PEFT)");
-  flags.AddString("prompt", &f.prompt, "the user message");
-  flags.AddString("prompts", &f.prompts, "JSONL file of {\"prompt\": ...} or {\"messages\": [...]}");
+  flags.AddString("prompt", &f.prompt, "the user message (-: read it from stdin)");
+  flags.AddString("prompts", &f.prompts, "JSONL file of {\"prompt\": ...} or {\"messages\": [...]} (-: stdin)");
   flags.AddString("system", &f.system, "a system message before the prompt (default: the adapter's)");
   flags.AddString("chat-template", &f.chat_template,
                   "chatml, smollm2, qwen2 or llama3 instead of the model's (default: the adapter's)");
   flags.AddBool("raw", &f.raw, "send the prompt as plain text, without a chat template");
   flags.AddInt("max-new-tokens", &f.max_new_tokens, "tokens to generate at most");
+  flags.AddFloat("temperature", &f.sampling.temperature, "0: greedy; > 0: sample from softmax(logits / temperature)");
+  flags.AddInt("top-k", &f.sampling.top_k, "sampling: keep the k most likely tokens (0: all)");
+  flags.AddFloat("top-p", &f.sampling.top_p, "sampling: keep the fewest most likely tokens holding this probability");
+  flags.AddUint("seed", &f.sampling.seed, "sampling: the random stream (the same seed gives the same output)");
+  flags.SetDefaultText("seed", "random, logged");
+  flags.AddBool("stream", &f.stream, "print the completion as it is generated (with --prompt)");
   flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
   flags.AddString("device", &f.device, "cpu, cuda or auto (the GPU when one is usable)");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
@@ -155,6 +198,12 @@ int RunGenerate(int argc, char** argv) {
   f.chat_template_given = flags.WasSet("chat-template");
   if (f.prompt.empty() == f.prompts.empty()) return UsageError(command, "give exactly one of --prompt and --prompts");
   if (f.max_new_tokens < 1 || f.max_new_tokens > 32768) return UsageError(command, "--max-new-tokens must be in [1, 32768]");
+  f.seed_given = flags.WasSet("seed");
+  if (absl::Status s = CheckSamplingOptions(f.sampling); !s.ok()) return UsageError(command, std::string(s.message()));
+  if (f.sampling.greedy() && (flags.WasSet("top-k") || flags.WasSet("top-p") || f.seed_given)) {
+    return UsageError(command, "--top-k, --top-p and --seed shape sampling: give --temperature > 0 with them");
+  }
+  if (f.stream && !f.prompts.empty()) return UsageError(command, "--stream goes with --prompt, not --prompts");
   if (f.threads < 0) return UsageError(command, "--threads must be >= 0");
   if (absl::Status s = Generate(f); !s.ok()) return Fail(command, s);
   return kExitOk;

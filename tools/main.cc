@@ -29,7 +29,7 @@ constexpr Subcommand kSubcommands[] = {
     {"train", "fine-tune LoRA adapters of a model centrally on one dataset", RunTrain},
     {"eval", "evaluate a model with an adapter on a labelled dataset", RunEval},
     {"embed", "write the frozen model's pooled sentence embeddings of a dataset", RunEmbed},
-    {"generate", "greedy completions of a decoder LLM (and a LoRA adapter) for prompts", RunGenerate},
+    {"generate", "completions of a decoder LLM (and a LoRA adapter): greedy or sampled, streamed", RunGenerate},
     {"simulate", "run a whole federation (server + virtual clients) on this machine", RunSimulate},
     {"server", "run the aggregation server for a run config", RunServer, PrepareServerSignals},
     {"client", "join a federation and train LoRA adapters on local data", RunClient},

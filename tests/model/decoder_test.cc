@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
+#include <set>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -220,6 +221,41 @@ TEST(CausalLm, GreedyDecodingWithTheCacheEqualsDecodingWithout) {
     g.max_new_tokens = 18;  // 3 + 18 > max_seq 20
     EXPECT_EQ(lm->Generate({5, 17, 3}, g).status().code(), absl::StatusCode::kInvalidArgument);
   }
+}
+
+// Sampling: the same seed gives the same tokens, each streamed as it is chosen; top_k 1 is greedy
+// whatever the temperature; seeds differ, outputs differ.
+TEST(CausalLm, SampledDecodingIsSeededAndStreamed) {
+  DecoderOptions o = Opts();
+  o.max_seq = 20;
+  auto lm = Make(o, Tiny());
+  CausalLm::GenerateOptions g;
+  g.max_new_tokens = 12;
+  auto greedy = lm->Generate({5, 17, 3}, g);
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  g.sampling = {.temperature = 1.5f, .seed = 9};
+  std::vector<int32_t> streamed;
+  g.on_token = [&](int32_t t) { streamed.push_back(t); };
+  auto a = lm->Generate({5, 17, 3}, g);
+  g.on_token = nullptr;
+  auto b = lm->Generate({5, 17, 3}, g);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, *b);
+  EXPECT_EQ(streamed, *a);
+  std::set<std::vector<int32_t>> outputs;
+  for (uint64_t seed = 0; seed < 8; ++seed) {
+    g.sampling.seed = seed;
+    auto s = lm->Generate({5, 17, 3}, g);
+    ASSERT_TRUE(s.ok());
+    outputs.insert(*s);
+  }
+  EXPECT_GE(outputs.size(), 2u);  // a random tiny model is far from certain of its next token
+  g.sampling.top_k = 1;
+  auto top1 = lm->Generate({5, 17, 3}, g);
+  ASSERT_TRUE(top1.ok());
+  EXPECT_EQ(*top1, *greedy);
+  g.sampling = {.temperature = -1};
+  EXPECT_EQ(lm->Generate({5, 17, 3}, g).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CausalLm, RefusesMalformedBatches) {

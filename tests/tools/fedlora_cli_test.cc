@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -670,6 +671,34 @@ TEST_F(FedloraGenerate, AnswersAFactualQuestion) {
   Result r = Run("--prompt 'What is the capital of France?' --max-new-tokens 16 --threads 2");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("Paris")) << r.out;
+}
+
+// Sampling is seeded (the same seed, the same text; the seed is logged when not given), --stream
+// prints what greedy decoding prints, and --prompt - reads the prompt from stdin.
+TEST_F(FedloraGenerate, SamplesStreamsAndReadsStdin) {
+  const std::string q = "--prompt 'Name a colour.' --max-new-tokens 12 --threads 2";
+  Result a = Run(q + " --temperature 0.9 --top-p 0.95 --seed 7");
+  Result b = Run(q + " --temperature 0.9 --top-p 0.95 --seed 7");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  std::set<std::string> seen;
+  for (int seed = 0; seed < 4; ++seed) seen.insert(Run(q + " --temperature 1.5 --seed " + std::to_string(seed)).out);
+  EXPECT_GE(seen.size(), 2u);
+  Result unseeded = Run(q + " --temperature 0.9");
+  EXPECT_THAT(unseeded.err, HasSubstr("sampling with --seed "));
+  Result greedy = Run(q);
+  Result streamed = Run(q + " --stream");
+  ASSERT_EQ(streamed.exit_code, 0) << streamed.err;
+  EXPECT_EQ(streamed.out, greedy.out);
+  const std::string in = (fs::temp_directory_path() / ("fedlora_gen_stdin_" + std::to_string(getpid()))).string();
+  std::ofstream(in) << "Name a colour.\n";
+  Result from_stdin = RunCommand("generate --model " + Quote(model_) + " --prompt - --max-new-tokens 12 --threads 2 < " +
+                                 Quote(in));
+  fs::remove(in);
+  EXPECT_EQ(from_stdin.exit_code, 0) << from_stdin.err;
+  EXPECT_EQ(from_stdin.out, greedy.out);
+  EXPECT_EQ(Run(q + " --top-k 5").exit_code, 2);  // sampling settings without a temperature
+  EXPECT_EQ(Run(q + " --temperature -1").exit_code, 2);
 }
 
 TEST_F(FedloraGenerate, ReadsAndWritesJsonLines) {
