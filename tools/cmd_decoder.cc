@@ -101,7 +101,7 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
   int64_t trainable = 0, train_tokens = 0;
   for (const Param& p : lm->trainable_params()) trainable += p.numel();
   for (const LmExample& e : train.examples) train_tokens += e.targets();
-  std::fprintf(stderr,
+  FEDLORA_SAY(
                "fedlora train: decoder %s (%s), %lld train / %lld eval conversations, %lld response "
                "tokens, %lld trainable params, %d threads\n",
                f.model.c_str(), lm->base()->storage_summary().c_str(),
@@ -123,7 +123,7 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
       if (r.eval.has_exact_match)
         absl::StrAppend(&line, absl::StrFormat(" exact match %.4f", r.eval.exact_match));
     }
-    std::fprintf(stderr, "%s\n", line.c_str());
+    FEDLORA_SAY("%s", line);
     std::cout << r.ToJson() << std::endl;
   };
   FEDLORA_RETURN_IF_ERROR(trainer.Train(train, eval.size() > 0 ? &eval : nullptr, eval_options));
@@ -167,7 +167,7 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
     metrics["final_eval"] = LmMetricsJson(trainer.history().back().eval);
   }
   FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(f.out_dir + "/metrics.json", metrics.dump(2) + "\n"));
-  std::fprintf(stderr, "fedlora train: adapter written to %s\n", f.out_dir.c_str());
+  FEDLORA_SAY("fedlora train: adapter written to %s\n", f.out_dir.c_str());
   return absl::OkStatus();
 }
 

@@ -70,7 +70,7 @@ absl::Status Simulate(const SimulateFlags& f) {
     v1::SelectionConfig* sel = config.mutable_selection();
     // Fewer clients than a round needs could never fill one: shrink the round to fit.
     if (sel->clients_per_round() > n) {
-      std::fprintf(stderr, "fedlora simulate: clients_per_round %u -> %u to fit --clients\n", sel->clients_per_round(), n);
+      FEDLORA_SAY("fedlora simulate: clients_per_round %u -> %u to fit --clients\n", sel->clients_per_round(), n);
       sel->set_clients_per_round(n);
     }
     if (sel->min_clients() > sel->clients_per_round()) sel->set_min_clients(sel->clients_per_round());
@@ -101,7 +101,7 @@ absl::Status Simulate(const SimulateFlags& f) {
   FEDLORA_ASSIGN_OR_RETURN(options.device, DeviceForRun(f.device, resolved, CpuOnlyWork(config)));
   absl::StatusOr<sim::SimResult> run = sim::RunSimulation(config, options);
   if (!run.ok()) {
-    if (!log_path.empty()) std::fprintf(stderr, "fedlora simulate: the log is in %s\n", log_path.c_str());
+    if (!log_path.empty()) FEDLORA_SAY("fedlora simulate: the log is in %s\n", log_path.c_str());
     return run.status();
   }
   const sim::SimResult& result = *run;
@@ -111,14 +111,14 @@ absl::Status Simulate(const SimulateFlags& f) {
     const sim::RoundRecord &first = result.rounds.front(), &last = result.rounds.back();
     // A decoder run without exact match has perplexity only.
     const bool perplexity = !std::isfinite(last.eval_accuracy) && std::isfinite(last.eval_perplexity);
-    std::fprintf(stderr,
+    FEDLORA_SAY(
                  "fedlora simulate: %s %.4f after %d rounds (untuned %.4f), %.1f s; reports in %s "
                  "(rounds.jsonl, rounds.csv, rounds.svg, summary.json), adapter in %s/adapter%s%s\n",
                  perplexity ? "perplexity" : "accuracy", perplexity ? last.eval_perplexity : last.eval_accuracy,
                  last.round, perplexity ? first.eval_perplexity : first.eval_accuracy, result.seconds,
                  f.out_dir.c_str(), f.out_dir.c_str(), log_path.empty() ? "" : ", log in ", log_path.c_str());
     if (std::isfinite(last.dp_epsilon)) {
-      std::fprintf(stderr, "fedlora simulate: differential privacy: epsilon %.4f at delta %g after %d rounds\n",
+      FEDLORA_SAY("fedlora simulate: differential privacy: epsilon %.4f at delta %g after %d rounds\n",
                    last.dp_epsilon, config.privacy().dp().target_delta(), last.round);
     }
   }
@@ -161,6 +161,8 @@ int RunSimulate(int argc, char** argv) {
                 "serve the federation over mutual TLS with a development PKI made for the run in <out>/pki");
   if (auto code = ParseFlagsOrExit(flags, argc, argv, &f.log)) return *code;
   if (!flags.positional().empty()) return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
+  // A json log holds json only: the redrawn progress line is off unless asked for.
+  if (GetLogFormat() == LogFormat::kJson && !flags.WasSet("progress")) f.progress = false;
   if (f.rounds != -1 && (f.rounds < 1 || f.rounds > 1'000'000)) return UsageError(command, "--rounds must be 1-1000000");
   if (f.clients == 0 || f.clients < -1) return UsageError(command, "--clients must be >= 1");
   if (f.seed < -1) return UsageError(command, "--seed must be >= 0");

@@ -138,7 +138,7 @@ absl::Status Train(TrainFlags f) {
 
   int64_t trainable = 0;
   for (const Param& p : model->trainable_params()) trainable += p.numel();
-  std::fprintf(stderr,
+  FEDLORA_SAY(
                "fedlora train: %lld train / %lld eval examples, %zu labels, %lld trainable params, "
                "%d threads, device %s\n",
                static_cast<long long>(train.size()), static_cast<long long>(eval.size()),
@@ -153,7 +153,7 @@ absl::Status Train(TrainFlags f) {
       absl::StrAppend(&line, absl::StrFormat(", eval loss %.4f accuracy %.4f macro-F1 %.4f",
                                              r.eval.loss, r.eval.accuracy, r.eval.macro_f1));
     }
-    std::fprintf(stderr, "%s\n", line.c_str());
+    FEDLORA_SAY("%s", line);
     std::cout << r.ToJson() << std::endl;
   };
   FEDLORA_RETURN_IF_ERROR(trainer.Train(train, eval.size() > 0 ? &eval : nullptr));
@@ -194,7 +194,7 @@ absl::Status Train(TrainFlags f) {
     metrics["final_eval"] = MetricsJson(trainer.history().back().eval);
   }
   FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(f.out_dir + "/metrics.json", metrics.dump(2) + "\n"));
-  std::fprintf(stderr, "fedlora train: adapter written to %s\n", f.out_dir.c_str());
+  FEDLORA_SAY("fedlora train: adapter written to %s\n", f.out_dir.c_str());
   return absl::OkStatus();
 }
 
@@ -276,6 +276,8 @@ int RunTrain(int argc, char** argv) {
                 "decoders: keep only each layer's input and recompute it in the backward (less "
                 "memory, one more forward)");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
+  // A json log holds json only: the redrawn progress line is off unless asked for.
+  if (GetLogFormat() == LogFormat::kJson && !flags.WasSet("progress")) f.train.progress = false;
   if (!flags.positional().empty())
     return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
   if (absl::Status s = f.train.Validate(); !s.ok())

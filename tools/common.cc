@@ -91,13 +91,23 @@ std::optional<int> ParseFlagsOrExit(FlagSet& flags, int argc, char** argv) {
   return std::nullopt;
 }
 
+void SayAt(const char* file, int line, LogLevel level, const std::string& text) {
+  std::string_view msg = text;
+  if (!msg.empty() && msg.back() == '\n') msg.remove_suffix(1);
+  if (GetLogFormat() == LogFormat::kJson) {
+    std::fputs(FormatLogLine(LogFormat::kJson, level, file, line, std::chrono::system_clock::now(), msg).c_str(), stderr);
+  } else {
+    std::fprintf(stderr, "%.*s\n", static_cast<int>(msg.size()), msg.data());
+  }
+}
+
 int Fail(const std::string& command, const absl::Status& status) {
-  std::fprintf(stderr, "%s: error: %s\n", command.c_str(), status.ToString().c_str());
+  SayAt(__FILE__, __LINE__, LogLevel::kError, absl::StrCat(command, ": error: ", status.ToString()));
   return kExitFailure;
 }
 
 int UsageError(const std::string& command, const std::string& message) {
-  std::fprintf(stderr, "%s: %s\n", command.c_str(), message.c_str());
+  SayAt(__FILE__, __LINE__, LogLevel::kError, absl::StrCat(command, ": ", message));
   return kExitUsage;
 }
 
@@ -133,8 +143,8 @@ namespace {
 
 void Note(const std::string& command, const std::string& flag, const std::string& given, const std::string& recorded,
           const std::string& adapter_dir) {
-  std::fprintf(stderr, "%s: %s %s differs from the adapter's %s (%s/%s): figures may differ from the run's\n",
-               command.c_str(), flag.c_str(), given.c_str(), recorded.c_str(), adapter_dir.c_str(), kAdapterMetadataFile);
+  FEDLORA_SAY("%s: %s %s differs from the adapter's %s (%s/%s): figures may differ from the run's", command, flag, given,
+              recorded, adapter_dir, kAdapterMetadataFile);
 }
 
 std::string Quoted(const std::string& s) { return nlohmann::json(s).dump(); }

@@ -10,6 +10,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/logging.h"
+#include "absl/strings/str_format.h"
 #include "fedlora/v1/config.pb.h"
 #include <nlohmann/json.hpp>
 #include "model/decoder_tokenizer.h"
@@ -35,6 +37,13 @@ struct LogFlags {
   std::string file;
 };
 void AddLogFlags(FlagSet& flags, LogFlags* log);
+
+// A line for the person at the terminal, on stderr: as written, or under --log-format json as one
+// log object (level, file, line, msg), so that a json log holds nothing but json. A trailing
+// newline is dropped. FEDLORA_SAY("...%d...", n) formats it (absl::StrFormat) and says where.
+void SayAt(const char* file, int line, LogLevel level, const std::string& text);
+#define FEDLORA_SAY(...) \
+  ::fedlora::tools::SayAt(__FILE__, __LINE__, ::fedlora::LogLevel::kInfo, ::absl::StrFormat(__VA_ARGS__))
 
 // The fields of an encoder's labelled data (JSONL keys, or CSV/TSV columns), as a run config's
 // task.text_field, pair_field and label_field name them: --text-field, --pair-field, --label-field.

@@ -338,6 +338,33 @@ TEST_F(FedloraCli, EncoderCommandsReadTheFieldsTheyAreTold) {
   EXPECT_THAT(empty.err, HasSubstr("must not be empty"));
 }
 
+// --log-format json: stderr holds JSON log objects only, the command's own lines and its error
+// included (no plain line, no progress line).
+TEST_F(FedloraCli, AJsonLogHoldsNothingButJson) {
+  auto expect_json_lines = [](const std::string& err, const std::string& want) {
+    std::istringstream lines(err);
+    std::string line, all_msgs;
+    int n = 0;
+    while (std::getline(lines, line)) {
+      auto j = ParseJson(line, "stderr");
+      ASSERT_TRUE(j.ok() && j->contains("level") && j->contains("msg")) << "not a log object: " << line;
+      all_msgs += (*j)["msg"].get<std::string>() + "\n";
+      ++n;
+    }
+    EXPECT_GT(n, 0);
+    EXPECT_THAT(all_msgs, HasSubstr(want));
+  };
+  Result train = Run({"train", "--model", dir_ + "/model", "--train", dir_ + "/train.jsonl", "--eval",
+                      dir_ + "/test.jsonl", "--out", dir_ + "/run", "--epochs", "1", "--threads", "1",
+                      "--max-seq-len", "32", "--log-format", "json"});
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  expect_json_lines(train.err, "fedlora train: adapter written to");
+  Result missing = Run({"train", "--model", dir_ + "/model", "--train", dir_ + "/none.jsonl", "--out", dir_ + "/o",
+                        "--log-format", "json"});
+  EXPECT_EQ(missing.exit_code, 1);
+  expect_json_lines(missing.err, "fedlora train: error: NOT_FOUND");
+}
+
 TEST_F(FedloraCli, EmbedWritesNpy) {
   const std::string npy = dir_ + "/emb.npy", labels = dir_ + "/labels.npy";
   Result r = Run({"embed", "--model", dir_ + "/model", "--data", dir_ + "/test.jsonl", "--out", npy,
