@@ -14,6 +14,7 @@
 #include "core/status.h"
 #include "core/strings.h"
 #include "crypto/certs.h"
+#include "crypto/chain_check.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_certificate_verifier.h"
 #include "grpcpp/security/tls_credentials_options.h"
@@ -57,6 +58,7 @@ absl::StatusOr<std::set<std::string>> LoadCrl(const std::string& crl_file, const
 
 struct ServerTls::State {
   std::string crl_file;  // empty: no CRL
+  std::string ca_file;
   std::string ca_pem;
   std::set<std::string> allowed;  // empty: everyone the CA signed
   std::atomic<int64_t> refused{0};
@@ -86,21 +88,32 @@ struct ServerTls::State {
     return absl::OkStatus();
   }
 
-  // Empty when the peer certificate may connect, else why not.
-  std::string Refusal(std::string_view peer_pem) {
-    if (peer_pem.empty()) return "the peer presented no certificate";
-    absl::StatusOr<CertificateInfo> info = ParseCertificate(peer_pem);
-    if (!info.ok()) return absl::StrCat("unreadable peer certificate: ", info.status().message());
+  // Empty when the peer may connect, else why not: its chain to the client CA and validity
+  // (OpenSSL's X509_verify_cert, as libssl's own check), then the CRL and the allow-list. The
+  // reason names the certificate (CN, issuer, serial).
+  std::string Refusal(std::string_view leaf_pem, std::string_view chain_pem) {
+    const ChainVerdict v = VerifyChain(leaf_pem, chain_pem, ca_pem, ChainPurpose::kTlsClient);
+    switch (v.problem) {
+      case ChainProblem::kNone:
+        break;
+      case ChainProblem::kNoCertificate:
+        return "the client presented no certificate";
+      case ChainProblem::kUnknownCa:
+        return absl::StrCat("client ", v.Describe(), " is not signed by the client CA (client_ca_file ", ca_file,
+                            "): its issuer is '", v.issuer_cn, "'",
+                            v.subject_cn == v.issuer_cn ? " (self-signed?)" : "");
+      default:
+        return absl::StrCat("client ", v.Describe(), " ", v.detail);
+    }
     MaybeReload(/*force=*/false).IgnoreError();  // logged; the previous CRL stays
     {
       absl::MutexLock lock(&mu);
-      if (revoked.count(info->serial_hex) != 0) {
-        return absl::StrCat("client certificate '", info->common_name, "' (serial ", info->serial_hex,
-                            ") is revoked by ", crl_file);
+      if (revoked.count(v.serial_hex) != 0) {
+        return absl::StrCat("client ", v.Describe(), " is revoked by ", crl_file);
       }
     }
-    if (!allowed.empty() && allowed.count(info->common_name) == 0) {
-      return absl::StrCat("client id '", info->common_name, "' is not on the allowed client list");
+    if (!allowed.empty() && allowed.count(v.subject_cn) == 0) {
+      return absl::StrCat("client ", v.Describe(), ": client id '", v.subject_cn, "' is not on the allowed client list");
     }
     return "";
   }
@@ -108,16 +121,19 @@ struct ServerTls::State {
 
 namespace {
 
-// Runs after the TLS stack verified the chain and validity; checks CRL and allow-list. gRPC owns
-// the verifier object; the state is shared with ServerTls.
+// The server's whole check of a client certificate (the TLS stack requests one but verifies
+// nothing itself): every refusal is counted and logged with its reason. gRPC owns the verifier
+// object; the state is shared with ServerTls.
 class CrlVerifier : public grpc::experimental::ExternalCertificateVerifier {
  public:
   explicit CrlVerifier(std::shared_ptr<ServerTls::State> state) : state_(std::move(state)) {}
 
   bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request, std::function<void(grpc::Status)>,
               grpc::Status* sync_status) override {
-    const grpc::string_ref pem = request->peer_cert();
-    const std::string refusal = state_->Refusal(std::string_view(pem.data(), pem.size()));
+    const grpc::string_ref leaf = request->peer_cert();
+    const grpc::string_ref chain = request->peer_cert_full_chain();
+    const std::string refusal =
+        state_->Refusal(std::string_view(leaf.data(), leaf.size()), std::string_view(chain.data(), chain.size()));
     if (refusal.empty()) {
       *sync_status = grpc::Status::OK;
     } else {
@@ -179,6 +195,7 @@ absl::StatusOr<std::shared_ptr<ServerTls>> ServerTls::Create(const ServerTlsFile
     state.allowed.insert(id);
   }
   state.crl_file = files.crl_file;
+  state.ca_file = files.client_ca_file;
   state.ca_pem = ca_pem;
   if (!files.crl_file.empty()) {
     absl::MutexLock lock(&state.mu);
@@ -192,7 +209,10 @@ absl::StatusOr<std::shared_ptr<ServerTls>> ServerTls::Create(const ServerTlsFile
   // Without these two calls the provider's certificates are not used at all.
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();
-  options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  // The TLS stack asks for a client certificate and checks that the client holds its key; the
+  // verifier checks the certificate itself (chain, validity, CRL, allow-list) so that every refusal,
+  // a missing certificate included, is counted and logged with its reason.
+  options.set_cert_request_type(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_BUT_DONT_VERIFY);
   options.set_certificate_verifier(grpc::experimental::ExternalCertificateVerifier::Create<CrlVerifier>(tls->state_));
   tls->credentials_ = grpc::experimental::TlsServerCredentials(options);
   if (tls->credentials_ == nullptr) return absl::InternalError("grpc::experimental::TlsServerCredentials failed");
