@@ -3,7 +3,10 @@
 // minutes of retries) with a classified error naming the certificate; the server counts and logs
 // each certificate it refuses (crypto_tls_test checks each reason). Loopback only; certificates
 // made per test with crypto/certs.h.
+#include <sys/wait.h>
+
 #include <chrono>
+#include <cstdio>
 #include <ctime>
 
 #include "core/file.h"
@@ -182,6 +185,43 @@ TEST_F(TlsErrorsTest, AValidSiteStillRunsAndNothingListeningIsStillRetried) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("gave up after 3 attempts"));
 }
+
+#ifdef FEDLORA_BINARY_PATH
+// Runs `command` with stderr merged; its exit code and output.
+std::pair<int, std::string> RunCommand(const std::string& command) {
+  FILE* f = popen((command + " 2>&1").c_str(), "r");
+  if (f == nullptr) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  const int status = pclose(f);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// The same errors through the `fedlora` command: `client`, `health` and `status`.
+TEST_F(TlsErrorsTest, TheCommandsSayWhatIsWrongAtOnce) {
+  const char* source = std::getenv("FEDLORA_SOURCE_DIR");
+  const std::string root = source != nullptr ? source : ".";
+  StartServer(true);
+  const std::string bin = FEDLORA_BINARY_PATH;
+  const std::string tls = " --server " + server_->address() + " --ca " + Path("other-ca.pem") + " --cert " +
+                          Path("site-a.pem") + " --key " + Path("site-a.key");
+  const auto start = std::chrono::steady_clock::now();
+  for (const std::string command : {bin + " health" + tls, bin + " status" + tls,
+                                    bin + " client --model " + root + "/models/all-MiniLM-L6-v2 --data " + root +
+                                        "/README.md" + tls}) {
+    auto [rc, out] = RunCommand(command);
+    EXPECT_NE(rc, 0) << command;
+    EXPECT_THAT(out, AllOf(HasSubstr("is not signed by "), HasSubstr(Path("other-ca.pem") + " (its issuer is 'run CA')"),
+                           Not(HasSubstr("0x")))) << command;
+  }
+  auto [rc, out] = RunCommand(bin + " health --server " + server_->address() + " --ca " + Path("ca.pem") + " --cert " +
+                              Path("site-a.pem") + " --key " + Path("revoked.key"));
+  EXPECT_NE(rc, 0);
+  EXPECT_THAT(out, AllOf(HasSubstr("does not match"), Not(HasSubstr("0x"))));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+#endif  // FEDLORA_BINARY_PATH
 
 }  // namespace
 }  // namespace fedlora
