@@ -28,6 +28,7 @@
 #include "core/status.h"
 #include "core/strings.h"
 #include "crypto/envelope.h"
+#include "crypto/grpc_log.h"
 #include "crypto/key_signature.h"
 #include "crypto/random.h"
 #include "crypto/sealed_update.h"
@@ -842,6 +843,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options, Cl
   if (trainer == nullptr) return absl::InvalidArgumentError("Client::Create: trainer is null");
   if (options.server_address.empty()) return absl::InvalidArgumentError("ClientOptions.server_address is empty");
   if (options.retry.max_attempts < 1) return absl::InvalidArgumentError("RetryPolicy.max_attempts must be >= 1");
+  crypto::RouteGrpcLogs();  // gRPC's lines in this log; the handshake failures the probe explains at DEBUG
   std::shared_ptr<grpc::ChannelCredentials> creds;
   std::optional<crypto::AggregationKeyTrust> key_trust;
   crypto::TlsProbeOptions probe;

@@ -15,6 +15,7 @@
 #include "core/strings.h"
 #include "crypto/certs.h"
 #include "crypto/chain_check.h"
+#include "crypto/grpc_log.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_certificate_verifier.h"
 #include "grpcpp/security/tls_credentials_options.h"
@@ -171,6 +172,7 @@ absl::Status CheckCa(const std::string& path, const std::string& pem, std::strin
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<ServerTls>> ServerTls::Create(const ServerTlsFiles& files) {
+  RouteGrpcLogs();
   FEDLORA_ASSIGN_OR_RETURN(std::string cert_pem, ReadNamedFile(files.cert_file, "cert_file"));
   FEDLORA_ASSIGN_OR_RETURN(std::string key_pem, ReadNamedFile(files.key_file, "key_file"));
   FEDLORA_ASSIGN_OR_RETURN(std::string ca_pem, ReadNamedFile(files.client_ca_file, "client_ca_file"));
@@ -235,6 +237,7 @@ size_t ServerTls::revoked_count() const {
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientChannelCredentials(const std::string& root_ca_file,
                                                                                    const std::string& cert_file,
                                                                                    const std::string& key_file) {
+  RouteGrpcLogs();
   FEDLORA_ASSIGN_OR_RETURN(std::string ca_pem, ReadNamedFile(root_ca_file, "root CA file"));
   FEDLORA_ASSIGN_OR_RETURN(std::string cert_pem, ReadNamedFile(cert_file, "client cert_file"));
   FEDLORA_ASSIGN_OR_RETURN(std::string key_pem, ReadNamedFile(key_file, "client key_file"));

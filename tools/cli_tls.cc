@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/file.h"
 #include "core/status.h"
+#include "crypto/grpc_log.h"
 #include "crypto/tls.h"
 #include "proto/address.h"
 
@@ -10,6 +11,7 @@ namespace fedlora::tools {
 
 absl::StatusOr<CliTls> CliTlsCredentials(const std::string& address, const std::string& ca, const std::string& cert,
                                          const std::string& key, bool insecure) {
+  crypto::RouteGrpcLogs();
   CliTls tls;
   tls.probe.address = address;
   if (ca.empty() && cert.empty() && key.empty()) {

@@ -3,13 +3,16 @@
 // minutes of retries) with a classified error naming the certificate; the server counts and logs
 // each certificate it refuses (crypto_tls_test checks each reason). Loopback only; certificates
 // made per test with crypto/certs.h.
+#include <fcntl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <ctime>
 
 #include "core/file.h"
+#include "core/logging.h"
 #include "crypto/certs.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -101,7 +104,21 @@ class TlsErrorsTest : public ::testing::Test {
 
 TEST_F(TlsErrorsTest, ASiteTrustingAnotherCaIsToldSoAtOnce) {
   StartServer(true);
+  // stderr to a file meanwhile: gRPC's own line for the failed handshake ("certificate verify
+  // failed") is not shown beside the error that explains it.
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  const int file = ::open(Path("stderr.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ::dup2(file, 2);
+  FEDLORA_LOG(WARNING) << "capture starts";
   const absl::Status s = RunFails(TlsClient("site-a", "other-ca"));
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  ::close(file);
+  const std::string stderr_text = ReadFileToString(Path("stderr.txt")).value_or("");
+  EXPECT_THAT(stderr_text, Not(HasSubstr("certificate verify failed")));
+  EXPECT_THAT(stderr_text, HasSubstr("capture starts"));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(std::string(s.message()),
               AllOf(HasSubstr("presented certificate 'localhost' (issuer 'run CA'"),
@@ -149,7 +166,12 @@ TEST_F(TlsErrorsTest, PlaintextAgainstTlsEitherWayIsNamedAtOnce) {
   server_.reset();
 
   StartServer(true);  // TLS server, plaintext client
+  ASSERT_TRUE(SetLogFile(Path("log.txt"), LogLevel::kError).ok());
   s = RunFails(testing::TestClientOptions(server_->address(), "site-a"));
+  ASSERT_TRUE(SetLogFile("").ok());
+  // The server's line says what happened, in fedlora's log (not gRPC's raw line on stderr).
+  EXPECT_THAT(ReadFileToString(Path("log.txt")).value_or(""),
+              HasSubstr("TLS handshake failed: the peer does not speak TLS (a plaintext client?)"));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("speaks TLS and this client plaintext"));
 }
