@@ -15,10 +15,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <thread>
 #include <cstring>
 #include <ctime>
 #include <string_view>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status.h"
@@ -29,6 +32,15 @@
 
 namespace fedlora::crypto {
 namespace {
+
+// Marks a verdict drawn from the server closing the connection, which a server shutting down also
+// does: ExplainConnectionFailure asks again before it believes one.
+constexpr char kClosedUrl[] = "fedlora.dev/crypto/tls-probe/closed";
+
+absl::Status Closed(absl::Status s) {
+  s.SetPayload(kClosedUrl, absl::Cord("1"));
+  return s;
+}
 
 using SslCtxPtr = OpenSslPtr<SSL_CTX, SSL_CTX_free>;
 using SslPtr = OpenSslPtr<SSL, SSL_free>;
@@ -243,11 +255,11 @@ absl::Status ServerAcceptsUs(SSL* ssl, const TlsProbeOptions& o) {
   const int reason = LastReason();
   if (IsAlert(reason)) return RefusedByAlert(reason, o);
   if (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK) return absl::OkStatus();  // silent, but not a refusal
-  return absl::PermissionDeniedError(absl::StrCat(
+  return Closed(absl::PermissionDeniedError(absl::StrCat(
       "the server at ", o.address, " closed the connection right after the TLS handshake: it refused ", Own(o),
       OwnCertificateHint(o),
       " (a server refuses a certificate not signed by its client CA, expired, revoked, or not on its list of "
-      "sites; its log names the reason)"));
+      "sites; its log names the reason)")));
 }
 
 absl::Status LoadIdentity(SSL_CTX* ctx, const TlsProbeOptions& o) {
@@ -316,7 +328,7 @@ absl::Status ProbeTls(const TlsProbeOptions& o) {
     if (reason == SSL_R_WRONG_VERSION_NUMBER || reason == SSL_R_PACKET_LENGTH_TOO_LONG ||
         reason == SSL_R_UNEXPECTED_EOF_WHILE_READING || reason == SSL_R_HTTP_REQUEST ||
         (error == SSL_ERROR_SYSCALL && (saved_errno == 0 || saved_errno == ECONNRESET || saved_errno == EPIPE))) {
-      return NotTls(o);
+      return Closed(NotTls(o));
     }
     const char* why = reason != 0 ? ERR_reason_error_string(ERR_PACK(ERR_LIB_SSL, 0, reason)) : nullptr;
     return absl::UnavailableError(absl::StrCat("TLS handshake with ", o.address, " failed: ",
@@ -329,6 +341,12 @@ absl::Status ProbeTls(const TlsProbeOptions& o) {
 absl::Status ExplainConnectionFailure(const absl::Status& failure, const TlsProbeOptions& options) {
   if (!absl::IsUnavailable(failure)) return failure;
   absl::Status probe = ProbeTls(options);
+  if (probe.GetPayload(kClosedUrl).has_value()) {
+    // Believed only when a second handshake a moment later ends the same way.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (ProbeTls(options).code() != probe.code()) return failure;
+    probe.ErasePayload(kClosedUrl);
+  }
   return absl::IsFailedPrecondition(probe) || absl::IsPermissionDenied(probe) ? probe : failure;
 }
 

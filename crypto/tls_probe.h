@@ -44,7 +44,9 @@ struct TlsProbeOptions {
 // pointers or library internals.
 absl::Status ProbeTls(const TlsProbeOptions& options);
 
-// `failure` unless it is Unavailable and ProbeTls finds a TLS reason for it; then that reason.
+// `failure` unless it is Unavailable and ProbeTls finds a TLS reason for it; then that reason. A
+// reason read from the server closing the connection (which a server shutting down does too) is
+// believed only when a second probe, 200 ms later, ends the same way.
 absl::Status ExplainConnectionFailure(const absl::Status& failure, const TlsProbeOptions& options);
 
 }  // namespace fedlora::crypto
