@@ -4,7 +4,14 @@
 // failure is classified with a message that says what to fix, within the probe's timeout.
 #include "crypto/tls_probe.h"
 
+#include <netinet/in.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <thread>
 #include <ctime>
 #include <memory>
 #include <string>
@@ -187,6 +194,73 @@ TEST_F(TlsProbeTest, AGrpcTlsStackThatRefusesItselfIsNamedToo) {
   EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("it refused --cert site.pem ('site-a', issuer 'other CA'"),
                                               HasSubstr("is issued by 'other CA', not by --ca ca.pem")));
   EXPECT_TRUE(Probe(As(site_, ca_)).ok());
+}
+
+// A TLS server that is not gRPC (a TLS-terminating proxy, say) checks the client certificate in
+// its TLS stack and sends an alert, which the probe reads out. One connection, on its own thread.
+class AlertingServer {
+ public:
+  AlertingServer(const PemPair& identity, const PemPair& ca) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    EXPECT_EQ(::bind(listener_, reinterpret_cast<sockaddr*>(&addr), len), 0);
+    EXPECT_EQ(::listen(listener_, 1), 0);
+    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    ctx_ = SSL_CTX_new(TLS_server_method());
+    auto read = [](const std::string& pem, bool key) -> void* {
+      BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
+      void* out = key ? static_cast<void*>(PEM_read_bio_PrivateKey(bio, nullptr, nullptr, nullptr))
+                      : static_cast<void*>(PEM_read_bio_X509(bio, nullptr, nullptr, nullptr));
+      BIO_free(bio);
+      return out;
+    };
+    X509* cert = static_cast<X509*>(read(identity.cert_pem, false));
+    EVP_PKEY* key = static_cast<EVP_PKEY*>(read(identity.key_pem, true));
+    X509* root = static_cast<X509*>(read(ca.cert_pem, false));
+    SSL_CTX_use_certificate(ctx_, cert);
+    SSL_CTX_use_PrivateKey(ctx_, key);
+    X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx_), root);
+    X509_free(cert);
+    EVP_PKEY_free(key);
+    X509_free(root);
+    SSL_CTX_set_verify(ctx_, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+    thread_ = std::thread([this] {
+      const int fd = ::accept(listener_, nullptr, nullptr);
+      if (fd < 0) return;
+      SSL* ssl = SSL_new(ctx_);
+      SSL_set_fd(ssl, fd);
+      SSL_accept(ssl);  // fails, sending the alert
+      SSL_free(ssl);
+      ::close(fd);
+    });
+  }
+  ~AlertingServer() {
+    thread_.join();
+    ::close(listener_);
+    SSL_CTX_free(ctx_);
+  }
+  int port() const { return port_; }
+
+ private:
+  int listener_ = -1;
+  int port_ = 0;
+  SSL_CTX* ctx_ = nullptr;
+  std::thread thread_;
+};
+
+TEST_F(TlsProbeTest, AnAlertFromTheServersTlsStackIsReadOut) {
+  AlertingServer server(server_, ca_);
+  TlsProbeOptions o = As(foreign_site_, ca_);
+  o.address = "127.0.0.1:" + std::to_string(server.port());
+  const absl::Status s = Probe(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("refused the TLS handshake with the alert 'unknown CA'"),
+                                              HasSubstr("it does not trust the CA that issued --cert site.pem"),
+                                              HasSubstr("is issued by 'other CA', not by --ca ca.pem")));
 }
 
 TEST_F(TlsProbeTest, PlaintextAndTlsMismatchesAreNamed) {
