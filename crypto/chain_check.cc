@@ -142,9 +142,13 @@ ChainVerdict VerifyChain(std::string_view leaf_pem, std::string_view chain_pem, 
   X509* cert = leaf.front().get();
   v.subject_cn = Cn(X509_get_subject_name(cert));
   v.issuer_cn = Cn(X509_get_issuer_name(cert));
-  if (absl::StatusOr<CertificateInfo> info = ParseCertificate(leaf_pem.empty() ? chain_pem : leaf_pem); info.ok()) {
-    v.serial_hex = info->serial_hex;
+  absl::StatusOr<CertificateInfo> info = ParseCertificate(leaf_pem.empty() ? chain_pem : leaf_pem);
+  if (!info.ok() || info->serial_hex.empty()) {  // the CRL check needs the serial: never pass without it
+    v.problem = ChainProblem::kUnreadable;
+    v.detail = "does not parse (its serial or validity is unreadable)";
+    return v;
   }
+  v.serial_hex = info->serial_hex;
   std::vector<X509Ptr> extra = ReadAll(chain_pem);
   std::vector<X509Ptr> cas = ReadAll(ca_pem);
   std::string ca_names;

@@ -125,9 +125,9 @@ namespace {
 // The server's whole check of a client certificate (the TLS stack requests one but verifies
 // nothing itself): every refusal is counted and logged with its reason. gRPC owns the verifier
 // object; the state is shared with ServerTls.
-class CrlVerifier : public grpc::experimental::ExternalCertificateVerifier {
+class ClientCertificateVerifier : public grpc::experimental::ExternalCertificateVerifier {
  public:
-  explicit CrlVerifier(std::shared_ptr<ServerTls::State> state) : state_(std::move(state)) {}
+  explicit ClientCertificateVerifier(std::shared_ptr<ServerTls::State> state) : state_(std::move(state)) {}
 
   bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request, std::function<void(grpc::Status)>,
               grpc::Status* sync_status) override {
@@ -215,7 +215,7 @@ absl::StatusOr<std::shared_ptr<ServerTls>> ServerTls::Create(const ServerTlsFile
   // verifier checks the certificate itself (chain, validity, CRL, allow-list) so that every refusal,
   // a missing certificate included, is counted and logged with its reason.
   options.set_cert_request_type(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_BUT_DONT_VERIFY);
-  options.set_certificate_verifier(grpc::experimental::ExternalCertificateVerifier::Create<CrlVerifier>(tls->state_));
+  options.set_certificate_verifier(grpc::experimental::ExternalCertificateVerifier::Create<ClientCertificateVerifier>(tls->state_));
   tls->credentials_ = grpc::experimental::TlsServerCredentials(options);
   if (tls->credentials_ == nullptr) return absl::InternalError("grpc::experimental::TlsServerCredentials failed");
   return tls;
