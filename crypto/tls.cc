@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <chrono>
+#include <map>
 #include <ctime>
 #include <set>
 #include <utility>
@@ -63,6 +65,30 @@ struct ServerTls::State {
   std::string ca_pem;
   std::set<std::string> allowed;  // empty: everyone the CA signed
   std::atomic<int64_t> refused{0};
+
+  // When each refusal reason was last logged as a WARNING: the same certificate refused again
+  // within a minute (a client retrying, its probe) is logged at DEBUG. Bounded: cleared at 1024.
+  absl::Mutex log_mu;
+  std::map<std::string, std::chrono::steady_clock::time_point> last_logged ABSL_GUARDED_BY(log_mu);
+
+  // Counts a refusal and logs it: a WARNING the first time in a minute, DEBUG after.
+  void Refused(const std::string& refusal) {
+    refused.fetch_add(1, std::memory_order_relaxed);
+    const auto now = std::chrono::steady_clock::now();
+    bool repeat = false;
+    {
+      absl::MutexLock lock(&log_mu);
+      if (last_logged.size() >= 1024) last_logged.clear();
+      auto [it, inserted] = last_logged.emplace(refusal, now);
+      repeat = !inserted && now - it->second < std::chrono::minutes(1);
+      if (!repeat) it->second = now;
+    }
+    if (repeat) {
+      FEDLORA_LOG(DEBUG) << "TLS handshake refused again: " << refusal;
+    } else {
+      FEDLORA_LOG(WARNING) << "TLS handshake refused: " << refusal;
+    }
+  }
 
   mutable absl::Mutex mu;
   std::set<std::string> revoked ABSL_GUARDED_BY(mu);
@@ -138,8 +164,7 @@ class ClientCertificateVerifier : public grpc::experimental::ExternalCertificate
     if (refusal.empty()) {
       *sync_status = grpc::Status::OK;
     } else {
-      state_->refused.fetch_add(1, std::memory_order_relaxed);
-      FEDLORA_LOG(WARNING) << "TLS handshake refused: " << refusal;
+      state_->Refused(refusal);
       *sync_status = grpc::Status(grpc::StatusCode::PERMISSION_DENIED, refusal);
     }
     return true;  // synchronous

@@ -10,9 +10,9 @@
 // The TLS stack asks for a client certificate and checks that the client holds its key; ServerTls
 // then checks the certificate itself: its chain to client_ca_file and validity (OpenSSL's
 // X509_verify_cert, as libssl would, crypto/chain_check.h), its serial against the CRL, its CN
-// against the allowed client ids. Each refusal is counted and logged once as a WARNING naming the
-// reason and the certificate's CN, issuer and serial (gRPC does not give the verifier the peer's
-// address). The caller's identity is the certificate's CN, seen by handlers as the AuthContext's
+// against the allowed client ids. Each refusal is counted and logged as a WARNING naming the reason
+// and the certificate's CN, issuer and serial (the same reason again within a minute at DEBUG; gRPC
+// does not give the verifier the peer's address). The caller's identity is the certificate's CN, seen by handlers as the AuthContext's
 // "x509_common_name" property. Thread-safe.
 #pragma once
 
@@ -57,7 +57,8 @@ class ServerTls {
   // Besides, each handshake stats crl_file and re-reads it when its mtime, size or inode changed.
   absl::Status ReloadCrl();
 
-  // Handshakes refused since Create for the client's certificate: none, not signed by the client
+  // Handshakes refused since Create for the client's certificate (each logged as a WARNING, the
+  // same reason again within a minute at DEBUG): none, not signed by the client
   // CA, expired or not yet valid, not usable as a client certificate, revoked, not on the list.
   // (A peer that does not speak TLS or cannot prove it holds its key is refused by the TLS stack
   // before any certificate check, and not counted.)

@@ -359,6 +359,10 @@ TEST_F(TlsTest, EveryRefusalIsCountedAndLoggedWithItsReasonAndTheCertificate) {
   EXPECT_EQ(tls_->refused_handshakes(), ++refused);
   ExpectServedAs("site-a", "site-a");
   EXPECT_EQ(tls_->refused_handshakes(), refused);
+  // The same certificate again within a minute (a client retrying): counted, not logged again.
+  ExpectRefused("expired");
+  ExpectRefused("expired");
+  EXPECT_EQ(tls_->refused_handshakes(), refused + 2);
   ASSERT_TRUE(SetLogFile("").ok());
 
   const std::string log = ReadFileToString(Path("log.txt")).value_or("");
