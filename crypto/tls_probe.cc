@@ -178,6 +178,9 @@ absl::Status RefusedByAlert(int reason, const TlsProbeOptions& o) {
   const int alert = reason - SSL_AD_REASON_OFFSET;
   const std::string said = absl::StrCat("the server at ", o.address, " refused the TLS handshake with the alert '",
                                         SSL_alert_desc_string_long(alert), "'");
+  if (o.cert_pem.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(said, ": it requires a client certificate (give --cert and --key)"));
+  }
   switch (alert) {
     case SSL_AD_UNKNOWN_CA:
       return absl::PermissionDeniedError(absl::StrCat(said, ": it does not trust the CA that issued ", Own(o),
@@ -255,6 +258,11 @@ absl::Status ServerAcceptsUs(SSL* ssl, const TlsProbeOptions& o) {
   const int reason = LastReason();
   if (IsAlert(reason)) return RefusedByAlert(reason, o);
   if (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK) return absl::OkStatus();  // silent, but not a refusal
+  if (o.cert_pem.empty()) {
+    return Closed(absl::PermissionDeniedError(absl::StrCat(
+        "the server at ", o.address, " closed the connection right after the TLS handshake: it requires a client "
+        "certificate (give --cert and --key)")));
+  }
   return Closed(absl::PermissionDeniedError(absl::StrCat(
       "the server at ", o.address, " closed the connection right after the TLS handshake: it refused ", Own(o),
       OwnCertificateHint(o),

@@ -185,6 +185,16 @@ TEST_F(TlsProbeTest, ThisSitesCertificateRefusedByTheServerIsNamedWithWhatThisSi
   EXPECT_EQ(tls_->refused_handshakes(), 3);
 }
 
+TEST_F(TlsProbeTest, NoCertificateIsNamed) {
+  StartMtls();
+  TlsProbeOptions o = As(site_, ca_);
+  o.cert_pem.clear();
+  o.key_pem.clear();
+  const absl::Status s = Probe(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("it requires a client certificate (give --cert and --key)"));
+}
+
 TEST_F(TlsProbeTest, AGrpcTlsStackThatRefusesItselfIsNamedToo) {
   // A gRPC server whose TLS stack checks client certificates (as fedlora's did before) fails the
   // handshake without flushing its alert: the probe sees the connection close.
