@@ -171,8 +171,10 @@ ChainVerdict VerifyChain(std::string_view leaf_pem, std::string_view chain_pem, 
     v.detail = "OpenSSL could not set up the verification";
     return v;
   }
-  // As libssl at security level 2 (Debian's default): no weak keys or digests in the chain.
+  // As libssl at security level 2 (Debian's default): no weak keys or digests in the chain. And as
+  // gRPC's TLS stack: every certificate of the CA bundle is a trust anchor, an intermediate too.
   X509_VERIFY_PARAM_set_auth_level(X509_STORE_CTX_get0_param(ctx.get()), 2);
+  X509_VERIFY_PARAM_set_flags(X509_STORE_CTX_get0_param(ctx.get()), X509_V_FLAG_PARTIAL_CHAIN);
   if (now_unix_s != 0) X509_STORE_CTX_set_time(ctx.get(), 0, static_cast<time_t>(now_unix_s));
   const int ok = X509_verify_cert(ctx.get());
   ERR_clear_error();

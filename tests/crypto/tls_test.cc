@@ -97,10 +97,10 @@ class IdentityService : public grpc::CallbackGenericService {
   bool authenticated_ = false;
 };
 
-// A client certificate for `cn` signed by `issuer`'s key although `issuer` is not a CA (OpenSSL
-// directly: crypto/certs.h refuses to issue from a leaf). cert_pem holds the new certificate and
-// then `issuer`'s, the chain a client would present.
-PemPair SignedByALeaf(const PemPair& issuer, const std::string& cn) {
+// A certificate for `cn` signed by `issuer`'s key, with OpenSSL directly (crypto/certs.h issues
+// from its own CAs only): a client certificate, or with `ca` an intermediate CA. cert_pem holds the
+// new certificate and then `issuer`'s chain, as a client presents it.
+PemPair SignedBy(const PemPair& issuer, const std::string& cn, bool ca = false) {
   auto read_cert = [](const std::string& pem) {
     BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
     X509* x = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
@@ -123,9 +123,9 @@ PemPair SignedByALeaf(const PemPair& issuer, const std::string& cn) {
   X509_set_pubkey(x, key);
   X509V3_CTX ctx;
   X509V3_set_ctx(&ctx, issuer_cert, x, nullptr, nullptr, 0);
-  for (auto [nid, value] : {std::pair{NID_basic_constraints, "critical,CA:FALSE"},
-                            std::pair{NID_key_usage, "critical,digitalSignature"},
-                            std::pair{NID_ext_key_usage, "clientAuth"}}) {
+  for (auto [nid, value] : {std::pair{NID_basic_constraints, ca ? "critical,CA:TRUE" : "critical,CA:FALSE"},
+                            std::pair{NID_key_usage, ca ? "critical,keyCertSign,cRLSign" : "critical,digitalSignature"},
+                            std::pair{NID_ext_key_usage, ca ? "clientAuth,serverAuth" : "clientAuth"}}) {
     X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
     X509_add_ext(x, ext, -1);
     X509_EXTENSION_free(ext);
@@ -177,7 +177,9 @@ class TlsTest : public ::testing::Test {
     CertificateRequest as_server = Req("site-a", later);
     as_server.dns_names = {"site-a"};
     WritePair("server-usage", IssueServerCertificate(ca_, as_server).value());  // EKU serverAuth only
-    WritePair("leaf-issued", SignedByALeaf(pems_["site-b"], "site-a"));
+    WritePair("leaf-issued", SignedBy(pems_["site-b"], "site-a"));  // site-b is not a CA
+    WritePair("intermediate", SignedBy(ca_, "intermediate CA", /*ca=*/true));
+    WritePair("via-intermediate", SignedBy(pems_["intermediate"], "site-i"));
     Write("ca.pem", ca_.cert_pem);
     empty_crl_ = RevokeCertificates(ca_, "", {}, kDay).value();
     revoked_b_crl_ = RevokeCertificates(ca_, empty_crl_, {pems_["site-b"].cert_pem}, kDay).value();
@@ -289,6 +291,23 @@ TEST_F(TlsTest, ValidClientIsServedAndItsCnIsTheAuthContextIdentity) {
   EXPECT_TRUE(service_.last_authenticated());
   ExpectServedAs("site-b", "site-b");
   EXPECT_EQ(tls_->refused_handshakes(), 0);
+}
+
+// A client whose certificate an intermediate CA of the client CA issued presents the chain and is
+// served; a client CA file holding only that intermediate accepts it too (as gRPC's TLS stack did).
+TEST_F(TlsTest, AChainThroughAnIntermediateCaIsServed) {
+  Start(Files(false));
+  ExpectServedAs("via-intermediate", "site-i");
+  EXPECT_EQ(tls_->refused_handshakes(), 0);
+}
+
+TEST_F(TlsTest, AnIntermediateAsTheClientCaIsATrustAnchor) {
+  Write("intermediate-only.pem", pems_["intermediate"].cert_pem.substr(0, pems_["intermediate"].cert_pem.find("-----END CERTIFICATE-----") + 26));
+  ServerTlsFiles files = Files(false);
+  files.client_ca_file = Path("intermediate-only.pem");
+  Start(files);
+  ExpectServedAs("via-intermediate", "site-i");
+  ExpectRefused("site-a");  // the root's own client certificates are not under the intermediate
 }
 
 TEST_F(TlsTest, NoClientCertificateIsRefused) {
