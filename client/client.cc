@@ -29,11 +29,13 @@
 #include "core/strings.h"
 #include "core/version.h"
 #include "crypto/envelope.h"
+#include "crypto/grpc_log.h"
 #include "crypto/key_signature.h"
 #include "crypto/random.h"
 #include "crypto/sealed_update.h"
 #include "crypto/secagg.h"
 #include "crypto/tls.h"
+#include "crypto/tls_probe.h"
 #include "fedlora/v1/federation.grpc.pb.h"
 #include "kernels/backend.h"
 #include "proto/address.h"
@@ -94,12 +96,14 @@ absl::StatusOr<std::vector<NamedTensor>> ParseAdapter(const std::string& bytes) 
 class ClientImpl final : public Client {
  public:
   ClientImpl(ClientOptions options, ClientTrainer* trainer, std::shared_ptr<grpc::Channel> channel,
-             std::optional<crypto::AggregationKeyTrust> key_trust)
+             std::optional<crypto::AggregationKeyTrust> key_trust, crypto::TlsProbeOptions probe)
       : options_(std::move(options)),
         trainer_(trainer),
+        channel_(channel),
         stub_(v1::Federation::NewStub(channel)),
         rng_(std::random_device{}()),
-        key_trust_(std::move(key_trust)) {}
+        key_trust_(std::move(key_trust)),
+        probe_(std::move(probe)) {}
 
   absl::StatusOr<RunSummary> RunUntilDone() override;
   void Stop() override {
@@ -167,6 +171,12 @@ class ClientImpl final : public Client {
       if (Stopped()) return absl::CancelledError("client stopped");
       last = call();
       if (last.ok()) return last;
+      // A connection that fails for a TLS reason (a certificate, plaintext against TLS) fails so on
+      // every try: a handshake of our own says why, and the error is not retried.
+      if (absl::IsUnavailable(last) && channel_->GetState(false) != GRPC_CHANNEL_READY) {
+        absl::Status why = crypto::ExplainConnectionFailure(last, probe_);
+        if (!absl::IsUnavailable(why)) return Annotate(why, what);
+      }
       if (absl::IsUnauthenticated(last) && joined_) {
         FEDLORA_LOG(INFO) << Who() << ": session lost (" << last << "); joining again";
         absl::Status j = JoinOnce();
@@ -241,10 +251,12 @@ class ClientImpl final : public Client {
 
   const ClientOptions options_;
   ClientTrainer* const trainer_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Federation::Stub> stub_;
   std::mt19937_64 rng_;
   // With TLS: whose signature a round's aggregation key must carry (crypto/key_signature.h).
   const std::optional<crypto::AggregationKeyTrust> key_trust_;
+  const crypto::TlsProbeOptions probe_;  // the channel's address, CA, certificate and key
   std::string session_;
   bool joined_ = false;
   v1::JoinResponse join_;
@@ -832,8 +844,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options, Cl
   if (trainer == nullptr) return absl::InvalidArgumentError("Client::Create: trainer is null");
   if (options.server_address.empty()) return absl::InvalidArgumentError("ClientOptions.server_address is empty");
   if (options.retry.max_attempts < 1) return absl::InvalidArgumentError("RetryPolicy.max_attempts must be >= 1");
+  crypto::RouteGrpcLogs();  // gRPC's lines in this log; the handshake failures the probe explains at DEBUG
   std::shared_ptr<grpc::ChannelCredentials> creds;
   std::optional<crypto::AggregationKeyTrust> key_trust;
+  crypto::TlsProbeOptions probe;
+  probe.address = options.server_address;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
@@ -867,6 +882,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options, Cl
          trust.pin_sha256_hex.find_first_not_of("0123456789abcdef") != std::string::npos)) {
       return absl::InvalidArgumentError("ClientTlsOptions.server_key_pin must be 64 lowercase hex digits (a SHA-256)");
     }
+    probe.root_ca_pem = trust.root_ca_pem;
+    FEDLORA_ASSIGN_OR_RETURN(probe.cert_pem, ReadFileToString(options.tls.cert_file));
+    FEDLORA_ASSIGN_OR_RETURN(probe.key_pem, ReadFileToString(options.tls.key_file));
+    probe.server_name = options.tls.server_name_override;
+    probe.ca_label = absl::StrCat("the CA file ", options.tls.root_ca_file);
+    probe.cert_label = absl::StrCat("this site's certificate ", options.tls.cert_file);
     key_trust = std::move(trust);
   } else {
     FEDLORA_RETURN_IF_ERROR(CheckPlaintextAllowed(options.server_address, options.insecure, "server address"));
@@ -876,7 +897,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options, Cl
     creds = grpc::InsecureChannelCredentials();
   }
   auto channel = grpc::CreateCustomChannel(options.server_address, creds, args);
-  return std::unique_ptr<Client>(new ClientImpl(std::move(options), trainer, std::move(channel), std::move(key_trust)));
+  return std::unique_ptr<Client>(
+      new ClientImpl(std::move(options), trainer, std::move(channel), std::move(key_trust), std::move(probe)));
 }
 
 }  // namespace fedlora

@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <chrono>
+#include <map>
 #include <ctime>
 #include <set>
 #include <utility>
@@ -14,6 +16,8 @@
 #include "core/status.h"
 #include "core/strings.h"
 #include "crypto/certs.h"
+#include "crypto/chain_check.h"
+#include "crypto/grpc_log.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_certificate_verifier.h"
 #include "grpcpp/security/tls_credentials_options.h"
@@ -57,9 +61,34 @@ absl::StatusOr<std::set<std::string>> LoadCrl(const std::string& crl_file, const
 
 struct ServerTls::State {
   std::string crl_file;  // empty: no CRL
+  std::string ca_file;
   std::string ca_pem;
   std::set<std::string> allowed;  // empty: everyone the CA signed
   std::atomic<int64_t> refused{0};
+
+  // When each refusal reason was last logged as a WARNING: the same certificate refused again
+  // within a minute (a client retrying, its probe) is logged at DEBUG. Bounded: cleared at 1024.
+  absl::Mutex log_mu;
+  std::map<std::string, std::chrono::steady_clock::time_point> last_logged ABSL_GUARDED_BY(log_mu);
+
+  // Counts a refusal and logs it: a WARNING the first time in a minute, DEBUG after.
+  void Refused(const std::string& refusal) {
+    refused.fetch_add(1, std::memory_order_relaxed);
+    const auto now = std::chrono::steady_clock::now();
+    bool repeat = false;
+    {
+      absl::MutexLock lock(&log_mu);
+      if (last_logged.size() >= 1024) last_logged.clear();
+      auto [it, inserted] = last_logged.emplace(refusal, now);
+      repeat = !inserted && now - it->second < std::chrono::minutes(1);
+      if (!repeat) it->second = now;
+    }
+    if (repeat) {
+      FEDLORA_LOG(DEBUG) << "TLS handshake refused again: " << refusal;
+    } else {
+      FEDLORA_LOG(WARNING) << "TLS handshake refused: " << refusal;
+    }
+  }
 
   mutable absl::Mutex mu;
   std::set<std::string> revoked ABSL_GUARDED_BY(mu);
@@ -86,21 +115,32 @@ struct ServerTls::State {
     return absl::OkStatus();
   }
 
-  // Empty when the peer certificate may connect, else why not.
-  std::string Refusal(std::string_view peer_pem) {
-    if (peer_pem.empty()) return "the peer presented no certificate";
-    absl::StatusOr<CertificateInfo> info = ParseCertificate(peer_pem);
-    if (!info.ok()) return absl::StrCat("unreadable peer certificate: ", info.status().message());
+  // Empty when the peer may connect, else why not: its chain to the client CA and validity
+  // (OpenSSL's X509_verify_cert, as libssl's own check), then the CRL and the allow-list. The
+  // reason names the certificate (CN, issuer, serial).
+  std::string Refusal(std::string_view leaf_pem, std::string_view chain_pem) {
+    const ChainVerdict v = VerifyChain(leaf_pem, chain_pem, ca_pem, ChainPurpose::kTlsClient);
+    switch (v.problem) {
+      case ChainProblem::kNone:
+        break;
+      case ChainProblem::kNoCertificate:
+        return "the client presented no certificate";
+      case ChainProblem::kUnknownCa:
+        return absl::StrCat("client ", v.Describe(), " is not signed by the client CA (client_ca_file ", ca_file,
+                            "): its issuer is '", v.issuer_cn, "'",
+                            v.subject_cn == v.issuer_cn ? " (self-signed?)" : "");
+      default:
+        return absl::StrCat("client ", v.Describe(), " ", v.detail);
+    }
     MaybeReload(/*force=*/false).IgnoreError();  // logged; the previous CRL stays
     {
       absl::MutexLock lock(&mu);
-      if (revoked.count(info->serial_hex) != 0) {
-        return absl::StrCat("client certificate '", info->common_name, "' (serial ", info->serial_hex,
-                            ") is revoked by ", crl_file);
+      if (revoked.count(v.serial_hex) != 0) {
+        return absl::StrCat("client ", v.Describe(), " is revoked by ", crl_file);
       }
     }
-    if (!allowed.empty() && allowed.count(info->common_name) == 0) {
-      return absl::StrCat("client id '", info->common_name, "' is not on the allowed client list");
+    if (!allowed.empty() && allowed.count(v.subject_cn) == 0) {
+      return absl::StrCat("client ", v.Describe(), ": client id '", v.subject_cn, "' is not on the allowed client list");
     }
     return "";
   }
@@ -108,21 +148,23 @@ struct ServerTls::State {
 
 namespace {
 
-// Runs after the TLS stack verified the chain and validity; checks CRL and allow-list. gRPC owns
-// the verifier object; the state is shared with ServerTls.
-class CrlVerifier : public grpc::experimental::ExternalCertificateVerifier {
+// The server's whole check of a client certificate (the TLS stack requests one but verifies
+// nothing itself): every refusal is counted and logged with its reason. gRPC owns the verifier
+// object; the state is shared with ServerTls.
+class ClientCertificateVerifier : public grpc::experimental::ExternalCertificateVerifier {
  public:
-  explicit CrlVerifier(std::shared_ptr<ServerTls::State> state) : state_(std::move(state)) {}
+  explicit ClientCertificateVerifier(std::shared_ptr<ServerTls::State> state) : state_(std::move(state)) {}
 
   bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request, std::function<void(grpc::Status)>,
               grpc::Status* sync_status) override {
-    const grpc::string_ref pem = request->peer_cert();
-    const std::string refusal = state_->Refusal(std::string_view(pem.data(), pem.size()));
+    const grpc::string_ref leaf = request->peer_cert();
+    const grpc::string_ref chain = request->peer_cert_full_chain();
+    const std::string refusal =
+        state_->Refusal(std::string_view(leaf.data(), leaf.size()), std::string_view(chain.data(), chain.size()));
     if (refusal.empty()) {
       *sync_status = grpc::Status::OK;
     } else {
-      state_->refused.fetch_add(1, std::memory_order_relaxed);
-      FEDLORA_LOG(WARNING) << "TLS handshake refused: " << refusal;
+      state_->Refused(refusal);
       *sync_status = grpc::Status(grpc::StatusCode::PERMISSION_DENIED, refusal);
     }
     return true;  // synchronous
@@ -155,6 +197,7 @@ absl::Status CheckCa(const std::string& path, const std::string& pem, std::strin
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<ServerTls>> ServerTls::Create(const ServerTlsFiles& files) {
+  RouteGrpcLogs();
   FEDLORA_ASSIGN_OR_RETURN(std::string cert_pem, ReadNamedFile(files.cert_file, "cert_file"));
   FEDLORA_ASSIGN_OR_RETURN(std::string key_pem, ReadNamedFile(files.key_file, "key_file"));
   FEDLORA_ASSIGN_OR_RETURN(std::string ca_pem, ReadNamedFile(files.client_ca_file, "client_ca_file"));
@@ -179,6 +222,7 @@ absl::StatusOr<std::shared_ptr<ServerTls>> ServerTls::Create(const ServerTlsFile
     state.allowed.insert(id);
   }
   state.crl_file = files.crl_file;
+  state.ca_file = files.client_ca_file;
   state.ca_pem = ca_pem;
   if (!files.crl_file.empty()) {
     absl::MutexLock lock(&state.mu);
@@ -192,8 +236,11 @@ absl::StatusOr<std::shared_ptr<ServerTls>> ServerTls::Create(const ServerTlsFile
   // Without these two calls the provider's certificates are not used at all.
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();
-  options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  options.set_certificate_verifier(grpc::experimental::ExternalCertificateVerifier::Create<CrlVerifier>(tls->state_));
+  // The TLS stack asks for a client certificate and checks that the client holds its key; the
+  // verifier checks the certificate itself (chain, validity, CRL, allow-list) so that every refusal,
+  // a missing certificate included, is counted and logged with its reason.
+  options.set_cert_request_type(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_BUT_DONT_VERIFY);
+  options.set_certificate_verifier(grpc::experimental::ExternalCertificateVerifier::Create<ClientCertificateVerifier>(tls->state_));
   tls->credentials_ = grpc::experimental::TlsServerCredentials(options);
   if (tls->credentials_ == nullptr) return absl::InternalError("grpc::experimental::TlsServerCredentials failed");
   return tls;
@@ -215,6 +262,7 @@ size_t ServerTls::revoked_count() const {
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientChannelCredentials(const std::string& root_ca_file,
                                                                                    const std::string& cert_file,
                                                                                    const std::string& key_file) {
+  RouteGrpcLogs();
   FEDLORA_ASSIGN_OR_RETURN(std::string ca_pem, ReadNamedFile(root_ca_file, "root CA file"));
   FEDLORA_ASSIGN_OR_RETURN(std::string cert_pem, ReadNamedFile(cert_file, "client cert_file"));
   FEDLORA_ASSIGN_OR_RETURN(std::string key_pem, ReadNamedFile(key_file, "client key_file"));

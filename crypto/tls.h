@@ -7,10 +7,13 @@
 //   builder.AddListeningPort(address, tls->credentials());
 //   ...on SIGHUP: tls->ReloadCrl();
 //
-// The TLS stack requires a client certificate and verifies its chain to client_ca_file and its
-// validity period; then ServerTls refuses the connection when the certificate's serial is on the
-// CRL or its CN is not an allowed client id. The caller's identity is the certificate's CN, seen
-// by handlers as the AuthContext's "x509_common_name" property. Thread-safe.
+// The TLS stack asks for a client certificate and checks that the client holds its key; ServerTls
+// then checks the certificate itself: its chain to client_ca_file and validity (OpenSSL's
+// X509_verify_cert, as libssl would, crypto/chain_check.h), its serial against the CRL, its CN
+// against the allowed client ids. Each refusal is counted and logged as a WARNING naming the reason
+// and the certificate's CN, issuer and serial (the same reason again within a minute at DEBUG; gRPC
+// does not give the verifier the peer's address). The caller's identity is the certificate's CN, seen by handlers as the AuthContext's
+// "x509_common_name" property. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -54,8 +57,11 @@ class ServerTls {
   // Besides, each handshake stats crl_file and re-reads it when its mtime, size or inode changed.
   absl::Status ReloadCrl();
 
-  // Connections refused by the CRL or the allow-list since Create. Handshakes the TLS stack
-  // refuses itself (no certificate, unknown CA, expired) are not counted here.
+  // Handshakes refused since Create for the client's certificate (each logged as a WARNING, the
+  // same reason again within a minute at DEBUG): none, not signed by the client
+  // CA, expired or not yet valid, not usable as a client certificate, revoked, not on the list.
+  // (A peer that does not speak TLS or cannot prove it holds its key is refused by the TLS stack
+  // before any certificate check, and not counted.)
   int64_t refused_handshakes() const;
   // Serials on the CRL in force.
   size_t revoked_count() const;

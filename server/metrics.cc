@@ -336,7 +336,7 @@ std::string ServerMetrics::ToPrometheusText() const {
   AppendMetric(out, "uploads_streaming", "gauge", "Upload streams admitted and not yet ended.",
                uploads_streaming.load());
   AppendMetric(out, "tls_handshakes_refused_total", "counter",
-               "TLS connections refused for a revoked certificate or a client id not allowed.",
+               "TLS handshakes refused for the client certificate: none, not signed by the client CA, expired or not yet valid, not a client certificate, revoked, or a client id not allowed.",
                tls_handshakes_refused.load());
   if (const int64_t eps = dp_epsilon_micro.load(); eps >= 0) {
     absl::StrAppend(&out,

@@ -60,7 +60,7 @@ struct ServerMetrics {
   std::atomic<int64_t> secagg_misbehaving_clients{0};
   // Upload streams admitted and not yet ended.
   std::atomic<int64_t> uploads_streaming{0};
-  // TLS connections refused for a revoked certificate or a client id not on the allowed list.
+  // TLS handshakes refused for the client certificate (crypto::ServerTls::refused_handshakes).
   std::atomic<int64_t> tls_handshakes_refused{0};
   // With differential privacy: epsilon spent by the committed rounds, in millionths; -1 (not
   // exported) without it.

@@ -12,36 +12,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/health_check.h"
-#include "core/file.h"
-#include "core/status.h"
-#include "proto/address.h"
+#include "tools/cli_tls.h"
 #include "tools/commands.h"
 #include "tools/common.h"
 
 namespace fedlora::tools {
-namespace {
-
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(const std::string& address,
-                                                                      const std::string& ca,
-                                                                      const std::string& cert,
-                                                                      const std::string& key, bool insecure) {
-  if (ca.empty() && cert.empty() && key.empty()) {
-    FEDLORA_RETURN_IF_ERROR(CheckPlaintextAllowed(address, insecure, "server address"));
-    return grpc::InsecureChannelCredentials();
-  }
-  if (insecure) return absl::InvalidArgumentError("--insecure and TLS (--ca, --cert, --key) exclude each other");
-  if (ca.empty()) return absl::InvalidArgumentError("TLS needs --ca, the CA the server certificate chains to");
-  if (cert.empty() != key.empty()) return absl::InvalidArgumentError("--cert and --key go together");
-  grpc::SslCredentialsOptions ssl;
-  FEDLORA_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileToString(ca));
-  if (!cert.empty()) {
-    FEDLORA_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadFileToString(cert));
-    FEDLORA_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadFileToString(key));
-  }
-  return grpc::SslCredentials(ssl);
-}
-
-}  // namespace
 
 int RunHealth(int argc, char** argv) {
   FlagSet flags(argv[0], "Asks a server's gRPC health service whether it serves; exits 0 only when it does.");
@@ -57,10 +32,10 @@ int RunHealth(int argc, char** argv) {
   flags.AddInt("deadline-ms", &deadline_ms, "deadline of the call, milliseconds");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
   if (deadline_ms <= 0) return Fail(argv[0], absl::InvalidArgumentError("--deadline-ms must be positive"));
-  auto creds = Credentials(server, ca, cert, key, insecure);
-  if (!creds.ok()) return Fail(argv[0], creds.status());
-  auto status = CheckHealth(grpc::CreateChannel(server, *creds), service, deadline_ms);
-  if (!status.ok()) return Fail(argv[0], status.status());
+  absl::StatusOr<CliTls> tls = CliTlsCredentials(server, ca, cert, key, insecure);
+  if (!tls.ok()) return Fail(argv[0], tls.status());
+  auto status = CheckHealth(grpc::CreateChannel(server, tls->credentials), service, deadline_ms);
+  if (!status.ok()) return Fail(argv[0], tls->Explain(status.status()));
   std::cout << HealthStatusName(*status) << std::endl;
   return *status == HealthStatus::kServing ? kExitOk : kExitFailure;
 }

@@ -17,10 +17,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/rpc_status.h"
-#include "core/file.h"
 #include "core/status.h"
-#include "proto/address.h"
 #include "fedlora/v1/admin.grpc.pb.h"
+#include "tools/cli_tls.h"
 #include "tools/common.h"
 #include "tools/status_view.h"
 
@@ -62,27 +61,13 @@ absl::Status Status(const std::string& address, const std::string& ca, const std
   }
   const bool clients = r.clients;
   const int64_t deadline_ms = r.deadline_ms;
-  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
-  if (ca.empty() && cert.empty() && key.empty()) {
-    FEDLORA_RETURN_IF_ERROR(CheckPlaintextAllowed(address, insecure, "server address"));
-  } else {
-    if (insecure) return absl::InvalidArgumentError("--insecure and TLS (--ca, --cert, --key) exclude each other");
-    grpc::SslCredentialsOptions ssl;
-    FEDLORA_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileToString(ca));
-    if (!cert.empty()) {
-      FEDLORA_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadFileToString(cert));
-    }
-    if (!key.empty()) {
-      FEDLORA_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadFileToString(key));
-    }
-    creds = grpc::SslCredentials(ssl);
-  }
-  auto stub = v1::Admin::NewStub(grpc::CreateChannel(address, creds));
-  if (!r.block.empty() || !r.unblock.empty()) return Block(*stub, address, r);
+  FEDLORA_ASSIGN_OR_RETURN(const CliTls tls, CliTlsCredentials(address, ca, cert, key, insecure));
+  auto stub = v1::Admin::NewStub(grpc::CreateChannel(address, tls.credentials));
+  if (!r.block.empty() || !r.unblock.empty()) return tls.Explain(Block(*stub, address, r));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
   v1::GetStatusResponse status;
-  FEDLORA_RETURN_IF_ERROR_CTX(FromGrpcStatus(stub->GetStatus(&ctx, v1::GetStatusRequest(), &status)),
+  FEDLORA_RETURN_IF_ERROR_CTX(tls.Explain(FromGrpcStatus(stub->GetStatus(&ctx, v1::GetStatusRequest(), &status))),
                               absl::StrCat("GetStatus from ", address));
   std::optional<v1::ListClientsResponse> list;
   if (clients) {

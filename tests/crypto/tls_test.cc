@@ -14,9 +14,14 @@
 #include <memory>
 #include <string>
 
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509v3.h>
+
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "core/file.h"
+#include "core/logging.h"
 #include "crypto/certs.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
@@ -32,6 +37,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int64_t kDay = 86400;
 int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
@@ -91,6 +97,59 @@ class IdentityService : public grpc::CallbackGenericService {
   bool authenticated_ = false;
 };
 
+// A certificate for `cn` signed by `issuer`'s key, with OpenSSL directly (crypto/certs.h issues
+// from its own CAs only): a client certificate, or with `ca` an intermediate CA. cert_pem holds the
+// new certificate and then `issuer`'s chain, as a client presents it.
+PemPair SignedBy(const PemPair& issuer, const std::string& cn, bool ca = false) {
+  auto read_cert = [](const std::string& pem) {
+    BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
+    X509* x = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
+    BIO_free(bio);
+    return x;
+  };
+  BIO* kbio = BIO_new_mem_buf(issuer.key_pem.data(), static_cast<int>(issuer.key_pem.size()));
+  EVP_PKEY* issuer_key = PEM_read_bio_PrivateKey(kbio, nullptr, nullptr, nullptr);
+  BIO_free(kbio);
+  X509* issuer_cert = read_cert(issuer.cert_pem);
+  EVP_PKEY* key = EVP_EC_gen("P-256");
+  X509* x = X509_new();
+  X509_set_version(x, 2);
+  ASN1_INTEGER_set(X509_get_serialNumber(x), 4242);
+  X509_gmtime_adj(X509_getm_notBefore(x), -60);
+  X509_gmtime_adj(X509_getm_notAfter(x), kDay);
+  X509_NAME_add_entry_by_txt(X509_get_subject_name(x), "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>(cn.c_str()), -1, -1, 0);
+  X509_set_issuer_name(x, X509_get_subject_name(issuer_cert));
+  X509_set_pubkey(x, key);
+  X509V3_CTX ctx;
+  X509V3_set_ctx(&ctx, issuer_cert, x, nullptr, nullptr, 0);
+  for (auto [nid, value] : {std::pair{NID_basic_constraints, ca ? "critical,CA:TRUE" : "critical,CA:FALSE"},
+                            std::pair{NID_key_usage, ca ? "critical,keyCertSign,cRLSign" : "critical,digitalSignature"},
+                            std::pair{NID_ext_key_usage, ca ? "clientAuth,serverAuth" : "clientAuth"}}) {
+    X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
+    X509_add_ext(x, ext, -1);
+    X509_EXTENSION_free(ext);
+  }
+  X509_sign(x, issuer_key, EVP_sha256());
+  auto pem = [](auto write) {
+    BIO* bio = BIO_new(BIO_s_mem());
+    write(bio);
+    char* data = nullptr;
+    const long n = BIO_get_mem_data(bio, &data);
+    std::string out(data, static_cast<size_t>(n));
+    BIO_free(bio);
+    return out;
+  };
+  PemPair out;
+  out.cert_pem = pem([&](BIO* b) { PEM_write_bio_X509(b, x); }) + issuer.cert_pem;
+  out.key_pem = pem([&](BIO* b) { PEM_write_bio_PrivateKey(b, key, nullptr, nullptr, 0, nullptr, nullptr); });
+  X509_free(x);
+  X509_free(issuer_cert);
+  EVP_PKEY_free(key);
+  EVP_PKEY_free(issuer_key);
+  return out;
+}
+
 struct CallResult {
   grpc::Status status;
   std::string body;  // the CN the server saw
@@ -113,6 +172,14 @@ class TlsTest : public ::testing::Test {
     WritePair("site-b", IssueClientCertificate(ca_, Req("site-b", later)).value());
     WritePair("foreign", IssueClientCertificate(other_ca_, Req("site-a", later)).value());
     WritePair("expired", IssueClientCertificate(ca_, Req("site-a", Now() - kDay, Now() - 2 * kDay)).value());
+    WritePair("not-yet", IssueClientCertificate(ca_, Req("site-a", Now() + 2 * kDay, Now() + kDay)).value());
+    WritePair("self-signed", CreateCertificateAuthority(Req("site-a", later)).value());
+    CertificateRequest as_server = Req("site-a", later);
+    as_server.dns_names = {"site-a"};
+    WritePair("server-usage", IssueServerCertificate(ca_, as_server).value());  // EKU serverAuth only
+    WritePair("leaf-issued", SignedBy(pems_["site-b"], "site-a"));  // site-b is not a CA
+    WritePair("intermediate", SignedBy(ca_, "intermediate CA", /*ca=*/true));
+    WritePair("via-intermediate", SignedBy(pems_["intermediate"], "site-i"));
     Write("ca.pem", ca_.cert_pem);
     empty_crl_ = RevokeCertificates(ca_, "", {}, kDay).value();
     revoked_b_crl_ = RevokeCertificates(ca_, empty_crl_, {pems_["site-b"].cert_pem}, kDay).value();
@@ -226,6 +293,23 @@ TEST_F(TlsTest, ValidClientIsServedAndItsCnIsTheAuthContextIdentity) {
   EXPECT_EQ(tls_->refused_handshakes(), 0);
 }
 
+// A client whose certificate an intermediate CA of the client CA issued presents the chain and is
+// served; a client CA file holding only that intermediate accepts it too (as gRPC's TLS stack did).
+TEST_F(TlsTest, AChainThroughAnIntermediateCaIsServed) {
+  Start(Files(false));
+  ExpectServedAs("via-intermediate", "site-i");
+  EXPECT_EQ(tls_->refused_handshakes(), 0);
+}
+
+TEST_F(TlsTest, AnIntermediateAsTheClientCaIsATrustAnchor) {
+  Write("intermediate-only.pem", pems_["intermediate"].cert_pem.substr(0, pems_["intermediate"].cert_pem.find("-----END CERTIFICATE-----") + 26));
+  ServerTlsFiles files = Files(false);
+  files.client_ca_file = Path("intermediate-only.pem");
+  Start(files);
+  ExpectServedAs("via-intermediate", "site-i");
+  ExpectRefused("site-a");  // the root's own client certificates are not under the intermediate
+}
+
 TEST_F(TlsTest, NoClientCertificateIsRefused) {
   Start(Files(false));
   grpc::SslCredentialsOptions ssl;
@@ -251,6 +335,66 @@ TEST_F(TlsTest, PlaintextClientIsRefused) {
   const CallResult r = Call(grpc::InsecureChannelCredentials());
   EXPECT_FALSE(r.status.ok());
   EXPECT_EQ(service_.calls(), 0);
+}
+
+// Every certificate the TLS stack refused before fedlora checked chains itself is still refused;
+// each refusal is counted once and logged once, naming the reason and the certificate.
+TEST_F(TlsTest, EveryRefusalIsCountedAndLoggedWithItsReasonAndTheCertificate) {
+  Write("crl.pem", revoked_b_crl_);
+  ServerTlsFiles files = Files(true);
+  files.allowed_client_ids = {"site-a", "site-b"};
+  WritePair("unlisted", IssueClientCertificate(ca_, Req("site-z", Now() + kDay)).value());
+  Start(files);
+  ASSERT_TRUE(SetLogFile(Path("log.txt"), LogLevel::kError).ok());
+  struct Case {
+    std::string name, reason;
+  };
+  const std::vector<Case> cases = {
+      {"foreign", "'site-a' (issuer 'test CA', serial " + ParseCertificate(pems_["foreign"].cert_pem)->serial_hex +
+                      ") is not signed by the client CA (client_ca_file " + Path("ca.pem")},
+      {"expired", "'site-a' (issuer 'test CA', serial " + ParseCertificate(pems_["expired"].cert_pem)->serial_hex +
+                      ") expired at "},
+      {"not-yet", "'site-a' (issuer 'test CA', serial " + ParseCertificate(pems_["not-yet"].cert_pem)->serial_hex +
+                      ") is not valid before "},
+      {"self-signed", "'site-a' (issuer 'site-a', serial " +
+                          ParseCertificate(pems_["self-signed"].cert_pem)->serial_hex + ") is not signed by the client CA"},
+      {"server-usage", "'site-a' (issuer 'test CA', serial " +
+                           ParseCertificate(pems_["server-usage"].cert_pem)->serial_hex + ") does not allow this use"},
+      {"leaf-issued", "'site-a' (issuer 'site-b', serial 1092) has an issuer that may not issue certificates: "
+                      "the certificate 'site-b' of its chain is not a CA"},
+      {"site-b", "'site-b' (issuer 'test CA', serial " + ParseCertificate(pems_["site-b"].cert_pem)->serial_hex +
+                     ") is revoked by " + Path("crl.pem")},
+      {"unlisted", "'site-z' (issuer 'test CA', serial " + ParseCertificate(pems_["unlisted"].cert_pem)->serial_hex +
+                       "): client id 'site-z' is not on the allowed client list"},
+  };
+  int64_t refused = 0;
+  for (const Case& c : cases) {
+    ExpectRefused(c.name);
+    EXPECT_EQ(tls_->refused_handshakes(), ++refused) << c.name;
+  }
+  grpc::SslCredentialsOptions no_certificate;
+  no_certificate.pem_root_certs = ca_.cert_pem;
+  EXPECT_FALSE(Call(grpc::SslCredentials(no_certificate)).status.ok());
+  EXPECT_EQ(tls_->refused_handshakes(), ++refused);
+  ExpectServedAs("site-a", "site-a");
+  EXPECT_EQ(tls_->refused_handshakes(), refused);
+  // The same certificate again within a minute (a client retrying): counted, not logged again.
+  ExpectRefused("expired");
+  ExpectRefused("expired");
+  EXPECT_EQ(tls_->refused_handshakes(), refused + 2);
+  ASSERT_TRUE(SetLogFile("").ok());
+
+  const std::string log = ReadFileToString(Path("log.txt")).value_or("");
+  std::vector<std::string> lines;
+  for (size_t at = 0, end; (end = log.find('\n', at)) != std::string::npos; at = end + 1) {
+    if (log.compare(at, 1, "W") == 0 && log.find("TLS handshake refused: ", at) < end) lines.push_back(log.substr(at, end - at));
+  }
+  ASSERT_EQ(lines.size(), cases.size() + 1) << log;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_THAT(lines[i], HasSubstr("TLS handshake refused: client certificate " + cases[i].reason)) << cases[i].name;
+  }
+  EXPECT_THAT(lines.back(), HasSubstr("TLS handshake refused: the client presented no certificate"));
+  EXPECT_THAT(log, Not(HasSubstr("0x")));
 }
 
 TEST_F(TlsTest, CertificateRevokedBeforeStartIsRefused) {

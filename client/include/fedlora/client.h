@@ -12,7 +12,10 @@
 // (AES-256-GCM to the run's aggregation key, bound to run, round, client and upload) -> upload
 // (resumed after a broken stream, idempotent by upload id) -> report metrics, until the server says
 // the run is over. Every call has a deadline; transient failures (server restarting, network cuts)
-// are retried with exponential backoff and jitter; a lost session is re-joined.
+// are retried with exponential backoff and jitter; a lost session is re-joined. A connection that
+// fails for a TLS reason (a certificate either side refuses, plaintext against TLS) is not
+// retried: a handshake of the SDK's own says why (crypto/tls_probe.h), and RunUntilDone returns
+// that error (FailedPrecondition or PermissionDenied) at once.
 //
 // Plain structs only: this header never shows protobuf, gRPC or CUDA types.
 #pragma once
