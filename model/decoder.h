@@ -174,9 +174,9 @@ class CausalLm {
     int max_new_tokens = 64;
     std::vector<int32_t> stop_ids;  // generation ends after emitting one of these
     bool use_cache = true;          // false recomputes the whole sequence each step (tests)
-    SamplingOptions sampling;       // default: greedy
+    SamplingOptions sampling{};     // default: greedy
     // Called with each token as it is chosen (streaming); may be empty.
-    std::function<void(int32_t)> on_token;
+    std::function<void(int32_t)> on_token{};
   };
 
   static absl::StatusOr<std::unique_ptr<CausalLm>> Load(const std::string& path, const DecoderOptions& options);

@@ -100,17 +100,17 @@ std::string RoundsTable(const v1::GetStatusResponse& s) {
                                     "accuracy", "epsilon");
   const int first = std::max(0, s.history_size() - kViewRounds);
   if (first > 0) absl::StrAppend(&out, "  (", first, " earlier rounds: --json lists every round)\n");
-  auto opt = [](bool has, double v, const char* fmt) { return has ? absl::StrFormat(fmt, v) : std::string("-"); };
+  auto opt = [](bool has, double v, int decimals) { return has ? absl::StrFormat("%.*f", decimals, v) : std::string("-"); };
   for (int i = first; i < s.history_size(); ++i) {
     const v1::RoundSummary& r = s.history(i);
     absl::StrAppend(
         &out, absl::StrFormat("%5d  %7s  %7d  %8d  %10s  %10s  %10s  %9s  %8s  %7s\n", r.round(),
                               absl::StrCat(r.updates_accepted(), "/", r.clients_selected()), r.clients_dropped(),
                               r.examples(), Bytes(r.upload_bytes()), Bytes(r.download_bytes()),
-                              opt(r.mean_train_loss() > 0, r.mean_train_loss(), "%.4f"),
-                              opt(r.has_eval_loss(), r.eval_loss(), "%.4f"),
-                              opt(r.has_eval_accuracy(), r.eval_accuracy(), "%.4f"),
-                              opt(r.has_dp_epsilon(), r.dp_epsilon(), "%.3f")));
+                              opt(r.mean_train_loss() > 0, r.mean_train_loss(), 4),
+                              opt(r.has_eval_loss(), r.eval_loss(), 4),
+                              opt(r.has_eval_accuracy(), r.eval_accuracy(), 4),
+                              opt(r.has_dp_epsilon(), r.dp_epsilon(), 3)));
   }
   return out;
 }

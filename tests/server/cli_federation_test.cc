@@ -412,7 +412,9 @@ TEST(CliFederationTest, AClientThatCannotTrainExitsAtOnceAndTheRunGoesOn) {
     EXPECT_EQ(rc, 1) << id << ": " << out << err;
     EXPECT_THAT(err, HasSubstr("this site cannot take part in run 'cli-fail'")) << id;
     EXPECT_LE(std::count(err.begin(), err.end(), '\n'), 8) << id << " logged in a loop:\n" << err.substr(0, 2000);
-    if (id == "broken") EXPECT_THAT(err, HasSubstr("broken.jsonl:3"));
+    if (id == "broken") {
+      EXPECT_THAT(err, HasSubstr("broken.jsonl:3"));
+    }
   }
   auto [rc, out] = RunCommand(client_cmd("good", model));
   EXPECT_EQ(rc, 0) << out << std::ifstream(d + "good.err").rdbuf();

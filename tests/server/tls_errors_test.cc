@@ -229,7 +229,7 @@ TEST_F(TlsErrorsTest, TheCommandsSayWhatIsWrongAtOnce) {
   const std::string tls = " --server " + server_->address() + " --ca " + Path("other-ca.pem") + " --cert " +
                           Path("site-a.pem") + " --key " + Path("site-a.key");
   const auto start = std::chrono::steady_clock::now();
-  for (const std::string command : {bin + " health" + tls, bin + " status" + tls,
+  for (const std::string& command : {bin + " health" + tls, bin + " status" + tls,
                                     bin + " client --model " + root + "/models/all-MiniLM-L6-v2 --data " + root +
                                         "/README.md" + tls}) {
     auto [rc, out] = RunCommand(command);
