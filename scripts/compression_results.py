@@ -24,15 +24,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from config_paths import absolute_paths  # noqa: E402  (scripts/ is on sys.path when run)
 
-def absolute_paths(config):
-    """configs/default.json's relative paths made absolute: fedlora reads them relative to the config's
-    directory, and this copy of it lives elsewhere."""
-    for section, key in (("model", "path"), ("data", "train_path"), ("data", "eval_path")):
-        value = config.get(section, {}).get(key)
-        if value and not os.path.isabs(value):
-            config[section][key] = os.path.normpath(os.path.join(ROOT, "configs", value))
-    return config
 
 Q2_ZSTD = [{"id": "QUANT", "quant": {"bits": 2}}, {"id": "ZSTD"}]
 
