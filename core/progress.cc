@@ -23,7 +23,8 @@ std::string FormatDuration(double seconds) {
 }
 
 std::string FormatProgressLine(std::string_view label, int64_t done, int64_t total, double elapsed_s,
-                               std::string_view extra_metrics, int bar_width, std::string_view unit) {
+                               std::string_view extra_metrics, int bar_width, std::string_view unit,
+                               double since_last_s) {
   std::string line(label);
   const absl::string_view u = ToAbsl(unit);
   if (total > 0) {
@@ -39,7 +40,11 @@ std::string FormatProgressLine(std::string_view label, int64_t done, int64_t tot
   } else {
     absl::StrAppend(&line, " ", done, " ", u);
   }
-  const double rate = elapsed_s > 0 ? static_cast<double>(done) / elapsed_s : 0.0;
+  // The rate up to the last completed unit: time spent on the unit under way is not yet work done,
+  // and counting it would make the ETA climb while a long unit (a round) runs.
+  since_last_s = std::clamp(since_last_s, 0.0, std::max(elapsed_s, 0.0));
+  const double busy_s = elapsed_s - since_last_s;
+  const double rate = busy_s > 0 ? static_cast<double>(done) / busy_s : 0.0;
   if (rate >= 1.0) {
     absl::StrAppend(&line, absl::StrFormat(" %.1f %s/s", rate, u));
   } else if (rate > 0.0) {
@@ -47,8 +52,10 @@ std::string FormatProgressLine(std::string_view label, int64_t done, int64_t tot
   }
   absl::StrAppend(&line, " elapsed ", FormatDuration(elapsed_s));
   if (total > 0 && done < total) {
-    absl::StrAppend(&line, " ETA ",
-                    rate > 0 ? FormatDuration(static_cast<double>(total - done) / rate) : "?");
+    // Counts down through the unit under way, and never below what the units after it need.
+    const double left = static_cast<double>(total - done);
+    const double eta = rate > 0 ? std::max(left / rate - since_last_s, (left - 1) / rate) : -1.0;
+    absl::StrAppend(&line, " ETA ", FormatDuration(eta));
   }
   if (!extra_metrics.empty()) absl::StrAppend(&line, " ", ToAbsl(extra_metrics));
   return line;
@@ -68,6 +75,7 @@ Progress::Progress(std::string label, int64_t total, ProgressOptions options)
   }
   start_s_ = options_.now_s();
   last_output_s_ = start_s_;
+  done_s_ = start_s_;
 }
 
 Progress::~Progress() { Finish(); }
@@ -85,7 +93,7 @@ void Progress::Emit(std::string_view text) {
 
 std::string Progress::Line(double now, int bar_width) const {
   std::string line =
-      FormatProgressLine(label_, done_, total_, now - start_s_, extra_, bar_width, options_.unit);
+      FormatProgressLine(label_, done_, total_, now - start_s_, extra_, bar_width, options_.unit, now - done_s_);
   // Keep a terminal line shorter than the terminal: a wrapped line cannot be redrawn with '\r'.
   if (tty_ && options_.terminal_width > 1 && line.size() >= static_cast<size_t>(options_.terminal_width)) {
     line.resize(static_cast<size_t>(options_.terminal_width - 1));
@@ -96,11 +104,12 @@ std::string Progress::Line(double now, int bar_width) const {
 void Progress::Update(int64_t done, std::string_view extra_metrics) {
   std::lock_guard<std::mutex> lock(mu_);
   if (finished_) return;
+  const double now = options_.now_s();
   if (done >= done_) {
+    if (done > done_) done_s_ = now;
     done_ = done;
     extra_.assign(extra_metrics.data(), extra_metrics.size());
   }
-  const double now = options_.now_s();
   const double interval = tty_ ? options_.redraw_interval_s : options_.log_interval_s;
   if (now - last_output_s_ < interval) return;
   last_output_s_ = now;

@@ -71,14 +71,17 @@ class Progress {
   int64_t done_ = 0;
   std::string extra_;
   double last_output_s_;
+  double done_s_;  // when done_ last grew
   bool finished_ = false;
 };
 
 // The text of one progress line, a pure function of its inputs. bar_width 0 leaves the bar out.
-// elapsed_s is the time since start (seconds); rate and ETA derive from it and `done`.
+// elapsed_s is the time since start (seconds), since_last_s the time since `done` last grew: the
+// rate is that of the completed units (elapsed_s - since_last_s), and the ETA counts down through
+// the unit under way, so a job of long units (simulation rounds) shows an ETA that does not climb.
 std::string FormatProgressLine(std::string_view label, int64_t done, int64_t total, double elapsed_s,
                                std::string_view extra_metrics, int bar_width = 0,
-                               std::string_view unit = "it");
+                               std::string_view unit = "it", double since_last_s = 0.0);
 // "45s", "3m07s", "2h05m", "?" for a negative or non-finite duration.
 std::string FormatDuration(double seconds);
 

@@ -44,6 +44,15 @@ TEST(FormatProgressLine, EdgeCases) {
   EXPECT_EQ(FormatProgressLine("dl", 3000, 0, 2.0, "", 20, "MiB"), "dl 3000 MiB 1500.0 MiB/s elapsed 2s");
 }
 
+TEST(FormatProgressLine, EtaCountsDownThroughALongUnit) {
+  // 2 of 10 rounds done at 20 s (10 s a round); the third has run for 5 s: 80 s left less those 5.
+  EXPECT_EQ(FormatProgressLine("simulate", 2, 10, 25.0, "", 0, "round", 5.0),
+            "simulate  20.0% 2/10 10.00 s/round elapsed 25s ETA 1m15s");
+  // A round that overruns its average: never less than the rounds after it need.
+  EXPECT_EQ(FormatProgressLine("simulate", 2, 10, 45.0, "", 0, "round", 25.0),
+            "simulate  20.0% 2/10 10.00 s/round elapsed 45s ETA 1m10s");
+}
+
 class FakeClock {
  public:
   double now = 100.0;
@@ -71,6 +80,29 @@ TEST(Progress, LogModeThrottlesToInterval) {
   EXPECT_EQ(out[0], "train  20.0% 20/100 2.0 it/s elapsed 10s ETA 40s loss=1");
   EXPECT_EQ(out[4], "train 100.0% 100/100 2.0 it/s elapsed 50s loss=1");
   EXPECT_EQ(out[5], "train 100.0% 100/100 2.0 it/s elapsed 50s loss=1 (done)");
+}
+
+TEST(Progress, EtaDoesNotClimbWhileAUnitRuns) {
+  FakeClock clock;
+  std::vector<std::string> out;
+  ProgressOptions opt;
+  opt.is_tty = 0;
+  opt.log_interval_s = 5;
+  opt.unit = "round";
+  opt.now_s = [&] { return clock.now; };
+  opt.emit = [&](std::string_view s) { out.emplace_back(s); };
+  Progress p("simulate", 4, opt);
+  clock.now += 10;
+  p.Update(1);  // one round in 10 s
+  for (int i = 0; i < 3; ++i) {
+    clock.now += 5;
+    p.Update(1);  // the second round still running
+  }
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_EQ(out[0], "simulate  25.0% 1/4 10.00 s/round elapsed 10s ETA 30s");
+  EXPECT_EQ(out[1], "simulate  25.0% 1/4 10.00 s/round elapsed 15s ETA 25s");
+  EXPECT_EQ(out[2], "simulate  25.0% 1/4 10.00 s/round elapsed 20s ETA 20s");
+  EXPECT_EQ(out[3], "simulate  25.0% 1/4 10.00 s/round elapsed 25s ETA 20s");  // overran: 2 rounds after it
 }
 
 TEST(Progress, TerminalModeRedrawsInPlace) {
