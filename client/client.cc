@@ -557,7 +557,15 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   t.deadline_seconds = task.deadline_seconds();
   t.run_config_json = RunConfigToJson(join_.run_config());
 
-  // Heartbeats while training, so the server knows the client is alive and can cancel the task.
+  // Heartbeats while training, so the server knows the client is alive and can cancel the task,
+  // with the trainer's step counts where the run lets the server see them.
+  const bool hide_statistics = HidesPerClientStatistics(join_.run_config());
+  std::atomic<int64_t> steps_done{0};
+  std::atomic<int64_t> steps_total{0};
+  t.report_progress = [&steps_done, &steps_total](int64_t done, int64_t total) {
+    steps_total.store(total);
+    steps_done.store(done);
+  };
   std::atomic<bool> cancelled{false};
   std::mutex hb_mu;
   std::condition_variable hb_cv;
@@ -570,6 +578,10 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
       v1::HeartbeatRequest request;
       request.set_task_id(task.task_id());
       request.set_state(v1::CLIENT_STATE_TRAINING);
+      if (!hide_statistics) {
+        request.set_steps_done(static_cast<uint64_t>(std::max<int64_t>(0, steps_done.load())));
+        request.set_steps_total(static_cast<uint64_t>(std::max<int64_t>(0, steps_total.load())));
+      }
       v1::HeartbeatResponse response;
       auto ctx = Context(options_.call_deadline_ms);
       if (stub_->Heartbeat(ctx.get(), request, &response).ok() &&
@@ -599,7 +611,6 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
     return WithFailureKind(absl::InvalidArgumentError("trainer returned num_examples < 1"), "local");
   }
   // Under secure aggregation or DP the server learns nothing of this site's data size or loss.
-  const bool hide_statistics = HidesPerClientStatistics(join_.run_config());
   const int64_t claimed_examples = hide_statistics ? 1 : result->num_examples;
 
   std::vector<UpdateTensor> update;

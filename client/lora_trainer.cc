@@ -67,9 +67,9 @@ absl::StatusOr<TrainResult> RunTask(const LoraSite<Model, Data>& site, const Tra
     if (model == nullptr) return absl::FailedPreconditionError("LoraTrainer: no model to train");
     FEDLORA_RETURN_IF_ERROR(LoadAdapter(global, *model));
     if (site.indices.has_value()) {
-      FEDLORA_ASSIGN_OR_RETURN(outcome, TrainLocally(*model, *site.data, *site.indices, options));
+      FEDLORA_ASSIGN_OR_RETURN(outcome, TrainLocally(*model, *site.data, *site.indices, options, task.report_progress));
     } else {
-      FEDLORA_ASSIGN_OR_RETURN(outcome, TrainLocally(*model, *site.data, options));
+      FEDLORA_ASSIGN_OR_RETURN(outcome, TrainLocally(*model, *site.data, options, task.report_progress));
     }
     result.delta = AdapterDelta(*model, global);
   }
@@ -105,43 +105,45 @@ TrainOptions TaskTrainOptions(const TrainOptions& base, const TrainTask& task) {
 }
 
 absl::StatusOr<LocalOutcome> TrainLocally(BertClassifier& model, const TokenizedDataset& data,
-                                          const TrainOptions& options) {
+                                          const TrainOptions& options, const StepProgress& progress) {
   std::vector<float> losses;
   int64_t examples = 0;
   fedlora::Trainer trainer(model, options);
-  trainer.on_step = [&losses, &examples](const StepReport& r) {
+  trainer.on_step = [&losses, &examples, &progress](const StepReport& r) {
     losses.push_back(r.loss);
     examples += r.examples;
+    if (progress) progress(r.step, r.total_steps);
   };
   FEDLORA_RETURN_IF_ERROR(trainer.Train(data, nullptr));
   return OutcomeOf(losses, examples, data.size());
 }
 
 absl::StatusOr<LocalOutcome> TrainLocally(CausalLm& model, const LmDataset& data,
-                                          const TrainOptions& options) {
+                                          const TrainOptions& options, const StepProgress& progress) {
   std::vector<float> losses;
   int64_t examples = 0;
   LmTrainer trainer(model, options);
-  trainer.on_step = [&losses, &examples](const StepReport& r) {
+  trainer.on_step = [&losses, &examples, &progress](const StepReport& r) {
     losses.push_back(r.loss);
     examples += r.examples;
+    if (progress) progress(r.step, r.total_steps);
   };
   FEDLORA_RETURN_IF_ERROR(trainer.Train(data, nullptr, LmEvalOptions{}));
   return OutcomeOf(losses, examples, data.size());
 }
 
 absl::StatusOr<LocalOutcome> TrainLocally(BertClassifier& model, const TokenizedDataset& data,
-                                          std::span<const int64_t> indices,
-                                          const TrainOptions& options) {
+                                          std::span<const int64_t> indices, const TrainOptions& options,
+                                          const StepProgress& progress) {
   FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset subset, Subset(data, indices));
-  return TrainLocally(model, subset, options);
+  return TrainLocally(model, subset, options, progress);
 }
 
 absl::StatusOr<LocalOutcome> TrainLocally(CausalLm& model, const LmDataset& data,
-                                          std::span<const int64_t> indices,
-                                          const TrainOptions& options) {
+                                          std::span<const int64_t> indices, const TrainOptions& options,
+                                          const StepProgress& progress) {
   FEDLORA_ASSIGN_OR_RETURN(LmDataset subset, Subset(data, indices));
-  return TrainLocally(model, subset, options);
+  return TrainLocally(model, subset, options, progress);
 }
 
 LoraTrainer::LoraTrainer(Site site) : site_(std::move(site)) {}

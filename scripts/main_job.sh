@@ -47,14 +47,17 @@ CENTRAL_STEPS=$((ROUNDS * PER_ROUND * LOCAL_STEPS))
 # federation is compared with the strongest baseline we know rather than a handicapped one.
 CENTRAL_LR=${CENTRAL_LR:-0.002}
 
-echo "== federated: $CONFIG ($ROUNDS rounds x $PER_ROUND clients x $LOCAL_STEPS local steps of $BATCH)" >&2
-"$FEDLORA" simulate --config "$CONFIG" --out "$OUT_DIR/federated"
-
 echo "== centralized: $CENTRAL_STEPS steps of $BATCH on the pooled data (same examples seen), lr $CENTRAL_LR" >&2
 "$FEDLORA" train --model models/all-MiniLM-L6-v2 --train data/fortunes/train.jsonl \
   --eval data/fortunes/test.jsonl --out "$OUT_DIR/central" --max-steps "$CENTRAL_STEPS" \
   --batch-size "$BATCH" --lr "$CENTRAL_LR" --max-seq-len "$SEQ" --seed "$SEED" --schedule "$SCHEDULE" \
   --weight-decay 0 --warmup-steps 0 --rank 8 --alpha 16 --targets query,value --no-progress >/dev/null
+CENTRAL_ACC=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["final_eval"]["accuracy"])' \
+  "$OUT_DIR/central/metrics.json")
+
+# The plot draws the centralized accuracy across the federation's rounds.
+echo "== federated: $CONFIG ($ROUNDS rounds x $PER_ROUND clients x $LOCAL_STEPS local steps of $BATCH)" >&2
+"$FEDLORA" simulate --config "$CONFIG" --out "$OUT_DIR/federated" --reference "centralized=$CENTRAL_ACC"
 
 "$PYTHON" - "$OUT_DIR" "$CONFIG" "$CENTRAL_LR" <<'EOF'
 import json, sys

@@ -176,6 +176,10 @@ v1::ClientInfo Coordinator::ClientInfoLocked(const ClientEntry& c, int64_t now) 
   if (round_ != nullptr && round_->state == RoundState::kTraining && round_->selected.count(c.id) != 0 &&
       round_->accepted.count(c.id) == 0) {
     info.set_current_task_id(TaskIdFor(round_->round, c.id));
+    if (c.progress_task == info.current_task_id()) {
+      info.set_steps_done(c.steps_done);
+      info.set_steps_total(c.steps_total);
+    }
   }
   info.set_rounds_participated(static_cast<uint32_t>(c.rounds_participated));
   info.set_updates_rejected(static_cast<uint32_t>(c.updates_rejected));

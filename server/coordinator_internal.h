@@ -38,6 +38,10 @@ struct Coordinator::ClientEntry {
   int64_t rounds_participated = 0;
   int64_t updates_rejected = 0;
   std::string held_adapter;  // as the client's last WaitForTask said
+  // Training progress of task `progress_task` as its last heartbeat said (HeartbeatRequest).
+  std::string progress_task;
+  uint64_t steps_done = 0;
+  uint64_t steps_total = 0;
   // Quotas (ServerOptions::max_client_*), counted for `quota_round` and reset when the round moves on.
   int64_t quota_round = 0;
   int64_t bytes_this_round = 0;

@@ -135,6 +135,11 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& 
                          round_->selected.count(client_id) != 0 &&
                          request.task_id() == TaskIdFor(round_->round, client_id);
     if (!current) response.set_action(v1::HeartbeatResponse::CANCEL_TASK);
+    if (current && !HidesPerClientStatistics(config_)) {
+      c->progress_task = request.task_id();
+      c->steps_total = request.steps_total();
+      c->steps_done = std::min(request.steps_done(), request.steps_total());
+    }
   }
   return response;
 }

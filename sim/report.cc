@@ -95,13 +95,41 @@ void Axes(std::string* svg, const Panel& p, double y_step, const std::string& y_
                         p.x0 - 48, p.y0 + p.h / 2, p.x0 - 48, p.y0 + p.h / 2, XmlEscape(y_label));
 }
 
-void Series(std::string* svg, const Panel& p, const std::vector<std::pair<double, double>>& pts, const char* cls) {
+// A polyline through `pts` with a marker at each point: a circle, or a square for `square`.
+void Series(std::string* svg, const Panel& p, const std::vector<std::pair<double, double>>& pts, const char* cls,
+            bool square = false) {
   if (pts.empty()) return;
   std::string d;
   for (const auto& [x, y] : pts) absl::StrAppendFormat(&d, "%s%.1f,%.1f", d.empty() ? "" : " ", p.X(x), p.Y(y));
   absl::StrAppendFormat(svg, "<polyline class=\"%s\" points=\"%s\"/>\n", cls, d);
   for (const auto& [x, y] : pts) {
-    absl::StrAppendFormat(svg, "<circle class=\"%s\" cx=\"%.1f\" cy=\"%.1f\" r=\"3\"/>\n", cls, p.X(x), p.Y(y));
+    if (square) {
+      absl::StrAppendFormat(svg, "<rect class=\"%s\" x=\"%.1f\" y=\"%.1f\" width=\"6\" height=\"6\"/>\n", cls,
+                            p.X(x) - 3, p.Y(y) - 3);
+    } else {
+      absl::StrAppendFormat(svg, "<circle class=\"%s\" cx=\"%.1f\" cy=\"%.1f\" r=\"3\"/>\n", cls, p.X(x), p.Y(y));
+    }
+  }
+}
+
+// A dashed horizontal line across the panel at `value`, labelled at its right end.
+void Reference(std::string* svg, const Panel& p, double value, const std::string& label, const char* cls) {
+  if (!std::isfinite(value) || value < 0 || value > p.y_top) return;
+  const double y = p.Y(value);
+  absl::StrAppendFormat(svg, "<line class=\"%s\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", cls, p.x0, y,
+                        p.x0 + p.w, y);
+  absl::StrAppendFormat(svg, "<text class=\"note\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
+                        p.x0 + p.w - 4, y - 4, XmlEscape(label));
+}
+
+// Legend entries in a row from the panel's top left: (css class, text) each.
+void Legend(std::string* svg, const Panel& p, const std::vector<std::pair<std::string, std::string>>& entries) {
+  double x = p.x0 + 10;
+  for (const auto& [cls, text] : entries) {
+    absl::StrAppendFormat(svg, "<rect class=\"%s\" x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"4\"/>"
+                               "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n",
+                          cls, x, p.y0 + 12, x + 18, p.y0 + 18, XmlEscape(text));
+    x += 40 + 6.5 * static_cast<double>(text.size());
   }
 }
 
@@ -146,76 +174,120 @@ std::string RoundsToCsv(const std::vector<RoundRecord>& rounds) {
   return out;
 }
 
-std::string RoundsToSvg(const std::vector<RoundRecord>& rounds, const std::string& title) {
-  constexpr double kWidth = 760, kHeight = 620;
-  double max_round = 1;
-  std::vector<std::pair<double, double>> acc, ppl, up, down;
-  double cum_up = 0, cum_down = 0, max_ppl = 0;
+namespace {
+
+// The series of the three panels.
+struct SvgSeries {
+  std::vector<std::pair<double, double>> acc, ppl, eval_loss, train_loss, up, down;
+  double max_round = 1, max_ppl = 0, max_loss = 0, cum_up = 0, cum_down = 0;
+};
+
+SvgSeries SeriesOf(const std::vector<RoundRecord>& rounds) {
+  SvgSeries s;
   for (const RoundRecord& r : rounds) {
-    max_round = std::max(max_round, static_cast<double>(r.round));
-    if (std::isfinite(r.eval_accuracy)) acc.emplace_back(r.round, r.eval_accuracy);
+    s.max_round = std::max(s.max_round, static_cast<double>(r.round));
+    if (std::isfinite(r.eval_accuracy)) s.acc.emplace_back(r.round, r.eval_accuracy);
     if (std::isfinite(r.eval_perplexity)) {
-      ppl.emplace_back(r.round, r.eval_perplexity);
-      max_ppl = std::max(max_ppl, r.eval_perplexity);
+      s.ppl.emplace_back(r.round, r.eval_perplexity);
+      s.max_ppl = std::max(s.max_ppl, r.eval_perplexity);
     }
-    cum_up += static_cast<double>(r.bytes_up) / kMiB;
-    cum_down += static_cast<double>(r.bytes_down) / kMiB;
-    up.emplace_back(r.round, cum_up);
-    down.emplace_back(r.round, cum_down);
+    if (std::isfinite(r.eval_loss) && r.eval_loss > 0) {
+      s.eval_loss.emplace_back(r.round, r.eval_loss);
+      s.max_loss = std::max(s.max_loss, r.eval_loss);
+    }
+    if (std::isfinite(r.mean_train_loss) && r.mean_train_loss > 0) {
+      s.train_loss.emplace_back(r.round, r.mean_train_loss);
+      s.max_loss = std::max(s.max_loss, r.mean_train_loss);
+    }
+    s.cum_up += static_cast<double>(r.bytes_up) / kMiB;
+    s.cum_down += static_cast<double>(r.bytes_down) / kMiB;
+    s.up.emplace_back(r.round, s.cum_up);
+    s.down.emplace_back(r.round, s.cum_down);
   }
+  return s;
+}
+
+// Top panel: accuracy on [0, 1] (perplexity when no round has an accuracy), with the untuned model
+// (round 0) and the caller's references as dashed lines.
+void QualityPanel(std::string* svg, const SvgSeries& s, const std::vector<ReferenceLine>& references, double width) {
+  const bool perplexity = s.acc.empty() && !s.ppl.empty();
+  double top = 1.0, step = 0.2;
+  if (perplexity) NiceAxis(s.max_ppl, &top, &step);
+  for (const ReferenceLine& r : references) {
+    if (perplexity && std::isfinite(r.value) && r.value > top) NiceAxis(r.value, &top, &step);
+  }
+  Panel p{80, 50, width - 120, 190, s.max_round, top};
+  const auto& pts = perplexity ? s.ppl : s.acc;
+  absl::StrAppend(svg, perplexity ? "<g id=\"perplexity\">\n" : "<g id=\"accuracy\">\n");
+  Axes(svg, p, step, perplexity ? "held-out perplexity" : "held-out accuracy", perplexity ? "%g" : "%.1f");
+  if (!pts.empty() && pts.front().first == 0) Reference(svg, p, pts.front().second, "untuned (round 0)", "untuned");
+  for (const ReferenceLine& r : references) Reference(svg, p, r.value, r.label, "reference");
+  Series(svg, p, pts, "acc");
+  absl::StrAppend(svg, "</g>\n");
+}
+
+// Middle panel: held-out loss and the clients' mean training loss per round.
+void LossPanel(std::string* svg, const SvgSeries& s, double width) {
+  double top = 1, step = 0.2;
+  NiceAxis(s.max_loss, &top, &step);
+  Panel p{80, 290, width - 120, 150, s.max_round, top};
+  absl::StrAppend(svg, "<g id=\"loss\">\n");
+  Axes(svg, p, step, "loss", "%g");
+  Series(svg, p, s.eval_loss, "evalloss");
+  Series(svg, p, s.train_loss, "trainloss", /*square=*/true);
+  Legend(svg, p, {{"evalloss", "held-out"}, {"trainloss", "clients' training (mean)"}});
+  absl::StrAppend(svg, "</g>\n");
+}
+
+// Bottom panel: cumulative MiB up (solid, circles) and down (dashed, squares): the two lines
+// coincide when every byte uploaded is downloaded again, and stay told apart.
+void BytesPanel(std::string* svg, const SvgSeries& s, double width) {
+  double top = 1, step = 0.2;
+  NiceAxis(std::max(s.cum_up, s.cum_down), &top, &step);
+  Panel p{80, 490, width - 120, 150, s.max_round, top};
+  absl::StrAppend(svg, "<g id=\"bytes\">\n");
+  Axes(svg, p, step, "cumulative MiB", "%g");
+  Series(svg, p, s.up, "up");
+  Series(svg, p, s.down, "down", /*square=*/true);
+  Legend(svg, p, {{"up", absl::StrFormat("uploaded %.3g MiB", s.cum_up)},
+                  {"down", absl::StrFormat("downloaded %.3g MiB (dashed)", s.cum_down)}});
+  absl::StrAppend(svg, "</g>\n");
+}
+
+}  // namespace
+
+std::string RoundsToSvg(const std::vector<RoundRecord>& rounds, const std::string& title,
+                        const std::vector<ReferenceLine>& references) {
+  constexpr double kWidth = 760, kHeight = 690;
+  const SvgSeries s = SeriesOf(rounds);
   std::string svg = absl::StrFormat(
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n"
       "<style>\n"
       "  text { font-family: sans-serif; font-size: 12px; fill: #222; }\n"
       "  .title { font-size: 15px; font-weight: bold; }\n"
+      "  .note { font-size: 11px; fill: #555; }\n"
       "  .frame { fill: none; stroke: #444; }\n"
       "  .grid { stroke: #ddd; }\n"
       "  polyline { fill: none; stroke-width: 2; }\n"
       "  .acc { stroke: #1b6ac9; fill: #1b6ac9; }\n"
+      "  .evalloss { stroke: #7048e8; fill: #7048e8; }\n"
+      "  .trainloss { stroke: #868e96; fill: #868e96; }\n"
       "  .up { stroke: #d9480f; fill: #d9480f; }\n"
       "  .down { stroke: #2b8a3e; fill: #2b8a3e; }\n"
-      "  polyline.acc, polyline.up, polyline.down { fill: none; }\n"
+      "  polyline.down { stroke-dasharray: 6 4; }\n"
+      "  .untuned { stroke: #888; stroke-dasharray: 2 3; }\n"
+      "  .reference { stroke: #c92a2a; stroke-dasharray: 6 4; }\n"
+      "  polyline.acc, polyline.evalloss, polyline.trainloss, polyline.up, polyline.down { fill: none; }\n"
       "</style>\n"
       "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
       "<text class=\"title\" x=\"%d\" y=\"24\" text-anchor=\"middle\">%s</text>\n",
       static_cast<int>(kWidth), static_cast<int>(kHeight), static_cast<int>(kWidth), static_cast<int>(kHeight),
       static_cast<int>(kWidth / 2), XmlEscape(title));
-
-  if (acc.empty() && !ppl.empty()) {
-    // Top panel: perplexity from 0 to a nice value above the largest.
-    double p_top = 1, p_step = 0.2;
-    NiceAxis(max_ppl, &p_top, &p_step);
-    Panel top{80, 50, kWidth - 120, 210, max_round, p_top};
-    absl::StrAppend(&svg, "<g id=\"perplexity\">\n");
-    Axes(&svg, top, p_step, "held-out perplexity", "%g");
-    Series(&svg, top, ppl, "acc");
-    absl::StrAppend(&svg, "</g>\n");
-  } else {
-    // Top panel: accuracy on [0, 1].
-    Panel top{80, 50, kWidth - 120, 210, max_round, 1.0};
-    absl::StrAppend(&svg, "<g id=\"accuracy\">\n");
-    Axes(&svg, top, 0.2, "held-out accuracy", "%.1f");
-    Series(&svg, top, acc, "acc");
-    absl::StrAppend(&svg, "</g>\n");
-  }
-
-  // Bottom panel: cumulative MiB.
-  double y_top = 1, y_step = 0.2;
-  NiceAxis(std::max(cum_up, cum_down), &y_top, &y_step);
-  Panel bottom{80, 340, kWidth - 120, 210, max_round, y_top};
-  absl::StrAppend(&svg, "<g id=\"bytes\">\n");
-  Axes(&svg, bottom, y_step, "cumulative MiB", "%g");
-  Series(&svg, bottom, up, "up");
-  Series(&svg, bottom, down, "down");
-  absl::StrAppendFormat(&svg,
-                        "<rect class=\"up\" x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"4\"/>"
-                        "<text x=\"%.1f\" y=\"%.1f\">uploaded</text>\n"
-                        "<rect class=\"down\" x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"4\"/>"
-                        "<text x=\"%.1f\" y=\"%.1f\">downloaded</text>\n",
-                        bottom.x0 + 10, bottom.y0 + 12, bottom.x0 + 28, bottom.y0 + 18, bottom.x0 + 110,
-                        bottom.y0 + 12, bottom.x0 + 128, bottom.y0 + 18);
-  absl::StrAppend(&svg, "</g>\n</svg>\n");
+  QualityPanel(&svg, s, references, kWidth);
+  LossPanel(&svg, s, kWidth);
+  BytesPanel(&svg, s, kWidth);
+  absl::StrAppend(&svg, "</svg>\n");
   return svg;
 }
 
@@ -252,12 +324,12 @@ std::string SummaryTable(const std::vector<RoundRecord>& rounds) {
 }
 
 absl::Status WriteRoundReports(const std::string& dir, const std::vector<RoundRecord>& rounds,
-                               const std::string& title) {
+                               const std::string& title, const std::vector<ReferenceLine>& references) {
   std::string jsonl;
   for (const RoundRecord& r : rounds) absl::StrAppend(&jsonl, RoundRecordToJson(r), "\n");
   FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(dir + "/rounds.jsonl", jsonl));
   FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(dir + "/rounds.csv", RoundsToCsv(rounds)));
-  return WriteFileAtomically(dir + "/rounds.svg", RoundsToSvg(rounds, title));
+  return WriteFileAtomically(dir + "/rounds.svg", RoundsToSvg(rounds, title, references));
 }
 
 }  // namespace fedlora::sim

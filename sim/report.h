@@ -6,8 +6,9 @@
 //
 // Files written (each atomically, so a reader never sees half a file): rounds.jsonl (one object
 // per round, keys as in RoundRecordToJson), rounds.csv (same columns, a header row) and
-// rounds.svg (two panels: held-out accuracy, or perplexity when no round has an accuracy, vs round;
-// cumulative MiB up and down vs round).
+// rounds.svg (three panels against the round: held-out accuracy, or perplexity when no round has an
+// accuracy, with the untuned model and any reference as dashed lines; held-out and training loss;
+// cumulative MiB up and down).
 // Pure functions apart from WriteRoundReports; thread-safe.
 #pragma once
 
@@ -58,13 +59,21 @@ struct RoundRecord {
 std::string RoundRecordToJson(const RoundRecord& r);
 // Header row plus one row per record; NaN as an empty cell.
 std::string RoundsToCsv(const std::vector<RoundRecord>& rounds);
-// A standalone SVG document (two panels, axes with ticks, a legend). `title` is XML-escaped.
-std::string RoundsToSvg(const std::vector<RoundRecord>& rounds, const std::string& title);
+// A figure drawn across the quality panel for comparison, e.g. {"centralized", 0.7725}.
+struct ReferenceLine {
+  std::string label;
+  double value = 0;
+};
+
+// A standalone SVG document (three panels, axes with ticks, legends). `title` and the references'
+// labels are XML-escaped; a reference outside the panel's axis is left out.
+std::string RoundsToSvg(const std::vector<RoundRecord>& rounds, const std::string& title,
+                        const std::vector<ReferenceLine>& references = {});
 // Fixed-width text table, one line per round, plus a totals line.
 std::string SummaryTable(const std::vector<RoundRecord>& rounds);
 
 // Writes rounds.jsonl, rounds.csv and rounds.svg into `dir` (which must exist).
 absl::Status WriteRoundReports(const std::string& dir, const std::vector<RoundRecord>& rounds,
-                               const std::string& title);
+                               const std::string& title, const std::vector<ReferenceLine>& references = {});
 
 }  // namespace fedlora::sim

@@ -160,6 +160,11 @@ struct VirtualClient {
   std::unique_ptr<ClientTrainer> trainer;
   std::thread thread;
 
+  // Training progress of the task of round `task_round` (for the progress line).
+  std::atomic<uint64_t> task_round{0};
+  std::atomic<int64_t> steps_done{0};
+  std::atomic<int64_t> steps_total{0};
+
   std::mutex mu;
   Client* client = nullptr;  // the live SDK client, while RunUntilDone runs
   bool vanished = false;
@@ -214,6 +219,13 @@ class Simulation final : public Evaluator {
   bool SleepUnlessStopping(double seconds);
   void StopEverything();
   absl::Status WriteFinalOutputs(SimResult& result);
+  // The in-process server of the run, started with `initial` as round 0's adapter.
+  absl::Status StartServer(const std::vector<UpdateTensor>& initial, int num_clients);
+  // Evaluates the untuned model (round 0), then waits for the run to finish, showing progress.
+  absl::Status Watch(uint32_t rounds, const std::vector<UpdateTensor>& initial);
+  // The progress line's tail: the round under way (sites training and their steps, or the
+  // evaluation), and the latest held-out figure.
+  std::string ProgressText();
 
   const v1::RunConfig config_;
   SimOptions options_;
@@ -234,6 +246,7 @@ class Simulation final : public Evaluator {
   bool stopping_ = false;
   absl::Status client_error_;  // first unexpected client failure
   std::map<uint64_t, RoundStats> stats_;
+  std::atomic<int64_t> evaluating_round_{-1};  // the round Evaluate is on, -1 when none
   std::vector<RoundRecord> records_;
   Clock::time_point last_commit_;
   int64_t last_accepted_ = 0, last_up_ = 0, last_down_ = 0, last_fp32_ = 0, last_down_full_ = 0;
@@ -288,7 +301,16 @@ absl::StatusOr<TrainResult> Simulation::TrainClient(VirtualClient& vc, const Tra
     return absl::AbortedError(absl::StrCat("simulated dropout of ", vc.id, " in round ", task.round));
   }
 
-  FEDLORA_ASSIGN_OR_RETURN(TrainResult result, vc.local->Train(task, global));
+  TrainTask reporting = task;
+  vc.steps_done.store(0);
+  vc.steps_total.store(0);
+  vc.task_round.store(task.round);
+  reporting.report_progress = [&vc, &task](int64_t done, int64_t total) {
+    vc.steps_total.store(total);
+    vc.steps_done.store(done);
+    if (task.report_progress) task.report_progress(done, total);
+  };
+  FEDLORA_ASSIGN_OR_RETURN(TrainResult result, vc.local->Train(reporting, global));
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto mean = result.metrics.find("train_loss_mean");  // LoraTrainer always reports it
@@ -308,8 +330,11 @@ absl::StatusOr<TrainResult> Simulation::TrainClient(VirtualClient& vc, const Tra
 
 absl::StatusOr<std::map<std::string, double>> Simulation::Evaluate(uint64_t round,
                                                                     const std::vector<UpdateTensor>& adapter) {
-  FEDLORA_ASSIGN_OR_RETURN(const EvalFigures eval,
-                           data_.causal_lm ? EvaluateWith(lm_pool_, adapter) : EvaluateWith(pool_, adapter));
+  evaluating_round_.store(static_cast<int64_t>(round));
+  absl::StatusOr<EvalFigures> evaluated =
+      data_.causal_lm ? EvaluateWith(lm_pool_, adapter) : EvaluateWith(pool_, adapter);
+  evaluating_round_.store(-1);
+  FEDLORA_ASSIGN_OR_RETURN(const EvalFigures eval, std::move(evaluated));
   RecordRound(round, eval);
   if (!data_.causal_lm) {
     return std::map<std::string, double>{
@@ -402,7 +427,7 @@ void Simulation::RecordRound(uint64_t round, const EvalFigures& eval) {
   r.elapsed_seconds = SecondsSince(start_);
   last_commit_ = Clock::now();
   records_.push_back(r);
-  absl::Status written = WriteRoundReports(options_.out_dir, records_, config_.run_id());
+  absl::Status written = WriteRoundReports(options_.out_dir, records_, config_.run_id(), options_.references);
   if (!written.ok()) {
     FEDLORA_LOG(WARNING) << "simulate: writing the round reports: " << written;
   }
@@ -653,20 +678,7 @@ absl::StatusOr<ServerTlsOptions> Simulation::MakePki(int num_clients) const {
   return tls;
 }
 
-absl::StatusOr<SimResult> Simulation::Run() {
-  start_ = Clock::now();
-  FEDLORA_RETURN_IF_ERROR(Setup());
-  const int num_clients = partition_.num_clients();
-  const uint32_t rounds = ConfiguredRounds(config_);
-
-  // The initial adapter: the model's freshly initialised trainable params (seeded by config.seed).
-  const std::vector<UpdateTensor> initial = data_.causal_lm ? InitialAdapter(lm_pool_) : InitialAdapter(pool_);
-  const std::string task = data_.causal_lm ? std::string("conversations")
-                                           : absl::StrCat("examples, ", data_.label_names.size(), " labels");
-  std::fprintf(stderr, "simulate: %d clients (%lld train / %lld held-out %s), %u rounds, parallelism %d\n",
-               num_clients, static_cast<long long>(data_.train_size()), static_cast<long long>(data_.eval_size()),
-               task.c_str(), rounds, parallelism_);
-
+absl::Status Simulation::StartServer(const std::vector<UpdateTensor>& initial, int num_clients) {
   ServerOptions so = ServerOptionsFromRunConfig(config_);
   so.listen_address = "127.0.0.1:0";
   so.metrics_address.clear();
@@ -687,13 +699,24 @@ absl::StatusOr<SimResult> Simulation::Run() {
   so.aggregation_device = options_.device;  // the sums, like the models, on the simulation's device
   FEDLORA_ASSIGN_OR_RETURN(server_, Server::Create(so, config_, initial, this));
 
-  // Round 0: the untuned model (before any training).
-  {
-    last_commit_ = Clock::now();
-    FEDLORA_ASSIGN_OR_RETURN(auto ignored, Evaluate(0, initial));
-    (void)ignored;
-  }
+  return absl::OkStatus();
+}
 
+absl::StatusOr<SimResult> Simulation::Run() {
+  start_ = Clock::now();
+  FEDLORA_RETURN_IF_ERROR(Setup());
+  const int num_clients = partition_.num_clients();
+  const uint32_t rounds = ConfiguredRounds(config_);
+
+  // The initial adapter: the model's freshly initialised trainable params (seeded by config.seed).
+  const std::vector<UpdateTensor> initial = data_.causal_lm ? InitialAdapter(lm_pool_) : InitialAdapter(pool_);
+  const std::string task = data_.causal_lm ? std::string("conversations")
+                                           : absl::StrCat("examples, ", data_.label_names.size(), " labels");
+  std::fprintf(stderr, "simulate: %d clients (%lld train / %lld held-out %s), %u rounds, parallelism %d\n",
+               num_clients, static_cast<long long>(data_.train_size()), static_cast<long long>(data_.eval_size()),
+               task.c_str(), rounds, parallelism_);
+
+  FEDLORA_RETURN_IF_ERROR(StartServer(initial, num_clients));
   const bool may_crash = config_.simulation().crash_probability() > 0 ||
                          std::any_of(options_.faults.begin(), options_.faults.end(),
                                      [](const InjectedFault& f) { return f.kind == FaultKind::kCrash; });
@@ -709,51 +732,8 @@ absl::StatusOr<SimResult> Simulation::Run() {
     }
     clients_.push_back(std::move(vc));
   }
-  for (auto& vc : clients_) {
-    VirtualClient* p = vc.get();
-    p->thread = std::thread([this, p] { ClientLoop(*p); });
-  }
 
-  ProgressOptions po;
-  po.unit = "round";
-  // The progress line is console output, not a log line: away from a terminal too it goes to
-  // stderr (plain lines, newline-ended), even when the log goes to a file.
-  po.is_tty = ::isatty(STDERR_FILENO) == 1 ? 1 : 0;
-  po.emit = [tty = po.is_tty == 1](std::string_view text) {
-    const std::string s = tty ? std::string(text) : absl::StrCat(ToAbsl(text), "\n");
-    ssize_t unused = ::write(STDERR_FILENO, s.data(), s.size());
-    (void)unused;
-  };
-  std::optional<Progress> progress;
-  if (options_.progress) progress.emplace("simulate", rounds, po);
-  absl::Status outcome;
-  while (true) {
-    const bool finished = server_->WaitUntilFinished(200);
-    std::string extra;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (auto r = records_.rbegin(); r != records_.rend(); ++r) {  // the latest evaluated round
-        if (std::isfinite(r->eval_accuracy)) {
-          extra = absl::StrFormat("accuracy=%.4f", r->eval_accuracy);
-        } else if (std::isfinite(r->eval_perplexity)) {
-          extra = absl::StrFormat("perplexity=%.3f", r->eval_perplexity);
-        } else {
-          continue;
-        }
-        break;
-      }
-      if (!client_error_.ok()) outcome = client_error_;
-    }
-    if (progress) progress->Update(server_->coordinator().rounds_committed(), extra);
-    if (finished || !outcome.ok()) break;
-    if (options_.max_seconds > 0 && SecondsSince(start_) > options_.max_seconds) {
-      outcome = absl::DeadlineExceededError(absl::StrCat("simulation did not finish within ", options_.max_seconds,
-                                                         " s (", server_->coordinator().rounds_committed(), " of ",
-                                                         rounds, " rounds committed)"));
-      break;
-    }
-  }
-  if (progress) progress->Finish();
+  const absl::Status outcome = Watch(rounds, initial);
   if (outcome.ok()) {
     // Every client sees RunFinished at its next poll (within wait_for_task_seconds + retry_after).
     for (auto& vc : clients_) vc->thread.join();
@@ -774,9 +754,99 @@ absl::StatusOr<SimResult> Simulation::Run() {
   result.client_label_histograms =
       LabelHistograms(partition_, data_.train_labels, data_.num_partition_labels());
   result.seconds = SecondsSince(start_);
-  FEDLORA_RETURN_IF_ERROR(WriteRoundReports(options_.out_dir, result.rounds, config_.run_id()));
+  FEDLORA_RETURN_IF_ERROR(WriteRoundReports(options_.out_dir, result.rounds, config_.run_id(), options_.references));
   FEDLORA_RETURN_IF_ERROR(WriteFinalOutputs(result));
   return result;
+}
+
+absl::Status Simulation::Watch(uint32_t rounds, const std::vector<UpdateTensor>& initial) {
+  ProgressOptions po;
+  po.unit = "round";
+  // The progress line is console output, not a log line: away from a terminal too it goes to
+  // stderr (plain lines, newline-ended), even when the log goes to a file.
+  po.is_tty = ::isatty(STDERR_FILENO) == 1 ? 1 : 0;
+  po.emit = [tty = po.is_tty == 1](std::string_view text) {
+    const std::string s = tty ? std::string(text) : absl::StrCat(ToAbsl(text), "\n");
+    ssize_t unused = ::write(STDERR_FILENO, s.data(), s.size());
+    (void)unused;
+  };
+  std::optional<Progress> progress;
+  if (options_.progress) progress.emplace("simulate", rounds, po);
+  // Round 0: the untuned model (before any training), shown as it runs; no client has a task yet.
+  {
+    last_commit_ = Clock::now();
+    std::atomic<bool> done{false};
+    absl::Status evaluated;
+    std::thread round0([&] {
+      evaluated = Evaluate(0, initial).status();
+      done.store(true);
+    });
+    while (!done.load()) {
+      if (progress) progress->Update(0, ProgressText());
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    round0.join();
+    FEDLORA_RETURN_IF_ERROR(evaluated);
+  }
+  for (auto& vc : clients_) {
+    VirtualClient* p = vc.get();
+    p->thread = std::thread([this, p] { ClientLoop(*p); });
+  }
+  absl::Status outcome;
+  while (true) {
+    const bool finished = server_->WaitUntilFinished(200);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!client_error_.ok()) outcome = client_error_;
+    }
+    if (progress) progress->Update(server_->coordinator().rounds_committed(), ProgressText());
+    if (finished || !outcome.ok()) break;
+    if (options_.max_seconds > 0 && SecondsSince(start_) > options_.max_seconds) {
+      outcome = absl::DeadlineExceededError(absl::StrCat("simulation did not finish within ", options_.max_seconds,
+                                                         " s (", server_->coordinator().rounds_committed(), " of ",
+                                                         rounds, " rounds committed)"));
+      break;
+    }
+  }
+  if (progress) progress->Finish();
+  return outcome;
+}
+
+std::string Simulation::ProgressText() {
+  std::string text;
+  const int64_t evaluating = evaluating_round_.load();
+  if (evaluating == 0) {
+    text = "round 0: evaluating the untuned model";
+  } else if (evaluating > 0) {
+    text = absl::StrCat("round ", evaluating, ": evaluating");
+  } else {
+    const uint64_t round = static_cast<uint64_t>(server_->coordinator().rounds_committed()) + 1;
+    int training = 0;
+    int64_t done = 0, total = 0;
+    for (const auto& vc : clients_) {
+      if (vc->task_round.load() != round || vc->steps_total.load() <= 0) continue;
+      ++training;
+      done += vc->steps_done.load();
+      total += vc->steps_total.load();
+    }
+    if (training > 0) {
+      text = absl::StrFormat("round %d: %d site%s at step %d/%d", round, training, training == 1 ? "" : "s", done,
+                             total);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto r = records_.rbegin(); r != records_.rend(); ++r) {  // the latest evaluated round
+    std::string figure;
+    if (std::isfinite(r->eval_accuracy)) {
+      figure = absl::StrFormat("accuracy=%.4f", r->eval_accuracy);
+    } else if (std::isfinite(r->eval_perplexity)) {
+      figure = absl::StrFormat("perplexity=%.3f", r->eval_perplexity);
+    } else {
+      continue;
+    }
+    return text.empty() ? figure : absl::StrCat(text, ", ", figure);
+  }
+  return text;
 }
 
 }  // namespace

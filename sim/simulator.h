@@ -94,6 +94,8 @@ struct SimOptions {
   // int8 math: tools/common.h DeviceForRun picks the CPU for it. bf16 math and exact-match
   // evaluation run on CUDA.
   Device device = Device::kCpu;
+  // Figures drawn across rounds.svg's quality panel (e.g. the centralized baseline's accuracy).
+  std::vector<ReferenceLine> references;
 };
 
 struct SimResult {

@@ -13,8 +13,12 @@
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "proto/config_io.h"
@@ -37,8 +41,27 @@ struct SimulateFlags {
   bool progress = true;
   bool mtls = false;
   std::string device = "cpu";
+  std::string references;  // LABEL=VALUE,... for rounds.svg
   LogFlags log;
 };
+
+// --reference "centralized=0.7725,other=0.7": each a label and a finite number.
+absl::StatusOr<std::vector<sim::ReferenceLine>> ParseReferences(const std::string& text) {
+  std::vector<sim::ReferenceLine> out;
+  if (text.empty()) return out;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    const size_t eq = item.rfind('=');
+    sim::ReferenceLine r;
+    if (eq != absl::string_view::npos) r.label = std::string(absl::StripAsciiWhitespace(item.substr(0, eq)));
+    if (eq == absl::string_view::npos || r.label.empty() ||
+        !absl::SimpleAtod(item.substr(eq + 1), &r.value) || !std::isfinite(r.value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--reference: '", item, "' is not LABEL=NUMBER (e.g. centralized=0.7725)"));
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
 
 // Where the log goes: --log-file when given ("-": stderr), else stderr with --verbose, else
 // out_dir/server.log. Empty: stderr.
@@ -97,6 +120,7 @@ absl::Status Simulate(const SimulateFlags& f) {
   options.max_seconds = f.max_seconds;
   options.progress = f.progress;
   options.mtls = f.mtls;
+  FEDLORA_ASSIGN_OR_RETURN(options.references, ParseReferences(f.references));
   FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
   FEDLORA_ASSIGN_OR_RETURN(options.device, DeviceForRun(f.device, resolved, CpuOnlyWork(config)));
   absl::StatusOr<sim::SimResult> run = sim::RunSimulation(config, options);
@@ -159,8 +183,14 @@ int RunSimulate(int argc, char** argv) {
                   "runs there with auto and is refused with cuda");
   flags.AddBool("mtls", &f.mtls,
                 "serve the federation over mutual TLS with a development PKI made for the run in <out>/pki");
+  flags.AddString("reference", &f.references,
+                  "LABEL=VALUE[,LABEL=VALUE...]: figures drawn across rounds.svg's accuracy (or perplexity) "
+                  "panel for comparison, e.g. centralized=0.7725");
   if (auto code = ParseFlagsOrExit(flags, argc, argv, &f.log)) return *code;
   if (!flags.positional().empty()) return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
+  if (absl::StatusOr<std::vector<sim::ReferenceLine>> r = ParseReferences(f.references); !r.ok()) {
+    return UsageError(command, std::string(r.status().message()));
+  }
   // A json log holds json only: the redrawn progress line is off unless asked for.
   if (GetLogFormat() == LogFormat::kJson && !flags.WasSet("progress")) f.progress = false;
   if (f.rounds != -1 && (f.rounds < 1 || f.rounds > 1'000'000)) return UsageError(command, "--rounds must be 1-1000000");

@@ -115,6 +115,13 @@ std::string RoundsTable(const v1::GetStatusResponse& s) {
   return out;
 }
 
+// The site's task with its training progress when the server knows it ("r3-...  12/40 steps").
+std::string TaskText(const v1::ClientInfo& c) {
+  if (c.current_task_id().empty()) return "-";
+  if (c.steps_total() == 0) return c.current_task_id();
+  return absl::StrFormat("%s  %d/%d steps", c.current_task_id(), c.steps_done(), c.steps_total());
+}
+
 }  // namespace
 
 std::string StatusView(const v1::GetStatusResponse& s, int64_t now_ms) {
@@ -163,7 +170,7 @@ std::string ClientsView(const std::vector<v1::ClientInfo>& clients, int64_t now_
     absl::StrAppend(&out, absl::StrFormat("%-*s  %-12s  %6d  %8d  %9s  %s\n", width, c.client_id(), state,
                                           c.rounds_participated(), c.updates_rejected(),
                                           Ago(c.last_seen_unix_ms(), now_ms) + (c.last_seen_unix_ms() > 0 ? " ago" : ""),
-                                          c.current_task_id().empty() ? "-" : c.current_task_id()));
+                                          TaskText(c)));
     if (!c.failure().empty()) absl::StrAppend(&out, std::string(width + 2, ' '), c.failure(), "\n");
   }
   if (clients.empty()) absl::StrAppend(&out, "(no site has joined)\n");

@@ -183,6 +183,39 @@ TEST(ClientTest, APermanentTrainerErrorEndsTheClientAndTheServerShowsTheSiteFail
   EXPECT_THAT((*server)->MetricsText(), HasSubstr("fedlora_clients_failed_total 1"));
 }
 
+// Reports 3 of 8 steps, then waits (at most 10 s) until the server shows them before it finishes.
+class ProgressTrainer : public ClientTrainer {
+ public:
+  std::function<bool()> server_shows;
+  absl::StatusOr<TrainResult> Train(const TrainTask& task, const std::vector<NamedTensor>& global) override {
+    if (task.report_progress) task.report_progress(3, 8);
+    shown_ = testing::WaitFor(server_shows, 10'000);
+    return inner_.Train(task, global);
+  }
+  std::atomic<bool> shown_{false};
+
+ private:
+  DeterministicTrainer inner_{0};
+};
+
+TEST(ClientTest, TheTrainersStepsReachTheServerInTheHeartbeats) {
+  TempDir dir;
+  auto server = Server::Create(testing::TestServerOptions(dir.path()), testing::TestRunConfig(1, 1, 1),
+                               testing::InitialAdapter());
+  ASSERT_TRUE(server.ok()) << server.status();
+  ProgressTrainer trainer;
+  trainer.server_shows = [&] {
+    const v1::ClientInfo info = InfoOf(**server, "site-0");
+    return !info.current_task_id().empty() && info.steps_done() == 3 && info.steps_total() == 8;
+  };
+  auto client = Client::Create(testing::TestClientOptions((*server)->address(), "site-0"), &trainer);
+  ASSERT_TRUE(client.ok());
+  auto result = (*client)->RunUntilDone();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(trainer.shown_.load());
+  EXPECT_EQ(InfoOf(**server, "site-0").steps_total(), 0u);  // no task, no progress
+}
+
 // Its data cannot be read: Prepare says so before any task.
 class UnpreparedTrainer : public DeterministicTrainer {
  public:

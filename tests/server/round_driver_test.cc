@@ -129,6 +129,42 @@ void ShortRounds(ServerOptions& o) {
   o.max_aggregation_attempts = 2;
 }
 
+TEST_F(RoundDriverTest, ASitesHeartbeatStepsShowForItsCurrentTaskOnly) {
+  Start(1, 1, 1, nullptr);
+  RawClient& a = Joined("site-a");
+  v1::TrainTask task;
+  ASSERT_TRUE(a.GetTask(&task));
+  auto info = [&] {
+    v1::ListClientsResponse list;
+    auto ctx = a.Context();
+    EXPECT_TRUE(a.admin()->ListClients(ctx.get(), v1::ListClientsRequest(), &list).ok());
+    EXPECT_EQ(list.clients_size(), 1);
+    return list.clients_size() == 1 ? list.clients(0) : v1::ClientInfo();
+  };
+  auto beat = [&](const std::string& task_id, uint64_t done, uint64_t total) {
+    v1::HeartbeatRequest hb;
+    hb.set_task_id(task_id);
+    hb.set_state(v1::CLIENT_STATE_TRAINING);
+    hb.set_steps_done(done);
+    hb.set_steps_total(total);
+    v1::HeartbeatResponse response;
+    auto ctx = a.Context();
+    EXPECT_TRUE(a.stub()->Heartbeat(ctx.get(), hb, &response).ok());
+    return response.action();
+  };
+  EXPECT_EQ(info().steps_total(), 0u);  // nothing said yet
+  EXPECT_EQ(beat(task.task_id(), 12, 40), v1::HeartbeatResponse::CONTINUE);
+  v1::ClientInfo c = info();
+  EXPECT_EQ(c.current_task_id(), task.task_id());
+  EXPECT_EQ(c.steps_done(), 12u);
+  EXPECT_EQ(c.steps_total(), 40u);
+  // A stale task's heartbeat is cancelled and changes nothing; more steps than planned are capped.
+  EXPECT_EQ(beat("r0-stale", 3, 5), v1::HeartbeatResponse::CANCEL_TASK);
+  EXPECT_EQ(info().steps_done(), 12u);
+  beat(task.task_id(), 90, 40);
+  EXPECT_EQ(info().steps_done(), 40u);
+}
+
 TEST_F(RoundDriverTest, ARoundThatCannotBeAggregatedIsAbandonedAfterItsTries) {
   Start(1, 2, 1, ShortRounds);
   RawClient& a = Joined("site-a");

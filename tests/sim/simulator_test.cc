@@ -168,8 +168,8 @@ TEST(Simulator, TwoRoundsWithADropoutACrashedUploadAndAStraggler) {
   EXPECT_EQ(svg.rfind("<?xml", 0), 0u);
   EXPECT_NE(svg.find("<svg xmlns=\"http://www.w3.org/2000/svg\""), std::string::npos);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
-  EXPECT_EQ(Count(svg, "<polyline"), 3);  // accuracy, bytes up, bytes down
-  EXPECT_EQ(Count(svg, "<g id="), 2);
+  EXPECT_EQ(Count(svg, "<polyline"), 5);  // accuracy; held-out and training loss; bytes up and down
+  EXPECT_EQ(Count(svg, "<g id="), 3);
   EXPECT_EQ(Count(svg, "<g"), Count(svg, "</g>"));
   EXPECT_EQ(Count(svg, "<svg"), Count(svg, "</svg>"));
   EXPECT_TRUE(std::filesystem::exists(out + "/summary.json"));
@@ -504,9 +504,44 @@ TEST(Report, CsvJsonAndSvgOfKnownRecords) {
   EXPECT_NE(svg.find("a &lt;title&gt; &amp; more"), std::string::npos);
   // Cumulative MiB up reaches 3 at round 1: the bytes axis tops out at a nice value >= 3.
   EXPECT_NE(svg.find(">3<"), std::string::npos);
+  // The untuned model is a line across the accuracy panel, and the legend gives both totals.
+  EXPECT_NE(svg.find(">untuned (round 0)</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">uploaded 3 MiB</text>"), std::string::npos) << svg;
+  EXPECT_NE(svg.find(">downloaded 1 MiB (dashed)</text>"), std::string::npos);
   const std::string table = SummaryTable({a, b});
   EXPECT_NE(table.find("total"), std::string::npos);
   EXPECT_NE(table.find("0.5000"), std::string::npos);
+}
+
+TEST(Report, SvgDrawsLossesReferencesAndBytesLinesThatCoincideApart) {
+  RoundRecord a;
+  a.round = 0;
+  a.eval_accuracy = 0.25;
+  a.eval_loss = 2.0;
+  a.mean_train_loss = std::nan("");
+  RoundRecord b;
+  b.round = 1;
+  b.eval_accuracy = 0.5;
+  b.eval_loss = 1.5;
+  b.mean_train_loss = 1.75;
+  b.bytes_up = b.bytes_down = 2 << 20;  // every byte up comes down again: the two lines coincide
+  const std::string svg = RoundsToSvg({a, b}, "t", {{"centralized", 0.75}, {"off the axis", 7.0}});
+  // Accuracy at y = 50 + 190 * (1 - v): the untuned line at 0.25, the reference at 0.75.
+  EXPECT_NE(svg.find("<line class=\"untuned\" x1=\"80.0\" y1=\"192.5\" x2=\"720.0\" y2=\"192.5\"/>"),
+            std::string::npos) << svg;
+  EXPECT_NE(svg.find("<line class=\"reference\" x1=\"80.0\" y1=\"97.5\""), std::string::npos);
+  EXPECT_NE(svg.find(">centralized</text>"), std::string::npos);
+  EXPECT_EQ(svg.find("off the axis"), std::string::npos);  // outside [0, 1]: left out
+  // The loss panel: held-out loss at both rounds, training loss at round 1 only.
+  EXPECT_NE(svg.find("<g id=\"loss\">"), std::string::npos);
+  EXPECT_EQ(Count(svg, "<circle class=\"evalloss\""), 2);
+  EXPECT_EQ(Count(svg, "<rect class=\"trainloss\" x=\""), 2);  // one marker and the legend's swatch
+  // Down is dashed with square markers, up solid with circles: the same points stay visible apart.
+  EXPECT_NE(svg.find("polyline.down { stroke-dasharray"), std::string::npos);
+  EXPECT_EQ(Count(svg, "<circle class=\"up\""), 2);
+  EXPECT_EQ(Count(svg, "<rect class=\"down\" x=\""), 3);  // two markers and the legend's swatch
+  EXPECT_EQ(Count(svg, "<polyline class=\"up\""), 1);
+  EXPECT_EQ(Count(svg, "<polyline class=\"down\""), 1);
 }
 
 // Instruction tuning of SmolLM2-135M-Instruct (Q4_1 base) across two sites that each know one

@@ -92,6 +92,17 @@ TEST(StatusViewTest, ClientsOneLineEachAndAFailedSitesErrorBelowIt) {
                               "        INVALID_ARGUMENT: trainer: b.jsonl:3: invalid JSON\n"));
 }
 
+TEST(StatusViewTest, ASiteTrainingShowsItsSteps) {
+  v1::ClientInfo a;
+  a.set_client_id("site-a");
+  a.set_state(v1::CLIENT_STATE_TRAINING);
+  a.set_last_seen_unix_ms(kNow - 1'000);
+  a.set_current_task_id("r4-abc");
+  a.set_steps_done(12);
+  a.set_steps_total(40);
+  EXPECT_THAT(ClientsView({a}, kNow), HasSubstr("r4-abc  12/40 steps\n"));
+}
+
 TEST(StatusJsonTest, OneDocumentWithNumbersForIntegersAndTheClientsBesideTheStatus) {
   v1::GetStatusResponse s = TrainingRun(2);
   v1::ListClientsResponse list;

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -47,6 +48,10 @@ struct TrainTask {
   // The run's whole config as the server shares it with clients (model id and hash, LoRA shape, the
   // rest of the training settings), as JSON with snake_case field names (see config.proto).
   std::string run_config_json;
+  // Set by the SDK: the trainer may call it after each optimizer step with the steps done and
+  // planned (thread-safe, cheap); the client's heartbeats carry the latest figures to the server,
+  // except under secure aggregation or DP, where a step count would disclose the data's size.
+  std::function<void(int64_t steps_done, int64_t steps_total)> report_progress;
 };
 
 struct TrainResult {
