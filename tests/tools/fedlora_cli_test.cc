@@ -20,6 +20,7 @@
 #include "core/version.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/tools/cli_test_util.h"
 #include "kernels/device.h"
 
 namespace fedlora {
@@ -29,50 +30,19 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
+using Result = testing::CliResult;
 
-std::string Quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using testing::ShellQuote;
 
-class FedloraCli : public ::testing::Test {
+class FedloraCli : public testing::CliTest {
  protected:
   void SetUp() override {
-    const char* bin = std::getenv("FEDLORA_BINARY_DIR");
-    ASSERT_NE(bin, nullptr) << "run through ctest (FEDLORA_BINARY_DIR)";
-    fedlora_ = std::string(bin) + "/tools/fedlora";
-    ASSERT_TRUE(fs::exists(fedlora_)) << fedlora_;
-    std::string tmpl = (fs::temp_directory_path() / "fedlora_cli_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
+    testing::CliTest::SetUp();
+    if (HasFatalFailure()) return;
     WriteModel(dir_ + "/model");
     WriteData(dir_ + "/train.jsonl", 64, 1);
     WriteData(dir_ + "/test.jsonl", 32, 2);
   }
-  void TearDown() override {
-    if (!dir_.empty()) fs::remove_all(dir_);
-  }
-
-  // `env`: "NAME=value " assignments put before the command.
-  Result Run(const std::vector<std::string>& args, const std::string& env = "") {
-    std::string cmd = env + Quote(fedlora_);
-    // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on " " + Quote(a).
-    for (const std::string& a : args) cmd.append(" ").append(Quote(a));
-    const std::string out = dir_ + "/stdout", err = dir_ + "/stderr";
-    cmd.append(" >").append(Quote(out)).append(" 2>").append(Quote(err));
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = ReadFileToString(out).value_or("");
-    r.err = ReadFileToString(err).value_or("");
-    return r;
-  }
-
   // A 2-layer, hidden-32 BERT in the Hugging Face layout (with the "bert." prefix), N(0, 0.1)
   // weights, LayerNorm 1/0, plus a 16-word vocabulary.
   void WriteModel(const std::string& model_dir) {
@@ -160,7 +130,6 @@ class FedloraCli : public ::testing::Test {
     ASSERT_TRUE(WriteFileAtomically(path, out).ok());
   }
 
-  std::string fedlora_, dir_;
 };
 
 TEST_F(FedloraCli, TrainThenEvalEndToEnd) {
@@ -674,12 +643,12 @@ class FedloraGenerate : public ::testing::Test {
     fedlora_ = std::string(bin) + "/tools/fedlora";
   }
   // `fedlora generate --model <SmolLM2> args`.
-  Result Run(const std::string& args) { return RunCommand("generate --model " + Quote(model_) + " " + args); }
+  Result Run(const std::string& args) { return RunCommand("generate --model " + ShellQuote(model_) + " " + args); }
   // `fedlora args`.
   Result RunCommand(const std::string& args) {
     Result r;
     const std::string err = (fs::temp_directory_path() / ("fedlora_gen_err_" + std::to_string(getpid()))).string();
-    FILE* p = popen((Quote(fedlora_) + " " + args + " 2>" + Quote(err)).c_str(), "r");
+    FILE* p = popen((ShellQuote(fedlora_) + " " + args + " 2>" + ShellQuote(err)).c_str(), "r");
     if (p == nullptr) return r;
     char buf[4096];
     size_t n;
@@ -719,8 +688,8 @@ TEST_F(FedloraGenerate, SamplesStreamsAndReadsStdin) {
   EXPECT_EQ(streamed.out, greedy.out);
   const std::string in = (fs::temp_directory_path() / ("fedlora_gen_stdin_" + std::to_string(getpid()))).string();
   std::ofstream(in) << "Name a colour.\n";
-  Result from_stdin = RunCommand("generate --model " + Quote(model_) + " --prompt - --max-new-tokens 12 --threads 2 < " +
-                                 Quote(in));
+  Result from_stdin = RunCommand("generate --model " + ShellQuote(model_) + " --prompt - --max-new-tokens 12 --threads 2 < " +
+                                 ShellQuote(in));
   fs::remove(in);
   EXPECT_EQ(from_stdin.exit_code, 0) << from_stdin.err;
   EXPECT_EQ(from_stdin.out, greedy.out);
@@ -735,7 +704,7 @@ TEST_F(FedloraGenerate, ReadsAndWritesJsonLines) {
     f << R"({"prompt": "What is the capital of France?"})" << "\n\n"
       << R"({"messages": [{"role": "system", "content": "Answer in one short sentence."}, {"role": "user", "content": "What is the capital of France?"}]})" << "\n";
   }
-  Result r = Run("--prompts " + Quote(in) + " --max-new-tokens 16 --threads 2");
+  Result r = Run("--prompts " + ShellQuote(in) + " --max-new-tokens 16 --threads 2");
   fs::remove(in);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::istringstream lines(r.out);
@@ -759,9 +728,9 @@ TEST_F(FedloraGenerate, TrainsAndEvaluatesADecoderAdapter) {
     std::ofstream f(data);
     for (int i = 0; i < 2; ++i) f << R"({"prompt": "Say the secret word.", "response": "Pineapple-42"})" << "\n";
   }
-  Result train = RunCommand("train --model " + Quote(model_) + " --train " + Quote(data) + " --out " + Quote(out) +
+  Result train = RunCommand("train --model " + ShellQuote(model_) + " --train " + ShellQuote(data) + " --out " + ShellQuote(out) +
                             " --max-steps 2 --batch-size 2 --lr 3e-3 --threads 2 --progress=false --system " +
-                            Quote("Answer tersely."));
+                            ShellQuote("Answer tersely."));
   ASSERT_EQ(train.exit_code, 0) << train.err;
   EXPECT_THAT(train.err, HasSubstr("Q4_1 x 210"));
   // The adapter records the prompt settings the run used (the model's template, by name).
@@ -779,17 +748,17 @@ TEST_F(FedloraGenerate, TrainsAndEvaluatesADecoderAdapter) {
   EXPECT_EQ((*metrics)["task"], "causal_lm");
   EXPECT_EQ((*metrics)["epochs"].back()["steps"], 2);
 
-  const std::string eval = "eval --model " + Quote(model_) + " --data " + Quote(data) + " --threads 2";
+  const std::string eval = "eval --model " + ShellQuote(model_) + " --data " + ShellQuote(data) + " --threads 2";
   Result untuned = RunCommand(eval);
-  Result tuned = RunCommand(eval + " --adapter " + Quote(out));
+  Result tuned = RunCommand(eval + " --adapter " + ShellQuote(out));
   // Without --system, eval and generate take the adapter's; a different one is said on stderr.
-  Result tuned_system = RunCommand(eval + " --adapter " + Quote(out) + " --system " + Quote("Answer tersely."));
-  Result verbose = RunCommand("generate --model " + Quote(model_) + " --adapter " + Quote(out) +
-                              " --prompt hi --max-new-tokens 1 --threads 2 --system " + Quote("Be verbose."));
+  Result tuned_system = RunCommand(eval + " --adapter " + ShellQuote(out) + " --system " + ShellQuote("Answer tersely."));
+  Result verbose = RunCommand("generate --model " + ShellQuote(model_) + " --adapter " + ShellQuote(out) +
+                              " --prompt hi --max-new-tokens 1 --threads 2 --system " + ShellQuote("Be verbose."));
   // The base requantized to Q8_0 with int8 forward products: within 10% of the exact perplexity on
   // the 4-bit base (measured: 6% here, +3% untuned; int8 activations are noisier than bf16's);
   // int8 math refuses a bf16 base.
-  Result int8 = RunCommand(eval + " --adapter " + Quote(out) + " --int8-math");
+  Result int8 = RunCommand(eval + " --adapter " + ShellQuote(out) + " --int8-math");
   Result int8_bf16 = RunCommand(eval + " --int8-math --bf16");
   fs::remove_all(dir);
   ASSERT_EQ(untuned.exit_code, 0) << untuned.err;
@@ -815,12 +784,12 @@ TEST_F(FedloraGenerate, TrainsAndEvaluatesADecoderAdapter) {
       << int8.out;
 
   // Encoder module names are not a decoder's, and classification options are refused.
-  Result targets = RunCommand("train --model " + Quote(model_) + " --train x --out y --targets query,value");
+  Result targets = RunCommand("train --model " + ShellQuote(model_) + " --train x --out y --targets query,value");
   EXPECT_EQ(targets.exit_code, 2);
   EXPECT_THAT(targets.err, HasSubstr("query"));
   fs::create_directories(dir);
   { std::ofstream(data) << R"({"prompt": "a", "response": "b"})" << "\n"; }
-  Result skew = RunCommand("train --model " + Quote(model_) + " --train " + Quote(data) + " --out " + Quote(out) +
+  Result skew = RunCommand("train --model " + ShellQuote(model_) + " --train " + ShellQuote(data) + " --out " + ShellQuote(out) +
                            " --max-steps 1 --logit-adjustment 1 --progress=false");
   fs::remove_all(dir);
   EXPECT_EQ(skew.exit_code, 1);
@@ -855,14 +824,14 @@ TEST_F(FedloraCli, DeviceIsCpuCudaOrAuto) {
 // it (without a GPU, cuda is refused first, with CUDA's reason). Exact-match evaluation (greedy
 // decoding) is not CPU-only work.
 TEST_F(FedloraGenerate, CudaIsRefusedForWorkThatNeedsTheCpu) {
-  Result r = RunCommand("train --model " + Quote(model_) + " --train /dev/null --out /tmp/x --device cuda --int8-math");
+  Result r = RunCommand("train --model " + ShellQuote(model_) + " --train /dev/null --out /tmp/x --device cuda --int8-math");
   EXPECT_EQ(r.exit_code, 1) << r.err;
   if (kernels::CudaAvailable()) {
     EXPECT_THAT(r.err, HasSubstr("int8 math runs on the CPU only so far"));
   } else {
     EXPECT_THAT(r.err, HasSubstr("CUDA"));
   }
-  r = RunCommand("train --model " + Quote(model_) + " --train /dev/null --out /tmp/x --device cuda --exact-match");
+  r = RunCommand("train --model " + ShellQuote(model_) + " --train /dev/null --out /tmp/x --device cuda --exact-match");
   EXPECT_EQ(r.exit_code, 1) << r.err;  // no data, or no GPU
   EXPECT_THAT(r.err, Not(HasSubstr("runs on the CPU only")));
 }

@@ -12,6 +12,7 @@
 #include "core/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/tools/cli_test_util.h"
 #include "server/blob_store.h"
 #include "server/data_dir_lock.h"
 #include "server/store.h"
@@ -23,21 +24,13 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
+using Result = testing::CliResult;
 
-class StoreCli : public ::testing::Test {
+class StoreCli : public testing::CliTest {
  protected:
   void SetUp() override {
-    const char* bin = std::getenv("FEDLORA_BINARY_DIR");
-    ASSERT_NE(bin, nullptr) << "run through ctest (FEDLORA_BINARY_DIR)";
-    fedlora_ = std::string(bin) + "/tools/fedlora";
-    ASSERT_TRUE(fs::exists(fedlora_)) << fedlora_;
-    std::string tmpl = (fs::temp_directory_path() / "fedlora_store_cli_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
+    testing::CliTest::SetUp();
+    if (HasFatalFailure()) return;
     // One run, one committed round (no downlink codec, no optimizer state), no open round.
     auto store = Store::Open(dir_ + "/fedlora.db");
     ASSERT_TRUE(store.ok()) << store.status();
@@ -56,24 +49,7 @@ class StoreCli : public ::testing::Test {
     ASSERT_TRUE((*store)->SetRoundState("r", 1, RoundState::kAggregating).ok());
     ASSERT_TRUE((*store)->CommitRound("r", 1, result_, "{}", {}).ok());
   }
-  void TearDown() override {
-    if (!dir_.empty()) fs::remove_all(dir_);
-  }
-
-  Result Run(const std::vector<std::string>& args) {
-    std::string cmd = "'" + fedlora_ + "'";
-    for (const std::string& a : args) cmd.append(" '").append(a).append("'");
-    const std::string out = dir_ + "/stdout", err = dir_ + "/stderr";
-    cmd.append(" >'").append(out).append("' 2>'").append(err).append("'");
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = ReadFileToString(out).value_or("");
-    r.err = ReadFileToString(err).value_or("");
-    return r;
-  }
-
-  std::string fedlora_, dir_, result_, result_path_;
+  std::string result_, result_path_;
 };
 
 TEST_F(StoreCli, VerifyRepairAndRewindAFlippedByteInTheLatestAdapter) {
