@@ -49,22 +49,11 @@ namespace {
 
 using namespace fedlora;
 
+// The scratch directory, with the ckpt/ a checkpoint directory is written to.
 const std::string& Dir() {
   static const std::string* dir = [] {
-    std::string base = "/tmp";
-    if (const char* t = std::getenv("FEDLORA_FUZZ_TMP"); t != nullptr && *t != '\0') {
-      base = t;
-    } else if (std::filesystem::is_directory("/dev/shm")) {
-      base = "/dev/shm";
-    } else if (const char* t2 = std::getenv("TMPDIR"); t2 != nullptr && *t2 != '\0') {
-      base = t2;
-    }
-    auto* d = new std::string(base + "/fedlora_fuzz_decoder_config_" + std::to_string(getpid()));
+    const std::string* d = &fuzz::ScratchDir("decoder_config");
     std::filesystem::create_directories(*d + "/ckpt");
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(Dir(), ec);
-    });
     return d;
   }();
   return *dir;
@@ -72,10 +61,7 @@ const std::string& Dir() {
 
 std::string Write(const std::string& name, const std::string& bytes) {
   const std::string path = Dir() + "/" + name;
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  FUZZ_CHECK(f != nullptr, "cannot write " + path);
-  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  FUZZ_CHECK(std::fclose(f) == 0 && ok, "cannot write " + path);
+  FUZZ_CHECK(fuzz::WriteFile(path, bytes), "cannot write " + path);
   return path;
 }
 

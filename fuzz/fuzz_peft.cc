@@ -28,35 +28,7 @@
 
 namespace {
 
-// One directory per process, removed at exit: under FEDLORA_FUZZ_TMP (scripts/fuzz.sh sets it),
-// else on tmpfs, else under TMPDIR.
-const std::string& Dir() {
-  static const std::string* dir = [] {
-    std::string base = "/tmp";
-    if (const char* t = std::getenv("FEDLORA_FUZZ_TMP"); t != nullptr && *t != '\0') {
-      base = t;
-    } else if (std::filesystem::is_directory("/dev/shm")) {
-      base = "/dev/shm";
-    } else if (const char* t2 = std::getenv("TMPDIR"); t2 != nullptr && *t2 != '\0') {
-      base = t2;
-    }
-    auto* d = new std::string(base + "/fedlora_fuzz_peft_" + std::to_string(getpid()));
-    std::filesystem::create_directories(*d);
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(Dir(), ec);
-    });
-    return d;
-  }();
-  return *dir;
-}
-
-bool WriteFile(const std::string& path, const std::string& bytes) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return false;
-  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  return std::fclose(f) == 0 && ok;
-}
+const std::string& Dir() { return fedlora::fuzz::ScratchDir("peft"); }
 
 fedlora::BertClassifier& Model() {
   static fedlora::BertClassifier* model = [] {
@@ -107,8 +79,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
   const std::string config = in.ConsumeRandomLengthString(4096);
   const std::string weights = in.ConsumeRemainingBytesAsString();
-  FUZZ_CHECK(WriteFile(Dir() + "/" + kPeftConfigFile, config), "cannot write " + Dir());
-  FUZZ_CHECK(WriteFile(Dir() + "/" + kPeftWeightsFile, weights), "cannot write " + Dir());
+  FUZZ_CHECK(fedlora::fuzz::WriteFile(Dir() + "/" + kPeftConfigFile, config), "cannot write " + Dir());
+  FUZZ_CHECK(fedlora::fuzz::WriteFile(Dir() + "/" + kPeftWeightsFile, weights), "cannot write " + Dir());
 
   BertClassifier& model = Model();
   const std::string before = Bits(model);

@@ -148,18 +148,10 @@ void Stop() {
   }
 }
 
-// A private directory for the store: under FEDLORA_FUZZ_TMP (set by scripts/fuzz.sh, which removes
-// it), else on tmpfs when there is one (fsync is then free), else under TMPDIR. Its name holds the
-// pid: a process that crashed cannot remove its own, so each start removes those of dead ones.
+// A private directory for the store under fuzz::ScratchBase(). Its name holds the pid: a process
+// that crashed cannot remove its own, so each start removes those of dead ones.
 std::string MakeStoreDir() {
-  std::string base = "/tmp";
-  if (const char* t = std::getenv("FEDLORA_FUZZ_TMP"); t != nullptr && *t != '\0') {
-    base = t;
-  } else if (std::filesystem::is_directory("/dev/shm")) {
-    base = "/dev/shm";
-  } else if (const char* t2 = std::getenv("TMPDIR"); t2 != nullptr && *t2 != '\0') {
-    base = t2;
-  }
+  const std::string base = fedlora::fuzz::ScratchBase();
   const std::string prefix = "fedlora_fuzz_rpc_";
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(base, ec)) {

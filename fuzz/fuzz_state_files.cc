@@ -36,34 +36,13 @@ namespace {
 
 constexpr char kRunId[] = "run-fuzz";
 
-// Two files per process, removed at exit: under FEDLORA_FUZZ_TMP (scripts/fuzz.sh sets it), else on
-// tmpfs, else under TMPDIR.
+// Two files per process (.in and .out) in its scratch directory, removed at exit.
 const std::string& Base() {
-  static const std::string* base = [] {
-    std::string dir = "/tmp";
-    if (const char* t = std::getenv("FEDLORA_FUZZ_TMP"); t != nullptr && *t != '\0') {
-      dir = t;
-    } else if (std::filesystem::is_directory("/dev/shm")) {
-      dir = "/dev/shm";
-    } else if (const char* t2 = std::getenv("TMPDIR"); t2 != nullptr && *t2 != '\0') {
-      dir = t2;
-    }
-    auto* b = new std::string(dir + "/fedlora_fuzz_state_" + std::to_string(getpid()));
-    std::atexit([] {
-      std::remove((Base() + ".in").c_str());
-      std::remove((Base() + ".out").c_str());
-    });
-    return b;
-  }();
+  static const std::string* base = new std::string(fedlora::fuzz::ScratchDir("state") + "/state");
   return *base;
 }
 
-bool WriteFile(const std::string& path, std::string_view bytes) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return false;
-  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  return std::fclose(f) == 0 && ok;
-}
+using fedlora::fuzz::WriteFile;
 
 std::vector<fedlora::UpdateTensor> Adapter(float value) {
   return {{"lora_A", {2, 3}, std::vector<float>(6, value)}, {"lora_B", {3}, std::vector<float>(3, value)}};

@@ -27,31 +27,13 @@
 
 namespace {
 
-// One file per process (libFuzzer -jobs/-workers run several), removed at exit: under
-// FEDLORA_FUZZ_TMP (scripts/fuzz.sh sets it and removes it), else on tmpfs, else under TMPDIR.
+// One file per process (libFuzzer -jobs/-workers run several) in its scratch directory.
 const std::string& TempPath() {
-  static const std::string* path = [] {
-    std::string base = "/tmp";
-    if (const char* t = std::getenv("FEDLORA_FUZZ_TMP"); t != nullptr && *t != '\0') {
-      base = t;
-    } else if (std::filesystem::is_directory("/dev/shm")) {
-      base = "/dev/shm";
-    } else if (const char* t2 = std::getenv("TMPDIR"); t2 != nullptr && *t2 != '\0') {
-      base = t2;
-    }
-    auto* p = new std::string(base + "/fedlora_fuzz_tokenizer_" + std::to_string(getpid()));
-    std::atexit([] { std::remove(TempPath().c_str()); });
-    return p;
-  }();
+  static const std::string* path = new std::string(fedlora::fuzz::ScratchDir("tokenizer") + "/tokenizer.json");
   return *path;
 }
 
-bool WriteFile(const std::string& path, const std::string& bytes) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return false;
-  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  return std::fclose(f) == 0 && ok;
-}
+using fedlora::fuzz::WriteFile;
 
 }  // namespace
 
