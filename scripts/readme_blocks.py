@@ -177,9 +177,11 @@ def block_script(block, scratch, state, offset_line, names):
         f"cd {shlex.quote(str(scratch))}",
         f"[[ -f {shlex.quote(str(state))} ]] && source {shlex.quote(str(state))}",
         *(f"export {k}={shlex.quote(v)}" for k, v in block.env.items()),
-        f"trap 'echo \"readme-check: {block.path.name}:$((LINENO + {block.line - offset_line})): "
+        f"trap 'echo \"readme-check: {block.path.name}:{block.line}: a before rule failed, "
         "exit $?: $BASH_COMMAND\" >&2' ERR",
         *block.before,
+        f"trap 'echo \"readme-check: {block.path.name}:$((LINENO + {block.line - offset_line})): "
+        "exit $?: $BASH_COMMAND\" >&2' ERR",
     ]
     assert len(head) < offset_line
     head += [":"] * (offset_line - 1 - len(head))

@@ -72,6 +72,11 @@ class ReadmeBlocks(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertIn("timed out after 2 s", r.stdout)
 
+    def test_a_failing_before_rule_is_said(self):
+        r = self.check("<!-- readme-check: before test -f missing -->\n```sh\ntrue\n```\n")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("doc.md:3: a before rule failed, exit 1: test -f missing", r.stdout)
+
     def test_a_stale_replace_rule_is_refused(self):
         r = self.check("<!-- readme-check: replace 'gone' 'x' -->\n```sh\ntrue\n```\n")
         self.assertEqual(r.returncode, 2)
