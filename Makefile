@@ -8,11 +8,13 @@
 # configs/iid.json, 3 alternating reps: about half an hour; FLOWER_ARGS="--reps 1" for one), fuzz
 # (each libFuzzer harness for minutes; fuzz-ci: seconds), chaos (the SIGKILL chaos run, long), load
 # (the load test), deploy-test (the Kubernetes manifests' validation, the container images, the
-# compose federation and the coordinator's pod, each server killed once mid-run: docs/deploy.md).
+# compose federation and the coordinator's pod, each server killed once mid-run: docs/deploy.md),
+# readme-check (README.md's shell blocks as pasted, in a scratch copy of the tree, shortened where
+# the README says so: scripts/readme_blocks.py; README_ARGS=--quick leaves out the slow ones).
 PRESET ?= default
 BUILD_DIR := build/$(PRESET)
 
-.PHONY: run test setup setup-tests build asan bench bench-hf bench-gpu bench-flower fuzz fuzz-ci chaos load deploy-test bazel bazel-full clean
+.PHONY: run test setup setup-tests build readme-check asan bench bench-hf bench-gpu bench-flower fuzz fuzz-ci chaos load deploy-test bazel bazel-full clean
 
 run: setup build
 	scripts/main_job.sh $(BUILD_DIR)
@@ -29,6 +31,9 @@ setup-tests:
 build:
 	cmake --preset $(PRESET) >/dev/null
 	cmake --build --preset $(PRESET)
+
+readme-check: setup-tests build
+	scripts/readme_blocks.py --build-dir $(BUILD_DIR) $(README_ARGS)
 
 # asan and fuzz share one build: build/sanitize (clang, ASan+UBSan, libFuzzer instrumentation),
 # which builds the unit tests (the ones it runs) and the fuzz harnesses, not the integration tests.

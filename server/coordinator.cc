@@ -81,7 +81,7 @@ absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(const v1
 absl::Status ResumeBlobError(const absl::Status& s, int64_t round, absl::string_view what, const std::string& hash,
                              const std::string& data_dir, const std::string& run_id) {
   const std::string where = round == 0 ? std::string("the run's") : absl::StrCat("round ", round, "'s");
-  const std::string args = absl::StrCat("--data-dir ", data_dir, " --run-id ", run_id);
+  const std::string args = absl::StrCat("--store ", data_dir, " --run-id ", run_id);
   return absl::Status(s.code(), absl::StrCat(where, " ", what, " (blob ", hash, ") cannot be read: ", s.message(),
                                              ". The server cannot resume run '", run_id, "' without it: run `fedlora ",
                                              "store verify ", args, "` to see what is damaged, then `fedlora store ",

@@ -1,7 +1,7 @@
 // fedlora audit: reads the audit trail a server keeps with server.audit_public_key_file
 // (server/audit_trail.h), with the offline private key made by `fedlora certs audit-key`.
 //
-//   fedlora audit open --data-dir /var/lib/fedlora --key audit.key [--run-id run-1] [--round 3] --out trail/
+//   fedlora audit open --store /var/lib/fedlora --key audit.key [--run-id run-1] [--round 3] --out trail/
 //
 // Writes each copy it opens as <out>/<run>.round-<N>.<client>.<upload>.update (the client's encoded
 // update, compression/codec.h) and, with --safetensors, the decoded tensors beside it; prints one
@@ -105,7 +105,7 @@ absl::StatusOr<int> OpenTrail(const OpenOptions& o) {
 int RunAudit(int argc, char** argv) {
   const std::string verb = argc >= 2 ? argv[1] : "";
   if (verb != "open") {
-    std::cerr << "usage: fedlora audit open --data-dir DIR --key audit.key [--run-id ID] [--round N] --out DIR "
+    std::cerr << "usage: fedlora audit open --store DIR --key audit.key [--run-id ID] [--round N] --out DIR "
                  "[--safetensors]\nOpens the audit trail (server.audit_public_key_file) with the offline key; '"
               << argv[0] << " open --help' lists the flags.\n";
     return verb == "--help" || verb == "-h" ? kExitOk : kExitUsage;
@@ -114,11 +114,13 @@ int RunAudit(int argc, char** argv) {
   argv[1] = const_cast<char*>(name.c_str());
   FlagSet flags(name, "Opens the updates a server sealed to the offline audit key and writes them to --out.");
   OpenOptions o;
-  flags.AddString("data-dir", &o.dir, "the server's data directory (server.store_dir)", /*required=*/true);
+  flags.AddString("store", &o.dir, "the server's store directory (server.store_dir)", /*required=*/true);
+  flags.AddRenamed("data-dir", "store", "the name server and export use");
   flags.AddString("key", &o.key_file, "the audit private key (PEM, from `fedlora certs audit-key`)", true);
   flags.AddString("out", &o.out, "directory to write the opened updates and manifest.jsonl to", true);
   flags.AddString("run-id", &o.run_id, "only this run (default: every run)");
-  flags.AddInt("round", &o.round, "only this round (default: every round)");
+  flags.AddInt("round", &o.round, "only this round");
+  flags.SetDefaultText("round", "every round");
   flags.AddBool("safetensors", &o.safetensors, "also write each update decoded, as safetensors");
   if (auto code = ParseFlagsOrExit(flags, argc - 1, argv + 1)) return *code;
   if (o.round < 0) return UsageError(name, absl::StrCat("--round ", o.round, " is negative"));

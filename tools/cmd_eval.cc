@@ -178,19 +178,21 @@ int RunEval(int argc, char** argv) {
   flags.AddString("data", &f.data_path, "data file (encoders: JSONL, CSV or TSV; decoders: JSONL)",
                   true);
   flags.AddString("chat-template", &f.data.chat_template,
-                  "decoders: chatml, smollm2, qwen2 or llama3 instead of the model's template (default: the "
-                  "adapter's, fedlora_adapter.json)");
+                  "decoders: chatml, smollm2, qwen2 or llama3 instead of the model's template");
+  flags.SetDefaultText("chat-template", "the adapter's fedlora_adapter.json, else the model's");
   AddEncoderDataFlags(flags, &f.fields);
   flags.AddString("prompt-field", &f.data.prompt_field, "decoders: JSONL field of the prompt");
   flags.AddString("response-field", &f.data.response_field, "decoders: JSONL field of the response");
   flags.AddString("system", &f.data.system,
-                  "decoders: a system message before each prompt (default: the adapter's, fedlora_adapter.json)");
+                  "decoders: a system message before each prompt");
+  flags.SetDefaultText("system", "the adapter's fedlora_adapter.json, else none");
   flags.AddBool("exact-match", &f.data.exact_match,
                 "decoders: also score greedy generations against the responses");
-  flags.AddInt("batch-size", &f.batch_size, "examples per forward pass (decoders: 8 unless given)");
+  flags.AddInt("batch-size", &f.batch_size, "examples per forward pass");
+  flags.SetDefaultText("batch-size", "32; decoders 8");
   flags.AddInt("max-seq-len", &f.max_seq_len,
-               "tokens per example (decoders: the rendered conversation); longer texts are cut. Default: the "
-               "adapter's (the run's, fedlora_adapter.json), else 128");
+               "tokens per example (decoders: the rendered conversation); longer texts are cut");
+  flags.SetDefaultText("max-seq-len", "the adapter's fedlora_adapter.json (the run's), else 128");
   flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
   flags.AddBool("bf16", &f.bf16, "hold the frozen base weights in bf16");
   flags.AddBool("bf16-math", &f.bf16_math,

@@ -81,7 +81,8 @@ int RunExport(int argc, char** argv) {
   flags.AddString("store", &f.store, "the server's store directory (server.store_dir)", /*required=*/true);
   flags.AddString("out", &f.out, "the adapter directory to write (replaced whole if it holds an adapter)",
                   /*required=*/true);
-  flags.AddInt("round", &f.round, "a committed round still kept (default: the latest committed)");
+  flags.AddInt("round", &f.round, "a committed round still kept");
+  flags.SetDefaultText("round", "the latest committed");
   flags.AddString("run-id", &f.run_id, "the run (default: the store's only run)");
   flags.AddString("model", &f.model,
                   "the base model, where the run config's model.path does not name it from here (recorded as "

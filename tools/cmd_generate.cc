@@ -179,9 +179,10 @@ int RunGenerate(int argc, char** argv) {
   flags.AddString("adapter", &f.adapter, "PEFT LoRA adapter directory (from fedlora train or PEFT)");
   flags.AddString("prompt", &f.prompt, "the user message (-: read it from stdin)");
   flags.AddString("prompts", &f.prompts, "JSONL file of {\"prompt\": ...} or {\"messages\": [...]} (-: stdin)");
-  flags.AddString("system", &f.system, "a system message before the prompt (default: the adapter's)");
-  flags.AddString("chat-template", &f.chat_template,
-                  "chatml, smollm2, qwen2 or llama3 instead of the model's (default: the adapter's)");
+  flags.AddString("system", &f.system, "a system message before the prompt");
+  flags.SetDefaultText("system", "the adapter's, else none");
+  flags.AddString("chat-template", &f.chat_template, "chatml, smollm2, qwen2 or llama3 instead of the model's");
+  flags.SetDefaultText("chat-template", "the adapter's, else the model's");
   flags.AddBool("raw", &f.raw, "send the prompt as plain text, without a chat template");
   flags.AddInt("max-new-tokens", &f.max_new_tokens, "tokens to generate at most");
   flags.AddFloat("temperature", &f.sampling.temperature, "0: greedy; > 0: sample from softmax(logits / temperature)");

@@ -1,7 +1,7 @@
 // fedlora simulate: a whole federation on one machine, over the real protocol (see sim/simulator.h).
 //
 //   fedlora simulate --config configs/default.json --out runs/default
-//   fedlora simulate --config configs/iid.json --rounds 3 --clients 4 --seed 7
+//   fedlora simulate --config configs/iid.json --rounds 3 --num-clients 4 --seed 7
 //
 // Writes into --out: rounds.jsonl / rounds.csv / rounds.svg (rewritten after every round),
 // summary.json, final_adapter.safetensors, adapter/ (PEFT's files with the labels, max_seq_len and
@@ -32,8 +32,9 @@ struct SimulateFlags {
   std::string config_path;
   std::string out_dir = "runs/simulate";
   int64_t rounds = -1;  // -1: keep the config's
-  int64_t clients = -1;
-  int64_t seed = -1;
+  int64_t clients = -1;  // -1: keep the config's simulation.num_clients
+  uint64_t seed = 0;
+  bool seed_given = false;
   int parallelism = -1;          // -1: keep the config's simulation.parallelism
   float crash_probability = -1;  // -1: keep the config's simulation.crash_probability
   int shards_per_client = 0;     // > 0: LABEL_SHARDS with this many labels per client
@@ -86,14 +87,14 @@ absl::Status Simulate(const SimulateFlags& f) {
         "(updates are still sealed end to end)");
   }
   if (f.rounds >= 0) config.set_rounds(static_cast<uint32_t>(f.rounds));
-  if (f.seed >= 0) config.set_seed(static_cast<uint64_t>(f.seed));
+  if (f.seed_given) config.set_seed(f.seed);
   if (f.clients >= 0) {
     const uint32_t n = static_cast<uint32_t>(f.clients);
     config.mutable_simulation()->set_num_clients(n);
     v1::SelectionConfig* sel = config.mutable_selection();
     // Fewer clients than a round needs could never fill one: shrink the round to fit.
     if (sel->clients_per_round() > n) {
-      FEDLORA_SAY("fedlora simulate: clients_per_round %u -> %u to fit --clients\n", sel->clients_per_round(), n);
+      FEDLORA_SAY("fedlora simulate: clients_per_round %u -> %u to fit --num-clients\n", sel->clients_per_round(), n);
       sel->set_clients_per_round(n);
     }
     if (sel->min_clients() > sel->clients_per_round()) sel->set_min_clients(sel->clients_per_round());
@@ -164,8 +165,10 @@ int RunSimulate(int argc, char** argv) {
   flags.AddString("config", &f.config_path, "run config (JSON, see proto/fedlora/v1/config.proto)", true);
   flags.AddString("out", &f.out_dir, "output directory (its store/ subdirectory is recreated)");
   flags.AddInt("rounds", &f.rounds, "override the config's rounds");
-  flags.AddInt("clients", &f.clients, "override simulation.num_clients (clients_per_round shrinks to fit)");
-  flags.AddInt("seed", &f.seed, "override the config's seed");
+  flags.AddInt("num-clients", &f.clients,
+               "override simulation.num_clients (clients_per_round shrinks to fit)");
+  flags.AddRenamed("clients", "num-clients", "the number of virtual clients");
+  flags.AddUint("seed", &f.seed, "override the config's seed");
   flags.AddInt("parallelism", &f.parallelism,
                "override simulation.parallelism: virtual clients training at once (0: the number of cores)");
   flags.AddFloat("crash-probability", &f.crash_probability,
@@ -174,9 +177,10 @@ int RunSimulate(int argc, char** argv) {
                "partition by label shards (LABEL_SHARDS), this many labels per client");
   flags.AddFloat("max-seconds", &f.max_seconds, "give up when the run takes longer (0: no limit)");
   flags.AddBool("progress", &f.progress, "show a progress line on stderr");
-  for (const char* name : {"rounds", "clients", "seed", "parallelism", "crash-probability"}) {
+  for (const char* name : {"rounds", "num-clients", "seed", "parallelism", "crash-probability"}) {
     flags.SetDefaultText(name, "the config's");
   }
+  flags.SetDefaultText("shards-per-client", "the config's partition");
   flags.AddString("device", &f.device,
                   "cpu, cuda or auto (the GPU when one is usable): where the virtual clients and the evaluation "
                   "compute and the server sums; a run that needs the CPU (INT8 precision) "
@@ -193,11 +197,14 @@ int RunSimulate(int argc, char** argv) {
   }
   // A json log holds json only: the redrawn progress line is off unless asked for.
   if (GetLogFormat() == LogFormat::kJson && !flags.WasSet("progress")) f.progress = false;
-  if (f.rounds != -1 && (f.rounds < 1 || f.rounds > 1'000'000)) return UsageError(command, "--rounds must be 1-1000000");
-  if (f.clients == 0 || f.clients < -1) return UsageError(command, "--clients must be >= 1");
-  if (f.seed < -1) return UsageError(command, "--seed must be >= 0");
-  if (f.parallelism < -1) return UsageError(command, "--parallelism must be >= 0");
-  if (!(f.crash_probability == -1 || (f.crash_probability >= 0 && f.crash_probability <= 1))) {
+  // An override given is checked whole: -1 typed is refused, not taken as "the config's".
+  f.seed_given = flags.WasSet("seed");
+  if (flags.WasSet("rounds") && (f.rounds < 1 || f.rounds > 1'000'000)) {
+    return UsageError(command, "--rounds must be 1-1000000");
+  }
+  if (flags.WasSet("num-clients") && f.clients < 1) return UsageError(command, "--num-clients must be >= 1");
+  if (flags.WasSet("parallelism") && f.parallelism < 0) return UsageError(command, "--parallelism must be >= 0");
+  if (flags.WasSet("crash-probability") && !(f.crash_probability >= 0 && f.crash_probability <= 1)) {
     return UsageError(command, "--crash-probability must be in [0, 1]");
   }
   if (f.shards_per_client < 0) return UsageError(command, "--shards-per-client must be >= 0");

@@ -1,4 +1,4 @@
-// fedlora status: asks a running server for its run status (Admin.GetStatus) and, with --clients,
+// fedlora status: asks a running server for its run status (Admin.GetStatus) and, with --list-clients,
 // its client list (Admin.ListClients); with --block ID (or --unblock ID) blocks a client instead
 // (Admin.BlockClient). Prints a short view for people by default (tools/status_view.h), or one JSON
 // document with --json.
@@ -104,10 +104,11 @@ int RunStatus(int argc, char** argv) {
   flags.AddString("cert", &cert, "PEM operator certificate (mTLS)");
   flags.AddString("key", &key, "PEM key of --cert");
   flags.AddBool("insecure", &insecure, "plaintext without TLS, to a loopback server only");
-  flags.AddBool("clients", &r.clients, "also list the clients");
+  flags.AddBool("list-clients", &r.clients, "also list the clients");
+  flags.AddRenamed("clients", "list-clients", "--clients is a list of site ids elsewhere");
   flags.AddBool("json", &r.json,
                 "print one JSON document: GetStatusResponse's fields (proto names, 64-bit integers as numbers), "
-                "with --clients a \"clients\" array beside them");
+                "with --list-clients a \"clients\" array beside them");
   flags.AddString("block", &r.block, "block this client id (durable; prints the client instead of the status)");
   flags.AddString("unblock", &r.unblock, "lift the block of this client id");
   flags.AddString("reason", &r.reason, "why, for the server's log (with --block or --unblock)");

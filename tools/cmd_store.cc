@@ -1,7 +1,7 @@
 // fedlora store: offline integrity check and repair of a server's store (server/store_check.h).
 //
-//   fedlora store verify --data-dir /var/lib/fedlora [--run-id run-1]
-//   fedlora store repair --data-dir /var/lib/fedlora [--run-id run-1] [--rewind]
+//   fedlora store verify --store /var/lib/fedlora [--run-id run-1]
+//   fedlora store repair --store /var/lib/fedlora [--run-id run-1] [--rewind]
 //
 // verify re-hashes every blob the store references and prints, per round, what is intact, corrupt
 // or missing and what that costs; exit 0 only when everything is intact. repair rebuilds what the
@@ -82,7 +82,7 @@ absl::StatusOr<bool> StoreCommand(const std::string& verb, const std::string& di
 int RunStore(int argc, char** argv) {
   const std::string verb = argc >= 2 ? argv[1] : "";
   if (verb != "verify" && verb != "repair") {
-    std::cerr << "usage: fedlora store verify|repair --data-dir DIR [--run-id ID] [--rewind]\n"
+    std::cerr << "usage: fedlora store verify|repair --store DIR [--run-id ID] [--rewind]\n"
               << "Checks (verify) or repairs (repair) a stopped server's store; '" << argv[0]
               << " <verb> --help' lists the flags.\n";
     return verb == "--help" || verb == "-h" ? kExitOk : kExitUsage;
@@ -95,7 +95,8 @@ int RunStore(int argc, char** argv) {
                                          "cannot resume back to its newest intact round.");
   std::string dir, run_id;
   bool rewind = false;
-  flags.AddString("data-dir", &dir, "the server's data directory (server.store_dir)", /*required=*/true);
+  flags.AddString("store", &dir, "the server's store directory (server.store_dir)", /*required=*/true);
+  flags.AddRenamed("data-dir", "store", "the name server and export use");
   flags.AddString("run-id", &run_id, "only this run (default: every run in the store)");
   if (verb == "repair") flags.AddBool("rewind", &rewind, "roll back a run that cannot resume (loses rounds)");
   if (auto code = ParseFlagsOrExit(flags, argc - 1, argv + 1)) return *code;

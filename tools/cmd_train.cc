@@ -242,9 +242,9 @@ int RunTrain(int argc, char** argv) {
   flags.AddFloat("alpha", &f.alpha, "LoRA alpha (updates are scaled by alpha / r)");
   flags.AddFloat("lora-dropout", &f.lora_dropout, "dropout on the LoRA input");
   flags.AddString("targets", &f.targets,
-                  "LoRA target modules: encoders query,key,value,attn_out,intermediate,output "
-                  "(default query,value); decoders q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
-                  "down_proj (default all seven)");
+                  "LoRA target modules: encoders query,key,value,attn_out,intermediate,output; "
+                  "decoders q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+  flags.SetDefaultText("targets", "encoders query,value; decoders all seven");
   flags.AddUint("seed", &f.train.seed, "seed for initialisation, shuffling and dropout");
   flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
   flags.AddBool("bf16", &f.bf16, "hold the frozen base weights in bf16 (half the memory)");

@@ -28,13 +28,14 @@ namespace fedlora::tools {
 void AddLogFlags(FlagSet& flags, LogFlags* log) {
   if (!flags.Has("log-level")) {
     flags.AddString("log-level", &log->level,
-                    "log threshold: debug, info, warning or error (default: $FEDLORA_LOG_LEVEL, else info)");
+                    "log threshold: debug, info, warning or error");
+    flags.SetDefaultText("log-level", "$FEDLORA_LOG_LEVEL, else info");
   }
   if (!flags.Has("verbose")) flags.AddBool("verbose", &log->verbose, "log DEBUG lines too (--log-level debug)");
   if (!flags.Has("log-format")) {
     flags.AddString("log-format", &log->format,
-                    "log lines as text, or json (one object per line: ts, level, file, line, msg); default: "
-                    "$FEDLORA_LOG_FORMAT, else text");
+                    "log lines as text, or json (one object per line: ts, level, file, line, msg)");
+    flags.SetDefaultText("log-format", "$FEDLORA_LOG_FORMAT, else text");
   }
   if (!flags.Has("log-file")) {
     flags.AddString("log-file", &log->file,

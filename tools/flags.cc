@@ -123,6 +123,11 @@ void FlagSet::AddChoice(const std::string& name, std::string* out, std::vector<s
        }});
 }
 
+void FlagSet::AddRenamed(const std::string& old_name, const std::string& new_name,
+                         const std::string& why) {
+  renamed_.push_back({old_name, new_name, why});
+}
+
 void FlagSet::SetDefaultText(const std::string& name, std::string text) {
   if (Flag* f = Find(name)) f->default_text = std::move(text);
 }
@@ -177,10 +182,7 @@ absl::Status FlagSet::Parse(int argc, char** argv) {
         negated = true;
       }
     }
-    if (flag == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", typed, " for '", command_,
-                                                     "' (see '", command_, " --help')"));
-    }
+    if (flag == nullptr) return UnknownFlag(typed, body);
     if (flag->set)
       return absl::InvalidArgumentError(absl::StrCat("--", flag->name, " given more than once"));
     if (!has_value) {
@@ -204,6 +206,22 @@ absl::Status FlagSet::Parse(int argc, char** argv) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status FlagSet::UnknownFlag(const std::string& typed, const std::string& body) const {
+  const std::string plain = body.rfind("no-", 0) == 0 ? body.substr(3) : body;
+  for (const Renamed& r : renamed_) {
+    if (r.old_name == body || r.old_name == plain) {
+      return absl::InvalidArgumentError(absl::StrCat(typed, " was renamed to --", r.new_name, " (",
+                                                     r.why, "; see '", command_, " --help')"));
+    }
+  }
+  std::string message = absl::StrCat("unknown flag ", typed, " for '", command_, "'");
+  std::vector<std::string> names;
+  for (const Flag& f : flags_) names.push_back(f.name);
+  if (auto near = NearestName(body, names)) absl::StrAppend(&message, "; did you mean --", *near, "?");
+  absl::StrAppend(&message, " (see '", command_, " --help')");
+  return absl::InvalidArgumentError(message);
 }
 
 std::string FlagSet::Help() const {

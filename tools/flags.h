@@ -15,7 +15,7 @@
 // Syntax: `--name value` or `--name=value`; booleans also as bare `--name` (true), `--no-name`
 // (false) or `--name=false`. `-h`/`--help` requests help; `-v` is `--verbose` where a command has
 // it. `--` ends flags. Anything else not starting with `-` is a positional argument. Errors name a
-// flag as it was typed. Values are checked in full ("12x" is not an integer) and against
+// flag as it was typed, with the nearest flag name or, for a renamed flag, its new name. Values are checked in full ("12x" is not an integer) and against
 // the type's range; a choice's value in any case. Not thread-safe; one FlagSet per parse.
 #pragma once
 
@@ -44,6 +44,9 @@ class FlagSet {
   // Shows `text` as --name's default in help instead of its initial value: for a sentinel such as
   // -1 meaning "the config's".
   void SetDefaultText(const std::string& name, std::string text);
+  // Refuses --old_name (and --no-old_name) with "--old_name was renamed to --new_name (why)", for a
+  // flag whose name moved: each name means one thing across the commands. Not shown in help.
+  void AddRenamed(const std::string& old_name, const std::string& new_name, const std::string& why);
   // A value from `choices` (lowercase), matched in any case as the run config's enum values are, and
   // stored as spelt in `choices` ("--optimizer ADAMW" -> "adamw"). Anything else is refused with
   // the valid values and the nearest one.
@@ -76,11 +79,16 @@ class FlagSet {
     std::function<absl::Status(const std::string&)> parse;
   };
   void Add(Flag flag);
+  absl::Status UnknownFlag(const std::string& typed, const std::string& body) const;
   Flag* Find(const std::string& name);
 
   std::string command_;
   std::string summary_;
+  struct Renamed {
+    std::string old_name, new_name, why;
+  };
   std::vector<Flag> flags_;
+  std::vector<Renamed> renamed_;
   std::vector<std::string> positional_;
   bool help_requested_ = false;
 };

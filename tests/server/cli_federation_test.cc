@@ -265,7 +265,7 @@ TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
   const auto [out_a, out_b] = RunClients(client_cmd("a"), client_cmd("b"), d);
 
   const std::string status_cmd = bin + " status --server " + address + " --ca " + pki + "ca.pem --cert " + pki +
-                                 "ops.pem --key " + pki + "ops.key --clients";
+                                 "ops.pem --key " + pki + "ops.key --list-clients";
   // For a person: a few lines, the rounds, the sites.
   auto [status_rc, status_view] = RunCommand(status_cmd);
   EXPECT_EQ(status_rc, 0) << status_view;

@@ -296,7 +296,7 @@ TEST_F(RoundDriverTest, ACorruptLatestAdapterStopsTheStartWithTheRepairCommandUn
   const std::string msg(refused.status().message());
   EXPECT_THAT(msg, HasSubstr("round 1's result adapter"));
   EXPECT_THAT(msg, HasSubstr(adapter));
-  EXPECT_THAT(msg, HasSubstr("fedlora store verify --data-dir " + dir_.path() + " --run-id test-run"));
+  EXPECT_THAT(msg, HasSubstr("fedlora store verify --store " + dir_.path() + " --run-id test-run"));
   EXPECT_THAT(msg, HasSubstr("fedlora store repair"));
   {
     auto store = Store::Open(dir_.path() + "/fedlora.db");

@@ -83,7 +83,7 @@ TEST_F(AuditCli, AKeyPairMadeOfflineOpensTheTrailEndToEnd) {
     ASSERT_TRUE((*store)->RecordAuditCopies(copies).ok());
   }
 
-  r = Run({"audit", "open", "--data-dir", data, "--key", dir_ + "/keys/audit.key", "--out", dir_ + "/all",
+  r = Run({"audit", "open", "--store", data, "--key", dir_ + "/keys/audit.key", "--out", dir_ + "/all",
            "--safetensors"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("opened run r round 2 client site-1 upload site-1-r2 (11 examples)"));
@@ -111,7 +111,7 @@ TEST_F(AuditCli, AKeyPairMadeOfflineOpensTheTrailEndToEnd) {
   }
   EXPECT_EQ(lines, 4);
 
-  r = Run({"audit", "open", "--data-dir", data, "--key", dir_ + "/keys/audit.key", "--round", "1", "--out",
+  r = Run({"audit", "open", "--store", data, "--key", dir_ + "/keys/audit.key", "--round", "1", "--out",
            dir_ + "/one"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("2 of 2 audit copies opened"));
@@ -119,12 +119,12 @@ TEST_F(AuditCli, AKeyPairMadeOfflineOpensTheTrailEndToEnd) {
 
   // Another key pair: nothing opens, and the exit code says so.
   ASSERT_EQ(Run({"certs", "audit-key", "--out", dir_ + "/other"}).exit_code, 0);
-  r = Run({"audit", "open", "--data-dir", data, "--key", dir_ + "/other/audit.key", "--out", dir_ + "/wrong"});
+  r = Run({"audit", "open", "--store", data, "--key", dir_ + "/other/audit.key", "--out", dir_ + "/wrong"});
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("PERMISSION_DENIED"));
   EXPECT_THAT(r.out, HasSubstr("0 of 4 audit copies opened"));
   // The public key where the private one belongs is refused naming the file.
-  r = Run({"audit", "open", "--data-dir", data, "--key", dir_ + "/keys/audit.pub", "--out", dir_ + "/x"});
+  r = Run({"audit", "open", "--store", data, "--key", dir_ + "/keys/audit.pub", "--out", dir_ + "/x"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr(dir_ + "/keys/audit.pub"));
 }

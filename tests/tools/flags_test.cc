@@ -52,6 +52,26 @@ struct Fixture {
   }
 };
 
+// A renamed flag is refused naming its new name (also as --no-old); a typo gets the nearest name.
+TEST(FlagSet, RenamedAndMistypedFlagsNameTheRightOne) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"--model", "m", "--clients", "3"},
+       "--clients was renamed to --num-clients (a count; see 'fedlora test --help')"},
+      {{"--model", "m", "--no-clients"}, "--no-clients was renamed to --num-clients"},
+      {{"--model", "m", "--step", "3"}, "unknown flag --step for 'fedlora test'; did you mean --steps?"},
+  };
+  for (const auto& [args, message] : refused) {
+    Fixture f;
+    f.flags.AddRenamed("clients", "num-clients", "a count");
+    const absl::Status s = f.Parse(args);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(message));
+  }
+  Fixture f;
+  f.flags.AddRenamed("clients", "num-clients", "a count");
+  EXPECT_THAT(f.flags.Help(), ::testing::Not(HasSubstr("clients")));
+}
+
 TEST(FlagSet, ParsesBothSyntaxesAndBooleans) {
   Fixture f;
   ASSERT_TRUE(f.Parse({"--model", "m", "--steps=-5", "--lr", "1e-3", "--bf16",

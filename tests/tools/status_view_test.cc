@@ -121,7 +121,7 @@ TEST(StatusJsonTest, OneDocumentWithNumbersForIntegersAndTheClientsBesideTheStat
   ASSERT_EQ(j["clients"].size(), 1u);
   EXPECT_EQ(j["clients"][0]["client_id"], "site-a");
   EXPECT_EQ(j["clients"][0]["joined_unix_ms"], 0);
-  // Without --clients: the status alone.
+  // Without --list-clients: the status alone.
   absl::StatusOr<std::string> alone = StatusJson(s, nullptr);
   ASSERT_TRUE(alone.ok());
   EXPECT_FALSE(nlohmann::json::parse(*alone).contains("clients"));

@@ -53,7 +53,7 @@ class StoreCli : public testing::CliTest {
 };
 
 TEST_F(StoreCli, VerifyRepairAndRewindAFlippedByteInTheLatestAdapter) {
-  Result r = Run({"store", "verify", "--data-dir", dir_});
+  Result r = Run({"store", "verify", "--store", dir_});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("round 1 result adapter " + result_ + ": intact"));
 
@@ -63,21 +63,21 @@ TEST_F(StoreCli, VerifyRepairAndRewindAFlippedByteInTheLatestAdapter) {
     f.seekp(10);
     f.put('\x7f');
   }
-  r = Run({"store", "verify", "--data-dir", dir_, "--run-id", "r"});
+  r = Run({"store", "verify", "--store", dir_, "--run-id", "r"});
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("round 1 result adapter " + result_ + ": corrupt"));
   EXPECT_THAT(r.out, HasSubstr("the server will not start"));
   EXPECT_THAT(r.out, HasSubstr("run r: DAMAGED"));
 
-  r = Run({"store", "repair", "--data-dir", dir_});
+  r = Run({"store", "repair", "--store", dir_});
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("--rewind` rolls it back to round 0"));
 
-  r = Run({"store", "repair", "--data-dir", dir_, "--rewind"});
+  r = Run({"store", "repair", "--store", dir_, "--rewind"});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("rewound to round 0; 1 committed rounds after it are marked lost"));
 
-  r = Run({"store", "verify", "--data-dir", dir_});
+  r = Run({"store", "verify", "--store", dir_});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;  // round 1 is lost: nothing damaged is referenced as live
 }
 
@@ -85,15 +85,15 @@ TEST_F(StoreCli, AStoreInUseOrAbsentOrABadVerbIsRefused) {
   {
     auto lock = DataDirLock::Acquire(dir_);  // as a running server holds it
     ASSERT_TRUE(lock.ok()) << lock.status();
-    Result r = Run({"store", "verify", "--data-dir", dir_});
+    Result r = Run({"store", "verify", "--store", dir_});
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_THAT(r.err, HasSubstr("is in use"));
   }
-  Result r = Run({"store", "verify", "--data-dir", dir_ + "/nothing"});
+  Result r = Run({"store", "verify", "--store", dir_ + "/nothing"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("no store in"));
   EXPECT_FALSE(fs::exists(dir_ + "/nothing"));  // never creates one
-  r = Run({"store", "fix", "--data-dir", dir_});
+  r = Run({"store", "fix", "--store", dir_});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("usage: fedlora store verify|repair"));
 }
