@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "crypto/tls.h"
-#include "proto/config_io.h"
 #include "server/coordinator.h"
 #include "server/services.h"
 #include "server/status_json.h"
@@ -76,9 +75,7 @@ absl::StatusOr<std::string> RunJson(Coordinator& coordinator) {
   list_request.set_include_inactive(true);
   FEDLORA_ASSIGN_OR_RETURN(v1::ListClientsResponse clients, coordinator.ListClients(list_request));
   FEDLORA_ASSIGN_OR_RETURN(nlohmann::json j, StatusJsonValue(status, &clients));
-  nlohmann::json config = nlohmann::json::parse(RunConfigToJson(coordinator.config()), nullptr, false);
-  if (config.is_discarded()) return absl::InternalError("the run config did not print as JSON");
-  j["config"] = std::move(config);
+  FEDLORA_ASSIGN_OR_RETURN(j["config"], MessageJsonValue(coordinator.config()));
   j["now_unix_ms"] = coordinator.NowMs();
   return j.dump();
 }

@@ -100,22 +100,28 @@ const clock = t => t > 0 ? new Date(t).toLocaleTimeString() : "–";
 const card = (k, v, s, bar) => `<div class="card"><div class="k">${esc(k)}</div><div class="v">${esc(v)}</div>` +
   `<div class="s">${esc(s || "\u00a0")}</div>${bar === undefined ? "" : `<div class="bar"><i style="width:${(100 * bar).toFixed(1)}%"></i></div>`}</div>`;
 
-// A line chart of [round, value] series: {name, color, points}; y from 0 to yMax (or the data's).
-function chart(svg, series, yMax, digits) {
+// A round step of about a quarter of `max`: 1, 2, 2.5 or 5 times a power of ten.
+function tick(max) {
+  const raw = max / 4, p = Math.pow(10, Math.floor(Math.log10(raw))), f = raw / p;
+  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 2.5 ? 2.5 : f <= 5 ? 5 : 10) * p;
+}
+
+// A line chart of series {name, color, points: [[round, value], ...]}; y from 0 to yMax (or the data's).
+function chart(svg, series, yMax) {
   const W = 600, H = 210, L = 46, R = 14, T = 10, B = 26;
   const pts = series.flatMap(s => s.points);
   if (!pts.length) { svg.innerHTML = `<text x="${W / 2}" y="${H / 2}" text-anchor="middle">no evaluated round yet</text>`; return; }
   const x0 = Math.min(...pts.map(p => p[0])), x1 = Math.max(...pts.map(p => p[0]));
-  const top = yMax || Math.max(...pts.map(p => p[1])) * 1.1 || 1;
+  const step = tick(yMax || Math.max(...pts.map(p => p[1])) || 1);
+  const top = yMax || step * Math.ceil(Math.max(...pts.map(p => p[1])) / step) || 1;
   const X = r => x1 === x0 ? (L + W - R) / 2 : L + (r - x0) * (W - L - R) / (x1 - x0);
   const Y = v => T + (1 - v / top) * (H - T - B);
   let g = "";
-  for (let i = 0; i <= 4; i++) {
-    const v = top * i / 4;
-    g += `<line x1="${L}" x2="${W - R}" y1="${Y(v)}" y2="${Y(v)}" stroke="#e2e5eb"/><text x="${L - 6}" y="${Y(v) + 4}" text-anchor="end">${v.toFixed(digits)}</text>`;
+  for (let v = 0; v <= top + step / 2; v += step) {
+    g += `<line x1="${L}" x2="${W - R}" y1="${Y(v)}" y2="${Y(v)}" stroke="#e2e5eb"/><text x="${L - 6}" y="${Y(v) + 4}" text-anchor="end">${+v.toFixed(3)}</text>`;
   }
-  const step = Math.max(1, Math.ceil((x1 - x0 + 1) / 10));
-  for (let r = x0; r <= x1; r += step) g += `<text x="${X(r)}" y="${H - 8}" text-anchor="middle">${r}</text>`;
+  const every = Math.max(1, Math.ceil((x1 - x0 + 1) / 12));
+  for (let r = x0; r <= x1; r += every) g += `<text x="${X(r)}" y="${H - 8}" text-anchor="middle">${r}</text>`;
   for (const s of series) {
     if (!s.points.length) continue;
     g += `<polyline fill="none" stroke="${s.color}" stroke-width="2" points="${s.points.map(p => X(p[0]) + "," + Y(p[1])).join(" ")}"/>`;
@@ -150,10 +156,10 @@ function render(d) {
   cards += card("traffic", bytes(up) + " up", bytes(down) + " down, committed rounds");
   $("cards").innerHTML = cards;
 
-  chart($("acc-chart"), [{name: "accuracy", color: "var(--acc)", points: evald.filter(r => r.eval_accuracy !== undefined).map(r => [r.round, r.eval_accuracy])}], 1, 2);
+  chart($("acc-chart"), [{name: "accuracy", color: "var(--acc)", points: evald.filter(r => r.eval_accuracy !== undefined).map(r => [r.round, r.eval_accuracy])}], 1);
   chart($("loss-chart"), [
     {name: "eval loss", color: "var(--loss)", points: evald.filter(r => r.eval_loss !== undefined).map(r => [r.round, r.eval_loss])},
-    {name: "train loss", color: "var(--train)", points: hist.filter(r => r.mean_train_loss > 0).map(r => [r.round, r.mean_train_loss])}], 0, 2);
+    {name: "train loss", color: "var(--train)", points: hist.filter(r => r.mean_train_loss > 0).map(r => [r.round, r.mean_train_loss])}], 0);
 
   const dp = d.dp_epsilon !== undefined;
   $("eps-h").style.display = dp ? "" : "none";
