@@ -199,6 +199,19 @@ class ConnectionStream : public httplib::Stream {
   size_t end_ = 0;
 };
 
+// Answers a plaintext request on the HTTPS listener with a 400 that says to use HTTPS. What the
+// peer sent so far is read first: a close with unread bytes would reset the connection and could
+// cost the peer the answer.
+void RefusePlaintext(int sock, ConnectionStream& stream) {
+  char sink[4096];
+  for (int i = 0; i < 16 && recv(sock, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
+  }
+  const std::string body = "this listener speaks HTTPS only (the server runs TLS): use https://\n";
+  const std::string reply = absl::StrCat("HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\n",
+                                         "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+  stream.write(reply.data(), reply.size());
+}
+
 // Set on the accepting thread while it closes a connection over kPoolThreads: process_and_close_socket
 // then closes the socket at once instead of serving it.
 thread_local bool t_refuse_connection = false;
@@ -323,6 +336,12 @@ class ScrapeServer : public httplib::Server {
         return false;
       }
       stream.set_deadline_ms(NowMs() + kRequestDeadlineMs);
+      if (!stream.WaitForRequest(kRequestDeadlineMs)) return false;
+      unsigned char first = 0;
+      if (recv(sock, &first, 1, MSG_PEEK) == 1 && first != 0x16) {  // not a TLS handshake record
+        RefusePlaintext(sock, stream);
+        return false;
+      }
       if (!stream.AcceptTls(ssl.get())) return false;
     }
     const auto setup = [&ssl](httplib::Request& req) { req.ssl = ssl.get(); };

@@ -199,7 +199,7 @@ TEST(LiveViewTlsTest, UnderTlsTheListenerIsHttpsAndOnlyAnOperatorCertificateGets
   EXPECT_EQ(nobody->status, 403);
   EXPECT_THAT(nobody->body, HasSubstr("no client certificate"));
 
-  // /metrics stays open to any scraper, over HTTPS now; plaintext HTTP gets no answer.
+  // /metrics stays open to any scraper, over HTTPS now; plaintext HTTP is told to use HTTPS.
   auto metrics = as("")->Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_EQ(metrics->status, 200);
@@ -207,7 +207,9 @@ TEST(LiveViewTlsTest, UnderTlsTheListenerIsHttpsAndOnlyAnOperatorCertificateGets
   httplib::Client plain("127.0.0.1", port);
   plain.set_read_timeout(3, 0);
   auto cleartext = plain.Get("/metrics");
-  EXPECT_TRUE(!cleartext || cleartext->status != 200);
+  ASSERT_TRUE(cleartext) << httplib::to_string(cleartext.error());
+  EXPECT_EQ(cleartext->status, 400);
+  EXPECT_THAT(cleartext->body, HasSubstr("use https://"));
 }
 
 }  // namespace
