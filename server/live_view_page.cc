@@ -67,7 +67,7 @@ pre{margin:0;max-height:330px;overflow:auto;background:#f8fafc;border:1px solid 
 <div class="cards" id="cards"></div>
 <div class="row">
 <section><h2>Accuracy per round</h2><svg id="acc-chart" viewBox="0 0 600 210" role="img" aria-label="accuracy per round"></svg></section>
-<section><h2>Loss per round <span class="legend"><b style="background:var(--loss)"></b>eval <b style="background:var(--train)"></b>train (mean of the sites)</span></h2>
+<section><h2>Loss per round <span class="legend"><b style="background:var(--loss)"></b>eval <span id="train-legend"><b style="background:var(--train)"></b>train (mean of the sites)</span></span></h2>
 <svg id="loss-chart" viewBox="0 0 600 210" role="img" aria-label="loss per round"></svg></section>
 </div>
 <section><h2>Rounds</h2><div class="scroll"><table id="rounds"><thead><tr><th>round</th><th>accuracy</th><th>eval loss</th>
@@ -149,7 +149,8 @@ function render(d) {
   cards += card("accuracy", last && last.eval_accuracy !== undefined ? fix(last.eval_accuracy, 4) : "–", last ? "round " + last.round : "not evaluated yet");
   cards += card("eval loss", last && last.eval_loss !== undefined ? fix(last.eval_loss, 4) : "–", last ? "round " + last.round : "");
   if (d.dp_epsilon !== undefined) {
-    cards += card("privacy ε", fix(d.dp_epsilon, 3), (d.dp_max_epsilon !== undefined ? `of ${fix(d.dp_max_epsilon, 3)}, ` : "") + `δ ${d.dp_target_delta}`,
+    cards += card("privacy: epsilon", fix(d.dp_epsilon, 3), (d.dp_max_epsilon !== undefined ? `of ${fix(d.dp_max_epsilon, 3)}, ` : "") +
+        `delta ${Number(d.dp_target_delta).toExponential(0)}`,
         d.dp_max_epsilon ? Math.min(1, d.dp_epsilon / d.dp_max_epsilon) : undefined);
   }
   const up = hist.reduce((a, r) => a + (r.upload_bytes || 0), 0), down = hist.reduce((a, r) => a + (r.download_bytes || 0), 0);
@@ -157,6 +158,7 @@ function render(d) {
   $("cards").innerHTML = cards;
 
   chart($("acc-chart"), [{name: "accuracy", color: "var(--acc)", points: evald.filter(r => r.eval_accuracy !== undefined).map(r => [r.round, r.eval_accuracy])}], 1);
+  $("train-legend").style.display = hist.some(r => r.mean_train_loss > 0) ? "" : "none";
   chart($("loss-chart"), [
     {name: "eval loss", color: "var(--loss)", points: evald.filter(r => r.eval_loss !== undefined).map(r => [r.round, r.eval_loss])},
     {name: "train loss", color: "var(--train)", points: hist.filter(r => r.mean_train_loss > 0).map(r => [r.round, r.mean_train_loss])}], 0);
