@@ -75,7 +75,7 @@ pre{margin:0;max-height:330px;overflow:auto;background:#f8fafc;border:1px solid 
 <th>took</th><th>committed</th></tr></thead><tbody></tbody></table></div></section>
 <div class="row wide">
 <section><h2>Sites</h2><div class="scroll"><table id="sites"><thead><tr><th>site</th><th class="l">state</th><th>rounds</th>
-<th>rejected</th><th>last seen</th><th class="l">task</th></tr></thead><tbody></tbody></table></div></section>
+<th>rejected</th><th>last seen</th><th class="l">task</th><th>progress</th></tr></thead><tbody></tbody></table></div></section>
 <section><h2>Run config</h2><pre id="config"></pre></section>
 </div>
 <noscript>This page draws with a small script; <a href="/api/run.json">/api/run.json</a> holds the same data.</noscript>
@@ -176,9 +176,10 @@ function render(d) {
     const state = c.blocked ? "blocked" : word(c.state, "CLIENT_STATE_");
     return `<tr data-site="${esc(c.client_id)}"${c.failure ? ' class="has-fail"' : ""}><td class="mono">${esc(c.client_id)}</td>` +
       `<td class="l"><span class="state ${state}">${state}</span></td><td>${c.rounds_participated}</td><td>${c.updates_rejected}</td>` +
-      `<td>${ago(c.last_seen_unix_ms, now)}</td><td class="l mono">${esc(c.current_task_id || "–")}</td></tr>` +
-      (c.failure ? `<tr class="fail"><td colspan="6">${esc(c.failure)}</td></tr>` : "");
-  }).join("") || `<tr><td colspan="6" class="muted l">no site has joined</td></tr>`;
+      `<td>${ago(c.last_seen_unix_ms, now)}</td><td class="l mono">${esc(c.current_task_id || "–")}</td>` +
+      `<td>${c.current_task_id && c.steps_total > 0 ? `${c.steps_done} / ${c.steps_total} steps` : "–"}</td></tr>` +
+      (c.failure ? `<tr class="fail"><td colspan="7">${esc(c.failure)}</td></tr>` : "");
+  }).join("") || `<tr><td colspan="7" class="muted l">no site has joined</td></tr>`;
   $("config").textContent = JSON.stringify(d.config, null, 2);
 }
 
