@@ -10,11 +10,12 @@
 # (the load test), deploy-test (the Kubernetes manifests' validation, the container images, the
 # compose federation and the coordinator's pod, each server killed once mid-run: docs/deploy.md),
 # readme-check (README.md's shell blocks as pasted, in a scratch copy of the tree, shortened where
-# the README says so: scripts/readme_blocks.py; README_ARGS=--quick leaves out the slow ones).
+# the README says so: scripts/readme_blocks.py; README_ARGS=--quick leaves out the slow ones),
+# live-view-check (the live view in headless chromium; the screenshot docs/images/live-view.png).
 PRESET ?= default
 BUILD_DIR := build/$(PRESET)
 
-.PHONY: run test setup setup-tests build readme-check asan bench bench-hf bench-gpu bench-flower fuzz fuzz-ci chaos load deploy-test bazel bazel-full clean
+.PHONY: run test setup setup-tests build readme-check asan bench bench-hf bench-gpu bench-flower fuzz fuzz-ci chaos load deploy-test live-view-check bazel bazel-full clean
 
 run: setup build
 	scripts/main_job.sh $(BUILD_DIR)
@@ -76,6 +77,11 @@ bazel: setup-tests
 
 bazel-full: setup-tests
 	scripts/bazel.sh --full
+
+# The live view in headless chromium (installed by scripts/setup.sh --chromium if absent): a short
+# federation, the page's DOM checked, and docs/images/live-view.png taken. Not part of CI.
+live-view-check: build
+	scripts/live_view_check.sh $(BUILD_DIR)
 
 deploy-test:
 	scripts/setup.sh --deploy

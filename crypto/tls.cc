@@ -144,6 +144,12 @@ struct ServerTls::State {
     }
     return "";
   }
+
+  // The CN of a certificate Refusal accepts.
+  static std::string CommonName(std::string_view leaf_pem) {
+    absl::StatusOr<CertificateInfo> info = ParseCertificate(leaf_pem);
+    return info.ok() ? info->common_name : "";
+  }
 };
 
 namespace {
@@ -253,6 +259,13 @@ std::shared_ptr<grpc::ServerCredentials> ServerTls::credentials() const { return
 absl::Status ServerTls::ReloadCrl() { return state_->MaybeReload(/*force=*/true); }
 
 int64_t ServerTls::refused_handshakes() const { return state_->refused.load(std::memory_order_relaxed); }
+
+absl::StatusOr<std::string> ServerTls::CheckClientCertificate(std::string_view leaf_pem,
+                                                             std::string_view chain_pem) const {
+  const std::string refusal = state_->Refusal(leaf_pem, chain_pem);
+  if (!refusal.empty()) return absl::PermissionDeniedError(refusal);
+  return State::CommonName(leaf_pem);
+}
 
 size_t ServerTls::revoked_count() const {
   absl::MutexLock lock(&state_->mu);

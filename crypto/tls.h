@@ -66,6 +66,11 @@ class ServerTls {
   // Serials on the CRL in force.
   size_t revoked_count() const;
 
+  // The same check as a handshake's, for a certificate presented elsewhere (the metrics listener's
+  // HTTPS, server/live_view.h): chain to the client CA, validity, CRL, allow-list. Returns the
+  // certificate's CN, or PermissionDenied with the reason. Not counted in refused_handshakes().
+  absl::StatusOr<std::string> CheckClientCertificate(std::string_view leaf_pem, std::string_view chain_pem) const;
+
   struct State;  // shared with the verifier that gRPC owns
 
  private:

@@ -11,6 +11,8 @@
 #                               # PEFT for scripts/bench_hf_step.py (about 6 GB; not the tests or CI)
 #   scripts/setup.sh --flower   # system packages, .venv-flower (Flower, PyPI torch: the baseline of
 #                               # bench/sim/compare_flower.sh), model and data
+#   scripts/setup.sh --chromium # Debian's chromium and a font, for `make live-view-check` (the live
+#                               # view in a real browser; not the tests or CI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -180,9 +182,10 @@ case "$WHAT" in
   --deploy) install_system; install_deploy; fetch_model; fetch_data ;;
   --bench) install_system; install_bench_venv .venv-bench scripts/requirements-bench.txt \
     "PyPI's PyTorch, transformers and PEFT (the baseline of scripts/bench_hf_step.py; about 3 GB)" ;;
+  --chromium) install_packages chromium fonts-dejavu-core ;;
   --flower) install_system
     install_bench_venv .venv-flower scripts/requirements-flower.txt \
       "Flower, PyPI's PyTorch and PEFT (the baseline of bench/sim/compare_flower.sh; about 2.7 GB)"
     fetch_model; fetch_data ;;
-  *) echo "usage: scripts/setup.sh [--all|--system|--tests|--deploy|--bench|--flower]" >&2; exit 2 ;;
+  *) echo "usage: scripts/setup.sh [--all|--system|--tests|--deploy|--bench|--flower|--chromium]" >&2; exit 2 ;;
 esac

@@ -194,6 +194,9 @@ class Coordinator {
   std::vector<UpdateTensor> global_adapter() const;
   std::string global_adapter_sha256() const;
   const ServerOptions& options() const { return options_; }
+  // The run's config (immutable) and the coordinator's clock (unix ms), for the live view.
+  const v1::RunConfig& config() const { return config_; }
+  int64_t NowMs() const { return clock_(); }
 
  private:
   struct ClientEntry;

@@ -2,6 +2,9 @@
 
 #include <fcntl.h>
 #include <httplib.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -23,15 +26,12 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/status.h"
 #include "proto/address.h"
 
 namespace fedlora {
 namespace {
-
-void AppendMetric(std::string& out, const char* name, const char* type, const char* help, int64_t value) {
-  absl::StrAppend(&out, "# HELP fedlora_", name, " ", help, "\n# TYPE fedlora_", name, " ", type,
-                  "\nfedlora_", name, " ", value, "\n");
-}
 
 constexpr char kContentType[] = "text/plain; version=0.0.4";
 constexpr char kMetricsPath[] = "/metrics";
@@ -79,18 +79,29 @@ class ConnectionStream : public httplib::Stream {
   void set_deadline_ms(int64_t deadline_ms) { deadline_ms_ = deadline_ms; }
   bool broken() const { return broken_; }
   // Whether a request starts within `timeout_ms` (bytes already buffered count).
-  bool WaitForRequest(int64_t timeout_ms) const { return pos_ < end_ || Wait(POLLIN, timeout_ms); }
+  bool WaitForRequest(int64_t timeout_ms) const { return Buffered() || Wait(POLLIN, timeout_ms); }
 
-  bool is_readable() const override { return pos_ < end_ || Wait(POLLIN, read_timeout_ms_); }
+  // TLS from here on: the server's side of the handshake on `ssl` (whose fd is this socket, made
+  // non-blocking), within the waits' bounds. False when it fails or times out.
+  bool AcceptTls(SSL* ssl) {
+    ssl_ = ssl;
+    return SslCall([ssl] { return SSL_accept(ssl); }, read_timeout_ms_) > 0;
+  }
+
+  bool is_readable() const override { return Buffered() || Wait(POLLIN, read_timeout_ms_); }
   bool is_writable() const override { return Wait(POLLOUT, write_timeout_ms_); }
 
   ssize_t read(char* ptr, size_t size) override {
     if (pos_ == end_) {
-      if (!Wait(POLLIN, read_timeout_ms_)) return -1;
       ssize_t n;
-      do {
-        n = recv(sock_, buf_, sizeof(buf_), 0);
-      } while (n < 0 && errno == EINTR);
+      if (ssl_ != nullptr) {
+        n = SslCall([this] { return SSL_read(ssl_, buf_, sizeof(buf_)); }, read_timeout_ms_);
+      } else {
+        if (!Wait(POLLIN, read_timeout_ms_)) return -1;
+        do {
+          n = recv(sock_, buf_, sizeof(buf_), 0);
+        } while (n < 0 && errno == EINTR);
+      }
       if (n <= 0) {
         broken_ = true;
         return n < 0 ? -1 : 0;
@@ -105,6 +116,10 @@ class ConnectionStream : public httplib::Stream {
   }
 
   ssize_t write(const char* ptr, size_t size) override {
+    if (ssl_ != nullptr) {
+      const int chunk = static_cast<int>(std::min<size_t>(size, 1 << 20));
+      return SslCall([this, ptr, chunk] { return SSL_write(ssl_, ptr, chunk); }, write_timeout_ms_);
+    }
     if (!Wait(POLLOUT, write_timeout_ms_)) return -1;
     ssize_t n;
     do {
@@ -119,6 +134,28 @@ class ConnectionStream : public httplib::Stream {
   socket_t socket() const override { return sock_; }
 
  private:
+  bool Buffered() const { return pos_ < end_ || (ssl_ != nullptr && SSL_pending(ssl_) > 0); }
+
+  // Runs an OpenSSL call until it makes progress: its result when positive; else, while it wants
+  // to read or write, waits for the socket (at most `timeout_ms` a wait) and tries again. 0 when
+  // the peer closed the TLS session, -1 on any other failure (broken() from then on).
+  template <class Call>
+  int SslCall(Call call, int64_t timeout_ms) {
+    while (true) {
+      ERR_clear_error();  // SSL_get_error reads this thread's error queue
+      const int r = call();
+      if (r > 0) return r;
+      const int err = SSL_get_error(ssl_, r);
+      if ((err == SSL_ERROR_WANT_READ && Wait(POLLIN, timeout_ms)) ||
+          (err == SSL_ERROR_WANT_WRITE && Wait(POLLOUT, timeout_ms))) {
+        continue;
+      }
+      ERR_clear_error();
+      broken_ = true;
+      return err == SSL_ERROR_ZERO_RETURN ? 0 : -1;
+    }
+  }
+
   // True when the socket is ready for `events` (or in error: the next call reports it) within
   // `timeout_ms` and before the deadline; false, and broken() from then on, on timeout or when the
   // server stops.
@@ -156,10 +193,24 @@ class ConnectionStream : public httplib::Stream {
   const int64_t write_timeout_ms_;
   int64_t deadline_ms_ = 0;
   mutable bool broken_ = false;
+  SSL* ssl_ = nullptr;  // not owned; null for plaintext
   char buf_[4096];
   size_t pos_ = 0;
   size_t end_ = 0;
 };
+
+// Answers a plaintext request on the HTTPS listener with a 400 that says to use HTTPS. What the
+// peer sent so far is read first: a close with unread bytes would reset the connection and could
+// cost the peer the answer.
+void RefusePlaintext(int sock, ConnectionStream& stream) {
+  char sink[4096];
+  for (int i = 0; i < 16 && recv(sock, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
+  }
+  const std::string body = "this listener speaks HTTPS only (the server runs TLS): use https://\n";
+  const std::string reply = absl::StrCat("HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\n",
+                                         "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+  stream.write(reply.data(), reply.size());
+}
 
 // Set on the accepting thread while it closes a connection over kPoolThreads: process_and_close_socket
 // then closes the socket at once instead of serving it.
@@ -239,6 +290,12 @@ std::string PeerAddress(int sock) {
 class ScrapeServer : public httplib::Server {
  public:
   explicit ScrapeServer(int stop_fd) : stop_fd_(stop_fd) {}
+  ~ScrapeServer() override {
+    if (ssl_ctx_ != nullptr) SSL_CTX_free(ssl_ctx_);
+  }
+  // HTTPS with `ctx` (owned from here on); set before the server starts.
+  void set_ssl_ctx(SSL_CTX* ctx) { ssl_ctx_ = ctx; }
+  bool https() const { return ssl_ctx_ != nullptr; }
 
  private:
   bool process_and_close_socket(socket_t sock) override {
@@ -270,6 +327,24 @@ class ScrapeServer : public httplib::Server {
   bool Serve(socket_t sock) {
     ConnectionStream stream(sock, stop_fd_, read_timeout_sec_ * 1000 + read_timeout_usec_ / 1000,
                             write_timeout_sec_ * 1000 + write_timeout_usec_ / 1000);
+    std::unique_ptr<SSL, void (*)(SSL*)> ssl(nullptr, SSL_free);
+    if (ssl_ctx_ != nullptr) {
+      // The handshake counts against the first request's deadline.
+      ssl.reset(SSL_new(ssl_ctx_));
+      if (ssl == nullptr || fcntl(sock, F_SETFL, fcntl(sock, F_GETFL) | O_NONBLOCK) != 0 ||
+          SSL_set_fd(ssl.get(), sock) != 1) {
+        return false;
+      }
+      stream.set_deadline_ms(NowMs() + kRequestDeadlineMs);
+      if (!stream.WaitForRequest(kRequestDeadlineMs)) return false;
+      unsigned char first = 0;
+      if (recv(sock, &first, 1, MSG_PEEK) == 1 && first != 0x16) {  // not a TLS handshake record
+        RefusePlaintext(sock, stream);
+        return false;
+      }
+      if (!stream.AcceptTls(ssl.get())) return false;
+    }
+    const auto setup = [&ssl](httplib::Request& req) { req.ssl = ssl.get(); };
     bool ok = false;
     for (size_t served = 0; served < keep_alive_max_count_; ++served) {
       stream.set_deadline_ms(NowMs() + int64_t{keep_alive_timeout_sec_} * 1000);
@@ -277,75 +352,83 @@ class ScrapeServer : public httplib::Server {
       stream.set_deadline_ms(NowMs() + kRequestDeadlineMs);
       bool closed = false;
       t_close_after_response = false;
-      ok = process_request(stream, /*close_connection=*/served + 1 == keep_alive_max_count_, closed, nullptr);
+      ok = process_request(stream, /*close_connection=*/served + 1 == keep_alive_max_count_, closed, setup);
       if (!ok || closed || stream.broken() || t_close_after_response) break;
     }
+    if (ssl != nullptr && !stream.broken()) SSL_shutdown(ssl.get());  // one try: the close_notify
     return ok;
   }
 
   const int stop_fd_;
+  SSL_CTX* ssl_ctx_ = nullptr;
   std::mutex peers_mu_;
   std::map<std::string, int> peers_;  // connections open per peer address
 };
 
-}  // namespace
-
-std::string ServerMetrics::ToPrometheusText() const {
+// What OpenSSL's error queue says, emptied.
+std::string SslErrors() {
   std::string out;
-  AppendMetric(out, "rounds_committed_total", "counter", "Rounds aggregated and committed.", rounds_committed.load());
-  AppendMetric(out, "rounds_abandoned_total", "counter", "Round attempts abandoned (too few updates by the deadline, or every selected site failed).",
-               rounds_abandoned.load());
-  AppendMetric(out, "clients_failed_total", "counter",
-               "Clients that left on an error they could not get past (a broken dataset, a model of the wrong kind).",
-               clients_failed.load());
-  AppendMetric(out, "current_round", "gauge", "Round in progress (0 before the first).", current_round.load());
-  AppendMetric(out, "clients_registered", "gauge", "Clients known to the server.", clients_registered.load());
-  AppendMetric(out, "clients_live", "gauge", "Clients heard from within the heartbeat timeout.", clients_live.load());
-  AppendMetric(out, "joins_total", "counter", "Successful Join calls.", joins.load());
-  AppendMetric(out, "updates_accepted_total", "counter", "Updates accepted, each counted once.",
-               updates_accepted.load());
-  AppendMetric(out, "updates_rejected_total", "counter", "Upload attempts refused.", updates_rejected.load());
-  AppendMetric(out, "updates_duplicate_total", "counter", "Re-sent uploads answered with the original ack.",
-               updates_duplicate.load());
-  AppendMetric(out, "updates_corrupt_total", "counter",
-               "Accepted updates found corrupt or missing in the blob store at aggregation and left out.",
-               updates_corrupt.load());
-  AppendMetric(out, "upload_bytes_total", "counter", "Update bytes received in chunks.", upload_bytes.load());
-  AppendMetric(out, "download_bytes_total", "counter", "Adapter bytes sent in chunks.", download_bytes.load());
-  AppendMetric(out, "download_full_bytes_total", "counter",
-               "Completed downloads as full adapters: a downlink delta chain counts the adapter it rebuilds.",
-               download_full_bytes.load());
-  AppendMetric(out, "update_fp32_bytes_total", "counter",
-               "Accepted updates as dense fp32 values (4 bytes per adapter parameter each), before the run's codec.",
-               update_fp32_bytes.load());
-  AppendMetric(out, "store_bytes", "gauge", "Bytes of the store's files: database, blobs, partial uploads.",
-               store_bytes.load());
-  AppendMetric(out, "partial_uploads_discarded_total", "counter",
-               "Partial uploads deleted because their round closed or they were refused.",
-               partial_uploads_discarded.load());
-  AppendMetric(out, "quota_refusals_total", "counter",
-               "Uploads and reports refused for a per-client quota or the free-disk watermark.", quota_refusals.load());
-  AppendMetric(out, "aggregation_failures_total", "counter", "Aggregation tries that failed.",
-               aggregation_failures.load());
-  AppendMetric(out, "secagg_implausible_sums_total", "counter",
-               "Secure-aggregation sums refused as larger than their clipped updates can make them.",
-               secagg_implausible_sums.load());
-  AppendMetric(out, "secagg_misbehaving_clients_total", "counter",
-               "Clients found revealing wrong secure-aggregation shares (each then sits out a round).",
-               secagg_misbehaving_clients.load());
-  AppendMetric(out, "uploads_streaming", "gauge", "Upload streams admitted and not yet ended.",
-               uploads_streaming.load());
-  AppendMetric(out, "tls_handshakes_refused_total", "counter",
-               "TLS handshakes refused for the client certificate: none, not signed by the client CA, expired or not yet valid, not a client certificate, revoked, or a client id not allowed.",
-               tls_handshakes_refused.load());
-  if (const int64_t eps = dp_epsilon_micro.load(); eps >= 0) {
-    absl::StrAppend(&out,
-                    "# HELP fedlora_dp_epsilon Privacy spent by the committed rounds (epsilon at "
-                    "privacy.dp.target_delta).\n# TYPE fedlora_dp_epsilon gauge\nfedlora_dp_epsilon ",
-                    absl::StrFormat("%.6f", static_cast<double>(eps) / 1e6), "\n");
+  for (unsigned long e = ERR_get_error(); e != 0; e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof(buf));
+    absl::StrAppend(&out, out.empty() ? "" : "; ", buf);
   }
-  return out;
+  return out.empty() ? "unknown OpenSSL error" : out;
 }
+
+// The HTTPS context: the server's certificate and key; a client certificate asked for (naming the
+// client CAs) and taken without a check, since /metrics is open to all and the page handler checks
+// the certificate itself.
+absl::StatusOr<SSL_CTX*> NewHttpsContext(const MetricsHttpOptions& o) {
+  std::unique_ptr<SSL_CTX, void (*)(SSL_CTX*)> ctx(SSL_CTX_new(TLS_server_method()), SSL_CTX_free);
+  if (ctx == nullptr) return absl::InternalError(absl::StrCat("metrics HTTPS: SSL_CTX_new: ", SslErrors()));
+  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
+  SSL_CTX_set_mode(ctx.get(), SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  if (SSL_CTX_use_certificate_chain_file(ctx.get(), o.cert_file.c_str()) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics HTTPS: cert_file ", o.cert_file, ": ", SslErrors()));
+  }
+  if (SSL_CTX_use_PrivateKey_file(ctx.get(), o.key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
+      SSL_CTX_check_private_key(ctx.get()) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics HTTPS: key_file ", o.key_file, ": ", SslErrors()));
+  }
+  if (!o.client_ca_file.empty()) {
+    STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(o.client_ca_file.c_str());
+    if (names == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metrics HTTPS: client_ca_file ", o.client_ca_file, ": ", SslErrors()));
+    }
+    SSL_CTX_set_client_CA_list(ctx.get(), names);
+  }
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, [](int, X509_STORE_CTX*) { return 1; });
+  return ctx.release();
+}
+
+std::string Pem(X509* cert) {
+  std::unique_ptr<BIO, void (*)(BIO*)> bio(BIO_new(BIO_s_mem()), BIO_free_all);
+  if (bio == nullptr || PEM_write_bio_X509(bio.get(), cert) != 1) return "";
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(bio.get(), &data);
+  return n > 0 ? std::string(data, static_cast<size_t>(n)) : "";
+}
+
+// The page handler's view of `req`.
+HttpPageRequest PageRequest(const httplib::Request& req) {
+  HttpPageRequest r;
+  r.path = req.path;
+  r.host = req.get_header_value("Host");
+  r.peer_address = req.remote_addr;
+  r.https = req.ssl != nullptr;
+  if (req.ssl != nullptr) {
+    if (X509* leaf = SSL_get0_peer_certificate(req.ssl)) r.client_cert_pem = Pem(leaf);
+    // On the server's side the chain leaves the leaf out.
+    if (STACK_OF(X509)* chain = SSL_get_peer_cert_chain(req.ssl)) {
+      for (int i = 0; i < sk_X509_num(chain); ++i) r.client_chain_pem += Pem(sk_X509_value(chain, i));
+    }
+  }
+  return r;
+}
+
+}  // namespace
 
 struct MetricsHttpServer::Impl {
   explicit Impl(int stop_read, int stop_write) : stop_read(stop_read), stop_write(stop_write), http(stop_read) {}
@@ -361,7 +444,8 @@ struct MetricsHttpServer::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(const std::string& address,
-                                                                            Renderer render) {
+                                                                            Renderer render,
+                                                                            MetricsHttpOptions options) {
   std::string host;
   uint32_t port = 0;
   if (!SplitHostPort(address, &host, &port)) {
@@ -382,20 +466,37 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(cons
   }
   auto impl = std::make_unique<Impl>(stop_pipe[0], stop_pipe[1]);
   ScrapeServer& http = impl->http;
-  http.Get(".*", [render = std::move(render)](const httplib::Request& req, httplib::Response& res) {
-    if (req.path != kMetricsPath) {
+  if (!options.cert_file.empty() || !options.key_file.empty()) {
+    FEDLORA_ASSIGN_OR_RETURN(SSL_CTX * ctx, NewHttpsContext(options));
+    http.set_ssl_ctx(ctx);
+  }
+  const auto paths = std::make_shared<const std::vector<std::string>>(options.page_paths);
+  const auto known = [paths](const std::string& path) {
+    return path == kMetricsPath || std::find(paths->begin(), paths->end(), path) != paths->end();
+  };
+  const std::string served = absl::StrCat("GET ", kMetricsPath, paths->empty() ? "" : ", ",
+                                          absl::StrJoin(*paths, ", "), "\n");
+  http.Get(".*", [render = std::move(render), pages = std::move(options.pages), known, served](
+                     const httplib::Request& req, httplib::Response& res) {
+    if (req.path == kMetricsPath) {
+      res.set_content(render(), kContentType);
+    } else if (known(req.path) && pages) {
+      HttpPageReply reply = pages(PageRequest(req));
+      res.status = reply.status;
+      for (auto& [name, value] : reply.headers) res.set_header(name, value);
+      res.set_content(std::move(reply.body), reply.content_type);
+    } else {
       res.status = 404;
-      res.set_content("only GET /metrics is served\n", "text/plain");
-      return;
+      res.set_content(absl::StrCat("not found; this listener serves ", served), "text/plain");
     }
-    res.set_content(render(), kContentType);
   });
-  // Other methods: 405 on /metrics, 404 elsewhere. httplib reads (and bounds) a body before these
-  // run, so a kept-alive connection stays in step.
-  const httplib::Server::Handler refuse = [](const httplib::Request& req, httplib::Response& res) {
-    res.status = req.path == kMetricsPath ? 405 : 404;
+  // Other methods: 405 on the paths served, 404 elsewhere. httplib reads (and bounds) a body before
+  // these run, so a kept-alive connection stays in step.
+  const httplib::Server::Handler refuse = [known, served](const httplib::Request& req, httplib::Response& res) {
+    res.status = known(req.path) ? 405 : 404;
     if (res.status == 405) res.set_header("Allow", "GET, HEAD");
-    res.set_content(res.status == 405 ? "only GET is allowed on /metrics\n" : "only GET /metrics is served\n",
+    res.set_content(res.status == 405 ? absl::StrCat("only GET is allowed on ", req.path, "\n")
+                                      : absl::StrCat("not found; this listener serves ", served),
                     "text/plain");
   };
   http.Post(".*", refuse).Put(".*", refuse).Patch(".*", refuse).Delete(".*", refuse).Options(".*", refuse);
@@ -452,6 +553,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(cons
 }
 
 MetricsHttpServer::MetricsHttpServer(int port, std::unique_ptr<Impl> impl) : port_(port), impl_(std::move(impl)) {}
+
+bool MetricsHttpServer::https() const { return impl_->http.https(); }
 
 MetricsHttpServer::~MetricsHttpServer() {
   // The stop pipe ends every wait of the connections in progress; stop() closes the listening

@@ -6,6 +6,9 @@
 //       [&] { return metrics.ToPrometheusText(); }));
 //   // curl http://127.0.0.1:<http->port()>/metrics
 //
+// With MetricsHttpOptions the same listener serves more pages (the live view, server/live_view.h),
+// and under TLS speaks HTTPS.
+//
 // Counters are std::atomic and may be bumped from any thread. The HTTP server accepts on its own
 // thread and answers on a small pool, so several scrapers are served at once. Every connection is
 // bounded (see metrics.cc for the limits): a peer that sends nothing, or dribbles its request, is
@@ -17,6 +20,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -71,23 +76,56 @@ struct ServerMetrics {
   std::string ToPrometheusText() const;
 };
 
+// A GET of one of MetricsHttpOptions::page_paths, as its handler sees it.
+struct HttpPageRequest {
+  std::string path;
+  std::string host;          // the Host header, as sent
+  std::string peer_address;  // numeric (127.0.0.1, ::1), without the port
+  bool https = false;
+  // Under HTTPS: the client certificate the peer proved it holds (PEM) and the rest of the chain it
+  // sent; empty when it sent none. Not verified: the handler decides what to trust.
+  std::string client_cert_pem, client_chain_pem;
+};
+
+struct HttpPageReply {
+  int status = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+struct MetricsHttpOptions {
+  // With cert_file and key_file: HTTPS only, with that certificate (chain) and key. The listener
+  // asks for a client certificate (naming client_ca_file's CAs, when set) and takes one, or none,
+  // without checking it: /metrics stays open, and the page handler checks what it needs.
+  std::string cert_file, key_file, client_ca_file;
+  // Paths besides /metrics answered by `pages` (GET and HEAD; other methods 405). Called on the
+  // pool's threads, possibly several at once.
+  std::vector<std::string> page_paths;
+  std::function<HttpPageReply(const HttpPageRequest&)> pages;
+};
+
 class MetricsHttpServer {
  public:
   using Renderer = std::function<std::string()>;
 
   // Binds `address` and starts serving: GET (and HEAD) /metrics answers the renderer's text as
-  // "text/plain; version=0.0.4", other paths 404, other methods on /metrics 405. `address` is
+  // "text/plain; version=0.0.4", the page paths their handler's reply, other paths 404, other
+  // methods 405. `address` is
   // host:port with an IPv4 literal (127.0.0.1), an IPv6 literal in brackets ([::1]) or localhost
   // (bound as 127.0.0.1); port 0 picks a free port (port() tells which). InvalidArgument for a
   // malformed address or another host name, Unavailable when the bind fails (port in use), naming
-  // the address. `render` is called on the pool's threads, possibly several at once.
-  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& address, Renderer render);
+  // the address; for HTTPS, the certificate or key file's error. `render` is called on the pool's
+  // threads, possibly several at once.
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& address, Renderer render,
+                                                                  MetricsHttpOptions options = {});
   // Stops accepting, cuts off connections still open, and joins the threads.
   ~MetricsHttpServer();
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
 
   int port() const { return port_; }
+  bool https() const;
 
  private:
   struct Impl;

@@ -15,6 +15,7 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "crypto/tls.h"
+#include "server/live_view.h"
 #include "kernels/device.h"
 #include "fedlora/v1/admin.grpc.pb.h"
 #include "fedlora/v1/federation.grpc.pb.h"
@@ -244,8 +245,20 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
 
   if (!o.metrics_address.empty()) {
     Server* s = server.get();
-    FEDLORA_ASSIGN_OR_RETURN(server->metrics_http_,
-                             MetricsHttpServer::Start(o.metrics_address, [s] { return s->MetricsText(); }));
+    // The live view beside /metrics, for operators (server/live_view.h); HTTPS under TLS.
+    MetricsHttpOptions http;
+    if (o.tls.enabled()) {
+      http.cert_file = o.tls.cert_file;
+      http.key_file = o.tls.key_file;
+      http.client_ca_file = o.tls.client_ca_file;
+    }
+    http.page_paths = {kLiveViewPath, kRunJsonPath};
+    http.pages = [s, access = LiveViewAccess{s->tls_.get(), o.operator_ids}](const HttpPageRequest& r) {
+      return ServeLiveView(r, access, *s->coordinator_);
+    };
+    FEDLORA_ASSIGN_OR_RETURN(server->metrics_http_, MetricsHttpServer::Start(o.metrics_address,
+                                                                             [s] { return s->MetricsText(); },
+                                                                             std::move(http)));
   }
   // Restore before serving: until this returns, every Federation/Admin call answers Unavailable and
   // the health service NOT_SERVING.

@@ -112,6 +112,27 @@ absl::StatusOr<std::string> CallerIdentity(const grpc::ServerContextBase& contex
   return id;
 }
 
+absl::Status CheckOperatorRule(const char* what, bool tls, bool loopback, const std::string& caller,
+                               const absl::StatusOr<std::string>& tls_identity,
+                               const std::vector<std::string>& operator_ids) {
+  if (!tls) {
+    // Plaintext serves loopback addresses only; on it there are no certificates to tell callers apart.
+    if (loopback) return absl::OkStatus();
+    return absl::PermissionDeniedError(
+        absl::StrCat(what, " answers loopback callers only without TLS; caller is ", caller));
+  }
+  // Under TLS only a certificate makes an operator: a site's connection through a sidecar, a proxy
+  // or a port forward arrives on loopback too.
+  const absl::StatusOr<std::string>& id = tls_identity;
+  if (id.ok() && std::find(operator_ids.begin(), operator_ids.end(), *id) != operator_ids.end()) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      what, " answers operators only (server.tls.operator_ids, or the server's --operators); ",
+      id.ok() ? absl::StrCat("'", *id, "' is not one")
+              : absl::StrCat("caller ", caller, " has no identity (", id.status().message(), ")")));
+}
+
 // ------------------------------------------------------------------------------------------------
 // Federation
 
@@ -268,22 +289,10 @@ AdminService::AdminService(const ServerOptions& options, Coordinator* coordinato
     : options_(options), coordinator_(coordinator), pool_(3) {}
 
 absl::Status AdminService::CheckOperator(grpc::CallbackServerContext* context) const {
-  if (!options_.tls.enabled()) {
-    // Plaintext serves loopback addresses only; on it there are no certificates to tell callers apart.
-    if (IsLoopbackPeer(context->peer())) return absl::OkStatus();
-    return absl::PermissionDeniedError(
-        absl::StrCat("the Admin service answers loopback callers only without TLS; caller is ", context->peer()));
-  }
-  // Under TLS only a certificate makes an operator: a site's connection through a sidecar, a proxy
-  // or a port forward arrives on loopback too.
-  absl::StatusOr<std::string> id = CallerIdentity(*context, /*tls=*/true);
-  if (id.ok() &&
-      std::find(options_.operator_ids.begin(), options_.operator_ids.end(), *id) != options_.operator_ids.end()) {
-    return absl::OkStatus();
-  }
-  return absl::PermissionDeniedError(absl::StrCat(
-      "the Admin service answers operators only (server.tls.operator_ids, or the server's --operators); ",
-      id.ok() ? absl::StrCat("'", *id, "' is not one") : absl::StrCat("caller ", context->peer(), " has no identity")));
+  const bool tls = options_.tls.enabled();
+  return CheckOperatorRule("the Admin service", tls, IsLoopbackPeer(context->peer()), context->peer(),
+                           tls ? CallerIdentity(*context, /*tls=*/true) : absl::StatusOr<std::string>(""),
+                           options_.operator_ids);
 }
 
 grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* context,

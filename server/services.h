@@ -36,6 +36,14 @@ absl::StatusOr<std::string> CallerIdentity(const grpc::ServerContextBase& contex
 // True when gRPC reports the peer on a loopback address ("ipv4:127.x.x.x:port", "ipv6:[::1]:port").
 bool IsLoopbackPeer(const std::string& peer);
 
+// Who may see the run as an operator (the Admin service, the live view of server/live_view.h):
+// without TLS, callers on a loopback address (`loopback`; `caller` names the peer in the refusal);
+// under TLS, certificates whose identity (`tls_identity`: the CN, or why there is none) is one of
+// `operator_ids`. PermissionDenied naming `what` and the reason otherwise.
+absl::Status CheckOperatorRule(const char* what, bool tls, bool loopback, const std::string& caller,
+                               const absl::StatusOr<std::string>& tls_identity,
+                               const std::vector<std::string>& operator_ids);
+
 // At most `max` of something at once per client: TryAcquire is false past it; Release gives one back.
 class ClientSlots {
  public:

@@ -338,6 +338,15 @@ absl::Status Serve(const ServeFlags& f) {
   if (server->health_port() != 0) std::cout << " (health on port " << server->health_port() << ")";
   if (server->metrics_port() != 0) std::cout << " (metrics on port " << server->metrics_port() << ")";
   std::cout << std::endl;
+  if (server->metrics_port() != 0) {
+    // The live view (server/live_view.h) on the metrics listener; a wildcard address as loopback.
+    std::string host = options.metrics_address.substr(0, options.metrics_address.rfind(':'));
+    if (host == "0.0.0.0" || host == "localhost") host = "127.0.0.1";
+    if (host == "[::]") host = "[::1]";
+    std::cout << "live view: " << (options.tls.enabled() ? "https://" : "http://") << host << ":"
+              << server->metrics_port() << "/ ("
+              << (options.tls.enabled() ? "operator certificates only" : "loopback only") << ")" << std::endl;
+  }
 
   int stop = 0;
   std::optional<std::chrono::steady_clock::time_point> finished_at;

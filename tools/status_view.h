@@ -6,10 +6,9 @@
 #include <string>
 #include <vector>
 
-#include <google/protobuf/message.h>
-
 #include "absl/status/statusor.h"
 #include "fedlora/v1/admin.pb.h"
+#include "server/status_json.h"
 
 namespace fedlora::tools {
 
@@ -23,12 +22,6 @@ std::string StatusView(const v1::GetStatusResponse& status, int64_t now_ms);
 // error on the line below it.
 std::string ClientsView(const std::vector<v1::ClientInfo>& clients, int64_t now_ms);
 
-// `message` as JSON: proto field names, every field (zeros too; an unset optional field is left
-// out), enums by name, and 64-bit integers as numbers (protobuf's own mapping writes them as
-// strings).
-absl::StatusOr<std::string> MessageJson(const google::protobuf::Message& message);
-
-// The status as MessageJson, with `clients` (when not null) as a "clients" array beside its fields.
-absl::StatusOr<std::string> StatusJson(const v1::GetStatusResponse& status, const v1::ListClientsResponse* clients);
+// The JSON of --json: MessageJson and StatusJson (server/status_json.h).
 
 }  // namespace fedlora::tools
