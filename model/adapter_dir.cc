@@ -209,6 +209,9 @@ absl::StatusOr<AdapterDirInfo> ReadAdapterMetadata(const std::string& dir) {
     if (meta.contains("task")) {
       FEDLORA_ASSIGN_OR_RETURN(info.task, GetString(meta, "task", meta_path));
     }
+    if (meta.contains("base_model")) {
+      FEDLORA_ASSIGN_OR_RETURN(info.base_model, GetString(meta, "base_model", meta_path));
+    }
   }
   return info;
 }

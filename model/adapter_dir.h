@@ -83,6 +83,7 @@ struct AdapterDirInfo {
   std::optional<std::string> system_prompt;
   std::optional<std::string> chat_template;
   std::optional<std::string> task;  // "sequence_classification" | "causal_lm"
+  std::optional<std::string> base_model;  // the exact path the adapter was trained on
 };
 
 // Reads labels.json and fedlora_adapter.json where present. InvalidArgument naming the file for
