@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <cctype>
 #include <cerrno>
 #include <filesystem>
 #include <set>
@@ -12,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/file.h"
+#include "core/gguf.h"
 #include "core/json.h"
 #include "core/status.h"
 #include "model/peft.h"
@@ -87,6 +89,41 @@ nlohmann::json MetadataJson(const AdapterMetadata& meta, const std::string& base
   return j;
 }
 
+// "ORG/NAME" from a Hugging Face model URL (https://huggingface.co/ORG/NAME), else "".
+std::string HuggingFaceRepoId(std::string_view url) {
+  for (std::string_view prefix : {"https://huggingface.co/", "http://huggingface.co/", "https://hf.co/"}) {
+    if (url.substr(0, prefix.size()) != prefix) continue;
+    std::string_view rest = url.substr(prefix.size());
+    if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
+    const size_t slash = rest.find('/');
+    if (slash == std::string_view::npos || slash == 0 || slash + 1 == rest.size()) return "";
+    for (char c : rest) {
+      const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' || c == '/';
+      if (!ok) return "";
+    }
+    if (rest.find('/', slash + 1) != std::string_view::npos) return "";
+    return std::string(rest);
+  }
+  return "";
+}
+
+// What adapter_config.json names as the base (`base` is absolute): something PEFT's
+// from_pretrained can use. A directory as it is; a .gguf file (which PEFT cannot load) by the
+// Hugging Face repo the GGUF says it was converted from (general.source.repo_url or
+// general.source.url), else the directory holding it. Not general.base_model.*: those name the
+// model this one was fine-tuned from, another model.
+absl::StatusOr<std::string> PeftBaseModelName(const std::string& base) {
+  if (!IsGgufPath(base)) return base;
+  FEDLORA_ASSIGN_OR_RETURN(auto file, GgufFile::Open(base));
+  for (const char* key : {"general.source.repo_url", "general.source.url"}) {
+    if (!file->Has(key)) continue;
+    absl::StatusOr<std::string_view> url = file->GetString(key);
+    if (!url.ok()) continue;
+    if (std::string id = HuggingFaceRepoId(*url); !id.empty()) return id;
+  }
+  return fs::path(base).parent_path().string();
+}
+
 // Puts the complete directory `tmp` at `dir`: a rename when `dir` is missing or empty, else an
 // atomic exchange with the old one, which is then removed.
 absl::Status MoveIntoPlace(const std::string& tmp, const std::string& dir) {
@@ -140,10 +177,11 @@ absl::Status WriteAdapterDirectory(const std::string& dir, const std::vector<Saf
   const std::string parent = clean.parent_path().string();
   fs::create_directories(parent, ec);
   if (ec) return ErrnoToStatus(ec.value(), "mkdir", parent);
+  FEDLORA_ASSIGN_OR_RETURN(const std::string peft_base, PeftBaseModelName(base));
   std::string tmp = clean.string() + ".tmp-XXXXXX";
   if (mkdtemp(tmp.data()) == nullptr) return ErrnoToStatus(errno, "mkdtemp", tmp);
   chmod(tmp.c_str(), 0755);  // mkdtemp's 0700 would hide the adapter from its other users
-  peft_config["base_model_name_or_path"] = base;
+  peft_config["base_model_name_or_path"] = peft_base;
   absl::Status s = WriteSafetensors(tmp + "/" + kPeftWeightsFile, tensors, {{"format", "pt"}});
   if (s.ok()) s = WriteFileAtomically(tmp + "/" + kPeftConfigFile, peft_config.dump(2) + "\n");
   if (s.ok() && meta.task == AdapterTask::kSequenceClassification) {

@@ -2,9 +2,11 @@
 // `export`), through one function, so that each one carries what is needed to use it:
 //
 //   adapter_config.json, adapter_model.safetensors   PEFT's two files (model/peft.h);
-//       base_model_name_or_path is the absolute path of the base model: its directory, or for a
-//       GGUF decoder the .gguf file itself (transformers loads that with
-//       from_pretrained(dirname, gguf_file=basename)).
+//       base_model_name_or_path is what PEFT's from_pretrained can use: the base model's absolute
+//       directory; for a GGUF decoder (a file PEFT cannot load) the Hugging Face repo id the GGUF
+//       records as its source (general.source.repo_url or .url, "ORG/NAME"), else the absolute
+//       directory holding it (transformers loads the file with from_pretrained(dir,
+//       gguf_file=name)). fedlora_adapter.json keeps the exact path.
 //   labels.json          classifiers only: {"label_names": [...], "id2label": {"0": ...},
 //       "label2id": {...: 0}}, the classifier's rows in order. PEFT's adapter_config.json has no
 //       place for them (PEFT's LoraConfig refuses unknown keys), so they sit beside it, ready for
@@ -56,7 +58,7 @@ struct AdapterMetadata {
 };
 
 // The one writer: `tensors` as adapter_model.safetensors (format "pt"), `peft_config` as
-// adapter_config.json with base_model_name_or_path set to the absolute base model, and the two
+// adapter_config.json with base_model_name_or_path set for the base model (above), and the two
 // metadata files, atomically (above). InvalidArgument for metadata that does not fit: a
 // classifier without >= 2 distinct label names or with a count other than its classifier's
 // rows, a max_seq_len < 1, a decoder without its chat template, a base model that does not

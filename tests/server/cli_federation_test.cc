@@ -367,7 +367,11 @@ TEST(CliFederationTest, DecoderServerAndTwoClientProcesses) {
   EXPECT_EQ(meta["max_seq_len"], 48);
   EXPECT_EQ(meta["system_prompt"], "Answer with the password only.");
   EXPECT_EQ(meta["chat_template"], "smollm2");
-  EXPECT_EQ(ReadJsonOrFail(d + "out/adapter/adapter_config.json")["base_model_name_or_path"], model);
+  // PEFT cannot load a .gguf: adapter_config.json names its directory (the SmolLM2 GGUF records no
+  // source repo); fedlora_adapter.json keeps the file.
+  EXPECT_EQ(ReadJsonOrFail(d + "out/adapter/adapter_config.json")["base_model_name_or_path"],
+            std::filesystem::path(model).lexically_normal().parent_path().string());
+  EXPECT_EQ(meta["base_model"], std::filesystem::path(model).lexically_normal().string());
   EXPECT_FALSE(std::filesystem::exists(d + "out/adapter/labels.json"));
   // export --gguf: the final adapter as a GGUF LoRA for llama.cpp, the same from the store and from
   // the adapter directory (the layout against llama.cpp's reader: tests/tools/export_gguf_test.py).
