@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -66,6 +67,16 @@ struct AdapterMetadata {
 // CheckAdapterDirectoryTarget's errors.
 absl::Status WriteAdapterDirectory(const std::string& dir, const std::vector<SafetensorsTensorToWrite>& tensors,
                                    nlohmann::json peft_config, const AdapterMetadata& meta);
+
+// Writes directory `dir` whole, as WriteAdapterDirectory does: `fill(tmp)` writes the files into a
+// fresh sibling directory, which then takes `dir`'s place (an existing `dir` is swapped out and
+// removed); on an error the sibling is removed. The caller checks first that `dir` may go.
+absl::Status WriteDirectoryWhole(const std::string& dir, const std::function<absl::Status(const std::string&)>& fill);
+
+// The base model an adapter directory is for: `model_path` when given, else fedlora_adapter.json's
+// base_model, else adapter_config.json's base_model_name_or_path. NotFound, naming where the path
+// came from and --model, when it does not exist here; InvalidArgument when nothing names one.
+absl::StatusOr<std::string> AdapterBaseModel(const std::string& dir, const std::string& model_path);
 
 // The model's trainable params and PEFT config through WriteAdapterDirectory.
 absl::Status SaveAdapterDirectory(const BertClassifier& model, const AdapterMetadata& meta, const std::string& dir);

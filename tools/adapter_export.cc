@@ -148,22 +148,7 @@ absl::Status ExportAdapterDirGguf(const std::string& dir, const std::string& mod
                           (cfg.is_object() && cfg.value("task_type", "") == "SEQ_CLS");
   if (classifier) return absl::InvalidArgumentError(absl::StrCat("the adapter ", dir, " ", kEncoderRefusal));
   FEDLORA_ASSIGN_OR_RETURN(LoraOptions lora, ReadPeftLoraOptions(dir));  // refuses what fedlora does not implement
-  std::string base = model_path, from = "--model";
-  if (base.empty() && info.base_model) {
-    base = *info.base_model;
-    from = dir + "/" + kAdapterMetadataFile;
-  }
-  if (base.empty()) {
-    FEDLORA_ASSIGN_OR_RETURN(base, GetStringOr(cfg, "base_model_name_or_path", "", config_path));
-    from = config_path;
-  }
-  if (base.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(dir, " records no base model: name it with --model"));
-  }
-  if (!std::filesystem::exists(base, ec)) {
-    return absl::NotFoundError(
-        absl::StrCat("base model ", base, " (from ", from, ") not found here: name its location with --model"));
-  }
+  FEDLORA_ASSIGN_OR_RETURN(std::string base, AdapterBaseModel(dir, model_path));
   FEDLORA_ASSIGN_OR_RETURN(std::vector<AdapterTensor> tensors, ReadAdapterTensors(dir));
   return WriteGgufLora(tensors, {.rank = lora.rank, .alpha = lora.alpha}, base, path);
 }
