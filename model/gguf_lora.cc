@@ -163,6 +163,9 @@ absl::Status WriteGgufLora(const std::vector<AdapterTensor>& tensors, GgufLoraSc
   FEDLORA_ASSIGN_OR_RETURN(DecoderConfig config, ReadDecoderCheckpointConfig(base_model));
   absl::StatusOr<GgufWriter> w = GgufLoraFromPeft(tensors, scale, config);
   if (!w.ok()) return absl::Status(w.status().code(), absl::StrCat(path, ": ", w.status().message()));
+  const std::filesystem::path parent = std::filesystem::absolute(path, ec).parent_path();
+  std::filesystem::create_directories(parent, ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat("cannot create ", parent.string(), ": ", ec.message()));
   return w->WriteFile(path);
 }
 

@@ -1,5 +1,6 @@
 #include "model/merge.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -239,6 +240,9 @@ absl::Status ApplyAdapter(const std::vector<AdapterTensor>& adapter, const LoraO
   for (const AdapterTensor& t : adapter) {
     if (t.name.rfind(kPeftPrefix, 0) != 0) {
       return absl::InvalidArgumentError(absl::StrCat("adapter tensor '", t.name, "' is not a PEFT name (", kPeftPrefix, "...)"));
+    }
+    for (float v : t.values) {
+      if (!std::isfinite(v)) return absl::InvalidArgumentError(absl::StrCat("adapter tensor '", t.name, "' has a non-finite value"));
     }
     const std::string name = t.name.substr(sizeof(kPeftPrefix) - 1);
     bool lora_tensor = false;

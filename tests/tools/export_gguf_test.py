@@ -150,11 +150,12 @@ def main():
         llama_w = make_adapter(llama, llama_adapter)
         qwen2_w = make_adapter(qwen2, qwen2_adapter, base_name=qwen2_dir)
 
+        # The file's directory is created.
         cases = [("llama safetensors", llama_adapter, llama_dir, "llama", llama, llama_w),
                  ("llama gguf", llama_adapter, llama_gguf, "llama", llama, llama_w),
                  ("qwen2 from adapter_config", qwen2_adapter, None, "qwen2", qwen2, qwen2_w)]
         for i, (tag, adapter, model, arch, m, w) in enumerate(cases):
-            out = os.path.join(tmp, f"out{i}.gguf")
+            out = os.path.join(tmp, "new", f"out{i}.gguf")
             rc, text = export(fedlora, adapter, out, model)
             expect(rc == 0, f"{tag}: exit {rc}: {text}")
             expect(f"written to {out}" in text, f"{tag}: {text}")

@@ -13,12 +13,13 @@ PEFT itself saves:
      AutoModelForSequenceClassification on the merged directory gives PEFT's logits and has the
      label names as id2label; the tokenizer files come along;
   3. refusals: a GGUF base (pointing to `export --gguf`), a classifier without labels.json, a
-     directory of other files as --out.
+     directory of other files as --out, a non-finite adapter value.
 Exits 77 (CTest: skipped) when torch, transformers, peft or gguf is missing.
 """
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -152,6 +153,16 @@ def refusals(fedlora, tmp):
     rc, text = merge(fedlora, os.path.join(tmp, "llama-lora"), other, os.path.join(tmp, "llama"))
     expect(rc == 1 and "a directory of other files" in text, f"other dir: exit {rc}: {text}")
     expect(os.listdir(other) == ["notes.txt"], "other dir: touched")
+    # A non-finite adapter value is refused, not merged into the weights.
+    import safetensors.torch
+    bad = os.path.join(tmp, "nan-lora")
+    shutil.copytree(os.path.join(tmp, "llama-lora"), bad)
+    tensors = safetensors.torch.load_file(os.path.join(bad, "adapter_model.safetensors"))
+    name = sorted(tensors)[0]
+    tensors[name][0, 0] = float("nan")
+    safetensors.torch.save_file(tensors, os.path.join(bad, "adapter_model.safetensors"))
+    rc, text = merge(fedlora, bad, os.path.join(tmp, "nan-merged"), os.path.join(tmp, "llama"))
+    expect(rc == 1 and f"'{name}' has a non-finite value" in text, f"nan: exit {rc}: {text}")
     # A merged model is replaced whole on a second merge.
     rc, text = merge(fedlora, os.path.join(tmp, "llama-lora"), os.path.join(tmp, "llama-merged"), os.path.join(tmp, "llama"))
     expect(rc == 0, f"merge again: exit {rc}: {text}")
