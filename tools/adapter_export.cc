@@ -135,7 +135,8 @@ absl::StatusOr<int64_t> ExportRoundGguf(Store& store, const BlobStore& blobs, co
   return adapter.round;
 }
 
-absl::Status ExportAdapterDirGguf(const std::string& dir, const std::string& model_path, const std::string& path) {
+absl::StatusOr<std::string> ExportAdapterDirGguf(const std::string& dir, const std::string& model_path,
+                                                 const std::string& path) {
   const std::string config_path = dir + "/" + kPeftConfigFile;
   std::error_code ec;
   if (!std::filesystem::exists(config_path, ec)) {
@@ -150,7 +151,8 @@ absl::Status ExportAdapterDirGguf(const std::string& dir, const std::string& mod
   FEDLORA_ASSIGN_OR_RETURN(LoraOptions lora, ReadPeftLoraOptions(dir));  // refuses what fedlora does not implement
   FEDLORA_ASSIGN_OR_RETURN(std::string base, AdapterBaseModel(dir, model_path));
   FEDLORA_ASSIGN_OR_RETURN(std::vector<AdapterTensor> tensors, ReadAdapterTensors(dir));
-  return WriteGgufLora(tensors, {.rank = lora.rank, .alpha = lora.alpha}, base, path);
+  FEDLORA_RETURN_IF_ERROR(WriteGgufLora(tensors, {.rank = lora.rank, .alpha = lora.alpha}, base, path));
+  return base;
 }
 
 }  // namespace fedlora::tools

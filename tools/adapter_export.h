@@ -51,7 +51,8 @@ absl::StatusOr<int64_t> ExportRoundGguf(Store& store, const BlobStore& blobs, co
 // The base model is `model_path` when given, else the one fedlora_adapter.json records, else
 // adapter_config.json's base_model_name_or_path. InvalidArgument for a classifier's adapter and for
 // PEFT settings fedlora does not implement; NotFound for a missing file or base model (naming
-// --model); WriteGgufLora's errors.
-absl::Status ExportAdapterDirGguf(const std::string& dir, const std::string& model_path, const std::string& path);
+// --model); WriteGgufLora's errors. Returns the base model (for llama.cpp's -m).
+absl::StatusOr<std::string> ExportAdapterDirGguf(const std::string& dir, const std::string& model_path,
+                                                 const std::string& path);
 
 }  // namespace fedlora::tools

@@ -119,9 +119,10 @@ int RunExport(int argc, char** argv) {
   if (flags.WasSet("round") && f.round < 1) return UsageError(command, "--round must be >= 1");
   if (std::string e = CheckCombination(flags, f); !e.empty()) return UsageError(command, e);
   if (!f.adapter.empty()) {
-    if (absl::Status s = ExportAdapterDirGguf(f.adapter, f.model, f.gguf); !s.ok()) return Fail(command, s);
-    std::cout << f.adapter << " written to " << f.gguf << " (GGUF LoRA: llama-cli -m BASE --lora " << f.gguf << ")"
-              << std::endl;
+    absl::StatusOr<std::string> base = ExportAdapterDirGguf(f.adapter, f.model, f.gguf);
+    if (!base.ok()) return Fail(command, base.status());
+    std::cout << f.adapter << " written to " << f.gguf << " (GGUF LoRA: llama-cli -m " << *base << " --lora " << f.gguf
+              << ")" << std::endl;
     return kExitOk;
   }
   if (absl::Status s = Export(f); !s.ok()) return Fail(command, s);
