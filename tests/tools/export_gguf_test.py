@@ -197,6 +197,9 @@ def main():
                            [["--adapter", llama_adapter, "--round", "1", "--gguf", "x.gguf"], "--round picks from a store"]):
             p = subprocess.run([fedlora, "export"] + args, capture_output=True, text=True, timeout=60)
             expect(p.returncode == 2 and frag in p.stderr, f"usage {args}: exit {p.returncode}: {p.stderr}")
+        # --gguf naming a directory is refused, the directory untouched.
+        rc, text = export(fedlora, llama_adapter, tmp, llama_dir)
+        expect(rc == 1 and "is a directory: --gguf names the file to write" in text, f"dir target: exit {rc}: {text}")
         # No base recorded and no --model.
         refuse("no base", fedlora, llama_adapter, os.path.join(tmp, "nobase.gguf"), ["records no base model", "--model"])
 
