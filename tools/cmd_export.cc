@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "core/json.h"
 #include "core/status.h"
+#include "model/decoder.h"
 #include "proto/config_io.h"
 #include "server/blob_store.h"
 #include "server/store.h"
@@ -53,6 +54,12 @@ absl::StatusOr<RunRecord> PickRun(Store& store, const ExportFlags& f) {
   return runs.front();
 }
 
+// How to run the GGUF LoRA `gguf` on `base` with llama.cpp.
+std::string LlamaCppLine(const std::string& base, const std::string& gguf) {
+  const std::string model = IsGgufPath(base) ? base : absl::StrCat("BASE.gguf (", base, " converted by llama.cpp)");
+  return absl::StrCat("llama-cli -m ", model, " --lora ", gguf);
+}
+
 absl::Status Export(const ExportFlags& f) {
   if (!std::filesystem::exists(f.store + "/fedlora.db")) {
     return absl::NotFoundError(absl::StrCat("no store in ", f.store, " (", f.store, "/fedlora.db does not exist)"));
@@ -70,8 +77,8 @@ absl::Status Export(const ExportFlags& f) {
   FEDLORA_ASSIGN_OR_RETURN(RunAdapterFormat format, AdapterFormatForRun(config, f.model));
   if (!f.gguf.empty()) {
     FEDLORA_ASSIGN_OR_RETURN(int64_t round, ExportRoundGguf(*store, *blobs, run.run_id, f.round, format, f.gguf));
-    std::cout << "round " << round << " of run " << run.run_id << " written to " << f.gguf
-              << " (GGUF LoRA: llama-cli -m " << format.meta.base_model << " --lora " << f.gguf << ")" << std::endl;
+    std::cout << "round " << round << " of run " << run.run_id << " written to " << f.gguf << " (GGUF LoRA: "
+              << LlamaCppLine(format.meta.base_model, f.gguf) << ")" << std::endl;
   }
   if (!f.out.empty()) {
     FEDLORA_ASSIGN_OR_RETURN(int64_t round, ExportRound(*store, *blobs, run.run_id, f.round, format, f.out));
@@ -121,8 +128,8 @@ int RunExport(int argc, char** argv) {
   if (!f.adapter.empty()) {
     absl::StatusOr<std::string> base = ExportAdapterDirGguf(f.adapter, f.model, f.gguf);
     if (!base.ok()) return Fail(command, base.status());
-    std::cout << f.adapter << " written to " << f.gguf << " (GGUF LoRA: llama-cli -m " << *base << " --lora " << f.gguf
-              << ")" << std::endl;
+    std::cout << f.adapter << " written to " << f.gguf << " (GGUF LoRA: " << LlamaCppLine(*base, f.gguf) << ")"
+              << std::endl;
     return kExitOk;
   }
   if (absl::Status s = Export(f); !s.ok()) return Fail(command, s);
