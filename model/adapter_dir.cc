@@ -5,13 +5,16 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <cctype>
 #include <cerrno>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "core/file.h"
+#include "core/gguf.h"
 #include "core/json.h"
 #include "core/status.h"
 #include "model/peft.h"
@@ -87,6 +90,41 @@ nlohmann::json MetadataJson(const AdapterMetadata& meta, const std::string& base
   return j;
 }
 
+// "ORG/NAME" from a Hugging Face model URL (https://huggingface.co/ORG/NAME), else "".
+std::string HuggingFaceRepoId(std::string_view url) {
+  for (std::string_view prefix : {"https://huggingface.co/", "http://huggingface.co/", "https://hf.co/"}) {
+    if (url.substr(0, prefix.size()) != prefix) continue;
+    std::string_view rest = url.substr(prefix.size());
+    if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
+    const size_t slash = rest.find('/');
+    if (slash == std::string_view::npos || slash == 0 || slash + 1 == rest.size()) return "";
+    for (char c : rest) {
+      const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' || c == '/';
+      if (!ok) return "";
+    }
+    if (rest.find('/', slash + 1) != std::string_view::npos) return "";
+    return std::string(rest);
+  }
+  return "";
+}
+
+// What adapter_config.json names as the base (`base` is absolute): something PEFT's
+// from_pretrained can use. A directory as it is; a .gguf file (which PEFT cannot load) by the
+// Hugging Face repo the GGUF says it was converted from (general.source.repo_url or
+// general.source.url), else the directory holding it. Not general.base_model.*: those name the
+// model this one was fine-tuned from, another model.
+absl::StatusOr<std::string> PeftBaseModelName(const std::string& base) {
+  if (!IsGgufPath(base)) return base;
+  FEDLORA_ASSIGN_OR_RETURN(auto file, GgufFile::Open(base));
+  for (const char* key : {"general.source.repo_url", "general.source.url"}) {
+    if (!file->Has(key)) continue;
+    absl::StatusOr<std::string_view> url = file->GetString(key);
+    if (!url.ok()) continue;
+    if (std::string id = HuggingFaceRepoId(*url); !id.empty()) return id;
+  }
+  return fs::path(base).parent_path().string();
+}
+
 // Puts the complete directory `tmp` at `dir`: a rename when `dir` is missing or empty, else an
 // atomic exchange with the old one, which is then removed.
 absl::Status MoveIntoPlace(const std::string& tmp, const std::string& dir) {
@@ -123,6 +161,27 @@ absl::Status CheckAdapterDirectoryTarget(const std::string& dir) {
            "adapter is written whole and replaces only an earlier adapter"));
 }
 
+absl::Status WriteDirectoryWhole(const std::string& dir, const std::function<absl::Status(const std::string&)>& fill) {
+  std::error_code ec;
+  const fs::path target = fs::absolute(fs::path(dir), ec).lexically_normal();
+  if (ec) return ErrnoToStatus(ec.value(), "absolute", dir);
+  // A directory path ends in a name ("runs/x/" is "runs/x").
+  const fs::path clean = target.filename().empty() ? target.parent_path() : target;
+  const std::string parent = clean.parent_path().string();
+  fs::create_directories(parent, ec);
+  if (ec) return ErrnoToStatus(ec.value(), "mkdir", parent);
+  std::string tmp = clean.string() + ".tmp-XXXXXX";
+  if (mkdtemp(tmp.data()) == nullptr) return ErrnoToStatus(errno, "mkdtemp", tmp);
+  chmod(tmp.c_str(), 0755);  // mkdtemp's 0700 would hide the files from their other users
+  absl::Status s = fill(tmp);
+  if (s.ok()) s = MoveIntoPlace(tmp, clean.string());
+  if (!s.ok()) {
+    fs::remove_all(tmp, ec);
+    return s;
+  }
+  return FsyncDirectory(parent);
+}
+
 absl::Status WriteAdapterDirectory(const std::string& dir, const std::vector<SafetensorsTensorToWrite>& tensors,
                                    nlohmann::json peft_config, const AdapterMetadata& meta) {
   FEDLORA_RETURN_IF_ERROR(CheckMetadata(tensors, meta, dir));
@@ -133,29 +192,40 @@ absl::Status WriteAdapterDirectory(const std::string& dir, const std::vector<Saf
                                                    " does not exist (an adapter records its absolute path)"));
   }
   const std::string base = fs::absolute(fs::path(meta.base_model), ec).lexically_normal().string();
-  const fs::path target = fs::absolute(fs::path(dir), ec).lexically_normal();
-  if (ec) return ErrnoToStatus(ec.value(), "absolute", dir);
-  // An adapter directory path ends in a name ("runs/x/" is "runs/x").
-  const fs::path clean = target.filename().empty() ? target.parent_path() : target;
-  const std::string parent = clean.parent_path().string();
-  fs::create_directories(parent, ec);
-  if (ec) return ErrnoToStatus(ec.value(), "mkdir", parent);
-  std::string tmp = clean.string() + ".tmp-XXXXXX";
-  if (mkdtemp(tmp.data()) == nullptr) return ErrnoToStatus(errno, "mkdtemp", tmp);
-  chmod(tmp.c_str(), 0755);  // mkdtemp's 0700 would hide the adapter from its other users
-  peft_config["base_model_name_or_path"] = base;
-  absl::Status s = WriteSafetensors(tmp + "/" + kPeftWeightsFile, tensors, {{"format", "pt"}});
-  if (s.ok()) s = WriteFileAtomically(tmp + "/" + kPeftConfigFile, peft_config.dump(2) + "\n");
-  if (s.ok() && meta.task == AdapterTask::kSequenceClassification) {
-    s = WriteFileAtomically(tmp + "/" + kLabelsFile, LabelsJson(meta.label_names).dump(2) + "\n");
+  FEDLORA_ASSIGN_OR_RETURN(peft_config["base_model_name_or_path"], PeftBaseModelName(base));
+  return WriteDirectoryWhole(dir, [&](const std::string& tmp) {
+    FEDLORA_RETURN_IF_ERROR(WriteSafetensors(tmp + "/" + kPeftWeightsFile, tensors, {{"format", "pt"}}));
+    FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(tmp + "/" + kPeftConfigFile, peft_config.dump(2) + "\n"));
+    if (meta.task == AdapterTask::kSequenceClassification) {
+      FEDLORA_RETURN_IF_ERROR(
+          WriteFileAtomically(tmp + "/" + kLabelsFile, LabelsJson(meta.label_names).dump(2) + "\n"));
+    }
+    return WriteFileAtomically(tmp + "/" + kAdapterMetadataFile, MetadataJson(meta, base).dump(2) + "\n");
+  });
+}
+
+absl::StatusOr<std::string> AdapterBaseModel(const std::string& dir, const std::string& model_path) {
+  const std::string config_path = dir + "/" + kPeftConfigFile;
+  std::string base = model_path, from = "--model";
+  if (base.empty()) {
+    FEDLORA_ASSIGN_OR_RETURN(AdapterDirInfo info, ReadAdapterMetadata(dir));
+    if (info.base_model) {
+      base = *info.base_model;
+      from = dir + "/" + kAdapterMetadataFile;
+    }
   }
-  if (s.ok()) s = WriteFileAtomically(tmp + "/" + kAdapterMetadataFile, MetadataJson(meta, base).dump(2) + "\n");
-  if (s.ok()) s = MoveIntoPlace(tmp, clean.string());
-  if (!s.ok()) {
-    fs::remove_all(tmp, ec);
-    return s;
+  if (base.empty()) {
+    FEDLORA_ASSIGN_OR_RETURN(nlohmann::json cfg, ReadJsonFile(config_path));
+    FEDLORA_ASSIGN_OR_RETURN(base, GetStringOr(cfg, "base_model_name_or_path", "", config_path));
+    from = config_path;
   }
-  return FsyncDirectory(parent);
+  if (base.empty()) return absl::InvalidArgumentError(absl::StrCat(dir, " records no base model: name it with --model"));
+  std::error_code ec;
+  if (!fs::exists(base, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("base model ", base, " (from ", from, ") not found here: name its location with --model"));
+  }
+  return base;
 }
 
 namespace {
@@ -208,6 +278,9 @@ absl::StatusOr<AdapterDirInfo> ReadAdapterMetadata(const std::string& dir) {
     }
     if (meta.contains("task")) {
       FEDLORA_ASSIGN_OR_RETURN(info.task, GetString(meta, "task", meta_path));
+    }
+    if (meta.contains("base_model")) {
+      FEDLORA_ASSIGN_OR_RETURN(info.base_model, GetString(meta, "base_model", meta_path));
     }
   }
   return info;

@@ -2,9 +2,11 @@
 // `export`), through one function, so that each one carries what is needed to use it:
 //
 //   adapter_config.json, adapter_model.safetensors   PEFT's two files (model/peft.h);
-//       base_model_name_or_path is the absolute path of the base model: its directory, or for a
-//       GGUF decoder the .gguf file itself (transformers loads that with
-//       from_pretrained(dirname, gguf_file=basename)).
+//       base_model_name_or_path is what PEFT's from_pretrained can use: the base model's absolute
+//       directory; for a GGUF decoder (a file PEFT cannot load) the Hugging Face repo id the GGUF
+//       records as its source (general.source.repo_url or .url, "ORG/NAME"), else the absolute
+//       directory holding it (transformers loads the file with from_pretrained(dir,
+//       gguf_file=name)). fedlora_adapter.json keeps the exact path.
 //   labels.json          classifiers only: {"label_names": [...], "id2label": {"0": ...},
 //       "label2id": {...: 0}}, the classifier's rows in order. PEFT's adapter_config.json has no
 //       place for them (PEFT's LoraConfig refuses unknown keys), so they sit beside it, ready for
@@ -26,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -56,7 +59,7 @@ struct AdapterMetadata {
 };
 
 // The one writer: `tensors` as adapter_model.safetensors (format "pt"), `peft_config` as
-// adapter_config.json with base_model_name_or_path set to the absolute base model, and the two
+// adapter_config.json with base_model_name_or_path set for the base model (above), and the two
 // metadata files, atomically (above). InvalidArgument for metadata that does not fit: a
 // classifier without >= 2 distinct label names or with a count other than its classifier's
 // rows, a max_seq_len < 1, a decoder without its chat template, a base model that does not
@@ -64,6 +67,16 @@ struct AdapterMetadata {
 // CheckAdapterDirectoryTarget's errors.
 absl::Status WriteAdapterDirectory(const std::string& dir, const std::vector<SafetensorsTensorToWrite>& tensors,
                                    nlohmann::json peft_config, const AdapterMetadata& meta);
+
+// Writes directory `dir` whole, as WriteAdapterDirectory does: `fill(tmp)` writes the files into a
+// fresh sibling directory, which then takes `dir`'s place (an existing `dir` is swapped out and
+// removed); on an error the sibling is removed. The caller checks first that `dir` may go.
+absl::Status WriteDirectoryWhole(const std::string& dir, const std::function<absl::Status(const std::string&)>& fill);
+
+// The base model an adapter directory is for: `model_path` when given, else fedlora_adapter.json's
+// base_model, else adapter_config.json's base_model_name_or_path. NotFound, naming where the path
+// came from and --model, when it does not exist here; InvalidArgument when nothing names one.
+absl::StatusOr<std::string> AdapterBaseModel(const std::string& dir, const std::string& model_path);
 
 // The model's trainable params and PEFT config through WriteAdapterDirectory.
 absl::Status SaveAdapterDirectory(const BertClassifier& model, const AdapterMetadata& meta, const std::string& dir);
@@ -83,6 +96,7 @@ struct AdapterDirInfo {
   std::optional<std::string> system_prompt;
   std::optional<std::string> chat_template;
   std::optional<std::string> task;  // "sequence_classification" | "causal_lm"
+  std::optional<std::string> base_model;  // the exact path the adapter was trained on
 };
 
 // Reads labels.json and fedlora_adapter.json where present. InvalidArgument naming the file for

@@ -154,6 +154,10 @@ bool IsGgufPath(const std::string& path);
 absl::StatusOr<DecoderConfig> ReadDecoderCheckpointConfig(const std::string& path);
 // The file model.sha256 covers: the .gguf itself, or the directory's model.safetensors.
 std::string DecoderWeightsFile(const std::string& path);
+// llama.cpp's converter stores LLaMA's q_proj / k_proj rows per head as interleaved pairs: its
+// row h*D + 2i + j is Hugging Face's row h*D + j*(D/2) + i (j = 0, 1; i < D/2; D = head_dim). The
+// Hugging Face row that GGUF row `row` holds.
+int64_t HfRowOfGgufRow(int64_t row, int64_t head_dim);
 
 class CausalLm {
  public:

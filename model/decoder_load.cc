@@ -200,14 +200,6 @@ absl::StatusOr<DecoderConfig> ConfigFromGguf(const GgufFile& f) {
   return c;
 }
 
-// llama.cpp's converter stores LLaMA's q_proj / k_proj rows per head as interleaved pairs: its
-// row h*D + 2i + j is Hugging Face's row h*D + j*(D/2) + i (j = 0, 1; i < D/2). This maps a GGUF
-// row to the Hugging Face row it came from.
-int64_t HfRowOfGgufRow(int64_t row, int64_t head_dim) {
-  const int64_t h = row / head_dim, within = row % head_dim;
-  return h * head_dim + (within % 2) * (head_dim / 2) + within / 2;
-}
-
 absl::Status FillMatrixGguf(const GgufFile& f, const std::string& name, int64_t rows, int64_t cols,
                             WeightStorage storage, int64_t unpermute_head_dim, FrozenMatrix* m) {
   FEDLORA_ASSIGN_OR_RETURN(GgufTensor t, f.Get(name));
@@ -260,6 +252,11 @@ const char* GgufName(DecoderTarget t) {
 }
 
 }  // namespace
+
+int64_t HfRowOfGgufRow(int64_t row, int64_t head_dim) {
+  const int64_t h = row / head_dim, within = row % head_dim;
+  return h * head_dim + (within % 2) * (head_dim / 2) + within / 2;
+}
 
 absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderSafetensors(const std::string& dir,
                                                                          const DecoderOptions& options) {

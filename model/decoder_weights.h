@@ -1,4 +1,4 @@
-// The frozen weights of a decoder (internal to model/decoder*.cc): shapes follow Hugging Face's
+// The frozen weights of a decoder (internal to model/: the decoder and model/gguf_lora.cc): shapes follow Hugging Face's
 // LlamaForCausalLM, [out, in] for every projection.
 #pragma once
 

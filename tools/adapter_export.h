@@ -41,4 +41,18 @@ absl::StatusOr<RunAdapterFormat> AdapterFormatForRun(const v1::RunConfig& config
 absl::StatusOr<int64_t> ExportRound(Store& store, const BlobStore& blobs, const std::string& run_id, int64_t round,
                                     const RunAdapterFormat& format, const std::string& dir);
 
+// Writes the same round's adapter as a GGUF LoRA file for llama.cpp's --lora (model/gguf_lora.h)
+// at `path`, and returns the round written. ExportRound's store errors; InvalidArgument for a
+// classification run (an encoder's adapter) and WriteGgufLora's errors.
+absl::StatusOr<int64_t> ExportRoundGguf(Store& store, const BlobStore& blobs, const std::string& run_id, int64_t round,
+                                        const RunAdapterFormat& format, const std::string& path);
+
+// Writes the adapter directory `dir` (written by fedlora or by PEFT) as a GGUF LoRA file at `path`.
+// The base model is `model_path` when given, else the one fedlora_adapter.json records, else
+// adapter_config.json's base_model_name_or_path. InvalidArgument for a classifier's adapter and for
+// PEFT settings fedlora does not implement; NotFound for a missing file or base model (naming
+// --model); WriteGgufLora's errors. Returns the base model (for llama.cpp's -m).
+absl::StatusOr<std::string> ExportAdapterDirGguf(const std::string& dir, const std::string& model_path,
+                                                 const std::string& path);
+
 }  // namespace fedlora::tools

@@ -26,6 +26,7 @@ int RunHealth(int argc, char** argv);
 int RunCerts(int argc, char** argv);
 int RunStore(int argc, char** argv);
 int RunExport(int argc, char** argv);
+int RunMerge(int argc, char** argv);
 int RunAudit(int argc, char** argv);
 
 }  // namespace fedlora::tools

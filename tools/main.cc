@@ -36,7 +36,8 @@ constexpr Subcommand kSubcommands[] = {
     {"status", "print a running server's status (--json: as one JSON document)", RunStatus},
     {"health", "ask a server's gRPC health service whether it serves (exit 0 if so)", RunHealth},
     {"store", "verify or repair a stopped server's store (blob hashes, rewind)", RunStore},
-    {"export", "write a federation's adapter from a server's store as a PEFT directory", RunExport},
+    {"export", "a federation's adapter from a store as a PEFT directory; a decoder's as a GGUF LoRA", RunExport},
+    {"merge", "fold an adapter into its base: a Hugging Face model directory without PEFT", RunMerge},
     {"certs", "make a development CA, server and client certificates, and CRLs", RunCerts},
     {"audit", "open the audit trail (server.audit_public_key_file) with the offline key", RunAudit},
 };

@@ -12,6 +12,7 @@
 #include "core/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/gguf_writer.h"
 #include "model/peft.h"
 #include "tests/model/tiny_checkpoint.h"
 #include "tests/model/tiny_decoder.h"
@@ -81,6 +82,39 @@ TEST(AdapterDir, WritesEverythingNeededAndReadsItBack) {
   fs::current_path(cwd);
   ASSERT_TRUE(relative.ok()) << relative;
   EXPECT_EQ(Json(tmp + "/rel/adapter_config.json")["base_model_name_or_path"], base);
+  fs::remove_all(tmp);
+}
+
+// A GGUF base: PEFT cannot load a .gguf, so adapter_config.json names the Hugging Face repo the
+// GGUF was converted from when it records one (a model URL), else the directory holding it;
+// fedlora_adapter.json keeps the exact file.
+TEST(AdapterDir, NamesAGgufBaseAsPeftCanUseIt) {
+  const std::string tmp = MakeTempDir("adapter_dir");
+  auto gguf = [&](const std::string& name, const std::string& key, const std::string& url) {
+    GgufWriter w;
+    w.AddString("general.architecture", "llama");
+    if (!key.empty()) w.AddString(key, url);
+    EXPECT_TRUE(w.WriteFile(tmp + "/" + name).ok());
+    return tmp + "/" + name;
+  };
+  const float value = 0.5f;
+  const std::vector<SafetensorsTensorToWrite> tensors = {{"x", DType::kF32, {1}, &value, sizeof(float)}};
+  auto peft_base = [&](const std::string& base) {
+    const AdapterMetadata meta{
+        .task = AdapterTask::kCausalLm, .base_model = base, .max_seq_len = 8, .chat_template = "chatml"};
+    const absl::Status s = WriteAdapterDirectory(tmp + "/adapter", tensors, {{"peft_type", "LORA"}}, meta);
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(Json(tmp + "/adapter/fedlora_adapter.json")["base_model"], base);
+    return Json(tmp + "/adapter/adapter_config.json")["base_model_name_or_path"].get<std::string>();
+  };
+  EXPECT_EQ(peft_base(gguf("a.gguf", "general.source.repo_url", "https://huggingface.co/HuggingFaceTB/SmolLM2-135M")),
+            "HuggingFaceTB/SmolLM2-135M");
+  EXPECT_EQ(peft_base(gguf("b.gguf", "general.source.url", "https://huggingface.co/Qwen/Qwen2-0.5B/")), "Qwen/Qwen2-0.5B");
+  EXPECT_EQ(peft_base(gguf("c.gguf", "", "")), tmp);
+  EXPECT_EQ(peft_base(gguf("d.gguf", "general.source.url", "https://example.com/Qwen/Qwen2-0.5B")), tmp);
+  EXPECT_EQ(peft_base(gguf("e.gguf", "general.source.url", "https://huggingface.co/Qwen/Qwen2-0.5B/tree/main")), tmp);
+  // general.base_model.* names the model this one was fine-tuned from: not this base.
+  EXPECT_EQ(peft_base(gguf("f.gguf", "general.base_model.0.repo_url", "https://huggingface.co/org/parent")), tmp);
   fs::remove_all(tmp);
 }
 

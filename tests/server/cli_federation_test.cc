@@ -21,6 +21,8 @@
 #include <utility>
 
 #include "compression/update_io.h"
+#include "core/file.h"
+#include "core/gguf.h"
 #include "core/json.h"
 #include "core/safetensors.h"
 #include "gmock/gmock.h"
@@ -190,6 +192,11 @@ void CheckEncoderAdapters(const std::string& bin, const std::string& d, const st
   EXPECT_EQ(rc, 1);
   EXPECT_THAT(text, HasSubstr("holds no run"));
   EXPECT_FALSE(std::filesystem::exists(d + "x"));
+  // A classifier's adapter does not become a GGUF LoRA: llama.cpp's --lora is for decoders.
+  std::tie(rc, text) = RunCommand(bin + " export --store " + store + " --gguf " + d + "x.gguf 2>&1");
+  EXPECT_EQ(rc, 1);
+  EXPECT_THAT(text, HasSubstr("is a classifier's (an encoder's)"));
+  EXPECT_FALSE(std::filesystem::exists(d + "x.gguf"));
 }
 
 TEST(CliFederationTest, ServerTwoClientProcessesAndStatus) {
@@ -360,8 +367,26 @@ TEST(CliFederationTest, DecoderServerAndTwoClientProcesses) {
   EXPECT_EQ(meta["max_seq_len"], 48);
   EXPECT_EQ(meta["system_prompt"], "Answer with the password only.");
   EXPECT_EQ(meta["chat_template"], "smollm2");
-  EXPECT_EQ(ReadJsonOrFail(d + "out/adapter/adapter_config.json")["base_model_name_or_path"], model);
+  // PEFT cannot load a .gguf: adapter_config.json names its directory (the SmolLM2 GGUF records no
+  // source repo); fedlora_adapter.json keeps the file.
+  EXPECT_EQ(ReadJsonOrFail(d + "out/adapter/adapter_config.json")["base_model_name_or_path"],
+            std::filesystem::path(model).lexically_normal().parent_path().string());
+  EXPECT_EQ(meta["base_model"], std::filesystem::path(model).lexically_normal().string());
   EXPECT_FALSE(std::filesystem::exists(d + "out/adapter/labels.json"));
+  // export --gguf: the final adapter as a GGUF LoRA for llama.cpp, the same from the store and from
+  // the adapter directory (the layout against llama.cpp's reader: tests/tools/export_gguf_test.py).
+  auto [rc, text] = RunCommand(bin + " export --store " + d + "store --gguf " + d + "store.gguf 2>&1");
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_THAT(text, HasSubstr("round 1 of run cli-decoder written to " + d + "store.gguf"));
+  std::tie(rc, text) = RunCommand(bin + " export --adapter " + d + "out/adapter --gguf " + d + "dir.gguf 2>&1");
+  EXPECT_EQ(rc, 0) << text;
+  auto gguf = GgufFile::Open(d + "store.gguf");
+  ASSERT_TRUE(gguf.ok()) << gguf.status();
+  EXPECT_EQ(*(*gguf)->GetString("general.type"), "adapter");
+  EXPECT_EQ(*(*gguf)->GetString("general.architecture"), "llama");
+  EXPECT_TRUE((*gguf)->Contains("blk.29.attn_v.weight.lora_b"));
+  EXPECT_EQ((*gguf)->tensors().size(), 30u * 2 * 2);  // 30 layers, q and v, a and b
+  EXPECT_EQ(ReadFileToString(d + "store.gguf").value(), ReadFileToString(d + "dir.gguf").value());
 }
 
 // A site that cannot train (the issue of a new user: a decoder GGUF in a classification run, a
