@@ -67,6 +67,32 @@ int64_t SafetensorsTensor::numel() const {
   return n;
 }
 
+absl::Status SafetensorsTensor::CopyToF32(float* out) const {
+  const size_t n = static_cast<size_t>(numel());
+  if (dtype == DType::kF32) {
+    std::memcpy(out, data, n * sizeof(float));
+    return absl::OkStatus();
+  }
+  if (dtype != DType::kF16 && dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", name, "' has dtype ", std::string(DTypeName(dtype)), ", expected F32, F16 or BF16"));
+  }
+  std::vector<uint16_t> bits(n);  // the data may be unaligned
+  std::memcpy(bits.data(), data, n * sizeof(uint16_t));
+  if (dtype == DType::kBF16) {
+    ConvertBF16ToF32(bits.data(), out, n);
+  } else {
+    ConvertF16ToF32(bits.data(), out, n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> SafetensorsTensor::ToF32() const {
+  std::vector<float> out(static_cast<size_t>(numel()));
+  FEDLORA_RETURN_IF_ERROR(CopyToF32(out.data()));
+  return out;
+}
+
 absl::StatusOr<TensorView> SafetensorsTensor::view() const {
   return TensorView::CreateConst(data, dtype, shape, Device::kCpu);
 }

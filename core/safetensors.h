@@ -51,6 +51,10 @@ struct SafetensorsTensor {
   int64_t numel() const;
   // A read-only CPU view of the tensor (the data is unaligned only if the writer made it so).
   absl::StatusOr<TensorView> view() const;
+  // The values as fp32 into out[0, numel()): F32 copied, F16 and BF16 widened; InvalidArgument
+  // naming the tensor for any other dtype.
+  absl::Status CopyToF32(float* out) const;
+  absl::StatusOr<std::vector<float>> ToF32() const;
 };
 
 class SafetensorsFile {

@@ -26,37 +26,22 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-// Copies `t` (F32, F16 or BF16; possibly unaligned) into fp32.
-void ToF32(const SafetensorsTensor& t, float* out) {
-  const size_t n = static_cast<size_t>(t.numel());
-  if (t.dtype == DType::kF32) {
-    std::memcpy(out, t.data, n * sizeof(float));
-    return;
-  }
-  std::vector<uint16_t> bits(n);
-  std::memcpy(bits.data(), t.data, n * sizeof(uint16_t));
-  if (t.dtype == DType::kBF16) {
-    ConvertBF16ToF32(bits.data(), out, n);
-  } else {
-    ConvertF16ToF32(bits.data(), out, n);
-  }
-}
-
-void FillMatrix(const SafetensorsTensor& t, bool want_bf16, FrozenMatrix* m) {
+absl::Status FillMatrix(const SafetensorsTensor& t, bool want_bf16, FrozenMatrix* m) {
   const size_t n = static_cast<size_t>(t.numel());
   if (want_bf16 && t.dtype == DType::kBF16) {
     m->bf16.resize(n);
     std::memcpy(m->bf16.data(), t.data, n * sizeof(uint16_t));
-    return;
+    return absl::OkStatus();
   }
   std::vector<float> f(n);
-  ToF32(t, f.data());
+  FEDLORA_RETURN_IF_ERROR(t.CopyToF32(f.data()));
   if (want_bf16) {
     m->bf16.resize(n);
     ConvertF32ToBF16(f.data(), m->bf16.data(), n);
   } else {
     m->f32 = std::move(f);
   }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -176,11 +161,7 @@ absl::Status BertBase::Weights::Load(const std::string& path, const BertConfig& 
     const std::string full = prefix + s.name;
     if (!file->Contains(full)) continue;  // the pooler, initialised below
     FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file->Get(full));
-    if (s.matrix != nullptr) {
-      FillMatrix(t, bf16, s.matrix);
-    } else {
-      ToF32(t, s.vec->data());
-    }
+    FEDLORA_RETURN_IF_ERROR(s.matrix != nullptr ? FillMatrix(t, bf16, s.matrix) : t.CopyToF32(s.vec->data()));
   }
   if (missing_pooler.size() == 2) {
     // HF initialises a weight missing from the checkpoint with N(0, initializer_range), bias 0.

@@ -89,23 +89,6 @@ absl::Status CheckShape(const SafetensorsTensor& t, std::vector<int64_t> want) {
   return absl::OkStatus();
 }
 
-std::vector<float> ToF32(const SafetensorsTensor& t) {
-  const size_t n = static_cast<size_t>(t.numel());
-  std::vector<float> out(n);
-  if (t.dtype == DType::kF32) {
-    std::memcpy(out.data(), t.data, n * sizeof(float));
-    return out;
-  }
-  std::vector<uint16_t> bits(n);
-  std::memcpy(bits.data(), t.data, n * sizeof(uint16_t));
-  if (t.dtype == DType::kBF16) {
-    ConvertBF16ToF32(bits.data(), out.data(), n);
-  } else {
-    ConvertF16ToF32(bits.data(), out.data(), n);
-  }
-  return out;
-}
-
 absl::Status FillMatrix(const Shards& s, const std::string& name, int64_t rows, int64_t cols, WeightStorage storage,
                         FrozenMatrix* m) {
   FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, s.Get(name));
@@ -115,7 +98,8 @@ absl::Status FillMatrix(const Shards& s, const std::string& name, int64_t rows, 
     std::memcpy(bits.data(), t.data, bits.size() * sizeof(uint16_t));
     m->SetBF16(rows, cols, std::move(bits), storage);
   } else {
-    m->SetF32(rows, cols, ToF32(t), storage);
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<float> values, t.ToF32());
+    m->SetF32(rows, cols, std::move(values), storage);
   }
   return absl::OkStatus();
 }
@@ -123,7 +107,7 @@ absl::Status FillMatrix(const Shards& s, const std::string& name, int64_t rows, 
 absl::Status FillVector(const Shards& s, const std::string& name, int64_t n, std::vector<float>* v) {
   FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, s.Get(name));
   FEDLORA_RETURN_IF_ERROR(CheckShape(t, {n}));
-  *v = ToF32(t);
+  FEDLORA_ASSIGN_OR_RETURN(*v, t.ToF32());
   return absl::OkStatus();
 }
 

@@ -74,21 +74,9 @@ absl::StatusOr<std::vector<AdapterTensor>> ReadAdapterTensors(const std::string&
   std::vector<AdapterTensor> out;
   for (const std::string& name : file->names()) {
     FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file->Get(name));
-    const size_t n = static_cast<size_t>(t.numel());
-    AdapterTensor a{name, t.shape, std::vector<float>(n)};
-    if (t.dtype == DType::kF32) {
-      std::memcpy(a.values.data(), t.data, n * sizeof(float));
-    } else if (t.dtype == DType::kF16 || t.dtype == DType::kBF16) {
-      std::vector<uint16_t> bits(n);
-      std::memcpy(bits.data(), t.data, n * sizeof(uint16_t));
-      if (t.dtype == DType::kF16) {
-        ConvertF16ToF32(bits.data(), a.values.data(), n);
-      } else {
-        ConvertBF16ToF32(bits.data(), a.values.data(), n);
-      }
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(file->path(), ": '", name, "' has dtype ",
-                                                     std::string(DTypeName(t.dtype)), ", expected F32, F16 or BF16"));
+    AdapterTensor a{name, t.shape, std::vector<float>(static_cast<size_t>(t.numel()))};
+    if (absl::Status copied = t.CopyToF32(a.values.data()); !copied.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(file->path(), ": ", copied.message()));
     }
     out.push_back(std::move(a));
   }

@@ -85,23 +85,6 @@ struct OutTensor {
   std::shared_ptr<std::vector<uint8_t>> owned;
 };
 
-std::vector<float> ToF32(const SafetensorsTensor& t) {
-  const size_t n = static_cast<size_t>(t.numel());
-  std::vector<float> out(n);
-  if (t.dtype == DType::kF32) {
-    std::memcpy(out.data(), t.data, n * sizeof(float));
-    return out;
-  }
-  std::vector<uint16_t> bits(n);
-  std::memcpy(bits.data(), t.data, n * sizeof(uint16_t));
-  if (t.dtype == DType::kBF16) {
-    ConvertBF16ToF32(bits.data(), out.data(), n);
-  } else {
-    ConvertF16ToF32(bits.data(), out.data(), n);
-  }
-  return out;
-}
-
 // `values` stored as `dtype` (F32, F16 or BF16).
 OutTensor Owned(DType dtype, std::vector<int64_t> shape, const std::vector<float>& values) {
   auto bytes = std::make_shared<std::vector<uint8_t>>(values.size() * (dtype == DType::kF32 ? 4 : 2));
@@ -149,7 +132,7 @@ absl::Status FoldPair(const std::string& name, const LoraPair& pair, float scale
   t.dtype = w.dtype;
   t.shape = w.shape;
   t.data = static_cast<const uint8_t*>(w.data);
-  std::vector<float> v = ToF32(t);
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<float> v, t.ToF32());
   const float* a = pair.a->values.data();
   const float* b = pair.b->values.data();
   for (int64_t i = 0; i < rows; ++i) {

@@ -243,21 +243,9 @@ absl::Status LoadAdapter(const std::string& dir, const nlohmann::json& expected,
                                    absl::StrJoin(p.shape, ", "), "]"));
       continue;
     }
-    const size_t n = static_cast<size_t>(t.numel());
-    values[i].resize(n);
-    if (t.dtype == DType::kF32) {
-      std::memcpy(values[i].data(), t.data, n * sizeof(float));
-    } else if (t.dtype == DType::kBF16 || t.dtype == DType::kF16) {
-      std::vector<uint16_t> bits(n);
-      std::memcpy(bits.data(), t.data, n * sizeof(uint16_t));
-      if (t.dtype == DType::kBF16) {
-        ConvertBF16ToF32(bits.data(), values[i].data(), n);
-      } else {
-        ConvertF16ToF32(bits.data(), values[i].data(), n);
-      }
-    } else {
-      wrong.push_back(absl::StrCat("'", p.name, "' has dtype ", std::string(DTypeName(t.dtype)),
-                                   ", expected F32, F16 or BF16"));
+    values[i].resize(static_cast<size_t>(t.numel()));
+    if (absl::Status copied = t.CopyToF32(values[i].data()); !copied.ok()) {
+      wrong.push_back(std::string(copied.message()));
       continue;
     }
     for (float v : values[i]) {

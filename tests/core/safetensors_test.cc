@@ -133,6 +133,24 @@ TEST(Safetensors, RoundTripEveryDTypeThroughDisk) {
   EXPECT_EQ(*SerializeSafetensors(tensors, meta), raw);
 }
 
+TEST(Safetensors, ToF32WidensHalfPrecisionAndRefusesIntegers) {
+  const uint16_t f16[2] = {0x3c00, 0xc000};   // 1, -2
+  const uint16_t bf16[2] = {0x3fc0, 0x4040};  // 1.5, 3
+  const int32_t i32[2] = {1, 2};
+  auto bytes = SerializeSafetensors({{"h", DType::kF16, {2}, f16, sizeof(f16)},
+                                     {"b", DType::kBF16, {2}, bf16, sizeof(bf16)},
+                                     {"i", DType::kI32, {2}, i32, sizeof(i32)}},
+                                    {});
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto file = SafetensorsFile::FromBytes(*bytes, "mixed.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_THAT(*(*file)->Get("h")->ToF32(), ::testing::ElementsAre(1.0f, -2.0f));
+  EXPECT_THAT(*(*file)->Get("b")->ToF32(), ::testing::ElementsAre(1.5f, 3.0f));
+  absl::StatusOr<std::vector<float>> ints = (*file)->Get("i")->ToF32();
+  EXPECT_EQ(ints.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(ints.status().message()), ::testing::HasSubstr("'i' has dtype I32, expected F32, F16 or BF16"));
+}
+
 TEST(Safetensors, NoTensorsIsValid) {
   auto bytes = SerializeSafetensors({}, {});
   ASSERT_TRUE(bytes.ok());
