@@ -70,7 +70,10 @@ class AbuseTest : public ::testing::Test {
   void NextTasks(const std::vector<std::string>& ids) {
     std::vector<std::thread> threads;
     for (const std::string& id : ids) {
-      threads.emplace_back([this, id] { EXPECT_TRUE(clients_[id]->GetTask(&tasks_[id])) << id; });
+      // Entries made before the thread: two threads inserting into one std::map is a data race.
+      RawClient* client = clients_[id].get();
+      v1::TrainTask* task = &tasks_[id];
+      threads.emplace_back([client, task, id] { EXPECT_TRUE(client->GetTask(task)) << id; });
     }
     for (auto& t : threads) t.join();
   }

@@ -81,9 +81,13 @@ class StoreSecrecyTest : public ::testing::Test {
       clients_[id] = std::make_unique<RawClient>(server_->address(), id);
       ASSERT_TRUE(clients_[id]->Join().ok()) << id;
     }
+    // The map entries are made here, before the threads: inserting into a std::map from two
+    // threads at once is a data race (it lost a site's task now and then).
     std::vector<std::thread> threads;
     for (const std::string& id : ids) {
-      threads.emplace_back([this, id] { EXPECT_TRUE(clients_[id]->GetTask(&tasks_[id])) << id; });
+      RawClient* client = clients_[id].get();
+      v1::TrainTask* task = &tasks_[id];
+      threads.emplace_back([client, task, id] { EXPECT_TRUE(client->GetTask(task)) << id; });
     }
     for (auto& t : threads) t.join();
   }
