@@ -11,11 +11,12 @@
 # compose federation and the coordinator's pod, each server killed once mid-run: docs/deploy.md),
 # readme-check (README.md's shell blocks as pasted, in a scratch copy of the tree, shortened where
 # the README says so: scripts/readme_blocks.py; README_ARGS=--quick leaves out the slow ones),
-# live-view-check (the live view in headless chromium; the screenshot docs/images/live-view.png).
+# live-view-check (the live view in headless chromium; the screenshot docs/images/live-view.png),
+# lint (the checks that need no build: clang-format; scripts/lint.sh --fix formats).
 PRESET ?= default
 BUILD_DIR := build/$(PRESET)
 
-.PHONY: run test setup setup-tests build readme-check asan bench bench-hf bench-gpu bench-flower fuzz fuzz-ci chaos load deploy-test live-view-check bazel bazel-full clean
+.PHONY: run test setup setup-tests build readme-check asan bench bench-hf bench-gpu bench-flower fuzz fuzz-ci chaos load deploy-test live-view-check bazel bazel-full lint clean
 
 run: setup build
 	scripts/main_job.sh $(BUILD_DIR)
@@ -88,6 +89,10 @@ deploy-test:
 	scripts/deploy.sh validate
 	scripts/deploy.sh test
 	scripts/deploy.sh test-k8s
+
+lint:
+	scripts/setup.sh --system
+	scripts/lint.sh
 
 clean:
 	rm -rf build

@@ -47,8 +47,8 @@ absl::StatusOr<AggregationStrategy> ParseAggregationStrategy(std::string_view na
   const std::string lower = absl::AsciiStrToLower(ToAbsl(name));
   if (lower == "fedavg") return AggregationStrategy::kFedAvg;
   if (lower == "fedprox") return AggregationStrategy::kFedProx;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown aggregation strategy '", ToAbsl(name), "' (expected fedavg or fedprox)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown aggregation strategy '", ToAbsl(name),
+                                                 "' (expected fedavg or fedprox)"));
 }
 
 std::vector<TensorSpec> SpecFromParams(const std::vector<Param>& params) {
@@ -65,19 +65,24 @@ std::vector<TensorSpec> SpecFromUpdate(const std::vector<UpdateTensor>& tensors)
   return spec;
 }
 
-absl::StatusOr<StreamingFedAvg> StreamingFedAvg::Create(std::vector<TensorSpec> spec, Device device) {
-  if (spec.empty()) return absl::InvalidArgumentError("StreamingFedAvg: the adapter spec has no tensors");
+absl::StatusOr<StreamingFedAvg> StreamingFedAvg::Create(std::vector<TensorSpec> spec,
+                                                        Device device) {
+  if (spec.empty())
+    return absl::InvalidArgumentError("StreamingFedAvg: the adapter spec has no tensors");
   StreamingFedAvg avg;
   int64_t total = 0;
   for (size_t i = 0; i < spec.size(); ++i) {
     const TensorSpec& t = spec[i];
     if (t.name.empty())
-      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: spec tensor ", i, " has no name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("StreamingFedAvg: spec tensor ", i, " has no name"));
     if (!avg.index_.emplace(t.name, i).second) {
-      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: duplicate spec tensor '", t.name, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("StreamingFedAvg: duplicate spec tensor '", t.name, "'"));
     }
     auto numel = CheckedNumel(t.shape);
-    if (!numel.ok()) return Annotate(numel.status(), absl::StrCat("StreamingFedAvg: spec tensor '", t.name, "'"));
+    if (!numel.ok())
+      return Annotate(numel.status(), absl::StrCat("StreamingFedAvg: spec tensor '", t.name, "'"));
     avg.offsets_.push_back(total);
     if (*numel > std::numeric_limits<int64_t>::max() / 16 - total) {
       return absl::InvalidArgumentError("StreamingFedAvg: the adapter spec has too many elements");
@@ -92,7 +97,8 @@ absl::StatusOr<StreamingFedAvg> StreamingFedAvg::Create(std::vector<TensorSpec> 
   }
   FEDLORA_ASSIGN_OR_RETURN(avg.backend_, kernels::Backend::Create(device));
   FEDLORA_ASSIGN_OR_RETURN(avg.dev_sums_, kernels::DeviceArray<u128>::Zeros(*avg.backend_, total));
-  FEDLORA_ASSIGN_OR_RETURN(avg.dev_values_, kernels::DeviceArray<float>::Zeros(*avg.backend_, total));
+  FEDLORA_ASSIGN_OR_RETURN(avg.dev_values_,
+                           kernels::DeviceArray<float>::Zeros(*avg.backend_, total));
   avg.staging_.resize(static_cast<size_t>(total));
   return avg;
 }
@@ -112,7 +118,8 @@ absl::Status StreamingFedAvg::Add(const std::vector<UpdateTensor>& update, int64
   std::vector<TensorView> views;
   views.reserve(update.size());
   for (const UpdateTensor& u : update) {
-    views.push_back({u.name, u.shape, u.values.data(), nullptr, static_cast<int64_t>(u.values.size())});
+    views.push_back(
+        {u.name, u.shape, u.values.data(), nullptr, static_cast<int64_t>(u.values.size())});
   }
   return AddViews(views, num_examples);
 }
@@ -122,8 +129,9 @@ absl::Status StreamingFedAvg::Add(const std::vector<KeptTensor>& update, int64_t
   views.reserve(update.size());
   for (const KeptTensor& u : update) {
     if (!u.dense && u.indices.size() != u.values.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name, "' has ", u.indices.size(),
-                                                     " indices for ", u.values.size(), " kept values"));
+      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name, "' has ",
+                                                     u.indices.size(), " indices for ",
+                                                     u.values.size(), " kept values"));
     }
     views.push_back({u.name, u.shape, u.values.data(), u.dense ? nullptr : u.indices.data(),
                      static_cast<int64_t>(u.values.size())});
@@ -131,18 +139,20 @@ absl::Status StreamingFedAvg::Add(const std::vector<KeptTensor>& update, int64_t
   return AddViews(views, num_examples);
 }
 
-absl::Status StreamingFedAvg::AddViews(const std::vector<TensorView>& update, int64_t num_examples) {
+absl::Status StreamingFedAvg::AddViews(const std::vector<TensorView>& update,
+                                       int64_t num_examples) {
   if (num_examples < 1 || num_examples > kMaxWeight) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("StreamingFedAvg: num_examples ", num_examples, " is not in [1, ", kMaxWeight, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: num_examples ", num_examples,
+                                                   " is not in [1, ", kMaxWeight, "]"));
   }
   if (num_updates_ >= kMaxUpdates) {
     return absl::ResourceExhaustedError(
         absl::StrCat("StreamingFedAvg: already holds the maximum of ", kMaxUpdates, " updates"));
   }
   if (update.size() != spec_.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("StreamingFedAvg: update has ", update.size(), " tensors, the global adapter has ", spec_.size()));
+    return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: update has ", update.size(),
+                                                   " tensors, the global adapter has ",
+                                                   spec_.size()));
   }
   // Structure first (names, sizes and positions only), so that a mismatched update touches no sums.
   std::vector<size_t> slot(update.size());
@@ -151,35 +161,39 @@ absl::Status StreamingFedAvg::AddViews(const std::vector<TensorView>& update, in
     const TensorView& u = update[t];
     auto it = index_.find(u.name);
     if (it == index_.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("StreamingFedAvg: update tensor '", u.name, "' is not in the global adapter"));
+      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: update tensor '", u.name,
+                                                     "' is not in the global adapter"));
     }
     if (seen[it->second]) {
-      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: update repeats tensor '", u.name, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("StreamingFedAvg: update repeats tensor '", u.name, "'"));
     }
     seen[it->second] = true;
     slot[t] = it->second;
     const TensorSpec& s = spec_[it->second];
     if (u.shape != s.shape) {
-      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name, "' has shape ",
-                                                     ShapeString(u.shape), ", the global adapter has ",
-                                                     ShapeString(s.shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("StreamingFedAvg: tensor '", u.name, "' has shape ", ShapeString(u.shape),
+                       ", the global adapter has ", ShapeString(s.shape)));
     }
     const int64_t n = offsets_[it->second + 1] - offsets_[it->second];
     if (u.index == nullptr && u.count != n) {
-      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name, "' has ", u.count,
-                                                     " values for shape ", ShapeString(s.shape), " (", n, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name, "' has ",
+                                                     u.count, " values for shape ",
+                                                     ShapeString(s.shape), " (", n, ")"));
     }
     for (int64_t i = 0; u.index != nullptr && i < u.count; ++i) {
       const int64_t floor = i == 0 ? 0 : u.index[i - 1] + 1;
       if (u.index[i] < floor || u.index[i] >= n) {
-        return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name, "' kept index ", i, " (",
-                                                       u.index[i], ") is not in [", floor, ", ", n, ")"));
+        return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", u.name,
+                                                       "' kept index ", i, " (", u.index[i],
+                                                       ") is not in [", floor, ", ", n, ")"));
       }
     }
   }
   const uint64_t w = static_cast<uint64_t>(num_examples);
-  FEDLORA_RETURN_IF_ERROR(backend_ != nullptr ? AddOnDevice(update, slot, w) : AddOnHost(update, slot, w));
+  FEDLORA_RETURN_IF_ERROR(backend_ != nullptr ? AddOnDevice(update, slot, w)
+                                              : AddOnHost(update, slot, w));
   ++num_updates_;
   total_weight_ += w;
   return absl::OkStatus();
@@ -187,21 +201,23 @@ absl::Status StreamingFedAvg::AddViews(const std::vector<TensorView>& update, in
 
 namespace {
 
-// Refusing value i of tensor `name` (at position `pos`): not finite, or out of the accumulator's range.
+// Refusing value i of tensor `name` (at position `pos`): not finite, or out of the accumulator's
+// range.
 absl::Status BadValue(const std::string& name, int64_t pos, float x, uint64_t w) {
   if (!std::isfinite(x)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("StreamingFedAvg: tensor '", name, "' value ", pos, " is not finite (", x, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", name, "' value ",
+                                                   pos, " is not finite (", x, ")"));
   }
-  return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", name, "' value ", pos, " (", x,
-                                                 ") times num_examples ", w, " exceeds the accumulator range 2^",
-                                                 StreamingFedAvg::kMaxTermLog2 - StreamingFedAvg::kFracBits));
+  return absl::InvalidArgumentError(
+      absl::StrCat("StreamingFedAvg: tensor '", name, "' value ", pos, " (", x,
+                   ") times num_examples ", w, " exceeds the accumulator range 2^",
+                   StreamingFedAvg::kMaxTermLog2 - StreamingFedAvg::kFracBits));
 }
 
 }  // namespace
 
-absl::Status StreamingFedAvg::AddOnHost(const std::vector<TensorView>& update, const std::vector<size_t>& slot,
-                                        uint64_t w) {
+absl::Status StreamingFedAvg::AddOnHost(const std::vector<TensorView>& update,
+                                        const std::vector<size_t>& slot, uint64_t w) {
   // One pass over the values, checking and accumulating each (wrapping u128 adds; exact, see the
   // header): the values are read once, not once to check and again to add. A bad value ends the
   // pass, and the terms this call added so far are subtracted again. The sums are modulo 2^128, so
@@ -228,8 +244,8 @@ absl::Status StreamingFedAvg::AddOnHost(const std::vector<TensorView>& update, c
   return absl::OkStatus();
 }
 
-absl::Status StreamingFedAvg::AddOnDevice(const std::vector<TensorView>& update, const std::vector<size_t>& slot,
-                                          uint64_t w) {
+absl::Status StreamingFedAvg::AddOnDevice(const std::vector<TensorView>& update,
+                                          const std::vector<size_t>& slot, uint64_t w) {
   // A dense update is staged in spec order and added element by element; a sparse one as its kept
   // values, each with its position in the sums.
   bool dense = true;
@@ -242,18 +258,22 @@ absl::Status StreamingFedAvg::AddOnDevice(const std::vector<TensorView>& update,
     std::copy(u.values, u.values + u.count, staging_.begin() + begin[t]);
     if (!dense) {
       index_staging_.resize(static_cast<size_t>(staged + u.count));
-      for (int64_t i = 0; i < u.count; ++i) index_staging_[staged + i] = offsets_[slot[t]] + u.Position(i);
+      for (int64_t i = 0; i < u.count; ++i)
+        index_staging_[staged + i] = offsets_[slot[t]] + u.Position(i);
     }
     staged += u.count;
   }
-  kernels::FixedPointAccumulateArgs args{.n = staged, .x = dev_values_.data(), .weight = w, .sums = dev_sums_.data()};
-  FEDLORA_RETURN_IF_ERROR(backend_->Upload(dev_values_.data(), staging_.data(), staged * sizeof(float)));
+  kernels::FixedPointAccumulateArgs args{
+      .n = staged, .x = dev_values_.data(), .weight = w, .sums = dev_sums_.data()};
+  FEDLORA_RETURN_IF_ERROR(
+      backend_->Upload(dev_values_.data(), staging_.data(), staged * sizeof(float)));
   if (!dense) {
     if (dev_index_.size() < static_cast<size_t>(staged)) {
       dev_index_ = {};  // freed before the larger one is asked for
       FEDLORA_ASSIGN_OR_RETURN(dev_index_, kernels::DeviceArray<int64_t>::Zeros(*backend_, staged));
     }
-    FEDLORA_RETURN_IF_ERROR(backend_->Upload(dev_index_.data(), index_staging_.data(), staged * sizeof(int64_t)));
+    FEDLORA_RETURN_IF_ERROR(
+        backend_->Upload(dev_index_.data(), index_staging_.data(), staged * sizeof(int64_t)));
     args.index = dev_index_.data();
   }
   int64_t bad = -1;
@@ -268,7 +288,8 @@ absl::Status StreamingFedAvg::AddOnDevice(const std::vector<TensorView>& update,
   // The kernel names the smallest staged position: in spec order when dense, else in update order.
   size_t t = 0;
   while (t + 1 < update.size() && !(begin[t] <= bad && bad < begin[t] + update[t].count)) ++t;
-  return BadValue(update[t].name, update[t].Position(bad - begin[t]), staging_[static_cast<size_t>(bad)], w);
+  return BadValue(update[t].name, update[t].Position(bad - begin[t]),
+                  staging_[static_cast<size_t>(bad)], w);
 }
 
 absl::StatusOr<std::vector<u128>> StreamingFedAvg::HostSums() const {
@@ -280,19 +301,22 @@ absl::StatusOr<std::vector<u128>> StreamingFedAvg::HostSums() const {
 
 absl::Status StreamingFedAvg::Merge(const StreamingFedAvg& other) {
   if (other.spec_.size() != spec_.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("StreamingFedAvg::Merge: other has ", other.spec_.size(), " tensors, this has ", spec_.size()));
+    return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg::Merge: other has ",
+                                                   other.spec_.size(), " tensors, this has ",
+                                                   spec_.size()));
   }
   for (size_t t = 0; t < spec_.size(); ++t) {
     if (other.spec_[t].name != spec_[t].name || other.spec_[t].shape != spec_[t].shape) {
-      return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg::Merge: tensor ", t, " is '", other.spec_[t].name,
-                                                     "' ", ShapeString(other.spec_[t].shape), " in other but '",
-                                                     spec_[t].name, "' ", ShapeString(spec_[t].shape), " here"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("StreamingFedAvg::Merge: tensor ", t, " is '", other.spec_[t].name, "' ",
+                       ShapeString(other.spec_[t].shape), " in other but '", spec_[t].name, "' ",
+                       ShapeString(spec_[t].shape), " here"));
     }
   }
   if (num_updates_ + other.num_updates_ > kMaxUpdates) {
-    return absl::ResourceExhaustedError(absl::StrCat("StreamingFedAvg::Merge: ", num_updates_, " + ",
-                                                     other.num_updates_, " updates exceed ", kMaxUpdates));
+    return absl::ResourceExhaustedError(absl::StrCat("StreamingFedAvg::Merge: ", num_updates_,
+                                                     " + ", other.num_updates_, " updates exceed ",
+                                                     kMaxUpdates));
   }
   if (backend_ == nullptr && other.backend_ == nullptr) {
     for (size_t i = 0; i < sums_.size(); ++i) sums_[i] += other.sums_[i];
@@ -312,7 +336,8 @@ absl::Status StreamingFedAvg::Merge(const StreamingFedAvg& other) {
 }
 
 absl::StatusOr<std::vector<UpdateTensor>> StreamingFedAvg::Finish() const {
-  if (num_updates_ == 0) return absl::FailedPreconditionError("StreamingFedAvg: no updates to average");
+  if (num_updates_ == 0)
+    return absl::FailedPreconditionError("StreamingFedAvg: no updates to average");
   std::vector<u128> downloaded;
   if (backend_ != nullptr) {
     FEDLORA_ASSIGN_OR_RETURN(downloaded, HostSums());
@@ -363,7 +388,8 @@ double ClipNorm(std::vector<Tensor>& update, double max_norm) {
     // Rounding each value to fp32 left the norm a hair above the bound: shrink by a little more.
     scale = max_norm / now * (1.0 - 0x1p-20);
   }
-  for (Tensor& t : update) std::fill(t.values.begin(), t.values.end(), 0.0f);  // unreachable in practice
+  for (Tensor& t : update)
+    std::fill(t.values.begin(), t.values.end(), 0.0f);  // unreachable in practice
   return norm;
 }
 
@@ -371,7 +397,11 @@ double ClipNorm(std::vector<Tensor>& update, double max_norm) {
 
 double UpdateNorm(const std::vector<UpdateTensor>& update) { return NormOf(update); }
 double UpdateNorm(const std::vector<KeptTensor>& update) { return NormOf(update); }
-double ClipUpdateNorm(std::vector<UpdateTensor>& update, double max_norm) { return ClipNorm(update, max_norm); }
-double ClipUpdateNorm(std::vector<KeptTensor>& update, double max_norm) { return ClipNorm(update, max_norm); }
+double ClipUpdateNorm(std::vector<UpdateTensor>& update, double max_norm) {
+  return ClipNorm(update, max_norm);
+}
+double ClipUpdateNorm(std::vector<KeptTensor>& update, double max_norm) {
+  return ClipNorm(update, max_norm);
+}
 
 }  // namespace fedlora

@@ -23,11 +23,13 @@ bool InUnitInterval(double x) { return std::isfinite(x) && x >= 0.0 && x < 1.0; 
 
 // Index of each tensor of `tensors` in `spec` (by name), or InvalidArgument naming the mismatch.
 template <typename T>
-absl::StatusOr<std::vector<size_t>> MatchToSpec(const std::vector<TensorSpec>& spec, const std::vector<T>& tensors,
+absl::StatusOr<std::vector<size_t>> MatchToSpec(const std::vector<TensorSpec>& spec,
+                                                const std::vector<T>& tensors,
                                                 std::string_view what) {
   if (tensors.size() != spec.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ServerOptimizer: ", ToAbsl(what), " has ", tensors.size(), " tensors, the spec ", spec.size()));
+    return absl::InvalidArgumentError(absl::StrCat("ServerOptimizer: ", ToAbsl(what), " has ",
+                                                   tensors.size(), " tensors, the spec ",
+                                                   spec.size()));
   }
   absl::flat_hash_map<std::string_view, size_t> by_name;
   for (size_t i = 0; i < spec.size(); ++i) by_name.emplace(spec[i].name, i);
@@ -36,18 +38,20 @@ absl::StatusOr<std::vector<size_t>> MatchToSpec(const std::vector<TensorSpec>& s
   for (size_t t = 0; t < tensors.size(); ++t) {
     auto it = by_name.find(tensors[t].name);
     if (it == by_name.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ServerOptimizer: ", ToAbsl(what), " tensor '", tensors[t].name, "' is not in the adapter"));
+      return absl::InvalidArgumentError(absl::StrCat("ServerOptimizer: ", ToAbsl(what), " tensor '",
+                                                     tensors[t].name, "' is not in the adapter"));
     }
     if (seen[it->second]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ServerOptimizer: ", ToAbsl(what), " repeats tensor '", tensors[t].name, "'"));
+      return absl::InvalidArgumentError(absl::StrCat("ServerOptimizer: ", ToAbsl(what),
+                                                     " repeats tensor '", tensors[t].name, "'"));
     }
     seen[it->second] = true;
     const TensorSpec& s = spec[it->second];
     auto numel = CheckedNumel(s.shape);
-    if (tensors[t].shape != s.shape || !numel.ok() || static_cast<int64_t>(tensors[t].values.size()) != *numel) {
-      return absl::InvalidArgumentError(absl::StrCat("ServerOptimizer: ", ToAbsl(what), " tensor '", tensors[t].name,
+    if (tensors[t].shape != s.shape || !numel.ok() ||
+        static_cast<int64_t>(tensors[t].values.size()) != *numel) {
+      return absl::InvalidArgumentError(absl::StrCat("ServerOptimizer: ", ToAbsl(what), " tensor '",
+                                                     tensors[t].name,
                                                      "' does not have the adapter's shape"));
     }
     slot[t] = it->second;
@@ -80,11 +84,14 @@ absl::StatusOr<ServerOptimizer> ServerOptimizer::Create(const ServerOptimizerOpt
   if (!std::isfinite(options.learning_rate) || options.learning_rate <= 0) {
     return bad("learning_rate", options.learning_rate, "must be finite and > 0");
   }
-  if (!InUnitInterval(options.momentum)) return bad("momentum", options.momentum, "is not in [0, 1)");
+  if (!InUnitInterval(options.momentum))
+    return bad("momentum", options.momentum, "is not in [0, 1)");
   if (!InUnitInterval(options.beta1)) return bad("beta1", options.beta1, "is not in [0, 1)");
   if (!InUnitInterval(options.beta2)) return bad("beta2", options.beta2, "is not in [0, 1)");
-  if (!std::isfinite(options.tau) || options.tau <= 0) return bad("tau", options.tau, "must be finite and > 0");
-  if (spec.empty()) return absl::InvalidArgumentError("ServerOptimizer: the adapter spec has no tensors");
+  if (!std::isfinite(options.tau) || options.tau <= 0)
+    return bad("tau", options.tau, "must be finite and > 0");
+  if (spec.empty())
+    return absl::InvalidArgumentError("ServerOptimizer: the adapter spec has no tensors");
 
   ServerOptimizer opt;
   opt.options_ = options;
@@ -92,10 +99,12 @@ absl::StatusOr<ServerOptimizer> ServerOptimizer::Create(const ServerOptimizerOpt
   int64_t total = 0;
   for (const TensorSpec& t : spec) {
     if (t.name.empty() || !names.emplace(t.name, 0).second) {
-      return absl::InvalidArgumentError(absl::StrCat("ServerOptimizer: empty or duplicate spec tensor '", t.name, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ServerOptimizer: empty or duplicate spec tensor '", t.name, "'"));
     }
     auto numel = CheckedNumel(t.shape);
-    if (!numel.ok()) return Annotate(numel.status(), absl::StrCat("ServerOptimizer: spec tensor '", t.name, "'"));
+    if (!numel.ok())
+      return Annotate(numel.status(), absl::StrCat("ServerOptimizer: spec tensor '", t.name, "'"));
     opt.offsets_.push_back(total);
     total += *numel;
   }
@@ -112,9 +121,11 @@ absl::StatusOr<ServerOptimizer> ServerOptimizer::Create(const ServerOptimizerOpt
   return opt;
 }
 
-absl::Status ServerOptimizer::Step(const std::vector<UpdateTensor>& mean_delta, std::vector<UpdateTensor>& global) {
+absl::Status ServerOptimizer::Step(const std::vector<UpdateTensor>& mean_delta,
+                                   std::vector<UpdateTensor>& global) {
   FEDLORA_ASSIGN_OR_RETURN(std::vector<size_t> delta_slot, MatchToSpec(spec_, mean_delta, "delta"));
-  FEDLORA_ASSIGN_OR_RETURN(std::vector<size_t> global_slot, MatchToSpec(spec_, global, "global adapter"));
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<size_t> global_slot,
+                           MatchToSpec(spec_, global, "global adapter"));
   std::vector<const UpdateTensor*> delta_of(spec_.size());
   for (size_t t = 0; t < mean_delta.size(); ++t) delta_of[delta_slot[t]] = &mean_delta[t];
 
@@ -140,8 +151,8 @@ absl::Status ServerOptimizer::Step(const std::vector<UpdateTensor>& mean_delta, 
     for (size_t i = 0; i < x.size(); ++i) {
       const double delta = d.values[i];
       if (!std::isfinite(delta)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("ServerOptimizer: delta tensor '", d.name, "' value ", i, " is not finite"));
+        return absl::InvalidArgumentError(absl::StrCat("ServerOptimizer: delta tensor '", d.name,
+                                                       "' value ", i, " is not finite"));
       }
       double step;
       if (o.kind == ServerOptimizerKind::kSgd) {
@@ -172,8 +183,9 @@ absl::Status ServerOptimizer::Step(const std::vector<UpdateTensor>& mean_delta, 
       }
       const float next = static_cast<float>(static_cast<double>(x[i]) + lr * step);
       if (!std::isfinite(next)) {
-        return absl::InvalidArgumentError(absl::StrCat("ServerOptimizer: global tensor '", global[g].name, "' value ",
-                                                       i, " would not be finite after the step"));
+        return absl::InvalidArgumentError(absl::StrCat("ServerOptimizer: global tensor '",
+                                                       global[g].name, "' value ", i,
+                                                       " would not be finite after the step"));
       }
       out[i] = next;
     }
@@ -190,8 +202,12 @@ absl::StatusOr<std::string> ServerOptimizer::SaveState() const {
   for (size_t s = 0; s < spec_.size(); ++s) {
     const size_t begin = static_cast<size_t>(offsets_[s]);
     const size_t n = static_cast<size_t>(offsets_[s + 1] - offsets_[s]);
-    if (!m_.empty()) tensors.push_back({"m/" + spec_[s].name, DType::kF64, spec_[s].shape, m_.data() + begin, n * 8});
-    if (!v_.empty()) tensors.push_back({"v/" + spec_[s].name, DType::kF64, spec_[s].shape, v_.data() + begin, n * 8});
+    if (!m_.empty())
+      tensors.push_back(
+          {"m/" + spec_[s].name, DType::kF64, spec_[s].shape, m_.data() + begin, n * 8});
+    if (!v_.empty())
+      tensors.push_back(
+          {"v/" + spec_[s].name, DType::kF64, spec_[s].shape, v_.data() + begin, n * 8});
   }
   return SerializeSafetensors(tensors, {{kKindKey, std::string(ServerOptimizerName(options_.kind))},
                                         {kStepsKey, absl::StrCat(steps_)}});
@@ -227,12 +243,14 @@ absl::Status ServerOptimizer::LoadState(std::string_view bytes) {
   for (size_t s = 0; s < spec_.size(); ++s) {
     const size_t begin = static_cast<size_t>(offsets_[s]);
     const size_t n = static_cast<size_t>(offsets_[s + 1] - offsets_[s]);
-    for (auto [prefix, dst] : {std::pair<const char*, std::vector<double>*>{"m/", &m}, {"v/", &v}}) {
+    for (auto [prefix, dst] :
+         {std::pair<const char*, std::vector<double>*>{"m/", &m}, {"v/", &v}}) {
       if (dst->empty()) continue;
       auto t = (*file)->Get(prefix + spec_[s].name);
       if (!t.ok()) return loss(ToStd(t.status().message()));
       if (t->dtype != DType::kF64 || t->shape != spec_[s].shape || t->size != n * 8) {
-        return loss(absl::StrCat("tensor '", prefix, spec_[s].name, "' does not match the adapter"));
+        return loss(
+            absl::StrCat("tensor '", prefix, spec_[s].name, "' does not match the adapter"));
       }
       std::memcpy(dst->data() + begin, t->data, t->size);
     }

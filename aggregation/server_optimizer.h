@@ -1,9 +1,10 @@
 // Server-side optimizers: how the round's mean client delta moves the global adapter.
 //
-//   FEDLORA_ASSIGN_OR_RETURN(ServerOptimizer opt, ServerOptimizer::Create(options, SpecFromUpdate(global)));
-//   FEDLORA_RETURN_IF_ERROR(opt.LoadState(saved));              // after a restart, if a state was saved
-//   FEDLORA_RETURN_IF_ERROR(opt.Step(mean_delta, global));      // once per committed round
-//   FEDLORA_ASSIGN_OR_RETURN(std::string state, opt.SaveState());  // durable with the new adapter
+//   FEDLORA_ASSIGN_OR_RETURN(ServerOptimizer opt, ServerOptimizer::Create(options,
+//   SpecFromUpdate(global))); FEDLORA_RETURN_IF_ERROR(opt.LoadState(saved));              // after
+//   a restart, if a state was saved FEDLORA_RETURN_IF_ERROR(opt.Step(mean_delta, global));      //
+//   once per committed round FEDLORA_ASSIGN_OR_RETURN(std::string state, opt.SaveState());  //
+//   durable with the new adapter
 //
 // The mean delta Δ (client adapter minus the global adapter it trained from, averaged by
 // StreamingFedAvg) is a pseudo-gradient pointing downhill (Reddi et al., "Adaptive Federated
@@ -56,7 +57,8 @@ class ServerOptimizer {
  public:
   // InvalidArgument naming the option when one is out of range, or when the spec is empty or has
   // duplicate names.
-  static absl::StatusOr<ServerOptimizer> Create(const ServerOptimizerOptions& options, std::vector<TensorSpec> spec);
+  static absl::StatusOr<ServerOptimizer> Create(const ServerOptimizerOptions& options,
+                                                std::vector<TensorSpec> spec);
 
   // Copyable (the coordinator steps a copy and keeps it only once the round is durable).
   ServerOptimizer(const ServerOptimizer&) = default;

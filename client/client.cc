@@ -47,7 +47,9 @@ namespace {
 
 using Ms = std::chrono::milliseconds;
 
-std::chrono::system_clock::time_point DeadlineIn(int64_t ms) { return std::chrono::system_clock::now() + Ms(ms); }
+std::chrono::system_clock::time_point DeadlineIn(int64_t ms) {
+  return std::chrono::system_clock::now() + Ms(ms);
+}
 
 // Transient: worth retrying the same operation after a pause.
 bool IsTransient(const absl::Status& s) {
@@ -55,8 +57,8 @@ bool IsTransient(const absl::Status& s) {
   // Cancelled: the call reached a server in its shutdown grace (gRPC cancels what is left); the
   // restarted server answers the retry. (Retry checks Stopped() first, so a client that stopped
   // itself does not come here.)
-  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s) || absl::IsDataLoss(s) ||
-         absl::IsUnknown(s) || absl::IsCancelled(s);
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s) ||
+         absl::IsDataLoss(s) || absl::IsUnknown(s) || absl::IsCancelled(s);
 }
 
 // What a task's error means to RunUntilDone, carried as a payload of the status RunTask returns:
@@ -80,8 +82,8 @@ bool IsFailureKind(const absl::Status& s, absl::string_view kind) {
 // Unavailable, ResourceExhausted, Internal and the like may pass.
 bool IsPermanentTrainerError(const absl::Status& s) {
   return absl::IsInvalidArgument(s) || absl::IsFailedPrecondition(s) || absl::IsNotFound(s) ||
-         absl::IsUnimplemented(s) || absl::IsPermissionDenied(s) || absl::IsOutOfRange(s) || absl::IsDataLoss(s) ||
-         absl::IsAlreadyExists(s);
+         absl::IsUnimplemented(s) || absl::IsPermissionDenied(s) || absl::IsOutOfRange(s) ||
+         absl::IsDataLoss(s) || absl::IsAlreadyExists(s);
 }
 
 // The global adapter as the SDK's public tensor type.
@@ -89,7 +91,8 @@ absl::StatusOr<std::vector<NamedTensor>> ParseAdapter(const std::string& bytes) 
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> tensors, AdapterFromSafetensors(bytes));
   std::vector<NamedTensor> out;
   out.reserve(tensors.size());
-  for (UpdateTensor& t : tensors) out.push_back({std::move(t.name), std::move(t.shape), std::move(t.values)});
+  for (UpdateTensor& t : tensors)
+    out.push_back({std::move(t.name), std::move(t.shape), std::move(t.values)});
   return out;
 }
 
@@ -125,7 +128,9 @@ class ClientImpl final : public Client {
   }
 
   // For logs: the identity the server gave (under TLS, the certificate's), else the configured one.
-  const std::string& Who() const { return join_.client_id().empty() ? options_.client_id : join_.client_id(); }
+  const std::string& Who() const {
+    return join_.client_id().empty() ? options_.client_id : join_.client_id();
+  }
   // Ends the session; with an error, the server records the site as failed with it.
   void Leave(const absl::Status& error);
   // Leave(error), and the error RunUntilDone returns for it.
@@ -147,7 +152,8 @@ class ClientImpl final : public Client {
   int64_t RetryBudgetMs() const {
     const RetryPolicy& p = options_.retry;
     double total = 0, ms = static_cast<double>(p.initial_backoff_ms);
-    for (int i = 1; i < p.max_attempts; ++i, ms = std::min(ms * p.multiplier, static_cast<double>(p.max_backoff_ms))) {
+    for (int i = 1; i < p.max_attempts;
+         ++i, ms = std::min(ms * p.multiplier, static_cast<double>(p.max_backoff_ms))) {
       total += std::min(ms, static_cast<double>(p.max_backoff_ms));
     }
     return static_cast<int64_t>(total);
@@ -183,11 +189,13 @@ class ClientImpl final : public Client {
         if (!j.ok() && !IsTransient(j)) return j;
         continue;
       }
-      const bool transient = IsTransient(last) || (busy_is_transient && absl::IsResourceExhausted(last));
+      const bool transient =
+          IsTransient(last) || (busy_is_transient && absl::IsResourceExhausted(last));
       if (!transient || Stopped()) return last;
       if (attempt == 1) {
-        FEDLORA_LOG(WARNING) << Who() << ": " << what << " to " << options_.server_address << " failed (" << last
-                             << "); trying again, " << options_.retry.max_attempts - 1 << " more times over about "
+        FEDLORA_LOG(WARNING) << Who() << ": " << what << " to " << options_.server_address
+                             << " failed (" << last << "); trying again, "
+                             << options_.retry.max_attempts - 1 << " more times over about "
                              << (RetryBudgetMs() + 999) / 1000 << " s";
       } else {
         FEDLORA_LOG(DEBUG) << what << " attempt " << attempt << " failed: " << last;
@@ -196,22 +204,26 @@ class ClientImpl final : public Client {
         return absl::CancelledError("client stopped");
       }
     }
-    return Annotate(last, absl::StrCat(what, ": gave up after ", options_.retry.max_attempts, " attempts"));
+    return Annotate(
+        last, absl::StrCat(what, ": gave up after ", options_.retry.max_attempts, " attempts"));
   }
 
   absl::Status JoinOnce() {
     v1::JoinRequest request;
     request.set_protocol_version(kProtocolVersion);
-    request.set_client_version(options_.client_version.empty() ? FEDLORA_VERSION : options_.client_version);
+    request.set_client_version(options_.client_version.empty() ? FEDLORA_VERSION
+                                                               : options_.client_version);
     request.mutable_capabilities()->set_device_name(options_.device_name);
     request.mutable_capabilities()->set_has_cuda(options_.has_cuda);
-    request.mutable_capabilities()->add_encryption_schemes(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
+    request.mutable_capabilities()->add_encryption_schemes(
+        v1::EncryptionSpec::X25519_HKDF_AES256GCM);
     v1::JoinResponse response;
     session_.clear();
     auto ctx = Context(options_.call_deadline_ms);
     FEDLORA_RETURN_IF_ERROR(FromGrpcStatus(stub_->Join(ctx.get(), request, &response)));
     if (response.protocol_version() != kProtocolVersion) {
-      return absl::FailedPreconditionError(absl::StrCat("server speaks protocol ", response.protocol_version(),
+      return absl::FailedPreconditionError(absl::StrCat("server speaks protocol ",
+                                                        response.protocol_version(),
                                                         ", this client ", kProtocolVersion));
     }
     session_ = response.session_token();
@@ -225,13 +237,15 @@ class ClientImpl final : public Client {
   // from the task's delta chain, else downloaded. Becomes the held adapter.
   absl::StatusOr<std::string> FetchGlobalAdapter(const v1::TrainTask& task);
   // The held adapter with the chain's deltas applied; DataLoss when it does not hash to `target`.
-  absl::StatusOr<std::string> RebuildFromDeltas(const v1::AdapterDeltaChain& chain, const v1::AdapterManifest& target);
+  absl::StatusOr<std::string> RebuildFromDeltas(const v1::AdapterDeltaChain& chain,
+                                                const v1::AdapterManifest& target);
   // Loads the held adapter from state_dir, at the start of a run (a missing or unreadable file: the
   // one in memory, if any, stays).
   void LoadHeldAdapter();
   std::string HeldAdapterPath() const { return options_.state_dir + "/global_adapter.safetensors"; }
-  absl::Status Upload(const v1::TrainTask& task, const std::string& blob, const std::vector<NamedTensor>& delta,
-                      int64_t num_examples, const std::string& upload_id, const std::string& ephemeral_public_key);
+  absl::Status Upload(const v1::TrainTask& task, const std::string& blob,
+                      const std::vector<NamedTensor>& delta, int64_t num_examples,
+                      const std::string& upload_id, const std::string& ephemeral_public_key);
   // `chunk_sha256` holds each chunk's hex digest, computed once for all attempts.
   absl::Status UploadAttempt(const v1::UploadHeader& header, const std::string& blob,
                              const std::vector<std::string>& chunk_sha256, bool* accepted);
@@ -239,9 +253,10 @@ class ClientImpl final : public Client {
   absl::Status RunTask(const v1::TrainTask& task);
   // Secure aggregation: one SecureAggregation call (retried), and a step: `request` sent, then
   // polled until the answer is not "ask again" or `until` passes (DeadlineExceeded).
-  absl::StatusOr<v1::SecureAggregationResponse> SecAggCall(const v1::SecureAggregationRequest& request);
-  absl::StatusOr<v1::SecureAggregationResponse> SecAggStep(v1::SecureAggregationRequest request,
-                                                           std::chrono::steady_clock::time_point until);
+  absl::StatusOr<v1::SecureAggregationResponse> SecAggCall(
+      const v1::SecureAggregationRequest& request);
+  absl::StatusOr<v1::SecureAggregationResponse> SecAggStep(
+      v1::SecureAggregationRequest request, std::chrono::steady_clock::time_point until);
   // The error-feedback residual of this run: loaded from state_dir the first time, or empty.
   absl::StatusOr<ErrorFeedback*> Feedback();
   std::string FeedbackPath() const { return options_.state_dir + "/error_feedback.safetensors"; }
@@ -262,7 +277,7 @@ class ClientImpl final : public Client {
   v1::JoinResponse join_;
   std::optional<ErrorFeedback> feedback_;
   std::shared_ptr<kernels::Backend> encode_backend_;  // EncodeBackend's, once made
-  std::string feedback_run_;  // the run id feedback_ belongs to
+  std::string feedback_run_;                          // the run id feedback_ belongs to
   // The last global adapter this client obtained, and its SHA-256 (empty: none).
   std::string held_adapter_;
   std::string held_sha256_;
@@ -283,10 +298,12 @@ void ClientImpl::LoadHeldAdapter() {
 
 absl::StatusOr<std::string> ClientImpl::RebuildFromDeltas(const v1::AdapterDeltaChain& chain,
                                                           const v1::AdapterManifest& target) {
-  FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> adapter, AdapterFromSafetensors(held_adapter_));
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> adapter,
+                           AdapterFromSafetensors(held_adapter_));
   DecodeLimits limits;
   limits.max_elements = 0;
-  for (const UpdateTensor& t : adapter) limits.max_elements += static_cast<int64_t>(t.values.size());
+  for (const UpdateTensor& t : adapter)
+    limits.max_elements += static_cast<int64_t>(t.values.size());
   limits.max_decoded_bytes = std::max<int64_t>(limits.max_elements * 8, 1 << 20);
   limits.max_tensors = static_cast<int64_t>(adapter.size());
   for (const v1::AdapterManifest& m : chain.deltas()) {
@@ -297,7 +314,8 @@ absl::StatusOr<std::string> ClientImpl::RebuildFromDeltas(const v1::AdapterDelta
   FEDLORA_ASSIGN_OR_RETURN(std::string rebuilt, AdapterToSafetensors(adapter));
   if (Sha256Hex(rebuilt) != target.sha256()) {
     return absl::DataLossError(absl::StrCat("the adapter rebuilt from ", chain.deltas_size(),
-                                            " downlink deltas does not hash to ", target.sha256().substr(0, 16)));
+                                            " downlink deltas does not hash to ",
+                                            target.sha256().substr(0, 16)));
   }
   return rebuilt;
 }
@@ -309,14 +327,16 @@ absl::StatusOr<std::string> ClientImpl::FetchGlobalAdapter(const v1::TrainTask& 
     return held_adapter_;
   }
   std::optional<std::string> blob;
-  if (task.has_global_delta() && !held_sha256_.empty() && task.global_delta().base_sha256() == held_sha256_) {
+  if (task.has_global_delta() && !held_sha256_.empty() &&
+      task.global_delta().base_sha256() == held_sha256_) {
     absl::StatusOr<std::string> rebuilt = RebuildFromDeltas(task.global_delta(), target);
     if (rebuilt.ok()) {
       ++adapters_rebuilt_;
       blob = *std::move(rebuilt);
     } else {
       if (absl::IsCancelled(rebuilt.status()) && Stopped()) return rebuilt.status();
-      FEDLORA_LOG(WARNING) << Who() << ": " << rebuilt.status() << "; downloading the adapter whole";
+      FEDLORA_LOG(WARNING) << Who() << ": " << rebuilt.status()
+                           << "; downloading the adapter whole";
     }
   }
   if (!blob.has_value()) {
@@ -341,50 +361,60 @@ absl::StatusOr<std::string> ClientImpl::Download(const v1::AdapterManifest& mani
   blob.reserve(static_cast<size_t>(std::min<uint64_t>(manifest.total_bytes(), uint64_t{1} << 30)));
   uint32_t next = 0;
   Sha256 whole;  // the digest of `blob`, fed as verified chunks arrive
-  FEDLORA_RETURN_IF_ERROR(Retry("DownloadAdapter", [&]() -> absl::Status {
-    v1::DownloadRequest request;
-    request.set_adapter_sha256(manifest.sha256());
-    request.set_start_chunk(next);  // resume after the chunks already held
-    auto ctx = Context(options_.transfer_deadline_ms);
-    std::unique_ptr<grpc::ClientReader<v1::DownloadChunk>> reader = stub_->DownloadAdapter(ctx.get(), request);
-    v1::DownloadChunk chunk;
-    while (reader->Read(&chunk)) {
-      if (chunk.chunk_index() != next || chunk.offset_bytes() != blob.size()) {
-        ctx->TryCancel();
-        reader->Finish();
-        return absl::DataLossError(absl::StrCat("download: got chunk ", chunk.chunk_index(), " at offset ",
-                                                chunk.offset_bytes(), ", expected chunk ", next));
-      }
-      if (blob.size() + chunk.data().size() > manifest.total_bytes()) {
-        ctx->TryCancel();
-        reader->Finish();
-        return absl::DataLossError(absl::StrCat("download: more than the manifest's ", manifest.total_bytes(), " bytes"));
-      }
-      // One pass for the chunk's own digest and the blob's; the blob's moves on only if it matches.
-      Sha256 advanced = whole;
-      const Sha256DigestBytes own = advanced.UpdateAndDigest(chunk.data());
-      if (ToHex(own) != chunk.sha256()) {
-        ctx->TryCancel();
-        reader->Finish();
-        // Transient by nature (corruption on the way): retry from this chunk.
-        return absl::AbortedError(absl::StrCat("download: chunk ", next, " does not match its SHA-256"));
-      }
-      whole = advanced;
-      blob += chunk.data();
-      ++next;
-    }
-    return FromGrpcStatus(reader->Finish());
-  }, /*busy_is_transient=*/true));  // the server frees our last stream's slot when it sees it end
+  FEDLORA_RETURN_IF_ERROR(Retry(
+      "DownloadAdapter",
+      [&]() -> absl::Status {
+        v1::DownloadRequest request;
+        request.set_adapter_sha256(manifest.sha256());
+        request.set_start_chunk(next);  // resume after the chunks already held
+        auto ctx = Context(options_.transfer_deadline_ms);
+        std::unique_ptr<grpc::ClientReader<v1::DownloadChunk>> reader =
+            stub_->DownloadAdapter(ctx.get(), request);
+        v1::DownloadChunk chunk;
+        while (reader->Read(&chunk)) {
+          if (chunk.chunk_index() != next || chunk.offset_bytes() != blob.size()) {
+            ctx->TryCancel();
+            reader->Finish();
+            return absl::DataLossError(absl::StrCat("download: got chunk ", chunk.chunk_index(),
+                                                    " at offset ", chunk.offset_bytes(),
+                                                    ", expected chunk ", next));
+          }
+          if (blob.size() + chunk.data().size() > manifest.total_bytes()) {
+            ctx->TryCancel();
+            reader->Finish();
+            return absl::DataLossError(absl::StrCat("download: more than the manifest's ",
+                                                    manifest.total_bytes(), " bytes"));
+          }
+          // One pass for the chunk's own digest and the blob's; the blob's moves on only if it
+          // matches.
+          Sha256 advanced = whole;
+          const Sha256DigestBytes own = advanced.UpdateAndDigest(chunk.data());
+          if (ToHex(own) != chunk.sha256()) {
+            ctx->TryCancel();
+            reader->Finish();
+            // Transient by nature (corruption on the way): retry from this chunk.
+            return absl::AbortedError(
+                absl::StrCat("download: chunk ", next, " does not match its SHA-256"));
+          }
+          whole = advanced;
+          blob += chunk.data();
+          ++next;
+        }
+        return FromGrpcStatus(reader->Finish());
+      },
+      /*busy_is_transient=*/true));  // the server frees our last stream's slot when it sees it end
   const Sha256DigestBytes digest = whole.Final();
   if (blob.size() != manifest.total_bytes() || ToHex(digest) != manifest.sha256()) {
-    return absl::DataLossError(absl::StrCat("downloaded adapter (", blob.size(), " bytes) does not match its manifest (",
-                                            manifest.total_bytes(), " bytes, ", manifest.sha256(), ")"));
+    return absl::DataLossError(
+        absl::StrCat("downloaded adapter (", blob.size(), " bytes) does not match its manifest (",
+                     manifest.total_bytes(), " bytes, ", manifest.sha256(), ")"));
   }
   return blob;
 }
 
 absl::Status ClientImpl::UploadAttempt(const v1::UploadHeader& base, const std::string& blob,
-                                       const std::vector<std::string>& chunk_sha256, bool* accepted) {
+                                       const std::vector<std::string>& chunk_sha256,
+                                       bool* accepted) {
   *accepted = false;
   // Where to start: what the server already holds durably.
   v1::UploadStatusRequest status_request;
@@ -392,7 +422,8 @@ absl::Status ClientImpl::UploadAttempt(const v1::UploadHeader& base, const std::
   v1::UploadStatusResponse status;
   {
     auto ctx = Context(options_.call_deadline_ms);
-    FEDLORA_RETURN_IF_ERROR(FromGrpcStatus(stub_->GetUploadStatus(ctx.get(), status_request, &status)));
+    FEDLORA_RETURN_IF_ERROR(
+        FromGrpcStatus(stub_->GetUploadStatus(ctx.get(), status_request, &status)));
   }
   if (status.state() == v1::UPLOAD_STATE_ACCEPTED) {
     *accepted = true;
@@ -401,12 +432,14 @@ absl::Status ClientImpl::UploadAttempt(const v1::UploadHeader& base, const std::
   if (status.state() == v1::UPLOAD_STATE_REJECTED) {
     return absl::FailedPreconditionError(absl::StrCat("update was rejected: ", status.reason()));
   }
-  const uint32_t start = status.state() == v1::UPLOAD_STATE_IN_PROGRESS ? status.chunks_acknowledged() : 0;
+  const uint32_t start =
+      status.state() == v1::UPLOAD_STATE_IN_PROGRESS ? status.chunks_acknowledged() : 0;
   v1::UploadHeader header = base;
   header.set_start_chunk(start);
   auto ctx = Context(options_.transfer_deadline_ms);
   v1::UploadAck ack;
-  std::unique_ptr<grpc::ClientWriter<v1::UploadChunk>> writer = stub_->UploadUpdate(ctx.get(), &ack);
+  std::unique_ptr<grpc::ClientWriter<v1::UploadChunk>> writer =
+      stub_->UploadUpdate(ctx.get(), &ack);
   v1::UploadChunk message;
   *message.mutable_header() = header;
   bool ok = writer->Write(message);
@@ -426,13 +459,15 @@ absl::Status ClientImpl::UploadAttempt(const v1::UploadHeader& base, const std::
     *accepted = true;
     return absl::OkStatus();
   }
-  return absl::UnavailableError(absl::StrCat("upload stream ended at chunk ", ack.chunks_acknowledged(), " of ",
+  return absl::UnavailableError(absl::StrCat("upload stream ended at chunk ",
+                                             ack.chunks_acknowledged(), " of ",
                                              header.manifest().num_chunks(), "; resuming"));
 }
 
 absl::Status ClientImpl::Upload(const v1::TrainTask& task, const std::string& blob,
                                 const std::vector<NamedTensor>& delta, int64_t num_examples,
-                                const std::string& upload_id, const std::string& ephemeral_public_key) {
+                                const std::string& upload_id,
+                                const std::string& ephemeral_public_key) {
   v1::UploadHeader header;
   header.set_upload_id(upload_id);
   header.set_round(task.round());
@@ -451,7 +486,8 @@ absl::Status ClientImpl::Upload(const v1::TrainTask& task, const std::string& bl
     spec->set_dtype("F32");
     for (int64_t d : t.shape) spec->add_shape(d);
   }
-  const uint32_t chunk = join_.limits().chunk_size_bytes() > 0 ? join_.limits().chunk_size_bytes() : (1u << 20);
+  const uint32_t chunk =
+      join_.limits().chunk_size_bytes() > 0 ? join_.limits().chunk_size_bytes() : (1u << 20);
   m->set_total_bytes(blob.size());
   // The blob's digest and every chunk's in one pass over the bytes.
   std::vector<std::string> chunk_sha256;
@@ -472,7 +508,8 @@ absl::Status ClientImpl::Upload(const v1::TrainTask& task, const std::string& bl
   });
 }
 
-absl::StatusOr<v1::SecureAggregationResponse> ClientImpl::SecAggCall(const v1::SecureAggregationRequest& request) {
+absl::StatusOr<v1::SecureAggregationResponse> ClientImpl::SecAggCall(
+    const v1::SecureAggregationRequest& request) {
   v1::SecureAggregationResponse response;
   FEDLORA_RETURN_IF_ERROR(Retry("SecureAggregation", [&] {
     auto ctx = Context(options_.call_deadline_ms);
@@ -481,16 +518,18 @@ absl::StatusOr<v1::SecureAggregationResponse> ClientImpl::SecAggCall(const v1::S
   return response;
 }
 
-absl::StatusOr<v1::SecureAggregationResponse> ClientImpl::SecAggStep(v1::SecureAggregationRequest request,
-                                                                     std::chrono::steady_clock::time_point until) {
+absl::StatusOr<v1::SecureAggregationResponse> ClientImpl::SecAggStep(
+    v1::SecureAggregationRequest request, std::chrono::steady_clock::time_point until) {
   while (true) {
     FEDLORA_ASSIGN_OR_RETURN(v1::SecureAggregationResponse response, SecAggCall(request));
     if (!response.has_retry_after_ms()) return response;
     if (std::chrono::steady_clock::now() >= until) {
-      return absl::DeadlineExceededError(absl::StrCat("round ", request.round(), ": secure aggregation did not move on"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("round ", request.round(), ": secure aggregation did not move on"));
     }
     request.set_poll(true);  // the message was taken: from now on only ask
-    if (!SleepFor(std::max<int64_t>(20, response.retry_after_ms()))) return absl::CancelledError("client stopped");
+    if (!SleepFor(std::max<int64_t>(20, response.retry_after_ms())))
+      return absl::CancelledError("client stopped");
   }
 }
 
@@ -499,9 +538,11 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   if (task.encryption_scheme() != v1::EncryptionSpec::X25519_HKDF_AES256GCM ||
       task.aggregation_key().public_key().size() != crypto::kX25519KeyBytes) {
     return absl::FailedPreconditionError(
-        "the server offers no X25519_HKDF_AES256GCM aggregation key; this client uploads sealed updates only");
+        "the server offers no X25519_HKDF_AES256GCM aggregation key; this client uploads sealed "
+        "updates only");
   }
-  if (task.aggregation_key().key_id() != crypto::AggregationKeyId(task.aggregation_key().public_key())) {
+  if (task.aggregation_key().key_id() !=
+      crypto::AggregationKeyId(task.aggregation_key().public_key())) {
     return absl::FailedPreconditionError(absl::StrCat("the task's aggregation key id '",
                                                       task.aggregation_key().key_id().substr(0, 80),
                                                       "' does not name its key"));
@@ -509,9 +550,10 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   if (key_trust_.has_value()) {
     // Over TLS the key must be the server's own, whatever terminated the TLS connection.
     const v1::AggregationKey& k = task.aggregation_key();
-    FEDLORA_RETURN_IF_ERROR_CTX(crypto::VerifyAggregationKey(*key_trust_, k.signer_certificate_pem(), k.signature(),
-                                                             join_.run_config().run_id(), task.round(), k.public_key()),
-                                "refusing to seal an update to this round's key");
+    FEDLORA_RETURN_IF_ERROR_CTX(
+        crypto::VerifyAggregationKey(*key_trust_, k.signer_certificate_pem(), k.signature(),
+                                     join_.run_config().run_id(), task.round(), k.public_key()),
+        "refusing to seal an update to this round's key");
   }
   const auto t0 = std::chrono::steady_clock::now();
   // Secure aggregation's key steps (crypto/secagg.h) come first, with every client of the round:
@@ -519,24 +561,30 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   std::optional<crypto::SecAggClient> secagg;
   v1::SecAggMaskedInputRequest masked_request;
   v1::SecureAggregationRequest secagg_base;
-  const auto secagg_until = t0 + std::chrono::seconds(task.deadline_seconds()) + std::chrono::minutes(2);
+  const auto secagg_until =
+      t0 + std::chrono::seconds(task.deadline_seconds()) + std::chrono::minutes(2);
   if (task.has_secure_aggregation()) {
     const v1::SecureAggregationTask& sa = task.secure_aggregation();
-    FEDLORA_ASSIGN_OR_RETURN(crypto::SecAggClient c, crypto::SecAggClient::Create(sa.params(), sa.client_index()));
+    FEDLORA_ASSIGN_OR_RETURN(crypto::SecAggClient c,
+                             crypto::SecAggClient::Create(sa.params(), sa.client_index()));
     secagg.emplace(std::move(c));
     secagg_base.set_round(task.round());
     secagg_base.set_task_id(task.task_id());
     v1::SecureAggregationRequest request = secagg_base;
     FEDLORA_ASSIGN_OR_RETURN(*request.mutable_advertise_keys(), secagg->AdvertiseKeys());
-    FEDLORA_ASSIGN_OR_RETURN(v1::SecureAggregationResponse response, SecAggStep(request, secagg_until));
+    FEDLORA_ASSIGN_OR_RETURN(v1::SecureAggregationResponse response,
+                             SecAggStep(request, secagg_until));
     if (!response.has_share_keys()) {
-      return absl::FailedPreconditionError(absl::StrCat("round ", task.round(), ": secure aggregation: ", response.done()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("round ", task.round(), ": secure aggregation: ", response.done()));
     }
     request = secagg_base;
-    FEDLORA_ASSIGN_OR_RETURN(*request.mutable_share_keys(), secagg->ShareKeys(response.share_keys()));
+    FEDLORA_ASSIGN_OR_RETURN(*request.mutable_share_keys(),
+                             secagg->ShareKeys(response.share_keys()));
     FEDLORA_ASSIGN_OR_RETURN(response, SecAggStep(request, secagg_until));
     if (!response.has_masked_input()) {
-      return absl::FailedPreconditionError(absl::StrCat("round ", task.round(), ": secure aggregation: ", response.done()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("round ", task.round(), ": secure aggregation: ", response.done()));
     }
     masked_request = response.masked_input();
   }
@@ -570,7 +618,8 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   std::mutex hb_mu;
   std::condition_variable hb_cv;
   bool hb_stop = false;
-  const int64_t hb_ms = std::max<int64_t>(1000, int64_t{1000} * join_.run_config().selection().heartbeat_interval_seconds());
+  const int64_t hb_ms = std::max<int64_t>(
+      1000, int64_t{1000} * join_.run_config().selection().heartbeat_interval_seconds());
   std::thread heartbeat([&] {
     std::unique_lock<std::mutex> lock(hb_mu);
     while (!hb_cv.wait_for(lock, Ms(hb_ms), [&] { return hb_stop; })) {
@@ -600,15 +649,17 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   heartbeat.join();
   const auto t2 = std::chrono::steady_clock::now();
   if (cancelled.load()) {
-    return WithFailureKind(
-        absl::FailedPreconditionError(absl::StrCat("task ", task.task_id(), " was cancelled by the server")), "server");
+    return WithFailureKind(absl::FailedPreconditionError(absl::StrCat(
+                               "task ", task.task_id(), " was cancelled by the server")),
+                           "server");
   }
   if (!result.ok()) {
     absl::Status s = Annotate(result.status(), "trainer");
     return IsPermanentTrainerError(s) ? WithFailureKind(std::move(s), "local") : s;
   }
   if (result->num_examples < 1) {
-    return WithFailureKind(absl::InvalidArgumentError("trainer returned num_examples < 1"), "local");
+    return WithFailureKind(absl::InvalidArgumentError("trainer returned num_examples < 1"),
+                           "local");
   }
   // Under secure aggregation or DP the server learns nothing of this site's data size or loss.
   const int64_t claimed_examples = hide_statistics ? 1 : result->num_examples;
@@ -636,7 +687,8 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
       // The masked fixed-point vector is the update (SecAgg+ step 2).
       FEDLORA_ASSIGN_OR_RETURN(std::vector<uint64_t> input,
                                EncodeSecureUpdate(result->delta, task.secure_aggregation()));
-      FEDLORA_ASSIGN_OR_RETURN(v1::SecAggMaskedInputResponse masked, secagg->MaskedInput(masked_request, input));
+      FEDLORA_ASSIGN_OR_RETURN(v1::SecAggMaskedInputResponse masked,
+                               secagg->MaskedInput(masked_request, input));
       encoded = std::move(*masked.mutable_masked_input());
     } else {
       // Low-rank factorisation has no GPU path: such a codec encodes on the host.
@@ -644,26 +696,31 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
       if (codec.sparsifier != Sparsifier::kLowRank) {
         FEDLORA_ASSIGN_OR_RETURN(device, EncodeBackend());
       }
-      absl::StatusOr<std::string> wire =
-          feedback != nullptr ? feedback->Encode(update, codec, device) : EncodeUpdate(update, codec, device);
+      absl::StatusOr<std::string> wire = feedback != nullptr
+                                             ? feedback->Encode(update, codec, device)
+                                             : EncodeUpdate(update, codec, device);
       if (!wire.ok()) {
         absl::Status e =
-            Annotate(wire.status(), device != nullptr ? "encoding the update on the GPU" : "encoding the update");
-        // The trainer's delta does not match the adapter's names or shapes: it will not next time either.
+            Annotate(wire.status(),
+                     device != nullptr ? "encoding the update on the GPU" : "encoding the update");
+        // The trainer's delta does not match the adapter's names or shapes: it will not next time
+        // either.
         return absl::IsInvalidArgument(e) ? WithFailureKind(std::move(e), "local") : e;
       }
       encoded = *std::move(wire);
     }
     std::vector<UpdateTensor>().swap(update);
-    const crypto::UpdatePlace place{join_.run_config().run_id(), task.round(), join_.client_id(), upload_id,
-                                    static_cast<uint64_t>(claimed_examples)};
-    FEDLORA_ASSIGN_OR_RETURN(sealed, crypto::SealUpdateBlob(task.aggregation_key().public_key(), place, encoded));
+    const crypto::UpdatePlace place{join_.run_config().run_id(), task.round(), join_.client_id(),
+                                    upload_id, static_cast<uint64_t>(claimed_examples)};
+    FEDLORA_ASSIGN_OR_RETURN(
+        sealed, crypto::SealUpdateBlob(task.aggregation_key().public_key(), place, encoded));
   }
   const auto t3 = std::chrono::steady_clock::now();
-  FEDLORA_RETURN_IF_ERROR(
-      Upload(task, sealed.blob, result->delta, claimed_examples, upload_id, sealed.ephemeral_public_key));
+  FEDLORA_RETURN_IF_ERROR(Upload(task, sealed.blob, result->delta, claimed_examples, upload_id,
+                                 sealed.ephemeral_public_key));
   if (secagg.has_value()) {
-    // Step 3: once the uploads close, reveal the neighbours' shares the server needs to unmask the sum.
+    // Step 3: once the uploads close, reveal the neighbours' shares the server needs to unmask the
+    // sum.
     v1::SecureAggregationRequest poll = secagg_base;
     poll.set_poll(true);
     absl::StatusOr<v1::SecureAggregationResponse> response = SecAggStep(poll, secagg_until);
@@ -678,7 +735,8 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
       }
     }
     if (!response.ok()) {
-      FEDLORA_LOG(WARNING) << Who() << ": round " << task.round() << ": unmasking: " << response.status();
+      FEDLORA_LOG(WARNING) << Who() << ": round " << task.round()
+                           << ": unmasking: " << response.status();
     }
   }
   const auto t4 = std::chrono::steady_clock::now();
@@ -686,7 +744,8 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
     feedback->Commit();
     if (!options_.state_dir.empty()) {
       if (absl::Status st = feedback->Save(FeedbackPath(), feedback_run_); !st.ok()) {
-        FEDLORA_LOG(ERROR) << Who() << ": the error-feedback residual was not saved (a restart loses "
+        FEDLORA_LOG(ERROR) << Who()
+                           << ": the error-feedback residual was not saved (a restart loses "
                            << "it): " << st;
       }
     }
@@ -731,7 +790,8 @@ absl::StatusOr<ErrorFeedback*> ClientImpl::Feedback() {
   if (feedback_ && feedback_run_ == run) return &*feedback_;
   feedback_run_ = run;
   if (options_.state_dir.empty()) {
-    FEDLORA_LOG(WARNING) << Who() << ": the run's codec keeps an error-feedback residual; without a "
+    FEDLORA_LOG(WARNING) << Who()
+                         << ": the run's codec keeps an error-feedback residual; without a "
                          << "state directory it lives in memory only and a restart loses it";
     feedback_.emplace();
   } else {
@@ -757,9 +817,11 @@ absl::StatusOr<RunSummary> ClientImpl::RunUntilDone() {
       auto ctx = Context(options_.wait_for_task_seconds * 1000 + 10'000);
       return FromGrpcStatus(stub_->WaitForTask(ctx.get(), request, &response));
     }));
-    if (response.has_run_finished() && response.run_finished().reason() == v1::RunFinished::FAILED) {
-      return absl::AbortedError(absl::StrCat("the server stopped the run after round ", response.run_finished().final_round(),
-                                             " on a failure it could not get past (see the server's log)"));
+    if (response.has_run_finished() &&
+        response.run_finished().reason() == v1::RunFinished::FAILED) {
+      return absl::AbortedError(absl::StrCat(
+          "the server stopped the run after round ", response.run_finished().final_round(),
+          " on a failure it could not get past (see the server's log)"));
     }
     if (response.has_run_finished()) {
       summary.final_round = response.run_finished().final_round();
@@ -768,7 +830,8 @@ absl::StatusOr<RunSummary> ClientImpl::RunUntilDone() {
       summary.adapters_reused = adapters_reused_;
       summary.final_adapter_sha256 = response.run_finished().final_adapter().sha256();
       if (options_.download_final_adapter) {
-        FEDLORA_ASSIGN_OR_RETURN(std::string blob, Download(response.run_finished().final_adapter()));
+        FEDLORA_ASSIGN_OR_RETURN(std::string blob,
+                                 Download(response.run_finished().final_adapter()));
         FEDLORA_ASSIGN_OR_RETURN(summary.final_adapter, ParseAdapter(blob));
       }
       break;
@@ -778,7 +841,8 @@ absl::StatusOr<RunSummary> ClientImpl::RunUntilDone() {
         waiting_for = response.retry_later().reason();
         FEDLORA_LOG(INFO) << Who() << ": " << waiting_for.substr(0, 200);
       }
-      const int64_t ms = int64_t{1000} * std::max<uint32_t>(1, response.retry_later().retry_after_seconds());
+      const int64_t ms =
+          int64_t{1000} * std::max<uint32_t>(1, response.retry_later().retry_after_seconds());
       if (!SleepFor(ms)) return absl::CancelledError("client stopped");
       continue;
     }
@@ -804,8 +868,9 @@ absl::StatusOr<RunSummary> ClientImpl::RunUntilDone() {
         return LeaveFailed(s);
       }
       const int64_t wait_ms = Backoff(failed_in_a_row);
-      FEDLORA_LOG(WARNING) << Who() << ": task " << response.task().task_id() << " given up (taken again in "
-                           << (wait_ms + 999) / 1000 << " s): " << s;
+      FEDLORA_LOG(WARNING) << Who() << ": task " << response.task().task_id()
+                           << " given up (taken again in " << (wait_ms + 999) / 1000
+                           << " s): " << s;
       if (!SleepFor(wait_ms)) return absl::CancelledError("client stopped");
     }
     if (options_.max_tasks > 0 && summary.tasks_completed >= options_.max_tasks) break;
@@ -816,8 +881,11 @@ absl::StatusOr<RunSummary> ClientImpl::RunUntilDone() {
 
 absl::Status ClientImpl::JoinAndPrepare() {
   FEDLORA_RETURN_IF_ERROR(Retry("Join", [&] { return JoinOnce(); }));
-  FEDLORA_LOG(INFO) << Who() << ": joined run '" << join_.run_config().run_id() << "' at " << options_.server_address
-                    << (join_.current_round() > 0 ? absl::StrCat(" (round ", join_.current_round(), " in progress)") : "");
+  FEDLORA_LOG(INFO) << Who() << ": joined run '" << join_.run_config().run_id() << "' at "
+                    << options_.server_address
+                    << (join_.current_round() > 0
+                            ? absl::StrCat(" (round ", join_.current_round(), " in progress)")
+                            : "");
   absl::Status s = trainer_->Prepare(RunConfigToJson(join_.run_config()));
   if (s.ok()) return s;
   s = Annotate(s, "trainer");
@@ -829,16 +897,19 @@ absl::Status ClientImpl::JoinAndPrepare() {
 
 absl::Status ClientImpl::LeaveFailed(const absl::Status& error) {
   Leave(error);
-  return absl::Status(error.code(), absl::StrCat("this site cannot take part in run '", join_.run_config().run_id(),
-                                                 "': ", error.message(), " (it left the run; the server shows it as "
-                                                 "FAILED until it joins again)"));
+  return absl::Status(
+      error.code(), absl::StrCat("this site cannot take part in run '", join_.run_config().run_id(),
+                                 "': ", error.message(),
+                                 " (it left the run; the server shows it as "
+                                 "FAILED until it joins again)"));
 }
 
 void ClientImpl::Leave(const absl::Status& error) {
   v1::LeaveRequest leave;
   leave.set_reason(error.ok() ? "finished" : "failed");
   if (!error.ok()) {
-    leave.set_error(absl::StrCat(absl::StatusCodeToString(error.code()), ": ", error.message()).substr(0, 1024));
+    leave.set_error(absl::StrCat(absl::StatusCodeToString(error.code()), ": ", error.message())
+                        .substr(0, 1024));
   }
   v1::LeaveResponse left;
   auto ctx = Context(options_.call_deadline_ms);
@@ -851,11 +922,15 @@ void ClientImpl::Leave(const absl::Status& error) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options, ClientTrainer* trainer) {
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options,
+                                                       ClientTrainer* trainer) {
   if (trainer == nullptr) return absl::InvalidArgumentError("Client::Create: trainer is null");
-  if (options.server_address.empty()) return absl::InvalidArgumentError("ClientOptions.server_address is empty");
-  if (options.retry.max_attempts < 1) return absl::InvalidArgumentError("RetryPolicy.max_attempts must be >= 1");
-  crypto::RouteGrpcLogs();  // gRPC's lines in this log; the handshake failures the probe explains at DEBUG
+  if (options.server_address.empty())
+    return absl::InvalidArgumentError("ClientOptions.server_address is empty");
+  if (options.retry.max_attempts < 1)
+    return absl::InvalidArgumentError("RetryPolicy.max_attempts must be >= 1");
+  crypto::RouteGrpcLogs();  // gRPC's lines in this log; the handshake failures the probe explains
+                            // at DEBUG
   std::shared_ptr<grpc::ChannelCredentials> creds;
   std::optional<crypto::AggregationKeyTrust> key_trust;
   crypto::TlsProbeOptions probe;
@@ -868,14 +943,18 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options, Cl
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
   if (options.tls.enabled()) {
-    if (options.insecure) return absl::InvalidArgumentError("ClientOptions.insecure and TLS exclude each other");
-    if (options.tls.root_ca_file.empty() || options.tls.cert_file.empty() || options.tls.key_file.empty()) {
+    if (options.insecure)
+      return absl::InvalidArgumentError("ClientOptions.insecure and TLS exclude each other");
+    if (options.tls.root_ca_file.empty() || options.tls.cert_file.empty() ||
+        options.tls.key_file.empty()) {
       return absl::InvalidArgumentError(
-          "TLS needs root_ca_file, cert_file and key_file: the server identifies clients by their certificate");
+          "TLS needs root_ca_file, cert_file and key_file: the server identifies clients by their "
+          "certificate");
     }
     // Checked up front: the files parse, the root is a CA, the key belongs to the certificate.
-    FEDLORA_ASSIGN_OR_RETURN(creds, crypto::ClientChannelCredentials(options.tls.root_ca_file, options.tls.cert_file,
-                                                                     options.tls.key_file));
+    FEDLORA_ASSIGN_OR_RETURN(
+        creds, crypto::ClientChannelCredentials(options.tls.root_ca_file, options.tls.cert_file,
+                                                options.tls.key_file));
     if (!options.tls.server_name_override.empty()) {
       args.SetSslTargetNameOverride(options.tls.server_name_override);
     }
@@ -885,13 +964,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options, Cl
     if (!options.tls.server_name_override.empty()) {
       trust.expected_host = options.tls.server_name_override;
     } else if (!SplitHostPort(options.server_address, &trust.expected_host, &port)) {
-      return absl::InvalidArgumentError(absl::StrCat("server address '", options.server_address, "' is not host:port"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("server address '", options.server_address, "' is not host:port"));
     }
     trust.pin_sha256_hex = options.tls.server_key_pin;
     if (!trust.pin_sha256_hex.empty() &&
         (trust.pin_sha256_hex.size() != 64 ||
          trust.pin_sha256_hex.find_first_not_of("0123456789abcdef") != std::string::npos)) {
-      return absl::InvalidArgumentError("ClientTlsOptions.server_key_pin must be 64 lowercase hex digits (a SHA-256)");
+      return absl::InvalidArgumentError(
+          "ClientTlsOptions.server_key_pin must be 64 lowercase hex digits (a SHA-256)");
     }
     probe.root_ca_pem = trust.root_ca_pem;
     FEDLORA_ASSIGN_OR_RETURN(probe.cert_pem, ReadFileToString(options.tls.cert_file));
@@ -901,15 +982,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options, Cl
     probe.cert_label = absl::StrCat("this site's certificate ", options.tls.cert_file);
     key_trust = std::move(trust);
   } else {
-    FEDLORA_RETURN_IF_ERROR(CheckPlaintextAllowed(options.server_address, options.insecure, "server address"));
+    FEDLORA_RETURN_IF_ERROR(
+        CheckPlaintextAllowed(options.server_address, options.insecure, "server address"));
     if (options.client_id.empty()) {
       return absl::InvalidArgumentError("ClientOptions.client_id is required without TLS");
     }
     creds = grpc::InsecureChannelCredentials();
   }
   auto channel = grpc::CreateCustomChannel(options.server_address, creds, args);
-  return std::unique_ptr<Client>(
-      new ClientImpl(std::move(options), trainer, std::move(channel), std::move(key_trust), std::move(probe)));
+  return std::unique_ptr<Client>(new ClientImpl(std::move(options), trainer, std::move(channel),
+                                                std::move(key_trust), std::move(probe)));
 }
 
 }  // namespace fedlora

@@ -15,8 +15,9 @@
 namespace fedlora {
 namespace {
 
-constexpr uint32_t kServiceTag = (1 << 3) | 2;  // HealthCheckRequest.service: field 1, length-delimited
-constexpr uint32_t kStatusTag = (1 << 3) | 0;   // HealthCheckResponse.status: field 1, varint
+constexpr uint32_t kServiceTag =
+    (1 << 3) | 2;  // HealthCheckRequest.service: field 1, length-delimited
+constexpr uint32_t kStatusTag = (1 << 3) | 0;  // HealthCheckResponse.status: field 1, varint
 
 std::string EncodeRequest(const std::string& service) {
   std::string out;
@@ -35,13 +36,16 @@ absl::StatusOr<HealthStatus> DecodeResponse(const std::string& bytes) {
   uint64_t status = 0;  // absent field: UNKNOWN
   while (uint32_t tag = coded.ReadTag()) {
     if (tag == kStatusTag) {
-      if (!coded.ReadVarint64(&status)) return absl::DataLossError("health response: truncated status");
+      if (!coded.ReadVarint64(&status))
+        return absl::DataLossError("health response: truncated status");
     } else if (!google::protobuf::internal::WireFormatLite::SkipField(&coded, tag)) {
       return absl::DataLossError("health response: malformed field");
     }
   }
-  if (!coded.ConsumedEntireMessage()) return absl::DataLossError("health response: malformed message");
-  if (status > 3) return absl::DataLossError(absl::StrCat("health response: unknown serving status ", status));
+  if (!coded.ConsumedEntireMessage())
+    return absl::DataLossError("health response: malformed message");
+  if (status > 3)
+    return absl::DataLossError(absl::StrCat("health response: unknown serving status ", status));
   return static_cast<HealthStatus>(status);
 }
 
@@ -49,16 +53,20 @@ absl::StatusOr<HealthStatus> DecodeResponse(const std::string& bytes) {
 
 const char* HealthStatusName(HealthStatus status) {
   switch (status) {
-    case HealthStatus::kServing: return "SERVING";
-    case HealthStatus::kNotServing: return "NOT_SERVING";
-    case HealthStatus::kServiceUnknown: return "SERVICE_UNKNOWN";
-    case HealthStatus::kUnknown: break;
+    case HealthStatus::kServing:
+      return "SERVING";
+    case HealthStatus::kNotServing:
+      return "NOT_SERVING";
+    case HealthStatus::kServiceUnknown:
+      return "SERVICE_UNKNOWN";
+    case HealthStatus::kUnknown:
+      break;
   }
   return "UNKNOWN";
 }
 
-absl::StatusOr<HealthStatus> CheckHealth(const std::shared_ptr<grpc::Channel>& channel, const std::string& service,
-                                         int64_t deadline_ms) {
+absl::StatusOr<HealthStatus> CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
+                                         const std::string& service, int64_t deadline_ms) {
   grpc::GenericStub stub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
@@ -87,7 +95,8 @@ absl::StatusOr<HealthStatus> CheckHealth(const std::shared_ptr<grpc::Channel>& c
   std::vector<grpc::Slice> slices;
   if (!response.Dump(&slices).ok()) return absl::DataLossError("health response: unreadable");
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   return DecodeResponse(bytes);
 }
 

@@ -24,7 +24,7 @@ const char* HealthStatusName(HealthStatus status);
 // The status of `service` ("" for the whole server). A name the server does not know comes back as
 // NotFound, an unreachable server as Unavailable or DeadlineExceeded, a malformed answer as
 // DataLoss.
-absl::StatusOr<HealthStatus> CheckHealth(const std::shared_ptr<grpc::Channel>& channel, const std::string& service,
-                                         int64_t deadline_ms);
+absl::StatusOr<HealthStatus> CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
+                                         const std::string& service, int64_t deadline_ms);
 
 }  // namespace fedlora

@@ -67,9 +67,11 @@ absl::StatusOr<TrainResult> RunTask(const LoraSite<Model, Data>& site, const Tra
     if (model == nullptr) return absl::FailedPreconditionError("LoraTrainer: no model to train");
     FEDLORA_RETURN_IF_ERROR(LoadAdapter(global, *model));
     if (site.indices.has_value()) {
-      FEDLORA_ASSIGN_OR_RETURN(outcome, TrainLocally(*model, *site.data, *site.indices, options, task.report_progress));
+      FEDLORA_ASSIGN_OR_RETURN(
+          outcome, TrainLocally(*model, *site.data, *site.indices, options, task.report_progress));
     } else {
-      FEDLORA_ASSIGN_OR_RETURN(outcome, TrainLocally(*model, *site.data, options, task.report_progress));
+      FEDLORA_ASSIGN_OR_RETURN(outcome,
+                               TrainLocally(*model, *site.data, options, task.report_progress));
     }
     result.delta = AdapterDelta(*model, global);
   }
@@ -105,7 +107,8 @@ TrainOptions TaskTrainOptions(const TrainOptions& base, const TrainTask& task) {
 }
 
 absl::StatusOr<LocalOutcome> TrainLocally(BertClassifier& model, const TokenizedDataset& data,
-                                          const TrainOptions& options, const StepProgress& progress) {
+                                          const TrainOptions& options,
+                                          const StepProgress& progress) {
   std::vector<float> losses;
   int64_t examples = 0;
   fedlora::Trainer trainer(model, options);
@@ -119,7 +122,8 @@ absl::StatusOr<LocalOutcome> TrainLocally(BertClassifier& model, const Tokenized
 }
 
 absl::StatusOr<LocalOutcome> TrainLocally(CausalLm& model, const LmDataset& data,
-                                          const TrainOptions& options, const StepProgress& progress) {
+                                          const TrainOptions& options,
+                                          const StepProgress& progress) {
   std::vector<float> losses;
   int64_t examples = 0;
   LmTrainer trainer(model, options);
@@ -133,14 +137,16 @@ absl::StatusOr<LocalOutcome> TrainLocally(CausalLm& model, const LmDataset& data
 }
 
 absl::StatusOr<LocalOutcome> TrainLocally(BertClassifier& model, const TokenizedDataset& data,
-                                          std::span<const int64_t> indices, const TrainOptions& options,
+                                          std::span<const int64_t> indices,
+                                          const TrainOptions& options,
                                           const StepProgress& progress) {
   FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset subset, Subset(data, indices));
   return TrainLocally(model, subset, options, progress);
 }
 
 absl::StatusOr<LocalOutcome> TrainLocally(CausalLm& model, const LmDataset& data,
-                                          std::span<const int64_t> indices, const TrainOptions& options,
+                                          std::span<const int64_t> indices,
+                                          const TrainOptions& options,
                                           const StepProgress& progress) {
   FEDLORA_ASSIGN_OR_RETURN(LmDataset subset, Subset(data, indices));
   return TrainLocally(model, subset, options, progress);
@@ -154,12 +160,14 @@ LoraTrainer::LoraTrainer(SiteLoader loader) : loader_(std::move(loader)) {}
 
 absl::Status LoraTrainer::Prepare(const std::string& run_config_json) {
   if (site_.has_value()) return absl::OkStatus();
-  if (!loader_) return absl::FailedPreconditionError("LoraTrainer has neither a site nor a site loader");
+  if (!loader_)
+    return absl::FailedPreconditionError("LoraTrainer has neither a site nor a site loader");
   v1::RunConfig config;
   google::protobuf::util::JsonParseOptions parse;
   parse.ignore_unknown_fields = true;  // a newer server may send fields this client does not know
   if (!google::protobuf::util::JsonStringToMessage(run_config_json, &config, parse).ok()) {
-    return absl::InvalidArgumentError("the server's run config is not valid JSON for fedlora.v1.RunConfig");
+    return absl::InvalidArgumentError(
+        "the server's run config is not valid JSON for fedlora.v1.RunConfig");
   }
   FEDLORA_ASSIGN_OR_RETURN(AnySite site, loader_(config));
   site_ = std::move(site);

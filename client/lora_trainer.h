@@ -66,16 +66,20 @@ using StepProgress = std::function<void(int64_t steps_done, int64_t steps_total)
 // Fine-tunes `model`'s trainable params (already set to the global adapter) on all of `data`.
 // Not thread-safe for one model; distinct models may train concurrently.
 absl::StatusOr<LocalOutcome> TrainLocally(BertClassifier& model, const TokenizedDataset& data,
-                                          const TrainOptions& options, const StepProgress& progress = {});
+                                          const TrainOptions& options,
+                                          const StepProgress& progress = {});
 absl::StatusOr<LocalOutcome> TrainLocally(CausalLm& model, const LmDataset& data,
-                                          const TrainOptions& options, const StepProgress& progress = {});
+                                          const TrainOptions& options,
+                                          const StepProgress& progress = {});
 // ... on data[indices]: InvalidArgument when `indices` is empty, OutOfRange for an index
 // outside the data.
 absl::StatusOr<LocalOutcome> TrainLocally(BertClassifier& model, const TokenizedDataset& data,
-                                          std::span<const int64_t> indices, const TrainOptions& options,
+                                          std::span<const int64_t> indices,
+                                          const TrainOptions& options,
                                           const StepProgress& progress = {});
 absl::StatusOr<LocalOutcome> TrainLocally(CausalLm& model, const LmDataset& data,
-                                          std::span<const int64_t> indices, const TrainOptions& options,
+                                          std::span<const int64_t> indices,
+                                          const TrainOptions& options,
                                           const StepProgress& progress = {});
 
 // Copies `adapter` (any struct with name, shape and values, e.g. NamedTensor or UpdateTensor;

@@ -32,7 +32,8 @@ T Load(const char* p) {
 }
 
 inline absl::Status ZstdError(std::string_view what, size_t code) {
-  return absl::DataLossError(absl::StrCat("update payload: ", ToAbsl(what), ": zstd: ", ZSTD_getErrorName(code)));
+  return absl::DataLossError(
+      absl::StrCat("update payload: ", ToAbsl(what), ": zstd: ", ZSTD_getErrorName(code)));
 }
 
 struct DCtxDeleter {
@@ -61,8 +62,8 @@ constexpr uint64_t kConsumedReportBytes = uint64_t{4} << 20;
 // Two kinds of error. A stage error (the zstd frame is corrupt, ends early, or decompresses to more
 // or fewer bytes than the header's raw size) is sticky: once seen, every later call and Finish()
 // return it. A body error (a read past the declared raw size: the table disagrees with it) is
-// InvalidArgument and is the caller's to report, after Finish() has checked the whole stage, so that
-// a corrupt frame is reported as corrupt whatever bytes it decoded to before the corruption.
+// InvalidArgument and is the caller's to report, after Finish() has checked the whole stage, so
+// that a corrupt frame is reported as corrupt whatever bytes it decoded to before the corruption.
 class BodySource {
  public:
   // No zstd stage: the body is `payload`, whose size the caller checked against the header.
@@ -71,29 +72,35 @@ class BodySource {
   // A zstd stage: checks the frame's header and block structure (cheap, decompresses nothing),
   // then prepares to stream it.
   static absl::StatusOr<BodySource> ForZstd(std::string_view payload, uint64_t raw_bytes) {
-    const unsigned long long content_size = ZSTD_getFrameContentSize(payload.data(), payload.size());
+    const unsigned long long content_size =
+        ZSTD_getFrameContentSize(payload.data(), payload.size());
     if (content_size == ZSTD_CONTENTSIZE_ERROR) {
       // Too short for a frame header, or bad zstd magic.
-      return absl::DataLossError(absl::StrCat("update payload: not a valid zstd frame (", payload.size(), " bytes)"));
+      return absl::DataLossError(
+          absl::StrCat("update payload: not a valid zstd frame (", payload.size(), " bytes)"));
     }
     if (content_size != ZSTD_CONTENTSIZE_UNKNOWN && content_size != raw_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("update payload: zstd frame declares ", content_size,
-                                                     " decompressed bytes but the header declares a raw size of ",
-                                                     raw_bytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat("update payload: zstd frame declares ", content_size,
+                       " decompressed bytes but the header declares a raw size of ", raw_bytes));
     }
     const size_t frame_size = ZSTD_findFrameCompressedSize(payload.data(), payload.size());
     if (ZSTD_isError(frame_size)) return ZstdError("truncated or corrupt frame", frame_size);
     if (frame_size != payload.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("update payload: ", payload.size() - frame_size,
-                                                     " trailing bytes after the zstd frame (frame is ", frame_size,
-                                                     " of ", payload.size(), " payload bytes)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("update payload: ", payload.size() - frame_size,
+                       " trailing bytes after the zstd frame (frame is ", frame_size, " of ",
+                       payload.size(), " payload bytes)"));
     }
     BodySource source(std::string_view{});
     source.raw_bytes_ = raw_bytes;
     source.dctx_.reset(ZSTD_createDCtx());
-    if (source.dctx_ == nullptr) return absl::ResourceExhaustedError("update payload: ZSTD_createDCtx failed");
-    const size_t rc = ZSTD_DCtx_setParameter(source.dctx_.get(), ZSTD_d_windowLogMax, kMaxZstdWindowLog);
-    if (ZSTD_isError(rc)) return absl::InternalError(absl::StrCat("ZSTD_d_windowLogMax: ", ZSTD_getErrorName(rc)));
+    if (source.dctx_ == nullptr)
+      return absl::ResourceExhaustedError("update payload: ZSTD_createDCtx failed");
+    const size_t rc =
+        ZSTD_DCtx_setParameter(source.dctx_.get(), ZSTD_d_windowLogMax, kMaxZstdWindowLog);
+    if (ZSTD_isError(rc))
+      return absl::InternalError(absl::StrCat("ZSTD_d_windowLogMax: ", ZSTD_getErrorName(rc)));
     source.in_ = ZSTD_inBuffer{payload.data(), payload.size(), 0};
     // raw_bytes was checked against DecodeLimits by the caller; a small body needs no bigger window
     // (no read is ever longer than what remains of the body).
@@ -114,12 +121,13 @@ class BodySource {
   uint64_t pos() const { return dctx_ ? produced_ - (tail_ - head_) : plain_pos_; }
   uint64_t remaining() const { return raw_bytes_ - pos(); }
 
-  // The next `n` bytes (n <= kMaxTensorNameBytes for the table), contiguous; valid until the next call.
+  // The next `n` bytes (n <= kMaxTensorNameBytes for the table), contiguous; valid until the next
+  // call.
   absl::StatusOr<std::string_view> Read(size_t n, std::string_view what) {
     if (remaining() < n) {
-      return absl::InvalidArgumentError(absl::StrCat("update body: ", ToAbsl(what), " at offset ", pos(), " needs ",
-                                                     n, " bytes but only ", remaining(),
-                                                     " remain of the declared raw size ", raw_bytes_));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "update body: ", ToAbsl(what), " at offset ", pos(), " needs ", n, " bytes but only ",
+          remaining(), " remain of the declared raw size ", raw_bytes_));
     }
     if (!dctx_) {
       const std::string_view v = plain_.substr(plain_pos_, n);
@@ -139,7 +147,8 @@ class BodySource {
   absl::StatusOr<std::string_view> ReadSome(size_t unit, size_t max_bytes) {
     if (!dctx_) {
       // In pieces of kConsumedReportBytes, so that the consumed hook hears of progress that often.
-      size_t n = static_cast<size_t>(std::min<uint64_t>({max_bytes, remaining(), kConsumedReportBytes}));
+      size_t n =
+          static_cast<size_t>(std::min<uint64_t>({max_bytes, remaining(), kConsumedReportBytes}));
       n -= n % unit;
       return Read(n, "values");
     }
@@ -187,18 +196,19 @@ class BodySource {
   absl::Status Pump() {
     const uint64_t left = raw_bytes_ - produced_;
     char overflow_byte;
-    ZSTD_outBuffer out = left == 0
-                             ? ZSTD_outBuffer{&overflow_byte, 1, 0}
-                             : ZSTD_outBuffer{window_.get() + tail_,
-                                              static_cast<size_t>(std::min<uint64_t>(window_size_ - tail_, left)), 0};
+    ZSTD_outBuffer out =
+        left == 0 ? ZSTD_outBuffer{&overflow_byte, 1, 0}
+                  : ZSTD_outBuffer{
+                        window_.get() + tail_,
+                        static_cast<size_t>(std::min<uint64_t>(window_size_ - tail_, left)), 0};
     const size_t in_before = in_.pos;
     const size_t ret = ZSTD_decompressStream(dctx_.get(), &out, &in_);
     if (ZSTD_isError(ret)) return Fail(ZstdError("decompression failed", ret));
     Report(in_.pos);  // zstd keeps no pointer into the input it has consumed
     if (left == 0 && out.pos > 0) {
       return Fail(absl::InvalidArgumentError(
-          absl::StrCat("update payload: zstd frame decompresses to more than the declared ", raw_bytes_,
-                       " bytes (decompression bomb refused)")));
+          absl::StrCat("update payload: zstd frame decompresses to more than the declared ",
+                       raw_bytes_, " bytes (decompression bomb refused)")));
     }
     if (left > 0) {
       tail_ += out.pos;
@@ -207,15 +217,16 @@ class BodySource {
     if (ret == 0) {  // frame complete and flushed
       frame_done_ = true;
       if (produced_ != raw_bytes_) {
-        return Fail(absl::InvalidArgumentError(absl::StrCat("update payload: zstd frame decompresses to ", produced_,
-                                                            " bytes but the header declares a raw size of ",
-                                                            raw_bytes_)));
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat("update payload: zstd frame decompresses to ", produced_,
+                         " bytes but the header declares a raw size of ", raw_bytes_)));
       }
       return absl::OkStatus();
     }
     if (in_.pos == in_before && out.pos == 0) {
-      return Fail(absl::DataLossError(absl::StrCat("update payload: zstd frame ends early after ", produced_, " of ",
-                                                   raw_bytes_, " decompressed bytes")));
+      return Fail(
+          absl::DataLossError(absl::StrCat("update payload: zstd frame ends early after ",
+                                           produced_, " of ", raw_bytes_, " decompressed bytes")));
     }
     return absl::OkStatus();
   }

@@ -47,15 +47,16 @@
 //     max|Q|), so that no decoded value overflows.
 //
 // The decoder treats its input as hostile: every size is checked against the input and against
-// DecodeLimits before anything is allocated, the zstd stage streams through a bounded window (1 MiB)
-// and refuses to produce one byte more than the declared raw size (decompression bombs), and decoded
-// values must be finite. When the zstd stage is broken, that is the error reported, even if the
-// bytes it produced before the break already made the table or a value invalid. Error codes:
-//   DataLoss        - the input ends early (truncated header, payload or body), or the zstd frame is
+// DecodeLimits before anything is allocated, the zstd stage streams through a bounded window (1
+// MiB) and refuses to produce one byte more than the declared raw size (decompression bombs), and
+// decoded values must be finite. When the zstd stage is broken, that is the error reported, even if
+// the bytes it produced before the break already made the table or a value invalid. Error codes:
+//   DataLoss        - the input ends early (truncated header, payload or body), or the zstd frame
+//   is
 //                     corrupt / ends early.
 //   InvalidArgument - everything else that is malformed: bad magic, unknown format/codec/version or
-//                     flags, sizes that disagree with each other or exceed the limits, trailing bytes,
-//                     names/shapes inconsistent with the element count, NaN/Inf values.
+//                     flags, sizes that disagree with each other or exceed the limits, trailing
+//                     bytes, names/shapes inconsistent with the element count, NaN/Inf values.
 // Each message names the field and the offending values.
 //
 // Thread-safety: all functions are thread-safe (no shared state).
@@ -102,8 +103,8 @@ enum class Sparsifier : uint8_t {
 };
 
 inline constexpr char kUpdateMagic[4] = {'F', 'L', 'U', '1'};
-inline constexpr uint16_t kUpdateFormatVersion = 1;    // dense fp32 / fp16 / bf16
-inline constexpr uint16_t kUpdateFormatVersion2 = 2;   // a sparsifier or kQuant
+inline constexpr uint16_t kUpdateFormatVersion = 1;   // dense fp32 / fp16 / bf16
+inline constexpr uint16_t kUpdateFormatVersion2 = 2;  // a sparsifier or kQuant
 inline constexpr uint8_t kCodecVersion = 1;
 inline constexpr size_t kUpdateHeaderSize = 40;    // bytes, version 1
 inline constexpr size_t kUpdateHeaderSizeV2 = 48;  // bytes, version 2
@@ -151,7 +152,8 @@ struct CodecOptions {
   // The stages the receiver can see on the wire, compared by a server enforcing its run's codec.
   bool SameWireFormat(const CodecOptions& o) const {
     return sparsifier == o.sparsifier && codec == o.codec && zstd == o.zstd &&
-           (codec != CodecId::kQuant || (quant_bits == o.quant_bits && quant_block_size == o.quant_block_size)) &&
+           (codec != CodecId::kQuant ||
+            (quant_bits == o.quant_bits && quant_block_size == o.quant_block_size)) &&
            (sparsifier != Sparsifier::kLowRank || low_rank == o.low_rank);
   }
   // What the format writes ("top-k 1% + quant 8 bit/256 + zstd"), for messages and reports.
@@ -182,7 +184,9 @@ struct UpdateHeader {
   int64_t quant_block_size = 0;
   int64_t low_rank = 0;
   bool zstd() const { return (flags & kUpdateFlagZstd) != 0; }
-  size_t header_bytes() const { return format_version == kUpdateFormatVersion ? kUpdateHeaderSize : kUpdateHeaderSizeV2; }
+  size_t header_bytes() const {
+    return format_version == kUpdateFormatVersion ? kUpdateHeaderSize : kUpdateHeaderSizeV2;
+  }
   // The wire-visible options this header stands for (fraction, seed and error feedback unset).
   CodecOptions options() const;
 };
@@ -191,23 +195,26 @@ struct UpdateHeader {
 // shape, a name is empty/too long/has a NUL or repeats, a rank exceeds kMaxTensorRank, a value is
 // NaN/Inf, a value overflows the chosen codec (|x| > 65504 for fp16), or an option is out of range
 // (fraction not in (0, 1], quantization bits or block size); Internal on a zstd failure.
-absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensors, const CodecOptions& options);
+absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensors,
+                                         const CodecOptions& options);
 
 // EncodeUpdate with the value-dependent stages on `backend`'s device: top-k selection (per tensor
 // or global, kernels/topk.h) and quantization (kernels/block_quant.h) run there, and the bytes are
 // EncodeUpdate's bit for bit. What works on the seed or on bytes the host holds stays on the host:
 // random-k indices, the fp32/fp16/bf16 element formats, zstd. The low-rank stage has no device
 // path: Unimplemented on CUDA. A null or CPU backend is EncodeUpdate(tensors, options).
-absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensors, const CodecOptions& options,
-                                         kernels::Backend* backend);
+absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensors,
+                                         const CodecOptions& options, kernels::Backend* backend);
 
-// Parses and validates only the header (40 or 48 bytes) against `limits` (cheap; lets a server reject an
-// upload early from its first chunk). Errors as DecodeUpdate.
-absl::StatusOr<UpdateHeader> ParseUpdateHeader(std::string_view encoded, const DecodeLimits& limits);
+// Parses and validates only the header (40 or 48 bytes) against `limits` (cheap; lets a server
+// reject an upload early from its first chunk). Errors as DecodeUpdate.
+absl::StatusOr<UpdateHeader> ParseUpdateHeader(std::string_view encoded,
+                                               const DecodeLimits& limits);
 
 // Decodes and validates a whole encoded update. Errors as described at the top of this file.
 // Memory: the decoded values plus, with zstd, a 1 MiB window and zstd's history window.
-absl::StatusOr<std::vector<UpdateTensor>> DecodeUpdate(std::string_view encoded, const DecodeLimits& limits);
+absl::StatusOr<std::vector<UpdateTensor>> DecodeUpdate(std::string_view encoded,
+                                                       const DecodeLimits& limits);
 
 // One tensor of a decoded update holding only the entries that travelled: a top-k or random-k
 // tensor's kept values and their ascending positions, else (`dense`) all product(shape) values.
@@ -223,7 +230,8 @@ struct KeptTensor {
 // DecodeUpdate without expanding the sparsified tensors: the same checks and errors, and each
 // tensor's values equal DecodeUpdate's at its kept positions (low-rank tensors come back dense).
 // Memory: the kept values plus 8 bytes of index per kept value, instead of the dense update.
-absl::StatusOr<std::vector<KeptTensor>> DecodeUpdateKept(std::string_view encoded, const DecodeLimits& limits);
+absl::StatusOr<std::vector<KeptTensor>> DecodeUpdateKept(std::string_view encoded,
+                                                         const DecodeLimits& limits);
 
 // Name and shape of one tensor of an encoded update, as ValidateUpdate reports it.
 struct UpdateTensorInfo {
@@ -234,15 +242,17 @@ struct UpdateTensorInfo {
 
 // Checks everything DecodeUpdate checks, with the same result (OK, or the same error code and
 // message), without materialising the values: a raw payload is checked in place, a zstd payload is
-// streamed through the 1 MiB window. Returns the tensor table in wire order. Memory: the table, plus
-// with zstd the window and zstd's history window (<= 128 MiB for a hostile frame, 2 MiB for ours),
-// independent of the update's size. Lets a server accept an upload without a second copy of it.
+// streamed through the 1 MiB window. Returns the tensor table in wire order. Memory: the table,
+// plus with zstd the window and zstd's history window (<= 128 MiB for a hostile frame, 2 MiB for
+// ours), independent of the update's size. Lets a server accept an upload without a second copy of
+// it.
 //
 // `consumed`, when set, is told as validation proceeds (reports at most 8 MiB of input apart, and
 // one at the end) that the first `bytes` bytes of `encoded` will not be read again; `bytes` only
 // grows. A caller validating a mapped file can drop those pages (madvise MADV_DONTNEED) so that the
 // file never counts in its RSS all at once.
-absl::StatusOr<std::vector<UpdateTensorInfo>> ValidateUpdate(std::string_view encoded, const DecodeLimits& limits,
-                                                             const std::function<void(uint64_t bytes)>& consumed = {});
+absl::StatusOr<std::vector<UpdateTensorInfo>> ValidateUpdate(
+    std::string_view encoded, const DecodeLimits& limits,
+    const std::function<void(uint64_t bytes)>& consumed = {});
 
 }  // namespace fedlora

@@ -1,8 +1,7 @@
 // Names and descriptions of the update wire format's codecs and options (compression/codec.h).
-#include "compression/codec.h"
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "compression/codec.h"
 #include "core/strings.h"
 
 namespace fedlora {
@@ -40,11 +39,12 @@ std::string CodecOptions::Describe() const {
   if (sparsifier == Sparsifier::kLowRank) {
     absl::StrAppend(&out, "low-rank ", low_rank, " + ");
   } else if (sparsifier != Sparsifier::kNone) {
-    absl::StrAppend(&out, ToAbsl(SparsifierName(sparsifier)), " ", fraction * 100, "%", global_top_k ? " global" : "",
-                    " + ");
+    absl::StrAppend(&out, ToAbsl(SparsifierName(sparsifier)), " ", fraction * 100, "%",
+                    global_top_k ? " global" : "", " + ");
   }
   if (codec == CodecId::kQuant) {
-    absl::StrAppend(&out, "quant ", quant_bits, " bit/", quant_block_size, quant_stochastic ? "" : " nearest");
+    absl::StrAppend(&out, "quant ", quant_bits, " bit/", quant_block_size,
+                    quant_stochastic ? "" : " nearest");
   } else {
     absl::StrAppend(&out, ToAbsl(CodecName(codec)));
   }

@@ -11,13 +11,15 @@ namespace {
 absl::Status CheckSameLayout(const std::vector<UpdateTensor>& a, const std::vector<UpdateTensor>& b,
                              const char* what) {
   if (a.size() != b.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " has ", b.size(), " tensors; the adapter has ", a.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has ", b.size(), " tensors; the adapter has ", a.size()));
   }
   for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].name != b[i].name || a[i].shape != b[i].shape || a[i].values.size() != b[i].values.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(what, "'s tensor ", i, " ('", b[i].name.substr(0, 200),
-                                                     "') does not match the adapter's ('", a[i].name.substr(0, 200),
-                                                     "') in name or shape"));
+    if (a[i].name != b[i].name || a[i].shape != b[i].shape ||
+        a[i].values.size() != b[i].values.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, "'s tensor ", i, " ('", b[i].name.substr(0, 200),
+          "') does not match the adapter's ('", a[i].name.substr(0, 200), "') in name or shape"));
     }
   }
   return absl::OkStatus();
@@ -26,7 +28,8 @@ absl::Status CheckSameLayout(const std::vector<UpdateTensor>& a, const std::vect
 }  // namespace
 
 absl::StatusOr<DownlinkDelta> EncodeDownlinkDelta(const std::vector<UpdateTensor>& base,
-                                                  const std::vector<UpdateTensor>& target, const CodecOptions& options) {
+                                                  const std::vector<UpdateTensor>& target,
+                                                  const CodecOptions& options) {
   FEDLORA_RETURN_IF_ERROR(CheckSameLayout(base, target, "the target adapter"));
   std::vector<UpdateTensor> delta = target;
   for (size_t t = 0; t < delta.size(); ++t) {
@@ -38,11 +41,13 @@ absl::StatusOr<DownlinkDelta> EncodeDownlinkDelta(const std::vector<UpdateTensor
   FEDLORA_ASSIGN_OR_RETURN(out.blob, EncodeUpdate(delta, options));
   std::vector<UpdateTensor>().swap(delta);
   out.rebuilt = base;
-  FEDLORA_RETURN_IF_ERROR_CTX(ApplyDownlinkDelta(out.rebuilt, out.blob, DecodeLimits{}), "rebuilding the adapter");
+  FEDLORA_RETURN_IF_ERROR_CTX(ApplyDownlinkDelta(out.rebuilt, out.blob, DecodeLimits{}),
+                              "rebuilding the adapter");
   return out;
 }
 
-absl::Status ApplyDownlinkDelta(std::vector<UpdateTensor>& adapter, std::string_view blob, const DecodeLimits& limits) {
+absl::Status ApplyDownlinkDelta(std::vector<UpdateTensor>& adapter, std::string_view blob,
+                                const DecodeLimits& limits) {
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> delta, DecodeUpdate(blob, limits));
   FEDLORA_RETURN_IF_ERROR(CheckSameLayout(adapter, delta, "the delta"));
   // Summed into the delta first, so that a failure leaves the adapter as it was.
@@ -52,8 +57,8 @@ absl::Status ApplyDownlinkDelta(std::vector<UpdateTensor>& adapter, std::string_
     for (size_t i = 0; i < d.size(); ++i) {
       d[i] = a[i] + d[i];
       if (!std::isfinite(d[i])) {
-        return absl::InvalidArgumentError(absl::StrCat("the delta overflows tensor '", delta[t].name.substr(0, 200),
-                                                       "' at element ", i));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the delta overflows tensor '", delta[t].name.substr(0, 200), "' at element ", i));
       }
     }
   }

@@ -1,7 +1,7 @@
-// The downlink's adapter deltas: how the server turns one global adapter into the next as an encoded
-// update, and how a client applies it. Both sides rebuild the next "broadcast" adapter with the same
-// function, so a client that applies every delta of a chain holds the server's adapter bit for bit
-// (its safetensors image hashes to the manifest's SHA-256).
+// The downlink's adapter deltas: how the server turns one global adapter into the next as an
+// encoded update, and how a client applies it. Both sides rebuild the next "broadcast" adapter with
+// the same function, so a client that applies every delta of a chain holds the server's adapter bit
+// for bit (its safetensors image hashes to the manifest's SHA-256).
 //
 //   // server, at each commit: the exact adapter `global`, the one clients hold `broadcast`
 //   FEDLORA_ASSIGN_OR_RETURN(DownlinkDelta d, EncodeDownlinkDelta(broadcast, global, options));
@@ -31,11 +31,13 @@ struct DownlinkDelta {
 // Encodes target - base. InvalidArgument when the two adapters differ in names or shapes (same
 // order), or as EncodeUpdate.
 absl::StatusOr<DownlinkDelta> EncodeDownlinkDelta(const std::vector<UpdateTensor>& base,
-                                                  const std::vector<UpdateTensor>& target, const CodecOptions& options);
+                                                  const std::vector<UpdateTensor>& target,
+                                                  const CodecOptions& options);
 
 // Decodes `blob` (DecodeUpdate under `limits`) and adds it to `adapter` in fp32, tensor by tensor.
 // InvalidArgument, leaving `adapter` unchanged, when the delta's names or shapes differ from the
 // adapter's or the sum overflows to Inf.
-absl::Status ApplyDownlinkDelta(std::vector<UpdateTensor>& adapter, std::string_view blob, const DecodeLimits& limits);
+absl::Status ApplyDownlinkDelta(std::vector<UpdateTensor>& adapter, std::string_view blob,
+                                const DecodeLimits& limits);
 
 }  // namespace fedlora

@@ -12,7 +12,8 @@ namespace {
 using kernels::DeviceArray;
 
 // The ascending top-k of the `n` values already on the device at `x`.
-absl::StatusOr<std::vector<int64_t>> DeviceTopK(kernels::Backend& backend, const float* x, int64_t n, int64_t k) {
+absl::StatusOr<std::vector<int64_t>> DeviceTopK(kernels::Backend& backend, const float* x,
+                                                int64_t n, int64_t k) {
   std::vector<int64_t> out(static_cast<size_t>(k));
   if (k == 0) return out;
   FEDLORA_ASSIGN_OR_RETURN(auto idx, DeviceArray<int64_t>::Zeros(backend, out.size()));
@@ -38,8 +39,8 @@ absl::StatusOr<std::vector<int64_t>> EncodeStages::TopK(const float* x, int64_t 
   return DeviceTopK(*backend_, xd.data(), n, k);
 }
 
-absl::StatusOr<std::vector<std::vector<int64_t>>> EncodeStages::GlobalTopK(const std::vector<UpdateTensor>& tensors,
-                                                                           double fraction) {
+absl::StatusOr<std::vector<std::vector<int64_t>>> EncodeStages::GlobalTopK(
+    const std::vector<UpdateTensor>& tensors, double fraction) {
   std::vector<int64_t> sizes;
   int64_t total = 0;
   for (const UpdateTensor& t : tensors) {
@@ -54,18 +55,21 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> EncodeStages::GlobalTopK(const
   const int64_t k = KeptCount(total, fraction);
   if (k == 0) return std::vector<std::vector<int64_t>>(tensors.size());
   // The tensors uploaded back to back: top-k over the concatenation, as GlobalTopKIndices.
-  FEDLORA_ASSIGN_OR_RETURN(auto xd, DeviceArray<float>::Zeros(*backend_, static_cast<size_t>(total)));
+  FEDLORA_ASSIGN_OR_RETURN(auto xd,
+                           DeviceArray<float>::Zeros(*backend_, static_cast<size_t>(total)));
   size_t at = 0;
   for (const UpdateTensor& t : tensors) {
     if (t.values.empty()) continue;
-    FEDLORA_RETURN_IF_ERROR(backend_->Upload(xd.data() + at, t.values.data(), t.values.size() * sizeof(float)));
+    FEDLORA_RETURN_IF_ERROR(
+        backend_->Upload(xd.data() + at, t.values.data(), t.values.size() * sizeof(float)));
     at += t.values.size();
   }
   FEDLORA_ASSIGN_OR_RETURN(std::vector<int64_t> flat, DeviceTopK(*backend_, xd.data(), total, k));
   return SplitIndices(flat, sizes);
 }
 
-absl::Status EncodeStages::QuantizeAppend(const float* x, int64_t n, const QuantSpec& spec, std::string& out) {
+absl::Status EncodeStages::QuantizeAppend(const float* x, int64_t n, const QuantSpec& spec,
+                                          std::string& out) {
   if (backend_ == nullptr) {
     fedlora::QuantizeAppend(x, n, spec, out);
     return absl::OkStatus();
@@ -75,10 +79,16 @@ absl::Status EncodeStages::QuantizeAppend(const float* x, int64_t n, const Quant
   FEDLORA_ASSIGN_OR_RETURN(auto xd, DeviceArray<float>::Zeros(*backend_, static_cast<size_t>(n)));
   FEDLORA_RETURN_IF_ERROR(backend_->Upload(xd.data(), x, xd.bytes()));
   FEDLORA_ASSIGN_OR_RETURN(auto od, DeviceArray<uint8_t>::Zeros(*backend_, bytes));
-  kernels::BlockQuantizeArgs args{.n = n, .x = xd.data(), .bits = spec.bits, .block_size = spec.block_size,
-                                  .stochastic = spec.stochastic, .seed = spec.seed, .stream = spec.stream,
+  kernels::BlockQuantizeArgs args{.n = n,
+                                  .x = xd.data(),
+                                  .bits = spec.bits,
+                                  .block_size = spec.block_size,
+                                  .stochastic = spec.stochastic,
+                                  .seed = spec.seed,
+                                  .stream = spec.stream,
                                   .out = od.data()};
-  FEDLORA_ASSIGN_OR_RETURN(args.workspace_bytes, kernels::BlockQuantizeWorkspaceBytes(backend_->ctx(), args));
+  FEDLORA_ASSIGN_OR_RETURN(args.workspace_bytes,
+                           kernels::BlockQuantizeWorkspaceBytes(backend_->ctx(), args));
   FEDLORA_ASSIGN_OR_RETURN(auto ws, DeviceArray<uint8_t>::Zeros(*backend_, args.workspace_bytes));
   args.workspace = ws.data();
   FEDLORA_RETURN_IF_ERROR(kernels::BlockQuantize(backend_->ctx(), args));

@@ -25,8 +25,8 @@ class EncodeStages {
   // TopKIndices(x, n, k).
   absl::StatusOr<std::vector<int64_t>> TopK(const float* x, int64_t n, int64_t k);
   // GlobalTopKIndices over the tensors' values.
-  absl::StatusOr<std::vector<std::vector<int64_t>>> GlobalTopK(const std::vector<UpdateTensor>& tensors,
-                                                               double fraction);
+  absl::StatusOr<std::vector<std::vector<int64_t>>> GlobalTopK(
+      const std::vector<UpdateTensor>& tensors, double fraction);
   // QuantizeAppend(x, n, spec, out).
   absl::Status QuantizeAppend(const float* x, int64_t n, const QuantSpec& spec, std::string& out);
 

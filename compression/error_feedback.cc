@@ -15,7 +15,8 @@ constexpr size_t kWarmStartPrefixSize = sizeof(kWarmStartPrefix) - 1;
 
 }  // namespace
 
-absl::StatusOr<ErrorFeedback> ErrorFeedback::Load(const std::string& path, const std::string& run_id) {
+absl::StatusOr<ErrorFeedback> ErrorFeedback::Load(const std::string& path,
+                                                  const std::string& run_id) {
   ErrorFeedback ef;
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
   if (absl::IsNotFound(file.status())) return ef;
@@ -37,10 +38,14 @@ absl::StatusOr<ErrorFeedback> ErrorFeedback::Load(const std::string& path, const
 absl::Status ErrorFeedback::Save(const std::string& path, const std::string& run_id) const {
   std::vector<SafetensorsTensorToWrite> tensors;
   for (const UpdateTensor& t : residual_) {
-    tensors.push_back({t.name, DType::kF32, t.shape, t.values.data(), t.values.size() * sizeof(float)});
+    tensors.push_back(
+        {t.name, DType::kF32, t.shape, t.values.data(), t.values.size() * sizeof(float)});
   }
   for (const auto& [name, q] : warm_) {
-    tensors.push_back({absl::StrCat(kWarmStartPrefix, name), DType::kF32, {static_cast<int64_t>(q.size())}, q.data(),
+    tensors.push_back({absl::StrCat(kWarmStartPrefix, name),
+                       DType::kF32,
+                       {static_cast<int64_t>(q.size())},
+                       q.data(),
                        q.size() * sizeof(float)});
   }
   return WriteSafetensors(path, tensors, {{kRunIdKey, run_id}});
@@ -60,7 +65,8 @@ std::vector<UpdateTensor> ErrorFeedback::Corrected(const std::vector<UpdateTenso
 }
 
 absl::StatusOr<std::string> ErrorFeedback::Encode(const std::vector<UpdateTensor>& update,
-                                                  const CodecOptions& options, kernels::Backend* backend) {
+                                                  const CodecOptions& options,
+                                                  kernels::Backend* backend) {
   std::vector<UpdateTensor> corrected = Corrected(update);
   CodecOptions o = options;
   pending_warm_ = warm_;

@@ -44,7 +44,8 @@ class ErrorFeedback {
   // pending one; options.warm_start is ignored). A non-null `backend` runs the top-k and
   // quantization stages on its device (EncodeUpdate's backend overload; the same bytes). Errors as
   // EncodeUpdate / DecodeUpdate.
-  absl::StatusOr<std::string> Encode(const std::vector<UpdateTensor>& update, const CodecOptions& options,
+  absl::StatusOr<std::string> Encode(const std::vector<UpdateTensor>& update,
+                                     const CodecOptions& options,
                                      kernels::Backend* backend = nullptr);
   // The pending residual and warm start become current (call once the server accepted the update).
   void Commit();

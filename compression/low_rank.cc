@@ -70,21 +70,23 @@ void PowerIteration(const float* m, const LowRankLayout& l, uint64_t seed, std::
   }
   q.resize(qn.size());
   for (size_t i = 0; i < qn.size(); ++i) q[i] = static_cast<float>(qn[i]);
-  // On the wire each column pair is rescaled (P_c * a, Q_c / a) so that P's and Q's entries have the
-  // same RMS: a quantizer block that holds both then serves both. The product is unchanged.
+  // On the wire each column pair is rescaled (P_c * a, Q_c / a) so that P's and Q's entries have
+  // the same RMS: a quantizer block that holds both then serves both. The product is unchanged.
   std::vector<double> a(static_cast<size_t>(r), 1.0);
   for (int64_t c = 0; c < r; ++c) {
     double qq = 0;
     for (int64_t j = 0; j < cols; ++j) qq += qn[j * r + c] * qn[j * r + c];
     const double b = std::sqrt(qq);  // ||P_c|| is 1 (or 0)
-    if (b > 1e-30) a[c] = std::sqrt(b * std::sqrt(static_cast<double>(rows) / static_cast<double>(cols)));
+    if (b > 1e-30)
+      a[c] = std::sqrt(b * std::sqrt(static_cast<double>(rows) / static_cast<double>(cols)));
   }
   factors.resize(static_cast<size_t>(l.values));
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t c = 0; c < r; ++c) factors[i * r + c] = static_cast<float>(p[i * r + c] * a[c]);
   }
   for (int64_t j = 0; j < cols; ++j) {
-    for (int64_t c = 0; c < r; ++c) factors[rows * r + j * r + c] = static_cast<float>(qn[j * r + c] / a[c]);
+    for (int64_t c = 0; c < r; ++c)
+      factors[rows * r + j * r + c] = static_cast<float>(qn[j * r + c] / a[c]);
   }
 }
 

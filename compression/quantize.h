@@ -60,7 +60,7 @@ void QuantizeAppend(const float* x, int64_t n, const QuantSpec& spec, std::strin
 // Decodes one block of `n` values from `block` (QuantBlockBytes(n, bits) bytes) into out[0, n)
 // (out may be null: validate only). InvalidArgument naming `what` and the block's first value
 // index `first` for a bad scale or padding.
-absl::Status DequantizeBlock(std::string_view block, int64_t n, int bits, float* out, std::string_view what,
-                             uint64_t first);
+absl::Status DequantizeBlock(std::string_view block, int64_t n, int bits, float* out,
+                             std::string_view what, uint64_t first);
 
 }  // namespace fedlora

@@ -24,13 +24,18 @@ std::vector<int64_t> TopKIndices(const float* x, int64_t n, int64_t k) {
   const kernels::ExecContext cpu;
   std::vector<float> workspace(static_cast<size_t>(n));
   const absl::Status status =
-      kernels::TopK(cpu, kernels::TopKArgs{.n = n, .k = k, .x = x, .indices = out.data(), .workspace = workspace.data(),
+      kernels::TopK(cpu, kernels::TopKArgs{.n = n,
+                                           .k = k,
+                                           .x = x,
+                                           .indices = out.data(),
+                                           .workspace = workspace.data(),
                                            .workspace_bytes = workspace.size() * sizeof(float)});
   FEDLORA_CHECK(status.ok());
   return out;
 }
 
-std::vector<std::vector<int64_t>> SplitIndices(const std::vector<int64_t>& flat, const std::vector<int64_t>& sizes) {
+std::vector<std::vector<int64_t>> SplitIndices(const std::vector<int64_t>& flat,
+                                               const std::vector<int64_t>& sizes) {
   std::vector<std::vector<int64_t>> out(sizes.size());
   size_t t = 0;
   int64_t base = 0;
@@ -41,8 +46,8 @@ std::vector<std::vector<int64_t>> SplitIndices(const std::vector<int64_t>& flat,
   return out;
 }
 
-std::vector<std::vector<int64_t>> GlobalTopKIndices(const std::vector<const std::vector<float>*>& tensors,
-                                                     double fraction) {
+std::vector<std::vector<int64_t>> GlobalTopKIndices(
+    const std::vector<const std::vector<float>*>& tensors, double fraction) {
   // Top-k over the concatenation: ties go to the earlier tensor and the lower index.
   std::vector<float> all;
   std::vector<int64_t> sizes;

@@ -30,11 +30,12 @@ std::vector<int64_t> TopKIndices(const float* x, int64_t n, int64_t k);
 // Top-k over several tensors at once (global selection): KeptCount(total, fraction) entries of
 // largest |x| over all of them, ties towards the earlier tensor and lower index; one ascending
 // list per tensor.
-std::vector<std::vector<int64_t>> GlobalTopKIndices(const std::vector<const std::vector<float>*>& tensors,
-                                                     double fraction);
+std::vector<std::vector<int64_t>> GlobalTopKIndices(
+    const std::vector<const std::vector<float>*>& tensors, double fraction);
 // Splits an ascending index list over the concatenation of tensors of `sizes` entries into one
 // ascending list per tensor (GlobalTopKIndices's last step).
-std::vector<std::vector<int64_t>> SplitIndices(const std::vector<int64_t>& flat, const std::vector<int64_t>& sizes);
+std::vector<std::vector<int64_t>> SplitIndices(const std::vector<int64_t>& flat,
+                                               const std::vector<int64_t>& sizes);
 
 // k distinct indices of [0, n), every k-subset equally likely, yielded in ascending order by
 // sequential sampling (Vitter's Algorithm A: one draw per pick, O(n) cheap steps in all) from

@@ -28,12 +28,14 @@ absl::StatusOr<CodecOptions> CodecOptionsFromSpec(const v1::CodecSpec& spec) {
         options.sparsifier = Sparsifier::kTopK;
         options.fraction = stage.top_k().has_fraction() ? stage.top_k().fraction() : 0.01;
         options.global_top_k = stage.top_k().global();
-        options.error_feedback |= !stage.top_k().has_error_feedback() || stage.top_k().error_feedback();
+        options.error_feedback |=
+            !stage.top_k().has_error_feedback() || stage.top_k().error_feedback();
         break;
       case v1::CodecStage::RANDOMK:
         options.sparsifier = Sparsifier::kRandomK;
         options.fraction = stage.random_k().has_fraction() ? stage.random_k().fraction() : 0.01;
-        options.error_feedback |= !stage.random_k().has_error_feedback() || stage.random_k().error_feedback();
+        options.error_feedback |=
+            !stage.random_k().has_error_feedback() || stage.random_k().error_feedback();
         break;
       case v1::CodecStage::LOWRANK: {
         // PowerSGD is biased: its error feedback is always on.
@@ -41,8 +43,9 @@ absl::StatusOr<CodecOptions> CodecOptionsFromSpec(const v1::CodecSpec& spec) {
         options.low_rank = stage.low_rank().has_rank() ? stage.low_rank().rank() : 4;
         options.error_feedback = true;
         if (options.low_rank < 1 || options.low_rank > kMaxLowRank) {
-          return absl::InvalidArgumentError(absl::StrCat("codec stage ", i, ": low_rank.rank ", options.low_rank,
-                                                         " is not in [1, ", kMaxLowRank, "]"));
+          return absl::InvalidArgumentError(absl::StrCat("codec stage ", i, ": low_rank.rank ",
+                                                         options.low_rank, " is not in [1, ",
+                                                         kMaxLowRank, "]"));
         }
         break;
       }
@@ -52,14 +55,17 @@ absl::StatusOr<CodecOptions> CodecOptionsFromSpec(const v1::CodecSpec& spec) {
         options.quant_bits = q.has_bits() ? static_cast<int>(q.bits()) : 8;
         options.quant_block_size = q.has_block_size() ? q.block_size() : 256;
         options.quant_stochastic = !q.has_stochastic() || q.stochastic();
-        options.error_feedback |= q.has_error_feedback() ? q.error_feedback() : !options.quant_stochastic;
-        FEDLORA_RETURN_IF_ERROR(Annotate(CheckQuantSpec(options.quant_bits, options.quant_block_size),
-                                         absl::StrCat("codec stage ", i)));
+        options.error_feedback |=
+            q.has_error_feedback() ? q.error_feedback() : !options.quant_stochastic;
+        FEDLORA_RETURN_IF_ERROR(
+            Annotate(CheckQuantSpec(options.quant_bits, options.quant_block_size),
+                     absl::StrCat("codec stage ", i)));
         break;
       }
       case v1::CodecStage::ZSTD:
         if (i != n - 1) {
-          return absl::InvalidArgumentError(absl::StrCat("codec stage ", i, ": ZSTD must be the last stage"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("codec stage ", i, ": ZSTD must be the last stage"));
         }
         options.zstd = true;
         if (stage.has_zstd() && stage.zstd().has_level()) options.zstd_level = stage.zstd().level();
@@ -78,7 +84,8 @@ absl::StatusOr<std::vector<UpdateTensor>> AdapterFromSafetensors(const std::stri
   return AdapterFromSafetensors(*file, "global adapter");
 }
 
-absl::StatusOr<std::vector<UpdateTensor>> AdapterFromSafetensors(const SafetensorsFile& file, std::string_view what) {
+absl::StatusOr<std::vector<UpdateTensor>> AdapterFromSafetensors(const SafetensorsFile& file,
+                                                                 std::string_view what) {
   std::vector<UpdateTensor> out;
   for (const std::string& name : file.names()) {
     FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file.Get(name));
@@ -100,7 +107,8 @@ absl::StatusOr<std::string> AdapterToSafetensors(const std::vector<UpdateTensor>
   std::vector<SafetensorsTensorToWrite> tensors;
   tensors.reserve(adapter.size());
   for (const UpdateTensor& t : adapter) {
-    tensors.push_back({t.name, DType::kF32, t.shape, t.values.data(), t.values.size() * sizeof(float)});
+    tensors.push_back(
+        {t.name, DType::kF32, t.shape, t.values.data(), t.values.size() * sizeof(float)});
   }
   return SerializeSafetensors(tensors, {{"format", "pt"}});
 }

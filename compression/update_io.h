@@ -23,7 +23,8 @@ absl::StatusOr<CodecOptions> CodecOptionsFromSpec(const v1::CodecSpec& spec);
 // InvalidArgument/DataLoss as SafetensorsFile; InvalidArgument for another dtype.
 absl::StatusOr<std::vector<UpdateTensor>> AdapterFromSafetensors(const std::string& bytes);
 // The same for an opened file; `what` names it in errors.
-absl::StatusOr<std::vector<UpdateTensor>> AdapterFromSafetensors(const SafetensorsFile& file, std::string_view what);
+absl::StatusOr<std::vector<UpdateTensor>> AdapterFromSafetensors(const SafetensorsFile& file,
+                                                                 std::string_view what);
 
 // The safetensors image of `adapter` (all F32, in the given order). Deterministic: the same tensors
 // give the same bytes, hence the same blob hash, on the server and on every client.

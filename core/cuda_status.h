@@ -21,32 +21,32 @@ inline absl::Status CudaError(cudaError_t err, const char* expr, const char* fil
 inline absl::Status CublasError(cublasStatus_t err, const char* expr, const char* file, int line) {
   const auto code = err == CUBLAS_STATUS_ALLOC_FAILED ? absl::StatusCode::kResourceExhausted
                                                       : absl::StatusCode::kInternal;
-  return absl::Status(code, absl::StrCat(file, ":", line, ": ", expr, ": cuBLAS status ",
-                                         static_cast<int>(err)));
+  return absl::Status(
+      code, absl::StrCat(file, ":", line, ": ", expr, ": cuBLAS status ", static_cast<int>(err)));
 }
 }  // namespace fedlora
 
-#define FEDLORA_CUDA_RETURN_IF_ERROR(expr)                                        \
-  do {                                                                            \
-    cudaError_t _fedlora_cuda_err = (expr);                                       \
-    if (_fedlora_cuda_err != cudaSuccess)                                         \
-      return ::fedlora::CudaError(_fedlora_cuda_err, #expr, __FILE__, __LINE__);  \
+#define FEDLORA_CUDA_RETURN_IF_ERROR(expr)                                       \
+  do {                                                                           \
+    cudaError_t _fedlora_cuda_err = (expr);                                      \
+    if (_fedlora_cuda_err != cudaSuccess)                                        \
+      return ::fedlora::CudaError(_fedlora_cuda_err, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define FEDLORA_CUBLAS_RETURN_IF_ERROR(expr)                                             \
-  do {                                                                                   \
-    cublasStatus_t _fedlora_cublas_err = (expr);                                         \
-    if (_fedlora_cublas_err != CUBLAS_STATUS_SUCCESS)                                    \
-      return ::fedlora::CublasError(_fedlora_cublas_err, #expr, __FILE__, __LINE__);     \
+#define FEDLORA_CUBLAS_RETURN_IF_ERROR(expr)                                         \
+  do {                                                                               \
+    cublasStatus_t _fedlora_cublas_err = (expr);                                     \
+    if (_fedlora_cublas_err != CUBLAS_STATUS_SUCCESS)                                \
+      return ::fedlora::CublasError(_fedlora_cublas_err, #expr, __FILE__, __LINE__); \
   } while (0)
 
 #if defined(FEDLORA_HAVE_NCCL)
 #include <nccl.h>
-#define FEDLORA_NCCL_RETURN_IF_ERROR(expr)                                                      \
-  do {                                                                                          \
-    ncclResult_t _fedlora_nccl_err = (expr);                                                    \
-    if (_fedlora_nccl_err != ncclSuccess)                                                       \
-      return absl::UnavailableError(absl::StrCat(__FILE__, ":", __LINE__, ": ", #expr, ": ",    \
-                                                 ncclGetErrorString(_fedlora_nccl_err)));       \
+#define FEDLORA_NCCL_RETURN_IF_ERROR(expr)                                                   \
+  do {                                                                                       \
+    ncclResult_t _fedlora_nccl_err = (expr);                                                 \
+    if (_fedlora_nccl_err != ncclSuccess)                                                    \
+      return absl::UnavailableError(absl::StrCat(__FILE__, ":", __LINE__, ": ", #expr, ": ", \
+                                                 ncclGetErrorString(_fedlora_nccl_err)));    \
   } while (0)
 #endif

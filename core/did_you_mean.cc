@@ -28,7 +28,8 @@ size_t EditDistance(std::string_view a, std::string_view b) {
   return prev[m];
 }
 
-std::optional<std::string> NearestName(std::string_view typed, const std::vector<std::string>& candidates) {
+std::optional<std::string> NearestName(std::string_view typed,
+                                       const std::vector<std::string>& candidates) {
   const size_t limit = std::min<size_t>(2, std::max<size_t>(1, typed.size() / 3));
   std::optional<std::string> best;
   size_t best_distance = limit + 1;

@@ -2,7 +2,8 @@
 //
 //   NearestName("clients_per_rund", {"clients_per_round", "min_clients"})  // "clients_per_round"
 //   NearestName("FEDAVGG", {"FEDAVG", "FEDPROX"})                            // "FEDAVG"
-//   NearestName("xyz", {"FEDAVG", "FEDPROX"})                                // nullopt: nothing close
+//   NearestName("xyz", {"FEDAVG", "FEDPROX"})                                // nullopt: nothing
+//   close
 #pragma once
 
 #include <cstddef>
@@ -19,6 +20,7 @@ size_t EditDistance(std::string_view a, std::string_view b);
 
 // The candidate nearest to `typed`, when it is close enough to be a likely typo: at most 2 edits,
 // and at most a third of `typed`'s length (at least 1). Ties go to the earlier candidate.
-std::optional<std::string> NearestName(std::string_view typed, const std::vector<std::string>& candidates);
+std::optional<std::string> NearestName(std::string_view typed,
+                                       const std::vector<std::string>& candidates);
 
 }  // namespace fedlora

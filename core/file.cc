@@ -43,7 +43,6 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
-
 }  // namespace
 
 int WriteAll(int fd, std::string_view bytes) {
@@ -121,7 +120,8 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
 
 absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes, unsigned mode) {
   if (path.empty() || path.back() == '/') {
-    return absl::InvalidArgumentError(absl::StrCat("WriteFileAtomically: not a file path: '", path, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("WriteFileAtomically: not a file path: '", path, "'"));
   }
   const std::string dir = DirName(path);
   // A unique temp name per call: pid + a process-wide counter + random bits, so concurrent writers

@@ -25,7 +25,8 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 // `path`, then fsyncs the directory so the rename itself is durable. On failure the temporary
 // file is removed and `path` is untouched. The new file has `mode` (minus the umask) from its
 // creation: a secret written with 0600 is never readable by others, not even for a moment.
-absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes, unsigned mode = 0644);
+absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes,
+                                 unsigned mode = 0644);
 
 // Makes the directory entries of `dir` durable (creations, renames, removals in it): opens the
 // directory and fsyncs it. Errors as above, naming the directory.

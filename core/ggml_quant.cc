@@ -23,7 +23,7 @@ namespace {
 struct TypeInfo {
   GgmlType type;
   std::string_view name;
-  int64_t block_size;   // 0: not supported
+  int64_t block_size;  // 0: not supported
   int64_t block_bytes;
 };
 
@@ -91,7 +91,9 @@ Block LoadBlock(const uint8_t* p) {
 // Each Dequantize* reads nb blocks at x and writes their elements to y (F32/F16/BF16 blocks are one
 // element).
 
-void DequantizeF32(const uint8_t* x, int64_t n, float* y) { std::memcpy(y, x, static_cast<size_t>(n) * 4); }
+void DequantizeF32(const uint8_t* x, int64_t n, float* y) {
+  std::memcpy(y, x, static_cast<size_t>(n) * 4);
+}
 
 // F16 / BF16: through an aligned buffer, since the source need not be 2-byte aligned.
 template <float (*Convert)(uint16_t)>
@@ -281,14 +283,14 @@ absl::StatusOr<int64_t> GgmlRowBytes(GgmlType type, int64_t n) {
   if (!GgmlTypeSupported(type)) return Unsupported(type);
   const int64_t block = GgmlBlockSize(type);
   if (n < 0 || n % block != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("a ", ToAbsl(GgmlTypeName(type)), " row of ", n,
-                                                   " elements: must be a non-negative multiple of the block size ",
-                                                   block));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a ", ToAbsl(GgmlTypeName(type)), " row of ", n,
+                     " elements: must be a non-negative multiple of the block size ", block));
   }
   int64_t bytes;
   if (__builtin_mul_overflow(n / block, GgmlBlockBytes(type), &bytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a ", ToAbsl(GgmlTypeName(type)), " row of ", n, " elements: byte size overflows int64"));
+    return absl::InvalidArgumentError(absl::StrCat("a ", ToAbsl(GgmlTypeName(type)), " row of ", n,
+                                                   " elements: byte size overflows int64"));
   }
   return bytes;
 }
@@ -301,27 +303,51 @@ absl::Status DequantizeRows(GgmlType type, const uint8_t* src, int64_t rows, int
                             int64_t dst_stride) {
   auto row_bytes = GgmlRowBytes(type, n);
   if (!row_bytes.ok()) return row_bytes.status();
-  if (rows < 0) return absl::InvalidArgumentError(absl::StrCat("DequantizeRows: negative row count ", rows));
+  if (rows < 0)
+    return absl::InvalidArgumentError(absl::StrCat("DequantizeRows: negative row count ", rows));
   if (dst_stride < n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DequantizeRows: dst_stride ", dst_stride, " is less than the row length ", n));
+    return absl::InvalidArgumentError(absl::StrCat("DequantizeRows: dst_stride ", dst_stride,
+                                                   " is less than the row length ", n));
   }
   if (n == 0) return absl::OkStatus();
   const int64_t nb = n / GgmlBlockSize(type);
   void (*row)(const uint8_t*, int64_t, float*) = nullptr;  // (src, blocks, dst)
   switch (type) {
-    case GgmlType::kF32: row = DequantizeF32; break;
-    case GgmlType::kF16: row = DequantizeHalf<F16ToF32>; break;
-    case GgmlType::kBF16: row = DequantizeHalf<BF16ToF32>; break;
-    case GgmlType::kQ4_0: row = DequantizeQ4_0; break;
-    case GgmlType::kQ4_1: row = DequantizeQ4_1; break;
-    case GgmlType::kQ5_0: row = DequantizeQ5_0; break;
-    case GgmlType::kQ5_1: row = DequantizeQ5_1; break;
-    case GgmlType::kQ8_0: row = DequantizeQ8_0; break;
-    case GgmlType::kQ4_K: row = DequantizeQ4_K; break;
-    case GgmlType::kQ5_K: row = DequantizeQ5_K; break;
-    case GgmlType::kQ6_K: row = DequantizeQ6_K; break;
-    default: return Unsupported(type);  // unreachable: GgmlRowBytes checked the type
+    case GgmlType::kF32:
+      row = DequantizeF32;
+      break;
+    case GgmlType::kF16:
+      row = DequantizeHalf<F16ToF32>;
+      break;
+    case GgmlType::kBF16:
+      row = DequantizeHalf<BF16ToF32>;
+      break;
+    case GgmlType::kQ4_0:
+      row = DequantizeQ4_0;
+      break;
+    case GgmlType::kQ4_1:
+      row = DequantizeQ4_1;
+      break;
+    case GgmlType::kQ5_0:
+      row = DequantizeQ5_0;
+      break;
+    case GgmlType::kQ5_1:
+      row = DequantizeQ5_1;
+      break;
+    case GgmlType::kQ8_0:
+      row = DequantizeQ8_0;
+      break;
+    case GgmlType::kQ4_K:
+      row = DequantizeQ4_K;
+      break;
+    case GgmlType::kQ5_K:
+      row = DequantizeQ5_K;
+      break;
+    case GgmlType::kQ6_K:
+      row = DequantizeQ6_K;
+      break;
+    default:
+      return Unsupported(type);  // unreachable: GgmlRowBytes checked the type
   }
   for (int64_t r = 0; r < rows; ++r) row(src + r * *row_bytes, nb, dst + r * dst_stride);
   return absl::OkStatus();
@@ -329,9 +355,11 @@ absl::Status DequantizeRows(GgmlType type, const uint8_t* src, int64_t rows, int
 
 absl::Status QuantizeRowsQ8_0(const float* src, int64_t rows, int64_t n, uint8_t* dst) {
   if (n <= 0 || n % kGgmlQK != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("QuantizeRowsQ8_0: row length ", n, " is not a positive multiple of 32"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeRowsQ8_0: row length ", n, " is not a positive multiple of 32"));
   }
-  if (rows < 0) return absl::InvalidArgumentError(absl::StrCat("QuantizeRowsQ8_0: negative row count ", rows));
+  if (rows < 0)
+    return absl::InvalidArgumentError(absl::StrCat("QuantizeRowsQ8_0: negative row count ", rows));
   BlockQ8_0* out = reinterpret_cast<BlockQ8_0*>(dst);
   for (int64_t b = 0; b < rows * (n / kGgmlQK); ++b) {
     const float* x = src + b * kGgmlQK;

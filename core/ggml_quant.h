@@ -100,7 +100,7 @@ absl::Status QuantizeRowsQ8_0(const float* src, int64_t rows, int64_t n, uint8_t
 // qs nibbles: byte j holds element j in its low nibble and element j + 16 (classic formats) in its
 // high nibble. qh (Q5_0, Q5_1): bit i is the fifth bit of element i.
 
-inline constexpr int kGgmlQK = 32;    // elements per block, classic formats
+inline constexpr int kGgmlQK = 32;     // elements per block, classic formats
 inline constexpr int kGgmlQK_K = 256;  // elements per super-block, K-quants
 
 struct BlockQ4_0 {  // value = (q - 8) * d

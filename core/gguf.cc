@@ -20,7 +20,8 @@
 
 namespace fedlora {
 
-static_assert(std::endian::native == std::endian::little, "the GGUF reader assumes a little-endian host");
+static_assert(std::endian::native == std::endian::little,
+              "the GGUF reader assumes a little-endian host");
 
 namespace {
 
@@ -41,20 +42,36 @@ std::string Quote(std::string_view s) {
 // Bytes of a scalar type; 0 for STRING, ARRAY and unknown numbers.
 size_t ScalarWidth(GgufType t) {
   switch (t) {
-    case GgufType::kUint8: case GgufType::kInt8: case GgufType::kBool: return 1;
-    case GgufType::kUint16: case GgufType::kInt16: return 2;
-    case GgufType::kUint32: case GgufType::kInt32: case GgufType::kFloat32: return 4;
-    case GgufType::kUint64: case GgufType::kInt64: case GgufType::kFloat64: return 8;
-    default: return 0;
+    case GgufType::kUint8:
+    case GgufType::kInt8:
+    case GgufType::kBool:
+      return 1;
+    case GgufType::kUint16:
+    case GgufType::kInt16:
+      return 2;
+    case GgufType::kUint32:
+    case GgufType::kInt32:
+    case GgufType::kFloat32:
+      return 4;
+    case GgufType::kUint64:
+    case GgufType::kInt64:
+    case GgufType::kFloat64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
-bool IsKnown(GgufType t) { return static_cast<uint32_t>(t) <= static_cast<uint32_t>(GgufType::kFloat64); }
+bool IsKnown(GgufType t) {
+  return static_cast<uint32_t>(t) <= static_cast<uint32_t>(GgufType::kFloat64);
+}
 bool IsUnsigned(GgufType t) {
-  return t == GgufType::kUint8 || t == GgufType::kUint16 || t == GgufType::kUint32 || t == GgufType::kUint64;
+  return t == GgufType::kUint8 || t == GgufType::kUint16 || t == GgufType::kUint32 ||
+         t == GgufType::kUint64;
 }
 bool IsSigned(GgufType t) {
-  return t == GgufType::kInt8 || t == GgufType::kInt16 || t == GgufType::kInt32 || t == GgufType::kInt64;
+  return t == GgufType::kInt8 || t == GgufType::kInt16 || t == GgufType::kInt32 ||
+         t == GgufType::kInt64;
 }
 
 std::string TypeString(GgufType t) {
@@ -64,10 +81,14 @@ std::string TypeString(GgufType t) {
 
 int64_t SignExtend(GgufType t, uint64_t bits) {
   switch (t) {
-    case GgufType::kInt8: return static_cast<int8_t>(bits);
-    case GgufType::kInt16: return static_cast<int16_t>(bits);
-    case GgufType::kInt32: return static_cast<int32_t>(bits);
-    default: return static_cast<int64_t>(bits);
+    case GgufType::kInt8:
+      return static_cast<int8_t>(bits);
+    case GgufType::kInt16:
+      return static_cast<int16_t>(bits);
+    case GgufType::kInt32:
+      return static_cast<int32_t>(bits);
+    default:
+      return static_cast<int64_t>(bits);
   }
 }
 
@@ -78,20 +99,22 @@ uint64_t LoadBits(const char* p, size_t width) {
 }
 
 absl::Status WrongType(std::string_view expected, const GgufValue& v) {
-  return absl::InvalidArgumentError(absl::StrCat("expected ", ToAbsl(expected), ", found ", v.Describe()));
+  return absl::InvalidArgumentError(
+      absl::StrCat("expected ", ToAbsl(expected), ", found ", v.Describe()));
 }
 
 }  // namespace
 
 std::string_view GgufTypeName(GgufType type) {
-  static constexpr std::string_view kNames[] = {"UINT8", "INT8",   "UINT16", "INT16",  "UINT32",
-                                                "INT32", "FLOAT32", "BOOL",  "STRING", "ARRAY",
-                                                "UINT64", "INT64", "FLOAT64"};
+  static constexpr std::string_view kNames[] = {"UINT8",  "INT8",    "UINT16", "INT16",  "UINT32",
+                                                "INT32",  "FLOAT32", "BOOL",   "STRING", "ARRAY",
+                                                "UINT64", "INT64",   "FLOAT64"};
   const uint32_t i = static_cast<uint32_t>(type);
   return i < std::size(kNames) ? kNames[i] : std::string_view();
 }
 
-// --- GgufValue ------------------------------------------------------------------------------------
+// --- GgufValue
+// ------------------------------------------------------------------------------------
 
 std::string GgufValue::Describe() const {
   if (type_ != GgufType::kArray) return TypeString(type_);
@@ -123,7 +146,8 @@ absl::StatusOr<int64_t> GgufValue::AsInt() const {
 }
 
 absl::StatusOr<double> GgufValue::AsFloat() const {
-  if (type_ == GgufType::kFloat32) return static_cast<double>(std::bit_cast<float>(static_cast<uint32_t>(bits_)));
+  if (type_ == GgufType::kFloat32)
+    return static_cast<double>(std::bit_cast<float>(static_cast<uint32_t>(bits_)));
   if (type_ == GgufType::kFloat64) return std::bit_cast<double>(bits_);
   return WrongType("FLOAT32 or FLOAT64", *this);
 }
@@ -156,7 +180,8 @@ absl::StatusOr<std::vector<int64_t>> GgufValue::AsIntArray() const {
     if (IsSigned(array_type_)) {
       out[i] = SignExtend(array_type_, bits);
     } else if (bits > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return absl::OutOfRangeError(absl::StrCat("element ", i, ": UINT64 value ", bits, " does not fit in int64"));
+      return absl::OutOfRangeError(
+          absl::StrCat("element ", i, ": UINT64 value ", bits, " does not fit in int64"));
     } else {
       out[i] = static_cast<int64_t>(bits);
     }
@@ -165,7 +190,8 @@ absl::StatusOr<std::vector<int64_t>> GgufValue::AsIntArray() const {
 }
 
 absl::StatusOr<std::vector<double>> GgufValue::AsFloatArray() const {
-  if (type_ != GgufType::kArray || (array_type_ != GgufType::kFloat32 && array_type_ != GgufType::kFloat64)) {
+  if (type_ != GgufType::kArray ||
+      (array_type_ != GgufType::kFloat32 && array_type_ != GgufType::kFloat64)) {
     return WrongType("an ARRAY of FLOAT32 or FLOAT64", *this);
   }
   const size_t w = ScalarWidth(array_type_);
@@ -179,7 +205,8 @@ absl::StatusOr<std::vector<double>> GgufValue::AsFloatArray() const {
 }
 
 absl::StatusOr<std::span<const GgufValue>> GgufValue::AsArrayArray() const {
-  if (type_ == GgufType::kArray && array_type_ == GgufType::kArray) return std::span<const GgufValue>(arrays_);
+  if (type_ == GgufType::kArray && array_type_ == GgufType::kArray)
+    return std::span<const GgufValue>(arrays_);
   return WrongType("ARRAY[ARRAY]", *this);
 }
 
@@ -200,7 +227,8 @@ absl::StatusOr<GgufValue> GgufValue::Element(uint64_t i) const {
   return v;
 }
 
-// --- Parsing --------------------------------------------------------------------------------------
+// --- Parsing
+// --------------------------------------------------------------------------------------
 
 // Reads the image front to back. Every read checks the bytes left first; every count is checked
 // against the bytes left before anything is reserved for it.
@@ -215,13 +243,13 @@ class GgufParser {
   // DataLoss: the file ends inside `what`.
   absl::Status Need(uint64_t n, std::string_view item, std::string_view what) const {
     if (n <= left()) return absl::OkStatus();
-    return absl::DataLossError(absl::StrCat(where_, ": ", ToAbsl(item), ToAbsl(item.empty() ? "" : ": "),
-                                            ToAbsl(what), " needs ", n, " bytes at offset ", pos_, " but only ",
-                                            left(), " remain (truncated file?)"));
+    return absl::DataLossError(absl::StrCat(
+        where_, ": ", ToAbsl(item), ToAbsl(item.empty() ? "" : ": "), ToAbsl(what), " needs ", n,
+        " bytes at offset ", pos_, " but only ", left(), " remain (truncated file?)"));
   }
   absl::Status Bad(std::string_view item, std::string_view problem) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where_, ": ", ToAbsl(item), ToAbsl(item.empty() ? "" : ": "), ToAbsl(problem)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where_, ": ", ToAbsl(item), ToAbsl(item.empty() ? "" : ": "), ToAbsl(problem)));
   }
 
   absl::StatusOr<uint64_t> Scalar(size_t width, std::string_view item, std::string_view what) {
@@ -234,13 +262,17 @@ class GgufParser {
     FEDLORA_ASSIGN_OR_RETURN(uint64_t v, Scalar(4, item, what));
     return static_cast<uint32_t>(v);
   }
-  absl::StatusOr<uint64_t> U64(std::string_view item, std::string_view what) { return Scalar(8, item, what); }
+  absl::StatusOr<uint64_t> U64(std::string_view item, std::string_view what) {
+    return Scalar(8, item, what);
+  }
 
   // A string; lengths above max_len are refused before the bytes are looked at.
-  absl::StatusOr<std::string_view> String(std::string_view item, std::string_view what, uint64_t max_len) {
+  absl::StatusOr<std::string_view> String(std::string_view item, std::string_view what,
+                                          uint64_t max_len) {
     FEDLORA_ASSIGN_OR_RETURN(uint64_t len, U64(item, absl::StrCat(ToAbsl(what), " length")));
     if (len > max_len) {
-      return Bad(item, absl::StrCat(ToAbsl(what), " length ", len, " exceeds the limit of ", max_len, " bytes"));
+      return Bad(item, absl::StrCat(ToAbsl(what), " length ", len, " exceeds the limit of ",
+                                    max_len, " bytes"));
     }
     FEDLORA_RETURN_IF_ERROR(Need(len, item, absl::StrCat(ToAbsl(what), " of ", len, " bytes")));
     std::string_view s(base_ + pos_, len);
@@ -252,17 +284,20 @@ class GgufParser {
   absl::Status Value(GgufType type, int depth, std::string_view item, GgufValue* v) {
     v->type_ = type;
     if (const size_t w = ScalarWidth(type); w > 0) {
-      FEDLORA_ASSIGN_OR_RETURN(v->bits_, Scalar(w, item, absl::StrCat(ToAbsl(GgufTypeName(type)), " value")));
+      FEDLORA_ASSIGN_OR_RETURN(v->bits_,
+                               Scalar(w, item, absl::StrCat(ToAbsl(GgufTypeName(type)), " value")));
       if (type == GgufType::kBool && v->bits_ > 1) {
         return Bad(item, absl::StrCat("BOOL value is ", v->bits_, ", not 0 or 1"));
       }
       return absl::OkStatus();
     }
     if (type == GgufType::kString) {
-      FEDLORA_ASSIGN_OR_RETURN(v->bytes_, String(item, "string", std::numeric_limits<uint64_t>::max()));
+      FEDLORA_ASSIGN_OR_RETURN(v->bytes_,
+                               String(item, "string", std::numeric_limits<uint64_t>::max()));
       return absl::OkStatus();
     }
-    if (type != GgufType::kArray) return Bad(item, absl::StrCat("unknown value type ", static_cast<uint32_t>(type)));
+    if (type != GgufType::kArray)
+      return Bad(item, absl::StrCat("unknown value type ", static_cast<uint32_t>(type)));
     if (depth + 1 > kGgufMaxArrayDepth) {
       return Bad(item, absl::StrCat("arrays nested more than ", kGgufMaxArrayDepth, " deep"));
     }
@@ -273,8 +308,9 @@ class GgufParser {
     const size_t w = ScalarWidth(elem);
     const uint64_t min_bytes = w > 0 ? w : elem == GgufType::kString ? 8 : kMinArrayBytes;
     if (count > left() / min_bytes) {
-      return Bad(item, absl::StrCat("array count ", count, " of ", TypeString(elem), " cannot fit in the ",
-                                    left(), " bytes left (at least ", min_bytes, " bytes each)"));
+      return Bad(
+          item, absl::StrCat("array count ", count, " of ", TypeString(elem), " cannot fit in the ",
+                             left(), " bytes left (at least ", min_bytes, " bytes each)"));
     }
     v->array_type_ = elem;
     v->array_size_ = count;
@@ -283,7 +319,8 @@ class GgufParser {
       if (elem == GgufType::kBool) {
         for (uint64_t i = 0; i < count; ++i) {
           if (static_cast<uint8_t>(v->bytes_[i]) > 1) {
-            return Bad(item, absl::StrCat("BOOL element ", i, " is ", static_cast<int>(static_cast<uint8_t>(v->bytes_[i])),
+            return Bad(item, absl::StrCat("BOOL element ", i, " is ",
+                                          static_cast<int>(static_cast<uint8_t>(v->bytes_[i])),
                                           ", not 0 or 1"));
           }
         }
@@ -302,7 +339,8 @@ class GgufParser {
     }
     nested_arrays_ += count;  // count < file size, so this cannot wrap
     if (nested_arrays_ > kGgufMaxNestedArrays) {
-      return Bad(item, absl::StrCat("more than ", kGgufMaxNestedArrays, " arrays inside arrays in the file"));
+      return Bad(item, absl::StrCat("more than ", kGgufMaxNestedArrays,
+                                    " arrays inside arrays in the file"));
     }
     v->arrays_.resize(count);
     for (uint64_t i = 0; i < count; ++i) {
@@ -325,41 +363,48 @@ class GgufParser {
 
 absl::Status GgufParser::ParseAll(GgufFile* f) {
   if (size_ < 4) {
-    return absl::DataLossError(
-        absl::StrCat(where_, ": file is ", size_, " bytes, shorter than the ", kHeaderBytes, "-byte GGUF header"));
+    return absl::DataLossError(absl::StrCat(where_, ": file is ", size_,
+                                            " bytes, shorter than the ", kHeaderBytes,
+                                            "-byte GGUF header"));
   }
   if (std::memcmp(base_, "GGUF", 4) != 0) {
-    return Bad("", absl::StrCat("not a GGUF file: magic is \"", absl::CHexEscape(absl::string_view(base_, 4)),
-                                "\", expected \"GGUF\""));
+    return Bad(
+        "", absl::StrCat("not a GGUF file: magic is \"",
+                         absl::CHexEscape(absl::string_view(base_, 4)), "\", expected \"GGUF\""));
   }
   if (size_ < kHeaderBytes) {
-    return absl::DataLossError(
-        absl::StrCat(where_, ": file is ", size_, " bytes, shorter than the ", kHeaderBytes, "-byte GGUF header"));
+    return absl::DataLossError(absl::StrCat(where_, ": file is ", size_,
+                                            " bytes, shorter than the ", kHeaderBytes,
+                                            "-byte GGUF header"));
   }
   pos_ = 4;
   FEDLORA_ASSIGN_OR_RETURN(f->version_, U32("", "version"));
   const uint32_t version = f->version_;
   if (version == 1) {
-    return Bad("", "GGUF version 1 is not supported (it has 32-bit counts and lengths); convert the model "
-                   "again with a current llama.cpp");
+    return Bad(
+        "",
+        "GGUF version 1 is not supported (it has 32-bit counts and lengths); convert the model "
+        "again with a current llama.cpp");
   }
   if (version != 2 && version != 3) {
     const uint32_t swapped = __builtin_bswap32(version);
     if (swapped >= 1 && swapped <= 3) {
       return Bad("", absl::StrCat("big-endian GGUF (version ", swapped, ") is not supported"));
     }
-    return Bad("", absl::StrCat("unsupported GGUF version ", version, " (fedlora reads versions 2 and 3)"));
+    return Bad("", absl::StrCat("unsupported GGUF version ", version,
+                                " (fedlora reads versions 2 and 3)"));
   }
   FEDLORA_ASSIGN_OR_RETURN(uint64_t tensor_count, U64("", "tensor_count"));
   FEDLORA_ASSIGN_OR_RETURN(uint64_t kv_count, U64("", "kv_count"));
   if (kv_count > left() / kMinKvBytes) {
     return Bad("", absl::StrCat("kv_count ", kv_count, " cannot fit in the ", left(),
-                                " bytes after the header (each kv pair takes at least ", kMinKvBytes, ")"));
+                                " bytes after the header (each kv pair takes at least ",
+                                kMinKvBytes, ")"));
   }
   if (tensor_count > left() / kMinTensorInfoBytes) {
     return Bad("", absl::StrCat("tensor_count ", tensor_count, " cannot fit in the ", left(),
-                                " bytes after the header (each tensor info takes at least ", kMinTensorInfoBytes,
-                                ")"));
+                                " bytes after the header (each tensor info takes at least ",
+                                kMinTensorInfoBytes, ")"));
   }
 
   f->keys_.reserve(kv_count);
@@ -379,10 +424,12 @@ absl::Status GgufParser::ParseAll(GgufFile* f) {
   if (auto it = f->metadata_.find(kAlignmentKey); it != f->metadata_.end()) {
     const GgufValue& a = it->second;
     const std::string item = absl::StrCat("key ", Quote(kAlignmentKey));
-    if (a.type() != GgufType::kUint32) return Bad(item, absl::StrCat("must be UINT32, found ", a.Describe()));
+    if (a.type() != GgufType::kUint32)
+      return Bad(item, absl::StrCat("must be UINT32, found ", a.Describe()));
     const uint64_t v = *a.AsUint();
     if (v == 0 || !std::has_single_bit(v) || v > kGgufMaxAlignment) {
-      return Bad(item, absl::StrCat("alignment ", v, " must be a power of two from 1 to ", kGgufMaxAlignment));
+      return Bad(item, absl::StrCat("alignment ", v, " must be a power of two from 1 to ",
+                                    kGgufMaxAlignment));
     }
     f->alignment_ = static_cast<uint32_t>(v);
   }
@@ -400,17 +447,18 @@ absl::Status GgufParser::ParseAll(GgufFile* f) {
   const uint64_t align = f->alignment_;
   const uint64_t data_offset = (static_cast<uint64_t>(pos_) + align - 1) / align * align;
   if (data_offset > size_ && !f->tensors_.empty()) {
-    return absl::DataLossError(absl::StrCat(where_, ": the data section would start at offset ", data_offset,
-                                            ", past the end of the ", size_, "-byte file (truncated file?)"));
+    return absl::DataLossError(absl::StrCat(where_, ": the data section would start at offset ",
+                                            data_offset, ", past the end of the ", size_,
+                                            "-byte file (truncated file?)"));
   }
   f->data_offset_ = std::min<uint64_t>(data_offset, size_);
   const uint64_t data_size = size_ - f->data_offset_;
   const uint8_t* data = reinterpret_cast<const uint8_t*>(base_) + f->data_offset_;
   for (GgufTensor& t : f->tensors_) {
     if (t.offset > data_size || t.size > data_size - t.offset) {
-      return absl::DataLossError(absl::StrCat(where_, ": tensor ", Quote(t.name), ": data [", t.offset, ", +",
-                                              t.size, ") runs past the end of the ", data_size,
-                                              "-byte data section (truncated file?)"));
+      return absl::DataLossError(absl::StrCat(
+          where_, ": tensor ", Quote(t.name), ": data [", t.offset, ", +", t.size,
+          ") runs past the end of the ", data_size, "-byte data section (truncated file?)"));
     }
     t.data = data + t.offset;
   }
@@ -425,8 +473,8 @@ absl::Status GgufParser::ParseAll(GgufFile* f) {
     const GgufTensor* cur = by_offset[i];
     if (cur->offset < prev->offset + prev->size) {
       return Bad(absl::StrCat("tensor ", Quote(cur->name)),
-                 absl::StrCat("data [", cur->offset, ", +", cur->size, ") overlaps tensor ", Quote(prev->name),
-                              " at [", prev->offset, ", +", prev->size, ")"));
+                 absl::StrCat("data [", cur->offset, ", +", cur->size, ") overlaps tensor ",
+                              Quote(prev->name), " at [", prev->offset, ", +", prev->size, ")"));
     }
   }
   return absl::OkStatus();
@@ -434,7 +482,8 @@ absl::Status GgufParser::ParseAll(GgufFile* f) {
 
 absl::Status GgufParser::ParseTensorInfo(GgufFile* f, uint64_t index) {
   const std::string ti_item = absl::StrCat("tensor info ", index);
-  FEDLORA_ASSIGN_OR_RETURN(std::string_view name, String(ti_item, "tensor name", kGgufMaxNameBytes));
+  FEDLORA_ASSIGN_OR_RETURN(std::string_view name,
+                           String(ti_item, "tensor name", kGgufMaxNameBytes));
   if (name.empty()) return Bad(ti_item, "empty tensor name");
   const std::string item = absl::StrCat("tensor ", Quote(name));
   if (f->tensor_index_.count(name) != 0) return Bad(item, "duplicate tensor name");
@@ -448,7 +497,8 @@ absl::Status GgufParser::ParseTensorInfo(GgufFile* f, uint64_t index) {
   int64_t numel = 1;
   for (uint32_t d = 0; d < n_dims; ++d) {
     FEDLORA_ASSIGN_OR_RETURN(uint64_t ne, U64(item, "dimension"));
-    if (ne == 0) return Bad(item, absl::StrCat("ne[", d, "] is 0 (every dimension must be at least 1)"));
+    if (ne == 0)
+      return Bad(item, absl::StrCat("ne[", d, "] is 0 (every dimension must be at least 1)"));
     if (ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
         __builtin_mul_overflow(numel, static_cast<int64_t>(ne), &numel)) {
       return Bad(item, absl::StrCat("element count overflows int64 at ne[", d, "] = ", ne));
@@ -460,26 +510,28 @@ absl::Status GgufParser::ParseTensorInfo(GgufFile* f, uint64_t index) {
   t.type = static_cast<GgmlType>(type);
   const std::string_view type_name = GgmlTypeName(t.type);
   if (type_name.empty()) {
-    return Bad(item, absl::StrCat("unknown ggml type ", type, "; supported types: ",
-                                  ToAbsl(SupportedGgmlTypeNames())));
+    return Bad(item, absl::StrCat("unknown ggml type ", type,
+                                  "; supported types: ", ToAbsl(SupportedGgmlTypeNames())));
   }
   if (!GgmlTypeSupported(t.type)) {
-    return absl::UnimplementedError(absl::StrCat(where_, ": ", item, ": ggml type ", ToAbsl(type_name), " (", type,
-                                                 ") is not supported; supported types: ",
-                                                 ToAbsl(SupportedGgmlTypeNames())));
+    return absl::UnimplementedError(
+        absl::StrCat(where_, ": ", item, ": ggml type ", ToAbsl(type_name), " (", type,
+                     ") is not supported; supported types: ", ToAbsl(SupportedGgmlTypeNames())));
   }
   const int64_t block = GgmlBlockSize(t.type);
   if (t.ne[0] % block != 0) {
-    return Bad(item, absl::StrCat("ne[0] = ", t.ne[0], " is not a multiple of the ", ToAbsl(type_name),
-                                  " block size ", block));
+    return Bad(item, absl::StrCat("ne[0] = ", t.ne[0], " is not a multiple of the ",
+                                  ToAbsl(type_name), " block size ", block));
   }
   int64_t bytes;
   if (__builtin_mul_overflow(numel / block, GgmlBlockBytes(t.type), &bytes)) {
-    return Bad(item, absl::StrCat("byte size of ", numel, " ", ToAbsl(type_name), " elements overflows int64"));
+    return Bad(item, absl::StrCat("byte size of ", numel, " ", ToAbsl(type_name),
+                                  " elements overflows int64"));
   }
   t.size = static_cast<size_t>(bytes);
   if (t.offset % f->alignment_ != 0) {
-    return Bad(item, absl::StrCat("offset ", t.offset, " is not a multiple of the alignment ", f->alignment_));
+    return Bad(item, absl::StrCat("offset ", t.offset, " is not a multiple of the alignment ",
+                                  f->alignment_));
   }
   f->tensor_index_.emplace(name, f->tensors_.size());
   f->names_.push_back(name);
@@ -487,9 +539,12 @@ absl::Status GgufParser::ParseTensorInfo(GgufFile* f, uint64_t index) {
   return absl::OkStatus();
 }
 
-// --- GgufTensor -----------------------------------------------------------------------------------
+// --- GgufTensor
+// -----------------------------------------------------------------------------------
 
-std::vector<int64_t> GgufTensor::shape() const { return std::vector<int64_t>(ne.rbegin(), ne.rend()); }
+std::vector<int64_t> GgufTensor::shape() const {
+  return std::vector<int64_t>(ne.rbegin(), ne.rend());
+}
 
 int64_t GgufTensor::numel() const {
   int64_t n = 1;
@@ -507,15 +562,18 @@ int64_t GgufTensor::row_bytes() const {
 absl::Status GgufTensor::DequantizeRows(int64_t first, int64_t count, float* dst) const {
   const int64_t n_rows = rows();
   if (first < 0 || count < 0 || first > n_rows || count > n_rows - first) {
-    return absl::OutOfRangeError(absl::StrCat("tensor ", Quote(name), ": rows [", first, ", +", count,
-                                              ") are not within its ", n_rows, " rows"));
+    return absl::OutOfRangeError(absl::StrCat("tensor ", Quote(name), ": rows [", first, ", +",
+                                              count, ") are not within its ", n_rows, " rows"));
   }
   if (count == 0) return absl::OkStatus();
-  if (data == nullptr) return absl::FailedPreconditionError(absl::StrCat("tensor ", Quote(name), " has no data"));
-  return fedlora::DequantizeRows(type, data + first * row_bytes(), count, row_elements(), dst, row_elements());
+  if (data == nullptr)
+    return absl::FailedPreconditionError(absl::StrCat("tensor ", Quote(name), " has no data"));
+  return fedlora::DequantizeRows(type, data + first * row_bytes(), count, row_elements(), dst,
+                                 row_elements());
 }
 
-// --- GgufFile -------------------------------------------------------------------------------------
+// --- GgufFile
+// -------------------------------------------------------------------------------------
 
 GgufFile::~GgufFile() {
   if (mapped_) ::munmap(const_cast<uint8_t*>(base_), size_);
@@ -557,7 +615,8 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   return file;
 }
 
-absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::string bytes, std::string_view what) {
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::string bytes,
+                                                              std::string_view what) {
   std::unique_ptr<GgufFile> file(new GgufFile());
   file->path_ = std::string(what);
   file->owned_ = std::move(bytes);
@@ -576,12 +635,14 @@ bool GgufFile::Has(std::string_view key) const { return metadata_.find(key) != m
 
 absl::StatusOr<const GgufValue*> GgufFile::Find(std::string_view key) const {
   auto it = metadata_.find(key);
-  if (it == metadata_.end()) return absl::NotFoundError(absl::StrCat(path_, ": no metadata key ", Quote(key)));
+  if (it == metadata_.end())
+    return absl::NotFoundError(absl::StrCat(path_, ": no metadata key ", Quote(key)));
   return &it->second;
 }
 
 template <class T>
-absl::StatusOr<T> GgufFile::Typed(std::string_view key, absl::StatusOr<T> (GgufValue::*as)() const) const {
+absl::StatusOr<T> GgufFile::Typed(std::string_view key,
+                                  absl::StatusOr<T> (GgufValue::*as)() const) const {
   FEDLORA_ASSIGN_OR_RETURN(const GgufValue* v, Find(key));
   absl::StatusOr<T> r = (v->*as)();
   if (!r.ok()) return Annotate(r.status(), absl::StrCat(path_, ": key ", Quote(key)));
@@ -591,11 +652,20 @@ absl::StatusOr<T> GgufFile::Typed(std::string_view key, absl::StatusOr<T> (GgufV
 absl::StatusOr<std::string_view> GgufFile::GetString(std::string_view key) const {
   return Typed(key, &GgufValue::AsString);
 }
-absl::StatusOr<uint64_t> GgufFile::GetUint(std::string_view key) const { return Typed(key, &GgufValue::AsUint); }
-absl::StatusOr<int64_t> GgufFile::GetInt(std::string_view key) const { return Typed(key, &GgufValue::AsInt); }
-absl::StatusOr<double> GgufFile::GetFloat(std::string_view key) const { return Typed(key, &GgufValue::AsFloat); }
-absl::StatusOr<bool> GgufFile::GetBool(std::string_view key) const { return Typed(key, &GgufValue::AsBool); }
-absl::StatusOr<std::span<const std::string_view>> GgufFile::GetStringArray(std::string_view key) const {
+absl::StatusOr<uint64_t> GgufFile::GetUint(std::string_view key) const {
+  return Typed(key, &GgufValue::AsUint);
+}
+absl::StatusOr<int64_t> GgufFile::GetInt(std::string_view key) const {
+  return Typed(key, &GgufValue::AsInt);
+}
+absl::StatusOr<double> GgufFile::GetFloat(std::string_view key) const {
+  return Typed(key, &GgufValue::AsFloat);
+}
+absl::StatusOr<bool> GgufFile::GetBool(std::string_view key) const {
+  return Typed(key, &GgufValue::AsBool);
+}
+absl::StatusOr<std::span<const std::string_view>> GgufFile::GetStringArray(
+    std::string_view key) const {
   return Typed(key, &GgufValue::AsStringArray);
 }
 absl::StatusOr<std::vector<int64_t>> GgufFile::GetIntArray(std::string_view key) const {
@@ -605,11 +675,14 @@ absl::StatusOr<std::vector<double>> GgufFile::GetFloatArray(std::string_view key
   return Typed(key, &GgufValue::AsFloatArray);
 }
 
-bool GgufFile::Contains(std::string_view name) const { return tensor_index_.find(name) != tensor_index_.end(); }
+bool GgufFile::Contains(std::string_view name) const {
+  return tensor_index_.find(name) != tensor_index_.end();
+}
 
 absl::StatusOr<GgufTensor> GgufFile::Get(std::string_view name) const {
   auto it = tensor_index_.find(name);
-  if (it == tensor_index_.end()) return absl::NotFoundError(absl::StrCat(path_, ": no tensor named ", Quote(name)));
+  if (it == tensor_index_.end())
+    return absl::NotFoundError(absl::StrCat(path_, ": no tensor named ", Quote(name)));
   return tensors_[it->second];
 }
 

@@ -44,11 +44,11 @@
 namespace fedlora {
 
 // Limits on what a header may claim (beyond "fits in the file").
-inline constexpr uint64_t kGgufMaxNameBytes = 4096;     // a key or a tensor name (ggml itself: 63)
-inline constexpr int kGgufMaxArrayDepth = 4;            // an array nested in arrays, this deep at most
+inline constexpr uint64_t kGgufMaxNameBytes = 4096;  // a key or a tensor name (ggml itself: 63)
+inline constexpr int kGgufMaxArrayDepth = 4;         // an array nested in arrays, this deep at most
 inline constexpr uint64_t kGgufMaxNestedArrays = 1u << 16;  // arrays inside arrays, whole file
-inline constexpr uint32_t kGgufMaxAlignment = 1u << 20;  // general.alignment (the default is 32)
-inline constexpr int kGgufMaxDims = 4;                   // ggml's GGML_MAX_DIMS
+inline constexpr uint32_t kGgufMaxAlignment = 1u << 20;     // general.alignment (the default is 32)
+inline constexpr int kGgufMaxDims = 4;                      // ggml's GGML_MAX_DIMS
 
 // The metadata value types; the numbers are the file's (gguf_type).
 enum class GgufType : uint32_t {
@@ -103,8 +103,8 @@ class GgufValue {
  private:
   friend class GgufParser;
   GgufType type_ = GgufType::kUint8;
-  uint64_t bits_ = 0;           // a scalar's little-endian bytes, zero-extended
-  std::string_view bytes_;      // STRING: the bytes; ARRAY of scalars: the packed elements
+  uint64_t bits_ = 0;       // a scalar's little-endian bytes, zero-extended
+  std::string_view bytes_;  // STRING: the bytes; ARRAY of scalars: the packed elements
   GgufType array_type_ = GgufType::kUint8;
   uint64_t array_size_ = 0;
   std::vector<std::string_view> strings_;  // ARRAY of STRING
@@ -134,7 +134,8 @@ class GgufFile {
  public:
   static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
   // Validates an in-memory image (same checks as Open). The bytes are kept by the GgufFile.
-  static absl::StatusOr<std::unique_ptr<GgufFile>> FromBytes(std::string bytes, std::string_view what);
+  static absl::StatusOr<std::unique_ptr<GgufFile>> FromBytes(std::string bytes,
+                                                             std::string_view what);
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;

@@ -63,11 +63,12 @@ absl::Status WrongType(std::string_view key, std::string_view type, const nlohma
 
 // Looks `key` up in `obj`. Returns nullptr when absent (or `obj` is not an object: then sets
 // *status). Never throws: find() on an object does not.
-const nlohmann::json* Find(const nlohmann::json& obj, std::string_view key, std::string_view context,
-                           absl::Status* status) {
+const nlohmann::json* Find(const nlohmann::json& obj, std::string_view key,
+                           std::string_view context, absl::Status* status) {
   if (!obj.is_object()) {
-    *status = absl::InvalidArgumentError(absl::StrCat(AV(context), ": expected an object to look up '",
-                                                      AV(key), "' in, found ", AV(JsonTypeName(obj))));
+    *status =
+        absl::InvalidArgumentError(absl::StrCat(AV(context), ": expected an object to look up '",
+                                                AV(key), "' in, found ", AV(JsonTypeName(obj))));
     return nullptr;
   }
   auto it = obj.find(std::string(key));
@@ -158,8 +159,8 @@ absl::StatusOr<std::vector<T>> RequiredArray(const nlohmann::json& obj, std::str
   for (size_t i = 0; i < v->size(); ++i) {
     T elem;
     if (!convert((*v)[i], &elem)) {
-      return absl::InvalidArgumentError(absl::StrCat(AV(context), ": key '", AV(key), "' element ", i,
-                                                     " must be ", AV(elem_type), ", found ",
+      return absl::InvalidArgumentError(absl::StrCat(AV(context), ": key '", AV(key), "' element ",
+                                                     i, " must be ", AV(elem_type), ", found ",
                                                      AV(JsonTypeName((*v)[i]))));
     }
     out.push_back(std::move(elem));
@@ -204,7 +205,8 @@ absl::StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view
   // hostile peer can use that to make two readers see different values; reject them. One key set
   // per open object.
   std::vector<std::set<std::string>> open_objects;
-  auto callback = [&open_objects](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+  auto callback = [&open_objects](int depth, nlohmann::json::parse_event_t event,
+                                  nlohmann::json& parsed) {
     using Event = nlohmann::json::parse_event_t;
     if (event == Event::object_start) {
       open_objects.emplace_back();
@@ -235,38 +237,44 @@ absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path) {
   return ParseJson(text, path);
 }
 
-absl::StatusOr<int64_t> GetInt(const nlohmann::json& obj, std::string_view key, std::string_view context) {
+absl::StatusOr<int64_t> GetInt(const nlohmann::json& obj, std::string_view key,
+                               std::string_view context) {
   return Required<int64_t>(obj, key, kIntType, context, AsInt);
 }
 absl::StatusOr<std::string> GetString(const nlohmann::json& obj, std::string_view key,
                                       std::string_view context) {
   return Required<std::string>(obj, key, kStringType, context, AsString);
 }
-absl::StatusOr<double> GetDouble(const nlohmann::json& obj, std::string_view key, std::string_view context) {
+absl::StatusOr<double> GetDouble(const nlohmann::json& obj, std::string_view key,
+                                 std::string_view context) {
   return Required<double>(obj, key, kNumberType, context, AsDouble);
 }
-absl::StatusOr<bool> GetBool(const nlohmann::json& obj, std::string_view key, std::string_view context) {
+absl::StatusOr<bool> GetBool(const nlohmann::json& obj, std::string_view key,
+                             std::string_view context) {
   return Required<bool>(obj, key, kBoolType, context, AsBool);
 }
 absl::StatusOr<std::vector<int64_t>> GetIntArray(const nlohmann::json& obj, std::string_view key,
                                                  std::string_view context) {
   return RequiredArray<int64_t>(obj, key, "an array of integers", kIntType, context, AsInt);
 }
-absl::StatusOr<std::vector<std::string>> GetStringArray(const nlohmann::json& obj, std::string_view key,
+absl::StatusOr<std::vector<std::string>> GetStringArray(const nlohmann::json& obj,
+                                                        std::string_view key,
                                                         std::string_view context) {
-  return RequiredArray<std::string>(obj, key, "an array of strings", kStringType, context, AsString);
+  return RequiredArray<std::string>(obj, key, "an array of strings", kStringType, context,
+                                    AsString);
 }
 
-absl::StatusOr<int64_t> GetIntOr(const nlohmann::json& obj, std::string_view key, int64_t default_value,
-                                 std::string_view context) {
+absl::StatusOr<int64_t> GetIntOr(const nlohmann::json& obj, std::string_view key,
+                                 int64_t default_value, std::string_view context) {
   return Optional<int64_t>(obj, key, default_value, kIntType, context, AsInt);
 }
 absl::StatusOr<std::string> GetStringOr(const nlohmann::json& obj, std::string_view key,
                                         std::string_view default_value, std::string_view context) {
-  return Optional<std::string>(obj, key, std::string(default_value), kStringType, context, AsString);
+  return Optional<std::string>(obj, key, std::string(default_value), kStringType, context,
+                               AsString);
 }
-absl::StatusOr<double> GetDoubleOr(const nlohmann::json& obj, std::string_view key, double default_value,
-                                   std::string_view context) {
+absl::StatusOr<double> GetDoubleOr(const nlohmann::json& obj, std::string_view key,
+                                   double default_value, std::string_view context) {
   return Optional<double>(obj, key, default_value, kNumberType, context, AsDouble);
 }
 absl::StatusOr<bool> GetBoolOr(const nlohmann::json& obj, std::string_view key, bool default_value,

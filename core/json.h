@@ -31,24 +31,28 @@ absl::StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view
 absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path);
 
 // Integers must be JSON integers within int64 (3.0 and "3" are rejected).
-absl::StatusOr<int64_t> GetInt(const nlohmann::json& obj, std::string_view key, std::string_view context);
+absl::StatusOr<int64_t> GetInt(const nlohmann::json& obj, std::string_view key,
+                               std::string_view context);
 absl::StatusOr<std::string> GetString(const nlohmann::json& obj, std::string_view key,
                                       std::string_view context);
 // Accepts integers too (a JSON writer may print 1.0 as 1).
-absl::StatusOr<double> GetDouble(const nlohmann::json& obj, std::string_view key, std::string_view context);
-absl::StatusOr<bool> GetBool(const nlohmann::json& obj, std::string_view key, std::string_view context);
+absl::StatusOr<double> GetDouble(const nlohmann::json& obj, std::string_view key,
+                                 std::string_view context);
+absl::StatusOr<bool> GetBool(const nlohmann::json& obj, std::string_view key,
+                             std::string_view context);
 // Arrays whose every element has the type; the error names the first bad index.
 absl::StatusOr<std::vector<int64_t>> GetIntArray(const nlohmann::json& obj, std::string_view key,
                                                  std::string_view context);
-absl::StatusOr<std::vector<std::string>> GetStringArray(const nlohmann::json& obj, std::string_view key,
+absl::StatusOr<std::vector<std::string>> GetStringArray(const nlohmann::json& obj,
+                                                        std::string_view key,
                                                         std::string_view context);
 
-absl::StatusOr<int64_t> GetIntOr(const nlohmann::json& obj, std::string_view key, int64_t default_value,
-                                 std::string_view context);
+absl::StatusOr<int64_t> GetIntOr(const nlohmann::json& obj, std::string_view key,
+                                 int64_t default_value, std::string_view context);
 absl::StatusOr<std::string> GetStringOr(const nlohmann::json& obj, std::string_view key,
                                         std::string_view default_value, std::string_view context);
-absl::StatusOr<double> GetDoubleOr(const nlohmann::json& obj, std::string_view key, double default_value,
-                                   std::string_view context);
+absl::StatusOr<double> GetDoubleOr(const nlohmann::json& obj, std::string_view key,
+                                   double default_value, std::string_view context);
 absl::StatusOr<bool> GetBoolOr(const nlohmann::json& obj, std::string_view key, bool default_value,
                                std::string_view context);
 

@@ -90,22 +90,32 @@ LogLevel GetLogLevel() { return static_cast<LogLevel>(Level().load(std::memory_o
 
 bool ParseLogLevel(std::string_view text, LogLevel* level) {
   const std::string t = absl::AsciiStrToLower(absl::string_view(text.data(), text.size()));
-  if (t == "debug") *level = LogLevel::kDebug;
-  else if (t == "info") *level = LogLevel::kInfo;
-  else if (t == "warning" || t == "warn") *level = LogLevel::kWarning;
-  else if (t == "error") *level = LogLevel::kError;
-  else return false;
+  if (t == "debug")
+    *level = LogLevel::kDebug;
+  else if (t == "info")
+    *level = LogLevel::kInfo;
+  else if (t == "warning" || t == "warn")
+    *level = LogLevel::kWarning;
+  else if (t == "error")
+    *level = LogLevel::kError;
+  else
+    return false;
   return true;
 }
 
 void SetLogFormat(LogFormat format) { Format().store(static_cast<int>(format)); }
-LogFormat GetLogFormat() { return static_cast<LogFormat>(Format().load(std::memory_order_relaxed)); }
+LogFormat GetLogFormat() {
+  return static_cast<LogFormat>(Format().load(std::memory_order_relaxed));
+}
 
 bool ParseLogFormat(std::string_view text, LogFormat* format) {
   const std::string t = absl::AsciiStrToLower(absl::string_view(text.data(), text.size()));
-  if (t == "text") *format = LogFormat::kText;
-  else if (t == "json") *format = LogFormat::kJson;
-  else return false;
+  if (t == "text")
+    *format = LogFormat::kText;
+  else if (t == "json")
+    *format = LogFormat::kJson;
+  else
+    return false;
   return true;
 }
 
@@ -116,7 +126,8 @@ absl::Status SetLogFile(const std::string& path, LogLevel console_level) {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
     if (fd < 0) {
       const int err = errno;
-      return absl::Status(absl::ErrnoToStatusCode(err), absl::StrCat("log file ", path, ": ", std::strerror(err)));
+      return absl::Status(absl::ErrnoToStatusCode(err),
+                          absl::StrCat("log file ", path, ": ", std::strerror(err)));
     }
     sink->fd = fd;
     sink->path = path;
@@ -182,7 +193,9 @@ LogMessage::~LogMessage() {
   WriteAll(sink->fd, line);
   if (level_ >= sink->console_level) {
     WriteToStderr(LogFormat::kText,
-                  format == LogFormat::kText ? line : FormatLogLine(LogFormat::kText, level_, file_, line_, time_, msg));
+                  format == LogFormat::kText
+                      ? line
+                      : FormatLogLine(LogFormat::kText, level_, file_, line_, time_, msg));
   }
 }
 

@@ -67,7 +67,7 @@ class LogMessage {
 #define FEDLORA_LOG_LEVEL_INFO ::fedlora::LogLevel::kInfo
 #define FEDLORA_LOG_LEVEL_WARNING ::fedlora::LogLevel::kWarning
 #define FEDLORA_LOG_LEVEL_ERROR ::fedlora::LogLevel::kError
-#define FEDLORA_LOG(severity)                                                   \
-  if (FEDLORA_LOG_LEVEL_##severity < ::fedlora::GetLogLevel()) {                \
-  } else                                                                        \
+#define FEDLORA_LOG(severity)                                    \
+  if (FEDLORA_LOG_LEVEL_##severity < ::fedlora::GetLogLevel()) { \
+  } else                                                         \
     ::fedlora::LogMessage(FEDLORA_LOG_LEVEL_##severity, __FILE__, __LINE__).stream()

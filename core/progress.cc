@@ -22,13 +22,14 @@ std::string FormatDuration(double seconds) {
   return absl::StrFormat("%dh%02dm", s / 3600, (s % 3600) / 60);
 }
 
-std::string FormatProgressLine(std::string_view label, int64_t done, int64_t total, double elapsed_s,
-                               std::string_view extra_metrics, int bar_width, std::string_view unit,
-                               double since_last_s) {
+std::string FormatProgressLine(std::string_view label, int64_t done, int64_t total,
+                               double elapsed_s, std::string_view extra_metrics, int bar_width,
+                               std::string_view unit, double since_last_s) {
   std::string line(label);
   const absl::string_view u = ToAbsl(unit);
   if (total > 0) {
-    const double frac = std::clamp(static_cast<double>(done) / static_cast<double>(total), 0.0, 1.0);
+    const double frac =
+        std::clamp(static_cast<double>(done) / static_cast<double>(total), 0.0, 1.0);
     if (bar_width > 0) {
       const int filled = static_cast<int>(frac * bar_width);
       std::string bar(static_cast<size_t>(bar_width), ' ');
@@ -48,7 +49,8 @@ std::string FormatProgressLine(std::string_view label, int64_t done, int64_t tot
   if (rate >= 1.0) {
     absl::StrAppend(&line, absl::StrFormat(" %.1f %s/s", rate, u));
   } else if (rate > 0.0) {
-    absl::StrAppend(&line, absl::StrFormat(" %.2f s/%s", 1.0 / rate, u));  // slow jobs: time per unit
+    absl::StrAppend(&line,
+                    absl::StrFormat(" %.2f s/%s", 1.0 / rate, u));  // slow jobs: time per unit
   }
   absl::StrAppend(&line, " elapsed ", FormatDuration(elapsed_s));
   if (total > 0 && done < total) {
@@ -65,13 +67,15 @@ Progress::Progress(std::string label, int64_t total, ProgressOptions options)
     : label_(std::move(label)), total_(total), options_(std::move(options)) {
   if (!options_.now_s) {
     options_.now_s = [] {
-      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+          .count();
     };
   }
   tty_ = options_.is_tty < 0 ? ::isatty(STDERR_FILENO) == 1 : options_.is_tty == 1;
   if (tty_ && options_.terminal_width <= 0) {
     struct winsize ws {};
-    options_.terminal_width = ::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0 ? ws.ws_col : 80;
+    options_.terminal_width =
+        ::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0 ? ws.ws_col : 80;
   }
   start_s_ = options_.now_s();
   last_output_s_ = start_s_;
@@ -92,10 +96,11 @@ void Progress::Emit(std::string_view text) {
 }
 
 std::string Progress::Line(double now, int bar_width) const {
-  std::string line =
-      FormatProgressLine(label_, done_, total_, now - start_s_, extra_, bar_width, options_.unit, now - done_s_);
+  std::string line = FormatProgressLine(label_, done_, total_, now - start_s_, extra_, bar_width,
+                                        options_.unit, now - done_s_);
   // Keep a terminal line shorter than the terminal: a wrapped line cannot be redrawn with '\r'.
-  if (tty_ && options_.terminal_width > 1 && line.size() >= static_cast<size_t>(options_.terminal_width)) {
+  if (tty_ && options_.terminal_width > 1 &&
+      line.size() >= static_cast<size_t>(options_.terminal_width)) {
     line.resize(static_cast<size_t>(options_.terminal_width - 1));
   }
   return line;

@@ -79,8 +79,8 @@ class Progress {
 // elapsed_s is the time since start (seconds), since_last_s the time since `done` last grew: the
 // rate is that of the completed units (elapsed_s - since_last_s), and the ETA counts down through
 // the unit under way, so a job of long units (simulation rounds) shows an ETA that does not climb.
-std::string FormatProgressLine(std::string_view label, int64_t done, int64_t total, double elapsed_s,
-                               std::string_view extra_metrics, int bar_width = 0,
+std::string FormatProgressLine(std::string_view label, int64_t done, int64_t total,
+                               double elapsed_s, std::string_view extra_metrics, int bar_width = 0,
                                std::string_view unit = "it", double since_last_s = 0.0);
 // "45s", "3m07s", "2h05m", "?" for a negative or non-finite duration.
 std::string FormatDuration(double seconds);

@@ -45,7 +45,8 @@ inline constexpr int kPhiloxRounds = 10;
 }  // namespace rng_internal
 
 // The raw bijection: counter (4 words) and key (2 words) to 4 random words, 10 rounds.
-FEDLORA_HOST_DEVICE inline Philox4x32Block Philox4x32(Philox4x32Block ctr, uint32_t key0, uint32_t key1) {
+FEDLORA_HOST_DEVICE inline Philox4x32Block Philox4x32(Philox4x32Block ctr, uint32_t key0,
+                                                      uint32_t key1) {
   using namespace rng_internal;
   for (int round = 0; round < kPhiloxRounds; ++round) {
     if (round > 0) {  // the key schedule bumps before every round but the first
@@ -54,8 +55,9 @@ FEDLORA_HOST_DEVICE inline Philox4x32Block Philox4x32(Philox4x32Block ctr, uint3
     }
     const uint64_t p0 = static_cast<uint64_t>(kPhiloxM0) * ctr.v[0];
     const uint64_t p1 = static_cast<uint64_t>(kPhiloxM1) * ctr.v[2];
-    ctr = Philox4x32Block{{static_cast<uint32_t>(p1 >> 32) ^ ctr.v[1] ^ key0, static_cast<uint32_t>(p1),
-                           static_cast<uint32_t>(p0 >> 32) ^ ctr.v[3] ^ key1, static_cast<uint32_t>(p0)}};
+    ctr = Philox4x32Block{
+        {static_cast<uint32_t>(p1 >> 32) ^ ctr.v[1] ^ key0, static_cast<uint32_t>(p1),
+         static_cast<uint32_t>(p0 >> 32) ^ ctr.v[3] ^ key1, static_cast<uint32_t>(p0)}};
   }
   return ctr;
 }

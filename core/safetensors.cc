@@ -29,7 +29,8 @@ absl::Status Bad(const std::string& where, std::string_view tensor, std::string_
 }
 
 // Reads a JSON array of non-negative integers that fit in int64.
-absl::StatusOr<std::vector<int64_t>> NonNegativeInts(const nlohmann::json& v, std::string_view field) {
+absl::StatusOr<std::vector<int64_t>> NonNegativeInts(const nlohmann::json& v,
+                                                     std::string_view field) {
   const std::string f(field);
   if (!v.is_array())
     return absl::InvalidArgumentError(
@@ -43,12 +44,13 @@ absl::StatusOr<std::vector<int64_t>> NonNegativeInts(const nlohmann::json& v, st
           absl::StrCat("'", f, "'[", i, "] is negative (", e.get<int64_t>(), ")"));
     }
     if (!e.is_number_unsigned()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", f, "'[", i, "] must be a non-negative integer, found ", ToAbsl(JsonTypeName(e))));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", f, "'[", i, "] must be a non-negative integer, found ", ToAbsl(JsonTypeName(e))));
     }
     const uint64_t u = e.get<uint64_t>();
     if (u > static_cast<uint64_t>(INT64_MAX)) {
-      return absl::InvalidArgumentError(absl::StrCat("'", f, "'[", i, "] = ", u, " does not fit in int64"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", f, "'[", i, "] = ", u, " does not fit in int64"));
     }
     out.push_back(static_cast<int64_t>(u));
   }
@@ -74,8 +76,8 @@ absl::Status SafetensorsTensor::CopyToF32(float* out) const {
     return absl::OkStatus();
   }
   if (dtype != DType::kF16 && dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", name, "' has dtype ", std::string(DTypeName(dtype)), ", expected F32, F16 or BF16"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", name, "' has dtype ", std::string(DTypeName(dtype)), ", expected F32, F16 or BF16"));
   }
   std::vector<uint16_t> bits(n);  // the data may be unaligned
   std::memcpy(bits.data(), data, n * sizeof(uint16_t));
@@ -151,21 +153,23 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(std:
 absl::Status SafetensorsFile::Parse() {
   const std::string& where = path_;
   if (size_ < kLengthPrefixBytes) {
-    return absl::DataLossError(
-        absl::StrCat(where, ": file is ", size_, " bytes, shorter than the 8-byte header length prefix"));
+    return absl::DataLossError(absl::StrCat(
+        where, ": file is ", size_, " bytes, shorter than the 8-byte header length prefix"));
   }
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | base_[i];  // little-endian
   if (header_len > kSafetensorsMaxHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": header length ", header_len, " bytes exceeds the limit of ", kSafetensorsMaxHeaderBytes));
+    return absl::InvalidArgumentError(absl::StrCat(where, ": header length ", header_len,
+                                                   " bytes exceeds the limit of ",
+                                                   kSafetensorsMaxHeaderBytes));
   }
   if (header_len > size_ - kLengthPrefixBytes) {
-    return absl::DataLossError(absl::StrCat(where, ": header length ", header_len, " bytes but only ",
-                                            size_ - kLengthPrefixBytes,
+    return absl::DataLossError(absl::StrCat(where, ": header length ", header_len,
+                                            " bytes but only ", size_ - kLengthPrefixBytes,
                                             " bytes follow the prefix (truncated file?)"));
   }
-  const std::string_view header(reinterpret_cast<const char*>(base_) + kLengthPrefixBytes, header_len);
+  const std::string_view header(reinterpret_cast<const char*>(base_) + kLengthPrefixBytes,
+                                header_len);
   // The spec requires the header to start with '{'; checking it first also gives a clearer error
   // for a file that is not safetensors at all.
   if (header.empty() || header.front() != '{') {
@@ -186,13 +190,13 @@ absl::Status SafetensorsFile::Parse() {
     if (name == kMetadataKey) {
       if (v.is_null()) continue;  // the reference reader treats null as "no metadata"
       if (!v.is_object()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": '__metadata__' must be an object, found ", ToAbsl(JsonTypeName(v))));
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": '__metadata__' must be an object, found ", ToAbsl(JsonTypeName(v))));
       }
       for (auto m = v.begin(); m != v.end(); ++m) {
         if (!m.value().is_string()) {
-          return absl::InvalidArgumentError(absl::StrCat(where, ": '__metadata__' value of '", m.key(),
-                                                         "' must be a string, found ",
+          return absl::InvalidArgumentError(absl::StrCat(where, ": '__metadata__' value of '",
+                                                         m.key(), "' must be a string, found ",
                                                          ToAbsl(JsonTypeName(m.value()))));
         }
         metadata_.emplace(m.key(), m.value().get<std::string>());
@@ -201,14 +205,16 @@ absl::Status SafetensorsFile::Parse() {
     }
     // Unknown extra fields in an entry are ignored, as the reference reader does.
     if (!v.is_object())
-      return Bad(where, name, absl::StrCat("entry must be an object, found ", ToAbsl(JsonTypeName(v))));
+      return Bad(where, name,
+                 absl::StrCat("entry must be an object, found ", ToAbsl(JsonTypeName(v))));
     for (const char* field : {"dtype", "shape", "data_offsets"}) {
       if (!v.contains(field)) return Bad(where, name, absl::StrCat("missing '", field, "'"));
     }
     const nlohmann::json& dtype_json = v["dtype"];
     if (!dtype_json.is_string())
-      return Bad(where, name,
-                 absl::StrCat("'dtype' must be a string, found ", ToAbsl(JsonTypeName(dtype_json))));
+      return Bad(
+          where, name,
+          absl::StrCat("'dtype' must be a string, found ", ToAbsl(JsonTypeName(dtype_json))));
     auto dtype = ParseDType(dtype_json.get_ref<const std::string&>());
     if (!dtype.ok()) return Bad(where, name, ToStd(dtype.status().message()));
     auto shape = NonNegativeInts(v["shape"], "shape");
@@ -216,23 +222,28 @@ absl::Status SafetensorsFile::Parse() {
     auto offsets = NonNegativeInts(v["data_offsets"], "data_offsets");
     if (!offsets.ok()) return Bad(where, name, ToStd(offsets.status().message()));
     if (offsets->size() != 2) {
-      return Bad(where, name, absl::StrCat("'data_offsets' must have 2 elements, found ", offsets->size()));
+      return Bad(where, name,
+                 absl::StrCat("'data_offsets' must have 2 elements, found ", offsets->size()));
     }
     auto nbytes = CheckedNbytes(*dtype, *shape);
     if (!nbytes.ok())
-      return Bad(where, name, absl::StrCat("shape ", ShapeString(*shape), ": ", nbytes.status().message()));
-    const uint64_t begin = static_cast<uint64_t>((*offsets)[0]), end = static_cast<uint64_t>((*offsets)[1]);
-    if (begin > end) return Bad(where, name, absl::StrCat("data_offsets begin ", begin, " > end ", end));
+      return Bad(where, name,
+                 absl::StrCat("shape ", ShapeString(*shape), ": ", nbytes.status().message()));
+    const uint64_t begin = static_cast<uint64_t>((*offsets)[0]),
+                   end = static_cast<uint64_t>((*offsets)[1]);
+    if (begin > end)
+      return Bad(where, name, absl::StrCat("data_offsets begin ", begin, " > end ", end));
     if (end > data_size) {
       // Most often a file cut short after its header (interrupted download or copy).
-      return absl::DataLossError(absl::StrCat(where, ": tensor '", name, "': data_offsets end ", end,
-                                              " is past the end of the ", data_size,
+      return absl::DataLossError(absl::StrCat(where, ": tensor '", name, "': data_offsets end ",
+                                              end, " is past the end of the ", data_size,
                                               "-byte data section (truncated file?)"));
     }
     if (end - begin != static_cast<uint64_t>(*nbytes)) {
-      return Bad(where, name,
-                 absl::StrCat("data_offsets span ", end - begin, " bytes but ", ToAbsl(DTypeName(*dtype)),
-                              " shape ", ShapeString(*shape), " needs ", *nbytes));
+      return Bad(
+          where, name,
+          absl::StrCat("data_offsets span ", end - begin, " bytes but ", ToAbsl(DTypeName(*dtype)),
+                       " shape ", ShapeString(*shape), " needs ", *nbytes));
     }
     entries_.emplace(name, Entry{*dtype, std::move(*shape), begin, end});
   }
@@ -256,29 +267,31 @@ absl::Status SafetensorsFile::Parse() {
     }
     if (e->begin > cursor) {
       return Bad(where, *name,
-                 absl::StrCat("data_offsets begin ", e->begin, " leaves a hole: the previous tensor ends at ",
-                              cursor));
+                 absl::StrCat("data_offsets begin ", e->begin,
+                              " leaves a hole: the previous tensor ends at ", cursor));
     }
     cursor = e->end;
     prev = name;
   }
   if (cursor != data_size) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": tensors cover ", cursor, " bytes of the ",
-                                                   data_size,
-                                                   "-byte data section; the rest is unaccounted for"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": tensors cover ", cursor, " bytes of the ", data_size,
+                     "-byte data section; the rest is unaccounted for"));
   }
   names_.reserve(entries_.size());
   for (const auto& [name, e] : entries_) names_.push_back(name);
   return absl::OkStatus();
 }
 
-bool SafetensorsFile::Contains(std::string_view name) const { return entries_.find(name) != entries_.end(); }
+bool SafetensorsFile::Contains(std::string_view name) const {
+  return entries_.find(name) != entries_.end();
+}
 
 absl::StatusOr<SafetensorsTensor> SafetensorsFile::Get(std::string_view name) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat(path_, ": no tensor named '", absl::string_view(name.data(), name.size()), "'"));
+    return absl::NotFoundError(absl::StrCat(path_, ": no tensor named '",
+                                            absl::string_view(name.data(), name.size()), "'"));
   }
   const Entry& e = it->second;
   SafetensorsTensor t;
@@ -290,8 +303,9 @@ absl::StatusOr<SafetensorsTensor> SafetensorsFile::Get(std::string_view name) co
   return t;
 }
 
-absl::StatusOr<std::string> SerializeSafetensors(const std::vector<SafetensorsTensorToWrite>& tensors,
-                                                 const std::map<std::string, std::string>& metadata) {
+absl::StatusOr<std::string> SerializeSafetensors(
+    const std::vector<SafetensorsTensorToWrite>& tensors,
+    const std::map<std::string, std::string>& metadata) {
   // Layout order: element size descending, then name. With the data section starting at a
   // multiple of 8 and every size a power of two, each tensor then starts aligned to its own
   // element size.
@@ -312,9 +326,9 @@ absl::StatusOr<std::string> SerializeSafetensors(const std::vector<SafetensorsTe
     if (!nbytes.ok())
       return Annotate(nbytes.status(), absl::StrCat("safetensors writer: tensor '", t.name, "'"));
     if (static_cast<uint64_t>(*nbytes) != t.size) {
-      return absl::InvalidArgumentError(absl::StrCat("safetensors writer: tensor '", t.name, "' has ", t.size,
-                                                     " bytes but ", ToAbsl(DTypeName(t.dtype)), " shape ",
-                                                     ShapeString(t.shape), " needs ", *nbytes));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "safetensors writer: tensor '", t.name, "' has ", t.size, " bytes but ",
+          ToAbsl(DTypeName(t.dtype)), " shape ", ShapeString(t.shape), " needs ", *nbytes));
     }
     if (t.size > 0 && t.data == nullptr) {
       return absl::InvalidArgumentError(
@@ -362,7 +376,8 @@ absl::StatusOr<std::string> SerializeSafetensors(const std::vector<SafetensorsTe
   return out;
 }
 
-absl::Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsTensorToWrite>& tensors,
+absl::Status WriteSafetensors(const std::string& path,
+                              const std::vector<SafetensorsTensorToWrite>& tensors,
                               const std::map<std::string, std::string>& metadata) {
   FEDLORA_ASSIGN_OR_RETURN(std::string bytes, SerializeSafetensors(tensors, metadata));
   return WriteFileAtomically(path, bytes);

@@ -7,11 +7,13 @@
 //   string -> string. The tensors must tile the data section exactly: no holes, no overlap.
 //
 //   FEDLORA_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open("model.safetensors"));
-//   FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file->Get("encoder.layer.0.attention.self.query.weight"));
+//   FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t,
+//   file->Get("encoder.layer.0.attention.self.query.weight"));
 //   // t.data points into the mapping; it lives as long as `file`.
 //
 //   FEDLORA_RETURN_IF_ERROR(WriteSafetensors("adapter.safetensors",
-//       {{"lora_A", DType::kF32, {8, 384}, a.data(), a.size() * sizeof(float)}}, {{"format", "pt"}}));
+//       {{"lora_A", DType::kF32, {8, 384}, a.data(), a.size() * sizeof(float)}}, {{"format",
+//       "pt"}}));
 //
 // Errors: I/O as core/file.h; DataLoss when the file is shorter than its header says (truncated
 // download or write); InvalidArgument for every malformed header, naming the tensor and problem.
@@ -61,7 +63,8 @@ class SafetensorsFile {
  public:
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
   // Validates an in-memory image (same checks as Open). The bytes are copied.
-  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBytes(std::string bytes, std::string_view what);
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBytes(std::string bytes,
+                                                                    std::string_view what);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -108,10 +111,12 @@ struct SafetensorsTensorToWrite {
 // "__metadata__", a bad shape, or size != numel * dtype size. Tensors are laid out by element
 // size (largest first), then name, so that each starts at a multiple of its element size (the
 // header is padded with spaces to a multiple of 8, as the reference writer does).
-absl::StatusOr<std::string> SerializeSafetensors(const std::vector<SafetensorsTensorToWrite>& tensors,
-                                                 const std::map<std::string, std::string>& metadata);
+absl::StatusOr<std::string> SerializeSafetensors(
+    const std::vector<SafetensorsTensorToWrite>& tensors,
+    const std::map<std::string, std::string>& metadata);
 // SerializeSafetensors + WriteFileAtomically. Holds the whole image in memory once.
-absl::Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsTensorToWrite>& tensors,
+absl::Status WriteSafetensors(const std::string& path,
+                              const std::vector<SafetensorsTensorToWrite>& tensors,
                               const std::map<std::string, std::string>& metadata);
 
 }  // namespace fedlora

@@ -20,7 +20,8 @@ using sha256_internal::Compress;
 // Pads the message whose first whole blocks `state` has consumed and whose last `tail_size` (< 64)
 // bytes are `tail` (FIPS 180-4, 5.1.1: a 1 bit, zeros, the length in bits as 64 bits big-endian),
 // runs the final block or two through a copy of `state`, and returns the digest.
-Sha256DigestBytes FinishDigest(const uint32_t state[8], uint64_t total_bytes, const uint8_t* tail, size_t tail_size) {
+Sha256DigestBytes FinishDigest(const uint32_t state[8], uint64_t total_bytes, const uint8_t* tail,
+                               size_t tail_size) {
   uint8_t last[128] = {};
   if (tail_size > 0) std::memcpy(last, tail, tail_size);
   last[tail_size] = 0x80;

@@ -7,7 +7,8 @@
 //   std::string hex = Sha256Hex("abc");         // "ba7816bf..."
 //
 //   Sha256 blob;                                // chunked transfers: each chunk and the whole
-//   Sha256DigestBytes c = blob.UpdateAndDigest(chunk);  // == Sha256Digest(chunk), and blob advanced
+//   Sha256DigestBytes c = blob.UpdateAndDigest(chunk);  // == Sha256Digest(chunk), and blob
+//   advanced
 //
 // The block function is SHA-NI where the CPU has it and OpenSSL's otherwise (core/sha256_blocks.h);
 // UpdateAndDigest runs two interleaved SHA-NI lanes, so both digests cost about one pass.
@@ -61,6 +62,8 @@ absl::StatusOr<std::string> Sha256FileHex(const std::string& path);
 
 // Lowercase hex encoding, two characters per byte.
 std::string ToHex(const uint8_t* data, size_t size);
-inline std::string ToHex(const Sha256DigestBytes& digest) { return ToHex(digest.data(), digest.size()); }
+inline std::string ToHex(const Sha256DigestBytes& digest) {
+  return ToHex(digest.data(), digest.size());
+}
 
 }  // namespace fedlora

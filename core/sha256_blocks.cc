@@ -67,16 +67,21 @@ FEDLORA_SHA_NI void CompressNi(uint32_t* const states[kLanes], const uint8_t* p,
     __m128i w[4];
 #pragma GCC unroll 16
     for (int q = 0; q < 16; ++q) {  // quad-round q: rounds 4q .. 4q+3, message words w[q % 4]
-      if (q < 4) w[q] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * q)), bswap);
+      if (q < 4)
+        w[q] =
+            _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * q)), bswap);
       const __m128i& cur = w[q % 4];
-      const __m128i wk = _mm_add_epi32(cur, _mm_load_si128(reinterpret_cast<const __m128i*>(kK + 4 * q)));
+      const __m128i wk =
+          _mm_add_epi32(cur, _mm_load_si128(reinterpret_cast<const __m128i*>(kK + 4 * q)));
       for (int l = 0; l < kLanes; ++l) s[l].cdgh = _mm_sha256rnds2_epu32(s[l].cdgh, s[l].abef, wk);
       if (q >= 3 && q <= 14) {  // finish the words of quad-round q + 1
         __m128i& next = w[(q + 1) % 4];
-        next = _mm_sha256msg2_epu32(_mm_add_epi32(next, _mm_alignr_epi8(cur, w[(q + 3) % 4], 4)), cur);
+        next =
+            _mm_sha256msg2_epu32(_mm_add_epi32(next, _mm_alignr_epi8(cur, w[(q + 3) % 4], 4)), cur);
       }
       const __m128i wk_hi = _mm_shuffle_epi32(wk, 0x0E);
-      for (int l = 0; l < kLanes; ++l) s[l].abef = _mm_sha256rnds2_epu32(s[l].abef, s[l].cdgh, wk_hi);
+      for (int l = 0; l < kLanes; ++l)
+        s[l].abef = _mm_sha256rnds2_epu32(s[l].abef, s[l].cdgh, wk_hi);
       if (q >= 1 && q <= 12) {  // start the words of quad-round q + 3
         __m128i& prev = w[(q + 3) % 4];
         prev = _mm_sha256msg1_epu32(prev, cur);
@@ -92,7 +97,8 @@ FEDLORA_SHA_NI void CompressNi(uint32_t* const states[kLanes], const uint8_t* p,
 
 bool DetectShaNi() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1") && __builtin_cpu_supports("ssse3");
+  return __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1") &&
+         __builtin_cpu_supports("ssse3");
 }
 
 #endif  // __x86_64__
@@ -110,7 +116,9 @@ bool CpuHasShaNi() {
 #endif
 }
 
-void SetEngineForTesting(Engine engine) { g_engine_override.store(engine, std::memory_order_relaxed); }
+void SetEngineForTesting(Engine engine) {
+  g_engine_override.store(engine, std::memory_order_relaxed);
+}
 
 bool UseShaNi() {
   if (g_engine_override.load(std::memory_order_relaxed) == Engine::kOpenSsl) return false;

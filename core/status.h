@@ -22,15 +22,16 @@
 #define FEDLORA_INTERNAL_CONCAT(a, b) FEDLORA_INTERNAL_CONCAT_IMPL(a, b)
 
 // Returns from the enclosing function when `expr` (an absl::Status) is not OK.
-#define FEDLORA_RETURN_IF_ERROR(expr)                          \
-  do {                                                         \
-    ::absl::Status _fedlora_status = (expr);                   \
-    if (!_fedlora_status.ok()) return _fedlora_status;         \
+#define FEDLORA_RETURN_IF_ERROR(expr)                  \
+  do {                                                 \
+    ::absl::Status _fedlora_status = (expr);           \
+    if (!_fedlora_status.ok()) return _fedlora_status; \
   } while (0)
 
 // `lhs` may be a declaration (`auto x`) or an existing lvalue. `rexpr` is an absl::StatusOr<T>.
-#define FEDLORA_ASSIGN_OR_RETURN(lhs, rexpr) \
-  FEDLORA_INTERNAL_ASSIGN_OR_RETURN(FEDLORA_INTERNAL_CONCAT(_fedlora_statusor_, __LINE__), lhs, rexpr)
+#define FEDLORA_ASSIGN_OR_RETURN(lhs, rexpr)                                                    \
+  FEDLORA_INTERNAL_ASSIGN_OR_RETURN(FEDLORA_INTERNAL_CONCAT(_fedlora_statusor_, __LINE__), lhs, \
+                                    rexpr)
 
 #define FEDLORA_INTERNAL_ASSIGN_OR_RETURN(tmp, lhs, rexpr) \
   auto tmp = (rexpr);                                      \
@@ -45,17 +46,17 @@ inline absl::Status Annotate(const absl::Status& status, absl::string_view conte
 }
 }  // namespace fedlora
 
-#define FEDLORA_RETURN_IF_ERROR_CTX(expr, context)                            \
-  do {                                                                        \
-    ::absl::Status _fedlora_status = (expr);                                  \
+#define FEDLORA_RETURN_IF_ERROR_CTX(expr, context)                                     \
+  do {                                                                                 \
+    ::absl::Status _fedlora_status = (expr);                                           \
     if (!_fedlora_status.ok()) return ::fedlora::Annotate(_fedlora_status, (context)); \
   } while (0)
 
 // Internal invariant: aborts with file and line. Never use for input validation.
-#define FEDLORA_CHECK(cond)                                                           \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
+#define FEDLORA_CHECK(cond)                                                                 \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
       std::fprintf(stderr, "%s:%d: FEDLORA_CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                   \
-    }                                                                                 \
+      std::abort();                                                                         \
+    }                                                                                       \
   } while (0)

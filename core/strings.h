@@ -12,7 +12,9 @@
 
 namespace fedlora {
 
-inline absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+inline absl::string_view ToAbsl(std::string_view s) {
+  return absl::string_view(s.data(), s.size());
+}
 inline std::string_view ToStd(absl::string_view s) { return std::string_view(s.data(), s.size()); }
 
 }  // namespace fedlora

@@ -65,8 +65,9 @@ std::string_view DTypeName(DType dtype) {
 }
 
 absl::StatusOr<DType> ParseDType(std::string_view name) {
-  static constexpr DType kAll[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kI8,  DType::kU8,
-                                   DType::kI16, DType::kI32, DType::kI64,  DType::kF64, DType::kBool};
+  static constexpr DType kAll[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kI8,
+                                   DType::kU8,  DType::kI16, DType::kI32,  DType::kI64,
+                                   DType::kF64, DType::kBool};
   for (DType d : kAll) {
     if (DTypeName(d) == name) return d;
   }
@@ -76,7 +77,8 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
 }
 
 bool IsFloatingPoint(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16 || dtype == DType::kF64;
+  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16 ||
+         dtype == DType::kF64;
 }
 
 std::string_view DeviceName(Device device) { return device == Device::kCuda ? "cuda" : "cpu"; }
@@ -85,7 +87,8 @@ absl::StatusOr<int64_t> CheckedNumel(std::span<const int64_t> shape) {
   bool has_zero = false;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("dimension ", i, " is negative (", shape[i], ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("dimension ", i, " is negative (", shape[i], ")"));
     }
     has_zero |= shape[i] == 0;
   }
@@ -93,7 +96,8 @@ absl::StatusOr<int64_t> CheckedNumel(std::span<const int64_t> shape) {
   int64_t n = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (__builtin_mul_overflow(n, shape[i], &n)) {
-      return absl::InvalidArgumentError(absl::StrCat("number of elements overflows int64 at dimension ", i));
+      return absl::InvalidArgumentError(
+          absl::StrCat("number of elements overflows int64 at dimension ", i));
     }
   }
   return n;
@@ -103,8 +107,8 @@ absl::StatusOr<int64_t> CheckedNbytes(DType dtype, std::span<const int64_t> shap
   FEDLORA_ASSIGN_OR_RETURN(int64_t n, CheckedNumel(shape));
   int64_t bytes;
   if (__builtin_mul_overflow(n, static_cast<int64_t>(DTypeSize(dtype)), &bytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("byte size of ", n, " ", ToAbsl(DTypeName(dtype)), " elements overflows int64"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "byte size of ", n, " ", ToAbsl(DTypeName(dtype)), " elements overflows int64"));
   }
   return bytes;
 }
@@ -128,15 +132,17 @@ absl::StatusOr<TensorView> TensorView::Create(void* data, DType dtype, std::vect
   return CreateStrided(data, dtype, std::move(shape), std::move(strides), device);
 }
 
-absl::StatusOr<TensorView> TensorView::CreateConst(const void* data, DType dtype, std::vector<int64_t> shape,
-                                                   Device device) {
+absl::StatusOr<TensorView> TensorView::CreateConst(const void* data, DType dtype,
+                                                   std::vector<int64_t> shape, Device device) {
   // The const_cast is sound: read_only_ makes mutable_data() refuse to hand the pointer out.
-  FEDLORA_ASSIGN_OR_RETURN(TensorView v, Create(const_cast<void*>(data), dtype, std::move(shape), device));
+  FEDLORA_ASSIGN_OR_RETURN(TensorView v,
+                           Create(const_cast<void*>(data), dtype, std::move(shape), device));
   v.read_only_ = true;
   return v;
 }
 
-absl::StatusOr<TensorView> TensorView::CreateStrided(void* data, DType dtype, std::vector<int64_t> shape,
+absl::StatusOr<TensorView> TensorView::CreateStrided(void* data, DType dtype,
+                                                     std::vector<int64_t> shape,
                                                      std::vector<int64_t> strides, Device device) {
   if (strides.size() != shape.size()) {
     return absl::InvalidArgumentError(
@@ -149,12 +155,14 @@ absl::StatusOr<TensorView> TensorView::CreateStrided(void* data, DType dtype, st
   int64_t max_offset = 0;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (strides[i] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("stride ", i, " is negative (", strides[i], ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stride ", i, " is negative (", strides[i], ")"));
     }
     int64_t term;
     if (numel > 0 && (__builtin_mul_overflow(shape[i] - 1, strides[i], &term) ||
                       __builtin_add_overflow(max_offset, term, &max_offset))) {
-      return absl::InvalidArgumentError(absl::StrCat("strided extent overflows int64 at dimension ", i));
+      return absl::InvalidArgumentError(
+          absl::StrCat("strided extent overflows int64 at dimension ", i));
     }
   }
   int64_t max_byte;
@@ -238,7 +246,8 @@ uint16_t F32ToF16(float value) {
   uint32_t h = mant >> shift;
   const uint32_t rem = mant & ((1u << shift) - 1u);
   const uint32_t half = 1u << (shift - 1);
-  if (rem > half || (rem == half && (h & 1u))) ++h;  // rounding up to 0x400 yields the smallest normal
+  if (rem > half || (rem == half && (h & 1u)))
+    ++h;  // rounding up to 0x400 yields the smallest normal
   return static_cast<uint16_t>(sign | h);
 }
 
@@ -252,7 +261,7 @@ float F16ToF32(uint16_t h) {
     return sign ? -magnitude : magnitude;
   }
   if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));  // Inf / NaN
-  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (mant << 13));         // rebias 15 -> 127
+  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (mant << 13));  // rebias 15 -> 127
 }
 
 void ConvertF32ToBF16(const float* src, uint16_t* dst, size_t n) {

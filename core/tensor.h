@@ -51,12 +51,15 @@ class TensorView {
   static absl::StatusOr<TensorView> Create(void* data, DType dtype, std::vector<int64_t> shape,
                                            Device device = Device::kCpu);
   // Read-only contiguous view: mutable_data() on it is a bug (checked).
-  static absl::StatusOr<TensorView> CreateConst(const void* data, DType dtype, std::vector<int64_t> shape,
+  static absl::StatusOr<TensorView> CreateConst(const void* data, DType dtype,
+                                                std::vector<int64_t> shape,
                                                 Device device = Device::kCpu);
   // Strided view. Strides are in elements and must be non-negative; the furthest element offset
   // (sum of (dim - 1) * stride) must fit in int64 bytes as well.
-  static absl::StatusOr<TensorView> CreateStrided(void* data, DType dtype, std::vector<int64_t> shape,
-                                                  std::vector<int64_t> strides, Device device = Device::kCpu);
+  static absl::StatusOr<TensorView> CreateStrided(void* data, DType dtype,
+                                                  std::vector<int64_t> shape,
+                                                  std::vector<int64_t> strides,
+                                                  Device device = Device::kCpu);
 
   const void* data() const { return data_; }
   // The writable pointer. FEDLORA_CHECK-fails on a view made with CreateConst.

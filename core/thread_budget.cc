@@ -6,7 +6,8 @@
 namespace fedlora {
 
 ThreadBudget::ThreadBudget(int cores)
-    : cores_(cores > 0 ? cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
+    : cores_(cores > 0 ? cores
+                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
 
 void ThreadBudget::Join(ThreadPool* pool) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -18,7 +18,8 @@ thread_local bool tls_in_worker = false;
 ThreadPool::ThreadPool(int num_threads) : ThreadPool(num_threads, 0) {}
 
 ThreadPool::ThreadPool(int num_threads, int nice_increment) {
-  if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (num_threads <= 0)
+    num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   num_threads_ = num_threads;
   width_.store(num_threads, std::memory_order_relaxed);
   nice_increment = std::clamp(nice_increment, 0, 19);
@@ -30,7 +31,9 @@ ThreadPool::ThreadPool(int num_threads, int nice_increment) {
         errno = 0;
         const int now = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
         // Best effort: a worker that cannot lower itself still works at its creator's priority.
-        if (errno == 0) (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), std::min(now + nice_increment, 19));
+        if (errno == 0)
+          (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()),
+                            std::min(now + nice_increment, 19));
       }
       WorkerLoop();
     });

@@ -29,15 +29,17 @@ constexpr size_t kMaxPemBytes = 64 << 20;
 // 9999-12-31T23:59:59Z, the last instant X.509 can express.
 constexpr int64_t kMaxUnixSeconds = 253402300799;
 
-
 absl::Status OpenSslError(absl::StatusCode code, const std::string& what) {
   return absl::Status(code, absl::StrCat(what, " (", DrainOpenSslErrors(), ")"));
 }
-absl::Status Internal(const std::string& what) { return OpenSslError(absl::StatusCode::kInternal, what); }
+absl::Status Internal(const std::string& what) {
+  return OpenSslError(absl::StatusCode::kInternal, what);
+}
 
 absl::StatusOr<BioPtr> MemBio(std::string_view data, const std::string& what) {
   if (data.size() > kMaxPemBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " is ", data.size(), " bytes; at most ", kMaxPemBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is ", data.size(), " bytes; at most ", kMaxPemBytes));
   }
   BioPtr bio(BIO_new_mem_buf(data.data(), static_cast<int>(data.size())));
   if (bio == nullptr) return Internal("BIO_new_mem_buf failed");
@@ -60,9 +62,11 @@ absl::StatusOr<X509Ptr> ReadCert(std::string_view pem, const std::string& what) 
   if (cert == nullptr) {
     if (NoPemFound()) {
       ERR_clear_error();
-      return absl::InvalidArgumentError(absl::StrCat(what, " holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
     }
-    return OpenSslError(absl::StatusCode::kInvalidArgument, absl::StrCat(what, " is not a valid PEM certificate"));
+    return OpenSslError(absl::StatusCode::kInvalidArgument,
+                        absl::StrCat(what, " is not a valid PEM certificate"));
   }
   return cert;
 }
@@ -76,8 +80,9 @@ absl::StatusOr<std::vector<X509Ptr>> ReadCertBundle(std::string_view pem, const 
     X509Ptr cert(PEM_read_bio_X509(bio.get(), nullptr, NoPassword, nullptr));
     if (cert == nullptr) {
       if (!NoPemFound()) {
-        return OpenSslError(absl::StatusCode::kInvalidArgument,
-                            absl::StrCat("certificate ", certs.size() + 1, " of ", what, " is not valid PEM"));
+        return OpenSslError(
+            absl::StatusCode::kInvalidArgument,
+            absl::StrCat("certificate ", certs.size() + 1, " of ", what, " is not valid PEM"));
       }
       ERR_clear_error();
       break;
@@ -85,7 +90,8 @@ absl::StatusOr<std::vector<X509Ptr>> ReadCertBundle(std::string_view pem, const 
     certs.push_back(std::move(cert));
   }
   if (certs.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
   }
   return certs;
 }
@@ -112,9 +118,11 @@ absl::StatusOr<CrlPtr> ReadCrl(std::string_view pem, const std::string& what) {
   if (crl == nullptr) {
     if (NoPemFound()) {
       ERR_clear_error();
-      return absl::InvalidArgumentError(absl::StrCat(what, " holds no PEM CRL (-----BEGIN X509 CRL-----)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " holds no PEM CRL (-----BEGIN X509 CRL-----)"));
     }
-    return OpenSslError(absl::StatusCode::kInvalidArgument, absl::StrCat(what, " is not a valid PEM CRL"));
+    return OpenSslError(absl::StatusCode::kInvalidArgument,
+                        absl::StrCat(what, " is not a valid PEM CRL"));
   }
   return crl;
 }
@@ -122,14 +130,17 @@ absl::StatusOr<CrlPtr> ReadCrl(std::string_view pem, const std::string& what) {
 template <typename T, int (*Write)(BIO*, T*)>
 absl::StatusOr<std::string> ToPem(T* object, const std::string& what) {
   BioPtr bio(BIO_new(BIO_s_mem()));
-  if (bio == nullptr || Write(bio.get(), object) != 1) return Internal(absl::StrCat("writing the ", what, " as PEM"));
+  if (bio == nullptr || Write(bio.get(), object) != 1)
+    return Internal(absl::StrCat("writing the ", what, " as PEM"));
   char* data = nullptr;
   const long n = BIO_get_mem_data(bio.get(), &data);
   return std::string(data, static_cast<size_t>(n));
 }
 int WriteCert(BIO* bio, X509* x) { return PEM_write_bio_X509(bio, x); }
 int WriteCrl(BIO* bio, X509_CRL* c) { return PEM_write_bio_X509_CRL(bio, c); }
-int WriteKey(BIO* bio, EVP_PKEY* k) { return PEM_write_bio_PrivateKey(bio, k, nullptr, nullptr, 0, nullptr, nullptr); }
+int WriteKey(BIO* bio, EVP_PKEY* k) {
+  return PEM_write_bio_PrivateKey(bio, k, nullptr, nullptr, 0, nullptr, nullptr);
+}
 
 std::string ToLowerHex(const char* hex) {
   std::string s(hex);
@@ -166,7 +177,8 @@ std::string CommonName(const X509_NAME* name) {
 absl::StatusOr<int64_t> UnixSeconds(const ASN1_TIME* t, const std::string& what) {
   struct tm tm {};
   if (t == nullptr || ASN1_TIME_to_tm(t, &tm) != 1) {
-    return OpenSslError(absl::StatusCode::kInvalidArgument, absl::StrCat("unreadable ", what, " time"));
+    return OpenSslError(absl::StatusCode::kInvalidArgument,
+                        absl::StrCat("unreadable ", what, " time"));
   }
   return static_cast<int64_t>(timegm(&tm));
 }
@@ -210,25 +222,28 @@ absl::Status CheckDnsName(const std::string& name) {
   }
   if (!ok) {
     return absl::InvalidArgumentError(
-        absl::StrCat("'", name.substr(0, 80), "' is not a valid DNS name (labels of [A-Za-z0-9-], dot-separated)"));
+        absl::StrCat("'", name.substr(0, 80),
+                     "' is not a valid DNS name (labels of [A-Za-z0-9-], dot-separated)"));
   }
   return absl::OkStatus();
 }
 
 // The validity interval of a request, with the defaults applied.
 absl::StatusOr<std::pair<int64_t, int64_t>> Validity(const CertificateRequest& r) {
-  const int64_t not_before =
-      r.not_before_unix_s != 0 ? r.not_before_unix_s : static_cast<int64_t>(std::time(nullptr)) - 60;
+  const int64_t not_before = r.not_before_unix_s != 0
+                                 ? r.not_before_unix_s
+                                 : static_cast<int64_t>(std::time(nullptr)) - 60;
   if (r.not_after_unix_s == 0) {
-    return absl::InvalidArgumentError("not_after_unix_s is not set: the caller must choose the validity");
+    return absl::InvalidArgumentError(
+        "not_after_unix_s is not set: the caller must choose the validity");
   }
   if (not_before < 0 || r.not_after_unix_s > kMaxUnixSeconds) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("validity [", not_before, ", ", r.not_after_unix_s, "] is outside 1970..9999"));
+    return absl::InvalidArgumentError(absl::StrCat("validity [", not_before, ", ",
+                                                   r.not_after_unix_s, "] is outside 1970..9999"));
   }
   if (r.not_after_unix_s <= not_before) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("not_after_unix_s ", r.not_after_unix_s, " is not after not_before ", not_before));
+    return absl::InvalidArgumentError(absl::StrCat("not_after_unix_s ", r.not_after_unix_s,
+                                                   " is not after not_before ", not_before));
   }
   return std::make_pair(not_before, r.not_after_unix_s);
 }
@@ -250,7 +265,8 @@ absl::Status SetRandomSerial(X509* x) {
     bn.reset(BN_bin2bn(bytes, sizeof bytes, nullptr));
     if (bn == nullptr) return Internal("BN_bin2bn");
   } while (BN_is_zero(bn.get()));
-  if (BN_to_ASN1_INTEGER(bn.get(), X509_get_serialNumber(x)) == nullptr) return Internal("setting the serial number");
+  if (BN_to_ASN1_INTEGER(bn.get(), X509_get_serialNumber(x)) == nullptr)
+    return Internal("setting the serial number");
   return absl::OkStatus();
 }
 
@@ -269,7 +285,8 @@ absl::Status AddSubjectAltNames(X509* x, const CertificateRequest& r) {
     FEDLORA_RETURN_IF_ERROR(CheckDnsName(dns));
     GENERAL_NAME* g = GENERAL_NAME_new();
     ASN1_IA5STRING* s = ASN1_IA5STRING_new();
-    if (g == nullptr || s == nullptr || ASN1_STRING_set(s, dns.data(), static_cast<int>(dns.size())) != 1) {
+    if (g == nullptr || s == nullptr ||
+        ASN1_STRING_set(s, dns.data(), static_cast<int>(dns.size())) != 1) {
       GENERAL_NAME_free(g);
       ASN1_IA5STRING_free(s);
       return Internal("building a DNS subjectAltName");
@@ -285,7 +302,8 @@ absl::Status AddSubjectAltNames(X509* x, const CertificateRequest& r) {
     } else if (inet_pton(AF_INET6, ip.c_str(), addr) == 1) {
       len = 16;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("'", ip.substr(0, 80), "' is not an IPv4 or IPv6 address"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", ip.substr(0, 80), "' is not an IPv4 or IPv6 address"));
     }
     GENERAL_NAME* g = GENERAL_NAME_new();
     ASN1_OCTET_STRING* o = ASN1_OCTET_STRING_new();
@@ -318,17 +336,19 @@ absl::StatusOr<LoadedCa> LoadCa(const PemPair& ca) {
     return absl::InvalidArgumentError("the CA key does not match the CA certificate");
   }
   if ((X509_get_extension_flags(out.cert.get()) & EXFLAG_CA) == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("the CA certificate '",
-                                                   CommonName(X509_get_subject_name(out.cert.get())),
-                                                   "' is not a CA (no basicConstraints CA:TRUE)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the CA certificate '", CommonName(X509_get_subject_name(out.cert.get())),
+                     "' is not a CA (no basicConstraints CA:TRUE)"));
   }
   return out;
 }
 
 // A new certificate for a fresh key, with subject CN `cn`, issued by `issuer` (nullptr: itself)
 // and the given extensions ("critical,..." values for X509V3_EXT_nconf_nid), then signed.
-absl::StatusOr<PemPair> Issue(const LoadedCa* issuer, std::string_view cn, const CertificateRequest& r,
-                              const std::vector<std::pair<int, const char*>>& extensions, bool with_sans) {
+absl::StatusOr<PemPair> Issue(const LoadedCa* issuer, std::string_view cn,
+                              const CertificateRequest& r,
+                              const std::vector<std::pair<int, const char*>>& extensions,
+                              bool with_sans) {
   ERR_clear_error();
   FEDLORA_ASSIGN_OR_RETURN(auto validity, Validity(r));
   FEDLORA_ASSIGN_OR_RETURN(KeyPtr key, NewKey());
@@ -343,8 +363,8 @@ absl::StatusOr<PemPair> Issue(const LoadedCa* issuer, std::string_view cn, const
   // A UTF8String set directly (not MBSTRING_UTF8), so that site ids up to 128 characters fit past
   // the 64-character upper bound OpenSSL's string table puts on a CN.
   if (X509_NAME_add_entry_by_NID(subject, NID_commonName, V_ASN1_UTF8STRING,
-                                 reinterpret_cast<const unsigned char*>(cn.data()), static_cast<int>(cn.size()), -1,
-                                 0) != 1) {
+                                 reinterpret_cast<const unsigned char*>(cn.data()),
+                                 static_cast<int>(cn.size()), -1, 0) != 1) {
     return Internal("setting the subject CN");
   }
   X509* issuer_cert = issuer != nullptr ? issuer->cert.get() : x.get();
@@ -355,13 +375,16 @@ absl::StatusOr<PemPair> Issue(const LoadedCa* issuer, std::string_view cn, const
   }
   X509V3_CTX ctx;
   X509V3_set_ctx(&ctx, issuer_cert, x.get(), nullptr, nullptr, 0);
-  for (const auto& [nid, value] : extensions) FEDLORA_RETURN_IF_ERROR(AddExtension(x.get(), &ctx, nid, value));
+  for (const auto& [nid, value] : extensions)
+    FEDLORA_RETURN_IF_ERROR(AddExtension(x.get(), &ctx, nid, value));
   FEDLORA_RETURN_IF_ERROR(AddExtension(x.get(), &ctx, NID_subject_key_identifier, "hash"));
   if (issuer != nullptr) {
-    FEDLORA_RETURN_IF_ERROR(AddExtension(x.get(), &ctx, NID_authority_key_identifier, "keyid:always"));
+    FEDLORA_RETURN_IF_ERROR(
+        AddExtension(x.get(), &ctx, NID_authority_key_identifier, "keyid:always"));
   }
   if (with_sans) FEDLORA_RETURN_IF_ERROR(AddSubjectAltNames(x.get(), r));
-  if (X509_sign(x.get(), signing_key, EVP_sha256()) == 0) return Internal("signing the certificate");
+  if (X509_sign(x.get(), signing_key, EVP_sha256()) == 0)
+    return Internal("signing the certificate");
   PemPair out;
   FEDLORA_ASSIGN_OR_RETURN(out.cert_pem, (ToPem<X509, WriteCert>(x.get(), "certificate")));
   FEDLORA_ASSIGN_OR_RETURN(out.key_pem, (ToPem<EVP_PKEY, WriteKey>(key.get(), "private key")));
@@ -370,7 +393,8 @@ absl::StatusOr<PemPair> Issue(const LoadedCa* issuer, std::string_view cn, const
 
 // Whether `cert` was issued (named and signed) by `ca`.
 bool IssuedBy(X509* ca, X509* cert) {
-  const bool ok = X509_check_issued(ca, cert) == X509_V_OK && X509_verify(cert, X509_get0_pubkey(ca)) == 1;
+  const bool ok =
+      X509_check_issued(ca, cert) == X509_V_OK && X509_verify(cert, X509_get0_pubkey(ca)) == 1;
   ERR_clear_error();
   return ok;
 }
@@ -388,8 +412,8 @@ bool CrlIssuedBy(X509* ca, X509_CRL* crl) {
 bool IsValidSiteId(std::string_view id) {
   if (id.empty() || id.size() > 128) return false;
   for (char c : id) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                    c == '_' || c == '@' || c == '-';
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '@' || c == '-';
     if (!ok) return false;
   }
   return true;
@@ -398,23 +422,28 @@ bool IsValidSiteId(std::string_view id) {
 absl::StatusOr<PemPair> CreateCertificateAuthority(const CertificateRequest& request) {
   const std::string& cn = request.common_name;
   if (cn.empty() || cn.size() > 64 || !IsPrintableName(cn)) {
-    return absl::InvalidArgumentError("the CA common name must be 1-64 characters without control characters");
+    return absl::InvalidArgumentError(
+        "the CA common name must be 1-64 characters without control characters");
   }
   if (!request.dns_names.empty() || !request.ip_addresses.empty()) {
     return absl::InvalidArgumentError("a CA certificate takes no DNS or IP subjectAltNames");
   }
   return Issue(nullptr, cn, request,
-               {{NID_basic_constraints, "critical,CA:TRUE"}, {NID_key_usage, "critical,keyCertSign,cRLSign"}},
+               {{NID_basic_constraints, "critical,CA:TRUE"},
+                {NID_key_usage, "critical,keyCertSign,cRLSign"}},
                /*with_sans=*/false);
 }
 
-absl::StatusOr<PemPair> IssueServerCertificate(const PemPair& ca, const CertificateRequest& request) {
+absl::StatusOr<PemPair> IssueServerCertificate(const PemPair& ca,
+                                               const CertificateRequest& request) {
   if (request.dns_names.empty() && request.ip_addresses.empty()) {
     return absl::InvalidArgumentError(
-        "a server certificate needs at least one DNS name or IP address (clients check the address they dial)");
+        "a server certificate needs at least one DNS name or IP address (clients check the address "
+        "they dial)");
   }
   std::string cn = request.common_name;
-  if (cn.empty()) cn = !request.dns_names.empty() ? request.dns_names.front() : request.ip_addresses.front();
+  if (cn.empty())
+    cn = !request.dns_names.empty() ? request.dns_names.front() : request.ip_addresses.front();
   if (cn.size() > 64 || !IsPrintableName(cn)) {
     return absl::InvalidArgumentError(
         "the server common name must be at most 64 characters without control characters");
@@ -427,13 +456,16 @@ absl::StatusOr<PemPair> IssueServerCertificate(const PemPair& ca, const Certific
                /*with_sans=*/true);
 }
 
-absl::StatusOr<PemPair> IssueClientCertificate(const PemPair& ca, const CertificateRequest& request) {
+absl::StatusOr<PemPair> IssueClientCertificate(const PemPair& ca,
+                                               const CertificateRequest& request) {
   if (!IsValidSiteId(request.common_name)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("site id '", request.common_name.substr(0, 64), "' must be 1-128 characters of [A-Za-z0-9._@-]"));
+        absl::StrCat("site id '", request.common_name.substr(0, 64),
+                     "' must be 1-128 characters of [A-Za-z0-9._@-]"));
   }
   if (!request.dns_names.empty() || !request.ip_addresses.empty()) {
-    return absl::InvalidArgumentError("a client certificate takes no subjectAltNames: its identity is the CN");
+    return absl::InvalidArgumentError(
+        "a client certificate takes no subjectAltNames: its identity is the CN");
   }
   FEDLORA_ASSIGN_OR_RETURN(LoadedCa loaded, LoadCa(ca));
   return Issue(&loaded, request.common_name, request,
@@ -444,10 +476,11 @@ absl::StatusOr<PemPair> IssueClientCertificate(const PemPair& ca, const Certific
 }
 
 absl::StatusOr<std::string> RevokeCertificates(const PemPair& ca, std::string_view existing_crl_pem,
-                                               const std::vector<std::string>& cert_pems, int64_t next_update_seconds) {
+                                               const std::vector<std::string>& cert_pems,
+                                               int64_t next_update_seconds) {
   if (next_update_seconds <= 0 || next_update_seconds > int64_t{100} * 366 * 86400) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("next_update_seconds is ", next_update_seconds, "; must be in (0, 100 years]"));
+    return absl::InvalidArgumentError(absl::StrCat("next_update_seconds is ", next_update_seconds,
+                                                   "; must be in (0, 100 years]"));
   }
   FEDLORA_ASSIGN_OR_RETURN(LoadedCa loaded, LoadCa(ca));
   X509* ca_cert = loaded.cert.get();
@@ -465,19 +498,23 @@ absl::StatusOr<std::string> RevokeCertificates(const PemPair& ca, std::string_vi
   if (!existing_crl_pem.empty()) {
     FEDLORA_ASSIGN_OR_RETURN(CrlPtr old, ReadCrl(existing_crl_pem, "the existing CRL"));
     if (!CrlIssuedBy(ca_cert, old.get())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the existing CRL (issuer '", CommonName(X509_CRL_get_issuer(old.get())), "') is not signed by this CA"));
+      return absl::FailedPreconditionError(absl::StrCat("the existing CRL (issuer '",
+                                                        CommonName(X509_CRL_get_issuer(old.get())),
+                                                        "') is not signed by this CA"));
     }
     STACK_OF(X509_REVOKED)* entries = X509_CRL_get_REVOKED(old.get());
     for (int i = 0; i < sk_X509_REVOKED_num(entries); ++i) {
       X509_REVOKED* entry = sk_X509_REVOKED_value(entries, i);
-      FEDLORA_ASSIGN_OR_RETURN(std::string serial, SerialHex(X509_REVOKED_get0_serialNumber(entry)));
+      FEDLORA_ASSIGN_OR_RETURN(std::string serial,
+                               SerialHex(X509_REVOKED_get0_serialNumber(entry)));
       if (!listed.insert(serial).second) continue;
       RevokedPtr copy(X509_REVOKED_dup(entry));
-      if (copy == nullptr || X509_CRL_add0_revoked(crl.get(), copy.get()) != 1) return Internal("copying a CRL entry");
+      if (copy == nullptr || X509_CRL_add0_revoked(crl.get(), copy.get()) != 1)
+        return Internal("copying a CRL entry");
       copy.release();
     }
-    AsnIntPtr old_number(static_cast<ASN1_INTEGER*>(X509_CRL_get_ext_d2i(old.get(), NID_crl_number, nullptr, nullptr)));
+    AsnIntPtr old_number(static_cast<ASN1_INTEGER*>(
+        X509_CRL_get_ext_d2i(old.get(), NID_crl_number, nullptr, nullptr)));
     if (old_number != nullptr && ASN1_INTEGER_to_BN(old_number.get(), number.get()) == nullptr) {
       return Internal("reading the existing CRL number");
     }
@@ -485,10 +522,12 @@ absl::StatusOr<std::string> RevokeCertificates(const PemPair& ca, std::string_vi
   }
   FEDLORA_ASSIGN_OR_RETURN(AsnTimePtr now_time, AsnTime(now));
   for (size_t i = 0; i < cert_pems.size(); ++i) {
-    FEDLORA_ASSIGN_OR_RETURN(X509Ptr cert, ReadCert(cert_pems[i], absl::StrCat("certificate ", i + 1, " to revoke")));
+    FEDLORA_ASSIGN_OR_RETURN(
+        X509Ptr cert, ReadCert(cert_pems[i], absl::StrCat("certificate ", i + 1, " to revoke")));
     if (!IssuedBy(ca_cert, cert.get())) {
-      return absl::FailedPreconditionError(absl::StrCat(Describe(cert.get()), " was not issued by the CA '",
-                                                        CommonName(X509_get_subject_name(ca_cert)), "'"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(Describe(cert.get()), " was not issued by the CA '",
+                       CommonName(X509_get_subject_name(ca_cert)), "'"));
     }
     FEDLORA_ASSIGN_OR_RETURN(std::string serial, SerialHex(X509_get0_serialNumber(cert.get())));
     if (!listed.insert(serial).second) continue;
@@ -507,15 +546,19 @@ absl::StatusOr<std::string> RevokeCertificates(const PemPair& ca, std::string_vi
       X509_CRL_set1_nextUpdate(crl.get(), next_time.get()) != 1) {
     return Internal("setting the CRL times");
   }
-  AsnIntPtr new_number(BN_add_word(number.get(), 1) == 1 ? BN_to_ASN1_INTEGER(number.get(), nullptr) : nullptr);
-  if (new_number == nullptr || X509_CRL_add1_ext_i2d(crl.get(), NID_crl_number, new_number.get(), 0, 0) != 1) {
+  AsnIntPtr new_number(BN_add_word(number.get(), 1) == 1 ? BN_to_ASN1_INTEGER(number.get(), nullptr)
+                                                         : nullptr);
+  if (new_number == nullptr ||
+      X509_CRL_add1_ext_i2d(crl.get(), NID_crl_number, new_number.get(), 0, 0) != 1) {
     return Internal("setting the CRL number");
   }
   X509V3_CTX ctx;
   X509V3_set_ctx(&ctx, ca_cert, nullptr, nullptr, crl.get(), 0);
   ExtPtr akid(X509V3_EXT_nconf_nid(nullptr, &ctx, NID_authority_key_identifier, "keyid"));
-  if (akid == nullptr || X509_CRL_add_ext(crl.get(), akid.get(), -1) != 1) return Internal("adding the CRL's AKID");
-  if (X509_CRL_sort(crl.get()) != 1 || X509_CRL_sign(crl.get(), loaded.key.get(), EVP_sha256()) == 0) {
+  if (akid == nullptr || X509_CRL_add_ext(crl.get(), akid.get(), -1) != 1)
+    return Internal("adding the CRL's AKID");
+  if (X509_CRL_sort(crl.get()) != 1 ||
+      X509_CRL_sign(crl.get(), loaded.key.get(), EVP_sha256()) == 0) {
     return Internal("signing the CRL");
   }
   return ToPem<X509_CRL, WriteCrl>(crl.get(), "CRL");
@@ -527,10 +570,13 @@ absl::StatusOr<CertificateInfo> ParseCertificate(std::string_view pem) {
   info.common_name = CommonName(X509_get_subject_name(cert.get()));
   info.issuer_common_name = CommonName(X509_get_issuer_name(cert.get()));
   FEDLORA_ASSIGN_OR_RETURN(info.serial_hex, SerialHex(X509_get0_serialNumber(cert.get())));
-  FEDLORA_ASSIGN_OR_RETURN(info.not_before_unix_s, UnixSeconds(X509_get0_notBefore(cert.get()), "notBefore"));
-  FEDLORA_ASSIGN_OR_RETURN(info.not_after_unix_s, UnixSeconds(X509_get0_notAfter(cert.get()), "notAfter"));
+  FEDLORA_ASSIGN_OR_RETURN(info.not_before_unix_s,
+                           UnixSeconds(X509_get0_notBefore(cert.get()), "notBefore"));
+  FEDLORA_ASSIGN_OR_RETURN(info.not_after_unix_s,
+                           UnixSeconds(X509_get0_notAfter(cert.get()), "notAfter"));
   info.is_ca = (X509_get_extension_flags(cert.get()) & EXFLAG_CA) != 0;
-  NamesPtr names(static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert.get(), NID_subject_alt_name, nullptr, nullptr)));
+  NamesPtr names(static_cast<GENERAL_NAMES*>(
+      X509_get_ext_d2i(cert.get(), NID_subject_alt_name, nullptr, nullptr)));
   for (int i = 0; names != nullptr && i < sk_GENERAL_NAME_num(names.get()); ++i) {
     const GENERAL_NAME* g = sk_GENERAL_NAME_value(names.get(), i);
     if (g->type == GEN_DNS) {
@@ -542,7 +588,8 @@ absl::StatusOr<CertificateInfo> ParseCertificate(std::string_view pem) {
       const int len = ASN1_STRING_length(s);
       char text[INET6_ADDRSTRLEN] = {};
       if ((len == 4 || len == 16) &&
-          inet_ntop(len == 4 ? AF_INET : AF_INET6, ASN1_STRING_get0_data(s), text, sizeof text) != nullptr) {
+          inet_ntop(len == 4 ? AF_INET : AF_INET6, ASN1_STRING_get0_data(s), text, sizeof text) !=
+              nullptr) {
         info.ip_addresses.emplace_back(text);
       }
     }
@@ -551,20 +598,23 @@ absl::StatusOr<CertificateInfo> ParseCertificate(std::string_view pem) {
   return info;
 }
 
-absl::StatusOr<std::vector<std::string>> RevokedSerials(std::string_view crl_pem, std::string_view ca_cert_pem) {
+absl::StatusOr<std::vector<std::string>> RevokedSerials(std::string_view crl_pem,
+                                                        std::string_view ca_cert_pem) {
   FEDLORA_ASSIGN_OR_RETURN(CrlPtr crl, ReadCrl(crl_pem, "the CRL"));
   FEDLORA_ASSIGN_OR_RETURN(std::vector<X509Ptr> cas, ReadCertBundle(ca_cert_pem, "the CA bundle"));
   bool signed_by_ca = false;
   for (const X509Ptr& ca : cas) signed_by_ca = signed_by_ca || CrlIssuedBy(ca.get(), crl.get());
   if (!signed_by_ca) {
-    return absl::FailedPreconditionError(absl::StrCat("the CRL (issuer '", CommonName(X509_CRL_get_issuer(crl.get())),
-                                                      "') is not signed by any certificate of the CA bundle"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the CRL (issuer '", CommonName(X509_CRL_get_issuer(crl.get())),
+                     "') is not signed by any certificate of the CA bundle"));
   }
   std::vector<std::string> serials;
   STACK_OF(X509_REVOKED)* entries = X509_CRL_get_REVOKED(crl.get());
   for (int i = 0; i < sk_X509_REVOKED_num(entries); ++i) {
-    FEDLORA_ASSIGN_OR_RETURN(std::string serial,
-                             SerialHex(X509_REVOKED_get0_serialNumber(sk_X509_REVOKED_value(entries, i))));
+    FEDLORA_ASSIGN_OR_RETURN(
+        std::string serial,
+        SerialHex(X509_REVOKED_get0_serialNumber(sk_X509_REVOKED_value(entries, i))));
     serials.push_back(std::move(serial));
   }
   return serials;
@@ -575,7 +625,8 @@ absl::Status CheckKeyMatchesCertificate(std::string_view cert_pem, std::string_v
   FEDLORA_ASSIGN_OR_RETURN(KeyPtr key, ReadKey(key_pem, "the key"));
   if (X509_check_private_key(cert.get(), key.get()) != 1) {
     ERR_clear_error();
-    return absl::InvalidArgumentError(absl::StrCat("the key does not match ", Describe(cert.get())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the key does not match ", Describe(cert.get())));
   }
   return absl::OkStatus();
 }

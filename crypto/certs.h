@@ -7,7 +7,8 @@
 //   FEDLORA_ASSIGN_OR_RETURN(PemPair ca, CreateCertificateAuthority(r));
 //   r.common_name = "site-7";
 //   FEDLORA_ASSIGN_OR_RETURN(PemPair site, IssueClientCertificate(ca, r));
-//   FEDLORA_ASSIGN_OR_RETURN(std::string crl, RevokeCertificates(ca, "", {site.cert_pem}, 30 * 86400));
+//   FEDLORA_ASSIGN_OR_RETURN(std::string crl, RevokeCertificates(ca, "", {site.cert_pem}, 30 *
+//   86400));
 //
 // Bad input (unparsable PEM, a key that does not match its certificate, a bad name or validity)
 // is InvalidArgument naming the problem; a certificate or CRL of another CA is FailedPrecondition.
@@ -35,7 +36,7 @@ struct CertificateRequest {
   std::vector<std::string> dns_names;     // subjectAltName DNS entries (server certificates)
   std::vector<std::string> ip_addresses;  // subjectAltName IP entries, IPv4 or IPv6 text
   int64_t not_before_unix_s = 0;          // 0: now - 60 s (tolerates small clock skew)
-  int64_t not_after_unix_s = 0;           // required; may lie in the past (expired test certificates)
+  int64_t not_after_unix_s = 0;  // required; may lie in the past (expired test certificates)
 };
 
 // A self-signed CA: basicConstraints critical CA:TRUE, keyUsage keyCertSign + cRLSign, subject key
@@ -45,18 +46,21 @@ absl::StatusOr<PemPair> CreateCertificateAuthority(const CertificateRequest& req
 // A TLS server certificate signed by `ca`: CA:FALSE, keyUsage digitalSignature, EKU serverAuth,
 // SANs from dns_names and ip_addresses (at least one required). An empty common_name becomes the
 // first SAN.
-absl::StatusOr<PemPair> IssueServerCertificate(const PemPair& ca, const CertificateRequest& request);
+absl::StatusOr<PemPair> IssueServerCertificate(const PemPair& ca,
+                                               const CertificateRequest& request);
 
 // A TLS client certificate signed by `ca`: CA:FALSE, keyUsage digitalSignature, EKU clientAuth,
 // CN = the site id, which must be 1-128 characters of [A-Za-z0-9._@-]. No SANs.
-absl::StatusOr<PemPair> IssueClientCertificate(const PemPair& ca, const CertificateRequest& request);
+absl::StatusOr<PemPair> IssueClientCertificate(const PemPair& ca,
+                                               const CertificateRequest& request);
 
 // A CRL signed by `ca` listing the entries of `existing_crl_pem` (empty: none; else it must be a
 // CRL signed by `ca`) plus the serials of `cert_pems`, each of which must be issued by `ca`.
 // Already-listed serials are kept once. lastUpdate is now, nextUpdate now + next_update_seconds
 // (> 0); the CRL number is the existing one plus one (1 for a new CRL).
 absl::StatusOr<std::string> RevokeCertificates(const PemPair& ca, std::string_view existing_crl_pem,
-                                               const std::vector<std::string>& cert_pems, int64_t next_update_seconds);
+                                               const std::vector<std::string>& cert_pems,
+                                               int64_t next_update_seconds);
 
 struct CertificateInfo {
   std::string common_name;         // empty when the subject has no CN
@@ -75,7 +79,8 @@ absl::StatusOr<CertificateInfo> ParseCertificate(std::string_view pem);
 // The serials (lower-case hex, as in CertificateInfo) a CRL revokes, after checking that it is
 // signed by a certificate of `ca_cert_pem` (a PEM bundle; the one whose subject is the CRL's
 // issuer). FailedPrecondition when no certificate of the bundle signed it.
-absl::StatusOr<std::vector<std::string>> RevokedSerials(std::string_view crl_pem, std::string_view ca_cert_pem);
+absl::StatusOr<std::vector<std::string>> RevokedSerials(std::string_view crl_pem,
+                                                        std::string_view ca_cert_pem);
 
 // OK when `key_pem` is the private key of `cert_pem` (the first certificate); InvalidArgument
 // naming the certificate otherwise.

@@ -16,7 +16,9 @@ namespace fedlora::crypto {
 namespace {
 
 struct StackFree {
-  void operator()(STACK_OF(X509) * s) const { sk_X509_free(s); }  // the certificates are owned elsewhere
+  void operator()(STACK_OF(X509) * s) const {
+    sk_X509_free(s);
+  }  // the certificates are owned elsewhere
 };
 using StackPtr = std::unique_ptr<STACK_OF(X509), StackFree>;
 
@@ -55,11 +57,13 @@ std::string TimeText(const ASN1_TIME* t) {
   return UtcTime(static_cast<int64_t>(timegm(&tm)));
 }
 
-// Which certificate of the chain an error is about: "" for the leaf, else "the CA certificate 'X' of its chain ".
+// Which certificate of the chain an error is about: "" for the leaf, else "the CA certificate 'X'
+// of its chain ".
 std::string Whose(X509_STORE_CTX* ctx) {
   if (X509_STORE_CTX_get_error_depth(ctx) == 0) return "";
   X509* cert = X509_STORE_CTX_get_current_cert(ctx);
-  return absl::StrCat("the certificate '", cert != nullptr ? Cn(X509_get_subject_name(cert)) : "?", "' of its chain ");
+  return absl::StrCat("the certificate '", cert != nullptr ? Cn(X509_get_subject_name(cert)) : "?",
+                      "' of its chain ");
 }
 
 void Classify(X509_STORE_CTX* ctx, const std::string& ca_issuers, ChainVerdict& v) {
@@ -69,11 +73,13 @@ void Classify(X509_STORE_CTX* ctx, const std::string& ca_issuers, ChainVerdict& 
   switch (err) {
     case X509_V_ERR_CERT_HAS_EXPIRED:
       v.problem = ChainProblem::kExpired;
-      v.detail = absl::StrCat(whose, "expired at ", TimeText(at != nullptr ? X509_get0_notAfter(at) : nullptr));
+      v.detail = absl::StrCat(whose, "expired at ",
+                              TimeText(at != nullptr ? X509_get0_notAfter(at) : nullptr));
       return;
     case X509_V_ERR_CERT_NOT_YET_VALID:
       v.problem = ChainProblem::kNotYetValid;
-      v.detail = absl::StrCat(whose, "is not valid before ", TimeText(at != nullptr ? X509_get0_notBefore(at) : nullptr),
+      v.detail = absl::StrCat(whose, "is not valid before ",
+                              TimeText(at != nullptr ? X509_get0_notBefore(at) : nullptr),
                               " (check this machine's clock too)");
       return;
     case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT:
@@ -85,16 +91,18 @@ void Classify(X509_STORE_CTX* ctx, const std::string& ca_issuers, ChainVerdict& 
     case X509_V_ERR_CERT_UNTRUSTED:
     case X509_V_ERR_CERT_REJECTED:
       v.problem = ChainProblem::kUnknownCa;
-      v.detail = absl::StrCat("is not signed by the expected CA (", ca_issuers, "): its issuer is '", v.issuer_cn, "'",
-                              err == X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT ? " (it is self-signed)" : "",
-                              err == X509_V_ERR_CERT_SIGNATURE_FAILURE ? " (a signature does not verify)" : "");
+      v.detail = absl::StrCat(
+          "is not signed by the expected CA (", ca_issuers, "): its issuer is '", v.issuer_cn, "'",
+          err == X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT ? " (it is self-signed)" : "",
+          err == X509_V_ERR_CERT_SIGNATURE_FAILURE ? " (a signature does not verify)" : "");
       return;
     case X509_V_ERR_INVALID_CA:
     case X509_V_ERR_PATH_LENGTH_EXCEEDED:
     case X509_V_ERR_INVALID_NON_CA:
       v.problem = ChainProblem::kNotACa;
-      v.detail = absl::StrCat("has an issuer that may not issue certificates: ", whose.empty() ? "the leaf " : whose,
-                              "is not a CA (", X509_verify_cert_error_string(err), ")");
+      v.detail = absl::StrCat(
+          "has an issuer that may not issue certificates: ", whose.empty() ? "the leaf " : whose,
+          "is not a CA (", X509_verify_cert_error_string(err), ")");
       return;
     case X509_V_ERR_INVALID_PURPOSE:
     case X509_V_ERR_KEYUSAGE_NO_CERTSIGN:
@@ -122,11 +130,12 @@ std::string UtcTime(int64_t unix_s) {
 
 std::string ChainVerdict::Describe() const {
   if (subject_cn.empty() && serial_hex.empty()) return "certificate";
-  return absl::StrCat("certificate '", subject_cn, "' (issuer '", issuer_cn, "', serial ", serial_hex, ")");
+  return absl::StrCat("certificate '", subject_cn, "' (issuer '", issuer_cn, "', serial ",
+                      serial_hex, ")");
 }
 
-ChainVerdict VerifyChain(std::string_view leaf_pem, std::string_view chain_pem, std::string_view ca_pem,
-                         ChainPurpose purpose, int64_t now_unix_s) {
+ChainVerdict VerifyChain(std::string_view leaf_pem, std::string_view chain_pem,
+                         std::string_view ca_pem, ChainPurpose purpose, int64_t now_unix_s) {
   ChainVerdict v;
   if (leaf_pem.empty() && chain_pem.empty()) {
     v.problem = ChainProblem::kNoCertificate;
@@ -143,7 +152,8 @@ ChainVerdict VerifyChain(std::string_view leaf_pem, std::string_view chain_pem, 
   v.subject_cn = Cn(X509_get_subject_name(cert));
   v.issuer_cn = Cn(X509_get_issuer_name(cert));
   absl::StatusOr<CertificateInfo> info = ParseCertificate(leaf_pem.empty() ? chain_pem : leaf_pem);
-  if (!info.ok() || info->serial_hex.empty()) {  // the CRL check needs the serial: never pass without it
+  if (!info.ok() ||
+      info->serial_hex.empty()) {  // the CRL check needs the serial: never pass without it
     v.problem = ChainProblem::kUnreadable;
     v.detail = "does not parse (its serial or validity is unreadable)";
     return v;
@@ -152,20 +162,24 @@ ChainVerdict VerifyChain(std::string_view leaf_pem, std::string_view chain_pem, 
   std::vector<X509Ptr> extra = ReadAll(chain_pem);
   std::vector<X509Ptr> cas = ReadAll(ca_pem);
   std::string ca_names;
-  for (const X509Ptr& ca : cas) absl::StrAppend(&ca_names, ca_names.empty() ? "'" : ", '", Cn(X509_get_subject_name(ca.get())), "'");
+  for (const X509Ptr& ca : cas)
+    absl::StrAppend(&ca_names, ca_names.empty() ? "'" : ", '", Cn(X509_get_subject_name(ca.get())),
+                    "'");
   StorePtr store(X509_STORE_new());
   StackPtr untrusted(sk_X509_new_null());
   StoreCtxPtr ctx(X509_STORE_CTX_new());
   if (cas.empty() || store == nullptr || untrusted == nullptr || ctx == nullptr) {
     v.problem = ChainProblem::kOther;
-    v.detail = cas.empty() ? "there is no CA certificate to check it against" : "OpenSSL allocation failed";
+    v.detail = cas.empty() ? "there is no CA certificate to check it against"
+                           : "OpenSSL allocation failed";
     return v;
   }
   for (const X509Ptr& ca : cas) X509_STORE_add_cert(store.get(), ca.get());
   for (const X509Ptr& c : extra) sk_X509_push(untrusted.get(), c.get());
   for (size_t i = 1; i < leaf.size(); ++i) sk_X509_push(untrusted.get(), leaf[i].get());
   if (X509_STORE_CTX_init(ctx.get(), store.get(), cert, untrusted.get()) != 1 ||
-      X509_STORE_CTX_set_default(ctx.get(), purpose == ChainPurpose::kTlsClient ? "ssl_client" : "ssl_server") != 1) {
+      X509_STORE_CTX_set_default(
+          ctx.get(), purpose == ChainPurpose::kTlsClient ? "ssl_client" : "ssl_server") != 1) {
     ERR_clear_error();
     v.problem = ChainProblem::kOther;
     v.detail = "OpenSSL could not set up the verification";
@@ -180,7 +194,8 @@ ChainVerdict VerifyChain(std::string_view leaf_pem, std::string_view chain_pem, 
   ERR_clear_error();
   if (ok == 1) return v;
   Classify(ctx.get(), ca_names, v);
-  if (v.problem == ChainProblem::kNone) v.problem = ChainProblem::kOther;  // ok != 1 is never a pass
+  if (v.problem == ChainProblem::kNone)
+    v.problem = ChainProblem::kOther;  // ok != 1 is never a pass
   return v;
 }
 

@@ -5,9 +5,11 @@
 // key opens it, and only under the same associated data (run, round, client, upload):
 //
 //   std::string aad = crypto::UpdateAssociatedData(run_id, round, client_id, upload_id);
-//   FEDLORA_ASSIGN_OR_RETURN(crypto::SealedUpdate sealed, crypto::SealUpdate(server_public, aad, bytes));
+//   FEDLORA_ASSIGN_OR_RETURN(crypto::SealedUpdate sealed, crypto::SealUpdate(server_public, aad,
+//   bytes));
 //   ...  // send sealed.ephemeral_public_key and sealed.envelope
-//   FEDLORA_ASSIGN_OR_RETURN(std::string bytes, crypto::OpenUpdate(server_private, eph, aad, envelope));
+//   FEDLORA_ASSIGN_OR_RETURN(std::string bytes, crypto::OpenUpdate(server_private, eph, aad,
+//   envelope));
 //
 // Each seal draws a fresh ephemeral key pair and nonce. The AES key is
 // HKDF-SHA256(ikm = X25519(ephemeral, server), salt = ephemeral_public || server_public,
@@ -50,28 +52,32 @@ absl::StatusOr<X25519KeyPair> GenerateX25519KeyPair();
 absl::StatusOr<std::string> X25519PublicKey(std::string_view private_key);
 // X25519(private_key, peer_public_key), 32 bytes. InvalidArgument for a key that is not 32 bytes
 // and for a peer key of small order (the shared secret would be all zero).
-absl::StatusOr<std::string> X25519SharedSecret(std::string_view private_key, std::string_view peer_public_key);
+absl::StatusOr<std::string> X25519SharedSecret(std::string_view private_key,
+                                               std::string_view peer_public_key);
 
 // HKDF-SHA256 (RFC 5869), extract then expand. `ikm` must not be empty; `length` must be 1..8160
 // (255 * 32). Empty `salt` and `info` are allowed.
-absl::StatusOr<std::string> HkdfSha256(std::string_view ikm, std::string_view salt, std::string_view info,
-                                       size_t length);
+absl::StatusOr<std::string> HkdfSha256(std::string_view ikm, std::string_view salt,
+                                       std::string_view info, size_t length);
 
 // AES-256-GCM with a 32-byte key and a 12-byte nonce; returns ciphertext || 16-byte tag. Any size
 // up to GCM's limit (2^36 - 32 bytes of plaintext); inputs above 2 GiB are fed to EVP in pieces.
 // Never reuse a (key, nonce) pair.
-absl::StatusOr<std::string> Aes256GcmSeal(std::string_view key, std::string_view nonce, std::string_view aad,
-                                          std::string_view plaintext);
+absl::StatusOr<std::string> Aes256GcmSeal(std::string_view key, std::string_view nonce,
+                                          std::string_view aad, std::string_view plaintext);
 // The inverse: PermissionDenied when the tag does not verify, InvalidArgument for wrong sizes.
-absl::StatusOr<std::string> Aes256GcmOpen(std::string_view key, std::string_view nonce, std::string_view aad,
+absl::StatusOr<std::string> Aes256GcmOpen(std::string_view key, std::string_view nonce,
+                                          std::string_view aad,
                                           std::string_view ciphertext_and_tag);
 
 // The canonical associated data binding a sealed update to its run, round, client, upload and
-// FedAvg weight: each of "fedlora/v2 update", run_id, client_id and upload_id as its length (8 bytes
-// little-endian) and bytes, in the order label, run_id, round, client_id, upload_id, num_examples,
-// with round and num_examples as 8 bytes little-endian. Distinct inputs give distinct encodings.
-std::string UpdateAssociatedData(std::string_view run_id, uint64_t round, std::string_view client_id,
-                                 std::string_view upload_id, uint64_t num_examples);
+// FedAvg weight: each of "fedlora/v2 update", run_id, client_id and upload_id as its length (8
+// bytes little-endian) and bytes, in the order label, run_id, round, client_id, upload_id,
+// num_examples, with round and num_examples as 8 bytes little-endian. Distinct inputs give distinct
+// encodings.
+std::string UpdateAssociatedData(std::string_view run_id, uint64_t round,
+                                 std::string_view client_id, std::string_view upload_id,
+                                 uint64_t num_examples);
 
 struct SealedUpdate {
   std::string ephemeral_public_key;  // 32 bytes
@@ -88,8 +94,9 @@ absl::StatusOr<size_t> EnvelopePlaintextSize(std::string_view envelope);
 
 // Opens an envelope from SealUpdate. PermissionDenied when it does not authenticate: tampered, or
 // sealed for another run, round, client, upload or server key.
-absl::StatusOr<std::string> OpenUpdate(std::string_view server_private_key, std::string_view ephemeral_public_key,
-                                       std::string_view aad, std::string_view envelope);
+absl::StatusOr<std::string> OpenUpdate(std::string_view server_private_key,
+                                       std::string_view ephemeral_public_key, std::string_view aad,
+                                       std::string_view envelope);
 // As OpenUpdate, decrypting into `out`, which must hold exactly EnvelopePlaintextSize(envelope)
 // bytes and must not overlap `envelope`. On any error the contents of `out` are not to be trusted;
 // when decryption ran but the tag did not verify, `out` is zeroed.
@@ -98,8 +105,9 @@ absl::StatusOr<std::string> OpenUpdate(std::string_view server_private_key, std:
 // large mapped envelope can drop the pages it has passed.
 using DecryptProgress = std::function<void(size_t decrypted)>;
 inline constexpr size_t kProgressPieceBytes = size_t{8} << 20;
-absl::Status OpenUpdateInto(std::string_view server_private_key, std::string_view ephemeral_public_key,
-                            std::string_view aad, std::string_view envelope, char* out, size_t out_size,
+absl::Status OpenUpdateInto(std::string_view server_private_key,
+                            std::string_view ephemeral_public_key, std::string_view aad,
+                            std::string_view envelope, char* out, size_t out_size,
                             const DecryptProgress& progress = nullptr);
 
 }  // namespace fedlora::crypto

@@ -32,7 +32,9 @@ void Log(gpr_log_func_args* args) {
   if (not_tls) level = LogLevel::kWarning;
   if (level < GetLogLevel()) return;
   LogMessage(level, args->file != nullptr ? args->file : "grpc", args->line).stream()
-      << (not_tls ? "TLS handshake failed: the peer does not speak TLS (a plaintext client?); gRPC: " : "gRPC: ")
+      << (not_tls
+              ? "TLS handshake failed: the peer does not speak TLS (a plaintext client?); gRPC: "
+              : "gRPC: ")
       << message;
 }
 

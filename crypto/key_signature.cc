@@ -19,7 +19,9 @@ namespace fedlora::crypto {
 namespace {
 
 struct StackFree {
-  void operator()(STACK_OF(X509) * s) const { sk_X509_free(s); }  // the certificates are owned elsewhere
+  void operator()(STACK_OF(X509) * s) const {
+    sk_X509_free(s);
+  }  // the certificates are owned elsewhere
 };
 using StackPtr = std::unique_ptr<STACK_OF(X509), StackFree>;
 
@@ -67,24 +69,29 @@ const EVP_MD* DigestFor(const EVP_PKEY* key) {
 
 }  // namespace
 
-absl::StatusOr<std::string> SignAggregationKey(std::string_view key_pem, std::string_view run_id, uint64_t round,
-                                               std::string_view public_key) {
+absl::StatusOr<std::string> SignAggregationKey(std::string_view key_pem, std::string_view run_id,
+                                               uint64_t round, std::string_view public_key) {
   BioPtr bio = MemBio(key_pem);
-  KeyPtr key(bio != nullptr ? PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr) : nullptr);
+  KeyPtr key(bio != nullptr ? PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr)
+                            : nullptr);
   if (key == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("the server's TLS key does not load: ", DrainOpenSslErrors()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the server's TLS key does not load: ", DrainOpenSslErrors()));
   }
   const std::string statement = Statement(run_id, round, public_key);
   MdCtxPtr ctx(EVP_MD_CTX_new());
   size_t size = 0;
-  if (ctx == nullptr || EVP_DigestSignInit(ctx.get(), nullptr, DigestFor(key.get()), nullptr, key.get()) != 1 ||
-      EVP_DigestSign(ctx.get(), nullptr, &size, reinterpret_cast<const unsigned char*>(statement.data()),
+  if (ctx == nullptr ||
+      EVP_DigestSignInit(ctx.get(), nullptr, DigestFor(key.get()), nullptr, key.get()) != 1 ||
+      EVP_DigestSign(ctx.get(), nullptr, &size,
+                     reinterpret_cast<const unsigned char*>(statement.data()),
                      statement.size()) != 1) {
     return absl::InternalError(absl::StrCat("signing the aggregation key: ", DrainOpenSslErrors()));
   }
   std::string signature(size, '\0');
   if (EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(signature.data()), &size,
-                     reinterpret_cast<const unsigned char*>(statement.data()), statement.size()) != 1) {
+                     reinterpret_cast<const unsigned char*>(statement.data()),
+                     statement.size()) != 1) {
     return absl::InternalError(absl::StrCat("signing the aggregation key: ", DrainOpenSslErrors()));
   }
   signature.resize(size);
@@ -96,48 +103,59 @@ absl::StatusOr<std::string> CertificatePin(std::string_view cert_pem) {
   if (certs.empty()) return absl::InvalidArgumentError("no PEM certificate to pin");
   unsigned char* der = nullptr;
   const int n = i2d_X509_PUBKEY(X509_get_X509_PUBKEY(certs[0].get()), &der);
-  if (n <= 0) return absl::InternalError(absl::StrCat("encoding the public key: ", DrainOpenSslErrors()));
-  const std::string pin = Sha256Hex(std::string_view(reinterpret_cast<const char*>(der), static_cast<size_t>(n)));
+  if (n <= 0)
+    return absl::InternalError(absl::StrCat("encoding the public key: ", DrainOpenSslErrors()));
+  const std::string pin =
+      Sha256Hex(std::string_view(reinterpret_cast<const char*>(der), static_cast<size_t>(n)));
   OPENSSL_free(der);
   return pin;
 }
 
-absl::Status VerifyAggregationKey(const AggregationKeyTrust& trust, std::string_view signer_chain_pem,
-                                  std::string_view signature, std::string_view run_id, uint64_t round,
+absl::Status VerifyAggregationKey(const AggregationKeyTrust& trust,
+                                  std::string_view signer_chain_pem, std::string_view signature,
+                                  std::string_view run_id, uint64_t round,
                                   std::string_view public_key) {
   if (signature.empty()) return absl::PermissionDeniedError("the aggregation key is not signed");
   std::vector<X509Ptr> chain = ReadCertificates(signer_chain_pem);
-  if (chain.empty()) return absl::InvalidArgumentError("the aggregation key's signer certificate does not parse");
+  if (chain.empty())
+    return absl::InvalidArgumentError("the aggregation key's signer certificate does not parse");
   std::vector<X509Ptr> roots = ReadCertificates(trust.root_ca_pem);
-  if (roots.empty()) return absl::InvalidArgumentError("no CA certificate to check the aggregation key's signer");
+  if (roots.empty())
+    return absl::InvalidArgumentError("no CA certificate to check the aggregation key's signer");
   StorePtr store(X509_STORE_new());
   StackPtr untrusted(sk_X509_new_null());
   StoreCtxPtr ctx(X509_STORE_CTX_new());
-  if (store == nullptr || untrusted == nullptr || ctx == nullptr) return absl::ResourceExhaustedError("OpenSSL allocation");
+  if (store == nullptr || untrusted == nullptr || ctx == nullptr)
+    return absl::ResourceExhaustedError("OpenSSL allocation");
   for (const X509Ptr& root : roots) X509_STORE_add_cert(store.get(), root.get());
   for (size_t i = 1; i < chain.size(); ++i) sk_X509_push(untrusted.get(), chain[i].get());
   X509* signer = chain[0].get();
-  if (X509_STORE_CTX_init(ctx.get(), store.get(), signer, untrusted.get()) != 1 || X509_verify_cert(ctx.get()) != 1) {
+  if (X509_STORE_CTX_init(ctx.get(), store.get(), signer, untrusted.get()) != 1 ||
+      X509_verify_cert(ctx.get()) != 1) {
     const int err = X509_STORE_CTX_get_error(ctx.get());
     DrainOpenSslErrors();
-    return absl::PermissionDeniedError(absl::StrCat("the aggregation key's signer certificate does not chain to the "
-                                                    "client's CA: ", X509_verify_cert_error_string(err)));
+    return absl::PermissionDeniedError(
+        absl::StrCat("the aggregation key's signer certificate does not chain to the "
+                     "client's CA: ",
+                     X509_verify_cert_error_string(err)));
   }
   if (!trust.pin_sha256_hex.empty()) {
     FEDLORA_ASSIGN_OR_RETURN(const std::string pin, CertificatePin(signer_chain_pem));
     if (pin != trust.pin_sha256_hex) {
-      return absl::PermissionDeniedError(absl::StrCat("the aggregation key is signed by a certificate whose key pin is ",
-                                                      pin, ", not the pinned ", trust.pin_sha256_hex));
+      return absl::PermissionDeniedError(
+          absl::StrCat("the aggregation key is signed by a certificate whose key pin is ", pin,
+                       ", not the pinned ", trust.pin_sha256_hex));
     }
   } else if (!trust.expected_host.empty()) {
     std::string host = trust.expected_host;
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+      host = host.substr(1, host.size() - 2);
     const bool ip = X509_check_ip_asc(signer, host.c_str(), 0) == 1;
     const bool name = !ip && X509_check_host(signer, host.data(), host.size(), 0, nullptr) == 1;
     DrainOpenSslErrors();
     if (!ip && !name) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("the aggregation key's signer certificate is not valid for the server '", host, "'"));
+      return absl::PermissionDeniedError(absl::StrCat(
+          "the aggregation key's signer certificate is not valid for the server '", host, "'"));
     }
   }
   const std::string statement = Statement(run_id, round, public_key);
@@ -145,11 +163,13 @@ absl::Status VerifyAggregationKey(const AggregationKeyTrust& trust, std::string_
   EVP_PKEY* key = X509_get0_pubkey(signer);
   if (md == nullptr || key == nullptr ||
       EVP_DigestVerifyInit(md.get(), nullptr, DigestFor(key), nullptr, key) != 1 ||
-      EVP_DigestVerify(md.get(), reinterpret_cast<const unsigned char*>(signature.data()), signature.size(),
-                       reinterpret_cast<const unsigned char*>(statement.data()), statement.size()) != 1) {
+      EVP_DigestVerify(md.get(), reinterpret_cast<const unsigned char*>(signature.data()),
+                       signature.size(), reinterpret_cast<const unsigned char*>(statement.data()),
+                       statement.size()) != 1) {
     DrainOpenSslErrors();
     return absl::PermissionDeniedError(
-        absl::StrCat("the signature on round ", round, "'s aggregation key does not verify: a key from anyone but the "
+        absl::StrCat("the signature on round ", round,
+                     "'s aggregation key does not verify: a key from anyone but the "
                      "server"));
   }
   return absl::OkStatus();

@@ -34,7 +34,8 @@ Prg::~Prg() = default;
 
 absl::StatusOr<Prg> Prg::Create(std::string_view seed, uint64_t stream) {
   if (seed.size() != kSeedBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("PRG seed must be ", kSeedBytes, " bytes, got ", seed.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("PRG seed must be ", kSeedBytes, " bytes, got ", seed.size()));
   }
   auto impl = std::make_unique<Impl>();
   impl->ctx.reset(EVP_CIPHER_CTX_new());
@@ -53,9 +54,11 @@ absl::Status Prg::Fill(void* out, size_t n) {
   while (n > 0) {
     const size_t piece = std::min(n, kChunkBytes);
     int written = 0;
-    if (EVP_EncryptUpdate(impl_->ctx.get(), dst, &written, impl_->zeros.data(), static_cast<int>(piece)) != 1 ||
+    if (EVP_EncryptUpdate(impl_->ctx.get(), dst, &written, impl_->zeros.data(),
+                          static_cast<int>(piece)) != 1 ||
         static_cast<size_t>(written) != piece) {
-      return absl::InternalError(absl::StrCat("AES-256-CTR keystream failed: ", DrainOpenSslErrors()));
+      return absl::InternalError(
+          absl::StrCat("AES-256-CTR keystream failed: ", DrainOpenSslErrors()));
     }
     dst += piece;
     n -= piece;

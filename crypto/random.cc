@@ -15,10 +15,7 @@
 #include "crypto/openssl_errors.h"
 
 namespace fedlora::crypto {
-namespace {
-
-
-}  // namespace
+namespace {}  // namespace
 
 absl::StatusOr<std::string> RandomBytes(size_t n) {
   std::string out(n, '\0');
@@ -28,8 +25,8 @@ absl::StatusOr<std::string> RandomBytes(size_t n) {
     const size_t piece = std::min<size_t>(n - done, size_t{1} << 30);
     if (RAND_bytes(p + done, static_cast<int>(piece)) != 1) {
       OPENSSL_cleanse(out.data(), out.size());
-      return absl::InternalError(
-          absl::StrCat("RAND_bytes could not deliver ", n, " random bytes: ", DrainOpenSslErrors()));
+      return absl::InternalError(absl::StrCat("RAND_bytes could not deliver ", n,
+                                              " random bytes: ", DrainOpenSslErrors()));
     }
     done += piece;
   }

@@ -34,16 +34,19 @@ uint32_t ReadU32(std::string_view bytes) {
   return v;
 }
 
-absl::Status ReadIndexList(const google::protobuf::RepeatedField<uint32_t>& list, uint32_t num_clients,
-                           std::string_view what, std::vector<uint32_t>* out) {
+absl::Status ReadIndexList(const google::protobuf::RepeatedField<uint32_t>& list,
+                           uint32_t num_clients, std::string_view what,
+                           std::vector<uint32_t>* out) {
   out->clear();
   out->reserve(list.size());
   for (uint32_t v : list) {
     if (v >= num_clients) {
-      return absl::InvalidArgumentError(absl::StrCat(std::string(what), " lists client ", v, " of ", num_clients));
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(what), " lists client ", v, " of ", num_clients));
     }
     if (!out->empty() && v <= out->back()) {
-      return absl::InvalidArgumentError(absl::StrCat(std::string(what), " is not strictly ascending at ", v));
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(what), " is not strictly ascending at ", v));
     }
     out->push_back(v);
   }
@@ -86,24 +89,34 @@ absl::Status AddPacked(const unsigned char* p, uint64_t mask, std::span<uint64_t
 
 }  // namespace
 
-absl::Status AddPackedVector(std::string_view bytes, uint32_t modulus_bits, std::span<uint64_t> sum) {
-  if (modulus_bits < 1 || modulus_bits > 64) return absl::InvalidArgumentError("modulus_bits must be 1..64");
+absl::Status AddPackedVector(std::string_view bytes, uint32_t modulus_bits,
+                             std::span<uint64_t> sum) {
+  if (modulus_bits < 1 || modulus_bits > 64)
+    return absl::InvalidArgumentError("modulus_bits must be 1..64");
   const size_t width = (modulus_bits + 7) / 8;
   if (bytes.size() != sum.size() * width) {
-    return absl::InvalidArgumentError(absl::StrCat("packed vector must be ", sum.size(), " x ", width, " bytes, got ",
-                                                   bytes.size()));
+    return absl::InvalidArgumentError(absl::StrCat("packed vector must be ", sum.size(), " x ",
+                                                   width, " bytes, got ", bytes.size()));
   }
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   const uint64_t mask = ModulusMask(modulus_bits);
   switch (width) {
-    case 1: return AddPacked<1>(p, mask, sum);
-    case 2: return AddPacked<2>(p, mask, sum);
-    case 3: return AddPacked<3>(p, mask, sum);
-    case 4: return AddPacked<4>(p, mask, sum);
-    case 5: return AddPacked<5>(p, mask, sum);
-    case 6: return AddPacked<6>(p, mask, sum);
-    case 7: return AddPacked<7>(p, mask, sum);
-    default: return AddPacked<8>(p, mask, sum);
+    case 1:
+      return AddPacked<1>(p, mask, sum);
+    case 2:
+      return AddPacked<2>(p, mask, sum);
+    case 3:
+      return AddPacked<3>(p, mask, sum);
+    case 4:
+      return AddPacked<4>(p, mask, sum);
+    case 5:
+      return AddPacked<5>(p, mask, sum);
+    case 6:
+      return AddPacked<6>(p, mask, sum);
+    case 7:
+      return AddPacked<7>(p, mask, sum);
+    default:
+      return AddPacked<8>(p, mask, sum);
   }
 }
 
@@ -128,12 +141,14 @@ uint32_t RecommendedSecAggThreshold(uint32_t degree) { return degree / 2 + 1; }
 
 absl::Status ValidateSecAggParams(const v1::SecAggParams& p) {
   if (p.round_nonce().size() != kSecAggNonceBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SecAggParams.round_nonce must be ", kSecAggNonceBytes, " bytes, got ", p.round_nonce().size()));
+    return absl::InvalidArgumentError(absl::StrCat("SecAggParams.round_nonce must be ",
+                                                   kSecAggNonceBytes, " bytes, got ",
+                                                   p.round_nonce().size()));
   }
   if (p.graph_seed().size() != kSecAggSeedBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SecAggParams.graph_seed must be ", kSecAggSeedBytes, " bytes, got ", p.graph_seed().size()));
+    return absl::InvalidArgumentError(absl::StrCat("SecAggParams.graph_seed must be ",
+                                                   kSecAggSeedBytes, " bytes, got ",
+                                                   p.graph_seed().size()));
   }
   const uint32_t n = p.num_clients(), k = p.degree(), t = p.threshold();
   if (n < 3 || n > kSecAggMaxClients) {
@@ -141,23 +156,27 @@ absl::Status ValidateSecAggParams(const v1::SecAggParams& p) {
         absl::StrCat("SecAggParams.num_clients must be 3..", kSecAggMaxClients, ", got ", n));
   }
   if (k != n - 1 && (k < 2 || k > n - 2 || k % 2 != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("SecAggParams.degree must be even and in 2..", n - 2, ", or ", n - 1,
+    return absl::InvalidArgumentError(absl::StrCat("SecAggParams.degree must be even and in 2..",
+                                                   n - 2, ", or ", n - 1,
                                                    " (the complete graph), got ", k));
   }
   if (t > k || 2 * uint64_t{t} <= k) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SecAggParams.threshold must satisfy degree/2 < threshold <= degree (", k, "), got ", t));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SecAggParams.threshold must satisfy degree/2 < threshold <= degree (", k, "), got ", t));
   }
   if (p.min_survivors() < t || p.min_survivors() > n) {
-    return absl::InvalidArgumentError(absl::StrCat("SecAggParams.min_survivors must be in threshold..num_clients (", t,
-                                                   "..", n, "), got ", p.min_survivors()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SecAggParams.min_survivors must be in threshold..num_clients (", t, "..", n,
+                     "), got ", p.min_survivors()));
   }
   if (p.vector_length() < 1 || p.vector_length() > kSecAggMaxVectorLength) {
-    return absl::InvalidArgumentError(absl::StrCat("SecAggParams.vector_length must be 1..", kSecAggMaxVectorLength,
-                                                   ", got ", p.vector_length()));
+    return absl::InvalidArgumentError(absl::StrCat("SecAggParams.vector_length must be 1..",
+                                                   kSecAggMaxVectorLength, ", got ",
+                                                   p.vector_length()));
   }
   if (p.modulus_bits() < 1 || p.modulus_bits() > 64) {
-    return absl::InvalidArgumentError(absl::StrCat("SecAggParams.modulus_bits must be 1..64, got ", p.modulus_bits()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SecAggParams.modulus_bits must be 1..64, got ", p.modulus_bits()));
   }
   return absl::OkStatus();
 }
@@ -167,7 +186,8 @@ absl::StatusOr<v1::SecAggParams> NewSecAggParams(const SecAggConfig& config) {
   p.set_round_id(config.round_id);
   p.set_num_clients(config.num_clients);
   p.set_degree(config.degree != 0 ? config.degree : RecommendedSecAggDegree(config.num_clients));
-  p.set_threshold(config.threshold != 0 ? config.threshold : RecommendedSecAggThreshold(p.degree()));
+  p.set_threshold(config.threshold != 0 ? config.threshold
+                                        : RecommendedSecAggThreshold(p.degree()));
   p.set_min_survivors(config.min_survivors != 0 ? config.min_survivors : p.threshold());
   p.set_vector_length(config.vector_length);
   p.set_modulus_bits(config.modulus_bits);
@@ -275,9 +295,12 @@ constexpr char kPairwiseLabel[] = "fedlora/v1 secagg pairwise mask";
 
 }  // namespace
 
-absl::StatusOr<std::string> SecAggShareKey(const v1::SecAggParams& params, std::string_view own_private_key,
-                                           std::string_view peer_public_key, uint32_t sender, uint32_t receiver) {
-  FEDLORA_ASSIGN_OR_RETURN(std::string shared, X25519SharedSecret(own_private_key, peer_public_key));
+absl::StatusOr<std::string> SecAggShareKey(const v1::SecAggParams& params,
+                                           std::string_view own_private_key,
+                                           std::string_view peer_public_key, uint32_t sender,
+                                           uint32_t receiver) {
+  FEDLORA_ASSIGN_OR_RETURN(std::string shared,
+                           X25519SharedSecret(own_private_key, peer_public_key));
   std::string info = kShareKeyLabel;
   AppendU64(info, params.round_id());
   AppendU32(info, sender);
@@ -287,7 +310,8 @@ absl::StatusOr<std::string> SecAggShareKey(const v1::SecAggParams& params, std::
   return key;
 }
 
-std::string SecAggShareAssociatedData(const v1::SecAggParams& params, uint32_t sender, uint32_t receiver) {
+std::string SecAggShareAssociatedData(const v1::SecAggParams& params, uint32_t sender,
+                                      uint32_t receiver) {
   std::string aad = kShareAadLabel;
   AppendU64(aad, params.round_id());
   aad += params.round_nonce();
@@ -296,20 +320,26 @@ std::string SecAggShareAssociatedData(const v1::SecAggParams& params, uint32_t s
   return aad;
 }
 
-absl::StatusOr<std::string> SecAggPairwiseSeed(const v1::SecAggParams& params, std::string_view own_private_key,
-                                               std::string_view peer_public_key, uint32_t a, uint32_t b) {
-  FEDLORA_ASSIGN_OR_RETURN(std::string shared, X25519SharedSecret(own_private_key, peer_public_key));
+absl::StatusOr<std::string> SecAggPairwiseSeed(const v1::SecAggParams& params,
+                                               std::string_view own_private_key,
+                                               std::string_view peer_public_key, uint32_t a,
+                                               uint32_t b) {
+  FEDLORA_ASSIGN_OR_RETURN(std::string shared,
+                           X25519SharedSecret(own_private_key, peer_public_key));
   std::string info = kPairwiseLabel;
   AppendU64(info, params.round_id());
   AppendU32(info, std::min(a, b));
   AppendU32(info, std::max(a, b));
-  absl::StatusOr<std::string> seed = HkdfSha256(shared, params.round_nonce(), info, Prg::kSeedBytes);
+  absl::StatusOr<std::string> seed =
+      HkdfSha256(shared, params.round_nonce(), info, Prg::kSeedBytes);
   secagg_internal::Wipe(shared);
   return seed;
 }
 
-absl::Status AddSecAggMask(std::string_view seed, uint32_t modulus_bits, bool subtract, std::span<uint64_t> values) {
-  if (modulus_bits < 1 || modulus_bits > 64) return absl::InvalidArgumentError("modulus_bits must be 1..64");
+absl::Status AddSecAggMask(std::string_view seed, uint32_t modulus_bits, bool subtract,
+                           std::span<uint64_t> values) {
+  if (modulus_bits < 1 || modulus_bits > 64)
+    return absl::InvalidArgumentError("modulus_bits must be 1..64");
   FEDLORA_ASSIGN_OR_RETURN(Prg prg, Prg::Create(seed, /*stream=*/0));
   const size_t word = modulus_bits <= 32 ? 4 : 8;
   const uint64_t mask = secagg_internal::ModulusMask(modulus_bits);
@@ -322,7 +352,9 @@ absl::Status AddSecAggMask(std::string_view seed, uint32_t modulus_bits, bool su
     uint64_t* v = values.data() + i;
     if (word == 4) {
       for (size_t j = 0; j < n; ++j, b += 4) {
-        const uint64_t w = (uint64_t{b[0]} | uint64_t{b[1]} << 8 | uint64_t{b[2]} << 16 | uint64_t{b[3]} << 24) & mask;
+        const uint64_t w =
+            (uint64_t{b[0]} | uint64_t{b[1]} << 8 | uint64_t{b[2]} << 16 | uint64_t{b[3]} << 24) &
+            mask;
         v[j] = subtract ? v[j] - w : v[j] + w;
       }
     } else {
@@ -337,8 +369,10 @@ absl::Status AddSecAggMask(std::string_view seed, uint32_t modulus_bits, bool su
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> PackSecAggVector(std::span<const uint64_t> values, uint32_t modulus_bits) {
-  if (modulus_bits < 1 || modulus_bits > 64) return absl::InvalidArgumentError("modulus_bits must be 1..64");
+absl::StatusOr<std::string> PackSecAggVector(std::span<const uint64_t> values,
+                                             uint32_t modulus_bits) {
+  if (modulus_bits < 1 || modulus_bits > 64)
+    return absl::InvalidArgumentError("modulus_bits must be 1..64");
   const size_t width = (modulus_bits + 7) / 8;
   const uint64_t mask = secagg_internal::ModulusMask(modulus_bits);
   std::string out(values.size() * width, '\0');
@@ -346,7 +380,8 @@ absl::StatusOr<std::string> PackSecAggVector(std::span<const uint64_t> values, u
   for (size_t i = 0; i < values.size(); ++i) {
     const uint64_t v = values[i];
     if ((v & ~mask) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("value ", i, " is not below 2^", modulus_bits));
+      return absl::InvalidArgumentError(
+          absl::StrCat("value ", i, " is not below 2^", modulus_bits));
     }
     for (size_t b = 0; b < width; ++b) *o++ = static_cast<char>(v >> (8 * b));
   }
@@ -355,11 +390,12 @@ absl::StatusOr<std::string> PackSecAggVector(std::span<const uint64_t> values, u
 
 absl::StatusOr<std::vector<uint64_t>> UnpackSecAggVector(std::string_view bytes, uint64_t length,
                                                          uint32_t modulus_bits) {
-  if (modulus_bits < 1 || modulus_bits > 64) return absl::InvalidArgumentError("modulus_bits must be 1..64");
+  if (modulus_bits < 1 || modulus_bits > 64)
+    return absl::InvalidArgumentError("modulus_bits must be 1..64");
   const size_t width = (modulus_bits + 7) / 8;
   if (length > kSecAggMaxVectorLength || bytes.size() != length * width) {
-    return absl::InvalidArgumentError(absl::StrCat("packed vector must be ", length, " x ", width, " bytes, got ",
-                                                   bytes.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("packed vector must be ", length, " x ", width, " bytes, got ", bytes.size()));
   }
   const uint64_t mask = secagg_internal::ModulusMask(modulus_bits);
   std::vector<uint64_t> out(length);
@@ -368,7 +404,8 @@ absl::StatusOr<std::vector<uint64_t>> UnpackSecAggVector(std::string_view bytes,
     uint64_t v = 0;
     for (size_t b = width; b-- > 0;) v = (v << 8) | p[b];
     if ((v & ~mask) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("packed value ", i, " is not below 2^", modulus_bits));
+      return absl::InvalidArgumentError(
+          absl::StrCat("packed value ", i, " is not below 2^", modulus_bits));
     }
     out[i] = v;
   }

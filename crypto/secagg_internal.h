@@ -23,12 +23,13 @@ inline uint64_t ModulusMask(uint32_t modulus_bits) {
 }
 
 // Copies a list of client indices, checking that it is strictly ascending and every entry < n.
-absl::Status ReadIndexList(const google::protobuf::RepeatedField<uint32_t>& list, uint32_t num_clients,
-                           std::string_view what, std::vector<uint32_t>* out);
+absl::Status ReadIndexList(const google::protobuf::RepeatedField<uint32_t>& list,
+                           uint32_t num_clients, std::string_view what, std::vector<uint32_t>* out);
 
 // sum[i] += element i of a packed vector (see PackSecAggVector), mod 2^64. Checks the whole vector
 // (size, no value >= 2^m) before adding anything; InvalidArgument leaves `sum` unchanged.
-absl::Status AddPackedVector(std::string_view bytes, uint32_t modulus_bits, std::span<uint64_t> sum);
+absl::Status AddPackedVector(std::string_view bytes, uint32_t modulus_bits,
+                             std::span<uint64_t> sum);
 
 // Overwrites a secret's bytes before it is released.
 void Wipe(std::string& secret);

@@ -36,8 +36,8 @@ absl::StatusOr<Bn> NewBn() {
 }
 
 absl::StatusOr<Bn> FromBytes(std::string_view bytes) {
-  Bn b(BN_bin2bn(reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<int>(bytes.size()),
-                 BN_secure_new()));
+  Bn b(BN_bin2bn(reinterpret_cast<const unsigned char*>(bytes.data()),
+                 static_cast<int>(bytes.size()), BN_secure_new()));
   if (b == nullptr) return OpenSslFailure("BN_bin2bn");
   return b;
 }
@@ -57,7 +57,8 @@ absl::StatusOr<Bn> Prime() {
 
 absl::StatusOr<std::string> ToBytes(const BIGNUM* b, size_t n) {
   std::string out(n, '\0');
-  if (BN_bn2binpad(b, reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) != static_cast<int>(n)) {
+  if (BN_bn2binpad(b, reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) !=
+      static_cast<int>(n)) {
     return absl::InvalidArgumentError(absl::StrCat("value does not fit in ", n, " bytes"));
   }
   return out;
@@ -71,8 +72,10 @@ absl::Status CheckPoints(std::span<const uint32_t> xs, uint32_t threshold) {
   }
   std::unordered_set<uint32_t> seen;
   for (uint32_t x : xs) {
-    if (x == 0) return absl::InvalidArgumentError("Shamir share point x = 0 would reveal the secret");
-    if (!seen.insert(x).second) return absl::InvalidArgumentError(absl::StrCat("repeated Shamir share point x = ", x));
+    if (x == 0)
+      return absl::InvalidArgumentError("Shamir share point x = 0 would reveal the secret");
+    if (!seen.insert(x).second)
+      return absl::InvalidArgumentError(absl::StrCat("repeated Shamir share point x = ", x));
   }
   return absl::OkStatus();
 }
@@ -103,8 +106,8 @@ absl::StatusOr<std::vector<ShamirShare>> Evaluate(const std::vector<Bn>& coeffs,
 
 absl::Status CheckSecret(std::string_view secret32) {
   if (secret32.size() != kShamirSecretBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Shamir secret must be ", kShamirSecretBytes, " bytes, got ", secret32.size()));
+    return absl::InvalidArgumentError(absl::StrCat("Shamir secret must be ", kShamirSecretBytes,
+                                                   " bytes, got ", secret32.size()));
   }
   return absl::OkStatus();
 }
@@ -139,12 +142,15 @@ absl::StatusOr<std::vector<ShamirShare>> SplitWith(
 
 }  // namespace
 
-absl::StatusOr<std::vector<ShamirShare>> ShamirSplitAt(std::string_view secret32, uint32_t threshold,
+absl::StatusOr<std::vector<ShamirShare>> ShamirSplitAt(std::string_view secret32,
+                                                       uint32_t threshold,
                                                        std::span<const uint32_t> xs) {
-  return SplitWith(secret32, threshold, xs, [](uint32_t, const BIGNUM* p, BIGNUM* out) -> absl::Status {
-    if (BN_priv_rand_range(out, p) != 1) return OpenSslFailure("BN_priv_rand_range");
-    return absl::OkStatus();
-  });
+  return SplitWith(secret32, threshold, xs,
+                   [](uint32_t, const BIGNUM* p, BIGNUM* out) -> absl::Status {
+                     if (BN_priv_rand_range(out, p) != 1)
+                       return OpenSslFailure("BN_priv_rand_range");
+                     return absl::OkStatus();
+                   });
 }
 
 absl::StatusOr<std::vector<ShamirShare>> ShamirSplit(std::string_view secret32, uint32_t threshold,
@@ -154,21 +160,25 @@ absl::StatusOr<std::vector<ShamirShare>> ShamirSplit(std::string_view secret32, 
   return ShamirSplitAt(secret32, threshold, xs);
 }
 
-absl::StatusOr<std::vector<ShamirShare>> ShamirSplitWithCoefficients(std::string_view secret32,
-                                                                     std::span<const std::string> coefficients,
-                                                                     std::span<const uint32_t> xs) {
+absl::StatusOr<std::vector<ShamirShare>> ShamirSplitWithCoefficients(
+    std::string_view secret32, std::span<const std::string> coefficients,
+    std::span<const uint32_t> xs) {
   for (const std::string& c : coefficients) {
-    if (c.size() > kShamirShareBytes) return absl::InvalidArgumentError("Shamir coefficient longer than 33 bytes");
+    if (c.size() > kShamirShareBytes)
+      return absl::InvalidArgumentError("Shamir coefficient longer than 33 bytes");
   }
   const uint32_t threshold = static_cast<uint32_t>(coefficients.size()) + 1;
-  return SplitWith(secret32, threshold, xs, [&](uint32_t i, const BIGNUM* p, BIGNUM* out) -> absl::Status {
-    const std::string& c = coefficients[i - 1];
-    if (BN_bin2bn(reinterpret_cast<const unsigned char*>(c.data()), static_cast<int>(c.size()), out) == nullptr) {
-      return OpenSslFailure("BN_bin2bn");
-    }
-    if (BN_cmp(out, p) >= 0) return absl::InvalidArgumentError("Shamir coefficient is not below p");
-    return absl::OkStatus();
-  });
+  return SplitWith(secret32, threshold, xs,
+                   [&](uint32_t i, const BIGNUM* p, BIGNUM* out) -> absl::Status {
+                     const std::string& c = coefficients[i - 1];
+                     if (BN_bin2bn(reinterpret_cast<const unsigned char*>(c.data()),
+                                   static_cast<int>(c.size()), out) == nullptr) {
+                       return OpenSslFailure("BN_bin2bn");
+                     }
+                     if (BN_cmp(out, p) >= 0)
+                       return absl::InvalidArgumentError("Shamir coefficient is not below p");
+                     return absl::OkStatus();
+                   });
 }
 
 absl::Status CheckShamirShare(const ShamirShare& share) {
@@ -178,8 +188,9 @@ absl::Status CheckShamirShare(const ShamirShare& share) {
         absl::StrCat("Shamir share y must be ", kShamirShareBytes, " bytes, got ", share.y.size()));
   }
   // y < p = 2^256 + 297 = 0x01 || 00 (29 bytes) || 01 29, compared big-endian byte by byte.
-  static constexpr unsigned char kP[kShamirShareBytes] = {0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                                          0,    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01, 0x29};
+  static constexpr unsigned char kP[kShamirShareBytes] = {0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0,    0,
+                                                          0,    0, 0, 0, 0, 0, 0, 0, 0, 0,    0,
+                                                          0,    0, 0, 0, 0, 0, 0, 0, 0, 0x01, 0x29};
   for (size_t i = 0; i < kShamirShareBytes; ++i) {
     const auto b = static_cast<unsigned char>(share.y[i]);
     if (b < kP[i]) return absl::OkStatus();
@@ -192,8 +203,10 @@ namespace {
 
 // The value at `at` of the polynomial through `used` (checked shares at distinct points):
 // sum_i y_i * prod_{j != i} (at - x_j) / (x_i - x_j)  (mod p).
-absl::StatusOr<Bn> InterpolateAt(std::span<const ShamirShare> used, uint32_t at, const BIGNUM* p, BN_CTX* ctx) {
-  absl::StatusOr<Bn> sum = NewBn(), num = NewBn(), den = NewBn(), diff = NewBn(), term = NewBn(), bat = FromWord(at);
+absl::StatusOr<Bn> InterpolateAt(std::span<const ShamirShare> used, uint32_t at, const BIGNUM* p,
+                                 BN_CTX* ctx) {
+  absl::StatusOr<Bn> sum = NewBn(), num = NewBn(), den = NewBn(), diff = NewBn(), term = NewBn(),
+                     bat = FromWord(at);
   for (const auto* r : {&sum, &num, &den, &diff, &term, &bat}) {
     if (!r->ok()) return r->status();
   }
@@ -214,7 +227,8 @@ absl::StatusOr<Bn> InterpolateAt(std::span<const ShamirShare> used, uint32_t at,
         return OpenSslFailure("Lagrange basis");
       }
     }
-    if (BN_mod_inverse(den->get(), den->get(), p, ctx) == nullptr) return OpenSslFailure("BN_mod_inverse");
+    if (BN_mod_inverse(den->get(), den->get(), p, ctx) == nullptr)
+      return OpenSslFailure("BN_mod_inverse");
     FEDLORA_ASSIGN_OR_RETURN(Bn y, FromBytes(used[i].y));
     if (BN_mod_mul(term->get(), num->get(), den->get(), p, ctx) != 1 ||
         BN_mod_mul(term->get(), term->get(), y.get(), p, ctx) != 1 ||
@@ -237,7 +251,8 @@ absl::Status CheckShares(std::span<const ShamirShare> shares, uint32_t threshold
 
 absl::StatusOr<std::string> SecretFrom(const BIGNUM* value) {
   if (BN_num_bits(value) > static_cast<int>(8 * kShamirSecretBytes)) {
-    return absl::InvalidArgumentError("inconsistent shares: the interpolated value is not a 32-byte secret");
+    return absl::InvalidArgumentError(
+        "inconsistent shares: the interpolated value is not a 32-byte secret");
   }
   return ToBytes(value, kShamirSecretBytes);
 }
@@ -259,12 +274,12 @@ absl::StatusOr<std::string> ShamirCombine(std::span<const ShamirShare> shares, u
   return SecretFrom(at0.get());
 }
 
-absl::StatusOr<ShamirDecoded> ShamirCombineChecked(std::span<const ShamirShare> shares, uint32_t threshold,
-                                                   int max_tries) {
+absl::StatusOr<ShamirDecoded> ShamirCombineChecked(std::span<const ShamirShare> shares,
+                                                   uint32_t threshold, int max_tries) {
   if (threshold == 0) return absl::InvalidArgumentError("Shamir threshold must be at least 1");
   if (shares.size() <= threshold) {
-    return absl::FailedPreconditionError(absl::StrCat("checking Shamir shares needs more than ", threshold,
-                                                      " of them, got ", shares.size()));
+    return absl::FailedPreconditionError(absl::StrCat("checking Shamir shares needs more than ",
+                                                      threshold, " of them, got ", shares.size()));
   }
   FEDLORA_RETURN_IF_ERROR(CheckShares(shares, threshold));
   BnCtx ctx(BN_CTX_secure_new());
@@ -280,7 +295,8 @@ absl::StatusOr<ShamirDecoded> ShamirCombineChecked(std::span<const ShamirShare> 
   // the runs that hold it, so with few wrong shares one of the first runs is clean).
   for (int attempt = 0; attempt < max_tries && static_cast<size_t>(attempt) < n; ++attempt) {
     std::vector<ShamirShare> subset;
-    for (uint32_t k = 0; k < threshold; ++k) subset.push_back(shares[(static_cast<size_t>(attempt) + k) % n]);
+    for (uint32_t k = 0; k < threshold; ++k)
+      subset.push_back(shares[(static_cast<size_t>(attempt) + k) % n]);
     std::vector<uint32_t> wrong;
     for (const ShamirShare& sh : shares) {
       FEDLORA_ASSIGN_OR_RETURN(Bn v, InterpolateAt(subset, sh.x, p.get(), ctx.get()));
@@ -293,8 +309,9 @@ absl::StatusOr<ShamirDecoded> ShamirCombineChecked(std::span<const ShamirShare> 
     FEDLORA_ASSIGN_OR_RETURN(std::string secret, SecretFrom(at0.get()));
     return ShamirDecoded{std::move(secret), std::move(wrong)};
   }
-  return absl::InvalidArgumentError(absl::StrCat("inconsistent shares: no polynomial of degree ", threshold - 1,
-                                                 " passes through ", needed, " of the ", n, " shares"));
+  return absl::InvalidArgumentError(absl::StrCat("inconsistent shares: no polynomial of degree ",
+                                                 threshold - 1, " passes through ", needed,
+                                                 " of the ", n, " shares"));
 }
 
 }  // namespace fedlora::crypto

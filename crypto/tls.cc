@@ -4,8 +4,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <map>
 #include <ctime>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -50,7 +50,8 @@ FileStamp Stamp(const std::string& path) {
 }
 
 // The serials a CRL file revokes, checked against the CA.
-absl::StatusOr<std::set<std::string>> LoadCrl(const std::string& crl_file, const std::string& ca_pem) {
+absl::StatusOr<std::set<std::string>> LoadCrl(const std::string& crl_file,
+                                              const std::string& ca_pem) {
   FEDLORA_ASSIGN_OR_RETURN(std::string crl_pem, ReadNamedFile(crl_file, "crl_file"));
   absl::StatusOr<std::vector<std::string>> serials = RevokedSerials(crl_pem, ca_pem);
   if (!serials.ok()) return Annotate(serials.status(), absl::StrCat("crl_file ", crl_file));
@@ -109,7 +110,8 @@ struct ServerTls::State {
       return loaded.status();
     }
     if (*loaded != revoked) {
-      FEDLORA_LOG(INFO) << "CRL " << crl_file << " loaded: " << loaded->size() << " revoked serials";
+      FEDLORA_LOG(INFO) << "CRL " << crl_file << " loaded: " << loaded->size()
+                        << " revoked serials";
     }
     revoked = *std::move(loaded);
     return absl::OkStatus();
@@ -126,7 +128,8 @@ struct ServerTls::State {
       case ChainProblem::kNoCertificate:
         return "the client presented no certificate";
       case ChainProblem::kUnknownCa:
-        return absl::StrCat("client ", v.Describe(), " is not signed by the client CA (client_ca_file ", ca_file,
+        return absl::StrCat("client ", v.Describe(),
+                            " is not signed by the client CA (client_ca_file ", ca_file,
                             "): its issuer is '", v.issuer_cn, "'",
                             v.subject_cn == v.issuer_cn ? " (self-signed?)" : "");
       default:
@@ -140,7 +143,8 @@ struct ServerTls::State {
       }
     }
     if (!allowed.empty() && allowed.count(v.subject_cn) == 0) {
-      return absl::StrCat("client ", v.Describe(), ": client id '", v.subject_cn, "' is not on the allowed client list");
+      return absl::StrCat("client ", v.Describe(), ": client id '", v.subject_cn,
+                          "' is not on the allowed client list");
     }
     return "";
   }
@@ -159,14 +163,15 @@ namespace {
 // object; the state is shared with ServerTls.
 class ClientCertificateVerifier : public grpc::experimental::ExternalCertificateVerifier {
  public:
-  explicit ClientCertificateVerifier(std::shared_ptr<ServerTls::State> state) : state_(std::move(state)) {}
+  explicit ClientCertificateVerifier(std::shared_ptr<ServerTls::State> state)
+      : state_(std::move(state)) {}
 
-  bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request, std::function<void(grpc::Status)>,
-              grpc::Status* sync_status) override {
+  bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request,
+              std::function<void(grpc::Status)>, grpc::Status* sync_status) override {
     const grpc::string_ref leaf = request->peer_cert();
     const grpc::string_ref chain = request->peer_cert_full_chain();
-    const std::string refusal =
-        state_->Refusal(std::string_view(leaf.data(), leaf.size()), std::string_view(chain.data(), chain.size()));
+    const std::string refusal = state_->Refusal(std::string_view(leaf.data(), leaf.size()),
+                                                std::string_view(chain.data(), chain.size()));
     if (refusal.empty()) {
       *sync_status = grpc::Status::OK;
     } else {
@@ -183,8 +188,8 @@ class ClientCertificateVerifier : public grpc::experimental::ExternalCertificate
 };
 
 // cert_pem/key_pem read from the named files and checked to match.
-absl::Status CheckIdentity(const std::string& cert_file, const std::string& cert_pem, const std::string& key_file,
-                           const std::string& key_pem) {
+absl::Status CheckIdentity(const std::string& cert_file, const std::string& cert_pem,
+                           const std::string& key_file, const std::string& key_pem) {
   absl::Status s = CheckKeyMatchesCertificate(cert_pem, key_pem);
   if (!s.ok()) return Annotate(s, absl::StrCat("cert_file ", cert_file, " / key_file ", key_file));
   return absl::OkStatus();
@@ -194,7 +199,8 @@ absl::Status CheckCa(const std::string& path, const std::string& pem, std::strin
   absl::StatusOr<CertificateInfo> ca = ParseCertificate(pem);
   if (!ca.ok()) return Annotate(ca.status(), absl::StrCat(ToAbsl(field), " ", path));
   if (!ca->is_ca) {
-    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(field), " ", path, ": certificate '", ca->common_name,
+    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(field), " ", path, ": certificate '",
+                                                   ca->common_name,
                                                    "' is not a CA (no basicConstraints CA:TRUE)"));
   }
   return absl::OkStatus();
@@ -206,14 +212,15 @@ absl::StatusOr<std::shared_ptr<ServerTls>> ServerTls::Create(const ServerTlsFile
   RouteGrpcLogs();
   FEDLORA_ASSIGN_OR_RETURN(std::string cert_pem, ReadNamedFile(files.cert_file, "cert_file"));
   FEDLORA_ASSIGN_OR_RETURN(std::string key_pem, ReadNamedFile(files.key_file, "key_file"));
-  FEDLORA_ASSIGN_OR_RETURN(std::string ca_pem, ReadNamedFile(files.client_ca_file, "client_ca_file"));
+  FEDLORA_ASSIGN_OR_RETURN(std::string ca_pem,
+                           ReadNamedFile(files.client_ca_file, "client_ca_file"));
   FEDLORA_RETURN_IF_ERROR(CheckIdentity(files.cert_file, cert_pem, files.key_file, key_pem));
   FEDLORA_ASSIGN_OR_RETURN(CertificateInfo server, ParseCertificate(cert_pem));
   const int64_t now = static_cast<int64_t>(std::time(nullptr));
   if (server.not_after_unix_s < now) {
-    return absl::FailedPreconditionError(absl::StrCat("cert_file ", files.cert_file, ": certificate '",
-                                                      server.common_name, "' expired at unix time ",
-                                                      server.not_after_unix_s));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cert_file ", files.cert_file, ": certificate '", server.common_name,
+                     "' expired at unix time ", server.not_after_unix_s));
   }
   FEDLORA_RETURN_IF_ERROR(CheckCa(files.client_ca_file, ca_pem, "client_ca_file"));
 
@@ -222,8 +229,8 @@ absl::StatusOr<std::shared_ptr<ServerTls>> ServerTls::Create(const ServerTlsFile
   State& state = *tls->state_;
   for (const std::string& id : files.allowed_client_ids) {
     if (!IsValidSiteId(id)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("allowed client id '", id.substr(0, 64), "' is not 1-128 characters of [A-Za-z0-9._@-]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "allowed client id '", id.substr(0, 64), "' is not 1-128 characters of [A-Za-z0-9._@-]"));
     }
     state.allowed.insert(id);
   }
@@ -243,12 +250,15 @@ absl::StatusOr<std::shared_ptr<ServerTls>> ServerTls::Create(const ServerTlsFile
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();
   // The TLS stack asks for a client certificate and checks that the client holds its key; the
-  // verifier checks the certificate itself (chain, validity, CRL, allow-list) so that every refusal,
-  // a missing certificate included, is counted and logged with its reason.
+  // verifier checks the certificate itself (chain, validity, CRL, allow-list) so that every
+  // refusal, a missing certificate included, is counted and logged with its reason.
   options.set_cert_request_type(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_BUT_DONT_VERIFY);
-  options.set_certificate_verifier(grpc::experimental::ExternalCertificateVerifier::Create<ClientCertificateVerifier>(tls->state_));
+  options.set_certificate_verifier(
+      grpc::experimental::ExternalCertificateVerifier::Create<ClientCertificateVerifier>(
+          tls->state_));
   tls->credentials_ = grpc::experimental::TlsServerCredentials(options);
-  if (tls->credentials_ == nullptr) return absl::InternalError("grpc::experimental::TlsServerCredentials failed");
+  if (tls->credentials_ == nullptr)
+    return absl::InternalError("grpc::experimental::TlsServerCredentials failed");
   return tls;
 }
 
@@ -258,10 +268,12 @@ std::shared_ptr<grpc::ServerCredentials> ServerTls::credentials() const { return
 
 absl::Status ServerTls::ReloadCrl() { return state_->MaybeReload(/*force=*/true); }
 
-int64_t ServerTls::refused_handshakes() const { return state_->refused.load(std::memory_order_relaxed); }
+int64_t ServerTls::refused_handshakes() const {
+  return state_->refused.load(std::memory_order_relaxed);
+}
 
 absl::StatusOr<std::string> ServerTls::CheckClientCertificate(std::string_view leaf_pem,
-                                                             std::string_view chain_pem) const {
+                                                              std::string_view chain_pem) const {
   const std::string refusal = state_->Refusal(leaf_pem, chain_pem);
   if (!refusal.empty()) return absl::PermissionDeniedError(refusal);
   return State::CommonName(leaf_pem);
@@ -272,9 +284,8 @@ size_t ServerTls::revoked_count() const {
   return state_->revoked.size();
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientChannelCredentials(const std::string& root_ca_file,
-                                                                                   const std::string& cert_file,
-                                                                                   const std::string& key_file) {
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientChannelCredentials(
+    const std::string& root_ca_file, const std::string& cert_file, const std::string& key_file) {
   RouteGrpcLogs();
   FEDLORA_ASSIGN_OR_RETURN(std::string ca_pem, ReadNamedFile(root_ca_file, "root CA file"));
   FEDLORA_ASSIGN_OR_RETURN(std::string cert_pem, ReadNamedFile(cert_file, "client cert_file"));

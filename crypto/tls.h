@@ -12,8 +12,8 @@
 // X509_verify_cert, as libssl would, crypto/chain_check.h), its serial against the CRL, its CN
 // against the allowed client ids. Each refusal is counted and logged as a WARNING naming the reason
 // and the certificate's CN, issuer and serial (the same reason again within a minute at DEBUG; gRPC
-// does not give the verifier the peer's address). The caller's identity is the certificate's CN, seen by handlers as the AuthContext's
-// "x509_common_name" property. Thread-safe.
+// does not give the verifier the peer's address). The caller's identity is the certificate's CN,
+// seen by handlers as the AuthContext's "x509_common_name" property. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -30,10 +30,10 @@
 namespace fedlora::crypto {
 
 struct ServerTlsFiles {
-  std::string cert_file;                        // PEM server certificate (chain)
-  std::string key_file;                         // PEM private key of cert_file
-  std::string client_ca_file;                   // PEM CA bundle that signs client certificates
-  std::string crl_file;                         // PEM CRL signed by the client CA; empty: no revocation list
+  std::string cert_file;       // PEM server certificate (chain)
+  std::string key_file;        // PEM private key of cert_file
+  std::string client_ca_file;  // PEM CA bundle that signs client certificates
+  std::string crl_file;        // PEM CRL signed by the client CA; empty: no revocation list
   std::vector<std::string> allowed_client_ids;  // empty: every certificate the CA signed
 };
 
@@ -69,7 +69,8 @@ class ServerTls {
   // The same check as a handshake's, for a certificate presented elsewhere (the metrics listener's
   // HTTPS, server/live_view.h): chain to the client CA, validity, CRL, allow-list. Returns the
   // certificate's CN, or PermissionDenied with the reason. Not counted in refused_handshakes().
-  absl::StatusOr<std::string> CheckClientCertificate(std::string_view leaf_pem, std::string_view chain_pem) const;
+  absl::StatusOr<std::string> CheckClientCertificate(std::string_view leaf_pem,
+                                                     std::string_view chain_pem) const;
 
   struct State;  // shared with the verifier that gRPC owns
 
@@ -81,8 +82,7 @@ class ServerTls {
 
 // TLS channel credentials that trust root_ca_file for the server and present cert_file/key_file as
 // the client certificate. All three are required. Errors as for ServerTls::Create.
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientChannelCredentials(const std::string& root_ca_file,
-                                                                                   const std::string& cert_file,
-                                                                                   const std::string& key_file);
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientChannelCredentials(
+    const std::string& root_ca_file, const std::string& cert_file, const std::string& key_file);
 
 }  // namespace fedlora::crypto

@@ -32,7 +32,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(config->vocab_size > 0 && config->hidden_size > 0 && config->num_hidden_layers > 0 &&
                  config->num_attention_heads > 0 && config->intermediate_size > 0,
              "a size is not positive");
-  FUZZ_CHECK(config->hidden_size % config->num_attention_heads == 0, "hidden_size is not a multiple of the heads");
+  FUZZ_CHECK(config->hidden_size % config->num_attention_heads == 0,
+             "hidden_size is not a multiple of the heads");
   FUZZ_CHECK(config->max_sequence_length() >= 0, "negative sequence length");
   (void)config->head_dim();
   return 0;

@@ -31,7 +31,8 @@ namespace {
 
 using fedlora::BpeTokenizer;
 
-const char* const kPres[] = {"gpt2", "gpt-2", "llama3", "llama-bpe", "qwen2", "smollm", "starcoder", "falcon", ""};
+const char* const kPres[] = {"gpt2",   "gpt-2",     "llama3", "llama-bpe", "qwen2",
+                             "smollm", "starcoder", "falcon", ""};
 
 std::string ByteChar(int b) {
   std::string s;
@@ -43,13 +44,15 @@ std::string ByteChar(int b) {
 BpeTokenizer::Vocabulary FixedVocabulary(const std::string& pre) {
   BpeTokenizer::Vocabulary v;
   for (int b = 0; b < 256; ++b) v.tokens.push_back(ByteChar(b));
-  for (const char* t : {"he", "ll", "hell", "hello", "Ġw", "or", "Ġwor", "ld", "Ġworld", "ĠĠ", "12", "<|end|>", "<u>"}) {
+  for (const char* t : {"he", "ll", "hell", "hello", "Ġw", "or", "Ġwor", "ld", "Ġworld", "ĠĠ", "12",
+                        "<|end|>", "<u>"}) {
     v.tokens.emplace_back(t);
   }
   v.token_types.assign(v.tokens.size(), BpeTokenizer::kNormal);
   v.token_types[v.tokens.size() - 2] = BpeTokenizer::kControl;
   v.token_types[v.tokens.size() - 1] = BpeTokenizer::kUserDefined;
-  v.merges = {"h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "Ġ Ġ", "1 2"};
+  v.merges = {"h e",   "l l", "he ll",   "hell o", "Ġ w", "o r",
+              "Ġw or", "l d", "Ġwor ld", "Ġ Ġ",    "1 2"};
   v.pre = pre;
   v.bos_id = 'B';
   v.eos_id = static_cast<int32_t>(v.tokens.size() - 2);
@@ -67,14 +70,16 @@ BpeTokenizer::Vocabulary FuzzedVocabulary(FuzzedDataProvider* in) {
   const size_t extra = in->ConsumeIntegralInRange<size_t>(0, 64);
   for (size_t i = 0; i < extra; ++i) v.tokens.push_back(in->ConsumeRandomLengthString(12));
   if (in->ConsumeBool()) {
-    for (size_t i = 0; i < v.tokens.size(); ++i) v.token_types.push_back(in->ConsumeIntegralInRange<int32_t>(0, 7));
+    for (size_t i = 0; i < v.tokens.size(); ++i)
+      v.token_types.push_back(in->ConsumeIntegralInRange<int32_t>(0, 7));
   }
   const size_t merges = in->ConsumeIntegralInRange<size_t>(0, 64);
   for (size_t i = 0; i < merges && !v.tokens.empty(); ++i) {
     const std::string a = v.tokens[in->ConsumeIntegralInRange<size_t>(0, v.tokens.size() - 1)];
     const std::string b = v.tokens[in->ConsumeIntegralInRange<size_t>(0, v.tokens.size() - 1)];
     if (in->ConsumeBool()) v.tokens.push_back(a + b);  // make the merge valid
-    v.merges.push_back(in->ConsumeIntegralInRange<int>(0, 9) == 0 ? in->ConsumeRandomLengthString(8) : a + " " + b);
+    v.merges.push_back(in->ConsumeIntegralInRange<int>(0, 9) == 0 ? in->ConsumeRandomLengthString(8)
+                                                                  : a + " " + b);
   }
   if (!v.token_types.empty()) v.token_types.resize(v.tokens.size(), BpeTokenizer::kNormal);
   const auto n = static_cast<int32_t>(v.tokens.size());
@@ -160,11 +165,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (size_t i = 0; i < ids.size(); ++i) {
     FUZZ_CHECK(ids[i] >= 0 && ids[i] < vocab, "id out of the vocabulary");
     FUZZ_CHECK(!tok->IdToToken(ids[i]).empty(), "an id no token has");
-    FUZZ_CHECK(offsets[i].begin <= offsets[i].end && offsets[i].end <= text.size(), "offset outside the text");
+    FUZZ_CHECK(offsets[i].begin <= offsets[i].end && offsets[i].end <= text.size(),
+               "offset outside the text");
     FUZZ_CHECK(offsets[i].begin >= last_begin, "offsets out of order");
     last_begin = offsets[i].begin;
   }
-  FUZZ_CHECK(tok->Encode(text, add_special, parse_special) == ids, "Encode and EncodeInto disagree");
+  FUZZ_CHECK(tok->Encode(text, add_special, parse_special) == ids,
+             "Encode and EncodeInto disagree");
 
   const std::string decoded = tok->Decode(ids, skip_special);
   FUZZ_CHECK(ValidUtf8(decoded), "Decode gave invalid UTF-8");

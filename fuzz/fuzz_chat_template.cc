@@ -69,8 +69,9 @@ bool ValidUtf8(const std::string& s) {
 
 // Python's str.isspace on the code points the harness decodes itself (valid UTF-8 only).
 bool IsSpace(char32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
 }
 
 std::u32string Decode32(const std::string& s) {
@@ -99,17 +100,20 @@ void CheckStripped(const std::string& content, std::string_view kept) {
   size_t b = 0, e = all.size();
   while (b < e && IsSpace(all[b])) ++b;
   while (e > b && IsSpace(all[e - 1])) --e;
-  FUZZ_CHECK(Decode32(std::string(kept)) == all.substr(b, e - b), "llama3 strip differs from Python's: \"" + content + "\"");
+  FUZZ_CHECK(Decode32(std::string(kept)) == all.substr(b, e - b),
+             "llama3 strip differs from Python's: \"" + content + "\"");
 }
 
-void CheckSpans(const ChatTemplate& t, const std::vector<ChatMessage>& messages, const RenderedChat& r) {
+void CheckSpans(const ChatTemplate& t, const std::vector<ChatMessage>& messages,
+                const RenderedChat& r) {
   size_t assistant = 0, at = 0;
   const std::string_view eot = t.end_of_turn();
   for (const ChatMessage& m : messages) {
     if (m.role != "assistant") continue;
     FUZZ_CHECK(assistant < r.response_spans.size(), "an assistant message without a span");
     const auto [begin, end] = r.response_spans[assistant++];
-    FUZZ_CHECK(at <= begin && begin <= end && end <= r.text.size(), "spans out of order or outside the text");
+    FUZZ_CHECK(at <= begin && begin <= end && end <= r.text.size(),
+               "spans out of order or outside the text");
     at = end;
     const std::string_view span = std::string_view(r.text).substr(begin, end - begin);
     FUZZ_CHECK(span.size() >= eot.size() && span.substr(span.size() - eot.size()) == eot,
@@ -136,7 +140,8 @@ void CheckTokens(const RenderedChat& r) {
   }
   std::string spans;
   for (const auto& [b, e] : r.response_spans) spans += r.text.substr(b, e - b);
-  if (ValidUtf8(spans)) FUZZ_CHECK(tok.Decode(masked) == spans, "the masked tokens are not the responses");
+  if (ValidUtf8(spans))
+    FUZZ_CHECK(tok.Decode(masked) == spans, "the masked tokens are not the responses");
 }
 
 }  // namespace
@@ -152,9 +157,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string jinja = in.ConsumeRandomLengthString(4096);
     t = ChatTemplate::Detect(jinja);
     auto either = ChatTemplate::FromNameOrJinja(jinja);
-    FUZZ_TRACE("Detect: %s\n", t.ok() ? std::string(t->name()).c_str() : t.status().ToString().c_str());
+    FUZZ_TRACE("Detect: %s\n",
+               t.ok() ? std::string(t->name()).c_str() : t.status().ToString().c_str());
     for (const auto* s : {&t, &either}) {
-      if (!s->ok()) FUZZ_CHECK(s->status().code() == absl::StatusCode::kInvalidArgument && !s->status().message().empty(), s->status());
+      if (!s->ok())
+        FUZZ_CHECK(s->status().code() == absl::StatusCode::kInvalidArgument &&
+                       !s->status().message().empty(),
+                   s->status());
     }
     if (!t.ok()) return 0;
   }
@@ -169,15 +178,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string prompted = t->Render(messages, true);
   const RenderedChat training = t->RenderForTraining(messages);
   FUZZ_CHECK(training.text == plain, "RenderForTraining's text differs from Render");
-  const std::string gen = t->kind() == ChatTemplate::Kind::kLlama3 ? "<|start_header_id|>assistant<|end_header_id|>\n\n"
-                                                                   : "<|im_start|>assistant\n";
+  const std::string gen = t->kind() == ChatTemplate::Kind::kLlama3
+                              ? "<|start_header_id|>assistant<|end_header_id|>\n\n"
+                              : "<|im_start|>assistant\n";
   FUZZ_CHECK(prompted == plain + gen, "the generation prompt is not appended as documented");
   for (size_t k = 0; k < messages.size(); ++k) {
     const std::vector<ChatMessage> head(messages.begin(), messages.begin() + k);
     FUZZ_CHECK(plain.starts_with(t->Render(head, false)), "rendering a prefix is not a prefix");
   }
-  FUZZ_TRACE("%s: %zu messages, %zu spans, %zu bytes\n", std::string(t->name()).c_str(), messages.size(),
-             training.response_spans.size(), plain.size());
+  FUZZ_TRACE("%s: %zu messages, %zu spans, %zu bytes\n", std::string(t->name()).c_str(),
+             messages.size(), training.response_spans.size(), plain.size());
   CheckSpans(*t, messages, training);
   CheckTokens(training);
   return 0;

@@ -48,12 +48,11 @@ std::string Write(const std::string& name, const std::string& bytes) {
 
 void CheckRefusal(const absl::Status& s, const std::string& path) {
   FUZZ_CHECK(s.code() == absl::StatusCode::kInvalidArgument, s);
-  FUZZ_CHECK(s.message().find(path) != std::string::npos, "the error does not name the file: " + s.ToString());
+  FUZZ_CHECK(s.message().find(path) != std::string::npos,
+             "the error does not name the file: " + s.ToString());
 }
 
-bool Blank(const std::string& s) {
-  return s.find_first_not_of(" \t\r\n") == std::string::npos;
-}
+bool Blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
 
 bool SameExamples(const Dataset& a, const Dataset& b) {
   if (a.label_names != b.label_names || a.examples.size() != b.examples.size()) return false;
@@ -80,17 +79,20 @@ std::string Quoted(const std::string& s) {
 
 void CheckDataset(const Dataset& d, const DatasetOptions& o) {
   FUZZ_CHECK(!d.examples.empty(), "an accepted dataset without examples");
-  if (!o.label_names.empty()) FUZZ_CHECK(d.label_names == o.label_names, "label names differ from the given ones");
+  if (!o.label_names.empty())
+    FUZZ_CHECK(d.label_names == o.label_names, "label names differ from the given ones");
   // Up to 2^20 names (integer labels without names): a set, not a quadratic scan.
   const std::set<std::string> distinct(d.label_names.begin(), d.label_names.end());
   FUZZ_CHECK(distinct.size() == d.label_names.size(), "a label name twice");
   for (const Example& e : d.examples) {
-    FUZZ_CHECK(e.label >= 0 && static_cast<size_t>(e.label) < d.label_names.size(), "label index out of range");
+    FUZZ_CHECK(e.label >= 0 && static_cast<size_t>(e.label) < d.label_names.size(),
+               "label index out of range");
     FUZZ_CHECK(!Blank(e.text), "blank text accepted");
     FUZZ_CHECK(static_cast<int64_t>(e.text.size()) <= o.max_text_bytes, "text over max_text_bytes");
     if (e.text_pair.has_value()) {
       FUZZ_CHECK(!e.text_pair->empty(), "empty pair kept");
-      FUZZ_CHECK(static_cast<int64_t>(e.text_pair->size()) <= o.max_text_bytes, "pair over max_text_bytes");
+      FUZZ_CHECK(static_cast<int64_t>(e.text_pair->size()) <= o.max_text_bytes,
+                 "pair over max_text_bytes");
     }
   }
 }
@@ -99,7 +101,8 @@ void CheckDataset(const Dataset& d, const DatasetOptions& o) {
 void CheckRoundTrip(const Dataset& d, const DatasetOptions& o) {
   std::string csv = "text,text_pair,label\n";
   for (const Example& e : d.examples) {
-    csv += Quoted(e.text) + "," + Quoted(e.text_pair.value_or("")) + "," + Quoted(d.label_names[e.label]) + "\r\n";
+    csv += Quoted(e.text) + "," + Quoted(e.text_pair.value_or("")) + "," +
+           Quoted(d.label_names[e.label]) + "\r\n";
   }
   DatasetOptions again;
   again.label_names = d.label_names;
@@ -127,8 +130,8 @@ void FuzzDataset(const char* ext, uint8_t flags, const std::string& file) {
     CheckRoundTrip(*d, o);
   }
   auto newline = LoadDataset(Write(name, file + "\n"), o);
-  FUZZ_CHECK(Same(d, newline), "a final \"\\n\" changes the result: " + d.status().ToString() + " vs " +
-                                   newline.status().ToString());
+  FUZZ_CHECK(Same(d, newline), "a final \"\\n\" changes the result: " + d.status().ToString() +
+                                   " vs " + newline.status().ToString());
 }
 
 void FuzzLabelNames(const std::string& file) {
@@ -140,7 +143,8 @@ void FuzzLabelNames(const std::string& file) {
   }
   std::string again;
   for (const std::string& n : *names) {
-    FUZZ_CHECK(!n.empty() && n.back() != ' ' && n.back() != '\t' && n.back() != '\r' && n.find('\n') == std::string::npos,
+    FUZZ_CHECK(!n.empty() && n.back() != ' ' && n.back() != '\t' && n.back() != '\r' &&
+                   n.find('\n') == std::string::npos,
                "label \"" + n + "\" kept trailing space or a line end");
     again += n + "\n";
   }
@@ -191,14 +195,17 @@ void FuzzLmDataset(uint8_t flags, const std::string& file) {
   FUZZ_CHECK(!d->examples.empty(), "an accepted LM dataset without examples");
   const int64_t vocab = tok.tokenizer->vocab_size();
   for (const LmExample& e : d->examples) {
-    FUZZ_CHECK(e.input_ids.size() <= static_cast<size_t>(o.max_seq_len), "an example over max_seq_len");
+    FUZZ_CHECK(e.input_ids.size() <= static_cast<size_t>(o.max_seq_len),
+               "an example over max_seq_len");
     FUZZ_CHECK(e.labels.size() == e.input_ids.size(), "labels and ids differ in length");
     FUZZ_CHECK(e.targets() > 0, "an example without targets");
     for (size_t i = 0; i < e.input_ids.size(); ++i) {
       FUZZ_CHECK(e.input_ids[i] >= 0 && e.input_ids[i] < vocab, "id outside the vocabulary");
-      FUZZ_CHECK(e.labels[i] == -100 || e.labels[i] == e.input_ids[i], "a label that is neither -100 nor the id");
+      FUZZ_CHECK(e.labels[i] == -100 || e.labels[i] == e.input_ids[i],
+                 "a label that is neither -100 nor the id");
     }
-    for (int32_t id : e.prompt_ids) FUZZ_CHECK(id >= 0 && id < vocab, "prompt id outside the vocabulary");
+    for (int32_t id : e.prompt_ids)
+      FUZZ_CHECK(id >= 0 && id < vocab, "prompt id outside the vocabulary");
   }
 }
 
@@ -208,11 +215,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   const std::string file(reinterpret_cast<const char*>(data) + 2, size - 2);
   switch (data[0] % 5) {
-    case 0: FuzzDataset("jsonl", data[1], file); break;
-    case 1: FuzzDataset("csv", data[1], file); break;
-    case 2: FuzzDataset("tsv", data[1], file); break;
-    case 3: FuzzLabelNames(file); break;
-    default: FuzzLmDataset(data[1], file); break;
+    case 0:
+      FuzzDataset("jsonl", data[1], file);
+      break;
+    case 1:
+      FuzzDataset("csv", data[1], file);
+      break;
+    case 2:
+      FuzzDataset("tsv", data[1], file);
+      break;
+    case 3:
+      FuzzLabelNames(file);
+      break;
+    default:
+      FuzzLmDataset(data[1], file);
+      break;
   }
   return 0;
 }

@@ -23,7 +23,8 @@
 //   under the caps, heads a multiple of the key-value heads, an even head_dim, token ids inside
 //   the vocabulary);
 // - mode 1: it holds what the metadata says (each key the mapping reads, as written; the token
-//   count as vocab_size without a vocab_size key; a separate head exactly when output.weight exists);
+//   count as vocab_size without a vocab_size key; a separate head exactly when output.weight
+//   exists);
 // - it round-trips: written back as a config.json with every field, and as GGUF metadata with the
 //   keys llama.cpp's converter writes, it reads back equal (GGUF carries no attention_dropout and
 //   one eos id: those are compared where it can carry them).
@@ -65,16 +66,40 @@ std::string Write(const std::string& name, const std::string& bytes) {
   return path;
 }
 
-// ---- a GGUF writer (version 3, alignment 32) ------------------------------------------------------
+// ---- a GGUF writer (version 3, alignment 32)
+// ------------------------------------------------------
 
-enum : uint32_t { kU8, kI8, kU16, kI16, kU32, kI32, kF32, kBool, kString, kArray, kU64, kI64, kF64 };
+enum : uint32_t {
+  kU8,
+  kI8,
+  kU16,
+  kI16,
+  kU32,
+  kI32,
+  kF32,
+  kBool,
+  kString,
+  kArray,
+  kU64,
+  kI64,
+  kF64
+};
 
 size_t Width(uint32_t type) {
   switch (type) {
-    case kU8: case kI8: case kBool: return 1;
-    case kU16: case kI16: return 2;
-    case kU32: case kI32: case kF32: return 4;
-    default: return 8;
+    case kU8:
+    case kI8:
+    case kBool:
+      return 1;
+    case kU16:
+    case kI16:
+      return 2;
+    case kU32:
+    case kI32:
+    case kF32:
+      return 4;
+    default:
+      return 8;
   }
 }
 
@@ -114,15 +139,30 @@ std::string Gguf(const std::vector<Kv>& kvs, bool output_weight) {
   return out;
 }
 
-// ---- mode 1: metadata records --------------------------------------------------------------------
+// ---- mode 1: metadata records
+// --------------------------------------------------------------------
 
-constexpr const char* kKeys[] = {
-    "general.architecture", ".block_count", ".embedding_length", ".feed_forward_length",
-    ".attention.head_count", ".attention.head_count_kv", ".context_length",
-    ".attention.layer_norm_rms_epsilon", ".rope.freq_base", ".attention.key_length",
-    ".attention.value_length", ".rope.dimension_count", ".rope.scaling.type", ".rope.scaling.factor",
-    ".vocab_size", "tokenizer.ggml.tokens", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-    "tokenizer.ggml.padding_token_id", "general.alignment", "general.name"};
+constexpr const char* kKeys[] = {"general.architecture",
+                                 ".block_count",
+                                 ".embedding_length",
+                                 ".feed_forward_length",
+                                 ".attention.head_count",
+                                 ".attention.head_count_kv",
+                                 ".context_length",
+                                 ".attention.layer_norm_rms_epsilon",
+                                 ".rope.freq_base",
+                                 ".attention.key_length",
+                                 ".attention.value_length",
+                                 ".rope.dimension_count",
+                                 ".rope.scaling.type",
+                                 ".rope.scaling.factor",
+                                 ".vocab_size",
+                                 "tokenizer.ggml.tokens",
+                                 "tokenizer.ggml.bos_token_id",
+                                 "tokenizer.ggml.eos_token_id",
+                                 "tokenizer.ggml.padding_token_id",
+                                 "general.alignment",
+                                 "general.name"};
 
 struct Reader {
   const uint8_t* p;
@@ -214,15 +254,23 @@ Metadata MetadataOf(const uint8_t* data, size_t size) {
 double Number(const Kv& kv) {
   uint64_t bits = 0;
   if (kv.type == kString || kv.type == kArray || kv.type == kBool) return std::nan("");
-  for (size_t i = 0; i < Width(kv.type); ++i) bits |= uint64_t{static_cast<uint8_t>(kv.value[i])} << (8 * i);
+  for (size_t i = 0; i < Width(kv.type); ++i)
+    bits |= uint64_t{static_cast<uint8_t>(kv.value[i])} << (8 * i);
   switch (kv.type) {
-    case kI8: return static_cast<int8_t>(bits);
-    case kI16: return static_cast<int16_t>(bits);
-    case kI32: return static_cast<int32_t>(bits);
-    case kI64: return static_cast<double>(static_cast<int64_t>(bits));
-    case kF32: return std::bit_cast<float>(static_cast<uint32_t>(bits));
-    case kF64: return std::bit_cast<double>(bits);
-    default: return static_cast<double>(bits);
+    case kI8:
+      return static_cast<int8_t>(bits);
+    case kI16:
+      return static_cast<int16_t>(bits);
+    case kI32:
+      return static_cast<int32_t>(bits);
+    case kI64:
+      return static_cast<double>(static_cast<int64_t>(bits));
+    case kF32:
+      return std::bit_cast<float>(static_cast<uint32_t>(bits));
+    case kF64:
+      return std::bit_cast<double>(bits);
+    default:
+      return static_cast<double>(bits);
   }
 }
 
@@ -230,39 +278,54 @@ double Number(const Kv& kv) {
 void CheckMapping(const Metadata& m, const DecoderConfig& c) {
   const std::string a = c.model_type;
   const std::pair<std::string, double> fields[] = {
-      {a + ".block_count", c.num_hidden_layers}, {a + ".embedding_length", c.hidden_size},
-      {a + ".feed_forward_length", c.intermediate_size}, {a + ".attention.head_count", c.num_attention_heads},
-      {a + ".attention.head_count_kv", c.num_key_value_heads}, {a + ".context_length", c.max_position_embeddings},
-      {a + ".attention.key_length", c.head_dim}, {a + ".vocab_size", c.vocab_size},
-      {a + ".attention.layer_norm_rms_epsilon", c.rms_norm_eps}, {a + ".rope.freq_base", c.rope_theta},
-      {"tokenizer.ggml.bos_token_id", c.bos_token_id}, {"tokenizer.ggml.padding_token_id", c.pad_token_id}};
+      {a + ".block_count", c.num_hidden_layers},
+      {a + ".embedding_length", c.hidden_size},
+      {a + ".feed_forward_length", c.intermediate_size},
+      {a + ".attention.head_count", c.num_attention_heads},
+      {a + ".attention.head_count_kv", c.num_key_value_heads},
+      {a + ".context_length", c.max_position_embeddings},
+      {a + ".attention.key_length", c.head_dim},
+      {a + ".vocab_size", c.vocab_size},
+      {a + ".attention.layer_norm_rms_epsilon", c.rms_norm_eps},
+      {a + ".rope.freq_base", c.rope_theta},
+      {"tokenizer.ggml.bos_token_id", c.bos_token_id},
+      {"tokenizer.ggml.padding_token_id", c.pad_token_id}};
   bool has_vocab_size = false;
   for (const Kv& kv : m.kvs) {
     for (const auto& [key, value] : fields) {
       if (kv.key == key) FUZZ_CHECK(Number(kv) == value, kv.key + " is not what the config holds");
     }
     has_vocab_size |= kv.key == a + ".vocab_size";
-    if (kv.key == "general.architecture") FUZZ_CHECK(kv.value.substr(8) == c.model_type, "model_type");
+    if (kv.key == "general.architecture")
+      FUZZ_CHECK(kv.value.substr(8) == c.model_type, "model_type");
     if (kv.key == "tokenizer.ggml.eos_token_id") {
-      FUZZ_CHECK(c.eos_token_ids.size() == 1 && Number(kv) == static_cast<double>(c.eos_token_ids[0]), "eos");
+      FUZZ_CHECK(
+          c.eos_token_ids.size() == 1 && Number(kv) == static_cast<double>(c.eos_token_ids[0]),
+          "eos");
     }
   }
   for (const Kv& kv : m.kvs) {
-    if (kv.key == "tokenizer.ggml.tokens" && kv.type == kArray && !has_vocab_size) {  // the token list (count < 256)
-      FUZZ_CHECK(static_cast<uint8_t>(kv.value[4]) == c.vocab_size, "vocab_size is not the token count");
+    if (kv.key == "tokenizer.ggml.tokens" && kv.type == kArray &&
+        !has_vocab_size) {  // the token list (count < 256)
+      FUZZ_CHECK(static_cast<uint8_t>(kv.value[4]) == c.vocab_size,
+                 "vocab_size is not the token count");
     }
   }
-  FUZZ_CHECK(c.tie_word_embeddings == !m.output_weight, "tie_word_embeddings does not follow output.weight");
+  FUZZ_CHECK(c.tie_word_embeddings == !m.output_weight,
+             "tie_word_embeddings does not follow output.weight");
 }
 
-// ---- checks --------------------------------------------------------------------------------------
+// ---- checks
+// --------------------------------------------------------------------------------------
 
 void CheckRefusal(const absl::Status& s, const std::string& path) {
-  FUZZ_CHECK(s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kNotFound ||
-                 s.code() == absl::StatusCode::kOutOfRange || s.code() == absl::StatusCode::kDataLoss ||
-                 s.code() == absl::StatusCode::kUnimplemented,
-             s);
-  FUZZ_CHECK(s.message().find(path) != std::string::npos, "the error does not name the file: " + s.ToString());
+  FUZZ_CHECK(
+      s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kNotFound ||
+          s.code() == absl::StatusCode::kOutOfRange || s.code() == absl::StatusCode::kDataLoss ||
+          s.code() == absl::StatusCode::kUnimplemented,
+      s);
+  FUZZ_CHECK(s.message().find(path) != std::string::npos,
+             "the error does not name the file: " + s.ToString());
 }
 
 void CheckBounds(const DecoderConfig& c) {
@@ -270,31 +333,38 @@ void CheckBounds(const DecoderConfig& c) {
   FUZZ_CHECK(valid.ok(), valid);
   FUZZ_CHECK(c.model_type == "llama" || c.model_type == "qwen2", "model_type " + c.model_type);
   FUZZ_CHECK(c.qkv_bias == (c.model_type == "qwen2"), "qkv_bias does not follow model_type");
-  for (int64_t v : {c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
-                    c.num_key_value_heads, c.head_dim, c.max_position_embeddings}) {
+  for (int64_t v :
+       {c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers,
+        c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.max_position_embeddings}) {
     FUZZ_CHECK(v > 0, "a size is not positive");
   }
-  FUZZ_CHECK(c.hidden_size <= (1 << 20) && c.intermediate_size <= (1 << 20) && c.vocab_size <= (1 << 24) &&
-                 c.max_position_embeddings <= (1 << 24) && c.num_hidden_layers <= 1024 && c.head_dim <= 4096 &&
-                 c.num_attention_heads <= 4096,
+  FUZZ_CHECK(c.hidden_size <= (1 << 20) && c.intermediate_size <= (1 << 20) &&
+                 c.vocab_size <= (1 << 24) && c.max_position_embeddings <= (1 << 24) &&
+                 c.num_hidden_layers <= 1024 && c.head_dim <= 4096 && c.num_attention_heads <= 4096,
              "a dimension over its cap");
-  FUZZ_CHECK(c.num_attention_heads % c.num_key_value_heads == 0 && c.head_dim % 2 == 0, "heads or head_dim");
+  FUZZ_CHECK(c.num_attention_heads % c.num_key_value_heads == 0 && c.head_dim % 2 == 0,
+             "heads or head_dim");
   FUZZ_CHECK(c.rms_norm_eps > 0 && c.rope_theta > 1 && c.rope_theta <= 1e12, "eps or rope_theta");
-  FUZZ_CHECK(c.bos_token_id >= -1 && c.bos_token_id < c.vocab_size && c.pad_token_id >= -1 && c.pad_token_id < c.vocab_size,
+  FUZZ_CHECK(c.bos_token_id >= -1 && c.bos_token_id < c.vocab_size && c.pad_token_id >= -1 &&
+                 c.pad_token_id < c.vocab_size,
              "bos or pad outside the vocabulary");
-  for (int64_t e : c.eos_token_ids) FUZZ_CHECK(e >= 0 && e < c.vocab_size, "eos outside the vocabulary");
+  for (int64_t e : c.eos_token_ids)
+    FUZZ_CHECK(e >= 0 && e < c.vocab_size, "eos outside the vocabulary");
 }
 
 bool Same(const DecoderConfig& a, const DecoderConfig& b, bool via_gguf) {
-  const bool eos_same = via_gguf && a.eos_token_ids.size() > 1 ? true : a.eos_token_ids == b.eos_token_ids;
-  return a.model_type == b.model_type && a.vocab_size == b.vocab_size && a.hidden_size == b.hidden_size &&
-         a.intermediate_size == b.intermediate_size && a.num_hidden_layers == b.num_hidden_layers &&
-         a.num_attention_heads == b.num_attention_heads && a.num_key_value_heads == b.num_key_value_heads &&
-         a.head_dim == b.head_dim && a.max_position_embeddings == b.max_position_embeddings &&
+  const bool eos_same =
+      via_gguf && a.eos_token_ids.size() > 1 ? true : a.eos_token_ids == b.eos_token_ids;
+  return a.model_type == b.model_type && a.vocab_size == b.vocab_size &&
+         a.hidden_size == b.hidden_size && a.intermediate_size == b.intermediate_size &&
+         a.num_hidden_layers == b.num_hidden_layers &&
+         a.num_attention_heads == b.num_attention_heads &&
+         a.num_key_value_heads == b.num_key_value_heads && a.head_dim == b.head_dim &&
+         a.max_position_embeddings == b.max_position_embeddings &&
          a.rms_norm_eps == b.rms_norm_eps && a.rope_theta == b.rope_theta &&
          a.tie_word_embeddings == b.tie_word_embeddings && a.qkv_bias == b.qkv_bias &&
-         (via_gguf || a.attention_dropout == b.attention_dropout) && a.bos_token_id == b.bos_token_id &&
-         a.pad_token_id == b.pad_token_id && eos_same;
+         (via_gguf || a.attention_dropout == b.attention_dropout) &&
+         a.bos_token_id == b.bos_token_id && a.pad_token_id == b.pad_token_id && eos_same;
 }
 
 void CheckJsonRoundTrip(const DecoderConfig& c) {
@@ -316,7 +386,8 @@ void CheckJsonRoundTrip(const DecoderConfig& c) {
                       {"eos_token_id", c.eos_token_ids}};
   auto back = ParseDecoderConfig(j, "round trip");
   FUZZ_CHECK(back.ok(), back.status());
-  FUZZ_CHECK(Same(c, *back, false), "the config written as config.json reads back differently: " + j.dump());
+  FUZZ_CHECK(Same(c, *back, false),
+             "the config written as config.json reads back differently: " + j.dump());
 }
 
 void CheckGgufRoundTrip(const DecoderConfig& c) {

@@ -2,8 +2,9 @@
 // rebuilds the next global adapter from the one held and a delta blob the server sent.
 //
 // Input: one control byte, then the delta blob. The held adapter is, by the control byte's low bit,
-// either a fixed two-tensor adapter or one laid out as the blob's own tensor table (ValidateUpdate),
-// so that the sum is reached; bit 1 fills it with values near FLT_MAX, so that the sum can overflow.
+// either a fixed two-tensor adapter or one laid out as the blob's own tensor table
+// (ValidateUpdate), so that the sum is reached; bit 1 fills it with values near FLT_MAX, so that
+// the sum can overflow.
 //
 // Checks beyond "no crash, no sanitizer report", all promised by downlink.h:
 // - on error the held adapter is unchanged, bit for bit;
@@ -33,12 +34,15 @@ fedlora::DecodeLimits FuzzLimits() {
   return limits;
 }
 
-bool SameBits(const std::vector<fedlora::UpdateTensor>& a, const std::vector<fedlora::UpdateTensor>& b) {
+bool SameBits(const std::vector<fedlora::UpdateTensor>& a,
+              const std::vector<fedlora::UpdateTensor>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].name != b[i].name || a[i].shape != b[i].shape || a[i].values.size() != b[i].values.size()) return false;
-    if (!a[i].values.empty() &&
-        std::memcmp(a[i].values.data(), b[i].values.data(), a[i].values.size() * sizeof(float)) != 0) {
+    if (a[i].name != b[i].name || a[i].shape != b[i].shape ||
+        a[i].values.size() != b[i].values.size())
+      return false;
+    if (!a[i].values.empty() && std::memcmp(a[i].values.data(), b[i].values.data(),
+                                            a[i].values.size() * sizeof(float)) != 0) {
       return false;
     }
   }
@@ -90,7 +94,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<UpdateTensor> expected = before;
   for (size_t t = 0; expect_ok && t < before.size(); ++t) {
     const UpdateTensor& d = (*decoded)[t];
-    if (d.name != before[t].name || d.shape != before[t].shape || d.values.size() != before[t].values.size()) {
+    if (d.name != before[t].name || d.shape != before[t].shape ||
+        d.values.size() != before[t].values.size()) {
       expect_ok = false;
       break;
     }
@@ -107,6 +112,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   FUZZ_CHECK(expect_ok, "applied a delta that does not decode, does not match or overflows");
-  FUZZ_CHECK(SameBits(held, expected), "the rebuilt adapter is not the held one plus the decoded delta");
+  FUZZ_CHECK(SameBits(held, expected),
+             "the rebuilt adapter is not the held one plus the decoded delta");
   return 0;
 }

@@ -21,9 +21,17 @@ using fedlora::GgufValue;
 
 bool IsInteger(GgufType t) {
   switch (t) {
-    case GgufType::kUint8: case GgufType::kInt8: case GgufType::kUint16: case GgufType::kInt16:
-    case GgufType::kUint32: case GgufType::kInt32: case GgufType::kUint64: case GgufType::kInt64: return true;
-    default: return false;
+    case GgufType::kUint8:
+    case GgufType::kInt8:
+    case GgufType::kUint16:
+    case GgufType::kInt16:
+    case GgufType::kUint32:
+    case GgufType::kInt32:
+    case GgufType::kUint64:
+    case GgufType::kInt64:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -41,7 +49,8 @@ void Walk(const GgufValue& v, int depth, int64_t* budget) {
   const GgufType t = v.type();
   FUZZ_CHECK(v.AsString().ok() == (t == GgufType::kString), v.Describe());
   FUZZ_CHECK(v.AsBool().ok() == (t == GgufType::kBool), v.Describe());
-  FUZZ_CHECK(v.AsFloat().ok() == (t == GgufType::kFloat32 || t == GgufType::kFloat64), v.Describe());
+  FUZZ_CHECK(v.AsFloat().ok() == (t == GgufType::kFloat32 || t == GgufType::kFloat64),
+             v.Describe());
   auto u = v.AsUint();
   auto i = v.AsInt();
   if (!IsInteger(t)) FUZZ_CHECK(!u.ok() && !i.ok(), v.Describe());
@@ -62,7 +71,8 @@ void Walk(const GgufValue& v, int depth, int64_t* budget) {
   FUZZ_CHECK(floats.ok() == (et == GgufType::kFloat32 || et == GgufType::kFloat64), v.Describe());
   auto arrays = v.AsArrayArray();
   FUZZ_CHECK(arrays.ok() == (et == GgufType::kArray), v.Describe());
-  FUZZ_CHECK(v.Element(v.array_size()).status().code() == absl::StatusCode::kOutOfRange, v.Describe());
+  FUZZ_CHECK(v.Element(v.array_size()).status().code() == absl::StatusCode::kOutOfRange,
+             v.Describe());
   for (uint64_t k = 0; k < v.array_size() && *budget > 0; ++k, --*budget) {
     auto e = v.Element(k);
     FUZZ_CHECK(e.ok(), e.status());
@@ -77,7 +87,8 @@ void Walk(const GgufValue& v, int depth, int64_t* budget) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace fedlora;
-  auto file = GgufFile::FromBytes(std::string(reinterpret_cast<const char*>(data), size), "fuzz input");
+  auto file =
+      GgufFile::FromBytes(std::string(reinterpret_cast<const char*>(data), size), "fuzz input");
   FUZZ_TRACE("%zu bytes: %s\n", size, file.status().ToString().c_str());
   if (!file.ok()) {
     const absl::StatusCode c = file.status().code();
@@ -118,7 +129,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto got = f.Get(t.name);
     FUZZ_CHECK(got.ok() && got->offset == t.offset && got->data == t.data, std::string(t.name));
     FUZZ_CHECK(GgmlTypeSupported(t.type), std::string(t.name));
-    FUZZ_CHECK(!t.ne.empty() && t.ne.size() <= static_cast<size_t>(kGgufMaxDims), std::string(t.name));
+    FUZZ_CHECK(!t.ne.empty() && t.ne.size() <= static_cast<size_t>(kGgufMaxDims),
+               std::string(t.name));
     int64_t numel = 1;
     for (int64_t d : t.ne) {
       FUZZ_CHECK(d >= 1, std::string(t.name));
@@ -127,7 +139,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(numel == t.numel() && t.rows() * t.ne[0] == numel, std::string(t.name));
     auto row_bytes = GgmlRowBytes(t.type, t.ne[0]);
     FUZZ_CHECK(row_bytes.ok() && *row_bytes == t.row_bytes(), std::string(t.name));
-    FUZZ_CHECK(static_cast<uint64_t>(t.rows()) * static_cast<uint64_t>(t.row_bytes()) == t.size, std::string(t.name));
+    FUZZ_CHECK(static_cast<uint64_t>(t.rows()) * static_cast<uint64_t>(t.row_bytes()) == t.size,
+               std::string(t.name));
     FUZZ_CHECK(t.offset % f.alignment() == 0, std::string(t.name));
     FUZZ_CHECK(f.data_offset() + t.offset + t.size <= size, std::string(t.name));
     const uint8_t* b = t.data - f.data_offset() - t.offset;
@@ -139,7 +152,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     out.assign(static_cast<size_t>(numel), 0.0f);
     const absl::Status s = t.DequantizeRows(0, t.rows(), out.data());
     FUZZ_CHECK(s.ok(), s);
-    FUZZ_CHECK(t.DequantizeRows(t.rows(), 1, out.data()).code() == absl::StatusCode::kOutOfRange, std::string(t.name));
+    FUZZ_CHECK(t.DequantizeRows(t.rows(), 1, out.data()).code() == absl::StatusCode::kOutOfRange,
+               std::string(t.name));
     sink = sink + Touch(reinterpret_cast<const char*>(t.data), t.size);
   }
   FUZZ_CHECK(!f.Get("\x01not a tensor").ok(), "");

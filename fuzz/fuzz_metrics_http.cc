@@ -1,7 +1,8 @@
 // Fuzzes the metrics endpoint's HTTP server (server/metrics.h, MetricsHttpServer): the request
 // parser, routing and keep-alive loop a Prometheus scraper (or anyone who can reach the port) talks
-// to. One server runs on 127.0.0.1 for the whole run; each input is sent as it is over a new loopback
-// connection, whose sending side is then shut, and the reply is read until the server closes.
+// to. One server runs on 127.0.0.1 for the whole run; each input is sent as it is over a new
+// loopback connection, whose sending side is then shut, and the reply is read until the server
+// closes.
 //
 // Checks beyond "no crash, no sanitizer report":
 // - the server answers every connection by closing it (the harness waits at most 10 s);
@@ -10,10 +11,9 @@
 // - after every input the server still serves GET /metrics with the rendered page.
 #include <netinet/in.h>
 #include <poll.h>
+#include <sanitizer/lsan_interface.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <sanitizer/lsan_interface.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -82,7 +82,8 @@ std::string Exchange(std::string_view request) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     int r;
     do {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
       r = poll(&fd, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
     } while (r < 0 && errno == EINTR);
     FUZZ_CHECK(r > 0, "the server neither read, answered nor closed within 10 s");
@@ -109,9 +110,10 @@ std::string Exchange(std::string_view request) {
 
 // Each response of `reply` starts with an HTTP/1.1 status line this server sends.
 void CheckReply(const std::string& reply) {
-  static const char* const kLines[] = {"HTTP/1.1 100 ", "HTTP/1.1 200 ", "HTTP/1.1 206 ", "HTTP/1.1 400 ", "HTTP/1.1 404 ", "HTTP/1.1 405 ",
-                                       "HTTP/1.1 413 ", "HTTP/1.1 414 ", "HTTP/1.1 416 ", "HTTP/1.1 417 ",
-                                       "HTTP/1.1 431 ", "HTTP/1.1 500 ", "HTTP/1.1 501 ", "HTTP/1.1 505 "};
+  static const char* const kLines[] = {
+      "HTTP/1.1 100 ", "HTTP/1.1 200 ", "HTTP/1.1 206 ", "HTTP/1.1 400 ", "HTTP/1.1 404 ",
+      "HTTP/1.1 405 ", "HTTP/1.1 413 ", "HTTP/1.1 414 ", "HTTP/1.1 416 ", "HTTP/1.1 417 ",
+      "HTTP/1.1 431 ", "HTTP/1.1 500 ", "HTTP/1.1 501 ", "HTTP/1.1 505 "};
   if (reply.empty()) return;
   bool known = false;
   for (const char* line : kLines) known = known || reply.rfind(line, 0) == 0;
@@ -132,7 +134,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string reply = Exchange(std::string_view(reinterpret_cast<const char*>(data), size));
   FUZZ_TRACE("%zu bytes -> %zu bytes: %.40s\n", size, reply.size(), reply.c_str());
   CheckReply(reply);
-  const std::string scrape = Exchange("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string scrape =
+      Exchange("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   FUZZ_CHECK(scrape.rfind("HTTP/1.1 200 ", 0) == 0 && scrape.find(kPage) != std::string::npos,
              "the server no longer serves /metrics: " + scrape.substr(0, 80));
   return 0;

@@ -2,12 +2,13 @@
 // directory as Hugging Face peft writes it, adapter_config.json and adapter_model.safetensors, both
 // from outside (a downloaded adapter, or one a user points the client at).
 //
-// Input, through FuzzedDataProvider: adapter_config.json (a string of up to 4 KiB), then the rest is
-// adapter_model.safetensors. Both are written to a directory of this process and loaded into a tiny
-// BERT classifier (2 layers, hidden 32, LoRA r 4 on query and value, 3 labels).
+// Input, through FuzzedDataProvider: adapter_config.json (a string of up to 4 KiB), then the rest
+// is adapter_model.safetensors. Both are written to a directory of this process and loaded into a
+// tiny BERT classifier (2 layers, hidden 32, LoRA r 4 on query and value, 3 labels).
 //
 // Checks beyond "no crash, no sanitizer report", as peft.h promises:
-// - a refusal is InvalidArgument, NotFound or DataLoss (a truncated safetensors) with a message, and leaves every trainable value as
+// - a refusal is InvalidArgument, NotFound or DataLoss (a truncated safetensors) with a message,
+// and leaves every trainable value as
 //   it was, bit for bit;
 // - ReadPeftLoraOptions's refusals are InvalidArgument or NotFound too.
 #include <fuzzer/FuzzedDataProvider.h>
@@ -67,8 +68,8 @@ std::string Bits(fedlora::BertClassifier& m) {
 }
 
 bool Refusal(const absl::Status& s) {
-  return (s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kNotFound ||
-          s.code() == absl::StatusCode::kDataLoss) &&
+  return (s.code() == absl::StatusCode::kInvalidArgument ||
+          s.code() == absl::StatusCode::kNotFound || s.code() == absl::StatusCode::kDataLoss) &&
          !s.message().empty();
 }
 
@@ -79,8 +80,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
   const std::string config = in.ConsumeRandomLengthString(4096);
   const std::string weights = in.ConsumeRemainingBytesAsString();
-  FUZZ_CHECK(fedlora::fuzz::WriteFile(Dir() + "/" + kPeftConfigFile, config), "cannot write " + Dir());
-  FUZZ_CHECK(fedlora::fuzz::WriteFile(Dir() + "/" + kPeftWeightsFile, weights), "cannot write " + Dir());
+  FUZZ_CHECK(fedlora::fuzz::WriteFile(Dir() + "/" + kPeftConfigFile, config),
+             "cannot write " + Dir());
+  FUZZ_CHECK(fedlora::fuzz::WriteFile(Dir() + "/" + kPeftWeightsFile, weights),
+             "cannot write " + Dir());
 
   BertClassifier& model = Model();
   const std::string before = Bits(model);

@@ -85,7 +85,8 @@ std::vector<UpdateTensor> InitialAdapter() {
                                  {"layer.0.query.lora_B.weight", {64, 16}, {}}};
   for (UpdateTensor& t : a) {
     t.values.resize(static_cast<size_t>(t.shape[0] * t.shape[1]));
-    for (size_t i = 0; i < t.values.size(); ++i) t.values[i] = 0.01f * static_cast<float>((i * 37) % 17) - 0.08f;
+    for (size_t i = 0; i < t.values.size(); ++i)
+      t.values[i] = 0.01f * static_cast<float>((i * 37) % 17) - 0.08f;
   }
   return a;
 }
@@ -124,10 +125,11 @@ struct Federation {
 Federation* g = nullptr;
 
 // At exit: the server stops (its threads must not outlive the globals they use), its store goes,
-// and LeakSanitizer looks for what the run leaked; a leak fails the process (exit 1). scripts/fuzz.sh
-// runs this harness with libFuzzer's per-input leak check off (-detect_leaks=0, which also turns
-// off LSan's own check at exit): the server's threads allocate beside each input, so libFuzzer would
-// re-run nearly every input under a full heap scan. A crashing process skips this; see MakeStoreDir.
+// and LeakSanitizer looks for what the run leaked; a leak fails the process (exit 1).
+// scripts/fuzz.sh runs this harness with libFuzzer's per-input leak check off (-detect_leaks=0,
+// which also turns off LSan's own check at exit): the server's threads allocate beside each input,
+// so libFuzzer would re-run nearly every input under a full heap scan. A crashing process skips
+// this; see MakeStoreDir.
 void Stop() {
   if (g == nullptr) return;
   // FEDLORA_FUZZ_MEMPROFILE=1: where the live heap is, by allocation stack, before the server stops
@@ -143,7 +145,8 @@ void Stop() {
   std::error_code ec;
   if (!g->dir.empty()) std::filesystem::remove_all(g->dir, ec);
   if (__lsan_do_recoverable_leak_check() != 0) {
-    std::fprintf(stderr, "fuzz_rpc: LeakSanitizer found leaks after the server shut down (report above)\n");
+    std::fprintf(stderr,
+                 "fuzz_rpc: LeakSanitizer found leaks after the server shut down (report above)\n");
     std::_Exit(1);
   }
 }
@@ -157,8 +160,10 @@ std::string MakeStoreDir() {
   for (const auto& entry : std::filesystem::directory_iterator(base, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind(prefix, 0) != 0) continue;
-    const std::string pid = name.substr(prefix.size(), name.find('_', prefix.size()) - prefix.size());
-    if (!pid.empty() && !std::filesystem::exists("/proc/" + pid)) std::filesystem::remove_all(entry.path(), ec);
+    const std::string pid =
+        name.substr(prefix.size(), name.find('_', prefix.size()) - prefix.size());
+    if (!pid.empty() && !std::filesystem::exists("/proc/" + pid))
+      std::filesystem::remove_all(entry.path(), ec);
   }
   std::string tmpl = base + "/" + prefix + std::to_string(getpid()) + "_XXXXXX";
   FUZZ_CHECK(mkdtemp(tmpl.data()) != nullptr, "mkdtemp " + tmpl);
@@ -182,29 +187,39 @@ std::string ReadAll(const std::string& path) {
 void MakeCertificates(const std::string& dir) {
   std::filesystem::create_directories(dir);
   const int64_t until = static_cast<int64_t>(std::time(nullptr)) + 30 * 86'400;
-  auto ca = crypto::CreateCertificateAuthority({.common_name = "fuzz-ca", .dns_names = {}, .ip_addresses = {},
-                                                .not_before_unix_s = 0, .not_after_unix_s = until});
+  auto ca = crypto::CreateCertificateAuthority({.common_name = "fuzz-ca",
+                                                .dns_names = {},
+                                                .ip_addresses = {},
+                                                .not_before_unix_s = 0,
+                                                .not_after_unix_s = until});
   FUZZ_CHECK(ca.ok(), ca.status());
   auto write = [&](const std::string& name, const crypto::PemPair& pair) {
-    FUZZ_CHECK(WriteFileAtomically(dir + "/" + name + ".pem", pair.cert_pem).ok(), "writing " + name + ".pem");
-    FUZZ_CHECK(WriteFileAtomically(dir + "/" + name + ".key", pair.key_pem).ok(), "writing " + name + ".key");
+    FUZZ_CHECK(WriteFileAtomically(dir + "/" + name + ".pem", pair.cert_pem).ok(),
+               "writing " + name + ".pem");
+    FUZZ_CHECK(WriteFileAtomically(dir + "/" + name + ".key", pair.key_pem).ok(),
+               "writing " + name + ".key");
   };
   write("ca", *ca);
-  auto server = crypto::IssueServerCertificate(*ca, {.common_name = "localhost", .dns_names = {"localhost"},
-                                                     .ip_addresses = {"127.0.0.1"}, .not_before_unix_s = 0,
+  auto server = crypto::IssueServerCertificate(*ca, {.common_name = "localhost",
+                                                     .dns_names = {"localhost"},
+                                                     .ip_addresses = {"127.0.0.1"},
+                                                     .not_before_unix_s = 0,
                                                      .not_after_unix_s = until});
   FUZZ_CHECK(server.ok(), server.status());
   write("server", *server);
   for (int i = 0; i < kSites + 2; ++i) {
-    auto client = crypto::IssueClientCertificate(*ca, {.common_name = CertName(i), .dns_names = {},
-                                                       .ip_addresses = {}, .not_before_unix_s = 0,
+    auto client = crypto::IssueClientCertificate(*ca, {.common_name = CertName(i),
+                                                       .dns_names = {},
+                                                       .ip_addresses = {},
+                                                       .not_before_unix_s = 0,
                                                        .not_after_unix_s = until});
     FUZZ_CHECK(client.ok(), client.status());
     write(CertName(i), *client);
   }
 }
 
-std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(const std::string& dir, const std::string& name) {
+std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(const std::string& dir,
+                                                            const std::string& name) {
   grpc::SslCredentialsOptions ssl;
   ssl.pem_root_certs = ReadAll(dir + "/ca.pem");
   ssl.pem_cert_chain = ReadAll(dir + "/" + name + ".pem");
@@ -321,7 +336,9 @@ struct Caller {
 };
 
 // The stubs `c` calls with: its own connection where it has one (under TLS), else the shared one.
-Link& L(const Caller& c) { return g->links[c.link].stub != nullptr ? g->links[c.link] : g->links[kStranger]; }
+Link& L(const Caller& c) {
+  return g->links[c.link].stub != nullptr ? g->links[c.link] : g->links[kStranger];
+}
 
 Caller PickCaller(FuzzedDataProvider& in) {
   Caller c;
@@ -350,9 +367,10 @@ Caller PickCaller(FuzzedDataProvider& in) {
 }
 
 void Trace(const char* rpc, const Caller& c, const grpc::Status& s, const std::string& more = "") {
-  FUZZ_TRACE("%s from '%s'%s: %d %s%s\n", rpc, c.id.substr(0, 40).c_str(),
-             c.site != nullptr && c.session == c.site->session && !c.session.empty() ? " (session)" : "",
-             static_cast<int>(s.error_code()), s.error_message().substr(0, 160).c_str(), more.c_str());
+  FUZZ_TRACE(
+      "%s from '%s'%s: %d %s%s\n", rpc, c.id.substr(0, 40).c_str(),
+      c.site != nullptr && c.session == c.site->session && !c.session.empty() ? " (session)" : "",
+      static_cast<int>(s.error_code()), s.error_message().substr(0, 160).c_str(), more.c_str());
 }
 
 std::unique_ptr<grpc::ClientContext> Context(const Caller& c, int64_t deadline_ms = kDeadlineMs) {
@@ -373,7 +391,9 @@ M Fuzzed(FuzzedDataProvider& in, size_t max_bytes = 256) {
 
 void Remember(const v1::AdapterManifest& m) {
   if (m.sha256().empty()) return;
-  if (std::find(g->adapter_hashes.begin(), g->adapter_hashes.end(), m.sha256()) != g->adapter_hashes.end()) return;
+  if (std::find(g->adapter_hashes.begin(), g->adapter_hashes.end(), m.sha256()) !=
+      g->adapter_hashes.end())
+    return;
   if (g->adapter_hashes.size() >= 16) g->adapter_hashes.erase(g->adapter_hashes.begin());
   g->adapter_hashes.push_back(m.sha256());
 }
@@ -405,7 +425,10 @@ void WaitForTask(FuzzedDataProvider& in, const Caller& c) {
   v1::WaitForTaskResponse resp;
   auto ctx = Context(c);
   grpc::Status s = L(c).stub->WaitForTask(ctx.get(), req, &resp);
-  Trace("WaitForTask", c, s, resp.has_task() ? " task " + resp.task().task_id() : resp.has_retry_later() ? " retry" : "");
+  Trace("WaitForTask", c, s,
+        resp.has_task()          ? " task " + resp.task().task_id()
+        : resp.has_retry_later() ? " retry"
+                                 : "");
   if (!s.ok()) return;
   if (resp.has_task()) {
     Remember(resp.task().global_adapter());
@@ -417,12 +440,14 @@ void WaitForTask(FuzzedDataProvider& in, const Caller& c) {
 
 void Heartbeat(FuzzedDataProvider& in, const Caller& c) {
   v1::HeartbeatRequest req = Fuzzed<v1::HeartbeatRequest>(in, 64);
-  if (in.ConsumeBool() && c.site != nullptr && c.site->task) req.set_task_id(c.site->task->task_id());
+  if (in.ConsumeBool() && c.site != nullptr && c.site->task)
+    req.set_task_id(c.site->task->task_id());
   v1::HeartbeatResponse resp;
   auto ctx = Context(c);
   grpc::Status s = L(c).stub->Heartbeat(ctx.get(), req, &resp);
   Trace("Heartbeat", c, s);
-  if (s.ok() && c.site != nullptr && resp.action() == v1::HeartbeatResponse::CANCEL_TASK) c.site->task.reset();
+  if (s.ok() && c.site != nullptr && resp.action() == v1::HeartbeatResponse::CANCEL_TASK)
+    c.site->task.reset();
 }
 
 void Download(FuzzedDataProvider& in, const Caller& c) {
@@ -449,21 +474,23 @@ std::vector<UpdateTensor> HonestDelta(uint8_t seed, const v1::TrainTask& task) {
     for (int64_t d : u.shape) n = d >= 0 && d <= (1 << 16) ? n * d : 0;
     if (n > (1 << 16)) n = 0;
     u.values.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) u.values[i] = static_cast<float>(((i * 7 + seed) % 16) - 8) / 1024.0f;
+    for (int64_t i = 0; i < n; ++i)
+      u.values[i] = static_cast<float>(((i * 7 + seed) % 16) - 8) / 1024.0f;
     delta.push_back(std::move(u));
   }
   return delta;
 }
 
 // An upload id: one the site used before, a fuzzed string (mostly invalid), or one of a small pool
-// per site and round, so that the server's partial files stay few over a long run. Consumes the same input
-// whatever the site's state, so that seeds keep their meaning.
-// Sealing costs milliseconds (a fresh X25519 key each time); inputs repeat honest uploads often, so
-// the last few seals are kept, by plaintext and place (a sealed blob is valid for any number of
-// uploads of that plaintext to that place).
+// per site and round, so that the server's partial files stay few over a long run. Consumes the
+// same input whatever the site's state, so that seeds keep their meaning. Sealing costs
+// milliseconds (a fresh X25519 key each time); inputs repeat honest uploads often, so the last few
+// seals are kept, by plaintext and place (a sealed blob is valid for any number of uploads of that
+// plaintext to that place).
 absl::StatusOr<crypto::SealedBlob> Seal(const std::string& key, const crypto::UpdatePlace& place,
                                         const std::string& plain) {
-  static std::map<std::string, crypto::SealedBlob>* cache = new std::map<std::string, crypto::SealedBlob>();
+  static std::map<std::string, crypto::SealedBlob>* cache =
+      new std::map<std::string, crypto::SealedBlob>();
   std::string k = key;
   for (std::string_view part : {place.run_id, place.client_id, place.upload_id}) {
     k += std::to_string(part.size()) + ":" + std::string(part);
@@ -482,11 +509,13 @@ std::string NewUploadId(FuzzedDataProvider& in, Site* site, uint64_t round) {
   const uint8_t index = in.ConsumeIntegral<uint8_t>();
   const bool fuzzed = in.ConsumeIntegralInRange<int>(0, 3) == 0;
   const std::string text = fuzzed ? in.ConsumeRandomLengthString(140) : "";
-  if (reuse && site != nullptr && !site->upload_ids.empty()) return site->upload_ids[index % site->upload_ids.size()];
+  if (reuse && site != nullptr && !site->upload_ids.empty())
+    return site->upload_ids[index % site->upload_ids.size()];
   if (fuzzed) return text;
-  std::string id = (site != nullptr ? site->id : std::string("x")) + "-r" + std::to_string(round) + "-u" +
-                   std::to_string(index % 32);
-  if (site != nullptr && std::find(site->upload_ids.begin(), site->upload_ids.end(), id) == site->upload_ids.end()) {
+  std::string id = (site != nullptr ? site->id : std::string("x")) + "-r" + std::to_string(round) +
+                   "-u" + std::to_string(index % 32);
+  if (site != nullptr &&
+      std::find(site->upload_ids.begin(), site->upload_ids.end(), id) == site->upload_ids.end()) {
     if (site->upload_ids.size() >= 64) site->upload_ids.erase(site->upload_ids.begin());
     site->upload_ids.push_back(id);
   }
@@ -522,7 +551,8 @@ void Upload(FuzzedDataProvider& in, const Caller& c) {
   const bool seal = in.ConsumeBool();
   if (seal && c.site != nullptr) {
     const v1::JoinResponse& join = c.site->join;
-    const crypto::UpdatePlace place{join.run_config().run_id(), task.round(), c.id, upload_id, h.num_examples()};
+    const crypto::UpdatePlace place{join.run_config().run_id(), task.round(), c.id, upload_id,
+                                    h.num_examples()};
     auto sealed = Seal(task.aggregation_key().public_key(), place, plain);
     if (sealed.ok()) {
       blob = sealed->blob;
@@ -585,16 +615,19 @@ void Upload(FuzzedDataProvider& in, const Caller& c) {
   if (ok) writer->WritesDone();
   grpc::Status s = writer->Finish();
   Trace("UploadUpdate", c, s,
-        " " + upload_id.substr(0, 40) + " chunks [" + std::to_string(first) + ", " + std::to_string(last) + ") of " +
-            std::to_string(num_chunks) + " state " + std::to_string(ack.state()));
+        " " + upload_id.substr(0, 40) + " chunks [" + std::to_string(first) + ", " +
+            std::to_string(last) + ") of " + std::to_string(num_chunks) + " state " +
+            std::to_string(ack.state()));
 }
 
 void GetUploadStatus(FuzzedDataProvider& in, const Caller& c) {
   v1::UploadStatusRequest req;
-  req.set_upload_id(NewUploadId(in, c.site, c.site != nullptr && c.site->task ? c.site->task->round() : 0));
+  req.set_upload_id(
+      NewUploadId(in, c.site, c.site != nullptr && c.site->task ? c.site->task->round() : 0));
   v1::UploadStatusResponse resp;
   auto ctx = Context(c);
-  Trace("GetUploadStatus", c, L(c).stub->GetUploadStatus(ctx.get(), req, &resp), " state " + std::to_string(resp.state()));
+  Trace("GetUploadStatus", c, L(c).stub->GetUploadStatus(ctx.get(), req, &resp),
+        " state " + std::to_string(resp.state()));
 }
 
 void ReportMetrics(FuzzedDataProvider& in, const Caller& c) {
@@ -669,8 +702,10 @@ void Raw(FuzzedDataProvider& in, const Caller& c) {
   grpc::ByteBuffer response;
   auto ctx = Context(c);
   grpc::CompletionQueue cq;
-  const bool health_port = g->health != nullptr && std::string_view(method).rfind("/grpc.health", 0) == 0;
-  auto call = (health_port ? g->health : L(c).generic)->PrepareUnaryCall(ctx.get(), method, request, &cq);
+  const bool health_port =
+      g->health != nullptr && std::string_view(method).rfind("/grpc.health", 0) == 0;
+  auto call =
+      (health_port ? g->health : L(c).generic)->PrepareUnaryCall(ctx.get(), method, request, &cq);
   call->StartCall();
   grpc::Status status;
   call->Finish(&response, &status, reinterpret_cast<void*>(1));
@@ -689,9 +724,11 @@ void Raw(FuzzedDataProvider& in, const Caller& c) {
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   setenv("GRPC_VERBOSITY", "ERROR", 0);
   // Fuzzed strings are often invalid UTF-8, which protobuf logs on every (de)serialization.
-  google::protobuf::SetLogHandler([](google::protobuf::LogLevel level, const char* file, int line, const std::string& m) {
-    if (level >= google::protobuf::LOGLEVEL_FATAL) std::fprintf(stderr, "[protobuf %s:%d] %s\n", file, line, m.c_str());
-  });
+  google::protobuf::SetLogHandler(
+      [](google::protobuf::LogLevel level, const char* file, int line, const std::string& m) {
+        if (level >= google::protobuf::LOGLEVEL_FATAL)
+          std::fprintf(stderr, "[protobuf %s:%d] %s\n", file, line, m.c_str());
+      });
   if (std::getenv("FEDLORA_LOG_LEVEL") == nullptr) fedlora::SetLogLevel(fedlora::LogLevel::kError);
   fedlora::Start();
   return 0;
@@ -704,17 +741,39 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const int rpc = in.ConsumeIntegralInRange<int>(0, 11);
     const Caller caller = PickCaller(in);
     switch (rpc) {
-      case 0: Join(in, caller); break;
-      case 1: WaitForTask(in, caller); break;
-      case 2: Heartbeat(in, caller); break;
-      case 3: Download(in, caller); break;
-      case 4: Upload(in, caller); break;
-      case 5: GetUploadStatus(in, caller); break;
-      case 6: ReportMetrics(in, caller); break;
-      case 7: Leave(in, caller); break;
-      case 8: Admin(in, caller); break;
-      case 9: SecureAggregation(in, caller); break;
-      default: Raw(in, caller); break;
+      case 0:
+        Join(in, caller);
+        break;
+      case 1:
+        WaitForTask(in, caller);
+        break;
+      case 2:
+        Heartbeat(in, caller);
+        break;
+      case 3:
+        Download(in, caller);
+        break;
+      case 4:
+        Upload(in, caller);
+        break;
+      case 5:
+        GetUploadStatus(in, caller);
+        break;
+      case 6:
+        ReportMetrics(in, caller);
+        break;
+      case 7:
+        Leave(in, caller);
+        break;
+      case 8:
+        Admin(in, caller);
+        break;
+      case 9:
+        SecureAggregation(in, caller);
+        break;
+      default:
+        Raw(in, caller);
+        break;
     }
   }
   return 0;

@@ -43,7 +43,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(config.status().code() == absl::StatusCode::kInvalidArgument, config.status());
     return 0;
   }
-  FUZZ_CHECK(UnimplementedSettings(*config).empty(), "a config with an unimplemented setting was accepted");
+  FUZZ_CHECK(UnimplementedSettings(*config).empty(),
+             "a config with an unimplemented setting was accepted");
 
   v1::RunConfig twice = *config;
   ApplyRunConfigDefaults(&twice);
@@ -54,7 +55,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string printed = RunConfigToJson(*config);
   auto back = ParseRunConfigJson(printed);
   FUZZ_CHECK(back.ok(), back.status());
-  FUZZ_CHECK(Bytes(*back) == Bytes(*config), "RunConfigToJson does not read back to the same config: " + printed);
+  FUZZ_CHECK(Bytes(*back) == Bytes(*config),
+             "RunConfigToJson does not read back to the same config: " + printed);
 
   const v1::RunConfig redacted = RedactRunConfigForClients(*config);
   FUZZ_CHECK(redacted.model().path().empty(), "model.path survived the redaction");

@@ -4,7 +4,8 @@
 // Two kinds of input, chosen by the first byte:
 // - raw: the rest is a blob as a client would send it. Nothing the fuzzer writes can authenticate,
 //   so opening must fail (and must not crash, leak or read out of bounds);
-// - seal and tamper: the input gives a plaintext and a place (run, round, client, upload, weight), which
+// - seal and tamper: the input gives a plaintext and a place (run, round, client, upload, weight),
+// which
 //   are sealed honestly; then some bytes are flipped, the blob is cut or extended, and the place
 //   may change. Opening must give back the plaintext exactly when nothing changed, and
 //   PermissionDenied or InvalidArgument otherwise.
@@ -31,7 +32,8 @@ const fedlora::crypto::X25519KeyPair& ServerKey() {
 }
 
 bool Refused(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kPermissionDenied || s.code() == absl::StatusCode::kInvalidArgument;
+  return s.code() == absl::StatusCode::kPermissionDenied ||
+         s.code() == absl::StatusCode::kInvalidArgument;
 }
 
 void Raw(std::string_view blob) {
@@ -44,7 +46,8 @@ void Raw(std::string_view blob) {
   FUZZ_CHECK(Refused(opened.status()), opened.status());
   if (size.ok() && *size <= (size_t{1} << 20)) {
     std::string out(*size, 'x');
-    absl::Status s = OpenUpdateBlobInto(ServerKey().private_key, place, blob, out.data(), out.size());
+    absl::Status s =
+        OpenUpdateBlobInto(ServerKey().private_key, place, blob, out.data(), out.size());
     FUZZ_CHECK(!s.ok() && Refused(s), s);
     // A wrong output size is refused, never written past.
     std::string small(*size / 2, 'x');
@@ -61,7 +64,8 @@ void SealAndTamper(FuzzedDataProvider& in) {
   const std::string upload = in.ConsumeRandomLengthString(16);
   const std::string plain = in.ConsumeRandomLengthString(4096);
   const uint64_t examples = in.ConsumeIntegral<uint64_t>();
-  auto sealed = SealUpdateBlob(ServerKey().public_key, {run, round, client, upload, examples}, plain);
+  auto sealed =
+      SealUpdateBlob(ServerKey().public_key, {run, round, client, upload, examples}, plain);
   FUZZ_CHECK(sealed.ok(), sealed.status());
   std::string blob = sealed->blob;
   FUZZ_CHECK(blob.size() == plain.size() + SealedBlobOverheadBytes(), "");
@@ -90,10 +94,11 @@ void SealAndTamper(FuzzedDataProvider& in) {
   if (in.ConsumeBool()) client2 = in.ConsumeRandomLengthString(16);
   if (in.ConsumeBool()) upload2 = in.ConsumeRandomLengthString(16);
   if (in.ConsumeBool()) examples2 = in.ConsumeIntegral<uint64_t>();
-  const bool same = blob == sealed->blob && run2 == run && round2 == round && client2 == client && upload2 == upload &&
-                    examples2 == examples;
+  const bool same = blob == sealed->blob && run2 == run && round2 == round && client2 == client &&
+                    upload2 == upload && examples2 == examples;
 
-  auto opened = OpenUpdateBlob(ServerKey().private_key, {run2, round2, client2, upload2, examples2}, blob);
+  auto opened =
+      OpenUpdateBlob(ServerKey().private_key, {run2, round2, client2, upload2, examples2}, blob);
   FUZZ_TRACE("seal %zu bytes, %d ops, unchanged %d: %s\n", plain.size(), ops, same ? 1 : 0,
              opened.status().ToString().c_str());
   if (same) {

@@ -173,7 +173,8 @@ void FuzzClient(int step, FuzzedDataProvider& fdp) {
     auto request = r.server->MaskedInputRequest(who);
     FUZZ_CHECK(request.ok(), request.status());
     const std::vector<uint64_t> input(kLength, 5);
-    if (auto m = Mutate(*request, fdp, &changed)) s = r.clients[who].MaskedInput(*m, input).status();
+    if (auto m = Mutate(*request, fdp, &changed))
+      s = r.clients[who].MaskedInput(*m, input).status();
   } else {
     Round r = Honest(2);
     for (const auto& m : r.masked) Check(r.server->ReceiveMaskedInput(m));

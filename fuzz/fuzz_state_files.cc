@@ -5,8 +5,8 @@
 // crash or a state that breaks the next round.
 //
 // Input: one control byte, then the file. Bit 0: 0 the optimizer state, 1 the residual. Bits 1-2:
-// the optimizer kind (sgd with momentum, adam, yogi, adagrad). The adapter is fixed: "lora_A" [2, 3]
-// and "lora_B" [3].
+// the optimizer kind (sgd with momentum, adam, yogi, adagrad). The adapter is fixed: "lora_A" [2,
+// 3] and "lora_B" [3].
 //
 // Checks beyond "no crash, no sanitizer report":
 // - LoadState refuses with DataLoss and leaves the state unchanged (SaveState the same bytes);
@@ -45,15 +45,19 @@ const std::string& Base() {
 using fedlora::fuzz::WriteFile;
 
 std::vector<fedlora::UpdateTensor> Adapter(float value) {
-  return {{"lora_A", {2, 3}, std::vector<float>(6, value)}, {"lora_B", {3}, std::vector<float>(3, value)}};
+  return {{"lora_A", {2, 3}, std::vector<float>(6, value)},
+          {"lora_B", {3}, std::vector<float>(3, value)}};
 }
 
-bool SameBits(const std::vector<fedlora::UpdateTensor>& a, const std::vector<fedlora::UpdateTensor>& b) {
+bool SameBits(const std::vector<fedlora::UpdateTensor>& a,
+              const std::vector<fedlora::UpdateTensor>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].name != b[i].name || a[i].shape != b[i].shape || a[i].values.size() != b[i].values.size()) return false;
-    if (!a[i].values.empty() &&
-        std::memcmp(a[i].values.data(), b[i].values.data(), a[i].values.size() * sizeof(float)) != 0) {
+    if (a[i].name != b[i].name || a[i].shape != b[i].shape ||
+        a[i].values.size() != b[i].values.size())
+      return false;
+    if (!a[i].values.empty() && std::memcmp(a[i].values.data(), b[i].values.data(),
+                                            a[i].values.size() * sizeof(float)) != 0) {
       return false;
     }
   }
@@ -62,8 +66,9 @@ bool SameBits(const std::vector<fedlora::UpdateTensor>& a, const std::vector<fed
 
 void FuzzOptimizerState(uint8_t control, std::string_view file) {
   using namespace fedlora;
-  static const ServerOptimizerKind kKinds[] = {ServerOptimizerKind::kSgd, ServerOptimizerKind::kAdam,
-                                               ServerOptimizerKind::kYogi, ServerOptimizerKind::kAdagrad};
+  static const ServerOptimizerKind kKinds[] = {
+      ServerOptimizerKind::kSgd, ServerOptimizerKind::kAdam, ServerOptimizerKind::kYogi,
+      ServerOptimizerKind::kAdagrad};
   ServerOptimizerOptions options;
   options.kind = kKinds[(control >> 1) & 3];
   options.momentum = 0.9;  // sgd: stateful too
@@ -72,7 +77,8 @@ void FuzzOptimizerState(uint8_t control, std::string_view file) {
   auto before = opt->SaveState();
   FUZZ_CHECK(before.ok(), before.status());
   const absl::Status loaded = opt->LoadState(file);
-  FUZZ_TRACE("optimizer %s, %zu bytes: %s\n", std::string(ServerOptimizerName(options.kind)).c_str(), file.size(),
+  FUZZ_TRACE("optimizer %s, %zu bytes: %s\n",
+             std::string(ServerOptimizerName(options.kind)).c_str(), file.size(),
              loaded.ToString().c_str());
   auto after = opt->SaveState();
   FUZZ_CHECK(after.ok(), after.status());
@@ -86,7 +92,8 @@ void FuzzOptimizerState(uint8_t control, std::string_view file) {
   const absl::Status reloaded = again->LoadState(*after);
   FUZZ_CHECK(reloaded.ok(), reloaded);
   auto resaved = again->SaveState();
-  FUZZ_CHECK(resaved.ok() && *resaved == *after, "a loaded state does not save and load to the same bytes");
+  FUZZ_CHECK(resaved.ok() && *resaved == *after,
+             "a loaded state does not save and load to the same bytes");
   std::vector<UpdateTensor> global = Adapter(0.5f);
   const std::vector<UpdateTensor> global_before = global;
   const absl::Status stepped = opt->Step(Adapter(0.25f), global);
@@ -110,7 +117,8 @@ void FuzzErrorFeedback(std::string_view file) {
   if (saved.ok()) {
     auto back = ErrorFeedback::Load(out, kRunId);
     FUZZ_CHECK(back.ok(), back.status());
-    FUZZ_CHECK(SameBits(back->residual(), ef->residual()), "a loaded residual does not save and load back");
+    FUZZ_CHECK(SameBits(back->residual(), ef->residual()),
+               "a loaded residual does not save and load back");
   } else {
     FUZZ_CHECK(!saved.message().empty(), saved);
   }

@@ -29,7 +29,8 @@ namespace {
 
 // One file per process (libFuzzer -jobs/-workers run several) in its scratch directory.
 const std::string& TempPath() {
-  static const std::string* path = new std::string(fedlora::fuzz::ScratchDir("tokenizer") + "/tokenizer.json");
+  static const std::string* path =
+      new std::string(fedlora::fuzz::ScratchDir("tokenizer") + "/tokenizer.json");
   return *path;
 }
 
@@ -60,17 +61,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const WordPieceTokenizer& t = **tok;
   const int64_t vocab = t.vocab_size();
   auto in_vocab = [&](int32_t id) { return id >= 0 && id < vocab; };
-  FUZZ_CHECK(in_vocab(t.cls_id()) && in_vocab(t.sep_id()) && in_vocab(t.pad_id()) && in_vocab(t.unk_id()), "");
+  FUZZ_CHECK(
+      in_vocab(t.cls_id()) && in_vocab(t.sep_id()) && in_vocab(t.pad_id()) && in_vocab(t.unk_id()),
+      "");
 
   std::optional<std::string_view> pair_view;
   if (pair) pair_view = *pair;
   const WordPieceTokenizer::Encoding e = t.Encode(text, pair_view, max_length);
   const size_t n = e.input_ids.size();
-  FUZZ_TRACE("text %zu bytes, pair %d, max_length %d: %zu ids\n", text.size(), pair ? 1 : 0, max_length, n);
+  FUZZ_TRACE("text %zu bytes, pair %d, max_length %d: %zu ids\n", text.size(), pair ? 1 : 0,
+             max_length, n);
   const size_t specials = pair ? 3 : 2;
   FUZZ_CHECK(n >= specials && e.token_type_ids.size() == n && e.attention_mask.size() == n, "");
   FUZZ_CHECK(e.input_ids.front() == t.cls_id() && e.input_ids.back() == t.sep_id(), "");
-  if (max_length > 0) FUZZ_CHECK(n <= std::max<size_t>(static_cast<size_t>(max_length), specials), "");
+  if (max_length > 0)
+    FUZZ_CHECK(n <= std::max<size_t>(static_cast<size_t>(max_length), specials), "");
   for (size_t i = 0; i < n; ++i) {
     FUZZ_CHECK(in_vocab(e.input_ids[i]), "id out of the vocabulary");
     FUZZ_CHECK(e.attention_mask[i] == 1, "");

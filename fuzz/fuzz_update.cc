@@ -34,12 +34,15 @@ fedlora::DecodeLimits FuzzLimits() {
   return limits;
 }
 
-bool SameBits(const std::vector<fedlora::UpdateTensor>& a, const std::vector<fedlora::UpdateTensor>& b) {
+bool SameBits(const std::vector<fedlora::UpdateTensor>& a,
+              const std::vector<fedlora::UpdateTensor>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].name != b[i].name || a[i].shape != b[i].shape || a[i].values.size() != b[i].values.size()) return false;
-    if (!a[i].values.empty() &&
-        std::memcmp(a[i].values.data(), b[i].values.data(), a[i].values.size() * sizeof(float)) != 0) {
+    if (a[i].name != b[i].name || a[i].shape != b[i].shape ||
+        a[i].values.size() != b[i].values.size())
+      return false;
+    if (!a[i].values.empty() && std::memcmp(a[i].values.data(), b[i].values.data(),
+                                            a[i].values.size() * sizeof(float)) != 0) {
       return false;
     }
   }
@@ -71,7 +74,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(decoded.status() == table.status(), decoded.status(), table.status());
     return 0;
   }
-  FUZZ_CHECK(kept->size() == decoded->size(), "DecodeUpdateKept and DecodeUpdate list different tensors");
+  FUZZ_CHECK(kept->size() == decoded->size(),
+             "DecodeUpdateKept and DecodeUpdate list different tensors");
   for (size_t i = 0; i < kept->size(); ++i) {
     const KeptTensor& k = (*kept)[i];
     std::vector<float> expanded = k.values;
@@ -90,7 +94,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                k.name + ": kept entries differ from the decoded tensor");
   }
   FUZZ_CHECK(header.ok(), header.status());
-  FUZZ_CHECK(table->size() == decoded->size(), "ValidateUpdate and DecodeUpdate list different tensors");
+  FUZZ_CHECK(table->size() == decoded->size(),
+             "ValidateUpdate and DecodeUpdate list different tensors");
   uint64_t elements = 0;
   for (size_t i = 0; i < decoded->size(); ++i) {
     const UpdateTensor& t = (*decoded)[i];
@@ -103,10 +108,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(elements == header->element_count, "element count differs from the header");
 
   for (size_t i = 0; i < table->size(); ++i) {
-    FUZZ_CHECK((*table)[i].kept >= 0 && static_cast<size_t>((*table)[i].kept) <= (*decoded)[i].values.size(),
+    FUZZ_CHECK((*table)[i].kept >= 0 &&
+                   static_cast<size_t>((*table)[i].kept) <= (*decoded)[i].values.size(),
                "a tensor keeps more entries than it has");
     if (header->sparsifier == Sparsifier::kNone) {
-      FUZZ_CHECK(static_cast<size_t>((*table)[i].kept) == (*decoded)[i].values.size(), "a dense tensor kept less");
+      FUZZ_CHECK(static_cast<size_t>((*table)[i].kept) == (*decoded)[i].values.size(),
+                 "a dense tensor kept less");
     }
   }
 
@@ -118,7 +125,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (options.sparsifier == Sparsifier::kLowRank) return 0;
   FUZZ_CHECK(redecoded.ok(), redecoded.status());
   // Quantizing again picks new scales, so only the exact element codecs round-trip bit for bit.
-  if (options.codec != CodecId::kQuant) FUZZ_CHECK(SameBits(*decoded, *redecoded), "values differ after a round trip");
+  if (options.codec != CodecId::kQuant)
+    FUZZ_CHECK(SameBits(*decoded, *redecoded), "values differ after a round trip");
   if (!options.zstd && header->format_version == kUpdateFormatVersion) {
     FUZZ_CHECK(*again == encoded, "the decoder took a non-canonical encoding");
   }

@@ -13,13 +13,13 @@
 
 // An invariant the code under test promises (not an input check): prints and aborts, which
 // libFuzzer reports as a crash and saves the input for.
-#define FUZZ_CHECK(cond, ...)                                                              \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
+#define FUZZ_CHECK(cond, ...)                                                               \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
       std::fprintf(stderr, "%s:%d: FUZZ_CHECK(%s) failed: %s\n", __FILE__, __LINE__, #cond, \
                    ::fedlora::fuzz::Describe(__VA_ARGS__).c_str());                         \
-      std::abort();                                                                        \
-    }                                                                                      \
+      std::abort();                                                                         \
+    }                                                                                       \
   } while (0)
 
 namespace fedlora::fuzz {
@@ -32,8 +32,8 @@ inline bool Tracing() {
   }();
   return on;
 }
-#define FUZZ_TRACE(...)                                        \
-  do {                                                         \
+#define FUZZ_TRACE(...)                                                \
+  do {                                                                 \
     if (::fedlora::fuzz::Tracing()) std::fprintf(stderr, __VA_ARGS__); \
   } while (0)
 
@@ -57,7 +57,8 @@ inline std::string ScratchBase() {
 // several processes), made on the first call and removed at exit. One name per process.
 inline const std::string& ScratchDir(const char* name) {
   static const std::string* dir = [name] {
-    auto* d = new std::string(ScratchBase() + "/fedlora_fuzz_" + name + "_" + std::to_string(getpid()));
+    auto* d =
+        new std::string(ScratchBase() + "/fedlora_fuzz_" + name + "_" + std::to_string(getpid()));
     std::filesystem::create_directories(*d);
     std::atexit([] {
       std::error_code ec;

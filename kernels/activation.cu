@@ -1,4 +1,5 @@
-// GELU and tanh, CUDA backend (the same formulas as activation_cpu.cc, with CUDA's erff/expf/tanhf).
+// GELU and tanh, CUDA backend (the same formulas as activation_cpu.cc, with CUDA's
+// erff/expf/tanhf).
 #include "kernels/activation.h"
 #include "kernels/cuda_util.cuh"
 
@@ -16,8 +17,8 @@ __global__ void ActivationForwardKernel(int64_t n, bool gelu, const float* x, fl
   }
 }
 
-__global__ void ActivationBackwardKernel(int64_t n, bool gelu, const float* saved, const float* dy, float* dx,
-                                         bool accumulate) {
+__global__ void ActivationBackwardKernel(int64_t n, bool gelu, const float* saved, const float* dy,
+                                         float* dx, bool accumulate) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float s = saved[i];
@@ -36,14 +37,15 @@ __global__ void ActivationBackwardKernel(int64_t n, bool gelu, const float* save
 }  // namespace
 
 absl::Status ActivationForwardCuda(const ExecContext& ctx, const ActivationForwardArgs& a) {
-  ActivationForwardKernel<<<GridFor(a.n, 256), 256, 0, Stream(ctx)>>>(a.n, a.kind == Activation::kGelu, a.x, a.y);
+  ActivationForwardKernel<<<GridFor(a.n, 256), 256, 0, Stream(ctx)>>>(
+      a.n, a.kind == Activation::kGelu, a.x, a.y);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
 
 absl::Status ActivationBackwardCuda(const ExecContext& ctx, const ActivationBackwardArgs& a) {
-  ActivationBackwardKernel<<<GridFor(a.n, 256), 256, 0, Stream(ctx)>>>(a.n, a.kind == Activation::kGelu, a.saved,
-                                                                        a.dy, a.dx, a.accumulate_dx);
+  ActivationBackwardKernel<<<GridFor(a.n, 256), 256, 0, Stream(ctx)>>>(
+      a.n, a.kind == Activation::kGelu, a.saved, a.dy, a.dx, a.accumulate_dx);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -22,14 +22,14 @@ inline float GeluGrad(float x) {
 
 // The loops below are compiled for AVX2 as well as the baseline, chosen at load time: the
 // polynomial exp/erf make them compute-bound, so 8 lanes instead of 4 halve their time.
-__attribute__((target_clones("avx2", "default"))) void GeluForwardRange(const float* x,
-                                                                         float* y, int64_t n) {
+__attribute__((target_clones("avx2", "default"))) void GeluForwardRange(const float* x, float* y,
+                                                                        int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = Gelu(x[i]);
 }
 __attribute__((target_clones("avx2", "default"))) void GeluBackwardRange(const float* x,
-                                                                          const float* dy,
-                                                                          float* dx, int64_t n,
-                                                                          bool accumulate) {
+                                                                         const float* dy, float* dx,
+                                                                         int64_t n,
+                                                                         bool accumulate) {
   if (accumulate) {
     for (int64_t i = 0; i < n; ++i) dx[i] += dy[i] * GeluGrad(x[i]);
   } else {
@@ -43,7 +43,8 @@ absl::Status CanRun(const ExecContext& ctx, const ActivationForwardArgs& a) {
   constexpr std::string_view kOp = "ActivationForward";
   FEDLORA_RETURN_IF_ERROR(internal::CheckBackend(ctx, kOp));
   FEDLORA_RETURN_IF_ERROR(internal::CheckDims(kOp, {a.n}));
-  if (a.kind != Activation::kGelu && a.kind != Activation::kTanh) return internal::InvalidArg(kOp, "unknown activation");
+  if (a.kind != Activation::kGelu && a.kind != Activation::kTanh)
+    return internal::InvalidArg(kOp, "unknown activation");
   if (a.n == 0) return absl::OkStatus();
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.x, "x"));
   return internal::CheckPtr(kOp, a.y, "y");
@@ -53,7 +54,8 @@ absl::Status CanRun(const ExecContext& ctx, const ActivationBackwardArgs& a) {
   constexpr std::string_view kOp = "ActivationBackward";
   FEDLORA_RETURN_IF_ERROR(internal::CheckBackend(ctx, kOp));
   FEDLORA_RETURN_IF_ERROR(internal::CheckDims(kOp, {a.n}));
-  if (a.kind != Activation::kGelu && a.kind != Activation::kTanh) return internal::InvalidArg(kOp, "unknown activation");
+  if (a.kind != Activation::kGelu && a.kind != Activation::kTanh)
+    return internal::InvalidArg(kOp, "unknown activation");
   if (a.n == 0) return absl::OkStatus();
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.saved, "saved"));
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.dy, "dy"));
@@ -63,7 +65,8 @@ absl::Status CanRun(const ExecContext& ctx, const ActivationBackwardArgs& a) {
 absl::Status ActivationForward(const ExecContext& ctx, const ActivationForwardArgs& a) {
   FEDLORA_RETURN_IF_ERROR(CanRun(ctx, a));
   if (a.n == 0) return absl::OkStatus();
-  if (ctx.device == Device::kCuda) return FEDLORA_KERNELS_CUDA(internal::ActivationForwardCuda(ctx, a));
+  if (ctx.device == Device::kCuda)
+    return FEDLORA_KERNELS_CUDA(internal::ActivationForwardCuda(ctx, a));
   // erf costs ~20 flops: a smaller grain than the pure copy passes.
   ctx.Pool().ParallelFor(0, a.n, internal::kElementwiseGrain / 4, [&](int64_t i0, int64_t i1) {
     if (a.kind == Activation::kGelu) {
@@ -78,7 +81,8 @@ absl::Status ActivationForward(const ExecContext& ctx, const ActivationForwardAr
 absl::Status ActivationBackward(const ExecContext& ctx, const ActivationBackwardArgs& a) {
   FEDLORA_RETURN_IF_ERROR(CanRun(ctx, a));
   if (a.n == 0) return absl::OkStatus();
-  if (ctx.device == Device::kCuda) return FEDLORA_KERNELS_CUDA(internal::ActivationBackwardCuda(ctx, a));
+  if (ctx.device == Device::kCuda)
+    return FEDLORA_KERNELS_CUDA(internal::ActivationBackwardCuda(ctx, a));
   ctx.Pool().ParallelFor(0, a.n, internal::kElementwiseGrain / 4, [&](int64_t i0, int64_t i1) {
     if (a.kind == Activation::kGelu) {
       GeluBackwardRange(a.saved + i0, a.dy + i0, a.dx + i0, i1 - i0, a.accumulate_dx);

@@ -14,8 +14,8 @@ struct AdamWScalars {
 
 // A plain function over restrict pointers and scalars by value, so that GCC vectorises it (inside
 // the ParallelFor lambda the scalars would be loads through the closure).
-void AdamWRange(float* __restrict__ p, const float* __restrict__ gr, float* __restrict__ m, float* __restrict__ v,
-                int64_t n, const AdamWScalars k) {
+void AdamWRange(float* __restrict__ p, const float* __restrict__ gr, float* __restrict__ m,
+                float* __restrict__ v, int64_t n, const AdamWScalars k) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = k.grad_scale * gr[i];
     const float mi = k.b1 * m[i] + (1.0f - k.b1) * g;
@@ -30,11 +30,13 @@ void AdamWRange(float* __restrict__ p, const float* __restrict__ gr, float* __re
 absl::Status CanRun(const ExecContext& ctx, const AdamWArgs& a) {
   FEDLORA_RETURN_IF_ERROR(internal::CheckBackend(ctx, kOp));
   FEDLORA_RETURN_IF_ERROR(internal::CheckDims(kOp, {a.n}));
-  if (a.step < 1) return internal::InvalidArg(kOp, absl::StrCat("step ", a.step, " < 1 (steps are 1-based)"));
+  if (a.step < 1)
+    return internal::InvalidArg(kOp, absl::StrCat("step ", a.step, " < 1 (steps are 1-based)"));
   if (!(a.beta1 >= 0.0f && a.beta1 < 1.0f) || !(a.beta2 >= 0.0f && a.beta2 < 1.0f)) {
     return internal::InvalidArg(kOp, "betas must be in [0, 1)");
   }
-  if (!(a.lr >= 0.0f) || !(a.eps > 0.0f) || !(a.weight_decay >= 0.0f) || !std::isfinite(a.grad_scale)) {
+  if (!(a.lr >= 0.0f) || !(a.eps > 0.0f) || !(a.weight_decay >= 0.0f) ||
+      !std::isfinite(a.grad_scale)) {
     return internal::InvalidArg(kOp, "lr, weight_decay must be >= 0, eps > 0, grad_scale finite");
   }
   if (a.n == 0) return absl::OkStatus();

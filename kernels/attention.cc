@@ -1,7 +1,8 @@
 // Multi-head attention composed from Gemm (strided over heads) and the fused softmax.
+#include "kernels/attention.h"
+
 #include <cmath>
 
-#include "kernels/attention.h"
 #include "kernels/gemm.h"
 #include "kernels/kernel_util.h"
 
@@ -19,21 +20,26 @@ struct Strides {
   int64_t row, head, batch;
 };
 Strides LayoutStrides(const AttentionDims& d, int64_t heads) {
-  if (d.layout == AttentionLayout::kBHSD) return {d.head_dim, d.seq * d.head_dim, heads * d.seq * d.head_dim};
+  if (d.layout == AttentionLayout::kBHSD)
+    return {d.head_dim, d.seq * d.head_dim, heads * d.seq * d.head_dim};
   return {heads * d.head_dim, d.head_dim, d.seq * heads * d.head_dim};
 }
 
-float Scale(const AttentionDims& d) { return d.scale != 0.0f ? d.scale : 1.0f / std::sqrt(static_cast<float>(d.head_dim)); }
+float Scale(const AttentionDims& d) {
+  return d.scale != 0.0f ? d.scale : 1.0f / std::sqrt(static_cast<float>(d.head_dim));
+}
 
 int64_t ProbsElems(const AttentionDims& d) { return d.batch * d.heads * d.seq * d.seq; }
 
 absl::Status CheckDimsCommon(std::string_view op, const AttentionDims& d) {
   FEDLORA_RETURN_IF_ERROR(internal::CheckDims(op, {d.batch, d.heads, d.seq, d.seq}));
   FEDLORA_RETURN_IF_ERROR(internal::CheckDims(op, {d.batch, d.heads, d.seq, d.head_dim}));
-  if (d.layout != AttentionLayout::kBHSD && d.layout != AttentionLayout::kBSHD) return internal::InvalidArg(op, "unknown layout");
+  if (d.layout != AttentionLayout::kBHSD && d.layout != AttentionLayout::kBSHD)
+    return internal::InvalidArg(op, "unknown layout");
   if (!std::isfinite(d.scale)) return internal::InvalidArg(op, "scale is not finite");
   if (d.kv_heads < 0 || (d.kv_heads > 0 && d.heads % d.kv_heads != 0)) {
-    return internal::InvalidArg(op, absl::StrCat("kv_heads ", d.kv_heads, " does not divide heads ", d.heads));
+    return internal::InvalidArg(
+        op, absl::StrCat("kv_heads ", d.kv_heads, " does not divide heads ", d.heads));
   }
   return absl::OkStatus();
 }
@@ -42,8 +48,8 @@ absl::Status CheckDimsCommon(std::string_view op, const AttentionDims& d) {
 // strided-batched call over all batch*heads when the layout makes heads and batches one stride
 // (kBHSD), else one call per batch entry over its heads. `batch_offsets` are the per-batch
 // element offsets of (a, b, c).
-absl::Status ForEachHead(const ExecContext& ctx, const AttentionDims& d, GemmArgs g, int64_t a_batch, int64_t b_batch,
-                         int64_t c_batch) {
+absl::Status ForEachHead(const ExecContext& ctx, const AttentionDims& d, GemmArgs g,
+                         int64_t a_batch, int64_t b_batch, int64_t c_batch) {
   g.batch = d.heads;
   if (d.batch == 1 || (a_batch == d.heads * g.stride_a && b_batch == d.heads * g.stride_b &&
                        c_batch == d.heads * g.stride_c)) {
@@ -72,7 +78,8 @@ struct Operand {
 // K/V head's group of query heads is one strided-batched call that broadcasts the kv operand
 // (stride 0), and a kv output (dK, dV) sums over its group: one call per query head, the first
 // with g.beta and the rest adding.
-absl::Status HeadGemms(const ExecContext& ctx, const AttentionDims& d, GemmArgs g, Operand a, Operand b, Operand c) {
+absl::Status HeadGemms(const ExecContext& ctx, const AttentionDims& d, GemmArgs g, Operand a,
+                       Operand b, Operand c) {
   const int64_t kv = KvHeads(d), group = d.heads / kv;
   if (group == 1) {
     g.stride_a = a.head;
@@ -114,7 +121,9 @@ absl::Status HeadGemms(const ExecContext& ctx, const AttentionDims& d, GemmArgs 
 }  // namespace
 
 size_t AttentionWorkspaceBytes(const AttentionForwardArgs& a) {
-  return a.dropout.active() && a.out != nullptr ? internal::AlignUp(static_cast<size_t>(ProbsElems(a.dims)) * sizeof(float)) : 0;
+  return a.dropout.active() && a.out != nullptr
+             ? internal::AlignUp(static_cast<size_t>(ProbsElems(a.dims)) * sizeof(float))
+             : 0;
 }
 size_t AttentionWorkspaceBytes(const AttentionBackwardArgs& a) {
   const size_t one = internal::AlignUp(static_cast<size_t>(ProbsElems(a.dims)) * sizeof(float));
@@ -124,9 +133,11 @@ size_t AttentionWorkspaceBytes(const AttentionBackwardArgs& a) {
 absl::Status CanRun(const ExecContext& ctx, const AttentionForwardArgs& a) {
   FEDLORA_RETURN_IF_ERROR(internal::CheckBackend(ctx, kFwd));
   FEDLORA_RETURN_IF_ERROR(CheckDimsCommon(kFwd, a.dims));
-  if (!(a.dropout.p >= 0.0f && a.dropout.p < 1.0f)) return internal::InvalidArg(kFwd, "dropout p not in [0, 1)");
+  if (!(a.dropout.p >= 0.0f && a.dropout.p < 1.0f))
+    return internal::InvalidArg(kFwd, "dropout p not in [0, 1)");
   if (ProbsElems(a.dims) == 0) return absl::OkStatus();
-  for (auto [p, name] : {std::pair<const void*, const char*>{a.q, "q"}, {a.k, "k"}, {a.probs, "probs"}}) {
+  for (auto [p, name] :
+       {std::pair<const void*, const char*>{a.q, "q"}, {a.k, "k"}, {a.probs, "probs"}}) {
     FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kFwd, p, name));
   }
   if (a.out != nullptr) FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kFwd, a.v, "v"));
@@ -140,10 +151,17 @@ absl::Status CanRun(const ExecContext& ctx, const AttentionForwardArgs& a) {
 absl::Status CanRun(const ExecContext& ctx, const AttentionBackwardArgs& a) {
   FEDLORA_RETURN_IF_ERROR(internal::CheckBackend(ctx, kBwd));
   FEDLORA_RETURN_IF_ERROR(CheckDimsCommon(kBwd, a.dims));
-  if (!(a.dropout.p >= 0.0f && a.dropout.p < 1.0f)) return internal::InvalidArg(kBwd, "dropout p not in [0, 1)");
+  if (!(a.dropout.p >= 0.0f && a.dropout.p < 1.0f))
+    return internal::InvalidArg(kBwd, "dropout p not in [0, 1)");
   if (ProbsElems(a.dims) == 0) return absl::OkStatus();
-  for (auto [p, name] : {std::pair<const void*, const char*>{a.q, "q"}, {a.k, "k"}, {a.v, "v"}, {a.probs, "probs"},
-                         {a.dout, "dout"}, {a.dq, "dq"}, {a.dk, "dk"}, {a.dv, "dv"}}) {
+  for (auto [p, name] : {std::pair<const void*, const char*>{a.q, "q"},
+                         {a.k, "k"},
+                         {a.v, "v"},
+                         {a.probs, "probs"},
+                         {a.dout, "dout"},
+                         {a.dq, "dq"},
+                         {a.dk, "dk"},
+                         {a.dv, "dv"}}) {
     FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kBwd, p, name));
   }
   const size_t need = AttentionWorkspaceBytes(a);
@@ -162,22 +180,47 @@ absl::Status AttentionForward(const ExecContext& ctx, const AttentionForwardArgs
   const Operand q{qs.batch, qs.head}, kv{ks.batch, ks.head, true}, p{d.heads * SS, SS};
   // S = scale * Q K^T   -> probs [b, h, S, S]
   FEDLORA_RETURN_IF_ERROR(HeadGemms(ctx, d,
-                                    GemmArgs{.trans_b = true, .m = S, .n = S, .k = D, .alpha = Scale(d), .a = a.q,
-                                             .lda = qs.row, .b = a.k, .ldb = ks.row, .c = a.probs, .ldc = S},
+                                    GemmArgs{.trans_b = true,
+                                             .m = S,
+                                             .n = S,
+                                             .k = D,
+                                             .alpha = Scale(d),
+                                             .a = a.q,
+                                             .lda = qs.row,
+                                             .b = a.k,
+                                             .ldb = ks.row,
+                                             .c = a.probs,
+                                             .ldc = S},
                                     q, kv, p));
   // P = softmax(S + mask) (causal: over keys at or before the query); Pd = dropout(P)
   if (a.out == nullptr) {  // P only: Pd and O are not wanted
-    return AttentionSoftmaxForward(ctx, SoftmaxForwardArgs{.batch = d.batch, .heads = d.heads, .seq = S,
-                                                           .mask = a.mask, .causal = d.causal, .scores = a.probs});
+    return AttentionSoftmaxForward(ctx, SoftmaxForwardArgs{.batch = d.batch,
+                                                           .heads = d.heads,
+                                                           .seq = S,
+                                                           .mask = a.mask,
+                                                           .causal = d.causal,
+                                                           .scores = a.probs});
   }
   float* dropped = a.dropout.active() ? static_cast<float*>(a.workspace) : nullptr;
-  FEDLORA_RETURN_IF_ERROR(AttentionSoftmaxForward(
-      ctx, SoftmaxForwardArgs{.batch = d.batch, .heads = d.heads, .seq = S, .mask = a.mask, .causal = d.causal,
-                              .scores = a.probs, .dropout = a.dropout, .dropped = dropped}));
+  FEDLORA_RETURN_IF_ERROR(AttentionSoftmaxForward(ctx, SoftmaxForwardArgs{.batch = d.batch,
+                                                                          .heads = d.heads,
+                                                                          .seq = S,
+                                                                          .mask = a.mask,
+                                                                          .causal = d.causal,
+                                                                          .scores = a.probs,
+                                                                          .dropout = a.dropout,
+                                                                          .dropped = dropped}));
   // O = Pd V
   return HeadGemms(ctx, d,
-                   GemmArgs{.m = S, .n = D, .k = S, .a = dropped != nullptr ? dropped : a.probs, .lda = S, .b = a.v,
-                            .ldb = ks.row, .c = a.out, .ldc = qs.row},
+                   GemmArgs{.m = S,
+                            .n = D,
+                            .k = S,
+                            .a = dropped != nullptr ? dropped : a.probs,
+                            .lda = S,
+                            .b = a.v,
+                            .ldb = ks.row,
+                            .c = a.out,
+                            .ldc = qs.row},
                    p, kv, q);
 }
 
@@ -193,34 +236,72 @@ absl::Status AttentionBackward(const ExecContext& ctx, const AttentionBackwardAr
   float* dp = static_cast<float*>(a.workspace);
   const float* pd = a.probs;
   if (a.dropout.active()) {  // Pd, recomputed from the seed
-    float* pd_buf = reinterpret_cast<float*>(static_cast<char*>(a.workspace) +
-                                             internal::AlignUp(static_cast<size_t>(n) * sizeof(float)));
-    FEDLORA_RETURN_IF_ERROR(Dropout(ctx, DropoutArgs{.n = n, .spec = a.dropout, .x = a.probs, .out = pd_buf}));
+    float* pd_buf =
+        reinterpret_cast<float*>(static_cast<char*>(a.workspace) +
+                                 internal::AlignUp(static_cast<size_t>(n) * sizeof(float)));
+    FEDLORA_RETURN_IF_ERROR(
+        Dropout(ctx, DropoutArgs{.n = n, .spec = a.dropout, .x = a.probs, .out = pd_buf}));
     pd = pd_buf;
   }
   // dV = Pd^T dO   (summed over a K/V head's group)
   FEDLORA_RETURN_IF_ERROR(HeadGemms(ctx, d,
-                                    GemmArgs{.trans_a = true, .m = S, .n = D, .k = S, .a = pd, .lda = S,
-                                             .b = a.dout, .ldb = qs.row, .c = a.dv, .ldc = ks.row},
+                                    GemmArgs{.trans_a = true,
+                                             .m = S,
+                                             .n = D,
+                                             .k = S,
+                                             .a = pd,
+                                             .lda = S,
+                                             .b = a.dout,
+                                             .ldb = qs.row,
+                                             .c = a.dv,
+                                             .ldc = ks.row},
                                     p, q, kv));
   // dPd = dO V^T
   FEDLORA_RETURN_IF_ERROR(HeadGemms(ctx, d,
-                                    GemmArgs{.trans_b = true, .m = S, .n = S, .k = D, .a = a.dout, .lda = qs.row,
-                                             .b = a.v, .ldb = ks.row, .c = dp, .ldc = S},
+                                    GemmArgs{.trans_b = true,
+                                             .m = S,
+                                             .n = S,
+                                             .k = D,
+                                             .a = a.dout,
+                                             .lda = qs.row,
+                                             .b = a.v,
+                                             .ldb = ks.row,
+                                             .c = dp,
+                                             .ldc = S},
                                     q, kv, p));
   // dS = softmax'(dropout'(dPd)), in place (masked entries of P are 0, so their dS is too)
-  FEDLORA_RETURN_IF_ERROR(AttentionSoftmaxBackward(
-      ctx, SoftmaxBackwardArgs{.batch = d.batch, .heads = d.heads, .seq = S, .probs = a.probs, .dropout = a.dropout,
-                               .grad = dp}));
+  FEDLORA_RETURN_IF_ERROR(AttentionSoftmaxBackward(ctx, SoftmaxBackwardArgs{.batch = d.batch,
+                                                                            .heads = d.heads,
+                                                                            .seq = S,
+                                                                            .probs = a.probs,
+                                                                            .dropout = a.dropout,
+                                                                            .grad = dp}));
   // dQ = scale dS K
   FEDLORA_RETURN_IF_ERROR(HeadGemms(ctx, d,
-                                    GemmArgs{.m = S, .n = D, .k = S, .alpha = scale, .a = dp, .lda = S, .b = a.k,
-                                             .ldb = ks.row, .c = a.dq, .ldc = qs.row},
+                                    GemmArgs{.m = S,
+                                             .n = D,
+                                             .k = S,
+                                             .alpha = scale,
+                                             .a = dp,
+                                             .lda = S,
+                                             .b = a.k,
+                                             .ldb = ks.row,
+                                             .c = a.dq,
+                                             .ldc = qs.row},
                                     p, kv, q));
   // dK = scale dS^T Q   (summed over the group)
   return HeadGemms(ctx, d,
-                   GemmArgs{.trans_a = true, .m = S, .n = D, .k = S, .alpha = scale, .a = dp, .lda = S, .b = a.q,
-                            .ldb = qs.row, .c = a.dk, .ldc = ks.row},
+                   GemmArgs{.trans_a = true,
+                            .m = S,
+                            .n = D,
+                            .k = S,
+                            .alpha = scale,
+                            .a = dp,
+                            .lda = S,
+                            .b = a.q,
+                            .ldb = qs.row,
+                            .c = a.dk,
+                            .ldc = ks.row},
                    p, q, kv);
 }
 

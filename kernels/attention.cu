@@ -2,9 +2,9 @@
 // we serve: <= 16 elements per lane), three passes over the row in L1.
 #include <cfloat>
 
+#include "core/rng.h"
 #include "kernels/attention.h"
 #include "kernels/cuda_util.cuh"
-#include "core/rng.h"
 
 namespace fedlora::kernels::internal {
 namespace {
@@ -22,8 +22,9 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-__global__ void SoftmaxForwardKernel(int64_t rows, int64_t S, int64_t rows_per_batch, const float* mask_all,
-                                     bool causal, float* scores, float p_drop, uint64_t seed, uint64_t stream, uint64_t offset,
+__global__ void SoftmaxForwardKernel(int64_t rows, int64_t S, int64_t rows_per_batch,
+                                     const float* mask_all, bool causal, float* scores,
+                                     float p_drop, uint64_t seed, uint64_t stream, uint64_t offset,
                                      float* dropped) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.y;
   if (r >= rows) return;
@@ -57,8 +58,9 @@ __global__ void SoftmaxForwardKernel(int64_t rows, int64_t S, int64_t rows_per_b
   }
 }
 
-__global__ void SoftmaxBackwardKernel(int64_t rows, int64_t S, const float* probs, float* grad, float p_drop,
-                                      uint64_t seed, uint64_t stream, uint64_t offset, bool dropout) {
+__global__ void SoftmaxBackwardKernel(int64_t rows, int64_t S, const float* probs, float* grad,
+                                      float p_drop, uint64_t seed, uint64_t stream, uint64_t offset,
+                                      bool dropout) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.y;
   if (r >= rows) return;
   const int lane = threadIdx.x;
@@ -85,8 +87,8 @@ absl::Status AttentionSoftmaxForwardCuda(const ExecContext& ctx, const SoftmaxFo
   const int64_t rows = a.batch * a.heads * a.seq;
   const unsigned grid = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
   SoftmaxForwardKernel<<<grid, dim3(32, kWarpsPerBlock), 0, Stream(ctx)>>>(
-      rows, a.seq, a.heads * a.seq, a.mask, a.causal, a.scores, a.dropout.p, a.dropout.seed, a.dropout.stream, a.dropout.offset,
-      a.dropout.active() ? a.dropped : nullptr);
+      rows, a.seq, a.heads * a.seq, a.mask, a.causal, a.scores, a.dropout.p, a.dropout.seed,
+      a.dropout.stream, a.dropout.offset, a.dropout.active() ? a.dropped : nullptr);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

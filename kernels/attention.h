@@ -28,7 +28,8 @@
 //
 // FLOPs: forward 4 * batch * heads * seq^2 * head_dim (two GEMMs); backward twice that.
 // Workspace (AttentionWorkspaceBytes): forward 4 * batch*heads*seq^2 bytes when dropout is active
-// and O is wanted (Pd), else 0; backward 4 * batch*heads*seq^2 for dP, plus as much again for Pd with dropout.
+// and O is wanted (Pd), else 0; backward 4 * batch*heads*seq^2 for dP, plus as much again for Pd
+// with dropout.
 #pragma once
 
 #include <cstddef>
@@ -45,14 +46,14 @@ enum class AttentionLayout { kBHSD, kBSHD };
 struct AttentionDims {
   int64_t batch = 0, heads = 0, seq = 0, head_dim = 0;
   AttentionLayout layout = AttentionLayout::kBSHD;
-  float scale = 0.0f;  // 0 means 1 / sqrt(head_dim)
+  float scale = 0.0f;    // 0 means 1 / sqrt(head_dim)
   int64_t kv_heads = 0;  // 0: heads (multi-head); else divides heads (grouped-query)
   bool causal = false;   // each query attends to keys at or before its position only
 };
 
 struct AttentionForwardArgs {
   AttentionDims dims{};
-  const float* q = nullptr;     // layout-shaped
+  const float* q = nullptr;  // layout-shaped
   const float* k = nullptr;
   const float* v = nullptr;
   const float* mask = nullptr;  // [batch, seq] additive, or null (no padding)
@@ -96,7 +97,7 @@ struct SoftmaxForwardArgs {
   bool causal = false;          // row i keeps columns j <= i; the rest of P is exactly 0
   float* scores = nullptr;      // [batch, heads, seq, seq] in: scaled scores, out: P
   DropoutSpec dropout{};
-  float* dropped = nullptr;     // [batch, heads, seq, seq] Pd, required when dropout is active
+  float* dropped = nullptr;  // [batch, heads, seq, seq] Pd, required when dropout is active
 };
 struct SoftmaxBackwardArgs {
   int64_t batch = 0, heads = 0, seq = 0;

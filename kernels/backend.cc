@@ -18,8 +18,8 @@ absl::StatusOr<void*> CudaAllocate(size_t bytes, void* stream);
 void CudaFree(void* ptr);
 absl::Status CudaCopyAsync(void* dst, const void* src, size_t bytes, void* stream);
 absl::Status CudaCopyToHost(void* host_dst, const void* src, size_t bytes, void* stream);
-absl::Status CudaCopy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
-                             size_t rows, void* stream);
+absl::Status CudaCopy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                             size_t row_bytes, size_t rows, void* stream);
 absl::Status CudaZeroAsync(void* dst, size_t bytes, void* stream);
 }  // namespace internal
 #endif
@@ -54,8 +54,9 @@ absl::StatusOr<void*> Backend::Allocate(size_t bytes) {
     const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
     p = std::aligned_alloc(kAlign, rounded);
     if (p == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("out of host memory: ", bytes, " bytes asked for, ", allocated_, " held by this backend"));
+      return absl::ResourceExhaustedError(absl::StrCat("out of host memory: ", bytes,
+                                                       " bytes asked for, ", allocated_,
+                                                       " held by this backend"));
     }
     std::memset(p, 0, bytes);
   } else {
@@ -102,16 +103,18 @@ absl::Status Backend::Download(void* host_dst, const void* src, size_t bytes) {
   return FEDLORA_KERNELS_CUDA(internal::CudaCopyToHost(host_dst, src, bytes, ctx_.stream));
 }
 
-absl::Status Backend::CopyRows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
-                               size_t rows) {
+absl::Status Backend::CopyRows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                               size_t row_bytes, size_t rows) {
   if (rows == 0 || row_bytes == 0) return absl::OkStatus();
   if (row_bytes > dst_pitch || row_bytes > src_pitch) {
     return absl::InvalidArgumentError(absl::StrCat("Backend::CopyRows: rows of ", row_bytes,
-                                                   " bytes do not fit pitches ", src_pitch, " and ", dst_pitch));
+                                                   " bytes do not fit pitches ", src_pitch, " and ",
+                                                   dst_pitch));
   }
   if (ctx_.device == Device::kCpu) {
     for (size_t r = 0; r < rows; ++r) {
-      std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, row_bytes);
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch,
+                  static_cast<const char*>(src) + r * src_pitch, row_bytes);
     }
     return absl::OkStatus();
   }

@@ -24,8 +24,9 @@ absl::StatusOr<void*> CudaAllocate(size_t bytes, void* stream) {
     (void)cudaGetLastError();
     size_t free_bytes = 0, total_bytes = 0;
     (void)cudaMemGetInfo(&free_bytes, &total_bytes);
-    return absl::ResourceExhaustedError(absl::StrCat("out of GPU memory: cudaMalloc of ", bytes, " bytes failed (",
-                                                     free_bytes, " of ", total_bytes, " bytes free)"));
+    return absl::ResourceExhaustedError(absl::StrCat("out of GPU memory: cudaMalloc of ", bytes,
+                                                     " bytes failed (", free_bytes, " of ",
+                                                     total_bytes, " bytes free)"));
   }
   FEDLORA_CUDA_RETURN_IF_ERROR(err);
   // Zero-filled, like the CPU backend's memory; ordered before any later work on the stream.
@@ -48,10 +49,11 @@ absl::Status CudaCopyToHost(void* host_dst, const void* src, size_t bytes, void*
   return absl::OkStatus();
 }
 
-absl::Status CudaCopy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
-                             size_t rows, void* stream) {
+absl::Status CudaCopy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                             size_t row_bytes, size_t rows, void* stream) {
   FEDLORA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows,
-                                                 cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
+                                                 cudaMemcpyDeviceToDevice,
+                                                 static_cast<cudaStream_t>(stream)));
   return absl::OkStatus();
 }
 

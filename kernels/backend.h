@@ -59,8 +59,8 @@ class Backend {
   // Device -> host; waits for the work queued before it.
   absl::Status Download(void* host_dst, const void* src, size_t bytes);
   // Device -> device: `rows` rows of `row_bytes`, `src_pitch` and `dst_pitch` bytes apart.
-  absl::Status CopyRows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
-                        size_t rows);
+  absl::Status CopyRows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                        size_t row_bytes, size_t rows);
   absl::Status Zero(void* dst, size_t bytes);
   // Waits for everything queued; reports a failed kernel.
   absl::Status Synchronize();

@@ -23,8 +23,8 @@ absl::StatusOr<QuantLayout> Layout(cudaStream_t stream, const BlockQuantizeArgs&
   QuantLayout l;
   const int64_t blocks = (a.n + a.block_size - 1) / a.block_size;
   if (a.stochastic) {
-    FEDLORA_CUDA_RETURN_IF_ERROR(
-        cub::DeviceScan::ExclusiveSum(nullptr, l.temp_bytes, static_cast<uint64_t*>(nullptr), a.n, stream));
+    FEDLORA_CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(
+        nullptr, l.temp_bytes, static_cast<uint64_t*>(nullptr), a.n, stream));
   }
   size_t at = 0;
   auto take = [&at](size_t bytes) {
@@ -40,12 +40,13 @@ absl::StatusOr<QuantLayout> Layout(cudaStream_t stream, const BlockQuantizeArgs&
 }
 
 // One warp per block: the scale, into `scales` and as the block's first 4 bytes of `out`.
-__global__ void ScaleKernel(int64_t n, const float* __restrict__ x, int64_t block_size, int64_t blocks,
-                            uint64_t block_bytes, bool sign_mode, float* __restrict__ scales,
-                            uint8_t* __restrict__ out) {
+__global__ void ScaleKernel(int64_t n, const float* __restrict__ x, int64_t block_size,
+                            int64_t blocks, uint64_t block_bytes, bool sign_mode,
+                            float* __restrict__ scales, uint8_t* __restrict__ out) {
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
-  for (int64_t b = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp; b < blocks; b += warps) {
+  for (int64_t b = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
+       b < blocks; b += warps) {
     const int64_t first = b * block_size;
     const int64_t m = n - first < block_size ? n - first : block_size;
     float s = 0.0f;
@@ -53,7 +54,8 @@ __global__ void ScaleKernel(int64_t n, const float* __restrict__ x, int64_t bloc
       if (lane == 0) s = QuantMeanAbs(x + first, m);  // in index order, as the CPU rounds it
     } else {
       for (int64_t i = lane; i < m; i += kWarp) s = fmaxf(s, fabsf(x[first + i]));
-      for (int offset = kWarp / 2; offset > 0; offset /= 2) s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, offset));
+      for (int offset = kWarp / 2; offset > 0; offset /= 2)
+        s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, offset));
     }
     if (lane == 0) {
       scales[b] = s;
@@ -65,8 +67,9 @@ __global__ void ScaleKernel(int64_t n, const float* __restrict__ x, int64_t bloc
 }
 
 // draws[i] = 1 when value i takes a random draw (the scan turns these into draw indices).
-__global__ void DrawFlagKernel(int64_t n, const float* __restrict__ x, int64_t block_size, uint32_t top,
-                               const float* __restrict__ scales, uint64_t* __restrict__ draws) {
+__global__ void DrawFlagKernel(int64_t n, const float* __restrict__ x, int64_t block_size,
+                               uint32_t top, const float* __restrict__ scales,
+                               uint64_t* __restrict__ draws) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float s = scales[i / block_size];
@@ -75,10 +78,10 @@ __global__ void DrawFlagKernel(int64_t n, const float* __restrict__ x, int64_t b
 }
 
 // One thread per code byte: byte j of the codes (all blocks' codes numbered in order).
-__global__ void CodesKernel(int64_t n, const float* __restrict__ x, int bits, int64_t block_size, int64_t blocks,
-                            int64_t code_bytes, bool sign_mode, bool stochastic, uint64_t seed, uint64_t stream,
-                            const float* __restrict__ scales, const uint64_t* __restrict__ draws,
-                            uint8_t* __restrict__ out) {
+__global__ void CodesKernel(int64_t n, const float* __restrict__ x, int bits, int64_t block_size,
+                            int64_t blocks, int64_t code_bytes, bool sign_mode, bool stochastic,
+                            uint64_t seed, uint64_t stream, const float* __restrict__ scales,
+                            const uint64_t* __restrict__ draws, uint8_t* __restrict__ out) {
   const uint32_t top = (1u << bits) - 1;
   const int per_byte = 8 / bits;
   const int64_t full_codes = block_size * bits / 8;  // code bytes of a full block
@@ -95,7 +98,8 @@ __global__ void CodesKernel(int64_t n, const float* __restrict__ x, int bits, in
       if (i >= end) break;
       const float v = x[i];
       float uniform = 0.0f;
-      if (stochastic && QuantDraws(v, s, inv_step, top)) uniform = UniformAt(seed, stream, draws[i]);
+      if (stochastic && QuantDraws(v, s, inv_step, top))
+        uniform = UniformAt(seed, stream, draws[i]);
       acc |= QuantCode(v, s, inv_step, top, sign_mode, stochastic, uniform) << (u * bits);
     }
     out[static_cast<uint64_t>(b) * (4 + full_codes) + 4 + local] = static_cast<uint8_t>(acc);
@@ -104,7 +108,8 @@ __global__ void CodesKernel(int64_t n, const float* __restrict__ x, int bits, in
 
 }  // namespace
 
-absl::StatusOr<size_t> BlockQuantizeWorkspaceBytesCuda(const ExecContext& ctx, const BlockQuantizeArgs& a) {
+absl::StatusOr<size_t> BlockQuantizeWorkspaceBytesCuda(const ExecContext& ctx,
+                                                       const BlockQuantizeArgs& a) {
   FEDLORA_ASSIGN_OR_RETURN(const QuantLayout l, Layout(Stream(ctx), a));
   return l.total;
 }
@@ -118,21 +123,24 @@ absl::Status BlockQuantizeCuda(const ExecContext& ctx, const BlockQuantizeArgs& 
   const int64_t blocks = (a.n + a.block_size - 1) / a.block_size;
   const bool sign_mode = QuantSignMode(a.bits, a.stochastic);
   const uint64_t block_bytes = QuantBlockBytes(static_cast<uint64_t>(a.block_size), a.bits);
-  ScaleKernel<<<GridFor(blocks * kWarp, kThreads), kThreads, 0, stream>>>(a.n, a.x, a.block_size, blocks, block_bytes,
-                                                                          sign_mode, scales, a.out);
+  ScaleKernel<<<GridFor(blocks * kWarp, kThreads), kThreads, 0, stream>>>(
+      a.n, a.x, a.block_size, blocks, block_bytes, sign_mode, scales, a.out);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   if (a.stochastic) {
     const uint32_t top = (1u << a.bits) - 1;
-    DrawFlagKernel<<<GridFor(a.n, kThreads), kThreads, 0, stream>>>(a.n, a.x, a.block_size, top, scales, draws);
+    DrawFlagKernel<<<GridFor(a.n, kThreads), kThreads, 0, stream>>>(a.n, a.x, a.block_size, top,
+                                                                    scales, draws);
     FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
     size_t temp_bytes = l.temp_bytes;
-    FEDLORA_CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(ws + l.temp, temp_bytes, draws, a.n, stream));
+    FEDLORA_CUDA_RETURN_IF_ERROR(
+        cub::DeviceScan::ExclusiveSum(ws + l.temp, temp_bytes, draws, a.n, stream));
   }
   const int64_t code_bytes =
-      static_cast<int64_t>(BlockQuantizedBytes(static_cast<uint64_t>(a.n), a.bits, a.block_size)) - 4 * blocks;
-  CodesKernel<<<GridFor(code_bytes, kThreads), kThreads, 0, stream>>>(a.n, a.x, a.bits, a.block_size, blocks,
-                                                                       code_bytes, sign_mode, a.stochastic, a.seed,
-                                                                       a.stream, scales, draws, a.out);
+      static_cast<int64_t>(BlockQuantizedBytes(static_cast<uint64_t>(a.n), a.bits, a.block_size)) -
+      4 * blocks;
+  CodesKernel<<<GridFor(code_bytes, kThreads), kThreads, 0, stream>>>(
+      a.n, a.x, a.bits, a.block_size, blocks, code_bytes, sign_mode, a.stochastic, a.seed, a.stream,
+      scales, draws, a.out);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

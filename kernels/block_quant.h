@@ -34,9 +34,9 @@ struct BlockQuantizeArgs {
   int bits = 8;              // 1, 2, 4 or 8
   int64_t block_size = 256;  // a multiple of 8 in [8, kMaxQuantBlockSize]
   bool stochastic = true;
-  uint64_t seed = 0;         // stochastic rounding: core/rng.h stream (seed, stream)
+  uint64_t seed = 0;  // stochastic rounding: core/rng.h stream (seed, stream)
   uint64_t stream = 0;
-  uint8_t* out = nullptr;    // [BlockQuantizedBytes(n, bits, block_size)]
+  uint8_t* out = nullptr;     // [BlockQuantizedBytes(n, bits, block_size)]
   void* workspace = nullptr;  // BlockQuantizeWorkspaceBytes(ctx, args) bytes on ctx.device
   size_t workspace_bytes = 0;
 };
@@ -52,7 +52,9 @@ inline uint64_t BlockQuantizedBytes(uint64_t n, int bits, int64_t block_size) {
 }
 
 // The scaled sign: 1 bit with nearest rounding.
-FEDLORA_HOST_DEVICE inline bool QuantSignMode(int bits, bool stochastic) { return bits == 1 && !stochastic; }
+FEDLORA_HOST_DEVICE inline bool QuantSignMode(int bits, bool stochastic) {
+  return bits == 1 && !stochastic;
+}
 
 // The scale of the sign mode: mean |x| of the block, summed in double in index order.
 FEDLORA_HOST_DEVICE inline float QuantMeanAbs(const float* v, int64_t m) {
@@ -72,7 +74,8 @@ struct QuantPosition {
   uint32_t q;
   float frac;
 };
-FEDLORA_HOST_DEVICE inline QuantPosition QuantPositionOf(float v, float s, double inv_step, uint32_t top) {
+FEDLORA_HOST_DEVICE inline QuantPosition QuantPositionOf(float v, float s, double inv_step,
+                                                         uint32_t top) {
   double t = (static_cast<double>(v) + s) * inv_step;
   const double dtop = top;
   t = t < 0.0 ? 0.0 : (t > dtop ? dtop : t);
@@ -86,8 +89,8 @@ FEDLORA_HOST_DEVICE inline bool QuantDraws(float v, float s, double inv_step, ui
 }
 
 // The code of v. `uniform` is the value's draw (read only when stochastic and QuantDraws).
-FEDLORA_HOST_DEVICE inline uint32_t QuantCode(float v, float s, double inv_step, uint32_t top, bool sign_mode,
-                                              bool stochastic, float uniform) {
+FEDLORA_HOST_DEVICE inline uint32_t QuantCode(float v, float s, double inv_step, uint32_t top,
+                                              bool sign_mode, bool stochastic, float uniform) {
   if (sign_mode) return v >= 0.0f ? 1u : 0u;
   if (!(s > 0.0f)) return 0u;
   QuantPosition p = QuantPositionOf(v, s, inv_step, top);
@@ -101,13 +104,15 @@ FEDLORA_HOST_DEVICE inline uint32_t QuantCode(float v, float s, double inv_step,
 }
 
 // Workspace BlockQuantize needs on ctx.device. CUDA asks CUB (errors as a CUDA failure).
-absl::StatusOr<size_t> BlockQuantizeWorkspaceBytes(const ExecContext& ctx, const BlockQuantizeArgs& args);
+absl::StatusOr<size_t> BlockQuantizeWorkspaceBytes(const ExecContext& ctx,
+                                                   const BlockQuantizeArgs& args);
 
 absl::Status CanRun(const ExecContext& ctx, const BlockQuantizeArgs& args);
 absl::Status BlockQuantize(const ExecContext& ctx, const BlockQuantizeArgs& args);
 
 namespace internal {
-absl::StatusOr<size_t> BlockQuantizeWorkspaceBytesCuda(const ExecContext& ctx, const BlockQuantizeArgs& args);
+absl::StatusOr<size_t> BlockQuantizeWorkspaceBytesCuda(const ExecContext& ctx,
+                                                       const BlockQuantizeArgs& args);
 absl::Status BlockQuantizeCuda(const ExecContext& ctx, const BlockQuantizeArgs& args);
 }  // namespace internal
 

@@ -10,9 +10,11 @@
 
 namespace fedlora::kernels {
 
-absl::StatusOr<size_t> BlockQuantizeWorkspaceBytes(const ExecContext& ctx, const BlockQuantizeArgs& a) {
+absl::StatusOr<size_t> BlockQuantizeWorkspaceBytes(const ExecContext& ctx,
+                                                   const BlockQuantizeArgs& a) {
   FEDLORA_RETURN_IF_ERROR(internal::CheckBackend(ctx, "BlockQuantize"));
-  if (ctx.device == Device::kCuda) return FEDLORA_KERNELS_CUDA(internal::BlockQuantizeWorkspaceBytesCuda(ctx, a));
+  if (ctx.device == Device::kCuda)
+    return FEDLORA_KERNELS_CUDA(internal::BlockQuantizeWorkspaceBytesCuda(ctx, a));
   return size_t{0};
 }
 
@@ -24,15 +26,17 @@ absl::Status CanRun(const ExecContext& ctx, const BlockQuantizeArgs& a) {
     return internal::InvalidArg(kOp, absl::StrCat("bits ", a.bits, " is not 1, 2, 4 or 8"));
   }
   if (a.block_size < 8 || a.block_size > kMaxQuantBlockSize || a.block_size % 8 != 0) {
-    return internal::InvalidArg(kOp, absl::StrCat("block_size ", a.block_size, " is not a multiple of 8 in [8, ",
-                                                  kMaxQuantBlockSize, "]"));
+    return internal::InvalidArg(
+        kOp, absl::StrCat("block_size ", a.block_size, " is not a multiple of 8 in [8, ",
+                          kMaxQuantBlockSize, "]"));
   }
   if (a.n == 0) return absl::OkStatus();
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.x, "x"));
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.out, "out"));
   FEDLORA_ASSIGN_OR_RETURN(const size_t need, BlockQuantizeWorkspaceBytes(ctx, a));
   if (a.workspace_bytes < need) {
-    return internal::InvalidArg(kOp, absl::StrCat("workspace_bytes ", a.workspace_bytes, " < ", need));
+    return internal::InvalidArg(kOp,
+                                absl::StrCat("workspace_bytes ", a.workspace_bytes, " < ", need));
   }
   return internal::CheckPtr(kOp, a.workspace, "workspace", need > 0);
 }

@@ -1,5 +1,6 @@
 #include "kernels/context.h"
 
+#include <cblas.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,8 +12,6 @@
 #include <mutex>
 #include <thread>
 #include <vector>
-
-#include <cblas.h>
 
 #include "kernels/device.h"
 #include "kernels/kernel_util.h"
@@ -57,8 +56,9 @@ std::string OpenBlasCoreName() {
 void RestartForFasterOpenBlas(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
   // OpenBLAS's names for kernel sets older than AVX2 (its fallbacks for an unknown model).
-  static const char* const kOld[] = {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom",
-                                     "sandybridge", "katmai", "coppermine", "northwood", "banias"};
+  static const char* const kOld[] = {"prescott",   "core2",     "penryn",      "dunnington",
+                                     "nehalem",    "atom",      "sandybridge", "katmai",
+                                     "coppermine", "northwood", "banias"};
   std::string core = OpenBlasCoreName();
   for (char& ch : core) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   if (std::find(std::begin(kOld), std::end(kOld), core) == std::end(kOld)) return;
@@ -82,8 +82,8 @@ absl::Status CheckBackend(const ExecContext& ctx, std::string_view op) {
   if (ctx.device != Device::kCuda) return InvalidArg(op, "unknown device");
   absl::Status s = CheckCudaAvailable();
   if (!s.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(absl::string_view(op.data(), op.size()), ": CUDA requested but ", s.message()));
+    return absl::FailedPreconditionError(absl::StrCat(absl::string_view(op.data(), op.size()),
+                                                      ": CUDA requested but ", s.message()));
   }
   return absl::OkStatus();
 }

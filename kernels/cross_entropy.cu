@@ -38,9 +38,12 @@ __device__ float BlockReduce(float v, float* sh) {
   return v;
 }
 
-__device__ bool Ignored(int32_t y, int32_t ignore, int64_t C) { return !(y != ignore && y >= 0 && y < C); }
+__device__ bool Ignored(int32_t y, int32_t ignore, int64_t C) {
+  return !(y != ignore && y >= 0 && y < C);
+}
 
-__global__ void CountLabelsKernel(int64_t B, int64_t C, const int32_t* labels, int32_t ignore, int64_t* count) {
+__global__ void CountLabelsKernel(int64_t B, int64_t C, const int32_t* labels, int32_t ignore,
+                                  int64_t* count) {
   __shared__ unsigned long long total;
   if (threadIdx.x == 0) total = 0;
   __syncthreads();
@@ -51,9 +54,9 @@ __global__ void CountLabelsKernel(int64_t B, int64_t C, const int32_t* labels, i
   if (threadIdx.x == 0) *count = static_cast<int64_t>(total);
 }
 
-__global__ void CrossEntropyRowsKernel(int64_t B, int64_t C, const float* logits, const int32_t* labels,
-                                       int32_t ignore, float loss_scale, const int64_t* count, double* row_loss,
-                                       float* dlogits) {
+__global__ void CrossEntropyRowsKernel(int64_t B, int64_t C, const float* logits,
+                                       const int32_t* labels, int32_t ignore, float loss_scale,
+                                       const int64_t* count, double* row_loss, float* dlogits) {
   __shared__ float sh[kThreads / 32];
   const int64_t n = *count;
   const float grad_scale = n > 0 ? loss_scale / static_cast<float>(n) : 0.0f;
@@ -87,7 +90,8 @@ __global__ void CrossEntropyRowsKernel(int64_t B, int64_t C, const float* logits
 
 constexpr int kRanges = 64;  // as the CPU backend's fixed split
 
-__global__ void MeanLossKernel(int64_t B, const double* row_loss, const int64_t* count, float* loss) {
+__global__ void MeanLossKernel(int64_t B, const double* row_loss, const int64_t* count,
+                               float* loss) {
   __shared__ double partial[kRanges];
   const int r = threadIdx.x;
   double s = 0.0;
@@ -115,11 +119,13 @@ absl::Status SoftmaxCrossEntropyCuda(const ExecContext& ctx, const CrossEntropyA
   return WithStreamScratch(stream, bytes, [&](void* scratch) -> absl::Status {
     int64_t* count = static_cast<int64_t*>(scratch);
     double* row_loss = reinterpret_cast<double*>(count + 1);
-    CountLabelsKernel<<<1, kThreads, 0, stream>>>(a.batch, a.classes, a.labels, a.ignore_index, count);
+    CountLabelsKernel<<<1, kThreads, 0, stream>>>(a.batch, a.classes, a.labels, a.ignore_index,
+                                                  count);
     FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
     const int64_t grid = std::min<int64_t>(a.batch, int64_t{1} << 20);
     CrossEntropyRowsKernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
-        a.batch, a.classes, a.logits, a.labels, a.ignore_index, a.loss_scale, count, row_loss, a.dlogits);
+        a.batch, a.classes, a.logits, a.labels, a.ignore_index, a.loss_scale, count, row_loss,
+        a.dlogits);
     FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
     MeanLossKernel<<<1, kRanges, 0, stream>>>(a.batch, row_loss, count, a.loss);
     FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();

@@ -1,8 +1,9 @@
 // Softmax cross-entropy over class logits with integer labels, as
 // torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="mean"):
 //
-//   loss     = (1 / N) * sum_{b : labels[b] != ignore} (logsumexp(logits[b]) - logits[b, labels[b]])
-//   dlogits  = (loss_scale / N) * (softmax(logits[b]) - onehot(labels[b]))   (0 rows for ignored)
+//   loss     = (1 / N) * sum_{b : labels[b] != ignore} (logsumexp(logits[b]) - logits[b,
+//   labels[b]]) dlogits  = (loss_scale / N) * (softmax(logits[b]) - onehot(labels[b]))   (0 rows
+//   for ignored)
 //
 // N is the number of labels that are not ignore_index (loss 0, dlogits 0 when N == 0).
 // Shapes: logits, dlogits [batch, classes]; labels [batch] int32; loss [1] (on ctx.device).
@@ -23,12 +24,12 @@ inline constexpr int32_t kIgnoreIndex = -100;
 
 struct CrossEntropyArgs {
   int64_t batch = 0, classes = 0;
-  const float* logits = nullptr;  // [batch, classes]
+  const float* logits = nullptr;    // [batch, classes]
   const int32_t* labels = nullptr;  // [batch]
   int32_t ignore_index = kIgnoreIndex;
-  float* loss = nullptr;          // [1] mean loss
-  float* dlogits = nullptr;       // [batch, classes] or null
-  float loss_scale = 1.0f;        // multiplies dlogits (e.g. 1 / accumulation steps)
+  float* loss = nullptr;     // [1] mean loss
+  float* dlogits = nullptr;  // [batch, classes] or null
+  float loss_scale = 1.0f;   // multiplies dlogits (e.g. 1 / accumulation steps)
 };
 
 absl::Status CanRun(const ExecContext& ctx, const CrossEntropyArgs& args);

@@ -1,4 +1,5 @@
-// Internal helpers for the kernels' .cu files: stream, cuBLAS and cuBLASLt handles, launch geometry.
+// Internal helpers for the kernels' .cu files: stream, cuBLAS and cuBLASLt handles, launch
+// geometry.
 #pragma once
 
 #include <cublasLt.h>

@@ -21,7 +21,8 @@ __device__ float WarpSum(float v) {
   return v;
 }
 
-// Block-wide max or sum over kThreads threads; every thread gets the result. `sh` holds kWarps floats.
+// Block-wide max or sum over kThreads threads; every thread gets the result. `sh` holds kWarps
+// floats.
 template <bool kMax>
 __device__ float BlockReduce(float v, float* sh) {
   for (int o = 16; o > 0; o >>= 1) {
@@ -38,10 +39,11 @@ __device__ float BlockReduce(float v, float* sh) {
 }
 
 // Grid (chunks, heads). Shared: q row [D], the chunk's scores [kChunk], reduction scratch [kWarps].
-__global__ void DecodeChunkKernel(int64_t len, int64_t kv_heads, int64_t D, int64_t group, float scale,
-                                  const float* __restrict__ q, const float* __restrict__ k,
-                                  const float* __restrict__ v, float* __restrict__ part_o,
-                                  float* __restrict__ part_m, float* __restrict__ part_s) {
+__global__ void DecodeChunkKernel(int64_t len, int64_t kv_heads, int64_t D, int64_t group,
+                                  float scale, const float* __restrict__ q,
+                                  const float* __restrict__ k, const float* __restrict__ v,
+                                  float* __restrict__ part_o, float* __restrict__ part_m,
+                                  float* __restrict__ part_s) {
   extern __shared__ float sh[];
   float* qs = sh;
   float* s = sh + D;
@@ -86,8 +88,8 @@ __global__ void DecodeChunkKernel(int64_t len, int64_t kv_heads, int64_t D, int6
 
 // Grid (heads). Each thread walks the head's chunk statistics (a few per thousand positions).
 __global__ void DecodeCombineKernel(int64_t chunks, int64_t D, const float* __restrict__ part_o,
-                                    const float* __restrict__ part_m, const float* __restrict__ part_s,
-                                    float* __restrict__ out) {
+                                    const float* __restrict__ part_m,
+                                    const float* __restrict__ part_s, float* __restrict__ out) {
   const int64_t hq = blockIdx.x;
   const float* pm = part_m + hq * chunks;
   const float* ps = part_s + hq * chunks;
@@ -109,22 +111,24 @@ absl::Status DecodeAttentionCuda(const ExecContext& ctx, const DecodeAttentionAr
   const int64_t D = a.head_dim, chunks = (a.len + kChunk - 1) / kChunk;
   const size_t smem = static_cast<size_t>(D + kChunk + kWarps) * sizeof(float);
   if (smem > 48 * 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("DecodeAttention: head_dim ", D, " too large for the CUDA backend"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecodeAttention: head_dim ", D, " too large for the CUDA backend"));
   }
   if (a.heads > 65535 || chunks > 0x7fffffff) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DecodeAttention: heads ", a.heads, " or len ", a.len, " too large for the CUDA backend's grid"));
+    return absl::InvalidArgumentError(absl::StrCat("DecodeAttention: heads ", a.heads, " or len ",
+                                                   a.len,
+                                                   " too large for the CUDA backend's grid"));
   }
   float* part_o = static_cast<float*>(a.workspace);
   float* part_m = part_o + a.heads * chunks * D;
   float* part_s = part_m + a.heads * chunks;
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
-  DecodeChunkKernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(a.heads)), kThreads, smem,
-                      Stream(ctx)>>>(a.len, a.kv_heads, D, a.heads / a.kv_heads, scale, a.q, a.k_cache, a.v_cache,
-                                     part_o, part_m, part_s);
+  DecodeChunkKernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(a.heads)), kThreads,
+                      smem, Stream(ctx)>>>(a.len, a.kv_heads, D, a.heads / a.kv_heads, scale, a.q,
+                                           a.k_cache, a.v_cache, part_o, part_m, part_s);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
-  DecodeCombineKernel<<<static_cast<unsigned>(a.heads), kThreads, 0, Stream(ctx)>>>(chunks, D, part_o, part_m,
-                                                                                   part_s, a.out);
+  DecodeCombineKernel<<<static_cast<unsigned>(a.heads), kThreads, 0, Stream(ctx)>>>(
+      chunks, D, part_o, part_m, part_s, a.out);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -32,11 +32,11 @@ inline constexpr int64_t kDecodeAttentionChunk = 256;
 
 struct DecodeAttentionArgs {
   int64_t heads = 0, kv_heads = 0, head_dim = 0;  // kv_heads divides heads
-  int64_t len = 0;                                 // cached positions to attend to, >= 1
-  const float* q = nullptr;                        // [heads, head_dim]
-  const float* k_cache = nullptr;                  // [len, kv_heads, head_dim]
-  const float* v_cache = nullptr;                  // [len, kv_heads, head_dim]
-  float* out = nullptr;                            // [heads, head_dim]
+  int64_t len = 0;                                // cached positions to attend to, >= 1
+  const float* q = nullptr;                       // [heads, head_dim]
+  const float* k_cache = nullptr;                 // [len, kv_heads, head_dim]
+  const float* v_cache = nullptr;                 // [len, kv_heads, head_dim]
+  float* out = nullptr;                           // [heads, head_dim]
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };

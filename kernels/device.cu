@@ -1,13 +1,12 @@
 // device.h with the CUDA backend built in. A missing driver or device is an answer, not a crash:
 // cudaGetDeviceCount returns an error code, which CudaAvailable() turns into `false`.
-#include "kernels/device.h"
-
 #include <cuda_runtime.h>
 
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda_status.h"
+#include "kernels/device.h"
 
 namespace fedlora::kernels {
 namespace {

@@ -50,12 +50,17 @@ class DeviceBuffer {
     b.count_ = count;
     return b;
   }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), count_(o.count_) { o.ptr_ = nullptr; o.count_ = 0; }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), count_(o.count_) {
+    o.ptr_ = nullptr;
+    o.count_ = 0;
+  }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
       (void)DeviceFree(ptr_);
-      ptr_ = o.ptr_; count_ = o.count_;
-      o.ptr_ = nullptr; o.count_ = 0;
+      ptr_ = o.ptr_;
+      count_ = o.count_;
+      o.ptr_ = nullptr;
+      o.count_ = 0;
     }
     return *this;
   }
@@ -65,8 +70,12 @@ class DeviceBuffer {
 
   T* get() const { return ptr_; }
   size_t size() const { return count_; }
-  absl::Status CopyFrom(const T* host, size_t count) { return CopyToDevice(ptr_, host, count * sizeof(T)); }
-  absl::Status CopyTo(T* host, size_t count) const { return CopyToHost(host, ptr_, count * sizeof(T)); }
+  absl::Status CopyFrom(const T* host, size_t count) {
+    return CopyToDevice(ptr_, host, count * sizeof(T));
+  }
+  absl::Status CopyTo(T* host, size_t count) const {
+    return CopyToHost(host, ptr_, count * sizeof(T));
+  }
 
  private:
   T* ptr_ = nullptr;

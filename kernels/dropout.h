@@ -18,7 +18,7 @@
 namespace fedlora::kernels {
 
 struct DropoutSpec {
-  float p = 0.0f;       // drop probability in [0, 1)
+  float p = 0.0f;  // drop probability in [0, 1)
   uint64_t seed = 0;
   uint64_t offset = 0;  // index of this tensor's element 0 in the stream
   uint64_t stream = 0;  // core/rng.h stream id, e.g. MakeStream(step, site)
@@ -35,8 +35,12 @@ struct DropoutArgs {
 
 absl::Status CanRun(const ExecContext& ctx, const DropoutArgs& args);
 absl::Status Dropout(const ExecContext& ctx, const DropoutArgs& args);
-inline absl::Status DropoutForward(const ExecContext& ctx, const DropoutArgs& args) { return Dropout(ctx, args); }
-inline absl::Status DropoutBackward(const ExecContext& ctx, const DropoutArgs& args) { return Dropout(ctx, args); }
+inline absl::Status DropoutForward(const ExecContext& ctx, const DropoutArgs& args) {
+  return Dropout(ctx, args);
+}
+inline absl::Status DropoutBackward(const ExecContext& ctx, const DropoutArgs& args) {
+  return Dropout(ctx, args);
+}
 
 namespace internal {
 absl::Status DropoutCuda(const ExecContext& ctx, const DropoutArgs& args);

@@ -1,8 +1,7 @@
 // Dropout: validation, dispatch, CPU backend.
-#include "kernels/dropout.h"
-
-#include "kernels/kernel_util.h"
 #include "core/rng.h"
+#include "kernels/dropout.h"
+#include "kernels/kernel_util.h"
 
 namespace fedlora::kernels {
 
@@ -10,7 +9,8 @@ absl::Status CanRun(const ExecContext& ctx, const DropoutArgs& a) {
   constexpr std::string_view kOp = "Dropout";
   FEDLORA_RETURN_IF_ERROR(internal::CheckBackend(ctx, kOp));
   FEDLORA_RETURN_IF_ERROR(internal::CheckDims(kOp, {a.n}));
-  if (!(a.spec.p >= 0.0f && a.spec.p < 1.0f)) return internal::InvalidArg(kOp, absl::StrCat("p ", a.spec.p, " not in [0, 1)"));
+  if (!(a.spec.p >= 0.0f && a.spec.p < 1.0f))
+    return internal::InvalidArg(kOp, absl::StrCat("p ", a.spec.p, " not in [0, 1)"));
   if (a.n == 0) return absl::OkStatus();
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.x, "x"));
   return internal::CheckPtr(kOp, a.out, "out");

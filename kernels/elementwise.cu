@@ -5,8 +5,8 @@
 namespace fedlora::kernels::internal {
 namespace {
 
-__global__ void BiasAddKernel(int64_t rows, int64_t cols, const float* __restrict__ bias, float* __restrict__ y,
-                              bool accumulate) {
+__global__ void BiasAddKernel(int64_t rows, int64_t cols, const float* __restrict__ bias,
+                              float* __restrict__ y, bool accumulate) {
   const int64_t total = rows * cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -25,7 +25,8 @@ __global__ void AddKernel(int64_t n, const float* a, const float* b, float alpha
 }  // namespace
 
 absl::Status BiasAddCuda(const ExecContext& ctx, const BiasAddArgs& a) {
-  BiasAddKernel<<<GridFor(a.rows * a.cols, 256), 256, 0, Stream(ctx)>>>(a.rows, a.cols, a.bias, a.y, a.accumulate);
+  BiasAddKernel<<<GridFor(a.rows * a.cols, 256), 256, 0, Stream(ctx)>>>(a.rows, a.cols, a.bias, a.y,
+                                                                        a.accumulate);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

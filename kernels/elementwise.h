@@ -26,7 +26,7 @@ struct AddArgs {
   const float* a = nullptr;  // [n]
   const float* b = nullptr;  // [n]
   float alpha = 1.0f;
-  float* out = nullptr;      // [n]; may alias a or b
+  float* out = nullptr;  // [n]; may alias a or b
 };
 
 absl::Status CanRun(const ExecContext& ctx, const BiasAddArgs& args);

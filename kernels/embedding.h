@@ -25,15 +25,15 @@ namespace fedlora::kernels {
 
 struct EmbeddingForwardArgs {
   int64_t tokens = 0, hidden = 0;
-  int64_t seq_len = 0;                    // for default positions; tokens % seq_len == 0
+  int64_t seq_len = 0;  // for default positions; tokens % seq_len == 0
   int64_t vocab = 0, max_positions = 0, type_vocab = 0;
-  const int32_t* input_ids = nullptr;     // [tokens]
-  const int32_t* position_ids = nullptr;  // [tokens] or null
+  const int32_t* input_ids = nullptr;       // [tokens]
+  const int32_t* position_ids = nullptr;    // [tokens] or null
   const int32_t* token_type_ids = nullptr;  // [tokens] or null (type 0)
-  WeightPtr word{};      // [vocab, hidden]
-  WeightPtr position{};  // [max_positions, hidden]
+  WeightPtr word{};                         // [vocab, hidden]
+  WeightPtr position{};                     // [max_positions, hidden]
   WeightPtr token_type{};  // [type_vocab, hidden], or both pointers null: no token types
-  float* out = nullptr;  // [tokens, hidden]
+  float* out = nullptr;    // [tokens, hidden]
 };
 
 absl::Status CanRun(const ExecContext& ctx, const EmbeddingForwardArgs& args);

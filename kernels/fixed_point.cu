@@ -9,9 +9,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void FixedPointAccumulateKernel(int64_t n, const float* __restrict__ x, const int64_t* __restrict__ index,
-                                           uint64_t w, int sign, u128* __restrict__ sums,
-                                           unsigned long long* first_bad) {
+__global__ void FixedPointAccumulateKernel(int64_t n, const float* __restrict__ x,
+                                           const int64_t* __restrict__ index, uint64_t w, int sign,
+                                           u128* __restrict__ sums, unsigned long long* first_bad) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     u128 term;
@@ -35,12 +35,14 @@ absl::Status FixedPointAccumulateCuda(const ExecContext& ctx, const FixedPointAc
   // Scratch: the smallest bad index.
   return WithStreamScratch(stream, sizeof(unsigned long long), [&](void* scratch) -> absl::Status {
     auto* bad = static_cast<unsigned long long*>(scratch);
-    FEDLORA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(bad, &none, sizeof(none), cudaMemcpyHostToDevice, stream));
-    FixedPointAccumulateKernel<<<GridFor(a.n, kThreads), kThreads, 0, stream>>>(a.n, a.x, a.index, a.weight, a.sign,
-                                                                                  a.sums, bad);
+    FEDLORA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(bad, &none, sizeof(none), cudaMemcpyHostToDevice, stream));
+    FixedPointAccumulateKernel<<<GridFor(a.n, kThreads), kThreads, 0, stream>>>(
+        a.n, a.x, a.index, a.weight, a.sign, a.sums, bad);
     FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
     unsigned long long host = none;
-    FEDLORA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host, bad, sizeof(host), cudaMemcpyDeviceToHost, stream));
+    FEDLORA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(&host, bad, sizeof(host), cudaMemcpyDeviceToHost, stream));
     FEDLORA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     *a.first_bad = host == none ? -1 : static_cast<int64_t>(host);
     return absl::OkStatus();

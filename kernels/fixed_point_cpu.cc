@@ -24,7 +24,8 @@ absl::Status CanRun(const ExecContext& ctx, const FixedPointAccumulateArgs& a) {
 
 absl::Status FixedPointAccumulate(const ExecContext& ctx, const FixedPointAccumulateArgs& a) {
   FEDLORA_RETURN_IF_ERROR(CanRun(ctx, a));
-  if (ctx.device == Device::kCuda) return FEDLORA_KERNELS_CUDA(internal::FixedPointAccumulateCuda(ctx, a));
+  if (ctx.device == Device::kCuda)
+    return FEDLORA_KERNELS_CUDA(internal::FixedPointAccumulateCuda(ctx, a));
   std::atomic<int64_t> first_bad{a.n};
   ctx.Pool().ParallelFor(0, a.n, internal::kElementwiseGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {

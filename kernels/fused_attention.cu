@@ -20,7 +20,9 @@ struct Geometry {
   const float* mask;  // [tokens] or null
 };
 
-__device__ float MaskAt(const Geometry& g, int64_t key) { return g.mask != nullptr ? g.mask[key] : 0.0f; }
+__device__ float MaskAt(const Geometry& g, int64_t key) {
+  return g.mask != nullptr ? g.mask[key] : 0.0f;
+}
 
 __device__ float WarpSum(float x) {
 #pragma unroll
@@ -29,11 +31,15 @@ __device__ float WarpSum(float x) {
 }
 
 // The sequence holding token t (binary search over seq_start) and its dropout base index.
-__device__ void SequenceOf(const Geometry& g, int64_t t, int64_t* begin, int64_t* n, uint64_t* base) {
+__device__ void SequenceOf(const Geometry& g, int64_t t, int64_t* begin, int64_t* n,
+                           uint64_t* base) {
   int64_t lo = 0, hi = g.num_seqs - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (g.seq_start[mid] <= t) lo = mid; else hi = mid - 1;
+    if (g.seq_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   *begin = g.seq_start[lo];
   *n = g.seq_start[lo + 1] - *begin;
@@ -90,7 +96,8 @@ __device__ QueryRow QueryRowOf(const Geometry& g, int64_t warp) {
   return r;
 }
 
-__global__ void ForwardKernel(Geometry g, const float* q, const float* k, const float* v, float* out, float* lse) {
+__global__ void ForwardKernel(Geometry g, const float* q, const float* k, const float* v,
+                              float* out, float* lse) {
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   if (warp >= g.tokens * g.heads) return;
   const QueryRow r = QueryRowOf(g, warp);
@@ -102,7 +109,8 @@ __global__ void ForwardKernel(Geometry g, const float* q, const float* k, const 
   // weighted sum of values, all rescaled when m grows.
   float m = -INFINITY, l = 0.0f;
   for (int64_t j = 0; j < lim; ++j) {
-    const float s = g.scale * RowDot(g, qr, k + ((begin + j) * g.kv_heads + kvh) * D) + MaskAt(g, begin + j);
+    const float s =
+        g.scale * RowDot(g, qr, k + ((begin + j) * g.kv_heads + kvh) * D) + MaskAt(g, begin + j);
     const float m_new = fmaxf(m, s);
     const float correction = expf(m - m_new);  // 0 on the first key (m = -inf)
     const float p = expf(s - m_new);
@@ -136,8 +144,8 @@ __global__ void RowDotKernel(Geometry g, const float* dout, const float* out, fl
   if (threadIdx.x % kWarp == 0) dsum[warp] = s;
 }
 
-__global__ void DqKernel(Geometry g, const float* q, const float* k, const float* v, const float* lse,
-                         const float* dout, const float* dsum, float* dq) {
+__global__ void DqKernel(Geometry g, const float* q, const float* k, const float* v,
+                         const float* lse, const float* dout, const float* dsum, float* dq) {
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   if (warp >= g.tokens * g.heads) return;
   const QueryRow r = QueryRowOf(g, warp);
@@ -167,11 +175,13 @@ __global__ void DqKernel(Geometry g, const float* q, const float* k, const float
 
 // One warp per (key token j, kv head): sums over the query heads of the group and the queries of
 // the sequence that see key j.
-__global__ void DkvKernel(Geometry g, const float* q, const float* k, const float* v, const float* lse,
-                          const float* dout, const float* dsum, float* dk, float* dv) {
+__global__ void DkvKernel(Geometry g, const float* q, const float* k, const float* v,
+                          const float* lse, const float* dout, const float* dsum, float* dk,
+                          float* dv) {
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   if (warp >= g.tokens * g.kv_heads) return;
-  const int64_t tj = warp / g.kv_heads, kvh = warp % g.kv_heads, D = g.head_dim, group = g.heads / g.kv_heads;
+  const int64_t tj = warp / g.kv_heads, kvh = warp % g.kv_heads, D = g.head_dim,
+                group = g.heads / g.kv_heads;
   int64_t begin, n;
   uint64_t base;
   SequenceOf(g, tj, &begin, &n, &base);
@@ -185,7 +195,8 @@ __global__ void DkvKernel(Geometry g, const float* q, const float* k, const floa
       const float* qi = q + (t * g.heads + h) * D;
       const float* doi = dout + (t * g.heads + h) * D;
       const float p = expf(g.scale * RowDot(g, kr, qi) + MaskAt(g, tj) - lse[t * g.heads + h]);
-      const float keep = g.dropout ? Keep(g, base + static_cast<uint64_t>((h * n + i) * n + j)) : 1.0f;
+      const float keep =
+          g.dropout ? Keep(g, base + static_cast<uint64_t>((h * n + i) * n + j)) : 1.0f;
       const float ds = p * (keep * RowDot(g, vr, doi) - dsum[t * g.heads + h]);
 #pragma unroll
       for (int c = 0; c < kPerLane; ++c) {
@@ -227,28 +238,32 @@ Geometry GeometryOf(const FusedAttentionDims& d, const DropoutSpec& drop) {
   return g;
 }
 
-unsigned BlocksFor(int64_t warps) { return static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock); }
+unsigned BlocksFor(int64_t warps) {
+  return static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
 
 }  // namespace
 
 absl::Status FusedAttentionForwardCuda(const ExecContext& ctx, const FusedAttentionForwardArgs& a) {
   const Geometry g = GeometryOf(a.dims, a.dropout);
-  ForwardKernel<<<BlocksFor(g.tokens * g.heads), kWarpsPerBlock * kWarp, 0, Stream(ctx)>>>(g, a.q, a.k, a.v, a.out,
-                                                                                           a.lse);
+  ForwardKernel<<<BlocksFor(g.tokens * g.heads), kWarpsPerBlock * kWarp, 0, Stream(ctx)>>>(
+      g, a.q, a.k, a.v, a.out, a.lse);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
 
-absl::Status FusedAttentionBackwardCuda(const ExecContext& ctx, const FusedAttentionBackwardArgs& a) {
+absl::Status FusedAttentionBackwardCuda(const ExecContext& ctx,
+                                        const FusedAttentionBackwardArgs& a) {
   const Geometry g = GeometryOf(a.dims, a.dropout);
   float* dsum = static_cast<float*>(a.workspace);
   const unsigned threads = kWarpsPerBlock * kWarp;
   RowDotKernel<<<BlocksFor(g.tokens * g.heads), threads, 0, Stream(ctx)>>>(g, a.dout, a.out, dsum);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
-  DqKernel<<<BlocksFor(g.tokens * g.heads), threads, 0, Stream(ctx)>>>(g, a.q, a.k, a.v, a.lse, a.dout, dsum, a.dq);
+  DqKernel<<<BlocksFor(g.tokens * g.heads), threads, 0, Stream(ctx)>>>(g, a.q, a.k, a.v, a.lse,
+                                                                       a.dout, dsum, a.dq);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
-  DkvKernel<<<BlocksFor(g.tokens * g.kv_heads), threads, 0, Stream(ctx)>>>(g, a.q, a.k, a.v, a.lse, a.dout, dsum,
-                                                                           a.dk, a.dv);
+  DkvKernel<<<BlocksFor(g.tokens * g.kv_heads), threads, 0, Stream(ctx)>>>(
+      g, a.q, a.k, a.v, a.lse, a.dout, dsum, a.dk, a.dv);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -24,8 +24,8 @@
 // AttentionForward give it, so either op drops the same probabilities.
 //
 // Layouts: q, out, dout, dq [tokens, heads, head_dim]; k, v, dk, dv [tokens, kv_heads, head_dim];
-// lse [tokens, heads]; mask [tokens] or null; seq_start [num_seqs + 1] int32 with seq_start[0] = 0 and
-// seq_start[num_seqs] = tokens, in ctx.device memory like every other pointer. head_dim <= 256.
+// lse [tokens, heads]; mask [tokens] or null; seq_start [num_seqs + 1] int32 with seq_start[0] = 0
+// and seq_start[num_seqs] = tokens, in ctx.device memory like every other pointer. head_dim <= 256.
 //
 // CPU: one task per (sequence, kv head), each row's scores in a buffer of one row. CUDA: one warp
 // per (token, head) for the forward and dQ, one warp per (token, kv head) for dK and dV, each
@@ -47,8 +47,8 @@ inline constexpr int64_t kFusedAttentionMaxHeadDim = 256;
 
 struct FusedAttentionDims {
   int64_t tokens = 0, num_seqs = 0, heads = 0, head_dim = 0;
-  int64_t kv_heads = 0;        // 0: heads; else divides heads
-  float scale = 0.0f;          // 0: 1 / sqrt(head_dim)
+  int64_t kv_heads = 0;  // 0: heads; else divides heads
+  float scale = 0.0f;    // 0: 1 / sqrt(head_dim)
   bool causal = false;
   const int32_t* seq_start = nullptr;  // [num_seqs + 1]
   const float* mask = nullptr;         // [tokens] additive, by key; null: none
@@ -87,8 +87,10 @@ absl::Status FusedAttentionForward(const ExecContext& ctx, const FusedAttentionF
 absl::Status FusedAttentionBackward(const ExecContext& ctx, const FusedAttentionBackwardArgs& args);
 
 namespace internal {
-absl::Status FusedAttentionForwardCuda(const ExecContext& ctx, const FusedAttentionForwardArgs& args);
-absl::Status FusedAttentionBackwardCuda(const ExecContext& ctx, const FusedAttentionBackwardArgs& args);
+absl::Status FusedAttentionForwardCuda(const ExecContext& ctx,
+                                       const FusedAttentionForwardArgs& args);
+absl::Status FusedAttentionBackwardCuda(const ExecContext& ctx,
+                                        const FusedAttentionBackwardArgs& args);
 }  // namespace internal
 
 }  // namespace fedlora::kernels

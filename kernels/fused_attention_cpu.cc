@@ -19,25 +19,33 @@ float ScaleOf(const FusedAttentionDims& d) {
   return d.scale != 0.0f ? d.scale : 1.0f / std::sqrt(static_cast<float>(d.head_dim));
 }
 
-absl::Status CheckFused(const ExecContext& ctx, std::string_view op, const FusedAttentionDims& d, const DropoutSpec& drop) {
+absl::Status CheckFused(const ExecContext& ctx, std::string_view op, const FusedAttentionDims& d,
+                        const DropoutSpec& drop) {
   FEDLORA_RETURN_IF_ERROR(internal::CheckBackend(ctx, op));
   FEDLORA_RETURN_IF_ERROR(internal::CheckDims(op, {d.tokens, d.heads, d.head_dim}));
-  if (d.num_seqs < 0 || d.kv_heads < 0) return internal::InvalidArg(op, "num_seqs and kv_heads must be >= 0");
-  if (d.heads == 0 || d.head_dim == 0) return internal::InvalidArg(op, "heads and head_dim must be positive");
+  if (d.num_seqs < 0 || d.kv_heads < 0)
+    return internal::InvalidArg(op, "num_seqs and kv_heads must be >= 0");
+  if (d.heads == 0 || d.head_dim == 0)
+    return internal::InvalidArg(op, "heads and head_dim must be positive");
   if (d.head_dim > kFusedAttentionMaxHeadDim) {
-    return internal::InvalidArg(op, absl::StrCat("head_dim ", d.head_dim, " above ", kFusedAttentionMaxHeadDim));
+    return internal::InvalidArg(
+        op, absl::StrCat("head_dim ", d.head_dim, " above ", kFusedAttentionMaxHeadDim));
   }
   if (d.heads % KvHeads(d) != 0) return internal::InvalidArg(op, "kv_heads must divide heads");
-  if (!std::isfinite(d.scale) || d.scale < 0.0f) return internal::InvalidArg(op, "scale must be finite and >= 0");
-  if (!(drop.p >= 0.0f && drop.p < 1.0f)) return internal::InvalidArg(op, "dropout p not in [0, 1)");
+  if (!std::isfinite(d.scale) || d.scale < 0.0f)
+    return internal::InvalidArg(op, "scale must be finite and >= 0");
+  if (!(drop.p >= 0.0f && drop.p < 1.0f))
+    return internal::InvalidArg(op, "dropout p not in [0, 1)");
   if (d.tokens > 0 && d.num_seqs == 0) return internal::InvalidArg(op, "tokens without sequences");
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(op, d.seq_start, "seq_start"));
   if (ctx.device != Device::kCpu) return absl::OkStatus();  // seq_start is device memory there
   if (d.seq_start[0] != 0 || d.seq_start[d.num_seqs] != d.tokens) {
-    return internal::InvalidArg(op, absl::StrCat("seq_start must run from 0 to tokens (", d.tokens, ")"));
+    return internal::InvalidArg(
+        op, absl::StrCat("seq_start must run from 0 to tokens (", d.tokens, ")"));
   }
   for (int64_t s = 0; s < d.num_seqs; ++s) {
-    if (d.seq_start[s + 1] < d.seq_start[s]) return internal::InvalidArg(op, "seq_start must not decrease");
+    if (d.seq_start[s + 1] < d.seq_start[s])
+      return internal::InvalidArg(op, "seq_start must not decrease");
   }
   return absl::OkStatus();
 }
@@ -78,7 +86,10 @@ size_t FusedAttentionBackwardWorkspaceBytes(const FusedAttentionDims& d) {
 absl::Status CanRun(const ExecContext& ctx, const FusedAttentionForwardArgs& a) {
   FEDLORA_RETURN_IF_ERROR(CheckFused(ctx, kFwd, a.dims, a.dropout));
   if (a.dims.tokens == 0) return absl::OkStatus();
-  for (auto [p, name] : {std::pair<const void*, const char*>{a.q, "q"}, {a.k, "k"}, {a.v, "v"}, {a.out, "out"},
+  for (auto [p, name] : {std::pair<const void*, const char*>{a.q, "q"},
+                         {a.k, "k"},
+                         {a.v, "v"},
+                         {a.out, "out"},
                          {a.lse, "lse"}}) {
     FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kFwd, p, name));
   }
@@ -88,13 +99,21 @@ absl::Status CanRun(const ExecContext& ctx, const FusedAttentionForwardArgs& a) 
 absl::Status CanRun(const ExecContext& ctx, const FusedAttentionBackwardArgs& a) {
   FEDLORA_RETURN_IF_ERROR(CheckFused(ctx, kBwd, a.dims, a.dropout));
   if (a.dims.tokens == 0) return absl::OkStatus();
-  for (auto [p, name] : {std::pair<const void*, const char*>{a.q, "q"}, {a.k, "k"}, {a.v, "v"}, {a.out, "out"},
-                         {a.lse, "lse"}, {a.dout, "dout"}, {a.dq, "dq"}, {a.dk, "dk"}, {a.dv, "dv"}}) {
+  for (auto [p, name] : {std::pair<const void*, const char*>{a.q, "q"},
+                         {a.k, "k"},
+                         {a.v, "v"},
+                         {a.out, "out"},
+                         {a.lse, "lse"},
+                         {a.dout, "dout"},
+                         {a.dq, "dq"},
+                         {a.dk, "dk"},
+                         {a.dv, "dv"}}) {
     FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kBwd, p, name));
   }
   const size_t need = FusedAttentionBackwardWorkspaceBytes(a.dims);
   if (a.workspace_bytes < need || a.workspace == nullptr) {
-    return internal::InvalidArg(kBwd, absl::StrCat("workspace of ", a.workspace_bytes, " bytes, ", need, " needed"));
+    return internal::InvalidArg(
+        kBwd, absl::StrCat("workspace of ", a.workspace_bytes, " bytes, ", need, " needed"));
   }
   return absl::OkStatus();
 }
@@ -103,7 +122,8 @@ absl::Status FusedAttentionForward(const ExecContext& ctx, const FusedAttentionF
   FEDLORA_RETURN_IF_ERROR(CanRun(ctx, a));
   const FusedAttentionDims& d = a.dims;
   if (d.tokens == 0) return absl::OkStatus();
-  if (ctx.device == Device::kCuda) return FEDLORA_KERNELS_CUDA(internal::FusedAttentionForwardCuda(ctx, a));
+  if (ctx.device == Device::kCuda)
+    return FEDLORA_KERNELS_CUDA(internal::FusedAttentionForwardCuda(ctx, a));
   const int64_t H = d.heads, D = d.head_dim, kvh = KvHeads(d), group = H / kvh;
   const float scale = ScaleOf(d), keep_scale = 1.0f / (1.0f - a.dropout.p);
   const std::vector<uint64_t> offsets = SequenceOffsets(d, a.dropout);
@@ -116,7 +136,8 @@ absl::Status FusedAttentionForward(const ExecContext& ctx, const FusedAttentionF
         const float* q = a.q + (t * H + h) * D;
         float m = -INFINITY;
         for (int64_t j = 0; j < lim; ++j) {
-          w[j] = scale * Dot(q, a.k + ((begin + j) * kvh + g) * D, D) + (d.mask != nullptr ? d.mask[begin + j] : 0.0f);
+          w[j] = scale * Dot(q, a.k + ((begin + j) * kvh + g) * D, D) +
+                 (d.mask != nullptr ? d.mask[begin + j] : 0.0f);
           m = std::max(m, w[j]);
         }
         float sum = 0.0f;
@@ -129,7 +150,8 @@ absl::Status FusedAttentionForward(const ExecContext& ctx, const FusedAttentionF
         for (int64_t j = 0; j < lim; ++j) {
           float p = std::exp(w[j] - lse);
           if (a.dropout.active()) {
-            p = UniformAt(a.dropout.seed, a.dropout.stream, row + j) >= a.dropout.p ? p * keep_scale : 0.0f;
+            p = UniformAt(a.dropout.seed, a.dropout.stream, row + j) >= a.dropout.p ? p * keep_scale
+                                                                                    : 0.0f;
           }
           const float* v = a.v + ((begin + j) * kvh + g) * D;
           for (int64_t e = 0; e < D; ++e) o[e] += p * v[e];
@@ -144,7 +166,8 @@ absl::Status FusedAttentionBackward(const ExecContext& ctx, const FusedAttention
   FEDLORA_RETURN_IF_ERROR(CanRun(ctx, a));
   const FusedAttentionDims& d = a.dims;
   if (d.tokens == 0) return absl::OkStatus();
-  if (ctx.device == Device::kCuda) return FEDLORA_KERNELS_CUDA(internal::FusedAttentionBackwardCuda(ctx, a));
+  if (ctx.device == Device::kCuda)
+    return FEDLORA_KERNELS_CUDA(internal::FusedAttentionBackwardCuda(ctx, a));
   const int64_t H = d.heads, D = d.head_dim, kvh = KvHeads(d), group = H / kvh;
   const float scale = ScaleOf(d), keep_scale = 1.0f / (1.0f - a.dropout.p);
   const std::vector<uint64_t> offsets = SequenceOffsets(d, a.dropout);
@@ -172,7 +195,8 @@ absl::Status FusedAttentionBackward(const ExecContext& ctx, const FusedAttention
           const float p = std::exp(scale * Dot(q, k, D) + mask - lse);
           float keep = 1.0f;
           if (a.dropout.active()) {
-            keep = UniformAt(a.dropout.seed, a.dropout.stream, row + j) >= a.dropout.p ? keep_scale : 0.0f;
+            keep = UniformAt(a.dropout.seed, a.dropout.stream, row + j) >= a.dropout.p ? keep_scale
+                                                                                       : 0.0f;
           }
           const float dp = keep * Dot(dout, v, D);
           const float ds = p * (dp - rowdot);

@@ -50,11 +50,12 @@ __device__ __forceinline__ float ToF32(uint16_t bf16_bits) { return Bf16BitsToF3
 __device__ __forceinline__ void Put(float* p, float v) { *p = v; }
 __device__ __forceinline__ void Put(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
-// Copies `entries` matrices of `rows` stored rows (row stride ld, entry stride `stride`) into packed
-// [entries, rows, cols] of Out: bf16 -> fp32 exactly, fp32 -> bf16 rounded to nearest even.
+// Copies `entries` matrices of `rows` stored rows (row stride ld, entry stride `stride`) into
+// packed [entries, rows, cols] of Out: bf16 -> fp32 exactly, fp32 -> bf16 rounded to nearest even.
 template <typename In, typename Out>
-__global__ void ConvertRowsKernel(const In* __restrict__ src, int64_t ld, int64_t stride, int64_t entries, int64_t rows,
-                                  int64_t cols, Out* __restrict__ dst) {
+__global__ void ConvertRowsKernel(const In* __restrict__ src, int64_t ld, int64_t stride,
+                                  int64_t entries, int64_t rows, int64_t cols,
+                                  Out* __restrict__ dst) {
   const int64_t per_entry = rows * cols, total = entries * per_entry;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -72,8 +73,8 @@ __device__ __forceinline__ float HalfBits(const uint8_t* p) {
   return __half2float(__ushort_as_half(bits));
 }
 template <typename Out>
-__global__ void DequantBlocksKernel(const uint8_t* __restrict__ src, int64_t row_bytes, int64_t rows, int64_t cols,
-                                    int type, Out* __restrict__ dst) {
+__global__ void DequantBlocksKernel(const uint8_t* __restrict__ src, int64_t row_bytes,
+                                    int64_t rows, int64_t cols, int type, Out* __restrict__ dst) {
   const int64_t blocks_per_row = cols / 32, total = rows * blocks_per_row;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -82,7 +83,8 @@ __global__ void DequantBlocksKernel(const uint8_t* __restrict__ src, int64_t row
     if (type == static_cast<int>(GgmlType::kQ8_0)) {  // d, 32 x int8
       const uint8_t* blk = src + r * row_bytes + b * 34;
       const float d = HalfBits(blk);
-      for (int j = 0; j < 32; ++j) Put(out + j, __fmul_rn(static_cast<float>(static_cast<int8_t>(blk[2 + j])), d));
+      for (int j = 0; j < 32; ++j)
+        Put(out + j, __fmul_rn(static_cast<float>(static_cast<int8_t>(blk[2 + j])), d));
     } else if (type == static_cast<int>(GgmlType::kQ4_0)) {  // d, 16 bytes of nibbles: (q - 8) * d
       const uint8_t* blk = src + r * row_bytes + b * 18;
       const float d = HalfBits(blk);
@@ -102,11 +104,12 @@ __global__ void DequantBlocksKernel(const uint8_t* __restrict__ src, int64_t row
 }
 
 absl::Status Sgemm(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  FEDLORA_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(h, CuOp(tb), CuOp(ta), static_cast<int>(n), static_cast<int>(m),
-                                              static_cast<int>(k), &alpha, b, CUDA_R_32F, static_cast<int>(ldb), a,
-                                              CUDA_R_32F, static_cast<int>(lda), &beta, c, CUDA_R_32F,
-                                              static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                   int64_t ldc) {
+  FEDLORA_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+      h, CuOp(tb), CuOp(ta), static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha,
+      b, CUDA_R_32F, static_cast<int>(ldb), a, CUDA_R_32F, static_cast<int>(lda), &beta, c,
+      CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return absl::OkStatus();
 }
 
@@ -141,14 +144,15 @@ absl::Status GemmBf16MathCuda(const ExecContext& ctx, const GemmArgs& g) {
   FEDLORA_ASSIGN_OR_RETURN(cublasLtHandle_t lt, CublasLtHandle());
   const cudaStream_t stream = Stream(ctx);
   const CudaBf16MathLayout layout = CudaBf16MathWorkspace(g);
-  char* ws = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(g.workspace) + 255) & ~uintptr_t{255});
+  char* ws =
+      reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(g.workspace) + 255) & ~uintptr_t{255});
   // op(A)'s stored matrix, packed.
   const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
   const int64_t a_entries = g.stride_a == 0 ? 1 : g.batch;
   const int64_t a_stride = g.stride_a == 0 ? 0 : a_rows * a_cols;
   auto* a16 = reinterpret_cast<__nv_bfloat16*>(ws + layout.a_offset);
-  ConvertRowsKernel<<<GridFor(a_entries * a_rows * a_cols, 256), 256, 0, stream>>>(g.a, g.lda, g.stride_a, a_entries,
-                                                                                   a_rows, a_cols, a16);
+  ConvertRowsKernel<<<GridFor(a_entries * a_rows * a_cols, 256), 256, 0, stream>>>(
+      g.a, g.lda, g.stride_a, a_entries, a_rows, a_cols, a16);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   // B: used in place when stored bf16 (then batch == 1), else converted or dequantized, packed.
   const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
@@ -178,9 +182,12 @@ absl::Status GemmBf16MathCuda(const ExecContext& ctx, const GemmArgs& g) {
       cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)));
   FEDLORA_CUBLAS_RETURN_IF_ERROR(
       cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)));
-  LtLayout lay_b, lay_a, lay_c;  // stored matrices, column-major: [cols, rows] with the row stride as ld
-  FEDLORA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&lay_b.h, CUDA_R_16BF, b_cols, b_rows, ldb16));
-  FEDLORA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&lay_a.h, CUDA_R_16BF, a_cols, a_rows, a_cols));
+  LtLayout lay_b, lay_a,
+      lay_c;  // stored matrices, column-major: [cols, rows] with the row stride as ld
+  FEDLORA_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatrixLayoutCreate(&lay_b.h, CUDA_R_16BF, b_cols, b_rows, ldb16));
+  FEDLORA_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatrixLayoutCreate(&lay_a.h, CUDA_R_16BF, a_cols, a_rows, a_cols));
   FEDLORA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&lay_c.h, CUDA_R_32F, g.n, g.m, g.ldc));
 
   LtPref pref;
@@ -188,7 +195,8 @@ absl::Status GemmBf16MathCuda(const ExecContext& ctx, const GemmArgs& g) {
   const uint64_t lt_bytes = kGemmCublasLtWorkspaceBytes;
   FEDLORA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
       pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &lt_bytes, sizeof(lt_bytes)));
-  const uint32_t align_b = Alignment(b16, b_stride * 2, g.batch), align_a = Alignment(a16, a_stride * 2, g.batch),
+  const uint32_t align_b = Alignment(b16, b_stride * 2, g.batch),
+                 align_a = Alignment(a16, a_stride * 2, g.batch),
                  align_c = Alignment(g.c, g.stride_c * sizeof(float), g.batch);
   FEDLORA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
       pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_b, sizeof(align_b)));
@@ -202,17 +210,27 @@ absl::Status GemmBf16MathCuda(const ExecContext& ctx, const GemmArgs& g) {
   // each handle (device), shape, leading dimensions and alignments.
   thread_local std::map<std::array<int64_t, 12>, cublasLtMatmulAlgo_t> algos;
   const std::array<int64_t, 12> key = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(lt)),
-                                       g.trans_a, g.trans_b, g.m, g.n, g.k, ldb16, a_cols, g.ldc, align_a, align_b,
+                                       g.trans_a,
+                                       g.trans_b,
+                                       g.m,
+                                       g.n,
+                                       g.k,
+                                       ldb16,
+                                       a_cols,
+                                       g.ldc,
+                                       align_a,
+                                       align_b,
                                        align_c};
   auto cached = algos.find(key);
   if (cached == algos.end()) {
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
-    FEDLORA_CUBLAS_RETURN_IF_ERROR(
-        cublasLtMatmulAlgoGetHeuristic(lt, desc.h, lay_b.h, lay_a.h, lay_c.h, lay_c.h, pref.h, 1, &heuristic, &found));
+    FEDLORA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
+        lt, desc.h, lay_b.h, lay_a.h, lay_c.h, lay_c.h, pref.h, 1, &heuristic, &found));
     if (found == 0) {
-      return absl::InternalError(absl::StrCat(
-          "Gemm: cublasLtMatmulAlgoGetHeuristic found no bf16 algorithm for m=", g.m, " n=", g.n, " k=", g.k));
+      return absl::InternalError(
+          absl::StrCat("Gemm: cublasLtMatmulAlgoGetHeuristic found no bf16 algorithm for m=", g.m,
+                       " n=", g.n, " k=", g.k));
     }
     if (algos.size() >= 4096) algos.clear();  // bounded: many distinct row counts come and go
     cached = algos.emplace(key, heuristic.algo).first;
@@ -221,9 +239,9 @@ absl::Status GemmBf16MathCuda(const ExecContext& ctx, const GemmArgs& g) {
   // C shared by the entries (stride_c == 0) accumulates in order as on the CPU.
   for (int64_t i = 0; i < g.batch; ++i) {
     float* c = g.c + i * g.stride_c;
-    FEDLORA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(lt, desc.h, &g.alpha, b16 + i * b_stride, lay_b.h,
-                                                  a16 + i * a_stride, lay_a.h, &g.beta, c, lay_c.h, c, lay_c.h,
-                                                  &cached->second, ws, kGemmCublasLtWorkspaceBytes, stream));
+    FEDLORA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
+        lt, desc.h, &g.alpha, b16 + i * b_stride, lay_b.h, a16 + i * a_stride, lay_a.h, &g.beta, c,
+        lay_c.h, c, lay_c.h, &cached->second, ws, kGemmCublasLtWorkspaceBytes, stream));
   }
   return absl::OkStatus();
 }
@@ -234,31 +252,38 @@ absl::Status GemmCuda(const ExecContext& ctx, const GemmArgs& g) {
   if (g.bf16_math && g.k > 0) return GemmBf16MathCuda(ctx, g);
   FEDLORA_ASSIGN_OR_RETURN(cublasHandle_t h, CublasHandle(ctx));
   if (g.b_bf16 == nullptr && g.b_quant == nullptr) {
-    if (g.batch == 1) return Sgemm(h, g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.a, g.lda, g.b, g.ldb, g.beta, g.c, g.ldc);
+    if (g.batch == 1)
+      return Sgemm(h, g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.a, g.lda, g.b, g.ldb, g.beta,
+                   g.c, g.ldc);
     if (g.stride_c == 0) {
       // Entries sharing one C accumulate in order, as on the CPU: a strided batch would run them
       // concurrently on the same output.
       for (int64_t i = 0; i < g.batch; ++i) {
-        FEDLORA_RETURN_IF_ERROR(Sgemm(h, g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.a + i * g.stride_a, g.lda,
-                                      g.b + i * g.stride_b, g.ldb, g.beta, g.c, g.ldc));
+        FEDLORA_RETURN_IF_ERROR(Sgemm(h, g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha,
+                                      g.a + i * g.stride_a, g.lda, g.b + i * g.stride_b, g.ldb,
+                                      g.beta, g.c, g.ldc));
       }
       return absl::OkStatus();
     }
     FEDLORA_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
-        h, CuOp(g.trans_b), CuOp(g.trans_a), static_cast<int>(g.n), static_cast<int>(g.m), static_cast<int>(g.k),
-        &g.alpha, g.b, CUDA_R_32F, static_cast<int>(g.ldb), g.stride_b, g.a, CUDA_R_32F, static_cast<int>(g.lda),
-        g.stride_a, &g.beta, g.c, CUDA_R_32F, static_cast<int>(g.ldc), g.stride_c, static_cast<int>(g.batch),
-        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        h, CuOp(g.trans_b), CuOp(g.trans_a), static_cast<int>(g.n), static_cast<int>(g.m),
+        static_cast<int>(g.k), &g.alpha, g.b, CUDA_R_32F, static_cast<int>(g.ldb), g.stride_b, g.a,
+        CUDA_R_32F, static_cast<int>(g.lda), g.stride_a, &g.beta, g.c, CUDA_R_32F,
+        static_cast<int>(g.ldc), g.stride_c, static_cast<int>(g.batch), CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT));
     return absl::OkStatus();
   }
   if (g.k == 0) {
     // cuBLAS applies beta and reads no B.
-    return Sgemm(h, g.trans_a, g.trans_b, g.m, g.n, 0, g.alpha, g.a, g.lda, nullptr, g.ldb, g.beta, g.c, g.ldc);
+    return Sgemm(h, g.trans_a, g.trans_b, g.m, g.n, 0, g.alpha, g.a, g.lda, nullptr, g.ldb, g.beta,
+                 g.c, g.ldc);
   }
   // bf16 or quantized B: the same panel scheme as the CPU (gemm_cpu.cc), widening on the GPU.
   const int64_t rows = g.trans_b ? g.n : g.k, cols = g.trans_b ? g.k : g.n;
-  const int64_t row_bytes = g.b_quant != nullptr ? *GgmlRowBytes(g.b_quant_type, cols) : 0;  // checked by CanRun
-  const int64_t panel = std::clamp<int64_t>(static_cast<int64_t>(g.workspace_bytes / (cols * sizeof(float))), 1, rows);
+  const int64_t row_bytes =
+      g.b_quant != nullptr ? *GgmlRowBytes(g.b_quant_type, cols) : 0;  // checked by CanRun
+  const int64_t panel = std::clamp<int64_t>(
+      static_cast<int64_t>(g.workspace_bytes / (cols * sizeof(float))), 1, rows);
   float* ws = static_cast<float*>(g.workspace);
   for (int64_t r0 = 0; r0 < rows; r0 += panel) {
     const int64_t p = std::min(panel, rows - r0);
@@ -266,16 +291,17 @@ absl::Status GemmCuda(const ExecContext& ctx, const GemmArgs& g) {
       DequantBlocksKernel<float><<<GridFor(p * cols / 32, 256), 256, 0, Stream(ctx)>>>(
           g.b_quant + r0 * row_bytes, row_bytes, p, cols, static_cast<int>(g.b_quant_type), ws);
     } else {
-      ConvertRowsKernel<<<GridFor(p * cols, 256), 256, 0, Stream(ctx)>>>(g.b_bf16 + r0 * g.ldb, g.ldb, int64_t{0},
-                                                                         int64_t{1}, p, cols, ws);
+      ConvertRowsKernel<<<GridFor(p * cols, 256), 256, 0, Stream(ctx)>>>(
+          g.b_bf16 + r0 * g.ldb, g.ldb, int64_t{0}, int64_t{1}, p, cols, ws);
     }
     FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
     if (g.trans_b) {
-      FEDLORA_RETURN_IF_ERROR(Sgemm(h, g.trans_a, true, g.m, p, g.k, g.alpha, g.a, g.lda, ws, cols, g.beta, g.c + r0, g.ldc));
+      FEDLORA_RETURN_IF_ERROR(Sgemm(h, g.trans_a, true, g.m, p, g.k, g.alpha, g.a, g.lda, ws, cols,
+                                    g.beta, g.c + r0, g.ldc));
     } else {
       const float* a_block = g.trans_a ? g.a + r0 * g.lda : g.a + r0;
-      FEDLORA_RETURN_IF_ERROR(
-          Sgemm(h, g.trans_a, false, g.m, g.n, p, g.alpha, a_block, g.lda, ws, cols, r0 == 0 ? g.beta : 1.0f, g.c, g.ldc));
+      FEDLORA_RETURN_IF_ERROR(Sgemm(h, g.trans_a, false, g.m, g.n, p, g.alpha, a_block, g.lda, ws,
+                                    cols, r0 == 0 ? g.beta : 1.0f, g.c, g.ldc));
     }
   }
   return absl::OkStatus();

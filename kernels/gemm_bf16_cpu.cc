@@ -1,10 +1,10 @@
 // Gemm's bf16 math on the CPU: op(A) rounded to bf16 in the workspace, multiplied with the bf16 B
 // by oneDNN's matmul (brgemm on AVX512_BF16, fp32 accumulation), written to the fp32 C.
-#include <dnnl.hpp>
 #include <immintrin.h>
 #include <omp.h>
 
 #include <atomic>
+#include <dnnl.hpp>
 #include <map>
 #include <tuple>
 
@@ -32,7 +32,8 @@ bool CpuHasBf16Matmul() {
 }
 
 // Rounds `n` floats to bf16 (nearest even; vcvtneps2bf16 also flushes denormals to zero).
-__attribute__((target("avx512f,avx512bf16"))) void RoundToBf16(const float* src, uint16_t* dst, int64_t n) {
+__attribute__((target("avx512f,avx512bf16"))) void RoundToBf16(const float* src, uint16_t* dst,
+                                                               int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
@@ -62,8 +63,11 @@ absl::StatusOr<const Matmul*> GetMatmul(const GemmArgs& g) {
   using dt = dnnl::memory::data_type;
   Matmul mm;
   // A is the packed bf16 copy of op(A)'s stored layout; B is read where it lies.
-  mm.a = dnnl::memory::desc({g.m, g.k}, dt::bf16, g.trans_a ? dnnl::memory::dims{1, g.m} : dnnl::memory::dims{g.k, 1});
-  mm.b = dnnl::memory::desc({g.k, g.n}, dt::bf16, g.trans_b ? dnnl::memory::dims{1, g.ldb} : dnnl::memory::dims{g.ldb, 1});
+  mm.a = dnnl::memory::desc({g.m, g.k}, dt::bf16,
+                            g.trans_a ? dnnl::memory::dims{1, g.m} : dnnl::memory::dims{g.k, 1});
+  mm.b =
+      dnnl::memory::desc({g.k, g.n}, dt::bf16,
+                         g.trans_b ? dnnl::memory::dims{1, g.ldb} : dnnl::memory::dims{g.ldb, 1});
   mm.c = dnnl::memory::desc({g.m, g.n}, dt::f32, dnnl::memory::dims{g.ldc, 1});
   dnnl::primitive_attr attr;
   if (g.alpha != 1.0f) attr.set_output_scales(0, {g.alpha});
@@ -76,8 +80,8 @@ absl::StatusOr<const Matmul*> GetMatmul(const GemmArgs& g) {
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(mm.a, mm.b, mm.c), attr, Engine());
     mm.prim = dnnl::matmul(pd);
   } catch (const dnnl::error& e) {
-    return absl::InternalError(absl::StrCat("Gemm (bf16 math): oneDNN matmul ", g.m, "x", g.n, "x", g.k,
-                                            " could not be created: ", e.what()));
+    return absl::InternalError(absl::StrCat("Gemm (bf16 math): oneDNN matmul ", g.m, "x", g.n, "x",
+                                            g.k, " could not be created: ", e.what()));
   }
   return &cache.emplace(key, std::move(mm)).first->second;
 }
@@ -91,7 +95,9 @@ bool Bf16MathAvailable() {
 
 namespace internal {
 
-void SetBf16MathAllowedForTesting(bool allowed) { g_allowed.store(allowed, std::memory_order_relaxed); }
+void SetBf16MathAllowedForTesting(bool allowed) {
+  g_allowed.store(allowed, std::memory_order_relaxed);
+}
 
 size_t Bf16MathABytes(const GemmArgs& g) {
   return AlignUp(static_cast<size_t>(g.m) * static_cast<size_t>(g.k) * sizeof(uint16_t));
@@ -103,9 +109,11 @@ absl::Status GemmBf16MathCpu(const ExecContext& ctx, const GemmArgs& g) {
   const int64_t rows = g.trans_a ? g.k : g.m, cols = g.trans_a ? g.m : g.k;
   uint16_t* a16 = static_cast<uint16_t*>(g.workspace);
   ThreadPool& pool = ctx.Pool();
-  pool.ParallelFor(0, rows, std::max<int64_t>(1, kElementwiseGrain / cols), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) RoundToBf16(g.a + r * g.lda, a16 + r * cols, cols);
-  });
+  pool.ParallelFor(0, rows, std::max<int64_t>(1, kElementwiseGrain / cols),
+                   [&](int64_t b, int64_t e) {
+                     for (int64_t r = b; r < e; ++r)
+                       RoundToBf16(g.a + r * g.lda, a16 + r * cols, cols);
+                   });
   // oneDNN runs on OpenMP threads; this thread's OpenMP width follows the pool's width.
   omp_set_num_threads(pool.Width());
   try {
@@ -117,8 +125,8 @@ absl::Status GemmBf16MathCpu(const ExecContext& ctx, const GemmArgs& g) {
     mm->prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
     stream.wait();
   } catch (const dnnl::error& e) {
-    return absl::InternalError(absl::StrCat("Gemm (bf16 math): oneDNN matmul ", g.m, "x", g.n, "x", g.k,
-                                            " failed: ", e.what()));
+    return absl::InternalError(absl::StrCat("Gemm (bf16 math): oneDNN matmul ", g.m, "x", g.n, "x",
+                                            g.k, " failed: ", e.what()));
   }
   return absl::OkStatus();
 }

@@ -42,12 +42,12 @@ void ScaleC(const GemmArgs& g, float* c) {
   }
 }
 
-// fp32 GEMMs split over our pool (SgemmOnPool): OpenBLAS runs single-threaded on blocks of C's rows,
-// or on whole batch entries. Every element of C is the same dot product whichever block computes
-// it, so the result equals the unsplit call's bit for bit (tests/kernels/gemm_test.cc checks the
-// models' shapes), provided OpenBLAS takes the same code path for a block as for the whole: its
-// small-matrix and "direct" kernels take products below about 7.3M multiply-adds, so a product is
-// split only into blocks of at least kSplitMinMacs. Block boundaries are multiples of
+// fp32 GEMMs split over our pool (SgemmOnPool): OpenBLAS runs single-threaded on blocks of C's
+// rows, or on whole batch entries. Every element of C is the same dot product whichever block
+// computes it, so the result equals the unsplit call's bit for bit (tests/kernels/gemm_test.cc
+// checks the models' shapes), provided OpenBLAS takes the same code path for a block as for the
+// whole: its small-matrix and "direct" kernels take products below about 7.3M multiply-adds, so a
+// product is split only into blocks of at least kSplitMinMacs. Block boundaries are multiples of
 // kSplitRowAlign rows.
 constexpr int64_t kSplitMinMacs = int64_t{1} << 23;
 constexpr int64_t kSplitRowAlign = 16;
@@ -55,9 +55,10 @@ constexpr int64_t kSplitRowAlign = 16;
 // Rows [r0, r1) of batch entry i.
 void SgemmRows(const GemmArgs& g, int64_t i, int64_t r0, int64_t r1) {
   const float* a = g.a + i * g.stride_a + (g.trans_a ? r0 : r0 * g.lda);
-  cblas_sgemm(CblasRowMajor, Op(g.trans_a), Op(g.trans_b), static_cast<int>(r1 - r0), static_cast<int>(g.n),
-              static_cast<int>(g.k), g.alpha, a, static_cast<int>(g.lda), g.b + i * g.stride_b,
-              static_cast<int>(g.ldb), g.beta, g.c + i * g.stride_c + r0 * g.ldc, static_cast<int>(g.ldc));
+  cblas_sgemm(CblasRowMajor, Op(g.trans_a), Op(g.trans_b), static_cast<int>(r1 - r0),
+              static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, a, static_cast<int>(g.lda),
+              g.b + i * g.stride_b, static_cast<int>(g.ldb), g.beta,
+              g.c + i * g.stride_c + r0 * g.ldc, static_cast<int>(g.ldc));
 }
 
 // Rows where block j of `blocks` starts (GemmCpuRowBlocks): whole units of kSplitRowAlign rows,
@@ -93,7 +94,8 @@ size_t GemmWorkspaceBytes(const GemmArgs& args) {
   if (args.b_bf16 == nullptr && args.b_quant == nullptr) return need;
   const int64_t rows = BStoredRows(args), cols = BStoredCols(args);
   if (rows <= 0 || cols <= 0) return need;
-  const size_t panel = static_cast<size_t>(std::min(rows, kGemmBf16PanelRows) * cols) * sizeof(float);
+  const size_t panel =
+      static_cast<size_t>(std::min(rows, kGemmBf16PanelRows) * cols) * sizeof(float);
   need = std::max(need, panel);
   // bf16 math on the CPU needs the bf16 copy of A; the panel keeps the fp32 path runnable too.
   if (args.bf16_math && args.b_bf16 != nullptr && Bf16MathAvailable()) {
@@ -112,13 +114,18 @@ absl::Status CanRun(const ExecContext& ctx, const GemmArgs& in) {
   FEDLORA_RETURN_IF_ERROR(internal::CheckDims(kOp, {in.m, in.k}));
   FEDLORA_RETURN_IF_ERROR(internal::CheckDims(kOp, {in.k, in.n}));
   if (in.batch < 1) return internal::InvalidArg(kOp, absl::StrCat("batch ", in.batch, " < 1"));
-  if (in.stride_a < 0 || in.stride_b < 0 || in.stride_c < 0) return internal::InvalidArg(kOp, "negative batch stride");
+  if (in.stride_a < 0 || in.stride_b < 0 || in.stride_c < 0)
+    return internal::InvalidArg(kOp, "negative batch stride");
   const GemmArgs g = Resolved(in);
   for (int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldc}) {
-    if (v > INT_MAX) return internal::InvalidArg(kOp, absl::StrCat("dimension ", v, " exceeds the BLAS int range"));
+    if (v > INT_MAX)
+      return internal::InvalidArg(kOp,
+                                  absl::StrCat("dimension ", v, " exceeds the BLAS int range"));
   }
-  if (g.lda < (g.trans_a ? g.m : g.k)) return internal::InvalidArg(kOp, absl::StrCat("lda ", g.lda, " too small"));
-  if (g.ldb < BStoredCols(g)) return internal::InvalidArg(kOp, absl::StrCat("ldb ", g.ldb, " too small"));
+  if (g.lda < (g.trans_a ? g.m : g.k))
+    return internal::InvalidArg(kOp, absl::StrCat("lda ", g.lda, " too small"));
+  if (g.ldb < BStoredCols(g))
+    return internal::InvalidArg(kOp, absl::StrCat("ldb ", g.ldb, " too small"));
   if (g.ldc < g.n) return internal::InvalidArg(kOp, absl::StrCat("ldc ", g.ldc, " < n ", g.n));
   const int set_b = (g.b != nullptr) + (g.b_bf16 != nullptr) + (g.b_quant != nullptr);
   if (set_b != 1 && g.k > 0 && g.m > 0 && g.n > 0) {
@@ -135,26 +142,31 @@ absl::Status CanRun(const ExecContext& ctx, const GemmArgs& in) {
     return internal::InvalidArg(kOp, "int8_math applies to a Q8_0 B only");
   }
   if ((g.b_bf16 != nullptr || g.b_quant != nullptr) && g.batch != 1) {
-    return absl::UnimplementedError(
-        absl::StrCat("Gemm: ", g.b_bf16 != nullptr ? "bf16" : "quantized", " B requires batch == 1"));
+    return absl::UnimplementedError(absl::StrCat(
+        "Gemm: ", g.b_bf16 != nullptr ? "bf16" : "quantized", " B requires batch == 1"));
   }
   if (const size_t need = GemmWorkspaceBytes(g);
       need > 0 && (g.workspace == nullptr || g.workspace_bytes < need)) {
-    const char* kind = g.b_bf16 != nullptr ? "bf16 B" : g.b_quant != nullptr ? "quantized B" : "bf16 math";
-    return internal::InvalidArg(kOp, absl::StrCat(kind, " needs a workspace of ", need, " bytes, got ",
-                                                  g.workspace == nullptr ? 0 : g.workspace_bytes));
+    const char* kind = g.b_bf16 != nullptr    ? "bf16 B"
+                       : g.b_quant != nullptr ? "quantized B"
+                                              : "bf16 math";
+    return internal::InvalidArg(kOp,
+                                absl::StrCat(kind, " needs a workspace of ", need, " bytes, got ",
+                                             g.workspace == nullptr ? 0 : g.workspace_bytes));
   }
   if (g.b_quant != nullptr) {
     if (g.ldb != BStoredCols(g)) {
-      return internal::InvalidArg(kOp, absl::StrCat("quantized B must be packed: ldb ", g.ldb, " != stored columns ",
-                                                    BStoredCols(g)));
+      return internal::InvalidArg(kOp, absl::StrCat("quantized B must be packed: ldb ", g.ldb,
+                                                    " != stored columns ", BStoredCols(g)));
     }
     if (absl::StatusOr<int64_t> rb = GgmlRowBytes(g.b_quant_type, BStoredCols(g)); !rb.ok()) {
-      return absl::Status(rb.status().code(), absl::StrCat("Gemm: quantized B: ", rb.status().message()));
+      return absl::Status(rb.status().code(),
+                          absl::StrCat("Gemm: quantized B: ", rb.status().message()));
     }
-    if (ctx.device == Device::kCuda && g.b_quant_type != GgmlType::kQ8_0 && g.b_quant_type != GgmlType::kQ4_0 &&
-        g.b_quant_type != GgmlType::kQ4_1) {
-      return absl::UnimplementedError(absl::StrCat("Gemm: quantized B of type ", std::string(GgmlTypeName(g.b_quant_type)),
+    if (ctx.device == Device::kCuda && g.b_quant_type != GgmlType::kQ8_0 &&
+        g.b_quant_type != GgmlType::kQ4_0 && g.b_quant_type != GgmlType::kQ4_1) {
+      return absl::UnimplementedError(absl::StrCat("Gemm: quantized B of type ",
+                                                   std::string(GgmlTypeName(g.b_quant_type)),
                                                    " on CUDA (supported there: Q8_0, Q4_0, Q4_1)"));
     }
   }
@@ -206,12 +218,13 @@ absl::Status GemmCpu(const ExecContext& ctx, const GemmArgs& g) {
       return absl::OkStatus();
     }
     // Otherwise batches run one after another, each on OpenBLAS's own threads (see SetNumThreads);
-    // calling a multi-threaded OpenBLAS from several of our pool threads would oversubscribe the cores.
+    // calling a multi-threaded OpenBLAS from several of our pool threads would oversubscribe the
+    // cores.
     for (int64_t i = 0; i < g.batch; ++i) {
-      cblas_sgemm(CblasRowMajor, Op(g.trans_a), Op(g.trans_b), static_cast<int>(g.m), static_cast<int>(g.n),
-                  static_cast<int>(g.k), g.alpha, g.a + i * g.stride_a, static_cast<int>(g.lda),
-                  g.b + i * g.stride_b, static_cast<int>(g.ldb), g.beta, g.c + i * g.stride_c,
-                  static_cast<int>(g.ldc));
+      cblas_sgemm(CblasRowMajor, Op(g.trans_a), Op(g.trans_b), static_cast<int>(g.m),
+                  static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, g.a + i * g.stride_a,
+                  static_cast<int>(g.lda), g.b + i * g.stride_b, static_cast<int>(g.ldb), g.beta,
+                  g.c + i * g.stride_c, static_cast<int>(g.ldc));
     }
     return absl::OkStatus();
   }
@@ -221,34 +234,39 @@ absl::Status GemmCpu(const ExecContext& ctx, const GemmArgs& g) {
   // The widening is exact (dequantization as ggml's), so the result equals the fp32 GEMM on the
   // widened weight.
   const int64_t rows = BStoredRows(g), cols = BStoredCols(g);
-  const int64_t row_bytes = g.b_quant != nullptr ? *GgmlRowBytes(g.b_quant_type, cols) : 0;  // checked by CanRun
-  const int64_t panel = std::clamp<int64_t>(static_cast<int64_t>(g.workspace_bytes / (cols * sizeof(float))), 1, rows);
+  const int64_t row_bytes =
+      g.b_quant != nullptr ? *GgmlRowBytes(g.b_quant_type, cols) : 0;  // checked by CanRun
+  const int64_t panel = std::clamp<int64_t>(
+      static_cast<int64_t>(g.workspace_bytes / (cols * sizeof(float))), 1, rows);
   float* ws = static_cast<float*>(g.workspace);
   ThreadPool& pool = ctx.Pool();
   for (int64_t r0 = 0; r0 < rows; r0 += panel) {
     const int64_t p = std::min(panel, rows - r0);
-    pool.ParallelFor(0, p, std::max<int64_t>(1, kElementwiseGrain / cols), [&](int64_t b, int64_t e) {
-      if (g.b_quant != nullptr) {
-        (void)DequantizeRows(g.b_quant_type, g.b_quant + (r0 + b) * row_bytes, e - b, cols, ws + b * cols, cols);
-        return;
-      }
-      for (int64_t r = b; r < e; ++r) {
-        const uint16_t* src = g.b_bf16 + (r0 + r) * g.ldb;
-        float* dst = ws + r * cols;
-        for (int64_t j = 0; j < cols; ++j) dst[j] = Bf16BitsToF32(src[j]);
-      }
-    });
+    pool.ParallelFor(0, p, std::max<int64_t>(1, kElementwiseGrain / cols),
+                     [&](int64_t b, int64_t e) {
+                       if (g.b_quant != nullptr) {
+                         (void)DequantizeRows(g.b_quant_type, g.b_quant + (r0 + b) * row_bytes,
+                                              e - b, cols, ws + b * cols, cols);
+                         return;
+                       }
+                       for (int64_t r = b; r < e; ++r) {
+                         const uint16_t* src = g.b_bf16 + (r0 + r) * g.ldb;
+                         float* dst = ws + r * cols;
+                         for (int64_t j = 0; j < cols; ++j) dst[j] = Bf16BitsToF32(src[j]);
+                       }
+                     });
     if (g.trans_b) {
       // Stored rows are output columns: C[:, r0:r0+p] = alpha op(A) panel^T + beta C[:, r0:r0+p].
-      cblas_sgemm(CblasRowMajor, Op(g.trans_a), CblasTrans, static_cast<int>(g.m), static_cast<int>(p),
-                  static_cast<int>(g.k), g.alpha, g.a, static_cast<int>(g.lda), ws, static_cast<int>(cols), g.beta,
-                  g.c + r0, static_cast<int>(g.ldc));
+      cblas_sgemm(CblasRowMajor, Op(g.trans_a), CblasTrans, static_cast<int>(g.m),
+                  static_cast<int>(p), static_cast<int>(g.k), g.alpha, g.a, static_cast<int>(g.lda),
+                  ws, static_cast<int>(cols), g.beta, g.c + r0, static_cast<int>(g.ldc));
     } else {
       // Stored rows are a block of k: C += alpha op(A)[:, r0:r0+p] panel (beta on the first only).
       const float* a_block = g.trans_a ? g.a + r0 * g.lda : g.a + r0;
-      cblas_sgemm(CblasRowMajor, Op(g.trans_a), CblasNoTrans, static_cast<int>(g.m), static_cast<int>(g.n),
-                  static_cast<int>(p), g.alpha, a_block, static_cast<int>(g.lda), ws, static_cast<int>(cols),
-                  r0 == 0 ? g.beta : 1.0f, g.c, static_cast<int>(g.ldc));
+      cblas_sgemm(CblasRowMajor, Op(g.trans_a), CblasNoTrans, static_cast<int>(g.m),
+                  static_cast<int>(g.n), static_cast<int>(p), g.alpha, a_block,
+                  static_cast<int>(g.lda), ws, static_cast<int>(cols), r0 == 0 ? g.beta : 1.0f, g.c,
+                  static_cast<int>(g.ldc));
     }
   }
   return absl::OkStatus();

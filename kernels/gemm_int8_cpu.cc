@@ -21,9 +21,10 @@ namespace {
 
 std::atomic<bool> g_allowed{true};
 
-constexpr int64_t kPanelCols = 16;                // output columns per repacked panel
+constexpr int64_t kPanelCols = 16;                  // output columns per repacked panel
 constexpr int64_t kChunkCols = kGemmBf16PanelRows;  // output columns repacked at a time
-constexpr int64_t kPanelBlockBytes = kGgmlQK * kPanelCols;  // 8 groups of 4 k x 16 columns x 4 bytes
+constexpr int64_t kPanelBlockBytes =
+    kGgmlQK * kPanelCols;  // 8 groups of 4 k x 16 columns x 4 bytes
 
 bool CpuHasVnni() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -59,7 +60,8 @@ Layout MakeLayout(const GemmArgs& g) {
 // Row `r` of A, block by block: d = max|a| / 127, q = nearest-even(a * (127 / max|a|)) (0 when the
 // block is all zero), stored as q + 128: vpdpbusd multiplies unsigned by signed bytes, and the
 // panels' correction takes the 128 * sum(w) back out.
-__attribute__((target("avx512f,avx512bw"))) void QuantizeRow(const float* a, int64_t k, uint8_t* q, float* d) {
+__attribute__((target("avx512f,avx512bw"))) void QuantizeRow(const float* a, int64_t k, uint8_t* q,
+                                                             float* d) {
   for (int64_t b = 0; b < k / kGgmlQK; ++b) {
     const __m512 x0 = _mm512_loadu_ps(a + b * kGgmlQK), x1 = _mm512_loadu_ps(a + b * kGgmlQK + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
@@ -79,8 +81,8 @@ __attribute__((target("avx512f,avx512bw"))) void QuantizeRow(const float* a, int
 
 // Panel p (columns col0 + 16p ..) of the chunk: W's rows as vpdpbusd's second operand. Columns past
 // n are zero (they are never stored).
-void RepackPanel(const GemmArgs& g, int64_t kb, int64_t row_bytes, int64_t col0, int64_t p, uint8_t* wq, float* wd,
-                 int32_t* corr) {
+void RepackPanel(const GemmArgs& g, int64_t kb, int64_t row_bytes, int64_t col0, int64_t p,
+                 uint8_t* wq, float* wd, int32_t* corr) {
   for (int64_t j = 0; j < kPanelCols; ++j) {
     const int64_t col = col0 + p * kPanelCols + j;
     for (int64_t b = 0; b < kb; ++b) {
@@ -93,7 +95,8 @@ void RepackPanel(const GemmArgs& g, int64_t kb, int64_t row_bytes, int64_t col0,
         continue;
       }
       BlockQ8_0 blk;
-      std::memcpy(&blk, g.b_quant + col * row_bytes + b * static_cast<int64_t>(sizeof(BlockQ8_0)), sizeof(blk));
+      std::memcpy(&blk, g.b_quant + col * row_bytes + b * static_cast<int64_t>(sizeof(BlockQ8_0)),
+                  sizeof(blk));
       int32_t sum = 0;
       for (int64_t t = 0; t < kGgmlQK; ++t) {
         dst[(t / 4) * 64 + j * 4 + t % 4] = static_cast<uint8_t>(blk.qs[t]);
@@ -107,8 +110,9 @@ void RepackPanel(const GemmArgs& g, int64_t kb, int64_t row_bytes, int64_t col0,
 
 // Rows [r0, r0 + MR) x panels p0 (and p0 + 1 when NV == 2) of the chunk.
 template <int MR, int NV>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void Tile(const GemmArgs& g, const Layout& l, int64_t kb,
-                                                                 int64_t col0, int64_t r0, int64_t p0) {
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void Tile(const GemmArgs& g, const Layout& l,
+                                                                 int64_t kb, int64_t col0,
+                                                                 int64_t r0, int64_t p0) {
   const uint8_t* ws = static_cast<const uint8_t*>(g.workspace);
   const uint8_t* aq = ws + l.a_q;
   const float* ad = reinterpret_cast<const float*>(ws + l.a_d);
@@ -126,7 +130,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void Tile(const GemmArgs&
     }
     for (int g4 = 0; g4 < kGgmlQK / 4; ++g4) {
       __m512i w[NV];
-      for (int v = 0; v < NV; ++v) w[v] = _mm512_loadu_si512(wq + ((p0 + v) * kb + b) * kPanelBlockBytes + g4 * 64);
+      for (int v = 0; v < NV; ++v)
+        w[v] = _mm512_loadu_si512(wq + ((p0 + v) * kb + b) * kPanelBlockBytes + g4 * 64);
       for (int r = 0; r < MR; ++r) {
         int32_t four;
         std::memcpy(&four, aq + (r0 + r) * g.k + b * kGgmlQK + g4 * 4, sizeof(four));
@@ -150,14 +155,16 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void Tile(const GemmArgs&
     for (int r = 0; r < MR; ++r) {
       float* c = g.c + (r0 + r) * g.ldc + col;
       __m512 out = _mm512_mul_ps(alpha, acc[r][v]);
-      if (g.beta != 0.0f) out = _mm512_add_ps(out, _mm512_mul_ps(beta, _mm512_maskz_loadu_ps(mask, c)));
+      if (g.beta != 0.0f)
+        out = _mm512_add_ps(out, _mm512_mul_ps(beta, _mm512_maskz_loadu_ps(mask, c)));
       _mm512_mask_storeu_ps(c, mask, out);
     }
   }
 }
 
 template <int MR>
-void RowTile(const GemmArgs& g, const Layout& l, int64_t kb, int64_t col0, int64_t r0, int64_t p0, int64_t panels) {
+void RowTile(const GemmArgs& g, const Layout& l, int64_t kb, int64_t col0, int64_t r0, int64_t p0,
+             int64_t panels) {
   if (p0 + 1 < panels) {
     Tile<MR, 2>(g, l, kb, col0, r0, p0);
   } else {
@@ -174,11 +181,14 @@ bool Int8MathAvailable() {
 
 namespace internal {
 
-void SetInt8MathAllowedForTesting(bool allowed) { g_allowed.store(allowed, std::memory_order_relaxed); }
+void SetInt8MathAllowedForTesting(bool allowed) {
+  g_allowed.store(allowed, std::memory_order_relaxed);
+}
 
 bool UsesInt8Math(const GemmArgs& g) {
-  return g.int8_math && g.b_quant != nullptr && g.b_quant_type == GgmlType::kQ8_0 && g.trans_b && !g.trans_a &&
-         g.batch == 1 && g.m >= kGemmInt8MinRows && g.k % kGgmlQK == 0 && Int8MathAvailable();
+  return g.int8_math && g.b_quant != nullptr && g.b_quant_type == GgmlType::kQ8_0 && g.trans_b &&
+         !g.trans_a && g.batch == 1 && g.m >= kGemmInt8MinRows && g.k % kGgmlQK == 0 &&
+         Int8MathAvailable();
 }
 
 size_t Int8MathWorkspaceBytes(const GemmArgs& g) { return MakeLayout(g).total; }
@@ -189,12 +199,15 @@ absl::Status GemmInt8MathCpu(const ExecContext& ctx, const GemmArgs& g) {
   const int64_t row_bytes = kb * static_cast<int64_t>(sizeof(BlockQ8_0));
   uint8_t* ws = static_cast<uint8_t*>(g.workspace);
   ThreadPool& pool = ctx.Pool();
-  pool.ParallelFor(0, g.m, std::max<int64_t>(1, kElementwiseGrain / g.k), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      QuantizeRow(g.a + r * g.lda, g.k, ws + l.a_q + r * g.k, reinterpret_cast<float*>(ws + l.a_d) + r * kb);
-    }
-  });
-  constexpr int64_t kRowBlock = 64;  // rows of A per task: 64 x k bytes stay in L2 while the panels pass
+  pool.ParallelFor(0, g.m, std::max<int64_t>(1, kElementwiseGrain / g.k),
+                   [&](int64_t b, int64_t e) {
+                     for (int64_t r = b; r < e; ++r) {
+                       QuantizeRow(g.a + r * g.lda, g.k, ws + l.a_q + r * g.k,
+                                   reinterpret_cast<float*>(ws + l.a_d) + r * kb);
+                     }
+                   });
+  constexpr int64_t kRowBlock =
+      64;  // rows of A per task: 64 x k bytes stay in L2 while the panels pass
   const int64_t row_blocks = (g.m + kRowBlock - 1) / kRowBlock;
   for (int64_t col0 = 0; col0 < g.n; col0 += kChunkCols) {
     const int64_t cols = std::min(kChunkCols, g.n - col0);
@@ -213,10 +226,17 @@ absl::Status GemmInt8MathCpu(const ExecContext& ctx, const GemmArgs& g) {
         int64_t r = rb * kRowBlock;
         for (; r + 4 <= r_end; r += 4) RowTile<4>(g, l, kb, col0, r, p0, panels);
         switch (r_end - r) {
-          case 3: RowTile<3>(g, l, kb, col0, r, p0, panels); break;
-          case 2: RowTile<2>(g, l, kb, col0, r, p0, panels); break;
-          case 1: RowTile<1>(g, l, kb, col0, r, p0, panels); break;
-          default: break;
+          case 3:
+            RowTile<3>(g, l, kb, col0, r, p0, panels);
+            break;
+          case 2:
+            RowTile<2>(g, l, kb, col0, r, p0, panels);
+            break;
+          case 1:
+            RowTile<1>(g, l, kb, col0, r, p0, panels);
+            break;
+          default:
+            break;
         }
       }
     });

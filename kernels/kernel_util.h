@@ -18,8 +18,8 @@ namespace fedlora::kernels::internal {
 absl::Status CheckBackend(const ExecContext& ctx, std::string_view op);
 
 inline absl::Status InvalidArg(std::string_view op, std::string_view what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(absl::string_view(op.data(), op.size()), ": ", absl::string_view(what.data(), what.size())));
+  return absl::InvalidArgumentError(absl::StrCat(absl::string_view(op.data(), op.size()), ": ",
+                                                 absl::string_view(what.data(), what.size())));
 }
 
 // InvalidArgument unless every dimension is >= 0 and their product fits comfortably in int64
@@ -27,7 +27,8 @@ inline absl::Status InvalidArg(std::string_view op, std::string_view what) {
 absl::Status CheckDims(std::string_view op, std::initializer_list<int64_t> dims);
 
 // InvalidArgument naming `name` when `ptr` is null (and the tensor is not empty).
-inline absl::Status CheckPtr(std::string_view op, const void* ptr, std::string_view name, bool required = true) {
+inline absl::Status CheckPtr(std::string_view op, const void* ptr, std::string_view name,
+                             bool required = true) {
   if (required && ptr == nullptr) {
     return InvalidArg(op, absl::StrCat(absl::string_view(name.data(), name.size()), " is null"));
   }
@@ -35,7 +36,9 @@ inline absl::Status CheckPtr(std::string_view op, const void* ptr, std::string_v
 }
 
 inline constexpr size_t kWorkspaceAlign = 256;
-inline size_t AlignUp(size_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+inline size_t AlignUp(size_t bytes) {
+  return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+}
 
 // Elements per ParallelFor chunk for a memory-bound pass: below this, threading costs more than it
 // saves (a chunk of 16 K floats is 64 KiB, ~5 us of DRAM bandwidth on one core).

@@ -15,7 +15,8 @@ __device__ __forceinline__ float WarpSum(float v) {
 }
 
 __global__ void LayerNormForwardKernel(int64_t rows, int64_t C, float eps, const float* x_all,
-                                       const float* __restrict__ gamma, const float* __restrict__ beta, float* y_all,
+                                       const float* __restrict__ gamma,
+                                       const float* __restrict__ beta, float* y_all,
                                        float* mean_out, float* rstd_out) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.y;
   if (r >= rows) return;
@@ -41,9 +42,11 @@ __global__ void LayerNormForwardKernel(int64_t rows, int64_t C, float eps, const
   }
 }
 
-__global__ void LayerNormBackwardDxKernel(int64_t rows, int64_t C, const float* x_all, const float* __restrict__ gamma,
-                                          const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
-                                          const float* dy_all, float* dx_all, bool accumulate) {
+__global__ void LayerNormBackwardDxKernel(int64_t rows, int64_t C, const float* x_all,
+                                          const float* __restrict__ gamma,
+                                          const float* __restrict__ mean_in,
+                                          const float* __restrict__ rstd_in, const float* dy_all,
+                                          float* dx_all, bool accumulate) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.y;
   if (r >= rows) return;
   const int lane = threadIdx.x;
@@ -67,9 +70,10 @@ __global__ void LayerNormBackwardDxKernel(int64_t rows, int64_t C, const float* 
 
 // Block (32, 8): 32 adjacent columns, 8 row groups; partials added in fixed order.
 __global__ void LayerNormBackwardParamsKernel(int64_t rows, int64_t C, const float* __restrict__ x,
-                                              const float* __restrict__ mean, const float* __restrict__ rstd,
-                                              const float* __restrict__ dy, float* dgamma, float* dbeta,
-                                              bool accumulate) {
+                                              const float* __restrict__ mean,
+                                              const float* __restrict__ rstd,
+                                              const float* __restrict__ dy, float* dgamma,
+                                              float* dbeta, bool accumulate) {
   __shared__ float sg[8][33], sb[8][33];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float g = 0.0f, b = 0.0f;
@@ -99,8 +103,8 @@ __global__ void LayerNormBackwardParamsKernel(int64_t rows, int64_t C, const flo
 
 absl::Status LayerNormForwardCuda(const ExecContext& ctx, const LayerNormForwardArgs& a) {
   const unsigned grid = static_cast<unsigned>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  LayerNormForwardKernel<<<grid, dim3(32, kWarpsPerBlock), 0, Stream(ctx)>>>(a.rows, a.cols, a.eps, a.x, a.gamma,
-                                                                              a.beta, a.y, a.mean, a.rstd);
+  LayerNormForwardKernel<<<grid, dim3(32, kWarpsPerBlock), 0, Stream(ctx)>>>(
+      a.rows, a.cols, a.eps, a.x, a.gamma, a.beta, a.y, a.mean, a.rstd);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -110,8 +114,8 @@ absl::Status LayerNormBackwardCuda(const ExecContext& ctx, const LayerNormBackwa
   // accumulating), as on the CPU.
   if ((a.dgamma != nullptr || a.dbeta != nullptr) && a.cols > 0) {
     const unsigned grid = static_cast<unsigned>((a.cols + 31) / 32);
-    LayerNormBackwardParamsKernel<<<grid, dim3(32, 8), 0, Stream(ctx)>>>(a.rows, a.cols, a.x, a.mean, a.rstd, a.dy,
-                                                                          a.dgamma, a.dbeta, a.accumulate_params);
+    LayerNormBackwardParamsKernel<<<grid, dim3(32, 8), 0, Stream(ctx)>>>(
+        a.rows, a.cols, a.x, a.mean, a.rstd, a.dy, a.dgamma, a.dbeta, a.accumulate_params);
     FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   }
   if (a.dx != nullptr && a.rows > 0) {

@@ -43,8 +43,8 @@ struct LayerNormBackwardArgs {
   const float* dy = nullptr;     // [rows, cols]
   float* dx = nullptr;           // [rows, cols]; may alias dy
   bool accumulate_dx = false;
-  float* dgamma = nullptr;       // [cols] or null
-  float* dbeta = nullptr;        // [cols] or null
+  float* dgamma = nullptr;  // [cols] or null
+  float* dbeta = nullptr;   // [cols] or null
   bool accumulate_params = false;
 };
 

@@ -19,7 +19,8 @@ absl::Status CanRun(const ExecContext& ctx, const LayerNormForwardArgs& a) {
   if (!(a.eps >= 0.0f)) return internal::InvalidArg(kFwd, "eps must be >= 0");
   if (a.rows == 0) return absl::OkStatus();
   if (a.cols == 0) return internal::InvalidArg(kFwd, "cols must be > 0");
-  if ((a.mean == nullptr) != (a.rstd == nullptr)) return internal::InvalidArg(kFwd, "set both mean and rstd, or neither");
+  if ((a.mean == nullptr) != (a.rstd == nullptr))
+    return internal::InvalidArg(kFwd, "set both mean and rstd, or neither");
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kFwd, a.x, "x"));
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kFwd, a.gamma, "gamma"));
   return internal::CheckPtr(kFwd, a.y, "y");
@@ -30,7 +31,8 @@ absl::Status CanRun(const ExecContext& ctx, const LayerNormBackwardArgs& a) {
   FEDLORA_RETURN_IF_ERROR(internal::CheckDims(kBwd, {a.rows, a.cols}));
   if (a.cols == 0 && a.rows > 0) return internal::InvalidArg(kBwd, "cols must be > 0");
   const bool need_params = a.dgamma != nullptr || a.dbeta != nullptr;
-  if (a.dx == nullptr && !need_params) return internal::InvalidArg(kBwd, "nothing requested (dx, dgamma, dbeta all null)");
+  if (a.dx == nullptr && !need_params)
+    return internal::InvalidArg(kBwd, "nothing requested (dx, dgamma, dbeta all null)");
   if (a.rows == 0) return absl::OkStatus();
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kBwd, a.dy, "dy"));
   const bool need_xhat = a.dx != nullptr || a.dgamma != nullptr;
@@ -46,37 +48,46 @@ absl::Status CanRun(const ExecContext& ctx, const LayerNormBackwardArgs& a) {
 absl::Status LayerNormForward(const ExecContext& ctx, const LayerNormForwardArgs& a) {
   FEDLORA_RETURN_IF_ERROR(CanRun(ctx, a));
   if (a.rows == 0) return absl::OkStatus();
-  if (ctx.device == Device::kCuda) return FEDLORA_KERNELS_CUDA(internal::LayerNormForwardCuda(ctx, a));
+  if (ctx.device == Device::kCuda)
+    return FEDLORA_KERNELS_CUDA(internal::LayerNormForwardCuda(ctx, a));
   const int64_t C = a.cols;
-  ctx.Pool().ParallelFor(0, a.rows, std::max<int64_t>(1, internal::kElementwiseGrain / C), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* x = a.x + r * C;
-      float* y = a.y + r * C;
-      // mean = sum x / C;  var = sum (x - mean)^2 / C  (two passes over a row that sits in cache)
-      const float mean = internal::Sum8(C, [&](int64_t j) { return x[j]; }) / static_cast<float>(C);
-      const float sq = internal::Sum8(C, [&](int64_t j) {
-        const float d = x[j] - mean;
-        return d * d;
-      });
-      const float rstd = 1.0f / std::sqrt(sq / static_cast<float>(C) + a.eps);
-      // y = gamma * (x - mean) * rstd + beta   (y may alias x: same index read then written)
-      if (a.beta != nullptr) {
-        for (int64_t j = 0; j < C; ++j) y[j] = a.gamma[j] * ((x[j] - mean) * rstd) + a.beta[j];
-      } else {
-        for (int64_t j = 0; j < C; ++j) y[j] = a.gamma[j] * ((x[j] - mean) * rstd);
-      }
-      if (a.mean != nullptr) {
-        a.mean[r] = mean;
-        a.rstd[r] = rstd;
-      }
-    }
-  });
+  ctx.Pool().ParallelFor(0, a.rows, std::max<int64_t>(1, internal::kElementwiseGrain / C),
+                         [&](int64_t r0, int64_t r1) {
+                           for (int64_t r = r0; r < r1; ++r) {
+                             const float* x = a.x + r * C;
+                             float* y = a.y + r * C;
+                             // mean = sum x / C;  var = sum (x - mean)^2 / C  (two passes over a
+                             // row that sits in cache)
+                             const float mean = internal::Sum8(C, [&](int64_t j) { return x[j]; }) /
+                                                static_cast<float>(C);
+                             const float sq = internal::Sum8(C, [&](int64_t j) {
+                               const float d = x[j] - mean;
+                               return d * d;
+                             });
+                             const float rstd =
+                                 1.0f / std::sqrt(sq / static_cast<float>(C) + a.eps);
+                             // y = gamma * (x - mean) * rstd + beta   (y may alias x: same index
+                             // read then written)
+                             if (a.beta != nullptr) {
+                               for (int64_t j = 0; j < C; ++j)
+                                 y[j] = a.gamma[j] * ((x[j] - mean) * rstd) + a.beta[j];
+                             } else {
+                               for (int64_t j = 0; j < C; ++j)
+                                 y[j] = a.gamma[j] * ((x[j] - mean) * rstd);
+                             }
+                             if (a.mean != nullptr) {
+                               a.mean[r] = mean;
+                               a.rstd[r] = rstd;
+                             }
+                           }
+                         });
   return absl::OkStatus();
 }
 
 absl::Status LayerNormBackward(const ExecContext& ctx, const LayerNormBackwardArgs& a) {
   FEDLORA_RETURN_IF_ERROR(CanRun(ctx, a));
-  if (ctx.device == Device::kCuda) return FEDLORA_KERNELS_CUDA(internal::LayerNormBackwardCuda(ctx, a));
+  if (ctx.device == Device::kCuda)
+    return FEDLORA_KERNELS_CUDA(internal::LayerNormBackwardCuda(ctx, a));
   const int64_t C = a.cols, R = a.rows;
   ThreadPool& pool = ctx.Pool();
   // dgamma = sum_r dy * xhat, dbeta = sum_r dy: by column blocks, rows in order (deterministic).
@@ -108,24 +119,26 @@ absl::Status LayerNormBackward(const ExecContext& ctx, const LayerNormBackwardAr
     });
   }
   if (a.dx == nullptr) return absl::OkStatus();
-  pool.ParallelFor(0, R, std::max<int64_t>(1, internal::kElementwiseGrain / C), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* x = a.x + r * C;
-      const float* dy = a.dy + r * C;
-      float* dx = a.dx + r * C;
-      const float mean = a.mean[r], rstd = a.rstd[r];
-      // mg = mean(g), mgx = mean(g * xhat), g = dy * gamma
-      const float sg = internal::Sum8(C, [&](int64_t j) { return dy[j] * a.gamma[j]; });
-      const float sgx = internal::Sum8(C, [&](int64_t j) { return dy[j] * a.gamma[j] * ((x[j] - mean) * rstd); });
-      const float mg = sg / static_cast<float>(C), mgx = sgx / static_cast<float>(C);
-      // dx = rstd * (g - mg - xhat * mgx)
-      for (int64_t j = 0; j < C; ++j) {
-        const float xhat = (x[j] - mean) * rstd;
-        const float v = rstd * (dy[j] * a.gamma[j] - mg - xhat * mgx);
-        dx[j] = a.accumulate_dx ? dx[j] + v : v;
-      }
-    }
-  });
+  pool.ParallelFor(
+      0, R, std::max<int64_t>(1, internal::kElementwiseGrain / C), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* x = a.x + r * C;
+          const float* dy = a.dy + r * C;
+          float* dx = a.dx + r * C;
+          const float mean = a.mean[r], rstd = a.rstd[r];
+          // mg = mean(g), mgx = mean(g * xhat), g = dy * gamma
+          const float sg = internal::Sum8(C, [&](int64_t j) { return dy[j] * a.gamma[j]; });
+          const float sgx = internal::Sum8(
+              C, [&](int64_t j) { return dy[j] * a.gamma[j] * ((x[j] - mean) * rstd); });
+          const float mg = sg / static_cast<float>(C), mgx = sgx / static_cast<float>(C);
+          // dx = rstd * (g - mg - xhat * mgx)
+          for (int64_t j = 0; j < C; ++j) {
+            const float xhat = (x[j] - mean) * rstd;
+            const float v = rstd * (dy[j] * a.gamma[j] - mg - xhat * mgx);
+            dx[j] = a.accumulate_dx ? dx[j] + v : v;
+          }
+        }
+      });
   return absl::OkStatus();
 }
 

@@ -1,5 +1,5 @@
-// SumSquares, SumSquaresMany, Scale, ColumnSum: CUDA backend. The reductions are deterministic (fixed
-// assignment of elements to threads, fixed tree order), like the CPU's.
+// SumSquares, SumSquaresMany, Scale, ColumnSum: CUDA backend. The reductions are deterministic
+// (fixed assignment of elements to threads, fixed tree order), like the CPU's.
 #include <algorithm>
 #include <vector>
 
@@ -32,7 +32,8 @@ __device__ double BlockSumSquares(const float* __restrict__ x, int64_t b, int64_
 
 // SumSquares: one block, which streams one adapter tensor in microseconds (SumSquaresMany takes
 // many tensors at once).
-__global__ void SumSquaresKernel(int64_t n, const float* __restrict__ x, float* result, bool accumulate) {
+__global__ void SumSquaresKernel(int64_t n, const float* __restrict__ x, float* result,
+                                 bool accumulate) {
   __shared__ double sh[kSumSquaresThreads];
   const double total = BlockSumSquares(x, 0, n, sh);
   if (threadIdx.x == 0) {
@@ -55,14 +56,16 @@ __global__ void RangeSumSquaresKernel(int64_t tensors, const TensorRef* refs, do
   for (int64_t t = blockIdx.y; t < tensors; t += gridDim.y) {
     const TensorRef ref = refs[t];
     const int64_t r = blockIdx.x;
-    const double total = BlockSumSquares(ref.x, r * ref.n / kManyRanges, (r + 1) * ref.n / kManyRanges, sh);
+    const double total =
+        BlockSumSquares(ref.x, r * ref.n / kManyRanges, (r + 1) * ref.n / kManyRanges, sh);
     if (threadIdx.x == 0) partial[t * kManyRanges + r] = total;
   }
 }
 
 // One thread: per tensor, the running total plus its 64 partials in order, rounded to fp32, as
 // SumSquares with accumulate does on the CPU.
-__global__ void AddRangeSumsKernel(int64_t tensors, const double* partial, float* result, bool accumulate) {
+__global__ void AddRangeSumsKernel(int64_t tensors, const double* partial, float* result,
+                                   bool accumulate) {
   float total = accumulate ? *result : 0.0f;
   for (int64_t t = 0; t < tensors; ++t) {
     double s = total;
@@ -81,7 +84,8 @@ __global__ void ScaleKernel(int64_t n, float alpha, float* x) {
 
 // Block (32, 8): threadIdx.x walks 32 adjacent columns (coalesced), threadIdx.y takes every 8th
 // row; the 8 partial sums per column are added in fixed order.
-__global__ void ColumnSumKernel(int64_t rows, int64_t cols, const float* __restrict__ x, float* out, bool accumulate) {
+__global__ void ColumnSumKernel(int64_t rows, int64_t cols, const float* __restrict__ x, float* out,
+                                bool accumulate) {
   __shared__ float sh[8][33];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float s = 0.0f;
@@ -108,7 +112,8 @@ absl::Status SumSquaresCuda(const ExecContext& ctx, const SumSquaresArgs& a) {
 absl::Status SumSquaresManyCuda(const ExecContext& ctx, const SumSquaresManyArgs& a) {
   cudaStream_t stream = Stream(ctx);
   if (a.tensors == 0) {
-    if (!a.accumulate) FEDLORA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.result, 0, sizeof(float), stream));
+    if (!a.accumulate)
+      FEDLORA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.result, 0, sizeof(float), stream));
     return absl::OkStatus();
   }
   std::vector<TensorRef> refs(static_cast<size_t>(a.tensors));
@@ -120,7 +125,8 @@ absl::Status SumSquaresManyCuda(const ExecContext& ctx, const SumSquaresManyArgs
     TensorRef* dev_refs = static_cast<TensorRef*>(scratch);
     double* partial = reinterpret_cast<double*>(static_cast<char*>(scratch) + table_bytes);
     // From pageable memory: returns once `refs` is staged, so it may go out of scope after.
-    FEDLORA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev_refs, refs.data(), table_bytes, cudaMemcpyHostToDevice, stream));
+    FEDLORA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dev_refs, refs.data(), table_bytes, cudaMemcpyHostToDevice, stream));
     const dim3 grid(kManyRanges, static_cast<unsigned>(std::min<int64_t>(a.tensors, 65535)));
     RangeSumSquaresKernel<<<grid, kManyThreads, 0, stream>>>(a.tensors, dev_refs, partial);
     FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();

@@ -31,7 +31,8 @@ absl::Status CanRun(const ExecContext& ctx, const SumSquaresManyArgs& a) {
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.x, "x"));
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.n, "n"));
   for (int64_t t = 0; t < a.tensors; ++t) {
-    if (a.n[t] < 0) return internal::InvalidArg(kOp, absl::StrCat("n[", t, "] = ", a.n[t], " is negative"));
+    if (a.n[t] < 0)
+      return internal::InvalidArg(kOp, absl::StrCat("n[", t, "] = ", a.n[t], " is negative"));
     FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.x[t], "x[t]", a.n[t] > 0));
   }
   return absl::OkStatus();
@@ -57,10 +58,13 @@ absl::Status SumSquares(const ExecContext& ctx, const SumSquaresArgs& a) {
   FEDLORA_RETURN_IF_ERROR(CanRun(ctx, a));
   if (ctx.device == Device::kCuda) return FEDLORA_KERNELS_CUDA(internal::SumSquaresCuda(ctx, a));
   double partial[kSumSquaresRanges] = {};
-  ctx.Pool().ParallelFor(0, kSumSquaresRanges, std::max<int64_t>(1, internal::kElementwiseGrain * kSumSquaresRanges / std::max<int64_t>(a.n, 1)),
+  ctx.Pool().ParallelFor(0, kSumSquaresRanges,
+                         std::max<int64_t>(1, internal::kElementwiseGrain * kSumSquaresRanges /
+                                                  std::max<int64_t>(a.n, 1)),
                          [&](int64_t r0, int64_t r1) {
                            for (int64_t r = r0; r < r1; ++r) {
-                             const int64_t b = r * a.n / kSumSquaresRanges, e = (r + 1) * a.n / kSumSquaresRanges;
+                             const int64_t b = r * a.n / kSumSquaresRanges,
+                                           e = (r + 1) * a.n / kSumSquaresRanges;
                              // Squares and sums in double: a float square of a float is exact
                              // in double, so only the additions round, at 2^-53.
                              double s = 0.0;
@@ -79,11 +83,12 @@ absl::Status SumSquares(const ExecContext& ctx, const SumSquaresArgs& a) {
 
 absl::Status SumSquaresMany(const ExecContext& ctx, const SumSquaresManyArgs& a) {
   FEDLORA_RETURN_IF_ERROR(CanRun(ctx, a));
-  if (ctx.device == Device::kCuda) return FEDLORA_KERNELS_CUDA(internal::SumSquaresManyCuda(ctx, a));
+  if (ctx.device == Device::kCuda)
+    return FEDLORA_KERNELS_CUDA(internal::SumSquaresManyCuda(ctx, a));
   if (a.tensors == 0 && !a.accumulate) *a.result = 0.0f;
   for (int64_t t = 0; t < a.tensors; ++t) {
-    FEDLORA_RETURN_IF_ERROR(
-        SumSquares(ctx, {.n = a.n[t], .x = a.x[t], .result = a.result, .accumulate = t > 0 || a.accumulate}));
+    FEDLORA_RETURN_IF_ERROR(SumSquares(
+        ctx, {.n = a.n[t], .x = a.x[t], .result = a.result, .accumulate = t > 0 || a.accumulate}));
   }
   return absl::OkStatus();
 }

@@ -15,7 +15,8 @@ __device__ __forceinline__ float WarpSum(float v) {
 }
 
 __global__ void RmsNormForwardKernel(int64_t rows, int64_t C, float eps, const float* x_all,
-                                     const float* __restrict__ gamma, float* y_all, float* rstd_out) {
+                                     const float* __restrict__ gamma, float* y_all,
+                                     float* rstd_out) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.y;
   if (r >= rows) return;
   const int lane = threadIdx.x;
@@ -28,9 +29,10 @@ __global__ void RmsNormForwardKernel(int64_t rows, int64_t C, float eps, const f
   if (lane == 0 && rstd_out != nullptr) rstd_out[r] = rstd;
 }
 
-__global__ void RmsNormBackwardDxKernel(int64_t rows, int64_t C, const float* x_all, const float* __restrict__ gamma,
-                                        const float* __restrict__ rstd_in, const float* dy_all, float* dx_all,
-                                        bool accumulate) {
+__global__ void RmsNormBackwardDxKernel(int64_t rows, int64_t C, const float* x_all,
+                                        const float* __restrict__ gamma,
+                                        const float* __restrict__ rstd_in, const float* dy_all,
+                                        float* dx_all, bool accumulate) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.y;
   if (r >= rows) return;
   const int lane = threadIdx.x;
@@ -48,8 +50,9 @@ __global__ void RmsNormBackwardDxKernel(int64_t rows, int64_t C, const float* x_
 }
 
 __global__ void RmsNormBackwardParamsKernel(int64_t rows, int64_t C, const float* __restrict__ x,
-                                            const float* __restrict__ rstd, const float* __restrict__ dy,
-                                            float* dgamma, bool accumulate) {
+                                            const float* __restrict__ rstd,
+                                            const float* __restrict__ dy, float* dgamma,
+                                            bool accumulate) {
   __shared__ float sg[8][33];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float g = 0.0f;
@@ -69,8 +72,8 @@ __global__ void RmsNormBackwardParamsKernel(int64_t rows, int64_t C, const float
 
 absl::Status RmsNormForwardCuda(const ExecContext& ctx, const RmsNormForwardArgs& a) {
   const unsigned grid = static_cast<unsigned>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  RmsNormForwardKernel<<<grid, dim3(32, kWarpsPerBlock), 0, Stream(ctx)>>>(a.rows, a.cols, a.eps, a.x, a.gamma, a.y,
-                                                                            a.rstd);
+  RmsNormForwardKernel<<<grid, dim3(32, kWarpsPerBlock), 0, Stream(ctx)>>>(
+      a.rows, a.cols, a.eps, a.x, a.gamma, a.y, a.rstd);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -78,14 +81,14 @@ absl::Status RmsNormForwardCuda(const ExecContext& ctx, const RmsNormForwardArgs
 absl::Status RmsNormBackwardCuda(const ExecContext& ctx, const RmsNormBackwardArgs& a) {
   if (a.dgamma != nullptr) {  // first: dx may overwrite dy
     const unsigned grid = static_cast<unsigned>((a.cols + 31) / 32);
-    RmsNormBackwardParamsKernel<<<grid, dim3(32, 8), 0, Stream(ctx)>>>(a.rows, a.cols, a.x, a.rstd, a.dy, a.dgamma,
-                                                                        a.accumulate_params);
+    RmsNormBackwardParamsKernel<<<grid, dim3(32, 8), 0, Stream(ctx)>>>(
+        a.rows, a.cols, a.x, a.rstd, a.dy, a.dgamma, a.accumulate_params);
     FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   }
   if (a.dx != nullptr) {
     const unsigned grid = static_cast<unsigned>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-    RmsNormBackwardDxKernel<<<grid, dim3(32, kWarpsPerBlock), 0, Stream(ctx)>>>(a.rows, a.cols, a.x, a.gamma, a.rstd,
-                                                                                 a.dy, a.dx, a.accumulate_dx);
+    RmsNormBackwardDxKernel<<<grid, dim3(32, kWarpsPerBlock), 0, Stream(ctx)>>>(
+        a.rows, a.cols, a.x, a.gamma, a.rstd, a.dy, a.dx, a.accumulate_dx);
     FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   }
   return absl::OkStatus();

@@ -35,7 +35,7 @@ struct RmsNormBackwardArgs {
   const float* dy = nullptr;     // [rows, cols]
   float* dx = nullptr;           // [rows, cols] or null; may alias dy
   bool accumulate_dx = false;
-  float* dgamma = nullptr;       // [cols] or null
+  float* dgamma = nullptr;  // [cols] or null
   bool accumulate_params = false;
 };
 

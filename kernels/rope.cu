@@ -6,8 +6,9 @@ namespace fedlora::kernels::internal {
 namespace {
 
 __global__ void RopeKernel(int64_t tokens, int64_t heads, int64_t D, int64_t max_positions,
-                           const int32_t* __restrict__ positions, const float* __restrict__ cos_table,
-                           const float* __restrict__ sin_table, float* x_all, float sign) {
+                           const int32_t* __restrict__ positions,
+                           const float* __restrict__ cos_table, const float* __restrict__ sin_table,
+                           float* x_all, float sign) {
   const int64_t half = D / 2;
   const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (idx >= tokens * heads * half) return;
@@ -27,8 +28,9 @@ absl::Status RopeCuda(const ExecContext& ctx, const RopeArgs& a) {
   const int64_t n = a.tokens * a.heads * (a.head_dim / 2);
   constexpr int kThreads = 256;
   const unsigned grid = static_cast<unsigned>((n + kThreads - 1) / kThreads);
-  RopeKernel<<<grid, kThreads, 0, Stream(ctx)>>>(a.tokens, a.heads, a.head_dim, a.max_positions, a.positions, a.cos,
-                                                 a.sin, a.x, a.inverse ? -1.0f : 1.0f);
+  RopeKernel<<<grid, kThreads, 0, Stream(ctx)>>>(a.tokens, a.heads, a.head_dim, a.max_positions,
+                                                 a.positions, a.cos, a.sin, a.x,
+                                                 a.inverse ? -1.0f : 1.0f);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

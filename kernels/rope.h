@@ -35,7 +35,7 @@ struct RopeArgs {
   const int32_t* positions = nullptr;  // [tokens]
   const float* cos = nullptr;          // [max_positions, head_dim / 2]
   const float* sin = nullptr;
-  float* x = nullptr;  // [tokens, heads, head_dim], rotated in place
+  float* x = nullptr;    // [tokens, heads, head_dim], rotated in place
   bool inverse = false;  // rotate by -angle (the backward)
 };
 

@@ -13,8 +13,8 @@ __global__ void SwiGluForwardKernel(int64_t n, const float* gate, const float* u
   }
 }
 
-__global__ void SwiGluBackwardKernel(int64_t n, const float* gate, const float* up, const float* dy, float* dgate,
-                                     float* dup) {
+__global__ void SwiGluBackwardKernel(int64_t n, const float* gate, const float* up, const float* dy,
+                                     float* dgate, float* dup) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = gate[i], u = up[i], d = dy[i];
@@ -33,7 +33,8 @@ absl::Status SwiGluForwardCuda(const ExecContext& ctx, const SwiGluForwardArgs& 
 }
 
 absl::Status SwiGluBackwardCuda(const ExecContext& ctx, const SwiGluBackwardArgs& a) {
-  SwiGluBackwardKernel<<<GridFor(a.n, 256), 256, 0, Stream(ctx)>>>(a.n, a.gate, a.up, a.dy, a.dgate, a.dup);
+  SwiGluBackwardKernel<<<GridFor(a.n, 256), 256, 0, Stream(ctx)>>>(a.n, a.gate, a.up, a.dy, a.dgate,
+                                                                   a.dup);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

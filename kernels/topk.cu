@@ -27,11 +27,12 @@ struct TopKLayout {
 absl::StatusOr<TopKLayout> Layout(cudaStream_t stream, int64_t n, int64_t k) {
   TopKLayout l;
   size_t sort_keys = 0, sort_idx = 0;
-  FEDLORA_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeys(nullptr, sort_keys, static_cast<const uint64_t*>(nullptr),
-                                                              static_cast<uint64_t*>(nullptr), n, 0, kKeyBits, stream));
-  FEDLORA_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeys(nullptr, sort_idx, static_cast<const uint32_t*>(nullptr),
-                                                              static_cast<uint32_t*>(nullptr), k, 0, IndexBits(n),
-                                                              stream));
+  FEDLORA_CUDA_RETURN_IF_ERROR(
+      cub::DeviceRadixSort::SortKeys(nullptr, sort_keys, static_cast<const uint64_t*>(nullptr),
+                                     static_cast<uint64_t*>(nullptr), n, 0, kKeyBits, stream));
+  FEDLORA_CUDA_RETURN_IF_ERROR(
+      cub::DeviceRadixSort::SortKeys(nullptr, sort_idx, static_cast<const uint32_t*>(nullptr),
+                                     static_cast<uint32_t*>(nullptr), k, 0, IndexBits(n), stream));
   l.temp_bytes = std::max(sort_keys, sort_idx);
   size_t at = 0;
   auto take = [&at](size_t bytes) {
@@ -48,21 +49,24 @@ absl::StatusOr<TopKLayout> Layout(cudaStream_t stream, int64_t n, int64_t k) {
   return l;
 }
 
-__global__ void MakeKeysKernel(int64_t n, const float* __restrict__ x, uint64_t* __restrict__ keys) {
+__global__ void MakeKeysKernel(int64_t n, const float* __restrict__ x,
+                               uint64_t* __restrict__ keys) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     keys[i] = TopKKey(__float_as_uint(x[i]), static_cast<uint32_t>(i));
   }
 }
 
-__global__ void LowWordsKernel(int64_t k, const uint64_t* __restrict__ sorted, uint32_t* __restrict__ idx) {
+__global__ void LowWordsKernel(int64_t k, const uint64_t* __restrict__ sorted,
+                               uint32_t* __restrict__ idx) {
   for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < k;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     idx[j] = static_cast<uint32_t>(sorted[j]);
   }
 }
 
-__global__ void WidenKernel(int64_t k, const uint32_t* __restrict__ idx, int64_t* __restrict__ out) {
+__global__ void WidenKernel(int64_t k, const uint32_t* __restrict__ idx,
+                            int64_t* __restrict__ out) {
   for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < k;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     out[j] = idx[j];
@@ -93,8 +97,8 @@ absl::Status TopKCuda(const ExecContext& ctx, const TopKArgs& a) {
   LowWordsKernel<<<GridFor(a.k, kThreads), kThreads, 0, stream>>>(a.k, sorted, idx);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   temp_bytes = l.temp_bytes;
-  FEDLORA_CUDA_RETURN_IF_ERROR(
-      cub::DeviceRadixSort::SortKeys(temp, temp_bytes, idx, idx_sorted, a.k, 0, IndexBits(a.n), stream));
+  FEDLORA_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeys(temp, temp_bytes, idx, idx_sorted,
+                                                              a.k, 0, IndexBits(a.n), stream));
   WidenKernel<<<GridFor(a.k, kThreads), kThreads, 0, stream>>>(a.k, idx_sorted, a.indices);
   FEDLORA_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();

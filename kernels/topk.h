@@ -36,10 +36,10 @@ FEDLORA_HOST_DEVICE inline uint64_t TopKKey(uint32_t bits, uint32_t index) {
 
 struct TopKArgs {
   int64_t n = 0;
-  int64_t k = 0;                // 0 <= k <= n
-  const float* x = nullptr;     // [n], finite
-  int64_t* indices = nullptr;   // [k]: ascending
-  void* workspace = nullptr;    // TopKWorkspaceBytes(ctx, args) bytes on ctx.device
+  int64_t k = 0;               // 0 <= k <= n
+  const float* x = nullptr;    // [n], finite
+  int64_t* indices = nullptr;  // [k]: ascending
+  void* workspace = nullptr;   // TopKWorkspaceBytes(ctx, args) bytes on ctx.device
   size_t workspace_bytes = 0;
 };
 

@@ -10,7 +10,8 @@ namespace fedlora::kernels {
 
 absl::StatusOr<size_t> TopKWorkspaceBytes(const ExecContext& ctx, const TopKArgs& a) {
   FEDLORA_RETURN_IF_ERROR(internal::CheckBackend(ctx, "TopK"));
-  if (ctx.device == Device::kCuda) return FEDLORA_KERNELS_CUDA(internal::TopKWorkspaceBytesCuda(ctx, a.n, a.k));
+  if (ctx.device == Device::kCuda)
+    return FEDLORA_KERNELS_CUDA(internal::TopKWorkspaceBytesCuda(ctx, a.n, a.k));
   return static_cast<size_t>(std::max<int64_t>(a.n, 0)) * sizeof(float);
 }
 
@@ -19,13 +20,15 @@ absl::Status CanRun(const ExecContext& ctx, const TopKArgs& a) {
   FEDLORA_RETURN_IF_ERROR(internal::CheckBackend(ctx, kOp));
   FEDLORA_RETURN_IF_ERROR(internal::CheckDims(kOp, {a.n}));
   if (a.n > kTopKMaxN) return internal::InvalidArg(kOp, absl::StrCat("n ", a.n, " exceeds 2^32"));
-  if (a.k < 0 || a.k > a.n) return internal::InvalidArg(kOp, absl::StrCat("k ", a.k, " is not in [0, n = ", a.n, "]"));
+  if (a.k < 0 || a.k > a.n)
+    return internal::InvalidArg(kOp, absl::StrCat("k ", a.k, " is not in [0, n = ", a.n, "]"));
   if (a.k == 0) return absl::OkStatus();
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.x, "x"));
   FEDLORA_RETURN_IF_ERROR(internal::CheckPtr(kOp, a.indices, "indices"));
   FEDLORA_ASSIGN_OR_RETURN(const size_t need, TopKWorkspaceBytes(ctx, a));
   if (a.workspace_bytes < need) {
-    return internal::InvalidArg(kOp, absl::StrCat("workspace_bytes ", a.workspace_bytes, " < ", need));
+    return internal::InvalidArg(kOp,
+                                absl::StrCat("workspace_bytes ", a.workspace_bytes, " < ", need));
   }
   return internal::CheckPtr(kOp, a.workspace, "workspace", need > 0);
 }

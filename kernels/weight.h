@@ -36,7 +36,9 @@ struct WeightPtr {
 
   static WeightPtr F32(const float* p) { return WeightPtr{p, nullptr, nullptr}; }
   static WeightPtr BF16(const uint16_t* p) { return WeightPtr{nullptr, p, nullptr}; }
-  static WeightPtr Quant(const uint8_t* p, GgmlType type) { return WeightPtr{nullptr, nullptr, p, type}; }
+  static WeightPtr Quant(const uint8_t* p, GgmlType type) {
+    return WeightPtr{nullptr, nullptr, p, type};
+  }
   WeightPtr WithBf16Math(bool on) const {
     WeightPtr w = *this;
     w.bf16_math = on && bf16 != nullptr;

@@ -49,13 +49,13 @@ enum class AdapterTask { kSequenceClassification, kCausalLm };
 
 struct AdapterMetadata {
   AdapterTask task = AdapterTask::kSequenceClassification;
-  std::string base_model{};              // must exist; made absolute (against the working directory)
+  std::string base_model{};  // must exist; made absolute (against the working directory)
   std::vector<std::string> label_names{};  // classifiers: one per classifier row, in order (>= 2)
-  int max_seq_len = 0;                   // >= 1
-  std::string system_prompt{};           // decoders ("": none)
-  std::string chat_template{};           // decoders: chatml, smollm2, qwen2 or llama3 (required)
-  std::string run_id{};                  // a federation's adapter: its run ("" otherwise)
-  int64_t round = -1;                    // and the committed round it is (-1: not recorded)
+  int max_seq_len = 0;                     // >= 1
+  std::string system_prompt{};             // decoders ("": none)
+  std::string chat_template{};             // decoders: chatml, smollm2, qwen2 or llama3 (required)
+  std::string run_id{};                    // a federation's adapter: its run ("" otherwise)
+  int64_t round = -1;                      // and the committed round it is (-1: not recorded)
 };
 
 // The one writer: `tensors` as adapter_model.safetensors (format "pt"), `peft_config` as
@@ -65,13 +65,15 @@ struct AdapterMetadata {
 // rows, a max_seq_len < 1, a decoder without its chat template, a base model that does not
 // exist; and
 // CheckAdapterDirectoryTarget's errors.
-absl::Status WriteAdapterDirectory(const std::string& dir, const std::vector<SafetensorsTensorToWrite>& tensors,
+absl::Status WriteAdapterDirectory(const std::string& dir,
+                                   const std::vector<SafetensorsTensorToWrite>& tensors,
                                    nlohmann::json peft_config, const AdapterMetadata& meta);
 
 // Writes directory `dir` whole, as WriteAdapterDirectory does: `fill(tmp)` writes the files into a
 // fresh sibling directory, which then takes `dir`'s place (an existing `dir` is swapped out and
 // removed); on an error the sibling is removed. The caller checks first that `dir` may go.
-absl::Status WriteDirectoryWhole(const std::string& dir, const std::function<absl::Status(const std::string&)>& fill);
+absl::Status WriteDirectoryWhole(const std::string& dir,
+                                 const std::function<absl::Status(const std::string&)>& fill);
 
 // The base model an adapter directory is for: `model_path` when given, else fedlora_adapter.json's
 // base_model, else adapter_config.json's base_model_name_or_path. NotFound, naming where the path
@@ -79,8 +81,10 @@ absl::Status WriteDirectoryWhole(const std::string& dir, const std::function<abs
 absl::StatusOr<std::string> AdapterBaseModel(const std::string& dir, const std::string& model_path);
 
 // The model's trainable params and PEFT config through WriteAdapterDirectory.
-absl::Status SaveAdapterDirectory(const BertClassifier& model, const AdapterMetadata& meta, const std::string& dir);
-absl::Status SaveAdapterDirectory(const CausalLm& model, const AdapterMetadata& meta, const std::string& dir);
+absl::Status SaveAdapterDirectory(const BertClassifier& model, const AdapterMetadata& meta,
+                                  const std::string& dir);
+absl::Status SaveAdapterDirectory(const CausalLm& model, const AdapterMetadata& meta,
+                                  const std::string& dir);
 
 // OK when `dir` may receive an adapter directory: it does not exist, is empty, or already holds
 // one (adapter_config.json), which is then replaced whole. FailedPrecondition otherwise (a
@@ -95,7 +99,7 @@ struct AdapterDirInfo {
   std::optional<int> max_seq_len;                       // fedlora_adapter.json from here on
   std::optional<std::string> system_prompt;
   std::optional<std::string> chat_template;
-  std::optional<std::string> task;  // "sequence_classification" | "causal_lm"
+  std::optional<std::string> task;        // "sequence_classification" | "causal_lm"
   std::optional<std::string> base_model;  // the exact path the adapter was trained on
 };
 

@@ -121,7 +121,6 @@ absl::Status ValidateOptions(const BertConfig& config, const ModelOptions& o) {
 
 }  // namespace
 
-
 absl::Status BertClassifier::Impl::InitStructure(std::vector<LoraTarget>* targets) {
   const BertConfig& c = config;
   const ModelOptions& o = options;
@@ -208,8 +207,9 @@ absl::Status BertClassifier::Impl::Plan() {
   const int64_t tokens = static_cast<int64_t>(options.max_batch) * options.max_seq;
   const int64_t h = H(), inter = I(), heads = config.num_attention_heads;
   fused_attention = options.fused_attention.value_or(!on_host());
-  const int64_t probs =
-      fused_attention ? 1 : static_cast<int64_t>(options.max_batch) * heads * options.max_seq * options.max_seq;
+  const int64_t probs = fused_attention ? 1
+                                        : static_cast<int64_t>(options.max_batch) * heads *
+                                              options.max_seq * options.max_seq;
   kernels::Backend& be = *backend;
   auto zeros = [&](auto* array, int64_t count) -> absl::Status {
     using A = std::remove_pointer_t<decltype(array)>;
@@ -218,8 +218,10 @@ absl::Status BertClassifier::Impl::Plan() {
   };
   acts.resize(L());
   for (LayerActs& a : acts) {
-    for (Array* v : {&a.q, &a.k, &a.v, &a.ctx, &a.z1, &a.h1, &a.z2}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * h));
-    for (Array* v : {&a.mean1, &a.rstd1, &a.mean2, &a.rstd2}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens));
+    for (Array* v : {&a.q, &a.k, &a.v, &a.ctx, &a.z1, &a.h1, &a.z2})
+      FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * h));
+    for (Array* v : {&a.mean1, &a.rstd1, &a.mean2, &a.rstd2})
+      FEDLORA_RETURN_IF_ERROR(zeros(v, tokens));
     FEDLORA_RETURN_IF_ERROR(zeros(&a.u, tokens * inter));
     FEDLORA_RETURN_IF_ERROR(zeros(&a.g, tokens * inter));
     FEDLORA_RETURN_IF_ERROR(zeros(&a.probs, probs));
@@ -239,7 +241,8 @@ absl::Status BertClassifier::Impl::Plan() {
   FEDLORA_RETURN_IF_ERROR(zeros(&logits, options.max_batch * options.num_labels));
   FEDLORA_RETURN_IF_ERROR(zeros(&dlogits, options.max_batch * options.num_labels));
   FEDLORA_RETURN_IF_ERROR(zeros(&loss_value, 1));
-  for (Array* v : {&dx, &dh, &dz, &dctx, &dq, &dk, &dv}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * h));
+  for (Array* v : {&dx, &dh, &dz, &dctx, &dq, &dk, &dv})
+    FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * h));
   FEDLORA_RETURN_IF_ERROR(zeros(&dg, tokens * inter));
   if (!on_host()) {
     FEDLORA_RETURN_IF_ERROR(zeros(&mask_add, tokens));
@@ -294,8 +297,9 @@ absl::Status BertClassifier::Impl::Plan() {
                                 .head_dim = config.head_dim()};
     kernels::AttentionForwardArgs af{.dims = dims, .dropout = {attention_p, 0, 0}};
     kernels::AttentionBackwardArgs ab{.dims = dims, .dropout = {attention_p, 0, 0}};
-    need = std::max({need, kernels::AttentionWorkspaceBytes(af), kernels::AttentionWorkspaceBytes(ab),
-                     kernels::FusedAttentionBackwardWorkspaceBytes({.tokens = tokens, .heads = heads})});
+    need = std::max(
+        {need, kernels::AttentionWorkspaceBytes(af), kernels::AttentionWorkspaceBytes(ab),
+         kernels::FusedAttentionBackwardWorkspaceBytes({.tokens = tokens, .heads = heads})});
   }
   FEDLORA_RETURN_IF_ERROR(zeros(&workspace_storage, static_cast<int64_t>(need)));
   workspace = workspace_storage.data();
@@ -369,7 +373,8 @@ absl::Status BertClassifier::Impl::CheckBatch(const Batch& b, bool need_labels) 
   return absl::OkStatus();
 }
 
-absl::Status BertClassifier::Impl::BindWeights(std::shared_ptr<const kernels::DeviceMirror> weights) {
+absl::Status BertClassifier::Impl::BindWeights(
+    std::shared_ptr<const kernels::DeviceMirror> weights) {
   FEDLORA_ASSIGN_OR_RETURN(backend, OpenBackend(options.device, &ctx));
   mirror = std::move(weights);
   const kernels::DeviceMirror& m = *mirror;
@@ -387,7 +392,8 @@ absl::Status BertClassifier::Impl::BindWeights(std::shared_ptr<const kernels::De
   for (size_t l = 0; l < layers.size(); ++l) {
     const LayerWeights& lw = layers[l];
     DevLayer& dl = dev_layers[l];
-    for (int t = 0; t < kNumLoraTargets; ++t) FEDLORA_RETURN_IF_ERROR(linear(lw.lin[t], &dl.lin[t]));
+    for (int t = 0; t < kNumLoraTargets; ++t)
+      FEDLORA_RETURN_IF_ERROR(linear(lw.lin[t], &dl.lin[t]));
     FEDLORA_ASSIGN_OR_RETURN(dl.ln1_gamma, m.Get(lw.ln1_gamma.data()));
     FEDLORA_ASSIGN_OR_RETURN(dl.ln1_beta, m.Get(lw.ln1_beta.data()));
     FEDLORA_ASSIGN_OR_RETURN(dl.ln2_gamma, m.Get(lw.ln2_gamma.data()));
@@ -424,8 +430,9 @@ absl::StatusOr<std::unique_ptr<BertClassifier>> BertClassifier::Create(
         " but the shared base holds its weights as ", base->bf16_weights() ? "bf16" : "fp32"));
   }
   if (options.bf16_math != base->bf16_math()) {
-    return absl::InvalidArgumentError(absl::StrCat("ModelOptions.bf16_math is ", options.bf16_math ? "true" : "false",
-                                                   " but the shared base's is ", base->bf16_math() ? "true" : "false"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ModelOptions.bf16_math is ", options.bf16_math ? "true" : "false",
+                     " but the shared base's is ", base->bf16_math() ? "true" : "false"));
   }
   if (base->weight_seed().has_value() && *base->weight_seed() != options.seed) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -494,7 +501,8 @@ absl::StatusOr<std::vector<float>> BertClassifier::Logits(const Batch& batch) {
   FEDLORA_RETURN_IF_ERROR(impl_->Encode(batch, /*training=*/false, 0));
   FEDLORA_RETURN_IF_ERROR(impl_->Head(batch, /*training=*/false, 0, /*with_loss=*/false));
   std::vector<float> out(static_cast<size_t>(batch.batch_size) * options_.num_labels);
-  FEDLORA_RETURN_IF_ERROR(impl_->backend->Download(out.data(), impl_->logits.data(), out.size() * sizeof(float)));
+  FEDLORA_RETURN_IF_ERROR(
+      impl_->backend->Download(out.data(), impl_->logits.data(), out.size() * sizeof(float)));
   return out;
 }
 
@@ -509,7 +517,8 @@ absl::StatusOr<std::vector<float>> BertClassifier::PooledEmbeddings(const Batch&
   std::vector<float> last_host;  // GPU: the last hidden state, downloaded
   if (!impl_->on_host()) {
     last_host.resize(static_cast<size_t>(lay.rows) * h);
-    FEDLORA_RETURN_IF_ERROR(impl_->backend->Download(last_host.data(), last, last_host.size() * sizeof(float)));
+    FEDLORA_RETURN_IF_ERROR(
+        impl_->backend->Download(last_host.data(), last, last_host.size() * sizeof(float)));
     last = last_host.data();
   }
   std::vector<float> out(static_cast<size_t>(batch.batch_size) * h, 0.0f);

@@ -161,7 +161,8 @@ absl::Status BertBase::Weights::Load(const std::string& path, const BertConfig& 
     const std::string full = prefix + s.name;
     if (!file->Contains(full)) continue;  // the pooler, initialised below
     FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file->Get(full));
-    FEDLORA_RETURN_IF_ERROR(s.matrix != nullptr ? FillMatrix(t, bf16, s.matrix) : t.CopyToF32(s.vec->data()));
+    FEDLORA_RETURN_IF_ERROR(s.matrix != nullptr ? FillMatrix(t, bf16, s.matrix)
+                                                : t.CopyToF32(s.vec->data()));
   }
   if (missing_pooler.size() == 2) {
     // HF initialises a weight missing from the checkpoint with N(0, initializer_range), bias 0.
@@ -215,7 +216,8 @@ int64_t BertBase::Weights::Bytes() const {
 }
 
 absl::Status BertBase::Weights::AddTo(kernels::DeviceMirror& mirror) const {
-  for (const FrozenMatrix* m : {&word_emb, &pos_emb, &type_emb}) FEDLORA_RETURN_IF_ERROR(m->AddTo(mirror));
+  for (const FrozenMatrix* m : {&word_emb, &pos_emb, &type_emb})
+    FEDLORA_RETURN_IF_ERROR(m->AddTo(mirror));
   FEDLORA_RETURN_IF_ERROR(fedlora::AddTo(emb_ln_gamma, mirror));
   FEDLORA_RETURN_IF_ERROR(fedlora::AddTo(emb_ln_beta, mirror));
   for (const LayerWeights& lw : layers) {
@@ -227,7 +229,8 @@ absl::Status BertBase::Weights::AddTo(kernels::DeviceMirror& mirror) const {
   return pooler.AddTo(mirror);
 }
 
-absl::StatusOr<std::shared_ptr<const kernels::DeviceMirror>> BertBase::WeightsOn(Device device) const {
+absl::StatusOr<std::shared_ptr<const kernels::DeviceMirror>> BertBase::WeightsOn(
+    Device device) const {
   return mirrors_.Get(device, [this](kernels::DeviceMirror& m) { return weights_->AddTo(m); });
 }
 
@@ -246,9 +249,11 @@ absl::StatusOr<std::shared_ptr<const BertBase>> BertBase::Make(BertConfig config
                                                                const std::string* weights_path) {
   FEDLORA_RETURN_IF_ERROR(config.Validate());
   if (options.bf16_math && !options.bf16_weights) {
-    return absl::InvalidArgumentError("ModelOptions.bf16_math needs bf16_weights: bf16 GEMMs read bf16 weights");
+    return absl::InvalidArgumentError(
+        "ModelOptions.bf16_math needs bf16_weights: bf16 GEMMs read bf16 weights");
   }
-  std::shared_ptr<BertBase> base(new BertBase(std::move(config), options.bf16_weights, options.bf16_math));
+  std::shared_ptr<BertBase> base(
+      new BertBase(std::move(config), options.bf16_weights, options.bf16_math));
   Weights& w = *base->weights_;
   w.Shape(base->config_);
   if (weights_path != nullptr) {

@@ -63,10 +63,10 @@ absl::Status BertConfig::Validate() const {
     FEDLORA_RETURN_IF_ERROR(Probability(classifier_dropout, "classifier_dropout", kWhat));
   }
   if (model_type != "bert" && !is_roberta()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kWhat, ": unsupported model_type \"", model_type,
-                     "\" (supported: encoders \"bert\", \"roberta\", \"xlm-roberta\"; decoders \"llama\", "
-                     "\"qwen2\"; GPT-2 is not implemented)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWhat, ": unsupported model_type \"", model_type,
+        "\" (supported: encoders \"bert\", \"roberta\", \"xlm-roberta\"; decoders \"llama\", "
+        "\"qwen2\"; GPT-2 is not implemented)"));
   }
   if (max_sequence_length() < 1) {
     return absl::InvalidArgumentError(
@@ -88,10 +88,10 @@ absl::StatusOr<BertConfig> ParseBertConfig(const nlohmann::json& json, std::stri
   BertConfig c;
   FEDLORA_ASSIGN_OR_RETURN(c.model_type, GetString(json, "model_type", what));
   if (c.model_type != "bert" && !c.is_roberta()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(std::string(what), ": unknown architecture: model_type \"", c.model_type,
-                     "\" (supported: encoders \"bert\", \"roberta\", \"xlm-roberta\"; decoders \"llama\", "
-                     "\"qwen2\"; GPT-2 is not implemented)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(what), ": unknown architecture: model_type \"", c.model_type,
+        "\" (supported: encoders \"bert\", \"roberta\", \"xlm-roberta\"; decoders \"llama\", "
+        "\"qwen2\"; GPT-2 is not implemented)"));
   }
   FEDLORA_ASSIGN_OR_RETURN(c.vocab_size, GetInt(json, "vocab_size", what));
   FEDLORA_ASSIGN_OR_RETURN(c.hidden_size, GetInt(json, "hidden_size", what));

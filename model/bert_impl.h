@@ -11,9 +11,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
-#include "kernels/fused_attention.h"
 #include "kernels/context.h"
 #include "kernels/dropout.h"
+#include "kernels/fused_attention.h"
 #include "model/bert.h"
 #include "model/bert_internal.h"
 #include "model/device_params.h"
@@ -41,7 +41,6 @@ enum Site : uint64_t {
 inline uint64_t LayerSite(int layer, uint64_t site) {
   return kSiteLayerBase + layer * kSitesPerLayer + site;
 }
-
 
 }  // namespace bert_internal
 
@@ -90,7 +89,8 @@ struct BertClassifier::Impl {
   };
   struct DevLayer {
     DevLinear lin[kNumLoraTargets];
-    const float *ln1_gamma = nullptr, *ln1_beta = nullptr, *ln2_gamma = nullptr, *ln2_beta = nullptr;
+    const float *ln1_gamma = nullptr, *ln1_beta = nullptr, *ln2_gamma = nullptr,
+                *ln2_beta = nullptr;
   };
   std::shared_ptr<const kernels::DeviceMirror> mirror;
   kernels::WeightPtr dev_word, dev_pos, dev_type;
@@ -138,7 +138,7 @@ struct BertClassifier::Impl {
     Array z2, mean2, rstd2;         // LN2 input and statistics
   };
   std::vector<LayerActs> acts;
-  std::vector<Array> x;  // [L + 1][T, H]: x[0] embeddings output, x[l+1] layer l's output
+  std::vector<Array> x;          // [L + 1][T, H]: x[0] embeddings output, x[l+1] layer l's output
   std::vector<float> mask_host;  // [rows] additive attention mask: 0 keep, -1e30 padding
   Array mask_add;                // mask_host on the device (GPU only)
   // Fused attention (ModelOptions::fused_attention): the sequences' first rows and the row count.
@@ -146,7 +146,7 @@ struct BertClassifier::Impl {
   std::vector<int32_t> seq_start_host;
   kernels::DeviceArray<int32_t> dev_seq_start;
   const int32_t* seq_start_ptr = nullptr;
-  const float* fused_mask = nullptr;  // the staged mask_host when the layout is masked, else null
+  const float* fused_mask = nullptr;    // the staged mask_host when the layout is masked, else null
   Array cls, pooled, cls_drop, logits;  // [B, H] x3, [B, labels]
   Array loss_value;                     // [1]
   // Training loss only: per-class offsets added to the logits before the cross-entropy (logit
@@ -174,7 +174,8 @@ struct BertClassifier::Impl {
   float* Val(int i) { return dev_params.Value(i); }
   float* Grad(int i) { return dev_params.Grad(i); }
   template <class T>
-  absl::StatusOr<const T*> Stage(const std::vector<T>& host, size_t count, kernels::DeviceArray<T>& dev) {
+  absl::StatusOr<const T*> Stage(const std::vector<T>& host, size_t count,
+                                 kernels::DeviceArray<T>& dev) {
     return fedlora::Stage(*backend, host, count, dev);
   }
   absl::Status CheckBatch(const Batch& batch, bool need_labels) const;
@@ -193,11 +194,12 @@ struct BertClassifier::Impl {
   // Layer l's self-attention over the layout's rows: a.ctx and a.probs from a.q, a.k, a.v; one
   // call for the whole batch (masked), or one per sequence (packed). Fused: a.ctx and a.lse, one
   // call either way.
-  absl::Status Attention(int l, int64_t bsz, int64_t seq, const float* mask, bool training, uint64_t seed,
-                         LayerActs& a);
+  absl::Status Attention(int l, int64_t bsz, int64_t seq, const float* mask, bool training,
+                         uint64_t seed, LayerActs& a);
   // Packed layout: run(n, row, prob) for each sequence, with its n tokens from row `row` and its
   // [heads, n, n] probabilities from element `prob` (they follow one another).
-  absl::Status PerSequence(const std::function<absl::Status(int64_t n, int64_t row, int64_t prob)>& run) const;
+  absl::Status PerSequence(
+      const std::function<absl::Status(int64_t n, int64_t row, int64_t prob)>& run) const;
   // Its backward: dq, dk, dv from dctx.
   absl::Status AttentionBackward(int l, int64_t bsz, int64_t seq, uint64_t seed, LayerActs& a);
   // The fused attention's dims for the current layout: one sequence per layout range.
@@ -205,8 +207,9 @@ struct BertClassifier::Impl {
   // A residual sublayer's backward through its LayerNorm (input z, statistics mean/rstd) into
   // dz_norm, then through its output dropout (dropout site `site` of layer l): returns the
   // gradient of the sublayer's output dense, dz_norm itself without dropout, else dz.
-  absl::StatusOr<const float*> SublayerBackward(int l, uint64_t site, int64_t tokens, const float* z,
-                                                const float* gamma, const float* mean, const float* rstd,
+  absl::StatusOr<const float*> SublayerBackward(int l, uint64_t site, int64_t tokens,
+                                                const float* z, const float* gamma,
+                                                const float* mean, const float* rstd,
                                                 const float* dy, float* dz_norm, uint64_t seed);
   absl::Status LinearBackward(int layer, LoraTarget t, const float* in, const float* dy,
                               int64_t rows, float* dx, bool accumulate_dx, uint64_t seed);

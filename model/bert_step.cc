@@ -119,65 +119,89 @@ absl::Status BertClassifier::Impl::PerSequence(
 }
 
 kernels::FusedAttentionDims BertClassifier::Impl::FusedDims(int64_t bsz) const {
-  return {.tokens = layout.rows, .num_seqs = bsz, .heads = config.num_attention_heads, .head_dim = config.head_dim(),
-          .seq_start = seq_start_ptr, .mask = fused_mask};
+  return {.tokens = layout.rows,
+          .num_seqs = bsz,
+          .heads = config.num_attention_heads,
+          .head_dim = config.head_dim(),
+          .seq_start = seq_start_ptr,
+          .mask = fused_mask};
 }
 
-absl::Status BertClassifier::Impl::Attention(int l, int64_t bsz, int64_t seq, const float* mask, bool training,
-                                             uint64_t seed, LayerActs& a) {
+absl::Status BertClassifier::Impl::Attention(int l, int64_t bsz, int64_t seq, const float* mask,
+                                             bool training, uint64_t seed, LayerActs& a) {
   const int64_t h = H(), heads = config.num_attention_heads;
-  const kernels::DropoutSpec spec = Spec(training ? attention_p : 0.0f, seed, LayerSite(l, kSiteAttnProbs));
+  const kernels::DropoutSpec spec =
+      Spec(training ? attention_p : 0.0f, seed, LayerSite(l, kSiteAttnProbs));
   if (fused_attention) {
-    return kernels::FusedAttentionForward(ctx, {.dims = FusedDims(bsz), .q = a.q.data(), .k = a.k.data(),
-                                                .v = a.v.data(), .dropout = spec, .out = a.ctx.data(),
+    return kernels::FusedAttentionForward(ctx, {.dims = FusedDims(bsz),
+                                                .q = a.q.data(),
+                                                .k = a.k.data(),
+                                                .v = a.v.data(),
+                                                .dropout = spec,
+                                                .out = a.ctx.data(),
                                                 .lse = a.lse.data()});
   }
   auto run = [&](int64_t batch, int64_t n, int64_t row, int64_t prob, const float* m) {
     kernels::DropoutSpec d = spec;
     d.offset = static_cast<uint64_t>(prob);
-    return kernels::AttentionForward(
-        ctx, {.dims = {.batch = batch, .heads = heads, .seq = n, .head_dim = config.head_dim(),
-                       .layout = kernels::AttentionLayout::kBSHD},
-              .q = a.q.data() + row * h,
-              .k = a.k.data() + row * h,
-              .v = a.v.data() + row * h,
-              .mask = m,
-              .dropout = d,
-              .probs = a.probs.data() + prob,
-              .out = a.ctx.data() + row * h,
-              .workspace = workspace,
-              .workspace_bytes = workspace_bytes});
+    return kernels::AttentionForward(ctx, {.dims = {.batch = batch,
+                                                    .heads = heads,
+                                                    .seq = n,
+                                                    .head_dim = config.head_dim(),
+                                                    .layout = kernels::AttentionLayout::kBSHD},
+                                           .q = a.q.data() + row * h,
+                                           .k = a.k.data() + row * h,
+                                           .v = a.v.data() + row * h,
+                                           .mask = m,
+                                           .dropout = d,
+                                           .probs = a.probs.data() + prob,
+                                           .out = a.ctx.data() + row * h,
+                                           .workspace = workspace,
+                                           .workspace_bytes = workspace_bytes});
   };
   if (!layout.packed) return run(bsz, seq, 0, 0, mask);
-  return PerSequence([&](int64_t n, int64_t row, int64_t prob) { return run(1, n, row, prob, nullptr); });
+  return PerSequence(
+      [&](int64_t n, int64_t row, int64_t prob) { return run(1, n, row, prob, nullptr); });
 }
 
-absl::Status BertClassifier::Impl::AttentionBackward(int l, int64_t bsz, int64_t seq, uint64_t seed, LayerActs& a) {
+absl::Status BertClassifier::Impl::AttentionBackward(int l, int64_t bsz, int64_t seq, uint64_t seed,
+                                                     LayerActs& a) {
   const int64_t h = H(), heads = config.num_attention_heads;
   const kernels::DropoutSpec spec = Spec(attention_p, seed, LayerSite(l, kSiteAttnProbs));
   if (fused_attention) {
-    return kernels::FusedAttentionBackward(
-        ctx, {.dims = FusedDims(bsz), .q = a.q.data(), .k = a.k.data(), .v = a.v.data(), .out = a.ctx.data(),
-              .lse = a.lse.data(), .dropout = spec, .dout = dctx.data(), .dq = dq.data(), .dk = dk.data(),
-              .dv = dv.data(), .workspace = workspace, .workspace_bytes = workspace_bytes});
+    return kernels::FusedAttentionBackward(ctx, {.dims = FusedDims(bsz),
+                                                 .q = a.q.data(),
+                                                 .k = a.k.data(),
+                                                 .v = a.v.data(),
+                                                 .out = a.ctx.data(),
+                                                 .lse = a.lse.data(),
+                                                 .dropout = spec,
+                                                 .dout = dctx.data(),
+                                                 .dq = dq.data(),
+                                                 .dk = dk.data(),
+                                                 .dv = dv.data(),
+                                                 .workspace = workspace,
+                                                 .workspace_bytes = workspace_bytes});
   }
   auto run = [&](int64_t batch, int64_t n, int64_t row, int64_t prob) {
     kernels::DropoutSpec d = spec;
     d.offset = static_cast<uint64_t>(prob);
-    return kernels::AttentionBackward(
-        ctx, {.dims = {.batch = batch, .heads = heads, .seq = n, .head_dim = config.head_dim(),
-                       .layout = kernels::AttentionLayout::kBSHD},
-              .q = a.q.data() + row * h,
-              .k = a.k.data() + row * h,
-              .v = a.v.data() + row * h,
-              .probs = a.probs.data() + prob,
-              .dropout = d,
-              .dout = dctx.data() + row * h,
-              .dq = dq.data() + row * h,
-              .dk = dk.data() + row * h,
-              .dv = dv.data() + row * h,
-              .workspace = workspace,
-              .workspace_bytes = workspace_bytes});
+    return kernels::AttentionBackward(ctx, {.dims = {.batch = batch,
+                                                     .heads = heads,
+                                                     .seq = n,
+                                                     .head_dim = config.head_dim(),
+                                                     .layout = kernels::AttentionLayout::kBSHD},
+                                            .q = a.q.data() + row * h,
+                                            .k = a.k.data() + row * h,
+                                            .v = a.v.data() + row * h,
+                                            .probs = a.probs.data() + prob,
+                                            .dropout = d,
+                                            .dout = dctx.data() + row * h,
+                                            .dq = dq.data() + row * h,
+                                            .dk = dk.data() + row * h,
+                                            .dv = dv.data() + row * h,
+                                            .workspace = workspace,
+                                            .workspace_bytes = workspace_bytes});
   };
   if (!layout.packed) return run(bsz, seq, 0, 0);
   return PerSequence([&](int64_t n, int64_t row, int64_t prob) { return run(1, n, row, prob); });
@@ -204,7 +228,8 @@ void BertClassifier::Impl::Arrange(const Batch& b) {
       const int64_t t = s * seq + j;
       int32_t position = static_cast<int32_t>(j);
       if (config.is_roberta()) {
-        // HF create_position_ids_from_input_ids: pad + cumulative count of non-pad ids; pads get pad.
+        // HF create_position_ids_from_input_ids: pad + cumulative count of non-pad ids; pads get
+        // pad.
         const bool not_pad = b.input_ids[t] != pad;
         count += not_pad ? 1 : 0;
         position = not_pad ? pad + count : pad;
@@ -245,20 +270,19 @@ absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_
     FEDLORA_ASSIGN_OR_RETURN(seq_start_ptr, Stage(seq_start_host, bsz + 1, dev_seq_start));
   }
   float* x0 = x[0].data();
-  FEDLORA_RETURN_IF_ERROR(kernels::EmbeddingForward(
-      ctx, {.tokens = tokens,
-            .hidden = h,
-            .seq_len = seq,
-            .vocab = word_emb.rows,
-            .max_positions = pos_emb.rows,
-            .type_vocab = type_emb.rows,
-            .input_ids = ids,
-            .position_ids = positions,
-            .token_type_ids = types,
-            .word = dev_word,
-            .position = dev_pos,
-            .token_type = dev_type,
-            .out = x0}));
+  FEDLORA_RETURN_IF_ERROR(kernels::EmbeddingForward(ctx, {.tokens = tokens,
+                                                          .hidden = h,
+                                                          .seq_len = seq,
+                                                          .vocab = word_emb.rows,
+                                                          .max_positions = pos_emb.rows,
+                                                          .type_vocab = type_emb.rows,
+                                                          .input_ids = ids,
+                                                          .position_ids = positions,
+                                                          .token_type_ids = types,
+                                                          .word = dev_word,
+                                                          .position = dev_pos,
+                                                          .token_type = dev_type,
+                                                          .out = x0}));
   // The embeddings are frozen: their LayerNorm needs no saved statistics.
   FEDLORA_RETURN_IF_ERROR(
       kernels::LayerNormForward(ctx, {.rows = tokens,
@@ -333,13 +357,14 @@ absl::Status BertClassifier::Impl::Encode(const Batch& b, bool training, uint64_
   return absl::OkStatus();
 }
 
-absl::Status BertClassifier::Impl::Head(const Batch& b, bool training, uint64_t seed, bool with_loss) {
+absl::Status BertClassifier::Impl::Head(const Batch& b, bool training, uint64_t seed,
+                                        bool with_loss) {
   const int64_t bsz = b.batch_size, h = H();
   const size_t row = static_cast<size_t>(h) * sizeof(float);
   // Gather the [CLS] / <s> rows (each sequence's first): B*H floats.
   for (int64_t s = 0; s < bsz; ++s) {
-    FEDLORA_RETURN_IF_ERROR(
-        backend->CopyRows(cls.data() + s * h, row, x[L()].data() + layout.start[s] * h, row, row, 1));
+    FEDLORA_RETURN_IF_ERROR(backend->CopyRows(cls.data() + s * h, row,
+                                              x[L()].data() + layout.start[s] * h, row, row, 1));
   }
   // pooled = tanh(dense(cls)): BERT's frozen pooler, or RoBERTa's trainable classifier.dense
   // applied after a dropout (kept in place in cls: the backward needs the dropped input).
@@ -349,14 +374,14 @@ absl::Status BertClassifier::Impl::Head(const Batch& b, bool training, uint64_t 
                                .spec = Spec(training ? classifier_p : 0.0f, seed, kSiteHeadInput),
                                .x = cls.data(),
                                .out = cls.data()}));
-    FEDLORA_RETURN_IF_ERROR(kernels::LinearForward(
-        ctx, {.rows = bsz,
-              .in_features = h,
-              .out_features = h,
-              .x = cls.data(),
-              .w = kernels::WeightPtr::F32(Val(head_dense_param)),
-              .bias = Val(head_dense_param + 1),
-              .y = pooled.data()}));
+    FEDLORA_RETURN_IF_ERROR(
+        kernels::LinearForward(ctx, {.rows = bsz,
+                                     .in_features = h,
+                                     .out_features = h,
+                                     .x = cls.data(),
+                                     .w = kernels::WeightPtr::F32(Val(head_dense_param)),
+                                     .bias = Val(head_dense_param + 1),
+                                     .y = pooled.data()}));
   } else {
     FEDLORA_RETURN_IF_ERROR(kernels::LinearForward(ctx, {.rows = bsz,
                                                          .in_features = h,
@@ -384,15 +409,17 @@ absl::Status BertClassifier::Impl::Head(const Batch& b, bool training, uint64_t 
     adjusted_bias_host.resize(loss_logit_offsets.size());
     for (size_t c = 0; c < adjusted_bias_host.size(); ++c)
       adjusted_bias_host[c] = bias.value[c] + loss_logit_offsets[c];
-    FEDLORA_ASSIGN_OR_RETURN(head_bias, Stage(adjusted_bias_host, adjusted_bias_host.size(), adjusted_bias));
+    FEDLORA_ASSIGN_OR_RETURN(head_bias,
+                             Stage(adjusted_bias_host, adjusted_bias_host.size(), adjusted_bias));
   }
-  FEDLORA_RETURN_IF_ERROR(kernels::LinearForward(ctx, {.rows = bsz,
-                                                       .in_features = h,
-                                                       .out_features = options.num_labels,
-                                                       .x = cls_drop.data(),
-                                                       .w = kernels::WeightPtr::F32(Val(classifier_param)),
-                                                       .bias = head_bias,
-                                                       .y = logits.data()}));
+  FEDLORA_RETURN_IF_ERROR(
+      kernels::LinearForward(ctx, {.rows = bsz,
+                                   .in_features = h,
+                                   .out_features = options.num_labels,
+                                   .x = cls_drop.data(),
+                                   .w = kernels::WeightPtr::F32(Val(classifier_param)),
+                                   .bias = head_bias,
+                                   .y = logits.data()}));
   if (with_loss) {
     FEDLORA_ASSIGN_OR_RETURN(const int32_t* labels, Stage(b.labels, bsz, dev_labels));
     FEDLORA_RETURN_IF_ERROR(kernels::SoftmaxCrossEntropy(ctx, {.batch = bsz,
@@ -405,17 +432,23 @@ absl::Status BertClassifier::Impl::Head(const Batch& b, bool training, uint64_t 
   return absl::OkStatus();
 }
 
-absl::StatusOr<const float*> BertClassifier::Impl::SublayerBackward(int l, uint64_t site, int64_t tokens,
-                                                                   const float* z, const float* gamma,
-                                                                   const float* mean, const float* rstd,
-                                                                   const float* dy, float* dz_norm, uint64_t seed) {
-  FEDLORA_RETURN_IF_ERROR(kernels::LayerNormBackward(
-      ctx, {.rows = tokens, .cols = H(), .x = z, .gamma = gamma, .mean = mean, .rstd = rstd, .dy = dy, .dx = dz_norm}));
+absl::StatusOr<const float*> BertClassifier::Impl::SublayerBackward(
+    int l, uint64_t site, int64_t tokens, const float* z, const float* gamma, const float* mean,
+    const float* rstd, const float* dy, float* dz_norm, uint64_t seed) {
+  FEDLORA_RETURN_IF_ERROR(kernels::LayerNormBackward(ctx, {.rows = tokens,
+                                                           .cols = H(),
+                                                           .x = z,
+                                                           .gamma = gamma,
+                                                           .mean = mean,
+                                                           .rstd = rstd,
+                                                           .dy = dy,
+                                                           .dx = dz_norm}));
   if (hidden_p == 0.0f) return dz_norm;  // without dropout the dense's gradient is dz_norm itself
-  FEDLORA_RETURN_IF_ERROR(kernels::Dropout(ctx, {.n = tokens * H(),
-                                                 .spec = HiddenDropout(true, seed, LayerSite(l, site)),
-                                                 .x = dz_norm,
-                                                 .out = dz.data()}));
+  FEDLORA_RETURN_IF_ERROR(
+      kernels::Dropout(ctx, {.n = tokens * H(),
+                             .spec = HiddenDropout(true, seed, LayerSite(l, site)),
+                             .x = dz_norm,
+                             .out = dz.data()}));
   return dz.data();
 }
 
@@ -477,7 +510,8 @@ absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
   const size_t row = static_cast<size_t>(h) * sizeof(float);
   FEDLORA_RETURN_IF_ERROR(backend->Zero(dx.data(), tokens * row));
   for (int64_t s = 0; s < bsz; ++s) {
-    FEDLORA_RETURN_IF_ERROR(backend->CopyRows(dx.data() + layout.start[s] * h, row, dcls.data() + s * h, row, row, 1));
+    FEDLORA_RETURN_IF_ERROR(
+        backend->CopyRows(dx.data() + layout.start[s] * h, row, dcls.data() + s * h, row, row, 1));
   }
   for (int l = static_cast<int>(L()) - 1; l >= 0; --l) {
     LayerActs& a = acts[l];
@@ -485,9 +519,10 @@ absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
     const float* in = x[l].data();
     // dx holds d(loss)/d(layer output). LN2: dh = d/dz2, also the residual gradient to h1; the
     // FFN output dense's gradient is dropout'(dh).
-    FEDLORA_ASSIGN_OR_RETURN(const float* d_ffn, SublayerBackward(l, kSiteFfnOut, tokens, a.z2.data(), lw.ln2_gamma,
-                                                                  a.mean2.data(), a.rstd2.data(), dx.data(),
-                                                                  dh.data(), seed));
+    FEDLORA_ASSIGN_OR_RETURN(
+        const float* d_ffn,
+        SublayerBackward(l, kSiteFfnOut, tokens, a.z2.data(), lw.ln2_gamma, a.mean2.data(),
+                         a.rstd2.data(), dx.data(), dh.data(), seed));
     FEDLORA_RETURN_IF_ERROR(LinearBackward(l, LoraTarget::kOutput, a.g.data(), d_ffn, tokens,
                                            dg.data(),
                                            /*accumulate_dx=*/false, seed));
@@ -501,9 +536,10 @@ absl::Status BertClassifier::Impl::Backward(const Batch& b, uint64_t seed) {
                                            /*accumulate_dx=*/true, seed));
     // LN1: dx = d/dz1, the residual gradient to the layer input; the attention dense's gradient is
     // dropout'(dx).
-    FEDLORA_ASSIGN_OR_RETURN(const float* d_attn, SublayerBackward(l, kSiteAttnOut, tokens, a.z1.data(), lw.ln1_gamma,
-                                                                   a.mean1.data(), a.rstd1.data(), dh.data(),
-                                                                   dx.data(), seed));
+    FEDLORA_ASSIGN_OR_RETURN(
+        const float* d_attn,
+        SublayerBackward(l, kSiteAttnOut, tokens, a.z1.data(), lw.ln1_gamma, a.mean1.data(),
+                         a.rstd1.data(), dh.data(), dx.data(), seed));
     FEDLORA_RETURN_IF_ERROR(LinearBackward(l, LoraTarget::kAttnOut, a.ctx.data(), d_attn, tokens,
                                            dctx.data(),
                                            /*accumulate_dx=*/false, seed));

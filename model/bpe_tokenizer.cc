@@ -26,8 +26,8 @@ uint64_t PairKey(int32_t a, int32_t b) {
 bool IsWhiteSpace(char32_t c) {
   if (c == ' ' || (c >= 0x09 && c <= 0x0D)) return true;
   if (c < 0x85) return false;
-  return c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
+  return c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 ||
+         c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 // Decodes the code point of valid UTF-8 starting at s[i]; sets *len.
@@ -39,7 +39,8 @@ char32_t DecodeAt(std::string_view s, size_t i, size_t* len) {
   }
   const size_t n = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
   char32_t c = b & (n == 2 ? 0x1F : n == 3 ? 0x0F : 0x07);
-  for (size_t k = 1; k < n && i + k < s.size(); ++k) c = (c << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  for (size_t k = 1; k < n && i + k < s.size(); ++k)
+    c = (c << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
   *len = n;
   return c;
 }
@@ -82,7 +83,8 @@ std::string ByteLevelDecode(const std::string& token) {
       ++i;
     } else if (b >= 0xC2 && b <= 0xC5 && i + 1 < token.size() &&
                (static_cast<unsigned char>(token[i + 1]) & 0xC0) == 0x80) {  // U+0080..U+017F
-      byte = bpe::ByteFromCodePoint(((b & 0x1F) << 6) | (static_cast<unsigned char>(token[i + 1]) & 0x3F));
+      byte = bpe::ByteFromCodePoint(((b & 0x1F) << 6) |
+                                    (static_cast<unsigned char>(token[i + 1]) & 0x3F));
       i += 2;
     }
     if (byte < 0) return token;
@@ -108,7 +110,9 @@ struct BpeTokenizer::Cache {
     absl::flat_hash_map<std::string, Entry> map[2];
   };
   Shard shards[kShards];
-  static size_t ShardOf(std::string_view key) { return absl::Hash<absl::string_view>{}(ToAbsl(key)) % kShards; }
+  static size_t ShardOf(std::string_view key) {
+    return absl::Hash<absl::string_view>{}(ToAbsl(key)) % kShards;
+  }
 };
 
 BpeTokenizer::BpeTokenizer() : cache_(std::make_unique<Cache>()) {}
@@ -128,7 +132,8 @@ void BpeTokenizer::Trie::Insert(std::string_view s, int32_t token) {
   terminal[static_cast<size_t>(node)] = token;
 }
 
-bool BpeTokenizer::Trie::Find(std::string_view s, size_t from, size_t* begin, size_t* end, int32_t* token) const {
+bool BpeTokenizer::Trie::Find(std::string_view s, size_t from, size_t* begin, size_t* end,
+                              int32_t* token) const {
   for (size_t i = from; i < s.size(); ++i) {
     if (!first[static_cast<unsigned char>(s[i])]) continue;
     int32_t node = 0, best = -1;
@@ -155,7 +160,8 @@ bool BpeTokenizer::Trie::Find(std::string_view s, size_t from, size_t* begin, si
 // ---- construction -----------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Build(Spec spec) {
-  if (spec.id_to_token.size() != spec.present.size()) return absl::InternalError("tokenizer: bad spec");
+  if (spec.id_to_token.size() != spec.present.size())
+    return absl::InternalError("tokenizer: bad spec");
   if (!spec.pre.has_byte_level()) {
     return absl::InvalidArgumentError("tokenizer: the pre-tokenizer has no ByteLevel step");
   }
@@ -167,20 +173,24 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Build(Spec spec) {
   for (const AddedToken& a : spec.added) {
     if (a.content.empty()) return absl::InvalidArgumentError("tokenizer: an added token is empty");
     if (a.id < 0 || a.id > kMaxVocabId) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer: added token '", a.content, "' has id ", a.id,
-                                                     ", outside [0, ", kMaxVocabId, "]"));
+      return absl::InvalidArgumentError(absl::StrCat("tokenizer: added token '", a.content,
+                                                     "' has id ", a.id, ", outside [0, ",
+                                                     kMaxVocabId, "]"));
     }
-    if (static_cast<size_t>(a.id) >= spec.present.size() || !spec.present[static_cast<size_t>(a.id)]) ++count;
+    if (static_cast<size_t>(a.id) >= spec.present.size() ||
+        !spec.present[static_cast<size_t>(a.id)])
+      ++count;
     max_id = std::max<int64_t>(max_id, a.id);
   }
   if (max_id < 0) return absl::InvalidArgumentError("tokenizer: the vocabulary is empty");
   if (max_id > kMaxVocabId) {
-    return absl::InvalidArgumentError(absl::StrCat("tokenizer: more than ", kMaxVocabId + 1, " ids"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer: more than ", kMaxVocabId + 1, " ids"));
   }
   if (max_id + 1 - count > kMaxVocabIdGaps) {
-    return absl::InvalidArgumentError(absl::StrCat("tokenizer: the largest id is ", max_id, " for ", count,
-                                                   " tokens; ids may leave at most ", kMaxVocabIdGaps,
-                                                   " unused below the largest"));
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer: the largest id is ", max_id, " for ",
+                                                   count, " tokens; ids may leave at most ",
+                                                   kMaxVocabIdGaps, " unused below the largest"));
   }
   const size_t n = static_cast<size_t>(max_id + 1);
   tok->model_vocab_.reserve(spec.id_to_token.size());
@@ -188,8 +198,9 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Build(Spec spec) {
     if (!spec.present[i]) continue;
     auto [it, inserted] = tok->model_vocab_.emplace(spec.id_to_token[i], static_cast<int32_t>(i));
     if (!inserted) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tokenizer: ids ", it->second, " and ", i, " have the same token '", spec.id_to_token[i], "'"));
+      return absl::InvalidArgumentError(absl::StrCat("tokenizer: ids ", it->second, " and ", i,
+                                                     " have the same token '", spec.id_to_token[i],
+                                                     "'"));
     }
   }
   spec.id_to_token.resize(n);
@@ -214,8 +225,9 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Build(Spec spec) {
                                  : ij == tok->model_vocab_.end() ? &joined
                                                                  : nullptr;
     if (missing != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer: merge ", rank, " ('", a, "' '", b, "'): '",
-                                                     *missing, "' is not in the vocabulary"));
+      return absl::InvalidArgumentError(absl::StrCat("tokenizer: merge ", rank, " ('", a, "' '", b,
+                                                     "'): '", *missing,
+                                                     "' is not in the vocabulary"));
     }
     tok->merges_[PairKey(ia->second, ib->second)] = Merge{static_cast<uint32_t>(rank), ij->second};
   }
@@ -226,8 +238,8 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Build(Spec spec) {
     auto [it, inserted] = tok->added_vocab_.emplace(a.content, a.id);
     if (!inserted) {
       if (it->second != a.id) {
-        return absl::InvalidArgumentError(absl::StrCat("tokenizer: added token '", a.content, "' has ids ",
-                                                       it->second, " and ", a.id));
+        return absl::InvalidArgumentError(absl::StrCat("tokenizer: added token '", a.content,
+                                                       "' has ids ", it->second, " and ", a.id));
       }
       continue;
     }
@@ -262,7 +274,8 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Build(Spec spec) {
 
   auto check_id = [&](int32_t id, std::string_view what) -> absl::Status {
     if (id < -1 || id > max_id || (id >= 0 && tok->id_to_token_[static_cast<size_t>(id)].empty())) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer: ", ToAbsl(what), " id ", id, " is no token's id"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer: ", ToAbsl(what), " id ", id, " is no token's id"));
     }
     return absl::OkStatus();
   };
@@ -275,8 +288,10 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Build(Spec spec) {
   FEDLORA_RETURN_IF_ERROR(check_id(spec.eos, "eos"));
   FEDLORA_RETURN_IF_ERROR(check_id(spec.pad, "pad"));
   FEDLORA_RETURN_IF_ERROR(check_id(spec.unk, "unk"));
-  for (int32_t id : spec.prefix) FEDLORA_RETURN_IF_ERROR(check_id(id < 0 ? -2 : id, "post-processor"));
-  for (int32_t id : spec.suffix) FEDLORA_RETURN_IF_ERROR(check_id(id < 0 ? -2 : id, "post-processor"));
+  for (int32_t id : spec.prefix)
+    FEDLORA_RETURN_IF_ERROR(check_id(id < 0 ? -2 : id, "post-processor"));
+  for (int32_t id : spec.suffix)
+    FEDLORA_RETURN_IF_ERROR(check_id(id < 0 ? -2 : id, "post-processor"));
   tok->model_unk_ = spec.model_unk;
   tok->fuse_unk_ = spec.fuse_unk;
   tok->ignore_merges_ = spec.ignore_merges;
@@ -292,13 +307,14 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Build(Spec spec) {
 
 absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Create(Vocabulary v) {
   if (v.model != "gpt2") {
-    return absl::InvalidArgumentError(absl::StrCat("tokenizer: model '", v.model,
-                                                   "' is not supported: only 'gpt2' (byte-level BPE)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tokenizer: model '", v.model, "' is not supported: only 'gpt2' (byte-level BPE)"));
   }
   const size_t n = v.tokens.size();
   if (n == 0) return absl::InvalidArgumentError("tokenizer: the vocabulary is empty");
   if (n > static_cast<size_t>(kMaxVocabId) + 1) {
-    return absl::InvalidArgumentError(absl::StrCat("tokenizer: ", n, " tokens, more than ", kMaxVocabId + 1));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer: ", n, " tokens, more than ", kMaxVocabId + 1));
   }
   if (!v.token_types.empty() && v.token_types.size() != n) {
     return absl::InvalidArgumentError(
@@ -310,12 +326,14 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Create(Vocabulary v)
     const int32_t type = v.token_types.empty() ? kNormal : v.token_types[i];
     const std::string& token = v.tokens[i];
     if (type < kNormal || type > kByte) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer: token ", i, " has type ", type, ", not 1..6"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer: token ", i, " has type ", type, ", not 1..6"));
     }
     if (type == kByte) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer: token ", i, " ('", token,
-                                                     "') has type 6 (byte): SentencePiece-style byte fallback "
-                                                     "is not supported"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer: token ", i, " ('", token,
+                       "') has type 6 (byte): SentencePiece-style byte fallback "
+                       "is not supported"));
     }
     if (token.empty()) continue;
     spec.present[i] = true;
@@ -332,8 +350,10 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Create(Vocabulary v)
   for (size_t r = 0; r < v.merges.size(); ++r) {
     const std::string& m = v.merges[r];
     const size_t sp = m.find(' ');
-    if (sp == std::string::npos || sp == 0 || sp + 1 == m.size() || m.find(' ', sp + 1) != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer: merge ", r, " ('", m, "') is not 'left right'"));
+    if (sp == std::string::npos || sp == 0 || sp + 1 == m.size() ||
+        m.find(' ', sp + 1) != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer: merge ", r, " ('", m, "') is not 'left right'"));
     }
     spec.merges.emplace_back(m.substr(0, sp), m.substr(sp + 1));
   }
@@ -355,13 +375,15 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Create(Vocabulary v)
     spec.pre.AddSplit(std::move(re), false);
     FEDLORA_RETURN_IF_ERROR(spec.pre.SetByteLevel(false, true));
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tokenizer: pre-tokenizer '", pre,
-        "' is not supported (gpt2, gpt-2, llama3, llama-v3, llama-bpe, qwen2, smollm, starcoder, refact)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer: pre-tokenizer '", pre,
+                     "' is not supported (gpt2, gpt-2, llama3, llama-v3, llama-bpe, qwen2, smollm, "
+                     "starcoder, refact)"));
   }
   auto check = [&](int32_t id, std::string_view what) -> absl::Status {
     if (id < -1 || id >= static_cast<int64_t>(n)) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer: ", ToAbsl(what), " id ", id, " is outside [0, ", n, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer: ", ToAbsl(what), " id ", id, " is outside [0, ", n, ")"));
     }
     return absl::OkStatus();
   };
@@ -369,8 +391,10 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Create(Vocabulary v)
   FEDLORA_RETURN_IF_ERROR(check(v.eos_id, "eos"));
   FEDLORA_RETURN_IF_ERROR(check(v.unk_id, "unk"));
   FEDLORA_RETURN_IF_ERROR(check(v.pad_id, "pad"));
-  if (v.add_bos && v.bos_id < 0) return absl::InvalidArgumentError("tokenizer: add_bos without a bos id");
-  if (v.add_eos && v.eos_id < 0) return absl::InvalidArgumentError("tokenizer: add_eos without an eos id");
+  if (v.add_bos && v.bos_id < 0)
+    return absl::InvalidArgumentError("tokenizer: add_bos without a bos id");
+  if (v.add_eos && v.eos_id < 0)
+    return absl::InvalidArgumentError("tokenizer: add_eos without an eos id");
   if (v.add_bos) spec.prefix.push_back(v.bos_id);
   if (v.add_eos) spec.suffix.push_back(v.eos_id);
   spec.bos = v.bos_id;
@@ -410,8 +434,8 @@ struct BpeTokenizer::Scratch {
 };
 
 template <typename OnText, typename OnToken>
-void BpeTokenizer::SplitAdded(std::string_view text, const Trie& trie, bool parse_special, OnText on_text,
-                              OnToken on_token) const {
+void BpeTokenizer::SplitAdded(std::string_view text, const Trie& trie, bool parse_special,
+                              OnText on_text, OnToken on_token) const {
   size_t from = 0, consumed = 0;
   size_t b = 0, e = 0;
   int32_t index = -1;
@@ -489,7 +513,9 @@ void BpeTokenizer::RunBpe(std::string_view bytes, bool prefix, Scratch* s) const
     return static_cast<unsigned char>(prefix ? (k == 0 ? ' ' : bytes[k - 1]) : bytes[k]);
   };
   // Offsets relative to the piece's first byte; the inserted space has none.
-  auto offset = [&](size_t k) -> uint32_t { return static_cast<uint32_t>(prefix ? (k == 0 ? 0 : k - 1) : k); };
+  auto offset = [&](size_t k) -> uint32_t {
+    return static_cast<uint32_t>(prefix ? (k == 0 ? 0 : k - 1) : k);
+  };
   auto emit = [&](int32_t id, size_t start, size_t len) {
     s->out_ids.push_back(id);
     s->out_begin.push_back(offset(start));
@@ -550,18 +576,22 @@ void BpeTokenizer::RunBpe(std::string_view bytes, bool prefix, Scratch* s) const
     cur.next = right.next;
     sym[next_pos].len = 0;
     if (right.next >= 0) sym[static_cast<size_t>(right.next)].prev = static_cast<int32_t>(top.pos);
-    if (cur.prev >= 0) push(static_cast<size_t>(cur.prev), sym[static_cast<size_t>(cur.prev)].id, cur.id, true);
+    if (cur.prev >= 0)
+      push(static_cast<size_t>(cur.prev), sym[static_cast<size_t>(cur.prev)].id, cur.id, true);
     if (cur.next >= 0) push(top.pos, cur.id, sym[static_cast<size_t>(cur.next)].id, true);
   }
   for (int32_t i = 0; i >= 0; i = sym[static_cast<size_t>(i)].next) {
-    emit(sym[static_cast<size_t>(i)].id, sym[static_cast<size_t>(i)].start, sym[static_cast<size_t>(i)].len);
+    emit(sym[static_cast<size_t>(i)].id, sym[static_cast<size_t>(i)].start,
+         sym[static_cast<size_t>(i)].len);
   }
 }
 
-void BpeTokenizer::EncodeSegment(std::string_view seg, size_t seg_begin, bool parse_special, Scratch* s,
-                                 std::vector<int32_t>* ids, std::vector<Offset>* offsets) const {
+void BpeTokenizer::EncodeSegment(std::string_view seg, size_t seg_begin, bool parse_special,
+                                 Scratch* s, std::vector<int32_t>* ids,
+                                 std::vector<Offset>* offsets) const {
   std::string_view x = seg;
-  const bool normalized = nfc_ && bpe::NfcNormalize(seg, &s->normalized, offsets ? &s->nfc_edits : nullptr);
+  const bool normalized =
+      nfc_ && bpe::NfcNormalize(seg, &s->normalized, offsets ? &s->nfc_edits : nullptr);
   if (normalized) x = s->normalized;
   const bool repaired = !s->repair_edits.empty();
   auto original = [&](size_t off, bool is_end) -> size_t {
@@ -578,7 +608,8 @@ void BpeTokenizer::EncodeSegment(std::string_view seg, size_t seg_begin, bool pa
       ids->insert(ids->end(), s->out_ids.begin(), s->out_ids.end());
       if (offsets == nullptr) continue;
       for (size_t k = 0; k < s->out_ids.size(); ++k) {
-        offsets->push_back({original(b + s->out_begin[k], false), original(b + s->out_end[k], true)});
+        offsets->push_back(
+            {original(b + s->out_begin[k], false), original(b + s->out_end[k], true)});
       }
     }
   };
@@ -601,17 +632,20 @@ void BpeTokenizer::EncodeWindow(std::string_view text, Scratch* s, std::vector<i
   const bool repaired = !s->repair_edits.empty();
   SplitAdded(
       t, raw_trie_, parse_special,
-      [&](size_t b, size_t e) { EncodeSegment(t.substr(b, e - b), b, parse_special, s, ids, offsets); },
+      [&](size_t b, size_t e) {
+        EncodeSegment(t.substr(b, e - b), b, parse_special, s, ids, offsets);
+      },
       [&](int32_t id, size_t b, size_t e) {
         ids->push_back(id);
         if (offsets == nullptr) return;
-        offsets->push_back({s->base + (repaired ? bpe::MapOffsetBack(s->repair_edits, b, false) : b),
-                            s->base + (repaired ? bpe::MapOffsetBack(s->repair_edits, e, true) : e)});
+        offsets->push_back(
+            {s->base + (repaired ? bpe::MapOffsetBack(s->repair_edits, b, false) : b),
+             s->base + (repaired ? bpe::MapOffsetBack(s->repair_edits, e, true) : e)});
       });
 }
 
-void BpeTokenizer::EncodeInto(std::string_view text, bool add_special, bool parse_special, std::vector<int32_t>* ids,
-                              std::vector<Offset>* offsets) const {
+void BpeTokenizer::EncodeInto(std::string_view text, bool add_special, bool parse_special,
+                              std::vector<int32_t>* ids, std::vector<Offset>* offsets) const {
   Scratch s;
   if (add_special) {
     for (int32_t id : prefix_ids_) {
@@ -624,7 +658,9 @@ void BpeTokenizer::EncodeInto(std::string_view text, bool add_special, bool pars
   constexpr size_t kWindow = size_t{1} << 30;
   for (size_t base = 0; base < text.size();) {
     size_t len = std::min(kWindow, text.size() - base);
-    while (base + len < text.size() && len > 1 && (static_cast<unsigned char>(text[base + len]) & 0xC0) == 0x80) --len;
+    while (base + len < text.size() && len > 1 &&
+           (static_cast<unsigned char>(text[base + len]) & 0xC0) == 0x80)
+      --len;
     s.base = base;
     EncodeWindow(text.substr(base, len), &s, ids, offsets, parse_special);
     base += len;
@@ -637,7 +673,8 @@ void BpeTokenizer::EncodeInto(std::string_view text, bool add_special, bool pars
   }
 }
 
-std::vector<int32_t> BpeTokenizer::Encode(std::string_view text, bool add_special, bool parse_special) const {
+std::vector<int32_t> BpeTokenizer::Encode(std::string_view text, bool add_special,
+                                          bool parse_special) const {
   std::vector<int32_t> ids;
   EncodeInto(text, add_special, parse_special, &ids, nullptr);
   return ids;
@@ -688,7 +725,8 @@ const std::string& BpeTokenizer::IdToToken(int32_t id) const {
 }
 
 bool BpeTokenizer::IsSpecial(int32_t id) const {
-  return id >= 0 && static_cast<size_t>(id) < special_.size() && special_[static_cast<size_t>(id)] != 0;
+  return id >= 0 && static_cast<size_t>(id) < special_.size() &&
+         special_[static_cast<size_t>(id)] != 0;
 }
 
 }  // namespace fedlora

@@ -58,7 +58,14 @@ namespace fedlora {
 class BpeTokenizer {
  public:
   // GGUF's tokenizer.ggml.token_type values.
-  enum TokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
+  enum TokenType : int32_t {
+    kNormal = 1,
+    kUnknown = 2,
+    kControl = 3,
+    kUserDefined = 4,
+    kUnused = 5,
+    kByte = 6
+  };
 
   // A vocabulary as GGUF stores it (tokenizer.ggml.*). Control and unknown tokens become special
   // added tokens, user-defined ones non-special added tokens; unused ones are plain entries.
@@ -68,7 +75,7 @@ class BpeTokenizer {
     // "qwen2" (with NFC, as Qwen2's tokenizer.json); "smollm"/"starcoder"/"refact" (each digit
     // split off, then GPT-2's regex).
     std::string pre = "gpt2";
-    std::vector<std::string> tokens;  // the token of each id; "" for an id no token has
+    std::vector<std::string> tokens;   // the token of each id; "" for an id no token has
     std::vector<int32_t> token_types;  // empty (all normal) or one per token
     std::vector<std::string> merges;   // "left right", rank = index
     int32_t bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;  // -1: none
@@ -98,12 +105,11 @@ class BpeTokenizer {
   // dropout, continuing_subword_prefix, end_of_word_suffix, byte_fallback, single_word added
   // tokens, an unknown pre-tokenizer or decoder, ...) is InvalidArgument naming the field.
   // Errors: NotFound / PermissionDenied (file), InvalidArgument (everything else).
-  static absl::StatusOr<std::unique_ptr<BpeTokenizer>> FromTokenizerJson(const std::string& path,
-                                                                        const JsonOptions& options = {});
+  static absl::StatusOr<std::unique_ptr<BpeTokenizer>> FromTokenizerJson(
+      const std::string& path, const JsonOptions& options = {});
   // The same from the file's text; `origin` names it in error messages.
-  static absl::StatusOr<std::unique_ptr<BpeTokenizer>> FromTokenizerJsonText(std::string_view json,
-                                                                            std::string_view origin,
-                                                                            const JsonOptions& options = {});
+  static absl::StatusOr<std::unique_ptr<BpeTokenizer>> FromTokenizerJsonText(
+      std::string_view json, std::string_view origin, const JsonOptions& options = {});
 
   // Byte range of a token in the input text. Special tokens from add_special are empty ranges at
   // the start or the end; inside a region that UTF-8 repair or NFC rewrote, ranges widen to the
@@ -111,10 +117,11 @@ class BpeTokenizer {
   struct Offset {
     size_t begin, end;
   };
-  std::vector<int32_t> Encode(std::string_view text, bool add_special = false, bool parse_special = true) const;
+  std::vector<int32_t> Encode(std::string_view text, bool add_special = false,
+                              bool parse_special = true) const;
   // Appends the ids of `text` to *ids and, when offsets is non-null, their byte ranges to *offsets.
-  void EncodeInto(std::string_view text, bool add_special, bool parse_special, std::vector<int32_t>* ids,
-                  std::vector<Offset>* offsets) const;
+  void EncodeInto(std::string_view text, bool add_special, bool parse_special,
+                  std::vector<int32_t>* ids, std::vector<Offset>* offsets) const;
   std::string Decode(std::span<const int32_t> ids, bool skip_special = false) const;
 
   // HF's pre_tokenize_str: the pieces of `text` after UTF-8 repair and the pre-tokenizer (no
@@ -177,12 +184,12 @@ class BpeTokenizer {
   };
 
   // Encodes up to 1 GiB of text starting at byte s->base of the input.
-  void EncodeWindow(std::string_view text, Scratch* s, std::vector<int32_t>* ids, std::vector<Offset>* offsets,
-                    bool parse_special) const;
+  void EncodeWindow(std::string_view text, Scratch* s, std::vector<int32_t>* ids,
+                    std::vector<Offset>* offsets, bool parse_special) const;
   // Encodes the text between two raw added tokens, which starts at byte seg_begin of the
   // repaired text: normalizer, normalized added tokens, pre-tokenizer, BPE.
-  void EncodeSegment(std::string_view seg, size_t seg_begin, bool parse_special, Scratch* s, std::vector<int32_t>* ids,
-                     std::vector<Offset>* offsets) const;
+  void EncodeSegment(std::string_view seg, size_t seg_begin, bool parse_special, Scratch* s,
+                     std::vector<int32_t>* ids, std::vector<Offset>* offsets) const;
   // Splits `text` at matches of `trie`: on_text(begin, end) for text, on_token(id, begin, end).
   template <typename OnText, typename OnToken>
   void SplitAdded(std::string_view text, const Trie& trie, bool parse_special, OnText on_text,

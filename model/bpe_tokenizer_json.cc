@@ -24,7 +24,8 @@ absl::Status Refuse(const std::string& field, const std::string& why) {
 }
 
 // Refuses keys of `obj` outside `known`: an unknown option may change the ids.
-absl::Status OnlyKeys(const json& obj, const std::string& field, std::initializer_list<std::string_view> known) {
+absl::Status OnlyKeys(const json& obj, const std::string& field,
+                      std::initializer_list<std::string_view> known) {
   for (const auto& [key, value] : obj.items()) {
     if (std::find(known.begin(), known.end(), key) == known.end()) {
       return Refuse(absl::StrCat(field, ".", key), "this field is not supported");
@@ -34,16 +35,19 @@ absl::Status OnlyKeys(const json& obj, const std::string& field, std::initialize
 }
 
 absl::StatusOr<std::string> TypeOf(const json& obj, const std::string& field) {
-  if (!obj.is_object()) return Refuse(field, absl::StrCat("expected an object, got ", ToAbsl(JsonTypeName(obj))));
+  if (!obj.is_object())
+    return Refuse(field, absl::StrCat("expected an object, got ", ToAbsl(JsonTypeName(obj))));
   return GetString(obj, "type", field);
 }
 
 // A JSON field that must be null or absent (or, with `allow_empty`, "").
-absl::Status MustBeUnset(const json& obj, const std::string& key, const std::string& field, bool allow_empty) {
+absl::Status MustBeUnset(const json& obj, const std::string& key, const std::string& field,
+                         bool allow_empty) {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return absl::OkStatus();
   if (allow_empty && it->is_string() && it->get<std::string>().empty()) return absl::OkStatus();
-  return Refuse(absl::StrCat(field, ".", key), absl::StrCat("is ", it->dump(), "; only null is supported"));
+  return Refuse(absl::StrCat(field, ".", key),
+                absl::StrCat("is ", it->dump(), "; only null is supported"));
 }
 
 absl::Status ParseNormalizer(const json& n, const std::string& field, bool* nfc) {
@@ -57,9 +61,11 @@ absl::Status ParseNormalizer(const json& n, const std::string& field, bool* nfc)
   if (type == "Sequence") {
     FEDLORA_RETURN_IF_ERROR(OnlyKeys(n, field, {"type", "normalizers"}));
     auto it = n.find("normalizers");
-    if (it == n.end() || !it->is_array()) return Refuse(field, "Sequence without a \"normalizers\" array");
+    if (it == n.end() || !it->is_array())
+      return Refuse(field, "Sequence without a \"normalizers\" array");
     for (size_t i = 0; i < it->size(); ++i) {
-      FEDLORA_RETURN_IF_ERROR(ParseNormalizer((*it)[i], absl::StrCat(field, ".normalizers[", i, "]"), nfc));
+      FEDLORA_RETURN_IF_ERROR(
+          ParseNormalizer((*it)[i], absl::StrCat(field, ".normalizers[", i, "]"), nfc));
     }
     return absl::OkStatus();
   }
@@ -72,14 +78,17 @@ absl::Status ParsePreTokenizer(const json& p, const std::string& field, bpe::Pre
   if (type == "Sequence") {
     FEDLORA_RETURN_IF_ERROR(OnlyKeys(p, field, {"type", "pretokenizers"}));
     auto it = p.find("pretokenizers");
-    if (it == p.end() || !it->is_array()) return Refuse(field, "Sequence without a \"pretokenizers\" array");
+    if (it == p.end() || !it->is_array())
+      return Refuse(field, "Sequence without a \"pretokenizers\" array");
     for (size_t i = 0; i < it->size(); ++i) {
-      FEDLORA_RETURN_IF_ERROR(ParsePreTokenizer((*it)[i], absl::StrCat(field, ".pretokenizers[", i, "]"), pre));
+      FEDLORA_RETURN_IF_ERROR(
+          ParsePreTokenizer((*it)[i], absl::StrCat(field, ".pretokenizers[", i, "]"), pre));
     }
     return absl::OkStatus();
   }
   if (type == "ByteLevel") {
-    FEDLORA_RETURN_IF_ERROR(OnlyKeys(p, field, {"type", "add_prefix_space", "trim_offsets", "use_regex"}));
+    FEDLORA_RETURN_IF_ERROR(
+        OnlyKeys(p, field, {"type", "add_prefix_space", "trim_offsets", "use_regex"}));
     FEDLORA_ASSIGN_OR_RETURN(bool add_prefix_space, GetBoolOr(p, "add_prefix_space", true, field));
     FEDLORA_ASSIGN_OR_RETURN(bool use_regex, GetBoolOr(p, "use_regex", true, field));
     FEDLORA_RETURN_IF_ERROR(GetBoolOr(p, "trim_offsets", true, field).status());  // offsets only
@@ -89,7 +98,8 @@ absl::Status ParsePreTokenizer(const json& p, const std::string& field, bpe::Pre
     FEDLORA_RETURN_IF_ERROR(OnlyKeys(p, field, {"type", "individual_digits"}));
     FEDLORA_ASSIGN_OR_RETURN(bool individual, GetBoolOr(p, "individual_digits", false, field));
     // Runs of numeric characters are Contiguous, which Isolated on a run of them equals.
-    auto re = bpe::Regex::Shared(individual ? std::string(bpe::kDigitPattern) : std::string(bpe::kDigitPattern) + "+");
+    auto re = bpe::Regex::Shared(individual ? std::string(bpe::kDigitPattern)
+                                            : std::string(bpe::kDigitPattern) + "+");
     if (!re.ok()) return Annotate(re.status(), field);
     pre->AddSplit(*std::move(re), false);
     return absl::OkStatus();
@@ -105,7 +115,8 @@ absl::Status ParsePreTokenizer(const json& p, const std::string& field, bpe::Pre
     }
     auto pit = p.find("pattern");
     if (pit == p.end() || !pit->is_object() || pit->size() != 1) {
-      return Refuse(absl::StrCat(field, ".pattern"), "expected {\"Regex\": ...} or {\"String\": ...}");
+      return Refuse(absl::StrCat(field, ".pattern"),
+                    "expected {\"Regex\": ...} or {\"String\": ...}");
     }
     const std::string pfield = absl::StrCat(field, ".pattern");
     absl::StatusOr<std::shared_ptr<const bpe::Regex>> re = absl::InvalidArgumentError("");
@@ -133,24 +144,30 @@ absl::Status ParseTemplate(const json& p, const std::string& field, std::vector<
   auto single = p.find("single");
   auto specials = p.find("special_tokens");
   if (single == p.end() || !single->is_array()) return Refuse(field, "no \"single\" array");
-  if (specials == p.end() || !specials->is_object()) return Refuse(field, "no \"special_tokens\" object");
+  if (specials == p.end() || !specials->is_object())
+    return Refuse(field, "no \"special_tokens\" object");
   bool seen_a = false;
   for (size_t i = 0; i < single->size(); ++i) {
     const json& item = (*single)[i];
     const std::string ifield = absl::StrCat(field, ".single[", i, "]");
-    if (!item.is_object() || item.size() != 1) return Refuse(ifield, "expected {\"SpecialToken\"|\"Sequence\": ...}");
+    if (!item.is_object() || item.size() != 1)
+      return Refuse(ifield, "expected {\"SpecialToken\"|\"Sequence\": ...}");
     if (item.contains("Sequence")) {
       FEDLORA_ASSIGN_OR_RETURN(std::string id, GetString(item["Sequence"], "id", ifield));
-      if (id != "A" || seen_a) return Refuse(ifield, "the single template must hold $A exactly once");
+      if (id != "A" || seen_a)
+        return Refuse(ifield, "the single template must hold $A exactly once");
       seen_a = true;
       continue;
     }
-    if (!item.contains("SpecialToken")) return Refuse(ifield, "expected {\"SpecialToken\"|\"Sequence\": ...}");
+    if (!item.contains("SpecialToken"))
+      return Refuse(ifield, "expected {\"SpecialToken\"|\"Sequence\": ...}");
     FEDLORA_ASSIGN_OR_RETURN(std::string name, GetString(item["SpecialToken"], "id", ifield));
     auto st = specials->find(name);
-    if (st == specials->end()) return Refuse(ifield, absl::StrCat("special token ", name, " is not in special_tokens"));
-    FEDLORA_ASSIGN_OR_RETURN(std::vector<int64_t> ids,
-                             GetIntArray(*st, "ids", absl::StrCat(field, ".special_tokens.", name)));
+    if (st == specials->end())
+      return Refuse(ifield, absl::StrCat("special token ", name, " is not in special_tokens"));
+    FEDLORA_ASSIGN_OR_RETURN(
+        std::vector<int64_t> ids,
+        GetIntArray(*st, "ids", absl::StrCat(field, ".special_tokens.", name)));
     for (int64_t id : ids) {
       if (id < 0 || id > kMaxId) return Refuse(ifield, absl::StrCat("id ", id, " out of range"));
       (seen_a ? suffix : prefix)->push_back(static_cast<int32_t>(id));
@@ -160,8 +177,9 @@ absl::Status ParseTemplate(const json& p, const std::string& field, std::vector<
   return absl::OkStatus();
 }
 
-absl::Status ParsePostProcessor(const json& p, const std::string& field, std::vector<int32_t>* prefix,
-                                std::vector<int32_t>* suffix, bool* seen_template) {
+absl::Status ParsePostProcessor(const json& p, const std::string& field,
+                                std::vector<int32_t>* prefix, std::vector<int32_t>* suffix,
+                                bool* seen_template) {
   if (p.is_null()) return absl::OkStatus();
   FEDLORA_ASSIGN_OR_RETURN(std::string type, TypeOf(p, field));
   if (type == "ByteLevel") {  // adjusts offsets only
@@ -175,10 +193,11 @@ absl::Status ParsePostProcessor(const json& p, const std::string& field, std::ve
   if (type == "Sequence") {
     FEDLORA_RETURN_IF_ERROR(OnlyKeys(p, field, {"type", "processors"}));
     auto it = p.find("processors");
-    if (it == p.end() || !it->is_array()) return Refuse(field, "Sequence without a \"processors\" array");
+    if (it == p.end() || !it->is_array())
+      return Refuse(field, "Sequence without a \"processors\" array");
     for (size_t i = 0; i < it->size(); ++i) {
-      FEDLORA_RETURN_IF_ERROR(ParsePostProcessor((*it)[i], absl::StrCat(field, ".processors[", i, "]"), prefix, suffix,
-                                                 seen_template));
+      FEDLORA_RETURN_IF_ERROR(ParsePostProcessor(
+          (*it)[i], absl::StrCat(field, ".processors[", i, "]"), prefix, suffix, seen_template));
     }
     return absl::OkStatus();
   }
@@ -187,19 +206,23 @@ absl::Status ParsePostProcessor(const json& p, const std::string& field, std::ve
 }
 
 absl::Status ParseDecoder(const json& d, const std::string& field) {
-  if (d.is_null()) return Refuse(field, "null (tokens joined by spaces) is not supported; expected ByteLevel");
+  if (d.is_null())
+    return Refuse(field, "null (tokens joined by spaces) is not supported; expected ByteLevel");
   FEDLORA_ASSIGN_OR_RETURN(std::string type, TypeOf(d, field));
-  if (type != "ByteLevel") return Refuse(field, absl::StrCat("decoder type ", type, " is not supported (only ByteLevel)"));
+  if (type != "ByteLevel")
+    return Refuse(field, absl::StrCat("decoder type ", type, " is not supported (only ByteLevel)"));
   return OnlyKeys(d, field, {"type", "add_prefix_space", "trim_offsets", "use_regex"});
 }
 
 absl::Status ParseModel(const json& m, BpeTokenizer::Spec* spec, std::string* unk_token) {
   const std::string field = "model";
   FEDLORA_ASSIGN_OR_RETURN(std::string type, TypeOf(m, field));
-  if (type != "BPE") return Refuse("model.type", absl::StrCat(type, " is not supported (only BPE)"));
-  FEDLORA_RETURN_IF_ERROR(OnlyKeys(m, field,
-                                   {"type", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
-                                    "fuse_unk", "byte_fallback", "ignore_merges", "vocab", "merges"}));
+  if (type != "BPE")
+    return Refuse("model.type", absl::StrCat(type, " is not supported (only BPE)"));
+  FEDLORA_RETURN_IF_ERROR(
+      OnlyKeys(m, field,
+               {"type", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
+                "fuse_unk", "byte_fallback", "ignore_merges", "vocab", "merges"}));
   if (auto it = m.find("dropout"); it != m.end() && !it->is_null()) {
     if (!it->is_number() || it->get<double>() != 0.0) {
       return Refuse("model.dropout", absl::StrCat(it->dump(), ": BPE dropout is not supported"));
@@ -208,7 +231,8 @@ absl::Status ParseModel(const json& m, BpeTokenizer::Spec* spec, std::string* un
   FEDLORA_RETURN_IF_ERROR(MustBeUnset(m, "continuing_subword_prefix", field, true));
   FEDLORA_RETURN_IF_ERROR(MustBeUnset(m, "end_of_word_suffix", field, true));
   FEDLORA_ASSIGN_OR_RETURN(bool byte_fallback, GetBoolOr(m, "byte_fallback", false, field));
-  if (byte_fallback) return Refuse("model.byte_fallback", "true (SentencePiece-style byte tokens) is not supported");
+  if (byte_fallback)
+    return Refuse("model.byte_fallback", "true (SentencePiece-style byte tokens) is not supported");
   FEDLORA_ASSIGN_OR_RETURN(spec->fuse_unk, GetBoolOr(m, "fuse_unk", false, field));
   FEDLORA_ASSIGN_OR_RETURN(spec->ignore_merges, GetBoolOr(m, "ignore_merges", false, field));
   FEDLORA_ASSIGN_OR_RETURN(*unk_token, GetStringOr(m, "unk_token", "", field));
@@ -218,21 +242,24 @@ absl::Status ParseModel(const json& m, BpeTokenizer::Spec* spec, std::string* un
   int64_t max_id = -1;
   for (const auto& [token, id] : vit->items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxId) {
-      return Refuse(absl::StrCat("model.vocab[\"", token, "\"]"), absl::StrCat("not an id in [0, ", kMaxId, "]"));
+      return Refuse(absl::StrCat("model.vocab[\"", token, "\"]"),
+                    absl::StrCat("not an id in [0, ", kMaxId, "]"));
     }
     if (token.empty()) return Refuse("model.vocab", "an empty token");
     max_id = std::max(max_id, id.get<int64_t>());
   }
   const int64_t entries = static_cast<int64_t>(vit->size());
   if (max_id + 1 - entries > 65536) {
-    return Refuse("model.vocab", absl::StrCat("the largest id is ", max_id, " for ", entries, " tokens"));
+    return Refuse("model.vocab",
+                  absl::StrCat("the largest id is ", max_id, " for ", entries, " tokens"));
   }
   spec->id_to_token.assign(static_cast<size_t>(max_id + 1), std::string());
   spec->present.assign(static_cast<size_t>(max_id + 1), false);
   for (const auto& [token, id] : vit->items()) {
     const auto i = static_cast<size_t>(id.get<int64_t>());
     if (spec->present[i]) {
-      return Refuse("model.vocab", absl::StrCat("tokens '", spec->id_to_token[i], "' and '", token, "' share id ", i));
+      return Refuse("model.vocab", absl::StrCat("tokens '", spec->id_to_token[i], "' and '", token,
+                                                "' share id ", i));
     }
     spec->present[i] = true;
     spec->id_to_token[i] = token;
@@ -262,7 +289,8 @@ absl::Status ParseModel(const json& m, BpeTokenizer::Spec* spec, std::string* un
 }
 
 // added_tokens, with the ids Hugging Face assigns checked against the file's.
-absl::Status ParseAddedTokens(const json& list, const absl::flat_hash_map<std::string, int32_t>& model_vocab,
+absl::Status ParseAddedTokens(const json& list,
+                              const absl::flat_hash_map<std::string, int32_t>& model_vocab,
                               BpeTokenizer::Spec* spec) {
   if (list.is_null()) return absl::OkStatus();
   if (!list.is_array()) return Refuse("added_tokens", "not an array");
@@ -273,7 +301,8 @@ absl::Status ParseAddedTokens(const json& list, const absl::flat_hash_map<std::s
     const json& t = list[i];
     const std::string field = absl::StrCat("added_tokens[", i, "]");
     if (!t.is_object()) return Refuse(field, "not an object");
-    FEDLORA_RETURN_IF_ERROR(OnlyKeys(t, field, {"id", "content", "single_word", "lstrip", "rstrip", "normalized", "special"}));
+    FEDLORA_RETURN_IF_ERROR(OnlyKeys(
+        t, field, {"id", "content", "single_word", "lstrip", "rstrip", "normalized", "special"}));
     BpeTokenizer::AddedToken a;
     FEDLORA_ASSIGN_OR_RETURN(int64_t id, GetInt(t, "id", field));
     FEDLORA_ASSIGN_OR_RETURN(a.content, GetString(t, "content", field));
@@ -298,7 +327,8 @@ absl::Status ParseAddedTokens(const json& list, const absl::flat_hash_map<std::s
       expected = (max_added >= model_size || model_size == 0) ? max_added + 1 : model_size;
     }
     if (id != expected) {
-      return Refuse(field, absl::StrCat("'", a.content, "' has id ", id, ", but Hugging Face would give it id ", expected));
+      return Refuse(field, absl::StrCat("'", a.content, "' has id ", id,
+                                        ", but Hugging Face would give it id ", expected));
     }
     a.id = static_cast<int32_t>(id);
     max_added = std::max(max_added, id);
@@ -310,18 +340,19 @@ absl::Status ParseAddedTokens(const json& list, const absl::flat_hash_map<std::s
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJsonText(std::string_view text,
-                                                                                  std::string_view origin,
-                                                                                  const JsonOptions& options) {
+absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJsonText(
+    std::string_view text, std::string_view origin, const JsonOptions& options) {
   FEDLORA_ASSIGN_OR_RETURN(json root, ParseJson(text, origin));
   auto fail = [&](const absl::Status& s) { return Annotate(s, ToAbsl(origin)); };
   if (!root.is_object()) return fail(absl::InvalidArgumentError("not a JSON object"));
-  if (auto s = OnlyKeys(root, "tokenizer.json", {"version", "truncation", "padding", "added_tokens", "normalizer",
-                                                  "pre_tokenizer", "post_processor", "decoder", "model"});
+  if (auto s = OnlyKeys(root, "tokenizer.json",
+                        {"version", "truncation", "padding", "added_tokens", "normalizer",
+                         "pre_tokenizer", "post_processor", "decoder", "model"});
       !s.ok()) {
     return fail(s);
   }
-  if (auto it = root.find("version"); it != root.end() && !(it->is_string() && it->get<std::string>() == "1.0")) {
+  if (auto it = root.find("version");
+      it != root.end() && !(it->is_string() && it->get<std::string>() == "1.0")) {
     return fail(Refuse("version", absl::StrCat(it->dump(), " is not \"1.0\"")));
   }
   for (const char* key : {"truncation", "padding"}) {
@@ -339,7 +370,8 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJsonTex
   if (!unk_token.empty()) {
     auto it = model_vocab.find(unk_token);
     if (it == model_vocab.end()) {
-      return fail(Refuse("model.unk_token", absl::StrCat("'", unk_token, "' is not in model.vocab")));
+      return fail(
+          Refuse("model.unk_token", absl::StrCat("'", unk_token, "' is not in model.vocab")));
     }
     spec.model_unk = spec.unk = it->second;
   }
@@ -351,11 +383,14 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJsonTex
   if (auto s = ParseAddedTokens(get("added_tokens"), model_vocab, &spec); !s.ok()) return fail(s);
   if (auto s = ParseNormalizer(get("normalizer"), "normalizer", &spec.nfc); !s.ok()) return fail(s);
   const json& pre = get("pre_tokenizer");
-  if (pre.is_null()) return fail(Refuse("pre_tokenizer", "null is not supported; expected ByteLevel"));
+  if (pre.is_null())
+    return fail(Refuse("pre_tokenizer", "null is not supported; expected ByteLevel"));
   if (auto s = ParsePreTokenizer(pre, "pre_tokenizer", &spec.pre); !s.ok()) return fail(s);
-  if (!spec.pre.has_byte_level()) return fail(Refuse("pre_tokenizer", "no ByteLevel step (needed last)"));
+  if (!spec.pre.has_byte_level())
+    return fail(Refuse("pre_tokenizer", "no ByteLevel step (needed last)"));
   bool seen_template = false;
-  if (auto s = ParsePostProcessor(get("post_processor"), "post_processor", &spec.prefix, &spec.suffix, &seen_template);
+  if (auto s = ParsePostProcessor(get("post_processor"), "post_processor", &spec.prefix,
+                                  &spec.suffix, &seen_template);
       !s.ok()) {
     return fail(s);
   }
@@ -384,8 +419,8 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJsonTex
   return tok;
 }
 
-absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJson(const std::string& path,
-                                                                              const JsonOptions& options) {
+absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJson(
+    const std::string& path, const JsonOptions& options) {
   FEDLORA_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   return FromTokenizerJsonText(text, path, options);
 }

@@ -11,7 +11,8 @@
 namespace fedlora {
 namespace {
 
-constexpr std::string_view kSmolLMSystem = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+constexpr std::string_view kSmolLMSystem =
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 constexpr std::string_view kQwen2System = "You are a helpful assistant.";
 constexpr std::string_view kNames = "chatml, smollm2, qwen2, llama3";
 
@@ -19,8 +20,8 @@ constexpr std::string_view kNames = "chatml, smollm2, qwen2, llama3";
 bool IsPythonSpace(char32_t c) {
   if ((c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20)) return true;
   if (c < 0x85) return false;
-  return c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
+  return c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 ||
+         c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 // The code point of the valid UTF-8 sequence of exactly `len` bytes at s[i, i + len), or -1 when
@@ -90,8 +91,9 @@ std::string Canonical(std::string_view jinja) {
       out.push_back(c == '"' ? '\'' : c);
     }
   }
-  for (auto [from, to] : {std::pair<std::string_view, std::string_view>{"message.role", "message['role']"},
-                          {"message.content", "message['content']"}}) {
+  for (auto [from, to] :
+       {std::pair<std::string_view, std::string_view>{"message.role", "message['role']"},
+        {"message.content", "message['content']"}}) {
     for (size_t p = out.find(from); p != std::string::npos; p = out.find(from, p + to.size())) {
       out.replace(p, from.size(), to);
     }
@@ -99,22 +101,27 @@ std::string Canonical(std::string_view jinja) {
   return out;
 }
 
-bool Has(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
+bool Has(std::string_view s, std::string_view what) {
+  return s.find(what) != std::string_view::npos;
+}
 
 absl::Status Unrecognised(std::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("chat template not recognised (", ToAbsl(why),
-                                                 "); name one explicitly in the config: ", ToAbsl(kNames)));
+  return absl::InvalidArgumentError(
+      absl::StrCat("chat template not recognised (", ToAbsl(why),
+                   "); name one explicitly in the config: ", ToAbsl(kNames)));
 }
 
 }  // namespace
 
 absl::StatusOr<ChatTemplate> ChatTemplate::FromName(std::string_view typed) {
-  const std::string name = absl::AsciiStrToLower(ToAbsl(typed));  // any case, as the config's enum values
+  const std::string name =
+      absl::AsciiStrToLower(ToAbsl(typed));  // any case, as the config's enum values
   if (name == "chatml") return ChatTemplate(Kind::kChatML);
   if (name == "smollm2") return ChatTemplate(Kind::kSmolLM2);
   if (name == "qwen2") return ChatTemplate(Kind::kQwen2);
   if (name == "llama3") return ChatTemplate(Kind::kLlama3);
-  std::string message = absl::StrCat("chat template '", ToAbsl(typed), "' is unknown; known: ", ToAbsl(kNames), " (any case)");
+  std::string message = absl::StrCat("chat template '", ToAbsl(typed),
+                                     "' is unknown; known: ", ToAbsl(kNames), " (any case)");
   if (auto near = NearestName(name, {"chatml", "smollm2", "qwen2", "llama3"})) {
     absl::StrAppend(&message, "; did you mean ", *near, "?");
   }
@@ -124,30 +131,39 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromName(std::string_view typed) {
 absl::StatusOr<ChatTemplate> ChatTemplate::Detect(std::string_view jinja) {
   const std::string c = Canonical(jinja);
   if (Has(c, "<|im_start|>")) {
-    if (Has(c, "tools") || Has(c, "tool_call")) return Unrecognised("a ChatML template with tool calling");
-    const bool turn = Has(c, "'<|im_start|>'+message['role']+'\\n'+message['content']+'<|im_end|>'+'\\n'") ||
-                      Has(c, "'<|im_start|>'+message['role']+'\\n'+message['content']+'<|im_end|>\\n'");
-    const bool generation = Has(c, "{%ifadd_generation_prompt%}{{'<|im_start|>assistant\\n'}}{%endif%}");
-    if (!turn || !generation || Has(c, "loop.last")) return Unrecognised("ChatML markers with another structure");
+    if (Has(c, "tools") || Has(c, "tool_call"))
+      return Unrecognised("a ChatML template with tool calling");
+    const bool turn =
+        Has(c, "'<|im_start|>'+message['role']+'\\n'+message['content']+'<|im_end|>'+'\\n'") ||
+        Has(c, "'<|im_start|>'+message['role']+'\\n'+message['content']+'<|im_end|>\\n'");
+    const bool generation =
+        Has(c, "{%ifadd_generation_prompt%}{{'<|im_start|>assistant\\n'}}{%endif%}");
+    if (!turn || !generation || Has(c, "loop.last"))
+      return Unrecognised("ChatML markers with another structure");
     const bool system_first = Has(c, "{%ifloop.firstandmessages[0]['role']!='system'%}");
     auto default_system = [&](std::string_view prompt) {
       std::string squeezed(prompt);
       squeezed.erase(std::remove(squeezed.begin(), squeezed.end(), ' '), squeezed.end());
-      return system_first && Has(c, absl::StrCat("{{'<|im_start|>system\\n", squeezed, "<|im_end|>\\n'}}{%endif%}"));
+      return system_first && Has(c, absl::StrCat("{{'<|im_start|>system\\n", squeezed,
+                                                 "<|im_end|>\\n'}}{%endif%}"));
     };
     if (default_system(kSmolLMSystem)) return ChatTemplate(Kind::kSmolLM2);
     if (default_system(kQwen2System)) return ChatTemplate(Kind::kQwen2);
-    if (system_first || Has(c, "system\\n")) return Unrecognised("ChatML with an unknown default system prompt");
+    if (system_first || Has(c, "system\\n"))
+      return Unrecognised("ChatML with an unknown default system prompt");
     return ChatTemplate(Kind::kChatML);
   }
   if (Has(c, "<|start_header_id|>") && Has(c, "<|eot_id|>")) {
     if (Has(c, "CuttingKnowledgeDate") || Has(c, "tools") || Has(c, "ipython")) {
       return Unrecognised("LLaMA-3.1+ with tools and a dated system prompt");
     }
-    const bool turn = Has(c, "'<|start_header_id|>'+message['role']+'<|end_header_id|>\\n\\n'+message['content']|trim+"
-                             "'<|eot_id|>'");
+    const bool turn = Has(
+        c,
+        "'<|start_header_id|>'+message['role']+'<|end_header_id|>\\n\\n'+message['content']|trim+"
+        "'<|eot_id|>'");
     const bool bos = Has(c, "{%ifloop.index0==0%}{%setcontent=bos_token+content%}{%endif%}");
-    const bool generation = Has(c, "{%ifadd_generation_prompt%}{{'<|start_header_id|>assistant<|end_header_id|>\\n\\n'}}");
+    const bool generation = Has(
+        c, "{%ifadd_generation_prompt%}{{'<|start_header_id|>assistant<|end_header_id|>\\n\\n'}}");
     if (!turn || !bos || !generation) return Unrecognised("LLaMA-3 markers with another structure");
     return ChatTemplate(Kind::kLlama3);
   }
@@ -174,7 +190,9 @@ std::string_view ChatTemplate::name() const {
   return "";
 }
 
-std::string_view ChatTemplate::end_of_turn() const { return kind_ == Kind::kLlama3 ? "<|eot_id|>" : "<|im_end|>"; }
+std::string_view ChatTemplate::end_of_turn() const {
+  return kind_ == Kind::kLlama3 ? "<|eot_id|>" : "<|im_end|>";
+}
 
 std::string_view ChatTemplate::default_system_prompt() const {
   if (kind_ == Kind::kSmolLM2) return kSmolLMSystem;
@@ -195,7 +213,8 @@ void ChatTemplate::RenderInto(const std::vector<ChatMessage>& messages, bool add
       content = PythonStrip(content);
     } else {
       if (i == 0 && m.role != "system" && !default_system_prompt().empty()) {
-        absl::StrAppend(&t, "<|im_start|>system\n", ToAbsl(default_system_prompt()), "<|im_end|>\n");
+        absl::StrAppend(&t, "<|im_start|>system\n", ToAbsl(default_system_prompt()),
+                        "<|im_end|>\n");
       }
       absl::StrAppend(&t, "<|im_start|>", m.role, "\n");
     }
@@ -205,11 +224,13 @@ void ChatTemplate::RenderInto(const std::vector<ChatMessage>& messages, bool add
     if (kind_ != Kind::kLlama3) t.push_back('\n');
   }
   if (add_generation_prompt) {
-    t.append(kind_ == Kind::kLlama3 ? "<|start_header_id|>assistant<|end_header_id|>\n\n" : "<|im_start|>assistant\n");
+    t.append(kind_ == Kind::kLlama3 ? "<|start_header_id|>assistant<|end_header_id|>\n\n"
+                                    : "<|im_start|>assistant\n");
   }
 }
 
-std::string ChatTemplate::Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+std::string ChatTemplate::Render(const std::vector<ChatMessage>& messages,
+                                 bool add_generation_prompt) const {
   RenderedChat out;
   RenderInto(messages, add_generation_prompt, &out);
   return std::move(out.text);
@@ -226,8 +247,8 @@ TrainingTokens TokenizeForTraining(const BpeTokenizer& tokenizer, const Rendered
   const std::string_view text = chat.text;
   auto encode = [&](size_t begin, size_t end, uint8_t mask) {
     if (begin >= end) return;
-    tokenizer.EncodeInto(text.substr(begin, end - begin), /*add_special=*/false, /*parse_special=*/true, &out.ids,
-                         nullptr);
+    tokenizer.EncodeInto(text.substr(begin, end - begin), /*add_special=*/false,
+                         /*parse_special=*/true, &out.ids, nullptr);
     out.loss_mask.resize(out.ids.size(), mask);
   };
   size_t at = 0;

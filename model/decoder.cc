@@ -21,27 +21,28 @@ namespace fedlora {
 namespace {
 
 constexpr DecoderTarget kAllTargets[kNumDecoderTargets] = {
-    DecoderTarget::kQProj,    DecoderTarget::kKProj,  DecoderTarget::kVProj,   DecoderTarget::kOProj,
-    DecoderTarget::kGateProj, DecoderTarget::kUpProj, DecoderTarget::kDownProj};
+    DecoderTarget::kQProj,   DecoderTarget::kKProj,    DecoderTarget::kVProj,
+    DecoderTarget::kOProj,   DecoderTarget::kGateProj, DecoderTarget::kUpProj,
+    DecoderTarget::kDownProj};
 
 // Initialisation streams of options.seed (core/rng.h).
 constexpr uint64_t kStreamRandomBase = 3;      // FromRandom: + tensor index
 constexpr uint64_t kStreamLoraBase = 1 << 20;  // + layer * kNumDecoderTargets + target
-
 
 }  // namespace
 
 // --- Names ---------------------------------------------------------------------------------------
 
 const char* DecoderTargetName(DecoderTarget t) {
-  static constexpr const char* kNames[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  static constexpr const char* kNames[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                           "gate_proj", "up_proj", "down_proj"};
   return kNames[static_cast<int>(t)];
 }
 
 const char* DecoderTargetPath(DecoderTarget t) {
-  static constexpr const char* kPaths[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                           "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                           "mlp.down_proj"};
+  static constexpr const char* kPaths[] = {
+      "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+      "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
   return kPaths[static_cast<int>(t)];
 }
 
@@ -49,76 +50,102 @@ absl::StatusOr<DecoderTarget> ParseDecoderTarget(const std::string& name) {
   for (DecoderTarget t : kAllTargets) {
     if (name == DecoderTargetName(t) || name == DecoderTargetPath(t)) return t;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown LoRA target module \"", name,
-      "\" for a decoder (accepted: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or their paths "
-      "such as self_attn.q_proj)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown LoRA target module \"", name,
+                   "\" for a decoder (accepted: q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                   "up_proj, down_proj, or their paths "
+                   "such as self_attn.q_proj)"));
 }
 
 // --- The frozen base -----------------------------------------------------------------------------
 
-void DecoderBase::Weights::Shape(const DecoderConfig& c, DecoderTarget t, int64_t* out, int64_t* in) {
+void DecoderBase::Weights::Shape(const DecoderConfig& c, DecoderTarget t, int64_t* out,
+                                 int64_t* in) {
   switch (t) {
-    case DecoderTarget::kQProj: *out = c.q_dim(), *in = c.hidden_size; return;
+    case DecoderTarget::kQProj:
+      *out = c.q_dim(), *in = c.hidden_size;
+      return;
     case DecoderTarget::kKProj:
-    case DecoderTarget::kVProj: *out = c.kv_dim(), *in = c.hidden_size; return;
-    case DecoderTarget::kOProj: *out = c.hidden_size, *in = c.q_dim(); return;
+    case DecoderTarget::kVProj:
+      *out = c.kv_dim(), *in = c.hidden_size;
+      return;
+    case DecoderTarget::kOProj:
+      *out = c.hidden_size, *in = c.q_dim();
+      return;
     case DecoderTarget::kGateProj:
-    case DecoderTarget::kUpProj: *out = c.intermediate_size, *in = c.hidden_size; return;
-    case DecoderTarget::kDownProj: *out = c.hidden_size, *in = c.intermediate_size; return;
+    case DecoderTarget::kUpProj:
+      *out = c.intermediate_size, *in = c.hidden_size;
+      return;
+    case DecoderTarget::kDownProj:
+      *out = c.hidden_size, *in = c.intermediate_size;
+      return;
   }
 }
 
 absl::Status DecoderBase::Weights::Check(const DecoderConfig& c) const {
-  auto matrix = [](const FrozenMatrix& m, int64_t rows, int64_t cols, const std::string& what) -> absl::Status {
+  auto matrix = [](const FrozenMatrix& m, int64_t rows, int64_t cols,
+                   const std::string& what) -> absl::Status {
     if (m.rows != rows || m.cols != cols || m.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " is [", m.rows, ", ", m.cols, "], expected [", rows, ", ",
-                                                     cols, "] from the config"));
+      return absl::InvalidArgumentError(absl::StrCat(what, " is [", m.rows, ", ", m.cols,
+                                                     "], expected [", rows, ", ", cols,
+                                                     "] from the config"));
     }
     return absl::OkStatus();
   };
   auto vec = [](const std::vector<float>& v, int64_t n, const std::string& what) -> absl::Status {
     if (static_cast<int64_t>(v.size()) != n) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " has ", v.size(), " values, expected ", n));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " has ", v.size(), " values, expected ", n));
     }
     return absl::OkStatus();
   };
   FEDLORA_RETURN_IF_ERROR(matrix(embed, c.vocab_size, c.hidden_size, "the token embeddings"));
-  if (!lm_head.empty()) FEDLORA_RETURN_IF_ERROR(matrix(lm_head, c.vocab_size, c.hidden_size, "the output head"));
+  if (!lm_head.empty())
+    FEDLORA_RETURN_IF_ERROR(matrix(lm_head, c.vocab_size, c.hidden_size, "the output head"));
   if (lm_head.empty() && !c.tie_word_embeddings) {
-    return absl::InvalidArgumentError("the checkpoint has no output head and the config does not tie it");
+    return absl::InvalidArgumentError(
+        "the checkpoint has no output head and the config does not tie it");
   }
   FEDLORA_RETURN_IF_ERROR(vec(final_norm, c.hidden_size, "the final norm"));
   if (static_cast<int64_t>(layers.size()) != c.num_hidden_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(layers.size(), " layers, expected ", c.num_hidden_layers));
+    return absl::InvalidArgumentError(
+        absl::StrCat(layers.size(), " layers, expected ", c.num_hidden_layers));
   }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const DecoderLayerWeights& lw = layers[l];
-    FEDLORA_RETURN_IF_ERROR(vec(lw.input_norm, c.hidden_size, absl::StrCat("layer ", l, " input norm")));
-    FEDLORA_RETURN_IF_ERROR(vec(lw.post_attention_norm, c.hidden_size, absl::StrCat("layer ", l, " post-attention norm")));
+    FEDLORA_RETURN_IF_ERROR(
+        vec(lw.input_norm, c.hidden_size, absl::StrCat("layer ", l, " input norm")));
+    FEDLORA_RETURN_IF_ERROR(vec(lw.post_attention_norm, c.hidden_size,
+                                absl::StrCat("layer ", l, " post-attention norm")));
     for (DecoderTarget t : kAllTargets) {
       int64_t out, in;
       Shape(c, t, &out, &in);
       const FrozenLinear& lin = lw.proj[static_cast<int>(t)];
       const std::string what = absl::StrCat("layer ", l, " ", DecoderTargetName(t));
       FEDLORA_RETURN_IF_ERROR(matrix(lin.w, out, in, what));
-      const bool want_bias = c.qkv_bias && static_cast<int>(t) <= static_cast<int>(DecoderTarget::kVProj);
+      const bool want_bias =
+          c.qkv_bias && static_cast<int>(t) <= static_cast<int>(DecoderTarget::kVProj);
       FEDLORA_RETURN_IF_ERROR(vec(lin.bias, want_bias ? out : 0, what + " bias"));
     }
   }
   return absl::OkStatus();
 }
 
-DecoderBase::DecoderBase(DecoderConfig config, std::unique_ptr<Weights> weights, bool bf16_math, bool int8_math)
-    : config_(std::move(config)), weights_(std::move(weights)), bf16_math_(bf16_math), int8_math_(int8_math) {}
+DecoderBase::DecoderBase(DecoderConfig config, std::unique_ptr<Weights> weights, bool bf16_math,
+                         bool int8_math)
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      bf16_math_(bf16_math),
+      int8_math_(int8_math) {}
 DecoderBase::~DecoderBase() = default;
 
-absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(DecoderConfig config,
-                                                                  std::unique_ptr<DecoderBase::Weights> weights,
-                                                                  bool bf16_math, bool int8_math) {
+absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(
+    DecoderConfig config, std::unique_ptr<DecoderBase::Weights> weights, bool bf16_math,
+    bool int8_math) {
   FEDLORA_RETURN_IF_ERROR(config.Validate());
   FEDLORA_RETURN_IF_ERROR(weights->Check(config));
-  if (bf16_math && int8_math) return absl::InvalidArgumentError("DecoderOptions: bf16_math and int8_math exclude each other");
+  if (bf16_math && int8_math)
+    return absl::InvalidArgumentError("DecoderOptions: bf16_math and int8_math exclude each other");
   // The GEMM weights: every projection and the head (the tied embedding too, which the gather
   // reads as it is).
   FrozenMatrix& head = weights->lm_head.empty() ? weights->embed : weights->lm_head;
@@ -134,14 +161,16 @@ absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(DecoderConfig
     }
     if (marked == 0) {
       return absl::InvalidArgumentError(
-          "DecoderOptions.int8_math needs frozen matrices held as Q8_0 (weights = WeightStorage::kQ8_0)");
+          "DecoderOptions.int8_math needs frozen matrices held as Q8_0 (weights = "
+          "WeightStorage::kQ8_0)");
     }
   }
   if (bf16_math) {
     for (FrozenMatrix* m : matrices) {
       if (m->bf16.empty()) {
         return absl::InvalidArgumentError(
-            "DecoderOptions.bf16_math needs the frozen matrices held as bf16 (weights = WeightStorage::kBF16)");
+            "DecoderOptions.bf16_math needs the frozen matrices held as bf16 (weights = "
+            "WeightStorage::kBF16)");
       }
       m->bf16_math = true;
     }
@@ -162,12 +191,15 @@ absl::Status DecoderBase::Weights::AddTo(kernels::DeviceMirror& mirror) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<const kernels::DeviceMirror>> DecoderBase::WeightsOn(Device device) const {
+absl::StatusOr<std::shared_ptr<const kernels::DeviceMirror>> DecoderBase::WeightsOn(
+    Device device) const {
   return mirrors_.Get(device, [this](kernels::DeviceMirror& m) { return weights_->AddTo(m); });
 }
 
 int64_t DecoderBase::weight_bytes() const {
-  auto vec = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * sizeof(float)); };
+  auto vec = [](const std::vector<float>& v) {
+    return static_cast<int64_t>(v.size() * sizeof(float));
+  };
   int64_t total = weights_->embed.bytes() + weights_->lm_head.bytes() + vec(weights_->final_norm);
   for (const DecoderLayerWeights& lw : weights_->layers) {
     total += vec(lw.input_norm) + vec(lw.post_attention_norm);
@@ -180,7 +212,9 @@ std::string DecoderBase::storage_summary() const {
   std::map<std::string, int> count;
   auto add = [&](const FrozenMatrix& m) {
     if (m.empty()) return;
-    count[!m.quant.empty() ? std::string(GgmlTypeName(m.quant_type)) : !m.bf16.empty() ? "BF16" : "F32"]++;
+    count[!m.quant.empty()  ? std::string(GgmlTypeName(m.quant_type))
+          : !m.bf16.empty() ? "BF16"
+                            : "F32"]++;
   };
   add(weights_->embed);
   add(weights_->lm_head);
@@ -192,15 +226,16 @@ std::string DecoderBase::storage_summary() const {
   return absl::StrCat(absl::StrJoin(parts, ", "), " matrices");
 }
 
-absl::StatusOr<std::shared_ptr<const DecoderBase>> DecoderBase::FromRandom(const DecoderConfig& config,
-                                                                           const DecoderOptions& options) {
+absl::StatusOr<std::shared_ptr<const DecoderBase>> DecoderBase::FromRandom(
+    const DecoderConfig& config, const DecoderOptions& options) {
   FEDLORA_RETURN_IF_ERROR(config.Validate());
   auto w = std::make_unique<Weights>();
   uint64_t stream = kStreamRandomBase;
   auto matrix = [&](FrozenMatrix* m, int64_t rows, int64_t cols) {
     std::vector<float> v(static_cast<size_t>(rows * cols));
     FillNormal(options.seed, stream++, 0.02f, &v);
-    const bool keep = options.weights == WeightStorage::kBF16 || options.weights == WeightStorage::kQ8_0;
+    const bool keep =
+        options.weights == WeightStorage::kBF16 || options.weights == WeightStorage::kQ8_0;
     m->SetF32(rows, cols, std::move(v), keep ? options.weights : WeightStorage::kF32);
   };
   const int64_t h = config.hidden_size;
@@ -216,36 +251,41 @@ absl::StatusOr<std::shared_ptr<const DecoderBase>> DecoderBase::FromRandom(const
       Weights::Shape(config, t, &out, &in);
       FrozenLinear& lin = lw.proj[static_cast<int>(t)];
       matrix(&lin.w, out, in);
-      if (config.qkv_bias && static_cast<int>(t) <= static_cast<int>(DecoderTarget::kVProj)) lin.bias.assign(out, 0.0f);
+      if (config.qkv_bias && static_cast<int>(t) <= static_cast<int>(DecoderTarget::kVProj))
+        lin.bias.assign(out, 0.0f);
     }
   }
   return MakeDecoderBase(config, std::move(w), options.bf16_math, options.int8_math);
 }
 
-absl::StatusOr<std::shared_ptr<const DecoderBase>> DecoderBase::Load(const std::string& path,
-                                                                     const DecoderOptions& options) {
+absl::StatusOr<std::shared_ptr<const DecoderBase>> DecoderBase::Load(
+    const std::string& path, const DecoderOptions& options) {
   if (options.bf16_math && options.weights != WeightStorage::kBF16) {
-    return absl::InvalidArgumentError("DecoderOptions.bf16_math needs weights = WeightStorage::kBF16");
+    return absl::InvalidArgumentError(
+        "DecoderOptions.bf16_math needs weights = WeightStorage::kBF16");
   }
   if (options.int8_math && options.weights != WeightStorage::kQ8_0) {
-    return absl::InvalidArgumentError("DecoderOptions.int8_math needs weights = WeightStorage::kQ8_0");
+    return absl::InvalidArgumentError(
+        "DecoderOptions.int8_math needs weights = WeightStorage::kQ8_0");
   }
   if (IsGgufPath(path)) return LoadDecoderGguf(path, options);
   return LoadDecoderSafetensors(path, options);
 }
 
-// --- CausalLm construction -------------------------------------------------------------------------
+// --- CausalLm construction
+// -------------------------------------------------------------------------
 
 namespace {
 
 absl::Status ValidateOptions(const DecoderConfig& c, const DecoderOptions& o) {
   if (o.max_batch < 1 || o.max_seq < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_batch and max_seq must be positive, got ", o.max_batch, " and ", o.max_seq));
+    return absl::InvalidArgumentError(absl::StrCat("max_batch and max_seq must be positive, got ",
+                                                   o.max_batch, " and ", o.max_seq));
   }
   if (o.max_seq > c.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("max_seq ", o.max_seq, " exceeds the model's ",
-                                                   c.max_position_embeddings, " positions (max_position_embeddings)"));
+                                                   c.max_position_embeddings,
+                                                   " positions (max_position_embeddings)"));
   }
   if (static_cast<int64_t>(o.max_batch) * o.max_seq > (int64_t{1} << 24)) {
     return absl::InvalidArgumentError("max_batch x max_seq above 2^24 tokens");
@@ -257,10 +297,12 @@ absl::Status ValidateOptions(const DecoderConfig& c, const DecoderOptions& o) {
   }
   if (!std::isfinite(o.lora.alpha)) return absl::InvalidArgumentError("LoRA alpha must be finite");
   if (!(o.lora.dropout >= 0.0f && o.lora.dropout < 1.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("LoRA dropout must be in [0, 1), got ", o.lora.dropout));
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoRA dropout must be in [0, 1), got ", o.lora.dropout));
   }
   if (o.lora.target_modules.empty()) return absl::InvalidArgumentError("no LoRA target modules");
-  for (const std::string& name : o.lora.target_modules) FEDLORA_RETURN_IF_ERROR(ParseDecoderTarget(name).status());
+  for (const std::string& name : o.lora.target_modules)
+    FEDLORA_RETURN_IF_ERROR(ParseDecoderTarget(name).status());
   return absl::OkStatus();
 }
 
@@ -270,7 +312,8 @@ CausalLm::CausalLm(std::shared_ptr<const DecoderBase> base, DecoderOptions optio
     : base_(std::move(base)), options_(std::move(options)) {}
 CausalLm::~CausalLm() = default;
 
-absl::StatusOr<std::unique_ptr<CausalLm>> CausalLm::Load(const std::string& path, const DecoderOptions& options) {
+absl::StatusOr<std::unique_ptr<CausalLm>> CausalLm::Load(const std::string& path,
+                                                         const DecoderOptions& options) {
   FEDLORA_ASSIGN_OR_RETURN(auto base, DecoderBase::Load(path, options));
   return Create(std::move(base), options);
 }
@@ -281,12 +324,14 @@ absl::StatusOr<std::unique_ptr<CausalLm>> CausalLm::Create(std::shared_ptr<const
   const DecoderConfig& c = base->config();
   FEDLORA_RETURN_IF_ERROR(ValidateOptions(c, options));
   if (options.bf16_math != base->bf16_math()) {
-    return absl::InvalidArgumentError(absl::StrCat("DecoderOptions.bf16_math is ", options.bf16_math ? "true" : "false",
-                                                   " but the shared base's is ", base->bf16_math() ? "true" : "false"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecoderOptions.bf16_math is ", options.bf16_math ? "true" : "false",
+                     " but the shared base's is ", base->bf16_math() ? "true" : "false"));
   }
   if (options.int8_math != base->int8_math()) {
-    return absl::InvalidArgumentError(absl::StrCat("DecoderOptions.int8_math is ", options.int8_math ? "true" : "false",
-                                                   " but the shared base's is ", base->int8_math() ? "true" : "false"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecoderOptions.int8_math is ", options.int8_math ? "true" : "false",
+                     " but the shared base's is ", base->int8_math() ? "true" : "false"));
   }
   if (options.device == Device::kCuda && options.int8_math) {
     return absl::UnimplementedError(
@@ -314,14 +359,21 @@ absl::StatusOr<std::unique_ptr<CausalLm>> CausalLm::Create(std::shared_ptr<const
       int64_t out, in;
       DecoderBase::Weights::Shape(c, t, &out, &in);
       im.lora_param[l][ti] = static_cast<int>(lm->params_.size());
-      const std::string name = absl::StrCat("base_model.model.model.layers.", l, ".", DecoderTargetPath(t));
-      Param a{name + ".lora_A.weight", {o.lora.rank, in}, std::vector<float>(o.lora.rank * in),
-              std::vector<float>(o.lora.rank * in, 0.0f), true};
+      const std::string name =
+          absl::StrCat("base_model.model.model.layers.", l, ".", DecoderTargetPath(t));
+      Param a{name + ".lora_A.weight",
+              {o.lora.rank, in},
+              std::vector<float>(o.lora.rank * in),
+              std::vector<float>(o.lora.rank * in, 0.0f),
+              true};
       // PEFT: kaiming_uniform_(A, a=sqrt(5)) -> bound 1 / sqrt(fan_in); B starts at zero.
-      FillUniform(o.seed, kStreamLoraBase + l * kNumDecoderTargets + ti, 1.0f / std::sqrt(static_cast<float>(in)),
-                  &a.value);
-      Param b{name + ".lora_B.weight", {out, o.lora.rank}, std::vector<float>(out * o.lora.rank, 0.0f),
-              std::vector<float>(out * o.lora.rank, 0.0f), true};
+      FillUniform(o.seed, kStreamLoraBase + l * kNumDecoderTargets + ti,
+                  1.0f / std::sqrt(static_cast<float>(in)), &a.value);
+      Param b{name + ".lora_B.weight",
+              {out, o.lora.rank},
+              std::vector<float>(out * o.lora.rank, 0.0f),
+              std::vector<float>(out * o.lora.rank, 0.0f),
+              true};
       lm->params_.push_back(std::move(a));
       lm->params_.push_back(std::move(b));
     }
@@ -341,11 +393,13 @@ void CausalLm::SetThreadPool(ThreadPool* pool) { impl_->ctx.pool = pool; }
 
 absl::Status CausalLm::Impl::Plan() {
   const int64_t tokens = static_cast<int64_t>(options.max_batch) * options.max_seq;
-  const int64_t h = H(), qd = config.q_dim(), kvd = config.kv_dim(), inter = config.intermediate_size;
+  const int64_t h = H(), qd = config.q_dim(), kvd = config.kv_dim(),
+                inter = config.intermediate_size;
   fused_attention = options.fused_attention.value_or(!on_host());
   const int64_t probs_elems = fused_attention ? 1
-                                              : static_cast<int64_t>(options.max_batch) * config.num_attention_heads *
-                                                    options.max_seq * options.max_seq;
+                                              : static_cast<int64_t>(options.max_batch) *
+                                                    config.num_attention_heads * options.max_seq *
+                                                    options.max_seq;
   kernels::Backend& be = *backend;
   auto zeros = [&](auto* array, int64_t count) -> absl::Status {
     using A = std::remove_pointer_t<decltype(array)>;
@@ -359,7 +413,8 @@ absl::Status CausalLm::Impl::Plan() {
     for (Array* v : {&a.q, &a.ctx}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * qd));
     for (Array* v : {&a.k, &a.v}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * kvd));
     for (Array* v : {&a.gate, &a.up}) FEDLORA_RETURN_IF_ERROR(zeros(v, tokens * inter));
-    if (fused_attention) FEDLORA_RETURN_IF_ERROR(zeros(&a.lse, tokens * config.num_attention_heads));
+    if (fused_attention)
+      FEDLORA_RETURN_IF_ERROR(zeros(&a.lse, tokens * config.num_attention_heads));
     for (int t = 0; t < kNumDecoderTargets; ++t) {
       if (use_target[t]) FEDLORA_RETURN_IF_ERROR(zeros(&a.lora_h[t], tokens * r()));
     }
@@ -408,36 +463,58 @@ absl::Status CausalLm::Impl::Plan() {
     const int ti = static_cast<int>(t);
     int64_t out, in;
     DecoderBase::Weights::Shape(config, t, &out, &in);
-    const kernels::WeightPtr w = weights.layers[0].proj[ti].w.ptr();  // the host's: shapes and format only
-    kernels::LoraLinearForwardArgs f{.rows = tokens, .in_features = in, .out_features = out, .rank = r(), .w = w,
+    const kernels::WeightPtr w =
+        weights.layers[0].proj[ti].w.ptr();  // the host's: shapes and format only
+    kernels::LoraLinearForwardArgs f{.rows = tokens,
+                                     .in_features = in,
+                                     .out_features = out,
+                                     .rank = r(),
+                                     .w = w,
                                      .dropout = {lora_p, 0, 0}};
-    kernels::LoraLinearBackwardArgs b{.rows = tokens, .in_features = in, .out_features = out, .rank = r(), .w = w,
+    kernels::LoraLinearBackwardArgs b{.rows = tokens,
+                                      .in_features = in,
+                                      .out_features = out,
+                                      .rank = r(),
+                                      .w = w,
                                       .dropout = {lora_p, 0, 0}};
     kernels::LinearForwardArgs lf{.rows = tokens, .in_features = in, .out_features = out, .w = w};
-    kernels::LinearBackwardArgs lb{.rows = tokens, .in_features = in, .out_features = out, .w = w, .dx = dx.data()};
-    need = std::max({need, kernels::LoraLinearWorkspaceBytes(f), kernels::LoraLinearWorkspaceBytes(b),
-                     kernels::LinearWorkspaceBytes(lf), kernels::LinearWorkspaceBytes(lb)});
+    kernels::LinearBackwardArgs lb{
+        .rows = tokens, .in_features = in, .out_features = out, .w = w, .dx = dx.data()};
+    need =
+        std::max({need, kernels::LoraLinearWorkspaceBytes(f), kernels::LoraLinearWorkspaceBytes(b),
+                  kernels::LinearWorkspaceBytes(lf), kernels::LinearWorkspaceBytes(lb)});
   }
   {
-    kernels::LinearForwardArgs f{.rows = chunk, .in_features = h, .out_features = config.vocab_size,
+    kernels::LinearForwardArgs f{.rows = chunk,
+                                 .in_features = h,
+                                 .out_features = config.vocab_size,
                                  .w = weights.head().ptr()};
-    kernels::LinearBackwardArgs b{.rows = chunk, .in_features = h, .out_features = config.vocab_size,
-                                  .w = weights.head().ptr(), .dx = dx.data()};
+    kernels::LinearBackwardArgs b{.rows = chunk,
+                                  .in_features = h,
+                                  .out_features = config.vocab_size,
+                                  .w = weights.head().ptr(),
+                                  .dx = dx.data()};
     need = std::max({need, kernels::LinearWorkspaceBytes(f), kernels::LinearWorkspaceBytes(b)});
   }
   {
-    kernels::AttentionDims dims{.batch = options.max_batch, .heads = config.num_attention_heads,
-                                .seq = options.max_seq, .head_dim = config.head_dim,
-                                .kv_heads = config.num_key_value_heads, .causal = true};
+    kernels::AttentionDims dims{.batch = options.max_batch,
+                                .heads = config.num_attention_heads,
+                                .seq = options.max_seq,
+                                .head_dim = config.head_dim,
+                                .kv_heads = config.num_key_value_heads,
+                                .causal = true};
     kernels::AttentionForwardArgs af{.dims = dims, .dropout = {attention_p, 0, 0}};
     kernels::AttentionBackwardArgs ab{.dims = dims, .dropout = {attention_p, 0, 0}};
-    need = std::max({need, kernels::AttentionWorkspaceBytes(af), kernels::AttentionWorkspaceBytes(ab),
-                     kernels::FusedAttentionBackwardWorkspaceBytes(
-                         {.tokens = tokens, .heads = config.num_attention_heads})});
+    need =
+        std::max({need, kernels::AttentionWorkspaceBytes(af), kernels::AttentionWorkspaceBytes(ab),
+                  kernels::FusedAttentionBackwardWorkspaceBytes(
+                      {.tokens = tokens, .heads = config.num_attention_heads})});
   }
-  need = std::max(need, kernels::DecodeAttentionWorkspaceBytes({.heads = config.num_attention_heads,
-                                                                .kv_heads = config.num_key_value_heads,
-                                                                .head_dim = config.head_dim, .len = options.max_seq}));
+  need =
+      std::max(need, kernels::DecodeAttentionWorkspaceBytes({.heads = config.num_attention_heads,
+                                                             .kv_heads = config.num_key_value_heads,
+                                                             .head_dim = config.head_dim,
+                                                             .len = options.max_seq}));
   FEDLORA_RETURN_IF_ERROR(zeros(&workspace_storage, static_cast<int64_t>(need)));
   workspace = workspace_storage.data();
   workspace_bytes = need;
@@ -454,7 +531,8 @@ absl::Status CausalLm::Impl::BindWeights(std::shared_ptr<const kernels::DeviceMi
     DevLayer& dl = dev_layers[l];
     for (int t = 0; t < kNumDecoderTargets; ++t) {
       FEDLORA_ASSIGN_OR_RETURN(dl.proj[t].w, m.Get(lw.proj[t].w.ptr()));
-      FEDLORA_ASSIGN_OR_RETURN(dl.proj[t].bias, m.Get(lw.proj[t].bias.empty() ? nullptr : lw.proj[t].bias.data()));
+      FEDLORA_ASSIGN_OR_RETURN(dl.proj[t].bias,
+                               m.Get(lw.proj[t].bias.empty() ? nullptr : lw.proj[t].bias.data()));
     }
     FEDLORA_ASSIGN_OR_RETURN(dl.input_norm, m.Get(lw.input_norm.data()));
     FEDLORA_ASSIGN_OR_RETURN(dl.post_attention_norm, m.Get(lw.post_attention_norm.data()));
@@ -466,51 +544,59 @@ absl::Status CausalLm::Impl::BindWeights(std::shared_ptr<const kernels::DeviceMi
 
 absl::Status CausalLm::Impl::CheckBatch(const Batch& b, bool need_labels) const {
   if (b.batch_size < 1 || b.seq_len < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("empty batch: batch_size ", b.batch_size, ", seq_len ", b.seq_len));
+    return absl::InvalidArgumentError(
+        absl::StrCat("empty batch: batch_size ", b.batch_size, ", seq_len ", b.seq_len));
   }
   if (b.batch_size > options.max_batch || b.seq_len > options.max_seq) {
-    return absl::InvalidArgumentError(absl::StrCat("batch ", b.batch_size, " x ", b.seq_len,
-                                                   " exceeds the planned maximum ", options.max_batch, " x ",
-                                                   options.max_seq, " (DecoderOptions max_batch, max_seq)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch ", b.batch_size, " x ", b.seq_len, " exceeds the planned maximum ",
+        options.max_batch, " x ", options.max_seq, " (DecoderOptions max_batch, max_seq)"));
   }
   const size_t n = static_cast<size_t>(b.batch_size) * b.seq_len;
   if (b.input_ids.size() != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("input_ids has ", b.input_ids.size(), " entries, expected ", b.batch_size, " x ", b.seq_len));
+    return absl::InvalidArgumentError(absl::StrCat("input_ids has ", b.input_ids.size(),
+                                                   " entries, expected ", b.batch_size, " x ",
+                                                   b.seq_len));
   }
   if (!b.attention_mask.empty() && b.attention_mask.size() != n) {
-    return absl::InvalidArgumentError(absl::StrCat("attention_mask has ", b.attention_mask.size(), " entries, expected 0 or ", n));
+    return absl::InvalidArgumentError(absl::StrCat("attention_mask has ", b.attention_mask.size(),
+                                                   " entries, expected 0 or ", n));
   }
   if (need_labels && b.labels.size() != n) {
-    return absl::InvalidArgumentError(absl::StrCat("labels has ", b.labels.size(), " entries, expected ", n));
+    return absl::InvalidArgumentError(
+        absl::StrCat("labels has ", b.labels.size(), " entries, expected ", n));
   }
   for (size_t i = 0; i < n; ++i) {
     if (b.input_ids[i] < 0 || b.input_ids[i] >= config.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("input_ids[", i, "] = ", b.input_ids[i],
-                                                     " outside the vocabulary [0, ", config.vocab_size, ")"));
+                                                     " outside the vocabulary [0, ",
+                                                     config.vocab_size, ")"));
     }
-    if (need_labels && b.labels[i] != -100 && (b.labels[i] < 0 || b.labels[i] >= config.vocab_size)) {
+    if (need_labels && b.labels[i] != -100 &&
+        (b.labels[i] < 0 || b.labels[i] >= config.vocab_size)) {
       return absl::InvalidArgumentError(absl::StrCat("labels[", i, "] = ", b.labels[i],
-                                                     ": neither -100 nor a token id below ", config.vocab_size));
+                                                     ": neither -100 nor a token id below ",
+                                                     config.vocab_size));
     }
   }
   if (!b.attention_mask.empty()) {
     for (int s = 0; s < b.batch_size; ++s) {
       const int32_t* row = b.attention_mask.data() + static_cast<size_t>(s) * b.seq_len;
       if (row[0] != 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("sequence ", s, " does not start with a token (attention_mask[0] = ", row[0],
-                         "): decoders take right-padded batches"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sequence ", s, " does not start with a token (attention_mask[0] = ", row[0],
+            "): decoders take right-padded batches"));
       }
       bool padding = false;
       for (int j = 0; j < b.seq_len; ++j) {
         if (row[j] != 0 && row[j] != 1) {
-          return absl::InvalidArgumentError(absl::StrCat("attention_mask value ", row[j], ", expected 0 or 1"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("attention_mask value ", row[j], ", expected 0 or 1"));
         }
         if (row[j] == 0) padding = true;
         if (row[j] == 1 && padding) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("sequence ", s, " has a token after padding: decoders take right-padded batches"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "sequence ", s, " has a token after padding: decoders take right-padded batches"));
         }
       }
     }

@@ -49,9 +49,9 @@
 #include "kernels/backend.h"
 #include "model/bert.h"
 #include "model/decoder_config.h"
-#include "model/sampling.h"
 #include "model/frozen.h"
 #include "model/param.h"
+#include "model/sampling.h"
 
 namespace fedlora {
 
@@ -74,7 +74,8 @@ struct DecoderOptions {
   LoraOptions lora{.rank = 8,
                    .alpha = 16.0f,
                    .dropout = 0.0f,
-                   .target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}};
+                   .target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                      "up_proj", "down_proj"}};
   WeightStorage weights = WeightStorage::kAsStored;
   uint64_t seed = 0;  // LoRA A initialisation; FromRandom's base weights
   // Largest batch and sequence length any call will use (generation: prompt + new tokens).
@@ -88,8 +89,9 @@ struct DecoderOptions {
   std::optional<bool> fused_attention;
   // Multiply with the frozen projections and the LM head in bf16 (activation operand rounded to
   // bf16, fp32 accumulation: kernels/gemm.h) on CPUs with AVX512_BF16 and on CUDA (cuBLASLt); the
-  // exact fp32 products on other CPUs. Needs weights == kBF16 (a 4- or 8-bit GGUF base is then widened to bf16). LoRA
-  // factors, gradients and the optimizer stay fp32. A property of the DecoderBase.
+  // exact fp32 products on other CPUs. Needs weights == kBF16 (a 4- or 8-bit GGUF base is then
+  // widened to bf16). LoRA factors, gradients and the optimizer stay fp32. A property of the
+  // DecoderBase.
   bool bf16_math = false;
   // Multiply the forward products of the Q8_0 frozen matrices in int8 (the activation quantized
   // per block of 32, exact int32 block sums: kernels/gemm.h) on CPUs with AVX512-VNNI; the exact
@@ -107,12 +109,13 @@ struct DecoderOptions {
 class DecoderBase {
  public:
   // `path` is a directory with config.json and model.safetensors (or a sharded
-  // model.safetensors.index.json), or a .gguf file. Reads DecoderOptions::weights, bf16_math and int8_math.
+  // model.safetensors.index.json), or a .gguf file. Reads DecoderOptions::weights, bf16_math and
+  // int8_math.
   static absl::StatusOr<std::shared_ptr<const DecoderBase>> Load(const std::string& path,
                                                                  const DecoderOptions& options);
   // Random weights (N(0, 0.02), norms 1, biases 0) from options.seed, for tests and benchmarks.
-  static absl::StatusOr<std::shared_ptr<const DecoderBase>> FromRandom(const DecoderConfig& config,
-                                                                       const DecoderOptions& options);
+  static absl::StatusOr<std::shared_ptr<const DecoderBase>> FromRandom(
+      const DecoderConfig& config, const DecoderOptions& options);
   ~DecoderBase();
   DecoderBase(const DecoderBase&) = delete;
   DecoderBase& operator=(const DecoderBase&) = delete;
@@ -135,10 +138,10 @@ class DecoderBase {
   absl::StatusOr<std::shared_ptr<const kernels::DeviceMirror>> WeightsOn(Device device) const;
 
  private:
-  friend absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(DecoderConfig config,
-                                                                           std::unique_ptr<Weights> weights,
-                                                                           bool bf16_math, bool int8_math);
-  DecoderBase(DecoderConfig config, std::unique_ptr<Weights> weights, bool bf16_math, bool int8_math);
+  friend absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(
+      DecoderConfig config, std::unique_ptr<Weights> weights, bool bf16_math, bool int8_math);
+  DecoderBase(DecoderConfig config, std::unique_ptr<Weights> weights, bool bf16_math,
+              bool int8_math);
   DecoderConfig config_;
   std::unique_ptr<Weights> weights_;
   bool bf16_math_ = false;
@@ -183,7 +186,8 @@ class CausalLm {
     std::function<void(int32_t)> on_token{};
   };
 
-  static absl::StatusOr<std::unique_ptr<CausalLm>> Load(const std::string& path, const DecoderOptions& options);
+  static absl::StatusOr<std::unique_ptr<CausalLm>> Load(const std::string& path,
+                                                        const DecoderOptions& options);
   static absl::StatusOr<std::unique_ptr<CausalLm>> Create(std::shared_ptr<const DecoderBase> base,
                                                           const DecoderOptions& options);
   ~CausalLm();
@@ -200,7 +204,8 @@ class CausalLm {
   absl::StatusOr<std::vector<float>> Logits(const Batch& batch);
   // Greedy decoding of one prompt: the new tokens (the stop token included when one is hit).
   // prompt + max_new_tokens must fit in max_seq.
-  absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt, const GenerateOptions& options);
+  absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt,
+                                                const GenerateOptions& options);
 
   std::vector<Param>& trainable_params() { return params_; }
   const std::vector<Param>& trainable_params() const { return params_; }

@@ -16,7 +16,8 @@ absl::Status Positive(int64_t value, std::string_view field) {
 }
 
 absl::Status Refuse(std::string_view what, std::string_view field, std::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": ", std::string(field), " ", std::string(why),
+  return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": ", std::string(field), " ",
+                                                 std::string(why),
                                                  " is not supported by fedlora's decoder"));
 }
 
@@ -37,65 +38,73 @@ absl::Status DecoderConfig::Validate() const {
   if (hidden_size > kMaxDim || intermediate_size > kMaxDim || vocab_size > (int64_t{1} << 24) ||
       max_position_embeddings > (int64_t{1} << 24) || num_hidden_layers > 1024 || head_dim > 4096 ||
       num_attention_heads > 4096) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "decoder config: implausibly large dimensions (hidden_size ", hidden_size, ", intermediate_size ",
-        intermediate_size, ", vocab_size ", vocab_size, ", num_hidden_layers ", num_hidden_layers, ", heads ",
-        num_attention_heads, " x ", head_dim, ", max_position_embeddings ", max_position_embeddings, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("decoder config: implausibly large dimensions (hidden_size ", hidden_size,
+                     ", intermediate_size ", intermediate_size, ", vocab_size ", vocab_size,
+                     ", num_hidden_layers ", num_hidden_layers, ", heads ", num_attention_heads,
+                     " x ", head_dim, ", max_position_embeddings ", max_position_embeddings, ")"));
   }
   if (num_attention_heads % num_key_value_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("decoder config: num_attention_heads ", num_attention_heads,
-                                                   " is not a multiple of num_key_value_heads ",
-                                                   num_key_value_heads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("decoder config: num_attention_heads ", num_attention_heads,
+                     " is not a multiple of num_key_value_heads ", num_key_value_heads));
   }
   if (head_dim % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("decoder config: head_dim ", head_dim, " is odd (rotary embeddings rotate pairs)"));
+    return absl::InvalidArgumentError(absl::StrCat("decoder config: head_dim ", head_dim,
+                                                   " is odd (rotary embeddings rotate pairs)"));
   }
   if (!(rms_norm_eps > 0.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("decoder config: rms_norm_eps must be > 0, got ", rms_norm_eps));
+    return absl::InvalidArgumentError(
+        absl::StrCat("decoder config: rms_norm_eps must be > 0, got ", rms_norm_eps));
   }
   if (!(rope_theta > 1.0) || rope_theta > 1e12) {
-    return absl::InvalidArgumentError(absl::StrCat("decoder config: rope_theta must be in (1, 1e12], got ", rope_theta));
+    return absl::InvalidArgumentError(
+        absl::StrCat("decoder config: rope_theta must be in (1, 1e12], got ", rope_theta));
   }
   if (!(attention_dropout >= 0.0 && attention_dropout < 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("decoder config: attention_dropout must be in [0, 1), got ", attention_dropout));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "decoder config: attention_dropout must be in [0, 1), got ", attention_dropout));
   }
   if (model_type != "llama" && model_type != "qwen2") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("decoder config: unsupported model_type \"", model_type, "\" (supported: \"llama\", \"qwen2\")"));
+    return absl::InvalidArgumentError(absl::StrCat("decoder config: unsupported model_type \"",
+                                                   model_type,
+                                                   "\" (supported: \"llama\", \"qwen2\")"));
   }
   auto id_ok = [&](int64_t id) { return id >= -1 && id < vocab_size; };
   if (!id_ok(bos_token_id) || !id_ok(pad_token_id)) {
-    return absl::InvalidArgumentError(absl::StrCat("decoder config: bos_token_id ", bos_token_id, " or pad_token_id ",
-                                                   pad_token_id, " outside the vocabulary of ", vocab_size));
+    return absl::InvalidArgumentError(absl::StrCat("decoder config: bos_token_id ", bos_token_id,
+                                                   " or pad_token_id ", pad_token_id,
+                                                   " outside the vocabulary of ", vocab_size));
   }
   for (int64_t e : eos_token_ids) {
     if (e < 0 || e >= vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("decoder config: eos_token_id ", e, " outside the vocabulary of ", vocab_size));
+      return absl::InvalidArgumentError(absl::StrCat("decoder config: eos_token_id ", e,
+                                                     " outside the vocabulary of ", vocab_size));
     }
   }
   return absl::OkStatus();
 }
 
 bool IsDecoderConfig(const nlohmann::json& json) {
-  if (!json.is_object() || !json.contains("model_type") || !json["model_type"].is_string()) return false;
+  if (!json.is_object() || !json.contains("model_type") || !json["model_type"].is_string())
+    return false;
   const std::string t = json["model_type"].get<std::string>();
   return t == "llama" || t == "qwen2";
 }
 
-absl::StatusOr<DecoderConfig> ParseDecoderConfig(const nlohmann::json& json, std::string_view what) {
+absl::StatusOr<DecoderConfig> ParseDecoderConfig(const nlohmann::json& json,
+                                                 std::string_view what) {
   const std::string w(what);
   if (!json.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(w, ": expected a JSON object, found ",
-                                                   std::string(JsonTypeName(json))));
+    return absl::InvalidArgumentError(
+        absl::StrCat(w, ": expected a JSON object, found ", std::string(JsonTypeName(json))));
   }
   DecoderConfig c;
   FEDLORA_ASSIGN_OR_RETURN(c.model_type, GetString(json, "model_type", what));
   if (c.model_type != "llama" && c.model_type != "qwen2") {
-    return absl::InvalidArgumentError(absl::StrCat(w, ": unknown decoder architecture: model_type \"", c.model_type,
-                                                   "\" (supported: \"llama\", \"qwen2\")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(w, ": unknown decoder architecture: model_type \"", c.model_type,
+                     "\" (supported: \"llama\", \"qwen2\")"));
   }
   c.qkv_bias = c.model_type == "qwen2";
   FEDLORA_ASSIGN_OR_RETURN(c.vocab_size, GetInt(json, "vocab_size", what));
@@ -107,13 +116,16 @@ absl::StatusOr<DecoderConfig> ParseDecoderConfig(const nlohmann::json& json, std
   FEDLORA_ASSIGN_OR_RETURN(c.num_key_value_heads,
                            GetIntOr(json, "num_key_value_heads", c.num_attention_heads, what));
   if (c.num_attention_heads > 0) {
-    FEDLORA_ASSIGN_OR_RETURN(c.head_dim, GetIntOr(json, "head_dim", c.hidden_size / c.num_attention_heads, what));
+    FEDLORA_ASSIGN_OR_RETURN(
+        c.head_dim, GetIntOr(json, "head_dim", c.hidden_size / c.num_attention_heads, what));
   }
-  FEDLORA_ASSIGN_OR_RETURN(c.max_position_embeddings,
-                           GetIntOr(json, "max_position_embeddings", c.model_type == "qwen2" ? 32768 : 2048, what));
+  FEDLORA_ASSIGN_OR_RETURN(
+      c.max_position_embeddings,
+      GetIntOr(json, "max_position_embeddings", c.model_type == "qwen2" ? 32768 : 2048, what));
   FEDLORA_ASSIGN_OR_RETURN(c.rms_norm_eps, GetDoubleOr(json, "rms_norm_eps", 1e-6, what));
   FEDLORA_ASSIGN_OR_RETURN(c.rope_theta, GetDoubleOr(json, "rope_theta", 10000.0, what));
-  FEDLORA_ASSIGN_OR_RETURN(c.tie_word_embeddings, GetBoolOr(json, "tie_word_embeddings", false, what));
+  FEDLORA_ASSIGN_OR_RETURN(c.tie_word_embeddings,
+                           GetBoolOr(json, "tie_word_embeddings", false, what));
   FEDLORA_ASSIGN_OR_RETURN(c.attention_dropout, GetDoubleOr(json, "attention_dropout", 0.0, what));
   FEDLORA_ASSIGN_OR_RETURN(c.bos_token_id, GetIntOr(json, "bos_token_id", -1, what));
   FEDLORA_ASSIGN_OR_RETURN(c.pad_token_id, GetIntOr(json, "pad_token_id", -1, what));
@@ -128,7 +140,8 @@ absl::StatusOr<DecoderConfig> ParseDecoderConfig(const nlohmann::json& json, std
   FEDLORA_ASSIGN_OR_RETURN(std::string act, GetStringOr(json, "hidden_act", "silu", what));
   if (act != "silu") return Refuse(w, "hidden_act", absl::StrCat("\"", act, "\" (only \"silu\")"));
   if (json.contains("rope_scaling") && !json["rope_scaling"].is_null()) {
-    return Refuse(w, "rope_scaling", "(position interpolation: linear, dynamic, llama3, yarn, ...)");
+    return Refuse(w, "rope_scaling",
+                  "(position interpolation: linear, dynamic, llama3, yarn, ...)");
   }
   FEDLORA_ASSIGN_OR_RETURN(int64_t tp, GetIntOr(json, "pretraining_tp", 1, what));
   if (tp != 1) return Refuse(w, "pretraining_tp", absl::StrCat(tp, " (only 1)"));

@@ -25,11 +25,13 @@ namespace fedlora {
 struct DecoderLayerActs {
   kernels::DeviceArray<float> q, k, v, ctx, z, gate, up;
   kernels::DeviceArray<float> lse;  // [tokens, heads], with fused attention
-  std::array<kernels::DeviceArray<float>, kNumDecoderTargets> lora_h;  // [tokens, rank] per used target
+  std::array<kernels::DeviceArray<float>, kNumDecoderTargets>
+      lora_h;  // [tokens, rank] per used target
 };
 
 struct CausalLm::Impl {
-  Impl(const DecoderConfig& c, const DecoderBase::Weights& w, const DecoderOptions& o, std::vector<Param>& p)
+  Impl(const DecoderConfig& c, const DecoderBase::Weights& w, const DecoderOptions& o,
+       std::vector<Param>& p)
       : config(c), weights(w), options(o), params(p) {}
 
   const DecoderConfig& config;
@@ -58,18 +60,20 @@ struct CausalLm::Impl {
   DeviceParams dev_params{params};
 
   bool use_target[kNumDecoderTargets] = {};
-  std::vector<std::array<int, kNumDecoderTargets>> lora_param;  // [layer][target]: index of A, or -1
+  std::vector<std::array<int, kNumDecoderTargets>>
+      lora_param;  // [layer][target]: index of A, or -1
   float lora_scaling = 1.0f;
   float lora_p = 0.0f;
   float attention_p = 0.0f;
 
   using Array = kernels::DeviceArray<float>;
-  kernels::RopeTables rope;            // host tables
-  Array rope_cos, rope_sin;            // their device copies (GPU only)
-  const float *rope_cos_ptr = nullptr, *rope_sin_ptr = nullptr;  // where the kernels read the tables
-  std::vector<DecoderLayerActs> acts;  // one per layer, or one in all with recompute_activations
-  std::vector<Array> x;                // layer inputs, x[L] the last layer's output
-  Array nf, rstd_f;                    // final norm
+  kernels::RopeTables rope;  // host tables
+  Array rope_cos, rope_sin;  // their device copies (GPU only)
+  const float *rope_cos_ptr = nullptr,
+              *rope_sin_ptr = nullptr;  // where the kernels read the tables
+  std::vector<DecoderLayerActs> acts;   // one per layer, or one in all with recompute_activations
+  std::vector<Array> x;                 // layer inputs, x[L] the last layer's output
+  Array nf, rstd_f;                     // final norm
   // The batch's attention mask ([tokens] 0 or -1e30) and positions, on the host and where the
   // kernels read them (mask_ptr, positions_ptr: set by Embed); the embeddings' host staging (GPU
   // only).
@@ -85,7 +89,7 @@ struct CausalLm::Impl {
   const float* mask_ptr = nullptr;
   const int32_t* positions_ptr = nullptr;
   std::vector<float> embed_host;
-  Array tmp;                           // [tokens, hidden] a projection's output before the residual add
+  Array tmp;  // [tokens, hidden] a projection's output before the residual add
   // One layer's recomputable values, shared by all layers: an RMSNorm's output and 1 / rms,
   // silu(gate) * up, and the attention probabilities [batch, heads, seq, seq].
   Array norm, rstd, act, probs;
@@ -106,7 +110,9 @@ struct CausalLm::Impl {
   int64_t L() const { return config.num_hidden_layers; }
   int64_t H() const { return config.hidden_size; }
   int64_t r() const { return options.lora.rank; }
-  DecoderLayerActs& ActsFor(int64_t layer) { return acts[options.recompute_activations ? 0 : layer]; }
+  DecoderLayerActs& ActsFor(int64_t layer) {
+    return acts[options.recompute_activations ? 0 : layer];
+  }
 
   // The backend for options.device and the frozen weights' pointers in `weights`.
   absl::Status BindWeights(std::shared_ptr<const kernels::DeviceMirror> weights);
@@ -121,7 +127,8 @@ struct CausalLm::Impl {
   absl::Status LayerForward(int64_t layer, int64_t batch, int64_t seq, bool training, uint64_t seed,
                             DecoderLayerActs& a);
   // dx holds d(loss)/d(x[layer + 1]) on entry and d(loss)/d(x[layer]) on return (layer > 0).
-  absl::Status LayerBackward(int64_t layer, int64_t batch, int64_t seq, uint64_t seed, DecoderLayerActs& a);
+  absl::Status LayerBackward(int64_t layer, int64_t batch, int64_t seq, uint64_t seed,
+                             DecoderLayerActs& a);
   absl::Status Forward(const Batch& b, bool training, uint64_t seed);
   // norm, rstd = RMSNorm of layer l's input x[l] (AttentionNorm) or of a.z (MlpNorm).
   absl::Status AttentionNorm(int64_t l, int64_t tokens);
@@ -136,10 +143,11 @@ struct CausalLm::Impl {
   // into dx (the loss being the mean over the targets).
   absl::Status Head(const Batch& b, bool backward, LossSum* sum);
 
-  absl::Status Linear(int64_t layer, DecoderTarget t, const float* in, int64_t rows, float* y, bool training,
-                      uint64_t seed, DecoderLayerActs& a);
-  absl::Status LinearBackward(int64_t layer, DecoderTarget t, const float* in, const float* dy, int64_t rows,
-                              float* dx_out, bool accumulate_dx, uint64_t seed, DecoderLayerActs& a);
+  absl::Status Linear(int64_t layer, DecoderTarget t, const float* in, int64_t rows, float* y,
+                      bool training, uint64_t seed, DecoderLayerActs& a);
+  absl::Status LinearBackward(int64_t layer, DecoderTarget t, const float* in, const float* dy,
+                              int64_t rows, float* dx_out, bool accumulate_dx, uint64_t seed,
+                              DecoderLayerActs& a);
   kernels::DropoutSpec LoraSpec(bool training, uint64_t seed, int64_t layer, DecoderTarget t) const;
 };
 

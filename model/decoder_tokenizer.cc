@@ -12,12 +12,15 @@
 namespace fedlora {
 namespace {
 
-bool IsGguf(const std::string& path) { return path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0; }
+bool IsGguf(const std::string& path) {
+  return path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0;
+}
 
 absl::StatusOr<int32_t> OptionalId(const GgufFile& f, const char* key) {
   if (!f.Has(key)) return -1;
   FEDLORA_ASSIGN_OR_RETURN(int64_t v, f.GetInt(key));
-  if (v < -1 || v > INT32_MAX) return absl::InvalidArgumentError(absl::StrCat(f.path(), ": ", key, " = ", v));
+  if (v < -1 || v > INT32_MAX)
+    return absl::InvalidArgumentError(absl::StrCat(f.path(), ": ", key, " = ", v));
   return static_cast<int32_t>(v);
 }
 
@@ -39,10 +42,12 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizerFromGguf(const GgufFil
   FEDLORA_ASSIGN_OR_RETURN(auto tokens, f.GetStringArray("tokenizer.ggml.tokens"));
   v.tokens.assign(tokens.begin(), tokens.end());
   if (f.Has("tokenizer.ggml.token_type")) {
-    FEDLORA_ASSIGN_OR_RETURN(std::vector<int64_t> types, f.GetIntArray("tokenizer.ggml.token_type"));
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<int64_t> types,
+                             f.GetIntArray("tokenizer.ggml.token_type"));
     v.token_types.reserve(types.size());
     for (int64_t t : types) {
-      if (t < INT32_MIN || t > INT32_MAX) return absl::InvalidArgumentError(absl::StrCat(f.path(), ": token type ", t));
+      if (t < INT32_MIN || t > INT32_MAX)
+        return absl::InvalidArgumentError(absl::StrCat(f.path(), ": token type ", t));
       v.token_types.push_back(static_cast<int32_t>(t));
     }
   }
@@ -57,11 +62,13 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizerFromGguf(const GgufFil
   FEDLORA_ASSIGN_OR_RETURN(v.add_bos, OptionalBool(f, "tokenizer.ggml.add_bos_token", false));
   FEDLORA_ASSIGN_OR_RETURN(v.add_eos, OptionalBool(f, "tokenizer.ggml.add_eos_token", false));
   auto tok = BpeTokenizer::Create(std::move(v));
-  if (!tok.ok()) return absl::Status(tok.status().code(), absl::StrCat(f.path(), ": ", tok.status().message()));
+  if (!tok.ok())
+    return absl::Status(tok.status().code(), absl::StrCat(f.path(), ": ", tok.status().message()));
   return tok;
 }
 
-absl::StatusOr<DecoderTokenizer> LoadDecoderTokenizer(const std::string& path, const std::string& chat_template) {
+absl::StatusOr<DecoderTokenizer> LoadDecoderTokenizer(const std::string& path,
+                                                      const std::string& chat_template) {
   DecoderTokenizer out;
   std::string jinja;
   if (IsGguf(path)) {
@@ -72,7 +79,8 @@ absl::StatusOr<DecoderTokenizer> LoadDecoderTokenizer(const std::string& path, c
       jinja = std::string(t);
     }
   } else {
-    FEDLORA_ASSIGN_OR_RETURN(out.tokenizer, BpeTokenizer::FromTokenizerJson(path + "/tokenizer.json"));
+    FEDLORA_ASSIGN_OR_RETURN(out.tokenizer,
+                             BpeTokenizer::FromTokenizerJson(path + "/tokenizer.json"));
     const std::string cfg_path = path + "/tokenizer_config.json";
     if (std::filesystem::exists(cfg_path)) {
       FEDLORA_ASSIGN_OR_RETURN(nlohmann::json cfg, ReadJsonFile(cfg_path));
@@ -84,7 +92,8 @@ absl::StatusOr<DecoderTokenizer> LoadDecoderTokenizer(const std::string& path, c
     out.chat = t;
   } else if (!jinja.empty()) {
     auto t = ChatTemplate::Detect(jinja);
-    if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat(path, ": ", t.status().message()));
+    if (!t.ok())
+      return absl::Status(t.status().code(), absl::StrCat(path, ": ", t.status().message()));
     out.chat = *t;
   }
   return out;
@@ -100,12 +109,14 @@ std::vector<int32_t> DecoderTokenizer::stop_ids() const {
   return ids;
 }
 
-absl::StatusOr<DecoderTokenizer> LoadChatTokenizer(const std::string& path, const std::string& chat_template) {
+absl::StatusOr<DecoderTokenizer> LoadChatTokenizer(const std::string& path,
+                                                   const std::string& chat_template) {
   FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadDecoderTokenizer(path, chat_template));
   if (!tok.chat.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(path,
-                                                   " has no chat template: name one (--chat-template, or "
-                                                   "task.chat_template in a run config): chatml, smollm2, qwen2 or llama3"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path,
+                     " has no chat template: name one (--chat-template, or "
+                     "task.chat_template in a run config): chatml, smollm2, qwen2 or llama3"));
   }
   return tok;
 }

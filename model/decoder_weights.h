@@ -1,5 +1,5 @@
-// The frozen weights of a decoder (internal to model/: the decoder and model/gguf_lora.cc): shapes follow Hugging Face's
-// LlamaForCausalLM, [out, in] for every projection.
+// The frozen weights of a decoder (internal to model/: the decoder and model/gguf_lora.cc): shapes
+// follow Hugging Face's LlamaForCausalLM, [out, in] for every projection.
 #pragma once
 
 #include <vector>
@@ -11,8 +11,8 @@
 namespace fedlora {
 
 struct DecoderLayerWeights {
-  std::vector<float> input_norm;        // [hidden]
-  FrozenLinear proj[kNumDecoderTargets];  // indexed by DecoderTarget; q/k/v biases for Qwen2
+  std::vector<float> input_norm;           // [hidden]
+  FrozenLinear proj[kNumDecoderTargets];   // indexed by DecoderTarget; q/k/v biases for Qwen2
   std::vector<float> post_attention_norm;  // [hidden]
 };
 
@@ -34,13 +34,13 @@ struct DecoderBase::Weights {
 // Builds the base once the weights are filled (Check passes); bf16_math (DecoderOptions) marks the
 // projections and the head, which must then be held as bf16; int8_math marks those held as Q8_0
 // (at least one must be).
-absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(DecoderConfig config,
-                                                                  std::unique_ptr<DecoderBase::Weights> weights,
-                                                                  bool bf16_math, bool int8_math);
+absl::StatusOr<std::shared_ptr<const DecoderBase>> MakeDecoderBase(
+    DecoderConfig config, std::unique_ptr<DecoderBase::Weights> weights, bool bf16_math,
+    bool int8_math);
 // The loaders (model/decoder_load.cc): DecoderOptions::weights, bf16_math and int8_math.
-absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderSafetensors(const std::string& dir,
-                                                                         const DecoderOptions& options);
+absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderSafetensors(
+    const std::string& dir, const DecoderOptions& options);
 absl::StatusOr<std::shared_ptr<const DecoderBase>> LoadDecoderGguf(const std::string& path,
-                                                                  const DecoderOptions& options);
+                                                                   const DecoderOptions& options);
 
 }  // namespace fedlora

@@ -48,7 +48,8 @@ class DeviceParams {
 
   // The values to the device, and from now on the device copies are the params' truth.
   absl::Status Acquire() {
-    if (resident_) return absl::FailedPreconditionError("the params are already held on the device");
+    if (resident_)
+      return absl::FailedPreconditionError("the params are already held on the device");
     FEDLORA_RETURN_IF_ERROR(ToDevice(/*grads=*/false));
     resident_ = true;
     return absl::OkStatus();
@@ -59,8 +60,8 @@ class DeviceParams {
     resident_ = false;
     if (on_host()) return absl::OkStatus();
     for (size_t i = 0; i < params_.size(); ++i) {
-      FEDLORA_RETURN_IF_ERROR(
-          backend_->Download(params_[i].value.data(), value_[i].data(), params_[i].value.size() * sizeof(float)));
+      FEDLORA_RETURN_IF_ERROR(backend_->Download(params_[i].value.data(), value_[i].data(),
+                                                 params_[i].value.size() * sizeof(float)));
     }
     return GradsToHost();
   }
@@ -84,7 +85,8 @@ class DeviceParams {
     for (size_t i = 0; i < params_.size(); ++i) {
       const size_t bytes = params_[i].value.size() * sizeof(float);
       FEDLORA_RETURN_IF_ERROR(backend_->Upload(value_[i].data(), params_[i].value.data(), bytes));
-      if (grads) FEDLORA_RETURN_IF_ERROR(backend_->Upload(grad_[i].data(), params_[i].grad.data(), bytes));
+      if (grads)
+        FEDLORA_RETURN_IF_ERROR(backend_->Upload(grad_[i].data(), params_[i].grad.data(), bytes));
     }
     return absl::OkStatus();
   }
@@ -92,8 +94,8 @@ class DeviceParams {
   absl::Status GradsToHost() {
     if (on_host() || resident_) return absl::OkStatus();
     for (size_t i = 0; i < params_.size(); ++i) {
-      FEDLORA_RETURN_IF_ERROR(
-          backend_->Download(params_[i].grad.data(), grad_[i].data(), params_[i].grad.size() * sizeof(float)));
+      FEDLORA_RETURN_IF_ERROR(backend_->Download(params_[i].grad.data(), grad_[i].data(),
+                                                 params_[i].grad.size() * sizeof(float)));
     }
     return absl::OkStatus();
   }
@@ -106,7 +108,8 @@ class DeviceParams {
 };
 
 // The backend for `device`; *ctx becomes its context, keeping the CPU pool *ctx had.
-inline absl::StatusOr<std::shared_ptr<kernels::Backend>> OpenBackend(Device device, kernels::ExecContext* ctx) {
+inline absl::StatusOr<std::shared_ptr<kernels::Backend>> OpenBackend(Device device,
+                                                                     kernels::ExecContext* ctx) {
   FEDLORA_ASSIGN_OR_RETURN(auto backend, kernels::Backend::Create(device));
   ThreadPool* pool = ctx->pool;
   *ctx = backend->ctx();

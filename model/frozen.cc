@@ -10,13 +10,15 @@
 namespace fedlora {
 
 kernels::WeightPtr FrozenMatrix::ptr() const {
-  if (!quant.empty()) return kernels::WeightPtr::Quant(quant.data(), quant_type).WithInt8Math(int8_math);
+  if (!quant.empty())
+    return kernels::WeightPtr::Quant(quant.data(), quant_type).WithInt8Math(int8_math);
   if (!bf16.empty()) return kernels::WeightPtr::BF16(bf16.data()).WithBf16Math(bf16_math);
   return kernels::WeightPtr::F32(f32.data());
 }
 
 int64_t FrozenMatrix::bytes() const {
-  return static_cast<int64_t>(f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t) + quant.size());
+  return static_cast<int64_t>(f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t) +
+                              quant.size());
 }
 
 void FrozenMatrix::SetF32(int64_t r, int64_t c, std::vector<float> values, WeightStorage storage) {
@@ -37,7 +39,8 @@ void FrozenMatrix::SetF32(int64_t r, int64_t c, std::vector<float> values, Weigh
   }
 }
 
-void FrozenMatrix::SetBF16(int64_t r, int64_t c, std::vector<uint16_t> bits, WeightStorage storage) {
+void FrozenMatrix::SetBF16(int64_t r, int64_t c, std::vector<uint16_t> bits,
+                           WeightStorage storage) {
   if (storage == WeightStorage::kF32 || storage == WeightStorage::kQ8_0) {
     std::vector<float> v(bits.size());
     ConvertBF16ToF32(bits.data(), v.data(), bits.size());
@@ -51,16 +54,17 @@ void FrozenMatrix::SetBF16(int64_t r, int64_t c, std::vector<uint16_t> bits, Wei
   bf16 = std::move(bits);
 }
 
-absl::Status FrozenMatrix::SetQuantized(GgmlType type, int64_t r, int64_t c, std::vector<uint8_t> bytes) {
+absl::Status FrozenMatrix::SetQuantized(GgmlType type, int64_t r, int64_t c,
+                                        std::vector<uint8_t> bytes) {
   if (type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(std::string(GgmlTypeName(type)), " is not a block-quantized type (SetF32 / SetBF16)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(GgmlTypeName(type)), " is not a block-quantized type (SetF32 / SetBF16)"));
   }
   FEDLORA_ASSIGN_OR_RETURN(int64_t row_bytes, GgmlRowBytes(type, c));
   if (r < 0 || static_cast<uint64_t>(row_bytes) * static_cast<uint64_t>(r) != bytes.size()) {
     return absl::InvalidArgumentError(absl::StrCat("quantized matrix [", r, ", ", c, "] of ",
-                                                   std::string(GgmlTypeName(type)), " needs ", row_bytes * r,
-                                                   " bytes, got ", bytes.size()));
+                                                   std::string(GgmlTypeName(type)), " needs ",
+                                                   row_bytes * r, " bytes, got ", bytes.size()));
   }
   rows = r;
   cols = c;

@@ -22,8 +22,8 @@ namespace fedlora {
 namespace {
 
 constexpr char kPrefix[] = "base_model.model.model.layers.";
-constexpr const char* kGgufNames[kNumDecoderTargets] = {"attn_q", "attn_k",   "attn_v",  "attn_output",
-                                                        "ffn_gate", "ffn_up", "ffn_down"};
+constexpr const char* kGgufNames[kNumDecoderTargets] = {
+    "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
 
 // Where a PEFT tensor name points: layer, projection, and A (true) or B.
 struct LoraSlot {
@@ -41,7 +41,9 @@ absl::StatusOr<LoraSlot> ParseName(const std::string& name) {
   const std::string rest = name.substr(sizeof(kPrefix) - 1);
   const size_t dot = rest.find('.');
   LoraSlot slot;
-  if (dot == std::string::npos || !absl::SimpleAtoi(rest.substr(0, dot), &slot.layer) || slot.layer < 0) return refuse;
+  if (dot == std::string::npos || !absl::SimpleAtoi(rest.substr(0, dot), &slot.layer) ||
+      slot.layer < 0)
+    return refuse;
   const std::string module = rest.substr(dot + 1);
   for (int i = 0; i < kNumDecoderTargets; ++i) {
     const std::string path = DecoderTargetPath(static_cast<DecoderTarget>(i));
@@ -56,13 +58,17 @@ absl::StatusOr<LoraSlot> ParseName(const std::string& name) {
   return refuse;
 }
 
-std::string ShapeText(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
 
 // B's rows in llama.cpp's order for LLaMA's q_proj / k_proj (HfRowOfGgufRow).
-std::vector<float> PermuteRows(const std::vector<float>& b, int64_t rows, int64_t cols, int64_t head_dim) {
+std::vector<float> PermuteRows(const std::vector<float>& b, int64_t rows, int64_t cols,
+                               int64_t head_dim) {
   std::vector<float> out(b.size());
   for (int64_t g = 0; g < rows; ++g) {
-    std::memcpy(out.data() + g * cols, b.data() + HfRowOfGgufRow(g, head_dim) * cols, cols * sizeof(float));
+    std::memcpy(out.data() + g * cols, b.data() + HfRowOfGgufRow(g, head_dim) * cols,
+                cols * sizeof(float));
   }
   return out;
 }
@@ -83,8 +89,8 @@ absl::StatusOr<std::vector<AdapterTensor>> ReadAdapterTensors(const std::string&
   return out;
 }
 
-absl::StatusOr<GgufWriter> GgufLoraFromPeft(const std::vector<AdapterTensor>& tensors, GgufLoraScale scale,
-                                            const DecoderConfig& base) {
+absl::StatusOr<GgufWriter> GgufLoraFromPeft(const std::vector<AdapterTensor>& tensors,
+                                            GgufLoraScale scale, const DecoderConfig& base) {
   if (scale.rank < 1 || !std::isfinite(scale.alpha) || scale.alpha <= 0.0f) {
     return absl::InvalidArgumentError(
         absl::StrCat("LoRA rank ", scale.rank, " and alpha ", scale.alpha, ": both must be > 0"));
@@ -94,19 +100,24 @@ absl::StatusOr<GgufWriter> GgufLoraFromPeft(const std::vector<AdapterTensor>& te
   for (const AdapterTensor& t : tensors) {
     FEDLORA_ASSIGN_OR_RETURN(LoraSlot slot, ParseName(t.name));
     if (slot.layer >= base.num_hidden_layers) {
-      return absl::InvalidArgumentError(absl::StrCat("adapter tensor '", t.name, "': layer ", slot.layer,
-                                                     ", the base model has ", base.num_hidden_layers, " layers"));
+      return absl::InvalidArgumentError(absl::StrCat("adapter tensor '", t.name, "': layer ",
+                                                     slot.layer, ", the base model has ",
+                                                     base.num_hidden_layers, " layers"));
     }
     int64_t out = 0, in = 0;
     DecoderBase::Weights::Shape(base, slot.target, &out, &in);
-    const std::vector<int64_t> want = slot.is_a ? std::vector<int64_t>{scale.rank, in} : std::vector<int64_t>{out, scale.rank};
+    const std::vector<int64_t> want =
+        slot.is_a ? std::vector<int64_t>{scale.rank, in} : std::vector<int64_t>{out, scale.rank};
     if (t.shape != want) {
-      return absl::InvalidArgumentError(absl::StrCat("adapter tensor '", t.name, "' has shape ", ShapeText(t.shape),
-                                                     ", expected ", ShapeText(want), " (rank ", scale.rank,
-                                                     ") for the base model: an adapter of another base or rank"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("adapter tensor '", t.name, "' has shape ", ShapeText(t.shape),
+                       ", expected ", ShapeText(want), " (rank ", scale.rank,
+                       ") for the base model: an adapter of another base or rank"));
     }
     for (float v : t.values) {
-      if (!std::isfinite(v)) return absl::InvalidArgumentError(absl::StrCat("adapter tensor '", t.name, "' has a non-finite value"));
+      if (!std::isfinite(v))
+        return absl::InvalidArgumentError(
+            absl::StrCat("adapter tensor '", t.name, "' has a non-finite value"));
     }
     auto& pair = pairs[{slot.layer, static_cast<int>(slot.target)}];
     (slot.is_a ? pair.first : pair.second) = &t;
@@ -123,12 +134,15 @@ absl::StatusOr<GgufWriter> GgufLoraFromPeft(const std::vector<AdapterTensor>& te
     const auto& [a, b] = pair;
     const DecoderTarget target = static_cast<DecoderTarget>(key.second);
     if (a == nullptr || b == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("adapter tensor '", (a ? a : b)->name, "' has no ",
-                                                     a ? "lora_B" : "lora_A", " beside it"));
+      return absl::InvalidArgumentError(absl::StrCat("adapter tensor '", (a ? a : b)->name,
+                                                     "' has no ", a ? "lora_B" : "lora_A",
+                                                     " beside it"));
     }
-    const std::string name = absl::StrCat("blk.", key.first, ".", kGgufNames[key.second], ".weight");
+    const std::string name =
+        absl::StrCat("blk.", key.first, ".", kGgufNames[key.second], ".weight");
     FEDLORA_RETURN_IF_ERROR(w.AddTensorF32(name + ".lora_a", a->shape, a->values));
-    const bool permute = llama && (target == DecoderTarget::kQProj || target == DecoderTarget::kKProj);
+    const bool permute =
+        llama && (target == DecoderTarget::kQProj || target == DecoderTarget::kKProj);
     FEDLORA_RETURN_IF_ERROR(w.AddTensorF32(
         name + ".lora_b", b->shape,
         permute ? PermuteRows(b->values, b->shape[0], b->shape[1], base.head_dim) : b->values));
@@ -143,17 +157,21 @@ absl::Status WriteGgufLora(const std::vector<AdapterTensor>& tensors, GgufLoraSc
     return absl::NotFoundError(absl::StrCat("base model ", base_model, " not found"));
   }
   if (!IsDecoderCheckpoint(base_model)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "base model ", base_model,
-        " is not a decoder (LLaMA or Qwen2; an encoder's adapter does not convert): llama.cpp's --lora applies "
-        "LoRA to decoders"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("base model ", base_model,
+                     " is not a decoder (LLaMA or Qwen2; an encoder's adapter does not convert): "
+                     "llama.cpp's --lora applies "
+                     "LoRA to decoders"));
   }
   FEDLORA_ASSIGN_OR_RETURN(DecoderConfig config, ReadDecoderCheckpointConfig(base_model));
   absl::StatusOr<GgufWriter> w = GgufLoraFromPeft(tensors, scale, config);
-  if (!w.ok()) return absl::Status(w.status().code(), absl::StrCat(path, ": ", w.status().message()));
+  if (!w.ok())
+    return absl::Status(w.status().code(), absl::StrCat(path, ": ", w.status().message()));
   const std::filesystem::path parent = std::filesystem::absolute(path, ec).parent_path();
   std::filesystem::create_directories(parent, ec);
-  if (ec) return absl::FailedPreconditionError(absl::StrCat("cannot create ", parent.string(), ": ", ec.message()));
+  if (ec)
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create ", parent.string(), ": ", ec.message()));
   return w->WriteFile(path);
 }
 

@@ -54,12 +54,13 @@ absl::StatusOr<std::vector<AdapterTensor>> ReadAdapterTensors(const std::string&
 // for a tensor that is not LoRA on a decoder projection, a layer the base does not have, a
 // shape other than [rank, in] / [out, rank] for the base, a lora_A without its lora_B (or the
 // reverse), a non-finite value, or no LoRA tensor at all.
-absl::StatusOr<GgufWriter> GgufLoraFromPeft(const std::vector<AdapterTensor>& tensors, GgufLoraScale scale,
-                                            const DecoderConfig& base);
+absl::StatusOr<GgufWriter> GgufLoraFromPeft(const std::vector<AdapterTensor>& tensors,
+                                            GgufLoraScale scale, const DecoderConfig& base);
 
 // Reads the base model's architecture (a .gguf, or a safetensors directory with config.json) and
-// writes `path` atomically (its directory created; a file there replaced). InvalidArgument for a base that is not a decoder (an encoder's adapter:
-// llama.cpp's --lora is for decoders); GgufLoraFromPeft's errors, naming `path`.
+// writes `path` atomically (its directory created; a file there replaced). InvalidArgument for a
+// base that is not a decoder (an encoder's adapter: llama.cpp's --lora is for decoders);
+// GgufLoraFromPeft's errors, naming `path`.
 absl::Status WriteGgufLora(const std::vector<AdapterTensor>& tensors, GgufLoraScale scale,
                            const std::string& base_model, const std::string& path);
 

@@ -32,7 +32,9 @@ std::string Typed(GgufType type, std::string value) {
   return out + value;
 }
 
-void Pad(std::string* out) { out->append((kAlignment - out->size() % kAlignment) % kAlignment, '\0'); }
+void Pad(std::string* out) {
+  out->append((kAlignment - out->size() % kAlignment) % kAlignment, '\0');
+}
 
 }  // namespace
 
@@ -54,7 +56,8 @@ void GgufWriter::AddFloat32(const std::string& key, float value) {
   kvs_.emplace_back(std::string(key), Typed(GgufType::kFloat32, std::move(v)));
 }
 
-absl::Status GgufWriter::AddTensorF32(const std::string& name, std::vector<int64_t> shape, std::vector<float> values) {
+absl::Status GgufWriter::AddTensorF32(const std::string& name, std::vector<int64_t> shape,
+                                      std::vector<float> values) {
   const std::string what = absl::StrCat("GGUF tensor '", name, "': ");
   if (name.empty() || name.size() > kGgufMaxTensorName) {
     return absl::InvalidArgumentError(
@@ -64,15 +67,18 @@ absl::Status GgufWriter::AddTensorF32(const std::string& name, std::vector<int64
     if (t.name == name) return absl::InvalidArgumentError(what + "written twice");
   }
   if (shape.empty() || shape.size() > static_cast<size_t>(kGgufMaxDims)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, shape.size(), " dimensions (1 to ", kGgufMaxDims, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, shape.size(), " dimensions (1 to ", kGgufMaxDims, ")"));
   }
   int64_t n = 1;
   for (int64_t d : shape) {
-    if (d < 1 || d > (int64_t{1} << 40)) return absl::InvalidArgumentError(absl::StrCat(what, "dimension ", d));
+    if (d < 1 || d > (int64_t{1} << 40))
+      return absl::InvalidArgumentError(absl::StrCat(what, "dimension ", d));
     n *= d;
   }
   if (n != static_cast<int64_t>(values.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(what, values.size(), " values for a shape of ", n));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, values.size(), " values for a shape of ", n));
   }
   tensors_.push_back({std::string(name), std::move(shape), std::move(values)});
   return absl::OkStatus();
@@ -82,7 +88,8 @@ absl::StatusOr<std::string> GgufWriter::Serialize() const {
   std::set<std::string_view> keys;
   for (const auto& [key, value] : kvs_) {
     if (key.empty() || !keys.insert(key).second) {
-      return absl::InvalidArgumentError(absl::StrCat("GGUF metadata key '", key, "' is empty or repeated"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF metadata key '", key, "' is empty or repeated"));
     }
   }
   std::string out = "GGUF";
@@ -97,7 +104,8 @@ absl::StatusOr<std::string> GgufWriter::Serialize() const {
   for (const Tensor& t : tensors_) {
     PutString(&out, t.name);
     Put<uint32_t>(&out, static_cast<uint32_t>(t.shape.size()));
-    for (auto d = t.shape.rbegin(); d != t.shape.rend(); ++d) Put<uint64_t>(&out, static_cast<uint64_t>(*d));
+    for (auto d = t.shape.rbegin(); d != t.shape.rend(); ++d)
+      Put<uint64_t>(&out, static_cast<uint64_t>(*d));
     Put(&out, kGgmlTypeF32);
     Put(&out, offset);
     const uint64_t bytes = t.values.size() * sizeof(float);
@@ -113,7 +121,8 @@ absl::StatusOr<std::string> GgufWriter::Serialize() const {
 
 absl::Status GgufWriter::WriteFile(const std::string& path) const {
   absl::StatusOr<std::string> bytes = Serialize();
-  if (!bytes.ok()) return absl::Status(bytes.status().code(), absl::StrCat(path, ": ", bytes.status().message()));
+  if (!bytes.ok())
+    return absl::Status(bytes.status().code(), absl::StrCat(path, ": ", bytes.status().message()));
   return WriteFileAtomically(path, *bytes);
 }
 

@@ -33,7 +33,8 @@ class GgufWriter {
 
   // InvalidArgument, naming the tensor, for an empty, repeated or over-long name, 1 to 4
   // dimensions not all >= 1, or a value count other than the shape's.
-  absl::Status AddTensorF32(const std::string& name, std::vector<int64_t> shape, std::vector<float> values);
+  absl::Status AddTensorF32(const std::string& name, std::vector<int64_t> shape,
+                            std::vector<float> values);
 
   // The whole file image.
   absl::StatusOr<std::string> Serialize() const;

@@ -30,6 +30,7 @@ namespace fedlora {
 // implement, an adapter tensor the base has no weight for or of another shape, a classifier
 // without labels.json or with a label count other than its head's rows, a GGUF base;
 // FailedPrecondition for an `out_dir` that holds other files.
-absl::Status MergeAdapter(const std::string& adapter_dir, const std::string& model_path, const std::string& out_dir);
+absl::Status MergeAdapter(const std::string& adapter_dir, const std::string& model_path,
+                          const std::string& out_dir);
 
 }  // namespace fedlora

@@ -134,7 +134,8 @@ nlohmann::json PeftAdapterConfig(const BertClassifier& model) {
 }
 
 // The models order their targets as the enums do, each once (BertClassifier, CausalLm).
-absl::StatusOr<nlohmann::json> PeftEncoderAdapterConfig(const LoraOptions& lora, const std::string& base_model) {
+absl::StatusOr<nlohmann::json> PeftEncoderAdapterConfig(const LoraOptions& lora,
+                                                        const std::string& base_model) {
   bool use[kNumLoraTargets] = {};
   for (const std::string& name : lora.target_modules) {
     FEDLORA_ASSIGN_OR_RETURN(LoraTarget t, ParseLoraTarget(name));
@@ -147,7 +148,8 @@ absl::StatusOr<nlohmann::json> PeftEncoderAdapterConfig(const LoraOptions& lora,
   return EncoderPeftConfig(lora, targets, base_model);
 }
 
-absl::StatusOr<nlohmann::json> PeftDecoderAdapterConfig(const LoraOptions& lora, const std::string& base_model) {
+absl::StatusOr<nlohmann::json> PeftDecoderAdapterConfig(const LoraOptions& lora,
+                                                        const std::string& base_model) {
   bool use[kNumDecoderTargets] = {};
   for (const std::string& name : lora.target_modules) {
     FEDLORA_ASSIGN_OR_RETURN(DecoderTarget t, ParseDecoderTarget(name));
@@ -172,35 +174,41 @@ absl::Status RefuseUnimplemented(const nlohmann::json& cfg, const std::string& c
     if (it->is_object() || it->is_array()) return !it->empty();
     return true;
   };
-  for (const char* key : {"use_rslora", "use_dora", "alpha_pattern", "rank_pattern", "layers_to_transform",
-                          "layers_pattern", "layer_replication", "megatron_config", "loftq_config", "fan_in_fan_out"}) {
+  for (const char* key : {"use_rslora", "use_dora", "alpha_pattern", "rank_pattern",
+                          "layers_to_transform", "layers_pattern", "layer_replication",
+                          "megatron_config", "loftq_config", "fan_in_fan_out"}) {
     if (set(key)) {
-      return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", key, " = ", cfg.at(key).dump(),
-                                                     " is a PEFT setting fedlora does not implement"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(config_path, ": ", key, " = ", cfg.at(key).dump(),
+                       " is a PEFT setting fedlora does not implement"));
     }
   }
   auto bias = cfg.find("bias");
   if (bias != cfg.end() && !(bias->is_string() && bias->get<std::string>() == "none")) {
     return absl::InvalidArgumentError(
-        absl::StrCat(config_path, ": bias = ", bias->dump(), ": only \"none\" (no trained biases) is implemented"));
+        absl::StrCat(config_path, ": bias = ", bias->dump(),
+                     ": only \"none\" (no trained biases) is implemented"));
   }
   return absl::OkStatus();
 }
 
 // Checks adapter_config.json against `expected` (the model's own) and loads every param's values
 // from the weights file. On error the params are unchanged.
-absl::Status LoadAdapter(const std::string& dir, const nlohmann::json& expected, int rank, float lora_alpha,
-                         std::vector<Param>& params) {
+absl::Status LoadAdapter(const std::string& dir, const nlohmann::json& expected, int rank,
+                         float lora_alpha, std::vector<Param>& params) {
   const std::string config_path = dir + "/" + kPeftConfigFile;
   const std::string weights_path = dir + "/" + kPeftWeightsFile;
   FEDLORA_ASSIGN_OR_RETURN(nlohmann::json cfg, ReadJsonFile(config_path));
-  if (!cfg.is_object()) return absl::InvalidArgumentError(absl::StrCat(config_path, ": expected a JSON object"));
+  if (!cfg.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(config_path, ": expected a JSON object"));
   FEDLORA_ASSIGN_OR_RETURN(std::string peft_type, GetString(cfg, "peft_type", config_path));
   if (peft_type != "LORA") {
-    return absl::InvalidArgumentError(absl::StrCat(config_path, ": peft_type \"", peft_type, "\", expected \"LORA\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat(config_path, ": peft_type \"", peft_type, "\", expected \"LORA\""));
   }
   const std::string want_task = expected["task_type"].get<std::string>();
-  FEDLORA_ASSIGN_OR_RETURN(std::string task_type, GetStringOr(cfg, "task_type", want_task, config_path));
+  FEDLORA_ASSIGN_OR_RETURN(std::string task_type,
+                           GetStringOr(cfg, "task_type", want_task, config_path));
   if (task_type != want_task) {
     return absl::InvalidArgumentError(
         absl::StrCat(config_path, ": task_type \"", task_type, "\", expected \"", want_task, "\""));
@@ -208,17 +216,20 @@ absl::Status LoadAdapter(const std::string& dir, const nlohmann::json& expected,
   FEDLORA_RETURN_IF_ERROR(RefuseUnimplemented(cfg, config_path));
   FEDLORA_ASSIGN_OR_RETURN(int64_t r, GetInt(cfg, "r", config_path));
   if (r != rank) {
-    return absl::InvalidArgumentError(absl::StrCat(config_path, ": adapter rank r = ", r, ", the model has rank ", rank));
+    return absl::InvalidArgumentError(
+        absl::StrCat(config_path, ": adapter rank r = ", r, ", the model has rank ", rank));
   }
   FEDLORA_ASSIGN_OR_RETURN(double alpha, GetDouble(cfg, "lora_alpha", config_path));
   if (std::fabs(alpha - lora_alpha) > 1e-6 * std::fabs(alpha)) {
-    return absl::InvalidArgumentError(absl::StrCat(config_path, ": lora_alpha = ", alpha, ", the model has ", lora_alpha));
+    return absl::InvalidArgumentError(
+        absl::StrCat(config_path, ": lora_alpha = ", alpha, ", the model has ", lora_alpha));
   }
   const auto targets = cfg.find("target_modules");
   if (targets == cfg.end() || !SameTargets(*targets, expected["target_modules"])) {
-    return absl::InvalidArgumentError(absl::StrCat(config_path, ": target_modules ",
-                                                   targets == cfg.end() ? std::string("missing") : targets->dump(),
-                                                   ", the model has ", expected["target_modules"].dump()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(config_path, ": target_modules ",
+                     targets == cfg.end() ? std::string("missing") : targets->dump(),
+                     ", the model has ", expected["target_modules"].dump()));
   }
 
   FEDLORA_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(weights_path));
@@ -239,8 +250,8 @@ absl::Status LoadAdapter(const std::string& dir, const nlohmann::json& expected,
     FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file->Get(p.name));
     if (t.shape != p.shape) {
       shape_mismatch = true;
-      wrong.push_back(absl::StrCat("'", p.name, "' has shape [", absl::StrJoin(t.shape, ", "), "], expected [",
-                                   absl::StrJoin(p.shape, ", "), "]"));
+      wrong.push_back(absl::StrCat("'", p.name, "' has shape [", absl::StrJoin(t.shape, ", "),
+                                   "], expected [", absl::StrJoin(p.shape, ", "), "]"));
       continue;
     }
     values[i].resize(static_cast<size_t>(t.numel()));
@@ -257,18 +268,24 @@ absl::Status LoadAdapter(const std::string& dir, const nlohmann::json& expected,
   }
   if (!missing.empty() || !extra.empty() || !wrong.empty()) {
     std::vector<std::string> problems;
-    if (!missing.empty()) problems.push_back(absl::StrCat("missing tensors: ", absl::StrJoin(missing, ", ")));
-    if (!extra.empty()) problems.push_back(absl::StrCat("unexpected tensors: ", absl::StrJoin(extra, ", ")));
+    if (!missing.empty())
+      problems.push_back(absl::StrCat("missing tensors: ", absl::StrJoin(missing, ", ")));
+    if (!extra.empty())
+      problems.push_back(absl::StrCat("unexpected tensors: ", absl::StrJoin(extra, ", ")));
     if (!wrong.empty()) problems.push_back(absl::StrJoin(wrong, "; "));
     if (missing.empty() && extra.empty() && !shape_mismatch) {  // bad values, not another model
-      return absl::InvalidArgumentError(absl::StrCat(weights_path, ": ", absl::StrJoin(problems, "; ")));
+      return absl::InvalidArgumentError(
+          absl::StrCat(weights_path, ": ", absl::StrJoin(problems, "; ")));
     }
     // The rank and targets agreed: names or shapes that do not fit mean another base model.
     std::string base = "another base model";
-    if (auto b = cfg.find("base_model_name_or_path"); b != cfg.end() && b->is_string() && !b->get<std::string>().empty()) {
-      base = absl::StrCat("another base model (its adapter_config.json names ", b->get<std::string>(), ")");
+    if (auto b = cfg.find("base_model_name_or_path");
+        b != cfg.end() && b->is_string() && !b->get<std::string>().empty()) {
+      base = absl::StrCat("another base model (its adapter_config.json names ",
+                          b->get<std::string>(), ")");
     }
-    return absl::InvalidArgumentError(absl::StrCat(dir, " is an adapter for ", base, ": its tensors do not fit this model's (",
+    return absl::InvalidArgumentError(absl::StrCat(dir, " is an adapter for ", base,
+                                                   ": its tensors do not fit this model's (",
                                                    absl::StrJoin(problems, "; "), ")"));
   }
   for (size_t i = 0; i < params.size(); ++i) params[i].value = std::move(values[i]);
@@ -280,11 +297,13 @@ absl::Status LoadAdapter(const std::string& dir, const nlohmann::json& expected,
 absl::StatusOr<LoraOptions> ReadPeftLoraOptions(const std::string& dir) {
   const std::string config_path = dir + "/" + kPeftConfigFile;
   FEDLORA_ASSIGN_OR_RETURN(nlohmann::json cfg, ReadJsonFile(config_path));
-  if (!cfg.is_object()) return absl::InvalidArgumentError(absl::StrCat(config_path, ": expected a JSON object"));
+  if (!cfg.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(config_path, ": expected a JSON object"));
   FEDLORA_RETURN_IF_ERROR(RefuseUnimplemented(cfg, config_path));
   LoraOptions o;
   FEDLORA_ASSIGN_OR_RETURN(int64_t r, GetInt(cfg, "r", config_path));
-  if (r < 1 || r > (1 << 16)) return absl::InvalidArgumentError(absl::StrCat(config_path, ": r = ", r));
+  if (r < 1 || r > (1 << 16))
+    return absl::InvalidArgumentError(absl::StrCat(config_path, ": r = ", r));
   o.rank = static_cast<int>(r);
   FEDLORA_ASSIGN_OR_RETURN(double alpha, GetDouble(cfg, "lora_alpha", config_path));
   o.alpha = static_cast<float>(alpha);
@@ -293,7 +312,8 @@ absl::StatusOr<LoraOptions> ReadPeftLoraOptions(const std::string& dir) {
   auto targets = cfg.find("target_modules");
   if (targets == cfg.end() || !targets->is_array()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(config_path, ": target_modules must be a list of module names (a regular expression is not "
+        absl::StrCat(config_path,
+                     ": target_modules must be a list of module names (a regular expression is not "
                      "supported here)"));
   }
   FEDLORA_ASSIGN_OR_RETURN(o.target_modules, GetStringArray(cfg, "target_modules", config_path));
@@ -301,8 +321,8 @@ absl::StatusOr<LoraOptions> ReadPeftLoraOptions(const std::string& dir) {
 }
 
 absl::Status LoadPeftAdapter(const std::string& dir, BertClassifier* model) {
-  return LoadAdapter(dir, PeftAdapterConfig(*model), model->options().lora.rank, model->options().lora.alpha,
-                     model->trainable_params());
+  return LoadAdapter(dir, PeftAdapterConfig(*model), model->options().lora.rank,
+                     model->options().lora.alpha, model->trainable_params());
 }
 
 nlohmann::json PeftAdapterConfig(const CausalLm& model) {
@@ -311,8 +331,8 @@ nlohmann::json PeftAdapterConfig(const CausalLm& model) {
 }
 
 absl::Status LoadPeftAdapter(const std::string& dir, CausalLm* model) {
-  return LoadAdapter(dir, PeftAdapterConfig(*model), model->options().lora.rank, model->options().lora.alpha,
-                     model->trainable_params());
+  return LoadAdapter(dir, PeftAdapterConfig(*model), model->options().lora.rank,
+                     model->options().lora.alpha, model->trainable_params());
 }
 
 }  // namespace fedlora

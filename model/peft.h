@@ -46,8 +46,10 @@ nlohmann::json PeftAdapterConfig(const BertClassifier& model);
 
 // The same object from the LoRA settings alone (no model loaded: `fedlora export`), equal to
 // PeftAdapterConfig of a model built with them. InvalidArgument for an unknown target module.
-absl::StatusOr<nlohmann::json> PeftEncoderAdapterConfig(const LoraOptions& lora, const std::string& base_model);
-absl::StatusOr<nlohmann::json> PeftDecoderAdapterConfig(const LoraOptions& lora, const std::string& base_model);
+absl::StatusOr<nlohmann::json> PeftEncoderAdapterConfig(const LoraOptions& lora,
+                                                        const std::string& base_model);
+absl::StatusOr<nlohmann::json> PeftDecoderAdapterConfig(const LoraOptions& lora,
+                                                        const std::string& base_model);
 
 // Reads both files and replaces the values of every trainable param. The adapter must match the
 // model exactly: InvalidArgument naming the difference for another peft_type or task_type, r,

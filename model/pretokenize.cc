@@ -17,7 +17,8 @@
 
 namespace fedlora::bpe {
 
-const char kGpt2Pattern[] = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+const char kGpt2Pattern[] =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 const char kLlama3Pattern[] =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 const char kQwen2Pattern[] =
@@ -124,18 +125,21 @@ const UNormalizer2* Nfc() {
     USet* unicode9 = uset_openPattern(u"[:age=9.0:]", -1, &err);
     if (U_FAILURE(err)) return nullptr;
     uset_freeze(unicode9);
-    UNormalizer2* filtered = unorm2_openFiltered(base, unicode9, &err);  // both kept for the process
+    UNormalizer2* filtered =
+        unorm2_openFiltered(base, unicode9, &err);  // both kept for the process
     return U_SUCCESS(err) ? filtered : nullptr;
   }();
   return nfc;
 }
 
 // NFC of one span of valid UTF-8 into *out (replacing it). False on an ICU failure.
-bool NfcSpan(const UNormalizer2* nfc, std::string_view in, std::string* out, std::u16string* a, std::u16string* b) {
+bool NfcSpan(const UNormalizer2* nfc, std::string_view in, std::string* out, std::u16string* a,
+             std::u16string* b) {
   UErrorCode err = U_ZERO_ERROR;
   int32_t len16 = 0;
   a->resize(in.size() + 1);
-  u_strFromUTF8(a->data(), static_cast<int32_t>(a->size()), &len16, in.data(), static_cast<int32_t>(in.size()), &err);
+  u_strFromUTF8(a->data(), static_cast<int32_t>(a->size()), &len16, in.data(),
+                static_cast<int32_t>(in.size()), &err);
   if (U_FAILURE(err)) return false;
   if (unorm2_quickCheck(nfc, a->data(), len16, &err) == UNORM_YES && U_SUCCESS(err)) {
     out->assign(in);
@@ -144,7 +148,8 @@ bool NfcSpan(const UNormalizer2* nfc, std::string_view in, std::string* out, std
   // NFC may grow a string (up to 3x in code points); retry once with the size ICU asks for.
   b->resize(static_cast<size_t>(len16) + 16);
   err = U_ZERO_ERROR;
-  int32_t n16 = unorm2_normalize(nfc, a->data(), len16, b->data(), static_cast<int32_t>(b->size()), &err);
+  int32_t n16 =
+      unorm2_normalize(nfc, a->data(), len16, b->data(), static_cast<int32_t>(b->size()), &err);
   if (err == U_BUFFER_OVERFLOW_ERROR) {
     b->resize(static_cast<size_t>(n16) + 1);
     err = U_ZERO_ERROR;
@@ -215,7 +220,8 @@ bool NfcNormalize(std::string_view text, std::string* out, OffsetEdits* edits) {
         if (!NfcSpan(nfc, chunk, &chunk_out, &a, &b)) chunk_out.assign(chunk);
         if (chunk_out != chunk && edits != nullptr) {
           const auto nb = static_cast<uint32_t>(out->size());
-          edits->push_back({nb, nb + static_cast<uint32_t>(chunk_out.size()), static_cast<uint32_t>(begin + c0),
+          edits->push_back({nb, nb + static_cast<uint32_t>(chunk_out.size()),
+                            static_cast<uint32_t>(begin + c0),
                             static_cast<uint32_t>(begin + next)});
         }
         out->append(chunk_out);
@@ -241,12 +247,17 @@ namespace {
 constexpr char kWhitespaceItems[] =
     R"(\t\n\x0B\f\r\x20\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
 
-bool IsHex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
-bool IsAlnum(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+bool IsHex(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+bool IsAlnum(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
 
 absl::Status Unsupported(std::string_view pattern, size_t at, std::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("regex \"", ToAbsl(pattern), "\": ", ToAbsl(what), " at offset ", at,
-                                                 " is not supported (its Oniguruma and PCRE2 meanings differ)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("regex \"", ToAbsl(pattern), "\": ", ToAbsl(what), " at offset ", at,
+                   " is not supported (its Oniguruma and PCRE2 meanings differ)"));
 }
 
 absl::StatusOr<std::string> TranslateOniguruma(std::string_view p) {
@@ -258,11 +269,14 @@ absl::StatusOr<std::string> TranslateOniguruma(std::string_view p) {
   while (i < n) {
     const char c = p[i];
     if (c == '\\') {
-      if (i + 1 >= n) return absl::InvalidArgumentError(absl::StrCat("regex \"", ToAbsl(p), "\": trailing backslash"));
+      if (i + 1 >= n)
+        return absl::InvalidArgumentError(
+            absl::StrCat("regex \"", ToAbsl(p), "\": trailing backslash"));
       const char e = p[i + 1];
       switch (e) {
         case 's':
-          if (in_class && i + 2 < n && p[i + 2] == '-') return Unsupported(p, i, "\\s before '-' in a class");
+          if (in_class && i + 2 < n && p[i + 2] == '-')
+            return Unsupported(p, i, "\\s before '-' in a class");
           absl::StrAppend(&out, in_class ? "" : "[", kWhitespaceItems, in_class ? "" : "]");
           i += 2;
           continue;
@@ -277,7 +291,8 @@ absl::StatusOr<std::string> TranslateOniguruma(std::string_view p) {
           const size_t close = p.find('}', i + 3);
           if (close == std::string_view::npos) return Unsupported(p, i, "unterminated \\p{");
           for (size_t k = i + 3; k < close; ++k) {
-            if (!IsAlnum(p[k]) && p[k] != '_' && p[k] != '^') return Unsupported(p, i, "this \\p{} name");
+            if (!IsAlnum(p[k]) && p[k] != '_' && p[k] != '^')
+              return Unsupported(p, i, "this \\p{} name");
           }
           out.append(p.substr(i, close + 1 - i));
           i = close + 1;
@@ -307,15 +322,18 @@ absl::StatusOr<std::string> TranslateOniguruma(std::string_view p) {
           i += 2;
           continue;
         case 'u':
-          if (i + 6 > n || !IsHex(p[i + 2]) || !IsHex(p[i + 3]) || !IsHex(p[i + 4]) || !IsHex(p[i + 5])) {
+          if (i + 6 > n || !IsHex(p[i + 2]) || !IsHex(p[i + 3]) || !IsHex(p[i + 4]) ||
+              !IsHex(p[i + 5])) {
             return Unsupported(p, i, "\\u without 4 hex digits");
           }
           absl::StrAppend(&out, "\\x{", ToAbsl(p.substr(i + 2, 4)), "}");
           i += 6;
           continue;
         default:
-          if (IsAlnum(e)) return Unsupported(p, i, absl::StrCat("the escape \\", std::string(1, e)));
-          if (static_cast<unsigned char>(e) >= 0x80) return Unsupported(p, i, "a backslash before a non-ASCII byte");
+          if (IsAlnum(e))
+            return Unsupported(p, i, absl::StrCat("the escape \\", std::string(1, e)));
+          if (static_cast<unsigned char>(e) >= 0x80)
+            return Unsupported(p, i, "a backslash before a non-ASCII byte");
           out.push_back('\\');
           out.push_back(e);
           i += 2;
@@ -323,8 +341,11 @@ absl::StatusOr<std::string> TranslateOniguruma(std::string_view p) {
       }
     }
     if (in_class) {
-      if (c == '[') return Unsupported(p, i, i + 1 < n && p[i + 1] == ':' ? "a POSIX bracket" : "a nested class");
-      if (c == '&' && i + 1 < n && p[i + 1] == '&') return Unsupported(p, i, "class intersection &&");
+      if (c == '[')
+        return Unsupported(p, i,
+                           i + 1 < n && p[i + 1] == ':' ? "a POSIX bracket" : "a nested class");
+      if (c == '&' && i + 1 < n && p[i + 1] == '&')
+        return Unsupported(p, i, "class intersection &&");
       if (c == ']') in_class = false;
       out.push_back(c);
       ++i;
@@ -349,8 +370,8 @@ absl::StatusOr<std::string> TranslateOniguruma(std::string_view p) {
         break;
       case '(':
         if (i + 1 < n && p[i + 1] == '?') {
-          static constexpr std::string_view kAllowed[] = {"(?:", "(?=", "(?!", "(?<=", "(?<!", "(?>",
-                                                          "(?i:", "(?i)", "(?-i:", "(?-i)"};
+          static constexpr std::string_view kAllowed[] = {"(?:", "(?=",  "(?!",  "(?<=",  "(?<!",
+                                                          "(?>", "(?i:", "(?i)", "(?-i:", "(?-i)"};
           bool ok = false;
           for (std::string_view a : kAllowed) {
             if (p.substr(i, a.size()) == a) {
@@ -370,7 +391,9 @@ absl::StatusOr<std::string> TranslateOniguruma(std::string_view p) {
     out.push_back(c);
     ++i;
   }
-  if (in_class) return absl::InvalidArgumentError(absl::StrCat("regex \"", ToAbsl(p), "\": unterminated class"));
+  if (in_class)
+    return absl::InvalidArgumentError(
+        absl::StrCat("regex \"", ToAbsl(p), "\": unterminated class"));
   return out;
 }
 
@@ -383,7 +406,8 @@ struct MatchState {
     data = pcre2_match_data_create(1, nullptr);
     context = pcre2_match_context_create(nullptr);
     jit_stack = pcre2_jit_stack_create(64 * 1024, 8 * 1024 * 1024, nullptr);
-    if (context != nullptr && jit_stack != nullptr) pcre2_jit_stack_assign(context, nullptr, jit_stack);
+    if (context != nullptr && jit_stack != nullptr)
+      pcre2_jit_stack_assign(context, nullptr, jit_stack);
   }
   ~MatchState() {
     pcre2_match_data_free(data);
@@ -399,20 +423,23 @@ MatchState& ThreadMatchState() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Regex>> Regex::Compile(std::string pcre2_pattern, std::string original) {
+absl::StatusOr<std::unique_ptr<Regex>> Regex::Compile(std::string pcre2_pattern,
+                                                      std::string original) {
   pcre2_compile_context* cctx = pcre2_compile_context_create(nullptr);
   if (cctx == nullptr) return absl::ResourceExhaustedError("regex: out of memory");
   pcre2_set_newline(cctx, PCRE2_NEWLINE_LF);
   int error = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pcre2_pattern.data()), pcre2_pattern.size(),
-                                   PCRE2_UTF | PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C, &error, &error_offset, cctx);
+  pcre2_code* code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pcre2_pattern.data()), pcre2_pattern.size(),
+                    PCRE2_UTF | PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C, &error, &error_offset, cctx);
   pcre2_compile_context_free(cctx);
   if (code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof(message));
-    return absl::InvalidArgumentError(absl::StrCat("regex \"", original, "\": ", reinterpret_cast<const char*>(message),
-                                                   " (offset ", error_offset, " of the translated pattern)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("regex \"", original, "\": ", reinterpret_cast<const char*>(message),
+                     " (offset ", error_offset, " of the translated pattern)"));
   }
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // when the JIT is unavailable, the interpreter runs
   auto re = std::unique_ptr<Regex>(new Regex());
@@ -459,11 +486,12 @@ absl::StatusOr<std::unique_ptr<Regex>> Regex::Literal(std::string_view literal) 
 
 Regex::~Regex() { pcre2_code_free(code_); }
 
-Regex::Result Regex::Find(std::string_view subject, size_t start, size_t* begin, size_t* end) const {
+Regex::Result Regex::Find(std::string_view subject, size_t start, size_t* begin,
+                          size_t* end) const {
   MatchState& state = ThreadMatchState();
   if (state.data == nullptr) return Result::kError;
-  const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(), start,
-                             PCRE2_NO_UTF_CHECK, state.data, state.context);
+  const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(),
+                             start, PCRE2_NO_UTF_CHECK, state.data, state.context);
   if (rc == PCRE2_ERROR_NOMATCH) return Result::kNoMatch;
   if (rc < 0) return Result::kError;
   const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(state.data);
@@ -526,9 +554,11 @@ void SplitOne(std::string_view s, const Regex& re, bool remove_matches, Emit emi
 void PreTokenizer::SplitPieces(std::string_view text, const Regex& re, bool remove_matches,
                                const std::vector<Piece>& in, std::vector<Piece>* out) {
   for (const Piece& piece : in) {
-    SplitOne(text.substr(piece.begin, piece.end - piece.begin), re, remove_matches, [&](size_t b, size_t e) {
-      out->push_back({piece.begin + static_cast<uint32_t>(b), piece.begin + static_cast<uint32_t>(e), false});
-    });
+    SplitOne(text.substr(piece.begin, piece.end - piece.begin), re, remove_matches,
+             [&](size_t b, size_t e) {
+               out->push_back({piece.begin + static_cast<uint32_t>(b),
+                               piece.begin + static_cast<uint32_t>(e), false});
+             });
   }
 }
 
@@ -553,7 +583,8 @@ void PreTokenizer::Run(std::string_view text, std::vector<Piece>* out, Scratch* 
     const std::string_view s = text.substr(piece.begin, piece.end - piece.begin);
     if (!prefix) {
       SplitOne(s, *byte_level_regex_, false, [&](size_t b, size_t e) {
-        out->push_back({piece.begin + static_cast<uint32_t>(b), piece.begin + static_cast<uint32_t>(e), false});
+        out->push_back({piece.begin + static_cast<uint32_t>(b),
+                        piece.begin + static_cast<uint32_t>(e), false});
       });
       continue;
     }
@@ -581,7 +612,8 @@ struct ByteTables {
     from_cp.fill(-1);
     char32_t extra = 256;
     for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      const bool printable =
+          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       to_cp[b] = printable ? static_cast<char32_t>(b) : extra++;
       from_cp[to_cp[b]] = static_cast<int16_t>(b);
       const char32_t c = to_cp[b];

@@ -79,7 +79,8 @@ class Regex {
 
  private:
   Regex() = default;
-  static absl::StatusOr<std::unique_ptr<Regex>> Compile(std::string pcre2_pattern, std::string original);
+  static absl::StatusOr<std::unique_ptr<Regex>> Compile(std::string pcre2_pattern,
+                                                        std::string original);
   pcre2_real_code_8* code_ = nullptr;
   std::string pattern_;
 };
@@ -93,7 +94,8 @@ struct Piece {
 
 // Hugging Face's pre-tokenizers as this tokenizer supports them: any number of Split steps
 // (a regex whose matches become pieces of their own, the text between them too, or are removed)
-// and Digits (Split on \p{N} or \p{N}+), then exactly one ByteLevel, last. Empty pieces are dropped.
+// and Digits (Split on \p{N} or \p{N}+), then exactly one ByteLevel, last. Empty pieces are
+// dropped.
 class PreTokenizer {
  public:
   void AddSplit(std::shared_ptr<const Regex> regex, bool remove_matches);
@@ -116,8 +118,8 @@ class PreTokenizer {
     bool remove_matches = false;
   };
   // Splits each piece of `in` with `re` into `out`.
-  static void SplitPieces(std::string_view text, const Regex& re, bool remove_matches, const std::vector<Piece>& in,
-                          std::vector<Piece>* out);
+  static void SplitPieces(std::string_view text, const Regex& re, bool remove_matches,
+                          const std::vector<Piece>& in, std::vector<Piece>* out);
   std::vector<Step> steps_;
   bool has_byte_level_ = false;
   bool add_prefix_space_ = false;
@@ -133,7 +135,7 @@ int ByteFromCodePoint(char32_t c);
 void AppendByteLevel(std::string_view bytes, std::string* out);
 
 // The patterns of the supported families, in Oniguruma syntax as Hugging Face writes them.
-extern const char kGpt2Pattern[];   // GPT-2 (also ByteLevel's own regex)
+extern const char kGpt2Pattern[];    // GPT-2 (also ByteLevel's own regex)
 extern const char kLlama3Pattern[];  // LLaMA-3
 extern const char kQwen2Pattern[];   // Qwen2 (LLaMA-3's with single digits)
 // One numeric character as HF's Digits pre-tokenizer sees it (Rust's char::is_numeric): \p{N}

@@ -11,16 +11,20 @@ namespace fedlora {
 
 absl::Status CheckSamplingOptions(const SamplingOptions& o) {
   if (!std::isfinite(o.temperature) || o.temperature < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("temperature ", o.temperature, " must be >= 0 (0: greedy)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature ", o.temperature, " must be >= 0 (0: greedy)"));
   }
-  if (o.top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k ", o.top_k, " must be >= 0 (0: no cut)"));
+  if (o.top_k < 0)
+    return absl::InvalidArgumentError(absl::StrCat("top_k ", o.top_k, " must be >= 0 (0: no cut)"));
   if (!(o.top_p > 0 && o.top_p <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("top_p ", o.top_p, " must be in (0, 1] (1: no cut)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_p ", o.top_p, " must be in (0, 1] (1: no cut)"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<int32_t> SampleToken(std::span<const float> logits, const SamplingOptions& o, Rng& rng) {
+absl::StatusOr<int32_t> SampleToken(std::span<const float> logits, const SamplingOptions& o,
+                                    Rng& rng) {
   if (logits.empty()) return absl::InvalidArgumentError("SampleToken: no logits");
   if (absl::Status s = CheckSamplingOptions(o); !s.ok()) return s;
   auto more_likely = [&](int32_t a, int32_t b) {  // NaN is less likely than anything
@@ -33,7 +37,8 @@ absl::StatusOr<int32_t> SampleToken(std::span<const float> logits, const Samplin
     for (int32_t i = 1; i < static_cast<int32_t>(logits.size()); ++i) {
       if (more_likely(i, best)) best = i;
     }
-    if (std::isnan(logits[best])) return absl::InvalidArgumentError("SampleToken: every logit is NaN");
+    if (std::isnan(logits[best]))
+      return absl::InvalidArgumentError("SampleToken: every logit is NaN");
     return best;
   }
   // The candidates, most likely first (ties keep the lower id); NaN last, never drawn.
@@ -45,12 +50,14 @@ absl::StatusOr<int32_t> SampleToken(std::span<const float> logits, const Samplin
     return more_likely(a, b) || (!more_likely(b, a) && a < b);
   });
   while (n > 1 && std::isnan(logits[ids[n - 1]])) --n;
-  if (std::isnan(logits[ids[0]])) return absl::InvalidArgumentError("SampleToken: every logit is NaN");
+  if (std::isnan(logits[ids[0]]))
+    return absl::InvalidArgumentError("SampleToken: every logit is NaN");
   // Softmax of logits / temperature over the candidates, in double.
   std::vector<double> p(n);
   const double top = logits[ids[0]] / static_cast<double>(o.temperature);
   double sum = 0;
-  for (size_t i = 0; i < n; ++i) sum += p[i] = std::exp(logits[ids[i]] / static_cast<double>(o.temperature) - top);
+  for (size_t i = 0; i < n; ++i)
+    sum += p[i] = std::exp(logits[ids[i]] / static_cast<double>(o.temperature) - top);
   // Nucleus: the fewest most-likely tokens whose probability reaches top_p (at least one).
   if (o.top_p < 1) {
     double kept = 0;

@@ -30,6 +30,7 @@ absl::Status CheckSamplingOptions(const SamplingOptions& options);
 
 // The next token for `logits` (one row, the vocabulary). Greedy ignores `rng`; sampling draws one
 // uniform number from it. Ties keep the lower id; NaN logits are never chosen.
-absl::StatusOr<int32_t> SampleToken(std::span<const float> logits, const SamplingOptions& options, Rng& rng);
+absl::StatusOr<int32_t> SampleToken(std::span<const float> logits, const SamplingOptions& options,
+                                    Rng& rng);
 
 }  // namespace fedlora

@@ -33,8 +33,8 @@ template <size_t N>
 bool InRanges(const CodePointRange (&ranges)[N], char32_t c) {
   const CodePointRange* end = ranges + N;
   // First range whose last >= c; c is in it when first <= c.
-  const CodePointRange* it =
-      std::lower_bound(ranges, end, c, [](const CodePointRange& r, char32_t v) { return r.last < v; });
+  const CodePointRange* it = std::lower_bound(
+      ranges, end, c, [](const CodePointRange& r, char32_t v) { return r.last < v; });
   return it != end && it->first <= c;
 }
 
@@ -52,8 +52,9 @@ bool IsWhitespace(char32_t c) {
 // The CJK ideograph blocks BERT splits around (its _is_chinese_char): Unified Ideographs and
 // extensions A-E, and the compatibility ideographs. Hangul, kana and CJK punctuation are not here.
 bool IsCjkIdeograph(char32_t c) {
-  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
-         (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
+         (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
+         (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
          (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
 }
 
@@ -67,7 +68,8 @@ void AppendStripped(char32_t c, std::u32string* out) {
   }
   // Hangul syllables decompose arithmetically into 2 or 3 conjoining jamo (Unicode 3.12).
   constexpr char32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
-  constexpr char32_t kVCount = 21, kTCount = 28, kNCount = kVCount * kTCount, kSCount = 19 * kNCount;
+  constexpr char32_t kVCount = 21, kTCount = 28, kNCount = kVCount * kTCount,
+                     kSCount = 19 * kNCount;
   if (c >= kSBase && c < kSBase + kSCount) {
     const char32_t s = c - kSBase;
     out->push_back(kLBase + s / kNCount);
@@ -77,9 +79,8 @@ void AppendStripped(char32_t c, std::u32string* out) {
   }
   const auto* begin = std::begin(kStrippedDecompositions);
   const auto* end = std::end(kStrippedDecompositions);
-  const auto* it = std::lower_bound(begin, end, c, [](const StrippedDecomposition& d, char32_t v) {
-    return d.code_point < v;
-  });
+  const auto* it = std::lower_bound(
+      begin, end, c, [](const StrippedDecomposition& d, char32_t v) { return d.code_point < v; });
   if (it != end && it->code_point == c) {
     for (char32_t o : it->out) {
       if (o != 0) out->push_back(o);
@@ -104,7 +105,8 @@ void AppendLower(char32_t c, std::u32string* out) {
   const auto* begin = std::begin(kLowercaseRuns);
   const auto* end = std::end(kLowercaseRuns);
   // Last run with first <= c.
-  const auto* it = std::upper_bound(begin, end, c, [](char32_t v, const LowercaseRun& r) { return v < r.first; });
+  const auto* it = std::upper_bound(begin, end, c,
+                                    [](char32_t v, const LowercaseRun& r) { return v < r.first; });
   if (it != begin) {
     --it;
     if (c <= it->last && (c - it->first) % static_cast<char32_t>(it->stride) == 0) {
@@ -204,27 +206,29 @@ void TruncatePair(size_t budget, std::vector<int32_t>* a, std::vector<int32_t>* 
 // ---- construction -----------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::Create(
-    std::unordered_map<std::string, int32_t> vocab, std::vector<std::string> special_tokens, Options options) {
+    std::unordered_map<std::string, int32_t> vocab, std::vector<std::string> special_tokens,
+    Options options) {
   if (vocab.empty()) return absl::InvalidArgumentError("tokenizer: the vocabulary is empty");
   if (options.max_input_chars_per_word <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tokenizer: max_input_chars_per_word must be positive, got ", options.max_input_chars_per_word));
+        absl::StrCat("tokenizer: max_input_chars_per_word must be positive, got ",
+                     options.max_input_chars_per_word));
   }
   auto tok = std::unique_ptr<WordPieceTokenizer>(new WordPieceTokenizer());
   int64_t max_id = -1;
   for (const auto& [token, id] : vocab) {
     if (id < 0 || id > kMaxVocabId) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tokenizer: token '", token, "' has id ", id, ", outside [0, ", kMaxVocabId, "]"));
+      return absl::InvalidArgumentError(absl::StrCat("tokenizer: token '", token, "' has id ", id,
+                                                     ", outside [0, ", kMaxVocabId, "]"));
     }
     max_id = std::max<int64_t>(max_id, id);
     tok->max_token_bytes_ = std::max(tok->max_token_bytes_, token.size());
   }
   const int64_t entries = static_cast<int64_t>(vocab.size());
   if (max_id + 1 - entries > kMaxVocabIdGaps) {
-    return absl::InvalidArgumentError(absl::StrCat("tokenizer: the largest id is ", max_id, " for ", entries,
-                                                   " tokens; ids may leave at most ", kMaxVocabIdGaps,
-                                                   " unused below the largest"));
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer: the largest id is ", max_id, " for ",
+                                                   entries, " tokens; ids may leave at most ",
+                                                   kMaxVocabIdGaps, " unused below the largest"));
   }
   tok->id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
   for (const auto& [token, id] : vocab) {
@@ -238,7 +242,8 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::Create(
   auto require = [&](const std::string& token, int32_t* id) -> absl::Status {
     auto it = vocab.find(token);
     if (it == vocab.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer: the vocabulary has no ", token, " token"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer: the vocabulary has no ", token, " token"));
     }
     *id = it->second;
     return absl::OkStatus();
@@ -250,13 +255,15 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::Create(
   for (const std::string& special : special_tokens) {
     if (special.empty()) return absl::InvalidArgumentError("tokenizer: empty special token");
     if (!vocab.contains(special)) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer: special token ", special, " is not in the vocabulary"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer: special token ", special, " is not in the vocabulary"));
     }
   }
   // Longest first, so that the first match at a position is the longest (leftmost-longest).
   std::stable_sort(special_tokens.begin(), special_tokens.end(),
                    [](const std::string& x, const std::string& y) { return x.size() > y.size(); });
-  special_tokens.erase(std::unique(special_tokens.begin(), special_tokens.end()), special_tokens.end());
+  special_tokens.erase(std::unique(special_tokens.begin(), special_tokens.end()),
+                       special_tokens.end());
   for (const std::string& special : special_tokens) {
     tok->special_first_bytes_.set(static_cast<unsigned char>(special[0]));
   }
@@ -266,8 +273,8 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::Create(
   return tok;
 }
 
-absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromVocabFile(const std::string& vocab_txt,
-                                                                                      bool do_lower_case) {
+absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromVocabFile(
+    const std::string& vocab_txt, bool do_lower_case) {
   FEDLORA_ASSIGN_OR_RETURN(std::string text, ReadFileToString(vocab_txt));
   std::unordered_map<std::string, int32_t> vocab;
   int64_t line = 0;
@@ -281,13 +288,15 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromVoca
       token.remove_suffix(1);
     }
     if (line > kMaxVocabId) {
-      return absl::InvalidArgumentError(absl::StrCat(vocab_txt, ": more than ", kMaxVocabId + 1, " lines"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(vocab_txt, ": more than ", kMaxVocabId + 1, " lines"));
     }
     vocab[std::string(token)] = static_cast<int32_t>(line);  // a repeated token keeps its last line
     ++line;
     pos = eol + 1;
   }
-  if (vocab.empty()) return absl::InvalidArgumentError(absl::StrCat(vocab_txt, ": the vocabulary is empty"));
+  if (vocab.empty())
+    return absl::InvalidArgumentError(absl::StrCat(vocab_txt, ": the vocabulary is empty"));
   std::vector<std::string> specials;
   for (const char* s : {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"}) {
     if (vocab.contains(s)) specials.emplace_back(s);
@@ -300,9 +309,11 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromVoca
   return tok;
 }
 
-absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromTokenizerJson(const std::string& path) {
+absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromTokenizerJson(
+    const std::string& path) {
   FEDLORA_ASSIGN_OR_RETURN(nlohmann::json root, ReadJsonFile(path));
-  if (!root.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  if (!root.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
   auto model_it = root.find("model");
   if (model_it == root.end() || !model_it->is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no \"model\" object"));
@@ -311,54 +322,62 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromToke
   const std::string ctx = path + " model";
   FEDLORA_ASSIGN_OR_RETURN(std::string type, GetStringOr(model, "type", "WordPiece", ctx));
   if (type != "WordPiece") {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": model type is ", type, ", not WordPiece"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": model type is ", type, ", not WordPiece"));
   }
   Options options;
   FEDLORA_ASSIGN_OR_RETURN(options.unk_token, GetStringOr(model, "unk_token", "[UNK]", ctx));
   FEDLORA_ASSIGN_OR_RETURN(options.continuing_subword_prefix,
                            GetStringOr(model, "continuing_subword_prefix", "##", ctx));
-  FEDLORA_ASSIGN_OR_RETURN(int64_t max_chars, GetIntOr(model, "max_input_chars_per_word", 100, ctx));
+  FEDLORA_ASSIGN_OR_RETURN(int64_t max_chars,
+                           GetIntOr(model, "max_input_chars_per_word", 100, ctx));
   if (max_chars <= 0 || max_chars > (int64_t{1} << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": max_input_chars_per_word ", max_chars, " out of range"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": max_input_chars_per_word ", max_chars, " out of range"));
   }
   options.max_input_chars_per_word = static_cast<int>(max_chars);
 
   auto vocab_it = model.find("vocab");
   if (vocab_it == model.end() || !vocab_it->is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": model.vocab is missing or not an object"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": model.vocab is missing or not an object"));
   }
   std::unordered_map<std::string, int32_t> vocab;
   vocab.reserve(vocab_it->size());
   for (const auto& [token, id] : vocab_it->items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxVocabId) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": model.vocab[\"", token, "\"] is not an id in [0, ", kMaxVocabId, "]"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": model.vocab[\"", token,
+                                                     "\"] is not an id in [0, ", kMaxVocabId, "]"));
     }
     vocab[token] = static_cast<int32_t>(id.get<int64_t>());
   }
 
   // normalizer: null means no normalization at all.
-  options.lowercase = options.strip_accents = options.clean_text = options.handle_chinese_chars = false;
+  options.lowercase = options.strip_accents = options.clean_text = options.handle_chinese_chars =
+      false;
   auto norm_it = root.find("normalizer");
   if (norm_it != root.end() && !norm_it->is_null()) {
     const std::string nctx = path + " normalizer";
     FEDLORA_ASSIGN_OR_RETURN(std::string ntype, GetString(*norm_it, "type", nctx));
     if (ntype != "BertNormalizer") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": normalizer type ", ntype, " is not supported (only BertNormalizer)"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": normalizer type ", ntype,
+                                                     " is not supported (only BertNormalizer)"));
     }
     FEDLORA_ASSIGN_OR_RETURN(options.lowercase, GetBoolOr(*norm_it, "lowercase", true, nctx));
     FEDLORA_ASSIGN_OR_RETURN(options.clean_text, GetBoolOr(*norm_it, "clean_text", true, nctx));
-    FEDLORA_ASSIGN_OR_RETURN(options.handle_chinese_chars, GetBoolOr(*norm_it, "handle_chinese_chars", true, nctx));
+    FEDLORA_ASSIGN_OR_RETURN(options.handle_chinese_chars,
+                             GetBoolOr(*norm_it, "handle_chinese_chars", true, nctx));
     // strip_accents: null (the usual value) follows lowercase.
-    FEDLORA_ASSIGN_OR_RETURN(options.strip_accents, GetBoolOr(*norm_it, "strip_accents", options.lowercase, nctx));
+    FEDLORA_ASSIGN_OR_RETURN(options.strip_accents,
+                             GetBoolOr(*norm_it, "strip_accents", options.lowercase, nctx));
   }
   auto pre_it = root.find("pre_tokenizer");
   if (pre_it != root.end() && !pre_it->is_null()) {
-    FEDLORA_ASSIGN_OR_RETURN(std::string ptype, GetString(*pre_it, "type", path + " pre_tokenizer"));
+    FEDLORA_ASSIGN_OR_RETURN(std::string ptype,
+                             GetString(*pre_it, "type", path + " pre_tokenizer"));
     if (ptype != "BertPreTokenizer") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": pre_tokenizer type ", ptype, " is not supported (only BertPreTokenizer)"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": pre_tokenizer type ", ptype,
+                                                     " is not supported (only BertPreTokenizer)"));
     }
   }
 
@@ -367,16 +386,18 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromToke
   std::vector<std::string> specials;
   auto added_it = root.find("added_tokens");
   if (added_it != root.end() && !added_it->is_null()) {
-    if (!added_it->is_array()) return absl::InvalidArgumentError(absl::StrCat(path, ": added_tokens is not an array"));
+    if (!added_it->is_array())
+      return absl::InvalidArgumentError(absl::StrCat(path, ": added_tokens is not an array"));
     for (size_t i = 0; i < added_it->size(); ++i) {
       const std::string actx = absl::StrCat(path, " added_tokens[", i, "]");
       FEDLORA_ASSIGN_OR_RETURN(std::string content, GetString((*added_it)[i], "content", actx));
       FEDLORA_ASSIGN_OR_RETURN(int64_t id, GetInt((*added_it)[i], "id", actx));
-      if (id < 0 || id > kMaxVocabId) return absl::InvalidArgumentError(absl::StrCat(actx, ": id ", id, " out of range"));
+      if (id < 0 || id > kMaxVocabId)
+        return absl::InvalidArgumentError(absl::StrCat(actx, ": id ", id, " out of range"));
       auto [it, inserted] = vocab.emplace(content, static_cast<int32_t>(id));
       if (!inserted && it->second != id) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(actx, ": ", content, " has id ", id, " but the vocabulary says ", it->second));
+        return absl::InvalidArgumentError(absl::StrCat(actx, ": ", content, " has id ", id,
+                                                       " but the vocabulary says ", it->second));
       }
       if (!content.empty()) specials.push_back(std::move(content));
     }
@@ -447,7 +468,8 @@ void WordPieceTokenizer::WordPiece(std::string_view word, std::vector<int32_t>* 
 }
 
 void WordPieceTokenizer::TokenizeInto(std::string_view text, std::vector<int32_t>* ids,
-                                      std::vector<std::string>* tokens, std::vector<std::string>* words) const {
+                                      std::vector<std::string>* tokens,
+                                      std::vector<std::string>* words) const {
   // Normalizes one span of raw text (between special tokens), splits it into words and runs
   // WordPiece on each.
   auto process = [&](std::string_view raw) {
@@ -548,7 +570,8 @@ std::vector<std::string> WordPieceTokenizer::BasicTokenize(std::string_view text
   return words;
 }
 
-WordPieceTokenizer::Encoding WordPieceTokenizer::Encode(std::string_view text, std::optional<std::string_view> pair,
+WordPieceTokenizer::Encoding WordPieceTokenizer::Encode(std::string_view text,
+                                                        std::optional<std::string_view> pair,
                                                         int max_length) const {
   std::vector<int32_t> a = TokenizeToIds(text);
   std::vector<int32_t> b;
@@ -580,7 +603,8 @@ WordPieceTokenizer::Encoding WordPieceTokenizer::Encode(std::string_view text, s
 }
 
 int PadBatch(const std::vector<WordPieceTokenizer::Encoding>& batch, int seq_len, int32_t pad_id,
-             std::vector<int32_t>* ids, std::vector<int32_t>* type_ids, std::vector<int32_t>* mask) {
+             std::vector<int32_t>* ids, std::vector<int32_t>* type_ids,
+             std::vector<int32_t>* mask) {
   if (seq_len <= 0) {
     seq_len = 0;
     for (const auto& e : batch) seq_len = std::max(seq_len, static_cast<int>(e.input_ids.size()));
@@ -593,8 +617,10 @@ int PadBatch(const std::vector<WordPieceTokenizer::Encoding>& batch, int seq_len
     const auto& e = batch[row];
     const size_t n = std::min(len, e.input_ids.size());
     std::copy_n(e.input_ids.begin(), n, ids->begin() + row * len);
-    std::copy_n(e.token_type_ids.begin(), std::min(n, e.token_type_ids.size()), type_ids->begin() + row * len);
-    std::copy_n(e.attention_mask.begin(), std::min(n, e.attention_mask.size()), mask->begin() + row * len);
+    std::copy_n(e.token_type_ids.begin(), std::min(n, e.token_type_ids.size()),
+                type_ids->begin() + row * len);
+    std::copy_n(e.attention_mask.begin(), std::min(n, e.attention_mask.size()),
+                mask->begin() + row * len);
   }
   return seq_len;
 }

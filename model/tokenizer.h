@@ -2,10 +2,10 @@
 // BertPreTokenizer + WordPiece + the [CLS] A [SEP] B [SEP] template) for bert-base-uncased style
 // vocabularies such as the one of all-MiniLM-L6-v2.
 //
-//   FEDLORA_ASSIGN_OR_RETURN(auto tok, WordPieceTokenizer::FromTokenizerJson(dir + "/tokenizer.json"));
-//   WordPieceTokenizer::Encoding e = tok->Encode("How old are you?", "I am six.", /*max_length=*/128);
-//   std::vector<int32_t> ids, types, mask;
-//   PadBatch({e}, /*seq_len=*/0, tok->pad_id(), &ids, &types, &mask);
+//   FEDLORA_ASSIGN_OR_RETURN(auto tok, WordPieceTokenizer::FromTokenizerJson(dir +
+//   "/tokenizer.json")); WordPieceTokenizer::Encoding e = tok->Encode("How old are you?", "I am
+//   six.", /*max_length=*/128); std::vector<int32_t> ids, types, mask; PadBatch({e}, /*seq_len=*/0,
+//   tok->pad_id(), &ids, &types, &mask);
 //
 // The pipeline, in Hugging Face's order:
 //  1. Special tokens ([CLS], [SEP], [PAD], [UNK], [MASK] and any other added token of a
@@ -54,9 +54,9 @@ namespace fedlora {
 class WordPieceTokenizer {
  public:
   struct Options {
-    bool lowercase = true;             // lower-case the text (uncased models)
-    bool strip_accents = true;         // NFD + drop nonspacing marks; HF's default follows lowercase
-    bool clean_text = true;            // drop control characters, map whitespace to spaces
+    bool lowercase = true;      // lower-case the text (uncased models)
+    bool strip_accents = true;  // NFD + drop nonspacing marks; HF's default follows lowercase
+    bool clean_text = true;     // drop control characters, map whitespace to spaces
     bool handle_chinese_chars = true;  // split around CJK ideographs
     std::string unk_token = "[UNK]";
     std::string continuing_subword_prefix = "##";
@@ -74,15 +74,16 @@ class WordPieceTokenizer {
   // vocabulary's [PAD], [UNK], [CLS], [SEP] and [MASK] are matched literally in input text.
   // Errors: NotFound / PermissionDenied (file), InvalidArgument (empty vocabulary, or one
   // missing [CLS], [SEP], [PAD] or [UNK]).
-  static absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> FromVocabFile(const std::string& vocab_txt,
-                                                                           bool do_lower_case = true);
+  static absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> FromVocabFile(
+      const std::string& vocab_txt, bool do_lower_case = true);
 
   // Reads a Hugging Face tokenizer.json whose model is WordPiece: model.vocab, model.unk_token,
   // model.continuing_subword_prefix, model.max_input_chars_per_word, the BertNormalizer flags
   // (lowercase, strip_accents (null: follows lowercase), clean_text, handle_chinese_chars) and
   // added_tokens. Errors: NotFound (file), InvalidArgument (not JSON, not a WordPiece model,
   // a field of the wrong type, negative or duplicate ids, missing special tokens).
-  static absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> FromTokenizerJson(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> FromTokenizerJson(
+      const std::string& path);
 
   // Builds a tokenizer from a token -> id map (ids need not be dense). `special_tokens` are
   // matched literally in raw text (step 1 above); each must be in `vocab`. Same errors as above.
@@ -96,9 +97,11 @@ class WordPieceTokenizer {
   // absorb the whole cut, else both get half of the room (an odd token goes to the longer one, to
   // the pair on a tie). The special tokens always stay; if max_length is smaller
   // than their count (2 or 3) the result holds only them. max_length <= 0: no truncation.
-  Encoding Encode(std::string_view text, std::optional<std::string_view> pair, int max_length) const;
+  Encoding Encode(std::string_view text, std::optional<std::string_view> pair,
+                  int max_length) const;
 
-  // The WordPiece tokens of `text`, without [CLS]/[SEP] (e.g. "unaffable" -> "un", "##aff", "##able").
+  // The WordPiece tokens of `text`, without [CLS]/[SEP] (e.g. "unaffable" -> "un", "##aff",
+  // "##able").
   std::vector<std::string> Tokenize(std::string_view text) const;
   // Steps 1-5 only: the normalized words that WordPiece then splits. For tests and debugging.
   std::vector<std::string> BasicTokenize(std::string_view text) const;
@@ -121,16 +124,17 @@ class WordPieceTokenizer {
  private:
   WordPieceTokenizer() = default;
   // Appends the ids of `text` (no [CLS]/[SEP]) to `ids` and, when non-null, the tokens to `tokens`.
-  void TokenizeInto(std::string_view text, std::vector<int32_t>* ids, std::vector<std::string>* tokens,
-                    std::vector<std::string>* words) const;
-  void WordPiece(std::string_view word, std::vector<int32_t>* ids, std::vector<std::string>* tokens) const;
+  void TokenizeInto(std::string_view text, std::vector<int32_t>* ids,
+                    std::vector<std::string>* tokens, std::vector<std::string>* words) const;
+  void WordPiece(std::string_view word, std::vector<int32_t>* ids,
+                 std::vector<std::string>* tokens) const;
 
   Options options_;
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> id_to_token_;
   std::vector<std::string> special_tokens_;  // longest first, for leftmost-longest matching
   std::bitset<256> special_first_bytes_;     // first bytes of the special tokens: a cheap pre-check
-  size_t max_token_bytes_ = 0;               // longest vocabulary entry, bounds the WordPiece search
+  size_t max_token_bytes_ = 0;  // longest vocabulary entry, bounds the WordPiece search
   int32_t pad_id_ = 0, cls_id_ = 0, sep_id_ = 0, unk_id_ = 0;
 };
 

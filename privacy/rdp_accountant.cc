@@ -26,7 +26,8 @@ std::string Str(double v) {
 
 absl::Status CheckOrder(double order) {
   if (!(order > 1) || !std::isfinite(order)) {
-    return absl::InvalidArgumentError(absl::StrCat("RDP order must be finite and > 1, got ", Str(order)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RDP order must be finite and > 1, got ", Str(order)));
   }
   return absl::OkStatus();
 }
@@ -37,7 +38,8 @@ absl::Status CheckNoiseAndRate(double noise_multiplier, double sampling_rate) {
         absl::StrCat("noise_multiplier must be finite and > 0, got ", Str(noise_multiplier)));
   }
   if (!(sampling_rate >= 0 && sampling_rate <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling_rate must be in [0, 1], got ", Str(sampling_rate)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling_rate must be in [0, 1], got ", Str(sampling_rate)));
   }
   return absl::OkStatus();
 }
@@ -63,7 +65,8 @@ bool LogSub(double x, double y, double* out) {
   return true;
 }
 
-// log(erfc(x)). Past x = 26 erfc nears underflow: -x^2 - log(x sqrt(pi)) + log of the asymptotic series.
+// log(erfc(x)). Past x = 26 erfc nears underflow: -x^2 - log(x sqrt(pi)) + log of the asymptotic
+// series.
 double LogErfc(double x) {
   if (x < 26) return std::log(std::erfc(x));
   const double r = 1 / (x * x);
@@ -76,7 +79,8 @@ double LogAbsBinom(double alpha, double i) {
   return std::lgamma(alpha + 1) - std::lgamma(i + 1) - std::lgamma(alpha - i + 1);
 }
 
-// log A_alpha for integer alpha: sum over i of binom(alpha, i) q^i (1-q)^(alpha-i) exp((i^2 - i) / (2 sigma^2)).
+// log A_alpha for integer alpha: sum over i of binom(alpha, i) q^i (1-q)^(alpha-i) exp((i^2 - i) /
+// (2 sigma^2)).
 double LogAInt(double q, double sigma, double alpha) {
   double log_a = -kInf;
   for (double i = 0; i <= alpha; ++i) {
@@ -86,8 +90,8 @@ double LogAInt(double q, double sigma, double alpha) {
   return log_a;
 }
 
-// log A_alpha for fractional alpha: the two half-line integrals, as series in i until both terms are
-// below e^-30.
+// log A_alpha for fractional alpha: the two half-line integrals, as series in i until both terms
+// are below e^-30.
 absl::StatusOr<double> LogAFrac(double q, double sigma, double alpha) {
   double log_a0 = -kInf, log_a1 = -kInf;
   const double z0 = sigma * sigma * std::log(1 / q - 1) + 0.5;
@@ -109,8 +113,8 @@ absl::StatusOr<double> LogAFrac(double q, double sigma, double alpha) {
       log_a0 = LogAdd(log_a0, log_s0);
       log_a1 = LogAdd(log_a1, log_s1);
     } else if (!LogSub(log_a0, log_s0, &log_a0) || !LogSub(log_a1, log_s1, &log_a1)) {
-      return absl::InternalError(absl::StrCat("RDP series went negative at q=", Str(q), " sigma=", Str(sigma),
-                                              " alpha=", Str(alpha)));
+      return absl::InternalError(absl::StrCat("RDP series went negative at q=", Str(q),
+                                              " sigma=", Str(sigma), " alpha=", Str(alpha)));
     }
     if (std::max(log_s0, log_s1) < -30) break;
   }
@@ -126,7 +130,8 @@ std::vector<double> DefaultRdpOrders() {
   return orders;
 }
 
-absl::StatusOr<double> SubsampledGaussianRdp(double sampling_rate, double noise_multiplier, double order) {
+absl::StatusOr<double> SubsampledGaussianRdp(double sampling_rate, double noise_multiplier,
+                                             double order) {
   FEDLORA_RETURN_IF_ERROR(CheckNoiseAndRate(noise_multiplier, sampling_rate));
   FEDLORA_RETURN_IF_ERROR(CheckOrder(order));
   const double q = sampling_rate, sigma = noise_multiplier;
@@ -142,19 +147,19 @@ absl::StatusOr<double> SubsampledGaussianRdp(double sampling_rate, double noise_
   return log_a / (order - 1);
 }
 
-absl::StatusOr<PrivacySpent> EpsilonFromRdp(const std::vector<double>& orders, const std::vector<double>& rdp,
-                                            double delta) {
+absl::StatusOr<PrivacySpent> EpsilonFromRdp(const std::vector<double>& orders,
+                                            const std::vector<double>& rdp, double delta) {
   if (orders.size() != rdp.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("orders and rdp must have the same size, got ", orders.size(), " and ", rdp.size()));
+    return absl::InvalidArgumentError(absl::StrCat("orders and rdp must have the same size, got ",
+                                                   orders.size(), " and ", rdp.size()));
   }
   if (orders.empty()) return absl::InvalidArgumentError("orders must not be empty");
   if (!(delta > 0 && delta < 1)) {
     return absl::InvalidArgumentError(absl::StrCat("delta must be in (0, 1), got ", Str(delta)));
   }
   for (double order : orders) FEDLORA_RETURN_IF_ERROR(CheckOrder(order));
-  // Opacus: (inf, nan) when every epsilon is NaN; otherwise np.nanargmin, which reads NaN as +inf and
-  // takes the first minimum.
+  // Opacus: (inf, nan) when every epsilon is NaN; otherwise np.nanargmin, which reads NaN as +inf
+  // and takes the first minimum.
   PrivacySpent best{kInf, std::numeric_limits<double>::quiet_NaN()};
   double best_key = kInf;
   bool all_nan = true;
@@ -177,10 +182,12 @@ RdpAccountant::RdpAccountant() : RdpAccountant(DefaultRdpOrders()) {}
 RdpAccountant::RdpAccountant(std::vector<double> orders)
     : orders_(std::move(orders)), rdp_(orders_.size(), 0.0) {}
 
-absl::Status RdpAccountant::AddSteps(double noise_multiplier, double sampling_rate, uint64_t steps) {
+absl::Status RdpAccountant::AddSteps(double noise_multiplier, double sampling_rate,
+                                     uint64_t steps) {
   std::vector<double> rdp = rdp_;
   for (size_t k = 0; k < orders_.size(); ++k) {
-    FEDLORA_ASSIGN_OR_RETURN(double one, SubsampledGaussianRdp(sampling_rate, noise_multiplier, orders_[k]));
+    FEDLORA_ASSIGN_OR_RETURN(double one,
+                             SubsampledGaussianRdp(sampling_rate, noise_multiplier, orders_[k]));
     rdp[k] += one * static_cast<double>(steps);
   }
   if (steps == 0) return absl::OkStatus();  // validated above; nothing to compose

@@ -3,8 +3,8 @@
 // an (epsilon, delta) guarantee, as Opacus's RDPAccountant computes it.
 //
 //   privacy::RdpAccountant accountant;
-//   FEDLORA_RETURN_IF_ERROR(accountant.AddSteps(/*noise_multiplier=*/1.1, /*sampling_rate=*/0.1, 1));
-//   FEDLORA_ASSIGN_OR_RETURN(privacy::PrivacySpent spent, accountant.GetEpsilon(1e-5));
+//   FEDLORA_RETURN_IF_ERROR(accountant.AddSteps(/*noise_multiplier=*/1.1, /*sampling_rate=*/0.1,
+//   1)); FEDLORA_ASSIGN_OR_RETURN(privacy::PrivacySpent spent, accountant.GetEpsilon(1e-5));
 //
 // One federated round with client-level DP is one step: the cohort is the sample (sampling_rate =
 // cohort / population, 1 when every client takes part) and the noise standard deviation on the
@@ -25,7 +25,8 @@ std::vector<double> DefaultRdpOrders();
 // RDP at `order` (> 1) of one step of the Gaussian mechanism with this noise multiplier (> 0),
 // applied to a Poisson sample with this rate (in [0, 1]). InvalidArgument naming the argument
 // otherwise.
-absl::StatusOr<double> SubsampledGaussianRdp(double sampling_rate, double noise_multiplier, double order);
+absl::StatusOr<double> SubsampledGaussianRdp(double sampling_rate, double noise_multiplier,
+                                             double order);
 
 struct PrivacySpent {
   double epsilon = 0;
@@ -34,8 +35,8 @@ struct PrivacySpent {
 
 // (epsilon, delta) from an RDP curve, minimised over the orders (the conversion of Balle et al.
 // 2020, as Opacus's get_privacy_spent). `rdp` and `orders` have the same size; delta in (0, 1).
-absl::StatusOr<PrivacySpent> EpsilonFromRdp(const std::vector<double>& orders, const std::vector<double>& rdp,
-                                            double delta);
+absl::StatusOr<PrivacySpent> EpsilonFromRdp(const std::vector<double>& orders,
+                                            const std::vector<double>& rdp, double delta);
 
 class RdpAccountant {
  public:

@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -14,7 +13,8 @@ bool SplitHostPort(std::string_view address, std::string* host, uint32_t* port) 
   std::string_view port_text;
   if (!address.empty() && address[0] == '[') {
     const size_t close = address.find(']');
-    if (close == std::string_view::npos || close + 1 >= address.size() || address[close + 1] != ':') return false;
+    if (close == std::string_view::npos || close + 1 >= address.size() || address[close + 1] != ':')
+      return false;
     *host = std::string(address.substr(1, close - 1));
     port_text = address.substr(close + 2);
   } else {
@@ -32,7 +32,8 @@ bool SplitHostPort(std::string_view address, std::string* host, uint32_t* port) 
 }
 
 bool IsLoopbackHost(std::string_view host) {
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   const std::string h(host);
   const std::string lower = absl::AsciiStrToLower(h);
   if (lower == "localhost" || lower == "localhost.") return true;
@@ -45,11 +46,13 @@ bool IsLoopbackHost(std::string_view host) {
   return false;
 }
 
-absl::Status CheckPlaintextAllowed(std::string_view address, bool insecure, std::string_view what_view) {
+absl::Status CheckPlaintextAllowed(std::string_view address, bool insecure,
+                                   std::string_view what_view) {
   const std::string what(what_view), shown(address);
   if (address.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
   constexpr char kUseTls[] =
-      "use TLS (the server: --cert/--key/--client-ca; a client: --ca/--cert/--key; `fedlora certs dev` makes a "
+      "use TLS (the server: --cert/--key/--client-ca; a client: --ca/--cert/--key; `fedlora certs "
+      "dev` makes a "
       "development CA and certificates)";
   std::string_view rest = address;
   bool local = false;
@@ -72,13 +75,14 @@ absl::Status CheckPlaintextAllowed(std::string_view address, bool insecure, std:
     local = IsLoopbackHost(host);
   }
   if (!local) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " '", shown, "' is not a loopback address, so plaintext is refused: ", kUseTls,
-                     ", or --insecure on a loopback address (127.0.0.1, [::1], localhost)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " '", shown, "' is not a loopback address, so plaintext is refused: ", kUseTls,
+        ", or --insecure on a loopback address (127.0.0.1, [::1], localhost)"));
   }
   if (!insecure) {
-    return absl::FailedPreconditionError(absl::StrCat("plaintext on the ", what, " '", shown,
-                                                      "' needs the explicit --insecure flag; otherwise ", kUseTls));
+    return absl::FailedPreconditionError(
+        absl::StrCat("plaintext on the ", what, " '", shown,
+                     "' needs the explicit --insecure flag; otherwise ", kUseTls));
   }
   return absl::OkStatus();
 }

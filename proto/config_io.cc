@@ -20,8 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "google/protobuf/util/json_util.h"
 #include "core/status.h"
+#include "google/protobuf/util/json_util.h"
 #include "proto/address.h"
 #include "proto/config_json.h"
 #include "proto/config_paths.h"
@@ -30,9 +30,9 @@
 namespace fedlora {
 namespace {
 
+using v1::AdaptiveClipping;
 using v1::AggregationConfig;
 using v1::CodecStage;
-using v1::AdaptiveClipping;
 using v1::DifferentialPrivacyConfig;
 using v1::RunConfig;
 using v1::SimulationConfig;
@@ -215,7 +215,8 @@ void ValidateTask(Problems& p, const TaskConfig& t) {
                                     {"system_prompt", !t.system_prompt().empty()},
                                     {"chat_template", !t.chat_template().empty()},
                                     {"exact_match", t.exact_match()}}) {
-      if (set) p.Add(absl::StrCat("task.", name, " belongs to CAUSAL_LM, not SEQUENCE_CLASSIFICATION"));
+      if (set)
+        p.Add(absl::StrCat("task.", name, " belongs to CAUSAL_LM, not SEQUENCE_CLASSIFICATION"));
     }
   } else if (t.kind() == TaskConfig::CAUSAL_LM) {
     if (t.labels_size() > 0) {
@@ -225,14 +226,16 @@ void ValidateTask(Problems& p, const TaskConfig& t) {
                                       {"pair_field", &t.pair_field()},
                                       {"label_field", &t.label_field()}}) {
       if (!value->empty()) {
-        p.Add(absl::StrCat("task.", name, " belongs to SEQUENCE_CLASSIFICATION; CAUSAL_LM reads "
+        p.Add(absl::StrCat("task.", name,
+                           " belongs to SEQUENCE_CLASSIFICATION; CAUSAL_LM reads "
                            "task.prompt_field and task.response_field"));
       }
     }
     p.NonEmpty("task.prompt_field", t.prompt_field());
     p.NonEmpty("task.response_field", t.response_field());
     if (!t.prompt_field().empty() && t.prompt_field() == t.response_field()) {
-      p.Bad("task.response_field", Quoted(t.response_field()), "must differ from task.prompt_field");
+      p.Bad("task.response_field", Quoted(t.response_field()),
+            "must differ from task.prompt_field");
     }
   }
 }
@@ -300,7 +303,8 @@ void ValidateSelection(Problems& p, const v1::SelectionConfig& s) {
 }
 
 bool IsAdaptiveServerStrategy(AggregationConfig::Strategy s) {
-  return s == AggregationConfig::FEDADAM || s == AggregationConfig::FEDYOGI || s == AggregationConfig::FEDADAGRAD;
+  return s == AggregationConfig::FEDADAM || s == AggregationConfig::FEDYOGI ||
+         s == AggregationConfig::FEDADAGRAD;
 }
 
 bool NeedsIndividualUpdates(AggregationConfig::Strategy s) {
@@ -323,67 +327,89 @@ void ValidateAggregation(Problems& p, const RunConfig& c) {
   if (a.server_momentum() > 0 && a.strategy() != AggregationConfig::FEDAVG &&
       a.strategy() != AggregationConfig::FEDPROX) {
     p.Bad("aggregation.server_momentum", a.server_momentum(),
-          absl::StrCat("applies to FEDAVG and FEDPROX only, not ", AggregationConfig::Strategy_Name(a.strategy())));
+          absl::StrCat("applies to FEDAVG and FEDPROX only, not ",
+                       AggregationConfig::Strategy_Name(a.strategy())));
   }
   p.RealRange("aggregation.server_beta1", a.server_beta1(), 0, false, 1, true);
   p.RealRange("aggregation.server_beta2", a.server_beta2(), 0, false, 1, true);
   p.Positive("aggregation.server_tau", a.server_tau());
   p.NonNegative("aggregation.max_update_norm", a.max_update_norm());
   if (a.max_examples_per_client() > (uint64_t{1} << 32)) {
-    p.Bad("aggregation.max_examples_per_client", a.max_examples_per_client(), "must be at most 2^32");
+    p.Bad("aggregation.max_examples_per_client", a.max_examples_per_client(),
+          "must be at most 2^32");
   }
   if (a.weight_by_examples() && a.max_examples_per_client() == 0) {
-    p.Add("aggregation.weight_by_examples needs aggregation.max_examples_per_client: a client's example count is "
-          "its own claim and its weight in the mean, so without a bound one site could set the mean alone");
+    p.Add(
+        "aggregation.weight_by_examples needs aggregation.max_examples_per_client: a client's "
+        "example count is "
+        "its own claim and its weight in the mean, so without a bound one site could set the mean "
+        "alone");
   }
   const uint32_t rounds = ConfiguredRounds(c);
   if (a.average_last_rounds() > rounds) {
     p.Bad("aggregation.average_last_rounds", a.average_last_rounds(),
-          absl::StrCat("exceeds the run's rounds (", rounds, "): there are not that many adapters to average"));
+          absl::StrCat("exceeds the run's rounds (", rounds,
+                       "): there are not that many adapters to average"));
   }
 }
 
 void ValidateSecureAggregation(Problems& p, const RunConfig& c) {
   if (!c.privacy().secure_aggregation()) return;
   if (!c.server().audit_public_key_file().empty()) {
-    p.Add("server.audit_public_key_file cannot be used with privacy.secure_aggregation: the server never sees an "
-          "individual update there, so it has none to keep");
+    p.Add(
+        "server.audit_public_key_file cannot be used with privacy.secure_aggregation: the server "
+        "never sees an "
+        "individual update there, so it has none to keep");
   }
   // The masked fixed-point vector is the update's wire format: sparse or per-client-scaled codecs
   // cannot be summed under masks. A QUANT stage sets the fixed point's precision instead, with one
   // power-of-two scale for every client.
-  const bool quant_only = c.codec().stages_size() == 1 && c.codec().stages(0).id() == CodecStage::QUANT;
+  const bool quant_only =
+      c.codec().stages_size() == 1 && c.codec().stages(0).id() == CodecStage::QUANT;
   if (c.codec().stages_size() > 0 && !quant_only) {
-    p.Add("codec with privacy.secure_aggregation takes no stage but QUANT: the masked fixed-point vector is the "
-          "update's wire format, and sparse, half-precision or compressed updates cannot be summed under masks");
+    p.Add(
+        "codec with privacy.secure_aggregation takes no stage but QUANT: the masked fixed-point "
+        "vector is the "
+        "update's wire format, and sparse, half-precision or compressed updates cannot be summed "
+        "under masks");
   }
   if (quant_only) {
     const v1::QuantParams& q = c.codec().stages(0).quant();
     if (q.bits() < 2) {
-      p.Bad("codec.stages[0].quant.bits", q.bits(), "must be 2, 4 or 8 with privacy.secure_aggregation");
+      p.Bad("codec.stages[0].quant.bits", q.bits(),
+            "must be 2, 4 or 8 with privacy.secure_aggregation");
     }
     if (!q.stochastic()) {
-      p.Add("codec.stages[0].quant.stochastic must be true with privacy.secure_aggregation (unbiased rounding)");
+      p.Add(
+          "codec.stages[0].quant.stochastic must be true with privacy.secure_aggregation (unbiased "
+          "rounding)");
     }
     if (q.error_feedback()) {
       p.Add("codec.stages[0].quant.error_feedback does not apply with privacy.secure_aggregation");
     }
     if (q.has_block_size()) {
-      p.Add("codec.stages[0].quant.block_size does not apply with privacy.secure_aggregation: every client "
-            "quantizes with one scale for the whole update, so that the levels add up");
+      p.Add(
+          "codec.stages[0].quant.block_size does not apply with privacy.secure_aggregation: every "
+          "client "
+          "quantizes with one scale for the whole update, so that the levels add up");
     }
   }
   if (c.aggregation().weight_by_examples()) {
-    p.Add("aggregation.weight_by_examples must be false with privacy.secure_aggregation: the server only learns "
-          "the plain sum of the updates");
+    p.Add(
+        "aggregation.weight_by_examples must be false with privacy.secure_aggregation: the server "
+        "only learns "
+        "the plain sum of the updates");
   }
   if (!c.privacy().dp().enabled() && c.aggregation().max_update_norm() <= 0) {
-    p.Add("privacy.secure_aggregation needs a bound on every update for its fixed-point encoding: set "
-          "aggregation.max_update_norm (clients clip to it) or privacy.dp.clip_norm");
+    p.Add(
+        "privacy.secure_aggregation needs a bound on every update for its fixed-point encoding: "
+        "set "
+        "aggregation.max_update_norm (clients clip to it) or privacy.dp.clip_norm");
   }
   if (c.selection().min_clients() < 3) {
     p.Bad("selection.min_clients", c.selection().min_clients(),
-          "must be >= 3 with privacy.secure_aggregation: with two clients each would learn the other's update");
+          "must be >= 3 with privacy.secure_aggregation: with two clients each would learn the "
+          "other's update");
   }
 }
 
@@ -393,13 +419,17 @@ void ValidatePrivacy(Problems& p, const RunConfig& c) {
   const AdaptiveClipping& ac = dp.adaptive_clipping();
   if (!dp.enabled()) {
     // Settings of a switched-off feature would be silently ignored: refuse them.
-    const bool any = dp.mode() != DifferentialPrivacyConfig::MODE_UNSPECIFIED || dp.has_clip_norm() ||
-                     dp.has_noise_multiplier() || dp.has_target_delta() || dp.has_max_epsilon() ||
-                     dp.has_population_size() || dp.has_adaptive_clipping();
-    if (any) p.Add("privacy.dp settings are given but privacy.dp.enabled is false: enable it or remove them");
+    const bool any = dp.mode() != DifferentialPrivacyConfig::MODE_UNSPECIFIED ||
+                     dp.has_clip_norm() || dp.has_noise_multiplier() || dp.has_target_delta() ||
+                     dp.has_max_epsilon() || dp.has_population_size() || dp.has_adaptive_clipping();
+    if (any)
+      p.Add(
+          "privacy.dp settings are given but privacy.dp.enabled is false: enable it or remove "
+          "them");
     return;
   }
-  if (!DifferentialPrivacyConfig::Mode_IsValid(dp.mode())) p.Bad("privacy.dp.mode", dp.mode(), "is not a known mode");
+  if (!DifferentialPrivacyConfig::Mode_IsValid(dp.mode()))
+    p.Bad("privacy.dp.mode", dp.mode(), "is not a known mode");
   if (!dp.has_clip_norm()) {
     p.Add("privacy.dp.clip_norm is required with differential privacy");
   } else {
@@ -416,23 +446,33 @@ void ValidatePrivacy(Problems& p, const RunConfig& c) {
     // Amplification by subsampling needs each round's cohort to be a uniformly random sample of a
     // population the server knows; the server selects the first clients that ask, so the only
     // sampling rate it can honour is 1.
-    p.Add("privacy.dp.population_size is refused: the server selects the first clients that ask for a task, not a "
-          "uniformly random sample of a population, so the accountant takes the sampling rate 1; remove it");
+    p.Add(
+        "privacy.dp.population_size is refused: the server selects the first clients that ask for "
+        "a task, not a "
+        "uniformly random sample of a population, so the accountant takes the sampling rate 1; "
+        "remove it");
   }
   const AggregationConfig& a = c.aggregation();
   if (dp.mode() == DifferentialPrivacyConfig::DISTRIBUTED && !c.privacy().secure_aggregation()) {
-    p.Add("privacy.dp.mode DISTRIBUTED needs privacy.secure_aggregation: without it the server sees each update "
-          "with only its client's share of the noise (use CENTRAL)");
+    p.Add(
+        "privacy.dp.mode DISTRIBUTED needs privacy.secure_aggregation: without it the server sees "
+        "each update "
+        "with only its client's share of the noise (use CENTRAL)");
   }
   if (a.weight_by_examples()) {
-    p.Add("aggregation.weight_by_examples must be false with differential privacy: each client's weight must be "
-          "bounded, so every update weighs the same");
+    p.Add(
+        "aggregation.weight_by_examples must be false with differential privacy: each client's "
+        "weight must be "
+        "bounded, so every update weighs the same");
   }
   if (a.max_update_norm() != 0) {
-    p.Add("aggregation.max_update_norm is replaced by privacy.dp.clip_norm with differential privacy: remove it");
+    p.Add(
+        "aggregation.max_update_norm is replaced by privacy.dp.clip_norm with differential "
+        "privacy: remove it");
   }
   if (ac.enabled()) {
-    p.RealRange("privacy.dp.adaptive_clipping.target_quantile", ac.target_quantile(), 0, true, 1, true);
+    p.RealRange("privacy.dp.adaptive_clipping.target_quantile", ac.target_quantile(), 0, true, 1,
+                true);
     p.Positive("privacy.dp.adaptive_clipping.learning_rate", ac.learning_rate());
     if (!std::isfinite(ac.count_noise_stddev()) ||
         (dp.has_noise_multiplier() && !(ac.count_noise_stddev() > dp.noise_multiplier() / 2))) {
@@ -450,7 +490,8 @@ const char* StageName(CodecStage::Id id) {
 }
 
 // `field` names the spec ("codec" or "downlink_codec") in messages.
-void ValidateCodec(Problems& p, const v1::CodecSpec& codec, const std::string& field, bool shared_scale = false) {
+void ValidateCodec(Problems& p, const v1::CodecSpec& codec, const std::string& field,
+                   bool shared_scale = false) {
   const bool downlink = field != "codec";
   std::set<int> seen;
   int value_encoders = 0;  // FP16, BF16, QUANT: alternative encodings of each value
@@ -525,23 +566,28 @@ void ValidateCodec(Problems& p, const v1::CodecSpec& codec, const std::string& f
                                     (s.has_random_k() && s.random_k().has_error_feedback()) ||
                                     (s.has_quant() && s.quant().has_error_feedback());
     if (downlink && error_feedback_set) {
-      p.Add(absl::StrCat(path, " sets error_feedback, which does not apply to the downlink: the server always ",
-                         "carries what the codec drops into the next round's delta"));
+      p.Add(absl::StrCat(
+          path, " sets error_feedback, which does not apply to the downlink: the server always ",
+          "carries what the codec drops into the next round's delta"));
     }
     if (s.params_case() != expected) {
       p.Add(absl::StrCat(path, " has parameters that do not belong to stage ", StageName(s.id())));
     }
   }
-  if (value_encoders > 1) p.Add(absl::StrCat(field, ".stages combine more than one of FP16, BF16 and QUANT"));
+  if (value_encoders > 1)
+    p.Add(absl::StrCat(field, ".stages combine more than one of FP16, BF16 and QUANT"));
   bool encoded = false;  // a sparsifier chooses among the raw values, so it comes first
   for (int i = 0; i < codec.stages_size(); ++i) {
     const CodecStage::Id id = codec.stages(i).id();
     if (id == CodecStage::FP16 || id == CodecStage::BF16 || id == CodecStage::QUANT) encoded = true;
-    if ((id == CodecStage::TOPK || id == CodecStage::RANDOMK || id == CodecStage::LOWRANK) && encoded) {
-      p.Bad(absl::StrCat(field, ".stages[", i, "].id"), StageName(id), "must come before FP16, BF16 or QUANT");
+    if ((id == CodecStage::TOPK || id == CodecStage::RANDOMK || id == CodecStage::LOWRANK) &&
+        encoded) {
+      p.Bad(absl::StrCat(field, ".stages[", i, "].id"), StageName(id),
+            "must come before FP16, BF16 or QUANT");
     }
   }
-  if (sparsifiers > 1) p.Add(absl::StrCat(field, ".stages combine more than one of TOPK, RANDOMK and LOWRANK"));
+  if (sparsifiers > 1)
+    p.Add(absl::StrCat(field, ".stages combine more than one of TOPK, RANDOMK and LOWRANK"));
 }
 
 void ValidateData(Problems& p, const v1::DataConfig& d) {
@@ -551,22 +597,35 @@ void ValidateData(Problems& p, const v1::DataConfig& d) {
 
 void ValidateServer(Problems& p, const v1::ServerConfig& s) {
   const v1::TlsConfig& tls = s.tls();
-  const bool has_tls = !tls.cert_file().empty() || !tls.key_file().empty() || !tls.client_ca_file().empty();
-  if (has_tls && (tls.cert_file().empty() || tls.key_file().empty() || tls.client_ca_file().empty())) {
-    p.Add("server.tls needs cert_file, key_file and client_ca_file together: every client presents a certificate, "
-          "and its CN is the client's identity (server-only TLS, with self-named clients, is not supported)");
+  const bool has_tls =
+      !tls.cert_file().empty() || !tls.key_file().empty() || !tls.client_ca_file().empty();
+  if (has_tls &&
+      (tls.cert_file().empty() || tls.key_file().empty() || tls.client_ca_file().empty())) {
+    p.Add(
+        "server.tls needs cert_file, key_file and client_ca_file together: every client presents a "
+        "certificate, "
+        "and its CN is the client's identity (server-only TLS, with self-named clients, is not "
+        "supported)");
   }
-  if (!has_tls && (!tls.crl_file().empty() || tls.allowed_client_ids_size() > 0 || tls.operator_ids_size() > 0)) {
-    p.Add("server.tls.crl_file, allowed_client_ids and operator_ids need server.tls (cert_file, key_file, "
-          "client_ca_file): without TLS no caller has a certificate");
+  if (!has_tls && (!tls.crl_file().empty() || tls.allowed_client_ids_size() > 0 ||
+                   tls.operator_ids_size() > 0)) {
+    p.Add(
+        "server.tls.crl_file, allowed_client_ids and operator_ids need server.tls (cert_file, "
+        "key_file, "
+        "client_ca_file): without TLS no caller has a certificate");
   }
-  auto check_ids = [&](const google::protobuf::RepeatedPtrField<std::string>& ids, const char* field) {
+  auto check_ids = [&](const google::protobuf::RepeatedPtrField<std::string>& ids,
+                       const char* field) {
     for (int i = 0; i < ids.size(); ++i) {
       const std::string& id = ids.Get(i);
-      const bool ok = !id.empty() && id.size() <= 128 && std::all_of(id.begin(), id.end(), [](char ch) {
-        return absl::ascii_isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-' || ch == '@';
-      });
-      if (!ok) p.Bad(absl::StrCat("server.tls.", field, "[", i, "]"), Quoted(id), "must be 1-128 characters of [A-Za-z0-9._@-]");
+      const bool ok =
+          !id.empty() && id.size() <= 128 && std::all_of(id.begin(), id.end(), [](char ch) {
+            return absl::ascii_isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' ||
+                   ch == '-' || ch == '@';
+          });
+      if (!ok)
+        p.Bad(absl::StrCat("server.tls.", field, "[", i, "]"), Quoted(id),
+              "must be 1-128 characters of [A-Za-z0-9._@-]");
     }
   };
   check_ids(tls.allowed_client_ids(), "allowed_client_ids");
@@ -581,7 +640,8 @@ void ValidateServer(Problems& p, const v1::ServerConfig& s) {
           "must be host:port with an explicit host (IPv6 in brackets) and a port 0-65535");
   } else if (!has_tls && !IsLoopbackHost(host)) {
     p.Bad("server.listen_address", Quoted(s.listen_address()),
-          "is not a loopback address and needs server.tls.cert_file, key_file and client_ca_file (plaintext, "
+          "is not a loopback address and needs server.tls.cert_file, key_file and client_ca_file "
+          "(plaintext, "
           "with server.insecure, is for 127.0.0.1, [::1] and localhost only)");
   }
   if (!s.metrics_address().empty() && !SplitHostPort(s.metrics_address(), &host, &port)) {
@@ -592,24 +652,30 @@ void ValidateServer(Problems& p, const v1::ServerConfig& s) {
     if (!SplitHostPort(s.health_address(), &host, &port)) {
       p.Bad("server.health_address", Quoted(s.health_address()),
             "must be host:port with an explicit host (IPv6 in brackets) and a port 0-65535");
-    } else if (port != 0 && (s.health_address() == s.listen_address() || s.health_address() == s.metrics_address())) {
+    } else if (port != 0 && (s.health_address() == s.listen_address() ||
+                             s.health_address() == s.metrics_address())) {
       p.Bad("server.health_address", Quoted(s.health_address()),
             "must differ from server.listen_address and server.metrics_address");
     }
   }
   if (s.max_client_bytes_per_round() < s.max_update_bytes()) {
     p.Bad("server.max_client_bytes_per_round", s.max_client_bytes_per_round(),
-          absl::StrCat("is less than server.max_update_bytes (", s.max_update_bytes(), "): no update could arrive"));
+          absl::StrCat("is less than server.max_update_bytes (", s.max_update_bytes(),
+                       "): no update could arrive"));
   }
   p.Range<uint32_t>("server.max_client_uploads_in_flight", s.max_client_uploads_in_flight(), 1, 64);
-  p.Range<uint32_t>("server.max_client_uploads_per_round", s.max_client_uploads_per_round(), 1, 1000);
-  p.Range<uint32_t>("server.max_client_reports_per_round", s.max_client_reports_per_round(), 1, 1000);
+  p.Range<uint32_t>("server.max_client_uploads_per_round", s.max_client_uploads_per_round(), 1,
+                    1000);
+  p.Range<uint32_t>("server.max_client_reports_per_round", s.max_client_reports_per_round(), 1,
+                    1000);
   p.Range<uint32_t>("server.max_metrics_per_report", s.max_metrics_per_report(), 0, 10'000);
   p.Range<uint32_t>("server.max_aggregation_attempts", s.max_aggregation_attempts(), 1, 100);
-  p.Range<uint64_t>("server.grpc_memory_bytes", s.grpc_memory_bytes(), uint64_t{16} << 20, uint64_t{64} << 30);
+  p.Range<uint64_t>("server.grpc_memory_bytes", s.grpc_memory_bytes(), uint64_t{16} << 20,
+                    uint64_t{64} << 30);
   p.Range<uint32_t>("server.grpc_max_threads", s.grpc_max_threads(), 4, 4096);
   p.Range<uint32_t>("server.max_concurrent_streams", s.max_concurrent_streams(), 4, 10'000);
-  p.Range<uint32_t>("server.max_client_downloads_in_flight", s.max_client_downloads_in_flight(), 1, 64);
+  p.Range<uint32_t>("server.max_client_downloads_in_flight", s.max_client_downloads_in_flight(), 1,
+                    64);
   p.Range<uint32_t>("server.retain_rounds", s.retain_rounds(), 0, 1'000'000);
   p.NonEmpty("server.store_dir", s.store_dir());
   p.Range<uint32_t>("server.chunk_size_bytes", s.chunk_size_bytes(), kMinChunkSizeBytes,
@@ -643,7 +709,8 @@ void ValidateSimulation(Problems& p, const SimulationConfig& s) {
   p.NonNegative("simulation.straggler_delay_seconds", s.straggler_delay_seconds());
   p.RealRange("simulation.crash_probability", s.crash_probability(), 0, false, 1, false);
   p.Range<uint32_t>("simulation.parallelism", s.parallelism(), 0, 4096);
-  if (s.has_shards_per_client()) p.Range<uint32_t>("simulation.shards_per_client", s.shards_per_client(), 1, 100'000);
+  if (s.has_shards_per_client())
+    p.Range<uint32_t>("simulation.shards_per_client", s.shards_per_client(), 1, 100'000);
 }
 
 bool IsValidRunId(const std::string& id) {
@@ -683,7 +750,8 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   if (!lora->has_alpha()) lora->set_alpha(16.0);
   if (lora->target_modules().empty()) {
     if (causal_lm) {
-      for (const char* m : {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+      for (const char* m :
+           {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
         lora->add_target_modules(m);
     } else {
       lora->add_target_modules("query");
@@ -694,7 +762,8 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   auto* t = c->mutable_training();
   if (t->local_work_case() == TrainingConfig::LOCAL_WORK_NOT_SET) t->set_local_epochs(1);
   if (!t->has_batch_size()) t->set_batch_size(16);
-  if (!t->has_learning_rate()) t->set_learning_rate(causal_lm ? kDecoderDefaultLearningRate : kDefaultLearningRate);
+  if (!t->has_learning_rate())
+    t->set_learning_rate(causal_lm ? kDecoderDefaultLearningRate : kDefaultLearningRate);
   if (t->optimizer() == TrainingConfig::OPTIMIZER_UNSPECIFIED)
     t->set_optimizer(TrainingConfig::ADAMW);
   if (t->schedule() == TrainingConfig::SCHEDULE_UNSPECIFIED)
@@ -719,7 +788,8 @@ void ApplyRunConfigDefaults(RunConfig* c) {
     a->set_strategy(AggregationConfig::FEDAVG);
   if (!a->has_proximal_mu())
     a->set_proximal_mu(a->strategy() == AggregationConfig::FEDPROX ? 0.01 : 0.0);
-  if (!a->has_server_learning_rate()) a->set_server_learning_rate(IsAdaptiveServerStrategy(a->strategy()) ? 0.01 : 1.0);
+  if (!a->has_server_learning_rate())
+    a->set_server_learning_rate(IsAdaptiveServerStrategy(a->strategy()) ? 0.01 : 1.0);
   if (!a->has_server_momentum()) a->set_server_momentum(0.0);
   if (!a->has_server_beta1()) a->set_server_beta1(0.9);
   if (!a->has_server_beta2()) a->set_server_beta2(0.99);
@@ -734,7 +804,8 @@ void ApplyRunConfigDefaults(RunConfig* c) {
 
   if (c->privacy().dp().enabled()) {
     auto* dp = c->mutable_privacy()->mutable_dp();
-    if (dp->mode() == DifferentialPrivacyConfig::MODE_UNSPECIFIED) dp->set_mode(DifferentialPrivacyConfig::CENTRAL);
+    if (dp->mode() == DifferentialPrivacyConfig::MODE_UNSPECIFIED)
+      dp->set_mode(DifferentialPrivacyConfig::CENTRAL);
     if (!dp->has_target_delta()) dp->set_target_delta(1e-5);
     if (dp->adaptive_clipping().enabled()) {
       auto* ac = dp->mutable_adaptive_clipping();
@@ -742,7 +813,8 @@ void ApplyRunConfigDefaults(RunConfig* c) {
       if (!ac->has_learning_rate()) ac->set_learning_rate(0.2);
       if (!ac->has_count_noise_stddev() && dp->has_noise_multiplier()) {
         const double per_round = static_cast<double>(c->selection().clients_per_round()) / 20.0;
-        ac->set_count_noise_stddev(per_round > dp->noise_multiplier() / 2 ? per_round : dp->noise_multiplier());
+        ac->set_count_noise_stddev(per_round > dp->noise_multiplier() / 2 ? per_round
+                                                                          : dp->noise_multiplier());
       }
     }
   }
@@ -764,7 +836,8 @@ void ApplyRunConfigDefaults(RunConfig* c) {
   if (!srv->has_chunk_size_bytes()) srv->set_chunk_size_bytes(kDefaultChunkSizeBytes);
   if (!srv->has_max_update_bytes()) srv->set_max_update_bytes(kDefaultMaxUpdateBytes);
   if (!srv->has_max_message_bytes()) srv->set_max_message_bytes(kDefaultMaxMessageBytes);
-  if (!srv->has_max_client_bytes_per_round()) srv->set_max_client_bytes_per_round(4 * srv->max_update_bytes());
+  if (!srv->has_max_client_bytes_per_round())
+    srv->set_max_client_bytes_per_round(4 * srv->max_update_bytes());
   if (!srv->has_max_client_uploads_in_flight()) srv->set_max_client_uploads_in_flight(2);
   if (!srv->has_max_client_uploads_per_round()) srv->set_max_client_uploads_per_round(4);
   if (!srv->has_max_client_reports_per_round()) srv->set_max_client_reports_per_round(4);
@@ -800,8 +873,11 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
   ValidateModel(p, c.model());
   ValidateLora(p, c.lora());
   ValidateTask(p, c.task());
-  if (c.model().precision() == v1::ModelConfig::INT8 && c.task().kind() != v1::TaskConfig::CAUSAL_LM) {
-    p.Add("model.precision INT8 applies to decoder models (task.kind CAUSAL_LM): encoders have no Q8_0 base");
+  if (c.model().precision() == v1::ModelConfig::INT8 &&
+      c.task().kind() != v1::TaskConfig::CAUSAL_LM) {
+    p.Add(
+        "model.precision INT8 applies to decoder models (task.kind CAUSAL_LM): encoders have no "
+        "Q8_0 base");
   }
   ValidateTraining(p, c.training());
   ValidateSelection(p, c.selection());
@@ -825,7 +901,8 @@ absl::Status ValidateRunConfig(const RunConfig& c) {
 std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
   std::vector<std::string> out;
   auto refuse = [&out](const std::string& what, const std::string& why) {
-    out.push_back(absl::StrCat(what, " is not implemented yet", why.empty() ? "" : absl::StrCat(" (", why, ")")));
+    out.push_back(absl::StrCat(what, " is not implemented yet",
+                               why.empty() ? "" : absl::StrCat(" (", why, ")")));
   };
   const std::string& arch = c.model().architecture();
   if (c.task().kind() == TaskConfig::CAUSAL_LM) {
@@ -846,9 +923,11 @@ std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
            "available: FEDAVG, FEDPROX, FEDADAM, FEDYOGI, FEDADAGRAD");
   }
   if (a.has_trim_fraction()) refuse("aggregation.trim_fraction", "it belongs to TRIMMED_MEAN");
-  if (a.has_krum_byzantine_clients()) refuse("aggregation.krum_byzantine_clients", "it belongs to KRUM");
+  if (a.has_krum_byzantine_clients())
+    refuse("aggregation.krum_byzantine_clients", "it belongs to KRUM");
   const v1::DifferentialPrivacyConfig& dp = c.privacy().dp();
-  if (dp.mode() == DifferentialPrivacyConfig::LOCAL) refuse("privacy.dp.mode LOCAL", "CENTRAL and DISTRIBUTED are");
+  if (dp.mode() == DifferentialPrivacyConfig::LOCAL)
+    refuse("privacy.dp.mode LOCAL", "CENTRAL and DISTRIBUTED are");
   if (c.privacy().secure_aggregation() && dp.enabled() && dp.adaptive_clipping().enabled()) {
     refuse("privacy.dp.adaptive_clipping with privacy.secure_aggregation",
            "the server would need each update's norm; fixed clipping is");
@@ -859,9 +938,11 @@ std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
 namespace {
 
 // Parses, resolves relative paths against `base_dir` (when set), overrides, defaults and validates.
-// Errors of the text are located ("<source>:<line>:<column>: "); the others start with "<source>: ".
+// Errors of the text are located ("<source>:<line>:<column>: "); the others start with "<source>:
+// ".
 absl::StatusOr<RunConfig> ParseRunConfigText(std::string_view json, const std::string& source,
-                                             const std::filesystem::path* base_dir, const ConfigOverrides& overrides) {
+                                             const std::filesystem::path* base_dir,
+                                             const ConfigOverrides& overrides) {
   const std::string prefix = source.empty() ? "" : absl::StrCat(source, ": ");
   FEDLORA_ASSIGN_OR_RETURN(const std::string checked, CheckRunConfigJson(json, source));
   RunConfig config;
@@ -869,24 +950,27 @@ absl::StatusOr<RunConfig> ParseRunConfigText(std::string_view json, const std::s
   options.ignore_unknown_fields = false;  // a misspelt field must not silently take its default
   auto parsed = google::protobuf::util::JsonStringToMessage(checked, &config, options);
   if (!parsed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(prefix, "run config: ", std::string(parsed.message().data(), parsed.message().size())));
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "run config: ", std::string(parsed.message().data(), parsed.message().size())));
   }
   if (base_dir != nullptr) ResolveRunConfigPaths(&config, *base_dir);
   if (overrides) overrides(&config);
   ApplyRunConfigDefaults(&config);
   absl::Status valid = ValidateRunConfig(config);
-  if (!valid.ok()) return absl::Status(valid.code(), absl::StrCat(prefix, std::string(valid.message())));
+  if (!valid.ok())
+    return absl::Status(valid.code(), absl::StrCat(prefix, std::string(valid.message())));
   return config;
 }
 
 }  // namespace
 
-absl::StatusOr<RunConfig> ParseRunConfigJson(std::string_view json, const ConfigOverrides& overrides) {
+absl::StatusOr<RunConfig> ParseRunConfigJson(std::string_view json,
+                                             const ConfigOverrides& overrides) {
   return ParseRunConfigText(json, "", nullptr, overrides);
 }
 
-absl::StatusOr<RunConfig> LoadRunConfigFile(const std::string& path, const ConfigOverrides& overrides) {
+absl::StatusOr<RunConfig> LoadRunConfigFile(const std::string& path,
+                                            const ConfigOverrides& overrides) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::file_status status = fs::status(path, ec);

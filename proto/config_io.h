@@ -49,13 +49,15 @@ using ConfigOverrides = std::function<void(v1::RunConfig*)>;
 
 // Parses a JSON run config strictly (syntax errors, unknown fields and duplicate keys are errors),
 // applies `overrides` (when set), the defaults, and validates it. Paths stay as written.
-absl::StatusOr<v1::RunConfig> ParseRunConfigJson(std::string_view json, const ConfigOverrides& overrides = nullptr);
+absl::StatusOr<v1::RunConfig> ParseRunConfigJson(std::string_view json,
+                                                 const ConfigOverrides& overrides = nullptr);
 
 // Reads `path` and does what ParseRunConfigJson does, except that relative paths in the file are
 // made absolute against the file's directory before `overrides` apply (proto/config_paths.h);
 // error messages start with the path ("<path>:<line>:<column>: " for errors in the text). Checks
 // no file but the config: CheckRunConfigInputsExist does, for the commands that read them.
-absl::StatusOr<v1::RunConfig> LoadRunConfigFile(const std::string& path, const ConfigOverrides& overrides = nullptr);
+absl::StatusOr<v1::RunConfig> LoadRunConfigFile(const std::string& path,
+                                                const ConfigOverrides& overrides = nullptr);
 
 // config.rounds, or its default where it is unset (a config that has not been through
 // ApplyRunConfigDefaults, as tests and embedders may build).

@@ -5,10 +5,9 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -95,7 +94,8 @@ size_t OpeningQuote(std::string_view text, size_t close) {
 // ------------------------------------------------------------------------------------------------
 // Syntax
 
-// nlohmann's "syntax error while parsing <context> - <detail>; expected <what>" in a reader's words.
+// nlohmann's "syntax error while parsing <context> - <detail>; expected <what>" in a reader's
+// words.
 std::string DescribeSyntaxError(const std::string& what) {
   std::string message = what;
   if (size_t colon = message.find(": syntax error while parsing "); colon != std::string::npos) {
@@ -106,18 +106,25 @@ std::string DescribeSyntaxError(const std::string& what) {
   const size_t dash = message.find(" - ");
   const std::string context = dash == std::string::npos ? "" : message.substr(0, dash);
   std::string detail = dash == std::string::npos ? message : message.substr(dash + 3);
-  if (size_t expected = detail.find("; expected "); expected != std::string::npos) detail.resize(expected);
+  if (size_t expected = detail.find("; expected "); expected != std::string::npos)
+    detail.resize(expected);
   const bool at_end = absl::StrContains(detail, "unexpected end of input");
   const std::string found = at_end ? "the end of the text" : detail;
   if (context == "object key") {
-    if (absl::StrContains(detail, "unexpected '}'")) return "a trailing comma before '}' (JSON allows none)";
-    if (absl::StrContains(detail, "invalid literal")) return "expected a field name in double quotes";
+    if (absl::StrContains(detail, "unexpected '}'"))
+      return "a trailing comma before '}' (JSON allows none)";
+    if (absl::StrContains(detail, "invalid literal"))
+      return "expected a field name in double quotes";
     return absl::StrCat("expected a field name in double quotes, found ", found);
   }
-  if (context == "object separator") return absl::StrCat("expected ':' after the field name, found ", found);
-  if (context == "object") return absl::StrCat("expected ',' or '}' after an object member, found ", found);
-  if (context == "array") return absl::StrCat("expected ',' or ']' after a list item, found ", found);
-  if (absl::StrContains(detail, "unexpected ']'")) return "a trailing comma before ']' (JSON allows none)";
+  if (context == "object separator")
+    return absl::StrCat("expected ':' after the field name, found ", found);
+  if (context == "object")
+    return absl::StrCat("expected ',' or '}' after an object member, found ", found);
+  if (context == "array")
+    return absl::StrCat("expected ',' or ']' after a list item, found ", found);
+  if (absl::StrContains(detail, "unexpected ']'"))
+    return "a trailing comma before ']' (JSON allows none)";
   if (at_end) return "expected a value, found the end of the text";
   if (absl::StrContains(message, "expected end of input")) {
     return absl::StrCat("text after the end of the config's object (", detail, ")");
@@ -144,15 +151,16 @@ std::string ChildPath(const Frame& f) {
 struct Document {
   json root;
   std::map<std::string, size_t> key_offsets;  // field path -> offset of its key's opening quote
-  std::vector<std::string> problems;           // duplicate keys, located
+  std::vector<std::string> problems;          // duplicate keys, located
 };
 
 // Parses `text` strictly. A syntax error is returned; duplicate keys are collected in problems.
 absl::StatusOr<Document> Parse(std::string_view text, std::string_view source) {
   Document doc;
   if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(source), source.empty() ? "" : ": ",
-                                                   "the run config is empty (expected a JSON object {...})"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(source), source.empty() ? "" : ": ",
+                     "the run config is empty (expected a JSON object {...})"));
   }
   const char* last_read = text.data();
   std::vector<Frame> stack;
@@ -201,11 +209,12 @@ absl::StatusOr<Document> Parse(std::string_view text, std::string_view source) {
   } catch (const json::parse_error& e) {
     size_t offset = e.byte > 0 ? e.byte - 1 : 0;
     // A string token is reported at its closing quote: point at its start.
-    if (absl::StrContains(e.what(), "unexpected string literal") && offset < text.size() && text[offset] == '"') {
+    if (absl::StrContains(e.what(), "unexpected string literal") && offset < text.size() &&
+        text[offset] == '"') {
       offset = OpeningQuote(text, offset);
     }
-    return absl::InvalidArgumentError(
-        absl::StrCat(Location(text, offset, source), "JSON syntax: ", DescribeSyntaxError(e.what())));
+    return absl::InvalidArgumentError(absl::StrCat(Location(text, offset, source),
+                                                   "JSON syntax: ", DescribeSyntaxError(e.what())));
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(source), source.empty() ? "" : ": ",
                                                    "the run config cannot be read: ", e.what()));
@@ -226,7 +235,8 @@ std::string Describe(const json& v) {
     case json::value_t::string: {
       std::string s = v.get<std::string>();
       if (s.size() > 40) s = s.substr(0, 37) + "...";
-      return absl::StrCat("the string ", json(s).dump(-1, ' ', false, json::error_handler_t::replace));
+      return absl::StrCat("the string ",
+                          json(s).dump(-1, ' ', false, json::error_handler_t::replace));
     }
     case json::value_t::object:
       return "an object {...}";
@@ -264,7 +274,8 @@ bool WholeNumberIn(const json& v, double lo, double hi, bool is_signed) {
     const std::string s = v.get<std::string>();
     if (is_signed) {
       int64_t x;
-      return absl::SimpleAtoi(s, &x) && static_cast<double>(x) >= lo && static_cast<double>(x) <= hi;
+      return absl::SimpleAtoi(s, &x) && static_cast<double>(x) >= lo &&
+             static_cast<double>(x) <= hi;
     }
     uint64_t x;
     return !s.empty() && s[0] != '-' && absl::SimpleAtoi(s, &x) && static_cast<double>(x) <= hi;
@@ -281,12 +292,15 @@ class Checker {
 
   void Message(const Descriptor* d, json& obj, const std::string& path) {
     if (!obj.is_object()) {
-      Problem(path, path.empty() ? absl::StrCat("the run config must be a JSON object {...}, not ", Describe(obj))
-                                 : absl::StrCat(path, " must be an object {...}, not ", Describe(obj)));
+      Problem(path,
+              path.empty()
+                  ? absl::StrCat("the run config must be a JSON object {...}, not ", Describe(obj))
+                  : absl::StrCat(path, " must be an object {...}, not ", Describe(obj)));
       return;
     }
     std::map<const google::protobuf::OneofDescriptor*, std::vector<std::string>> oneofs;
-    std::map<const FieldDescriptor*, std::string> seen;  // a field by both its names ("local_steps", "localSteps")
+    std::map<const FieldDescriptor*, std::string>
+        seen;  // a field by both its names ("local_steps", "localSteps")
     for (auto& [key, value] : obj.items()) {
       const std::string child = path.empty() ? key : absl::StrCat(path, ".", key);
       const FieldDescriptor* f = FindField(d, key);
@@ -305,7 +319,8 @@ class Checker {
     for (const auto& [oneof, set] : oneofs) {
       if (set.size() < 2) continue;
       Problem(set[1], absl::StrCat(absl::StrJoin(set, " and "), " exclude each other (",
-                                   path.empty() ? "" : absl::StrCat(path, "."), oneof->name(), "): set one"));
+                                   path.empty() ? "" : absl::StrCat(path, "."), oneof->name(),
+                                   "): set one"));
     }
   }
 
@@ -315,15 +330,18 @@ class Checker {
   void Field(const FieldDescriptor* f, json& value, const std::string& path) {
     if (value.is_null()) return;  // protobuf reads null as "unset"
     if (f->is_map()) {
-      if (!value.is_object()) Problem(path, absl::StrCat(path, " must be an object {...}, not ", Describe(value)));
+      if (!value.is_object())
+        Problem(path, absl::StrCat(path, " must be an object {...}, not ", Describe(value)));
       return;  // RunConfig has no maps; protobuf checks their entries
     }
     if (f->is_repeated()) {
       if (!value.is_array()) {
-        Problem(path, absl::StrCat(path, " must be a list [...] (each item ", Expected(f), "), not ", Describe(value)));
+        Problem(path, absl::StrCat(path, " must be a list [...] (each item ", Expected(f),
+                                   "), not ", Describe(value)));
         return;
       }
-      for (size_t i = 0; i < value.size(); ++i) Single(f, value[i], absl::StrCat(path, "[", i, "]"));
+      for (size_t i = 0; i < value.size(); ++i)
+        Single(f, value[i], absl::StrCat(path, "[", i, "]"));
       return;
     }
     Single(f, value, path);
@@ -334,14 +352,16 @@ class Checker {
     bool ok = true;
     switch (f->cpp_type()) {
       case FieldDescriptor::CPPTYPE_MESSAGE:
-        if (absl::StartsWith(f->message_type()->full_name(), "google.protobuf.")) return;  // protobuf's own JSON forms
+        if (absl::StartsWith(f->message_type()->full_name(), "google.protobuf."))
+          return;  // protobuf's own JSON forms
         Message(f->message_type(), v, path);
         return;
       case FieldDescriptor::CPPTYPE_ENUM:
         Enum(f->enum_type(), v, path);
         return;
       case FieldDescriptor::CPPTYPE_INT32:
-        ok = WholeNumberIn(v, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(), true);
+        ok = WholeNumberIn(v, std::numeric_limits<int32_t>::min(),
+                           std::numeric_limits<int32_t>::max(), true);
         break;
       case FieldDescriptor::CPPTYPE_INT64:
         ok = WholeNumberIn(v, -9.223372036854775808e18, 9.223372036854775807e18, true);
@@ -355,8 +375,9 @@ class Checker {
       case FieldDescriptor::CPPTYPE_DOUBLE:
       case FieldDescriptor::CPPTYPE_FLOAT: {
         double x;
-        ok = v.is_number() || (v.is_string() && (v == "NaN" || v == "Infinity" || v == "-Infinity" ||
-                                                 absl::SimpleAtod(v.get<std::string>(), &x)));
+        ok =
+            v.is_number() || (v.is_string() && (v == "NaN" || v == "Infinity" || v == "-Infinity" ||
+                                                absl::SimpleAtod(v.get<std::string>(), &x)));
         break;
       }
       case FieldDescriptor::CPPTYPE_BOOL:
@@ -375,17 +396,21 @@ class Checker {
       (Unimplemented(path, e->FindValueByName(name)) ? refused : names).push_back(name);
     }
     std::string valid = absl::StrCat("valid: ", absl::StrJoin(names, ", "), " (any case");
-    if (!refused.empty()) absl::StrAppend(&valid, "; not implemented yet: ", absl::StrJoin(refused, ", "));
+    if (!refused.empty())
+      absl::StrAppend(&valid, "; not implemented yet: ", absl::StrJoin(refused, ", "));
     valid += ")";
     if (v.is_number_integer()) {  // protobuf reads an enum's number too
-      const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t{INT32_MAX}
-                                               : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
+      const bool fits = v.is_number_unsigned()
+                            ? v.get<uint64_t>() <= uint64_t{INT32_MAX}
+                            : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
       if (fits && e->FindValueByNumber(static_cast<int>(v.get<int64_t>())) != nullptr) return;
-      Problem(path, absl::StrCat(path, " (", v.dump(), ") is not a value of ", e->name(), "; ", valid));
+      Problem(path,
+              absl::StrCat(path, " (", v.dump(), ") is not a value of ", e->name(), "; ", valid));
       return;
     }
     if (!v.is_string()) {
-      Problem(path, absl::StrCat(path, " must be one of ", absl::StrJoin(names, ", "), ", not ", Describe(v)));
+      Problem(path, absl::StrCat(path, " must be one of ", absl::StrJoin(names, ", "), ", not ",
+                                 Describe(v)));
       return;
     }
     const std::string typed = v.get<std::string>();
@@ -396,13 +421,15 @@ class Checker {
       }
     }
     std::string message = absl::StrCat("unknown value '", typed, "' for ", path, "; ", valid);
-    if (auto near = NearestName(typed, names)) absl::StrAppend(&message, "; did you mean ", *near, "?");
+    if (auto near = NearestName(typed, names))
+      absl::StrAppend(&message, "; did you mean ", *near, "?");
     Problem(path, message);
   }
 
-  // Whether UnimplementedSettings refuses `value` at `path` (a field outside any list), as it refuses
-  // aggregation.strategy MEDIAN: such values are listed apart, and never suggested.
-  static bool Unimplemented(const std::string& path, const google::protobuf::EnumValueDescriptor* value) {
+  // Whether UnimplementedSettings refuses `value` at `path` (a field outside any list), as it
+  // refuses aggregation.strategy MEDIAN: such values are listed apart, and never suggested.
+  static bool Unimplemented(const std::string& path,
+                            const google::protobuf::EnumValueDescriptor* value) {
     if (value == nullptr || path.find('[') != std::string::npos) return false;
     v1::RunConfig probe;
     google::protobuf::Message* m = &probe;
@@ -458,12 +485,15 @@ class Checker {
 
   std::string UnknownField(const Descriptor* d, const std::string& key, const std::string& path) {
     const std::string where = path.empty() ? "the top level" : path;
-    std::string message = absl::StrCat("unknown field ", path.empty() ? key : absl::StrCat(path, ".", key));
+    std::string message =
+        absl::StrCat("unknown field ", path.empty() ? key : absl::StrCat(path, ".", key));
     std::vector<std::string> names;
     for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
-    if (auto near = NearestName(key, names)) return absl::StrCat(message, "; did you mean ", *near, "?");
+    if (auto near = NearestName(key, names))
+      return absl::StrCat(message, "; did you mean ", *near, "?");
     if (auto it = fields_by_name_.find(absl::AsciiStrToLower(key)); it != fields_by_name_.end()) {
-      return absl::StrCat(message, "; ", key, " belongs elsewhere: ", absl::StrJoin(it->second, " or "));
+      return absl::StrCat(message, "; ", key,
+                          " belongs elsewhere: ", absl::StrJoin(it->second, " or "));
     }
     return absl::StrCat(message, " (the fields of ", where, ": ", absl::StrJoin(names, ", "), ")");
   }
@@ -505,7 +535,8 @@ class Checker {
 
 }  // namespace
 
-absl::StatusOr<std::string> CheckRunConfigJson(std::string_view json_text, std::string_view source) {
+absl::StatusOr<std::string> CheckRunConfigJson(std::string_view json_text,
+                                               std::string_view source) {
   absl::StatusOr<Document> doc = Parse(json_text, source);
   if (!doc.ok()) return doc.status();
   Checker checker(json_text, source, *doc);

@@ -31,21 +31,40 @@ const std::vector<PathField>& Fields() {
       {"data.eval_path", [](const RunConfig& c) { return NonEmpty(c.data().eval_path()); },
        [](RunConfig* c, std::string v) { c->mutable_data()->set_eval_path(std::move(v)); }, true},
       {"server.store_dir", [](const RunConfig& c) { return NonEmpty(c.server().store_dir()); },
-       [](RunConfig* c, std::string v) { c->mutable_server()->set_store_dir(std::move(v)); }, false},
+       [](RunConfig* c, std::string v) { c->mutable_server()->set_store_dir(std::move(v)); },
+       false},
       {"server.key_dir", [](const RunConfig& c) { return NonEmpty(c.server().key_dir()); },
        [](RunConfig* c, std::string v) { c->mutable_server()->set_key_dir(std::move(v)); }, false},
       {"server.audit_public_key_file",
        [](const RunConfig& c) { return NonEmpty(c.server().audit_public_key_file()); },
-       [](RunConfig* c, std::string v) { c->mutable_server()->set_audit_public_key_file(std::move(v)); }, true},
-      {"server.tls.cert_file", [](const RunConfig& c) { return NonEmpty(c.server().tls().cert_file()); },
-       [](RunConfig* c, std::string v) { c->mutable_server()->mutable_tls()->set_cert_file(std::move(v)); }, true},
-      {"server.tls.key_file", [](const RunConfig& c) { return NonEmpty(c.server().tls().key_file()); },
-       [](RunConfig* c, std::string v) { c->mutable_server()->mutable_tls()->set_key_file(std::move(v)); }, true},
-      {"server.tls.client_ca_file", [](const RunConfig& c) { return NonEmpty(c.server().tls().client_ca_file()); },
-       [](RunConfig* c, std::string v) { c->mutable_server()->mutable_tls()->set_client_ca_file(std::move(v)); },
+       [](RunConfig* c, std::string v) {
+         c->mutable_server()->set_audit_public_key_file(std::move(v));
+       },
        true},
-      {"server.tls.crl_file", [](const RunConfig& c) { return NonEmpty(c.server().tls().crl_file()); },
-       [](RunConfig* c, std::string v) { c->mutable_server()->mutable_tls()->set_crl_file(std::move(v)); }, true},
+      {"server.tls.cert_file",
+       [](const RunConfig& c) { return NonEmpty(c.server().tls().cert_file()); },
+       [](RunConfig* c, std::string v) {
+         c->mutable_server()->mutable_tls()->set_cert_file(std::move(v));
+       },
+       true},
+      {"server.tls.key_file",
+       [](const RunConfig& c) { return NonEmpty(c.server().tls().key_file()); },
+       [](RunConfig* c, std::string v) {
+         c->mutable_server()->mutable_tls()->set_key_file(std::move(v));
+       },
+       true},
+      {"server.tls.client_ca_file",
+       [](const RunConfig& c) { return NonEmpty(c.server().tls().client_ca_file()); },
+       [](RunConfig* c, std::string v) {
+         c->mutable_server()->mutable_tls()->set_client_ca_file(std::move(v));
+       },
+       true},
+      {"server.tls.crl_file",
+       [](const RunConfig& c) { return NonEmpty(c.server().tls().crl_file()); },
+       [](RunConfig* c, std::string v) {
+         c->mutable_server()->mutable_tls()->set_crl_file(std::move(v));
+       },
+       true},
   };
   return fields;
 }
@@ -64,7 +83,8 @@ const std::vector<std::string>& RunConfigPathFields() {
 void ResolveRunConfigPaths(RunConfig* config, const std::filesystem::path& dir) {
   std::error_code ec;
   // "run.json" has the parent "", which absolute() does not take for the working directory.
-  std::filesystem::path base = dir.empty() ? std::filesystem::current_path(ec) : std::filesystem::absolute(dir, ec);
+  std::filesystem::path base =
+      dir.empty() ? std::filesystem::current_path(ec) : std::filesystem::absolute(dir, ec);
   if (ec) base = dir;
   for (const PathField& f : Fields()) {
     const std::string* value = f.get(*config);

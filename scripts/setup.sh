@@ -28,7 +28,7 @@ APT_PACKAGES=(
   python3-filelock python3-regex python3-packaging python3-fsspec python3-yaml python3-requests
   python3-psutil python3-sentencepiece
   fortunes fortunes-min wordnet-base openssl libcpp-httplib-dev libpcre2-dev libicu-dev python3-jinja2
-  clang libclang-rt-14-dev bazel-bootstrap
+  clang clang-format libclang-rt-14-dev bazel-bootstrap
 )
 
 install_packages() {

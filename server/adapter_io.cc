@@ -14,12 +14,14 @@ absl::Status CanonicalizeAdapter(std::vector<UpdateTensor>& adapter) {
     const UpdateTensor& t = adapter[i];
     if (t.name.empty()) return absl::InvalidArgumentError("adapter tensor with an empty name");
     if (i > 0 && adapter[i - 1].name == t.name) {
-      return absl::InvalidArgumentError(absl::StrCat("adapter tensor '", t.name, "' appears twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("adapter tensor '", t.name, "' appears twice"));
     }
     FEDLORA_ASSIGN_OR_RETURN(int64_t numel, CheckedNumel(t.shape));
     if (numel != static_cast<int64_t>(t.values.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("adapter tensor '", t.name, "' has ", t.values.size(),
-                                                     " values for ", numel, " elements"));
+      return absl::InvalidArgumentError(absl::StrCat("adapter tensor '", t.name, "' has ",
+                                                     t.values.size(), " values for ", numel,
+                                                     " elements"));
     }
   }
   return absl::OkStatus();

@@ -26,7 +26,8 @@ struct AggregationKey {
   std::string private_key;  // 32 bytes
   std::string public_key;   // 32 bytes
   std::string key_id;       // crypto::AggregationKeyId(public_key)
-  std::string signature;    // the server's signature on it (crypto/key_signature.h); empty without TLS
+  std::string
+      signature;  // the server's signature on it (crypto/key_signature.h); empty without TLS
 };
 
 class RoundKeys {
@@ -50,7 +51,8 @@ class RoundKeys {
   const std::string& dir() const { return dir_; }
 
  private:
-  RoundKeys(std::string dir, std::string run_id) : dir_(std::move(dir)), run_id_(std::move(run_id)) {}
+  RoundKeys(std::string dir, std::string run_id)
+      : dir_(std::move(dir)), run_id_(std::move(run_id)) {}
   std::string dir_;
   std::string run_id_;
 };

@@ -22,10 +22,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "crypto/sealed_update.h"
+#include "fedlora/v1/config.pb.h"
 #include "server/blob_store.h"
 #include "server/options.h"
 #include "server/store.h"
-#include "fedlora/v1/config.pb.h"
 
 namespace fedlora {
 
@@ -41,13 +41,14 @@ absl::Status CheckAuditSettings(const ServerOptions& options, const v1::RunConfi
 
 // Seals `plaintext` (the client's encoded update) to `audit_public_key` for `place`, puts it in
 // `blobs` (durably) and returns the record to store. Nothing is recorded here.
-absl::StatusOr<AuditCopyRecord> SealAuditCopy(std::string_view audit_public_key, const crypto::UpdatePlace& place,
+absl::StatusOr<AuditCopyRecord> SealAuditCopy(std::string_view audit_public_key,
+                                              const crypto::UpdatePlace& place,
                                               std::string_view plaintext, BlobStore& blobs);
 
 // Reads and opens the copy `record` names: the client's encoded update bytes. PermissionDenied when
 // it does not open under `audit_private_key` for the record's place (wrong key, tampered blob, or
 // a row that names another place); the blob store's errors when it cannot be read.
-absl::StatusOr<std::string> OpenAuditCopy(std::string_view audit_private_key, const AuditCopyRecord& record,
-                                          const BlobStore& blobs);
+absl::StatusOr<std::string> OpenAuditCopy(std::string_view audit_private_key,
+                                          const AuditCopyRecord& record, const BlobStore& blobs);
 
 }  // namespace fedlora

@@ -25,7 +25,8 @@ constexpr size_t kHashChunk = 1 << 20;  // bytes per read when re-hashing a file
 bool IsLowerHex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
 
 absl::Status MakeDir(const std::string& path) {
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoToStatus(errno, "mkdir", path);
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
+    return ErrnoToStatus(errno, "mkdir", path);
   return absl::OkStatus();
 }
 
@@ -33,7 +34,8 @@ absl::Status MakeDir(const std::string& path) {
 ssize_t PreadFull(int fd, char* buf, size_t n, int64_t offset) {
   size_t got = 0;
   while (got < n) {
-    const ssize_t r = ::pread(fd, buf + got, n - got, static_cast<off_t>(offset + static_cast<int64_t>(got)));
+    const ssize_t r =
+        ::pread(fd, buf + got, n - got, static_cast<off_t>(offset + static_cast<int64_t>(got)));
     if (r < 0) {
       if (errno == EINTR) continue;
       return -errno;
@@ -47,7 +49,8 @@ ssize_t PreadFull(int fd, char* buf, size_t n, int64_t offset) {
 absl::Status CheckHash(std::string_view hash) {
   if (!IsValidBlobHash(hash)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("blob hash '", ToAbsl(hash.substr(0, 80)), "' is not a lowercase 64-character SHA-256 hex"));
+        absl::StrCat("blob hash '", ToAbsl(hash.substr(0, 80)),
+                     "' is not a lowercase 64-character SHA-256 hex"));
   }
   return absl::OkStatus();
 }
@@ -67,14 +70,16 @@ bool IsValidBlobHash(std::string_view hash) {
 bool IsValidPartialId(std::string_view id) {
   if (id.empty() || id.size() > 128 || id[0] == '.') return false;
   return std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-           c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-';
   });
 }
 
-// --- BlobWriter ------------------------------------------------------------------------------------
+// --- BlobWriter
+// ------------------------------------------------------------------------------------
 
-BlobWriter::BlobWriter(std::string blobs_dir, std::string path, bool keep_on_destroy, int fd, int64_t size)
+BlobWriter::BlobWriter(std::string blobs_dir, std::string path, bool keep_on_destroy, int fd,
+                       int64_t size)
     : blobs_dir_(std::move(blobs_dir)),
       path_(std::move(path)),
       keep_on_destroy_(keep_on_destroy),
@@ -111,8 +116,9 @@ absl::Status BlobWriter::Append(std::string_view bytes, const HashedBytes& hashe
   // (A writer's running digest, once dropped, never comes back, so one kept now was kept by
   // HashNext too.)
   if (hashed.end_ != size_ + static_cast<int64_t>(bytes.size())) {
-    return absl::FailedPreconditionError(absl::StrCat("Append to ", path_, ": the bytes were hashed for ending at ",
-                                                      hashed.end_, ", not at ", size_ + static_cast<int64_t>(bytes.size())));
+    return absl::FailedPreconditionError(
+        absl::StrCat("Append to ", path_, ": the bytes were hashed for ending at ", hashed.end_,
+                     ", not at ", size_ + static_cast<int64_t>(bytes.size())));
   }
   FEDLORA_RETURN_IF_ERROR(Write(bytes));
   if (hash_valid_) hasher_ = *hashed.running_;
@@ -121,7 +127,8 @@ absl::Status BlobWriter::Append(std::string_view bytes, const HashedBytes& hashe
 }
 
 absl::Status BlobWriter::Write(std::string_view bytes) {
-  if (finished_) return absl::FailedPreconditionError(absl::StrCat("blob writer for ", path_, " is finished"));
+  if (finished_)
+    return absl::FailedPreconditionError(absl::StrCat("blob writer for ", path_, " is finished"));
   if (int err = WriteAll(fd_, bytes); err != 0) {
     // The file may now hold part of `bytes`: put it back to the last good length so that size()
     // stays the truth.
@@ -133,7 +140,8 @@ absl::Status BlobWriter::Write(std::string_view bytes) {
 }
 
 absl::Status BlobWriter::Sync() {
-  if (finished_) return absl::FailedPreconditionError(absl::StrCat("blob writer for ", path_, " is finished"));
+  if (finished_)
+    return absl::FailedPreconditionError(absl::StrCat("blob writer for ", path_, " is finished"));
   return SyncBeside();
 }
 
@@ -154,18 +162,22 @@ void BlobWriter::StartWriteback(int64_t bytes) {
   if (finished_ || bytes <= 0) return;
   const int64_t from = std::max<int64_t>(0, size_ - bytes);
   // Errors (EIO shows up again at fsync; ESPIPE/EINVAL on odd file systems) are left to Sync.
-  (void)::sync_file_range(fd_, static_cast<off_t>(from), static_cast<off_t>(size_ - from), SYNC_FILE_RANGE_WRITE);
+  (void)::sync_file_range(fd_, static_cast<off_t>(from), static_cast<off_t>(size_ - from),
+                          SYNC_FILE_RANGE_WRITE);
 }
 
 absl::Status BlobWriter::TruncateTo(int64_t size) {
-  if (finished_) return absl::FailedPreconditionError(absl::StrCat("blob writer for ", path_, " is finished"));
+  if (finished_)
+    return absl::FailedPreconditionError(absl::StrCat("blob writer for ", path_, " is finished"));
   if (size < 0 || size > size_) {
     return absl::InvalidArgumentError(
         absl::StrCat("TruncateTo(", size, ") on ", path_, ": must be in [0, ", size_, "]"));
   }
   if (size == size_) return absl::OkStatus();
-  if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) return ErrnoToStatus(errno, "ftruncate", path_);
-  if (::lseek(fd_, static_cast<off_t>(size), SEEK_SET) < 0) return ErrnoToStatus(errno, "lseek", path_);
+  if (::ftruncate(fd_, static_cast<off_t>(size)) != 0)
+    return ErrnoToStatus(errno, "ftruncate", path_);
+  if (::lseek(fd_, static_cast<off_t>(size), SEEK_SET) < 0)
+    return ErrnoToStatus(errno, "lseek", path_);
   size_ = size;
   hash_valid_ = false;  // the running digest covered the dropped tail
   return absl::OkStatus();
@@ -175,11 +187,13 @@ absl::StatusOr<std::string> BlobWriter::HashFile() {
   Sha256 h;
   std::string buf(kHashChunk, '\0');
   for (int64_t off = 0; off < size_;) {
-    const size_t want = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kHashChunk), size_ - off));
+    const size_t want =
+        static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kHashChunk), size_ - off));
     const ssize_t n = PreadFull(fd_, buf.data(), want, off);
     if (n < 0) return ErrnoToStatus(static_cast<int>(-n), "read", path_);
     if (static_cast<size_t>(n) != want) {
-      return absl::DataLossError(absl::StrCat(path_, " is shorter (", off + n, " bytes) than written (", size_, ")"));
+      return absl::DataLossError(
+          absl::StrCat(path_, " is shorter (", off + n, " bytes) than written (", size_, ")"));
     }
     h.Update(buf.data(), want);
     off += n;
@@ -189,7 +203,8 @@ absl::StatusOr<std::string> BlobWriter::HashFile() {
 }
 
 absl::StatusOr<std::string> BlobWriter::SyncAndCheckDigest(std::string_view expected_sha256_hex) {
-  if (!expected_sha256_hex.empty() && !IsValidBlobHash(expected_sha256_hex)) return CheckHash(expected_sha256_hex);
+  if (!expected_sha256_hex.empty() && !IsValidBlobHash(expected_sha256_hex))
+    return CheckHash(expected_sha256_hex);
   if (::fsync(fd_) != 0) return ErrnoToStatus(errno, "fsync", path_);
   std::string hash;
   if (!verified_hash_.empty()) {
@@ -201,14 +216,17 @@ absl::StatusOr<std::string> BlobWriter::SyncAndCheckDigest(std::string_view expe
     FEDLORA_ASSIGN_OR_RETURN(hash, HashFile());
   }
   if (!expected_sha256_hex.empty() && hash != expected_sha256_hex) {
-    return absl::DataLossError(absl::StrCat("blob content hashes to ", hash, " but ", ToAbsl(expected_sha256_hex),
-                                            " was expected (", size_, " bytes discarded)"));
+    return absl::DataLossError(absl::StrCat("blob content hashes to ", hash, " but ",
+                                            ToAbsl(expected_sha256_hex), " was expected (", size_,
+                                            " bytes discarded)"));
   }
   return hash;
 }
 
-absl::StatusOr<std::unique_ptr<MappedBlob>> BlobWriter::Verify(std::string_view expected_sha256_hex) {
-  if (finished_) return absl::FailedPreconditionError(absl::StrCat("blob writer for ", path_, " is finished"));
+absl::StatusOr<std::unique_ptr<MappedBlob>> BlobWriter::Verify(
+    std::string_view expected_sha256_hex) {
+  if (finished_)
+    return absl::FailedPreconditionError(absl::StrCat("blob writer for ", path_, " is finished"));
   absl::StatusOr<std::string> hash = SyncAndCheckDigest(expected_sha256_hex);
   if (!hash.ok()) {
     (void)Abort();
@@ -224,7 +242,8 @@ absl::StatusOr<std::unique_ptr<MappedBlob>> BlobWriter::Verify(std::string_view 
 }
 
 absl::StatusOr<std::string> BlobWriter::Commit(std::string_view expected_sha256_hex) {
-  if (finished_) return absl::FailedPreconditionError(absl::StrCat("blob writer for ", path_, " is finished"));
+  if (finished_)
+    return absl::FailedPreconditionError(absl::StrCat("blob writer for ", path_, " is finished"));
   // Whatever happens next, this writer is done; on failure its data is discarded.
   auto discard = [this](absl::Status s) {
     (void)Abort();
@@ -238,7 +257,8 @@ absl::StatusOr<std::string> BlobWriter::Commit(std::string_view expected_sha256_
   struct stat st;
   if (::stat(shard.c_str(), &st) != 0) {
     if (errno != ENOENT) return discard(ErrnoToStatus(errno, "stat", shard));
-    if (::mkdir(shard.c_str(), 0755) != 0 && errno != EEXIST) return discard(ErrnoToStatus(errno, "mkdir", shard));
+    if (::mkdir(shard.c_str(), 0755) != 0 && errno != EEXIST)
+      return discard(ErrnoToStatus(errno, "mkdir", shard));
     if (absl::Status s = FsyncDirectory(blobs_dir_); !s.ok()) return discard(s);
   }
   if (::stat(target.c_str(), &st) == 0) {
@@ -265,7 +285,8 @@ absl::Status BlobWriter::Abort() {
   return absl::OkStatus();
 }
 
-// --- BlobReader ------------------------------------------------------------------------------------
+// --- BlobReader
+// ------------------------------------------------------------------------------------
 
 BlobReader::BlobReader(std::string hash, std::string path, int fd, int64_t size)
     : hash_(std::move(hash)), path_(std::move(path)), fd_(fd), size_(size) {}
@@ -276,13 +297,14 @@ absl::StatusOr<std::string> BlobReader::Read(size_t max_bytes) {
   if (max_bytes == 0) return absl::InvalidArgumentError("BlobReader::Read: max_bytes must be > 0");
   std::string chunk;
   if (offset_ < size_) {
-    const size_t want = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(max_bytes), size_ - offset_));
+    const size_t want =
+        static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(max_bytes), size_ - offset_));
     chunk.resize(want);
     const ssize_t n = PreadFull(fd_, chunk.data(), want, offset_);
     if (n < 0) return ErrnoToStatus(static_cast<int>(-n), "read", path_);
     if (static_cast<size_t>(n) != want) {
-      return absl::DataLossError(
-          absl::StrCat("blob ", hash_, " shrank while reading: ", offset_ + n, " of ", size_, " bytes"));
+      return absl::DataLossError(absl::StrCat(
+          "blob ", hash_, " shrank while reading: ", offset_ + n, " of ", size_, " bytes"));
     }
     hasher_.Update(chunk);
     offset_ += n;
@@ -292,25 +314,30 @@ absl::StatusOr<std::string> BlobReader::Read(size_t max_bytes) {
     const ssize_t more = PreadFull(fd_, &extra, 1, size_);
     if (more < 0) return ErrnoToStatus(static_cast<int>(-more), "read", path_);
     if (more > 0)
-      return absl::DataLossError(absl::StrCat("blob ", hash_, " grew while reading past ", size_, " bytes"));
+      return absl::DataLossError(
+          absl::StrCat("blob ", hash_, " grew while reading past ", size_, " bytes"));
     const Sha256DigestBytes d = hasher_.Final();
     const std::string got = ToHex(d);
     if (got != hash_) {
-      return absl::DataLossError(absl::StrCat("blob ", hash_, " is corrupt: its ", size_, " bytes hash to ", got));
+      return absl::DataLossError(
+          absl::StrCat("blob ", hash_, " is corrupt: its ", size_, " bytes hash to ", got));
     }
     verified_ = true;
   }
   return chunk;
 }
 
-// --- BlobStore -------------------------------------------------------------------------------------
+// --- BlobStore
+// -------------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& store_dir) {
-  if (store_dir.empty()) return absl::InvalidArgumentError("BlobStore::Open: empty store directory");
+  if (store_dir.empty())
+    return absl::InvalidArgumentError("BlobStore::Open: empty store directory");
   std::string dir = store_dir;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   FEDLORA_RETURN_IF_ERROR(MakeDir(dir));
-  for (const char* sub : {"blobs", "partial", "tmp"}) FEDLORA_RETURN_IF_ERROR(MakeDir(absl::StrCat(dir, "/", sub)));
+  for (const char* sub : {"blobs", "partial", "tmp"})
+    FEDLORA_RETURN_IF_ERROR(MakeDir(absl::StrCat(dir, "/", sub)));
   FEDLORA_RETURN_IF_ERROR(FsyncDirectory(dir));
   // Every shard directory up front: one directory fsync here instead of a mkdir plus an fsync of
   // blobs/ on the upload path each time a blob lands in a new shard. (Commit still creates a shard
@@ -326,20 +353,22 @@ absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& st
 }
 
 std::string BlobStore::PathFor(std::string_view hash) const {
-  return absl::StrCat(dir_, "/blobs/", ToAbsl(hash.substr(0, 2)), "/", ToAbsl(hash.size() > 2 ? hash.substr(2) : ""));
+  return absl::StrCat(dir_, "/blobs/", ToAbsl(hash.substr(0, 2)), "/",
+                      ToAbsl(hash.size() > 2 ? hash.substr(2) : ""));
 }
 
 absl::StatusOr<std::unique_ptr<BlobWriter>> BlobStore::NewWriter() {
   const std::string path = absl::StrCat(dir_, "/tmp/", UniqueTempName());
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoToStatus(errno, "create", path);
-  return std::unique_ptr<BlobWriter>(new BlobWriter(dir_ + "/blobs", path, /*keep_on_destroy=*/false, fd, 0));
+  return std::unique_ptr<BlobWriter>(
+      new BlobWriter(dir_ + "/blobs", path, /*keep_on_destroy=*/false, fd, 0));
 }
 
 absl::StatusOr<std::unique_ptr<BlobWriter>> BlobStore::OpenPartial(const std::string& partial_id) {
   if (!IsValidPartialId(partial_id)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("partial upload id '", partial_id.substr(0, 160), "' is not 1..128 characters of [A-Za-z0-9._-]"));
+    return absl::InvalidArgumentError(absl::StrCat("partial upload id '", partial_id.substr(0, 160),
+                                                   "' is not 1..128 characters of [A-Za-z0-9._-]"));
   }
   const std::string path = absl::StrCat(dir_, "/partial/", partial_id);
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -350,13 +379,14 @@ absl::StatusOr<std::unique_ptr<BlobWriter>> BlobStore::OpenPartial(const std::st
     ::close(fd);
     return ErrnoToStatus(err, "lseek", path);
   }
-  return std::unique_ptr<BlobWriter>(
-      new BlobWriter(dir_ + "/blobs", path, /*keep_on_destroy=*/true, fd, static_cast<int64_t>(end)));
+  return std::unique_ptr<BlobWriter>(new BlobWriter(dir_ + "/blobs", path, /*keep_on_destroy=*/true,
+                                                    fd, static_cast<int64_t>(end)));
 }
 
 absl::Status BlobStore::DiscardPartial(const std::string& partial_id) {
   if (!IsValidPartialId(partial_id)) {
-    return absl::InvalidArgumentError(absl::StrCat("partial upload id '", partial_id.substr(0, 160), "' is invalid"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("partial upload id '", partial_id.substr(0, 160), "' is invalid"));
   }
   const std::string path = absl::StrCat(dir_, "/partial/", partial_id);
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoToStatus(errno, "unlink", path);
@@ -378,7 +408,8 @@ absl::StatusOr<std::string> BlobStore::Get(const std::string& hash) const {
   FEDLORA_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
   const std::string got = Sha256Hex(bytes);
   if (got != hash) {
-    return absl::DataLossError(absl::StrCat("blob ", hash, " is corrupt: its ", bytes.size(), " bytes hash to ", got));
+    return absl::DataLossError(
+        absl::StrCat("blob ", hash, " is corrupt: its ", bytes.size(), " bytes hash to ", got));
   }
   return bytes;
 }
@@ -444,7 +475,8 @@ absl::StatusOr<bool> BlobStore::Exists(const std::string& hash) const {
 absl::StatusOr<int64_t> BlobStore::Size(const std::string& hash) const {
   FEDLORA_RETURN_IF_ERROR(CheckHash(hash));
   struct stat st;
-  if (::stat(PathFor(hash).c_str(), &st) != 0) return ErrnoToStatus(errno, "stat blob", PathFor(hash));
+  if (::stat(PathFor(hash).c_str(), &st) != 0)
+    return ErrnoToStatus(errno, "stat blob", PathFor(hash));
   return static_cast<int64_t>(st.st_size);
 }
 
@@ -474,7 +506,8 @@ absl::StatusOr<std::vector<std::string>> BlobStore::List() const {
   FEDLORA_ASSIGN_OR_RETURN(std::vector<std::string> shards, ListDir(dir_ + "/blobs"));
   for (const std::string& shard : shards) {
     if (shard.size() != 2 || !IsLowerHex(shard[0]) || !IsLowerHex(shard[1])) continue;
-    FEDLORA_ASSIGN_OR_RETURN(std::vector<std::string> files, ListDir(absl::StrCat(dir_, "/blobs/", shard)));
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<std::string> files,
+                             ListDir(absl::StrCat(dir_, "/blobs/", shard)));
     for (const std::string& f : files) {
       const std::string hash = shard + f;
       if (IsValidBlobHash(hash)) hashes.push_back(hash);
@@ -484,13 +517,15 @@ absl::StatusOr<std::vector<std::string>> BlobStore::List() const {
 }
 
 absl::Status BlobStore::Delete(const std::string& hash) {
-  if (!IsValidBlobHash(hash)) return absl::InvalidArgumentError(absl::StrCat("not a blob hash: '", hash.substr(0, 80), "'"));
+  if (!IsValidBlobHash(hash))
+    return absl::InvalidArgumentError(absl::StrCat("not a blob hash: '", hash.substr(0, 80), "'"));
   const std::string path = PathFor(hash);
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoToStatus(errno, "unlink", path);
   return absl::OkStatus();
 }
 
-absl::StatusOr<BlobGcStats> BlobStore::CollectGarbage(const absl::flat_hash_set<std::string>& referenced) {
+absl::StatusOr<BlobGcStats> BlobStore::CollectGarbage(
+    const absl::flat_hash_set<std::string>& referenced) {
   BlobGcStats stats;
   FEDLORA_ASSIGN_OR_RETURN(std::vector<std::string> hashes, List());
   for (const std::string& hash : hashes) {

@@ -1,8 +1,5 @@
 // The coordinator's construction, accessors and Restore (see coordinator.h for the whole).
 #include "server/coordinator.h"
-#include "server/audit_trail.h"
-#include "server/coordinator_internal.h"
-#include "server/selection.h"
 
 #include <malloc.h>
 #include <unistd.h>
@@ -13,30 +10,34 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "aggregation/fedavg.h"
+#include "core/file.h"
 #include "core/logging.h"
-#include "crypto/random.h"
-#include "crypto/sealed_update.h"
 #include "core/sha256.h"
 #include "core/status.h"
-#include "core/file.h"
+#include "core/strings.h"
 #include "crypto/envelope.h"
 #include "crypto/key_signature.h"
-#include "core/strings.h"
+#include "crypto/random.h"
+#include "crypto/sealed_update.h"
 #include "model/param.h"
 #include "proto/config_io.h"
 #include "proto/wire.h"
 #include "server/adapter_io.h"
+#include "server/audit_trail.h"
+#include "server/coordinator_internal.h"
 #include "server/crash_point.h"
-#include <nlohmann/json.hpp>
+#include "server/selection.h"
 
 namespace fedlora {
 
 int64_t SystemClockMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
@@ -44,7 +45,8 @@ namespace {
 
 // The server optimizer a run's aggregation config asks for. Unimplemented for the robust
 // strategies, which need every update in memory at once rather than the streaming mean.
-absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(const v1::AggregationConfig& a) {
+absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(
+    const v1::AggregationConfig& a) {
   ServerOptimizerOptions o;
   switch (a.strategy()) {
     case v1::AggregationConfig::STRATEGY_UNSPECIFIED:
@@ -62,13 +64,14 @@ absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(const v1
       o.kind = ServerOptimizerKind::kAdagrad;
       break;
     default:
-      return absl::UnimplementedError(absl::StrCat("aggregation.strategy ",
-                                                   v1::AggregationConfig::Strategy_Name(a.strategy()),
-                                                   " is not implemented by the server yet; use FEDAVG, FEDPROX, "
-                                                   "FEDADAM, FEDYOGI or FEDADAGRAD"));
+      return absl::UnimplementedError(
+          absl::StrCat("aggregation.strategy ", v1::AggregationConfig::Strategy_Name(a.strategy()),
+                       " is not implemented by the server yet; use FEDAVG, FEDPROX, "
+                       "FEDADAM, FEDYOGI or FEDADAGRAD"));
   }
   const bool adaptive = o.kind != ServerOptimizerKind::kSgd;
-  o.learning_rate = a.has_server_learning_rate() ? a.server_learning_rate() : (adaptive ? 0.01 : 1.0);
+  o.learning_rate =
+      a.has_server_learning_rate() ? a.server_learning_rate() : (adaptive ? 0.01 : 1.0);
   o.momentum = a.server_momentum();
   if (a.has_server_beta1()) o.beta1 = a.server_beta1();
   if (a.has_server_beta2()) o.beta2 = a.server_beta2();
@@ -78,21 +81,26 @@ absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(const v1
 
 // A blob the run needs to resume is damaged: an error naming the round, the blob and the commands
 // that diagnose and repair it (tools/cmd_store.cc), with the blob store's own code and text.
-absl::Status ResumeBlobError(const absl::Status& s, int64_t round, absl::string_view what, const std::string& hash,
-                             const std::string& data_dir, const std::string& run_id) {
-  const std::string where = round == 0 ? std::string("the run's") : absl::StrCat("round ", round, "'s");
+absl::Status ResumeBlobError(const absl::Status& s, int64_t round, absl::string_view what,
+                             const std::string& hash, const std::string& data_dir,
+                             const std::string& run_id) {
+  const std::string where =
+      round == 0 ? std::string("the run's") : absl::StrCat("round ", round, "'s");
   const std::string args = absl::StrCat("--store ", data_dir, " --run-id ", run_id);
-  return absl::Status(s.code(), absl::StrCat(where, " ", what, " (blob ", hash, ") cannot be read: ", s.message(),
-                                             ". The server cannot resume run '", run_id, "' without it: run `fedlora ",
-                                             "store verify ", args, "` to see what is damaged, then `fedlora store ",
-                                             "repair ", args, "` (add --rewind to roll the run back to its newest ",
-                                             "intact round)"));
+  return absl::Status(
+      s.code(),
+      absl::StrCat(where, " ", what, " (blob ", hash, ") cannot be read: ", s.message(),
+                   ". The server cannot resume run '", run_id, "' without it: run `fedlora ",
+                   "store verify ", args, "` to see what is damaged, then `fedlora store ",
+                   "repair ", args, "` (add --rewind to roll the run back to its newest ",
+                   "intact round)"));
 }
 
 }  // namespace
 
-Coordinator::Coordinator(ServerOptions options, v1::RunConfig config, std::vector<UpdateTensor> initial_adapter,
-                         Store* store, BlobStore* blobs, Evaluator* evaluator, ServerMetrics* metrics, Clock clock)
+Coordinator::Coordinator(ServerOptions options, v1::RunConfig config,
+                         std::vector<UpdateTensor> initial_adapter, Store* store, BlobStore* blobs,
+                         Evaluator* evaluator, ServerMetrics* metrics, Clock clock)
     : options_(std::move(options)),
       config_(std::move(config)),
       run_id_(config_.run_id().empty() ? "default" : config_.run_id()),
@@ -110,16 +118,20 @@ Coordinator::~Coordinator() {
 }
 
 int64_t Coordinator::TargetFor(const v1::RunConfig& config) {
-  return std::max<int64_t>(1, config.selection().has_clients_per_round() ? config.selection().clients_per_round() : 10);
+  return std::max<int64_t>(
+      1, config.selection().has_clients_per_round() ? config.selection().clients_per_round() : 10);
 }
 int64_t Coordinator::QuotaFor(const v1::RunConfig& config) {
-  const double over = config.selection().has_over_selection() ? config.selection().over_selection() : 1.3;
+  const double over =
+      config.selection().has_over_selection() ? config.selection().over_selection() : 1.3;
   const int64_t target = TargetFor(config);
   // The small epsilon keeps 10 * 1.3 = 13.000000000000002 from becoming 14.
-  return std::max<int64_t>(target, static_cast<int64_t>(std::ceil(static_cast<double>(target) * over - 1e-9)));
+  return std::max<int64_t>(
+      target, static_cast<int64_t>(std::ceil(static_cast<double>(target) * over - 1e-9)));
 }
 int64_t Coordinator::MinClientsFor(const v1::RunConfig& config) {
-  if (config.selection().has_min_clients()) return std::max<int64_t>(1, config.selection().min_clients());
+  if (config.selection().has_min_clients())
+    return std::max<int64_t>(1, config.selection().min_clients());
   return CeilDiv(TargetFor(config), 2);
 }
 
@@ -131,7 +143,8 @@ absl::Status Coordinator::CheckPrivacy(const v1::RunConfig& config, int64_t adap
     encoding_bound = FixedPointRoundingBound(encoding.frac_bits, adapter_elements);
   }
   // The budget check needs no real key; Restore checks it again with the run's adapter.
-  return ServerDp::Create(config, {}, MinClientsFor(config), QuotaFor(config), encoding_bound).status();
+  return ServerDp::Create(config, {}, MinClientsFor(config), QuotaFor(config), encoding_bound)
+      .status();
 }
 
 bool Coordinator::restored() const {
@@ -168,13 +181,15 @@ std::string Coordinator::global_adapter_sha256() const {
 }
 
 bool Coordinator::IsLive(const ClientEntry& c, int64_t now) const {
-  return !c.session.empty() && !c.left && !c.blocked && now - c.last_seen_ms <= options_.heartbeat_timeout_ms;
+  return !c.session.empty() && !c.left && !c.blocked &&
+         now - c.last_seen_ms <= options_.heartbeat_timeout_ms;
 }
 
 std::string Coordinator::TaskIdFor(int64_t round, const std::string& client_id) const {
   // Deterministic, so a restarted server recognises the tasks it handed out before the crash, and
   // bound to (run, round, client): a client cannot use another client's task id.
-  return absl::StrCat("r", round, "-", Sha256Hex(absl::StrCat(run_id_, "\n", round, "\n", client_id)).substr(0, 24));
+  return absl::StrCat("r", round, "-",
+                      Sha256Hex(absl::StrCat(run_id_, "\n", round, "\n", client_id)).substr(0, 24));
 }
 
 uint64_t Coordinator::TaskSeedFor(int64_t round, const std::string& client_id) const {
@@ -203,8 +218,10 @@ void Coordinator::UpdateClientGaugesLocked() {
 
 absl::Status Coordinator::Restore() {
   absl::MutexLock lock(&mu_);
-  FEDLORA_ASSIGN_OR_RETURN(keys_, RoundKeys::Open(options_.key_dir.empty() ? options_.data_dir + "/keys" : options_.key_dir,
-                                                  run_id_));
+  FEDLORA_ASSIGN_OR_RETURN(
+      keys_,
+      RoundKeys::Open(options_.key_dir.empty() ? options_.data_dir + "/keys" : options_.key_dir,
+                      run_id_));
   if (options_.tls.enabled()) {
     FEDLORA_ASSIGN_OR_RETURN(signing_key_pem_, ReadFileToString(options_.tls.key_file));
     FEDLORA_ASSIGN_OR_RETURN(signing_chain_pem_, ReadFileToString(options_.tls.cert_file));
@@ -213,13 +230,14 @@ absl::Status Coordinator::Restore() {
     FEDLORA_ASSIGN_OR_RETURN(audit_public_key_, LoadAuditPublicKey(options_.audit_public_key_file));
   }
   FEDLORA_ASSIGN_OR_RETURN(std::vector<RunRecord> runs, store_->ListRuns());
-  const bool exists =
-      std::any_of(runs.begin(), runs.end(), [&](const RunRecord& r) { return r.run_id == run_id_; });
+  const bool exists = std::any_of(runs.begin(), runs.end(),
+                                  [&](const RunRecord& r) { return r.run_id == run_id_; });
   std::string initial_hash;
   if (!exists) {
     FEDLORA_RETURN_IF_ERROR(CanonicalizeAdapter(initial_adapter_));
     if (initial_adapter_.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("run '", run_id_, "' is new but no initial adapter was given"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("run '", run_id_, "' is new but no initial adapter was given"));
     }
     FEDLORA_ASSIGN_OR_RETURN(std::string bytes, AdapterToSafetensors(initial_adapter_));
     FEDLORA_ASSIGN_OR_RETURN(initial_hash, blobs_->Put(bytes));
@@ -234,9 +252,12 @@ absl::Status Coordinator::Restore() {
   std::vector<UpdateTensor>().swap(initial_adapter_);
   FEDLORA_ASSIGN_OR_RETURN(RecoveredState st, store_->LoadLatestState(run_id_));
   if (initial_hash.empty()) {
-    const nlohmann::json meta = nlohmann::json::parse(st.run.config_json, nullptr, /*allow_exceptions=*/false);
-    if (!meta.is_object() || !meta.contains("initial_adapter_sha256") || !meta["initial_adapter_sha256"].is_string()) {
-      return absl::DataLossError(absl::StrCat("run '", run_id_, "' in the store has no initial adapter hash"));
+    const nlohmann::json meta =
+        nlohmann::json::parse(st.run.config_json, nullptr, /*allow_exceptions=*/false);
+    if (!meta.is_object() || !meta.contains("initial_adapter_sha256") ||
+        !meta["initial_adapter_sha256"].is_string()) {
+      return absl::DataLossError(
+          absl::StrCat("run '", run_id_, "' in the store has no initial adapter hash"));
     }
     initial_hash = meta["initial_adapter_sha256"].get<std::string>();
   }
@@ -253,17 +274,20 @@ absl::Status Coordinator::Restore() {
       pruned_from_ = keep_from;
       retained_from_.store(keep_from);  // the collection below deletes the blobs
     }
-    FEDLORA_ASSIGN_OR_RETURN(absl::flat_hash_set<std::string> referenced, store_->ReferencedBlobHashes());
+    FEDLORA_ASSIGN_OR_RETURN(absl::flat_hash_set<std::string> referenced,
+                             store_->ReferencedBlobHashes());
     referenced.insert(initial_hash);
     FEDLORA_ASSIGN_OR_RETURN(BlobGcStats gc, blobs_->CollectGarbage(referenced));
     if (gc.blobs_deleted > 0) {
-      FEDLORA_LOG(INFO) << "removed " << gc.blobs_deleted << " unreferenced blobs (" << gc.bytes_deleted << " bytes)";
+      FEDLORA_LOG(INFO) << "removed " << gc.blobs_deleted << " unreferenced blobs ("
+                        << gc.bytes_deleted << " bytes)";
     }
   }
   FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> rounds, store_->ListRounds(run_id_));
   absl::StatusOr<int64_t> initial_size = blobs_->Size(initial_hash);
   if (!initial_size.ok()) {
-    return ResumeBlobError(initial_size.status(), 0, "initial adapter", initial_hash, options_.data_dir, run_id_);
+    return ResumeBlobError(initial_size.status(), 0, "initial adapter", initial_hash,
+                           options_.data_dir, run_id_);
   }
   downloadable_[initial_hash] = {0, *initial_size, false};
   if (config_.downlink_codec().stages_size() > 0) {
@@ -276,9 +300,11 @@ absl::Status Coordinator::Restore() {
   rounds_committed_ = 0;
   std::string current_hash = initial_hash, current_broadcast = initial_hash;
   int64_t current_round = 0, broadcast_round = 0;
-  auto ResumeSize = [&](int64_t round, absl::string_view what, const std::string& hash) -> absl::StatusOr<int64_t> {
+  auto ResumeSize = [&](int64_t round, absl::string_view what,
+                        const std::string& hash) -> absl::StatusOr<int64_t> {
     absl::StatusOr<int64_t> size = blobs_->Size(hash);
-    if (!size.ok()) return ResumeBlobError(size.status(), round, what, hash, options_.data_dir, run_id_);
+    if (!size.ok())
+      return ResumeBlobError(size.status(), round, what, hash, options_.data_dir, run_id_);
     return size;
   };
   for (const RoundRecord& r : rounds) {
@@ -288,18 +314,22 @@ absl::Status Coordinator::Restore() {
       current_broadcast.clear();
       continue;
     }
-    FEDLORA_ASSIGN_OR_RETURN(int64_t size, ResumeSize(r.round, "result adapter", r.result_adapter_hash));
+    FEDLORA_ASSIGN_OR_RETURN(int64_t size,
+                             ResumeSize(r.round, "result adapter", r.result_adapter_hash));
     downloadable_[r.result_adapter_hash] = {r.round, size, false};
     current_hash = r.result_adapter_hash;
     current_round = r.round;
     if (r.broadcast_hash.empty()) {
       current_broadcast = r.result_adapter_hash;
     } else {
-      FEDLORA_ASSIGN_OR_RETURN(int64_t broadcast_size, ResumeSize(r.round, "broadcast adapter", r.broadcast_hash));
-      FEDLORA_ASSIGN_OR_RETURN(int64_t delta_size, ResumeSize(r.round, "broadcast delta", r.broadcast_delta_hash));
+      FEDLORA_ASSIGN_OR_RETURN(int64_t broadcast_size,
+                               ResumeSize(r.round, "broadcast adapter", r.broadcast_hash));
+      FEDLORA_ASSIGN_OR_RETURN(int64_t delta_size,
+                               ResumeSize(r.round, "broadcast delta", r.broadcast_delta_hash));
       downloadable_[r.broadcast_hash] = {r.round, broadcast_size, false};
       downloadable_[r.broadcast_delta_hash] = {r.round, delta_size, true};
-      downlink_steps_.push_back({r.round, current_broadcast, r.broadcast_delta_hash, r.broadcast_hash, delta_size});
+      downlink_steps_.push_back(
+          {r.round, current_broadcast, r.broadcast_delta_hash, r.broadcast_hash, delta_size});
       current_broadcast = r.broadcast_hash;
     }
     broadcast_round = r.round;
@@ -307,9 +337,10 @@ absl::Status Coordinator::Restore() {
   last_committed_round_ = current_round;
   absl::StatusOr<std::string> bytes_or = blobs_->Get(current_hash);
   if (!bytes_or.ok()) {
-    return ResumeBlobError(bytes_or.status(), current_round,
-                           current_round == 0 ? "initial adapter" : "result adapter (the current global adapter)",
-                           current_hash, options_.data_dir, run_id_);
+    return ResumeBlobError(
+        bytes_or.status(), current_round,
+        current_round == 0 ? "initial adapter" : "result adapter (the current global adapter)",
+        current_hash, options_.data_dir, run_id_);
   }
   std::string bytes = *std::move(bytes_or);
   FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> restored, AdapterFromSafetensors(bytes));
@@ -324,8 +355,9 @@ absl::Status Coordinator::Restore() {
   if (current_broadcast != current_hash) {
     absl::StatusOr<std::string> b_or = blobs_->Get(current_broadcast);
     if (!b_or.ok()) {
-      return ResumeBlobError(b_or.status(), broadcast_round, "broadcast adapter (what clients train from next)",
-                             current_broadcast, options_.data_dir, run_id_);
+      return ResumeBlobError(b_or.status(), broadcast_round,
+                             "broadcast adapter (what clients train from next)", current_broadcast,
+                             options_.data_dir, run_id_);
     }
     std::string b = *std::move(b_or);
     FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> adapter, AdapterFromSafetensors(b));
@@ -348,27 +380,33 @@ absl::Status Coordinator::Restore() {
     }
     // Under secure aggregation a client's contribution is its clipped update rounded to the fixed
     // point: up to this much more than the clip norm, which the accountant must assume.
-    const double encoding_bound = secagg_.has_value() ? FixedPointRoundingBound(secagg_->frac_bits, spec_elements_) : 0;
-    FEDLORA_ASSIGN_OR_RETURN(dp_, ServerDp::Create(config_, rounds, MinClients(), Quota(), encoding_bound));
+    const double encoding_bound =
+        secagg_.has_value() ? FixedPointRoundingBound(secagg_->frac_bits, spec_elements_) : 0;
+    FEDLORA_ASSIGN_OR_RETURN(
+        dp_, ServerDp::Create(config_, rounds, MinClients(), Quota(), encoding_bound));
     if (dp_.has_value() && encoding_bound > 0) {
-      FEDLORA_LOG(INFO) << "differential privacy with secure aggregation: the fixed point (" << secagg_->frac_bits
-                        << " fraction bits, " << spec_elements_ << " values) adds up to " << encoding_bound
-                        << " to an update's norm; the accountant takes the sensitivity " << dp_->clip_norm() << " + "
-                        << encoding_bound;
+      FEDLORA_LOG(INFO) << "differential privacy with secure aggregation: the fixed point ("
+                        << secagg_->frac_bits << " fraction bits, " << spec_elements_
+                        << " values) adds up to " << encoding_bound
+                        << " to an update's norm; the accountant takes the sensitivity "
+                        << dp_->clip_norm() << " + " << encoding_bound;
     }
     const int64_t configured = ConfiguredRounds(config_);
-    affordable_rounds_ = dp_.has_value() ? dp_->AffordableRounds(rounds_committed_, configured) : configured;
+    affordable_rounds_ =
+        dp_.has_value() ? dp_->AffordableRounds(rounds_committed_, configured) : configured;
     if (dp_.has_value()) {
       metrics_->dp_epsilon_micro.store(static_cast<int64_t>(std::llround(dp_->epsilon() * 1e6)));
-      FEDLORA_LOG(INFO) << "differential privacy: epsilon " << dp_->epsilon() << " at delta " << dp_->target_delta()
-                        << " after " << rounds_committed_ << " rounds; clip norm " << dp_->clip_norm()
+      FEDLORA_LOG(INFO) << "differential privacy: epsilon " << dp_->epsilon() << " at delta "
+                        << dp_->target_delta() << " after " << rounds_committed_
+                        << " rounds; clip norm " << dp_->clip_norm()
                         << (affordable_rounds_ < configured
-                                ? absl::StrCat("; the budget affords ", affordable_rounds_, " of the ", configured,
-                                               " configured rounds")
+                                ? absl::StrCat("; the budget affords ", affordable_rounds_,
+                                               " of the ", configured, " configured rounds")
                                 : std::string());
     }
   }
-  FEDLORA_ASSIGN_OR_RETURN(ServerOptimizerOptions opt_options, ServerOptimizerOptionsFromConfig(config_.aggregation()));
+  FEDLORA_ASSIGN_OR_RETURN(ServerOptimizerOptions opt_options,
+                           ServerOptimizerOptionsFromConfig(config_.aggregation()));
   FEDLORA_ASSIGN_OR_RETURN(ServerOptimizer opt, ServerOptimizer::Create(opt_options, spec_));
   if (opt.stateful() && current_round > 0) {
     // The state saved with the last committed round: momentum or moments continue exactly.
@@ -376,14 +414,15 @@ absl::Status Coordinator::Restore() {
       return r.state == RoundState::kCommitted && r.round == current_round;
     });
     if (last == rounds.rend() || last->server_state_hash.empty()) {
-      return absl::DataLossError(absl::StrCat("round ", current_round, " was committed without a server optimizer state, ",
-                                              "but this run's aggregation (", ToAbsl(ServerOptimizerName(opt_options.kind)),
-                                              ") keeps one; was the run's config changed?"));
+      return absl::DataLossError(absl::StrCat(
+          "round ", current_round, " was committed without a server optimizer state, ",
+          "but this run's aggregation (", ToAbsl(ServerOptimizerName(opt_options.kind)),
+          ") keeps one; was the run's config changed?"));
     }
     absl::StatusOr<std::string> state = blobs_->Get(last->server_state_hash);
     if (!state.ok()) {
-      return ResumeBlobError(state.status(), current_round, "server optimizer state", last->server_state_hash,
-                             options_.data_dir, run_id_);
+      return ResumeBlobError(state.status(), current_round, "server optimizer state",
+                             last->server_state_hash, options_.data_dir, run_id_);
     }
     FEDLORA_RETURN_IF_ERROR_CTX(opt.LoadState(*state), absl::StrCat("round ", current_round));
   }
@@ -401,7 +440,8 @@ absl::Status Coordinator::Restore() {
   }
   for (const RoundRecord& r : rounds) {
     if (r.state != RoundState::kCommitted) continue;
-    FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> ups, store_->ListAcceptedUploads(run_id_, r.round));
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> ups,
+                             store_->ListAcceptedUploads(run_id_, r.round));
     for (const UploadRecord& u : ups) {
       if (ClientEntry* c = FindClientLocked(u.client_id)) ++c->rounds_participated;
     }
@@ -418,26 +458,30 @@ absl::Status Coordinator::Restore() {
     round_->selected.insert(r.selected_clients.begin(), r.selected_clients.end());
     for (const UploadRecord& u : st.accepted_uploads) round_->accepted[u.client_id] = u.upload_id;
     if (r.global_adapter_hash != broadcast_hash_) {
-      return absl::DataLossError(absl::StrCat("open round ", r.round, " trains from adapter ", r.global_adapter_hash,
-                                              " but the last committed round's clients train from ", broadcast_hash_));
+      return absl::DataLossError(
+          absl::StrCat("open round ", r.round, " trains from adapter ", r.global_adapter_hash,
+                       " but the last committed round's clients train from ", broadcast_hash_));
     }
-    FEDLORA_RETURN_IF_ERROR(RestoreRoundKeyLocked(r, static_cast<int64_t>(st.accepted_uploads.size())));
+    FEDLORA_RETURN_IF_ERROR(
+        RestoreRoundKeyLocked(r, static_cast<int64_t>(st.accepted_uploads.size())));
     if (round_ != nullptr && round_->round == r.round) {
       FEDLORA_LOG(INFO) << "resuming round " << r.round << " (" << RoundStateName(r.state) << ", "
-                        << round_->accepted.size() << " updates accepted, " << st.receiving_uploads.size()
-                        << " uploads resumable)";
+                        << round_->accepted.size() << " updates accepted, "
+                        << st.receiving_uploads.size() << " uploads resumable)";
     }
   } else if (rounds_committed_ >= total_rounds) {
     finished_ = true;
   }
   if (round_ != nullptr && secagg_.has_value() && round_->state != RoundState::kSelecting) {
     // Its keys and shares were in the previous process's memory only: start the round afresh.
-    FEDLORA_RETURN_IF_ERROR(AbandonRoundLocked("its secure aggregation cannot resume after a restart"));
+    FEDLORA_RETURN_IF_ERROR(
+        AbandonRoundLocked("its secure aggregation cannot resume after a restart"));
   }
   // Keys of rounds that closed before a crash let them be destroyed; their sealed updates went with
   // the garbage collection above.
   for (const RoundRecord& r : rounds) {
-    if (r.state == RoundState::kCommitted || r.state == RoundState::kAbandoned) forgotten_through_ = r.round;
+    if (r.state == RoundState::kCommitted || r.state == RoundState::kAbandoned)
+      forgotten_through_ = r.round;
   }
   FEDLORA_ASSIGN_OR_RETURN(std::vector<int64_t> keyed, keys_->List());
   for (int64_t k : keyed) {
@@ -461,17 +505,20 @@ absl::Status Coordinator::OpenNextRoundLocked() {
   for (auto it = rejected_.begin(); it != rejected_.end();) {
     it = it->second.round + 2 <= next ? rejected_.erase(it) : std::next(it);
   }
-  // The round's key exists durably before the round does: a task never names a key a crash can lose.
+  // The round's key exists durably before the round does: a task never names a key a crash can
+  // lose.
   absl::StatusOr<AggregationKey> key = keys_->Create(next);
-  if (absl::IsAlreadyExists(key.status())) {  // left by a server that stopped before the round began
+  if (absl::IsAlreadyExists(
+          key.status())) {  // left by a server that stopped before the round began
     FEDLORA_RETURN_IF_ERROR(keys_->Destroy(next));
     key = keys_->Create(next);
   }
   FEDLORA_RETURN_IF_ERROR(key.status());
   FEDLORA_RETURN_IF_ERROR(SignRoundKey(next, *key));
   DurabilityTicket ticket;
-  FEDLORA_ASSIGN_OR_RETURN(RoundRecord r, store_->BeginRound(run_id_, next, broadcast_hash_, /*deadline_unix_ms=*/0,
-                                                             &ticket, key->key_id));
+  FEDLORA_ASSIGN_OR_RETURN(
+      RoundRecord r, store_->BeginRound(run_id_, next, broadcast_hash_, /*deadline_unix_ms=*/0,
+                                        &ticket, key->key_id));
   DeferLocked(ticket);
   round_ = std::make_unique<RoundInfo>();
   round_->key = std::make_shared<const AggregationKey>(*std::move(key));
@@ -479,24 +526,29 @@ absl::Status Coordinator::OpenNextRoundLocked() {
   round_->state = RoundState::kSelecting;
   round_->started_ms = Now();
   metrics_->current_round.store(r.round);
-  FEDLORA_LOG(DEBUG) << "round " << r.round << " opened (selecting " << Quota() << " of the waiting clients)";
+  FEDLORA_LOG(DEBUG) << "round " << r.round << " opened (selecting " << Quota()
+                     << " of the waiting clients)";
   return absl::OkStatus();
 }
 
 absl::Status Coordinator::RestoreRoundKeyLocked(const RoundRecord& r, int64_t accepted) {
   absl::StatusOr<AggregationKey> key = keys_->Load(r.round);
   if (key.ok() && !r.key_id.empty() && key->key_id != r.key_id) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "round ", r.round, "'s aggregation key ", keys_->PathOf(r.round), " is ", key->key_id, ", but the round's ",
-        "updates are sealed to ", r.key_id, ": restore the file that holds ", r.key_id, " (mode 0600)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("round ", r.round, "'s aggregation key ", keys_->PathOf(r.round), " is ",
+                     key->key_id, ", but the round's ", "updates are sealed to ", r.key_id,
+                     ": restore the file that holds ", r.key_id, " (mode 0600)"));
   }
   if (absl::IsNotFound(key.status())) {
     if (accepted > 0 || r.state == RoundState::kAggregating) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "round ", r.round, "'s aggregation key ", keys_->PathOf(r.round), " is missing, and the round's ", accepted,
-          " accepted updates are sealed to it (", r.key_id.empty() ? "key id not recorded" : r.key_id,
-          "): restore that file (mode 0600) from wherever the key directory (server.key_dir) is kept, and start "
-          "the server again. The server will not start without it: it would count the round's updates as "
+          "round ", r.round, "'s aggregation key ", keys_->PathOf(r.round),
+          " is missing, and the round's ", accepted, " accepted updates are sealed to it (",
+          r.key_id.empty() ? "key id not recorded" : r.key_id,
+          "): restore that file (mode 0600) from wherever the key directory (server.key_dir) is "
+          "kept, and start "
+          "the server again. The server will not start without it: it would count the round's "
+          "updates as "
           "accepted yet never open them"));
     }
     // Nothing was accepted under the lost key: the round starts again under a new one.
@@ -512,8 +564,9 @@ absl::Status Coordinator::RestoreRoundKeyLocked(const RoundRecord& r, int64_t ac
 
 absl::Status Coordinator::SignRoundKey(int64_t round, AggregationKey& key) const {
   if (signing_key_pem_.empty()) return absl::OkStatus();
-  FEDLORA_ASSIGN_OR_RETURN(key.signature, crypto::SignAggregationKey(signing_key_pem_, run_id_,
-                                                                     static_cast<uint64_t>(round), key.public_key));
+  FEDLORA_ASSIGN_OR_RETURN(
+      key.signature, crypto::SignAggregationKey(signing_key_pem_, run_id_,
+                                                static_cast<uint64_t>(round), key.public_key));
   return absl::OkStatus();
 }
 
@@ -524,7 +577,8 @@ void Coordinator::ForgetRound(int64_t round, const std::vector<UploadRecord>& up
   for (const UploadRecord& u : uploads) {
     if (u.blob_hash.empty()) continue;
     if (absl::Status s = blobs_->Delete(u.blob_hash); !s.ok()) {
-      FEDLORA_LOG(ERROR) << "round " << round << ": deleting sealed update " << u.upload_id << ": " << s;
+      FEDLORA_LOG(ERROR) << "round " << round << ": deleting sealed update " << u.upload_id << ": "
+                         << s;
     }
   }
 }
@@ -544,9 +598,11 @@ void Coordinator::ForgetClosedRounds() {
   for (const RoundRecord& r : *rounds) {
     if (r.round <= forgotten_through_ || r.round >= open) continue;
     if (r.state != RoundState::kCommitted && r.state != RoundState::kAbandoned) break;
-    absl::StatusOr<std::vector<UploadRecord>> uploads = store_->ListAcceptedUploads(run_id_, r.round);
+    absl::StatusOr<std::vector<UploadRecord>> uploads =
+        store_->ListAcceptedUploads(run_id_, r.round);
     if (!uploads.ok()) {
-      FEDLORA_LOG(WARNING) << "round " << r.round << ": listing its updates to delete: " << uploads.status();
+      FEDLORA_LOG(WARNING) << "round " << r.round
+                           << ": listing its updates to delete: " << uploads.status();
       return;
     }
     ForgetRound(r.round, *uploads);

@@ -49,14 +49,14 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "aggregation/fedavg.h"
-#include "core/thread_pool.h"
 #include "aggregation/server_optimizer.h"
 #include "compression/codec.h"
+#include "core/thread_pool.h"
+#include "crypto/sealed_update.h"
 #include "fedlora/v1/admin.pb.h"
 #include "fedlora/v1/config.pb.h"
 #include "fedlora/v1/federation.pb.h"
 #include "proto/config_io.h"
-#include "crypto/sealed_update.h"
 #include "server/aggregation_key.h"
 #include "server/blob_store.h"
 #include "server/differential_privacy.h"
@@ -85,8 +85,9 @@ class Coordinator {
  public:
   // `store` and `blobs` must outlive the coordinator; `evaluator` may be null (no evaluation).
   // `initial_adapter` is used only when the run does not exist in the store yet.
-  Coordinator(ServerOptions options, v1::RunConfig config, std::vector<UpdateTensor> initial_adapter,
-              Store* store, BlobStore* blobs, Evaluator* evaluator, ServerMetrics* metrics, Clock clock);
+  Coordinator(ServerOptions options, v1::RunConfig config,
+              std::vector<UpdateTensor> initial_adapter, Store* store, BlobStore* blobs,
+              Evaluator* evaluator, ServerMetrics* metrics, Clock clock);
   ~Coordinator();
 
   // Loads (or creates) the run and resumes it. Until it returns OK every RPC answers Unavailable.
@@ -101,9 +102,11 @@ class Coordinator {
   // Unauthenticated otherwise (the client must Join again).
   absl::Status Authenticate(const std::string& client_id, const std::string& session_token);
   // A download chunk of `bytes` of blob `sha256` went out to `client_id` (`last`: the blob's final
-  // chunk). Marks the client seen (a client busy streaming is alive) and counts the bytes to the open round; a completed download
-  // also counts what it stands for as a full adapter (download_full_bytes).
-  void NoteDownloadChunk(const std::string& client_id, const std::string& sha256, int64_t bytes, bool last);
+  // chunk). Marks the client seen (a client busy streaming is alive) and counts the bytes to the
+  // open round; a completed download also counts what it stands for as a full adapter
+  // (download_full_bytes).
+  void NoteDownloadChunk(const std::string& client_id, const std::string& sha256, int64_t bytes,
+                         bool last);
 
   // Answers at once through `done`, or (when max_wait_ms > 0 and the answer would be "retry
   // later") holds the request until the client is selected, the round changes, or max_wait_ms
@@ -114,11 +117,12 @@ class Coordinator {
   void WaitForTask(const std::string& client_id, int64_t max_wait_ms, WaitCallback done,
                    const std::string& held_adapter_sha256 = "");
 
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const std::string& client_id, const v1::HeartbeatRequest& request);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const std::string& client_id,
+                                                  const v1::HeartbeatRequest& request);
   // A step of the caller's secure-aggregation round (coordinator_secagg.cc): takes its message, if
   // any, and answers with the next step's input or "ask again".
-  absl::StatusOr<v1::SecureAggregationResponse> SecureAggregation(const std::string& client_id,
-                                                                   const v1::SecureAggregationRequest& request);
+  absl::StatusOr<v1::SecureAggregationResponse> SecureAggregation(
+      const std::string& client_id, const v1::SecureAggregationRequest& request);
   absl::Status ReportMetrics(const std::string& client_id, const v1::MetricsReport& report);
   absl::Status Leave(const std::string& client_id, const v1::LeaveRequest& request);
 
@@ -131,7 +135,8 @@ class Coordinator {
   // on: it becomes durable with the next WAL sync (a progress checkpoint, the acceptance, a status
   // query). Before that nothing about the upload has been acknowledged, so losing the row to a
   // power failure only makes the client start the upload again.
-  absl::StatusOr<UploadPlan> BeginUpload(const std::string& client_id, const v1::UploadHeader& header);
+  absl::StatusOr<UploadPlan> BeginUpload(const std::string& client_id,
+                                         const v1::UploadHeader& header);
   // Counts `bytes` more of an upload stream against the client's per-round quota
   // (ServerOptions::max_client_bytes_per_round); ResourceExhausted past it.
   absl::Status ChargeUploadBytes(const std::string& client_id, int64_t bytes);
@@ -147,26 +152,31 @@ class Coordinator {
                               std::string_view blob) const;
   // Records a validated upload, committed to blobs/ under `blob_hash`, as accepted. Returns the
   // ACCEPTED ack only after the store made it durable.
-  absl::StatusOr<v1::UploadAck> CompleteUpload(const std::string& client_id, const v1::UploadHeader& header,
+  absl::StatusOr<v1::UploadAck> CompleteUpload(const std::string& client_id,
+                                               const v1::UploadHeader& header,
                                                const std::string& blob_hash, int64_t blob_size);
   // Notes a refused upload (for GetUploadStatus and the metrics).
-  void RejectUpload(const std::string& client_id, const std::string& upload_id, const absl::Status& why);
+  void RejectUpload(const std::string& client_id, const std::string& upload_id,
+                    const absl::Status& why);
   // Unlocks upload_id (always call after a successful BeginUpload).
   void EndUpload(const std::string& upload_id);
-  absl::StatusOr<v1::UploadStatusResponse> GetUploadStatus(const std::string& client_id, const std::string& upload_id);
+  absl::StatusOr<v1::UploadStatusResponse> GetUploadStatus(const std::string& client_id,
+                                                           const std::string& upload_id);
 
-  // --- Admin --------------------------------------------------------------------------------------
+  // --- Admin
+  // --------------------------------------------------------------------------------------
   absl::StatusOr<v1::GetStatusResponse> GetStatus(const v1::GetStatusRequest& request);
   absl::StatusOr<v1::ListClientsResponse> ListClients(const v1::ListClientsRequest& request);
   // Blocks a client or lifts its block (durably first), for `operator_id`'s request.
   absl::StatusOr<v1::BlockClientResponse> BlockClient(const v1::BlockClientRequest& request,
                                                       const std::string& operator_id);
 
-  // --- Driver -------------------------------------------------------------------------------------
-  // Enforces the selection window, deadlines and long-poll expiries, and starts the aggregation of
-  // a closed round on the aggregation thread (or its next try, once its pause has passed). Never
-  // waits for an aggregation. Called by the server's driver thread every options.tick_ms, and by
-  // tests. Returns the errors of the round bookkeeping (store writes).
+  // --- Driver
+  // ------------------------------------------------------------------------------------- Enforces
+  // the selection window, deadlines and long-poll expiries, and starts the aggregation of a closed
+  // round on the aggregation thread (or its next try, once its pause has passed). Never waits for
+  // an aggregation. Called by the server's driver thread every options.tick_ms, and by tests.
+  // Returns the errors of the round bookkeeping (store writes).
   absl::Status Tick();
   // Server shutdown: wakes every held WaitForTask with "retry later", from now on answers new ones
   // at once (Unavailable), so that no call is left holding the gRPC server open, and asks a running
@@ -181,7 +191,8 @@ class Coordinator {
   // `adapter_elements` values in the sensitivity). Server::Create asks before it opens the store.
   static absl::Status CheckPrivacy(const v1::RunConfig& config, int64_t adapter_elements);
 
-  // --- Introspection (tests, tools) ---------------------------------------------------------------
+  // --- Introspection (tests, tools)
+  // ---------------------------------------------------------------
   bool finished() const;
   // Why the run stopped short of its rounds (stop_on_aggregation_failure); OK while it has not.
   absl::Status stopped() const;
@@ -218,17 +229,19 @@ class Coordinator {
   static int64_t MinClientsFor(const v1::RunConfig& config);
   bool IsLive(const ClientEntry& c, int64_t now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What Admin shows of a client: ListClients' entry, BlockClient's answer.
-  v1::ClientInfo ClientInfoLocked(const ClientEntry& c, int64_t now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::ClientInfo ClientInfoLocked(const ClientEntry& c, int64_t now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string TaskIdFor(int64_t round, const std::string& client_id) const;
   uint64_t TaskSeedFor(int64_t round, const std::string& client_id) const;
   // Seeds the downlink codec's random choices for the delta `round` commits (the same on a rerun).
   uint64_t DownlinkSeedFor(int64_t round) const;
-  v1::AdapterManifest ManifestLocked(const std::string& hash, int64_t round, int64_t total_bytes) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::AdapterManifest ManifestLocked(const std::string& hash, int64_t round,
+                                     int64_t total_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The answer to WaitForTask right now, or nullopt when the client should keep waiting.
   std::optional<v1::WaitForTaskResponse> AnswerLocked(const std::string& client_id, bool may_hold)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::WaitForTaskResponse RetryLaterLocked(const std::string& reason) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::WaitForTaskResponse RetryLaterLocked(const std::string& reason) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status OpenNextRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MaybeCloseSelectionLocked(bool force_window) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks the accepted count and deadline; moves the round to aggregating or abandons it.
@@ -248,7 +261,8 @@ class Coordinator {
   // passed.
   void MaybeStartAggregationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The end of one aggregation try: counts a failure, schedules the next try or gives the round up.
-  void AggregationDoneLocked(int64_t round, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AggregationDoneLocked(int64_t round, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AggregateAndCommit(int64_t round);
   // Marks the open round abandoned (durably), counts it and opens the next one.
   absl::Status AbandonRoundLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -262,8 +276,8 @@ class Coordinator {
   };
   std::optional<SecAggEncoding> secagg_;
   static absl::StatusOr<SecAggEncoding> SecAggEncodingFor(const v1::RunConfig& config);
-  // DataLoss when the unmasked sum `total` of `n` updates is larger than n clipped updates (plus the
-  // distributed noise) can be: a client's wrong share or masked input randomised it.
+  // DataLoss when the unmasked sum `total` of `n` updates is larger than n clipped updates (plus
+  // the distributed noise) can be: a client's wrong share or masked input randomised it.
   absl::Status CheckUnmaskedSum(int64_t round, const std::vector<double>& total, int64_t n) const;
   // Logs and counts the cohort members (`index`: client id -> cohort index) whose revealed shares
   // were wrong, and keeps them out of the next round's selection.
@@ -276,25 +290,28 @@ class Coordinator {
   absl::Status AdvanceSecAggLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The aggregation thread's part: the masked inputs of `uploads`, the unmasking step, and the
   // mean of the survivors' updates. FailedPrecondition when the round cannot be unmasked.
-  absl::StatusOr<std::vector<UpdateTensor>> AggregateSecAgg(int64_t round, const std::vector<UploadRecord>& uploads,
-                                                            int64_t* survivors);
+  absl::StatusOr<std::vector<UpdateTensor>> AggregateSecAgg(
+      int64_t round, const std::vector<UploadRecord>& uploads, int64_t* survivors);
   // The checks of a masked upload (its size and values) in place of the codec's.
   absl::Status ValidateMaskedUpload(std::string_view plain) const;
   // Cancelled once shutdown began: a running aggregation checks it between its steps.
   absl::Status CheckNotShuttingDown() const;
-  // aggregation.average_last_rounds: replaces `adapter` (the last round's aggregate) by its mean with
-  // the adapters the latest earlier committed rounds stored, read back from the blob store. The mean
-  // is StreamingFedAvg's (exact, rounded once), so a restarted server recomputes the same bits.
+  // aggregation.average_last_rounds: replaces `adapter` (the last round's aggregate) by its mean
+  // with the adapters the latest earlier committed rounds stored, read back from the blob store.
+  // The mean is StreamingFedAvg's (exact, rounded once), so a restarted server recomputes the same
+  // bits.
   absl::Status AverageWithEarlierRounds(int64_t round, std::vector<UpdateTensor>& adapter) const;
   // An accepted update, decoded (a sparsified one as its kept entries) and matched to the adapter.
   absl::StatusOr<std::vector<KeptTensor>> DecodeAndValidate(std::string_view bytes) const;
   // BeginUpload's checks under mu_, with what was read before it was taken (the free disk, the
   // upload's row). A new upload is locked to the stream and `*record` filled with the row to write.
-  absl::StatusOr<UploadPlan> AdmitUpload(const std::string& client_id, const v1::UploadHeader& header,
-                                         int64_t free_disk_bytes, const absl::StatusOr<UploadRecord>& existing,
+  absl::StatusOr<UploadPlan> AdmitUpload(const std::string& client_id,
+                                         const v1::UploadHeader& header, int64_t free_disk_bytes,
+                                         const absl::StatusOr<UploadRecord>& existing,
                                          UploadRecord* record);
   // CompleteUpload's bookkeeping under mu_: records the acceptance with a deferred ticket.
-  absl::StatusOr<v1::UploadAck> CompleteUploadLocked(const std::string& client_id, const v1::UploadHeader& header,
+  absl::StatusOr<v1::UploadAck> CompleteUploadLocked(const std::string& client_id,
+                                                     const v1::UploadHeader& header,
                                                      const std::string& blob_hash, size_t blob_size,
                                                      DurabilityTicket* ticket);
   void UpdateClientGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -306,8 +323,8 @@ class Coordinator {
   void MeasureStore();
   std::pair<int64_t, int> swept_for_ ABSL_GUARDED_BY(mu_) = {-1, -1};  // (round, state) last swept
   int64_t store_measured_ms_ = 0;  // when Tick last handed the measurement over; driver thread only
-  std::atomic<bool> housekeeping_{false};     // a pass is queued or running
-  std::atomic<bool> sweep_pending_{false};    // the round moved on since the last sweep
+  std::atomic<bool> housekeeping_{false};   // a pass is queued or running
+  std::atomic<bool> sweep_pending_{false};  // the round moved on since the last sweep
   ClientEntry* FindClientLocked(const std::string& client_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ServerOptions options_;
@@ -353,7 +370,8 @@ class Coordinator {
   absl::Status SignRoundKey(int64_t round, AggregationKey& key) const;
   // The key of `round` while that round is open; FailedPrecondition once it has closed.
   absl::StatusOr<std::shared_ptr<const AggregationKey>> KeyFor(int64_t round) const;
-  // Outside mu_: destroys round `round`'s key and its sealed updates (`uploads`), once it has closed.
+  // Outside mu_: destroys round `round`'s key and its sealed updates (`uploads`), once it has
+  // closed.
   void ForgetRound(int64_t round, const std::vector<UploadRecord>& uploads);
   // Outside mu_: destroys every key file but the open round's, and the sealed updates of every
   // closed round after forgotten_through_ (the driver's sweep, and Restore).
@@ -362,25 +380,32 @@ class Coordinator {
   // run's rounds (0 when every round is kept).
   int64_t RetentionKeepFrom(const std::vector<RoundRecord>& rounds) const;
   // Housekeeping: clears the hashes of the rounds below RetentionKeepFrom in the store, forgets
-  // their downloads and delta steps, deletes the blobs no row names any more, and truncates the WAL.
+  // their downloads and delta steps, deletes the blobs no row names any more, and truncates the
+  // WAL.
   void ApplyRetention();
   // Deletes retention_pending_ blobs that no row names, unless a round is being aggregated (its
   // blobs may be Put and not yet recorded: a content-addressed hash may recur); else next pass.
   void DeletePrunedBlobs();
-  int64_t pruned_from_ = 0;                      // rows below this are pruned; housekeeping and Restore only
-  std::vector<std::string> retention_pending_;   // blobs of pruned rows, not yet deleted; housekeeping only
-  std::atomic<int64_t> retained_from_{0};        // pruned_from_ once its blobs are deleted
+  int64_t pruned_from_ = 0;  // rows below this are pruned; housekeeping and Restore only
+  std::vector<std::string>
+      retention_pending_;  // blobs of pruned rows, not yet deleted; housekeeping only
+  std::atomic<int64_t> retained_from_{0};  // pruned_from_ once its blobs are deleted
   // Restore: the open round `r`'s key into round_. A missing key with `accepted` updates (or an
   // aggregating round), or a key other than the one the round recorded, refuses start; a missing
   // key with nothing accepted abandons the round.
-  absl::Status RestoreRoundKeyLocked(const RoundRecord& r, int64_t accepted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t forgotten_through_ = 0;  // rounds up to this have no key and no sealed update; housekeeping only
+  absl::Status RestoreRoundKeyLocked(const RoundRecord& r, int64_t accepted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t forgotten_through_ =
+      0;  // rounds up to this have no key and no sealed update; housekeeping only
   crypto::UpdatePlace PlaceOf(const std::string& client_id, const v1::UploadHeader& header) const;
   // The server optimizer with its state after the last committed round (set by Restore; used by
   // the driver thread's AggregateAndCommit only).
   std::optional<ServerOptimizer> server_opt_;
-  // config.rounds (or its default), or fewer when the privacy budget affords fewer (set by Restore).
-  int64_t TotalRounds() const { return std::min<int64_t>(ConfiguredRounds(config_), affordable_rounds_); }
+  // config.rounds (or its default), or fewer when the privacy budget affords fewer (set by
+  // Restore).
+  int64_t TotalRounds() const {
+    return std::min<int64_t>(ConfiguredRounds(config_), affordable_rounds_);
+  }
   int64_t affordable_rounds_ = std::numeric_limits<int64_t>::max();
   // Differential privacy (config.privacy.dp); unset without it. Written by Restore and, under mu_,
   // by the aggregation thread as it commits a round; that thread reads it without the lock (no one
@@ -388,8 +413,8 @@ class Coordinator {
   std::optional<ServerDp> dp_;
   // training.learning_rate scaled by training.round_schedule at the current round.
   double RoundLearningRateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The adapter clients train from. Without a downlink codec it is the global adapter; with one, the
-  // broadcast adapter (compression/downlink.h): the initial adapter plus every round's decoded
+  // The adapter clients train from. Without a downlink codec it is the global adapter; with one,
+  // the broadcast adapter (compression/downlink.h): the initial adapter plus every round's decoded
   // delta. Same names and shapes as global_.
   std::shared_ptr<const std::vector<UpdateTensor>> broadcast_ ABSL_GUARDED_BY(mu_) =
       std::make_shared<const std::vector<UpdateTensor>>();
@@ -406,7 +431,8 @@ class Coordinator {
   };
   std::vector<DownlinkStep> downlink_steps_ ABSL_GUARDED_BY(mu_);
   // The delta chain from `held` to the broadcast adapter, when it is shorter than the adapter.
-  std::optional<v1::AdapterDeltaChain> DeltaChainLocked(const std::string& held) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<v1::AdapterDeltaChain> DeltaChainLocked(const std::string& held) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every blob a client may download: this run's global and broadcast adapters and downlink deltas.
   struct Downloadable {
     int64_t round = 0;
@@ -424,8 +450,8 @@ class Coordinator {
   };
   std::map<std::string, ActiveUpload> active_uploads_ ABSL_GUARDED_BY(mu_);
   int64_t disk_reserved_ ABSL_GUARDED_BY(mu_) = 0;  // the sum of their reserved_bytes
-  // Refused upload ids and why (in memory only: a refused update is never counted, so losing this on
-  // a restart only downgrades GetUploadStatus from REJECTED to what the store knows).
+  // Refused upload ids and why (in memory only: a refused update is never counted, so losing this
+  // on a restart only downgrades GetUploadStatus from REJECTED to what the store knows).
   struct Rejection {
     std::string client_id;
     std::string reason;

@@ -1,7 +1,4 @@
 // The admin view: GetStatus, ListClients and BlockClient.
-#include "server/coordinator.h"
-#include "server/coordinator_internal.h"
-
 #include <malloc.h>
 #include <unistd.h>
 
@@ -11,22 +8,24 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "aggregation/fedavg.h"
 #include "core/logging.h"
-#include "crypto/random.h"
-#include "crypto/sealed_update.h"
 #include "core/sha256.h"
 #include "core/status.h"
 #include "core/strings.h"
+#include "crypto/random.h"
+#include "crypto/sealed_update.h"
 #include "model/param.h"
 #include "proto/config_io.h"
 #include "proto/wire.h"
 #include "server/adapter_io.h"
+#include "server/coordinator.h"
+#include "server/coordinator_internal.h"
 #include "server/crash_point.h"
-#include <nlohmann/json.hpp>
 
 namespace fedlora {
 
@@ -51,8 +50,10 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
   };
   std::vector<FromStore> from_store(committed.size() - first);
   for (size_t i = first; i < committed.size(); ++i) {
-    FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> ups, store_->ListAcceptedUploads(run_id_, committed[i]->round));
-    FEDLORA_ASSIGN_OR_RETURN(std::vector<MetricRecord> metrics, store_->ListMetrics(run_id_, committed[i]->round));
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> ups,
+                             store_->ListAcceptedUploads(run_id_, committed[i]->round));
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<MetricRecord> metrics,
+                             store_->ListMetrics(run_id_, committed[i]->round));
     std::map<std::string, double> loss_last;
     for (const MetricRecord& m : metrics) {
       if (m.key == "train/loss_last") loss_last[m.client_id] = m.value;
@@ -92,7 +93,8 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
         break;
       case RoundState::kTraining:
         response.set_phase(v1::ROUND_PHASE_TRAINING);
-        response.set_active_tasks(static_cast<uint32_t>(round_->selected.size() - round_->accepted.size()));
+        response.set_active_tasks(
+            static_cast<uint32_t>(round_->selected.size() - round_->accepted.size()));
         break;
       default:
         response.set_phase(v1::ROUND_PHASE_AGGREGATING);
@@ -109,7 +111,8 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
     response.set_dp_noise_multiplier(dp_->accounted_noise_multiplier());
     response.set_dp_sensitivity(dp_->sensitivity());
     response.set_dp_assumptions(dp_->Assumptions());
-    response.set_privacy_budget_spent(finished_ && stopped_.ok() && TotalRounds() < ConfiguredRounds(config_));
+    response.set_privacy_budget_spent(finished_ && stopped_.ok() &&
+                                      TotalRounds() < ConfiguredRounds(config_));
   }
   for (size_t i = first; i < committed.size(); ++i) {
     const RoundRecord& r = *committed[i];
@@ -119,7 +122,8 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
     s->set_started_unix_ms(r.created_unix_ms);
     s->set_committed_unix_ms(r.updated_unix_ms);
     s->set_global_adapter_sha256(r.result_adapter_hash);
-    const nlohmann::json m = nlohmann::json::parse(r.metrics_json, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::json m =
+        nlohmann::json::parse(r.metrics_json, nullptr, /*allow_exceptions=*/false);
     if (m.is_object()) {
       // Updates that arrived complete: the accepted ones and those refused at validation.
       for (const auto& [k, v] : m.items()) {
@@ -144,15 +148,17 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
         } else if (k == "dp_epsilon") {
           s->set_dp_epsilon(d);
         } else if (k.rfind("dp_", 0) == 0) {
-          // The rest of the round's DP record (noise multiplier, rate, clip norms) is the accountant's.
+          // The rest of the round's DP record (noise multiplier, rate, clip norms) is the
+          // accountant's.
         } else {
           (*s->mutable_eval_metrics())[k] = d;
         }
       }
       s->set_updates_received(s->updates_accepted() + s->updates_rejected());
     }
-    s->set_clients_dropped(s->clients_selected() > s->updates_accepted() ? s->clients_selected() - s->updates_accepted()
-                                                                          : 0);
+    s->set_clients_dropped(s->clients_selected() > s->updates_accepted()
+                               ? s->clients_selected() - s->updates_accepted()
+                               : 0);
     const FromStore& f = from_store[i - first];
     s->set_examples(f.examples);
     if (f.loss_weight > 0) s->set_mean_train_loss(f.loss_sum / f.loss_weight);
@@ -173,8 +179,8 @@ v1::ClientInfo Coordinator::ClientInfoLocked(const ClientEntry& c, int64_t now) 
   info.set_client_version(c.client_version);
   info.set_joined_unix_ms(c.joined_ms);
   info.set_last_seen_unix_ms(c.last_seen_ms);
-  if (round_ != nullptr && round_->state == RoundState::kTraining && round_->selected.count(c.id) != 0 &&
-      round_->accepted.count(c.id) == 0) {
+  if (round_ != nullptr && round_->state == RoundState::kTraining &&
+      round_->selected.count(c.id) != 0 && round_->accepted.count(c.id) == 0) {
     info.set_current_task_id(TaskIdFor(round_->round, c.id));
     if (c.progress_task == info.current_task_id()) {
       info.set_steps_done(c.steps_done);
@@ -187,7 +193,8 @@ v1::ClientInfo Coordinator::ClientInfoLocked(const ClientEntry& c, int64_t now) 
   return info;
 }
 
-absl::StatusOr<v1::ListClientsResponse> Coordinator::ListClients(const v1::ListClientsRequest& request) {
+absl::StatusOr<v1::ListClientsResponse> Coordinator::ListClients(
+    const v1::ListClientsRequest& request) {
   absl::MutexLock lock(&mu_);
   const int64_t now = Now();
   v1::ListClientsResponse response;
@@ -198,14 +205,16 @@ absl::StatusOr<v1::ListClientsResponse> Coordinator::ListClients(const v1::ListC
   return response;
 }
 
-absl::StatusOr<v1::BlockClientResponse> Coordinator::BlockClient(const v1::BlockClientRequest& request,
-                                                                 const std::string& operator_id) {
+absl::StatusOr<v1::BlockClientResponse> Coordinator::BlockClient(
+    const v1::BlockClientRequest& request, const std::string& operator_id) {
   const std::string& id = request.client_id();
-  // Durable before it takes effect, so that a restart keeps it. A site not seen yet gets its row now.
+  // Durable before it takes effect, so that a restart keeps it. A site not seen yet gets its row
+  // now.
   absl::StatusOr<ClientRecord> known = store_->GetClient(id);
   if (absl::IsNotFound(known.status())) known = store_->UpsertClient(id, /*cert_fingerprint=*/"");
   FEDLORA_RETURN_IF_ERROR(known.status());
-  FEDLORA_RETURN_IF_ERROR(store_->SetClientState(id, request.blocked() ? ClientState::kBlocked : ClientState::kActive));
+  FEDLORA_RETURN_IF_ERROR(
+      store_->SetClientState(id, request.blocked() ? ClientState::kBlocked : ClientState::kActive));
   std::vector<Delivery> deliveries;
   DurabilityTicket ticket;
   v1::BlockClientResponse response;
@@ -230,8 +239,9 @@ absl::StatusOr<v1::BlockClientResponse> Coordinator::BlockClient(const v1::Block
       ticket = pending_;
     }
     UpdateClientGaugesLocked();
-    FEDLORA_LOG(WARNING) << "client " << id << (c.blocked ? " blocked" : " unblocked") << " by operator "
-                         << operator_id << (request.reason().empty() ? "" : ": ") << request.reason();
+    FEDLORA_LOG(WARNING) << "client " << id << (c.blocked ? " blocked" : " unblocked")
+                         << " by operator " << operator_id << (request.reason().empty() ? "" : ": ")
+                         << request.reason();
     *response.mutable_client() = ClientInfoLocked(c, Now());
   }
   Deliver(std::move(deliveries), ticket);

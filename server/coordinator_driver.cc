@@ -1,9 +1,5 @@
 // The round driver: Tick (the round clock) and aggregation on the aggregation thread, with its
 // bounded tries.
-#include "server/coordinator.h"
-#include "server/audit_trail.h"
-#include "server/coordinator_internal.h"
-
 #include <malloc.h>
 #include <unistd.h>
 
@@ -12,31 +8,34 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "aggregation/fedavg.h"
 #include "compression/downlink.h"
 #include "core/logging.h"
-#include "crypto/random.h"
-#include "crypto/sealed_update.h"
 #include "core/sha256.h"
 #include "core/status.h"
 #include "core/strings.h"
+#include "crypto/random.h"
+#include "crypto/sealed_update.h"
 #include "model/param.h"
 #include "proto/config_io.h"
 #include "proto/wire.h"
 #include "server/adapter_io.h"
+#include "server/audit_trail.h"
+#include "server/coordinator.h"
+#include "server/coordinator_internal.h"
 #include "server/crash_point.h"
-#include <nlohmann/json.hpp>
 
 namespace fedlora {
 
 void Coordinator::WaitForAggregation() {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(+[](bool* running) { return !*running; }, &aggregating_));
+  mu_.Await(absl::Condition(
+      +[](bool* running) { return !*running; }, &aggregating_));
 }
-
 
 // ------------------------------------------------------------------------------------------------
 // Driver
@@ -86,8 +85,8 @@ absl::Status Coordinator::Tick() {
 }
 
 void Coordinator::MaybeStartAggregationLocked() {
-  if (round_ == nullptr || round_->state != RoundState::kAggregating || aggregating_ || shutting_down_ ||
-      Now() < aggregation_retry_at_ms_) {
+  if (round_ == nullptr || round_->state != RoundState::kAggregating || aggregating_ ||
+      shutting_down_ || Now() < aggregation_retry_at_ms_) {
     return;
   }
   aggregating_ = true;
@@ -114,39 +113,48 @@ void Coordinator::MaybeStartAggregationLocked() {
 void Coordinator::AggregationDoneLocked(int64_t round, const absl::Status& status) {
   if (status.ok() || round_ == nullptr || round_->round != round) return;
   if (absl::IsCancelled(status) && shutting_down_) {
-    FEDLORA_LOG(INFO) << "round " << round << ": aggregation stopped for shutdown; a restart redoes it";
+    FEDLORA_LOG(INFO) << "round " << round
+                      << ": aggregation stopped for shutdown; a restart redoes it";
     return;
   }
   metrics_->aggregation_failures.fetch_add(1);
   ++aggregation_failures_;
   // A secure-aggregation round has one try: its clients answer the unmasking step once.
-  const int attempts = round_->secagg != nullptr ? 1 : std::max(1, options_.max_aggregation_attempts);
+  const int attempts =
+      round_->secagg != nullptr ? 1 : std::max(1, options_.max_aggregation_attempts);
   if (aggregation_failures_ < attempts) {
-    const int64_t pause_ms = std::min<int64_t>(int64_t{1000} << (aggregation_failures_ - 1), 30'000);
+    const int64_t pause_ms =
+        std::min<int64_t>(int64_t{1000} << (aggregation_failures_ - 1), 30'000);
     aggregation_retry_at_ms_ = Now() + pause_ms;
-    FEDLORA_LOG(ERROR) << "aggregating round " << round << " failed (try " << aggregation_failures_ << " of "
-                       << attempts << "): " << status << "; trying again in " << pause_ms << " ms";
+    FEDLORA_LOG(ERROR) << "aggregating round " << round << " failed (try " << aggregation_failures_
+                       << " of " << attempts << "): " << status << "; trying again in " << pause_ms
+                       << " ms";
     return;
   }
   if (options_.stop_on_aggregation_failure) {
-    stopped_ = Annotate(status, absl::StrCat("round ", round, " could not be aggregated in ", attempts, " tries"));
+    stopped_ = Annotate(
+        status, absl::StrCat("round ", round, " could not be aggregated in ", attempts, " tries"));
     finished_ = true;
-    FEDLORA_LOG(ERROR) << "run " << run_id_ << " stopped: " << stopped_
-                       << "; the round stays aggregating in the store, and a restarted server tries it again";
+    FEDLORA_LOG(ERROR)
+        << "run " << run_id_ << " stopped: " << stopped_
+        << "; the round stays aggregating in the store, and a restarted server tries it again";
     return;
   }
   DurabilityTicket ticket;
-  const absl::Status abandoned = store_->SetRoundState(run_id_, round, RoundState::kAbandoned, &ticket);
+  const absl::Status abandoned =
+      store_->SetRoundState(run_id_, round, RoundState::kAbandoned, &ticket);
   if (!abandoned.ok()) {
     // The store refuses the write too: try the whole round again after the longest pause.
     aggregation_retry_at_ms_ = Now() + 30'000;
-    FEDLORA_LOG(ERROR) << "round " << round << ": cannot abandon it (" << abandoned << "); trying again in 30 s";
+    FEDLORA_LOG(ERROR) << "round " << round << ": cannot abandon it (" << abandoned
+                       << "); trying again in 30 s";
     return;
   }
   DeferLocked(ticket);
   metrics_->rounds_abandoned.fetch_add(1);
-  FEDLORA_LOG(ERROR) << "round " << round << " abandoned after " << attempts << " failed aggregation tries (last: "
-                     << status << "); the next round trains from the same adapter";
+  FEDLORA_LOG(ERROR) << "round " << round << " abandoned after " << attempts
+                     << " failed aggregation tries (last: " << status
+                     << "); the next round trains from the same adapter";
   round_.reset();
   const absl::Status opened = OpenNextRoundLocked();
   if (!opened.ok()) {
@@ -184,12 +192,14 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
     broadcast = broadcast_;
     committed_before = rounds_committed_;
   }
-  FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> uploads, store_->ListAcceptedUploads(run_id_, round));
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> uploads,
+                           store_->ListAcceptedUploads(run_id_, round));
   std::vector<UploadRecord> all_uploads;  // set when some were left out as corrupt
   nlohmann::json metrics_json_extra = nlohmann::json::object();
   // A client's weight is its claimed example count, capped at the configured bound (the count is
   // sealed with the update, so no one on the way can change it, but the client itself may lie).
-  const int64_t max_examples = static_cast<int64_t>(config_.aggregation().max_examples_per_client());
+  const int64_t max_examples =
+      static_cast<int64_t>(config_.aggregation().max_examples_per_client());
   const bool by_examples = config_.aggregation().weight_by_examples() && max_examples > 0;
   const double max_norm = config_.aggregation().max_update_norm();
   int64_t added = 0, unclipped = 0;
@@ -211,37 +221,44 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
       FEDLORA_ASSIGN_OR_RETURN(dp_round, dp_->Release(mean, added, /*unclipped=*/0, cohort));
     }
   } else {
-    FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(spec_, options_.aggregation_device));
+    FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg,
+                             StreamingFedAvg::Create(spec_, options_.aggregation_device));
     std::vector<UploadRecord> intact;
     // With an audit key: the updates that already have a copy (an aggregation redone after a crash
     // or a failure), and the copies made now, recorded below before the round commits.
     absl::flat_hash_set<std::string> audited;
     std::vector<AuditCopyRecord> audit_copies;
     if (!audit_public_key_.empty()) {
-      FEDLORA_ASSIGN_OR_RETURN(std::vector<AuditCopyRecord> existing, store_->ListAuditCopies(run_id_, round));
+      FEDLORA_ASSIGN_OR_RETURN(std::vector<AuditCopyRecord> existing,
+                               store_->ListAuditCopies(run_id_, round));
       for (const AuditCopyRecord& c : existing) audited.insert(c.upload_id);
     }
-    for (const UploadRecord& u : uploads) {  // canonical order (by upload_id); the sum is exact anyway
+    for (const UploadRecord& u :
+         uploads) {  // canonical order (by upload_id); the sum is exact anyway
       std::string plain;
       {
         absl::StatusOr<std::string> read = blobs_->Get(u.blob_hash);
         if (absl::IsDataLoss(read.status()) || absl::IsNotFound(read.status())) {
           // Its client was told ACCEPTED: say loudly that the update is lost, and go on without it.
           metrics_->updates_corrupt.fetch_add(1);
-          FEDLORA_LOG(ERROR) << "round " << round << ": accepted update " << u.upload_id << " of client "
-                             << u.client_id << " is " << (absl::IsNotFound(read.status()) ? "missing" : "corrupt")
+          FEDLORA_LOG(ERROR) << "round " << round << ": accepted update " << u.upload_id
+                             << " of client " << u.client_id << " is "
+                             << (absl::IsNotFound(read.status()) ? "missing" : "corrupt")
                              << " in the blob store (" << read.status().message()
                              << "); it is left out of the aggregate";
           continue;
         }
         FEDLORA_ASSIGN_OR_RETURN(std::string sealed, std::move(read));
-        const crypto::UpdatePlace place{run_id_, static_cast<uint64_t>(u.round), u.client_id, u.upload_id,
-                                        static_cast<uint64_t>(u.num_examples)};
-        absl::StatusOr<std::string> opened = crypto::OpenUpdateBlob(key->private_key, place, sealed);
-        if (!opened.ok()) return Annotate(opened.status(), absl::StrCat("opening update ", u.upload_id));
+        const crypto::UpdatePlace place{run_id_, static_cast<uint64_t>(u.round), u.client_id,
+                                        u.upload_id, static_cast<uint64_t>(u.num_examples)};
+        absl::StatusOr<std::string> opened =
+            crypto::OpenUpdateBlob(key->private_key, place, sealed);
+        if (!opened.ok())
+          return Annotate(opened.status(), absl::StrCat("opening update ", u.upload_id));
         plain = *std::move(opened);
         if (!audit_public_key_.empty() && !audited.contains(u.upload_id)) {
-          FEDLORA_ASSIGN_OR_RETURN(AuditCopyRecord copy, SealAuditCopy(audit_public_key_, place, plain, *blobs_));
+          FEDLORA_ASSIGN_OR_RETURN(AuditCopyRecord copy,
+                                   SealAuditCopy(audit_public_key_, place, plain, *blobs_));
           audit_copies.push_back(std::move(copy));
         }
       }  // the sealed copy is freed before decoding
@@ -253,8 +270,9 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
       } else if (max_norm > 0) {
         ClipUpdateNorm(update, max_norm);
       }
-      FEDLORA_RETURN_IF_ERROR_CTX(avg.Add(update, by_examples ? std::min(u.num_examples, max_examples) : 1),
-                                  absl::StrCat("update ", u.upload_id));
+      FEDLORA_RETURN_IF_ERROR_CTX(
+          avg.Add(update, by_examples ? std::min(u.num_examples, max_examples) : 1),
+          absl::StrCat("update ", u.upload_id));
       intact.push_back(u);
       if (++added == 1) MaybeCrashAt("during_aggregation");
       FEDLORA_RETURN_IF_ERROR(CheckNotShuttingDown());
@@ -266,13 +284,15 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
         absl::MutexLock lock(&mu_);  // housekeeping (ForgetClosedRounds) deletes its key and blobs
         if (round_ == nullptr || round_->round != round) return absl::OkStatus();
         aggregation_failures_ = 0;
-        return AbandonRoundLocked(absl::StrCat(lost, " of its ", uploads.size(),
-                                               " accepted updates are corrupt or missing in the blob store, and the ",
-                                               added, " intact ones are fewer than min_clients (", MinClients(), ")"));
+        return AbandonRoundLocked(
+            absl::StrCat(lost, " of its ", uploads.size(),
+                         " accepted updates are corrupt or missing in the blob store, and the ",
+                         added, " intact ones are fewer than min_clients (", MinClients(), ")"));
       }
     }
     // Durable before CommitRound: a round that counted an update always has its audit copy.
-    FEDLORA_RETURN_IF_ERROR_CTX(store_->RecordAuditCopies(audit_copies), "recording the audit copies");
+    FEDLORA_RETURN_IF_ERROR_CTX(store_->RecordAuditCopies(audit_copies),
+                                "recording the audit copies");
     // Corrupt ones counted nowhere below (bytes, participation); ForgetRound still deletes them.
     all_uploads = uploads;
     uploads = std::move(intact);
@@ -287,7 +307,8 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   snapshot.reset();
   FEDLORA_RETURN_IF_ERROR(opt.Step(mean, next));
   std::vector<UpdateTensor>().swap(mean);  // not needed past the step: one adapter less held below
-  if (committed_before + 1 >= TotalRounds()) FEDLORA_RETURN_IF_ERROR(AverageWithEarlierRounds(round, next));
+  if (committed_before + 1 >= TotalRounds())
+    FEDLORA_RETURN_IF_ERROR(AverageWithEarlierRounds(round, next));
   std::string state_hash;
   if (opt.stateful()) {
     FEDLORA_ASSIGN_OR_RETURN(std::string state, opt.SaveState());
@@ -300,7 +321,8 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
     FEDLORA_ASSIGN_OR_RETURN(hash, blobs_->Put(bytes));
     adapter_bytes = static_cast<int64_t>(bytes.size());
   }  // the serialized copy is freed before evaluation
-  // The downlink: the next broadcast adapter and the delta that leads to it (compression/downlink.h).
+  // The downlink: the next broadcast adapter and the delta that leads to it
+  // (compression/downlink.h).
   BroadcastHashes downlink;
   std::shared_ptr<const std::vector<UpdateTensor>> next_broadcast;
   int64_t broadcast_bytes = 0, delta_bytes = 0;
@@ -321,11 +343,13 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
 
   // Evaluate every data.eval_every_rounds committed rounds, and always the last one.
   const int64_t eval_every = std::max<int64_t>(1, config_.data().eval_every_rounds());
-  const bool evaluate = (committed_before + 1) % eval_every == 0 || committed_before + 1 >= TotalRounds();
+  const bool evaluate =
+      (committed_before + 1) % eval_every == 0 || committed_before + 1 >= TotalRounds();
   std::map<std::string, double> eval;
   FEDLORA_RETURN_IF_ERROR(CheckNotShuttingDown());
   if (evaluator_ != nullptr && evaluate) {
-    absl::StatusOr<std::map<std::string, double>> result = evaluator_->Evaluate(static_cast<uint64_t>(round), next);
+    absl::StatusOr<std::map<std::string, double>> result =
+        evaluator_->Evaluate(static_cast<uint64_t>(round), next);
     if (result.ok()) {
       eval = *std::move(result);
     } else {
@@ -358,7 +382,8 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
     }
   }
   FEDLORA_RETURN_IF_ERROR(CheckNotShuttingDown());
-  FEDLORA_RETURN_IF_ERROR(store_->CommitRound(run_id_, round, hash, metrics_json.dump(), records, state_hash, downlink));
+  FEDLORA_RETURN_IF_ERROR(store_->CommitRound(run_id_, round, hash, metrics_json.dump(), records,
+                                              state_hash, downlink));
   server_opt_.emplace(std::move(opt));
   ForgetRound(round, all_uploads.empty() ? uploads : all_uploads);
 
@@ -384,7 +409,8 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   downloadable_[hash] = {round, global_bytes_, false};
   broadcast_round_ = round;
   if (next_broadcast != nullptr) {
-    downlink_steps_.push_back({round, broadcast_hash_, downlink.delta_hash, downlink.adapter_hash, delta_bytes});
+    downlink_steps_.push_back(
+        {round, broadcast_hash_, downlink.delta_hash, downlink.adapter_hash, delta_bytes});
     downloadable_[downlink.delta_hash] = {round, delta_bytes, true};
     downloadable_[downlink.adapter_hash] = {round, broadcast_bytes, false};
     broadcast_ = std::move(next_broadcast);
@@ -405,7 +431,8 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
     finished_ = true;
     FEDLORA_LOG(INFO) << "run " << run_id_ << " finished after " << rounds_committed_ << " rounds"
                       << (total_rounds < ConfiguredRounds(config_)
-                              ? absl::StrCat(": the privacy budget (epsilon ", dp_->max_epsilon().value_or(0),
+                              ? absl::StrCat(": the privacy budget (epsilon ",
+                                             dp_->max_epsilon().value_or(0),
                                              ") affords no more; epsilon spent ", dp_->epsilon())
                               : std::string());
     return absl::OkStatus();
@@ -413,7 +440,8 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
   return OpenNextRoundLocked();
 }
 
-absl::Status Coordinator::AverageWithEarlierRounds(int64_t round, std::vector<UpdateTensor>& adapter) const {
+absl::Status Coordinator::AverageWithEarlierRounds(int64_t round,
+                                                   std::vector<UpdateTensor>& adapter) const {
   const int64_t k = config_.aggregation().average_last_rounds();
   if (k <= 1) return absl::OkStatus();
   FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> rounds, store_->ListRounds(run_id_));
@@ -421,7 +449,8 @@ absl::Status Coordinator::AverageWithEarlierRounds(int64_t round, std::vector<Up
   for (const RoundRecord& r : rounds) {
     if (r.state == RoundState::kCommitted && r.round < round) earlier.push_back(&r);
   }
-  if (static_cast<int64_t>(earlier.size()) > k - 1) earlier.erase(earlier.begin(), earlier.end() - (k - 1));
+  if (static_cast<int64_t>(earlier.size()) > k - 1)
+    earlier.erase(earlier.begin(), earlier.end() - (k - 1));
   if (earlier.empty()) return absl::OkStatus();
   // The unweighted mean, with FedAvg's exact accumulator: the same adapters give the same bits in
   // any order, and Add checks each against the spec.
@@ -429,17 +458,20 @@ absl::Status Coordinator::AverageWithEarlierRounds(int64_t round, std::vector<Up
   for (const RoundRecord* r : earlier) {
     if (r->result_adapter_hash.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "round ", r->round, "'s adapter, which aggregation.average_last_rounds averages, was deleted by an "
+          "round ", r->round,
+          "'s adapter, which aggregation.average_last_rounds averages, was deleted by an "
           "earlier server.retain_rounds below average_last_rounds - 1"));
     }
     FEDLORA_ASSIGN_OR_RETURN(std::string bytes, blobs_->Get(r->result_adapter_hash));
     FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> a, AdapterFromSafetensors(bytes));
-    FEDLORA_RETURN_IF_ERROR_CTX(mean.Add(a, 1), absl::StrCat("round ", r->round, "'s committed adapter"));
+    FEDLORA_RETURN_IF_ERROR_CTX(mean.Add(a, 1),
+                                absl::StrCat("round ", r->round, "'s committed adapter"));
   }
   FEDLORA_RETURN_IF_ERROR(mean.Add(adapter, 1));
   FEDLORA_ASSIGN_OR_RETURN(adapter, mean.Finish());
-  FEDLORA_LOG(INFO) << "round " << round << ": the final adapter is the mean of rounds " << earlier.front()->round
-                    << " to " << round << " (" << earlier.size() + 1 << " adapters)";
+  FEDLORA_LOG(INFO) << "round " << round << ": the final adapter is the mean of rounds "
+                    << earlier.front()->round << " to " << round << " (" << earlier.size() + 1
+                    << " adapters)";
   return absl::OkStatus();
 }
 

@@ -31,7 +31,7 @@ struct Coordinator::ClientEntry {
   int64_t last_seen_ms = 0;
   v1::ClientState reported = v1::CLIENT_STATE_IDLE;
   bool left = false;
-  std::string failure;  // the error it left with (LeaveRequest.error); cleared when it joins again
+  std::string failure;   // the error it left with (LeaveRequest.error); cleared when it joins again
   bool blocked = false;  // by an operator (Admin.BlockClient): refused everywhere, never selected
   int held_polls = 0;    // WaitForTask polls held in waiters_
   int64_t excluded_through_round = 0;  // not selected up to this round (wrong SecAgg shares)
@@ -42,7 +42,8 @@ struct Coordinator::ClientEntry {
   std::string progress_task;
   uint64_t steps_done = 0;
   uint64_t steps_total = 0;
-  // Quotas (ServerOptions::max_client_*), counted for `quota_round` and reset when the round moves on.
+  // Quotas (ServerOptions::max_client_*), counted for `quota_round` and reset when the round moves
+  // on.
   int64_t quota_round = 0;
   int64_t bytes_this_round = 0;
   int reports_this_round = 0;
@@ -61,8 +62,8 @@ struct Coordinator::RoundInfo {
   int64_t round = 0;
   RoundState state = RoundState::kSelecting;
   int64_t started_ms = 0;
-  int64_t deadline_ms = 0;  // 0 while selecting
-  std::set<std::string> candidates;       // clients waiting for this round's selection
+  int64_t deadline_ms = 0;           // 0 while selecting
+  std::set<std::string> candidates;  // clients waiting for this round's selection
   int64_t first_candidate_ms = 0;
   std::set<std::string> selected;
   std::map<std::string, std::string> accepted;  // client_id -> upload_id
@@ -82,12 +83,12 @@ struct Coordinator::SecAggRound {
   Phase phase = Phase::kAdvertise;
   // The protocol's server side; the aggregation thread takes it out (null from then on).
   std::unique_ptr<crypto::SecAggServer> server;
-  v1::SecureAggregationTask task;  // without client_index
+  v1::SecureAggregationTask task;   // without client_index
   std::vector<std::string> cohort;  // index -> client id
   std::map<std::string, uint32_t> index;
   std::set<uint32_t> advertised, shared;  // U1 and U2 as they fill
-  std::vector<uint32_t> u1, u2;            // once fixed
-  int64_t step_deadline_ms = 0;            // of the open key step
+  std::vector<uint32_t> u1, u2;           // once fixed
+  int64_t step_deadline_ms = 0;           // of the open key step
   // Published by the aggregation thread for step 3, and the answers it collects.
   v1::SecAggUnmaskingRequest unmasking;
   std::set<uint32_t> survivors;
@@ -102,7 +103,8 @@ struct Coordinator::Waiter {
 
 // What a blocked client is told, wherever it calls.
 inline absl::Status BlockedError(const std::string& client_id) {
-  return absl::PermissionDeniedError(absl::StrCat("client '", client_id, "' is blocked by the operator"));
+  return absl::PermissionDeniedError(
+      absl::StrCat("client '", client_id, "' is blocked by the operator"));
 }
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }

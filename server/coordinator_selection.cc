@@ -1,8 +1,4 @@
 // WaitForTask, long polls and their delivery, selection, and the close of a round's training.
-#include "server/coordinator.h"
-#include "server/coordinator_internal.h"
-#include "server/selection.h"
-
 #include <malloc.h>
 #include <unistd.h>
 
@@ -11,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
 
@@ -18,17 +15,19 @@
 #include "absl/strings/str_join.h"
 #include "aggregation/fedavg.h"
 #include "core/logging.h"
-#include "crypto/random.h"
-#include "crypto/sealed_update.h"
 #include "core/sha256.h"
 #include "core/status.h"
 #include "core/strings.h"
+#include "crypto/random.h"
+#include "crypto/sealed_update.h"
 #include "model/param.h"
 #include "proto/config_io.h"
 #include "proto/wire.h"
 #include "server/adapter_io.h"
+#include "server/coordinator.h"
+#include "server/coordinator_internal.h"
 #include "server/crash_point.h"
-#include <nlohmann/json.hpp>
+#include "server/selection.h"
 
 namespace fedlora {
 
@@ -52,7 +51,8 @@ double Coordinator::RoundLearningRateLocked() const {
   }
 }
 
-v1::AdapterManifest Coordinator::ManifestLocked(const std::string& hash, int64_t round, int64_t total_bytes) const {
+v1::AdapterManifest Coordinator::ManifestLocked(const std::string& hash, int64_t round,
+                                                int64_t total_bytes) const {
   v1::AdapterManifest m;
   FillTensorSpecs(*global_, &m);
   m.set_total_bytes(static_cast<uint64_t>(total_bytes));
@@ -72,13 +72,15 @@ v1::WaitForTaskResponse Coordinator::RetryLaterLocked(const std::string& reason)
   return response;
 }
 
-std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::string& client_id, bool may_hold) {
+std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::string& client_id,
+                                                                 bool may_hold) {
   if (finished_) {
     v1::WaitForTaskResponse response;
     v1::RunFinished* done = response.mutable_run_finished();
-    done->set_reason(!stopped_.ok()                                 ? v1::RunFinished::FAILED
-                     : TotalRounds() < ConfiguredRounds(config_) ? v1::RunFinished::PRIVACY_BUDGET_SPENT
-                                                                 : v1::RunFinished::COMPLETED);
+    done->set_reason(!stopped_.ok() ? v1::RunFinished::FAILED
+                     : TotalRounds() < ConfiguredRounds(config_)
+                         ? v1::RunFinished::PRIVACY_BUDGET_SPENT
+                         : v1::RunFinished::COMPLETED);
     done->set_final_round(static_cast<uint64_t>(last_committed_round_));
     *done->mutable_final_adapter() = ManifestLocked(global_hash_, global_round_, global_bytes_);
     return response;
@@ -97,7 +99,8 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
     v1::TrainTask* task = response.mutable_task();
     task->set_round(static_cast<uint64_t>(r.round));
     task->set_task_id(TaskIdFor(r.round, client_id));
-    *task->mutable_global_adapter() = ManifestLocked(broadcast_hash_, broadcast_round_, broadcast_bytes_);
+    *task->mutable_global_adapter() =
+        ManifestLocked(broadcast_hash_, broadcast_round_, broadcast_bytes_);
     if (const ClientEntry* c = FindClientLocked(client_id)) {
       if (std::optional<v1::AdapterDeltaChain> chain = DeltaChainLocked(c->held_adapter)) {
         *task->mutable_global_delta() = *std::move(chain);
@@ -105,8 +108,10 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
     }
     *task->mutable_training() = config_.training();
     task->mutable_training()->set_learning_rate(RoundLearningRateLocked());
-    task->set_proximal_mu(config_.aggregation().has_proximal_mu() ? config_.aggregation().proximal_mu() : 0.0);
-    task->set_deadline_seconds(static_cast<uint32_t>(std::max<int64_t>(0, CeilDiv(r.deadline_ms - Now(), 1000))));
+    task->set_proximal_mu(
+        config_.aggregation().has_proximal_mu() ? config_.aggregation().proximal_mu() : 0.0);
+    task->set_deadline_seconds(
+        static_cast<uint32_t>(std::max<int64_t>(0, CeilDiv(r.deadline_ms - Now(), 1000))));
     task->set_seed(TaskSeedFor(r.round, client_id));
     *task->mutable_codec() = config_.codec();
     task->set_encryption_scheme(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
@@ -123,15 +128,18 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
     return response;
   }
   if (r.state == RoundState::kSelecting) {
-    if (const ClientEntry* c = FindClientLocked(client_id); c != nullptr && c->excluded_through_round >= r.round) {
-      return RetryLaterLocked(absl::StrCat("sitting out round ", r.round, ": wrong secure-aggregation shares in round ",
+    if (const ClientEntry* c = FindClientLocked(client_id);
+        c != nullptr && c->excluded_through_round >= r.round) {
+      return RetryLaterLocked(absl::StrCat("sitting out round ", r.round,
+                                           ": wrong secure-aggregation shares in round ",
                                            c->excluded_through_round - 1));
     }
     r.candidates.insert(client_id);
     if (r.first_candidate_ms == 0) r.first_candidate_ms = Now();
     if (may_hold) return std::nullopt;
-    return RetryLaterLocked(absl::StrCat("waiting for sites to start round ", r.round, " (", r.candidates.size(),
-                                         " waiting, ", MinClients(), " needed)"));
+    return RetryLaterLocked(absl::StrCat("waiting for sites to start round ", r.round, " (",
+                                         r.candidates.size(), " waiting, ", MinClients(),
+                                         " needed)"));
   }
   if (r.state == RoundState::kTraining) {
     // A selected client that went silent (no RPC within heartbeat_timeout) will most likely never
@@ -146,14 +154,17 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
     }
     const ClientEntry* me = FindClientLocked(client_id);
     // Not in a secure-aggregation round: its cohort is fixed when the selection closes.
-    if (r.secagg == nullptr && working < Quota() && me != nullptr && IsLive(*me, now) && now < r.deadline_ms) {
+    if (r.secagg == nullptr && working < Quota() && me != nullptr && IsLive(*me, now) &&
+        now < r.deadline_ms) {
       DurabilityTicket ticket;
-      absl::Status s = store_->RecordSelection(run_id_, r.round, {client_id}, r.deadline_ms, &ticket);
+      absl::Status s =
+          store_->RecordSelection(run_id_, r.round, {client_id}, r.deadline_ms, &ticket);
       if (s.ok()) {
         DeferLocked(ticket);
         r.selected.insert(client_id);
-        FEDLORA_LOG(DEBUG) << "round " << r.round << ": " << client_id << " replaces a silent client ("
-                           << working << " of " << Quota() << " tasks alive)";
+        FEDLORA_LOG(DEBUG) << "round " << r.round << ": " << client_id
+                           << " replaces a silent client (" << working << " of " << Quota()
+                           << " tasks alive)";
         return AnswerLocked(client_id, may_hold);
       }
       FEDLORA_LOG(ERROR) << "round " << r.round << ": replacement selection failed: " << s;
@@ -173,7 +184,8 @@ std::optional<v1::AdapterDeltaChain> Coordinator::DeltaChainLocked(const std::st
   v1::AdapterDeltaChain chain;
   chain.set_base_sha256(held);
   if (held == broadcast_hash_) return chain;  // the client holds it already: nothing to download
-  if (downlink_steps_.empty() || downlink_steps_.back().result != broadcast_hash_) return std::nullopt;
+  if (downlink_steps_.empty() || downlink_steps_.back().result != broadcast_hash_)
+    return std::nullopt;
   size_t first = downlink_steps_.size();
   int64_t bytes = 0;
   while (first > 0 && downlink_steps_.size() - first < kMaxChain) {
@@ -187,7 +199,8 @@ std::optional<v1::AdapterDeltaChain> Coordinator::DeltaChainLocked(const std::st
       }
       return chain;
     }
-    if (first > 0 && downlink_steps_[first - 1].result != downlink_steps_[first].base) return std::nullopt;
+    if (first > 0 && downlink_steps_[first - 1].result != downlink_steps_[first].base)
+      return std::nullopt;
   }
   return std::nullopt;
 }
@@ -199,8 +212,9 @@ void Coordinator::WaitForTask(const std::string& client_id, int64_t max_wait_ms,
   do {
     absl::MutexLock lock(&mu_);
     if (!restored_ || shutting_down_) {
-      deliveries.push_back({std::move(done), absl::UnavailableError(!restored_ ? "server is restoring its state; retry"
-                                                                               : "server is shutting down")});
+      deliveries.push_back({std::move(done), absl::UnavailableError(
+                                                 !restored_ ? "server is restoring its state; retry"
+                                                            : "server is shutting down")});
       break;
     }
     ClientEntry* me = FindClientLocked(client_id);
@@ -215,7 +229,8 @@ void Coordinator::WaitForTask(const std::string& client_id, int64_t max_wait_ms,
     const bool may_hold = max_wait_ms > 0;
     std::optional<v1::WaitForTaskResponse> answer = AnswerLocked(client_id, may_hold);
     if (!answer.has_value()) {
-      // A new candidate may complete the selection quota: close it now rather than at the next tick.
+      // A new candidate may complete the selection quota: close it now rather than at the next
+      // tick.
       absl::Status s = MaybeCloseSelectionLocked(/*force_window=*/false);
       if (!s.ok()) {
         FEDLORA_LOG(ERROR) << "selection: " << s;
@@ -239,7 +254,8 @@ void Coordinator::WaitForTask(const std::string& client_id, int64_t max_wait_ms,
       waiters_.push_back(std::move(w));
       ++me->held_polls;
     }
-    for (Delivery& d : ResolveWaitersLocked(/*expire_all=*/false)) deliveries.push_back(std::move(d));
+    for (Delivery& d : ResolveWaitersLocked(/*expire_all=*/false))
+      deliveries.push_back(std::move(d));
     ticket = pending_;
   } while (false);
   Deliver(std::move(deliveries), ticket);
@@ -254,7 +270,8 @@ void Coordinator::Deliver(std::vector<Delivery> deliveries, DurabilityTicket tic
     }
     for (Delivery& d : deliveries) {
       if (!durable.ok() && d.answer.ok()) {
-        d.done(absl::UnavailableError(absl::StrCat("the server's store failed (", durable.message(), "); retry")));
+        d.done(absl::UnavailableError(
+            absl::StrCat("the server's store failed (", durable.message(), "); retry")));
       } else {
         d.done(std::move(d.answer));
       }
@@ -327,13 +344,15 @@ absl::Status Coordinator::MaybeCloseSelectionLocked(bool force_window) {
   for (const auto& [id, c] : clients_) live += IsLive(*c, now) ? 1 : 0;
   const bool quota_reached = options_.select_when_quota_reached && n >= Quota();
   const bool everyone_waiting = n >= Target() && n >= live && live >= options_.expected_clients;
-  const bool window_passed = r.first_candidate_ms != 0 && now - r.first_candidate_ms >= options_.selection_window_ms;
-  if (!(quota_reached || everyone_waiting || ((window_passed || force_window) && n >= MinClients()))) {
+  const bool window_passed =
+      r.first_candidate_ms != 0 && now - r.first_candidate_ms >= options_.selection_window_ms;
+  if (!(quota_reached || everyone_waiting ||
+        ((window_passed || force_window) && n >= MinClients()))) {
     return absl::OkStatus();
   }
   const std::vector<std::string> pool =
-      SampleClients(options_.selection_seed != 0 ? options_.selection_seed : config_.seed(), r.round, r.candidates,
-                    Quota());
+      SampleClients(options_.selection_seed != 0 ? options_.selection_seed : config_.seed(),
+                    r.round, r.candidates, Quota());
   const int64_t deadline = now + options_.round_deadline_ms;
   DurabilityTicket ticket;
   FEDLORA_RETURN_IF_ERROR(store_->RecordSelection(run_id_, r.round, pool, deadline, &ticket));
@@ -345,7 +364,8 @@ absl::Status Coordinator::MaybeCloseSelectionLocked(bool force_window) {
   r.state = RoundState::kTraining;
   r.candidates.clear();
   if (secagg_.has_value()) FEDLORA_RETURN_IF_ERROR(StartSecAggLocked());
-  FEDLORA_LOG(DEBUG) << "round " << r.round << ": selected " << pool.size() << " of " << n << " waiting clients";
+  FEDLORA_LOG(DEBUG) << "round " << r.round << ": selected " << pool.size() << " of " << n
+                     << " waiting clients";
   return absl::OkStatus();
 }
 
@@ -377,22 +397,26 @@ absl::Status Coordinator::MaybeCloseRoundLocked() {
   const bool deadline_passed = Now() >= r.deadline_ms || only_failed_remain;
   DurabilityTicket ticket;
   if (target_met || (deadline_passed && accepted >= MinClients())) {
-    FEDLORA_RETURN_IF_ERROR(store_->SetRoundState(run_id_, r.round, RoundState::kAggregating, &ticket));
+    FEDLORA_RETURN_IF_ERROR(
+        store_->SetRoundState(run_id_, r.round, RoundState::kAggregating, &ticket));
     DeferLocked(ticket);
     r.state = RoundState::kAggregating;
     aggregation_failures_ = 0;
     aggregation_retry_at_ms_ = 0;
     FEDLORA_LOG(DEBUG) << "round " << r.round << " closed with " << accepted << " updates"
-                      << (target_met ? "" : only_failed_remain ? " (the other selected sites failed)" : " at its deadline");
+                       << (target_met           ? ""
+                           : only_failed_remain ? " (the other selected sites failed)"
+                                                : " at its deadline");
     return absl::OkStatus();
   }
   if (only_failed_remain) {
-    return AbandonRoundLocked(absl::StrCat(accepted, " updates, ", MinClients(), " needed, and every selected site still due (",
-                                           absl::StrJoin(failed, ", "), ") failed; retrying as a new round"));
+    return AbandonRoundLocked(absl::StrCat(
+        accepted, " updates, ", MinClients(), " needed, and every selected site still due (",
+        absl::StrJoin(failed, ", "), ") failed; retrying as a new round"));
   }
   if (deadline_passed) {
-    return AbandonRoundLocked(
-        absl::StrCat(accepted, " updates by the deadline, ", MinClients(), " needed; retrying as a new round"));
+    return AbandonRoundLocked(absl::StrCat(accepted, " updates by the deadline, ", MinClients(),
+                                           " needed; retrying as a new round"));
   }
   return absl::OkStatus();
 }

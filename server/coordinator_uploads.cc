@@ -55,14 +55,17 @@ absl::StatusOr<v1::AdapterManifest> Coordinator::AdapterManifestFor(const std::s
   absl::MutexLock lock(&mu_);
   auto it = downloadable_.find(sha256);
   if (it == downloadable_.end()) {
-    return absl::NotFoundError(absl::StrCat("no global adapter with SHA-256 '", sha256.substr(0, 80), "'"));
+    return absl::NotFoundError(
+        absl::StrCat("no global adapter with SHA-256 '", sha256.substr(0, 80), "'"));
   }
   return ManifestLocked(sha256, it->second.round, it->second.bytes);
 }
 
-absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id, const v1::UploadHeader& header) {
+absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id,
+                                                    const v1::UploadHeader& header) {
   if (!IsValidPartialId(header.upload_id())) {
-    return absl::InvalidArgumentError("upload_id must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'");
+    return absl::InvalidArgumentError(
+        "upload_id must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'");
   }
   const std::string& id = header.upload_id();
   // Disk and store reads before mu_ is taken. The row read may be stale by the time mu_ is held
@@ -74,7 +77,8 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
   const absl::StatusOr<UploadRecord> existing = store_->GetUpload(id);
   if (!existing.ok() && !absl::IsNotFound(existing.status())) return existing.status();
   UploadRecord record;
-  FEDLORA_ASSIGN_OR_RETURN(UploadPlan plan, AdmitUpload(client_id, header, free_bytes, existing, &record));
+  FEDLORA_ASSIGN_OR_RETURN(UploadPlan plan,
+                           AdmitUpload(client_id, header, free_bytes, existing, &record));
   if (plan.duplicate_ack.has_value()) {
     // The row may come from a concurrent acceptance still waiting for its fsync.
     FEDLORA_RETURN_IF_ERROR(store_->SyncCommitted());
@@ -85,9 +89,9 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
   DurabilityTicket not_awaited;
   absl::StatusOr<UploadRecord> stored = store_->BeginUpload(record, &not_awaited);
   if (stored.ok() && static_cast<int64_t>(header.start_chunk()) > stored->chunks_received) {
-    stored = absl::FailedPreconditionError(absl::StrCat("upload '", id, "' can resume at chunk ",
-                                                        stored->chunks_received, " at the latest, not ",
-                                                        header.start_chunk()));
+    stored = absl::FailedPreconditionError(
+        absl::StrCat("upload '", id, "' can resume at chunk ", stored->chunks_received,
+                     " at the latest, not ", header.start_chunk()));
   }
   if (!stored.ok()) {
     EndUpload(id);
@@ -98,8 +102,10 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
   return plan;
 }
 
-absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id, const v1::UploadHeader& header,
-                                                    int64_t free_bytes, const absl::StatusOr<UploadRecord>& existing,
+absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id,
+                                                    const v1::UploadHeader& header,
+                                                    int64_t free_bytes,
+                                                    const absl::StatusOr<UploadRecord>& existing,
                                                     UploadRecord* record) {
   const std::string& id = header.upload_id();
   absl::MutexLock lock(&mu_);
@@ -108,12 +114,14 @@ absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id
   // closed.
   if (existing.ok()) {
     if (existing->client_id != client_id || existing->run_id != run_id_) {
-      return absl::PermissionDeniedError(absl::StrCat("upload_id '", id, "' belongs to another client"));
+      return absl::PermissionDeniedError(
+          absl::StrCat("upload_id '", id, "' belongs to another client"));
     }
     if (existing->state == UploadState::kAccepted) {
       if (existing->blob_hash != header.manifest().sha256()) {
         return absl::AlreadyExistsError(absl::StrCat("upload_id '", id, "' was accepted for blob ",
-                                                     existing->blob_hash, ", not ", header.manifest().sha256()));
+                                                     existing->blob_hash, ", not ",
+                                                     header.manifest().sha256()));
       }
       UploadPlan plan;
       v1::UploadAck ack;
@@ -129,93 +137,113 @@ absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id
   }
   if (auto rej = rejected_.find(id); rej != rejected_.end()) {
     if (rej->second.client_id != client_id) {
-      return absl::PermissionDeniedError(absl::StrCat("upload_id '", id, "' belongs to another client"));
+      return absl::PermissionDeniedError(
+          absl::StrCat("upload_id '", id, "' belongs to another client"));
     }
-    return absl::FailedPreconditionError(absl::StrCat("upload '", id, "' was rejected: ", rej->second.reason));
+    return absl::FailedPreconditionError(
+        absl::StrCat("upload '", id, "' was rejected: ", rej->second.reason));
   }
   // Round binding.
   const int64_t round = static_cast<int64_t>(header.round());
-  if (finished_) return absl::FailedPreconditionError("the run is finished; no more updates are accepted");
+  if (finished_)
+    return absl::FailedPreconditionError("the run is finished; no more updates are accepted");
   if (round_ == nullptr || round != round_->round) {
-    return absl::FailedPreconditionError(absl::StrCat("update is for round ", round, " but the current round is ",
-                                                      round_ ? round_->round : last_committed_round_,
-                                                      "; it is stale"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("update is for round ", round, " but the current round is ",
+                     round_ ? round_->round : last_committed_round_, "; it is stale"));
   }
   RoundInfo& r = *round_;
   if (r.state != RoundState::kTraining) {
-    return absl::FailedPreconditionError(absl::StrCat("round ", round, " is ", ToAbsl(RoundStateName(r.state)),
+    return absl::FailedPreconditionError(absl::StrCat("round ", round, " is ",
+                                                      ToAbsl(RoundStateName(r.state)),
                                                       " and no longer accepts updates"));
   }
   if (r.selected.count(client_id) == 0) {
-    return absl::PermissionDeniedError(absl::StrCat("client '", client_id, "' was not selected for round ", round));
+    return absl::PermissionDeniedError(
+        absl::StrCat("client '", client_id, "' was not selected for round ", round));
   }
   if (header.task_id() != TaskIdFor(round, client_id)) {
-    return absl::PermissionDeniedError(absl::StrCat("task '", header.task_id(), "' of round ", round,
-                                                    " was not assigned to client '", client_id, "'"));
+    return absl::PermissionDeniedError(absl::StrCat("task '", header.task_id(), "' of round ",
+                                                    round, " was not assigned to client '",
+                                                    client_id, "'"));
   }
   if (Now() >= r.deadline_ms) {
-    return absl::FailedPreconditionError(absl::StrCat("round ", round, " passed its deadline; the update is stale"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("round ", round, " passed its deadline; the update is stale"));
   }
   if (auto acc = r.accepted.find(client_id); acc != r.accepted.end()) {
-    return absl::AlreadyExistsError(absl::StrCat("client '", client_id, "' already has update '", acc->second,
-                                                 "' accepted for round ", round));
+    return absl::AlreadyExistsError(absl::StrCat("client '", client_id, "' already has update '",
+                                                 acc->second, "' accepted for round ", round));
   }
   if (header.base_adapter_sha256() != broadcast_hash_) {
-    return absl::FailedPreconditionError(absl::StrCat("update is a delta from adapter ",
-                                                      header.base_adapter_sha256().substr(0, 80),
-                                                      " but round ", round, " trains from ", broadcast_hash_));
+    return absl::FailedPreconditionError(
+        absl::StrCat("update is a delta from adapter ", header.base_adapter_sha256().substr(0, 80),
+                     " but round ", round, " trains from ", broadcast_hash_));
   }
-  if (header.num_examples() < 1 || header.num_examples() > static_cast<uint64_t>(StreamingFedAvg::kMaxWeight)) {
-    return absl::InvalidArgumentError(absl::StrCat("num_examples ", header.num_examples(), " is outside [1, ",
-                                                   StreamingFedAvg::kMaxWeight, "]"));
+  if (header.num_examples() < 1 ||
+      header.num_examples() > static_cast<uint64_t>(StreamingFedAvg::kMaxWeight)) {
+    return absl::InvalidArgumentError(absl::StrCat("num_examples ", header.num_examples(),
+                                                   " is outside [1, ", StreamingFedAvg::kMaxWeight,
+                                                   "]"));
   }
   if (HidesPerClientStatistics(config_) && header.num_examples() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_examples ", header.num_examples(), ": under secure aggregation or differential privacy every update "
-        "weighs the same and a site claims 1 example, so that the size of its data is not disclosed"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_examples ", header.num_examples(),
+                     ": under secure aggregation or differential privacy every update "
+                     "weighs the same and a site claims 1 example, so that the size of its data is "
+                     "not disclosed"));
   }
   if (const uint64_t cap = config_.aggregation().max_examples_per_client();
       config_.aggregation().weight_by_examples() && header.num_examples() > cap) {
-    FEDLORA_LOG(WARNING) << "client '" << client_id << "' claims " << header.num_examples() << " examples in round "
-                         << round << "; its update weighs aggregation.max_examples_per_client = " << cap;
+    FEDLORA_LOG(WARNING) << "client '" << client_id << "' claims " << header.num_examples()
+                         << " examples in round " << round
+                         << "; its update weighs aggregation.max_examples_per_client = " << cap;
   }
-  // Every update is sealed to the round's aggregation key: the store holds nothing a TLS-terminating
-  // proxy could read, and nothing of a closed round that a copied disk could.
+  // Every update is sealed to the round's aggregation key: the store holds nothing a
+  // TLS-terminating proxy could read, and nothing of a closed round that a copied disk could.
   const v1::EncryptionSpec& enc = header.encryption();
   if (enc.scheme() != v1::EncryptionSpec::X25519_HKDF_AES256GCM) {
-    return absl::InvalidArgumentError(absl::StrCat("update is not sealed (encryption scheme ",
-                                                   v1::EncryptionSpec::Scheme_IsValid(enc.scheme())
-                                                       ? v1::EncryptionSpec::Scheme_Name(enc.scheme())
-                                                       : std::to_string(enc.scheme()),
-                                                   "); this server takes X25519_HKDF_AES256GCM only"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("update is not sealed (encryption scheme ",
+                     v1::EncryptionSpec::Scheme_IsValid(enc.scheme())
+                         ? v1::EncryptionSpec::Scheme_Name(enc.scheme())
+                         : std::to_string(enc.scheme()),
+                     "); this server takes X25519_HKDF_AES256GCM only"));
   }
   if (enc.server_key_id() != r.key->key_id) {
-    return absl::InvalidArgumentError(absl::StrCat("update is sealed to key '", enc.server_key_id().substr(0, 80),
-                                                   "'; round ", round, "'s aggregation key is '", r.key->key_id, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("update is sealed to key '", enc.server_key_id().substr(0, 80), "'; round ",
+                     round, "'s aggregation key is '", r.key->key_id, "'"));
   }
   if (enc.ephemeral_public_key().size() != crypto::kX25519KeyBytes) {
     return absl::InvalidArgumentError(absl::StrCat("encryption.ephemeral_public_key has ",
-                                                   enc.ephemeral_public_key().size(), " bytes, not ",
-                                                   crypto::kX25519KeyBytes));
+                                                   enc.ephemeral_public_key().size(),
+                                                   " bytes, not ", crypto::kX25519KeyBytes));
   }
   // The manifest must describe the adapter exactly and be cut the way the server expects.
   const v1::AdapterManifest& m = header.manifest();
-  if (!IsHexSha256(m.sha256())) return absl::InvalidArgumentError("manifest.sha256 is not 64 lowercase hex digits");
+  if (!IsHexSha256(m.sha256()))
+    return absl::InvalidArgumentError("manifest.sha256 is not 64 lowercase hex digits");
   if (m.total_bytes() > static_cast<uint64_t>(options_.max_upload_bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat("update of ", m.total_bytes(), " bytes exceeds the limit of ",
+    return absl::ResourceExhaustedError(absl::StrCat("update of ", m.total_bytes(),
+                                                     " bytes exceeds the limit of ",
                                                      options_.max_upload_bytes, " bytes"));
   }
   if (m.total_bytes() < kUpdateHeaderSize + crypto::SealedBlobOverheadBytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("update of ", m.total_bytes(), " bytes is shorter than a sealed ",
+    return absl::InvalidArgumentError(absl::StrCat("update of ", m.total_bytes(),
+                                                   " bytes is shorter than a sealed ",
                                                    kUpdateHeaderSize, "-byte codec header"));
   }
   if (m.chunk_size_bytes() != static_cast<uint64_t>(options_.chunk_bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("manifest.chunk_size_bytes is ", m.chunk_size_bytes(),
-                                                   "; this server uses ", options_.chunk_bytes));
+    return absl::InvalidArgumentError(absl::StrCat("manifest.chunk_size_bytes is ",
+                                                   m.chunk_size_bytes(), "; this server uses ",
+                                                   options_.chunk_bytes));
   }
-  if (m.num_chunks() != static_cast<uint64_t>(CeilDiv(static_cast<int64_t>(m.total_bytes()), options_.chunk_bytes))) {
-    return absl::InvalidArgumentError(absl::StrCat("manifest.num_chunks is ", m.num_chunks(), " for ",
-                                                   m.total_bytes(), " bytes in chunks of ", options_.chunk_bytes));
+  if (m.num_chunks() !=
+      static_cast<uint64_t>(CeilDiv(static_cast<int64_t>(m.total_bytes()), options_.chunk_bytes))) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest.num_chunks is ", m.num_chunks(),
+                                                   " for ", m.total_bytes(), " bytes in chunks of ",
+                                                   options_.chunk_bytes));
   }
   if (m.tensors_size() != static_cast<int>(global_->size())) {
     return absl::InvalidArgumentError(absl::StrCat("manifest lists ", m.tensors_size(),
@@ -227,51 +255,58 @@ absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id
     for (const UpdateTensor& g : *global_) {
       auto it = by_name.find(g.name);
       if (it == by_name.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("manifest lacks adapter tensor '", g.name, "'"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("manifest lacks adapter tensor '", g.name, "'"));
       }
       const v1::TensorSpec& t = *it->second;
       std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
       if (shape != g.shape) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", g.name, "' has shape ", ShapeText(shape),
-                                                       "; the adapter's is ", ShapeText(g.shape)));
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", g.name, "' has shape ",
+                                                       ShapeText(shape), "; the adapter's is ",
+                                                       ShapeText(g.shape)));
       }
       if (t.dtype() != "F32") {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tensor '", g.name, "' is declared ", t.dtype(), "; decoded updates are F32"));
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", g.name, "' is declared ",
+                                                       t.dtype(), "; decoded updates are F32"));
       }
     }
   }
   FEDLORA_RETURN_IF_ERROR(CodecOptionsFromSpec(header.codec()).status());
   if (active_uploads_.count(id) != 0) {
-    return absl::AbortedError(absl::StrCat("upload '", id, "' is already streaming on another call; retry later"));
+    return absl::AbortedError(
+        absl::StrCat("upload '", id, "' is already streaming on another call; retry later"));
   }
   ClientEntry* c = FindClientLocked(client_id);
-  if (c == nullptr) return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
+  if (c == nullptr)
+    return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
   if (c->uploads_in_flight >= options_.max_client_uploads_in_flight) {
-    return QuotaRefused(absl::StrCat("client '", client_id, "' already streams ", c->uploads_in_flight,
-                                                     " uploads; the limit is ", options_.max_client_uploads_in_flight));
+    return QuotaRefused(absl::StrCat("client '", client_id, "' already streams ",
+                                     c->uploads_in_flight, " uploads; the limit is ",
+                                     options_.max_client_uploads_in_flight));
   }
   c->StartQuotaRound(round);
   const bool new_upload = !existing.ok();  // a resume continues a row this quota already counted
   if (new_upload && c->uploads_this_round >= options_.max_client_uploads_per_round) {
-    return QuotaRefused(absl::StrCat("client '", client_id, "' began ", c->uploads_this_round, " uploads in round ",
-                                     round, "; the limit is ", options_.max_client_uploads_per_round));
+    return QuotaRefused(absl::StrCat("client '", client_id, "' began ", c->uploads_this_round,
+                                     " uploads in round ", round, "; the limit is ",
+                                     options_.max_client_uploads_per_round));
   }
   if (c->bytes_this_round + static_cast<int64_t>(m.total_bytes()) -
           static_cast<int64_t>(header.start_chunk()) * options_.chunk_bytes >
       options_.max_client_bytes_per_round) {
-    return QuotaRefused(absl::StrCat("client '", client_id, "' streamed ", c->bytes_this_round,
-                                                     " bytes in round ", round, "; this upload would pass the limit of ",
-                                                     options_.max_client_bytes_per_round));
+    return QuotaRefused(absl::StrCat(
+        "client '", client_id, "' streamed ", c->bytes_this_round, " bytes in round ", round,
+        "; this upload would pass the limit of ", options_.max_client_bytes_per_round));
   }
   // The free-disk watermark: refuse a new upload rather than fill the disk under the store. The
   // free space was read before the lock; the uploads admitted since and still streaming have not
   // written yet, so their sizes are reserved against it.
   const int64_t size = static_cast<int64_t>(m.total_bytes());
   if (free_bytes - disk_reserved_ < options_.min_free_disk_bytes + size) {
-    return QuotaRefused(absl::StrCat("the store's disk has ", free_bytes, " bytes free, ", disk_reserved_,
-                                     " of them reserved for uploads streaming; an update of ", size,
-                                     " bytes would leave less than the watermark of ", options_.min_free_disk_bytes));
+    return QuotaRefused(absl::StrCat(
+        "the store's disk has ", free_bytes, " bytes free, ", disk_reserved_,
+        " of them reserved for uploads streaming; an update of ", size,
+        " bytes would leave less than the watermark of ", options_.min_free_disk_bytes));
   }
   record->upload_id = id;
   record->run_id = run_id_;
@@ -295,19 +330,21 @@ absl::Status Coordinator::QuotaRefused(std::string message) const {
 absl::Status Coordinator::ChargeUploadBytes(const std::string& client_id, int64_t bytes) {
   absl::MutexLock lock(&mu_);
   ClientEntry* c = FindClientLocked(client_id);
-  if (c == nullptr) return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
+  if (c == nullptr)
+    return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
   c->StartQuotaRound(round_ ? round_->round : last_committed_round_);
   c->last_seen_ms = Now();  // a client streaming its update is alive, heartbeat or not
   if (c->bytes_this_round + bytes > options_.max_client_bytes_per_round) {
     return QuotaRefused(absl::StrCat("client '", client_id, "' passed its limit of ",
-                                                     options_.max_client_bytes_per_round,
-                                                     " update bytes in this round"));
+                                     options_.max_client_bytes_per_round,
+                                     " update bytes in this round"));
   }
   c->bytes_this_round += bytes;
   return absl::OkStatus();
 }
 
-absl::Status Coordinator::RecordUploadProgress(const std::string& upload_id, int64_t chunks, int64_t bytes) {
+absl::Status Coordinator::RecordUploadProgress(const std::string& upload_id, int64_t chunks,
+                                               int64_t bytes) {
   return store_->RecordUploadProgress(upload_id, chunks, bytes);
 }
 
@@ -321,13 +358,15 @@ void Coordinator::EndUpload(const std::string& upload_id) {
   metrics_->uploads_streaming.store(static_cast<int64_t>(active_uploads_.size()));
 }
 
-void Coordinator::RejectUpload(const std::string& client_id, const std::string& upload_id, const absl::Status& why) {
+void Coordinator::RejectUpload(const std::string& client_id, const std::string& upload_id,
+                               const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   metrics_->updates_rejected.fetch_add(1);
   if (ClientEntry* c = FindClientLocked(client_id)) ++c->updates_rejected;
   if (!upload_id.empty()) {
     if (round_) ++round_->rejected;  // a complete update refused at validation
-    rejected_[upload_id] = {client_id, std::string(why.message()), round_ ? round_->round : last_committed_round_};
+    rejected_[upload_id] = {client_id, std::string(why.message()),
+                            round_ ? round_->round : last_committed_round_};
   }
 }
 
@@ -337,9 +376,11 @@ namespace {
 // anything that declares more is refused before a byte is allocated (decompression bombs).
 DecodeLimits LimitsForSpec(const std::vector<TensorSpec>& spec, int64_t elements) {
   DecodeLimits limits;
-  int64_t table_bytes = 4;  // the body's u32 tensor count, then per tensor: u16 name length, name, u8 rank, dims
+  int64_t table_bytes =
+      4;  // the body's u32 tensor count, then per tensor: u16 name length, name, u8 rank, dims
   for (const TensorSpec& t : spec) {
-    table_bytes += 2 + static_cast<int64_t>(t.name.size()) + 1 + 8 * static_cast<int64_t>(t.shape.size());
+    table_bytes +=
+        2 + static_cast<int64_t>(t.name.size()) + 1 + 8 * static_cast<int64_t>(t.shape.size());
   }
   limits.max_tensors = static_cast<int64_t>(spec.size());
   limits.max_elements = elements;
@@ -352,19 +393,20 @@ DecodeLimits LimitsForSpec(const std::vector<TensorSpec>& spec, int64_t elements
 template <class T>
 absl::Status MatchSpec(std::vector<T>& tensors, const std::vector<TensorSpec>& spec) {
   if (tensors.size() != spec.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("update has ", tensors.size(), " tensors; the adapter has ",
-                                                   spec.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("update has ", tensors.size(), " tensors; the adapter has ", spec.size()));
   }
   std::sort(tensors.begin(), tensors.end(), [](const T& a, const T& b) { return a.name < b.name; });
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].name != spec[i].name) {
       return absl::InvalidArgumentError(absl::StrCat("update tensor '", tensors[i].name,
-                                                     "' is not in the adapter (expected '", spec[i].name, "')"));
+                                                     "' is not in the adapter (expected '",
+                                                     spec[i].name, "')"));
     }
     if (tensors[i].shape != spec[i].shape) {
-      return absl::InvalidArgumentError(absl::StrCat("update tensor '", tensors[i].name, "' has shape ",
-                                                     ShapeText(tensors[i].shape), "; the adapter's is ",
-                                                     ShapeText(spec[i].shape)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "update tensor '", tensors[i].name, "' has shape ", ShapeText(tensors[i].shape),
+          "; the adapter's is ", ShapeText(spec[i].shape)));
     }
   }
   return absl::OkStatus();
@@ -372,9 +414,11 @@ absl::Status MatchSpec(std::vector<T>& tensors, const std::vector<TensorSpec>& s
 
 // A sparsified update keeps exactly the run's fraction: KeptCount of each tensor, or of the
 // whole update with global top-k. More would undo the compression the run asked for.
-absl::Status CheckKeptCounts(const std::vector<UpdateTensorInfo>& table, const CodecOptions& codec) {
+absl::Status CheckKeptCounts(const std::vector<UpdateTensorInfo>& table,
+                             const CodecOptions& codec) {
   // Low-rank counts follow from the header's rank and each shape; the decoder checked them.
-  if (codec.sparsifier == Sparsifier::kNone || codec.sparsifier == Sparsifier::kLowRank) return absl::OkStatus();
+  if (codec.sparsifier == Sparsifier::kNone || codec.sparsifier == Sparsifier::kLowRank)
+    return absl::OkStatus();
   int64_t total = 0, kept = 0;
   for (const UpdateTensorInfo& t : table) {
     int64_t n = 1;
@@ -382,21 +426,23 @@ absl::Status CheckKeptCounts(const std::vector<UpdateTensorInfo>& table, const C
     total += n;
     kept += t.kept;
     if (!codec.global_top_k && t.kept != KeptCount(n, codec.fraction)) {
-      return absl::InvalidArgumentError(absl::StrCat("update tensor '", t.name, "' keeps ", t.kept, " of ", n,
-                                                     " entries; the run's ", codec.Describe(), " keeps ",
-                                                     KeptCount(n, codec.fraction)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "update tensor '", t.name, "' keeps ", t.kept, " of ", n, " entries; the run's ",
+          codec.Describe(), " keeps ", KeptCount(n, codec.fraction)));
     }
   }
   if (codec.global_top_k && kept != KeptCount(total, codec.fraction)) {
-    return absl::InvalidArgumentError(absl::StrCat("update keeps ", kept, " of ", total, " entries; the run's ",
-                                                   codec.Describe(), " keeps ", KeptCount(total, codec.fraction)));
+    return absl::InvalidArgumentError(absl::StrCat("update keeps ", kept, " of ", total,
+                                                   " entries; the run's ", codec.Describe(),
+                                                   " keeps ", KeptCount(total, codec.fraction)));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<std::vector<KeptTensor>> Coordinator::DecodeAndValidate(std::string_view bytes) const {
+absl::StatusOr<std::vector<KeptTensor>> Coordinator::DecodeAndValidate(
+    std::string_view bytes) const {
   FEDLORA_ASSIGN_OR_RETURN(std::vector<KeptTensor> update,
                            DecodeUpdateKept(bytes, LimitsForSpec(spec_, spec_elements_)));
   FEDLORA_RETURN_IF_ERROR(MatchSpec(update, spec_));  // DecodeUpdateKept already refused NaN/Inf
@@ -416,7 +462,8 @@ class PlainBuffer {
       b.addr_ = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (b.addr_ == MAP_FAILED) {
         b.addr_ = nullptr;
-        return absl::ResourceExhaustedError(absl::StrCat("cannot map ", size, " bytes for an update: ", std::strerror(errno)));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("cannot map ", size, " bytes for an update: ", std::strerror(errno)));
       }
     }
     return b;
@@ -447,7 +494,8 @@ void DropConsumed(const char* data, uint64_t consumed, uint64_t* dropped) {
 
 }  // namespace
 
-crypto::UpdatePlace Coordinator::PlaceOf(const std::string& client_id, const v1::UploadHeader& header) const {
+crypto::UpdatePlace Coordinator::PlaceOf(const std::string& client_id,
+                                         const v1::UploadHeader& header) const {
   return {run_id_, header.round(), client_id, header.upload_id(), header.num_examples()};
 }
 
@@ -460,11 +508,13 @@ absl::StatusOr<std::shared_ptr<const AggregationKey>> Coordinator::KeyFor(int64_
   return round_->key;
 }
 
-absl::Status Coordinator::ValidateUpload(const std::string& client_id, const v1::UploadHeader& header,
+absl::Status Coordinator::ValidateUpload(const std::string& client_id,
+                                         const v1::UploadHeader& header,
                                          std::string_view blob) const {
   FEDLORA_ASSIGN_OR_RETURN(std::string_view ephemeral, crypto::SealedBlobEphemeralKey(blob));
   if (ephemeral != header.encryption().ephemeral_public_key()) {
-    return absl::InvalidArgumentError("the sealed update's ephemeral key differs from its header's");
+    return absl::InvalidArgumentError(
+        "the sealed update's ephemeral key differs from its header's");
   }
   FEDLORA_ASSIGN_OR_RETURN(const size_t size, crypto::SealedBlobPlaintextSize(blob));
   FEDLORA_ASSIGN_OR_RETURN(const std::shared_ptr<const AggregationKey> key,
@@ -473,21 +523,26 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id, const v1:
   // Opened in memory only: nothing of the plaintext reaches the disk. The sealed bytes (a file
   // mapping, BlobWriter::Verify) are dropped from this process as decryption passes them, so a
   // large update is resident about once, not twice.
-  const size_t sealed_prefix = blob.size() - size - crypto::kGcmTagBytes;  // key and envelope header
+  const size_t sealed_prefix =
+      blob.size() - size - crypto::kGcmTagBytes;  // key and envelope header
   uint64_t blob_dropped = 0;
   FEDLORA_RETURN_IF_ERROR(crypto::OpenUpdateBlobInto(
       key->private_key, PlaceOf(client_id, header), blob, plain.data(), size,
-      [&](size_t decrypted) { DropConsumed(blob.data(), sealed_prefix + decrypted, &blob_dropped); }));
+      [&](size_t decrypted) {
+        DropConsumed(blob.data(), sealed_prefix + decrypted, &blob_dropped);
+      }));
   DropConsumed(blob.data(), blob.size(), &blob_dropped);
   const std::string_view bytes = plain.view();
   if (secagg_.has_value()) {
     const v1::CodecSpec& run = config_.codec();
     const v1::CodecSpec& declared = header.codec();
     const bool same = declared.stages_size() == run.stages_size() &&
-                      (run.stages_size() == 0 || (declared.stages(0).id() == run.stages(0).id() &&
-                                                  declared.stages(0).quant().bits() == run.stages(0).quant().bits()));
+                      (run.stages_size() == 0 ||
+                       (declared.stages(0).id() == run.stages(0).id() &&
+                        declared.stages(0).quant().bits() == run.stages(0).quant().bits()));
     if (!same) {
-      return absl::InvalidArgumentError("a masked update must declare the run's codec (empty, or its QUANT stage)");
+      return absl::InvalidArgumentError(
+          "a masked update must declare the run's codec (empty, or its QUANT stage)");
     }
     return ValidateMaskedUpload(bytes);
   }
@@ -496,13 +551,15 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id, const v1:
   FEDLORA_ASSIGN_OR_RETURN(CodecOptions declared, CodecOptionsFromSpec(header.codec()));
   if (!encoded.SameWireFormat(declared)) {
     return absl::InvalidArgumentError(absl::StrCat("update is encoded as ", encoded.Describe(),
-                                                   " but the header declares ", declared.Describe()));
+                                                   " but the header declares ",
+                                                   declared.Describe()));
   }
   FEDLORA_ASSIGN_OR_RETURN(CodecOptions run_codec, CodecOptionsFromSpec(config_.codec()));
   if (!declared.SameWireFormat(run_codec) || declared.fraction != run_codec.fraction ||
       declared.global_top_k != run_codec.global_top_k) {
     return absl::InvalidArgumentError(absl::StrCat("update is encoded as ", declared.Describe(),
-                                                   " but the run's codec is ", run_codec.Describe()));
+                                                   " but the run's codec is ",
+                                                   run_codec.Describe()));
   }
   // Every check DecodeAndValidate makes, without materialising the values; AggregateAndCommit
   // decodes it later. Pages already checked go back to the OS as validation moves on.
@@ -515,8 +572,10 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id, const v1:
   return CheckKeptCounts(table, run_codec);
 }
 
-absl::StatusOr<v1::UploadAck> Coordinator::CompleteUpload(const std::string& client_id, const v1::UploadHeader& header,
-                                                          const std::string& blob_hash, int64_t blob_size) {
+absl::StatusOr<v1::UploadAck> Coordinator::CompleteUpload(const std::string& client_id,
+                                                          const v1::UploadHeader& header,
+                                                          const std::string& blob_hash,
+                                                          int64_t blob_size) {
   // The row is committed under mu_ but its fsync is waited for after mu_ is released, so that the
   // acceptances of concurrent uploads share one WAL fsync instead of queueing on the lock. Nothing
   // leaves this function (no ack) before the row is durable; the in-memory round may count it a
@@ -526,32 +585,38 @@ absl::StatusOr<v1::UploadAck> Coordinator::CompleteUpload(const std::string& cli
   absl::StatusOr<v1::UploadAck> result =
       CompleteUploadLocked(client_id, header, blob_hash, static_cast<size_t>(blob_size), &ticket);
   if (!result.ok()) return result;
-  FEDLORA_RETURN_IF_ERROR(result->duplicate() ? store_->SyncCommitted() : store_->WaitDurable(ticket));
+  FEDLORA_RETURN_IF_ERROR(result->duplicate() ? store_->SyncCommitted()
+                                              : store_->WaitDurable(ticket));
   if (!result->duplicate()) MaybeCrashAt("after_ack");  // durable, not yet acknowledged
   return result;
 }
 
 absl::StatusOr<v1::UploadAck> Coordinator::CompleteUploadLocked(const std::string& client_id,
                                                                 const v1::UploadHeader& header,
-                                                                const std::string& blob_hash, size_t blob_size,
+                                                                const std::string& blob_hash,
+                                                                size_t blob_size,
                                                                 DurabilityTicket* ticket) {
   absl::MutexLock lock(&mu_);
   const int64_t round = static_cast<int64_t>(header.round());
   // The round may have closed while the bytes were streaming.
   if (round_ == nullptr || round_->round != round || round_->state != RoundState::kTraining) {
-    return absl::FailedPreconditionError(absl::StrCat("round ", round, " closed before the upload completed; the update is stale"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("round ", round, " closed before the upload completed; the update is stale"));
   }
   if (Now() >= round_->deadline_ms) {
-    return absl::FailedPreconditionError(absl::StrCat("round ", round, " passed its deadline; the update is stale"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("round ", round, " passed its deadline; the update is stale"));
   }
-  if (const ClientEntry* c = FindClientLocked(client_id); c != nullptr && c->blocked) return BlockedError(client_id);
+  if (const ClientEntry* c = FindClientLocked(client_id); c != nullptr && c->blocked)
+    return BlockedError(client_id);
   if (const SecAggRound* s = round_->secagg.get(); s != nullptr) {
     // A masked update only counts from a client whose keys are in the round's key sharing (U2).
     auto it = s->index.find(client_id);
     if (s->phase != SecAggRound::Phase::kMaskedInput || it == s->index.end() ||
         !std::binary_search(s->u2.begin(), s->u2.end(), it->second)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "round ", round, ": '", client_id, "' cannot upload a masked update (the key sharing did not include it)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("round ", round, ": '", client_id,
+                       "' cannot upload a masked update (the key sharing did not include it)"));
     }
   }
   UploadRecord record;
@@ -581,8 +646,8 @@ absl::StatusOr<v1::UploadAck> Coordinator::CompleteUploadLocked(const std::strin
   if (ClientEntry* c = FindClientLocked(client_id)) c->reported = v1::CLIENT_STATE_IDLE;
   metrics_->updates_accepted.fetch_add(1);
   metrics_->update_fp32_bytes.fetch_add(spec_elements_ * static_cast<int64_t>(sizeof(float)));
-  FEDLORA_LOG(DEBUG) << "round " << round << ": accepted update " << header.upload_id() << " from " << client_id
-                    << " (" << round_->accepted.size() << "/" << Target() << ")";
+  FEDLORA_LOG(DEBUG) << "round " << round << ": accepted update " << header.upload_id() << " from "
+                     << client_id << " (" << round_->accepted.size() << "/" << Target() << ")";
   absl::Status close = MaybeCloseRoundLocked();
   if (!close.ok()) {
     FEDLORA_LOG(ERROR) << "closing round " << round << ": " << close;
@@ -590,8 +655,8 @@ absl::StatusOr<v1::UploadAck> Coordinator::CompleteUploadLocked(const std::strin
   return ack;
 }
 
-absl::StatusOr<v1::UploadStatusResponse> Coordinator::GetUploadStatus(const std::string& client_id,
-                                                                      const std::string& upload_id) {
+absl::StatusOr<v1::UploadStatusResponse> Coordinator::GetUploadStatus(
+    const std::string& client_id, const std::string& upload_id) {
   v1::UploadStatusResponse response;
   response.set_upload_id(upload_id);
   // Ownership first: another client's upload, refused or not, reads as unknown.
@@ -641,7 +706,9 @@ void Coordinator::SweepPartials() {
   }
   for (const std::string& id : *ids) {
     absl::StatusOr<UploadRecord> u = store_->GetUpload(id);
-    if (u.ok() && u->run_id == run_id_ && u->state == UploadState::kReceiving && u->round == training_round) continue;
+    if (u.ok() && u->run_id == run_id_ && u->state == UploadState::kReceiving &&
+        u->round == training_round)
+      continue;
     if (!u.ok() && !absl::IsNotFound(u.status())) continue;  // a store hiccup: try again next time
     {
       absl::MutexLock lock(&mu_);

@@ -1,10 +1,9 @@
 #include "server/crash_point.h"
 
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <string>
-
-#include <atomic>
 
 #include "absl/strings/numbers.h"
 

@@ -19,8 +19,9 @@ absl::StatusOr<std::unique_ptr<DataDirLock>> DataDirLock::Acquire(const std::str
     const int err = errno;
     ::close(fd);
     if (err == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(absl::StrCat("the store in ", data_dir, " is in use (", path,
-                                                        " is locked): stop the server that uses it first"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("the store in ", data_dir, " is in use (", path,
+                       " is locked): stop the server that uses it first"));
     }
     return ErrnoToStatus(err, "flock", path);
   }

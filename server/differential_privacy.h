@@ -11,16 +11,17 @@
 // multiplier, C the round's clip norm), drawn from a generator keyed by 32 fresh bytes of the
 // CSPRNG per release that are never stored: nothing on the server's disk regenerates the noise to
 // strip it from a released adapter (a round redone after a crash draws new noise; only the
-// committed one is released). With adaptive clipping (Andrew et al. 2021) the count of updates within
-// C is released with noise of standard deviation sigma_b, the update noise multiplier becomes
-// (z^-2 - (2 sigma_b)^-2)^-1/2, and the pair costs exactly what one Gaussian release at z costs.
-// Each committed round's metrics hold what the accountant needs (its noise multiplier and sampling
-// rate), so the epsilon survives restarts with the rounds themselves. The sampling rate is 1: the
-// server's cohorts are the first clients to ask, not a uniform sample of a population, so no
+// committed one is released). With adaptive clipping (Andrew et al. 2021) the count of updates
+// within C is released with noise of standard deviation sigma_b, the update noise multiplier
+// becomes (z^-2 - (2 sigma_b)^-2)^-1/2, and the pair costs exactly what one Gaussian release at z
+// costs. Each committed round's metrics hold what the accountant needs (its noise multiplier and
+// sampling rate), so the epsilon survives restarts with the rounds themselves. The sampling rate is
+// 1: the server's cohorts are the first clients to ask, not a uniform sample of a population, so no
 // amplification by subsampling is claimed (privacy.dp.population_size is refused).
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -31,7 +32,6 @@
 #include "fedlora/v1/config.pb.h"
 #include "privacy/rdp_accountant.h"
 #include "server/store.h"
-#include <nlohmann/json.hpp>
 
 namespace fedlora {
 
@@ -39,10 +39,10 @@ namespace fedlora {
 struct DpRound {
   double noise_multiplier = 0;  // the round's total z (what the accountant composes)
   double sampling_rate = 1;
-  double clip_norm = 0;         // C the round clipped to
-  double next_clip_norm = 0;    // C the next round clips to
+  double clip_norm = 0;                      // C the round clipped to
+  double next_clip_norm = 0;                 // C the next round clips to
   std::optional<double> unclipped_fraction;  // the noisy fraction, with adaptive clipping
-  double epsilon = 0;           // spent by this round and the ones before it
+  double epsilon = 0;                        // spent by this round and the ones before it
 
   void AddTo(nlohmann::json& metrics) const;
   // Reads the keys back; NotFound when the round has none (committed without DP).
@@ -66,7 +66,8 @@ class ServerDp {
   // z * C / (C + encoding_bound).
   static absl::StatusOr<std::optional<ServerDp>> Create(const v1::RunConfig& config,
                                                         const std::vector<RoundRecord>& rounds,
-                                                        int64_t min_clients = 1, int64_t max_cohort = 1,
+                                                        int64_t min_clients = 1,
+                                                        int64_t max_cohort = 1,
                                                         double encoding_bound = 0);
 
   // Clips `update` in place to the round's clip norm (its L2 norm, summed in double, is then at
@@ -104,7 +105,8 @@ class ServerDp {
   explicit ServerDp(const v1::RunConfig& config);
   double UpdateNoiseMultiplier() const;
   // CENTRAL: the noise on `mean` and, with adaptive clipping, the noisy count and next clip norm.
-  absl::Status AddServerNoise(std::vector<UpdateTensor>& mean, int64_t n, int64_t unclipped, DpRound& r) const;
+  absl::Status AddServerNoise(std::vector<UpdateTensor>& mean, int64_t n, int64_t unclipped,
+                              DpRound& r) const;
 
   v1::DifferentialPrivacyConfig dp_;
   double sensitivity_scale_ = 1;  // C / (C + encoding_bound): what the accountant's z is scaled by

@@ -32,7 +32,8 @@ struct CachedAdapter {
   std::vector<std::string> chunk_sha256;  // lowercase hex, one per chunk
 
   std::string_view Chunk(size_t index) const {
-    return blob->bytes().substr(index * static_cast<size_t>(chunk_bytes), static_cast<size_t>(chunk_bytes));
+    return blob->bytes().substr(index * static_cast<size_t>(chunk_bytes),
+                                static_cast<size_t>(chunk_bytes));
   }
 };
 
@@ -42,13 +43,15 @@ class DownloadCache {
   // ones for clients still finishing their download.
   DownloadCache(const BlobStore* blobs, int keep) : blobs_(blobs), keep_(keep < 1 ? 1 : keep) {}
 
-  absl::StatusOr<std::shared_ptr<const CachedAdapter>> Get(const std::string& hash, int64_t chunk_bytes);
+  absl::StatusOr<std::shared_ptr<const CachedAdapter>> Get(const std::string& hash,
+                                                           int64_t chunk_bytes);
 
  private:
   const BlobStore* const blobs_;
   const int keep_;
   absl::Mutex mu_;  // held while an adapter is indexed: a second downloader waits, not re-hashes
-  std::list<std::shared_ptr<const CachedAdapter>> entries_ ABSL_GUARDED_BY(mu_);  // most recent first
+  std::list<std::shared_ptr<const CachedAdapter>> entries_
+      ABSL_GUARDED_BY(mu_);  // most recent first
 };
 
 }  // namespace fedlora

@@ -41,7 +41,8 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadChunk>
         },
         max_queued);
     if (!queued) {
-      Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "the server's download queue is full; retry later"));
+      Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          "the server's download queue is full; retry later"));
     }
   }
 
@@ -52,7 +53,8 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadChunk>
     }
     metrics_->download_bytes.fetch_add(static_cast<int64_t>(chunk_.data().size()));
     ++index_;
-    if (on_chunk_) on_chunk_(static_cast<int64_t>(chunk_.data().size()), index_ == manifest_.num_chunks());
+    if (on_chunk_)
+      on_chunk_(static_cast<int64_t>(chunk_.data().size()), index_ == manifest_.num_chunks());
     Next();
   }
 
@@ -67,10 +69,12 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadChunk>
       return absl::OutOfRangeError(absl::StrCat("start_chunk ", index_, " is past the last chunk (",
                                                 manifest_.num_chunks(), " chunks)"));
     }
-    FEDLORA_ASSIGN_OR_RETURN(adapter_, cache_->Get(manifest_.sha256(), manifest_.chunk_size_bytes()));
+    FEDLORA_ASSIGN_OR_RETURN(adapter_,
+                             cache_->Get(manifest_.sha256(), manifest_.chunk_size_bytes()));
     if (adapter_->chunk_sha256.size() != manifest_.num_chunks()) {
       return absl::DataLossError(absl::StrCat("adapter blob has ", adapter_->chunk_sha256.size(),
-                                              " chunks; its manifest says ", manifest_.num_chunks()));
+                                              " chunks; its manifest says ",
+                                              manifest_.num_chunks()));
     }
     return absl::OkStatus();
   }
@@ -103,14 +107,12 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadChunk>
 
 }  // namespace
 
-grpc::ServerWriteReactor<v1::DownloadChunk>* NewDownloadReactor(DownloadCache* cache, ServerMetrics* metrics,
-                                                                ThreadPool* pool, size_t max_queued,
-                                                                DownloadChunkCallback on_chunk,
-                                                                std::function<void()> on_done,
-                                                                absl::StatusOr<v1::AdapterManifest> manifest,
-                                                                uint32_t start_chunk) {
-  return new DownloadReactor(cache, metrics, pool, max_queued, std::move(on_chunk), std::move(on_done),
-                             std::move(manifest), start_chunk);
+grpc::ServerWriteReactor<v1::DownloadChunk>* NewDownloadReactor(
+    DownloadCache* cache, ServerMetrics* metrics, ThreadPool* pool, size_t max_queued,
+    DownloadChunkCallback on_chunk, std::function<void()> on_done,
+    absl::StatusOr<v1::AdapterManifest> manifest, uint32_t start_chunk) {
+  return new DownloadReactor(cache, metrics, pool, max_queued, std::move(on_chunk),
+                             std::move(on_done), std::move(manifest), start_chunk);
 }
 
 }  // namespace fedlora

@@ -21,8 +21,8 @@ class Evaluator {
   // example {"eval_loss": 0.41, "eval_accuracy": 0.87}. An error never blocks the round: the server
   // logs it and commits the round without metrics, so a failing evaluator (a busy GPU) cannot stall
   // training. Called from the server's aggregation thread only, one call at a time.
-  virtual absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t round,
-                                                                  const std::vector<UpdateTensor>& adapter) = 0;
+  virtual absl::StatusOr<std::map<std::string, double>> Evaluate(
+      uint64_t round, const std::vector<UpdateTensor>& adapter) = 0;
   // Called instead of Evaluate for a round that data.eval_every_rounds skips (the last round is
   // always evaluated), from the same thread. The default does nothing.
   virtual void Skipped(uint64_t round) { (void)round; }

@@ -53,6 +53,7 @@ absl::StatusOr<std::string> RunJson(Coordinator& coordinator);
 const char* LiveViewPage();
 
 // The handler for MetricsHttpOptions::pages: the page, the JSON, or 403 / 503 with a reason.
-HttpPageReply ServeLiveView(const HttpPageRequest& request, const LiveViewAccess& access, Coordinator& coordinator);
+HttpPageReply ServeLiveView(const HttpPageRequest& request, const LiveViewAccess& access,
+                            Coordinator& coordinator);
 
 }  // namespace fedlora

@@ -2,21 +2,21 @@
 
 #include <fcntl.h>
 #include <httplib.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <chrono>
-#include <cstring>
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -58,7 +58,8 @@ constexpr int64_t kRequestDeadlineMs = 2000;
 constexpr size_t kMaxBodyBytes = 64 << 10;
 
 int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -69,12 +70,15 @@ thread_local bool t_close_after_response = false;
 
 // One connection as httplib's request parser and response writer see it: buffered reads, and
 // waits that end at the per-wait timeout, at the request deadline, or when the server stops
-// (`stop_fd` becomes readable), whichever comes first. Once a wait has failed, or the peer closed or
-// reset the connection, broken() is true (httplib does not always pass such a failure up).
+// (`stop_fd` becomes readable), whichever comes first. Once a wait has failed, or the peer closed
+// or reset the connection, broken() is true (httplib does not always pass such a failure up).
 class ConnectionStream : public httplib::Stream {
  public:
   ConnectionStream(int sock, int stop_fd, int64_t read_timeout_ms, int64_t write_timeout_ms)
-      : sock_(sock), stop_fd_(stop_fd), read_timeout_ms_(read_timeout_ms), write_timeout_ms_(write_timeout_ms) {}
+      : sock_(sock),
+        stop_fd_(stop_fd),
+        read_timeout_ms_(read_timeout_ms),
+        write_timeout_ms_(write_timeout_ms) {}
 
   void set_deadline_ms(int64_t deadline_ms) { deadline_ms_ = deadline_ms; }
   bool broken() const { return broken_; }
@@ -129,8 +133,12 @@ class ConnectionStream : public httplib::Stream {
     return n < 0 ? -1 : n;
   }
 
-  void get_remote_ip_and_port(std::string& ip, int& port) const override { Name(getpeername, ip, port); }
-  void get_local_ip_and_port(std::string& ip, int& port) const override { Name(getsockname, ip, port); }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    Name(getpeername, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    Name(getsockname, ip, port);
+  }
   socket_t socket() const override { return sock_; }
 
  private:
@@ -207,13 +215,14 @@ void RefusePlaintext(int sock, ConnectionStream& stream) {
   for (int i = 0; i < 16 && recv(sock, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
   }
   const std::string body = "this listener speaks HTTPS only (the server runs TLS): use https://\n";
-  const std::string reply = absl::StrCat("HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\n",
-                                         "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+  const std::string reply =
+      absl::StrCat("HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\n",
+                   "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
   stream.write(reply.data(), reply.size());
 }
 
-// Set on the accepting thread while it closes a connection over kPoolThreads: process_and_close_socket
-// then closes the socket at once instead of serving it.
+// Set on the accepting thread while it closes a connection over kPoolThreads:
+// process_and_close_socket then closes the socket at once instead of serving it.
 thread_local bool t_refuse_connection = false;
 
 // httplib's task queue for the accepted connections: kPoolThreads workers, and no queue. A
@@ -279,7 +288,8 @@ std::string PeerAddress(int sock) {
   socklen_t len = sizeof(addr);
   char host[NI_MAXHOST];
   if (getpeername(sock, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
-      getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0) {
+      getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0,
+                  NI_NUMERICHOST) != 0) {
     return "";
   }
   return host;
@@ -352,7 +362,8 @@ class ScrapeServer : public httplib::Server {
       stream.set_deadline_ms(NowMs() + kRequestDeadlineMs);
       bool closed = false;
       t_close_after_response = false;
-      ok = process_request(stream, /*close_connection=*/served + 1 == keep_alive_max_count_, closed, setup);
+      ok = process_request(stream, /*close_connection=*/served + 1 == keep_alive_max_count_, closed,
+                           setup);
       if (!ok || closed || stream.broken() || t_close_after_response) break;
     }
     if (ssl != nullptr && !stream.broken()) SSL_shutdown(ssl.get());  // one try: the close_notify
@@ -381,15 +392,18 @@ std::string SslErrors() {
 // the certificate itself.
 absl::StatusOr<SSL_CTX*> NewHttpsContext(const MetricsHttpOptions& o) {
   std::unique_ptr<SSL_CTX, void (*)(SSL_CTX*)> ctx(SSL_CTX_new(TLS_server_method()), SSL_CTX_free);
-  if (ctx == nullptr) return absl::InternalError(absl::StrCat("metrics HTTPS: SSL_CTX_new: ", SslErrors()));
+  if (ctx == nullptr)
+    return absl::InternalError(absl::StrCat("metrics HTTPS: SSL_CTX_new: ", SslErrors()));
   SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
   SSL_CTX_set_mode(ctx.get(), SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   if (SSL_CTX_use_certificate_chain_file(ctx.get(), o.cert_file.c_str()) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("metrics HTTPS: cert_file ", o.cert_file, ": ", SslErrors()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics HTTPS: cert_file ", o.cert_file, ": ", SslErrors()));
   }
   if (SSL_CTX_use_PrivateKey_file(ctx.get(), o.key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
       SSL_CTX_check_private_key(ctx.get()) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("metrics HTTPS: key_file ", o.key_file, ": ", SslErrors()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics HTTPS: key_file ", o.key_file, ": ", SslErrors()));
   }
   if (!o.client_ca_file.empty()) {
     STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(o.client_ca_file.c_str());
@@ -422,7 +436,8 @@ HttpPageRequest PageRequest(const httplib::Request& req) {
     if (X509* leaf = SSL_get0_peer_certificate(req.ssl)) r.client_cert_pem = Pem(leaf);
     // On the server's side the chain leaves the leaf out.
     if (STACK_OF(X509)* chain = SSL_get_peer_cert_chain(req.ssl)) {
-      for (int i = 0; i < sk_X509_num(chain); ++i) r.client_chain_pem += Pem(sk_X509_value(chain, i));
+      for (int i = 0; i < sk_X509_num(chain); ++i)
+        r.client_chain_pem += Pem(sk_X509_value(chain, i));
     }
   }
   return r;
@@ -431,7 +446,8 @@ HttpPageRequest PageRequest(const httplib::Request& req) {
 }  // namespace
 
 struct MetricsHttpServer::Impl {
-  explicit Impl(int stop_read, int stop_write) : stop_read(stop_read), stop_write(stop_write), http(stop_read) {}
+  explicit Impl(int stop_read, int stop_write)
+      : stop_read(stop_read), stop_write(stop_write), http(stop_read) {}
   ~Impl() {
     close(stop_read);
     close(stop_write);
@@ -443,9 +459,8 @@ struct MetricsHttpServer::Impl {
   std::atomic<bool> listen_returned{false};
 };
 
-absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(const std::string& address,
-                                                                            Renderer render,
-                                                                            MetricsHttpOptions options) {
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
+    const std::string& address, Renderer render, MetricsHttpOptions options) {
   std::string host;
   uint32_t port = 0;
   if (!SplitHostPort(address, &host, &port)) {
@@ -456,13 +471,15 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(cons
   unsigned char ip[sizeof(in6_addr)];
   if (!bracketed && absl::AsciiStrToLower(host) == "localhost") host = "127.0.0.1";
   if (inet_pton(bracketed ? AF_INET6 : AF_INET, host.c_str(), ip) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("metrics address '", address,
-                                                   "': the host must be an IPv4 literal such as 127.0.0.1, an "
-                                                   "IPv6 literal in brackets such as [::1], or localhost"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address '", address,
+                     "': the host must be an IPv4 literal such as 127.0.0.1, an "
+                     "IPv6 literal in brackets such as [::1], or localhost"));
   }
   int stop_pipe[2];
   if (pipe2(stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-    return absl::UnavailableError(absl::StrCat("metrics endpoint ", address, ": pipe: ", std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("metrics endpoint ", address, ": pipe: ", std::strerror(errno)));
   }
   auto impl = std::make_unique<Impl>(stop_pipe[0], stop_pipe[1]);
   ScrapeServer& http = impl->http;
@@ -492,17 +509,23 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(cons
   });
   // Other methods: 405 on the paths served, 404 elsewhere. httplib reads (and bounds) a body before
   // these run, so a kept-alive connection stays in step.
-  const httplib::Server::Handler refuse = [known, served](const httplib::Request& req, httplib::Response& res) {
+  const httplib::Server::Handler refuse = [known, served](const httplib::Request& req,
+                                                          httplib::Response& res) {
     res.status = known(req.path) ? 405 : 404;
     if (res.status == 405) res.set_header("Allow", "GET, HEAD");
     res.set_content(res.status == 405 ? absl::StrCat("only GET is allowed on ", req.path, "\n")
                                       : absl::StrCat("not found; this listener serves ", served),
                     "text/plain");
   };
-  http.Post(".*", refuse).Put(".*", refuse).Patch(".*", refuse).Delete(".*", refuse).Options(".*", refuse);
+  http.Post(".*", refuse)
+      .Put(".*", refuse)
+      .Patch(".*", refuse)
+      .Delete(".*", refuse)
+      .Options(".*", refuse);
   // Methods httplib parses but has no handler list for (CONNECT, TRACE, PRI).
   http.set_pre_routing_handler([refuse](const httplib::Request& req, httplib::Response& res) {
-    static const char* const kRouted[] = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"};
+    static const char* const kRouted[] = {"GET",   "HEAD",   "POST",   "PUT",
+                                          "PATCH", "DELETE", "OPTIONS"};
     if (std::find(std::begin(kRouted), std::end(kRouted), req.method) != std::end(kRouted)) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
@@ -530,13 +553,14 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(cons
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   });
   errno = 0;
-  const int bound = port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, static_cast<int>(port))
-                                                                    ? static_cast<int>(port)
-                                                                    : -1);
+  const int bound =
+      port == 0 ? http.bind_to_any_port(host)
+                : (http.bind_to_port(host, static_cast<int>(port)) ? static_cast<int>(port) : -1);
   if (bound <= 0) {
     const int err = errno;
-    return absl::UnavailableError(absl::StrCat("metrics endpoint cannot bind ", address,
-                                               err != 0 ? absl::StrCat(": ", std::strerror(err)) : ""));
+    return absl::UnavailableError(
+        absl::StrCat("metrics endpoint cannot bind ", address,
+                     err != 0 ? absl::StrCat(": ", std::strerror(err)) : ""));
   }
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] {
@@ -544,15 +568,18 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(cons
     raw->listen_returned.store(true);
   });
   // stop() does nothing until the accept loop runs, so the destructor must not come before.
-  while (!http.is_running() && !raw->listen_returned.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (!http.is_running() && !raw->listen_returned.load())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   if (raw->listen_returned.load()) {
     raw->thread.join();
-    return absl::UnavailableError(absl::StrCat("metrics endpoint ", address, " stopped as it started"));
+    return absl::UnavailableError(
+        absl::StrCat("metrics endpoint ", address, " stopped as it started"));
   }
   return std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(bound, std::move(impl)));
 }
 
-MetricsHttpServer::MetricsHttpServer(int port, std::unique_ptr<Impl> impl) : port_(port), impl_(std::move(impl)) {}
+MetricsHttpServer::MetricsHttpServer(int port, std::unique_ptr<Impl> impl)
+    : port_(port), impl_(std::move(impl)) {}
 
 bool MetricsHttpServer::https() const { return impl_->http.https(); }
 

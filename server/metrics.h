@@ -50,10 +50,12 @@ struct ServerMetrics {
   std::atomic<int64_t> update_fp32_bytes{0};
   std::atomic<int64_t> download_bytes{0};
   // What the completed downloads stand for as full adapters: a full adapter counts its size, a
-  // downlink delta chain the adapter it rebuilds (download_bytes against it is the downlink's saving).
+  // downlink delta chain the adapter it rebuilds (download_bytes against it is the downlink's
+  // saving).
   std::atomic<int64_t> download_full_bytes{0};
   // Bytes of the store's files (database, blobs, partial uploads), measured by the round driver
-  // about once a second; and partial uploads deleted because their round closed or they were refused.
+  // about once a second; and partial uploads deleted because their round closed or they were
+  // refused.
   std::atomic<int64_t> store_bytes{0};
   std::atomic<int64_t> partial_uploads_discarded{0};
   // Uploads and metrics reports refused for a per-client quota or the free-disk watermark.
@@ -117,7 +119,8 @@ class MetricsHttpServer {
   // malformed address or another host name, Unavailable when the bind fails (port in use), naming
   // the address; for HTTPS, the certificate or key file's error. `render` is called on the pool's
   // threads, possibly several at once.
-  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& address, Renderer render,
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& address,
+                                                                  Renderer render,
                                                                   MetricsHttpOptions options = {});
   // Stops accepting, cuts off connections still open, and joins the threads.
   ~MetricsHttpServer();

@@ -33,7 +33,7 @@
 namespace grpc {
 class Server;
 class CallbackGenericService;
-}
+}  // namespace grpc
 namespace fedlora::crypto {
 class ServerTls;
 }
@@ -55,7 +55,8 @@ class Server {
   // options (a chunk that does not fit in a message, TLS files missing).
   static absl::StatusOr<std::unique_ptr<Server>> Create(ServerOptions options, v1::RunConfig config,
                                                         std::vector<UpdateTensor> initial_adapter,
-                                                        Evaluator* evaluator = nullptr, Clock clock = nullptr);
+                                                        Evaluator* evaluator = nullptr,
+                                                        Clock clock = nullptr);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -73,7 +74,8 @@ class Server {
   // held long polls, and shuts the gRPC server down: new calls are refused, calls in flight get up
   // to 2 s and are then cancelled (an upload cut off resumes from its last checkpoint when the
   // client retries against a restarted server). Then stops the metrics endpoint, waits for an
-  // aggregation to stop, and releases the data directory's lock (server/data_dir_lock.h). Idempotent.
+  // aggregation to stop, and releases the data directory's lock (server/data_dir_lock.h).
+  // Idempotent.
   void Shutdown();
 
   // Re-reads the TLS CRL file now (SIGHUP); the previous CRL stays in force when the new one does

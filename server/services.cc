@@ -23,8 +23,8 @@ namespace {
 bool IsValidClientId(std::string_view id) {
   if (id.empty() || id.size() > 128) return false;
   return std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-           c == '-' || c == '@';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-' || c == '@';
   });
 }
 
@@ -35,22 +35,26 @@ std::string MetadataValue(const grpc::ServerContextBase& context, const char* ke
   return std::string(it->second.data(), it->second.size());
 }
 
-grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context, const absl::Status& status) {
+grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
+                                     const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 
 absl::Status QueueFull() {
-  return absl::ResourceExhaustedError("the server has too many calls of this kind waiting; retry later");
+  return absl::ResourceExhaustedError(
+      "the server has too many calls of this kind waiting; retry later");
 }
 
 // Runs `answer` (which may touch the store, and wait for its fsync) on `pool`, then finishes the
 // call with its status, `*response` filled on success. The gRPC callback thread returns at once.
-// When `max_queued` answers already wait for the pool, the call is refused RESOURCE_EXHAUSTED instead.
+// When `max_queued` answers already wait for the pool, the call is refused RESOURCE_EXHAUSTED
+// instead.
 template <class Response>
-grpc::ServerUnaryReactor* AnswerOnPool(grpc::CallbackServerContext* context, ThreadPool& pool, size_t max_queued,
-                                       Response* response, std::function<absl::StatusOr<Response>()> answer) {
+grpc::ServerUnaryReactor* AnswerOnPool(grpc::CallbackServerContext* context, ThreadPool& pool,
+                                       size_t max_queued, Response* response,
+                                       std::function<absl::StatusOr<Response>()> answer) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const bool queued = pool.TrySubmit(
       [reactor, response, answer = std::move(answer)] {
@@ -64,11 +68,12 @@ grpc::ServerUnaryReactor* AnswerOnPool(grpc::CallbackServerContext* context, Thr
 }
 
 // The same for an RPC whose answer is an empty message.
-grpc::ServerUnaryReactor* StatusOnPool(grpc::CallbackServerContext* context, ThreadPool& pool, size_t max_queued,
-                                       std::function<absl::Status()> answer) {
+grpc::ServerUnaryReactor* StatusOnPool(grpc::CallbackServerContext* context, ThreadPool& pool,
+                                       size_t max_queued, std::function<absl::Status()> answer) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const bool queued =
-      pool.TrySubmit([reactor, answer = std::move(answer)] { reactor->Finish(ToGrpcStatus(answer())); }, max_queued);
+  const bool queued = pool.TrySubmit(
+      [reactor, answer = std::move(answer)] { reactor->Finish(ToGrpcStatus(answer())); },
+      max_queued);
   if (!queued) reactor->Finish(ToGrpcStatus(QueueFull()));
   return reactor;
 }
@@ -94,8 +99,9 @@ absl::StatusOr<std::string> CallerIdentity(const grpc::ServerContextBase& contex
       if (!values.empty() && values.front().size() > 0) {
         std::string id(values.front().data(), values.front().size());
         if (!IsValidClientId(id)) {
-          return absl::UnauthenticatedError(absl::StrCat("certificate identity '", id.substr(0, 64),
-                                                         "' has characters outside [A-Za-z0-9._@-]"));
+          return absl::UnauthenticatedError(
+              absl::StrCat("certificate identity '", id.substr(0, 64),
+                           "' has characters outside [A-Za-z0-9._@-]"));
         }
         return id;
       }
@@ -104,10 +110,12 @@ absl::StatusOr<std::string> CallerIdentity(const grpc::ServerContextBase& contex
   }
   std::string id = MetadataValue(context, kClientIdMetadataKey);
   if (id.empty()) {
-    return absl::UnauthenticatedError(absl::StrCat("no '", kClientIdMetadataKey, "' metadata entry"));
+    return absl::UnauthenticatedError(
+        absl::StrCat("no '", kClientIdMetadataKey, "' metadata entry"));
   }
   if (!IsValidClientId(id)) {
-    return absl::UnauthenticatedError(absl::StrCat("client id must be 1-128 characters of [A-Za-z0-9._@-]"));
+    return absl::UnauthenticatedError(
+        absl::StrCat("client id must be 1-128 characters of [A-Za-z0-9._@-]"));
   }
   return id;
 }
@@ -116,7 +124,8 @@ absl::Status CheckOperatorRule(const char* what, bool tls, bool loopback, const 
                                const absl::StatusOr<std::string>& tls_identity,
                                const std::vector<std::string>& operator_ids) {
   if (!tls) {
-    // Plaintext serves loopback addresses only; on it there are no certificates to tell callers apart.
+    // Plaintext serves loopback addresses only; on it there are no certificates to tell callers
+    // apart.
     if (loopback) return absl::OkStatus();
     return absl::PermissionDeniedError(
         absl::StrCat(what, " answers loopback callers only without TLS; caller is ", caller));
@@ -136,8 +145,8 @@ absl::Status CheckOperatorRule(const char* what, bool tls, bool loopback, const 
 // ------------------------------------------------------------------------------------------------
 // Federation
 
-FederationService::FederationService(const ServerOptions& options, Coordinator* coordinator, BlobStore* blobs,
-                                     ServerMetrics* metrics)
+FederationService::FederationService(const ServerOptions& options, Coordinator* coordinator,
+                                     BlobStore* blobs, ServerMetrics* metrics)
     : options_(options),
       coordinator_(coordinator),
       blobs_(blobs),
@@ -166,19 +175,22 @@ void ClientSlots::Release(const std::string& client) {
 
 absl::StatusOr<std::string> FederationService::Authenticate(grpc::CallbackServerContext* context) {
   FEDLORA_ASSIGN_OR_RETURN(std::string id, CallerIdentity(*context, options_.tls.enabled()));
-  FEDLORA_RETURN_IF_ERROR(coordinator_->Authenticate(id, MetadataValue(*context, kSessionMetadataKey)));
+  FEDLORA_RETURN_IF_ERROR(
+      coordinator_->Authenticate(id, MetadataValue(*context, kSessionMetadataKey)));
   return id;
 }
 
-grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* context, const v1::JoinRequest* request,
+grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* context,
+                                                  const v1::JoinRequest* request,
                                                   v1::JoinResponse* response) {
   absl::StatusOr<std::string> id = CallerIdentity(*context, options_.tls.enabled());
   if (!id.ok()) return FinishWith(context, id.status());
   // Registering the client writes (and fsyncs) its row.
-  return AnswerOnPool<v1::JoinResponse>(context, rpc_pool_, QueueCap(), response,
-                                        [this, id = *std::move(id), peer = context->peer(), request] {
-                                          return coordinator_->Join(id, peer, *request);
-                                        });
+  return AnswerOnPool<v1::JoinResponse>(
+      context, rpc_pool_, QueueCap(), response,
+      [this, id = *std::move(id), peer = context->peer(), request] {
+        return coordinator_->Join(id, peer, *request);
+      });
 }
 
 grpc::ServerUnaryReactor* FederationService::WaitForTask(grpc::CallbackServerContext* context,
@@ -189,18 +201,22 @@ grpc::ServerUnaryReactor* FederationService::WaitForTask(grpc::CallbackServerCon
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Hold at most what the client allows and the server caps, and stop a little before the client's
   // own deadline so that the answer still reaches it.
-  int64_t wait_ms = std::min<int64_t>(static_cast<int64_t>(request->max_wait_seconds()) * 1000, options_.max_long_poll_ms);
+  int64_t wait_ms = std::min<int64_t>(static_cast<int64_t>(request->max_wait_seconds()) * 1000,
+                                      options_.max_long_poll_ms);
   const auto deadline = context->deadline();
   if (deadline != std::chrono::system_clock::time_point::max()) {
-    const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::system_clock::now()).count();
+    const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             deadline - std::chrono::system_clock::now())
+                             .count();
     wait_ms = std::min<int64_t>(wait_ms, left - 500);  // 500 ms: room for the answer's trip back
   }
-  coordinator_->WaitForTask(*id, std::max<int64_t>(0, wait_ms),
-                            [reactor, response](absl::StatusOr<v1::WaitForTaskResponse> answer) {
-                              if (answer.ok()) *response = *std::move(answer);
-                              reactor->Finish(ToGrpcStatus(answer.status()));
-                            },
-                            request->held_adapter_sha256());
+  coordinator_->WaitForTask(
+      *id, std::max<int64_t>(0, wait_ms),
+      [reactor, response](absl::StatusOr<v1::WaitForTaskResponse> answer) {
+        if (answer.ok()) *response = *std::move(answer);
+        reactor->Finish(ToGrpcStatus(answer.status()));
+      },
+      request->held_adapter_sha256());
   return reactor;
 }
 
@@ -214,9 +230,9 @@ grpc::ServerUnaryReactor* FederationService::Heartbeat(grpc::CallbackServerConte
   return FinishWith(context, r.status());
 }
 
-grpc::ServerUnaryReactor* FederationService::SecureAggregation(grpc::CallbackServerContext* context,
-                                                               const v1::SecureAggregationRequest* request,
-                                                               v1::SecureAggregationResponse* response) {
+grpc::ServerUnaryReactor* FederationService::SecureAggregation(
+    grpc::CallbackServerContext* context, const v1::SecureAggregationRequest* request,
+    v1::SecureAggregationResponse* response) {
   absl::StatusOr<std::string> id = Authenticate(context);
   if (!id.ok()) return FinishWith(context, id.status());
   absl::StatusOr<v1::SecureAggregationResponse> r = coordinator_->SecureAggregation(*id, *request);
@@ -224,15 +240,16 @@ grpc::ServerUnaryReactor* FederationService::SecureAggregation(grpc::CallbackSer
   return FinishWith(context, r.status());
 }
 
-grpc::ServerWriteReactor<v1::DownloadChunk>* FederationService::DownloadAdapter(grpc::CallbackServerContext* context,
-                                                                                const v1::DownloadRequest* request) {
+grpc::ServerWriteReactor<v1::DownloadChunk>* FederationService::DownloadAdapter(
+    grpc::CallbackServerContext* context, const v1::DownloadRequest* request) {
   absl::StatusOr<std::string> id = Authenticate(context);
   absl::StatusOr<v1::AdapterManifest> manifest =
       id.ok() ? coordinator_->AdapterManifestFor(request->adapter_sha256()) : id.status();
   DownloadChunkCallback on_chunk;
   std::function<void()> on_done;
   if (id.ok()) {
-    on_chunk = [coordinator = coordinator_, client = *id, hash = request->adapter_sha256()](int64_t bytes, bool last) {
+    on_chunk = [coordinator = coordinator_, client = *id, hash = request->adapter_sha256()](
+                   int64_t bytes, bool last) {
       coordinator->NoteDownloadChunk(client, hash, bytes, last);
     };
     // Charged as the stream starts, so that streams a client opens and never reads cannot pile up.
@@ -245,14 +262,15 @@ grpc::ServerWriteReactor<v1::DownloadChunk>* FederationService::DownloadAdapter(
                        " downloads open (server.max_client_downloads_in_flight)"));
     }
   }
-  return NewDownloadReactor(&download_cache_, metrics_, &download_pool_, QueueCap(), std::move(on_chunk),
-                            std::move(on_done), std::move(manifest), request->start_chunk());
+  return NewDownloadReactor(&download_cache_, metrics_, &download_pool_, QueueCap(),
+                            std::move(on_chunk), std::move(on_done), std::move(manifest),
+                            request->start_chunk());
 }
 
-grpc::ServerReadReactor<v1::UploadChunk>* FederationService::UploadUpdate(grpc::CallbackServerContext* context,
-                                                                          v1::UploadAck* response) {
-  return NewUploadReactor(options_, coordinator_, blobs_, metrics_, &upload_pool_, &sync_pool_, Authenticate(context),
-                          response);
+grpc::ServerReadReactor<v1::UploadChunk>* FederationService::UploadUpdate(
+    grpc::CallbackServerContext* context, v1::UploadAck* response) {
+  return NewUploadReactor(options_, coordinator_, blobs_, metrics_, &upload_pool_, &sync_pool_,
+                          Authenticate(context), response);
 }
 
 grpc::ServerUnaryReactor* FederationService::GetUploadStatus(grpc::CallbackServerContext* context,
@@ -261,21 +279,25 @@ grpc::ServerUnaryReactor* FederationService::GetUploadStatus(grpc::CallbackServe
   absl::StatusOr<std::string> id = Authenticate(context);
   if (!id.ok()) return FinishWith(context, id.status());
   // Reads the upload's row, after an fsync of what was committed before.
-  return AnswerOnPool<v1::UploadStatusResponse>(context, rpc_pool_, QueueCap(), response, [this, id = *std::move(id), request] {
-    return coordinator_->GetUploadStatus(id, request->upload_id());
-  });
+  return AnswerOnPool<v1::UploadStatusResponse>(
+      context, rpc_pool_, QueueCap(), response, [this, id = *std::move(id), request] {
+        return coordinator_->GetUploadStatus(id, request->upload_id());
+      });
 }
 
 grpc::ServerUnaryReactor* FederationService::ReportMetrics(grpc::CallbackServerContext* context,
-                                                           const v1::MetricsReport* request, v1::MetricsAck*) {
+                                                           const v1::MetricsReport* request,
+                                                           v1::MetricsAck*) {
   absl::StatusOr<std::string> id = Authenticate(context);
   if (!id.ok()) return FinishWith(context, id.status());
   // One store transaction (and fsync) per report.
-  return StatusOnPool(context, rpc_pool_, QueueCap(),
-                      [this, id = *std::move(id), request] { return coordinator_->ReportMetrics(id, *request); });
+  return StatusOnPool(context, rpc_pool_, QueueCap(), [this, id = *std::move(id), request] {
+    return coordinator_->ReportMetrics(id, *request);
+  });
 }
 
-grpc::ServerUnaryReactor* FederationService::Leave(grpc::CallbackServerContext* context, const v1::LeaveRequest* request,
+grpc::ServerUnaryReactor* FederationService::Leave(grpc::CallbackServerContext* context,
+                                                   const v1::LeaveRequest* request,
                                                    v1::LeaveResponse*) {
   absl::StatusOr<std::string> id = Authenticate(context);
   if (!id.ok()) return FinishWith(context, id.status());
@@ -290,9 +312,10 @@ AdminService::AdminService(const ServerOptions& options, Coordinator* coordinato
 
 absl::Status AdminService::CheckOperator(grpc::CallbackServerContext* context) const {
   const bool tls = options_.tls.enabled();
-  return CheckOperatorRule("the Admin service", tls, IsLoopbackPeer(context->peer()), context->peer(),
-                           tls ? CallerIdentity(*context, /*tls=*/true) : absl::StatusOr<std::string>(""),
-                           options_.operator_ids);
+  return CheckOperatorRule(
+      "the Admin service", tls, IsLoopbackPeer(context->peer()), context->peer(),
+      tls ? CallerIdentity(*context, /*tls=*/true) : absl::StatusOr<std::string>(""),
+      options_.operator_ids);
 }
 
 grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* context,
@@ -301,8 +324,9 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* c
   absl::Status allowed = CheckOperator(context);
   if (!allowed.ok()) return FinishWith(context, allowed);
   // Reads the round history from the store.
-  return AnswerOnPool<v1::GetStatusResponse>(context, pool_, static_cast<size_t>(options_.max_queued_tasks), response,
-                                             [this, request] { return coordinator_->GetStatus(*request); });
+  return AnswerOnPool<v1::GetStatusResponse>(
+      context, pool_, static_cast<size_t>(options_.max_queued_tasks), response,
+      [this, request] { return coordinator_->GetStatus(*request); });
 }
 
 grpc::ServerUnaryReactor* AdminService::ListClients(grpc::CallbackServerContext* context,
@@ -321,21 +345,21 @@ grpc::ServerUnaryReactor* AdminService::BlockClient(grpc::CallbackServerContext*
   absl::Status allowed = CheckOperator(context);
   if (!allowed.ok()) return FinishWith(context, allowed);
   if (!IsValidClientId(request->client_id())) {
-    return FinishWith(context, absl::InvalidArgumentError("BlockClient: client_id must be 1-128 characters of "
-                                                          "[A-Za-z0-9._@-]"));
+    return FinishWith(
+        context, absl::InvalidArgumentError("BlockClient: client_id must be 1-128 characters of "
+                                            "[A-Za-z0-9._@-]"));
   }
   if (request->reason().size() > 256) {
-    return FinishWith(context, absl::InvalidArgumentError(absl::StrCat("BlockClient: reason of ",
-                                                                       request->reason().size(),
-                                                                       " bytes; at most 256")));
+    return FinishWith(
+        context, absl::InvalidArgumentError(absl::StrCat(
+                     "BlockClient: reason of ", request->reason().size(), " bytes; at most 256")));
   }
   absl::StatusOr<std::string> by = CallerIdentity(*context, options_.tls.enabled());
   const std::string operator_id = by.ok() ? *by : context->peer();
   // Writes the store, durably.
-  return AnswerOnPool<v1::BlockClientResponse>(context, pool_, static_cast<size_t>(options_.max_queued_tasks), response,
-                                               [this, request, operator_id] {
-    return coordinator_->BlockClient(*request, operator_id);
-  });
+  return AnswerOnPool<v1::BlockClientResponse>(
+      context, pool_, static_cast<size_t>(options_.max_queued_tasks), response,
+      [this, request, operator_id] { return coordinator_->BlockClient(*request, operator_id); });
 }
 
 }  // namespace fedlora

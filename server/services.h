@@ -1,6 +1,6 @@
-// The gRPC callback services: Federation (one small reactor class per streaming RPC, in services.cc)
-// and Admin. They authenticate the caller, translate messages into Coordinator calls and convert
-// statuses with ToGrpcStatus; every decision lives in the Coordinator.
+// The gRPC callback services: Federation (one small reactor class per streaming RPC, in
+// services.cc) and Admin. They authenticate the caller, translate messages into Coordinator calls
+// and convert statuses with ToGrpcStatus; every decision lives in the Coordinator.
 //
 // Identity: with TLS the caller is the peer certificate's subject CN (or its first SAN when the CN
 // is empty); without TLS (loopback tests, simulation) the "fedlora-client-id" metadata entry. Never
@@ -8,9 +8,10 @@
 //
 // Threads: gRPC calls the handlers on its few callback threads, which must never wait for the disk.
 // Handlers that only read memory (Heartbeat, WaitForTask, Leave, ListClients) answer there; those
-// that touch the store (Join, GetUploadStatus, ReportMetrics, GetStatus, BlockClient) answer from a pool; the
-// streams read, hash, write and fsync on pools of their own (download_reactor.h, upload_reactor.h).
-// The services hold no mutable state of their own besides what the Coordinator guards.
+// that touch the store (Join, GetUploadStatus, ReportMetrics, GetStatus, BlockClient) answer from a
+// pool; the streams read, hash, write and fsync on pools of their own (download_reactor.h,
+// upload_reactor.h). The services hold no mutable state of their own besides what the Coordinator
+// guards.
 #pragma once
 
 #include <grpcpp/server_context.h>
@@ -44,7 +45,8 @@ absl::Status CheckOperatorRule(const char* what, bool tls, bool loopback, const 
                                const absl::StatusOr<std::string>& tls_identity,
                                const std::vector<std::string>& operator_ids);
 
-// At most `max` of something at once per client: TryAcquire is false past it; Release gives one back.
+// At most `max` of something at once per client: TryAcquire is false past it; Release gives one
+// back.
 class ClientSlots {
  public:
   explicit ClientSlots(int max) : max_(max) {}
@@ -59,27 +61,33 @@ class ClientSlots {
 
 class FederationService final : public v1::Federation::CallbackService {
  public:
-  FederationService(const ServerOptions& options, Coordinator* coordinator, BlobStore* blobs, ServerMetrics* metrics);
+  FederationService(const ServerOptions& options, Coordinator* coordinator, BlobStore* blobs,
+                    ServerMetrics* metrics);
 
-  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context, const v1::JoinRequest* request,
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
+                                 const v1::JoinRequest* request,
                                  v1::JoinResponse* response) override;
-  grpc::ServerUnaryReactor* WaitForTask(grpc::CallbackServerContext* context, const v1::WaitForTaskRequest* request,
+  grpc::ServerUnaryReactor* WaitForTask(grpc::CallbackServerContext* context,
+                                        const v1::WaitForTaskRequest* request,
                                         v1::WaitForTaskResponse* response) override;
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) override;
   grpc::ServerUnaryReactor* SecureAggregation(grpc::CallbackServerContext* context,
                                               const v1::SecureAggregationRequest* request,
                                               v1::SecureAggregationResponse* response) override;
-  grpc::ServerWriteReactor<v1::DownloadChunk>* DownloadAdapter(grpc::CallbackServerContext* context,
-                                                               const v1::DownloadRequest* request) override;
+  grpc::ServerWriteReactor<v1::DownloadChunk>* DownloadAdapter(
+      grpc::CallbackServerContext* context, const v1::DownloadRequest* request) override;
   grpc::ServerReadReactor<v1::UploadChunk>* UploadUpdate(grpc::CallbackServerContext* context,
                                                          v1::UploadAck* response) override;
   grpc::ServerUnaryReactor* GetUploadStatus(grpc::CallbackServerContext* context,
                                             const v1::UploadStatusRequest* request,
                                             v1::UploadStatusResponse* response) override;
-  grpc::ServerUnaryReactor* ReportMetrics(grpc::CallbackServerContext* context, const v1::MetricsReport* request,
+  grpc::ServerUnaryReactor* ReportMetrics(grpc::CallbackServerContext* context,
+                                          const v1::MetricsReport* request,
                                           v1::MetricsAck* response) override;
-  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context, const v1::LeaveRequest* request,
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const v1::LeaveRequest* request,
                                   v1::LeaveResponse* response) override;
 
  private:
@@ -111,11 +119,14 @@ class AdminService final : public v1::Admin::CallbackService {
  public:
   AdminService(const ServerOptions& options, Coordinator* coordinator);
 
-  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context, const v1::GetStatusRequest* request,
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                      const v1::GetStatusRequest* request,
                                       v1::GetStatusResponse* response) override;
-  grpc::ServerUnaryReactor* ListClients(grpc::CallbackServerContext* context, const v1::ListClientsRequest* request,
+  grpc::ServerUnaryReactor* ListClients(grpc::CallbackServerContext* context,
+                                        const v1::ListClientsRequest* request,
                                         v1::ListClientsResponse* response) override;
-  grpc::ServerUnaryReactor* BlockClient(grpc::CallbackServerContext* context, const v1::BlockClientRequest* request,
+  grpc::ServerUnaryReactor* BlockClient(grpc::CallbackServerContext* context,
+                                        const v1::BlockClientRequest* request,
                                         v1::BlockClientResponse* response) override;
 
  private:

@@ -52,7 +52,8 @@ absl::StatusOr<nlohmann::json> MessageJsonValue(const google::protobuf::Message&
   auto status = google::protobuf::util::MessageToJsonString(m, &text, options);
   if (!status.ok()) return absl::InternalError(absl::StrCat("printing JSON: ", status.ToString()));
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InternalError("printing JSON: protobuf wrote what nlohmann cannot read");
+  if (j.is_discarded())
+    return absl::InternalError("printing JSON: protobuf wrote what nlohmann cannot read");
   Numberize(*m.GetDescriptor(), j);
   return j;
 }
@@ -75,7 +76,8 @@ absl::StatusOr<nlohmann::json> StatusJsonValue(const v1::GetStatusResponse& stat
   return j;
 }
 
-absl::StatusOr<std::string> StatusJson(const v1::GetStatusResponse& status, const v1::ListClientsResponse* clients) {
+absl::StatusOr<std::string> StatusJson(const v1::GetStatusResponse& status,
+                                       const v1::ListClientsResponse* clients) {
   absl::StatusOr<nlohmann::json> j = StatusJsonValue(status, clients);
   if (!j.ok()) return j.status();
   return j->dump(2);

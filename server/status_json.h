@@ -2,10 +2,10 @@
 // (tools/status_view.h) and the live view's /api/run.json (server/live_view.h).
 #pragma once
 
-#include <string>
-
 #include <google/protobuf/message.h>
+
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "fedlora/v1/admin.pb.h"
@@ -20,9 +20,11 @@ absl::StatusOr<nlohmann::json> MessageJsonValue(const google::protobuf::Message&
 // The same, printed with an indent of 2.
 absl::StatusOr<std::string> MessageJson(const google::protobuf::Message& message);
 
-// The status as MessageJsonValue, with `clients` (when not null) as a "clients" array beside its fields.
+// The status as MessageJsonValue, with `clients` (when not null) as a "clients" array beside its
+// fields.
 absl::StatusOr<nlohmann::json> StatusJsonValue(const v1::GetStatusResponse& status,
                                                const v1::ListClientsResponse* clients);
-absl::StatusOr<std::string> StatusJson(const v1::GetStatusResponse& status, const v1::ListClientsResponse* clients);
+absl::StatusOr<std::string> StatusJson(const v1::GetStatusResponse& status,
+                                       const v1::ListClientsResponse* clients);
 
 }  // namespace fedlora

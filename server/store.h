@@ -3,9 +3,11 @@
 //
 //   FEDLORA_ASSIGN_OR_RETURN(auto store, Store::Open(dir + "/fedlora.db"));
 //   FEDLORA_RETURN_IF_ERROR(store->CreateRun("run-1", config_json));
-//   FEDLORA_ASSIGN_OR_RETURN(RoundRecord r, store->BeginRound("run-1", 1, initial_hash, deadline_ms));
+//   FEDLORA_ASSIGN_OR_RETURN(RoundRecord r, store->BeginRound("run-1", 1, initial_hash,
+//   deadline_ms));
 //   ...  // selection, SetRoundState(kTraining), uploads:
-//   absl::Status s = store->RecordAccepted(upload);   // OK or AlreadyExists: both mean "acknowledge"
+//   absl::Status s = store->RecordAccepted(upload);   // OK or AlreadyExists: both mean
+//   "acknowledge"
 //   ...
 //   FEDLORA_RETURN_IF_ERROR(store->SetRoundState("run-1", 1, RoundState::kAggregating));
 //   FEDLORA_RETURN_IF_ERROR(store->CommitRound("run-1", 1, new_hash, metrics_json, metrics));
@@ -90,7 +92,8 @@ struct RoundRecord {
   std::string global_adapter_hash;  // blob the round's clients train from
   std::string result_adapter_hash;  // blob CommitRound stored; empty until committed
   std::string metrics_json;         // as given to CommitRound; empty until committed
-  std::string server_state_hash;    // blob of the server optimizer state after this round; may be empty
+  std::string
+      server_state_hash;  // blob of the server optimizer state after this round; may be empty
   // With a downlink codec: the adapter clients train from next (the previous one plus the decoded
   // delta) and the delta's blob. Empty without one.
   std::string broadcast_hash;
@@ -103,14 +106,16 @@ struct RoundRecord {
 };
 
 // A committed round that Store::RewindRun later marked lost: abandoned, with its result adapter
-// and metrics (its DP record) kept. Its adapter was released, so privacy accounting still counts it.
+// and metrics (its DP record) kept. Its adapter was released, so privacy accounting still counts
+// it.
 bool IsRewound(const RoundRecord& r);
 // Committed, or committed and then rewound: the round released an adapter.
 bool ReleasedAnAdapter(const RoundRecord& r);
 
 struct ClientRecord {
   std::string client_id;
-  std::string cert_fingerprint;  // SHA-256 hex of the client certificate (DER); not recorded yet: Coordinator::Join passes ""
+  std::string cert_fingerprint;  // SHA-256 hex of the client certificate (DER); not recorded yet:
+                                 // Coordinator::Join passes ""
   ClientState state = ClientState::kActive;
   int64_t first_seen_unix_ms = 0;
   int64_t last_seen_unix_ms = 0;
@@ -192,7 +197,8 @@ class Store {
   // fsync: every write transaction is made durable by a group fsync of the WAL (see
   // DurabilityTicket); a method that returns OK has made its transaction durable unless it was
   // handed a ticket to wait on later.
-  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path, StoreOptions options = {});
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path,
+                                                     StoreOptions options = {});
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
@@ -211,8 +217,10 @@ class Store {
   // the round exists; FailedPrecondition when another round of the run is still open or `round`
   // is not above every existing round number. `key_id` names the round's aggregation key.
   absl::StatusOr<RoundRecord> BeginRound(const std::string& run_id, int64_t round,
-                                         const std::string& global_adapter_hash, int64_t deadline_unix_ms,
-                                         DurabilityTicket* deferred = nullptr, const std::string& key_id = "");
+                                         const std::string& global_adapter_hash,
+                                         int64_t deadline_unix_ms,
+                                         DurabilityTicket* deferred = nullptr,
+                                         const std::string& key_id = "");
   absl::StatusOr<RoundRecord> GetRound(const std::string& run_id, int64_t round);
   absl::StatusOr<std::vector<RoundRecord>> ListRounds(const std::string& run_id);  // by round
   // Moves a round along its life cycle (see top). InvalidArgument for kCommitted (use
@@ -221,21 +229,26 @@ class Store {
                              DurabilityTicket* deferred = nullptr);
   // Adds clients to the round's selection (already selected ones are ignored) and sets its
   // deadline. FailedPrecondition unless the round is selecting or training.
-  absl::Status RecordSelection(const std::string& run_id, int64_t round, const std::vector<std::string>& client_ids,
-                               int64_t deadline_unix_ms, DurabilityTicket* deferred = nullptr);
-  absl::StatusOr<bool> IsSelected(const std::string& run_id, int64_t round, const std::string& client_id);
+  absl::Status RecordSelection(const std::string& run_id, int64_t round,
+                               const std::vector<std::string>& client_ids, int64_t deadline_unix_ms,
+                               DurabilityTicket* deferred = nullptr);
+  absl::StatusOr<bool> IsSelected(const std::string& run_id, int64_t round,
+                                  const std::string& client_id);
   // Atomically: round -> committed with result_adapter_hash, metrics_json and server_state_hash
   // (empty for a stateless server optimizer), plus every row of `metrics` (each must name this run
   // and round). FailedPrecondition unless the round is aggregating; AlreadyExists for a metric that
   // exists. On any error nothing changes.
   // `broadcast` (both hashes or neither) is stored with it: see RoundRecord.
-  absl::Status CommitRound(const std::string& run_id, int64_t round, const std::string& result_adapter_hash,
-                           const std::string& metrics_json, const std::vector<MetricRecord>& metrics,
-                           const std::string& server_state_hash = "", const BroadcastHashes& broadcast = {});
+  absl::Status CommitRound(const std::string& run_id, int64_t round,
+                           const std::string& result_adapter_hash, const std::string& metrics_json,
+                           const std::vector<MetricRecord>& metrics,
+                           const std::string& server_state_hash = "",
+                           const BroadcastHashes& broadcast = {});
 
   // --- clients ---
   // Registers a client or refreshes it (fingerprint and last_seen updated; state kept).
-  absl::StatusOr<ClientRecord> UpsertClient(const std::string& client_id, const std::string& cert_fingerprint);
+  absl::StatusOr<ClientRecord> UpsertClient(const std::string& client_id,
+                                            const std::string& cert_fingerprint);
   absl::StatusOr<ClientRecord> GetClient(const std::string& client_id);
   absl::Status SetClientState(const std::string& client_id, ClientState state);
   absl::StatusOr<std::vector<ClientRecord>> ListClients();  // by client_id
@@ -251,11 +264,12 @@ class Store {
   // transaction is durable; non-null means return as soon as it is committed (visible to readers,
   // lost on power failure until synced) and store the ticket to pass to WaitDurable. Deferring lets
   // a caller release its own locks first, so that concurrent commits share one fsync.
-  absl::StatusOr<UploadRecord> BeginUpload(const UploadRecord& upload, DurabilityTicket* deferred = nullptr);
+  absl::StatusOr<UploadRecord> BeginUpload(const UploadRecord& upload,
+                                           DurabilityTicket* deferred = nullptr);
   // Records durable progress of a receiving upload (call after BlobWriter::Sync). NotFound for an
   // unknown upload; FailedPrecondition once accepted; InvalidArgument for negative values.
-  absl::Status RecordUploadProgress(const std::string& upload_id, int64_t chunks_received, int64_t bytes,
-                                    DurabilityTicket* deferred = nullptr);
+  absl::Status RecordUploadProgress(const std::string& upload_id, int64_t chunks_received,
+                                    int64_t bytes, DurabilityTicket* deferred = nullptr);
   // Marks the upload accepted with its blob_hash, bytes, num_examples (>= 1), chunks_received,
   // creating the row if BeginUpload was skipped. Returns OK only after the transaction is durable.
   // AlreadyExists when this upload_id is already accepted (an idempotent replay), or another
@@ -274,8 +288,10 @@ class Store {
   absl::Status SyncCommitted();
   absl::StatusOr<UploadRecord> GetUpload(const std::string& upload_id);
   // Accepted uploads of a round in the canonical order: by upload_id, bytewise (memcmp).
-  absl::StatusOr<std::vector<UploadRecord>> ListAcceptedUploads(const std::string& run_id, int64_t round);
-  absl::StatusOr<std::vector<UploadRecord>> ListReceivingUploads(const std::string& run_id, int64_t round);
+  absl::StatusOr<std::vector<UploadRecord>> ListAcceptedUploads(const std::string& run_id,
+                                                                int64_t round);
+  absl::StatusOr<std::vector<UploadRecord>> ListReceivingUploads(const std::string& run_id,
+                                                                 int64_t round);
   absl::StatusOr<int64_t> CountAccepted(const std::string& run_id, int64_t round);
 
   // --- metrics ---
@@ -293,7 +309,8 @@ class Store {
   absl::Status RecordAuditCopies(const std::vector<AuditCopyRecord>& copies);
   // The copies of run `run_id` ("" for every run) and round `round` (0 for every round), by run,
   // round and upload_id.
-  absl::StatusOr<std::vector<AuditCopyRecord>> ListAuditCopies(const std::string& run_id, int64_t round);
+  absl::StatusOr<std::vector<AuditCopyRecord>> ListAuditCopies(const std::string& run_id,
+                                                               int64_t round);
 
   // --- recovery and GC ---
   absl::StatusOr<RecoveredState> LoadLatestState(const std::string& run_id);
@@ -303,9 +320,11 @@ class Store {
   // (IsRewound) and its metrics JSON gains "rewound": `reason`; an open one is abandoned as usual.
   // Returns how many committed rounds were marked lost. FailedPrecondition unless `keep_through` is
   // 0 or a committed round; NotFound for an unknown run. The one exception to "committed is final".
-  absl::StatusOr<int64_t> RewindRun(const std::string& run_id, int64_t keep_through, const std::string& reason);
+  absl::StatusOr<int64_t> RewindRun(const std::string& run_id, int64_t keep_through,
+                                    const std::string& reason);
   // Every blob hash a row still needs (the uploads of rounds not yet committed or abandoned, the
-  // rounds' adapters and optimizer states, the audit copies): keep these when collecting blob garbage.
+  // rounds' adapters and optimizer states, the audit copies): keep these when collecting blob
+  // garbage.
   absl::StatusOr<absl::flat_hash_set<std::string>> ReferencedBlobHashes();
 
   // --- retention (server/coordinator_retention.cc) ---

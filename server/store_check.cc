@@ -1,6 +1,7 @@
 #include "server/store_check.h"
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,7 +9,6 @@
 #include "compression/update_io.h"
 #include "core/sha256.h"
 #include "core/status.h"
-#include <nlohmann/json.hpp>
 
 namespace fedlora {
 
@@ -35,9 +35,12 @@ namespace {
 
 absl::StatusOr<std::string> InitialAdapterHash(Store& store, const std::string& run_id) {
   FEDLORA_ASSIGN_OR_RETURN(RunRecord run, store.GetRun(run_id));
-  const nlohmann::json meta = nlohmann::json::parse(run.config_json, nullptr, /*allow_exceptions=*/false);
-  if (!meta.is_object() || !meta.contains("initial_adapter_sha256") || !meta["initial_adapter_sha256"].is_string()) {
-    return absl::DataLossError(absl::StrCat("run '", run_id, "' in the store has no initial adapter hash"));
+  const nlohmann::json meta =
+      nlohmann::json::parse(run.config_json, nullptr, /*allow_exceptions=*/false);
+  if (!meta.is_object() || !meta.contains("initial_adapter_sha256") ||
+      !meta["initial_adapter_sha256"].is_string()) {
+    return absl::DataLossError(
+        absl::StrCat("run '", run_id, "' in the store has no initial adapter hash"));
   }
   return meta["initial_adapter_sha256"].get<std::string>();
 }
@@ -68,19 +71,23 @@ std::string CostOf(const BlobCheck& b, bool latest, bool has_open_round) {
   const bool missing = b.health == BlobHealth::kMissing;
   const std::string no_start = "the server will not start (it needs this blob to resume the run)";
   if (b.kind == "accepted update") {
-    return "the update is left out of the open round's aggregate, although its client was told ACCEPTED";
+    return "the update is left out of the open round's aggregate, although its client was told "
+           "ACCEPTED";
   }
   if (b.kind == "audit copy") {
-    return "the audit trail loses this update (server.audit_public_key_file); the run itself is unaffected";
+    return "the audit trail loses this update (server.audit_public_key_file); the run itself is "
+           "unaffected";
   }
   if (b.kind == "optimizer state") {
     return latest ? no_start : "nothing now (only the latest committed round's state is read)";
   }
   if (latest || missing) return no_start;
   if (b.kind == "initial adapter") return "downloads of the initial adapter fail";
-  if (b.kind == "broadcast delta") return "clients that catch up by deltas through this round get a download error";
+  if (b.kind == "broadcast delta")
+    return "clients that catch up by deltas through this round get a download error";
   if (b.kind == "result adapter") {
-    return "downloads of this round's adapter fail, and aggregation.average_last_rounds fails at the run's last "
+    return "downloads of this round's adapter fail, and aggregation.average_last_rounds fails at "
+           "the run's last "
            "round if it reaches back to this one";
   }
   (void)has_open_round;
@@ -109,7 +116,8 @@ absl::StatusOr<RunCheck> CheckRun(Store& store, const BlobStore& blobs, const st
     b.health = health.first;
     b.detail = health.second;
     if (b.health != BlobHealth::kIntact) {
-      const bool latest = b.kind != "accepted update" && b.kind != "audit copy" && b.round == out.latest_committed;
+      const bool latest =
+          b.kind != "accepted update" && b.kind != "audit copy" && b.round == out.latest_committed;
       b.cost = CostOf(b, latest, st.open_round.has_value());
     }
     out.blobs.push_back(std::move(b));
@@ -117,7 +125,8 @@ absl::StatusOr<RunCheck> CheckRun(Store& store, const BlobStore& blobs, const st
   };
   FEDLORA_RETURN_IF_ERROR(add(0, "initial adapter", initial));
   for (const RoundRecord& r : rounds) {
-    // A round older than server.retain_rounds has had its blobs deleted on purpose: nothing to check.
+    // A round older than server.retain_rounds has had its blobs deleted on purpose: nothing to
+    // check.
     if (r.state != RoundState::kCommitted || r.result_adapter_hash.empty()) continue;
     FEDLORA_RETURN_IF_ERROR(add(r.round, "result adapter", r.result_adapter_hash));
     if (!r.broadcast_hash.empty()) {
@@ -153,7 +162,8 @@ bool Intact(const BlobStore& blobs, const std::string& hash) { return blobs.Get(
 
 }  // namespace
 
-absl::StatusOr<RepairOutcome> RepairRun(Store& store, BlobStore& blobs, const std::string& run_id, bool rewind) {
+absl::StatusOr<RepairOutcome> RepairRun(Store& store, BlobStore& blobs, const std::string& run_id,
+                                        bool rewind) {
   RepairOutcome out;
   FEDLORA_ASSIGN_OR_RETURN(std::string initial, InitialAdapterHash(store, run_id));
   FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> rounds, store.ListRounds(run_id));
@@ -165,23 +175,25 @@ absl::StatusOr<RepairOutcome> RepairRun(Store& store, BlobStore& blobs, const st
     if (!r.broadcast_hash.empty() && !Intact(blobs, r.broadcast_hash) && Intact(blobs, previous) &&
         Intact(blobs, r.broadcast_delta_hash)) {
       FEDLORA_ASSIGN_OR_RETURN(std::string base_bytes, blobs.Get(previous));
-      FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> adapter, AdapterFromSafetensors(base_bytes));
+      FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> adapter,
+                               AdapterFromSafetensors(base_bytes));
       FEDLORA_ASSIGN_OR_RETURN(std::string delta, blobs.Get(r.broadcast_delta_hash));
       FEDLORA_RETURN_IF_ERROR_CTX(ApplyDownlinkDelta(adapter, delta, DecodeLimits{}),
                                   absl::StrCat("round ", r.round, "'s broadcast delta"));
       FEDLORA_ASSIGN_OR_RETURN(std::string rebuilt, AdapterToSafetensors(adapter));
       FEDLORA_ASSIGN_OR_RETURN(bool ok, Replace(blobs, r.broadcast_hash, rebuilt));
       if (ok) {
-        out.rebuilt.push_back(absl::StrCat("round ", r.round, " broadcast adapter ", r.broadcast_hash,
-                                           ": rebuilt from the previous broadcast adapter and round ", r.round,
-                                           "'s delta"));
+        out.rebuilt.push_back(absl::StrCat(
+            "round ", r.round, " broadcast adapter ", r.broadcast_hash,
+            ": rebuilt from the previous broadcast adapter and round ", r.round, "'s delta"));
       }
     }
     previous = r.broadcast_hash.empty() ? r.result_adapter_hash : r.broadcast_hash;
   }
   // What the server needs to resume from round r: its adapter, its broadcast, its optimizer state.
   auto resumable = [&](const RoundRecord& r) {
-    return Intact(blobs, r.result_adapter_hash) && (r.broadcast_hash.empty() || Intact(blobs, r.broadcast_hash)) &&
+    return Intact(blobs, r.result_adapter_hash) &&
+           (r.broadcast_hash.empty() || Intact(blobs, r.broadcast_hash)) &&
            (r.server_state_hash.empty() || Intact(blobs, r.server_state_hash));
   };
   const RoundRecord* latest = nullptr;
@@ -197,17 +209,19 @@ absl::StatusOr<RepairOutcome> RepairRun(Store& store, BlobStore& blobs, const st
     }
   }
   if (target == 0 && !Intact(blobs, initial)) {
-    return absl::DataLossError(absl::StrCat("run '", run_id, "': no committed round can be resumed, and the initial ",
-                                            "adapter ", initial, " is damaged too: nothing to rewind to"));
+    return absl::DataLossError(
+        absl::StrCat("run '", run_id, "': no committed round can be resumed, and the initial ",
+                     "adapter ", initial, " is damaged too: nothing to rewind to"));
   }
   if (!rewind) {
     out.rewind_needed_to = target;
     return out;
   }
-  FEDLORA_ASSIGN_OR_RETURN(out.rounds_lost,
-                           store.RewindRun(run_id, target,
-                                           absl::StrCat("fedlora store repair --rewind: round ", latest->round,
-                                                        "'s adapter or optimizer state was lost")));
+  FEDLORA_ASSIGN_OR_RETURN(
+      out.rounds_lost,
+      store.RewindRun(run_id, target,
+                      absl::StrCat("fedlora store repair --rewind: round ", latest->round,
+                                   "'s adapter or optimizer state was lost")));
   out.rewound_to = target;
   return out;
 }

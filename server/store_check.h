@@ -3,7 +3,8 @@
 // cannot be rebuilt can be given up by rewinding the run to its newest intact round.
 //
 //   FEDLORA_ASSIGN_OR_RETURN(RunCheck check, CheckRun(*store, *blobs, "run-1"));
-//   if (!check.intact()) { FEDLORA_ASSIGN_OR_RETURN(RepairOutcome o, RepairRun(*store, *blobs, "run-1", rewind)); }
+//   if (!check.intact()) { FEDLORA_ASSIGN_OR_RETURN(RepairOutcome o, RepairRun(*store, *blobs,
+//   "run-1", rewind)); }
 //
 // Only while no server uses the store (tools/cmd_store.cc holds the data directory's lock).
 #pragma once
@@ -22,15 +23,15 @@ enum class BlobHealth { kIntact, kCorrupt, kMissing };
 std::string_view BlobHealthName(BlobHealth h);  // "intact", "corrupt", "missing"
 
 struct BlobCheck {
-  int64_t round = 0;      // 0 for the initial adapter
-  std::string kind;       // "initial adapter", "result adapter", "broadcast adapter", "broadcast delta",
-                          // "optimizer state", "accepted update", "audit copy"
+  int64_t round = 0;  // 0 for the initial adapter
+  std::string kind;  // "initial adapter", "result adapter", "broadcast adapter", "broadcast delta",
+                     // "optimizer state", "accepted update", "audit copy"
   std::string hash;
   BlobHealth health = BlobHealth::kIntact;
   std::string detail;     // the blob store's error, when not intact
   std::string upload_id;  // accepted updates and audit copies only
   std::string client_id;
-  std::string cost;       // what the damage costs, when not intact
+  std::string cost;  // what the damage costs, when not intact
 };
 
 struct RunCheck {
@@ -59,6 +60,7 @@ struct RepairOutcome {
 // the newest committed round whose three are intact (Store::RewindRun; 0 = the initial adapter);
 // without, reports that round in rewind_needed_to. DataLoss when even the initial adapter is
 // damaged and a rewind is needed.
-absl::StatusOr<RepairOutcome> RepairRun(Store& store, BlobStore& blobs, const std::string& run_id, bool rewind);
+absl::StatusOr<RepairOutcome> RepairRun(Store& store, BlobStore& blobs, const std::string& run_id,
+                                        bool rewind);
 
 }  // namespace fedlora

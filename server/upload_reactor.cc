@@ -16,8 +16,8 @@ namespace fedlora {
 namespace {
 
 // UploadUpdate: header first, then chunks in order, each checked against its SHA-256 before it is
-// written. Progress becomes durable (fsync + store row) every options.upload_sync_bytes and when the
-// stream ends, so a resume re-sends little (GetUploadStatus reports only those durable
+// written. Progress becomes durable (fsync + store row) every options.upload_sync_bytes and when
+// the stream ends, so a resume re-sends little (GetUploadStatus reports only those durable
 // checkpoints). The ack is sent only after the blob is fsynced, renamed into place and
 // its directory fsynced, the update decoded and validated, and the store's row made durable
 // (group-committed with concurrent acceptances). Messages are processed on the service's upload
@@ -39,8 +39,9 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
   // while that one still waits for the disk.
   static constexpr int64_t kMaxCheckpointLag = 2;
 
-  UploadReactor(const ServerOptions& options, Coordinator* coordinator, BlobStore* blobs, ServerMetrics* metrics,
-                ThreadPool* pool, ThreadPool* sync_pool, absl::StatusOr<std::string> client_id, v1::UploadAck* ack)
+  UploadReactor(const ServerOptions& options, Coordinator* coordinator, BlobStore* blobs,
+                ServerMetrics* metrics, ThreadPool* pool, ThreadPool* sync_pool,
+                absl::StatusOr<std::string> client_id, v1::UploadAck* ack)
       : options_(options),
         coordinator_(coordinator),
         blobs_(blobs),
@@ -101,7 +102,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
         index = next_process_;
         end = queued_ == 0;
       }
-      if (end) {  // eof_, and every message before it is processed
+      if (end) {        // eof_, and every message before it is processed
         EndOfStream();  // finishes the call
         return;
       }
@@ -188,68 +189,81 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
       next_chunk_ = static_cast<uint32_t>(have);
       durable_chunks_ = have;
       FEDLORA_RETURN_IF_ERROR(writer_->TruncateTo(have * chunk));
-      FEDLORA_RETURN_IF_ERROR(coordinator_->RecordUploadProgress(header_.upload_id(), have, have * chunk));
-      return absl::AbortedError(absl::StrCat("server holds ", have, " chunks of upload '", header_.upload_id(),
-                                             "'; resume from chunk ", have));
+      FEDLORA_RETURN_IF_ERROR(
+          coordinator_->RecordUploadProgress(header_.upload_id(), have, have * chunk));
+      return absl::AbortedError(absl::StrCat("server holds ", have, " chunks of upload '",
+                                             header_.upload_id(), "'; resume from chunk ", have));
     }
     FEDLORA_RETURN_IF_ERROR(writer_->TruncateTo(resume_bytes));
     durable_chunks_ = next_chunk_;
-    if (next_chunk_ == header_.manifest().num_chunks()) return Complete();  // everything was already here
+    if (next_chunk_ == header_.manifest().num_chunks())
+      return Complete();  // everything was already here
     return absl::OkStatus();
   }
 
   absl::Status OnData(const v1::UploadData& data) {
-    if (!have_header_) return absl::InvalidArgumentError("the first message of an upload must be its header");
+    if (!have_header_)
+      return absl::InvalidArgumentError("the first message of an upload must be its header");
     const v1::AdapterManifest& m = header_.manifest();
     const int64_t chunk = options_.chunk_bytes;
     if (data.chunk_index() != next_chunk_) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", data.chunk_index(), " out of order; expected ", next_chunk_));
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", data.chunk_index(), " out of order; expected ", next_chunk_));
     }
     if (data.chunk_index() >= m.num_chunks()) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", data.chunk_index(), " is past the last chunk (",
-                                                     m.num_chunks(), " chunks)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", data.chunk_index(), " is past the last chunk (", m.num_chunks(), " chunks)"));
     }
     if (data.offset_bytes() != static_cast<uint64_t>(data.chunk_index()) * chunk) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", data.chunk_index(), " has offset ", data.offset_bytes(),
-                                                     "; expected ", static_cast<int64_t>(data.chunk_index()) * chunk));
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", data.chunk_index(), " has offset ", data.offset_bytes(),
+                       "; expected ", static_cast<int64_t>(data.chunk_index()) * chunk));
     }
     if (static_cast<int64_t>(data.data().size()) > options_.max_upload_chunk_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat("chunk ", data.chunk_index(), " is ", data.data().size(),
-                                                       " bytes; the limit is ", options_.max_upload_chunk_bytes));
+      return absl::ResourceExhaustedError(absl::StrCat("chunk ", data.chunk_index(), " is ",
+                                                       data.data().size(), " bytes; the limit is ",
+                                                       options_.max_upload_chunk_bytes));
     }
     const bool last = data.chunk_index() + 1 == m.num_chunks();
-    const int64_t expected = last ? static_cast<int64_t>(m.total_bytes()) - static_cast<int64_t>(data.chunk_index()) * chunk
+    const int64_t expected = last ? static_cast<int64_t>(m.total_bytes()) -
+                                        static_cast<int64_t>(data.chunk_index()) * chunk
                                   : chunk;
     if (static_cast<int64_t>(data.data().size()) != expected) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", data.chunk_index(), " is ", data.data().size(),
-                                                     " bytes; expected ", expected));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", data.chunk_index(), " is ", data.data().size(), " bytes; expected ", expected));
     }
     // One pass over the bytes: their own digest for this check, and the blob's running digest.
     const BlobWriter::HashedBytes hashed = writer_->HashNext(data.data());
     if (ToHex(hashed.own()) != data.sha256()) {
-      return absl::DataLossError(absl::StrCat("chunk ", data.chunk_index(), " does not match its SHA-256; resend from chunk ",
+      return absl::DataLossError(absl::StrCat("chunk ", data.chunk_index(),
+                                              " does not match its SHA-256; resend from chunk ",
                                               durable_chunks_));
     }
     if (data.chunk_index() == 0) {
       // Refuse garbage from its first bytes instead of after the whole stream: a sealed update
-      // starts with the header's ephemeral key and an envelope header that fits the manifest's size.
+      // starts with the header's ephemeral key and an envelope header that fits the manifest's
+      // size.
       const std::string_view first = data.data();
       if (first.size() >= crypto::SealedBlobOverheadBytes()) {
         FEDLORA_ASSIGN_OR_RETURN(std::string_view ephemeral, crypto::SealedBlobEphemeralKey(first));
         if (ephemeral != header_.encryption().ephemeral_public_key()) {
-          return absl::InvalidArgumentError("the sealed update's ephemeral key differs from its header's");
+          return absl::InvalidArgumentError(
+              "the sealed update's ephemeral key differs from its header's");
         }
-        FEDLORA_RETURN_IF_ERROR(crypto::EnvelopePlaintextSize(first.substr(crypto::kX25519KeyBytes)).status());
+        FEDLORA_RETURN_IF_ERROR(
+            crypto::EnvelopePlaintextSize(first.substr(crypto::kX25519KeyBytes)).status());
       }
     }
-    FEDLORA_RETURN_IF_ERROR(coordinator_->ChargeUploadBytes(client_id_, static_cast<int64_t>(data.data().size())));
+    FEDLORA_RETURN_IF_ERROR(
+        coordinator_->ChargeUploadBytes(client_id_, static_cast<int64_t>(data.data().size())));
     FEDLORA_RETURN_IF_ERROR(writer_->Append(data.data(), hashed));
     writer_->StartWriteback(static_cast<int64_t>(data.data().size()));
     metrics_->upload_bytes.fetch_add(static_cast<int64_t>(data.data().size()));
     ++next_chunk_;
     unsynced_bytes_ += static_cast<int64_t>(data.data().size());
     if (last) return Complete();
-    if (unsynced_bytes_ >= options_.upload_sync_bytes) FEDLORA_RETURN_IF_ERROR(MaybeStartCheckpoint());
+    if (unsynced_bytes_ >= options_.upload_sync_bytes)
+      FEDLORA_RETURN_IF_ERROR(MaybeStartCheckpoint());
     return absl::OkStatus();
   }
 
@@ -273,13 +287,15 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
     checkpoint_ = checkpoint;
     unsynced_bytes_ = 0;
     // The writer outlives the task: nothing resets writer_ before AwaitCheckpoint.
-    sync_pool_->Submit([checkpoint, writer = writer_.get(), coordinator = coordinator_, id = header_.upload_id()] {
-      absl::Status s = writer->SyncBeside();
-      if (s.ok()) s = coordinator->RecordUploadProgress(id, checkpoint->chunks, checkpoint->bytes);
-      absl::MutexLock lock(&checkpoint->mu);
-      checkpoint->status = std::move(s);
-      checkpoint->done = true;
-    });
+    sync_pool_->Submit(
+        [checkpoint, writer = writer_.get(), coordinator = coordinator_, id = header_.upload_id()] {
+          absl::Status s = writer->SyncBeside();
+          if (s.ok())
+            s = coordinator->RecordUploadProgress(id, checkpoint->chunks, checkpoint->bytes);
+          absl::MutexLock lock(&checkpoint->mu);
+          checkpoint->status = std::move(s);
+          checkpoint->done = true;
+        });
     return absl::OkStatus();
   }
 
@@ -314,7 +330,8 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
     FEDLORA_RETURN_IF_ERROR(AwaitCheckpoint());
     // The bytes are checked where they are, in partial/: an update that fails validation never
     // enters blobs/.
-    absl::StatusOr<std::unique_ptr<MappedBlob>> mapped = writer_->Verify(header_.manifest().sha256());
+    absl::StatusOr<std::unique_ptr<MappedBlob>> mapped =
+        writer_->Verify(header_.manifest().sha256());
     if (!mapped.ok()) {
       // The partial was discarded (the blob did not match its manifest): the client starts over.
       writer_.reset();
@@ -336,7 +353,8 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
       ForgetProgress();
       return hash.status();
     }
-    absl::StatusOr<v1::UploadAck> ack = coordinator_->CompleteUpload(client_id_, header_, *hash, size);
+    absl::StatusOr<v1::UploadAck> ack =
+        coordinator_->CompleteUpload(client_id_, header_, *hash, size);
     if (!ack.ok()) {
       ForgetProgress();
       // A refusal of the update itself is final; a store hiccup (Unavailable, Internal) is not.
@@ -386,8 +404,9 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
 
   void Fail(const absl::Status& status) {
     // Refusals of the update itself (not of the transport) are counted and remembered as rejected.
-    const bool permanent = rejected_ || absl::IsInvalidArgument(status) || absl::IsPermissionDenied(status) ||
-                           absl::IsFailedPrecondition(status) || absl::IsResourceExhausted(status);
+    const bool permanent = rejected_ || absl::IsInvalidArgument(status) ||
+                           absl::IsPermissionDenied(status) || absl::IsFailedPrecondition(status) ||
+                           absl::IsResourceExhausted(status);
     if (permanent) {
       // Nothing of it can be used again: its bytes go now, not at the next restart.
       if (locked_ && writer_ != nullptr) DiscardPartial();
@@ -401,7 +420,8 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
     if (permanent) {
       coordinator_->RejectUpload(client_id_, rejected_ ? header_.upload_id() : "", status);
     }
-    FEDLORA_LOG(DEBUG) << "upload " << header_.upload_id() << " from " << client_id_ << " refused: " << status;
+    FEDLORA_LOG(DEBUG) << "upload " << header_.upload_id() << " from " << client_id_
+                       << " refused: " << status;
     FinishCall(ToGrpcStatus(status));
   }
 
@@ -426,24 +446,26 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // the call is being finished
   v1::UploadHeader header_;
   bool have_header_ = false;
-  bool locked_ = false;     // BeginUpload locked header_.upload_id() to this stream
-  bool complete_ = false;   // *ack_ holds the final answer; Finish once the reaction ends
-  bool rejected_ = false;   // the complete update was refused by validation
+  bool locked_ = false;    // BeginUpload locked header_.upload_id() to this stream
+  bool complete_ = false;  // *ack_ holds the final answer; Finish once the reaction ends
+  bool rejected_ = false;  // the complete update was refused by validation
   std::unique_ptr<BlobWriter> writer_;
   uint32_t next_chunk_ = 0;
   int64_t durable_chunks_ = 0;
-  int64_t unsynced_bytes_ = 0;  // received since the last checkpoint was started
+  int64_t unsynced_bytes_ = 0;                     // received since the last checkpoint was started
   std::shared_ptr<PendingCheckpoint> checkpoint_;  // in flight on the sync pool, or null
 };
 
-
 }  // namespace
 
-grpc::ServerReadReactor<v1::UploadChunk>* NewUploadReactor(const ServerOptions& options, Coordinator* coordinator,
-                                                           BlobStore* blobs, ServerMetrics* metrics, ThreadPool* pool,
-                                                           ThreadPool* sync_pool, absl::StatusOr<std::string> client_id,
+grpc::ServerReadReactor<v1::UploadChunk>* NewUploadReactor(const ServerOptions& options,
+                                                           Coordinator* coordinator,
+                                                           BlobStore* blobs, ServerMetrics* metrics,
+                                                           ThreadPool* pool, ThreadPool* sync_pool,
+                                                           absl::StatusOr<std::string> client_id,
                                                            v1::UploadAck* ack) {
-  return new UploadReactor(options, coordinator, blobs, metrics, pool, sync_pool, std::move(client_id), ack);
+  return new UploadReactor(options, coordinator, blobs, metrics, pool, sync_pool,
+                           std::move(client_id), ack);
 }
 
 }  // namespace fedlora

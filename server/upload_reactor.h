@@ -23,9 +23,11 @@
 
 namespace fedlora {
 
-grpc::ServerReadReactor<v1::UploadChunk>* NewUploadReactor(const ServerOptions& options, Coordinator* coordinator,
-                                                           BlobStore* blobs, ServerMetrics* metrics, ThreadPool* pool,
-                                                           ThreadPool* sync_pool, absl::StatusOr<std::string> client_id,
+grpc::ServerReadReactor<v1::UploadChunk>* NewUploadReactor(const ServerOptions& options,
+                                                           Coordinator* coordinator,
+                                                           BlobStore* blobs, ServerMetrics* metrics,
+                                                           ThreadPool* pool, ThreadPool* sync_pool,
+                                                           absl::StatusOr<std::string> client_id,
                                                            v1::UploadAck* ack);
 
 }  // namespace fedlora

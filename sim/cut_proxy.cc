@@ -55,15 +55,19 @@ int ConnectLoopback(int port) {
 absl::StatusOr<std::unique_ptr<CutProxy>> CutProxy::Start(const std::string& upstream) {
   const size_t colon = upstream.rfind(':');
   int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(upstream.substr(colon + 1), &port) || port < 1 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("CutProxy: upstream '", upstream, "' is not host:port"));
+  if (colon == std::string::npos || !absl::SimpleAtoi(upstream.substr(colon + 1), &port) ||
+      port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CutProxy: upstream '", upstream, "' is not host:port"));
   }
   const std::string host = upstream.substr(0, colon);
   if (host != "127.0.0.1" && host != "localhost") {
-    return absl::InvalidArgumentError(absl::StrCat("CutProxy: upstream host '", host, "' is not 127.0.0.1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CutProxy: upstream host '", host, "' is not 127.0.0.1"));
   }
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("CutProxy: socket: ", std::strerror(errno)));
+  if (fd < 0)
+    return absl::UnavailableError(absl::StrCat("CutProxy: socket: ", std::strerror(errno)));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = 0;
@@ -73,7 +77,8 @@ absl::StatusOr<std::unique_ptr<CutProxy>> CutProxy::Start(const std::string& ups
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     const int err = errno;
     ::close(fd);
-    return absl::UnavailableError(absl::StrCat("CutProxy: bind/listen on 127.0.0.1: ", std::strerror(err)));
+    return absl::UnavailableError(
+        absl::StrCat("CutProxy: bind/listen on 127.0.0.1: ", std::strerror(err)));
   }
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
@@ -81,7 +86,8 @@ absl::StatusOr<std::unique_ptr<CutProxy>> CutProxy::Start(const std::string& ups
     ::close(fd);
     return absl::UnavailableError(absl::StrCat("CutProxy: pipe: ", std::strerror(err)));
   }
-  return std::unique_ptr<CutProxy>(new CutProxy(fd, ntohs(addr.sin_port), port, pipe_fds[0], pipe_fds[1]));
+  return std::unique_ptr<CutProxy>(
+      new CutProxy(fd, ntohs(addr.sin_port), port, pipe_fds[0], pipe_fds[1]));
 }
 
 CutProxy::CutProxy(int listen_fd, int port, int upstream_port, int wake_fd_read, int wake_fd_write)

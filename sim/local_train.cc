@@ -25,17 +25,21 @@
 namespace fedlora::sim {
 namespace {
 
-absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> LoadTokenizerFrom(const std::string& model_dir) {
+absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> LoadTokenizerFrom(
+    const std::string& model_dir) {
   const std::string json = model_dir + "/tokenizer.json", vocab = model_dir + "/vocab.txt";
   if (std::ifstream(json).good()) return WordPieceTokenizer::FromTokenizerJson(json);
   if (std::ifstream(vocab).good()) return WordPieceTokenizer::FromVocabFile(vocab);
-  return absl::NotFoundError(absl::StrCat("no tokenizer in ", model_dir, ": neither ", json, " nor ", vocab, " exists"));
+  return absl::NotFoundError(
+      absl::StrCat("no tokenizer in ", model_dir, ": neither ", json, " nor ", vocab, " exists"));
 }
 
 // The partition key of every example of a JSONL file, in LoadDataset's order (blank lines skipped).
-absl::StatusOr<std::vector<std::string>> ReadKeys(const std::string& path, const std::string& field) {
+absl::StatusOr<std::vector<std::string>> ReadKeys(const std::string& path,
+                                                  const std::string& field) {
   if (!absl::EndsWith(path, ".jsonl")) {
-    return absl::UnimplementedError(absl::StrCat("BY_KEY partitioning reads JSONL only; ", path, " is not .jsonl"));
+    return absl::UnimplementedError(
+        absl::StrCat("BY_KEY partitioning reads JSONL only; ", path, " is not .jsonl"));
   }
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
@@ -48,7 +52,8 @@ absl::StatusOr<std::vector<std::string>> ReadKeys(const std::string& path, const
     const std::string where = absl::StrCat(path, ":", line_no);
     FEDLORA_ASSIGN_OR_RETURN(nlohmann::json obj, ParseJson(line, where));
     if (!obj.is_object() || !obj.contains(field)) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": no partition key field '", field, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": no partition key field '", field, "'"));
     }
     const nlohmann::json& v = obj[field];
     keys.push_back(v.is_string() ? v.get<std::string>() : v.dump());
@@ -59,15 +64,18 @@ absl::StatusOr<std::vector<std::string>> ReadKeys(const std::string& path, const
 // Fills the partition keys (BY_KEY) and the local training options, which both kinds share.
 absl::Status FinishSimData(const v1::RunConfig& config, SimData& out) {
   if (config.simulation().partition() == v1::SimulationConfig::BY_KEY) {
-    FEDLORA_ASSIGN_OR_RETURN(out.train_keys,
-                             ReadKeys(config.data().train_path(), config.simulation().partition_key_field()));
+    FEDLORA_ASSIGN_OR_RETURN(out.train_keys, ReadKeys(config.data().train_path(),
+                                                      config.simulation().partition_key_field()));
     if (out.train_keys.size() != out.train_labels.size()) {
-      return absl::InternalError(absl::StrCat("read ", out.train_keys.size(), " keys for ", out.train_labels.size(),
-                                              " examples of ", config.data().train_path()));
+      return absl::InternalError(absl::StrCat("read ", out.train_keys.size(), " keys for ",
+                                              out.train_labels.size(), " examples of ",
+                                              config.data().train_path()));
     }
   }
-  auto o = std::make_shared<TrainOptions>(TrainOptionsFromConfig(config.training(), out.max_seq_len));
-  o->eval_batch_size = static_cast<int>(config.data().has_eval_batch_size() ? config.data().eval_batch_size() : 64);
+  auto o =
+      std::make_shared<TrainOptions>(TrainOptionsFromConfig(config.training(), out.max_seq_len));
+  o->eval_batch_size =
+      static_cast<int>(config.data().has_eval_batch_size() ? config.data().eval_batch_size() : 64);
   FEDLORA_RETURN_IF_ERROR_CTX(o->Validate(), "training config");
   out.train_options = std::move(o);
   return absl::OkStatus();
@@ -75,13 +83,16 @@ absl::Status FinishSimData(const v1::RunConfig& config, SimData& out) {
 
 absl::StatusOr<SimData> LoadLmSimData(const v1::RunConfig& config) {
   const std::string& path = config.model().path();
-  FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadChatTokenizer(path, config.task().chat_template()));
+  FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok,
+                           LoadChatTokenizer(path, config.task().chat_template()));
   SimData out;
   out.causal_lm = true;
   out.exact_match = config.task().exact_match();
-  FEDLORA_ASSIGN_OR_RETURN(out.max_seq_len, DecoderMaxSeqLen(path, ConfiguredMaxSeqLen(config.model())));
+  FEDLORA_ASSIGN_OR_RETURN(out.max_seq_len,
+                           DecoderMaxSeqLen(path, ConfiguredMaxSeqLen(config.model())));
   const LmDataOptions options = LmDataOptionsFromConfig(config.task(), out.max_seq_len);
-  FEDLORA_ASSIGN_OR_RETURN(LmDataset train, LoadLmDataset(config.data().train_path(), tok, options));
+  FEDLORA_ASSIGN_OR_RETURN(LmDataset train,
+                           LoadLmDataset(config.data().train_path(), tok, options));
   FEDLORA_ASSIGN_OR_RETURN(LmDataset eval, LoadLmDataset(config.data().eval_path(), tok, options));
   out.train_labels.assign(static_cast<size_t>(train.size()), 0);
   out.lm_train = std::make_shared<const LmDataset>(std::move(train));
@@ -98,27 +109,34 @@ int64_t SimData::eval_size() const {
   return eval ? eval->size() : 0;
 }
 
-int SimData::num_partition_labels() const { return std::max(1, static_cast<int>(label_names.size())); }
+int SimData::num_partition_labels() const {
+  return std::max(1, static_cast<int>(label_names.size()));
+}
 
 absl::StatusOr<SimData> LoadSimData(const v1::RunConfig& config) {
   const std::string& model_dir = config.model().path();
   if (config.data().train_path().empty()) {
-    return absl::InvalidArgumentError("data.train_path is empty: the simulation partitions it across its clients");
+    return absl::InvalidArgumentError(
+        "data.train_path is empty: the simulation partitions it across its clients");
   }
   if (config.data().eval_path().empty()) {
-    return absl::InvalidArgumentError("data.eval_path is empty: the simulation reports held-out metrics per round");
+    return absl::InvalidArgumentError(
+        "data.eval_path is empty: the simulation reports held-out metrics per round");
   }
   if (config.task().kind() == v1::TaskConfig::CAUSAL_LM) return LoadLmSimData(config);
   FEDLORA_ASSIGN_OR_RETURN(BertConfig bert, ReadBertConfig(model_dir + "/config.json"));
   FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizerFrom(model_dir));
   SimData out;
-  out.max_seq_len = static_cast<int>(std::min<int64_t>(ConfiguredMaxSeqLen(config.model()), bert.max_position_embeddings));
+  out.max_seq_len = static_cast<int>(
+      std::min<int64_t>(ConfiguredMaxSeqLen(config.model()), bert.max_position_embeddings));
 
   const DatasetOptions options = DatasetOptionsFromConfig(config.task());
   FEDLORA_ASSIGN_OR_RETURN(Dataset train_raw, LoadDataset(config.data().train_path(), options));
   FEDLORA_ASSIGN_OR_RETURN(Dataset eval_raw, LoadDataset(config.data().eval_path(), options));
-  FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset train, TokenizeDataset(train_raw, *tokenizer, out.max_seq_len));
-  FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset eval, TokenizeDataset(eval_raw, *tokenizer, out.max_seq_len));
+  FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset train,
+                           TokenizeDataset(train_raw, *tokenizer, out.max_seq_len));
+  FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset eval,
+                           TokenizeDataset(eval_raw, *tokenizer, out.max_seq_len));
   out.label_names = train_raw.label_names;
   for (const Example& e : train_raw.examples) out.train_labels.push_back(e.label);
   out.train = std::make_shared<const TokenizedDataset>(std::move(train));
@@ -127,8 +145,8 @@ absl::StatusOr<SimData> LoadSimData(const v1::RunConfig& config) {
   return out;
 }
 
-absl::StatusOr<EvalFigures> EvaluateOnHeldOut(std::span<BertClassifier* const> models, const SimData& data,
-                                              int batch_size) {
+absl::StatusOr<EvalFigures> EvaluateOnHeldOut(std::span<BertClassifier* const> models,
+                                              const SimData& data, int batch_size) {
   if (models.empty()) return absl::InvalidArgumentError("EvaluateOnHeldOut: no model");
   const TokenizedDataset& eval = *data.eval;
   if (eval.size() == 0) return absl::InvalidArgumentError("the held-out set is empty");
@@ -138,7 +156,8 @@ absl::StatusOr<EvalFigures> EvaluateOnHeldOut(std::span<BertClassifier* const> m
   const int num_labels = models[0]->options().num_labels;
   for (const TokenizedExample& e : eval.examples) {
     if (e.label < 0 || e.label >= num_labels) {
-      return absl::InvalidArgumentError(absl::StrCat("held-out label ", e.label, " outside [0, ", num_labels, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("held-out label ", e.label, " outside [0, ", num_labels, ")"));
     }
   }
   std::vector<MetricsAccumulator> acc(static_cast<size_t>(slices), MetricsAccumulator(num_labels));
@@ -148,7 +167,8 @@ absl::StatusOr<EvalFigures> EvaluateOnHeldOut(std::span<BertClassifier* const> m
     const int32_t pad_id = static_cast<int32_t>(model.config().pad_token_id);
     std::vector<int64_t> idx;
     for (int64_t b = num_batches * s / slices; b < num_batches * (s + 1) / slices; ++b) {
-      const int64_t begin = b * batch_size, end = std::min<int64_t>(begin + batch_size, eval.size());
+      const int64_t begin = b * batch_size,
+                    end = std::min<int64_t>(begin + batch_size, eval.size());
       idx.resize(static_cast<size_t>(end - begin));
       std::iota(idx.begin(), idx.end(), begin);
       const BertClassifier::Batch batch = MakeBatch(eval, idx, pad_id);
@@ -166,13 +186,14 @@ absl::StatusOr<EvalFigures> EvaluateOnHeldOut(std::span<BertClassifier* const> m
   run_slice(0);
   for (std::thread& t : threads) t.join();
   for (const absl::Status& st : status) FEDLORA_RETURN_IF_ERROR(st);
-  for (int64_t s = 1; s < slices; ++s) FEDLORA_RETURN_IF_ERROR(acc[0].Merge(acc[static_cast<size_t>(s)]));
+  for (int64_t s = 1; s < slices; ++s)
+    FEDLORA_RETURN_IF_ERROR(acc[0].Merge(acc[static_cast<size_t>(s)]));
   const EvalResult r = acc[0].Result();
   return EvalFigures{r.count, r.loss, r.accuracy, r.macro_f1};
 }
 
-absl::StatusOr<EvalFigures> EvaluateOnHeldOut(std::span<CausalLm* const> models, const SimData& data,
-                                              int batch_size) {
+absl::StatusOr<EvalFigures> EvaluateOnHeldOut(std::span<CausalLm* const> models,
+                                              const SimData& data, int batch_size) {
   if (models.empty()) return absl::InvalidArgumentError("EvaluateOnHeldOut: no model");
   if (!data.causal_lm || data.lm_eval == nullptr) {
     return absl::InvalidArgumentError("EvaluateOnHeldOut: the run's data is not CAUSAL_LM data");
@@ -212,7 +233,8 @@ absl::StatusOr<EvalFigures> EvaluateOnHeldOut(std::span<CausalLm* const> models,
   out.count = count;
   out.loss = tokens > 0 ? nll / static_cast<double>(tokens) : std::nan("");
   out.perplexity = std::exp(out.loss);
-  out.accuracy = data.exact_match ? static_cast<double>(matched) / static_cast<double>(count) : std::nan("");
+  out.accuracy =
+      data.exact_match ? static_cast<double>(matched) / static_cast<double>(count) : std::nan("");
   out.macro_f1 = std::nan("");
   return out;
 }

@@ -68,12 +68,12 @@ struct EvalFigures {
 // models.size() contiguous slices evaluated concurrently, one thread per model (the models must
 // hold the same adapter); the slices' counts are merged in order, so the result depends only on
 // the data, the adapter and the number of models.
-absl::StatusOr<EvalFigures> EvaluateOnHeldOut(std::span<BertClassifier* const> models, const SimData& data,
-                                              int batch_size);
+absl::StatusOr<EvalFigures> EvaluateOnHeldOut(std::span<BertClassifier* const> models,
+                                              const SimData& data, int batch_size);
 // The same for a CAUSAL_LM run on data.lm_eval: loss and perplexity per response token, accuracy
 // the exact-match rate when data.exact_match (else NaN), macro_f1 NaN.
-absl::StatusOr<EvalFigures> EvaluateOnHeldOut(std::span<CausalLm* const> models, const SimData& data,
-                                              int batch_size);
+absl::StatusOr<EvalFigures> EvaluateOnHeldOut(std::span<CausalLm* const> models,
+                                              const SimData& data, int batch_size);
 
 }  // namespace sim
 }  // namespace fedlora

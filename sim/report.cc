@@ -3,18 +3,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/file.h"
 #include "core/status.h"
-#include <nlohmann/json.hpp>
 
 namespace fedlora::sim {
 namespace {
 
-nlohmann::json Num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+nlohmann::json Num(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
 // printf with a runtime format (tick labels); `fmt` takes one double.
 std::string FormatDouble(const char* fmt, double v) {
   char buf[64];
@@ -71,24 +73,30 @@ struct Panel {
   double Y(double v) const { return y0 + h - (y_top > 0 ? v / y_top : 0.0) * h; }
 };
 
-void Axes(std::string* svg, const Panel& p, double y_step, const std::string& y_label, const char* y_fmt) {
-  absl::StrAppendFormat(svg, "<rect class=\"frame\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\"/>\n", p.x0,
-                        p.y0, p.w, p.h);
+void Axes(std::string* svg, const Panel& p, double y_step, const std::string& y_label,
+          const char* y_fmt) {
+  absl::StrAppendFormat(
+      svg, "<rect class=\"frame\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\"/>\n", p.x0,
+      p.y0, p.w, p.h);
   for (double v = 0; v <= p.y_top + 1e-9; v += y_step) {
     const double y = p.Y(v);
-    absl::StrAppendFormat(svg, "<line class=\"grid\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", p.x0, y,
-                          p.x0 + p.w, y);
-    absl::StrAppendFormat(svg, "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", p.x0 - 6,
-                          y + 4, FormatDouble(y_fmt, v));
+    absl::StrAppendFormat(
+        svg, "<line class=\"grid\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", p.x0, y,
+        p.x0 + p.w, y);
+    absl::StrAppendFormat(
+        svg, "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", p.x0 - 6,
+        y + 4, FormatDouble(y_fmt, v));
   }
   const int max_r = static_cast<int>(p.max_round);
   const int x_step = std::max(1, max_r / 10);
   for (int r = 0; r <= max_r; r += x_step) {
-    absl::StrAppendFormat(svg, "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n", p.X(r),
-                          p.y0 + p.h + 16, r);
+    absl::StrAppendFormat(
+        svg, "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n",
+        p.X(r), p.y0 + p.h + 16, r);
   }
-  absl::StrAppendFormat(svg, "<text class=\"label\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">round</text>\n",
-                        p.x0 + p.w / 2, p.y0 + p.h + 34);
+  absl::StrAppendFormat(
+      svg, "<text class=\"label\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">round</text>\n",
+      p.x0 + p.w / 2, p.y0 + p.h + 34);
   absl::StrAppendFormat(svg,
                         "<text class=\"label\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" "
                         "transform=\"rotate(-90 %.1f %.1f)\">%s</text>\n",
@@ -96,38 +104,46 @@ void Axes(std::string* svg, const Panel& p, double y_step, const std::string& y_
 }
 
 // A polyline through `pts` with a marker at each point: a circle, or a square for `square`.
-void Series(std::string* svg, const Panel& p, const std::vector<std::pair<double, double>>& pts, const char* cls,
-            bool square = false) {
+void Series(std::string* svg, const Panel& p, const std::vector<std::pair<double, double>>& pts,
+            const char* cls, bool square = false) {
   if (pts.empty()) return;
   std::string d;
-  for (const auto& [x, y] : pts) absl::StrAppendFormat(&d, "%s%.1f,%.1f", d.empty() ? "" : " ", p.X(x), p.Y(y));
+  for (const auto& [x, y] : pts)
+    absl::StrAppendFormat(&d, "%s%.1f,%.1f", d.empty() ? "" : " ", p.X(x), p.Y(y));
   absl::StrAppendFormat(svg, "<polyline class=\"%s\" points=\"%s\"/>\n", cls, d);
   for (const auto& [x, y] : pts) {
     if (square) {
-      absl::StrAppendFormat(svg, "<rect class=\"%s\" x=\"%.1f\" y=\"%.1f\" width=\"6\" height=\"6\"/>\n", cls,
-                            p.X(x) - 3, p.Y(y) - 3);
+      absl::StrAppendFormat(svg,
+                            "<rect class=\"%s\" x=\"%.1f\" y=\"%.1f\" width=\"6\" height=\"6\"/>\n",
+                            cls, p.X(x) - 3, p.Y(y) - 3);
     } else {
-      absl::StrAppendFormat(svg, "<circle class=\"%s\" cx=\"%.1f\" cy=\"%.1f\" r=\"3\"/>\n", cls, p.X(x), p.Y(y));
+      absl::StrAppendFormat(svg, "<circle class=\"%s\" cx=\"%.1f\" cy=\"%.1f\" r=\"3\"/>\n", cls,
+                            p.X(x), p.Y(y));
     }
   }
 }
 
 // A dashed horizontal line across the panel at `value`, labelled at its right end.
-void Reference(std::string* svg, const Panel& p, double value, const std::string& label, const char* cls) {
+void Reference(std::string* svg, const Panel& p, double value, const std::string& label,
+               const char* cls) {
   if (!std::isfinite(value) || value < 0 || value > p.y_top) return;
   const double y = p.Y(value);
-  absl::StrAppendFormat(svg, "<line class=\"%s\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", cls, p.x0, y,
-                        p.x0 + p.w, y);
-  absl::StrAppendFormat(svg, "<text class=\"note\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
-                        p.x0 + p.w - 4, y - 4, XmlEscape(label));
+  absl::StrAppendFormat(svg,
+                        "<line class=\"%s\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n",
+                        cls, p.x0, y, p.x0 + p.w, y);
+  absl::StrAppendFormat(
+      svg, "<text class=\"note\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
+      p.x0 + p.w - 4, y - 4, XmlEscape(label));
 }
 
 // Legend entries in a row from the panel's top left: (css class, text) each.
-void Legend(std::string* svg, const Panel& p, const std::vector<std::pair<std::string, std::string>>& entries) {
+void Legend(std::string* svg, const Panel& p,
+            const std::vector<std::pair<std::string, std::string>>& entries) {
   double x = p.x0 + 10;
   for (const auto& [cls, text] : entries) {
-    absl::StrAppendFormat(svg, "<rect class=\"%s\" x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"4\"/>"
-                               "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n",
+    absl::StrAppendFormat(svg,
+                          "<rect class=\"%s\" x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"4\"/>"
+                          "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n",
                           cls, x, p.y0 + 12, x + 18, p.y0 + 18, XmlEscape(text));
     x += 40 + 6.5 * static_cast<double>(text.size());
   }
@@ -160,15 +176,19 @@ std::string RoundRecordToJson(const RoundRecord& r) {
 
 std::string RoundsToCsv(const std::vector<RoundRecord>& rounds) {
   std::string out =
-      "round,server_round,eval_accuracy,eval_loss,eval_macro_f1,mean_train_loss,bytes_up,bytes_down,round_seconds,"
+      "round,server_round,eval_accuracy,eval_loss,eval_macro_f1,mean_train_loss,bytes_up,bytes_"
+      "down,round_seconds,"
       "elapsed_seconds,selected,reported,dropped,stragglers,crashed,eval_perplexity,bytes_up_fp32,"
       "bytes_down_full,dp_epsilon\n";
-  auto cell = [](double v) { return std::isfinite(v) ? absl::StrFormat("%.6g", v) : std::string(); };
+  auto cell = [](double v) {
+    return std::isfinite(v) ? absl::StrFormat("%.6g", v) : std::string();
+  };
   for (const RoundRecord& r : rounds) {
-    absl::StrAppend(&out, r.round, ",", r.server_round, ",", cell(r.eval_accuracy), ",", cell(r.eval_loss), ",",
-                    cell(r.eval_macro_f1), ",", cell(r.mean_train_loss), ",", r.bytes_up, ",", r.bytes_down, ",",
-                    cell(r.round_seconds), ",", cell(r.elapsed_seconds), ",", r.selected, ",", r.reported, ",",
-                    r.dropped, ",", r.stragglers, ",", r.crashed, ",", cell(r.eval_perplexity), ",",
+    absl::StrAppend(&out, r.round, ",", r.server_round, ",", cell(r.eval_accuracy), ",",
+                    cell(r.eval_loss), ",", cell(r.eval_macro_f1), ",", cell(r.mean_train_loss),
+                    ",", r.bytes_up, ",", r.bytes_down, ",", cell(r.round_seconds), ",",
+                    cell(r.elapsed_seconds), ",", r.selected, ",", r.reported, ",", r.dropped, ",",
+                    r.stragglers, ",", r.crashed, ",", cell(r.eval_perplexity), ",",
                     r.bytes_up_fp32, ",", r.bytes_down_full, ",", cell(r.dp_epsilon), "\n");
   }
   return out;
@@ -209,7 +229,8 @@ SvgSeries SeriesOf(const std::vector<RoundRecord>& rounds) {
 
 // Top panel: accuracy on [0, 1] (perplexity when no round has an accuracy), with the untuned model
 // (round 0) and the caller's references as dashed lines.
-void QualityPanel(std::string* svg, const SvgSeries& s, const std::vector<ReferenceLine>& references, double width) {
+void QualityPanel(std::string* svg, const SvgSeries& s,
+                  const std::vector<ReferenceLine>& references, double width) {
   const bool perplexity = s.acc.empty() && !s.ppl.empty();
   double top = 1.0, step = 0.2;
   if (perplexity) NiceAxis(s.max_ppl, &top, &step);
@@ -219,8 +240,10 @@ void QualityPanel(std::string* svg, const SvgSeries& s, const std::vector<Refere
   Panel p{80, 50, width - 120, 190, s.max_round, top};
   const auto& pts = perplexity ? s.ppl : s.acc;
   absl::StrAppend(svg, perplexity ? "<g id=\"perplexity\">\n" : "<g id=\"accuracy\">\n");
-  Axes(svg, p, step, perplexity ? "held-out perplexity" : "held-out accuracy", perplexity ? "%g" : "%.1f");
-  if (!pts.empty() && pts.front().first == 0) Reference(svg, p, pts.front().second, "untuned (round 0)", "untuned");
+  Axes(svg, p, step, perplexity ? "held-out perplexity" : "held-out accuracy",
+       perplexity ? "%g" : "%.1f");
+  if (!pts.empty() && pts.front().first == 0)
+    Reference(svg, p, pts.front().second, "untuned (round 0)", "untuned");
   for (const ReferenceLine& r : references) Reference(svg, p, r.value, r.label, "reference");
   Series(svg, p, pts, "acc");
   absl::StrAppend(svg, "</g>\n");
@@ -249,8 +272,9 @@ void BytesPanel(std::string* svg, const SvgSeries& s, double width) {
   Axes(svg, p, step, "cumulative MiB", "%g");
   Series(svg, p, s.up, "up");
   Series(svg, p, s.down, "down", /*square=*/true);
-  Legend(svg, p, {{"up", absl::StrFormat("uploaded %.3g MiB", s.cum_up)},
-                  {"down", absl::StrFormat("downloaded %.3g MiB (dashed)", s.cum_down)}});
+  Legend(svg, p,
+         {{"up", absl::StrFormat("uploaded %.3g MiB", s.cum_up)},
+          {"down", absl::StrFormat("downloaded %.3g MiB (dashed)", s.cum_down)}});
   absl::StrAppend(svg, "</g>\n");
 }
 
@@ -262,7 +286,8 @@ std::string RoundsToSvg(const std::vector<RoundRecord>& rounds, const std::strin
   const SvgSeries s = SeriesOf(rounds);
   std::string svg = absl::StrFormat(
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n"
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d "
+      "%d\">\n"
       "<style>\n"
       "  text { font-family: sans-serif; font-size: 12px; fill: #222; }\n"
       "  .title { font-size: 15px; font-weight: bold; }\n"
@@ -278,12 +303,13 @@ std::string RoundsToSvg(const std::vector<RoundRecord>& rounds, const std::strin
       "  polyline.down { stroke-dasharray: 6 4; }\n"
       "  .untuned { stroke: #888; stroke-dasharray: 2 3; }\n"
       "  .reference { stroke: #c92a2a; stroke-dasharray: 6 4; }\n"
-      "  polyline.acc, polyline.evalloss, polyline.trainloss, polyline.up, polyline.down { fill: none; }\n"
+      "  polyline.acc, polyline.evalloss, polyline.trainloss, polyline.up, polyline.down { fill: "
+      "none; }\n"
       "</style>\n"
       "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
       "<text class=\"title\" x=\"%d\" y=\"24\" text-anchor=\"middle\">%s</text>\n",
-      static_cast<int>(kWidth), static_cast<int>(kHeight), static_cast<int>(kWidth), static_cast<int>(kHeight),
-      static_cast<int>(kWidth / 2), XmlEscape(title));
+      static_cast<int>(kWidth), static_cast<int>(kHeight), static_cast<int>(kWidth),
+      static_cast<int>(kHeight), static_cast<int>(kWidth / 2), XmlEscape(title));
   QualityPanel(&svg, s, references, kWidth);
   LossPanel(&svg, s, kWidth);
   BytesPanel(&svg, s, kWidth);
@@ -292,9 +318,10 @@ std::string RoundsToSvg(const std::vector<RoundRecord>& rounds, const std::strin
 }
 
 std::string SummaryTable(const std::vector<RoundRecord>& rounds) {
-  std::string out = absl::StrFormat("%5s %8s %8s %10s %10s %6s %6s %6s %5s %5s %10s %10s %8s\n", "round",
-                                    "accuracy", "loss", "perplexity", "train_loss", "select", "report", "drop",
-                                    "strag", "crash", "MiB_up", "MiB_down", "seconds");
+  std::string out =
+      absl::StrFormat("%5s %8s %8s %10s %10s %6s %6s %6s %5s %5s %10s %10s %8s\n", "round",
+                      "accuracy", "loss", "perplexity", "train_loss", "select", "report", "drop",
+                      "strag", "crash", "MiB_up", "MiB_down", "seconds");
   int64_t up = 0, down = 0;
   int selected = 0, reported = 0, dropped = 0, strag = 0, crashed = 0;
   double seconds = 0;
@@ -302,10 +329,11 @@ std::string SummaryTable(const std::vector<RoundRecord>& rounds) {
     return std::isfinite(v) ? FormatDouble(fmt, v) : std::string("-");
   };
   for (const RoundRecord& r : rounds) {
-    absl::StrAppendFormat(&out, "%5d %8s %8s %10s %10s %6d %6d %6d %5d %5d %10.3f %10.3f %8.1f\n", r.round,
-                          f(r.eval_accuracy, "%.4f"), f(r.eval_loss, "%.4f"), f(r.eval_perplexity, "%.3f"),
-                          f(r.mean_train_loss, "%.4f"), r.selected,
-                          r.reported, r.dropped, r.stragglers, r.crashed, static_cast<double>(r.bytes_up) / kMiB,
+    absl::StrAppendFormat(&out, "%5d %8s %8s %10s %10s %6d %6d %6d %5d %5d %10.3f %10.3f %8.1f\n",
+                          r.round, f(r.eval_accuracy, "%.4f"), f(r.eval_loss, "%.4f"),
+                          f(r.eval_perplexity, "%.3f"), f(r.mean_train_loss, "%.4f"), r.selected,
+                          r.reported, r.dropped, r.stragglers, r.crashed,
+                          static_cast<double>(r.bytes_up) / kMiB,
                           static_cast<double>(r.bytes_down) / kMiB, r.round_seconds);
     up += r.bytes_up;
     down += r.bytes_down;
@@ -316,15 +344,15 @@ std::string SummaryTable(const std::vector<RoundRecord>& rounds) {
     crashed += r.crashed;
     seconds = r.elapsed_seconds;
   }
-  absl::StrAppendFormat(&out, "%5s %8s %8s %10s %10s %6d %6d %6d %5d %5d %10.3f %10.3f %8.1f\n", "total", "", "",
-                        "", "",
-                        selected, reported, dropped, strag, crashed, static_cast<double>(up) / kMiB,
-                        static_cast<double>(down) / kMiB, seconds);
+  absl::StrAppendFormat(&out, "%5s %8s %8s %10s %10s %6d %6d %6d %5d %5d %10.3f %10.3f %8.1f\n",
+                        "total", "", "", "", "", selected, reported, dropped, strag, crashed,
+                        static_cast<double>(up) / kMiB, static_cast<double>(down) / kMiB, seconds);
   return out;
 }
 
 absl::Status WriteRoundReports(const std::string& dir, const std::vector<RoundRecord>& rounds,
-                               const std::string& title, const std::vector<ReferenceLine>& references) {
+                               const std::string& title,
+                               const std::vector<ReferenceLine>& references) {
   std::string jsonl;
   for (const RoundRecord& r : rounds) absl::StrAppend(&jsonl, RoundRecordToJson(r), "\n");
   FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(dir + "/rounds.jsonl", jsonl));

@@ -74,6 +74,7 @@ std::string SummaryTable(const std::vector<RoundRecord>& rounds);
 
 // Writes rounds.jsonl, rounds.csv and rounds.svg into `dir` (which must exist).
 absl::Status WriteRoundReports(const std::string& dir, const std::vector<RoundRecord>& rounds,
-                               const std::string& title, const std::vector<ReferenceLine>& references = {});
+                               const std::string& title,
+                               const std::vector<ReferenceLine>& references = {});
 
 }  // namespace fedlora::sim

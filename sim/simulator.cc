@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
 #include <thread>
@@ -22,22 +23,22 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/lora_trainer.h"
 #include "core/file.h"
 #include "core/logging.h"
 #include "core/progress.h"
 #include "core/rng.h"
-#include "core/strings.h"
-#include "client/lora_trainer.h"
 #include "core/status.h"
+#include "core/strings.h"
 #include "core/thread_budget.h"
 #include "core/thread_pool.h"
 #include "crypto/certs.h"
 #include "fedlora/client.h"
 #include "fedlora/client_trainer.h"
 #include "kernels/context.h"
+#include "model/adapter_dir.h"
 #include "model/bert.h"
 #include "model/decoder.h"
-#include "model/adapter_dir.h"
 #include "proto/config_io.h"
 #include "server/adapter_io.h"
 #include "server/evaluator.h"
@@ -46,7 +47,6 @@
 #include "sim/local_train.h"
 #include "train/partition.h"
 #include "train/train_config.h"
-#include <nlohmann/json.hpp>
 
 namespace fedlora::sim {
 namespace {
@@ -56,7 +56,9 @@ using Clock = std::chrono::steady_clock;
 // Salt of the fault stream: faults never share random bits with training or selection.
 constexpr uint64_t kFaultSalt = 0x6661'756c'7473'0001ull;  // "faults"
 
-double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // A fixed set of model instances that virtual clients (and the evaluator) borrow one at a time.
 // Each model computes on a thread pool of its own, with a thread per core; while it is lent, its
@@ -159,7 +161,7 @@ struct VirtualClient {
   int index = 0;
   std::string id;
   std::unique_ptr<LoraTrainer> local;  // the built-in trainer on this client's examples
-  std::unique_ptr<CutProxy> proxy;  // only for clients that may crash mid-upload
+  std::unique_ptr<CutProxy> proxy;     // only for clients that may crash mid-upload
   std::unique_ptr<ClientTrainer> trainer;
   std::thread thread;
 
@@ -178,7 +180,8 @@ struct VirtualClient {
 class SimClientTrainer final : public ClientTrainer {
  public:
   SimClientTrainer(Simulation* sim, VirtualClient* vc) : sim_(sim), vc_(vc) {}
-  absl::StatusOr<TrainResult> Train(const TrainTask& task, const std::vector<NamedTensor>& global) override;
+  absl::StatusOr<TrainResult> Train(const TrainTask& task,
+                                    const std::vector<NamedTensor>& global) override;
 
  private:
   Simulation* sim_;
@@ -187,7 +190,8 @@ class SimClientTrainer final : public ClientTrainer {
 
 class Simulation final : public Evaluator {
  public:
-  Simulation(v1::RunConfig config, SimOptions options) : config_(std::move(config)), options_(std::move(options)) {}
+  Simulation(v1::RunConfig config, SimOptions options)
+      : config_(std::move(config)), options_(std::move(options)) {}
   ~Simulation() override { StopEverything(); }
 
   absl::StatusOr<SimResult> Run();
@@ -196,8 +200,8 @@ class Simulation final : public Evaluator {
   absl::StatusOr<TrainResult> TrainClient(VirtualClient& vc, const TrainTask& task,
                                           const std::vector<NamedTensor>& global);
   // Evaluator: called by the server's driver before it commits each round.
-  absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t round,
-                                                         const std::vector<UpdateTensor>& adapter) override;
+  absl::StatusOr<std::map<std::string, double>> Evaluate(
+      uint64_t round, const std::vector<UpdateTensor>& adapter) override;
   // Evaluator: a round data.eval_every_rounds does not evaluate; recorded without eval metrics.
   void Skipped(uint64_t round) override;
 
@@ -205,7 +209,8 @@ class Simulation final : public Evaluator {
   absl::Status Setup();
   // Loads the adapter into every pooled model and evaluates it on the held-out set.
   template <class Model>
-  absl::StatusOr<EvalFigures> EvaluateWith(ModelPool<Model>& pool, const std::vector<UpdateTensor>& adapter);
+  absl::StatusOr<EvalFigures> EvaluateWith(ModelPool<Model>& pool,
+                                           const std::vector<UpdateTensor>& adapter);
   // The pooled models' freshly initialised trainable params, sorted by name.
   template <class Model>
   std::vector<UpdateTensor> InitialAdapter(ModelPool<Model>& pool);
@@ -255,7 +260,8 @@ class Simulation final : public Evaluator {
   int64_t last_accepted_ = 0, last_up_ = 0, last_down_ = 0, last_fp32_ = 0, last_down_full_ = 0;
 };
 
-absl::StatusOr<TrainResult> SimClientTrainer::Train(const TrainTask& task, const std::vector<NamedTensor>& global) {
+absl::StatusOr<TrainResult> SimClientTrainer::Train(const TrainTask& task,
+                                                    const std::vector<NamedTensor>& global) {
   return sim_->TrainClient(*vc_, task, global);
 }
 
@@ -280,7 +286,8 @@ FaultDecision Simulation::Decide(uint64_t round, int client) const {
 
 bool Simulation::SleepUnlessStopping(double seconds) {
   std::unique_lock<std::mutex> lock(mu_);
-  return !stop_cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return stopping_; });
+  return !stop_cv_.wait_for(lock, std::chrono::duration<double>(seconds),
+                            [this] { return stopping_; });
 }
 
 absl::StatusOr<TrainResult> Simulation::TrainClient(VirtualClient& vc, const TrainTask& task,
@@ -301,7 +308,8 @@ absl::StatusOr<TrainResult> Simulation::TrainClient(VirtualClient& vc, const Tra
     vc.vanished = true;
     vc.commits_at_vanish = server_->coordinator().rounds_committed();
     if (vc.client != nullptr) vc.client->Stop();
-    return absl::AbortedError(absl::StrCat("simulated dropout of ", vc.id, " in round ", task.round));
+    return absl::AbortedError(
+        absl::StrCat("simulated dropout of ", vc.id, " in round ", task.round));
   }
 
   TrainTask reporting = task;
@@ -331,8 +339,8 @@ absl::StatusOr<TrainResult> Simulation::TrainClient(VirtualClient& vc, const Tra
   return result;
 }
 
-absl::StatusOr<std::map<std::string, double>> Simulation::Evaluate(uint64_t round,
-                                                                    const std::vector<UpdateTensor>& adapter) {
+absl::StatusOr<std::map<std::string, double>> Simulation::Evaluate(
+    uint64_t round, const std::vector<UpdateTensor>& adapter) {
   evaluating_round_.store(static_cast<int64_t>(round));
   absl::StatusOr<EvalFigures> evaluated =
       data_.causal_lm ? EvaluateWith(lm_pool_, adapter) : EvaluateWith(pool_, adapter);
@@ -340,10 +348,12 @@ absl::StatusOr<std::map<std::string, double>> Simulation::Evaluate(uint64_t roun
   FEDLORA_ASSIGN_OR_RETURN(const EvalFigures eval, std::move(evaluated));
   RecordRound(round, eval);
   if (!data_.causal_lm) {
-    return std::map<std::string, double>{
-        {"eval_accuracy", eval.accuracy}, {"eval_loss", eval.loss}, {"eval_macro_f1", eval.macro_f1}};
+    return std::map<std::string, double>{{"eval_accuracy", eval.accuracy},
+                                         {"eval_loss", eval.loss},
+                                         {"eval_macro_f1", eval.macro_f1}};
   }
-  std::map<std::string, double> metrics{{"eval_loss", eval.loss}, {"eval_perplexity", eval.perplexity}};
+  std::map<std::string, double> metrics{{"eval_loss", eval.loss},
+                                        {"eval_perplexity", eval.perplexity}};
   if (data_.exact_match) metrics["eval_accuracy"] = eval.accuracy;
   return metrics;
 }
@@ -356,7 +366,8 @@ absl::StatusOr<EvalFigures> Simulation::EvaluateWith(ModelPool<Model>& pool,
   std::vector<Model*> models = pool.AcquireAll();
   absl::StatusOr<EvalFigures> evaluated = [&]() -> absl::StatusOr<EvalFigures> {
     for (Model* m : models) FEDLORA_RETURN_IF_ERROR(LoadAdapter(adapter, *m));
-    const int batch = data_.causal_lm ? LmEvalBatchSize(config_) : ConfiguredEvalBatchSize(config_.data());
+    const int batch =
+        data_.causal_lm ? LmEvalBatchSize(config_) : ConfiguredEvalBatchSize(config_.data());
     return EvaluateOnHeldOut(models, data_, batch);
   }();
   pool.ReleaseAll(std::move(models));
@@ -370,15 +381,18 @@ std::vector<UpdateTensor> Simulation::InitialAdapter(ModelPool<Model>& pool) {
     Lease<Model> model(pool);
     for (const Param& p : model->trainable_params()) initial.push_back({p.name, p.shape, p.value});
   }
-  std::sort(initial.begin(), initial.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::sort(initial.begin(), initial.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
   return initial;
 }
 
 template <class Model, class Data>
-LoraSite<Model, Data> Simulation::ClientSite(ModelPool<Model>& pool, std::shared_ptr<const Data> data, int i) {
+LoraSite<Model, Data> Simulation::ClientSite(ModelPool<Model>& pool,
+                                             std::shared_ptr<const Data> data, int i) {
   LoraSite<Model, Data> site;
   site.acquire_model = [&pool] {
-    return typename LoraSite<Model, Data>::Lease(pool.Acquire(), [&pool](Model* m) { pool.Release(m); });
+    return typename LoraSite<Model, Data>::Lease(pool.Acquire(),
+                                                 [&pool](Model* m) { pool.Release(m); });
   };
   site.data = std::move(data);
   site.indices = partition_.client_indices[static_cast<size_t>(i)];
@@ -395,10 +409,13 @@ void Simulation::RecordRound(uint64_t round, const EvalFigures& eval) {
   const ServerMetrics& m = server_->metrics();
   std::lock_guard<std::mutex> lock(mu_);
   RoundRecord r;
-  if (!records_.empty() && records_.back().server_round == round && round != 0) records_.pop_back();  // a retry
-  // The server's accountant has every round before this one committed: the previous record's epsilon
-  // (this round's is known once it commits: the next record, or the end of the run, fills it in).
-  if (!records_.empty()) records_.back().dp_epsilon = server_->coordinator().dp_epsilon().value_or(std::nan(""));
+  if (!records_.empty() && records_.back().server_round == round && round != 0)
+    records_.pop_back();  // a retry
+  // The server's accountant has every round before this one committed: the previous record's
+  // epsilon (this round's is known once it commits: the next record, or the end of the run, fills
+  // it in).
+  if (!records_.empty())
+    records_.back().dp_epsilon = server_->coordinator().dp_epsilon().value_or(std::nan(""));
   r.round = static_cast<int>(records_.size());
   r.server_round = round;
   r.eval_accuracy = eval.accuracy;
@@ -412,8 +429,10 @@ void Simulation::RecordRound(uint64_t round, const EvalFigures& eval) {
   r.crashed = s.crashed;
   double sum = 0;
   for (double l : s.train_losses) sum += l;
-  r.mean_train_loss = s.train_losses.empty() ? std::nan("") : sum / static_cast<double>(s.train_losses.size());
-  const int64_t accepted = m.updates_accepted.load(), up = m.upload_bytes.load(), down = m.download_bytes.load();
+  r.mean_train_loss =
+      s.train_losses.empty() ? std::nan("") : sum / static_cast<double>(s.train_losses.size());
+  const int64_t accepted = m.updates_accepted.load(), up = m.upload_bytes.load(),
+                down = m.download_bytes.load();
   r.reported = static_cast<int>(accepted - last_accepted_);
   r.bytes_up = up - last_up_;
   r.bytes_down = down - last_down_;
@@ -430,7 +449,8 @@ void Simulation::RecordRound(uint64_t round, const EvalFigures& eval) {
   r.elapsed_seconds = SecondsSince(start_);
   last_commit_ = Clock::now();
   records_.push_back(r);
-  absl::Status written = WriteRoundReports(options_.out_dir, records_, config_.run_id(), options_.references);
+  absl::Status written =
+      WriteRoundReports(options_.out_dir, records_, config_.run_id(), options_.references);
   if (!written.ok()) {
     FEDLORA_LOG(WARNING) << "simulate: writing the round reports: " << written;
   }
@@ -455,13 +475,14 @@ void Simulation::ClientLoop(VirtualClient& vc) {
     }
     o.has_cuda = options_.device == Device::kCuda;
     o.device_name = std::string(DeviceName(options_.device));
-    o.wait_for_task_seconds = 5;   // short long polls: the run's end is noticed within seconds
+    o.wait_for_task_seconds = 5;  // short long polls: the run's end is noticed within seconds
     o.retry.initial_backoff_ms = 100;
     o.retry.max_backoff_ms = 2000;  // loopback: a failed call is a crash test, retry soon
     o.retry.max_attempts = 30;
     o.download_final_adapter = false;
     o.client_version = "fedlora-sim";
-    o.state_dir = options_.out_dir + "/clients/" + vc.id;  // survives the client's simulated crashes
+    o.state_dir =
+        options_.out_dir + "/clients/" + vc.id;  // survives the client's simulated crashes
     std::error_code ec;
     std::filesystem::create_directories(o.state_dir, ec);
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(o, vc.trainer.get());
@@ -488,7 +509,8 @@ void Simulation::ClientLoop(VirtualClient& vc) {
     if (summary.ok()) return;  // the run finished
     if (vanished) {
       // Rejoin (a new session) once the round it vanished from has been committed.
-      while (server_->coordinator().rounds_committed() <= commits_at_vanish && !server_->coordinator().finished()) {
+      while (server_->coordinator().rounds_committed() <= commits_at_vanish &&
+             !server_->coordinator().finished()) {
         if (!SleepUnlessStopping(0.05)) return;
       }
       continue;
@@ -519,12 +541,13 @@ void Simulation::StopEverything() {
 absl::Status Simulation::Setup() {
   const v1::SimulationConfig& sc = config_.simulation();
   const int num_clients = static_cast<int>(sc.has_num_clients() ? sc.num_clients() : 10);
-  const int64_t per_round = config_.selection().has_clients_per_round() ? config_.selection().clients_per_round() : 10;
+  const int64_t per_round =
+      config_.selection().has_clients_per_round() ? config_.selection().clients_per_round() : 10;
   if (options_.out_dir.empty()) return absl::InvalidArgumentError("simulate: no output directory");
   if (per_round > num_clients) {
     return absl::InvalidArgumentError(absl::StrCat("selection.clients_per_round (", per_round,
-                                                   ") exceeds simulation.num_clients (", num_clients,
-                                                   "): no round could ever fill"));
+                                                   ") exceeds simulation.num_clients (",
+                                                   num_clients, "): no round could ever fill"));
   }
   if (!(sc.crash_probability() >= 0 && sc.crash_probability() <= 1)) {
     return absl::InvalidArgumentError(
@@ -537,12 +560,15 @@ absl::Status Simulation::Setup() {
   }
   for (const InjectedFault& f : options_.faults) {
     if (f.client < 0 || f.client >= num_clients) {
-      return absl::InvalidArgumentError(absl::StrCat("injected fault names client ", f.client, " of ", num_clients));
+      return absl::InvalidArgumentError(
+          absl::StrCat("injected fault names client ", f.client, " of ", num_clients));
     }
   }
   std::error_code ec;
   std::filesystem::create_directories(options_.out_dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", options_.out_dir, ": ", ec.message()));
+  if (ec)
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create ", options_.out_dir, ": ", ec.message()));
   // The store is the simulation's own: a leftover one would make the server resume an old run.
   std::filesystem::remove_all(options_.out_dir + "/store", ec);
   std::filesystem::remove_all(options_.out_dir + "/clients", ec);
@@ -550,22 +576,27 @@ absl::Status Simulation::Setup() {
   FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(config_.model().path(), config_.task()));
   FEDLORA_ASSIGN_OR_RETURN(data_, LoadSimData(config_));
   if (sc.partition() == v1::SimulationConfig::BY_KEY) {
-    FEDLORA_ASSIGN_OR_RETURN(partition_, PartitionByKey(data_.train_keys, num_clients, config_.seed()));
+    FEDLORA_ASSIGN_OR_RETURN(partition_,
+                             PartitionByKey(data_.train_keys, num_clients, config_.seed()));
   } else {
     PartitionOptions po;
     po.num_clients = num_clients;
     po.seed = config_.seed();
     po.dirichlet_alpha = sc.has_dirichlet_alpha() ? sc.dirichlet_alpha() : 0.5;
-    po.scheme = sc.partition() == v1::SimulationConfig::DIRICHLET ? PartitionScheme::kDirichlet : PartitionScheme::kIid;
+    po.scheme = sc.partition() == v1::SimulationConfig::DIRICHLET ? PartitionScheme::kDirichlet
+                                                                  : PartitionScheme::kIid;
     if (sc.partition() == v1::SimulationConfig::LABEL_SHARDS) {
       po.scheme = PartitionScheme::kLabelShards;
-      po.shards_per_client = static_cast<int>(sc.has_shards_per_client() ? sc.shards_per_client() : 2);
+      po.shards_per_client =
+          static_cast<int>(sc.has_shards_per_client() ? sc.shards_per_client() : 2);
     }
-    FEDLORA_ASSIGN_OR_RETURN(partition_, PartitionByLabel(data_.train_labels, data_.num_partition_labels(), po));
+    FEDLORA_ASSIGN_OR_RETURN(
+        partition_, PartitionByLabel(data_.train_labels, data_.num_partition_labels(), po));
   }
 
   const int cores = budget_.cores();
-  parallelism_ = std::min(sc.parallelism() > 0 ? static_cast<int>(sc.parallelism()) : cores, num_clients);
+  parallelism_ =
+      std::min(sc.parallelism() > 0 ? static_cast<int>(sc.parallelism()) : cores, num_clients);
   // `parallelism` models train at once, each on its own thread pool whose width the budget sets
   // (all the cores for a client that trains alone). OpenBLAS runs single-threaded, so that a GEMM
   // is split over the model's pool instead (kernels/gemm.h); the kernels give the same bits at
@@ -588,7 +619,8 @@ absl::Status Simulation::Setup() {
   }
   // The pooled models both train (the virtual clients) and evaluate (round metrics): max_batch
   // covers either batch; max_seq is LoadSimData's, already clamped to the checkpoint.
-  ModelOptions mo = ModelOptionsFromConfig(config_, data_.max_seq_len, ModelRole::kTrainAndEvaluate);
+  ModelOptions mo =
+      ModelOptionsFromConfig(config_, data_.max_seq_len, ModelRole::kTrainAndEvaluate);
   mo.device = options_.device;
   FEDLORA_ASSIGN_OR_RETURN(auto base, BertBase::Load(config_.model().path(), mo));
   for (int i = 0; i < parallelism_; ++i) {
@@ -600,7 +632,8 @@ absl::Status Simulation::Setup() {
 
 absl::Status Simulation::WriteFinalOutputs(SimResult& result) {
   FEDLORA_ASSIGN_OR_RETURN(std::string bytes, AdapterToSafetensors(result.final_adapter));
-  FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(options_.out_dir + "/final_adapter.safetensors", bytes));
+  FEDLORA_RETURN_IF_ERROR(
+      WriteFileAtomically(options_.out_dir + "/final_adapter.safetensors", bytes));
   // The final adapter with what is needed to use it: the run's labels, max_seq_len and prompts.
   AdapterMetadata meta = AdapterMetadataForRun(
       config_, data_.max_seq_len, data_.label_names,
@@ -618,7 +651,8 @@ absl::Status Simulation::WriteFinalOutputs(SimResult& result) {
   nlohmann::json j;
   j["run_id"] = config_.run_id();
   j["seed"] = config_.seed();
-  j["config"] = nlohmann::json::parse(RunConfigToJson(config_), nullptr, /*allow_exceptions=*/false);
+  j["config"] =
+      nlohmann::json::parse(RunConfigToJson(config_), nullptr, /*allow_exceptions=*/false);
   j["parallelism"] = parallelism_;
   j["client_sizes"] = result.client_sizes;
   j["client_label_histograms"] = result.client_label_histograms;
@@ -627,7 +661,8 @@ absl::Status Simulation::WriteFinalOutputs(SimResult& result) {
   j["seconds"] = result.seconds;
   j["connection_cuts"] = result.connection_cuts;
   nlohmann::json rounds = nlohmann::json::array();
-  for (const RoundRecord& r : result.rounds) rounds.push_back(nlohmann::json::parse(RoundRecordToJson(r)));
+  for (const RoundRecord& r : result.rounds)
+    rounds.push_back(nlohmann::json::parse(RoundRecordToJson(r)));
   j["rounds"] = rounds;
   if (!result.rounds.empty()) {
     const RoundRecord &first = result.rounds.front(), &last = result.rounds.back();
@@ -712,23 +747,28 @@ absl::StatusOr<SimResult> Simulation::Run() {
   const uint32_t rounds = ConfiguredRounds(config_);
 
   // The initial adapter: the model's freshly initialised trainable params (seeded by config.seed).
-  const std::vector<UpdateTensor> initial = data_.causal_lm ? InitialAdapter(lm_pool_) : InitialAdapter(pool_);
-  const std::string task = data_.causal_lm ? std::string("conversations")
-                                           : absl::StrCat("examples, ", data_.label_names.size(), " labels");
-  std::fprintf(stderr, "simulate: %d clients (%lld train / %lld held-out %s), %u rounds, parallelism %d\n",
-               num_clients, static_cast<long long>(data_.train_size()), static_cast<long long>(data_.eval_size()),
-               task.c_str(), rounds, parallelism_);
+  const std::vector<UpdateTensor> initial =
+      data_.causal_lm ? InitialAdapter(lm_pool_) : InitialAdapter(pool_);
+  const std::string task = data_.causal_lm
+                               ? std::string("conversations")
+                               : absl::StrCat("examples, ", data_.label_names.size(), " labels");
+  std::fprintf(stderr,
+               "simulate: %d clients (%lld train / %lld held-out %s), %u rounds, parallelism %d\n",
+               num_clients, static_cast<long long>(data_.train_size()),
+               static_cast<long long>(data_.eval_size()), task.c_str(), rounds, parallelism_);
 
   FEDLORA_RETURN_IF_ERROR(StartServer(initial, num_clients));
-  const bool may_crash = config_.simulation().crash_probability() > 0 ||
-                         std::any_of(options_.faults.begin(), options_.faults.end(),
-                                     [](const InjectedFault& f) { return f.kind == FaultKind::kCrash; });
+  const bool may_crash =
+      config_.simulation().crash_probability() > 0 ||
+      std::any_of(options_.faults.begin(), options_.faults.end(),
+                  [](const InjectedFault& f) { return f.kind == FaultKind::kCrash; });
   for (int i = 0; i < num_clients; ++i) {
     auto vc = std::make_unique<VirtualClient>();
     vc->index = i;
     vc->id = absl::StrFormat("sim-client-%05d", i);
-    vc->local = data_.causal_lm ? std::make_unique<LoraTrainer>(ClientSite(lm_pool_, data_.lm_train, i))
-                                : std::make_unique<LoraTrainer>(ClientSite(pool_, data_.train, i));
+    vc->local = data_.causal_lm
+                    ? std::make_unique<LoraTrainer>(ClientSite(lm_pool_, data_.lm_train, i))
+                    : std::make_unique<LoraTrainer>(ClientSite(pool_, data_.train, i));
     vc->trainer = std::make_unique<SimClientTrainer>(this, vc.get());
     if (may_crash) {
       FEDLORA_ASSIGN_OR_RETURN(vc->proxy, CutProxy::Start(server_->address()));
@@ -744,20 +784,23 @@ absl::StatusOr<SimResult> Simulation::Run() {
   SimResult result;
   result.final_adapter = server_->coordinator().global_adapter();
   result.final_adapter_sha256 = server_->coordinator().global_adapter_sha256();
-  for (const auto& vc : clients_) result.connection_cuts += vc->proxy != nullptr ? vc->proxy->cuts() : 0;
+  for (const auto& vc : clients_)
+    result.connection_cuts += vc->proxy != nullptr ? vc->proxy->cuts() : 0;
   StopEverything();
   FEDLORA_RETURN_IF_ERROR(outcome);
 
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!records_.empty()) records_.back().dp_epsilon = server_->coordinator().dp_epsilon().value_or(std::nan(""));
+    if (!records_.empty())
+      records_.back().dp_epsilon = server_->coordinator().dp_epsilon().value_or(std::nan(""));
     result.rounds = records_;
   }
   result.client_sizes = partition_.Sizes();
   result.client_label_histograms =
       LabelHistograms(partition_, data_.train_labels, data_.num_partition_labels());
   result.seconds = SecondsSince(start_);
-  FEDLORA_RETURN_IF_ERROR(WriteRoundReports(options_.out_dir, result.rounds, config_.run_id(), options_.references));
+  FEDLORA_RETURN_IF_ERROR(
+      WriteRoundReports(options_.out_dir, result.rounds, config_.run_id(), options_.references));
   FEDLORA_RETURN_IF_ERROR(WriteFinalOutputs(result));
   return result;
 }
@@ -805,9 +848,9 @@ absl::Status Simulation::Watch(uint32_t rounds, const std::vector<UpdateTensor>&
     if (progress) progress->Update(server_->coordinator().rounds_committed(), ProgressText());
     if (finished || !outcome.ok()) break;
     if (options_.max_seconds > 0 && SecondsSince(start_) > options_.max_seconds) {
-      outcome = absl::DeadlineExceededError(absl::StrCat("simulation did not finish within ", options_.max_seconds,
-                                                         " s (", server_->coordinator().rounds_committed(), " of ",
-                                                         rounds, " rounds committed)"));
+      outcome = absl::DeadlineExceededError(absl::StrCat(
+          "simulation did not finish within ", options_.max_seconds, " s (",
+          server_->coordinator().rounds_committed(), " of ", rounds, " rounds committed)"));
       break;
     }
   }
@@ -833,8 +876,8 @@ std::string Simulation::ProgressText() {
       total += vc->steps_total.load();
     }
     if (training > 0) {
-      text = absl::StrFormat("round %d: %d site%s at step %d/%d", round, training, training == 1 ? "" : "s", done,
-                             total);
+      text = absl::StrFormat("round %d: %d site%s at step %d/%d", round, training,
+                             training == 1 ? "" : "s", done, total);
     }
   }
   std::lock_guard<std::mutex> lock(mu_);

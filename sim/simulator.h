@@ -106,8 +106,8 @@ struct SimResult {
   std::string final_adapter_sha256;         // of the server's blob (safetensors bytes)
   std::vector<int64_t> client_sizes;        // examples per virtual client
   std::vector<std::vector<int64_t>> client_label_histograms;
-  double seconds = 0.0;                     // wall time of the whole run
-  int64_t connection_cuts = 0;              // connections the crash proxies cut (injected crashes)
+  double seconds = 0.0;         // wall time of the whole run
+  int64_t connection_cuts = 0;  // connections the crash proxies cut (injected crashes)
 };
 
 // Runs the federation described by `config` (defaults applied and validated by the caller, e.g.

@@ -9,8 +9,9 @@
 
 namespace fedlora::tools {
 
-absl::StatusOr<CliTls> CliTlsCredentials(const std::string& address, const std::string& ca, const std::string& cert,
-                                         const std::string& key, bool insecure) {
+absl::StatusOr<CliTls> CliTlsCredentials(const std::string& address, const std::string& ca,
+                                         const std::string& cert, const std::string& key,
+                                         bool insecure) {
   crypto::RouteGrpcLogs();
   CliTls tls;
   tls.probe.address = address;
@@ -19,9 +20,13 @@ absl::StatusOr<CliTls> CliTlsCredentials(const std::string& address, const std::
     tls.credentials = grpc::InsecureChannelCredentials();
     return tls;
   }
-  if (insecure) return absl::InvalidArgumentError("--insecure and TLS (--ca, --cert, --key) exclude each other");
-  if (ca.empty()) return absl::InvalidArgumentError("TLS needs --ca, the CA the server certificate chains to");
-  if (cert.empty() != key.empty()) return absl::InvalidArgumentError("--cert and --key go together");
+  if (insecure)
+    return absl::InvalidArgumentError(
+        "--insecure and TLS (--ca, --cert, --key) exclude each other");
+  if (ca.empty())
+    return absl::InvalidArgumentError("TLS needs --ca, the CA the server certificate chains to");
+  if (cert.empty() != key.empty())
+    return absl::InvalidArgumentError("--cert and --key go together");
   FEDLORA_ASSIGN_OR_RETURN(tls.probe.root_ca_pem, ReadFileToString(ca));
   tls.probe.ca_label = absl::StrCat("--ca ", ca);
   if (cert.empty()) {

@@ -23,12 +23,15 @@ struct CliTls {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   crypto::TlsProbeOptions probe;
   // `failure`, or the TLS reason for it when it is Unavailable and the probe finds one.
-  absl::Status Explain(const absl::Status& failure) const { return crypto::ExplainConnectionFailure(failure, probe); }
+  absl::Status Explain(const absl::Status& failure) const {
+    return crypto::ExplainConnectionFailure(failure, probe);
+  }
 };
 
 // No --ca/--cert/--key: plaintext, which --insecure must ask for and only a loopback address
 // allows. Else TLS: --ca required, --cert and --key together or neither.
-absl::StatusOr<CliTls> CliTlsCredentials(const std::string& address, const std::string& ca, const std::string& cert,
-                                         const std::string& key, bool insecure);
+absl::StatusOr<CliTls> CliTlsCredentials(const std::string& address, const std::string& ca,
+                                         const std::string& cert, const std::string& key,
+                                         bool insecure);
 
 }  // namespace fedlora::tools

@@ -1,7 +1,8 @@
 // fedlora audit: reads the audit trail a server keeps with server.audit_public_key_file
 // (server/audit_trail.h), with the offline private key made by `fedlora certs audit-key`.
 //
-//   fedlora audit open --store /var/lib/fedlora --key audit.key [--run-id run-1] [--round 3] --out trail/
+//   fedlora audit open --store /var/lib/fedlora --key audit.key [--run-id run-1] [--round 3] --out
+//   trail/
 //
 // Writes each copy it opens as <out>/<run>.round-<N>.<client>.<upload>.update (the client's encoded
 // update, compression/codec.h) and, with --safetensors, the decoded tensors beside it; prints one
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -19,7 +21,6 @@
 #include "compression/update_io.h"
 #include "core/file.h"
 #include "core/status.h"
-#include <nlohmann/json.hpp>
 #include "server/audit_trail.h"
 #include "server/blob_store.h"
 #include "server/store.h"
@@ -34,8 +35,8 @@ namespace {
 std::string SafeName(const std::string& id) {
   std::string out = id;
   for (char& c : out) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                    c == '_' || c == '@' || c == '-';
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '@' || c == '-';
     if (!ok) c = '_';
   }
   return out.empty() || out[0] == '.' ? "_" + out : out;
@@ -48,15 +49,21 @@ struct OpenOptions {
 };
 
 // Writes one opened copy; returns its manifest line.
-absl::StatusOr<nlohmann::json> WriteCopy(const OpenOptions& o, const AuditCopyRecord& c, const std::string& update) {
-  const std::string base = absl::StrCat(SafeName(c.run_id), ".round-", c.round, ".", SafeName(c.client_id), ".",
-                                        SafeName(c.upload_id));
+absl::StatusOr<nlohmann::json> WriteCopy(const OpenOptions& o, const AuditCopyRecord& c,
+                                         const std::string& update) {
+  const std::string base = absl::StrCat(SafeName(c.run_id), ".round-", c.round, ".",
+                                        SafeName(c.client_id), ".", SafeName(c.upload_id));
   const std::string path = (std::filesystem::path(o.out) / (base + ".update")).string();
   FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(path, update, 0600));
-  nlohmann::json line = {{"run_id", c.run_id},   {"round", c.round},     {"client_id", c.client_id},
-                         {"upload_id", c.upload_id}, {"num_examples", c.num_examples}, {"update_file", path}};
+  nlohmann::json line = {{"run_id", c.run_id},
+                         {"round", c.round},
+                         {"client_id", c.client_id},
+                         {"upload_id", c.upload_id},
+                         {"num_examples", c.num_examples},
+                         {"update_file", path}};
   if (o.safetensors) {
-    FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> tensors, DecodeUpdate(update, DecodeLimits{}));
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> tensors,
+                             DecodeUpdate(update, DecodeLimits{}));
     FEDLORA_ASSIGN_OR_RETURN(std::string st, AdapterToSafetensors(tensors));
     const std::string st_path = (std::filesystem::path(o.out) / (base + ".safetensors")).string();
     FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(st_path, st, 0600));
@@ -68,17 +75,21 @@ absl::StatusOr<nlohmann::json> WriteCopy(const OpenOptions& o, const AuditCopyRe
 // Opens every copy the flags select; returns how many failed to open.
 absl::StatusOr<int> OpenTrail(const OpenOptions& o) {
   if (!std::filesystem::exists(o.dir + "/fedlora.db")) {
-    return absl::NotFoundError(absl::StrCat("no store in ", o.dir, " (", o.dir, "/fedlora.db does not exist)"));
+    return absl::NotFoundError(
+        absl::StrCat("no store in ", o.dir, " (", o.dir, "/fedlora.db does not exist)"));
   }
   FEDLORA_ASSIGN_OR_RETURN(std::string key, LoadAuditPrivateKey(o.key_file));
   FEDLORA_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(o.dir + "/fedlora.db"));
   FEDLORA_ASSIGN_OR_RETURN(std::unique_ptr<BlobStore> blobs, BlobStore::Open(o.dir));
-  FEDLORA_ASSIGN_OR_RETURN(std::vector<AuditCopyRecord> copies, store->ListAuditCopies(o.run_id, o.round));
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<AuditCopyRecord> copies,
+                           store->ListAuditCopies(o.run_id, o.round));
   std::error_code ec;
   std::filesystem::create_directories(o.out, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", o.out, ": ", ec.message()));
+  if (ec)
+    return absl::PermissionDeniedError(absl::StrCat("cannot create ", o.out, ": ", ec.message()));
   std::ofstream manifest(std::filesystem::path(o.out) / "manifest.jsonl", std::ios::app);
-  if (!manifest) return absl::PermissionDeniedError(absl::StrCat("cannot write ", o.out, "/manifest.jsonl"));
+  if (!manifest)
+    return absl::PermissionDeniedError(absl::StrCat("cannot write ", o.out, "/manifest.jsonl"));
   int failed = 0;
   for (const AuditCopyRecord& c : copies) {
     absl::StatusOr<std::string> update = OpenAuditCopy(key, c, *blobs);
@@ -89,14 +100,15 @@ absl::StatusOr<int> OpenTrail(const OpenOptions& o) {
       continue;
     }
     manifest << line->dump() << "\n";
-    std::cout << "opened run " << c.run_id << " round " << c.round << " client " << c.client_id << " upload "
-              << c.upload_id << " (" << c.num_examples << " examples): " << (*line)["update_file"].get<std::string>()
-              << "\n";
+    std::cout << "opened run " << c.run_id << " round " << c.round << " client " << c.client_id
+              << " upload " << c.upload_id << " (" << c.num_examples
+              << " examples): " << (*line)["update_file"].get<std::string>() << "\n";
   }
   manifest.flush();
-  if (!manifest) return absl::DataLossError(absl::StrCat("writing ", o.out, "/manifest.jsonl failed"));
-  std::cout << copies.size() - static_cast<size_t>(failed) << " of " << copies.size() << " audit copies opened"
-            << std::endl;
+  if (!manifest)
+    return absl::DataLossError(absl::StrCat("writing ", o.out, "/manifest.jsonl failed"));
+  std::cout << copies.size() - static_cast<size_t>(failed) << " of " << copies.size()
+            << " audit copies opened" << std::endl;
   return failed;
 }
 
@@ -105,19 +117,25 @@ absl::StatusOr<int> OpenTrail(const OpenOptions& o) {
 int RunAudit(int argc, char** argv) {
   const std::string verb = argc >= 2 ? argv[1] : "";
   if (verb != "open") {
-    std::cerr << "usage: fedlora audit open --store DIR --key audit.key [--run-id ID] [--round N] --out DIR "
-                 "[--safetensors]\nOpens the audit trail (server.audit_public_key_file) with the offline key; '"
+    std::cerr << "usage: fedlora audit open --store DIR --key audit.key [--run-id ID] [--round N] "
+                 "--out DIR "
+                 "[--safetensors]\nOpens the audit trail (server.audit_public_key_file) with the "
+                 "offline key; '"
               << argv[0] << " open --help' lists the flags.\n";
     return verb == "--help" || verb == "-h" ? kExitOk : kExitUsage;
   }
   const std::string name = absl::StrCat(argv[0], " ", verb);
   argv[1] = const_cast<char*>(name.c_str());
-  FlagSet flags(name, "Opens the updates a server sealed to the offline audit key and writes them to --out.");
+  FlagSet flags(
+      name, "Opens the updates a server sealed to the offline audit key and writes them to --out.");
   OpenOptions o;
-  flags.AddString("store", &o.dir, "the server's store directory (server.store_dir)", /*required=*/true);
+  flags.AddString("store", &o.dir, "the server's store directory (server.store_dir)",
+                  /*required=*/true);
   flags.AddRenamed("data-dir", "store", "the name server and export use");
-  flags.AddString("key", &o.key_file, "the audit private key (PEM, from `fedlora certs audit-key`)", true);
-  flags.AddString("out", &o.out, "directory to write the opened updates and manifest.jsonl to", true);
+  flags.AddString("key", &o.key_file, "the audit private key (PEM, from `fedlora certs audit-key`)",
+                  true);
+  flags.AddString("out", &o.out, "directory to write the opened updates and manifest.jsonl to",
+                  true);
   flags.AddString("run-id", &o.run_id, "only this run (default: every run)");
   flags.AddInt("round", &o.round, "only this round");
   flags.SetDefaultText("round", "every round");

@@ -1,7 +1,8 @@
 // fedlora client: joins a federation with the built-in LoRA trainer and the site's own data.
 //
-//   fedlora client --server 127.0.0.1:50051 --insecure --model models/all-MiniLM-L6-v2 --data site.jsonl --id site-7
-//   fedlora client --server fl.example.org:50051 --model ... --data ... --ca ca.pem --cert site.pem --key site.key
+//   fedlora client --server 127.0.0.1:50051 --insecure --model models/all-MiniLM-L6-v2 --data
+//   site.jsonl --id site-7 fedlora client --server fl.example.org:50051 --model ... --data ... --ca
+//   ca.pem --cert site.pem --key site.key
 //
 // Each round: download the global adapter, fine-tune it locally on --data with the run's training
 // settings (the SDK's built-in trainer, client/lora_trainer.h: AdamW/LAMB/SGD, schedule, clipping;
@@ -22,8 +23,8 @@
 #include "kernels/device.h"
 #include "model/bert.h"
 #include "model/decoder.h"
-#include "train/lm_data.h"
 #include "tools/common.h"
+#include "train/lm_data.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
@@ -34,42 +35,55 @@ namespace {
 // the run config is known: a BertClassifier with the run's LoRA shape and labels and --data
 // tokenized for it, or for a CAUSAL_LM run a CausalLm and --data as conversations. The model
 // computes on `resolved` unless the run's precision needs the CPU (DeviceForRun).
-absl::StatusOr<LoraTrainer::AnySite> LoadSite(const std::string& model_dir, const std::string& data_path,
-                                              const v1::RunConfig& c, const std::string& device_flag,
-                                              Device resolved) {
+absl::StatusOr<LoraTrainer::AnySite> LoadSite(const std::string& model_dir,
+                                              const std::string& data_path, const v1::RunConfig& c,
+                                              const std::string& device_flag, Device resolved) {
   FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(model_dir, c.task()));
   FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(model_dir, c.model()));
   FEDLORA_ASSIGN_OR_RETURN(const Device device,
                            DeviceForRun(device_flag, resolved, CpuOnlyWork(c)));
   if (c.task().kind() == v1::TaskConfig::CAUSAL_LM) {
-    FEDLORA_ASSIGN_OR_RETURN(const int max_seq, DecoderMaxSeqLen(model_dir, ConfiguredMaxSeqLen(c.model())));
-    FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadChatTokenizer(model_dir, c.task().chat_template()));
-    FEDLORA_ASSIGN_OR_RETURN(LmDataset data, LoadLmDataset(data_path, tok, LmDataOptionsFromConfig(c.task(), max_seq)));
+    FEDLORA_ASSIGN_OR_RETURN(const int max_seq,
+                             DecoderMaxSeqLen(model_dir, ConfiguredMaxSeqLen(c.model())));
+    FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok,
+                             LoadChatTokenizer(model_dir, c.task().chat_template()));
+    FEDLORA_ASSIGN_OR_RETURN(
+        LmDataset data, LoadLmDataset(data_path, tok, LmDataOptionsFromConfig(c.task(), max_seq)));
     DecoderOptions options = DecoderOptionsFromConfig(c, max_seq);
     options.device = device;
     FEDLORA_ASSIGN_OR_RETURN(std::shared_ptr<CausalLm> model, CausalLm::Load(model_dir, options));
-    FEDLORA_LOG(INFO) << "local decoder " << model_dir << " with " << data.size() << " conversations from "
-                      << data_path;
+    FEDLORA_LOG(INFO) << "local decoder " << model_dir << " with " << data.size()
+                      << " conversations from " << data_path;
     LoraTrainer::DecoderSite site;
-    site.acquire_model = [model] { return LoraTrainer::DecoderLease(model.get(), [model](CausalLm*) {}); };
+    site.acquire_model = [model] {
+      return LoraTrainer::DecoderLease(model.get(), [model](CausalLm*) {});
+    };
     site.data = std::make_shared<const LmDataset>(std::move(data));
-    site.options = std::make_shared<const TrainOptions>(TrainOptionsFromConfig(c.training(), max_seq));
+    site.options =
+        std::make_shared<const TrainOptions>(TrainOptionsFromConfig(c.training(), max_seq));
     site.log_tasks = true;
     return site;
   }
   // Clamped to the checkpoint's position table before the model is planned for it.
-  FEDLORA_ASSIGN_OR_RETURN(const int max_seq, EffectiveMaxSeqLen(model_dir, ConfiguredMaxSeqLen(c.model())));
+  FEDLORA_ASSIGN_OR_RETURN(const int max_seq,
+                           EffectiveMaxSeqLen(model_dir, ConfiguredMaxSeqLen(c.model())));
   ModelOptions o = ModelOptionsFromConfig(c, max_seq, ModelRole::kTrain);
   o.device = device;
-  FEDLORA_ASSIGN_OR_RETURN(std::shared_ptr<BertClassifier> model, BertClassifier::Load(model_dir, o));
+  FEDLORA_ASSIGN_OR_RETURN(std::shared_ptr<BertClassifier> model,
+                           BertClassifier::Load(model_dir, o));
   FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(model_dir));
-  FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset data, LoadTokenizedDataset(data_path, *tokenizer, max_seq, c.task()));
-  FEDLORA_LOG(INFO) << "local model " << model_dir << " with " << data.size() << " examples from " << data_path;
+  FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset data,
+                           LoadTokenizedDataset(data_path, *tokenizer, max_seq, c.task()));
+  FEDLORA_LOG(INFO) << "local model " << model_dir << " with " << data.size() << " examples from "
+                    << data_path;
   LoraTrainer::Site site;
   // The one model is lent to every task; the lease's deleter keeps it alive, not frees it.
-  site.acquire_model = [model] { return LoraTrainer::ModelLease(model.get(), [model](BertClassifier*) {}); };
+  site.acquire_model = [model] {
+    return LoraTrainer::ModelLease(model.get(), [model](BertClassifier*) {});
+  };
   site.data = std::make_shared<const TokenizedDataset>(std::move(data));
-  site.options = std::make_shared<const TrainOptions>(TrainOptionsFromConfig(c.training(), max_seq));
+  site.options =
+      std::make_shared<const TrainOptions>(TrainOptionsFromConfig(c.training(), max_seq));
   site.log_tasks = true;
   return site;
 }
@@ -83,40 +97,52 @@ int RunClient(int argc, char** argv) {
   int64_t max_tasks = 0;
   flags.AddString("server", &server, "host:port of the aggregation server", /*required=*/true);
   flags.AddString("model", &model_dir,
-                  "local copy of the run's model (a directory with config.json and *.safetensors, or a decoder's .gguf)",
+                  "local copy of the run's model (a directory with config.json and *.safetensors, "
+                  "or a decoder's .gguf)",
                   true);
-  flags.AddString("data", &data_path,
-                  "the site's training data: labelled JSONL, CSV or TSV; a decoder run's JSONL conversations", true);
+  flags.AddString(
+      "data", &data_path,
+      "the site's training data: labelled JSONL, CSV or TSV; a decoder run's JSONL conversations",
+      true);
   bool insecure = false;
-  flags.AddString("id", &id, "client identity without TLS (with --insecure, loopback servers only)");
+  flags.AddString("id", &id,
+                  "client identity without TLS (with --insecure, loopback servers only)");
   flags.AddBool("insecure", &insecure, "plaintext without TLS, to a loopback server only");
   flags.AddString("ca", &ca, "PEM CA bundle the server certificate chains to (TLS)");
   flags.AddString("cert", &cert, "PEM client certificate: the identity with mTLS");
   flags.AddString("key", &key, "PEM key of --cert");
   std::string server_pin;
   flags.AddString("server-pin", &server_pin,
-                  "SHA-256 of the server certificate's public key (`fedlora certs pin`): only that key may sign "
+                  "SHA-256 of the server certificate's public key (`fedlora certs pin`): only that "
+                  "key may sign "
                   "the aggregation keys this client seals its updates to");
   flags.AddInt("threads", &threads, "CPU threads for training (0: all cores)");
   std::string device_flag = "cpu";
-  flags.AddString("device", &device_flag,
-                  "cpu, cuda or auto (the GPU when one is usable); a run with INT8 precision trains on the "
-                  "CPU (auto) or is refused (cuda)");
-  flags.AddInt("max-tasks", &max_tasks, "stop after this many accepted updates (0: until the run ends)");
+  flags.AddString(
+      "device", &device_flag,
+      "cpu, cuda or auto (the GPU when one is usable); a run with INT8 precision trains on the "
+      "CPU (auto) or is refused (cuda)");
+  flags.AddInt("max-tasks", &max_tasks,
+               "stop after this many accepted updates (0: until the run ends)");
   std::string state_dir;
   flags.AddString("state-dir", &state_dir,
-                  "directory for the site's state across restarts: the error-feedback residual of a lossy codec "
-                  "and the last global adapter, from which a downlink codec sends deltas (empty: kept in memory)");
+                  "directory for the site's state across restarts: the error-feedback residual of "
+                  "a lossy codec "
+                  "and the last global adapter, from which a downlink codec sends deltas (empty: "
+                  "kept in memory)");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
   if (!state_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(state_dir, ec);
-    if (ec) return Fail(argv[0], absl::PermissionDeniedError("cannot create --state-dir " + state_dir + ": " + ec.message()));
+    if (ec)
+      return Fail(argv[0], absl::PermissionDeniedError("cannot create --state-dir " + state_dir +
+                                                       ": " + ec.message()));
   }
   if (!IsDirectory(model_dir) && !IsRegularFile(model_dir)) {
     return Fail(argv[0], absl::NotFoundError("model " + model_dir + " not found"));
   }
-  if (!IsRegularFile(data_path)) return Fail(argv[0], absl::NotFoundError("data file " + data_path + " not found"));
+  if (!IsRegularFile(data_path))
+    return Fail(argv[0], absl::NotFoundError("data file " + data_path + " not found"));
   kernels::SetNumThreads(threads);
   const absl::StatusOr<Device> device = ResolveDevice(device_flag);
   if (!device.ok()) return Fail(argv[0], device.status());
@@ -140,7 +166,8 @@ int RunClient(int argc, char** argv) {
   if (!client.ok()) return Fail(argv[0], client.status());
   absl::StatusOr<RunSummary> summary = (*client)->RunUntilDone();
   if (!summary.ok()) return Fail(argv[0], summary.status());
-  std::cout << "{\"tasks_completed\":" << summary->tasks_completed << ",\"tasks_failed\":" << summary->tasks_failed
+  std::cout << "{\"tasks_completed\":" << summary->tasks_completed
+            << ",\"tasks_failed\":" << summary->tasks_failed
             << ",\"final_round\":" << summary->final_round << ",\"final_adapter_sha256\":\""
             << summary->final_adapter_sha256 << "\"}" << std::endl;
   return kExitOk;

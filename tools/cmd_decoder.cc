@@ -5,8 +5,6 @@
 // and metrics.json (options,
 // per-epoch metrics, the final evaluation); one JSON line per epoch goes to stdout.
 // eval prints {"count":..,"tokens":..,"loss":..,"perplexity":..[,"exact_match":..]}.
-#include "tools/decoder_commands.h"
-
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -18,11 +16,12 @@
 #include "core/status.h"
 #include "kernels/context.h"
 #include "kernels/gemm.h"
+#include "model/adapter_dir.h"
 #include "model/decoder.h"
 #include "model/decoder_tokenizer.h"
-#include "model/adapter_dir.h"
 #include "model/peft.h"
 #include "tools/common.h"
+#include "tools/decoder_commands.h"
 #include "train/lm_data.h"
 #include "train/lm_trainer.h"
 
@@ -30,17 +29,16 @@ namespace fedlora::tools {
 namespace {
 
 nlohmann::json LmMetricsJson(const LmEvalResult& r) {
-  nlohmann::json j = {{"count", r.count},
-                      {"tokens", r.tokens},
-                      {"loss", r.loss},
-                      {"perplexity", r.perplexity}};
+  nlohmann::json j = {
+      {"count", r.count}, {"tokens", r.tokens}, {"loss", r.loss}, {"perplexity", r.perplexity}};
   if (r.has_exact_match) j["exact_match"] = r.exact_match;
   return j;
 }
 
 absl::Status CheckMathFlags(bool bf16, bool bf16_math, bool int8_math) {
   if (int8_math && (bf16 || bf16_math)) {
-    return absl::InvalidArgumentError("--int8-math holds the base as Q8_0: not with --bf16 or --bf16-math");
+    return absl::InvalidArgumentError(
+        "--int8-math holds the base as Q8_0: not with --bf16 or --bf16-math");
   }
   return absl::OkStatus();
 }
@@ -62,8 +60,7 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
   if (!f.eval_path.empty() && !IsRegularFile(f.eval_path))
     return absl::NotFoundError(absl::StrCat("eval data ", f.eval_path, " not found"));
   kernels::SetNumThreads(f.threads);
-  FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok,
-                           LoadChatTokenizer(f.model, f.data.chat_template));
+  FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadChatTokenizer(f.model, f.data.chat_template));
   const LmDataOptions data_options = DataOptions(f.data, f.train.max_seq_len);
   FEDLORA_ASSIGN_OR_RETURN(LmDataset train, LoadLmDataset(f.train_path, tok, data_options));
   LmDataset eval;
@@ -77,7 +74,7 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
   options.lora.dropout = f.lora_dropout;
   if (!f.targets.empty()) options.lora.target_modules = SplitList(f.targets);
   FEDLORA_RETURN_IF_ERROR(CheckMathFlags(f.bf16, f.bf16_math, f.int8_math));
-  options.weights = f.int8_math               ? WeightStorage::kQ8_0
+  options.weights = f.int8_math             ? WeightStorage::kQ8_0
                     : f.bf16 || f.bf16_math ? WeightStorage::kBF16
                                             : WeightStorage::kAsStored;
   options.bf16_math = f.bf16_math;
@@ -102,12 +99,11 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
   for (const Param& p : lm->trainable_params()) trainable += p.numel();
   for (const LmExample& e : train.examples) train_tokens += e.targets();
   FEDLORA_SAY(
-               "fedlora train: decoder %s (%s), %lld train / %lld eval conversations, %lld response "
-               "tokens, %lld trainable params, %d threads\n",
-               f.model.c_str(), lm->base()->storage_summary().c_str(),
-               static_cast<long long>(train.size()), static_cast<long long>(eval.size()),
-               static_cast<long long>(train_tokens), static_cast<long long>(trainable),
-               kernels::NumThreads());
+      "fedlora train: decoder %s (%s), %lld train / %lld eval conversations, %lld response "
+      "tokens, %lld trainable params, %d threads\n",
+      f.model.c_str(), lm->base()->storage_summary().c_str(), static_cast<long long>(train.size()),
+      static_cast<long long>(eval.size()), static_cast<long long>(train_tokens),
+      static_cast<long long>(trainable), kernels::NumThreads());
 
   LmEvalOptions eval_options{.batch_size = std::min(f.train.eval_batch_size, f.train.batch_size),
                              .exact_match = f.data.exact_match,
@@ -128,12 +124,12 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
   };
   FEDLORA_RETURN_IF_ERROR(trainer.Train(train, eval.size() > 0 ? &eval : nullptr, eval_options));
   FEDLORA_RETURN_IF_ERROR(SaveAdapterDirectory(*lm,
-                                                {.task = AdapterTask::kCausalLm,
-                                                 .base_model = f.model,
-                                                 .max_seq_len = f.train.max_seq_len,
-                                                 .system_prompt = f.data.system,
-                                                 .chat_template = std::string(tok.chat->name())},
-                                                f.out_dir));
+                                               {.task = AdapterTask::kCausalLm,
+                                                .base_model = f.model,
+                                                .max_seq_len = f.train.max_seq_len,
+                                                .system_prompt = f.data.system,
+                                                .chat_template = std::string(tok.chat->name())},
+                                               f.out_dir));
 
   nlohmann::json metrics;
   metrics["model"] = f.model;
@@ -147,7 +143,8 @@ absl::Status TrainDecoder(DecoderTrainFlags f) {
   metrics["options"]["targets"] = lm->options().lora.target_modules;
   metrics["options"]["bf16"] = f.bf16 || f.bf16_math;
   metrics["options"]["bf16_math"] = f.bf16_math;
-  metrics["options"]["bf16_math_active"] = f.bf16_math && (f.device == Device::kCuda || kernels::Bf16MathAvailable());
+  metrics["options"]["bf16_math_active"] =
+      f.bf16_math && (f.device == Device::kCuda || kernels::Bf16MathAvailable());
   metrics["options"]["int8_math"] = f.int8_math;
   metrics["options"]["int8_math_active"] = f.int8_math && kernels::Int8MathAvailable();
   metrics["options"]["chat_template"] = std::string(tok.chat->name());
@@ -177,8 +174,7 @@ absl::Status EvalDecoder(const DecoderEvalFlags& f) {
   if (!IsRegularFile(f.data_path))
     return absl::NotFoundError(absl::StrCat("data file ", f.data_path, " not found"));
   kernels::SetNumThreads(f.threads);
-  FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok,
-                           LoadChatTokenizer(f.model, f.data.chat_template));
+  FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadChatTokenizer(f.model, f.data.chat_template));
   FEDLORA_ASSIGN_OR_RETURN(LmDataset data,
                            LoadLmDataset(f.data_path, tok, DataOptions(f.data, f.max_seq_len)));
   DecoderOptions options;
@@ -186,7 +182,7 @@ absl::Status EvalDecoder(const DecoderEvalFlags& f) {
     FEDLORA_ASSIGN_OR_RETURN(options.lora, ReadPeftLoraOptions(f.adapter));
   }
   FEDLORA_RETURN_IF_ERROR(CheckMathFlags(f.bf16, f.bf16_math, f.int8_math));
-  options.weights = f.int8_math               ? WeightStorage::kQ8_0
+  options.weights = f.int8_math             ? WeightStorage::kQ8_0
                     : f.bf16 || f.bf16_math ? WeightStorage::kBF16
                                             : WeightStorage::kAsStored;
   options.bf16_math = f.bf16_math;
@@ -197,13 +193,11 @@ absl::Status EvalDecoder(const DecoderEvalFlags& f) {
   options.device = f.device;
   FEDLORA_ASSIGN_OR_RETURN(auto lm, CausalLm::Load(f.model, options));
   if (!f.adapter.empty()) FEDLORA_RETURN_IF_ERROR(LoadPeftAdapter(f.adapter, lm.get()));
-  FEDLORA_ASSIGN_OR_RETURN(
-      LmEvalResult result,
-      EvaluateLm(*lm, data,
-                 {.batch_size = f.batch_size,
-                  .exact_match = f.data.exact_match,
-                  .tokenizer = tok.tokenizer.get(),
-                  .stop_ids = tok.stop_ids()}));
+  FEDLORA_ASSIGN_OR_RETURN(LmEvalResult result, EvaluateLm(*lm, data,
+                                                           {.batch_size = f.batch_size,
+                                                            .exact_match = f.data.exact_match,
+                                                            .tokenizer = tok.tokenizer.get(),
+                                                            .stop_ids = tok.stop_ids()}));
   std::cout << result.ToJson() << std::endl;
   return absl::OkStatus();
 }

@@ -50,8 +50,9 @@ absl::Status Embed(EmbedFlags f, Pooling pooling) {
     FEDLORA_ASSIGN_OR_RETURN(label_names, LoadLabelNames(f.label_names_path));
   }
   FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(f.model_dir));
-  FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset data, LoadTokenizedDataset(f.data_path, *tokenizer,
-                                                                       f.max_seq_len, label_names, f.fields));
+  FEDLORA_ASSIGN_OR_RETURN(
+      TokenizedDataset data,
+      LoadTokenizedDataset(f.data_path, *tokenizer, f.max_seq_len, label_names, f.fields));
   if (data.size() == 0)
     return absl::InvalidArgumentError(absl::StrCat(f.data_path, " has no examples"));
   ModelOptions options;
@@ -105,7 +106,8 @@ int RunEmbed(int argc, char** argv) {
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
   if (!flags.positional().empty())
     return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
-  if (const std::string p = EncoderDataFlagsProblem(f.fields, flags, /*decoder=*/false); !p.empty()) {
+  if (const std::string p = EncoderDataFlagsProblem(f.fields, flags, /*decoder=*/false);
+      !p.empty()) {
     return UsageError(command, p);
   }
   Pooling pooling;

@@ -19,11 +19,11 @@
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "kernels/context.h"
-#include "model/bert.h"
 #include "model/adapter_dir.h"
+#include "model/bert.h"
+#include "model/decoder.h"
 #include "model/peft.h"
 #include "tools/common.h"
-#include "model/decoder.h"
 #include "tools/decoder_commands.h"
 #include "train/trainer.h"
 
@@ -38,8 +38,8 @@ struct EvalFlags {
   int max_seq_len = 128;
   int threads = 0;
   bool bf16 = false;
-  bool bf16_math = false;  // implies bf16
-  bool int8_math = false;  // decoders
+  bool bf16_math = false;      // implies bf16
+  bool int8_math = false;      // decoders
   std::string device = "cpu";  // --device: cpu, cuda, auto
   // Which of the settings an adapter records were given on the command line.
   bool max_seq_len_given = false, system_given = false, chat_template_given = false;
@@ -79,15 +79,19 @@ absl::StatusOr<ModelOptions> OptionsFromAdapter(const std::string& dir,
   if (!info.label_names) {
     return absl::FailedPreconditionError(absl::StrCat(
         dir, " has no ", kLabelsFile, ": the order of its classifier's ", options.num_labels,
-        " rows is not recorded, and fedlora eval does not guess it from the data (a file holding some of the "
-        "labels would be scored against the wrong rows). fedlora train, simulate, server --out and export "
+        " rows is not recorded, and fedlora eval does not guess it from the data (a file holding "
+        "some of the "
+        "labels would be scored against the wrong rows). fedlora train, simulate, server --out and "
+        "export "
         "write it; for another adapter write ",
-        labels_path, " as {\"label_names\": [row 0's label, row 1's, ...]}, in the order of the run's labels"));
+        labels_path,
+        " as {\"label_names\": [row 0's label, row 1's, ...]}, in the order of the run's labels"));
   }
   label_names = *info.label_names;
   if (static_cast<int>(label_names.size()) != options.num_labels) {
     return absl::InvalidArgumentError(absl::StrCat(labels_path, " names ", label_names.size(),
-                                                   " labels but the classifier has ", options.num_labels));
+                                                   " labels but the classifier has ",
+                                                   options.num_labels));
   }
   return options;
 }
@@ -99,13 +103,14 @@ absl::Status Eval(EvalFlags f) {
   FEDLORA_ASSIGN_OR_RETURN(const Device device,
                            DeviceForRun(f.device, resolved, CpuOnlyWork(decoder && f.int8_math)));
   if (IsDirectory(f.adapter_dir)) {
-    FEDLORA_RETURN_IF_ERROR(ApplyAdapterSettings("fedlora eval", f.adapter_dir,
-                                                 {.max_seq_len = &f.max_seq_len,
-                                                  .max_seq_len_given = f.max_seq_len_given,
-                                                  .system = decoder ? &f.data.system : nullptr,
-                                                  .system_given = f.system_given,
-                                                  .chat_template = decoder ? &f.data.chat_template : nullptr,
-                                                  .chat_template_given = f.chat_template_given}));
+    FEDLORA_RETURN_IF_ERROR(
+        ApplyAdapterSettings("fedlora eval", f.adapter_dir,
+                             {.max_seq_len = &f.max_seq_len,
+                              .max_seq_len_given = f.max_seq_len_given,
+                              .system = decoder ? &f.data.system : nullptr,
+                              .system_given = f.system_given,
+                              .chat_template = decoder ? &f.data.chat_template : nullptr,
+                              .chat_template_given = f.chat_template_given}));
   }
   if (decoder) {
     return EvalDecoder({.model = f.model_dir,
@@ -126,7 +131,8 @@ absl::Status Eval(EvalFlags f) {
   if (f.data.exact_match || !f.data.chat_template.empty() || !f.data.system.empty() ||
       f.data.prompt_field != "prompt" || f.data.response_field != "response" || f.int8_math) {
     return absl::InvalidArgumentError(
-        "--exact-match, --chat-template, --system, --prompt-field, --response-field and --int8-math apply to "
+        "--exact-match, --chat-template, --system, --prompt-field, --response-field and "
+        "--int8-math apply to "
         "decoder models only");
   }
   if (!IsDirectory(f.model_dir))
@@ -141,8 +147,9 @@ absl::Status Eval(EvalFlags f) {
   std::vector<std::string> label_names;
   FEDLORA_ASSIGN_OR_RETURN(ModelOptions options, OptionsFromAdapter(f.adapter_dir, label_names));
   FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(f.model_dir));
-  FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset data, LoadTokenizedDataset(f.data_path, *tokenizer,
-                                                                       f.max_seq_len, label_names, f.fields));
+  FEDLORA_ASSIGN_OR_RETURN(
+      TokenizedDataset data,
+      LoadTokenizedDataset(f.data_path, *tokenizer, f.max_seq_len, label_names, f.fields));
   if (static_cast<int>(label_names.size()) > options.num_labels) {
     return absl::InvalidArgumentError(absl::StrCat(f.data_path, " has ", label_names.size(),
                                                    " labels but the adapter's classifier has ",
@@ -182,9 +189,9 @@ int RunEval(int argc, char** argv) {
   flags.SetDefaultText("chat-template", "the adapter's fedlora_adapter.json, else the model's");
   AddEncoderDataFlags(flags, &f.fields);
   flags.AddString("prompt-field", &f.data.prompt_field, "decoders: JSONL field of the prompt");
-  flags.AddString("response-field", &f.data.response_field, "decoders: JSONL field of the response");
-  flags.AddString("system", &f.data.system,
-                  "decoders: a system message before each prompt");
+  flags.AddString("response-field", &f.data.response_field,
+                  "decoders: JSONL field of the response");
+  flags.AddString("system", &f.data.system, "decoders: a system message before each prompt");
   flags.SetDefaultText("system", "the adapter's fedlora_adapter.json, else none");
   flags.AddBool("exact-match", &f.data.exact_match,
                 "decoders: also score greedy generations against the responses");
@@ -195,13 +202,16 @@ int RunEval(int argc, char** argv) {
   flags.SetDefaultText("max-seq-len", "the adapter's fedlora_adapter.json (the run's), else 128");
   flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
   flags.AddBool("bf16", &f.bf16, "hold the frozen base weights in bf16");
-  flags.AddBool("bf16-math", &f.bf16_math,
-                "also multiply with them in bf16 on CUDA and where the CPU has AVX512_BF16 (implies --bf16)");
-  flags.AddString("device", &f.device,
-                  "cpu, cuda or auto (the GPU when one is usable); int8 math runs on the CPU: auto then takes "
-                  "it, cuda is refused");
+  flags.AddBool(
+      "bf16-math", &f.bf16_math,
+      "also multiply with them in bf16 on CUDA and where the CPU has AVX512_BF16 (implies --bf16)");
+  flags.AddString(
+      "device", &f.device,
+      "cpu, cuda or auto (the GPU when one is usable); int8 math runs on the CPU: auto then takes "
+      "it, cuda is refused");
   flags.AddBool("int8-math", &f.int8_math,
-                "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where the CPU has "
+                "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where "
+                "the CPU has "
                 "AVX512-VNNI (not with --bf16)");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
   if (!flags.positional().empty())
@@ -211,7 +221,9 @@ int RunEval(int argc, char** argv) {
   f.max_seq_len_given = flags.WasSet("max-seq-len");
   f.system_given = flags.WasSet("system");
   f.chat_template_given = flags.WasSet("chat-template");
-  if (const std::string p = EncoderDataFlagsProblem(f.fields, flags, IsDecoderCheckpoint(f.model_dir)); !p.empty()) {
+  if (const std::string p =
+          EncoderDataFlagsProblem(f.fields, flags, IsDecoderCheckpoint(f.model_dir));
+      !p.empty()) {
     return UsageError(command, p);
   }
   if (f.batch_size < 1) return UsageError(command, "--batch-size must be >= 1");

@@ -1,31 +1,31 @@
-// fedlora generate: completions of a decoder (optionally with a LoRA adapter) for prompts: greedy, or
-// sampled (--temperature, --top-k, --top-p, --seed; model/sampling.h), printed at the end or as
+// fedlora generate: completions of a decoder (optionally with a LoRA adapter) for prompts: greedy,
+// or sampled (--temperature, --top-k, --top-p, --seed; model/sampling.h), printed at the end or as
 // they come (--stream); --prompt - and --prompts - read stdin.
 //
 //   fedlora generate --model models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf
 //       --prompt "What is the capital of France?" [--adapter runs/x/adapter] [--max-new-tokens 64]
 //
 // The prompt is a user message rendered with the model's chat template (or --chat-template NAME);
-// --raw sends it as plain text instead. --prompts FILE reads one JSON object a line, {"prompt": ...}
-// (or {"messages": [...]}), and prints one JSON object a line, {"prompt": ..., "completion": ...}.
-// Generation stops at the end-of-turn or end-of-sequence token, which is not printed. With an
+// --raw sends it as plain text instead. --prompts FILE reads one JSON object a line, {"prompt":
+// ...} (or {"messages": [...]}), and prints one JSON object a line, {"prompt": ..., "completion":
+// ...}. Generation stops at the end-of-turn or end-of-sequence token, which is not printed. With an
 // adapter that records its run's system prompt and chat template (fedlora_adapter.json), those are
 // --system's and --chat-template's defaults; a flag that differs wins and is said on stderr.
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <filesystem>
-#include <random>
 #include <iterator>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/json.h"
+#include "core/logging.h"
 #include "core/status.h"
 #include "kernels/context.h"
 #include "model/decoder.h"
-#include "core/logging.h"
 #include "model/decoder_tokenizer.h"
 #include "model/peft.h"
 #include "model/sampling.h"
@@ -46,7 +46,8 @@ struct GenerateFlags {
   bool system_given = false, chat_template_given = false;
 };
 
-absl::StatusOr<std::vector<ChatMessage>> MessagesOf(const nlohmann::json& line, const std::string& what) {
+absl::StatusOr<std::vector<ChatMessage>> MessagesOf(const nlohmann::json& line,
+                                                    const std::string& what) {
   if (line.contains("messages")) {
     const nlohmann::json& m = line["messages"];
     if (!m.is_array()) return absl::InvalidArgumentError(what + ": \"messages\" is not an array");
@@ -63,11 +64,14 @@ absl::StatusOr<std::vector<ChatMessage>> MessagesOf(const nlohmann::json& line, 
 }
 
 absl::Status Generate(GenerateFlags f) {
-  if (!std::filesystem::exists(f.model)) return absl::NotFoundError(absl::StrCat("--model ", f.model, " does not exist"));
+  if (!std::filesystem::exists(f.model))
+    return absl::NotFoundError(absl::StrCat("--model ", f.model, " does not exist"));
   if (!IsDecoderCheckpoint(f.model)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--model ", f.model, " is not a decoder checkpoint (a LLaMA or Qwen2 directory with config.json, or a "
-        ".gguf): generate writes text with a decoder; an encoder classifies (fedlora eval) or embeds (fedlora embed)"));
+        "--model ", f.model,
+        " is not a decoder checkpoint (a LLaMA or Qwen2 directory with config.json, or a "
+        ".gguf): generate writes text with a decoder; an encoder classifies (fedlora eval) or "
+        "embeds (fedlora embed)"));
   }
   FEDLORA_ASSIGN_OR_RETURN(const Device device, ResolveDevice(f.device));
   if (!f.raw) {
@@ -81,13 +85,15 @@ absl::Status Generate(GenerateFlags f) {
   FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadDecoderTokenizer(f.model, f.chat_template));
   if (!f.raw && !tok.chat.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        f.model, " has no chat template: pass --chat-template chatml|smollm2|qwen2|llama3, or --raw"));
+        f.model,
+        " has no chat template: pass --chat-template chatml|smollm2|qwen2|llama3, or --raw"));
   }
   // The prompts, as token ids ("-": from stdin).
   std::vector<std::vector<ChatMessage>> conversations;
   if (f.prompt == "-") {
     f.prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-    while (!f.prompt.empty() && (f.prompt.back() == '\n' || f.prompt.back() == '\r')) f.prompt.pop_back();
+    while (!f.prompt.empty() && (f.prompt.back() == '\n' || f.prompt.back() == '\r'))
+      f.prompt.pop_back();
     if (f.prompt.empty()) return absl::InvalidArgumentError("--prompt -: stdin held no prompt");
   }
   if (!f.prompts.empty()) {
@@ -138,7 +144,8 @@ absl::Status Generate(GenerateFlags f) {
   g.sampling = f.sampling;
   if (!g.sampling.greedy() && !f.seed_given) {
     g.sampling.seed = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
-    FEDLORA_LOG(INFO) << "sampling with --seed " << g.sampling.seed << " (pass it to repeat this output)";
+    FEDLORA_LOG(INFO) << "sampling with --seed " << g.sampling.seed
+                      << " (pass it to repeat this output)";
   }
   // --stream: each token's text as soon as it is whole (a multi-byte character may take several).
   std::vector<int32_t> so_far;
@@ -156,10 +163,13 @@ absl::Status Generate(GenerateFlags f) {
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
     FEDLORA_ASSIGN_OR_RETURN(std::vector<int32_t> out, lm->Generate(prompts[i], g));
-    if (!out.empty() && std::find(g.stop_ids.begin(), g.stop_ids.end(), out.back()) != g.stop_ids.end()) out.pop_back();
+    if (!out.empty() &&
+        std::find(g.stop_ids.begin(), g.stop_ids.end(), out.back()) != g.stop_ids.end())
+      out.pop_back();
     const std::string completion = tok.tokenizer->Decode(out, /*skip_special=*/true);
     if (f.stream) {
-      std::cout << (completion.starts_with(printed) ? completion.substr(printed.size()) : "") << "\n";
+      std::cout << (completion.starts_with(printed) ? completion.substr(printed.size()) : "")
+                << "\n";
     } else if (f.prompts.empty()) {
       std::cout << completion << "\n";
     } else {
@@ -174,37 +184,52 @@ absl::Status Generate(GenerateFlags f) {
 int RunGenerate(int argc, char** argv) {
   const std::string command = argv[0];
   GenerateFlags f;
-  FlagSet flags(command, "Completions of a decoder (and a LoRA adapter) for prompts: greedy, or sampled with --temperature.");
-  flags.AddString("model", &f.model, "decoder: a .gguf file or a directory with config.json and safetensors", true);
-  flags.AddString("adapter", &f.adapter, "PEFT LoRA adapter directory (from fedlora train or PEFT)");
+  FlagSet flags(command,
+                "Completions of a decoder (and a LoRA adapter) for prompts: greedy, or sampled "
+                "with --temperature.");
+  flags.AddString("model", &f.model,
+                  "decoder: a .gguf file or a directory with config.json and safetensors", true);
+  flags.AddString("adapter", &f.adapter,
+                  "PEFT LoRA adapter directory (from fedlora train or PEFT)");
   flags.AddString("prompt", &f.prompt, "the user message (-: read it from stdin)");
-  flags.AddString("prompts", &f.prompts, "JSONL file of {\"prompt\": ...} or {\"messages\": [...]} (-: stdin)");
+  flags.AddString("prompts", &f.prompts,
+                  "JSONL file of {\"prompt\": ...} or {\"messages\": [...]} (-: stdin)");
   flags.AddString("system", &f.system, "a system message before the prompt");
   flags.SetDefaultText("system", "the adapter's, else none");
-  flags.AddString("chat-template", &f.chat_template, "chatml, smollm2, qwen2 or llama3 instead of the model's");
+  flags.AddString("chat-template", &f.chat_template,
+                  "chatml, smollm2, qwen2 or llama3 instead of the model's");
   flags.SetDefaultText("chat-template", "the adapter's, else the model's");
   flags.AddBool("raw", &f.raw, "send the prompt as plain text, without a chat template");
   flags.AddInt("max-new-tokens", &f.max_new_tokens, "tokens to generate at most");
-  flags.AddFloat("temperature", &f.sampling.temperature, "0: greedy; > 0: sample from softmax(logits / temperature)");
+  flags.AddFloat("temperature", &f.sampling.temperature,
+                 "0: greedy; > 0: sample from softmax(logits / temperature)");
   flags.AddInt("top-k", &f.sampling.top_k, "sampling: keep the k most likely tokens (0: all)");
-  flags.AddFloat("top-p", &f.sampling.top_p, "sampling: keep the fewest most likely tokens holding this probability");
-  flags.AddUint("seed", &f.sampling.seed, "sampling: the random stream (the same seed gives the same output)");
+  flags.AddFloat("top-p", &f.sampling.top_p,
+                 "sampling: keep the fewest most likely tokens holding this probability");
+  flags.AddUint("seed", &f.sampling.seed,
+                "sampling: the random stream (the same seed gives the same output)");
   flags.SetDefaultText("seed", "random, logged");
   flags.AddBool("stream", &f.stream, "print the completion as it is generated (with --prompt)");
   flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
   flags.AddString("device", &f.device, "cpu, cuda or auto (the GPU when one is usable)");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
-  if (!flags.positional().empty()) return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
+  if (!flags.positional().empty())
+    return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
   f.system_given = flags.WasSet("system");
   f.chat_template_given = flags.WasSet("chat-template");
-  if (f.prompt.empty() == f.prompts.empty()) return UsageError(command, "give exactly one of --prompt and --prompts");
-  if (f.max_new_tokens < 1 || f.max_new_tokens > 32768) return UsageError(command, "--max-new-tokens must be in [1, 32768]");
+  if (f.prompt.empty() == f.prompts.empty())
+    return UsageError(command, "give exactly one of --prompt and --prompts");
+  if (f.max_new_tokens < 1 || f.max_new_tokens > 32768)
+    return UsageError(command, "--max-new-tokens must be in [1, 32768]");
   f.seed_given = flags.WasSet("seed");
-  if (absl::Status s = CheckSamplingOptions(f.sampling); !s.ok()) return UsageError(command, std::string(s.message()));
+  if (absl::Status s = CheckSamplingOptions(f.sampling); !s.ok())
+    return UsageError(command, std::string(s.message()));
   if (f.sampling.greedy() && (flags.WasSet("top-k") || flags.WasSet("top-p") || f.seed_given)) {
-    return UsageError(command, "--top-k, --top-p and --seed shape sampling: give --temperature > 0 with them");
+    return UsageError(
+        command, "--top-k, --top-p and --seed shape sampling: give --temperature > 0 with them");
   }
-  if (f.stream && !f.prompts.empty()) return UsageError(command, "--stream goes with --prompt, not --prompts");
+  if (f.stream && !f.prompts.empty())
+    return UsageError(command, "--stream goes with --prompt, not --prompts");
   if (f.threads < 0) return UsageError(command, "--threads must be >= 0");
   if (absl::Status s = Generate(f); !s.ok()) return Fail(command, s);
   return kExitOk;

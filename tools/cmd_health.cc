@@ -19,19 +19,23 @@
 namespace fedlora::tools {
 
 int RunHealth(int argc, char** argv) {
-  FlagSet flags(argv[0], "Asks a server's gRPC health service whether it serves; exits 0 only when it does.");
+  FlagSet flags(
+      argv[0], "Asks a server's gRPC health service whether it serves; exits 0 only when it does.");
   std::string server, service, ca, cert, key;
   bool insecure = false;
   int64_t deadline_ms = 5'000;
-  flags.AddString("server", &server, "host:port of the server (or of its plaintext health port)", /*required=*/true);
+  flags.AddString("server", &server, "host:port of the server (or of its plaintext health port)",
+                  /*required=*/true);
   flags.AddString("service", &service, "one service's full name; empty: the whole server");
   flags.AddString("ca", &ca, "PEM CA bundle for a TLS server");
   flags.AddString("cert", &cert, "PEM client certificate (mTLS)");
   flags.AddString("key", &key, "PEM key of --cert");
-  flags.AddBool("insecure", &insecure, "plaintext without TLS (the server's health port), to a loopback address only");
+  flags.AddBool("insecure", &insecure,
+                "plaintext without TLS (the server's health port), to a loopback address only");
   flags.AddInt("deadline-ms", &deadline_ms, "deadline of the call, milliseconds");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
-  if (deadline_ms <= 0) return Fail(argv[0], absl::InvalidArgumentError("--deadline-ms must be positive"));
+  if (deadline_ms <= 0)
+    return Fail(argv[0], absl::InvalidArgumentError("--deadline-ms must be positive"));
   absl::StatusOr<CliTls> tls = CliTlsCredentials(server, ca, cert, key, insecure);
   if (!tls.ok()) return Fail(argv[0], tls.status());
   auto status = CheckHealth(grpc::CreateChannel(server, tls->credentials), service, deadline_ms);

@@ -1,16 +1,18 @@
 // fedlora server: runs the aggregation server for the run described by a config file.
 //
-//   fedlora server --config run.json --cert server.pem --key server.key --client-ca ca.pem [--crl crl.pem]
-//   fedlora server --config run.json --insecure          # plaintext, loopback addresses only
-//   fedlora server ... --health-listen 0.0.0.0:8081      # a plaintext port for health probes only
+//   fedlora server --config run.json --cert server.pem --key server.key --client-ca ca.pem [--crl
+//   crl.pem] fedlora server --config run.json --insecure          # plaintext, loopback addresses
+//   only fedlora server ... --health-listen 0.0.0.0:8081      # a plaintext port for health probes
+//   only
 //
-// The initial global adapter is the model's freshly initialised LoRA matrices and classifier (PEFT's
-// initialisation, seeded by the run's seed), so every restart of a new run starts from the same
-// bits. When data.eval_path is set, every new global adapter is evaluated on it (loss, accuracy,
-// macro-F1 recorded with the round). Runs until SIGINT/SIGTERM, or until --linger-seconds after
-// the run finished (clients then still fetch the final adapter); SIGHUP re-reads the TLS CRL.
+// The initial global adapter is the model's freshly initialised LoRA matrices and classifier
+// (PEFT's initialisation, seeded by the run's seed), so every restart of a new run starts from the
+// same bits. When data.eval_path is set, every new global adapter is evaluated on it (loss,
+// accuracy, macro-F1 recorded with the round). Runs until SIGINT/SIGTERM, or until --linger-seconds
+// after the run finished (clients then still fetch the final adapter); SIGHUP re-reads the TLS CRL.
 // Prints the bound address on stdout, and at the end either "run finished: ..." or, for a run
-// stopped before its last round, "stopped at round N: ..." (a restart on the same store resumes it).
+// stopped before its last round, "stopped at round N: ..." (a restart on the same store resumes
+// it).
 //
 // --out DIR: when the run finishes, its final adapter is written to DIR/adapter as an adapter
 // directory (model/adapter_dir.h: PEFT's files, the labels, max_seq_len and prompt settings), and
@@ -39,34 +41,35 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/lora_trainer.h"
 #include "core/logging.h"
 #include "core/status.h"
-#include "client/lora_trainer.h"
 #include "model/bert.h"
 #include "model/decoder.h"
 #include "model/decoder_tokenizer.h"
-#include "train/lm_data.h"
-#include "train/lm_trainer.h"
 #include "proto/address.h"
 #include "proto/config_io.h"
 #include "server/server.h"
 #include "server/store.h"
 #include "tools/adapter_export.h"
 #include "tools/common.h"
+#include "train/lm_data.h"
+#include "train/lm_trainer.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
 namespace fedlora::tools {
 namespace {
 
-// --- Signals ---------------------------------------------------------------------------------------
-// Threads created before main (OpenBLAS's pool) do not block the stop signals, so the kernel may
-// deliver SIGINT/SIGTERM/SIGHUP to any of them: a handler, not a blocked mask alone, keeps the
-// default action (death) away. The handler only writes the signal number to a self-pipe, which the
-// serve loop reads; main's thread blocks the signals so that the threads it starts (gRPC's, the
-// driver, the metrics pool) inherit the mask and never run the handler. It unblocks them while it
-// waits in ppoll (where a signal that no other thread can take is delivered) and once the shutdown
-// has begun.
+// --- Signals
+// --------------------------------------------------------------------------------------- Threads
+// created before main (OpenBLAS's pool) do not block the stop signals, so the kernel may deliver
+// SIGINT/SIGTERM/SIGHUP to any of them: a handler, not a blocked mask alone, keeps the default
+// action (death) away. The handler only writes the signal number to a self-pipe, which the serve
+// loop reads; main's thread blocks the signals so that the threads it starts (gRPC's, the driver,
+// the metrics pool) inherit the mask and never run the handler. It unblocks them while it waits in
+// ppoll (where a signal that no other thread can take is delivered) and once the shutdown has
+// begun.
 
 int g_signal_pipe[2] = {-1, -1};
 // Set when the shutdown begins: a stop signal then ends the process at once.
@@ -83,7 +86,8 @@ sigset_t ServerSignals() {
 
 void OnServerSignal(int sig) {
   if (sig != SIGHUP && g_shutting_down.load()) {
-    static const char kMessage[] = "fedlora server: stop signal during the shutdown: exiting without finishing it\n";
+    static const char kMessage[] =
+        "fedlora server: stop signal during the shutdown: exiting without finishing it\n";
     (void)!write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
     _exit(128 + sig);
   }
@@ -123,10 +127,11 @@ class HeldOutEvaluator : public Evaluator {
   HeldOutEvaluator(std::unique_ptr<BertClassifier> model, TokenizedDataset data, int batch_size)
       : model_(std::move(model)), data_(std::move(data)), batch_size_(batch_size) {}
 
-  absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t round,
-                                                         const std::vector<UpdateTensor>& adapter) override {
+  absl::StatusOr<std::map<std::string, double>> Evaluate(
+      uint64_t round, const std::vector<UpdateTensor>& adapter) override {
     for (Param& p : model_->trainable_params()) {
-      auto it = std::find_if(adapter.begin(), adapter.end(), [&](const UpdateTensor& t) { return t.name == p.name; });
+      auto it = std::find_if(adapter.begin(), adapter.end(),
+                             [&](const UpdateTensor& t) { return t.name == p.name; });
       if (it == adapter.end() || it->values.size() != p.value.size()) {
         return absl::InvalidArgumentError(absl::StrCat("adapter lacks parameter '", p.name, "'"));
       }
@@ -134,7 +139,8 @@ class HeldOutEvaluator : public Evaluator {
     }
     FEDLORA_ASSIGN_OR_RETURN(EvalResult r, fedlora::Evaluate(*model_, data_, batch_size_));
     FEDLORA_LOG(INFO) << "round " << round << " eval: " << r.ToJson();
-    return std::map<std::string, double>{{"eval_loss", r.loss}, {"eval_accuracy", r.accuracy}, {"macro_f1", r.macro_f1}};
+    return std::map<std::string, double>{
+        {"eval_loss", r.loss}, {"eval_accuracy", r.accuracy}, {"macro_f1", r.macro_f1}};
   }
 
  private:
@@ -145,20 +151,24 @@ class HeldOutEvaluator : public Evaluator {
 
 // The initial adapter and the held-out evaluator (none without data.eval_path) of a
 // SEQUENCE_CLASSIFICATION run.
-absl::Status LoadEncoderRun(const v1::RunConfig& config, Device device, std::vector<UpdateTensor>* initial,
+absl::Status LoadEncoderRun(const v1::RunConfig& config, Device device,
+                            std::vector<UpdateTensor>* initial,
                             std::unique_ptr<Evaluator>* evaluator) {
   // Sized for the held-out evaluation batches; max_seq clamped to the checkpoint's position table.
-  FEDLORA_ASSIGN_OR_RETURN(const int max_seq,
-                           EffectiveMaxSeqLen(config.model().path(), ConfiguredMaxSeqLen(config.model())));
+  FEDLORA_ASSIGN_OR_RETURN(
+      const int max_seq,
+      EffectiveMaxSeqLen(config.model().path(), ConfiguredMaxSeqLen(config.model())));
   ModelOptions model_options = ModelOptionsFromConfig(config, max_seq, ModelRole::kEvaluate);
   model_options.device = device;
   FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(config.model().path(), model_options));
   for (const Param& p : model->trainable_params()) initial->push_back({p.name, p.shape, p.value});
   if (config.data().eval_path().empty()) return absl::OkStatus();
   FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(config.model().path()));
-  FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset eval,
-                           LoadTokenizedDataset(config.data().eval_path(), *tokenizer, max_seq, config.task()));
-  *evaluator = std::make_unique<HeldOutEvaluator>(std::move(model), std::move(eval), model_options.max_batch);
+  FEDLORA_ASSIGN_OR_RETURN(
+      TokenizedDataset eval,
+      LoadTokenizedDataset(config.data().eval_path(), *tokenizer, max_seq, config.task()));
+  *evaluator = std::make_unique<HeldOutEvaluator>(std::move(model), std::move(eval),
+                                                  model_options.max_batch);
   return absl::OkStatus();
 }
 
@@ -175,8 +185,8 @@ class LmHeldOutEvaluator : public Evaluator {
     options_.stop_ids = tokenizer_.stop_ids();
   }
 
-  absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t round,
-                                                         const std::vector<UpdateTensor>& adapter) override {
+  absl::StatusOr<std::map<std::string, double>> Evaluate(
+      uint64_t round, const std::vector<UpdateTensor>& adapter) override {
     FEDLORA_RETURN_IF_ERROR(LoadAdapter(adapter, *model_));
     FEDLORA_ASSIGN_OR_RETURN(LmEvalResult r, EvaluateLm(*model_, data_, options_));
     FEDLORA_LOG(INFO) << "round " << round << " eval: " << r.ToJson();
@@ -194,20 +204,25 @@ class LmHeldOutEvaluator : public Evaluator {
 
 // The initial adapter (the model's freshly initialised trainable params) and the held-out
 // evaluator (none without data.eval_path) of a CAUSAL_LM run.
-absl::Status LoadDecoderRun(const v1::RunConfig& config, Device device, std::vector<UpdateTensor>* initial,
+absl::Status LoadDecoderRun(const v1::RunConfig& config, Device device,
+                            std::vector<UpdateTensor>* initial,
                             std::unique_ptr<Evaluator>* evaluator) {
   const std::string& path = config.model().path();
-  FEDLORA_ASSIGN_OR_RETURN(const int max_seq, DecoderMaxSeqLen(path, ConfiguredMaxSeqLen(config.model())));
+  FEDLORA_ASSIGN_OR_RETURN(const int max_seq,
+                           DecoderMaxSeqLen(path, ConfiguredMaxSeqLen(config.model())));
   DecoderOptions options = DecoderOptionsFromConfig(config, max_seq);
   options.device = device;
   FEDLORA_ASSIGN_OR_RETURN(auto model, CausalLm::Load(path, options));
   for (const Param& p : model->trainable_params()) initial->push_back({p.name, p.shape, p.value});
   if (config.data().eval_path().empty()) return absl::OkStatus();
-  FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadChatTokenizer(path, config.task().chat_template()));
-  FEDLORA_ASSIGN_OR_RETURN(LmDataset eval, LoadLmDataset(config.data().eval_path(), tok,
-                                                         LmDataOptionsFromConfig(config.task(), max_seq)));
-  *evaluator = std::make_unique<LmHeldOutEvaluator>(std::move(model), std::move(eval), std::move(tok),
-                                                    LmEvalBatchSize(config), config.task().exact_match());
+  FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok,
+                           LoadChatTokenizer(path, config.task().chat_template()));
+  FEDLORA_ASSIGN_OR_RETURN(LmDataset eval,
+                           LoadLmDataset(config.data().eval_path(), tok,
+                                         LmDataOptionsFromConfig(config.task(), max_seq)));
+  *evaluator =
+      std::make_unique<LmHeldOutEvaluator>(std::move(model), std::move(eval), std::move(tok),
+                                           LmEvalBatchSize(config), config.task().exact_match());
   return absl::OkStatus();
 }
 
@@ -215,7 +230,10 @@ absl::Status LoadDecoderRun(const v1::RunConfig& config, Device device, std::vec
 class OutWriter {
  public:
   OutWriter(std::string dir, bool every_round, RunAdapterFormat format, std::string run_id)
-      : dir_(std::move(dir)), every_round_(every_round), format_(std::move(format)), run_id_(std::move(run_id)) {}
+      : dir_(std::move(dir)),
+        every_round_(every_round),
+        format_(std::move(format)),
+        run_id_(std::move(run_id)) {}
 
   void Poll(Server& server) {
     Coordinator& run = server.coordinator();
@@ -233,7 +251,8 @@ class OutWriter {
         last_round_ = r.round;
         const std::string dir = absl::StrCat(dir_, "/round-", r.round);
         if (IsDirectory(dir)) continue;  // written before a restart (whole: the writes are atomic)
-        absl::StatusOr<int64_t> done = ExportRound(server.store(), server.blobs(), run_id_, r.round, format_, dir);
+        absl::StatusOr<int64_t> done =
+            ExportRound(server.store(), server.blobs(), run_id_, r.round, format_, dir);
         if (done.ok()) {
           FEDLORA_LOG(INFO) << "round " << r.round << "'s adapter written to " << dir;
         } else {
@@ -245,7 +264,8 @@ class OutWriter {
     if (final_written_ || !run.finished()) return;
     final_written_ = true;
     const std::string dir = dir_ + "/adapter";
-    absl::StatusOr<int64_t> round = ExportRound(server.store(), server.blobs(), run_id_, 0, format_, dir);
+    absl::StatusOr<int64_t> round =
+        ExportRound(server.store(), server.blobs(), run_id_, 0, format_, dir);
     if (round.ok()) {
       std::cout << "final adapter (round " << *round << ") written to " << dir << std::endl;
     } else {
@@ -267,40 +287,47 @@ class OutWriter {
 };
 
 struct ServeFlags {
-  std::string config_path, listen, health_listen, metrics_listen, store, cert, key, client_ca, crl, operators;
+  std::string config_path, listen, health_listen, metrics_listen, store, cert, key, client_ca, crl,
+      operators;
   std::string out;
   bool out_every_round = false;
   bool insecure = false;
   int64_t linger_seconds = 30;
-  int64_t rounds = -1;  // -1: the config's
+  int64_t rounds = -1;         // -1: the config's
   std::string device = "cpu";  // the held-out evaluator's and the aggregation's
 };
 
 absl::Status Serve(const ServeFlags& f) {
-  if (g_signal_pipe[0] < 0) return absl::InternalError("the stop signals could not be set up (no pipe)");
+  if (g_signal_pipe[0] < 0)
+    return absl::InternalError("the stop signals could not be set up (no pipe)");
   // Flags override the config before it is validated, so that the plaintext rule and the TLS checks
   // apply to them as to the config's own values.
-  FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadRunConfigFile(f.config_path, [&f](v1::RunConfig* c) {
+  FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config,
+                           LoadRunConfigFile(f.config_path, [&f](v1::RunConfig* c) {
                              if (f.rounds >= 0) c->set_rounds(static_cast<uint32_t>(f.rounds));
                              v1::ServerConfig* s = c->mutable_server();
                              if (!f.listen.empty()) s->set_listen_address(f.listen);
                              if (!f.health_listen.empty()) s->set_health_address(f.health_listen);
-                             if (!f.metrics_listen.empty()) s->set_metrics_address(f.metrics_listen);
+                             if (!f.metrics_listen.empty())
+                               s->set_metrics_address(f.metrics_listen);
                              if (!f.store.empty()) s->set_store_dir(f.store);
                              if (f.insecure) s->set_insecure(true);
                              if (!f.cert.empty()) s->mutable_tls()->set_cert_file(f.cert);
                              if (!f.key.empty()) s->mutable_tls()->set_key_file(f.key);
-                             if (!f.client_ca.empty()) s->mutable_tls()->set_client_ca_file(f.client_ca);
+                             if (!f.client_ca.empty())
+                               s->mutable_tls()->set_client_ca_file(f.client_ca);
                              if (!f.crl.empty()) s->mutable_tls()->set_crl_file(f.crl);
                              if (!f.operators.empty()) {
                                s->mutable_tls()->clear_operator_ids();
-                               for (const std::string& id : SplitList(f.operators)) s->mutable_tls()->add_operator_ids(id);
+                               for (const std::string& id : SplitList(f.operators))
+                                 s->mutable_tls()->add_operator_ids(id);
                              }
                            }));
   ServerOptions options = ServerOptionsFromRunConfig(config);
   // The plaintext rule before anything is loaded: a server that may not start says so at once.
   if (!options.tls.enabled()) {
-    FEDLORA_RETURN_IF_ERROR(CheckPlaintextAllowed(options.listen_address, options.insecure, "server listen address"));
+    FEDLORA_RETURN_IF_ERROR(
+        CheckPlaintextAllowed(options.listen_address, options.insecure, "server listen address"));
   }
 
   FEDLORA_RETURN_IF_ERROR(CheckRunConfigInputsExist(config, /*reads_train_data=*/false));
@@ -324,19 +351,21 @@ absl::Status Serve(const ServeFlags& f) {
     out.emplace(f.out, f.out_every_round, std::move(format), config.run_id());
   }
 
-
   // A stop asked for while the model loaded: the store has not been opened yet.
   for (int sig : WaitForSignals(0)) {
     if (IsStop(sig)) {
       FEDLORA_LOG(INFO) << strsignal(sig) << " before the server started";
-      std::cout << "stopped before serving; the store " << options.data_dir << " was not opened" << std::endl;
+      std::cout << "stopped before serving; the store " << options.data_dir << " was not opened"
+                << std::endl;
       return absl::OkStatus();
     }
   }
-  FEDLORA_ASSIGN_OR_RETURN(auto server, Server::Create(options, config, std::move(initial), evaluator.get()));
+  FEDLORA_ASSIGN_OR_RETURN(auto server,
+                           Server::Create(options, config, std::move(initial), evaluator.get()));
   std::cout << "listening on " << server->address();
   if (server->health_port() != 0) std::cout << " (health on port " << server->health_port() << ")";
-  if (server->metrics_port() != 0) std::cout << " (metrics on port " << server->metrics_port() << ")";
+  if (server->metrics_port() != 0)
+    std::cout << " (metrics on port " << server->metrics_port() << ")";
   std::cout << std::endl;
   if (server->metrics_port() != 0) {
     // The live view (server/live_view.h) on the metrics listener; a wildcard address as loopback.
@@ -345,7 +374,8 @@ absl::Status Serve(const ServeFlags& f) {
     if (host == "[::]") host = "[::1]";
     std::cout << "live view: " << (options.tls.enabled() ? "https://" : "http://") << host << ":"
               << server->metrics_port() << "/ ("
-              << (options.tls.enabled() ? "operator certificates only" : "loopback only") << ")" << std::endl;
+              << (options.tls.enabled() ? "operator certificates only" : "loopback only") << ")"
+              << std::endl;
   }
 
   int stop = 0;
@@ -356,7 +386,8 @@ absl::Status Serve(const ServeFlags& f) {
         stop = sig;
       } else if (sig == SIGHUP) {
         const absl::Status reloaded = server->ReloadCrl();
-        FEDLORA_LOG(INFO) << "SIGHUP: " << (reloaded.ok() ? "CRL reloaded" : std::string(reloaded.message()));
+        FEDLORA_LOG(INFO) << "SIGHUP: "
+                          << (reloaded.ok() ? "CRL reloaded" : std::string(reloaded.message()));
       }
     }
     if (out) out->Poll(*server);
@@ -366,7 +397,8 @@ absl::Status Serve(const ServeFlags& f) {
     if (now - *finished_at >= std::chrono::seconds(f.linger_seconds)) break;
   }
   if (stop != 0) {
-    FEDLORA_LOG(INFO) << strsignal(stop) << ": shutting down (a second SIGINT or SIGTERM exits at once)";
+    FEDLORA_LOG(INFO) << strsignal(stop)
+                      << ": shutting down (a second SIGINT or SIGTERM exits at once)";
   }
   if (out) out->Poll(*server);  // a run that finished since the last poll
   ForceExitOnNextStopSignal();
@@ -376,8 +408,10 @@ absl::Status Serve(const ServeFlags& f) {
     std::cout << "run finished: " << run.rounds_committed() << " rounds committed, adapter "
               << run.global_adapter_sha256() << std::endl;
   } else {
-    std::cout << "stopped at round " << server->metrics().current_round.load() << ": " << run.rounds_committed()
-              << " rounds committed; the run resumes when the server restarts on " << options.data_dir << std::endl;
+    std::cout << "stopped at round " << server->metrics().current_round.load() << ": "
+              << run.rounds_committed()
+              << " rounds committed; the run resumes when the server restarts on "
+              << options.data_dir << std::endl;
   }
   return out ? out->status() : absl::OkStatus();
 }
@@ -403,33 +437,44 @@ int RunServer(int argc, char** argv) {
   PrepareServerSignals();  // a no-op when main called it first
   FlagSet flags(argv[0], "Runs the aggregation server for a run config.");
   ServeFlags f;
-  flags.AddString("config", &f.config_path, "run config (JSON, see proto/fedlora/v1/config.proto)", /*required=*/true);
+  flags.AddString("config", &f.config_path, "run config (JSON, see proto/fedlora/v1/config.proto)",
+                  /*required=*/true);
   flags.AddString("listen", &f.listen, "host:port to listen on (overrides server.listen_address)");
-  flags.AddString("health-listen", &f.health_listen,
-                  "host:port of a plaintext port serving only gRPC health (overrides server.health_address)");
+  flags.AddString(
+      "health-listen", &f.health_listen,
+      "host:port of a plaintext port serving only gRPC health (overrides server.health_address)");
   flags.AddString("metrics-listen", &f.metrics_listen,
                   "host:port of the Prometheus endpoint (overrides server.metrics_address)");
   flags.AddString("store", &f.store, "store directory (overrides server.store_dir)");
   flags.AddString("cert", &f.cert, "PEM server certificate chain (overrides server.tls.cert_file)");
   flags.AddString("key", &f.key, "PEM key of --cert (overrides server.tls.key_file)");
-  flags.AddString("client-ca", &f.client_ca, "PEM CA that signs client certificates (server.tls.client_ca_file)");
-  flags.AddString("crl", &f.crl, "PEM CRL of revoked client certificates, re-read on change and SIGHUP");
-  flags.AddString("operators", &f.operators,
-                  "certificate CNs that may call the Admin service, comma-separated (server.tls.operator_ids)");
-  flags.AddString("device", &f.device,
-                  "cpu, cuda or auto (the GPU when one is usable): where the round's updates are summed "
-                  "(the same bits on both) and the held-out evaluation computes; an evaluation that needs the "
-                  "CPU (INT8 precision) runs there with auto and is refused with cuda");
-  flags.AddBool("insecure", &f.insecure, "serve plaintext without TLS: loopback addresses only (server.insecure)");
-  flags.AddInt("linger-seconds", &f.linger_seconds, "keep serving this long after the run finished");
+  flags.AddString("client-ca", &f.client_ca,
+                  "PEM CA that signs client certificates (server.tls.client_ca_file)");
+  flags.AddString("crl", &f.crl,
+                  "PEM CRL of revoked client certificates, re-read on change and SIGHUP");
+  flags.AddString(
+      "operators", &f.operators,
+      "certificate CNs that may call the Admin service, comma-separated (server.tls.operator_ids)");
+  flags.AddString(
+      "device", &f.device,
+      "cpu, cuda or auto (the GPU when one is usable): where the round's updates are summed "
+      "(the same bits on both) and the held-out evaluation computes; an evaluation that needs the "
+      "CPU (INT8 precision) runs there with auto and is refused with cuda");
+  flags.AddBool("insecure", &f.insecure,
+                "serve plaintext without TLS: loopback addresses only (server.insecure)");
+  flags.AddInt("linger-seconds", &f.linger_seconds,
+               "keep serving this long after the run finished");
   flags.AddInt("rounds", &f.rounds, "rounds to run (overrides the config's rounds)");
   flags.SetDefaultText("rounds", "the config's");
   flags.AddString("out", &f.out,
-                  "when the run finishes, write its final adapter to OUT/adapter (PEFT's files with the labels, "
+                  "when the run finishes, write its final adapter to OUT/adapter (PEFT's files "
+                  "with the labels, "
                   "max_seq_len and prompt settings)");
-  flags.AddBool("out-every-round", &f.out_every_round, "with --out: also each committed round's adapter to OUT/round-N");
+  flags.AddBool("out-every-round", &f.out_every_round,
+                "with --out: also each committed round's adapter to OUT/round-N");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
-  if (f.out_every_round && f.out.empty()) return UsageError(argv[0], "--out-every-round needs --out DIR");
+  if (f.out_every_round && f.out.empty())
+    return UsageError(argv[0], "--out-every-round needs --out DIR");
   if (f.rounds != -1 && (f.rounds < 1 || f.rounds > 1'000'000)) {
     return UsageError(argv[0], "--rounds must be 1-1000000");
   }

@@ -1,4 +1,5 @@
-// fedlora simulate: a whole federation on one machine, over the real protocol (see sim/simulator.h).
+// fedlora simulate: a whole federation on one machine, over the real protocol (see
+// sim/simulator.h).
 //
 //   fedlora simulate --config configs/default.json --out runs/default
 //   fedlora simulate --config configs/iid.json --rounds 3 --num-clients 4 --seed 7
@@ -31,7 +32,7 @@ namespace {
 struct SimulateFlags {
   std::string config_path;
   std::string out_dir = "runs/simulate";
-  int64_t rounds = -1;  // -1: keep the config's
+  int64_t rounds = -1;   // -1: keep the config's
   int64_t clients = -1;  // -1: keep the config's simulation.num_clients
   uint64_t seed = 0;
   bool seed_given = false;
@@ -53,7 +54,8 @@ absl::StatusOr<std::vector<sim::ReferenceLine>> ParseReferences(const std::strin
   for (absl::string_view item : absl::StrSplit(text, ',')) {
     const size_t eq = item.rfind('=');
     sim::ReferenceLine r;
-    if (eq != absl::string_view::npos) r.label = std::string(absl::StripAsciiWhitespace(item.substr(0, eq)));
+    if (eq != absl::string_view::npos)
+      r.label = std::string(absl::StripAsciiWhitespace(item.substr(0, eq)));
     if (eq == absl::string_view::npos || r.label.empty() ||
         !absl::SimpleAtod(item.substr(eq + 1), &r.value) || !std::isfinite(r.value)) {
       return absl::InvalidArgumentError(
@@ -75,7 +77,8 @@ absl::Status Simulate(const SimulateFlags& f) {
   // The simulated federation runs on loopback in plaintext (its server picks a free port), whatever
   // the config's server section says; a config that asks for TLS is refused rather than ignored.
   bool asks_for_tls = false;
-  FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadRunConfigFile(f.config_path, [&](v1::RunConfig* c) {
+  FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config,
+                           LoadRunConfigFile(f.config_path, [&](v1::RunConfig* c) {
                              asks_for_tls = c->server().has_tls();
                              c->mutable_server()->clear_tls();
                              c->mutable_server()->set_listen_address("127.0.0.1:0");
@@ -83,7 +86,8 @@ absl::Status Simulate(const SimulateFlags& f) {
                            }));
   if (asks_for_tls) {
     return absl::InvalidArgumentError(
-        "server.tls: `fedlora simulate` runs its virtual clients over loopback without TLS; remove server.tls "
+        "server.tls: `fedlora simulate` runs its virtual clients over loopback without TLS; remove "
+        "server.tls "
         "(updates are still sealed end to end)");
   }
   if (f.rounds >= 0) config.set_rounds(static_cast<uint32_t>(f.rounds));
@@ -94,10 +98,12 @@ absl::Status Simulate(const SimulateFlags& f) {
     v1::SelectionConfig* sel = config.mutable_selection();
     // Fewer clients than a round needs could never fill one: shrink the round to fit.
     if (sel->clients_per_round() > n) {
-      FEDLORA_SAY("fedlora simulate: clients_per_round %u -> %u to fit --num-clients\n", sel->clients_per_round(), n);
+      FEDLORA_SAY("fedlora simulate: clients_per_round %u -> %u to fit --num-clients\n",
+                  sel->clients_per_round(), n);
       sel->set_clients_per_round(n);
     }
-    if (sel->min_clients() > sel->clients_per_round()) sel->set_min_clients(sel->clients_per_round());
+    if (sel->min_clients() > sel->clients_per_round())
+      sel->set_min_clients(sel->clients_per_round());
   }
   v1::SimulationConfig* sim = config.mutable_simulation();
   if (f.parallelism >= 0) sim->set_parallelism(static_cast<uint32_t>(f.parallelism));
@@ -113,8 +119,8 @@ absl::Status Simulate(const SimulateFlags& f) {
   const std::string log_path = LogPath(f);
   FEDLORA_RETURN_IF_ERROR(OpenLogFile(log_path));
   // The file is appended to: this line marks where a run starts.
-  FEDLORA_LOG(INFO) << "fedlora simulate: run " << config.run_id() << ", config " << f.config_path << ", out "
-                    << f.out_dir;
+  FEDLORA_LOG(INFO) << "fedlora simulate: run " << config.run_id() << ", config " << f.config_path
+                    << ", out " << f.out_dir;
 
   sim::SimOptions options;
   options.out_dir = f.out_dir;
@@ -135,16 +141,19 @@ absl::Status Simulate(const SimulateFlags& f) {
   if (!result.rounds.empty()) {
     const sim::RoundRecord &first = result.rounds.front(), &last = result.rounds.back();
     // A decoder run without exact match has perplexity only.
-    const bool perplexity = !std::isfinite(last.eval_accuracy) && std::isfinite(last.eval_perplexity);
+    const bool perplexity =
+        !std::isfinite(last.eval_accuracy) && std::isfinite(last.eval_perplexity);
     FEDLORA_SAY(
-                 "fedlora simulate: %s %.4f after %d rounds (untuned %.4f), %.1f s; reports in %s "
-                 "(rounds.jsonl, rounds.csv, rounds.svg, summary.json), adapter in %s/adapter%s%s\n",
-                 perplexity ? "perplexity" : "accuracy", perplexity ? last.eval_perplexity : last.eval_accuracy,
-                 last.round, perplexity ? first.eval_perplexity : first.eval_accuracy, result.seconds,
-                 f.out_dir.c_str(), f.out_dir.c_str(), log_path.empty() ? "" : ", log in ", log_path.c_str());
+        "fedlora simulate: %s %.4f after %d rounds (untuned %.4f), %.1f s; reports in %s "
+        "(rounds.jsonl, rounds.csv, rounds.svg, summary.json), adapter in %s/adapter%s%s\n",
+        perplexity ? "perplexity" : "accuracy",
+        perplexity ? last.eval_perplexity : last.eval_accuracy, last.round,
+        perplexity ? first.eval_perplexity : first.eval_accuracy, result.seconds, f.out_dir.c_str(),
+        f.out_dir.c_str(), log_path.empty() ? "" : ", log in ", log_path.c_str());
     if (std::isfinite(last.dp_epsilon)) {
-      FEDLORA_SAY("fedlora simulate: differential privacy: epsilon %.4f at delta %g after %d rounds\n",
-                   last.dp_epsilon, config.privacy().dp().target_delta(), last.round);
+      FEDLORA_SAY(
+          "fedlora simulate: differential privacy: epsilon %.4f at delta %g after %d rounds\n",
+          last.dp_epsilon, config.privacy().dp().target_delta(), last.round);
     }
   }
   return absl::OkStatus();
@@ -155,24 +164,29 @@ absl::Status Simulate(const SimulateFlags& f) {
 int RunSimulate(int argc, char** argv) {
   const std::string command = argv[0];
   SimulateFlags f;
-  FlagSet flags(command,
-                "Runs a federation on this machine: one aggregation server and N virtual clients speaking the\n"
-                "real protocol over loopback, with the partitioning and faults of the config's simulation\n"
-                "section. Writes per-round reports (JSONL, CSV, SVG) and the final adapter into --out.\n"
-                "The console shows the progress line and the summary table; the log of the server and the\n"
-                "clients is appended to <out>/server.log (or --log-file), and its WARNING and ERROR lines\n"
-                "are copied to stderr. --verbose (or --log-file -) sends the log to stderr instead.");
-  flags.AddString("config", &f.config_path, "run config (JSON, see proto/fedlora/v1/config.proto)", true);
+  FlagSet flags(
+      command,
+      "Runs a federation on this machine: one aggregation server and N virtual clients speaking "
+      "the\n"
+      "real protocol over loopback, with the partitioning and faults of the config's simulation\n"
+      "section. Writes per-round reports (JSONL, CSV, SVG) and the final adapter into --out.\n"
+      "The console shows the progress line and the summary table; the log of the server and the\n"
+      "clients is appended to <out>/server.log (or --log-file), and its WARNING and ERROR lines\n"
+      "are copied to stderr. --verbose (or --log-file -) sends the log to stderr instead.");
+  flags.AddString("config", &f.config_path, "run config (JSON, see proto/fedlora/v1/config.proto)",
+                  true);
   flags.AddString("out", &f.out_dir, "output directory (its store/ subdirectory is recreated)");
   flags.AddInt("rounds", &f.rounds, "override the config's rounds");
   flags.AddInt("num-clients", &f.clients,
                "override simulation.num_clients (clients_per_round shrinks to fit)");
   flags.AddRenamed("clients", "num-clients", "the number of virtual clients");
   flags.AddUint("seed", &f.seed, "override the config's seed");
-  flags.AddInt("parallelism", &f.parallelism,
-               "override simulation.parallelism: virtual clients training at once (0: the number of cores)");
+  flags.AddInt(
+      "parallelism", &f.parallelism,
+      "override simulation.parallelism: virtual clients training at once (0: the number of cores)");
   flags.AddFloat("crash-probability", &f.crash_probability,
-                 "override simulation.crash_probability: a selected client's upload is cut off midway (it resumes)");
+                 "override simulation.crash_probability: a selected client's upload is cut off "
+                 "midway (it resumes)");
   flags.AddInt("shards-per-client", &f.shards_per_client,
                "partition by label shards (LABEL_SHARDS), this many labels per client");
   flags.AddFloat("max-seconds", &f.max_seconds, "give up when the run takes longer (0: no limit)");
@@ -182,16 +196,20 @@ int RunSimulate(int argc, char** argv) {
   }
   flags.SetDefaultText("shards-per-client", "the config's partition");
   flags.AddString("device", &f.device,
-                  "cpu, cuda or auto (the GPU when one is usable): where the virtual clients and the evaluation "
+                  "cpu, cuda or auto (the GPU when one is usable): where the virtual clients and "
+                  "the evaluation "
                   "compute and the server sums; a run that needs the CPU (INT8 precision) "
                   "runs there with auto and is refused with cuda");
-  flags.AddBool("mtls", &f.mtls,
-                "serve the federation over mutual TLS with a development PKI made for the run in <out>/pki");
-  flags.AddString("reference", &f.references,
-                  "LABEL=VALUE[,LABEL=VALUE...]: figures drawn across rounds.svg's accuracy (or perplexity) "
-                  "panel for comparison, e.g. centralized=0.7725");
+  flags.AddBool(
+      "mtls", &f.mtls,
+      "serve the federation over mutual TLS with a development PKI made for the run in <out>/pki");
+  flags.AddString(
+      "reference", &f.references,
+      "LABEL=VALUE[,LABEL=VALUE...]: figures drawn across rounds.svg's accuracy (or perplexity) "
+      "panel for comparison, e.g. centralized=0.7725");
   if (auto code = ParseFlagsOrExit(flags, argc, argv, &f.log)) return *code;
-  if (!flags.positional().empty()) return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
+  if (!flags.positional().empty())
+    return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
   if (absl::StatusOr<std::vector<sim::ReferenceLine>> r = ParseReferences(f.references); !r.ok()) {
     return UsageError(command, std::string(r.status().message()));
   }
@@ -202,9 +220,12 @@ int RunSimulate(int argc, char** argv) {
   if (flags.WasSet("rounds") && (f.rounds < 1 || f.rounds > 1'000'000)) {
     return UsageError(command, "--rounds must be 1-1000000");
   }
-  if (flags.WasSet("num-clients") && f.clients < 1) return UsageError(command, "--num-clients must be >= 1");
-  if (flags.WasSet("parallelism") && f.parallelism < 0) return UsageError(command, "--parallelism must be >= 0");
-  if (flags.WasSet("crash-probability") && !(f.crash_probability >= 0 && f.crash_probability <= 1)) {
+  if (flags.WasSet("num-clients") && f.clients < 1)
+    return UsageError(command, "--num-clients must be >= 1");
+  if (flags.WasSet("parallelism") && f.parallelism < 0)
+    return UsageError(command, "--parallelism must be >= 0");
+  if (flags.WasSet("crash-probability") &&
+      !(f.crash_probability >= 0 && f.crash_probability <= 1)) {
     return UsageError(command, "--crash-probability must be in [0, 1]");
   }
   if (f.shards_per_client < 0) return UsageError(command, "--shards-per-client must be >= 0");

@@ -1,7 +1,7 @@
-// fedlora status: asks a running server for its run status (Admin.GetStatus) and, with --list-clients,
-// its client list (Admin.ListClients); with --block ID (or --unblock ID) blocks a client instead
-// (Admin.BlockClient). Prints a short view for people by default (tools/status_view.h), or one JSON
-// document with --json.
+// fedlora status: asks a running server for its run status (Admin.GetStatus) and, with
+// --list-clients, its client list (Admin.ListClients); with --block ID (or --unblock ID) blocks a
+// client instead (Admin.BlockClient). Prints a short view for people by default
+// (tools/status_view.h), or one JSON document with --json.
 //
 //   fedlora status --server 127.0.0.1:50051 --insecure
 //   fedlora status --server fl.example.org:50051 --ca ca.pem --cert operator.pem --key operator.key
@@ -55,7 +55,8 @@ absl::Status Block(v1::Admin::Stub& stub, const std::string& address, const Requ
 
 absl::Status Status(const std::string& address, const std::string& ca, const std::string& cert,
                     const std::string& key, bool insecure, const Request& r) {
-  if (!r.block.empty() && !r.unblock.empty()) return absl::InvalidArgumentError("--block and --unblock exclude each other");
+  if (!r.block.empty() && !r.unblock.empty())
+    return absl::InvalidArgumentError("--block and --unblock exclude each other");
   if (!r.reason.empty() && r.block.empty() && r.unblock.empty()) {
     return absl::InvalidArgumentError("--reason goes with --block or --unblock");
   }
@@ -67,8 +68,9 @@ absl::Status Status(const std::string& address, const std::string& ca, const std
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
   v1::GetStatusResponse status;
-  FEDLORA_RETURN_IF_ERROR_CTX(tls.Explain(FromGrpcStatus(stub->GetStatus(&ctx, v1::GetStatusRequest(), &status))),
-                              absl::StrCat("GetStatus from ", address));
+  FEDLORA_RETURN_IF_ERROR_CTX(
+      tls.Explain(FromGrpcStatus(stub->GetStatus(&ctx, v1::GetStatusRequest(), &status))),
+      absl::StrCat("GetStatus from ", address));
   std::optional<v1::ListClientsResponse> list;
   if (clients) {
     grpc::ClientContext ctx2;
@@ -95,7 +97,9 @@ absl::Status Status(const std::string& address, const std::string& ca, const std
 }  // namespace
 
 int RunStatus(int argc, char** argv) {
-  FlagSet flags(argv[0], "Prints a running server's status (and clients): a short view, or JSON with --json.");
+  FlagSet flags(
+      argv[0],
+      "Prints a running server's status (and clients): a short view, or JSON with --json.");
   std::string server, ca, cert, key;
   bool insecure = false;
   Request r;
@@ -107,9 +111,11 @@ int RunStatus(int argc, char** argv) {
   flags.AddBool("list-clients", &r.clients, "also list the clients");
   flags.AddRenamed("clients", "list-clients", "--clients is a list of site ids elsewhere");
   flags.AddBool("json", &r.json,
-                "print one JSON document: GetStatusResponse's fields (proto names, 64-bit integers as numbers), "
+                "print one JSON document: GetStatusResponse's fields (proto names, 64-bit integers "
+                "as numbers), "
                 "with --list-clients a \"clients\" array beside them");
-  flags.AddString("block", &r.block, "block this client id (durable; prints the client instead of the status)");
+  flags.AddString("block", &r.block,
+                  "block this client id (durable; prints the client instead of the status)");
   flags.AddString("unblock", &r.unblock, "lift the block of this client id");
   flags.AddString("reason", &r.reason, "why, for the server's log (with --block or --unblock)");
   flags.AddInt("deadline-ms", &r.deadline_ms, "deadline of each call, milliseconds");

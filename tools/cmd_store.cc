@@ -26,7 +26,8 @@ namespace fedlora::tools {
 namespace {
 
 void Print(const RunCheck& check) {
-  std::cout << "run " << check.run_id << " (latest committed round " << check.latest_committed << ")\n";
+  std::cout << "run " << check.run_id << " (latest committed round " << check.latest_committed
+            << ")\n";
   for (const BlobCheck& b : check.blobs) {
     std::cout << "  round " << b.round << " " << b.kind;
     if (!b.upload_id.empty()) std::cout << " " << b.upload_id << " (client " << b.client_id << ")";
@@ -34,14 +35,16 @@ void Print(const RunCheck& check) {
     if (b.health != BlobHealth::kIntact) std::cout << " (" << b.detail << "); costs: " << b.cost;
     std::cout << "\n";
   }
-  std::cout << "run " << check.run_id << ": " << (check.intact() ? "intact" : "DAMAGED") << std::endl;
+  std::cout << "run " << check.run_id << ": " << (check.intact() ? "intact" : "DAMAGED")
+            << std::endl;
 }
 
 // Returns whether everything checked (verify) or the run can resume (repair).
-absl::StatusOr<bool> StoreCommand(const std::string& verb, const std::string& dir, const std::string& run_id,
-                                  bool rewind) {
+absl::StatusOr<bool> StoreCommand(const std::string& verb, const std::string& dir,
+                                  const std::string& run_id, bool rewind) {
   if (!std::filesystem::exists(dir + "/fedlora.db")) {
-    return absl::NotFoundError(absl::StrCat("no store in ", dir, " (", dir, "/fedlora.db does not exist)"));
+    return absl::NotFoundError(
+        absl::StrCat("no store in ", dir, " (", dir, "/fedlora.db does not exist)"));
   }
   FEDLORA_ASSIGN_OR_RETURN(std::unique_ptr<DataDirLock> lock, DataDirLock::Acquire(dir));
   FEDLORA_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(dir + "/fedlora.db"));
@@ -64,7 +67,8 @@ absl::StatusOr<bool> StoreCommand(const std::string& verb, const std::string& di
                   << " committed rounds after it are marked lost (their epsilon still counts)\n";
       }
       if (o.rewind_needed_to >= 0) {
-        std::cout << "run " << id << ": cannot resume: its latest adapter or optimizer state cannot be rebuilt. "
+        std::cout << "run " << id
+                  << ": cannot resume: its latest adapter or optimizer state cannot be rebuilt. "
                   << "`fedlora store repair --rewind` rolls it back to round " << o.rewind_needed_to
                   << ", losing the rounds after it\n";
         good = false;
@@ -89,16 +93,19 @@ int RunStore(int argc, char** argv) {
   }
   const std::string name = absl::StrCat(argv[0], " ", verb);
   argv[1] = const_cast<char*>(name.c_str());
-  FlagSet flags(name, verb == "verify" ? "Re-hashes every blob a stopped server's store references; exit 0 if "
-                                         "all are intact."
-                                       : "Rebuilds what the store's data allows; --rewind rolls a run that "
-                                         "cannot resume back to its newest intact round.");
+  FlagSet flags(name, verb == "verify"
+                          ? "Re-hashes every blob a stopped server's store references; exit 0 if "
+                            "all are intact."
+                          : "Rebuilds what the store's data allows; --rewind rolls a run that "
+                            "cannot resume back to its newest intact round.");
   std::string dir, run_id;
   bool rewind = false;
-  flags.AddString("store", &dir, "the server's store directory (server.store_dir)", /*required=*/true);
+  flags.AddString("store", &dir, "the server's store directory (server.store_dir)",
+                  /*required=*/true);
   flags.AddRenamed("data-dir", "store", "the name server and export use");
   flags.AddString("run-id", &run_id, "only this run (default: every run in the store)");
-  if (verb == "repair") flags.AddBool("rewind", &rewind, "roll back a run that cannot resume (loses rounds)");
+  if (verb == "repair")
+    flags.AddBool("rewind", &rewind, "roll back a run that cannot resume (loses rounds)");
   if (auto code = ParseFlagsOrExit(flags, argc - 1, argv + 1)) return *code;
   absl::StatusOr<bool> good = StoreCommand(verb, dir, run_id, rewind);
   if (!good.ok()) return Fail(name.c_str(), good.status());

@@ -5,8 +5,9 @@
 //
 // Writes into --out: the adapter directory of model/adapter_dir.h (PEFT's adapter_config.json and
 // adapter_model.safetensors, labels.json with the label order the classifier was trained with,
-// fedlora_adapter.json with max_seq_len; `fedlora eval` reads them back) and metrics.json (options, per-epoch metrics, final evaluation). Prints one JSON line per
-// epoch on stdout; the progress display and human-readable lines go to stderr.
+// fedlora_adapter.json with max_seq_len; `fedlora eval` reads them back) and metrics.json (options,
+// per-epoch metrics, final evaluation). Prints one JSON line per epoch on stdout; the progress
+// display and human-readable lines go to stderr.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -21,9 +22,9 @@
 #include "core/status.h"
 #include "kernels/context.h"
 #include "kernels/gemm.h"
+#include "model/adapter_dir.h"
 #include "model/bert.h"
 #include "model/decoder.h"
-#include "model/adapter_dir.h"
 #include "tools/common.h"
 #include "tools/decoder_commands.h"
 #include "train/trainer.h"
@@ -40,8 +41,8 @@ struct TrainFlags {
   std::string targets;  // "": the family's default (query,value; all seven decoder projections)
   int threads = 0;
   bool bf16 = false;
-  bool bf16_math = false;  // implies bf16
-  bool int8_math = false;  // decoders
+  bool bf16_math = false;      // implies bf16
+  bool int8_math = false;      // decoders
   std::string device = "cpu";  // --device: cpu, cuda, auto
   bool recompute = false;
   DecoderDataFlags data;
@@ -81,9 +82,11 @@ absl::Status Train(TrainFlags f) {
                          .recompute = f.recompute,
                          .device = device});
   }
-  if (f.data.exact_match || f.recompute || !f.data.chat_template.empty() || !f.data.system.empty() || f.int8_math) {
+  if (f.data.exact_match || f.recompute || !f.data.chat_template.empty() ||
+      !f.data.system.empty() || f.int8_math) {
     return absl::InvalidArgumentError(
-        "--exact-match, --recompute, --chat-template, --system and --int8-math apply to decoder models only");
+        "--exact-match, --recompute, --chat-template, --system and --int8-math apply to decoder "
+        "models only");
   }
   if (f.targets.empty()) f.targets = "query,value";
   if (!IsDirectory(f.model_dir))
@@ -105,7 +108,8 @@ absl::Status Train(TrainFlags f) {
   TokenizedDataset eval;
   if (!f.eval_path.empty()) {
     FEDLORA_ASSIGN_OR_RETURN(
-        eval, LoadTokenizedDataset(f.eval_path, *tokenizer, f.train.max_seq_len, label_names, f.fields));
+        eval,
+        LoadTokenizedDataset(f.eval_path, *tokenizer, f.train.max_seq_len, label_names, f.fields));
   }
   if (label_names.size() < 2) {
     return absl::InvalidArgumentError(
@@ -139,11 +143,11 @@ absl::Status Train(TrainFlags f) {
   int64_t trainable = 0;
   for (const Param& p : model->trainable_params()) trainable += p.numel();
   FEDLORA_SAY(
-               "fedlora train: %lld train / %lld eval examples, %zu labels, %lld trainable params, "
-               "%d threads, device %s\n",
-               static_cast<long long>(train.size()), static_cast<long long>(eval.size()),
-               label_names.size(), static_cast<long long>(trainable), kernels::NumThreads(),
-               std::string(DeviceName(device)).c_str());
+      "fedlora train: %lld train / %lld eval examples, %zu labels, %lld trainable params, "
+      "%d threads, device %s\n",
+      static_cast<long long>(train.size()), static_cast<long long>(eval.size()), label_names.size(),
+      static_cast<long long>(trainable), kernels::NumThreads(),
+      std::string(DeviceName(device)).c_str());
 
   Trainer trainer(*model, f.train);
   trainer.on_epoch = [](const EpochReport& r) {
@@ -159,11 +163,11 @@ absl::Status Train(TrainFlags f) {
   FEDLORA_RETURN_IF_ERROR(trainer.Train(train, eval.size() > 0 ? &eval : nullptr));
 
   FEDLORA_RETURN_IF_ERROR(SaveAdapterDirectory(*model,
-                                                {.task = AdapterTask::kSequenceClassification,
-                                                 .base_model = f.model_dir,
-                                                 .label_names = label_names,
-                                                 .max_seq_len = f.train.max_seq_len},
-                                                f.out_dir));
+                                               {.task = AdapterTask::kSequenceClassification,
+                                                .base_model = f.model_dir,
+                                                .label_names = label_names,
+                                                .max_seq_len = f.train.max_seq_len},
+                                               f.out_dir));
   nlohmann::json metrics;
   metrics["model"] = f.model_dir;
   metrics["train"] = f.train_path;
@@ -176,7 +180,8 @@ absl::Status Train(TrainFlags f) {
   metrics["options"]["targets"] = SplitList(f.targets);
   metrics["options"]["bf16"] = f.bf16 || f.bf16_math;
   metrics["options"]["bf16_math"] = f.bf16_math;
-  metrics["options"]["bf16_math_active"] = f.bf16_math && (device == Device::kCuda || kernels::Bf16MathAvailable());
+  metrics["options"]["bf16_math_active"] =
+      f.bf16_math && (device == Device::kCuda || kernels::Bf16MathAvailable());
   metrics["options"]["threads"] = kernels::NumThreads();
   metrics["options"]["device"] = std::string(DeviceName(device));
   metrics["openblas_core"] = kernels::OpenBlasCoreName();
@@ -209,10 +214,11 @@ int RunTrain(int argc, char** argv) {
       "A BERT-family encoder (and its classifier) learns a labelled dataset (JSONL/CSV/TSV with\n"
       "text and label); a decoder (a .gguf file, or a LLaMA/Qwen2 directory) learns the responses\n"
       "of JSONL conversations ({\"prompt\", \"response\"} or {\"messages\": [...]}).");
-  flags.AddString("model", &f.model_dir,
-                  "encoder directory (config.json, model.safetensors, tokenizer.json or vocab.txt), "
-                  "or a decoder: a .gguf file or a directory with config.json and safetensors",
-                  true);
+  flags.AddString(
+      "model", &f.model_dir,
+      "encoder directory (config.json, model.safetensors, tokenizer.json or vocab.txt), "
+      "or a decoder: a .gguf file or a directory with config.json and safetensors",
+      true);
   flags.AddString("train", &f.train_path, "training data file", true);
   flags.AddString("eval", &f.eval_path, "evaluation data file, scored after every epoch");
   flags.AddString("out", &f.out_dir, "output directory for the adapter and metrics", true);
@@ -221,14 +227,16 @@ int RunTrain(int argc, char** argv) {
                "stop after this many optimizer steps (0: run all epochs)");
   flags.AddInt("batch-size", &f.train.batch_size, "examples per micro-batch");
   flags.AddInt("grad-accumulation", &f.train.grad_accumulation, "micro-batches per optimizer step");
-  flags.AddInt("max-seq-len", &f.train.max_seq_len,
-               "tokens per example ([CLS]/[SEP] included; decoders: the rendered conversation); longer "
-               "texts are cut (a decoder prompt loses its middle, so that the response stays whole)");
+  flags.AddInt(
+      "max-seq-len", &f.train.max_seq_len,
+      "tokens per example ([CLS]/[SEP] included; decoders: the rendered conversation); longer "
+      "texts are cut (a decoder prompt loses its middle, so that the response stays whole)");
   // The best centralized learning rate measured, for MiniLM on fortunes and for SmolLM2 on
   // fortunes and WordNet (docs/results.md); TrainOptions' own default is 5e-4.
   f.train.lr = 2e-3f;
   flags.AddFloat("lr", &f.train.lr, "peak learning rate (the best measured: docs/results.md)");
-  flags.AddChoice("optimizer", &f.train.optimizer, {"adamw", "lamb", "sgd"}, "optimizer (training.optimizer)");
+  flags.AddChoice("optimizer", &f.train.optimizer, {"adamw", "lamb", "sgd"},
+                  "optimizer (training.optimizer)");
   flags.AddFloat("weight-decay", &f.train.weight_decay,
                  "decoupled weight decay (not on 1-D params)");
   flags.AddInt("warmup-steps", &f.train.warmup_steps, "linear learning-rate warmup steps");
@@ -251,11 +259,13 @@ int RunTrain(int argc, char** argv) {
   flags.AddBool("bf16-math", &f.bf16_math,
                 "also multiply with them in bf16, fp32 accumulation, on CUDA and where the CPU has "
                 "AVX512_BF16 (implies --bf16)");
-  flags.AddString("device", &f.device,
-                  "cpu, cuda or auto (the GPU when one is usable); int8 math runs on the CPU: auto then takes "
-                  "it, cuda is refused");
+  flags.AddString(
+      "device", &f.device,
+      "cpu, cuda or auto (the GPU when one is usable); int8 math runs on the CPU: auto then takes "
+      "it, cuda is refused");
   flags.AddBool("int8-math", &f.int8_math,
-                "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where the CPU has "
+                "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where "
+                "the CPU has "
                 "AVX512-VNNI (not with --bf16)");
   flags.AddBool("group-by-length", &f.train.group_by_length,
                 "batch examples of similar length together (less padding, faster epochs)");
@@ -287,7 +297,8 @@ int RunTrain(int argc, char** argv) {
     return UsageError(command, "--targets names no module");
   const bool decoder = IsDecoderCheckpoint(f.model_dir);
   for (const std::string& t : SplitList(f.targets)) {
-    const absl::Status parsed = decoder ? ParseDecoderTarget(t).status() : ParseLoraTarget(t).status();
+    const absl::Status parsed =
+        decoder ? ParseDecoderTarget(t).status() : ParseLoraTarget(t).status();
     if (!parsed.ok()) return UsageError(command, std::string(parsed.message()));
   }
   if (!decoder && (f.data.prompt_field != "prompt" || f.data.response_field != "response"))

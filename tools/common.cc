@@ -13,9 +13,9 @@
 #include "absl/strings/str_join.h"
 #include "core/did_you_mean.h"
 #include "core/file.h"
+#include "core/json.h"
 #include "core/logging.h"
 #include "core/status.h"
-#include "core/json.h"
 #include "kernels/device.h"
 #include "model/adapter_dir.h"
 #include "model/bert_config.h"
@@ -27,19 +27,20 @@ namespace fedlora::tools {
 
 void AddLogFlags(FlagSet& flags, LogFlags* log) {
   if (!flags.Has("log-level")) {
-    flags.AddString("log-level", &log->level,
-                    "log threshold: debug, info, warning or error");
+    flags.AddString("log-level", &log->level, "log threshold: debug, info, warning or error");
     flags.SetDefaultText("log-level", "$FEDLORA_LOG_LEVEL, else info");
   }
-  if (!flags.Has("verbose")) flags.AddBool("verbose", &log->verbose, "log DEBUG lines too (--log-level debug)");
+  if (!flags.Has("verbose"))
+    flags.AddBool("verbose", &log->verbose, "log DEBUG lines too (--log-level debug)");
   if (!flags.Has("log-format")) {
     flags.AddString("log-format", &log->format,
                     "log lines as text, or json (one object per line: ts, level, file, line, msg)");
     flags.SetDefaultText("log-format", "$FEDLORA_LOG_FORMAT, else text");
   }
   if (!flags.Has("log-file")) {
-    flags.AddString("log-file", &log->file,
-                    "append the log to this file; WARNING and ERROR lines still reach stderr (-: stderr)");
+    flags.AddString(
+        "log-file", &log->file,
+        "append the log to this file; WARNING and ERROR lines still reach stderr (-: stderr)");
   }
 }
 
@@ -51,13 +52,15 @@ absl::Status ApplyLogLevelAndFormat(const LogFlags& log) {
   }
   if (log.verbose) {
     if (!log.level.empty() && level != LogLevel::kDebug) {
-      return absl::InvalidArgumentError(absl::StrCat("--verbose contradicts --log-level ", log.level));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--verbose contradicts --log-level ", log.level));
     }
     level = LogLevel::kDebug;
   }
   LogFormat format = GetLogFormat();
   if (!log.format.empty() && !ParseLogFormat(log.format, &format)) {
-    return absl::InvalidArgumentError(absl::StrCat("--log-format: '", log.format, "' is not text or json"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log-format: '", log.format, "' is not text or json"));
   }
   SetLogLevel(level);
   SetLogFormat(format);
@@ -81,7 +84,8 @@ std::optional<int> ParseFlagsOrExit(FlagSet& flags, int argc, char** argv, LogFl
     return kExitOk;
   }
   if (!status.ok()) return UsageError(argv[0], std::string(status.message()));
-  if (absl::Status s = ApplyLogLevelAndFormat(*log); !s.ok()) return UsageError(argv[0], std::string(s.message()));
+  if (absl::Status s = ApplyLogLevelAndFormat(*log); !s.ok())
+    return UsageError(argv[0], std::string(s.message()));
   return std::nullopt;
 }
 
@@ -96,14 +100,18 @@ void SayAt(const char* file, int line, LogLevel level, const std::string& text) 
   std::string_view msg = text;
   if (!msg.empty() && msg.back() == '\n') msg.remove_suffix(1);
   if (GetLogFormat() == LogFormat::kJson) {
-    std::fputs(FormatLogLine(LogFormat::kJson, level, file, line, std::chrono::system_clock::now(), msg).c_str(), stderr);
+    std::fputs(
+        FormatLogLine(LogFormat::kJson, level, file, line, std::chrono::system_clock::now(), msg)
+            .c_str(),
+        stderr);
   } else {
     std::fprintf(stderr, "%.*s\n", static_cast<int>(msg.size()), msg.data());
   }
 }
 
 int Fail(const std::string& command, const absl::Status& status) {
-  SayAt(__FILE__, __LINE__, LogLevel::kError, absl::StrCat(command, ": error: ", status.ToString()));
+  SayAt(__FILE__, __LINE__, LogLevel::kError,
+        absl::StrCat(command, ": error: ", status.ToString()));
   return kExitFailure;
 }
 
@@ -142,10 +150,10 @@ nlohmann::json TrainOptionsJson(const TrainOptions& o) {
 
 namespace {
 
-void Note(const std::string& command, const std::string& flag, const std::string& given, const std::string& recorded,
-          const std::string& adapter_dir) {
-  FEDLORA_SAY("%s: %s %s differs from the adapter's %s (%s/%s): figures may differ from the run's", command, flag, given,
-              recorded, adapter_dir, kAdapterMetadataFile);
+void Note(const std::string& command, const std::string& flag, const std::string& given,
+          const std::string& recorded, const std::string& adapter_dir) {
+  FEDLORA_SAY("%s: %s %s differs from the adapter's %s (%s/%s): figures may differ from the run's",
+              command, flag, given, recorded, adapter_dir, kAdapterMetadataFile);
 }
 
 std::string Quoted(const std::string& s) { return nlohmann::json(s).dump(); }
@@ -160,7 +168,8 @@ absl::Status ApplyAdapterSettings(const std::string& command, const std::string&
     if (!s.max_seq_len_given) {
       *s.max_seq_len = *info.max_seq_len;
     } else if (*s.max_seq_len != *info.max_seq_len) {
-      Note(command, "--max-seq-len", std::to_string(*s.max_seq_len), std::to_string(*info.max_seq_len), adapter_dir);
+      Note(command, "--max-seq-len", std::to_string(*s.max_seq_len),
+           std::to_string(*info.max_seq_len), adapter_dir);
     }
   }
   if (s.system != nullptr && info.system_prompt) {
@@ -189,15 +198,18 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> LoadTokenizer(const std::str
 }
 
 absl::StatusOr<Device> ResolveDevice(const std::string& typed) {
-  const std::string text = absl::AsciiStrToLower(typed);  // any case, as the run config's enum values
+  const std::string text =
+      absl::AsciiStrToLower(typed);  // any case, as the run config's enum values
   if (text == "cpu") return Device::kCpu;
   if (text == "auto") return kernels::CudaAvailable() ? Device::kCuda : Device::kCpu;
   if (text == "cuda") {
     FEDLORA_RETURN_IF_ERROR(kernels::CheckCudaAvailable());
     return Device::kCuda;
   }
-  std::string message = absl::StrCat("--device: unknown value '", typed, "'; valid: cpu, cuda, auto (any case)");
-  if (auto near = NearestName(text, {"cpu", "cuda", "auto"})) absl::StrAppend(&message, "; did you mean ", *near, "?");
+  std::string message =
+      absl::StrCat("--device: unknown value '", typed, "'; valid: cpu, cuda, auto (any case)");
+  if (auto near = NearestName(text, {"cpu", "cuda", "auto"}))
+    absl::StrAppend(&message, "; did you mean ", *near, "?");
   return absl::InvalidArgumentError(message);
 }
 
@@ -207,11 +219,12 @@ std::string CpuOnlyWork(const v1::RunConfig& config) {
   return CpuOnlyWork(config.model().precision() == v1::ModelConfig::INT8);
 }
 
-absl::StatusOr<Device> DeviceForRun(const std::string& flag, Device resolved, const std::string& cpu_only) {
+absl::StatusOr<Device> DeviceForRun(const std::string& flag, Device resolved,
+                                    const std::string& cpu_only) {
   if (resolved == Device::kCpu || cpu_only.empty()) return resolved;
   if (absl::EqualsIgnoreCase(flag, "auto")) return Device::kCpu;
-  return absl::UnimplementedError(
-      absl::StrCat("--device cuda: ", cpu_only, " runs on the CPU only so far; use --device cpu or auto"));
+  return absl::UnimplementedError(absl::StrCat(
+      "--device cuda: ", cpu_only, " runs on the CPU only so far; use --device cpu or auto"));
 }
 
 absl::StatusOr<int> EffectiveMaxSeqLen(const std::string& model_dir, int requested) {
@@ -220,15 +233,19 @@ absl::StatusOr<int> EffectiveMaxSeqLen(const std::string& model_dir, int request
 }
 
 void AddEncoderDataFlags(FlagSet& flags, EncoderDataFlags* fields) {
-  flags.AddString("text-field", &fields->text_field, "encoders: JSONL field (or CSV/TSV column) of the text");
+  flags.AddString("text-field", &fields->text_field,
+                  "encoders: JSONL field (or CSV/TSV column) of the text");
   flags.AddString("pair-field", &fields->pair_field,
                   "encoders: field of a pair task's second text (used when the data has it)");
-  flags.AddString("label-field", &fields->label_field, "encoders: field of the label (a name or its index)");
+  flags.AddString("label-field", &fields->label_field,
+                  "encoders: field of the label (a name or its index)");
 }
 
-std::string EncoderDataFlagsProblem(const EncoderDataFlags& fields, const FlagSet& flags, bool decoder) {
+std::string EncoderDataFlagsProblem(const EncoderDataFlags& fields, const FlagSet& flags,
+                                    bool decoder) {
   if (decoder && fields.any_given(flags)) {
-    return "--text-field, --pair-field and --label-field apply to encoder models only (a decoder reads "
+    return "--text-field, --pair-field and --label-field apply to encoder models only (a decoder "
+           "reads "
            "--prompt-field and --response-field)";
   }
   if (fields.text_field.empty() || fields.pair_field.empty() || fields.label_field.empty()) {
@@ -256,7 +273,8 @@ absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
   return TokenizeDataset(data, tokenizer, max_seq_len);
 }
 
-absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path, const WordPieceTokenizer& tokenizer,
+absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
+                                                      const WordPieceTokenizer& tokenizer,
                                                       int max_seq_len, const v1::TaskConfig& task) {
   FEDLORA_ASSIGN_OR_RETURN(Dataset data, LoadDataset(path, DatasetOptionsFromConfig(task)));
   return TokenizeDataset(data, tokenizer, max_seq_len);

@@ -4,16 +4,16 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/logging.h"
 #include "absl/strings/str_format.h"
+#include "core/logging.h"
 #include "fedlora/v1/config.pb.h"
-#include <nlohmann/json.hpp>
 #include "model/decoder_tokenizer.h"
 #include "model/tokenizer.h"
 #include "tools/commands.h"
@@ -42,8 +42,9 @@ void AddLogFlags(FlagSet& flags, LogFlags* log);
 // log object (level, file, line, msg), so that a json log holds nothing but json. A trailing
 // newline is dropped. FEDLORA_SAY("...%d...", n) formats it (absl::StrFormat) and says where.
 void SayAt(const char* file, int line, LogLevel level, const std::string& text);
-#define FEDLORA_SAY(...) \
-  ::fedlora::tools::SayAt(__FILE__, __LINE__, ::fedlora::LogLevel::kInfo, ::absl::StrFormat(__VA_ARGS__))
+#define FEDLORA_SAY(...)                                                  \
+  ::fedlora::tools::SayAt(__FILE__, __LINE__, ::fedlora::LogLevel::kInfo, \
+                          ::absl::StrFormat(__VA_ARGS__))
 
 // The fields of an encoder's labelled data (JSONL keys, or CSV/TSV columns), as a run config's
 // task.text_field, pair_field and label_field name them: --text-field, --pair-field, --label-field.
@@ -59,7 +60,8 @@ struct EncoderDataFlags {
 void AddEncoderDataFlags(FlagSet& flags, EncoderDataFlags* fields);
 // Empty unless the flags contradict themselves or the model: a decoder takes none of them (it
 // reads --prompt-field and --response-field), a name is not empty, the text and pair fields differ.
-std::string EncoderDataFlagsProblem(const EncoderDataFlags& fields, const FlagSet& flags, bool decoder);
+std::string EncoderDataFlagsProblem(const EncoderDataFlags& fields, const FlagSet& flags,
+                                    bool decoder);
 // Checks the values (InvalidArgument naming the flag) and applies the level and the format.
 absl::Status ApplyLogLevelAndFormat(const LogFlags& log);
 // The file --log-file names: empty for none or "-".
@@ -95,7 +97,8 @@ std::string CpuOnlyWork(const v1::RunConfig& config);
 // The device a run computes on, `resolved` from --device `flag` (ResolveDevice), when `cpu_only`
 // (CpuOnlyWork) names work that needs the CPU: "auto" then takes the CPU, "cuda" is refused with
 // Unimplemented naming that work. `resolved` itself otherwise.
-absl::StatusOr<Device> DeviceForRun(const std::string& flag, Device resolved, const std::string& cpu_only);
+absl::StatusOr<Device> DeviceForRun(const std::string& flag, Device resolved,
+                                    const std::string& cpu_only);
 
 // Settings an adapter directory records (model/adapter_dir.h's fedlora_adapter.json) that a
 // command's flags may also give: max_seq_len, and for decoders the system prompt and the chat
@@ -124,8 +127,10 @@ absl::StatusOr<int> EffectiveMaxSeqLen(const std::string& model_dir, int request
 // Reads a labelled dataset (train/dataset.h formats) and tokenizes it. `label_names`, when not
 // empty, fixes the label order (an eval set must use the training set's); a label not in it is
 // an error. On return `label_names` holds the order used.
-// As above, reading the fields the run config's task names (train_config.h DatasetOptionsFromConfig).
-absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path, const WordPieceTokenizer& tokenizer,
+// As above, reading the fields the run config's task names (train_config.h
+// DatasetOptionsFromConfig).
+absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
+                                                      const WordPieceTokenizer& tokenizer,
                                                       int max_seq_len, const v1::TaskConfig& task);
 absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
                                                       const WordPieceTokenizer& tokenizer,

@@ -12,11 +12,11 @@ namespace fedlora::tools {
 
 // What both commands read the data with.
 struct DecoderDataFlags {
-  std::string chat_template;                 // "" : the checkpoint's
+  std::string chat_template;  // "" : the checkpoint's
   std::string prompt_field = "prompt";
   std::string response_field = "response";
-  std::string system;                        // system message before each prompt ("": none)
-  bool exact_match = false;                  // also score greedy generations
+  std::string system;        // system message before each prompt ("": none)
+  bool exact_match = false;  // also score greedy generations
 };
 
 struct DecoderTrainFlags {
@@ -43,8 +43,8 @@ struct DecoderEvalFlags {
   int max_seq_len = 128;
   int threads = 0;
   bool bf16 = false;
-  bool bf16_math = false;  // implies bf16
-  bool int8_math = false;  // the base held as Q8_0; not with bf16
+  bool bf16_math = false;        // implies bf16
+  bool int8_math = false;        // the base held as Q8_0; not with bf16
   Device device = Device::kCpu;  // as DecoderTrainFlags::device
 };
 absl::Status EvalDecoder(const DecoderEvalFlags& f);

@@ -7,10 +7,10 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/did_you_mean.h"
@@ -116,9 +116,11 @@ void FlagSet::AddChoice(const std::string& name, std::string* out, std::vector<s
              return absl::OkStatus();
            }
          }
-         std::string message = absl::StrCat("--", name, ": unknown value '", v, "'; valid: ",
-                                            absl::StrJoin(choices, ", "), " (any case)");
-         if (auto near = NearestName(v, choices)) absl::StrAppend(&message, "; did you mean ", *near, "?");
+         std::string message =
+             absl::StrCat("--", name, ": unknown value '", v,
+                          "'; valid: ", absl::StrJoin(choices, ", "), " (any case)");
+         if (auto near = NearestName(v, choices))
+           absl::StrAppend(&message, "; did you mean ", *near, "?");
          return absl::InvalidArgumentError(message);
        }});
 }
@@ -191,8 +193,7 @@ absl::Status FlagSet::Parse(int argc, char** argv) {
       } else if (i + 1 < argc) {
         value = argv[++i];
       } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat(typed, " needs a ", flag->type, " value"));
+        return absl::InvalidArgumentError(absl::StrCat(typed, " needs a ", flag->type, " value"));
       }
     }
     if (absl::Status s = flag->parse(value); !s.ok()) return s;
@@ -219,7 +220,8 @@ absl::Status FlagSet::UnknownFlag(const std::string& typed, const std::string& b
   std::string message = absl::StrCat("unknown flag ", typed, " for '", command_, "'");
   std::vector<std::string> names;
   for (const Flag& f : flags_) names.push_back(f.name);
-  if (auto near = NearestName(body, names)) absl::StrAppend(&message, "; did you mean --", *near, "?");
+  if (auto near = NearestName(body, names))
+    absl::StrAppend(&message, "; did you mean --", *near, "?");
   absl::StrAppend(&message, " (see '", command_, " --help')");
   return absl::InvalidArgumentError(message);
 }
@@ -227,7 +229,8 @@ absl::Status FlagSet::UnknownFlag(const std::string& typed, const std::string& b
 std::string FlagSet::Help() const {
   std::string out = absl::StrCat("usage: ", command_, " [flags]\n", summary_, "\n\nflags:\n");
   for (const Flag& f : flags_) {
-    std::string left = f.is_bool ? absl::StrCat("  --[no-]", f.name) : absl::StrCat("  --", f.name, " <", f.type, ">");
+    std::string left = f.is_bool ? absl::StrCat("  --[no-]", f.name)
+                                 : absl::StrCat("  --", f.name, " <", f.type, ">");
     if (f.name == "verbose") left = "  -v, --[no-]verbose";
     absl::StrAppend(&out, absl::StrFormat("%-28s %s", left, f.help));
     if (f.required) {

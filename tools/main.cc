@@ -10,8 +10,8 @@
 
 namespace fedlora::tools {
 
-// tools/cmd_server.cc: installs the server's SIGINT/SIGTERM/SIGHUP handlers and blocks those signals
-// in the calling thread, before that thread starts any other. Idempotent.
+// tools/cmd_server.cc: installs the server's SIGINT/SIGTERM/SIGHUP handlers and blocks those
+// signals in the calling thread, before that thread starts any other. Idempotent.
 void PrepareServerSignals();
 
 namespace {
@@ -29,24 +29,29 @@ constexpr Subcommand kSubcommands[] = {
     {"train", "fine-tune LoRA adapters of a model centrally on one dataset", RunTrain},
     {"eval", "evaluate a model with an adapter on a labelled dataset", RunEval},
     {"embed", "write the frozen model's pooled sentence embeddings of a dataset", RunEmbed},
-    {"generate", "completions of a decoder LLM (and a LoRA adapter): greedy or sampled, streamed", RunGenerate},
+    {"generate", "completions of a decoder LLM (and a LoRA adapter): greedy or sampled, streamed",
+     RunGenerate},
     {"simulate", "run a whole federation (server + virtual clients) on this machine", RunSimulate},
     {"server", "run the aggregation server for a run config", RunServer, PrepareServerSignals},
     {"client", "join a federation and train LoRA adapters on local data", RunClient},
     {"status", "print a running server's status (--json: as one JSON document)", RunStatus},
     {"health", "ask a server's gRPC health service whether it serves (exit 0 if so)", RunHealth},
     {"store", "verify or repair a stopped server's store (blob hashes, rewind)", RunStore},
-    {"export", "a federation's adapter from a store as a PEFT directory; a decoder's as a GGUF LoRA", RunExport},
-    {"merge", "fold an adapter into its base: a Hugging Face model directory without PEFT", RunMerge},
+    {"export",
+     "a federation's adapter from a store as a PEFT directory; a decoder's as a GGUF LoRA",
+     RunExport},
+    {"merge", "fold an adapter into its base: a Hugging Face model directory without PEFT",
+     RunMerge},
     {"certs", "make a development CA, server and client certificates, and CRLs", RunCerts},
     {"audit", "open the audit trail (server.audit_public_key_file) with the offline key", RunAudit},
 };
 
 void PrintUsage(std::FILE* out) {
-  std::fprintf(out,
-               "usage: fedlora <command> [flags]\n"
-               "       fedlora --version\n"
-               "Federated LoRA fine-tuning of BERT-family encoders and decoder LLMs.\n\ncommands:\n");
+  std::fprintf(
+      out,
+      "usage: fedlora <command> [flags]\n"
+      "       fedlora --version\n"
+      "Federated LoRA fine-tuning of BERT-family encoders and decoder LLMs.\n\ncommands:\n");
   for (const Subcommand& c : kSubcommands) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
   std::fprintf(out, "\n'fedlora <command> --help' lists the flags of a command.\n");
 }
@@ -74,7 +79,8 @@ int main(int argc, char** argv) {
     return kExitOk;
   }
   if (command == "--version" || command == "version") {
-    std::printf("fedlora %s (GPU: %s)\n", FEDLORA_VERSION, fedlora::kernels::CudaDeviceDescription().c_str());
+    std::printf("fedlora %s (GPU: %s)\n", FEDLORA_VERSION,
+                fedlora::kernels::CudaDeviceDescription().c_str());
     return kExitOk;
   }
   for (const Subcommand& c : kSubcommands) {

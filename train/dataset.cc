@@ -33,24 +33,26 @@ absl::Status LineError(const std::string& path, int64_t line, std::string_view p
 }
 
 bool IsBlank(std::string_view s) {
-  return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; });
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; });
 }
 
 // Checks the text and pair of a record. An empty pair means "no pair".
 absl::Status CheckTexts(const std::string& path, const DatasetOptions& options, RawExample* ex) {
-  if (IsBlank(ex->text)) return LineError(path, ex->line, absl::StrCat("empty text in \"", options.text_field, "\""));
+  if (IsBlank(ex->text))
+    return LineError(path, ex->line, absl::StrCat("empty text in \"", options.text_field, "\""));
   if (static_cast<int64_t>(ex->text.size()) > options.max_text_bytes) {
     return LineError(path, ex->line,
-                     absl::StrCat("text is ", ex->text.size(), " bytes, more than max_text_bytes = ",
-                                  options.max_text_bytes));
+                     absl::StrCat("text is ", ex->text.size(),
+                                  " bytes, more than max_text_bytes = ", options.max_text_bytes));
   }
   if (ex->text_pair.has_value()) {
     if (ex->text_pair->empty()) {
       ex->text_pair.reset();
     } else if (static_cast<int64_t>(ex->text_pair->size()) > options.max_text_bytes) {
       return LineError(path, ex->line,
-                       absl::StrCat("text pair is ", ex->text_pair->size(), " bytes, more than max_text_bytes = ",
-                                    options.max_text_bytes));
+                       absl::StrCat("text pair is ", ex->text_pair->size(),
+                                    " bytes, more than max_text_bytes = ", options.max_text_bytes));
     }
   }
   return absl::OkStatus();
@@ -59,7 +61,7 @@ absl::Status CheckTexts(const std::string& path, const DatasetOptions& options, 
 // ---- JSONL ------------------------------------------------------------------------------------
 
 absl::StatusOr<std::vector<RawExample>> ParseJsonl(const std::string& path, std::string_view data,
-                                                  const DatasetOptions& options) {
+                                                   const DatasetOptions& options) {
   std::vector<RawExample> out;
   int64_t line_number = 0;
   size_t pos = 0;
@@ -74,44 +76,52 @@ absl::StatusOr<std::vector<RawExample>> ParseJsonl(const std::string& path, std:
     if (!parsed.ok()) return parsed.status();  // the message already names path:line
     const nlohmann::json& obj = *parsed;
     if (!obj.is_object()) {
-      return LineError(path, line_number, absl::StrCat("expected a JSON object, got ", ToAbsl(JsonTypeName(obj))));
+      return LineError(path, line_number,
+                       absl::StrCat("expected a JSON object, got ", ToAbsl(JsonTypeName(obj))));
     }
     RawExample ex;
     ex.line = line_number;
     auto text_it = obj.find(options.text_field);
-    if (text_it == obj.end()) return LineError(path, line_number, absl::StrCat("missing field \"", options.text_field, "\""));
+    if (text_it == obj.end())
+      return LineError(path, line_number,
+                       absl::StrCat("missing field \"", options.text_field, "\""));
     if (!text_it->is_string()) {
       return LineError(path, line_number,
-                       absl::StrCat("field \"", options.text_field, "\" is ", ToAbsl(JsonTypeName(*text_it)), ", expected string"));
+                       absl::StrCat("field \"", options.text_field, "\" is ",
+                                    ToAbsl(JsonTypeName(*text_it)), ", expected string"));
     }
     ex.text = text_it->get<std::string>();
     auto pair_it = obj.find(options.pair_field);
     if (pair_it != obj.end() && !pair_it->is_null()) {
       if (!pair_it->is_string()) {
         return LineError(path, line_number,
-                         absl::StrCat("field \"", options.pair_field, "\" is ", ToAbsl(JsonTypeName(*pair_it)),
-                                      ", expected string or null"));
+                         absl::StrCat("field \"", options.pair_field, "\" is ",
+                                      ToAbsl(JsonTypeName(*pair_it)), ", expected string or null"));
       }
       ex.text_pair = pair_it->get<std::string>();
     }
     auto label_it = obj.find(options.label_field);
     if (label_it == obj.end()) {
-      return LineError(path, line_number, absl::StrCat("missing field \"", options.label_field, "\""));
+      return LineError(path, line_number,
+                       absl::StrCat("missing field \"", options.label_field, "\""));
     }
     if (label_it->is_string()) {
       ex.label = label_it->get<std::string>();
       if (std::get<std::string>(ex.label).empty()) {
-        return LineError(path, line_number, absl::StrCat("empty label in \"", options.label_field, "\""));
+        return LineError(path, line_number,
+                         absl::StrCat("empty label in \"", options.label_field, "\""));
       }
     } else if (label_it->is_number_integer()) {
       // get<int64_t> of a uint64 above INT64_MAX wraps negative, which the check below rejects.
       const int64_t index = label_it->get<int64_t>();
-      if (index < 0) return LineError(path, line_number, absl::StrCat("negative label index ", index));
+      if (index < 0)
+        return LineError(path, line_number, absl::StrCat("negative label index ", index));
       ex.label = index;
     } else {
-      return LineError(path, line_number,
-                       absl::StrCat("field \"", options.label_field, "\" is ", ToAbsl(JsonTypeName(*label_it)),
-                                    ", expected a label name (string) or index (integer)"));
+      return LineError(
+          path, line_number,
+          absl::StrCat("field \"", options.label_field, "\" is ", ToAbsl(JsonTypeName(*label_it)),
+                       ", expected a label name (string) or index (integer)"));
     }
     FEDLORA_RETURN_IF_ERROR(CheckTexts(path, options, &ex));
     out.push_back(std::move(ex));
@@ -130,12 +140,15 @@ struct Row {
 // matching '"', "" inside it is a literal quote, and it may span lines; a quote inside an
 // unquoted field is literal (as in Python's csv module). Without quoting (TSV) every character
 // but the separator and line ends is literal. Empty lines are skipped.
-absl::StatusOr<std::vector<Row>> SplitRows(const std::string& path, std::string_view data, char sep, bool quoting) {
+absl::StatusOr<std::vector<Row>> SplitRows(const std::string& path, std::string_view data, char sep,
+                                           bool quoting) {
   std::vector<Row> rows;
   const size_t n = data.size();
   size_t i = 0;
   int64_t line = 1;
-  auto at_line_end = [&](size_t k) { return k == n || data[k] == '\n' || (data[k] == '\r' && (k + 1 == n || data[k + 1] == '\n')); };
+  auto at_line_end = [&](size_t k) {
+    return k == n || data[k] == '\n' || (data[k] == '\r' && (k + 1 == n || data[k + 1] == '\n'));
+  };
   while (i < n) {
     Row row;
     row.line = line;
@@ -187,8 +200,10 @@ absl::StatusOr<std::vector<Row>> SplitRows(const std::string& path, std::string_
   return rows;
 }
 
-absl::StatusOr<std::vector<RawExample>> ParseDelimited(const std::string& path, std::string_view data, char sep,
-                                                      bool quoting, const DatasetOptions& options) {
+absl::StatusOr<std::vector<RawExample>> ParseDelimited(const std::string& path,
+                                                       std::string_view data, char sep,
+                                                       bool quoting,
+                                                       const DatasetOptions& options) {
   FEDLORA_ASSIGN_OR_RETURN(std::vector<Row> rows, SplitRows(path, data, sep, quoting));
   if (rows.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": empty file"));
   const Row& header = rows[0];
@@ -197,7 +212,8 @@ absl::StatusOr<std::vector<RawExample>> ParseDelimited(const std::string& path, 
     const std::string& name = header.fields[c];
     if (!columns.emplace(name, c).second &&
         (name == options.text_field || name == options.pair_field || name == options.label_field)) {
-      return LineError(path, header.line, absl::StrCat("column \"", name, "\" appears twice in the header"));
+      return LineError(path, header.line,
+                       absl::StrCat("column \"", name, "\" appears twice in the header"));
     }
   }
   auto column = [&](const std::string& name) -> std::optional<size_t> {
@@ -207,10 +223,12 @@ absl::StatusOr<std::vector<RawExample>> ParseDelimited(const std::string& path, 
   const std::optional<size_t> text_col = column(options.text_field);
   const std::optional<size_t> label_col = column(options.label_field);
   const std::optional<size_t> pair_col = column(options.pair_field);
-  for (const auto& [name, col] : {std::pair{options.text_field, text_col}, std::pair{options.label_field, label_col}}) {
+  for (const auto& [name, col] :
+       {std::pair{options.text_field, text_col}, std::pair{options.label_field, label_col}}) {
     if (!col.has_value()) {
       return LineError(path, header.line,
-                       absl::StrCat("no column \"", name, "\" in the header (columns: ", absl::StrJoin(header.fields, ", "), ")"));
+                       absl::StrCat("no column \"", name, "\" in the header (columns: ",
+                                    absl::StrJoin(header.fields, ", "), ")"));
     }
   }
   std::vector<RawExample> out;
@@ -219,7 +237,8 @@ absl::StatusOr<std::vector<RawExample>> ParseDelimited(const std::string& path, 
     Row& row = rows[r];
     if (row.fields.size() != header.fields.size()) {
       return LineError(path, row.line,
-                       absl::StrCat("row has ", row.fields.size(), " fields, the header has ", header.fields.size()));
+                       absl::StrCat("row has ", row.fields.size(), " fields, the header has ",
+                                    header.fields.size()));
     }
     RawExample ex;
     ex.line = row.line;
@@ -227,7 +246,8 @@ absl::StatusOr<std::vector<RawExample>> ParseDelimited(const std::string& path, 
     if (pair_col.has_value()) ex.text_pair = std::move(row.fields[*pair_col]);
     ex.label = std::move(row.fields[*label_col]);
     if (std::get<std::string>(ex.label).empty()) {
-      return LineError(path, row.line, absl::StrCat("empty label in \"", options.label_field, "\""));
+      return LineError(path, row.line,
+                       absl::StrCat("empty label in \"", options.label_field, "\""));
     }
     FEDLORA_RETURN_IF_ERROR(CheckTexts(path, options, &ex));
     out.push_back(std::move(ex));
@@ -245,8 +265,8 @@ std::optional<int64_t> ParseDecimal(std::string_view s) {
 }
 
 // Fills label_names (when not given) and resolves every raw label to its index.
-absl::Status ResolveLabels(const std::string& path, const DatasetOptions& options, std::vector<RawExample>& raw,
-                           Dataset* dataset) {
+absl::Status ResolveLabels(const std::string& path, const DatasetOptions& options,
+                           std::vector<RawExample>& raw, Dataset* dataset) {
   std::vector<std::string> names = options.label_names;
   if (names.empty()) {
     const RawExample* first_index = nullptr;
@@ -264,20 +284,23 @@ absl::Status ResolveLabels(const std::string& path, const DatasetOptions& option
     }
     if (first_index != nullptr && first_name != nullptr) {
       const RawExample* later = first_index->line > first_name->line ? first_index : first_name;
-      return LineError(path, later->line,
-                       "labels mix integer indices and names; give DatasetOptions::label_names to map them");
+      return LineError(
+          path, later->line,
+          "labels mix integer indices and names; give DatasetOptions::label_names to map them");
     }
     // An integer index k without names means class k; a huge index would make a huge label set.
     constexpr int64_t kMaxClasses = int64_t{1} << 20;
     if (max_index >= kMaxClasses) {
-      return LineError(path, first_index->line, absl::StrCat("label index ", max_index, " is above the limit of ",
-                                                             kMaxClasses, " classes without label_names"));
+      return LineError(path, first_index->line,
+                       absl::StrCat("label index ", max_index, " is above the limit of ",
+                                    kMaxClasses, " classes without label_names"));
     }
     for (int64_t k = 0; k <= max_index; ++k) names.push_back(std::to_string(k));
     names.insert(names.end(), distinct.begin(), distinct.end());  // std::set: sorted
-    const bool all_decimal = !distinct.empty() && std::all_of(distinct.begin(), distinct.end(), [](const std::string& s) {
-      return ParseDecimal(s).has_value();
-    });
+    const bool all_decimal = !distinct.empty() && std::all_of(distinct.begin(), distinct.end(),
+                                                              [](const std::string& s) {
+                                                                return ParseDecimal(s).has_value();
+                                                              });
     if (all_decimal) {
       std::stable_sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
         return *ParseDecimal(a) < *ParseDecimal(b);
@@ -297,8 +320,9 @@ absl::Status ResolveLabels(const std::string& path, const DatasetOptions& option
     out.text_pair = std::move(ex.text_pair);
     if (const int64_t* index = std::get_if<int64_t>(&ex.label)) {
       if (*index >= static_cast<int64_t>(names.size())) {
-        return LineError(path, ex.line,
-                         absl::StrCat("label index ", *index, " is out of range for ", names.size(), " labels"));
+        return LineError(
+            path, ex.line,
+            absl::StrCat("label index ", *index, " is out of range for ", names.size(), " labels"));
       }
       out.label = static_cast<int>(*index);
     } else {
@@ -306,7 +330,8 @@ absl::Status ResolveLabels(const std::string& path, const DatasetOptions& option
       auto it = index_of.find(name);
       if (it == index_of.end()) {
         return LineError(path, ex.line,
-                         absl::StrCat("unknown label \"", name, "\" (labels: ", absl::StrJoin(names, ", "), ")"));
+                         absl::StrCat("unknown label \"", name,
+                                      "\" (labels: ", absl::StrJoin(names, ", "), ")"));
       }
       out.label = it->second;
     }
@@ -338,10 +363,12 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& path, const DatasetOption
   } else if (EndsWith(path, ".tsv")) {
     format = Format::kTsv;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": unknown dataset format; expected .jsonl, .csv or .tsv"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": unknown dataset format; expected .jsonl, .csv or .tsv"));
   }
   if (options.max_text_bytes <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("max_text_bytes must be positive, got ", options.max_text_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_text_bytes must be positive, got ", options.max_text_bytes));
   }
   // The whole file in memory: datasets for local fine-tuning are megabytes, and the examples
   // are kept in memory anyway.
@@ -383,10 +410,12 @@ absl::StatusOr<std::vector<std::string>> LoadLabelNames(const std::string& path)
     std::string_view name(bytes.data() + pos, eol - pos);
     pos = eol + 1;
     ++line_number;
-    while (!name.empty() && (name.back() == '\r' || name.back() == ' ' || name.back() == '\t')) name.remove_suffix(1);
+    while (!name.empty() && (name.back() == '\r' || name.back() == ' ' || name.back() == '\t'))
+      name.remove_suffix(1);
     if (name.empty()) continue;
     if (!seen.insert(std::string(name)).second) {
-      return LineError(path, line_number, absl::StrCat("label \"", std::string(name), "\" appears twice"));
+      return LineError(path, line_number,
+                       absl::StrCat("label \"", std::string(name), "\" appears twice"));
     }
     names.emplace_back(name);
   }

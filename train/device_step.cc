@@ -13,13 +13,15 @@
 
 namespace fedlora {
 
-absl::StatusOr<std::unique_ptr<DeviceAdamW>> DeviceAdamW::Create(DeviceParams& params, const Optimizer& optimizer,
+absl::StatusOr<std::unique_ptr<DeviceAdamW>> DeviceAdamW::Create(DeviceParams& params,
+                                                                 const Optimizer& optimizer,
                                                                  bool proximal) {
   if (optimizer.name() != "adamw") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the device step is AdamW's; '", std::string(optimizer.name()), "' steps on the host"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the device step is AdamW's; '", std::string(optimizer.name()), "' steps on the host"));
   }
-  if (!params.resident()) return absl::FailedPreconditionError("DeviceAdamW: the params are not held on the device");
+  if (!params.resident())
+    return absl::FailedPreconditionError("DeviceAdamW: the params are not held on the device");
   std::unique_ptr<DeviceAdamW> d(new DeviceAdamW(params, optimizer.options()));
   kernels::Backend& be = params.backend();
   const OptimizerState state = optimizer.ExportState();
@@ -29,16 +31,18 @@ absl::StatusOr<std::unique_ptr<DeviceAdamW>> DeviceAdamW::Create(DeviceParams& p
     const Param& p = params.param(i);
     const size_t n = p.value.size();
     largest = std::max(largest, n);
-    FEDLORA_ASSIGN_OR_RETURN(auto m, kernels::DeviceArray<float>::Zeros(be, std::max<size_t>(n, 1)));
-    FEDLORA_ASSIGN_OR_RETURN(auto v, kernels::DeviceArray<float>::Zeros(be, std::max<size_t>(n, 1)));
+    FEDLORA_ASSIGN_OR_RETURN(auto m,
+                             kernels::DeviceArray<float>::Zeros(be, std::max<size_t>(n, 1)));
+    FEDLORA_ASSIGN_OR_RETURN(auto v,
+                             kernels::DeviceArray<float>::Zeros(be, std::max<size_t>(n, 1)));
     for (const OptimizerStateTensor& t : state.tensors) {
       kernels::DeviceArray<float>* slot = t.name == p.name + ".exp_avg"      ? &m
                                           : t.name == p.name + ".exp_avg_sq" ? &v
                                                                              : nullptr;
       if (slot == nullptr) continue;
       if (t.value.size() != n) {
-        return absl::InvalidArgumentError(absl::StrCat("optimizer state ", t.name, " has ", t.value.size(),
-                                                       " values for a param of ", n));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "optimizer state ", t.name, " has ", t.value.size(), " values for a param of ", n));
       }
       FEDLORA_RETURN_IF_ERROR(be.Upload(slot->data(), t.value.data(), n * sizeof(float)));
     }
@@ -46,7 +50,8 @@ absl::StatusOr<std::unique_ptr<DeviceAdamW>> DeviceAdamW::Create(DeviceParams& p
     d->v_.push_back(std::move(v));
     if (proximal) {
       // The host values are the device's: the params were uploaded when they were acquired.
-      FEDLORA_ASSIGN_OR_RETURN(auto a, kernels::DeviceArray<float>::Zeros(be, std::max<size_t>(n, 1)));
+      FEDLORA_ASSIGN_OR_RETURN(auto a,
+                               kernels::DeviceArray<float>::Zeros(be, std::max<size_t>(n, 1)));
       FEDLORA_RETURN_IF_ERROR(be.Upload(a.data(), p.value.data(), n * sizeof(float)));
       d->anchor_.push_back(std::move(a));
     }
@@ -70,17 +75,22 @@ absl::Status DeviceAdamW::Average(float factor) {
 
 absl::Status DeviceAdamW::AddProximal(float mu) {
   if (anchor_.empty() && params_.size() > 0) {
-    return absl::FailedPreconditionError("DeviceAdamW: AddProximal without an anchor (Create with proximal)");
+    return absl::FailedPreconditionError(
+        "DeviceAdamW: AddProximal without an anchor (Create with proximal)");
   }
   const kernels::ExecContext& ctx = params_.backend().ctx();
   for (int i = 0; i < params_.size(); ++i) {
     const int64_t n = params_.param(i).numel();
     if (n == 0) continue;
     // (value - anchor) first, then scaled onto the gradient: the host loop's order.
+    FEDLORA_RETURN_IF_ERROR(kernels::Add(ctx, {.n = n,
+                                               .a = params_.Value(i),
+                                               .b = anchor_[i].data(),
+                                               .alpha = -1.0f,
+                                               .out = scratch_.data()}));
     FEDLORA_RETURN_IF_ERROR(kernels::Add(
-        ctx, {.n = n, .a = params_.Value(i), .b = anchor_[i].data(), .alpha = -1.0f, .out = scratch_.data()}));
-    FEDLORA_RETURN_IF_ERROR(
-        kernels::Add(ctx, {.n = n, .a = params_.Grad(i), .b = scratch_.data(), .alpha = mu, .out = params_.Grad(i)}));
+        ctx,
+        {.n = n, .a = params_.Grad(i), .b = scratch_.data(), .alpha = mu, .out = params_.Grad(i)}));
   }
   return absl::OkStatus();
 }
@@ -95,9 +105,11 @@ absl::StatusOr<float> DeviceAdamW::GradNorm() {
     grads.push_back(params_.Grad(i));
     sizes.push_back(n);
   }
-  FEDLORA_RETURN_IF_ERROR(kernels::SumSquaresMany(be.ctx(), {.tensors = static_cast<int64_t>(grads.size()),
-                                                             .x = grads.data(), .n = sizes.data(),
-                                                             .result = sum_.data()}));
+  FEDLORA_RETURN_IF_ERROR(
+      kernels::SumSquaresMany(be.ctx(), {.tensors = static_cast<int64_t>(grads.size()),
+                                         .x = grads.data(),
+                                         .n = sizes.data(),
+                                         .result = sum_.data()}));
   float sum = 0.0f;
   FEDLORA_RETURN_IF_ERROR(be.Download(&sum, sum_.data(), sizeof(float)));
   return std::sqrt(sum);
@@ -134,9 +146,11 @@ absl::Status DeviceAdamW::ExportTo(Optimizer& optimizer) const {
   kernels::Backend& be = params_.backend();
   for (int i = 0; i < params_.size(); ++i) {
     const Param& p = params_.param(i);
-    for (const auto& [suffix, slot] : {std::pair{".exp_avg", &m_[i]}, std::pair{".exp_avg_sq", &v_[i]}}) {
+    for (const auto& [suffix, slot] :
+         {std::pair{".exp_avg", &m_[i]}, std::pair{".exp_avg_sq", &v_[i]}}) {
       OptimizerStateTensor t{p.name + suffix, p.shape, std::vector<float>(p.value.size())};
-      FEDLORA_RETURN_IF_ERROR(be.Download(t.value.data(), slot->data(), t.value.size() * sizeof(float)));
+      FEDLORA_RETURN_IF_ERROR(
+          be.Download(t.value.data(), slot->data(), t.value.size() * sizeof(float)));
       state.tensors.push_back(std::move(t));
     }
   }

@@ -8,8 +8,8 @@
 //
 // It runs on the CPU backend as well (the params' own vectors are the "device" copies there), where
 // tests compare it with the host loop: the same AdamW kernel on the same gradients, with the norm
-// summed per tensor in double and rounded to fp32 per tensor (kernels::SumSquaresMany) instead of over
-// all tensors at once, so the params agree to fp32 rounding.
+// summed per tensor in double and rounded to fp32 per tensor (kernels::SumSquaresMany) instead of
+// over all tensors at once, so the params agree to fp32 rounding.
 //
 // LAMB and SGD have no device step: a GPU loop with them steps on the host (train/train_loop.cc).
 #pragma once
@@ -31,7 +31,8 @@ class DeviceAdamW {
   // `params` must be held (DeviceParams::Acquire) for as long as this is used. `optimizer` must be
   // an AdamW (InvalidArgument otherwise); its state, if any, becomes the starting moments.
   // `proximal` keeps a copy of the params as they are now, FedProx's anchor.
-  static absl::StatusOr<std::unique_ptr<DeviceAdamW>> Create(DeviceParams& params, const Optimizer& optimizer,
+  static absl::StatusOr<std::unique_ptr<DeviceAdamW>> Create(DeviceParams& params,
+                                                             const Optimizer& optimizer,
                                                              bool proximal);
 
   // grad *= factor, for every param.
@@ -46,7 +47,8 @@ class DeviceAdamW {
   absl::Status ExportTo(Optimizer& optimizer) const;
 
  private:
-  DeviceAdamW(DeviceParams& params, const OptimizerOptions& options) : params_(params), options_(options) {}
+  DeviceAdamW(DeviceParams& params, const OptimizerOptions& options)
+      : params_(params), options_(options) {}
 
   DeviceParams& params_;
   OptimizerOptions options_;  // eps resolved

@@ -24,9 +24,8 @@ absl::StatusOr<std::string> ResponseText(const nlohmann::json& line, const std::
   const nlohmann::json& v = line[field];
   if (v.is_string()) return v.get<std::string>();
   if (v.is_number_unsigned()) return std::to_string(v.get<uint64_t>());
-  return absl::InvalidArgumentError(absl::StrCat(what, ": \"", field, "\" is ",
-                                                 std::string(JsonTypeName(v)),
-                                                 ", not a string"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": \"", field, "\" is ", std::string(JsonTypeName(v)), ", not a string"));
 }
 
 absl::StatusOr<std::vector<ChatMessage>> ConversationOf(const nlohmann::json& line,
@@ -48,12 +47,11 @@ absl::StatusOr<std::vector<ChatMessage>> ConversationOf(const nlohmann::json& li
     return out;
   }
   if (!line.contains(options.prompt_field)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": neither \"messages\" nor \"",
-                                                   options.prompt_field, "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": neither \"messages\" nor \"", options.prompt_field, "\""));
   }
   FEDLORA_ASSIGN_OR_RETURN(std::string prompt, GetString(line, options.prompt_field, what));
-  FEDLORA_ASSIGN_OR_RETURN(std::string response,
-                           ResponseText(line, options.response_field, what));
+  FEDLORA_ASSIGN_OR_RETURN(std::string response, ResponseText(line, options.response_field, what));
   if (!options.system.empty()) out.push_back({"system", options.system});
   out.push_back({"user", std::move(prompt)});
   out.push_back({"assistant", std::move(response)});
@@ -78,7 +76,8 @@ absl::StatusOr<LmExample> TokenizeConversation(const std::vector<ChatMessage>& m
         absl::StrCat(what, ": the conversation must end with an assistant message"));
   }
   const ChatTemplate& chat = *tokenizer.chat;
-  TrainingTokens tokens = TokenizeForTraining(*tokenizer.tokenizer, chat.RenderForTraining(messages));
+  TrainingTokens tokens =
+      TokenizeForTraining(*tokenizer.tokenizer, chat.RenderForTraining(messages));
   const std::vector<ChatMessage> prefix(messages.begin(), messages.end() - 1);
   std::vector<int32_t> prompt = tokenizer.tokenizer->Encode(
       chat.Render(prefix, /*add_generation_prompt=*/true), /*add_special=*/false);
@@ -103,9 +102,9 @@ absl::StatusOr<LmExample> TokenizeConversation(const std::vector<ChatMessage>& m
   // The first target cannot be predicted (nothing precedes it); the loss shifts labels by one.
   if (n > 0) ex.labels[0] = kIgnore;
   if (ex.targets() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": no response token within max_seq_len ", max_seq_len, " (the conversation has ",
-        total, " tokens); raise max_seq_len"));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": no response token within max_seq_len ",
+                                                   max_seq_len, " (the conversation has ", total,
+                                                   " tokens); raise max_seq_len"));
   }
   ex.prompt_ids = std::move(prompt);
   ex.response = messages.back().content;

@@ -45,9 +45,9 @@ int32_t PadId(const LmEvalOptions& options) {
 }  // namespace
 
 std::string LmEvalResult::ToJson() const {
-  std::string out = absl::StrCat("{\"count\":", count, ",\"tokens\":", tokens,
-                                 ",\"loss\":", JsonNumber(loss),
-                                 ",\"perplexity\":", JsonNumber(perplexity));
+  std::string out =
+      absl::StrCat("{\"count\":", count, ",\"tokens\":", tokens, ",\"loss\":", JsonNumber(loss),
+                   ",\"perplexity\":", JsonNumber(perplexity));
   if (has_exact_match) absl::StrAppend(&out, ",\"exact_match\":", JsonNumber(exact_match));
   absl::StrAppend(&out, "}");
   return out;
@@ -81,9 +81,10 @@ absl::Status LmTrainer::Train(const LmDataset& train, const LmDataset* eval,
   FEDLORA_RETURN_IF_ERROR(CheckLmDataset(train, model_, "training"));
   if (eval != nullptr) FEDLORA_RETURN_IF_ERROR(CheckLmDataset(*eval, model_, "eval"));
   const int32_t pad_id = PadId(eval_options);
-  TrainLoop loop = ModelTrainLoop(model_, train, [pad_id](const LmDataset& d, std::span<const int64_t> i) {
-    return MakeLmBatch(d, i, pad_id);
-  });
+  TrainLoop loop =
+      ModelTrainLoop(model_, train, [pad_id](const LmDataset& d, std::span<const int64_t> i) {
+        return MakeLmBatch(d, i, pad_id);
+      });
   loop.on_step = on_step;
   loop.after_epoch = [&](int epoch, int64_t steps, double train_loss,
                          double seconds) -> absl::Status {

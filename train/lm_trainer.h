@@ -38,12 +38,12 @@ struct LmEvalOptions {
 };
 
 struct LmEvalResult {
-  int64_t count = 0;          // examples
-  int64_t tokens = 0;         // response tokens scored
-  double loss = 0.0;          // mean negative log-likelihood per response token
-  double perplexity = 0.0;    // exp(loss)
+  int64_t count = 0;        // examples
+  int64_t tokens = 0;       // response tokens scored
+  double loss = 0.0;        // mean negative log-likelihood per response token
+  double perplexity = 0.0;  // exp(loss)
   bool has_exact_match = false;
-  double exact_match = 0.0;   // fraction of examples whose completion equals the response
+  double exact_match = 0.0;  // fraction of examples whose completion equals the response
 
   // {"count":..,"tokens":..,"loss":..,"perplexity":..[,"exact_match":..]}
   std::string ToJson() const;
@@ -66,7 +66,8 @@ class LmTrainer {
 
   // InvalidArgument for bad options, logit_adjustment > 0, an empty training set, a batch or an
   // example longer than the model was planned for; FailedPrecondition on a non-finite loss.
-  absl::Status Train(const LmDataset& train, const LmDataset* eval, const LmEvalOptions& eval_options);
+  absl::Status Train(const LmDataset& train, const LmDataset* eval,
+                     const LmEvalOptions& eval_options);
 
   std::function<void(const StepReport&)> on_step;
   std::function<void(const LmEpochReport&)> on_epoch;

@@ -22,11 +22,13 @@ constexpr uint64_t kStreamKeys = 0x7061'7274'0004ull;
 
 absl::Status CheckCounts(int64_t n, int num_clients) {
   if (num_clients < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("partition: num_clients must be >= 1, got ", num_clients));
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition: num_clients must be >= 1, got ", num_clients));
   }
   if (n < num_clients) {
-    return absl::InvalidArgumentError(absl::StrCat("partition: ", num_clients, " clients but only ", n,
-                                                   " examples; every client needs at least one example"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition: ", num_clients, " clients but only ", n,
+                     " examples; every client needs at least one example"));
   }
   return absl::OkStatus();
 }
@@ -51,9 +53,11 @@ Partition Iid(int64_t n, int num_clients, uint64_t seed) {
   return p;
 }
 
-Partition Dirichlet(std::span<const int> labels, int num_labels, int num_clients, double alpha, uint64_t seed) {
+Partition Dirichlet(std::span<const int> labels, int num_labels, int num_clients, double alpha,
+                    uint64_t seed) {
   std::vector<std::vector<int64_t>> by_label(static_cast<size_t>(num_labels));
-  for (size_t i = 0; i < labels.size(); ++i) by_label[static_cast<size_t>(labels[i])].push_back(static_cast<int64_t>(i));
+  for (size_t i = 0; i < labels.size(); ++i)
+    by_label[static_cast<size_t>(labels[i])].push_back(static_cast<int64_t>(i));
   Rng rng(seed, kStreamDirichlet);
   Partition p;
   p.client_indices.resize(static_cast<size_t>(num_clients));
@@ -66,7 +70,9 @@ Partition Dirichlet(std::span<const int> labels, int num_labels, int num_clients
     int64_t begin = 0;
     for (int c = 0; c < num_clients; ++c) {
       cum += prop[static_cast<size_t>(c)];
-      int64_t end = c == num_clients - 1 ? m : std::clamp<int64_t>(std::llround(cum * static_cast<double>(m)), begin, m);
+      int64_t end = c == num_clients - 1
+                        ? m
+                        : std::clamp<int64_t>(std::llround(cum * static_cast<double>(m)), begin, m);
       auto& dst = p.client_indices[static_cast<size_t>(c)];
       dst.insert(dst.end(), members.begin() + begin, members.begin() + end);
       begin = end;
@@ -77,8 +83,9 @@ Partition Dirichlet(std::span<const int> labels, int num_labels, int num_clients
     auto empty = std::find_if(p.client_indices.begin(), p.client_indices.end(),
                               [](const auto& v) { return v.empty(); });
     if (empty == p.client_indices.end()) break;
-    auto largest = std::max_element(p.client_indices.begin(), p.client_indices.end(),
-                                    [](const auto& a, const auto& b) { return a.size() < b.size(); });
+    auto largest =
+        std::max_element(p.client_indices.begin(), p.client_indices.end(),
+                         [](const auto& a, const auto& b) { return a.size() < b.size(); });
     // n >= N guarantees the largest holds >= 2 examples while any client is empty.
     const size_t pick = static_cast<size_t>(rng.UniformInt(largest->size()));
     empty->push_back((*largest)[pick]);
@@ -87,17 +94,22 @@ Partition Dirichlet(std::span<const int> labels, int num_labels, int num_clients
   return p;
 }
 
-absl::StatusOr<Partition> Shards(std::span<const int> labels, int num_labels, int num_clients, int k, uint64_t seed) {
+absl::StatusOr<Partition> Shards(std::span<const int> labels, int num_labels, int num_clients,
+                                 int k, uint64_t seed) {
   std::vector<std::vector<int64_t>> by_label(static_cast<size_t>(num_labels));
-  for (size_t i = 0; i < labels.size(); ++i) by_label[static_cast<size_t>(labels[i])].push_back(static_cast<int64_t>(i));
+  for (size_t i = 0; i < labels.size(); ++i)
+    by_label[static_cast<size_t>(labels[i])].push_back(static_cast<int64_t>(i));
   std::vector<int> present;
   for (int c = 0; c < num_labels; ++c) {
     if (!by_label[static_cast<size_t>(c)].empty()) present.push_back(c);
   }
   const int num_present = static_cast<int>(present.size());
-  if (k < 1) return absl::InvalidArgumentError(absl::StrCat("partition: shards_per_client must be >= 1, got ", k));
+  if (k < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition: shards_per_client must be >= 1, got ", k));
   if (k > num_present) {
-    return absl::InvalidArgumentError(absl::StrCat("partition: shards_per_client ", k, " exceeds the ", num_present,
+    return absl::InvalidArgumentError(absl::StrCat("partition: shards_per_client ", k,
+                                                   " exceeds the ", num_present,
                                                    " labels present in the data"));
   }
   if (static_cast<int64_t>(num_clients) * k < num_present) {
@@ -122,9 +134,10 @@ absl::StatusOr<Partition> Shards(std::span<const int> labels, int num_labels, in
     const int64_t m = static_cast<int64_t>(members.size());
     const int64_t nh = static_cast<int64_t>(h.size());
     if (m < nh) {
-      return absl::InvalidArgumentError(absl::StrCat("partition: label ", present[static_cast<size_t>(j)], " has ", m,
-                                                     " examples but ", nh, " clients hold it; lower the number of "
-                                                     "clients or shards_per_client"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "partition: label ", present[static_cast<size_t>(j)], " has ", m, " examples but ", nh,
+          " clients hold it; lower the number of "
+          "clients or shards_per_client"));
     }
     rng.Shuffle(members);
     for (int64_t s = 0; s < nh; ++s) {
@@ -151,11 +164,12 @@ std::string_view PartitionSchemeName(PartitionScheme scheme) {
 
 absl::StatusOr<PartitionScheme> ParsePartitionScheme(std::string_view name) {
   const std::string lower = absl::AsciiStrToLower(ToAbsl(name));
-  for (PartitionScheme s : {PartitionScheme::kIid, PartitionScheme::kDirichlet, PartitionScheme::kLabelShards}) {
+  for (PartitionScheme s :
+       {PartitionScheme::kIid, PartitionScheme::kDirichlet, PartitionScheme::kLabelShards}) {
     if (lower == PartitionSchemeName(s)) return s;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown partition scheme '", ToAbsl(name), "' (expected iid, dirichlet or shards)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown partition scheme '", ToAbsl(name),
+                                                 "' (expected iid, dirichlet or shards)"));
 }
 
 std::vector<int64_t> Partition::Sizes() const {
@@ -165,15 +179,18 @@ std::vector<int64_t> Partition::Sizes() const {
   return out;
 }
 
-absl::StatusOr<Partition> PartitionByLabel(std::span<const int> labels, int num_labels, const PartitionOptions& options) {
+absl::StatusOr<Partition> PartitionByLabel(std::span<const int> labels, int num_labels,
+                                           const PartitionOptions& options) {
   const int64_t n = static_cast<int64_t>(labels.size());
   if (auto s = CheckCounts(n, options.num_clients); !s.ok()) return s;
-  if (num_labels < 1) return absl::InvalidArgumentError(absl::StrCat("partition: num_labels must be >= 1, got ", num_labels));
+  if (num_labels < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition: num_labels must be >= 1, got ", num_labels));
   for (int64_t i = 0; i < n; ++i) {
     const int y = labels[static_cast<size_t>(i)];
     if (y < 0 || y >= num_labels) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("partition: example ", i, " has label ", y, " outside [0, ", num_labels, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("partition: example ", i, " has label ", y,
+                                                     " outside [0, ", num_labels, ")"));
     }
   }
   Partition p;
@@ -183,13 +200,14 @@ absl::StatusOr<Partition> PartitionByLabel(std::span<const int> labels, int num_
       break;
     case PartitionScheme::kDirichlet:
       if (!(options.dirichlet_alpha > 0.0) || !std::isfinite(options.dirichlet_alpha)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("partition: dirichlet_alpha must be > 0 and finite, got ", options.dirichlet_alpha));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "partition: dirichlet_alpha must be > 0 and finite, got ", options.dirichlet_alpha));
       }
       p = Dirichlet(labels, num_labels, options.num_clients, options.dirichlet_alpha, options.seed);
       break;
     case PartitionScheme::kLabelShards: {
-      auto shards = Shards(labels, num_labels, options.num_clients, options.shards_per_client, options.seed);
+      auto shards =
+          Shards(labels, num_labels, options.num_clients, options.shards_per_client, options.seed);
       if (!shards.ok()) return shards.status();
       p = *std::move(shards);
       break;
@@ -199,14 +217,16 @@ absl::StatusOr<Partition> PartitionByLabel(std::span<const int> labels, int num_
   return p;
 }
 
-absl::StatusOr<Partition> PartitionByKey(std::span<const std::string> keys, int num_clients, uint64_t seed) {
+absl::StatusOr<Partition> PartitionByKey(std::span<const std::string> keys, int num_clients,
+                                         uint64_t seed) {
   const int64_t n = static_cast<int64_t>(keys.size());
   if (auto s = CheckCounts(n, num_clients); !s.ok()) return s;
   std::map<std::string_view, std::vector<int64_t>> by_key;  // sorted: independent of file order
   for (int64_t i = 0; i < n; ++i) by_key[keys[static_cast<size_t>(i)]].push_back(i);
   if (static_cast<int64_t>(by_key.size()) < num_clients) {
-    return absl::InvalidArgumentError(absl::StrCat("partition: ", num_clients, " clients but only ", by_key.size(),
-                                                   " distinct keys; every client needs at least one key"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition: ", num_clients, " clients but only ", by_key.size(),
+                     " distinct keys; every client needs at least one key"));
   }
   std::vector<const std::vector<int64_t>*> shards;
   for (const auto& [key, members] : by_key) shards.push_back(&members);
@@ -222,10 +242,11 @@ absl::StatusOr<Partition> PartitionByKey(std::span<const std::string> keys, int 
   return p;
 }
 
-std::vector<std::vector<int64_t>> LabelHistograms(const Partition& partition, std::span<const int> labels,
-                                                  int num_labels) {
-  std::vector<std::vector<int64_t>> hist(partition.client_indices.size(),
-                                         std::vector<int64_t>(static_cast<size_t>(std::max(num_labels, 0)), 0));
+std::vector<std::vector<int64_t>> LabelHistograms(const Partition& partition,
+                                                  std::span<const int> labels, int num_labels) {
+  std::vector<std::vector<int64_t>> hist(
+      partition.client_indices.size(),
+      std::vector<int64_t>(static_cast<size_t>(std::max(num_labels, 0)), 0));
   for (size_t c = 0; c < partition.client_indices.size(); ++c) {
     for (int64_t i : partition.client_indices[c]) {
       if (i < 0 || i >= static_cast<int64_t>(labels.size())) continue;
@@ -236,7 +257,8 @@ std::vector<std::vector<int64_t>> LabelHistograms(const Partition& partition, st
   return hist;
 }
 
-std::string FormatPartitionReport(const Partition& partition, std::span<const int> labels, int num_labels) {
+std::string FormatPartitionReport(const Partition& partition, std::span<const int> labels,
+                                  int num_labels) {
   const auto hist = LabelHistograms(partition, labels, num_labels);
   std::string out = absl::StrFormat("%-8s %8s  %s\n", "client", "examples", "label histogram");
   for (size_t c = 0; c < hist.size(); ++c) {
@@ -249,7 +271,8 @@ std::string FormatPartitionReport(const Partition& partition, std::span<const in
 
 double SampleLogGamma(Rng& rng, double shape) {
   if (!(shape > 0.0) || !std::isfinite(shape)) return std::numeric_limits<double>::quiet_NaN();
-  // Boost for shape < 1: X = Y * U^(1/shape) with Y ~ Gamma(shape + 1), so log X = log Y + log(U)/shape.
+  // Boost for shape < 1: X = Y * U^(1/shape) with Y ~ Gamma(shape + 1), so log X = log Y +
+  // log(U)/shape.
   double log_boost = 0.0;
   double a = shape;
   if (a < 1.0) {

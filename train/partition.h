@@ -29,8 +29,8 @@
 // Rules every scheme keeps:
 //   - Exact coverage: every example index in [0, n) is assigned to exactly one client.
 //   - Every client gets at least one example. Only kDirichlet can draw an empty client; it is then
-//     fixed up deterministically: while some client is empty, the lowest-numbered empty client takes
-//     one randomly chosen example from the currently largest client (lowest id on ties).
+//     fixed up deterministically: while some client is empty, the lowest-numbered empty client
+//     takes one randomly chosen example from the currently largest client (lowest id on ties).
 //   - Deterministic: the same inputs and seed give the same partition on every platform (all draws
 //     come from core/rng.h's Philox streams).
 //   - Each client's indices are sorted ascending (dataset order); local training shuffles anyway.
@@ -60,9 +60,9 @@ absl::StatusOr<PartitionScheme> ParsePartitionScheme(std::string_view name);
 
 struct PartitionOptions {
   PartitionScheme scheme = PartitionScheme::kIid;
-  int num_clients = 10;           // N >= 1
-  double dirichlet_alpha = 0.5;   // concentration of kDirichlet, > 0
-  int shards_per_client = 2;      // k of kLabelShards, >= 1
+  int num_clients = 10;          // N >= 1
+  double dirichlet_alpha = 0.5;  // concentration of kDirichlet, > 0
+  int shards_per_client = 2;     // k of kLabelShards, >= 1
   uint64_t seed = 0;
 };
 
@@ -76,17 +76,20 @@ struct Partition {
 };
 
 // Partitions examples with labels[i] in [0, num_labels) by `options.scheme`.
-absl::StatusOr<Partition> PartitionByLabel(std::span<const int> labels, int num_labels, const PartitionOptions& options);
+absl::StatusOr<Partition> PartitionByLabel(std::span<const int> labels, int num_labels,
+                                           const PartitionOptions& options);
 
 // Partitions by a key per example (one shard per distinct key; keys dealt to clients).
-absl::StatusOr<Partition> PartitionByKey(std::span<const std::string> keys, int num_clients, uint64_t seed);
+absl::StatusOr<Partition> PartitionByKey(std::span<const std::string> keys, int num_clients,
+                                         uint64_t seed);
 
 // [client][label] example counts. Labels outside [0, num_labels) are not counted.
-std::vector<std::vector<int64_t>> LabelHistograms(const Partition& partition, std::span<const int> labels,
-                                                  int num_labels);
+std::vector<std::vector<int64_t>> LabelHistograms(const Partition& partition,
+                                                  std::span<const int> labels, int num_labels);
 
 // A human-readable table: one line per client with its size and label histogram.
-std::string FormatPartitionReport(const Partition& partition, std::span<const int> labels, int num_labels);
+std::string FormatPartitionReport(const Partition& partition, std::span<const int> labels,
+                                  int num_labels);
 
 // One draw from Gamma(shape, 1) by Marsaglia & Tsang (2000), "A simple method for generating
 // gamma variables", on top of rng.Normal() and rng.Uniform(); shape < 1 uses the boost

@@ -93,7 +93,8 @@ std::string BaseModelName(const v1::ModelConfig& model) {
 }  // namespace
 
 AdapterMetadata AdapterMetadataForRun(const v1::RunConfig& config, int max_seq_len,
-                                      std::vector<std::string> label_names, const std::string& chat_template) {
+                                      std::vector<std::string> label_names,
+                                      const std::string& chat_template) {
   AdapterMetadata meta;
   meta.base_model = config.model().path();
   meta.max_seq_len = max_seq_len;
@@ -188,10 +189,12 @@ absl::Status VerifyModelCheckpoint(const std::string& model_dir, const v1::Model
     }
   }
   if (!model.sha256().empty()) {
-    const std::string weights = decoder ? DecoderWeightsFile(model_dir) : model_dir + "/model.safetensors";
+    const std::string weights =
+        decoder ? DecoderWeightsFile(model_dir) : model_dir + "/model.safetensors";
     FEDLORA_ASSIGN_OR_RETURN(std::string actual, Sha256FileHex(weights));
     if (actual != model.sha256()) {
-      return absl::FailedPreconditionError(absl::StrCat(weights, " has SHA-256 ", actual, " but the run's model.sha256 is ",
+      return absl::FailedPreconditionError(absl::StrCat(weights, " has SHA-256 ", actual,
+                                                        " but the run's model.sha256 is ",
                                                         model.sha256(), ": not the run's model"));
     }
   }
@@ -201,13 +204,16 @@ absl::Status VerifyModelCheckpoint(const std::string& model_dir, const v1::Model
 absl::Status CheckModelFitsTask(const std::string& path, const v1::TaskConfig& task) {
   const bool decoder = IsDecoderCheckpoint(path);
   if (task.kind() == v1::TaskConfig::CAUSAL_LM && !decoder) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        path, " is not a decoder checkpoint (a .gguf file or a llama/qwen2 directory): task.kind CAUSAL_LM needs one"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(path,
+                     " is not a decoder checkpoint (a .gguf file or a llama/qwen2 directory): "
+                     "task.kind CAUSAL_LM needs one"));
   }
   if (task.kind() != v1::TaskConfig::CAUSAL_LM && decoder) {
     return absl::FailedPreconditionError(absl::StrCat(
-        path, " is a decoder checkpoint: task.kind SEQUENCE_CLASSIFICATION takes a BERT-family encoder; "
-              "a decoder runs as CAUSAL_LM (classification by generation: the label as the response)"));
+        path,
+        " is a decoder checkpoint: task.kind SEQUENCE_CLASSIFICATION takes a BERT-family encoder; "
+        "a decoder runs as CAUSAL_LM (classification by generation: the label as the response)"));
   }
   return absl::OkStatus();
 }

@@ -146,8 +146,9 @@ absl::Status RunTrainLoop(const TrainOptions& options, const TrainLoop& loop,
     if (!std::isfinite(norm)) return norm;
     const float max_norm = options.grad_clip;
     // ClipGradNorm's factor, applied by AdamW as it reads each gradient.
-    const float scale =
-        max_norm > 0.0f && norm > max_norm ? static_cast<float>(static_cast<double>(max_norm) / norm) : 1.0f;
+    const float scale = max_norm > 0.0f && norm > max_norm
+                            ? static_cast<float>(static_cast<double>(max_norm) / norm)
+                            : 1.0f;
     FEDLORA_RETURN_IF_ERROR(on_device->Step(lr, scale));
     return norm;
   };

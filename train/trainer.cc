@@ -176,9 +176,10 @@ absl::Status Trainer::Train(const TokenizedDataset& train, const TokenizedDatase
   absl::Cleanup clear_offsets = [this] { model_.SetTrainingLogitOffsets({}).IgnoreError(); };
 
   const int32_t pad_id = static_cast<int32_t>(model_.config().pad_token_id);
-  TrainLoop loop = ModelTrainLoop(model_, train, [pad_id](const TokenizedDataset& d, std::span<const int64_t> i) {
-    return MakeBatch(d, i, pad_id);
-  });
+  TrainLoop loop = ModelTrainLoop(model_, train,
+                                  [pad_id](const TokenizedDataset& d, std::span<const int64_t> i) {
+                                    return MakeBatch(d, i, pad_id);
+                                  });
   loop.on_step = on_step;
   loop.after_epoch = [&](int epoch, int64_t steps, double train_loss,
                          double seconds) -> absl::Status {

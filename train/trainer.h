@@ -77,11 +77,11 @@ struct TrainOptions {
   float lr = 5e-4f;          // peak learning rate; LoRA tolerates ~10x full fine-tuning's
   std::string optimizer = "adamw";  // adamw | lamb | sgd
   float weight_decay = 0.01f;
-  float adam_beta1 = 0.9f;     // AdamW / LAMB first-moment decay, in [0, 1)
-  float adam_beta2 = 0.999f;   // AdamW / LAMB second-moment decay, in [0, 1)
-  float adam_epsilon = -1.0f;  // AdamW / LAMB denominator epsilon; < 0: the optimizer's own
-                               // default (AdamW 1e-8, LAMB 1e-6)
-  float momentum = 0.0f;       // SGD momentum, in [0, 1)
+  float adam_beta1 = 0.9f;          // AdamW / LAMB first-moment decay, in [0, 1)
+  float adam_beta2 = 0.999f;        // AdamW / LAMB second-moment decay, in [0, 1)
+  float adam_epsilon = -1.0f;       // AdamW / LAMB denominator epsilon; < 0: the optimizer's own
+                                    // default (AdamW 1e-8, LAMB 1e-6)
+  float momentum = 0.0f;            // SGD momentum, in [0, 1)
   int64_t warmup_steps = 0;         // linear warmup from 0 over this many optimizer steps
   std::string schedule = "linear";  // constant | linear | cosine (see train/schedule.h)
   float grad_clip = 1.0f;           // max global grad norm; <= 0 disables clipping

@@ -49,7 +49,8 @@ std::vector<UpdateTensor> MakeUpdate(int64_t elements, uint32_t seed) {
 
 std::string Bits(const std::vector<UpdateTensor>& mean) {
   std::string out;
-  for (const UpdateTensor& t : mean) out.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * 4);
+  for (const UpdateTensor& t : mean)
+    out.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * 4);
   return out;
 }
 
@@ -77,12 +78,16 @@ int main(int argc, char** argv) {
     CodecOptions options;
   };
   const std::vector<Pipeline> pipelines = {
-      {"top-k 1% + quant 8", {.sparsifier = Sparsifier::kTopK, .fraction = 0.01, .codec = CodecId::kQuant}},
-      {"random-k 1% + quant 8", {.sparsifier = Sparsifier::kRandomK, .fraction = 0.01, .codec = CodecId::kQuant}},
+      {"top-k 1% + quant 8",
+       {.sparsifier = Sparsifier::kTopK, .fraction = 0.01, .codec = CodecId::kQuant}},
+      {"random-k 1% + quant 8",
+       {.sparsifier = Sparsifier::kRandomK, .fraction = 0.01, .codec = CodecId::kQuant}},
       {"top-k 10% fp32", {.sparsifier = Sparsifier::kTopK, .fraction = 0.1}},
   };
-  std::printf("| device | elements | updates | pipeline | MB per update | dense decode+add updates/s | kept decode+add "
-              "updates/s | kept / dense |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::printf(
+      "| device | elements | updates | pipeline | MB per update | dense decode+add updates/s | "
+      "kept decode+add "
+      "updates/s | kept / dense |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const Pipeline& p : pipelines) {
     std::vector<std::string> wires;
     for (uint32_t s = 0; s < 4; ++s) {
@@ -122,7 +127,9 @@ int main(int argc, char** argv) {
       means[kept] = Bits(*mean);
     }
     if (means[0] != means[1]) {
-      std::fprintf(stderr, "validation failed (%s): the kept path's mean differs from the dense path's\n", p.name);
+      std::fprintf(stderr,
+                   "validation failed (%s): the kept path's mean differs from the dense path's\n",
+                   p.name);
       return 1;
     }
     // Timed: the adds of `updates` updates into an accumulator created outside the timing.
@@ -135,8 +142,8 @@ int main(int argc, char** argv) {
     };
     const double dense_s = time_adds(false), kept_s = time_adds(true);
     std::printf("| %s | %lld | %d | %s | %.2f | %.1f | %.1f | %.1fx |\n", device_name.c_str(),
-                static_cast<long long>(elements), updates, p.name, wires[0].size() / 1e6, updates / dense_s,
-                updates / kept_s, dense_s / kept_s);
+                static_cast<long long>(elements), updates, p.name, wires[0].size() / 1e6,
+                updates / dense_s, updates / kept_s, dense_s / kept_s);
   }
   return 0;
 }

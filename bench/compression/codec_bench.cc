@@ -42,8 +42,10 @@ std::vector<UpdateTensor> MakeUpdate(int tensors, int64_t values) {
   std::normal_distribution<float> dist(0.0f, 1e-3f);
   std::vector<UpdateTensor> u;
   for (int t = 0; t < tensors; ++t) {
-    const std::vector<int64_t> shape = t % 2 == 0 ? std::vector<int64_t>{8, values / 8} : std::vector<int64_t>{values / 8, 8};
-    UpdateTensor x{"layer." + std::to_string(t) + ".lora.weight", shape, std::vector<float>(values)};
+    const std::vector<int64_t> shape =
+        t % 2 == 0 ? std::vector<int64_t>{8, values / 8} : std::vector<int64_t>{values / 8, 8};
+    UpdateTensor x{"layer." + std::to_string(t) + ".lora.weight", shape,
+                   std::vector<float>(values)};
     for (float& v : x.values) v = dist(gen);
     u.push_back(std::move(x));
   }
@@ -72,17 +74,22 @@ int Run(const char* label, int tensors, int64_t values, int reps) {
   const double bytes = 4.0 * tensors * static_cast<double>(values);
   std::vector<char> src(static_cast<size_t>(bytes)), dst(static_cast<size_t>(bytes));
   for (size_t i = 0; i < src.size(); i += 4096) src[i] = static_cast<char>(i);
-  const double memcpy_s = MedianSeconds(reps, [&] { std::memcpy(dst.data(), src.data(), src.size()); });
-  std::printf("%s: %d tensors x %lld values (%.1f MB fp32), 1 thread; memcpy %.2f GB/s\n", label, tensors,
-              static_cast<long long>(values), bytes / 1e6, bytes / memcpy_s / 1e9);
-  std::printf("| pipeline | bytes on the wire | ratio | encode GB/s | encode / memcpy | decode GB/s | decode / memcpy |"
-              " encode with error feedback GB/s |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  const double memcpy_s =
+      MedianSeconds(reps, [&] { std::memcpy(dst.data(), src.data(), src.size()); });
+  std::printf("%s: %d tensors x %lld values (%.1f MB fp32), 1 thread; memcpy %.2f GB/s\n", label,
+              tensors, static_cast<long long>(values), bytes / 1e6, bytes / memcpy_s / 1e9);
+  std::printf(
+      "| pipeline | bytes on the wire | ratio | encode GB/s | encode / memcpy | decode GB/s | "
+      "decode / memcpy |"
+      " encode with error feedback GB/s |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   const Pipeline pipelines[] = {
       {"fp32", {}},
       {"bf16", {.codec = CodecId::kBF16}},
       {"quant 8 bit", {.codec = CodecId::kQuant}},
-      {"top-k 1% + quant 8 + zstd", {.sparsifier = Sparsifier::kTopK, .codec = CodecId::kQuant, .zstd = true}},
-      {"top-k 1% global + quant 8", {.sparsifier = Sparsifier::kTopK, .global_top_k = true, .codec = CodecId::kQuant}},
+      {"top-k 1% + quant 8 + zstd",
+       {.sparsifier = Sparsifier::kTopK, .codec = CodecId::kQuant, .zstd = true}},
+      {"top-k 1% global + quant 8",
+       {.sparsifier = Sparsifier::kTopK, .global_top_k = true, .codec = CodecId::kQuant}},
       {"random-k 1% + quant 8", {.sparsifier = Sparsifier::kRandomK, .codec = CodecId::kQuant}},
       {"low-rank 2 + quant 8 + zstd",
        {.sparsifier = Sparsifier::kLowRank, .low_rank = 2, .codec = CodecId::kQuant, .zstd = true}},
@@ -91,7 +98,8 @@ int Run(const char* label, int tensors, int64_t values, int reps) {
     // Validate.
     absl::StatusOr<std::string> wire = EncodeUpdate(u, p.o);
     if (!wire.ok()) {
-      std::fprintf(stderr, "%s: encode: %s\n", p.name, std::string(wire.status().message()).c_str());
+      std::fprintf(stderr, "%s: encode: %s\n", p.name,
+                   std::string(wire.status().message()).c_str());
       return 1;
     }
     absl::StatusOr<std::vector<UpdateTensor>> back = DecodeUpdate(*wire, DecodeLimits{});
@@ -107,10 +115,12 @@ int Run(const char* label, int tensors, int64_t values, int reps) {
         const float got = (*back)[t].values[i], want = u[t].values[i];
         const bool ok = p.o.sparsifier != Sparsifier::kNone
                             ? got == 0.0f || std::fabs(got - want) <= 2 * scale / 255 + 1e-12f
-                            : p.o.codec == CodecId::kRawF32 ? got == want
-                                                            : std::fabs(got - want) <= 2 * scale / 255 + 1e-12f;
+                        : p.o.codec == CodecId::kRawF32
+                            ? got == want
+                            : std::fabs(got - want) <= 2 * scale / 255 + 1e-12f;
         if (!ok) {
-          std::fprintf(stderr, "%s: tensor %zu value %zu decodes to %g, not near %g\n", p.name, t, i, got, want);
+          std::fprintf(stderr, "%s: tensor %zu value %zu decodes to %g, not near %g\n", p.name, t,
+                       i, got, want);
           return 1;
         }
       }

@@ -19,8 +19,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -131,18 +131,28 @@ int main(int argc, char** argv) {
   sha256_internal::SetEngineForTesting(sha256_internal::Engine::kOpenSsl);
   const double fallback = MedianSeconds(reps, [&] { (void)OnePassFused(blob); });
   sha256_internal::SetEngineForTesting(sha256_internal::Engine::kAuto);
-  std::printf("validated: %zu chunk digests and the blob digest match OpenSSL EVP\n", ref.chunks.size());
-  std::printf("block engine: %s\n", sha256_internal::UseShaNi() ? "SHA-NI (two interleaved lanes for UpdateAndDigest)"
-                                                                 : "OpenSSL (no SHA-NI on this CPU)");
+  std::printf("validated: %zu chunk digests and the blob digest match OpenSSL EVP\n",
+              ref.chunks.size());
+  std::printf("block engine: %s\n", sha256_internal::UseShaNi()
+                                        ? "SHA-NI (two interleaved lanes for UpdateAndDigest)"
+                                        : "OpenSSL (no SHA-NI on this CPU)");
   std::printf("%.3f GB in 1 MiB chunks, median of %d reps; GB/s of input bytes\n", gb, reps);
-  std::printf("chunk + blob digests, two EVP passes (baseline): %8.1f ms  %6.3f GB/s\n", two * 1e3, gb / two);
-  std::printf("chunk + blob digests, UpdateAndDigest:           %8.1f ms  %6.3f GB/s\n", one * 1e3, gb / one);
-  std::printf("one digest, OpenSSL EVP:                         %8.1f ms  %6.3f GB/s\n", evp * 1e3, gb / evp);
-  std::printf("one digest, fedlora Sha256:                      %8.1f ms  %6.3f GB/s\n", ours * 1e3, gb / ours);
-  std::printf("chunk + blob digests, UpdateAndDigest on OpenSSL's block function (no SHA-NI): %8.1f ms  %6.3f GB/s\n",
-              fallback * 1e3, gb / fallback);
-  std::printf("ratio: both digests %.2fx faster than the baseline (%.2fx without SHA-NI); one digest at %.2fx of EVP's "
-              "speed\n",
-              two / one, two / fallback, evp / ours);
+  std::printf("chunk + blob digests, two EVP passes (baseline): %8.1f ms  %6.3f GB/s\n", two * 1e3,
+              gb / two);
+  std::printf("chunk + blob digests, UpdateAndDigest:           %8.1f ms  %6.3f GB/s\n", one * 1e3,
+              gb / one);
+  std::printf("one digest, OpenSSL EVP:                         %8.1f ms  %6.3f GB/s\n", evp * 1e3,
+              gb / evp);
+  std::printf("one digest, fedlora Sha256:                      %8.1f ms  %6.3f GB/s\n", ours * 1e3,
+              gb / ours);
+  std::printf(
+      "chunk + blob digests, UpdateAndDigest on OpenSSL's block function (no SHA-NI): %8.1f ms  "
+      "%6.3f GB/s\n",
+      fallback * 1e3, gb / fallback);
+  std::printf(
+      "ratio: both digests %.2fx faster than the baseline (%.2fx without SHA-NI); one digest at "
+      "%.2fx of EVP's "
+      "speed\n",
+      two / one, two / fallback, evp / ours);
   return 0;
 }

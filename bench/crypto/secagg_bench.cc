@@ -1,7 +1,7 @@
-// SecAgg+ in process, one thread: each client's time per step, the server's unmasking (Finish) with 0%
-// and 10% of clients dropped before upload, and the bytes each client sends and receives, against a
-// baseline measured in the same run: the plain sum of the n uint32 vectors (the server's work
-// without secure aggregation) and the 4 L plaintext bytes of one upload.
+// SecAgg+ in process, one thread: each client's time per step, the server's unmasking (Finish) with
+// 0% and 10% of clients dropped before upload, and the bytes each client sends and receives,
+// against a baseline measured in the same run: the plain sum of the n uint32 vectors (the server's
+// work without secure aggregation) and the 4 L plaintext bytes of one upload.
 //
 //   crypto_secagg_bench           # 100 clients, L = 1,000,000, m = 32, recommended degree (k = 20)
 //   crypto_secagg_bench --quick   # 20 clients, L = 100,000
@@ -31,7 +31,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Since(Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); }
+double Since(Clock::time_point a) {
+  return std::chrono::duration<double>(Clock::now() - a).count();
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -57,17 +59,17 @@ struct RoundResult {
   std::vector<double> up_bytes, down_bytes;  // per client that finished the round
 };
 
-#define BENCH_CHECK(expr)                                                                 \
-  do {                                                                                    \
-    auto _s = (expr);                                                                     \
-    if (!_s.ok()) {                                                                       \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, _s.ToString().c_str());      \
-      return r;                                                                           \
-    }                                                                                     \
+#define BENCH_CHECK(expr)                                                             \
+  do {                                                                                \
+    auto _s = (expr);                                                                 \
+    if (!_s.ok()) {                                                                   \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, _s.ToString().c_str()); \
+      return r;                                                                       \
+    }                                                                                 \
   } while (0)
 
-RoundResult RunRound(const Options& o, const std::vector<std::vector<uint32_t>>& plain, const std::set<uint32_t>& drop,
-                     uint64_t round_id) {
+RoundResult RunRound(const Options& o, const std::vector<std::vector<uint32_t>>& plain,
+                     const std::set<uint32_t>& drop, uint64_t round_id) {
   RoundResult r;
   SecAggConfig config;
   config.round_id = round_id;
@@ -161,8 +163,9 @@ RoundResult RunRound(const Options& o, const std::vector<std::vector<uint32_t>>&
 }
 
 int Main(const Options& o) {
-  std::printf("SecAgg+ bench: %u clients, L = %llu, m = %u, degree %u, threshold %u, 1 thread\n", o.clients,
-              static_cast<unsigned long long>(o.length), o.modulus_bits, RecommendedSecAggDegree(o.clients),
+  std::printf("SecAgg+ bench: %u clients, L = %llu, m = %u, degree %u, threshold %u, 1 thread\n",
+              o.clients, static_cast<unsigned long long>(o.length), o.modulus_bits,
+              RecommendedSecAggDegree(o.clients),
               RecommendedSecAggThreshold(RecommendedSecAggDegree(o.clients)));
   std::vector<std::vector<uint32_t>> plain(o.clients, std::vector<uint32_t>(o.length));
   std::mt19937 gen(7);
@@ -195,7 +198,8 @@ int Main(const Options& o) {
     std::vector<uint32_t> all(o.clients);
     for (uint32_t i = 0; i < o.clients; ++i) all[i] = i;
     std::shuffle(all.begin(), all.end(), pick);
-    partial = RunRound(o, plain, std::set<uint32_t>(all.begin(), all.begin() + drop_count), 2 + attempt);
+    partial =
+        RunRound(o, plain, std::set<uint32_t>(all.begin(), all.begin() + drop_count), 2 + attempt);
   }
   if (!partial.ok) return 1;
   std::printf("validated: both unmasked sums equal the plaintext sums bit for bit\n\n");
@@ -203,7 +207,8 @@ int Main(const Options& o) {
   auto ms = [](double s) { return s * 1e3; };
   std::printf("| client step (no dropouts) | median ms | max ms |\n| --- | --- | --- |\n");
   auto row = [&](const char* name, const std::vector<double>& v) {
-    std::printf("| %s | %.2f | %.2f |\n", name, ms(Median(v)), ms(*std::max_element(v.begin(), v.end())));
+    std::printf("| %s | %.2f | %.2f |\n", name, ms(Median(v)),
+                ms(*std::max_element(v.begin(), v.end())));
   };
   std::vector<double> share_masked;
   for (size_t i = 0; i < full.times.share.size(); ++i) {
@@ -216,21 +221,26 @@ int Main(const Options& o) {
   row("Unmask", full.times.unmask);
 
   std::printf("\n| server work | ms | / plain sum |\n| --- | --- | --- |\n");
-  std::printf("| plain sum of %u x L uint32 (baseline) | %.1f | 1.00 |\n", o.clients, ms(baseline_s));
-  std::printf("| receive %u masked inputs (unpack + add) | %.1f | %.2f |\n", full.survivors, ms(full.receive_masked_s),
-              full.receive_masked_s / baseline_s);
-  std::printf("| Finish, 0%% dropped (%u survivors) | %.1f | %.2f |\n", full.survivors, ms(full.finish_s),
-              full.finish_s / baseline_s);
+  std::printf("| plain sum of %u x L uint32 (baseline) | %.1f | 1.00 |\n", o.clients,
+              ms(baseline_s));
+  std::printf("| receive %u masked inputs (unpack + add) | %.1f | %.2f |\n", full.survivors,
+              ms(full.receive_masked_s), full.receive_masked_s / baseline_s);
+  std::printf("| Finish, 0%% dropped (%u survivors) | %.1f | %.2f |\n", full.survivors,
+              ms(full.finish_s), full.finish_s / baseline_s);
   std::printf("| Finish, %u%% dropped before upload (%u survivors) | %.1f | %.2f |\n",
               100 * partial.dropped / o.clients, partial.survivors, ms(partial.finish_s),
               partial.finish_s / baseline_s);
 
   const double plain_bytes = 4.0 * static_cast<double>(o.length);
   const double up = Median(full.up_bytes), down = Median(full.down_bytes);
-  std::printf("\n| bytes per client (median, no dropouts) | bytes | / plaintext 4 L |\n| --- | --- | --- |\n");
+  std::printf(
+      "\n| bytes per client (median, no dropouts) | bytes | / plaintext 4 L |\n| --- | --- | --- "
+      "|\n");
   std::printf("| plaintext upload (baseline) | %.0f | 1.0000 |\n", plain_bytes);
-  std::printf("| sent (keys, shares, masked input, unmask) | %.0f | %.4f |\n", up, up / plain_bytes);
-  std::printf("| received (params, keys, shares, lists) | %.0f | %.4f |\n", down, down / plain_bytes);
+  std::printf("| sent (keys, shares, masked input, unmask) | %.0f | %.4f |\n", up,
+              up / plain_bytes);
+  std::printf("| received (params, keys, shares, lists) | %.0f | %.4f |\n", down,
+              down / plain_bytes);
   std::printf("| all messages | %.0f | %.4f |\n", up + down, (up + down) / plain_bytes);
   return 0;
 }

@@ -57,8 +57,11 @@ int main(int argc, char** argv) {
   }
   auto add = [&](int u) {
     int64_t bad = 0;
-    Check(fk::FixedPointAccumulate(b.ctx(), {.n = n, .x = values[u % kBuffers].data(), .weight = static_cast<uint64_t>(1 + u % 97),
-                                             .sums = sums->data(), .first_bad = &bad}),
+    Check(fk::FixedPointAccumulate(b.ctx(), {.n = n,
+                                             .x = values[u % kBuffers].data(),
+                                             .weight = static_cast<uint64_t>(1 + u % 97),
+                                             .sums = sums->data(),
+                                             .first_bad = &bad}),
           "FixedPointAccumulate");
     if (bad != -1) {
       std::fprintf(stderr, "value %lld out of range\n", static_cast<long long>(bad));
@@ -91,16 +94,21 @@ int main(int argc, char** argv) {
   });
   const double copy_s = MedianSeconds(reps, [&] {
     for (int u = 0; u < updates; ++u) {
-      Check(b.CopyRows(copy_dst->data(), n * sizeof(fk::u128), sums->data(), n * sizeof(fk::u128), n * sizeof(fk::u128), 1), "copy");
+      Check(b.CopyRows(copy_dst->data(), n * sizeof(fk::u128), sums->data(), n * sizeof(fk::u128),
+                       n * sizeof(fk::u128), 1),
+            "copy");
     }
     Check(b.Synchronize(), "synchronize");
   });
   const double add_bytes = 36.0 * n * updates, copy_bytes = 2.0 * 16.0 * n * updates;
   const double add_gbs = add_bytes / add_s / 1e9, copy_gbs = copy_bytes / copy_s / 1e9;
-  std::printf("| device | elements | updates | accumulate GB/s | %s GB/s | accumulate / copy | updates/s |\n",
-              cuda ? "device copy" : "memcpy");
+  std::printf(
+      "| device | elements | updates | accumulate GB/s | %s GB/s | accumulate / copy | updates/s "
+      "|\n",
+      cuda ? "device copy" : "memcpy");
   std::printf("| --- | --- | --- | --- | --- | --- | --- |\n");
-  std::printf("| %s | %lld | %d | %.1f | %.1f | %.2f | %.1f |\n", device_name.c_str(), static_cast<long long>(n),
-              updates, add_gbs, copy_gbs, add_gbs / copy_gbs, updates / add_s);
+  std::printf("| %s | %lld | %d | %.1f | %.1f | %.2f | %.1f |\n", device_name.c_str(),
+              static_cast<long long>(n), updates, add_gbs, copy_gbs, add_gbs / copy_gbs,
+              updates / add_s);
   return 0;
 }

@@ -38,34 +38,55 @@ int main(int argc, char** argv) {
   const int iters = argc > 2 ? std::atoi(argv[2]) : 10;
   fk::SetNumThreads(threads);
   const fk::ExecContext ctx;
-  std::printf("threads %d, iterations %d, shape rows=%lld in=%lld out=%lld rank=%lld\n", fk::NumThreads(), iters,
-              static_cast<long long>(kRows), static_cast<long long>(kIn), static_cast<long long>(kOut),
-              static_cast<long long>(kRank));
+  std::printf("threads %d, iterations %d, shape rows=%lld in=%lld out=%lld rank=%lld\n",
+              fk::NumThreads(), iters, static_cast<long long>(kRows), static_cast<long long>(kIn),
+              static_cast<long long>(kOut), static_cast<long long>(kRank));
 
-  const auto x = Random(kRows * kIn, 1), w = Random(kOut * kIn, 2), b = Random(kOut, 3), A = Random(kRank * kIn, 4),
-             B = Random(kOut * kRank, 5), dy = Random(kRows * kOut, 6);
+  const auto x = Random(kRows * kIn, 1), w = Random(kOut * kIn, 2), b = Random(kOut, 3),
+             A = Random(kRank * kIn, 4), B = Random(kOut * kRank, 5), dy = Random(kRows * kOut, 6);
   std::vector<uint16_t> w16(w.size());
   for (size_t i = 0; i < w.size(); ++i) {
     uint32_t u;
     std::memcpy(&u, &w[i], 4);
     w16[i] = static_cast<uint16_t>(u >> 16);
   }
-  std::vector<float> y(kRows * kOut), h(kRows * kRank), dx(kRows * kIn), da(kRank * kIn), db(kOut * kRank);
+  std::vector<float> y(kRows * kOut), h(kRows * kRank), dx(kRows * kIn), da(kRank * kIn),
+      db(kOut * kRank);
   const float scaling = 16.0f / kRank;
 
   auto fwd_args = [&](fk::WeightPtr wp, std::vector<float>& ws) {
-    fk::LoraLinearForwardArgs f{.rows = kRows, .in_features = kIn, .out_features = kOut, .rank = kRank, .x = x.data(),
-                                .w = wp, .bias = b.data(), .lora_a = A.data(), .lora_b = B.data(), .scaling = scaling,
-                                .y = y.data(), .h = h.data()};
+    fk::LoraLinearForwardArgs f{.rows = kRows,
+                                .in_features = kIn,
+                                .out_features = kOut,
+                                .rank = kRank,
+                                .x = x.data(),
+                                .w = wp,
+                                .bias = b.data(),
+                                .lora_a = A.data(),
+                                .lora_b = B.data(),
+                                .scaling = scaling,
+                                .y = y.data(),
+                                .h = h.data()};
     ws.resize(fk::LoraLinearWorkspaceBytes(f) / 4 + 1);
     f.workspace = ws.data();
     f.workspace_bytes = ws.size() * 4;
     return f;
   };
   auto bwd_args = [&](fk::WeightPtr wp, std::vector<float>& ws) {
-    fk::LoraLinearBackwardArgs g{.rows = kRows, .in_features = kIn, .out_features = kOut, .rank = kRank,
-                                 .x = x.data(), .w = wp, .lora_a = A.data(), .lora_b = B.data(), .scaling = scaling,
-                                 .h = h.data(), .dy = dy.data(), .dx = dx.data(), .da = da.data(), .db = db.data()};
+    fk::LoraLinearBackwardArgs g{.rows = kRows,
+                                 .in_features = kIn,
+                                 .out_features = kOut,
+                                 .rank = kRank,
+                                 .x = x.data(),
+                                 .w = wp,
+                                 .lora_a = A.data(),
+                                 .lora_b = B.data(),
+                                 .scaling = scaling,
+                                 .h = h.data(),
+                                 .dy = dy.data(),
+                                 .dx = dx.data(),
+                                 .da = da.data(),
+                                 .db = db.data()};
     ws.resize(fk::LoraLinearWorkspaceBytes(g) / 4 + 1);
     g.workspace = ws.data();
     g.workspace_bytes = ws.size() * 4;
@@ -77,12 +98,12 @@ int main(int argc, char** argv) {
   Check(fk::LoraLinearForward(ctx, fwd_args(fk::WeightPtr::F32(w.data()), fws)), "forward");
   std::vector<float> ref(kRows * kOut), href(kRows * kRank);
   for (int64_t t = 0; t < kRows; ++t) std::memcpy(&ref[t * kOut], b.data(), kOut * 4);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kRows, kOut, kIn, 1.0f, x.data(), kIn, w.data(), kIn, 1.0f,
-              ref.data(), kOut);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kRows, kRank, kIn, 1.0f, x.data(), kIn, A.data(), kIn, 0.0f,
-              href.data(), kRank);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kRows, kOut, kRank, scaling, href.data(), kRank, B.data(),
-              kRank, 1.0f, ref.data(), kOut);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kRows, kOut, kIn, 1.0f, x.data(), kIn,
+              w.data(), kIn, 1.0f, ref.data(), kOut);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kRows, kRank, kIn, 1.0f, x.data(), kIn,
+              A.data(), kIn, 0.0f, href.data(), kRank);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kRows, kOut, kRank, scaling, href.data(),
+              kRank, B.data(), kRank, 1.0f, ref.data(), kOut);
   double worst = 0;
   for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(double(ref[i]) - y[i]));
   // Same library, same products, possibly different blocking: 1e-3 on values of size ~30.
@@ -101,8 +122,8 @@ int main(int argc, char** argv) {
   const auto f32 = fwd_args(w32, fws), f16 = fwd_args(w16p, fws16);
   const auto b32 = bwd_args(w32, bws), b16 = bwd_args(w16p, bws16);
   auto sgemm = [&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kRows, kOut, kIn, 1.0f, x.data(), kIn, w.data(), kIn, 0.0f,
-                c.data(), kOut);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kRows, kOut, kIn, 1.0f, x.data(), kIn,
+                w.data(), kIn, 0.0f, c.data(), kOut);
   };
   auto time_once = [](auto&& f) {
     const auto a = std::chrono::steady_clock::now();
@@ -129,12 +150,16 @@ int main(int argc, char** argv) {
   };
   const double gemm_flops = 2.0 * kRows * kIn * kOut;
   const double t_sgemm = median(t_gemm);
-  std::printf("openblas sgemm  %8.3f ms  %7.1f GFLOP/s\n", t_sgemm * 1e3, gemm_flops / t_sgemm * 1e-9);
-  const double flops = fk::LoraLinearForwardFlops(kRows, kIn, kOut, kRank) + fk::LoraLinearBackwardFlops(kRows, kIn, kOut, kRank);
+  std::printf("openblas sgemm  %8.3f ms  %7.1f GFLOP/s\n", t_sgemm * 1e3,
+              gemm_flops / t_sgemm * 1e-9);
+  const double flops = fk::LoraLinearForwardFlops(kRows, kIn, kOut, kRank) +
+                       fk::LoraLinearBackwardFlops(kRows, kIn, kOut, kRank);
   for (bool bf16 : {false, true}) {
     const double t_f = median(bf16 ? t_f16 : t_f32), t_b = median(bf16 ? t_b16 : t_b32);
-    std::printf("lora %s fwd %8.3f ms  bwd %8.3f ms  fwd+bwd %7.1f GFLOP/s  overhead vs 2 sgemm %.2fx\n",
-                bf16 ? "bf16 W" : "fp32 W", t_f * 1e3, t_b * 1e3, flops / (t_f + t_b) * 1e-9, (t_f + t_b) / (2 * t_sgemm));
+    std::printf(
+        "lora %s fwd %8.3f ms  bwd %8.3f ms  fwd+bwd %7.1f GFLOP/s  overhead vs 2 sgemm %.2fx\n",
+        bf16 ? "bf16 W" : "fp32 W", t_f * 1e3, t_b * 1e3, flops / (t_f + t_b) * 1e-9,
+        (t_f + t_b) / (2 * t_sgemm));
   }
   return 0;
 }

@@ -41,7 +41,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -57,9 +59,11 @@ struct RoundResult {
 
 // Client k's update: a deterministic pattern with norm above 1, so that clipping is exercised.
 std::vector<NamedTensor> DeltaOf(int k, int64_t elements) {
-  NamedTensor t{"adapter.lora_A.weight", {elements}, std::vector<float>(static_cast<size_t>(elements))};
+  NamedTensor t{
+      "adapter.lora_A.weight", {elements}, std::vector<float>(static_cast<size_t>(elements))};
   for (int64_t i = 0; i < elements; ++i) {
-    t.values[static_cast<size_t>(i)] = static_cast<float>(((i * 7919 + k * 104729) % 2001) - 1000) * 4e-6f;
+    t.values[static_cast<size_t>(i)] =
+        static_cast<float>(((i * 7919 + k * 104729) % 2001) - 1000) * 4e-6f;
   }
   return {std::move(t)};
 }
@@ -78,7 +82,8 @@ RoundResult RunRound(bool secagg, int clients, int64_t elements) {
   o.heartbeat_timeout_ms = 600'000;
   o.selection_window_ms = 600'000;
   o.expected_clients = clients;
-  std::vector<UpdateTensor> initial = {{"adapter.lora_A.weight", {elements}, std::vector<float>(static_cast<size_t>(elements))}};
+  std::vector<UpdateTensor> initial = {
+      {"adapter.lora_A.weight", {elements}, std::vector<float>(static_cast<size_t>(elements))}};
   auto server = Server::Create(o, config, initial, nullptr);
   if (!server.ok()) {
     std::fprintf(stderr, "server: %s\n", server.status().ToString().c_str());
@@ -86,7 +91,8 @@ RoundResult RunRound(bool secagg, int clients, int64_t elements) {
   }
   std::vector<std::unique_ptr<testing::RawClient>> raw;
   for (int k = 0; k < clients; ++k) {
-    raw.push_back(std::make_unique<testing::RawClient>((*server)->address(), absl::StrCat("site-", k)));
+    raw.push_back(
+        std::make_unique<testing::RawClient>((*server)->address(), absl::StrCat("site-", k)));
     if (!raw.back()->Join().ok()) return {};
   }
   std::atomic<int64_t> bytes{0};
@@ -102,7 +108,8 @@ RoundResult RunRound(bool secagg, int clients, int64_t elements) {
       const std::string upload_id = absl::StrCat("u", k);
       if (secagg) {
         testing::SecAggTraffic traffic;
-        testing::RunSecAggClient(c, task, delta, upload_id, testing::SecAggDrop::kNone, true, &traffic);
+        testing::RunSecAggClient(c, task, delta, upload_id, testing::SecAggDrop::kNone, true,
+                                 &traffic);
         bytes += traffic.sent + traffic.received;
       } else {
         std::vector<UpdateTensor> update = {{delta[0].name, delta[0].shape, delta[0].values}};
@@ -113,8 +120,10 @@ RoundResult RunRound(bool secagg, int clients, int64_t elements) {
           return;
         }
       }
-      last_ack_ns = std::max<int64_t>(last_ack_ns.load(), std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                             Clock::now().time_since_epoch()).count());
+      last_ack_ns = std::max<int64_t>(
+          last_ack_ns.load(),
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+              .count());
     });
   }
   for (std::thread& t : threads) t.join();
@@ -134,13 +143,17 @@ RoundResult RunRound(bool secagg, int clients, int64_t elements) {
       std::vector<NamedTensor> d = DeltaOf(k, elements);
       std::vector<UpdateTensor> u = {{d[0].name, d[0].shape, d[0].values}};
       ClipUpdateNorm(u, 1.0);
-      for (size_t i = 0; i < mean.size(); ++i) mean[i] += u[0].values[i] / static_cast<double>(clients);
+      for (size_t i = 0; i < mean.size(); ++i)
+        mean[i] += u[0].values[i] / static_cast<double>(clients);
     }
     const std::vector<UpdateTensor> global = (*server)->coordinator().global_adapter();
     double worst = 0;
-    for (size_t i = 0; i < mean.size(); ++i) worst = std::max(worst, std::abs(global[0].values[i] - mean[i]));
+    for (size_t i = 0; i < mean.size(); ++i)
+      worst = std::max(worst, std::abs(global[0].values[i] - mean[i]));
     r.valid = worst < (secagg ? 1e-6 : 1e-9);
-    if (!r.valid) std::fprintf(stderr, "%s: the committed adapter is off by %g\n", secagg ? "secagg" : "plain", worst);
+    if (!r.valid)
+      std::fprintf(stderr, "%s: the committed adapter is off by %g\n", secagg ? "secagg" : "plain",
+                   worst);
   }
   (*server)->Shutdown();
   return r;
@@ -161,9 +174,12 @@ int main(int argc, char** argv) {
       return 1;
     }
     const std::string key = arg.substr(0, eq);
-    if (key == "clients") clients = static_cast<int>(n);
-    else if (key == "elements") elements = n;
-    else if (key == "reps") reps = static_cast<int>(n);
+    if (key == "clients")
+      clients = static_cast<int>(n);
+    else if (key == "elements")
+      elements = n;
+    else if (key == "reps")
+      reps = static_cast<int>(n);
     else {
       std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
       return 1;
@@ -181,16 +197,19 @@ int main(int argc, char** argv) {
       round[mode].push_back(r.round_s);
       agg[mode].push_back(r.aggregation_s);
       bytes[mode].push_back(r.bytes_per_client);
-      std::fprintf(stderr, "rep %d %-6s round %.2f s, aggregation %.2f s, %.0f bytes per client\n", rep,
-                   mode == 1 ? "secagg" : "plain", r.round_s, r.aggregation_s, r.bytes_per_client);
+      std::fprintf(stderr, "rep %d %-6s round %.2f s, aggregation %.2f s, %.0f bytes per client\n",
+                   rep, mode == 1 ? "secagg" : "plain", r.round_s, r.aggregation_s,
+                   r.bytes_per_client);
     }
   }
   using fedlora::Median;
-  std::printf("secure aggregation round: %d clients, %lld-element updates, median of %d reps\n", clients,
-              static_cast<long long>(elements), reps);
+  std::printf("secure aggregation round: %d clients, %lld-element updates, median of %d reps\n",
+              clients, static_cast<long long>(elements), reps);
   std::printf("| mode | round s | aggregation s | bytes per client |\n| --- | --- | --- | --- |\n");
-  std::printf("| plain | %.2f | %.2f | %.0f |\n", Median(round[0]), Median(agg[0]), Median(bytes[0]));
-  std::printf("| secagg | %.2f | %.2f | %.0f |\n", Median(round[1]), Median(agg[1]), Median(bytes[1]));
+  std::printf("| plain | %.2f | %.2f | %.0f |\n", Median(round[0]), Median(agg[0]),
+              Median(bytes[0]));
+  std::printf("| secagg | %.2f | %.2f | %.0f |\n", Median(round[1]), Median(agg[1]),
+              Median(bytes[1]));
   std::printf("| secagg / plain | %.2fx | %.2fx | %.3fx |\n", Median(round[1]) / Median(round[0]),
               Median(agg[1]) / Median(agg[0]), Median(bytes[1]) / Median(bytes[0]));
   return 0;

@@ -55,13 +55,17 @@ std::vector<UpdateTensor> BertBaseAdapter(int rank) {
   std::vector<UpdateTensor> a;
   for (int layer = 0; layer < 12; ++layer) {
     for (const char* target : {"query", "value"}) {
-      const std::string base = "base_model.model.bert.encoder.layer." + std::to_string(layer) + ".attention.self." + target;
-      a.push_back({base + ".lora_A.weight", {rank, 768}, std::vector<float>(size_t(rank) * 768, 0.01f)});
-      a.push_back({base + ".lora_B.weight", {768, rank}, std::vector<float>(size_t(rank) * 768, 0.0f)});
+      const std::string base = "base_model.model.bert.encoder.layer." + std::to_string(layer) +
+                               ".attention.self." + target;
+      a.push_back(
+          {base + ".lora_A.weight", {rank, 768}, std::vector<float>(size_t(rank) * 768, 0.01f)});
+      a.push_back(
+          {base + ".lora_B.weight", {768, rank}, std::vector<float>(size_t(rank) * 768, 0.0f)});
     }
   }
   a.push_back({"base_model.model.classifier.weight", {2, 768}, std::vector<float>(2 * 768, 0.02f)});
-  std::sort(a.begin(), a.end(), [](const UpdateTensor& x, const UpdateTensor& y) { return x.name < y.name; });
+  std::sort(a.begin(), a.end(),
+            [](const UpdateTensor& x, const UpdateTensor& y) { return x.name < y.name; });
   return a;
 }
 
@@ -69,14 +73,16 @@ std::vector<UpdateTensor> BertBaseAdapter(int rank) {
 std::vector<UpdateTensor> DeltaOf(const std::vector<UpdateTensor>& adapter, int c, uint64_t round) {
   std::vector<UpdateTensor> d = adapter;
   for (UpdateTensor& t : d) {
-    for (size_t i = 0; i < t.values.size(); ++i) t.values[i] = static_cast<float>(int64_t((i * 7 + c * 13 + round) % 9) - 4) / 256.0f;
+    for (size_t i = 0; i < t.values.size(); ++i)
+      t.values[i] = static_cast<float>(int64_t((i * 7 + c * 13 + round) % 9) - 4) / 256.0f;
   }
   return d;
 }
 
 // The sink: Federation with an UploadUpdate that only reads.
 class SinkService final : public v1::Federation::CallbackService {
-  grpc::ServerReadReactor<v1::UploadChunk>* UploadUpdate(grpc::CallbackServerContext*, v1::UploadAck* ack) override {
+  grpc::ServerReadReactor<v1::UploadChunk>* UploadUpdate(grpc::CallbackServerContext*,
+                                                         v1::UploadAck* ack) override {
     class Reader final : public grpc::ServerReadReactor<v1::UploadChunk> {
      public:
       explicit Reader(v1::UploadAck* ack) : ack_(ack) { StartRead(&msg_); }
@@ -131,7 +137,8 @@ class SinkService final : public v1::Federation::CallbackService {
   builder.RegisterService(&sink);
   builder.SetMaxReceiveMessageSize(o.max_message_bytes);
   auto sink_server = builder.BuildAndStart();
-  const std::string ports = std::to_string((*server)->port()) + " " + std::to_string(sink_port) + "\n";
+  const std::string ports =
+      std::to_string((*server)->port()) + " " + std::to_string(sink_port) + "\n";
   (void)!write(fd, ports.data(), ports.size());
   int sig = 0;
   sigwait(&set, &sig);
@@ -149,8 +156,10 @@ class RssSampler {
             std::ifstream in("/proc/" + std::to_string(pid) + "/status");
             std::string line;
             while (std::getline(in, line)) {
-              if (line.rfind("RssAnon:", 0) == 0) anon_kb_ = std::max<int64_t>(anon_kb_, std::atoll(line.c_str() + 8));
-              if (line.rfind("RssFile:", 0) == 0) file_kb_ = std::max<int64_t>(file_kb_, std::atoll(line.c_str() + 8));
+              if (line.rfind("RssAnon:", 0) == 0)
+                anon_kb_ = std::max<int64_t>(anon_kb_, std::atoll(line.c_str() + 8));
+              if (line.rfind("RssFile:", 0) == 0)
+                file_kb_ = std::max<int64_t>(file_kb_, std::atoll(line.c_str() + 8));
             }
             if (start_anon_kb_ < 0) start_anon_kb_ = anon_kb_;
             std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -171,7 +180,9 @@ class RssSampler {
   std::thread thread_;  // last: starts after the fields above exist
 };
 
-double Seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 // The disk's side of the bound: the same blobs written concurrently to files in `dir` (1 MiB
 // writes, then fdatasync), as the server must before it acknowledges. Seconds, or -1 on an error.
@@ -202,7 +213,8 @@ double DurableWriteSeconds(const std::string& dir, const std::vector<std::string
   const auto t0 = std::chrono::steady_clock::now();
   for (auto& th : t) th.join();
   const double s = Seconds(std::chrono::steady_clock::now() - t0);
-  for (size_t c = 0; c < blobs.size(); ++c) ::unlink((dir + "/disk-baseline-" + std::to_string(c)).c_str());
+  for (size_t c = 0; c < blobs.size(); ++c)
+    ::unlink((dir + "/disk-baseline-" + std::to_string(c)).c_str());
   return ok ? s : -1.0;
 }
 
@@ -237,7 +249,8 @@ int main(int argc, char** argv) {
   const std::vector<UpdateTensor> initial = BertBaseAdapter(rank);
   std::vector<std::unique_ptr<fedlora::testing::RawClient>> raw;
   for (int c = 0; c < clients; ++c) {
-    raw.push_back(std::make_unique<fedlora::testing::RawClient>(address, "bench-" + std::to_string(c)));
+    raw.push_back(
+        std::make_unique<fedlora::testing::RawClient>(address, "bench-" + std::to_string(c)));
     if (!raw.back()->Join().ok()) return 1;
   }
   std::vector<double> ours, sink_times, disk_times;
@@ -245,7 +258,7 @@ int main(int argc, char** argv) {
   int64_t blob_bytes = 0;
   int64_t ingest_rss_kb = 0;  // the server's peak RSS while the timed uploads ran
   int64_t ingest_anon_kb = 0, ingest_file_kb = 0;  // its peak heap and mapped-file parts (sampled)
-  int64_t start_anon_kb = 0;                        // its heap when the uploads started
+  int64_t start_anon_kb = 0;                       // its heap when the uploads started
   bool valid = true;
   for (int rep = 1; rep <= reps; ++rep) {
     // Tasks for this round (not timed), then the encoded updates.
@@ -254,11 +267,13 @@ int main(int argc, char** argv) {
     {
       std::vector<char> got(clients, 0);
       std::vector<std::thread> t;
-      for (int c = 0; c < clients; ++c) t.emplace_back([&, c] { got[c] = raw[c]->GetTask(&tasks[c], 100); });
+      for (int c = 0; c < clients; ++c)
+        t.emplace_back([&, c] { got[c] = raw[c]->GetTask(&tasks[c], 100); });
       for (auto& th : t) th.join();
       for (char g : got) valid &= g != 0;
     }
-    for (int c = 0; c < clients; ++c) blobs[c] = *EncodeUpdate(DeltaOf(initial, c, tasks[c].round()), CodecOptions{});
+    for (int c = 0; c < clients; ++c)
+      blobs[c] = *EncodeUpdate(DeltaOf(initial, c, tasks[c].round()), CodecOptions{});
     blob_bytes = static_cast<int64_t>(blobs[0].size());
 
     auto timed = [&](bool to_sink) {
@@ -266,18 +281,21 @@ int main(int argc, char** argv) {
       std::atomic<int> accepted{0};
       std::vector<std::thread> t;
       std::vector<std::unique_ptr<fedlora::testing::RawClient>> sinks;
-      for (int c = 0; c < clients; ++c) sinks.push_back(std::make_unique<fedlora::testing::RawClient>(sink_address, "sink"));
+      for (int c = 0; c < clients; ++c)
+        sinks.push_back(std::make_unique<fedlora::testing::RawClient>(sink_address, "sink"));
       for (int c = 0; c < clients; ++c) {
         t.emplace_back([&, c] {
           fedlora::testing::RawClient& rc = to_sink ? *sinks[c] : *raw[c];
-          const std::string id = "b" + std::to_string(rep) + "-" + std::to_string(c) + (to_sink ? "s" : "");
+          const std::string id =
+              "b" + std::to_string(rep) + "-" + std::to_string(c) + (to_sink ? "s" : "");
           // Sealed as a client seals it, before the clock starts: both sides get the same bytes.
           v1::UploadHeader h = raw[c]->Header(tasks[c], blobs[c], id, 10 + c);
           const std::string wire = raw[c]->Wire(id, blobs[c]);
           raw[c]->ForgetSealed();
           start.arrive_and_wait();
           v1::UploadAck ack;
-          if (rc.UploadAll(h, wire, &ack).ok() && ack.state() == v1::UPLOAD_STATE_ACCEPTED) ++accepted;
+          if (rc.UploadAll(h, wire, &ack).ok() && ack.state() == v1::UPLOAD_STATE_ACCEPTED)
+            ++accepted;
         });
       }
       start.arrive_and_wait();
@@ -314,14 +332,16 @@ int main(int argc, char** argv) {
     (void)raw[0]->WaitForTask(&fin, 1);
   }
   std::vector<v1::DownloadChunk> chunks;
-  valid &= fin.has_run_finished() && raw[0]->Download(fin.run_finished().final_adapter().sha256(), 0, &chunks).ok();
+  valid &= fin.has_run_finished() &&
+           raw[0]->Download(fin.run_finished().final_adapter().sha256(), 0, &chunks).ok();
   std::string bytes;
   for (const auto& c : chunks) bytes += c.data();
   auto file = SafetensorsFile::FromBytes(bytes, "final");
   if (file.ok()) {
     for (const UpdateTensor& t : expected) {
       auto st = (*file)->Get(t.name);
-      valid &= st.ok() && st->size == t.values.size() * 4 && std::memcmp(st->data, t.values.data(), st->size) == 0;
+      valid &= st.ok() && st->size == t.values.size() * 4 &&
+               std::memcmp(st->data, t.values.data(), st->size) == 0;
     }
   } else {
     valid = false;
@@ -330,12 +350,13 @@ int main(int argc, char** argv) {
   kill(child, SIGTERM);
   waitpid(child, nullptr, 0);
   if (!valid) {
-    std::fprintf(stderr, "VALIDATION FAILED: an upload was refused or the adapter differs from FedAvg\n");
+    std::fprintf(stderr,
+                 "VALIDATION FAILED: an upload was refused or the adapter differs from FedAvg\n");
     return 1;
   }
   // Report the median of the repetitions after the first (warm-up) when there is more than one: on
-  // a shared, busy machine the best repetition flatters whichever side got a quiet moment, while the
-  // median of the same repetitions is what a user sees. The ratio is the median of the per-rep
+  // a shared, busy machine the best repetition flatters whichever side got a quiet moment, while
+  // the median of the same repetitions is what a user sees. The ratio is the median of the per-rep
   // ratios (each rep times both sides back to back, so a load spike tends to hit both).
   const size_t first = ours.size() > 1 ? 1 : 0;
   auto median = [&](std::vector<double> v) {
@@ -349,36 +370,47 @@ int main(int argc, char** argv) {
   // Against the slower of the raw stream and the durable write of the same bytes: a server that
   // acknowledges only durable updates cannot beat either.
   std::vector<double> bound_ratios;
-  for (size_t i = 0; i < ours.size(); ++i) bound_ratios.push_back(std::max(sink_times[i], disk_times[i]) / ours[i]);
+  for (size_t i = 0; i < ours.size(); ++i)
+    bound_ratios.push_back(std::max(sink_times[i], disk_times[i]) / ours[i]);
   const double mb = static_cast<double>(blob_bytes) * clients / 1e6;
   const double ours_s = median(ours), sink_s = median(sink_times);
-  std::printf("validated: %d rounds x %d clients, final adapter bit-identical to direct FedAvg\n", reps, clients);
+  std::printf("validated: %d rounds x %d clients, final adapter bit-identical to direct FedAvg\n",
+              reps, clients);
   std::printf("update: %.2f MB (BERT-base LoRA r=%d, fp32); %d concurrent uploads = %.2f MB\n",
               static_cast<double>(blob_bytes) / 1e6, rank, clients, mb);
   std::printf("median of reps %zu..%zu (rep 1 is warm-up%s):\n", first + 1, ours.size(),
               first == 0 ? " and the only one" : "");
-  std::printf("fedlora server ingest: %8.2f ms  %8.1f MB/s  %6.3f GB/s\n", ours_s * 1e3, mb / ours_s,
-              mb / ours_s / 1e3);
-  std::printf("raw gRPC loopback:     %8.2f ms  %8.1f MB/s  %6.3f GB/s\n", sink_s * 1e3, mb / sink_s,
-              mb / sink_s / 1e3);
+  std::printf("fedlora server ingest: %8.2f ms  %8.1f MB/s  %6.3f GB/s\n", ours_s * 1e3,
+              mb / ours_s, mb / ours_s / 1e3);
+  std::printf("raw gRPC loopback:     %8.2f ms  %8.1f MB/s  %6.3f GB/s\n", sink_s * 1e3,
+              mb / sink_s, mb / sink_s / 1e3);
   const double disk_s = median(disk_times);
-  std::printf("disk, write + fdatasync:%7.2f ms  %8.1f MB/s  %6.3f GB/s (the same bytes, as concurrent files)\n",
-              disk_s * 1e3, mb / disk_s, mb / disk_s / 1e3);
+  std::printf(
+      "disk, write + fdatasync:%7.2f ms  %8.1f MB/s  %6.3f GB/s (the same bytes, as concurrent "
+      "files)\n",
+      disk_s * 1e3, mb / disk_s, mb / disk_s / 1e3);
   std::printf("per-rep fedlora throughput as %% of raw:");
-  for (size_t i = 0; i < ratios.size(); ++i) std::printf(" %.0f%s", 100.0 * ratios[i], i < first ? " (warm-up)" : "");
-  std::printf("\nratio: fedlora throughput = %.0f%% of raw (median per-rep ratio)\n", 100.0 * median(ratios));
-  std::printf("ratio: fedlora throughput = %.0f%% of the slower of raw and disk (median per-rep ratio)\n",
-              100.0 * median(bound_ratios));
+  for (size_t i = 0; i < ratios.size(); ++i)
+    std::printf(" %.0f%s", 100.0 * ratios[i], i < first ? " (warm-up)" : "");
+  std::printf("\nratio: fedlora throughput = %.0f%% of raw (median per-rep ratio)\n",
+              100.0 * median(ratios));
+  std::printf(
+      "ratio: fedlora throughput = %.0f%% of the slower of raw and disk (median per-rep ratio)\n",
+      100.0 * median(bound_ratios));
   // The goal: peak RSS with the concurrent uploads at most 2x the model (one update) + 256 MiB.
   // Whole run: also start-up and aggregation, which hold several copies of the adapter.
   const double ingest_mib = static_cast<double>(ingest_rss_kb) / 1024.0;
   const double budget_mib = 2.0 * static_cast<double>(blob_bytes) / (1 << 20) + 256.0;
-  std::printf("server peak RSS during the uploads: %.1f MiB (budget 2 x update + 256 MiB = %.1f MiB: %s)\n",
-              ingest_mib, budget_mib, ingest_mib <= budget_mib ? "within" : "OVER");
-  std::printf("  sampled every 2 ms, each its own peak: heap (RssAnon) %.1f MiB (%.1f MiB when the uploads started), "
-              "mapped files (RssFile) %.1f MiB\n",
-              static_cast<double>(ingest_anon_kb) / 1024.0, static_cast<double>(start_anon_kb) / 1024.0,
-              static_cast<double>(ingest_file_kb) / 1024.0);
-  std::printf("server peak RSS over the whole run: %.1f MiB\n", static_cast<double>(rss_kb) / 1024.0);
+  std::printf(
+      "server peak RSS during the uploads: %.1f MiB (budget 2 x update + 256 MiB = %.1f MiB: %s)\n",
+      ingest_mib, budget_mib, ingest_mib <= budget_mib ? "within" : "OVER");
+  std::printf(
+      "  sampled every 2 ms, each its own peak: heap (RssAnon) %.1f MiB (%.1f MiB when the uploads "
+      "started), "
+      "mapped files (RssFile) %.1f MiB\n",
+      static_cast<double>(ingest_anon_kb) / 1024.0, static_cast<double>(start_anon_kb) / 1024.0,
+      static_cast<double>(ingest_file_kb) / 1024.0);
+  std::printf("server peak RSS over the whole run: %.1f MiB\n",
+              static_cast<double>(rss_kb) / 1024.0);
   return 0;
 }

@@ -101,7 +101,13 @@ inline double Bf16GemmGflops(int m, int n, int k, int repeats) {
   using Clock = std::chrono::steady_clock;
   std::vector<float> a(static_cast<size_t>(m) * k, 0.5f), c(static_cast<size_t>(m) * n);
   std::vector<uint16_t> w(static_cast<size_t>(n) * k, F32ToBF16(0.25f));
-  kernels::GemmArgs g{.trans_b = true, .m = m, .n = n, .k = k, .a = a.data(), .b_bf16 = w.data(), .c = c.data(),
+  kernels::GemmArgs g{.trans_b = true,
+                      .m = m,
+                      .n = n,
+                      .k = k,
+                      .a = a.data(),
+                      .b_bf16 = w.data(),
+                      .c = c.data(),
                       .bf16_math = true};
   std::vector<float> ws(kernels::GemmWorkspaceBytes(g) / sizeof(float) + 1);
   g.workspace = ws.data();

@@ -2,9 +2,11 @@
 // geometry, and greedy generation, timed. The C++ half of bench/train/bench_decoder_step.sh,
 // which runs it and the PyTorch half (scripts/bench_decoder_step.py) on the same model and batch.
 //
-//   decoder_step_bench --model FILE.gguf|DIR --batch BATCH.safetensors [--weights q4|q8|f32|bf16] [--math fp32|bf16|int8]
+//   decoder_step_bench --model FILE.gguf|DIR --batch BATCH.safetensors [--weights q4|q8|f32|bf16]
+//   [--math fp32|bf16|int8]
 //                      [--threads N] [--steps 3] [--warmup 1] [--rank 8] [--recompute]
-//                      [--generate 64] [--targets q_proj,v_proj] [--init INIT.safetensors] [--device cpu|cuda]
+//                      [--generate 64] [--targets q_proj,v_proj] [--init INIT.safetensors]
+//                      [--device cpu|cuda]
 //
 // --weights q4 keeps the GGUF's Q4_1 / Q8_0 blocks (the 4-bit base); f32 and bf16 widen them; q8
 // holds every matrix as Q8_0 (WeightStorage::kQ8_0). --math bf16 multiplies with the base in bf16
@@ -17,9 +19,9 @@
 // FFN shape (batch*seq x intermediate x hidden, same threads, same run) and the peak RSS of this
 // process (VmHWM: this program's own, not a parent's before exec). With --math bf16 also the rate
 // of the bf16-math GEMM at that shape (bf16_gemm_gflops). reduced_math_active: whether bf16 or
-// int8 math ran (bf16: on CUDA, or this CPU has AVX512_BF16; int8: AVX512-VNNI). --device cuda trains on the GPU
-// (DecoderOptions::device; generation stays on the CPU, so it needs --generate 0) and skips the
-// CPU sgemm rate (-1).
+// int8 math ran (bf16: on CUDA, or this CPU has AVX512_BF16; int8: AVX512-VNNI). --device cuda
+// trains on the GPU (DecoderOptions::device; generation stays on the CPU, so it needs --generate 0)
+// and skips the CPU sgemm rate (-1).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -44,7 +46,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 // Copies the initial trainable values from `path` by PEFT name.
 absl::Status LoadInit(const std::string& path, std::vector<Param>& params) {
@@ -52,16 +56,17 @@ absl::Status LoadInit(const std::string& path, std::vector<Param>& params) {
   for (Param& p : params) {
     FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, init->Get(p.name));
     if (t.dtype != DType::kF32 || t.shape != p.shape) {
-      return absl::InvalidArgumentError(absl::StrCat(p.name, ": init tensor has another dtype or shape"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(p.name, ": init tensor has another dtype or shape"));
     }
     std::memcpy(p.value.data(), t.data, t.size);
   }
   return absl::OkStatus();
 }
 
-absl::Status Run(const std::string& model_path, const std::string& batch_path, const std::string& weights,
-                 const std::string& math, int threads,
-                 int steps, int warmup, int rank, bool recompute, int generate, const std::string& targets,
+absl::Status Run(const std::string& model_path, const std::string& batch_path,
+                 const std::string& weights, const std::string& math, int threads, int steps,
+                 int warmup, int rank, bool recompute, int generate, const std::string& targets,
                  const std::string& init_path, Device device) {
   kernels::SetNumThreads(threads);
   FEDLORA_ASSIGN_OR_RETURN(auto bf, SafetensorsFile::Open(batch_path));
@@ -116,23 +121,28 @@ absl::Status Run(const std::string& model_path, const std::string& batch_path, c
   }
   const DecoderConfig& cfg = lm->base()->config();
   const int tokens = batch.batch_size * batch.seq_len;
-  const double sgemm =
-      device == Device::kCpu
-          ? SgemmGflops(tokens, static_cast<int>(cfg.intermediate_size), static_cast<int>(cfg.hidden_size), 5)
-          : -1.0;
-  const double bf16_gemm =
-      bf16_math && device == Device::kCpu ? Bf16GemmGflops(tokens, static_cast<int>(cfg.intermediate_size), static_cast<int>(cfg.hidden_size), 5)
-                : -1.0;
+  const double sgemm = device == Device::kCpu
+                           ? SgemmGflops(tokens, static_cast<int>(cfg.intermediate_size),
+                                         static_cast<int>(cfg.hidden_size), 5)
+                           : -1.0;
+  const double bf16_gemm = bf16_math && device == Device::kCpu
+                               ? Bf16GemmGflops(tokens, static_cast<int>(cfg.intermediate_size),
+                                                static_cast<int>(cfg.hidden_size), 5)
+                               : -1.0;
   std::cout << absl::StrFormat(
-                   "{\"engine\":\"fedlora\",\"device\":\"%s\",\"weights\":\"%s\",\"math\":\"%s\",\"reduced_math_active\":%s,"
+                   "{\"engine\":\"fedlora\",\"device\":\"%s\",\"weights\":\"%s\",\"math\":\"%s\","
+                   "\"reduced_math_active\":%s,"
                    "\"recompute\":%s,\"threads\":%d,\"load_s\":%.2f,"
-                   "\"first_loss\":%.9g,\"first_grad_norm\":%.9g,\"trainable_params\":%d,\"step_s_median\":%.4f,"
+                   "\"first_loss\":%.9g,\"first_grad_norm\":%.9g,\"trainable_params\":%d,\"step_s_"
+                   "median\":%.4f,"
                    "\"step_s_min\":%.4f,\"steps\":%d,\"gen_tokens_per_s\":%.2f,\"weight_mb\":%.1f,"
-                   "\"sgemm_gflops\":%.2f,\"sgemm_shape\":[%d,%d,%d],\"bf16_gemm_gflops\":%.2f,\"peak_rss_mb\":%.1f}",
+                   "\"sgemm_gflops\":%.2f,\"sgemm_shape\":[%d,%d,%d],\"bf16_gemm_gflops\":%.2f,"
+                   "\"peak_rss_mb\":%.1f}",
                    DeviceName(device), weights, math, reduced_active ? "true" : "false",
-                   recompute ? "true" : "false", threads, load_s, t.first_loss, t.first_grad_norm, trainable,
-                   times[times.size() / 2], times.front(), steps, gen_tps, lm->base()->weight_bytes() / 1048576.0,
-                   sgemm, tokens, cfg.intermediate_size, cfg.hidden_size, bf16_gemm, PeakResidentKib() / 1024.0)
+                   recompute ? "true" : "false", threads, load_s, t.first_loss, t.first_grad_norm,
+                   trainable, times[times.size() / 2], times.front(), steps, gen_tps,
+                   lm->base()->weight_bytes() / 1048576.0, sgemm, tokens, cfg.intermediate_size,
+                   cfg.hidden_size, bf16_gemm, PeakResidentKib() / 1024.0)
             << std::endl;
   return absl::OkStatus();
 }
@@ -145,11 +155,16 @@ int main(int argc, char** argv) {
   std::string model, batch, weights, math = "fp32", targets, init, device = "cpu";
   int threads = 2, steps = 3, warmup = 1, rank = 8, generate = 64;
   bool recompute = false;
-  fedlora::tools::FlagSet flags("decoder_step_bench", "Times one decoder LoRA training step and generation.");
+  fedlora::tools::FlagSet flags("decoder_step_bench",
+                                "Times one decoder LoRA training step and generation.");
   flags.AddString("model", &model, "SmolLM2 .gguf file", true);
   flags.AddString("batch", &batch, "safetensors with input_ids I32 [B, S]", true);
-  flags.AddString("weights", &weights, "q4 (as stored), q8, f32 or bf16 (default q4; bf16 with --math bf16, q8 with --math int8)");
-  flags.AddString("math", &math, "fp32; bf16: GEMMs with the base in bf16 (bf16 weights); int8: forward GEMMs in int8 (q8 weights)");
+  flags.AddString(
+      "weights", &weights,
+      "q4 (as stored), q8, f32 or bf16 (default q4; bf16 with --math bf16, q8 with --math int8)");
+  flags.AddString("math", &math,
+                  "fp32; bf16: GEMMs with the base in bf16 (bf16 weights); int8: forward GEMMs in "
+                  "int8 (q8 weights)");
   flags.AddInt("threads", &threads, "CPU threads");
   flags.AddInt("steps", &steps, "timed steps");
   flags.AddInt("warmup", &warmup, "untimed steps after the first");
@@ -165,19 +180,23 @@ int main(int argc, char** argv) {
   }
   if (weights.empty()) weights = math == "bf16" ? "bf16" : math == "int8" ? "q8" : "q4";
   if ((weights != "q4" && weights != "q8" && weights != "f32" && weights != "bf16") ||
-      (math != "fp32" && math != "bf16" && math != "int8") || (math == "bf16" && weights != "bf16") ||
-      (math == "int8" && weights != "q8") || steps < 1) {
+      (math != "fp32" && math != "bf16" && math != "int8") ||
+      (math == "bf16" && weights != "bf16") || (math == "int8" && weights != "q8") || steps < 1) {
     std::fprintf(stderr,
-                 "--weights q4|q8|f32|bf16, --math fp32|bf16|int8 (bf16 math needs bf16 weights, int8 math q8 "
+                 "--weights q4|q8|f32|bf16, --math fp32|bf16|int8 (bf16 math needs bf16 weights, "
+                 "int8 math q8 "
                  "weights), --steps >= 1\n");
     return 2;
   }
   if ((device != "cpu" && device != "cuda") || (device == "cuda" && generate != 0)) {
-    std::fprintf(stderr, "--device cpu|cuda; generation computes on the CPU, so --device cuda needs --generate 0\n");
+    std::fprintf(
+        stderr,
+        "--device cpu|cuda; generation computes on the CPU, so --device cuda needs --generate 0\n");
     return 2;
   }
-  const absl::Status st = fedlora::Run(model, batch, weights, math, threads, steps, warmup, rank, recompute, generate,
-                                       targets, init, device == "cuda" ? fedlora::Device::kCuda : fedlora::Device::kCpu);
+  const absl::Status st = fedlora::Run(
+      model, batch, weights, math, threads, steps, warmup, rank, recompute, generate, targets, init,
+      device == "cuda" ? fedlora::Device::kCuda : fedlora::Device::kCpu);
   if (!st.ok()) {
     std::fprintf(stderr, "decoder_step_bench: %s\n", std::string(st.message()).c_str());
     return 1;

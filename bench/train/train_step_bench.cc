@@ -4,7 +4,8 @@
 // same batch.
 //
 //   train_step_bench --model DIR --init DIR/init.safetensors --batch DIR/batch.safetensors
-//                    [--threads N] [--steps 5] [--warmup 2] [--rank 8] [--alpha 16] [--math fp32|bf16]
+//                    [--threads N] [--steps 5] [--warmup 2] [--rank 8] [--alpha 16] [--math
+//                    fp32|bf16]
 //                    [--device cpu|cuda]
 //
 // Prints one JSON line: the loss and pre-clip gradient norm of the first step (for validation
@@ -79,8 +80,10 @@ absl::Status Run(int argc, char** argv) {
     return absl::OkStatus();
   }
   if (steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
-  if (math != "fp32" && math != "bf16") return absl::InvalidArgumentError("--math must be fp32 or bf16");
-  if (device_name != "cpu" && device_name != "cuda") return absl::InvalidArgumentError("--device must be cpu or cuda");
+  if (math != "fp32" && math != "bf16")
+    return absl::InvalidArgumentError("--math must be fp32 or bf16");
+  if (device_name != "cpu" && device_name != "cuda")
+    return absl::InvalidArgumentError("--device must be cpu or cuda");
   const Device device = device_name == "cuda" ? Device::kCuda : Device::kCpu;
   const bool bf16_math = math == "bf16";
   kernels::SetNumThreads(threads);
@@ -127,23 +130,29 @@ absl::Status Run(int argc, char** argv) {
   const BertConfig& cfg = model->config();
   const bool cpu = device == Device::kCpu;
   const double sgemm =
-      !cpu ? -1.0 : SgemmGflops(batch.batch_size * batch.seq_len, static_cast<int>(cfg.intermediate_size),
-                  static_cast<int>(cfg.hidden_size), 5);
-  const double bf16_gemm =
-      bf16_math && cpu ? Bf16GemmGflops(batch.batch_size * batch.seq_len, static_cast<int>(cfg.intermediate_size),
-                                 static_cast<int>(cfg.hidden_size), 5)
-                : -1.0;
+      !cpu ? -1.0
+           : SgemmGflops(batch.batch_size * batch.seq_len, static_cast<int>(cfg.intermediate_size),
+                         static_cast<int>(cfg.hidden_size), 5);
+  const double bf16_gemm = bf16_math && cpu
+                               ? Bf16GemmGflops(batch.batch_size * batch.seq_len,
+                                                static_cast<int>(cfg.intermediate_size),
+                                                static_cast<int>(cfg.hidden_size), 5)
+                               : -1.0;
   const double rss_after = ResidentKib() / 1024.0;
   std::cout
       << absl::StrFormat(
-             "{\"engine\":\"fedlora\",\"device\":\"%s\",\"math\":\"%s\",\"bf16_math_active\":%s,\"threads\":%d,"
+             "{\"engine\":\"fedlora\",\"device\":\"%s\",\"math\":\"%s\",\"bf16_math_active\":%s,"
+             "\"threads\":%d,"
              "\"load_s\":%.3f,\"first_loss\":%.9g,"
              "\"first_grad_norm\":%.9g,\"trainable_params\":%d,\"step_median_s\":%.6f,"
              "\"step_min_s\":%.6f,\"steps\":%d,\"sgemm_gflops\":%.2f,\"sgemm_shape\":[%d,%d,%d],"
              "\"bf16_gemm_gflops\":%.2f,\"rss_after_mb\":%.1f,\"peak_rss_mb\":%.1f}",
-             DeviceName(device), math, bf16_math && (!cpu || kernels::Bf16MathAvailable()) ? "true" : "false", kernels::NumThreads(), load_s, t.first_loss, t.first_grad_norm, trainable,
+             DeviceName(device), math,
+             bf16_math && (!cpu || kernels::Bf16MathAvailable()) ? "true" : "false",
+             kernels::NumThreads(), load_s, t.first_loss, t.first_grad_norm, trainable,
              times[times.size() / 2], times.front(), steps, sgemm, batch.batch_size * batch.seq_len,
-             cfg.intermediate_size, cfg.hidden_size, bf16_gemm, rss_after, PeakResidentKib() / 1024.0)
+             cfg.intermediate_size, cfg.hidden_size, bf16_gemm, rss_after,
+             PeakResidentKib() / 1024.0)
       << std::endl;
   return absl::OkStatus();
 }

@@ -24,14 +24,17 @@ using ::testing::HasSubstr;
 // Opens each case that accumulates on kDevice.
 #if defined(FEDLORA_FEDAVG_GPU_TEST)
 constexpr Device kDevice = Device::kCuda;
-#define REQUIRE_DEVICE() \
-  if (!kernels::CudaAvailable()) GTEST_SKIP() << "no CUDA device: " << kernels::CudaDeviceDescription()
+#define REQUIRE_DEVICE()         \
+  if (!kernels::CudaAvailable()) \
+  GTEST_SKIP() << "no CUDA device: " << kernels::CudaDeviceDescription()
 #else
 constexpr Device kDevice = Device::kCpu;
 #define REQUIRE_DEVICE() (void)0
 #endif
 
-std::vector<TensorSpec> Spec() { return {{"lora_A", {4, 8}}, {"lora_B", {8, 4}}, {"head.bias", {3}}}; }
+std::vector<TensorSpec> Spec() {
+  return {{"lora_A", {4, 8}}, {"lora_B", {8, 4}}, {"head.bias", {3}}};
+}
 
 // An update with values spread over many binades (1e-6 .. 1e2, both signs), so that float
 // summation in different orders rounds differently.
@@ -44,7 +47,8 @@ std::vector<UpdateTensor> RandomUpdate(uint32_t seed) {
     UpdateTensor t{s.name, s.shape, {}};
     int64_t n = 1;
     for (int64_t d : s.shape) n *= d;
-    for (int64_t i = 0; i < n; ++i) t.values.push_back(mant(gen) * std::pow(10.0f, static_cast<float>(exp10(gen))));
+    for (int64_t i = 0; i < n; ++i)
+      t.values.push_back(mant(gen) * std::pow(10.0f, static_cast<float>(exp10(gen))));
     u.push_back(std::move(t));
   }
   return u;
@@ -82,7 +86,8 @@ TEST(StreamingFedAvgTest, BitIdenticalForAllPermutationsMergesAndRestarts) {
     std::vector<float> naive(32, 0.0f);  // what an order-dependent float accumulator would give
     for (int i : order) {
       ASSERT_TRUE(avg.Add(updates[i], kWeights[i]).ok());
-      for (int j = 0; j < 32; ++j) naive[j] += static_cast<float>(kWeights[i]) * updates[i][0].values[j];
+      for (int j = 0; j < 32; ++j)
+        naive[j] += static_cast<float>(kWeights[i]) * updates[i][0].values[j];
     }
     auto mean = avg.Finish();
     ASSERT_TRUE(mean.ok()) << mean.status();
@@ -141,7 +146,8 @@ TEST(StreamingFedAvgTest, MatchesDoublePrecisionReference) {
       // rounding (<= 6 * 2^-53 * sum|w x| / W for 5 terms and a division) plus the fixed-point
       // term rounding (5 * 2^-65 / W); one fp32 ulp of ref plus 2^-48 * sum|w x| / W covers all.
       const float ref_f = static_cast<float>(ref);
-      const double ulp = std::nextafter(std::fabs(ref_f), std::numeric_limits<float>::infinity()) - std::fabs(ref_f);
+      const double ulp = std::nextafter(std::fabs(ref_f), std::numeric_limits<float>::infinity()) -
+                         std::fabs(ref_f);
       const double bound = ulp + std::ldexp(abs_sum / total, -48);
       EXPECT_LE(std::fabs((*mean)[t].values[j] - ref), bound) << (*mean)[t].name << "[" << j << "]";
     }
@@ -153,7 +159,8 @@ TEST(StreamingFedAvgTest, WeightingByExamplesIsExactOnSmallIntegers) {
   const std::vector<TensorSpec> spec = {{"w", {4}}};
   auto avg = StreamingFedAvg::Create(spec, kDevice);
   ASSERT_TRUE(avg.ok());
-  // (1*2 + 3*6) / 4 = 5;  (1*1 + 3*(-3)) / 4 = -2;  (1*0.5 + 3*0.5) / 4 = 0.5;  (1*7 + 3*0) / 4 = 1.75.
+  // (1*2 + 3*6) / 4 = 5;  (1*1 + 3*(-3)) / 4 = -2;  (1*0.5 + 3*0.5) / 4 = 0.5;  (1*7 + 3*0) / 4
+  // = 1.75.
   ASSERT_TRUE(avg->Add({{"w", {4}, {2.0f, 1.0f, 0.5f, 7.0f}}}, 1).ok());
   ASSERT_TRUE(avg->Add({{"w", {4}, {6.0f, -3.0f, 0.5f, 0.0f}}}, 3).ok());
   auto mean = avg->Finish();
@@ -162,7 +169,8 @@ TEST(StreamingFedAvgTest, WeightingByExamplesIsExactOnSmallIntegers) {
   EXPECT_EQ((*mean)[0].name, "w");
   EXPECT_EQ((*mean)[0].shape, (std::vector<int64_t>{4}));
 
-  // A non-representable mean is correctly rounded: (1*1 + 2*1 + 3*4) / 6 = 2.5; 17/6 rounds to nearest.
+  // A non-representable mean is correctly rounded: (1*1 + 2*1 + 3*4) / 6 = 2.5; 17/6 rounds to
+  // nearest.
   auto avg2 = StreamingFedAvg::Create({{"w", {2}}}, kDevice);
   ASSERT_TRUE(avg2->Add({{"w", {2}, {1.0f, 1.0f}}}, 1).ok());
   ASSERT_TRUE(avg2->Add({{"w", {2}, {1.0f, 2.0f}}}, 2).ok());
@@ -180,10 +188,13 @@ TEST(StreamingFedAvgTest, FixedPointRangeAndResolution) {
   // 2^-64 is exactly one fixed-point unit; 1e-30 is far below it and is flushed to 0 (the
   // documented resolution); 2^42 is inside the range; subnormal fp32 flushes too.
   const float tiny = std::ldexp(1.0f, -64);
-  ASSERT_TRUE(avg->Add({{"w", {5}, {tiny, 1e-30f, std::ldexp(1.0f, 42), -std::ldexp(1.0f, 42), 1e-45f}}}, 1).ok());
+  ASSERT_TRUE(
+      avg->Add({{"w", {5}, {tiny, 1e-30f, std::ldexp(1.0f, 42), -std::ldexp(1.0f, 42), 1e-45f}}}, 1)
+          .ok());
   auto mean = avg->Finish();
   ASSERT_TRUE(mean.ok());
-  EXPECT_EQ((*mean)[0].values, (std::vector<float>{tiny, 0.0f, std::ldexp(1.0f, 42), -std::ldexp(1.0f, 42), 0.0f}));
+  EXPECT_EQ((*mean)[0].values,
+            (std::vector<float>{tiny, 0.0f, std::ldexp(1.0f, 42), -std::ldexp(1.0f, 42), 0.0f}));
 
   // |w * x| >= 2^43 is refused: 2^43 itself with weight 1, and 2^22 with weight 2^21.
   auto big = avg->Add({{"w", {5}, {0, 0, std::ldexp(1.0f, 43), 0, 0}}}, 1);
@@ -223,7 +234,8 @@ TEST(StreamingFedAvgTest, MismatchesAreRefusedAndLeaveTheAccumulatorUnchanged) {
   u[2].values.push_back(1.0f);
   expect_refused(u, 1, "'head.bias' has 4 values for shape [3]");
   u = good;
-  u[1].values[31] = std::numeric_limits<float>::quiet_NaN();  // last tensor checked after the others
+  u[1].values[31] =
+      std::numeric_limits<float>::quiet_NaN();  // last tensor checked after the others
   expect_refused(u, 1, "'lora_B' value 31 is not finite");
   u = good;
   u[2].values[0] = -std::numeric_limits<float>::infinity();
@@ -265,12 +277,14 @@ TEST(StreamingFedAvgTest, RefusedUpdateIsRolledBackExactly) {
     auto bad = RandomUpdate(12);  // values up to 1e2 in magnitude
     std::reverse(bad.begin(), bad.end());
     ASSERT_EQ(bad.back().name, "lora_A");
-    // Value 30 of 32: NaN, or 2^36 which times 2^7 examples is 2^43, the first product out of range.
+    // Value 30 of 32: NaN, or 2^36 which times 2^7 examples is 2^43, the first product out of
+    // range.
     bad.back().values[30] = nan ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.0f, 36);
     const absl::Status s = avg.Add(bad, 128);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr(nan ? "'lora_A' value 30 is not finite"
-                                                        : "'lora_A' value 30 (6.87195e+10) times num_examples 128"));
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr(nan ? "'lora_A' value 30 is not finite"
+                              : "'lora_A' value 30 (6.87195e+10) times num_examples 128"));
     EXPECT_EQ(avg.num_updates(), 1);
     EXPECT_EQ(avg.total_weight(), 7u);
     EXPECT_EQ(Bytes(avg.Finish().value()), before);
@@ -288,7 +302,8 @@ TEST(StreamingFedAvgTest, RefusedUpdateIsRolledBackExactly) {
 
 // The kept form of `u`: lora_A and lora_B keep every third entry from `first` on, head.bias stays
 // dense; `expanded` gets the same update with the entries not kept set to 0.
-std::vector<KeptTensor> Keep(const std::vector<UpdateTensor>& u, int first, std::vector<UpdateTensor>& expanded) {
+std::vector<KeptTensor> Keep(const std::vector<UpdateTensor>& u, int first,
+                             std::vector<UpdateTensor>& expanded) {
   std::vector<KeptTensor> kept;
   expanded = u;
   for (size_t t = 0; t < u.size(); ++t) {
@@ -341,8 +356,11 @@ TEST(StreamingFedAvgTest, DecodedKeptUpdatesAddUpAsTheirDenseDecoding) {
   auto reference = StreamingFedAvg::Create(Spec(), Device::kCpu);
   ASSERT_TRUE(reference.ok());
   for (uint32_t i = 0; i < 4; ++i) {
-    const CodecOptions o{.sparsifier = i % 2 == 0 ? Sparsifier::kTopK : Sparsifier::kRandomK, .fraction = 0.3,
-                         .codec = CodecId::kQuant, .quant_block_size = 16, .seed = i};
+    const CodecOptions o{.sparsifier = i % 2 == 0 ? Sparsifier::kTopK : Sparsifier::kRandomK,
+                         .fraction = 0.3,
+                         .codec = CodecId::kQuant,
+                         .quant_block_size = 16,
+                         .seed = i};
     const absl::StatusOr<std::string> wire = EncodeUpdate(RandomUpdate(500 + i), o);
     ASSERT_TRUE(wire.ok()) << wire.status();
     absl::StatusOr<std::vector<KeptTensor>> kept = DecodeUpdateKept(*wire, {});
@@ -371,13 +389,15 @@ TEST(StreamingFedAvgTest, MalformedKeptUpdatesAreRefusedAndLeaveNoTrace) {
   const std::vector<Case> cases = {
       {"'lora_A' has 10 indices for 11 kept values", [](auto& u) { u[0].indices.pop_back(); }},
       {"'lora_A' kept index 2 (4) is not in [5, 32)", [](auto& u) { u[0].indices[2] = 4; }},
-      {"'lora_A' kept index 1 (1) is not in [2, 32)", [](auto& u) { u[0].indices[1] = 1; }},  // a repeat
+      {"'lora_A' kept index 1 (1) is not in [2, 32)",
+       [](auto& u) { u[0].indices[1] = 1; }},  // a repeat
       {"'lora_B' kept index 10 (32) is not in [29, 32)", [](auto& u) { u[1].indices[10] = 32; }},
       {"'lora_A' kept index 0 (-1) is not in [0, 32)", [](auto& u) { u[0].indices[0] = -1; }},
       {"'head.bias' has 2 values for shape [3] (3)", [](auto& u) { u[2].values.pop_back(); }},
       // A late bad value: everything added before it is rolled back.
       {"'lora_B' value 31 is not finite", [](auto& u) { u[1].values.back() = std::nanf(""); }},
-      {"'lora_B' value 31 (1e+15) times num_examples 5", [](auto& u) { u[1].values.back() = 1e15f; }},
+      {"'lora_B' value 31 (1e+15) times num_examples 5",
+       [](auto& u) { u[1].values.back() = 1e15f; }},
   };
   for (const Case& c : cases) {
     std::vector<KeptTensor> bad = good;
@@ -393,14 +413,16 @@ TEST(StreamingFedAvgTest, MalformedKeptUpdatesAreRefusedAndLeaveNoTrace) {
 TEST(ClipUpdateNormTest, KeptEntriesClipAsTheirExpansion) {
   for (uint32_t seed = 0; seed < 50; ++seed) {
     std::vector<UpdateTensor> expanded;
-    std::vector<KeptTensor> kept = Keep(RandomUpdate(600 + seed), static_cast<int>(seed % 3), expanded);
+    std::vector<KeptTensor> kept =
+        Keep(RandomUpdate(600 + seed), static_cast<int>(seed % 3), expanded);
     ASSERT_EQ(UpdateNorm(kept), UpdateNorm(expanded));
     const double bound = UpdateNorm(kept) * (0.2 + 0.03 * seed);
     ASSERT_EQ(ClipUpdateNorm(kept, bound), ClipUpdateNorm(expanded, bound));
     for (size_t t = 0; t < kept.size(); ++t) {
       for (size_t j = 0; j < kept[t].values.size(); ++j) {
         const size_t i = kept[t].dense ? j : static_cast<size_t>(kept[t].indices[j]);
-        ASSERT_EQ(std::bit_cast<uint32_t>(kept[t].values[j]), std::bit_cast<uint32_t>(expanded[t].values[i]));
+        ASSERT_EQ(std::bit_cast<uint32_t>(kept[t].values[j]),
+                  std::bit_cast<uint32_t>(expanded[t].values[i]));
       }
     }
   }
@@ -409,9 +431,12 @@ TEST(ClipUpdateNormTest, KeptEntriesClipAsTheirExpansion) {
 TEST(StreamingFedAvgTest, CreateFinishAndMergeErrors) {
   REQUIRE_DEVICE();
   EXPECT_EQ(StreamingFedAvg::Create({}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(StreamingFedAvg::Create({{"a", {1}}, {"a", {2}}}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(StreamingFedAvg::Create({{"a", {-1}}}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(StreamingFedAvg::Create({{"", {1}}}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StreamingFedAvg::Create({{"a", {1}}, {"a", {2}}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StreamingFedAvg::Create({{"a", {-1}}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StreamingFedAvg::Create({{"", {1}}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   StreamingFedAvg avg = NewAvg();
   EXPECT_EQ(avg.Finish().status().code(), absl::StatusCode::kFailedPrecondition);
   auto other = StreamingFedAvg::Create({{"lora_A", {4, 8}}});
@@ -470,8 +495,8 @@ TEST(ClipUpdateNormTest, ClippedNormsNeverExceedTheBound) {
     std::vector<UpdateTensor> u = {{"a", {37}, {}}, {"b", {3, 5}, {}}};
     const float spread = std::exp2(static_cast<float>(trial % 9) - 4);
     for (UpdateTensor& t : u) {
-      t.values.resize(static_cast<size_t>(std::accumulate(t.shape.begin(), t.shape.end(), int64_t{1},
-                                                          std::multiplies<int64_t>())));
+      t.values.resize(static_cast<size_t>(
+          std::accumulate(t.shape.begin(), t.shape.end(), int64_t{1}, std::multiplies<int64_t>())));
       for (float& v : t.values) v = normal(rng) * spread;
     }
     const double c = bound(rng);
@@ -482,9 +507,11 @@ TEST(ClipUpdateNormTest, ClippedNormsNeverExceedTheBound) {
     ASSERT_LE(after, c) << "trial " << trial;
     if (before > c) {
       ++clipped;
-      EXPECT_NEAR(after, c, c * 1e-5) << "trial " << trial;  // scaled to the bound, not far below it
+      EXPECT_NEAR(after, c, c * 1e-5)
+          << "trial " << trial;  // scaled to the bound, not far below it
       for (size_t i = 0; i < u[0].values.size(); ++i) {
-        EXPECT_NEAR(u[0].values[i], original[0].values[i] * (c / before), 4e-6 * std::abs(original[0].values[i]) + 1e-12);
+        EXPECT_NEAR(u[0].values[i], original[0].values[i] * (c / before),
+                    4e-6 * std::abs(original[0].values[i]) + 1e-12);
       }
     } else {
       EXPECT_EQ(u[0].values, original[0].values);

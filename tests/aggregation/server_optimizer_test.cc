@@ -52,21 +52,26 @@ TEST(ServerOptimizerTest, RefusedStepsChangeNothing) {
     EXPECT_EQ(*opt.SaveState(), *saved_state);
   };
   expect_refused({{"a", {2}, {0.5f, -1.0f}}}, "delta has 1 tensors");
-  expect_refused({{"b", {1}, {0.25f}}, {"c", {2}, {0.5f, -1.0f}}}, "delta tensor 'c' is not in the adapter");
-  expect_refused({{"b", {1}, {0.25f}}, {"a", {1, 2}, {0.5f, -1.0f}}}, "tensor 'a' does not have the adapter's shape");
+  expect_refused({{"b", {1}, {0.25f}}, {"c", {2}, {0.5f, -1.0f}}},
+                 "delta tensor 'c' is not in the adapter");
+  expect_refused({{"b", {1}, {0.25f}}, {"a", {1, 2}, {0.5f, -1.0f}}},
+                 "tensor 'a' does not have the adapter's shape");
   expect_refused({{"b", {1}, {0.25f}}, {"b", {1}, {0.25f}}}, "repeats tensor 'b'");
   // The first tensor is fine, the second is not finite: nothing is applied.
   expect_refused({{"a", {2}, {0.5f, 0.0f}}, {"b", {1}, {inf}}}, "'b' value 0 is not finite");
   // A result that overflows fp32.
   ServerOptimizer sgd = Make({.learning_rate = 4.0});
-  std::vector<UpdateTensor> big = {{"a", {2}, {std::numeric_limits<float>::max(), 0.0f}}, {"b", {1}, {0.0f}}};
-  absl::Status s = sgd.Step({{"a", {2}, {std::numeric_limits<float>::max(), 0.0f}}, {"b", {1}, {0.0f}}}, big);
+  std::vector<UpdateTensor> big = {{"a", {2}, {std::numeric_limits<float>::max(), 0.0f}},
+                                   {"b", {1}, {0.0f}}};
+  absl::Status s =
+      sgd.Step({{"a", {2}, {std::numeric_limits<float>::max(), 0.0f}}, {"b", {1}, {0.0f}}}, big);
   EXPECT_THAT(std::string(s.message()), HasSubstr("would not be finite"));
   EXPECT_EQ(big[0].values[0], std::numeric_limits<float>::max());
 }
 
 TEST(ServerOptimizerTest, MomentumAccumulatesDeltas) {
-  ServerOptimizer opt = Make({.kind = ServerOptimizerKind::kSgd, .learning_rate = 0.5, .momentum = 0.75});
+  ServerOptimizer opt =
+      Make({.kind = ServerOptimizerKind::kSgd, .learning_rate = 0.5, .momentum = 0.75});
   EXPECT_TRUE(opt.stateful());
   std::vector<UpdateTensor> global = Global();
   const std::vector<UpdateTensor> d = {{"a", {2}, {1.0f, -2.0f}}, {"b", {1}, {4.0f}}};
@@ -78,8 +83,8 @@ TEST(ServerOptimizerTest, MomentumAccumulatesDeltas) {
 }
 
 // One coordinate followed through three steps of the update rules, written out independently here.
-double Reference(ServerOptimizerKind kind, double x, const std::vector<double>& deltas, double lr, double b1,
-                 double b2, double tau) {
+double Reference(ServerOptimizerKind kind, double x, const std::vector<double>& deltas, double lr,
+                 double b1, double b2, double tau) {
   double m = 0, v = kind == ServerOptimizerKind::kAdam ? 0.0 : tau * tau;
   int t = 0;
   for (double d : deltas) {
@@ -89,7 +94,8 @@ double Reference(ServerOptimizerKind kind, double x, const std::vector<double>& 
       v = b2 * v + (1 - b2) * d * d;
       const double m_hat = m / (1 - std::pow(b1, t));
       const double v_hat = v / (1 - std::pow(b2, t));
-      // Kingma & Ba's epsilon sits outside the corrected root: m_hat / (sqrt(v_hat) + tau / sqrt(1 - b2^t)).
+      // Kingma & Ba's epsilon sits outside the corrected root: m_hat / (sqrt(v_hat) + tau / sqrt(1
+      // - b2^t)).
       x += lr * m_hat / (std::sqrt(v_hat) + tau / std::sqrt(1 - std::pow(b2, t)));
     } else if (kind == ServerOptimizerKind::kYogi) {
       v -= (1 - b2) * d * d * (v > d * d ? 1 : -1);
@@ -105,13 +111,16 @@ double Reference(ServerOptimizerKind kind, double x, const std::vector<double>& 
 
 TEST(ServerOptimizerTest, AdaptiveKindsFollowTheirUpdateRules) {
   const std::vector<std::vector<double>> deltas = {{0.02, -0.01}, {0.03, 0.005}, {-0.01, 0.002}};
-  for (ServerOptimizerKind kind : {ServerOptimizerKind::kAdam, ServerOptimizerKind::kYogi, ServerOptimizerKind::kAdagrad}) {
+  for (ServerOptimizerKind kind :
+       {ServerOptimizerKind::kAdam, ServerOptimizerKind::kYogi, ServerOptimizerKind::kAdagrad}) {
     SCOPED_TRACE(ServerOptimizerName(kind));
-    ServerOptimizer opt = Make({.kind = kind, .learning_rate = 0.01, .beta1 = 0.9, .beta2 = 0.99, .tau = 1e-3});
+    ServerOptimizer opt =
+        Make({.kind = kind, .learning_rate = 0.01, .beta1 = 0.9, .beta2 = 0.99, .tau = 1e-3});
     EXPECT_TRUE(opt.stateful());
     std::vector<UpdateTensor> global = Global();
     for (const auto& d : deltas) {
-      ASSERT_TRUE(opt.Step({{"a", {2}, {static_cast<float>(d[0]), static_cast<float>(d[1])}}, {"b", {1}, {0.0f}}},
+      ASSERT_TRUE(opt.Step({{"a", {2}, {static_cast<float>(d[0]), static_cast<float>(d[1])}},
+                            {"b", {1}, {0.0f}}},
                            global)
                       .ok());
     }
@@ -125,7 +134,8 @@ TEST(ServerOptimizerTest, AdaptiveKindsFollowTheirUpdateRules) {
     EXPECT_EQ(global[1].values[0], -1.0f);
   }
   // Adam's first step is about lr * sign(delta) whatever the delta's scale.
-  ServerOptimizer adam = Make({.kind = ServerOptimizerKind::kAdam, .learning_rate = 0.01, .tau = 1e-9});
+  ServerOptimizer adam =
+      Make({.kind = ServerOptimizerKind::kAdam, .learning_rate = 0.01, .tau = 1e-9});
   std::vector<UpdateTensor> global = Global();
   ASSERT_TRUE(adam.Step({{"a", {2}, {1e-4f, -50.0f}}, {"b", {1}, {0.0f}}}, global).ok());
   EXPECT_NEAR(global[0].values[0], 1.0 + 0.01, 1e-6);
@@ -133,9 +143,12 @@ TEST(ServerOptimizerTest, AdaptiveKindsFollowTheirUpdateRules) {
 }
 
 TEST(ServerOptimizerTest, SavedStateContinuesBitIdentically) {
-  for (ServerOptimizerKind kind : {ServerOptimizerKind::kAdam, ServerOptimizerKind::kYogi, ServerOptimizerKind::kSgd}) {
+  for (ServerOptimizerKind kind :
+       {ServerOptimizerKind::kAdam, ServerOptimizerKind::kYogi, ServerOptimizerKind::kSgd}) {
     SCOPED_TRACE(ServerOptimizerName(kind));
-    const ServerOptimizerOptions o{.kind = kind, .learning_rate = 0.1, .momentum = kind == ServerOptimizerKind::kSgd ? 0.9 : 0.0};
+    const ServerOptimizerOptions o{.kind = kind,
+                                   .learning_rate = 0.1,
+                                   .momentum = kind == ServerOptimizerKind::kSgd ? 0.9 : 0.0};
     ServerOptimizer a = Make(o);
     std::vector<UpdateTensor> xa = Global();
     const std::vector<UpdateTensor> d1 = {{"a", {2}, {0.3f, -0.7f}}, {"b", {1}, {0.1f}}};
@@ -170,7 +183,8 @@ TEST(ServerOptimizerTest, LoadStateRefusesForeignOrDamagedState) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("saved by optimizer 'adam'"));
   EXPECT_EQ(yogi.LoadState("not a safetensors file").code(), absl::StatusCode::kDataLoss);
   // Another adapter spec.
-  auto other = ServerOptimizer::Create({.kind = ServerOptimizerKind::kAdam}, {{"a", {3}}, {"b", {1}}});
+  auto other =
+      ServerOptimizer::Create({.kind = ServerOptimizerKind::kAdam}, {{"a", {3}}, {"b", {1}}});
   ASSERT_TRUE(other.ok());
   s = other->LoadState(*adam_state);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
@@ -181,7 +195,8 @@ TEST(ServerOptimizerTest, LoadStateRefusesForeignOrDamagedState) {
 // count (steps + 1) overflowed int64.
 TEST(ServerOptimizerTest, LoadStateRefusesAStepCountWithNoNextStep) {
   auto state = [](const std::string& steps) {
-    auto bytes = SerializeSafetensors({}, {{"fedlora.server_optimizer", "sgd"}, {"fedlora.server_steps", steps}});
+    auto bytes = SerializeSafetensors(
+        {}, {{"fedlora.server_optimizer", "sgd"}, {"fedlora.server_steps", steps}});
     EXPECT_TRUE(bytes.ok());
     return bytes.ok() ? *bytes : std::string();
   };
@@ -200,13 +215,16 @@ TEST(ServerOptimizerTest, LoadStateRefusesAStepCountWithNoNextStep) {
 TEST(ServerOptimizerTest, CreateRefusesBadOptions) {
   auto code = [](ServerOptimizerOptions o) { return ServerOptimizer::Create(o, Spec()).status(); };
   EXPECT_THAT(std::string(code({.learning_rate = 0}).message()), HasSubstr("learning_rate 0"));
-  EXPECT_THAT(std::string(code({.learning_rate = std::nan("")}).message()), HasSubstr("learning_rate"));
-  EXPECT_THAT(std::string(code({.momentum = 1.0}).message()), HasSubstr("momentum 1 is not in [0, 1)"));
+  EXPECT_THAT(std::string(code({.learning_rate = std::nan("")}).message()),
+              HasSubstr("learning_rate"));
+  EXPECT_THAT(std::string(code({.momentum = 1.0}).message()),
+              HasSubstr("momentum 1 is not in [0, 1)"));
   EXPECT_THAT(std::string(code({.beta1 = -0.1}).message()), HasSubstr("beta1"));
   EXPECT_THAT(std::string(code({.beta2 = 1.5}).message()), HasSubstr("beta2"));
   EXPECT_THAT(std::string(code({.tau = 0}).message()), HasSubstr("tau"));
   EXPECT_EQ(ServerOptimizer::Create({}, {}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ServerOptimizer::Create({}, {{"a", {1}}, {"a", {1}}}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ServerOptimizer::Create({}, {{"a", {1}}, {"a", {1}}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

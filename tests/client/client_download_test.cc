@@ -25,9 +25,9 @@
 namespace fedlora {
 namespace {
 
+using testing::DeterministicTrainer;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using testing::DeterministicTrainer;
 using testing::TempDir;
 
 // One DownloadAdapter request as the proxy saw it.
@@ -56,17 +56,21 @@ class CorruptingFederation final : public v1::Federation::Service {
   static constexpr std::chrono::seconds kMaxRunTime{20};
 
   CorruptingFederation(const std::string& upstream, ChunkHook hook)
-      : stub_(v1::Federation::NewStub(grpc::CreateChannel(upstream, grpc::InsecureChannelCredentials()))),
+      : stub_(v1::Federation::NewStub(
+            grpc::CreateChannel(upstream, grpc::InsecureChannelCredentials()))),
         hook_(std::move(hook)),
         started_(std::chrono::steady_clock::now()) {}
 
-  grpc::Status Join(grpc::ServerContext* c, const v1::JoinRequest* r, v1::JoinResponse* out) override {
+  grpc::Status Join(grpc::ServerContext* c, const v1::JoinRequest* r,
+                    v1::JoinResponse* out) override {
     return stub_->Join(Upstream(c).get(), *r, out);
   }
   grpc::Status WaitForTask(grpc::ServerContext* c, const v1::WaitForTaskRequest* r,
                            v1::WaitForTaskResponse* out) override {
-    if (downloads().size() > kMaxDownloads || std::chrono::steady_clock::now() - started_ > kMaxRunTime) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "test proxy: the client is looping");
+    if (downloads().size() > kMaxDownloads ||
+        std::chrono::steady_clock::now() - started_ > kMaxRunTime) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "test proxy: the client is looping");
     }
     grpc::Status s = stub_->WaitForTask(Upstream(c).get(), *r, out);
     if (s.ok() && out->has_run_finished()) {
@@ -75,17 +79,20 @@ class CorruptingFederation final : public v1::Federation::Service {
     }
     return s;
   }
-  grpc::Status Heartbeat(grpc::ServerContext* c, const v1::HeartbeatRequest* r, v1::HeartbeatResponse* out) override {
+  grpc::Status Heartbeat(grpc::ServerContext* c, const v1::HeartbeatRequest* r,
+                         v1::HeartbeatResponse* out) override {
     return stub_->Heartbeat(Upstream(c).get(), *r, out);
   }
   grpc::Status GetUploadStatus(grpc::ServerContext* c, const v1::UploadStatusRequest* r,
                                v1::UploadStatusResponse* out) override {
     return stub_->GetUploadStatus(Upstream(c).get(), *r, out);
   }
-  grpc::Status ReportMetrics(grpc::ServerContext* c, const v1::MetricsReport* r, v1::MetricsAck* out) override {
+  grpc::Status ReportMetrics(grpc::ServerContext* c, const v1::MetricsReport* r,
+                             v1::MetricsAck* out) override {
     return stub_->ReportMetrics(Upstream(c).get(), *r, out);
   }
-  grpc::Status Leave(grpc::ServerContext* c, const v1::LeaveRequest* r, v1::LeaveResponse* out) override {
+  grpc::Status Leave(grpc::ServerContext* c, const v1::LeaveRequest* r,
+                     v1::LeaveResponse* out) override {
     return stub_->Leave(Upstream(c).get(), *r, out);
   }
 
@@ -96,7 +103,8 @@ class CorruptingFederation final : public v1::Federation::Service {
       ++uploads_;
     }
     auto ctx = Upstream(c);
-    std::unique_ptr<grpc::ClientWriter<v1::UploadChunk>> writer = stub_->UploadUpdate(ctx.get(), ack);
+    std::unique_ptr<grpc::ClientWriter<v1::UploadChunk>> writer =
+        stub_->UploadUpdate(ctx.get(), ack);
     v1::UploadChunk message;
     bool ok = true;
     while (ok && in->Read(&message)) ok = writer->Write(message);
@@ -112,15 +120,18 @@ class CorruptingFederation final : public v1::Federation::Service {
     {
       std::lock_guard<std::mutex> lock(mu_);
       call.final_adapter = call.adapter_sha256 == final_sha256_;
-      for (const DownloadCall& earlier : downloads_) call.nth += earlier.adapter_sha256 == call.adapter_sha256;
+      for (const DownloadCall& earlier : downloads_)
+        call.nth += earlier.adapter_sha256 == call.adapter_sha256;
       downloads_.push_back(call);
     }
     if (refuse_ && refuse_(call)) {
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          "client 'site-0' already has 2 downloads open (server.max_client_downloads_in_flight)");
+      return grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          "client 'site-0' already has 2 downloads open (server.max_client_downloads_in_flight)");
     }
     auto ctx = Upstream(c);
-    std::unique_ptr<grpc::ClientReader<v1::DownloadChunk>> in = stub_->DownloadAdapter(ctx.get(), *r);
+    std::unique_ptr<grpc::ClientReader<v1::DownloadChunk>> in =
+        stub_->DownloadAdapter(ctx.get(), *r);
     v1::DownloadChunk chunk;
     while (in->Read(&chunk)) {
       if (hook_) hook_(call, &chunk);
@@ -161,7 +172,8 @@ class CorruptingFederation final : public v1::Federation::Service {
     std::unique_ptr<grpc::ClientContext> ctx = grpc::ClientContext::FromServerContext(*c);
     for (const char* key : {kClientIdMetadataKey, kSessionMetadataKey}) {
       auto it = c->client_metadata().find(key);
-      if (it != c->client_metadata().end()) ctx->AddMetadata(key, std::string(it->second.data(), it->second.size()));
+      if (it != c->client_metadata().end())
+        ctx->AddMetadata(key, std::string(it->second.data(), it->second.size()));
     }
     return ctx;
   }
@@ -183,8 +195,8 @@ class CorruptedDownloadTest : public ::testing::Test {
   static constexpr int kMaxAttempts = 3;
 
   void StartWith(ChunkHook hook) {
-    auto server = Server::Create(testing::TestServerOptions(dir_.path()), testing::TestRunConfig(1, 1, 1),
-                                 testing::InitialAdapter());
+    auto server = Server::Create(testing::TestServerOptions(dir_.path()),
+                                 testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     proxy_ = std::make_unique<CorruptingFederation>(server_->address(), std::move(hook));
@@ -199,7 +211,8 @@ class CorruptedDownloadTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    if (proxy_server_) proxy_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (proxy_server_)
+      proxy_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     if (server_) server_->Shutdown();
   }
 
@@ -223,7 +236,8 @@ class CorruptedDownloadTest : public ::testing::Test {
 // DeterministicTrainer that also keeps every global adapter it was given.
 class RecordingTrainer : public ClientTrainer {
  public:
-  absl::StatusOr<TrainResult> Train(const TrainTask& task, const std::vector<NamedTensor>& global) override {
+  absl::StatusOr<TrainResult> Train(const TrainTask& task,
+                                    const std::vector<NamedTensor>& global) override {
     globals_.push_back(testing::ToUpdate(global));
     return inner_.Train(task, global);
   }
@@ -236,7 +250,8 @@ class RecordingTrainer : public ClientTrainer {
 void ExpectOneTrainingOnIntactBytes(const RecordingTrainer& trainer, const RunSummary& result) {
   ASSERT_EQ(trainer.globals_.size(), 1u);
   EXPECT_TRUE(testing::SameBits(trainer.globals_[0], testing::InitialAdapter()));
-  EXPECT_TRUE(testing::SameBits(testing::ToUpdate(result.final_adapter), testing::ExpectedAdapter({0}, 1)));
+  EXPECT_TRUE(
+      testing::SameBits(testing::ToUpdate(result.final_adapter), testing::ExpectedAdapter({0}, 1)));
 }
 
 void FlipAByte(v1::DownloadChunk* chunk) { (*chunk->mutable_data())[0] ^= 0x01; }
@@ -279,7 +294,8 @@ TEST_F(CorruptedDownloadTest, ChunkCorruptOnEveryAttemptGivesTheTaskUpUntrained)
   // Chunk 1 of the round's adapter is damaged in each of the client's kMaxAttempts requests of its
   // first download, then served intact.
   StartWith([](const DownloadCall& call, v1::DownloadChunk* chunk) {
-    if (!call.final_adapter && call.nth < kMaxAttempts && chunk->chunk_index() == 1) FlipAByte(chunk);
+    if (!call.final_adapter && call.nth < kMaxAttempts && chunk->chunk_index() == 1)
+      FlipAByte(chunk);
   });
   RecordingTrainer trainer;
   auto result = RunClient(&trainer);
@@ -303,7 +319,8 @@ TEST_F(CorruptedDownloadTest, ChunkAlwaysCorruptIsAnErrorNamingTheChunk) {
   auto result = RunClient(&trainer);
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kAborted) << result.status();
-  EXPECT_THAT(std::string(result.status().message()), HasSubstr("chunk 1 does not match its SHA-256"));
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("chunk 1 does not match its SHA-256"));
   EXPECT_THAT(std::string(result.status().message()), HasSubstr("gave up after 3 attempts"));
   EXPECT_THAT(proxy_->StartChunks(/*final_adapter=*/true), ElementsAre(0u, 1u, 1u));
 }

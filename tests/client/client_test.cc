@@ -14,8 +14,8 @@
 namespace fedlora {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::DeterministicTrainer;
+using ::testing::HasSubstr;
 using testing::TempDir;
 
 // A port nothing listens on: bound, then closed.
@@ -53,9 +53,11 @@ TEST(ClientTest, CreateRejectsIncompleteOptions) {
   EXPECT_EQ(Client::Create(o, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
   // TLS: all three files, no --insecure beside it, and the files must exist.
   o.tls.root_ca_file = "/nonexistent/ca.pem";
-  EXPECT_THAT(std::string(Client::Create(o, &trainer).status().message()), HasSubstr("exclude each other"));
+  EXPECT_THAT(std::string(Client::Create(o, &trainer).status().message()),
+              HasSubstr("exclude each other"));
   o.insecure = false;
-  EXPECT_THAT(std::string(Client::Create(o, &trainer).status().message()), HasSubstr("root_ca_file, cert_file and key_file"));
+  EXPECT_THAT(std::string(Client::Create(o, &trainer).status().message()),
+              HasSubstr("root_ca_file, cert_file and key_file"));
   o.tls.cert_file = "/nonexistent/site.pem";
   o.tls.key_file = "/nonexistent/site.key";
   EXPECT_EQ(Client::Create(o, &trainer).status().code(), absl::StatusCode::kNotFound);
@@ -104,7 +106,8 @@ TEST(ClientTest, StopInterruptsBackoff) {
 // Fails its first task, then behaves like DeterministicTrainer.
 class FlakyTrainer : public ClientTrainer {
  public:
-  absl::StatusOr<TrainResult> Train(const TrainTask& task, const std::vector<NamedTensor>& global) override {
+  absl::StatusOr<TrainResult> Train(const TrainTask& task,
+                                    const std::vector<NamedTensor>& global) override {
     if (calls_++ == 0) return absl::InternalError("GPU fell off the bus");
     return inner_.Train(task, global);
   }
@@ -114,11 +117,12 @@ class FlakyTrainer : public ClientTrainer {
 
 TEST(ClientTest, TrainerFailureSkipsTheTaskAndTheClientTakesItAgain) {
   TempDir dir;
-  auto server = Server::Create(testing::TestServerOptions(dir.path()), testing::TestRunConfig(2, 1, 1),
-                               testing::InitialAdapter());
+  auto server = Server::Create(testing::TestServerOptions(dir.path()),
+                               testing::TestRunConfig(2, 1, 1), testing::InitialAdapter());
   ASSERT_TRUE(server.ok()) << server.status();
   FlakyTrainer trainer;
-  auto client = Client::Create(testing::TestClientOptions((*server)->address(), "site-0"), &trainer);
+  auto client =
+      Client::Create(testing::TestClientOptions((*server)->address(), "site-0"), &trainer);
   ASSERT_TRUE(client.ok());
   auto result = (*client)->RunUntilDone();
   ASSERT_TRUE(result.ok()) << result.status();
@@ -127,7 +131,8 @@ TEST(ClientTest, TrainerFailureSkipsTheTaskAndTheClientTakesItAgain) {
   EXPECT_EQ(trainer.calls_, 3);
   // Still selected for round 1, the client got the same task again: the result is as if nothing
   // had failed.
-  EXPECT_TRUE(testing::SameBits(testing::ToUpdate(result->final_adapter), testing::ExpectedAdapter({0}, 2)));
+  EXPECT_TRUE(testing::SameBits(testing::ToUpdate(result->final_adapter),
+                                testing::ExpectedAdapter({0}, 2)));
 }
 
 // Fails every task with `error`.
@@ -164,7 +169,8 @@ TEST(ClientTest, APermanentTrainerErrorEndsTheClientAndTheServerShowsTheSiteFail
   ASSERT_TRUE(server.ok()) << server.status();
   // What a classification run's client says of a decoder checkpoint, or of a broken JSONL.
   BrokenTrainer trainer(absl::FailedPreconditionError("site.jsonl:3: not a JSON object"));
-  auto client = Client::Create(testing::TestClientOptions((*server)->address(), "site-0"), &trainer);
+  auto client =
+      Client::Create(testing::TestClientOptions((*server)->address(), "site-0"), &trainer);
   ASSERT_TRUE(client.ok());
   const auto start = std::chrono::steady_clock::now();
   auto result = (*client)->RunUntilDone();
@@ -178,7 +184,8 @@ TEST(ClientTest, APermanentTrainerErrorEndsTheClientAndTheServerShowsTheSiteFail
   const v1::ClientInfo info = InfoOf(**server, "site-0");
   EXPECT_EQ(info.state(), v1::CLIENT_STATE_FAILED);
   EXPECT_THAT(info.failure(), HasSubstr("site.jsonl:3: not a JSON object"));
-  EXPECT_TRUE(testing::WaitFor([&] { return (*server)->metrics().rounds_abandoned.load() >= 1; }, 5000));
+  EXPECT_TRUE(
+      testing::WaitFor([&] { return (*server)->metrics().rounds_abandoned.load() >= 1; }, 5000));
   EXPECT_EQ((*server)->metrics().clients_failed.load(), 1);
   EXPECT_THAT((*server)->MetricsText(), HasSubstr("fedlora_clients_failed_total 1"));
 }
@@ -187,7 +194,8 @@ TEST(ClientTest, APermanentTrainerErrorEndsTheClientAndTheServerShowsTheSiteFail
 class ProgressTrainer : public ClientTrainer {
  public:
   std::function<bool()> server_shows;
-  absl::StatusOr<TrainResult> Train(const TrainTask& task, const std::vector<NamedTensor>& global) override {
+  absl::StatusOr<TrainResult> Train(const TrainTask& task,
+                                    const std::vector<NamedTensor>& global) override {
     if (task.report_progress) task.report_progress(3, 8);
     shown_ = testing::WaitFor(server_shows, 10'000);
     return inner_.Train(task, global);
@@ -200,15 +208,16 @@ class ProgressTrainer : public ClientTrainer {
 
 TEST(ClientTest, TheTrainersStepsReachTheServerInTheHeartbeats) {
   TempDir dir;
-  auto server = Server::Create(testing::TestServerOptions(dir.path()), testing::TestRunConfig(1, 1, 1),
-                               testing::InitialAdapter());
+  auto server = Server::Create(testing::TestServerOptions(dir.path()),
+                               testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
   ASSERT_TRUE(server.ok()) << server.status();
   ProgressTrainer trainer;
   trainer.server_shows = [&] {
     const v1::ClientInfo info = InfoOf(**server, "site-0");
     return !info.current_task_id().empty() && info.steps_done() == 3 && info.steps_total() == 8;
   };
-  auto client = Client::Create(testing::TestClientOptions((*server)->address(), "site-0"), &trainer);
+  auto client =
+      Client::Create(testing::TestClientOptions((*server)->address(), "site-0"), &trainer);
   ASSERT_TRUE(client.ok());
   auto result = (*client)->RunUntilDone();
   ASSERT_TRUE(result.ok()) << result.status();
@@ -229,17 +238,19 @@ class UnpreparedTrainer : public DeterministicTrainer {
 
 TEST(ClientTest, ASiteThatCannotPrepareLeavesBeforeAnyTask) {
   TempDir dir;
-  auto server = Server::Create(testing::TestServerOptions(dir.path()), testing::TestRunConfig(1, 2, 2),
-                               testing::InitialAdapter());
+  auto server = Server::Create(testing::TestServerOptions(dir.path()),
+                               testing::TestRunConfig(1, 2, 2), testing::InitialAdapter());
   ASSERT_TRUE(server.ok()) << server.status();
   UnpreparedTrainer trainer;
-  auto client = Client::Create(testing::TestClientOptions((*server)->address(), "site-0"), &trainer);
+  auto client =
+      Client::Create(testing::TestClientOptions((*server)->address(), "site-0"), &trainer);
   ASSERT_TRUE(client.ok());
   auto result = (*client)->RunUntilDone();  // the round needs two sites: no task could come
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(result.status().message()), HasSubstr("site.jsonl: cannot open"));
-  EXPECT_THAT(trainer.run_config_json_, HasSubstr("\"test-run\""));  // the run's config, as tasks carry it
+  EXPECT_THAT(trainer.run_config_json_,
+              HasSubstr("\"test-run\""));  // the run's config, as tasks carry it
   EXPECT_TRUE(trainer.rounds_seen.empty());
   EXPECT_EQ(InfoOf(**server, "site-0").state(), v1::CLIENT_STATE_FAILED);
 }
@@ -252,7 +263,8 @@ TEST(ClientTest, TheOtherSitesUpdatesCommitWithoutWaitingForAFailedSite) {
   ASSERT_TRUE(server.ok()) << server.status();
   BrokenTrainer broken(absl::InvalidArgumentError("model.gguf is a decoder; the run classifies"));
   DeterministicTrainer good(1);
-  absl::StatusOr<RunSummary> failed = absl::UnknownError("not run"), done = absl::UnknownError("not run");
+  absl::StatusOr<RunSummary> failed = absl::UnknownError("not run"),
+                             done = absl::UnknownError("not run");
   const auto start = std::chrono::steady_clock::now();
   std::thread a([&] {
     auto c = Client::Create(testing::TestClientOptions((*server)->address(), "site-0"), &broken);
@@ -268,14 +280,15 @@ TEST(ClientTest, TheOtherSitesUpdatesCommitWithoutWaitingForAFailedSite) {
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(broken.calls_.load(), 1);
-  EXPECT_TRUE(testing::SameBits(testing::ToUpdate(done->final_adapter), testing::ExpectedAdapter({1}, 1)));
+  EXPECT_TRUE(
+      testing::SameBits(testing::ToUpdate(done->final_adapter), testing::ExpectedAdapter({1}, 1)));
   EXPECT_EQ(InfoOf(**server, "site-0").state(), v1::CLIENT_STATE_FAILED);
 }
 
 TEST(ClientTest, ATransientTrainerErrorIsTriedAgainWithBackoffAndBounded) {
   TempDir dir;
-  auto server = Server::Create(testing::TestServerOptions(dir.path()), testing::TestRunConfig(1, 1, 1),
-                               testing::InitialAdapter());
+  auto server = Server::Create(testing::TestServerOptions(dir.path()),
+                               testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
   ASSERT_TRUE(server.ok()) << server.status();
   BrokenTrainer trainer(absl::ResourceExhaustedError("out of GPU memory"));
   ClientOptions options = testing::TestClientOptions((*server)->address(), "site-0");

@@ -55,7 +55,8 @@ class LoraTrainerTest : public ::testing::Test {
       e.label = i % 2;
       e.input_ids.push_back(2);
       const int len = 4 + (i * 5) % 8;
-      for (int j = 0; j < len; ++j) e.input_ids.push_back((e.label == 0 ? 10 : 50) + (i * 7 + j * 3) % 20);
+      for (int j = 0; j < len; ++j)
+        e.input_ids.push_back((e.label == 0 ? 10 : 50) + (i * 7 + j * 3) % 20);
       e.input_ids.push_back(3);
       e.token_type_ids.assign(e.input_ids.size(), 0);
       d.examples.push_back(std::move(e));
@@ -88,7 +89,8 @@ class LoraTrainerTest : public ::testing::Test {
   }
 
   // A site over one owned model (the lease gives nothing back).
-  static LoraTrainer::Site SiteOver(BertClassifier* model, std::shared_ptr<const TokenizedDataset> data) {
+  static LoraTrainer::Site SiteOver(BertClassifier* model,
+                                    std::shared_ptr<const TokenizedDataset> data) {
     LoraTrainer::Site site;
     site.acquire_model = [model] { return LoraTrainer::ModelLease(model, [](BertClassifier*) {}); };
     site.data = std::move(data);
@@ -99,8 +101,12 @@ class LoraTrainerTest : public ::testing::Test {
   static bool BitIdentical(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>& b) {
     if (a.size() != b.size()) return false;
     for (size_t i = 0; i < a.size(); ++i) {
-      if (a[i].name != b[i].name || a[i].shape != b[i].shape || a[i].values.size() != b[i].values.size()) return false;
-      if (std::memcmp(a[i].values.data(), b[i].values.data(), a[i].values.size() * sizeof(float)) != 0) return false;
+      if (a[i].name != b[i].name || a[i].shape != b[i].shape ||
+          a[i].values.size() != b[i].values.size())
+        return false;
+      if (std::memcmp(a[i].values.data(), b[i].values.data(), a[i].values.size() * sizeof(float)) !=
+          0)
+        return false;
     }
     return true;
   }
@@ -117,7 +123,8 @@ TEST_F(LoraTrainerTest, SameSeedGivesBitIdenticalDelta) {
   ASSERT_NE(m2, nullptr);
   ASSERT_NE(m3, nullptr);
   const std::vector<NamedTensor> global = Adapter(*m1);
-  LoraTrainer t1(SiteOver(m1.get(), data)), t2(SiteOver(m2.get(), data)), t3(SiteOver(m3.get(), data));
+  LoraTrainer t1(SiteOver(m1.get(), data)), t2(SiteOver(m2.get(), data)),
+      t3(SiteOver(m3.get(), data));
   auto r1 = t1.Train(Task(7), global);
   auto r2 = t2.Train(Task(7), global);
   auto r3 = t3.Train(Task(8), global);
@@ -198,7 +205,8 @@ TEST_F(LoraTrainerTest, EmptySubsetAndOutOfRangeIndexAreErrors) {
   ASSERT_NE(model, nullptr);
   const TrainOptions o = BaseOptions();
   const std::vector<int64_t> none;
-  EXPECT_EQ(TrainLocally(*model, data, none, o).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TrainLocally(*model, data, none, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
   const std::vector<int64_t> past_end = {0, kExamples};
   auto r = TrainLocally(*model, data, past_end, o);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kOutOfRange);
@@ -211,7 +219,8 @@ TEST_F(LoraTrainerTest, EmptySubsetAndOutOfRangeIndexAreErrors) {
   LoraTrainer::Site site = SiteOver(model.get(), shared);
   site.indices = std::vector<int64_t>{};
   LoraTrainer trainer(std::move(site));
-  EXPECT_EQ(trainer.Train(Task(1), Adapter(*model)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(trainer.Train(Task(1), Adapter(*model)).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(LoraTrainerTest, SiteLoaderRunsOnceAcrossTasks) {
@@ -397,7 +406,8 @@ class DecoderLoraTrainerTest : public ::testing::Test {
     v1::TrainingConfig t;
     t.set_batch_size(4);
     t.set_learning_rate(2e-2);
-    site.options = std::make_shared<const TrainOptions>(TrainOptionsFromConfig(t, /*max_seq_len=*/16));
+    site.options =
+        std::make_shared<const TrainOptions>(TrainOptionsFromConfig(t, /*max_seq_len=*/16));
     return site;
   }
 };

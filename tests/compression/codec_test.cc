@@ -44,7 +44,8 @@ void PutU32At(std::string& s, size_t off, uint32_t v) { std::memcpy(s.data() + o
 void PutU64At(std::string& s, size_t off, uint64_t v) { std::memcpy(s.data() + off, &v, 8); }
 
 // A header (40 bytes) for hand-made payloads.
-std::string Header(CodecId codec, uint32_t flags, uint64_t elements, uint64_t raw, uint64_t payload) {
+std::string Header(CodecId codec, uint32_t flags, uint64_t elements, uint64_t raw,
+                   uint64_t payload) {
   std::string h(kUpdateHeaderSize, '\0');
   std::memcpy(h.data(), kUpdateMagic, 4);
   PutU16At(h, 4, kUpdateFormatVersion);
@@ -73,8 +74,8 @@ std::string OneTensorTable(uint64_t n) {
 // Body of that update, all fp32 zeros: 16 + 4n bytes.
 std::string OneTensorBody(uint64_t n) { return OneTensorTable(n) + std::string(n * 4, '\0'); }
 
-// ValidateUpdate must answer exactly as DecodeUpdate does: the same code and message, and on success
-// the decoded tensors' names and shapes in wire order. Returns DecodeUpdate's status.
+// ValidateUpdate must answer exactly as DecodeUpdate does: the same code and message, and on
+// success the decoded tensors' names and shapes in wire order. Returns DecodeUpdate's status.
 absl::Status DecodeAndValidateAgree(std::string_view wire, const DecodeLimits& limits = {}) {
   const absl::StatusOr<std::vector<UpdateTensor>> decoded = DecodeUpdate(wire, limits);
   const absl::StatusOr<std::vector<UpdateTensorInfo>> validated = ValidateUpdate(wire, limits);
@@ -97,7 +98,8 @@ void ExpectBitIdentical(const std::vector<UpdateTensor>& a, const std::vector<Up
     EXPECT_EQ(a[t].shape, b[t].shape);
     ASSERT_EQ(a[t].values.size(), b[t].values.size());
     for (size_t i = 0; i < a[t].values.size(); ++i) {
-      EXPECT_EQ(std::bit_cast<uint32_t>(a[t].values[i]), std::bit_cast<uint32_t>(b[t].values[i])) << a[t].name << i;
+      EXPECT_EQ(std::bit_cast<uint32_t>(a[t].values[i]), std::bit_cast<uint32_t>(b[t].values[i]))
+          << a[t].name << i;
     }
   }
 }
@@ -108,8 +110,9 @@ TEST(CodecTest, KnownAnswerLayout) {
   ASSERT_TRUE(wire.ok()) << wire.status();
   // body = u32 count (4) + u16 len (2) + "w" (1) + u8 rank (1) + i64 dim (8) + 2 floats (8) = 24.
   std::string expected = Header(CodecId::kRawF32, 0, 2, 24, 24);
-  expected += std::string("\x01\x00\x00\x00", 4) + std::string("\x01\x00", 2) + "w" + std::string("\x01", 1) +
-              std::string("\x02\0\0\0\0\0\0\0", 8) + std::string("\x00\x00\x80\x3f\x00\x00\x00\xc0", 8);
+  expected += std::string("\x01\x00\x00\x00", 4) + std::string("\x01\x00", 2) + "w" +
+              std::string("\x01", 1) + std::string("\x02\0\0\0\0\0\0\0", 8) +
+              std::string("\x00\x00\x80\x3f\x00\x00\x00\xc0", 8);
   EXPECT_EQ(*wire, expected);
 
   // fp16: 1.0 = 0x3C00, -2.0 = 0xC000; two bytes per value.
@@ -156,7 +159,8 @@ TEST(CodecTest, HalfCastsRoundTripWithinTheirRoundingBound) {
         ASSERT_EQ((*back)[t].values.size(), u[t].values.size());
         for (size_t i = 0; i < u[t].values.size(); ++i) {
           const double x = u[t].values[i], y = (*back)[t].values[i];
-          EXPECT_LE(std::fabs(x - y), rel * std::fabs(x)) << CodecName(codec) << " " << u[t].name << "[" << i << "]";
+          EXPECT_LE(std::fabs(x - y), rel * std::fabs(x))
+              << CodecName(codec) << " " << u[t].name << "[" << i << "]";
         }
       }
     }
@@ -188,7 +192,8 @@ TEST(CodecTest, EncoderRefusesBadInput) {
   check({{"a", {1, 1, 1, 1, 1, 1, 1, 1, 1}, {1.0f}}}, CodecId::kRawF32, "rank 9");
 }
 
-// --- hostile input ---------------------------------------------------------------------------------
+// --- hostile input
+// ---------------------------------------------------------------------------------
 
 class HostileDecodeTest : public ::testing::Test {
  protected:
@@ -197,7 +202,8 @@ class HostileDecodeTest : public ::testing::Test {
     ASSERT_TRUE(w.ok());
     wire_ = *w;
   }
-  void Expect(const std::string& wire, absl::StatusCode code, const char* needle, const DecodeLimits& limits = {}) {
+  void Expect(const std::string& wire, absl::StatusCode code, const char* needle,
+              const DecodeLimits& limits = {}) {
     absl::Status s = DecodeAndValidateAgree(wire, limits);
     EXPECT_EQ(s.code(), code) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(needle));
@@ -231,7 +237,8 @@ TEST_F(HostileDecodeTest, HeaderFields) {
 TEST_F(HostileDecodeTest, SizesAreCheckedAgainstLimitsBeforeAllocating) {
   std::string w = wire_;
   PutU64At(w, 16, uint64_t{1} << 62);  // element count
-  Expect(w, absl::StatusCode::kInvalidArgument, "element count 4611686018427387904 exceeds the limit");
+  Expect(w, absl::StatusCode::kInvalidArgument,
+         "element count 4611686018427387904 exceeds the limit");
   w = wire_;
   PutU64At(w, 24, uint64_t{1} << 40);  // raw size
   Expect(w, absl::StatusCode::kInvalidArgument, "raw size 1099511627776 bytes exceeds the limit");
@@ -249,8 +256,10 @@ TEST_F(HostileDecodeTest, SizesAreCheckedAgainstLimitsBeforeAllocating) {
 }
 
 TEST_F(HostileDecodeTest, TruncatedAndTrailingPayload) {
-  Expect(wire_.substr(0, wire_.size() - 1), absl::StatusCode::kDataLoss, "payload truncated: 23 of 24");
-  Expect(wire_ + "x", absl::StatusCode::kInvalidArgument, "1 trailing bytes after the declared payload");
+  Expect(wire_.substr(0, wire_.size() - 1), absl::StatusCode::kDataLoss,
+         "payload truncated: 23 of 24");
+  Expect(wire_ + "x", absl::StatusCode::kInvalidArgument,
+         "1 trailing bytes after the declared payload");
 }
 
 TEST_F(HostileDecodeTest, NonFiniteValues) {
@@ -279,7 +288,8 @@ TEST_F(HostileDecodeTest, TableInconsistentWithElementCount) {
   Expect(w, absl::StatusCode::kInvalidArgument, "past the header's element count 2");
   w = wire_;
   PutU64At(w, 48, 1);  // shape [1]: one element short
-  Expect(w, absl::StatusCode::kInvalidArgument, "the tensor shapes hold 1 elements but the header declares 2");
+  Expect(w, absl::StatusCode::kInvalidArgument,
+         "the tensor shapes hold 1 elements but the header declares 2");
   w = wire_;
   PutU64At(w, 48, ~uint64_t{0});  // dim -1
   Expect(w, absl::StatusCode::kInvalidArgument, "dimension 0 is negative");
@@ -385,7 +395,8 @@ TEST(DecompressionBombTest, OneGibibyteOfZerosIsRefusedQuicklyWithoutAllocatingI
   const std::string unknown_size = CompressZeros(kBomb, /*pledge_size=*/false);
   const std::string known_size = CompressZeros(kBomb, /*pledge_size=*/true);
   ASSERT_LT(unknown_size.size(), 200u * 1024) << "1 GiB of zeros should compress to tens of KB";
-  ASSERT_EQ(ZSTD_getFrameContentSize(unknown_size.data(), unknown_size.size()), ZSTD_CONTENTSIZE_UNKNOWN);
+  ASSERT_EQ(ZSTD_getFrameContentSize(unknown_size.data(), unknown_size.size()),
+            ZSTD_CONTENTSIZE_UNKNOWN);
   ASSERT_EQ(ZSTD_getFrameContentSize(known_size.data(), known_size.size()), kBomb);
 
   // A server sizes its limits from the adapter: here 1M elements, 8 MiB decoded.
@@ -394,20 +405,24 @@ TEST(DecompressionBombTest, OneGibibyteOfZerosIsRefusedQuicklyWithoutAllocatingI
   const auto t0 = std::chrono::steady_clock::now();
 
   // 1. Honest header: refused by the limit before any decompression.
-  std::string honest = Header(CodecId::kRawF32, kUpdateFlagZstd, 1, kBomb, known_size.size()) + known_size;
+  std::string honest =
+      Header(CodecId::kRawF32, kUpdateFlagZstd, 1, kBomb, known_size.size()) + known_size;
   absl::Status s = DecodeAndValidateAgree(honest, limits);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("exceeds the limit"));
 
   // 2. Lying header, frame declares its size: refused from the frame header alone.
   const uint64_t small_raw = OneTensorBody(4).size();  // a plausible 4-element update
-  std::string lying = Header(CodecId::kRawF32, kUpdateFlagZstd, 4, small_raw, known_size.size()) + known_size;
+  std::string lying =
+      Header(CodecId::kRawF32, kUpdateFlagZstd, 4, small_raw, known_size.size()) + known_size;
   s = DecodeAndValidateAgree(lying, limits);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("zstd frame declares 1073741824 decompressed bytes"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("zstd frame declares 1073741824 decompressed bytes"));
 
   // 3. Lying header, frame size unknown: streaming decompression stops at the declared size + 1.
-  std::string streaming = Header(CodecId::kRawF32, kUpdateFlagZstd, 4, small_raw, unknown_size.size()) + unknown_size;
+  std::string streaming =
+      Header(CodecId::kRawF32, kUpdateFlagZstd, 4, small_raw, unknown_size.size()) + unknown_size;
   s = DecodeAndValidateAgree(streaming, limits);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("decompression bomb refused"));
@@ -415,7 +430,8 @@ TEST(DecompressionBombTest, OneGibibyteOfZerosIsRefusedQuicklyWithoutAllocatingI
   s = DecodeAndValidateAgree(streaming, DecodeLimits{});
   EXPECT_THAT(std::string(s.message()), HasSubstr("decompression bomb refused"));
 
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Decompressing 1 GiB would take ~0.3-1 s and 1 GiB of memory; refusing takes microseconds.
   EXPECT_LT(seconds, 0.2);
   EXPECT_LT(PeakResidentKib() - rss_before, 64 * 1024) << "peak RSS grew by more than 64 MiB";
@@ -431,10 +447,12 @@ TEST(DecompressionBombTest, FrameShorterThanDeclaredIsRefused) {
   ZSTD_freeCCtx(cctx);
   ASSERT_FALSE(ZSTD_isError(n));
   frame.resize(n);
-  std::string wire = Header(CodecId::kRawF32, kUpdateFlagZstd, 4, body.size() + 8, frame.size()) + frame;
+  std::string wire =
+      Header(CodecId::kRawF32, kUpdateFlagZstd, 4, body.size() + 8, frame.size()) + frame;
   absl::Status s = DecodeAndValidateAgree(wire);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("decompresses to 32 bytes but the header declares a raw size of 40"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("decompresses to 32 bytes but the header declares a raw size of 40"));
   // And with the right size it decodes: the hand-made frame is valid.
   PutU64At(wire, 24, body.size());
   auto ok = DecodeUpdate(wire, {});
@@ -458,7 +476,8 @@ TEST(HostileDecodeFuzzTest, RandomCorruptionsAreRefusedCleanly) {
         std::string w = *wire;
         const int op = trial % 3;
         if (op == 0) {
-          for (int k = 0; k < 1 + trial % 4; ++k) w[gen() % w.size()] ^= static_cast<char>(1 + gen() % 255);
+          for (int k = 0; k < 1 + trial % 4; ++k)
+            w[gen() % w.size()] ^= static_cast<char>(1 + gen() % 255);
         } else if (op == 1) {
           w.resize(gen() % w.size());
         } else {
@@ -471,7 +490,9 @@ TEST(HostileDecodeFuzzTest, RandomCorruptionsAreRefusedCleanly) {
         }
         if (!s.ok()) {
           ++refused;
-          EXPECT_TRUE(s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kDataLoss) << s;
+          EXPECT_TRUE(s.code() == absl::StatusCode::kInvalidArgument ||
+                      s.code() == absl::StatusCode::kDataLoss)
+              << s;
         }
       }
     }
@@ -492,8 +513,10 @@ TEST(DecompressionBombTest, ValidateStreamsAGibibyteBodyInBoundedMemory) {
   ASSERT_EQ(raw, uint64_t{1} << 30);
   const std::string exact = CompressZeros(4 * kN, /*pledge_size=*/false, table);
   const std::string bomb = CompressZeros(4 * kN + 4096, /*pledge_size=*/false, table);
-  const std::string exact_wire = Header(CodecId::kRawF32, kUpdateFlagZstd, kN, raw, exact.size()) + exact;
-  const std::string bomb_wire = Header(CodecId::kRawF32, kUpdateFlagZstd, kN, raw, bomb.size()) + bomb;
+  const std::string exact_wire =
+      Header(CodecId::kRawF32, kUpdateFlagZstd, kN, raw, exact.size()) + exact;
+  const std::string bomb_wire =
+      Header(CodecId::kRawF32, kUpdateFlagZstd, kN, raw, bomb.size()) + bomb;
 
   ResetPeakResident();
   const int64_t rss_before = PeakResidentKib();
@@ -536,7 +559,8 @@ TEST(ValidateUpdateTest, ZstdTableAndValuesSpanningManyWindows) {
   std::vector<UpdateTensor> u;
   size_t table_bytes = 4;
   for (int t = 0; t < 1200; ++t) {
-    const std::string name = "tensor." + std::to_string(t) + "." + std::string(1000 + t % 7, 'a' + t % 26);
+    const std::string name =
+        "tensor." + std::to_string(t) + "." + std::string(1000 + t % 7, 'a' + t % 26);
     u.push_back({name, {2, 3}, {}});
     table_bytes += 2 + name.size() + 1 + 2 * 8;
   }
@@ -573,7 +597,8 @@ TEST(ValidateUpdateTest, ZstdTableAndValuesSpanningManyWindows) {
     }
     ExpectBitIdentical(expected, *back);
 
-    // The same update with value 654321 of "big" made NaN, compressed by hand (EncodeUpdate refuses NaN).
+    // The same update with value 654321 of "big" made NaN, compressed by hand (EncodeUpdate refuses
+    // NaN).
     auto plain = EncodeUpdate(u, {.codec = codec});
     ASSERT_TRUE(plain.ok());
     const size_t esize = CodecElementSize(codec);
@@ -594,7 +619,8 @@ TEST(ValidateUpdateTest, ZstdTableAndValuesSpanningManyWindows) {
     frame.resize(n);
     const auto h = ParseUpdateHeader(*plain, {});
     ASSERT_TRUE(h.ok());
-    const std::string nan_wire = Header(codec, kUpdateFlagZstd, h->element_count, body.size(), n) + frame;
+    const std::string nan_wire =
+        Header(codec, kUpdateFlagZstd, h->element_count, body.size(), n) + frame;
     const absl::Status s = DecodeAndValidateAgree(nan_wire);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("tensor 'big' value 654321 is not finite"));

@@ -21,7 +21,8 @@ using testing::LoraUpdate;
 class DeviceEncodeCuda : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!kernels::CudaAvailable()) GTEST_SKIP() << "no CUDA device: " << kernels::CudaDeviceDescription();
+    if (!kernels::CudaAvailable())
+      GTEST_SKIP() << "no CUDA device: " << kernels::CudaDeviceDescription();
     auto b = kernels::Backend::Create(Device::kCuda);
     ASSERT_TRUE(b.ok()) << b.status();
     gpu_ = *std::move(b);
@@ -40,7 +41,8 @@ TEST_F(DeviceEncodeCuda, BytesEqualTheCpus) {
     auto gpu = EncodeUpdate(update, o, gpu_.get());
     ASSERT_TRUE(cpu.ok()) << cpu.status();
     ASSERT_TRUE(gpu.ok()) << o.Describe() << ": " << gpu.status();
-    EXPECT_TRUE(*gpu == *cpu) << o.Describe() << ": " << gpu->size() << " vs " << cpu->size() << " bytes";
+    EXPECT_TRUE(*gpu == *cpu) << o.Describe() << ": " << gpu->size() << " vs " << cpu->size()
+                              << " bytes";
   }
 }
 
@@ -58,7 +60,8 @@ TEST_F(DeviceEncodeCuda, ErrorFeedbackSendsTheCpusBytes) {
 }
 
 TEST_F(DeviceEncodeCuda, LowRankIsRefused) {
-  auto r = EncodeUpdate(LoraUpdate(), CodecOptions{.sparsifier = Sparsifier::kLowRank, .low_rank = 2}, gpu_.get());
+  auto r = EncodeUpdate(
+      LoraUpdate(), CodecOptions{.sparsifier = Sparsifier::kLowRank, .low_rank = 2}, gpu_.get());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << r.status();
   EXPECT_NE(r.status().message().find("low-rank"), std::string::npos) << r.status();
 }

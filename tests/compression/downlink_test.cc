@@ -1,14 +1,15 @@
-// The downlink's adapter deltas (compression/downlink.h): a client applying the server's deltas holds
-// the server's broadcast adapter bit for bit, the codec's error is carried into later deltas, and a
-// delta that does not fit the adapter is refused without touching it.
+// The downlink's adapter deltas (compression/downlink.h): a client applying the server's deltas
+// holds the server's broadcast adapter bit for bit, the codec's error is carried into later deltas,
+// and a delta that does not fit the adapter is refused without touching it.
+#include "compression/downlink.h"
+
 #include <cmath>
 #include <cstring>
 #include <random>
 
-#include "compression/downlink.h"
 #include "compression/update_io.h"
-#include "fedlora/v1/common.pb.h"
 #include "core/sha256.h"
+#include "fedlora/v1/common.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -20,7 +21,8 @@ using ::testing::HasSubstr;
 std::vector<UpdateTensor> Adapter(uint32_t seed, float scale) {
   std::mt19937 gen(seed);
   std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<UpdateTensor> a = {{"a.lora_A.weight", {8, 300}, {}}, {"a.lora_B.weight", {300, 8}, {}}};
+  std::vector<UpdateTensor> a = {{"a.lora_A.weight", {8, 300}, {}},
+                                 {"a.lora_B.weight", {300, 8}, {}}};
   for (UpdateTensor& t : a) {
     t.values.resize(2400);
     for (float& v : t.values) v = dist(gen);
@@ -72,10 +74,13 @@ TEST(DownlinkTest, AClientApplyingEveryDeltaHoldsTheServersAdapterBitForBit) {
       ASSERT_TRUE(ApplyDownlinkDelta(client, d->blob, DecodeLimits{}).ok());
       broadcast = d->rebuilt;
       for (size_t t = 0; t < client.size(); ++t) {
-        ASSERT_EQ(std::memcmp(client[t].values.data(), broadcast[t].values.data(), client[t].values.size() * 4), 0)
+        ASSERT_EQ(std::memcmp(client[t].values.data(), broadcast[t].values.data(),
+                              client[t].values.size() * 4),
+                  0)
             << base_options.Describe() << " round " << round << " tensor " << t;
       }
-      EXPECT_EQ(Sha256Hex(*AdapterToSafetensors(client)), Sha256Hex(*AdapterToSafetensors(broadcast)));
+      EXPECT_EQ(Sha256Hex(*AdapterToSafetensors(client)),
+                Sha256Hex(*AdapterToSafetensors(broadcast)));
       // Lossy but close, and the error does not pile up over rounds.
       EXPECT_LT(Distance(broadcast, global), tolerance * Distance(global, Adapter(1, 0.0f)))
           << base_options.Describe() << " round " << round;
@@ -144,7 +149,8 @@ TEST(DownlinkTest, EveryStageOfADownlinkCodecSpecRebuildsBitForBit) {
       ASSERT_TRUE(d.ok()) << spec.ShortDebugString() << ": " << d.status();
       ASSERT_TRUE(ApplyDownlinkDelta(client, d->blob, DecodeLimits{}).ok());
       broadcast = d->rebuilt;
-      EXPECT_EQ(Sha256Hex(*AdapterToSafetensors(client)), Sha256Hex(*AdapterToSafetensors(broadcast)))
+      EXPECT_EQ(Sha256Hex(*AdapterToSafetensors(client)),
+                Sha256Hex(*AdapterToSafetensors(broadcast)))
           << spec.ShortDebugString() << " round " << round;
     }
     // Never further from the target than the three steps the clients would otherwise have missed.

@@ -36,7 +36,8 @@ inline void ExpectKeptMatchesDecode(std::string_view wire, const DecodeLimits& l
     }
     ASSERT_EQ(expanded.size(), d.values.size()) << k.name;
     for (size_t i = 0; i < expanded.size(); ++i) {
-      ASSERT_EQ(std::bit_cast<uint32_t>(expanded[i]), std::bit_cast<uint32_t>(d.values[i])) << k.name << " " << i;
+      ASSERT_EQ(std::bit_cast<uint32_t>(expanded[i]), std::bit_cast<uint32_t>(d.values[i]))
+          << k.name << " " << i;
     }
   }
 }

@@ -21,7 +21,9 @@ inline std::vector<UpdateTensor> LoraUpdate() {
     for (float& x : v) {
       const uint32_t r = rng();
       const int32_t grid = static_cast<int32_t>(r % 4001) - 2000;  // [-2000, 2000]: ties and zeros
-      x = (r >> 30) == 0 ? 0.0f : static_cast<float>(grid) * static_cast<float>(1.0 / (1 << (12 - scale_log2)));
+      x = (r >> 30) == 0
+              ? 0.0f
+              : static_cast<float>(grid) * static_cast<float>(1.0 / (1 << (12 - scale_log2)));
     }
     return v;
   };
@@ -39,17 +41,45 @@ inline std::vector<UpdateTensor> LoraUpdate() {
 // Codec settings that exercise every stage with a GPU path (and a few without).
 inline std::vector<CodecOptions> DeviceCodecs() {
   return {
-      {.sparsifier = Sparsifier::kTopK, .fraction = 0.05, .codec = CodecId::kQuant, .quant_bits = 8,
-       .quant_block_size = 256, .quant_stochastic = true, .seed = 42},
-      {.sparsifier = Sparsifier::kTopK, .fraction = 0.02, .global_top_k = true, .codec = CodecId::kQuant,
-       .quant_bits = 1, .quant_block_size = 64, .quant_stochastic = false, .seed = 7},
-      {.codec = CodecId::kQuant, .quant_bits = 4, .quant_block_size = 128, .quant_stochastic = false},
-      {.sparsifier = Sparsifier::kRandomK, .fraction = 0.1, .codec = CodecId::kQuant, .quant_bits = 2,
-       .quant_block_size = 32, .quant_stochastic = true, .seed = 9},
+      {.sparsifier = Sparsifier::kTopK,
+       .fraction = 0.05,
+       .codec = CodecId::kQuant,
+       .quant_bits = 8,
+       .quant_block_size = 256,
+       .quant_stochastic = true,
+       .seed = 42},
+      {.sparsifier = Sparsifier::kTopK,
+       .fraction = 0.02,
+       .global_top_k = true,
+       .codec = CodecId::kQuant,
+       .quant_bits = 1,
+       .quant_block_size = 64,
+       .quant_stochastic = false,
+       .seed = 7},
+      {.codec = CodecId::kQuant,
+       .quant_bits = 4,
+       .quant_block_size = 128,
+       .quant_stochastic = false},
+      {.sparsifier = Sparsifier::kRandomK,
+       .fraction = 0.1,
+       .codec = CodecId::kQuant,
+       .quant_bits = 2,
+       .quant_block_size = 32,
+       .quant_stochastic = true,
+       .seed = 9},
       {.sparsifier = Sparsifier::kTopK, .fraction = 0.01, .codec = CodecId::kBF16},
-      {.sparsifier = Sparsifier::kTopK, .fraction = 0.03, .global_top_k = true, .codec = CodecId::kQuant,
-       .quant_bits = 1, .quant_block_size = 8, .quant_stochastic = true, .seed = 3},
-      {.codec = CodecId::kQuant, .quant_bits = 8, .quant_block_size = 256, .quant_stochastic = true,
+      {.sparsifier = Sparsifier::kTopK,
+       .fraction = 0.03,
+       .global_top_k = true,
+       .codec = CodecId::kQuant,
+       .quant_bits = 1,
+       .quant_block_size = 8,
+       .quant_stochastic = true,
+       .seed = 3},
+      {.codec = CodecId::kQuant,
+       .quant_bits = 8,
+       .quant_block_size = 256,
+       .quant_stochastic = true,
        .seed = 0xfeedface12345ull},
   };
 }

@@ -1,21 +1,22 @@
 // The low-rank stage (compression/low_rank.h) and its place in the wire format: which tensors are
 // factored, exact recovery of a low-rank delta, the warm start across rounds (also through error
 // feedback's file). The decoder's refusals are in pipeline_test.cc (HostileV2Test).
+#include "compression/low_rank.h"
+
 #include <cmath>
 #include <cstring>
 #include <random>
 
 #include "compression/codec.h"
 #include "compression/error_feedback.h"
-#include "compression/low_rank.h"
 #include "gtest/gtest.h"
 
 namespace fedlora {
 namespace {
 
-
 // A rows x cols matrix of rank `rank` (a sum of outer products), plus `noise` Gaussian noise.
-UpdateTensor Matrix(const std::string& name, int64_t rows, int64_t cols, int rank, float noise, uint32_t seed) {
+UpdateTensor Matrix(const std::string& name, int64_t rows, int64_t cols, int rank, float noise,
+                    uint32_t seed) {
   std::mt19937 gen(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   UpdateTensor t{name, {rows, cols}, std::vector<float>(static_cast<size_t>(rows * cols), 0.0f)};
@@ -55,10 +56,10 @@ TEST(LowRankTest, OnlyMatricesWhoseFactorsAreSmallerAreFactored) {
   EXPECT_EQ(a.rank, 2);
   EXPECT_EQ(a.values, 2 * (8 + 384));
   EXPECT_EQ(LowRankLayoutFor({384, 8}, 4).values, 4 * (384 + 8));  // a LoRA B factor
-  EXPECT_EQ(LowRankLayoutFor({2, 3, 4}, 1).cols, 12);             // rows x the rest
+  EXPECT_EQ(LowRankLayoutFor({2, 3, 4}, 1).cols, 12);              // rows x the rest
   EXPECT_FALSE(LowRankLayoutFor({384}, 2).factored());             // a vector
   EXPECT_EQ(LowRankLayoutFor({384}, 2).values, 384);
-  EXPECT_FALSE(LowRankLayoutFor({4, 4}, 4).factored());   // 4 x 8 factor values > 16 entries
+  EXPECT_FALSE(LowRankLayoutFor({4, 4}, 4).factored());     // 4 x 8 factor values > 16 entries
   EXPECT_FALSE(LowRankLayoutFor({8, 384}, 16).factored());  // rank capped at 8: 3136 > 3072
   EXPECT_FALSE(LowRankLayoutFor({0, 5}, 1).factored());
 }
@@ -113,10 +114,12 @@ TEST(LowRankTest, TheWarmStartContinuesThePowerIterationAcrossRounds) {
   ASSERT_EQ(warm.count("w"), 1u);
   EXPECT_EQ(warm["w"].size(), 96u * 2);
   auto cold = EncodeUpdate({m}, LowRank(2));
-  const double cold_error = RelativeError((*DecodeUpdate(*cold, DecodeLimits{}))[0].values, m.values);
+  const double cold_error =
+      RelativeError((*DecodeUpdate(*cold, DecodeLimits{}))[0].values, m.values);
   EXPECT_NEAR(cold_error, error[0], 1e-9) << "the first warm round starts from the same seeded Q0";
   EXPECT_LT(error[3], error[0]);
-  for (size_t i = 1; i < error.size(); ++i) EXPECT_LE(error[i], error[i - 1] + 1e-6) << "round " << i;
+  for (size_t i = 1; i < error.size(); ++i)
+    EXPECT_LE(error[i], error[i - 1] + 1e-6) << "round " << i;
 }
 
 TEST(LowRankTest, ErrorFeedbackKeepsTheResidualAndTheWarmStartOnlyOnCommit) {
@@ -137,7 +140,8 @@ TEST(LowRankTest, ErrorFeedbackKeepsTheResidualAndTheWarmStartOnlyOnCommit) {
   }
   // What was sent plus what is kept is the raw sum (the low-rank stage is biased; nothing is lost).
   ASSERT_EQ(ef.residual().size(), 1u);
-  for (size_t i = 0; i < raw.size(); ++i) EXPECT_NEAR(sent[i] + ef.residual()[0].values[i], raw[i], 1e-4) << i;
+  for (size_t i = 0; i < raw.size(); ++i)
+    EXPECT_NEAR(sent[i] + ef.residual()[0].values[i], raw[i], 1e-4) << i;
   ASSERT_EQ(ef.warm_start().count("w"), 1u);
   const std::vector<float> q = ef.warm_start().at("w");
   ASSERT_TRUE(ef.Encode(delta, o).ok());  // refused by the server: no Commit

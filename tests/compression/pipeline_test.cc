@@ -20,7 +20,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::vector<UpdateTensor> Gaussian(uint32_t seed, std::vector<std::pair<std::string, std::vector<int64_t>>> shapes) {
+std::vector<UpdateTensor> Gaussian(
+    uint32_t seed, std::vector<std::pair<std::string, std::vector<int64_t>>> shapes) {
   std::mt19937 gen(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<UpdateTensor> u;
@@ -35,10 +36,13 @@ std::vector<UpdateTensor> Gaussian(uint32_t seed, std::vector<std::pair<std::str
 }
 
 std::vector<UpdateTensor> LoraLike(uint32_t seed) {
-  return Gaussian(seed, {{"a.lora_A.weight", {8, 300}}, {"a.lora_B.weight", {300, 8}}, {"b.lora_A.weight", {8, 77}}});
+  return Gaussian(
+      seed,
+      {{"a.lora_A.weight", {8, 300}}, {"a.lora_B.weight", {300, 8}}, {"b.lora_A.weight", {8, 77}}});
 }
 
-std::vector<UpdateTensor> RoundTrip(const std::vector<UpdateTensor>& u, const CodecOptions& o, std::string* wire = nullptr) {
+std::vector<UpdateTensor> RoundTrip(const std::vector<UpdateTensor>& u, const CodecOptions& o,
+                                    std::string* wire = nullptr) {
   absl::StatusOr<std::string> enc = EncodeUpdate(u, o);
   EXPECT_TRUE(enc.ok()) << enc.status();
   if (!enc.ok()) return {};
@@ -69,7 +73,8 @@ TEST(SparsifyTest, KeptCountRoundsToNearestAndKeepsAtLeastOne) {
 TEST(SparsifyTest, TopKKeepsTheLargestMagnitudesWithTiesToTheLowerIndex) {
   const std::vector<float> x = {0.5f, -3.0f, 2.0f, -2.0f, 0.0f, 2.0f, 1.0f};
   EXPECT_EQ(TopKIndices(x.data(), 7, 1), (std::vector<int64_t>{1}));
-  EXPECT_EQ(TopKIndices(x.data(), 7, 3), (std::vector<int64_t>{1, 2, 3}));  // |2| ties: 2 and 3 before 5
+  EXPECT_EQ(TopKIndices(x.data(), 7, 3),
+            (std::vector<int64_t>{1, 2, 3}));  // |2| ties: 2 and 3 before 5
   EXPECT_EQ(TopKIndices(x.data(), 7, 4), (std::vector<int64_t>{1, 2, 3, 5}));
   EXPECT_EQ(TopKIndices(x.data(), 7, 7).size(), 7u);
 }
@@ -101,7 +106,8 @@ TEST(SparsifyTest, RandomKIsUniformDistinctAndAscending) {
   }
   // Each index is kept with probability k/n = 1/4: 5000 of 20000, standard deviation ~61. Six
   // standard deviations leave a false alarm far below one in a million runs.
-  for (int64_t i = 0; i < kN; ++i) EXPECT_NEAR(hits[i], kDraws * kK / kN, 6 * 61.3) << "index " << i;
+  for (int64_t i = 0; i < kN; ++i)
+    EXPECT_NEAR(hits[i], kDraws * kK / kN, 6 * 61.3) << "index " << i;
   EXPECT_EQ(RandomKIndices(7, kN, kK), RandomKIndices(7, kN, kK));
   EXPECT_NE(RandomKIndices(7, 1000, 10), RandomKIndices(8, 1000, 10));
   EXPECT_EQ(RandomKIndices(3, 6, 6), (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
@@ -124,7 +130,8 @@ TEST(QuantizeTest, NearestRoundingIsWithinHalfAStepAndSignModeSendsTheMeanMagnit
       float s = 0;
       for (int64_t i = 0; i < m; ++i) s = std::max(s, std::fabs(x[b + i]));
       const double step = 2.0 * s / ((1 << bits) - 1);
-      for (int64_t i = 0; i < m; ++i) EXPECT_LE(std::fabs(out[i] - x[b + i]), step / 2 * (1 + 1e-6)) << bits;
+      for (int64_t i = 0; i < m; ++i)
+        EXPECT_LE(std::fabs(out[i] - x[b + i]), step / 2 * (1 + 1e-6)) << bits;
       off += block.size();
     }
   }
@@ -146,7 +153,8 @@ TEST(QuantizeTest, SubnormalAndHugeScalesStayFinite) {
                                       std::vector<float>{huge, -huge, 1, 0, -1, huge / 3, 0, 2}}) {
     for (bool stochastic : {true, false}) {
       std::string enc;
-      QuantizeAppend(x.data(), 8, {.bits = 8, .block_size = 8, .stochastic = stochastic, .seed = 1}, enc);
+      QuantizeAppend(x.data(), 8, {.bits = 8, .block_size = 8, .stochastic = stochastic, .seed = 1},
+                     enc);
       std::vector<float> out(8);
       ASSERT_TRUE(DequantizeBlock(enc, 8, 8, out.data(), "t", 0).ok());
       float s = 0;
@@ -170,8 +178,10 @@ TEST(QuantizeTest, StochasticRoundingIsUnbiased) {
     constexpr int kDraws = 4000;
     for (int d = 0; d < kDraws; ++d) {
       std::string enc;
-      QuantizeAppend(x.data(), 8, {.bits = bits, .block_size = 8, .stochastic = true, .seed = 11, .stream = uint64_t(d)},
-                     enc);
+      QuantizeAppend(
+          x.data(), 8,
+          {.bits = bits, .block_size = 8, .stochastic = true, .seed = 11, .stream = uint64_t(d)},
+          enc);
       std::vector<float> out(8);
       ASSERT_TRUE(DequantizeBlock(enc, 8, bits, out.data(), "t", 0).ok());
       for (size_t i = 0; i < x.size(); ++i) sum[i] += out[i];
@@ -200,7 +210,8 @@ TEST(PipelineTest, TopKSendsExactlyTheLargestEntriesOfEachTensor) {
 
 TEST(PipelineTest, GlobalTopKAndRandomKRoundTrip) {
   const auto u = LoraLike(2);
-  const auto g = RoundTrip(u, {.sparsifier = Sparsifier::kTopK, .fraction = 0.02, .global_top_k = true});
+  const auto g =
+      RoundTrip(u, {.sparsifier = Sparsifier::kTopK, .fraction = 0.02, .global_top_k = true});
   int64_t total = 0, kept = 0;
   for (size_t t = 0; t < u.size(); ++t) {
     total += static_cast<int64_t>(u[t].values.size());
@@ -236,7 +247,10 @@ TEST(PipelineTest, TopKThenQuantThenZstdIsOverTenTimesSmallerThanFp32) {
   const auto u = Gaussian(5, {{"w.lora_A.weight", {8, 4096}}, {"w.lora_B.weight", {4096, 8}}});
   std::string dense, small;
   RoundTrip(u, {}, &dense);
-  const CodecOptions o{.sparsifier = Sparsifier::kTopK, .fraction = 0.01, .codec = CodecId::kQuant, .quant_bits = 8,
+  const CodecOptions o{.sparsifier = Sparsifier::kTopK,
+                       .fraction = 0.01,
+                       .codec = CodecId::kQuant,
+                       .quant_bits = 8,
                        .zstd = true};
   const auto back = RoundTrip(u, o, &small);
   // 65,536 values: 262 KB in fp32; 1% kept = 656 entries of about 1 index byte, 1 code byte and a
@@ -247,7 +261,8 @@ TEST(PipelineTest, TopKThenQuantThenZstdIsOverTenTimesSmallerThanFp32) {
     for (float v : u[t].values) s = std::max(s, std::fabs(v));
     for (size_t i = 0; i < u[t].values.size(); ++i) {
       if (back[t].values[i] != 0.0f) {
-        EXPECT_NEAR(back[t].values[i], u[t].values[i], 2.0 * s / 255) << "within one step of the scale";
+        EXPECT_NEAR(back[t].values[i], u[t].values[i], 2.0 * s / 255)
+            << "within one step of the scale";
       }
     }
   }
@@ -256,7 +271,8 @@ TEST(PipelineTest, TopKThenQuantThenZstdIsOverTenTimesSmallerThanFp32) {
 TEST(PipelineTest, DenseQuantKeepsEveryEntryAndSmallTensors) {
   const auto u = Gaussian(6, {{"a", {3}}, {"b", {0, 4}}, {"c", {17}}});
   for (int bits : {1, 2, 4, 8}) {
-    const auto back = RoundTrip(u, {.codec = CodecId::kQuant, .quant_bits = bits, .quant_block_size = 8});
+    const auto back =
+        RoundTrip(u, {.codec = CodecId::kQuant, .quant_bits = bits, .quant_block_size = 8});
     ASSERT_EQ(back.size(), 3u);
     EXPECT_EQ(back[1].values.size(), 0u);
     EXPECT_EQ(back[2].values.size(), 17u);
@@ -271,7 +287,8 @@ TEST(PipelineTest, EncoderRefusesOptionsOutOfRange) {
         CodecOptions{.global_top_k = true}, CodecOptions{.codec = CodecId::kQuant, .quant_bits = 3},
         CodecOptions{.codec = CodecId::kQuant, .quant_block_size = 12},
         CodecOptions{.codec = CodecId::kQuant, .quant_block_size = 1 << 17}}) {
-    EXPECT_EQ(EncodeUpdate(u, o).status().code(), absl::StatusCode::kInvalidArgument) << o.Describe();
+    EXPECT_EQ(EncodeUpdate(u, o).status().code(), absl::StatusCode::kInvalidArgument)
+        << o.Describe();
   }
 }
 
@@ -316,7 +333,8 @@ TEST_F(HostileV2Test, TheKnownLayout) {
   std::memcpy(&bytes, w.data() + kSection + 8, 8);
   EXPECT_EQ(k, 4u);
   EXPECT_EQ(bytes, 4u);
-  EXPECT_EQ(w.substr(kSection + 16, 4), std::string("\x03\x06\x00\x30", 4));  // 3, 10, 11, 60 as gaps
+  EXPECT_EQ(w.substr(kSection + 16, 4),
+            std::string("\x03\x06\x00\x30", 4));  // 3, 10, 11, 60 as gaps
   EXPECT_EQ(w.size(), kSection + 16 + 4 + 16);
   const auto back = DecodeUpdate(w, DecodeLimits{});
   ASSERT_TRUE(back.ok()) << back.status();
@@ -357,7 +375,8 @@ TEST_F(HostileV2Test, OverlongVarintAndBadQuantBlocks) {
   Expect(w, "not in its shortest form");
 
   const std::vector<UpdateTensor> u = {{"w", {8}, {1, -1, 0.5f, 0, 0, 0, 0, 0.25f}}};
-  const std::string q = *EncodeUpdate(u, {.codec = CodecId::kQuant, .quant_bits = 2, .quant_block_size = 8});
+  const std::string q =
+      *EncodeUpdate(u, {.codec = CodecId::kQuant, .quant_bits = 2, .quant_block_size = 8});
   const size_t scale = 48 + 4 + 2 + 1 + 1 + 8;
   std::string bad = q;
   const float neg = -1.0f;
@@ -365,7 +384,8 @@ TEST_F(HostileV2Test, OverlongVarintAndBadQuantBlocks) {
   Expect(bad, "has scale -1");
   const std::vector<UpdateTensor> u5 = {{"w", {5}, {1, -1, 0.5f, 0, 0.25f}}};
   bad = *EncodeUpdate(u5, {.codec = CodecId::kQuant, .quant_bits = 2, .quant_block_size = 8});
-  bad[scale + 4 + 1] |= static_cast<char>(0x80);  // 5 x 2 bits: the top 6 bits of byte 2 are padding
+  bad[scale + 4 + 1] |=
+      static_cast<char>(0x80);  // 5 x 2 bits: the top 6 bits of byte 2 are padding
   Expect(bad, "non-zero padding bits");
 }
 
@@ -383,7 +403,8 @@ TEST_F(HostileV2Test, HeaderFieldsOfVersionTwo) {
   w[40] = 0;  // a dense fp32 update in version 2
   Expect(w, "format version 2 for a dense fp32 update");
   const std::vector<UpdateTensor> u = {{"w", {8}, {1, 2, 3, 4, 5, 6, 7, 8}}};
-  std::string q = *EncodeUpdate(u, {.codec = CodecId::kQuant, .quant_bits = 4, .quant_block_size = 8});
+  std::string q =
+      *EncodeUpdate(u, {.codec = CodecId::kQuant, .quant_bits = 4, .quant_block_size = 8});
   q[41] = 3;
   Expect(q, "bits 3 must be 1, 2, 4 or 8");
   q = *EncodeUpdate(u, {.codec = CodecId::kQuant, .quant_bits = 4, .quant_block_size = 8});
@@ -397,9 +418,12 @@ TEST_F(HostileV2Test, LowRankLiesAboutCountsRanksAndFactorsAreRefused) {
   // One tensor "w" [4, 64] of rank 1 at low-rank rank 1: 68 fp32 values (P 4, Q 64).
   UpdateTensor m{"w", {4, 64}, std::vector<float>(256)};
   for (int i = 0; i < 4; ++i) {
-    for (int j = 0; j < 64; ++j) m.values[i * 64 + j] = static_cast<float>((i + 1) * (j - 30)) / 64.0f;
+    for (int j = 0; j < 64; ++j)
+      m.values[i * 64 + j] = static_cast<float>((i + 1) * (j - 30)) / 64.0f;
   }
-  auto wire = [&] { return *EncodeUpdate({m}, {.sparsifier = Sparsifier::kLowRank, .low_rank = 1}); };
+  auto wire = [&] {
+    return *EncodeUpdate({m}, {.sparsifier = Sparsifier::kLowRank, .low_rank = 1});
+  };
   constexpr size_t kLowRankSection = kSection + 8;  // two dims
   std::string w = wire();
   uint64_t k;
@@ -454,7 +478,8 @@ TEST(PipelineTest, CodecOptionsFromSpecCarriesEveryParameter) {
   EXPECT_EQ(o->zstd_level, 5);
   EXPECT_EQ(o->Describe(), "random-k 25% + quant 2 bit/64 + zstd");
 
-  spec.mutable_stages(1)->mutable_quant()->set_error_feedback(true);  // any stage asking turns it on
+  spec.mutable_stages(1)->mutable_quant()->set_error_feedback(
+      true);  // any stage asking turns it on
   EXPECT_TRUE(CodecOptionsFromSpec(spec)->error_feedback);
   spec.mutable_stages(0)->set_id(v1::CodecStage::TOPK);
   spec.mutable_stages(0)->mutable_top_k()->set_fraction(0.5);
@@ -488,7 +513,8 @@ TEST(PipelineTest, CodecOptionsFromSpecCarriesEveryParameter) {
 std::vector<UpdateTensor> GridUpdate(uint32_t seed) {
   std::mt19937 gen(seed);
   std::uniform_int_distribution<int> dist(-256, 256);
-  std::vector<UpdateTensor> u = {{"x.lora_A.weight", {4, 50}, {}}, {"x.lora_B.weight", {50, 4}, {}}};
+  std::vector<UpdateTensor> u = {{"x.lora_A.weight", {4, 50}, {}},
+                                 {"x.lora_B.weight", {50, 4}, {}}};
   for (UpdateTensor& t : u) {
     for (int i = 0; i < 200; ++i) t.values.push_back(dist(gen) / 64.0f);
   }
@@ -515,7 +541,8 @@ TEST(ErrorFeedbackTest, SentPlusResidualEqualsTheRawSumExactly) {
   }
   ASSERT_EQ(ef.residual().size(), 2u);
   for (size_t t = 0; t < 2; ++t) {
-    for (size_t i = 0; i < 200; ++i) EXPECT_EQ(sent[t][i] + ef.residual()[t].values[i], raw[t][i]) << t << " " << i;
+    for (size_t i = 0; i < 200; ++i)
+      EXPECT_EQ(sent[t][i] + ef.residual()[t].values[i], raw[t][i]) << t << " " << i;
   }
 }
 

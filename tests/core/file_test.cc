@@ -21,7 +21,8 @@ using ::testing::HasSubstr;
 TEST(File, WriteThenReadRoundTripsBinary) {
   coretest::TempDir dir;
   std::string bytes;
-  for (int i = 0; i < 300000; ++i) bytes.push_back(static_cast<char>(i * 7 + (i >> 8)));  // > one 64 KiB read
+  for (int i = 0; i < 300000; ++i)
+    bytes.push_back(static_cast<char>(i * 7 + (i >> 8)));  // > one 64 KiB read
   bytes[5] = '\0';
   ASSERT_TRUE(WriteFileAtomically(dir.File("a.bin"), bytes).ok());
   auto read = ReadFileToString(dir.File("a.bin"));
@@ -56,7 +57,8 @@ TEST(File, ConcurrentWritersNeverProduceAMix) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      for (int i = 0; i < 20; ++i) ASSERT_TRUE(WriteFileAtomically(path, std::string(4096, 'a' + t)).ok());
+      for (int i = 0; i < 20; ++i)
+        ASSERT_TRUE(WriteFileAtomically(path, std::string(4096, 'a' + t)).ok());
     });
   }
   for (auto& th : threads) th.join();
@@ -94,7 +96,8 @@ TEST(File, PermissionDenied) {
   ASSERT_EQ(::chmod(dir.path().c_str(), 0700), 0);
   ASSERT_TRUE(WriteFileAtomically(dir.File("secret"), "data").ok());
   ASSERT_EQ(::chmod(dir.File("secret").c_str(), 0000), 0);
-  EXPECT_EQ(ReadFileToString(dir.File("secret")).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(ReadFileToString(dir.File("secret")).status().code(),
+            absl::StatusCode::kPermissionDenied);
 }
 
 TEST(File, WriteOntoDirectoryFailsAndLeavesItAlone) {

@@ -13,11 +13,10 @@
 // Exit status: 0; 1 when the file is refused (the status on stderr); 2 for bad arguments.
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"
 #include "core/gguf.h"
@@ -32,14 +31,25 @@ std::string Hex(std::string_view s) { return absl::BytesToHexString(fedlora::ToA
 
 nlohmann::json Scalar(const GgufValue& v) {
   switch (v.type()) {
-    case GgufType::kUint8: case GgufType::kUint16: case GgufType::kUint32: case GgufType::kUint64:
+    case GgufType::kUint8:
+    case GgufType::kUint16:
+    case GgufType::kUint32:
+    case GgufType::kUint64:
       return *v.AsUint();
-    case GgufType::kInt8: case GgufType::kInt16: case GgufType::kInt32: case GgufType::kInt64:
+    case GgufType::kInt8:
+    case GgufType::kInt16:
+    case GgufType::kInt32:
+    case GgufType::kInt64:
       return *v.AsInt();
-    case GgufType::kFloat32: case GgufType::kFloat64: return *v.AsFloat();
-    case GgufType::kBool: return *v.AsBool();
-    case GgufType::kString: return Hex(*v.AsString());
-    default: return nullptr;
+    case GgufType::kFloat32:
+    case GgufType::kFloat64:
+      return *v.AsFloat();
+    case GgufType::kBool:
+      return *v.AsBool();
+    case GgufType::kString:
+      return Hex(*v.AsString());
+    default:
+      return nullptr;
   }
 }
 
@@ -74,7 +84,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const fedlora::GgufFile& f = **file;
-  nlohmann::json dump = {{"version", f.version()}, {"alignment", f.alignment()}, {"data_offset", f.data_offset()}};
+  nlohmann::json dump = {
+      {"version", f.version()}, {"alignment", f.alignment()}, {"data_offset", f.data_offset()}};
   nlohmann::json metadata = nlohmann::json::array();
   for (std::string_view key : f.keys()) {
     metadata.push_back({{"key", Hex(key)}, {"value", Value(**f.Find(key))}});
@@ -100,7 +111,8 @@ int main(int argc, char** argv) {
       }
       const std::string name = std::to_string(i) + ".f32";
       std::ofstream out(outdir + "/" + name, std::ios::binary);
-      out.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * 4));
+      out.write(reinterpret_cast<const char*>(values.data()),
+                static_cast<std::streamsize>(values.size() * 4));
       if (!out) {
         std::fprintf(stderr, "cannot write %s/%s\n", outdir.c_str(), name.c_str());
         return 2;

@@ -54,7 +54,8 @@ struct Builder {
     kvs.emplace_back(key, Le<uint32_t>(static_cast<uint32_t>(type)) + value);
     return *this;
   }
-  Builder& T(const std::string& name, std::vector<uint64_t> ne, GgmlType type, std::string data, int64_t off = -1) {
+  Builder& T(const std::string& name, std::vector<uint64_t> ne, GgmlType type, std::string data,
+             int64_t off = -1) {
     tensors.push_back({name, std::move(ne), static_cast<uint32_t>(type), std::move(data), off});
     return *this;
   }
@@ -78,7 +79,8 @@ struct Builder {
     std::string data;
     for (size_t i = 0; i < tensors.size(); ++i) {
       if (tensors[i].data.empty()) continue;  // an offset far past the end stays a claim
-      if (data.size() < offsets[i] + tensors[i].data.size()) data.resize(offsets[i] + tensors[i].data.size());
+      if (data.size() < offsets[i] + tensors[i].data.size())
+        data.resize(offsets[i] + tensors[i].data.size());
       std::memcpy(data.data() + offsets[i], tensors[i].data.data(), tensors[i].data.size());
     }
     return out + data;
@@ -89,7 +91,8 @@ absl::StatusOr<std::unique_ptr<GgufFile>> Parse(const std::string& bytes) {
   return GgufFile::FromBytes(bytes, "test.gguf");
 }
 
-void ExpectRejected(const std::string& bytes, absl::StatusCode code, std::vector<std::string> fragments) {
+void ExpectRejected(const std::string& bytes, absl::StatusCode code,
+                    std::vector<std::string> fragments) {
   const absl::Status s = Parse(bytes).status();
   EXPECT_EQ(s.code(), code) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("test.gguf"));
@@ -108,7 +111,8 @@ std::vector<float> Dequantized(const GgufFile& file, const std::string& name) {
 
 std::string F16(float v) { return Le<uint16_t>(F32ToF16(v)); }
 
-// --- Valid files and known values ------------------------------------------------------------------
+// --- Valid files and known values
+// ------------------------------------------------------------------
 
 TEST(Gguf, ReadsHeaderMetadataAndF32Tensor) {
   Builder b;
@@ -163,12 +167,14 @@ TEST(Gguf, ReadsVersion2AndEmptyFile) {
 TEST(Gguf, HalfTypes) {
   const std::string f16 = Le<uint16_t>(0x3C00) + Le<uint16_t>(0xC000) + Le<uint16_t>(0x3800) +
                           Le<uint16_t>(0x7BFF) + Le<uint16_t>(0x0001) + Le<uint16_t>(0x8000);
-  const std::string bf16 = Le<uint16_t>(0x3F80) + Le<uint16_t>(0xC040) + Le<uint16_t>(0x4049) + Le<uint16_t>(0);
+  const std::string bf16 =
+      Le<uint16_t>(0x3F80) + Le<uint16_t>(0xC040) + Le<uint16_t>(0x4049) + Le<uint16_t>(0);
   Builder b;
   b.T("h", {6}, GgmlType::kF16, f16).T("b", {2, 2}, GgmlType::kBF16, bf16);
   auto f = Parse(b.Build());
   ASSERT_TRUE(f.ok()) << f.status();
-  EXPECT_THAT(Dequantized(**f, "h"), ElementsAre(1.0f, -2.0f, 0.5f, 65504.0f, std::ldexp(1.0f, -24), -0.0f));
+  EXPECT_THAT(Dequantized(**f, "h"),
+              ElementsAre(1.0f, -2.0f, 0.5f, 65504.0f, std::ldexp(1.0f, -24), -0.0f));
   EXPECT_THAT(Dequantized(**f, "b"), ElementsAre(1.0f, -3.0f, 3.140625f, 0.0f));
   EXPECT_EQ((*f)->Get("b")->row_bytes(), 4);
 }
@@ -343,7 +349,8 @@ TEST(Gguf, OpenMapsAFile) {
   EXPECT_EQ(GgufFile::Open(dir.File("empty.gguf")).status().code(), absl::StatusCode::kDataLoss);
 }
 
-// --- Metadata values and getters ------------------------------------------------------------------
+// --- Metadata values and getters
+// ------------------------------------------------------------------
 
 std::unique_ptr<GgufFile> EveryType() {
   Builder b;
@@ -361,10 +368,12 @@ std::unique_ptr<GgufFile> EveryType() {
       .Kv("i64", GgufType::kInt64, Le<int64_t>(-9223372036854775807ll - 1))
       .Kv("f64", GgufType::kFloat64, Le<double>(1e300))
       .Kv("strs", GgufType::kArray, Arr(GgufType::kString, 3, Str("a") + Str("") + Str("merge s")))
-      .Kv("ints", GgufType::kArray, Arr(GgufType::kInt32, 3, Le<int32_t>(1) + Le<int32_t>(-2) + Le<int32_t>(3)))
+      .Kv("ints", GgufType::kArray,
+          Arr(GgufType::kInt32, 3, Le<int32_t>(1) + Le<int32_t>(-2) + Le<int32_t>(3)))
       .Kv("u8s", GgufType::kArray, Arr(GgufType::kUint8, 2, "\xFF\x01"))
       .Kv("u64s", GgufType::kArray, Arr(GgufType::kUint64, 1, Le<uint64_t>(~0ull)))
-      .Kv("floats", GgufType::kArray, Arr(GgufType::kFloat32, 2, Le<float>(0.5f) + Le<float>(-1e-3f)))
+      .Kv("floats", GgufType::kArray,
+          Arr(GgufType::kFloat32, 2, Le<float>(0.5f) + Le<float>(-1e-3f)))
       .Kv("doubles", GgufType::kArray, Arr(GgufType::kFloat64, 1, Le<double>(0.1)))
       .Kv("bools", GgufType::kArray, Arr(GgufType::kBool, 2, std::string("\x01\x00", 2)))
       .Kv("empty", GgufType::kArray, Arr(GgufType::kInt16, 0, ""))
@@ -410,21 +419,27 @@ TEST(GgufMetadata, WrongTypeGettersNameKeyAndTypes) {
   using C = absl::StatusCode;
   ExpectError(f->GetString("u32").status(), C::kInvalidArgument,
               {"test.gguf", "key 'u32'", "expected STRING, found UINT32"});
-  ExpectError(f->GetUint("i32").status(), C::kInvalidArgument, {"key 'i32'", "non-negative", "-2000000000"});
-  ExpectError(f->GetUint("f32").status(), C::kInvalidArgument, {"expected an unsigned integer, found FLOAT32"});
+  ExpectError(f->GetUint("i32").status(), C::kInvalidArgument,
+              {"key 'i32'", "non-negative", "-2000000000"});
+  ExpectError(f->GetUint("f32").status(), C::kInvalidArgument,
+              {"expected an unsigned integer, found FLOAT32"});
   ExpectError(f->GetUint("bool").status(), C::kInvalidArgument, {"found BOOL"});
   ExpectError(f->GetInt("u64").status(), C::kOutOfRange, {"key 'u64'", "does not fit in int64"});
-  ExpectError(f->GetInt("str").status(), C::kInvalidArgument, {"expected an integer, found STRING"});
-  ExpectError(f->GetFloat("i32").status(), C::kInvalidArgument, {"expected FLOAT32 or FLOAT64, found INT32"});
+  ExpectError(f->GetInt("str").status(), C::kInvalidArgument,
+              {"expected an integer, found STRING"});
+  ExpectError(f->GetFloat("i32").status(), C::kInvalidArgument,
+              {"expected FLOAT32 or FLOAT64, found INT32"});
   ExpectError(f->GetBool("u8").status(), C::kInvalidArgument, {"expected BOOL, found UINT8"});
   ExpectError(f->GetStringArray("ints").status(), C::kInvalidArgument,
               {"key 'ints'", "expected ARRAY[STRING], found ARRAY[INT32] of 3 elements"});
   ExpectError(f->GetStringArray("str").status(), C::kInvalidArgument, {"found STRING"});
   ExpectError(f->GetIntArray("floats").status(), C::kInvalidArgument, {"found ARRAY[FLOAT32]"});
   ExpectError(f->GetIntArray("bools").status(), C::kInvalidArgument, {"found ARRAY[BOOL]"});
-  ExpectError(f->GetIntArray("u64s").status(), C::kOutOfRange, {"element 0", "does not fit in int64"});
+  ExpectError(f->GetIntArray("u64s").status(), C::kOutOfRange,
+              {"element 0", "does not fit in int64"});
   ExpectError(f->GetFloatArray("ints").status(), C::kInvalidArgument, {"found ARRAY[INT32]"});
-  ExpectError(f->GetString("absent").status(), C::kNotFound, {"test.gguf", "no metadata key 'absent'"});
+  ExpectError(f->GetString("absent").status(), C::kNotFound,
+              {"test.gguf", "no metadata key 'absent'"});
   ExpectError(f->GetUint("absent").status(), C::kNotFound, {"'absent'"});
 }
 
@@ -456,7 +471,8 @@ TEST(GgufMetadata, Arrays) {
   EXPECT_EQ((*(*f->Find("nested"))->Element(1)).Describe(), "ARRAY[STRING] of 1 elements");
 }
 
-// --- Hostile headers -------------------------------------------------------------------------------
+// --- Hostile headers
+// -------------------------------------------------------------------------------
 
 using C = absl::StatusCode;
 
@@ -491,7 +507,8 @@ TEST(GgufHostile, CountsThatCannotFit) {
   ExpectRejected(b.Build(), C::kInvalidArgument, {"tensor_count 1152921504606846976 cannot fit"});
   b.tensor_count = 1;  // passes the first bound (there are padding bytes) but not the second
   b.Kv("pad", GgufType::kString, Str(std::string(40, 'x')));
-  ExpectRejected(b.Build(), C::kInvalidArgument, {"tensor_count 1 cannot fit", "after the metadata"});
+  ExpectRejected(b.Build(), C::kInvalidArgument,
+                 {"tensor_count 1 cannot fit", "after the metadata"});
 }
 
 TEST(GgufHostile, StringsPastTheEnd) {
@@ -502,22 +519,25 @@ TEST(GgufHostile, StringsPastTheEnd) {
   huge.Kv("s", GgufType::kString, Le<uint64_t>(~0ull) + "x");
   ExpectRejected(huge.Build(), C::kDataLoss, {"key 's'", "18446744073709551615"});
   // A key whose length runs past the end.
-  std::string img = "GGUF" + Le<uint32_t>(3) + Le<uint64_t>(0) + Le<uint64_t>(1) + Le<uint64_t>(500) +
-                    std::string(20, 'k');
+  std::string img = "GGUF" + Le<uint32_t>(3) + Le<uint64_t>(0) + Le<uint64_t>(1) +
+                    Le<uint64_t>(500) + std::string(20, 'k');
   ExpectRejected(img, C::kDataLoss, {"kv pair 0", "key of 500 bytes"});
   // Over the name limit: refused before the bytes are read.
   Builder long_key;
   long_key.Kv(std::string(kGgufMaxNameBytes + 1, 'k'), GgufType::kUint8, Le<uint8_t>(0));
-  ExpectRejected(long_key.Build(), C::kInvalidArgument, {"key length 4097 exceeds the limit of 4096"});
+  ExpectRejected(long_key.Build(), C::kInvalidArgument,
+                 {"key length 4097 exceeds the limit of 4096"});
   Builder long_name;
   long_name.T(std::string(kGgufMaxNameBytes + 1, 'n'), {1}, GgmlType::kF32, F32s({1}));
-  ExpectRejected(long_name.Build(), C::kInvalidArgument, {"tensor info 0", "tensor name length 4097"});
+  ExpectRejected(long_name.Build(), C::kInvalidArgument,
+                 {"tensor info 0", "tensor name length 4097"});
 }
 
 TEST(GgufHostile, ArrayCountLiesAndNesting) {
   Builder b;
   b.Kv("a", GgufType::kArray, Arr(GgufType::kUint32, 1000, Le<uint32_t>(1)));
-  ExpectRejected(b.Build(), C::kInvalidArgument, {"key 'a'", "array count 1000 of UINT32 cannot fit"});
+  ExpectRejected(b.Build(), C::kInvalidArgument,
+                 {"key 'a'", "array count 1000 of UINT32 cannot fit"});
   Builder s;
   s.Kv("a", GgufType::kArray, Arr(GgufType::kString, ~0ull >> 1, Str("x")));
   ExpectRejected(s.Build(), C::kInvalidArgument, {"key 'a'", "of STRING cannot fit"});
@@ -592,7 +612,8 @@ TEST(GgufHostile, Dimensions) {
   ExpectRejected(bytes.Build(), C::kInvalidArgument, {"byte size", "overflows int64"});
   Builder block;
   block.T("q", {48}, GgmlType::kQ4_0, std::string(36, '\0'));
-  ExpectRejected(block.Build(), C::kInvalidArgument, {"tensor 'q'", "ne[0] = 48 is not a multiple", "32"});
+  ExpectRejected(block.Build(), C::kInvalidArgument,
+                 {"tensor 'q'", "ne[0] = 48 is not a multiple", "32"});
 }
 
 TEST(GgufHostile, TypesRefusedNamingTheTensor) {
@@ -608,7 +629,8 @@ TEST(GgufHostile, TypesRefusedNamingTheTensor) {
   ExpectRejected(i32.Build(), C::kUnimplemented, {"I32 (26)"});
   Builder unknown;
   unknown.T("w", {1}, static_cast<GgmlType>(4), F32s({1}));
-  ExpectRejected(unknown.Build(), C::kInvalidArgument, {"tensor 'w'", "unknown ggml type 4", "supported types"});
+  ExpectRejected(unknown.Build(), C::kInvalidArgument,
+                 {"tensor 'w'", "unknown ggml type 4", "supported types"});
 }
 
 TEST(GgufHostile, Alignment) {
@@ -619,7 +641,8 @@ TEST(GgufHostile, Alignment) {
   }
   Builder t;
   t.Kv("general.alignment", GgufType::kUint64, Le<uint64_t>(32));
-  ExpectRejected(t.Build(), C::kInvalidArgument, {"general.alignment", "must be UINT32, found UINT64"});
+  ExpectRejected(t.Build(), C::kInvalidArgument,
+                 {"general.alignment", "must be UINT32, found UINT64"});
   Builder one;  // alignment 1: nothing is padded, every offset is aligned
   one.alignment = 1;
   one.Kv("general.alignment", GgufType::kUint32, Le<uint32_t>(1))
@@ -634,7 +657,8 @@ TEST(GgufHostile, Alignment) {
 TEST(GgufHostile, OffsetsAndBounds) {
   Builder mis;
   mis.T("w", {1}, GgmlType::kF32, F32s({1}), 4);
-  ExpectRejected(mis.Build(), C::kInvalidArgument, {"tensor 'w'", "offset 4 is not a multiple of the alignment 32"});
+  ExpectRejected(mis.Build(), C::kInvalidArgument,
+                 {"tensor 'w'", "offset 4 is not a multiple of the alignment 32"});
   Builder oob;
   oob.T("w", {8}, GgmlType::kF32, F32s({1, 2}));  // 32 bytes claimed, 8 present
   ExpectRejected(oob.Build(), C::kDataLoss, {"tensor 'w'", "runs past the end", "truncated"});
@@ -645,13 +669,15 @@ TEST(GgufHostile, OffsetsAndBounds) {
   wrap.T("w", {4}, GgmlType::kF32, "", static_cast<int64_t>(~0ull - 31));
   ExpectRejected(wrap.Build(), C::kDataLoss, {"tensor 'w'"});
   Builder overlap;
-  overlap.T("a", {16}, GgmlType::kF32, std::string(64, '\0'), 0).T("b", {1}, GgmlType::kF32, F32s({1}), 32);
+  overlap.T("a", {16}, GgmlType::kF32, std::string(64, '\0'), 0)
+      .T("b", {1}, GgmlType::kF32, F32s({1}), 32);
   ExpectRejected(overlap.Build(), C::kInvalidArgument, {"tensor 'b'", "overlaps tensor 'a'"});
   Builder same;  // two tensors on the same bytes, listed in either order
   same.T("x", {1}, GgmlType::kF32, F32s({1}), 0).T("y", {1}, GgmlType::kF32, F32s({1}), 0);
   ExpectRejected(same.Build(), C::kInvalidArgument, {"overlaps"});
   Builder ordered;  // not in data order, no overlap: fine
-  ordered.T("late", {1}, GgmlType::kF32, F32s({2}), 32).T("early", {1}, GgmlType::kF32, F32s({1}), 0);
+  ordered.T("late", {1}, GgmlType::kF32, F32s({2}), 32)
+      .T("early", {1}, GgmlType::kF32, F32s({1}), 0);
   auto f = Parse(ordered.Build());
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_THAT((*f)->names(), ElementsAre("late", "early"));
@@ -662,7 +688,8 @@ TEST(GgufHostile, EveryTruncationAndByteFlipIsAStatus) {
   Builder b;
   b.Kv("general.alignment", GgufType::kUint32, Le<uint32_t>(32))
       .Kv("strs", GgufType::kArray, Arr(GgufType::kString, 2, Str("ab") + Str("c")))
-      .Kv("nested", GgufType::kArray, Arr(GgufType::kArray, 1, Arr(GgufType::kInt16, 1, Le<int16_t>(-1))))
+      .Kv("nested", GgufType::kArray,
+          Arr(GgufType::kArray, 1, Arr(GgufType::kInt16, 1, Le<int16_t>(-1))))
       .T("q", {32}, GgmlType::kQ4_1, F16(1) + F16(0) + std::string(16, '\x21'))
       .T("f", {2}, GgmlType::kF32, F32s({1, 2}));
   const std::string img = b.Build();
@@ -687,7 +714,8 @@ TEST(GgufHostile, EveryTruncationAndByteFlipIsAStatus) {
   }
 }
 
-// --- ggml_quant.h ----------------------------------------------------------------------------------
+// --- ggml_quant.h
+// ----------------------------------------------------------------------------------
 
 TEST(GgmlQuant, TypeTable) {
   EXPECT_EQ(GgmlTypeName(GgmlType::kQ4_K), "Q4_K");
@@ -707,9 +735,11 @@ TEST(GgmlQuant, TypeTable) {
   EXPECT_EQ(*GgmlRowBytes(GgmlType::kQ4_1, 576), 360);
   EXPECT_EQ(*GgmlRowBytes(GgmlType::kQ8_0, 576), 612);
   EXPECT_EQ(*GgmlRowBytes(GgmlType::kF16, 7), 14);
-  ExpectError(GgmlRowBytes(GgmlType::kQ4_1, 33).status(), C::kInvalidArgument, {"Q4_1", "33", "block size 32"});
+  ExpectError(GgmlRowBytes(GgmlType::kQ4_1, 33).status(), C::kInvalidArgument,
+              {"Q4_1", "33", "block size 32"});
   ExpectError(GgmlRowBytes(GgmlType::kQ4_1, -32).status(), C::kInvalidArgument, {"-32"});
-  ExpectError(GgmlRowBytes(GgmlType::kIQ4_XS, 256).status(), C::kUnimplemented, {"IQ4_XS (23)", "F32, F16"});
+  ExpectError(GgmlRowBytes(GgmlType::kIQ4_XS, 256).status(), C::kUnimplemented,
+              {"IQ4_XS (23)", "F32, F16"});
   ExpectError(GgmlRowBytes(GgmlType::kF32, INT64_MAX).status(), C::kInvalidArgument, {"overflows"});
 }
 
@@ -725,10 +755,10 @@ TEST(GgmlQuant, QuantizeRowsQ8_0AsGgmlsReference) {
   BlockQ8_0 b[3];
   std::memcpy(b, q.data(), sizeof(b));
   EXPECT_EQ(b[0].d, F32ToF16(16.0f / 127.0f));
-  EXPECT_EQ(b[0].qs[0], -127);   // -16
-  EXPECT_EQ(b[0].qs[17], 8);     // 1 * 7.9375
-  EXPECT_EQ(b[0].qs[31], 119);   // 15 * 7.9375 = 119.06
-  EXPECT_EQ(b[0].qs[24], 64);    // 8 * 7.9375 = 63.5, away from zero
+  EXPECT_EQ(b[0].qs[0], -127);  // -16
+  EXPECT_EQ(b[0].qs[17], 8);    // 1 * 7.9375
+  EXPECT_EQ(b[0].qs[31], 119);  // 15 * 7.9375 = 119.06
+  EXPECT_EQ(b[0].qs[24], 64);   // 8 * 7.9375 = 63.5, away from zero
   EXPECT_EQ(b[1].d, F32ToF16(0.0f));
   for (int8_t v : b[1].qs) EXPECT_EQ(v, 0);
   EXPECT_EQ(b[2].qs[3], 127);
@@ -737,7 +767,8 @@ TEST(GgmlQuant, QuantizeRowsQ8_0AsGgmlsReference) {
   std::vector<float> back(128);
   ASSERT_TRUE(DequantizeRows(GgmlType::kQ8_0, q.data(), 2, 64, back.data(), 64).ok());
   for (int i = 0; i < 32; ++i) EXPECT_NEAR(back[i], x[i], 0.5f * 16.0f / 127.0f + 1e-2f) << i;
-  ExpectError(QuantizeRowsQ8_0(x.data(), 1, 40, q.data()), C::kInvalidArgument, {"40", "multiple of 32"});
+  ExpectError(QuantizeRowsQ8_0(x.data(), 1, 40, q.data()), C::kInvalidArgument,
+              {"40", "multiple of 32"});
   ExpectError(QuantizeRowsQ8_0(x.data(), -1, 32, q.data()), C::kInvalidArgument, {"negative"});
 }
 
@@ -756,14 +787,18 @@ TEST(GgmlQuant, DequantizeRowsWithStrideAndUnalignedSource) {
   EXPECT_EQ(dst[32], 42.0f);  // the gap is untouched
   EXPECT_EQ(dst[40], -7.0f);
   EXPECT_EQ(dst[56], -1.0f);
-  EXPECT_EQ(DequantizeRows(GgmlType::kQ4_0, src, 2, 32, dst.data(), 31).code(), C::kInvalidArgument);
-  EXPECT_EQ(DequantizeRows(GgmlType::kQ4_0, src, -1, 32, dst.data(), 32).code(), C::kInvalidArgument);
+  EXPECT_EQ(DequantizeRows(GgmlType::kQ4_0, src, 2, 32, dst.data(), 31).code(),
+            C::kInvalidArgument);
+  EXPECT_EQ(DequantizeRows(GgmlType::kQ4_0, src, -1, 32, dst.data(), 32).code(),
+            C::kInvalidArgument);
   EXPECT_EQ(DequantizeRow(GgmlType::kQ8_1, src, 32, dst.data()).code(), C::kUnimplemented);
   // F16 at an odd address, longer than the conversion chunk.
   std::string halves = "y";
   for (int i = 0; i < 300; ++i) halves += F16(static_cast<float>(i));
   std::vector<float> h(300);
-  ASSERT_TRUE(DequantizeRow(GgmlType::kF16, reinterpret_cast<const uint8_t*>(halves.data()) + 1, 300, h.data()).ok());
+  ASSERT_TRUE(DequantizeRow(GgmlType::kF16, reinterpret_cast<const uint8_t*>(halves.data()) + 1,
+                            300, h.data())
+                  .ok());
   for (int i = 0; i < 300; ++i) EXPECT_EQ(h[i], static_cast<float>(i));
 }
 

@@ -26,7 +26,8 @@ TEST(ParseJson, SyntaxErrorNamesSourceAndBytePosition) {
   auto j = ParseJson(R"({"a": tru})", "config.json");
   EXPECT_EQ(j.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(j.status()), HasSubstr("config.json"));
-  EXPECT_THAT(Msg(j.status()), HasSubstr("at byte 10"));  // nlohmann counts from 1, at the bad token's end
+  EXPECT_THAT(Msg(j.status()),
+              HasSubstr("at byte 10"));  // nlohmann counts from 1, at the bad token's end
 }
 
 TEST(ParseJson, RejectsBadInputWithoutThrowing) {
@@ -38,7 +39,8 @@ TEST(ParseJson, RejectsBadInputWithoutThrowing) {
 
 TEST(ParseJson, RejectsDuplicateKeysAtAnyDepth) {
   EXPECT_THAT(Msg(ParseJson(R"({"a":1,"a":2})", "t").status()), HasSubstr("duplicate key 'a'"));
-  EXPECT_THAT(Msg(ParseJson(R"({"x":[{"k":1,"k":1}]})", "t").status()), HasSubstr("duplicate key 'k'"));
+  EXPECT_THAT(Msg(ParseJson(R"({"x":[{"k":1,"k":1}]})", "t").status()),
+              HasSubstr("duplicate key 'k'"));
   // The same key in sibling objects is fine.
   EXPECT_TRUE(ParseJson(R"([{"k":1},{"k":2}])", "t").ok());
   EXPECT_TRUE(ParseJson(R"({"k":{"k":{"k":1}}})", "t").ok());
@@ -96,15 +98,18 @@ TEST_F(Getters, MissingKeyNamesKeyTypeAndContext) {
 }
 
 TEST_F(Getters, WrongTypeNamesExpectedAndFound) {
-  EXPECT_EQ(Msg(GetInt(j_, "s", "cfg").status()), "cfg: key 's' must be an integer (int64), found string");
+  EXPECT_EQ(Msg(GetInt(j_, "s", "cfg").status()),
+            "cfg: key 's' must be an integer (int64), found string");
   EXPECT_EQ(Msg(GetInt(j_, "f", "cfg").status()),
             "cfg: key 'f' must be an integer (int64), found floating-point number");
   EXPECT_FALSE(GetInt(j_, "whole_f", "cfg").ok());  // 3.0 is not an integer in JSON's type system
   EXPECT_EQ(Msg(GetInt(j_, "big", "cfg").status()),
             "cfg: key 'big' must be an integer (int64), found an integer beyond the int64 range");
-  EXPECT_EQ(Msg(GetString(j_, "i", "cfg").status()), "cfg: key 'i' must be a string, found integer");
+  EXPECT_EQ(Msg(GetString(j_, "i", "cfg").status()),
+            "cfg: key 'i' must be a string, found integer");
   EXPECT_EQ(Msg(GetBool(j_, "s", "cfg").status()), "cfg: key 's' must be a boolean, found string");
-  EXPECT_EQ(Msg(GetDouble(j_, "b", "cfg").status()), "cfg: key 'b' must be a number, found boolean");
+  EXPECT_EQ(Msg(GetDouble(j_, "b", "cfg").status()),
+            "cfg: key 'b' must be a number, found boolean");
   EXPECT_EQ(Msg(GetString(j_, "n", "cfg").status()), "cfg: key 'n' must be a string, found null");
   EXPECT_EQ(Msg(GetIntArray(j_, "mixed", "cfg").status()),
             "cfg: key 'mixed' element 1 must be an integer (int64), found string");

@@ -1,9 +1,8 @@
 #include "core/logging.h"
 
 #include <fcntl.h>
-#include <unistd.h>
-
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -139,9 +138,8 @@ TEST(Logging, FormatAndThreshold) {
   FEDLORA_LOG(ERROR) << "disk full";
   const std::string out = capture.Finish();
   EXPECT_EQ(evaluated, 0);
-  EXPECT_THAT(
-      out, ContainsRegex(
-               "^I [0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3} logging_test\\.cc:[0-9]+\\] round 7 committed\n"));
+  EXPECT_THAT(out, ContainsRegex("^I [0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3} "
+                                 "logging_test\\.cc:[0-9]+\\] round 7 committed\n"));
   EXPECT_THAT(out, ContainsRegex("\nE [0-9:.]+ logging_test\\.cc:[0-9]+\\] disk full\n$"));
   EXPECT_THAT(out, ::testing::Not(HasSubstr("hidden")));
 }
@@ -154,7 +152,8 @@ TEST(Logging, LinesFromManyThreadsDoNotInterleave) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([t] {
       for (int i = 0; i < 200; ++i)
-        FEDLORA_LOG(WARNING) << "thread " << t << " message " << i << " " << std::string(100, 'a' + t);
+        FEDLORA_LOG(WARNING) << "thread " << t << " message " << i << " "
+                             << std::string(100, 'a' + t);
     });
   }
   for (auto& th : threads) th.join();
@@ -165,8 +164,10 @@ TEST(Logging, LinesFromManyThreadsDoNotInterleave) {
     const size_t nl = out.find('\n', pos);
     ASSERT_NE(nl, std::string::npos);
     const std::string line = out.substr(pos, nl - pos);
-    ASSERT_THAT(line, ContainsRegex(
-                          "^W [0-9:.]+ logging_test\\.cc:[0-9]+\\] thread [0-3] message [0-9]+ [a-d]{100}$"));
+    ASSERT_THAT(
+        line,
+        ContainsRegex(
+            "^W [0-9:.]+ logging_test\\.cc:[0-9]+\\] thread [0-3] message [0-9]+ [a-d]{100}$"));
     const char c = line.back();
     ASSERT_EQ(line.substr(line.size() - 100), std::string(100, c));  // one thread's payload, whole
     ++lines;
@@ -189,19 +190,23 @@ TEST(ParseLogFormat, AcceptsTextAndJsonOnly) {
 }
 
 TEST(FormatLogLine, TextIsTheClassicFormat) {
-  EXPECT_EQ(FormatLogLine(LogFormat::kText, LogLevel::kWarning, "/src/server/coordinator.cc", 887, FixedTime(),
-                          "round 3 committed"),
+  EXPECT_EQ(FormatLogLine(LogFormat::kText, LogLevel::kWarning, "/src/server/coordinator.cc", 887,
+                          FixedTime(), "round 3 committed"),
             "W 12:34:56.007 coordinator.cc:887] round 3 committed\n");
 }
 
 TEST(FormatLogLine, JsonHasTheFieldsInOrderAndEscapes) {
-  const std::string msg = std::string("say \"hi\"\\ back\nline two\ttab \x01\x1f caf\xc3\xa9 \xe6\x97\xa5 end");
-  const std::string line = FormatLogLine(LogFormat::kJson, LogLevel::kError, "server/services.cc", 508, FixedTime(), msg);
+  const std::string msg =
+      std::string("say \"hi\"\\ back\nline two\ttab \x01\x1f caf\xc3\xa9 \xe6\x97\xa5 end");
+  const std::string line = FormatLogLine(LogFormat::kJson, LogLevel::kError, "server/services.cc",
+                                         508, FixedTime(), msg);
   ASSERT_EQ(line.back(), '\n');
   ASSERT_EQ(line.find('\n'), line.size() - 1) << "one line: the newline in msg is escaped";
   EXPECT_EQ(line,
-            "{\"ts\":\"2024-05-01T12:34:56.007Z\",\"level\":\"ERROR\",\"file\":\"services.cc\",\"line\":508,"
-            "\"msg\":\"say \\\"hi\\\"\\\\ back\\nline two\\ttab \\u0001\\u001f caf\xc3\xa9 \xe6\x97\xa5 end\"}\n");
+            "{\"ts\":\"2024-05-01T12:34:56.007Z\",\"level\":\"ERROR\",\"file\":\"services.cc\","
+            "\"line\":508,"
+            "\"msg\":\"say \\\"hi\\\"\\\\ back\\nline two\\ttab \\u0001\\u001f caf\xc3\xa9 "
+            "\xe6\x97\xa5 end\"}\n");
   const nlohmann::json j = nlohmann::json::parse(line);
   EXPECT_EQ(j["ts"], "2024-05-01T12:34:56.007Z");
   EXPECT_EQ(j["level"], "ERROR");
@@ -211,8 +216,8 @@ TEST(FormatLogLine, JsonHasTheFieldsInOrderAndEscapes) {
 }
 
 TEST(FormatLogLine, JsonReplacesInvalidUtf8) {
-  const std::string line =
-      FormatLogLine(LogFormat::kJson, LogLevel::kInfo, "a.cc", 1, FixedTime(), std::string("bad \xff\xc3 bytes"));
+  const std::string line = FormatLogLine(LogFormat::kJson, LogLevel::kInfo, "a.cc", 1, FixedTime(),
+                                         std::string("bad \xff\xc3 bytes"));
   const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << line;
   EXPECT_EQ(j["msg"].get<std::string>(), "bad \xef\xbf\xbd\xef\xbf\xbd bytes");  // U+FFFD each
@@ -224,7 +229,9 @@ TEST(Logging, JsonFormatThroughTheMacro) {
   SetLogFormat(LogFormat::kJson);
   StderrCapture capture;
   const auto before = std::chrono::system_clock::now();
-  FEDLORA_LOG(INFO) << "upload " << "u-1" << " refused: \"INVALID_ARGUMENT: chunk 3\"";
+  FEDLORA_LOG(INFO) << "upload "
+                    << "u-1"
+                    << " refused: \"INVALID_ARGUMENT: chunk 3\"";
   const std::string out = capture.Finish();
   const std::vector<std::string> lines = Lines(out);
   ASSERT_EQ(lines.size(), 1u) << out;
@@ -234,7 +241,8 @@ TEST(Logging, JsonFormatThroughTheMacro) {
   EXPECT_GT(j["line"].get<int>(), 0);
   EXPECT_EQ(j["msg"], "upload u-1 refused: \"INVALID_ARGUMENT: chunk 3\"");
   const std::string ts = j["ts"];
-  EXPECT_THAT(ts, ContainsRegex("^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z$"));
+  EXPECT_THAT(ts,
+              ContainsRegex("^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z$"));
   // UTC: the stamp reads as the time of the call.
   std::tm tm{};
   ASSERT_NE(::strptime(ts.c_str(), "%Y-%m-%dT%H:%M:%S", &tm), nullptr) << ts;
@@ -271,7 +279,8 @@ TEST(LogFile, AppendsFiltersAndCopiesWarningsToTheConsole) {
   EXPECT_THAT(file[3], ContainsRegex("^D .*\\] shown debug$"));
   EXPECT_THAT(file[4], ContainsRegex("^E .*\\] disk full$"));
 
-  // The console saw the WARNING and the ERROR (the copy), then the line logged after the switch back.
+  // The console saw the WARNING and the ERROR (the copy), then the line logged after the switch
+  // back.
   const std::vector<std::string> lines = Lines(console);
   ASSERT_EQ(lines.size(), 3u) << console;
   EXPECT_EQ(lines[0], file[2]);
@@ -352,7 +361,8 @@ TEST(LogFile, ConcurrentJsonLinesStayWholeAcrossSwitches) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([t, &running] {
       for (int i = 0; i < kLines; ++i)
-        FEDLORA_LOG(INFO) << "thread " << t << " message " << i << " \"" << std::string(200, 'a' + t) << "\"\n";
+        FEDLORA_LOG(INFO) << "thread " << t << " message " << i << " \""
+                          << std::string(200, 'a' + t) << "\"\n";
       running.fetch_sub(1);
     });
   }

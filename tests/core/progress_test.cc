@@ -25,23 +25,28 @@ TEST(FormatDuration, Units) {
 
 TEST(FormatProgressLine, KnownTotalWithBar) {
   // 450 of 1000 in 36 s: 12.5 it/s, 550 left -> 44 s.
-  EXPECT_EQ(FormatProgressLine("train", 450, 1000, 36.0, "loss=0.3120", 20),
-            "train [=========>          ]  45.0% 450/1000 12.5 it/s elapsed 36s ETA 44s loss=0.3120");
+  EXPECT_EQ(
+      FormatProgressLine("train", 450, 1000, 36.0, "loss=0.3120", 20),
+      "train [=========>          ]  45.0% 450/1000 12.5 it/s elapsed 36s ETA 44s loss=0.3120");
 }
 
 TEST(FormatProgressLine, WithoutBarForLogs) {
-  EXPECT_EQ(FormatProgressLine("eval", 1, 4, 8.0, ""), "eval  25.0% 1/4 8.00 s/it elapsed 8s ETA 24s");
+  EXPECT_EQ(FormatProgressLine("eval", 1, 4, 8.0, ""),
+            "eval  25.0% 1/4 8.00 s/it elapsed 8s ETA 24s");
 }
 
 TEST(FormatProgressLine, EdgeCases) {
   // Nothing done yet: no rate, unknown ETA.
   EXPECT_EQ(FormatProgressLine("x", 0, 10, 0.0, "", 4), "x [>   ]   0.0% 0/10 elapsed 0s ETA ?");
   // Complete: full bar, no ETA.
-  EXPECT_EQ(FormatProgressLine("x", 10, 10, 5.0, "", 4), "x [====] 100.0% 10/10 2.0 it/s elapsed 5s");
+  EXPECT_EQ(FormatProgressLine("x", 10, 10, 5.0, "", 4),
+            "x [====] 100.0% 10/10 2.0 it/s elapsed 5s");
   // Overshoot is clamped in the bar and percentage but the count is shown as is.
-  EXPECT_EQ(FormatProgressLine("x", 12, 10, 4.0, "", 4), "x [====] 100.0% 12/10 3.0 it/s elapsed 4s");
+  EXPECT_EQ(FormatProgressLine("x", 12, 10, 4.0, "", 4),
+            "x [====] 100.0% 12/10 3.0 it/s elapsed 4s");
   // Unknown total: a count with its unit, no bar or ETA.
-  EXPECT_EQ(FormatProgressLine("dl", 3000, 0, 2.0, "", 20, "MiB"), "dl 3000 MiB 1500.0 MiB/s elapsed 2s");
+  EXPECT_EQ(FormatProgressLine("dl", 3000, 0, 2.0, "", 20, "MiB"),
+            "dl 3000 MiB 1500.0 MiB/s elapsed 2s");
 }
 
 TEST(FormatProgressLine, EtaCountsDownThroughALongUnit) {
@@ -102,7 +107,8 @@ TEST(Progress, EtaDoesNotClimbWhileAUnitRuns) {
   EXPECT_EQ(out[0], "simulate  25.0% 1/4 10.00 s/round elapsed 10s ETA 30s");
   EXPECT_EQ(out[1], "simulate  25.0% 1/4 10.00 s/round elapsed 15s ETA 25s");
   EXPECT_EQ(out[2], "simulate  25.0% 1/4 10.00 s/round elapsed 20s ETA 20s");
-  EXPECT_EQ(out[3], "simulate  25.0% 1/4 10.00 s/round elapsed 25s ETA 20s");  // overran: 2 rounds after it
+  EXPECT_EQ(out[3],
+            "simulate  25.0% 1/4 10.00 s/round elapsed 25s ETA 20s");  // overran: 2 rounds after it
 }
 
 TEST(Progress, TerminalModeRedrawsInPlace) {

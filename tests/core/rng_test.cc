@@ -35,7 +35,8 @@ TEST(Philox4x32, Random123KnownAnswers) {
     for (int i = 0; i < 4; ++i) EXPECT_EQ(got.v[i], k.want.v[i]) << "word " << i;
   }
   // The 64-bit convenience form packs low words first.
-  const Philox4x32Block pi = Philox4x32(0x299f31d0a4093822ull, 0x85a308d3243f6a88ull, 0x0370734413198a2eull);
+  const Philox4x32Block pi =
+      Philox4x32(0x299f31d0a4093822ull, 0x85a308d3243f6a88ull, 0x0370734413198a2eull);
   EXPECT_EQ(pi.v[0], 0xd16cfe09u);
   EXPECT_EQ(pi.v[3], 0x24126ea1u);
 }
@@ -155,7 +156,8 @@ TEST(Rng, ShuffleIsAUniformPermutation) {
   }
   ASSERT_EQ(counts.size(), 24u);  // every permutation of 4 appears
   // Each count is Binomial(n, 1/24): sd = sqrt(n/24 * 23/24) = 43.8; 5 sigma.
-  for (const auto& [perm, c] : counts) EXPECT_NEAR(c, kN / 24.0, 5 * std::sqrt(kN / 24.0 * 23 / 24));
+  for (const auto& [perm, c] : counts)
+    EXPECT_NEAR(c, kN / 24.0, 5 * std::sqrt(kN / 24.0 * 23 / 24));
 
   std::vector<int> big(1000);
   std::iota(big.begin(), big.end(), 0);

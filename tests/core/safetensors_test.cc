@@ -18,7 +18,8 @@ using ::testing::HasSubstr;
 
 // An 8-byte little-endian length, the header, then the data: the file layout, built by hand so
 // the reader is tested against the spec rather than against our writer.
-std::string Craft(const std::string& header, const std::string& data, uint64_t length_override = UINT64_MAX) {
+std::string Craft(const std::string& header, const std::string& data,
+                  uint64_t length_override = UINT64_MAX) {
   const uint64_t n = length_override == UINT64_MAX ? header.size() : length_override;
   std::string out;
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
@@ -30,7 +31,8 @@ absl::Status OpenStatus(const std::string& bytes) {
 }
 
 // Asserts that `bytes` is rejected with `code` and a message containing every fragment.
-void ExpectRejected(const std::string& bytes, absl::StatusCode code, std::vector<std::string> fragments) {
+void ExpectRejected(const std::string& bytes, absl::StatusCode code,
+                    std::vector<std::string> fragments) {
   const absl::Status s = OpenStatus(bytes);
   EXPECT_EQ(s.code(), code) << s;
   for (const auto& f : fragments) EXPECT_THAT(std::string(s.message()), HasSubstr(f));
@@ -79,13 +81,15 @@ TEST(Safetensors, ReadsHandBuiltFileInReferenceLayout) {
 
 TEST(Safetensors, RoundTripEveryDTypeThroughDisk) {
   coretest::TempDir dir;
-  const std::vector<DType> all = {DType::kF32, DType::kF16, DType::kBF16, DType::kI8,  DType::kU8,
-                                  DType::kI16, DType::kI32, DType::kI64,  DType::kF64, DType::kBool};
+  const std::vector<DType> all = {DType::kF32, DType::kF16, DType::kBF16, DType::kI8,
+                                  DType::kU8,  DType::kI16, DType::kI32,  DType::kI64,
+                                  DType::kF64, DType::kBool};
   std::vector<std::string> buffers;
   std::vector<SafetensorsTensorToWrite> tensors;
   for (size_t k = 0; k < all.size(); ++k) {
     const DType dt = all[k];
-    const std::vector<int64_t> shape = {static_cast<int64_t>(k % 3 + 1), 3};  // odd sizes shake alignment
+    const std::vector<int64_t> shape = {static_cast<int64_t>(k % 3 + 1),
+                                        3};  // odd sizes shake alignment
     std::string bytes(static_cast<size_t>(shape[0] * shape[1]) * DTypeSize(dt), '\0');
     for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 31 + k);
     if (dt == DType::kBool) {
@@ -148,7 +152,8 @@ TEST(Safetensors, ToF32WidensHalfPrecisionAndRefusesIntegers) {
   EXPECT_THAT(*(*file)->Get("b")->ToF32(), ::testing::ElementsAre(1.5f, 3.0f));
   absl::StatusOr<std::vector<float>> ints = (*file)->Get("i")->ToF32();
   EXPECT_EQ(ints.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(ints.status().message()), ::testing::HasSubstr("'i' has dtype I32, expected F32, F16 or BF16"));
+  EXPECT_THAT(std::string(ints.status().message()),
+              ::testing::HasSubstr("'i' has dtype I32, expected F32, F16 or BF16"));
 }
 
 TEST(Safetensors, NoTensorsIsValid) {
@@ -163,7 +168,8 @@ TEST(Safetensors, OpenErrors) {
   coretest::TempDir dir;
   EXPECT_EQ(SafetensorsFile::Open(dir.File("missing.safetensors")).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(SafetensorsFile::Open(dir.path()).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(SafetensorsFile::Open(dir.path()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(WriteFileAtomically(dir.File("empty"), "").ok());
   EXPECT_EQ(SafetensorsFile::Open(dir.File("empty")).status().code(), absl::StatusCode::kDataLoss);
 }
@@ -191,19 +197,23 @@ TEST(SafetensorsMalformed, ShorterThanLengthPrefix) {
 }
 
 TEST(SafetensorsMalformed, HeaderLengthPastEndOfFile) {
-  ExpectRejected(Craft("{}", "", 100), absl::StatusCode::kDataLoss, {"header length 100", "truncated"});
+  ExpectRejected(Craft("{}", "", 100), absl::StatusCode::kDataLoss,
+                 {"header length 100", "truncated"});
 }
 
 TEST(SafetensorsMalformed, HeaderLengthOverCap) {
   // A length just past the cap is rejected before anything is read or allocated.
-  ExpectRejected(Craft("{}", "", kSafetensorsMaxHeaderBytes + 1), absl::StatusCode::kInvalidArgument,
+  ExpectRejected(Craft("{}", "", kSafetensorsMaxHeaderBytes + 1),
+                 absl::StatusCode::kInvalidArgument, {"exceeds the limit"});
+  ExpectRejected(Craft("{}", "", UINT64_MAX - 1), absl::StatusCode::kInvalidArgument,
                  {"exceeds the limit"});
-  ExpectRejected(Craft("{}", "", UINT64_MAX - 1), absl::StatusCode::kInvalidArgument, {"exceeds the limit"});
 }
 
 TEST(SafetensorsMalformed, HeaderNotJson) {
-  ExpectRejected(Craft("{\"a\":", ""), absl::StatusCode::kInvalidArgument, {"invalid JSON", "byte"});
-  ExpectRejected(Craft("PK\x03\x04", ""), absl::StatusCode::kInvalidArgument, {"does not start with '{'"});
+  ExpectRejected(Craft("{\"a\":", ""), absl::StatusCode::kInvalidArgument,
+                 {"invalid JSON", "byte"});
+  ExpectRejected(Craft("PK\x03\x04", ""), absl::StatusCode::kInvalidArgument,
+                 {"does not start with '{'"});
   ExpectRejected(Craft("", ""), absl::StatusCode::kInvalidArgument, {"does not start with '{'"});
 }
 
@@ -216,8 +226,8 @@ TEST(SafetensorsMalformed, HeaderNotAnObject) {
 
 TEST(SafetensorsMalformed, DuplicateTensorName) {
   const std::string e = Entry("U8", "[1]", "[0,1]");
-  ExpectRejected(Craft("{\"w\":" + e + ",\"w\":" + e + "}", "x"), absl::StatusCode::kInvalidArgument,
-                 {"duplicate key 'w'"});
+  ExpectRejected(Craft("{\"w\":" + e + ",\"w\":" + e + "}", "x"),
+                 absl::StatusCode::kInvalidArgument, {"duplicate key 'w'"});
 }
 
 TEST(SafetensorsMalformed, MissingFields) {
@@ -225,8 +235,8 @@ TEST(SafetensorsMalformed, MissingFields) {
                  absl::StatusCode::kInvalidArgument, {"tensor 'w'", "missing 'dtype'"});
   ExpectRejected(Craft(R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", "abcd"),
                  absl::StatusCode::kInvalidArgument, {"tensor 'w'", "missing 'shape'"});
-  ExpectRejected(Craft(R"({"w":{"dtype":"F32","shape":[1]}})", "abcd"), absl::StatusCode::kInvalidArgument,
-                 {"tensor 'w'", "missing 'data_offsets'"});
+  ExpectRejected(Craft(R"({"w":{"dtype":"F32","shape":[1]}})", "abcd"),
+                 absl::StatusCode::kInvalidArgument, {"tensor 'w'", "missing 'data_offsets'"});
 }
 
 TEST(SafetensorsMalformed, WrongFieldTypes) {
@@ -276,7 +286,8 @@ TEST(SafetensorsMalformed, OffsetsReversed) {
 
 TEST(SafetensorsMalformed, OffsetsPastDataSection) {
   // Indistinguishable from a file cut short after its header, hence DataLoss.
-  ExpectRejected(Craft("{\"w\":" + Entry("U8", "[8]", "[0,8]") + "}", "abcd"), absl::StatusCode::kDataLoss,
+  ExpectRejected(Craft("{\"w\":" + Entry("U8", "[8]", "[0,8]") + "}", "abcd"),
+                 absl::StatusCode::kDataLoss,
                  {"tensor 'w'", "past the end of the 4-byte data section"});
   ExpectRejected(Craft("{\"w\":" + Entry("U8", "[1]", "[18446744073709551615,0]") + "}", "abcd"),
                  absl::StatusCode::kInvalidArgument, {"tensor 'w'", "does not fit in int64"});
@@ -284,18 +295,21 @@ TEST(SafetensorsMalformed, OffsetsPastDataSection) {
 
 TEST(SafetensorsMalformed, OverlappingTensors) {
   ExpectRejected(
-      Craft("{\"a\":" + Entry("U8", "[3]", "[0,3]") + ",\"b\":" + Entry("U8", "[3]", "[1,4]") + "}", "abcd"),
+      Craft("{\"a\":" + Entry("U8", "[3]", "[0,3]") + ",\"b\":" + Entry("U8", "[3]", "[1,4]") + "}",
+            "abcd"),
       absl::StatusCode::kInvalidArgument, {"tensor 'b'", "overlap tensor 'a'"});
   // Two names aliasing the same bytes are an overlap too.
   ExpectRejected(
-      Craft("{\"a\":" + Entry("U8", "[4]", "[0,4]") + ",\"b\":" + Entry("U8", "[4]", "[0,4]") + "}", "abcd"),
+      Craft("{\"a\":" + Entry("U8", "[4]", "[0,4]") + ",\"b\":" + Entry("U8", "[4]", "[0,4]") + "}",
+            "abcd"),
       absl::StatusCode::kInvalidArgument, {"overlap"});
 }
 
 TEST(SafetensorsMalformed, HoleInDataSection) {
   // A gap between tensors.
   ExpectRejected(
-      Craft("{\"a\":" + Entry("U8", "[1]", "[0,1]") + ",\"b\":" + Entry("U8", "[2]", "[2,4]") + "}", "abcd"),
+      Craft("{\"a\":" + Entry("U8", "[1]", "[0,1]") + ",\"b\":" + Entry("U8", "[2]", "[2,4]") + "}",
+            "abcd"),
       absl::StatusCode::kInvalidArgument, {"tensor 'b'", "hole"});
   // Unclaimed bytes at the start.
   ExpectRejected(Craft("{\"a\":" + Entry("U8", "[3]", "[1,4]") + "}", "abcd"),
@@ -310,8 +324,8 @@ TEST(SafetensorsMalformed, MetadataMustBeStringToString) {
                  {"'__metadata__' value of 'epoch' must be a string"});
   ExpectRejected(Craft(R"({"__metadata__":["pt"]})", ""), absl::StatusCode::kInvalidArgument,
                  {"'__metadata__' must be an object"});
-  ExpectRejected(Craft(R"({"__metadata__":{"a":{"b":"c"}}})", ""), absl::StatusCode::kInvalidArgument,
-                 {"value of 'a' must be a string"});
+  ExpectRejected(Craft(R"({"__metadata__":{"a":{"b":"c"}}})", ""),
+                 absl::StatusCode::kInvalidArgument, {"value of 'a' must be a string"});
 }
 
 TEST(SafetensorsMalformed, DeeplyNestedHeaderIsRejectedNotACrash) {
@@ -336,8 +350,8 @@ TEST(SafetensorsMalformed, RandomCorruptionNeverCrashes) {
   // never a crash or an out-of-bounds read (the sanitizer build checks the latter).
   const float w[6] = {1, 2, 3, 4, 5, 6};
   const int8_t q[3] = {1, -1, 0};
-  auto valid = SerializeSafetensors({{"w", DType::kF32, {2, 3}, w, sizeof(w)}, {"q", DType::kI8, {3}, q, 3}},
-                                    {{"format", "pt"}});
+  auto valid = SerializeSafetensors(
+      {{"w", DType::kF32, {2, 3}, w, sizeof(w)}, {"q", DType::kI8, {3}, q, 3}}, {{"format", "pt"}});
   ASSERT_TRUE(valid.ok());
   Rng rng(20261129);
   int accepted = 0;
@@ -365,7 +379,8 @@ TEST(SafetensorsMalformed, RandomCorruptionNeverCrashes) {
     for (const auto& name : (*file)->names()) {
       auto t = (*file)->Get(name);
       ASSERT_TRUE(t.ok());
-      ASSERT_EQ(static_cast<int64_t>(t->size), t->numel() * static_cast<int64_t>(DTypeSize(t->dtype)));
+      ASSERT_EQ(static_cast<int64_t>(t->size),
+                t->numel() * static_cast<int64_t>(DTypeSize(t->dtype)));
       // Touch every byte: an out-of-bounds span would trip AddressSanitizer here.
       unsigned sum = 0;
       for (size_t i = 0; i < t->size; ++i) sum += t->data[i];
@@ -375,7 +390,8 @@ TEST(SafetensorsMalformed, RandomCorruptionNeverCrashes) {
   EXPECT_LT(accepted, 3000);  // most corruptions are caught
 }
 
-// --- Writer validation ----------------------------------------------------------------------------
+// --- Writer validation
+// ----------------------------------------------------------------------------
 
 TEST(SafetensorsWriter, RejectsBadInput) {
   const float w[2] = {1, 2};
@@ -389,7 +405,8 @@ TEST(SafetensorsWriter, RejectsBadInput) {
   EXPECT_EQ(code({{"", DType::kF32, {2}, w, 8}}), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code({{"__metadata__", DType::kF32, {2}, w, 8}}), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code({{"w", DType::kF32, {2}, nullptr, 8}}), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code({{"bad\xff", DType::kF32, {2}, w, 8}}), absl::StatusCode::kInvalidArgument);  // not UTF-8
+  EXPECT_EQ(code({{"bad\xff", DType::kF32, {2}, w, 8}}),
+            absl::StatusCode::kInvalidArgument);  // not UTF-8
   const absl::Status s = SerializeSafetensors({{"lora_A", DType::kF32, {3}, w, 8}}, {}).status();
   EXPECT_THAT(std::string(s.message()), HasSubstr("'lora_A'"));
 }
@@ -398,9 +415,10 @@ TEST(SafetensorsWriter, LaysOutLargestElementsFirstThenByName) {
   const uint8_t b[1] = {7};
   const double d[1] = {2.5};
   const uint16_t h[1] = {0x3c00};
-  auto bytes = SerializeSafetensors(
-      {{"z_u8", DType::kU8, {1}, b, 1}, {"a_f16", DType::kF16, {1}, h, 2}, {"m_f64", DType::kF64, {1}, d, 8}},
-      {});
+  auto bytes = SerializeSafetensors({{"z_u8", DType::kU8, {1}, b, 1},
+                                     {"a_f16", DType::kF16, {1}, h, 2},
+                                     {"m_f64", DType::kF64, {1}, d, 8}},
+                                    {});
   ASSERT_TRUE(bytes.ok());
   auto file = SafetensorsFile::FromBytes(*bytes, "layout");
   ASSERT_TRUE(file.ok());

@@ -112,7 +112,9 @@ class Sha256Engines : public ::testing::TestWithParam<sha256_internal::Engine> {
 TEST_P(Sha256Engines, MatchesOpenSslEvpAtEveryLengthAroundThePaddingEdges) {
   const std::string data = RandomBytes(3 * 64 + 1, 1);
   for (size_t n = 0; n <= data.size(); ++n) {
-    EXPECT_EQ(Sha256Hex(std::string_view(data).substr(0, n)), EvpHex(std::string_view(data).substr(0, n))) << n;
+    EXPECT_EQ(Sha256Hex(std::string_view(data).substr(0, n)),
+              EvpHex(std::string_view(data).substr(0, n)))
+        << n;
   }
   EXPECT_EQ(Sha256Hex(std::string(1000000, 'a')), kMillionA);
   const std::string big = RandomBytes((1 << 20) + 37, 2);
@@ -156,11 +158,12 @@ TEST_P(Sha256Engines, ChunkedTransferHashesEachChunkAndTheWhole) {
   EXPECT_EQ(ToHex(d), EvpHex(blob));
 }
 
-INSTANTIATE_TEST_SUITE_P(, Sha256Engines,
-                         ::testing::Values(sha256_internal::Engine::kAuto, sha256_internal::Engine::kOpenSsl),
-                         [](const auto& info) {
-                           return std::string(info.param == sha256_internal::Engine::kAuto ? "CpuDefault" : "OpenSsl");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    , Sha256Engines,
+    ::testing::Values(sha256_internal::Engine::kAuto, sha256_internal::Engine::kOpenSsl),
+    [](const auto& info) {
+      return std::string(info.param == sha256_internal::Engine::kAuto ? "CpuDefault" : "OpenSsl");
+    });
 
 TEST(Sha256, CopyForksTheHash) {
   Sha256 a;
@@ -176,7 +179,8 @@ TEST(Sha256, CopyForksTheHash) {
 // The SHA-NI kernels against OpenSSL's block function on arbitrary chaining values: the CPU
 // reference check for the hand-written kernel. Needs a CPU with SHA-NI.
 TEST(Sha256Blocks, ShaNiKernelsMatchOpenSslOnArbitraryStates) {
-  if (!sha256_internal::CpuHasShaNi()) GTEST_SKIP() << "this CPU has no SHA-NI; the OpenSSL engine is the only one";
+  if (!sha256_internal::CpuHasShaNi())
+    GTEST_SKIP() << "this CPU has no SHA-NI; the OpenSSL engine is the only one";
   std::mt19937 gen(5);
   const std::string data = RandomBytes(64 * 37, 6);
   const uint8_t* p = reinterpret_cast<const uint8_t*>(data.data());

@@ -8,7 +8,9 @@
 namespace fedlora {
 namespace {
 
-absl::Status FailIf(bool fail) { return fail ? absl::InvalidArgumentError("bad") : absl::OkStatus(); }
+absl::Status FailIf(bool fail) {
+  return fail ? absl::InvalidArgumentError("bad") : absl::OkStatus();
+}
 
 absl::StatusOr<int> Half(int x) {
   if (x % 2) return absl::InvalidArgumentError("odd");

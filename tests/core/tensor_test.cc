@@ -81,8 +81,9 @@ TEST(TensorView, RejectsNegativeDimsAndOverflow) {
   EXPECT_EQ(TensorView::Create(nullptr, DType::kF32, {2, -1}).status().code(),
             absl::StatusCode::kInvalidArgument);
   // 2^32 * 2^32 elements overflows int64.
-  EXPECT_EQ(TensorView::Create(nullptr, DType::kU8, {int64_t{1} << 32, int64_t{1} << 32}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      TensorView::Create(nullptr, DType::kU8, {int64_t{1} << 32, int64_t{1} << 32}).status().code(),
+      absl::StatusCode::kInvalidArgument);
   // 2^62 elements fit, but 2^62 * 4 bytes does not.
   auto bytes = TensorView::Create(nullptr, DType::kF32, {int64_t{1} << 62});
   EXPECT_EQ(bytes.status().code(), absl::StatusCode::kInvalidArgument);
@@ -95,8 +96,9 @@ TEST(TensorView, RejectsNegativeDimsAndOverflow) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(TensorView::CreateStrided(nullptr, DType::kF32, {2, 2}, {-1, 1}).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(TensorView::CreateStrided(nullptr, DType::kF32, {3, 2}, {INT64_MAX / 2, 1}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      TensorView::CreateStrided(nullptr, DType::kF32, {3, 2}, {INT64_MAX / 2, 1}).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TensorView, ConstViewRefusesMutableAccess) {
@@ -115,7 +117,8 @@ TEST(CheckedNumel, Values) {
   EXPECT_FALSE(CheckedNumel(std::vector<int64_t>{INT64_MAX, 2}).ok());
 }
 
-// --- bf16 ------------------------------------------------------------------------------------------
+// --- bf16
+// ------------------------------------------------------------------------------------------
 
 TEST(BF16, ExactBitPatterns) {
   EXPECT_EQ(F32ToBF16(1.0f), 0x3f80);
@@ -164,7 +167,8 @@ TEST(BF16, EveryValueRoundTripsAndMidpointsTieToEven) {
   }
 }
 
-// --- fp16 ------------------------------------------------------------------------------------------
+// --- fp16
+// ------------------------------------------------------------------------------------------
 
 TEST(F16, ExactBitPatterns) {
   // Checked against numpy 1.24 (np.float32(x).astype(np.float16)).
@@ -229,7 +233,8 @@ TEST(F16, EveryValueRoundTripsAndMidpointsTieToEven) {
 
 TEST(Conversion, BulkMatchesScalar) {
   std::vector<float> src;
-  for (int i = -300; i <= 300; ++i) src.push_back(std::ldexp(static_cast<float>(i) * 1.37f, i / 20));
+  for (int i = -300; i <= 300; ++i)
+    src.push_back(std::ldexp(static_cast<float>(i) * 1.37f, i / 20));
   src.push_back(std::numeric_limits<float>::quiet_NaN());
   src.push_back(std::numeric_limits<float>::infinity());
   std::vector<uint16_t> bf(src.size()), hf(src.size());

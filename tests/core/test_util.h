@@ -12,7 +12,8 @@ namespace fedlora::coretest {
 class TempDir {
  public:
   TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "fedlora_core_test_XXXXXX").string();
+    std::string tmpl =
+        (std::filesystem::temp_directory_path() / "fedlora_core_test_XXXXXX").string();
     char* p = ::mkdtemp(tmpl.data());
     EXPECT_NE(p, nullptr);
     path_ = tmpl;

@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
+#include <cerrno>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -25,7 +25,8 @@ TEST(ThreadPool, ParallelForCoversEveryIndexExactlyOnce) {
       pool.ParallelFor(0, n, 3, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
       });
-      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "threads=" << threads << " n=" << n;
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(hits[i].load(), 1) << "threads=" << threads << " n=" << n;
     }
   }
 }
@@ -44,7 +45,8 @@ TEST(ThreadPool, WidthBoundsTheChunksOfParallelFor) {
     });
     std::sort(chunks.begin(), chunks.end());
     ASSERT_EQ(static_cast<int>(chunks.size()), want) << "width " << set;
-    for (int i = 0; i < want; ++i) EXPECT_EQ(chunks[i], (std::pair<int64_t, int64_t>(i * 12 / want, (i + 1) * 12 / want)));
+    for (int i = 0; i < want; ++i)
+      EXPECT_EQ(chunks[i], (std::pair<int64_t, int64_t>(i * 12 / want, (i + 1) * 12 / want)));
   }
 }
 
@@ -71,7 +73,8 @@ TEST(ThreadPool, NiceWorkersRunBelowTheirCreator) {
     while (left.load() > 0) std::this_thread::yield();
     for (int p : seen) EXPECT_EQ(p, want) << "increment " << increment;
   }
-  EXPECT_EQ(getpriority(PRIO_PROCESS, static_cast<id_t>(gettid())), mine);  // the creator keeps its own
+  EXPECT_EQ(getpriority(PRIO_PROCESS, static_cast<id_t>(gettid())),
+            mine);  // the creator keeps its own
 }
 
 // A queue peers can fill holds at most max_queued waiting tasks: TrySubmit refuses the next one
@@ -82,11 +85,13 @@ TEST(ThreadPool, TrySubmitRefusesPastTheQueueBound) {
   gate.lock();
   std::atomic<int> ran{0};
   std::atomic<bool> started{false};
-  ASSERT_TRUE(pool.TrySubmit([&] {
-    started = true;
-    std::lock_guard<std::mutex> hold(gate);  // the worker is busy until the gate opens
-    ++ran;
-  }, 3));
+  ASSERT_TRUE(pool.TrySubmit(
+      [&] {
+        started = true;
+        std::lock_guard<std::mutex> hold(gate);  // the worker is busy until the gate opens
+        ++ran;
+      },
+      3));
   while (!started.load()) std::this_thread::yield();
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(pool.TrySubmit([&] { ++ran; }, 3)) << i;
   EXPECT_EQ(pool.Queued(), 3u);

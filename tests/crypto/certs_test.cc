@@ -33,8 +33,8 @@ CertificateRequest Req(const std::string& cn, int64_t not_after, int64_t not_bef
   return r;
 }
 
-CertificateRequest ServerReq(std::vector<std::string> dns, std::vector<std::string> ips, int64_t not_after,
-                             int64_t not_before = 0) {
+CertificateRequest ServerReq(std::vector<std::string> dns, std::vector<std::string> ips,
+                             int64_t not_after, int64_t not_before = 0) {
   CertificateRequest r = Req("", not_after, not_before);
   r.dns_names = std::move(dns);
   r.ip_addresses = std::move(ips);
@@ -95,7 +95,8 @@ TEST(Certs, ServerCertificateRoundTripAndVerifies) {
   const PemPair ca = MakeCa("ca one");
   const int64_t now = Now();
   absl::StatusOr<PemPair> server = IssueServerCertificate(
-      ca, ServerReq({"localhost", "fl.example.org"}, {"127.0.0.1", "::1"}, now + 5 * kDay, now - 100));
+      ca,
+      ServerReq({"localhost", "fl.example.org"}, {"127.0.0.1", "::1"}, now + 5 * kDay, now - 100));
   ASSERT_TRUE(server.ok()) << server.status();
   absl::StatusOr<CertificateInfo> info = ParseCertificate(server->cert_pem);
   ASSERT_TRUE(info.ok()) << info.status();
@@ -122,7 +123,8 @@ TEST(Certs, ServerCertificateRoundTripAndVerifies) {
 
 TEST(Certs, ClientCertificateRoundTripAndVerifies) {
   const PemPair ca = MakeCa("ca one");
-  absl::StatusOr<PemPair> client = IssueClientCertificate(ca, Req("site-a@hospital.org", Now() + kDay));
+  absl::StatusOr<PemPair> client =
+      IssueClientCertificate(ca, Req("site-a@hospital.org", Now() + kDay));
   ASSERT_TRUE(client.ok()) << client.status();
   absl::StatusOr<CertificateInfo> info = ParseCertificate(client->cert_pem);
   ASSERT_TRUE(info.ok()) << info.status();
@@ -165,8 +167,9 @@ TEST(Certs, ExpiredCertificateIsIssuedButDoesNotVerify) {
 TEST(Certs, BadRequestsAreRefusedWithReasons) {
   const PemPair ca = MakeCa("ca");
   const int64_t later = Now() + kDay;
-  for (const std::string& id : {std::string(""), std::string("has space"), std::string("slash/x"),
-                                std::string("semi;colon"), std::string(129, 'a'), std::string("ümlaut")}) {
+  for (const std::string& id :
+       {std::string(""), std::string("has space"), std::string("slash/x"),
+        std::string("semi;colon"), std::string(129, 'a'), std::string("ümlaut")}) {
     absl::StatusOr<PemPair> c = IssueClientCertificate(ca, Req(id, later));
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << id;
     EXPECT_THAT(c.status().message(), HasSubstr("[A-Za-z0-9._@-]")) << id;
@@ -188,21 +191,26 @@ TEST(Certs, BadRequestsAreRefusedWithReasons) {
 
   // The issuing pair must be a CA whose key matches.
   const PemPair other = MakeCa("other");
-  absl::StatusOr<PemPair> mismatched = IssueClientCertificate({ca.cert_pem, other.key_pem}, Req("x", later));
-  EXPECT_THAT(mismatched.status().message(), HasSubstr("the CA key does not match the CA certificate"));
+  absl::StatusOr<PemPair> mismatched =
+      IssueClientCertificate({ca.cert_pem, other.key_pem}, Req("x", later));
+  EXPECT_THAT(mismatched.status().message(),
+              HasSubstr("the CA key does not match the CA certificate"));
   absl::StatusOr<PemPair> leaf = IssueClientCertificate(ca, Req("x", later));
   ASSERT_TRUE(leaf.ok());
   absl::StatusOr<PemPair> from_leaf = IssueClientCertificate(*leaf, Req("y", later));
   EXPECT_THAT(from_leaf.status().message(), HasSubstr("is not a CA"));
   absl::StatusOr<PemPair> garbage = IssueClientCertificate({"junk", "junk"}, Req("y", later));
   EXPECT_THAT(garbage.status().message(), HasSubstr("holds no PEM certificate"));
-  EXPECT_THAT(CheckKeyMatchesCertificate(leaf->cert_pem, ca.key_pem).message(), HasSubstr("does not match"));
+  EXPECT_THAT(CheckKeyMatchesCertificate(leaf->cert_pem, ca.key_pem).message(),
+              HasSubstr("does not match"));
 }
 
 TEST(Certs, ParseRefusesGarbage) {
   EXPECT_EQ(ParseCertificate("").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(ParseCertificate("hello").status().message(), HasSubstr("no PEM certificate"));
-  EXPECT_THAT(ParseCertificate("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n").status().message(),
+  EXPECT_THAT(ParseCertificate("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+                  .status()
+                  .message(),
               HasSubstr("not a valid PEM certificate"));
 }
 
@@ -224,7 +232,8 @@ TEST(Certs, RevokeAndReadBack) {
   ASSERT_TRUE(crl1.ok()) << crl1.status();
   EXPECT_THAT(RevokedSerials(*crl1, ca.cert_pem).value(), ElementsAre(sa));
   // Extending keeps the old entry, adds the new one once, and bumps the CRL number.
-  absl::StatusOr<std::string> crl2 = RevokeCertificates(ca, *crl1, {b.cert_pem, a.cert_pem, b.cert_pem}, kDay);
+  absl::StatusOr<std::string> crl2 =
+      RevokeCertificates(ca, *crl1, {b.cert_pem, a.cert_pem, b.cert_pem}, kDay);
   ASSERT_TRUE(crl2.ok()) << crl2.status();
   EXPECT_THAT(RevokedSerials(*crl2, ca.cert_pem).value(), UnorderedElementsAre(sa, sb));
 
@@ -232,7 +241,8 @@ TEST(Certs, RevokeAndReadBack) {
     BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
     X509_CRL* crl = PEM_read_bio_X509_CRL(bio, nullptr, nullptr, nullptr);
     BIO_free(bio);
-    auto* n = static_cast<ASN1_INTEGER*>(X509_CRL_get_ext_d2i(crl, NID_crl_number, nullptr, nullptr));
+    auto* n =
+        static_cast<ASN1_INTEGER*>(X509_CRL_get_ext_d2i(crl, NID_crl_number, nullptr, nullptr));
     const long v = n == nullptr ? -1 : ASN1_INTEGER_get(n);
     ASN1_INTEGER_free(n);
     X509_CRL_free(crl);
@@ -256,7 +266,8 @@ TEST(Certs, CrlOfAnotherCaIsRefused) {
   const std::string crl = RevokeCertificates(other, "", {}, kDay).value();
   absl::StatusOr<std::vector<std::string>> serials = RevokedSerials(crl, ca.cert_pem);
   EXPECT_EQ(serials.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(serials.status().message(), HasSubstr("not signed by any certificate of the CA bundle"));
+  EXPECT_THAT(serials.status().message(),
+              HasSubstr("not signed by any certificate of the CA bundle"));
   // Nor can it be extended by the wrong CA.
   absl::StatusOr<std::string> extended = RevokeCertificates(ca, crl, {}, kDay);
   EXPECT_EQ(extended.status().code(), absl::StatusCode::kFailedPrecondition);

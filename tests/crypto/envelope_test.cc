@@ -138,9 +138,12 @@ TEST(X25519, Rfc7748Section52ScalarMultiplication) {
 }
 
 TEST(X25519, Rfc7748Section61DiffieHellman) {
-  const std::string alice_private = FromHex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a");
-  const std::string alice_public = "8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a";
-  const std::string bob_private = FromHex("5dab087e624a8a4b79e17f8b83800ee66f3bb1292618b6fd1c2f8b27ff88e0eb");
+  const std::string alice_private =
+      FromHex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a");
+  const std::string alice_public =
+      "8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a";
+  const std::string bob_private =
+      FromHex("5dab087e624a8a4b79e17f8b83800ee66f3bb1292618b6fd1c2f8b27ff88e0eb");
   const std::string bob_public = "de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f";
   const std::string shared = "4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742";
 
@@ -213,10 +216,11 @@ TEST(X25519, SmallOrderPeerKeyIsRefused) {
 // HKDF-SHA256: RFC 5869 appendix A.
 
 TEST(Hkdf, Rfc5869TestCase1) {
-  auto okm =
-      HkdfSha256(std::string(22, '\x0b'), FromHex("000102030405060708090a0b0c"), FromHex("f0f1f2f3f4f5f6f7f8f9"), 42);
+  auto okm = HkdfSha256(std::string(22, '\x0b'), FromHex("000102030405060708090a0b0c"),
+                        FromHex("f0f1f2f3f4f5f6f7f8f9"), 42);
   ASSERT_TRUE(okm.ok()) << okm.status();
-  EXPECT_EQ(ToHexString(*okm), "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865");
+  EXPECT_EQ(ToHexString(*okm),
+            "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865");
 }
 
 TEST(Hkdf, Rfc5869TestCase2LongInputs) {
@@ -231,13 +235,15 @@ TEST(Hkdf, Rfc5869TestCase2LongInputs) {
 TEST(Hkdf, Rfc5869TestCase3EmptySaltAndInfo) {
   auto okm = HkdfSha256(std::string(22, '\x0b'), "", "", 42);
   ASSERT_TRUE(okm.ok()) << okm.status();
-  EXPECT_EQ(ToHexString(*okm), "8da4e775a563c18f715f802a063c5a31b8a11f5c5ee1879ec3454e5f3c738d2d9d201395faa4b61a96c8");
+  EXPECT_EQ(ToHexString(*okm),
+            "8da4e775a563c18f715f802a063c5a31b8a11f5c5ee1879ec3454e5f3c738d2d9d201395faa4b61a96c8");
 }
 
 TEST(Hkdf, BadLengthsAndEmptyKeyAreInvalidArgument) {
   const std::string ikm(32, 'k');
   EXPECT_EQ(HkdfSha256(ikm, "", "", 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(HkdfSha256(ikm, "", "", 255 * 32 + 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(HkdfSha256(ikm, "", "", 255 * 32 + 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
   auto longest = HkdfSha256(ikm, "", "", 255 * 32);
   ASSERT_TRUE(longest.ok()) << longest.status();
   EXPECT_EQ(longest->size(), 255u * 32);
@@ -270,26 +276,30 @@ std::vector<GcmCase> GcmCases() {
   static const std::string p60 = std::string(kGcmPlaintext, 120);
   static const std::string c60 = std::string(kGcmCiphertext, 120);
   return {
-      {"13 (zero key, empty plaintext)", "0000000000000000000000000000000000000000000000000000000000000000",
+      {"13 (zero key, empty plaintext)",
+       "0000000000000000000000000000000000000000000000000000000000000000",
        "000000000000000000000000", "", "", "", "530f8afbc74536b9a963b4f1c4cb738b"},
-      {"14 (zero key, one zero block)", "0000000000000000000000000000000000000000000000000000000000000000",
-       "000000000000000000000000", "", "00000000000000000000000000000000", "cea7403d4d606b6e074ec5d3baf39d18",
-       "d0d1c8a799996bf0265b98b5d48ab919"},
+      {"14 (zero key, one zero block)",
+       "0000000000000000000000000000000000000000000000000000000000000000",
+       "000000000000000000000000", "", "00000000000000000000000000000000",
+       "cea7403d4d606b6e074ec5d3baf39d18", "d0d1c8a799996bf0265b98b5d48ab919"},
       {"15 (plaintext, no AAD)", kGcmKey, kGcmNonce, "", kGcmPlaintext, kGcmCiphertext,
        "b094dac5d93471bdec1a502270e3cc6c"},
-      {"16 (60-byte plaintext with AAD)", kGcmKey, kGcmNonce, "feedfacedeadbeeffeedfacedeadbeefabaddad2", p60.c_str(),
-       c60.c_str(), "76fc6ece0f4e1768cddf8853bb2d551b"},
+      {"16 (60-byte plaintext with AAD)", kGcmKey, kGcmNonce,
+       "feedfacedeadbeeffeedfacedeadbeefabaddad2", p60.c_str(), c60.c_str(),
+       "76fc6ece0f4e1768cddf8853bb2d551b"},
   };
 }
 
 TEST(Aes256Gcm, McGrewViegaKnownAnswers) {
   for (const GcmCase& c : GcmCases()) {
     SCOPED_TRACE(c.name);
-    auto sealed = Aes256GcmSeal(FromHex(c.key), FromHex(c.nonce), FromHex(c.aad), FromHex(c.plaintext));
+    auto sealed =
+        Aes256GcmSeal(FromHex(c.key), FromHex(c.nonce), FromHex(c.aad), FromHex(c.plaintext));
     ASSERT_TRUE(sealed.ok()) << sealed.status();
     EXPECT_EQ(ToHexString(*sealed), std::string(c.ciphertext) + c.tag);
-    auto opened =
-        Aes256GcmOpen(FromHex(c.key), FromHex(c.nonce), FromHex(c.aad), FromHex(c.ciphertext) + FromHex(c.tag));
+    auto opened = Aes256GcmOpen(FromHex(c.key), FromHex(c.nonce), FromHex(c.aad),
+                                FromHex(c.ciphertext) + FromHex(c.tag));
     ASSERT_TRUE(opened.ok()) << opened.status();
     EXPECT_EQ(ToHexString(*opened), c.plaintext);
   }
@@ -308,14 +318,18 @@ TEST(Aes256Gcm, OpenRefusesTamperingWithPermissionDenied) {
   }
   std::string other_aad = aad;
   other_aad[0] ^= 0x80;
-  EXPECT_EQ(Aes256GcmOpen(key, nonce, other_aad, sealed).status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(Aes256GcmOpen(key, nonce, "", sealed).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(Aes256GcmOpen(key, nonce, other_aad, sealed).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(Aes256GcmOpen(key, nonce, "", sealed).status().code(),
+            absl::StatusCode::kPermissionDenied);
   std::string other_nonce = nonce;
   other_nonce[11] ^= 0x01;
-  EXPECT_EQ(Aes256GcmOpen(key, other_nonce, aad, sealed).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(Aes256GcmOpen(key, other_nonce, aad, sealed).status().code(),
+            absl::StatusCode::kPermissionDenied);
   std::string other_key = key;
   other_key[31] ^= 0x01;
-  EXPECT_EQ(Aes256GcmOpen(other_key, nonce, aad, sealed).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(Aes256GcmOpen(other_key, nonce, aad, sealed).status().code(),
+            absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(Aes256GcmOpen(key, nonce, aad, sealed.substr(0, sealed.size() - 1)).status().code(),
             absl::StatusCode::kPermissionDenied);
 }
@@ -350,7 +364,8 @@ uint64_t AvailableMemory() {
 
 // n bytes of the AES-256-GCM keystream from byte `offset` (a multiple of 16) of the plaintext on:
 // GCM encrypts plaintext block i with AES-CTR at counter nonce || be32(i + 2).
-std::string GcmKeystream(const std::string& key, const std::string& nonce, size_t offset, size_t n) {
+std::string GcmKeystream(const std::string& key, const std::string& nonce, size_t offset,
+                         size_t n) {
   std::string iv = nonce;
   const uint32_t counter = static_cast<uint32_t>(offset / 16 + 2);
   for (int i = 3; i >= 0; --i) iv.push_back(static_cast<char>(counter >> (8 * i)));
@@ -358,12 +373,13 @@ std::string GcmKeystream(const std::string& key, const std::string& nonce, size_
   const std::string zeros(n, '\0');
   EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
   int len = 0;
-  const bool ok =
-      ctx != nullptr &&
-      EVP_EncryptInit_ex(ctx, EVP_aes_256_ctr(), nullptr, reinterpret_cast<const unsigned char*>(key.data()),
-                         reinterpret_cast<const unsigned char*>(iv.data())) == 1 &&
-      EVP_EncryptUpdate(ctx, reinterpret_cast<unsigned char*>(out.data()), &len,
-                        reinterpret_cast<const unsigned char*>(zeros.data()), static_cast<int>(n)) == 1;
+  const bool ok = ctx != nullptr &&
+                  EVP_EncryptInit_ex(ctx, EVP_aes_256_ctr(), nullptr,
+                                     reinterpret_cast<const unsigned char*>(key.data()),
+                                     reinterpret_cast<const unsigned char*>(iv.data())) == 1 &&
+                  EVP_EncryptUpdate(ctx, reinterpret_cast<unsigned char*>(out.data()), &len,
+                                    reinterpret_cast<const unsigned char*>(zeros.data()),
+                                    static_cast<int>(n)) == 1;
   EVP_CIPHER_CTX_free(ctx);
   EXPECT_TRUE(ok);
   return out;
@@ -376,12 +392,14 @@ std::string GcmKeystream(const std::string& key, const std::string& nonce, size_
 TEST(Aes256Gcm, PlaintextAbove2GiB) {
   constexpr size_t kSize = (size_t{1} << 31) + (size_t{1} << 20) + 7;
   if (AvailableMemory() < (size_t{8} << 30)) GTEST_SKIP() << "needs about 5 GiB of free memory";
-  void* map = mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* map = mmap(nullptr, kSize, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   ASSERT_NE(map, MAP_FAILED);
   std::unique_ptr<void, std::function<void(void*)>> unmap(map, [](void* p) { munmap(p, kSize); });
   madvise(map, kSize, MADV_HUGEPAGE);  // reads of untouched pages then map the huge zero page
   char* pt = static_cast<char*>(map);
-  const size_t marks[] = {0, (size_t{1} << 30) - 1, size_t{1} << 30, (size_t{1} << 31) - 1, size_t{1} << 31, kSize - 1};
+  const size_t marks[] = {
+      0, (size_t{1} << 30) - 1, size_t{1} << 30, (size_t{1} << 31) - 1, size_t{1} << 31, kSize - 1};
   for (size_t i = 0; i < std::size(marks); ++i) pt[marks[i]] = static_cast<char>(0x11 * (i + 1));
   const std::string_view plaintext(pt, kSize);
   const std::string key(32, '\x42'), nonce = FromHex("000102030405060708090a0b"), aad = "aad";
@@ -399,7 +417,8 @@ TEST(Aes256Gcm, PlaintextAbove2GiB) {
     EXPECT_EQ(ToHexString(decrypted), ToHexString(plaintext.substr(from, n)));
   }
 
-  // Open checks the tag over every piece: one that skipped or repeated a piece would not authenticate.
+  // Open checks the tag over every piece: one that skipped or repeated a piece would not
+  // authenticate.
   auto opened = Aes256GcmOpen(key, nonce, aad, *sealed);
   ASSERT_TRUE(opened.ok()) << opened.status();
   ASSERT_EQ(opened->size(), kSize);
@@ -415,9 +434,10 @@ TEST(UpdateAssociatedData, CanonicalLayout) {
   expected += std::string("\x03\0\0\0\0\0\0\0", 8) + "run";
   expected += std::string("\x07\x01\0\0\0\0\0\0", 8);  // round 263
   expected += std::string("\x02\0\0\0\0\0\0\0", 8) + "c1";
-  expected += std::string("\0\0\0\0\0\0\0\0", 8);  // empty upload id
+  expected += std::string("\0\0\0\0\0\0\0\0", 8);        // empty upload id
   expected += std::string("\x40\x42\x0f\0\0\0\0\0", 8);  // num_examples 1,000,000
-  EXPECT_EQ(ToHexString(UpdateAssociatedData("run", 263, "c1", "", 1'000'000)), ToHexString(expected));
+  EXPECT_EQ(ToHexString(UpdateAssociatedData("run", 263, "c1", "", 1'000'000)),
+            ToHexString(expected));
 }
 
 TEST(UpdateAssociatedData, DistinctInputsGiveDistinctEncodings) {
@@ -473,13 +493,14 @@ TEST_F(EnvelopeTest, RoundTripsAndHasTheDocumentedLayout) {
     ASSERT_TRUE(size.ok()) << size.status();
     EXPECT_EQ(*size, n);
 
-    auto opened = OpenUpdate(server_.private_key, sealed.ephemeral_public_key, aad_, sealed.envelope);
+    auto opened =
+        OpenUpdate(server_.private_key, sealed.ephemeral_public_key, aad_, sealed.envelope);
     ASSERT_TRUE(opened.ok()) << opened.status();
     EXPECT_TRUE(*opened == plaintext);
 
     std::string buffer(n, '\x5a');
-    ASSERT_TRUE(OpenUpdateInto(server_.private_key, sealed.ephemeral_public_key, aad_, sealed.envelope, buffer.data(),
-                               buffer.size())
+    ASSERT_TRUE(OpenUpdateInto(server_.private_key, sealed.ephemeral_public_key, aad_,
+                               sealed.envelope, buffer.data(), buffer.size())
                     .ok());
     EXPECT_TRUE(buffer == plaintext);
   }
@@ -492,10 +513,12 @@ TEST_F(EnvelopeTest, MatchesTheDocumentedConstruction) {
   const SealedUpdate sealed = Seal(plaintext, aad_);
   auto shared = X25519SharedSecret(server_.private_key, sealed.ephemeral_public_key);
   ASSERT_TRUE(shared.ok());
-  auto key = HkdfSha256(*shared, sealed.ephemeral_public_key + server_.public_key, "fedlora/v1 sealed update", 32);
+  auto key = HkdfSha256(*shared, sealed.ephemeral_public_key + server_.public_key,
+                        "fedlora/v1 sealed update", 32);
   ASSERT_TRUE(key.ok());
   const std::string header = sealed.envelope.substr(0, 20);
-  auto opened = Aes256GcmOpen(*key, header.substr(8, 12), header + aad_, sealed.envelope.substr(20));
+  auto opened =
+      Aes256GcmOpen(*key, header.substr(8, 12), header + aad_, sealed.envelope.substr(20));
   ASSERT_TRUE(opened.ok()) << opened.status();
   EXPECT_EQ(*opened, plaintext);
 }
@@ -518,15 +541,16 @@ TEST_F(EnvelopeTest, EveryFlippedByteFailsToOpen) {
       std::string bad = sealed.envelope;
       bad[i] = static_cast<char>(bad[i] ^ mask);
       std::string buffer(plaintext.size(), '\x5a');
-      const absl::Status s =
-          OpenUpdateInto(server_.private_key, sealed.ephemeral_public_key, aad_, bad, buffer.data(), buffer.size());
+      const absl::Status s = OpenUpdateInto(server_.private_key, sealed.ephemeral_public_key, aad_,
+                                            bad, buffer.data(), buffer.size());
       if (i < 5) {  // magic and version: refused before decrypting
         EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "byte " << i << ": " << s;
         EXPECT_EQ(buffer, std::string(plaintext.size(), '\x5a'));
       } else {  // reserved bytes, nonce, ciphertext, tag: authenticated
         EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << "byte " << i << ": " << s;
         EXPECT_THAT(Msg(s), HasSubstr("does not authenticate"));
-        EXPECT_EQ(buffer, std::string(plaintext.size(), '\0')) << "byte " << i << ": buffer not zeroed";
+        EXPECT_EQ(buffer, std::string(plaintext.size(), '\0'))
+            << "byte " << i << ": buffer not zeroed";
       }
     }
   }
@@ -536,10 +560,12 @@ TEST_F(EnvelopeTest, TruncatedEnvelopeFailsToOpen) {
   const SealedUpdate sealed = Seal("some update", aad_);
   const std::string& env = sealed.envelope;
   for (size_t cut : {size_t{1}, size_t{5}, size_t{11}}) {  // the tag shifts; 11 leaves 36 bytes
-    auto r = OpenUpdate(server_.private_key, sealed.ephemeral_public_key, aad_, env.substr(0, env.size() - cut));
+    auto r = OpenUpdate(server_.private_key, sealed.ephemeral_public_key, aad_,
+                        env.substr(0, env.size() - cut));
     EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << cut;
   }
-  auto too_short = OpenUpdate(server_.private_key, sealed.ephemeral_public_key, aad_, env.substr(0, 35));
+  auto too_short =
+      OpenUpdate(server_.private_key, sealed.ephemeral_public_key, aad_, env.substr(0, 35));
   EXPECT_EQ(too_short.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(too_short.status()), HasSubstr("too short"));
   auto extended = OpenUpdate(server_.private_key, sealed.ephemeral_public_key, aad_, env + "x");
@@ -567,7 +593,8 @@ TEST_F(EnvelopeTest, WrongKeysFailToOpen) {
   const SealedUpdate sealed = Seal("update", aad_);
   auto other = GenerateX25519KeyPair();
   ASSERT_TRUE(other.ok());
-  auto wrong_server = OpenUpdate(other->private_key, sealed.ephemeral_public_key, aad_, sealed.envelope);
+  auto wrong_server =
+      OpenUpdate(other->private_key, sealed.ephemeral_public_key, aad_, sealed.envelope);
   EXPECT_EQ(wrong_server.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(Msg(wrong_server.status()), HasSubstr("server key"));
   auto wrong_ephemeral = OpenUpdate(server_.private_key, other->public_key, aad_, sealed.envelope);
@@ -598,7 +625,8 @@ TEST_F(EnvelopeTest, MalformedEnvelopesAreInvalidArgument) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(Msg(r.status()), HasSubstr(c.message));
   }
-  auto empty_plaintext = EnvelopePlaintextSize(sealed.envelope.substr(0, 20) + std::string(16, 't'));
+  auto empty_plaintext =
+      EnvelopePlaintextSize(sealed.envelope.substr(0, 20) + std::string(16, 't'));
   ASSERT_TRUE(empty_plaintext.ok());
   EXPECT_EQ(*empty_plaintext, 0u);
 }
@@ -608,15 +636,17 @@ TEST_F(EnvelopeTest, WrongSizesAreInvalidArgument) {
   auto seal = SealUpdate(server_.public_key.substr(1), aad_, "x");
   EXPECT_EQ(seal.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(seal.status()), HasSubstr("server public key must be 32 bytes"));
-  auto priv = OpenUpdate(server_.private_key + "x", sealed.ephemeral_public_key, aad_, sealed.envelope);
+  auto priv =
+      OpenUpdate(server_.private_key + "x", sealed.ephemeral_public_key, aad_, sealed.envelope);
   EXPECT_EQ(priv.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(priv.status()), HasSubstr("server private key must be 32 bytes"));
-  auto eph = OpenUpdate(server_.private_key, sealed.ephemeral_public_key.substr(2), aad_, sealed.envelope);
+  auto eph =
+      OpenUpdate(server_.private_key, sealed.ephemeral_public_key.substr(2), aad_, sealed.envelope);
   EXPECT_EQ(eph.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(eph.status()), HasSubstr("ephemeral public key must be 32 bytes"));
   std::string buffer(7, '\0');  // the plaintext is 6 bytes
-  const absl::Status into = OpenUpdateInto(server_.private_key, sealed.ephemeral_public_key, aad_, sealed.envelope,
-                                           buffer.data(), buffer.size());
+  const absl::Status into = OpenUpdateInto(server_.private_key, sealed.ephemeral_public_key, aad_,
+                                           sealed.envelope, buffer.data(), buffer.size());
   EXPECT_EQ(into.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(into), HasSubstr("output buffer holds 7 bytes"));
 }

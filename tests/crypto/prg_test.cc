@@ -24,7 +24,8 @@ TEST(Prg, KnownAnswerZeroKeyIsAes256OfTheZeroBlock) {
 TEST(Prg, KnownAnswerStreamSelectsTheCounterBlock) {
   // AES-256-CTR keystream for the SP 800-38A F.5.5 key with IV f0f1f2f3f4f5f6f7 || 0 (as
   // `openssl enc -aes-256-ctr` prints it).
-  std::string key = absl::HexStringToBytes("603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4");
+  std::string key =
+      absl::HexStringToBytes("603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4");
   auto prg = Prg::Create(key, 0xf0f1f2f3f4f5f6f7ull);
   ASSERT_TRUE(prg.ok());
   std::string out(16, '\0');

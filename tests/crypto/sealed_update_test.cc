@@ -44,21 +44,27 @@ TEST_F(SealedUpdateTest, RefusesEveryOtherPlaceAndKey) {
                                           {"run-1", 3, "site-a", "u-0001", 1'000'000}};
   for (const UpdatePlace& p : moved) {
     auto opened = OpenUpdateBlob(server_.private_key, p, sealed->blob);
-    EXPECT_TRUE(absl::IsPermissionDenied(opened.status())) << p.run_id << " " << p.round << " " << p.client_id << " "
-                                                           << p.upload_id << " " << p.num_examples << ": " << opened.status();
+    EXPECT_TRUE(absl::IsPermissionDenied(opened.status()))
+        << p.run_id << " " << p.round << " " << p.client_id << " " << p.upload_id << " "
+        << p.num_examples << ": " << opened.status();
   }
   auto other = GenerateX25519KeyPair();
   ASSERT_TRUE(other.ok());
-  EXPECT_TRUE(absl::IsPermissionDenied(OpenUpdateBlob(other->private_key, place_, sealed->blob).status()));
+  EXPECT_TRUE(
+      absl::IsPermissionDenied(OpenUpdateBlob(other->private_key, place_, sealed->blob).status()));
   // Another ephemeral key in front of the same envelope derives another key: refused.
   std::string swapped = sealed->blob;
   swapped.replace(0, kX25519KeyBytes, other->public_key);
-  EXPECT_TRUE(absl::IsPermissionDenied(OpenUpdateBlob(server_.private_key, place_, swapped).status()));
+  EXPECT_TRUE(
+      absl::IsPermissionDenied(OpenUpdateBlob(server_.private_key, place_, swapped).status()));
   std::string flipped = sealed->blob;
   flipped[flipped.size() / 2] ^= 1;
-  EXPECT_TRUE(absl::IsPermissionDenied(OpenUpdateBlob(server_.private_key, place_, flipped).status()));
-  EXPECT_TRUE(absl::IsInvalidArgument(
-      OpenUpdateBlob(server_.private_key, place_, sealed->blob.substr(0, SealedBlobOverheadBytes() - 1)).status()));
+  EXPECT_TRUE(
+      absl::IsPermissionDenied(OpenUpdateBlob(server_.private_key, place_, flipped).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(OpenUpdateBlob(server_.private_key, place_,
+                                             sealed->blob.substr(0, SealedBlobOverheadBytes() - 1))
+                                  .status()));
 }
 
 TEST(AggregationKeyIdTest, NamesTheKeyByItsDigest) {

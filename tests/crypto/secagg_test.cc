@@ -1,7 +1,7 @@
-// SecAgg+ end to end: exact sums under dropouts at every step, aborts that reveal nothing, clients that
-// refuse a lying server, what a curious server can and cannot compute from a whole transcript, and
-// the parameters, graph, derivations and fixed-point helpers. Expected sums are computed here from
-// the plaintext inputs; derivations are recomputed from their documented definitions.
+// SecAgg+ end to end: exact sums under dropouts at every step, aborts that reveal nothing, clients
+// that refuse a lying server, what a curious server can and cannot compute from a whole transcript,
+// and the parameters, graph, derivations and fixed-point helpers. Expected sums are computed here
+// from the plaintext inputs; derivations are recomputed from their documented definitions.
 #include "crypto/secagg.h"
 
 #include <algorithm>
@@ -57,8 +57,8 @@ std::vector<uint64_t> ExpandMask(const std::string& seed, size_t length, uint32_
   return out;
 }
 
-v1::SecAggParams Params(uint32_t n, uint32_t k, uint32_t t, uint32_t min_survivors, uint64_t length, uint32_t m,
-                        uint64_t round_id = 1) {
+v1::SecAggParams Params(uint32_t n, uint32_t k, uint32_t t, uint32_t min_survivors, uint64_t length,
+                        uint32_t m, uint64_t round_id = 1) {
   SecAggConfig c;
   c.round_id = round_id;
   c.num_clients = n;
@@ -72,7 +72,8 @@ v1::SecAggParams Params(uint32_t n, uint32_t k, uint32_t t, uint32_t min_survivo
   return *p;
 }
 
-std::vector<std::vector<uint64_t>> RandomInputs(uint32_t n, uint64_t length, uint32_t m, uint64_t seed) {
+std::vector<std::vector<uint64_t>> RandomInputs(uint32_t n, uint64_t length, uint32_t m,
+                                                uint64_t seed) {
   std::mt19937_64 gen(seed);
   std::vector<std::vector<uint64_t>> x(n, std::vector<uint64_t>(length));
   for (auto& v : x) {
@@ -170,12 +171,14 @@ void AnswerAndFinish(Round& r, const Dropouts& d) {
 std::set<uint32_t> ExpectedSurvivors(uint32_t n, const Dropouts& d) {
   std::set<uint32_t> s;
   for (uint32_t i = 0; i < n; ++i) {
-    if (!d.no_keys.contains(i) && !d.before_share.contains(i) && !d.before_upload.contains(i)) s.insert(i);
+    if (!d.no_keys.contains(i) && !d.before_share.contains(i) && !d.before_upload.contains(i))
+      s.insert(i);
   }
   return s;
 }
 
-std::vector<uint64_t> PlainSum(const std::vector<std::vector<uint64_t>>& x, const std::set<uint32_t>& who, uint32_t m) {
+std::vector<uint64_t> PlainSum(const std::vector<std::vector<uint64_t>>& x,
+                               const std::set<uint32_t>& who, uint32_t m) {
   std::vector<uint64_t> sum(x[0].size(), 0);
   for (uint32_t i : who) {
     for (size_t q = 0; q < sum.size(); ++q) sum[q] = (sum[q] + x[i][q]) & Mask(m);
@@ -187,7 +190,8 @@ std::vector<uint64_t> PlainSum(const std::vector<std::vector<uint64_t>>& x, cons
 void ExpectExactSum(const v1::SecAggParams& params, const Dropouts& d, uint64_t input_seed) {
   Round r;
   r.params = params;
-  r.inputs = RandomInputs(params.num_clients(), params.vector_length(), params.modulus_bits(), input_seed);
+  r.inputs =
+      RandomInputs(params.num_clients(), params.vector_length(), params.modulus_bits(), input_seed);
   ASSERT_NO_FATAL_FAILURE(RunToUnmasking(r, d));
   ASSERT_NO_FATAL_FAILURE(AnswerAndFinish(r, d));
   ASSERT_TRUE(r.result.ok()) << r.result.status();
@@ -230,8 +234,9 @@ TEST_P(SecAggModulus, CompleteGraph45PercentDropBeforeUpload) {
   ExpectExactSum(Params(20, 19, 10, 10, 10000, m), d, 2);
 }
 
-// With t > k/2 each client needs more than half its neighbours to answer, so 45% dropouts on a sparse
-// graph need k >= 22: 40 clients, k = 30, t = 16, 18 dropouts (45%) spread evenly around the ring.
+// With t > k/2 each client needs more than half its neighbours to answer, so 45% dropouts on a
+// sparse graph need k >= 22: 40 clients, k = 30, t = 16, 18 dropouts (45%) spread evenly around the
+// ring.
 std::set<uint32_t> SpreadOnRing(const v1::SecAggParams& params, uint32_t keep) {
   auto graph = SecAggGraph::Create(params);
   EXPECT_TRUE(graph.ok());
@@ -271,12 +276,15 @@ TEST_P(SecAggModulus, SparseGraphDropoutsAtEveryStep) {
   ExpectExactSum(Params(20, 10, 6, 6, 10000, GetParam()), d, 5);
 }
 
-TEST_P(SecAggModulus, NoDropouts) { ExpectExactSum(Params(7, 4, 3, 3, 1000, GetParam()), Dropouts{}, 6); }
+TEST_P(SecAggModulus, NoDropouts) {
+  ExpectExactSum(Params(7, 4, 3, 3, 1000, GetParam()), Dropouts{}, 6);
+}
 
 INSTANTIATE_TEST_SUITE_P(Bits, SecAggModulus, ::testing::Values(32u, 64u));
 
 TEST(SecAgg, OddModulusAndTinyRound) {
-  for (uint32_t m : {1u, 7u, 13u, 33u, 63u}) ExpectExactSum(Params(3, 2, 2, 2, 257, m), Dropouts{}, m);
+  for (uint32_t m : {1u, 7u, 13u, 33u, 63u})
+    ExpectExactSum(Params(3, 2, 2, 2, 257, m), Dropouts{}, m);
   Dropouts d;
   d.before_upload = {4};
   ExpectExactSum(Params(6, 5, 3, 3, 100, 12), d, 9);
@@ -296,15 +304,20 @@ TEST(SecAgg, TooFewSurvivorsAbortsBeforeUnmasking) {
   ASSERT_TRUE(server.ok());
   std::vector<std::optional<SecAggClient>> clients;
   for (uint32_t i = 0; i < 20; ++i) clients.emplace_back(*SecAggClient::Create(params, i));
-  for (uint32_t i = 0; i < 20; ++i) ASSERT_TRUE(server->ReceiveAdvertiseKeys(*clients[i]->AdvertiseKeys()).ok());
+  for (uint32_t i = 0; i < 20; ++i)
+    ASSERT_TRUE(server->ReceiveAdvertiseKeys(*clients[i]->AdvertiseKeys()).ok());
   ASSERT_TRUE(server->CloseAdvertiseKeys().ok());
   for (uint32_t i = 0; i < 20; ++i) {
-    ASSERT_TRUE(server->ReceiveShareKeys(*clients[i]->ShareKeys(*server->ShareKeysRequest(i))).ok());
+    ASSERT_TRUE(
+        server->ReceiveShareKeys(*clients[i]->ShareKeys(*server->ShareKeysRequest(i))).ok());
   }
   ASSERT_TRUE(server->CloseShareKeys().ok());
   for (uint32_t i = 0; i < 20; ++i) {
     if (d.before_upload.contains(i)) continue;
-    ASSERT_TRUE(server->ReceiveMaskedInput(*clients[i]->MaskedInput(*server->MaskedInputRequest(i), r.inputs[i])).ok());
+    ASSERT_TRUE(server
+                    ->ReceiveMaskedInput(
+                        *clients[i]->MaskedInput(*server->MaskedInputRequest(i), r.inputs[i]))
+                    .ok());
   }
   absl::Status closed = server->CloseMaskedInput();
   EXPECT_EQ(closed.code(), StatusCode::kFailedPrecondition);
@@ -329,7 +342,8 @@ TEST(SecAgg, TooFewUnmaskingAnswersAbortsWithNothingReconstructed) {
   EXPECT_EQ(r.server->unmasking_responders().size(), 9u);  // their shares were accepted...
   ASSERT_FALSE(r.result.ok());
   EXPECT_EQ(r.result.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(absl::StrContains(r.result.status().message(), "fewer than the threshold")) << r.result.status();
+  EXPECT_TRUE(absl::StrContains(r.result.status().message(), "fewer than the threshold"))
+      << r.result.status();
   EXPECT_TRUE(r.server->aborted());
   // ...but no b and no s was rebuilt, and the round is over.
   EXPECT_TRUE(r.server->reconstructed_self_mask_seeds().empty());
@@ -354,8 +368,8 @@ TEST(SecAgg, ClientsRefuseInconsistentUnmaskingRequests) {
   r.params = Params(20, 10, 6, 6, 1000, 32);
   r.inputs = RandomInputs(20, 1000, 32, 10);
   Dropouts d;
-  d.before_share = {3};         // in U1, not U2
-  d.before_upload = {7, 8};     // in U2, not U3
+  d.before_share = {3};      // in U1, not U2
+  d.before_upload = {7, 8};  // in U2, not U3
   ASSERT_NO_FATAL_FAILURE(RunToUnmasking(r, d));
   const v1::SecAggUnmaskingRequest honest = r.unmask_request;
   auto graph = SecAggGraph::Create(r.params);
@@ -371,7 +385,8 @@ TEST(SecAgg, ClientsRefuseInconsistentUnmaskingRequests) {
     for (uint32_t x : dr) q.add_dropped(x);
     return q;
   };
-  auto expect_refusal = [&](uint32_t client, const v1::SecAggUnmaskingRequest& q, const char* words) {
+  auto expect_refusal = [&](uint32_t client, const v1::SecAggUnmaskingRequest& q,
+                            const char* words) {
     auto m = r.clients[client]->Unmask(q);
     ASSERT_FALSE(m.ok()) << "client " << client << " answered: " << words;
     EXPECT_EQ(m.status().code(), StatusCode::kFailedPrecondition) << m.status();
@@ -440,13 +455,15 @@ TEST(SecAgg, ClientsRefuseInconsistentUnmaskingRequests) {
     for (const auto& s : first->shares()) {
       // Never both kinds for one neighbour: kind follows the honest lists.
       const bool survived = std::binary_search(survivors.begin(), survivors.end(), s.owner());
-      EXPECT_EQ(s.kind(), survived ? v1::SEC_AGG_SHARE_KIND_SELF_MASK_SEED : v1::SEC_AGG_SHARE_KIND_MASK_PRIVATE_KEY);
+      EXPECT_EQ(s.kind(), survived ? v1::SEC_AGG_SHARE_KIND_SELF_MASK_SEED
+                                   : v1::SEC_AGG_SHARE_KIND_MASK_PRIVATE_KEY);
     }
     std::vector<uint32_t> s = survivors, dr;
     for (uint32_t x : dropped) s.push_back(x);  // "they all survived": would reveal b_7, b_8 too
     auto second = r.clients[9]->Unmask(make(s, dr));
     EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
-    EXPECT_TRUE(absl::StrContains(second.status().message(), "already answered")) << second.status();
+    EXPECT_TRUE(absl::StrContains(second.status().message(), "already answered"))
+        << second.status();
     EXPECT_EQ(r.clients[9]->Unmask(honest).status().code(), StatusCode::kFailedPrecondition);
   }
 }
@@ -492,12 +509,14 @@ TEST(SecAgg, TranscriptRevealsNoSingleInput) {
       auto seed = HkdfSha256(*shared, r.params.round_nonce(), info, 32);
       EXPECT_TRUE(seed.ok());
       const std::vector<uint64_t> pm = ExpandMask(*seed, length, m);
-      for (uint64_t q = 0; q < length; ++q) res[q] = (i < j ? res[q] - pm[q] : res[q] + pm[q]) & Mask(m);
+      for (uint64_t q = 0; q < length; ++q)
+        res[q] = (i < j ? res[q] - pm[q] : res[q] + pm[q]) & Mask(m);
     }
     return res;
   };
 
-  // Summed over U3 the residuals are exactly the sum of inputs: the server stripped what it could...
+  // Summed over U3 the residuals are exactly the sum of inputs: the server stripped what it
+  // could...
   std::vector<uint64_t> total(length, 0);
   for (uint32_t i : u3) {
     const std::vector<uint64_t> res = residual(i);
@@ -505,7 +524,8 @@ TEST(SecAgg, TranscriptRevealsNoSingleInput) {
   }
   const std::set<uint32_t> u3_set(u3.begin(), u3.end());
   EXPECT_EQ(total, PlainSum(r.inputs, u3_set, m));
-  // ...yet each survivor's own residual (x_i plus masks shared with surviving neighbours) looks uniform.
+  // ...yet each survivor's own residual (x_i plus masks shared with surviving neighbours) looks
+  // uniform.
   uint32_t checked = 0;
   for (uint32_t i : u3) {
     const std::vector<uint64_t> res = residual(i);
@@ -542,27 +562,30 @@ TEST(SecAgg, TranscriptRevealsNoSingleInput) {
   int attempts = 0;
   for (uint32_t sender : {0u, 4u}) {  // a survivor and a dropped client
     for (const auto& c : r.share_responses.at(sender).shares()) {
-      const std::string aad = "fedlora/v1 secagg share" + U64Le(r.params.round_id()) + r.params.round_nonce() +
-                              U32Le(c.sender()) + U32Le(c.receiver());
-      const std::string info = "fedlora/v1 secagg share key" + U64Le(r.params.round_id()) + U32Le(c.sender()) +
-                               U32Le(c.receiver());
+      const std::string aad = "fedlora/v1 secagg share" + U64Le(r.params.round_id()) +
+                              r.params.round_nonce() + U32Le(c.sender()) + U32Le(c.receiver());
+      const std::string info = "fedlora/v1 secagg share key" + U64Le(r.params.round_id()) +
+                               U32Le(c.sender()) + U32Le(c.receiver());
       const std::string nonce = c.ciphertext().substr(0, 12), body = c.ciphertext().substr(12);
       for (const std::string& z : shared) {
         auto key = HkdfSha256(z, r.params.round_nonce(), info, 32);
         ASSERT_TRUE(key.ok());
-        EXPECT_EQ(Aes256GcmOpen(*key, nonce, aad, body).status().code(), StatusCode::kPermissionDenied);
+        EXPECT_EQ(Aes256GcmOpen(*key, nonce, aad, body).status().code(),
+                  StatusCode::kPermissionDenied);
         ++attempts;
       }
       for (const std::string& raw : held) {  // a seed or key used directly as the AES key
-        EXPECT_EQ(Aes256GcmOpen(raw, nonce, aad, body).status().code(), StatusCode::kPermissionDenied);
+        EXPECT_EQ(Aes256GcmOpen(raw, nonce, aad, body).status().code(),
+                  StatusCode::kPermissionDenied);
       }
     }
   }
   EXPECT_GT(attempts, 10000);
 }
 
-// The documented share-key derivation and AAD are what the library uses: a ciphertext the test seals
-// with its own derivation opens in the client (so the failed attempts above used the right recipe).
+// The documented share-key derivation and AAD are what the library uses: a ciphertext the test
+// seals with its own derivation opens in the client (so the failed attempts above used the right
+// recipe).
 TEST(SecAgg, ShareKeyDerivationMatchesItsDefinition) {
   const v1::SecAggParams params = Params(5, 4, 3, 3, 10, 16, 77);
   auto a = GenerateX25519KeyPair();
@@ -577,7 +600,8 @@ TEST(SecAgg, ShareKeyDerivationMatchesItsDefinition) {
   ASSERT_TRUE(expected.ok() && got.ok() && other_side.ok());
   EXPECT_EQ(*got, *expected);
   EXPECT_EQ(*other_side, *expected);
-  EXPECT_NE(*SecAggShareKey(params, a->private_key, b->public_key, 3, 1), *expected);  // direction matters
+  EXPECT_NE(*SecAggShareKey(params, a->private_key, b->public_key, 3, 1),
+            *expected);  // direction matters
   EXPECT_EQ(SecAggShareAssociatedData(params, 1, 3),
             "fedlora/v1 secagg share" + U64Le(77) + params.round_nonce() + U32Le(1) + U32Le(3));
 }
@@ -619,13 +643,15 @@ TEST(SecAgg, RoundNonceChangesPairwiseMasks) {
     auto b = SecAggPairwiseSeed(*p, sj->private_key, si->public_key, 4, 1);  // both ends agree
     ASSERT_TRUE(a.ok() && b.ok());
     EXPECT_EQ(*a, *b);
-    const std::string info = "fedlora/v1 secagg pairwise mask" + U64Le(p->round_id()) + U32Le(1) + U32Le(4);
+    const std::string info =
+        "fedlora/v1 secagg pairwise mask" + U64Le(p->round_id()) + U32Le(1) + U32Le(4);
     EXPECT_EQ(*a, *HkdfSha256(*z, p->round_nonce(), info, 32));
     seeds.push_back(*a);
   }
   EXPECT_NE(seeds[0], seeds[1]);
   EXPECT_NE(seeds[0], seeds[2]);
-  // And so the masks: expanded through the library and through the documented PRG, nearly all differ.
+  // And so the masks: expanded through the library and through the documented PRG, nearly all
+  // differ.
   std::vector<uint64_t> m1(1000, 0), m2(1000, 0);
   ASSERT_TRUE(AddSecAggMask(seeds[0], 32, false, m1).ok());
   ASSERT_TRUE(AddSecAggMask(seeds[1], 32, false, m2).ok());
@@ -674,10 +700,15 @@ TEST(SecAggParams, Validation) {
   };
   bad([](auto& p) { p.set_round_nonce("short"); });
   bad([](auto& p) { p.set_graph_seed(std::string(33, 'x')); });
-  bad([](auto& p) { p.set_num_clients(2); p.set_degree(1); p.set_threshold(1); p.set_min_survivors(1); });
-  bad([](auto& p) { p.set_degree(5); });   // odd and not n - 1
+  bad([](auto& p) {
+    p.set_num_clients(2);
+    p.set_degree(1);
+    p.set_threshold(1);
+    p.set_min_survivors(1);
+  });
+  bad([](auto& p) { p.set_degree(5); });  // odd and not n - 1
   bad([](auto& p) { p.set_degree(0); });
-  bad([](auto& p) { p.set_degree(10); });  // above n - 1
+  bad([](auto& p) { p.set_degree(10); });    // above n - 1
   bad([](auto& p) { p.set_threshold(2); });  // not above k/2
   bad([](auto& p) { p.set_threshold(5); });  // above k
   bad([](auto& p) { p.set_min_survivors(2); });
@@ -694,7 +725,8 @@ TEST(SecAggParams, Validation) {
 
 // The graph as documented: Fisher-Yates from Prg(graph_seed) words, then the Harary ring.
 TEST(SecAggGraph, MatchesItsDefinitionAndIsRegularAndSymmetric) {
-  for (auto [n, k] : {std::pair{20u, 10u}, std::pair{40u, 30u}, std::pair{101u, 20u}, std::pair{7u, 2u}}) {
+  for (auto [n, k] :
+       {std::pair{20u, 10u}, std::pair{40u, 30u}, std::pair{101u, 20u}, std::pair{7u, 2u}}) {
     const v1::SecAggParams p = Params(n, k, k / 2 + 1, k / 2 + 1, 1, 32);
     auto g = SecAggGraph::Create(p);
     ASSERT_TRUE(g.ok());
@@ -781,7 +813,8 @@ TEST(SecAgg, PackedVectorsAreLittleEndianInCeilMOver8Bytes) {
   ASSERT_TRUE(server.ok());
   std::vector<std::optional<SecAggClient>> c;
   for (uint32_t i = 0; i < 3; ++i) c.emplace_back(*SecAggClient::Create(params, i));
-  for (uint32_t i = 0; i < 3; ++i) ASSERT_TRUE(server->ReceiveAdvertiseKeys(*c[i]->AdvertiseKeys()).ok());
+  for (uint32_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(server->ReceiveAdvertiseKeys(*c[i]->AdvertiseKeys()).ok());
   ASSERT_TRUE(server->CloseAdvertiseKeys().ok());
   for (uint32_t i = 0; i < 3; ++i) {
     ASSERT_TRUE(server->ReceiveShareKeys(*c[i]->ShareKeys(*server->ShareKeysRequest(i))).ok());
@@ -819,14 +852,17 @@ TEST(SecAgg, StepsRunOnceAndInOrder) {
   r.params = p;
   r.inputs = RandomInputs(5, 10, 32, 12);
   ASSERT_NO_FATAL_FAILURE(RunToUnmasking(r, Dropouts{}));
-  EXPECT_EQ(r.server->ReceiveAdvertiseKeys(r.advertised.at(0)).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.server->ReceiveAdvertiseKeys(r.advertised.at(0)).code(),
+            StatusCode::kFailedPrecondition);
   EXPECT_EQ(r.server->CloseMaskedInput().code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(r.server->ReceiveMaskedInput(r.masked_responses.at(0)).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.server->ReceiveMaskedInput(r.masked_responses.at(0)).code(),
+            StatusCode::kFailedPrecondition);
   EXPECT_EQ(r.clients[0]->MaskedInput(r.masked_requests.at(0), r.inputs[0]).status().code(),
             StatusCode::kFailedPrecondition);
   ASSERT_NO_FATAL_FAILURE(AnswerAndFinish(r, Dropouts{}));
   ASSERT_TRUE(r.result.ok());
-  EXPECT_EQ(r.server->ReceiveUnmasking(r.unmask_responses.at(0)).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.server->ReceiveUnmasking(r.unmask_responses.at(0)).code(),
+            StatusCode::kFailedPrecondition);
   EXPECT_EQ(r.server->Finish().status().code(), StatusCode::kFailedPrecondition);
 }
 
@@ -839,9 +875,7 @@ TEST(SecAgg, ServerRejectsMalformedMessagesAndKeepsGoing) {
   std::vector<v1::SecAggAdvertiseKeys> adv;
   for (uint32_t i = 0; i < 6; ++i) adv.push_back(*c[i]->AdvertiseKeys());
 
-  auto rejected = [](absl::Status st, StatusCode code) {
-    EXPECT_EQ(st.code(), code) << st;
-  };
+  auto rejected = [](absl::Status st, StatusCode code) { EXPECT_EQ(st.code(), code) << st; };
   v1::SecAggAdvertiseKeys m = adv[0];
   m.set_client_index(6);
   rejected(s->ReceiveAdvertiseKeys(m), StatusCode::kInvalidArgument);
@@ -884,7 +918,8 @@ TEST(SecAgg, ServerRejectsMalformedMessagesAndKeepsGoing) {
 
   const auto x = RandomInputs(6, 16, 12, 13);
   std::vector<v1::SecAggMaskedInputResponse> mi;
-  for (uint32_t i = 0; i < 6; ++i) mi.push_back(*c[i]->MaskedInput(*s->MaskedInputRequest(i), x[i]));
+  for (uint32_t i = 0; i < 6; ++i)
+    mi.push_back(*c[i]->MaskedInput(*s->MaskedInputRequest(i), x[i]));
   v1::SecAggMaskedInputResponse badm = mi[0];
   badm.mutable_masked_input()->pop_back();
   rejected(s->ReceiveMaskedInput(badm), StatusCode::kInvalidArgument);
@@ -937,9 +972,11 @@ TEST(SecAgg, ClientRefusesBadKeysAndShares) {
   {
     SecAggClient c = fresh(0);
     ASSERT_TRUE(c.AdvertiseKeys().ok());
-    auto got = c.ShareKeys(honest1);  // honest1 carries the keys of round r's client 0, not this one's
+    auto got =
+        c.ShareKeys(honest1);  // honest1 carries the keys of round r's client 0, not this one's
     EXPECT_EQ(got.status().code(), StatusCode::kFailedPrecondition);
-    EXPECT_EQ(c.MaskedInput(r.masked_requests.at(0), r.inputs[0]).status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(c.MaskedInput(r.masked_requests.at(0), r.inputs[0]).status().code(),
+              StatusCode::kFailedPrecondition);
   }
   // Own keys missing; too few neighbours advertised; a non-neighbour listed.
   auto graph = SecAggGraph::Create(p);
@@ -969,7 +1006,8 @@ TEST(SecAgg, ClientRefusesBadKeysAndShares) {
     }
     auto got = c.ShareKeys(q);
     EXPECT_EQ(got.status().code(), StatusCode::kFailedPrecondition);
-    EXPECT_TRUE(absl::StrContains(got.status().message(), "fewer than the threshold")) << got.status();
+    EXPECT_TRUE(absl::StrContains(got.status().message(), "fewer than the threshold"))
+        << got.status();
   }
   {
     SecAggClient c = fresh(1);
@@ -979,8 +1017,10 @@ TEST(SecAgg, ClientRefusesBadKeysAndShares) {
     while (stranger == 1 || graph->AreNeighbours(1, stranger)) ++stranger;
     v1::SecAggShareKeysRequest q;
     for (uint32_t j = 0; j < 8; ++j) {
-      if (j == 1) *q.add_keys() = *own;
-      else if (j == stranger || graph->AreNeighbours(1, j)) *q.add_keys() = r.advertised.at(j);
+      if (j == 1)
+        *q.add_keys() = *own;
+      else if (j == stranger || graph->AreNeighbours(1, j))
+        *q.add_keys() = r.advertised.at(j);
     }
     EXPECT_EQ(c.ShareKeys(q).status().code(), StatusCode::kFailedPrecondition);
   }
@@ -991,23 +1031,30 @@ TEST(SecAgg, ClientRefusesBadKeysAndShares) {
     StatusCode code;
   };
   const std::vector<Tamper> tampers = {
-      {"flipped ciphertext bit", [](auto& q) { (*q.mutable_shares(0)->mutable_ciphertext())[20] ^= 1; },
+      {"flipped ciphertext bit",
+       [](auto& q) { (*q.mutable_shares(0)->mutable_ciphertext())[20] ^= 1; },
        StatusCode::kPermissionDenied},
-      {"sender relabelled", [](auto& q) {
+      {"sender relabelled",
+       [](auto& q) {
          const uint32_t a = q.shares(0).sender(), b = q.shares(1).sender();
          q.mutable_shares(0)->set_sender(b);
          q.mutable_shares(1)->set_sender(a);
-       }, StatusCode::kPermissionDenied},
-      {"misaddressed", [](auto& q) { q.mutable_shares(0)->set_receiver(q.shares(0).receiver() + 1); },
+       },
+       StatusCode::kPermissionDenied},
+      {"misaddressed",
+       [](auto& q) { q.mutable_shares(0)->set_receiver(q.shares(0).receiver() + 1); },
        StatusCode::kFailedPrecondition},
-      {"share missing", [](auto& q) { q.mutable_shares()->RemoveLast(); }, StatusCode::kFailedPrecondition},
-      {"not in U2", [](auto& q) {
+      {"share missing", [](auto& q) { q.mutable_shares()->RemoveLast(); },
+       StatusCode::kFailedPrecondition},
+      {"not in U2",
+       [](auto& q) {
          v1::SecAggMaskedInputRequest copy = q;
          q.clear_shared_keys();
          for (uint32_t j : copy.shared_keys()) {
            if (j != 0) q.add_shared_keys(j);
          }
-       }, StatusCode::kFailedPrecondition},
+       },
+       StatusCode::kFailedPrecondition},
   };
   for (const Tamper& tp : tampers) {
     Round fresh_round;
@@ -1018,7 +1065,8 @@ TEST(SecAgg, ClientRefusesBadKeysAndShares) {
     ASSERT_TRUE(server.ok());
     std::vector<std::optional<SecAggClient>> cl;
     for (uint32_t i = 0; i < 8; ++i) cl.emplace_back(*SecAggClient::Create(fresh_round.params, i));
-    for (uint32_t i = 0; i < 8; ++i) ASSERT_TRUE(server->ReceiveAdvertiseKeys(*cl[i]->AdvertiseKeys()).ok());
+    for (uint32_t i = 0; i < 8; ++i)
+      ASSERT_TRUE(server->ReceiveAdvertiseKeys(*cl[i]->AdvertiseKeys()).ok());
     ASSERT_TRUE(server->CloseAdvertiseKeys().ok());
     for (uint32_t i = 0; i < 8; ++i) {
       ASSERT_TRUE(server->ReceiveShareKeys(*cl[i]->ShareKeys(*server->ShareKeysRequest(i))).ok());
@@ -1026,11 +1074,13 @@ TEST(SecAgg, ClientRefusesBadKeysAndShares) {
     ASSERT_TRUE(server->CloseShareKeys().ok());
     v1::SecAggMaskedInputRequest q = *server->MaskedInputRequest(0);
     // Wrong-length input is the caller's mistake: refused without ending the client.
-    EXPECT_EQ(cl[0]->MaskedInput(q, std::vector<uint64_t>(9, 0)).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(cl[0]->MaskedInput(q, std::vector<uint64_t>(9, 0)).status().code(),
+              StatusCode::kInvalidArgument);
     tp.edit(q);
     auto got = cl[0]->MaskedInput(q, fresh_round.inputs[0]);
     EXPECT_EQ(got.status().code(), tp.code) << tp.what << ": " << got.status();
-    EXPECT_FALSE(cl[0]->MaskedInput(*server->MaskedInputRequest(0), fresh_round.inputs[0]).ok()) << tp.what;
+    EXPECT_FALSE(cl[0]->MaskedInput(*server->MaskedInputRequest(0), fresh_round.inputs[0]).ok())
+        << tp.what;
   }
 }
 
@@ -1041,7 +1091,8 @@ TEST(SecAggFixedPoint, OverflowCheck) {
   // m = 32, f = 16, range 1: each value up to 2^16 in magnitude; 2^31 - 1 holds 32767 of them.
   EXPECT_TRUE(CheckSecAggFixedPoint(32767, 1.0, 16, 32).ok());
   EXPECT_EQ(CheckSecAggFixedPoint(32768, 1.0, 16, 32).code(), StatusCode::kInvalidArgument);
-  // A range that is not a multiple of the grid rounds up: ceil(0.3 * 2^4) = 5; 2^7 - 1 = 127 holds 25.
+  // A range that is not a multiple of the grid rounds up: ceil(0.3 * 2^4) = 5; 2^7 - 1 = 127
+  // holds 25.
   EXPECT_TRUE(CheckSecAggFixedPoint(25, 0.3, 4, 8).ok());
   EXPECT_FALSE(CheckSecAggFixedPoint(26, 0.3, 4, 8).ok());
   EXPECT_TRUE(CheckSecAggFixedPoint(1000, 8.0, 40, 64).ok());
@@ -1107,8 +1158,9 @@ TEST(SecAggFixedPoint, FloatsThroughARound) {
   std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
   std::vector<std::vector<float>> floats(n, std::vector<float>(length));
   Round r;
-  r.params = Params(n, RecommendedSecAggDegree(n), RecommendedSecAggThreshold(RecommendedSecAggDegree(n)),
-                    RecommendedSecAggThreshold(RecommendedSecAggDegree(n)), length, m);
+  r.params =
+      Params(n, RecommendedSecAggDegree(n), RecommendedSecAggThreshold(RecommendedSecAggDegree(n)),
+             RecommendedSecAggThreshold(RecommendedSecAggDegree(n)), length, m);
   auto prg = Prg::Create(std::string(32, '\x44'));
   ASSERT_TRUE(prg.ok());
   for (uint32_t i = 0; i < n; ++i) {

@@ -75,8 +75,10 @@ TEST(Shamir, KnownAnswerSplit) {
 
 TEST(Shamir, KnownAnswerCombine) {
   // Shares 2, 4, 6, 7 (Python's Lagrange interpolation at 0 gives the secret back), in any order.
-  std::vector<ShamirShare> shares = {{7, Bytes(kSharesHex[6])}, {2, Bytes(kSharesHex[1])},
-                                     {6, Bytes(kSharesHex[5])}, {4, Bytes(kSharesHex[3])}};
+  std::vector<ShamirShare> shares = {{7, Bytes(kSharesHex[6])},
+                                     {2, Bytes(kSharesHex[1])},
+                                     {6, Bytes(kSharesHex[5])},
+                                     {4, Bytes(kSharesHex[3])}};
   auto secret = ShamirCombine(shares, 4);
   ASSERT_TRUE(secret.ok()) << secret.status();
   EXPECT_EQ(Hex(*secret), kSecretHex);
@@ -154,41 +156,50 @@ TEST(Shamir, EdgeSecretsThresholdsAndPoints) {
 
 TEST(Shamir, RejectsMalformedInput) {
   const std::string secret(32, '\x01');
-  EXPECT_EQ(ShamirSplit(std::string(31, 'a'), 2, 3).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShamirSplit(std::string(31, 'a'), 2, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ShamirSplit(secret, 0, 3).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ShamirSplit(secret, 4, 3).status().code(), absl::StatusCode::kInvalidArgument);
   const std::vector<uint32_t> dup = {1, 2, 2};
   EXPECT_EQ(ShamirSplitAt(secret, 2, dup).status().code(), absl::StatusCode::kInvalidArgument);
   const std::vector<uint32_t> zero = {0, 1, 2};
   EXPECT_EQ(ShamirSplitAt(secret, 2, zero).status().code(), absl::StatusCode::kInvalidArgument);
-  const std::vector<std::string> too_big = {  // p itself
+  const std::vector<std::string> too_big = {
+      // p itself
       Bytes("010000000000000000000000000000000000000000000000000000000000000129")};
   EXPECT_FALSE(ShamirSplitWithCoefficients(secret, too_big, std::vector<uint32_t>{1, 2}).ok());
 
   auto shares = ShamirSplit(secret, 2, 3);
   ASSERT_TRUE(shares.ok());
   std::vector<ShamirShare> s = *shares;
-  EXPECT_EQ(ShamirCombine(std::vector<ShamirShare>{s[0]}, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShamirCombine(std::vector<ShamirShare>{s[0]}, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ShamirCombine(s, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ShamirCombine(std::vector<ShamirShare>{s[0], s[0]}, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShamirCombine(std::vector<ShamirShare>{s[0], s[0]}, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
   ShamirShare x0 = s[1];
   x0.x = 0;
-  EXPECT_EQ(ShamirCombine(std::vector<ShamirShare>{s[0], x0}, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShamirCombine(std::vector<ShamirShare>{s[0], x0}, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
   ShamirShare short_y = s[1];
   short_y.y.pop_back();
   EXPECT_EQ(ShamirCombine(std::vector<ShamirShare>{s[0], short_y}, 2).status().code(),
             absl::StatusCode::kInvalidArgument);
   ShamirShare at_p{2, Bytes("010000000000000000000000000000000000000000000000000000000000000129")};
-  EXPECT_EQ(ShamirCombine(std::vector<ShamirShare>{s[0], at_p}, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShamirCombine(std::vector<ShamirShare>{s[0], at_p}, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(CheckShamirShare(at_p).ok());
-  EXPECT_TRUE(CheckShamirShare({2, Bytes("010000000000000000000000000000000000000000000000000000000000000128")}).ok());
+  EXPECT_TRUE(CheckShamirShare(
+                  {2, Bytes("010000000000000000000000000000000000000000000000000000000000000128")})
+                  .ok());
 }
 
-// Shares of a polynomial whose constant term is 2^256 + 1 (so not a 32-byte secret): f(X) = 2^256 + 1 + 7X,
-// computed in Python.
+// Shares of a polynomial whose constant term is 2^256 + 1 (so not a 32-byte secret): f(X) = 2^256 +
+// 1 + 7X, computed in Python.
 TEST(Shamir, ResultAbove2To256IsInconsistent) {
-  std::vector<ShamirShare> shares = {{1, Bytes("010000000000000000000000000000000000000000000000000000000000000008")},
-                                     {2, Bytes("01000000000000000000000000000000000000000000000000000000000000000f")}};
+  std::vector<ShamirShare> shares = {
+      {1, Bytes("010000000000000000000000000000000000000000000000000000000000000008")},
+      {2, Bytes("01000000000000000000000000000000000000000000000000000000000000000f")}};
   auto got = ShamirCombine(shares, 2);
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
@@ -219,7 +230,8 @@ TEST(Shamir, CheckedCombineFindsTheWrongSharesAndTheSecret) {
   EXPECT_TRUE(clean->wrong_x.empty());
   // Wrong shares anywhere, among them the first (which ShamirCombine uses and so gets wrong): each
   // is named, and the secret is still the dealt one.
-  for (const std::vector<size_t>& bad : std::vector<std::vector<size_t>>{{0}, {3}, {8}, {0, 5}, {1, 2}}) {
+  for (const std::vector<size_t>& bad :
+       std::vector<std::vector<size_t>>{{0}, {3}, {8}, {0, 5}, {1, 2}}) {
     std::vector<ShamirShare> v = *shares;
     std::vector<uint32_t> want;
     for (size_t i : bad) {
@@ -269,7 +281,8 @@ TEST(Shamir, CheckedCombineRefusesWhatItCannotDecide) {
   Add(v[2], 1000);
   auto decoded = ShamirCombineChecked(v, 3);
   ASSERT_FALSE(decoded.ok());
-  EXPECT_TRUE(absl::StrContains(decoded.status().message(), "inconsistent shares")) << decoded.status();
+  EXPECT_TRUE(absl::StrContains(decoded.status().message(), "inconsistent shares"))
+      << decoded.status();
 }
 
 }  // namespace

@@ -11,14 +11,13 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <thread>
 #include <ctime>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/file.h"
-#include "tests/core/test_util.h"
 #include "crypto/certs.h"
 #include "crypto/tls.h"
 #include "gmock/gmock.h"
@@ -27,6 +26,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "tests/core/test_util.h"
 
 namespace fedlora::crypto {
 namespace {
@@ -73,17 +73,20 @@ class TlsProbeTest : public ::testing::Test {
     expired_server_ = IssueServerCertificate(ca_, server).value();
     site_ = IssueClientCertificate(ca_, Req("site-a", later)).value();
     foreign_site_ = IssueClientCertificate(other_ca_, Req("site-a", later)).value();
-    expired_site_ = IssueClientCertificate(ca_, Req("site-a", Now() - kDay, Now() - 2 * kDay)).value();
+    expired_site_ =
+        IssueClientCertificate(ca_, Req("site-a", Now() - kDay, Now() - 2 * kDay)).value();
     revoked_site_ = IssueClientCertificate(ca_, Req("site-r", later)).value();
     ASSERT_TRUE(WriteFileAtomically(dir_.path() + "/ca.pem", ca_.cert_pem).ok());
     ASSERT_TRUE(WriteFileAtomically(dir_.path() + "/server.pem", server_.cert_pem).ok());
     ASSERT_TRUE(WriteFileAtomically(dir_.path() + "/server.key", server_.key_pem).ok());
-    ASSERT_TRUE(WriteFileAtomically(dir_.path() + "/crl.pem",
-                                    RevokeCertificates(ca_, "", {revoked_site_.cert_pem}, kDay).value())
-                    .ok());
+    ASSERT_TRUE(
+        WriteFileAtomically(dir_.path() + "/crl.pem",
+                            RevokeCertificates(ca_, "", {revoked_site_.cert_pem}, kDay).value())
+            .ok());
   }
   void TearDown() override {
-    if (grpc_server_ != nullptr) grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    if (grpc_server_ != nullptr)
+      grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
 
   void StartServer(std::shared_ptr<grpc::ServerCredentials> creds) {
@@ -96,8 +99,11 @@ class TlsProbeTest : public ::testing::Test {
   }
   // fedlora's own mTLS server, with a CRL revoking site-r.
   void StartMtls() {
-    ServerTlsFiles f{dir_.path() + "/server.pem", dir_.path() + "/server.key", dir_.path() + "/ca.pem",
-                     dir_.path() + "/crl.pem", {}};
+    ServerTlsFiles f{dir_.path() + "/server.pem",
+                     dir_.path() + "/server.key",
+                     dir_.path() + "/ca.pem",
+                     dir_.path() + "/crl.pem",
+                     {}};
     auto tls = ServerTls::Create(f);
     ASSERT_TRUE(tls.ok()) << tls.status();
     tls_ = *tls;
@@ -125,13 +131,15 @@ class TlsProbeTest : public ::testing::Test {
   absl::Status Probe(const TlsProbeOptions& o) {
     const auto start = std::chrono::steady_clock::now();
     absl::Status s = ProbeTls(o);
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(o.timeout_ms + 1000));
+    EXPECT_LT(std::chrono::steady_clock::now() - start,
+              std::chrono::milliseconds(o.timeout_ms + 1000));
     EXPECT_THAT(std::string(s.message()), Not(HasSubstr("0x")));
     return s;
   }
 
   coretest::TempDir dir_;
-  PemPair ca_, other_ca_, server_, expired_server_, site_, foreign_site_, expired_site_, revoked_site_;
+  PemPair ca_, other_ca_, server_, expired_server_, site_, foreign_site_, expired_site_,
+      revoked_site_;
   std::vector<std::unique_ptr<NoService>> services_;
   std::shared_ptr<ServerTls> tls_;
   std::unique_ptr<grpc::Server> grpc_server_;
@@ -148,9 +156,10 @@ TEST_F(TlsProbeTest, AServerCertificateOfAnotherCaIsNamed) {
   StartMtls();
   const absl::Status s = Probe(As(site_, other_ca_));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("presented certificate 'localhost' (issuer 'run CA'"),
-                                 HasSubstr("is not signed by --ca ca.pem (its issuer is 'run CA')"),
-                                 HasSubstr("use the run's CA certificate")));
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("presented certificate 'localhost' (issuer 'run CA'"),
+                    HasSubstr("is not signed by --ca ca.pem (its issuer is 'run CA')"),
+                    HasSubstr("use the run's CA certificate")));
 }
 
 TEST_F(TlsProbeTest, AServerCertificateForAnotherNameIsNamed) {
@@ -159,29 +168,34 @@ TEST_F(TlsProbeTest, AServerCertificateForAnotherNameIsNamed) {
   o.server_name = "fl.example.org";
   const absl::Status s = Probe(o);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("is for 'localhost', '127.0.0.1', not 'fl.example.org'"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("is for 'localhost', '127.0.0.1', not 'fl.example.org'"));
 }
 
 TEST_F(TlsProbeTest, AnExpiredServerCertificateIsNamed) {
   StartSsl(expired_server_, GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   const absl::Status s = Probe(As(site_, ca_));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("expired at "), HasSubstr("the server's operator must renew it")));
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("expired at "), HasSubstr("the server's operator must renew it")));
 }
 
 TEST_F(TlsProbeTest, ThisSitesCertificateRefusedByTheServerIsNamedWithWhatThisSideSees) {
   StartMtls();
   absl::Status s = Probe(As(foreign_site_, ca_));
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("closed the connection right after the TLS handshake: it refused --cert "
-                                           "site.pem ('site-a', issuer 'other CA'"),
-                                 HasSubstr("is issued by 'other CA', not by --ca ca.pem")));
+  EXPECT_THAT(
+      std::string(s.message()),
+      AllOf(HasSubstr("closed the connection right after the TLS handshake: it refused --cert "
+                      "site.pem ('site-a', issuer 'other CA'"),
+            HasSubstr("is issued by 'other CA', not by --ca ca.pem")));
   s = Probe(As(expired_site_, ca_));
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("--cert site.pem expired at "));
   s = Probe(As(revoked_site_, ca_));
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("it refused --cert site.pem ('site-r'"), HasSubstr("revoked")));
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("it refused --cert site.pem ('site-r'"), HasSubstr("revoked")));
   EXPECT_EQ(tls_->refused_handshakes(), 3);
 }
 
@@ -192,7 +206,8 @@ TEST_F(TlsProbeTest, NoCertificateIsNamed) {
   o.key_pem.clear();
   const absl::Status s = Probe(o);
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("it requires a client certificate (give --cert and --key)"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("it requires a client certificate (give --cert and --key)"));
 }
 
 TEST_F(TlsProbeTest, AGrpcTlsStackThatRefusesItselfIsNamedToo) {
@@ -201,8 +216,9 @@ TEST_F(TlsProbeTest, AGrpcTlsStackThatRefusesItselfIsNamedToo) {
   StartSsl(server_, GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
   const absl::Status s = Probe(As(foreign_site_, ca_));
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("it refused --cert site.pem ('site-a', issuer 'other CA'"),
-                                              HasSubstr("is issued by 'other CA', not by --ca ca.pem")));
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("it refused --cert site.pem ('site-a', issuer 'other CA'"),
+                    HasSubstr("is issued by 'other CA', not by --ca ca.pem")));
   EXPECT_TRUE(Probe(As(site_, ca_)).ok());
 }
 
@@ -268,9 +284,10 @@ TEST_F(TlsProbeTest, AnAlertFromTheServersTlsStackIsReadOut) {
   o.address = "127.0.0.1:" + std::to_string(server.port());
   const absl::Status s = Probe(o);
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("refused the TLS handshake with the alert 'unknown CA'"),
-                                              HasSubstr("it does not trust the CA that issued --cert site.pem"),
-                                              HasSubstr("is issued by 'other CA', not by --ca ca.pem")));
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("refused the TLS handshake with the alert 'unknown CA'"),
+                    HasSubstr("it does not trust the CA that issued --cert site.pem"),
+                    HasSubstr("is issued by 'other CA', not by --ca ca.pem")));
 }
 
 TEST_F(TlsProbeTest, PlaintextAndTlsMismatchesAreNamed) {
@@ -304,10 +321,12 @@ TEST_F(TlsProbeTest, NothingListeningIsTransientAndKeepsTheOriginalError) {
 
 TEST_F(TlsProbeTest, ExplainConnectionFailureGivesTheProbesReason) {
   StartMtls();
-  const absl::Status s = ExplainConnectionFailure(absl::UnavailableError("Socket closed"), As(site_, other_ca_));
+  const absl::Status s =
+      ExplainConnectionFailure(absl::UnavailableError("Socket closed"), As(site_, other_ca_));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_TRUE(ExplainConnectionFailure(absl::UnavailableError("Socket closed"), As(site_, ca_)).message() ==
-              "Socket closed");
+  EXPECT_TRUE(
+      ExplainConnectionFailure(absl::UnavailableError("Socket closed"), As(site_, ca_)).message() ==
+      "Socket closed");
 }
 
 TEST_F(TlsProbeTest, BadOptionsAreInvalidArgument) {

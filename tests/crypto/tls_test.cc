@@ -3,6 +3,9 @@
 // follows its file. Plus the plaintext rule.
 #include "crypto/tls.h"
 
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509v3.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,10 +16,6 @@
 #include <map>
 #include <memory>
 #include <string>
-
-#include <openssl/evp.h>
-#include <openssl/pem.h>
-#include <openssl/x509v3.h>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -123,9 +122,10 @@ PemPair SignedBy(const PemPair& issuer, const std::string& cn, bool ca = false) 
   X509_set_pubkey(x, key);
   X509V3_CTX ctx;
   X509V3_set_ctx(&ctx, issuer_cert, x, nullptr, nullptr, 0);
-  for (auto [nid, value] : {std::pair{NID_basic_constraints, ca ? "critical,CA:TRUE" : "critical,CA:FALSE"},
-                            std::pair{NID_key_usage, ca ? "critical,keyCertSign,cRLSign" : "critical,digitalSignature"},
-                            std::pair{NID_ext_key_usage, ca ? "clientAuth,serverAuth" : "clientAuth"}}) {
+  for (auto [nid, value] :
+       {std::pair{NID_basic_constraints, ca ? "critical,CA:TRUE" : "critical,CA:FALSE"},
+        std::pair{NID_key_usage, ca ? "critical,keyCertSign,cRLSign" : "critical,digitalSignature"},
+        std::pair{NID_ext_key_usage, ca ? "clientAuth,serverAuth" : "clientAuth"}}) {
     X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
     X509_add_ext(x, ext, -1);
     X509_EXTENSION_free(ext);
@@ -142,7 +142,8 @@ PemPair SignedBy(const PemPair& issuer, const std::string& cn, bool ca = false) 
   };
   PemPair out;
   out.cert_pem = pem([&](BIO* b) { PEM_write_bio_X509(b, x); }) + issuer.cert_pem;
-  out.key_pem = pem([&](BIO* b) { PEM_write_bio_PrivateKey(b, key, nullptr, nullptr, 0, nullptr, nullptr); });
+  out.key_pem =
+      pem([&](BIO* b) { PEM_write_bio_PrivateKey(b, key, nullptr, nullptr, 0, nullptr, nullptr); });
   X509_free(x);
   X509_free(issuer_cert);
   EVP_PKEY_free(key);
@@ -171,12 +172,15 @@ class TlsTest : public ::testing::Test {
     WritePair("site-a", IssueClientCertificate(ca_, Req("site-a", later)).value());
     WritePair("site-b", IssueClientCertificate(ca_, Req("site-b", later)).value());
     WritePair("foreign", IssueClientCertificate(other_ca_, Req("site-a", later)).value());
-    WritePair("expired", IssueClientCertificate(ca_, Req("site-a", Now() - kDay, Now() - 2 * kDay)).value());
-    WritePair("not-yet", IssueClientCertificate(ca_, Req("site-a", Now() + 2 * kDay, Now() + kDay)).value());
+    WritePair("expired",
+              IssueClientCertificate(ca_, Req("site-a", Now() - kDay, Now() - 2 * kDay)).value());
+    WritePair("not-yet",
+              IssueClientCertificate(ca_, Req("site-a", Now() + 2 * kDay, Now() + kDay)).value());
     WritePair("self-signed", CreateCertificateAuthority(Req("site-a", later)).value());
     CertificateRequest as_server = Req("site-a", later);
     as_server.dns_names = {"site-a"};
-    WritePair("server-usage", IssueServerCertificate(ca_, as_server).value());  // EKU serverAuth only
+    WritePair("server-usage",
+              IssueServerCertificate(ca_, as_server).value());      // EKU serverAuth only
     WritePair("leaf-issued", SignedBy(pems_["site-b"], "site-a"));  // site-b is not a CA
     WritePair("intermediate", SignedBy(ca_, "intermediate CA", /*ca=*/true));
     WritePair("via-intermediate", SignedBy(pems_["intermediate"], "site-i"));
@@ -185,7 +189,8 @@ class TlsTest : public ::testing::Test {
     revoked_b_crl_ = RevokeCertificates(ca_, empty_crl_, {pems_["site-b"].cert_pem}, kDay).value();
   }
   void TearDown() override {
-    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (server_ != nullptr)
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     if (!dir_.empty()) fs::remove_all(dir_);
   }
 
@@ -249,7 +254,8 @@ class TlsTest : public ::testing::Test {
     done.WaitForNotification();
     std::vector<grpc::Slice> slices;
     if (result.status.ok() && response.Dump(&slices).ok()) {
-      for (const grpc::Slice& s : slices) result.body.append(reinterpret_cast<const char*>(s.begin()), s.size());
+      for (const grpc::Slice& s : slices)
+        result.body.append(reinterpret_cast<const char*>(s.begin()), s.size());
     }
     return result;
   }
@@ -270,7 +276,8 @@ class TlsTest : public ::testing::Test {
   void ExpectServedAs(const std::string& name, const std::string& cn) {
     const int before = service_.calls();
     const CallResult r = CallAs(name);
-    EXPECT_TRUE(r.status.ok()) << name << ": " << r.status.error_code() << " " << r.status.error_message();
+    EXPECT_TRUE(r.status.ok()) << name << ": " << r.status.error_code() << " "
+                               << r.status.error_message();
     EXPECT_EQ(r.body, cn) << name;
     EXPECT_EQ(service_.calls(), before + 1) << name;
   }
@@ -302,7 +309,9 @@ TEST_F(TlsTest, AChainThroughAnIntermediateCaIsServed) {
 }
 
 TEST_F(TlsTest, AnIntermediateAsTheClientCaIsATrustAnchor) {
-  Write("intermediate-only.pem", pems_["intermediate"].cert_pem.substr(0, pems_["intermediate"].cert_pem.find("-----END CERTIFICATE-----") + 26));
+  Write("intermediate-only.pem",
+        pems_["intermediate"].cert_pem.substr(
+            0, pems_["intermediate"].cert_pem.find("-----END CERTIFICATE-----") + 26));
   ServerTlsFiles files = Files(false);
   files.client_ca_file = Path("intermediate-only.pem");
   Start(files);
@@ -350,21 +359,28 @@ TEST_F(TlsTest, EveryRefusalIsCountedAndLoggedWithItsReasonAndTheCertificate) {
     std::string name, reason;
   };
   const std::vector<Case> cases = {
-      {"foreign", "'site-a' (issuer 'test CA', serial " + ParseCertificate(pems_["foreign"].cert_pem)->serial_hex +
+      {"foreign", "'site-a' (issuer 'test CA', serial " +
+                      ParseCertificate(pems_["foreign"].cert_pem)->serial_hex +
                       ") is not signed by the client CA (client_ca_file " + Path("ca.pem")},
-      {"expired", "'site-a' (issuer 'test CA', serial " + ParseCertificate(pems_["expired"].cert_pem)->serial_hex +
-                      ") expired at "},
-      {"not-yet", "'site-a' (issuer 'test CA', serial " + ParseCertificate(pems_["not-yet"].cert_pem)->serial_hex +
+      {"expired", "'site-a' (issuer 'test CA', serial " +
+                      ParseCertificate(pems_["expired"].cert_pem)->serial_hex + ") expired at "},
+      {"not-yet", "'site-a' (issuer 'test CA', serial " +
+                      ParseCertificate(pems_["not-yet"].cert_pem)->serial_hex +
                       ") is not valid before "},
       {"self-signed", "'site-a' (issuer 'site-a', serial " +
-                          ParseCertificate(pems_["self-signed"].cert_pem)->serial_hex + ") is not signed by the client CA"},
+                          ParseCertificate(pems_["self-signed"].cert_pem)->serial_hex +
+                          ") is not signed by the client CA"},
       {"server-usage", "'site-a' (issuer 'test CA', serial " +
-                           ParseCertificate(pems_["server-usage"].cert_pem)->serial_hex + ") does not allow this use"},
-      {"leaf-issued", "'site-a' (issuer 'site-b', serial 1092) has an issuer that may not issue certificates: "
-                      "the certificate 'site-b' of its chain is not a CA"},
-      {"site-b", "'site-b' (issuer 'test CA', serial " + ParseCertificate(pems_["site-b"].cert_pem)->serial_hex +
-                     ") is revoked by " + Path("crl.pem")},
-      {"unlisted", "'site-z' (issuer 'test CA', serial " + ParseCertificate(pems_["unlisted"].cert_pem)->serial_hex +
+                           ParseCertificate(pems_["server-usage"].cert_pem)->serial_hex +
+                           ") does not allow this use"},
+      {"leaf-issued",
+       "'site-a' (issuer 'site-b', serial 1092) has an issuer that may not issue certificates: "
+       "the certificate 'site-b' of its chain is not a CA"},
+      {"site-b", "'site-b' (issuer 'test CA', serial " +
+                     ParseCertificate(pems_["site-b"].cert_pem)->serial_hex + ") is revoked by " +
+                     Path("crl.pem")},
+      {"unlisted", "'site-z' (issuer 'test CA', serial " +
+                       ParseCertificate(pems_["unlisted"].cert_pem)->serial_hex +
                        "): client id 'site-z' is not on the allowed client list"},
   };
   int64_t refused = 0;
@@ -387,13 +403,16 @@ TEST_F(TlsTest, EveryRefusalIsCountedAndLoggedWithItsReasonAndTheCertificate) {
   const std::string log = ReadFileToString(Path("log.txt")).value_or("");
   std::vector<std::string> lines;
   for (size_t at = 0, end; (end = log.find('\n', at)) != std::string::npos; at = end + 1) {
-    if (log.compare(at, 1, "W") == 0 && log.find("TLS handshake refused: ", at) < end) lines.push_back(log.substr(at, end - at));
+    if (log.compare(at, 1, "W") == 0 && log.find("TLS handshake refused: ", at) < end)
+      lines.push_back(log.substr(at, end - at));
   }
   ASSERT_EQ(lines.size(), cases.size() + 1) << log;
   for (size_t i = 0; i < cases.size(); ++i) {
-    EXPECT_THAT(lines[i], HasSubstr("TLS handshake refused: client certificate " + cases[i].reason)) << cases[i].name;
+    EXPECT_THAT(lines[i], HasSubstr("TLS handshake refused: client certificate " + cases[i].reason))
+        << cases[i].name;
   }
-  EXPECT_THAT(lines.back(), HasSubstr("TLS handshake refused: the client presented no certificate"));
+  EXPECT_THAT(lines.back(),
+              HasSubstr("TLS handshake refused: the client presented no certificate"));
   EXPECT_THAT(log, Not(HasSubstr("0x")));
 }
 
@@ -498,12 +517,19 @@ TEST_F(TlsTest, CreateChecksEveryFileUpFront) {
 }
 
 TEST_F(TlsTest, ClientChannelCredentialsChecksItsFiles) {
-  EXPECT_TRUE(ClientChannelCredentials(Path("ca.pem"), Path("site-a.pem"), Path("site-a.key")).ok());
-  EXPECT_EQ(ClientChannelCredentials(Path("nope.pem"), Path("site-a.pem"), Path("site-a.key")).status().code(),
+  EXPECT_TRUE(
+      ClientChannelCredentials(Path("ca.pem"), Path("site-a.pem"), Path("site-a.key")).ok());
+  EXPECT_EQ(ClientChannelCredentials(Path("nope.pem"), Path("site-a.pem"), Path("site-a.key"))
+                .status()
+                .code(),
             absl::StatusCode::kNotFound);
-  EXPECT_THAT(ClientChannelCredentials(Path("ca.pem"), Path("site-a.pem"), Path("site-b.key")).status().message(),
+  EXPECT_THAT(ClientChannelCredentials(Path("ca.pem"), Path("site-a.pem"), Path("site-b.key"))
+                  .status()
+                  .message(),
               HasSubstr("does not match"));
-  EXPECT_THAT(ClientChannelCredentials(Path("site-b.pem"), Path("site-a.pem"), Path("site-a.key")).status().message(),
+  EXPECT_THAT(ClientChannelCredentials(Path("site-b.pem"), Path("site-a.pem"), Path("site-a.key"))
+                  .status()
+                  .message(),
               HasSubstr("is not a CA"));
 }
 

@@ -38,8 +38,13 @@ struct Case {
   }
   std::vector<float> Forward(std::vector<float>* probs_out = nullptr) const {
     std::vector<float> out(Elems()), probs(ProbElems());
-    AttentionForwardArgs f{.dims = d, .q = q.data(), .k = k.data(), .v = v.data(),
-                           .mask = mask.empty() ? nullptr : mask.data(), .dropout = dropout, .probs = probs.data(),
+    AttentionForwardArgs f{.dims = d,
+                           .q = q.data(),
+                           .k = k.data(),
+                           .v = v.data(),
+                           .mask = mask.empty() ? nullptr : mask.data(),
+                           .dropout = dropout,
+                           .probs = probs.data(),
                            .out = out.data()};
     std::vector<float> ws(AttentionWorkspaceBytes(f) / 4 + 1);
     f.workspace = ws.data();
@@ -50,11 +55,16 @@ struct Case {
   }
 };
 
-Case MakeCase(AttentionLayout layout, bool with_mask, float p, int64_t heads = 3, int64_t kv_heads = 0,
-              bool causal = false) {
+Case MakeCase(AttentionLayout layout, bool with_mask, float p, int64_t heads = 3,
+              int64_t kv_heads = 0, bool causal = false) {
   Case c;
-  c.d = AttentionDims{.batch = 2, .heads = heads, .seq = 5, .head_dim = 4, .layout = layout,
-                      .kv_heads = kv_heads, .causal = causal};
+  c.d = AttentionDims{.batch = 2,
+                      .heads = heads,
+                      .seq = 5,
+                      .head_dim = 4,
+                      .layout = layout,
+                      .kv_heads = kv_heads,
+                      .causal = causal};
   c.q = Random(c.Elems(), 71);
   c.k = Random(c.KvElems(), 72);
   c.v = Random(c.KvElems(), 73);
@@ -82,7 +92,8 @@ TEST(Attention, ForwardMatchesNaiveReference) {
           double m = -1e300, sum = 0;
           for (int64_t j = 0; j < d.seq; ++j) {
             double dot = 0;
-            for (int64_t e = 0; e < d.head_dim; ++e) dot += double(c.q[c.At(b, h, i, e)]) * c.k[c.At(b, h, j, e)];
+            for (int64_t e = 0; e < d.head_dim; ++e)
+              dot += double(c.q[c.At(b, h, i, e)]) * c.k[c.At(b, h, j, e)];
             s[j] = dot * scale + (c.mask[b * d.seq + j] != 0 ? -1e30 : 0.0);
             m = std::max(m, s[j]);
           }
@@ -122,8 +133,15 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
       c.Forward(&probs);
       const auto dout = Random(c.Elems(), 74);
       Guarded dq(c.Elems()), dk(c.Elems()), dv(c.Elems());
-      AttentionBackwardArgs bw{.dims = c.d, .q = c.q.data(), .k = c.k.data(), .v = c.v.data(), .probs = probs.data(),
-                               .dropout = c.dropout, .dout = dout.data(), .dq = dq.data(), .dk = dk.data(),
+      AttentionBackwardArgs bw{.dims = c.d,
+                               .q = c.q.data(),
+                               .k = c.k.data(),
+                               .v = c.v.data(),
+                               .probs = probs.data(),
+                               .dropout = c.dropout,
+                               .dout = dout.data(),
+                               .dq = dq.data(),
+                               .dk = dk.data(),
                                .dv = dv.data()};
       std::vector<float> ws(AttentionWorkspaceBytes(bw) / 4);
       bw.workspace = ws.data();
@@ -131,7 +149,8 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
       ASSERT_TRUE(AttentionBackward(Cpu(), bw).ok());
       EXPECT_TRUE(dq.GuardsIntact() && dk.GuardsIntact() && dv.GuardsIntact());
       auto fwd = [&] { return c.Forward(); };
-      const std::string tag = std::string(layout == AttentionLayout::kBHSD ? "BHSD" : "BSHD") + " p=" + std::to_string(p);
+      const std::string tag = std::string(layout == AttentionLayout::kBHSD ? "BHSD" : "BSHD") +
+                              " p=" + std::to_string(p);
       ExpectGradient(fwd, c.q, dout, dq.values(), tag + " dQ");
       ExpectGradient(fwd, c.k, dout, dk.values(), tag + " dK");
       ExpectGradient(fwd, c.v, dout, dv.values(), tag + " dV");
@@ -158,7 +177,8 @@ TEST(Attention, GroupedCausalForwardMatchesNaiveReference) {
             double m = -1e300, sum = 0;
             for (int64_t j = 0; j <= i; ++j) {
               double dot = 0;
-              for (int64_t e = 0; e < d.head_dim; ++e) dot += double(c.q[c.At(b, h, i, e)]) * c.k[c.AtKv(b, kh, j, e)];
+              for (int64_t e = 0; e < d.head_dim; ++e)
+                dot += double(c.q[c.At(b, h, i, e)]) * c.k[c.AtKv(b, kh, j, e)];
               s[j] = dot * scale + (c.mask[b * d.seq + j] != 0 ? -1e30 : 0.0);
               m = std::max(m, s[j]);
             }
@@ -192,18 +212,26 @@ TEST(Attention, GroupedCausalBackwardMatchesFiniteDifferences) {
         std::vector<float> probs;
         c.Forward(&probs);
         const auto dout = Random(c.Elems(), 74);
-        Guarded dq(c.Elems()), dk(c.KvElems(), 7.0f), dv(c.KvElems(), 7.0f);  // poisoned: must be overwritten
-        AttentionBackwardArgs bw{.dims = c.d, .q = c.q.data(), .k = c.k.data(), .v = c.v.data(),
-                                 .probs = probs.data(), .dropout = c.dropout, .dout = dout.data(), .dq = dq.data(),
-                                 .dk = dk.data(), .dv = dv.data()};
+        Guarded dq(c.Elems()), dk(c.KvElems(), 7.0f),
+            dv(c.KvElems(), 7.0f);  // poisoned: must be overwritten
+        AttentionBackwardArgs bw{.dims = c.d,
+                                 .q = c.q.data(),
+                                 .k = c.k.data(),
+                                 .v = c.v.data(),
+                                 .probs = probs.data(),
+                                 .dropout = c.dropout,
+                                 .dout = dout.data(),
+                                 .dq = dq.data(),
+                                 .dk = dk.data(),
+                                 .dv = dv.data()};
         std::vector<float> ws(AttentionWorkspaceBytes(bw) / 4);
         bw.workspace = ws.data();
         bw.workspace_bytes = ws.size() * 4;
         ASSERT_TRUE(AttentionBackward(Cpu(), bw).ok());
         EXPECT_TRUE(dq.GuardsIntact() && dk.GuardsIntact() && dv.GuardsIntact());
         auto fwd = [&] { return c.Forward(); };
-        const std::string tag = std::string(layout == AttentionLayout::kBHSD ? "BHSD" : "BSHD") + " kv=" +
-                                std::to_string(kv) + " p=" + std::to_string(p);
+        const std::string tag = std::string(layout == AttentionLayout::kBHSD ? "BHSD" : "BSHD") +
+                                " kv=" + std::to_string(kv) + " p=" + std::to_string(p);
         ExpectGradient(fwd, c.q, dout, dq.values(), tag + " dQ");
         ExpectGradient(fwd, c.k, dout, dk.values(), tag + " dK");
         ExpectGradient(fwd, c.v, dout, dv.values(), tag + " dV");
@@ -218,12 +246,17 @@ TEST(Attention, GroupedCausalBackwardMatchesFiniteDifferences) {
 TEST(Attention, ProbsOnlyForwardEqualsFullForward) {
   for (auto layout : {AttentionLayout::kBHSD, AttentionLayout::kBSHD}) {
     for (float p : {0.0f, 0.2f}) {
-      const Case c = MakeCase(layout, /*with_mask=*/true, p, /*heads=*/6, /*kv_heads=*/2, /*causal=*/true);
+      const Case c =
+          MakeCase(layout, /*with_mask=*/true, p, /*heads=*/6, /*kv_heads=*/2, /*causal=*/true);
       std::vector<float> full;
       c.Forward(&full);
       Guarded probs(c.ProbElems(), 7.0f);  // poisoned: every entry must be written
-      AttentionForwardArgs f{.dims = c.d, .q = c.q.data(), .k = c.k.data(), .mask = c.mask.data(),
-                             .dropout = c.dropout, .probs = probs.data()};
+      AttentionForwardArgs f{.dims = c.d,
+                             .q = c.q.data(),
+                             .k = c.k.data(),
+                             .mask = c.mask.data(),
+                             .dropout = c.dropout,
+                             .probs = probs.data()};
       EXPECT_EQ(AttentionWorkspaceBytes(f), 0u);
       ASSERT_TRUE(AttentionForward(Cpu(), f).ok());
       EXPECT_TRUE(probs.GuardsIntact());
@@ -235,17 +268,26 @@ TEST(Attention, ProbsOnlyForwardEqualsFullForward) {
 TEST(Attention, RefusesKvHeadsThatDoNotDivideHeads) {
   Case c = MakeCase(AttentionLayout::kBSHD, false, 0.0f, /*heads=*/6, /*kv_heads=*/4);
   std::vector<float> out(c.Elems()), probs(c.ProbElems());
-  AttentionForwardArgs f{.dims = c.d, .q = c.q.data(), .k = c.k.data(), .v = c.v.data(), .probs = probs.data(),
+  AttentionForwardArgs f{.dims = c.d,
+                         .q = c.q.data(),
+                         .k = c.k.data(),
+                         .v = c.v.data(),
+                         .probs = probs.data(),
                          .out = out.data()};
   const absl::Status st = AttentionForward(Cpu(), f);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(st.message()).find("kv_heads 4 does not divide heads 6"), std::string::npos) << st;
+  EXPECT_NE(std::string(st.message()).find("kv_heads 4 does not divide heads 6"), std::string::npos)
+      << st;
 }
 
 TEST(Attention, RejectsBadArguments) {
   Case c = MakeCase(AttentionLayout::kBSHD, false, 0.0f);
   std::vector<float> out(c.Elems()), probs(c.ProbElems());
-  AttentionForwardArgs f{.dims = c.d, .q = c.q.data(), .k = c.k.data(), .v = c.v.data(), .probs = probs.data(),
+  AttentionForwardArgs f{.dims = c.d,
+                         .q = c.q.data(),
+                         .k = c.k.data(),
+                         .v = c.v.data(),
+                         .probs = probs.data(),
                          .out = out.data()};
   EXPECT_TRUE(CanRun(Cpu(), f).ok());
   f.probs = nullptr;

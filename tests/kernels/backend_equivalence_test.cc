@@ -44,9 +44,11 @@ using testing::Guarded;
 using testing::Random;
 
 // Compares a device output (with guards) against the CPU result.
-::testing::AssertionResult SameAsCpu(const float* dev, const Guarded& cpu, double atol, double rtol) {
+::testing::AssertionResult SameAsCpu(const float* dev, const Guarded& cpu, double atol,
+                                     double rtol) {
   const Guarded got = DeviceMirror::Download(dev, cpu.size());
-  if (!got.GuardsIntact()) return ::testing::AssertionFailure() << "device kernel wrote past the end of its output";
+  if (!got.GuardsIntact())
+    return ::testing::AssertionFailure() << "device kernel wrote past the end of its output";
   return AllClose(got.values(), cpu.values(), atol, rtol);
 }
 
@@ -76,7 +78,14 @@ TEST_F(BackendEquivalence, Gemm) {
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       const auto a = Random(m * k, 1), b = Random(k * n, 2), c0 = Random(m * n, 3);
-      GemmArgs g{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 0.7f, .beta = 0.3f, .a = a.data(),
+      GemmArgs g{.trans_a = ta,
+                 .trans_b = tb,
+                 .m = m,
+                 .n = n,
+                 .k = k,
+                 .alpha = 0.7f,
+                 .beta = 0.3f,
+                 .a = a.data(),
                  .b = b.data()};
       Guarded c(c0);
       g.c = c.data();
@@ -92,7 +101,14 @@ TEST_F(BackendEquivalence, Gemm) {
   // Strided batch with a broadcast B.
   const int64_t batch = 4;
   const auto a = Random(batch * m * k, 4), b = Random(k * n, 5);
-  GemmArgs g{.m = m, .n = n, .k = k, .a = a.data(), .b = b.data(), .batch = batch, .stride_a = m * k, .stride_b = 0,
+  GemmArgs g{.m = m,
+             .n = n,
+             .k = k,
+             .a = a.data(),
+             .b = b.data(),
+             .batch = batch,
+             .stride_a = m * k,
+             .stride_b = 0,
              .stride_c = m * n};
   Guarded c(batch * m * n);
   g.c = c.data();
@@ -150,7 +166,13 @@ TEST_F(BackendEquivalence, GemmQuantizedPanels) {
       std::vector<float> values;
       const auto q = testing::RandomQuantMatrix(type, tb ? n : k, tb ? k : n, 16, &values);
       const auto a = Random(m * k, 17);
-      GemmArgs g{.trans_b = tb, .m = m, .n = n, .k = k, .a = a.data(), .b_quant = q.data(), .b_quant_type = type};
+      GemmArgs g{.trans_b = tb,
+                 .m = m,
+                 .n = n,
+                 .k = k,
+                 .a = a.data(),
+                 .b_quant = q.data(),
+                 .b_quant_type = type};
       const size_t ws = GemmWorkspaceBytes(g);
       std::vector<float> hws(ws / 4);
       g.workspace = hws.data();
@@ -189,14 +211,22 @@ TEST_F(BackendEquivalence, GemmBf16MathAgainstFp32) {
         const auto bits = TruncateToBf16(b);
         std::vector<float> q_values;
         const auto q = testing::RandomQuantMatrix(GgmlType::kQ4_1, b_rows, b_cols, 104, &q_values);
-        GemmArgs g{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 0.7f, .beta = 0.3f, .a = a.data()};
+        GemmArgs g{.trans_a = ta,
+                   .trans_b = tb,
+                   .m = m,
+                   .n = n,
+                   .k = k,
+                   .alpha = 0.7f,
+                   .beta = 0.3f,
+                   .a = a.data()};
         if (kind == BKind::kF32) g.b = b.data();
         if (kind == BKind::kBf16) g.b_bf16 = bits.data();
         if (kind == BKind::kQ4_1) {
           g.b_quant = q.data();
           g.b_quant_type = GgmlType::kQ4_1;
         }
-        // The CPU reference: the exact fp32 product (with the panel workspace a bf16 or quantized B needs).
+        // The CPU reference: the exact fp32 product (with the panel workspace a bf16 or quantized B
+        // needs).
         std::vector<float> hws(GemmWorkspaceBytes(g) / 4 + 1);
         g.workspace = hws.data();
         g.workspace_bytes = hws.size() * 4;
@@ -214,17 +244,29 @@ TEST_F(BackendEquivalence, GemmBf16MathAgainstFp32) {
         d.c = dev_.Upload(Guarded(c0));
         const absl::Status st = Gemm(Gpu(), d);
         ASSERT_TRUE(st.ok()) << st;
-        EXPECT_TRUE(WithinBf16OfCpu(d.c, c)) << "B kind " << static_cast<int>(kind) << " ta=" << ta << " tb=" << tb;
+        EXPECT_TRUE(WithinBf16OfCpu(d.c, c))
+            << "B kind " << static_cast<int>(kind) << " ta=" << ta << " tb=" << tb;
       }
     }
   }
-  // Padded leading dimensions, beta == 0 over a NaN-poisoned C, and a strided batch with a broadcast B.
+  // Padded leading dimensions, beta == 0 over a NaN-poisoned C, and a strided batch with a
+  // broadcast B.
   const int64_t batch = 3, lda = k + 5, ldc = n + 3;
   const auto a = Random(batch * m * lda, 105), b = Random(k * n, 106);
-  GemmArgs g{.m = m, .n = n, .k = k, .a = a.data(), .lda = lda, .b = b.data(), .ldc = ldc, .batch = batch,
-             .stride_a = m * lda, .stride_b = 0, .stride_c = m * ldc};
+  GemmArgs g{.m = m,
+             .n = n,
+             .k = k,
+             .a = a.data(),
+             .lda = lda,
+             .b = b.data(),
+             .ldc = ldc,
+             .batch = batch,
+             .stride_a = m * lda,
+             .stride_b = 0,
+             .stride_c = m * ldc};
   std::vector<float> c0(batch * m * ldc, std::nanf(""));
-  for (int64_t i = 0; i < batch * m; ++i) std::fill_n(c0.begin() + i * ldc + n, ldc - n, 5.0f);  // padding survives
+  for (int64_t i = 0; i < batch * m; ++i)
+    std::fill_n(c0.begin() + i * ldc + n, ldc - n, 5.0f);  // padding survives
   Guarded c(c0);
   g.c = c.data();
   ASSERT_TRUE(Gemm(Cpu(), g).ok());
@@ -242,23 +284,47 @@ TEST_F(BackendEquivalence, GemmBf16MathAgainstFp32) {
 
 TEST_F(BackendEquivalence, LinearForwardBackward) {
   const int64_t R = 33, I = 48, O = 40;
-  const auto x = Random(R * I, 11), w = Random(O * I, 12), b = Random(O, 13), dy = Random(R * O, 14);
+  const auto x = Random(R * I, 11), w = Random(O * I, 12), b = Random(O, 13),
+             dy = Random(R * O, 14);
   Guarded y(R * O), dx(R * I), dw(O * I), db(O);
-  ASSERT_TRUE(LinearForward(Cpu(), LinearForwardArgs{.rows = R, .in_features = I, .out_features = O, .x = x.data(),
-                                                     .w = WeightPtr::F32(w.data()), .bias = b.data(), .y = y.data()})
+  ASSERT_TRUE(LinearForward(Cpu(), LinearForwardArgs{.rows = R,
+                                                     .in_features = I,
+                                                     .out_features = O,
+                                                     .x = x.data(),
+                                                     .w = WeightPtr::F32(w.data()),
+                                                     .bias = b.data(),
+                                                     .y = y.data()})
                   .ok());
-  ASSERT_TRUE(LinearBackward(Cpu(), LinearBackwardArgs{.rows = R, .in_features = I, .out_features = O, .x = x.data(),
-                                                       .w = WeightPtr::F32(w.data()), .dy = dy.data(), .dx = dx.data(),
-                                                       .dw = dw.data(), .dbias = db.data()})
+  ASSERT_TRUE(LinearBackward(Cpu(), LinearBackwardArgs{.rows = R,
+                                                       .in_features = I,
+                                                       .out_features = O,
+                                                       .x = x.data(),
+                                                       .w = WeightPtr::F32(w.data()),
+                                                       .dy = dy.data(),
+                                                       .dx = dx.data(),
+                                                       .dw = dw.data(),
+                                                       .dbias = db.data()})
                   .ok());
-  float *dx_d = dev_.Upload(x), *dw_d = dev_.Upload(w), *db_d = dev_.Upload(b), *ddy = dev_.Upload(dy);
-  float *y_d = dev_.Upload(Guarded(R * O)), *gx = dev_.Upload(Guarded(R * I)), *gw = dev_.Upload(Guarded(O * I)),
-        *gb = dev_.Upload(Guarded(O));
-  ASSERT_TRUE(LinearForward(Gpu(), LinearForwardArgs{.rows = R, .in_features = I, .out_features = O, .x = dx_d,
-                                                     .w = WeightPtr::F32(dw_d), .bias = db_d, .y = y_d})
+  float *dx_d = dev_.Upload(x), *dw_d = dev_.Upload(w), *db_d = dev_.Upload(b),
+        *ddy = dev_.Upload(dy);
+  float *y_d = dev_.Upload(Guarded(R * O)), *gx = dev_.Upload(Guarded(R * I)),
+        *gw = dev_.Upload(Guarded(O * I)), *gb = dev_.Upload(Guarded(O));
+  ASSERT_TRUE(LinearForward(Gpu(), LinearForwardArgs{.rows = R,
+                                                     .in_features = I,
+                                                     .out_features = O,
+                                                     .x = dx_d,
+                                                     .w = WeightPtr::F32(dw_d),
+                                                     .bias = db_d,
+                                                     .y = y_d})
                   .ok());
-  ASSERT_TRUE(LinearBackward(Gpu(), LinearBackwardArgs{.rows = R, .in_features = I, .out_features = O, .x = dx_d,
-                                                       .w = WeightPtr::F32(dw_d), .dy = ddy, .dx = gx, .dw = gw,
+  ASSERT_TRUE(LinearBackward(Gpu(), LinearBackwardArgs{.rows = R,
+                                                       .in_features = I,
+                                                       .out_features = O,
+                                                       .x = dx_d,
+                                                       .w = WeightPtr::F32(dw_d),
+                                                       .dy = ddy,
+                                                       .dx = gx,
+                                                       .dw = gw,
                                                        .dbias = gb})
                   .ok());
   EXPECT_TRUE(SameAsCpu(y_d, y, kGemmTol, kGemmTol));
@@ -276,16 +342,37 @@ TEST_F(BackendEquivalence, LoraLinearWithDropoutAndBf16Weight) {
   const DropoutSpec drop{.p = 0.1f, .seed = 77, .offset = 1000};
   // CPU
   Guarded y(R * O), h(R * r), dx(R * I), da(r * I), db(O * r);
-  LoraLinearForwardArgs f{.rows = R, .in_features = I, .out_features = O, .rank = r, .x = x.data(),
-                          .w = WeightPtr::BF16(wbits.data()), .bias = b.data(), .lora_a = A.data(), .lora_b = B.data(),
-                          .scaling = 2.0f, .dropout = drop, .y = y.data(), .h = h.data()};
+  LoraLinearForwardArgs f{.rows = R,
+                          .in_features = I,
+                          .out_features = O,
+                          .rank = r,
+                          .x = x.data(),
+                          .w = WeightPtr::BF16(wbits.data()),
+                          .bias = b.data(),
+                          .lora_a = A.data(),
+                          .lora_b = B.data(),
+                          .scaling = 2.0f,
+                          .dropout = drop,
+                          .y = y.data(),
+                          .h = h.data()};
   std::vector<float> fws(LoraLinearWorkspaceBytes(f) / 4);
   f.workspace = fws.data();
   f.workspace_bytes = fws.size() * 4;
   ASSERT_TRUE(LoraLinearForward(Cpu(), f).ok());
-  LoraLinearBackwardArgs bw{.rows = R, .in_features = I, .out_features = O, .rank = r, .x = x.data(),
-                            .w = WeightPtr::BF16(wbits.data()), .lora_a = A.data(), .lora_b = B.data(), .scaling = 2.0f,
-                            .dropout = drop, .h = h.data(), .dy = dy.data(), .dx = dx.data(), .da = da.data(),
+  LoraLinearBackwardArgs bw{.rows = R,
+                            .in_features = I,
+                            .out_features = O,
+                            .rank = r,
+                            .x = x.data(),
+                            .w = WeightPtr::BF16(wbits.data()),
+                            .lora_a = A.data(),
+                            .lora_b = B.data(),
+                            .scaling = 2.0f,
+                            .dropout = drop,
+                            .h = h.data(),
+                            .dy = dy.data(),
+                            .dx = dx.data(),
+                            .da = da.data(),
                             .db = db.data()};
   std::vector<float> bws(LoraLinearWorkspaceBytes(bw) / 4);
   bw.workspace = bws.data();
@@ -327,22 +414,49 @@ TEST_F(BackendEquivalence, LayerNormForwardBackward) {
   const auto x = Random(R * C, 31, -3, 3), gamma = Random(C, 32, 0.5f, 1.5f), beta = Random(C, 33),
              dy = Random(R * C, 34);
   Guarded y(R * C), mean(R), rstd(R), dx(R * C), dg(C), db(C);
-  ASSERT_TRUE(LayerNormForward(Cpu(), LayerNormForwardArgs{.rows = R, .cols = C, .x = x.data(), .gamma = gamma.data(),
-                                                           .beta = beta.data(), .y = y.data(), .mean = mean.data(),
+  ASSERT_TRUE(LayerNormForward(Cpu(), LayerNormForwardArgs{.rows = R,
+                                                           .cols = C,
+                                                           .x = x.data(),
+                                                           .gamma = gamma.data(),
+                                                           .beta = beta.data(),
+                                                           .y = y.data(),
+                                                           .mean = mean.data(),
                                                            .rstd = rstd.data()})
                   .ok());
-  ASSERT_TRUE(LayerNormBackward(Cpu(), LayerNormBackwardArgs{.rows = R, .cols = C, .x = x.data(), .gamma = gamma.data(),
-                                                             .mean = mean.data(), .rstd = rstd.data(), .dy = dy.data(),
-                                                             .dx = dx.data(), .dgamma = dg.data(), .dbeta = db.data()})
+  ASSERT_TRUE(LayerNormBackward(Cpu(), LayerNormBackwardArgs{.rows = R,
+                                                             .cols = C,
+                                                             .x = x.data(),
+                                                             .gamma = gamma.data(),
+                                                             .mean = mean.data(),
+                                                             .rstd = rstd.data(),
+                                                             .dy = dy.data(),
+                                                             .dx = dx.data(),
+                                                             .dgamma = dg.data(),
+                                                             .dbeta = db.data()})
                   .ok());
-  float *xd = dev_.Upload(x), *gd = dev_.Upload(gamma), *bd = dev_.Upload(beta), *dyd = dev_.Upload(dy);
-  float *yd = dev_.Upload(Guarded(R * C)), *md = dev_.Upload(Guarded(R)), *rd = dev_.Upload(Guarded(R)),
-        *dxd = dev_.Upload(Guarded(R * C)), *dgd = dev_.Upload(Guarded(C)), *dbd = dev_.Upload(Guarded(C));
-  ASSERT_TRUE(LayerNormForward(Gpu(), LayerNormForwardArgs{.rows = R, .cols = C, .x = xd, .gamma = gd, .beta = bd,
-                                                           .y = yd, .mean = md, .rstd = rd})
+  float *xd = dev_.Upload(x), *gd = dev_.Upload(gamma), *bd = dev_.Upload(beta),
+        *dyd = dev_.Upload(dy);
+  float *yd = dev_.Upload(Guarded(R * C)), *md = dev_.Upload(Guarded(R)),
+        *rd = dev_.Upload(Guarded(R)), *dxd = dev_.Upload(Guarded(R * C)),
+        *dgd = dev_.Upload(Guarded(C)), *dbd = dev_.Upload(Guarded(C));
+  ASSERT_TRUE(LayerNormForward(Gpu(), LayerNormForwardArgs{.rows = R,
+                                                           .cols = C,
+                                                           .x = xd,
+                                                           .gamma = gd,
+                                                           .beta = bd,
+                                                           .y = yd,
+                                                           .mean = md,
+                                                           .rstd = rd})
                   .ok());
-  ASSERT_TRUE(LayerNormBackward(Gpu(), LayerNormBackwardArgs{.rows = R, .cols = C, .x = xd, .gamma = gd, .mean = md,
-                                                             .rstd = rd, .dy = dyd, .dx = dxd, .dgamma = dgd,
+  ASSERT_TRUE(LayerNormBackward(Gpu(), LayerNormBackwardArgs{.rows = R,
+                                                             .cols = C,
+                                                             .x = xd,
+                                                             .gamma = gd,
+                                                             .mean = md,
+                                                             .rstd = rd,
+                                                             .dy = dyd,
+                                                             .dx = dxd,
+                                                             .dgamma = dgd,
                                                              .dbeta = dbd})
                   .ok());
   // Row sums of 768 terms in a different order (warp tree vs sequential): ~1e-5 relative.
@@ -354,13 +468,26 @@ TEST_F(BackendEquivalence, LayerNormForwardBackward) {
   EXPECT_TRUE(SameAsCpu(dbd, db, 1e-4, 1e-4));
   // No rows: the parameter gradients are zeros on both.
   Guarded dg0(C, 7.0f), db0(C, 7.0f);
-  ASSERT_TRUE(LayerNormBackward(Cpu(), LayerNormBackwardArgs{.rows = 0, .cols = C, .x = x.data(), .gamma = gamma.data(),
-                                                             .mean = mean.data(), .rstd = rstd.data(), .dy = dy.data(),
-                                                             .dgamma = dg0.data(), .dbeta = db0.data()})
+  ASSERT_TRUE(LayerNormBackward(Cpu(), LayerNormBackwardArgs{.rows = 0,
+                                                             .cols = C,
+                                                             .x = x.data(),
+                                                             .gamma = gamma.data(),
+                                                             .mean = mean.data(),
+                                                             .rstd = rstd.data(),
+                                                             .dy = dy.data(),
+                                                             .dgamma = dg0.data(),
+                                                             .dbeta = db0.data()})
                   .ok());
   float *dg0d = dev_.Upload(Guarded(C, 7.0f)), *db0d = dev_.Upload(Guarded(C, 7.0f));
-  ASSERT_TRUE(LayerNormBackward(Gpu(), LayerNormBackwardArgs{.rows = 0, .cols = C, .x = xd, .gamma = gd, .mean = md,
-                                                             .rstd = rd, .dy = dyd, .dgamma = dg0d, .dbeta = db0d})
+  ASSERT_TRUE(LayerNormBackward(Gpu(), LayerNormBackwardArgs{.rows = 0,
+                                                             .cols = C,
+                                                             .x = xd,
+                                                             .gamma = gd,
+                                                             .mean = md,
+                                                             .rstd = rd,
+                                                             .dy = dyd,
+                                                             .dgamma = dg0d,
+                                                             .dbeta = db0d})
                   .ok());
   EXPECT_TRUE(SameAsCpu(dg0d, dg0, 0, 0));
   EXPECT_TRUE(SameAsCpu(db0d, db0, 0, 0));
@@ -371,17 +498,26 @@ TEST_F(BackendEquivalence, Activations) {
   const auto x = Random(n, 41, -5, 5), dy = Random(n, 42);
   for (Activation kind : {Activation::kGelu, Activation::kTanh}) {
     Guarded y(n), dx(n);
-    ASSERT_TRUE(ActivationForward(Cpu(), ActivationForwardArgs{.kind = kind, .n = n, .x = x.data(), .y = y.data()}).ok());
+    ASSERT_TRUE(
+        ActivationForward(Cpu(),
+                          ActivationForwardArgs{.kind = kind, .n = n, .x = x.data(), .y = y.data()})
+            .ok());
     const std::vector<float> saved = kind == Activation::kGelu ? x : y.values();
-    ASSERT_TRUE(ActivationBackward(Cpu(), ActivationBackwardArgs{.kind = kind, .n = n, .saved = saved.data(),
-                                                                 .dy = dy.data(), .dx = dx.data()})
-                    .ok());
+    ASSERT_TRUE(
+        ActivationBackward(
+            Cpu(),
+            ActivationBackwardArgs{
+                .kind = kind, .n = n, .saved = saved.data(), .dy = dy.data(), .dx = dx.data()})
+            .ok());
     float *xd = dev_.Upload(x), *sd = dev_.Upload(saved), *dyd = dev_.Upload(dy);
     float *yd = dev_.Upload(Guarded(n)), *dxd = dev_.Upload(Guarded(n));
-    ASSERT_TRUE(ActivationForward(Gpu(), ActivationForwardArgs{.kind = kind, .n = n, .x = xd, .y = yd}).ok());
-    ASSERT_TRUE(ActivationBackward(Gpu(), ActivationBackwardArgs{.kind = kind, .n = n, .saved = sd, .dy = dyd,
-                                                                 .dx = dxd})
-                    .ok());
+    ASSERT_TRUE(
+        ActivationForward(Gpu(), ActivationForwardArgs{.kind = kind, .n = n, .x = xd, .y = yd})
+            .ok());
+    ASSERT_TRUE(
+        ActivationBackward(
+            Gpu(), ActivationBackwardArgs{.kind = kind, .n = n, .saved = sd, .dy = dyd, .dx = dxd})
+            .ok());
     // CUDA's erff/expf/tanhf are within 2 ulp of libm's: 1e-6 absolute for |values| <= 5.
     EXPECT_TRUE(SameAsCpu(yd, y, 1e-6, 1e-6));
     EXPECT_TRUE(SameAsCpu(dxd, dx, 1e-6, 1e-6));
@@ -393,9 +529,11 @@ TEST_F(BackendEquivalence, DropoutMaskIsIdentical) {
   const auto x = Random(n, 51);
   const DropoutSpec spec{.p = 0.37f, .seed = 0x123456789abcull, .offset = 7};
   Guarded y(n);
-  ASSERT_TRUE(Dropout(Cpu(), DropoutArgs{.n = n, .spec = spec, .x = x.data(), .out = y.data()}).ok());
+  ASSERT_TRUE(
+      Dropout(Cpu(), DropoutArgs{.n = n, .spec = spec, .x = x.data(), .out = y.data()}).ok());
   float* yd = dev_.Upload(Guarded(n));
-  ASSERT_TRUE(Dropout(Gpu(), DropoutArgs{.n = n, .spec = spec, .x = dev_.Upload(x), .out = yd}).ok());
+  ASSERT_TRUE(
+      Dropout(Gpu(), DropoutArgs{.n = n, .spec = spec, .x = dev_.Upload(x), .out = yd}).ok());
   // Same mask bit for bit, same x / (1 - p) product: exact.
   EXPECT_TRUE(SameAsCpu(yd, y, 0, 0));
 }
@@ -406,58 +544,78 @@ TEST_F(BackendEquivalence, AttentionForwardBackward) {
     bool causal;
   };
   for (auto layout : {AttentionLayout::kBHSD, AttentionLayout::kBSHD}) {
-   for (Heads hc : {Heads{4, 0, false}, Heads{6, 2, true}, Heads{4, 1, true}}) {
-    const AttentionDims dims{.batch = 3, .heads = hc.heads, .seq = 37, .head_dim = 16, .layout = layout,
-                             .kv_heads = hc.kv_heads, .causal = hc.causal};
-    const int64_t kvh = hc.kv_heads == 0 ? hc.heads : hc.kv_heads;
-    const int64_t E = 3 * hc.heads * 37 * 16, EK = 3 * kvh * 37 * 16, P = 3 * hc.heads * 37 * 37;
-    const auto q = Random(E, 61), k = Random(EK, 62), v = Random(EK, 63), dout = Random(E, 64);
-    std::vector<float> mask(3 * 37, 0.0f);
-    for (int64_t j = 30; j < 37; ++j) mask[37 + j] = -std::numeric_limits<float>::max();
-    const DropoutSpec drop{.p = 0.1f, .seed = 3, .offset = 0};
-    Guarded out(E), probs(P), dq(E), dk(EK), dv(EK);
-    AttentionForwardArgs f{.dims = dims, .q = q.data(), .k = k.data(), .v = v.data(), .mask = mask.data(),
-                           .dropout = drop, .probs = probs.data(), .out = out.data()};
-    std::vector<float> fws(AttentionWorkspaceBytes(f) / 4);
-    f.workspace = fws.data();
-    f.workspace_bytes = fws.size() * 4;
-    ASSERT_TRUE(AttentionForward(Cpu(), f).ok());
-    AttentionBackwardArgs b{.dims = dims, .q = q.data(), .k = k.data(), .v = v.data(), .probs = probs.data(),
-                            .dropout = drop, .dout = dout.data(), .dq = dq.data(), .dk = dk.data(), .dv = dv.data()};
-    std::vector<float> bws(AttentionWorkspaceBytes(b) / 4);
-    b.workspace = bws.data();
-    b.workspace_bytes = bws.size() * 4;
-    ASSERT_TRUE(AttentionBackward(Cpu(), b).ok());
+    for (Heads hc : {Heads{4, 0, false}, Heads{6, 2, true}, Heads{4, 1, true}}) {
+      const AttentionDims dims{.batch = 3,
+                               .heads = hc.heads,
+                               .seq = 37,
+                               .head_dim = 16,
+                               .layout = layout,
+                               .kv_heads = hc.kv_heads,
+                               .causal = hc.causal};
+      const int64_t kvh = hc.kv_heads == 0 ? hc.heads : hc.kv_heads;
+      const int64_t E = 3 * hc.heads * 37 * 16, EK = 3 * kvh * 37 * 16, P = 3 * hc.heads * 37 * 37;
+      const auto q = Random(E, 61), k = Random(EK, 62), v = Random(EK, 63), dout = Random(E, 64);
+      std::vector<float> mask(3 * 37, 0.0f);
+      for (int64_t j = 30; j < 37; ++j) mask[37 + j] = -std::numeric_limits<float>::max();
+      const DropoutSpec drop{.p = 0.1f, .seed = 3, .offset = 0};
+      Guarded out(E), probs(P), dq(E), dk(EK), dv(EK);
+      AttentionForwardArgs f{.dims = dims,
+                             .q = q.data(),
+                             .k = k.data(),
+                             .v = v.data(),
+                             .mask = mask.data(),
+                             .dropout = drop,
+                             .probs = probs.data(),
+                             .out = out.data()};
+      std::vector<float> fws(AttentionWorkspaceBytes(f) / 4);
+      f.workspace = fws.data();
+      f.workspace_bytes = fws.size() * 4;
+      ASSERT_TRUE(AttentionForward(Cpu(), f).ok());
+      AttentionBackwardArgs b{.dims = dims,
+                              .q = q.data(),
+                              .k = k.data(),
+                              .v = v.data(),
+                              .probs = probs.data(),
+                              .dropout = drop,
+                              .dout = dout.data(),
+                              .dq = dq.data(),
+                              .dk = dk.data(),
+                              .dv = dv.data()};
+      std::vector<float> bws(AttentionWorkspaceBytes(b) / 4);
+      b.workspace = bws.data();
+      b.workspace_bytes = bws.size() * 4;
+      ASSERT_TRUE(AttentionBackward(Cpu(), b).ok());
 
-    AttentionForwardArgs fd = f;
-    fd.q = dev_.Upload(q);
-    fd.k = dev_.Upload(k);
-    fd.v = dev_.Upload(v);
-    fd.mask = dev_.Upload(mask);
-    fd.probs = dev_.Upload(Guarded(P));
-    fd.out = dev_.Upload(Guarded(E));
-    fd.workspace = dev_.Workspace(f.workspace_bytes);
-    ASSERT_TRUE(AttentionForward(Gpu(), fd).ok());
-    AttentionBackwardArgs bd = b;
-    bd.q = fd.q;
-    bd.k = fd.k;
-    bd.v = fd.v;
-    bd.probs = fd.probs;
-    bd.dout = dev_.Upload(dout);
-    bd.dq = dev_.Upload(Guarded(E));
-    bd.dk = dev_.Upload(Guarded(EK));
-    bd.dv = dev_.Upload(Guarded(EK));
-    bd.workspace = dev_.Workspace(b.workspace_bytes);
-    ASSERT_TRUE(AttentionBackward(Gpu(), bd).ok());
-    const std::string tag = std::string(layout == AttentionLayout::kBHSD ? "BHSD" : "BSHD") + " heads " +
-                            std::to_string(hc.heads) + "/" + std::to_string(kvh) + (hc.causal ? " causal" : "");
-    // Probabilities: exp and a 37-term sum; then GEMMs over 37..16 terms: 1e-5 / 1e-4.
-    EXPECT_TRUE(SameAsCpu(fd.probs, probs, 1e-5, 1e-4)) << tag << " probs";
-    EXPECT_TRUE(SameAsCpu(fd.out, out, kGemmTol, kGemmTol)) << tag << " out";
-    EXPECT_TRUE(SameAsCpu(bd.dq, dq, kGemmTol, kGemmTol)) << tag << " dq";
-    EXPECT_TRUE(SameAsCpu(bd.dk, dk, kGemmTol, kGemmTol)) << tag << " dk";
-    EXPECT_TRUE(SameAsCpu(bd.dv, dv, kGemmTol, kGemmTol)) << tag << " dv";
-   }
+      AttentionForwardArgs fd = f;
+      fd.q = dev_.Upload(q);
+      fd.k = dev_.Upload(k);
+      fd.v = dev_.Upload(v);
+      fd.mask = dev_.Upload(mask);
+      fd.probs = dev_.Upload(Guarded(P));
+      fd.out = dev_.Upload(Guarded(E));
+      fd.workspace = dev_.Workspace(f.workspace_bytes);
+      ASSERT_TRUE(AttentionForward(Gpu(), fd).ok());
+      AttentionBackwardArgs bd = b;
+      bd.q = fd.q;
+      bd.k = fd.k;
+      bd.v = fd.v;
+      bd.probs = fd.probs;
+      bd.dout = dev_.Upload(dout);
+      bd.dq = dev_.Upload(Guarded(E));
+      bd.dk = dev_.Upload(Guarded(EK));
+      bd.dv = dev_.Upload(Guarded(EK));
+      bd.workspace = dev_.Workspace(b.workspace_bytes);
+      ASSERT_TRUE(AttentionBackward(Gpu(), bd).ok());
+      const std::string tag = std::string(layout == AttentionLayout::kBHSD ? "BHSD" : "BSHD") +
+                              " heads " + std::to_string(hc.heads) + "/" + std::to_string(kvh) +
+                              (hc.causal ? " causal" : "");
+      // Probabilities: exp and a 37-term sum; then GEMMs over 37..16 terms: 1e-5 / 1e-4.
+      EXPECT_TRUE(SameAsCpu(fd.probs, probs, 1e-5, 1e-4)) << tag << " probs";
+      EXPECT_TRUE(SameAsCpu(fd.out, out, kGemmTol, kGemmTol)) << tag << " out";
+      EXPECT_TRUE(SameAsCpu(bd.dq, dq, kGemmTol, kGemmTol)) << tag << " dq";
+      EXPECT_TRUE(SameAsCpu(bd.dk, dk, kGemmTol, kGemmTol)) << tag << " dk";
+      EXPECT_TRUE(SameAsCpu(bd.dv, dv, kGemmTol, kGemmTol)) << tag << " dv";
+    }
   }
 }
 
@@ -473,20 +631,40 @@ TEST_F(BackendEquivalence, FusedAttentionForwardBackward) {
   std::vector<float> mask(T, 0.0f);
   for (int64_t t : {40, 41, 44, 58, 59}) mask[t] = -1e30f;
   for (Heads hc : {Heads{4, 0, false, true}, Heads{6, 2, true, false}}) {
-    const int64_t kvh = hc.kv_heads == 0 ? hc.heads : hc.kv_heads, E = T * hc.heads * D, EK = T * kvh * D;
+    const int64_t kvh = hc.kv_heads == 0 ? hc.heads : hc.kv_heads, E = T * hc.heads * D,
+                  EK = T * kvh * D;
     const auto q = Random(E, 71), k = Random(EK, 72), v = Random(EK, 73), dout = Random(E, 74);
-    const FusedAttentionDims dims{.tokens = T, .num_seqs = 5, .heads = hc.heads, .head_dim = D,
-                                  .kv_heads = hc.kv_heads, .causal = hc.causal, .seq_start = starts.data(),
+    const FusedAttentionDims dims{.tokens = T,
+                                  .num_seqs = 5,
+                                  .heads = hc.heads,
+                                  .head_dim = D,
+                                  .kv_heads = hc.kv_heads,
+                                  .causal = hc.causal,
+                                  .seq_start = starts.data(),
                                   .mask = hc.masked ? mask.data() : nullptr};
     const DropoutSpec drop{.p = 0.1f, .seed = 5, .offset = 3, .stream = 2};
     Guarded out(E), lse(T * hc.heads), dq(E), dk(EK), dv(EK);
-    FusedAttentionForwardArgs f{.dims = dims, .q = q.data(), .k = k.data(), .v = v.data(), .dropout = drop,
-                                .out = out.data(), .lse = lse.data()};
+    FusedAttentionForwardArgs f{.dims = dims,
+                                .q = q.data(),
+                                .k = k.data(),
+                                .v = v.data(),
+                                .dropout = drop,
+                                .out = out.data(),
+                                .lse = lse.data()};
     ASSERT_TRUE(FusedAttentionForward(Cpu(), f).ok());
     std::vector<float> ws(FusedAttentionBackwardWorkspaceBytes(dims) / 4);
-    FusedAttentionBackwardArgs b{.dims = dims, .q = q.data(), .k = k.data(), .v = v.data(), .out = out.data(),
-                                 .lse = lse.data(), .dropout = drop, .dout = dout.data(), .dq = dq.data(),
-                                 .dk = dk.data(), .dv = dv.data(), .workspace = ws.data(),
+    FusedAttentionBackwardArgs b{.dims = dims,
+                                 .q = q.data(),
+                                 .k = k.data(),
+                                 .v = v.data(),
+                                 .out = out.data(),
+                                 .lse = lse.data(),
+                                 .dropout = drop,
+                                 .dout = dout.data(),
+                                 .dq = dq.data(),
+                                 .dk = dk.data(),
+                                 .dv = dv.data(),
+                                 .workspace = ws.data(),
                                  .workspace_bytes = ws.size() * 4};
     ASSERT_TRUE(FusedAttentionBackward(Cpu(), b).ok());
 
@@ -531,23 +709,40 @@ TEST_F(BackendEquivalence, AttentionSoftmaxPieces) {
     for (int64_t j = 40; j < seq; ++j) mask[seq + j] = -1e30f;
     const DropoutSpec drop{.p = 0.2f, .seed = 9, .offset = 5};
     Guarded probs(scores), dropped(P), grad(dprobs);
-    ASSERT_TRUE(AttentionSoftmaxForward(Cpu(), {.batch = batch, .heads = heads, .seq = seq, .mask = mask.data(),
-                                                .causal = causal, .scores = probs.data(), .dropout = drop,
+    ASSERT_TRUE(AttentionSoftmaxForward(Cpu(), {.batch = batch,
+                                                .heads = heads,
+                                                .seq = seq,
+                                                .mask = mask.data(),
+                                                .causal = causal,
+                                                .scores = probs.data(),
+                                                .dropout = drop,
                                                 .dropped = dropped.data()})
                     .ok());
-    ASSERT_TRUE(AttentionSoftmaxBackward(Cpu(), {.batch = batch, .heads = heads, .seq = seq,
-                                                 .probs = probs.data(), .dropout = drop, .grad = grad.data()})
+    ASSERT_TRUE(AttentionSoftmaxBackward(Cpu(), {.batch = batch,
+                                                 .heads = heads,
+                                                 .seq = seq,
+                                                 .probs = probs.data(),
+                                                 .dropout = drop,
+                                                 .grad = grad.data()})
                     .ok());
     float* probs_d = dev_.Upload(Guarded(scores));
     float* dropped_d = dev_.Upload(Guarded(P));
     float* grad_d = dev_.Upload(Guarded(dprobs));
-    ASSERT_TRUE(AttentionSoftmaxForward(Gpu(), {.batch = batch, .heads = heads, .seq = seq,
-                                                .mask = dev_.Upload(mask), .causal = causal, .scores = probs_d,
-                                                .dropout = drop, .dropped = dropped_d})
+    ASSERT_TRUE(AttentionSoftmaxForward(Gpu(), {.batch = batch,
+                                                .heads = heads,
+                                                .seq = seq,
+                                                .mask = dev_.Upload(mask),
+                                                .causal = causal,
+                                                .scores = probs_d,
+                                                .dropout = drop,
+                                                .dropped = dropped_d})
                     .ok());
-    ASSERT_TRUE(AttentionSoftmaxBackward(
-                    Gpu(), {.batch = batch, .heads = heads, .seq = seq, .probs = probs_d, .dropout = drop,
-                            .grad = grad_d})
+    ASSERT_TRUE(AttentionSoftmaxBackward(Gpu(), {.batch = batch,
+                                                 .heads = heads,
+                                                 .seq = seq,
+                                                 .probs = probs_d,
+                                                 .dropout = drop,
+                                                 .grad = grad_d})
                     .ok());
     const char* tag = causal ? "causal" : "bidirectional";
     EXPECT_TRUE(SameAsCpu(probs_d, probs, 1e-6, 1e-5)) << tag << " probs";
@@ -564,13 +759,19 @@ TEST_F(BackendEquivalence, DecodeAttention) {
     int64_t heads, kv_heads, D, len;
   };
   for (Case c : {Case{4, 4, 16, 1}, Case{6, 2, 16, 37}, Case{8, 2, 64, kDecodeAttentionChunk},
-                 Case{8, 1, 64, 2 * kDecodeAttentionChunk + 45}, Case{3, 3, 128, kDecodeAttentionChunk + 1}}) {
+                 Case{8, 1, 64, 2 * kDecodeAttentionChunk + 45},
+                 Case{3, 3, 128, kDecodeAttentionChunk + 1}}) {
     const std::string tag = std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " D " +
                             std::to_string(c.D) + " len " + std::to_string(c.len);
     const int64_t E = c.heads * c.D, EK = c.len * c.kv_heads * c.D;
     const auto q = Random(E, 81), k = Random(EK, 82), v = Random(EK, 83);
-    DecodeAttentionArgs a{.heads = c.heads, .kv_heads = c.kv_heads, .head_dim = c.D, .len = c.len, .q = q.data(),
-                          .k_cache = k.data(), .v_cache = v.data()};
+    DecodeAttentionArgs a{.heads = c.heads,
+                          .kv_heads = c.kv_heads,
+                          .head_dim = c.D,
+                          .len = c.len,
+                          .q = q.data(),
+                          .k_cache = k.data(),
+                          .v_cache = v.data()};
     const size_t ws = DecodeAttentionWorkspaceBytes(a);
     std::vector<float> hws(ws / 4);
     Guarded out(E, NAN);
@@ -593,19 +794,40 @@ TEST_F(BackendEquivalence, DecodeAttention) {
 
 TEST_F(BackendEquivalence, RmsNormForwardBackward) {
   const int64_t R = 50, C = 576;
-  const auto x = Random(R * C, 131, -3, 3), gamma = Random(C, 132, 0.5f, 1.5f), dy = Random(R * C, 134);
+  const auto x = Random(R * C, 131, -3, 3), gamma = Random(C, 132, 0.5f, 1.5f),
+             dy = Random(R * C, 134);
   Guarded y(R * C), rstd(R), dx(R * C), dg(C);
-  ASSERT_TRUE(RmsNormForward(Cpu(), {.rows = R, .cols = C, .eps = 1e-5f, .x = x.data(), .gamma = gamma.data(),
-                                     .y = y.data(), .rstd = rstd.data()})
+  ASSERT_TRUE(RmsNormForward(Cpu(), {.rows = R,
+                                     .cols = C,
+                                     .eps = 1e-5f,
+                                     .x = x.data(),
+                                     .gamma = gamma.data(),
+                                     .y = y.data(),
+                                     .rstd = rstd.data()})
                   .ok());
-  ASSERT_TRUE(RmsNormBackward(Cpu(), {.rows = R, .cols = C, .x = x.data(), .gamma = gamma.data(), .rstd = rstd.data(),
-                                      .dy = dy.data(), .dx = dx.data(), .dgamma = dg.data()})
+  ASSERT_TRUE(RmsNormBackward(Cpu(), {.rows = R,
+                                      .cols = C,
+                                      .x = x.data(),
+                                      .gamma = gamma.data(),
+                                      .rstd = rstd.data(),
+                                      .dy = dy.data(),
+                                      .dx = dx.data(),
+                                      .dgamma = dg.data()})
                   .ok());
   float *xd = dev_.Upload(x), *gd = dev_.Upload(gamma), *dyd = dev_.Upload(dy);
-  float *yd = dev_.Upload(Guarded(R * C)), *rd = dev_.Upload(Guarded(R)), *dxd = dev_.Upload(Guarded(R * C)),
-        *dgd = dev_.Upload(Guarded(C));
-  ASSERT_TRUE(RmsNormForward(Gpu(), {.rows = R, .cols = C, .eps = 1e-5f, .x = xd, .gamma = gd, .y = yd, .rstd = rd}).ok());
-  ASSERT_TRUE(RmsNormBackward(Gpu(), {.rows = R, .cols = C, .x = xd, .gamma = gd, .rstd = rd, .dy = dyd, .dx = dxd,
+  float *yd = dev_.Upload(Guarded(R * C)), *rd = dev_.Upload(Guarded(R)),
+        *dxd = dev_.Upload(Guarded(R * C)), *dgd = dev_.Upload(Guarded(C));
+  ASSERT_TRUE(
+      RmsNormForward(
+          Gpu(), {.rows = R, .cols = C, .eps = 1e-5f, .x = xd, .gamma = gd, .y = yd, .rstd = rd})
+          .ok());
+  ASSERT_TRUE(RmsNormBackward(Gpu(), {.rows = R,
+                                      .cols = C,
+                                      .x = xd,
+                                      .gamma = gd,
+                                      .rstd = rd,
+                                      .dy = dyd,
+                                      .dx = dxd,
                                       .dgamma = dgd})
                   .ok());
   EXPECT_TRUE(SameAsCpu(yd, y, 1e-4, 1e-4));
@@ -622,12 +844,25 @@ TEST_F(BackendEquivalence, Rope) {
   const auto x = Random(T * H * D, 141);
   for (bool inverse : {false, true}) {
     Guarded cpu(x);
-    ASSERT_TRUE(Rope(Cpu(), {.tokens = T, .heads = H, .head_dim = D, .max_positions = P, .positions = pos.data(),
-                             .cos = tables.cos.data(), .sin = tables.sin.data(), .x = cpu.data(), .inverse = inverse})
+    ASSERT_TRUE(Rope(Cpu(), {.tokens = T,
+                             .heads = H,
+                             .head_dim = D,
+                             .max_positions = P,
+                             .positions = pos.data(),
+                             .cos = tables.cos.data(),
+                             .sin = tables.sin.data(),
+                             .x = cpu.data(),
+                             .inverse = inverse})
                     .ok());
     float* xd = dev_.Upload(Guarded(x));
-    ASSERT_TRUE(Rope(Gpu(), {.tokens = T, .heads = H, .head_dim = D, .max_positions = P, .positions = dev_.Upload(pos),
-                             .cos = dev_.Upload(tables.cos), .sin = dev_.Upload(tables.sin), .x = xd,
+    ASSERT_TRUE(Rope(Gpu(), {.tokens = T,
+                             .heads = H,
+                             .head_dim = D,
+                             .max_positions = P,
+                             .positions = dev_.Upload(pos),
+                             .cos = dev_.Upload(tables.cos),
+                             .sin = dev_.Upload(tables.sin),
+                             .x = xd,
                              .inverse = inverse})
                     .ok());
     // Two products and a sum per element, the same table: exact up to contraction.
@@ -639,14 +874,22 @@ TEST_F(BackendEquivalence, SwiGlu) {
   const int64_t n = 10007;
   const auto gate = Random(n, 151, -8, 8), up = Random(n, 152), dy = Random(n, 153);
   Guarded y(n), dg(n), du(n);
-  ASSERT_TRUE(SwiGluForward(Cpu(), {.n = n, .gate = gate.data(), .up = up.data(), .y = y.data()}).ok());
-  ASSERT_TRUE(SwiGluBackward(Cpu(), {.n = n, .gate = gate.data(), .up = up.data(), .dy = dy.data(), .dgate = dg.data(),
+  ASSERT_TRUE(
+      SwiGluForward(Cpu(), {.n = n, .gate = gate.data(), .up = up.data(), .y = y.data()}).ok());
+  ASSERT_TRUE(SwiGluBackward(Cpu(), {.n = n,
+                                     .gate = gate.data(),
+                                     .up = up.data(),
+                                     .dy = dy.data(),
+                                     .dgate = dg.data(),
                                      .dup = du.data()})
                   .ok());
   float *gd = dev_.Upload(gate), *ud = dev_.Upload(up), *dyd = dev_.Upload(dy);
-  float *yd = dev_.Upload(Guarded(n)), *dgd = dev_.Upload(Guarded(n)), *dud = dev_.Upload(Guarded(n));
+  float *yd = dev_.Upload(Guarded(n)), *dgd = dev_.Upload(Guarded(n)),
+        *dud = dev_.Upload(Guarded(n));
   ASSERT_TRUE(SwiGluForward(Gpu(), {.n = n, .gate = gd, .up = ud, .y = yd}).ok());
-  ASSERT_TRUE(SwiGluBackward(Gpu(), {.n = n, .gate = gd, .up = ud, .dy = dyd, .dgate = dgd, .dup = dud}).ok());
+  ASSERT_TRUE(
+      SwiGluBackward(Gpu(), {.n = n, .gate = gd, .up = ud, .dy = dyd, .dgate = dgd, .dup = dud})
+          .ok());
   // The CPU's polynomial exp against CUDA's expf: a few ulp.
   EXPECT_TRUE(SameAsCpu(yd, y, 1e-6, 1e-5));
   EXPECT_TRUE(SameAsCpu(dgd, dg, 1e-6, 1e-5));
@@ -663,9 +906,16 @@ TEST_F(BackendEquivalence, Embedding) {
     ids[t] = static_cast<int32_t>((t * 37) % V);
     types[t] = static_cast<int32_t>(t % 2);
   }
-  EmbeddingForwardArgs a{.tokens = tokens, .hidden = H, .seq_len = 16, .vocab = V, .max_positions = Pmax,
-                         .type_vocab = T, .input_ids = ids.data(), .token_type_ids = types.data(),
-                         .word = WeightPtr::BF16(wbits.data()), .position = WeightPtr::F32(pos.data()),
+  EmbeddingForwardArgs a{.tokens = tokens,
+                         .hidden = H,
+                         .seq_len = 16,
+                         .vocab = V,
+                         .max_positions = Pmax,
+                         .type_vocab = T,
+                         .input_ids = ids.data(),
+                         .token_type_ids = types.data(),
+                         .word = WeightPtr::BF16(wbits.data()),
+                         .position = WeightPtr::F32(pos.data()),
                          .token_type = WeightPtr::F32(type.data())};
   Guarded out(tokens * H);
   a.out = out.data();
@@ -686,15 +936,23 @@ TEST_F(BackendEquivalence, CrossEntropy) {
   const int64_t B = 17, C = 300;
   const auto logits = Random(B * C, 81, -4, 4);
   std::vector<int32_t> labels(B);
-  for (int64_t b = 0; b < B; ++b) labels[b] = b == 5 ? kIgnoreIndex : static_cast<int32_t>((b * 31) % C);
+  for (int64_t b = 0; b < B; ++b)
+    labels[b] = b == 5 ? kIgnoreIndex : static_cast<int32_t>((b * 31) % C);
   Guarded loss(1), dl(B * C);
-  ASSERT_TRUE(SoftmaxCrossEntropy(Cpu(), CrossEntropyArgs{.batch = B, .classes = C, .logits = logits.data(),
-                                                          .labels = labels.data(), .loss = loss.data(),
+  ASSERT_TRUE(SoftmaxCrossEntropy(Cpu(), CrossEntropyArgs{.batch = B,
+                                                          .classes = C,
+                                                          .logits = logits.data(),
+                                                          .labels = labels.data(),
+                                                          .loss = loss.data(),
                                                           .dlogits = dl.data()})
                   .ok());
   float *ld = dev_.Upload(Guarded(1)), *dld = dev_.Upload(Guarded(B * C));
-  ASSERT_TRUE(SoftmaxCrossEntropy(Gpu(), CrossEntropyArgs{.batch = B, .classes = C, .logits = dev_.Upload(logits),
-                                                          .labels = dev_.Upload(labels), .loss = ld, .dlogits = dld})
+  ASSERT_TRUE(SoftmaxCrossEntropy(Gpu(), CrossEntropyArgs{.batch = B,
+                                                          .classes = C,
+                                                          .logits = dev_.Upload(logits),
+                                                          .labels = dev_.Upload(labels),
+                                                          .loss = ld,
+                                                          .dlogits = dld})
                   .ok());
   // 300-term exp sums in a different order: 1e-5 relative on the loss, 1e-6 on probabilities.
   EXPECT_TRUE(SameAsCpu(ld, loss, 1e-5, 1e-5));
@@ -730,18 +988,21 @@ TEST_F(BackendEquivalence, AdamW) {
 TEST_F(BackendEquivalence, FixedPointAccumulateIsBitIdentical) {
   const int64_t n = 300007;
   std::vector<u128> cpu(n);
-  for (int64_t i = 0; i < n; ++i) cpu[i] = (static_cast<u128>(i) << 70) - static_cast<u128>(i * 977);
+  for (int64_t i = 0; i < n; ++i)
+    cpu[i] = (static_cast<u128>(i) << 70) - static_cast<u128>(i * 977);
   u128* dev = dev_.Upload(cpu);
   for (uint64_t w : {uint64_t{1}, uint64_t{37}, uint64_t{1} << 32}) {
     std::vector<float> x = Random(n, static_cast<uint32_t>(w), -3.0f, 3.0f);
     x[11] = std::ldexp(1.0f, -80);  // rounds to 0 or 1 unit depending on w
     int64_t bad_cpu = 0, bad_gpu = 0;
-    ASSERT_TRUE(FixedPointAccumulate(Cpu(), {.n = n, .x = x.data(), .weight = w, .sums = cpu.data(),
-                                             .first_bad = &bad_cpu})
-                    .ok());
-    ASSERT_TRUE(FixedPointAccumulate(Gpu(), {.n = n, .x = dev_.Upload(x), .weight = w, .sums = dev,
-                                             .first_bad = &bad_gpu})
-                    .ok());
+    ASSERT_TRUE(
+        FixedPointAccumulate(
+            Cpu(), {.n = n, .x = x.data(), .weight = w, .sums = cpu.data(), .first_bad = &bad_cpu})
+            .ok());
+    ASSERT_TRUE(
+        FixedPointAccumulate(
+            Gpu(), {.n = n, .x = dev_.Upload(x), .weight = w, .sums = dev, .first_bad = &bad_gpu})
+            .ok());
     EXPECT_EQ(bad_cpu, -1);
     EXPECT_EQ(bad_gpu, -1);
   }
@@ -752,10 +1013,18 @@ TEST_F(BackendEquivalence, FixedPointAccumulateIsBitIdentical) {
   x[123457] = std::ldexp(1.0f, 44);
   for (int sign : {1, -1}) {
     int64_t bad_cpu = 0, bad_gpu = 0;
-    ASSERT_TRUE(FixedPointAccumulate(Cpu(), {.n = n, .x = x.data(), .weight = 2, .sign = sign, .sums = cpu.data(),
+    ASSERT_TRUE(FixedPointAccumulate(Cpu(), {.n = n,
+                                             .x = x.data(),
+                                             .weight = 2,
+                                             .sign = sign,
+                                             .sums = cpu.data(),
                                              .first_bad = &bad_cpu})
                     .ok());
-    ASSERT_TRUE(FixedPointAccumulate(Gpu(), {.n = n, .x = dev_.Upload(x), .weight = 2, .sign = sign, .sums = dev,
+    ASSERT_TRUE(FixedPointAccumulate(Gpu(), {.n = n,
+                                             .x = dev_.Upload(x),
+                                             .weight = 2,
+                                             .sign = sign,
+                                             .sums = dev,
                                              .first_bad = &bad_gpu})
                     .ok());
     EXPECT_EQ(bad_cpu, 123457);
@@ -768,11 +1037,19 @@ TEST_F(BackendEquivalence, FixedPointAccumulateIsBitIdentical) {
   const int64_t k = static_cast<int64_t>(index.size());
   const std::vector<float> kept = Random(k, 98, -5.0f, 5.0f);
   int64_t bad_cpu = 0, bad_gpu = 0;
-  ASSERT_TRUE(FixedPointAccumulate(Cpu(), {.n = k, .x = kept.data(), .weight = 3, .sums = cpu.data(),
-                                           .index = index.data(), .first_bad = &bad_cpu})
+  ASSERT_TRUE(FixedPointAccumulate(Cpu(), {.n = k,
+                                           .x = kept.data(),
+                                           .weight = 3,
+                                           .sums = cpu.data(),
+                                           .index = index.data(),
+                                           .first_bad = &bad_cpu})
                   .ok());
-  ASSERT_TRUE(FixedPointAccumulate(Gpu(), {.n = k, .x = dev_.Upload(kept), .weight = 3, .sums = dev,
-                                           .index = dev_.Upload(index), .first_bad = &bad_gpu})
+  ASSERT_TRUE(FixedPointAccumulate(Gpu(), {.n = k,
+                                           .x = dev_.Upload(kept),
+                                           .weight = 3,
+                                           .sums = dev,
+                                           .index = dev_.Upload(index),
+                                           .first_bad = &bad_gpu})
                   .ok());
   EXPECT_EQ(bad_cpu, -1);
   EXPECT_EQ(bad_gpu, -1);
@@ -789,7 +1066,8 @@ TEST_F(BackendEquivalence, TopKIndicesAreIdentical) {
   constexpr size_t kGuardIdx = 16;
   for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{300007}}) {
     std::vector<float> x = Random(static_cast<size_t>(n), static_cast<uint32_t>(61 + n));
-    for (int64_t i = 0; i < n; i += 3) x[i] = std::round(x[i] * 8.0f) / 8.0f;  // ties, zeros of both signs
+    for (int64_t i = 0; i < n; i += 3)
+      x[i] = std::round(x[i] * 8.0f) / 8.0f;  // ties, zeros of both signs
     const float* xd = dev_.Upload(x);
     for (int64_t k : {int64_t{1}, n / 100 + 1, n / 2, n}) {
       if (k < 1) continue;
@@ -811,7 +1089,8 @@ TEST_F(BackendEquivalence, TopKIndicesAreIdentical) {
       ASSERT_TRUE(st.ok()) << st;
       std::vector<int64_t> got(static_cast<size_t>(k) + kGuardIdx);
       ASSERT_TRUE(CopyToHost(got.data(), idx, got.size() * sizeof(int64_t)).ok());
-      for (size_t g = 0; g < kGuardIdx; ++g) ASSERT_EQ(got[static_cast<size_t>(k) + g], -1) << "wrote past k";
+      for (size_t g = 0; g < kGuardIdx; ++g)
+        ASSERT_EQ(got[static_cast<size_t>(k) + g], -1) << "wrote past k";
       got.resize(static_cast<size_t>(k));
       EXPECT_EQ(got, cpu) << "n " << n << " k " << k;
     }
@@ -831,8 +1110,14 @@ TEST_F(BackendEquivalence, BlockQuantizeBytesAreIdentical) {
       for (int64_t block : {int64_t{8}, int64_t{264}}) {
         const size_t bytes = BlockQuantizedBytes(static_cast<uint64_t>(n), bits, block);
         std::vector<uint8_t> cpu(bytes, 0xAB);
-        BlockQuantizeArgs a{.n = n, .x = x.data(), .bits = bits, .block_size = block, .stochastic = stochastic,
-                            .seed = 0x0123456789abcdefull, .stream = 5, .out = cpu.data()};
+        BlockQuantizeArgs a{.n = n,
+                            .x = x.data(),
+                            .bits = bits,
+                            .block_size = block,
+                            .stochastic = stochastic,
+                            .seed = 0x0123456789abcdefull,
+                            .stream = 5,
+                            .out = cpu.data()};
         ASSERT_TRUE(BlockQuantize(Cpu(), a).ok());
         uint8_t* out = dev_.Upload(std::vector<uint8_t>(bytes + kGuardBytes, 0xAB));
         BlockQuantizeArgs d = a;
@@ -846,12 +1131,14 @@ TEST_F(BackendEquivalence, BlockQuantizeBytesAreIdentical) {
         ASSERT_TRUE(st.ok()) << st;
         std::vector<uint8_t> got(bytes + kGuardBytes);
         ASSERT_TRUE(CopyToHost(got.data(), out, got.size()).ok());
-        for (size_t g = 0; g < kGuardBytes; ++g) ASSERT_EQ(got[bytes + g], 0xAB) << "wrote past the end";
+        for (size_t g = 0; g < kGuardBytes; ++g)
+          ASSERT_EQ(got[bytes + g], 0xAB) << "wrote past the end";
         got.resize(bytes);
         size_t first_diff = bytes;
-        for (size_t i = 0; i < bytes && first_diff == bytes; ++i) first_diff = got[i] != cpu[i] ? i : bytes;
-        EXPECT_EQ(first_diff, bytes) << "bits " << bits << " stochastic " << stochastic << " block " << block
-                                     << ": first differing byte";
+        for (size_t i = 0; i < bytes && first_diff == bytes; ++i)
+          first_diff = got[i] != cpu[i] ? i : bytes;
+        EXPECT_EQ(first_diff, bytes) << "bits " << bits << " stochastic " << stochastic << " block "
+                                     << block << ": first differing byte";
       }
     }
   }
@@ -873,27 +1160,38 @@ TEST_F(BackendEquivalence, ReductionsAndElementwise) {
   const std::vector<const float*> dev_ptrs = {xd, dev_.Upload(x2), xd};
   const std::vector<int64_t> lens = {n, 5000, 0};
   Guarded many(std::vector<float>{0.75f});
-  ASSERT_TRUE(SumSquaresMany(Cpu(), SumSquaresManyArgs{.tensors = 3, .x = host_ptrs.data(), .n = lens.data(),
-                                                       .result = many.data(), .accumulate = true})
+  ASSERT_TRUE(SumSquaresMany(Cpu(), SumSquaresManyArgs{.tensors = 3,
+                                                       .x = host_ptrs.data(),
+                                                       .n = lens.data(),
+                                                       .result = many.data(),
+                                                       .accumulate = true})
                   .ok());
   float* manyd = dev_.Upload(Guarded(std::vector<float>{0.75f}));
-  ASSERT_TRUE(SumSquaresMany(Gpu(), SumSquaresManyArgs{.tensors = 3, .x = dev_ptrs.data(), .n = lens.data(),
-                                                       .result = manyd, .accumulate = true})
+  ASSERT_TRUE(SumSquaresMany(Gpu(), SumSquaresManyArgs{.tensors = 3,
+                                                       .x = dev_ptrs.data(),
+                                                       .n = lens.data(),
+                                                       .result = manyd,
+                                                       .accumulate = true})
                   .ok());
   EXPECT_TRUE(SameAsCpu(manyd, many, 0, 1e-7));
   // ColumnSum (129 terms, different order): 1e-5.
   Guarded cs(C);
-  ASSERT_TRUE(ColumnSum(Cpu(), ColumnSumArgs{.rows = R, .cols = C, .x = x.data(), .out = cs.data()}).ok());
+  ASSERT_TRUE(
+      ColumnSum(Cpu(), ColumnSumArgs{.rows = R, .cols = C, .x = x.data(), .out = cs.data()}).ok());
   float* csd = dev_.Upload(Guarded(C));
   ASSERT_TRUE(ColumnSum(Gpu(), ColumnSumArgs{.rows = R, .cols = C, .x = xd, .out = csd}).ok());
   EXPECT_TRUE(SameAsCpu(csd, cs, 1e-5, 1e-5));
   // BiasAdd, Add, Scale: one rounding each, exact.
   Guarded y(other);
-  ASSERT_TRUE(BiasAdd(Cpu(), BiasAddArgs{.rows = R, .cols = C, .bias = bias.data(), .y = y.data()}).ok());
-  ASSERT_TRUE(Add(Cpu(), AddArgs{.n = n, .a = y.data(), .b = x.data(), .alpha = -0.5f, .out = y.data()}).ok());
+  ASSERT_TRUE(
+      BiasAdd(Cpu(), BiasAddArgs{.rows = R, .cols = C, .bias = bias.data(), .y = y.data()}).ok());
+  ASSERT_TRUE(
+      Add(Cpu(), AddArgs{.n = n, .a = y.data(), .b = x.data(), .alpha = -0.5f, .out = y.data()})
+          .ok());
   ASSERT_TRUE(Scale(Cpu(), ScaleArgs{.n = n, .alpha = 3.0f, .x = y.data()}).ok());
   float* yd = dev_.Upload(Guarded(other));
-  ASSERT_TRUE(BiasAdd(Gpu(), BiasAddArgs{.rows = R, .cols = C, .bias = dev_.Upload(bias), .y = yd}).ok());
+  ASSERT_TRUE(
+      BiasAdd(Gpu(), BiasAddArgs{.rows = R, .cols = C, .bias = dev_.Upload(bias), .y = yd}).ok());
   ASSERT_TRUE(Add(Gpu(), AddArgs{.n = n, .a = yd, .b = xd, .alpha = -0.5f, .out = yd}).ok());
   ASSERT_TRUE(Scale(Gpu(), ScaleArgs{.n = n, .alpha = 3.0f, .x = yd}).ok());
   // a + alpha * b may be one fused multiply-add on the GPU: 1 ulp.

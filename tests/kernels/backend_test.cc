@@ -72,7 +72,8 @@ TEST(Backend, UploadDownloadCopyRowsAndZero) {
     ASSERT_TRUE(b->Upload(src.data(), host.data(), src.bytes()).ok());
     // Rows 0..3, columns 2..4 of the [4, 6] matrix into a packed [4, 3].
     auto dst = *DeviceArray<float>::Zeros(*b, 12);
-    ASSERT_TRUE(b->CopyRows(dst.data(), 3 * sizeof(float), src.data() + 2, 6 * sizeof(float), 3 * sizeof(float), 4)
+    ASSERT_TRUE(b->CopyRows(dst.data(), 3 * sizeof(float), src.data() + 2, 6 * sizeof(float),
+                            3 * sizeof(float), 4)
                     .ok());
     std::vector<float> got(12, -1.0f);
     ASSERT_TRUE(b->Download(got.data(), dst.data(), dst.bytes()).ok());
@@ -83,7 +84,8 @@ TEST(Backend, UploadDownloadCopyRowsAndZero) {
     ASSERT_TRUE(b->Zero(src.data() + 5, 7 * sizeof(float)).ok());
     std::vector<float> after(host.size());
     ASSERT_TRUE(b->Download(after.data(), src.data(), src.bytes()).ok());
-    for (size_t i = 0; i < host.size(); ++i) EXPECT_EQ(after[i], i >= 5 && i < 12 ? 0.0f : host[i]) << i;
+    for (size_t i = 0; i < host.size(); ++i)
+      EXPECT_EQ(after[i], i >= 5 && i < 12 ? 0.0f : host[i]) << i;
     ASSERT_TRUE(b->Synchronize().ok());
   }
 }

@@ -14,12 +14,17 @@ namespace {
 using testing::Cpu;
 using testing::Random;
 
-std::vector<uint8_t> Quantize(const std::vector<float>& x, int bits, int64_t block, bool stochastic, uint64_t seed = 0,
-                              uint64_t stream = 0) {
+std::vector<uint8_t> Quantize(const std::vector<float>& x, int bits, int64_t block, bool stochastic,
+                              uint64_t seed = 0, uint64_t stream = 0) {
   std::vector<uint8_t> out(BlockQuantizedBytes(x.size(), bits, block), 0xAB);
-  const absl::Status s = BlockQuantize(Cpu(), {.n = static_cast<int64_t>(x.size()), .x = x.data(), .bits = bits,
-                                               .block_size = block, .stochastic = stochastic, .seed = seed,
-                                               .stream = stream, .out = out.data()});
+  const absl::Status s = BlockQuantize(Cpu(), {.n = static_cast<int64_t>(x.size()),
+                                               .x = x.data(),
+                                               .bits = bits,
+                                               .block_size = block,
+                                               .stochastic = stochastic,
+                                               .seed = seed,
+                                               .stream = stream,
+                                               .out = out.data()});
   EXPECT_TRUE(s.ok()) << s;
   return out;
 }
@@ -40,8 +45,12 @@ TEST(BlockQuantize, HandWorkedNearestBytes) {
   // s = 1, levels -1, -1/3, 1/3, 1 (step 2/3): codes 0 1 2 3, 0 -> 1.5 rounds up to 2, 0.5 -> 2.25
   // to 2, -0.5 -> 0.75 to 1, 0.9 -> 2.85 to 3.
   const std::vector<float> x = {-1.0f, -1.0f / 3, 1.0f / 3, 1.0f, 0.0f, 0.5f, -0.5f, 0.9f};
-  const std::vector<uint8_t> want = {0x00, 0x00, 0x80, 0x3F,  // 1.0f
-                                     0 | 1 << 2 | 2 << 4 | 3 << 6, 2 | 2 << 2 | 1 << 4 | 3 << 6};
+  const std::vector<uint8_t> want = {0x00,
+                                     0x00,
+                                     0x80,
+                                     0x3F,  // 1.0f
+                                     0 | 1 << 2 | 2 << 4 | 3 << 6,
+                                     2 | 2 << 2 | 1 << 4 | 3 << 6};
   EXPECT_EQ(Quantize(x, 2, 8, false), want);
 }
 

@@ -57,13 +57,18 @@ TEST(Device, NoGpuIsAnAnswerNotACrash) {
 TEST(Validation, OverflowingShapesAreRejected) {
   std::vector<float> a(4), b(4), c(4);
   const int64_t huge = int64_t{1} << 40;
-  EXPECT_EQ(Gemm(ExecContext{}, GemmArgs{.m = huge, .n = huge, .k = 1, .a = a.data(), .b = b.data(), .c = c.data()}).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      Gemm(ExecContext{},
+           GemmArgs{.m = huge, .n = huge, .k = 1, .a = a.data(), .b = b.data(), .c = c.data()})
+          .code(),
+      absl::StatusCode::kInvalidArgument);
   // Beyond the 32-bit BLAS interface.
-  EXPECT_EQ(Gemm(ExecContext{}, GemmArgs{.m = 1, .n = 1, .k = int64_t{1} << 32, .a = a.data(), .b = b.data(),
-                                         .c = c.data()})
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      Gemm(ExecContext{},
+           GemmArgs{
+               .m = 1, .n = 1, .k = int64_t{1} << 32, .a = a.data(), .b = b.data(), .c = c.data()})
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CpuMath, FastExpAndErfAccuracy) {
@@ -75,7 +80,8 @@ TEST(CpuMath, FastExpAndErfAccuracy) {
   }
   for (double x = -6.0; x <= 6.0; x += 0.0001) {
     const float xf = static_cast<float>(x);
-    worst_erf = std::max(worst_erf, std::abs(internal::FastErf(xf) - std::erf(static_cast<double>(xf))));
+    worst_erf =
+        std::max(worst_erf, std::abs(internal::FastErf(xf) - std::erf(static_cast<double>(xf))));
   }
   // Degree-6 Taylor on |r| <= ln2/2: 1.2e-7 truncation plus a few fp32 roundings.
   EXPECT_LT(worst_exp, 4e-7);

@@ -14,13 +14,16 @@ using testing::Guarded;
 using testing::Random;
 
 TEST(CrossEntropy, KnownLossesMatchPyTorch) {
-  // torch.nn.functional.cross_entropy in float64 on these logits: labels {2, -100} -> 0.40760596444438,
-  // labels {0, 1} -> 1.75310912655625.
+  // torch.nn.functional.cross_entropy in float64 on these logits: labels {2, -100} ->
+  // 0.40760596444438, labels {0, 1} -> 1.75310912655625.
   const std::vector<float> logits = {1, 2, 3, 0, 0, 0};
   Guarded loss(1), dl(6);
   std::vector<int32_t> labels = {2, kIgnoreIndex};
-  ASSERT_TRUE(SoftmaxCrossEntropy(Cpu(), CrossEntropyArgs{.batch = 2, .classes = 3, .logits = logits.data(),
-                                                          .labels = labels.data(), .loss = loss.data(),
+  ASSERT_TRUE(SoftmaxCrossEntropy(Cpu(), CrossEntropyArgs{.batch = 2,
+                                                          .classes = 3,
+                                                          .logits = logits.data(),
+                                                          .labels = labels.data(),
+                                                          .loss = loss.data(),
                                                           .dlogits = dl.data()})
                   .ok());
   EXPECT_NEAR(loss[0], 0.4076059644443804, 1e-6);
@@ -31,8 +34,11 @@ TEST(CrossEntropy, KnownLossesMatchPyTorch) {
   for (int j = 3; j < 6; ++j) EXPECT_EQ(dl[j], 0.0f);
   EXPECT_TRUE(loss.GuardsIntact() && dl.GuardsIntact());
   labels = {0, 1};
-  ASSERT_TRUE(SoftmaxCrossEntropy(Cpu(), CrossEntropyArgs{.batch = 2, .classes = 3, .logits = logits.data(),
-                                                          .labels = labels.data(), .loss = loss.data()})
+  ASSERT_TRUE(SoftmaxCrossEntropy(Cpu(), CrossEntropyArgs{.batch = 2,
+                                                          .classes = 3,
+                                                          .logits = logits.data(),
+                                                          .labels = labels.data(),
+                                                          .loss = loss.data()})
                   .ok());
   EXPECT_NEAR(loss[0], 1.7531091265562453, 1e-6);
 }
@@ -43,33 +49,47 @@ TEST(CrossEntropy, GradientMatchesFiniteDifferences) {
   const std::vector<int32_t> labels = {3, 0, kIgnoreIndex, 4};
   std::vector<float> dl(B * C);
   float loss = 0;
-  ASSERT_TRUE(SoftmaxCrossEntropy(Cpu(), CrossEntropyArgs{.batch = B, .classes = C, .logits = logits.data(),
-                                                          .labels = labels.data(), .loss = &loss, .dlogits = dl.data(),
+  ASSERT_TRUE(SoftmaxCrossEntropy(Cpu(), CrossEntropyArgs{.batch = B,
+                                                          .classes = C,
+                                                          .logits = logits.data(),
+                                                          .labels = labels.data(),
+                                                          .loss = &loss,
+                                                          .dlogits = dl.data(),
                                                           .loss_scale = 0.5f})
                   .ok());
   auto forward = [&] {
     float l = 0;
-    EXPECT_TRUE(SoftmaxCrossEntropy(Cpu(), CrossEntropyArgs{.batch = B, .classes = C, .logits = logits.data(),
-                                                            .labels = labels.data(), .loss = &l})
+    EXPECT_TRUE(SoftmaxCrossEntropy(Cpu(), CrossEntropyArgs{.batch = B,
+                                                            .classes = C,
+                                                            .logits = logits.data(),
+                                                            .labels = labels.data(),
+                                                            .loss = &l})
                     .ok());
     return std::vector<float>{l};
   };
-  testing::ExpectGradient(forward, logits, {0.5f}, dl, "dlogits");  // loss_scale 0.5 == projection weight
+  testing::ExpectGradient(forward, logits, {0.5f}, dl,
+                          "dlogits");  // loss_scale 0.5 == projection weight
 }
 
 TEST(CrossEntropy, InPlaceAllIgnoredAndBadLabels) {
   std::vector<float> logits = {1, 2, 3, 4};
   std::vector<int32_t> labels = {kIgnoreIndex, kIgnoreIndex};
   float loss = -1;
-  ASSERT_TRUE(SoftmaxCrossEntropy(Cpu(), CrossEntropyArgs{.batch = 2, .classes = 2, .logits = logits.data(),
-                                                          .labels = labels.data(), .loss = &loss,
+  ASSERT_TRUE(SoftmaxCrossEntropy(Cpu(), CrossEntropyArgs{.batch = 2,
+                                                          .classes = 2,
+                                                          .logits = logits.data(),
+                                                          .labels = labels.data(),
+                                                          .loss = &loss,
                                                           .dlogits = logits.data()})
                   .ok());
   EXPECT_EQ(loss, 0.0f);
   EXPECT_EQ(logits, (std::vector<float>{0, 0, 0, 0}));
   labels = {0, 2};
-  EXPECT_EQ(SoftmaxCrossEntropy(Cpu(), CrossEntropyArgs{.batch = 2, .classes = 2, .logits = logits.data(),
-                                                        .labels = labels.data(), .loss = &loss})
+  EXPECT_EQ(SoftmaxCrossEntropy(Cpu(), CrossEntropyArgs{.batch = 2,
+                                                        .classes = 2,
+                                                        .logits = logits.data(),
+                                                        .labels = labels.data(),
+                                                        .loss = &loss})
                 .code(),
             absl::StatusCode::kInvalidArgument);
 }

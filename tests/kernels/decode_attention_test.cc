@@ -18,8 +18,9 @@ using testing::Random;
 // Softmax attention of one query row per head over `len` cached rows, written from the definition
 // in double precision: out_h = sum_j e^{s_j} v_j / sum_j e^{s_j}, s_j = q_h . k_j / sqrt(D), K/V
 // head h * kv_heads / heads.
-std::vector<float> Naive(int64_t heads, int64_t kv_heads, int64_t D, int64_t len, const std::vector<float>& q,
-                         const std::vector<float>& k, const std::vector<float>& v) {
+std::vector<float> Naive(int64_t heads, int64_t kv_heads, int64_t D, int64_t len,
+                         const std::vector<float>& q, const std::vector<float>& k,
+                         const std::vector<float>& v) {
   std::vector<float> out(heads * D);
   for (int64_t h = 0; h < heads; ++h) {
     const int64_t g = h * kv_heads / heads;
@@ -27,7 +28,8 @@ std::vector<float> Naive(int64_t heads, int64_t kv_heads, int64_t D, int64_t len
     double top = -INFINITY;
     for (int64_t j = 0; j < len; ++j) {
       double dot = 0.0;
-      for (int64_t e = 0; e < D; ++e) dot += static_cast<double>(q[h * D + e]) * k[(j * kv_heads + g) * D + e];
+      for (int64_t e = 0; e < D; ++e)
+        dot += static_cast<double>(q[h * D + e]) * k[(j * kv_heads + g) * D + e];
       s[j] = dot / std::sqrt(static_cast<double>(D));
       top = std::max(top, s[j]);
     }
@@ -69,7 +71,8 @@ TEST(DecodeAttention, MatchesNaiveSoftmaxAttention) {
     ASSERT_TRUE(DecodeAttention(Cpu(), a).ok()) << tag;
     EXPECT_TRUE(out.GuardsIntact()) << tag;
     // fp32 dot products of D <= 64 terms and a softmax over <= 300: ~1e-6 relative.
-    EXPECT_TRUE(AllClose(out.values(), Naive(c.heads, c.kv_heads, c.D, c.len, q, k, v), 2e-6, 2e-5)) << tag;
+    EXPECT_TRUE(AllClose(out.values(), Naive(c.heads, c.kv_heads, c.D, c.len, q, k, v), 2e-6, 2e-5))
+        << tag;
   }
 }
 
@@ -94,7 +97,8 @@ TEST(DecodeAttention, WorkspaceHoldsEachChunksStatistics) {
   // heads * chunks * (head_dim + 2) floats, 256-byte aligned.
   EXPECT_EQ(DecodeAttentionWorkspaceBytes(Args(4, 2, 62, 1)), 4u * 1 * 64 * 4);
   EXPECT_EQ(DecodeAttentionWorkspaceBytes(Args(4, 2, 62, kDecodeAttentionChunk)), 4u * 1 * 64 * 4);
-  EXPECT_EQ(DecodeAttentionWorkspaceBytes(Args(4, 2, 62, kDecodeAttentionChunk + 1)), 4u * 2 * 64 * 4);
+  EXPECT_EQ(DecodeAttentionWorkspaceBytes(Args(4, 2, 62, kDecodeAttentionChunk + 1)),
+            4u * 2 * 64 * 4);
   EXPECT_EQ(DecodeAttentionWorkspaceBytes(Args(4, 2, 62, 0)), 0u);
 }
 

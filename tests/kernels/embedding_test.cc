@@ -25,10 +25,17 @@ struct Tables {
       for (int64_t j = 0; j < H; ++j) type.push_back(1000.0f * t);
   }
   EmbeddingForwardArgs Args(const std::vector<int32_t>& ids, float* out) const {
-    return EmbeddingForwardArgs{.tokens = static_cast<int64_t>(ids.size()), .hidden = H, .seq_len = 2, .vocab = V,
-                                .max_positions = P, .type_vocab = T, .input_ids = ids.data(),
-                                .word = WeightPtr::F32(word.data()), .position = WeightPtr::F32(pos.data()),
-                                .token_type = WeightPtr::F32(type.data()), .out = out};
+    return EmbeddingForwardArgs{.tokens = static_cast<int64_t>(ids.size()),
+                                .hidden = H,
+                                .seq_len = 2,
+                                .vocab = V,
+                                .max_positions = P,
+                                .type_vocab = T,
+                                .input_ids = ids.data(),
+                                .word = WeightPtr::F32(word.data()),
+                                .position = WeightPtr::F32(pos.data()),
+                                .token_type = WeightPtr::F32(type.data()),
+                                .out = out};
   }
 };
 
@@ -40,7 +47,8 @@ TEST(Embedding, SumsThreeLookupsExactly) {
   a.token_type_ids = types.data();
   ASSERT_TRUE(EmbeddingForward(Cpu(), a).ok());
   // Default positions restart per sequence of 2: 0 1 0 1.
-  EXPECT_EQ(out.values(), (std::vector<float>{500, 501, 502, 1110, 1111, 1112, 1200, 1201, 1202, 10, 11, 12}));
+  EXPECT_EQ(out.values(),
+            (std::vector<float>{500, 501, 502, 1110, 1111, 1112, 1200, 1201, 1202, 10, 11, 12}));
   EXPECT_TRUE(out.GuardsIntact());
   // Explicit positions, no token-type table (DistilBERT).
   const std::vector<int32_t> positions = {3, 3, 0, 1};
@@ -48,7 +56,8 @@ TEST(Embedding, SumsThreeLookupsExactly) {
   a.token_type_ids = nullptr;
   a.token_type = WeightPtr{};
   ASSERT_TRUE(EmbeddingForward(Cpu(), a).ok());
-  EXPECT_EQ(out.values(), (std::vector<float>{530, 531, 532, 130, 131, 132, 200, 201, 202, 10, 11, 12}));
+  EXPECT_EQ(out.values(),
+            (std::vector<float>{530, 531, 532, 130, 131, 132, 200, 201, 202, 10, 11, 12}));
 }
 
 TEST(Embedding, Bf16TablesGiveTheSameSums) {
@@ -76,8 +85,10 @@ TEST(Embedding, Bf16TablesGiveTheSameSums) {
 TEST(Embedding, RejectsOutOfRangeIds) {
   const Tables t;
   Guarded out(2 * 3);
-  EXPECT_EQ(EmbeddingForward(Cpu(), t.Args({0, 6}, out.data())).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(EmbeddingForward(Cpu(), t.Args({-1, 0}, out.data())).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EmbeddingForward(Cpu(), t.Args({0, 6}, out.data())).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EmbeddingForward(Cpu(), t.Args({-1, 0}, out.data())).code(),
+            absl::StatusCode::kInvalidArgument);
   const std::vector<int32_t> ids2 = {0, 1}, ids3 = {0, 1, 2};
   auto a = t.Args(ids2, out.data());  // Args keeps a pointer: the ids must outlive it
   const std::vector<int32_t> bad_types = {0, 2};

@@ -17,8 +17,12 @@ constexpr u128 kOne = u128{1} << 64;  // 1.0 in the 64-fraction-bit fixed point
 
 int64_t Accumulate(const std::vector<float>& x, uint64_t w, int sign, std::vector<u128>& sums) {
   int64_t bad = -7;
-  const absl::Status s = FixedPointAccumulate(Cpu(), {.n = static_cast<int64_t>(x.size()), .x = x.data(), .weight = w,
-                                                      .sign = sign, .sums = sums.data(), .first_bad = &bad});
+  const absl::Status s = FixedPointAccumulate(Cpu(), {.n = static_cast<int64_t>(x.size()),
+                                                      .x = x.data(),
+                                                      .weight = w,
+                                                      .sign = sign,
+                                                      .sums = sums.data(),
+                                                      .first_bad = &bad});
   EXPECT_TRUE(s.ok()) << s;
   return bad;
 }
@@ -50,9 +54,11 @@ TEST(FixedPoint, TinyValuesRoundHalfToEven) {
 }
 
 TEST(FixedPoint, OutOfRangeValuesAddNothingAndTheFirstIsReported) {
-  const float kNan = std::numeric_limits<float>::quiet_NaN(), kInf = std::numeric_limits<float>::infinity();
+  const float kNan = std::numeric_limits<float>::quiet_NaN(),
+              kInf = std::numeric_limits<float>::infinity();
   // |w * x| must stay below 2^43: 2^42 with weight 2 is the first value past it.
-  const std::vector<float> x = {1.0f, std::ldexp(1.0f, 42), kNan, 2.0f, -kInf, std::ldexp(1.0f, 41)};
+  const std::vector<float> x = {1.0f,  std::ldexp(1.0f, 42), kNan, 2.0f,
+                                -kInf, std::ldexp(1.0f, 41)};
   std::vector<u128> sums(x.size(), 5);
   EXPECT_EQ(Accumulate(x, 2, 1, sums), 1);
   EXPECT_TRUE(sums[0] == 5 + 2 * kOne);
@@ -91,7 +97,11 @@ TEST(FixedPoint, IndexedValuesGoToTheirSumsAndNowhereElse) {
   const std::vector<int64_t> index = {7, 2, 9};
   std::vector<u128> sums(10, 3);
   int64_t bad = -7;
-  FixedPointAccumulateArgs a{.n = 3, .x = x.data(), .weight = 2, .sums = sums.data(), .index = index.data(),
+  FixedPointAccumulateArgs a{.n = 3,
+                             .x = x.data(),
+                             .weight = 2,
+                             .sums = sums.data(),
+                             .index = index.data(),
                              .first_bad = &bad};
   ASSERT_TRUE(FixedPointAccumulate(Cpu(), a).ok());
   EXPECT_EQ(bad, 2);  // the position in x, not the sum it would have gone to
@@ -108,7 +118,8 @@ TEST(FixedPoint, BadArgumentsAreRefused) {
   std::vector<float> x = {1.0f};
   std::vector<u128> sums(1, 0);
   int64_t bad = 0;
-  FixedPointAccumulateArgs a{.n = 1, .x = x.data(), .weight = 1, .sums = sums.data(), .first_bad = &bad};
+  FixedPointAccumulateArgs a{
+      .n = 1, .x = x.data(), .weight = 1, .sums = sums.data(), .first_bad = &bad};
   FixedPointAccumulateArgs zero_weight = a, big_weight = a, sign = a, no_sums = a, no_bad = a;
   zero_weight.weight = 0;
   big_weight.weight = (uint64_t{1} << 32) + 1;

@@ -8,9 +8,9 @@
 #include <limits>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "core/ggml_quant.h"
 #include "core/tensor.h"
+#include "gtest/gtest.h"
 #include "kernels/context.h"
 #include "kernels/device.h"
 #include "tests/kernels/test_util.h"
@@ -25,8 +25,8 @@ using testing::Random;
 
 // Double-precision reference for one (possibly transposed, padded) product.
 std::vector<float> NaiveGemm(const GemmArgs& g, const std::vector<float>& c0) {
-  const int64_t lda = g.lda ? g.lda : (g.trans_a ? g.m : g.k), ldb = g.ldb ? g.ldb : (g.trans_b ? g.k : g.n),
-                ldc = g.ldc ? g.ldc : g.n;
+  const int64_t lda = g.lda ? g.lda : (g.trans_a ? g.m : g.k),
+                ldb = g.ldb ? g.ldb : (g.trans_b ? g.k : g.n), ldc = g.ldc ? g.ldc : g.n;
   std::vector<float> c = c0;
   for (int64_t i = 0; i < g.m; ++i) {
     for (int64_t j = 0; j < g.n; ++j) {
@@ -36,7 +36,8 @@ std::vector<float> NaiveGemm(const GemmArgs& g, const std::vector<float>& c0) {
         const double b = g.trans_b ? g.b[j * ldb + p] : g.b[p * ldb + j];
         s += a * b;
       }
-      c[i * ldc + j] = static_cast<float>(g.alpha * s + (g.beta == 0.0f ? 0.0 : g.beta * c0[i * ldc + j]));
+      c[i * ldc + j] =
+          static_cast<float>(g.alpha * s + (g.beta == 0.0f ? 0.0 : g.beta * c0[i * ldc + j]));
     }
   }
   return c;
@@ -46,14 +47,24 @@ TEST(Gemm, SmallIntegersExact) {
   // [1 2 3; 4 5 6] x [1 0; 0 1; 2 -1] = [7 -1; 16 -1]
   const std::vector<float> a = {1, 2, 3, 4, 5, 6}, b = {1, 0, 0, 1, 2, -1};
   Guarded c(4);
-  ASSERT_TRUE(Gemm(Cpu(), GemmArgs{.m = 2, .n = 2, .k = 3, .a = a.data(), .b = b.data(), .c = c.data()}).ok());
+  ASSERT_TRUE(
+      Gemm(Cpu(), GemmArgs{.m = 2, .n = 2, .k = 3, .a = a.data(), .b = b.data(), .c = c.data()})
+          .ok());
   EXPECT_EQ(c.values(), (std::vector<float>{7, -1, 16, -1}));
   EXPECT_TRUE(c.GuardsIntact());
   // Transposed A (stored [3, 2]) and B (stored [2, 3]): A^T B^T with A^T = [1 3 5; 2 4 6].
   const std::vector<float> at = {1, 2, 3, 4, 5, 6}, bt = {1, 0, 2, 0, 1, -1};
   Guarded d(4, 1.0f);
-  ASSERT_TRUE(Gemm(Cpu(), GemmArgs{.trans_a = true, .trans_b = true, .m = 2, .n = 2, .k = 3, .alpha = 2.0f, .beta = 1.0f,
-                                   .a = at.data(), .b = bt.data(), .c = d.data()})
+  ASSERT_TRUE(Gemm(Cpu(), GemmArgs{.trans_a = true,
+                                   .trans_b = true,
+                                   .m = 2,
+                                   .n = 2,
+                                   .k = 3,
+                                   .alpha = 2.0f,
+                                   .beta = 1.0f,
+                                   .a = at.data(),
+                                   .b = bt.data(),
+                                   .c = d.data()})
                   .ok());
   // A^T B = [1+10, 3-5; 2+12, 4-6] = [11 -2; 14 -2]; 2x + 1
   EXPECT_EQ(d.values(), (std::vector<float>{23, -3, 29, -3}));
@@ -65,9 +76,20 @@ TEST(Gemm, TransposesPaddingAlphaBetaMatchReference) {
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 5;
-      const auto a = Random((ta ? k : m) * lda, 1), b = Random((tb ? n : k) * ldb, 2), c0 = Random(m * ldc, 3);
-      GemmArgs g{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 0.5f, .beta = -1.5f, .a = a.data(),
-                 .lda = lda, .b = b.data(), .ldb = ldb, .ldc = ldc};
+      const auto a = Random((ta ? k : m) * lda, 1), b = Random((tb ? n : k) * ldb, 2),
+                 c0 = Random(m * ldc, 3);
+      GemmArgs g{.trans_a = ta,
+                 .trans_b = tb,
+                 .m = m,
+                 .n = n,
+                 .k = k,
+                 .alpha = 0.5f,
+                 .beta = -1.5f,
+                 .a = a.data(),
+                 .lda = lda,
+                 .b = b.data(),
+                 .ldb = ldb,
+                 .ldc = ldc};
       const auto want = NaiveGemm(g, c0);
       Guarded c(c0);
       g.c = c.data();
@@ -89,10 +111,21 @@ TEST(Gemm, ThinShapesMatchReference) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
         const int64_t lda = (ta ? s.m : s.k) + 1, ldb = (tb ? s.k : s.n) + 3, ldc = s.n + 2;
-        const auto a = Random((ta ? s.k : s.m) * lda, 8), b = Random((tb ? s.n : s.k) * ldb, 9), c0 = Random(s.m * ldc, 10);
+        const auto a = Random((ta ? s.k : s.m) * lda, 8), b = Random((tb ? s.n : s.k) * ldb, 9),
+                   c0 = Random(s.m * ldc, 10);
         for (float beta : {0.0f, 1.0f, 0.5f}) {
-          GemmArgs g{.trans_a = ta, .trans_b = tb, .m = s.m, .n = s.n, .k = s.k, .alpha = 1.5f, .beta = beta,
-                     .a = a.data(), .lda = lda, .b = b.data(), .ldb = ldb, .ldc = ldc};
+          GemmArgs g{.trans_a = ta,
+                     .trans_b = tb,
+                     .m = s.m,
+                     .n = s.n,
+                     .k = s.k,
+                     .alpha = 1.5f,
+                     .beta = beta,
+                     .a = a.data(),
+                     .lda = lda,
+                     .b = b.data(),
+                     .ldb = ldb,
+                     .ldc = ldc};
           const auto want = NaiveGemm(g, c0);
           Guarded c(c0);
           g.c = c.data();
@@ -100,7 +133,8 @@ TEST(Gemm, ThinShapesMatchReference) {
           // Depth up to 1100 of O(1) terms: fp32 rounding ~1100 * 6e-8 * 30 ~ 2e-3 worst case;
           // observed errors are ~1e-5. 1e-3 absolute + 1e-4 relative.
           EXPECT_TRUE(AllClose(c.values(), want, 1e-3, 1e-4))
-              << "m=" << s.m << " n=" << s.n << " k=" << s.k << " ta=" << ta << " tb=" << tb << " beta=" << beta;
+              << "m=" << s.m << " n=" << s.n << " k=" << s.k << " ta=" << ta << " tb=" << tb
+              << " beta=" << beta;
           EXPECT_TRUE(c.GuardsIntact());
         }
       }
@@ -113,12 +147,21 @@ TEST(Gemm, StridedBatchAndBroadcast) {
   const auto a = Random(batch * m * k, 4), b = Random(k * n, 5);
   Guarded c(batch * m * n);
   // stride_b = 0: one B for every batch entry.
-  ASSERT_TRUE(Gemm(Cpu(), GemmArgs{.m = m, .n = n, .k = k, .a = a.data(), .b = b.data(), .c = c.data(), .batch = batch,
-                                   .stride_a = m * k, .stride_b = 0, .stride_c = m * n})
+  ASSERT_TRUE(Gemm(Cpu(), GemmArgs{.m = m,
+                                   .n = n,
+                                   .k = k,
+                                   .a = a.data(),
+                                   .b = b.data(),
+                                   .c = c.data(),
+                                   .batch = batch,
+                                   .stride_a = m * k,
+                                   .stride_b = 0,
+                                   .stride_c = m * n})
                   .ok());
   for (int64_t i = 0; i < batch; ++i) {
     std::vector<float> ai(a.begin() + i * m * k, a.begin() + (i + 1) * m * k);
-    const auto want = NaiveGemm(GemmArgs{.m = m, .n = n, .k = k, .a = ai.data(), .b = b.data()}, std::vector<float>(m * n));
+    const auto want = NaiveGemm(GemmArgs{.m = m, .n = n, .k = k, .a = ai.data(), .b = b.data()},
+                                std::vector<float>(m * n));
     EXPECT_TRUE(AllClose(c.data() + i * m * n, want.data(), m * n, 1e-5, 1e-5)) << "batch " << i;
   }
   EXPECT_TRUE(c.GuardsIntact());
@@ -177,9 +220,16 @@ TEST(Gemm, QuantizedWeightMatchesFp32OnItsValuesAcrossPanels) {
       std::vector<float> b;
       const auto q = testing::RandomQuantMatrix(type, tb ? n : k, tb ? k : n, 8, &b);
       const auto a = Random(m * k, 9);
-      const auto want = NaiveGemm(GemmArgs{.trans_b = tb, .m = m, .n = n, .k = k, .a = a.data(), .b = b.data()},
-                                  std::vector<float>(m * n));
-      GemmArgs g{.trans_b = tb, .m = m, .n = n, .k = k, .a = a.data(), .b_quant = q.data(), .b_quant_type = type};
+      const auto want =
+          NaiveGemm(GemmArgs{.trans_b = tb, .m = m, .n = n, .k = k, .a = a.data(), .b = b.data()},
+                    std::vector<float>(m * n));
+      GemmArgs g{.trans_b = tb,
+                 .m = m,
+                 .n = n,
+                 .k = k,
+                 .a = a.data(),
+                 .b_quant = q.data(),
+                 .b_quant_type = type};
       const size_t ws_bytes = GemmWorkspaceBytes(g);
       EXPECT_EQ(ws_bytes, static_cast<size_t>(kGemmBf16PanelRows * (tb ? k : n) * 4));
       std::vector<float> ws(ws_bytes / 4);
@@ -188,7 +238,8 @@ TEST(Gemm, QuantizedWeightMatchesFp32OnItsValuesAcrossPanels) {
       Guarded c(m * n);
       g.c = c.data();
       ASSERT_TRUE(Gemm(Cpu(), g).ok());
-      EXPECT_TRUE(AllClose(c.values(), want, 1e-4, 1e-5)) << GgmlTypeName(type) << " trans_b=" << tb;
+      EXPECT_TRUE(AllClose(c.values(), want, 1e-4, 1e-5))
+          << GgmlTypeName(type) << " trans_b=" << tb;
       EXPECT_TRUE(c.GuardsIntact());
     }
   }
@@ -197,8 +248,16 @@ TEST(Gemm, QuantizedWeightMatchesFp32OnItsValuesAcrossPanels) {
 TEST(Gemm, RefusesQuantizedWeightsItCannotRead) {
   std::vector<float> a(64 * 2), c(4), ws(64 * 2);
   std::vector<uint8_t> q(4 * 40);
-  GemmArgs g{.trans_b = true, .m = 2, .n = 2, .k = 48, .a = a.data(), .b_quant = q.data(),
-             .b_quant_type = GgmlType::kQ4_1, .c = c.data(), .workspace = ws.data(), .workspace_bytes = ws.size() * 4};
+  GemmArgs g{.trans_b = true,
+             .m = 2,
+             .n = 2,
+             .k = 48,
+             .a = a.data(),
+             .b_quant = q.data(),
+             .b_quant_type = GgmlType::kQ4_1,
+             .c = c.data(),
+             .workspace = ws.data(),
+             .workspace_bytes = ws.size() * 4};
   absl::Status st = Gemm(Cpu(), g);  // 48 is not a whole number of 32-element blocks
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   g.k = 64;
@@ -228,19 +287,31 @@ TEST(GemmBf16Math, MatchesTheProductOfTheRoundedOperands) {
     int64_t m, n, k, lda, ldb, ldc;
     float alpha, beta;
   };
-  // The model's shapes (forward x W^T, input gradient dy W) and padded, scaled, transposed variants.
-  for (const Case& cs : {Case{false, true, 64, 96, 80, 0, 0, 0, 1.0f, 0.0f}, Case{false, false, 64, 80, 96, 0, 0, 0, 1.0f, 1.0f},
+  // The model's shapes (forward x W^T, input gradient dy W) and padded, scaled, transposed
+  // variants.
+  for (const Case& cs : {Case{false, true, 64, 96, 80, 0, 0, 0, 1.0f, 0.0f},
+                         Case{false, false, 64, 80, 96, 0, 0, 0, 1.0f, 1.0f},
                          Case{false, true, 7, 33, 129, 131, 130, 40, 0.5f, 0.0f},
                          Case{true, false, 9, 17, 31, 12, 20, 0, 2.0f, -1.0f}}) {
-    const int64_t lda = cs.lda ? cs.lda : (cs.ta ? cs.m : cs.k), ldb = cs.ldb ? cs.ldb : (cs.tb ? cs.k : cs.n),
-                  ldc = cs.ldc ? cs.ldc : cs.n;
+    const int64_t lda = cs.lda ? cs.lda : (cs.ta ? cs.m : cs.k),
+                  ldb = cs.ldb ? cs.ldb : (cs.tb ? cs.k : cs.n), ldc = cs.ldc ? cs.ldc : cs.n;
     const auto a = Random((cs.ta ? cs.k : cs.m) * lda, 21);
     auto b = Random((cs.tb ? cs.n : cs.k) * ldb, 22);
     const auto bits = ToBf16Exact(b);
     const auto c0 = Random(cs.m * ldc, 23);
     const auto a_rounded = RoundedToBf16(a);
-    GemmArgs g{.trans_a = cs.ta, .trans_b = cs.tb, .m = cs.m, .n = cs.n, .k = cs.k, .alpha = cs.alpha,
-               .beta = cs.beta, .a = a_rounded.data(), .lda = cs.lda, .b = b.data(), .ldb = cs.ldb, .ldc = cs.ldc};
+    GemmArgs g{.trans_a = cs.ta,
+               .trans_b = cs.tb,
+               .m = cs.m,
+               .n = cs.n,
+               .k = cs.k,
+               .alpha = cs.alpha,
+               .beta = cs.beta,
+               .a = a_rounded.data(),
+               .lda = cs.lda,
+               .b = b.data(),
+               .ldb = cs.ldb,
+               .ldc = cs.ldc};
     auto want = NaiveGemm(g, c0);
     g.a = a.data();
     g.b = nullptr;
@@ -253,7 +324,8 @@ TEST(GemmBf16Math, MatchesTheProductOfTheRoundedOperands) {
     g.workspace_bytes = ws_bytes;
     // beta == 0 must ignore what C held: poison it (the padding columns must stay as they were).
     std::vector<float> c_init = c0;
-    for (int64_t i = 0; i < cs.m && cs.beta == 0.0f; ++i) std::fill_n(c_init.begin() + i * ldc, cs.n, std::nanf(""));
+    for (int64_t i = 0; i < cs.m && cs.beta == 0.0f; ++i)
+      std::fill_n(c_init.begin() + i * ldc, cs.n, std::nanf(""));
     Guarded c(c_init);
     g.c = c.data();
     ASSERT_TRUE(Gemm(Cpu(), g).ok()) << cs.m << "x" << cs.n << "x" << cs.k;
@@ -283,7 +355,8 @@ TEST(GemmBf16Math, StaysWithinBf16RoundingOfTheFp32Product) {
   // Each a rounded by up to 2^-9 relative: a sum of 256 terms of |a b| <= 1 moves by about
   // 2^-9 * sqrt(256) * E|ab| ~ 0.01; and it must move at all, or A was not rounded.
   double worst = 0.0;
-  for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(c[i]) - fp32[i]));
+  for (size_t i = 0; i < c.size(); ++i)
+    worst = std::max(worst, std::abs(static_cast<double>(c[i]) - fp32[i]));
   EXPECT_LT(worst, 0.05);
   EXPECT_GT(worst, 1e-5);
 }
@@ -295,7 +368,13 @@ TEST(GemmBf16Math, RunsTheExactFp32PathWhereBf16IsUnavailable) {
   const auto bits = ToBf16Exact(b);
   internal::SetBf16MathAllowedForTesting(false);
   EXPECT_FALSE(Bf16MathAvailable());
-  GemmArgs g{.trans_b = true, .m = m, .n = n, .k = k, .a = a.data(), .b_bf16 = bits.data(), .bf16_math = true};
+  GemmArgs g{.trans_b = true,
+             .m = m,
+             .n = n,
+             .k = k,
+             .a = a.data(),
+             .b_bf16 = bits.data(),
+             .bf16_math = true};
   const size_t ws_bytes = GemmWorkspaceBytes(g);
   // The fp32 panel (n * k * 4 = 48000 bytes) is smaller than what CUDA's bf16 math needs:
   // cuBLASLt's 4 MiB, A as bf16 (6 * 300 * 2 = 3600, rounded up to 3840) and 256 for alignment.
@@ -315,7 +394,8 @@ TEST(GemmBf16Math, RunsTheExactFp32PathWhereBf16IsUnavailable) {
 
 TEST(GemmBf16Math, AppliesToBf16WeightsOnly) {
   std::vector<float> a(6), b(6), c(4);
-  GemmArgs g{.m = 2, .n = 2, .k = 3, .a = a.data(), .b = b.data(), .c = c.data(), .bf16_math = true};
+  GemmArgs g{
+      .m = 2, .n = 2, .k = 3, .a = a.data(), .b = b.data(), .c = c.data(), .bf16_math = true};
   const absl::Status st = Gemm(Cpu(), g);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("bf16_math"), std::string::npos) << st;
@@ -335,7 +415,8 @@ TEST(GemmBf16Math, WorkspaceCoversTheCudaBf16Copies) {
   batched.batch = 3;
   batched.stride_a = 30 * 70;
   batched.stride_c = 30 * 50;
-  EXPECT_EQ(GemmWorkspaceBytes(batched), static_cast<size_t>((4 << 20) + 12800 + 7168 + 256));  // 12600 -> 12800
+  EXPECT_EQ(GemmWorkspaceBytes(batched),
+            static_cast<size_t>((4 << 20) + 12800 + 7168 + 256));  // 12600 -> 12800
   // A bf16 B is multiplied in place: no copy of it (the CPU's fp32 panel, 70 * 50 * 4 bytes, is
   // smaller).
   std::vector<uint16_t> bits(1);
@@ -345,9 +426,16 @@ TEST(GemmBf16Math, WorkspaceCoversTheCudaBf16Copies) {
   EXPECT_EQ(GemmWorkspaceBytes(bf16), static_cast<size_t>((4 << 20) + 4352 + 256));
   // A quantized B [n, k] = [50, 64] (trans_b) is dequantized to bf16: 50 * 64 * 2 = 6400 bytes.
   std::vector<uint8_t> q(1);
-  GemmArgs quant{.trans_b = true, .m = 30, .n = 50, .k = 64, .a = a.data(), .b_quant = q.data(),
-                 .b_quant_type = GgmlType::kQ8_0, .bf16_math = true};
-  EXPECT_EQ(GemmWorkspaceBytes(quant), static_cast<size_t>((4 << 20) + 3840 + 6400 + 256));  // 3840 = 30 * 64 * 2
+  GemmArgs quant{.trans_b = true,
+                 .m = 30,
+                 .n = 50,
+                 .k = 64,
+                 .a = a.data(),
+                 .b_quant = q.data(),
+                 .b_quant_type = GgmlType::kQ8_0,
+                 .bf16_math = true};
+  EXPECT_EQ(GemmWorkspaceBytes(quant),
+            static_cast<size_t>((4 << 20) + 3840 + 6400 + 256));  // 3840 = 30 * 64 * 2
   // An empty product needs none; without bf16 math an fp32 B needs none.
   GemmArgs empty = g;
   empty.k = 0;
@@ -360,8 +448,16 @@ TEST(GemmBf16Math, RefusesATooSmallWorkspace) {
   const int64_t m = 4, n = 8, k = 16;
   std::vector<float> a(m * k), c(m * n), ws(1024);
   std::vector<uint16_t> bits(n * k);
-  GemmArgs g{.trans_b = true, .m = m, .n = n, .k = k, .a = a.data(), .b_bf16 = bits.data(), .c = c.data(),
-             .bf16_math = true, .workspace = ws.data(), .workspace_bytes = ws.size() * 4};
+  GemmArgs g{.trans_b = true,
+             .m = m,
+             .n = n,
+             .k = k,
+             .a = a.data(),
+             .b_bf16 = bits.data(),
+             .c = c.data(),
+             .bf16_math = true,
+             .workspace = ws.data(),
+             .workspace_bytes = ws.size() * 4};
   const absl::Status st = Gemm(Cpu(), g);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("bf16 B needs a workspace of"), std::string::npos) << st;
@@ -369,8 +465,8 @@ TEST(GemmBf16Math, RefusesATooSmallWorkspace) {
 
 // int8 math, computed here as kernels/gemm.h defines it: A quantized per block of 32, exact int
 // block dots, blocks summed in order with one fma each, then alpha and beta.
-std::vector<float> Int8MathReference(const GemmArgs& g, const std::vector<float>& a, const std::vector<uint8_t>& w,
-                                     const std::vector<float>& c0) {
+std::vector<float> Int8MathReference(const GemmArgs& g, const std::vector<float>& a,
+                                     const std::vector<uint8_t>& w, const std::vector<float>& c0) {
   const int64_t kb = g.k / 32, lda = g.lda ? g.lda : g.k, ldc = g.ldc ? g.ldc : g.n;
   std::vector<float> c = c0;
   std::vector<BlockQ8_0> wb(static_cast<size_t>(g.n * kb));
@@ -383,7 +479,8 @@ std::vector<float> Int8MathReference(const GemmArgs& g, const std::vector<float>
       for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(a[r * lda + b * 32 + i]));
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
       d[b] = amax / 127.0f;
-      for (int i = 0; i < 32; ++i) q[b * 32 + i] = static_cast<int>(std::nearbyint(a[r * lda + b * 32 + i] * inv));
+      for (int i = 0; i < 32; ++i)
+        q[b * 32 + i] = static_cast<int>(std::nearbyint(a[r * lda + b * 32 + i] * inv));
     }
     for (int64_t j = 0; j < g.n; ++j) {
       float acc = 0.0f;
@@ -401,9 +498,16 @@ std::vector<float> Int8MathReference(const GemmArgs& g, const std::vector<float>
   return c;
 }
 
-GemmArgs Int8Args(int64_t m, int64_t n, int64_t k, const std::vector<float>& a, const std::vector<uint8_t>& w) {
-  return GemmArgs{.trans_b = true, .m = m, .n = n, .k = k, .a = a.data(), .b_quant = w.data(),
-                  .b_quant_type = GgmlType::kQ8_0, .int8_math = true};
+GemmArgs Int8Args(int64_t m, int64_t n, int64_t k, const std::vector<float>& a,
+                  const std::vector<uint8_t>& w) {
+  return GemmArgs{.trans_b = true,
+                  .m = m,
+                  .n = n,
+                  .k = k,
+                  .a = a.data(),
+                  .b_quant = w.data(),
+                  .b_quant_type = GgmlType::kQ8_0,
+                  .int8_math = true};
 }
 
 TEST(GemmInt8Math, MatchesItsDefinitionBitForBit) {
@@ -437,7 +541,8 @@ TEST(GemmInt8Math, MatchesItsDefinitionBitForBit) {
     g.workspace = ws.data();
     g.workspace_bytes = ws_bytes;
     std::vector<float> c_init = c0;
-    for (int64_t i = 0; i < cs.m && cs.beta == 0.0f; ++i) std::fill_n(c_init.begin() + i * ldc, cs.n, std::nanf(""));
+    for (int64_t i = 0; i < cs.m && cs.beta == 0.0f; ++i)
+      std::fill_n(c_init.begin() + i * ldc, cs.n, std::nanf(""));
     Guarded c(c_init);
     g.c = c.data();
     ASSERT_TRUE(Gemm(Cpu(), g).ok()) << cs.m << "x" << cs.n << "x" << cs.k;
@@ -500,7 +605,7 @@ TEST(GemmInt8Math, NonFiniteInputsReachTheOutput) {
   if (!Int8MathAvailable()) GTEST_SKIP() << "this CPU has no int8 dot products (AVX512-VNNI)";
   const int64_t m = 35, n = 16, k = 64;
   auto a = Random(m * k, 81);
-  a[5] = std::nanf("");                             // row 0
+  a[5] = std::nanf("");                                // row 0
   a[k + 40] = std::numeric_limits<float>::infinity();  // row 1
   const auto wf = Random(n * k, 82);
   std::vector<uint8_t> w(n * *GgmlRowBytes(GgmlType::kQ8_0, k));
@@ -536,7 +641,8 @@ TEST(GemmInt8Math, RunsTheExactPathElsewhere) {
   const GemmArgs few = Int8Args(kGemmInt8MinRows - 1, n, k, a, w);
   EXPECT_EQ(run(few, true), run(few, false));
   // The input gradient dy W (no trans_b) is exact whatever int8_math says.
-  const GemmArgs backward{.m = m, .n = k, .k = n, .a = dy.data(), .b_quant = w.data(), .b_quant_type = GgmlType::kQ8_0};
+  const GemmArgs backward{
+      .m = m, .n = k, .k = n, .a = dy.data(), .b_quant = w.data(), .b_quant_type = GgmlType::kQ8_0};
   EXPECT_EQ(run(backward, true), run(backward, false));
   // Without VNNI (or when tests turn it off) the forward product is exact too.
   internal::SetInt8MathAllowedForTesting(false);
@@ -552,8 +658,15 @@ TEST(GemmInt8Math, RunsTheExactPathElsewhere) {
 TEST(GemmInt8Math, AppliesToQ8_0WeightsOnly) {
   std::vector<float> a(64), c(4);
   std::vector<uint8_t> w(2 * *GgmlRowBytes(GgmlType::kQ4_0, 32));
-  GemmArgs g{.trans_b = true, .m = 2, .n = 2, .k = 32, .a = a.data(), .b_quant = w.data(),
-             .b_quant_type = GgmlType::kQ4_0, .c = c.data(), .int8_math = true};
+  GemmArgs g{.trans_b = true,
+             .m = 2,
+             .n = 2,
+             .k = 32,
+             .a = a.data(),
+             .b_quant = w.data(),
+             .b_quant_type = GgmlType::kQ4_0,
+             .c = c.data(),
+             .int8_math = true};
   std::vector<float> ws(GemmWorkspaceBytes(g) / 4 + 1);
   g.workspace = ws.data();
   g.workspace_bytes = ws.size() * 4;
@@ -561,7 +674,14 @@ TEST(GemmInt8Math, AppliesToQ8_0WeightsOnly) {
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("int8_math applies to a Q8_0 B only"), std::string::npos) << st;
   std::vector<float> b(64);
-  GemmArgs f32{.trans_b = true, .m = 2, .n = 2, .k = 32, .a = a.data(), .b = b.data(), .c = c.data(), .int8_math = true};
+  GemmArgs f32{.trans_b = true,
+               .m = 2,
+               .n = 2,
+               .k = 32,
+               .a = a.data(),
+               .b = b.data(),
+               .c = c.data(),
+               .int8_math = true};
   st = Gemm(Cpu(), f32);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
 }
@@ -605,34 +725,47 @@ TEST(Gemm, SplitOnThePoolMatchesOneThreadBitForBit) {
     bool split;   // expect more than one row block
   };
   const std::vector<Shape> shapes = {
-      {false, true, 1024, 384, 384, 1, 1.0f, 0.0f, 0, true},     // frozen linear forward y = x W^T
-      {false, true, 1024, 1536, 384, 1, 1.0f, 1.0f, 0, true},    // ... FFN up, accumulating
-      {false, true, 1024, 384, 1536, 1, 1.0f, 0.0f, 0, true},    // ... FFN down
-      {false, false, 1024, 384, 1536, 1, 1.0f, 0.0f, 0, true},   // backward dx = dy W
-      {false, false, 1024, 1536, 384, 1, 1.0f, 1.0f, 0, true},   // ... accumulating
-      {true, false, 384, 1536, 1024, 1, 1.0f, 0.0f, 0, true},    // dW = dy^T x
-      {false, true, 1000, 576, 576, 1, 1.0f, 0.0f, 5, true},     // odd rows, padded A
+      {false, true, 1024, 384, 384, 1, 1.0f, 0.0f, 0, true},    // frozen linear forward y = x W^T
+      {false, true, 1024, 1536, 384, 1, 1.0f, 1.0f, 0, true},   // ... FFN up, accumulating
+      {false, true, 1024, 384, 1536, 1, 1.0f, 0.0f, 0, true},   // ... FFN down
+      {false, false, 1024, 384, 1536, 1, 1.0f, 0.0f, 0, true},  // backward dx = dy W
+      {false, false, 1024, 1536, 384, 1, 1.0f, 1.0f, 0, true},  // ... accumulating
+      {true, false, 384, 1536, 1024, 1, 1.0f, 0.0f, 0, true},   // dW = dy^T x
+      {false, true, 1000, 576, 576, 1, 1.0f, 0.0f, 5, true},    // odd rows, padded A
       {false, true, 1023, 1536, 576, 1, 0.5f, 1.0f, 0, true},
       {false, false, 1023, 576, 1536, 1, 1.0f, 0.0f, 0, true},
       {true, true, 1017, 576, 576, 1, 1.0f, 0.0f, 3, true},
-      {false, true, 64, 49152, 576, 1, 1.0f, 0.0f, 0, true},     // LM head
-      {false, true, 1024, 8, 384, 1, 1.0f, 0.0f, 0, false},      // LoRA x A^T
-      {false, true, 1024, 384, 8, 1, 2.0f, 1.0f, 0, false},      // LoRA (x A^T) B^T, scaled, added
-      {true, false, 8, 384, 1024, 1, 1.0f, 0.0f, 0, false},      // LoRA dA
-      {false, true, 64, 64, 32, 192, 0.17f, 0.0f, 0, false},     // attention scores per head
-      {false, false, 64, 32, 64, 192, 1.0f, 0.0f, 0, false},     // P V per head
-      {true, false, 64, 64, 64, 144, 1.0f, 0.0f, 0, false},      // backward per head
+      {false, true, 64, 49152, 576, 1, 1.0f, 0.0f, 0, true},  // LM head
+      {false, true, 1024, 8, 384, 1, 1.0f, 0.0f, 0, false},   // LoRA x A^T
+      {false, true, 1024, 384, 8, 1, 2.0f, 1.0f, 0, false},   // LoRA (x A^T) B^T, scaled, added
+      {true, false, 8, 384, 1024, 1, 1.0f, 0.0f, 0, false},   // LoRA dA
+      {false, true, 64, 64, 32, 192, 0.17f, 0.0f, 0, false},  // attention scores per head
+      {false, false, 64, 32, 64, 192, 1.0f, 0.0f, 0, false},  // P V per head
+      {true, false, 64, 64, 64, 144, 1.0f, 0.0f, 0, false},   // backward per head
   };
   ThreadPool one(1), four(4);
   for (const Shape& s : shapes) {
     const int64_t lda = (s.ta ? s.m : s.k) + s.pad, a_rows = s.ta ? s.k : s.m;
     const int64_t b_size = s.n * s.k, c_size = s.m * s.n;
-    const auto a = Random(s.batch * a_rows * lda, 11), b = Random(s.batch * b_size, 12), c0 = Random(s.batch * c_size, 13);
+    const auto a = Random(s.batch * a_rows * lda, 11), b = Random(s.batch * b_size, 12),
+               c0 = Random(s.batch * c_size, 13);
     auto run = [&](ThreadPool& pool) {
       std::vector<float> c = c0;
-      GemmArgs g{.trans_a = s.ta, .trans_b = s.tb, .m = s.m, .n = s.n, .k = s.k, .alpha = s.alpha, .beta = s.beta,
-                 .a = a.data(), .lda = lda, .b = b.data(), .c = c.data(), .batch = s.batch,
-                 .stride_a = a_rows * lda, .stride_b = b_size, .stride_c = c_size};
+      GemmArgs g{.trans_a = s.ta,
+                 .trans_b = s.tb,
+                 .m = s.m,
+                 .n = s.n,
+                 .k = s.k,
+                 .alpha = s.alpha,
+                 .beta = s.beta,
+                 .a = a.data(),
+                 .lda = lda,
+                 .b = b.data(),
+                 .c = c.data(),
+                 .batch = s.batch,
+                 .stride_a = a_rows * lda,
+                 .stride_b = b_size,
+                 .stride_c = c_size};
       EXPECT_EQ(internal::GemmCpuRowBlocks(g) > 1, s.split);
       EXPECT_TRUE(Gemm(ExecContext{.pool = &pool}, g).ok());
       return c;
@@ -643,8 +776,8 @@ TEST(Gemm, SplitOnThePoolMatchesOneThreadBitForBit) {
       const std::vector<float> got = run(four);
       ASSERT_EQ(got.size(), want.size());
       EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
-          << "m " << s.m << " n " << s.n << " k " << s.k << " batch " << s.batch << " trans " << s.ta << s.tb
-          << " width " << width;
+          << "m " << s.m << " n " << s.n << " k " << s.k << " batch " << s.batch << " trans "
+          << s.ta << s.tb << " width " << width;
     }
   }
 }

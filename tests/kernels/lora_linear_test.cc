@@ -28,9 +28,19 @@ struct LoraCase {
     B = Random(O * r, 35);
   }
   LoraLinearForwardArgs Fwd(float* y, float* h, std::vector<float>& ws) {
-    LoraLinearForwardArgs f{.rows = R, .in_features = I, .out_features = O, .rank = r, .x = x.data(),
-                            .w = WeightPtr::F32(w.data()), .bias = b.data(), .lora_a = A.data(), .lora_b = B.data(),
-                            .scaling = scaling, .dropout = dropout, .y = y, .h = h};
+    LoraLinearForwardArgs f{.rows = R,
+                            .in_features = I,
+                            .out_features = O,
+                            .rank = r,
+                            .x = x.data(),
+                            .w = WeightPtr::F32(w.data()),
+                            .bias = b.data(),
+                            .lora_a = A.data(),
+                            .lora_b = B.data(),
+                            .scaling = scaling,
+                            .dropout = dropout,
+                            .y = y,
+                            .h = h};
     ws.assign(LoraLinearWorkspaceBytes(f) / 4 + 1, 0.0f);
     f.workspace = ws.data();
     f.workspace_bytes = ws.size() * 4;
@@ -48,7 +58,9 @@ TEST(LoraLinear, ForwardMatchesFormula) {
     LoraCase c(DropoutSpec{.p = p, .seed = 7, .offset = 100});
     // Reference in double: xd from the Dropout op (its own test pins the mask).
     std::vector<float> xd(c.x.size());
-    ASSERT_TRUE(Dropout(Cpu(), DropoutArgs{.n = static_cast<int64_t>(xd.size()), .spec = c.dropout, .x = c.x.data(),
+    ASSERT_TRUE(Dropout(Cpu(), DropoutArgs{.n = static_cast<int64_t>(xd.size()),
+                                           .spec = c.dropout,
+                                           .x = c.x.data(),
                                            .out = xd.data()})
                     .ok());
     std::vector<float> want(c.R * c.O), want_h(c.R * c.r);
@@ -61,7 +73,8 @@ TEST(LoraLinear, ForwardMatchesFormula) {
       for (int64_t o = 0; o < c.O; ++o) {
         double s = c.b[o];
         for (int64_t i = 0; i < c.I; ++i) s += double(c.x[t * c.I + i]) * c.w[o * c.I + i];
-        for (int64_t k = 0; k < c.r; ++k) s += c.scaling * double(want_h[t * c.r + k]) * c.B[o * c.r + k];
+        for (int64_t k = 0; k < c.r; ++k)
+          s += c.scaling * double(want_h[t * c.r + k]) * c.B[o * c.r + k];
         want[t * c.O + o] = static_cast<float>(s);
       }
     }
@@ -82,12 +95,24 @@ TEST(LoraLinear, BackwardMatchesFiniteDifferences) {
     ASSERT_TRUE(LoraLinearForward(Cpu(), c.Fwd(y.data(), h.data(), fws)).ok());
     const auto dy = Random(c.R * c.O, 36);
     Guarded dx(c.R * c.I), da(c.r * c.I), db(c.O * c.r);
-    LoraLinearBackwardArgs bw{.rows = c.R, .in_features = c.I, .out_features = c.O, .rank = c.r, .x = c.x.data(),
-                              .w = WeightPtr::F32(c.w.data()), .lora_a = c.A.data(), .lora_b = c.B.data(),
-                              .scaling = c.scaling, .dropout = c.dropout, .h = h.data(), .dy = dy.data(),
-                              .dx = dx.data(), .da = da.data(), .db = db.data()};
+    LoraLinearBackwardArgs bw{.rows = c.R,
+                              .in_features = c.I,
+                              .out_features = c.O,
+                              .rank = c.r,
+                              .x = c.x.data(),
+                              .w = WeightPtr::F32(c.w.data()),
+                              .lora_a = c.A.data(),
+                              .lora_b = c.B.data(),
+                              .scaling = c.scaling,
+                              .dropout = c.dropout,
+                              .h = h.data(),
+                              .dy = dy.data(),
+                              .dx = dx.data(),
+                              .da = da.data(),
+                              .db = db.data()};
     std::vector<float> ws(LoraLinearWorkspaceBytes(bw) / 4);
-    EXPECT_EQ(LoraLinearBackward(Cpu(), bw).code(), absl::StatusCode::kInvalidArgument);  // no workspace
+    EXPECT_EQ(LoraLinearBackward(Cpu(), bw).code(),
+              absl::StatusCode::kInvalidArgument);  // no workspace
     bw.workspace = ws.data();
     bw.workspace_bytes = ws.size() * 4;
     ASSERT_TRUE(LoraLinearBackward(Cpu(), bw).ok());
@@ -105,16 +130,39 @@ TEST(LoraLinear, BackwardMatchesFiniteDifferences) {
     bw.db = db2.data();
     bw.accumulate_dx = bw.accumulate_params = true;
     ASSERT_TRUE(LoraLinearBackward(Cpu(), bw).ok());
-    EXPECT_TRUE(AllClose(dx2.values(), [&] { auto v = dx.values(); for (auto& e : v) e *= 2; return v; }(), 1e-6, 1e-6));
-    EXPECT_TRUE(AllClose(da2.values(), [&] { auto v = da.values(); for (auto& e : v) e *= 2; return v; }(), 1e-6, 1e-6));
-    EXPECT_TRUE(AllClose(db2.values(), [&] { auto v = db.values(); for (auto& e : v) e *= 2; return v; }(), 1e-6, 1e-6));
+    EXPECT_TRUE(AllClose(
+        dx2.values(),
+        [&] {
+          auto v = dx.values();
+          for (auto& e : v) e *= 2;
+          return v;
+        }(),
+        1e-6, 1e-6));
+    EXPECT_TRUE(AllClose(
+        da2.values(),
+        [&] {
+          auto v = da.values();
+          for (auto& e : v) e *= 2;
+          return v;
+        }(),
+        1e-6, 1e-6));
+    EXPECT_TRUE(AllClose(
+        db2.values(),
+        [&] {
+          auto v = db.values();
+          for (auto& e : v) e *= 2;
+          return v;
+        }(),
+        1e-6, 1e-6));
   }
 }
 
 TEST(LoraLinear, FlopCountAtBertBase) {
   // 2*1024*768*768 = 1.208e9 frozen + 2 * 2*1024*768*8 = 2.5e7 adapter.
-  EXPECT_DOUBLE_EQ(LoraLinearForwardFlops(1024, 768, 768, 8), 2.0 * 1024 * 768 * 768 + 4.0 * 1024 * 768 * 8);
-  EXPECT_DOUBLE_EQ(LoraLinearBackwardFlops(1024, 768, 768, 8), 2.0 * 1024 * 768 * 768 + 8.0 * 1024 * 768 * 8);
+  EXPECT_DOUBLE_EQ(LoraLinearForwardFlops(1024, 768, 768, 8),
+                   2.0 * 1024 * 768 * 768 + 4.0 * 1024 * 768 * 8);
+  EXPECT_DOUBLE_EQ(LoraLinearBackwardFlops(1024, 768, 768, 8),
+                   2.0 * 1024 * 768 * 768 + 8.0 * 1024 * 768 * 8);
 }
 
 TEST(LoraLinear, RejectsBadArguments) {

@@ -25,21 +25,27 @@ TEST(Reduce, SumSquaresOfIntegersIsExact) {
   const std::vector<float> y = {3, 4};
   float acc = 0;
   ASSERT_TRUE(SumSquares(Cpu(), SumSquaresArgs{.n = 2, .x = y.data(), .result = &acc}).ok());
-  ASSERT_TRUE(SumSquares(Cpu(), SumSquaresArgs{.n = 2, .x = y.data(), .result = &acc, .accumulate = true}).ok());
+  ASSERT_TRUE(
+      SumSquares(Cpu(), SumSquaresArgs{.n = 2, .x = y.data(), .result = &acc, .accumulate = true})
+          .ok());
   EXPECT_EQ(acc, 50.0f);
   // Independent of the thread count.
   ThreadPool one(1), three(3);
   float r1 = 0, r3 = 0;
   const auto big = testing::Random(100003, 91);
-  ASSERT_TRUE(SumSquares(ExecContext{.pool = &one}, SumSquaresArgs{.n = 100003, .x = big.data(), .result = &r1}).ok());
-  ASSERT_TRUE(SumSquares(ExecContext{.pool = &three}, SumSquaresArgs{.n = 100003, .x = big.data(), .result = &r3}).ok());
+  ASSERT_TRUE(SumSquares(ExecContext{.pool = &one},
+                         SumSquaresArgs{.n = 100003, .x = big.data(), .result = &r1})
+                  .ok());
+  ASSERT_TRUE(SumSquares(ExecContext{.pool = &three},
+                         SumSquaresArgs{.n = 100003, .x = big.data(), .result = &r3})
+                  .ok());
   EXPECT_EQ(r1, r3);
 }
 
 // One call for several tensors gives the bits of SumSquares on each in turn.
 TEST(Reduce, SumSquaresManyIsSumSquaresPerTensorInTurn) {
-  const std::vector<std::vector<float>> xs = {testing::Random(1000, 1), {}, testing::Random(7, 2),
-                                              testing::Random(70001, 3)};
+  const std::vector<std::vector<float>> xs = {
+      testing::Random(1000, 1), {}, testing::Random(7, 2), testing::Random(70001, 3)};
   std::vector<const float*> ptrs;
   std::vector<int64_t> ns;
   for (const auto& x : xs) {
@@ -49,12 +55,17 @@ TEST(Reduce, SumSquaresManyIsSumSquaresPerTensorInTurn) {
   for (bool accumulate : {false, true}) {
     float want = 2.5f, got = 2.5f;
     for (size_t t = 0; t < xs.size(); ++t) {
-      ASSERT_TRUE(SumSquares(Cpu(), SumSquaresArgs{.n = ns[t], .x = xs[t].data(), .result = &want,
+      ASSERT_TRUE(SumSquares(Cpu(), SumSquaresArgs{.n = ns[t],
+                                                   .x = xs[t].data(),
+                                                   .result = &want,
                                                    .accumulate = t > 0 || accumulate})
                       .ok());
     }
-    ASSERT_TRUE(SumSquaresMany(Cpu(), SumSquaresManyArgs{.tensors = 4, .x = ptrs.data(), .n = ns.data(),
-                                                         .result = &got, .accumulate = accumulate})
+    ASSERT_TRUE(SumSquaresMany(Cpu(), SumSquaresManyArgs{.tensors = 4,
+                                                         .x = ptrs.data(),
+                                                         .n = ns.data(),
+                                                         .result = &got,
+                                                         .accumulate = accumulate})
                     .ok());
     EXPECT_EQ(got, want) << accumulate;
   }
@@ -62,13 +73,17 @@ TEST(Reduce, SumSquaresManyIsSumSquaresPerTensorInTurn) {
   ASSERT_TRUE(SumSquaresMany(Cpu(), SumSquaresManyArgs{.tensors = 0, .result = &none}).ok());
   EXPECT_EQ(none, 0.0f);
   const int64_t negative = -1;
-  EXPECT_EQ(SumSquaresMany(Cpu(), SumSquaresManyArgs{.tensors = 1, .x = ptrs.data(), .n = &negative, .result = &none})
+  EXPECT_EQ(SumSquaresMany(
+                Cpu(),
+                SumSquaresManyArgs{.tensors = 1, .x = ptrs.data(), .n = &negative, .result = &none})
                 .code(),
             absl::StatusCode::kInvalidArgument);
   const float* null_x = nullptr;
-  EXPECT_EQ(SumSquaresMany(Cpu(), SumSquaresManyArgs{.tensors = 1, .x = &null_x, .n = ns.data(), .result = &none})
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      SumSquaresMany(
+          Cpu(), SumSquaresManyArgs{.tensors = 1, .x = &null_x, .n = ns.data(), .result = &none})
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST(Reduce, ScaleAndColumnSum) {
@@ -78,7 +93,11 @@ TEST(Reduce, ScaleAndColumnSum) {
   EXPECT_TRUE(x.GuardsIntact());
   // x as [3, 2]: column sums -18, -24; accumulate onto {1, 1}.
   Guarded out(std::vector<float>{1, 1});
-  ASSERT_TRUE(ColumnSum(Cpu(), ColumnSumArgs{.rows = 3, .cols = 2, .x = x.data(), .out = out.data(), .accumulate = true}).ok());
+  ASSERT_TRUE(
+      ColumnSum(
+          Cpu(),
+          ColumnSumArgs{.rows = 3, .cols = 2, .x = x.data(), .out = out.data(), .accumulate = true})
+          .ok());
   EXPECT_EQ(out.values(), (std::vector<float>{-17, -23}));
   EXPECT_TRUE(out.GuardsIntact());
   // Wide enough to span several column blocks.
@@ -86,7 +105,8 @@ TEST(Reduce, ScaleAndColumnSum) {
   std::vector<float> m(R * C);
   for (int64_t i = 0; i < R * C; ++i) m[i] = static_cast<float>(i % C);
   Guarded cs(C);
-  ASSERT_TRUE(ColumnSum(Cpu(), ColumnSumArgs{.rows = R, .cols = C, .x = m.data(), .out = cs.data()}).ok());
+  ASSERT_TRUE(
+      ColumnSum(Cpu(), ColumnSumArgs{.rows = R, .cols = C, .x = m.data(), .out = cs.data()}).ok());
   for (int64_t j = 0; j < C; ++j) ASSERT_EQ(cs[j], 7.0f * j);
   EXPECT_TRUE(cs.GuardsIntact());
 }
@@ -94,17 +114,25 @@ TEST(Reduce, ScaleAndColumnSum) {
 TEST(Elementwise, BiasAddAndAdd) {
   Guarded y(std::vector<float>{1, 1, 1, 1, 1, 1});
   const std::vector<float> b = {1, 2, 3};
-  ASSERT_TRUE(BiasAdd(Cpu(), BiasAddArgs{.rows = 2, .cols = 3, .bias = b.data(), .y = y.data()}).ok());
+  ASSERT_TRUE(
+      BiasAdd(Cpu(), BiasAddArgs{.rows = 2, .cols = 3, .bias = b.data(), .y = y.data()}).ok());
   EXPECT_EQ(y.values(), (std::vector<float>{2, 3, 4, 2, 3, 4}));
-  ASSERT_TRUE(BiasAdd(Cpu(), BiasAddArgs{.rows = 2, .cols = 3, .bias = b.data(), .y = y.data(), .accumulate = false}).ok());
+  ASSERT_TRUE(
+      BiasAdd(
+          Cpu(),
+          BiasAddArgs{.rows = 2, .cols = 3, .bias = b.data(), .y = y.data(), .accumulate = false})
+          .ok());
   EXPECT_EQ(y.values(), (std::vector<float>{1, 2, 3, 1, 2, 3}));
   EXPECT_TRUE(y.GuardsIntact());
   const std::vector<float> a = {1, 2, 3}, c = {10, 20, 30};
   Guarded out(3);
-  ASSERT_TRUE(Add(Cpu(), AddArgs{.n = 3, .a = a.data(), .b = c.data(), .alpha = 0.5f, .out = out.data()}).ok());
+  ASSERT_TRUE(
+      Add(Cpu(), AddArgs{.n = 3, .a = a.data(), .b = c.data(), .alpha = 0.5f, .out = out.data()})
+          .ok());
   EXPECT_EQ(out.values(), (std::vector<float>{6, 12, 18}));
   EXPECT_TRUE(out.GuardsIntact());
-  EXPECT_EQ(Add(Cpu(), AddArgs{.n = 3, .a = a.data(), .out = out.data()}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Add(Cpu(), AddArgs{.n = 3, .a = a.data(), .out = out.data()}).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -19,8 +19,13 @@ constexpr int64_t kRows = 5, kCols = 37;  // odd width: exercises the 8-lane tai
 std::vector<float> Forward(const std::vector<float>& x, const std::vector<float>& gamma, float eps,
                            std::vector<float>* rstd = nullptr) {
   std::vector<float> y(x.size()), r(kRows);
-  EXPECT_TRUE(RmsNormForward(Cpu(), {.rows = kRows, .cols = kCols, .eps = eps, .x = x.data(), .gamma = gamma.data(),
-                                     .y = y.data(), .rstd = r.data()})
+  EXPECT_TRUE(RmsNormForward(Cpu(), {.rows = kRows,
+                                     .cols = kCols,
+                                     .eps = eps,
+                                     .x = x.data(),
+                                     .gamma = gamma.data(),
+                                     .y = y.data(),
+                                     .rstd = r.data()})
                   .ok());
   if (rstd != nullptr) *rstd = r;
   return y;
@@ -47,7 +52,10 @@ TEST(RmsNorm, InPlaceEqualsOutOfPlace) {
   const auto gamma = Random(kCols, 4);
   const auto want = Forward(x, gamma, 1e-6f);
   std::vector<float> inplace = x;
-  ASSERT_TRUE(RmsNormForward(Cpu(), {.rows = kRows, .cols = kCols, .x = inplace.data(), .gamma = gamma.data(),
+  ASSERT_TRUE(RmsNormForward(Cpu(), {.rows = kRows,
+                                     .cols = kCols,
+                                     .x = inplace.data(),
+                                     .gamma = gamma.data(),
                                      .y = inplace.data()})
                   .ok());
   EXPECT_EQ(inplace, want);
@@ -60,8 +68,13 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   std::vector<float> rstd;
   Forward(x, gamma, 1e-6f, &rstd);
   Guarded dx(kRows * kCols), dgamma(kCols);
-  ASSERT_TRUE(RmsNormBackward(Cpu(), {.rows = kRows, .cols = kCols, .x = x.data(), .gamma = gamma.data(),
-                                      .rstd = rstd.data(), .dy = dy.data(), .dx = dx.data(),
+  ASSERT_TRUE(RmsNormBackward(Cpu(), {.rows = kRows,
+                                      .cols = kCols,
+                                      .x = x.data(),
+                                      .gamma = gamma.data(),
+                                      .rstd = rstd.data(),
+                                      .dy = dy.data(),
+                                      .dx = dx.data(),
                                       .dgamma = dgamma.data()})
                   .ok());
   EXPECT_TRUE(dx.GuardsIntact() && dgamma.GuardsIntact());
@@ -71,9 +84,16 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
 
   // Accumulation adds to what is there.
   Guarded dx2(kRows * kCols, 1.0f), dgamma2(kCols, 2.0f);
-  ASSERT_TRUE(RmsNormBackward(Cpu(), {.rows = kRows, .cols = kCols, .x = x.data(), .gamma = gamma.data(),
-                                      .rstd = rstd.data(), .dy = dy.data(), .dx = dx2.data(), .accumulate_dx = true,
-                                      .dgamma = dgamma2.data(), .accumulate_params = true})
+  ASSERT_TRUE(RmsNormBackward(Cpu(), {.rows = kRows,
+                                      .cols = kCols,
+                                      .x = x.data(),
+                                      .gamma = gamma.data(),
+                                      .rstd = rstd.data(),
+                                      .dy = dy.data(),
+                                      .dx = dx2.data(),
+                                      .accumulate_dx = true,
+                                      .dgamma = dgamma2.data(),
+                                      .accumulate_params = true})
                   .ok());
   for (int64_t i = 0; i < kRows * kCols; ++i) EXPECT_FLOAT_EQ(dx2[i], dx[i] + 1.0f);
   // (summed from 2 onwards: another rounding order)
@@ -82,14 +102,17 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
 
 TEST(RmsNorm, RejectsBadArguments) {
   std::vector<float> x(kCols), g(kCols), y(kCols);
-  EXPECT_EQ(RmsNormForward(Cpu(), {.rows = 1, .cols = kCols, .eps = -1.0f, .x = x.data(), .gamma = g.data(),
-                                   .y = y.data()})
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      RmsNormForward(
+          Cpu(),
+          {.rows = 1, .cols = kCols, .eps = -1.0f, .x = x.data(), .gamma = g.data(), .y = y.data()})
+          .code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RmsNormForward(Cpu(), {.rows = 1, .cols = kCols, .x = x.data(), .y = y.data()}).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(RmsNormBackward(Cpu(), {.rows = 1, .cols = kCols, .x = x.data(), .dy = y.data()}).code(),
-            absl::StatusCode::kInvalidArgument);  // nothing requested
+  EXPECT_EQ(
+      RmsNormBackward(Cpu(), {.rows = 1, .cols = kCols, .x = x.data(), .dy = y.data()}).code(),
+      absl::StatusCode::kInvalidArgument);  // nothing requested
 }
 
 }  // namespace

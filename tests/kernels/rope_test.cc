@@ -15,9 +15,16 @@ using testing::Random;
 
 constexpr int64_t kTokens = 6, kHeads = 3, kDim = 8, kMaxPos = 40;
 
-std::vector<float> Apply(const RopeTables& t, const std::vector<int32_t>& pos, std::vector<float> x, bool inverse) {
-  EXPECT_TRUE(Rope(Cpu(), {.tokens = kTokens, .heads = kHeads, .head_dim = kDim, .max_positions = t.max_positions,
-                           .positions = pos.data(), .cos = t.cos.data(), .sin = t.sin.data(), .x = x.data(),
+std::vector<float> Apply(const RopeTables& t, const std::vector<int32_t>& pos, std::vector<float> x,
+                         bool inverse) {
+  EXPECT_TRUE(Rope(Cpu(), {.tokens = kTokens,
+                           .heads = kHeads,
+                           .head_dim = kDim,
+                           .max_positions = t.max_positions,
+                           .positions = pos.data(),
+                           .cos = t.cos.data(),
+                           .sin = t.sin.data(),
+                           .x = x.data(),
                            .inverse = inverse})
                   .ok());
   return x;
@@ -48,7 +55,8 @@ TEST(Rope, RotatesHalvesAsHuggingFaceLlama) {
         const double angle = pos[tok] * std::pow(100000.0, -2.0 * i / kDim);
         // q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-q2, q1)
         EXPECT_NEAR(out[i], in[i] * std::cos(angle) - in[i + kDim / 2] * std::sin(angle), 1e-5);
-        EXPECT_NEAR(out[i + kDim / 2], in[i + kDim / 2] * std::cos(angle) + in[i] * std::sin(angle), 1e-5);
+        EXPECT_NEAR(out[i + kDim / 2], in[i + kDim / 2] * std::cos(angle) + in[i] * std::sin(angle),
+                    1e-5);
       }
     }
   }
@@ -73,15 +81,26 @@ TEST(Rope, RejectsPositionsOutsideTheTableAndOddHeadDim) {
   const RopeTables t = MakeRopeTables(10000.0, kDim, kMaxPos);
   std::vector<int32_t> pos = {0, 1, 2, 3, 4, kMaxPos};
   std::vector<float> x(kTokens * kHeads * kDim, 1.0f);
-  const absl::Status st = Rope(Cpu(), {.tokens = kTokens, .heads = kHeads, .head_dim = kDim, .max_positions = kMaxPos,
-                                       .positions = pos.data(), .cos = t.cos.data(), .sin = t.sin.data(),
+  const absl::Status st = Rope(Cpu(), {.tokens = kTokens,
+                                       .heads = kHeads,
+                                       .head_dim = kDim,
+                                       .max_positions = kMaxPos,
+                                       .positions = pos.data(),
+                                       .cos = t.cos.data(),
+                                       .sin = t.sin.data(),
                                        .x = x.data()});
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(st.message()).find("positions[5] = 40"), std::string::npos) << st;
   for (float v : x) EXPECT_EQ(v, 1.0f);  // nothing written
   pos.back() = 0;
-  EXPECT_EQ(Rope(Cpu(), {.tokens = kTokens, .heads = kHeads, .head_dim = 7, .max_positions = kMaxPos,
-                         .positions = pos.data(), .cos = t.cos.data(), .sin = t.sin.data(), .x = x.data()})
+  EXPECT_EQ(Rope(Cpu(), {.tokens = kTokens,
+                         .heads = kHeads,
+                         .head_dim = 7,
+                         .max_positions = kMaxPos,
+                         .positions = pos.data(),
+                         .cos = t.cos.data(),
+                         .sin = t.sin.data(),
+                         .x = x.data()})
                 .code(),
             absl::StatusCode::kInvalidArgument);
 }

@@ -17,7 +17,8 @@ constexpr int64_t kN = 203;
 
 std::vector<float> Forward(const std::vector<float>& gate, const std::vector<float>& up) {
   std::vector<float> y(kN);
-  EXPECT_TRUE(SwiGluForward(Cpu(), {.n = kN, .gate = gate.data(), .up = up.data(), .y = y.data()}).ok());
+  EXPECT_TRUE(
+      SwiGluForward(Cpu(), {.n = kN, .gate = gate.data(), .up = up.data(), .y = y.data()}).ok());
   return y;
 }
 
@@ -39,15 +40,23 @@ TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
   auto up = Random(kN, 4);
   const auto dy = Random(kN, 5);
   std::vector<float> dgate(kN), dup(kN);
-  ASSERT_TRUE(SwiGluBackward(Cpu(), {.n = kN, .gate = gate.data(), .up = up.data(), .dy = dy.data(),
-                                     .dgate = dgate.data(), .dup = dup.data()})
+  ASSERT_TRUE(SwiGluBackward(Cpu(), {.n = kN,
+                                     .gate = gate.data(),
+                                     .up = up.data(),
+                                     .dy = dy.data(),
+                                     .dgate = dgate.data(),
+                                     .dup = dup.data()})
                   .ok());
   auto fwd = [&] { return Forward(gate, up); };
   ExpectGradient(fwd, gate, dy, dgate, "dgate");
   ExpectGradient(fwd, up, dy, dup, "dup");
   // In place over the saved tensors gives the same gradients.
   std::vector<float> g2 = gate, u2 = up;
-  ASSERT_TRUE(SwiGluBackward(Cpu(), {.n = kN, .gate = g2.data(), .up = u2.data(), .dy = dy.data(), .dgate = g2.data(),
+  ASSERT_TRUE(SwiGluBackward(Cpu(), {.n = kN,
+                                     .gate = g2.data(),
+                                     .up = u2.data(),
+                                     .dy = dy.data(),
+                                     .dgate = g2.data(),
                                      .dup = u2.data()})
                   .ok());
   EXPECT_EQ(g2, dgate);
@@ -58,8 +67,9 @@ TEST(SwiGlu, RejectsNullPointers) {
   std::vector<float> a(kN);
   EXPECT_EQ(SwiGluForward(Cpu(), {.n = kN, .gate = a.data(), .y = a.data()}).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SwiGluBackward(Cpu(), {.n = kN, .gate = a.data(), .up = a.data(), .dy = a.data()}).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      SwiGluBackward(Cpu(), {.n = kN, .gate = a.data(), .up = a.data(), .dy = a.data()}).code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

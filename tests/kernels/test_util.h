@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "core/ggml_quant.h"
 #include "core/tensor.h"
+#include "gtest/gtest.h"
 #include "kernels/context.h"
 #include "kernels/device.h"
 
@@ -34,13 +34,14 @@ inline std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.0f, floa
 // ggml-common.h: Q8_0 = d, 32 x int8, q * d; Q4_0 = d, 16 nibble bytes, (q - 8) * d; Q4_1 = d, m,
 // 16 nibble bytes, q * d + m; byte j holds element j low, j + 16 high), independently of
 // core/ggml_quant.cc. Scales are exact fp16 values.
-inline std::vector<uint8_t> RandomQuantMatrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed,
-                                              std::vector<float>* values) {
+inline std::vector<uint8_t> RandomQuantMatrix(GgmlType type, int64_t rows, int64_t cols,
+                                              uint32_t seed, std::vector<float>* values) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> byte(0, 255), scale(1, 63);
   auto half = [](float v) {  // v = k / 1024 or -k / 1024 for small k: exact in fp16
     const uint16_t bits = F32ToF16(v);
-    return std::pair<uint8_t, uint8_t>(static_cast<uint8_t>(bits & 0xff), static_cast<uint8_t>(bits >> 8));
+    return std::pair<uint8_t, uint8_t>(static_cast<uint8_t>(bits & 0xff),
+                                       static_cast<uint8_t>(bits >> 8));
   };
   const int block_bytes = type == GgmlType::kQ8_0 ? 34 : type == GgmlType::kQ4_0 ? 18 : 20;
   std::vector<uint8_t> out;
@@ -60,7 +61,8 @@ inline std::vector<uint8_t> RandomQuantMatrix(GgmlType type, int64_t rows, int64
           v[j] = static_cast<float>(static_cast<int8_t>(blk[2 + j])) * d;
         } else {
           const int q = j < 16 ? blk[q0 + j] & 0x0f : blk[q0 + j - 16] >> 4;
-          v[j] = type == GgmlType::kQ4_0 ? static_cast<float>(q - 8) * d : static_cast<float>(q) * d + m;
+          v[j] = type == GgmlType::kQ4_0 ? static_cast<float>(q - 8) * d
+                                         : static_cast<float>(q) * d + m;
         }
       }
       out.insert(out.end(), blk.begin(), blk.end());
@@ -85,7 +87,9 @@ class Guarded {
   explicit Guarded(size_t n, float fill = 0.0f) : n_(n), v_(n + kGuard, GuardValue()) {
     std::fill(v_.begin(), v_.begin() + n, fill);
   }
-  Guarded(const std::vector<float>& init) : Guarded(init.size()) { std::copy(init.begin(), init.end(), v_.begin()); }
+  Guarded(const std::vector<float>& init) : Guarded(init.size()) {
+    std::copy(init.begin(), init.end(), v_.begin());
+  }
   float* data() { return v_.data(); }
   const float* data() const { return v_.data(); }
   size_t size() const { return n_; }
@@ -108,12 +112,14 @@ class Guarded {
 };
 
 // |got - want| <= atol + rtol * |want| elementwise; reports the worst element.
-inline ::testing::AssertionResult AllClose(const float* got, const float* want, size_t n, double atol, double rtol) {
+inline ::testing::AssertionResult AllClose(const float* got, const float* want, size_t n,
+                                           double atol, double rtol) {
   double worst = 0.0;
   size_t worst_i = 0;
   for (size_t i = 0; i < n; ++i) {
     const double g = got[i], w = want[i];
-    if (std::isnan(g) != std::isnan(w)) return ::testing::AssertionFailure() << "NaN mismatch at " << i;
+    if (std::isnan(g) != std::isnan(w))
+      return ::testing::AssertionFailure() << "NaN mismatch at " << i;
     const double excess = std::abs(g - w) - (atol + rtol * std::abs(w));
     if (excess > worst) {
       worst = excess;
@@ -121,14 +127,17 @@ inline ::testing::AssertionResult AllClose(const float* got, const float* want, 
     }
   }
   if (worst > 0.0) {
-    return ::testing::AssertionFailure() << "element " << worst_i << ": got " << got[worst_i] << ", want "
-                                         << want[worst_i] << " (atol " << atol << ", rtol " << rtol << ")";
+    return ::testing::AssertionFailure()
+           << "element " << worst_i << ": got " << got[worst_i] << ", want " << want[worst_i]
+           << " (atol " << atol << ", rtol " << rtol << ")";
   }
   return ::testing::AssertionSuccess();
 }
-inline ::testing::AssertionResult AllClose(const std::vector<float>& got, const std::vector<float>& want, double atol,
+inline ::testing::AssertionResult AllClose(const std::vector<float>& got,
+                                           const std::vector<float>& want, double atol,
                                            double rtol) {
-  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
   return AllClose(got.data(), want.data(), got.size(), atol, rtol);
 }
 
@@ -147,8 +156,9 @@ inline double Project(const std::vector<float>& out, const std::vector<float>& w
 // that is ~1e-6 absolute in L, i.e. ~5e-4 in the difference quotient after dividing by 2 eps.
 // atol 1e-3 + rtol 2e-3 sits above both, and a 1% error in a gradient (a wrong scale, a missing
 // term) exceeds it.
-inline void ExpectGradient(const std::function<std::vector<float>()>& forward, std::vector<float>& x,
-                           const std::vector<float>& w, const std::vector<float>& analytic, const std::string& what,
+inline void ExpectGradient(const std::function<std::vector<float>()>& forward,
+                           std::vector<float>& x, const std::vector<float>& w,
+                           const std::vector<float>& analytic, const std::string& what,
                            double eps = 1e-3, double atol = 1e-3, double rtol = 2e-3) {
   ASSERT_EQ(analytic.size(), x.size()) << what;
   for (size_t i = 0; i < x.size(); ++i) {
@@ -208,7 +218,8 @@ class DeviceMirror {
 inline ExecContext Cpu() { return ExecContext{}; }
 inline ExecContext Gpu() { return ExecContext{Device::kCuda, nullptr, nullptr}; }
 
-#define FEDLORA_SKIP_WITHOUT_GPU() \
-  if (!::fedlora::kernels::CudaAvailable()) GTEST_SKIP() << "no CUDA device: " << ::fedlora::kernels::CudaDeviceDescription()
+#define FEDLORA_SKIP_WITHOUT_GPU()          \
+  if (!::fedlora::kernels::CudaAvailable()) \
+  GTEST_SKIP() << "no CUDA device: " << ::fedlora::kernels::CudaDeviceDescription()
 
 }  // namespace fedlora::kernels::testing

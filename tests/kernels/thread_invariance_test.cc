@@ -19,7 +19,8 @@ namespace {
 using testing::Random;
 
 // Runs `op` on a 3-thread pool at widths 1, 2 and 3; its outputs must agree bit for bit.
-void ExpectSameBitsAtWidths123(const char* what, const std::function<std::vector<float>(const ExecContext&)>& op) {
+void ExpectSameBitsAtWidths123(const char* what,
+                               const std::function<std::vector<float>(const ExecContext&)>& op) {
   ThreadPool pool(3);
   pool.SetWidth(1);
   const std::vector<float> want = op(ExecContext{.pool = &pool});
@@ -27,7 +28,8 @@ void ExpectSameBitsAtWidths123(const char* what, const std::function<std::vector
     pool.SetWidth(width);
     const std::vector<float> got = op(ExecContext{.pool = &pool});
     ASSERT_EQ(got.size(), want.size()) << what;
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0) << what << " at width " << width;
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+        << what << " at width " << width;
   }
 }
 
@@ -37,16 +39,31 @@ TEST(ThreadInvariance, LayerNormBackward) {
     const auto x = Random(rows * cols, 1), gamma = Random(cols, 2), dy = Random(rows * cols, 3);
     const auto dgamma0 = Random(cols, 4), dbeta0 = Random(cols, 5);
     ExpectSameBitsAtWidths123("LayerNormBackward", [&](const ExecContext& ctx) {
-      std::vector<float> y(rows * cols), mean(rows), rstd(rows), dx(rows * cols), dgamma = dgamma0, dbeta = dbeta0;
-      EXPECT_TRUE(LayerNormForward(ctx, {.rows = rows, .cols = cols, .x = x.data(), .gamma = gamma.data(),
-                                         .y = y.data(), .mean = mean.data(), .rstd = rstd.data()})
+      std::vector<float> y(rows * cols), mean(rows), rstd(rows), dx(rows * cols), dgamma = dgamma0,
+                                                                                  dbeta = dbeta0;
+      EXPECT_TRUE(LayerNormForward(ctx, {.rows = rows,
+                                         .cols = cols,
+                                         .x = x.data(),
+                                         .gamma = gamma.data(),
+                                         .y = y.data(),
+                                         .mean = mean.data(),
+                                         .rstd = rstd.data()})
                       .ok());
-      EXPECT_TRUE(LayerNormBackward(ctx, {.rows = rows, .cols = cols, .x = x.data(), .gamma = gamma.data(),
-                                          .mean = mean.data(), .rstd = rstd.data(), .dy = dy.data(), .dx = dx.data(),
-                                          .dgamma = dgamma.data(), .dbeta = dbeta.data(), .accumulate_params = true})
+      EXPECT_TRUE(LayerNormBackward(ctx, {.rows = rows,
+                                          .cols = cols,
+                                          .x = x.data(),
+                                          .gamma = gamma.data(),
+                                          .mean = mean.data(),
+                                          .rstd = rstd.data(),
+                                          .dy = dy.data(),
+                                          .dx = dx.data(),
+                                          .dgamma = dgamma.data(),
+                                          .dbeta = dbeta.data(),
+                                          .accumulate_params = true})
                       .ok());
       std::vector<float> out = y;
-      for (const auto* v : {&mean, &rstd, &dx, &dgamma, &dbeta}) out.insert(out.end(), v->begin(), v->end());
+      for (const auto* v : {&mean, &rstd, &dx, &dgamma, &dbeta})
+        out.insert(out.end(), v->begin(), v->end());
       return out;
     });
   }
@@ -57,11 +74,21 @@ TEST(ThreadInvariance, RmsNormBackward) {
   const auto x = Random(rows * cols, 6), gamma = Random(cols, 7), dy = Random(rows * cols, 8);
   ExpectSameBitsAtWidths123("RmsNormBackward", [&](const ExecContext& ctx) {
     std::vector<float> y(rows * cols), rstd(rows), dx(rows * cols), dgamma(cols);
-    EXPECT_TRUE(RmsNormForward(ctx, {.rows = rows, .cols = cols, .x = x.data(), .gamma = gamma.data(), .y = y.data(),
+    EXPECT_TRUE(RmsNormForward(ctx, {.rows = rows,
+                                     .cols = cols,
+                                     .x = x.data(),
+                                     .gamma = gamma.data(),
+                                     .y = y.data(),
                                      .rstd = rstd.data()})
                     .ok());
-    EXPECT_TRUE(RmsNormBackward(ctx, {.rows = rows, .cols = cols, .x = x.data(), .gamma = gamma.data(),
-                                      .rstd = rstd.data(), .dy = dy.data(), .dx = dx.data(), .dgamma = dgamma.data()})
+    EXPECT_TRUE(RmsNormBackward(ctx, {.rows = rows,
+                                      .cols = cols,
+                                      .x = x.data(),
+                                      .gamma = gamma.data(),
+                                      .rstd = rstd.data(),
+                                      .dy = dy.data(),
+                                      .dx = dx.data(),
+                                      .dgamma = dgamma.data()})
                     .ok());
     std::vector<float> out = y;
     for (const auto* v : {&rstd, &dx, &dgamma}) out.insert(out.end(), v->begin(), v->end());
@@ -74,13 +101,15 @@ TEST(ThreadInvariance, ColumnSumAndSumSquares) {
   const auto x = Random(rows * cols, 9);
   ExpectSameBitsAtWidths123("ColumnSum", [&](const ExecContext& ctx) {
     std::vector<float> out(cols);
-    EXPECT_TRUE(ColumnSum(ctx, {.rows = rows, .cols = cols, .x = x.data(), .out = out.data()}).ok());
+    EXPECT_TRUE(
+        ColumnSum(ctx, {.rows = rows, .cols = cols, .x = x.data(), .out = out.data()}).ok());
     return out;
   });
   for (int64_t n : {int64_t{1000}, int64_t{100003}, rows * cols}) {
     ExpectSameBitsAtWidths123("SumSquares", [&](const ExecContext& ctx) {
       std::vector<float> out = {0.25f};
-      EXPECT_TRUE(SumSquares(ctx, {.n = n, .x = x.data(), .result = out.data(), .accumulate = true}).ok());
+      EXPECT_TRUE(
+          SumSquares(ctx, {.n = n, .x = x.data(), .result = out.data(), .accumulate = true}).ok());
       return out;
     });
   }
@@ -92,11 +121,16 @@ TEST(ThreadInvariance, SoftmaxCrossEntropy) {
     const int64_t batch = shape.first, classes = shape.second;
     const auto logits = Random(batch * classes, 10, -4.0f, 4.0f);
     std::vector<int32_t> labels(batch);
-    for (int64_t b = 0; b < batch; ++b) labels[b] = b % 7 == 3 ? kIgnoreIndex : static_cast<int32_t>((b * 31) % classes);
+    for (int64_t b = 0; b < batch; ++b)
+      labels[b] = b % 7 == 3 ? kIgnoreIndex : static_cast<int32_t>((b * 31) % classes);
     ExpectSameBitsAtWidths123("SoftmaxCrossEntropy", [&](const ExecContext& ctx) {
       std::vector<float> out(1 + batch * classes);
-      EXPECT_TRUE(SoftmaxCrossEntropy(ctx, {.batch = batch, .classes = classes, .logits = logits.data(),
-                                            .labels = labels.data(), .loss = out.data(), .dlogits = out.data() + 1})
+      EXPECT_TRUE(SoftmaxCrossEntropy(ctx, {.batch = batch,
+                                            .classes = classes,
+                                            .logits = logits.data(),
+                                            .labels = labels.data(),
+                                            .loss = out.data(),
+                                            .dlogits = out.data() + 1})
                       .ok());
       return out;
     });

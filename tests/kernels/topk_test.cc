@@ -43,7 +43,7 @@ std::vector<int64_t> BySort(const std::vector<float>& x, int64_t k) {
 TEST(TopK, KnownCase) {
   const std::vector<float> x = {0.5f, -2.0f, 2.0f, 1.0f, -0.0f, 2.0f, 0.0f};
   EXPECT_EQ(RunTopK(x, 1), (std::vector<int64_t>{1}));
-  EXPECT_EQ(RunTopK(x, 3), (std::vector<int64_t>{1, 2, 5}));       // three |2| entries
+  EXPECT_EQ(RunTopK(x, 3), (std::vector<int64_t>{1, 2, 5}));  // three |2| entries
   EXPECT_EQ(RunTopK(x, 4), (std::vector<int64_t>{1, 2, 3, 5}));
   EXPECT_EQ(RunTopK(x, 6), (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));  // -0 == +0: the lower index
   EXPECT_EQ(RunTopK(x, 7), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
@@ -83,7 +83,12 @@ TEST(TopK, RefusesBadArguments) {
   const std::vector<float> x(10, 1.0f);
   std::vector<int64_t> out(10);
   std::vector<float> ws(10);
-  TopKArgs a{.n = 10, .k = 11, .x = x.data(), .indices = out.data(), .workspace = ws.data(), .workspace_bytes = 40};
+  TopKArgs a{.n = 10,
+             .k = 11,
+             .x = x.data(),
+             .indices = out.data(),
+             .workspace = ws.data(),
+             .workspace_bytes = 40};
   EXPECT_NE(CanRun(Cpu(), a).message().find("k 11"), std::string::npos) << CanRun(Cpu(), a);
   a.k = 3;
   a.workspace_bytes = 39;

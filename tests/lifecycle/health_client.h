@@ -46,19 +46,20 @@ inline int HealthStatusOf(const grpc::ByteBuffer& response) {
 
 struct HealthAnswer {
   grpc::StatusCode code = grpc::StatusCode::UNKNOWN;  // of the call
-  int status = -1;                                     // when code is OK
+  int status = -1;                                    // when code is OK
 };
 
 // grpc.health.v1.Health/Check for `service` ("" is the whole server).
-inline HealthAnswer CheckHealth(const std::shared_ptr<grpc::Channel>& channel, const std::string& service,
-                                int64_t deadline_ms = 5000) {
+inline HealthAnswer CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
+                                const std::string& service, int64_t deadline_ms = 5000) {
   grpc::GenericStub generic(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
   grpc::CompletionQueue cq;
   grpc::ByteBuffer response;
   grpc::Status status;
-  auto call = generic.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", HealthRequest(service), &cq);
+  auto call =
+      generic.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", HealthRequest(service), &cq);
   call->StartCall();
   call->Finish(&response, &status, reinterpret_cast<void*>(1));
   void* tag = nullptr;

@@ -17,8 +17,8 @@ using testing::CheckHealth;
 using testing::HealthAnswer;
 using testing::HealthWatch;
 using testing::kHealthNotServing;
-using testing::kHealthServing;
 using testing::kHealthServiceUnknown;
+using testing::kHealthServing;
 
 const char* const kNames[] = {"", "fedlora.v1.Federation", "fedlora.v1.Admin"};
 
@@ -32,13 +32,15 @@ class HoldingClock {
         held_.set_value();
         release_future_.wait();
       }
-      return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      return std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::system_clock::now().time_since_epoch())
           .count();
     };
   }
   void Arm() { armed_ = true; }
   bool WaitUntilHolding(int64_t timeout_ms) {
-    return held_future_.wait_for(std::chrono::milliseconds(timeout_ms)) == std::future_status::ready;
+    return held_future_.wait_for(std::chrono::milliseconds(timeout_ms)) ==
+           std::future_status::ready;
   }
   void Release() { release_.set_value(); }
 
@@ -51,7 +53,8 @@ class HoldingClock {
 };
 
 // Polls Check(service) until it answers `status` (or 10 s pass); the last answer.
-HealthAnswer AwaitHealth(const std::shared_ptr<grpc::Channel>& channel, const std::string& service, int status) {
+HealthAnswer AwaitHealth(const std::shared_ptr<grpc::Channel>& channel, const std::string& service,
+                         int status) {
   HealthAnswer a;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   do {
@@ -64,8 +67,8 @@ HealthAnswer AwaitHealth(const std::shared_ptr<grpc::Channel>& channel, const st
 
 TEST(ServerHealthTest, AnswersForTheServerAndEachServiceAndNotForOtherNames) {
   testing::TempDir dir;
-  auto server = Server::Create(testing::TestServerOptions(dir.path()), testing::TestRunConfig(1, 1, 1),
-                               testing::InitialAdapter());
+  auto server = Server::Create(testing::TestServerOptions(dir.path()),
+                               testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
   for (const char* name : kNames) {
@@ -73,7 +76,8 @@ TEST(ServerHealthTest, AnswersForTheServerAndEachServiceAndNotForOtherNames) {
     EXPECT_EQ(a.code, grpc::StatusCode::OK) << "'" << name << "'";
     EXPECT_EQ(a.status, kHealthServing) << "'" << name << "'";
   }
-  for (const char* name : {"fedlora.v1.Nope", "Federation", "fedlora.v1.federation", "grpc.health.v1.Health"}) {
+  for (const char* name :
+       {"fedlora.v1.Nope", "Federation", "fedlora.v1.federation", "grpc.health.v1.Health"}) {
     EXPECT_EQ(CheckHealth(channel, name).code, grpc::StatusCode::NOT_FOUND) << name;
   }
   HealthWatch unknown(channel, "fedlora.v1.Nope");
@@ -83,8 +87,9 @@ TEST(ServerHealthTest, AnswersForTheServerAndEachServiceAndNotForOtherNames) {
 TEST(ServerHealthTest, NotServingAsSoonAsShutdownBeginsBeforeTheDriverStops) {
   testing::TempDir dir;
   HoldingClock clock;
-  auto created = Server::Create(testing::TestServerOptions(dir.path()), testing::TestRunConfig(1, 1, 1),
-                                testing::InitialAdapter(), /*evaluator=*/nullptr, clock.clock());
+  auto created =
+      Server::Create(testing::TestServerOptions(dir.path()), testing::TestRunConfig(1, 1, 1),
+                     testing::InitialAdapter(), /*evaluator=*/nullptr, clock.clock());
   ASSERT_TRUE(created.ok()) << created.status();
   Server& server = **created;
   auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
@@ -93,7 +98,8 @@ TEST(ServerHealthTest, NotServingAsSoonAsShutdownBeginsBeforeTheDriverStops) {
 
   clock.Arm();
   ASSERT_TRUE(clock.WaitUntilHolding(10'000)) << "the round driver never read the clock";
-  for (const char* name : kNames) EXPECT_EQ(CheckHealth(channel, name).status, kHealthServing) << "'" << name << "'";
+  for (const char* name : kNames)
+    EXPECT_EQ(CheckHealth(channel, name).status, kHealthServing) << "'" << name << "'";
   std::atomic<bool> shut_down{false};
   std::thread stopper([&] {
     server.Shutdown();

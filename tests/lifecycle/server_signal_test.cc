@@ -33,8 +33,8 @@
 namespace fedlora {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::CheckHealth;
+using ::testing::HasSubstr;
 using testing::HealthWatch;
 using testing::kHealthNotServing;
 using testing::kHealthServing;
@@ -48,7 +48,8 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
 }
 
 int64_t MsUntil(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(t - std::chrono::steady_clock::now()).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t - std::chrono::steady_clock::now())
+      .count();
 }
 
 std::string ReadFile(const std::string& path) {
@@ -185,7 +186,8 @@ int64_t ScrapeRoundsCommitted(int port) {
   }
   close(fd);
   std::smatch m;
-  if (!std::regex_search(out, m, std::regex("\nfedlora_rounds_committed_total ([0-9]+)\n"))) return -1;
+  if (!std::regex_search(out, m, std::regex("\nfedlora_rounds_committed_total ([0-9]+)\n")))
+    return -1;
   return std::stoll(m.str(1));
 }
 
@@ -196,7 +198,8 @@ class ServerSignalTest : public ::testing::Test {
     ASSERT_NE(src, nullptr);
     model_ = std::string(src) + "/models/all-MiniLM-L6-v2";
     const std::string data = std::string(src) + "/data/fortunes";
-    if (!std::filesystem::exists(model_ + "/model.safetensors") || !std::filesystem::exists(data + "/train.jsonl")) {
+    if (!std::filesystem::exists(model_ + "/model.safetensors") ||
+        !std::filesystem::exists(data + "/train.jsonl")) {
       GTEST_SKIP() << "model or fortunes data not fetched (scripts/setup.sh)";
     }
     d_ = dir_.path() + "/";
@@ -209,29 +212,35 @@ class ServerSignalTest : public ::testing::Test {
     // which the client SDK retries too).
     std::ofstream(d_ + "run.json") << R"({
       "run_id": "lifecycle", "seed": 5,
-      "model": {"path": ")" << model_ << R"(", "max_seq_len": 32},
+      "model": {"path": ")" << model_
+                                   << R"(", "max_seq_len": 32},
       "task": {"labels": ["computers","definitions","men-women","politics","science","songs-poems","work","zippy"]},
       "training": {"local_steps": 1, "batch_size": 8, "learning_rate": 0.001},
       "selection": {"clients_per_round": 2, "over_selection": 1.0, "min_clients": 2, "retry_after_seconds": 5,
                     "heartbeat_interval_seconds": 2},
       "rounds": 3,
-      "data": {"eval_path": ")" << d_ << R"(eval.jsonl", "eval_batch_size": 16},
-      "server": {"listen_address": "127.0.0.1:0", "metrics_address": "127.0.0.1:0", "store_dir": ")" << store_ << R"("}
+      "data": {"eval_path": ")" << d_
+                                   << R"(eval.jsonl", "eval_batch_size": 16},
+      "server": {"listen_address": "127.0.0.1:0", "metrics_address": "127.0.0.1:0", "store_dir": ")"
+                                   << store_ << R"("}
     })";
   }
 
   // Starts `fedlora server` (plaintext on loopback) and reads its first line; `listen` overrides
   // the config's address.
   std::unique_ptr<Process> StartServer(const std::string& name, const std::string& listen = "") {
-    std::vector<std::string> args = {FEDLORA_BINARY_PATH, "server", "--config", d_ + "run.json", "--insecure",
-                                     "--linger-seconds", "3"};
+    std::vector<std::string> args = {
+        FEDLORA_BINARY_PATH, "server",           "--config", d_ + "run.json",
+        "--insecure",        "--linger-seconds", "3"};
     if (!listen.empty()) args.insert(args.end(), {"--listen", listen});
     auto p = std::make_unique<Process>(args, d_ + name + ".err");
     const std::optional<std::string> line = p->ReadLine(120'000);
     std::smatch m;
-    const std::regex listening("listening on (127\\.0\\.0\\.1:([0-9]+)) \\(metrics on port ([0-9]+)\\)");
+    const std::regex listening(
+        "listening on (127\\.0\\.0\\.1:([0-9]+)) \\(metrics on port ([0-9]+)\\)");
     if (!line || !std::regex_search(*line, m, listening)) {
-      ADD_FAILURE() << "server printed '" << line.value_or("") << "'; stderr: " << ReadFile(d_ + name + ".err");
+      ADD_FAILURE() << "server printed '" << line.value_or("")
+                    << "'; stderr: " << ReadFile(d_ + name + ".err");
       return nullptr;
     }
     address_ = m.str(1);
@@ -242,8 +251,9 @@ class ServerSignalTest : public ::testing::Test {
 
   std::unique_ptr<Process> StartClient(const std::string& id) {
     return std::make_unique<Process>(
-        std::vector<std::string>{FEDLORA_BINARY_PATH, "client", "--server", address_, "--insecure", "--id",
-                                 "site-" + id, "--model", model_, "--data", d_ + id + ".jsonl", "--threads", "1"},
+        std::vector<std::string>{FEDLORA_BINARY_PATH, "client", "--server", address_, "--insecure",
+                                 "--id", "site-" + id, "--model", model_, "--data",
+                                 d_ + id + ".jsonl", "--threads", "1"},
         d_ + "client-" + id + ".err");
   }
 
@@ -278,7 +288,8 @@ TEST_F(ServerSignalTest, SigtermMidRunExitsCleanlyAndARestartResumesAndFinishesT
   EXPECT_TRUE(watch->WaitFor(kHealthNotServing, kExitBoundMs)) << "health never said NOT_SERVING";
   const std::optional<int> status = server->Wait(kExitBoundMs);
   const double exit_s = SecondsSince(signalled);
-  ASSERT_TRUE(status.has_value()) << "the server did not exit within " << kExitBoundMs << " ms of SIGTERM";
+  ASSERT_TRUE(status.has_value()) << "the server did not exit within " << kExitBoundMs
+                                  << " ms of SIGTERM";
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << DescribeWaitStatus(status);
   RecordProperty("sigterm_to_exit_ms", static_cast<int>(exit_s * 1000));
   std::printf("SIGTERM to exit: %.2f s\n", exit_s);
@@ -287,10 +298,11 @@ TEST_F(ServerSignalTest, SigtermMidRunExitsCleanlyAndARestartResumesAndFinishesT
   const std::string said = server->ReadRest(5000);
   EXPECT_THAT(said, ::testing::Not(HasSubstr("run finished")));
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(said, m,
-                                std::regex("stopped at round ([0-9]+): ([0-9]+) rounds committed; the run resumes when "
-                                           "the server restarts on " +
-                                           store_ + "\n")))
+  ASSERT_TRUE(std::regex_search(
+      said, m,
+      std::regex("stopped at round ([0-9]+): ([0-9]+) rounds committed; the run resumes when "
+                 "the server restarts on " +
+                 store_ + "\n")))
       << said;
   const int stopped_round = std::stoi(m.str(1));
   const int stopped_committed = std::stoi(m.str(2));
@@ -314,14 +326,14 @@ TEST_F(ServerSignalTest, SigtermMidRunExitsCleanlyAndARestartResumesAndFinishesT
       << DescribeWaitStatus(b_status) << ": " << ReadFile(d_ + "client-b.err");
 
   const std::optional<int> restarted_status = restarted->Wait(60'000);
-  EXPECT_TRUE(restarted_status && WIFEXITED(*restarted_status) && WEXITSTATUS(*restarted_status) == 0)
+  EXPECT_TRUE(restarted_status && WIFEXITED(*restarted_status) &&
+              WEXITSTATUS(*restarted_status) == 0)
       << DescribeWaitStatus(restarted_status);
   const std::string said_after = restarted->ReadRest(5000);
   const std::string err_after = ReadFile(d_ + "server2.err");
   EXPECT_THAT(err_after, HasSubstr("resuming round " + std::to_string(stopped_round)));
   const std::regex finished("run finished: 3 rounds committed, adapter ([0-9a-f]{64})\n");
-  ASSERT_TRUE(std::regex_search(said_after, m, finished))
-      << said_after << "\n" << err_after;
+  ASSERT_TRUE(std::regex_search(said_after, m, finished)) << said_after << "\n" << err_after;
   const std::string final_sha = m.str(1);
   for (const std::string* out : {&out_a, &out_b}) {
     EXPECT_THAT(*out, HasSubstr("\"final_round\":3"));
@@ -341,8 +353,10 @@ TEST_F(ServerSignalTest, ASecondSigtermDuringTheShutdownExitsAtOnce) {
   ASSERT_EQ(kill(server->pid(), SIGTERM), 0);
   const std::optional<int> status = server->Wait(kExitBoundMs);
   ASSERT_TRUE(status.has_value()) << "the server did not exit after the second SIGTERM";
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 128 + SIGTERM) << DescribeWaitStatus(status);
-  EXPECT_THAT(ReadFile(d_ + "server.err"), HasSubstr("stop signal during the shutdown: exiting without finishing it"));
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 128 + SIGTERM)
+      << DescribeWaitStatus(status);
+  EXPECT_THAT(ReadFile(d_ + "server.err"),
+              HasSubstr("stop signal during the shutdown: exiting without finishing it"));
   EXPECT_THAT(server->ReadRest(5000), ::testing::Not(HasSubstr("run finished")));
 }
 
@@ -353,8 +367,10 @@ TEST_F(ServerSignalTest, SigintBeforeAnyRoundStopsAtRoundOne) {
   const std::optional<int> status = server->Wait(kExitBoundMs);
   ASSERT_TRUE(status.has_value());
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << DescribeWaitStatus(status);
-  EXPECT_THAT(server->ReadRest(5000), HasSubstr("stopped at round 1: 0 rounds committed; the run resumes when the "
-                                                "server restarts on " + store_ + "\n"));
+  EXPECT_THAT(server->ReadRest(5000),
+              HasSubstr("stopped at round 1: 0 rounds committed; the run resumes when the "
+                        "server restarts on " +
+                        store_ + "\n"));
   EXPECT_THAT(ReadFile(d_ + "server.err"), HasSubstr("Interrupt: shutting down"));
 }
 

@@ -19,7 +19,8 @@ bool LoadClient::Join() {
     v1::JoinRequest request;
     request.set_protocol_version(kProtocolVersion);
     request.set_client_version("load-harness");
-    request.mutable_capabilities()->add_encryption_schemes(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
+    request.mutable_capabilities()->add_encryption_schemes(
+        v1::EncryptionSpec::X25519_HKDF_AES256GCM);
     request.mutable_capabilities()->set_device_name("cpu");
     v1::JoinResponse response;
     {
@@ -63,9 +64,11 @@ bool LoadClient::Download(const v1::AdapterManifest& m, std::string* out) {
       ++next;
     }
     const grpc::Status s = reader->Finish();
-    Record(main_samples, kDownload, t0, in_order ? s : grpc::Status(grpc::StatusCode::DATA_LOSS, "out of order"));
+    Record(main_samples, kDownload, t0,
+           in_order ? s : grpc::Status(grpc::StatusCode::DATA_LOSS, "out of order"));
     if (!in_order) {
-      problem = absl::StrCat(id_, ": download chunk ", chunk.chunk_index(), " arrived where ", next, " was due");
+      problem = absl::StrCat(id_, ": download chunk ", chunk.chunk_index(), " arrived where ", next,
+                             " was due");
       return false;
     }
     if (s.ok() && next == m.num_chunks()) return bytes == m.total_bytes();
@@ -77,7 +80,8 @@ bool LoadClient::Download(const v1::AdapterManifest& m, std::string* out) {
 v1::UploadAck LoadClient::Upload(const v1::TrainTask& task, const crypto::SealedBlob& sealed,
                                  const std::string& upload_id) {
   const std::string& blob = sealed.blob;
-  const uint32_t chunk = join_.limits().chunk_size_bytes() > 0 ? join_.limits().chunk_size_bytes() : (1u << 20);
+  const uint32_t chunk =
+      join_.limits().chunk_size_bytes() > 0 ? join_.limits().chunk_size_bytes() : (1u << 20);
   v1::UploadHeader header;
   header.set_upload_id(upload_id);
   header.set_round(task.round());
@@ -113,7 +117,8 @@ v1::UploadAck LoadClient::Upload(const v1::TrainTask& task, const crypto::Sealed
         OnError(s);
         continue;
       }
-      if (status.state() == v1::UPLOAD_STATE_ACCEPTED || status.state() == v1::UPLOAD_STATE_REJECTED) {
+      if (status.state() == v1::UPLOAD_STATE_ACCEPTED ||
+          status.state() == v1::UPLOAD_STATE_REJECTED) {
         v1::UploadAck ack;
         ack.set_state(status.state());
         ack.set_reason(status.reason());
@@ -141,7 +146,9 @@ v1::UploadAck LoadClient::Upload(const v1::TrainTask& task, const crypto::Sealed
     if (ok) writer->WritesDone();
     const grpc::Status s = writer->Finish();
     Record(main_samples, kUpload, t0, s);
-    if (s.ok() && (ack.state() == v1::UPLOAD_STATE_ACCEPTED || ack.state() == v1::UPLOAD_STATE_REJECTED)) return ack;
+    if (s.ok() &&
+        (ack.state() == v1::UPLOAD_STATE_ACCEPTED || ack.state() == v1::UPLOAD_STATE_REJECTED))
+      return ack;
     if (!s.ok()) OnError(s);
   }
   return v1::UploadAck();
@@ -175,7 +182,8 @@ void LoadClient::RunTask(const v1::TrainTask& task) {
     std::string plain = shared_->encoded;
     const float last = kDelta + PatchOf(index_, shared_->options.clients);
     std::memcpy(plain.data() + plain.size() - sizeof(float), &last, sizeof(float));
-    const crypto::UpdatePlace place{join_.run_config().run_id(), r, join_.client_id(), upload_id, kExamples};
+    const crypto::UpdatePlace place{join_.run_config().run_id(), r, join_.client_id(), upload_id,
+                                    kExamples};
     sealed = crypto::SealUpdateBlob(task.aggregation_key().public_key(), place, plain);
   }
   if (!sealed.ok()) {
@@ -191,7 +199,8 @@ void LoadClient::RunTask(const v1::TrainTask& task) {
   drop_task();
   if (ack.state() != v1::UPLOAD_STATE_ACCEPTED) {
     if (problem.empty()) {
-      problem = absl::StrCat(id_, ": round ", r, " update not accepted (state ", ack.state(), " ", ack.reason(), ")");
+      problem = absl::StrCat(id_, ": round ", r, " update not accepted (state ", ack.state(), " ",
+                             ack.reason(), ")");
     }
     return;
   }
@@ -233,12 +242,14 @@ void LoadClient::CheckFinalAdapter(const v1::RunFinished& finished) {
           const float want = i.values[k] + steps * kDelta;
           if (std::memcmp(&g.values[k], &want, sizeof(float)) != 0) {
             exact = false;
-            problem_text = absl::StrCat("final adapter ", g.name, "[", k, "] = ", g.values[k], ", expected ", want,
-                                        " (initial + ", finished.final_round(), " x delta)");
+            problem_text =
+                absl::StrCat("final adapter ", g.name, "[", k, "] = ", g.values[k], ", expected ",
+                             want, " (initial + ", finished.final_round(), " x delta)");
           }
         }
       }
-      if (!exact && problem_text.empty()) problem_text = "final adapter's tensors differ from the initial adapter's";
+      if (!exact && problem_text.empty())
+        problem_text = "final adapter's tensors differ from the initial adapter's";
     }
   }
   absl::MutexLock lock(&shared_->mu);
@@ -278,7 +289,8 @@ void LoadClient::RunMain() {
   } else {
     problem = absl::StrCat(id_, ": could not join");
   }
-  if (!finished && problem.empty()) problem = absl::StrCat(id_, ": stopped before the run finished");
+  if (!finished && problem.empty())
+    problem = absl::StrCat(id_, ": stopped before the run finished");
   shared_->done.fetch_add(1);
   absl::MutexLock lock(&mu_);
   done_ = true;

@@ -68,7 +68,9 @@ LatencyStats StatsOf(std::vector<double> v, int64_t errors) {
   s.errors = errors;
   if (v.empty()) return s;
   std::sort(v.begin(), v.end());
-  auto rank = [&](double q) { return v[static_cast<size_t>(std::max<double>(0, std::ceil(q * v.size()) - 1))]; };
+  auto rank = [&](double q) {
+    return v[static_cast<size_t>(std::max<double>(0, std::ceil(q * v.size()) - 1))];
+  };
   s.p50_ms = rank(0.50);
   s.p99_ms = rank(0.99);
   s.max_ms = v.back();
@@ -76,9 +78,22 @@ LatencyStats StatsOf(std::vector<double> v, int64_t errors) {
 }
 
 const char* CodeName(int code) {
-  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-                                 "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-                                 "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+  static const char* kNames[] = {"OK",
+                                 "CANCELLED",
+                                 "UNKNOWN",
+                                 "INVALID_ARGUMENT",
+                                 "DEADLINE_EXCEEDED",
+                                 "NOT_FOUND",
+                                 "ALREADY_EXISTS",
+                                 "PERMISSION_DENIED",
+                                 "RESOURCE_EXHAUSTED",
+                                 "FAILED_PRECONDITION",
+                                 "ABORTED",
+                                 "OUT_OF_RANGE",
+                                 "UNIMPLEMENTED",
+                                 "INTERNAL",
+                                 "UNAVAILABLE",
+                                 "DATA_LOSS",
                                  "UNAUTHENTICATED"};
   return code >= 0 && code <= 16 ? kNames[code] : "?";
 }
@@ -119,7 +134,8 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   }
   TempDir dir;
   if (dir.path().empty()) return absl::InternalError("cannot create a temp dir");
-  const std::string log_path = options.server_log.empty() ? dir.path() + "/server.log" : options.server_log;
+  const std::string log_path =
+      options.server_log.empty() ? dir.path() + "/server.log" : options.server_log;
   // Every child before any thread exists in this process. The prober first: it is told the ports
   // once they are known.
   ProbeTable* probes = nullptr;
@@ -128,7 +144,8 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   const std::string probe_results = dir.path() + "/probe.bin";
   if (options.probe_process) {
     probes = ProbeTable::Create(options.clients);
-    if (probes == nullptr || pipe(probefd) != 0) return absl::InternalError("cannot set up the prober (mmap, pipe)");
+    if (probes == nullptr || pipe(probefd) != 0)
+      return absl::InternalError("cannot set up the prober (mmap, pipe)");
     prober = fork();
     if (prober < 0) return absl::InternalError("fork() failed");
     if (prober == 0) {
@@ -192,10 +209,12 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
     std::ifstream log(log_path);
     std::stringstream text;
     text << log.rdbuf();
-    return absl::UnavailableError(absl::StrCat("the load server did not start: ", text.str().substr(0, 2000)));
+    return absl::UnavailableError(
+        absl::StrCat("the load server did not start: ", text.str().substr(0, 2000)));
   }
 
-  if (options.clients_nice > 0) {  // no thread exists yet: every thread started from here inherits it
+  if (options.clients_nice >
+      0) {  // no thread exists yet: every thread started from here inherits it
     errno = 0;
     const int now = getpriority(PRIO_PROCESS, 0);
     if (errno == 0) (void)setpriority(PRIO_PROCESS, 0, std::min(now + options.clients_nice, 19));
@@ -209,8 +228,9 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   shared.sink_address = absl::StrCat("127.0.0.1:", sink_port);
   shared.t0 = Steady::now();
   shared.deadline = shared.t0 + std::chrono::milliseconds(options.run_timeout_ms);
-  const int64_t sys0_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const int64_t sys0_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count();
   shared.initial = LoadAdapter(options.adapter_kib, false);
   shared.probes = probes;
   if (prober > 0 && !SendProberSetup(probefd[1], {port, sink_port, shared.t0, shared.deadline})) {
@@ -221,11 +241,12 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
     const v1::RunConfig config = LoadRunConfig(options);
     absl::StatusOr<CodecOptions> codec = CodecOptionsFromSpec(config.codec());
     absl::StatusOr<std::string> encoded =
-        codec.ok() ? EncodeUpdate(LoadAdapter(options.adapter_kib, true), *codec) : absl::StatusOr<std::string>(codec.status());
+        codec.ok() ? EncodeUpdate(LoadAdapter(options.adapter_kib, true), *codec)
+                   : absl::StatusOr<std::string>(codec.status());
     if (!encoded.ok() || codec->codec != CodecId::kRawF32 || codec->zstd) {
       kill_child();
-      return absl::FailedPreconditionError(
-          absl::StrCat("the load run needs the raw fp32 codec without zstd: ", encoded.status().ToString()));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the load run needs the raw fp32 codec without zstd: ", encoded.status().ToString()));
     }
     shared.encoded = *std::move(encoded);
   }
@@ -263,14 +284,18 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
       const auto t0 = Steady::now();
       const grpc::Status s = admin->GetStatus(&ctx, request, &response);
       const double start = std::chrono::duration<double, std::milli>(t0 - shared.t0).count();
-      admin_samples.push_back({kAdminStatus, start, shared.NowMs() - start, s.ok(), static_cast<int>(s.error_code())});
-      if (s.ok()) admin_points.push_back({start, response.phase(), static_cast<int>(response.connected_clients())});
+      admin_samples.push_back(
+          {kAdminStatus, start, shared.NowMs() - start, s.ok(), static_cast<int>(s.error_code())});
+      if (s.ok())
+        admin_points.push_back(
+            {start, response.phase(), static_cast<int>(response.connected_clients())});
       std::this_thread::sleep_for(std::chrono::milliseconds(options.sample_ms));
     }
   });
 
   std::vector<std::unique_ptr<LoadClient>> clients;
-  for (int c = 0; c < options.clients; ++c) clients.push_back(std::make_unique<LoadClient>(c, &shared));
+  for (int c = 0; c < options.clients; ++c)
+    clients.push_back(std::make_unique<LoadClient>(c, &shared));
   std::vector<std::thread> threads;
   threads.reserve(2 * clients.size());
   for (auto& c : clients) {
@@ -286,7 +311,8 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      report.problems.push_back(absl::StrCat("the prober did not finish cleanly (wait status ", status, ")"));
+      report.problems.push_back(
+          absl::StrCat("the prober did not finish cleanly (wait status ", status, ")"));
       stop_prober();
     }
     prober = -1;
@@ -311,7 +337,8 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     const grpc::Status s = admin->GetStatus(&ctx, request, &final_status);
-    if (!s.ok()) report.problems.push_back(absl::StrCat("final Admin GetStatus: ", s.error_message()));
+    if (!s.ok())
+      report.problems.push_back(absl::StrCat("final Admin GetStatus: ", s.error_message()));
   }
   sampling.store(false);
   proc_sampler.join();
@@ -320,7 +347,8 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   kill_child();
   report.wall_s = shared.NowMs() / 1000.0;
 
-  // --- Validation and figures ---------------------------------------------------------------------
+  // --- Validation and figures
+  // ---------------------------------------------------------------------
   int finished = 0;
   std::set<int> unauthenticated, cancelled;
   std::map<uint64_t, std::vector<const RoundEvents*>> by_round;
@@ -331,13 +359,15 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
     if (lc.unauthenticated + lc.hb_unauthenticated > 0) unauthenticated.insert(static_cast<int>(c));
     for (const auto& [round, task] : lc.cancels) {
       auto it = lc.rounds.find(round);
-      if (it == lc.rounds.end() || it->second.accepted + it->second.duplicates == 0) cancelled.insert(static_cast<int>(c));
+      if (it == lc.rounds.end() || it->second.accepted + it->second.duplicates == 0)
+        cancelled.insert(static_cast<int>(c));
     }
     for (const auto& [round, ev] : lc.rounds) by_round[round].push_back(&ev);
   }
   report.finished = finished == options.clients;
   if (!report.finished) {
-    report.problems.push_back(absl::StrCat(finished, " of ", options.clients, " clients were told the run finished"));
+    report.problems.push_back(
+        absl::StrCat(finished, " of ", options.clients, " clients were told the run finished"));
   }
   report.clients_unauthenticated = static_cast<int>(unauthenticated.size());
   report.clients_cancelled = static_cast<int>(cancelled.size());
@@ -403,18 +433,20 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
     }
     previous_commit_ms = commit_ms;
     if (f.updates_in_history != options.clients) {
-      report.problems.push_back(absl::StrCat("round ", f.round, " committed ", f.updates_in_history, " updates, not ",
-                                             options.clients));
+      report.problems.push_back(absl::StrCat("round ", f.round, " committed ", f.updates_in_history,
+                                             " updates, not ", options.clients));
     }
     if (f.accepted != options.clients) {
-      report.problems.push_back(
-          absl::StrCat("round ", f.round, ": ", f.accepted, " clients had their update accepted, not ", options.clients));
+      report.problems.push_back(absl::StrCat("round ", f.round, ": ", f.accepted,
+                                             " clients had their update accepted, not ",
+                                             options.clients));
     }
     report.rounds.push_back(f);
   }
   report.rounds_committed = static_cast<int>(final_status.history_size());
   if (report.rounds_committed != options.rounds) {
-    report.problems.push_back(absl::StrCat(report.rounds_committed, " rounds committed, not ", options.rounds));
+    report.problems.push_back(
+        absl::StrCat(report.rounds_committed, " rounds committed, not ", options.rounds));
   }
 
   auto phase_of = [&](const Sample& s) {
@@ -449,8 +481,8 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
     auto put = [&](const std::vector<Sample>& v, int client) {
       for (const Sample& s : v) {
         // Call names hold commas ("Heartbeat, prober"): quoted.
-        csv << '"' << RpcName(s.rpc) << "\"," << client << ',' << PhaseName(phase_of(s)) << ',' << s.start_ms << ','
-            << s.dur_ms << ',' << CodeName(s.code) << '\n';
+        csv << '"' << RpcName(s.rpc) << "\"," << client << ',' << PhaseName(phase_of(s)) << ','
+            << s.start_ms << ',' << s.dur_ms << ',' << CodeName(s.code) << '\n';
       }
     };
     for (size_t c = 0; c < clients.size(); ++c) {
@@ -480,24 +512,30 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
       }
     }
     for (int p = 0; p < kNumPhases; ++p) {
-      std::sort(hb[p].begin(), hb[p].end(), [](const Sample& a, const Sample& b) { return a.dur_ms > b.dur_ms; });
+      std::sort(hb[p].begin(), hb[p].end(),
+                [](const Sample& a, const Sample& b) { return a.dur_ms > b.dur_ms; });
       for (size_t i = 0; i < hb[p].size() && i < 3; ++i) {
         const Sample& s = hb[p][i];
         const RoundTimes* rt = nullptr;
         for (const RoundTimes& t : times) {
-          if (t.first_task <= s.start_ms + s.dur_ms) rt = &t;  // the latest round begun by the call's end
+          if (t.first_task <= s.start_ms + s.dur_ms)
+            rt = &t;  // the latest round begun by the call's end
         }
         char b[256];
         if (rt == nullptr) {
-          std::snprintf(b, sizeof(b), "%.0f ms, at %.2f s of the run, before round 1's first task", s.dur_ms,
-                        s.start_ms / 1000.0);
+          std::snprintf(b, sizeof(b), "%.0f ms, at %.2f s of the run, before round 1's first task",
+                        s.dur_ms, s.start_ms / 1000.0);
         } else {
           std::snprintf(b, sizeof(b),
-                        "%.0f ms, sent %+.2f s from round %llu's first task (last download %+.2f, last ack %+.2f, "
+                        "%.0f ms, sent %+.2f s from round %llu's first task (last download %+.2f, "
+                        "last ack %+.2f, "
                         "commit %+.2f)%s",
-                        s.dur_ms, (s.start_ms - rt->first_task) / 1000.0, static_cast<unsigned long long>(rt->round),
-                        (rt->last_download - rt->first_task) / 1000.0, (rt->last_accept - rt->first_task) / 1000.0,
-                        (rt->commit - rt->first_task) / 1000.0, s.ok ? "" : absl::StrCat(", ", CodeName(s.code)).c_str());
+                        s.dur_ms, (s.start_ms - rt->first_task) / 1000.0,
+                        static_cast<unsigned long long>(rt->round),
+                        (rt->last_download - rt->first_task) / 1000.0,
+                        (rt->last_accept - rt->first_task) / 1000.0,
+                        (rt->commit - rt->first_task) / 1000.0,
+                        s.ok ? "" : absl::StrCat(", ", CodeName(s.code)).c_str());
         }
         report.slowest_heartbeats[p].push_back(b);
       }
@@ -506,9 +544,11 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
 
   // Liveness as the server counted it, from all joined until the run finished.
   for (const AdminPoint& a : admin_points) {
-    if (all_joined_ms < 0 || a.t_ms < all_joined_ms || a.phase == v1::ROUND_PHASE_FINISHED) continue;
+    if (all_joined_ms < 0 || a.t_ms < all_joined_ms || a.phase == v1::ROUND_PHASE_FINISHED)
+      continue;
     ++report.admin_samples;
-    report.min_connected = report.min_connected < 0 ? a.connected : std::min(report.min_connected, a.connected);
+    report.min_connected =
+        report.min_connected < 0 ? a.connected : std::min(report.min_connected, a.connected);
     int& m = report.min_connected_by_phase[phase_of(Sample{kAdminStatus, a.t_ms, 0, true, 0})];
     m = m < 0 ? a.connected : std::min(m, a.connected);
   }
@@ -518,8 +558,8 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
                                            report.clients_cancelled, " tasks cancelled)"));
   }
   if (report.min_connected >= 0 && report.min_connected < options.clients) {
-    report.problems.push_back(absl::StrCat("the server counted as few as ", report.min_connected, " of ",
-                                           options.clients, " live clients as connected"));
+    report.problems.push_back(absl::StrCat("the server counted as few as ", report.min_connected,
+                                           " of ", options.clients, " live clients as connected"));
   }
 
   // Server process.
@@ -544,11 +584,15 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
     }
     char b[256];
     if (rt == nullptr) {
-      std::snprintf(b, sizeof(b), "at %.2f s of the run, before round 1's first task", s.t_ms / 1000.0);
+      std::snprintf(b, sizeof(b), "at %.2f s of the run, before round 1's first task",
+                    s.t_ms / 1000.0);
     } else {
-      std::snprintf(b, sizeof(b), "%+.2f s from round %llu's first task (last download %+.2f, last ack %+.2f, commit %+.2f)",
+      std::snprintf(b, sizeof(b),
+                    "%+.2f s from round %llu's first task (last download %+.2f, last ack %+.2f, "
+                    "commit %+.2f)",
                     (s.t_ms - rt->first_task) / 1000.0, static_cast<unsigned long long>(rt->round),
-                    (rt->last_download - rt->first_task) / 1000.0, (rt->last_accept - rt->first_task) / 1000.0,
+                    (rt->last_download - rt->first_task) / 1000.0,
+                    (rt->last_accept - rt->first_task) / 1000.0,
                     (rt->commit - rt->first_task) / 1000.0);
     }
     report.rss_peak_at = b;
@@ -563,7 +607,8 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   report.quota_refusals_total = metric("fedlora_quota_refusals_total");
   if (report.updates_accepted_total != int64_t{options.clients} * options.rounds) {
     report.problems.push_back(absl::StrCat("the server counted ", report.updates_accepted_total,
-                                           " accepted updates, not ", int64_t{options.clients} * options.rounds));
+                                           " accepted updates, not ",
+                                           int64_t{options.clients} * options.rounds));
   }
   if (report.rounds_abandoned_total != 0) {
     report.problems.push_back(absl::StrCat(report.rounds_abandoned_total, " rounds abandoned"));
@@ -575,7 +620,8 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
       const bool w = line.rfind("W ", 0) == 0, e = line.rfind("E ", 0) == 0;
       report.log_warnings += w ? 1 : 0;
       report.log_errors += e ? 1 : 0;
-      if ((w || e) && report.log_excerpt.size() < 8) report.log_excerpt.push_back(line.substr(0, 300));
+      if ((w || e) && report.log_excerpt.size() < 8)
+        report.log_excerpt.push_back(line.substr(0, 300));
     }
   }
   return report;

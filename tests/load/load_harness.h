@@ -3,9 +3,9 @@
 // every client selected every round. Shared by the CI test (tests/load/load_test.cc) and the
 // benchmark (bench/load/load_bench.cc).
 //
-//   fedlora::load::LoadOptions o;          // 200 clients, 4 rounds, 4 MiB adapter, 3 s CPU-burn eval
-//   FEDLORA_ASSIGN_OR_RETURN(LoadReport r, RunLoad(o));   // fork()s: call before any thread exists
-//   std::printf("%s", FormatReport(r).c_str());
+//   fedlora::load::LoadOptions o;          // 200 clients, 4 rounds, 4 MiB adapter, 3 s CPU-burn
+//   eval FEDLORA_ASSIGN_OR_RETURN(LoadReport r, RunLoad(o));   // fork()s: call before any thread
+//   exists std::printf("%s", FormatReport(r).c_str());
 //
 // Each client: Join, then WaitForTask long polls; on a task it downloads the global adapter (chunk
 // count and byte count checked, chunk hashes not: that is client CPU the server does not spend),
@@ -70,7 +70,8 @@ struct LoadOptions {
   // Run config heartbeat interval (seconds) and the server's dead-client timeout (milliseconds).
   int heartbeat_interval_s = 1;
   int64_t heartbeat_timeout_ms = 3000;
-  // Heartbeat while idle too (waiting for a task). False: only while holding a task, as the SDK does.
+  // Heartbeat while idle too (waiting for a task). False: only while holding a task, as the SDK
+  // does.
   bool idle_heartbeats = true;
   // Every n-th client probes WaitForTask(max_wait 0) at each heartbeat; 0: no probes.
   int probe_every = 4;
@@ -83,10 +84,11 @@ struct LoadOptions {
   int64_t run_timeout_ms = 600'000;
   // Server RSS/fd and Admin status sampling period, milliseconds.
   int64_t sample_ms = 100;
-  // Where the server child's stderr goes; empty: a file in the run's temp dir, scanned, then removed.
+  // Where the server child's stderr goes; empty: a file in the run's temp dir, scanned, then
+  // removed.
   std::string server_log;
-  // When set, every timed call is written there as CSV (call, client, phase, start_ms, dur_ms, code;
-  // start_ms from the run's start), for plotting.
+  // When set, every timed call is written there as CSV (call, client, phase, start_ms, dur_ms,
+  // code; start_ms from the run's start), for plotting.
   std::string samples_csv;
 };
 
@@ -99,7 +101,17 @@ const char* PhaseName(Phase p);
 // same moments, so that the server's share of the latency can be told apart on a busy machine.
 // kProbeHeartbeat: the clients' Heartbeat sent from the prober process (prober.h), which moves no
 // bulk data: the server's latency without the load process's own queue in it.
-enum Rpc { kHeartbeat = 0, kWaitProbe, kWaitLong, kDownload, kUpload, kAdminStatus, kBaseline, kProbeHeartbeat, kNumRpcs };
+enum Rpc {
+  kHeartbeat = 0,
+  kWaitProbe,
+  kWaitLong,
+  kDownload,
+  kUpload,
+  kAdminStatus,
+  kBaseline,
+  kProbeHeartbeat,
+  kNumRpcs
+};
 const char* RpcName(Rpc r);
 
 struct LatencyStats {
@@ -115,8 +127,10 @@ struct RoundFigures {
   int accepted = 0;             // ACCEPTED acks, not duplicates
   int duplicates = 0;           // acks marked duplicate
   // Seconds: previous commit (or all clients joined) .. first task; first .. last task received;
-  // first task .. last download; last download .. last ack; last ack .. commit; first task .. commit.
-  double selection_s = 0, task_spread_s = 0, burst_s = 0, uploads_s = 0, aggregation_s = 0, round_s = 0;
+  // first task .. last download; last download .. last ack; last ack .. commit; first task ..
+  // commit.
+  double selection_s = 0, task_spread_s = 0, burst_s = 0, uploads_s = 0, aggregation_s = 0,
+         round_s = 0;
   double eval_ms_reported = -1;  // the evaluator's own timing, from the round's eval metrics
   // Server RSS (KiB) and open fds at the first sample after the commit.
   int64_t rss_kb_after = -1, fds_after = -1;
@@ -147,9 +161,9 @@ struct LoadReport {
   double max_task_spread_s = 0;
   // Liveness as the clients saw it, and as the server counted it.
   int clients_unauthenticated = 0;  // clients told their session expired (distinct)
-  int clients_cancelled = 0;        // clients whose task was cancelled and never accepted (distinct)
-  int declared_dead = 0;            // union of the two
-  int min_connected = -1;           // lowest Admin connected_clients while the run was on
+  int clients_cancelled = 0;  // clients whose task was cancelled and never accepted (distinct)
+  int declared_dead = 0;      // union of the two
+  int min_connected = -1;     // lowest Admin connected_clients while the run was on
   std::array<int, kNumPhases> min_connected_by_phase{-1, -1, -1};  // the same, by phase
   int64_t admin_samples = 0;
   // The slowest Heartbeats of each phase, placed in their round: "round 2, 1.23 s after its first
@@ -170,7 +184,9 @@ struct LoadReport {
   bool valid() const { return problems.empty(); }
   // The goal: Heartbeat p99 under 100 ms in every phase, and no client declared dead. The
   // heartbeats it is measured on: the prober's when there is one, else every client's.
-  Rpc goal_heartbeat() const { return latency_all[kProbeHeartbeat].count > 0 ? kProbeHeartbeat : kHeartbeat; }
+  Rpc goal_heartbeat() const {
+    return latency_all[kProbeHeartbeat].count > 0 ? kProbeHeartbeat : kHeartbeat;
+  }
   bool heartbeat_goal_met() const;
   bool liveness_goal_met() const { return declared_dead == 0 && min_connected >= options.clients; }
 };

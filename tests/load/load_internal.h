@@ -42,7 +42,8 @@ v1::RunConfig LoadRunConfig(const LoadOptions& o);
 
 // The server child: writes "<port>\n" (or "0\n") to `fd`, serves until SIGTERM, then writes its
 // Prometheus text to <dir>/metrics.txt and exits.
-[[noreturn]] void ServeChild(const LoadOptions& o, const std::string& dir, const std::string& log_path, int fd);
+[[noreturn]] void ServeChild(const LoadOptions& o, const std::string& dir,
+                             const std::string& log_path, int fd);
 // The baseline: a Federation server whose Heartbeat answers CONTINUE at once and that does
 // nothing else. Writes "<port>\n" to `fd`, serves until killed.
 [[noreturn]] void ServeSink(int fd);
@@ -61,7 +62,8 @@ struct Shared {
   std::string sink_address;
   Steady::time_point t0;
   Steady::time_point deadline;
-  std::string encoded;     // the fixed delta, encoded (fp32, no zstd): the last 4 bytes are its last value
+  std::string
+      encoded;  // the fixed delta, encoded (fp32, no zstd): the last 4 bytes are its last value
   std::atomic<bool> stop{false};
   std::atomic<int> joined{0};
   std::atomic<int> done{0};
@@ -75,7 +77,9 @@ struct Shared {
   int64_t adapter_bytes ABSL_GUARDED_BY(mu) = 0;
   int64_t upload_bytes ABSL_GUARDED_BY(mu) = 0;
 
-  double NowMs() const { return std::chrono::duration<double, std::milli>(Steady::now() - t0).count(); }
+  double NowMs() const {
+    return std::chrono::duration<double, std::milli>(Steady::now() - t0).count();
+  }
   bool Stopped() const { return stop.load() || Steady::now() > deadline; }
 };
 
@@ -109,17 +113,19 @@ class LoadClient {
     if (!session_.empty()) ctx->AddMetadata(kSessionMetadataKey, session_);
     return ctx;
   }
-  void Record(std::vector<Sample>& v, Rpc rpc, Steady::time_point start, const grpc::Status& status) {
+  void Record(std::vector<Sample>& v, Rpc rpc, Steady::time_point start,
+              const grpc::Status& status) {
     const double s = std::chrono::duration<double, std::milli>(start - shared_->t0).count();
-    v.push_back({rpc, s, std::chrono::duration<double, std::milli>(Steady::now() - start).count(), status.ok(),
-                 static_cast<int>(status.error_code())});
+    v.push_back({rpc, s, std::chrono::duration<double, std::milli>(Steady::now() - start).count(),
+                 status.ok(), static_cast<int>(status.error_code())});
   }
   // Sleeps up to `ms`, or less when the run stops; false when it stopped.
   bool Sleep(int64_t ms) {
     const auto until = Steady::now() + std::chrono::milliseconds(ms);
     while (Steady::now() < until) {
       if (shared_->Stopped()) return false;
-      std::this_thread::sleep_for(std::min<Steady::duration>(until - Steady::now(), std::chrono::milliseconds(50)));
+      std::this_thread::sleep_for(
+          std::min<Steady::duration>(until - Steady::now(), std::chrono::milliseconds(50)));
     }
     return !shared_->Stopped();
   }
@@ -128,7 +134,8 @@ class LoadClient {
   int ProbeSlot() const { return shared_->probes != nullptr ? index_ : -1; }
   // Tells the prober the session and the task held.
   void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (ProbeSlot() >= 0 && !shared_->probes->Publish(ProbeSlot(), session_, task_id_, task_round_)) {
+    if (ProbeSlot() >= 0 &&
+        !shared_->probes->Publish(ProbeSlot(), session_, task_id_, task_round_)) {
       problem = absl::StrCat(id_, ": session or task id too long for the prober's table");
     }
   }
@@ -143,7 +150,8 @@ class LoadClient {
   void RunTask(const v1::TrainTask& task);
   bool Download(const v1::AdapterManifest& m, std::string* out);
   // The ack's state, or UNSPECIFIED when the upload could not be completed.
-  v1::UploadAck Upload(const v1::TrainTask& task, const crypto::SealedBlob& sealed, const std::string& upload_id);
+  v1::UploadAck Upload(const v1::TrainTask& task, const crypto::SealedBlob& sealed,
+                       const std::string& upload_id);
   void CheckFinalAdapter(const v1::RunFinished& finished);
 
   const int index_;
@@ -151,7 +159,7 @@ class LoadClient {
   Shared* const shared_;
   std::unique_ptr<v1::Federation::Stub> stub_;
   std::unique_ptr<v1::Federation::Stub> sink_;  // the baseline server
-  v1::JoinResponse join_;  // main thread only
+  v1::JoinResponse join_;                       // main thread only
 
   absl::Mutex mu_;
   std::string session_ ABSL_GUARDED_BY(mu_);

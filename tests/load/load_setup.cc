@@ -24,7 +24,8 @@ namespace {
 
 float InitialValue(int64_t i) { return static_cast<float>((i * 5) % 16 - 8) / 64.0f; }
 
-ServerOptions LoadServerOptions(const LoadOptions& o, const v1::RunConfig& config, const std::string& data_dir) {
+ServerOptions LoadServerOptions(const LoadOptions& o, const v1::RunConfig& config,
+                                const std::string& data_dir) {
   ServerOptions s = ServerOptionsFromRunConfig(config);
   s.listen_address = "127.0.0.1:0";
   s.metrics_address = "127.0.0.1:0";
@@ -42,7 +43,8 @@ ServerOptions LoadServerOptions(const LoadOptions& o, const v1::RunConfig& confi
 class LoadEvaluator final : public Evaluator {
  public:
   LoadEvaluator(int64_t ms, bool burn) : ms_(ms), burn_(burn) {}
-  absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t round, const std::vector<UpdateTensor>&) override {
+  absl::StatusOr<std::map<std::string, double>> Evaluate(
+      uint64_t round, const std::vector<UpdateTensor>&) override {
     const auto t0 = Steady::now();
     const auto until = t0 + std::chrono::milliseconds(ms_);
     if (burn_) {
@@ -54,7 +56,8 @@ class LoadEvaluator final : public Evaluator {
       std::this_thread::sleep_until(until);
     }
     const double took = std::chrono::duration<double, std::milli>(Steady::now() - t0).count();
-    return std::map<std::string, double>{{"eval_loss", 1.0 / static_cast<double>(round + 1)}, {"eval_ms", took}};
+    return std::map<std::string, double>{{"eval_loss", 1.0 / static_cast<double>(round + 1)},
+                                         {"eval_ms", took}};
   }
 
  private:
@@ -64,7 +67,8 @@ class LoadEvaluator final : public Evaluator {
 
 // The baseline server's one method (ServeSink).
 class SinkService final : public v1::Federation::CallbackService {
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context, const v1::HeartbeatRequest*,
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const v1::HeartbeatRequest*,
                                       v1::HeartbeatResponse* response) override {
     response->set_action(v1::HeartbeatResponse::CONTINUE);
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -84,15 +88,18 @@ std::vector<UpdateTensor> LoadAdapter(int64_t kib, bool delta) {
   const int64_t rank = std::max<int64_t>(1, kib / 128);
   std::vector<UpdateTensor> a;
   for (int l = 0; l < kLayers; ++l) {
-    const std::string base = absl::StrCat("base_model.model.layers.", l < 10 ? "0" : "", l, ".self_attn.q_proj");
+    const std::string base =
+        absl::StrCat("base_model.model.layers.", l < 10 ? "0" : "", l, ".self_attn.q_proj");
     a.push_back({base + ".lora_A.weight", {rank, kHidden}, {}});
     a.push_back({base + ".lora_B.weight", {kHidden, rank}, {}});
   }
   for (UpdateTensor& t : a) {
     t.values.resize(static_cast<size_t>(rank * kHidden));
-    for (size_t i = 0; i < t.values.size(); ++i) t.values[i] = delta ? kDelta : InitialValue(static_cast<int64_t>(i));
+    for (size_t i = 0; i < t.values.size(); ++i)
+      t.values[i] = delta ? kDelta : InitialValue(static_cast<int64_t>(i));
   }
-  std::sort(a.begin(), a.end(), [](const UpdateTensor& x, const UpdateTensor& y) { return x.name < y.name; });
+  std::sort(a.begin(), a.end(),
+            [](const UpdateTensor& x, const UpdateTensor& y) { return x.name < y.name; });
   return a;
 }
 
@@ -111,9 +118,11 @@ v1::RunConfig LoadRunConfig(const LoadOptions& o) {
   return c;
 }
 
-[[noreturn]] void ServeChild(const LoadOptions& o, const std::string& dir, const std::string& log_path, int fd) {
+[[noreturn]] void ServeChild(const LoadOptions& o, const std::string& dir,
+                             const std::string& log_path, int fd) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the load run
-  const int log = ::open(log_path.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  const int log =
+      ::open(log_path.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
   if (log >= 0) dup2(log, STDERR_FILENO);
   sigset_t set;
   sigemptyset(&set);
@@ -121,8 +130,8 @@ v1::RunConfig LoadRunConfig(const LoadOptions& o) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   LoadEvaluator evaluator(o.eval_ms, o.eval_burn);
   const v1::RunConfig config = LoadRunConfig(o);
-  auto server = Server::Create(LoadServerOptions(o, config, dir + "/store"), config, LoadAdapter(o.adapter_kib, false),
-                               &evaluator);
+  auto server = Server::Create(LoadServerOptions(o, config, dir + "/store"), config,
+                               LoadAdapter(o.adapter_kib, false), &evaluator);
   const std::string port = server.ok() ? absl::StrCat((*server)->port(), "\n") : std::string("0\n");
   if (!server.ok()) std::fprintf(stderr, "load server: %s\n", server.status().ToString().c_str());
   (void)!::write(fd, port.data(), port.size());

@@ -20,7 +20,7 @@ TEST(LoadServerTest, TwoHundredClientsEveryRoundCommitsEveryUpdateOnceNoneDeclar
   o.adapter_kib = 1024;
   o.eval_ms = 1000;
   o.heartbeat_timeout_ms = 10'000;
-  o.run_timeout_ms = 150'000;  // under the CTest TIMEOUT of 180 s
+  o.run_timeout_ms = 150'000;                 // under the CTest TIMEOUT of 180 s
   absl::StatusOr<LoadReport> r = RunLoad(o);  // first thing in the process: it forks the server
   ASSERT_TRUE(r.ok()) << r.status();
   std::printf("%s", FormatReport(*r).c_str());

@@ -32,7 +32,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int index
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
-// ---- the table -----------------------------------------------------------------------------------
+// ---- the table
+// -----------------------------------------------------------------------------------
 
 ProbeTable* ProbeTable::Create(int slots) {
   const size_t bytes = sizeof(ProbeTable) + sizeof(Slot) * static_cast<size_t>(std::max(slots, 0));
@@ -49,8 +50,10 @@ ProbeTable* ProbeTable::Create(int slots) {
   return rc == 0 ? t : nullptr;
 }
 
-bool ProbeTable::Publish(int i, const std::string& session, const std::string& task_id, uint64_t task_round) {
-  if (i < 0 || i >= slots_ || session.size() > kMaxField || task_id.size() > kMaxField) return false;
+bool ProbeTable::Publish(int i, const std::string& session, const std::string& task_id,
+                         uint64_t task_round) {
+  if (i < 0 || i >= slots_ || session.size() > kMaxField || task_id.size() > kMaxField)
+    return false;
   pthread_mutex_lock(&mu_);
   Slot* s = slot(i);
   std::memcpy(s->session, session.data(), session.size());
@@ -82,7 +85,8 @@ ProbeTable::View ProbeTable::Read(int i) {
   return v;
 }
 
-// ---- setup and results ---------------------------------------------------------------------------
+// ---- setup and results
+// ---------------------------------------------------------------------------
 
 namespace {
 
@@ -101,7 +105,9 @@ bool ReadSetup(int fd, ProberSetup* setup) {
   }
   ::close(fd);
   long long t0 = 0, deadline = 0;
-  if (std::sscanf(text.c_str(), "%d %d %lld %lld", &setup->port, &setup->sink_port, &t0, &deadline) != 4) return false;
+  if (std::sscanf(text.c_str(), "%d %d %lld %lld", &setup->port, &setup->sink_port, &t0,
+                  &deadline) != 4)
+    return false;
   setup->t0 = Steady::time_point(std::chrono::nanoseconds(t0));
   setup->deadline = Steady::time_point(std::chrono::nanoseconds(deadline));
   return setup->port > 0 && setup->sink_port > 0;
@@ -119,17 +125,20 @@ bool Get(std::ifstream& in, T* v) {
 
 // One client's heartbeats (and a probing client's probes), as LoadClient::RunHeartbeats sends
 // them from the load process without a prober.
-void ProbeLoop(const LoadOptions& o, const ProberSetup& setup, ProbeTable* table, int slot, ProbeResult* out) {
+void ProbeLoop(const LoadOptions& o, const ProberSetup& setup, ProbeTable* table, int slot,
+               ProbeResult* out) {
   const int index = slot;
   const bool probe = o.probe_every > 0 && index % o.probe_every == 0;
   const std::string id = absl::StrCat("load-", index);
   auto stub = v1::Federation::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", setup.port), index));
   std::unique_ptr<v1::Federation::Stub> sink;
-  if (probe) sink = v1::Federation::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", setup.sink_port), index));
+  if (probe)
+    sink = v1::Federation::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", setup.sink_port), index));
   auto record = [&](Rpc rpc, Steady::time_point start, const grpc::Status& status) {
-    out->samples.push_back({rpc, std::chrono::duration<double, std::milli>(start - setup.t0).count(),
-                            std::chrono::duration<double, std::milli>(Steady::now() - start).count(), status.ok(),
-                            static_cast<int>(status.error_code())});
+    out->samples.push_back(
+        {rpc, std::chrono::duration<double, std::milli>(start - setup.t0).count(),
+         std::chrono::duration<double, std::milli>(Steady::now() - start).count(), status.ok(),
+         static_cast<int>(status.error_code())});
   };
   auto context = [&](const std::string& session) {
     auto ctx = std::make_unique<grpc::ClientContext>();
@@ -144,7 +153,8 @@ void ProbeLoop(const LoadOptions& o, const ProberSetup& setup, ProbeTable* table
     // Sleeps in steps of 50 ms so that a finished client stops promptly.
     while (Steady::now() < next) {
       if (table->stopped() || Steady::now() > setup.deadline || table->Read(slot).done) return;
-      std::this_thread::sleep_for(std::min<Steady::duration>(next - Steady::now(), std::chrono::milliseconds(50)));
+      std::this_thread::sleep_for(
+          std::min<Steady::duration>(next - Steady::now(), std::chrono::milliseconds(50)));
     }
     const ProbeTable::View v = table->Read(slot);
     if (v.done || table->stopped() || Steady::now() > setup.deadline) return;
@@ -199,7 +209,8 @@ bool SendProberSetup(int fd, const ProberSetup& setup) {
   std::vector<ProbeResult> results(static_cast<size_t>(table->slots()));
   std::vector<std::thread> threads;
   for (int s = 0; s < table->slots(); ++s) {
-    threads.emplace_back([&, s] { ProbeLoop(options, setup, table, s, &results[static_cast<size_t>(s)]); });
+    threads.emplace_back(
+        [&, s] { ProbeLoop(options, setup, table, s, &results[static_cast<size_t>(s)]); });
   }
   for (auto& t : threads) t.join();
   _exit(WriteProbeResults(result_path, results) ? 0 : 1);
@@ -225,7 +236,8 @@ bool WriteProbeResults(const std::string& path, const std::vector<ProbeResult>& 
 absl::StatusOr<std::vector<ProbeResult>> ReadProbeResults(const std::string& path, int slots) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("the prober wrote no results to ", path));
-  const absl::Status cut = absl::DataLossError(absl::StrCat("the prober's results in ", path, " are cut short"));
+  const absl::Status cut =
+      absl::DataLossError(absl::StrCat("the prober's results in ", path, " are cut short"));
   std::vector<ProbeResult> results(static_cast<size_t>(slots));
   for (ProbeResult& r : results) {
     size_t n = 0;

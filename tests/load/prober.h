@@ -58,7 +58,8 @@ class ProbeTable {
 
   int slots() const { return slots_; }
   // False when a field is longer than kMaxField.
-  bool Publish(int slot, const std::string& session, const std::string& task_id, uint64_t task_round);
+  bool Publish(int slot, const std::string& session, const std::string& task_id,
+               uint64_t task_round);
   void MarkDone(int slot);
   struct View {
     std::string session, task_id;

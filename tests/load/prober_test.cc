@@ -46,8 +46,9 @@ TEST(ProbeTableTest, PublishedInTheChildIsReadInTheParent) {
 }
 
 TEST(ProbeResultsTest, RoundTripAndCutShort) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("fedlora_probe_" + std::to_string(getpid()) + ".bin")).string();
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("fedlora_probe_" + std::to_string(getpid()) + ".bin"))
+                               .string();
   std::vector<ProbeResult> in(2);
   in[0].samples = {{kProbeHeartbeat, 10.5, 2.25, true, 0}, {kBaseline, 11.0, 0.5, false, 14}};
   in[0].unauthenticated = 1;

@@ -52,7 +52,8 @@ nlohmann::json Json(const std::string& path) {
 }
 
 TEST(AdapterDir, WritesEverythingNeededAndReadsItBack) {
-  const std::string tmp = MakeTempDir("adapter_dir"), base = tmp + "/base", dir = tmp + "/out/adapter";
+  const std::string tmp = MakeTempDir("adapter_dir"), base = tmp + "/base",
+                    dir = tmp + "/out/adapter";
   fs::create_directories(base);
   auto m = Classifier({"query", "value"});
   ASSERT_TRUE(SaveAdapterDirectory(*m, Meta(base), dir).ok());
@@ -67,7 +68,8 @@ TEST(AdapterDir, WritesEverythingNeededAndReadsItBack) {
   EXPECT_EQ(meta["run_id"], "r");
   EXPECT_EQ(meta["round"], 7);
   EXPECT_EQ(Json(dir + "/adapter_config.json")["base_model_name_or_path"], base);
-  EXPECT_NE(fs::status(dir).permissions() & fs::perms::others_read, fs::perms::none);  // not mkdtemp's 0700
+  EXPECT_NE(fs::status(dir).permissions() & fs::perms::others_read,
+            fs::perms::none);  // not mkdtemp's 0700
   auto info = ReadAdapterMetadata(dir);
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->label_names, (std::vector<std::string>{"red", "green", "blue"}));
@@ -98,23 +100,35 @@ TEST(AdapterDir, NamesAGgufBaseAsPeftCanUseIt) {
     return tmp + "/" + name;
   };
   const float value = 0.5f;
-  const std::vector<SafetensorsTensorToWrite> tensors = {{"x", DType::kF32, {1}, &value, sizeof(float)}};
+  const std::vector<SafetensorsTensorToWrite> tensors = {
+      {"x", DType::kF32, {1}, &value, sizeof(float)}};
   auto peft_base = [&](const std::string& base) {
-    const AdapterMetadata meta{
-        .task = AdapterTask::kCausalLm, .base_model = base, .max_seq_len = 8, .chat_template = "chatml"};
-    const absl::Status s = WriteAdapterDirectory(tmp + "/adapter", tensors, {{"peft_type", "LORA"}}, meta);
+    const AdapterMetadata meta{.task = AdapterTask::kCausalLm,
+                               .base_model = base,
+                               .max_seq_len = 8,
+                               .chat_template = "chatml"};
+    const absl::Status s =
+        WriteAdapterDirectory(tmp + "/adapter", tensors, {{"peft_type", "LORA"}}, meta);
     EXPECT_TRUE(s.ok()) << s;
     EXPECT_EQ(Json(tmp + "/adapter/fedlora_adapter.json")["base_model"], base);
     return Json(tmp + "/adapter/adapter_config.json")["base_model_name_or_path"].get<std::string>();
   };
-  EXPECT_EQ(peft_base(gguf("a.gguf", "general.source.repo_url", "https://huggingface.co/HuggingFaceTB/SmolLM2-135M")),
+  EXPECT_EQ(peft_base(gguf("a.gguf", "general.source.repo_url",
+                           "https://huggingface.co/HuggingFaceTB/SmolLM2-135M")),
             "HuggingFaceTB/SmolLM2-135M");
-  EXPECT_EQ(peft_base(gguf("b.gguf", "general.source.url", "https://huggingface.co/Qwen/Qwen2-0.5B/")), "Qwen/Qwen2-0.5B");
+  EXPECT_EQ(
+      peft_base(gguf("b.gguf", "general.source.url", "https://huggingface.co/Qwen/Qwen2-0.5B/")),
+      "Qwen/Qwen2-0.5B");
   EXPECT_EQ(peft_base(gguf("c.gguf", "", "")), tmp);
-  EXPECT_EQ(peft_base(gguf("d.gguf", "general.source.url", "https://example.com/Qwen/Qwen2-0.5B")), tmp);
-  EXPECT_EQ(peft_base(gguf("e.gguf", "general.source.url", "https://huggingface.co/Qwen/Qwen2-0.5B/tree/main")), tmp);
+  EXPECT_EQ(peft_base(gguf("d.gguf", "general.source.url", "https://example.com/Qwen/Qwen2-0.5B")),
+            tmp);
+  EXPECT_EQ(peft_base(gguf("e.gguf", "general.source.url",
+                           "https://huggingface.co/Qwen/Qwen2-0.5B/tree/main")),
+            tmp);
   // general.base_model.* names the model this one was fine-tuned from: not this base.
-  EXPECT_EQ(peft_base(gguf("f.gguf", "general.base_model.0.repo_url", "https://huggingface.co/org/parent")), tmp);
+  EXPECT_EQ(peft_base(gguf("f.gguf", "general.base_model.0.repo_url",
+                           "https://huggingface.co/org/parent")),
+            tmp);
   fs::remove_all(tmp);
 }
 
@@ -129,7 +143,8 @@ TEST(AdapterDir, ReplacesAnAdapterWholeAndNothingElse) {
   EXPECT_EQ(Json(dir + "/fedlora_adapter.json")["max_seq_len"], 32);
   EXPECT_FALSE(fs::exists(dir + "/stale.txt"));  // the old directory went as a whole
   int entries = 0;
-  for (const auto& e : fs::directory_iterator(tmp)) entries += e.path().filename() == "adapter" ? 0 : 1;
+  for (const auto& e : fs::directory_iterator(tmp))
+    entries += e.path().filename() == "adapter" ? 0 : 1;
   EXPECT_EQ(entries, 0);  // no temporary directory left beside it
 
   const std::string notes = tmp + "/notes";
@@ -166,8 +181,9 @@ TEST(AdapterDir, RefusesMetadataThatDoesNotFit) {
 
 // `fedlora export` builds the PEFT config without a model: the same object as a model's.
 TEST(AdapterDir, PeftConfigFromSettingsEqualsTheModels) {
-  for (const std::vector<std::string>& targets :
-       {std::vector<std::string>{"value", "query"}, {"output", "query"}, {"intermediate", "attn_out", "output"}}) {
+  for (const std::vector<std::string>& targets : {std::vector<std::string>{"value", "query"},
+                                                  {"output", "query"},
+                                                  {"intermediate", "attn_out", "output"}}) {
     auto m = Classifier(targets);
     auto from_settings = PeftEncoderAdapterConfig(m->options().lora, m->options().base_model_name);
     ASSERT_TRUE(from_settings.ok()) << from_settings.status();

@@ -133,10 +133,12 @@ TEST(BertDevice, GpuFollowsTheCpuOverTwentySteps) {
   const auto logits_cpu = *cpu->Logits(batch);
   const auto logits_gpu = *gpu->Logits(batch);
   ASSERT_EQ(logits_cpu.size(), logits_gpu.size());
-  for (size_t i = 0; i < logits_cpu.size(); ++i) EXPECT_NEAR(logits_gpu[i], logits_cpu[i], 1e-3f) << i;
+  for (size_t i = 0; i < logits_cpu.size(); ++i)
+    EXPECT_NEAR(logits_gpu[i], logits_cpu[i], 1e-3f) << i;
   const auto pooled_cpu = *cpu->PooledEmbeddings(batch, Pooling::kMean);
   const auto pooled_gpu = *gpu->PooledEmbeddings(batch, Pooling::kMean);
-  for (size_t i = 0; i < pooled_cpu.size(); ++i) EXPECT_NEAR(pooled_gpu[i], pooled_cpu[i], 1e-3f) << i;
+  for (size_t i = 0; i < pooled_cpu.size(); ++i)
+    EXPECT_NEAR(pooled_gpu[i], pooled_cpu[i], 1e-3f) << i;
   // The untouched second GPU classifier still gives the initial model's loss.
   auto fresh = *BertClassifier::Create(base, Options(Device::kCpu));
   fresh->ZeroGrad();

@@ -142,7 +142,8 @@ int main(int argc, char** argv) {
   } else if (mode == "embed" && argc == 5) {
     status = fedlora::Embed(argv[2], argv[3], argv[4]);
   } else {
-    std::fprintf(stderr, "usage: %s grad CKPT OUT [--bf16 | --bf16-math] | embed MODEL OUT IDS\n", argv[0]);
+    std::fprintf(stderr, "usage: %s grad CKPT OUT [--bf16 | --bf16-math] | embed MODEL OUT IDS\n",
+                 argv[0]);
     return 2;
   }
   if (!status.ok()) {

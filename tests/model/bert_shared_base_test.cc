@@ -10,9 +10,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "core/thread_pool.h"
 #include "kernels/context.h"
 #include "model/bert.h"
 #include "tests/model/tiny_checkpoint.h"
@@ -310,7 +310,8 @@ TEST(SharedBaseTest, CreateRefusesOptionsThatDisagreeWithTheBase) {
     expect_invalid(BertClassifier::Create(*math_base, bf16).status(), "bf16_math");
     ModelOptions math_without_bf16 = o;
     math_without_bf16.bf16_math = true;
-    expect_invalid(BertBase::Load(with_pooler, math_without_bf16).status(), "bf16_math needs bf16_weights");
+    expect_invalid(BertBase::Load(with_pooler, math_without_bf16).status(),
+                   "bf16_math needs bf16_weights");
   }
   {
     // The pooler of this checkpoint was drawn from o.seed; another seed would be another model.

@@ -223,13 +223,15 @@ TEST(BertTrainTest, PackedAndMaskedLayoutsAgree) {
   ASSERT_TRUE(lp.ok() && lm.ok());
   for (int i = 0; i < 6; ++i) EXPECT_NEAR((*lm)[i], (*lp)[i], 1e-5f) << i;
   for (Pooling pooling : {Pooling::kMean, Pooling::kCls}) {
-    auto pp = model->PooledEmbeddings(packed, pooling), pm = model->PooledEmbeddings(masked, pooling);
+    auto pp = model->PooledEmbeddings(packed, pooling),
+         pm = model->PooledEmbeddings(masked, pooling);
     ASSERT_TRUE(pp.ok() && pm.ok());
     for (int i = 0; i < 64; ++i) EXPECT_NEAR((*pm)[i], (*pp)[i], 1e-5f) << i;
   }
   // Gradients: the loss is the batch mean, so three times the masked batch's gradients less those
   // of its third sequence alone are twice the packed batch's.
-  BertClassifier::Batch third{1, 7, {0, 0, 2, 31, 32, 33, 3}, {0, 0, 0, 0, 0, 0, 0}, {0, 0, 1, 1, 1, 1, 1}, {1}};
+  BertClassifier::Batch third{
+      1, 7, {0, 0, 2, 31, 32, 33, 3}, {0, 0, 0, 0, 0, 0, 0}, {0, 0, 1, 1, 1, 1, 1}, {1}};
   auto grads = [&](const BertClassifier::Batch& b) {
     model->ZeroGrad();
     EXPECT_TRUE(model->ForwardBackward(b, 0).ok());
@@ -240,7 +242,8 @@ TEST(BertTrainTest, PackedAndMaskedLayoutsAgree) {
   const auto gp = grads(packed), gm = grads(masked), g3 = grads(third);
   for (size_t t = 0; t < gp.size(); ++t) {
     for (size_t i = 0; i < gp[t].size(); ++i) {
-      EXPECT_NEAR(3.0f * gm[t][i] - g3[t][i], 2.0f * gp[t][i], 1e-4f) << model->trainable_params()[t].name << i;
+      EXPECT_NEAR(3.0f * gm[t][i] - g3[t][i], 2.0f * gp[t][i], 1e-4f)
+          << model->trainable_params()[t].name << i;
     }
   }
 }
@@ -263,7 +266,8 @@ TEST(BertTrainTest, FusedAttentionGivesTheMaterialisingAttentionsResults) {
   for (int i = 0; i < 7; ++i) masked.token_type_ids.push_back(0);
   for (int32_t m : {0, 0, 1, 1, 1, 1, 1}) masked.attention_mask.push_back(m);
   masked.labels.push_back(1);
-  const BertClassifier::Batch full{2, 4, {2, 11, 12, 3, 2, 21, 22, 3}, {0, 0, 1, 1, 0, 1, 1, 1}, {}, {1, 2}};
+  const BertClassifier::Batch full{
+      2, 4, {2, 11, 12, 3, 2, 21, 22, 3}, {0, 0, 1, 1, 0, 1, 1, 1}, {}, {1, 2}};
   for (const BertClassifier::Batch& b : {Padded(), masked, full}) {
     plain->ZeroGrad();
     fused->ZeroGrad();
@@ -274,7 +278,8 @@ TEST(BertTrainTest, FusedAttentionGivesTheMaterialisingAttentionsResults) {
       const Param &p = plain->trainable_params()[t], &f = fused->trainable_params()[t];
       float largest = 0.0f;
       for (float g : p.grad) largest = std::max(largest, std::fabs(g));
-      for (size_t i = 0; i < p.grad.size(); ++i) ASSERT_NEAR(f.grad[i], p.grad[i], 1e-4f * largest) << p.name;
+      for (size_t i = 0; i < p.grad.size(); ++i)
+        ASSERT_NEAR(f.grad[i], p.grad[i], 1e-4f * largest) << p.name;
     }
     auto gp = plain->Logits(b), gf = fused->Logits(b);
     ASSERT_TRUE(gp.ok() && gf.ok());
@@ -382,7 +387,8 @@ TEST(BertTrainTest, TrainingLogitOffsetsShiftOnlyTheTrainingLoss) {
   // Clearing restores the plain loss.
   ASSERT_TRUE(model->SetTrainingLogitOffsets({}).ok());
   double plain = 0.0;
-  for (int s = 0; s < 2; ++s) plain += RowCrossEntropy(logits->data() + s * 3, 3, b.labels[s]) / 2.0;
+  for (int s = 0; s < 2; ++s)
+    plain += RowCrossEntropy(logits->data() + s * 3, 3, b.labels[s]) / 2.0;
   auto cleared = model->ForwardBackward(b, 0);
   ASSERT_TRUE(cleared.ok());
   EXPECT_NEAR(*cleared, plain, 1e-5);

@@ -1,5 +1,6 @@
 // fedlora_bpe_tokenize: a test helper that runs BpeTokenizer (model/bpe_tokenizer.h) and the chat
-// templates (model/chat_template.h) over JSON lines on stdin, for tests/model/bpe_tokenizer_hf_check.py.
+// templates (model/chat_template.h) over JSON lines on stdin, for
+// tests/model/bpe_tokenizer_hf_check.py.
 //
 //   fedlora_bpe_tokenize (--tokenizer_json PATH | --vocab_json PATH) [--mode MODE]
 //   fedlora_bpe_tokenize (--tokenizer_json PATH | --vocab_json PATH) --bench TEXT_FILE
@@ -8,14 +9,15 @@
 //   token_types, merges, bos_id, eos_id, unk_id, pad_id, add_bos, add_eos, unknown_bytes_to_unk),
 //   passed to Create().
 // Modes, one JSON object per input line and per output line:
-//   encode (default): {"text": str | "hex": bytes as hex, "add_special": bool, "parse_special": bool}
+//   encode (default): {"text": str | "hex": bytes as hex, "add_special": bool, "parse_special":
+//   bool}
 //                     -> {"ids": [...], "offsets": [[begin, end], ...]}
 //   decode:           {"ids": [...], "skip_special": bool} -> {"text": str}
 //   pretokenize:      {"text": str | "hex": ...} -> {"pieces": [str, ...]}
 //   chat:             {"template": name or Jinja source, "messages": [{"role", "content"}...],
 //                      "add_generation_prompt": bool}
-//                     -> {"text": str, "spans": [[begin, end], ...], "ids": [...], "mask": [0|1...]}
-//                     or {"error": str} when the template is refused.
+//                     -> {"text": str, "spans": [[begin, end], ...], "ids": [...], "mask":
+//                     [0|1...]} or {"error": str} when the template is refused.
 // --bench: encodes the file's lines and prints bytes, tokens and throughput.
 // Exit status: 0, or 2 for bad flags, an unreadable tokenizer or a malformed input line.
 #include <chrono>
@@ -23,10 +25,9 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "core/file.h"
 #include "core/json.h"
@@ -61,7 +62,8 @@ absl::StatusOr<std::unique_ptr<fedlora::BpeTokenizer>> LoadVocabJson(const std::
     if (j.contains("pad_id")) v.pad_id = j["pad_id"].get<int32_t>();
     if (j.contains("add_bos")) v.add_bos = j["add_bos"].get<bool>();
     if (j.contains("add_eos")) v.add_eos = j["add_eos"].get<bool>();
-    if (j.contains("unknown_bytes_to_unk")) v.unknown_bytes_to_unk = j["unknown_bytes_to_unk"].get<bool>();
+    if (j.contains("unknown_bytes_to_unk"))
+      v.unknown_bytes_to_unk = j["unknown_bytes_to_unk"].get<bool>();
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(std::string(path) + ": " + e.what());
   }
@@ -78,7 +80,8 @@ bool FromHex(const std::string& hex, std::string* out) {
 }
 
 bool InputText(const json& in, std::string* text) {
-  if (in.contains("hex") && in["hex"].is_string()) return FromHex(in["hex"].get<std::string>(), text);
+  if (in.contains("hex") && in["hex"].is_string())
+    return FromHex(in["hex"].get<std::string>(), text);
   if (in.contains("text") && in["text"].is_string()) {
     *text = in["text"].get<std::string>();
     return true;
@@ -100,8 +103,8 @@ int Bench(const fedlora::BpeTokenizer& tok, const std::string& path) {
     tokens += ids.size();
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("%zu lines, %zu bytes, %zu tokens in %.3f s: %.1f MB/s, %.0f tokens/s\n", lines.size(), bytes, tokens, s,
-              bytes / s / 1e6, tokens / s);
+  std::printf("%zu lines, %zu bytes, %zu tokens in %.3f s: %.1f MB/s, %.0f tokens/s\n",
+              lines.size(), bytes, tokens, s, bytes / s / 1e6, tokens / s);
   return 0;
 }
 
@@ -126,7 +129,8 @@ int main(int argc, char** argv) {
     }
   }
   if (tokenizer_json.empty() == vocab_json.empty()) return Usage();
-  auto tok = tokenizer_json.empty() ? LoadVocabJson(vocab_json) : fedlora::BpeTokenizer::FromTokenizerJson(tokenizer_json);
+  auto tok = tokenizer_json.empty() ? LoadVocabJson(vocab_json)
+                                    : fedlora::BpeTokenizer::FromTokenizerJson(tokenizer_json);
   if (!tok.ok()) {
     std::fprintf(stderr, "fedlora_bpe_tokenize: %s\n", tok.status().ToString().c_str());
     return 2;
@@ -151,7 +155,8 @@ int main(int argc, char** argv) {
       if (!InputText(in, &text)) return Usage();
       std::vector<int32_t> ids;
       std::vector<fedlora::BpeTokenizer::Offset> offsets;
-      t.EncodeInto(text, in.value("add_special", false), in.value("parse_special", true), &ids, &offsets);
+      t.EncodeInto(text, in.value("add_special", false), in.value("parse_special", true), &ids,
+                   &offsets);
       json offs = json::array();
       for (const auto& o : offsets) offs.push_back({o.begin, o.end});
       out = {{"ids", ids}, {"offsets", offs}};
@@ -171,8 +176,9 @@ int main(int argc, char** argv) {
         out = {{"error", std::string(tmpl.status().message())}};
       } else {
         const bool gen = in.value("add_generation_prompt", false);
-        const fedlora::RenderedChat r = gen ? fedlora::RenderedChat{tmpl->Render(messages, true), {}}
-                                            : tmpl->RenderForTraining(messages);
+        const fedlora::RenderedChat r =
+            gen ? fedlora::RenderedChat{tmpl->Render(messages, true), {}}
+                : tmpl->RenderForTraining(messages);
         json spans = json::array();
         for (const auto& s : r.response_spans) spans.push_back({s.first, s.second});
         const fedlora::TrainingTokens tt = fedlora::TokenizeForTraining(t, r);

@@ -9,20 +9,19 @@
 
 #include <atomic>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "model/pretokenize.h"
 
 namespace fedlora {
 namespace {
 
+using nlohmann::json;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using nlohmann::json;
 
 std::string ByteChar(int b) {
   std::string s;
@@ -34,12 +33,14 @@ std::string ByteChar(int b) {
 // Ids: bytes 0-255, then the merges' results 256-264, then "<|end|>" (control, 265) and "<u>"
 // (user-defined, 266).
 constexpr int32_t kHello = 259, kSpaceWorld = 264, kEnd = 265, kUser = 266;
-const std::vector<std::string> kMerges = {"h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld"};
+const std::vector<std::string> kMerges = {"h e", "l l",   "he ll", "hell o", "Ġ w",
+                                          "o r", "Ġw or", "l d",   "Ġwor ld"};
 
 BpeTokenizer::Vocabulary TinyVocabulary(const std::string& pre = "gpt2") {
   BpeTokenizer::Vocabulary v;
   for (int b = 0; b < 256; ++b) v.tokens.push_back(ByteChar(b));
-  for (const char* t : {"he", "ll", "hell", "hello", "Ġw", "or", "Ġwor", "ld", "Ġworld", "<|end|>", "<u>"}) {
+  for (const char* t :
+       {"he", "ll", "hell", "hello", "Ġw", "or", "Ġwor", "ld", "Ġworld", "<|end|>", "<u>"}) {
     v.tokens.emplace_back(t);
   }
   v.token_types.assign(v.tokens.size(), BpeTokenizer::kNormal);
@@ -62,27 +63,56 @@ json TinyJson() {
   json vocab = json::object();
   for (int b = 0; b < 256; ++b) vocab[ByteChar(b)] = b;
   int id = 256;
-  for (const char* t : {"he", "ll", "hell", "hello", "Ġw", "or", "Ġwor", "ld", "Ġworld", "<|end|>", "<u>"}) {
+  for (const char* t :
+       {"he", "ll", "hell", "hello", "Ġw", "or", "Ġwor", "ld", "Ġworld", "<|end|>", "<u>"}) {
     vocab[t] = id++;
   }
   json added = json::array();
-  added.push_back({{"id", kEnd}, {"content", "<|end|>"}, {"single_word", false}, {"lstrip", false},
-                   {"rstrip", false}, {"normalized", false}, {"special", true}});
-  added.push_back({{"id", kUser}, {"content", "<u>"}, {"single_word", false}, {"lstrip", false},
-                   {"rstrip", false}, {"normalized", false}, {"special", false}});
+  added.push_back({{"id", kEnd},
+                   {"content", "<|end|>"},
+                   {"single_word", false},
+                   {"lstrip", false},
+                   {"rstrip", false},
+                   {"normalized", false},
+                   {"special", true}});
+  added.push_back({{"id", kUser},
+                   {"content", "<u>"},
+                   {"single_word", false},
+                   {"lstrip", false},
+                   {"rstrip", false},
+                   {"normalized", false},
+                   {"special", false}});
   return {{"version", "1.0"},
           {"truncation", nullptr},
           {"padding", nullptr},
           {"added_tokens", added},
           {"normalizer", nullptr},
-          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
-                             {"use_regex", true}}},
-          {"post_processor", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false},
-                              {"use_regex", true}}},
-          {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
-          {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
-                     {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
-                     {"byte_fallback", false}, {"ignore_merges", false}, {"vocab", vocab}, {"merges", kMerges}}}};
+          {"pre_tokenizer",
+           {{"type", "ByteLevel"},
+            {"add_prefix_space", false},
+            {"trim_offsets", true},
+            {"use_regex", true}}},
+          {"post_processor",
+           {{"type", "ByteLevel"},
+            {"add_prefix_space", true},
+            {"trim_offsets", false},
+            {"use_regex", true}}},
+          {"decoder",
+           {{"type", "ByteLevel"},
+            {"add_prefix_space", true},
+            {"trim_offsets", true},
+            {"use_regex", true}}},
+          {"model",
+           {{"type", "BPE"},
+            {"dropout", nullptr},
+            {"unk_token", nullptr},
+            {"continuing_subword_prefix", nullptr},
+            {"end_of_word_suffix", nullptr},
+            {"fuse_unk", false},
+            {"byte_fallback", false},
+            {"ignore_merges", false},
+            {"vocab", vocab},
+            {"merges", kMerges}}}};
 }
 
 absl::StatusOr<std::unique_ptr<BpeTokenizer>> FromJson(const json& j) {
@@ -180,7 +210,8 @@ TEST(BpeTokenizerTest, IgnoreMerges) {
 TEST(BpeTokenizerTest, SpecialTokensInText) {
   auto tok = Tiny();
   ASSERT_NE(tok, nullptr);
-  EXPECT_THAT(tok->Encode("hello<|end|> world<u>x"), ElementsAre(kHello, kEnd, kSpaceWorld, kUser, 'x'));
+  EXPECT_THAT(tok->Encode("hello<|end|> world<u>x"),
+              ElementsAre(kHello, kEnd, kSpaceWorld, kUser, 'x'));
   EXPECT_THAT(tok->Encode("<|end|><|end|>"), ElementsAre(kEnd, kEnd));
   EXPECT_THAT(tok->Encode("<|end|"), ElementsAre('<', '|', 'e', 'n', 'd', '|'));
   // parse_special false: special tokens are text, user-defined ones still match.
@@ -197,24 +228,32 @@ TEST(BpeTokenizerTest, LeftmostLongestAddedTokens) {
   j["model"]["vocab"]["<a>"] = 267;
   j["model"]["vocab"]["<a><b>"] = 268;
   j["model"]["vocab"]["a><b"] = 269;
-  for (auto [content, id] : {std::pair<const char*, int>{"<a>", 267}, {"<a><b>", 268}, {"a><b", 269}}) {
-    j["added_tokens"].push_back({{"id", id}, {"content", content}, {"special", true}, {"normalized", false}});
+  for (auto [content, id] :
+       {std::pair<const char*, int>{"<a>", 267}, {"<a><b>", 268}, {"a><b", 269}}) {
+    j["added_tokens"].push_back(
+        {{"id", id}, {"content", content}, {"special", true}, {"normalized", false}});
   }
   auto tok = FromJson(j);
   ASSERT_TRUE(tok.ok()) << tok.status();
-  EXPECT_THAT((*tok)->Encode("<a><b>"), ElementsAre(268));   // longest at the leftmost start
+  EXPECT_THAT((*tok)->Encode("<a><b>"), ElementsAre(268));  // longest at the leftmost start
   EXPECT_THAT((*tok)->Encode("<a><c>"), ElementsAre(267, '<', 'c', '>'));
-  EXPECT_THAT((*tok)->Encode("x<a><b"), ElementsAre('x', 267, '<', 'b'));  // leftmost wins over longer later
+  EXPECT_THAT((*tok)->Encode("x<a><b"),
+              ElementsAre('x', 267, '<', 'b'));  // leftmost wins over longer later
 }
 
 TEST(BpeTokenizerTest, LstripRstrip) {
   json j = TinyJson();
-  j["added_tokens"].push_back({{"id", 267}, {"content", "<m>"}, {"lstrip", true}, {"rstrip", true},
-                               {"normalized", false}, {"special", false}});
+  j["added_tokens"].push_back({{"id", 267},
+                               {"content", "<m>"},
+                               {"lstrip", true},
+                               {"rstrip", true},
+                               {"normalized", false},
+                               {"special", false}});
   auto tok = FromJson(j);
   ASSERT_TRUE(tok.ok()) << tok.status();
   EXPECT_THAT((*tok)->Encode("a <m> b"), ElementsAre('a', 267, 'b'));
-  EXPECT_THAT((*tok)->Encode("a\u3000 <m>\t\nb"), ElementsAre('a', 267, 'b'));  // Unicode whitespace too
+  EXPECT_THAT((*tok)->Encode("a\u3000 <m>\t\nb"),
+              ElementsAre('a', 267, 'b'));  // Unicode whitespace too
   auto plain = Tiny();
   EXPECT_THAT(plain->Encode("a <u> b"), ElementsAre('a', 32, kUser, 32, 'b'));
 }
@@ -241,8 +280,9 @@ TEST(BpeTokenizerTest, TemplateProcessingFromJson) {
                               {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
                               {{"SpecialToken", {{"id", "<u>"}, {"type_id", 0}}}}})},
       {"pair", json::array()},
-      {"special_tokens", {{"<|end|>", {{"id", "<|end|>"}, {"ids", {kEnd}}, {"tokens", {"<|end|>"}}}},
-                          {"<u>", {{"id", "<u>"}, {"ids", {kUser}}, {"tokens", {"<u>"}}}}}}};
+      {"special_tokens",
+       {{"<|end|>", {{"id", "<|end|>"}, {"ids", {kEnd}}, {"tokens", {"<|end|>"}}}},
+        {"<u>", {{"id", "<u>"}, {"ids", {kUser}}, {"tokens", {"<u>"}}}}}}};
   auto tok = FromJson(j);
   ASSERT_TRUE(tok.ok()) << tok.status();
   EXPECT_THAT((*tok)->Encode("hello", true), ElementsAre(kEnd, kHello, kUser));
@@ -250,19 +290,23 @@ TEST(BpeTokenizerTest, TemplateProcessingFromJson) {
   EXPECT_EQ((*tok)->eos_id(), kUser);
 }
 
-// ---- decoding, offsets, Unicode ------------------------------------------------------------------
+// ---- decoding, offsets, Unicode
+// ------------------------------------------------------------------
 
 TEST(BpeTokenizerTest, DecodeRoundTrip) {
   auto tok = Tiny();
   ASSERT_NE(tok, nullptr);
-  for (std::string s : {"hello world", "Héllo wörld 中文 😀\n\t x", "a  b   c", "<|end|>hi<u>", ""}) {
+  for (std::string s :
+       {"hello world", "Héllo wörld 中文 😀\n\t x", "a  b   c", "<|end|>hi<u>", ""}) {
     EXPECT_EQ(tok->Decode(tok->Encode(s)), s) << s;
   }
   const std::vector<int32_t> ids = {kHello, kEnd, kSpaceWorld, kUser};
   EXPECT_EQ(tok->Decode(ids), "hello<|end|> world<u>");
   EXPECT_EQ(tok->Decode(ids, /*skip_special=*/true), "hello world<u>");
   // Bytes that are not UTF-8 decode to U+FFFD; ids no token has are skipped.
-  EXPECT_EQ(tok->Decode(std::vector<int32_t>{0xC3, 'a'}), "\xEF\xBF\xBD" "a");
+  EXPECT_EQ(tok->Decode(std::vector<int32_t>{0xC3, 'a'}),
+            "\xEF\xBF\xBD"
+            "a");
   EXPECT_EQ(tok->Decode(std::vector<int32_t>{-1, 'h', 9999, 'i'}), "hi");
 }
 
@@ -328,11 +372,14 @@ TEST(BpeTokenizerTest, NormalizedAddedTokens) {
   // Added tokens marked normalized match the NFC text in their NFC form (checked against HF).
   json j = TinyJson();
   j["normalizer"] = {{"type", "NFC"}};
-  j["added_tokens"].push_back({{"id", 267}, {"content", "\u00e9t\u00e9"}, {"normalized", true}, {"special", false}});
-  j["added_tokens"].push_back({{"id", 268}, {"content", "e\u0301"}, {"normalized", true}, {"special", false}});
+  j["added_tokens"].push_back(
+      {{"id", 267}, {"content", "\u00e9t\u00e9"}, {"normalized", true}, {"special", false}});
+  j["added_tokens"].push_back(
+      {{"id", 268}, {"content", "e\u0301"}, {"normalized", true}, {"special", false}});
   auto tok = FromJson(j);
   ASSERT_TRUE(tok.ok()) << tok.status();
-  EXPECT_THAT((*tok)->Encode("e\u0301te\u0301 <|end|>\u00e9t\u00e9"), ElementsAre(267, 32, kEnd, 267));
+  EXPECT_THAT((*tok)->Encode("e\u0301te\u0301 <|end|>\u00e9t\u00e9"),
+              ElementsAre(267, 32, kEnd, 267));
   EXPECT_THAT((*tok)->Encode("ae\u0301b"), ElementsAre('a', 268, 'b'));
 }
 
@@ -370,7 +417,9 @@ TEST(BpeTokenizerTest, ConcurrentEncodesAgree) {
   auto shared = Tiny("smollm");
   ASSERT_NE(reference, nullptr);
   std::vector<std::string> texts;
-  for (int i = 0; i < 64; ++i) texts.push_back("hello world " + std::to_string(i * 7919) + " héllo<|end|> wörld " + std::string(i, 'l'));
+  for (int i = 0; i < 64; ++i)
+    texts.push_back("hello world " + std::to_string(i * 7919) + " héllo<|end|> wörld " +
+                    std::string(i, 'l'));
   std::vector<std::vector<int32_t>> want;
   for (const std::string& t : texts) want.push_back(reference->Encode(t));
   std::atomic<int> wrong{0};
@@ -399,7 +448,8 @@ TEST(BpeTokenizerTest, JsonEqualsCreate) {
   // Merges may also be ["left", "right"] pairs.
   json j = TinyJson();
   json pairs = json::array();
-  for (const std::string& m : kMerges) pairs.push_back({m.substr(0, m.find(' ')), m.substr(m.find(' ') + 1)});
+  for (const std::string& m : kMerges)
+    pairs.push_back({m.substr(0, m.find(' ')), m.substr(m.find(' ') + 1)});
   j["model"]["merges"] = pairs;
   auto c = FromJson(j);
   ASSERT_TRUE(c.ok()) << c.status();
@@ -424,7 +474,9 @@ TEST(BpeTokenizerJsonTest, RefusesWhatItDoesNotImplement) {
   const std::vector<Case> cases = {
       {"/normalizer", {{"type", "Lowercase"}}, "normalizer"},
       {"/normalizer", {{"type", "NFKC"}}, "NFKC"},
-      {"/normalizer", {{"type", "Sequence"}, {"normalizers", {{{"type", "NFD"}}}}}, "normalizers[0]"},
+      {"/normalizer",
+       {{"type", "Sequence"}, {"normalizers", {{{"type", "NFD"}}}}},
+       "normalizers[0]"},
       {"/model/dropout", 0.1, "model.dropout"},
       {"/model/continuing_subword_prefix", "##", "continuing_subword_prefix"},
       {"/model/end_of_word_suffix", "</w>", "end_of_word_suffix"},
@@ -446,35 +498,52 @@ TEST(BpeTokenizerJsonTest, RefusesWhatItDoesNotImplement) {
       {"/pre_tokenizer",
        {{"type", "Sequence"}, {"pretokenizers", {{{"type", "ByteLevel"}}, {{"type", "Digits"}}}}},
        "ByteLevel must be the last"},
-      {"/pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Digits"}}}}}, "no ByteLevel"},
+      {"/pre_tokenizer",
+       {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Digits"}}}}},
+       "no ByteLevel"},
       {"/pre_tokenizer",
        {{"type", "Sequence"},
         {"pretokenizers",
-         {{{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "MergedWithPrevious"}, {"invert", false}},
+         {{{"type", "Split"},
+           {"pattern", {{"Regex", "a"}}},
+           {"behavior", "MergedWithPrevious"},
+           {"invert", false}},
           {{"type", "ByteLevel"}}}}},
        "behavior"},
       {"/pre_tokenizer",
        {{"type", "Sequence"},
         {"pretokenizers",
-         {{{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Isolated"}, {"invert", true}},
+         {{{"type", "Split"},
+           {"pattern", {{"Regex", "a"}}},
+           {"behavior", "Isolated"},
+           {"invert", true}},
           {{"type", "ByteLevel"}}}}},
        "invert"},
       {"/pre_tokenizer",
        {{"type", "Sequence"},
         {"pretokenizers",
-         {{{"type", "Split"}, {"pattern", {{"Regex", R"(\w+)"}}}, {"behavior", "Isolated"}, {"invert", false}},
+         {{{"type", "Split"},
+           {"pattern", {{"Regex", R"(\w+)"}}},
+           {"behavior", "Isolated"},
+           {"invert", false}},
           {{"type", "ByteLevel"}}}}},
        "\\w"},
       {"/pre_tokenizer",
        {{"type", "Sequence"},
         {"pretokenizers",
-         {{{"type", "Split"}, {"pattern", {{"Regex", "^a"}}}, {"behavior", "Isolated"}, {"invert", false}},
+         {{{"type", "Split"},
+           {"pattern", {{"Regex", "^a"}}},
+           {"behavior", "Isolated"},
+           {"invert", false}},
           {{"type", "ByteLevel"}}}}},
        "anchor"},
       {"/pre_tokenizer",
        {{"type", "Sequence"},
         {"pretokenizers",
-         {{{"type", "Split"}, {"pattern", {{"Regex", "(a"}}}, {"behavior", "Isolated"}, {"invert", false}},
+         {{{"type", "Split"},
+           {"pattern", {{"Regex", "(a"}}},
+           {"behavior", "Isolated"},
+           {"invert", false}},
           {{"type", "ByteLevel"}}}}},
        "regex"},
       {"/decoder", nullptr, "decoder"},
@@ -497,7 +566,8 @@ TEST(BpeTokenizerJsonTest, RefusesWhatItDoesNotImplement) {
   // Not JSON at all.
   auto tok = BpeTokenizer::FromTokenizerJsonText("{not json", "x.json");
   EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(BpeTokenizer::FromTokenizerJson("/nonexistent/tokenizer.json").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(BpeTokenizer::FromTokenizerJson("/nonexistent/tokenizer.json").status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST(BpeTokenizerCreateTest, RefusesMalformedVocabularies) {
@@ -545,12 +615,12 @@ TEST(RegexTest, OnigurumaSemantics) {
   EXPECT_EQ(b, 1u);
   EXPECT_EQ(e, 5u);
   EXPECT_EQ((*re)->Find(s, e, &b, &e), bpe::Regex::Result::kNoMatch);
-  for (const char* bad : {R"(\w)", R"(\b)", R"(\h)", "^x", "x$", "a{,2}", "[[:alpha:]]", "[a&&b]", "(?m:x)", R"(\1)",
-                          "[]a]", R"(\K)", R"(\R)"}) {
+  for (const char* bad : {R"(\w)", R"(\b)", R"(\h)", "^x", "x$", "a{,2}", "[[:alpha:]]", "[a&&b]",
+                          "(?m:x)", R"(\1)", "[]a]", R"(\K)", R"(\R)"}) {
     EXPECT_FALSE(bpe::Regex::FromOniguruma(bad).ok()) << bad;
   }
-  for (const char* good : {R"(\p{L}+|\P{N})", R"([^\s\p{L}]+)", R"((?i:'s|'t))", R"(\u00e9|\x{41}|\v)", "a{1,3}",
-                           R"((?=x)|(?!y)|(?<=z))"}) {
+  for (const char* good : {R"(\p{L}+|\P{N})", R"([^\s\p{L}]+)", R"((?i:'s|'t))",
+                           R"(\u00e9|\x{41}|\v)", "a{1,3}", R"((?=x)|(?!y)|(?<=z))"}) {
     EXPECT_TRUE(bpe::Regex::FromOniguruma(good).ok()) << good;
   }
   auto lit = bpe::Regex::Literal("a.b*");
@@ -568,7 +638,8 @@ TEST(Utf8Test, RepairAndOffsets) {
   EXPECT_EQ(out, "a\xEF\xBF\xBDz\xEF\xBF\xBD");
   ASSERT_EQ(edits.size(), 2u);
   EXPECT_EQ(bpe::MapOffsetBack(edits, 1, false), 1u);
-  EXPECT_EQ(bpe::MapOffsetBack(edits, 4, true), 4u);  // end of the first replacement: after the 3 bad bytes
+  EXPECT_EQ(bpe::MapOffsetBack(edits, 4, true),
+            4u);  // end of the first replacement: after the 3 bad bytes
   EXPECT_EQ(bpe::MapOffsetBack(edits, 5, false), 5u);
   EXPECT_EQ(bpe::MapOffsetBack(edits, 8, true), 6u);
   EXPECT_FALSE(bpe::NfcNormalize("already é", &out, &edits));

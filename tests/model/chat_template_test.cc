@@ -21,7 +21,8 @@ using ::testing::HasSubstr;
 
 // SmolLM2-135M-Instruct's template as its GGUF file holds it (real newlines inside the strings).
 constexpr char kSmolLM2Jinja[] =
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+    "'<|im_start|>system\n"
     "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
     "' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n"
     "' + message['content'] + '<|im_end|>' + '\n"
@@ -38,10 +39,13 @@ constexpr char kLlama3Jinja[] =
     "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
     "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
     "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% "
+    "endif %}";
 constexpr char kChatMLJinja[] =
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' "
-    "+ '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] "
+    "+ '<|im_end|>' "
+    "+ '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif "
+    "%}";
 
 const std::vector<ChatMessage> kConversation = {{"user", "Hi!"}, {"assistant", "Hello."}};
 
@@ -61,8 +65,10 @@ TEST(ChatTemplateTest, DetectsTheFamilies) {
 
 TEST(ChatTemplateTest, RefusesUnknownTemplates) {
   for (const char* jinja :
-       {"{{ bos_token }}{% for message in messages %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% endfor %}",
-        "{%- if tools %}<|im_start|>system{%- endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] "
+       {"{{ bos_token }}{% for message in messages %}{{ '[INST] ' + message['content'] + ' "
+        "[/INST]' }}{% endfor %}",
+        "{%- if tools %}<|im_start|>system{%- endif %}{{'<|im_start|>' + message['role'] + '\\n' + "
+        "message['content'] "
         "+ '<|im_end|>' + '\\n'}}",
         "<|start_header_id|><|eot_id|>Cutting Knowledge Date: December 2023", ""}) {
     auto t = ChatTemplate::Detect(jinja);
@@ -91,8 +97,10 @@ TEST(ChatTemplateTest, SmolLM2) {
   auto t = ChatTemplate::FromName("smollm2");
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->Render(kConversation, true),
-            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-            "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>assistant\n");
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n"
+            "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>"
+            "assistant\n");
   // A system message replaces the default one.
   EXPECT_EQ(t->Render({{"system", "Be brief."}, {"user", "Hi"}}, false),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
@@ -103,22 +111,28 @@ TEST(ChatTemplateTest, Qwen2AndChatML) {
   auto qwen = ChatTemplate::FromName("qwen2");
   auto chatml = ChatTemplate::FromName("chatml");
   ASSERT_TRUE(qwen.ok() && chatml.ok());
-  EXPECT_EQ(qwen->Render({{"user", "Hi"}}, true),
-            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-            "<|im_start|>assistant\n");
-  EXPECT_EQ(chatml->Render({{"user", "Hi"}}, true), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(
+      qwen->Render({{"user", "Hi"}}, true),
+      "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+      "<|im_start|>assistant\n");
+  EXPECT_EQ(chatml->Render({{"user", "Hi"}}, true),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
 }
 
 TEST(ChatTemplateTest, Llama3TrimsContent) {
   auto t = ChatTemplate::FromName("llama3");
   ASSERT_TRUE(t.ok());
   // Jinja's trim is Python's str.strip: U+3000 and U+001C are whitespace, U+200B is not.
-  EXPECT_EQ(t->Render({{"system", " Be brief.\n"}, {"user", "\x1c\u3000Hi\t"}, {"assistant", "\u200bOk "}}, true),
-            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
-            "<|start_header_id|>assistant<|end_header_id|>\n\n\u200bOk<|eot_id|>"
-            "<|start_header_id|>assistant<|end_header_id|>\n\n");
-  EXPECT_EQ(t->Render({{"user", "   "}}, false), "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n<|eot_id|>");
+  EXPECT_EQ(
+      t->Render(
+          {{"system", " Be brief.\n"}, {"user", "\x1c\u3000Hi\t"}, {"assistant", "\u200bOk "}},
+          true),
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n\u200bOk<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(t->Render({{"user", "   "}}, false),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n<|eot_id|>");
 }
 
 // Code points whose UTF-8 bytes, read from the wrong offset or with the wrong length, decode to
@@ -142,11 +156,14 @@ TEST(ChatTemplateTest, ResponseSpans) {
       {{"user", "Q1"}, {"assistant", "A1"}, {"user", "Q2"}, {"assistant", "A2"}});
   ASSERT_EQ(r.response_spans.size(), 2u);
   auto span = [&](size_t i) {
-    return r.text.substr(r.response_spans[i].first, r.response_spans[i].second - r.response_spans[i].first);
+    return r.text.substr(r.response_spans[i].first,
+                         r.response_spans[i].second - r.response_spans[i].first);
   };
   EXPECT_EQ(span(0), "A1<|im_end|>");
   EXPECT_EQ(span(1), "A2<|im_end|>");
-  EXPECT_EQ(r.text, t->Render({{"user", "Q1"}, {"assistant", "A1"}, {"user", "Q2"}, {"assistant", "A2"}}, false));
+  EXPECT_EQ(
+      r.text,
+      t->Render({{"user", "Q1"}, {"assistant", "A1"}, {"user", "Q2"}, {"assistant", "A2"}}, false));
   auto llama = ChatTemplate::FromName("llama3");
   const RenderedChat l = llama->RenderForTraining({{"user", "Q"}, {"assistant", "  A  "}});
   ASSERT_EQ(l.response_spans.size(), 1u);

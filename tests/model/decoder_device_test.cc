@@ -118,7 +118,8 @@ TEST(DecoderDevice, GpuFollowsTheCpuOverTwentySteps) {
       Param& pg = gpu->trainable_params()[i];
       float scale = 1e-6f;
       for (float g : pc.grad) scale = std::max(scale, std::fabs(g));
-      for (size_t j = 0; j < pc.grad.size(); ++j) ASSERT_NEAR(pg.grad[j], pc.grad[j], 1e-3f * scale) << pc.name;
+      for (size_t j = 0; j < pc.grad.size(); ++j)
+        ASSERT_NEAR(pg.grad[j], pc.grad[j], 1e-3f * scale) << pc.name;
       for (size_t j = 0; j < pc.value.size(); ++j) {  // SGD, as a trainer would, on the host
         pc.value[j] -= 0.1f * pc.grad[j];
         pg.value[j] -= 0.1f * pg.grad[j];
@@ -132,11 +133,14 @@ TEST(DecoderDevice, GpuFollowsTheCpuOverTwentySteps) {
   const auto logits_cpu = *cpu->Logits(batch);
   const auto logits_gpu = *gpu->Logits(batch);
   ASSERT_EQ(logits_gpu.size(), logits_cpu.size());
-  for (size_t i = 0; i < logits_cpu.size(); ++i) EXPECT_NEAR(logits_gpu[i], logits_cpu[i], 1e-3f) << i;
+  for (size_t i = 0; i < logits_cpu.size(); ++i)
+    EXPECT_NEAR(logits_gpu[i], logits_cpu[i], 1e-3f) << i;
   // The trained adapters decode to the CPU's tokens.
-  auto generated = gpu->Generate({5, 17, 3}, {.max_new_tokens = 4, .stop_ids = {}, .use_cache = true});
+  auto generated =
+      gpu->Generate({5, 17, 3}, {.max_new_tokens = 4, .stop_ids = {}, .use_cache = true});
   ASSERT_TRUE(generated.ok()) << generated.status();
-  EXPECT_EQ(*generated, *cpu->Generate({5, 17, 3}, {.max_new_tokens = 4, .stop_ids = {}, .use_cache = true}));
+  EXPECT_EQ(*generated,
+            *cpu->Generate({5, 17, 3}, {.max_new_tokens = 4, .stop_ids = {}, .use_cache = true}));
 }
 
 // Greedy decoding on CUDA returns the CPU's tokens, with the KV cache (prefill, then one-row steps
@@ -157,19 +161,23 @@ TEST(DecoderDevice, GpuGreedyDecodingReturnsTheCpusTokens) {
   auto gpu = *CausalLm::Create(*base, o);
   for (size_t i = 0; i < cpu->trainable_params().size(); ++i) {
     std::vector<float>& vc = cpu->trainable_params()[i].value;
-    for (size_t j = 0; j < vc.size(); ++j) vc[j] = 0.05f * std::sin(0.37f * static_cast<float>(i * 131 + j));
+    for (size_t j = 0; j < vc.size(); ++j)
+      vc[j] = 0.05f * std::sin(0.37f * static_cast<float>(i * 131 + j));
     gpu->trainable_params()[i].value = vc;
   }
   std::vector<int32_t> long_prompt(262);
-  for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = static_cast<int32_t>((i * 29 + 7) % 64);
+  for (size_t i = 0; i < long_prompt.size(); ++i)
+    long_prompt[i] = static_cast<int32_t>((i * 29 + 7) % 64);
   struct Case {
     std::vector<int32_t> prompt;
     int new_tokens;
   };
   for (const Case& c : {Case{{5, 17, 3}, 12}, Case{long_prompt, 8}}) {
     for (bool cache : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << "prompt " << c.prompt.size() << (cache ? " cached" : " uncached"));
-      const CausalLm::GenerateOptions go{.max_new_tokens = c.new_tokens, .stop_ids = {}, .use_cache = cache};
+      SCOPED_TRACE(::testing::Message()
+                   << "prompt " << c.prompt.size() << (cache ? " cached" : " uncached"));
+      const CausalLm::GenerateOptions go{
+          .max_new_tokens = c.new_tokens, .stop_ids = {}, .use_cache = cache};
       auto want = cpu->Generate(c.prompt, go);
       auto got = gpu->Generate(c.prompt, go);
       ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
@@ -183,7 +191,8 @@ TEST(DecoderDevice, GpuGreedyDecodingReturnsTheCpusTokens) {
 // AVX512_BF16, exact fp32 elsewhere): the losses agree to about 1e-2 rather than fp32 rounding.
 TEST(DecoderDevice, GpuBf16MathFollowsTheCpuOverTwentySteps) {
   if (!kernels::CudaAvailable()) GTEST_SKIP() << "no CUDA device";
-  auto base = DecoderBase::FromRandom(testing_util::TinyDecoderConfig(), Bf16MathOptions(Device::kCpu));
+  auto base =
+      DecoderBase::FromRandom(testing_util::TinyDecoderConfig(), Bf16MathOptions(Device::kCpu));
   ASSERT_TRUE(base.ok()) << base.status();
   auto cpu = CausalLm::Create(*base, Bf16MathOptions(Device::kCpu));
   ASSERT_TRUE(cpu.ok()) << cpu.status();

@@ -19,8 +19,8 @@
 #include "absl/strings/numbers.h"
 #include "core/safetensors.h"
 #include "core/status.h"
-#include "model/decoder.h"
 #include "model/adapter_dir.h"
+#include "model/decoder.h"
 
 namespace fedlora {
 namespace {
@@ -34,8 +34,8 @@ absl::StatusOr<std::vector<T>> Read(const SafetensorsFile& f, const std::string&
   return v;
 }
 
-absl::Status Run(const std::string& model, const std::string& in_path, const std::string& out_path, bool recompute,
-                 int generate, const std::string& adapter_dir) {
+absl::Status Run(const std::string& model, const std::string& in_path, const std::string& out_path,
+                 bool recompute, int generate, const std::string& adapter_dir) {
   FEDLORA_ASSIGN_OR_RETURN(auto in, SafetensorsFile::Open(in_path));
   FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor ids_t, in->Get("input_ids"));
   const int B = static_cast<int>(ids_t.shape[0]), S = static_cast<int>(ids_t.shape[1]);
@@ -63,9 +63,12 @@ absl::Status Run(const std::string& model, const std::string& in_path, const std
   }
   // The reference test reads the PEFT files only; the template name is a placeholder it ignores.
   if (!adapter_dir.empty()) {
-    FEDLORA_RETURN_IF_ERROR(SaveAdapterDirectory(
-        *lm, {.task = AdapterTask::kCausalLm, .base_model = model, .max_seq_len = o.max_seq, .chat_template = "chatml"},
-        adapter_dir));
+    FEDLORA_RETURN_IF_ERROR(SaveAdapterDirectory(*lm,
+                                                 {.task = AdapterTask::kCausalLm,
+                                                  .base_model = model,
+                                                  .max_seq_len = o.max_seq,
+                                                  .chat_template = "chatml"},
+                                                 adapter_dir));
   }
   FEDLORA_ASSIGN_OR_RETURN(std::vector<float> logits, lm->Logits(batch));
   lm->ZeroGrad();
@@ -87,15 +90,22 @@ absl::Status Run(const std::string& model, const std::string& in_path, const std
   std::vector<int32_t> cached, uncached;
   if (generate > 0) {
     std::vector<int32_t> prompt;
-    for (int j = 0; j < S && batch.attention_mask[j] == 1; ++j) prompt.push_back(batch.input_ids[j]);
+    for (int j = 0; j < S && batch.attention_mask[j] == 1; ++j)
+      prompt.push_back(batch.input_ids[j]);
     CausalLm::GenerateOptions go;
     go.max_new_tokens = generate;
     FEDLORA_ASSIGN_OR_RETURN(cached, lm->Generate(prompt, go));
     go.use_cache = false;
     FEDLORA_ASSIGN_OR_RETURN(uncached, lm->Generate(prompt, go));
-    out.push_back({"generated_cached", DType::kI32, {static_cast<int64_t>(cached.size())}, cached.data(),
+    out.push_back({"generated_cached",
+                   DType::kI32,
+                   {static_cast<int64_t>(cached.size())},
+                   cached.data(),
                    cached.size() * sizeof(int32_t)});
-    out.push_back({"generated_uncached", DType::kI32, {static_cast<int64_t>(uncached.size())}, uncached.data(),
+    out.push_back({"generated_uncached",
+                   DType::kI32,
+                   {static_cast<int64_t>(uncached.size())},
+                   uncached.data(),
                    uncached.size() * sizeof(int32_t)});
   }
   return WriteSafetensors(out_path, out, {});
@@ -106,7 +116,9 @@ absl::Status Run(const std::string& model, const std::string& in_path, const std
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: decoder_reference_dump MODEL IN.safetensors OUT.safetensors [--recompute] [--generate N] [--save-adapter DIR]\n");
+    std::fprintf(stderr,
+                 "usage: decoder_reference_dump MODEL IN.safetensors OUT.safetensors [--recompute] "
+                 "[--generate N] [--save-adapter DIR]\n");
     return 2;
   }
   bool recompute = false;
@@ -118,7 +130,8 @@ int main(int argc, char** argv) {
       recompute = true;
     } else if (a == "--save-adapter" && i + 1 < argc) {
       adapter_dir = argv[++i];
-    } else if (a == "--generate" && i + 1 < argc && absl::SimpleAtoi(argv[i + 1], &generate) && generate >= 0) {
+    } else if (a == "--generate" && i + 1 < argc && absl::SimpleAtoi(argv[i + 1], &generate) &&
+               generate >= 0) {
       ++i;
     } else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);

@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <utility>
-#include <set>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -62,16 +62,19 @@ std::unique_ptr<CausalLm> Make(const DecoderOptions& o, DecoderConfig c = Tiny()
   // Nonzero B, so that the A gradients are not all zero.
   for (Param& p : (*lm)->trainable_params()) {
     if (p.name.find("lora_B") != std::string::npos) {
-      for (size_t i = 0; i < p.value.size(); ++i) p.value[i] = 0.05f * std::sin(static_cast<float>(i) + 1.0f);
+      for (size_t i = 0; i < p.value.size(); ++i)
+        p.value[i] = 0.05f * std::sin(static_cast<float>(i) + 1.0f);
     }
   }
   return std::move(*lm);
 }
 
 TEST(DecoderConfig, ParsesLlamaAndRefusesWhatItDoesNotCompute) {
-  nlohmann::json j = {{"model_type", "llama"}, {"vocab_size", 100}, {"hidden_size", 64}, {"intermediate_size", 128},
-                      {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-                      {"eos_token_id", {2, 3}}, {"rope_theta", 100000.0}, {"tie_word_embeddings", true}};
+  nlohmann::json j = {{"model_type", "llama"},    {"vocab_size", 100},
+                      {"hidden_size", 64},        {"intermediate_size", 128},
+                      {"num_hidden_layers", 2},   {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2}, {"eos_token_id", {2, 3}},
+                      {"rope_theta", 100000.0},   {"tie_word_embeddings", true}};
   auto c = ParseDecoderConfig(j, "config.json");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->head_dim, 16);
@@ -83,11 +86,12 @@ TEST(DecoderConfig, ParsesLlamaAndRefusesWhatItDoesNotCompute) {
     nlohmann::json value;
     const char* message;
   };
-  for (const Bad& bad : {Bad{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}, "rope_scaling"},
-                         Bad{"attention_bias", true, "attention_bias"}, Bad{"mlp_bias", true, "mlp_bias"},
-                         Bad{"hidden_act", "gelu", "hidden_act"}, Bad{"num_key_value_heads", 3, "multiple"},
-                         Bad{"model_type", "gpt2", "unknown decoder architecture"},
-                         Bad{"pretraining_tp", 2, "pretraining_tp"}}) {
+  for (const Bad& bad :
+       {Bad{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}, "rope_scaling"},
+        Bad{"attention_bias", true, "attention_bias"}, Bad{"mlp_bias", true, "mlp_bias"},
+        Bad{"hidden_act", "gelu", "hidden_act"}, Bad{"num_key_value_heads", 3, "multiple"},
+        Bad{"model_type", "gpt2", "unknown decoder architecture"},
+        Bad{"pretraining_tp", 2, "pretraining_tp"}}) {
     nlohmann::json b = j;
     b[bad.key] = bad.value;
     auto st = ParseDecoderConfig(b, "config.json").status();
@@ -151,7 +155,8 @@ TEST(CausalLm, RecomputingActivationsGivesTheSameGradients) {
   ASSERT_TRUE(la.ok() && lb.ok());
   EXPECT_EQ(*la, *lb);
   for (size_t i = 0; i < a->trainable_params().size(); ++i) {
-    EXPECT_EQ(a->trainable_params()[i].grad, b->trainable_params()[i].grad) << a->trainable_params()[i].name;
+    EXPECT_EQ(a->trainable_params()[i].grad, b->trainable_params()[i].grad)
+        << a->trainable_params()[i].name;
   }
 }
 
@@ -179,7 +184,8 @@ TEST(CausalLm, FusedAttentionGivesTheMaterialisingAttentionsResults) {
       float largest = 0.0f;
       for (float g : p.grad) largest = std::max(largest, std::fabs(g));
       ASSERT_GT(largest, 0.0f) << p.name;
-      for (size_t j = 0; j < p.grad.size(); ++j) ASSERT_NEAR(f.grad[j], p.grad[j], 1e-4f * largest) << p.name;
+      for (size_t j = 0; j < p.grad.size(); ++j)
+        ASSERT_NEAR(f.grad[j], p.grad[j], 1e-4f * largest) << p.name;
     }
   }
   DecoderOptions o = Opts();
@@ -262,14 +268,16 @@ TEST(CausalLm, RefusesMalformedBatches) {
   auto lm = Make(Opts());
   CausalLm::Batch b = TwoRows();
   b.attention_mask = {0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0};  // left padding
-  EXPECT_NE(std::string(lm->ForwardBackward(b, 0).status().message()).find("right-padded"), std::string::npos);
+  EXPECT_NE(std::string(lm->ForwardBackward(b, 0).status().message()).find("right-padded"),
+            std::string::npos);
   b = TwoRows();
   b.labels[4] = 96;  // outside the vocabulary
   EXPECT_EQ(lm->ForwardBackward(b, 0).status().code(), absl::StatusCode::kInvalidArgument);
   b = TwoRows();
   b.labels.assign(12, -100);
   b.labels[0] = 5;  // the first position is never a target
-  EXPECT_NE(std::string(lm->ForwardBackward(b, 0).status().message()).find("no target"), std::string::npos);
+  EXPECT_NE(std::string(lm->ForwardBackward(b, 0).status().message()).find("no target"),
+            std::string::npos);
   b = TwoRows();
   b.input_ids[2] = -1;
   EXPECT_EQ(lm->Logits(b).status().code(), absl::StatusCode::kInvalidArgument);
@@ -283,7 +291,8 @@ TEST(CausalLm, RefusesBadOptions) {
   ASSERT_TRUE(base.ok());
   DecoderOptions o = Opts();
   o.lora.target_modules = {"q_proj", "query"};
-  EXPECT_NE(std::string(CausalLm::Create(*base, o).status().message()).find("unknown LoRA target module \"query\""),
+  EXPECT_NE(std::string(CausalLm::Create(*base, o).status().message())
+                .find("unknown LoRA target module \"query\""),
             std::string::npos);
   o = Opts();
   o.lora.rank = 17;  // above kv_dim 16
@@ -339,7 +348,8 @@ TEST(CausalLm, Bf16MathStaysWithinBf16RoundingOfFp32Math) {
   EXPECT_GT(scale, 0.0);
   EXPECT_LE(diff, 2e-2 * scale);
   if (kernels::Bf16MathAvailable()) {
-    EXPECT_GT(diff, 1e-6 * scale) << "bf16 math gave fp32 math's gradients: the bf16 path did not run";
+    EXPECT_GT(diff, 1e-6 * scale)
+        << "bf16 math gave fp32 math's gradients: the bf16 path did not run";
   }
 }
 
@@ -404,7 +414,8 @@ TEST(CausalLm, Int8MathStaysWithinInt8RoundingOfExactMath) {
   EXPECT_GT(scale, 0.0);
   EXPECT_LE(diff, 5e-2 * scale);
   if (kernels::Int8MathAvailable()) {
-    EXPECT_GT(diff, 1e-6 * scale) << "int8 math gave exact math's gradients: the int8 path did not run";
+    EXPECT_GT(diff, 1e-6 * scale)
+        << "int8 math gave exact math's gradients: the int8 path did not run";
   }
 }
 
@@ -414,8 +425,10 @@ TEST(CausalLm, Int8MathNeedsQ8_0Weights) {
   o.weights = WeightStorage::kBF16;
   auto base = DecoderBase::FromRandom(Tiny(), o);
   EXPECT_EQ(base.status().code(), absl::StatusCode::kInvalidArgument) << base.status();
-  EXPECT_NE(std::string(base.status().message()).find("int8_math needs frozen matrices held as Q8_0"),
-            std::string::npos) << base.status();
+  EXPECT_NE(
+      std::string(base.status().message()).find("int8_math needs frozen matrices held as Q8_0"),
+      std::string::npos)
+      << base.status();
   o.weights = WeightStorage::kQ8_0;
   o.bf16_math = true;
   EXPECT_EQ(DecoderBase::FromRandom(Tiny(), o).status().code(), absl::StatusCode::kInvalidArgument);
@@ -428,7 +441,8 @@ TEST(CausalLm, Int8MathNeedsQ8_0Weights) {
   EXPECT_NE(std::string(st.message()).find("int8_math"), std::string::npos) << st;
   o.int8_math = true;
   o.weights = WeightStorage::kF32;
-  EXPECT_EQ(DecoderBase::Load("/nonexistent.gguf", o).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecoderBase::Load("/nonexistent.gguf", o).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -47,7 +47,10 @@ AdapterMetadata ClassifierMeta() {
           .max_seq_len = 4};
 }
 AdapterMetadata DecoderMeta() {
-  return {.task = AdapterTask::kCausalLm, .base_model = MakeTempDir("peft_base"), .max_seq_len = 8, .chat_template = "chatml"};
+  return {.task = AdapterTask::kCausalLm,
+          .base_model = MakeTempDir("peft_base"),
+          .max_seq_len = 8,
+          .chat_template = "chatml"};
 }
 
 // Gives every param distinct values so that a round trip that mixes tensors up is caught.
@@ -80,9 +83,10 @@ TEST(PeftTest, AnAdapterForAnotherBaseModelSaysSo) {
   ASSERT_TRUE(other.ok()) << other.status();
   absl::Status s = LoadPeftAdapter(dir, other->get());
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr(dir + " is an adapter for another base model (its adapter_config.json names " +
-                        meta.base_model + ")"));
+  EXPECT_THAT(
+      std::string(s.message()),
+      HasSubstr(dir + " is an adapter for another base model (its adapter_config.json names " +
+                meta.base_model + ")"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("has shape [4, 32], expected [4, 48]"));
 }
 
@@ -268,7 +272,8 @@ TEST(PeftTest, DecoderAdapterRoundTripsWithCausalLmConfig) {
   auto b = CausalLm::Create(*base, o);
   ASSERT_TRUE(a.ok() && b.ok());
   for (Param& p : (*a)->trainable_params()) {
-    for (size_t i = 0; i < p.value.size(); ++i) p.value[i] = 0.01f * static_cast<float>(i % 17) - 0.05f;
+    for (size_t i = 0; i < p.value.size(); ++i)
+      p.value[i] = 0.01f * static_cast<float>(i % 17) - 0.05f;
   }
   const std::string dir = testing_util::MakeTempDir("peft");
   ASSERT_TRUE(SaveAdapterDirectory(**a, DecoderMeta(), dir).ok());

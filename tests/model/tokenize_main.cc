@@ -7,16 +7,16 @@
 // Plain mode: each line is a text; prints its Encode() input_ids, space-separated.
 // --json: each line is a JSON object {"text": str, "pair": str|null, "max_length": int} (pair and
 //   max_length optional; max_length overrides --max_length), so that texts can hold newlines and
-//   control characters; prints {"input_ids": [...], "token_type_ids": [...], "attention_mask": [...]}.
+//   control characters; prints {"input_ids": [...], "token_type_ids": [...], "attention_mask":
+//   [...]}.
 // --words: prints the JSON array of BasicTokenize(text) (normalized words) instead.
 // Exit status: 0, or 2 for bad flags, an unreadable tokenizer or a malformed input line.
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "core/json.h"
 #include "model/tokenizer.h"
@@ -24,9 +24,10 @@
 namespace {
 
 int Usage() {
-  std::fprintf(stderr,
-               "usage: fedlora_tokenize (--tokenizer_json PATH | --vocab PATH [--cased]) [--json] [--words] "
-               "[--max_length N]\n");
+  std::fprintf(
+      stderr,
+      "usage: fedlora_tokenize (--tokenizer_json PATH | --vocab PATH [--cased]) [--json] [--words] "
+      "[--max_length N]\n");
   return 2;
 }
 
@@ -56,8 +57,9 @@ int main(int argc, char** argv) {
     }
   }
   if (tokenizer_json.empty() == vocab.empty()) return Usage();
-  auto tok = tokenizer_json.empty() ? fedlora::WordPieceTokenizer::FromVocabFile(vocab, !cased)
-                                    : fedlora::WordPieceTokenizer::FromTokenizerJson(tokenizer_json);
+  auto tok = tokenizer_json.empty()
+                 ? fedlora::WordPieceTokenizer::FromVocabFile(vocab, !cased)
+                 : fedlora::WordPieceTokenizer::FromTokenizerJson(tokenizer_json);
   if (!tok.ok()) {
     std::fprintf(stderr, "fedlora_tokenize: %s\n", tok.status().ToString().c_str());
     return 2;
@@ -72,13 +74,15 @@ int main(int argc, char** argv) {
     int line_max_length = max_length;
     if (json_mode) {
       auto parsed = fedlora::ParseJson(line, "stdin line " + std::to_string(line_number));
-      if (!parsed.ok() || !parsed->is_object() || !parsed->contains("text") || !(*parsed)["text"].is_string()) {
+      if (!parsed.ok() || !parsed->is_object() || !parsed->contains("text") ||
+          !(*parsed)["text"].is_string()) {
         std::fprintf(stderr, "fedlora_tokenize: line %lld: expected {\"text\": string, ...}\n",
                      static_cast<long long>(line_number));
         return 2;
       }
       text = (*parsed)["text"].get<std::string>();
-      if (parsed->contains("pair") && (*parsed)["pair"].is_string()) pair = (*parsed)["pair"].get<std::string>();
+      if (parsed->contains("pair") && (*parsed)["pair"].is_string())
+        pair = (*parsed)["pair"].get<std::string>();
       if (parsed->contains("max_length") && (*parsed)["max_length"].is_number_integer()) {
         line_max_length = (*parsed)["max_length"].get<int>();
       }
@@ -87,8 +91,8 @@ int main(int argc, char** argv) {
       std::cout << nlohmann::json((*tok)->BasicTokenize(text)).dump() << '\n';
       continue;
     }
-    const auto e = (*tok)->Encode(text, pair ? std::optional<std::string_view>(*pair) : std::nullopt,
-                                  line_max_length);
+    const auto e = (*tok)->Encode(
+        text, pair ? std::optional<std::string_view>(*pair) : std::nullopt, line_max_length);
     if (json_mode) {
       nlohmann::json out = {{"input_ids", e.input_ids},
                             {"token_type_ids", e.token_type_ids},

@@ -21,14 +21,14 @@ using ::testing::IsEmpty;
 
 // A tiny uncased vocabulary; the id of a token is its index here.
 const std::vector<std::string> kVocab = {
-    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",     // 0-4
-    "the",   "quick", "brown", "fox",   "un",         // 5-9
-    "##aff", "##able", "cafe", "naive", ",",          // 10-14
-    "!",     ".",     "hello", "world", "\u4e2d",     // 15-19 (中)
-    "\u6587", "##s",  "a",     "##a",   "$",          // 20-24 (文)
-    "[",     "]",     "mask",  "angstrom", "lodz",    // 25-29
-    "\u2014", "a\u20acb", "i", "\u03b1", "\u8c48",    // 30-34 (em dash, a€b, i, α, 豈)
-    "b",     "##b",   "Hello", "Caf\u00e9", "stra\u00dfe",  // 35-39
+    "[PAD]",  "[UNK]",    "[CLS]", "[SEP]",     "[MASK]",  // 0-4
+    "the",    "quick",    "brown", "fox",       "un",      // 5-9
+    "##aff",  "##able",   "cafe",  "naive",     ",",       // 10-14
+    "!",      ".",        "hello", "world",     "\u4e2d",  // 15-19 (中)
+    "\u6587", "##s",      "a",     "##a",       "$",       // 20-24 (文)
+    "[",      "]",        "mask",  "angstrom",  "lodz",    // 25-29
+    "\u2014", "a\u20acb", "i",     "\u03b1",    "\u8c48",  // 30-34 (em dash, a€b, i, α, 豈)
+    "b",      "##b",      "Hello", "Caf\u00e9", "stra\u00dfe",  // 35-39
 };
 
 class TokenizerTest : public ::testing::Test {
@@ -77,7 +77,8 @@ TEST_F(TokenizerTest, SpecialIdsAndVocabSize) {
 
 TEST_F(TokenizerTest, LowercasesAndSplitsPunctuation) {
   auto tok = Uncased();
-  EXPECT_THAT(tok->Tokenize("The Quick, brown FOX!"), ElementsAre("the", "quick", ",", "brown", "fox", "!"));
+  EXPECT_THAT(tok->Tokenize("The Quick, brown FOX!"),
+              ElementsAre("the", "quick", ",", "brown", "fox", "!"));
   // ASCII symbols count as punctuation, as in BERT; a Unicode currency sign (Sc) does not.
   EXPECT_THAT(tok->Tokenize("a$b"), ElementsAre("a", "$", "b"));
   EXPECT_THAT(tok->Tokenize("a\u20acb"), ElementsAre("a\u20acb"));
@@ -120,7 +121,8 @@ TEST_F(TokenizerTest, StripsAccents) {
   // Precomposed (Latin-1) and decomposed (e + U+0301) forms give the same tokens.
   EXPECT_THAT(tok->Tokenize("cafe\u0301"), ElementsAre("cafe"));
   // Å (Latin-1), Ó, Ź (Latin Extended-A); Ł has no decomposition and stays a distinct letter.
-  EXPECT_THAT(tok->BasicTokenize("\u00c5ngstr\u00f6m \u0141\u00d3D\u0179"), ElementsAre("angstrom", "\u0142odz"));
+  EXPECT_THAT(tok->BasicTokenize("\u00c5ngstr\u00f6m \u0141\u00d3D\u0179"),
+              ElementsAre("angstrom", "\u0142odz"));
   // Latin Extended-B: Ǎ (U+01CD) -> a, ǖ (U+01D6: u + diaeresis + macron) -> u.
   EXPECT_THAT(tok->BasicTokenize("\u01cd\u01d6"), ElementsAre("au"));
   // Vietnamese (Latin Extended Additional) and Greek: ệ -> e, Ά -> α.
@@ -136,13 +138,15 @@ TEST_F(TokenizerTest, StripsAccents) {
 TEST_F(TokenizerTest, CasedVocabularyKeepsCaseAndAccents) {
   auto tok = WordPieceTokenizer::FromVocabFile(WriteVocab(kVocab), /*do_lower_case=*/false);
   ASSERT_TRUE(tok.ok()) << tok.status();
-  EXPECT_THAT((*tok)->Tokenize("Hello Caf\u00e9 hello"), ElementsAre("Hello", "Caf\u00e9", "hello"));
+  EXPECT_THAT((*tok)->Tokenize("Hello Caf\u00e9 hello"),
+              ElementsAre("Hello", "Caf\u00e9", "hello"));
   EXPECT_THAT((*tok)->Tokenize("HELLO"), ElementsAre("[UNK]"));
 }
 
 TEST_F(TokenizerTest, SplitsCjkIdeographs) {
   auto tok = Uncased();
-  EXPECT_THAT(tok->Tokenize("hello\u4e2d\u6587world"), ElementsAre("hello", "\u4e2d", "\u6587", "world"));
+  EXPECT_THAT(tok->Tokenize("hello\u4e2d\u6587world"),
+              ElementsAre("hello", "\u4e2d", "\u6587", "world"));
   // Kana are not ideographs: they stay in the word.
   EXPECT_THAT(tok->BasicTokenize("a\u30abb"), ElementsAre("a\u30abb"));
   // A CJK compatibility ideograph (U+F900) is split, then canonically decomposed to U+8C48.
@@ -152,8 +156,10 @@ TEST_F(TokenizerTest, SplitsCjkIdeographs) {
 TEST_F(TokenizerTest, CleansControlCharactersAndWhitespace) {
   auto tok = Uncased();
   EXPECT_THAT(tok->Tokenize("hel\x01lo\x7f wor\u200bld\ufffd"), ElementsAre("hello", "world"));
-  EXPECT_THAT(tok->Tokenize("the\tquick\r\nbrown\u00a0fox\u3000!"), ElementsAre("the", "quick", "brown", "fox", "!"));
-  EXPECT_THAT(tok->Tokenize(std::string("the\0fox", 7)), ElementsAre("[UNK]"));  // NUL dropped: "thefox"
+  EXPECT_THAT(tok->Tokenize("the\tquick\r\nbrown\u00a0fox\u3000!"),
+              ElementsAre("the", "quick", "brown", "fox", "!"));
+  EXPECT_THAT(tok->Tokenize(std::string("the\0fox", 7)),
+              ElementsAre("[UNK]"));  // NUL dropped: "thefox"
   EXPECT_THAT(tok->Tokenize(" \t\n "), IsEmpty());
   EXPECT_THAT(tok->Tokenize(""), IsEmpty());
 }
@@ -162,10 +168,16 @@ TEST_F(TokenizerTest, InvalidUtf8BytesAreDropped) {
   auto tok = Uncased();
   // A stray continuation byte, a byte that never occurs in UTF-8, a truncated 3-byte sequence,
   // an overlong "/" and an encoded surrogate: each byte becomes U+FFFD, which cleaning removes.
-  EXPECT_THAT(tok->Tokenize("hel\x80lo \xff" "fox"), ElementsAre("hello", "fox"));
+  EXPECT_THAT(tok->Tokenize("hel\x80lo \xff"
+                            "fox"),
+              ElementsAre("hello", "fox"));
   EXPECT_THAT(tok->Tokenize("fox\xe4\xb8"), ElementsAre("fox"));
-  EXPECT_THAT(tok->Tokenize("a\xc0\xaf" "b"), ElementsAre("a", "##b"));
-  EXPECT_THAT(tok->Tokenize("a\xed\xa0\x80" "b"), ElementsAre("a", "##b"));
+  EXPECT_THAT(tok->Tokenize("a\xc0\xaf"
+                            "b"),
+              ElementsAre("a", "##b"));
+  EXPECT_THAT(tok->Tokenize("a\xed\xa0\x80"
+                            "b"),
+              ElementsAre("a", "##b"));
   // A valid sequence right after a bad byte survives.
   EXPECT_THAT(tok->Tokenize("\xe4\xe4\xb8\xad"), ElementsAre("\u4e2d"));
 }
@@ -191,8 +203,9 @@ TEST_F(TokenizerTest, RandomInputNeverCrashes) {
           text += {static_cast<char>(0xE0 | (c >> 12)), static_cast<char>(0x80 | ((c >> 6) & 0x3F)),
                    static_cast<char>(0x80 | (c & 0x3F))};
         } else {
-          text += {static_cast<char>(0xF0 | (c >> 18)), static_cast<char>(0x80 | ((c >> 12) & 0x3F)),
-                   static_cast<char>(0x80 | ((c >> 6) & 0x3F)), static_cast<char>(0x80 | (c & 0x3F))};
+          text +=
+              {static_cast<char>(0xF0 | (c >> 18)), static_cast<char>(0x80 | ((c >> 12) & 0x3F)),
+               static_cast<char>(0x80 | ((c >> 6) & 0x3F)), static_cast<char>(0x80 | (c & 0x3F))};
         }
       }
     }
@@ -228,9 +241,12 @@ TEST_F(TokenizerTest, EncodeSingleAndPair) {
 
 TEST_F(TokenizerTest, TruncatesSingleFromTheEnd) {
   auto tok = Uncased();
-  EXPECT_THAT(tok->Encode("the quick brown fox", std::nullopt, 4).input_ids, ElementsAre(2, 5, 6, 3));
-  EXPECT_THAT(tok->Encode("the quick brown fox", std::nullopt, 6).input_ids, ElementsAre(2, 5, 6, 7, 8, 3));
-  EXPECT_THAT(tok->Encode("the quick brown fox", std::nullopt, 100).input_ids, ElementsAre(2, 5, 6, 7, 8, 3));
+  EXPECT_THAT(tok->Encode("the quick brown fox", std::nullopt, 4).input_ids,
+              ElementsAre(2, 5, 6, 3));
+  EXPECT_THAT(tok->Encode("the quick brown fox", std::nullopt, 6).input_ids,
+              ElementsAre(2, 5, 6, 7, 8, 3));
+  EXPECT_THAT(tok->Encode("the quick brown fox", std::nullopt, 100).input_ids,
+              ElementsAre(2, 5, 6, 7, 8, 3));
   // Room for the special tokens only; less than that still keeps them.
   EXPECT_THAT(tok->Encode("the quick", std::nullopt, 2).input_ids, ElementsAre(2, 3));
   EXPECT_THAT(tok->Encode("the quick", std::nullopt, 1).input_ids, ElementsAre(2, 3));
@@ -326,14 +342,16 @@ TEST_F(TokenizerTest, FromTokenizerJsonErrors) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   auto not_json = WordPieceTokenizer::FromTokenizerJson(WriteFile("a.json", "{not json"));
   EXPECT_EQ(not_json.status().code(), absl::StatusCode::kInvalidArgument);
-  auto bpe = WordPieceTokenizer::FromTokenizerJson(WriteFile("b.json", R"({"model": {"type": "BPE", "vocab": {}}})"));
+  auto bpe = WordPieceTokenizer::FromTokenizerJson(
+      WriteFile("b.json", R"({"model": {"type": "BPE", "vocab": {}}})"));
   EXPECT_EQ(bpe.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bpe.status().message()), HasSubstr("BPE"));
   auto bad_id = WordPieceTokenizer::FromTokenizerJson(
       WriteFile("c.json", R"({"model": {"type": "WordPiece", "vocab": {"[PAD]": -1}}})"));
   EXPECT_EQ(bad_id.status().code(), absl::StatusCode::kInvalidArgument);
   auto no_sep = WordPieceTokenizer::FromTokenizerJson(WriteFile(
-      "d.json", R"({"model": {"type": "WordPiece", "vocab": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2}}})"));
+      "d.json",
+      R"({"model": {"type": "WordPiece", "vocab": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2}}})"));
   EXPECT_EQ(no_sep.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(no_sep.status().message()), HasSubstr("[SEP]"));
   auto shared_id = WordPieceTokenizer::FromTokenizerJson(WriteFile(
@@ -349,13 +367,16 @@ TEST_F(TokenizerTest, FromTokenizerJsonRefusesSparseHugeIds) {
       "sparse.json",
       R"({"model": {"type": "WordPiece", "vocab": {"[CLS]": 0, "[SEP]": 1, "[PAD]": 2, "[UNK]": 16777215}}})"));
   EXPECT_EQ(sparse.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(sparse.status().message()), HasSubstr("largest id is 16777215 for 4 tokens"));
+  EXPECT_THAT(std::string(sparse.status().message()),
+              HasSubstr("largest id is 16777215 for 4 tokens"));
   auto gaps = WordPieceTokenizer::FromTokenizerJson(WriteFile(
-      "gaps.json", R"({"model": {"type": "WordPiece", "vocab": {"[CLS]": 0, "[SEP]": 1, "[PAD]": 2, "[UNK]": 65539}}})"));
+      "gaps.json",
+      R"({"model": {"type": "WordPiece", "vocab": {"[CLS]": 0, "[SEP]": 1, "[PAD]": 2, "[UNK]": 65539}}})"));
   ASSERT_TRUE(gaps.ok()) << gaps.status();
   EXPECT_EQ((*gaps)->TokenizeToIds("word"), std::vector<int32_t>{65539});
   auto one_more = WordPieceTokenizer::FromTokenizerJson(WriteFile(
-      "gaps2.json", R"({"model": {"type": "WordPiece", "vocab": {"[CLS]": 0, "[SEP]": 1, "[PAD]": 2, "[UNK]": 65540}}})"));
+      "gaps2.json",
+      R"({"model": {"type": "WordPiece", "vocab": {"[CLS]": 0, "[SEP]": 1, "[PAD]": 2, "[UNK]": 65540}}})"));
   EXPECT_EQ(one_more.status().code(), absl::StatusCode::kInvalidArgument);
 }
 

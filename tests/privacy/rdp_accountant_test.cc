@@ -49,28 +49,41 @@ struct GridPoint {
   double delta, epsilon, order;
 };
 
-// From Opacus 1.5.2's opacus/accountants/analysis/rdp.py (loaded standalone with importlib, numpy 1.24,
-// scipy 1.10): get_privacy_spent(orders=A, rdp=compute_rdp(q=rate, noise_multiplier=noise, steps=steps,
-// orders=A), delta=delta) with A = DEFAULT_ALPHAS; the values are its repr()s.
+// From Opacus 1.5.2's opacus/accountants/analysis/rdp.py (loaded standalone with importlib,
+// numpy 1.24, scipy 1.10): get_privacy_spent(orders=A, rdp=compute_rdp(q=rate,
+// noise_multiplier=noise, steps=steps, orders=A), delta=delta) with A = DEFAULT_ALPHAS; the values
+// are its repr()s.
 constexpr GridPoint kGrid[] = {
-    {0.5, 0.001, 1, 1e-05, 2.835610328605305, 4.4},     {0.5, 0.01, 100, 1e-05, 8.030725352808414, 2.5},
-    {0.5, 0.1, 10, 0.001, 9.618601480693918, 1.9},      {0.7, 0.05, 1000, 1e-06, 28.98453238589484, 1.9},
-    {0.8, 0.2, 50, 1e-05, 16.921099168696664, 2.1},     {1.0, 0.001, 10000, 1e-05, 0.7876595344277287, 13.0},
-    {1.0, 0.01, 1000, 1e-07, 2.764672618111986, 8.1},   {1.0, 0.5, 1, 1e-05, 3.8935758781414105, 5.4},
-    {1.1, 0.1, 100, 1e-05, 6.613704345072375, 3.6},     {1.2, 0.03, 3000, 0.0001, 7.818345789073984, 3.2},
-    {1.5, 0.002, 5000, 1e-06, 0.5248937162758586, 27.0}, {1.5, 0.25, 20, 0.001, 3.304176665520913, 3.9},
-    {2.0, 0.004, 10000, 1e-07, 1.0808293963193563, 24.0}, {2.0, 0.1, 500, 1e-05, 6.034322441891099, 4.4},
-    {2.0, 1.0, 10, 1e-05, 8.079406222420491, 3.9},      {2.5, 0.75, 3, 1e-06, 2.838346415653509, 8.7},
-    {3.0, 0.05, 2000, 1e-05, 3.5466027892094796, 6.5},  {3.0, 0.9, 100, 1e-07, 20.765797417250464, 2.8},
-    {4.0, 0.3, 1000, 1e-05, 13.572056234374687, 2.9},   {4.0, 0.02, 10000, 0.001, 1.5811720586110156, 7.1},
-    {5.0, 0.001, 1, 1e-07, 0.1771454784858229, 63.0},   {5.0, 0.1, 10000, 1e-06, 11.8690457137671, 3.5},
-    {5.0, 1.0, 1000, 1e-05, 48.80169282486775, 1.7},    {0.6, 1.0, 1, 0.0001, 7.701650919768202, 3.4},
+    {0.5, 0.001, 1, 1e-05, 2.835610328605305, 4.4},
+    {0.5, 0.01, 100, 1e-05, 8.030725352808414, 2.5},
+    {0.5, 0.1, 10, 0.001, 9.618601480693918, 1.9},
+    {0.7, 0.05, 1000, 1e-06, 28.98453238589484, 1.9},
+    {0.8, 0.2, 50, 1e-05, 16.921099168696664, 2.1},
+    {1.0, 0.001, 10000, 1e-05, 0.7876595344277287, 13.0},
+    {1.0, 0.01, 1000, 1e-07, 2.764672618111986, 8.1},
+    {1.0, 0.5, 1, 1e-05, 3.8935758781414105, 5.4},
+    {1.1, 0.1, 100, 1e-05, 6.613704345072375, 3.6},
+    {1.2, 0.03, 3000, 0.0001, 7.818345789073984, 3.2},
+    {1.5, 0.002, 5000, 1e-06, 0.5248937162758586, 27.0},
+    {1.5, 0.25, 20, 0.001, 3.304176665520913, 3.9},
+    {2.0, 0.004, 10000, 1e-07, 1.0808293963193563, 24.0},
+    {2.0, 0.1, 500, 1e-05, 6.034322441891099, 4.4},
+    {2.0, 1.0, 10, 1e-05, 8.079406222420491, 3.9},
+    {2.5, 0.75, 3, 1e-06, 2.838346415653509, 8.7},
+    {3.0, 0.05, 2000, 1e-05, 3.5466027892094796, 6.5},
+    {3.0, 0.9, 100, 1e-07, 20.765797417250464, 2.8},
+    {4.0, 0.3, 1000, 1e-05, 13.572056234374687, 2.9},
+    {4.0, 0.02, 10000, 0.001, 1.5811720586110156, 7.1},
+    {5.0, 0.001, 1, 1e-07, 0.1771454784858229, 63.0},
+    {5.0, 0.1, 10000, 1e-06, 11.8690457137671, 3.5},
+    {5.0, 1.0, 1000, 1e-05, 48.80169282486775, 1.7},
+    {0.6, 1.0, 1, 0.0001, 7.701650919768202, 3.4},
 };
 
 TEST(RdpAccountant, MatchesOpacusOnAGrid) {
   for (const GridPoint& p : kGrid) {
-    SCOPED_TRACE(testing::Message() << "noise " << p.noise << " rate " << p.rate << " steps " << p.steps << " delta "
-                                    << p.delta);
+    SCOPED_TRACE(testing::Message() << "noise " << p.noise << " rate " << p.rate << " steps "
+                                    << p.steps << " delta " << p.delta);
     RdpAccountant accountant;
     ASSERT_TRUE(accountant.AddSteps(p.noise, p.rate, p.steps).ok());
     auto spent = accountant.GetEpsilon(p.delta);
@@ -90,12 +103,14 @@ TEST(SubsampledGaussianRdp, MatchesOpacusAtSingleOrders) {
       {0.3, 1.0, 32.0, 14.757189363276536},    {0.5, 1.0, 1.1, 0.15613047568420288},
       {0.2, 0.7, 7.0, 5.265202031598199},      {0.0001, 10.0, 10.5, 5.276383057782343e-10},
       {0.9, 3.0, 63.0, 3.3930552156843685},    {0.05, 2.0, 1.25, 0.0004388760120985163},
-      {0.35, 0.67, 1.1, 0.21779425635441255},  // erfc underflows in the series: the asymptotic log erfc
+      {0.35, 0.67, 1.1, 0.21779425635441255},  // erfc underflows in the series: the asymptotic log
+                                               // erfc
   };
   for (const Case& c : cases) {
     auto rdp = SubsampledGaussianRdp(c.q, c.sigma, c.alpha);
     ASSERT_TRUE(rdp.ok()) << rdp.status();
-    EXPECT_NEAR(*rdp, c.rdp, c.rdp * kRelTol) << "q " << c.q << " sigma " << c.sigma << " alpha " << c.alpha;
+    EXPECT_NEAR(*rdp, c.rdp, c.rdp * kRelTol)
+        << "q " << c.q << " sigma " << c.sigma << " alpha " << c.alpha;
   }
 }
 
@@ -138,12 +153,13 @@ TEST(RdpAccountant, RateOneIsTheGaussianMechanism) {
     const double a = accountant.orders()[k];
     EXPECT_NEAR(accountant.rdp()[k], steps * a / (2 * sigma * sigma), 1e-12 * a);
   }
-  // And the conversion by hand: min over alpha of rdp - (log delta + log alpha) / (alpha - 1) + log(1 - 1/alpha).
+  // And the conversion by hand: min over alpha of rdp - (log delta + log alpha) / (alpha - 1) +
+  // log(1 - 1/alpha).
   const double delta = 1e-6;
   double want = kInf;
   for (double a : DefaultRdpOrders()) {
-    want = std::min(want, steps * a / (2 * sigma * sigma) - (std::log(delta) + std::log(a)) / (a - 1) +
-                              std::log((a - 1) / a));
+    want = std::min(want, steps * a / (2 * sigma * sigma) -
+                              (std::log(delta) + std::log(a)) / (a - 1) + std::log((a - 1) / a));
   }
   auto spent = accountant.GetEpsilon(delta);
   ASSERT_TRUE(spent.ok());
@@ -151,8 +167,8 @@ TEST(RdpAccountant, RateOneIsTheGaussianMechanism) {
 }
 
 TEST(SubsampledGaussianRdp, VanishingNoiseIsInfinite) {
-  // Opacus returns inf for sigma == 0 but raises or never returns for sigma this small; the terms of
-  // A_alpha overflow (sigma^2 is subnormal, then 0), so the RDP is inf.
+  // Opacus returns inf for sigma == 0 but raises or never returns for sigma this small; the terms
+  // of A_alpha overflow (sigma^2 is subnormal, then 0), so the RDP is inf.
   for (double sigma : {1e-160, 1e-170}) {
     for (double order : {1.5, 2.0, 40.0}) {
       auto rdp = SubsampledGaussianRdp(0.1, sigma, order);

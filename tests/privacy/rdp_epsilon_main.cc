@@ -1,6 +1,7 @@
-// rdp_epsilon: a test helper for tests/privacy/opacus_rdp_check.py. Reads lines "noise rate steps delta"
-// on stdin and prints, per line, "epsilon order" from an RdpAccountant with the default orders, with 17
-// significant digits. Exit status: 0, or 2 for a malformed line or a refused setting.
+// rdp_epsilon: a test helper for tests/privacy/opacus_rdp_check.py. Reads lines "noise rate steps
+// delta" on stdin and prints, per line, "epsilon order" from an RdpAccountant with the default
+// orders, with 17 significant digits. Exit status: 0, or 2 for a malformed line or a refused
+// setting.
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
@@ -12,7 +13,8 @@
 
 namespace {
 
-absl::StatusOr<fedlora::privacy::PrivacySpent> Spent(double noise, double rate, uint64_t steps, double delta) {
+absl::StatusOr<fedlora::privacy::PrivacySpent> Spent(double noise, double rate, uint64_t steps,
+                                                     double delta) {
   fedlora::privacy::RdpAccountant accountant;
   FEDLORA_RETURN_IF_ERROR(accountant.AddSteps(noise, rate, steps));
   return accountant.GetEpsilon(delta);

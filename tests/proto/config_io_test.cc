@@ -8,8 +8,8 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
-#include <string_view>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -192,7 +192,8 @@ TEST(ConfigIoTest, MinimalExampleGetsDocumentedDefaults) {
   EXPECT_EQ(c.aggregation().max_examples_per_client(), 0u);
   EXPECT_EQ(c.aggregation().average_last_rounds(), 0u);
   EXPECT_EQ(c.codec().stages_size(), 0);
-  EXPECT_FALSE(c.privacy().dp().enabled());  // DP is off by default: none of its defaults are filled
+  EXPECT_FALSE(
+      c.privacy().dp().enabled());  // DP is off by default: none of its defaults are filled
   EXPECT_FALSE(c.privacy().dp().has_clip_norm());
   EXPECT_FALSE(c.privacy().dp().has_target_delta());
   EXPECT_FALSE(c.privacy().secure_aggregation());
@@ -240,8 +241,9 @@ TEST(ConfigIoTest, CausalLmGetsItsOwnDefaults) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->model().id(), "SmolLM2-135M-Instruct.Q4_1.gguf");
   EXPECT_EQ(c->model().max_seq_len(), 256u);
-  EXPECT_THAT(c->lora().target_modules(), ::testing::ElementsAre("q_proj", "k_proj", "v_proj", "o_proj",
-                                                                 "gate_proj", "up_proj", "down_proj"));
+  EXPECT_THAT(c->lora().target_modules(),
+              ::testing::ElementsAre("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                     "down_proj"));
   EXPECT_EQ(c->task().prompt_field(), "prompt");
   EXPECT_EQ(c->task().response_field(), "response");
   EXPECT_EQ(c->task().text_field(), "");  // classification fields stay unset
@@ -287,7 +289,9 @@ TEST(ConfigIoTest, StrategyAndStageDefaultsDependOnTheirKind) {
     "model": {"path": "m/"}, "task": {"labels": ["a", "b"]},
     "selection": {"clients_per_round": 7},
     "aggregation": {"strategy": "FEDPROX"},
-    "codec": {"stages": [{"id": "RANDOMK"}, {"id": "BF16"}, {"id": "ZSTD"}]}})", &*c).ok());
+    "codec": {"stages": [{"id": "RANDOMK"}, {"id": "BF16"}, {"id": "ZSTD"}]}})",
+                                                          &*c)
+                  .ok());
   ApplyRunConfigDefaults(&*c);
   EXPECT_TRUE(ValidateRunConfig(*c).ok()) << ValidateRunConfig(*c);
   EXPECT_EQ(c->model().id(), "m");                  // trailing slash ignored
@@ -317,19 +321,23 @@ TEST(ConfigIoTest, TheDownlinkCodecIsCheckedLikeTheUplinksWithoutErrorFeedback) 
   for (const char* stage : {R"({"id": "TOPK", "top_k": {"error_feedback": true}})",
                             R"({"id": "RANDOMK", "random_k": {"error_feedback": false}})",
                             R"({"id": "QUANT", "quant": {"error_feedback": true}})"}) {
-    ExpectInvalid(ParseRunConfigJson(absl::StrCat(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
+    ExpectInvalid(
+        ParseRunConfigJson(absl::StrCat(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
                                                     "downlink_codec": {"stages": [)",
-                                                  stage, "]}}"))
-                      .status(),
-                  "downlink_codec.stages[0] sets error_feedback, which does not apply to the downlink");
+                                        stage, "]}}"))
+            .status(),
+        "downlink_codec.stages[0] sets error_feedback, which does not apply to the downlink");
   }
   ExpectInvalid(ParseRunConfigJson(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
-    "downlink_codec": {"stages": [{"id": "ZSTD"}, {"id": "QUANT"}]}})").status(),
+    "downlink_codec": {"stages": [{"id": "ZSTD"}, {"id": "QUANT"}]}})")
+                    .status(),
                 "downlink_codec.stages[0].id");
   ExpectInvalid(ParseRunConfigJson(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
-    "downlink_codec": {"stages": [{"id": "QUANT", "quant": {"bits": 3}}]}})").status(),
+    "downlink_codec": {"stages": [{"id": "QUANT", "quant": {"bits": 3}}]}})")
+                    .status(),
                 "downlink_codec.stages[0].quant.bits");
-  absl::StatusOr<RunConfig> lowrank = ParseRunConfigJson(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
+  absl::StatusOr<RunConfig> lowrank =
+      ParseRunConfigJson(R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]},
     "downlink_codec": {"stages": [{"id": "LOWRANK"}, {"id": "BF16"}]}})");
   ASSERT_TRUE(lowrank.ok()) << lowrank.status();
   EXPECT_EQ(lowrank->downlink_codec().stages(0).low_rank().rank(), 4u);
@@ -343,7 +351,8 @@ TEST(ConfigIoTest, ApplyingDefaultsTwiceChangesNothing) {
 }
 
 TEST(ConfigIoTest, MalformedJsonIsInvalidArgument) {
-  ExpectInvalid(ParseRunConfigJson(R"({"model": {"path": "m"})").status(), "line 1, column 24: JSON syntax");
+  ExpectInvalid(ParseRunConfigJson(R"({"model": {"path": "m"})").status(),
+                "line 1, column 24: JSON syntax");
   ExpectInvalid(ParseRunConfigJson("").status(), "the run config is empty");
   ExpectInvalid(ParseRunConfigJson("[1, 2]").status(), "must be a JSON object");
 }
@@ -657,7 +666,8 @@ const std::vector<ValidationCase>& Cases() {
          c.mutable_privacy()->mutable_dp()->set_clip_norm(1);
        },
        "privacy.dp.noise_multiplier is required with differential privacy"},
-      {"DpSettingsWhileOff", [](RunConfig& c) { c.mutable_privacy()->mutable_dp()->set_clip_norm(1); },
+      {"DpSettingsWhileOff",
+       [](RunConfig& c) { c.mutable_privacy()->mutable_dp()->set_clip_norm(1); },
        "privacy.dp settings are given but privacy.dp.enabled is false"},
       {"DpNegativeClip",
        [](RunConfig& c) {
@@ -675,7 +685,9 @@ const std::vector<ValidationCase>& Cases() {
        [](RunConfig& c) { c.mutable_aggregation()->set_weight_by_examples(true); },
        "aggregation.weight_by_examples needs aggregation.max_examples_per_client"},
       {"MaxExamplesAboveTheWeightLimit",
-       [](RunConfig& c) { c.mutable_aggregation()->set_max_examples_per_client((uint64_t{1} << 32) + 1); },
+       [](RunConfig& c) {
+         c.mutable_aggregation()->set_max_examples_per_client((uint64_t{1} << 32) + 1);
+       },
        "aggregation.max_examples_per_client (4294967297) must be at most 2^32"},
       {"DpWeightedByExamples",
        [](RunConfig& c) {
@@ -702,7 +714,8 @@ const std::vector<ValidationCase>& Cases() {
          c.mutable_privacy()->mutable_dp()->mutable_adaptive_clipping()->set_enabled(true);
          c.mutable_privacy()->mutable_dp()->mutable_adaptive_clipping()->set_count_noise_stddev(2);
        },
-       "privacy.dp.adaptive_clipping.count_noise_stddev (2) must be finite and > noise_multiplier / 2 (2)"},
+       "privacy.dp.adaptive_clipping.count_noise_stddev (2) must be finite and > noise_multiplier "
+       "/ 2 (2)"},
       {"DpAdaptiveSettingsWhileOff",
        [](RunConfig& c) {
          EnableDp(c);
@@ -784,7 +797,8 @@ const std::vector<ValidationCase>& Cases() {
          c.mutable_privacy()->mutable_dp()->set_mode(DifferentialPrivacyConfig::LOCAL);
        },
        "privacy.dp.mode LOCAL is not implemented yet"},
-      {"Median", [](RunConfig& c) { c.mutable_aggregation()->set_strategy(AggregationConfig::MEDIAN); },
+      {"Median",
+       [](RunConfig& c) { c.mutable_aggregation()->set_strategy(AggregationConfig::MEDIAN); },
        "aggregation.strategy MEDIAN is not implemented yet"},
       {"CausalLmGpt2",
        [](RunConfig& c) {
@@ -824,9 +838,11 @@ const std::vector<ValidationCase>& Cases() {
        "simulation.partition DIRICHLET splits by label and CAUSAL_LM has none"},
       {"ClassifierExactMatch", [](RunConfig& c) { c.mutable_task()->set_exact_match(true); },
        "task.exact_match belongs to CAUSAL_LM"},
-      {"ClassifierChatTemplate", [](RunConfig& c) { c.mutable_task()->set_chat_template("chatml"); },
+      {"ClassifierChatTemplate",
+       [](RunConfig& c) { c.mutable_task()->set_chat_template("chatml"); },
        "task.chat_template belongs to CAUSAL_LM"},
-      {"Int8PrecisionForAnEncoder", [](RunConfig& c) { c.mutable_model()->set_precision(v1::ModelConfig::INT8); },
+      {"Int8PrecisionForAnEncoder",
+       [](RunConfig& c) { c.mutable_model()->set_precision(v1::ModelConfig::INT8); },
        "model.precision INT8 applies to decoder models (task.kind CAUSAL_LM)"},
       {"DecoderArchitecture", [](RunConfig& c) { c.mutable_model()->set_architecture("llama"); },
        "model.architecture \"llama\" is not implemented yet"},
@@ -904,9 +920,11 @@ const std::vector<ValidationCase>& Cases() {
          c.mutable_server()->mutable_tls()->set_key_file("s.key");
        },
        "server-only TLS, with self-named clients, is not supported"},
-      {"CrlWithoutTls", [](RunConfig& c) { c.mutable_server()->mutable_tls()->set_crl_file("crl.pem"); },
+      {"CrlWithoutTls",
+       [](RunConfig& c) { c.mutable_server()->mutable_tls()->set_crl_file("crl.pem"); },
        "server.tls.crl_file, allowed_client_ids and operator_ids need server.tls"},
-      {"OperatorsWithoutTls", [](RunConfig& c) { c.mutable_server()->mutable_tls()->add_operator_ids("ops"); },
+      {"OperatorsWithoutTls",
+       [](RunConfig& c) { c.mutable_server()->mutable_tls()->add_operator_ids("ops"); },
        "without TLS no caller has a certificate"},
       {"BadOperatorId",
        [](RunConfig& c) {
@@ -941,11 +959,14 @@ const std::vector<ValidationCase>& Cases() {
       {"ClientBytesBelowUpdate",
        [](RunConfig& c) { c.mutable_server()->set_max_client_bytes_per_round(1 << 20); },
        "server.max_client_bytes_per_round (1048576) is less than server.max_update_bytes"},
-      {"UploadsInFlightZero", [](RunConfig& c) { c.mutable_server()->set_max_client_uploads_in_flight(0); },
+      {"UploadsInFlightZero",
+       [](RunConfig& c) { c.mutable_server()->set_max_client_uploads_in_flight(0); },
        "server.max_client_uploads_in_flight (0)"},
-      {"RetainRoundsTooMany", [](RunConfig& c) { c.mutable_server()->set_retain_rounds(2'000'000); },
+      {"RetainRoundsTooMany",
+       [](RunConfig& c) { c.mutable_server()->set_retain_rounds(2'000'000); },
        "server.retain_rounds (2000000) must be in [0, 1000000]"},
-      {"ReportsPerRoundZero", [](RunConfig& c) { c.mutable_server()->set_max_client_reports_per_round(0); },
+      {"ReportsPerRoundZero",
+       [](RunConfig& c) { c.mutable_server()->set_max_client_reports_per_round(0); },
        "server.max_client_reports_per_round (0)"},
       {"MetricsAddressBad", [](RunConfig& c) { c.mutable_server()->set_metrics_address("9464"); },
        "server.metrics_address (\"9464\")"},
@@ -977,7 +998,8 @@ INSTANTIATE_TEST_SUITE_P(AllRules, ValidationTest, ::testing::ValuesIn(Cases()),
 TEST(ConfigIoTest, ShippedConfigsValidate) {
   std::vector<std::string> files = {"/deploy/compose/run.json"};
   for (const auto& entry : std::filesystem::directory_iterator(SourceDir() + "/configs")) {
-    if (entry.path().extension() == ".json") files.push_back("/configs/" + entry.path().filename().string());
+    if (entry.path().extension() == ".json")
+      files.push_back("/configs/" + entry.path().filename().string());
   }
   ASSERT_GE(files.size(), 5u);
   // configs/ is run from anywhere (`fedlora simulate --config configs/default.json` from the

@@ -1,6 +1,8 @@
 // Config errors a person can act on (proto/config_json.h, proto/config_paths.h): syntax errors at
 // their line and column, field paths with the nearest known name, types in words, enum values in
 // any case with the valid ones listed, and relative paths resolved against the config's directory.
+#include "proto/config_json.h"
+
 #include <unistd.h>
 
 #include <filesystem>
@@ -10,7 +12,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/config_io.h"
-#include "proto/config_json.h"
 #include "proto/config_paths.h"
 
 namespace fedlora {
@@ -32,25 +33,32 @@ std::string Error(const std::string& json) {
 }
 
 TEST(ConfigJsonTest, TrailingCommasAreRefusedAtTheirLineAndColumn) {
-  EXPECT_EQ(Error("{\n  \"rounds\": 3,\n}"), "line 3, column 1: JSON syntax: a trailing comma before '}' (JSON allows none)");
+  EXPECT_EQ(Error("{\n  \"rounds\": 3,\n}"),
+            "line 3, column 1: JSON syntax: a trailing comma before '}' (JSON allows none)");
   EXPECT_EQ(Error(std::string("{") + kValid + ",\n \"task\": {\"labels\": [\"a\", \"b\",]}}"),
             "line 2, column 31: JSON syntax: a trailing comma before ']' (JSON allows none)");
 }
 
 TEST(ConfigJsonTest, UnquotedKeysAreRefused) {
-  EXPECT_THAT(Error("{rounds: 3}"), HasSubstr("line 1, column 2: JSON syntax: expected a field name in double quotes"));
+  EXPECT_THAT(Error("{rounds: 3}"),
+              HasSubstr("line 1, column 2: JSON syntax: expected a field name in double quotes"));
 }
 
 TEST(ConfigJsonTest, AMissingCommaPointsAtTheNextMember) {
   EXPECT_EQ(Error("{\n  \"rounds\": 3\n  \"seed\": 1\n}"),
-            "line 3, column 3: JSON syntax: expected ',' or '}' after an object member, found unexpected string literal");
+            "line 3, column 3: JSON syntax: expected ',' or '}' after an object member, found "
+            "unexpected string literal");
 }
 
 TEST(ConfigJsonTest, OtherSyntaxErrorsSayWhatWasExpected) {
-  EXPECT_THAT(Error("{\"rounds\" 3}"), HasSubstr("line 1, column 11: JSON syntax: expected ':' after the field name"));
-  EXPECT_THAT(Error("{\"rounds\": 3"), HasSubstr("JSON syntax: expected ',' or '}' after an object member, found the end"));
-  EXPECT_THAT(Error("{\"rounds\": 3} x"), HasSubstr("JSON syntax: text after the end of the config's object"));
-  EXPECT_THAT(Error("{\"run_id\": 'x'}"), HasSubstr("line 1, column 12: JSON syntax: expected a value"));
+  EXPECT_THAT(Error("{\"rounds\" 3}"),
+              HasSubstr("line 1, column 11: JSON syntax: expected ':' after the field name"));
+  EXPECT_THAT(Error("{\"rounds\": 3"),
+              HasSubstr("JSON syntax: expected ',' or '}' after an object member, found the end"));
+  EXPECT_THAT(Error("{\"rounds\": 3} x"),
+              HasSubstr("JSON syntax: text after the end of the config's object"));
+  EXPECT_THAT(Error("{\"run_id\": 'x'}"),
+              HasSubstr("line 1, column 12: JSON syntax: expected a value"));
   EXPECT_EQ(Error(" \n"), "the run config is empty (expected a JSON object {...})");
   EXPECT_EQ(Error("[1, 2]"), "the run config must be a JSON object {...}, not a list [...]");
 }
@@ -64,9 +72,12 @@ TEST(ConfigJsonTest, DuplicateKeysAreRefused) {
 }
 
 TEST(ConfigJsonTest, AnUnknownFieldNamesItsPathAndTheNearestName) {
-  EXPECT_EQ(Error(std::string("{") + kValid + ",\n  \"selection\": {\"clients_per_round\": 4,\n    \"clients_per_rund\": 3}}"),
-            "line 3, column 5: unknown field selection.clients_per_rund; did you mean clients_per_round?");
-  EXPECT_THAT(Error(R"({"aggregaton": {}})"), HasSubstr("unknown field aggregaton; did you mean aggregation?"));
+  EXPECT_EQ(Error(std::string("{") + kValid +
+                  ",\n  \"selection\": {\"clients_per_round\": 4,\n    \"clients_per_rund\": 3}}"),
+            "line 3, column 5: unknown field selection.clients_per_rund; did you mean "
+            "clients_per_round?");
+  EXPECT_THAT(Error(R"({"aggregaton": {}})"),
+              HasSubstr("unknown field aggregaton; did you mean aggregation?"));
 }
 
 TEST(ConfigJsonTest, AFieldInTheWrongSectionIsShownWhereItBelongs) {
@@ -76,8 +87,10 @@ TEST(ConfigJsonTest, AFieldInTheWrongSectionIsShownWhereItBelongs) {
 }
 
 TEST(ConfigJsonTest, WithNothingNearTheKnownFieldsAreListed) {
-  EXPECT_THAT(Error(R"({"lora": {"zzzzzz": 1}})"),
-              HasSubstr("unknown field lora.zzzzzz (the fields of lora: rank, alpha, dropout, target_modules)"));
+  EXPECT_THAT(
+      Error(R"({"lora": {"zzzzzz": 1}})"),
+      HasSubstr(
+          "unknown field lora.zzzzzz (the fields of lora: rank, alpha, dropout, target_modules)"));
 }
 
 TEST(ConfigJsonTest, WrongTypesSayTheExpectedTypeInWords) {
@@ -85,26 +98,38 @@ TEST(ConfigJsonTest, WrongTypesSayTheExpectedTypeInWords) {
       "lora": {"alpha": "big", "target_modules": "query"},
       "privacy": {"secure_aggregation": "yes"}, "run_id": 7, "task": {"labels": ["a", 2]},
       "rounds": -1, "training": 5})");
-  EXPECT_THAT(e, HasSubstr("line 1, column 16: selection.clients_per_round must be a whole number from 0 to "
-                           "4294967295, not the string \"x\""));
+  EXPECT_THAT(
+      e,
+      HasSubstr("line 1, column 16: selection.clients_per_round must be a whole number from 0 to "
+                "4294967295, not the string \"x\""));
   EXPECT_THAT(e, HasSubstr("lora.alpha must be a number, not the string \"big\""));
-  EXPECT_THAT(e, HasSubstr("lora.target_modules must be a list [...] (each item a string in double quotes), not "
-                           "the string \"query\""));
-  EXPECT_THAT(e, HasSubstr("privacy.secure_aggregation must be true or false, not the string \"yes\""));
+  EXPECT_THAT(
+      e, HasSubstr(
+             "lora.target_modules must be a list [...] (each item a string in double quotes), not "
+             "the string \"query\""));
+  EXPECT_THAT(
+      e, HasSubstr("privacy.secure_aggregation must be true or false, not the string \"yes\""));
   EXPECT_THAT(e, HasSubstr("run_id must be a string in double quotes, not the number 7"));
   EXPECT_THAT(e, HasSubstr("task.labels[1] must be a string in double quotes, not the number 2"));
-  EXPECT_THAT(e, HasSubstr("rounds must be a whole number from 0 to 4294967295, not the number -1"));
+  EXPECT_THAT(e,
+              HasSubstr("rounds must be a whole number from 0 to 4294967295, not the number -1"));
   EXPECT_THAT(e, HasSubstr("training must be an object {...}, not the number 5"));
   EXPECT_THAT(e, Not(HasSubstr("TYPE_")));
 }
 
 TEST(ConfigJsonTest, AnUnknownEnumValueListsTheValidOnesAndTheNearest) {
-  const std::string e = Error(std::string("{") + kValid + ",\n \"aggregation\": {\"strategy\": \"FEDAVGG\"}}");
-  EXPECT_THAT(e, HasSubstr("line 2, column 18: unknown value 'FEDAVGG' for aggregation.strategy; valid: FEDAVG, "
-                           "FEDPROX, FEDADAM, FEDYOGI, FEDADAGRAD"));
-  // MEDIAN, TRIMMED_MEAN and KRUM are refused by UnimplementedSettings: listed apart, never suggested.
-  EXPECT_THAT(e, HasSubstr("FEDADAGRAD (any case; not implemented yet: MEDIAN, TRIMMED_MEAN, KRUM); did you "
-                           "mean FEDAVG?"));
+  const std::string e =
+      Error(std::string("{") + kValid + ",\n \"aggregation\": {\"strategy\": \"FEDAVGG\"}}");
+  EXPECT_THAT(
+      e, HasSubstr(
+             "line 2, column 18: unknown value 'FEDAVGG' for aggregation.strategy; valid: FEDAVG, "
+             "FEDPROX, FEDADAM, FEDYOGI, FEDADAGRAD"));
+  // MEDIAN, TRIMMED_MEAN and KRUM are refused by UnimplementedSettings: listed apart, never
+  // suggested.
+  EXPECT_THAT(
+      e,
+      HasSubstr("FEDADAGRAD (any case; not implemented yet: MEDIAN, TRIMMED_MEAN, KRUM); did you "
+                "mean FEDAVG?"));
   EXPECT_THAT(Error(R"({"privacy": {"dp": {"mode": "LOCALL"}}})"),
               HasSubstr("valid: CENTRAL, DISTRIBUTED (any case; not implemented yet: LOCAL)"));
   EXPECT_THAT(Error(R"({"aggregation": {"strategy": "KRUMM"}})"), Not(HasSubstr("did you mean")));
@@ -152,7 +177,8 @@ TEST(ConfigJsonTest, OneofMembersExcludeEachOther) {
 }
 
 TEST(ConfigJsonTest, EveryProblemOfTheTextIsReportedAtOnce) {
-  const std::string e = Error(R"({"roundz": 3, "lora": {"rank": "x"}, "aggregation": {"strategy": "MEAN"}})");
+  const std::string e =
+      Error(R"({"roundz": 3, "lora": {"rank": "x"}, "aggregation": {"strategy": "MEAN"}})");
   EXPECT_THAT(e, HasSubstr("unknown field roundz; did you mean rounds?"));
   EXPECT_THAT(e, HasSubstr("lora.rank must be a whole number"));
   EXPECT_THAT(e, HasSubstr("unknown value 'MEAN' for aggregation.strategy"));
@@ -161,7 +187,8 @@ TEST(ConfigJsonTest, EveryProblemOfTheTextIsReportedAtOnce) {
 class ConfigPathsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("proto_config_json_test_" + std::to_string(::getpid()));
+    dir_ = std::filesystem::temp_directory_path() /
+           ("proto_config_json_test_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_ / "configs");
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
@@ -170,7 +197,9 @@ class ConfigPathsTest : public ::testing::Test {
     std::ofstream(path) << text;
     return path;
   }
-  std::string Abs(const std::string& relative) const { return (dir_ / relative).lexically_normal().string(); }
+  std::string Abs(const std::string& relative) const {
+    return (dir_ / relative).lexically_normal().string();
+  }
   std::filesystem::path dir_;
 };
 
@@ -201,7 +230,8 @@ TEST_F(ConfigPathsTest, RelativePathsResolveAgainstTheConfigsDirectory) {
 TEST_F(ConfigPathsTest, FlagsAndDefaultsAndTextStayRelativeToTheWorkingDirectory) {
   const std::string config = Write("configs/run.json", std::string("{") + kValid + "}");
   absl::StatusOr<RunConfig> c = LoadRunConfigFile(config, [](RunConfig* r) {
-    r->mutable_data()->set_eval_path("from/flag.jsonl");  // set by a flag, after the file's paths resolved
+    r->mutable_data()->set_eval_path(
+        "from/flag.jsonl");  // set by a flag, after the file's paths resolved
   });
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->model().path(), Abs("configs/m"));
@@ -228,27 +258,33 @@ TEST_F(ConfigPathsTest, ErrorsInAFileStartWithItsPathLineAndColumn) {
   const std::string config = Write("configs/run.json", "{\n  \"lora\": {\"rank\": \"eight\"}\n}");
   absl::Status s = LoadRunConfigFile(config).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(std::string(s.message()),
-            config + ":2:12: lora.rank must be a whole number from 0 to 4294967295, not the string \"eight\"");
+  EXPECT_EQ(
+      std::string(s.message()),
+      config +
+          ":2:12: lora.rank must be a whole number from 0 to 4294967295, not the string \"eight\"");
   const std::string comma = Write("configs/comma.json", "{\"rounds\": 3,}");
   EXPECT_EQ(std::string(LoadRunConfigFile(comma).status().message()),
             comma + ":1:14: JSON syntax: a trailing comma before '}' (JSON allows none)");
 }
 
 TEST_F(ConfigPathsTest, AMissingInputNamesItsField) {
-  const std::string config = Write("configs/run.json", std::string("{") + kValid +
-                                                           R"(, "data": {"train_path": "t.jsonl", "eval_path": "e.jsonl"}})");
+  const std::string config = Write(
+      "configs/run.json", std::string("{") + kValid +
+                              R"(, "data": {"train_path": "t.jsonl", "eval_path": "e.jsonl"}})");
   absl::StatusOr<RunConfig> c = LoadRunConfigFile(config);
   ASSERT_TRUE(c.ok()) << c.status();
   absl::Status missing = CheckRunConfigInputsExist(*c, /*reads_train_data=*/true);
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(std::string(missing.message()),
-            "model.path: " + Abs("configs/m") + " does not exist; data.train_path: " + Abs("configs/t.jsonl") +
+            "model.path: " + Abs("configs/m") +
+                " does not exist; data.train_path: " + Abs("configs/t.jsonl") +
                 " does not exist; data.eval_path: " + Abs("configs/e.jsonl") + " does not exist");
   std::filesystem::create_directories(dir_ / "configs/m");
   Write("configs/e.jsonl", "");
-  EXPECT_TRUE(CheckRunConfigInputsExist(*c, /*reads_train_data=*/false).ok());  // the server reads no train_path
-  EXPECT_THAT(std::string(CheckRunConfigInputsExist(*c, true).message()), HasSubstr("data.train_path: "));
+  EXPECT_TRUE(CheckRunConfigInputsExist(*c, /*reads_train_data=*/false)
+                  .ok());  // the server reads no train_path
+  EXPECT_THAT(std::string(CheckRunConfigInputsExist(*c, true).message()),
+              HasSubstr("data.train_path: "));
 }
 
 }  // namespace

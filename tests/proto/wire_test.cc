@@ -76,8 +76,8 @@ TEST(WireTest, FederationServiceHasExactlyTheDocumentedMethods) {
            Streaming::kUnary},
           {"ReportMetrics", "fedlora.v1.MetricsReport", "fedlora.v1.MetricsAck", Streaming::kUnary},
           {"Leave", "fedlora.v1.LeaveRequest", "fedlora.v1.LeaveResponse", Streaming::kUnary},
-          {"SecureAggregation", "fedlora.v1.SecureAggregationRequest", "fedlora.v1.SecureAggregationResponse",
-           Streaming::kUnary},
+          {"SecureAggregation", "fedlora.v1.SecureAggregationRequest",
+           "fedlora.v1.SecureAggregationResponse", Streaming::kUnary},
       });
 }
 
@@ -98,8 +98,9 @@ TEST(WireTest, AdminServiceHasExactlyTheDocumentedMethods) {
 TEST(WireTest, NoServicesBeyondFederationAndAdmin) {
   const DescriptorPool* pool = DescriptorPool::generated_pool();
   int services = 0;
-  for (const char* file : {"fedlora/v1/common.proto", "fedlora/v1/config.proto", "fedlora/v1/secure_aggregation.proto",
-                           "fedlora/v1/federation.proto", "fedlora/v1/admin.proto"}) {
+  for (const char* file :
+       {"fedlora/v1/common.proto", "fedlora/v1/config.proto", "fedlora/v1/secure_aggregation.proto",
+        "fedlora/v1/federation.proto", "fedlora/v1/admin.proto"}) {
     const FileDescriptor* fd = pool->FindFileByName(file);
     ASSERT_NE(fd, nullptr) << file;
     EXPECT_EQ(fd->package(), "fedlora.v1");

@@ -19,9 +19,9 @@
 namespace fedlora {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::EncodedDeltaFor;
 using testing::ExpectedAdapter;
+using ::testing::HasSubstr;
 using testing::InitialAdapter;
 using testing::RawClient;
 using testing::SameBits;
@@ -48,7 +48,8 @@ std::string ReadAll(const std::string& path) {
 
 class AbuseTest : public ::testing::Test {
  protected:
-  void Start(int rounds, int target, double over_selection, const std::function<void(ServerOptions&)>& tweak = {}) {
+  void Start(int rounds, int target, double over_selection,
+             const std::function<void(ServerOptions&)>& tweak = {}) {
     v1::RunConfig config = testing::TestRunConfig(rounds, target, target);
     config.mutable_selection()->set_over_selection(over_selection);
     *config.mutable_codec() = codec_;
@@ -83,7 +84,8 @@ class AbuseTest : public ::testing::Test {
     RawClient& rc = *clients_[id];
     const std::string blob = EncodedDeltaFor(c, tasks_[id], InitialAdapter());
     v1::UploadAck ack;
-    grpc::Status s = rc.UploadAll(rc.Header(tasks_[id], blob, upload_id, testing::ExamplesOf(c)), blob, &ack);
+    grpc::Status s =
+        rc.UploadAll(rc.Header(tasks_[id], blob, upload_id, testing::ExamplesOf(c)), blob, &ack);
     ASSERT_TRUE(s.ok()) << id << ": " << s.error_message();
     EXPECT_EQ(ack.state(), v1::UPLOAD_STATE_ACCEPTED);
   }
@@ -121,14 +123,17 @@ TEST_F(AbuseTest, SealedUpdatesCannotBeReplayedMovedOrTampered) {
   }
 
   const std::string plain_a = EncodedDeltaFor(0, tasks_["site-a"], InitialAdapter());
-  const v1::UploadHeader header_a = a.Header(tasks_["site-a"], plain_a, "a-r1", testing::ExamplesOf(0));
+  const v1::UploadHeader header_a =
+      a.Header(tasks_["site-a"], plain_a, "a-r1", testing::ExamplesOf(0));
   const std::string sealed_a = a.Wire("a-r1", plain_a);  // what a proxy on the way would record
   // site-a also seals an update for round 1 under another id, and holds it back for later.
-  const v1::UploadHeader header_held = a.Header(tasks_["site-a"], plain_a, "a-held", testing::ExamplesOf(0));
+  const v1::UploadHeader header_held =
+      a.Header(tasks_["site-a"], plain_a, "a-held", testing::ExamplesOf(0));
   const std::string held_sealed = a.Wire("a-held", plain_a);
   ASSERT_NE(sealed_a, plain_a);
 
-  auto expect_refused = [&](grpc::Status s, grpc::StatusCode code, const std::string& part, const char* what) {
+  auto expect_refused = [&](grpc::Status s, grpc::StatusCode code, const std::string& part,
+                            const char* what) {
     EXPECT_EQ(s.error_code(), code) << what << ": " << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr(part)) << what;
     EXPECT_EQ(server_->coordinator().rounds_committed(), 0) << what;
@@ -138,14 +143,15 @@ TEST_F(AbuseTest, SealedUpdatesCannotBeReplayedMovedOrTampered) {
     v1::UploadHeader h = m.Header(tasks_["mallory"], plain_a, "m-replay", testing::ExamplesOf(0));
     *h.mutable_encryption() = header_a.encryption();
     RawClient::Reframe(&h, sealed_a);
-    expect_refused(m.Upload(h, sealed_a, 0, h.manifest().num_chunks(), &ack), grpc::StatusCode::PERMISSION_DENIED,
-                   "does not authenticate", "replayed by another client");
+    expect_refused(m.Upload(h, sealed_a, 0, h.manifest().num_chunks(), &ack),
+                   grpc::StatusCode::PERMISSION_DENIED, "does not authenticate",
+                   "replayed by another client");
   }
   {  // site-a's bytes under site-a's own identity but another upload id.
     v1::UploadHeader h = header_a;
     h.set_upload_id("a-other-id");
-    expect_refused(a.Upload(h, sealed_a, 0, h.manifest().num_chunks(), &ack), grpc::StatusCode::PERMISSION_DENIED,
-                   "does not authenticate", "other upload id");
+    expect_refused(a.Upload(h, sealed_a, 0, h.manifest().num_chunks(), &ack),
+                   grpc::StatusCode::PERMISSION_DENIED, "does not authenticate", "other upload id");
   }
   {  // One flipped ciphertext byte, every transport hash recomputed to match.
     std::string flipped = sealed_a;
@@ -153,8 +159,8 @@ TEST_F(AbuseTest, SealedUpdatesCannotBeReplayedMovedOrTampered) {
     v1::UploadHeader h = header_a;
     h.set_upload_id("a-flipped");
     RawClient::Reframe(&h, flipped);
-    expect_refused(a.Upload(h, flipped, 0, h.manifest().num_chunks(), &ack), grpc::StatusCode::PERMISSION_DENIED,
-                   "does not authenticate", "flipped byte");
+    expect_refused(a.Upload(h, flipped, 0, h.manifest().num_chunks(), &ack),
+                   grpc::StatusCode::PERMISSION_DENIED, "does not authenticate", "flipped byte");
   }
   {  // A truncated tag.
     const std::string cut = sealed_a.substr(0, sealed_a.size() - 1);
@@ -171,12 +177,12 @@ TEST_F(AbuseTest, SealedUpdatesCannotBeReplayedMovedOrTampered) {
     v1::UploadHeader h = a.Header(tasks_["site-a"], plain_a, "a-plain", testing::ExamplesOf(0));
     h.mutable_encryption()->set_scheme(v1::EncryptionSpec::NONE);
     RawClient::Reframe(&h, plain_a);
-    expect_refused(a.Upload(h, plain_a, 0, h.manifest().num_chunks(), &ack), grpc::StatusCode::INVALID_ARGUMENT,
-                   "not sealed", "unsealed");
+    expect_refused(a.Upload(h, plain_a, 0, h.manifest().num_chunks(), &ack),
+                   grpc::StatusCode::INVALID_ARGUMENT, "not sealed", "unsealed");
     h = a.Header(tasks_["site-a"], plain_a, "a-key", testing::ExamplesOf(0));
     h.mutable_encryption()->set_server_key_id("x25519-0000000000000000");
-    expect_refused(a.UploadAll(h, plain_a, &ack), grpc::StatusCode::INVALID_ARGUMENT, "aggregation key",
-                   "other key id");
+    expect_refused(a.UploadAll(h, plain_a, &ack), grpc::StatusCode::INVALID_ARGUMENT,
+                   "aggregation key", "other key id");
   }
   // The refused uploads left nothing behind: no partial files, no blobs beyond the initial adapter.
   int64_t partials = 0;
@@ -268,7 +274,8 @@ TEST_F(AbuseTest, PartialUploadsAreDeletedWhenTheirRoundCloses) {
   const std::string blob = EncodedDeltaFor(2, tasks_["mallory"], InitialAdapter());
   const v1::UploadHeader h = m.Header(tasks_["mallory"], blob, "half");
   v1::UploadAck ack;
-  ASSERT_TRUE(m.Upload(h, blob, 0, h.manifest().num_chunks() / 2, &ack).ok());  // then she goes silent
+  ASSERT_TRUE(
+      m.Upload(h, blob, 0, h.manifest().num_chunks() / 2, &ack).ok());  // then she goes silent
   int64_t partials = 0;
   FilesBytes(dir_.path() + "/partial", &partials);
   ASSERT_EQ(partials, 1);
@@ -298,10 +305,12 @@ TEST_F(AbuseTest, HeaderOnlyStreamsAreChargedAtTheHeader) {
   // Three streams that send a header and close: each begins an upload (a resumable row and a
   // partial file), and each counts.
   for (int i = 0; i < 3; ++i) {
-    const v1::UploadHeader h = m.Header(tasks_["mallory"], blob, "header-only-" + std::to_string(i));
+    const v1::UploadHeader h =
+        m.Header(tasks_["mallory"], blob, "header-only-" + std::to_string(i));
     v1::UploadAck ack;
     const grpc::Status s = m.Upload(h, blob, 0, 0, &ack);
-    EXPECT_NE(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << i << ": " << s.error_message();
+    EXPECT_NE(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << i << ": " << s.error_message();
   }
   int64_t partials = 0;
   FilesBytes(dir_.path() + "/partial", &partials);
@@ -311,7 +320,8 @@ TEST_F(AbuseTest, HeaderOnlyStreamsAreChargedAtTheHeader) {
     const std::string id = "header-only-" + std::to_string(i);
     v1::UploadAck ack;
     const grpc::Status s = m.Upload(m.Header(tasks_["mallory"], blob, id), blob, 0, 0, &ack);
-    ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << i << ": " << s.error_message();
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << i << ": " << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr("began 3 uploads in round 1; the limit is 3"));
   }
   {
@@ -393,7 +403,8 @@ TEST_F(AbuseTest, AnOperatorBlocksASiteEverywhereAndTheBlockSurvivesARestart) {
   EXPECT_THAT(s.error_message(), HasSubstr("blocked by the operator"));
   const std::string blob = EncodedDeltaFor(1, tasks_["mallory"], InitialAdapter());
   v1::UploadAck ack;
-  s = m.UploadAll(m.Header(tasks_["mallory"], blob, "u-mallory", testing::ExamplesOf(1)), blob, &ack);
+  s = m.UploadAll(m.Header(tasks_["mallory"], blob, "u-mallory", testing::ExamplesOf(1)), blob,
+                  &ack);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
   s = m.Join();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
@@ -416,7 +427,8 @@ TEST_F(AbuseTest, AnOperatorBlocksASiteEverywhereAndTheBlockSurvivesARestart) {
   }
   std::map<std::string, bool> shown;
   for (const v1::ClientInfo& c : list.clients()) shown[c.client_id()] = c.blocked();
-  EXPECT_EQ(shown, (std::map<std::string, bool>{{"alice", false}, {"carol", false}, {"mallory", true}}));
+  EXPECT_EQ(shown,
+            (std::map<std::string, bool>{{"alice", false}, {"carol", false}, {"mallory", true}}));
 
   // Durable: a restarted server refuses it too, until the block is lifted.
   server_.reset();
@@ -457,10 +469,12 @@ TEST_F(AbuseTest, UploadsInFlightPerClientAreCapped) {
     *msg.mutable_header() = m.Header(tasks_["mallory"], blob, "held-" + std::to_string(i));
     ASSERT_TRUE(writers.back()->Write(msg));
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (server_->metrics().uploads_streaming.load() < i + 1 && std::chrono::steady_clock::now() < deadline) {
+    while (server_->metrics().uploads_streaming.load() < i + 1 &&
+           std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    ASSERT_EQ(server_->metrics().uploads_streaming.load(), i + 1) << "held-" << i << " was not admitted";
+    ASSERT_EQ(server_->metrics().uploads_streaming.load(), i + 1)
+        << "held-" << i << " was not admitted";
   }
   // A third stream, while the two are held, is refused before its content is looked at.
   v1::UploadAck ack;
@@ -473,7 +487,8 @@ TEST_F(AbuseTest, UploadsInFlightPerClientAreCapped) {
 }
 
 TEST_F(AbuseTest, NewUploadsAreRefusedBelowTheFreeDiskWatermark) {
-  Start(1, 1, 1.0, [](ServerOptions& o) { o.min_free_disk_bytes = int64_t{1} << 60; });  // more than any disk
+  Start(1, 1, 1.0,
+        [](ServerOptions& o) { o.min_free_disk_bytes = int64_t{1} << 60; });  // more than any disk
   JoinAndGetTasks({"site-a"});
   RawClient& a = *clients_["site-a"];
   const std::string blob = EncodedDeltaFor(0, tasks_["site-a"], InitialAdapter());
@@ -492,7 +507,8 @@ TEST_F(AbuseTest, ConcurrentUploadsCannotTogetherPassTheFreeDiskWatermark) {
   // streams are admitted one after the other, each before any byte is written: the second must
   // count the first's reservation, or together they would write past the watermark.
   const std::string blob_probe = EncodedDeltaFor(0, v1::TrainTask(), InitialAdapter());
-  const int64_t sealed = static_cast<int64_t>(blob_probe.size() + crypto::SealedBlobOverheadBytes());
+  const int64_t sealed =
+      static_cast<int64_t>(blob_probe.size() + crypto::SealedBlobOverheadBytes());
   Start(1, 2, 1.0, [sealed](ServerOptions& o) {
     o.min_free_disk_bytes = int64_t{1} << 30;
     o.free_disk_bytes_for_test = [sealed] { return (int64_t{1} << 30) + sealed * 3 / 2; };
@@ -506,7 +522,8 @@ TEST_F(AbuseTest, ConcurrentUploadsCannotTogetherPassTheFreeDiskWatermark) {
   v1::UploadChunk msg;
   *msg.mutable_header() = a.Header(tasks_["site-a"], blob, "a-held");
   ASSERT_TRUE(writer->Write(msg));
-  ASSERT_TRUE(testing::WaitFor([&] { return server_->metrics().uploads_streaming.load() == 1; }, 10'000));
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return server_->metrics().uploads_streaming.load() == 1; }, 10'000));
 
   RawClient& b = *clients_["site-b"];
   const std::string blob_b = EncodedDeltaFor(1, tasks_["site-b"], InitialAdapter());
@@ -517,7 +534,8 @@ TEST_F(AbuseTest, ConcurrentUploadsCannotTogetherPassTheFreeDiskWatermark) {
   ctx->TryCancel();
   (void)writer->Finish();
   // Once the first stream ends its reservation is released, and b's upload fits.
-  ASSERT_TRUE(testing::WaitFor([&] { return server_->metrics().uploads_streaming.load() == 0; }, 10'000));
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return server_->metrics().uploads_streaming.load() == 0; }, 10'000));
   const grpc::Status again = b.UploadAll(b.Header(tasks_["site-b"], blob_b, "b2"), blob_b, &ack);
   EXPECT_TRUE(again.ok()) << again.error_message();
 }
@@ -636,7 +654,8 @@ TEST_F(AbuseTest, SparseUpdatesMustKeepTheRunsFraction) {
   Start(1, 1, 1.0);
   JoinAndGetTasks({"site-a"});
   RawClient& a = *clients_["site-a"];
-  const auto delta = DecodeUpdate(EncodedDeltaFor(0, tasks_["site-a"], InitialAdapter()), DecodeLimits{});
+  const auto delta =
+      DecodeUpdate(EncodedDeltaFor(0, tasks_["site-a"], InitialAdapter()), DecodeLimits{});
   ASSERT_TRUE(delta.ok()) << delta.status();
   CodecOptions o{.sparsifier = Sparsifier::kTopK, .fraction = 0.5};
   // Half of every tensor under a header that declares the run's 25%: the kept counts give it away.
@@ -654,7 +673,8 @@ TEST_F(AbuseTest, SparseUpdatesMustKeepTheRunsFraction) {
   *h.mutable_codec() = codec_;
   s = a.UploadAll(h, dense, &ack);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
-  EXPECT_THAT(s.error_message(), HasSubstr("update is encoded as fp32 but the header declares top-k 25% + fp32"));
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("update is encoded as fp32 but the header declares top-k 25% + fp32"));
   // The run's own format is accepted and aggregated.
   o.fraction = 0.25;
   auto quarter = EncodeUpdate(*delta, o);

@@ -1,26 +1,28 @@
 // The audit trail (server.audit_public_key_file, server/audit_trail.h): every update that counted
-// is kept sealed to an offline key. A 2-client, 2-round federation with a restart between the rounds
-// and retention of one round leaves one audit copy per accepted update of every round; each opens
-// with the offline private key to exactly the bytes its client uploaded, for the round, client and
-// weight it was sent with, while the sealed uploads themselves are gone; no other key opens one, and
-// a tampered or moved copy is refused. The setting is refused with secure aggregation, and a
-// missing or malformed key file is refused naming the file. The copies are recorded before the round
-// commits (seen from a second connection while the round waits in evaluation).
+// is kept sealed to an offline key. A 2-client, 2-round federation with a restart between the
+// rounds and retention of one round leaves one audit copy per accepted update of every round; each
+// opens with the offline private key to exactly the bytes its client uploaded, for the round,
+// client and weight it was sent with, while the sealed uploads themselves are gone; no other key
+// opens one, and a tampered or moved copy is refused. The setting is refused with secure
+// aggregation, and a missing or malformed key file is refused naming the file. The copies are
+// recorded before the round commits (seen from a second connection while the round waits in
+// evaluation).
+#include "server/audit_trail.h"
+
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
-#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <thread>
 
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "core/file.h"
 #include "crypto/envelope.h"
 #include "crypto/sealed_update.h"
 #include "crypto/x25519_pem.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "proto/config_io.h"
-#include "server/audit_trail.h"
 #include "server/evaluator.h"
 #include "server/server.h"
 #include "server/store.h"
@@ -30,9 +32,9 @@
 namespace fedlora {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::EncodedDeltaFor;
 using testing::GateEvaluator;
+using ::testing::HasSubstr;
 using testing::InitialAdapter;
 using testing::RawClient;
 using testing::TempDir;
@@ -51,7 +53,8 @@ class AuditTrailTest : public ::testing::Test {
     ASSERT_TRUE(pair.ok()) << pair.status();
     audit_ = *pair;
     pub_file_ = keys_.path() + "/audit.pub";
-    ASSERT_TRUE(WriteFileAtomically(pub_file_, *crypto::X25519PublicKeyToPem(audit_.public_key)).ok());
+    ASSERT_TRUE(
+        WriteFileAtomically(pub_file_, *crypto::X25519PublicKeyToPem(audit_.public_key)).ok());
   }
 
   absl::Status Start(int rounds, int64_t retain, Evaluator* evaluator = nullptr) {
@@ -90,9 +93,10 @@ class AuditTrailTest : public ::testing::Test {
     for (int c = 0; c < 2; ++c) {
       const std::string& id = ids[static_cast<size_t>(c)];
       EXPECT_EQ(tasks[id].round(), static_cast<uint64_t>(round));
-      Sent s{EncodedDeltaFor(c, tasks[id], InitialAdapter()), id, absl::StrCat(id, "-r", round), round,
-             testing::ExamplesOf(c)};
-      const v1::UploadHeader h = clients[id]->Header(tasks[id], s.plain, s.upload_id, s.num_examples);
+      Sent s{EncodedDeltaFor(c, tasks[id], InitialAdapter()), id, absl::StrCat(id, "-r", round),
+             round, testing::ExamplesOf(c)};
+      const v1::UploadHeader h =
+          clients[id]->Header(tasks[id], s.plain, s.upload_id, s.num_examples);
       v1::UploadAck ack;
       const grpc::Status st = clients[id]->UploadAll(h, s.plain, &ack);
       EXPECT_TRUE(st.ok()) << id << ": " << st.error_message();
@@ -145,10 +149,12 @@ TEST_F(AuditTrailTest, EveryCountedUpdateOpensOfflineAfterRestartAndRetention) {
     // another key, does not open.
     AuditCopyRecord moved = *it;
     moved.round = s.round == 1 ? 2 : 1;
-    EXPECT_TRUE(absl::IsPermissionDenied(OpenAuditCopy(audit_.private_key, moved, **blobs).status()));
+    EXPECT_TRUE(
+        absl::IsPermissionDenied(OpenAuditCopy(audit_.private_key, moved, **blobs).status()));
     moved = *it;
     moved.client_id = s.client_id == "site-0" ? "site-1" : "site-0";
-    EXPECT_TRUE(absl::IsPermissionDenied(OpenAuditCopy(audit_.private_key, moved, **blobs).status()));
+    EXPECT_TRUE(
+        absl::IsPermissionDenied(OpenAuditCopy(audit_.private_key, moved, **blobs).status()));
     EXPECT_TRUE(absl::IsPermissionDenied(OpenAuditCopy(other->private_key, *it, **blobs).status()));
     EXPECT_TRUE(absl::IsPermissionDenied(OpenAuditCopy(audit_.public_key, *it, **blobs).status()));
   }
@@ -169,7 +175,8 @@ TEST_F(AuditTrailTest, TheCopiesAreDurableBeforeTheRoundCommits) {
   const std::vector<Sent> sent = PlayRound(1);
   ASSERT_TRUE(evaluator.WaitEntered());  // aggregated, not committed
   {
-    auto store = Store::Open(dir_.path() + "/fedlora.db");  // a second connection, as another process
+    auto store =
+        Store::Open(dir_.path() + "/fedlora.db");  // a second connection, as another process
     ASSERT_TRUE(store.ok()) << store.status();
     auto round = (*store)->GetRound("test-run", 1);
     ASSERT_TRUE(round.ok()) << round.status();
@@ -203,16 +210,18 @@ TEST_F(AuditTrailTest, ATamperedCopyIsRefused) {
   const AuditCopyRecord& c = (*copies)[0];
   auto sealed = (*blobs)->Get(c.blob_hash);
   ASSERT_TRUE(sealed.ok()) << sealed.status();
-  const crypto::UpdatePlace place{c.run_id, static_cast<uint64_t>(c.round), c.client_id, c.upload_id,
-                                  static_cast<uint64_t>(c.num_examples)};
+  const crypto::UpdatePlace place{c.run_id, static_cast<uint64_t>(c.round), c.client_id,
+                                  c.upload_id, static_cast<uint64_t>(c.num_examples)};
   ASSERT_TRUE(crypto::OpenUpdateBlob(audit_.private_key, place, *sealed).ok());
   // One flipped ciphertext bit: the seal does not authenticate.
   std::string flipped = *sealed;
   flipped[flipped.size() / 2] ^= 0x01;
-  EXPECT_TRUE(absl::IsPermissionDenied(crypto::OpenUpdateBlob(audit_.private_key, place, flipped).status()));
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      crypto::OpenUpdateBlob(audit_.private_key, place, flipped).status()));
   // The same flip in the stored file: the copy is refused, never opened to altered bytes.
   const std::string path = (*blobs)->PathFor(c.blob_hash);
-  std::filesystem::permissions(path, std::filesystem::perms::owner_write, std::filesystem::perm_options::add);
+  std::filesystem::permissions(path, std::filesystem::perms::owner_write,
+                               std::filesystem::perm_options::add);
   {
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(static_cast<std::streamoff>(sealed->size() / 2));
@@ -220,15 +229,18 @@ TEST_F(AuditTrailTest, ATamperedCopyIsRefused) {
   }
   absl::StatusOr<std::string> opened = OpenAuditCopy(audit_.private_key, c, **blobs);
   EXPECT_FALSE(opened.ok());
-  EXPECT_TRUE(absl::IsDataLoss(opened.status()) || absl::IsPermissionDenied(opened.status())) << opened.status();
-  // `fedlora store verify` sees it: the copy is corrupt, the other intact, and the run can still resume.
+  EXPECT_TRUE(absl::IsDataLoss(opened.status()) || absl::IsPermissionDenied(opened.status()))
+      << opened.status();
+  // `fedlora store verify` sees it: the copy is corrupt, the other intact, and the run can still
+  // resume.
   auto check = CheckRun(**store, **blobs, "test-run");
   ASSERT_TRUE(check.ok()) << check.status();
   int audit_checked = 0;
   for (const BlobCheck& b : check->blobs) {
     if (b.kind != "audit copy") continue;
     ++audit_checked;
-    EXPECT_EQ(b.health, b.upload_id == c.upload_id ? BlobHealth::kCorrupt : BlobHealth::kIntact) << b.upload_id;
+    EXPECT_EQ(b.health, b.upload_id == c.upload_id ? BlobHealth::kCorrupt : BlobHealth::kIntact)
+        << b.upload_id;
     if (b.upload_id == c.upload_id) {
       EXPECT_THAT(b.cost, HasSubstr("the run itself is unaffected"));
     }
@@ -242,25 +254,30 @@ TEST_F(AuditTrailTest, WithSecureAggregationTheSettingIsRefused) {
   config.mutable_aggregation()->set_max_update_norm(0.1);
   config.mutable_aggregation()->clear_weight_by_examples();
   ApplyRunConfigDefaults(&config);
-  ASSERT_TRUE(ValidatePrivacySettings(config).ok()) << ValidatePrivacySettings(config);  // valid without the setting
+  ASSERT_TRUE(ValidatePrivacySettings(config).ok())
+      << ValidatePrivacySettings(config);  // valid without the setting
   config.mutable_server()->set_audit_public_key_file(pub_file_);
   absl::Status v = ValidatePrivacySettings(config);
   EXPECT_TRUE(absl::IsInvalidArgument(v)) << v;
-  EXPECT_THAT(std::string(v.message()), HasSubstr("audit_public_key_file cannot be used with privacy.secure_aggregation"));
+  EXPECT_THAT(std::string(v.message()),
+              HasSubstr("audit_public_key_file cannot be used with privacy.secure_aggregation"));
   ServerOptions o = testing::TestServerOptions(dir_.path());
   o.audit_public_key_file = pub_file_;
   auto server = Server::Create(o, config, InitialAdapter());
   ASSERT_FALSE(server.ok());
   EXPECT_TRUE(absl::IsInvalidArgument(server.status())) << server.status();
   EXPECT_THAT(std::string(server.status().message()), HasSubstr("never sees an individual update"));
-  EXPECT_FALSE(std::filesystem::exists(dir_.path() + "/fedlora.db"));  // refused before the store opened
+  EXPECT_FALSE(
+      std::filesystem::exists(dir_.path() + "/fedlora.db"));  // refused before the store opened
 }
 
 TEST_F(AuditTrailTest, AMissingOrMalformedKeyFileIsRefusedNamingTheFile) {
   const std::string garbage = keys_.path() + "/garbage.pub";
   ASSERT_TRUE(WriteFileAtomically(garbage, "not a key\n").ok());
-  const std::string priv = keys_.path() + "/audit.key";  // a private key where the public one belongs
-  ASSERT_TRUE(WriteFileAtomically(priv, *crypto::X25519PrivateKeyToPem(audit_.private_key), 0600).ok());
+  const std::string priv =
+      keys_.path() + "/audit.key";  // a private key where the public one belongs
+  ASSERT_TRUE(
+      WriteFileAtomically(priv, *crypto::X25519PrivateKeyToPem(audit_.private_key), 0600).ok());
   const std::string missing = keys_.path() + "/missing.pub";
   for (const std::string& file : {garbage, priv, missing}) {
     SCOPED_TRACE(file);

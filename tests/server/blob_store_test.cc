@@ -34,7 +34,8 @@ class BlobStoreTest : public ::testing::Test {
 
   size_t CountFiles(const std::string& sub) const {
     size_t n = 0;
-    for (const auto& e : std::filesystem::directory_iterator(dir_ + "/store/" + sub)) n += e.is_regular_file();
+    for (const auto& e : std::filesystem::directory_iterator(dir_ + "/store/" + sub))
+      n += e.is_regular_file();
     return n;
   }
 
@@ -46,7 +47,8 @@ TEST_F(BlobStoreTest, PutGetIsContentAddressedAndDeduplicated) {
   auto hash = store_->Put("hello");
   ASSERT_TRUE(hash.ok()) << hash.status();
   EXPECT_EQ(*hash, kHelloHash);
-  const std::string path = dir_ + "/store/blobs/2c/f24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824";
+  const std::string path =
+      dir_ + "/store/blobs/2c/f24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824";
   EXPECT_EQ(store_->PathFor(*hash), path);
   EXPECT_EQ(ReadFileToString(path).value(), "hello");
   EXPECT_EQ(store_->Get(*hash).value(), "hello");
@@ -90,14 +92,16 @@ TEST_F(BlobStoreTest, MapCommittedShowsTheCommittedBytesWithoutACopy) {
 
   // SHA-256("abc") is a valid name that was never stored; "nope" is not a name at all.
   EXPECT_TRUE(absl::IsNotFound(
-      store_->MapCommitted("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad").status()));
+      store_->MapCommitted("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+          .status()));
   EXPECT_TRUE(absl::IsInvalidArgument(store_->MapCommitted("nope").status()));
 }
 
 TEST_F(BlobStoreTest, OpenCreatesEveryShardDirectory) {
   // So that committing a blob never has to create (and fsync) a shard on the upload path.
   size_t shards = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir_ + "/store/blobs")) shards += e.is_directory();
+  for (const auto& e : std::filesystem::directory_iterator(dir_ + "/store/blobs"))
+    shards += e.is_directory();
   EXPECT_EQ(shards, 256u);
   EXPECT_TRUE(std::filesystem::is_directory(dir_ + "/store/blobs/00"));
   EXPECT_TRUE(std::filesystem::is_directory(dir_ + "/store/blobs/ff"));
@@ -109,8 +113,8 @@ TEST_F(BlobStoreTest, MissingAndMalformedHashes) {
   EXPECT_EQ(store_->OpenReader(absent).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store_->Size(absent).status().code(), absl::StatusCode::kNotFound);
   EXPECT_FALSE(store_->Exists(absent).value());
-  for (const std::string& bad :
-       {std::string("abc"), std::string(64, 'A'), std::string(63, 'a') + "/", std::string("../../etc/passwd")}) {
+  for (const std::string& bad : {std::string("abc"), std::string(64, 'A'),
+                                 std::string(63, 'a') + "/", std::string("../../etc/passwd")}) {
     EXPECT_EQ(store_->Get(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_EQ(store_->Exists(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
@@ -215,7 +219,8 @@ TEST_F(BlobStoreTest, HashNextChecksEachChunkAndFeedsTheBlobDigestAppendUses) {
   ASSERT_TRUE((*w)->Append("abc", abc).ok());
   // Hashed for another position, or for another length: refused, nothing written.
   EXPECT_EQ((*w)->Append("def", abc).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ((*w)->Append("de", (*w)->HashNext("def")).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*w)->Append("de", (*w)->HashNext("def")).code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ((*w)->size(), 3);
   ASSERT_TRUE((*w)->Append("d").ok());  // the plain Append and HashNext mix
   ASSERT_TRUE((*w)->Append("ef", (*w)->HashNext("ef")).ok());
@@ -254,11 +259,13 @@ TEST_F(BlobStoreTest, SyncBesideRunsOnAnotherThreadWhileTheOwnerAppends) {
       if (checkpoint.joinable()) {  // one at a time, as the contract asks
         checkpoint.join();
         ASSERT_TRUE(checkpoint_status.ok()) << checkpoint_status;
-        EXPECT_GE(static_cast<int64_t>(std::filesystem::file_size(dir_ + "/store/partial/upload-beside")),
-                  checkpoint_size);
+        EXPECT_GE(
+            static_cast<int64_t>(std::filesystem::file_size(dir_ + "/store/partial/upload-beside")),
+            checkpoint_size);
       }
       checkpoint_size = writer.size();
-      checkpoint = std::thread([&writer, &checkpoint_status] { checkpoint_status = writer.SyncBeside(); });
+      checkpoint =
+          std::thread([&writer, &checkpoint_status] { checkpoint_status = writer.SyncBeside(); });
     }
   }
   checkpoint.join();  // the owner waits before anything but Append

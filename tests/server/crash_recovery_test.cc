@@ -43,13 +43,15 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
-pid_t SpawnServer(const std::string& dir, int port, const std::string& crash_at, const std::string& strategy) {
+pid_t SpawnServer(const std::string& dir, int port, const std::string& crash_at,
+                  const std::string& strategy) {
   std::vector<std::string> env_storage;
   for (char** e = environ; *e != nullptr; ++e) {
     if (std::string(*e).rfind("FEDLORA_TEST_CRASH_AT=", 0) != 0) env_storage.push_back(*e);
   }
   if (!crash_at.empty()) env_storage.push_back("FEDLORA_TEST_CRASH_AT=" + crash_at);
-  std::vector<std::string> args = {FEDLORA_TEST_SERVER_PATH, dir, std::to_string(port), std::to_string(kRounds),
+  std::vector<std::string> args = {FEDLORA_TEST_SERVER_PATH, dir,
+                                   std::to_string(port),     std::to_string(kRounds),
                                    std::to_string(kClients), strategy};
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());
@@ -99,8 +101,10 @@ TEST_P(CrashRecoveryTest, AcknowledgedUpdatesCountOnceAndTheAdapterMatchesAnUnin
 
   std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
   for (int c = 0; c < kClients; ++c) trainers.push_back(std::make_unique<DeterministicTrainer>(c));
-  const std::vector<absl::StatusOr<RunSummary>> results = testing::RunClientsUntilDone(
-      address, trainers, [](ClientOptions& o) { o.retry.max_attempts = 200; });  // rides out a restart: 200 x <= 500 ms
+  const std::vector<absl::StatusOr<RunSummary>> results =
+      testing::RunClientsUntilDone(address, trainers, [](ClientOptions& o) {
+        o.retry.max_attempts = 200;
+      });  // rides out a restart: 200 x <= 500 ms
   done.store(true);
   watcher.join();
   kill(child.load(), SIGTERM);
@@ -109,7 +113,8 @@ TEST_P(CrashRecoveryTest, AcknowledgedUpdatesCountOnceAndTheAdapterMatchesAnUnin
 
   EXPECT_EQ(crashes.load(), 1) << "the server should have crashed exactly once at " << crash_at;
   EXPECT_EQ(other_exits.load(), 0);
-  // FEDADAM carries moments from round to round: after a restart they must come back from the store.
+  // FEDADAM carries moments from round to round: after a restart they must come back from the
+  // store.
   ServerOptimizerOptions optimizer;
   if (strategy == "FEDADAM") {
     optimizer.kind = ServerOptimizerKind::kAdam;
@@ -130,7 +135,8 @@ TEST_P(CrashRecoveryTest, AcknowledgedUpdatesCountOnceAndTheAdapterMatchesAnUnin
       // it, so the global adapter is exactly the uncompressed run's. Each round after the first
       // was rebuilt from a delta, also across the restart (or already held, on a retried task).
       EXPECT_EQ(results[c]->adapters_downloaded, 1) << "client " << c;
-      EXPECT_GE(results[c]->adapters_rebuilt + results[c]->adapters_reused, kRounds - 1) << "client " << c;
+      EXPECT_GE(results[c]->adapters_rebuilt + results[c]->adapters_reused, kRounds - 1)
+          << "client " << c;
       EXPECT_GE(results[c]->adapters_rebuilt, 1) << "client " << c;
     }
   }
@@ -157,24 +163,26 @@ TEST_P(CrashRecoveryTest, AcknowledgedUpdatesCountOnceAndTheAdapterMatchesAnUnin
 }
 
 // "@N": crash the N-th time the point is reached (the third acknowledgement falls mid-round 1).
-// The FEDADAM cases crash after round 1 committed its moments, so the restarted server must load them.
-INSTANTIATE_TEST_SUITE_P(Points, CrashRecoveryTest,
-                         ::testing::Values(std::pair<std::string, std::string>{"before_ack@2", "FEDAVG"},
-                                           std::pair<std::string, std::string>{"after_ack@3", "FEDAVG"},
-                                           std::pair<std::string, std::string>{"during_aggregation@2", "FEDAVG"},
-                                           std::pair<std::string, std::string>{"during_checkpoint@2", "FEDAVG"},
-                                           std::pair<std::string, std::string>{"during_aggregation@2", "FEDADAM"},
-                                           std::pair<std::string, std::string>{"after_ack@6", "FEDADAM"},
-                                           std::pair<std::string, std::string>{"during_checkpoint@3", "FEDAVG:tail2"},
-                                           std::pair<std::string, std::string>{"during_checkpoint@2", "FEDAVG:downlink"},
-                                           std::pair<std::string, std::string>{"after_ack@6", "FEDAVG:downlink"}),
-                         [](const auto& info) {
-                           std::string name = info.param.first + "_" + info.param.second;
-                           for (char& ch : name) {
-                             if (ch == '@' || ch == ':') ch = '_';
-                           }
-                           return name;
-                         });
+// The FEDADAM cases crash after round 1 committed its moments, so the restarted server must load
+// them.
+INSTANTIATE_TEST_SUITE_P(
+    Points, CrashRecoveryTest,
+    ::testing::Values(std::pair<std::string, std::string>{"before_ack@2", "FEDAVG"},
+                      std::pair<std::string, std::string>{"after_ack@3", "FEDAVG"},
+                      std::pair<std::string, std::string>{"during_aggregation@2", "FEDAVG"},
+                      std::pair<std::string, std::string>{"during_checkpoint@2", "FEDAVG"},
+                      std::pair<std::string, std::string>{"during_aggregation@2", "FEDADAM"},
+                      std::pair<std::string, std::string>{"after_ack@6", "FEDADAM"},
+                      std::pair<std::string, std::string>{"during_checkpoint@3", "FEDAVG:tail2"},
+                      std::pair<std::string, std::string>{"during_checkpoint@2", "FEDAVG:downlink"},
+                      std::pair<std::string, std::string>{"after_ack@6", "FEDAVG:downlink"}),
+    [](const auto& info) {
+      std::string name = info.param.first + "_" + info.param.second;
+      for (char& ch : name) {
+        if (ch == '@' || ch == ':') ch = '_';
+      }
+      return name;
+    });
 
 }  // namespace
 }  // namespace fedlora

@@ -4,17 +4,16 @@
 // and get_privacy_spent over its default orders).
 #include "server/differential_privacy.h"
 
-#include <limits>
-
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <thread>
 
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "crypto/prg.h"
 #include "crypto/secagg_fixed_point.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "server/server.h"
 #include "server/store.h"
 #include "tests/server/federation_test_util.h"
@@ -22,8 +21,8 @@
 namespace fedlora {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::EncodedDeltaFor;
+using ::testing::HasSubstr;
 using testing::InitialAdapter;
 using testing::RawClient;
 using testing::TempDir;
@@ -43,7 +42,9 @@ v1::RunConfig DpConfig(int rounds, int clients, double z, double clip) {
   return c;
 }
 
-std::vector<UpdateTensor> Zeros(int64_t n) { return {{"w", {n}, std::vector<float>(static_cast<size_t>(n), 0.0f)}}; }
+std::vector<UpdateTensor> Zeros(int64_t n) {
+  return {{"w", {n}, std::vector<float>(static_cast<size_t>(n), 0.0f)}};
+}
 
 double Stddev(const std::vector<float>& v) {
   double sum = 0, sq = 0;
@@ -84,7 +85,8 @@ TEST(ServerDpTest, TheNoiseHasTheConfiguredStddevAndIsFreshForEveryRelease) {
   // Noise is centred and roughly Gaussian: about 68% within one standard deviation.
   const double mean = std::accumulate(a[0].values.begin(), a[0].values.end(), 0.0) / 200'000;
   EXPECT_NEAR(mean, 0.0, 0.01);
-  const auto within = std::count_if(a[0].values.begin(), a[0].values.end(), [](float x) { return std::abs(x) < 0.75; });
+  const auto within = std::count_if(a[0].values.begin(), a[0].values.end(),
+                                    [](float x) { return std::abs(x) < 0.75; });
   EXPECT_NEAR(static_cast<double>(within) / 200'000, 0.6827, 0.005);
 }
 
@@ -250,7 +252,8 @@ TEST(ServerDpTest, AdaptiveClippingFollowsTheNoisyUnclippedFraction) {
   // The update's own noise multiplier shrinks to (z^-2 - (2 sigma_b)^-2)^-1/2 = (1 - 1/4)^-1/2.
   std::vector<UpdateTensor> big = Zeros(200'000);
   ASSERT_TRUE(dp.Release(big, 20, 15).ok());
-  EXPECT_NEAR(Stddev(big[0].values), std::pow(0.75, -0.5) * 2.0 / 20, 0.01 * std::pow(0.75, -0.5) * 2.0 / 20);
+  EXPECT_NEAR(Stddev(big[0].values), std::pow(0.75, -0.5) * 2.0 / 20,
+              0.01 * std::pow(0.75, -0.5) * 2.0 / 20);
   // Clip norms move: more than the target quantile within the norm shrinks it.
   std::vector<UpdateTensor> m = Zeros(4);
   absl::StatusOr<DpRound> r = dp.Release(m, 20, 20);
@@ -289,7 +292,8 @@ TEST(ServerDpTest, TheAccountantIsRestoredFromTheCommittedRounds) {
   off.mutable_privacy()->mutable_dp()->set_enabled(false);
   auto switched_off = ServerDp::Create(off, rounds);
   EXPECT_TRUE(absl::IsFailedPrecondition(switched_off.status())) << switched_off.status();
-  EXPECT_THAT(std::string(switched_off.status().message()), HasSubstr("round 1 was committed with differential privacy"));
+  EXPECT_THAT(std::string(switched_off.status().message()),
+              HasSubstr("round 1 was committed with differential privacy"));
 
   // A committed round without a DP record: the run did not always have DP.
   RoundRecord plain;
@@ -300,12 +304,14 @@ TEST(ServerDpTest, TheAccountantIsRestoredFromTheCommittedRounds) {
   auto refused = ServerDp::Create(c, rounds);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("round 4 was committed without differential privacy"));
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("round 4 was committed without differential privacy"));
 }
 
 TEST(ServerDpTest, TheBudgetAffordsTheRoundsWhoseEpsilonFits) {
   v1::RunConfig c = DpConfig(10, 2, 1.0, 1.0);
-  c.mutable_privacy()->mutable_dp()->set_max_epsilon(kEpsZ1Q1[1] + 0.01);  // two rounds fit, three do not
+  c.mutable_privacy()->mutable_dp()->set_max_epsilon(kEpsZ1Q1[1] +
+                                                     0.01);  // two rounds fit, three do not
   ServerDp dp = MakeDp(c);
   EXPECT_EQ(dp.AffordableRounds(0, 10), 2);
   EXPECT_EQ(dp.AffordableRounds(0, 1), 1);
@@ -322,7 +328,8 @@ TEST(ServerDpFederationTest, EpsilonIsReportedAndTheBudgetEndsTheRunAcrossAResta
   v1::RunConfig config = DpConfig(4, 1, 1.0, 0.05);
   config.mutable_privacy()->mutable_dp()->set_max_epsilon(kEpsZ1Q1[1] + 0.01);
   auto start = [&]() {
-    auto server = Server::Create(testing::TestServerOptions(dir.path()), config, InitialAdapter(), nullptr);
+    auto server =
+        Server::Create(testing::TestServerOptions(dir.path()), config, InitialAdapter(), nullptr);
     EXPECT_TRUE(server.ok()) << server.status();
     return server.ok() ? *std::move(server) : nullptr;
   };
@@ -348,7 +355,8 @@ TEST(ServerDpFederationTest, EpsilonIsReportedAndTheBudgetEndsTheRunAcrossAResta
   v1::UploadAck ack;
   // A site's data size and loss stay with it: a claimed example count other than 1 and a metrics
   // report are refused.
-  grpc::Status refused = client->UploadAll(client->Header(task, plain, "r1-count", 400), plain, &ack);
+  grpc::Status refused =
+      client->UploadAll(client->Header(task, plain, "r1-count", 400), plain, &ack);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
   EXPECT_THAT(refused.error_message(), HasSubstr("size of its data is not disclosed"));
   v1::MetricsReport report;
@@ -369,7 +377,8 @@ TEST(ServerDpFederationTest, EpsilonIsReportedAndTheBudgetEndsTheRunAcrossAResta
   std::vector<float> moved;
   double norm_sq = 0;
   for (size_t t = 0; t < after.size(); ++t) {
-    for (size_t i = 0; i < after[t].values.size(); ++i) moved.push_back(after[t].values[i] - initial[t].values[i]);
+    for (size_t i = 0; i < after[t].values.size(); ++i)
+      moved.push_back(after[t].values[i] - initial[t].values[i]);
   }
   for (float v : moved) norm_sq += static_cast<double>(v) * v;
   EXPECT_NEAR(Stddev(moved), 0.05, 0.05 * 0.06);  // 2240 draws; the clipped update adds ~0.001

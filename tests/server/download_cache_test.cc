@@ -66,8 +66,10 @@ TEST(DownloadCacheTest, ACorruptOrMissingBlobIsNotServed) {
   ASSERT_TRUE(blobs.ok());
   auto hash = (*blobs)->Put(Bytes(2000, 'c'));
   ASSERT_TRUE(hash.ok());
-  const std::filesystem::path path = std::filesystem::path(dir.path()) / "blobs" / hash->substr(0, 2) / hash->substr(2);
-  std::filesystem::permissions(path, std::filesystem::perms::owner_write, std::filesystem::perm_options::add);
+  const std::filesystem::path path =
+      std::filesystem::path(dir.path()) / "blobs" / hash->substr(0, 2) / hash->substr(2);
+  std::filesystem::permissions(path, std::filesystem::perms::owner_write,
+                               std::filesystem::perm_options::add);
   {
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(10);

@@ -1,19 +1,17 @@
 // End to end over loopback: one server, several SDK clients in threads, real gRPC, real store.
 #include <arpa/inet.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <grpcpp/generic/generic_stub.h>
-
+#include <filesystem>
 #include <thread>
 
-#include <filesystem>
-
 #include "absl/strings/str_cat.h"
+#include "client/health_check.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "client/health_check.h"
 #include "kernels/device.h"
 #include "server/server.h"
 #include "tests/server/federation_test_util.h"
@@ -55,14 +53,16 @@ TEST(FederationE2eTest, FourClientsThreeRoundsGiveTheDirectlyComputedAdapter) {
   TempDir dir;
   constexpr int kClients = 4;
   constexpr int kRounds = 3;
-  auto server = Server::Create(TestServerOptions(dir.path()), TestRunConfig(kRounds, kClients, kClients),
-                               testing::InitialAdapter());
+  auto server =
+      Server::Create(TestServerOptions(dir.path()), TestRunConfig(kRounds, kClients, kClients),
+                     testing::InitialAdapter());
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string address = (*server)->address();
 
   std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
   for (int c = 0; c < kClients; ++c) trainers.push_back(std::make_unique<DeterministicTrainer>(c));
-  const std::vector<absl::StatusOr<RunSummary>> results = testing::RunClientsUntilDone(address, trainers);
+  const std::vector<absl::StatusOr<RunSummary>> results =
+      testing::RunClientsUntilDone(address, trainers);
 
   const std::vector<UpdateTensor> expected = ExpectedAdapter({0, 1, 2, 3}, kRounds);
   EXPECT_TRUE(SameBits((*server)->coordinator().global_adapter(), expected));
@@ -82,9 +82,10 @@ TEST(FederationE2eTest, FourClientsThreeRoundsGiveTheDirectlyComputedAdapter) {
   EXPECT_THAT(scrape, ::testing::HasSubstr("fedlora_updates_accepted_total 12\n"));
   EXPECT_THAT(scrape, ::testing::HasSubstr("fedlora_rounds_committed_total 3\n"));
   int64_t adapter_elements = 0;
-  for (const UpdateTensor& t : testing::InitialAdapter()) adapter_elements += static_cast<int64_t>(t.values.size());
-  EXPECT_THAT(scrape, ::testing::HasSubstr(absl::StrCat("fedlora_update_fp32_bytes_total ", 12 * 4 * adapter_elements,
-                                                        "\n")));
+  for (const UpdateTensor& t : testing::InitialAdapter())
+    adapter_elements += static_cast<int64_t>(t.values.size());
+  EXPECT_THAT(scrape, ::testing::HasSubstr(absl::StrCat("fedlora_update_fp32_bytes_total ",
+                                                        12 * 4 * adapter_elements, "\n")));
 
   // The admin view agrees: three committed rounds of four clients each.
   testing::RawClient admin(address, "operator");
@@ -102,7 +103,8 @@ TEST(FederationE2eTest, FourClientsThreeRoundsGiveTheDirectlyComputedAdapter) {
     EXPECT_GT(r.upload_bytes(), r.update_fp32_bytes());
     EXPECT_LT(r.upload_bytes(), r.update_fp32_bytes() + 4 * 4096);
     // Without a downlink codec each of the four clients downloads the whole adapter once.
-    EXPECT_EQ(r.download_bytes(), 4 * status.global_adapter().total_bytes()) << "round " << r.round();
+    EXPECT_EQ(r.download_bytes(), 4 * status.global_adapter().total_bytes())
+        << "round " << r.round();
     EXPECT_EQ(r.download_full_bytes(), r.download_bytes()) << "round " << r.round();
     // Every selected client delivered; the test trainer reports train_loss_last 0.5.
     EXPECT_EQ(r.clients_dropped(), 0u);
@@ -118,7 +120,8 @@ TEST(FederationE2eTest, FourClientsThreeRoundsGiveTheDirectlyComputedAdapter) {
   auto ctx2 = admin.Context();
   ASSERT_TRUE(admin.admin()->ListClients(ctx2.get(), list_req, &clients).ok());
   ASSERT_EQ(clients.clients_size(), kClients);
-  for (const v1::ClientInfo& c : clients.clients()) EXPECT_EQ(c.rounds_participated(), 3u) << c.client_id();
+  for (const v1::ClientInfo& c : clients.clients())
+    EXPECT_EQ(c.rounds_participated(), 3u) << c.client_id();
 }
 
 TEST(FederationE2eTest, LastRoundCommitsTheMeanOfTheLastRoundsAdapters) {
@@ -133,7 +136,8 @@ TEST(FederationE2eTest, LastRoundCommitsTheMeanOfTheLastRoundsAdapters) {
   ASSERT_TRUE(server.ok()) << server.status();
   std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
   for (int c = 0; c < kClients; ++c) trainers.push_back(std::make_unique<DeterministicTrainer>(c));
-  const std::vector<absl::StatusOr<RunSummary>> results = testing::RunClientsUntilDone((*server)->address(), trainers);
+  const std::vector<absl::StatusOr<RunSummary>> results =
+      testing::RunClientsUntilDone((*server)->address(), trainers);
 
   const std::vector<UpdateTensor> last = ExpectedAdapter({0, 1}, 4);
   const std::vector<UpdateTensor> expected =
@@ -156,12 +160,14 @@ TEST(FederationE2eTest, AggregationOnCudaWithoutAGpuIsRefused) {
   auto server = Server::Create(options, TestRunConfig(1, 1, 1), testing::InitialAdapter());
   ASSERT_FALSE(server.ok());
   EXPECT_EQ(server.status().code(), absl::StatusCode::kFailedPrecondition) << server.status();
-  EXPECT_THAT(std::string(server.status().message()), ::testing::HasSubstr("aggregation_device is cuda"));
+  EXPECT_THAT(std::string(server.status().message()),
+              ::testing::HasSubstr("aggregation_device is cuda"));
 }
 
 TEST(FederationE2eTest, HealthServiceReportsServingAfterRestore) {
   TempDir dir;
-  auto server = Server::Create(TestServerOptions(dir.path()), TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  auto server = Server::Create(TestServerOptions(dir.path()), TestRunConfig(1, 1, 1),
+                               testing::InitialAdapter());
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
   // grpc.health.v1.Health/Check with an empty request (the overall server status): the response
@@ -213,7 +219,8 @@ TEST(FederationE2eTest, HealthPortMirrorsTheServerAndServesNothingElse) {
   auto unknown = CheckHealth(health, "fedlora.v1.Nope", 5000);
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound) << unknown.status();
   // The main port agrees.
-  auto main_port = CheckHealth(grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials()), "", 5000);
+  auto main_port = CheckHealth(
+      grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials()), "", 5000);
   ASSERT_TRUE(main_port.ok()) << main_port.status();
   EXPECT_EQ(*main_port, HealthStatus::kServing);
   // Nothing but health: a Federation call on the health port is UNIMPLEMENTED.
@@ -221,7 +228,8 @@ TEST(FederationE2eTest, HealthPortMirrorsTheServerAndServesNothingElse) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::HeartbeatResponse response;
-  EXPECT_EQ(stub->Heartbeat(&ctx, v1::HeartbeatRequest(), &response).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(stub->Heartbeat(&ctx, v1::HeartbeatRequest(), &response).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
 
   (*server)->Shutdown();
   auto gone = CheckHealth(health, "", 2000);
@@ -231,7 +239,8 @@ TEST(FederationE2eTest, HealthPortMirrorsTheServerAndServesNothingElse) {
 TEST(FederationE2eTest, HealthAddressInUseIsUnavailable) {
   TempDir dir1;
   TempDir dir2;
-  auto first = Server::Create(TestServerOptions(dir1.path()), TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  auto first = Server::Create(TestServerOptions(dir1.path()), TestRunConfig(1, 1, 1),
+                              testing::InitialAdapter());
   ASSERT_TRUE(first.ok()) << first.status();
   ServerOptions o = TestServerOptions(dir2.path());
   o.health_address = (*first)->address();
@@ -244,7 +253,8 @@ TEST(FederationE2eTest, HealthAddressInUseIsUnavailable) {
 TEST(FederationE2eTest, ListenAddressInUseIsUnavailable) {
   TempDir dir1;
   TempDir dir2;
-  auto first = Server::Create(TestServerOptions(dir1.path()), TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  auto first = Server::Create(TestServerOptions(dir1.path()), TestRunConfig(1, 1, 1),
+                              testing::InitialAdapter());
   ASSERT_TRUE(first.ok()) << first.status();
   ServerOptions o = TestServerOptions(dir2.path());
   o.listen_address = (*first)->address();
@@ -263,7 +273,8 @@ TEST(FederationE2eTest, StrategiesTheServerCannotRunAreRefusedAtStart) {
     auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter());
     ASSERT_FALSE(server.ok());
     EXPECT_EQ(server.status().code(), absl::StatusCode::kUnimplemented) << server.status();
-    EXPECT_NE(server.status().message().find(v1::AggregationConfig::Strategy_Name(strategy)), std::string::npos)
+    EXPECT_NE(server.status().message().find(v1::AggregationConfig::Strategy_Name(strategy)),
+              std::string::npos)
         << server.status();
     // Refused before the store is opened: no run was written that a restart would find.
     EXPECT_FALSE(std::filesystem::exists(dir.path() + "/fedlora.db"));
@@ -276,7 +287,8 @@ TEST(FederationE2eTest, StrategiesTheServerCannotRunAreRefusedAtStart) {
     auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter());
     ASSERT_FALSE(server.ok());
     EXPECT_EQ(server.status().code(), absl::StatusCode::kUnimplemented) << server.status();
-    EXPECT_NE(server.status().message().find("privacy.dp.mode LOCAL is not implemented yet"), std::string::npos);
+    EXPECT_NE(server.status().message().find("privacy.dp.mode LOCAL is not implemented yet"),
+              std::string::npos);
     EXPECT_FALSE(std::filesystem::exists(dir.path() + "/fedlora.db"));
   }
   // And for privacy settings the server cannot carry out as given (a config built in code skips
@@ -288,17 +300,20 @@ TEST(FederationE2eTest, StrategiesTheServerCannotRunAreRefusedAtStart) {
   auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter());
   ASSERT_FALSE(server.ok());
   EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << server.status();
-  EXPECT_NE(server.status().message().find("needs a bound on every update"), std::string::npos) << server.status();
+  EXPECT_NE(server.status().message().find("needs a bound on every update"), std::string::npos)
+      << server.status();
   EXPECT_FALSE(std::filesystem::exists(dir.path() + "/fedlora.db"));
 }
 
 // Records what it was given; fails on round 2 to show that evaluation never blocks a commit.
 class FakeEvaluator : public Evaluator {
  public:
-  absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t round, const std::vector<UpdateTensor>& adapter) override {
+  absl::StatusOr<std::map<std::string, double>> Evaluate(
+      uint64_t round, const std::vector<UpdateTensor>& adapter) override {
     seen.push_back(adapter);
     if (round == 2) return absl::UnavailableError("evaluation GPU busy");
-    return std::map<std::string, double>{{"eval_loss", 0.5 * round}, {"eval_accuracy", 0.25 * round}, {"macro_f1", 0.1}};
+    return std::map<std::string, double>{
+        {"eval_loss", 0.5 * round}, {"eval_accuracy", 0.25 * round}, {"macro_f1", 0.1}};
   }
   void Skipped(uint64_t round) override { skipped.push_back(round); }
   std::vector<std::vector<UpdateTensor>> seen;
@@ -307,9 +322,10 @@ class FakeEvaluator : public Evaluator {
 
 // Runs `config` to its end with one deterministic client (site-0); the server stays up for
 // inspection. Fails the test (and returns null) when the server or the client cannot run.
-std::unique_ptr<Server> RunWithOneClient(const TempDir& dir, const v1::RunConfig& config, Evaluator* evaluator,
-                                         DeterministicTrainer& trainer) {
-  auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter(), evaluator);
+std::unique_ptr<Server> RunWithOneClient(const TempDir& dir, const v1::RunConfig& config,
+                                         Evaluator* evaluator, DeterministicTrainer& trainer) {
+  auto server =
+      Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter(), evaluator);
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return nullptr;
   auto client = Client::Create(TestClientOptions((*server)->address(), "site-0"), &trainer);
@@ -324,17 +340,20 @@ TEST(FederationE2eTest, EvaluatorSeesEachNewAdapterAndItsMetricsAreRecorded) {
   TempDir dir;
   FakeEvaluator evaluator;
   DeterministicTrainer trainer(0);
-  std::unique_ptr<Server> server = RunWithOneClient(dir, TestRunConfig(3, 1, 1), &evaluator, trainer);
+  std::unique_ptr<Server> server =
+      RunWithOneClient(dir, TestRunConfig(3, 1, 1), &evaluator, trainer);
   ASSERT_NE(server, nullptr);
   ASSERT_EQ(evaluator.seen.size(), 3u);
-  for (int r = 1; r <= 3; ++r) EXPECT_TRUE(SameBits(evaluator.seen[r - 1], ExpectedAdapter({0}, r))) << "round " << r;
+  for (int r = 1; r <= 3; ++r)
+    EXPECT_TRUE(SameBits(evaluator.seen[r - 1], ExpectedAdapter({0}, r))) << "round " << r;
   auto status = server->coordinator().GetStatus(v1::GetStatusRequest());
   ASSERT_TRUE(status.ok());
   ASSERT_EQ(status->history_size(), 3);
   EXPECT_DOUBLE_EQ(status->history(0).eval_loss(), 0.5);
   EXPECT_DOUBLE_EQ(status->history(0).eval_accuracy(), 0.25);
   EXPECT_DOUBLE_EQ(status->history(0).eval_metrics().at("macro_f1"), 0.1);
-  EXPECT_FALSE(status->history(1).has_eval_loss());  // the failed evaluation: committed without metrics
+  EXPECT_FALSE(
+      status->history(1).has_eval_loss());  // the failed evaluation: committed without metrics
   EXPECT_DOUBLE_EQ(status->history(2).eval_accuracy(), 0.75);
   EXPECT_TRUE(evaluator.skipped.empty());
 }
@@ -362,8 +381,10 @@ TEST(FederationE2eTest, RoundScheduleSetsEachRoundsLearningRate) {
   ASSERT_NE(RunWithOneClient(dir, config, nullptr, trainer), nullptr);
   // Cosine over 4 rounds, taken at the start of each: 0.01 * (1 + cos(pi * k / 4)) / 2, k = 0..3.
   ASSERT_EQ(trainer.learning_rates_seen.size(), 4u);
-  const double want[] = {0.01, 0.01 * (1 + std::sqrt(0.5)) / 2, 0.005, 0.01 * (1 - std::sqrt(0.5)) / 2};
-  for (int k = 0; k < 4; ++k) EXPECT_NEAR(trainer.learning_rates_seen[k], want[k], 1e-12) << "round " << k + 1;
+  const double want[] = {0.01, 0.01 * (1 + std::sqrt(0.5)) / 2, 0.005,
+                         0.01 * (1 - std::sqrt(0.5)) / 2};
+  for (int k = 0; k < 4; ++k)
+    EXPECT_NEAR(trainer.learning_rates_seen[k], want[k], 1e-12) << "round " << k + 1;
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// Shared pieces of the server integration tests: a small run config, a tiny adapter, a Trainer whose
-// deltas are a known function of (client, round), the reference aggregation computed directly with
-// the aggregation library, and raw-protocol helpers for tests that play a hostile client.
+// Shared pieces of the server integration tests: a small run config, a tiny adapter, a Trainer
+// whose deltas are a known function of (client, round), the reference aggregation computed directly
+// with the aggregation library, and raw-protocol helpers for tests that play a hostile client.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -75,25 +75,32 @@ inline std::vector<UpdateTensor> InitialAdapter() {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
     t.values.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) t.values[i] = 0.01f * static_cast<float>((i * 37 + t.name.size()) % 17) - 0.08f;
+    for (int64_t i = 0; i < n; ++i)
+      t.values[i] = 0.01f * static_cast<float>((i * 37 + t.name.size()) % 17) - 0.08f;
   }
-  std::sort(a.begin(), a.end(), [](const UpdateTensor& x, const UpdateTensor& y) { return x.name < y.name; });
+  std::sort(a.begin(), a.end(),
+            [](const UpdateTensor& x, const UpdateTensor& y) { return x.name < y.name; });
   return a;
 }
 
 // The delta client `client` sends in round `round`: small integers times 2^-10, so every value is
 // exact in fp32 and the expected aggregate is easy to reason about.
 inline float DeltaValue(int client, uint64_t round, const std::string& name, int64_t i) {
-  const int64_t k = (client * 31 + static_cast<int64_t>(round) * 7 + static_cast<int64_t>(name.size()) * 3 + i) % 13 - 6;
+  const int64_t k =
+      (client * 31 + static_cast<int64_t>(round) * 7 + static_cast<int64_t>(name.size()) * 3 + i) %
+          13 -
+      6;
   return static_cast<float>(k) / 1024.0f;
 }
 inline int64_t ExamplesOf(int client) { return 10 + 3 * client; }
 
-inline std::vector<NamedTensor> DeltaFor(int client, uint64_t round, const std::vector<NamedTensor>& global) {
+inline std::vector<NamedTensor> DeltaFor(int client, uint64_t round,
+                                         const std::vector<NamedTensor>& global) {
   std::vector<NamedTensor> delta;
   for (const NamedTensor& g : global) {
     NamedTensor d{g.name, g.shape, std::vector<float>(g.values.size())};
-    for (size_t i = 0; i < d.values.size(); ++i) d.values[i] = DeltaValue(client, round, g.name, static_cast<int64_t>(i));
+    for (size_t i = 0; i < d.values.size(); ++i)
+      d.values[i] = DeltaValue(client, round, g.name, static_cast<int64_t>(i));
     delta.push_back(std::move(d));
   }
   return delta;
@@ -102,7 +109,8 @@ inline std::vector<NamedTensor> DeltaFor(int client, uint64_t round, const std::
 class DeterministicTrainer : public ClientTrainer {
  public:
   explicit DeterministicTrainer(int client) : client_(client) {}
-  absl::StatusOr<TrainResult> Train(const TrainTask& task, const std::vector<NamedTensor>& global) override {
+  absl::StatusOr<TrainResult> Train(const TrainTask& task,
+                                    const std::vector<NamedTensor>& global) override {
     TrainResult r;
     r.delta = DeltaFor(client_, task.round, global);
     r.num_examples = ExamplesOf(client_);
@@ -125,7 +133,8 @@ class DeterministicTrainer : public ClientTrainer {
 // directly with StreamingFedAvg + ServerOptimizer (what the server must reproduce bit for bit).
 // `round_numbers` lists the round numbers whose deltas were aggregated, in order (an abandoned
 // round leaves a gap). `optimizer` is the server optimizer of the run (default: plain FedAvg).
-inline std::vector<UpdateTensor> ExpectedAdapter(const std::vector<int>& clients, const std::vector<int>& round_numbers,
+inline std::vector<UpdateTensor> ExpectedAdapter(const std::vector<int>& clients,
+                                                 const std::vector<int>& round_numbers,
                                                  const ServerOptimizerOptions& optimizer = {}) {
   std::vector<UpdateTensor> global = InitialAdapter();
   auto opt = ServerOptimizer::Create(optimizer, SpecFromUpdate(global));
@@ -137,7 +146,8 @@ inline std::vector<UpdateTensor> ExpectedAdapter(const std::vector<int>& clients
     EXPECT_TRUE(avg.ok());
     for (int c : clients) {
       std::vector<UpdateTensor> u;
-      for (NamedTensor& d : DeltaFor(c, static_cast<uint64_t>(r), named)) u.push_back({d.name, d.shape, d.values});
+      for (NamedTensor& d : DeltaFor(c, static_cast<uint64_t>(r), named))
+        u.push_back({d.name, d.shape, d.values});
       EXPECT_TRUE(avg->Add(u, ExamplesOf(c)).ok());
     }
     auto mean = avg->Finish();
@@ -155,7 +165,8 @@ inline std::vector<UpdateTensor> ExpectedAdapter(const std::vector<int>& clients
 
 // What aggregation.average_last_rounds makes the last round commit: the unweighted mean of
 // `adapters`, with the exact accumulator the server uses for every mean.
-inline std::vector<UpdateTensor> TailAverage(const std::vector<std::vector<UpdateTensor>>& adapters) {
+inline std::vector<UpdateTensor> TailAverage(
+    const std::vector<std::vector<UpdateTensor>>& adapters) {
   auto mean = StreamingFedAvg::Create(SpecFromUpdate(adapters.back()));
   EXPECT_TRUE(mean.ok()) << mean.status();
   for (const auto& a : adapters) EXPECT_TRUE(mean->Add(a, 1).ok());
@@ -165,16 +176,22 @@ inline std::vector<UpdateTensor> TailAverage(const std::vector<std::vector<Updat
 }
 
 // Bitwise equality of two adapters (names, shapes, and the bits of every value).
-inline ::testing::AssertionResult SameBits(const std::vector<UpdateTensor>& a, const std::vector<UpdateTensor>& b) {
-  if (a.size() != b.size()) return ::testing::AssertionFailure() << a.size() << " vs " << b.size() << " tensors";
+inline ::testing::AssertionResult SameBits(const std::vector<UpdateTensor>& a,
+                                           const std::vector<UpdateTensor>& b) {
+  if (a.size() != b.size())
+    return ::testing::AssertionFailure() << a.size() << " vs " << b.size() << " tensors";
   for (size_t t = 0; t < a.size(); ++t) {
-    if (a[t].name != b[t].name || a[t].shape != b[t].shape || a[t].values.size() != b[t].values.size()) {
-      return ::testing::AssertionFailure() << "tensor " << t << " differs in name/shape: " << a[t].name << " vs " << b[t].name;
+    if (a[t].name != b[t].name || a[t].shape != b[t].shape ||
+        a[t].values.size() != b[t].values.size()) {
+      return ::testing::AssertionFailure()
+             << "tensor " << t << " differs in name/shape: " << a[t].name << " vs " << b[t].name;
     }
-    if (std::memcmp(a[t].values.data(), b[t].values.data(), a[t].values.size() * sizeof(float)) != 0) {
+    if (std::memcmp(a[t].values.data(), b[t].values.data(), a[t].values.size() * sizeof(float)) !=
+        0) {
       for (size_t i = 0; i < a[t].values.size(); ++i) {
         if (std::memcmp(&a[t].values[i], &b[t].values[i], sizeof(float)) != 0) {
-          return ::testing::AssertionFailure() << a[t].name << "[" << i << "]: " << a[t].values[i] << " vs " << b[t].values[i];
+          return ::testing::AssertionFailure()
+                 << a[t].name << "[" << i << "]: " << a[t].values[i] << " vs " << b[t].values[i];
         }
       }
     }
@@ -251,7 +268,8 @@ inline std::vector<absl::StatusOr<RunSummary>> RunClientsUntilDone(
       ClientOptions options = TestClientOptions(address, "site-" + std::to_string(c));
       if (tweak) tweak(options);
       auto client = Client::Create(options, trainers[c].get());
-      results[c] = client.ok() ? (*client)->RunUntilDone() : absl::StatusOr<RunSummary>(client.status());
+      results[c] =
+          client.ok() ? (*client)->RunUntilDone() : absl::StatusOr<RunSummary>(client.status());
     });
   }
   for (auto& t : threads) t.join();
@@ -311,14 +329,15 @@ class RawClient {
   }
 
   // The header for uploading `plain` (an encoded update) for `task`, sealed as an honest client
-  // would: to the round's aggregation key, for this run, round, client, upload id and weight. Upload and
-  // UploadAll given the same `plain` then send the sealed bytes (tests keep handling plaintext).
-  // `num_examples` < 0: what an honest client claims (1 under secure aggregation or DP, else 10).
-  v1::UploadHeader Header(const v1::TrainTask& task, const std::string& plain, const std::string& upload_id,
-                          int64_t num_examples = -1) {
+  // would: to the round's aggregation key, for this run, round, client, upload id and weight.
+  // Upload and UploadAll given the same `plain` then send the sealed bytes (tests keep handling
+  // plaintext). `num_examples` < 0: what an honest client claims (1 under secure aggregation or DP,
+  // else 10).
+  v1::UploadHeader Header(const v1::TrainTask& task, const std::string& plain,
+                          const std::string& upload_id, int64_t num_examples = -1) {
     if (num_examples < 0) num_examples = HidesPerClientStatistics(join_.run_config()) ? 1 : 10;
-    const crypto::UpdatePlace place{join_.run_config().run_id(), task.round(), join_.client_id(), upload_id,
-                                    static_cast<uint64_t>(num_examples)};
+    const crypto::UpdatePlace place{join_.run_config().run_id(), task.round(), join_.client_id(),
+                                    upload_id, static_cast<uint64_t>(num_examples)};
     auto sealed = crypto::SealUpdateBlob(task.aggregation_key().public_key(), place, plain);
     EXPECT_TRUE(sealed.ok()) << sealed.status();
     const std::string blob = sealed.ok() ? sealed->blob : plain;
@@ -346,8 +365,9 @@ class RawClient {
 
   // Sends the header and chunks [first, last) of `blob`, then closes. `mutate` may alter each
   // chunk message before it is sent (hostile tests).
-  grpc::Status Upload(const v1::UploadHeader& header, const std::string& plain, uint32_t first, uint32_t last,
-                      v1::UploadAck* ack, const std::function<void(v1::UploadData*)>& mutate = nullptr) {
+  grpc::Status Upload(const v1::UploadHeader& header, const std::string& plain, uint32_t first,
+                      uint32_t last, v1::UploadAck* ack,
+                      const std::function<void(v1::UploadData*)>& mutate = nullptr) {
     const std::string& blob = Wire(header.upload_id(), plain);
     auto ctx = Context(30'000);
     auto writer = stub_->UploadUpdate(ctx.get(), ack);
@@ -370,7 +390,8 @@ class RawClient {
     return writer->Finish();
   }
 
-  grpc::Status UploadAll(const v1::UploadHeader& header, const std::string& plain, v1::UploadAck* ack) {
+  grpc::Status UploadAll(const v1::UploadHeader& header, const std::string& plain,
+                         v1::UploadAck* ack) {
     return Upload(header, plain, 0, header.manifest().num_chunks(), ack);
   }
 
@@ -407,7 +428,8 @@ class RawClient {
   }
 
   // Downloads and parses a global adapter.
-  grpc::Status Download(const std::string& sha, uint32_t start_chunk, std::vector<v1::DownloadChunk>* chunks) {
+  grpc::Status Download(const std::string& sha, uint32_t start_chunk,
+                        std::vector<v1::DownloadChunk>* chunks) {
     v1::DownloadRequest req;
     req.set_adapter_sha256(sha);
     req.set_start_chunk(start_chunk);
@@ -447,11 +469,13 @@ class RawClient {
 };
 
 // The encoded update client `client` would send for `task` (raw fp32 codec).
-inline std::string EncodedDeltaFor(int client, const v1::TrainTask& task, const std::vector<UpdateTensor>& global) {
+inline std::string EncodedDeltaFor(int client, const v1::TrainTask& task,
+                                   const std::vector<UpdateTensor>& global) {
   std::vector<UpdateTensor> u;
   for (const UpdateTensor& g : global) {
     UpdateTensor d{g.name, g.shape, std::vector<float>(g.values.size())};
-    for (size_t i = 0; i < d.values.size(); ++i) d.values[i] = DeltaValue(client, task.round(), g.name, static_cast<int64_t>(i));
+    for (size_t i = 0; i < d.values.size(); ++i)
+      d.values[i] = DeltaValue(client, task.round(), g.name, static_cast<int64_t>(i));
     u.push_back(std::move(d));
   }
   auto enc = EncodeUpdate(u, CodecOptions{});
@@ -463,7 +487,8 @@ inline std::string EncodedDeltaFor(int client, const v1::TrainTask& task, const 
 // it holds a round after its updates are aggregated, before it commits.
 class GateEvaluator : public Evaluator {
  public:
-  absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t, const std::vector<UpdateTensor>&) override {
+  absl::StatusOr<std::map<std::string, double>> Evaluate(
+      uint64_t, const std::vector<UpdateTensor>&) override {
     std::unique_lock<std::mutex> lock(mu_);
     entered_ = true;
     cv_.notify_all();

@@ -88,17 +88,20 @@ class DownloadFlood {
     std::unique_ptr<grpc::ClientAsyncReader<v1::DownloadChunk>> reader;
     grpc::Status status;
   };
-  static void* Tag(int i, bool finish) { return reinterpret_cast<void*>((uintptr_t(i) << 1) | (finish ? 1 : 0)); }
+  static void* Tag(int i, bool finish) {
+    return reinterpret_cast<void*>((uintptr_t(i) << 1) | (finish ? 1 : 0));
+  }
 
   grpc::CompletionQueue cq_;
   std::vector<Call> calls_;
 };
 
 // 1000 downloads opened and never read by one client: two at a time are admitted
-// (max_client_downloads_in_flight), the rest refused at once; RSS grows by under 96 MiB (gRPC's state for the 1000 calls at once) (without
-// the cap all 1000 are served, and RSS grew by 2158 MiB: the server's chunks and gRPC buffers,
-// and the adapter piling up in the flooder's own buffers), and an honest client finishes its round.
-// One honest client (site-0) runs to the end of the run on `server`.
+// (max_client_downloads_in_flight), the rest refused at once; RSS grows by under 96 MiB (gRPC's
+// state for the 1000 calls at once) (without the cap all 1000 are served, and RSS grew by 2158 MiB:
+// the server's chunks and gRPC buffers, and the adapter piling up in the flooder's own buffers),
+// and an honest client finishes its round. One honest client (site-0) runs to the end of the run on
+// `server`.
 void AnHonestClientFinishes(Server& server) {
   std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
   trainers.push_back(std::make_unique<DeterministicTrainer>(0));
@@ -171,7 +174,7 @@ int WatchFlood(const std::string& target, int connections, int streams_each, int
     const uintptr_t v = reinterpret_cast<uintptr_t>(tag);
     Watch& w = *watches[v / 4];
     if (!ok) continue;
-    if (v % 4 == 0) {  // started: send the request
+    if (v % 4 == 0) {         // started: send the request
       grpc::Slice empty("");  // HealthCheckRequest{service: ""} encodes to no bytes
       grpc::ByteBuffer request(&empty, 1);
       w.call->WriteLast(request, grpc::WriteOptions(), reinterpret_cast<void*>(v + 1));
@@ -203,8 +206,8 @@ TEST(FloodsTest, HealthWatchStreamsAreCappedPerConnection) {
   ASSERT_TRUE(server.ok()) << server.status();
   constexpr int kConnections = 20;
   int64_t grown = 0;
-  const int answered =
-      WatchFlood("127.0.0.1:" + std::to_string((*server)->health_port()), kConnections, 100, &grown);
+  const int answered = WatchFlood("127.0.0.1:" + std::to_string((*server)->health_port()),
+                                  kConnections, 100, &grown);
   EXPECT_GT(answered, 0);
   EXPECT_LE(answered, kConnections * o.health_max_concurrent_streams);
   EXPECT_LT(grown, 64) << "RSS grew " << grown << " MiB under 2000 Watch streams";
@@ -248,7 +251,8 @@ TEST(FloodsTest, RunConfigBoundsTheMainPort) {
 TEST(FloodsTest, HeldPollsAreCappedPerClient) {
   TempDir dir;
   ServerOptions o = testing::TestServerOptions(dir.path());
-  o.round_deadline_ms = 3000;  // the flooder, selected too, never uploads: the round closes without it
+  o.round_deadline_ms =
+      3000;  // the flooder, selected too, never uploads: the round closes without it
   // No selection until the honest client polls too (the quota, 2): the flooder's polls are held.
   o.expected_clients = 2;
   o.selection_window_ms = 60'000;
@@ -309,11 +313,12 @@ TEST(FloodsTest, HeldPollsAreCappedPerClient) {
 // file or an update), and the honest client finishes. RSS grows by under 128 MiB, a twelfth of
 // the 1.6 GB sent (measured 25-27 MiB alone, 56-77 MiB after the floods above in the same
 // process). More flooding threads cost the test's own client more (16 threads: 99-198 MiB, 64:
-// 58-73 MiB, noisy: their buffers and malloc arenas): they would measure the flooder, not the server.
+// 58-73 MiB, noisy: their buffers and malloc arenas): they would measure the flooder, not the
+// server.
 TEST(FloodsTest, RefusedUploadsCostLittleMemory) {
   TempDir dir;
-  auto server = Server::Create(testing::TestServerOptions(dir.path()), testing::TestRunConfig(1, 1, 1),
-                               testing::InitialAdapter());
+  auto server = Server::Create(testing::TestServerOptions(dir.path()),
+                               testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
   ASSERT_TRUE(server.ok()) << server.status();
   RawClient flooder((*server)->address(), "flooder");
   ASSERT_TRUE(flooder.Join().ok());
@@ -349,7 +354,8 @@ TEST(FloodsTest, RefusedUploadsCostLittleMemory) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kEach; ++i) {
         v1::UploadAck ack;
-        (flooder.UploadAll(header(t * kEach + i), body, &ack).ok() ? accepted : refused).fetch_add(1);
+        (flooder.UploadAll(header(t * kEach + i), body, &ack).ok() ? accepted : refused)
+            .fetch_add(1);
       }
     });
   }
@@ -360,7 +366,8 @@ TEST(FloodsTest, RefusedUploadsCostLittleMemory) {
   const int64_t grown = peak.load() - before;
   EXPECT_EQ(accepted.load(), 0);
   EXPECT_EQ(refused.load(), kThreads * kEach);
-  EXPECT_LT(grown, 128) << "RSS grew " << grown << " MiB under " << kThreads * kEach << " refused uploads";
+  EXPECT_LT(grown, 128) << "RSS grew " << grown << " MiB under " << kThreads * kEach
+                        << " refused uploads";
   ::testing::Test::RecordProperty("rss_growth_mib", static_cast<int>(grown));
   EXPECT_TRUE((*server)->WaitUntilFinished(10'000));
 }

@@ -1,6 +1,8 @@
-// The live view on the metrics listener (server/live_view.h): the page and /api/run.json from a real
-// server with a committed round; the access rule (loopback without TLS, operator certificates
+// The live view on the metrics listener (server/live_view.h): the page and /api/run.json from a
+// real server with a committed round; the access rule (loopback without TLS, operator certificates
 // under TLS over HTTPS); /metrics as before beside it.
+#include "server/live_view.h"
+
 #include <httplib.h>
 
 #include <ctime>
@@ -10,7 +12,6 @@
 #include "crypto/certs.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/live_view.h"
 #include "server/server.h"
 #include "tests/server/federation_test_util.h"
 
@@ -25,7 +26,8 @@ constexpr int64_t kDay = 86'400;
 // An evaluator with fixed figures, so that the page has an accuracy and a loss to show.
 class FixedEvaluator : public Evaluator {
  public:
-  absl::StatusOr<std::map<std::string, double>> Evaluate(uint64_t, const std::vector<UpdateTensor>&) override {
+  absl::StatusOr<std::map<std::string, double>> Evaluate(
+      uint64_t, const std::vector<UpdateTensor>&) override {
     return std::map<std::string, double>{{"eval_accuracy", 0.625}, {"eval_loss", 0.4375}};
   }
 };
@@ -33,8 +35,9 @@ class FixedEvaluator : public Evaluator {
 TEST(LiveViewTest, ServesThePageAndTheRunOfARealServerWithACommittedRound) {
   TempDir dir;
   FixedEvaluator evaluator;
-  auto server = Server::Create(testing::TestServerOptions(dir.path()), testing::TestRunConfig(1, 2, 2),
-                               testing::InitialAdapter(), &evaluator);
+  auto server =
+      Server::Create(testing::TestServerOptions(dir.path()), testing::TestRunConfig(1, 2, 2),
+                     testing::InitialAdapter(), &evaluator);
   ASSERT_TRUE(server.ok()) << server.status();
   // A site that leaves on an error it cannot get past: FAILED, with its message.
   testing::RawClient broken((*server)->address(), "site-broken");
@@ -47,8 +50,10 @@ TEST(LiveViewTest, ServesThePageAndTheRunOfARealServerWithACommittedRound) {
     ASSERT_TRUE(broken.stub()->Leave(ctx.get(), leave, &left).ok());
   }
   std::vector<std::unique_ptr<testing::DeterministicTrainer>> trainers;
-  for (int c = 0; c < 2; ++c) trainers.push_back(std::make_unique<testing::DeterministicTrainer>(c));
-  for (const auto& r : testing::RunClientsUntilDone((*server)->address(), trainers)) ASSERT_TRUE(r.ok()) << r.status();
+  for (int c = 0; c < 2; ++c)
+    trainers.push_back(std::make_unique<testing::DeterministicTrainer>(c));
+  for (const auto& r : testing::RunClientsUntilDone((*server)->address(), trainers))
+    ASSERT_TRUE(r.ok()) << r.status();
 
   httplib::Client http("127.0.0.1", (*server)->metrics_port());
   auto page = http.Get("/");
@@ -56,8 +61,8 @@ TEST(LiveViewTest, ServesThePageAndTheRunOfARealServerWithACommittedRound) {
   EXPECT_EQ(page->status, 200) << page->body;
   EXPECT_THAT(page->get_header_value("Content-Type"), HasSubstr("text/html"));
   EXPECT_THAT(page->get_header_value("Content-Security-Policy"), HasSubstr("default-src 'none'"));
-  for (const char* element : {"id=\"rounds\"", "id=\"sites\"", "id=\"acc-chart\"", "id=\"loss-chart\"", "id=\"config\"",
-                              "fetch(\"/api/run.json\""}) {
+  for (const char* element : {"id=\"rounds\"", "id=\"sites\"", "id=\"acc-chart\"",
+                              "id=\"loss-chart\"", "id=\"config\"", "fetch(\"/api/run.json\""}) {
     EXPECT_THAT(page->body, HasSubstr(element));
   }
   // No external assets: the machines are offline.
@@ -130,22 +135,40 @@ TEST(LiveViewAccessTest, WithoutTlsOnlyLoopbackPeersGetTheView) {
   }
 }
 
-bool Write(const std::string& path, const std::string& text) { return WriteFileAtomically(path, text).ok(); }
+bool Write(const std::string& path, const std::string& text) {
+  return WriteFileAtomically(path, text).ok();
+}
 
-// ca.pem, server.pem/key (127.0.0.1), and <name>.pem/key per client; `revoked` also goes on crl.pem.
-bool MakeCertificates(const std::string& dir, const std::vector<std::string>& clients, const std::string& revoked) {
+// ca.pem, server.pem/key (127.0.0.1), and <name>.pem/key per client; `revoked` also goes on
+// crl.pem.
+bool MakeCertificates(const std::string& dir, const std::vector<std::string>& clients,
+                      const std::string& revoked) {
   const std::string d = dir + "/";
   const int64_t now = static_cast<int64_t>(std::time(nullptr));
-  auto ca = crypto::CreateCertificateAuthority({.common_name = "test-ca", .dns_names = {}, .ip_addresses = {}, .not_before_unix_s = 0, .not_after_unix_s = now + kDay});
+  auto ca = crypto::CreateCertificateAuthority({.common_name = "test-ca",
+                                                .dns_names = {},
+                                                .ip_addresses = {},
+                                                .not_before_unix_s = 0,
+                                                .not_after_unix_s = now + kDay});
   if (!ca.ok() || !Write(d + "ca.pem", ca->cert_pem)) return false;
-  auto server = crypto::IssueServerCertificate(*ca, {.common_name = "localhost", .dns_names = {"localhost"},
-                                                     .ip_addresses = {"127.0.0.1"}, .not_before_unix_s = 0, .not_after_unix_s = now + kDay});
-  if (!server.ok() || !Write(d + "server.pem", server->cert_pem) || !Write(d + "server.key", server->key_pem)) {
+  auto server = crypto::IssueServerCertificate(*ca, {.common_name = "localhost",
+                                                     .dns_names = {"localhost"},
+                                                     .ip_addresses = {"127.0.0.1"},
+                                                     .not_before_unix_s = 0,
+                                                     .not_after_unix_s = now + kDay});
+  if (!server.ok() || !Write(d + "server.pem", server->cert_pem) ||
+      !Write(d + "server.key", server->key_pem)) {
     return false;
   }
   for (const std::string& c : clients) {
-    auto cert = crypto::IssueClientCertificate(*ca, {.common_name = c, .dns_names = {}, .ip_addresses = {}, .not_before_unix_s = 0, .not_after_unix_s = now + kDay});
-    if (!cert.ok() || !Write(d + c + ".pem", cert->cert_pem) || !Write(d + c + ".key", cert->key_pem)) return false;
+    auto cert = crypto::IssueClientCertificate(*ca, {.common_name = c,
+                                                     .dns_names = {},
+                                                     .ip_addresses = {},
+                                                     .not_before_unix_s = 0,
+                                                     .not_after_unix_s = now + kDay});
+    if (!cert.ok() || !Write(d + c + ".pem", cert->cert_pem) ||
+        !Write(d + c + ".key", cert->key_pem))
+      return false;
     if (c == revoked) {
       auto crl = crypto::RevokeCertificates(*ca, "", {cert->cert_pem}, kDay);
       if (!crl.ok() || !Write(d + "crl.pem", *crl)) return false;
@@ -170,7 +193,8 @@ TEST(LiveViewTlsTest, UnderTlsTheListenerIsHttpsAndOnlyAnOperatorCertificateGets
   const int port = (*server)->metrics_port();
   auto as = [&](const std::string& who) {
     auto c = who.empty() ? std::make_unique<httplib::SSLClient>("127.0.0.1", port)
-                         : std::make_unique<httplib::SSLClient>("127.0.0.1", port, d + who + ".pem", d + who + ".key");
+                         : std::make_unique<httplib::SSLClient>("127.0.0.1", port, d + who + ".pem",
+                                                                d + who + ".key");
     c->set_ca_cert_path(d + "ca.pem");
     c->enable_server_certificate_verification(true);
     return c;

@@ -93,7 +93,8 @@ std::string ReadToEof(int fd) {
 
 // Sends `request` on a new connection and returns everything the server sent back before closing.
 // `half_close`: then shuts the sending side, so that the server sees the end of the requests.
-std::string Exchange(int port, const std::string& request, int family = AF_INET, bool half_close = true) {
+std::string Exchange(int port, const std::string& request, int family = AF_INET,
+                     bool half_close = true) {
   const int fd = Connect(port, family);
   EXPECT_GE(fd, 0) << "cannot connect to port " << port;
   if (fd < 0) return "";
@@ -105,7 +106,8 @@ std::string Exchange(int port, const std::string& request, int family = AF_INET,
 }
 
 std::string Get(int port, const std::string& path, int family = AF_INET) {
-  return Exchange(port, "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", family);
+  return Exchange(port, "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                  family);
 }
 
 // Whether the server closed `fd` (EOF or reset) within 20 s; bytes it sent first are skipped.
@@ -138,7 +140,10 @@ TEST(ServerMetricsTest, RendersEveryCounterInPrometheusTextFormat) {
   m.upload_bytes = 3456;
   m.rounds_committed = 3;
   const std::string text = m.ToPrometheusText();
-  EXPECT_THAT(text, HasSubstr("# TYPE fedlora_updates_accepted_total counter\nfedlora_updates_accepted_total 12\n"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          "# TYPE fedlora_updates_accepted_total counter\nfedlora_updates_accepted_total 12\n"));
   EXPECT_THAT(text, HasSubstr("fedlora_upload_bytes_total 3456\n"));
   EXPECT_THAT(text, HasSubstr("fedlora_rounds_committed_total 3\n"));
   EXPECT_THAT(text, HasSubstr("# TYPE fedlora_clients_live gauge\nfedlora_clients_live 0\n"));
@@ -168,15 +173,19 @@ TEST(MetricsHttpServerTest, ServesMetricsAndNothingElse) {
   EXPECT_THAT(Get(port, "/secrets"), StartsWith("HTTP/1.1 404"));
   EXPECT_THAT(Get(port, "/metrics/x"), StartsWith("HTTP/1.1 404"));
   for (const char* method : {"POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"}) {
-    const std::string r = Exchange(port, std::string(method) + " /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
+    const std::string r =
+        Exchange(port, std::string(method) + " /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
     EXPECT_THAT(r, StartsWith("HTTP/1.1 405")) << method;
     EXPECT_THAT(r, HasSubstr("Allow: GET, HEAD\r\n")) << method;
   }
-  EXPECT_THAT(Exchange(port, "POST /other HTTP/1.0\r\nContent-Length: 0\r\n\r\n"), StartsWith("HTTP/1.1 404"));
-  // A body is read (not taken for the next request): the second request on the connection is answered.
-  const std::string two = Exchange(port,
-                                   "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
-                                   "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_THAT(Exchange(port, "POST /other HTTP/1.0\r\nContent-Length: 0\r\n\r\n"),
+              StartsWith("HTTP/1.1 404"));
+  // A body is read (not taken for the next request): the second request on the connection is
+  // answered.
+  const std::string two =
+      Exchange(port,
+               "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+               "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_THAT(two, StartsWith("HTTP/1.1 405"));
   EXPECT_THAT(two, HasSubstr("HTTP/1.1 200 OK\r\n"));
   EXPECT_THAT(two, EndsWith("fedlora_x 1\n"));
@@ -196,7 +205,8 @@ TEST(MetricsHttpServerTest, KeepsAConnectionAliveForSeveralScrapes) {
                                    "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
                                    "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   size_t responses = 0;
-  for (size_t at = out.find("HTTP/1.1 200 OK"); at != std::string::npos; at = out.find("HTTP/1.1 200 OK", at + 1)) {
+  for (size_t at = out.find("HTTP/1.1 200 OK"); at != std::string::npos;
+       at = out.find("HTTP/1.1 200 OK", at + 1)) {
     ++responses;
   }
   EXPECT_EQ(responses, 3u) << out;
@@ -223,8 +233,8 @@ TEST(MetricsHttpServerTest, BindsIpv6LoopbackAndLocalhost) {
 }
 
 TEST(MetricsHttpServerTest, BadOrBusyAddressesAreErrors) {
-  for (const char* bad : {"localhost", "example.org:80", "127.0.0.1:99999", "::1:0", "[::1]", "[127.0.0.1]:0",
-                          "[localhost]:0", "127.0.0.1:", ":9464", "300.1.1.1:0"}) {
+  for (const char* bad : {"localhost", "example.org:80", "127.0.0.1:99999", "::1:0", "[::1]",
+                          "[127.0.0.1]:0", "[localhost]:0", "127.0.0.1:", ":9464", "300.1.1.1:0"}) {
     const absl::Status s = MetricsHttpServer::Start(bad, [] { return ""; }).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad << ": " << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(bad)) << s;
@@ -281,7 +291,8 @@ TEST(MetricsHttpServerTest, SlowPeersCannotHoldTheEndpoint) {
     scrapers.emplace_back([&] {
       for (int j = 0; j < kScrapesEach; ++j) {
         const std::string r = Get(port, "/metrics");
-        if (r.rfind("HTTP/1.1 200 OK\r\n", 0) == 0 && r.size() >= 12 && r.substr(r.size() - 12) == "fedlora_x 1\n") {
+        if (r.rfind("HTTP/1.1 200 OK\r\n", 0) == 0 && r.size() >= 12 &&
+            r.substr(r.size() - 12) == "fedlora_x 1\n") {
           ++answered;
         }
       }
@@ -328,7 +339,8 @@ TEST(MetricsHttpServerTest, ADribblingFloodDoesNotDelayOtherScrapes) {
   for (int i = 0; i < 3; ++i) {
     const auto before = std::chrono::steady_clock::now();
     const std::string r = Get(port, "/metrics");
-    const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
+    const double took_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
     EXPECT_THAT(r, StartsWith("HTTP/1.1 200 OK\r\n"));
     EXPECT_LT(took_s, 1.0) << "scrape " << i << " waited behind the flood";
   }
@@ -359,7 +371,8 @@ TEST(MetricsHttpServerTest, StoppingDoesNotWaitForSlowPeers) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both connections are being served
   const auto before = std::chrono::steady_clock::now();
   http->reset();
-  const double stop_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
+  const double stop_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
   // Waiting the peers out would take the request deadline (2 s) for the dribbler.
   EXPECT_LT(stop_s, 1.5);
   EXPECT_TRUE(ClosedByPeer(silent));

@@ -1,16 +1,17 @@
 // Identity over mutual TLS: the server takes a client's identity from its certificate's CN, never
 // from metadata or a message body; revoked sites and sites not on the run's list are refused at the
 // handshake while the others finish the run. Certificates are made per test
-// with fedlora's own tooling (a throwaway CA, a server certificate for 127.0.0.1, client certificates).
+// with fedlora's own tooling (a throwaway CA, a server certificate for 127.0.0.1, client
+// certificates).
 #include <ctime>
 #include <fstream>
 
-#include "fedlora/v1/admin.grpc.pb.h"
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "core/file.h"
 #include "crypto/certs.h"
 #include "crypto/key_signature.h"
+#include "fedlora/v1/admin.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "server/server.h"
 #include "tests/server/federation_test_util.h"
 
@@ -21,26 +22,40 @@ using testing::TempDir;
 
 constexpr int64_t kDay = 86'400;
 
-bool Write(const std::string& path, const std::string& text) { return WriteFileAtomically(path, text).ok(); }
+bool Write(const std::string& path, const std::string& text) {
+  return WriteFileAtomically(path, text).ok();
+}
 
 // Writes ca.pem/key, server.pem/key (for 127.0.0.1 and localhost) and <name>.pem/key for each
 // client name into `dir`, with fedlora's certificate tooling (crypto/certs.h).
 bool MakeCertificates(const std::string& dir, const std::vector<std::string>& clients) {
   const std::string d = dir + "/";
   const int64_t now = static_cast<int64_t>(std::time(nullptr));
-  auto ca = crypto::CreateCertificateAuthority(
-      {.common_name = "test-ca", .dns_names = {}, .ip_addresses = {}, .not_before_unix_s = 0, .not_after_unix_s = now + kDay});
-  if (!ca.ok() || !Write(d + "ca.pem", ca->cert_pem) || !Write(d + "ca.key", ca->key_pem)) return false;
-  auto server = crypto::IssueServerCertificate(*ca, {.common_name = "localhost", .dns_names = {"localhost"},
-                                                     .ip_addresses = {"127.0.0.1"}, .not_before_unix_s = 0,
+  auto ca = crypto::CreateCertificateAuthority({.common_name = "test-ca",
+                                                .dns_names = {},
+                                                .ip_addresses = {},
+                                                .not_before_unix_s = 0,
+                                                .not_after_unix_s = now + kDay});
+  if (!ca.ok() || !Write(d + "ca.pem", ca->cert_pem) || !Write(d + "ca.key", ca->key_pem))
+    return false;
+  auto server = crypto::IssueServerCertificate(*ca, {.common_name = "localhost",
+                                                     .dns_names = {"localhost"},
+                                                     .ip_addresses = {"127.0.0.1"},
+                                                     .not_before_unix_s = 0,
                                                      .not_after_unix_s = now + kDay});
-  if (!server.ok() || !Write(d + "server.pem", server->cert_pem) || !Write(d + "server.key", server->key_pem)) {
+  if (!server.ok() || !Write(d + "server.pem", server->cert_pem) ||
+      !Write(d + "server.key", server->key_pem)) {
     return false;
   }
   for (const std::string& c : clients) {
-    auto cert = crypto::IssueClientCertificate(
-        *ca, {.common_name = c, .dns_names = {}, .ip_addresses = {}, .not_before_unix_s = 0, .not_after_unix_s = now + kDay});
-    if (!cert.ok() || !Write(d + c + ".pem", cert->cert_pem) || !Write(d + c + ".key", cert->key_pem)) return false;
+    auto cert = crypto::IssueClientCertificate(*ca, {.common_name = c,
+                                                     .dns_names = {},
+                                                     .ip_addresses = {},
+                                                     .not_before_unix_s = 0,
+                                                     .not_after_unix_s = now + kDay});
+    if (!cert.ok() || !Write(d + c + ".pem", cert->cert_pem) ||
+        !Write(d + c + ".key", cert->key_pem))
+      return false;
   }
   return true;
 }
@@ -55,7 +70,8 @@ ServerOptions MtlsOptions(const std::string& dir) {
   return o;
 }
 
-ClientOptions TlsClient(const std::string& address, const std::string& dir, const std::string& site) {
+ClientOptions TlsClient(const std::string& address, const std::string& dir,
+                        const std::string& site) {
   ClientOptions co = testing::TestClientOptions(address, "someone-else");  // ignored under TLS
   co.insecure = false;
   co.tls.root_ca_file = dir + "/ca.pem";
@@ -76,7 +92,8 @@ void RunsTheRoundAsTheOnlyClient(Server& server, const std::string& dir, const s
   auto result = client.value()->RunUntilDone();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->tasks_completed, 1);
-  EXPECT_TRUE(testing::SameBits(server.coordinator().global_adapter(), testing::ExpectedAdapter({0}, 1)));
+  EXPECT_TRUE(
+      testing::SameBits(server.coordinator().global_adapter(), testing::ExpectedAdapter({0}, 1)));
   v1::ListClientsRequest all;
   all.set_include_inactive(true);
   auto clients = server.coordinator().ListClients(all);
@@ -88,7 +105,8 @@ void RunsTheRoundAsTheOnlyClient(Server& server, const std::string& dir, const s
 TEST(MtlsTest, IdentityIsTheCertificateCommonNameNotTheClaimedId) {
   TempDir dir;
   ASSERT_TRUE(MakeCertificates(dir.path(), {"hospital-7"}));
-  auto server = Server::Create(MtlsOptions(dir.path()), testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  auto server = Server::Create(MtlsOptions(dir.path()), testing::TestRunConfig(1, 1, 1),
+                               testing::InitialAdapter());
   ASSERT_TRUE(server.ok()) << server.status();
 
   RunsTheRoundAsTheOnlyClient(**server, dir.path(), "hospital-7");
@@ -99,7 +117,8 @@ TEST(MtlsTest, AClientPinnedToTheServersKeySealsToTheKeysItSigned) {
   // checks the signature before sealing (the refusals are crypto_key_signature_test's).
   TempDir dir;
   ASSERT_TRUE(MakeCertificates(dir.path(), {"hospital-7"}));
-  auto server = Server::Create(MtlsOptions(dir.path()), testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  auto server = Server::Create(MtlsOptions(dir.path()), testing::TestRunConfig(1, 1, 1),
+                               testing::InitialAdapter());
   ASSERT_TRUE(server.ok()) << server.status();
   std::ifstream in(dir.path() + "/server.pem");
   auto pin = crypto::CertificatePin(std::string(std::istreambuf_iterator<char>(in), {}));
@@ -110,13 +129,15 @@ TEST(MtlsTest, AClientPinnedToTheServersKeySealsToTheKeysItSigned) {
 TEST(MtlsTest, ClientWithoutCertificateIsRefused) {
   TempDir dir;
   ASSERT_TRUE(MakeCertificates(dir.path(), {}));
-  auto server = Server::Create(MtlsOptions(dir.path()), testing::TestRunConfig(1, 1, 1), testing::InitialAdapter());
+  auto server = Server::Create(MtlsOptions(dir.path()), testing::TestRunConfig(1, 1, 1),
+                               testing::InitialAdapter());
   ASSERT_TRUE(server.ok()) << server.status();
   // Server-authenticated TLS only, with a claimed id in metadata: the handshake fails.
   grpc::SslCredentialsOptions ssl;
   std::ifstream ca(dir.path() + "/ca.pem");
   ssl.pem_root_certs.assign(std::istreambuf_iterator<char>(ca), {});
-  auto stub = v1::Federation::NewStub(grpc::CreateChannel((*server)->address(), grpc::SslCredentials(ssl)));
+  auto stub =
+      v1::Federation::NewStub(grpc::CreateChannel((*server)->address(), grpc::SslCredentials(ssl)));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   ctx.AddMetadata(kClientIdMetadataKey, "hospital-7");
@@ -131,9 +152,10 @@ TEST(MtlsTest, ClientWithoutCertificateIsRefused) {
   EXPECT_FALSE(plain.Join().ok());
 }
 
-// The Admin service over TLS with `site`'s certificate, from 127.0.0.1: the status code of GetStatus
-// (BlockClient's must be the same).
-grpc::StatusCode AdminStatusAs(const Server& server, const std::string& dir, const std::string& site) {
+// The Admin service over TLS with `site`'s certificate, from 127.0.0.1: the status code of
+// GetStatus (BlockClient's must be the same).
+grpc::StatusCode AdminStatusAs(const Server& server, const std::string& dir,
+                               const std::string& site) {
   auto read = [](const std::string& path) {
     std::ifstream in(path);
     return std::string(std::istreambuf_iterator<char>(in), {});
@@ -192,7 +214,8 @@ TEST(MtlsTest, RevokedAndUnlistedSitesAreRefusedAndTheRunGoesOn) {
   TempDir dir;
   ASSERT_TRUE(MakeCertificates(dir.path(), {"site-a", "site-b", "site-c"}));
   const std::string d = dir.path() + "/";
-  const std::string ca_cert = ReadFileToString(d + "ca.pem").value_or(""), ca_key = ReadFileToString(d + "ca.key").value_or("");
+  const std::string ca_cert = ReadFileToString(d + "ca.pem").value_or(""),
+                    ca_key = ReadFileToString(d + "ca.key").value_or("");
   const crypto::PemPair ca{ca_cert, ca_key};
   auto empty_crl = crypto::RevokeCertificates(ca, "", {}, kDay);
   ASSERT_TRUE(empty_crl.ok()) << empty_crl.status();
@@ -205,7 +228,8 @@ TEST(MtlsTest, RevokedAndUnlistedSitesAreRefusedAndTheRunGoesOn) {
   ASSERT_TRUE(server.ok()) << server.status();
 
   // site-b is revoked after the server started.
-  auto crl = crypto::RevokeCertificates(ca, *empty_crl, {ReadFileToString(d + "site-b.pem").value_or("")}, kDay);
+  auto crl = crypto::RevokeCertificates(ca, *empty_crl,
+                                        {ReadFileToString(d + "site-b.pem").value_or("")}, kDay);
   ASSERT_TRUE(crl.ok()) << crl.status();
   ASSERT_TRUE(Write(d + "crl.pem", *crl));
 
@@ -219,7 +243,8 @@ TEST(MtlsTest, RevokedAndUnlistedSitesAreRefusedAndTheRunGoesOn) {
     EXPECT_FALSE(result.ok()) << site;
     // Told at once, not retried: the server closed the connection after the handshake.
     EXPECT_TRUE(absl::IsPermissionDenied(result.status())) << site << ": " << result.status();
-    EXPECT_THAT(std::string(result.status().message()), ::testing::HasSubstr("it refused this site's certificate"));
+    EXPECT_THAT(std::string(result.status().message()),
+                ::testing::HasSubstr("it refused this site's certificate"));
   };
   auto refusals = [&] {
     const std::string text = (*server)->MetricsText();
@@ -230,7 +255,7 @@ TEST(MtlsTest, RevokedAndUnlistedSitesAreRefusedAndTheRunGoesOn) {
   refused("site-b");  // revoked
   const int64_t after_b = refusals();
   EXPECT_GE(after_b, 1);  // the SDK's connection, and its probe (tls_errors_test)
-  refused("site-c");  // a valid certificate of the run's CA, not on allowed_client_ids
+  refused("site-c");      // a valid certificate of the run's CA, not on allowed_client_ids
   EXPECT_GT(refusals(), after_b);
 
   // Neither refused site ever reached Join: site-a is the only client the server knows.

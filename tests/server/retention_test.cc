@@ -1,8 +1,8 @@
-// Retention of old rounds (server.retain_rounds): over a 50-round run the store's size on disk stays
-// within a stated bound of its size after round 10, a restart after round 50 resumes and commits
-// the right adapter, and without retention the store grows by about an adapter per round (so the
-// measurement measures something). DP's epsilon survives pruning, and a downlink-codec run with
-// retention keeps its clients training.
+// Retention of old rounds (server.retain_rounds): over a 50-round run the store's size on disk
+// stays within a stated bound of its size after round 10, a restart after round 50 resumes and
+// commits the right adapter, and without retention the store grows by about an adapter per round
+// (so the measurement measures something). DP's epsilon survives pruning, and a downlink-codec run
+// with retention keeps its clients training.
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
@@ -23,10 +23,12 @@ using testing::WaitFor;
 
 // 2 x 32 x 256 = 16,384 values: a 64 KiB adapter, so that one kept round is plainly visible.
 std::vector<UpdateTensor> BigAdapter() {
-  std::vector<UpdateTensor> a = {{"a.lora_A.weight", {32, 256}, {}}, {"a.lora_B.weight", {256, 32}, {}}};
+  std::vector<UpdateTensor> a = {{"a.lora_A.weight", {32, 256}, {}},
+                                 {"a.lora_B.weight", {256, 32}, {}}};
   for (UpdateTensor& t : a) {
     t.values.resize(32 * 256);
-    for (size_t i = 0; i < t.values.size(); ++i) t.values[i] = 0.01f * static_cast<float>(i % 17) - 0.08f;
+    for (size_t i = 0; i < t.values.size(); ++i)
+      t.values[i] = 0.01f * static_cast<float>(i % 17) - 0.08f;
   }
   return a;
 }
@@ -42,7 +44,8 @@ std::vector<UpdateTensor> ExpectedBig(const std::vector<int>& clients, int round
     auto avg = StreamingFedAvg::Create(SpecFromUpdate(global));
     for (int c : clients) {
       EXPECT_TRUE(avg->Add(testing::ToUpdate(testing::DeltaFor(c, static_cast<uint64_t>(r), named)),
-                           testing::ExamplesOf(c)).ok());
+                           testing::ExamplesOf(c))
+                      .ok());
     }
     auto mean = avg->Finish();
     EXPECT_TRUE(opt->Step(*mean, global).ok());
@@ -65,7 +68,8 @@ int64_t DirBytes(const std::string& dir) {
 class GatedTrainer : public DeterministicTrainer {
  public:
   GatedTrainer(int client, uint64_t gate) : DeterministicTrainer(client), gate_(gate) {}
-  absl::StatusOr<TrainResult> Train(const TrainTask& task, const std::vector<NamedTensor>& global) override {
+  absl::StatusOr<TrainResult> Train(const TrainTask& task,
+                                    const std::vector<NamedTensor>& global) override {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return open_ || task.round != gate_; });
     lock.unlock();
@@ -115,7 +119,8 @@ class RetentionTest : public ::testing::Test {
     std::thread clients([&] { RunClients(trainers); });
     const int64_t keep10 = retain > 0 ? 10 - retain + 1 : 0;
     const Coordinator& co = server_->coordinator();
-    EXPECT_TRUE(WaitFor([&] { return co.rounds_committed() >= 10 && co.retained_from_round() >= keep10; }, 30'000));
+    EXPECT_TRUE(WaitFor(
+        [&] { return co.rounds_committed() >= 10 && co.retained_from_round() >= keep10; }, 30'000));
     *after10 = DirBytes(dir_.path());
     for (auto& t : trainers) static_cast<GatedTrainer*>(t.get())->Open();
     clients.join();
@@ -135,9 +140,12 @@ TEST_F(RetentionTest, StoreSizeStaysBoundedOver50RoundsAndARestartResumes) {
   int64_t after10 = 0, after50 = 0;
   RunAndMeasure(50, /*retain=*/3, &after10, &after50);
   // The bound: 4 adapters. Rows of the 40 rounds between (round, uploads, selections, metrics:
-  // about 2 KB a round) and a WAL of the last few transactions fit in it; 40 kept adapters would not.
-  EXPECT_LE(after50, after10 + 4 * kAdapterBytes) << "after round 10: " << after10 << ", after round 50: " << after50;
-  std::cout << "store bytes with retain_rounds 3: after round 10 " << after10 << ", after round 50 " << after50 << "\n";
+  // about 2 KB a round) and a WAL of the last few transactions fit in it; 40 kept adapters would
+  // not.
+  EXPECT_LE(after50, after10 + 4 * kAdapterBytes)
+      << "after round 10: " << after10 << ", after round 50: " << after50;
+  std::cout << "store bytes with retain_rounds 3: after round 10 " << after10 << ", after round 50 "
+            << after50 << "\n";
   // Pruned rounds keep their rows (DP accounting, exactly-once counting) but name no blob.
   server_->Shutdown();
   server_.reset();
@@ -170,7 +178,8 @@ TEST_F(RetentionTest, StoreSizeStaysBoundedOver50RoundsAndARestartResumes) {
 TEST_F(RetentionTest, WithoutRetentionTheStoreGrowsByAnAdapterARound) {
   int64_t after10 = 0, after50 = 0;
   RunAndMeasure(50, /*retain=*/0, &after10, &after50);
-  std::cout << "store bytes with retain_rounds 0: after round 10 " << after10 << ", after round 50 " << after50 << "\n";
+  std::cout << "store bytes with retain_rounds 0: after round 10 " << after10 << ", after round 50 "
+            << after50 << "\n";
   EXPECT_GE(after50, after10 + 40 * kAdapterBytes);
   server_->Shutdown();
 }

@@ -17,9 +17,9 @@
 namespace fedlora {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::EncodedDeltaFor;
 using testing::GateEvaluator;
+using ::testing::HasSubstr;
 using testing::InitialAdapter;
 using testing::RawClient;
 using testing::TempDir;
@@ -27,11 +27,12 @@ using testing::WaitFor;
 
 class RoundDriverTest : public ::testing::Test {
  protected:
-  void Start(int rounds, int target, int min_clients, const std::function<void(ServerOptions&)>& tweak,
-             Evaluator* evaluator = nullptr) {
+  void Start(int rounds, int target, int min_clients,
+             const std::function<void(ServerOptions&)>& tweak, Evaluator* evaluator = nullptr) {
     ServerOptions o = testing::TestServerOptions(dir_.path());
     if (tweak) tweak(o);
-    auto server = Server::Create(o, testing::TestRunConfig(rounds, target, min_clients), InitialAdapter(), evaluator);
+    auto server = Server::Create(o, testing::TestRunConfig(rounds, target, min_clients),
+                                 InitialAdapter(), evaluator);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
   }
@@ -54,11 +55,14 @@ class RoundDriverTest : public ::testing::Test {
     return header.manifest().sha256();
   }
 
-  // Flips one byte of the blob `hash` in the store's blobs/, so that reading it fails its hash check.
+  // Flips one byte of the blob `hash` in the store's blobs/, so that reading it fails its hash
+  // check.
   void CorruptBlob(const std::string& hash) {
-    const std::filesystem::path path = std::filesystem::path(dir_.path()) / "blobs" / hash.substr(0, 2) / hash.substr(2);
+    const std::filesystem::path path =
+        std::filesystem::path(dir_.path()) / "blobs" / hash.substr(0, 2) / hash.substr(2);
     ASSERT_TRUE(std::filesystem::exists(path)) << path;
-    std::filesystem::permissions(path, std::filesystem::perms::owner_write, std::filesystem::perm_options::add);
+    std::filesystem::permissions(path, std::filesystem::perms::owner_write,
+                                 std::filesystem::perm_options::add);
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(100);
     f.put('\x5a');
@@ -67,7 +71,8 @@ class RoundDriverTest : public ::testing::Test {
   // Puts a directory where the blob `hash` was: reading it fails with an I/O error (EISDIR), which
   // is not corruption, so aggregation fails and is retried.
   void MakeBlobUnreadable(const std::string& hash) {
-    const std::filesystem::path path = std::filesystem::path(dir_.path()) / "blobs" / hash.substr(0, 2) / hash.substr(2);
+    const std::filesystem::path path =
+        std::filesystem::path(dir_.path()) / "blobs" / hash.substr(0, 2) / hash.substr(2);
     ASSERT_TRUE(std::filesystem::remove(path)) << path;
     ASSERT_TRUE(std::filesystem::create_directory(path)) << path;
   }
@@ -88,7 +93,8 @@ TEST_F(RoundDriverTest, TheClockKeepsRunningWhileARoundIsEvaluated) {
   const uint32_t nan = 0x7fc00000u;
   std::memcpy(bad.data() + bad.size() - 4, &nan, 4);
   v1::UploadAck ack;
-  EXPECT_EQ(a.UploadAll(a.Header(task, bad, "bad"), bad, &ack).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(a.UploadAll(a.Header(task, bad, "bad"), bad, &ack).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
   UploadHonest(a, task, "good");
   ASSERT_TRUE(evaluator.WaitEntered()) << "round 1 was not evaluated";
 
@@ -105,7 +111,8 @@ TEST_F(RoundDriverTest, TheClockKeepsRunningWhileARoundIsEvaluated) {
   const auto t0 = std::chrono::steady_clock::now();
   grpc::Status polled = b.WaitForTask(&wait, 1);
   const auto waited_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   ASSERT_TRUE(polled.ok()) << polled.error_message();
   ASSERT_TRUE(wait.has_retry_later());
   EXPECT_THAT(wait.retry_later().reason(), HasSubstr("aggregating"));
@@ -213,7 +220,8 @@ TEST_F(RoundDriverTest, StopOnAggregationFailureStopsTheRunAndKeepsTheRoundForAR
   ASSERT_TRUE(WaitFor([&] { return server_->coordinator().finished(); }, 15'000));
   const absl::Status stopped = server_->coordinator().stopped();
   EXPECT_FALSE(stopped.ok());
-  EXPECT_THAT(std::string(stopped.message()), HasSubstr("round 1 could not be aggregated in 1 tries"));
+  EXPECT_THAT(std::string(stopped.message()),
+              HasSubstr("round 1 could not be aggregated in 1 tries"));
   EXPECT_EQ(server_->metrics().rounds_abandoned.load(), 0);
 
   v1::WaitForTaskResponse wait;

@@ -24,7 +24,8 @@ struct SecAggTraffic {
   int64_t sent = 0, received = 0;
 };
 
-inline v1::SecureAggregationResponse SecAggCall(RawClient& c, const v1::SecureAggregationRequest& req,
+inline v1::SecureAggregationResponse SecAggCall(RawClient& c,
+                                                const v1::SecureAggregationRequest& req,
                                                 SecAggTraffic* traffic = nullptr) {
   v1::SecureAggregationResponse resp;
   auto ctx = c.Context(30'000);
@@ -52,10 +53,11 @@ inline v1::SecureAggregationResponse SecAggStep(RawClient& c, v1::SecureAggregat
 
 // Client `c`'s round for `task` with update `delta`: the key steps, the masked upload (upload id
 // `upload_id`), and step 3 unless it drops out first or `answer_unmasking` is false.
-inline void RunSecAggClient(RawClient& c, const v1::TrainTask& task, const std::vector<NamedTensor>& delta,
-                            const std::string& upload_id, SecAggDrop drop = SecAggDrop::kNone,
-                            bool answer_unmasking = true, SecAggTraffic* traffic = nullptr,
-                            const std::function<void(v1::SecAggUnmaskingResponse*)>& tamper = nullptr) {
+inline void RunSecAggClient(
+    RawClient& c, const v1::TrainTask& task, const std::vector<NamedTensor>& delta,
+    const std::string& upload_id, SecAggDrop drop = SecAggDrop::kNone, bool answer_unmasking = true,
+    SecAggTraffic* traffic = nullptr,
+    const std::function<void(v1::SecAggUnmaskingResponse*)>& tamper = nullptr) {
   ASSERT_TRUE(task.has_secure_aggregation());
   const v1::SecureAggregationTask& sa = task.secure_aggregation();
   auto client = crypto::SecAggClient::Create(sa.params(), sa.client_index());
@@ -74,9 +76,11 @@ inline void RunSecAggClient(RawClient& c, const v1::TrainTask& task, const std::
   if (drop == SecAggDrop::kAfterShareKeys) return;
   absl::StatusOr<std::vector<uint64_t>> input = EncodeSecureUpdate(delta, sa);
   ASSERT_TRUE(input.ok()) << input.status();
-  const std::string masked = client->MaskedInput(resp.masked_input(), *input).value().masked_input();
+  const std::string masked =
+      client->MaskedInput(resp.masked_input(), *input).value().masked_input();
   v1::UploadHeader header = c.Header(task, masked, upload_id);
-  *header.mutable_codec() = task.codec();  // the run's codec: empty, or the QUANT stage setting the precision
+  *header.mutable_codec() =
+      task.codec();  // the run's codec: empty, or the QUANT stage setting the precision
   v1::UploadAck ack;
   grpc::Status up = c.UploadAll(header, masked, &ack);
   ASSERT_TRUE(up.ok()) << up.error_message();

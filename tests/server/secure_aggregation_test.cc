@@ -53,7 +53,8 @@ std::vector<NamedTensor> Delta(int k, const v1::TrainTask& task) {
     NamedTensor n{t.name(), {t.shape().begin(), t.shape().end()}, {}};
     int64_t count = 1;
     for (int64_t s : n.shape) count *= s;
-    for (int64_t i = 0; i < count; ++i) n.values.push_back(DeltaValue(k, task.round(), t.name(), i));
+    for (int64_t i = 0; i < count; ++i)
+      n.values.push_back(DeltaValue(k, task.round(), t.name(), i));
     d.push_back(std::move(n));
   }
   return d;
@@ -61,13 +62,16 @@ std::vector<NamedTensor> Delta(int k, const v1::TrainTask& task) {
 
 // The largest difference between the adapter's move (`after` - `initial`) and the plaintext mean
 // of the sites' updates (`sites`: each its Delta for its task, clipped to kClip).
-double ErrorAgainstClippedMean(const std::vector<UpdateTensor>& initial, const std::vector<UpdateTensor>& after,
-                               const std::vector<v1::TrainTask>& tasks, const std::vector<int>& sites) {
+double ErrorAgainstClippedMean(const std::vector<UpdateTensor>& initial,
+                               const std::vector<UpdateTensor>& after,
+                               const std::vector<v1::TrainTask>& tasks,
+                               const std::vector<int>& sites) {
   std::vector<std::vector<UpdateTensor>> clipped;
   for (int k : sites) {
     std::vector<UpdateTensor> u;
     for (NamedTensor& n : Delta(k, tasks[k])) u.push_back({n.name, n.shape, n.values});
-    std::sort(u.begin(), u.end(), [](const UpdateTensor& a, const UpdateTensor& b) { return a.name < b.name; });
+    std::sort(u.begin(), u.end(),
+              [](const UpdateTensor& a, const UpdateTensor& b) { return a.name < b.name; });
     ClipUpdateNorm(u, kClip);
     clipped.push_back(std::move(u));
   }
@@ -90,7 +94,8 @@ v1::SecureAggregationResponse Call(RawClient& c, const v1::SecureAggregationRequ
 }
 
 // One client's whole round; returns the task it got.
-v1::TrainTask RunClient(const std::string& address, int k, Drop drop, bool answer_unmasking = true) {
+v1::TrainTask RunClient(const std::string& address, int k, Drop drop,
+                        bool answer_unmasking = true) {
   RawClient c(address, absl::StrCat("site-", k));
   EXPECT_TRUE(c.Join().ok());
   v1::TrainTask task;
@@ -105,7 +110,8 @@ class SecureAggregationTest : public ::testing::TestWithParam<uint32_t> {};
 
 TEST_P(SecureAggregationTest, TheServerCommitsTheSurvivorsMeanThroughDropouts) {
   TempDir dir;
-  auto server = Server::Create(Options(dir.path()), SecAggConfig(6, GetParam()), InitialAdapter(), nullptr);
+  auto server =
+      Server::Create(Options(dir.path()), SecAggConfig(6, GetParam()), InitialAdapter(), nullptr);
   ASSERT_TRUE(server.ok()) << server.status();
   const std::vector<UpdateTensor> initial = (*server)->coordinator().global_adapter();
   // Site 4 drops after sharing its keys (no upload); site 5 uploads and never answers step 3.
@@ -145,7 +151,8 @@ TEST_P(SecureAggregationTest, TheServerCommitsTheSurvivorsMeanThroughDropouts) {
 
 INSTANTIATE_TEST_SUITE_P(Codecs, SecureAggregationTest, ::testing::Values(0u, 8u),
                          [](const ::testing::TestParamInfo<uint32_t>& i) {
-                           return i.param == 0 ? std::string("NoCodec") : absl::StrCat("Quant", i.param);
+                           return i.param == 0 ? std::string("NoCodec")
+                                               : absl::StrCat("Quant", i.param);
                          });
 
 TEST(SecureAggregationRoundTest, AnEncodingThatCouldOverflowIsRefusedAtStart) {
@@ -170,7 +177,8 @@ TEST(SecureAggregationRoundTest, ARoundThatCannotBeUnmaskedIsAbandonedWithoutARe
   const std::string initial_hash = (*server)->coordinator().global_adapter_sha256();
   std::vector<std::thread> sites;
   for (int k = 0; k < 4; ++k) {
-    sites.emplace_back([&, k] { RunClient((*server)->address(), k, Drop::kNone, /*answer_unmasking=*/k == 0); });
+    sites.emplace_back(
+        [&, k] { RunClient((*server)->address(), k, Drop::kNone, /*answer_unmasking=*/k == 0); });
   }
   for (std::thread& t : sites) t.join();
   ASSERT_TRUE(WaitFor([&] { return (*server)->metrics().rounds_abandoned.load() == 1; }, 20'000));
@@ -198,7 +206,8 @@ TEST(SecureAggregationRoundTest, WrongSharesDoNotCommitARandomisedSum) {
   const std::string initial_hash = (*server)->coordinator().global_adapter_sha256();
   auto flip = [](v1::SecAggUnmaskingResponse* r) {
     for (v1::SecAggRevealedShare& s : *r->mutable_shares()) {
-      if (!s.share().empty()) s.mutable_share()->back() ^= 0x5a;  // a well-formed share of another value
+      if (!s.share().empty())
+        s.mutable_share()->back() ^= 0x5a;  // a well-formed share of another value
     }
   };
   std::vector<std::thread> sites;
@@ -208,8 +217,9 @@ TEST(SecureAggregationRoundTest, WrongSharesDoNotCommitARandomisedSum) {
       ASSERT_TRUE(c.Join().ok());
       v1::TrainTask task;
       ASSERT_TRUE(c.GetTask(&task));
-      testing::RunSecAggClient(c, task, Delta(k, task), absl::StrCat("u", k), Drop::kNone, true, nullptr,
-                               k < 2 ? std::function<void(v1::SecAggUnmaskingResponse*)>(flip) : nullptr);
+      testing::RunSecAggClient(
+          c, task, Delta(k, task), absl::StrCat("u", k), Drop::kNone, true, nullptr,
+          k < 2 ? std::function<void(v1::SecAggUnmaskingResponse*)>(flip) : nullptr);
     });
   }
   for (std::thread& t : sites) t.join();
@@ -219,9 +229,9 @@ TEST(SecureAggregationRoundTest, WrongSharesDoNotCommitARandomisedSum) {
 }
 
 TEST(SecureAggregationRoundTest, OneWrongShareIsOutvotedAndItsSenderSitsOutTheNextRound) {
-  // Six sites, threshold 3: each survivor's seed has five shares. Site 0 flips a byte of every share
-  // it reveals; the other four shares of each seed outvote it, the round commits the exact mean of
-  // the six updates, and site 0 is named and left out of round 2's selection.
+  // Six sites, threshold 3: each survivor's seed has five shares. Site 0 flips a byte of every
+  // share it reveals; the other four shares of each seed outvote it, the round commits the exact
+  // mean of the six updates, and site 0 is named and left out of round 2's selection.
   TempDir dir;
   v1::RunConfig config = SecAggConfig(6);
   config.set_rounds(2);
@@ -240,8 +250,9 @@ TEST(SecureAggregationRoundTest, OneWrongShareIsOutvotedAndItsSenderSitsOutTheNe
       RawClient c((*server)->address(), absl::StrCat("site-", k));
       ASSERT_TRUE(c.Join().ok());
       ASSERT_TRUE(c.GetTask(&tasks[k]));
-      testing::RunSecAggClient(c, tasks[k], Delta(k, tasks[k]), absl::StrCat("u", k), Drop::kNone, true, nullptr,
-                               k == 0 ? std::function<void(v1::SecAggUnmaskingResponse*)>(flip) : nullptr);
+      testing::RunSecAggClient(
+          c, tasks[k], Delta(k, tasks[k]), absl::StrCat("u", k), Drop::kNone, true, nullptr,
+          k == 0 ? std::function<void(v1::SecAggUnmaskingResponse*)>(flip) : nullptr);
     });
   }
   for (std::thread& t : sites) t.join();
@@ -250,7 +261,8 @@ TEST(SecureAggregationRoundTest, OneWrongShareIsOutvotedAndItsSenderSitsOutTheNe
   EXPECT_EQ((*server)->metrics().secagg_implausible_sums.load(), 0);
 
   const std::vector<UpdateTensor> after = (*server)->coordinator().global_adapter();
-  const double tolerance = std::ldexp(1.0, -static_cast<int>(tasks[0].secure_aggregation().frac_bits())) + 1e-7;
+  const double tolerance =
+      std::ldexp(1.0, -static_cast<int>(tasks[0].secure_aggregation().frac_bits())) + 1e-7;
   ASSERT_EQ(after.size(), initial.size());
   EXPECT_LT(ErrorAgainstClippedMean(initial, after, tasks, {0, 1, 2, 3, 4, 5}), tolerance);
 
@@ -276,7 +288,8 @@ TEST(SecureAggregationRoundTest, ARestartAbandonsTheOpenRoundAndTheNextOneHasFre
     std::vector<std::thread> sites;
     std::vector<v1::TrainTask> tasks(3);
     for (int k = 0; k < 3; ++k) {
-      sites.emplace_back([&, k] { tasks[k] = RunClient((*server)->address(), k, Drop::kAfterUpload); });
+      sites.emplace_back(
+          [&, k] { tasks[k] = RunClient((*server)->address(), k, Drop::kAfterUpload); });
     }
     for (std::thread& t : sites) t.join();
     first = tasks[0];
@@ -285,7 +298,8 @@ TEST(SecureAggregationRoundTest, ARestartAbandonsTheOpenRoundAndTheNextOneHasFre
   auto server = Server::Create(Options(dir.path()), config, InitialAdapter(), nullptr);
   ASSERT_TRUE(server.ok()) << server.status();
   EXPECT_EQ((*server)->coordinator().rounds_committed(), 0);
-  EXPECT_EQ((*server)->metrics().rounds_abandoned.load(), 1) << "the restart did not abandon the open round";
+  EXPECT_EQ((*server)->metrics().rounds_abandoned.load(), 1)
+      << "the restart did not abandon the open round";
   RawClient c((*server)->address(), "site-0");
   ASSERT_TRUE(c.Join().ok());
   RawClient c1((*server)->address(), "site-1");
@@ -293,14 +307,21 @@ TEST(SecureAggregationRoundTest, ARestartAbandonsTheOpenRoundAndTheNextOneHasFre
   RawClient c2((*server)->address(), "site-2");
   ASSERT_TRUE(c2.Join().ok());
   v1::TrainTask next;
-  std::thread t1([&] { v1::TrainTask t; c1.GetTask(&t); });
-  std::thread t2([&] { v1::TrainTask t; c2.GetTask(&t); });
+  std::thread t1([&] {
+    v1::TrainTask t;
+    c1.GetTask(&t);
+  });
+  std::thread t2([&] {
+    v1::TrainTask t;
+    c2.GetTask(&t);
+  });
   ASSERT_TRUE(c.GetTask(&next));
   t1.join();
   t2.join();
   EXPECT_EQ(next.round(), first.round() + 1);
   ASSERT_TRUE(next.has_secure_aggregation());
-  EXPECT_NE(next.secure_aggregation().params().round_nonce(), first.secure_aggregation().params().round_nonce());
+  EXPECT_NE(next.secure_aggregation().params().round_nonce(),
+            first.secure_aggregation().params().round_nonce());
   // The old round's masked uploads are not counted in the new one.
   v1::SecureAggregationRequest stale;
   stale.set_round(first.round());

@@ -4,6 +4,7 @@
 // updates, one byte flipped in each kind of blob in turn.
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "compression/downlink.h"
 #include "compression/update_io.h"
@@ -13,7 +14,6 @@
 #include "server/differential_privacy.h"
 #include "server/store_check.h"
 #include "tests/server/federation_test_util.h"
-#include <nlohmann/json.hpp>
 
 namespace fedlora {
 namespace {
@@ -57,7 +57,8 @@ class StoreRecoveryTest : public ::testing::Test {
     meta["initial_adapter_sha256"] = initial_;
     ASSERT_TRUE(store_->CreateRun(kRun, meta.dump()).ok());
     for (int r = 1; r <= 2; ++r) {
-      ASSERT_TRUE(store_->BeginRound(kRun, r, broadcast_.empty() ? initial_ : broadcast_.back(), 0).ok());
+      ASSERT_TRUE(
+          store_->BeginRound(kRun, r, broadcast_.empty() ? initial_ : broadcast_.back(), 0).ok());
       ASSERT_TRUE(store_->SetRoundState(kRun, r, RoundState::kTraining).ok());
       ASSERT_TRUE(store_->SetRoundState(kRun, r, RoundState::kAggregating).ok());
       const std::vector<UpdateTensor> result = Shifted(InitialAdapter(), 0.001f * r);
@@ -80,7 +81,8 @@ class StoreRecoveryTest : public ::testing::Test {
         dp.clip_norm = dp.next_clip_norm = 1;
         dp.AddTo(metrics);
       }
-      ASSERT_TRUE(store_->CommitRound(kRun, r, result_.back(), metrics.dump(), {}, state_.back(), b).ok());
+      ASSERT_TRUE(
+          store_->CommitRound(kRun, r, result_.back(), metrics.dump(), {}, state_.back(), b).ok());
     }
     ASSERT_TRUE(store_->BeginRound(kRun, 3, broadcast_.back(), 0).ok());
     for (const char* c : {"a", "b"}) {
@@ -100,7 +102,8 @@ class StoreRecoveryTest : public ::testing::Test {
 
   void Flip(const std::string& hash) {
     const std::string path = blobs_->PathFor(hash);
-    std::filesystem::permissions(path, std::filesystem::perms::owner_write, std::filesystem::perm_options::add);
+    std::filesystem::permissions(path, std::filesystem::perms::owner_write,
+                                 std::filesystem::perm_options::add);
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(3);
     const char c = static_cast<char>(f.get());
@@ -169,7 +172,8 @@ TEST_F(StoreRecoveryTest, ACorruptLatestResultAdapterNeedsARewindThatKeepsTheEar
   auto o = RepairRun(*store_, *blobs_, kRun, /*rewind=*/false);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->rewind_needed_to, 1);
-  EXPECT_EQ(store_->GetRound(kRun, 2)->state, RoundState::kCommitted);  // nothing changed without --rewind
+  EXPECT_EQ(store_->GetRound(kRun, 2)->state,
+            RoundState::kCommitted);  // nothing changed without --rewind
 
   o = RepairRun(*store_, *blobs_, kRun, /*rewind=*/true);
   ASSERT_TRUE(o.ok()) << o.status();

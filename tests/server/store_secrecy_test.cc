@@ -8,10 +8,10 @@
 #include <iterator>
 #include <thread>
 
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "crypto/envelope.h"
 #include "crypto/sealed_update.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "server/server.h"
 #include "server/store.h"
 #include "tests/server/federation_test_util.h"
@@ -19,9 +19,9 @@
 namespace fedlora {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::EncodedDeltaFor;
 using testing::ExpectedAdapter;
+using ::testing::HasSubstr;
 using testing::InitialAdapter;
 using testing::RawClient;
 using testing::SameBits;
@@ -38,7 +38,8 @@ std::vector<std::string> KeyFiles(const std::string& dir) {
   std::error_code ec;
   for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
        !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
-    if (it->is_regular_file() && it->path().extension() == ".x25519") out.push_back(it->path().string());
+    if (it->is_regular_file() && it->path().extension() == ".x25519")
+      out.push_back(it->path().string());
   }
   return out;
 }
@@ -61,7 +62,8 @@ bool AnyKeyOpens(const std::string& dir, const Recorded& r) {
 
 class StoreSecrecyTest : public ::testing::Test {
  protected:
-  absl::Status Start(int rounds, int target, const std::function<void(ServerOptions&)>& tweak = {}) {
+  absl::Status Start(int rounds, int target,
+                     const std::function<void(ServerOptions&)>& tweak = {}) {
     v1::RunConfig config = testing::TestRunConfig(rounds, target, target);
     ServerOptions o = testing::TestServerOptions(dir_.path());
     if (tweak) tweak(o);
@@ -102,7 +104,8 @@ class StoreSecrecyTest : public ::testing::Test {
     const grpc::Status s = rc.UploadAll(h, plain, &ack);
     EXPECT_TRUE(s.ok()) << id << ": " << s.error_message();
     EXPECT_EQ(ack.state(), v1::UPLOAD_STATE_ACCEPTED);
-    return {rc.Wire(upload_id, plain), id, upload_id, tasks_[id].round(), static_cast<uint64_t>(examples)};
+    return {rc.Wire(upload_id, plain), id, upload_id, tasks_[id].round(),
+            static_cast<uint64_t>(examples)};
   }
 
   bool WaitForCommits(int64_t n) {
@@ -129,7 +132,8 @@ TEST_F(StoreSecrecyTest, ACopyOfTheStoreOpensNoUpdateOfAClosedRound) {
   ASSERT_TRUE(Start(/*rounds=*/2, /*target=*/2).ok());
   JoinAndGetTasks({"site-a", "site-b"});
   EXPECT_NE(tasks_["site-a"].aggregation_key().key_id(), "");
-  EXPECT_EQ(tasks_["site-a"].aggregation_key().key_id(), tasks_["site-b"].aggregation_key().key_id());
+  EXPECT_EQ(tasks_["site-a"].aggregation_key().key_id(),
+            tasks_["site-b"].aggregation_key().key_id());
   const Recorded a = Upload("site-a", 0, "a-r1", testing::ExamplesOf(0));
 
   // Mid-round, with the key directory in the store (the default), a copy holds the round's key and
@@ -153,8 +157,10 @@ TEST_F(StoreSecrecyTest, ACopyOfTheStoreOpensNoUpdateOfAClosedRound) {
   ASSERT_TRUE(uploads.ok()) << uploads.status();
   ASSERT_EQ(uploads->size(), 2u);  // the rows stay: replay protection and exactly-once counting
   for (const UploadRecord& u : *uploads) {
-    const std::string path = after + "/blobs/" + u.blob_hash.substr(0, 2) + "/" + u.blob_hash.substr(2);
-    EXPECT_FALSE(std::filesystem::exists(path)) << u.upload_id << "'s sealed update outlived its round";
+    const std::string path =
+        after + "/blobs/" + u.blob_hash.substr(0, 2) + "/" + u.blob_hash.substr(2);
+    EXPECT_FALSE(std::filesystem::exists(path))
+        << u.upload_id << "'s sealed update outlived its round";
   }
 }
 
@@ -198,7 +204,8 @@ TEST_F(StoreSecrecyTest, TheClaimedWeightIsSealedAndCappedAtTheBound) {
   for (const UpdateTensor& t : expected) named.push_back({t.name, t.shape, t.values});
   auto avg = StreamingFedAvg::Create(SpecFromUpdate(expected));
   ASSERT_TRUE(avg.ok());
-  const int64_t weights[] = {static_cast<int64_t>(testing::kTestMaxExamples), testing::ExamplesOf(1)};
+  const int64_t weights[] = {static_cast<int64_t>(testing::kTestMaxExamples),
+                             testing::ExamplesOf(1)};
   for (int c = 0; c < 2; ++c) {
     std::vector<UpdateTensor> u;
     for (NamedTensor& d : testing::DeltaFor(c, 1, named)) u.push_back({d.name, d.shape, d.values});
@@ -260,7 +267,8 @@ TEST_F(StoreSecrecyTest, ALostKeyWithNothingAcceptedStartsTheRoundAgain) {
   Upload("site-a", 0, "a-r2", testing::ExamplesOf(0));
   Upload("site-b", 1, "b-r2", testing::ExamplesOf(1));
   ASSERT_TRUE(WaitForCommits(1));
-  EXPECT_TRUE(SameBits(server_->coordinator().global_adapter(), ExpectedAdapter({0, 1}, std::vector<int>{2})));
+  EXPECT_TRUE(SameBits(server_->coordinator().global_adapter(),
+                       ExpectedAdapter({0, 1}, std::vector<int>{2})));
 }
 
 TEST_F(StoreSecrecyTest, TheRunKeyOfProtocolVersionOneIsShreddedAtStart) {

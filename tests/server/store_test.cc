@@ -123,33 +123,41 @@ TEST_F(StoreTest, RunAndRoundErrors) {
   StartTraining();
   auto dup = store_->CreateRun("run", "{}");
   EXPECT_EQ(dup.code(), absl::StatusCode::kAlreadyExists) << dup;
-  EXPECT_THAT(std::string(dup.message()), HasSubstr("UNIQUE constraint failed: runs.run_id"));  // SQLite's text
+  EXPECT_THAT(std::string(dup.message()),
+              HasSubstr("UNIQUE constraint failed: runs.run_id"));  // SQLite's text
   EXPECT_EQ(store_->BeginRound("run", 1, "", 0).status().code(), absl::StatusCode::kAlreadyExists);
   auto open = store_->BeginRound("run", 2, "", 0).status();
   EXPECT_EQ(open.code(), absl::StatusCode::kFailedPrecondition) << open;
   EXPECT_THAT(std::string(open.message()), HasSubstr("round 1 of run 'run' is still training"));
   EXPECT_EQ(store_->GetRound("run", 7).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(store_->BeginRound("run", 0, "", 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->BeginRound("run", 0, "", 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(StoreTest, RoundLifeCycleIsEnforced) {
   StartTraining();
-  EXPECT_EQ(store_->SetRoundState("run", 1, RoundState::kCommitted).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store_->SetRoundState("run", 1, RoundState::kSelecting).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->SetRoundState("run", 1, RoundState::kCommitted).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->SetRoundState("run", 1, RoundState::kSelecting).code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(store_->SetRoundState("run", 1, RoundState::kTraining).ok());  // no-op
-  EXPECT_EQ(store_->CommitRound("run", 1, Hash("r1"), "{}", {}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->CommitRound("run", 1, Hash("r1"), "{}", {}).code(),
+            absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(store_->SetRoundState("run", 1, RoundState::kAggregating).ok());
-  EXPECT_EQ(store_->RecordSelection("run", 1, {"late"}, 0).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->RecordSelection("run", 1, {"late"}, 0).code(),
+            absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(store_->CommitRound("run", 1, Hash("r1"), R"({"acc": 0.9})", {}).ok());
   auto t = store_->SetRoundState("run", 1, RoundState::kAbandoned);
   EXPECT_EQ(t.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(t.message()), HasSubstr("cannot go from committed to abandoned"));
-  EXPECT_EQ(store_->CommitRound("run", 1, Hash("r1"), "{}", {}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->CommitRound("run", 1, Hash("r1"), "{}", {}).code(),
+            absl::StatusCode::kFailedPrecondition);
 
   // Round numbers only grow; abandoned rounds are final too.
   ASSERT_TRUE(store_->BeginRound("run", 2, Hash("r1"), 0).ok());
   ASSERT_TRUE(store_->SetRoundState("run", 2, RoundState::kAbandoned).ok());
-  EXPECT_EQ(store_->SetRoundState("run", 2, RoundState::kTraining).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->SetRoundState("run", 2, RoundState::kTraining).code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(store_->BeginRound("run", 1, "", 0).status().code(), absl::StatusCode::kAlreadyExists);
   ASSERT_TRUE(store_->BeginRound("run", 5, Hash("r1"), 0).ok());
   auto rounds = store_->ListRounds("run");
@@ -160,7 +168,8 @@ TEST_F(StoreTest, RoundLifeCycleIsEnforced) {
   EXPECT_EQ((*rounds)[0].metrics_json, R"({"acc": 0.9})");
   EXPECT_EQ((*rounds)[1].state, RoundState::kAbandoned);
   EXPECT_EQ((*rounds)[2].round, 5);
-  EXPECT_EQ(store_->BeginRound("run", 4, "", 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->BeginRound("run", 4, "", 0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(StoreTest, UploadsAreIdempotentAndCountedOnce) {
@@ -186,13 +195,15 @@ TEST_F(StoreTest, UploadsAreIdempotentAndCountedOnce) {
   bad = Upload("u9", "c9");
   bad.blob_hash = "xyz";
   EXPECT_EQ(store_->RecordAccepted(bad).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store_->RecordAccepted(Upload("u9", "c9", /*round=*/2)).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->RecordAccepted(Upload("u9", "c9", /*round=*/2)).code(),
+            absl::StatusCode::kNotFound);
 
   // Once the round aggregates, no more uploads.
   ASSERT_TRUE(store_->SetRoundState("run", 1, RoundState::kAggregating).ok());
   auto late = store_->RecordAccepted(Upload("u2", "c2"));
   EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
-  EXPECT_EQ(store_->RecordAccepted(Upload("u1", "c1")).code(), absl::StatusCode::kAlreadyExists);  // still acked
+  EXPECT_EQ(store_->RecordAccepted(Upload("u1", "c1")).code(),
+            absl::StatusCode::kAlreadyExists);  // still acked
   EXPECT_EQ(store_->CountAccepted("run", 1).value(), 1);
 }
 
@@ -210,7 +221,8 @@ TEST_F(StoreTest, ResumableUploadRecords) {
   ASSERT_TRUE(resumed.ok());
   EXPECT_EQ(resumed->chunks_received, 3);
   EXPECT_EQ(resumed->bytes, 3 << 20);
-  EXPECT_EQ(store_->BeginUpload(Upload("u1", "c2")).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->BeginUpload(Upload("u1", "c2")).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(store_->ListReceivingUploads("run", 1).value().size(), 1u);
   EXPECT_EQ(store_->CountAccepted("run", 1).value(), 0);
 
@@ -272,8 +284,9 @@ TEST_F(StoreTest, AFailedFsyncIsFinal) {
   auto fail_next = std::make_shared<std::atomic<bool>>(false);
   StoreOptions o = Options();
   o.fault_hook = [fail_next](std::string_view step) {
-    return step == "WalSyncer:fsync" && fail_next->exchange(false) ? absl::InternalError("injected: EIO")
-                                                                   : absl::OkStatus();
+    return step == "WalSyncer:fsync" && fail_next->exchange(false)
+               ? absl::InternalError("injected: EIO")
+               : absl::OkStatus();
   };
   Reopen(o);
   ASSERT_TRUE(store_->CreateRun("run", "{}").ok());  // durable: the fsync succeeded
@@ -293,12 +306,14 @@ TEST_F(StoreTest, AFailedFsyncIsFinal) {
 TEST_F(StoreTest, CommitRoundIsAtomic) {
   StartTraining();
   ASSERT_TRUE(store_->SetRoundState("run", 1, RoundState::kAggregating).ok());
-  const std::vector<MetricRecord> metrics = {{"run", 1, "", "eval/accuracy", 0.75}, {"run", 1, "c1", "loss", 0.5}};
+  const std::vector<MetricRecord> metrics = {{"run", 1, "", "eval/accuracy", 0.75},
+                                             {"run", 1, "c1", "loss", 0.5}};
 
   // 1. Injected failure after the round row was updated: everything is rolled back.
   StoreOptions failing = Options();
   failing.fault_hook = [](std::string_view step) {
-    return step == "CommitRound:after_round_update" ? absl::InternalError("injected: disk on fire") : absl::OkStatus();
+    return step == "CommitRound:after_round_update" ? absl::InternalError("injected: disk on fire")
+                                                    : absl::OkStatus();
   };
   Reopen(failing);
   auto s = store_->CommitRound("run", 1, Hash("new"), "{}", metrics);
@@ -365,7 +380,8 @@ TEST_F(StoreTest, SigkillInsideCommitRoundLeavesTheRoundUncommitted) {
   RunAndExpectSigkill([&] {
     StoreOptions o;
     o.fault_hook = [](std::string_view step) {
-      if (step == "CommitRound:before_commit") ::kill(::getpid(), SIGKILL);  // every row written, no COMMIT
+      if (step == "CommitRound:before_commit")
+        ::kill(::getpid(), SIGKILL);  // every row written, no COMMIT
       return absl::OkStatus();
     };
     auto child_store = Store::Open(path, o);
@@ -428,7 +444,8 @@ TEST_F(StoreTest, RecoveryPicksUpAnInterruptedRound) {
   // the open round only (round 1's update r1-u went with its commit).
   auto refs = store_->ReferencedBlobHashes();
   ASSERT_TRUE(refs.ok());
-  EXPECT_EQ(*refs, (absl::flat_hash_set<std::string>{Hash("init"), Hash("global-1"), Hash("u-z"), Hash("u-a")}));
+  EXPECT_EQ(*refs, (absl::flat_hash_set<std::string>{Hash("init"), Hash("global-1"), Hash("u-z"),
+                                                     Hash("u-a")}));
 }
 
 TEST_F(StoreTest, ClientsAndMetrics) {
@@ -444,7 +461,8 @@ TEST_F(StoreTest, ClientsAndMetrics) {
   EXPECT_EQ(c->state, ClientState::kBlocked);  // kept
   EXPECT_EQ(c->first_seen_unix_ms, 1000);
   EXPECT_EQ(c->last_seen_unix_ms, 2000);
-  EXPECT_EQ(store_->SetClientState("ghost", ClientState::kActive).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->SetClientState("ghost", ClientState::kActive).code(),
+            absl::StatusCode::kNotFound);
   EXPECT_EQ(store_->GetClient("ghost").status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(store_->UpsertClient("a0", "fp").ok());
   EXPECT_EQ(store_->ListClients().value().front().client_id, "a0");
@@ -453,7 +471,8 @@ TEST_F(StoreTest, ClientsAndMetrics) {
   ASSERT_TRUE(store_->CreateRun("run", "{}").ok());
   ASSERT_TRUE(store_->RecordMetric({"run", 1, "", "eval/acc", 0.5}).ok());
   ASSERT_TRUE(store_->RecordMetric({"run", 1, "c1", "eval/acc", 0.25}).ok());
-  EXPECT_EQ(store_->RecordMetric({"run", 1, "", "eval/acc", 0.6}).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(store_->RecordMetric({"run", 1, "", "eval/acc", 0.6}).code(),
+            absl::StatusCode::kAlreadyExists);
   auto m = store_->ListMetrics("run", 1);
   ASSERT_TRUE(m.ok());
   ASSERT_EQ(m->size(), 2u);
@@ -476,7 +495,8 @@ TEST_F(StoreTest, LockedDatabaseIsUnavailableAfterTheBusyTimeout) {
   StartTraining();
   sqlite3* other = nullptr;
   ASSERT_EQ(sqlite3_open(path_.c_str(), &other), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);  // holds the write lock
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr),
+            SQLITE_OK);  // holds the write lock
   StoreOptions o = Options();
   o.busy_timeout_ms = 50;
   Reopen(o);

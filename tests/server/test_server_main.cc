@@ -20,7 +20,8 @@
 
 int main(int argc, char** argv) {
   int port = 0, rounds = 0, clients = 0;
-  // The optional fifth argument is the aggregation strategy, e.g. FEDADAM (server learning rate 0.05).
+  // The optional fifth argument is the aggregation strategy, e.g. FEDADAM (server learning rate
+  // 0.05).
   fedlora::v1::AggregationConfig::Strategy strategy = fedlora::v1::AggregationConfig::FEDAVG;
   const std::string strategy_arg = argc == 6 ? argv[5] : "FEDAVG";
   const size_t colon = strategy_arg.find(':');
@@ -29,10 +30,12 @@ int main(int argc, char** argv) {
   const bool tail_ok = colon == std::string::npos || downlink ||
                        (strategy_arg.compare(colon + 1, 4, "tail") == 0 &&
                         absl::SimpleAtoi(strategy_arg.substr(colon + 5), &tail));
-  if ((argc != 5 && argc != 6) || !absl::SimpleAtoi(argv[2], &port) || !absl::SimpleAtoi(argv[3], &rounds) ||
-      !absl::SimpleAtoi(argv[4], &clients) || !tail_ok ||
+  if ((argc != 5 && argc != 6) || !absl::SimpleAtoi(argv[2], &port) ||
+      !absl::SimpleAtoi(argv[3], &rounds) || !absl::SimpleAtoi(argv[4], &clients) || !tail_ok ||
       !fedlora::v1::AggregationConfig::Strategy_Parse(strategy_arg.substr(0, colon), &strategy)) {
-    std::fprintf(stderr, "usage: %s <data_dir> <port> <rounds> <clients> [strategy[:tailK|:downlink]]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s <data_dir> <port> <rounds> <clients> [strategy[:tailK|:downlink]]\n",
+                 argv[0]);
     return 2;
   }
   // Block the stop signals before any thread exists, so that every thread inherits the mask and

@@ -31,7 +31,10 @@ constexpr int64_t kDay = 86'400;
 int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
 
 crypto::CertificateRequest Req(const std::string& cn, int64_t not_after, int64_t not_before = 0) {
-  return {.common_name = cn, .dns_names = {}, .ip_addresses = {}, .not_before_unix_s = not_before,
+  return {.common_name = cn,
+          .dns_names = {},
+          .ip_addresses = {},
+          .not_before_unix_s = not_before,
           .not_after_unix_s = not_after};
 }
 
@@ -47,11 +50,18 @@ class TlsErrorsTest : public ::testing::Test {
     Write("other-ca", other_ca_);
     Write("server", crypto::IssueServerCertificate(ca_, server).value());
     Write("site-a", crypto::IssueClientCertificate(ca_, Req("site-a", Now() + kDay)).value());
-    Write("foreign", crypto::IssueClientCertificate(other_ca_, Req("site-f", Now() + kDay)).value());
-    Write("expired", crypto::IssueClientCertificate(ca_, Req("site-e", Now() - kDay, Now() - 2 * kDay)).value());
-    const crypto::PemPair revoked = crypto::IssueClientCertificate(ca_, Req("site-r", Now() + kDay)).value();
+    Write("foreign",
+          crypto::IssueClientCertificate(other_ca_, Req("site-f", Now() + kDay)).value());
+    Write(
+        "expired",
+        crypto::IssueClientCertificate(ca_, Req("site-e", Now() - kDay, Now() - 2 * kDay)).value());
+    const crypto::PemPair revoked =
+        crypto::IssueClientCertificate(ca_, Req("site-r", Now() + kDay)).value();
     Write("revoked", revoked);
-    ASSERT_TRUE(WriteFileAtomically(Path("crl.pem"), crypto::RevokeCertificates(ca_, "", {revoked.cert_pem}, kDay).value()).ok());
+    ASSERT_TRUE(
+        WriteFileAtomically(Path("crl.pem"),
+                            crypto::RevokeCertificates(ca_, "", {revoked.cert_pem}, kDay).value())
+            .ok());
   }
   std::string Path(const std::string& name) const { return dir_.path() + "/" + name; }
   void Write(const std::string& name, const crypto::PemPair& pair) {
@@ -122,7 +132,8 @@ TEST_F(TlsErrorsTest, ASiteTrustingAnotherCaIsToldSoAtOnce) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(std::string(s.message()),
               AllOf(HasSubstr("presented certificate 'localhost' (issuer 'run CA'"),
-                    HasSubstr("is not signed by the CA file " + Path("other-ca.pem") + " (its issuer is 'run CA')")));
+                    HasSubstr("is not signed by the CA file " + Path("other-ca.pem") +
+                              " (its issuer is 'run CA')")));
 }
 
 TEST_F(TlsErrorsTest, ACertificateOfAnotherCaIsRefusedAndTheSiteToldSoAtOnce) {
@@ -130,7 +141,8 @@ TEST_F(TlsErrorsTest, ACertificateOfAnotherCaIsRefusedAndTheSiteToldSoAtOnce) {
   const absl::Status s = RunFails(TlsClient("foreign"));
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   EXPECT_THAT(std::string(s.message()),
-              AllOf(HasSubstr("it refused this site's certificate " + Path("foreign.pem") + " ('site-f', issuer 'other CA'"),
+              AllOf(HasSubstr("it refused this site's certificate " + Path("foreign.pem") +
+                              " ('site-f', issuer 'other CA'"),
                     HasSubstr("is issued by 'other CA', not by the CA file " + Path("ca.pem"))));
   EXPECT_THAT(server_->MetricsText(), Not(HasSubstr("fedlora_tls_handshakes_refused_total 0")));
 }
@@ -139,14 +151,16 @@ TEST_F(TlsErrorsTest, AnExpiredCertificateIsNamedAtOnce) {
   StartServer(true);
   const absl::Status s = RunFails(TlsClient("expired"));
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("this site's certificate " + Path("expired.pem") + " expired at "));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("this site's certificate " + Path("expired.pem") + " expired at "));
 }
 
 TEST_F(TlsErrorsTest, ARevokedCertificateIsRefusedAtOnce) {
   StartServer(true);
   const absl::Status s = RunFails(TlsClient("revoked"));
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("('site-r', issuer 'run CA'"), HasSubstr("revoked")));
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("('site-r', issuer 'run CA'"), HasSubstr("revoked")));
 }
 
 TEST_F(TlsErrorsTest, AServerCertificateForAnotherNameIsNamedAtOnce) {
@@ -155,7 +169,8 @@ TEST_F(TlsErrorsTest, AServerCertificateForAnotherNameIsNamedAtOnce) {
   o.tls.server_name_override = "fl.example.org";
   const absl::Status s = RunFails(o);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("is for 'localhost', '127.0.0.1', not 'fl.example.org'"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("is for 'localhost', '127.0.0.1', not 'fl.example.org'"));
 }
 
 TEST_F(TlsErrorsTest, PlaintextAgainstTlsEitherWayIsNamedAtOnce) {
@@ -226,19 +241,23 @@ TEST_F(TlsErrorsTest, TheCommandsSayWhatIsWrongAtOnce) {
   const std::string root = source != nullptr ? source : ".";
   StartServer(true);
   const std::string bin = FEDLORA_BINARY_PATH;
-  const std::string tls = " --server " + server_->address() + " --ca " + Path("other-ca.pem") + " --cert " +
-                          Path("site-a.pem") + " --key " + Path("site-a.key");
+  const std::string tls = " --server " + server_->address() + " --ca " + Path("other-ca.pem") +
+                          " --cert " + Path("site-a.pem") + " --key " + Path("site-a.key");
   const auto start = std::chrono::steady_clock::now();
-  for (const std::string& command : {bin + " health" + tls, bin + " status" + tls,
-                                    bin + " client --model " + root + "/models/all-MiniLM-L6-v2 --data " + root +
-                                        "/README.md" + tls}) {
+  for (const std::string& command :
+       {bin + " health" + tls, bin + " status" + tls,
+        bin + " client --model " + root + "/models/all-MiniLM-L6-v2 --data " + root + "/README.md" +
+            tls}) {
     auto [rc, out] = RunCommand(command);
     EXPECT_NE(rc, 0) << command;
-    EXPECT_THAT(out, AllOf(HasSubstr("is not signed by "), HasSubstr(Path("other-ca.pem") + " (its issuer is 'run CA')"),
-                           Not(HasSubstr("0x")))) << command;
+    EXPECT_THAT(out, AllOf(HasSubstr("is not signed by "),
+                           HasSubstr(Path("other-ca.pem") + " (its issuer is 'run CA')"),
+                           Not(HasSubstr("0x"))))
+        << command;
   }
-  auto [rc, out] = RunCommand(bin + " health --server " + server_->address() + " --ca " + Path("ca.pem") + " --cert " +
-                              Path("site-a.pem") + " --key " + Path("revoked.key"));
+  auto [rc, out] =
+      RunCommand(bin + " health --server " + server_->address() + " --ca " + Path("ca.pem") +
+                 " --cert " + Path("site-a.pem") + " --key " + Path("revoked.key"));
   EXPECT_NE(rc, 0);
   EXPECT_THAT(out, AllOf(HasSubstr("does not match"), Not(HasSubstr("0x"))));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));

@@ -15,9 +15,9 @@
 namespace fedlora {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::EncodedDeltaFor;
 using testing::ExpectedAdapter;
+using ::testing::HasSubstr;
 using testing::InitialAdapter;
 using testing::RawClient;
 using testing::SameBits;
@@ -30,8 +30,8 @@ struct Participant {
 
 class UploadProtocolTest : public ::testing::Test {
  protected:
-  void StartServer(int rounds, int target, int min_clients, double over_selection, int64_t deadline_ms,
-                   int64_t heartbeat_timeout_ms = 30'000) {
+  void StartServer(int rounds, int target, int min_clients, double over_selection,
+                   int64_t deadline_ms, int64_t heartbeat_timeout_ms = 30'000) {
     v1::RunConfig config = testing::TestRunConfig(rounds, target, min_clients);
     config.mutable_selection()->set_over_selection(over_selection);
     ServerOptions options = testing::TestServerOptions(dir_.path());
@@ -59,7 +59,8 @@ class UploadProtocolTest : public ::testing::Test {
     }
     std::vector<std::thread> threads;
     for (const std::string& id : ids) {
-      threads.emplace_back([&out, id] { EXPECT_TRUE(out[id].client->GetTask(&out[id].task)) << id; });
+      threads.emplace_back(
+          [&out, id] { EXPECT_TRUE(out[id].client->GetTask(&out[id].task)) << id; });
     }
     for (auto& t : threads) t.join();
     return out;
@@ -88,11 +89,13 @@ class UploadProtocolTest : public ::testing::Test {
 };
 
 TEST_F(UploadProtocolTest, ReplayedUploadIsAcknowledgedAgainAndCountedOnce) {
-  StartServer(/*rounds=*/1, /*target=*/2, /*min_clients=*/2, /*over_selection=*/1.0, /*deadline_ms=*/30'000);
+  StartServer(/*rounds=*/1, /*target=*/2, /*min_clients=*/2, /*over_selection=*/1.0,
+              /*deadline_ms=*/30'000);
   auto p = JoinAndGetTasks({"site-a", "site-b"});
   RawClient& a = *p["site-a"].client;
   const std::string blob = EncodedDeltaFor(0, p["site-a"].task, InitialAdapter());
-  const v1::UploadHeader header = a.Header(p["site-a"].task, blob, "upload-a-1", testing::ExamplesOf(0));
+  const v1::UploadHeader header =
+      a.Header(p["site-a"].task, blob, "upload-a-1", testing::ExamplesOf(0));
 
   v1::UploadAck first;
   ASSERT_TRUE(a.UploadAll(header, blob, &first).ok());
@@ -124,7 +127,9 @@ TEST_F(UploadProtocolTest, ReplayedUploadIsAcknowledgedAgainAndCountedOnce) {
   RawClient& b = *p["site-b"].client;
   const std::string blob_b = EncodedDeltaFor(1, p["site-b"].task, InitialAdapter());
   v1::UploadAck ack_b;
-  ASSERT_TRUE(b.UploadAll(b.Header(p["site-b"].task, blob_b, "upload-b-1", testing::ExamplesOf(1)), blob_b, &ack_b).ok());
+  ASSERT_TRUE(b.UploadAll(b.Header(p["site-b"].task, blob_b, "upload-b-1", testing::ExamplesOf(1)),
+                          blob_b, &ack_b)
+                  .ok());
   ASSERT_TRUE(WaitForCommits(1));
   EXPECT_TRUE(SameBits(server_->coordinator().global_adapter(), ExpectedAdapter({0, 1}, 1)));
   EXPECT_EQ(server_->metrics().updates_accepted.load(), 2);
@@ -141,7 +146,8 @@ TEST_F(UploadProtocolTest, UploadCutOffHalfwayResumesFromTheLastDurableChunk) {
   auto p = JoinAndGetTasks({"site-a"});
   RawClient& a = *p["site-a"].client;
   const std::string blob = EncodedDeltaFor(0, p["site-a"].task, InitialAdapter());
-  const v1::UploadHeader header = a.Header(p["site-a"].task, blob, "upload-cut", testing::ExamplesOf(0));
+  const v1::UploadHeader header =
+      a.Header(p["site-a"].task, blob, "upload-cut", testing::ExamplesOf(0));
   const uint32_t n = header.manifest().num_chunks();
   const uint32_t half = n / 2;
 
@@ -176,7 +182,8 @@ TEST_F(UploadProtocolTest, CheckpointsBesideTheStreamAreWaitedForAtEveryEnd) {
   auto p = JoinAndGetTasks({"site-a"});
   RawClient& a = *p["site-a"].client;
   const std::string blob = EncodedDeltaFor(0, p["site-a"].task, InitialAdapter());
-  const v1::UploadHeader header = a.Header(p["site-a"].task, blob, "upload-beside", testing::ExamplesOf(0));
+  const v1::UploadHeader header =
+      a.Header(p["site-a"].task, blob, "upload-beside", testing::ExamplesOf(0));
   const uint32_t n = header.manifest().num_chunks();
   ASSERT_GE(n, 8u);
 
@@ -285,7 +292,8 @@ TEST_F(UploadProtocolTest, HostileUploadsAreRefusedAndHonestClientsStillFinish) 
       std::string blob = good;
       std::memcpy(blob.data() + blob.size() - 4, &bits, 4);
       const std::string upload = id();
-      expect(h.UploadAll(h.Header(task, blob, upload), blob, &ack), {"non-finite", grpc::StatusCode::INVALID_ARGUMENT, "finite"});
+      expect(h.UploadAll(h.Header(task, blob, upload), blob, &ack),
+             {"non-finite", grpc::StatusCode::INVALID_ARGUMENT, "finite"});
       v1::UploadStatusResponse st;
       ASSERT_TRUE(h.Status(upload, &st).ok());
       EXPECT_EQ(st.state(), v1::UPLOAD_STATE_REJECTED);
@@ -294,17 +302,20 @@ TEST_F(UploadProtocolTest, HostileUploadsAreRefusedAndHonestClientsStillFinish) 
   {  // Manifest with a wrong shape, and with a wrong dtype.
     v1::UploadHeader hd = h.Header(task, good, id());
     hd.mutable_manifest()->mutable_tensors(0)->set_shape(0, 5);
-    expect(h.UploadAll(hd, good, &ack), {"manifest shape", grpc::StatusCode::INVALID_ARGUMENT, "shape"});
+    expect(h.UploadAll(hd, good, &ack),
+           {"manifest shape", grpc::StatusCode::INVALID_ARGUMENT, "shape"});
     hd = h.Header(task, good, id());
     hd.mutable_manifest()->mutable_tensors(1)->set_dtype("F16");
-    expect(h.UploadAll(hd, good, &ack), {"manifest dtype", grpc::StatusCode::INVALID_ARGUMENT, "F16"});
+    expect(h.UploadAll(hd, good, &ack),
+           {"manifest dtype", grpc::StatusCode::INVALID_ARGUMENT, "F16"});
   }
   {  // A blob whose tensors have other shapes than the manifest claims.
     std::vector<UpdateTensor> wrong = global;
     std::swap(wrong[1].shape[0], wrong[1].shape[1]);
     auto blob = EncodeUpdate(wrong, CodecOptions{});
     ASSERT_TRUE(blob.ok());
-    expect(h.UploadAll(h.Header(task, *blob, id()), *blob, &ack), {"blob shape", grpc::StatusCode::INVALID_ARGUMENT, "shape"});
+    expect(h.UploadAll(h.Header(task, *blob, id()), *blob, &ack),
+           {"blob shape", grpc::StatusCode::INVALID_ARGUMENT, "shape"});
   }
   const uint32_t n = h.Header(task, good, "x").manifest().num_chunks();
   {  // Chunks: oversized, truncated, hash mismatch, out of order, data before the header.
@@ -371,7 +382,8 @@ TEST_F(UploadProtocolTest, HostileUploadsAreRefusedAndHonestClientsStillFinish) 
            {"zero examples", grpc::StatusCode::INVALID_ARGUMENT, "num_examples"});
     v1::UploadHeader hd = h.Header(task, good, id());
     hd.set_round(7);
-    expect(h.UploadAll(hd, good, &ack), {"wrong round", grpc::StatusCode::FAILED_PRECONDITION, "round"});
+    expect(h.UploadAll(hd, good, &ack),
+           {"wrong round", grpc::StatusCode::FAILED_PRECONDITION, "round"});
   }
   {  // Forged identities. Mallory names site-a's task in the body: the task is bound to site-a.
     expect(h.UploadAll(h.Header(p["site-a"].task, good, id()), good, &ack),
@@ -394,13 +406,14 @@ TEST_F(UploadProtocolTest, HostileUploadsAreRefusedAndHonestClientsStillFinish) 
   EXPECT_GE(server_->metrics().updates_rejected.load(), 15);
 
   // The honest clients are still served and their round commits without any hostile update.
-  for (const auto& [name, client_index] : std::vector<std::pair<std::string, int>>{{"site-a", 0}, {"site-b", 1}}) {
+  for (const auto& [name, client_index] :
+       std::vector<std::pair<std::string, int>>{{"site-a", 0}, {"site-b", 1}}) {
     Participant& part = p[name];
     const std::string blob = EncodedDeltaFor(client_index, part.task, global);
     v1::UploadAck ok_ack;
-    grpc::Status s = part.client->UploadAll(part.client->Header(part.task, blob, "honest-" + name,
-                                                                testing::ExamplesOf(client_index)),
-                                            blob, &ok_ack);
+    grpc::Status s = part.client->UploadAll(
+        part.client->Header(part.task, blob, "honest-" + name, testing::ExamplesOf(client_index)),
+        blob, &ok_ack);
     ASSERT_TRUE(s.ok()) << name << ": " << s.error_message();
     EXPECT_EQ(ok_ack.state(), v1::UPLOAD_STATE_ACCEPTED);
   }
@@ -412,11 +425,15 @@ TEST_F(UploadProtocolTest, StragglerIsRefusedAsStaleAfterTheRoundClosesAtItsDead
   StartServer(/*rounds=*/2, /*target=*/3, /*min_clients=*/2, 1.0, /*deadline_ms=*/1500);
   auto p = JoinAndGetTasks({"site-a", "site-b", "site-c"});
   const std::vector<UpdateTensor> global = InitialAdapter();
-  for (const auto& [name, c] : std::vector<std::pair<std::string, int>>{{"site-a", 0}, {"site-b", 1}}) {
+  for (const auto& [name, c] :
+       std::vector<std::pair<std::string, int>>{{"site-a", 0}, {"site-b", 1}}) {
     const std::string blob = EncodedDeltaFor(c, p[name].task, global);
     v1::UploadAck ack;
-    ASSERT_TRUE(p[name].client->UploadAll(p[name].client->Header(p[name].task, blob, "up-" + name, testing::ExamplesOf(c)),
-                                          blob, &ack)
+    ASSERT_TRUE(p[name]
+                    .client
+                    ->UploadAll(p[name].client->Header(p[name].task, blob, "up-" + name,
+                                                       testing::ExamplesOf(c)),
+                                blob, &ack)
                     .ok());
   }
   // Two of three arrived: the round waits for its deadline, then closes with min_clients = 2.
@@ -449,7 +466,11 @@ TEST_F(UploadProtocolTest, RoundBelowMinClientsAtItsDeadlineIsAbandonedAndRetrie
   {
     const std::string blob = EncodedDeltaFor(0, p["site-a"].task, global);
     v1::UploadAck ack;
-    ASSERT_TRUE(p["site-a"].client->UploadAll(p["site-a"].client->Header(p["site-a"].task, blob, "r1-a", 10), blob, &ack).ok());
+    ASSERT_TRUE(
+        p["site-a"]
+            .client
+            ->UploadAll(p["site-a"].client->Header(p["site-a"].task, blob, "r1-a", 10), blob, &ack)
+            .ok());
   }
   // Only one of the two minimum arrives: after the deadline round 1 is abandoned, round 2 opens
   // from the same adapter, and both clients get tasks for it.
@@ -460,17 +481,21 @@ TEST_F(UploadProtocolTest, RoundBelowMinClientsAtItsDeadlineIsAbandonedAndRetrie
   EXPECT_EQ(retry["site-a"].task.round(), 2u);
   EXPECT_EQ(retry["site-a"].task.global_adapter().sha256(), initial_hash);
   EXPECT_EQ(server_->metrics().rounds_abandoned.load(), 1);
-  for (const auto& [name, c] : std::vector<std::pair<std::string, int>>{{"site-a", 0}, {"site-b", 1}}) {
+  for (const auto& [name, c] :
+       std::vector<std::pair<std::string, int>>{{"site-a", 0}, {"site-b", 1}}) {
     const std::string blob = EncodedDeltaFor(c, retry[name].task, global);
     v1::UploadAck ack;
-    ASSERT_TRUE(retry[name].client->UploadAll(retry[name].client->Header(retry[name].task, blob, "r2-" + name,
-                                                                         testing::ExamplesOf(c)),
-                                              blob, &ack)
+    ASSERT_TRUE(retry[name]
+                    .client
+                    ->UploadAll(retry[name].client->Header(retry[name].task, blob, "r2-" + name,
+                                                           testing::ExamplesOf(c)),
+                                blob, &ack)
                     .ok());
   }
   ASSERT_TRUE(WaitForCommits(1));
   EXPECT_TRUE(server_->coordinator().finished());
-  EXPECT_TRUE(SameBits(server_->coordinator().global_adapter(), ExpectedAdapter({0, 1}, std::vector<int>{2})));
+  EXPECT_TRUE(SameBits(server_->coordinator().global_adapter(),
+                       ExpectedAdapter({0, 1}, std::vector<int>{2})));
 }
 
 TEST_F(UploadProtocolTest, OverSelectsAndTellsTheOthersToComeBack) {
@@ -515,13 +540,14 @@ TEST_F(UploadProtocolTest, OverSelectsAndTellsTheOthersToComeBack) {
     const int c = std::stoi(id.substr(5));
     const std::string blob = EncodedDeltaFor(c, p[id].task, global);
     v1::UploadAck ack;
-    grpc::Status s = p[id].client->UploadAll(p[id].client->Header(p[id].task, blob, "up-" + id, testing::ExamplesOf(c)),
-                                             blob, &ack);
+    grpc::Status s = p[id].client->UploadAll(
+        p[id].client->Header(p[id].task, blob, "up-" + id, testing::ExamplesOf(c)), blob, &ack);
     if (i < 4) {
       ASSERT_TRUE(s.ok()) << id << ": " << s.error_message();
       counted.push_back(c);
     } else {
-      EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << id << ": " << s.error_message();
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+          << id << ": " << s.error_message();
     }
   }
   ASSERT_TRUE(WaitForCommits(1));
@@ -553,7 +579,8 @@ TEST_F(UploadProtocolTest, SelectionWaitsForTheExpectedClientsToJoin) {
   std::thread tb([&] { EXPECT_TRUE(b.WaitForTask(&answer_b, 5).ok()); });
   ta.join();
   tb.join();
-  EXPECT_EQ(answer_a.has_task() + answer_b.has_task(), 1) << "one of the two waiting clients is selected";
+  EXPECT_EQ(answer_a.has_task() + answer_b.has_task(), 1)
+      << "one of the two waiting clients is selected";
 }
 
 TEST_F(UploadProtocolTest, NegativeExpectedClientsIsRefused) {
@@ -575,14 +602,19 @@ TEST_F(UploadProtocolTest, BulkWorkNiceOutsideZeroToNineteenIsRefused) {
 }
 
 TEST_F(UploadProtocolTest, SilentSelectedClientIsReplacedByALiveOne) {
-  StartServer(/*rounds=*/1, /*target=*/2, /*min_clients=*/2, 1.0, 30'000, /*heartbeat_timeout_ms=*/500);
+  StartServer(/*rounds=*/1, /*target=*/2, /*min_clients=*/2, 1.0, 30'000,
+              /*heartbeat_timeout_ms=*/500);
   auto p = JoinAndGetTasks({"site-a", "site-b"});
   const std::vector<UpdateTensor> global = InitialAdapter();
   {
     const std::string blob = EncodedDeltaFor(0, p["site-a"].task, global);
     v1::UploadAck ack;
-    ASSERT_TRUE(p["site-a"].client->UploadAll(p["site-a"].client->Header(p["site-a"].task, blob, "a", testing::ExamplesOf(0)),
-                                              blob, &ack).ok());
+    ASSERT_TRUE(p["site-a"]
+                    .client
+                    ->UploadAll(p["site-a"].client->Header(p["site-a"].task, blob, "a",
+                                                           testing::ExamplesOf(0)),
+                                blob, &ack)
+                    .ok());
   }
   // site-b goes silent. A newcomer asking before the timeout is told to come back; after it, it
   // takes site-b's place.
@@ -593,14 +625,16 @@ TEST_F(UploadProtocolTest, SilentSelectedClientIsReplacedByALiveOne) {
   EXPECT_TRUE(early.has_retry_later());
   std::this_thread::sleep_for(std::chrono::milliseconds(700));
   v1::WaitForTaskResponse late;
-  EXPECT_EQ(c.WaitForTask(&late, 0).error_code(), grpc::StatusCode::UNAUTHENTICATED);  // its session expired too
+  EXPECT_EQ(c.WaitForTask(&late, 0).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);  // its session expired too
   ASSERT_TRUE(c.Join().ok());
   ASSERT_TRUE(c.WaitForTask(&late, 0).ok());
   ASSERT_TRUE(late.has_task());
   EXPECT_EQ(late.task().round(), 1u);
   const std::string blob = EncodedDeltaFor(2, late.task(), global);
   v1::UploadAck ack;
-  ASSERT_TRUE(c.UploadAll(c.Header(late.task(), blob, "c", testing::ExamplesOf(2)), blob, &ack).ok());
+  ASSERT_TRUE(
+      c.UploadAll(c.Header(late.task(), blob, "c", testing::ExamplesOf(2)), blob, &ack).ok());
   ASSERT_TRUE(WaitForCommits(1));
   EXPECT_TRUE(SameBits(server_->coordinator().global_adapter(), ExpectedAdapter({0, 2}, 1)));
 }

@@ -41,7 +41,8 @@ std::string MakeFixture() {
     for (int i = 0; i < n; ++i) {
       const int y = (i * 7 + salt) % 3;
       std::string text;
-      for (int k = 0; k < 6; ++k) absl::StrAppend(&text, k ? " " : "", "w", y * 30 + (i * 13 + k * 5 + salt) % 30);
+      for (int k = 0; k < 6; ++k)
+        absl::StrAppend(&text, k ? " " : "", "w", y * 30 + (i * 13 + k * 5 + salt) % 30);
       absl::StrAppend(&out, "{\"text\": \"", text, "\", \"label\": \"", labels[y], "\"}\n");
     }
     EXPECT_TRUE(WriteFileAtomically(path, out).ok());
@@ -52,16 +53,20 @@ std::string MakeFixture() {
 }
 
 v1::RunConfig Config(const std::string& dir, int rounds) {
-  const std::string json = absl::StrCat(R"({
-    "run_id": "sim-test", "seed": 5, "rounds": )", rounds, R"(,
-    "model": {"path": ")", dir, R"(/model", "max_seq_len": 16},
+  const std::string json =
+      absl::StrCat(R"({
+    "run_id": "sim-test", "seed": 5, "rounds": )",
+                   rounds, R"(,
+    "model": {"path": ")",
+                   dir, R"(/model", "max_seq_len": 16},
     "lora": {"rank": 8, "alpha": 16},
     "task": {"labels": ["red", "green", "blue"]},
     "training": {"local_epochs": 1, "batch_size": 8, "learning_rate": 0.01},
     "selection": {"clients_per_round": 4, "over_selection": 1.0, "min_clients": 2,
                   "round_deadline_seconds": 4, "heartbeat_interval_seconds": 1,
                   "heartbeat_timeout_seconds": 30, "retry_after_seconds": 1},
-    "data": {"train_path": ")", dir, R"(/train.jsonl", "eval_path": ")", dir, R"(/eval.jsonl",
+    "data": {"train_path": ")",
+                   dir, R"(/train.jsonl", "eval_path": ")", dir, R"(/eval.jsonl",
              "eval_batch_size": 16},
     "server": {"chunk_size_bytes": 4096},
     "simulation": {"num_clients": 4, "partition": "IID", "parallelism": 2}
@@ -121,7 +126,8 @@ TEST(Simulator, TwoRoundsWithADropoutACrashedUploadAndAStraggler) {
   options.max_seconds = 80;
   // Round 1: client 2 vanishes after selection; client 0's upload is cut midway and resumed.
   // Round 2: client 1 sleeps 6 s after training, past the 4 s deadline: its update is refused.
-  options.faults = {{1, 2, FaultKind::kDropout}, {1, 0, FaultKind::kCrash}, {2, 1, FaultKind::kStraggler}};
+  options.faults = {
+      {1, 2, FaultKind::kDropout}, {1, 0, FaultKind::kCrash}, {2, 1, FaultKind::kStraggler}};
   v1::RunConfig config = Config(dir, 2);
   config.mutable_simulation()->set_straggler_delay_seconds(6);
   auto result = RunSimulation(config, options);
@@ -292,7 +298,8 @@ TEST(Simulator, CompressedUpdatesWithErrorFeedbackCrossTheWire) {
     residuals += std::filesystem::exists(e.path() / "error_feedback.safetensors");
   }
   EXPECT_EQ(residuals, 4) << "each of the 4 clients trained and kept its residual";
-  EXPECT_FALSE(std::filesystem::exists(dir + "/plain/clients/sim-client-00000/error_feedback.safetensors"));
+  EXPECT_FALSE(
+      std::filesystem::exists(dir + "/plain/clients/sim-client-00000/error_feedback.safetensors"));
   std::filesystem::remove_all(dir);
 }
 
@@ -318,7 +325,8 @@ TEST(Simulator, LowRankUpdatesCrossTheWire) {
     EXPECT_LT(b.rounds[r].bytes_up * 5, b.rounds[r].bytes_up_fp32) << "round " << r;
   }
   EXPECT_NE(b.rounds[2].eval_loss, b.rounds[0].eval_loss) << "low-rank updates changed nothing";
-  auto kept = ErrorFeedback::Load(dir + "/packed/clients/sim-client-00000/error_feedback.safetensors", "sim-test");
+  auto kept = ErrorFeedback::Load(
+      dir + "/packed/clients/sim-client-00000/error_feedback.safetensors", "sim-test");
   ASSERT_TRUE(kept.ok()) << kept.status();
   EXPECT_FALSE(kept->residual().empty());
   EXPECT_FALSE(kept->warm_start().empty());
@@ -364,7 +372,8 @@ TEST(Simulator, DownlinkDeltasRebuildTheBroadcastAdapter) {
 TEST(Simulator, DifferentialPrivacyReportsEpsilonEachRound) {
   // Central DP, z = 1.1, 4 of 10 clients per round, accounted at sampling rate 1 (the server's
   // cohorts are not uniform samples): the report's epsilon after each round is Opacus 1.5.2's for
-  // that many steps (compute_rdp, alpha * steps / (2 z^2) at q = 1; get_privacy_spent, default orders).
+  // that many steps (compute_rdp, alpha * steps / (2 z^2) at q = 1; get_privacy_spent, default
+  // orders).
   const std::string dir = MakeFixture();
   v1::RunConfig config = Config(dir, 2);
   config.mutable_aggregation()->clear_weight_by_examples();
@@ -385,10 +394,11 @@ TEST(Simulator, DifferentialPrivacyReportsEpsilonEachRound) {
 
 TEST(Simulator, SecureAggregationWithDistributedNoiseOverMutualTlsThroughADropout) {
   // Everything on: mutual TLS (a PKI made for the run), sealed updates, secure aggregation and
-  // distributed DP. The SDK's secure-aggregation path: 4 clients mask their clipped, noised updates; in round 1
-  // client 2 drops after sharing its keys, so the server unmasks the other three. Each client adds
-  // noise of variance (z C)^2 / 4, so round 1's sum carries z_eff = 2 sqrt(3/4) and round 2's z = 2;
-  // the expected epsilons are Opacus 1.5.2's for those (compute_rdp at q = 1, get_privacy_spent).
+  // distributed DP. The SDK's secure-aggregation path: 4 clients mask their clipped, noised
+  // updates; in round 1 client 2 drops after sharing its keys, so the server unmasks the other
+  // three. Each client adds noise of variance (z C)^2 / 4, so round 1's sum carries z_eff = 2
+  // sqrt(3/4) and round 2's z = 2; the expected epsilons are Opacus 1.5.2's for those (compute_rdp
+  // at q = 1, get_privacy_spent).
   const std::string dir = MakeFixture();
   v1::RunConfig config = Config(dir, 2);
   config.mutable_aggregation()->clear_weight_by_examples();
@@ -420,7 +430,8 @@ TEST(Simulator, SecureAggregationWithDistributedNoiseOverMutualTlsThroughADropou
   EXPECT_LE(run->rounds[1].dp_epsilon, 2.541218097242522 * (1 + 1e-4));
   EXPECT_GE(run->rounds[2].dp_epsilon, 3.47863372538627);
   EXPECT_LE(run->rounds[2].dp_epsilon, 3.47863372538627 * (1 + 1e-4));
-  EXPECT_NE(run->rounds[2].eval_loss, run->rounds[0].eval_loss) << "the masked updates changed nothing";
+  EXPECT_NE(run->rounds[2].eval_loss, run->rounds[0].eval_loss)
+      << "the masked updates changed nothing";
   // (A server without TLS would have refused to start: options.mtls leaves it no plaintext.)
   EXPECT_TRUE(std::filesystem::exists(dir + "/secagg/pki/sim-client-00003.pem"));
   std::filesystem::remove_all(dir);
@@ -498,7 +509,8 @@ TEST(Report, CsvJsonAndSvgOfKnownRecords) {
   const std::string csv = RoundsToCsv({a, b});
   // eval_perplexity is empty (NaN for a classifier); bytes_up_fp32, bytes_down_full and dp_epsilon
   // come last.
-  EXPECT_NE(csv.find("\n1,1,0.5,0,0,0,3145728,1048576,0,0,4,3,1,0,0,,0,0,2.5\n"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("\n1,1,0.5,0,0,0,3145728,1048576,0,0,4,3,1,0,0,,0,0,2.5\n"), std::string::npos)
+      << csv;
   EXPECT_NE(csv.find("\n0,0,0.25,0,0,,0,0,0,0,0,0,0,0,0,,0,0,\n"), std::string::npos) << csv;
   const std::string svg = RoundsToSvg({a, b}, "a <title> & more");
   EXPECT_NE(svg.find("a &lt;title&gt; &amp; more"), std::string::npos);
@@ -527,8 +539,10 @@ TEST(Report, SvgDrawsLossesReferencesAndBytesLinesThatCoincideApart) {
   b.bytes_up = b.bytes_down = 2 << 20;  // every byte up comes down again: the two lines coincide
   const std::string svg = RoundsToSvg({a, b}, "t", {{"centralized", 0.75}, {"off the axis", 7.0}});
   // Accuracy at y = 50 + 190 * (1 - v): the untuned line at 0.25, the reference at 0.75.
-  EXPECT_NE(svg.find("<line class=\"untuned\" x1=\"80.0\" y1=\"192.5\" x2=\"720.0\" y2=\"192.5\"/>"),
-            std::string::npos) << svg;
+  EXPECT_NE(
+      svg.find("<line class=\"untuned\" x1=\"80.0\" y1=\"192.5\" x2=\"720.0\" y2=\"192.5\"/>"),
+      std::string::npos)
+      << svg;
   EXPECT_NE(svg.find("<line class=\"reference\" x1=\"80.0\" y1=\"97.5\""), std::string::npos);
   EXPECT_NE(svg.find(">centralized</text>"), std::string::npos);
   EXPECT_EQ(svg.find("off the axis"), std::string::npos);  // outside [0, 1]: left out
@@ -551,24 +565,29 @@ TEST(Report, SvgDrawsLossesReferencesAndBytesLinesThatCoincideApart) {
 TEST(Simulator, DecoderFederationLearnsBothSitesAnswers) {
   const char* src = std::getenv("FEDLORA_SOURCE_DIR");
   ASSERT_NE(src, nullptr) << "run through ctest";
-  const std::string model = std::string(src) + "/models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " missing (scripts/setup.sh fetches it)";
+  const std::string model =
+      std::string(src) + "/models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(model))
+    GTEST_SKIP() << model << " missing (scripts/setup.sh fetches it)";
   const std::string dir = testing_util::MakeTempDir("sim_decoder");
   ASSERT_FALSE(dir.empty());
   auto write = [&](const std::string& path, int n) {
     std::string out;
     for (int i = 0; i < n; ++i) {
       const bool a = i % 2 == 0;
-      absl::StrAppend(&out, "{\"question\": \"Say the ", a ? "first" : "second", " code word, please (", i,
-                      ").\", \"answer\": \"", a ? "zebra" : "walrus", "\", \"site\": \"", a ? "a" : "b", "\"}\n");
+      absl::StrAppend(&out, "{\"question\": \"Say the ", a ? "first" : "second",
+                      " code word, please (", i, ").\", \"answer\": \"", a ? "zebra" : "walrus",
+                      "\", \"site\": \"", a ? "a" : "b", "\"}\n");
     }
     ASSERT_TRUE(WriteFileAtomically(path, out).ok());
   };
   write(dir + "/train.jsonl", 16);
   write(dir + "/eval.jsonl", 4);
-  const std::string json = absl::StrCat(R"({
+  const std::string json =
+      absl::StrCat(R"({
     "run_id": "sim-decoder", "seed": 3, "rounds": 2,
-    "model": {"path": ")", model, R"(", "max_seq_len": 64},
+    "model": {"path": ")",
+                   model, R"(", "max_seq_len": 64},
     "lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
     "task": {"kind": "CAUSAL_LM", "prompt_field": "question", "response_field": "answer",
              "system_prompt": "You answer in one word.", "chat_template": "smollm2", "exact_match": true},
@@ -576,7 +595,8 @@ TEST(Simulator, DecoderFederationLearnsBothSitesAnswers) {
     "selection": {"clients_per_round": 2, "over_selection": 1.0, "min_clients": 2,
                   "round_deadline_seconds": 300, "heartbeat_interval_seconds": 1,
                   "heartbeat_timeout_seconds": 60, "retry_after_seconds": 1},
-    "data": {"train_path": ")", dir, R"(/train.jsonl", "eval_path": ")", dir, R"(/eval.jsonl"},
+    "data": {"train_path": ")",
+                   dir, R"(/train.jsonl", "eval_path": ")", dir, R"(/eval.jsonl"},
     "server": {"chunk_size_bytes": 65536},
     "simulation": {"num_clients": 2, "partition": "BY_KEY", "partition_key_field": "site", "parallelism": 2}
   })");

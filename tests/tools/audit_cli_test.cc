@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -17,11 +18,10 @@
 #include "core/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/tools/cli_test_util.h"
 #include "server/audit_trail.h"
 #include "server/blob_store.h"
 #include "server/store.h"
-#include <nlohmann/json.hpp>
+#include "tests/tools/cli_test_util.h"
 
 namespace fedlora {
 namespace {
@@ -69,7 +69,8 @@ TEST_F(AuditCli, AKeyPairMadeOfflineOpensTheTrailEndToEnd) {
     std::vector<AuditCopyRecord> copies;
     for (int round = 1; round <= 2; ++round) {
       for (int c = 0; c < 2; ++c) {
-        const std::string client = "site-" + std::to_string(c), upload = client + "-r" + std::to_string(round);
+        const std::string client = "site-" + std::to_string(c),
+                          upload = client + "-r" + std::to_string(round);
         auto encoded = EncodeUpdate(UpdateOf(c, round), CodecOptions{});
         ASSERT_TRUE(encoded.ok()) << encoded.status();
         const crypto::UpdatePlace place{"r", static_cast<uint64_t>(round), client, upload,
@@ -83,10 +84,11 @@ TEST_F(AuditCli, AKeyPairMadeOfflineOpensTheTrailEndToEnd) {
     ASSERT_TRUE((*store)->RecordAuditCopies(copies).ok());
   }
 
-  r = Run({"audit", "open", "--store", data, "--key", dir_ + "/keys/audit.key", "--out", dir_ + "/all",
-           "--safetensors"});
+  r = Run({"audit", "open", "--store", data, "--key", dir_ + "/keys/audit.key", "--out",
+           dir_ + "/all", "--safetensors"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_THAT(r.out, HasSubstr("opened run r round 2 client site-1 upload site-1-r2 (11 examples)"));
+  EXPECT_THAT(r.out,
+              HasSubstr("opened run r round 2 client site-1 upload site-1-r2 (11 examples)"));
   EXPECT_THAT(r.out, HasSubstr("4 of 4 audit copies opened"));
   std::ifstream manifest(dir_ + "/all/manifest.jsonl");
   std::string line;
@@ -111,20 +113,22 @@ TEST_F(AuditCli, AKeyPairMadeOfflineOpensTheTrailEndToEnd) {
   }
   EXPECT_EQ(lines, 4);
 
-  r = Run({"audit", "open", "--store", data, "--key", dir_ + "/keys/audit.key", "--round", "1", "--out",
-           dir_ + "/one"});
+  r = Run({"audit", "open", "--store", data, "--key", dir_ + "/keys/audit.key", "--round", "1",
+           "--out", dir_ + "/one"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("2 of 2 audit copies opened"));
   EXPECT_THAT(r.out, ::testing::Not(HasSubstr("round 2")));
 
   // Another key pair: nothing opens, and the exit code says so.
   ASSERT_EQ(Run({"certs", "audit-key", "--out", dir_ + "/other"}).exit_code, 0);
-  r = Run({"audit", "open", "--store", data, "--key", dir_ + "/other/audit.key", "--out", dir_ + "/wrong"});
+  r = Run({"audit", "open", "--store", data, "--key", dir_ + "/other/audit.key", "--out",
+           dir_ + "/wrong"});
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("PERMISSION_DENIED"));
   EXPECT_THAT(r.out, HasSubstr("0 of 4 audit copies opened"));
   // The public key where the private one belongs is refused naming the file.
-  r = Run({"audit", "open", "--store", data, "--key", dir_ + "/keys/audit.pub", "--out", dir_ + "/x"});
+  r = Run(
+      {"audit", "open", "--store", data, "--key", dir_ + "/keys/audit.pub", "--out", dir_ + "/x"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr(dir_ + "/keys/audit.pub"));
 }

@@ -20,7 +20,8 @@ TEST(DeviceForRun, CpuOnlyWorkSendsAutoToTheCpuAndRefusesCuda) {
   const auto refused = DeviceForRun("cuda", Device::kCuda, CpuOnlyWork(true));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("int8 math runs on the CPU only so far"));
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("int8 math runs on the CPU only so far"));
   // On the CPU anything goes.
   EXPECT_EQ(*DeviceForRun("cpu", Device::kCpu, "int8 math"), Device::kCpu);
   EXPECT_EQ(*DeviceForRun("auto", Device::kCpu, "int8 math"), Device::kCpu);

@@ -20,8 +20,8 @@
 #include "core/version.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/tools/cli_test_util.h"
 #include "kernels/device.h"
+#include "tests/tools/cli_test_util.h"
 
 namespace fedlora {
 namespace {
@@ -129,7 +129,6 @@ class FedloraCli : public testing::CliTest {
     }
     ASSERT_TRUE(WriteFileAtomically(path, out).ok());
   }
-
 };
 
 TEST_F(FedloraCli, TrainThenEvalEndToEnd) {
@@ -193,9 +192,11 @@ TEST_F(FedloraCli, TrainThenEvalEndToEnd) {
   EXPECT_EQ((*metrics)["label_names"], nlohmann::json({"neg", "pos"}));
   // fedlora re-executes itself onto OpenBLAS's AVX2 / AVX-512 kernels where OpenBLAS fell back to
   // its SSE ones for a CPU model it does not know (kernels::RestartForFasterOpenBlas).
-  if (std::getenv("OPENBLAS_CORETYPE") == nullptr && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr && __builtin_cpu_supports("avx2") &&
+      __builtin_cpu_supports("fma")) {
     const std::string core = (*metrics)["openblas_core"];
-    for (const char* old : {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Sandybridge"}) {
+    for (const char* old :
+         {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Sandybridge"}) {
       EXPECT_NE(core, old);
     }
   }
@@ -221,8 +222,9 @@ TEST_F(FedloraCli, TrainThenEvalEndToEnd) {
 // classifier adapter without its label order is refused rather than scored in a guessed order.
 TEST_F(FedloraCli, EvalUsesWhatTheAdapterRecordsAndRefusesToGuessLabels) {
   const std::string out = dir_ + "/run8", model = dir_ + "/model", test = dir_ + "/test.jsonl";
-  Result train = Run({"train", "--model", model, "--train", dir_ + "/train.jsonl", "--eval", test, "--out", out,
-                      "--epochs", "1", "--batch-size", "8", "--threads", "1", "--max-seq-len", "8"});
+  Result train =
+      Run({"train", "--model", model, "--train", dir_ + "/train.jsonl", "--eval", test, "--out",
+           out, "--epochs", "1", "--batch-size", "8", "--threads", "1", "--max-seq-len", "8"});
   ASSERT_EQ(train.exit_code, 0) << train.err;
   auto meta = ReadJsonFile(out + "/fedlora_adapter.json");
   ASSERT_TRUE(meta.ok()) << meta.status();
@@ -255,7 +257,8 @@ TEST_F(FedloraCli, EvalUsesWhatTheAdapterRecordsAndRefusesToGuessLabels) {
 
   // Without labels.json the order of the classifier's rows is unknown: refused, saying what to do.
   fs::remove(out + "/labels.json");
-  Result unlabelled = Run({"eval", "--model", model, "--adapter", out, "--data", test, "--threads", "1"});
+  Result unlabelled =
+      Run({"eval", "--model", model, "--adapter", out, "--data", test, "--threads", "1"});
   EXPECT_EQ(unlabelled.exit_code, 1) << unlabelled.out;
   EXPECT_THAT(unlabelled.err, HasSubstr("has no labels.json"));
   EXPECT_THAT(unlabelled.err, HasSubstr("\"label_names\""));
@@ -264,8 +267,8 @@ TEST_F(FedloraCli, EvalUsesWhatTheAdapterRecordsAndRefusesToGuessLabels) {
   // An adapter replaces an earlier adapter whole, but never a directory of other files.
   fs::create_directories(dir_ + "/notes");
   ASSERT_TRUE(WriteFileAtomically(dir_ + "/notes/keep.txt", "mine").ok());
-  Result refused = Run({"train", "--model", model, "--train", dir_ + "/train.jsonl", "--out", dir_ + "/notes",
-                        "--epochs", "1", "--threads", "1", "--max-seq-len", "8"});
+  Result refused = Run({"train", "--model", model, "--train", dir_ + "/train.jsonl", "--out",
+                        dir_ + "/notes", "--epochs", "1", "--threads", "1", "--max-seq-len", "8"});
   EXPECT_EQ(refused.exit_code, 1);
   EXPECT_THAT(refused.err, HasSubstr("not an adapter directory"));
   EXPECT_TRUE(fs::exists(dir_ + "/notes/keep.txt"));
@@ -285,20 +288,32 @@ TEST_F(FedloraCli, EncoderCommandsReadTheFieldsTheyAreTold) {
     if (named) args.insert(args.end(), fields.begin(), fields.end());
     return Run(args);
   };
-  const std::vector<std::string> train = {"train", "--model", dir_ + "/model", "--train", dir_ + "/train_renamed.jsonl",
-                                          "--out", dir_ + "/run", "--epochs", "1", "--threads", "1",
-                                          "--max-seq-len", "32"};
+  const std::vector<std::string> train = {"train",
+                                          "--model",
+                                          dir_ + "/model",
+                                          "--train",
+                                          dir_ + "/train_renamed.jsonl",
+                                          "--out",
+                                          dir_ + "/run",
+                                          "--epochs",
+                                          "1",
+                                          "--threads",
+                                          "1",
+                                          "--max-seq-len",
+                                          "32"};
   Result unnamed = with(train, false);
   EXPECT_EQ(unnamed.exit_code, 1);
   EXPECT_THAT(unnamed.err, HasSubstr("text"));
   Result trained = with(train, true);
   ASSERT_EQ(trained.exit_code, 0) << trained.err;
   Result eval = with({"eval", "--model", dir_ + "/model", "--adapter", dir_ + "/run", "--data",
-                      dir_ + "/test_renamed.jsonl", "--threads", "1"}, true);
+                      dir_ + "/test_renamed.jsonl", "--threads", "1"},
+                     true);
   ASSERT_EQ(eval.exit_code, 0) << eval.err;
   EXPECT_THAT(eval.out, HasSubstr("\"count\":32"));
-  Result embed = with({"embed", "--model", dir_ + "/model", "--data", dir_ + "/test_renamed.jsonl", "--out",
-                       dir_ + "/e.npy", "--labels-out", dir_ + "/l.npy", "--threads", "1"}, true);
+  Result embed = with({"embed", "--model", dir_ + "/model", "--data", dir_ + "/test_renamed.jsonl",
+                       "--out", dir_ + "/e.npy", "--labels-out", dir_ + "/l.npy", "--threads", "1"},
+                      true);
   EXPECT_EQ(embed.exit_code, 0) << embed.err;
   EXPECT_TRUE(fs::exists(dir_ + "/l.npy"));
   Result empty = Run({"embed", "--model", dir_ + "/model", "--data", dir_ + "/test.jsonl", "--out",
@@ -316,20 +331,21 @@ TEST_F(FedloraCli, AJsonLogHoldsNothingButJson) {
     int n = 0;
     while (std::getline(lines, line)) {
       auto j = ParseJson(line, "stderr");
-      ASSERT_TRUE(j.ok() && j->contains("level") && j->contains("msg")) << "not a log object: " << line;
+      ASSERT_TRUE(j.ok() && j->contains("level") && j->contains("msg"))
+          << "not a log object: " << line;
       all_msgs += (*j)["msg"].get<std::string>() + "\n";
       ++n;
     }
     EXPECT_GT(n, 0);
     EXPECT_THAT(all_msgs, HasSubstr(want));
   };
-  Result train = Run({"train", "--model", dir_ + "/model", "--train", dir_ + "/train.jsonl", "--eval",
-                      dir_ + "/test.jsonl", "--out", dir_ + "/run", "--epochs", "1", "--threads", "1",
-                      "--max-seq-len", "32", "--log-format", "json"});
+  Result train = Run({"train", "--model", dir_ + "/model", "--train", dir_ + "/train.jsonl",
+                      "--eval", dir_ + "/test.jsonl", "--out", dir_ + "/run", "--epochs", "1",
+                      "--threads", "1", "--max-seq-len", "32", "--log-format", "json"});
   ASSERT_EQ(train.exit_code, 0) << train.err;
   expect_json_lines(train.err, "fedlora train: adapter written to");
-  Result missing = Run({"train", "--model", dir_ + "/model", "--train", dir_ + "/none.jsonl", "--out", dir_ + "/o",
-                        "--log-format", "json"});
+  Result missing = Run({"train", "--model", dir_ + "/model", "--train", dir_ + "/none.jsonl",
+                        "--out", dir_ + "/o", "--log-format", "json"});
   EXPECT_EQ(missing.exit_code, 1);
   expect_json_lines(missing.err, "fedlora train: error: NOT_FOUND");
 }
@@ -383,7 +399,8 @@ TEST_F(FedloraCli, UsageErrorsExitTwoWithMessage) {
        "--log-format: 'yaml' is not text or json"},
       {{"embed", "--model", model, "--data", data, "--out", dir_ + "/e", "--log-level", "loud"},
        "--log-level: 'loud' is not one of"},
-      {{"train", "--model", model, "--train", data, "--out", dir_ + "/o", "--verbose", "--log-level", "error"},
+      {{"train", "--model", model, "--train", data, "--out", dir_ + "/o", "--verbose",
+        "--log-level", "error"},
        "--verbose contradicts --log-level error"},
       {{"server", "--config", dir_ + "/run.json", "--rounds", "0"}, "--rounds must be 1-1000000"},
       {{"simulate", "--config", dir_ + "/run.json", "--out", dir_ + "/s", "--rounds", "4294967297"},
@@ -446,7 +463,8 @@ TEST_F(FedloraCli, HelpExitsZero) {
   for (const char* spelling : {"--version", "version"}) {
     Result version = Run({spelling});
     EXPECT_EQ(version.exit_code, 0) << version.err;
-    EXPECT_THAT(version.out, ::testing::MatchesRegex("fedlora " FEDLORA_VERSION " \\(GPU: .+\\)\n"));
+    EXPECT_THAT(version.out,
+                ::testing::MatchesRegex("fedlora " FEDLORA_VERSION " \\(GPU: .+\\)\n"));
   }
 }
 
@@ -458,9 +476,15 @@ TEST_F(FedloraCli, CertsDevThenRevoke) {
   ASSERT_EQ(dev.exit_code, 0) << dev.err;
   for (const char* name : {"ca", "server", "site-a", "site-b"}) {
     const std::string cert = pki + "/" + name + ".pem", key = pki + "/" + name + ".key";
-    EXPECT_THAT(ReadFileToString(cert).value_or(""), ::testing::StartsWith("-----BEGIN CERTIFICATE-----")) << cert;
-    EXPECT_THAT(ReadFileToString(key).value_or(""), ::testing::StartsWith("-----BEGIN PRIVATE KEY-----")) << key;
-    EXPECT_EQ(fs::status(key).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write) << key;
+    EXPECT_THAT(ReadFileToString(cert).value_or(""),
+                ::testing::StartsWith("-----BEGIN CERTIFICATE-----"))
+        << cert;
+    EXPECT_THAT(ReadFileToString(key).value_or(""),
+                ::testing::StartsWith("-----BEGIN PRIVATE KEY-----"))
+        << key;
+    EXPECT_EQ(fs::status(key).permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write)
+        << key;
     EXPECT_THAT(dev.out, HasSubstr("wrote " + cert + ": ")) << name;
   }
   EXPECT_THAT(dev.out, HasSubstr("server certificate 'localhost'"));
@@ -488,7 +512,8 @@ TEST_F(FedloraCli, CertsDevThenRevoke) {
   ASSERT_EQ(revoke.exit_code, 0) << revoke.err;
   EXPECT_THAT(revoke.out, HasSubstr("certificate 'site-b', serial " + serial_b));
   EXPECT_THAT(revoke.out, HasSubstr("crl.pem: 1 revoked serial,"));
-  EXPECT_THAT(ReadFileToString(pki + "/crl.pem").value_or(""), ::testing::StartsWith("-----BEGIN X509 CRL-----"));
+  EXPECT_THAT(ReadFileToString(pki + "/crl.pem").value_or(""),
+              ::testing::StartsWith("-----BEGIN X509 CRL-----"));
   Result extend = Run({"certs", "revoke", "--dir", pki, "--cert", pki + "/site-c.pem"});
   ASSERT_EQ(extend.exit_code, 0) << extend.err;
   EXPECT_THAT(extend.out, HasSubstr("crl.pem: 2 revoked serials,"));
@@ -521,34 +546,38 @@ TEST_F(FedloraCli, CertsDevThenRevoke) {
 TEST_F(FedloraCli, PlaintextOnlyOnLoopbackWithInsecure) {
   const std::string config = dir_ + "/run.json";
   ASSERT_TRUE(WriteFileAtomically(config, R"({"model": {"path": "/nonexistent/model"},
-      "task": {"labels": ["neg", "pos"]}, "server": {"store_dir": ")" + dir_ + R"(/store"}})")
+      "task": {"labels": ["neg", "pos"]}, "server": {"store_dir": ")" +
+                                              dir_ + R"(/store"}})")
                   .ok());
   struct Case {
     std::vector<std::string> args;
     std::string message;
   };
   const std::vector<Case> refused = {
-      {{"server", "--config", config, "--listen", "0.0.0.0:0"}, "is not a loopback address and needs server.tls"},
-      {{"server", "--config", config, "--listen", "0.0.0.0:0", "--insecure"}, "is not a loopback address"},
+      {{"server", "--config", config, "--listen", "0.0.0.0:0"},
+       "is not a loopback address and needs server.tls"},
+      {{"server", "--config", config, "--listen", "0.0.0.0:0", "--insecure"},
+       "is not a loopback address"},
       {{"server", "--config", config, "--listen", "[::]:0"}, "is not a loopback address"},
       {{"server", "--config", config}, "--insecure"},
-      {{"server", "--config", config, "--insecure", "--cert", dir_ + "/s.pem", "--key", dir_ + "/s.key",
-        "--client-ca", dir_ + "/ca.pem"},
+      {{"server", "--config", config, "--insecure", "--cert", dir_ + "/s.pem", "--key",
+        dir_ + "/s.key", "--client-ca", dir_ + "/ca.pem"},
        "server.insecure and server.tls exclude each other"},
       {{"server", "--config", config, "--cert", dir_ + "/s.pem", "--key", dir_ + "/s.key"},
        "client_ca_file together"},
-      {{"client", "--server", "10.1.2.3:50051", "--insecure", "--id", "site-a", "--model", dir_ + "/model", "--data",
-        dir_ + "/train.jsonl"},
+      {{"client", "--server", "10.1.2.3:50051", "--insecure", "--id", "site-a", "--model",
+        dir_ + "/model", "--data", dir_ + "/train.jsonl"},
        "is not a loopback address"},
-      {{"client", "--server", "127.0.0.1:50051", "--id", "site-a", "--model", dir_ + "/model", "--data",
-        dir_ + "/train.jsonl"},
+      {{"client", "--server", "127.0.0.1:50051", "--id", "site-a", "--model", dir_ + "/model",
+        "--data", dir_ + "/train.jsonl"},
        "--insecure"},
   };
   for (const Case& c : refused) {
     Result r = Run(c.args);
     EXPECT_NE(r.exit_code, 0) << c.message;
     EXPECT_THAT(r.err, HasSubstr(c.message)) << r.err;
-    EXPECT_THAT(r.err, ::testing::Not(HasSubstr("/nonexistent/model"))) << "refused only after loading: " << r.err;
+    EXPECT_THAT(r.err, ::testing::Not(HasSubstr("/nonexistent/model")))
+        << "refused only after loading: " << r.err;
   }
   // With --insecure on loopback the rule passes, and the server goes on to load the model.
   Result allowed = Run({"server", "--config", config, "--insecure", "--listen", "127.0.0.1:0"});
@@ -562,14 +591,16 @@ TEST_F(FedloraCli, PlaintextOnlyOnLoopbackWithInsecure) {
 TEST_F(FedloraCli, SimulateSendsTheLogToAFile) {
   const std::string config = dir_ + "/sim.json";
   const std::string json = R"({"run_id": "cli-sim", "seed": 3, "rounds": 2,
-      "model": {"path": ")" + dir_ + R"(/model", "max_seq_len": 16},
+      "model": {"path": ")" +
+                           dir_ + R"(/model", "max_seq_len": 16},
       "lora": {"rank": 4, "alpha": 8},
       "task": {"labels": ["neg", "pos"]},
       "training": {"local_epochs": 1, "batch_size": 8, "learning_rate": 0.01},
       "selection": {"clients_per_round": 2, "over_selection": 1.0, "min_clients": 2,
                     "round_deadline_seconds": 30, "heartbeat_interval_seconds": 1,
                     "heartbeat_timeout_seconds": 30, "retry_after_seconds": 1},
-      "data": {"train_path": ")" + dir_ + R"(/train.jsonl", "eval_path": ")" + dir_ + R"(/test.jsonl",
+      "data": {"train_path": ")" +
+                           dir_ + R"(/train.jsonl", "eval_path": ")" + dir_ + R"(/test.jsonl",
                "eval_batch_size": 16},
       "simulation": {"num_clients": 2, "partition": "IID", "parallelism": 2}})";
   ASSERT_TRUE(WriteFileAtomically(config, json).ok());
@@ -579,8 +610,10 @@ TEST_F(FedloraCli, SimulateSendsTheLogToAFile) {
   Result text = Run({"simulate", "--config", config, "--out", out, "--max-seconds", "60"});
   ASSERT_EQ(text.exit_code, 0) << text.err;
   EXPECT_THAT(text.out, HasSubstr("round"));  // the summary table
-  EXPECT_FALSE(std::regex_search(text.err, log_line)) << "INFO/DEBUG lines on the console:\n" << text.err;
-  EXPECT_THAT(text.err, HasSubstr("simulate 100.0% 2/2"));  // the progress line, away from a terminal
+  EXPECT_FALSE(std::regex_search(text.err, log_line)) << "INFO/DEBUG lines on the console:\n"
+                                                      << text.err;
+  EXPECT_THAT(text.err,
+              HasSubstr("simulate 100.0% 2/2"));  // the progress line, away from a terminal
   EXPECT_THAT(text.err, HasSubstr(", log in " + log + "\n"));
   auto first = ReadFileToString(log);
   ASSERT_TRUE(first.ok()) << first.status();
@@ -589,13 +622,15 @@ TEST_F(FedloraCli, SimulateSendsTheLogToAFile) {
   std::istringstream text_lines(*first);
   int n_text = 0;
   for (std::string line; std::getline(text_lines, line); ++n_text) {
-    EXPECT_TRUE(std::regex_search(line, std::regex("^[DIWE] [0-9:.]+ [a-z_]+\\.cc:[0-9]+\\] "))) << line;
+    EXPECT_TRUE(std::regex_search(line, std::regex("^[DIWE] [0-9:.]+ [a-z_]+\\.cc:[0-9]+\\] ")))
+        << line;
   }
   EXPECT_GE(n_text, 3);
 
   // FEDLORA_LOG_FORMAT=json: the second run's lines are appended, one JSON object each.
-  Result as_json = Run({"simulate", "--config", config, "--out", out, "--max-seconds", "60", "--rounds", "1"},
-                       "FEDLORA_LOG_FORMAT=json ");
+  Result as_json =
+      Run({"simulate", "--config", config, "--out", out, "--max-seconds", "60", "--rounds", "1"},
+          "FEDLORA_LOG_FORMAT=json ");
   ASSERT_EQ(as_json.exit_code, 0) << as_json.err;
   EXPECT_FALSE(std::regex_search(as_json.err, log_line)) << as_json.err;
   auto second = ReadFileToString(log);
@@ -607,7 +642,8 @@ TEST_F(FedloraCli, SimulateSendsTheLogToAFile) {
   for (std::string line; std::getline(json_lines, line); ++n_json) {
     auto j = ParseJson(line, "server.log");
     ASSERT_TRUE(j.ok()) << line;
-    for (const char* key : {"ts", "level", "file", "line", "msg"}) EXPECT_TRUE(j->contains(key)) << line;
+    for (const char* key : {"ts", "level", "file", "line", "msg"})
+      EXPECT_TRUE(j->contains(key)) << line;
     saw_start |= (*j)["msg"].get<std::string>().rfind("fedlora simulate: run cli-sim", 0) == 0;
   }
   EXPECT_GE(n_json, 3);
@@ -615,8 +651,8 @@ TEST_F(FedloraCli, SimulateSendsTheLogToAFile) {
 
   // --verbose: the whole log on the console, no file.
   const std::string out2 = dir_ + "/sim2";
-  Result verbose = Run({"simulate", "--config", config, "--out", out2, "--max-seconds", "60", "--rounds", "1",
-                        "--verbose", "--progress=false"});
+  Result verbose = Run({"simulate", "--config", config, "--out", out2, "--max-seconds", "60",
+                        "--rounds", "1", "--verbose", "--progress=false"});
   ASSERT_EQ(verbose.exit_code, 0) << verbose.err;
   EXPECT_TRUE(std::regex_search(verbose.err, log_line)) << verbose.err;
   EXPECT_THAT(verbose.err, HasSubstr("] fedlora simulate: run cli-sim"));
@@ -643,11 +679,14 @@ class FedloraGenerate : public ::testing::Test {
     fedlora_ = std::string(bin) + "/tools/fedlora";
   }
   // `fedlora generate --model <SmolLM2> args`.
-  Result Run(const std::string& args) { return RunCommand("generate --model " + ShellQuote(model_) + " " + args); }
+  Result Run(const std::string& args) {
+    return RunCommand("generate --model " + ShellQuote(model_) + " " + args);
+  }
   // `fedlora args`.
   Result RunCommand(const std::string& args) {
     Result r;
-    const std::string err = (fs::temp_directory_path() / ("fedlora_gen_err_" + std::to_string(getpid()))).string();
+    const std::string err =
+        (fs::temp_directory_path() / ("fedlora_gen_err_" + std::to_string(getpid()))).string();
     FILE* p = popen((ShellQuote(fedlora_) + " " + args + " 2>" + ShellQuote(err)).c_str(), "r");
     if (p == nullptr) return r;
     char buf[4096];
@@ -678,7 +717,8 @@ TEST_F(FedloraGenerate, SamplesStreamsAndReadsStdin) {
   ASSERT_EQ(a.exit_code, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
   std::set<std::string> seen;
-  for (int seed = 0; seed < 4; ++seed) seen.insert(Run(q + " --temperature 1.5 --seed " + std::to_string(seed)).out);
+  for (int seed = 0; seed < 4; ++seed)
+    seen.insert(Run(q + " --temperature 1.5 --seed " + std::to_string(seed)).out);
   EXPECT_GE(seen.size(), 2u);
   Result unseeded = Run(q + " --temperature 0.9");
   EXPECT_THAT(unseeded.err, HasSubstr("sampling with --seed "));
@@ -686,10 +726,11 @@ TEST_F(FedloraGenerate, SamplesStreamsAndReadsStdin) {
   Result streamed = Run(q + " --stream");
   ASSERT_EQ(streamed.exit_code, 0) << streamed.err;
   EXPECT_EQ(streamed.out, greedy.out);
-  const std::string in = (fs::temp_directory_path() / ("fedlora_gen_stdin_" + std::to_string(getpid()))).string();
+  const std::string in =
+      (fs::temp_directory_path() / ("fedlora_gen_stdin_" + std::to_string(getpid()))).string();
   std::ofstream(in) << "Name a colour.\n";
-  Result from_stdin = RunCommand("generate --model " + ShellQuote(model_) + " --prompt - --max-new-tokens 12 --threads 2 < " +
-                                 ShellQuote(in));
+  Result from_stdin = RunCommand("generate --model " + ShellQuote(model_) +
+                                 " --prompt - --max-new-tokens 12 --threads 2 < " + ShellQuote(in));
   fs::remove(in);
   EXPECT_EQ(from_stdin.exit_code, 0) << from_stdin.err;
   EXPECT_EQ(from_stdin.out, greedy.out);
@@ -698,11 +739,14 @@ TEST_F(FedloraGenerate, SamplesStreamsAndReadsStdin) {
 }
 
 TEST_F(FedloraGenerate, ReadsAndWritesJsonLines) {
-  const std::string in = (fs::temp_directory_path() / ("fedlora_gen_in_" + std::to_string(getpid()))).string();
+  const std::string in =
+      (fs::temp_directory_path() / ("fedlora_gen_in_" + std::to_string(getpid()))).string();
   {
     std::ofstream f(in);
-    f << R"({"prompt": "What is the capital of France?"})" << "\n\n"
-      << R"({"messages": [{"role": "system", "content": "Answer in one short sentence."}, {"role": "user", "content": "What is the capital of France?"}]})" << "\n";
+    f << R"({"prompt": "What is the capital of France?"})"
+      << "\n\n"
+      << R"({"messages": [{"role": "system", "content": "Answer in one short sentence."}, {"role": "user", "content": "What is the capital of France?"}]})"
+      << "\n";
   }
   Result r = Run("--prompts " + ShellQuote(in) + " --max-new-tokens 16 --threads 2");
   fs::remove(in);
@@ -726,11 +770,15 @@ TEST_F(FedloraGenerate, TrainsAndEvaluatesADecoderAdapter) {
   const std::string data = (dir / "d.jsonl").string(), out = (dir / "adapter").string();
   {
     std::ofstream f(data);
-    for (int i = 0; i < 2; ++i) f << R"({"prompt": "Say the secret word.", "response": "Pineapple-42"})" << "\n";
+    for (int i = 0; i < 2; ++i)
+      f << R"({"prompt": "Say the secret word.", "response": "Pineapple-42"})"
+        << "\n";
   }
-  Result train = RunCommand("train --model " + ShellQuote(model_) + " --train " + ShellQuote(data) + " --out " + ShellQuote(out) +
-                            " --max-steps 2 --batch-size 2 --lr 3e-3 --threads 2 --progress=false --system " +
-                            ShellQuote("Answer tersely."));
+  Result train =
+      RunCommand("train --model " + ShellQuote(model_) + " --train " + ShellQuote(data) +
+                 " --out " + ShellQuote(out) +
+                 " --max-steps 2 --batch-size 2 --lr 3e-3 --threads 2 --progress=false --system " +
+                 ShellQuote("Answer tersely."));
   ASSERT_EQ(train.exit_code, 0) << train.err;
   EXPECT_THAT(train.err, HasSubstr("Q4_1 x 210"));
   // The adapter records the prompt settings the run used (the model's template, by name).
@@ -748,13 +796,16 @@ TEST_F(FedloraGenerate, TrainsAndEvaluatesADecoderAdapter) {
   EXPECT_EQ((*metrics)["task"], "causal_lm");
   EXPECT_EQ((*metrics)["epochs"].back()["steps"], 2);
 
-  const std::string eval = "eval --model " + ShellQuote(model_) + " --data " + ShellQuote(data) + " --threads 2";
+  const std::string eval =
+      "eval --model " + ShellQuote(model_) + " --data " + ShellQuote(data) + " --threads 2";
   Result untuned = RunCommand(eval);
   Result tuned = RunCommand(eval + " --adapter " + ShellQuote(out));
   // Without --system, eval and generate take the adapter's; a different one is said on stderr.
-  Result tuned_system = RunCommand(eval + " --adapter " + ShellQuote(out) + " --system " + ShellQuote("Answer tersely."));
-  Result verbose = RunCommand("generate --model " + ShellQuote(model_) + " --adapter " + ShellQuote(out) +
-                              " --prompt hi --max-new-tokens 1 --threads 2 --system " + ShellQuote("Be verbose."));
+  Result tuned_system = RunCommand(eval + " --adapter " + ShellQuote(out) + " --system " +
+                                   ShellQuote("Answer tersely."));
+  Result verbose = RunCommand(
+      "generate --model " + ShellQuote(model_) + " --adapter " + ShellQuote(out) +
+      " --prompt hi --max-new-tokens 1 --threads 2 --system " + ShellQuote("Be verbose."));
   // The base requantized to Q8_0 with int8 forward products: within 10% of the exact perplexity on
   // the 4-bit base (measured: 6% here, +3% untuned; int8 activations are noisier than bf16's);
   // int8 math refuses a bf16 base.
@@ -766,7 +817,8 @@ TEST_F(FedloraGenerate, TrainsAndEvaluatesADecoderAdapter) {
   EXPECT_EQ(tuned.out, tuned_system.out);
   EXPECT_THAT(tuned.err, Not(HasSubstr("differs")));
   EXPECT_EQ(verbose.exit_code, 0) << verbose.err;
-  EXPECT_THAT(verbose.err, HasSubstr("--system \"Be verbose.\" differs from the adapter's \"Answer tersely.\""));
+  EXPECT_THAT(verbose.err,
+              HasSubstr("--system \"Be verbose.\" differs from the adapter's \"Answer tersely.\""));
   ASSERT_EQ(int8.exit_code, 0) << int8.err;
   EXPECT_NE(int8_bf16.exit_code, 0);
   EXPECT_THAT(int8_bf16.err, HasSubstr("not with --bf16"));
@@ -778,18 +830,24 @@ TEST_F(FedloraGenerate, TrainsAndEvaluatesADecoderAdapter) {
   EXPECT_EQ((*after)["count"], 2);
   EXPECT_EQ((*after)["tokens"], (*before)["tokens"]);
   EXPECT_GT((*before)["perplexity"].get<double>(), 50.0) << untuned.out;
-  EXPECT_LT((*after)["perplexity"].get<double>(), 0.5 * (*before)["perplexity"].get<double>()) << tuned.out;
+  EXPECT_LT((*after)["perplexity"].get<double>(), 0.5 * (*before)["perplexity"].get<double>())
+      << tuned.out;
   EXPECT_NEAR((*quantized)["perplexity"].get<double>(), (*after)["perplexity"].get<double>(),
               0.10 * (*after)["perplexity"].get<double>())
       << int8.out;
 
   // Encoder module names are not a decoder's, and classification options are refused.
-  Result targets = RunCommand("train --model " + ShellQuote(model_) + " --train x --out y --targets query,value");
+  Result targets = RunCommand("train --model " + ShellQuote(model_) +
+                              " --train x --out y --targets query,value");
   EXPECT_EQ(targets.exit_code, 2);
   EXPECT_THAT(targets.err, HasSubstr("query"));
   fs::create_directories(dir);
-  { std::ofstream(data) << R"({"prompt": "a", "response": "b"})" << "\n"; }
-  Result skew = RunCommand("train --model " + ShellQuote(model_) + " --train " + ShellQuote(data) + " --out " + ShellQuote(out) +
+  {
+    std::ofstream(data) << R"({"prompt": "a", "response": "b"})"
+                        << "\n";
+  }
+  Result skew = RunCommand("train --model " + ShellQuote(model_) + " --train " + ShellQuote(data) +
+                           " --out " + ShellQuote(out) +
                            " --max-steps 1 --logit-adjustment 1 --progress=false");
   fs::remove_all(dir);
   EXPECT_EQ(skew.exit_code, 1);
@@ -805,16 +863,19 @@ TEST_F(FedloraCli, Int8MathIsForDecoders) {
 
 TEST_F(FedloraCli, DeviceIsCpuCudaOrAuto) {
   const std::string model = dir_ + "/model", data = dir_ + "/train.jsonl";
-  Result r = Run({"train", "--model", model, "--train", data, "--out", dir_ + "/o", "--device", "tpu"});
+  Result r =
+      Run({"train", "--model", model, "--train", data, "--out", dir_ + "/o", "--device", "tpu"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_THAT(r.err, HasSubstr("--device: unknown value 'tpu'; valid: cpu, cuda, auto (any case)"));
   if (!kernels::CudaAvailable()) {
     // cuda says why it cannot be had; auto falls back to the CPU.
-    r = Run({"eval", "--model", model, "--adapter", dir_ + "/none", "--data", data, "--device", "cuda"});
+    r = Run({"eval", "--model", model, "--adapter", dir_ + "/none", "--data", data, "--device",
+             "cuda"});
     EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_THAT(r.err, HasSubstr("CUDA"));
-    r = Run({"train", "--model", model, "--train", data, "--out", dir_ + "/auto", "--device", "Auto", "--max-steps",
-             "1", "--batch-size", "4", "--threads", "1", "--max-seq-len", "16"});
+    r = Run({"train", "--model", model, "--train", data, "--out", dir_ + "/auto", "--device",
+             "Auto", "--max-steps", "1", "--batch-size", "4", "--threads", "1", "--max-seq-len",
+             "16"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_THAT(r.err, HasSubstr("device cpu"));
   }
@@ -824,14 +885,16 @@ TEST_F(FedloraCli, DeviceIsCpuCudaOrAuto) {
 // it (without a GPU, cuda is refused first, with CUDA's reason). Exact-match evaluation (greedy
 // decoding) is not CPU-only work.
 TEST_F(FedloraGenerate, CudaIsRefusedForWorkThatNeedsTheCpu) {
-  Result r = RunCommand("train --model " + ShellQuote(model_) + " --train /dev/null --out /tmp/x --device cuda --int8-math");
+  Result r = RunCommand("train --model " + ShellQuote(model_) +
+                        " --train /dev/null --out /tmp/x --device cuda --int8-math");
   EXPECT_EQ(r.exit_code, 1) << r.err;
   if (kernels::CudaAvailable()) {
     EXPECT_THAT(r.err, HasSubstr("int8 math runs on the CPU only so far"));
   } else {
     EXPECT_THAT(r.err, HasSubstr("CUDA"));
   }
-  r = RunCommand("train --model " + ShellQuote(model_) + " --train /dev/null --out /tmp/x --device cuda --exact-match");
+  r = RunCommand("train --model " + ShellQuote(model_) +
+                 " --train /dev/null --out /tmp/x --device cuda --exact-match");
   EXPECT_EQ(r.exit_code, 1) << r.err;  // no data, or no GPU
   EXPECT_THAT(r.err, Not(HasSubstr("runs on the CPU only")));
 }
@@ -854,8 +917,10 @@ TEST_F(FedloraGenerate, RefusesBadFlags) {
 
 // --device auto decodes where a GPU is usable (the same greedy tokens as the CPU), else on the CPU.
 TEST_F(FedloraGenerate, AutoDeviceGivesTheCpusCompletion) {
-  Result cpu = Run("--prompt 'What is the capital of France?' --max-new-tokens 8 --threads 2 --device cpu");
-  Result any = Run("--prompt 'What is the capital of France?' --max-new-tokens 8 --threads 2 --device auto");
+  Result cpu =
+      Run("--prompt 'What is the capital of France?' --max-new-tokens 8 --threads 2 --device cpu");
+  Result any =
+      Run("--prompt 'What is the capital of France?' --max-new-tokens 8 --threads 2 --device auto");
   ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
   ASSERT_EQ(any.exit_code, 0) << any.err;
   EXPECT_EQ(any.out, cpu.out);

@@ -75,7 +75,8 @@ std::vector<std::string> Verbs(const std::string& command, const std::string& he
     if (line == "verbs:") {
       in_verbs = true;
     } else if (in_verbs && absl::StartsWith(line, "  ")) {
-      verbs.push_back(std::vector<std::string>(absl::StrSplit(absl::StripLeadingAsciiWhitespace(line), ' '))[0]);
+      verbs.push_back(std::vector<std::string>(
+          absl::StrSplit(absl::StripLeadingAsciiWhitespace(line), ' '))[0]);
     } else if (in_verbs) {
       in_verbs = false;
     }
@@ -116,7 +117,8 @@ class FlagNames : public ::testing::Test {
         continue;
       }
       const std::vector<std::string> verbs = Verbs(c, help.out);
-      ASSERT_FALSE(verbs.empty()) << "fedlora " << c << " --help shows neither flags nor verbs:\n" << help.out;
+      ASSERT_FALSE(verbs.empty()) << "fedlora " << c << " --help shows neither flags nor verbs:\n"
+                                  << help.out;
       for (const std::string& v : verbs) {
         const Result vhelp = RunFedlora(c + " " + v + " --help");
         ASSERT_EQ(vhelp.exit_code, 0) << c << " " << v << ": " << vhelp.out;
@@ -132,7 +134,8 @@ class FlagNames : public ::testing::Test {
 std::map<std::string, std::vector<FlagLine>> FlagNames::table_;
 
 TEST_F(FlagNames, EachNameHasOneTypeAcrossCommands) {
-  std::map<std::string, std::map<std::string, std::vector<std::string>>> types;  // name -> type -> commands
+  std::map<std::string, std::map<std::string, std::vector<std::string>>>
+      types;  // name -> type -> commands
   size_t count = 0;
   for (const auto& [command, flags] : table_) {
     for (const FlagLine& f : flags) {

@@ -8,10 +8,9 @@
 #include <vector>
 
 #include "core/logging.h"
-#include "tools/common.h"
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tools/common.h"
 
 namespace fedlora::tools {
 namespace {
@@ -58,7 +57,8 @@ TEST(FlagSet, RenamedAndMistypedFlagsNameTheRightOne) {
       {{"--model", "m", "--clients", "3"},
        "--clients was renamed to --num-clients (a count; see 'fedlora test --help')"},
       {{"--model", "m", "--no-clients"}, "--no-clients was renamed to --num-clients"},
-      {{"--model", "m", "--step", "3"}, "unknown flag --step for 'fedlora test'; did you mean --steps?"},
+      {{"--model", "m", "--step", "3"},
+       "unknown flag --step for 'fedlora test'; did you mean --steps?"},
   };
   for (const auto& [args, message] : refused) {
     Fixture f;
@@ -168,7 +168,8 @@ TEST(FlagSet, ChoicesTakeAnyCaseAndSuggestTheNearest) {
   for (const char* typed : {"cosine", "COSINE", "Cosine"}) {
     std::string schedule = "linear";
     FlagSet flags("fedlora test", "A test command.");
-    flags.AddChoice("schedule", &schedule, {"constant", "linear", "cosine"}, "learning-rate schedule");
+    flags.AddChoice("schedule", &schedule, {"constant", "linear", "cosine"},
+                    "learning-rate schedule");
     Argv a({"fedlora test", "--schedule", typed});
     ASSERT_TRUE(flags.Parse(a.argc(), a.argv()).ok()) << typed;
     EXPECT_EQ(schedule, "cosine");
@@ -181,7 +182,9 @@ TEST(FlagSet, ChoicesTakeAnyCaseAndSuggestTheNearest) {
   Argv a({"fedlora test", "--optimizer=sdg"});
   absl::Status s = flags.Parse(a.argc(), a.argv());
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(std::string(s.message()), "--optimizer: unknown value 'sdg'; valid: adamw, lamb, sgd (any case); did you mean sgd?");
+  EXPECT_EQ(
+      std::string(s.message()),
+      "--optimizer: unknown value 'sdg'; valid: adamw, lamb, sgd (any case); did you mean sgd?");
   EXPECT_EQ(optimizer, "adamw");
 }
 
@@ -259,16 +262,19 @@ TEST(LogFlags, ACommandsOwnFlagOfTheSameNameWins) {
 
 TEST(LogFlags, BadValuesAreUsageErrors) {
   LogSettingsGuard guard;
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"--log-level", "loud"}, {"--log-format", "xml"}, {"--verbose", "--log-level", "info"}}) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"--log-level", "loud"},
+                                               {"--log-format", "xml"},
+                                               {"--verbose", "--log-level", "info"}}) {
     Fixture f;
     std::vector<std::string> all = {"fedlora test", "--model", "m"};
     all.insert(all.end(), args.begin(), args.end());
     Argv a(all);
-    EXPECT_EQ(ParseFlagsOrExit(f.flags, a.argc(), a.argv()), std::optional<int>(kExitUsage)) << args[0];
+    EXPECT_EQ(ParseFlagsOrExit(f.flags, a.argc(), a.argv()), std::optional<int>(kExitUsage))
+        << args[0];
   }
   Fixture f;
-  Argv a({"fedlora test", "--model", "m", "--log-file", "/dev/null/x.log"});  // under a file: no directory
+  Argv a({"fedlora test", "--model", "m", "--log-file",
+          "/dev/null/x.log"});  // under a file: no directory
   EXPECT_EQ(ParseFlagsOrExit(f.flags, a.argc(), a.argv()), std::optional<int>(kExitFailure));
   EXPECT_EQ(GetLogFile(), "");
 }

@@ -47,9 +47,11 @@ v1::GetStatusResponse TrainingRun(int committed) {
 
 TEST(StatusViewTest, SaysWhereTheRunIsInAFewLinesAndTheLastRoundsAsATable) {
   const std::string view = StatusView(TrainingRun(12), kNow);
-  EXPECT_THAT(view, HasSubstr("run two-sites: round 13 of 40, training (started 12 s ago), 1 update in\n"));
+  EXPECT_THAT(
+      view, HasSubstr("run two-sites: round 13 of 40, training (started 12 s ago), 1 update in\n"));
   EXPECT_THAT(view, HasSubstr("sites: 2 connected, 1 holding a task\n"));
-  EXPECT_THAT(view, HasSubstr("last evaluation (round 12): accuracy 0.6200 loss 1.3800 macro_f1 0.25\n"));
+  EXPECT_THAT(view,
+              HasSubstr("last evaluation (round 12): accuracy 0.6200 loss 1.3800 macro_f1 0.25\n"));
   EXPECT_THAT(view, HasSubstr("global adapter: round 12, sha256 cccccccccccccccc, 3.0 MiB\n"));
   // The last ten rounds, the two before them summed up in one line; no tensor list.
   EXPECT_THAT(view, HasSubstr("(2 earlier rounds: --json lists every round)"));
@@ -72,7 +74,8 @@ TEST(StatusViewTest, AFinishedRunWithPrivacySaysSo) {
   s.set_dp_clip_norm(0.5);
   const std::string view = StatusView(s, kNow);
   EXPECT_THAT(view, HasSubstr("run two-sites: finished after round 3 of 3\n"));
-  EXPECT_THAT(view, HasSubstr("privacy: epsilon 1.250 spent of 4.000 at delta 1e-05, clip norm 0.5\n"));
+  EXPECT_THAT(view,
+              HasSubstr("privacy: epsilon 1.250 spent of 4.000 at delta 1e-05, clip norm 0.5\n"));
 }
 
 TEST(StatusViewTest, ClientsOneLineEachAndAFailedSitesErrorBelowIt) {
@@ -109,7 +112,8 @@ TEST(StatusJsonTest, OneDocumentWithNumbersForIntegersAndTheClientsBesideTheStat
   list.add_clients()->set_client_id("site-a");
   absl::StatusOr<std::string> text = StatusJson(s, &list);
   ASSERT_TRUE(text.ok()) << text.status();
-  const nlohmann::json j = nlohmann::json::parse(*text);  // throws (fails the test) unless one document
+  const nlohmann::json j =
+      nlohmann::json::parse(*text);  // throws (fails the test) unless one document
   EXPECT_EQ(j["run_id"], "two-sites");
   EXPECT_TRUE(j["current_round"].is_number_integer());
   EXPECT_EQ(j["current_round"], 3);

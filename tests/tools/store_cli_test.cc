@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -12,11 +13,10 @@
 #include "core/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/tools/cli_test_util.h"
 #include "server/blob_store.h"
 #include "server/data_dir_lock.h"
 #include "server/store.h"
-#include <nlohmann/json.hpp>
+#include "tests/tools/cli_test_util.h"
 
 namespace fedlora {
 namespace {
@@ -78,7 +78,8 @@ TEST_F(StoreCli, VerifyRepairAndRewindAFlippedByteInTheLatestAdapter) {
   EXPECT_THAT(r.out, HasSubstr("rewound to round 0; 1 committed rounds after it are marked lost"));
 
   r = Run({"store", "verify", "--store", dir_});
-  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;  // round 1 is lost: nothing damaged is referenced as live
+  EXPECT_EQ(r.exit_code, 0) << r.out
+                            << r.err;  // round 1 is lost: nothing damaged is referenced as live
 }
 
 TEST_F(StoreCli, AStoreInUseOrAbsentOrABadVerbIsRefused) {

@@ -34,8 +34,8 @@ class DatasetTest : public ::testing::Test {
   }
 
   // Expects an InvalidArgument error whose message holds `name:line` and `problem`.
-  void ExpectError(const std::string& name, const std::string& content, int line, const std::string& problem,
-                   const DatasetOptions& options = {}) {
+  void ExpectError(const std::string& name, const std::string& content, int line,
+                   const std::string& problem, const DatasetOptions& options = {}) {
     const std::string path = Write(name, content);
     auto ds = LoadDataset(path, options);
     ASSERT_FALSE(ds.ok()) << name << " loaded";
@@ -62,11 +62,12 @@ std::vector<int> Labels(const Dataset& ds) {
 }
 
 TEST_F(DatasetTest, JsonlWithStringLabelsCollectsSortedNames) {
-  auto ds = LoadDataset(Write("a.jsonl",
-                              "{\"text\": \"first\", \"label\": \"work\"}\n"
-                              "\n"
-                              "{\"label\": \"computers\", \"text\": \"second \\u00e9\", \"extra\": 1}\r\n"
-                              "{\"text\": \"third\", \"label\": \"work\", \"text_pair\": \"a pair\"}\n"));
+  auto ds =
+      LoadDataset(Write("a.jsonl",
+                        "{\"text\": \"first\", \"label\": \"work\"}\n"
+                        "\n"
+                        "{\"label\": \"computers\", \"text\": \"second \\u00e9\", \"extra\": 1}\r\n"
+                        "{\"text\": \"third\", \"label\": \"work\", \"text_pair\": \"a pair\"}\n"));
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_THAT(ds->label_names, ElementsAre("computers", "work"));
   EXPECT_THAT(Texts(*ds), ElementsAre("first", "second \u00e9", "third"));
@@ -77,15 +78,18 @@ TEST_F(DatasetTest, JsonlWithStringLabelsCollectsSortedNames) {
 }
 
 TEST_F(DatasetTest, JsonlIntegerLabelsAreIndices) {
-  auto ds = LoadDataset(Write("a.jsonl", "{\"text\": \"x\", \"label\": 2}\n{\"text\": \"y\", \"label\": 0}\n"));
+  auto ds = LoadDataset(
+      Write("a.jsonl", "{\"text\": \"x\", \"label\": 2}\n{\"text\": \"y\", \"label\": 0}\n"));
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_THAT(ds->label_names, ElementsAre("0", "1", "2"));
   EXPECT_THAT(Labels(*ds), ElementsAre(2, 0));
   // With label_names, integers index into them and strings must be among them.
   DatasetOptions options;
   options.label_names = {"neg", "pos", "neutral"};
-  ds = LoadDataset(Write("b.jsonl", "{\"text\": \"x\", \"label\": 1}\n{\"text\": \"y\", \"label\": \"neutral\"}\n"),
-                   options);
+  ds = LoadDataset(
+      Write("b.jsonl",
+            "{\"text\": \"x\", \"label\": 1}\n{\"text\": \"y\", \"label\": \"neutral\"}\n"),
+      options);
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_THAT(ds->label_names, ElementsAre("neg", "pos", "neutral"));
   EXPECT_THAT(Labels(*ds), ElementsAre(1, 2));
@@ -96,32 +100,40 @@ TEST_F(DatasetTest, CustomFieldNames) {
   options.text_field = "sentence1";
   options.pair_field = "sentence2";
   options.label_field = "gold";
-  auto ds = LoadDataset(Write("a.jsonl", "{\"sentence1\": \"a\", \"sentence2\": null, \"gold\": \"x\"}\n"), options);
+  auto ds = LoadDataset(
+      Write("a.jsonl", "{\"sentence1\": \"a\", \"sentence2\": null, \"gold\": \"x\"}\n"), options);
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_THAT(Texts(*ds), ElementsAre("a"));
   EXPECT_FALSE(ds->examples[0].text_pair.has_value());
 }
 
 TEST_F(DatasetTest, JsonlErrorsNameFileAndLine) {
-  ExpectError("malformed.jsonl", "{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"b\", \n", 2, "");
+  ExpectError("malformed.jsonl", "{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"b\", \n", 2,
+              "");
   ExpectError("array.jsonl", "[1, 2]\n", 1, "expected a JSON object");
-  ExpectError("notext.jsonl", "{\"text\": \"a\", \"label\": \"x\"}\n\n{\"label\": \"x\"}\n", 3, "missing field \"text\"");
+  ExpectError("notext.jsonl", "{\"text\": \"a\", \"label\": \"x\"}\n\n{\"label\": \"x\"}\n", 3,
+              "missing field \"text\"");
   ExpectError("nolabel.jsonl", "{\"text\": \"a\"}\n", 1, "missing field \"label\"");
   ExpectError("textnum.jsonl", "{\"text\": 5, \"label\": \"x\"}\n", 1, "expected string");
-  ExpectError("floatlabel.jsonl", "{\"text\": \"a\", \"label\": 1.5}\n", 1, "label name (string) or index");
+  ExpectError("floatlabel.jsonl", "{\"text\": \"a\", \"label\": 1.5}\n", 1,
+              "label name (string) or index");
   ExpectError("neglabel.jsonl", "{\"text\": \"a\", \"label\": -1}\n", 1, "negative label index");
   ExpectError("emptytext.jsonl", "{\"text\": \" \\t\", \"label\": \"x\"}\n", 1, "empty text");
-  ExpectError("mixed.jsonl", "{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"b\", \"label\": 0}\n", 2,
+  ExpectError("mixed.jsonl",
+              "{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"b\", \"label\": 0}\n", 2,
               "mix integer indices and names");
   DatasetOptions options;
   options.label_names = {"x", "y"};
-  ExpectError("unknown.jsonl", "{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"b\", \"label\": \"z\"}\n", 2,
+  ExpectError("unknown.jsonl",
+              "{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"b\", \"label\": \"z\"}\n", 2,
               "unknown label \"z\"", options);
   ExpectError("range.jsonl", "{\"text\": \"a\", \"label\": 2}\n", 1, "out of range", options);
   options = {};
   options.max_text_bytes = 8;
-  ExpectError("long.jsonl", "{\"text\": \"12345678\", \"label\": \"x\"}\n{\"text\": \"123456789\", \"label\": \"x\"}\n",
-              2, "more than max_text_bytes", options);
+  ExpectError(
+      "long.jsonl",
+      "{\"text\": \"12345678\", \"label\": \"x\"}\n{\"text\": \"123456789\", \"label\": \"x\"}\n",
+      2, "more than max_text_bytes", options);
 }
 
 TEST_F(DatasetTest, CsvFollowsRfc4180) {
@@ -133,8 +145,8 @@ TEST_F(DatasetTest, CsvFollowsRfc4180) {
                               "\r\n"
                               "4,5\" literal quote,neg"));
   ASSERT_TRUE(ds.ok()) << ds.status();
-  EXPECT_THAT(Texts(*ds), ElementsAre("plain text", "quoted, with comma", "a \"quote\" and a\nline break",
-                                      "5\" literal quote"));
+  EXPECT_THAT(Texts(*ds), ElementsAre("plain text", "quoted, with comma",
+                                      "a \"quote\" and a\nline break", "5\" literal quote"));
   EXPECT_THAT(ds->label_names, ElementsAre("neg", "pos"));
   EXPECT_THAT(Labels(*ds), ElementsAre(1, 0, 1, 0));
 }
@@ -155,7 +167,8 @@ TEST_F(DatasetTest, CsvPairColumnAndNumericLabelOrder) {
 
 TEST_F(DatasetTest, CsvErrors) {
   // Ragged rows name the line where the row starts, counting line breaks inside quotes.
-  ExpectError("ragged.csv", "text,label\n\"two\nlines\",x\nb,x,extra\n", 4, "row has 3 fields, the header has 2");
+  ExpectError("ragged.csv", "text,label\n\"two\nlines\",x\nb,x,extra\n", 4,
+              "row has 3 fields, the header has 2");
   ExpectError("short.csv", "text,label\nonly\n", 2, "row has 1 fields");
   ExpectError("unclosed.csv", "text,label\n\"never closed,x\n", 2, "never closed");
   ExpectError("after.csv", "text,label\n\"a\"b,x\n", 2, "text after the closing quote");
@@ -222,7 +235,8 @@ TEST_F(DatasetTest, LoadLabelNames) {
   auto dup = LoadLabelNames(Write("dup.txt", "a\nb\na\n"));
   EXPECT_EQ(dup.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(dup.status().message()), HasSubstr(":3:"));
-  EXPECT_EQ(LoadLabelNames(Write("none.txt", "\n\n")).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadLabelNames(Write("none.txt", "\n\n")).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // The fortunes corpus built by scripts/setup.sh, when present: 8 classes, 400 + 100 each.
@@ -230,7 +244,8 @@ TEST_F(DatasetTest, FortunesCorpusLoads) {
   const char* source_dir = std::getenv("FEDLORA_SOURCE_DIR");
   if (source_dir == nullptr) GTEST_SKIP() << "FEDLORA_SOURCE_DIR is not set";
   const std::string dir = std::string(source_dir) + "/data/fortunes/";
-  if (!std::filesystem::exists(dir + "train.jsonl")) GTEST_SKIP() << "run scripts/setup.sh to build " << dir;
+  if (!std::filesystem::exists(dir + "train.jsonl"))
+    GTEST_SKIP() << "run scripts/setup.sh to build " << dir;
   auto labels = LoadLabelNames(dir + "labels.txt");
   ASSERT_TRUE(labels.ok()) << labels.status();
   DatasetOptions options;

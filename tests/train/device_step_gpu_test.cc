@@ -44,12 +44,14 @@ TEST(DeviceStepGpu, TrainerOnCudaFollowsTheCpu) {
     losses.push_back(loss);
   }
   ASSERT_EQ(losses[1].size(), losses[0].size());
-  for (size_t i = 0; i < losses[0].size(); ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 1e-4f) << "step " << i;
+  for (size_t i = 0; i < losses[0].size(); ++i)
+    EXPECT_NEAR(losses[1][i], losses[0][i], 1e-4f) << "step " << i;
   for (size_t i = 0; i < params[0].size(); ++i) {
     float largest = 0.0f;
     for (float v : params[0][i].value) largest = std::max(largest, std::fabs(v));
     for (size_t j = 0; j < params[0][i].value.size(); ++j) {
-      ASSERT_NEAR(params[1][i].value[j], params[0][i].value[j], 1e-3f * largest) << params[0][i].name;
+      ASSERT_NEAR(params[1][i].value[j], params[0][i].value[j], 1e-3f * largest)
+          << params[0][i].name;
     }
   }
 }

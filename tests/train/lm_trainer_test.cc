@@ -96,12 +96,12 @@ std::string Targets(const LmExample& ex, const BpeTokenizer& tok) {
 }
 
 TEST_F(LmDataTest, LossFallsOnTheResponsesAndTheirEndOfTurnOnly) {
-  const std::string path = Write(
-      "d.jsonl",
-      "{\"prompt\": \"2+2?\", \"response\": \"4\"}\n\n"
-      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
-      "\"content\": \"yo\"}, {\"role\": \"user\", \"content\": \"bye\"}, {\"role\": "
-      "\"assistant\", \"content\": \"ok\"}]}\n");
+  const std::string path =
+      Write("d.jsonl",
+            "{\"prompt\": \"2+2?\", \"response\": \"4\"}\n\n"
+            "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
+            "\"content\": \"yo\"}, {\"role\": \"user\", \"content\": \"bye\"}, {\"role\": "
+            "\"assistant\", \"content\": \"ok\"}]}\n");
   auto data = LoadLmDataset(path, tok_, {});
   ASSERT_TRUE(data.ok()) << data.status();
   ASSERT_EQ(data->size(), 2);
@@ -174,7 +174,8 @@ TEST_F(LmDataTest, RefusesBadLinesNamingThem) {
     std::string text, message;
   };
   const std::vector<Case> cases = {
-      {"{\"prompt\": \"a\", \"response\": \"b\"}\n{\"prompt\": \"a\"}\n", "b.jsonl:2: no \"response\""},
+      {"{\"prompt\": \"a\", \"response\": \"b\"}\n{\"prompt\": \"a\"}\n",
+       "b.jsonl:2: no \"response\""},
       {"{\"question\": \"a\"}\n", "neither \"messages\" nor \"prompt\""},
       {"{\"prompt\": \"a\", \"response\": [1]}\n", "\"response\" is array"},
       {"{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\"}, {\"role\": \"user\", "
@@ -238,8 +239,7 @@ LmDataset Memorize(const DecoderTokenizer& tok, const std::string& same = "") {
   const std::string answers[] = {"r", "b", "g", "y", "p", "t", "o", "n"};
   for (int i = 0; i < 8; ++i) {
     const std::string answer = same.empty() ? answers[i] : same;
-    auto ex = TokenizeConversation({{"user", prompts[i]}, {"assistant", answer}}, tok, 64,
-                                   "test");
+    auto ex = TokenizeConversation({{"user", prompts[i]}, {"assistant", answer}}, tok, 64, "test");
     EXPECT_TRUE(ex.ok()) << ex.status();
     data.examples.push_back(std::move(*ex));
   }
@@ -335,8 +335,10 @@ TEST(LmTrainer, TheSameSeedGivesTheSameAdapterAndEvaluatesEachEpoch) {
     EXPECT_NE(trainer.history()[1].ToJson().find("\"perplexity\":"), std::string::npos);
     std::vector<std::vector<float>> values;
     for (const Param& p : lm->trainable_params()) values.push_back(p.value);
-    if (run == 0) first = values;
-    else EXPECT_EQ(values, first);
+    if (run == 0)
+      first = values;
+    else
+      EXPECT_EQ(values, first);
   }
 }
 
@@ -357,13 +359,16 @@ TEST(LmTrainer, RefusesWhatItCannotTrain) {
   EXPECT_EQ(LmTrainer(*lm, o).Train(LmDataset{}, nullptr, {}).code(),
             absl::StatusCode::kInvalidArgument);
   LmDataset too_long;
-  too_long.examples.push_back(MakeExample(std::vector<int32_t>(65, 1), std::vector<int32_t>(65, 1)));
-  EXPECT_NE(LmTrainer(*lm, o).Train(too_long, nullptr, {}).message().find("the model takes 1 to 64"),
-            std::string::npos);
+  too_long.examples.push_back(
+      MakeExample(std::vector<int32_t>(65, 1), std::vector<int32_t>(65, 1)));
+  EXPECT_NE(
+      LmTrainer(*lm, o).Train(too_long, nullptr, {}).message().find("the model takes 1 to 64"),
+      std::string::npos);
   LmDataset mismatched;
   mismatched.examples.push_back(MakeExample({1, 2, 3}, {-100, 2}));
-  EXPECT_NE(LmTrainer(*lm, o).Train(mismatched, nullptr, {}).message().find("2 labels for 3 tokens"),
-            std::string::npos);
+  EXPECT_NE(
+      LmTrainer(*lm, o).Train(mismatched, nullptr, {}).message().find("2 labels for 3 tokens"),
+      std::string::npos);
 }
 
 }  // namespace

@@ -40,12 +40,14 @@ void ExpectExactCoverage(const Partition& p, int64_t n) {
 // Fraction of a client's examples in its most common label.
 double TopLabelShare(const std::vector<int64_t>& hist) {
   const int64_t total = std::accumulate(hist.begin(), hist.end(), int64_t{0});
-  return static_cast<double>(*std::max_element(hist.begin(), hist.end())) / static_cast<double>(total);
+  return static_cast<double>(*std::max_element(hist.begin(), hist.end())) /
+         static_cast<double>(total);
 }
 
 TEST(Partition, EverySchemeCoversExactlyOnce) {
   const std::vector<int> labels = SkewedLabels();
-  for (PartitionScheme scheme : {PartitionScheme::kIid, PartitionScheme::kDirichlet, PartitionScheme::kLabelShards}) {
+  for (PartitionScheme scheme :
+       {PartitionScheme::kIid, PartitionScheme::kDirichlet, PartitionScheme::kLabelShards}) {
     PartitionOptions opts;
     opts.scheme = scheme;
     opts.num_clients = 10;
@@ -84,7 +86,9 @@ TEST(Partition, IidSizesDifferByAtMostOneAndHistogramsAreNearUniform) {
   auto p = PartitionByLabel(labels, 4, opts);
   ASSERT_TRUE(p.ok());
   const auto sizes = p->Sizes();
-  EXPECT_LE(*std::max_element(sizes.begin(), sizes.end()) - *std::min_element(sizes.begin(), sizes.end()), 1);
+  EXPECT_LE(
+      *std::max_element(sizes.begin(), sizes.end()) - *std::min_element(sizes.begin(), sizes.end()),
+      1);
   // Each client holds ~143 examples drawn without replacement; label 0 is 40% of the data, so
   // its count is about binomial with mean 57 and sd ~5.9. A 5 sd band fails by chance with
   // p < 1e-6 per cell, yet a label-sorted split would give counts of 0 or 143.
@@ -187,7 +191,8 @@ TEST(Partition, Errors) {
   opts.scheme = PartitionScheme::kDirichlet;
   for (double alpha : {0.0, -1.0, std::nan("")}) {
     opts.dirichlet_alpha = alpha;
-    EXPECT_EQ(PartitionByLabel(labels, 2, opts).status().code(), absl::StatusCode::kInvalidArgument) << alpha;
+    EXPECT_EQ(PartitionByLabel(labels, 2, opts).status().code(), absl::StatusCode::kInvalidArgument)
+        << alpha;
   }
   opts.scheme = PartitionScheme::kIid;
   EXPECT_FALSE(PartitionByLabel(std::vector<int>{0, 2}, 2, opts).ok());  // label out of range

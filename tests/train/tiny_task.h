@@ -22,7 +22,8 @@ inline BertConfig TinyConfig() {
   return c;
 }
 
-inline std::unique_ptr<BertClassifier> TinyModel(uint64_t seed, float dropout, Device device = Device::kCpu) {
+inline std::unique_ptr<BertClassifier> TinyModel(uint64_t seed, float dropout,
+                                                 Device device = Device::kCpu) {
   ModelOptions o;
   o.num_labels = 2;
   o.lora.rank = 4;

@@ -124,7 +124,7 @@ TEST(ModelOptionsFromConfigTest, UnsetFieldsTakeConfigProtoDefaults) {
   EXPECT_EQ(o.lora.target_modules, (std::vector<std::string>{"query", "value"}));
   EXPECT_EQ(o.seed, 0u);
   EXPECT_EQ(o.max_seq, 64);
-  EXPECT_EQ(o.max_batch, 16);  // training.batch_size's default
+  EXPECT_EQ(o.max_batch, 16);                    // training.batch_size's default
   EXPECT_EQ(o.base_model_name, "/models/tiny");  // no model.id
   EXPECT_FALSE(o.bf16_weights);
   EXPECT_EQ(ModelOptionsFromConfig(c, 64, ModelRole::kEvaluate).max_batch, 64);
@@ -195,7 +195,8 @@ TEST(ModelOptionsFromConfigTest, PrecisionBf16HoldsAndMultipliesTheBaseInBf16) {
   EXPECT_TRUE(d.bf16_math);
 }
 
-// model.precision: INT8 (decoders) holds the base as Q8_0 and multiplies the forward products in int8.
+// model.precision: INT8 (decoders) holds the base as Q8_0 and multiplies the forward products in
+// int8.
 TEST(ModelOptionsFromConfigTest, PrecisionInt8HoldsTheDecoderBaseAsQ8_0WithInt8Math) {
   v1::RunConfig c;
   c.mutable_task()->set_kind(v1::TaskConfig::CAUSAL_LM);
@@ -267,7 +268,8 @@ TEST(DecoderOptionsFromConfigTest, LoraSeedAndOneBatchPlan) {
   v1::RunConfig c;
   c.set_seed(9);
   c.mutable_model()->set_id("smol");
-  EXPECT_EQ(DecoderOptionsFromConfig(c, 64).lora.target_modules.size(), 7u);  // all seven by default
+  EXPECT_EQ(DecoderOptionsFromConfig(c, 64).lora.target_modules.size(),
+            7u);  // all seven by default
   c.mutable_lora()->set_rank(4);
   c.mutable_lora()->set_alpha(32);
   c.mutable_lora()->set_dropout(0.1);
@@ -308,8 +310,10 @@ TEST(LmDataOptionsFromConfigTest, FieldsAndSystemPromptComeFromTheTask) {
 TEST(VerifyModelCheckpointTest, ADecoderGgufIsHashedWholeAndItsArchitectureRead) {
   const char* src = std::getenv("FEDLORA_SOURCE_DIR");
   ASSERT_NE(src, nullptr) << "run through ctest";
-  const std::string gguf = std::string(src) + "/models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (!std::filesystem::exists(gguf)) GTEST_SKIP() << gguf << " missing (scripts/setup.sh fetches it)";
+  const std::string gguf =
+      std::string(src) + "/models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(gguf))
+    GTEST_SKIP() << gguf << " missing (scripts/setup.sh fetches it)";
   v1::ModelConfig model;
   model.set_sha256("b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53");
   model.set_architecture("llama");

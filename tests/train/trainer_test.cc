@@ -246,7 +246,8 @@ TEST(LogitAdjustment, ChangesNothingOnBalancedLabels) {
   const std::vector<Param> adjusted = TrainMarkers(1.0f, /*skewed=*/false)->trainable_params();
   for (size_t i = 0; i < plain.size(); ++i) {
     for (size_t j = 0; j < plain[i].value.size(); ++j) {
-      ASSERT_NEAR(plain[i].value[j], adjusted[i].value[j], 1e-5) << plain[i].name << "[" << j << "]";
+      ASSERT_NEAR(plain[i].value[j], adjusted[i].value[j], 1e-5)
+          << plain[i].name << "[" << j << "]";
     }
   }
 }
@@ -282,14 +283,14 @@ TEST(Trainer, ProximalTermAddsMuTimesTheDistanceFromTheStart) {
   const std::vector<int64_t> order = EpochOrder(train, opts, 1);
   for (int step = 0; step < 2; ++step) {
     manual->ZeroGrad();
-    const auto batch =
-        MakeBatch(train, std::span<const int64_t>(order).subspan(8 * step, 8),
-                  static_cast<int32_t>(manual->config().pad_token_id));
+    const auto batch = MakeBatch(train, std::span<const int64_t>(order).subspan(8 * step, 8),
+                                 static_cast<int32_t>(manual->config().pad_token_id));
     ASSERT_TRUE(manual->ForwardBackward(batch, 0).ok());
     for (size_t i = 0; i < params.size(); ++i) {
       for (size_t j = 0; j < params[i].value.size(); ++j) {
         const float w = params[i].value[j];
-        params[i].value[j] = w - opts.lr * (params[i].grad[j] + opts.proximal_mu * (w - start[i][j]));
+        params[i].value[j] =
+            w - opts.lr * (params[i].grad[j] + opts.proximal_mu * (w - start[i][j]));
       }
     }
   }
@@ -372,7 +373,8 @@ TEST(DeviceStep, MatchesTheHostLoopOnTheCpuBackend) {
     std::vector<Param> params;
     OptimizerState state;
     std::vector<float> norms;
-    std::vector<bool> held;  // DeviceParams::resident() during each step's report / each epoch's callback
+    std::vector<bool>
+        held;  // DeviceParams::resident() during each step's report / each epoch's callback
     std::vector<bool> held_in_callback;
   };
   auto run = [&](bool on_device) {
@@ -427,7 +429,8 @@ TEST(DeviceStep, MatchesTheHostLoopOnTheCpuBackend) {
     ASSERT_EQ(d.shape, h.shape);
     float largest = 0.0f;
     for (float v : h.value) largest = std::max(largest, std::fabs(v));
-    for (size_t j = 0; j < h.value.size(); ++j) ASSERT_NEAR(d.value[j], h.value[j], 1e-3f * largest) << h.name;
+    for (size_t j = 0; j < h.value.size(); ++j)
+      ASSERT_NEAR(d.value[j], h.value[j], 1e-3f * largest) << h.name;
   }
 }
 

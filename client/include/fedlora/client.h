@@ -64,8 +64,8 @@ struct RetryPolicy {
 struct ClientOptions {
   // host:port of the aggregation server. Required.
   std::string server_address;
-  // Identity sent in plaintext mode (ignored with TLS, where the certificate decides). Default empty:
-  // required without TLS.
+  // Identity sent in plaintext mode (ignored with TLS, where the certificate decides). Default
+  // empty: required without TLS.
   std::string client_id;
   ClientTlsOptions tls;
   // Talk plaintext to a loopback server (simulation, tests). Default false: without TLS, Create
@@ -108,9 +108,10 @@ struct ClientOptions {
 };
 
 struct RunSummary {
-  int64_t tasks_completed = 0;   // updates this client had accepted
-  int64_t tasks_failed = 0;      // tasks given up (trainer error, update refused, round closed), then taken again
-  uint64_t final_round = 0;      // the run's last committed round
+  int64_t tasks_completed = 0;  // updates this client had accepted
+  int64_t tasks_failed =
+      0;  // tasks given up (trainer error, update refused, round closed), then taken again
+  uint64_t final_round = 0;  // the run's last committed round
   // How the tasks' global adapters arrived: downloaded whole, rebuilt from a downlink delta chain,
   // or already held.
   int64_t adapters_downloaded = 0;
@@ -126,13 +127,14 @@ class Client {
   // not owned and must outlive the client. InvalidArgument for a missing address or identity, an
   // incomplete TLS setup, or plaintext not allowed (see `insecure`); NotFound / PermissionDenied
   // for unreadable TLS files.
-  static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options, ClientTrainer* trainer);
+  static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options,
+                                                        ClientTrainer* trainer);
   virtual ~Client() = default;
 
   // Runs until the server reports the run finished, max_tasks are done, Stop() is called
   // (Cancelled), or retries are exhausted (the last transient error); Aborted when the server
-  // stopped the run on a failure (RunFinished FAILED). A trainer error that trying again cannot fix,
-  // or RetryPolicy.max_attempts failed tasks in a row, end it too: the client leaves with the
+  // stopped the run on a failure (RunFinished FAILED). A trainer error that trying again cannot
+  // fix, or RetryPolicy.max_attempts failed tasks in a row, end it too: the client leaves with the
   // error, which the server shows (see ClientTrainer::Train), and returns it. Not thread-safe: call
   // it from one thread at a time.
   virtual absl::StatusOr<RunSummary> RunUntilDone() = 0;

@@ -5,11 +5,11 @@
 //   class MyTrainer : public fedlora::ClientTrainer {
 //    public:
 //     absl::StatusOr<fedlora::TrainResult> Train(const fedlora::TrainTask& task,
-//                                                const std::vector<fedlora::NamedTensor>& global) override {
+//                                                const std::vector<fedlora::NamedTensor>& global)
+//                                                override {
 //       fedlora::TrainResult result;
-//       result.delta = ...;            // same names and shapes as `global`, values = local - global
-//       result.num_examples = 1200;    // the FedAvg weight
-//       return result;
+//       result.delta = ...;            // same names and shapes as `global`, values = local -
+//       global result.num_examples = 1200;    // the FedAvg weight return result;
 //     }
 //   };
 //
@@ -35,9 +35,9 @@ struct NamedTensor {
 
 // What the server asks one client to do in one round.
 struct TrainTask {
-  uint64_t round = 0;          // >= 1
-  std::string task_id;         // binds the upload to this assignment
-  uint64_t seed = 0;           // for everything random in local training (shuffling, dropout)
+  uint64_t round = 0;   // >= 1
+  std::string task_id;  // binds the upload to this assignment
+  uint64_t seed = 0;    // for everything random in local training (shuffling, dropout)
   // Local work: exactly one of local_epochs / local_steps is > 0.
   uint32_t local_epochs = 0;
   uint32_t local_steps = 0;
@@ -61,8 +61,8 @@ struct TrainResult {
   // Mean training loss over the first and last epoch (or 10% of steps); reported to the server.
   double train_loss_first = 0.0;
   double train_loss_last = 0.0;
-  int64_t steps = 0;               // optimizer steps taken
-  int64_t examples_processed = 0;  // examples seen, counting repeats over epochs
+  int64_t steps = 0;                      // optimizer steps taken
+  int64_t examples_processed = 0;         // examples seen, counting repeats over epochs
   std::map<std::string, double> metrics;  // any other named figures, reported as "extra"
 };
 
@@ -84,7 +84,8 @@ class ClientTrainer {
   // site: the client leaves with it (the server shows the site FAILED) and RunUntilDone returns it.
   // Any other error (Unavailable, ResourceExhausted, Internal, ...) is logged and the task taken
   // again after a backoff, RetryPolicy.max_attempts times in a row at most.
-  virtual absl::StatusOr<TrainResult> Train(const TrainTask& task, const std::vector<NamedTensor>& global_adapter) = 0;
+  virtual absl::StatusOr<TrainResult> Train(const TrainTask& task,
+                                            const std::vector<NamedTensor>& global_adapter) = 0;
 };
 
 }  // namespace fedlora
