@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The checks that need no build (make lint; CI's first stage):
 #   - every C++ and CUDA source in git is as clang-format (.clang-format) writes it;
-#     scripts/lint.sh --fix rewrites the ones that are not.
+#     scripts/lint.sh --fix rewrites the ones that are not;
+#   - every Bazel BUILD file lists the sources and fedlora dependencies of the CMake list it mirrors
+#     (scripts/check_bazel.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FIX=0
@@ -24,3 +26,4 @@ if ((${#BAD[@]})); then
   exit 1
 fi
 echo "lint: ${#SOURCES[@]} C++/CUDA files formatted"
+python3 scripts/check_bazel.py
