@@ -1,13 +1,7 @@
 #include "core/gguf.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -15,6 +9,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "core/file.h"
+#include "core/mapped_file.h"
 #include "core/status.h"
 #include "core/strings.h"
 
@@ -575,42 +570,13 @@ absl::Status GgufTensor::DequantizeRows(int64_t first, int64_t count, float* dst
 // --- GgufFile
 // -------------------------------------------------------------------------------------
 
-GgufFile::~GgufFile() {
-  if (mapped_) ::munmap(const_cast<uint8_t*>(base_), size_);
-}
-
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
-  int fd;
-  do {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  } while (fd < 0 && errno == EINTR);
-  if (fd < 0) return ErrnoToStatus(errno, "open", path);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoToStatus(err, "fstat", path);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(path, ": not a regular file"));
-  }
+  FEDLORA_ASSIGN_OR_RETURN(MappedFile mapped, MappedFile::Open(path));
   std::unique_ptr<GgufFile> file(new GgufFile());
   file->path_ = path;
-  file->size_ = static_cast<size_t>(st.st_size);
-  if (file->size_ > 0) {
-    // Pages are read on first touch and shared with the page cache: a model's weights stay out
-    // of the heap.
-    void* p = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoToStatus(err, "mmap", path);
-    }
-    file->base_ = static_cast<const uint8_t*>(p);
-    file->mapped_ = true;
-  }
-  ::close(fd);  // the mapping stays valid after close
+  file->mapped_ = std::move(mapped);
+  file->base_ = file->mapped_.data();
+  file->size_ = file->mapped_.size();
   FEDLORA_RETURN_IF_ERROR(file->Parse());
   return file;
 }

@@ -40,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/ggml_quant.h"
+#include "core/mapped_file.h"
 
 namespace fedlora {
 
@@ -136,7 +137,7 @@ class GgufFile {
   // Validates an in-memory image (same checks as Open). The bytes are kept by the GgufFile.
   static absl::StatusOr<std::unique_ptr<GgufFile>> FromBytes(std::string bytes,
                                                              std::string_view what);
-  ~GgufFile();
+  ~GgufFile() = default;
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
 
@@ -177,7 +178,7 @@ class GgufFile {
   std::string path_;
   const uint8_t* base_ = nullptr;
   size_t size_ = 0;
-  bool mapped_ = false;  // base_ is an mmap to release; else it points into owned_
+  MappedFile mapped_;  // base_ points into mapped_ (Open) or owned_ (FromBytes)
   std::string owned_;
   uint32_t version_ = 0;
   uint32_t alignment_ = 32;

@@ -1,12 +1,6 @@
 #include "core/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <set>
 
@@ -14,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "core/file.h"
 #include "core/json.h"
+#include "core/mapped_file.h"
 #include "core/status.h"
 #include "core/strings.h"
 
@@ -99,42 +94,13 @@ absl::StatusOr<TensorView> SafetensorsTensor::view() const {
   return TensorView::CreateConst(data, dtype, shape, Device::kCpu);
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (mapped_) ::munmap(const_cast<uint8_t*>(base_), size_);
-}
-
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  int fd;
-  do {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  } while (fd < 0 && errno == EINTR);
-  if (fd < 0) return ErrnoToStatus(errno, "open", path);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoToStatus(err, "fstat", path);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(path, ": not a regular file"));
-  }
+  FEDLORA_ASSIGN_OR_RETURN(MappedFile mapped, MappedFile::Open(path));
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
-  file->size_ = static_cast<size_t>(st.st_size);
-  if (file->size_ >= kLengthPrefixBytes) {
-    // mmap keeps multi-GB checkpoints out of the heap: pages are read on first touch and shared
-    // with the page cache. Files under 8 bytes are rejected by Parse() without mapping.
-    void* p = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoToStatus(err, "mmap", path);
-    }
-    file->base_ = static_cast<const uint8_t*>(p);
-    file->mapped_ = true;
-  }
-  ::close(fd);  // the mapping stays valid after close
+  file->mapped_ = std::move(mapped);
+  file->base_ = file->mapped_.data();
+  file->size_ = file->mapped_.size();
   FEDLORA_RETURN_IF_ERROR(file->Parse());
   return file;
 }

@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/mapped_file.h"
 #include "core/tensor.h"
 
 namespace fedlora {
@@ -65,7 +66,7 @@ class SafetensorsFile {
   // Validates an in-memory image (same checks as Open). The bytes are copied.
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBytes(std::string bytes,
                                                                     std::string_view what);
-  ~SafetensorsFile();
+  ~SafetensorsFile() = default;
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
@@ -91,7 +92,7 @@ class SafetensorsFile {
   std::string path_;
   const uint8_t* base_ = nullptr;
   size_t size_ = 0;
-  bool mapped_ = false;  // base_ is an mmap to release; else it points into owned_
+  MappedFile mapped_;  // base_ points into mapped_ (Open) or owned_ (FromBytes)
   std::string owned_;
   const uint8_t* data_section_ = nullptr;
   std::map<std::string, Entry, std::less<>> entries_;

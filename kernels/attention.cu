@@ -5,22 +5,12 @@
 #include "core/rng.h"
 #include "kernels/attention.h"
 #include "kernels/cuda_util.cuh"
+#include "kernels/warp_reduce.cuh"
 
 namespace fedlora::kernels::internal {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-
-__device__ __forceinline__ float WarpMax(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 __global__ void SoftmaxForwardKernel(int64_t rows, int64_t S, int64_t rows_per_batch,
                                      const float* mask_all, bool causal, float* scores,

@@ -7,6 +7,7 @@
 #include "kernels/block_quant.h"
 #include "kernels/cuda_util.cuh"
 #include "kernels/kernel_util.h"
+#include "kernels/warp_reduce.cuh"
 
 namespace fedlora::kernels::internal {
 namespace {
@@ -54,8 +55,7 @@ __global__ void ScaleKernel(int64_t n, const float* __restrict__ x, int64_t bloc
       if (lane == 0) s = QuantMeanAbs(x + first, m);  // in index order, as the CPU rounds it
     } else {
       for (int64_t i = lane; i < m; i += kWarp) s = fmaxf(s, fabsf(x[first + i]));
-      for (int offset = kWarp / 2; offset > 0; offset /= 2)
-        s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, offset));
+      s = WarpMax(s);
     }
     if (lane == 0) {
       scales[b] = s;

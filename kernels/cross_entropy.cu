@@ -8,6 +8,7 @@
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_util.cuh"
+#include "kernels/warp_reduce.cuh"
 
 namespace fedlora::kernels::internal {
 namespace {
@@ -17,19 +18,13 @@ constexpr int kThreads = 256;
 // Block-wide reduction; op is max or sum. All threads get the result.
 template <bool kMax>
 __device__ float BlockReduce(float v, float* sh) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float other = __shfl_xor_sync(0xffffffffu, v, o);
-    v = kMax ? fmaxf(v, other) : v + other;
-  }
+  v = WarpReduce<kMax>(v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) sh[warp] = v;
   __syncthreads();
   if (warp == 0) {
     v = lane < kThreads / 32 ? sh[lane] : (kMax ? -FLT_MAX : 0.0f);
-    for (int o = 16; o > 0; o >>= 1) {
-      const float other = __shfl_xor_sync(0xffffffffu, v, o);
-      v = kMax ? fmaxf(v, other) : v + other;
-    }
+    v = WarpReduce<kMax>(v);
     if (lane == 0) sh[0] = v;
   }
   __syncthreads();

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda_util.cuh"
 #include "kernels/decode_attention.h"
+#include "kernels/warp_reduce.cuh"
 
 namespace fedlora::kernels::internal {
 namespace {
@@ -16,19 +17,11 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int64_t kChunk = kDecodeAttentionChunk;
 
-__device__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // Block-wide max or sum over kThreads threads; every thread gets the result. `sh` holds kWarps
 // floats.
 template <bool kMax>
 __device__ float BlockReduce(float v, float* sh) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float other = __shfl_xor_sync(0xffffffffu, v, o);
-    v = kMax ? fmaxf(v, other) : v + other;
-  }
+  v = WarpReduce<kMax>(v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();  // sh may still be read by a previous call
   if (lane == 0) sh[warp] = v;

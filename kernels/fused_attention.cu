@@ -3,6 +3,7 @@
 #include "core/rng.h"
 #include "kernels/cuda_util.cuh"
 #include "kernels/fused_attention.h"
+#include "kernels/warp_reduce.cuh"
 
 namespace fedlora::kernels::internal {
 namespace {
@@ -22,12 +23,6 @@ struct Geometry {
 
 __device__ float MaskAt(const Geometry& g, int64_t key) {
   return g.mask != nullptr ? g.mask[key] : 0.0f;
-}
-
-__device__ float WarpSum(float x) {
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
 }
 
 // The sequence holding token t (binary search over seq_start) and its dropout base index.

@@ -2,17 +2,12 @@
 // order, as layernorm.cu.
 #include "kernels/cuda_util.cuh"
 #include "kernels/rmsnorm.h"
+#include "kernels/warp_reduce.cuh"
 
 namespace fedlora::kernels::internal {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 __global__ void RmsNormForwardKernel(int64_t rows, int64_t C, float eps, const float* x_all,
                                      const float* __restrict__ gamma, float* y_all,

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "core/strings.h"
+#include "core/utf8.h"
 
 namespace fedlora {
 namespace {
@@ -30,21 +31,6 @@ bool IsWhiteSpace(char32_t c) {
          c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
-// Decodes the code point of valid UTF-8 starting at s[i]; sets *len.
-char32_t DecodeAt(std::string_view s, size_t i, size_t* len) {
-  const auto b = static_cast<unsigned char>(s[i]);
-  if (b < 0x80) {
-    *len = 1;
-    return b;
-  }
-  const size_t n = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
-  char32_t c = b & (n == 2 ? 0x1F : n == 3 ? 0x0F : 0x07);
-  for (size_t k = 1; k < n && i + k < s.size(); ++k)
-    c = (c << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-  *len = n;
-  return c;
-}
-
 // Start of the whitespace run that ends at `end`.
 size_t WhitespaceStartBefore(std::string_view s, size_t end) {
   size_t i = end;
@@ -52,7 +38,7 @@ size_t WhitespaceStartBefore(std::string_view s, size_t end) {
     size_t j = i - 1;
     while (j > 0 && (static_cast<unsigned char>(s[j]) & 0xC0) == 0x80) --j;
     size_t len = 0;
-    if (!IsWhiteSpace(DecodeAt(s, j, &len))) break;
+    if (!IsWhiteSpace(DecodeUtf8At(s, j, &len))) break;
     i = j;
   }
   return i;
@@ -63,7 +49,7 @@ size_t WhitespaceEndAfter(std::string_view s, size_t begin) {
   size_t i = begin;
   while (i < s.size()) {
     size_t len = 0;
-    if (!IsWhiteSpace(DecodeAt(s, i, &len))) break;
+    if (!IsWhiteSpace(DecodeUtf8At(s, i, &len))) break;
     i += len;
   }
   return i;

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/strings.h"
+#include "core/utf8.h"
 
 namespace fedlora::bpe {
 
@@ -43,34 +44,6 @@ size_t MapOffsetBack(const OffsetEdits& edits, size_t offset, bool is_end) {
 
 namespace {
 
-// Length of the well-formed sequence at p[0, n) (> 0), or minus the length of its maximal
-// ill-formed subpart (< 0), per Unicode Table 3-7.
-int SequenceLength(const unsigned char* p, size_t n) {
-  const unsigned b = p[0];
-  if (b < 0x80) return 1;
-  int len;
-  unsigned lo = 0x80, hi = 0xBF;
-  if (b >= 0xC2 && b <= 0xDF) {
-    len = 2;
-  } else if (b >= 0xE0 && b <= 0xEF) {
-    len = 3;
-    if (b == 0xE0) lo = 0xA0;
-    if (b == 0xED) hi = 0x9F;
-  } else if (b >= 0xF0 && b <= 0xF4) {
-    len = 4;
-    if (b == 0xF0) lo = 0x90;
-    if (b == 0xF4) hi = 0x8F;
-  } else {
-    return -1;
-  }
-  for (int k = 1; k < len; ++k) {
-    if (static_cast<size_t>(k) >= n || p[k] < lo || p[k] > hi) return -k;
-    lo = 0x80;
-    hi = 0xBF;
-  }
-  return len;
-}
-
 constexpr char kReplacementUtf8[] = "\xEF\xBF\xBD";
 
 }  // namespace
@@ -85,7 +58,7 @@ bool RepairUtf8(std::string_view text, std::string* out, OffsetEdits* edits) {
       ++i;
       continue;
     }
-    const int len = SequenceLength(p + i, n - i);
+    const int len = Utf8SequenceLength(p + i, n - i);
     if (len < 0) break;
     i += static_cast<size_t>(len);
   }
@@ -93,7 +66,7 @@ bool RepairUtf8(std::string_view text, std::string* out, OffsetEdits* edits) {
   out->assign(text.data(), i);
   if (edits != nullptr) edits->clear();
   while (i < n) {
-    const int len = SequenceLength(p + i, n - i);
+    const int len = Utf8SequenceLength(p + i, n - i);
     if (len > 0) {
       out->append(text.data() + i, static_cast<size_t>(len));
       i += static_cast<size_t>(len);

@@ -8,6 +8,7 @@
 #include "core/file.h"
 #include "core/json.h"
 #include "core/status.h"
+#include "core/utf8.h"
 
 namespace fedlora {
 namespace {
@@ -37,8 +38,6 @@ bool InRanges(const CodePointRange (&ranges)[N], char32_t c) {
       ranges, end, c, [](const CodePointRange& r, char32_t v) { return r.last < v; });
   return it != end && it->first <= c;
 }
-
-constexpr char32_t kReplacementChar = 0xFFFD;
 
 // Rust's char::is_whitespace (the White_Space property), which Hugging Face uses both to map
 // whitespace to spaces and to split words.
@@ -115,67 +114,6 @@ void AppendLower(char32_t c, std::u32string* out) {
     }
   }
   out->push_back(c);
-}
-
-// ---- UTF-8 ------------------------------------------------------------------------------------
-
-// Decodes UTF-8; every byte that does not begin a well-formed sequence becomes U+FFFD.
-std::u32string DecodeUtf8(std::string_view s) {
-  std::u32string out;
-  out.reserve(s.size());
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char b = p[i];
-    if (b < 0x80) {
-      out.push_back(b);
-      ++i;
-      continue;
-    }
-    int len = 0;
-    char32_t c = 0, min = 0;
-    if (b >= 0xC2 && b <= 0xDF) {
-      len = 2, c = b & 0x1F, min = 0x80;
-    } else if (b >= 0xE0 && b <= 0xEF) {
-      len = 3, c = b & 0x0F, min = 0x800;
-    } else if (b >= 0xF0 && b <= 0xF4) {
-      len = 4, c = b & 0x07, min = 0x10000;
-    }
-    bool ok = len > 0 && i + len <= n;
-    for (int k = 1; ok && k < len; ++k) {
-      if ((p[i + k] & 0xC0) != 0x80) ok = false;
-      c = (c << 6) | (p[i + k] & 0x3F);
-    }
-    // Overlong forms, surrogates and values past U+10FFFF are ill-formed too.
-    if (ok && (c < min || (c >= 0xD800 && c <= 0xDFFF) || c > 0x10FFFF)) ok = false;
-    if (ok) {
-      out.push_back(c);
-      i += len;
-    } else {
-      out.push_back(kReplacementChar);
-      ++i;
-    }
-  }
-  return out;
-}
-
-void AppendUtf8(char32_t c, std::string* out) {
-  if (c < 0x80) {
-    out->push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
 }
 
 // Largest id we accept: a vocabulary of 16M tokens is far beyond any BERT-family model (30-250k),
@@ -474,7 +412,7 @@ void WordPieceTokenizer::TokenizeInto(std::string_view text, std::vector<int32_t
   // WordPiece on each.
   auto process = [&](std::string_view raw) {
     if (raw.empty()) return;
-    const std::u32string decoded = DecodeUtf8(raw);
+    const std::u32string decoded = DecodeUtf8(raw, Utf8Repair::kEachByte);
     std::u32string text32;
     text32.reserve(decoded.size());
     for (char32_t c : decoded) {

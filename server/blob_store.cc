@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -233,12 +232,10 @@ absl::StatusOr<std::unique_ptr<MappedBlob>> BlobWriter::Verify(
     return hash.status();
   }
   verified_hash_ = *std::move(hash);
-  void* addr = nullptr;
-  if (size_ > 0) {
-    addr = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd_, 0);
-    if (addr == MAP_FAILED) return ErrnoToStatus(errno, "mmap", path_);
-  }
-  return std::unique_ptr<MappedBlob>(new MappedBlob(addr, static_cast<size_t>(size_)));
+  FEDLORA_ASSIGN_OR_RETURN(
+      MappedFile file,
+      MappedFile::FromFd(fd_, static_cast<size_t>(size_), path_, MappedFile::Sharing::kShared));
+  return std::unique_ptr<MappedBlob>(new MappedBlob(std::move(file)));
 }
 
 absl::StatusOr<std::string> BlobWriter::Commit(std::string_view expected_sha256_hex) {
@@ -435,26 +432,15 @@ absl::StatusOr<OpenedBlob> OpenBlobFile(const std::string& path) {
 
 }  // namespace
 
-MappedBlob::~MappedBlob() {
-  if (addr_ != nullptr) ::munmap(addr_, size_);
-}
-
 absl::StatusOr<std::unique_ptr<MappedBlob>> BlobStore::MapCommitted(const std::string& hash) const {
   FEDLORA_RETURN_IF_ERROR(CheckHash(hash));
   const std::string path = PathFor(hash);
   FEDLORA_ASSIGN_OR_RETURN(const OpenedBlob file, OpenBlobFile(path));
-  const size_t size = static_cast<size_t>(file.size);
-  void* addr = nullptr;
-  if (size > 0) {
-    addr = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, file.fd, 0);
-    if (addr == MAP_FAILED) {
-      const int err = errno;
-      ::close(file.fd);
-      return ErrnoToStatus(err, "mmap", path);
-    }
-  }
+  absl::StatusOr<MappedFile> mapped = MappedFile::FromFd(file.fd, static_cast<size_t>(file.size),
+                                                         path, MappedFile::Sharing::kShared);
   ::close(file.fd);  // the mapping keeps the file open
-  return std::unique_ptr<MappedBlob>(new MappedBlob(addr, size));
+  if (!mapped.ok()) return mapped.status();
+  return std::unique_ptr<MappedBlob>(new MappedBlob(*std::move(mapped)));
 }
 
 absl::StatusOr<std::unique_ptr<BlobReader>> BlobStore::OpenReader(const std::string& hash) const {

@@ -36,11 +36,13 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/mapped_file.h"
 #include "core/sha256.h"
 
 namespace fedlora {
@@ -174,19 +176,17 @@ class BlobReader {
 // page cache, so a blob just written is read without a copy or a disk read.
 class MappedBlob {
  public:
-  ~MappedBlob();
   MappedBlob(const MappedBlob&) = delete;
   MappedBlob& operator=(const MappedBlob&) = delete;
 
-  std::string_view bytes() const { return {static_cast<const char*>(addr_), size_}; }
+  std::string_view bytes() const { return file_.bytes(); }
 
  private:
   friend class BlobStore;
   friend class BlobWriter;
-  MappedBlob(void* addr, size_t size) : addr_(addr), size_(size) {}
+  explicit MappedBlob(MappedFile file) : file_(std::move(file)) {}
 
-  void* addr_;  // null for an empty blob
-  size_t size_;
+  MappedFile file_;
 };
 
 struct BlobGcStats {
