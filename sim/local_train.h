@@ -1,6 +1,6 @@
 // The simulator's bridge to train/: loading and tokenizing the run's data, and evaluation, behind
 // plain structs and forward declarations. Local training of a virtual client is the SDK's
-// built-in trainer (client/lora_trainer.h) on the client's subset of SimData::train.
+// built-in trainer (client/lora/lora_trainer.h) on the client's subset of SimData::train.
 #pragma once
 
 #include <cmath>

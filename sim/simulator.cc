@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "client/lora_trainer.h"
+#include "client/lora/lora_trainer.h"
 #include "core/file.h"
 #include "core/logging.h"
 #include "core/progress.h"
@@ -475,7 +475,8 @@ void Simulation::ClientLoop(VirtualClient& vc) {
     }
     o.has_cuda = options_.device == Device::kCuda;
     o.device_name = std::string(DeviceName(options_.device));
-    o.wait_for_task_seconds = 5;  // short long polls: the run's end is noticed within seconds
+    o.encode_on_cuda = o.has_cuda;  // the update encodes where the client trains
+    o.wait_for_task_seconds = 5;    // short long polls: the run's end is noticed within seconds
     o.retry.initial_backoff_ms = 100;
     o.retry.max_backoff_ms = 2000;  // loopback: a failed call is a crash test, retry soon
     o.retry.max_attempts = 30;

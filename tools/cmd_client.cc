@@ -5,16 +5,16 @@
 //   ca.pem --cert site.pem --key site.key
 //
 // Each round: download the global adapter, fine-tune it locally on --data with the run's training
-// settings (the SDK's built-in trainer, client/lora_trainer.h: AdamW/LAMB/SGD, schedule, clipping;
-// seeded by the task), upload the delta. The model architecture, LoRA shape and label set come
-// from the server's run config, so the local model always matches the global adapter. Prints a
+// settings (the SDK's built-in trainer, client/lora/lora_trainer.h: AdamW/LAMB/SGD, schedule,
+// clipping; seeded by the task), upload the delta. The model architecture, LoRA shape and label set
+// come from the server's run config, so the local model always matches the global adapter. Prints a
 // JSON summary on stdout when the run ends.
 #include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
 
-#include "client/lora_trainer.h"
+#include "client/lora/lora_trainer.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "fedlora/client.h"
@@ -31,7 +31,7 @@
 namespace fedlora::tools {
 namespace {
 
-// The site of the built-in LoRA trainer (client/lora_trainer.h), built at the first task, when
+// The site of the built-in LoRA trainer (client/lora/lora_trainer.h), built at the first task, when
 // the run config is known: a BertClassifier with the run's LoRA shape and labels and --data
 // tokenized for it, or for a CAUSAL_LM run a CausalLm and --data as conversations. The model
 // computes on `resolved` unless the run's precision needs the CPU (DeviceForRun).
@@ -150,6 +150,7 @@ int RunClient(int argc, char** argv) {
   ClientOptions options;
   options.has_cuda = *device == Device::kCuda;
   options.device_name = options.has_cuda ? kernels::CudaDeviceDescription() : "cpu";
+  options.encode_on_cuda = options.has_cuda;  // the update encodes where the site trains
   options.server_address = server;
   options.client_id = id;
   options.insecure = insecure;

@@ -41,7 +41,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/lora_trainer.h"
+#include "client/lora/lora_trainer.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "model/bert.h"

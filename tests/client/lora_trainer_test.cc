@@ -1,8 +1,8 @@
-// The built-in LoRA trainer (client/lora_trainer.h) on a tiny random checkpoint (2 layers, hidden
-// 32, written by tests/model/tiny_checkpoint.h) and a synthetic tokenized dataset: determinism,
-// the subset overload, error paths, the site loader, and that training moves the adapter; and the
-// same for a decoder site on a tiny random LLaMA (tests/model/tiny_decoder.h).
-#include "client/lora_trainer.h"
+// The built-in LoRA trainer (client/lora/lora_trainer.h) on a tiny random checkpoint (2 layers,
+// hidden 32, written by tests/model/tiny_checkpoint.h) and a synthetic tokenized dataset:
+// determinism, the subset overload, error paths, the site loader, and that training moves the
+// adapter; and the same for a decoder site on a tiny random LLaMA (tests/model/tiny_decoder.h).
+#include "client/lora/lora_trainer.h"
 
 #include <cmath>
 #include <cstring>

@@ -236,6 +236,7 @@ inline ServerOptions TestServerOptions(const std::string& data_dir) {
   o.round_deadline_ms = 30'000;
   o.retry_after_ms = 1000;
   o.selection_window_ms = 300;
+  o.heartbeat_interval_ms = 1000;  // TestRunConfig's heartbeat_interval_seconds
   o.heartbeat_timeout_ms = 30'000;
   o.tick_ms = 20;
   o.chunk_bytes = 1024;  // small chunks so that even the tiny test update spans ~9 of them

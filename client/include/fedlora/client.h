@@ -95,11 +95,13 @@ struct ClientOptions {
   // Version string sent in Join, for the server's logs. Default empty: this SDK's version.
   std::string client_version;
   // The device the site trains on, reported in Join's capabilities (for the server's logs and
-  // selection): "cpu", or the GPU's description with has_cuda set. With has_cuda the update's
-  // top-k and quantization stages run on the GPU too (the same bytes as on the CPU); a low-rank
-  // codec, which has no GPU path, encodes on the host.
+  // selection) and used for nothing else: "cpu", or the GPU's description with has_cuda set.
   std::string device_name = "cpu";
   bool has_cuda = false;
+  // Run the update's top-k and quantization stages on the GPU (the same bytes as on the host); a
+  // low-rank codec, which has no GPU path, encodes on the host. Needs a CUDA build and device: the
+  // first update fails otherwise. Default false: the host.
+  bool encode_on_cuda = false;
   // Directory for the site's state that must outlive a restart: the error-feedback residual of a
   // lossy update codec (error_feedback.safetensors, written atomically after each accepted update)
   // and the last global adapter (global_adapter.safetensors), from which a run with a downlink

@@ -1,4 +1,4 @@
-#include "client/lora_trainer.h"
+#include "client/lora/lora_trainer.h"
 
 #include <google/protobuf/util/json_util.h>
 
