@@ -1,7 +1,7 @@
 // Server-side evaluation hook: called with every new global adapter before its round is committed.
-// The real evaluators live with the programs that own a model (tools/cmd_server.cc's
-// HeldOutEvaluator, the simulator's), both through train/'s Evaluate; the server only knows this
-// interface. A server created with no evaluator skips evaluation.
+// The real evaluators live with the programs that own a model (tools/cmd_server.cc, the
+// simulator), both through workload/evaluator.h; the server only knows this interface. A server
+// created with no evaluator skips evaluation.
 #pragma once
 
 #include <cstdint>

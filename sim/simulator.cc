@@ -1,6 +1,6 @@
 // The simulation: an in-process server and virtual clients over loopback, the seeded faults, the
-// round records and the progress line. Over 600 lines, not split yet: issue 37 replaces its twin
-// encoder/decoder model pools with the LoRA workload seam, which is the split.
+// round records and the progress line. The models, data and evaluator are the run's workload
+// (sim/sim_data.h, workload/factory.h) in one pool (sim/model_pool.h).
 #include "sim/simulator.h"
 
 #include <unistd.h>
@@ -10,41 +10,35 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <ctime>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "client/lora/lora_trainer.h"
 #include "core/file.h"
 #include "core/logging.h"
 #include "core/progress.h"
-#include "core/rng.h"
 #include "core/status.h"
 #include "core/strings.h"
 #include "core/thread_budget.h"
-#include "core/thread_pool.h"
-#include "crypto/certs.h"
 #include "fedlora/client.h"
 #include "fedlora/client_trainer.h"
 #include "kernels/context.h"
 #include "model/adapter_dir.h"
-#include "model/bert.h"
-#include "model/decoder.h"
 #include "proto/config_io.h"
 #include "server/adapter_io.h"
 #include "server/evaluator.h"
 #include "server/server.h"
 #include "sim/cut_proxy.h"
-#include "sim/local_train.h"
+#include "sim/model_pool.h"
+#include "sim/sim_data.h"
+#include "sim/sim_setup.h"
 #include "train/partition.h"
 #include "train/train_config.h"
 
@@ -53,98 +47,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Salt of the fault stream: faults never share random bits with training or selection.
-constexpr uint64_t kFaultSalt = 0x6661'756c'7473'0001ull;  // "faults"
-
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
-
-// A fixed set of model instances that virtual clients (and the evaluator) borrow one at a time.
-// Each model computes on a thread pool of its own, with a thread per core; while it is lent, its
-// pool is a member of `budget`, which shares the cores among the models lent at the moment.
-template <class Model>
-class ModelPool {
- public:
-  explicit ModelPool(ThreadBudget& budget) : budget_(budget) {}
-  void Add(std::unique_ptr<Model> m) {
-    auto threads = std::make_unique<ThreadPool>(budget_.cores());
-    threads->SetWidth(1);
-    m->SetThreadPool(threads.get());
-    std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(m.get());
-    threads_[m.get()] = std::move(threads);
-    all_.push_back(std::move(m));
-  }
-  Model* Acquire() {
-    Model* m = nullptr;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return !free_.empty(); });
-      m = free_.back();
-      free_.pop_back();
-    }
-    budget_.Join(threads_.at(m).get());
-    return m;
-  }
-  // Every model at once (waits until none is lent), so that nothing else computes meanwhile.
-  std::vector<Model*> AcquireAll() {
-    std::vector<Model*> out;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return free_.size() == all_.size(); });
-      out.swap(free_);
-    }
-    for (Model* m : out) budget_.Join(threads_.at(m).get());
-    return out;
-  }
-  void ReleaseAll(std::vector<Model*> models) {
-    for (Model* m : models) budget_.Leave(threads_.at(m).get());
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      free_.insert(free_.end(), models.begin(), models.end());
-    }
-    cv_.notify_all();
-  }
-  void Release(Model* m) {
-    budget_.Leave(threads_.at(m).get());
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      free_.push_back(m);
-    }
-    cv_.notify_one();
-  }
-
- private:
-  ThreadBudget& budget_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Model*> free_;
-  std::vector<std::unique_ptr<Model>> all_;
-  // Written by Add only, before any model is lent.
-  std::map<const Model*, std::unique_ptr<ThreadPool>> threads_;
-};
-
-template <class Model>
-class Lease {
- public:
-  explicit Lease(ModelPool<Model>& pool) : pool_(pool), model_(pool.Acquire()) {}
-  ~Lease() { pool_.Release(model_); }
-  Lease(const Lease&) = delete;
-  Lease& operator=(const Lease&) = delete;
-  Model& operator*() const { return *model_; }
-  Model* operator->() const { return model_; }
-
- private:
-  ModelPool<Model>& pool_;
-  Model* model_;
-};
-
-struct FaultDecision {
-  bool dropout = false;
-  bool straggler = false;
-  bool crash = false;
-};
 
 // Counters of one server round, filled by the clients' Train calls.
 struct RoundStats {
@@ -208,20 +113,13 @@ class Simulation final : public Evaluator {
  private:
   absl::Status Setup();
   // Loads the adapter into every pooled model and evaluates it on the held-out set.
-  template <class Model>
-  absl::StatusOr<EvalFigures> EvaluateWith(ModelPool<Model>& pool,
-                                           const std::vector<UpdateTensor>& adapter);
+  absl::StatusOr<EvalFigures> EvaluateWithPool(const std::vector<UpdateTensor>& adapter);
   // The pooled models' freshly initialised trainable params, sorted by name.
-  template <class Model>
-  std::vector<UpdateTensor> InitialAdapter(ModelPool<Model>& pool);
-  // The site of virtual client `i`: its examples of the run's data, models from `pool`.
-  template <class Model, class Data>
-  LoraSite<Model, Data> ClientSite(ModelPool<Model>& pool, std::shared_ptr<const Data> data, int i);
+  std::vector<UpdateTensor> InitialAdapter();
+  // The site of virtual client `i`: its examples of the run's data, models from the pool.
+  LoraSite ClientSite(int i);
   // Appends the round's record (eval figures NaN when skipped) and rewrites the reports.
   void RecordRound(uint64_t round, const EvalFigures& eval);
-  // SimOptions::mtls: the run's PKI in <out_dir>/pki, and the server's TLS options for it.
-  absl::StatusOr<ServerTlsOptions> MakePki(int num_clients) const;
-  FaultDecision Decide(uint64_t round, int client) const;
   void ClientLoop(VirtualClient& vc);
   // Sleeps up to `seconds`; false when the simulation is stopping.
   bool SleepUnlessStopping(double seconds);
@@ -241,9 +139,8 @@ class Simulation final : public Evaluator {
   Partition partition_;
   // The cores, shared by the models lent at the moment (clients training, the evaluator).
   ThreadBudget budget_{0};
-  // The models of the run's kind: classifiers (SEQUENCE_CLASSIFICATION) or decoders (CAUSAL_LM).
-  ModelPool<BertClassifier> pool_{budget_};
-  ModelPool<CausalLm> lm_pool_{budget_};
+  // The run's models (classifiers or decoders), one base shared by all.
+  ModelPool pool_{budget_};
   int parallelism_ = 1;
   std::unique_ptr<Server> server_;
   std::vector<std::unique_ptr<VirtualClient>> clients_;
@@ -265,25 +162,6 @@ absl::StatusOr<TrainResult> SimClientTrainer::Train(const TrainTask& task,
   return sim_->TrainClient(*vc_, task, global);
 }
 
-FaultDecision Simulation::Decide(uint64_t round, int client) const {
-  const v1::SimulationConfig& s = config_.simulation();
-  const uint64_t seed = config_.seed() ^ kFaultSalt;
-  const uint64_t stream = MakeStream(static_cast<uint32_t>(round), static_cast<uint32_t>(client));
-  FaultDecision d;
-  // UniformAt is in [0, 1): probability 0 never fires, probability 1 always does.
-  d.dropout = UniformAt(seed, stream, 0) < s.dropout_probability();
-  d.straggler = !d.dropout && UniformAt(seed, stream, 1) < s.straggler_probability();
-  d.crash = !d.dropout && UniformAt(seed, stream, 2) < s.crash_probability();
-  for (const InjectedFault& f : options_.faults) {
-    if (f.server_round != round || f.client != client) continue;
-    if (f.kind == FaultKind::kDropout) d.dropout = true;
-    if (f.kind == FaultKind::kStraggler) d.straggler = true;
-    if (f.kind == FaultKind::kCrash) d.crash = true;
-  }
-  if (d.dropout) d.straggler = d.crash = false;
-  return d;
-}
-
 bool Simulation::SleepUnlessStopping(double seconds) {
   std::unique_lock<std::mutex> lock(mu_);
   return !stop_cv_.wait_for(lock, std::chrono::duration<double>(seconds),
@@ -292,7 +170,7 @@ bool Simulation::SleepUnlessStopping(double seconds) {
 
 absl::StatusOr<TrainResult> Simulation::TrainClient(VirtualClient& vc, const TrainTask& task,
                                                     const std::vector<NamedTensor>& global) {
-  const FaultDecision fault = Decide(task.round, vc.index);
+  const FaultDecision fault = DecideFaults(config_, options_.faults, task.round, vc.index);
   {
     std::lock_guard<std::mutex> lock(mu_);
     RoundStats& s = stats_[task.round];
@@ -342,43 +220,29 @@ absl::StatusOr<TrainResult> Simulation::TrainClient(VirtualClient& vc, const Tra
 absl::StatusOr<std::map<std::string, double>> Simulation::Evaluate(
     uint64_t round, const std::vector<UpdateTensor>& adapter) {
   evaluating_round_.store(static_cast<int64_t>(round));
-  absl::StatusOr<EvalFigures> evaluated =
-      data_.causal_lm ? EvaluateWith(lm_pool_, adapter) : EvaluateWith(pool_, adapter);
+  absl::StatusOr<EvalFigures> evaluated = EvaluateWithPool(adapter);
   evaluating_round_.store(-1);
   FEDLORA_ASSIGN_OR_RETURN(const EvalFigures eval, std::move(evaluated));
   RecordRound(round, eval);
-  if (!data_.causal_lm) {
-    return std::map<std::string, double>{{"eval_accuracy", eval.accuracy},
-                                         {"eval_loss", eval.loss},
-                                         {"eval_macro_f1", eval.macro_f1}};
-  }
-  std::map<std::string, double> metrics{{"eval_loss", eval.loss},
-                                        {"eval_perplexity", eval.perplexity}};
-  if (data_.exact_match) metrics["eval_accuracy"] = eval.accuracy;
-  return metrics;
+  return data_.workload.evaluator->Metrics(eval);
 }
 
-template <class Model>
-absl::StatusOr<EvalFigures> Simulation::EvaluateWith(ModelPool<Model>& pool,
-                                                     const std::vector<UpdateTensor>& adapter) {
+absl::StatusOr<EvalFigures> Simulation::EvaluateWithPool(const std::vector<UpdateTensor>& adapter) {
   // All pool models evaluate a slice each, in parallel: evaluation runs while the round is being
   // aggregated, when (without stragglers) no client trains, so the cores would idle otherwise.
-  std::vector<Model*> models = pool.AcquireAll();
+  std::vector<LoraModel*> models = pool_.AcquireAll();
   absl::StatusOr<EvalFigures> evaluated = [&]() -> absl::StatusOr<EvalFigures> {
-    for (Model* m : models) FEDLORA_RETURN_IF_ERROR(LoadAdapter(adapter, *m));
-    const int batch =
-        data_.causal_lm ? LmEvalBatchSize(config_) : ConfiguredEvalBatchSize(config_.data());
-    return EvaluateOnHeldOut(models, data_, batch);
+    for (LoraModel* m : models) FEDLORA_RETURN_IF_ERROR(LoadAdapter(adapter, *m));
+    return data_.workload.evaluator->Evaluate(models);
   }();
-  pool.ReleaseAll(std::move(models));
+  pool_.ReleaseAll(std::move(models));
   return evaluated;
 }
 
-template <class Model>
-std::vector<UpdateTensor> Simulation::InitialAdapter(ModelPool<Model>& pool) {
+std::vector<UpdateTensor> Simulation::InitialAdapter() {
   std::vector<UpdateTensor> initial;
   {
-    Lease<Model> model(pool);
+    Lease model(pool_);
     for (const Param& p : model->trainable_params()) initial.push_back({p.name, p.shape, p.value});
   }
   std::sort(initial.begin(), initial.end(),
@@ -386,15 +250,12 @@ std::vector<UpdateTensor> Simulation::InitialAdapter(ModelPool<Model>& pool) {
   return initial;
 }
 
-template <class Model, class Data>
-LoraSite<Model, Data> Simulation::ClientSite(ModelPool<Model>& pool,
-                                             std::shared_ptr<const Data> data, int i) {
-  LoraSite<Model, Data> site;
-  site.acquire_model = [&pool] {
-    return typename LoraSite<Model, Data>::Lease(pool.Acquire(),
-                                                 [&pool](Model* m) { pool.Release(m); });
+LoraSite Simulation::ClientSite(int i) {
+  LoraSite site;
+  site.acquire_model = [this] {
+    return LoraSite::Lease(pool_.Acquire(), [this](LoraModel* m) { pool_.Release(m); });
   };
-  site.data = std::move(data);
+  site.data = data_.workload.train;
   site.indices = partition_.client_indices[static_cast<size_t>(i)];
   site.options = data_.train_options;
   return site;
@@ -402,7 +263,9 @@ LoraSite<Model, Data> Simulation::ClientSite(ModelPool<Model>& pool,
 
 void Simulation::Skipped(uint64_t round) {
   const double nan = std::nan("");
-  RecordRound(round, EvalFigures{.loss = nan, .accuracy = nan, .macro_f1 = nan, .perplexity = nan});
+  RecordRound(
+      round,
+      EvalFigures{.loss = nan, .accuracy = nan, .macro_f1 = nan, .perplexity = nan, .json = ""});
 }
 
 void Simulation::RecordRound(uint64_t round, const EvalFigures& eval) {
@@ -462,28 +325,8 @@ void Simulation::ClientLoop(VirtualClient& vc) {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
     }
-    ClientOptions o;
-    o.server_address = vc.proxy != nullptr ? vc.proxy->address() : server_->address();
-    o.client_id = vc.id;
-    if (options_.mtls) {
-      const std::string pki = options_.out_dir + "/pki/";
-      o.tls.root_ca_file = pki + "ca.pem";
-      o.tls.cert_file = pki + vc.id + ".pem";
-      o.tls.key_file = pki + vc.id + ".key";
-    } else {
-      o.insecure = true;  // the simulation's own server, on loopback
-    }
-    o.has_cuda = options_.device == Device::kCuda;
-    o.device_name = std::string(DeviceName(options_.device));
-    o.encode_on_cuda = o.has_cuda;  // the update encodes where the client trains
-    o.wait_for_task_seconds = 5;    // short long polls: the run's end is noticed within seconds
-    o.retry.initial_backoff_ms = 100;
-    o.retry.max_backoff_ms = 2000;  // loopback: a failed call is a crash test, retry soon
-    o.retry.max_attempts = 30;
-    o.download_final_adapter = false;
-    o.client_version = "fedlora-sim";
-    o.state_dir =
-        options_.out_dir + "/clients/" + vc.id;  // survives the client's simulated crashes
+    const ClientOptions o = VirtualClientOptions(
+        options_, vc.proxy != nullptr ? vc.proxy->address() : server_->address(), vc.id);
     std::error_code ec;
     std::filesystem::create_directories(o.state_dir, ec);
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(o, vc.trainer.get());
@@ -542,59 +385,7 @@ void Simulation::StopEverything() {
 absl::Status Simulation::Setup() {
   const v1::SimulationConfig& sc = config_.simulation();
   const int num_clients = static_cast<int>(sc.has_num_clients() ? sc.num_clients() : 10);
-  const int64_t per_round =
-      config_.selection().has_clients_per_round() ? config_.selection().clients_per_round() : 10;
-  if (options_.out_dir.empty()) return absl::InvalidArgumentError("simulate: no output directory");
-  if (per_round > num_clients) {
-    return absl::InvalidArgumentError(absl::StrCat("selection.clients_per_round (", per_round,
-                                                   ") exceeds simulation.num_clients (",
-                                                   num_clients, "): no round could ever fill"));
-  }
-  if (!(sc.crash_probability() >= 0 && sc.crash_probability() <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("simulation.crash_probability ", sc.crash_probability(), " is not in [0, 1]"));
-  }
-  // Refuse what fedlora does not do yet, before anything is written (configs built in code skip
-  // ValidateRunConfig).
-  if (std::vector<std::string> refused = UnimplementedSettings(config_); !refused.empty()) {
-    return absl::UnimplementedError(absl::StrCat("simulate: ", absl::StrJoin(refused, "; ")));
-  }
-  for (const InjectedFault& f : options_.faults) {
-    if (f.client < 0 || f.client >= num_clients) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("injected fault names client ", f.client, " of ", num_clients));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::create_directories(options_.out_dir, ec);
-  if (ec)
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot create ", options_.out_dir, ": ", ec.message()));
-  // The store is the simulation's own: a leftover one would make the server resume an old run.
-  std::filesystem::remove_all(options_.out_dir + "/store", ec);
-  std::filesystem::remove_all(options_.out_dir + "/clients", ec);
-
-  FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(config_.model().path(), config_.task()));
-  FEDLORA_ASSIGN_OR_RETURN(data_, LoadSimData(config_));
-  if (sc.partition() == v1::SimulationConfig::BY_KEY) {
-    FEDLORA_ASSIGN_OR_RETURN(partition_,
-                             PartitionByKey(data_.train_keys, num_clients, config_.seed()));
-  } else {
-    PartitionOptions po;
-    po.num_clients = num_clients;
-    po.seed = config_.seed();
-    po.dirichlet_alpha = sc.has_dirichlet_alpha() ? sc.dirichlet_alpha() : 0.5;
-    po.scheme = sc.partition() == v1::SimulationConfig::DIRICHLET ? PartitionScheme::kDirichlet
-                                                                  : PartitionScheme::kIid;
-    if (sc.partition() == v1::SimulationConfig::LABEL_SHARDS) {
-      po.scheme = PartitionScheme::kLabelShards;
-      po.shards_per_client =
-          static_cast<int>(sc.has_shards_per_client() ? sc.shards_per_client() : 2);
-    }
-    FEDLORA_ASSIGN_OR_RETURN(
-        partition_, PartitionByLabel(data_.train_labels, data_.num_partition_labels(), po));
-  }
-
+  FEDLORA_RETURN_IF_ERROR(CheckSimulation(config_, options_, num_clients));
   const int cores = budget_.cores();
   parallelism_ =
       std::min(sc.parallelism() > 0 ? static_cast<int>(sc.parallelism()) : cores, num_clients);
@@ -603,31 +394,12 @@ absl::Status Simulation::Setup() {
   // is split over the model's pool instead (kernels/gemm.h); the kernels give the same bits at
   // every width, so a client's result does not depend on how many others train meanwhile.
   kernels::SetNumThreads(1);
-
   // One read-only copy of the base weights serves the whole pool; each model adds only its adapter,
   // head and activation buffers.
-  FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(config_.model().path(), config_.model()));
-  if (data_.causal_lm) {
-    // Planned for the training batch; evaluation runs in batches of at most that (LmEvalBatchSize).
-    DecoderOptions o = DecoderOptionsFromConfig(config_, data_.max_seq_len);
-    o.device = options_.device;
-    FEDLORA_ASSIGN_OR_RETURN(auto base, DecoderBase::Load(config_.model().path(), o));
-    for (int i = 0; i < parallelism_; ++i) {
-      FEDLORA_ASSIGN_OR_RETURN(auto model, CausalLm::Create(base, o));
-      lm_pool_.Add(std::move(model));
-    }
-    return absl::OkStatus();
-  }
-  // The pooled models both train (the virtual clients) and evaluate (round metrics): max_batch
-  // covers either batch; max_seq is LoadSimData's, already clamped to the checkpoint.
-  ModelOptions mo =
-      ModelOptionsFromConfig(config_, data_.max_seq_len, ModelRole::kTrainAndEvaluate);
-  mo.device = options_.device;
-  FEDLORA_ASSIGN_OR_RETURN(auto base, BertBase::Load(config_.model().path(), mo));
-  for (int i = 0; i < parallelism_; ++i) {
-    FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Create(base, mo));
-    pool_.Add(std::move(model));
-  }
+  FEDLORA_ASSIGN_OR_RETURN(data_, LoadSimData(config_, options_.device, parallelism_));
+  for (auto& model : data_.workload.models) pool_.Add(std::move(model));
+  data_.workload.models.clear();
+  FEDLORA_ASSIGN_OR_RETURN(partition_, PartitionClients(config_, data_, num_clients));
   return absl::OkStatus();
 }
 
@@ -636,85 +408,16 @@ absl::Status Simulation::WriteFinalOutputs(SimResult& result) {
   FEDLORA_RETURN_IF_ERROR(
       WriteFileAtomically(options_.out_dir + "/final_adapter.safetensors", bytes));
   // The final adapter with what is needed to use it: the run's labels, max_seq_len and prompts.
-  AdapterMetadata meta = AdapterMetadataForRun(
-      config_, data_.max_seq_len, data_.label_names,
-      data_.causal_lm ? std::string(data_.tokenizer->chat->name()) : std::string());
+  const Workload& w = data_.workload;
+  AdapterMetadata meta =
+      AdapterMetadataForRun(config_, w.max_seq_len, w.label_names, w.chat_template_name());
   if (!result.rounds.empty()) meta.round = static_cast<int64_t>(result.rounds.back().server_round);
-  if (data_.causal_lm) {
-    Lease<CausalLm> model(lm_pool_);
+  {
+    Lease model(pool_);
     FEDLORA_RETURN_IF_ERROR(LoadAdapter(result.final_adapter, *model));
-    FEDLORA_RETURN_IF_ERROR(SaveAdapterDirectory(*model, meta, options_.out_dir + "/adapter"));
-  } else {
-    Lease<BertClassifier> model(pool_);
-    FEDLORA_RETURN_IF_ERROR(LoadAdapter(result.final_adapter, *model));
-    FEDLORA_RETURN_IF_ERROR(SaveAdapterDirectory(*model, meta, options_.out_dir + "/adapter"));
+    FEDLORA_RETURN_IF_ERROR(model->SaveAdapter(meta, options_.out_dir + "/adapter"));
   }
-  nlohmann::json j;
-  j["run_id"] = config_.run_id();
-  j["seed"] = config_.seed();
-  j["config"] =
-      nlohmann::json::parse(RunConfigToJson(config_), nullptr, /*allow_exceptions=*/false);
-  j["parallelism"] = parallelism_;
-  j["client_sizes"] = result.client_sizes;
-  j["client_label_histograms"] = result.client_label_histograms;
-  j["label_names"] = data_.label_names;
-  j["final_adapter_sha256"] = result.final_adapter_sha256;
-  j["seconds"] = result.seconds;
-  j["connection_cuts"] = result.connection_cuts;
-  nlohmann::json rounds = nlohmann::json::array();
-  for (const RoundRecord& r : result.rounds)
-    rounds.push_back(nlohmann::json::parse(RoundRecordToJson(r)));
-  j["rounds"] = rounds;
-  if (!result.rounds.empty()) {
-    const RoundRecord &first = result.rounds.front(), &last = result.rounds.back();
-    if (!data_.causal_lm || data_.exact_match) {
-      j["initial_accuracy"] = first.eval_accuracy;
-      j["final_accuracy"] = last.eval_accuracy;
-    }
-    if (data_.causal_lm) {
-      j["initial_perplexity"] = first.eval_perplexity;
-      j["final_perplexity"] = last.eval_perplexity;
-    }
-    if (config_.privacy().dp().enabled()) {
-      j["dp_epsilon"] = last.dp_epsilon;
-      j["dp_delta"] = config_.privacy().dp().target_delta();
-    }
-  }
-  return WriteFileAtomically(options_.out_dir + "/summary.json", j.dump(2) + "\n");
-}
-
-absl::StatusOr<ServerTlsOptions> Simulation::MakePki(int num_clients) const {
-  const std::string dir = options_.out_dir + "/pki/";
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("creating ", dir, ": ", ec.message()));
-  const int64_t now = static_cast<int64_t>(std::time(nullptr));
-  crypto::CertificateRequest r;
-  r.common_name = "fedlora simulation CA";
-  r.not_after_unix_s = now + 7 * 86400;
-  FEDLORA_ASSIGN_OR_RETURN(crypto::PemPair ca, crypto::CreateCertificateAuthority(r));
-  auto write = [&dir](const std::string& name, const crypto::PemPair& pair) -> absl::Status {
-    FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(dir + name + ".pem", pair.cert_pem));
-    return WriteFileAtomically(dir + name + ".key", pair.key_pem);
-  };
-  FEDLORA_RETURN_IF_ERROR(write("ca", ca));
-  r.common_name = "localhost";
-  r.ip_addresses = {"127.0.0.1"};
-  r.dns_names = {"localhost"};
-  FEDLORA_ASSIGN_OR_RETURN(crypto::PemPair server, crypto::IssueServerCertificate(ca, r));
-  FEDLORA_RETURN_IF_ERROR(write("server", server));
-  r.ip_addresses.clear();
-  r.dns_names.clear();
-  for (int i = 0; i < num_clients; ++i) {
-    r.common_name = absl::StrFormat("sim-client-%05d", i);
-    FEDLORA_ASSIGN_OR_RETURN(crypto::PemPair client, crypto::IssueClientCertificate(ca, r));
-    FEDLORA_RETURN_IF_ERROR(write(r.common_name, client));
-  }
-  ServerTlsOptions tls;
-  tls.cert_file = dir + "server.pem";
-  tls.key_file = dir + "server.key";
-  tls.client_ca_file = dir + "ca.pem";
-  return tls;
+  return WriteSummary(config_, result, parallelism_, w.label_names, options_.out_dir);
 }
 
 absl::Status Simulation::StartServer(const std::vector<UpdateTensor>& initial, int num_clients) {
@@ -725,7 +428,7 @@ absl::Status Simulation::StartServer(const std::vector<UpdateTensor>& initial, i
   so.tls = {};
   so.insecure = !options_.mtls;
   if (options_.mtls) {
-    FEDLORA_ASSIGN_OR_RETURN(so.tls, MakePki(num_clients));
+    FEDLORA_ASSIGN_OR_RETURN(so.tls, MakeSimulationPki(options_.out_dir, num_clients));
   }
   so.selection_window_ms = options_.selection_window_ms;
   // Sample each round from all live clients, not from the first to poll: with partial
@@ -748,11 +451,10 @@ absl::StatusOr<SimResult> Simulation::Run() {
   const uint32_t rounds = ConfiguredRounds(config_);
 
   // The initial adapter: the model's freshly initialised trainable params (seeded by config.seed).
-  const std::vector<UpdateTensor> initial =
-      data_.causal_lm ? InitialAdapter(lm_pool_) : InitialAdapter(pool_);
-  const std::string task = data_.causal_lm
-                               ? std::string("conversations")
-                               : absl::StrCat("examples, ", data_.label_names.size(), " labels");
+  const std::vector<UpdateTensor> initial = InitialAdapter();
+  const std::string task =
+      data_.causal_lm() ? std::string("conversations")
+                        : absl::StrCat("examples, ", data_.workload.label_names.size(), " labels");
   std::fprintf(stderr,
                "simulate: %d clients (%lld train / %lld held-out %s), %u rounds, parallelism %d\n",
                num_clients, static_cast<long long>(data_.train_size()),
@@ -767,9 +469,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
     auto vc = std::make_unique<VirtualClient>();
     vc->index = i;
     vc->id = absl::StrFormat("sim-client-%05d", i);
-    vc->local = data_.causal_lm
-                    ? std::make_unique<LoraTrainer>(ClientSite(lm_pool_, data_.lm_train, i))
-                    : std::make_unique<LoraTrainer>(ClientSite(pool_, data_.train, i));
+    vc->local = std::make_unique<LoraTrainer>(ClientSite(i));
     vc->trainer = std::make_unique<SimClientTrainer>(this, vc.get());
     if (may_crash) {
       FEDLORA_ASSIGN_OR_RETURN(vc->proxy, CutProxy::Start(server_->address()));
@@ -798,7 +498,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
   }
   result.client_sizes = partition_.Sizes();
   result.client_label_histograms =
-      LabelHistograms(partition_, data_.train_labels, data_.num_partition_labels());
+      LabelHistograms(partition_, data_.workload.train_labels, data_.num_partition_labels());
   result.seconds = SecondsSince(start_);
   FEDLORA_RETURN_IF_ERROR(
       WriteRoundReports(options_.out_dir, result.rounds, config_.run_id(), options_.references));

@@ -15,6 +15,7 @@
 #include "server/store.h"
 #include "tools/common.h"
 #include "train/train_config.h"
+#include "workload/factory.h"
 
 namespace fedlora::tools {
 
@@ -29,9 +30,8 @@ absl::StatusOr<RunAdapterFormat> AdapterFormatForRun(const v1::RunConfig& config
   }
   FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(path, config.task()));
   RunAdapterFormat format;
-  const int configured = ConfiguredMaxSeqLen(config.model());
+  FEDLORA_ASSIGN_OR_RETURN(const int max_seq, RunMaxSeqLen(config, path));
   if (config.task().kind() == v1::TaskConfig::CAUSAL_LM) {
-    FEDLORA_ASSIGN_OR_RETURN(const int max_seq, DecoderMaxSeqLen(path, configured));
     FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok,
                              LoadChatTokenizer(path, config.task().chat_template()));
     FEDLORA_ASSIGN_OR_RETURN(
@@ -39,7 +39,6 @@ absl::StatusOr<RunAdapterFormat> AdapterFormatForRun(const v1::RunConfig& config
         PeftDecoderAdapterConfig(DecoderOptionsFromConfig(config, max_seq).lora, ""));
     format.meta = AdapterMetadataForRun(config, max_seq, {}, std::string(tok.chat->name()));
   } else {
-    FEDLORA_ASSIGN_OR_RETURN(const int max_seq, EffectiveMaxSeqLen(path, configured));
     const ModelOptions options = ModelOptionsFromConfig(config, max_seq, ModelRole::kEvaluate);
     FEDLORA_ASSIGN_OR_RETURN(format.peft_config, PeftEncoderAdapterConfig(options.lora, ""));
     format.meta = AdapterMetadataForRun(

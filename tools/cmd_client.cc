@@ -21,69 +21,39 @@
 #include "fedlora/v1/config.pb.h"
 #include "kernels/context.h"
 #include "kernels/device.h"
-#include "model/bert.h"
-#include "model/decoder.h"
 #include "tools/common.h"
-#include "train/lm_data.h"
 #include "train/train_config.h"
-#include "train/trainer.h"
+#include "workload/factory.h"
 
 namespace fedlora::tools {
 namespace {
 
 // The site of the built-in LoRA trainer (client/lora/lora_trainer.h), built at the first task, when
-// the run config is known: a BertClassifier with the run's LoRA shape and labels and --data
-// tokenized for it, or for a CAUSAL_LM run a CausalLm and --data as conversations. The model
-// computes on `resolved` unless the run's precision needs the CPU (DeviceForRun).
-absl::StatusOr<LoraTrainer::AnySite> LoadSite(const std::string& model_dir,
-                                              const std::string& data_path, const v1::RunConfig& c,
-                                              const std::string& device_flag, Device resolved) {
-  FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(model_dir, c.task()));
-  FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(model_dir, c.model()));
+// the run config is known: the run's model (workload/factory.h: a BertClassifier with the run's
+// LoRA shape and labels, or a CausalLm) and --data tokenized for it. The model computes on
+// `resolved` unless the run's precision needs the CPU (DeviceForRun).
+absl::StatusOr<LoraTrainer::Site> LoadSite(const std::string& model_dir,
+                                           const std::string& data_path, const v1::RunConfig& c,
+                                           const std::string& device_flag, Device resolved) {
   FEDLORA_ASSIGN_OR_RETURN(const Device device,
                            DeviceForRun(device_flag, resolved, CpuOnlyWork(c)));
-  if (c.task().kind() == v1::TaskConfig::CAUSAL_LM) {
-    FEDLORA_ASSIGN_OR_RETURN(const int max_seq,
-                             DecoderMaxSeqLen(model_dir, ConfiguredMaxSeqLen(c.model())));
-    FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok,
-                             LoadChatTokenizer(model_dir, c.task().chat_template()));
-    FEDLORA_ASSIGN_OR_RETURN(
-        LmDataset data, LoadLmDataset(data_path, tok, LmDataOptionsFromConfig(c.task(), max_seq)));
-    DecoderOptions options = DecoderOptionsFromConfig(c, max_seq);
-    options.device = device;
-    FEDLORA_ASSIGN_OR_RETURN(std::shared_ptr<CausalLm> model, CausalLm::Load(model_dir, options));
-    FEDLORA_LOG(INFO) << "local decoder " << model_dir << " with " << data.size()
-                      << " conversations from " << data_path;
-    LoraTrainer::DecoderSite site;
-    site.acquire_model = [model] {
-      return LoraTrainer::DecoderLease(model.get(), [model](CausalLm*) {});
-    };
-    site.data = std::make_shared<const LmDataset>(std::move(data));
-    site.options =
-        std::make_shared<const TrainOptions>(TrainOptionsFromConfig(c.training(), max_seq));
-    site.log_tasks = true;
-    return site;
-  }
-  // Clamped to the checkpoint's position table before the model is planned for it.
-  FEDLORA_ASSIGN_OR_RETURN(const int max_seq,
-                           EffectiveMaxSeqLen(model_dir, ConfiguredMaxSeqLen(c.model())));
-  ModelOptions o = ModelOptionsFromConfig(c, max_seq, ModelRole::kTrain);
-  o.device = device;
-  FEDLORA_ASSIGN_OR_RETURN(std::shared_ptr<BertClassifier> model,
-                           BertClassifier::Load(model_dir, o));
-  FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(model_dir));
-  FEDLORA_ASSIGN_OR_RETURN(TokenizedDataset data,
-                           LoadTokenizedDataset(data_path, *tokenizer, max_seq, c.task()));
-  FEDLORA_LOG(INFO) << "local model " << model_dir << " with " << data.size() << " examples from "
-                    << data_path;
+  FEDLORA_ASSIGN_OR_RETURN(Workload w, LoadWorkload(c, {.model_path = model_dir,
+                                                        .train_path = data_path,
+                                                        .eval_path = "",
+                                                        .device = device,
+                                                        .role = ModelRole::kTrain}));
+  FEDLORA_LOG(INFO) << "local model " << model_dir << " with " << w.train.size()
+                    << (w.kind == v1::TaskConfig::CAUSAL_LM ? " conversations" : " examples")
+                    << " from " << data_path;
   LoraTrainer::Site site;
   // The one model is lent to every task; the lease's deleter keeps it alive, not frees it.
+  std::shared_ptr<LoraModel> model = std::move(w.models.front());
   site.acquire_model = [model] {
-    return LoraTrainer::ModelLease(model.get(), [model](BertClassifier*) {});
+    return LoraTrainer::ModelLease(model.get(), [model](LoraModel*) {});
   };
-  site.data = std::make_shared<const TokenizedDataset>(std::move(data));
+  site.data = std::move(w.train);
   site.options =
-      std::make_shared<const TrainOptions>(TrainOptionsFromConfig(c.training(), max_seq));
+      std::make_shared<const TrainOptions>(TrainOptionsFromConfig(c.training(), w.max_seq_len));
   site.log_tasks = true;
   return site;
 }

@@ -24,6 +24,7 @@
 #include "tools/decoder_commands.h"
 #include "train/lm_data.h"
 #include "train/lm_trainer.h"
+#include "workload/evaluator.h"
 
 namespace fedlora::tools {
 namespace {
@@ -191,14 +192,19 @@ absl::Status EvalDecoder(const DecoderEvalFlags& f) {
   options.max_seq = f.max_seq_len;
   options.base_model_name = f.model;
   options.device = f.device;
-  FEDLORA_ASSIGN_OR_RETURN(auto lm, CausalLm::Load(f.model, options));
+  FEDLORA_ASSIGN_OR_RETURN(std::shared_ptr<CausalLm> lm, CausalLm::Load(f.model, options));
   if (!f.adapter.empty()) FEDLORA_RETURN_IF_ERROR(LoadPeftAdapter(f.adapter, lm.get()));
-  FEDLORA_ASSIGN_OR_RETURN(LmEvalResult result, EvaluateLm(*lm, data,
-                                                           {.batch_size = f.batch_size,
-                                                            .exact_match = f.data.exact_match,
-                                                            .tokenizer = tok.tokenizer.get(),
-                                                            .stop_ids = tok.stop_ids()}));
-  std::cout << result.ToJson() << std::endl;
+  // The held-out evaluator of the server and the simulator (workload/evaluator.h), on one model.
+  FEDLORA_ASSIGN_OR_RETURN(
+      auto evaluator, MakeHeldOutEvaluator(
+                          std::make_shared<const LmDataset>(std::move(data)),
+                          {.batch_size = f.batch_size,
+                           .exact_match = f.data.exact_match,
+                           .tokenizer = std::make_shared<const DecoderTokenizer>(std::move(tok))}));
+  CausalLmModel model(std::move(lm));
+  LoraModel* models[] = {&model};
+  FEDLORA_ASSIGN_OR_RETURN(EvalFigures result, evaluator->Evaluate(models));
+  std::cout << result.json << std::endl;
   return absl::OkStatus();
 }
 

@@ -21,6 +21,7 @@
 #include "tools/common.h"
 #include "train/dataset.h"
 #include "train/trainer.h"
+#include "workload/factory.h"
 
 namespace fedlora::tools {
 namespace {
@@ -40,7 +41,7 @@ absl::Status Embed(EmbedFlags f, Pooling pooling) {
   if (!IsRegularFile(f.data_path))
     return absl::NotFoundError(absl::StrCat("data file ", f.data_path, " not found"));
   kernels::SetNumThreads(f.threads);
-  FEDLORA_ASSIGN_OR_RETURN(f.max_seq_len, EffectiveMaxSeqLen(f.model_dir, f.max_seq_len));
+  FEDLORA_ASSIGN_OR_RETURN(f.max_seq_len, EncoderMaxSeqLen(f.model_dir, f.max_seq_len));
   std::vector<std::string> label_names;
   if (f.label_names_path.ends_with(".json")) {
     FEDLORA_ASSIGN_OR_RETURN(nlohmann::json labels, ReadJsonFile(f.label_names_path));

@@ -26,6 +26,8 @@
 #include "tools/common.h"
 #include "tools/decoder_commands.h"
 #include "train/trainer.h"
+#include "workload/evaluator.h"
+#include "workload/factory.h"
 
 namespace fedlora::tools {
 namespace {
@@ -143,7 +145,7 @@ absl::Status Eval(EvalFlags f) {
   if (!IsRegularFile(f.data_path))
     return absl::NotFoundError(absl::StrCat("data file ", f.data_path, " not found"));
   kernels::SetNumThreads(f.threads);
-  FEDLORA_ASSIGN_OR_RETURN(f.max_seq_len, EffectiveMaxSeqLen(f.model_dir, f.max_seq_len));
+  FEDLORA_ASSIGN_OR_RETURN(f.max_seq_len, EncoderMaxSeqLen(f.model_dir, f.max_seq_len));
   std::vector<std::string> label_names;
   FEDLORA_ASSIGN_OR_RETURN(ModelOptions options, OptionsFromAdapter(f.adapter_dir, label_names));
   FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(f.model_dir));
@@ -161,10 +163,19 @@ absl::Status Eval(EvalFlags f) {
   options.max_seq = f.max_seq_len;
   options.base_model_name = f.model_dir;
   options.device = device;
-  FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(f.model_dir, options));
-  FEDLORA_RETURN_IF_ERROR(LoadPeftAdapter(f.adapter_dir, model.get()));
-  FEDLORA_ASSIGN_OR_RETURN(EvalResult result, Evaluate(*model, data, f.batch_size));
-  std::cout << result.ToJson() << std::endl;
+  FEDLORA_ASSIGN_OR_RETURN(std::shared_ptr<BertClassifier> classifier,
+                           BertClassifier::Load(f.model_dir, options));
+  FEDLORA_RETURN_IF_ERROR(LoadPeftAdapter(f.adapter_dir, classifier.get()));
+  // The held-out evaluator of the server and the simulator (workload/evaluator.h), on one model.
+  FEDLORA_ASSIGN_OR_RETURN(
+      auto evaluator,
+      MakeHeldOutEvaluator(
+          std::make_shared<const TokenizedDataset>(std::move(data)),
+          HeldOutOptions{.batch_size = f.batch_size, .exact_match = false, .tokenizer = nullptr}));
+  ClassifierModel model(std::move(classifier));
+  LoraModel* models[] = {&model};
+  FEDLORA_ASSIGN_OR_RETURN(EvalFigures result, evaluator->Evaluate(models));
+  std::cout << result.json << std::endl;
   return absl::OkStatus();
 }
 

@@ -41,22 +41,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/lora/lora_trainer.h"
 #include "core/logging.h"
 #include "core/status.h"
-#include "model/bert.h"
-#include "model/decoder.h"
-#include "model/decoder_tokenizer.h"
 #include "proto/address.h"
 #include "proto/config_io.h"
 #include "server/server.h"
 #include "server/store.h"
 #include "tools/adapter_export.h"
 #include "tools/common.h"
-#include "train/lm_data.h"
-#include "train/lm_trainer.h"
 #include "train/train_config.h"
-#include "train/trainer.h"
+#include "workload/factory.h"
 
 namespace fedlora::tools {
 namespace {
@@ -121,108 +115,41 @@ void ForceExitOnNextStopSignal() {
 
 bool IsStop(int sig) { return sig == SIGINT || sig == SIGTERM; }
 
-// Server-side evaluation of each new global adapter on the held-out set.
-class HeldOutEvaluator : public Evaluator {
+// Server-side evaluation of each new global adapter (workload/evaluator.h) with the run's model.
+class RoundEvaluator : public Evaluator {
  public:
-  HeldOutEvaluator(std::unique_ptr<BertClassifier> model, TokenizedDataset data, int batch_size)
-      : model_(std::move(model)), data_(std::move(data)), batch_size_(batch_size) {}
-
-  absl::StatusOr<std::map<std::string, double>> Evaluate(
-      uint64_t round, const std::vector<UpdateTensor>& adapter) override {
-    for (Param& p : model_->trainable_params()) {
-      auto it = std::find_if(adapter.begin(), adapter.end(),
-                             [&](const UpdateTensor& t) { return t.name == p.name; });
-      if (it == adapter.end() || it->values.size() != p.value.size()) {
-        return absl::InvalidArgumentError(absl::StrCat("adapter lacks parameter '", p.name, "'"));
-      }
-      p.value = it->values;
-    }
-    FEDLORA_ASSIGN_OR_RETURN(EvalResult r, fedlora::Evaluate(*model_, data_, batch_size_));
-    FEDLORA_LOG(INFO) << "round " << round << " eval: " << r.ToJson();
-    return std::map<std::string, double>{
-        {"eval_loss", r.loss}, {"eval_accuracy", r.accuracy}, {"macro_f1", r.macro_f1}};
-  }
-
- private:
-  std::unique_ptr<BertClassifier> model_;
-  TokenizedDataset data_;
-  int batch_size_;
-};
-
-// The initial adapter and the held-out evaluator (none without data.eval_path) of a
-// SEQUENCE_CLASSIFICATION run.
-absl::Status LoadEncoderRun(const v1::RunConfig& config, Device device,
-                            std::vector<UpdateTensor>* initial,
-                            std::unique_ptr<Evaluator>* evaluator) {
-  // Sized for the held-out evaluation batches; max_seq clamped to the checkpoint's position table.
-  FEDLORA_ASSIGN_OR_RETURN(
-      const int max_seq,
-      EffectiveMaxSeqLen(config.model().path(), ConfiguredMaxSeqLen(config.model())));
-  ModelOptions model_options = ModelOptionsFromConfig(config, max_seq, ModelRole::kEvaluate);
-  model_options.device = device;
-  FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(config.model().path(), model_options));
-  for (const Param& p : model->trainable_params()) initial->push_back({p.name, p.shape, p.value});
-  if (config.data().eval_path().empty()) return absl::OkStatus();
-  FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(config.model().path()));
-  FEDLORA_ASSIGN_OR_RETURN(
-      TokenizedDataset eval,
-      LoadTokenizedDataset(config.data().eval_path(), *tokenizer, max_seq, config.task()));
-  *evaluator = std::make_unique<HeldOutEvaluator>(std::move(model), std::move(eval),
-                                                  model_options.max_batch);
-  return absl::OkStatus();
-}
-
-// Server-side evaluation of a CAUSAL_LM run's global adapters: response loss and perplexity, and
-// the exact-match rate as eval_accuracy when task.exact_match asks for it.
-class LmHeldOutEvaluator : public Evaluator {
- public:
-  LmHeldOutEvaluator(std::unique_ptr<CausalLm> model, LmDataset data, DecoderTokenizer tokenizer,
-                     int batch_size, bool exact_match)
-      : model_(std::move(model)), data_(std::move(data)), tokenizer_(std::move(tokenizer)) {
-    options_.batch_size = batch_size;
-    options_.exact_match = exact_match;
-    options_.tokenizer = tokenizer_.tokenizer.get();
-    options_.stop_ids = tokenizer_.stop_ids();
-  }
+  RoundEvaluator(std::unique_ptr<LoraModel> model, std::unique_ptr<HeldOutEvaluator> evaluator)
+      : model_(std::move(model)), evaluator_(std::move(evaluator)) {}
 
   absl::StatusOr<std::map<std::string, double>> Evaluate(
       uint64_t round, const std::vector<UpdateTensor>& adapter) override {
     FEDLORA_RETURN_IF_ERROR(LoadAdapter(adapter, *model_));
-    FEDLORA_ASSIGN_OR_RETURN(LmEvalResult r, EvaluateLm(*model_, data_, options_));
-    FEDLORA_LOG(INFO) << "round " << round << " eval: " << r.ToJson();
-    std::map<std::string, double> metrics{{"eval_loss", r.loss}, {"eval_perplexity", r.perplexity}};
-    if (r.has_exact_match) metrics["eval_accuracy"] = r.exact_match;
-    return metrics;
+    LoraModel* models[] = {model_.get()};
+    FEDLORA_ASSIGN_OR_RETURN(EvalFigures r, evaluator_->Evaluate(models));
+    FEDLORA_LOG(INFO) << "round " << round << " eval: " << r.json;
+    return evaluator_->Metrics(r);
   }
 
  private:
-  std::unique_ptr<CausalLm> model_;
-  LmDataset data_;
-  DecoderTokenizer tokenizer_;
-  LmEvalOptions options_;
+  std::unique_ptr<LoraModel> model_;
+  std::unique_ptr<HeldOutEvaluator> evaluator_;
 };
 
-// The initial adapter (the model's freshly initialised trainable params) and the held-out
-// evaluator (none without data.eval_path) of a CAUSAL_LM run.
-absl::Status LoadDecoderRun(const v1::RunConfig& config, Device device,
-                            std::vector<UpdateTensor>* initial,
-                            std::unique_ptr<Evaluator>* evaluator) {
-  const std::string& path = config.model().path();
-  FEDLORA_ASSIGN_OR_RETURN(const int max_seq,
-                           DecoderMaxSeqLen(path, ConfiguredMaxSeqLen(config.model())));
-  DecoderOptions options = DecoderOptionsFromConfig(config, max_seq);
-  options.device = device;
-  FEDLORA_ASSIGN_OR_RETURN(auto model, CausalLm::Load(path, options));
+// The initial adapter (the model's freshly initialised trainable params, PEFT's initialisation
+// seeded by the run's seed) and the held-out evaluator (none without data.eval_path).
+absl::Status LoadRun(const v1::RunConfig& config, Device device, std::vector<UpdateTensor>* initial,
+                     std::unique_ptr<Evaluator>* evaluator) {
+  // The stored round metrics name the macro-F1 "macro_f1" (the simulator's "eval_macro_f1").
+  FEDLORA_ASSIGN_OR_RETURN(Workload w, LoadWorkload(config, {.model_path = config.model().path(),
+                                                             .train_path = "",
+                                                             .eval_path = config.data().eval_path(),
+                                                             .device = device,
+                                                             .role = ModelRole::kEvaluate,
+                                                             .macro_f1_key = "macro_f1"}));
+  std::unique_ptr<LoraModel> model = std::move(w.models.front());
   for (const Param& p : model->trainable_params()) initial->push_back({p.name, p.shape, p.value});
-  if (config.data().eval_path().empty()) return absl::OkStatus();
-  FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok,
-                           LoadChatTokenizer(path, config.task().chat_template()));
-  FEDLORA_ASSIGN_OR_RETURN(LmDataset eval,
-                           LoadLmDataset(config.data().eval_path(), tok,
-                                         LmDataOptionsFromConfig(config.task(), max_seq)));
-  *evaluator =
-      std::make_unique<LmHeldOutEvaluator>(std::move(model), std::move(eval), std::move(tok),
-                                           LmEvalBatchSize(config), config.task().exact_match());
+  if (w.evaluator == nullptr) return absl::OkStatus();
+  *evaluator = std::make_unique<RoundEvaluator>(std::move(model), std::move(w.evaluator));
   return absl::OkStatus();
 }
 
@@ -331,18 +258,12 @@ absl::Status Serve(const ServeFlags& f) {
   }
 
   FEDLORA_RETURN_IF_ERROR(CheckRunConfigInputsExist(config, /*reads_train_data=*/false));
-  FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(config.model().path(), config.task()));
-  FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(config.model().path(), config.model()));
   std::vector<UpdateTensor> initial;
   std::unique_ptr<Evaluator> evaluator;
   FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
   FEDLORA_ASSIGN_OR_RETURN(const Device device,
                            DeviceForRun(f.device, resolved, CpuOnlyWork(config)));
-  if (config.task().kind() == v1::TaskConfig::CAUSAL_LM) {
-    FEDLORA_RETURN_IF_ERROR(LoadDecoderRun(config, device, &initial, &evaluator));
-  } else {
-    FEDLORA_RETURN_IF_ERROR(LoadEncoderRun(config, device, &initial, &evaluator));
-  }
+  FEDLORA_RETURN_IF_ERROR(LoadRun(config, device, &initial, &evaluator));
   options.aggregation_device = resolved;  // exact sums: the same bits on either device
   std::optional<OutWriter> out;
   if (!f.out.empty()) {

@@ -28,6 +28,7 @@
 #include "tools/common.h"
 #include "tools/decoder_commands.h"
 #include "train/trainer.h"
+#include "workload/factory.h"
 
 namespace fedlora::tools {
 namespace {
@@ -97,8 +98,7 @@ absl::Status Train(TrainFlags f) {
     return absl::NotFoundError(absl::StrCat("eval data ", f.eval_path, " not found"));
   }
   kernels::SetNumThreads(f.threads);
-  FEDLORA_ASSIGN_OR_RETURN(f.train.max_seq_len,
-                           EffectiveMaxSeqLen(f.model_dir, f.train.max_seq_len));
+  FEDLORA_ASSIGN_OR_RETURN(f.train.max_seq_len, EncoderMaxSeqLen(f.model_dir, f.train.max_seq_len));
 
   FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(f.model_dir));
   std::vector<std::string> label_names;

@@ -189,14 +189,6 @@ absl::Status ApplyAdapterSettings(const std::string& command, const std::string&
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> LoadTokenizer(const std::string& model_dir) {
-  const std::string json = model_dir + "/tokenizer.json", vocab = model_dir + "/vocab.txt";
-  if (IsRegularFile(json)) return WordPieceTokenizer::FromTokenizerJson(json);
-  if (IsRegularFile(vocab)) return WordPieceTokenizer::FromVocabFile(vocab);
-  return absl::NotFoundError(
-      absl::StrCat("no tokenizer in ", model_dir, ": neither ", json, " nor ", vocab, " exists"));
-}
-
 absl::StatusOr<Device> ResolveDevice(const std::string& typed) {
   const std::string text =
       absl::AsciiStrToLower(typed);  // any case, as the run config's enum values
@@ -225,11 +217,6 @@ absl::StatusOr<Device> DeviceForRun(const std::string& flag, Device resolved,
   if (absl::EqualsIgnoreCase(flag, "auto")) return Device::kCpu;
   return absl::UnimplementedError(absl::StrCat(
       "--device cuda: ", cpu_only, " runs on the CPU only so far; use --device cpu or auto"));
-}
-
-absl::StatusOr<int> EffectiveMaxSeqLen(const std::string& model_dir, int requested) {
-  FEDLORA_ASSIGN_OR_RETURN(BertConfig config, ReadBertConfig(model_dir + "/config.json"));
-  return static_cast<int>(std::min<int64_t>(requested, config.max_position_embeddings));
 }
 
 void AddEncoderDataFlags(FlagSet& flags, EncoderDataFlags* fields) {

@@ -19,6 +19,7 @@
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "train/trainer.h"
+#include "workload/tokenizer.h"  // LoadTokenizer, for the commands
 
 namespace fedlora::tools {
 
@@ -115,14 +116,6 @@ struct AdapterSettings {
 };
 absl::Status ApplyAdapterSettings(const std::string& command, const std::string& adapter_dir,
                                   const AdapterSettings& settings);
-
-// The model directory's tokenizer: tokenizer.json when present, else vocab.txt (lower-cased).
-// NotFound naming both paths when neither exists.
-absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> LoadTokenizer(const std::string& model_dir);
-
-// min(requested, the model's max_position_embeddings from model_dir/config.json): a model with
-// 512 positions takes --max-seq-len 128, a tiny test model with 64 positions cuts at 64.
-absl::StatusOr<int> EffectiveMaxSeqLen(const std::string& model_dir, int requested);
 
 // Reads a labelled dataset (train/dataset.h formats) and tokenizes it. `label_names`, when not
 // empty, fixes the label order (an eval set must use the training set's); a label not in it is

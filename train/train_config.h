@@ -29,7 +29,7 @@ const char* ScheduleName(v1::TrainingConfig::Schedule schedule);
 TrainOptions TrainOptionsFromConfig(const v1::TrainingConfig& training, int max_seq_len);
 
 // Tokens per example the config asks for: model.max_seq_len, or config.proto's default 128. Not
-// clamped to the checkpoint (tools/common.h EffectiveMaxSeqLen does that).
+// clamped to the checkpoint (workload/factory.h RunMaxSeqLen does that).
 int ConfiguredMaxSeqLen(const v1::ModelConfig& model);
 // Examples per evaluation batch: data.eval_batch_size, or config.proto's default 64.
 int ConfiguredEvalBatchSize(const v1::DataConfig& data);

@@ -92,7 +92,12 @@ class LoraTrainerTest : public ::testing::Test {
   static LoraTrainer::Site SiteOver(BertClassifier* model,
                                     std::shared_ptr<const TokenizedDataset> data) {
     LoraTrainer::Site site;
-    site.acquire_model = [model] { return LoraTrainer::ModelLease(model, [](BertClassifier*) {}); };
+    // Borrowed: the test owns the classifier.
+    auto lora = std::make_shared<ClassifierModel>(
+        std::shared_ptr<BertClassifier>(model, [](BertClassifier*) {}));
+    site.acquire_model = [lora] {
+      return LoraTrainer::ModelLease(lora.get(), [lora](LoraModel*) {});
+    };
     site.data = std::move(data);
     site.options = std::make_shared<const TrainOptions>(BaseOptions());
     return site;
@@ -399,9 +404,13 @@ class DecoderLoraTrainerTest : public ::testing::Test {
     return d;
   }
 
-  static LoraTrainer::DecoderSite SiteOver(CausalLm* lm, std::shared_ptr<const LmDataset> data) {
-    LoraTrainer::DecoderSite site;
-    site.acquire_model = [lm] { return LoraTrainer::DecoderLease(lm, [](CausalLm*) {}); };
+  static LoraTrainer::Site SiteOver(CausalLm* lm, std::shared_ptr<const LmDataset> data) {
+    LoraTrainer::Site site;
+    // Borrowed: the test owns the decoder.
+    auto lora = std::make_shared<CausalLmModel>(std::shared_ptr<CausalLm>(lm, [](CausalLm*) {}));
+    site.acquire_model = [lora] {
+      return LoraTrainer::ModelLease(lora.get(), [lora](LoraModel*) {});
+    };
     site.data = std::move(data);
     v1::TrainingConfig t;
     t.set_batch_size(4);

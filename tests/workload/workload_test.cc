@@ -1,0 +1,291 @@
+// The LoRA workload seam (workload/): the factory on a tiny random BERT checkpoint with a
+// vocabulary and JSONL data, the held-out evaluators against train/'s own Evaluate and EvaluateLm
+// (the figures the server and `fedlora eval` printed before the seam), LoraModel::Train against
+// TrainLocally, and the refusals (wrong task kind, no tokenizer, no model).
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/file.h"
+#include "gtest/gtest.h"
+#include "proto/config_io.h"
+#include "tests/model/tiny_checkpoint.h"
+#include "tests/model/tiny_decoder.h"
+#include "train/lm_trainer.h"
+#include "train/trainer.h"
+#include "workload/evaluator.h"
+#include "workload/factory.h"
+#include "workload/lora_model.h"
+#include "workload/tokenizer.h"
+
+namespace fedlora {
+namespace {
+
+constexpr int kTrain = 30, kEval = 21;
+
+// A model dir (config.json, model.safetensors, vocab.txt) and train/eval JSONL with three labels.
+std::string MakeFixture() {
+  const std::string dir = testing_util::MakeTempDir("workload");
+  EXPECT_FALSE(dir.empty());
+  const std::string model = dir + "/model";
+  std::filesystem::create_directories(model);
+  EXPECT_TRUE(testing_util::WriteTinyCheckpoint(model, testing_util::TinyConfig()).ok());
+  std::string vocab = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n";
+  for (int i = 0; i < 95; ++i) absl::StrAppend(&vocab, "w", i, "\n");
+  EXPECT_TRUE(WriteFileAtomically(model + "/vocab.txt", vocab).ok());
+  const char* labels[3] = {"red", "green", "blue"};
+  auto write_split = [&](const std::string& path, int n, int salt) {
+    std::string out;
+    for (int i = 0; i < n; ++i) {
+      const int y = (i * 7 + salt) % 3;
+      std::string text;
+      for (int k = 0; k < 3 + i % 5; ++k)
+        absl::StrAppend(&text, k ? " " : "", "w", y * 30 + (i * 13 + k * 5 + salt) % 30);
+      absl::StrAppend(&out, "{\"text\": \"", text, "\", \"label\": \"", labels[y], "\"}\n");
+    }
+    EXPECT_TRUE(WriteFileAtomically(path, out).ok());
+  };
+  write_split(dir + "/train.jsonl", kTrain, 1);
+  write_split(dir + "/eval.jsonl", kEval, 2);
+  return dir;
+}
+
+v1::RunConfig Config(const std::string& dir, const std::string& kind = "SEQUENCE_CLASSIFICATION") {
+  // CAUSAL_LM takes no labels.
+  const std::string task =
+      kind == "CAUSAL_LM" ? R"({"kind": "CAUSAL_LM"})"
+                          : R"({"kind": ")" + kind + R"(", "labels": ["blue", "green", "red"]})";
+  auto config = ParseRunConfigJson(absl::StrCat(R"({"run_id": "w", "seed": 5,
+    "model": {"path": ")",
+                                                dir, R"(/model", "max_seq_len": 200},
+    "lora": {"rank": 4, "alpha": 8},
+    "task": )",
+                                                task, R"(,
+    "training": {"batch_size": 4, "learning_rate": 0.01},
+    "data": {"eval_batch_size": 4}})"));
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.value_or(v1::RunConfig{});
+}
+
+WorkloadRequest Request(const std::string& dir, int models) {
+  WorkloadRequest r;
+  r.model_path = dir + "/model";
+  r.train_path = dir + "/train.jsonl";
+  r.eval_path = dir + "/eval.jsonl";
+  r.role = ModelRole::kTrainAndEvaluate;
+  r.num_models = models;
+  return r;
+}
+
+// What LoadAdapter reads: any struct with a name, a shape and values.
+struct Tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+
+bool SameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+TEST(Workload, FactoryBuildsModelsDataAndEvaluatorOfAClassificationRun) {
+  const std::string dir = MakeFixture();
+  auto w = LoadWorkload(Config(dir), Request(dir, 3));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->kind, v1::TaskConfig::SEQUENCE_CLASSIFICATION);
+  ASSERT_EQ(w->models.size(), 3u);
+  // max_seq_len 200 clamped to the tiny checkpoint's 64 positions.
+  EXPECT_EQ(w->max_seq_len, testing_util::TinyConfig().max_position_embeddings);
+  EXPECT_EQ(w->train.size(), kTrain);
+  EXPECT_EQ(w->train_labels.size(), static_cast<size_t>(kTrain));
+  // The config's label order, not the data's order of appearance.
+  EXPECT_EQ(w->label_names, (std::vector<std::string>{"blue", "green", "red"}));
+  ASSERT_NE(w->evaluator, nullptr);
+  EXPECT_EQ(w->evaluator->size(), kEval);
+  EXPECT_EQ(w->chat_template_name(), "");
+  // Every model starts from the run's seeded initial adapter.
+  for (const auto& m : w->models) {
+    EXPECT_EQ(m->kind(), v1::TaskConfig::SEQUENCE_CLASSIFICATION);
+    ASSERT_EQ(m->trainable_params().size(), w->models[0]->trainable_params().size());
+    for (size_t i = 0; i < m->trainable_params().size(); ++i)
+      EXPECT_EQ(m->trainable_params()[i].value, w->models[0]->trainable_params()[i].value);
+  }
+  // Without data paths: the model only (the server of a run without data.eval_path).
+  WorkloadRequest bare = Request(dir, 1);
+  bare.train_path.clear();
+  bare.eval_path.clear();
+  auto model_only = LoadWorkload(Config(dir), bare);
+  ASSERT_TRUE(model_only.ok()) << model_only.status();
+  EXPECT_EQ(model_only->models.size(), 1u);
+  EXPECT_TRUE(model_only->train.empty());
+  EXPECT_EQ(model_only->evaluator, nullptr);
+}
+
+// The held-out evaluator gives train/'s Evaluate figures bit for bit on one model (what `fedlora
+// server` and `fedlora eval` computed before), and the same on a pool of three (the simulator).
+TEST(Workload, ClassificationEvaluatorMatchesTrainEvaluateOnAnyPoolSize) {
+  const std::string dir = MakeFixture();
+  auto w = LoadWorkload(Config(dir), Request(dir, 3));
+  ASSERT_TRUE(w.ok()) << w.status();
+  // A trained adapter, not the initial one (whose LoRA B is zero), in every model.
+  ASSERT_TRUE(w->models[0]
+                  ->Train(w->train, nullptr, TrainOptionsFromConfig(Config(dir).training(), 64), {})
+                  .ok());
+  std::vector<Tensor> adapter;
+  for (const Param& p : w->models[0]->trainable_params())
+    adapter.push_back({p.name, p.shape, p.value});
+  std::vector<LoraModel*> all;
+  for (auto& m : w->models) {
+    ASSERT_TRUE(LoadAdapter(adapter, *m).ok());
+    all.push_back(m.get());
+  }
+  auto one = w->evaluator->Evaluate(std::span<LoraModel* const>(all.data(), 1));
+  auto three = w->evaluator->Evaluate(all);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(three.ok()) << three.status();
+
+  // train/'s Evaluate on the same model and the same tokenized set.
+  auto tokenizer = LoadTokenizer(dir + "/model");
+  ASSERT_TRUE(tokenizer.ok());
+  auto raw = LoadDataset(dir + "/eval.jsonl", DatasetOptionsFromConfig(Config(dir).task()));
+  ASSERT_TRUE(raw.ok());
+  auto eval = TokenizeDataset(*raw, **tokenizer, w->max_seq_len);
+  ASSERT_TRUE(eval.ok());
+  auto reference =
+      Evaluate(static_cast<ClassifierModel*>(all[0])->model(), *eval, /*batch_size=*/4);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  // One model: train/'s figures bit for bit.
+  EXPECT_EQ(one->count, kEval);
+  EXPECT_TRUE(SameBits(one->loss, reference->loss)) << one->loss << " vs " << reference->loss;
+  EXPECT_TRUE(SameBits(one->accuracy, reference->accuracy));
+  EXPECT_TRUE(SameBits(one->macro_f1, reference->macro_f1));
+  EXPECT_EQ(one->json, reference->ToJson());
+  // Three: the same counts; the loss summed per slice, so equal up to rounding.
+  EXPECT_EQ(three->count, kEval);
+  EXPECT_NEAR(three->loss, reference->loss, 1e-12);
+  EXPECT_TRUE(SameBits(three->accuracy, reference->accuracy));
+  EXPECT_TRUE(SameBits(three->macro_f1, reference->macro_f1));
+  const auto metrics = w->evaluator->Metrics(*one);
+  EXPECT_EQ(metrics.size(), 3u);
+  EXPECT_TRUE(metrics.contains("eval_macro_f1"));
+  EXPECT_TRUE(SameBits(metrics.at("eval_loss"), reference->loss));
+
+  // The server's stored metrics name the macro-F1 "macro_f1".
+  WorkloadRequest server = Request(dir, 1);
+  server.train_path.clear();
+  server.role = ModelRole::kEvaluate;
+  server.macro_f1_key = "macro_f1";
+  auto s = LoadWorkload(Config(dir), server);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->evaluator->Metrics(*one).contains("macro_f1"));
+}
+
+// LoraModel::Train is TrainLocally: the same bits on the same model, options and data subset.
+TEST(Workload, LoraModelTrainIsTrainLocally) {
+  const std::string dir = MakeFixture();
+  auto w = LoadWorkload(Config(dir), Request(dir, 2));
+  ASSERT_TRUE(w.ok()) << w.status();
+  TrainOptions o = TrainOptionsFromConfig(Config(dir).training(), w->max_seq_len);
+  o.max_steps = 3;
+  o.seed = 9;
+  const std::vector<int64_t> subset = {1, 4, 7, 8, 12, 20, 29};
+  auto via_interface = w->models[0]->Train(w->train, &subset, o, {});
+  auto direct = TrainLocally(static_cast<ClassifierModel&>(*w->models[1]).model(),
+                             *w->train.examples, subset, o);
+  ASSERT_TRUE(via_interface.ok()) << via_interface.status();
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_EQ(via_interface->steps, 3);
+  EXPECT_EQ(via_interface->num_examples, 7);
+  EXPECT_TRUE(SameBits(via_interface->loss_mean, direct->loss_mean));
+  for (size_t i = 0; i < w->models[0]->trainable_params().size(); ++i) {
+    EXPECT_EQ(w->models[0]->trainable_params()[i].value, w->models[1]->trainable_params()[i].value);
+  }
+}
+
+TEST(Workload, RefusesTheWrongKindMissingTokenizerAndNoModel) {
+  const std::string dir = MakeFixture();
+  // An encoder checkpoint for a CAUSAL_LM run (CheckModelFitsTask).
+  auto lm_run = LoadWorkload(Config(dir, "CAUSAL_LM"), Request(dir, 1));
+  EXPECT_EQ(lm_run.status().code(), absl::StatusCode::kFailedPrecondition) << lm_run.status();
+  auto none = LoadWorkload(Config(dir), Request(dir, 0));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  // No tokenizer in a directory: NotFound naming both files.
+  auto tok = LoadTokenizer(dir);
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(tok.status().message().find("tokenizer.json"), std::string::npos);
+  EXPECT_NE(tok.status().message().find("vocab.txt"), std::string::npos);
+
+  auto w = LoadWorkload(Config(dir), Request(dir, 1));
+  ASSERT_TRUE(w.ok()) << w.status();
+  // A classifier trains on labelled examples only.
+  auto conversations = std::make_shared<const LmDataset>();
+  EXPECT_EQ(w->models[0]->Train(conversations, nullptr, TrainOptions{}, {}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A decoder's evaluator refuses a classifier, and no model at all.
+  LmDataset one;
+  one.examples.resize(1);
+  auto lm_eval = MakeHeldOutEvaluator(std::make_shared<const LmDataset>(one), HeldOutOptions{});
+  ASSERT_TRUE(lm_eval.ok());
+  LoraModel* models[] = {w->models[0].get()};
+  EXPECT_EQ((*lm_eval)->Evaluate(models).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*lm_eval)->Evaluate({}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeHeldOutEvaluator(TaskData{}, HeldOutOptions{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The decoder's evaluator gives EvaluateLm's figures bit for bit on one model (the server's and
+// `fedlora eval`'s before), and on two models merges per token to the same loss within rounding.
+TEST(Workload, LmEvaluatorMatchesEvaluateLm) {
+  DecoderOptions o;
+  o.lora.rank = 2;
+  o.max_batch = 4;
+  o.max_seq = 16;
+  o.seed = 5;
+  auto base = DecoderBase::FromRandom(testing_util::TinyDecoderConfig(), o);
+  ASSERT_TRUE(base.ok()) << base.status();
+  auto a = CausalLm::Create(*base, o), b = CausalLm::Create(*base, o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  LmDataset data;
+  for (int i = 0; i < 9; ++i) {
+    LmExample e;
+    for (int j = 0; j < 3 + i % 4; ++j) e.input_ids.push_back(4 + (i * 5 + j * 3) % 40);
+    e.prompt_ids = e.input_ids;
+    e.labels.assign(e.input_ids.size(), -100);
+    for (int k = 1; k <= 2; ++k) {
+      e.input_ids.push_back(e.input_ids[0] + k);
+      e.labels.push_back(e.input_ids.back());
+    }
+    data.examples.push_back(std::move(e));
+  }
+  LmEvalOptions lm_options;
+  lm_options.batch_size = 4;
+  auto reference = EvaluateLm(**a, data, lm_options);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  CausalLmModel ma(std::shared_ptr<CausalLm>(std::move(*a)));
+  CausalLmModel mb(std::shared_ptr<CausalLm>(std::move(*b)));
+  HeldOutOptions options;
+  options.batch_size = 4;
+  auto evaluator = MakeHeldOutEvaluator(std::make_shared<const LmDataset>(data), options);
+  ASSERT_TRUE(evaluator.ok());
+  LoraModel* one[] = {&ma};
+  LoraModel* two[] = {&ma, &mb};
+  auto f1 = (*evaluator)->Evaluate(one);
+  auto f2 = (*evaluator)->Evaluate(two);
+  ASSERT_TRUE(f1.ok()) << f1.status();
+  ASSERT_TRUE(f2.ok()) << f2.status();
+  EXPECT_TRUE(SameBits(f1->loss, reference->loss));
+  EXPECT_TRUE(SameBits(f1->perplexity, reference->perplexity));
+  EXPECT_EQ(f1->json, reference->ToJson());
+  EXPECT_TRUE(std::isnan(f1->accuracy));  // no exact match asked for
+  EXPECT_EQ(f2->count, 9);
+  EXPECT_NEAR(f2->loss, reference->loss, 1e-6);
+  const auto metrics = (*evaluator)->Metrics(*f1);
+  EXPECT_EQ(metrics.size(), 2u);
+  EXPECT_TRUE(metrics.contains("eval_perplexity"));
+  EXPECT_FALSE(metrics.contains("eval_accuracy"));
+}
+
+}  // namespace
+}  // namespace fedlora
