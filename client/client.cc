@@ -22,6 +22,7 @@
 #include "compression/downlink.h"
 #include "compression/error_feedback.h"
 #include "compression/update_io.h"
+#include "config/config_io.h"
 #include "core/file.h"
 #include "core/logging.h"
 #include "core/sha256.h"
@@ -39,7 +40,6 @@
 #include "fedlora/v1/federation.grpc.pb.h"
 #include "kernels/backend.h"
 #include "proto/address.h"
-#include "proto/config_io.h"
 #include "proto/wire.h"
 
 namespace fedlora {

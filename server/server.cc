@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "config/config_io.h"
 #include "core/file.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -19,7 +20,6 @@
 #include "fedlora/v1/federation.grpc.pb.h"
 #include "kernels/device.h"
 #include "proto/address.h"
-#include "proto/config_io.h"
 #include "server/audit_trail.h"
 #include "server/live_view.h"
 #include "server/services.h"

@@ -20,9 +20,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "config/config_io.h"
 #include "core/logging.h"
 #include "core/status.h"
-#include "proto/config_io.h"
 #include "sim/simulator.h"
 #include "tools/common.h"
 

@@ -8,7 +8,7 @@
 // Every error is InvalidArgument (except a missing or unreadable file, which keeps its errno code)
 // and names the field path, e.g. "selection.min_clients (12) exceeds selection.clients_per_round
 // (10)"; all problems of a config are reported in one message, separated by "; ". Errors in the
-// JSON text also give its line and column (proto/config_json.h): "run.json:7:5: unknown field
+// JSON text also give its line and column (config/config_json.h): "run.json:7:5: unknown field
 // selection.clients_per_rund; did you mean clients_per_round?". Enum values are read in any case.
 // All functions are thread-safe (they touch no shared state).
 #pragma once
@@ -21,8 +21,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "config/config_paths.h"  // CheckRunConfigInputsExist, for LoadRunConfigFile's callers
 #include "fedlora/v1/config.pb.h"
-#include "proto/config_paths.h"  // CheckRunConfigInputsExist, for LoadRunConfigFile's callers
 
 namespace fedlora {
 
@@ -53,7 +53,7 @@ absl::StatusOr<v1::RunConfig> ParseRunConfigJson(std::string_view json,
                                                  const ConfigOverrides& overrides = nullptr);
 
 // Reads `path` and does what ParseRunConfigJson does, except that relative paths in the file are
-// made absolute against the file's directory before `overrides` apply (proto/config_paths.h);
+// made absolute against the file's directory before `overrides` apply (config/config_paths.h);
 // error messages start with the path ("<path>:<line>:<column>: " for errors in the text). Checks
 // no file but the config: CheckRunConfigInputsExist does, for the commands that read them.
 absl::StatusOr<v1::RunConfig> LoadRunConfigFile(const std::string& path,

@@ -1,7 +1,7 @@
 // The run config's parsing, defaults and validation. Over 600 lines, not split yet: issue 37 moves
 // each domain's defaults and validation to its own module (the resolved run config), which is the
 // split; a split by section here first would be undone by it.
-#include "proto/config_io.h"
+#include "config/config_io.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -20,11 +20,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "config/config_json.h"
+#include "config/config_paths.h"
 #include "core/status.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/address.h"
-#include "proto/config_json.h"
-#include "proto/config_paths.h"
 #include "proto/wire.h"
 
 namespace fedlora {
