@@ -486,8 +486,8 @@ absl::Status ClientImpl::Upload(const v1::TrainTask& task, const std::string& bl
     spec->set_dtype("F32");
     for (int64_t d : t.shape) spec->add_shape(d);
   }
-  const uint32_t chunk =
-      join_.limits().chunk_size_bytes() > 0 ? join_.limits().chunk_size_bytes() : (1u << 20);
+  const uint32_t chunk = join_.limits().chunk_size_bytes() > 0 ? join_.limits().chunk_size_bytes()
+                                                               : kDefaultChunkSizeBytes;
   m->set_total_bytes(blob.size());
   // The blob's digest and every chunk's in one pass over the bytes.
   std::vector<std::string> chunk_sha256;

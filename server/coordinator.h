@@ -423,6 +423,8 @@ class Coordinator {
   int64_t broadcast_round_ ABSL_GUARDED_BY(mu_) = 0;
   // The run's downlink codec (config.downlink_codec); unset without one.
   std::optional<CodecOptions> downlink_;
+  // config_.codec as codec options, derived once by Restore (config/resolved.h).
+  CodecOptions run_codec_;
   // Each round's downlink delta: from broadcast `base` to broadcast `result`, by round.
   struct DownlinkStep {
     int64_t round = 0;

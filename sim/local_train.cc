@@ -74,8 +74,7 @@ absl::Status FinishSimData(const v1::RunConfig& config, SimData& out) {
   }
   auto o =
       std::make_shared<TrainOptions>(TrainOptionsFromConfig(config.training(), out.max_seq_len));
-  o->eval_batch_size =
-      static_cast<int>(config.data().has_eval_batch_size() ? config.data().eval_batch_size() : 64);
+  o->eval_batch_size = ConfiguredEvalBatchSize(config.data());
   FEDLORA_RETURN_IF_ERROR_CTX(o->Validate(), "training config");
   out.train_options = std::move(o);
   return absl::OkStatus();

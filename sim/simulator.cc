@@ -540,9 +540,11 @@ void Simulation::StopEverything() {
 
 absl::Status Simulation::Setup() {
   const v1::SimulationConfig& sc = config_.simulation();
-  const int num_clients = static_cast<int>(sc.has_num_clients() ? sc.num_clients() : 10);
-  const int64_t per_round =
-      config_.selection().has_clients_per_round() ? config_.selection().clients_per_round() : 10;
+  const int num_clients =
+      static_cast<int>(sc.has_num_clients() ? sc.num_clients() : kDefaultSimulatedClients);
+  const int64_t per_round = config_.selection().has_clients_per_round()
+                                ? config_.selection().clients_per_round()
+                                : kDefaultClientsPerRound;
   if (options_.out_dir.empty()) return absl::InvalidArgumentError("simulate: no output directory");
   if (per_round > num_clients) {
     return absl::InvalidArgumentError(absl::StrCat("selection.clients_per_round (", per_round,
@@ -582,13 +584,13 @@ absl::Status Simulation::Setup() {
     PartitionOptions po;
     po.num_clients = num_clients;
     po.seed = config_.seed();
-    po.dirichlet_alpha = sc.has_dirichlet_alpha() ? sc.dirichlet_alpha() : 0.5;
+    po.dirichlet_alpha = sc.has_dirichlet_alpha() ? sc.dirichlet_alpha() : kDefaultDirichletAlpha;
     po.scheme = sc.partition() == v1::SimulationConfig::DIRICHLET ? PartitionScheme::kDirichlet
                                                                   : PartitionScheme::kIid;
     if (sc.partition() == v1::SimulationConfig::LABEL_SHARDS) {
       po.scheme = PartitionScheme::kLabelShards;
-      po.shards_per_client =
-          static_cast<int>(sc.has_shards_per_client() ? sc.shards_per_client() : 2);
+      po.shards_per_client = static_cast<int>(sc.has_shards_per_client() ? sc.shards_per_client()
+                                                                         : kDefaultShardsPerClient);
     }
     FEDLORA_ASSIGN_OR_RETURN(
         partition_, PartitionByLabel(data_.train_labels, data_.num_partition_labels(), po));
