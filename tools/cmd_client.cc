@@ -40,8 +40,9 @@ absl::StatusOr<LoraTrainer::AnySite> LoadSite(const std::string& model_dir,
                                               const std::string& device_flag, Device resolved) {
   FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(model_dir, c.task()));
   FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(model_dir, c.model()));
-  FEDLORA_ASSIGN_OR_RETURN(const Device device,
-                           DeviceForRun(device_flag, resolved, CpuOnlyWork(c)));
+  FEDLORA_ASSIGN_OR_RETURN(const DevicePlan devices,
+                           PlanDevices(device_flag, resolved, RunRole::kClient, c));
+  const Device device = devices.models;
   if (c.task().kind() == v1::TaskConfig::CAUSAL_LM) {
     FEDLORA_ASSIGN_OR_RETURN(const int max_seq,
                              DecoderMaxSeqLen(model_dir, ConfiguredMaxSeqLen(c.model())));

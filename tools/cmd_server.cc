@@ -335,15 +335,15 @@ absl::Status Serve(const ServeFlags& f) {
   FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(config.model().path(), config.model()));
   std::vector<UpdateTensor> initial;
   std::unique_ptr<Evaluator> evaluator;
-  FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
-  FEDLORA_ASSIGN_OR_RETURN(const Device device,
-                           DeviceForRun(f.device, resolved, CpuOnlyWork(config)));
+  FEDLORA_ASSIGN_OR_RETURN(const DevicePlan devices,
+                           PlanDevices(f.device, RunRole::kServer, config));
+  const Device device = devices.models;
   if (config.task().kind() == v1::TaskConfig::CAUSAL_LM) {
     FEDLORA_RETURN_IF_ERROR(LoadDecoderRun(config, device, &initial, &evaluator));
   } else {
     FEDLORA_RETURN_IF_ERROR(LoadEncoderRun(config, device, &initial, &evaluator));
   }
-  options.aggregation_device = resolved;  // exact sums: the same bits on either device
+  options.aggregation_device = devices.updates;  // exact sums: the same bits on either device
   std::optional<OutWriter> out;
   if (!f.out.empty()) {
     FEDLORA_ASSIGN_OR_RETURN(RunAdapterFormat format, AdapterFormatForRun(config, ""));
