@@ -18,10 +18,10 @@
 #include "client/train_stage.h"
 #include "client/transport.h"
 #include "client/upload_stage.h"
+#include "config/config_io.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "crypto/random.h"
-#include "proto/config_io.h"
 
 namespace fedlora {
 namespace {

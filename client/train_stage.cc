@@ -7,7 +7,7 @@
 #include <mutex>
 #include <thread>
 
-#include "proto/config_io.h"
+#include "config/config_io.h"
 
 namespace fedlora {
 namespace {

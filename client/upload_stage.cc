@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/task_failure.h"
+#include "config/defaults.h"
 #include "core/sha256.h"
 #include "core/status.h"
 #include "core/strings.h"
@@ -89,7 +90,8 @@ absl::Status UploadUpdate(Session& session, const v1::TrainTask& task, const Sea
     spec->set_dtype("F32");
     for (int64_t d : t.shape) spec->add_shape(d);
   }
-  const uint32_t chunk = limits.chunk_size_bytes() > 0 ? limits.chunk_size_bytes() : (1u << 20);
+  const uint32_t chunk =
+      limits.chunk_size_bytes() > 0 ? limits.chunk_size_bytes() : kDefaultChunkSizeBytes;
   m->set_total_bytes(blob.size());
   // The blob's digest and every chunk's in one pass over the bytes.
   std::vector<std::string> chunk_sha256;

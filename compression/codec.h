@@ -113,6 +113,15 @@ inline constexpr size_t kMaxTensorNameBytes = 1024;
 inline constexpr int kMaxTensorRank = 8;
 inline constexpr int64_t kMaxLowRank = 4096;
 
+// The codec stages' parameters unless a run config's stage sets them (config.proto's TopKParams,
+// RandomKParams, LowRankParams, QuantParams, ZstdParams), and CodecOptions' own defaults.
+inline constexpr double kDefaultSparsifyFraction = 0.01;
+inline constexpr int64_t kDefaultLowRank = 4;
+inline constexpr int kDefaultQuantBits = 8;
+inline constexpr int64_t kDefaultQuantBlockSize = 256;
+inline constexpr bool kDefaultQuantStochastic = true;
+inline constexpr int kDefaultZstdLevel = 3;
+
 // "fp32", "fp16", "bf16", "quant".
 std::string_view CodecName(CodecId codec);
 // "none", "top-k", "random-k", "low-rank".
@@ -126,17 +135,17 @@ struct CodecOptions {
   // Which entries travel: all, or fraction of them (per tensor; with global_top_k, of the whole
   // update, so that a tensor may keep more or fewer than its share). KeptCount gives k.
   Sparsifier sparsifier = Sparsifier::kNone;
-  double fraction = 0.01;
+  double fraction = kDefaultSparsifyFraction;
   bool global_top_k = false;
   // kLowRank: the factors' rank (1..kMaxLowRank), and the warm start it reads and updates (each
   // factored tensor's Q; may be null: Q0 is then drawn from `seed`).
-  int64_t low_rank = 4;
+  int64_t low_rank = kDefaultLowRank;
   LowRankWarmStart* warm_start = nullptr;
   CodecId codec = CodecId::kRawF32;
   // kQuant: bits per value, values per scale, stochastic (unbiased) or nearest rounding.
-  int quant_bits = 8;
-  int64_t quant_block_size = 256;
-  bool quant_stochastic = true;
+  int quant_bits = kDefaultQuantBits;
+  int64_t quant_block_size = kDefaultQuantBlockSize;
+  bool quant_stochastic = kDefaultQuantStochastic;
   // Random-k indices and stochastic rounding draw from this seed (the same seed gives the same
   // bytes); a client passes a value derived from its task's seed.
   uint64_t seed = 0;
@@ -144,7 +153,7 @@ struct CodecOptions {
   // updates; dense fp32 noise compresses by only a few percent.
   bool zstd = false;
   // zstd compression level (1..19 are sensible; 3 is zstd's default: ~300 MB/s on one core).
-  int zstd_level = 3;
+  int zstd_level = kDefaultZstdLevel;
   // Whether the client keeps what the lossy stages did not send and adds it to its next update
   // (compression/error_feedback.h). Not part of the wire format; EncodeUpdate ignores it.
   bool error_feedback = false;

@@ -26,21 +26,23 @@ absl::StatusOr<CodecOptions> CodecOptionsFromSpec(const v1::CodecSpec& spec) {
         break;
       case v1::CodecStage::TOPK:
         options.sparsifier = Sparsifier::kTopK;
-        options.fraction = stage.top_k().has_fraction() ? stage.top_k().fraction() : 0.01;
+        options.fraction =
+            stage.top_k().has_fraction() ? stage.top_k().fraction() : kDefaultSparsifyFraction;
         options.global_top_k = stage.top_k().global();
         options.error_feedback |=
             !stage.top_k().has_error_feedback() || stage.top_k().error_feedback();
         break;
       case v1::CodecStage::RANDOMK:
         options.sparsifier = Sparsifier::kRandomK;
-        options.fraction = stage.random_k().has_fraction() ? stage.random_k().fraction() : 0.01;
+        options.fraction = stage.random_k().has_fraction() ? stage.random_k().fraction()
+                                                           : kDefaultSparsifyFraction;
         options.error_feedback |=
             !stage.random_k().has_error_feedback() || stage.random_k().error_feedback();
         break;
       case v1::CodecStage::LOWRANK: {
         // PowerSGD is biased: its error feedback is always on.
         options.sparsifier = Sparsifier::kLowRank;
-        options.low_rank = stage.low_rank().has_rank() ? stage.low_rank().rank() : 4;
+        options.low_rank = stage.low_rank().has_rank() ? stage.low_rank().rank() : kDefaultLowRank;
         options.error_feedback = true;
         if (options.low_rank < 1 || options.low_rank > kMaxLowRank) {
           return absl::InvalidArgumentError(absl::StrCat("codec stage ", i, ": low_rank.rank ",
@@ -52,9 +54,9 @@ absl::StatusOr<CodecOptions> CodecOptionsFromSpec(const v1::CodecSpec& spec) {
       case v1::CodecStage::QUANT: {
         const v1::QuantParams& q = stage.quant();
         options.codec = CodecId::kQuant;
-        options.quant_bits = q.has_bits() ? static_cast<int>(q.bits()) : 8;
-        options.quant_block_size = q.has_block_size() ? q.block_size() : 256;
-        options.quant_stochastic = !q.has_stochastic() || q.stochastic();
+        options.quant_bits = q.has_bits() ? static_cast<int>(q.bits()) : kDefaultQuantBits;
+        options.quant_block_size = q.has_block_size() ? q.block_size() : kDefaultQuantBlockSize;
+        options.quant_stochastic = q.has_stochastic() ? q.stochastic() : kDefaultQuantStochastic;
         options.error_feedback |=
             q.has_error_feedback() ? q.error_feedback() : !options.quant_stochastic;
         FEDLORA_RETURN_IF_ERROR(

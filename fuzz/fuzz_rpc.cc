@@ -56,6 +56,7 @@
 
 #include "compression/codec.h"
 #include "compression/update_io.h"
+#include "config/config_io.h"
 #include "core/file.h"
 #include "core/logging.h"
 #include "core/sha256.h"
@@ -64,7 +65,6 @@
 #include "fedlora/v1/admin.grpc.pb.h"
 #include "fedlora/v1/federation.grpc.pb.h"
 #include "fuzz/fuzz_util.h"
-#include "proto/config_io.h"
 #include "proto/wire.h"
 #include "server/options.h"
 #include "server/server.h"

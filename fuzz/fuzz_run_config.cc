@@ -1,4 +1,4 @@
-// Fuzzes the run config reader (proto/config_io.h): ParseRunConfigJson, its defaults and its
+// Fuzzes the run config reader (config/config_io.h): ParseRunConfigJson, its defaults and its
 // validation, on arbitrary text. Operators write run configs by hand, tools generate them, and the
 // server and the simulator read them at start.
 //
@@ -14,9 +14,9 @@
 #include <string>
 #include <string_view>
 
+#include "config/config_io.h"
 #include "fedlora/v1/config.pb.h"
 #include "fuzz/fuzz_util.h"
-#include "proto/config_io.h"
 
 namespace {
 

@@ -15,6 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "aggregation/fedavg.h"
+#include "config/config_io.h"
+#include "config/resolved.h"
 #include "core/file.h"
 #include "core/logging.h"
 #include "core/sha256.h"
@@ -25,7 +27,6 @@
 #include "crypto/random.h"
 #include "crypto/sealed_update.h"
 #include "model/param.h"
-#include "proto/config_io.h"
 #include "proto/wire.h"
 #include "server/adapter_io.h"
 #include "server/audit_trail.h"
@@ -70,8 +71,9 @@ absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(
                        "FEDADAM, FEDYOGI or FEDADAGRAD"));
   }
   const bool adaptive = o.kind != ServerOptimizerKind::kSgd;
-  o.learning_rate =
-      a.has_server_learning_rate() ? a.server_learning_rate() : (adaptive ? 0.01 : 1.0);
+  o.learning_rate = a.has_server_learning_rate() ? a.server_learning_rate()
+                                                 : (adaptive ? kDefaultAdaptiveServerLearningRate
+                                                             : kDefaultServerLearningRate);
   o.momentum = a.server_momentum();
   if (a.has_server_beta1()) o.beta1 = a.server_beta1();
   if (a.has_server_beta2()) o.beta2 = a.server_beta2();
@@ -103,7 +105,7 @@ Coordinator::Coordinator(ServerOptions options, v1::RunConfig config,
                          Evaluator* evaluator, ServerMetrics* metrics, Clock clock)
     : options_(std::move(options)),
       config_(std::move(config)),
-      run_id_(config_.run_id().empty() ? "default" : config_.run_id()),
+      run_id_(config_.run_id().empty() ? kDefaultRunId : config_.run_id()),
       initial_adapter_(std::move(initial_adapter)),
       store_(store),
       blobs_(blobs),
@@ -118,12 +120,13 @@ Coordinator::~Coordinator() {
 }
 
 int64_t Coordinator::TargetFor(const v1::RunConfig& config) {
-  return std::max<int64_t>(
-      1, config.selection().has_clients_per_round() ? config.selection().clients_per_round() : 10);
+  return std::max<int64_t>(1, config.selection().has_clients_per_round()
+                                  ? config.selection().clients_per_round()
+                                  : kDefaultClientsPerRound);
 }
 int64_t Coordinator::QuotaFor(const v1::RunConfig& config) {
-  const double over =
-      config.selection().has_over_selection() ? config.selection().over_selection() : 1.3;
+  const double over = config.selection().has_over_selection() ? config.selection().over_selection()
+                                                              : kDefaultOverSelection;
   const int64_t target = TargetFor(config);
   // The small epsilon keeps 10 * 1.3 = 13.000000000000002 from becoming 14.
   return std::max<int64_t>(
@@ -132,7 +135,7 @@ int64_t Coordinator::QuotaFor(const v1::RunConfig& config) {
 int64_t Coordinator::MinClientsFor(const v1::RunConfig& config) {
   if (config.selection().has_min_clients())
     return std::max<int64_t>(1, config.selection().min_clients());
-  return CeilDiv(TargetFor(config), 2);
+  return DefaultMinClients(static_cast<uint32_t>(TargetFor(config)));
 }
 
 absl::Status Coordinator::CheckPrivacy(const v1::RunConfig& config, int64_t adapter_elements) {
@@ -290,12 +293,9 @@ absl::Status Coordinator::Restore() {
                            options_.data_dir, run_id_);
   }
   downloadable_[initial_hash] = {0, *initial_size, false};
-  if (config_.downlink_codec().stages_size() > 0) {
-    FEDLORA_ASSIGN_OR_RETURN(CodecOptions downlink, CodecOptionsFromSpec(config_.downlink_codec()));
-    downlink_ = downlink;
-  } else {
-    downlink_.reset();
-  }
+  FEDLORA_ASSIGN_OR_RETURN(RunCodecs codecs, ResolveRunCodecs(config_));
+  run_codec_ = codecs.uplink;
+  downlink_ = codecs.downlink;
   downlink_steps_.clear();
   rounds_committed_ = 0;
   std::string current_hash = initial_hash, current_broadcast = initial_hash;

@@ -51,12 +51,12 @@
 #include "aggregation/fedavg.h"
 #include "aggregation/server_optimizer.h"
 #include "compression/codec.h"
+#include "config/config_io.h"
 #include "core/thread_pool.h"
 #include "crypto/sealed_update.h"
 #include "fedlora/v1/admin.pb.h"
 #include "fedlora/v1/config.pb.h"
 #include "fedlora/v1/federation.pb.h"
-#include "proto/config_io.h"
 #include "server/aggregation_key.h"
 #include "server/blob_store.h"
 #include "server/differential_privacy.h"
@@ -423,6 +423,8 @@ class Coordinator {
   int64_t broadcast_round_ ABSL_GUARDED_BY(mu_) = 0;
   // The run's downlink codec (config.downlink_codec); unset without one.
   std::optional<CodecOptions> downlink_;
+  // config_.codec as codec options, derived once by Restore (config/resolved.h).
+  CodecOptions run_codec_;
   // Each round's downlink delta: from broadcast `base` to broadcast `result`, by round.
   struct DownlinkStep {
     int64_t round = 0;

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "aggregation/fedavg.h"
+#include "config/config_io.h"
 #include "core/logging.h"
 #include "core/sha256.h"
 #include "core/status.h"
@@ -20,7 +21,6 @@
 #include "crypto/random.h"
 #include "crypto/sealed_update.h"
 #include "model/param.h"
-#include "proto/config_io.h"
 #include "proto/wire.h"
 #include "server/adapter_io.h"
 #include "server/coordinator.h"

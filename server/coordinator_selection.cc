@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "aggregation/fedavg.h"
+#include "config/config_io.h"
 #include "core/logging.h"
 #include "core/sha256.h"
 #include "core/status.h"
@@ -21,7 +22,6 @@
 #include "crypto/random.h"
 #include "crypto/sealed_update.h"
 #include "model/param.h"
-#include "proto/config_io.h"
 #include "proto/wire.h"
 #include "server/adapter_io.h"
 #include "server/coordinator.h"
@@ -36,7 +36,7 @@ namespace fedlora {
 
 double Coordinator::RoundLearningRateLocked() const {
   const v1::TrainingConfig& t = config_.training();
-  const double base = t.has_learning_rate() ? t.learning_rate() : 5e-4;
+  const double base = t.has_learning_rate() ? t.learning_rate() : kDefaultLearningRate;
   const double total = static_cast<double>(TotalRounds());
   // The fraction of the run done before this round: committed rounds (abandoned ones do not count,
   // and a restarted server resumes the same value).
@@ -108,8 +108,9 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
     }
     *task->mutable_training() = config_.training();
     task->mutable_training()->set_learning_rate(RoundLearningRateLocked());
-    task->set_proximal_mu(
-        config_.aggregation().has_proximal_mu() ? config_.aggregation().proximal_mu() : 0.0);
+    task->set_proximal_mu(config_.aggregation().has_proximal_mu()
+                              ? config_.aggregation().proximal_mu()
+                              : kDefaultProximalMu);
     task->set_deadline_seconds(
         static_cast<uint32_t>(std::max<int64_t>(0, CeilDiv(r.deadline_ms - Now(), 1000))));
     task->set_seed(TaskSeedFor(r.round, client_id));

@@ -16,13 +16,13 @@
 #include "absl/strings/str_cat.h"
 #include "compression/sparsify.h"
 #include "compression/update_io.h"
+#include "config/config_io.h"
 #include "core/file.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/strings.h"
 #include "crypto/envelope.h"
 #include "crypto/sealed_update.h"
-#include "proto/config_io.h"
 #include "proto/wire.h"
 #include "server/coordinator.h"
 #include "server/coordinator_internal.h"
@@ -554,7 +554,7 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id,
                                                    " but the header declares ",
                                                    declared.Describe()));
   }
-  FEDLORA_ASSIGN_OR_RETURN(CodecOptions run_codec, CodecOptionsFromSpec(config_.codec()));
+  const CodecOptions& run_codec = run_codec_;
   if (!declared.SameWireFormat(run_codec) || declared.fraction != run_codec.fraction ||
       declared.global_top_k != run_codec.global_top_k) {
     return absl::InvalidArgumentError(absl::StrCat("update is encoded as ", declared.Describe(),

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "config/defaults.h"
 #include "core/tensor.h"
 
 namespace fedlora {
@@ -69,23 +70,24 @@ struct ServerOptions {
   // ------------------------------ Update bytes one client may stream in one round, resends and
   // refused uploads included. Default 1 GiB (4 x max_upload_bytes): room for resumes, while a
   // client that uploads garbage in a loop is stopped long before it fills the disk.
-  int64_t max_client_bytes_per_round = int64_t{1} << 30;
+  int64_t max_client_bytes_per_round =
+      int64_t{kDefaultClientBytesPerRoundUpdates * kDefaultMaxUpdateBytes};
   // Uploads one client may stream at once. Default 2: a retry may overlap a stream the server has
   // not seen end yet.
-  int max_client_uploads_in_flight = 2;
+  int max_client_uploads_in_flight = kDefaultMaxClientUploadsInFlight;
   // New uploads (upload ids) one client may begin per round, charged at the header whether or not
   // any byte follows (ServerConfig.max_client_uploads_per_round). Default 4: one per task, plus
   // room for a client that restarted without its upload id; a stream of header-only uploads stops
   // here instead of leaving a row and a partial file each.
-  int max_client_uploads_per_round = 4;
+  int max_client_uploads_per_round = kDefaultMaxClientUploadsPerRound;
   // ReportMetrics calls one client may make per round. Default 4: one report per task, plus
   // retries.
-  int max_client_reports_per_round = 4;
+  int max_client_reports_per_round = kDefaultMaxClientReportsPerRound;
   // Entries of one report's `extra` map. Default 64.
-  int max_metrics_per_report = 64;
+  int max_metrics_per_report = kDefaultMaxMetricsPerReport;
   // New uploads are refused while the store's file system has less free space than this plus the
   // update's size, bytes. Default 1 GiB.
-  int64_t min_free_disk_bytes = int64_t{1} << 30;
+  int64_t min_free_disk_bytes = int64_t{kDefaultMinFreeDiskBytes};
   // Test-only: the free bytes of the store's file system, in place of statvfs. Null in production.
   std::function<int64_t()> free_disk_bytes_for_test;
 
@@ -93,7 +95,7 @@ struct ServerOptions {
   // are refused with RESOURCE_EXHAUSTED at once (ServerConfig.max_client_downloads_in_flight).
   // Default 2: a resume may overlap a stream the server has not seen end yet. Each open stream
   // holds a chunk (chunk_bytes) and gRPC's buffers, so unread streams cannot pile up.
-  int max_client_downloads_in_flight = 2;
+  int max_client_downloads_in_flight = kDefaultMaxClientDownloadsInFlight;
   // Tasks that may wait in each of the server's worker queues (the unary RPCs that touch the
   // store, download starts, upload processing); a call that finds its queue full is refused with
   // RESOURCE_EXHAUSTED. Default 1024: far beyond what the workers clear in a second.
@@ -103,15 +105,15 @@ struct ServerOptions {
   // Memory gRPC may use for the connections and calls of listen_address (grpc::ResourceQuota),
   // bytes (ServerConfig.grpc_memory_bytes). Default 1 GiB. Past it gRPC shrinks its read buffers
   // and flow-control windows and refuses new calls, instead of growing without end.
-  int64_t grpc_memory_bytes = int64_t{1} << 30;
+  int64_t grpc_memory_bytes = int64_t{kDefaultGrpcMemoryBytes};
   // Threads gRPC's resource quota lets it create for listen_address
   // (ServerConfig.grpc_max_threads). Default 256.
-  int grpc_max_threads = 256;
+  int grpc_max_threads = kDefaultGrpcMaxThreads;
   // Calls one connection may have open at once on listen_address (HTTP/2 SETTINGS
   // max_concurrent_streams; ServerConfig.max_concurrent_streams). More wait on the client's side
   // for one to end. Default 1000: a client makes a handful at once, but the simulator's virtual
   // clients share one connection (gRPC pools it), each with a long poll held.
-  int max_concurrent_streams = 1000;
+  int max_concurrent_streams = kDefaultMaxConcurrentStreams;
   // The same three for the plaintext health port, which anyone who reaches it may use: one Watch
   // or Check at a time per connection is all a probe needs. Defaults 4 streams, 32 MiB, 16 threads.
   int health_max_concurrent_streams = 4;
@@ -120,7 +122,7 @@ struct ServerOptions {
   // Largest gRPC message accepted or sent, bytes. Default 8 MiB (ServerConfig.max_message_bytes):
   // one 1 MiB chunk plus framing fits with room to spare, and anything bigger is a broken or
   // hostile peer (chunks are the only big field on the wire).
-  int max_message_bytes = 8 << 20;
+  int max_message_bytes = kDefaultMaxMessageBytes;
   // HTTP/2 keepalive ping interval, milliseconds. Default 30 s: well under the 60-350 s idle
   // timeouts of common NATs and load balancers, so long training phases do not silently drop the
   // connection.
@@ -144,16 +146,16 @@ struct ServerOptions {
   // DownloadAdapter chunks, bytes. Default 1 MiB: large enough that per-message overhead
   // (~100 bytes of framing plus a 64-byte hash) is negligible, small enough that a resume after a
   // cut wastes little and that a chunk fits comfortably under max_message_bytes.
-  int64_t chunk_bytes = 1 << 20;
+  int64_t chunk_bytes = kDefaultChunkSizeBytes;
   // Largest upload chunk accepted, bytes. Default 1 MiB (the client's default chunk size). A larger
   // chunk is refused with InvalidArgument before it is hashed or written. Must stay below
   // max_message_bytes minus ~64 KiB for the other fields.
-  int64_t max_upload_chunk_bytes = 1 << 20;
+  int64_t max_upload_chunk_bytes = kDefaultChunkSizeBytes;
   // Largest encoded update accepted, bytes, whatever the header declares. Default 256 MiB
   // (ServerConfig.max_update_bytes): a BERT-base LoRA update at rank 64 is ~40 MB in fp32; this
   // leaves room for big decoders without letting one client fill the disk. Decoding is further
   // capped at the run's adapter size (its exact element count).
-  int64_t max_upload_bytes = int64_t{256} << 20;
+  int64_t max_upload_bytes = int64_t{kDefaultMaxUpdateBytes};
   // An upload's received bytes are fsynced and recorded as resumable progress every this many
   // bytes (and when the stream ends), bytes. Default 8 MiB: one fsync per 8 chunks costs ~1 ms of
   // disk time per 8 MiB received. Checkpoints run beside the stream, one at a time; when the disk
@@ -197,11 +199,11 @@ struct ServerOptions {
   //
   // Seconds from a round's start until its uploads are no longer accepted, in milliseconds.
   // Default 600 s (SelectionConfig.round_deadline_seconds).
-  int64_t round_deadline_ms = 600'000;
+  int64_t round_deadline_ms = int64_t{1000} * kDefaultRoundDeadlineSeconds;
   // What clients are told to wait before polling WaitForTask again when they are not selected,
   // milliseconds. Default 5 s (SelectionConfig.retry_after_seconds): selection windows last
   // seconds; polling faster only adds load.
-  int64_t retry_after_ms = 5000;
+  int64_t retry_after_ms = int64_t{1000} * kDefaultRetryAfterSeconds;
   // How long the server collects candidates before sampling a round's clients, milliseconds, unless
   // the quota (target x over-selection) is reached first or every live client is already waiting.
   // Default 10 s: two polls of a client at the default retry_after.
@@ -220,17 +222,17 @@ struct ServerOptions {
   // A client silent (no RPC of any kind) for longer than this is considered dead: it is not
   // selected, and its task is handed to someone else, milliseconds. Default 30 s
   // (SelectionConfig.heartbeat_timeout_seconds): three missed heartbeats.
-  int64_t heartbeat_timeout_ms = 30'000;
+  int64_t heartbeat_timeout_ms = int64_t{1000} * kDefaultHeartbeatTimeoutSeconds;
   // Interval at which clients holding a task are asked to heartbeat, milliseconds (sent in
   // JoinResponse). Default 10 s (SelectionConfig.heartbeat_interval_seconds).
-  int64_t heartbeat_interval_ms = 10'000;
+  int64_t heartbeat_interval_ms = int64_t{1000} * kDefaultHeartbeatIntervalSeconds;
   // Period of the round driver's timer that checks deadlines and dead clients, milliseconds.
   // Default 200 ms: deadlines are seconds to hours; 200 ms keeps the lateness bounded and cheap.
   int64_t tick_ms = 200;
   // Tries at aggregating (and committing) a closed round before giving it up, with a pause of
   // 1 s, 2 s, 4 s ... (at most 30 s) between tries; a failure that does not pass (a corrupt update
   // blob) must not hold the run forever. Default 3 (ServerConfig.max_aggregation_attempts).
-  int max_aggregation_attempts = 3;
+  int max_aggregation_attempts = kDefaultMaxAggregationAttempts;
   // What giving a round up means. false (the default): the round is abandoned and the next one
   // trains from the same adapter. true: the run stops; clients are told RunFinished(FAILED) and the
   // round stays aggregating in the store, so that a restarted server tries it again
@@ -240,7 +242,7 @@ struct ServerOptions {
   // counting back from the latest (ServerConfig.retain_rounds); older ones are deleted at each
   // round's close and their rows' hashes cleared. Never fewer than aggregation.average_last_rounds
   // - 1, nor than 1. 0 keeps every round. Default 10.
-  int64_t retain_rounds = 10;
+  int64_t retain_rounds = kDefaultRetainRounds;
   // Seed for client sampling. 0 (the default) means "the run config's seed". Sampling is a pure
   // function of (seed, round, candidate set), so a restarted server chooses the same way.
   uint64_t selection_seed = 0;

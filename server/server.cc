@@ -11,6 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "config/config_io.h"
+#include "config/resolved.h"
 #include "core/file.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -19,7 +21,6 @@
 #include "fedlora/v1/federation.grpc.pb.h"
 #include "kernels/device.h"
 #include "proto/address.h"
-#include "proto/config_io.h"
 #include "server/audit_trail.h"
 #include "server/live_view.h"
 #include "server/services.h"
@@ -32,7 +33,7 @@ ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config) {
   o.listen_address = s.listen_address().empty() ? kDefaultListenAddress : s.listen_address();
   o.metrics_address = s.metrics_address();
   o.health_address = s.health_address();
-  o.data_dir = s.store_dir().empty() ? "fedlora_store" : s.store_dir();
+  o.data_dir = s.store_dir().empty() ? kDefaultStoreDir : s.store_dir();
   o.key_dir = s.key_dir();
   o.audit_public_key_file = s.audit_public_key_file();
   o.tls.cert_file = s.tls().cert_file();
@@ -76,10 +77,8 @@ ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config) {
   if (sel.has_round_deadline_seconds())
     o.round_deadline_ms = int64_t{1000} * sel.round_deadline_seconds();
   if (sel.has_retry_after_seconds()) o.retry_after_ms = int64_t{1000} * sel.retry_after_seconds();
-  if (sel.has_heartbeat_interval_seconds())
-    o.heartbeat_interval_ms = int64_t{1000} * sel.heartbeat_interval_seconds();
-  if (sel.has_heartbeat_timeout_seconds())
-    o.heartbeat_timeout_ms = int64_t{1000} * sel.heartbeat_timeout_seconds();
+  o.heartbeat_interval_ms = HeartbeatIntervalMs(config);
+  o.heartbeat_timeout_ms = HeartbeatTimeoutMs(config);
   return o;
 }
 

@@ -7,11 +7,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "config/config_io.h"
+#include "config/defaults.h"
 #include "core/file.h"
 #include "core/rng.h"
 #include "core/status.h"
 #include "crypto/certs.h"
-#include "proto/config_io.h"
 
 namespace fedlora::sim {
 namespace {
@@ -24,8 +25,9 @@ constexpr uint64_t kFaultSalt = 0x6661'756c'7473'0001ull;  // "faults"
 absl::Status CheckSimulation(const v1::RunConfig& config, const SimOptions& options,
                              int num_clients) {
   const v1::SimulationConfig& sc = config.simulation();
-  const int64_t per_round =
-      config.selection().has_clients_per_round() ? config.selection().clients_per_round() : 10;
+  const int64_t per_round = config.selection().has_clients_per_round()
+                                ? config.selection().clients_per_round()
+                                : kDefaultClientsPerRound;
   if (options.out_dir.empty()) return absl::InvalidArgumentError("simulate: no output directory");
   if (per_round > num_clients) {
     return absl::InvalidArgumentError(absl::StrCat("selection.clients_per_round (", per_round,
@@ -67,13 +69,13 @@ absl::StatusOr<Partition> PartitionClients(const v1::RunConfig& config, const Si
   PartitionOptions po;
   po.num_clients = num_clients;
   po.seed = config.seed();
-  po.dirichlet_alpha = sc.has_dirichlet_alpha() ? sc.dirichlet_alpha() : 0.5;
+  po.dirichlet_alpha = sc.has_dirichlet_alpha() ? sc.dirichlet_alpha() : kDefaultDirichletAlpha;
   po.scheme = sc.partition() == v1::SimulationConfig::DIRICHLET ? PartitionScheme::kDirichlet
                                                                 : PartitionScheme::kIid;
   if (sc.partition() == v1::SimulationConfig::LABEL_SHARDS) {
     po.scheme = PartitionScheme::kLabelShards;
-    po.shards_per_client =
-        static_cast<int>(sc.has_shards_per_client() ? sc.shards_per_client() : 2);
+    po.shards_per_client = static_cast<int>(sc.has_shards_per_client() ? sc.shards_per_client()
+                                                                       : kDefaultShardsPerClient);
   }
   return PartitionByLabel(data.workload.train_labels, data.num_partition_labels(), po);
 }
@@ -128,7 +130,7 @@ ClientOptions VirtualClientOptions(const SimOptions& options, const std::string&
   o.has_cuda = options.device == Device::kCuda;
   o.device_name = std::string(DeviceName(options.device));
   o.encode_on_cuda = o.has_cuda;  // the update encodes where the client trains
-  o.wait_for_task_seconds = 5;  // short long polls: the run's end is noticed within seconds
+  o.wait_for_task_seconds = 5;    // short long polls: the run's end is noticed within seconds
   o.retry.initial_backoff_ms = 100;
   o.retry.max_backoff_ms = 2000;  // loopback: a failed call is a crash test, retry soon
   o.retry.max_attempts = 30;

@@ -21,6 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/lora/lora_trainer.h"
+#include "config/config_io.h"
+#include "config/defaults.h"
 #include "core/file.h"
 #include "core/logging.h"
 #include "core/progress.h"
@@ -31,7 +33,6 @@
 #include "fedlora/client_trainer.h"
 #include "kernels/context.h"
 #include "model/adapter_dir.h"
-#include "proto/config_io.h"
 #include "server/adapter_io.h"
 #include "server/evaluator.h"
 #include "server/server.h"
@@ -384,7 +385,8 @@ void Simulation::StopEverything() {
 
 absl::Status Simulation::Setup() {
   const v1::SimulationConfig& sc = config_.simulation();
-  const int num_clients = static_cast<int>(sc.has_num_clients() ? sc.num_clients() : 10);
+  const int num_clients =
+      static_cast<int>(sc.has_num_clients() ? sc.num_clients() : kDefaultSimulatedClients);
   FEDLORA_RETURN_IF_ERROR(CheckSimulation(config_, options_, num_clients));
   const int cores = budget_.cores();
   parallelism_ =

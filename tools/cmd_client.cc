@@ -31,12 +31,13 @@ namespace {
 // The site of the built-in LoRA trainer (client/lora/lora_trainer.h), built at the first task, when
 // the run config is known: the run's model (workload/factory.h: a BertClassifier with the run's
 // LoRA shape and labels, or a CausalLm) and --data tokenized for it. The model computes on
-// `resolved` unless the run's precision needs the CPU (DeviceForRun).
+// `resolved` unless the run's precision needs the CPU (config/device_plan.h).
 absl::StatusOr<LoraTrainer::Site> LoadSite(const std::string& model_dir,
                                            const std::string& data_path, const v1::RunConfig& c,
                                            const std::string& device_flag, Device resolved) {
-  FEDLORA_ASSIGN_OR_RETURN(const Device device,
-                           DeviceForRun(device_flag, resolved, CpuOnlyWork(c)));
+  FEDLORA_ASSIGN_OR_RETURN(const DevicePlan devices,
+                           PlanDevices(device_flag, resolved, RunRole::kClient, c));
+  const Device device = devices.models;
   FEDLORA_ASSIGN_OR_RETURN(Workload w, LoadWorkload(c, {.model_path = model_dir,
                                                         .train_path = data_path,
                                                         .eval_path = "",

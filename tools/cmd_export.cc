@@ -21,10 +21,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "config/config_io.h"
 #include "core/json.h"
 #include "core/status.h"
 #include "model/decoder.h"
-#include "proto/config_io.h"
 #include "server/blob_store.h"
 #include "server/store.h"
 #include "tools/adapter_export.h"

@@ -41,10 +41,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "config/config_io.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "proto/address.h"
-#include "proto/config_io.h"
 #include "server/server.h"
 #include "server/store.h"
 #include "tools/adapter_export.h"
@@ -260,11 +260,11 @@ absl::Status Serve(const ServeFlags& f) {
   FEDLORA_RETURN_IF_ERROR(CheckRunConfigInputsExist(config, /*reads_train_data=*/false));
   std::vector<UpdateTensor> initial;
   std::unique_ptr<Evaluator> evaluator;
-  FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
-  FEDLORA_ASSIGN_OR_RETURN(const Device device,
-                           DeviceForRun(f.device, resolved, CpuOnlyWork(config)));
+  FEDLORA_ASSIGN_OR_RETURN(const DevicePlan devices,
+                           PlanDevices(f.device, RunRole::kServer, config));
+  const Device device = devices.models;
   FEDLORA_RETURN_IF_ERROR(LoadRun(config, device, &initial, &evaluator));
-  options.aggregation_device = resolved;  // exact sums: the same bits on either device
+  options.aggregation_device = devices.updates;  // exact sums: the same bits on either device
   std::optional<OutWriter> out;
   if (!f.out.empty()) {
     FEDLORA_ASSIGN_OR_RETURN(RunAdapterFormat format, AdapterFormatForRun(config, ""));

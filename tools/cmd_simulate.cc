@@ -20,9 +20,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "config/config_io.h"
 #include "core/logging.h"
 #include "core/status.h"
-#include "proto/config_io.h"
 #include "sim/simulator.h"
 #include "tools/common.h"
 
@@ -128,8 +128,9 @@ absl::Status Simulate(const SimulateFlags& f) {
   options.progress = f.progress;
   options.mtls = f.mtls;
   FEDLORA_ASSIGN_OR_RETURN(options.references, ParseReferences(f.references));
-  FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
-  FEDLORA_ASSIGN_OR_RETURN(options.device, DeviceForRun(f.device, resolved, CpuOnlyWork(config)));
+  FEDLORA_ASSIGN_OR_RETURN(const DevicePlan devices,
+                           PlanDevices(f.device, RunRole::kSimulator, config));
+  options.device = devices.models;  // and its updates' (devices.updates is the same)
   absl::StatusOr<sim::SimResult> run = sim::RunSimulation(config, options);
   if (!run.ok()) {
     if (!log_path.empty()) FEDLORA_SAY("fedlora simulate: the log is in %s\n", log_path.c_str());

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "config/device_plan.h"  // --device, for every command
 #include "core/logging.h"
 #include "fedlora/v1/config.pb.h"
 #include "model/decoder_tokenizer.h"
@@ -85,21 +86,7 @@ int Fail(const std::string& command, const absl::Status& status);
 // Prints "<command>: <message>" to stderr and returns kExitUsage (bad flag values).
 int UsageError(const std::string& command, const std::string& message);
 
-// --device: "cpu", "cuda" or "auto" (the GPU when one is usable, else the CPU). InvalidArgument
-// naming the text otherwise; FailedPrecondition with CUDA's reason for "cuda" without a usable GPU.
-absl::StatusOr<Device> ResolveDevice(const std::string& text);
-
-// What of a run computes on the CPU only so far: int8 math (a CPU kernel), named for a message;
-// "" when it is not asked for. (bf16 math and exact-match evaluation run on CUDA too.)
-std::string CpuOnlyWork(bool int8_math);
-// The same for a federated run: its precision (INT8: int8 math).
-std::string CpuOnlyWork(const v1::RunConfig& config);
-
-// The device a run computes on, `resolved` from --device `flag` (ResolveDevice), when `cpu_only`
-// (CpuOnlyWork) names work that needs the CPU: "auto" then takes the CPU, "cuda" is refused with
-// Unimplemented naming that work. `resolved` itself otherwise.
-absl::StatusOr<Device> DeviceForRun(const std::string& flag, Device resolved,
-                                    const std::string& cpu_only);
+// --device: ResolveDevice, CpuOnlyWork, DeviceForRun and PlanDevices are in config/device_plan.h.
 
 // Settings an adapter directory records (model/adapter_dir.h's fedlora_adapter.json) that a
 // command's flags may also give: max_seq_len, and for decoders the system prompt and the chat

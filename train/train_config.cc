@@ -6,6 +6,7 @@
 #include "core/sha256.h"
 #include "core/status.h"
 #include "model/bert_config.h"
+#include "train/training_defaults.h"
 
 namespace fedlora {
 
@@ -33,15 +34,17 @@ const char* ScheduleName(v1::TrainingConfig::Schedule schedule) {
 
 TrainOptions TrainOptionsFromConfig(const v1::TrainingConfig& t, int max_seq_len) {
   TrainOptions o;
-  o.batch_size = static_cast<int>(t.has_batch_size() ? t.batch_size() : 16);
+  o.batch_size = static_cast<int>(t.has_batch_size() ? t.batch_size() : kDefaultBatchSize);
   o.max_seq_len = max_seq_len;
-  o.lr = static_cast<float>(t.has_learning_rate() ? t.learning_rate() : 5e-4);
+  o.lr = static_cast<float>(t.has_learning_rate() ? t.learning_rate() : kDefaultLearningRate);
   o.optimizer = OptimizerName(t.optimizer());
   o.weight_decay = static_cast<float>(t.weight_decay());
   o.warmup_steps = t.warmup_steps();
   o.schedule = ScheduleName(t.schedule());
-  o.grad_clip = static_cast<float>(t.has_grad_clip_norm() ? t.grad_clip_norm() : 1.0);
-  o.grad_accumulation = static_cast<int>(t.has_grad_accumulation() ? t.grad_accumulation() : 1);
+  o.grad_clip =
+      static_cast<float>(t.has_grad_clip_norm() ? t.grad_clip_norm() : kDefaultGradClipNorm);
+  o.grad_accumulation = static_cast<int>(t.has_grad_accumulation() ? t.grad_accumulation()
+                                                                   : kDefaultGradAccumulation);
   o.logit_adjustment = static_cast<float>(t.logit_adjustment());
   if (t.has_adam_beta1()) o.adam_beta1 = static_cast<float>(t.adam_beta1());
   if (t.has_adam_beta2()) o.adam_beta2 = static_cast<float>(t.adam_beta2());
@@ -52,19 +55,20 @@ TrainOptions TrainOptionsFromConfig(const v1::TrainingConfig& t, int max_seq_len
 }
 
 int ConfiguredMaxSeqLen(const v1::ModelConfig& model) {
-  return static_cast<int>(model.has_max_seq_len() ? model.max_seq_len() : 128);
+  return static_cast<int>(model.has_max_seq_len() ? model.max_seq_len() : kDefaultMaxSeqLen);
 }
 
 int ConfiguredEvalBatchSize(const v1::DataConfig& data) {
-  return static_cast<int>(data.has_eval_batch_size() ? data.eval_batch_size() : 64);
+  return static_cast<int>(data.has_eval_batch_size() ? data.eval_batch_size()
+                                                     : kDefaultEvalBatchSize);
 }
 
 namespace {
 
 // The config's LoRA settings over `o`'s defaults (unset target_modules keeps o's).
 void ApplyLoraConfig(const v1::LoraConfig& lora, LoraOptions& o) {
-  o.rank = static_cast<int>(lora.has_rank() ? lora.rank() : 8);
-  o.alpha = static_cast<float>(lora.has_alpha() ? lora.alpha() : 16.0);
+  o.rank = static_cast<int>(lora.has_rank() ? lora.rank() : kDefaultLoraRank);
+  o.alpha = static_cast<float>(lora.has_alpha() ? lora.alpha() : kDefaultLoraAlpha);
   o.dropout = static_cast<float>(lora.dropout());
   if (lora.target_modules_size() > 0) {
     o.target_modules.assign(lora.target_modules().begin(), lora.target_modules().end());
@@ -72,8 +76,8 @@ void ApplyLoraConfig(const v1::LoraConfig& lora, LoraOptions& o) {
 }
 
 int MaxBatchFor(const v1::RunConfig& config, ModelRole role) {
-  const int train_batch =
-      static_cast<int>(config.training().has_batch_size() ? config.training().batch_size() : 16);
+  const int train_batch = static_cast<int>(
+      config.training().has_batch_size() ? config.training().batch_size() : kDefaultBatchSize);
   const int eval_batch = ConfiguredEvalBatchSize(config.data());
   switch (role) {
     case ModelRole::kTrain:

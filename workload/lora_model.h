@@ -1,6 +1,6 @@
 // A model with LoRA adapters, whatever its family and task: what the trainers
-// (client/lora_trainer.h), the held-out evaluators (workload/evaluator.h) and the simulator's model
-// pool need of it. Two implementations: ClassifierModel (model/bert.h BertClassifier,
+// (client/lora/lora_trainer.h), the held-out evaluators (workload/evaluator.h) and the simulator's
+// model pool need of it. Two implementations: ClassifierModel (model/bert.h BertClassifier,
 // SEQUENCE_CLASSIFICATION) and CausalLmModel (model/decoder.h CausalLm, CAUSAL_LM).
 // workload/factory.h builds them for a run.
 //

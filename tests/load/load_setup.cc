@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "proto/config_io.h"
+#include "config/config_io.h"
 #include "server/evaluator.h"
 #include "server/server.h"
 #include "tests/load/load_internal.h"

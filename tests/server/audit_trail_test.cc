@@ -16,13 +16,13 @@
 #include <mutex>
 #include <thread>
 
+#include "config/config_io.h"
 #include "core/file.h"
 #include "crypto/envelope.h"
 #include "crypto/sealed_update.h"
 #include "crypto/x25519_pem.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/config_io.h"
 #include "server/evaluator.h"
 #include "server/server.h"
 #include "server/store.h"

@@ -8,9 +8,9 @@
 
 #include "compression/downlink.h"
 #include "compression/update_io.h"
+#include "config/config_io.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/config_io.h"
 #include "server/differential_privacy.h"
 #include "server/store_check.h"
 #include "tests/server/federation_test_util.h"

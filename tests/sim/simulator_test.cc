@@ -13,11 +13,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "compression/error_feedback.h"
+#include "config/config_io.h"
 #include "core/file.h"
 #include "core/json.h"
 #include "core/safetensors.h"
 #include "gtest/gtest.h"
-#include "proto/config_io.h"
 #include "tests/model/tiny_checkpoint.h"
 
 namespace fedlora::sim {

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "config/config_io.h"
 #include "core/file.h"
 #include "gtest/gtest.h"
-#include "proto/config_io.h"
 #include "tests/model/tiny_checkpoint.h"
 #include "tests/model/tiny_decoder.h"
 #include "train/lm_trainer.h"

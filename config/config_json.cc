@@ -1,4 +1,4 @@
-#include "proto/config_json.h"
+#include "config/config_json.h"
 
 #include <cmath>
 #include <cstdint>
@@ -16,10 +16,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "config/config_io.h"
 #include "core/did_you_mean.h"
 #include "fedlora/v1/config.pb.h"
 #include "google/protobuf/descriptor.h"
-#include "proto/config_io.h"
 
 namespace fedlora {
 namespace {

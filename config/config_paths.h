@@ -2,7 +2,7 @@
 // run reads exist.
 //
 // A relative path written in a config file is relative to the file's directory, not to the
-// working directory: LoadRunConfigFile (proto/config_io.h) makes each absolute. The path fields:
+// working directory: LoadRunConfigFile (config/config_io.h) makes each absolute. The path fields:
 // model.path, data.train_path, data.eval_path, server.store_dir, server.key_dir,
 // server.audit_public_key_file, server.tls.cert_file, server.tls.key_file,
 // server.tls.client_ca_file and server.tls.crl_file. Paths that come from flags, and defaults

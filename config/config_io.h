@@ -1,5 +1,6 @@
 // Reading, defaulting, validating and printing the run config (fedlora.v1.RunConfig, see
-// proto/fedlora/v1/config.proto for every field, its unit and its default).
+// proto/fedlora/v1/config.proto for every field, its unit and its default). config/resolved.h
+// builds the value consumers take from it.
 //
 //   FEDLORA_ASSIGN_OR_RETURN(fedlora::v1::RunConfig config,
 //                            fedlora::LoadRunConfigFile("proto/examples/minimal.json"));
@@ -8,7 +9,7 @@
 // Every error is InvalidArgument (except a missing or unreadable file, which keeps its errno code)
 // and names the field path, e.g. "selection.min_clients (12) exceeds selection.clients_per_round
 // (10)"; all problems of a config are reported in one message, separated by "; ". Errors in the
-// JSON text also give its line and column (proto/config_json.h): "run.json:7:5: unknown field
+// JSON text also give its line and column (config/config_json.h): "run.json:7:5: unknown field
 // selection.clients_per_rund; did you mean clients_per_round?". Enum values are read in any case.
 // All functions are thread-safe (they touch no shared state).
 #pragma once
@@ -21,27 +22,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "config/config_paths.h"  // CheckRunConfigInputsExist, for LoadRunConfigFile's callers
+#include "config/defaults.h"      // the defaults, for code that takes a config built by hand
 #include "fedlora/v1/config.pb.h"
-#include "proto/config_paths.h"  // CheckRunConfigInputsExist, for LoadRunConfigFile's callers
+#include "train/training_defaults.h"
 
 namespace fedlora {
-
-// Defaults and limits that other modules need too (the rest are documented in config.proto).
-inline constexpr char kDefaultListenAddress[] = "127.0.0.1:50051";
-inline constexpr uint32_t kDefaultRounds = 10;
-// training.learning_rate unless set: 5e-4 for SEQUENCE_CLASSIFICATION; 2e-3 for CAUSAL_LM, the
-// best measured on both decoder tasks (docs/results.md).
-inline constexpr double kDefaultLearningRate = 5e-4;
-inline constexpr double kDecoderDefaultLearningRate = 2e-3;
-inline constexpr uint32_t kDefaultChunkSizeBytes = 1u << 20;      // 1 MiB
-inline constexpr uint32_t kMinChunkSizeBytes = 4u << 10;          // 4 KiB
-inline constexpr uint32_t kMaxChunkSizeBytes = 64u << 20;         // 64 MiB
-inline constexpr uint64_t kDefaultMaxUpdateBytes = 256ull << 20;  // 256 MiB
-inline constexpr uint32_t kDefaultMaxMessageBytes = 8u << 20;     // 8 MiB
-// Room for the fields around a chunk's data in one gRPC message (index, offset, hash, framing).
-inline constexpr uint32_t kChunkMessageOverheadBytes = 64u << 10;  // 64 KiB
-// Config files larger than this are refused before they are read (a config is a few KiB).
-inline constexpr uint64_t kMaxRunConfigFileBytes = 16ull << 20;  // 16 MiB
 
 // Changes a parsed config before its defaults and validation: command-line flags that override
 // config fields, so that a flag's value is validated like the config's own.
@@ -53,7 +39,7 @@ absl::StatusOr<v1::RunConfig> ParseRunConfigJson(std::string_view json,
                                                  const ConfigOverrides& overrides = nullptr);
 
 // Reads `path` and does what ParseRunConfigJson does, except that relative paths in the file are
-// made absolute against the file's directory before `overrides` apply (proto/config_paths.h);
+// made absolute against the file's directory before `overrides` apply (config/config_paths.h);
 // error messages start with the path ("<path>:<line>:<column>: " for errors in the text). Checks
 // no file but the config: CheckRunConfigInputsExist does, for the commands that read them.
 absl::StatusOr<v1::RunConfig> LoadRunConfigFile(const std::string& path,

@@ -1,4 +1,4 @@
-#include "proto/config_io.h"
+#include "config/config_io.h"
 
 #include <unistd.h>
 

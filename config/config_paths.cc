@@ -1,4 +1,4 @@
-#include "proto/config_paths.h"
+#include "config/config_paths.h"
 
 #include <functional>
 #include <system_error>

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "config/config_io.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/config_io.h"
 
 namespace fedlora {
 namespace {
@@ -141,9 +141,9 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
        {"sim/simulator_test.cc", "DifferentialPrivacyConfig::DISTRIBUTED"}},
       {"privacy.secure_aggregation",
        {"server/secure_aggregation_test.cc", "set_secure_aggregation(true)"}},
-      {"privacy.dp.mode", {"proto/config_io_test.cc", "DifferentialPrivacyConfig::CENTRAL"}},
+      {"privacy.dp.mode", {"config/config_io_test.cc", "DifferentialPrivacyConfig::CENTRAL"}},
       {"privacy.dp.mode=CENTRAL",
-       {"proto/config_io_test.cc", "DifferentialPrivacyConfig::CENTRAL"}},
+       {"config/config_io_test.cc", "DifferentialPrivacyConfig::CENTRAL"}},
       {"privacy.dp.clip_norm",
        {"server/differential_privacy_test.cc", "ClippedUpdatesNeverExceedTheClipNorm"}},
       {"privacy.dp.noise_multiplier",
@@ -216,11 +216,11 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
       {"downlink_codec.stages.quant.block_size",
        {"compression/downlink_test.cc", "mutable_quant()->set_block_size"}},
       {"downlink_codec.stages.top_k.error_feedback",
-       {"proto/config_io_test.cc", "\"top_k\": {\"error_feedback\""}},
+       {"config/config_io_test.cc", "\"top_k\": {\"error_feedback\""}},
       {"downlink_codec.stages.random_k.error_feedback",
-       {"proto/config_io_test.cc", "\"random_k\": {\"error_feedback\""}},
+       {"config/config_io_test.cc", "\"random_k\": {\"error_feedback\""}},
       {"downlink_codec.stages.quant.error_feedback",
-       {"proto/config_io_test.cc", "\"quant\": {\"error_feedback\""}},
+       {"config/config_io_test.cc", "\"quant\": {\"error_feedback\""}},
       {"downlink_codec.stages.quant.stochastic",
        {"compression/downlink_test.cc", "mutable_quant()->set_stochastic"}},
       {"codec.stages.id=LOWRANK", {"sim/simulator_test.cc", "LowRankUpdatesCrossTheWire"}},

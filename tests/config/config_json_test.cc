@@ -1,7 +1,7 @@
-// Config errors a person can act on (proto/config_json.h, proto/config_paths.h): syntax errors at
+// Config errors a person can act on (config/config_json.h, config/config_paths.h): syntax errors at
 // their line and column, field paths with the nearest known name, types in words, enum values in
 // any case with the valid ones listed, and relative paths resolved against the config's directory.
-#include "proto/config_json.h"
+#include "config/config_json.h"
 
 #include <unistd.h>
 
@@ -9,10 +9,10 @@
 #include <fstream>
 #include <string>
 
+#include "config/config_io.h"
+#include "config/config_paths.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/config_io.h"
-#include "proto/config_paths.h"
 
 namespace fedlora {
 namespace {

@@ -1,0 +1,202 @@
+// The run's identity and length, and the selection, aggregation, data and simulation sections:
+// their defaults (config/defaults.h holds the values) and their checks.
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "config/config_io.h"
+#include "config/defaults.h"
+#include "config/sections.h"
+#include "train/training_defaults.h"
+
+namespace fedlora::config_internal {
+namespace {
+
+using v1::AggregationConfig;
+using v1::RunConfig;
+using v1::SimulationConfig;
+using v1::TaskConfig;
+
+bool IsValidRunId(const std::string& id) {
+  if (id.empty() || id.size() > 64 || id == "." || id == "..") return false;
+  for (char c : id) {
+    if (!(absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void ApplySelectionDefaults(v1::SelectionConfig* s) {
+  if (!s->has_clients_per_round()) s->set_clients_per_round(kDefaultClientsPerRound);
+  if (!s->has_over_selection()) s->set_over_selection(kDefaultOverSelection);
+  if (!s->has_min_clients()) s->set_min_clients(DefaultMinClients(s->clients_per_round()));
+  if (!s->has_round_deadline_seconds()) s->set_round_deadline_seconds(kDefaultRoundDeadlineSeconds);
+  if (!s->has_heartbeat_interval_seconds())
+    s->set_heartbeat_interval_seconds(kDefaultHeartbeatIntervalSeconds);
+  if (!s->has_heartbeat_timeout_seconds())
+    s->set_heartbeat_timeout_seconds(kDefaultHeartbeatTimeoutSeconds);
+  if (!s->has_retry_after_seconds()) s->set_retry_after_seconds(kDefaultRetryAfterSeconds);
+}
+
+void ApplyAggregationDefaults(RunConfig* c) {
+  auto* a = c->mutable_aggregation();
+  if (a->strategy() == AggregationConfig::STRATEGY_UNSPECIFIED)
+    a->set_strategy(AggregationConfig::FEDAVG);
+  if (!a->has_proximal_mu()) {
+    a->set_proximal_mu(a->strategy() == AggregationConfig::FEDPROX ? kDefaultFedProxProximalMu
+                                                                   : kDefaultProximalMu);
+  }
+  if (!a->has_server_learning_rate()) {
+    a->set_server_learning_rate(IsAdaptiveServerStrategy(a->strategy())
+                                    ? kDefaultAdaptiveServerLearningRate
+                                    : kDefaultServerLearningRate);
+  }
+  if (!a->has_server_momentum()) a->set_server_momentum(0.0);
+  if (!a->has_server_beta1()) a->set_server_beta1(kDefaultServerBeta1);
+  if (!a->has_server_beta2()) a->set_server_beta2(kDefaultServerBeta2);
+  if (!a->has_server_tau()) a->set_server_tau(kDefaultServerTau);
+  // Differential privacy bounds each client's influence, and secure aggregation sums without
+  // weights: with either, every update weighs the same; so does every update without a bound on
+  // the count a client may claim.
+  if (!a->has_weight_by_examples()) {
+    a->set_weight_by_examples(!c->privacy().dp().enabled() && !c->privacy().secure_aggregation() &&
+                              a->max_examples_per_client() > 0);
+  }
+}
+
+}  // namespace
+
+void ApplyFederationDefaults(RunConfig* c) {
+  if (c->run_id().empty()) c->set_run_id(kDefaultRunId);
+  if (!c->has_rounds()) c->set_rounds(kDefaultRounds);
+  ApplySelectionDefaults(c->mutable_selection());
+  ApplyAggregationDefaults(c);
+
+  auto* d = c->mutable_data();
+  if (!d->has_eval_every_rounds()) d->set_eval_every_rounds(kDefaultEvalEveryRounds);
+  if (!d->has_eval_batch_size()) d->set_eval_batch_size(kDefaultEvalBatchSize);
+
+  auto* sim = c->mutable_simulation();
+  if (!sim->has_num_clients()) sim->set_num_clients(kDefaultSimulatedClients);
+  if (sim->partition() == SimulationConfig::PARTITION_UNSPECIFIED)
+    sim->set_partition(SimulationConfig::IID);
+  if (!sim->has_dirichlet_alpha()) sim->set_dirichlet_alpha(kDefaultDirichletAlpha);
+  if (!sim->has_shards_per_client()) sim->set_shards_per_client(kDefaultShardsPerClient);
+}
+
+void ValidateRun(Problems& p, const RunConfig& c) {
+  if (!IsValidRunId(c.run_id())) {
+    p.Bad("run_id", Quoted(c.run_id()), "must be 1-64 characters from [A-Za-z0-9._-]");
+  }
+  p.Range<uint32_t>("rounds", c.rounds(), 1, 1'000'000);
+}
+
+void ValidateSelection(Problems& p, const v1::SelectionConfig& s) {
+  p.Range<uint32_t>("selection.clients_per_round", s.clients_per_round(), 1, 100'000);
+  p.RealRange("selection.over_selection", s.over_selection(), 1, false, 10, false);
+  if (s.min_clients() < 1) {
+    p.Bad("selection.min_clients", s.min_clients(), "must be >= 1");
+  } else if (s.min_clients() > s.clients_per_round()) {
+    p.Bad("selection.min_clients", s.min_clients(),
+          absl::StrCat("exceeds selection.clients_per_round (", s.clients_per_round(), ")"));
+  }
+  p.Range<uint32_t>("selection.round_deadline_seconds", s.round_deadline_seconds(), 1, 604'800);
+  p.Range<uint32_t>("selection.heartbeat_interval_seconds", s.heartbeat_interval_seconds(), 1,
+                    3600);
+  if (s.heartbeat_timeout_seconds() <= s.heartbeat_interval_seconds()) {
+    p.Bad("selection.heartbeat_timeout_seconds", s.heartbeat_timeout_seconds(),
+          absl::StrCat("must exceed selection.heartbeat_interval_seconds (",
+                       s.heartbeat_interval_seconds(), ")"));
+  } else {
+    p.Range<uint32_t>("selection.heartbeat_timeout_seconds", s.heartbeat_timeout_seconds(), 1,
+                      86'400);
+  }
+  p.Range<uint32_t>("selection.retry_after_seconds", s.retry_after_seconds(), 1, 3600);
+}
+
+bool IsAdaptiveServerStrategy(AggregationConfig::Strategy s) {
+  return s == AggregationConfig::FEDADAM || s == AggregationConfig::FEDYOGI ||
+         s == AggregationConfig::FEDADAGRAD;
+}
+
+bool NeedsIndividualUpdates(AggregationConfig::Strategy s) {
+  return s == AggregationConfig::MEDIAN || s == AggregationConfig::TRIMMED_MEAN ||
+         s == AggregationConfig::KRUM;
+}
+
+void ValidateAggregation(Problems& p, const RunConfig& c) {
+  const AggregationConfig& a = c.aggregation();
+  if (!AggregationConfig::Strategy_IsValid(a.strategy()) ||
+      a.strategy() == AggregationConfig::STRATEGY_UNSPECIFIED) {
+    p.Bad("aggregation.strategy", a.strategy(), "is not a known strategy");
+  }
+  p.NonNegative("aggregation.proximal_mu", a.proximal_mu());
+  if (a.strategy() == AggregationConfig::FEDPROX && a.proximal_mu() == 0) {
+    p.Bad("aggregation.proximal_mu", a.proximal_mu(), "must be > 0 with strategy FEDPROX");
+  }
+  p.Positive("aggregation.server_learning_rate", a.server_learning_rate());
+  p.RealRange("aggregation.server_momentum", a.server_momentum(), 0, false, 1, true);
+  if (a.server_momentum() > 0 && a.strategy() != AggregationConfig::FEDAVG &&
+      a.strategy() != AggregationConfig::FEDPROX) {
+    p.Bad("aggregation.server_momentum", a.server_momentum(),
+          absl::StrCat("applies to FEDAVG and FEDPROX only, not ",
+                       AggregationConfig::Strategy_Name(a.strategy())));
+  }
+  p.RealRange("aggregation.server_beta1", a.server_beta1(), 0, false, 1, true);
+  p.RealRange("aggregation.server_beta2", a.server_beta2(), 0, false, 1, true);
+  p.Positive("aggregation.server_tau", a.server_tau());
+  p.NonNegative("aggregation.max_update_norm", a.max_update_norm());
+  if (a.max_examples_per_client() > (uint64_t{1} << 32)) {
+    p.Bad("aggregation.max_examples_per_client", a.max_examples_per_client(),
+          "must be at most 2^32");
+  }
+  if (a.weight_by_examples() && a.max_examples_per_client() == 0) {
+    p.Add(
+        "aggregation.weight_by_examples needs aggregation.max_examples_per_client: a client's "
+        "example count is "
+        "its own claim and its weight in the mean, so without a bound one site could set the mean "
+        "alone");
+  }
+  const uint32_t rounds = ConfiguredRounds(c);
+  if (a.average_last_rounds() > rounds) {
+    p.Bad("aggregation.average_last_rounds", a.average_last_rounds(),
+          absl::StrCat("exceeds the run's rounds (", rounds,
+                       "): there are not that many adapters to average"));
+  }
+}
+
+void ValidateData(Problems& p, const v1::DataConfig& d) {
+  p.Range<uint32_t>("data.eval_every_rounds", d.eval_every_rounds(), 1, 1'000'000);
+  p.Range<uint32_t>("data.eval_batch_size", d.eval_batch_size(), 1, 65536);
+}
+
+void ValidateSimulation(Problems& p, const SimulationConfig& s) {
+  p.Range<uint32_t>("simulation.num_clients", s.num_clients(), 1, 100'000);
+  if (!SimulationConfig::Partition_IsValid(s.partition()) ||
+      s.partition() == SimulationConfig::PARTITION_UNSPECIFIED) {
+    p.Bad("simulation.partition", s.partition(), "is not a known partition");
+  }
+  p.Positive("simulation.dirichlet_alpha", s.dirichlet_alpha());
+  if (s.partition() == SimulationConfig::BY_KEY && s.partition_key_field().empty()) {
+    p.Add("simulation.partition_key_field must be set with partition BY_KEY");
+  }
+  p.RealRange("simulation.dropout_probability", s.dropout_probability(), 0, false, 1, false);
+  p.RealRange("simulation.straggler_probability", s.straggler_probability(), 0, false, 1, false);
+  p.NonNegative("simulation.straggler_delay_seconds", s.straggler_delay_seconds());
+  p.RealRange("simulation.crash_probability", s.crash_probability(), 0, false, 1, false);
+  p.Range<uint32_t>("simulation.parallelism", s.parallelism(), 0, 4096);
+  if (s.has_shards_per_client())
+    p.Range<uint32_t>("simulation.shards_per_client", s.shards_per_client(), 1, 100'000);
+}
+
+void ValidatePartitionForTask(Problems& p, const RunConfig& c) {
+  const SimulationConfig::Partition partition = c.simulation().partition();
+  if (c.task().kind() == TaskConfig::CAUSAL_LM &&
+      (partition == SimulationConfig::DIRICHLET || partition == SimulationConfig::LABEL_SHARDS)) {
+    p.Add(absl::StrCat("simulation.partition ", SimulationConfig::Partition_Name(partition),
+                       " splits by label and CAUSAL_LM has none: use IID or BY_KEY"));
+  }
+}
+
+}  // namespace fedlora::config_internal
