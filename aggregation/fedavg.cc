@@ -201,8 +201,7 @@ absl::Status StreamingFedAvg::AddViews(const std::vector<TensorView>& update,
 
 namespace {
 
-// Refusing value i of tensor `name` (at position `pos`): not finite, or out of the accumulator's
-// range.
+// Refusing value i of tensor `name` (at position `pos`): not finite, or out of the accumulator's range.
 absl::Status BadValue(const std::string& name, int64_t pos, float x, uint64_t w) {
   if (!std::isfinite(x)) {
     return absl::InvalidArgumentError(absl::StrCat("StreamingFedAvg: tensor '", name, "' value ",

@@ -3,23 +3,22 @@
 //   FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(SpecFromParams(global)));
 //   for (const auto& u : accepted) FEDLORA_RETURN_IF_ERROR(avg.Add(u.tensors, u.num_examples));
 //   FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> mean_delta, avg.Finish());
-//   FEDLORA_RETURN_IF_ERROR(server_optimizer.Step(mean_delta, global));  //
-//   aggregation/server_optimizer.h
+//   FEDLORA_RETURN_IF_ERROR(server_optimizer.Step(mean_delta, global));  // aggregation/server_optimizer.h
 //
 // Determinism (why the accumulator is fixed point): the server must produce a bit-identical global
-// adapter for the same set of accepted updates whatever their arrival order and whether it
-// restarted mid-round (then it re-adds the durably stored updates). Floating-point sums depend on
-// the order, so each element accumulates in an exact 128-bit two's-complement fixed-point integer
-// instead:
+// adapter for the same set of accepted updates whatever their arrival order and whether it restarted
+// mid-round (then it re-adds the durably stored updates). Floating-point sums depend on the order, so
+// each element accumulates in an exact 128-bit two's-complement fixed-point integer instead:
 //
-//   term_i = round_half_even(w_i * x_i * 2^kFracBits)   w_i = num_examples (integer), x_i = the
-//   fp32 value S      = sum_i term_i   (mod 2^128; exact, so any order and any grouping gives the
-//   same bits) W      = sum_i w_i      (exact uint64) mean   = fp32(S * 2^-kFracBits / W)
+//   term_i = round_half_even(w_i * x_i * 2^kFracBits)   w_i = num_examples (integer), x_i = the fp32 value
+//   S      = sum_i term_i   (mod 2^128; exact, so any order and any grouping gives the same bits)
+//   W      = sum_i w_i      (exact uint64)
+//   mean   = fp32(S * 2^-kFracBits / W)
 //
 // w_i * x_i is formed exactly (24-bit mantissa times a <= 2^32 weight fits in 56 bits), so the only
 // rounding before the final division is per term and depends on that term alone. Partial sums may
-// wrap, but because every term is bounded by 2^kMaxTermLog2 and at most kMaxUpdates terms are
-// added, the true total fits in int128 and modular arithmetic returns it exactly.
+// wrap, but because every term is bounded by 2^kMaxTermLog2 and at most kMaxUpdates terms are added,
+// the true total fits in int128 and modular arithmetic returns it exactly.
 //
 // Error bound: |mean - exact weighted mean| <= 0.5 ulp_fp32(mean) (final rounding)
 //   + 2^-62 * |mean| (long-double conversion and division on x86-64)
@@ -97,8 +96,8 @@ class StreamingFedAvg {
   static constexpr int64_t kMaxWeight = int64_t{1} << 32;   // num_examples per update
 
   // An empty accumulator for an adapter with these tensors. InvalidArgument on an empty spec,
-  // empty/duplicate names, negative dimensions or an element count that overflows. On kCuda the
-  // sums live in GPU memory: FailedPrecondition naming the reason when CUDA is not usable,
+  // empty/duplicate names, negative dimensions or an element count that overflows. On kCuda the sums
+  // live in GPU memory: FailedPrecondition naming the reason when CUDA is not usable,
   // ResourceExhausted when the GPU lacks the memory.
   static absl::StatusOr<StreamingFedAvg> Create(std::vector<TensorSpec> spec,
                                                 Device device = Device::kCpu);
@@ -108,8 +107,8 @@ class StreamingFedAvg {
 
   // Adds one client's update with weight `num_examples`. Tensors are matched by name (their order
   // may differ from the spec). Structure is checked before any value; values are checked as they
-  // are accumulated, and a refused update's partial sums are subtracted again (exactly: the sums
-  // are modular), so a refused update leaves the accumulator bit-identical. InvalidArgument when:
+  // are accumulated, and a refused update's partial sums are subtracted again (exactly: the sums are
+  // modular), so a refused update leaves the accumulator bit-identical. InvalidArgument when:
   // num_examples is not in
   // [1, kMaxWeight]; a spec tensor is missing, an extra or duplicate name appears, a shape differs,
   // or values.size() != product(shape); a value is NaN/Inf; |num_examples * value| >= 2^43 (on the
@@ -126,8 +125,7 @@ class StreamingFedAvg {
   // bit-identical to having added other's updates here directly.
   absl::Status Merge(const StreamingFedAvg& other);
 
-  // The weighted mean of everything added, in spec order. FailedPrecondition when nothing was
-  // added.
+  // The weighted mean of everything added, in spec order. FailedPrecondition when nothing was added.
   absl::StatusOr<std::vector<UpdateTensor>> Finish() const;
 
   Device device() const { return backend_ == nullptr ? Device::kCpu : backend_->device(); }

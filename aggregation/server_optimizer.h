@@ -1,10 +1,9 @@
 // Server-side optimizers: how the round's mean client delta moves the global adapter.
 //
-//   FEDLORA_ASSIGN_OR_RETURN(ServerOptimizer opt, ServerOptimizer::Create(options,
-//   SpecFromUpdate(global))); FEDLORA_RETURN_IF_ERROR(opt.LoadState(saved));              // after
-//   a restart, if a state was saved FEDLORA_RETURN_IF_ERROR(opt.Step(mean_delta, global));      //
-//   once per committed round FEDLORA_ASSIGN_OR_RETURN(std::string state, opt.SaveState());  //
-//   durable with the new adapter
+//   FEDLORA_ASSIGN_OR_RETURN(ServerOptimizer opt, ServerOptimizer::Create(options, SpecFromUpdate(global)));
+//   FEDLORA_RETURN_IF_ERROR(opt.LoadState(saved));              // after a restart, if a state was saved
+//   FEDLORA_RETURN_IF_ERROR(opt.Step(mean_delta, global));      // once per committed round
+//   FEDLORA_ASSIGN_OR_RETURN(std::string state, opt.SaveState());  // durable with the new adapter
 //
 // The mean delta Δ (client adapter minus the global adapter it trained from, averaged by
 // StreamingFedAvg) is a pseudo-gradient pointing downhill (Reddi et al., "Adaptive Federated

@@ -62,8 +62,8 @@ constexpr uint64_t kConsumedReportBytes = uint64_t{4} << 20;
 // Two kinds of error. A stage error (the zstd frame is corrupt, ends early, or decompresses to more
 // or fewer bytes than the header's raw size) is sticky: once seen, every later call and Finish()
 // return it. A body error (a read past the declared raw size: the table disagrees with it) is
-// InvalidArgument and is the caller's to report, after Finish() has checked the whole stage, so
-// that a corrupt frame is reported as corrupt whatever bytes it decoded to before the corruption.
+// InvalidArgument and is the caller's to report, after Finish() has checked the whole stage, so that
+// a corrupt frame is reported as corrupt whatever bytes it decoded to before the corruption.
 class BodySource {
  public:
   // No zstd stage: the body is `payload`, whose size the caller checked against the header.
@@ -121,8 +121,7 @@ class BodySource {
   uint64_t pos() const { return dctx_ ? produced_ - (tail_ - head_) : plain_pos_; }
   uint64_t remaining() const { return raw_bytes_ - pos(); }
 
-  // The next `n` bytes (n <= kMaxTensorNameBytes for the table), contiguous; valid until the next
-  // call.
+  // The next `n` bytes (n <= kMaxTensorNameBytes for the table), contiguous; valid until the next call.
   absl::StatusOr<std::string_view> Read(size_t n, std::string_view what) {
     if (remaining() < n) {
       return absl::InvalidArgumentError(absl::StrCat(

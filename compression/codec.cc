@@ -482,8 +482,7 @@ absl::Status WalkV2Sections(const UpdateHeader& h, bool materialize, BodySource&
 
 // Parses the tensor table from `source` into `tensors` (names and shapes) and checks every value;
 // with `materialize`, also fills each tensor's values (compactly with `indices`: see
-// WalkV2Sections), and `kept` gets the entries each tensor sends. Body errors only (see
-// BodySource).
+// WalkV2Sections), and `kept` gets the entries each tensor sends. Body errors only (see BodySource).
 absl::Status WalkBody(const UpdateHeader& h, const DecodeLimits& limits, bool materialize,
                       BodySource& source, std::vector<UpdateTensor>& tensors,
                       std::vector<int64_t>& kept, std::vector<std::vector<int64_t>>* indices) {

@@ -47,16 +47,15 @@
 //     max|Q|), so that no decoded value overflows.
 //
 // The decoder treats its input as hostile: every size is checked against the input and against
-// DecodeLimits before anything is allocated, the zstd stage streams through a bounded window (1
-// MiB) and refuses to produce one byte more than the declared raw size (decompression bombs), and
-// decoded values must be finite. When the zstd stage is broken, that is the error reported, even if
-// the bytes it produced before the break already made the table or a value invalid. Error codes:
-//   DataLoss        - the input ends early (truncated header, payload or body), or the zstd frame
-//   is
+// DecodeLimits before anything is allocated, the zstd stage streams through a bounded window (1 MiB)
+// and refuses to produce one byte more than the declared raw size (decompression bombs), and decoded
+// values must be finite. When the zstd stage is broken, that is the error reported, even if the
+// bytes it produced before the break already made the table or a value invalid. Error codes:
+//   DataLoss        - the input ends early (truncated header, payload or body), or the zstd frame is
 //                     corrupt / ends early.
 //   InvalidArgument - everything else that is malformed: bad magic, unknown format/codec/version or
-//                     flags, sizes that disagree with each other or exceed the limits, trailing
-//                     bytes, names/shapes inconsistent with the element count, NaN/Inf values.
+//                     flags, sizes that disagree with each other or exceed the limits, trailing bytes,
+//                     names/shapes inconsistent with the element count, NaN/Inf values.
 // Each message names the field and the offending values.
 //
 // Thread-safety: all functions are thread-safe (no shared state).
@@ -215,8 +214,8 @@ absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensor
 absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensors,
                                          const CodecOptions& options, kernels::Backend* backend);
 
-// Parses and validates only the header (40 or 48 bytes) against `limits` (cheap; lets a server
-// reject an upload early from its first chunk). Errors as DecodeUpdate.
+// Parses and validates only the header (40 or 48 bytes) against `limits` (cheap; lets a server reject an
+// upload early from its first chunk). Errors as DecodeUpdate.
 absl::StatusOr<UpdateHeader> ParseUpdateHeader(std::string_view encoded,
                                                const DecodeLimits& limits);
 
@@ -251,10 +250,9 @@ struct UpdateTensorInfo {
 
 // Checks everything DecodeUpdate checks, with the same result (OK, or the same error code and
 // message), without materialising the values: a raw payload is checked in place, a zstd payload is
-// streamed through the 1 MiB window. Returns the tensor table in wire order. Memory: the table,
-// plus with zstd the window and zstd's history window (<= 128 MiB for a hostile frame, 2 MiB for
-// ours), independent of the update's size. Lets a server accept an upload without a second copy of
-// it.
+// streamed through the 1 MiB window. Returns the tensor table in wire order. Memory: the table, plus
+// with zstd the window and zstd's history window (<= 128 MiB for a hostile frame, 2 MiB for ours),
+// independent of the update's size. Lets a server accept an upload without a second copy of it.
 //
 // `consumed`, when set, is told as validation proceeds (reports at most 8 MiB of input apart, and
 // one at the end) that the first `bytes` bytes of `encoded` will not be read again; `bytes` only

@@ -1,7 +1,7 @@
-// The downlink's adapter deltas: how the server turns one global adapter into the next as an
-// encoded update, and how a client applies it. Both sides rebuild the next "broadcast" adapter with
-// the same function, so a client that applies every delta of a chain holds the server's adapter bit
-// for bit (its safetensors image hashes to the manifest's SHA-256).
+// The downlink's adapter deltas: how the server turns one global adapter into the next as an encoded
+// update, and how a client applies it. Both sides rebuild the next "broadcast" adapter with the same
+// function, so a client that applies every delta of a chain holds the server's adapter bit for bit
+// (its safetensors image hashes to the manifest's SHA-256).
 //
 //   // server, at each commit: the exact adapter `global`, the one clients hold `broadcast`
 //   FEDLORA_ASSIGN_OR_RETURN(DownlinkDelta d, EncodeDownlinkDelta(broadcast, global, options));

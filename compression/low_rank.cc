@@ -70,8 +70,8 @@ void PowerIteration(const float* m, const LowRankLayout& l, uint64_t seed, std::
   }
   q.resize(qn.size());
   for (size_t i = 0; i < qn.size(); ++i) q[i] = static_cast<float>(qn[i]);
-  // On the wire each column pair is rescaled (P_c * a, Q_c / a) so that P's and Q's entries have
-  // the same RMS: a quantizer block that holds both then serves both. The product is unchanged.
+  // On the wire each column pair is rescaled (P_c * a, Q_c / a) so that P's and Q's entries have the
+  // same RMS: a quantizer block that holds both then serves both. The product is unchanged.
   std::vector<double> a(static_cast<size_t>(r), 1.0);
   for (int64_t c = 0; c < r; ++c) {
     double qq = 0;

@@ -1,6 +1,6 @@
-// The low-rank stage of the update wire format (compression/codec.h): a matrix delta M (rows x
-// cols) travels as two factors, P (rows x r) and Q (cols x r), and decodes as P Q^T. The factors
-// come from one PowerSGD power iteration (Vogels et al., 2019): P = M Q0 with its columns made
+// The low-rank stage of the update wire format (compression/codec.h): a matrix delta M (rows x cols)
+// travels as two factors, P (rows x r) and Q (cols x r), and decodes as P Q^T. The factors come
+// from one PowerSGD power iteration (Vogels et al., 2019): P = M Q0 with its columns made
 // orthonormal, then Q = M^T P, so P Q^T is M projected onto the column space found from Q0. Q0 is
 // the previous round's Q for the same tensor (warm start: the iteration continues across rounds)
 // or, the first time, Gaussian from a seed. The projection is biased; the client's error feedback

@@ -2,8 +2,7 @@
 //
 //   NearestName("clients_per_rund", {"clients_per_round", "min_clients"})  // "clients_per_round"
 //   NearestName("FEDAVGG", {"FEDAVG", "FEDPROX"})                            // "FEDAVG"
-//   NearestName("xyz", {"FEDAVG", "FEDPROX"})                                // nullopt: nothing
-//   close
+//   NearestName("xyz", {"FEDAVG", "FEDPROX"})                                // nullopt: nothing close
 #pragma once
 
 #include <cstddef>

@@ -108,8 +108,7 @@ std::string_view GgufTypeName(GgufType type) {
   return i < std::size(kNames) ? kNames[i] : std::string_view();
 }
 
-// --- GgufValue
-// ------------------------------------------------------------------------------------
+// --- GgufValue ------------------------------------------------------------------------------------
 
 std::string GgufValue::Describe() const {
   if (type_ != GgufType::kArray) return TypeString(type_);
@@ -222,8 +221,7 @@ absl::StatusOr<GgufValue> GgufValue::Element(uint64_t i) const {
   return v;
 }
 
-// --- Parsing
-// --------------------------------------------------------------------------------------
+// --- Parsing --------------------------------------------------------------------------------------
 
 // Reads the image front to back. Every read checks the bytes left first; every count is checked
 // against the bytes left before anything is reserved for it.
@@ -534,8 +532,7 @@ absl::Status GgufParser::ParseTensorInfo(GgufFile* f, uint64_t index) {
   return absl::OkStatus();
 }
 
-// --- GgufTensor
-// -----------------------------------------------------------------------------------
+// --- GgufTensor -----------------------------------------------------------------------------------
 
 std::vector<int64_t> GgufTensor::shape() const {
   return std::vector<int64_t>(ne.rbegin(), ne.rend());
@@ -567,8 +564,7 @@ absl::Status GgufTensor::DequantizeRows(int64_t first, int64_t count, float* dst
                                  row_elements());
 }
 
-// --- GgufFile
-// -------------------------------------------------------------------------------------
+// --- GgufFile -------------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
   FEDLORA_ASSIGN_OR_RETURN(MappedFile mapped, MappedFile::Open(path));

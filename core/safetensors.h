@@ -7,13 +7,11 @@
 //   string -> string. The tensors must tile the data section exactly: no holes, no overlap.
 //
 //   FEDLORA_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open("model.safetensors"));
-//   FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t,
-//   file->Get("encoder.layer.0.attention.self.query.weight"));
+//   FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor t, file->Get("encoder.layer.0.attention.self.query.weight"));
 //   // t.data points into the mapping; it lives as long as `file`.
 //
 //   FEDLORA_RETURN_IF_ERROR(WriteSafetensors("adapter.safetensors",
-//       {{"lora_A", DType::kF32, {8, 384}, a.data(), a.size() * sizeof(float)}}, {{"format",
-//       "pt"}}));
+//       {{"lora_A", DType::kF32, {8, 384}, a.data(), a.size() * sizeof(float)}}, {{"format", "pt"}}));
 //
 // Errors: I/O as core/file.h; DataLoss when the file is shorter than its header says (truncated
 // download or write); InvalidArgument for every malformed header, naming the tensor and problem.

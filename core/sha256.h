@@ -7,8 +7,7 @@
 //   std::string hex = Sha256Hex("abc");         // "ba7816bf..."
 //
 //   Sha256 blob;                                // chunked transfers: each chunk and the whole
-//   Sha256DigestBytes c = blob.UpdateAndDigest(chunk);  // == Sha256Digest(chunk), and blob
-//   advanced
+//   Sha256DigestBytes c = blob.UpdateAndDigest(chunk);  // == Sha256Digest(chunk), and blob advanced
 //
 // The block function is SHA-NI where the CPU has it and OpenSSL's otherwise (core/sha256_blocks.h);
 // UpdateAndDigest runs two interleaved SHA-NI lanes, so both digests cost about one pass.

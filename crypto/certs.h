@@ -7,8 +7,7 @@
 //   FEDLORA_ASSIGN_OR_RETURN(PemPair ca, CreateCertificateAuthority(r));
 //   r.common_name = "site-7";
 //   FEDLORA_ASSIGN_OR_RETURN(PemPair site, IssueClientCertificate(ca, r));
-//   FEDLORA_ASSIGN_OR_RETURN(std::string crl, RevokeCertificates(ca, "", {site.cert_pem}, 30 *
-//   86400));
+//   FEDLORA_ASSIGN_OR_RETURN(std::string crl, RevokeCertificates(ca, "", {site.cert_pem}, 30 * 86400));
 //
 // Bad input (unparsable PEM, a key that does not match its certificate, a bad name or validity)
 // is InvalidArgument naming the problem; a certificate or CRL of another CA is FailedPrecondition.

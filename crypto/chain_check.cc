@@ -57,8 +57,7 @@ std::string TimeText(const ASN1_TIME* t) {
   return UtcTime(static_cast<int64_t>(timegm(&tm)));
 }
 
-// Which certificate of the chain an error is about: "" for the leaf, else "the CA certificate 'X'
-// of its chain ".
+// Which certificate of the chain an error is about: "" for the leaf, else "the CA certificate 'X' of its chain ".
 std::string Whose(X509_STORE_CTX* ctx) {
   if (X509_STORE_CTX_get_error_depth(ctx) == 0) return "";
   X509* cert = X509_STORE_CTX_get_current_cert(ctx);

@@ -3,9 +3,8 @@
 // purpose libssl itself uses (a client certificate as a server checks it, or the reverse); only
 // its result is turned into a reason a person can act on.
 //
-//   ChainVerdict v = VerifyChain(peer_leaf_pem, peer_chain_pem, client_ca_pem,
-//   ChainPurpose::kTlsClient); if (v.problem != ChainProblem::kNone) LOG << v.Describe("client") <<
-//   ": " << v.detail;
+//   ChainVerdict v = VerifyChain(peer_leaf_pem, peer_chain_pem, client_ca_pem, ChainPurpose::kTlsClient);
+//   if (v.problem != ChainProblem::kNone) LOG << v.Describe("client") << ": " << v.detail;
 #pragma once
 
 #include <cstdint>
@@ -33,8 +32,7 @@ struct ChainVerdict {
   ChainProblem problem = ChainProblem::kNone;
   // The leaf's subject CN, issuer CN and serial (lower-case hex); empty when it did not parse.
   std::string subject_cn, issuer_cn, serial_hex;
-  // What is wrong, in words (empty when problem is kNone), e.g. "expired at 2026-12-06 00:31:19
-  // UTC".
+  // What is wrong, in words (empty when problem is kNone), e.g. "expired at 2026-12-06 00:31:19 UTC".
   std::string detail;
   // "certificate 'site-a' (issuer 'fedlora dev CA', serial 1f...)", for messages and logs.
   std::string Describe() const;

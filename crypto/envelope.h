@@ -5,11 +5,9 @@
 // key opens it, and only under the same associated data (run, round, client, upload):
 //
 //   std::string aad = crypto::UpdateAssociatedData(run_id, round, client_id, upload_id);
-//   FEDLORA_ASSIGN_OR_RETURN(crypto::SealedUpdate sealed, crypto::SealUpdate(server_public, aad,
-//   bytes));
+//   FEDLORA_ASSIGN_OR_RETURN(crypto::SealedUpdate sealed, crypto::SealUpdate(server_public, aad, bytes));
 //   ...  // send sealed.ephemeral_public_key and sealed.envelope
-//   FEDLORA_ASSIGN_OR_RETURN(std::string bytes, crypto::OpenUpdate(server_private, eph, aad,
-//   envelope));
+//   FEDLORA_ASSIGN_OR_RETURN(std::string bytes, crypto::OpenUpdate(server_private, eph, aad, envelope));
 //
 // Each seal draws a fresh ephemeral key pair and nonce. The AES key is
 // HKDF-SHA256(ikm = X25519(ephemeral, server), salt = ephemeral_public || server_public,
@@ -71,10 +69,9 @@ absl::StatusOr<std::string> Aes256GcmOpen(std::string_view key, std::string_view
                                           std::string_view ciphertext_and_tag);
 
 // The canonical associated data binding a sealed update to its run, round, client, upload and
-// FedAvg weight: each of "fedlora/v2 update", run_id, client_id and upload_id as its length (8
-// bytes little-endian) and bytes, in the order label, run_id, round, client_id, upload_id,
-// num_examples, with round and num_examples as 8 bytes little-endian. Distinct inputs give distinct
-// encodings.
+// FedAvg weight: each of "fedlora/v2 update", run_id, client_id and upload_id as its length (8 bytes
+// little-endian) and bytes, in the order label, run_id, round, client_id, upload_id, num_examples,
+// with round and num_examples as 8 bytes little-endian. Distinct inputs give distinct encodings.
 std::string UpdateAssociatedData(std::string_view run_id, uint64_t round,
                                  std::string_view client_id, std::string_view upload_id,
                                  uint64_t num_examples);

@@ -3,9 +3,8 @@
 // it trusts as the server's. Without this a proxy that terminates TLS could hand clients its own
 // key and read their updates.
 //
-//   server: FEDLORA_ASSIGN_OR_RETURN(std::string sig, SignAggregationKey(key_pem, run_id, round,
-//   public_key)); client: FEDLORA_RETURN_IF_ERROR(VerifyAggregationKey(trust, signer_chain_pem,
-//   sig, run_id, round, public_key));
+//   server: FEDLORA_ASSIGN_OR_RETURN(std::string sig, SignAggregationKey(key_pem, run_id, round, public_key));
+//   client: FEDLORA_RETURN_IF_ERROR(VerifyAggregationKey(trust, signer_chain_pem, sig, run_id, round, public_key));
 //
 // The signed statement is ("fedlora/v1 aggregation key", run_id, round, public_key), each field
 // length-prefixed (round as 8 bytes little-endian), so a signature is valid for one key of one

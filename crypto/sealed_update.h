@@ -1,12 +1,12 @@
 // The sealed form of an update on the wire and in the server's blob store: the client's fresh
 // X25519 public key (32 bytes), then the envelope of crypto/envelope.h (AES-256-GCM under a key
 // from X25519 with the round's aggregation key and HKDF-SHA256), whose associated data binds the
-// update to its run, round, client, upload and weight. Only the aggregation server opens it, and
-// only at the place it was sealed for: a replayed, moved or tampered blob does not authenticate.
+// update to its run, round, client, upload and weight. Only the aggregation server opens it, and only at
+// the place it was sealed for: a replayed, moved or tampered blob does not authenticate.
 //
 //   FEDLORA_ASSIGN_OR_RETURN(SealedBlob sealed, SealUpdateBlob(server_public_key, place, encoded));
-//   ... upload sealed.blob with EncryptionSpec{X25519_HKDF_AES256GCM, sealed.ephemeral_public_key}
-//   ... FEDLORA_RETURN_IF_ERROR(OpenUpdateBlobInto(server_private_key, place, blob, out, size));
+//   ... upload sealed.blob with EncryptionSpec{X25519_HKDF_AES256GCM, sealed.ephemeral_public_key} ...
+//   FEDLORA_RETURN_IF_ERROR(OpenUpdateBlobInto(server_private_key, place, blob, out, size));
 #pragma once
 
 #include <cstdint>
@@ -45,9 +45,9 @@ absl::StatusOr<std::string_view> SealedBlobEphemeralKey(std::string_view blob);
 // The plaintext size, from the envelope header; InvalidArgument for a malformed blob.
 absl::StatusOr<size_t> SealedBlobPlaintextSize(std::string_view blob);
 
-// Opens `blob` into `out` (exactly SealedBlobPlaintextSize bytes). PermissionDenied when it does
-// not authenticate for `place` under this server key; InvalidArgument when malformed. `progress` as
-// for OpenUpdateInto (crypto/envelope.h): plaintext bytes decrypted so far.
+// Opens `blob` into `out` (exactly SealedBlobPlaintextSize bytes). PermissionDenied when it does not
+// authenticate for `place` under this server key; InvalidArgument when malformed.
+// `progress` as for OpenUpdateInto (crypto/envelope.h): plaintext bytes decrypted so far.
 absl::Status OpenUpdateBlobInto(std::string_view server_private_key, const UpdatePlace& place,
                                 std::string_view blob, char* out, size_t out_size,
                                 const std::function<void(size_t)>& progress = nullptr);

@@ -1,11 +1,10 @@
-// Secure aggregation (SecAgg+): the server learns the sum of the clients' integer vectors mod 2^m
-// and nothing else about any one of them, even when clients drop out part way. Bonawitz et al. 2017
+// Secure aggregation (SecAgg+): the server learns the sum of the clients' integer vectors mod 2^m and
+// nothing else about any one of them, even when clients drop out part way. Bonawitz et al. 2017
 // ("Practical Secure Aggregation for Privacy-Preserving Machine Learning") run over the sparse
 // neighbour graph of Bell et al. 2020 ("Secure Single-Server Aggregation with (Poly)Logarithmic
 // Overhead"): each client shares its secrets with, and masks against, only its k = O(log n)
 // neighbours instead of all n - 1 others. A library, no networking: one SecAggClient per client per
-// round and one SecAggServer per round exchange the messages of
-// proto/fedlora/v1/secure_aggregation.proto.
+// round and one SecAggServer per round exchange the messages of proto/fedlora/v1/secure_aggregation.proto.
 //
 // A round (U1 ⊇ U2 ⊇ U3 are the clients that completed steps 0, 1, 2; N(i) is i's neighbours):
 //   Step 0 AdvertiseKeys: client i draws two fresh X25519 key pairs, c_i (share encryption) and s_i
@@ -19,21 +18,18 @@
 //     s_ij = HKDF(X25519(s_i, s_j)) and sign(i, j) = +1 if i < j, -1 otherwise.
 //   Step 3 Unmasking: the server sends U3 (the survivors) and U2 \ U3 (the dropped); i reveals, for
 //     each neighbour j in U2, its share of b_j if j survived or of s_j if j dropped, never both.
-//   Finish: the server rebuilds each survivor's b and each dropped client's s from t shares,
-//   removes
+//   Finish: the server rebuilds each survivor's b and each dropped client's s from t shares, removes
 //     PRG(b_i) for survivors and the pairwise masks survivors added with dropped clients; the
 //     survivors' pairwise masks cancel, leaving sum_{i in U3} x_i mod 2^m.
 //
 // Derivations (round = round_id as 8 bytes little-endian, indices as 4 bytes little-endian, labels
-// as written, || concatenation; every HKDF is HKDF-SHA256 with salt = round_nonce and 32 bytes
-// out):
-//   share key k_{i->j} = HKDF(X25519(c_i, c_j), info = "fedlora/v1 secagg share key" || round || i
-//   || j) share AAD          = "fedlora/v1 secagg share" || round || round_nonce || i || j share
-//   plaintext    = i || j || y of the share of b_i (33) || y of the share of s_i (33) pair seed
-//   s_ij     = HKDF(X25519(s_i, s_j), info = "fedlora/v1 secagg pairwise mask" || round ||
+// as written, || concatenation; every HKDF is HKDF-SHA256 with salt = round_nonce and 32 bytes out):
+//   share key k_{i->j} = HKDF(X25519(c_i, c_j), info = "fedlora/v1 secagg share key" || round || i || j)
+//   share AAD          = "fedlora/v1 secagg share" || round || round_nonce || i || j
+//   share plaintext    = i || j || y of the share of b_i (33) || y of the share of s_i (33)
+//   pair seed s_ij     = HKDF(X25519(s_i, s_j), info = "fedlora/v1 secagg pairwise mask" || round ||
 //                             min(i, j) || max(i, j))
-//   PRG(seed)          = crypto::Prg(seed, stream 0) keystream read as little-endian words of 4
-//   bytes
+//   PRG(seed)          = crypto::Prg(seed, stream 0) keystream read as little-endian words of 4 bytes
 //                        when m <= 32 and 8 bytes otherwise, each reduced mod 2^m.
 //
 // Neighbour graph: the Harary graph H(k, n) (ring position p adjacent to p ± 1..k/2 mod n; the
@@ -44,8 +40,7 @@
 // Security model and its limits:
 // - Honest-but-curious server: it follows the protocol but keeps and studies every message. Given
 //   every message of a round it learns only the sum over U3 (and the membership of U1..U3).
-// - Not implemented: signatures on advertised keys (Bonawitz's malicious-server variant with a
-// PKI).
+// - Not implemented: signatures on advertised keys (Bonawitz's malicious-server variant with a PKI).
 //   A server that substitutes public keys can read the shares and unmask individual inputs. Clients
 //   colluding with the server are likewise out of scope for the parameters below.
 // - Defence in depth against a server that lies in step 3: an honest client refuses a request that
@@ -53,26 +48,23 @@
 //   fewer than t of its neighbours or fewer than min_survivors clients surviving, or omits the
 //   client itself; and it answers only one unmasking request. Because t > k/2, no server can gather
 //   t shares of b_j and t shares of s_j from honest neighbours of j.
-// - Why k/2 < t: each survivor keeps > k/2 surviving neighbours, so at least one on each side of
-// the
-//   ring within distance k/2; consecutive survivors around the ring are then adjacent, the
-//   survivors' mask graph is connected and no partial sum (let alone a single input) is left
-//   unmasked.
+// - Why k/2 < t: each survivor keeps > k/2 surviving neighbours, so at least one on each side of the
+//   ring within distance k/2; consecutive survivors around the ring are then adjacent, the survivors'
+//   mask graph is connected and no partial sum (let alone a single input) is left unmasked.
 // - The server picks graph_seed; a malicious one could try seeds until the graph suits it (Bell et
 //   al. derive the graph from shared randomness). Outside the honest-but-curious model, like keys.
-// - Fresh per round: both key pairs and b are drawn per SecAggClient; round_nonce (random per
-// round)
+// - Fresh per round: both key pairs and b are drawn per SecAggClient; round_nonce (random per round)
 //   salts every derivation, so nothing is reused across rounds or restarts.
 // - Dropouts: a round completes only if every survivor keeps t surviving neighbours and t of each
 //   survivor's (and each dropped client's) neighbours answer step 3. As t > k/2, that stays below
 //   half of every neighbourhood; see kSecAggDegreeConstant for odds at given dropout rates.
 // Secrets (private keys, b, received shares) are wiped when a client finishes or refuses.
 //
-// Errors: InvalidArgument for malformed parameters or messages (naming the field),
-// FailedPrecondition for a step out of order or repeated and for an inconsistent request a client
-// refuses (a refusal is final: the client answers nothing more), PermissionDenied for shares that
-// do not authenticate, AlreadyExists for a second message from one client in one step, Internal
-// when OpenSSL fails. Neither class is thread-safe; both are movable.
+// Errors: InvalidArgument for malformed parameters or messages (naming the field), FailedPrecondition
+// for a step out of order or repeated and for an inconsistent request a client refuses (a refusal is
+// final: the client answers nothing more), PermissionDenied for shares that do not authenticate,
+// AlreadyExists for a second message from one client in one step, Internal when OpenSSL fails.
+// Neither class is thread-safe; both are movable.
 #pragma once
 
 #include <cstddef>
@@ -98,15 +90,15 @@ inline constexpr uint64_t kSecAggMaxVectorLength = uint64_t{1} << 28;
 inline constexpr size_t kSecAggSharePlaintextBytes = 4 + 4 + 2 * 33;
 inline constexpr size_t kSecAggShareCiphertextBytes = 12 + kSecAggSharePlaintextBytes + 16;
 // c in the recommended degree min(n - 1, 2 * ceil(c * log2 n)): n = 100 gives k = 20, n = 1,000
-// k = 30, n = 10^6 k = 60. With t = k/2 + 1 and independent dropouts at rate 10%, a client loses
-// more than k - t of its neighbours with probability 7e-6 (n = 100), 4e-8 (n = 1,000); at 30%, 5e-2
-// and 2e-2: plan for dropout rates well below one half.
+// k = 30, n = 10^6 k = 60. With t = k/2 + 1 and independent dropouts at rate 10%, a client loses more
+// than k - t of its neighbours with probability 7e-6 (n = 100), 4e-8 (n = 1,000); at 30%, 5e-2 and
+// 2e-2: plan for dropout rates well below one half.
 inline constexpr double kSecAggDegreeConstant = 1.5;
 
 // The recommended degree for n clients (see kSecAggDegreeConstant); n - 1 (complete) for n <= 13.
 uint32_t RecommendedSecAggDegree(uint32_t num_clients);
-// The recommended threshold for degree k: k/2 + 1 rounded down, the smallest allowed, which
-// tolerates the most dropouts (k - t neighbours of each client).
+// The recommended threshold for degree k: k/2 + 1 rounded down, the smallest allowed, which tolerates
+// the most dropouts (k - t neighbours of each client).
 uint32_t RecommendedSecAggThreshold(uint32_t degree);
 
 // Checks every field of `params` (see SecAggParams in the .proto): round_nonce and graph_seed 32
@@ -183,8 +175,7 @@ class SecAggClient {
   // Step 0: draws c_i and s_i.
   absl::StatusOr<v1::SecAggAdvertiseKeys> AdvertiseKeys();
   // Step 1. Refuses (FailedPrecondition) when its own keys are missing or differ, when an entry is
-  // not a neighbour, or when fewer than t neighbours advertised; InvalidArgument for malformed
-  // keys.
+  // not a neighbour, or when fewer than t neighbours advertised; InvalidArgument for malformed keys.
   absl::StatusOr<v1::SecAggShareKeysResponse> ShareKeys(const v1::SecAggShareKeysRequest& request);
   // Step 2. `input` holds L values, each < 2^m. Refuses when U2 omits this client, when a share is
   // missing, extra, misaddressed or from outside U2 ∩ N(i) ∩ U1, or fewer than t neighbours are in
@@ -205,8 +196,8 @@ class SecAggClient {
 
 // The server's side of one round. Per step: Receive* for each arriving message (a rejected message
 // changes nothing), then Close* once the step's deadline passes; the Close of a step after which
-// fewer than min_survivors clients remain aborts the round (FailedPrecondition, and every later
-// call fails). The caller maps indices to client identities and delivers the messages.
+// fewer than min_survivors clients remain aborts the round (FailedPrecondition, and every later call
+// fails). The caller maps indices to client identities and delivers the messages.
 class SecAggServer {
  public:
   static absl::StatusOr<SecAggServer> Create(const v1::SecAggParams& params);
@@ -232,8 +223,8 @@ class SecAggServer {
   absl::StatusOr<v1::SecAggUnmaskingRequest> UnmaskingRequest() const;
   absl::Status ReceiveUnmasking(const v1::SecAggUnmaskingResponse& message);
   // Reconstructs, unmasks and returns sum_{i in U3} x_i mod 2^m. FailedPrecondition, with nothing
-  // reconstructed, when some survivor's b or dropped client's s has fewer than t revealed shares or
-  // a survivor has fewer than t surviving neighbours; the round is then aborted. DataLoss when a
+  // reconstructed, when some survivor's b or dropped client's s has fewer than t revealed shares or a
+  // survivor has fewer than t surviving neighbours; the round is then aborted. DataLoss when a
   // rebuilt mask key does not match its advertised public key.
   absl::StatusOr<std::vector<uint64_t>> Finish();
 
@@ -243,8 +234,7 @@ class SecAggServer {
   const std::vector<uint32_t>& survivors() const;
   std::vector<uint32_t> unmasking_responders() const;
   // What Finish reconstructed: survivors' self-mask seeds and dropped clients' mask private keys
-  // (empty unless Finish succeeded). The server holds these; exposed so tests can show what it
-  // learns.
+  // (empty unless Finish succeeded). The server holds these; exposed so tests can show what it learns.
   const std::map<uint32_t, std::string>& reconstructed_self_mask_seeds() const;
   const std::map<uint32_t, std::string>& reconstructed_mask_private_keys() const;
   bool aborted() const;

@@ -95,8 +95,7 @@ struct SecAggClient::Impl {
                                                       "', expected '", StepName(expected), "'"));
   }
 
-  // Every failure while handling a server message is final: the client refuses and forgets its
-  // secrets.
+  // Every failure while handling a server message is final: the client refuses and forgets its secrets.
   absl::Status Refuse(absl::Status status) {
     step = Step::kRefused;
     WipeSecrets();

@@ -180,8 +180,7 @@ absl::Status SecAggServer::ReceiveAdvertiseKeys(const v1::SecAggAdvertiseKeys& m
       return absl::InvalidArgumentError(
           absl::StrCat("client ", i, " advertised a key of ", k->size(), " bytes"));
     }
-    // X25519SharedSecret refuses small-order points, which would give every neighbour a zero
-    // secret.
+    // X25519SharedSecret refuses small-order points, which would give every neighbour a zero secret.
     absl::StatusOr<std::string> probe = X25519SharedSecret(s.probe_private_key, *k);
     if (!probe.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(

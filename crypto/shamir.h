@@ -1,15 +1,14 @@
-// Shamir secret sharing of 32-byte secrets, t of n, over the prime field GF(p) with p = 2^256 +
-// 297, the smallest prime above 2^256 (so every 32-byte string is a field element). Arithmetic is
+// Shamir secret sharing of 32-byte secrets, t of n, over the prime field GF(p) with p = 2^256 + 297,
+// the smallest prime above 2^256 (so every 32-byte string is a field element). Arithmetic is
 // OpenSSL's BIGNUM; coefficients come from its private CSPRNG (BN_priv_rand_range).
 //
-//   FEDLORA_ASSIGN_OR_RETURN(auto shares, crypto::ShamirSplit(secret, /*threshold=*/4,
-//   /*num_shares=*/7));
+//   FEDLORA_ASSIGN_OR_RETURN(auto shares, crypto::ShamirSplit(secret, /*threshold=*/4, /*num_shares=*/7));
 //   ...  // any 4 of the 7 shares give the secret back; 3 reveal nothing about it
 //   FEDLORA_ASSIGN_OR_RETURN(std::string secret, crypto::ShamirCombine(some_four, 4));
 //
 // The secret s is read as a big-endian integer and is the constant term of a random polynomial
-// f(X) = s + a_1 X + ... + a_{t-1} X^{t-1}; share i is (x_i, f(x_i)) with y written as 33
-// big-endian bytes. Shamir shares are information-theoretically hiding below the threshold but not
+// f(X) = s + a_1 X + ... + a_{t-1} X^{t-1}; share i is (x_i, f(x_i)) with y written as 33 big-endian
+// bytes. Shamir shares are information-theoretically hiding below the threshold but not
 // authenticated: a wrong share gives a wrong secret (caught only when the result is >= 2^256).
 // Thread-safe.
 #pragma once
@@ -47,18 +46,18 @@ absl::StatusOr<std::vector<ShamirShare>> ShamirSplitAt(std::string_view secret32
                                                        uint32_t threshold,
                                                        std::span<const uint32_t> xs);
 
-// For known-answer tests only: the shares of the polynomial secret + c[0] X + c[1] X^2 + ... at
-// `xs`, each coefficient a big-endian integer below p (at most 33 bytes). Real sharing must use
-// random coefficients (ShamirSplit).
+// For known-answer tests only: the shares of the polynomial secret + c[0] X + c[1] X^2 + ... at `xs`,
+// each coefficient a big-endian integer below p (at most 33 bytes). Real sharing must use random
+// coefficients (ShamirSplit).
 absl::StatusOr<std::vector<ShamirShare>> ShamirSplitWithCoefficients(
     std::string_view secret32, std::span<const std::string> coefficients,
     std::span<const uint32_t> xs);
 
-// Recovers the secret by Lagrange interpolation at 0 from the first `threshold` shares (the rest
-// are ignored). InvalidArgument for threshold 0, fewer shares than `threshold`, a share with x = 0,
-// a y that is not 33 bytes or not below p, repeated x; and "inconsistent shares" when the result is
-// not below 2^256 (so not a secret that was shared). Fewer than `threshold` shares of a real
-// sharing can never be told apart from random: they give some other value, not an error.
+// Recovers the secret by Lagrange interpolation at 0 from the first `threshold` shares (the rest are
+// ignored). InvalidArgument for threshold 0, fewer shares than `threshold`, a share with x = 0, a
+// y that is not 33 bytes or not below p, repeated x; and "inconsistent shares" when the result is
+// not below 2^256 (so not a secret that was shared). Fewer than `threshold` shares of a real sharing
+// can never be told apart from random: they give some other value, not an error.
 absl::StatusOr<std::string> ShamirCombine(std::span<const ShamirShare> shares, uint32_t threshold);
 
 // A secret recovered from more shares than the threshold, and the points of the shares that are

@@ -250,8 +250,8 @@ absl::StatusOr<std::shared_ptr<ServerTls>> ServerTls::Create(const ServerTlsFile
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();
   // The TLS stack asks for a client certificate and checks that the client holds its key; the
-  // verifier checks the certificate itself (chain, validity, CRL, allow-list) so that every
-  // refusal, a missing certificate included, is counted and logged with its reason.
+  // verifier checks the certificate itself (chain, validity, CRL, allow-list) so that every refusal,
+  // a missing certificate included, is counted and logged with its reason.
   options.set_cert_request_type(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_BUT_DONT_VERIFY);
   options.set_certificate_verifier(
       grpc::experimental::ExternalCertificateVerifier::Create<ClientCertificateVerifier>(

@@ -12,8 +12,8 @@
 // X509_verify_cert, as libssl would, crypto/chain_check.h), its serial against the CRL, its CN
 // against the allowed client ids. Each refusal is counted and logged as a WARNING naming the reason
 // and the certificate's CN, issuer and serial (the same reason again within a minute at DEBUG; gRPC
-// does not give the verifier the peer's address). The caller's identity is the certificate's CN,
-// seen by handlers as the AuthContext's "x509_common_name" property. Thread-safe.
+// does not give the verifier the peer's address). The caller's identity is the certificate's CN, seen by handlers as the AuthContext's
+// "x509_common_name" property. Thread-safe.
 #pragma once
 
 #include <cstdint>

@@ -4,8 +4,7 @@
 // closed", "failed to connect to all addresses"), which a client would retry for minutes.
 //
 //   absl::Status s = FromGrpcStatus(stub->Join(...));
-//   if (absl::IsUnavailable(s)) s = ExplainConnectionFailure(s, probe_options);  // classified, or
-//   s
+//   if (absl::IsUnavailable(s)) s = ExplainConnectionFailure(s, probe_options);  // classified, or s
 //
 // Thread-safe (no shared state).
 #pragma once

@@ -23,8 +23,7 @@
 //   under the caps, heads a multiple of the key-value heads, an even head_dim, token ids inside
 //   the vocabulary);
 // - mode 1: it holds what the metadata says (each key the mapping reads, as written; the token
-//   count as vocab_size without a vocab_size key; a separate head exactly when output.weight
-//   exists);
+//   count as vocab_size without a vocab_size key; a separate head exactly when output.weight exists);
 // - it round-trips: written back as a config.json with every field, and as GGUF metadata with the
 //   keys llama.cpp's converter writes, it reads back equal (GGUF carries no attention_dropout and
 //   one eos id: those are compared where it can carry them).
@@ -66,8 +65,7 @@ std::string Write(const std::string& name, const std::string& bytes) {
   return path;
 }
 
-// ---- a GGUF writer (version 3, alignment 32)
-// ------------------------------------------------------
+// ---- a GGUF writer (version 3, alignment 32) ------------------------------------------------------
 
 enum : uint32_t {
   kU8,
@@ -139,8 +137,7 @@ std::string Gguf(const std::vector<Kv>& kvs, bool output_weight) {
   return out;
 }
 
-// ---- mode 1: metadata records
-// --------------------------------------------------------------------
+// ---- mode 1: metadata records --------------------------------------------------------------------
 
 constexpr const char* kKeys[] = {"general.architecture",
                                  ".block_count",
@@ -315,8 +312,7 @@ void CheckMapping(const Metadata& m, const DecoderConfig& c) {
              "tie_word_embeddings does not follow output.weight");
 }
 
-// ---- checks
-// --------------------------------------------------------------------------------------
+// ---- checks --------------------------------------------------------------------------------------
 
 void CheckRefusal(const absl::Status& s, const std::string& path) {
   FUZZ_CHECK(

@@ -2,9 +2,8 @@
 // rebuilds the next global adapter from the one held and a delta blob the server sent.
 //
 // Input: one control byte, then the delta blob. The held adapter is, by the control byte's low bit,
-// either a fixed two-tensor adapter or one laid out as the blob's own tensor table
-// (ValidateUpdate), so that the sum is reached; bit 1 fills it with values near FLT_MAX, so that
-// the sum can overflow.
+// either a fixed two-tensor adapter or one laid out as the blob's own tensor table (ValidateUpdate),
+// so that the sum is reached; bit 1 fills it with values near FLT_MAX, so that the sum can overflow.
 //
 // Checks beyond "no crash, no sanitizer report", all promised by downlink.h:
 // - on error the held adapter is unchanged, bit for bit;

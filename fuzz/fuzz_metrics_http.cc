@@ -1,8 +1,7 @@
 // Fuzzes the metrics endpoint's HTTP server (server/metrics.h, MetricsHttpServer): the request
 // parser, routing and keep-alive loop a Prometheus scraper (or anyone who can reach the port) talks
-// to. One server runs on 127.0.0.1 for the whole run; each input is sent as it is over a new
-// loopback connection, whose sending side is then shut, and the reply is read until the server
-// closes.
+// to. One server runs on 127.0.0.1 for the whole run; each input is sent as it is over a new loopback
+// connection, whose sending side is then shut, and the reply is read until the server closes.
 //
 // Checks beyond "no crash, no sanitizer report":
 // - the server answers every connection by closing it (the harness waits at most 10 s);

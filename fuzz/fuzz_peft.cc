@@ -2,13 +2,12 @@
 // directory as Hugging Face peft writes it, adapter_config.json and adapter_model.safetensors, both
 // from outside (a downloaded adapter, or one a user points the client at).
 //
-// Input, through FuzzedDataProvider: adapter_config.json (a string of up to 4 KiB), then the rest
-// is adapter_model.safetensors. Both are written to a directory of this process and loaded into a
-// tiny BERT classifier (2 layers, hidden 32, LoRA r 4 on query and value, 3 labels).
+// Input, through FuzzedDataProvider: adapter_config.json (a string of up to 4 KiB), then the rest is
+// adapter_model.safetensors. Both are written to a directory of this process and loaded into a tiny
+// BERT classifier (2 layers, hidden 32, LoRA r 4 on query and value, 3 labels).
 //
 // Checks beyond "no crash, no sanitizer report", as peft.h promises:
-// - a refusal is InvalidArgument, NotFound or DataLoss (a truncated safetensors) with a message,
-// and leaves every trainable value as
+// - a refusal is InvalidArgument, NotFound or DataLoss (a truncated safetensors) with a message, and leaves every trainable value as
 //   it was, bit for bit;
 // - ReadPeftLoraOptions's refusals are InvalidArgument or NotFound too.
 #include <fuzzer/FuzzedDataProvider.h>

@@ -125,11 +125,10 @@ struct Federation {
 Federation* g = nullptr;
 
 // At exit: the server stops (its threads must not outlive the globals they use), its store goes,
-// and LeakSanitizer looks for what the run leaked; a leak fails the process (exit 1).
-// scripts/fuzz.sh runs this harness with libFuzzer's per-input leak check off (-detect_leaks=0,
-// which also turns off LSan's own check at exit): the server's threads allocate beside each input,
-// so libFuzzer would re-run nearly every input under a full heap scan. A crashing process skips
-// this; see MakeStoreDir.
+// and LeakSanitizer looks for what the run leaked; a leak fails the process (exit 1). scripts/fuzz.sh
+// runs this harness with libFuzzer's per-input leak check off (-detect_leaks=0, which also turns
+// off LSan's own check at exit): the server's threads allocate beside each input, so libFuzzer would
+// re-run nearly every input under a full heap scan. A crashing process skips this; see MakeStoreDir.
 void Stop() {
   if (g == nullptr) return;
   // FEDLORA_FUZZ_MEMPROFILE=1: where the live heap is, by allocation stack, before the server stops
@@ -482,11 +481,11 @@ std::vector<UpdateTensor> HonestDelta(uint8_t seed, const v1::TrainTask& task) {
 }
 
 // An upload id: one the site used before, a fuzzed string (mostly invalid), or one of a small pool
-// per site and round, so that the server's partial files stay few over a long run. Consumes the
-// same input whatever the site's state, so that seeds keep their meaning. Sealing costs
-// milliseconds (a fresh X25519 key each time); inputs repeat honest uploads often, so the last few
-// seals are kept, by plaintext and place (a sealed blob is valid for any number of uploads of that
-// plaintext to that place).
+// per site and round, so that the server's partial files stay few over a long run. Consumes the same input
+// whatever the site's state, so that seeds keep their meaning.
+// Sealing costs milliseconds (a fresh X25519 key each time); inputs repeat honest uploads often, so
+// the last few seals are kept, by plaintext and place (a sealed blob is valid for any number of
+// uploads of that plaintext to that place).
 absl::StatusOr<crypto::SealedBlob> Seal(const std::string& key, const crypto::UpdatePlace& place,
                                         const std::string& plain) {
   static std::map<std::string, crypto::SealedBlob>* cache =

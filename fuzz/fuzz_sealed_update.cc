@@ -4,8 +4,7 @@
 // Two kinds of input, chosen by the first byte:
 // - raw: the rest is a blob as a client would send it. Nothing the fuzzer writes can authenticate,
 //   so opening must fail (and must not crash, leak or read out of bounds);
-// - seal and tamper: the input gives a plaintext and a place (run, round, client, upload, weight),
-// which
+// - seal and tamper: the input gives a plaintext and a place (run, round, client, upload, weight), which
 //   are sealed honestly; then some bytes are flipped, the blob is cut or extended, and the place
 //   may change. Opening must give back the plaintext exactly when nothing changed, and
 //   PermissionDenied or InvalidArgument otherwise.

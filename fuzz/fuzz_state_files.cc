@@ -5,8 +5,8 @@
 // crash or a state that breaks the next round.
 //
 // Input: one control byte, then the file. Bit 0: 0 the optimizer state, 1 the residual. Bits 1-2:
-// the optimizer kind (sgd with momentum, adam, yogi, adagrad). The adapter is fixed: "lora_A" [2,
-// 3] and "lora_B" [3].
+// the optimizer kind (sgd with momentum, adam, yogi, adagrad). The adapter is fixed: "lora_A" [2, 3]
+// and "lora_B" [3].
 //
 // Checks beyond "no crash, no sanitizer report":
 // - LoadState refuses with DataLoss and leaves the state unchanged (SaveState the same bytes);

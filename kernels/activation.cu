@@ -1,5 +1,4 @@
-// GELU and tanh, CUDA backend (the same formulas as activation_cpu.cc, with CUDA's
-// erff/expf/tanhf).
+// GELU and tanh, CUDA backend (the same formulas as activation_cpu.cc, with CUDA's erff/expf/tanhf).
 #include "kernels/activation.h"
 #include "kernels/cuda_util.cuh"
 

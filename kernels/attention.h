@@ -28,8 +28,7 @@
 //
 // FLOPs: forward 4 * batch * heads * seq^2 * head_dim (two GEMMs); backward twice that.
 // Workspace (AttentionWorkspaceBytes): forward 4 * batch*heads*seq^2 bytes when dropout is active
-// and O is wanted (Pd), else 0; backward 4 * batch*heads*seq^2 for dP, plus as much again for Pd
-// with dropout.
+// and O is wanted (Pd), else 0; backward 4 * batch*heads*seq^2 for dP, plus as much again for Pd with dropout.
 #pragma once
 
 #include <cstddef>

@@ -55,8 +55,7 @@ absl::Status AttentionSoftmaxForward(const ExecContext& ctx, const SoftmaxForwar
                              float* s = a.scores + r * S;
                              const float* mask =
                                  a.mask != nullptr ? a.mask + (r / rows_per_batch) * S : nullptr;
-                             // p_j = exp(s_j + mask_j - max) / sum over the live columns j < n;
-                             // causal: n = i + 1
+                             // p_j = exp(s_j + mask_j - max) / sum over the live columns j < n; causal: n = i + 1
                              const int64_t n = a.causal ? r % S + 1 : S;
                              if (mask != nullptr) {
                                for (int64_t j = 0; j < n; ++j) s[j] += mask[j];

@@ -1,9 +1,8 @@
 // Softmax cross-entropy over class logits with integer labels, as
 // torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="mean"):
 //
-//   loss     = (1 / N) * sum_{b : labels[b] != ignore} (logsumexp(logits[b]) - logits[b,
-//   labels[b]]) dlogits  = (loss_scale / N) * (softmax(logits[b]) - onehot(labels[b]))   (0 rows
-//   for ignored)
+//   loss     = (1 / N) * sum_{b : labels[b] != ignore} (logsumexp(logits[b]) - logits[b, labels[b]])
+//   dlogits  = (loss_scale / N) * (softmax(logits[b]) - onehot(labels[b]))   (0 rows for ignored)
 //
 // N is the number of labels that are not ignore_index (loss 0, dlogits 0 when N == 0).
 // Shapes: logits, dlogits [batch, classes]; labels [batch] int32; loss [1] (on ctx.device).

@@ -1,5 +1,4 @@
-// Internal helpers for the kernels' .cu files: stream, cuBLAS and cuBLASLt handles, launch
-// geometry.
+// Internal helpers for the kernels' .cu files: stream, cuBLAS and cuBLASLt handles, launch geometry.
 #pragma once
 
 #include <cublasLt.h>

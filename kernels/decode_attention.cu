@@ -17,8 +17,7 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int64_t kChunk = kDecodeAttentionChunk;
 
-// Block-wide max or sum over kThreads threads; every thread gets the result. `sh` holds kWarps
-// floats.
+// Block-wide max or sum over kThreads threads; every thread gets the result. `sh` holds kWarps floats.
 template <bool kMax>
 __device__ float BlockReduce(float v, float* sh) {
   v = WarpReduce<kMax>(v);

@@ -2,10 +2,8 @@
 // (aggregation/fedavg.h says why it is fixed point and proves its range and error bounds).
 //
 //   term(x, w) = round_half_even(w * x * 2^kFracBits) as a two's-complement 128-bit integer
-//   FixedPointAccumulate:  sums[j] += sign * term(x[i], weight)   for every i whose term is in
-//   range,
-//                          where j = index[i] with an index array (a sparse update's kept entries),
-//                          else i
+//   FixedPointAccumulate:  sums[j] += sign * term(x[i], weight)   for every i whose term is in range,
+//                          where j = index[i] with an index array (a sparse update's kept entries), else i
 //
 // Integer addition modulo 2^128 is associative, so both backends produce the same bits in any
 // order: the CUDA result is bit-identical to the CPU's, not merely close. A value whose term is out
@@ -75,8 +73,8 @@ struct FixedPointAccumulateArgs {
   uint64_t weight = 1;       // in [1, 2^32]
   int sign = 1;              // +1 adds, -1 subtracts
   u128* sums = nullptr;      // [n], or as many as the indices reach; wrapping
-  // Optional [n], in the backend's memory: where each value goes. The indices must be distinct (no
-  // two threads add to one sum) and within `sums`; the caller checks (StreamingFedAvg::Add does).
+  // Optional [n], in the backend's memory: where each value goes. The indices must be distinct (no two
+  // threads add to one sum) and within `sums`; the caller checks (StreamingFedAvg::Add does).
   const int64_t* index = nullptr;
   int64_t* first_bad = nullptr;  // host: the smallest i whose term is out of range, or -1
 };

@@ -24,8 +24,8 @@
 // AttentionForward give it, so either op drops the same probabilities.
 //
 // Layouts: q, out, dout, dq [tokens, heads, head_dim]; k, v, dk, dv [tokens, kv_heads, head_dim];
-// lse [tokens, heads]; mask [tokens] or null; seq_start [num_seqs + 1] int32 with seq_start[0] = 0
-// and seq_start[num_seqs] = tokens, in ctx.device memory like every other pointer. head_dim <= 256.
+// lse [tokens, heads]; mask [tokens] or null; seq_start [num_seqs + 1] int32 with seq_start[0] = 0 and
+// seq_start[num_seqs] = tokens, in ctx.device memory like every other pointer. head_dim <= 256.
 //
 // CPU: one task per (sequence, kv head), each row's scores in a buffer of one row. CUDA: one warp
 // per (token, head) for the forward and dQ, one warp per (token, kv head) for dK and dV, each

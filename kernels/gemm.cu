@@ -50,8 +50,8 @@ __device__ __forceinline__ float ToF32(uint16_t bf16_bits) { return Bf16BitsToF3
 __device__ __forceinline__ void Put(float* p, float v) { *p = v; }
 __device__ __forceinline__ void Put(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
-// Copies `entries` matrices of `rows` stored rows (row stride ld, entry stride `stride`) into
-// packed [entries, rows, cols] of Out: bf16 -> fp32 exactly, fp32 -> bf16 rounded to nearest even.
+// Copies `entries` matrices of `rows` stored rows (row stride ld, entry stride `stride`) into packed
+// [entries, rows, cols] of Out: bf16 -> fp32 exactly, fp32 -> bf16 rounded to nearest even.
 template <typename In, typename Out>
 __global__ void ConvertRowsKernel(const In* __restrict__ src, int64_t ld, int64_t stride,
                                   int64_t entries, int64_t rows, int64_t cols,

@@ -1,7 +1,6 @@
 // General matrix multiply, row-major:  C = alpha * op(A) op(B) + beta * C,  op(X) = X or X^T.
 // CPU: OpenBLAS cblas_sgemm. CUDA: cuBLAS (cublasGemmStridedBatchedEx / cublasGemmEx, fp32
-// compute, no TF32, so that both backends agree to fp32 rounding); with bf16_math, cuBLASLt in
-// bf16.
+// compute, no TF32, so that both backends agree to fp32 rounding); with bf16_math, cuBLASLt in bf16.
 //
 //   // y[m,n] = x[m,k] W[n,k]^T
 //   kernels::GemmArgs g{.trans_b = true, .m = m, .n = n, .k = k, .a = x, .b = w, .c = y};
@@ -20,9 +19,9 @@
 // equal the fp32 GEMM on the widened weight. A panel is a block of consecutive stored rows of B:
 // it covers a block of output columns when trans_b, a block of the k dimension otherwise.
 // Workspace: GemmWorkspaceBytes(args) = min(stored_rows, kGemmBf16PanelRows) * stored_cols * 4
-// bytes (0 for fp32 B without bf16 math); a larger workspace uses larger panels (up to the whole
-// matrix in one GEMM). For BERT-base (768 x 3072 weights) the minimum is 256 * 3072 * 4 = 3 MiB.
-// bf16 B requires batch == 1.
+// bytes (0 for fp32 B without bf16 math); a larger workspace uses larger panels (up to the whole matrix in one GEMM).
+// For BERT-base (768 x 3072 weights) the minimum is 256 * 3072 * 4 = 3 MiB. bf16 B requires
+// batch == 1.
 //
 // Quantized B (b_quant, a frozen weight in a ggml block format, core/ggml_quant.h): the same panel
 // scheme, each stored row dequantized exactly as ggml does (a row is stored_cols elements in
@@ -34,14 +33,12 @@
 //   CPU (with b_bf16 only; other B are refused there): op(A) is rounded into the workspace and
 //   multiplied with the bf16 B by oneDNN's matmul on AVX512_BF16. It is a permission, not a
 //   demand: where Bf16MathAvailable() is false (no AVX512_BF16) the exact fp32 path above runs.
-//   CUDA (any B: fp32 with any batch and strides, or bf16 / quantized with batch 1): A, and B
-//   unless it is stored bf16, are converted to packed bf16 in the workspace (quantized B
-//   dequantized straight to bf16), then cublasLtMatmul multiplies them with CUBLAS_COMPUTE_32F into
-//   fp32 C.
+//   CUDA (any B: fp32 with any batch and strides, or bf16 / quantized with batch 1): A, and B unless it is
+//   stored bf16, are converted to packed bf16 in the workspace (quantized B dequantized straight
+//   to bf16), then cublasLtMatmul multiplies them with CUBLAS_COMPUTE_32F into fp32 C.
 // Workspace with bf16 math: sized for either backend, the larger of the CPU's (the panel and op(A)
-// as bf16, m * k * 2 bytes) and CUDA's (internal::CudaBf16MathWorkspace:
-// kGemmCublasLtWorkspaceBytes for cuBLASLt, then A and B as bf16, one copy per batch entry unless
-// its stride is 0).
+// as bf16, m * k * 2 bytes) and CUDA's (internal::CudaBf16MathWorkspace: kGemmCublasLtWorkspaceBytes
+// for cuBLASLt, then A and B as bf16, one copy per batch entry unless its stride is 0).
 //
 // int8 math (int8_math with a Q8_0 b_quant): the forward product A W^T (trans_b, not trans_a,
 // batch 1) quantizes each row of A per block of 32 (d = max|a| / 127, q = nearest-even(a * 127 /
@@ -50,8 +47,8 @@
 // from the fp32 product on the dequantized W; the same bits at every thread count. A permission
 // like bf16 math: without AVX512-VNNI, on CUDA, below kGemmInt8MinRows rows (generation: W is
 // repacked per call, which a few rows do not repay) and for the other products (the input
-// gradient A W) the exact path runs. The workspace then holds A quantized and W repacked, 256
-// columns at a time: Int8MathWorkspaceBytes.
+// gradient A W) the exact path runs. The workspace then holds A quantized and W repacked, 256 columns at a
+// time: Int8MathWorkspaceBytes.
 //
 // CPU threads: OpenBLAS's own (kernels::SetNumThreads). When OpenBLAS has one thread and ctx's
 // pool a width above 1 (the simulator, sim/simulator.h), an fp32 product runs instead as

@@ -42,12 +42,12 @@ void ScaleC(const GemmArgs& g, float* c) {
   }
 }
 
-// fp32 GEMMs split over our pool (SgemmOnPool): OpenBLAS runs single-threaded on blocks of C's
-// rows, or on whole batch entries. Every element of C is the same dot product whichever block
-// computes it, so the result equals the unsplit call's bit for bit (tests/kernels/gemm_test.cc
-// checks the models' shapes), provided OpenBLAS takes the same code path for a block as for the
-// whole: its small-matrix and "direct" kernels take products below about 7.3M multiply-adds, so a
-// product is split only into blocks of at least kSplitMinMacs. Block boundaries are multiples of
+// fp32 GEMMs split over our pool (SgemmOnPool): OpenBLAS runs single-threaded on blocks of C's rows,
+// or on whole batch entries. Every element of C is the same dot product whichever block computes
+// it, so the result equals the unsplit call's bit for bit (tests/kernels/gemm_test.cc checks the
+// models' shapes), provided OpenBLAS takes the same code path for a block as for the whole: its
+// small-matrix and "direct" kernels take products below about 7.3M multiply-adds, so a product is
+// split only into blocks of at least kSplitMinMacs. Block boundaries are multiples of
 // kSplitRowAlign rows.
 constexpr int64_t kSplitMinMacs = int64_t{1} << 23;
 constexpr int64_t kSplitRowAlign = 16;
@@ -218,8 +218,7 @@ absl::Status GemmCpu(const ExecContext& ctx, const GemmArgs& g) {
       return absl::OkStatus();
     }
     // Otherwise batches run one after another, each on OpenBLAS's own threads (see SetNumThreads);
-    // calling a multi-threaded OpenBLAS from several of our pool threads would oversubscribe the
-    // cores.
+    // calling a multi-threaded OpenBLAS from several of our pool threads would oversubscribe the cores.
     for (int64_t i = 0; i < g.batch; ++i) {
       cblas_sgemm(CblasRowMajor, Op(g.trans_a), Op(g.trans_b), static_cast<int>(g.m),
                   static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, g.a + i * g.stride_a,

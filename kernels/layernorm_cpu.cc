@@ -56,8 +56,7 @@ absl::Status LayerNormForward(const ExecContext& ctx, const LayerNormForwardArgs
                            for (int64_t r = r0; r < r1; ++r) {
                              const float* x = a.x + r * C;
                              float* y = a.y + r * C;
-                             // mean = sum x / C;  var = sum (x - mean)^2 / C  (two passes over a
-                             // row that sits in cache)
+                             // mean = sum x / C;  var = sum (x - mean)^2 / C  (two passes over a row that sits in cache)
                              const float mean = internal::Sum8(C, [&](int64_t j) { return x[j]; }) /
                                                 static_cast<float>(C);
                              const float sq = internal::Sum8(C, [&](int64_t j) {
@@ -66,8 +65,7 @@ absl::Status LayerNormForward(const ExecContext& ctx, const LayerNormForwardArgs
                              });
                              const float rstd =
                                  1.0f / std::sqrt(sq / static_cast<float>(C) + a.eps);
-                             // y = gamma * (x - mean) * rstd + beta   (y may alias x: same index
-                             // read then written)
+                             // y = gamma * (x - mean) * rstd + beta   (y may alias x: same index read then written)
                              if (a.beta != nullptr) {
                                for (int64_t j = 0; j < C; ++j)
                                  y[j] = a.gamma[j] * ((x[j] - mean) * rstd) + a.beta[j];

@@ -2,12 +2,10 @@
 // db = sum over rows of dy  (dW and db only when requested: frozen layers need only dx).
 // Composed from Gemm and the row/column helpers in elementwise.h, so it runs on every backend.
 //
-//   x [rows, in], W [out, in] (fp32, bf16 or quantized: weight.h), b [out], y / dy [rows, out], dx
-//   [rows, in].
+//   x [rows, in], W [out, in] (fp32, bf16 or quantized: weight.h), b [out], y / dy [rows, out], dx [rows, in].
 //
 // FLOPs: forward 2*rows*in*out; backward 2*rows*in*out for dx, as much again for dW.
-// Workspace: only for a bf16 or quantized W, LinearWorkspaceBytes() (the Gemm panel buffer; see
-// gemm.h).
+// Workspace: only for a bf16 or quantized W, LinearWorkspaceBytes() (the Gemm panel buffer; see gemm.h).
 #pragma once
 
 #include <cstddef>

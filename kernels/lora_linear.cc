@@ -12,8 +12,7 @@ namespace {
 constexpr std::string_view kFwd = "LoraLinearForward";
 constexpr std::string_view kBwd = "LoraLinearBackward";
 
-// Workspace regions, back to back: [weight panel (and bf16 math copy)][xd (dropout only)][g
-// (backward only)].
+// Workspace regions, back to back: [weight panel (and bf16 math copy)][xd (dropout only)][g (backward only)].
 struct Layout {
   size_t panel = 0, xd = 0, g = 0;
   size_t total() const { return panel + xd + g; }

@@ -10,8 +10,8 @@
 //   dA = s * g^T xd                       [rank, in]
 //   dx = dy W + s * dropout'(g A)         dropout' applies the same mask and 1/(1-p)
 //
-// Shapes: x [rows, in], W [out, in] (fp32, bf16 or quantized: weight.h), b [out], A [rank, in], B
-// [out, rank], y / dy [rows, out]. Composed from Gemm/Dropout, so it runs on every backend.
+// Shapes: x [rows, in], W [out, in] (fp32, bf16 or quantized: weight.h), b [out], A [rank, in], B [out, rank],
+// y / dy [rows, out]. Composed from Gemm/Dropout, so it runs on every backend.
 //
 // FLOPs (T = rows, I = in, O = out, r = rank):
 //   forward  2*T*I*O (frozen) + 2*T*I*r + 2*T*r*O
@@ -20,9 +20,9 @@
 // 1.21 GFLOP + 4*12.6 MFLOP backward: the frozen GEMMs are ~96% of the work, the adapter ~4%, so
 // the step runs at the speed of the two big sgemms when the small ones and the passes are cheap.
 //
-// Workspace (LoraLinearWorkspaceBytes): the panel buffer when W is bf16 or quantized, plus, when
-// dropout is active, rows*in floats for xd (forward and backward recompute it from the seed instead
-// of saving it; the backward reuses it for g A), plus in the backward rows*rank floats for g.
+// Workspace (LoraLinearWorkspaceBytes): the panel buffer when W is bf16 or quantized, plus, when dropout
+// is active, rows*in floats for xd (forward and backward recompute it from the seed instead of
+// saving it; the backward reuses it for g A), plus in the backward rows*rank floats for g.
 // Regions are laid out back to back, each 256-byte aligned.
 #pragma once
 

@@ -1,5 +1,5 @@
-// SumSquares, SumSquaresMany, Scale, ColumnSum: CUDA backend. The reductions are deterministic
-// (fixed assignment of elements to threads, fixed tree order), like the CPU's.
+// SumSquares, SumSquaresMany, Scale, ColumnSum: CUDA backend. The reductions are deterministic (fixed
+// assignment of elements to threads, fixed tree order), like the CPU's.
 #include <algorithm>
 #include <vector>
 

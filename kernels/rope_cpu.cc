@@ -16,8 +16,7 @@ RopeTables MakeRopeTables(double base, int64_t head_dim, int64_t max_positions) 
   t.half = head_dim / 2;
   t.cos.resize(static_cast<size_t>(max_positions * t.half));
   t.sin.resize(t.cos.size());
-  // As transformers' LlamaRotaryEmbedding, in fp32: inv_freq = 1 / base^(2i / D); angle = p *
-  // inv_freq.
+  // As transformers' LlamaRotaryEmbedding, in fp32: inv_freq = 1 / base^(2i / D); angle = p * inv_freq.
   std::vector<float> inv_freq(static_cast<size_t>(t.half));
   for (int64_t i = 0; i < t.half; ++i) {
     const float e = static_cast<float>(2 * i) / static_cast<float>(head_dim);

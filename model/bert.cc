@@ -76,8 +76,7 @@ absl::StatusOr<LoraTarget> ParseLoraTarget(const std::string& name) {
       "attention.output.dense)"));
 }
 
-// --- Construction
-// ----------------------------------------------------------------------------------
+// --- Construction ----------------------------------------------------------------------------------
 
 namespace {
 
@@ -402,8 +401,7 @@ absl::Status BertClassifier::Impl::BindWeights(
   return linear(pooler, &dev_pooler);
 }
 
-// --- Public API
-// ------------------------------------------------------------------------------------
+// --- Public API ------------------------------------------------------------------------------------
 
 BertClassifier::BertClassifier(std::shared_ptr<const BertBase> base, ModelOptions options)
     : base_(std::move(base)),

@@ -145,8 +145,8 @@ enum class Pooling { kMean, kCls };
 // token-type embeddings and their LayerNorm; per layer the six linears and two LayerNorms; BERT's
 // pooler). Immutable after Load/FromRandom return, so one copy can serve many classifiers on many
 // threads (see BertClassifier::Create). Of ModelOptions it reads only bf16_weights (the storage
-// type), bf16_math and seed (a missing pooler, or FromRandom's weights); the other fields belong to
-// each classifier.
+// type), bf16_math and seed (a missing pooler, or FromRandom's weights); the other fields belong to each
+// classifier.
 class BertBase {
  public:
   // Reads model_dir/config.json and model_dir/model.safetensors with the checks described at
@@ -225,8 +225,8 @@ class BertClassifier {
   // A classifier on a shared base: its own LoRA adapters and head (initialised from options.seed),
   // activation buffers and workspace; the base's weights are read, never copied or written.
   // InvalidArgument when base is null, when an option is invalid for the base's config (as Load),
-  // or when options disagree with the base: bf16_weights or bf16_math differs, or seed differs from
-  // the base's weight_seed().
+  // or when options disagree with the base: bf16_weights or bf16_math differs, or seed differs from the
+  // base's weight_seed().
   static absl::StatusOr<std::unique_ptr<BertClassifier>> Create(
       std::shared_ptr<const BertBase> base, const ModelOptions& options);
   ~BertClassifier();

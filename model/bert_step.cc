@@ -228,8 +228,7 @@ void BertClassifier::Impl::Arrange(const Batch& b) {
       const int64_t t = s * seq + j;
       int32_t position = static_cast<int32_t>(j);
       if (config.is_roberta()) {
-        // HF create_position_ids_from_input_ids: pad + cumulative count of non-pad ids; pads get
-        // pad.
+        // HF create_position_ids_from_input_ids: pad + cumulative count of non-pad ids; pads get pad.
         const bool not_pad = b.input_ids[t] != pad;
         count += not_pad ? 1 : 0;
         position = not_pad ? pad + count : pad;

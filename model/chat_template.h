@@ -3,11 +3,10 @@
 // Renders equal what Hugging Face's apply_chat_template gives with the models' real Jinja
 // templates (checked by tests/model/bpe_tokenizer_hf_check.py).
 //
-//   FEDLORA_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::Detect(gguf_chat_template));  // or
-//   FromName("smollm2") std::string prompt = t.Render({{"user", "Hi!"}},
-//   /*add_generation_prompt=*/true); RenderedChat chat = t.RenderForTraining({{"user", "Hi!"},
-//   {"assistant", "Hello."}}); TrainingTokens tt = TokenizeForTraining(*tokenizer, chat);  // loss
-//   on the assistant tokens only
+//   FEDLORA_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::Detect(gguf_chat_template));  // or FromName("smollm2")
+//   std::string prompt = t.Render({{"user", "Hi!"}}, /*add_generation_prompt=*/true);
+//   RenderedChat chat = t.RenderForTraining({{"user", "Hi!"}, {"assistant", "Hello."}});
+//   TrainingTokens tt = TokenizeForTraining(*tokenizer, chat);  // loss on the assistant tokens only
 //
 // What each renders, per message (role and content are inserted verbatim, any role is allowed):
 //   chatml, smollm2, qwen2: "<|im_start|>" role "\n" content "<|im_end|>\n"; smollm2 and qwen2
@@ -15,8 +14,7 @@
 //     not a system message. Generation prompt: "<|im_start|>assistant\n".
 //   llama3: "<|start_header_id|>" role "<|end_header_id|>\n\n" trim(content) "<|eot_id|>", the
 //     first one preceded by "<|begin_of_text|>" (so encode it without add_special); trim is
-//     Jinja's (Python's str.strip). Generation prompt:
-//     "<|start_header_id|>assistant<|end_header_id|>\n\n".
+//     Jinja's (Python's str.strip). Generation prompt: "<|start_header_id|>assistant<|end_header_id|>\n\n".
 // Thread-safety: a ChatTemplate is an immutable value.
 #pragma once
 

@@ -272,8 +272,7 @@ absl::StatusOr<std::shared_ptr<const DecoderBase>> DecoderBase::Load(
   return LoadDecoderSafetensors(path, options);
 }
 
-// --- CausalLm construction
-// -------------------------------------------------------------------------
+// --- CausalLm construction -------------------------------------------------------------------------
 
 namespace {
 

@@ -89,9 +89,8 @@ struct DecoderOptions {
   std::optional<bool> fused_attention;
   // Multiply with the frozen projections and the LM head in bf16 (activation operand rounded to
   // bf16, fp32 accumulation: kernels/gemm.h) on CPUs with AVX512_BF16 and on CUDA (cuBLASLt); the
-  // exact fp32 products on other CPUs. Needs weights == kBF16 (a 4- or 8-bit GGUF base is then
-  // widened to bf16). LoRA factors, gradients and the optimizer stay fp32. A property of the
-  // DecoderBase.
+  // exact fp32 products on other CPUs. Needs weights == kBF16 (a 4- or 8-bit GGUF base is then widened to bf16). LoRA
+  // factors, gradients and the optimizer stay fp32. A property of the DecoderBase.
   bool bf16_math = false;
   // Multiply the forward products of the Q8_0 frozen matrices in int8 (the activation quantized
   // per block of 32, exact int32 block sums: kernels/gemm.h) on CPUs with AVX512-VNNI; the exact
@@ -109,8 +108,7 @@ struct DecoderOptions {
 class DecoderBase {
  public:
   // `path` is a directory with config.json and model.safetensors (or a sharded
-  // model.safetensors.index.json), or a .gguf file. Reads DecoderOptions::weights, bf16_math and
-  // int8_math.
+  // model.safetensors.index.json), or a .gguf file. Reads DecoderOptions::weights, bf16_math and int8_math.
   static absl::StatusOr<std::shared_ptr<const DecoderBase>> Load(const std::string& path,
                                                                  const DecoderOptions& options);
   // Random weights (N(0, 0.02), norms 1, biases 0) from options.seed, for tests and benchmarks.

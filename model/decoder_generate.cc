@@ -1,9 +1,9 @@
-// CausalLm::Generate: greedy or sampled decoding (model/sampling.h), on the model's backend (CPU or
-// CUDA). With the KV cache, the prompt runs once through the training forward (eval mode) and each
-// new token through a one-row step that attends to the cached keys and values
-// (kernels/decode_attention.h); without it, every step reruns the whole sequence (the reference the
-// cache is tested against). The cache lives where the activations do; per token only the embedding
-// row goes up and the logits row comes down.
+// CausalLm::Generate: greedy or sampled decoding (model/sampling.h), on the model's backend (CPU or CUDA). With the KV cache,
+// the prompt runs once through the training forward (eval mode) and each new token through a
+// one-row step that attends to the cached keys and values (kernels/decode_attention.h); without
+// it, every step reruns the whole sequence (the reference the cache is tested against). The cache
+// lives where the activations do; per token only the embedding row goes up and the logits row
+// comes down.
 #include <algorithm>
 #include <utility>
 #include <vector>

@@ -212,8 +212,7 @@ absl::Status FillMatrixGguf(const GgufFile& f, const std::string& name, int64_t 
                                                    "] (innermost first) from the metadata"));
   }
   const int64_t row_bytes = t.row_bytes();
-  // from[r]: the GGUF row holding Hugging Face row r (quantized rows move whole: blocks run along a
-  // row).
+  // from[r]: the GGUF row holding Hugging Face row r (quantized rows move whole: blocks run along a row).
   std::vector<int64_t> from(rows);
   for (int64_t g = 0; g < rows; ++g)
     from[unpermute_head_dim > 0 ? HfRowOfGgufRow(g, unpermute_head_dim) : g] = g;

@@ -3,9 +3,9 @@
 //     padding_token_id, add_bos_token, add_eos_token} and tokenizer.chat_template;
 //   a directory: tokenizer.json, and the chat_template of tokenizer_config.json.
 //
-//   FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer t, LoadDecoderTokenizer(model_path,
-//   /*chat_template=*/"")); std::string prompt = t.chat->Render({{"user", "Define ammonite."}},
-//   /*add_generation_prompt=*/true); std::vector<int32_t> ids = t.tokenizer->Encode(prompt);
+//   FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer t, LoadDecoderTokenizer(model_path, /*chat_template=*/""));
+//   std::string prompt = t.chat->Render({{"user", "Define ammonite."}}, /*add_generation_prompt=*/true);
+//   std::vector<int32_t> ids = t.tokenizer->Encode(prompt);
 //
 // `chat_template` names a template ("chatml", "smollm2", "qwen2", "llama3") to use instead of the
 // checkpoint's; empty means the checkpoint's, recognised by ChatTemplate::Detect. A checkpoint

@@ -1,5 +1,5 @@
-// The frozen weights of a decoder (internal to model/: the decoder and model/gguf_lora.cc): shapes
-// follow Hugging Face's LlamaForCausalLM, [out, in] for every projection.
+// The frozen weights of a decoder (internal to model/: the decoder and model/gguf_lora.cc): shapes follow Hugging Face's
+// LlamaForCausalLM, [out, in] for every projection.
 #pragma once
 
 #include <vector>

@@ -58,9 +58,8 @@ absl::StatusOr<GgufWriter> GgufLoraFromPeft(const std::vector<AdapterTensor>& te
                                             GgufLoraScale scale, const DecoderConfig& base);
 
 // Reads the base model's architecture (a .gguf, or a safetensors directory with config.json) and
-// writes `path` atomically (its directory created; a file there replaced). InvalidArgument for a
-// base that is not a decoder (an encoder's adapter: llama.cpp's --lora is for decoders);
-// GgufLoraFromPeft's errors, naming `path`.
+// writes `path` atomically (its directory created; a file there replaced). InvalidArgument for a base that is not a decoder (an encoder's adapter:
+// llama.cpp's --lora is for decoders); GgufLoraFromPeft's errors, naming `path`.
 absl::Status WriteGgufLora(const std::vector<AdapterTensor>& tensors, GgufLoraScale scale,
                            const std::string& base_model, const std::string& path);
 

@@ -296,8 +296,7 @@ absl::Status MergeAdapter(const std::string& adapter_dir, const std::string& mod
                           const std::string& out_dir) {
   FEDLORA_ASSIGN_OR_RETURN(MergePlan plan, PlanMerge(adapter_dir, model_path, out_dir));
   FEDLORA_ASSIGN_OR_RETURN(BaseWeights base, OpenBase(plan.base_path));
-  // Output names: a BertModel checkpoint lacks the "bert." ("roberta.") its classifier's names
-  // have.
+  // Output names: a BertModel checkpoint lacks the "bert." ("roberta.") its classifier's names have.
   std::string add_prefix;
   if (plan.classifier) {
     const std::string prefix = plan.model_type == "bert" ? "bert." : "roberta.";

@@ -9,9 +9,8 @@
 namespace fedlora {
 
 struct Param {
-  // PEFT-style name, e.g.
-  // "base_model.model.bert.encoder.layer.0.attention.self.query.lora_A.weight" or
-  // "base_model.model.classifier.weight".
+  // PEFT-style name, e.g. "base_model.model.bert.encoder.layer.0.attention.self.query.lora_A.weight"
+  // or "base_model.model.classifier.weight".
   std::string name;
   std::vector<int64_t> shape;  // row-major, PyTorch convention ([out, in] for linear weights)
   std::vector<float> value;    // fp32 master copy, size = product(shape)

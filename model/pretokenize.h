@@ -94,8 +94,7 @@ struct Piece {
 
 // Hugging Face's pre-tokenizers as this tokenizer supports them: any number of Split steps
 // (a regex whose matches become pieces of their own, the text between them too, or are removed)
-// and Digits (Split on \p{N} or \p{N}+), then exactly one ByteLevel, last. Empty pieces are
-// dropped.
+// and Digits (Split on \p{N} or \p{N}+), then exactly one ByteLevel, last. Empty pieces are dropped.
 class PreTokenizer {
  public:
   void AddSplit(std::shared_ptr<const Regex> regex, bool remove_matches);

@@ -2,10 +2,10 @@
 // BertPreTokenizer + WordPiece + the [CLS] A [SEP] B [SEP] template) for bert-base-uncased style
 // vocabularies such as the one of all-MiniLM-L6-v2.
 //
-//   FEDLORA_ASSIGN_OR_RETURN(auto tok, WordPieceTokenizer::FromTokenizerJson(dir +
-//   "/tokenizer.json")); WordPieceTokenizer::Encoding e = tok->Encode("How old are you?", "I am
-//   six.", /*max_length=*/128); std::vector<int32_t> ids, types, mask; PadBatch({e}, /*seq_len=*/0,
-//   tok->pad_id(), &ids, &types, &mask);
+//   FEDLORA_ASSIGN_OR_RETURN(auto tok, WordPieceTokenizer::FromTokenizerJson(dir + "/tokenizer.json"));
+//   WordPieceTokenizer::Encoding e = tok->Encode("How old are you?", "I am six.", /*max_length=*/128);
+//   std::vector<int32_t> ids, types, mask;
+//   PadBatch({e}, /*seq_len=*/0, tok->pad_id(), &ids, &types, &mask);
 //
 // The pipeline, in Hugging Face's order:
 //  1. Special tokens ([CLS], [SEP], [PAD], [UNK], [MASK] and any other added token of a
@@ -100,8 +100,7 @@ class WordPieceTokenizer {
   Encoding Encode(std::string_view text, std::optional<std::string_view> pair,
                   int max_length) const;
 
-  // The WordPiece tokens of `text`, without [CLS]/[SEP] (e.g. "unaffable" -> "un", "##aff",
-  // "##able").
+  // The WordPiece tokens of `text`, without [CLS]/[SEP] (e.g. "unaffable" -> "un", "##aff", "##able").
   std::vector<std::string> Tokenize(std::string_view text) const;
   // Steps 1-5 only: the normalized words that WordPiece then splits. For tests and debugging.
   std::vector<std::string> BasicTokenize(std::string_view text) const;

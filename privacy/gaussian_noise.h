@@ -1,8 +1,7 @@
 // Gaussian noise from a cryptographic generator, for the server's differential-privacy noise.
 //
-//   FEDLORA_ASSIGN_OR_RETURN(privacy::GaussianSampler noise, privacy::GaussianSampler::Create(key,
-//   round)); for (float& v : values) { FEDLORA_ASSIGN_OR_RETURN(double z, noise.Next()); v += sigma
-//   * z; }
+//   FEDLORA_ASSIGN_OR_RETURN(privacy::GaussianSampler noise, privacy::GaussianSampler::Create(key, round));
+//   for (float& v : values) { FEDLORA_ASSIGN_OR_RETURN(double z, noise.Next()); v += sigma * z; }
 //
 // Standard normal draws by the Box-Muller transform on 53-bit uniforms from crypto::Prg (AES-256-
 // CTR keyed by a 32-byte secret): the same key and stream give the same draws on every machine, so

@@ -65,8 +65,7 @@ bool LogSub(double x, double y, double* out) {
   return true;
 }
 
-// log(erfc(x)). Past x = 26 erfc nears underflow: -x^2 - log(x sqrt(pi)) + log of the asymptotic
-// series.
+// log(erfc(x)). Past x = 26 erfc nears underflow: -x^2 - log(x sqrt(pi)) + log of the asymptotic series.
 double LogErfc(double x) {
   if (x < 26) return std::log(std::erfc(x));
   const double r = 1 / (x * x);
@@ -79,8 +78,7 @@ double LogAbsBinom(double alpha, double i) {
   return std::lgamma(alpha + 1) - std::lgamma(i + 1) - std::lgamma(alpha - i + 1);
 }
 
-// log A_alpha for integer alpha: sum over i of binom(alpha, i) q^i (1-q)^(alpha-i) exp((i^2 - i) /
-// (2 sigma^2)).
+// log A_alpha for integer alpha: sum over i of binom(alpha, i) q^i (1-q)^(alpha-i) exp((i^2 - i) / (2 sigma^2)).
 double LogAInt(double q, double sigma, double alpha) {
   double log_a = -kInf;
   for (double i = 0; i <= alpha; ++i) {
@@ -90,8 +88,8 @@ double LogAInt(double q, double sigma, double alpha) {
   return log_a;
 }
 
-// log A_alpha for fractional alpha: the two half-line integrals, as series in i until both terms
-// are below e^-30.
+// log A_alpha for fractional alpha: the two half-line integrals, as series in i until both terms are
+// below e^-30.
 absl::StatusOr<double> LogAFrac(double q, double sigma, double alpha) {
   double log_a0 = -kInf, log_a1 = -kInf;
   const double z0 = sigma * sigma * std::log(1 / q - 1) + 0.5;
@@ -158,8 +156,8 @@ absl::StatusOr<PrivacySpent> EpsilonFromRdp(const std::vector<double>& orders,
     return absl::InvalidArgumentError(absl::StrCat("delta must be in (0, 1), got ", Str(delta)));
   }
   for (double order : orders) FEDLORA_RETURN_IF_ERROR(CheckOrder(order));
-  // Opacus: (inf, nan) when every epsilon is NaN; otherwise np.nanargmin, which reads NaN as +inf
-  // and takes the first minimum.
+  // Opacus: (inf, nan) when every epsilon is NaN; otherwise np.nanargmin, which reads NaN as +inf and
+  // takes the first minimum.
   PrivacySpent best{kInf, std::numeric_limits<double>::quiet_NaN()};
   double best_key = kInf;
   bool all_nan = true;

@@ -3,8 +3,8 @@
 // an (epsilon, delta) guarantee, as Opacus's RDPAccountant computes it.
 //
 //   privacy::RdpAccountant accountant;
-//   FEDLORA_RETURN_IF_ERROR(accountant.AddSteps(/*noise_multiplier=*/1.1, /*sampling_rate=*/0.1,
-//   1)); FEDLORA_ASSIGN_OR_RETURN(privacy::PrivacySpent spent, accountant.GetEpsilon(1e-5));
+//   FEDLORA_RETURN_IF_ERROR(accountant.AddSteps(/*noise_multiplier=*/1.1, /*sampling_rate=*/0.1, 1));
+//   FEDLORA_ASSIGN_OR_RETURN(privacy::PrivacySpent spent, accountant.GetEpsilon(1e-5));
 //
 // One federated round with client-level DP is one step: the cohort is the sample (sampling_rate =
 // cohort / population, 1 when every client takes part) and the noise standard deviation on the

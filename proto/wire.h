@@ -15,9 +15,9 @@ inline constexpr uint32_t kProtocolVersion =
 // are lowercase ASCII.
 inline constexpr char kSessionMetadataKey[] = "fedlora-session";
 
-// Metadata entry naming the client on a plaintext server (loopback only, with --insecure:
-// simulation and tests). With mutual TLS, the only TLS the server offers, the identity is the peer
-// certificate and this entry is ignored.
+// Metadata entry naming the client on a plaintext server (loopback only, with --insecure: simulation
+// and tests). With mutual TLS, the only TLS the server offers, the identity is the peer certificate
+// and this entry is ignored.
 inline constexpr char kClientIdMetadataKey[] = "fedlora-client-id";
 
 // Current wire-format version of every CodecStage (CodecStage.version).

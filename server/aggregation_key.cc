@@ -21,10 +21,10 @@ namespace {
 
 constexpr char kSuffix[] = ".x25519";
 
-// Overwrites `path` with zeros, syncs it and unlinks it (OK when it does not exist). In place
-// first, so that the key's blocks do not outlive the unlink on a file system that writes in place
-// (ext4, xfs); a copy-on-write file system or an SSD's remapping may still keep old blocks, which
-// is why the key directory can be a tmpfs (ServerOptions::key_dir).
+// Overwrites `path` with zeros, syncs it and unlinks it (OK when it does not exist). In place first,
+// so that the key's blocks do not outlive the unlink on a file system that writes in place (ext4,
+// xfs); a copy-on-write file system or an SSD's remapping may still keep old blocks, which is why
+// the key directory can be a tmpfs (ServerOptions::key_dir).
 absl::Status ShredKeyFile(const std::string& path, const std::string& dir) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) {

@@ -74,8 +74,7 @@ bool IsValidPartialId(std::string_view id) {
   });
 }
 
-// --- BlobWriter
-// ------------------------------------------------------------------------------------
+// --- BlobWriter ------------------------------------------------------------------------------------
 
 BlobWriter::BlobWriter(std::string blobs_dir, std::string path, bool keep_on_destroy, int fd,
                        int64_t size)
@@ -282,8 +281,7 @@ absl::Status BlobWriter::Abort() {
   return absl::OkStatus();
 }
 
-// --- BlobReader
-// ------------------------------------------------------------------------------------
+// --- BlobReader ------------------------------------------------------------------------------------
 
 BlobReader::BlobReader(std::string hash, std::string path, int fd, int64_t size)
     : hash_(std::move(hash)), path_(std::move(path)), fd_(fd), size_(size) {}
@@ -324,8 +322,7 @@ absl::StatusOr<std::string> BlobReader::Read(size_t max_bytes) {
   return chunk;
 }
 
-// --- BlobStore
-// -------------------------------------------------------------------------------------
+// --- BlobStore -------------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& store_dir) {
   if (store_dir.empty())

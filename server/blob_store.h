@@ -4,8 +4,8 @@
 //   FEDLORA_ASSIGN_OR_RETURN(std::string hash, blobs->Put(bytes));          // one shot
 //
 //   FEDLORA_ASSIGN_OR_RETURN(auto w, blobs->OpenPartial(upload_id));          // resumable upload
-//   FEDLORA_RETURN_IF_ERROR(w->TruncateTo(recorded_bytes));                   // drop unrecorded
-//   tail FEDLORA_RETURN_IF_ERROR(w->Append(chunk));  ...  FEDLORA_RETURN_IF_ERROR(w->Sync());
+//   FEDLORA_RETURN_IF_ERROR(w->TruncateTo(recorded_bytes));                   // drop unrecorded tail
+//   FEDLORA_RETURN_IF_ERROR(w->Append(chunk));  ...  FEDLORA_RETURN_IF_ERROR(w->Sync());
 //   FEDLORA_ASSIGN_OR_RETURN(std::string hash, w->Commit(expected_sha256_hex));
 //
 //   FEDLORA_ASSIGN_OR_RETURN(auto r, blobs->OpenReader(hash));                // streaming download
@@ -16,13 +16,13 @@
 //   partial/<id>       an upload in progress (resumable across restarts)
 //   tmp/               anonymous writers and one-shot Puts before their rename
 // A blob appears under blobs/ only complete and verified: it is written to a temporary file,
-// fsynced, renamed into place, and the directory is fsynced, so a crash leaves either no blob or
-// the whole blob. Blobs are immutable; writing an existing blob again is a no-op.
+// fsynced, renamed into place, and the directory is fsynced, so a crash leaves either no blob or the
+// whole blob. Blobs are immutable; writing an existing blob again is a no-op.
 //
 // Errors: InvalidArgument for a malformed hash or partial id; NotFound for a missing blob;
 // DataLoss when a blob's bytes do not hash to its name (on read) or to the expected hash (on
-// commit); I/O errors as core/file.h's ErrnoToStatus (PermissionDenied, ResourceExhausted for a
-// full disk, Internal), each naming the path.
+// commit); I/O errors as core/file.h's ErrnoToStatus (PermissionDenied, ResourceExhausted for a full
+// disk, Internal), each naming the path.
 //
 // Thread-safety: BlobStore methods are thread-safe (the file system arbitrates; distinct writers
 // use distinct temp files). A BlobWriter / BlobReader is used by one thread at a time, with one
@@ -219,9 +219,9 @@ class BlobStore {
   // memory (updates, adapters); stream bigger ones with OpenReader.
   absl::StatusOr<std::string> Get(const std::string& hash) const;
   absl::StatusOr<std::unique_ptr<BlobReader>> OpenReader(const std::string& hash) const;
-  // The blob mapped read-only WITHOUT re-hashing it: only for a caller whose BlobWriter::Commit
-  // just returned `hash` (Commit hashed the bytes; a third pass over them would only cost time).
-  // Others use Get or OpenReader. Errors as ErrnoToStatus.
+  // The blob mapped read-only WITHOUT re-hashing it: only for a caller whose BlobWriter::Commit just
+  // returned `hash` (Commit hashed the bytes; a third pass over them would only cost time). Others
+  // use Get or OpenReader. Errors as ErrnoToStatus.
   absl::StatusOr<std::unique_ptr<MappedBlob>> MapCommitted(const std::string& hash) const;
   absl::StatusOr<bool> Exists(const std::string& hash) const;
   // Size in bytes without reading (NotFound when absent).

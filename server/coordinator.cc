@@ -505,8 +505,7 @@ absl::Status Coordinator::OpenNextRoundLocked() {
   for (auto it = rejected_.begin(); it != rejected_.end();) {
     it = it->second.round + 2 <= next ? rejected_.erase(it) : std::next(it);
   }
-  // The round's key exists durably before the round does: a task never names a key a crash can
-  // lose.
+  // The round's key exists durably before the round does: a task never names a key a crash can lose.
   absl::StatusOr<AggregationKey> key = keys_->Create(next);
   if (absl::IsAlreadyExists(
           key.status())) {  // left by a server that stopped before the round began

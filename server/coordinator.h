@@ -102,9 +102,8 @@ class Coordinator {
   // Unauthenticated otherwise (the client must Join again).
   absl::Status Authenticate(const std::string& client_id, const std::string& session_token);
   // A download chunk of `bytes` of blob `sha256` went out to `client_id` (`last`: the blob's final
-  // chunk). Marks the client seen (a client busy streaming is alive) and counts the bytes to the
-  // open round; a completed download also counts what it stands for as a full adapter
-  // (download_full_bytes).
+  // chunk). Marks the client seen (a client busy streaming is alive) and counts the bytes to the open round; a completed download
+  // also counts what it stands for as a full adapter (download_full_bytes).
   void NoteDownloadChunk(const std::string& client_id, const std::string& sha256, int64_t bytes,
                          bool last);
 
@@ -163,20 +162,18 @@ class Coordinator {
   absl::StatusOr<v1::UploadStatusResponse> GetUploadStatus(const std::string& client_id,
                                                            const std::string& upload_id);
 
-  // --- Admin
-  // --------------------------------------------------------------------------------------
+  // --- Admin --------------------------------------------------------------------------------------
   absl::StatusOr<v1::GetStatusResponse> GetStatus(const v1::GetStatusRequest& request);
   absl::StatusOr<v1::ListClientsResponse> ListClients(const v1::ListClientsRequest& request);
   // Blocks a client or lifts its block (durably first), for `operator_id`'s request.
   absl::StatusOr<v1::BlockClientResponse> BlockClient(const v1::BlockClientRequest& request,
                                                       const std::string& operator_id);
 
-  // --- Driver
-  // ------------------------------------------------------------------------------------- Enforces
-  // the selection window, deadlines and long-poll expiries, and starts the aggregation of a closed
-  // round on the aggregation thread (or its next try, once its pause has passed). Never waits for
-  // an aggregation. Called by the server's driver thread every options.tick_ms, and by tests.
-  // Returns the errors of the round bookkeeping (store writes).
+  // --- Driver -------------------------------------------------------------------------------------
+  // Enforces the selection window, deadlines and long-poll expiries, and starts the aggregation of
+  // a closed round on the aggregation thread (or its next try, once its pause has passed). Never
+  // waits for an aggregation. Called by the server's driver thread every options.tick_ms, and by
+  // tests. Returns the errors of the round bookkeeping (store writes).
   absl::Status Tick();
   // Server shutdown: wakes every held WaitForTask with "retry later", from now on answers new ones
   // at once (Unavailable), so that no call is left holding the gRPC server open, and asks a running
@@ -191,8 +188,7 @@ class Coordinator {
   // `adapter_elements` values in the sensitivity). Server::Create asks before it opens the store.
   static absl::Status CheckPrivacy(const v1::RunConfig& config, int64_t adapter_elements);
 
-  // --- Introspection (tests, tools)
-  // ---------------------------------------------------------------
+  // --- Introspection (tests, tools) ---------------------------------------------------------------
   bool finished() const;
   // Why the run stopped short of its rounds (stop_on_aggregation_failure); OK while it has not.
   absl::Status stopped() const;
@@ -276,8 +272,8 @@ class Coordinator {
   };
   std::optional<SecAggEncoding> secagg_;
   static absl::StatusOr<SecAggEncoding> SecAggEncodingFor(const v1::RunConfig& config);
-  // DataLoss when the unmasked sum `total` of `n` updates is larger than n clipped updates (plus
-  // the distributed noise) can be: a client's wrong share or masked input randomised it.
+  // DataLoss when the unmasked sum `total` of `n` updates is larger than n clipped updates (plus the
+  // distributed noise) can be: a client's wrong share or masked input randomised it.
   absl::Status CheckUnmaskedSum(int64_t round, const std::vector<double>& total, int64_t n) const;
   // Logs and counts the cohort members (`index`: client id -> cohort index) whose revealed shares
   // were wrong, and keeps them out of the next round's selection.
@@ -296,10 +292,9 @@ class Coordinator {
   absl::Status ValidateMaskedUpload(std::string_view plain) const;
   // Cancelled once shutdown began: a running aggregation checks it between its steps.
   absl::Status CheckNotShuttingDown() const;
-  // aggregation.average_last_rounds: replaces `adapter` (the last round's aggregate) by its mean
-  // with the adapters the latest earlier committed rounds stored, read back from the blob store.
-  // The mean is StreamingFedAvg's (exact, rounded once), so a restarted server recomputes the same
-  // bits.
+  // aggregation.average_last_rounds: replaces `adapter` (the last round's aggregate) by its mean with
+  // the adapters the latest earlier committed rounds stored, read back from the blob store. The mean
+  // is StreamingFedAvg's (exact, rounded once), so a restarted server recomputes the same bits.
   absl::Status AverageWithEarlierRounds(int64_t round, std::vector<UpdateTensor>& adapter) const;
   // An accepted update, decoded (a sparsified one as its kept entries) and matched to the adapter.
   absl::StatusOr<std::vector<KeptTensor>> DecodeAndValidate(std::string_view bytes) const;
@@ -370,8 +365,7 @@ class Coordinator {
   absl::Status SignRoundKey(int64_t round, AggregationKey& key) const;
   // The key of `round` while that round is open; FailedPrecondition once it has closed.
   absl::StatusOr<std::shared_ptr<const AggregationKey>> KeyFor(int64_t round) const;
-  // Outside mu_: destroys round `round`'s key and its sealed updates (`uploads`), once it has
-  // closed.
+  // Outside mu_: destroys round `round`'s key and its sealed updates (`uploads`), once it has closed.
   void ForgetRound(int64_t round, const std::vector<UploadRecord>& uploads);
   // Outside mu_: destroys every key file but the open round's, and the sealed updates of every
   // closed round after forgotten_through_ (the driver's sweep, and Restore).
@@ -380,8 +374,7 @@ class Coordinator {
   // run's rounds (0 when every round is kept).
   int64_t RetentionKeepFrom(const std::vector<RoundRecord>& rounds) const;
   // Housekeeping: clears the hashes of the rounds below RetentionKeepFrom in the store, forgets
-  // their downloads and delta steps, deletes the blobs no row names any more, and truncates the
-  // WAL.
+  // their downloads and delta steps, deletes the blobs no row names any more, and truncates the WAL.
   void ApplyRetention();
   // Deletes retention_pending_ blobs that no row names, unless a round is being aggregated (its
   // blobs may be Put and not yet recorded: a content-addressed hash may recur); else next pass.
@@ -401,8 +394,7 @@ class Coordinator {
   // The server optimizer with its state after the last committed round (set by Restore; used by
   // the driver thread's AggregateAndCommit only).
   std::optional<ServerOptimizer> server_opt_;
-  // config.rounds (or its default), or fewer when the privacy budget affords fewer (set by
-  // Restore).
+  // config.rounds (or its default), or fewer when the privacy budget affords fewer (set by Restore).
   int64_t TotalRounds() const {
     return std::min<int64_t>(ConfiguredRounds(config_), affordable_rounds_);
   }
@@ -413,8 +405,8 @@ class Coordinator {
   std::optional<ServerDp> dp_;
   // training.learning_rate scaled by training.round_schedule at the current round.
   double RoundLearningRateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The adapter clients train from. Without a downlink codec it is the global adapter; with one,
-  // the broadcast adapter (compression/downlink.h): the initial adapter plus every round's decoded
+  // The adapter clients train from. Without a downlink codec it is the global adapter; with one, the
+  // broadcast adapter (compression/downlink.h): the initial adapter plus every round's decoded
   // delta. Same names and shapes as global_.
   std::shared_ptr<const std::vector<UpdateTensor>> broadcast_ ABSL_GUARDED_BY(mu_) =
       std::make_shared<const std::vector<UpdateTensor>>();
@@ -452,8 +444,8 @@ class Coordinator {
   };
   std::map<std::string, ActiveUpload> active_uploads_ ABSL_GUARDED_BY(mu_);
   int64_t disk_reserved_ ABSL_GUARDED_BY(mu_) = 0;  // the sum of their reserved_bytes
-  // Refused upload ids and why (in memory only: a refused update is never counted, so losing this
-  // on a restart only downgrades GetUploadStatus from REJECTED to what the store knows).
+  // Refused upload ids and why (in memory only: a refused update is never counted, so losing this on
+  // a restart only downgrades GetUploadStatus from REJECTED to what the store knows).
   struct Rejection {
     std::string client_id;
     std::string reason;

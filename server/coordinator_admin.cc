@@ -148,8 +148,7 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
         } else if (k == "dp_epsilon") {
           s->set_dp_epsilon(d);
         } else if (k.rfind("dp_", 0) == 0) {
-          // The rest of the round's DP record (noise multiplier, rate, clip norms) is the
-          // accountant's.
+          // The rest of the round's DP record (noise multiplier, rate, clip norms) is the accountant's.
         } else {
           (*s->mutable_eval_metrics())[k] = d;
         }
@@ -208,8 +207,7 @@ absl::StatusOr<v1::ListClientsResponse> Coordinator::ListClients(
 absl::StatusOr<v1::BlockClientResponse> Coordinator::BlockClient(
     const v1::BlockClientRequest& request, const std::string& operator_id) {
   const std::string& id = request.client_id();
-  // Durable before it takes effect, so that a restart keeps it. A site not seen yet gets its row
-  // now.
+  // Durable before it takes effect, so that a restart keeps it. A site not seen yet gets its row now.
   absl::StatusOr<ClientRecord> known = store_->GetClient(id);
   if (absl::IsNotFound(known.status())) known = store_->UpsertClient(id, /*cert_fingerprint=*/"");
   FEDLORA_RETURN_IF_ERROR(known.status());

@@ -321,8 +321,7 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
     FEDLORA_ASSIGN_OR_RETURN(hash, blobs_->Put(bytes));
     adapter_bytes = static_cast<int64_t>(bytes.size());
   }  // the serialized copy is freed before evaluation
-  // The downlink: the next broadcast adapter and the delta that leads to it
-  // (compression/downlink.h).
+  // The downlink: the next broadcast adapter and the delta that leads to it (compression/downlink.h).
   BroadcastHashes downlink;
   std::shared_ptr<const std::vector<UpdateTensor>> next_broadcast;
   int64_t broadcast_bytes = 0, delta_bytes = 0;

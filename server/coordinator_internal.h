@@ -42,8 +42,7 @@ struct Coordinator::ClientEntry {
   std::string progress_task;
   uint64_t steps_done = 0;
   uint64_t steps_total = 0;
-  // Quotas (ServerOptions::max_client_*), counted for `quota_round` and reset when the round moves
-  // on.
+  // Quotas (ServerOptions::max_client_*), counted for `quota_round` and reset when the round moves on.
   int64_t quota_round = 0;
   int64_t bytes_this_round = 0;
   int reports_this_round = 0;

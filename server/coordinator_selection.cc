@@ -230,8 +230,7 @@ void Coordinator::WaitForTask(const std::string& client_id, int64_t max_wait_ms,
     const bool may_hold = max_wait_ms > 0;
     std::optional<v1::WaitForTaskResponse> answer = AnswerLocked(client_id, may_hold);
     if (!answer.has_value()) {
-      // A new candidate may complete the selection quota: close it now rather than at the next
-      // tick.
+      // A new candidate may complete the selection quota: close it now rather than at the next tick.
       absl::Status s = MaybeCloseSelectionLocked(/*force_window=*/false);
       if (!s.ok()) {
         FEDLORA_LOG(ERROR) << "selection: " << s;

@@ -39,8 +39,7 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const std::string& client_id,
                                                       ", this server speaks ", kProtocolVersion));
   }
   if (!restored()) return absl::UnavailableError("server is restoring its state; retry");
-  // Durable before the session exists, and written (and fsynced, with concurrent joins) outside
-  // mu_.
+  // Durable before the session exists, and written (and fsynced, with concurrent joins) outside mu_.
   FEDLORA_ASSIGN_OR_RETURN(ClientRecord record,
                            store_->UpsertClient(client_id, /*cert_fingerprint=*/""));
   absl::MutexLock lock(&mu_);
@@ -115,8 +114,7 @@ void Coordinator::NoteDownloadChunk(const std::string& client_id, const std::str
   if (!last) return;
   auto it = downloadable_.find(sha256);
   if (it == downloadable_.end()) return;
-  // A full adapter stands for itself; a delta for the broadcast adapter when it is the chain's
-  // last.
+  // A full adapter stands for itself; a delta for the broadcast adapter when it is the chain's last.
   int64_t full = it->second.bytes;
   if (it->second.delta) full = it->second.round == broadcast_round_ ? broadcast_bytes_ : 0;
   if (round_ != nullptr) round_->download_full_bytes += full;

@@ -199,8 +199,8 @@ absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id
                          << " examples in round " << round
                          << "; its update weighs aggregation.max_examples_per_client = " << cap;
   }
-  // Every update is sealed to the round's aggregation key: the store holds nothing a
-  // TLS-terminating proxy could read, and nothing of a closed round that a copied disk could.
+  // Every update is sealed to the round's aggregation key: the store holds nothing a TLS-terminating
+  // proxy could read, and nothing of a closed round that a copied disk could.
   const v1::EncryptionSpec& enc = header.encryption();
   if (enc.scheme() != v1::EncryptionSpec::X25519_HKDF_AES256GCM) {
     return absl::InvalidArgumentError(

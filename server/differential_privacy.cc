@@ -184,8 +184,8 @@ absl::StatusOr<DpRound> ServerDp::Release(std::vector<UpdateTensor>& mean, int64
 
 absl::Status ServerDp::AddServerNoise(std::vector<UpdateTensor>& mean, int64_t n, int64_t unclipped,
                                       DpRound& r) const {
-  // A fresh key from the CSPRNG for every release, held only here: nothing persisted regenerates
-  // the noise. Two streams: the update's noise and the count's.
+  // A fresh key from the CSPRNG for every release, held only here: nothing persisted regenerates the
+  // noise. Two streams: the update's noise and the count's.
   FEDLORA_ASSIGN_OR_RETURN(const std::string key, crypto::RandomBytes(32));
   const double sigma =
       UpdateNoiseMultiplier() * clip_norm_ / static_cast<double>(n);  // on the mean
@@ -225,8 +225,7 @@ absl::Status ServerDp::Commit(const DpRound& r) {
 
 int64_t ServerDp::AffordableRounds(int64_t committed, int64_t configured) const {
   if (!dp_.has_max_epsilon() || committed >= configured) return std::max(committed, configured);
-  // Every further round is planned at the same cost (the weakest noise it can have): find the most
-  // that fit.
+  // Every further round is planned at the same cost (the weakest noise it can have): find the most that fit.
   auto fits = [this](int64_t more) {
     privacy::RdpAccountant a = accountant_;
     if (!a.AddSteps(planned_noise_multiplier_, sampling_rate_, static_cast<uint64_t>(more)).ok())

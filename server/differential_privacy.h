@@ -11,12 +11,12 @@
 // multiplier, C the round's clip norm), drawn from a generator keyed by 32 fresh bytes of the
 // CSPRNG per release that are never stored: nothing on the server's disk regenerates the noise to
 // strip it from a released adapter (a round redone after a crash draws new noise; only the
-// committed one is released). With adaptive clipping (Andrew et al. 2021) the count of updates
-// within C is released with noise of standard deviation sigma_b, the update noise multiplier
-// becomes (z^-2 - (2 sigma_b)^-2)^-1/2, and the pair costs exactly what one Gaussian release at z
-// costs. Each committed round's metrics hold what the accountant needs (its noise multiplier and
-// sampling rate), so the epsilon survives restarts with the rounds themselves. The sampling rate is
-// 1: the server's cohorts are the first clients to ask, not a uniform sample of a population, so no
+// committed one is released). With adaptive clipping (Andrew et al. 2021) the count of updates within
+// C is released with noise of standard deviation sigma_b, the update noise multiplier becomes
+// (z^-2 - (2 sigma_b)^-2)^-1/2, and the pair costs exactly what one Gaussian release at z costs.
+// Each committed round's metrics hold what the accountant needs (its noise multiplier and sampling
+// rate), so the epsilon survives restarts with the rounds themselves. The sampling rate is 1: the
+// server's cohorts are the first clients to ask, not a uniform sample of a population, so no
 // amplification by subsampling is claimed (privacy.dp.population_size is refused).
 #pragma once
 

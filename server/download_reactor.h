@@ -1,16 +1,15 @@
 // The DownloadAdapter stream (see download_reactor.cc): a global adapter blob from start_chunk on,
 // one chunk in flight at a time, each with its SHA-256, served out of `cache` (download_cache.h:
 // the blob verified and its chunks hashed once, for every client). The first use of a blob is
-// indexed on `pool`, never on a gRPC callback thread; a resumed download starts at its chunk at
-// once.
+// indexed on `pool`, never on a gRPC callback thread; a resumed download starts at its chunk at once.
 //
 //   return NewDownloadReactor(&cache, metrics, &io_pool, 1024, on_chunk, release_slot,
 //                             coordinator->AdapterManifestFor(hash), start);
 //
 // A non-OK `manifest` finishes the call with that status. `on_chunk` (may be empty) runs after each
 // chunk went out, with its size and whether it was the blob's last (the server marks the client
-// seen and counts the bytes); `on_done` (may be empty) runs once when the call is over, whatever
-// its end (the server frees the client's download slot). When `pool` already has `max_queued` tasks
+// seen and counts the bytes); `on_done` (may be empty) runs once when the call is over, whatever its
+// end (the server frees the client's download slot). When `pool` already has `max_queued` tasks
 // waiting, the call ends RESOURCE_EXHAUSTED. The reactor deletes itself when done.
 #pragma once
 

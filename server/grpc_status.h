@@ -1,7 +1,7 @@
-// The one place where an absl::Status becomes a grpc::Status for the server's handlers. The
-// canonical codes map one to one (absl's StatusCode values are gRPC's), so only the message needs
-// care: it is passed through unchanged, because it names the problem for the client (see
-// federation.proto's error table).
+// The one place where an absl::Status becomes a grpc::Status for the server's handlers. The canonical
+// codes map one to one (absl's StatusCode values are gRPC's), so only the message needs care: it is
+// passed through unchanged, because it names the problem for the client (see federation.proto's error
+// table).
 #pragma once
 
 #include <grpcpp/support/status.h>

@@ -55,8 +55,7 @@ bool IsLoopbackAddress(const std::string& address) {
 absl::Status CheckLiveViewAccess(const HttpPageRequest& request, const LiveViewAccess& access) {
   const bool tls = access.tls != nullptr;
   if (tls && !request.https) {
-    // Not reached through MetricsHttpServer, which speaks HTTPS only under TLS; a guard all the
-    // same.
+    // Not reached through MetricsHttpServer, which speaks HTTPS only under TLS; a guard all the same.
     return absl::PermissionDeniedError("the live view answers HTTPS only when the server runs TLS");
   }
   absl::StatusOr<std::string> identity = absl::StatusOr<std::string>("");

@@ -70,8 +70,8 @@ thread_local bool t_close_after_response = false;
 
 // One connection as httplib's request parser and response writer see it: buffered reads, and
 // waits that end at the per-wait timeout, at the request deadline, or when the server stops
-// (`stop_fd` becomes readable), whichever comes first. Once a wait has failed, or the peer closed
-// or reset the connection, broken() is true (httplib does not always pass such a failure up).
+// (`stop_fd` becomes readable), whichever comes first. Once a wait has failed, or the peer closed or
+// reset the connection, broken() is true (httplib does not always pass such a failure up).
 class ConnectionStream : public httplib::Stream {
  public:
   ConnectionStream(int sock, int stop_fd, int64_t read_timeout_ms, int64_t write_timeout_ms)
@@ -221,8 +221,8 @@ void RefusePlaintext(int sock, ConnectionStream& stream) {
   stream.write(reply.data(), reply.size());
 }
 
-// Set on the accepting thread while it closes a connection over kPoolThreads:
-// process_and_close_socket then closes the socket at once instead of serving it.
+// Set on the accepting thread while it closes a connection over kPoolThreads: process_and_close_socket
+// then closes the socket at once instead of serving it.
 thread_local bool t_refuse_connection = false;
 
 // httplib's task queue for the accepted connections: kPoolThreads workers, and no queue. A

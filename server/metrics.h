@@ -50,12 +50,10 @@ struct ServerMetrics {
   std::atomic<int64_t> update_fp32_bytes{0};
   std::atomic<int64_t> download_bytes{0};
   // What the completed downloads stand for as full adapters: a full adapter counts its size, a
-  // downlink delta chain the adapter it rebuilds (download_bytes against it is the downlink's
-  // saving).
+  // downlink delta chain the adapter it rebuilds (download_bytes against it is the downlink's saving).
   std::atomic<int64_t> download_full_bytes{0};
   // Bytes of the store's files (database, blobs, partial uploads), measured by the round driver
-  // about once a second; and partial uploads deleted because their round closed or they were
-  // refused.
+  // about once a second; and partial uploads deleted because their round closed or they were refused.
   std::atomic<int64_t> store_bytes{0};
   std::atomic<int64_t> partial_uploads_discarded{0};
   // Uploads and metrics reports refused for a per-client quota or the free-disk watermark.

@@ -1,5 +1,5 @@
-// Every limit, deadline and keepalive of the aggregation server, in one struct. Each field gives
-// its unit, its default and why the default is what it is. Tests shrink the timings; a deployment
+// Every limit, deadline and keepalive of the aggregation server, in one struct. Each field gives its
+// unit, its default and why the default is what it is. Tests shrink the timings; a deployment
 // mostly keeps the defaults and sets the addresses, the data directory and the TLS files.
 //
 //   ServerOptions opts;
@@ -19,10 +19,9 @@
 namespace fedlora {
 
 // TLS for the federation port: all three files, so that every client presents a certificate signed
-// by `client_ca_file` (mTLS) and its identity is the certificate's subject CN. Without TLS the
-// server listens in plaintext, which ServerOptions::insecure must ask for and only a loopback
-// address allows; identity then comes from the "fedlora-client-id" metadata entry (simulation and
-// tests).
+// by `client_ca_file` (mTLS) and its identity is the certificate's subject CN. Without TLS the server
+// listens in plaintext, which ServerOptions::insecure must ask for and only a loopback address
+// allows; identity then comes from the "fedlora-client-id" metadata entry (simulation and tests).
 struct ServerTlsOptions {
   std::string cert_file;       // PEM server certificate chain
   std::string key_file;        // PEM private key of cert_file
@@ -38,9 +37,8 @@ struct ServerTlsOptions {
 };
 
 struct ServerOptions {
-  // Certificate CNs allowed to call the Admin service (ServerConfig.tls.operator_ids). With TLS
-  // these alone may, whatever address they connect from; without TLS (loopback only), loopback
-  // callers.
+  // Certificate CNs allowed to call the Admin service (ServerConfig.tls.operator_ids). With TLS these
+  // alone may, whatever address they connect from; without TLS (loopback only), loopback callers.
   std::vector<std::string> operator_ids;
 
   // host:port for the Federation, Admin and health services. Port 0 picks a free port (tests).
@@ -66,10 +64,10 @@ struct ServerOptions {
   // Default false: a server without TLS is a choice made explicitly, for simulation and tests.
   bool insecure = false;
 
-  // --- Per-client quotas (RESOURCE_EXHAUSTED past them) and the disk
-  // ------------------------------ Update bytes one client may stream in one round, resends and
-  // refused uploads included. Default 1 GiB (4 x max_upload_bytes): room for resumes, while a
-  // client that uploads garbage in a loop is stopped long before it fills the disk.
+  // --- Per-client quotas (RESOURCE_EXHAUSTED past them) and the disk ------------------------------
+  // Update bytes one client may stream in one round, resends and refused uploads included. Default
+  // 1 GiB (4 x max_upload_bytes): room for resumes, while a client that uploads garbage in a loop is
+  // stopped long before it fills the disk.
   int64_t max_client_bytes_per_round =
       int64_t{kDefaultClientBytesPerRoundUpdates * kDefaultMaxUpdateBytes};
   // Uploads one client may stream at once. Default 2: a retry may overlap a stream the server has
@@ -141,9 +139,8 @@ struct ServerOptions {
   // Default 10 s: clients ping every 30 s; faster pings are misconfiguration or abuse.
   int min_client_ping_interval_ms = 10'000;
 
-  // --- Chunking
-  // ------------------------------------------------------------------------------------ Size of
-  // DownloadAdapter chunks, bytes. Default 1 MiB: large enough that per-message overhead
+  // --- Chunking ------------------------------------------------------------------------------------
+  // Size of DownloadAdapter chunks, bytes. Default 1 MiB: large enough that per-message overhead
   // (~100 bytes of framing plus a 64-byte hash) is negligible, small enough that a resume after a
   // cut wastes little and that a chunk fits comfortably under max_message_bytes.
   int64_t chunk_bytes = kDefaultChunkSizeBytes;
@@ -190,12 +187,10 @@ struct ServerOptions {
   // later". Default 2: the client's poll, and a retry beside one whose connection it lost.
   int max_client_held_polls = 2;
 
-  // --- Rounds and clients
-  // -------------------------------------------------------------------------- The counts (clients
-  // per round, over-selection, min clients, rounds) come from the run config's SelectionConfig. The
-  // timings below default to the run config's seconds through ServerOptionsFromRunConfig()
-  // (server.h); they are milliseconds here so that tests can run a whole federation in a few
-  // seconds.
+  // --- Rounds and clients --------------------------------------------------------------------------
+  // The counts (clients per round, over-selection, min clients, rounds) come from the run config's
+  // SelectionConfig. The timings below default to the run config's seconds through ServerOptionsFromRunConfig() (server.h);
+  // they are milliseconds here so that tests can run a whole federation in a few seconds.
   //
   // Seconds from a round's start until its uploads are no longer accepted, in milliseconds.
   // Default 600 s (SelectionConfig.round_deadline_seconds).
@@ -210,14 +205,12 @@ struct ServerOptions {
   int64_t selection_window_ms = 10'000;
   // Select as soon as the quota of candidates is waiting (true: a deployment starts rounds early),
   // or only once every live client is waiting or the window has passed (false: the choice then
-  // depends on the seed alone, not on which clients polled first, as a reproducible simulation
-  // needs).
+  // depends on the seed alone, not on which clients polled first, as a reproducible simulation needs).
   bool select_when_quota_reached = true;
   // How many clients must have joined before "every live client is waiting" may close a selection;
   // the selection window still closes it with fewer. 0 (the default): no such floor. The simulator
   // sets it to its number of virtual clients: otherwise round 1 samples from whichever clients had
-  // joined when the first few polled, which depends on thread timing, and the run is not
-  // reproducible.
+  // joined when the first few polled, which depends on thread timing, and the run is not reproducible.
   int64_t expected_clients = 0;
   // A client silent (no RPC of any kind) for longer than this is considered dead: it is not
   // selected, and its task is handed to someone else, milliseconds. Default 30 s

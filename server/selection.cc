@@ -9,8 +9,8 @@
 namespace fedlora {
 namespace {
 
-// splitmix64: a tiny, well-mixed PRNG step. Selection only needs a reproducible shuffle from a
-// seed, not cryptographic strength.
+// splitmix64: a tiny, well-mixed PRNG step. Selection only needs a reproducible shuffle from a seed,
+// not cryptographic strength.
 uint64_t SplitMix64(uint64_t& state) {
   uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;

@@ -74,8 +74,7 @@ class Server {
   // held long polls, and shuts the gRPC server down: new calls are refused, calls in flight get up
   // to 2 s and are then cancelled (an upload cut off resumes from its last checkpoint when the
   // client retries against a restarted server). Then stops the metrics endpoint, waits for an
-  // aggregation to stop, and releases the data directory's lock (server/data_dir_lock.h).
-  // Idempotent.
+  // aggregation to stop, and releases the data directory's lock (server/data_dir_lock.h). Idempotent.
   void Shutdown();
 
   // Re-reads the TLS CRL file now (SIGHUP); the previous CRL stays in force when the new one does

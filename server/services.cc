@@ -49,8 +49,7 @@ absl::Status QueueFull() {
 
 // Runs `answer` (which may touch the store, and wait for its fsync) on `pool`, then finishes the
 // call with its status, `*response` filled on success. The gRPC callback thread returns at once.
-// When `max_queued` answers already wait for the pool, the call is refused RESOURCE_EXHAUSTED
-// instead.
+// When `max_queued` answers already wait for the pool, the call is refused RESOURCE_EXHAUSTED instead.
 template <class Response>
 grpc::ServerUnaryReactor* AnswerOnPool(grpc::CallbackServerContext* context, ThreadPool& pool,
                                        size_t max_queued, Response* response,
@@ -124,8 +123,7 @@ absl::Status CheckOperatorRule(const char* what, bool tls, bool loopback, const 
                                const absl::StatusOr<std::string>& tls_identity,
                                const std::vector<std::string>& operator_ids) {
   if (!tls) {
-    // Plaintext serves loopback addresses only; on it there are no certificates to tell callers
-    // apart.
+    // Plaintext serves loopback addresses only; on it there are no certificates to tell callers apart.
     if (loopback) return absl::OkStatus();
     return absl::PermissionDeniedError(
         absl::StrCat(what, " answers loopback callers only without TLS; caller is ", caller));

@@ -1,6 +1,6 @@
-// The gRPC callback services: Federation (one small reactor class per streaming RPC, in
-// services.cc) and Admin. They authenticate the caller, translate messages into Coordinator calls
-// and convert statuses with ToGrpcStatus; every decision lives in the Coordinator.
+// The gRPC callback services: Federation (one small reactor class per streaming RPC, in services.cc)
+// and Admin. They authenticate the caller, translate messages into Coordinator calls and convert
+// statuses with ToGrpcStatus; every decision lives in the Coordinator.
 //
 // Identity: with TLS the caller is the peer certificate's subject CN (or its first SAN when the CN
 // is empty); without TLS (loopback tests, simulation) the "fedlora-client-id" metadata entry. Never
@@ -8,10 +8,9 @@
 //
 // Threads: gRPC calls the handlers on its few callback threads, which must never wait for the disk.
 // Handlers that only read memory (Heartbeat, WaitForTask, Leave, ListClients) answer there; those
-// that touch the store (Join, GetUploadStatus, ReportMetrics, GetStatus, BlockClient) answer from a
-// pool; the streams read, hash, write and fsync on pools of their own (download_reactor.h,
-// upload_reactor.h). The services hold no mutable state of their own besides what the Coordinator
-// guards.
+// that touch the store (Join, GetUploadStatus, ReportMetrics, GetStatus, BlockClient) answer from a pool; the
+// streams read, hash, write and fsync on pools of their own (download_reactor.h, upload_reactor.h).
+// The services hold no mutable state of their own besides what the Coordinator guards.
 #pragma once
 
 #include <grpcpp/server_context.h>
@@ -45,8 +44,7 @@ absl::Status CheckOperatorRule(const char* what, bool tls, bool loopback, const 
                                const absl::StatusOr<std::string>& tls_identity,
                                const std::vector<std::string>& operator_ids);
 
-// At most `max` of something at once per client: TryAcquire is false past it; Release gives one
-// back.
+// At most `max` of something at once per client: TryAcquire is false past it; Release gives one back.
 class ClientSlots {
  public:
   explicit ClientSlots(int max) : max_(max) {}

@@ -20,8 +20,7 @@ absl::StatusOr<nlohmann::json> MessageJsonValue(const google::protobuf::Message&
 // The same, printed with an indent of 2.
 absl::StatusOr<std::string> MessageJson(const google::protobuf::Message& message);
 
-// The status as MessageJsonValue, with `clients` (when not null) as a "clients" array beside its
-// fields.
+// The status as MessageJsonValue, with `clients` (when not null) as a "clients" array beside its fields.
 absl::StatusOr<nlohmann::json> StatusJsonValue(const v1::GetStatusResponse& status,
                                                const v1::ListClientsResponse* clients);
 absl::StatusOr<std::string> StatusJson(const v1::GetStatusResponse& status,

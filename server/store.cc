@@ -104,8 +104,7 @@ CREATE TABLE metrics(
     R"sql(
 ALTER TABLE rounds ADD COLUMN server_state_hash TEXT NOT NULL DEFAULT '';
 )sql",
-    // v3: the downlink's broadcast adapter and the delta that leads to it, with each committed
-    // round.
+    // v3: the downlink's broadcast adapter and the delta that leads to it, with each committed round.
     R"sql(
 ALTER TABLE rounds ADD COLUMN broadcast_hash TEXT NOT NULL DEFAULT '';
 ALTER TABLE rounds ADD COLUMN broadcast_delta_hash TEXT NOT NULL DEFAULT '';
@@ -531,8 +530,7 @@ struct Store::Impl {
 
   // Runs `body` in one write transaction: BEGIN IMMEDIATE takes the write lock up front (no
   // read-to-write upgrade deadlock between processes); any error rolls everything back. Returns
-  // after the WAL is fsynced (WalSyncer), or, with defer_to set, right after COMMIT with the
-  // ticket.
+  // after the WAL is fsynced (WalSyncer), or, with defer_to set, right after COMMIT with the ticket.
   template <class F>
   auto Transaction(F&& body) -> decltype(body()) {
     FEDLORA_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
@@ -735,8 +733,7 @@ struct Store::Impl {
   }
 };
 
-// --- Store
-// -----------------------------------------------------------------------------------------
+// --- Store -----------------------------------------------------------------------------------------
 
 Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Store::~Store() = default;

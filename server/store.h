@@ -3,11 +3,9 @@
 //
 //   FEDLORA_ASSIGN_OR_RETURN(auto store, Store::Open(dir + "/fedlora.db"));
 //   FEDLORA_RETURN_IF_ERROR(store->CreateRun("run-1", config_json));
-//   FEDLORA_ASSIGN_OR_RETURN(RoundRecord r, store->BeginRound("run-1", 1, initial_hash,
-//   deadline_ms));
+//   FEDLORA_ASSIGN_OR_RETURN(RoundRecord r, store->BeginRound("run-1", 1, initial_hash, deadline_ms));
 //   ...  // selection, SetRoundState(kTraining), uploads:
-//   absl::Status s = store->RecordAccepted(upload);   // OK or AlreadyExists: both mean
-//   "acknowledge"
+//   absl::Status s = store->RecordAccepted(upload);   // OK or AlreadyExists: both mean "acknowledge"
 //   ...
 //   FEDLORA_RETURN_IF_ERROR(store->SetRoundState("run-1", 1, RoundState::kAggregating));
 //   FEDLORA_RETURN_IF_ERROR(store->CommitRound("run-1", 1, new_hash, metrics_json, metrics));
@@ -106,16 +104,15 @@ struct RoundRecord {
 };
 
 // A committed round that Store::RewindRun later marked lost: abandoned, with its result adapter
-// and metrics (its DP record) kept. Its adapter was released, so privacy accounting still counts
-// it.
+// and metrics (its DP record) kept. Its adapter was released, so privacy accounting still counts it.
 bool IsRewound(const RoundRecord& r);
 // Committed, or committed and then rewound: the round released an adapter.
 bool ReleasedAnAdapter(const RoundRecord& r);
 
 struct ClientRecord {
   std::string client_id;
-  std::string cert_fingerprint;  // SHA-256 hex of the client certificate (DER); not recorded yet:
-                                 // Coordinator::Join passes ""
+  std::string
+      cert_fingerprint;  // SHA-256 hex of the client certificate (DER); not recorded yet: Coordinator::Join passes ""
   ClientState state = ClientState::kActive;
   int64_t first_seen_unix_ms = 0;
   int64_t last_seen_unix_ms = 0;
@@ -323,8 +320,7 @@ class Store {
   absl::StatusOr<int64_t> RewindRun(const std::string& run_id, int64_t keep_through,
                                     const std::string& reason);
   // Every blob hash a row still needs (the uploads of rounds not yet committed or abandoned, the
-  // rounds' adapters and optimizer states, the audit copies): keep these when collecting blob
-  // garbage.
+  // rounds' adapters and optimizer states, the audit copies): keep these when collecting blob garbage.
   absl::StatusOr<absl::flat_hash_set<std::string>> ReferencedBlobHashes();
 
   // --- retention (server/coordinator_retention.cc) ---

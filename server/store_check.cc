@@ -125,8 +125,7 @@ absl::StatusOr<RunCheck> CheckRun(Store& store, const BlobStore& blobs, const st
   };
   FEDLORA_RETURN_IF_ERROR(add(0, "initial adapter", initial));
   for (const RoundRecord& r : rounds) {
-    // A round older than server.retain_rounds has had its blobs deleted on purpose: nothing to
-    // check.
+    // A round older than server.retain_rounds has had its blobs deleted on purpose: nothing to check.
     if (r.state != RoundState::kCommitted || r.result_adapter_hash.empty()) continue;
     FEDLORA_RETURN_IF_ERROR(add(r.round, "result adapter", r.result_adapter_hash));
     if (!r.broadcast_hash.empty()) {

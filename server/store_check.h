@@ -3,8 +3,7 @@
 // cannot be rebuilt can be given up by rewinding the run to its newest intact round.
 //
 //   FEDLORA_ASSIGN_OR_RETURN(RunCheck check, CheckRun(*store, *blobs, "run-1"));
-//   if (!check.intact()) { FEDLORA_ASSIGN_OR_RETURN(RepairOutcome o, RepairRun(*store, *blobs,
-//   "run-1", rewind)); }
+//   if (!check.intact()) { FEDLORA_ASSIGN_OR_RETURN(RepairOutcome o, RepairRun(*store, *blobs, "run-1", rewind)); }
 //
 // Only while no server uses the store (tools/cmd_store.cc holds the data directory's lock).
 #pragma once

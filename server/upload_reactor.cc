@@ -16,8 +16,8 @@ namespace fedlora {
 namespace {
 
 // UploadUpdate: header first, then chunks in order, each checked against its SHA-256 before it is
-// written. Progress becomes durable (fsync + store row) every options.upload_sync_bytes and when
-// the stream ends, so a resume re-sends little (GetUploadStatus reports only those durable
+// written. Progress becomes durable (fsync + store row) every options.upload_sync_bytes and when the
+// stream ends, so a resume re-sends little (GetUploadStatus reports only those durable
 // checkpoints). The ack is sent only after the blob is fsynced, renamed into place and
 // its directory fsynced, the update decoded and validated, and the store's row made durable
 // (group-committed with concurrent acceptances). Messages are processed on the service's upload
@@ -241,8 +241,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadChunk> {
     }
     if (data.chunk_index() == 0) {
       // Refuse garbage from its first bytes instead of after the whole stream: a sealed update
-      // starts with the header's ephemeral key and an envelope header that fits the manifest's
-      // size.
+      // starts with the header's ephemeral key and an envelope header that fits the manifest's size.
       const std::string_view first = data.data();
       if (first.size() >= crypto::SealedBlobOverheadBytes()) {
         FEDLORA_ASSIGN_OR_RETURN(std::string_view ephemeral, crypto::SealedBlobEphemeralKey(first));

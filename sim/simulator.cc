@@ -275,9 +275,8 @@ void Simulation::RecordRound(uint64_t round, const EvalFigures& eval) {
   RoundRecord r;
   if (!records_.empty() && records_.back().server_round == round && round != 0)
     records_.pop_back();  // a retry
-  // The server's accountant has every round before this one committed: the previous record's
-  // epsilon (this round's is known once it commits: the next record, or the end of the run, fills
-  // it in).
+  // The server's accountant has every round before this one committed: the previous record's epsilon
+  // (this round's is known once it commits: the next record, or the end of the run, fills it in).
   if (!records_.empty())
     records_.back().dp_epsilon = server_->coordinator().dp_epsilon().value_or(std::nan(""));
   r.round = static_cast<int>(records_.size());

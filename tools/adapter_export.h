@@ -3,8 +3,7 @@
 // export` and `fedlora server --out` write, through the same two functions.
 //
 //   FEDLORA_ASSIGN_OR_RETURN(RunAdapterFormat format, AdapterFormatForRun(config, ""));
-//   FEDLORA_ASSIGN_OR_RETURN(int64_t round, ExportRound(store, blobs, run_id, 0, format,
-//   "out/adapter"));
+//   FEDLORA_ASSIGN_OR_RETURN(int64_t round, ExportRound(store, blobs, run_id, 0, format, "out/adapter"));
 #pragma once
 
 #include <cstdint>
@@ -39,8 +38,7 @@ absl::StatusOr<RunAdapterFormat> AdapterFormatForRun(const v1::RunConfig& config
 // directory at `dir`, its tensors exactly the stored blob's (checked against its SHA-256), and
 // returns the round written. Reads the store only. NotFound: no such run, no committed round yet,
 // no round `round`; FailedPrecondition: round `round` is not committed, or its adapter is no
-// longer kept (server.retain_rounds); DataLoss: the blob is damaged; WriteAdapterDirectory's
-// errors.
+// longer kept (server.retain_rounds); DataLoss: the blob is damaged; WriteAdapterDirectory's errors.
 absl::StatusOr<int64_t> ExportRound(Store& store, const BlobStore& blobs, const std::string& run_id,
                                     int64_t round, const RunAdapterFormat& format,
                                     const std::string& dir);

@@ -1,8 +1,7 @@
 // fedlora audit: reads the audit trail a server keeps with server.audit_public_key_file
 // (server/audit_trail.h), with the offline private key made by `fedlora certs audit-key`.
 //
-//   fedlora audit open --store /var/lib/fedlora --key audit.key [--run-id run-1] [--round 3] --out
-//   trail/
+//   fedlora audit open --store /var/lib/fedlora --key audit.key [--run-id run-1] [--round 3] --out trail/
 //
 // Writes each copy it opens as <out>/<run>.round-<N>.<client>.<upload>.update (the client's encoded
 // update, compression/codec.h) and, with --safetensors, the decoded tensors beside it; prints one

@@ -2,14 +2,13 @@
 // directory.
 //
 //   fedlora certs dev --dir pki --clients site-a,site-b     # ca, server and per-client pairs
-//   fedlora server --config run.json --cert pki/server.pem --key pki/server.key --client-ca
-//   pki/ca.pem fedlora client --server 127.0.0.1:50051 --ca pki/ca.pem --cert pki/site-a.pem --key
-//   pki/site-a.key ... fedlora certs revoke --dir pki --cert pki/site-b.pem    # writes or extends
-//   pki/crl.pem (--crl)
+//   fedlora server --config run.json --cert pki/server.pem --key pki/server.key --client-ca pki/ca.pem
+//   fedlora client --server 127.0.0.1:50051 --ca pki/ca.pem --cert pki/site-a.pem --key pki/site-a.key ...
+//   fedlora certs revoke --dir pki --cert pki/site-b.pem    # writes or extends pki/crl.pem (--crl)
 //
-// Verbs: dev, ca, server, client, revoke, pin, audit-key; `fedlora certs <verb> --help` lists each
-// one's flags. Private keys are written with mode 0600, certificates and CRLs 0644, each file
-// atomically. An existing key or CA is never overwritten without --force.
+// Verbs: dev, ca, server, client, revoke, pin, audit-key; `fedlora certs <verb> --help` lists each one's flags.
+// Private keys are written with mode 0600, certificates and CRLs 0644, each file atomically. An
+// existing key or CA is never overwritten without --force.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>

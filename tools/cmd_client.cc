@@ -1,8 +1,7 @@
 // fedlora client: joins a federation with the built-in LoRA trainer and the site's own data.
 //
-//   fedlora client --server 127.0.0.1:50051 --insecure --model models/all-MiniLM-L6-v2 --data
-//   site.jsonl --id site-7 fedlora client --server fl.example.org:50051 --model ... --data ... --ca
-//   ca.pem --cert site.pem --key site.key
+//   fedlora client --server 127.0.0.1:50051 --insecure --model models/all-MiniLM-L6-v2 --data site.jsonl --id site-7
+//   fedlora client --server fl.example.org:50051 --model ... --data ... --ca ca.pem --cert site.pem --key site.key
 //
 // Each round: download the global adapter, fine-tune it locally on --data with the run's training
 // settings (the SDK's built-in trainer, client/lora/lora_trainer.h: AdamW/LAMB/SGD, schedule,

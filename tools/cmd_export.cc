@@ -3,8 +3,8 @@
 // adapter (from a store or an adapter directory) as a GGUF LoRA file for llama.cpp's --lora
 // (model/gguf_lora.h).
 //
-//   fedlora export --store fedlora_store --out runs/fed-adapter [--round N] [--run-id ID] [--model
-//   PATH] fedlora export --store fedlora_store --gguf fed-lora.gguf [--out DIR] [--round N] ...
+//   fedlora export --store fedlora_store --out runs/fed-adapter [--round N] [--run-id ID] [--model PATH]
+//   fedlora export --store fedlora_store --gguf fed-lora.gguf [--out DIR] [--round N] ...
 //   fedlora export --adapter runs/sft/adapter --gguf sft-lora.gguf [--model PATH]
 //
 // The latest committed round by default (the final adapter of a run that finished; the newest

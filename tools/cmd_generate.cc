@@ -1,14 +1,14 @@
-// fedlora generate: completions of a decoder (optionally with a LoRA adapter) for prompts: greedy,
-// or sampled (--temperature, --top-k, --top-p, --seed; model/sampling.h), printed at the end or as
+// fedlora generate: completions of a decoder (optionally with a LoRA adapter) for prompts: greedy, or
+// sampled (--temperature, --top-k, --top-p, --seed; model/sampling.h), printed at the end or as
 // they come (--stream); --prompt - and --prompts - read stdin.
 //
 //   fedlora generate --model models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf
 //       --prompt "What is the capital of France?" [--adapter runs/x/adapter] [--max-new-tokens 64]
 //
 // The prompt is a user message rendered with the model's chat template (or --chat-template NAME);
-// --raw sends it as plain text instead. --prompts FILE reads one JSON object a line, {"prompt":
-// ...} (or {"messages": [...]}), and prints one JSON object a line, {"prompt": ..., "completion":
-// ...}. Generation stops at the end-of-turn or end-of-sequence token, which is not printed. With an
+// --raw sends it as plain text instead. --prompts FILE reads one JSON object a line, {"prompt": ...}
+// (or {"messages": [...]}), and prints one JSON object a line, {"prompt": ..., "completion": ...}.
+// Generation stops at the end-of-turn or end-of-sequence token, which is not printed. With an
 // adapter that records its run's system prompt and chat template (fedlora_adapter.json), those are
 // --system's and --chat-template's defaults; a flag that differs wins and is said on stderr.
 #include <algorithm>

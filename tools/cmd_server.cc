@@ -1,18 +1,16 @@
 // fedlora server: runs the aggregation server for the run described by a config file.
 //
-//   fedlora server --config run.json --cert server.pem --key server.key --client-ca ca.pem [--crl
-//   crl.pem] fedlora server --config run.json --insecure          # plaintext, loopback addresses
-//   only fedlora server ... --health-listen 0.0.0.0:8081      # a plaintext port for health probes
-//   only
+//   fedlora server --config run.json --cert server.pem --key server.key --client-ca ca.pem [--crl crl.pem]
+//   fedlora server --config run.json --insecure          # plaintext, loopback addresses only
+//   fedlora server ... --health-listen 0.0.0.0:8081      # a plaintext port for health probes only
 //
-// The initial global adapter is the model's freshly initialised LoRA matrices and classifier
-// (PEFT's initialisation, seeded by the run's seed), so every restart of a new run starts from the
-// same bits. When data.eval_path is set, every new global adapter is evaluated on it (loss,
-// accuracy, macro-F1 recorded with the round). Runs until SIGINT/SIGTERM, or until --linger-seconds
-// after the run finished (clients then still fetch the final adapter); SIGHUP re-reads the TLS CRL.
+// The initial global adapter is the model's freshly initialised LoRA matrices and classifier (PEFT's
+// initialisation, seeded by the run's seed), so every restart of a new run starts from the same
+// bits. When data.eval_path is set, every new global adapter is evaluated on it (loss, accuracy,
+// macro-F1 recorded with the round). Runs until SIGINT/SIGTERM, or until --linger-seconds after
+// the run finished (clients then still fetch the final adapter); SIGHUP re-reads the TLS CRL.
 // Prints the bound address on stdout, and at the end either "run finished: ..." or, for a run
-// stopped before its last round, "stopped at round N: ..." (a restart on the same store resumes
-// it).
+// stopped before its last round, "stopped at round N: ..." (a restart on the same store resumes it).
 //
 // --out DIR: when the run finishes, its final adapter is written to DIR/adapter as an adapter
 // directory (model/adapter_dir.h: PEFT's files, the labels, max_seq_len and prompt settings), and
@@ -55,15 +53,14 @@
 namespace fedlora::tools {
 namespace {
 
-// --- Signals
-// --------------------------------------------------------------------------------------- Threads
-// created before main (OpenBLAS's pool) do not block the stop signals, so the kernel may deliver
-// SIGINT/SIGTERM/SIGHUP to any of them: a handler, not a blocked mask alone, keeps the default
-// action (death) away. The handler only writes the signal number to a self-pipe, which the serve
-// loop reads; main's thread blocks the signals so that the threads it starts (gRPC's, the driver,
-// the metrics pool) inherit the mask and never run the handler. It unblocks them while it waits in
-// ppoll (where a signal that no other thread can take is delivered) and once the shutdown has
-// begun.
+// --- Signals ---------------------------------------------------------------------------------------
+// Threads created before main (OpenBLAS's pool) do not block the stop signals, so the kernel may
+// deliver SIGINT/SIGTERM/SIGHUP to any of them: a handler, not a blocked mask alone, keeps the
+// default action (death) away. The handler only writes the signal number to a self-pipe, which the
+// serve loop reads; main's thread blocks the signals so that the threads it starts (gRPC's, the
+// driver, the metrics pool) inherit the mask and never run the handler. It unblocks them while it
+// waits in ppoll (where a signal that no other thread can take is delivered) and once the shutdown
+// has begun.
 
 int g_signal_pipe[2] = {-1, -1};
 // Set when the shutdown begins: a stop signal then ends the process at once.

@@ -1,5 +1,4 @@
-// fedlora simulate: a whole federation on one machine, over the real protocol (see
-// sim/simulator.h).
+// fedlora simulate: a whole federation on one machine, over the real protocol (see sim/simulator.h).
 //
 //   fedlora simulate --config configs/default.json --out runs/default
 //   fedlora simulate --config configs/iid.json --rounds 3 --num-clients 4 --seed 7

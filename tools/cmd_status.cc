@@ -1,7 +1,7 @@
-// fedlora status: asks a running server for its run status (Admin.GetStatus) and, with
-// --list-clients, its client list (Admin.ListClients); with --block ID (or --unblock ID) blocks a
-// client instead (Admin.BlockClient). Prints a short view for people by default
-// (tools/status_view.h), or one JSON document with --json.
+// fedlora status: asks a running server for its run status (Admin.GetStatus) and, with --list-clients,
+// its client list (Admin.ListClients); with --block ID (or --unblock ID) blocks a client instead
+// (Admin.BlockClient). Prints a short view for people by default (tools/status_view.h), or one JSON
+// document with --json.
 //
 //   fedlora status --server 127.0.0.1:50051 --insecure
 //   fedlora status --server fl.example.org:50051 --ca ca.pem --cert operator.pem --key operator.key

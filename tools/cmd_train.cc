@@ -5,9 +5,8 @@
 //
 // Writes into --out: the adapter directory of model/adapter_dir.h (PEFT's adapter_config.json and
 // adapter_model.safetensors, labels.json with the label order the classifier was trained with,
-// fedlora_adapter.json with max_seq_len; `fedlora eval` reads them back) and metrics.json (options,
-// per-epoch metrics, final evaluation). Prints one JSON line per epoch on stdout; the progress
-// display and human-readable lines go to stderr.
+// fedlora_adapter.json with max_seq_len; `fedlora eval` reads them back) and metrics.json (options, per-epoch metrics, final evaluation). Prints one JSON line per
+// epoch on stdout; the progress display and human-readable lines go to stderr.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>

@@ -107,8 +107,7 @@ absl::Status ApplyAdapterSettings(const std::string& command, const std::string&
 // Reads a labelled dataset (train/dataset.h formats) and tokenizes it. `label_names`, when not
 // empty, fixes the label order (an eval set must use the training set's); a label not in it is
 // an error. On return `label_names` holds the order used.
-// As above, reading the fields the run config's task names (train_config.h
-// DatasetOptionsFromConfig).
+// As above, reading the fields the run config's task names (train_config.h DatasetOptionsFromConfig).
 absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
                                                       const WordPieceTokenizer& tokenizer,
                                                       int max_seq_len, const v1::TaskConfig& task);

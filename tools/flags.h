@@ -15,9 +15,8 @@
 // Syntax: `--name value` or `--name=value`; booleans also as bare `--name` (true), `--no-name`
 // (false) or `--name=false`. `-h`/`--help` requests help; `-v` is `--verbose` where a command has
 // it. `--` ends flags. Anything else not starting with `-` is a positional argument. Errors name a
-// flag as it was typed, with the nearest flag name or, for a renamed flag, its new name. Values are
-// checked in full ("12x" is not an integer) and against the type's range; a choice's value in any
-// case. Not thread-safe; one FlagSet per parse.
+// flag as it was typed, with the nearest flag name or, for a renamed flag, its new name. Values are checked in full ("12x" is not an integer) and against
+// the type's range; a choice's value in any case. Not thread-safe; one FlagSet per parse.
 #pragma once
 
 #include <cstdint>
@@ -48,9 +47,9 @@ class FlagSet {
   // Refuses --old_name (and --no-old_name) with "--old_name was renamed to --new_name (why)", for a
   // flag whose name moved: each name means one thing across the commands. Not shown in help.
   void AddRenamed(const std::string& old_name, const std::string& new_name, const std::string& why);
-  // A value from `choices` (lowercase), matched in any case as the run config's enum values are,
-  // and stored as spelt in `choices` ("--optimizer ADAMW" -> "adamw"). Anything else is refused
-  // with the valid values and the nearest one.
+  // A value from `choices` (lowercase), matched in any case as the run config's enum values are, and
+  // stored as spelt in `choices` ("--optimizer ADAMW" -> "adamw"). Anything else is refused with
+  // the valid values and the nearest one.
   void AddChoice(const std::string& name, std::string* out, std::vector<std::string> choices,
                  const std::string& help);
 

@@ -10,8 +10,8 @@
 
 namespace fedlora::tools {
 
-// tools/cmd_server.cc: installs the server's SIGINT/SIGTERM/SIGHUP handlers and blocks those
-// signals in the calling thread, before that thread starts any other. Idempotent.
+// tools/cmd_server.cc: installs the server's SIGINT/SIGTERM/SIGHUP handlers and blocks those signals
+// in the calling thread, before that thread starts any other. Idempotent.
 void PrepareServerSignals();
 
 namespace {

@@ -8,8 +8,8 @@
 //
 // It runs on the CPU backend as well (the params' own vectors are the "device" copies there), where
 // tests compare it with the host loop: the same AdamW kernel on the same gradients, with the norm
-// summed per tensor in double and rounded to fp32 per tensor (kernels::SumSquaresMany) instead of
-// over all tensors at once, so the params agree to fp32 rounding.
+// summed per tensor in double and rounded to fp32 per tensor (kernels::SumSquaresMany) instead of over
+// all tensors at once, so the params agree to fp32 rounding.
 //
 // LAMB and SGD have no device step: a GPU loop with them steps on the host (train/train_loop.cc).
 #pragma once

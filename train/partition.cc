@@ -271,8 +271,7 @@ std::string FormatPartitionReport(const Partition& partition, std::span<const in
 
 double SampleLogGamma(Rng& rng, double shape) {
   if (!(shape > 0.0) || !std::isfinite(shape)) return std::numeric_limits<double>::quiet_NaN();
-  // Boost for shape < 1: X = Y * U^(1/shape) with Y ~ Gamma(shape + 1), so log X = log Y +
-  // log(U)/shape.
+  // Boost for shape < 1: X = Y * U^(1/shape) with Y ~ Gamma(shape + 1), so log X = log Y + log(U)/shape.
   double log_boost = 0.0;
   double a = shape;
   if (a < 1.0) {

@@ -29,8 +29,8 @@
 // Rules every scheme keeps:
 //   - Exact coverage: every example index in [0, n) is assigned to exactly one client.
 //   - Every client gets at least one example. Only kDirichlet can draw an empty client; it is then
-//     fixed up deterministically: while some client is empty, the lowest-numbered empty client
-//     takes one randomly chosen example from the currently largest client (lowest id on ties).
+//     fixed up deterministically: while some client is empty, the lowest-numbered empty client takes
+//     one randomly chosen example from the currently largest client (lowest id on ties).
 //   - Deterministic: the same inputs and seed give the same partition on every platform (all draws
 //     come from core/rng.h's Philox streams).
 //   - Each client's indices are sorted ascending (dataset order); local training shuffles anyway.

@@ -50,8 +50,7 @@ enum class ModelRole {
 // ["query", "value"] when unset), seed, base_model_name (model.id, else model.path), max_batch
 // by `role`, and max_seq = `max_seq_len`: the tokens per example after clamping to the
 // checkpoint's position table (BertClassifier::Load refuses a longer max_seq), and bf16_weights
-// with bf16_math when model.precision is BF16. Dropout overrides are left at ModelOptions'
-// defaults.
+// with bf16_math when model.precision is BF16. Dropout overrides are left at ModelOptions' defaults.
 ModelOptions ModelOptionsFromConfig(const v1::RunConfig& config, int max_seq_len, ModelRole role);
 
 // The CausalLm options of a CAUSAL_LM run: LoRA as ModelOptionsFromConfig (all seven projections
@@ -81,8 +80,8 @@ AdapterMetadata AdapterMetadataForRun(const v1::RunConfig& config, int max_seq_l
 
 // What model.sha256 and model.architecture promise about the checkpoint in `model_dir`: the SHA-256
 // of model.safetensors or of the .gguf file (when sha256 is set) and the model_type of config.json
-// or the GGUF (when architecture is set). FailedPrecondition naming the file and both values when
-// either differs. The server checks its copy at start, clients theirs before their first task.
+// or the GGUF (when architecture is set). FailedPrecondition naming the file and both values when either differs. The server checks
+// its copy at start, clients theirs before their first task.
 absl::Status VerifyModelCheckpoint(const std::string& model_dir, const v1::ModelConfig& model);
 
 // FailedPrecondition when the checkpoint at `path` does not fit the task: CAUSAL_LM needs a

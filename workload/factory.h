@@ -4,10 +4,10 @@
 // trainer's site) and `fedlora simulate` (the model pool, the data partitioned across clients).
 // Adding a model family or a task kind touches model/ and this factory.
 //
-//   FEDLORA_ASSIGN_OR_RETURN(Workload w, LoadWorkload(config, {.model_path = config.model().path(),
-//                                                              .eval_path =
-//                                                              config.data().eval_path(), .role =
-//                                                              ModelRole::kEvaluate}));
+//   FEDLORA_ASSIGN_OR_RETURN(
+//       Workload w, LoadWorkload(config, {.model_path = config.model().path(),
+//                                         .eval_path = config.data().eval_path(),
+//                                         .role = ModelRole::kEvaluate}));
 #pragma once
 
 #include <memory>

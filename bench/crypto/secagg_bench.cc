@@ -1,7 +1,7 @@
-// SecAgg+ in process, one thread: each client's time per step, the server's unmasking (Finish) with
-// 0% and 10% of clients dropped before upload, and the bytes each client sends and receives,
-// against a baseline measured in the same run: the plain sum of the n uint32 vectors (the server's
-// work without secure aggregation) and the 4 L plaintext bytes of one upload.
+// SecAgg+ in process, one thread: each client's time per step, the server's unmasking (Finish) with 0%
+// and 10% of clients dropped before upload, and the bytes each client sends and receives, against a
+// baseline measured in the same run: the plain sum of the n uint32 vectors (the server's work
+// without secure aggregation) and the 4 L plaintext bytes of one upload.
 //
 //   crypto_secagg_bench           # 100 clients, L = 1,000,000, m = 32, recommended degree (k = 20)
 //   crypto_secagg_bench --quick   # 20 clients, L = 100,000

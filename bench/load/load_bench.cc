@@ -2,10 +2,10 @@
 // and "declared dead" are defined).
 //
 //   load_server_bench [key=value ...]
-//     clients=200 rounds=4 adapter_kib=4096 eval_ms=3000 eval=burn|sleep bulk_nice=10
-//     clients_nice=19 hb_interval_s=1 hb_timeout_ms=3000 idle_heartbeats=1 probe_every=4
-//     probe_process=1 wait_s=20 timeout_s=600 server_log=PATH samples_csv=PATH (every timed call,
-//     for plotting)
+//     clients=200 rounds=4 adapter_kib=4096 eval_ms=3000 eval=burn|sleep bulk_nice=10 clients_nice=19
+//     hb_interval_s=1
+//     hb_timeout_ms=3000 idle_heartbeats=1 probe_every=4 probe_process=1 wait_s=20 timeout_s=600 server_log=PATH
+//     samples_csv=PATH (every timed call, for plotting)
 //
 // Prints the figures, then "figure <key> <value>" lines (scripts/load_test.sh takes their medians
 // over repetitions). Exit status: 0 valid run, 2 the run completed with validation problems (a

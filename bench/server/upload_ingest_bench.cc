@@ -355,8 +355,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   // Report the median of the repetitions after the first (warm-up) when there is more than one: on
-  // a shared, busy machine the best repetition flatters whichever side got a quiet moment, while
-  // the median of the same repetitions is what a user sees. The ratio is the median of the per-rep
+  // a shared, busy machine the best repetition flatters whichever side got a quiet moment, while the
+  // median of the same repetitions is what a user sees. The ratio is the median of the per-rep
   // ratios (each rep times both sides back to back, so a load spike tends to hit both).
   const size_t first = ours.size() > 1 ? 1 : 0;
   auto median = [&](std::vector<double> v) {

@@ -2,11 +2,9 @@
 // geometry, and greedy generation, timed. The C++ half of bench/train/bench_decoder_step.sh,
 // which runs it and the PyTorch half (scripts/bench_decoder_step.py) on the same model and batch.
 //
-//   decoder_step_bench --model FILE.gguf|DIR --batch BATCH.safetensors [--weights q4|q8|f32|bf16]
-//   [--math fp32|bf16|int8]
+//   decoder_step_bench --model FILE.gguf|DIR --batch BATCH.safetensors [--weights q4|q8|f32|bf16] [--math fp32|bf16|int8]
 //                      [--threads N] [--steps 3] [--warmup 1] [--rank 8] [--recompute]
-//                      [--generate 64] [--targets q_proj,v_proj] [--init INIT.safetensors]
-//                      [--device cpu|cuda]
+//                      [--generate 64] [--targets q_proj,v_proj] [--init INIT.safetensors] [--device cpu|cuda]
 //
 // --weights q4 keeps the GGUF's Q4_1 / Q8_0 blocks (the 4-bit base); f32 and bf16 widen them; q8
 // holds every matrix as Q8_0 (WeightStorage::kQ8_0). --math bf16 multiplies with the base in bf16
@@ -19,9 +17,9 @@
 // FFN shape (batch*seq x intermediate x hidden, same threads, same run) and the peak RSS of this
 // process (VmHWM: this program's own, not a parent's before exec). With --math bf16 also the rate
 // of the bf16-math GEMM at that shape (bf16_gemm_gflops). reduced_math_active: whether bf16 or
-// int8 math ran (bf16: on CUDA, or this CPU has AVX512_BF16; int8: AVX512-VNNI). --device cuda
-// trains on the GPU (DecoderOptions::device; generation stays on the CPU, so it needs --generate 0)
-// and skips the CPU sgemm rate (-1).
+// int8 math ran (bf16: on CUDA, or this CPU has AVX512_BF16; int8: AVX512-VNNI). --device cuda trains on the GPU
+// (DecoderOptions::device; generation stays on the CPU, so it needs --generate 0) and skips the
+// CPU sgemm rate (-1).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

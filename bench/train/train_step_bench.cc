@@ -4,8 +4,7 @@
 // same batch.
 //
 //   train_step_bench --model DIR --init DIR/init.safetensors --batch DIR/batch.safetensors
-//                    [--threads N] [--steps 5] [--warmup 2] [--rank 8] [--alpha 16] [--math
-//                    fp32|bf16]
+//                    [--threads N] [--steps 5] [--warmup 2] [--rank 8] [--alpha 16] [--math fp32|bf16]
 //                    [--device cpu|cuda]
 //
 // Prints one JSON line: the loss and pre-clip gradient norm of the first step (for validation

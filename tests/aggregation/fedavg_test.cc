@@ -159,8 +159,7 @@ TEST(StreamingFedAvgTest, WeightingByExamplesIsExactOnSmallIntegers) {
   const std::vector<TensorSpec> spec = {{"w", {4}}};
   auto avg = StreamingFedAvg::Create(spec, kDevice);
   ASSERT_TRUE(avg.ok());
-  // (1*2 + 3*6) / 4 = 5;  (1*1 + 3*(-3)) / 4 = -2;  (1*0.5 + 3*0.5) / 4 = 0.5;  (1*7 + 3*0) / 4
-  // = 1.75.
+  // (1*2 + 3*6) / 4 = 5;  (1*1 + 3*(-3)) / 4 = -2;  (1*0.5 + 3*0.5) / 4 = 0.5;  (1*7 + 3*0) / 4 = 1.75.
   ASSERT_TRUE(avg->Add({{"w", {4}, {2.0f, 1.0f, 0.5f, 7.0f}}}, 1).ok());
   ASSERT_TRUE(avg->Add({{"w", {4}, {6.0f, -3.0f, 0.5f, 0.0f}}}, 3).ok());
   auto mean = avg->Finish();
@@ -169,8 +168,7 @@ TEST(StreamingFedAvgTest, WeightingByExamplesIsExactOnSmallIntegers) {
   EXPECT_EQ((*mean)[0].name, "w");
   EXPECT_EQ((*mean)[0].shape, (std::vector<int64_t>{4}));
 
-  // A non-representable mean is correctly rounded: (1*1 + 2*1 + 3*4) / 6 = 2.5; 17/6 rounds to
-  // nearest.
+  // A non-representable mean is correctly rounded: (1*1 + 2*1 + 3*4) / 6 = 2.5; 17/6 rounds to nearest.
   auto avg2 = StreamingFedAvg::Create({{"w", {2}}}, kDevice);
   ASSERT_TRUE(avg2->Add({{"w", {2}, {1.0f, 1.0f}}}, 1).ok());
   ASSERT_TRUE(avg2->Add({{"w", {2}, {1.0f, 2.0f}}}, 2).ok());
@@ -277,8 +275,7 @@ TEST(StreamingFedAvgTest, RefusedUpdateIsRolledBackExactly) {
     auto bad = RandomUpdate(12);  // values up to 1e2 in magnitude
     std::reverse(bad.begin(), bad.end());
     ASSERT_EQ(bad.back().name, "lora_A");
-    // Value 30 of 32: NaN, or 2^36 which times 2^7 examples is 2^43, the first product out of
-    // range.
+    // Value 30 of 32: NaN, or 2^36 which times 2^7 examples is 2^43, the first product out of range.
     bad.back().values[30] = nan ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.0f, 36);
     const absl::Status s = avg.Add(bad, 128);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;

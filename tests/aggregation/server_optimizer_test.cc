@@ -94,8 +94,7 @@ double Reference(ServerOptimizerKind kind, double x, const std::vector<double>& 
       v = b2 * v + (1 - b2) * d * d;
       const double m_hat = m / (1 - std::pow(b1, t));
       const double v_hat = v / (1 - std::pow(b2, t));
-      // Kingma & Ba's epsilon sits outside the corrected root: m_hat / (sqrt(v_hat) + tau / sqrt(1
-      // - b2^t)).
+      // Kingma & Ba's epsilon sits outside the corrected root: m_hat / (sqrt(v_hat) + tau / sqrt(1 - b2^t)).
       x += lr * m_hat / (std::sqrt(v_hat) + tau / std::sqrt(1 - std::pow(b2, t)));
     } else if (kind == ServerOptimizerKind::kYogi) {
       v -= (1 - b2) * d * d * (v > d * d ? 1 : -1);

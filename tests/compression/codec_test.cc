@@ -74,8 +74,8 @@ std::string OneTensorTable(uint64_t n) {
 // Body of that update, all fp32 zeros: 16 + 4n bytes.
 std::string OneTensorBody(uint64_t n) { return OneTensorTable(n) + std::string(n * 4, '\0'); }
 
-// ValidateUpdate must answer exactly as DecodeUpdate does: the same code and message, and on
-// success the decoded tensors' names and shapes in wire order. Returns DecodeUpdate's status.
+// ValidateUpdate must answer exactly as DecodeUpdate does: the same code and message, and on success
+// the decoded tensors' names and shapes in wire order. Returns DecodeUpdate's status.
 absl::Status DecodeAndValidateAgree(std::string_view wire, const DecodeLimits& limits = {}) {
   const absl::StatusOr<std::vector<UpdateTensor>> decoded = DecodeUpdate(wire, limits);
   const absl::StatusOr<std::vector<UpdateTensorInfo>> validated = ValidateUpdate(wire, limits);
@@ -192,8 +192,7 @@ TEST(CodecTest, EncoderRefusesBadInput) {
   check({{"a", {1, 1, 1, 1, 1, 1, 1, 1, 1}, {1.0f}}}, CodecId::kRawF32, "rank 9");
 }
 
-// --- hostile input
-// ---------------------------------------------------------------------------------
+// --- hostile input ---------------------------------------------------------------------------------
 
 class HostileDecodeTest : public ::testing::Test {
  protected:
@@ -597,8 +596,7 @@ TEST(ValidateUpdateTest, ZstdTableAndValuesSpanningManyWindows) {
     }
     ExpectBitIdentical(expected, *back);
 
-    // The same update with value 654321 of "big" made NaN, compressed by hand (EncodeUpdate refuses
-    // NaN).
+    // The same update with value 654321 of "big" made NaN, compressed by hand (EncodeUpdate refuses NaN).
     auto plain = EncodeUpdate(u, {.codec = codec});
     ASSERT_TRUE(plain.ok());
     const size_t esize = CodecElementSize(codec);

@@ -1,6 +1,6 @@
-// The downlink's adapter deltas (compression/downlink.h): a client applying the server's deltas
-// holds the server's broadcast adapter bit for bit, the codec's error is carried into later deltas,
-// and a delta that does not fit the adapter is refused without touching it.
+// The downlink's adapter deltas (compression/downlink.h): a client applying the server's deltas holds
+// the server's broadcast adapter bit for bit, the codec's error is carried into later deltas, and a
+// delta that does not fit the adapter is refused without touching it.
 #include "compression/downlink.h"
 
 #include <cmath>

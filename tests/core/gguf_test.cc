@@ -111,8 +111,7 @@ std::vector<float> Dequantized(const GgufFile& file, const std::string& name) {
 
 std::string F16(float v) { return Le<uint16_t>(F32ToF16(v)); }
 
-// --- Valid files and known values
-// ------------------------------------------------------------------
+// --- Valid files and known values ------------------------------------------------------------------
 
 TEST(Gguf, ReadsHeaderMetadataAndF32Tensor) {
   Builder b;
@@ -349,8 +348,7 @@ TEST(Gguf, OpenMapsAFile) {
   EXPECT_EQ(GgufFile::Open(dir.File("empty.gguf")).status().code(), absl::StatusCode::kDataLoss);
 }
 
-// --- Metadata values and getters
-// ------------------------------------------------------------------
+// --- Metadata values and getters ------------------------------------------------------------------
 
 std::unique_ptr<GgufFile> EveryType() {
   Builder b;
@@ -471,8 +469,7 @@ TEST(GgufMetadata, Arrays) {
   EXPECT_EQ((*(*f->Find("nested"))->Element(1)).Describe(), "ARRAY[STRING] of 1 elements");
 }
 
-// --- Hostile headers
-// -------------------------------------------------------------------------------
+// --- Hostile headers -------------------------------------------------------------------------------
 
 using C = absl::StatusCode;
 
@@ -714,8 +711,7 @@ TEST(GgufHostile, EveryTruncationAndByteFlipIsAStatus) {
   }
 }
 
-// --- ggml_quant.h
-// ----------------------------------------------------------------------------------
+// --- ggml_quant.h ----------------------------------------------------------------------------------
 
 TEST(GgmlQuant, TypeTable) {
   EXPECT_EQ(GgmlTypeName(GgmlType::kQ4_K), "Q4_K");

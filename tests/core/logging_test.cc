@@ -279,8 +279,7 @@ TEST(LogFile, AppendsFiltersAndCopiesWarningsToTheConsole) {
   EXPECT_THAT(file[3], ContainsRegex("^D .*\\] shown debug$"));
   EXPECT_THAT(file[4], ContainsRegex("^E .*\\] disk full$"));
 
-  // The console saw the WARNING and the ERROR (the copy), then the line logged after the switch
-  // back.
+  // The console saw the WARNING and the ERROR (the copy), then the line logged after the switch back.
   const std::vector<std::string> lines = Lines(console);
   ASSERT_EQ(lines.size(), 3u) << console;
   EXPECT_EQ(lines[0], file[2]);

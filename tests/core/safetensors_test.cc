@@ -390,8 +390,7 @@ TEST(SafetensorsMalformed, RandomCorruptionNeverCrashes) {
   EXPECT_LT(accepted, 3000);  // most corruptions are caught
 }
 
-// --- Writer validation
-// ----------------------------------------------------------------------------
+// --- Writer validation ----------------------------------------------------------------------------
 
 TEST(SafetensorsWriter, RejectsBadInput) {
   const float w[2] = {1, 2};

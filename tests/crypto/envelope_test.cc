@@ -417,8 +417,7 @@ TEST(Aes256Gcm, PlaintextAbove2GiB) {
     EXPECT_EQ(ToHexString(decrypted), ToHexString(plaintext.substr(from, n)));
   }
 
-  // Open checks the tag over every piece: one that skipped or repeated a piece would not
-  // authenticate.
+  // Open checks the tag over every piece: one that skipped or repeated a piece would not authenticate.
   auto opened = Aes256GcmOpen(key, nonce, aad, *sealed);
   ASSERT_TRUE(opened.ok()) << opened.status();
   ASSERT_EQ(opened->size(), kSize);

@@ -1,7 +1,7 @@
-// SecAgg+ end to end: exact sums under dropouts at every step, aborts that reveal nothing, clients
-// that refuse a lying server, what a curious server can and cannot compute from a whole transcript,
-// and the parameters, graph, derivations and fixed-point helpers. Expected sums are computed here
-// from the plaintext inputs; derivations are recomputed from their documented definitions.
+// SecAgg+ end to end: exact sums under dropouts at every step, aborts that reveal nothing, clients that
+// refuse a lying server, what a curious server can and cannot compute from a whole transcript, and
+// the parameters, graph, derivations and fixed-point helpers. Expected sums are computed here from
+// the plaintext inputs; derivations are recomputed from their documented definitions.
 #include "crypto/secagg.h"
 
 #include <algorithm>
@@ -234,9 +234,8 @@ TEST_P(SecAggModulus, CompleteGraph45PercentDropBeforeUpload) {
   ExpectExactSum(Params(20, 19, 10, 10, 10000, m), d, 2);
 }
 
-// With t > k/2 each client needs more than half its neighbours to answer, so 45% dropouts on a
-// sparse graph need k >= 22: 40 clients, k = 30, t = 16, 18 dropouts (45%) spread evenly around the
-// ring.
+// With t > k/2 each client needs more than half its neighbours to answer, so 45% dropouts on a sparse
+// graph need k >= 22: 40 clients, k = 30, t = 16, 18 dropouts (45%) spread evenly around the ring.
 std::set<uint32_t> SpreadOnRing(const v1::SecAggParams& params, uint32_t keep) {
   auto graph = SecAggGraph::Create(params);
   EXPECT_TRUE(graph.ok());
@@ -515,8 +514,7 @@ TEST(SecAgg, TranscriptRevealsNoSingleInput) {
     return res;
   };
 
-  // Summed over U3 the residuals are exactly the sum of inputs: the server stripped what it
-  // could...
+  // Summed over U3 the residuals are exactly the sum of inputs: the server stripped what it could...
   std::vector<uint64_t> total(length, 0);
   for (uint32_t i : u3) {
     const std::vector<uint64_t> res = residual(i);
@@ -524,8 +522,7 @@ TEST(SecAgg, TranscriptRevealsNoSingleInput) {
   }
   const std::set<uint32_t> u3_set(u3.begin(), u3.end());
   EXPECT_EQ(total, PlainSum(r.inputs, u3_set, m));
-  // ...yet each survivor's own residual (x_i plus masks shared with surviving neighbours) looks
-  // uniform.
+  // ...yet each survivor's own residual (x_i plus masks shared with surviving neighbours) looks uniform.
   uint32_t checked = 0;
   for (uint32_t i : u3) {
     const std::vector<uint64_t> res = residual(i);
@@ -583,9 +580,8 @@ TEST(SecAgg, TranscriptRevealsNoSingleInput) {
   EXPECT_GT(attempts, 10000);
 }
 
-// The documented share-key derivation and AAD are what the library uses: a ciphertext the test
-// seals with its own derivation opens in the client (so the failed attempts above used the right
-// recipe).
+// The documented share-key derivation and AAD are what the library uses: a ciphertext the test seals
+// with its own derivation opens in the client (so the failed attempts above used the right recipe).
 TEST(SecAgg, ShareKeyDerivationMatchesItsDefinition) {
   const v1::SecAggParams params = Params(5, 4, 3, 3, 10, 16, 77);
   auto a = GenerateX25519KeyPair();
@@ -650,8 +646,7 @@ TEST(SecAgg, RoundNonceChangesPairwiseMasks) {
   }
   EXPECT_NE(seeds[0], seeds[1]);
   EXPECT_NE(seeds[0], seeds[2]);
-  // And so the masks: expanded through the library and through the documented PRG, nearly all
-  // differ.
+  // And so the masks: expanded through the library and through the documented PRG, nearly all differ.
   std::vector<uint64_t> m1(1000, 0), m2(1000, 0);
   ASSERT_TRUE(AddSecAggMask(seeds[0], 32, false, m1).ok());
   ASSERT_TRUE(AddSecAggMask(seeds[1], 32, false, m2).ok());
@@ -1091,8 +1086,7 @@ TEST(SecAggFixedPoint, OverflowCheck) {
   // m = 32, f = 16, range 1: each value up to 2^16 in magnitude; 2^31 - 1 holds 32767 of them.
   EXPECT_TRUE(CheckSecAggFixedPoint(32767, 1.0, 16, 32).ok());
   EXPECT_EQ(CheckSecAggFixedPoint(32768, 1.0, 16, 32).code(), StatusCode::kInvalidArgument);
-  // A range that is not a multiple of the grid rounds up: ceil(0.3 * 2^4) = 5; 2^7 - 1 = 127
-  // holds 25.
+  // A range that is not a multiple of the grid rounds up: ceil(0.3 * 2^4) = 5; 2^7 - 1 = 127 holds 25.
   EXPECT_TRUE(CheckSecAggFixedPoint(25, 0.3, 4, 8).ok());
   EXPECT_FALSE(CheckSecAggFixedPoint(26, 0.3, 4, 8).ok());
   EXPECT_TRUE(CheckSecAggFixedPoint(1000, 8.0, 40, 64).ok());

@@ -194,8 +194,8 @@ TEST(Shamir, RejectsMalformedInput) {
                   .ok());
 }
 
-// Shares of a polynomial whose constant term is 2^256 + 1 (so not a 32-byte secret): f(X) = 2^256 +
-// 1 + 7X, computed in Python.
+// Shares of a polynomial whose constant term is 2^256 + 1 (so not a 32-byte secret): f(X) = 2^256 + 1 + 7X,
+// computed in Python.
 TEST(Shamir, ResultAbove2To256IsInconsistent) {
   std::vector<ShamirShare> shares = {
       {1, Bytes("010000000000000000000000000000000000000000000000000000000000000008")},

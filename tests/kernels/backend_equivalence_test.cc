@@ -225,8 +225,7 @@ TEST_F(BackendEquivalence, GemmBf16MathAgainstFp32) {
           g.b_quant = q.data();
           g.b_quant_type = GgmlType::kQ4_1;
         }
-        // The CPU reference: the exact fp32 product (with the panel workspace a bf16 or quantized B
-        // needs).
+        // The CPU reference: the exact fp32 product (with the panel workspace a bf16 or quantized B needs).
         std::vector<float> hws(GemmWorkspaceBytes(g) / 4 + 1);
         g.workspace = hws.data();
         g.workspace_bytes = hws.size() * 4;
@@ -249,8 +248,7 @@ TEST_F(BackendEquivalence, GemmBf16MathAgainstFp32) {
       }
     }
   }
-  // Padded leading dimensions, beta == 0 over a NaN-poisoned C, and a strided batch with a
-  // broadcast B.
+  // Padded leading dimensions, beta == 0 over a NaN-poisoned C, and a strided batch with a broadcast B.
   const int64_t batch = 3, lda = k + 5, ldc = n + 3;
   const auto a = Random(batch * m * lda, 105), b = Random(k * n, 106);
   GemmArgs g{.m = m,

@@ -14,8 +14,8 @@ using testing::Guarded;
 using testing::Random;
 
 TEST(CrossEntropy, KnownLossesMatchPyTorch) {
-  // torch.nn.functional.cross_entropy in float64 on these logits: labels {2, -100} ->
-  // 0.40760596444438, labels {0, 1} -> 1.75310912655625.
+  // torch.nn.functional.cross_entropy in float64 on these logits: labels {2, -100} -> 0.40760596444438,
+  // labels {0, 1} -> 1.75310912655625.
   const std::vector<float> logits = {1, 2, 3, 0, 0, 0};
   Guarded loss(1), dl(6);
   std::vector<int32_t> labels = {2, kIgnoreIndex};

@@ -30,8 +30,7 @@ struct Case {
 };
 
 TEST(FusedAttention, MatchesPerSequenceAttention) {
-  // Padding keys (mask -1e30) at the ends of the first and fourth sequences and the start of the
-  // last.
+  // Padding keys (mask -1e30) at the ends of the first and fourth sequences and the start of the last.
   std::vector<float> mask(kTokens, 0.0f);
   for (int64_t t : {3, 4, 17, 18, 19}) mask[t] = -1e30f;
   for (Case c : {Case{4, 0, false, false}, Case{6, 2, true, false}, Case{4, 1, true, false},

@@ -287,8 +287,7 @@ TEST(GemmBf16Math, MatchesTheProductOfTheRoundedOperands) {
     int64_t m, n, k, lda, ldb, ldc;
     float alpha, beta;
   };
-  // The model's shapes (forward x W^T, input gradient dy W) and padded, scaled, transposed
-  // variants.
+  // The model's shapes (forward x W^T, input gradient dy W) and padded, scaled, transposed variants.
   for (const Case& cs : {Case{false, true, 64, 96, 80, 0, 0, 0, 1.0f, 0.0f},
                          Case{false, false, 64, 80, 96, 0, 0, 0, 1.0f, 1.0f},
                          Case{false, true, 7, 33, 129, 131, 130, 40, 0.5f, 0.0f},

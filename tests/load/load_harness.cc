@@ -347,8 +347,7 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   kill_child();
   report.wall_s = shared.NowMs() / 1000.0;
 
-  // --- Validation and figures
-  // ---------------------------------------------------------------------
+  // --- Validation and figures ---------------------------------------------------------------------
   int finished = 0;
   std::set<int> unauthenticated, cancelled;
   std::map<uint64_t, std::vector<const RoundEvents*>> by_round;

@@ -3,9 +3,9 @@
 // every client selected every round. Shared by the CI test (tests/load/load_test.cc) and the
 // benchmark (bench/load/load_bench.cc).
 //
-//   fedlora::load::LoadOptions o;          // 200 clients, 4 rounds, 4 MiB adapter, 3 s CPU-burn
-//   eval FEDLORA_ASSIGN_OR_RETURN(LoadReport r, RunLoad(o));   // fork()s: call before any thread
-//   exists std::printf("%s", FormatReport(r).c_str());
+//   fedlora::load::LoadOptions o;          // 200 clients, 4 rounds, 4 MiB adapter, 3 s CPU-burn eval
+//   FEDLORA_ASSIGN_OR_RETURN(LoadReport r, RunLoad(o));   // fork()s: call before any thread exists
+//   std::printf("%s", FormatReport(r).c_str());
 //
 // Each client: Join, then WaitForTask long polls; on a task it downloads the global adapter (chunk
 // count and byte count checked, chunk hashes not: that is client CPU the server does not spend),
@@ -70,8 +70,7 @@ struct LoadOptions {
   // Run config heartbeat interval (seconds) and the server's dead-client timeout (milliseconds).
   int heartbeat_interval_s = 1;
   int64_t heartbeat_timeout_ms = 3000;
-  // Heartbeat while idle too (waiting for a task). False: only while holding a task, as the SDK
-  // does.
+  // Heartbeat while idle too (waiting for a task). False: only while holding a task, as the SDK does.
   bool idle_heartbeats = true;
   // Every n-th client probes WaitForTask(max_wait 0) at each heartbeat; 0: no probes.
   int probe_every = 4;
@@ -84,11 +83,10 @@ struct LoadOptions {
   int64_t run_timeout_ms = 600'000;
   // Server RSS/fd and Admin status sampling period, milliseconds.
   int64_t sample_ms = 100;
-  // Where the server child's stderr goes; empty: a file in the run's temp dir, scanned, then
-  // removed.
+  // Where the server child's stderr goes; empty: a file in the run's temp dir, scanned, then removed.
   std::string server_log;
-  // When set, every timed call is written there as CSV (call, client, phase, start_ms, dur_ms,
-  // code; start_ms from the run's start), for plotting.
+  // When set, every timed call is written there as CSV (call, client, phase, start_ms, dur_ms, code;
+  // start_ms from the run's start), for plotting.
   std::string samples_csv;
 };
 
@@ -127,8 +125,7 @@ struct RoundFigures {
   int accepted = 0;             // ACCEPTED acks, not duplicates
   int duplicates = 0;           // acks marked duplicate
   // Seconds: previous commit (or all clients joined) .. first task; first .. last task received;
-  // first task .. last download; last download .. last ack; last ack .. commit; first task ..
-  // commit.
+  // first task .. last download; last download .. last ack; last ack .. commit; first task .. commit.
   double selection_s = 0, task_spread_s = 0, burst_s = 0, uploads_s = 0, aggregation_s = 0,
          round_s = 0;
   double eval_ms_reported = -1;  // the evaluator's own timing, from the round's eval metrics

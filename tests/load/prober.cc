@@ -32,8 +32,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int index
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
-// ---- the table
-// -----------------------------------------------------------------------------------
+// ---- the table -----------------------------------------------------------------------------------
 
 ProbeTable* ProbeTable::Create(int slots) {
   const size_t bytes = sizeof(ProbeTable) + sizeof(Slot) * static_cast<size_t>(std::max(slots, 0));
@@ -85,8 +84,7 @@ ProbeTable::View ProbeTable::Read(int i) {
   return v;
 }
 
-// ---- setup and results
-// ---------------------------------------------------------------------------
+// ---- setup and results ---------------------------------------------------------------------------
 
 namespace {
 

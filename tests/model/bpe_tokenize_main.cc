@@ -1,6 +1,5 @@
 // fedlora_bpe_tokenize: a test helper that runs BpeTokenizer (model/bpe_tokenizer.h) and the chat
-// templates (model/chat_template.h) over JSON lines on stdin, for
-// tests/model/bpe_tokenizer_hf_check.py.
+// templates (model/chat_template.h) over JSON lines on stdin, for tests/model/bpe_tokenizer_hf_check.py.
 //
 //   fedlora_bpe_tokenize (--tokenizer_json PATH | --vocab_json PATH) [--mode MODE]
 //   fedlora_bpe_tokenize (--tokenizer_json PATH | --vocab_json PATH) --bench TEXT_FILE
@@ -9,15 +8,14 @@
 //   token_types, merges, bos_id, eos_id, unk_id, pad_id, add_bos, add_eos, unknown_bytes_to_unk),
 //   passed to Create().
 // Modes, one JSON object per input line and per output line:
-//   encode (default): {"text": str | "hex": bytes as hex, "add_special": bool, "parse_special":
-//   bool}
+//   encode (default): {"text": str | "hex": bytes as hex, "add_special": bool, "parse_special": bool}
 //                     -> {"ids": [...], "offsets": [[begin, end], ...]}
 //   decode:           {"ids": [...], "skip_special": bool} -> {"text": str}
 //   pretokenize:      {"text": str | "hex": ...} -> {"pieces": [str, ...]}
 //   chat:             {"template": name or Jinja source, "messages": [{"role", "content"}...],
 //                      "add_generation_prompt": bool}
-//                     -> {"text": str, "spans": [[begin, end], ...], "ids": [...], "mask":
-//                     [0|1...]} or {"error": str} when the template is refused.
+//                     -> {"text": str, "spans": [[begin, end], ...], "ids": [...], "mask": [0|1...]}
+//                     or {"error": str} when the template is refused.
 // --bench: encodes the file's lines and prints bytes, tokens and throughput.
 // Exit status: 0, or 2 for bad flags, an unreadable tokenizer or a malformed input line.
 #include <chrono>

@@ -290,8 +290,7 @@ TEST(BpeTokenizerTest, TemplateProcessingFromJson) {
   EXPECT_EQ((*tok)->eos_id(), kUser);
 }
 
-// ---- decoding, offsets, Unicode
-// ------------------------------------------------------------------
+// ---- decoding, offsets, Unicode ------------------------------------------------------------------
 
 TEST(BpeTokenizerTest, DecodeRoundTrip) {
   auto tok = Tiny();

@@ -7,8 +7,7 @@
 // Plain mode: each line is a text; prints its Encode() input_ids, space-separated.
 // --json: each line is a JSON object {"text": str, "pair": str|null, "max_length": int} (pair and
 //   max_length optional; max_length overrides --max_length), so that texts can hold newlines and
-//   control characters; prints {"input_ids": [...], "token_type_ids": [...], "attention_mask":
-//   [...]}.
+//   control characters; prints {"input_ids": [...], "token_type_ids": [...], "attention_mask": [...]}.
 // --words: prints the JSON array of BasicTokenize(text) (normalized words) instead.
 // Exit status: 0, or 2 for bad flags, an unreadable tokenizer or a malformed input line.
 #include <cstdio>

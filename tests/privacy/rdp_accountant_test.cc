@@ -49,10 +49,9 @@ struct GridPoint {
   double delta, epsilon, order;
 };
 
-// From Opacus 1.5.2's opacus/accountants/analysis/rdp.py (loaded standalone with importlib,
-// numpy 1.24, scipy 1.10): get_privacy_spent(orders=A, rdp=compute_rdp(q=rate,
-// noise_multiplier=noise, steps=steps, orders=A), delta=delta) with A = DEFAULT_ALPHAS; the values
-// are its repr()s.
+// From Opacus 1.5.2's opacus/accountants/analysis/rdp.py (loaded standalone with importlib, numpy 1.24,
+// scipy 1.10): get_privacy_spent(orders=A, rdp=compute_rdp(q=rate, noise_multiplier=noise, steps=steps,
+// orders=A), delta=delta) with A = DEFAULT_ALPHAS; the values are its repr()s.
 constexpr GridPoint kGrid[] = {
     {0.5, 0.001, 1, 1e-05, 2.835610328605305, 4.4},
     {0.5, 0.01, 100, 1e-05, 8.030725352808414, 2.5},
@@ -103,8 +102,7 @@ TEST(SubsampledGaussianRdp, MatchesOpacusAtSingleOrders) {
       {0.3, 1.0, 32.0, 14.757189363276536},    {0.5, 1.0, 1.1, 0.15613047568420288},
       {0.2, 0.7, 7.0, 5.265202031598199},      {0.0001, 10.0, 10.5, 5.276383057782343e-10},
       {0.9, 3.0, 63.0, 3.3930552156843685},    {0.05, 2.0, 1.25, 0.0004388760120985163},
-      {0.35, 0.67, 1.1, 0.21779425635441255},  // erfc underflows in the series: the asymptotic log
-                                               // erfc
+      {0.35, 0.67, 1.1, 0.21779425635441255},  // erfc underflows in the series: the asymptotic log erfc
   };
   for (const Case& c : cases) {
     auto rdp = SubsampledGaussianRdp(c.q, c.sigma, c.alpha);
@@ -153,8 +151,7 @@ TEST(RdpAccountant, RateOneIsTheGaussianMechanism) {
     const double a = accountant.orders()[k];
     EXPECT_NEAR(accountant.rdp()[k], steps * a / (2 * sigma * sigma), 1e-12 * a);
   }
-  // And the conversion by hand: min over alpha of rdp - (log delta + log alpha) / (alpha - 1) +
-  // log(1 - 1/alpha).
+  // And the conversion by hand: min over alpha of rdp - (log delta + log alpha) / (alpha - 1) + log(1 - 1/alpha).
   const double delta = 1e-6;
   double want = kInf;
   for (double a : DefaultRdpOrders()) {
@@ -167,8 +164,8 @@ TEST(RdpAccountant, RateOneIsTheGaussianMechanism) {
 }
 
 TEST(SubsampledGaussianRdp, VanishingNoiseIsInfinite) {
-  // Opacus returns inf for sigma == 0 but raises or never returns for sigma this small; the terms
-  // of A_alpha overflow (sigma^2 is subnormal, then 0), so the RDP is inf.
+  // Opacus returns inf for sigma == 0 but raises or never returns for sigma this small; the terms of
+  // A_alpha overflow (sigma^2 is subnormal, then 0), so the RDP is inf.
   for (double sigma : {1e-160, 1e-170}) {
     for (double order : {1.5, 2.0, 40.0}) {
       auto rdp = SubsampledGaussianRdp(0.1, sigma, order);

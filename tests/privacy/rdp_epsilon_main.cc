@@ -1,7 +1,6 @@
-// rdp_epsilon: a test helper for tests/privacy/opacus_rdp_check.py. Reads lines "noise rate steps
-// delta" on stdin and prints, per line, "epsilon order" from an RdpAccountant with the default
-// orders, with 17 significant digits. Exit status: 0, or 2 for a malformed line or a refused
-// setting.
+// rdp_epsilon: a test helper for tests/privacy/opacus_rdp_check.py. Reads lines "noise rate steps delta"
+// on stdin and prints, per line, "epsilon order" from an RdpAccountant with the default orders, with 17
+// significant digits. Exit status: 0, or 2 for a malformed line or a refused setting.
 #include <cstdint>
 #include <cstdio>
 #include <iostream>

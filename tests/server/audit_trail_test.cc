@@ -1,12 +1,11 @@
 // The audit trail (server.audit_public_key_file, server/audit_trail.h): every update that counted
-// is kept sealed to an offline key. A 2-client, 2-round federation with a restart between the
-// rounds and retention of one round leaves one audit copy per accepted update of every round; each
-// opens with the offline private key to exactly the bytes its client uploaded, for the round,
-// client and weight it was sent with, while the sealed uploads themselves are gone; no other key
-// opens one, and a tampered or moved copy is refused. The setting is refused with secure
-// aggregation, and a missing or malformed key file is refused naming the file. The copies are
-// recorded before the round commits (seen from a second connection while the round waits in
-// evaluation).
+// is kept sealed to an offline key. A 2-client, 2-round federation with a restart between the rounds
+// and retention of one round leaves one audit copy per accepted update of every round; each opens
+// with the offline private key to exactly the bytes its client uploaded, for the round, client and
+// weight it was sent with, while the sealed uploads themselves are gone; no other key opens one, and
+// a tampered or moved copy is refused. The setting is refused with secure aggregation, and a
+// missing or malformed key file is refused naming the file. The copies are recorded before the round
+// commits (seen from a second connection while the round waits in evaluation).
 #include "server/audit_trail.h"
 
 #include <condition_variable>
@@ -231,8 +230,7 @@ TEST_F(AuditTrailTest, ATamperedCopyIsRefused) {
   EXPECT_FALSE(opened.ok());
   EXPECT_TRUE(absl::IsDataLoss(opened.status()) || absl::IsPermissionDenied(opened.status()))
       << opened.status();
-  // `fedlora store verify` sees it: the copy is corrupt, the other intact, and the run can still
-  // resume.
+  // `fedlora store verify` sees it: the copy is corrupt, the other intact, and the run can still resume.
   auto check = CheckRun(**store, **blobs, "test-run");
   ASSERT_TRUE(check.ok()) << check.status();
   int audit_checked = 0;

@@ -1,10 +1,9 @@
 // The whole system as separate processes, secured as the README shows it: `fedlora certs dev`, then
-// `fedlora server` with a run config and mutual TLS, two `fedlora client` processes training the
-// real all-MiniLM-L6-v2 LoRA adapters on disjoint slices of the fortunes corpus (the built-in
-// trainer), and `fedlora status`; the adapters `server --out` writes and `fedlora export` gives
-// from the store. And a CAUSAL_LM federation of the real 4-bit SmolLM2 (plaintext on loopback): the
-// server's perplexity evaluator and the clients' decoder trainer. Skips when the model or data have
-// not been fetched (scripts/setup.sh).
+// `fedlora server` with a run config and mutual TLS, two `fedlora client` processes training the real all-MiniLM-L6-v2 LoRA adapters on disjoint slices of the fortunes
+// corpus (the built-in trainer), and `fedlora status`; the adapters `server --out` writes and
+// `fedlora export` gives from the store. And a CAUSAL_LM federation of the real 4-bit
+// SmolLM2 (plaintext on loopback): the server's perplexity evaluator and the clients' decoder
+// trainer. Skips when the model or data have not been fetched (scripts/setup.sh).
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -426,8 +425,7 @@ TEST(CliFederationTest, DecoderServerAndTwoClientProcesses) {
 
 // A site that cannot train (the issue of a new user: a decoder GGUF in a classification run, a
 // broken JSONL) exits at once with one message instead of taking its task again in a loop; the
-// server records it as failed and gives the round to the next site without waiting for the
-// deadline.
+// server records it as failed and gives the round to the next site without waiting for the deadline.
 TEST(CliFederationTest, AClientThatCannotTrainExitsAtOnceAndTheRunGoesOn) {
   const char* src = std::getenv("FEDLORA_SOURCE_DIR");
   ASSERT_NE(src, nullptr);

@@ -113,8 +113,7 @@ TEST_P(CrashRecoveryTest, AcknowledgedUpdatesCountOnceAndTheAdapterMatchesAnUnin
 
   EXPECT_EQ(crashes.load(), 1) << "the server should have crashed exactly once at " << crash_at;
   EXPECT_EQ(other_exits.load(), 0);
-  // FEDADAM carries moments from round to round: after a restart they must come back from the
-  // store.
+  // FEDADAM carries moments from round to round: after a restart they must come back from the store.
   ServerOptimizerOptions optimizer;
   if (strategy == "FEDADAM") {
     optimizer.kind = ServerOptimizerKind::kAdam;
@@ -163,8 +162,7 @@ TEST_P(CrashRecoveryTest, AcknowledgedUpdatesCountOnceAndTheAdapterMatchesAnUnin
 }
 
 // "@N": crash the N-th time the point is reached (the third acknowledgement falls mid-round 1).
-// The FEDADAM cases crash after round 1 committed its moments, so the restarted server must load
-// them.
+// The FEDADAM cases crash after round 1 committed its moments, so the restarted server must load them.
 INSTANTIATE_TEST_SUITE_P(
     Points, CrashRecoveryTest,
     ::testing::Values(std::pair<std::string, std::string>{"before_ack@2", "FEDAVG"},

@@ -1,6 +1,6 @@
-// Shared pieces of the server integration tests: a small run config, a tiny adapter, a Trainer
-// whose deltas are a known function of (client, round), the reference aggregation computed directly
-// with the aggregation library, and raw-protocol helpers for tests that play a hostile client.
+// Shared pieces of the server integration tests: a small run config, a tiny adapter, a Trainer whose
+// deltas are a known function of (client, round), the reference aggregation computed directly with
+// the aggregation library, and raw-protocol helpers for tests that play a hostile client.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -330,10 +330,9 @@ class RawClient {
   }
 
   // The header for uploading `plain` (an encoded update) for `task`, sealed as an honest client
-  // would: to the round's aggregation key, for this run, round, client, upload id and weight.
-  // Upload and UploadAll given the same `plain` then send the sealed bytes (tests keep handling
-  // plaintext). `num_examples` < 0: what an honest client claims (1 under secure aggregation or DP,
-  // else 10).
+  // would: to the round's aggregation key, for this run, round, client, upload id and weight. Upload and
+  // UploadAll given the same `plain` then send the sealed bytes (tests keep handling plaintext).
+  // `num_examples` < 0: what an honest client claims (1 under secure aggregation or DP, else 10).
   v1::UploadHeader Header(const v1::TrainTask& task, const std::string& plain,
                           const std::string& upload_id, int64_t num_examples = -1) {
     if (num_examples < 0) num_examples = HidesPerClientStatistics(join_.run_config()) ? 1 : 10;

@@ -97,11 +97,10 @@ class DownloadFlood {
 };
 
 // 1000 downloads opened and never read by one client: two at a time are admitted
-// (max_client_downloads_in_flight), the rest refused at once; RSS grows by under 96 MiB (gRPC's
-// state for the 1000 calls at once) (without the cap all 1000 are served, and RSS grew by 2158 MiB:
-// the server's chunks and gRPC buffers, and the adapter piling up in the flooder's own buffers),
-// and an honest client finishes its round. One honest client (site-0) runs to the end of the run on
-// `server`.
+// (max_client_downloads_in_flight), the rest refused at once; RSS grows by under 96 MiB (gRPC's state for the 1000 calls at once) (without
+// the cap all 1000 are served, and RSS grew by 2158 MiB: the server's chunks and gRPC buffers,
+// and the adapter piling up in the flooder's own buffers), and an honest client finishes its round.
+// One honest client (site-0) runs to the end of the run on `server`.
 void AnHonestClientFinishes(Server& server) {
   std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
   trainers.push_back(std::make_unique<DeterministicTrainer>(0));
@@ -313,8 +312,7 @@ TEST(FloodsTest, HeldPollsAreCappedPerClient) {
 // file or an update), and the honest client finishes. RSS grows by under 128 MiB, a twelfth of
 // the 1.6 GB sent (measured 25-27 MiB alone, 56-77 MiB after the floods above in the same
 // process). More flooding threads cost the test's own client more (16 threads: 99-198 MiB, 64:
-// 58-73 MiB, noisy: their buffers and malloc arenas): they would measure the flooder, not the
-// server.
+// 58-73 MiB, noisy: their buffers and malloc arenas): they would measure the flooder, not the server.
 TEST(FloodsTest, RefusedUploadsCostLittleMemory) {
   TempDir dir;
   auto server = Server::Create(testing::TestServerOptions(dir.path()),

@@ -1,5 +1,5 @@
-// The live view on the metrics listener (server/live_view.h): the page and /api/run.json from a
-// real server with a committed round; the access rule (loopback without TLS, operator certificates
+// The live view on the metrics listener (server/live_view.h): the page and /api/run.json from a real
+// server with a committed round; the access rule (loopback without TLS, operator certificates
 // under TLS over HTTPS); /metrics as before beside it.
 #include "server/live_view.h"
 
@@ -139,8 +139,7 @@ bool Write(const std::string& path, const std::string& text) {
   return WriteFileAtomically(path, text).ok();
 }
 
-// ca.pem, server.pem/key (127.0.0.1), and <name>.pem/key per client; `revoked` also goes on
-// crl.pem.
+// ca.pem, server.pem/key (127.0.0.1), and <name>.pem/key per client; `revoked` also goes on crl.pem.
 bool MakeCertificates(const std::string& dir, const std::vector<std::string>& clients,
                       const std::string& revoked) {
   const std::string d = dir + "/";

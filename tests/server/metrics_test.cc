@@ -180,8 +180,7 @@ TEST(MetricsHttpServerTest, ServesMetricsAndNothingElse) {
   }
   EXPECT_THAT(Exchange(port, "POST /other HTTP/1.0\r\nContent-Length: 0\r\n\r\n"),
               StartsWith("HTTP/1.1 404"));
-  // A body is read (not taken for the next request): the second request on the connection is
-  // answered.
+  // A body is read (not taken for the next request): the second request on the connection is answered.
   const std::string two =
       Exchange(port,
                "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"

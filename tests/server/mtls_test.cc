@@ -1,8 +1,7 @@
 // Identity over mutual TLS: the server takes a client's identity from its certificate's CN, never
 // from metadata or a message body; revoked sites and sites not on the run's list are refused at the
 // handshake while the others finish the run. Certificates are made per test
-// with fedlora's own tooling (a throwaway CA, a server certificate for 127.0.0.1, client
-// certificates).
+// with fedlora's own tooling (a throwaway CA, a server certificate for 127.0.0.1, client certificates).
 #include <ctime>
 #include <fstream>
 
@@ -152,8 +151,8 @@ TEST(MtlsTest, ClientWithoutCertificateIsRefused) {
   EXPECT_FALSE(plain.Join().ok());
 }
 
-// The Admin service over TLS with `site`'s certificate, from 127.0.0.1: the status code of
-// GetStatus (BlockClient's must be the same).
+// The Admin service over TLS with `site`'s certificate, from 127.0.0.1: the status code of GetStatus
+// (BlockClient's must be the same).
 grpc::StatusCode AdminStatusAs(const Server& server, const std::string& dir,
                                const std::string& site) {
   auto read = [](const std::string& path) {

@@ -1,8 +1,8 @@
-// Retention of old rounds (server.retain_rounds): over a 50-round run the store's size on disk
-// stays within a stated bound of its size after round 10, a restart after round 50 resumes and
-// commits the right adapter, and without retention the store grows by about an adapter per round
-// (so the measurement measures something). DP's epsilon survives pruning, and a downlink-codec run
-// with retention keeps its clients training.
+// Retention of old rounds (server.retain_rounds): over a 50-round run the store's size on disk stays
+// within a stated bound of its size after round 10, a restart after round 50 resumes and commits
+// the right adapter, and without retention the store grows by about an adapter per round (so the
+// measurement measures something). DP's epsilon survives pruning, and a downlink-codec run with
+// retention keeps its clients training.
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
@@ -140,8 +140,7 @@ TEST_F(RetentionTest, StoreSizeStaysBoundedOver50RoundsAndARestartResumes) {
   int64_t after10 = 0, after50 = 0;
   RunAndMeasure(50, /*retain=*/3, &after10, &after50);
   // The bound: 4 adapters. Rows of the 40 rounds between (round, uploads, selections, metrics:
-  // about 2 KB a round) and a WAL of the last few transactions fit in it; 40 kept adapters would
-  // not.
+  // about 2 KB a round) and a WAL of the last few transactions fit in it; 40 kept adapters would not.
   EXPECT_LE(after50, after10 + 4 * kAdapterBytes)
       << "after round 10: " << after10 << ", after round 50: " << after50;
   std::cout << "store bytes with retain_rounds 3: after round 10 " << after10 << ", after round 50 "

@@ -55,8 +55,7 @@ class RoundDriverTest : public ::testing::Test {
     return header.manifest().sha256();
   }
 
-  // Flips one byte of the blob `hash` in the store's blobs/, so that reading it fails its hash
-  // check.
+  // Flips one byte of the blob `hash` in the store's blobs/, so that reading it fails its hash check.
   void CorruptBlob(const std::string& hash) {
     const std::filesystem::path path =
         std::filesystem::path(dir_.path()) / "blobs" / hash.substr(0, 2) / hash.substr(2);

@@ -229,9 +229,9 @@ TEST(SecureAggregationRoundTest, WrongSharesDoNotCommitARandomisedSum) {
 }
 
 TEST(SecureAggregationRoundTest, OneWrongShareIsOutvotedAndItsSenderSitsOutTheNextRound) {
-  // Six sites, threshold 3: each survivor's seed has five shares. Site 0 flips a byte of every
-  // share it reveals; the other four shares of each seed outvote it, the round commits the exact
-  // mean of the six updates, and site 0 is named and left out of round 2's selection.
+  // Six sites, threshold 3: each survivor's seed has five shares. Site 0 flips a byte of every share
+  // it reveals; the other four shares of each seed outvote it, the round commits the exact mean of
+  // the six updates, and site 0 is named and left out of round 2's selection.
   TempDir dir;
   v1::RunConfig config = SecAggConfig(6);
   config.set_rounds(2);

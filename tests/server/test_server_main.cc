@@ -20,8 +20,7 @@
 
 int main(int argc, char** argv) {
   int port = 0, rounds = 0, clients = 0;
-  // The optional fifth argument is the aggregation strategy, e.g. FEDADAM (server learning rate
-  // 0.05).
+  // The optional fifth argument is the aggregation strategy, e.g. FEDADAM (server learning rate 0.05).
   fedlora::v1::AggregationConfig::Strategy strategy = fedlora::v1::AggregationConfig::FEDAVG;
   const std::string strategy_arg = argc == 6 ? argv[5] : "FEDAVG";
   const size_t colon = strategy_arg.find(':');

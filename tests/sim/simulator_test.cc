@@ -372,8 +372,7 @@ TEST(Simulator, DownlinkDeltasRebuildTheBroadcastAdapter) {
 TEST(Simulator, DifferentialPrivacyReportsEpsilonEachRound) {
   // Central DP, z = 1.1, 4 of 10 clients per round, accounted at sampling rate 1 (the server's
   // cohorts are not uniform samples): the report's epsilon after each round is Opacus 1.5.2's for
-  // that many steps (compute_rdp, alpha * steps / (2 z^2) at q = 1; get_privacy_spent, default
-  // orders).
+  // that many steps (compute_rdp, alpha * steps / (2 z^2) at q = 1; get_privacy_spent, default orders).
   const std::string dir = MakeFixture();
   v1::RunConfig config = Config(dir, 2);
   config.mutable_aggregation()->clear_weight_by_examples();
@@ -394,11 +393,10 @@ TEST(Simulator, DifferentialPrivacyReportsEpsilonEachRound) {
 
 TEST(Simulator, SecureAggregationWithDistributedNoiseOverMutualTlsThroughADropout) {
   // Everything on: mutual TLS (a PKI made for the run), sealed updates, secure aggregation and
-  // distributed DP. The SDK's secure-aggregation path: 4 clients mask their clipped, noised
-  // updates; in round 1 client 2 drops after sharing its keys, so the server unmasks the other
-  // three. Each client adds noise of variance (z C)^2 / 4, so round 1's sum carries z_eff = 2
-  // sqrt(3/4) and round 2's z = 2; the expected epsilons are Opacus 1.5.2's for those (compute_rdp
-  // at q = 1, get_privacy_spent).
+  // distributed DP. The SDK's secure-aggregation path: 4 clients mask their clipped, noised updates; in round 1
+  // client 2 drops after sharing its keys, so the server unmasks the other three. Each client adds
+  // noise of variance (z C)^2 / 4, so round 1's sum carries z_eff = 2 sqrt(3/4) and round 2's z = 2;
+  // the expected epsilons are Opacus 1.5.2's for those (compute_rdp at q = 1, get_privacy_spent).
   const std::string dir = MakeFixture();
   v1::RunConfig config = Config(dir, 2);
   config.mutable_aggregation()->clear_weight_by_examples();

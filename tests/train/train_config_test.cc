@@ -195,8 +195,7 @@ TEST(ModelOptionsFromConfigTest, PrecisionBf16HoldsAndMultipliesTheBaseInBf16) {
   EXPECT_TRUE(d.bf16_math);
 }
 
-// model.precision: INT8 (decoders) holds the base as Q8_0 and multiplies the forward products in
-// int8.
+// model.precision: INT8 (decoders) holds the base as Q8_0 and multiplies the forward products in int8.
 TEST(ModelOptionsFromConfigTest, PrecisionInt8HoldsTheDecoderBaseAsQ8_0WithInt8Math) {
   v1::RunConfig c;
   c.mutable_task()->set_kind(v1::TaskConfig::CAUSAL_LM);

@@ -64,8 +64,8 @@ struct RetryPolicy {
 struct ClientOptions {
   // host:port of the aggregation server. Required.
   std::string server_address;
-  // Identity sent in plaintext mode (ignored with TLS, where the certificate decides). Default
-  // empty: required without TLS.
+  // Identity sent in plaintext mode (ignored with TLS, where the certificate decides). Default empty:
+  // required without TLS.
   std::string client_id;
   ClientTlsOptions tls;
   // Talk plaintext to a loopback server (simulation, tests). Default false: without TLS, Create
@@ -135,8 +135,8 @@ class Client {
 
   // Runs until the server reports the run finished, max_tasks are done, Stop() is called
   // (Cancelled), or retries are exhausted (the last transient error); Aborted when the server
-  // stopped the run on a failure (RunFinished FAILED). A trainer error that trying again cannot
-  // fix, or RetryPolicy.max_attempts failed tasks in a row, end it too: the client leaves with the
+  // stopped the run on a failure (RunFinished FAILED). A trainer error that trying again cannot fix,
+  // or RetryPolicy.max_attempts failed tasks in a row, end it too: the client leaves with the
   // error, which the server shows (see ClientTrainer::Train), and returns it. Not thread-safe: call
   // it from one thread at a time.
   virtual absl::StatusOr<RunSummary> RunUntilDone() = 0;

@@ -5,11 +5,11 @@
 //   class MyTrainer : public fedlora::ClientTrainer {
 //    public:
 //     absl::StatusOr<fedlora::TrainResult> Train(const fedlora::TrainTask& task,
-//                                                const std::vector<fedlora::NamedTensor>& global)
-//                                                override {
+//                                                const std::vector<fedlora::NamedTensor>& global) override {
 //       fedlora::TrainResult result;
-//       result.delta = ...;            // same names and shapes as `global`, values = local -
-//       global result.num_examples = 1200;    // the FedAvg weight return result;
+//       result.delta = ...;            // same names and shapes as `global`, values = local - global
+//       result.num_examples = 1200;    // the FedAvg weight
+//       return result;
 //     }
 //   };
 //
