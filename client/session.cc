@@ -34,7 +34,6 @@ absl::Status Session::JoinOnce() {
                                                              : options_.client_version);
   request.mutable_capabilities()->set_device_name(options_.device_name);
   request.mutable_capabilities()->set_has_cuda(options_.has_cuda);
-  request.mutable_capabilities()->add_encryption_schemes(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
   v1::JoinResponse response;
   session_.clear();
   FEDLORA_RETURN_IF_ERROR(transport_->Join(Meta(options_.call_deadline_ms), request, &response));

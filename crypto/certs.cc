@@ -17,6 +17,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "core/sha256.h"
 #include "core/status.h"
 #include "crypto/openssl_errors.h"
 #include "crypto/openssl_ptr.h"
@@ -575,6 +576,12 @@ absl::StatusOr<CertificateInfo> ParseCertificate(std::string_view pem) {
   FEDLORA_ASSIGN_OR_RETURN(info.not_after_unix_s,
                            UnixSeconds(X509_get0_notAfter(cert.get()), "notAfter"));
   info.is_ca = (X509_get_extension_flags(cert.get()) & EXFLAG_CA) != 0;
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int digest_len = 0;
+  if (X509_digest(cert.get(), EVP_sha256(), digest, &digest_len) != 1) {
+    return Internal("hashing the certificate");
+  }
+  info.sha256_hex = ToHex(digest, digest_len);
   NamesPtr names(static_cast<GENERAL_NAMES*>(
       X509_get_ext_d2i(cert.get(), NID_subject_alt_name, nullptr, nullptr)));
   for (int i = 0; names != nullptr && i < sk_GENERAL_NAME_num(names.get()); ++i) {

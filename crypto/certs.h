@@ -70,6 +70,7 @@ struct CertificateInfo {
   std::vector<std::string> dns_names;
   std::vector<std::string> ip_addresses;  // as inet_ntop writes them
   bool is_ca = false;                     // basicConstraints CA:TRUE
+  std::string sha256_hex;  // the fingerprint: SHA-256 of the DER encoding, lower-case hex
 };
 
 // Parses the first certificate of a PEM text.

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "crypto/certs.h"
 #include "proto/wire.h"
 #include "server/download_reactor.h"
 #include "server/grpc_status.h"
@@ -119,6 +120,16 @@ absl::StatusOr<std::string> CallerIdentity(const grpc::ServerContextBase& contex
   return id;
 }
 
+std::string PeerCertificateFingerprint(const grpc::ServerContextBase& context) {
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return "";
+  std::vector<grpc::string_ref> pem = auth->FindPropertyValues("x509_pem_cert");
+  if (pem.empty()) return "";
+  absl::StatusOr<crypto::CertificateInfo> info =
+      crypto::ParseCertificate(std::string_view(pem.front().data(), pem.front().size()));
+  return info.ok() ? info->sha256_hex : "";
+}
+
 absl::Status CheckOperatorRule(const char* what, bool tls, bool loopback, const std::string& caller,
                                const absl::StatusOr<std::string>& tls_identity,
                                const std::vector<std::string>& operator_ids) {
@@ -186,8 +197,9 @@ grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* c
   // Registering the client writes (and fsyncs) its row.
   return AnswerOnPool<v1::JoinResponse>(
       context, rpc_pool_, QueueCap(), response,
-      [this, id = *std::move(id), peer = context->peer(), request] {
-        return coordinator_->Join(id, peer, *request);
+      [this, id = *std::move(id), peer = context->peer(),
+       fingerprint = PeerCertificateFingerprint(*context), request] {
+        return coordinator_->Join(id, peer, fingerprint, *request);
       });
 }
 

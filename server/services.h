@@ -33,6 +33,9 @@ namespace fedlora {
 
 // The caller's identity (see above). Unauthenticated when absent or malformed.
 absl::StatusOr<std::string> CallerIdentity(const grpc::ServerContextBase& context, bool tls);
+// The fingerprint (SHA-256 of the DER, crypto::CertificateInfo::sha256_hex) of the client
+// certificate the TLS handshake verified; empty without TLS.
+std::string PeerCertificateFingerprint(const grpc::ServerContextBase& context);
 // True when gRPC reports the peer on a loopback address ("ipv4:127.x.x.x:port", "ipv6:[::1]:port").
 bool IsLoopbackPeer(const std::string& peer);
 

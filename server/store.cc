@@ -1,7 +1,6 @@
 // The SQLite store (schema, migrations, WAL group fsync) and its queries. Over 600 lines, not split
-// yet: the schema/migrations, the durability machinery and the per-table queries are the three
-// files it becomes; deferred to issue 37's rework of the coordinator's state, which changes the
-// queries themselves.
+// yet: the schema/migrations, the durability machinery (WalSyncer) and the per-table queries are
+// the three files it becomes, with Stmt and Store::Impl in an internal header between them.
 #include "server/store.h"
 
 #include <fcntl.h>

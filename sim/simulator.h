@@ -91,7 +91,7 @@ struct SimOptions {
   // Where the virtual clients' models compute (ModelOptions::device, DecoderOptions::device) and
   // the server sums the updates (ServerOptions::aggregation_device): with kCuda every pooled model
   // has its own stream and all share one device copy of the base. The models refuse kCuda with
-  // int8 math: tools/common.h DeviceForRun picks the CPU for it. bf16 math and exact-match
+  // int8 math: config/device_plan.h DeviceForRun picks the CPU for it. bf16 math and exact-match
   // evaluation run on CUDA.
   Device device = Device::kCpu;
   // Figures drawn across rounds.svg's quality panel (e.g. the centralized baseline's accuracy).

@@ -12,6 +12,9 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_split.h"
+#include "core/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -119,6 +122,24 @@ TEST(Certs, ServerCertificateRoundTripAndVerifies) {
   X509_free(ca_x);
   EXPECT_TRUE(ChainVerifies(ca.cert_pem, server->cert_pem));
   EXPECT_FALSE(ChainVerifies(MakeCa("ca two").cert_pem, server->cert_pem));
+}
+
+TEST(Certs, FingerprintIsTheSha256OfTheDerEncoding) {
+  const PemPair ca = MakeCa("ca one");
+  absl::StatusOr<PemPair> client = IssueClientCertificate(ca, Req("site-f", Now() + kDay));
+  ASSERT_TRUE(client.ok()) << client.status();
+  // The DER is the base64 body of the PEM, between its BEGIN and END lines.
+  std::string body;
+  for (absl::string_view line : absl::StrSplit(client->cert_pem, '\n')) {
+    if (!line.empty() && line[0] != '-') body.append(line.data(), line.size());
+  }
+  std::string der;
+  ASSERT_TRUE(absl::Base64Unescape(body, &der));
+  absl::StatusOr<CertificateInfo> info = ParseCertificate(client->cert_pem);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->sha256_hex, Sha256Hex(der));
+  EXPECT_EQ(info->sha256_hex.size(), 64u);
+  EXPECT_NE(ParseCertificate(ca.cert_pem)->sha256_hex, info->sha256_hex);
 }
 
 TEST(Certs, ClientCertificateRoundTripAndVerifies) {

@@ -19,8 +19,6 @@ bool LoadClient::Join() {
     v1::JoinRequest request;
     request.set_protocol_version(kProtocolVersion);
     request.set_client_version("load-harness");
-    request.mutable_capabilities()->add_encryption_schemes(
-        v1::EncryptionSpec::X25519_HKDF_AES256GCM);
     request.mutable_capabilities()->set_device_name("cpu");
     v1::JoinResponse response;
     {

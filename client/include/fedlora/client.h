@@ -94,8 +94,8 @@ struct ClientOptions {
   int64_t max_tasks = 0;
   // Version string sent in Join, for the server's logs. Default empty: this SDK's version.
   std::string client_version;
-  // The device the site trains on, reported in Join's capabilities (for the server's logs and
-  // selection) and used for nothing else: "cpu", or the GPU's description with has_cuda set.
+  // The device the site trains on, reported in Join's capabilities (the server logs it) and used
+  // for nothing else: "cpu", or the GPU's description with has_cuda set.
   std::string device_name = "cpu";
   bool has_cuda = false;
   // Run the update's top-k and quantization stages on the GPU (the same bytes as on the host); a
