@@ -24,13 +24,13 @@
 #include "crypto/key_signature.h"
 #include "crypto/random.h"
 #include "crypto/sealed_update.h"
-#include "model/param.h"
 #include "proto/config_io.h"
 #include "proto/wire.h"
 #include "server/adapter_io.h"
 #include "server/audit_trail.h"
 #include "server/coordinator_internal.h"
 #include "server/crash_point.h"
+#include "server/round_aggregator.h"
 #include "server/selection.h"
 
 namespace fedlora {
@@ -42,42 +42,6 @@ int64_t SystemClockMs() {
 }
 
 namespace {
-
-// The server optimizer a run's aggregation config asks for. Unimplemented for the robust
-// strategies, which need every update in memory at once rather than the streaming mean.
-absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(
-    const v1::AggregationConfig& a) {
-  ServerOptimizerOptions o;
-  switch (a.strategy()) {
-    case v1::AggregationConfig::STRATEGY_UNSPECIFIED:
-    case v1::AggregationConfig::FEDAVG:
-    case v1::AggregationConfig::FEDPROX:
-      o.kind = ServerOptimizerKind::kSgd;
-      break;
-    case v1::AggregationConfig::FEDADAM:
-      o.kind = ServerOptimizerKind::kAdam;
-      break;
-    case v1::AggregationConfig::FEDYOGI:
-      o.kind = ServerOptimizerKind::kYogi;
-      break;
-    case v1::AggregationConfig::FEDADAGRAD:
-      o.kind = ServerOptimizerKind::kAdagrad;
-      break;
-    default:
-      return absl::UnimplementedError(
-          absl::StrCat("aggregation.strategy ", v1::AggregationConfig::Strategy_Name(a.strategy()),
-                       " is not implemented by the server yet; use FEDAVG, FEDPROX, "
-                       "FEDADAM, FEDYOGI or FEDADAGRAD"));
-  }
-  const bool adaptive = o.kind != ServerOptimizerKind::kSgd;
-  o.learning_rate =
-      a.has_server_learning_rate() ? a.server_learning_rate() : (adaptive ? 0.01 : 1.0);
-  o.momentum = a.server_momentum();
-  if (a.has_server_beta1()) o.beta1 = a.server_beta1();
-  if (a.has_server_beta2()) o.beta2 = a.server_beta2();
-  if (a.has_server_tau()) o.tau = a.server_tau();
-  return o;
-}
 
 // A blob the run needs to resume is damaged: an error naming the round, the blob and the commands
 // that diagnose and repair it (tools/cmd_store.cc), with the blob store's own code and text.

@@ -20,10 +20,11 @@
 //   round r training      selected clients get a TrainTask; uploads are accepted until
 //                         clients_per_round are in, or the deadline passes with >= min_clients
 //                         (else the round is abandoned and round r+1 starts from the same adapter)
-//   round r aggregating   StreamingFedAvg over the accepted uploads in canonical (upload_id)
-//                         order; new adapter blob written; evaluator called; CommitRound. A
-//                         failure is retried up to max_aggregation_attempts times, then the round
-//                         is abandoned (or the run stopped: stop_on_aggregation_failure)
+//   round r aggregating   a RoundAggregator (server/round_aggregator.h) over the accepted
+//                         uploads in canonical (upload_id) order; new adapter blob written;
+//                         evaluator called; CommitRound. A failure is retried up to
+//                         max_aggregation_attempts times, then the round is abandoned (or the
+//                         run stopped: stop_on_aggregation_failure)
 //   finished              after `rounds` committed rounds; WaitForTask answers RunFinished
 //
 // Thread-safety: every public method is thread-safe. Store writes that decide a client-visible
@@ -63,6 +64,7 @@
 #include "server/evaluator.h"
 #include "server/metrics.h"
 #include "server/options.h"
+#include "server/round_aggregator.h"
 #include "server/store.h"
 
 namespace fedlora {
@@ -263,7 +265,35 @@ class Coordinator {
   // The end of one aggregation try: counts a failure, schedules the next try or gives the round up.
   void AggregationDoneLocked(int64_t round, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One aggregation try of `round` (coordinator_aggregation.cc): snapshot, RoundAggregator, commit.
+  struct RoundOutcome;
   absl::Status AggregateAndCommit(int64_t round);
+  // What the aggregation of `round` starts from: the adapters and the committed count read under
+  // mu_, the run's policies, and on the last round the tail adapters (TailFor).
+  absl::StatusOr<RoundSnapshot> SnapshotRound(int64_t round, int64_t* committed_before);
+  // aggregation.average_last_rounds: the latest committed rounds before `round` whose adapters the
+  // final one is averaged with, oldest first; FailedPrecondition when one was deleted (retention).
+  absl::StatusOr<std::vector<TailAdapter>> TailFor(int64_t round) const;
+  // Feeds the round's accepted updates (canonical order) to `aggregator`: each read from blobs/,
+  // opened with the round's key and, with an audit key, copied first. A lost one is counted and
+  // skipped; when too few are left the round is abandoned (out.abandoned).
+  absl::Status AggregatePlain(int64_t round, const AggregationKey& key,
+                              const std::vector<UploadRecord>& uploads, RoundAggregator& aggregator,
+                              RoundOutcome& out);
+  // Opens accepted update `u`'s sealed blob; PermissionDenied (annotated) when it does not open.
+  absl::StatusOr<std::string> OpenAccepted(const UploadRecord& u, const AggregationKey& key,
+                                           std::string sealed) const;
+  // Puts the result's blobs (optimizer state, adapter, downlink delta and broadcast adapter).
+  absl::Status StoreResult(RoundOutcome& out);
+  // The evaluator's metrics for the round's adapter, when the round is one to evaluate.
+  std::map<std::string, double> EvaluateRound(int64_t round, int64_t committed_before,
+                                              const std::vector<UpdateTensor>& adapter);
+  // Evaluates, commits the round to the store, and installs it in memory.
+  absl::Status CommitOutcome(int64_t round, RoundOutcome& out);
+  // The committed round's in-memory part (the global and broadcast adapters, the counters); opens
+  // the next round or finishes the run.
+  absl::Status InstallCommittedLocked(int64_t round, RoundOutcome& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the open round abandoned (durably), counts it and opens the next one.
   absl::Status AbandonRoundLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Secure aggregation (coordinator_secagg.cc). The encoding every round of the run uses, fixed at
@@ -296,13 +326,6 @@ class Coordinator {
   absl::Status ValidateMaskedUpload(std::string_view plain) const;
   // Cancelled once shutdown began: a running aggregation checks it between its steps.
   absl::Status CheckNotShuttingDown() const;
-  // aggregation.average_last_rounds: replaces `adapter` (the last round's aggregate) by its mean
-  // with the adapters the latest earlier committed rounds stored, read back from the blob store.
-  // The mean is StreamingFedAvg's (exact, rounded once), so a restarted server recomputes the same
-  // bits.
-  absl::Status AverageWithEarlierRounds(int64_t round, std::vector<UpdateTensor>& adapter) const;
-  // An accepted update, decoded (a sparsified one as its kept entries) and matched to the adapter.
-  absl::StatusOr<std::vector<KeptTensor>> DecodeAndValidate(std::string_view bytes) const;
   // BeginUpload's checks under mu_, with what was read before it was taken (the free disk, the
   // upload's row). A new upload is locked to the stream and `*record` filled with the row to write.
   absl::StatusOr<UploadPlan> AdmitUpload(const std::string& client_id,
