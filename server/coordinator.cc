@@ -103,7 +103,8 @@ absl::Status Coordinator::CheckPrivacy(const v1::RunConfig& config, int64_t adap
   FEDLORA_RETURN_IF_ERROR(ValidatePrivacySettings(config));
   double encoding_bound = 0;
   if (config.privacy().secure_aggregation()) {
-    FEDLORA_ASSIGN_OR_RETURN(SecAggEncoding encoding, SecAggEncodingFor(config));
+    FEDLORA_ASSIGN_OR_RETURN(SecAggEncoding encoding,
+                             SecAggEncoding::For(config, MinClientsFor(config), QuotaFor(config)));
     encoding_bound = FixedPointRoundingBound(encoding.frac_bits, adapter_elements);
   }
   // The budget check needs no real key; Restore checks it again with the run's adapter.
@@ -338,7 +339,7 @@ absl::Status Coordinator::Restore() {
   spec_elements_ = global_elements_;
   {
     if (config_.privacy().secure_aggregation()) {
-      FEDLORA_ASSIGN_OR_RETURN(secagg_, SecAggEncodingFor(config_));
+      FEDLORA_ASSIGN_OR_RETURN(secagg_, SecAggEncoding::For(config_, MinClients(), Quota()));
     } else {
       secagg_.reset();
     }

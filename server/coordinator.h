@@ -65,6 +65,7 @@
 #include "server/metrics.h"
 #include "server/options.h"
 #include "server/round_aggregator.h"
+#include "server/secagg_round.h"
 #include "server/store.h"
 
 namespace fedlora {
@@ -214,7 +215,6 @@ class Coordinator {
  private:
   struct ClientEntry;
   struct RoundInfo;
-  struct SecAggRound;
   struct Waiter;
   // An answer for a held or new WaitForTask, delivered by Deliver.
   struct Delivery {
@@ -239,6 +239,11 @@ class Coordinator {
   uint64_t DownlinkSeedFor(int64_t round) const;
   v1::AdapterManifest ManifestLocked(const std::string& hash, int64_t round,
                                      int64_t total_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // WaitForTask's answer once the run is over.
+  v1::WaitForTaskResponse RunFinishedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The TrainTask of selected client `client_id` in training round `r`.
+  v1::WaitForTaskResponse TaskLocked(const RoundInfo& r, const std::string& client_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The answer to WaitForTask right now, or nullopt when the client should keep waiting.
   std::optional<v1::WaitForTaskResponse> AnswerLocked(const std::string& client_id, bool may_hold)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -296,19 +301,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the open round abandoned (durably), counts it and opens the next one.
   absl::Status AbandonRoundLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Secure aggregation (coordinator_secagg.cc). The encoding every round of the run uses, fixed at
-  // Restore from the config; unset without privacy.secure_aggregation.
-  struct SecAggEncoding {
-    double clip_norm = 0;
-    double range = 0;
-    uint32_t frac_bits = 0;
-    uint32_t modulus_bits = 0;
-  };
+  // Secure aggregation (coordinator_secagg.cc, server/secagg_round.h). The encoding every round of
+  // the run uses, fixed at Restore from the config; unset without privacy.secure_aggregation.
   std::optional<SecAggEncoding> secagg_;
-  static absl::StatusOr<SecAggEncoding> SecAggEncodingFor(const v1::RunConfig& config);
-  // DataLoss when the unmasked sum `total` of `n` updates is larger than n clipped updates (plus
-  // the distributed noise) can be: a client's wrong share or masked input randomised it.
-  absl::Status CheckUnmaskedSum(int64_t round, const std::vector<double>& total, int64_t n) const;
   // Logs and counts the cohort members (`index`: client id -> cohort index) whose revealed shares
   // were wrong, and keeps them out of the next round's selection.
   void ExcludeMisbehaving(int64_t round, const std::vector<uint32_t>& misbehaving,
@@ -322,8 +317,10 @@ class Coordinator {
   // mean of the survivors' updates. FailedPrecondition when the round cannot be unmasked.
   absl::StatusOr<std::vector<UpdateTensor>> AggregateSecAgg(
       int64_t round, const std::vector<UploadRecord>& uploads, int64_t* survivors);
-  // The checks of a masked upload (its size and values) in place of the codec's.
-  absl::Status ValidateMaskedUpload(std::string_view plain) const;
+  // Step 3 on the aggregation thread: publishes `request` and waits for the `expected` survivors'
+  // answers, or for step_ms. Aborted when the round closed, Cancelled at shutdown.
+  absl::StatusOr<std::map<uint32_t, v1::SecAggUnmaskingResponse>> CollectUnmasking(
+      int64_t round, const v1::SecAggUnmaskingRequest& request, size_t expected, int64_t step_ms);
   // Cancelled once shutdown began: a running aggregation checks it between its steps.
   absl::Status CheckNotShuttingDown() const;
   // BeginUpload's checks under mu_, with what was read before it was taken (the free disk, the

@@ -55,7 +55,7 @@ absl::Status Coordinator::AggregateAndCommit(int64_t round) {
     {
       absl::MutexLock lock(&mu_);
       if (round_ != nullptr && round_->round == round && round_->secagg != nullptr) {
-        cohort = static_cast<int64_t>(round_->secagg->cohort.size());
+        cohort = static_cast<int64_t>(round_->secagg->cohort_size());
       }
     }
     int64_t added = 0;

@@ -491,7 +491,7 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id,
       return absl::InvalidArgumentError(
           "a masked update must declare the run's codec (empty, or its QUANT stage)");
     }
-    return ValidateMaskedUpload(bytes);
+    return secagg_->ValidateMasked(bytes, spec_elements_);
   }
   FEDLORA_ASSIGN_OR_RETURN(UpdateHeader codec_header, ParseUpdateHeader(bytes, DecodeLimits{}));
   const CodecOptions encoded = codec_header.options();
@@ -558,9 +558,7 @@ absl::StatusOr<v1::UploadAck> Coordinator::CompleteUploadLocked(const std::strin
     return BlockedError(client_id);
   if (const SecAggRound* s = round_->secagg.get(); s != nullptr) {
     // A masked update only counts from a client whose keys are in the round's key sharing (U2).
-    auto it = s->index.find(client_id);
-    if (s->phase != SecAggRound::Phase::kMaskedInput || it == s->index.end() ||
-        !std::binary_search(s->u2.begin(), s->u2.end(), it->second)) {
+    if (!s->MayUpload(client_id)) {
       return absl::FailedPreconditionError(
           absl::StrCat("round ", round, ": '", client_id,
                        "' cannot upload a masked update (the key sharing did not include it)"));
