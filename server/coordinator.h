@@ -249,6 +249,28 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::WaitForTaskResponse RetryLaterLocked(const std::string& reason) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restore's steps, in order: the round keys and signing and audit keys; the run (created when
+  // new, with its initial adapter's hash); the blobs no row names; the committed rounds' adapters
+  // and downlink steps; the global and broadcast adapters and the spec; the privacy settings; the
+  // server optimizer's state; the clients.
+  struct CommittedHeads {
+    std::string global, broadcast;  // hashes of the adapters the last committed round left
+    int64_t round = 0, broadcast_round = 0;
+  };
+  absl::Status LoadSecretsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::string> CreateRunIfNewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CollectGarbageLocked(const std::string& initial_hash)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<CommittedHeads> RestoreCommittedLocked(const std::vector<RoundRecord>& rounds,
+                                                        const std::string& initial_hash)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LoadAdaptersLocked(const CommittedHeads& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RestorePrivacyLocked(const std::vector<RoundRecord>& rounds)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RestoreOptimizerLocked(const std::vector<RoundRecord>& rounds, int64_t current_round)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RestoreClientsLocked(const std::vector<RoundRecord>& rounds)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status OpenNextRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MaybeCloseSelectionLocked(bool force_window) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks the accepted count and deadline; moves the round to aggregating or abandons it.
