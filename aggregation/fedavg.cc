@@ -7,7 +7,6 @@
 #include <limits>
 #include <optional>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status.h"
@@ -32,31 +31,6 @@ std::optional<u128> FixedPointTerm(float x, uint64_t w) {
 }
 
 }  // namespace
-
-std::string_view AggregationStrategyName(AggregationStrategy strategy) {
-  switch (strategy) {
-    case AggregationStrategy::kFedAvg:
-      return "fedavg";
-    case AggregationStrategy::kFedProx:
-      return "fedprox";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<AggregationStrategy> ParseAggregationStrategy(std::string_view name) {
-  const std::string lower = absl::AsciiStrToLower(ToAbsl(name));
-  if (lower == "fedavg") return AggregationStrategy::kFedAvg;
-  if (lower == "fedprox") return AggregationStrategy::kFedProx;
-  return absl::InvalidArgumentError(absl::StrCat("unknown aggregation strategy '", ToAbsl(name),
-                                                 "' (expected fedavg or fedprox)"));
-}
-
-std::vector<TensorSpec> SpecFromParams(const std::vector<Param>& params) {
-  std::vector<TensorSpec> spec;
-  spec.reserve(params.size());
-  for (const Param& p : params) spec.push_back({p.name, p.shape});
-  return spec;
-}
 
 std::vector<TensorSpec> SpecFromUpdate(const std::vector<UpdateTensor>& tensors) {
   std::vector<TensorSpec> spec;

@@ -1,6 +1,6 @@
 // Streaming, order-independent federated averaging.
 //
-//   FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(SpecFromParams(global)));
+//   FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg avg, StreamingFedAvg::Create(SpecFromUpdate(global)));
 //   for (const auto& u : accepted) FEDLORA_RETURN_IF_ERROR(avg.Add(u.tensors, u.num_examples));
 //   FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> mean_delta, avg.Finish());
 //   FEDLORA_RETURN_IF_ERROR(server_optimizer.Step(mean_delta, global));  // aggregation/server_optimizer.h
@@ -44,7 +44,7 @@
 //
 // Merge() adds another accumulator's exact sums, so that accumulators filled separately (several
 // threads or processes, each with a share of the clients) combine with the same bit-exact result.
-// The coordinator (server/coordinator.cc) uses a single accumulator.
+// The server (FedAvgAggregator, aggregation/update_aggregator.h) uses a single accumulator.
 //
 // Thread-safety: not thread-safe; use one StreamingFedAvg per aggregation, from one thread (or
 // guard it). Finish() is const and may be called repeatedly.
@@ -61,20 +61,8 @@
 #include "compression/codec.h"
 #include "kernels/backend.h"
 #include "kernels/fixed_point.h"
-#include "model/param.h"
 
 namespace fedlora {
-
-// Names of the averaging strategies. kFedProx aggregates exactly like kFedAvg: its proximal term
-// (mu) is applied by the clients during local training, so the server only forwards mu. The server
-// does not use this enum: it maps AggregationConfig.strategy to a ServerOptimizer itself
-// (ServerOptimizerOptionsFromConfig in server/coordinator.cc).
-enum class AggregationStrategy { kFedAvg, kFedProx };
-
-// "fedavg", "fedprox".
-std::string_view AggregationStrategyName(AggregationStrategy strategy);
-// Inverse of AggregationStrategyName (case-insensitive). InvalidArgument naming the text.
-absl::StatusOr<AggregationStrategy> ParseAggregationStrategy(std::string_view name);
 
 // Name and shape of one tensor of the global adapter: what every update must match.
 struct TensorSpec {
@@ -82,8 +70,7 @@ struct TensorSpec {
   std::vector<int64_t> shape;
 };
 
-// The spec of a global adapter (Param list) or of an update, in the given order.
-std::vector<TensorSpec> SpecFromParams(const std::vector<Param>& params);
+// The spec of an update (or adapter), in the given order.
 std::vector<TensorSpec> SpecFromUpdate(const std::vector<UpdateTensor>& tensors);
 
 class StreamingFedAvg {

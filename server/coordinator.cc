@@ -26,12 +26,12 @@
 #include "crypto/key_signature.h"
 #include "crypto/random.h"
 #include "crypto/sealed_update.h"
-#include "model/param.h"
 #include "proto/wire.h"
 #include "server/adapter_io.h"
 #include "server/audit_trail.h"
 #include "server/coordinator_internal.h"
 #include "server/crash_point.h"
+#include "server/round_aggregator.h"
 #include "server/selection.h"
 
 namespace fedlora {
@@ -43,43 +43,6 @@ int64_t SystemClockMs() {
 }
 
 namespace {
-
-// The server optimizer a run's aggregation config asks for. Unimplemented for the robust
-// strategies, which need every update in memory at once rather than the streaming mean.
-absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(
-    const v1::AggregationConfig& a) {
-  ServerOptimizerOptions o;
-  switch (a.strategy()) {
-    case v1::AggregationConfig::STRATEGY_UNSPECIFIED:
-    case v1::AggregationConfig::FEDAVG:
-    case v1::AggregationConfig::FEDPROX:
-      o.kind = ServerOptimizerKind::kSgd;
-      break;
-    case v1::AggregationConfig::FEDADAM:
-      o.kind = ServerOptimizerKind::kAdam;
-      break;
-    case v1::AggregationConfig::FEDYOGI:
-      o.kind = ServerOptimizerKind::kYogi;
-      break;
-    case v1::AggregationConfig::FEDADAGRAD:
-      o.kind = ServerOptimizerKind::kAdagrad;
-      break;
-    default:
-      return absl::UnimplementedError(
-          absl::StrCat("aggregation.strategy ", v1::AggregationConfig::Strategy_Name(a.strategy()),
-                       " is not implemented by the server yet; use FEDAVG, FEDPROX, "
-                       "FEDADAM, FEDYOGI or FEDADAGRAD"));
-  }
-  const bool adaptive = o.kind != ServerOptimizerKind::kSgd;
-  o.learning_rate = a.has_server_learning_rate() ? a.server_learning_rate()
-                                                 : (adaptive ? kDefaultAdaptiveServerLearningRate
-                                                             : kDefaultServerLearningRate);
-  o.momentum = a.server_momentum();
-  if (a.has_server_beta1()) o.beta1 = a.server_beta1();
-  if (a.has_server_beta2()) o.beta2 = a.server_beta2();
-  if (a.has_server_tau()) o.tau = a.server_tau();
-  return o;
-}
 
 // A blob the run needs to resume is damaged: an error naming the round, the blob and the commands
 // that diagnose and repair it (tools/cmd_store.cc), with the blob store's own code and text.
@@ -142,7 +105,8 @@ absl::Status Coordinator::CheckPrivacy(const v1::RunConfig& config, int64_t adap
   FEDLORA_RETURN_IF_ERROR(ValidatePrivacySettings(config));
   double encoding_bound = 0;
   if (config.privacy().secure_aggregation()) {
-    FEDLORA_ASSIGN_OR_RETURN(SecAggEncoding encoding, SecAggEncodingFor(config));
+    FEDLORA_ASSIGN_OR_RETURN(SecAggEncoding encoding,
+                             SecAggEncoding::For(config, MinClientsFor(config), QuotaFor(config)));
     encoding_bound = FixedPointRoundingBound(encoding.frac_bits, adapter_elements);
   }
   // The budget check needs no real key; Restore checks it again with the run's adapter.
@@ -219,8 +183,7 @@ void Coordinator::UpdateClientGaugesLocked() {
 // ------------------------------------------------------------------------------------------------
 // Restore
 
-absl::Status Coordinator::Restore() {
-  absl::MutexLock lock(&mu_);
+absl::Status Coordinator::LoadSecretsLocked() {
   FEDLORA_ASSIGN_OR_RETURN(
       keys_,
       RoundKeys::Open(options_.key_dir.empty() ? options_.data_dir + "/keys" : options_.key_dir,
@@ -232,10 +195,14 @@ absl::Status Coordinator::Restore() {
   if (!options_.audit_public_key_file.empty()) {
     FEDLORA_ASSIGN_OR_RETURN(audit_public_key_, LoadAuditPublicKey(options_.audit_public_key_file));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Coordinator::CreateRunIfNewLocked() {
+  std::string initial_hash;
   FEDLORA_ASSIGN_OR_RETURN(std::vector<RunRecord> runs, store_->ListRuns());
   const bool exists = std::any_of(runs.begin(), runs.end(),
                                   [&](const RunRecord& r) { return r.run_id == run_id_; });
-  std::string initial_hash;
   if (!exists) {
     FEDLORA_RETURN_IF_ERROR(CanonicalizeAdapter(initial_adapter_));
     if (initial_adapter_.empty()) {
@@ -250,21 +217,10 @@ absl::Status Coordinator::Restore() {
     FEDLORA_RETURN_IF_ERROR(store_->CreateRun(run_id_, meta.dump()));
     FEDLORA_LOG(INFO) << "run " << run_id_ << " created; initial adapter " << initial_hash;
   }
-  // The initial adapter now lives in the blob store (and, below, in global_): holding it too would
-  // keep a second copy of the model for the life of the process.
-  std::vector<UpdateTensor>().swap(initial_adapter_);
-  FEDLORA_ASSIGN_OR_RETURN(RecoveredState st, store_->LoadLatestState(run_id_));
-  if (initial_hash.empty()) {
-    const nlohmann::json meta =
-        nlohmann::json::parse(st.run.config_json, nullptr, /*allow_exceptions=*/false);
-    if (!meta.is_object() || !meta.contains("initial_adapter_sha256") ||
-        !meta["initial_adapter_sha256"].is_string()) {
-      return absl::DataLossError(
-          absl::StrCat("run '", run_id_, "' in the store has no initial adapter hash"));
-    }
-    initial_hash = meta["initial_adapter_sha256"].get<std::string>();
-  }
+  return initial_hash;
+}
 
+absl::Status Coordinator::CollectGarbageLocked(const std::string& initial_hash) {
   // Nothing writes blobs yet, so this is the moment to drop what no row points to: blobs of refused
   // updates, and of updates committed to disk by a crashed server before it recorded them (their
   // clients upload them again). Partial uploads are kept for resumption.
@@ -286,7 +242,11 @@ absl::Status Coordinator::Restore() {
                         << gc.bytes_deleted << " bytes)";
     }
   }
-  FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> rounds, store_->ListRounds(run_id_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Coordinator::CommittedHeads> Coordinator::RestoreCommittedLocked(
+    const std::vector<RoundRecord>& rounds, const std::string& initial_hash) {
   absl::StatusOr<int64_t> initial_size = blobs_->Size(initial_hash);
   if (!initial_size.ok()) {
     return ResumeBlobError(initial_size.status(), 0, "initial adapter", initial_hash,
@@ -298,8 +258,11 @@ absl::Status Coordinator::Restore() {
   downlink_ = codecs.downlink;
   downlink_steps_.clear();
   rounds_committed_ = 0;
-  std::string current_hash = initial_hash, current_broadcast = initial_hash;
-  int64_t current_round = 0, broadcast_round = 0;
+  CommittedHeads h{initial_hash, initial_hash, 0, 0};
+  std::string& current_hash = h.global;
+  std::string& current_broadcast = h.broadcast;
+  int64_t& current_round = h.round;
+  int64_t& broadcast_round = h.broadcast_round;
   auto ResumeSize = [&](int64_t round, absl::string_view what,
                         const std::string& hash) -> absl::StatusOr<int64_t> {
     absl::StatusOr<int64_t> size = blobs_->Size(hash);
@@ -334,6 +297,13 @@ absl::Status Coordinator::Restore() {
     }
     broadcast_round = r.round;
   }
+  return h;
+}
+
+absl::Status Coordinator::LoadAdaptersLocked(const CommittedHeads& h) {
+  const std::string& current_hash = h.global;
+  const std::string& current_broadcast = h.broadcast;
+  const int64_t current_round = h.round, broadcast_round = h.broadcast_round;
   last_committed_round_ = current_round;
   absl::StatusOr<std::string> bytes_or = blobs_->Get(current_hash);
   if (!bytes_or.ok()) {
@@ -372,39 +342,46 @@ absl::Status Coordinator::Restore() {
     spec_.push_back({t.name, t.shape});
   }
   spec_elements_ = global_elements_;
-  {
-    if (config_.privacy().secure_aggregation()) {
-      FEDLORA_ASSIGN_OR_RETURN(secagg_, SecAggEncodingFor(config_));
-    } else {
-      secagg_.reset();
-    }
-    // Under secure aggregation a client's contribution is its clipped update rounded to the fixed
-    // point: up to this much more than the clip norm, which the accountant must assume.
-    const double encoding_bound =
-        secagg_.has_value() ? FixedPointRoundingBound(secagg_->frac_bits, spec_elements_) : 0;
-    FEDLORA_ASSIGN_OR_RETURN(
-        dp_, ServerDp::Create(config_, rounds, MinClients(), Quota(), encoding_bound));
-    if (dp_.has_value() && encoding_bound > 0) {
-      FEDLORA_LOG(INFO) << "differential privacy with secure aggregation: the fixed point ("
-                        << secagg_->frac_bits << " fraction bits, " << spec_elements_
-                        << " values) adds up to " << encoding_bound
-                        << " to an update's norm; the accountant takes the sensitivity "
-                        << dp_->clip_norm() << " + " << encoding_bound;
-    }
-    const int64_t configured = ConfiguredRounds(config_);
-    affordable_rounds_ =
-        dp_.has_value() ? dp_->AffordableRounds(rounds_committed_, configured) : configured;
-    if (dp_.has_value()) {
-      metrics_->dp_epsilon_micro.store(static_cast<int64_t>(std::llround(dp_->epsilon() * 1e6)));
-      FEDLORA_LOG(INFO) << "differential privacy: epsilon " << dp_->epsilon() << " at delta "
-                        << dp_->target_delta() << " after " << rounds_committed_
-                        << " rounds; clip norm " << dp_->clip_norm()
-                        << (affordable_rounds_ < configured
-                                ? absl::StrCat("; the budget affords ", affordable_rounds_,
-                                               " of the ", configured, " configured rounds")
-                                : std::string());
-    }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::RestorePrivacyLocked(const std::vector<RoundRecord>& rounds) {
+  if (config_.privacy().secure_aggregation()) {
+    FEDLORA_ASSIGN_OR_RETURN(secagg_, SecAggEncoding::For(config_, MinClients(), Quota()));
+  } else {
+    secagg_.reset();
   }
+  // Under secure aggregation a client's contribution is its clipped update rounded to the fixed
+  // point: up to this much more than the clip norm, which the accountant must assume.
+  const double encoding_bound =
+      secagg_.has_value() ? FixedPointRoundingBound(secagg_->frac_bits, spec_elements_) : 0;
+  FEDLORA_ASSIGN_OR_RETURN(
+      dp_, ServerDp::Create(config_, rounds, MinClients(), Quota(), encoding_bound));
+  if (dp_.has_value() && encoding_bound > 0) {
+    FEDLORA_LOG(INFO) << "differential privacy with secure aggregation: the fixed point ("
+                      << secagg_->frac_bits << " fraction bits, " << spec_elements_
+                      << " values) adds up to " << encoding_bound
+                      << " to an update's norm; the accountant takes the sensitivity "
+                      << dp_->clip_norm() << " + " << encoding_bound;
+  }
+  const int64_t configured = ConfiguredRounds(config_);
+  affordable_rounds_ =
+      dp_.has_value() ? dp_->AffordableRounds(rounds_committed_, configured) : configured;
+  if (dp_.has_value()) {
+    metrics_->dp_epsilon_micro.store(static_cast<int64_t>(std::llround(dp_->epsilon() * 1e6)));
+    FEDLORA_LOG(INFO) << "differential privacy: epsilon " << dp_->epsilon() << " at delta "
+                      << dp_->target_delta() << " after " << rounds_committed_
+                      << " rounds; clip norm " << dp_->clip_norm()
+                      << (affordable_rounds_ < configured
+                              ? absl::StrCat("; the budget affords ", affordable_rounds_,
+                                             " of the ", configured, " configured rounds")
+                              : std::string());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::RestoreOptimizerLocked(const std::vector<RoundRecord>& rounds,
+                                                 int64_t current_round) {
   FEDLORA_ASSIGN_OR_RETURN(ServerOptimizerOptions opt_options,
                            ServerOptimizerOptionsFromConfig(config_.aggregation()));
   FEDLORA_ASSIGN_OR_RETURN(ServerOptimizer opt, ServerOptimizer::Create(opt_options, spec_));
@@ -428,6 +405,10 @@ absl::Status Coordinator::Restore() {
   }
   server_opt_.emplace(std::move(opt));
 
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::RestoreClientsLocked(const std::vector<RoundRecord>& rounds) {
   FEDLORA_ASSIGN_OR_RETURN(std::vector<ClientRecord> known, store_->ListClients());
   for (const ClientRecord& c : known) {
     auto entry = std::make_unique<ClientEntry>();
@@ -446,6 +427,37 @@ absl::Status Coordinator::Restore() {
       if (ClientEntry* c = FindClientLocked(u.client_id)) ++c->rounds_participated;
     }
   }
+
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::Restore() {
+  absl::MutexLock lock(&mu_);
+  FEDLORA_RETURN_IF_ERROR(LoadSecretsLocked());
+  FEDLORA_ASSIGN_OR_RETURN(std::string initial_hash, CreateRunIfNewLocked());
+  // The initial adapter now lives in the blob store (and, below, in global_): holding it too would
+  // keep a second copy of the model for the life of the process.
+  std::vector<UpdateTensor>().swap(initial_adapter_);
+  FEDLORA_ASSIGN_OR_RETURN(RecoveredState st, store_->LoadLatestState(run_id_));
+  if (initial_hash.empty()) {
+    const nlohmann::json meta =
+        nlohmann::json::parse(st.run.config_json, nullptr, /*allow_exceptions=*/false);
+    if (!meta.is_object() || !meta.contains("initial_adapter_sha256") ||
+        !meta["initial_adapter_sha256"].is_string()) {
+      return absl::DataLossError(
+          absl::StrCat("run '", run_id_, "' in the store has no initial adapter hash"));
+    }
+    initial_hash = meta["initial_adapter_sha256"].get<std::string>();
+  }
+
+  FEDLORA_RETURN_IF_ERROR(CollectGarbageLocked(initial_hash));
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> rounds, store_->ListRounds(run_id_));
+  FEDLORA_ASSIGN_OR_RETURN(const CommittedHeads heads,
+                           RestoreCommittedLocked(rounds, initial_hash));
+  FEDLORA_RETURN_IF_ERROR(LoadAdaptersLocked(heads));
+  FEDLORA_RETURN_IF_ERROR(RestorePrivacyLocked(rounds));
+  FEDLORA_RETURN_IF_ERROR(RestoreOptimizerLocked(rounds, heads.round));
+  FEDLORA_RETURN_IF_ERROR(RestoreClientsLocked(rounds));
 
   const int64_t total_rounds = TotalRounds();
   if (st.open_round.has_value()) {

@@ -20,10 +20,11 @@
 //   round r training      selected clients get a TrainTask; uploads are accepted until
 //                         clients_per_round are in, or the deadline passes with >= min_clients
 //                         (else the round is abandoned and round r+1 starts from the same adapter)
-//   round r aggregating   StreamingFedAvg over the accepted uploads in canonical (upload_id)
-//                         order; new adapter blob written; evaluator called; CommitRound. A
-//                         failure is retried up to max_aggregation_attempts times, then the round
-//                         is abandoned (or the run stopped: stop_on_aggregation_failure)
+//   round r aggregating   a RoundAggregator (server/round_aggregator.h) over the accepted
+//                         uploads in canonical (upload_id) order; new adapter blob written;
+//                         evaluator called; CommitRound. A failure is retried up to
+//                         max_aggregation_attempts times, then the round is abandoned (or the
+//                         run stopped: stop_on_aggregation_failure)
 //   finished              after `rounds` committed rounds; WaitForTask answers RunFinished
 //
 // Thread-safety: every public method is thread-safe. Store writes that decide a client-visible
@@ -63,6 +64,8 @@
 #include "server/evaluator.h"
 #include "server/metrics.h"
 #include "server/options.h"
+#include "server/round_aggregator.h"
+#include "server/secagg_round.h"
 #include "server/store.h"
 
 namespace fedlora {
@@ -95,8 +98,10 @@ class Coordinator {
   bool restored() const;
 
   // --- Federation -------------------------------------------------------------------------------
-  // Registers `client_id` (durably) and starts a new session; returns the JoinResponse.
+  // Registers `client_id` (durably, with the fingerprint of the certificate it presented; empty
+  // without TLS) and starts a new session; returns the JoinResponse.
   absl::StatusOr<v1::JoinResponse> Join(const std::string& client_id, const std::string& peer,
+                                        const std::string& cert_fingerprint,
                                         const v1::JoinRequest& request);
   // Checks that `session_token` is the live session of `client_id` and marks the client seen.
   // Unauthenticated otherwise (the client must Join again).
@@ -208,7 +213,6 @@ class Coordinator {
  private:
   struct ClientEntry;
   struct RoundInfo;
-  struct SecAggRound;
   struct Waiter;
   // An answer for a held or new WaitForTask, delivered by Deliver.
   struct Delivery {
@@ -233,10 +237,37 @@ class Coordinator {
   uint64_t DownlinkSeedFor(int64_t round) const;
   v1::AdapterManifest ManifestLocked(const std::string& hash, int64_t round,
                                      int64_t total_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // WaitForTask's answer once the run is over.
+  v1::WaitForTaskResponse RunFinishedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The TrainTask of selected client `client_id` in training round `r`.
+  v1::WaitForTaskResponse TaskLocked(const RoundInfo& r, const std::string& client_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The answer to WaitForTask right now, or nullopt when the client should keep waiting.
   std::optional<v1::WaitForTaskResponse> AnswerLocked(const std::string& client_id, bool may_hold)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::WaitForTaskResponse RetryLaterLocked(const std::string& reason) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restore's steps, in order: the round keys and signing and audit keys; the run (created when
+  // new, with its initial adapter's hash); the blobs no row names; the committed rounds' adapters
+  // and downlink steps; the global and broadcast adapters and the spec; the privacy settings; the
+  // server optimizer's state; the clients.
+  struct CommittedHeads {
+    std::string global, broadcast;  // hashes of the adapters the last committed round left
+    int64_t round = 0, broadcast_round = 0;
+  };
+  absl::Status LoadSecretsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::string> CreateRunIfNewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CollectGarbageLocked(const std::string& initial_hash)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<CommittedHeads> RestoreCommittedLocked(const std::vector<RoundRecord>& rounds,
+                                                        const std::string& initial_hash)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LoadAdaptersLocked(const CommittedHeads& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RestorePrivacyLocked(const std::vector<RoundRecord>& rounds)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RestoreOptimizerLocked(const std::vector<RoundRecord>& rounds, int64_t current_round)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RestoreClientsLocked(const std::vector<RoundRecord>& rounds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status OpenNextRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MaybeCloseSelectionLocked(bool force_window) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -259,22 +290,40 @@ class Coordinator {
   // The end of one aggregation try: counts a failure, schedules the next try or gives the round up.
   void AggregationDoneLocked(int64_t round, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One aggregation try of `round` (coordinator_aggregation.cc): snapshot, RoundAggregator, commit.
+  struct RoundOutcome;
   absl::Status AggregateAndCommit(int64_t round);
+  // What the aggregation of `round` starts from: the adapters and the committed count read under
+  // mu_, the run's policies, and on the last round the tail adapters (TailFor).
+  absl::StatusOr<RoundSnapshot> SnapshotRound(int64_t round, int64_t* committed_before);
+  // aggregation.average_last_rounds: the latest committed rounds before `round` whose adapters the
+  // final one is averaged with, oldest first; FailedPrecondition when one was deleted (retention).
+  absl::StatusOr<std::vector<TailAdapter>> TailFor(int64_t round) const;
+  // Feeds the round's accepted updates (canonical order) to `aggregator`: each read from blobs/,
+  // opened with the round's key and, with an audit key, copied first. A lost one is counted and
+  // skipped; when too few are left the round is abandoned (out.abandoned).
+  absl::Status AggregatePlain(int64_t round, const AggregationKey& key,
+                              const std::vector<UploadRecord>& uploads, RoundAggregator& aggregator,
+                              RoundOutcome& out);
+  // Opens accepted update `u`'s sealed blob; PermissionDenied (annotated) when it does not open.
+  absl::StatusOr<std::string> OpenAccepted(const UploadRecord& u, const AggregationKey& key,
+                                           std::string sealed) const;
+  // Puts the result's blobs (optimizer state, adapter, downlink delta and broadcast adapter).
+  absl::Status StoreResult(RoundOutcome& out);
+  // The evaluator's metrics for the round's adapter, when the round is one to evaluate.
+  std::map<std::string, double> EvaluateRound(int64_t round, int64_t committed_before,
+                                              const std::vector<UpdateTensor>& adapter);
+  // Evaluates, commits the round to the store, and installs it in memory.
+  absl::Status CommitOutcome(int64_t round, RoundOutcome& out);
+  // The committed round's in-memory part (the global and broadcast adapters, the counters); opens
+  // the next round or finishes the run.
+  absl::Status InstallCommittedLocked(int64_t round, RoundOutcome& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the open round abandoned (durably), counts it and opens the next one.
   absl::Status AbandonRoundLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Secure aggregation (coordinator_secagg.cc). The encoding every round of the run uses, fixed at
-  // Restore from the config; unset without privacy.secure_aggregation.
-  struct SecAggEncoding {
-    double clip_norm = 0;
-    double range = 0;
-    uint32_t frac_bits = 0;
-    uint32_t modulus_bits = 0;
-  };
+  // Secure aggregation (coordinator_secagg.cc, server/secagg_round.h). The encoding every round of
+  // the run uses, fixed at Restore from the config; unset without privacy.secure_aggregation.
   std::optional<SecAggEncoding> secagg_;
-  static absl::StatusOr<SecAggEncoding> SecAggEncodingFor(const v1::RunConfig& config);
-  // DataLoss when the unmasked sum `total` of `n` updates is larger than n clipped updates (plus the
-  // distributed noise) can be: a client's wrong share or masked input randomised it.
-  absl::Status CheckUnmaskedSum(int64_t round, const std::vector<double>& total, int64_t n) const;
   // Logs and counts the cohort members (`index`: client id -> cohort index) whose revealed shares
   // were wrong, and keeps them out of the next round's selection.
   void ExcludeMisbehaving(int64_t round, const std::vector<uint32_t>& misbehaving,
@@ -288,16 +337,12 @@ class Coordinator {
   // mean of the survivors' updates. FailedPrecondition when the round cannot be unmasked.
   absl::StatusOr<std::vector<UpdateTensor>> AggregateSecAgg(
       int64_t round, const std::vector<UploadRecord>& uploads, int64_t* survivors);
-  // The checks of a masked upload (its size and values) in place of the codec's.
-  absl::Status ValidateMaskedUpload(std::string_view plain) const;
+  // Step 3 on the aggregation thread: publishes `request` and waits for the `expected` survivors'
+  // answers, or for step_ms. Aborted when the round closed, Cancelled at shutdown.
+  absl::StatusOr<std::map<uint32_t, v1::SecAggUnmaskingResponse>> CollectUnmasking(
+      int64_t round, const v1::SecAggUnmaskingRequest& request, size_t expected, int64_t step_ms);
   // Cancelled once shutdown began: a running aggregation checks it between its steps.
   absl::Status CheckNotShuttingDown() const;
-  // aggregation.average_last_rounds: replaces `adapter` (the last round's aggregate) by its mean with
-  // the adapters the latest earlier committed rounds stored, read back from the blob store. The mean
-  // is StreamingFedAvg's (exact, rounded once), so a restarted server recomputes the same bits.
-  absl::Status AverageWithEarlierRounds(int64_t round, std::vector<UpdateTensor>& adapter) const;
-  // An accepted update, decoded (a sparsified one as its kept entries) and matched to the adapter.
-  absl::StatusOr<std::vector<KeptTensor>> DecodeAndValidate(std::string_view bytes) const;
   // BeginUpload's checks under mu_, with what was read before it was taken (the free disk, the
   // upload's row). A new upload is locked to the stream and `*record` filled with the row to write.
   absl::StatusOr<UploadPlan> AdmitUpload(const std::string& client_id,

@@ -20,7 +20,6 @@
 #include "core/strings.h"
 #include "crypto/random.h"
 #include "crypto/sealed_update.h"
-#include "model/param.h"
 #include "proto/wire.h"
 #include "server/adapter_io.h"
 #include "server/coordinator.h"

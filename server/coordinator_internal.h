@@ -2,7 +2,8 @@
 // files that implement the Coordinator: coordinator.cc (construction, Restore),
 // coordinator_sessions.cc (the client registry: Join, Authenticate, Heartbeat, metrics, Leave),
 // coordinator_selection.cc (WaitForTask, long polls, selection), coordinator_uploads.cc (upload
-// admission, validation, acceptance), coordinator_driver.cc (the round clock and aggregation) and
+// admission, validation, acceptance), coordinator_driver.cc (the round clock and the aggregation
+// tries), coordinator_aggregation.cc (a round's aggregation around a RoundAggregator) and
 // coordinator_admin.cc (GetStatus, ListClients).
 #pragma once
 
@@ -14,7 +15,6 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "crypto/secagg.h"
 #include "server/coordinator.h"
 
 namespace fedlora {
@@ -75,23 +75,6 @@ struct Coordinator::RoundInfo {
   std::unique_ptr<SecAggRound> secagg;
   // The key the round's updates are sealed to (server/aggregation_key.h).
   std::shared_ptr<const AggregationKey> key;
-};
-
-struct Coordinator::SecAggRound {
-  enum class Phase { kAdvertise, kShareKeys, kMaskedInput, kUnmasking, kDone };
-  Phase phase = Phase::kAdvertise;
-  // The protocol's server side; the aggregation thread takes it out (null from then on).
-  std::unique_ptr<crypto::SecAggServer> server;
-  v1::SecureAggregationTask task;   // without client_index
-  std::vector<std::string> cohort;  // index -> client id
-  std::map<std::string, uint32_t> index;
-  std::set<uint32_t> advertised, shared;  // U1 and U2 as they fill
-  std::vector<uint32_t> u1, u2;           // once fixed
-  int64_t step_deadline_ms = 0;           // of the open key step
-  // Published by the aggregation thread for step 3, and the answers it collects.
-  v1::SecAggUnmaskingRequest unmasking;
-  std::set<uint32_t> survivors;
-  std::map<uint32_t, v1::SecAggUnmaskingResponse> unmasking_responses;
 };
 
 struct Coordinator::Waiter {

@@ -21,7 +21,6 @@
 #include "core/strings.h"
 #include "crypto/random.h"
 #include "crypto/sealed_update.h"
-#include "model/param.h"
 #include "proto/wire.h"
 #include "server/adapter_io.h"
 #include "server/coordinator.h"
@@ -72,19 +71,53 @@ v1::WaitForTaskResponse Coordinator::RetryLaterLocked(const std::string& reason)
   return response;
 }
 
+v1::WaitForTaskResponse Coordinator::RunFinishedLocked() const {
+  v1::WaitForTaskResponse response;
+  v1::RunFinished* done = response.mutable_run_finished();
+  done->set_reason(!stopped_.ok() ? v1::RunFinished::FAILED
+                   : TotalRounds() < ConfiguredRounds(config_)
+                       ? v1::RunFinished::PRIVACY_BUDGET_SPENT
+                       : v1::RunFinished::COMPLETED);
+  done->set_final_round(static_cast<uint64_t>(last_committed_round_));
+  *done->mutable_final_adapter() = ManifestLocked(global_hash_, global_round_, global_bytes_);
+  return response;
+}
+
+v1::WaitForTaskResponse Coordinator::TaskLocked(const RoundInfo& r, const std::string& client_id) {
+  v1::WaitForTaskResponse response;
+  v1::TrainTask* task = response.mutable_task();
+  task->set_round(static_cast<uint64_t>(r.round));
+  task->set_task_id(TaskIdFor(r.round, client_id));
+  *task->mutable_global_adapter() =
+      ManifestLocked(broadcast_hash_, broadcast_round_, broadcast_bytes_);
+  if (const ClientEntry* c = FindClientLocked(client_id)) {
+    if (std::optional<v1::AdapterDeltaChain> chain = DeltaChainLocked(c->held_adapter)) {
+      *task->mutable_global_delta() = *std::move(chain);
+    }
+  }
+  *task->mutable_training() = config_.training();
+  task->mutable_training()->set_learning_rate(RoundLearningRateLocked());
+  task->set_proximal_mu(config_.aggregation().has_proximal_mu()
+                            ? config_.aggregation().proximal_mu()
+                            : kDefaultProximalMu);
+  task->set_deadline_seconds(
+      static_cast<uint32_t>(std::max<int64_t>(0, CeilDiv(r.deadline_ms - Now(), 1000))));
+  task->set_seed(TaskSeedFor(r.round, client_id));
+  *task->mutable_codec() = config_.codec();
+  task->set_encryption_scheme(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
+  task->mutable_aggregation_key()->set_public_key(r.key->public_key);
+  task->mutable_aggregation_key()->set_key_id(r.key->key_id);
+  if (!r.key->signature.empty()) {
+    task->mutable_aggregation_key()->set_signature(r.key->signature);
+    task->mutable_aggregation_key()->set_signer_certificate_pem(signing_chain_pem_);
+  }
+  if (r.secagg != nullptr) *task->mutable_secure_aggregation() = r.secagg->TaskFor(client_id);
+  return response;
+}
+
 std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::string& client_id,
                                                                  bool may_hold) {
-  if (finished_) {
-    v1::WaitForTaskResponse response;
-    v1::RunFinished* done = response.mutable_run_finished();
-    done->set_reason(!stopped_.ok() ? v1::RunFinished::FAILED
-                     : TotalRounds() < ConfiguredRounds(config_)
-                         ? v1::RunFinished::PRIVACY_BUDGET_SPENT
-                         : v1::RunFinished::COMPLETED);
-    done->set_final_round(static_cast<uint64_t>(last_committed_round_));
-    *done->mutable_final_adapter() = ManifestLocked(global_hash_, global_round_, global_bytes_);
-    return response;
-  }
+  if (finished_) return RunFinishedLocked();
   if (round_ == nullptr) {
     if (may_hold) return std::nullopt;
     return RetryLaterLocked("no round is open");
@@ -95,38 +128,7 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
     return RetryLaterLocked(absl::StrCat("update for round ", r.round, " already accepted"));
   }
   if (r.state == RoundState::kTraining && r.selected.count(client_id) != 0) {
-    v1::WaitForTaskResponse response;
-    v1::TrainTask* task = response.mutable_task();
-    task->set_round(static_cast<uint64_t>(r.round));
-    task->set_task_id(TaskIdFor(r.round, client_id));
-    *task->mutable_global_adapter() =
-        ManifestLocked(broadcast_hash_, broadcast_round_, broadcast_bytes_);
-    if (const ClientEntry* c = FindClientLocked(client_id)) {
-      if (std::optional<v1::AdapterDeltaChain> chain = DeltaChainLocked(c->held_adapter)) {
-        *task->mutable_global_delta() = *std::move(chain);
-      }
-    }
-    *task->mutable_training() = config_.training();
-    task->mutable_training()->set_learning_rate(RoundLearningRateLocked());
-    task->set_proximal_mu(config_.aggregation().has_proximal_mu()
-                              ? config_.aggregation().proximal_mu()
-                              : kDefaultProximalMu);
-    task->set_deadline_seconds(
-        static_cast<uint32_t>(std::max<int64_t>(0, CeilDiv(r.deadline_ms - Now(), 1000))));
-    task->set_seed(TaskSeedFor(r.round, client_id));
-    *task->mutable_codec() = config_.codec();
-    task->set_encryption_scheme(v1::EncryptionSpec::X25519_HKDF_AES256GCM);
-    task->mutable_aggregation_key()->set_public_key(r.key->public_key);
-    task->mutable_aggregation_key()->set_key_id(r.key->key_id);
-    if (!r.key->signature.empty()) {
-      task->mutable_aggregation_key()->set_signature(r.key->signature);
-      task->mutable_aggregation_key()->set_signer_certificate_pem(signing_chain_pem_);
-    }
-    if (r.secagg != nullptr) {
-      *task->mutable_secure_aggregation() = r.secagg->task;
-      task->mutable_secure_aggregation()->set_client_index(r.secagg->index.at(client_id));
-    }
-    return response;
+    return TaskLocked(r, client_id);
   }
   if (r.state == RoundState::kSelecting) {
     if (const ClientEntry* c = FindClientLocked(client_id);
@@ -374,9 +376,9 @@ absl::Status Coordinator::MaybeCloseRoundLocked() {
   RoundInfo& r = *round_;
   const int64_t accepted = static_cast<int64_t>(r.accepted.size());
   int64_t target = Target();
-  if (r.secagg != nullptr && r.secagg->phase == SecAggRound::Phase::kMaskedInput) {
+  if (const std::optional<int64_t> cap = r.secagg ? r.secagg->UploadCap() : std::nullopt) {
     // Only the clients that shared their keys can upload.
-    target = std::min<int64_t>(target, static_cast<int64_t>(r.secagg->u2.size()));
+    target = std::min<int64_t>(target, *cap);
   }
   const bool target_met = accepted >= target;
   // Sites that failed (left with an error) will not deliver: when they are all the round still

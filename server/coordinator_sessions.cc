@@ -19,7 +19,6 @@
 #include "core/strings.h"
 #include "crypto/random.h"
 #include "crypto/sealed_update.h"
-#include "model/param.h"
 #include "proto/wire.h"
 #include "server/adapter_io.h"
 #include "server/coordinator.h"
@@ -32,6 +31,7 @@ namespace fedlora {
 
 absl::StatusOr<v1::JoinResponse> Coordinator::Join(const std::string& client_id,
                                                    const std::string& peer,
+                                                   const std::string& cert_fingerprint,
                                                    const v1::JoinRequest& request) {
   if (request.protocol_version() != kProtocolVersion) {
     return absl::FailedPreconditionError(absl::StrCat("client speaks protocol version ",
@@ -40,8 +40,14 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const std::string& client_id,
   }
   if (!restored()) return absl::UnavailableError("server is restoring its state; retry");
   // Durable before the session exists, and written (and fsynced, with concurrent joins) outside mu_.
-  FEDLORA_ASSIGN_OR_RETURN(ClientRecord record,
-                           store_->UpsertClient(client_id, /*cert_fingerprint=*/""));
+  FEDLORA_ASSIGN_OR_RETURN(ClientRecord record, store_->UpsertClient(client_id, cert_fingerprint));
+  FEDLORA_LOG(INFO) << "client " << client_id << " joined from " << peer << " ("
+                    << (request.client_version().empty() ? "unknown SDK" : request.client_version())
+                    << ", device "
+                    << (request.capabilities().device_name().empty()
+                            ? "unknown"
+                            : request.capabilities().device_name())
+                    << ")";
   absl::MutexLock lock(&mu_);
   if (record.state == ClientState::kBlocked) return BlockedError(client_id);
   auto& slot = clients_[client_id];

@@ -27,6 +27,7 @@
 #include "server/coordinator.h"
 #include "server/coordinator_internal.h"
 #include "server/crash_point.h"
+#include "server/update_spec.h"
 
 namespace fedlora {
 namespace {
@@ -39,12 +40,6 @@ absl::StatusOr<int64_t> FreeDiskBytes(const std::string& dir) {
 }
 
 bool IsHexSha256(const std::string& s) { return IsValidBlobHash(s); }
-
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&out, i ? "," : "", shape[i]);
-  return out + "]";
-}
 
 }  // namespace
 
@@ -372,46 +367,6 @@ void Coordinator::RejectUpload(const std::string& client_id, const std::string& 
 
 namespace {
 
-// Decoding limits from the adapter itself: a valid update has exactly the adapter's elements, so
-// anything that declares more is refused before a byte is allocated (decompression bombs).
-DecodeLimits LimitsForSpec(const std::vector<TensorSpec>& spec, int64_t elements) {
-  DecodeLimits limits;
-  int64_t table_bytes =
-      4;  // the body's u32 tensor count, then per tensor: u16 name length, name, u8 rank, dims
-  for (const TensorSpec& t : spec) {
-    table_bytes +=
-        2 + static_cast<int64_t>(t.name.size()) + 1 + 8 * static_cast<int64_t>(t.shape.size());
-  }
-  limits.max_tensors = static_cast<int64_t>(spec.size());
-  limits.max_elements = elements;
-  limits.max_decoded_bytes = table_bytes + elements * 4;
-  return limits;
-}
-
-// Same names and shapes as the adapter, whose spec is sorted by name (the update's order is free;
-// `tensors` is sorted here). T is UpdateTensor or UpdateTensorInfo.
-template <class T>
-absl::Status MatchSpec(std::vector<T>& tensors, const std::vector<TensorSpec>& spec) {
-  if (tensors.size() != spec.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("update has ", tensors.size(), " tensors; the adapter has ", spec.size()));
-  }
-  std::sort(tensors.begin(), tensors.end(), [](const T& a, const T& b) { return a.name < b.name; });
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].name != spec[i].name) {
-      return absl::InvalidArgumentError(absl::StrCat("update tensor '", tensors[i].name,
-                                                     "' is not in the adapter (expected '",
-                                                     spec[i].name, "')"));
-    }
-    if (tensors[i].shape != spec[i].shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "update tensor '", tensors[i].name, "' has shape ", ShapeText(tensors[i].shape),
-          "; the adapter's is ", ShapeText(spec[i].shape)));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // A sparsified update keeps exactly the run's fraction: KeptCount of each tensor, or of the
 // whole update with global top-k. More would undo the compression the run asked for.
 absl::Status CheckKeptCounts(const std::vector<UpdateTensorInfo>& table,
@@ -440,14 +395,6 @@ absl::Status CheckKeptCounts(const std::vector<UpdateTensorInfo>& table,
 }
 
 }  // namespace
-
-absl::StatusOr<std::vector<KeptTensor>> Coordinator::DecodeAndValidate(
-    std::string_view bytes) const {
-  FEDLORA_ASSIGN_OR_RETURN(std::vector<KeptTensor> update,
-                           DecodeUpdateKept(bytes, LimitsForSpec(spec_, spec_elements_)));
-  FEDLORA_RETURN_IF_ERROR(MatchSpec(update, spec_));  // DecodeUpdateKept already refused NaN/Inf
-  return update;
-}
 
 namespace {
 
@@ -544,7 +491,7 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id,
       return absl::InvalidArgumentError(
           "a masked update must declare the run's codec (empty, or its QUANT stage)");
     }
-    return ValidateMaskedUpload(bytes);
+    return secagg_->ValidateMasked(bytes, spec_elements_);
   }
   FEDLORA_ASSIGN_OR_RETURN(UpdateHeader codec_header, ParseUpdateHeader(bytes, DecodeLimits{}));
   const CodecOptions encoded = codec_header.options();
@@ -611,9 +558,7 @@ absl::StatusOr<v1::UploadAck> Coordinator::CompleteUploadLocked(const std::strin
     return BlockedError(client_id);
   if (const SecAggRound* s = round_->secagg.get(); s != nullptr) {
     // A masked update only counts from a client whose keys are in the round's key sharing (U2).
-    auto it = s->index.find(client_id);
-    if (s->phase != SecAggRound::Phase::kMaskedInput || it == s->index.end() ||
-        !std::binary_search(s->u2.begin(), s->u2.end(), it->second)) {
+    if (!s->MayUpload(client_id)) {
       return absl::FailedPreconditionError(
           absl::StrCat("round ", round, ": '", client_id,
                        "' cannot upload a masked update (the key sharing did not include it)"));

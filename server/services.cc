@@ -198,9 +198,8 @@ grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* c
   return AnswerOnPool<v1::JoinResponse>(
       context, rpc_pool_, QueueCap(), response,
       [this, id = *std::move(id), peer = context->peer(),
-       fingerprint = PeerCertificateFingerprint(*context), request] {
-        return coordinator_->Join(id, peer, fingerprint, *request);
-      });
+       fingerprint = PeerCertificateFingerprint(*context),
+       request] { return coordinator_->Join(id, peer, fingerprint, *request); });
 }
 
 grpc::ServerUnaryReactor* FederationService::WaitForTask(grpc::CallbackServerContext* context,

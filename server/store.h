@@ -111,8 +111,9 @@ bool ReleasedAnAdapter(const RoundRecord& r);
 
 struct ClientRecord {
   std::string client_id;
-  std::string
-      cert_fingerprint;  // SHA-256 hex of the client certificate (DER); not recorded yet: Coordinator::Join passes ""
+  // SHA-256 hex of the DER of the certificate the client last joined with; empty without TLS and
+  // for a client an operator blocked before it ever joined.
+  std::string cert_fingerprint;
   ClientState state = ClientState::kActive;
   int64_t first_seen_unix_ms = 0;
   int64_t last_seen_unix_ms = 0;

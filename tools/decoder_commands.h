@@ -32,7 +32,8 @@ struct DecoderTrainFlags {
   bool bf16_math = false;  // implies bf16
   bool int8_math = false;  // the base held as Q8_0; not with bf16
   bool recompute = false;
-  Device device = Device::kCpu;  // config/device_plan.h DeviceForRun: never kCuda with CPU-only work
+  Device device =
+      Device::kCpu;  // config/device_plan.h DeviceForRun: never kCuda with CPU-only work
 };
 absl::Status TrainDecoder(DecoderTrainFlags f);
 

@@ -518,12 +518,5 @@ TEST(ClipUpdateNormTest, ClippedNormsNeverExceedTheBound) {
   EXPECT_LT(clipped, 2000);
 }
 
-TEST(AggregationStrategyTest, NamesRoundTrip) {
-  EXPECT_EQ(ParseAggregationStrategy("FedProx").value(), AggregationStrategy::kFedProx);
-  EXPECT_EQ(ParseAggregationStrategy(AggregationStrategyName(AggregationStrategy::kFedAvg)).value(),
-            AggregationStrategy::kFedAvg);
-  EXPECT_EQ(ParseAggregationStrategy("krum").status().code(), absl::StatusCode::kInvalidArgument);
-}
-
 }  // namespace
 }  // namespace fedlora

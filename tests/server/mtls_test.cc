@@ -5,7 +5,10 @@
 #include <ctime>
 #include <fstream>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_split.h"
 #include "core/file.h"
+#include "core/sha256.h"
 #include "crypto/certs.h"
 #include "crypto/key_signature.h"
 #include "fedlora/v1/admin.grpc.pb.h"
@@ -101,6 +104,16 @@ void RunsTheRoundAsTheOnlyClient(Server& server, const std::string& dir, const s
   EXPECT_EQ(clients->clients(0).client_id(), site);
 }
 
+// SHA-256 of a PEM certificate's DER: the base64 body between its BEGIN and END lines, decoded.
+std::string DerSha256(const std::string& pem) {
+  std::string body, der;
+  for (absl::string_view line : absl::StrSplit(pem, '\n')) {
+    if (!line.empty() && line[0] != '-') body.append(line.data(), line.size());
+  }
+  EXPECT_TRUE(absl::Base64Unescape(body, &der));
+  return Sha256Hex(der);
+}
+
 TEST(MtlsTest, IdentityIsTheCertificateCommonNameNotTheClaimedId) {
   TempDir dir;
   ASSERT_TRUE(MakeCertificates(dir.path(), {"hospital-7"}));
@@ -109,6 +122,12 @@ TEST(MtlsTest, IdentityIsTheCertificateCommonNameNotTheClaimedId) {
   ASSERT_TRUE(server.ok()) << server.status();
 
   RunsTheRoundAsTheOnlyClient(**server, dir.path(), "hospital-7");
+  // The store keeps the fingerprint of the certificate the client joined with.
+  absl::StatusOr<std::string> pem = ReadFileToString(dir.path() + "/hospital-7.pem");
+  ASSERT_TRUE(pem.ok());
+  absl::StatusOr<ClientRecord> record = (*server)->store().GetClient("hospital-7");
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_EQ(record->cert_fingerprint, DerSha256(*pem));
 }
 
 TEST(MtlsTest, AClientPinnedToTheServersKeySealsToTheKeysItSigned) {

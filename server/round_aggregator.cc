@@ -1,0 +1,189 @@
+#include "server/round_aggregator.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "config/defaults.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "server/update_spec.h"
+
+namespace fedlora {
+namespace {
+
+absl::Status NotImplementedYet(v1::AggregationConfig::Strategy strategy) {
+  return absl::UnimplementedError(
+      absl::StrCat("aggregation.strategy ", v1::AggregationConfig::Strategy_Name(strategy),
+                   " is not implemented by the server yet; use FEDAVG, FEDPROX, "
+                   "FEDADAM, FEDYOGI or FEDADAGRAD"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<UpdateAggregator>> MakeUpdateAggregator(
+    v1::AggregationConfig::Strategy strategy, std::vector<TensorSpec> spec, Device device) {
+  switch (strategy) {
+    case v1::AggregationConfig::STRATEGY_UNSPECIFIED:
+    case v1::AggregationConfig::FEDAVG:
+    case v1::AggregationConfig::FEDPROX:
+    case v1::AggregationConfig::FEDADAM:
+    case v1::AggregationConfig::FEDYOGI:
+    case v1::AggregationConfig::FEDADAGRAD: {
+      FEDLORA_ASSIGN_OR_RETURN(std::unique_ptr<FedAvgAggregator> a,
+                               FedAvgAggregator::Create(std::move(spec), device));
+      return std::unique_ptr<UpdateAggregator>(std::move(a));
+    }
+    default:
+      return NotImplementedYet(strategy);
+  }
+}
+
+absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(
+    const v1::AggregationConfig& a) {
+  ServerOptimizerOptions o;
+  switch (a.strategy()) {
+    case v1::AggregationConfig::STRATEGY_UNSPECIFIED:
+    case v1::AggregationConfig::FEDAVG:
+    case v1::AggregationConfig::FEDPROX:
+      o.kind = ServerOptimizerKind::kSgd;
+      break;
+    case v1::AggregationConfig::FEDADAM:
+      o.kind = ServerOptimizerKind::kAdam;
+      break;
+    case v1::AggregationConfig::FEDYOGI:
+      o.kind = ServerOptimizerKind::kYogi;
+      break;
+    case v1::AggregationConfig::FEDADAGRAD:
+      o.kind = ServerOptimizerKind::kAdagrad;
+      break;
+    default:
+      return NotImplementedYet(a.strategy());
+  }
+  const bool adaptive = o.kind != ServerOptimizerKind::kSgd;
+  o.learning_rate = a.has_server_learning_rate() ? a.server_learning_rate()
+                                                 : (adaptive ? kDefaultAdaptiveServerLearningRate
+                                                             : kDefaultServerLearningRate);
+  o.momentum = a.server_momentum();
+  if (a.has_server_beta1()) o.beta1 = a.server_beta1();
+  if (a.has_server_beta2()) o.beta2 = a.server_beta2();
+  if (a.has_server_tau()) o.tau = a.server_tau();
+  return o;
+}
+
+absl::StatusOr<RoundAggregator> RoundAggregator::Begin(RoundSnapshot snapshot) {
+  if (snapshot.global == nullptr || snapshot.optimizer == nullptr) {
+    return absl::InvalidArgumentError(
+        "RoundAggregator: the snapshot lacks its adapter or optimizer");
+  }
+  if (snapshot.downlink.has_value() && snapshot.broadcast == nullptr) {
+    return absl::InvalidArgumentError(
+        "RoundAggregator: a downlink codec needs the broadcast adapter");
+  }
+  RoundAggregator a;
+  if (!snapshot.masked) {
+    FEDLORA_ASSIGN_OR_RETURN(
+        a.rule_, MakeUpdateAggregator(snapshot.strategy, snapshot.spec, snapshot.device));
+  }
+  a.s_ = std::move(snapshot);
+  return a;
+}
+
+bool RoundAggregator::needs_all_updates() const {
+  return rule_ != nullptr && rule_->needs_all_updates();
+}
+
+int64_t RoundAggregator::num_updates() const { return rule_ == nullptr ? 0 : rule_->num_updates(); }
+
+absl::Status RoundAggregator::Add(const std::string& upload_id, int64_t num_examples,
+                                  std::string body) {
+  if (rule_ == nullptr) {
+    return absl::FailedPreconditionError(
+        s_.masked ? "RoundAggregator: a masked round's updates are summed by secure aggregation"
+                  : "RoundAggregator: the round is finished");
+  }
+  // A sparsified update stays sparse: its kept entries are clipped and added where they go.
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<KeptTensor> update,
+                           DecodeAndValidate(body, s_.spec, s_.spec_elements));
+  std::string().swap(body);
+  bool within = false;
+  if (s_.dp != nullptr) {
+    within = s_.dp->Clip(update);
+  } else if (s_.max_update_norm > 0) {
+    ClipUpdateNorm(update, s_.max_update_norm);
+  }
+  const int64_t weight = s_.weight_cap > 0 ? std::min(num_examples, s_.weight_cap) : 1;
+  FEDLORA_RETURN_IF_ERROR_CTX(rule_->Add(std::move(update), weight),
+                              absl::StrCat("update ", upload_id));
+  unclipped_ += within ? 1 : 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RoundResult> RoundAggregator::Finish() {
+  if (rule_ == nullptr) {
+    return absl::FailedPreconditionError(
+        s_.masked ? "RoundAggregator: a masked round ends with FinishUnmasked"
+                  : "RoundAggregator: the round is finished");
+  }
+  const int64_t n = rule_->num_updates();
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> mean, rule_->Finish());
+  rule_.reset();  // the strategy's state (FedAvg: 16 bytes per element) goes before the step
+  std::optional<DpRound> dp;
+  if (s_.dp != nullptr) {
+    FEDLORA_ASSIGN_OR_RETURN(dp, s_.dp->Release(mean, n, unclipped_));
+  }
+  return Complete(std::move(mean), n, std::move(dp));
+}
+
+absl::StatusOr<RoundResult> RoundAggregator::FinishUnmasked(std::vector<UpdateTensor> mean,
+                                                            int64_t n, int64_t cohort) {
+  if (!s_.masked) {
+    return absl::FailedPreconditionError(
+        "RoundAggregator: FinishUnmasked on a round without secure aggregation");
+  }
+  // The clients clipped their updates: an unclipped count does not exist.
+  std::optional<DpRound> dp;
+  if (s_.dp != nullptr) {
+    FEDLORA_ASSIGN_OR_RETURN(dp, s_.dp->Release(mean, n, /*unclipped=*/0, cohort));
+  }
+  return Complete(std::move(mean), n, std::move(dp));
+}
+
+absl::StatusOr<RoundResult> RoundAggregator::Complete(std::vector<UpdateTensor> mean, int64_t n,
+                                                      std::optional<DpRound> dp) {
+  RoundResult r;
+  r.updates = n;
+  r.dp = std::move(dp);
+  // Step a copy of the optimizer: its state becomes the server's only once the round commits.
+  r.optimizer.emplace(*s_.optimizer);
+  r.adapter = *s_.global;  // the copy the optimizer steps
+  s_.global.reset();
+  FEDLORA_RETURN_IF_ERROR(r.optimizer->Step(mean, r.adapter));
+  std::vector<UpdateTensor>().swap(mean);  // not needed past the step: one adapter less held below
+  if (!s_.tail.empty()) FEDLORA_RETURN_IF_ERROR(AverageWithTail(r.adapter));
+  if (s_.downlink.has_value()) {
+    FEDLORA_ASSIGN_OR_RETURN(r.downlink,
+                             EncodeDownlinkDelta(*s_.broadcast, r.adapter, *s_.downlink));
+  }
+  s_.broadcast.reset();
+  return r;
+}
+
+absl::Status RoundAggregator::AverageWithTail(std::vector<UpdateTensor>& adapter) const {
+  // The unweighted mean, with FedAvg's exact accumulator: the same adapters give the same bits in
+  // any order, and Add checks each against the spec.
+  FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg mean, StreamingFedAvg::Create(s_.spec));
+  for (const TailAdapter& t : s_.tail) {
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> a, t.load());
+    FEDLORA_RETURN_IF_ERROR_CTX(mean.Add(a, 1),
+                                absl::StrCat("round ", t.round, "'s committed adapter"));
+  }
+  FEDLORA_RETURN_IF_ERROR(mean.Add(adapter, 1));
+  FEDLORA_ASSIGN_OR_RETURN(adapter, mean.Finish());
+  FEDLORA_LOG(INFO) << "round " << s_.round << ": the final adapter is the mean of rounds "
+                    << s_.tail.front().round << " to " << s_.round << " (" << s_.tail.size() + 1
+                    << " adapters)";
+  return absl::OkStatus();
+}
+
+}  // namespace fedlora

@@ -1,0 +1,77 @@
+// An update matched to the run's adapter: the decoding limits the adapter implies, the name and
+// shape check, and both together for an opened update body. Shared by upload validation
+// (coordinator_uploads.cc) and aggregation (round_aggregator.cc).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "aggregation/fedavg.h"
+#include "compression/codec.h"
+#include "core/status.h"
+
+namespace fedlora {
+
+inline std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&out, i ? "," : "", shape[i]);
+  return out + "]";
+}
+
+// Decoding limits from the adapter itself: a valid update has exactly the adapter's elements, so
+// anything that declares more is refused before a byte is allocated (decompression bombs).
+inline DecodeLimits LimitsForSpec(const std::vector<TensorSpec>& spec, int64_t elements) {
+  DecodeLimits limits;
+  // The body's u32 tensor count, then per tensor: u16 name length, name, u8 rank, dims.
+  int64_t table_bytes = 4;
+  for (const TensorSpec& t : spec) {
+    table_bytes +=
+        2 + static_cast<int64_t>(t.name.size()) + 1 + 8 * static_cast<int64_t>(t.shape.size());
+  }
+  limits.max_tensors = static_cast<int64_t>(spec.size());
+  limits.max_elements = elements;
+  limits.max_decoded_bytes = table_bytes + elements * 4;
+  return limits;
+}
+
+// Same names and shapes as the adapter, whose spec is sorted by name (the update's order is free;
+// `tensors` is sorted here). T is KeptTensor, UpdateTensor or UpdateTensorInfo.
+template <class T>
+absl::Status MatchSpec(std::vector<T>& tensors, const std::vector<TensorSpec>& spec) {
+  if (tensors.size() != spec.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("update has ", tensors.size(), " tensors; the adapter has ", spec.size()));
+  }
+  std::sort(tensors.begin(), tensors.end(), [](const T& a, const T& b) { return a.name < b.name; });
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].name != spec[i].name) {
+      return absl::InvalidArgumentError(absl::StrCat("update tensor '", tensors[i].name,
+                                                     "' is not in the adapter (expected '",
+                                                     spec[i].name, "')"));
+    }
+    if (tensors[i].shape != spec[i].shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "update tensor '", tensors[i].name, "' has shape ", ShapeText(tensors[i].shape),
+          "; the adapter's is ", ShapeText(spec[i].shape)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// An opened update body, decoded (a sparsified one as its kept entries) and matched to the adapter
+// (`spec` sorted by name, `elements` its element count).
+inline absl::StatusOr<std::vector<KeptTensor>> DecodeAndValidate(
+    std::string_view bytes, const std::vector<TensorSpec>& spec, int64_t elements) {
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<KeptTensor> update,
+                           DecodeUpdateKept(bytes, LimitsForSpec(spec, elements)));
+  FEDLORA_RETURN_IF_ERROR(MatchSpec(update, spec));  // DecodeUpdateKept already refused NaN/Inf
+  return update;
+}
+
+}  // namespace fedlora
