@@ -50,7 +50,7 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-struct RoundResult {
+struct BenchRound {
   double round_s = 0;
   double aggregation_s = 0;
   double bytes_per_client = 0;  // mean
@@ -68,7 +68,7 @@ std::vector<NamedTensor> DeltaOf(int k, int64_t elements) {
   return {std::move(t)};
 }
 
-RoundResult RunRound(bool secagg, int clients, int64_t elements) {
+BenchRound RunRound(bool secagg, int clients, int64_t elements) {
   testing::TempDir dir;
   v1::RunConfig config = testing::TestRunConfig(1, clients, 3);
   config.mutable_aggregation()->set_max_update_norm(1.0);
@@ -131,7 +131,7 @@ RoundResult RunRound(bool secagg, int clients, int64_t elements) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   const Clock::time_point t1 = Clock::now();
-  RoundResult r;
+  BenchRound r;
   r.round_s = Seconds(t0, t1);
   r.aggregation_s = Seconds(Clock::time_point(std::chrono::nanoseconds(last_ack_ns.load())), t1);
   const int64_t up = (*server)->metrics().upload_bytes.load();
@@ -189,7 +189,7 @@ int main(int argc, char** argv) {
   std::vector<double> round[2], agg[2], bytes[2];
   for (int rep = 0; rep < reps; ++rep) {
     for (int mode = 0; mode < 2; ++mode) {  // alternating, so both see the same machine load
-      const fedlora::RoundResult r = fedlora::RunRound(mode == 1, clients, elements);
+      const fedlora::BenchRound r = fedlora::RunRound(mode == 1, clients, elements);
       if (!r.valid) {
         std::fprintf(stderr, "rep %d %s: invalid round\n", rep, mode == 1 ? "secagg" : "plain");
         return 2;
