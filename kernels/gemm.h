@@ -50,10 +50,10 @@
 // gradient A W) the exact path runs. The workspace then holds A quantized and W repacked, 256 columns at a
 // time: Int8MathWorkspaceBytes.
 //
-// CPU threads: OpenBLAS's own (kernels::SetNumThreads). When OpenBLAS has one thread and ctx's
-// pool a width above 1 (the simulator, sim/simulator.h), an fp32 product runs instead as
-// single-threaded OpenBLAS calls on the pool, one per batch entry or per block of C's rows; the
-// result equals the single-threaded call's bit for bit at every width.
+// CPU threads: OpenBLAS's own (kernels::SetNumThreads). When OpenBLAS has one thread (the
+// simulator, sim/simulator.h), an fp32 product runs instead as single-threaded OpenBLAS calls on
+// ctx's pool, one per batch entry or per block of C's rows (blocks fixed by the shape); the result
+// is the same bit for bit at every width, one thread included.
 // bf16 math runs on oneDNN's OpenMP threads, as many as the pool's width; unlike the fp32
 // split, its bits are not promised to be the same at every width.
 //
@@ -135,7 +135,7 @@ absl::Status GemmInt8MathCpu(const ExecContext& ctx, const GemmArgs& args);
 size_t Int8MathWorkspaceBytes(const GemmArgs& args);
 void SetInt8MathAllowedForTesting(bool allowed);
 // The blocks of rows a batch-1 fp32 product is split into on the CPU pool (1: one call), for any
-// width above 1. Blocks are large enough for OpenBLAS to compute them as it does the whole product.
+// width. Blocks are large enough for OpenBLAS to keep its blocked kernel.
 int64_t GemmCpuRowBlocks(const GemmArgs& args);
 }  // namespace internal
 

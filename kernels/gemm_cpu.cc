@@ -42,13 +42,14 @@ void ScaleC(const GemmArgs& g, float* c) {
   }
 }
 
-// fp32 GEMMs split over our pool (SgemmOnPool): OpenBLAS runs single-threaded on blocks of C's rows,
-// or on whole batch entries. Every element of C is the same dot product whichever block computes
-// it, so the result equals the unsplit call's bit for bit (tests/kernels/gemm_test.cc checks the
-// models' shapes), provided OpenBLAS takes the same code path for a block as for the whole: its
-// small-matrix and "direct" kernels take products below about 7.3M multiply-adds, so a product is
-// split only into blocks of at least kSplitMinMacs. Block boundaries are multiples of
-// kSplitRowAlign rows.
+// fp32 GEMMs with OpenBLAS single-threaded (SgemmOnPool): OpenBLAS runs on blocks of C's rows, or
+// on whole batch entries, spread over our pool. The blocks depend on the shape only, never on the
+// pool's width (one thread runs them in turn), so every width gives the same bits
+// (tests/kernels/gemm_test.cc checks the models' shapes). Whether a block's bits equal one call on
+// the whole product depends on OpenBLAS's kernel for the CPU (they do with AVX-512, not on an AVX2
+// EPYC), which is why a width of one thread splits too. Blocks hold at least kSplitMinMacs
+// multiply-adds, so that OpenBLAS keeps its blocked kernel (its small-matrix and "direct" kernels
+// take products below about 7.3M), and start at multiples of kSplitRowAlign rows.
 constexpr int64_t kSplitMinMacs = int64_t{1} << 23;
 constexpr int64_t kSplitRowAlign = 16;
 
@@ -81,7 +82,8 @@ void SgemmOnPool(ThreadPool& pool, const GemmArgs& g) {
       continue;
     }
     pool.ParallelFor(0, blocks, 1, [&](int64_t b, int64_t e) {
-      SgemmRows(g, i, BlockStart(g, blocks, b), BlockStart(g, blocks, e));
+      for (int64_t j = b; j < e; ++j)  // one call per block, however many a thread takes
+        SgemmRows(g, i, BlockStart(g, blocks, j), BlockStart(g, blocks, j + 1));
     });
   }
 }
@@ -211,9 +213,9 @@ absl::Status GemmCpu(const ExecContext& ctx, const GemmArgs& g) {
     return absl::OkStatus();
   }
   if (g.b_bf16 == nullptr && g.b_quant == nullptr) {
-    // Single-threaded OpenBLAS (the simulator's setting, see sim/simulator.h) with a pool that may
-    // use more threads: blocks of the product on the pool.
-    if (ctx.Pool().Width() > 1 && openblas_get_num_threads() == 1) {
+    // Single-threaded OpenBLAS (the simulator's setting, see sim/simulator.h): blocks of the
+    // product on the pool, whatever its width.
+    if (openblas_get_num_threads() == 1) {
       SgemmOnPool(ctx.Pool(), g);
       return absl::OkStatus();
     }

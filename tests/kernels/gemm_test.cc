@@ -710,7 +710,7 @@ TEST(Gemm, RejectsBadArguments) {
 }
 
 // The simulator's setting (kernels/gemm.h): OpenBLAS on one thread, products split over the pool.
-// Every width gives the bits of the single-threaded call, for the products the models make:
+// Every width gives the bits of a one-thread pool, for the products the models make:
 // MiniLM-L6 (hidden 384, FFN 1536, 12 heads of 32, 16 x 64 tokens), SmolLM2-135M (576, 1536,
 // 9 heads of 64, vocabulary 49152), LoRA rank 8, row counts that are not multiples of 16.
 TEST(Gemm, SplitOnThePoolMatchesOneThreadBitForBit) {
