@@ -184,7 +184,7 @@ struct DurabilityTicket {
   uint64_t seq = 0;
 };
 
-class WalSyncer;  // group fsync of the WAL (store.cc)
+class WalSyncer;  // group fsync of the WAL (store_internal.h, store_durability.cc)
 
 class Store {
  public:
@@ -335,10 +335,10 @@ class Store {
   absl::Status CheckpointWal();
 
  private:
-  struct Impl;  // the connection, its prepared-statement cache and the queries (store.cc)
+  struct Impl;  // the connection, its prepared-statement cache, shared queries (store_internal.h)
   explicit Store(std::unique_ptr<Impl> impl);
   // impl_->Transaction(body) under mu_, with the fsync left to the caller: *ticket receives the
-  // commit's ticket (0 when nothing was committed). Defined in store.cc, where Impl is complete.
+  // commit's ticket (0 when nothing was committed). Defined in store_internal.h, beside Impl.
   template <class F>
   auto DeferredTransaction(DurabilityTicket* ticket, F&& body);
   // Every write method: DeferredTransaction, then FinishDurability, so that the fsync is waited for
