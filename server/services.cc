@@ -219,13 +219,20 @@ grpc::ServerUnaryReactor* FederationService::WaitForTask(grpc::CallbackServerCon
                              .count();
     wait_ms = std::min<int64_t>(wait_ms, left - 500);  // 500 ms: room for the answer's trip back
   }
-  coordinator_->WaitForTask(
-      *id, std::max<int64_t>(0, wait_ms),
-      [reactor, response](absl::StatusOr<v1::WaitForTaskResponse> answer) {
-        if (answer.ok()) *response = *std::move(answer);
-        reactor->Finish(ToGrpcStatus(answer.status()));
+  // On the RPC pool: the call may close the round's selection, which writes to the store.
+  const bool queued = rpc_pool_.TrySubmit(
+      [this, reactor, response, id = *std::move(id), wait_ms = std::max<int64_t>(0, wait_ms),
+       held = request->held_adapter_sha256()] {
+        coordinator_->WaitForTask(
+            id, wait_ms,
+            [reactor, response](absl::StatusOr<v1::WaitForTaskResponse> answer) {
+              if (answer.ok()) *response = *std::move(answer);
+              reactor->Finish(ToGrpcStatus(answer.status()));
+            },
+            held);
       },
-      request->held_adapter_sha256());
+      QueueCap());
+  if (!queued) reactor->Finish(ToGrpcStatus(QueueFull()));
   return reactor;
 }
 
@@ -244,9 +251,11 @@ grpc::ServerUnaryReactor* FederationService::SecureAggregation(
     v1::SecureAggregationResponse* response) {
   absl::StatusOr<std::string> id = Authenticate(context);
   if (!id.ok()) return FinishWith(context, id.status());
-  absl::StatusOr<v1::SecureAggregationResponse> r = coordinator_->SecureAggregation(*id, *request);
-  if (r.ok()) *response = *std::move(r);
-  return FinishWith(context, r.status());
+  // On the RPC pool: a step may close the key phase and abandon the round, a store write.
+  return AnswerOnPool<v1::SecureAggregationResponse>(
+      context, rpc_pool_, QueueCap(), response, [this, id = *std::move(id), request] {
+        return coordinator_->SecureAggregation(id, *request);
+      });
 }
 
 grpc::ServerWriteReactor<v1::DownloadChunk>* FederationService::DownloadAdapter(

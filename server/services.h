@@ -6,9 +6,10 @@
 // is empty); without TLS (loopback tests, simulation) the "fedlora-client-id" metadata entry. Never
 // a message body.
 //
-// Threads: gRPC calls the handlers on its few callback threads, which must never wait for the disk.
-// Handlers that only read memory (Heartbeat, WaitForTask, Leave, ListClients) answer there; those
-// that touch the store (Join, GetUploadStatus, ReportMetrics, GetStatus, BlockClient) answer from a pool; the
+// Threads: gRPC calls the handlers on its few callback threads, which run no SQL and never wait
+// for the disk. Handlers that only read memory (Heartbeat, Leave, ListClients) answer there; those
+// that can reach the store (Join, WaitForTask, SecureAggregation, GetUploadStatus, ReportMetrics,
+// GetStatus, BlockClient) answer from a pool, and a full pool queue is RESOURCE_EXHAUSTED; the
 // streams read, hash, write and fsync on pools of their own (download_reactor.h, upload_reactor.h).
 // The services hold no mutable state of their own besides what the Coordinator guards.
 #pragma once
