@@ -71,14 +71,94 @@ const char* StageName(CodecStage::Id id) {
   return CodecStage::Id_IsValid(id) ? CodecStage::Id_Name(id).c_str() : "?";
 }
 
+// How many stages of each exclusive kind a codec has.
+struct StageKinds {
+  int value_encoders = 0;  // FP16, BF16, QUANT: alternative encodings of each value
+  int sparsifiers = 0;     // TOPK, RANDOMK, LOWRANK: alternative reductions of each tensor
+};
+
+// Stage `i` of `n`'s place and parameters; returns the parameters case its id expects.
+CodecStage::ParamsCase ValidateStage(Problems& p, const CodecStage& s, int i, int n,
+                                     const std::string& path, bool shared_scale,
+                                     StageKinds* kinds) {
+  CodecStage::ParamsCase expected = CodecStage::PARAMS_NOT_SET;
+  switch (s.id()) {
+    case CodecStage::NONE:
+      if (n != 1) p.Bad(path + ".id", "NONE", "must be the only stage");
+      break;
+    case CodecStage::ZSTD:
+      expected = CodecStage::kZstd;
+      if (i != n - 1) p.Bad(path + ".id", "ZSTD", "must be the last stage");
+      if (s.has_zstd()) p.Range<int32_t>(path + ".zstd.level", s.zstd().level(), -7, 22);
+      break;
+    case CodecStage::FP16:
+    case CodecStage::BF16:
+      ++kinds->value_encoders;
+      break;
+    case CodecStage::TOPK:
+      expected = CodecStage::kTopK;
+      ++kinds->sparsifiers;
+      if (s.has_top_k()) {
+        p.RealRange(path + ".top_k.fraction", s.top_k().fraction(), 0, true, 1, false);
+      }
+      break;
+    case CodecStage::RANDOMK:
+      expected = CodecStage::kRandomK;
+      ++kinds->sparsifiers;
+      if (s.has_random_k()) {
+        p.RealRange(path + ".random_k.fraction", s.random_k().fraction(), 0, true, 1, false);
+      }
+      break;
+    case CodecStage::QUANT:
+      expected = CodecStage::kQuant;
+      ++kinds->value_encoders;
+      if (s.has_quant()) {
+        uint32_t bits = s.quant().bits();
+        if (bits != 1 && bits != 2 && bits != 4 && bits != 8) {
+          p.Bad(path + ".quant.bits", bits, "must be 1, 2, 4 or 8");
+        }
+        if (s.quant().has_block_size() || !shared_scale) {
+          p.Range<uint32_t>(path + ".quant.block_size", s.quant().block_size(), 8, 65536);
+          if (s.quant().block_size() % 8 != 0) {
+            p.Bad(path + ".quant.block_size", s.quant().block_size(), "must be a multiple of 8");
+          }
+        }
+      }
+      break;
+    case CodecStage::LOWRANK:
+      expected = CodecStage::kLowRank;
+      ++kinds->sparsifiers;
+      if (s.has_low_rank()) {
+        p.Range<uint32_t>(path + ".low_rank.rank", s.low_rank().rank(), 1, 4096);
+      }
+      break;
+    default:
+      break;
+  }
+  return expected;
+}
+
+// A sparsifier chooses among the raw values, so it comes before any value encoder.
+void ValidateStageOrder(Problems& p, const v1::CodecSpec& codec, const std::string& field) {
+  bool encoded = false;
+  for (int i = 0; i < codec.stages_size(); ++i) {
+    const CodecStage::Id id = codec.stages(i).id();
+    if (id == CodecStage::FP16 || id == CodecStage::BF16 || id == CodecStage::QUANT) encoded = true;
+    if ((id == CodecStage::TOPK || id == CodecStage::RANDOMK || id == CodecStage::LOWRANK) &&
+        encoded) {
+      p.Bad(absl::StrCat(field, ".stages[", i, "].id"), StageName(id),
+            "must come before FP16, BF16 or QUANT");
+    }
+  }
+}
+
 }  // namespace
 
 void ValidateCodec(Problems& p, const v1::CodecSpec& codec, const std::string& field,
                    bool shared_scale) {
   const bool downlink = field != "codec";
   std::set<int> seen;
-  int value_encoders = 0;  // FP16, BF16, QUANT: alternative encodings of each value
-  int sparsifiers = 0;     // TOPK, RANDOMK, LOWRANK: alternative reductions of each tensor
+  StageKinds kinds;
   for (int i = 0; i < codec.stages_size(); ++i) {
     const CodecStage& s = codec.stages(i);
     const std::string path = absl::StrCat(field, ".stages[", i, "]");
@@ -91,60 +171,8 @@ void ValidateCodec(Problems& p, const v1::CodecSpec& codec, const std::string& f
             absl::StrCat("is not a known version (1 to ", kCodecStageVersion, ")"));
     }
     if (!seen.insert(s.id()).second) p.Bad(path + ".id", StageName(s.id()), "appears twice");
-    CodecStage::ParamsCase expected = CodecStage::PARAMS_NOT_SET;
-    switch (s.id()) {
-      case CodecStage::NONE:
-        if (codec.stages_size() != 1) p.Bad(path + ".id", "NONE", "must be the only stage");
-        break;
-      case CodecStage::ZSTD:
-        expected = CodecStage::kZstd;
-        if (i != codec.stages_size() - 1) p.Bad(path + ".id", "ZSTD", "must be the last stage");
-        if (s.has_zstd()) p.Range<int32_t>(path + ".zstd.level", s.zstd().level(), -7, 22);
-        break;
-      case CodecStage::FP16:
-      case CodecStage::BF16:
-        ++value_encoders;
-        break;
-      case CodecStage::TOPK:
-        expected = CodecStage::kTopK;
-        ++sparsifiers;
-        if (s.has_top_k()) {
-          p.RealRange(path + ".top_k.fraction", s.top_k().fraction(), 0, true, 1, false);
-        }
-        break;
-      case CodecStage::RANDOMK:
-        expected = CodecStage::kRandomK;
-        ++sparsifiers;
-        if (s.has_random_k()) {
-          p.RealRange(path + ".random_k.fraction", s.random_k().fraction(), 0, true, 1, false);
-        }
-        break;
-      case CodecStage::QUANT:
-        expected = CodecStage::kQuant;
-        ++value_encoders;
-        if (s.has_quant()) {
-          uint32_t bits = s.quant().bits();
-          if (bits != 1 && bits != 2 && bits != 4 && bits != 8) {
-            p.Bad(path + ".quant.bits", bits, "must be 1, 2, 4 or 8");
-          }
-          if (s.quant().has_block_size() || !shared_scale) {
-            p.Range<uint32_t>(path + ".quant.block_size", s.quant().block_size(), 8, 65536);
-            if (s.quant().block_size() % 8 != 0) {
-              p.Bad(path + ".quant.block_size", s.quant().block_size(), "must be a multiple of 8");
-            }
-          }
-        }
-        break;
-      case CodecStage::LOWRANK:
-        expected = CodecStage::kLowRank;
-        ++sparsifiers;
-        if (s.has_low_rank()) {
-          p.Range<uint32_t>(path + ".low_rank.rank", s.low_rank().rank(), 1, 4096);
-        }
-        break;
-      default:
-        break;
-    }
+    const CodecStage::ParamsCase expected =
+        ValidateStage(p, s, i, codec.stages_size(), path, shared_scale, &kinds);
     const bool error_feedback_set = (s.has_top_k() && s.top_k().has_error_feedback()) ||
                                     (s.has_random_k() && s.random_k().has_error_feedback()) ||
                                     (s.has_quant() && s.quant().has_error_feedback());
@@ -157,19 +185,10 @@ void ValidateCodec(Problems& p, const v1::CodecSpec& codec, const std::string& f
       p.Add(absl::StrCat(path, " has parameters that do not belong to stage ", StageName(s.id())));
     }
   }
-  if (value_encoders > 1)
+  if (kinds.value_encoders > 1)
     p.Add(absl::StrCat(field, ".stages combine more than one of FP16, BF16 and QUANT"));
-  bool encoded = false;  // a sparsifier chooses among the raw values, so it comes first
-  for (int i = 0; i < codec.stages_size(); ++i) {
-    const CodecStage::Id id = codec.stages(i).id();
-    if (id == CodecStage::FP16 || id == CodecStage::BF16 || id == CodecStage::QUANT) encoded = true;
-    if ((id == CodecStage::TOPK || id == CodecStage::RANDOMK || id == CodecStage::LOWRANK) &&
-        encoded) {
-      p.Bad(absl::StrCat(field, ".stages[", i, "].id"), StageName(id),
-            "must come before FP16, BF16 or QUANT");
-    }
-  }
-  if (sparsifiers > 1)
+  ValidateStageOrder(p, codec, field);
+  if (kinds.sparsifiers > 1)
     p.Add(absl::StrCat(field, ".stages combine more than one of TOPK, RANDOMK and LOWRANK"));
 }
 

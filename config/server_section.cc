@@ -42,10 +42,17 @@ void ApplyServerDefaults(v1::RunConfig* c) {
   if (!srv->has_retain_rounds()) srv->set_retain_rounds(kDefaultRetainRounds);
 }
 
-void ValidateServer(Problems& p, const v1::ServerConfig& s) {
+namespace {
+
+bool HasTls(const v1::ServerConfig& s) {
   const v1::TlsConfig& tls = s.tls();
-  const bool has_tls =
-      !tls.cert_file().empty() || !tls.key_file().empty() || !tls.client_ca_file().empty();
+  return !tls.cert_file().empty() || !tls.key_file().empty() || !tls.client_ca_file().empty();
+}
+
+// server.tls: all three files or none, and what needs them; the identity lists.
+void ValidateTls(Problems& p, const v1::ServerConfig& s) {
+  const v1::TlsConfig& tls = s.tls();
+  const bool has_tls = HasTls(s);
   if (has_tls &&
       (tls.cert_file().empty() || tls.key_file().empty() || tls.client_ca_file().empty())) {
     p.Add(
@@ -78,6 +85,11 @@ void ValidateServer(Problems& p, const v1::ServerConfig& s) {
   check_ids(tls.allowed_client_ids(), "allowed_client_ids");
   check_ids(tls.operator_ids(), "operator_ids");
   if (s.insecure() && has_tls) p.Add("server.insecure and server.tls exclude each other");
+}
+
+// The listen, metrics and health addresses.
+void ValidateAddresses(Problems& p, const v1::ServerConfig& s) {
+  const bool has_tls = HasTls(s);
   // The plaintext rule is the server's (Server::Create, whatever sets the address): a loopback
   // address without TLS still needs server.insecure there; `fedlora simulate` sets it itself.
   std::string host;
@@ -105,6 +117,10 @@ void ValidateServer(Problems& p, const v1::ServerConfig& s) {
             "must differ from server.listen_address and server.metrics_address");
     }
   }
+}
+
+// Per-client quotas, gRPC bounds, the store and chunking.
+void ValidateLimits(Problems& p, const v1::ServerConfig& s) {
   if (s.max_client_bytes_per_round() < s.max_update_bytes()) {
     p.Bad("server.max_client_bytes_per_round", s.max_client_bytes_per_round(),
           absl::StrCat("is less than server.max_update_bytes (", s.max_update_bytes(),
@@ -139,6 +155,14 @@ void ValidateServer(Problems& p, const v1::ServerConfig& s) {
           absl::StrCat("must be in [server.chunk_size_bytes + ", kChunkMessageOverheadBytes, " = ",
                        min_message, ", ", kMaxGrpcMessageBytes, "]"));
   }
+}
+
+}  // namespace
+
+void ValidateServer(Problems& p, const v1::ServerConfig& s) {
+  ValidateTls(p, s);
+  ValidateAddresses(p, s);
+  ValidateLimits(p, s);
 }
 
 }  // namespace fedlora::config_internal

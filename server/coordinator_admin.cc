@@ -31,6 +31,87 @@ namespace fedlora {
 // ------------------------------------------------------------------------------------------------
 // Admin
 
+namespace {
+
+// What GetStatus reads of a committed round from the store (before the coordinator's lock): the
+// examples of its accepted updates, and their clients' reported train_loss_last weighted by those
+// examples.
+struct RoundFromStore {
+  uint64_t examples = 0;
+  double loss_sum = 0, loss_weight = 0;
+};
+
+absl::StatusOr<RoundFromStore> ReadRoundFromStore(Store& store, const std::string& run_id,
+                                                  int64_t round) {
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> ups, store.ListAcceptedUploads(run_id, round));
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<MetricRecord> metrics, store.ListMetrics(run_id, round));
+  std::map<std::string, double> loss_last;
+  for (const MetricRecord& m : metrics) {
+    if (m.key == "train/loss_last") loss_last[m.client_id] = m.value;
+  }
+  RoundFromStore f;
+  for (const UploadRecord& u : ups) {
+    f.examples += static_cast<uint64_t>(u.num_examples);
+    auto it = loss_last.find(u.client_id);
+    if (it == loss_last.end()) continue;
+    f.loss_sum += static_cast<double>(u.num_examples) * it->second;
+    f.loss_weight += static_cast<double>(u.num_examples);
+  }
+  return f;
+}
+
+// One key of a committed round's metrics_json into its summary.
+void SetSummaryMetric(const std::string& k, double d, v1::RoundSummary* s) {
+  if (k == "updates") {
+    s->set_updates_accepted(static_cast<uint32_t>(d));
+  } else if (k == "updates_rejected") {
+    s->set_updates_rejected(static_cast<uint32_t>(d));
+  } else if (k == "upload_bytes") {
+    s->set_upload_bytes(static_cast<uint64_t>(d));
+  } else if (k == "update_fp32_bytes") {
+    s->set_update_fp32_bytes(static_cast<uint64_t>(d));
+  } else if (k == "download_bytes") {
+    s->set_download_bytes(static_cast<uint64_t>(d));
+  } else if (k == "download_full_bytes") {
+    s->set_download_full_bytes(static_cast<uint64_t>(d));
+  } else if (k == "eval_loss") {
+    s->set_eval_loss(d);
+  } else if (k == "eval_accuracy") {
+    s->set_eval_accuracy(d);
+  } else if (k == "dp_epsilon") {
+    s->set_dp_epsilon(d);
+  } else if (k.rfind("dp_", 0) == 0) {
+    // The rest of the round's DP record (noise multiplier, rate, clip norms) is the accountant's.
+  } else {
+    (*s->mutable_eval_metrics())[k] = d;
+  }
+}
+
+// The history entry of committed round `r`.
+void SummarizeRound(const RoundRecord& r, const RoundFromStore& f, v1::RoundSummary* s) {
+  s->set_round(static_cast<uint64_t>(r.round));
+  s->set_clients_selected(static_cast<uint32_t>(r.selected_clients.size()));
+  s->set_started_unix_ms(r.created_unix_ms);
+  s->set_committed_unix_ms(r.updated_unix_ms);
+  s->set_global_adapter_sha256(r.result_adapter_hash);
+  const nlohmann::json m =
+      nlohmann::json::parse(r.metrics_json, nullptr, /*allow_exceptions=*/false);
+  if (m.is_object()) {
+    for (const auto& [k, v] : m.items()) {
+      if (v.is_number()) SetSummaryMetric(k, v.get<double>(), s);
+    }
+    // Updates that arrived complete: the accepted ones and those refused at validation.
+    s->set_updates_received(s->updates_accepted() + s->updates_rejected());
+  }
+  s->set_clients_dropped(s->clients_selected() > s->updates_accepted()
+                             ? s->clients_selected() - s->updates_accepted()
+                             : 0);
+  s->set_examples(f.examples);
+  if (f.loss_weight > 0) s->set_mean_train_loss(f.loss_sum / f.loss_weight);
+}
+
+}  // namespace
+
 absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatusRequest& request) {
   FEDLORA_ASSIGN_OR_RETURN(std::vector<RoundRecord> rounds, store_->ListRounds(run_id_));
   std::vector<const RoundRecord*> committed;
@@ -41,30 +122,10 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
   if (request.max_history() > 0 && committed.size() > request.max_history()) {
     first = committed.size() - request.max_history();
   }
-  // Per round of the history, from the store (before mu_ is taken): the examples of its accepted
-  // updates, and their clients' reported train_loss_last weighted by those examples.
-  struct FromStore {
-    uint64_t examples = 0;
-    double loss_sum = 0, loss_weight = 0;
-  };
-  std::vector<FromStore> from_store(committed.size() - first);
+  std::vector<RoundFromStore> from_store;  // per round of the history, read before mu_ is taken
   for (size_t i = first; i < committed.size(); ++i) {
-    FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> ups,
-                             store_->ListAcceptedUploads(run_id_, committed[i]->round));
-    FEDLORA_ASSIGN_OR_RETURN(std::vector<MetricRecord> metrics,
-                             store_->ListMetrics(run_id_, committed[i]->round));
-    std::map<std::string, double> loss_last;
-    for (const MetricRecord& m : metrics) {
-      if (m.key == "train/loss_last") loss_last[m.client_id] = m.value;
-    }
-    FromStore& f = from_store[i - first];
-    for (const UploadRecord& u : ups) {
-      f.examples += static_cast<uint64_t>(u.num_examples);
-      auto it = loss_last.find(u.client_id);
-      if (it == loss_last.end()) continue;
-      f.loss_sum += static_cast<double>(u.num_examples) * it->second;
-      f.loss_weight += static_cast<double>(u.num_examples);
-    }
+    FEDLORA_ASSIGN_OR_RETURN(from_store.emplace_back(),
+                             ReadRoundFromStore(*store_, run_id_, committed[i]->round));
   }
   absl::MutexLock lock(&mu_);
   v1::GetStatusResponse response;
@@ -113,54 +174,8 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
     response.set_privacy_budget_spent(finished_ && stopped_.ok() &&
                                       TotalRounds() < ConfiguredRounds(config_));
   }
-  for (size_t i = first; i < committed.size(); ++i) {
-    const RoundRecord& r = *committed[i];
-    v1::RoundSummary* s = response.add_history();
-    s->set_round(static_cast<uint64_t>(r.round));
-    s->set_clients_selected(static_cast<uint32_t>(r.selected_clients.size()));
-    s->set_started_unix_ms(r.created_unix_ms);
-    s->set_committed_unix_ms(r.updated_unix_ms);
-    s->set_global_adapter_sha256(r.result_adapter_hash);
-    const nlohmann::json m =
-        nlohmann::json::parse(r.metrics_json, nullptr, /*allow_exceptions=*/false);
-    if (m.is_object()) {
-      // Updates that arrived complete: the accepted ones and those refused at validation.
-      for (const auto& [k, v] : m.items()) {
-        if (!v.is_number()) continue;
-        const double d = v.get<double>();
-        if (k == "updates") {
-          s->set_updates_accepted(static_cast<uint32_t>(d));
-        } else if (k == "updates_rejected") {
-          s->set_updates_rejected(static_cast<uint32_t>(d));
-        } else if (k == "upload_bytes") {
-          s->set_upload_bytes(static_cast<uint64_t>(d));
-        } else if (k == "update_fp32_bytes") {
-          s->set_update_fp32_bytes(static_cast<uint64_t>(d));
-        } else if (k == "download_bytes") {
-          s->set_download_bytes(static_cast<uint64_t>(d));
-        } else if (k == "download_full_bytes") {
-          s->set_download_full_bytes(static_cast<uint64_t>(d));
-        } else if (k == "eval_loss") {
-          s->set_eval_loss(d);
-        } else if (k == "eval_accuracy") {
-          s->set_eval_accuracy(d);
-        } else if (k == "dp_epsilon") {
-          s->set_dp_epsilon(d);
-        } else if (k.rfind("dp_", 0) == 0) {
-          // The rest of the round's DP record (noise multiplier, rate, clip norms) is the accountant's.
-        } else {
-          (*s->mutable_eval_metrics())[k] = d;
-        }
-      }
-      s->set_updates_received(s->updates_accepted() + s->updates_rejected());
-    }
-    s->set_clients_dropped(s->clients_selected() > s->updates_accepted()
-                               ? s->clients_selected() - s->updates_accepted()
-                               : 0);
-    const FromStore& f = from_store[i - first];
-    s->set_examples(f.examples);
-    if (f.loss_weight > 0) s->set_mean_train_loss(f.loss_sum / f.loss_weight);
-  }
+  for (size_t i = first; i < committed.size(); ++i)
+    SummarizeRound(*committed[i], from_store[i - first], response.add_history());
   return response;
 }
 
