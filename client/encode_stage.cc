@@ -47,9 +47,7 @@ UpdateEncoder::~UpdateEncoder() = default;
 
 absl::StatusOr<std::string> UpdateEncoder::Encode(const v1::TrainTask& task,
                                                   const std::vector<NamedTensor>& delta) {
-  std::vector<UpdateTensor> update;
-  update.reserve(delta.size());
-  for (const NamedTensor& n : delta) update.push_back({n.name, n.shape, n.values});
+  const std::vector<UpdateTensor>& update = delta;
   FEDLORA_ASSIGN_OR_RETURN(CodecOptions codec, CodecOptionsFromSpec(task.codec()));
   codec.seed = task.seed();  // random-k indices and stochastic rounding: reproducible per task
   pending_ = nullptr;

@@ -16,12 +16,7 @@
 namespace fedlora {
 
 absl::StatusOr<std::vector<NamedTensor>> ParseAdapter(const std::string& bytes) {
-  FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> tensors, AdapterFromSafetensors(bytes));
-  std::vector<NamedTensor> out;
-  out.reserve(tensors.size());
-  for (UpdateTensor& t : tensors)
-    out.push_back({std::move(t.name), std::move(t.shape), std::move(t.values)});
-  return out;
+  return AdapterFromSafetensors(bytes);
 }
 
 std::string AdapterFetcher::HeldPath() const {

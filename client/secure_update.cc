@@ -15,9 +15,7 @@ namespace fedlora {
 
 absl::StatusOr<std::vector<uint64_t>> EncodeSecureUpdate(const std::vector<NamedTensor>& delta,
                                                          const v1::SecureAggregationTask& task) {
-  std::vector<UpdateTensor> update;
-  update.reserve(delta.size());
-  for (const NamedTensor& t : delta) update.push_back({t.name, t.shape, t.values});
+  std::vector<UpdateTensor> update = delta;  // clipped in place below
   std::sort(update.begin(), update.end(),
             [](const UpdateTensor& a, const UpdateTensor& b) { return a.name < b.name; });
   uint64_t count = 0;

@@ -69,6 +69,7 @@
 
 #include "absl/status/statusor.h"
 #include "compression/low_rank.h"
+#include "core/named_tensor.h"
 
 namespace fedlora {
 
@@ -76,13 +77,9 @@ namespace kernels {
 class Backend;  // kernels/backend.h
 }  // namespace kernels
 
-// One named tensor of an update (usually the delta of one adapter parameter). `values` has
-// product(shape) elements, row-major.
-struct UpdateTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> values;
-};
+// One named tensor of an update (usually the delta of one adapter parameter): the SDK's NamedTensor
+// (core/named_tensor.h), so a trainer's delta is encoded as it is.
+using UpdateTensor = NamedTensor;
 
 // Element codecs. The numeric ids are part of the wire format: never renumber.
 enum class CodecId : uint8_t {

@@ -28,17 +28,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/named_tensor.h"
 #include "model/decoder_config.h"
 #include "model/gguf_writer.h"
 
 namespace fedlora {
 
 // One tensor of an adapter, as fp32, shape outermost first.
-struct AdapterTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> values;
-};
+using AdapterTensor = NamedTensor;
 
 // The rank and alpha every LoRA pair of the adapter has (adapter_config.json's r and lora_alpha).
 struct GgufLoraScale {

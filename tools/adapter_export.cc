@@ -141,9 +141,7 @@ absl::StatusOr<int64_t> ExportRoundGguf(Store& store, const BlobStore& blobs,
   FEDLORA_ASSIGN_OR_RETURN(GgufLoraScale scale,
                            ScaleOf(format.peft_config, "the run's LoRA settings"));
   FEDLORA_ASSIGN_OR_RETURN(RoundAdapter adapter, ReadRoundAdapter(store, blobs, run_id, round));
-  std::vector<AdapterTensor> tensors;
-  for (UpdateTensor& t : adapter.tensors) tensors.push_back({t.name, t.shape, std::move(t.values)});
-  FEDLORA_RETURN_IF_ERROR(WriteGgufLora(tensors, scale, format.meta.base_model, path));
+  FEDLORA_RETURN_IF_ERROR(WriteGgufLora(adapter.tensors, scale, format.meta.base_model, path));
   return adapter.round;
 }
 

@@ -137,8 +137,8 @@ class CausalLmModel final : public LoraModel {
   std::shared_ptr<CausalLm> model_;
 };
 
-// Copies `adapter` (any struct with name, shape and values, e.g. NamedTensor or UpdateTensor;
-// names as the model's trainable_params) into `model` (a LoraModel, BertClassifier or CausalLm).
+// Copies `adapter` (NamedTensors, or any struct with name, shape and values; names as
+// the model's trainable_params) into `model` (a LoraModel, BertClassifier or CausalLm).
 // InvalidArgument unless every trainable param is present with its shape and the adapter has no
 // other tensor.
 template <class Tensor, class Model>

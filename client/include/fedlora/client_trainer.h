@@ -23,15 +23,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/named_tensor.h"  // NamedTensor: one named fp32 tensor
 
 namespace fedlora {
-
-// One named fp32 tensor, row-major. `values.size()` equals the product of `shape`.
-struct NamedTensor {
-  std::string name;  // PEFT-style name, e.g. "...layer.0.attention.self.query.lora_A.weight"
-  std::vector<int64_t> shape;
-  std::vector<float> values;
-};
 
 // What the server asks one client to do in one round.
 struct TrainTask {
