@@ -238,7 +238,7 @@ class RecordingTrainer : public ClientTrainer {
  public:
   absl::StatusOr<TrainResult> Train(const TrainTask& task,
                                     const std::vector<NamedTensor>& global) override {
-    globals_.push_back(testing::ToUpdate(global));
+    globals_.push_back(global);
     return inner_.Train(task, global);
   }
   std::vector<std::vector<UpdateTensor>> globals_;
@@ -250,8 +250,7 @@ class RecordingTrainer : public ClientTrainer {
 void ExpectOneTrainingOnIntactBytes(const RecordingTrainer& trainer, const RunSummary& result) {
   ASSERT_EQ(trainer.globals_.size(), 1u);
   EXPECT_TRUE(testing::SameBits(trainer.globals_[0], testing::InitialAdapter()));
-  EXPECT_TRUE(
-      testing::SameBits(testing::ToUpdate(result.final_adapter), testing::ExpectedAdapter({0}, 1)));
+  EXPECT_TRUE(testing::SameBits(result.final_adapter, testing::ExpectedAdapter({0}, 1)));
 }
 
 void FlipAByte(v1::DownloadChunk* chunk) { (*chunk->mutable_data())[0] ^= 0x01; }

@@ -131,8 +131,7 @@ TEST(ClientTest, TrainerFailureSkipsTheTaskAndTheClientTakesItAgain) {
   EXPECT_EQ(trainer.calls_, 3);
   // Still selected for round 1, the client got the same task again: the result is as if nothing
   // had failed.
-  EXPECT_TRUE(testing::SameBits(testing::ToUpdate(result->final_adapter),
-                                testing::ExpectedAdapter({0}, 2)));
+  EXPECT_TRUE(testing::SameBits(result->final_adapter, testing::ExpectedAdapter({0}, 2)));
 }
 
 // Fails every task with `error`.
@@ -280,8 +279,7 @@ TEST(ClientTest, TheOtherSitesUpdatesCommitWithoutWaitingForAFailedSite) {
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(broken.calls_.load(), 1);
-  EXPECT_TRUE(
-      testing::SameBits(testing::ToUpdate(done->final_adapter), testing::ExpectedAdapter({1}, 1)));
+  EXPECT_TRUE(testing::SameBits(done->final_adapter, testing::ExpectedAdapter({1}, 1)));
   EXPECT_EQ(InfoOf(**server, "site-0").state(), v1::CLIENT_STATE_FAILED);
 }
 

@@ -26,7 +26,6 @@ using testing::TempDir;
 using testing::TestClientOptions;
 using testing::TestRunConfig;
 using testing::TestServerOptions;
-using testing::ToUpdate;
 
 // GET /metrics from the server's Prometheus endpoint.
 std::string ScrapeMetrics(int port) {
@@ -71,7 +70,7 @@ TEST(FederationE2eTest, FourClientsThreeRoundsGiveTheDirectlyComputedAdapter) {
     EXPECT_EQ(results[c]->tasks_completed, kRounds);
     EXPECT_EQ(results[c]->final_round, static_cast<uint64_t>(kRounds));
     EXPECT_EQ(trainers[c]->rounds_seen, (std::vector<uint64_t>{1, 2, 3}));
-    EXPECT_TRUE(SameBits(ToUpdate(results[c]->final_adapter), expected)) << "client " << c;
+    EXPECT_TRUE(SameBits(results[c]->final_adapter, expected)) << "client " << c;
   }
   EXPECT_TRUE((*server)->coordinator().finished());
   EXPECT_EQ((*server)->metrics().updates_accepted.load(), kClients * kRounds);
@@ -146,7 +145,7 @@ TEST(FederationE2eTest, LastRoundCommitsTheMeanOfTheLastRoundsAdapters) {
   EXPECT_TRUE(SameBits((*server)->coordinator().global_adapter(), expected));
   for (int c = 0; c < kClients; ++c) {
     ASSERT_TRUE(results[c].ok()) << "client " << c << ": " << results[c].status();
-    EXPECT_TRUE(SameBits(ToUpdate(results[c]->final_adapter), expected)) << "client " << c;
+    EXPECT_TRUE(SameBits(results[c]->final_adapter, expected)) << "client " << c;
   }
 }
 

@@ -140,15 +140,10 @@ inline std::vector<UpdateTensor> ExpectedAdapter(const std::vector<int>& clients
   auto opt = ServerOptimizer::Create(optimizer, SpecFromUpdate(global));
   EXPECT_TRUE(opt.ok()) << opt.status();
   for (int r : round_numbers) {
-    std::vector<NamedTensor> named;
-    for (const UpdateTensor& t : global) named.push_back({t.name, t.shape, t.values});
     auto avg = StreamingFedAvg::Create(SpecFromUpdate(global));
     EXPECT_TRUE(avg.ok());
     for (int c : clients) {
-      std::vector<UpdateTensor> u;
-      for (NamedTensor& d : DeltaFor(c, static_cast<uint64_t>(r), named))
-        u.push_back({d.name, d.shape, d.values});
-      EXPECT_TRUE(avg->Add(u, ExamplesOf(c)).ok());
+      EXPECT_TRUE(avg->Add(DeltaFor(c, static_cast<uint64_t>(r), global), ExamplesOf(c)).ok());
     }
     auto mean = avg->Finish();
     EXPECT_TRUE(mean.ok());
@@ -197,12 +192,6 @@ inline ::testing::AssertionResult SameBits(const std::vector<UpdateTensor>& a,
     }
   }
   return ::testing::AssertionSuccess();
-}
-
-inline std::vector<UpdateTensor> ToUpdate(const std::vector<NamedTensor>& n) {
-  std::vector<UpdateTensor> out;
-  for (const NamedTensor& t : n) out.push_back({t.name, t.shape, t.values});
-  return out;
 }
 
 // A run config for tests: `rounds` rounds of `clients` clients, no over-selection, fast timings.

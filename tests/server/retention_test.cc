@@ -39,13 +39,11 @@ std::vector<UpdateTensor> ExpectedBig(const std::vector<int>& clients, int round
   auto opt = ServerOptimizer::Create({}, SpecFromUpdate(global));
   EXPECT_TRUE(opt.ok());
   for (int r = 1; r <= rounds; ++r) {
-    std::vector<NamedTensor> named;
-    for (const UpdateTensor& t : global) named.push_back({t.name, t.shape, t.values});
     auto avg = StreamingFedAvg::Create(SpecFromUpdate(global));
     for (int c : clients) {
-      EXPECT_TRUE(avg->Add(testing::ToUpdate(testing::DeltaFor(c, static_cast<uint64_t>(r), named)),
-                           testing::ExamplesOf(c))
-                      .ok());
+      EXPECT_TRUE(
+          avg->Add(testing::DeltaFor(c, static_cast<uint64_t>(r), global), testing::ExamplesOf(c))
+              .ok());
     }
     auto mean = avg->Finish();
     EXPECT_TRUE(opt->Step(*mean, global).ok());

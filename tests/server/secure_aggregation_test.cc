@@ -68,8 +68,7 @@ double ErrorAgainstClippedMean(const std::vector<UpdateTensor>& initial,
                                const std::vector<int>& sites) {
   std::vector<std::vector<UpdateTensor>> clipped;
   for (int k : sites) {
-    std::vector<UpdateTensor> u;
-    for (NamedTensor& n : Delta(k, tasks[k])) u.push_back({n.name, n.shape, n.values});
+    std::vector<UpdateTensor> u = Delta(k, tasks[k]);
     std::sort(u.begin(), u.end(),
               [](const UpdateTensor& a, const UpdateTensor& b) { return a.name < b.name; });
     ClipUpdateNorm(u, kClip);

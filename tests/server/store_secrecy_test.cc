@@ -200,15 +200,12 @@ TEST_F(StoreSecrecyTest, TheClaimedWeightIsSealedAndCappedAtTheBound) {
   ASSERT_TRUE(WaitForCommits(1));
 
   std::vector<UpdateTensor> expected = InitialAdapter();
-  std::vector<NamedTensor> named;
-  for (const UpdateTensor& t : expected) named.push_back({t.name, t.shape, t.values});
   auto avg = StreamingFedAvg::Create(SpecFromUpdate(expected));
   ASSERT_TRUE(avg.ok());
   const int64_t weights[] = {static_cast<int64_t>(testing::kTestMaxExamples),
                              testing::ExamplesOf(1)};
   for (int c = 0; c < 2; ++c) {
-    std::vector<UpdateTensor> u;
-    for (NamedTensor& d : testing::DeltaFor(c, 1, named)) u.push_back({d.name, d.shape, d.values});
+    const std::vector<UpdateTensor> u = testing::DeltaFor(c, 1, expected);
     ASSERT_TRUE(avg->Add(u, weights[c]).ok());
   }
   auto mean = avg->Finish();
