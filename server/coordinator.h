@@ -2,7 +2,8 @@
 // gRPC services decide, without gRPC. The services (server/services.cc) translate RPCs into calls
 // on a Coordinator; a driver thread (Server) calls Tick() to enforce deadlines and aggregates when
 // a round closes. Its implementation is split by concern over coordinator_*.cc (listed in
-// coordinator_internal.h); client sampling is server/selection.h.
+// coordinator_internal.h); client sampling is server/selection.h, the checks of an upload header
+// server/upload_admission.h.
 //
 // Blocking work never runs under the coordinator's lock: store writes made under it are committed
 // without waiting for their fsync (DurabilityTicket), and whoever answers a client from that state
@@ -67,6 +68,7 @@
 #include "server/round_aggregator.h"
 #include "server/secagg_round.h"
 #include "server/store.h"
+#include "server/upload_admission.h"
 
 namespace fedlora {
 
@@ -343,12 +345,16 @@ class Coordinator {
       int64_t round, const v1::SecAggUnmaskingRequest& request, size_t expected, int64_t step_ms);
   // Cancelled once shutdown began: a running aggregation checks it between its steps.
   absl::Status CheckNotShuttingDown() const;
-  // BeginUpload's checks under mu_, with what was read before it was taken (the free disk, the
-  // upload's row). A new upload is locked to the stream and `*record` filled with the row to write.
+  // BeginUpload's admission under mu_ (server/upload_admission.h): `snapshot` holds what was read
+  // before mu_ was taken (the free disk, the upload's row). A new upload is locked to the stream
+  // and `*record` filled with the row to write.
   absl::StatusOr<UploadPlan> AdmitUpload(const std::string& client_id,
-                                         const v1::UploadHeader& header, int64_t free_disk_bytes,
-                                         const absl::StatusOr<UploadRecord>& existing,
-                                         UploadRecord* record);
+                                         const v1::UploadHeader& header, UploadSnapshot snapshot,
+                                         UploadRecord* record) ABSL_LOCKS_EXCLUDED(mu_);
+  // Fills in the rest of `*s` for `client_id`'s upload `upload_id`: the coordinator's state, the
+  // open round, the client's quotas and the disk reserved.
+  void SnapshotUploadLocked(const std::string& client_id, const std::string& upload_id,
+                            UploadSnapshot* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CompleteUpload's bookkeeping under mu_: records the acceptance with a deferred ticket.
   absl::StatusOr<v1::UploadAck> CompleteUploadLocked(const std::string& client_id,
                                                      const v1::UploadHeader& header,
@@ -370,6 +376,7 @@ class Coordinator {
   const ServerOptions options_;
   const v1::RunConfig config_;
   const std::string run_id_;
+  const UploadAdmission upload_admission_;  // the limits of options_ and config_
   std::vector<UpdateTensor> initial_adapter_;
   Store* const store_;
   BlobStore* const blobs_;

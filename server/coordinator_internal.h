@@ -2,9 +2,9 @@
 // files that implement the Coordinator: coordinator.cc (construction, Restore),
 // coordinator_sessions.cc (the client registry: Join, Authenticate, Heartbeat, metrics, Leave),
 // coordinator_selection.cc (WaitForTask, long polls, selection), coordinator_uploads.cc (upload
-// admission, validation, acceptance), coordinator_driver.cc (the round clock and the aggregation
-// tries), coordinator_aggregation.cc (a round's aggregation around a RoundAggregator) and
-// coordinator_admin.cc (GetStatus, ListClients).
+// admission around an UploadAdmission, validation, acceptance), coordinator_driver.cc (the round
+// clock and the aggregation tries), coordinator_aggregation.cc (a round's aggregation around a
+// RoundAggregator) and coordinator_admin.cc (GetStatus, ListClients).
 #pragma once
 
 #include <cstdint>

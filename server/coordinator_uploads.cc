@@ -1,8 +1,8 @@
-// The coordinator's upload half: admission of an upload stream (round binding, the manifest,
-// sealing, per-client quotas, the free-disk watermark), opening and validating a complete sealed
-// update before it enters blobs/, its durable acceptance, upload status, and the sweep of partial
-// uploads that can no longer complete. Just over 600 lines; issue 37's split of the Coordinator
-// into a round aggregator and its session state divides it (admission vs. validation).
+// The coordinator's upload half: BeginUpload (the free disk and the upload's row read outside the
+// lock, then UploadAdmission's decision over a snapshot taken under it: server/upload_admission.h),
+// the per-client byte quota as a stream goes, opening and validating a complete sealed update
+// before it enters blobs/, its durable acceptance, upload status, and the sweep of partial uploads
+// that can no longer complete.
 #include <sys/mman.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -10,17 +10,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "compression/sparsify.h"
 #include "compression/update_io.h"
-#include "config/config_io.h"
 #include "core/file.h"
 #include "core/logging.h"
 #include "core/status.h"
-#include "core/strings.h"
 #include "crypto/envelope.h"
 #include "crypto/sealed_update.h"
 #include "proto/wire.h"
@@ -38,8 +35,6 @@ absl::StatusOr<int64_t> FreeDiskBytes(const std::string& dir) {
   if (::statvfs(dir.c_str(), &st) != 0) return ErrnoToStatus(errno, "statvfs", dir);
   return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
 }
-
-bool IsHexSha256(const std::string& s) { return IsValidBlobHash(s); }
 
 }  // namespace
 
@@ -66,14 +61,16 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
   // Disk and store reads before mu_ is taken. The row read may be stale by the time mu_ is held
   // (another stream of this upload_id just ended): the store's own checks below keep that from
   // counting anything twice, and the client is told to retry.
-  FEDLORA_ASSIGN_OR_RETURN(const int64_t free_bytes, options_.free_disk_bytes_for_test
+  UploadSnapshot snapshot;
+  FEDLORA_ASSIGN_OR_RETURN(snapshot.free_disk_bytes, options_.free_disk_bytes_for_test
                                                          ? options_.free_disk_bytes_for_test()
                                                          : FreeDiskBytes(options_.data_dir));
-  const absl::StatusOr<UploadRecord> existing = store_->GetUpload(id);
-  if (!existing.ok() && !absl::IsNotFound(existing.status())) return existing.status();
+  snapshot.existing = store_->GetUpload(id);
+  if (!snapshot.existing.ok() && !absl::IsNotFound(snapshot.existing.status()))
+    return snapshot.existing.status();
   UploadRecord record;
   FEDLORA_ASSIGN_OR_RETURN(UploadPlan plan,
-                           AdmitUpload(client_id, header, free_bytes, existing, &record));
+                           AdmitUpload(client_id, header, std::move(snapshot), &record));
   if (plan.duplicate_ack.has_value()) {
     // The row may come from a concurrent acceptance still waiting for its fsync.
     FEDLORA_RETURN_IF_ERROR(store_->SyncCommitted());
@@ -99,222 +96,59 @@ absl::StatusOr<UploadPlan> Coordinator::BeginUpload(const std::string& client_id
 
 absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id,
                                                     const v1::UploadHeader& header,
-                                                    int64_t free_bytes,
-                                                    const absl::StatusOr<UploadRecord>& existing,
-                                                    UploadRecord* record) {
+                                                    UploadSnapshot snapshot, UploadRecord* record) {
   const std::string& id = header.upload_id();
   absl::MutexLock lock(&mu_);
-  if (!restored_) return absl::UnavailableError("server is restoring its state; retry");
-  // Idempotency first: a replay of an accepted update gets its original ack, even after its round
-  // closed.
-  if (existing.ok()) {
-    if (existing->client_id != client_id || existing->run_id != run_id_) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("upload_id '", id, "' belongs to another client"));
-    }
-    if (existing->state == UploadState::kAccepted) {
-      if (existing->blob_hash != header.manifest().sha256()) {
-        return absl::AlreadyExistsError(absl::StrCat("upload_id '", id, "' was accepted for blob ",
-                                                     existing->blob_hash, ", not ",
-                                                     header.manifest().sha256()));
-      }
-      UploadPlan plan;
-      v1::UploadAck ack;
-      ack.set_upload_id(id);
-      ack.set_state(v1::UPLOAD_STATE_ACCEPTED);
-      ack.set_chunks_acknowledged(static_cast<uint32_t>(existing->chunks_received));
-      ack.set_bytes_acknowledged(static_cast<uint64_t>(existing->bytes));
-      ack.set_duplicate(true);
-      plan.duplicate_ack = ack;
-      metrics_->updates_duplicate.fetch_add(1);
-      return plan;
-    }
+  SnapshotUploadLocked(client_id, id, &snapshot);
+  UploadDecision d = upload_admission_.Decide(client_id, header, snapshot);
+  ClientEntry* c = FindClientLocked(client_id);  // non-null once the checks reached the quotas
+  if (d.quota_round.has_value()) c->StartQuotaRound(*d.quota_round);
+  if (d.quota_refused) metrics_->quota_refusals.fetch_add(1);
+  if (!d.status.ok()) return d.status;
+  UploadPlan plan;
+  if (d.duplicate_ack.has_value()) {
+    plan.duplicate_ack = std::move(d.duplicate_ack);
+    metrics_->updates_duplicate.fetch_add(1);
+    return plan;
   }
-  if (auto rej = rejected_.find(id); rej != rejected_.end()) {
-    if (rej->second.client_id != client_id) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("upload_id '", id, "' belongs to another client"));
-    }
-    return absl::FailedPreconditionError(
-        absl::StrCat("upload '", id, "' was rejected: ", rej->second.reason));
-  }
-  // Round binding.
-  const int64_t round = static_cast<int64_t>(header.round());
-  if (finished_)
-    return absl::FailedPreconditionError("the run is finished; no more updates are accepted");
-  if (round_ == nullptr || round != round_->round) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("update is for round ", round, " but the current round is ",
-                     round_ ? round_->round : last_committed_round_, "; it is stale"));
-  }
-  RoundInfo& r = *round_;
-  if (r.state != RoundState::kTraining) {
-    return absl::FailedPreconditionError(absl::StrCat("round ", round, " is ",
-                                                      ToAbsl(RoundStateName(r.state)),
-                                                      " and no longer accepts updates"));
-  }
-  if (r.selected.count(client_id) == 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("client '", client_id, "' was not selected for round ", round));
-  }
-  if (header.task_id() != TaskIdFor(round, client_id)) {
-    return absl::PermissionDeniedError(absl::StrCat("task '", header.task_id(), "' of round ",
-                                                    round, " was not assigned to client '",
-                                                    client_id, "'"));
-  }
-  if (Now() >= r.deadline_ms) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("round ", round, " passed its deadline; the update is stale"));
-  }
-  if (auto acc = r.accepted.find(client_id); acc != r.accepted.end()) {
-    return absl::AlreadyExistsError(absl::StrCat("client '", client_id, "' already has update '",
-                                                 acc->second, "' accepted for round ", round));
-  }
-  if (header.base_adapter_sha256() != broadcast_hash_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("update is a delta from adapter ", header.base_adapter_sha256().substr(0, 80),
-                     " but round ", round, " trains from ", broadcast_hash_));
-  }
-  if (header.num_examples() < 1 ||
-      header.num_examples() > static_cast<uint64_t>(StreamingFedAvg::kMaxWeight)) {
-    return absl::InvalidArgumentError(absl::StrCat("num_examples ", header.num_examples(),
-                                                   " is outside [1, ", StreamingFedAvg::kMaxWeight,
-                                                   "]"));
-  }
-  if (HidesPerClientStatistics(config_) && header.num_examples() != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_examples ", header.num_examples(),
-                     ": under secure aggregation or differential privacy every update "
-                     "weighs the same and a site claims 1 example, so that the size of its data is "
-                     "not disclosed"));
-  }
-  if (const uint64_t cap = config_.aggregation().max_examples_per_client();
-      config_.aggregation().weight_by_examples() && header.num_examples() > cap) {
-    FEDLORA_LOG(WARNING) << "client '" << client_id << "' claims " << header.num_examples()
-                         << " examples in round " << round
-                         << "; its update weighs aggregation.max_examples_per_client = " << cap;
-  }
-  // Every update is sealed to the round's aggregation key: the store holds nothing a TLS-terminating
-  // proxy could read, and nothing of a closed round that a copied disk could.
-  const v1::EncryptionSpec& enc = header.encryption();
-  if (enc.scheme() != v1::EncryptionSpec::X25519_HKDF_AES256GCM) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("update is not sealed (encryption scheme ",
-                     v1::EncryptionSpec::Scheme_IsValid(enc.scheme())
-                         ? v1::EncryptionSpec::Scheme_Name(enc.scheme())
-                         : std::to_string(enc.scheme()),
-                     "); this server takes X25519_HKDF_AES256GCM only"));
-  }
-  if (enc.server_key_id() != r.key->key_id) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("update is sealed to key '", enc.server_key_id().substr(0, 80), "'; round ",
-                     round, "'s aggregation key is '", r.key->key_id, "'"));
-  }
-  if (enc.ephemeral_public_key().size() != crypto::kX25519KeyBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("encryption.ephemeral_public_key has ",
-                                                   enc.ephemeral_public_key().size(),
-                                                   " bytes, not ", crypto::kX25519KeyBytes));
-  }
-  // The manifest must describe the adapter exactly and be cut the way the server expects.
-  const v1::AdapterManifest& m = header.manifest();
-  if (!IsHexSha256(m.sha256()))
-    return absl::InvalidArgumentError("manifest.sha256 is not 64 lowercase hex digits");
-  if (m.total_bytes() > static_cast<uint64_t>(options_.max_upload_bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat("update of ", m.total_bytes(),
-                                                     " bytes exceeds the limit of ",
-                                                     options_.max_upload_bytes, " bytes"));
-  }
-  if (m.total_bytes() < kUpdateHeaderSize + crypto::SealedBlobOverheadBytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("update of ", m.total_bytes(),
-                                                   " bytes is shorter than a sealed ",
-                                                   kUpdateHeaderSize, "-byte codec header"));
-  }
-  if (m.chunk_size_bytes() != static_cast<uint64_t>(options_.chunk_bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("manifest.chunk_size_bytes is ",
-                                                   m.chunk_size_bytes(), "; this server uses ",
-                                                   options_.chunk_bytes));
-  }
-  if (m.num_chunks() !=
-      static_cast<uint64_t>(CeilDiv(static_cast<int64_t>(m.total_bytes()), options_.chunk_bytes))) {
-    return absl::InvalidArgumentError(absl::StrCat("manifest.num_chunks is ", m.num_chunks(),
-                                                   " for ", m.total_bytes(), " bytes in chunks of ",
-                                                   options_.chunk_bytes));
-  }
-  if (m.tensors_size() != static_cast<int>(global_->size())) {
-    return absl::InvalidArgumentError(absl::StrCat("manifest lists ", m.tensors_size(),
-                                                   " tensors; the adapter has ", global_->size()));
-  }
-  {
-    std::map<std::string, const v1::TensorSpec*> by_name;
-    for (const v1::TensorSpec& t : m.tensors()) by_name[t.name()] = &t;
-    for (const UpdateTensor& g : *global_) {
-      auto it = by_name.find(g.name);
-      if (it == by_name.end()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("manifest lacks adapter tensor '", g.name, "'"));
-      }
-      const v1::TensorSpec& t = *it->second;
-      std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
-      if (shape != g.shape) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", g.name, "' has shape ",
-                                                       ShapeText(shape), "; the adapter's is ",
-                                                       ShapeText(g.shape)));
-      }
-      if (t.dtype() != "F32") {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", g.name, "' is declared ",
-                                                       t.dtype(), "; decoded updates are F32"));
-      }
-    }
-  }
-  FEDLORA_RETURN_IF_ERROR(CodecOptionsFromSpec(header.codec()).status());
-  if (active_uploads_.count(id) != 0) {
-    return absl::AbortedError(
-        absl::StrCat("upload '", id, "' is already streaming on another call; retry later"));
-  }
-  ClientEntry* c = FindClientLocked(client_id);
-  if (c == nullptr)
-    return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
-  if (c->uploads_in_flight >= options_.max_client_uploads_in_flight) {
-    return QuotaRefused(absl::StrCat("client '", client_id, "' already streams ",
-                                     c->uploads_in_flight, " uploads; the limit is ",
-                                     options_.max_client_uploads_in_flight));
-  }
-  c->StartQuotaRound(round);
-  const bool new_upload = !existing.ok();  // a resume continues a row this quota already counted
-  if (new_upload && c->uploads_this_round >= options_.max_client_uploads_per_round) {
-    return QuotaRefused(absl::StrCat("client '", client_id, "' began ", c->uploads_this_round,
-                                     " uploads in round ", round, "; the limit is ",
-                                     options_.max_client_uploads_per_round));
-  }
-  if (c->bytes_this_round + static_cast<int64_t>(m.total_bytes()) -
-          static_cast<int64_t>(header.start_chunk()) * options_.chunk_bytes >
-      options_.max_client_bytes_per_round) {
-    return QuotaRefused(absl::StrCat(
-        "client '", client_id, "' streamed ", c->bytes_this_round, " bytes in round ", round,
-        "; this upload would pass the limit of ", options_.max_client_bytes_per_round));
-  }
-  // The free-disk watermark: refuse a new upload rather than fill the disk under the store. The
-  // free space was read before the lock; the uploads admitted since and still streaming have not
-  // written yet, so their sizes are reserved against it.
-  const int64_t size = static_cast<int64_t>(m.total_bytes());
-  if (free_bytes - disk_reserved_ < options_.min_free_disk_bytes + size) {
-    return QuotaRefused(absl::StrCat(
-        "the store's disk has ", free_bytes, " bytes free, ", disk_reserved_,
-        " of them reserved for uploads streaming; an update of ", size,
-        " bytes would leave less than the watermark of ", options_.min_free_disk_bytes));
-  }
-  record->upload_id = id;
-  record->run_id = run_id_;
-  record->round = round;
-  record->client_id = client_id;
-  record->task_id = header.task_id();
-  record->num_examples = static_cast<int64_t>(header.num_examples());
-  active_uploads_[id] = {client_id, size};
-  disk_reserved_ += size;
+  *record = std::move(d.record);
+  active_uploads_[id] = {client_id, d.reserved_bytes};
+  disk_reserved_ += d.reserved_bytes;
   ++c->uploads_in_flight;
-  if (new_upload) ++c->uploads_this_round;
+  if (d.new_upload) ++c->uploads_this_round;
   metrics_->uploads_streaming.store(static_cast<int64_t>(active_uploads_.size()));
-  return UploadPlan{};
+  return plan;
+}
+
+void Coordinator::SnapshotUploadLocked(const std::string& client_id, const std::string& upload_id,
+                                       UploadSnapshot* s) {
+  s->restored = restored_;
+  s->finished = finished_;
+  s->run_id = run_id_;
+  s->now_ms = Now();
+  if (auto rej = rejected_.find(upload_id); rej != rejected_.end())
+    s->rejected = UploadSnapshot::Rejection{rej->second.client_id, rej->second.reason};
+  if (round_ != nullptr) {
+    const RoundInfo& r = *round_;
+    UploadSnapshot::Round& o = s->round.emplace();
+    o.round = r.round;
+    o.state = r.state;
+    o.deadline_ms = r.deadline_ms;
+    o.selected = r.selected.count(client_id) != 0;
+    if (o.selected) o.task_id = TaskIdFor(r.round, client_id);
+    if (auto acc = r.accepted.find(client_id); acc != r.accepted.end())
+      o.accepted_upload = acc->second;
+    o.trains_from = broadcast_hash_;
+    if (r.key != nullptr) o.key_id = r.key->key_id;
+  }
+  s->last_committed_round = last_committed_round_;
+  s->spec = &spec_;
+  s->streaming = active_uploads_.count(upload_id) != 0;
+  if (const ClientEntry* c = FindClientLocked(client_id)) {
+    s->client = UploadQuota{c->quota_round, c->bytes_this_round, c->uploads_this_round,
+                            c->uploads_in_flight};
+  }
+  s->disk_reserved = disk_reserved_;
 }
 
 absl::Status Coordinator::QuotaRefused(std::string message) const {
