@@ -123,6 +123,60 @@ TEST(Workload, FactoryBuildsModelsDataAndEvaluatorOfAClassificationRun) {
   EXPECT_EQ(model_only->evaluator, nullptr);
 }
 
+// What `fedlora train` and `fedlora eval` load: without task.labels a classifier takes the
+// training data's, reads the held-out data with them and hands it over beside the evaluator; an
+// adapter directory gives a later load its LoRA shape, its labels and its weights.
+TEST(Workload, LabelsFromTheTrainingDataAndAnAdapterDirectory) {
+  const std::string dir = MakeFixture();
+  v1::RunConfig config = Config(dir);
+  config.mutable_task()->clear_labels();
+  auto w = LoadWorkload(config, Request(dir, 1));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->label_names, (std::vector<std::string>{"blue", "green", "red"}));
+  EXPECT_EQ(w->eval.size(), kEval);
+  ASSERT_NE(w->evaluator, nullptr);
+  ASSERT_TRUE(
+      w->models[0]
+          ->Train(w->train, nullptr, TrainOptionsFromConfig(config.training(), w->max_seq_len), {})
+          .ok());
+  const std::string adapter = dir + "/adapter";
+  ASSERT_TRUE(w->models[0]
+                  ->SaveAdapter({.base_model = dir + "/model",
+                                 .label_names = w->label_names,
+                                 .max_seq_len = w->max_seq_len},
+                                adapter)
+                  .ok());
+
+  // No LoRA settings and no labels in the config: the adapter's rank 4 and labels.
+  v1::RunConfig bare = config;
+  bare.clear_lora();
+  WorkloadRequest eval = Request(dir, 2);
+  eval.train_path.clear();
+  eval.role = ModelRole::kEvaluate;
+  eval.adapter_path = adapter;
+  auto e = LoadWorkload(bare, eval);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->label_names, w->label_names);
+  for (const auto& m : e->models) {
+    ASSERT_EQ(m->trainable_params().size(), w->models[0]->trainable_params().size());
+    for (size_t i = 0; i < m->trainable_params().size(); ++i)
+      EXPECT_EQ(m->trainable_params()[i].value, w->models[0]->trainable_params()[i].value);
+  }
+
+  // Training data of one label cannot train a classifier.
+  ASSERT_TRUE(WriteFileAtomically(dir + "/one.jsonl",
+                                  "{\"text\": \"w1\", \"label\": \"red\"}\n"
+                                  "{\"text\": \"w2\", \"label\": \"red\"}\n")
+                  .ok());
+  WorkloadRequest one = Request(dir, 1);
+  one.train_path = dir + "/one.jsonl";
+  one.eval_path.clear();
+  auto refused = LoadWorkload(config, one);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("classification needs >= 2"), std::string::npos)
+      << refused.status();
+}
+
 // The held-out evaluator gives train/'s Evaluate figures bit for bit on one model (what `fedlora
 // server` and `fedlora eval` computed before), and the same on a pool of three (the simulator).
 TEST(Workload, ClassificationEvaluatorMatchesTrainEvaluateOnAnyPoolSize) {
