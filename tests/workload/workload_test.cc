@@ -14,6 +14,7 @@
 #include "core/file.h"
 #include "gtest/gtest.h"
 #include "tests/model/tiny_checkpoint.h"
+#include "tests/model/tiny_classifier_run.h"
 #include "tests/model/tiny_decoder.h"
 #include "train/lm_trainer.h"
 #include "train/trainer.h"
@@ -29,29 +30,10 @@ constexpr int kTrain = 30, kEval = 21;
 
 // A model dir (config.json, model.safetensors, vocab.txt) and train/eval JSONL with three labels.
 std::string MakeFixture() {
-  const std::string dir = testing_util::MakeTempDir("workload");
-  EXPECT_FALSE(dir.empty());
-  const std::string model = dir + "/model";
-  std::filesystem::create_directories(model);
-  EXPECT_TRUE(testing_util::WriteTinyCheckpoint(model, testing_util::TinyConfig()).ok());
-  std::string vocab = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n";
-  for (int i = 0; i < 95; ++i) absl::StrAppend(&vocab, "w", i, "\n");
-  EXPECT_TRUE(WriteFileAtomically(model + "/vocab.txt", vocab).ok());
-  const char* labels[3] = {"red", "green", "blue"};
-  auto write_split = [&](const std::string& path, int n, int salt) {
-    std::string out;
-    for (int i = 0; i < n; ++i) {
-      const int y = (i * 7 + salt) % 3;
-      std::string text;
-      for (int k = 0; k < 3 + i % 5; ++k)
-        absl::StrAppend(&text, k ? " " : "", "w", y * 30 + (i * 13 + k * 5 + salt) % 30);
-      absl::StrAppend(&out, "{\"text\": \"", text, "\", \"label\": \"", labels[y], "\"}\n");
-    }
-    EXPECT_TRUE(WriteFileAtomically(path, out).ok());
-  };
-  write_split(dir + "/train.jsonl", kTrain, 1);
-  write_split(dir + "/eval.jsonl", kEval, 2);
-  return dir;
+  auto dir = testing_util::WriteTinyClassifierRun(
+      "workload", {.train = kTrain, .eval = kEval, .min_words = 3, .word_cycle = 5});
+  EXPECT_TRUE(dir.ok()) << dir.status();
+  return dir.value_or("");
 }
 
 v1::RunConfig Config(const std::string& dir, const std::string& kind = "SEQUENCE_CLASSIFICATION") {
