@@ -1,4 +1,5 @@
-// fedlora eval: scores a model with a LoRA adapter on a labelled dataset.
+// fedlora eval: scores a model with a LoRA adapter on a labelled dataset (encoders) or on
+// conversations (decoders).
 //
 //   fedlora eval --model models/all-MiniLM-L6-v2 --adapter runs/central --data
 //   data/fortunes/test.jsonl
@@ -8,24 +9,20 @@
 // in adapter_model.safetensors the number of labels, and labels.json the label order: a
 // classifier adapter without it is refused (the order is never guessed from the data).
 // fedlora_adapter.json gives the defaults of --max-seq-len (and for decoders --system and
-// --chat-template): the run's values; a flag that differs wins and is said on stderr. Prints one
-// JSON line on stdout: {"count":..,"loss":..,"accuracy":..,"macro_f1":..}.
+// --chat-template): the run's values; a flag that differs wins and is said on stderr. The model,
+// the data and the evaluator come from workload/factory.h LoadWorkload (the flags as a run config,
+// tools/common.h CommandRunConfig), as the server's and the simulator's do. Prints one JSON line
+// on stdout: {"count":..,"loss":..,"accuracy":..,"macro_f1":..}, for a decoder
+// {"count":..,"tokens":..,"loss":..,"perplexity":..[,"exact_match":..]}.
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/json.h"
-#include "core/safetensors.h"
 #include "core/status.h"
 #include "kernels/context.h"
-#include "model/adapter_dir.h"
-#include "model/bert.h"
 #include "model/decoder.h"
-#include "model/peft.h"
 #include "tools/common.h"
-#include "tools/decoder_commands.h"
-#include "train/trainer.h"
 #include "workload/evaluator.h"
 #include "workload/factory.h"
 
@@ -47,57 +44,6 @@ struct EvalFlags {
   bool max_seq_len_given = false, system_given = false, chat_template_given = false;
 };
 
-// The model options an adapter directory implies.
-absl::StatusOr<ModelOptions> OptionsFromAdapter(const std::string& dir,
-                                                std::vector<std::string>& label_names) {
-  const std::string config_path = dir + "/" + kPeftConfigFile;
-  FEDLORA_ASSIGN_OR_RETURN(nlohmann::json config, ReadJsonFile(config_path));
-  ModelOptions options;
-  FEDLORA_ASSIGN_OR_RETURN(int64_t rank, GetInt(config, "r", config_path));
-  FEDLORA_ASSIGN_OR_RETURN(double alpha, GetDouble(config, "lora_alpha", config_path));
-  options.lora.rank = static_cast<int>(rank);
-  options.lora.alpha = static_cast<float>(alpha);
-  if (!config.contains("target_modules") || !config["target_modules"].is_array()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(config_path,
-                     ": target_modules must be a list of module names (a regular expression is not "
-                     "supported by fedlora eval)"));
-  }
-  FEDLORA_ASSIGN_OR_RETURN(options.lora.target_modules,
-                           GetStringArray(config, "target_modules", config_path));
-
-  const std::string weights_path = dir + "/" + kPeftWeightsFile;
-  FEDLORA_ASSIGN_OR_RETURN(auto weights, SafetensorsFile::Open(weights_path));
-  FEDLORA_ASSIGN_OR_RETURN(SafetensorsTensor classifier,
-                           weights->Get("base_model.model.classifier.weight"));
-  if (classifier.shape.size() != 2 || classifier.shape[0] < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(weights_path, ": classifier.weight must be [labels >= 2, hidden]"));
-  }
-  options.num_labels = static_cast<int>(classifier.shape[0]);
-
-  const std::string labels_path = dir + "/" + kLabelsFile;
-  FEDLORA_ASSIGN_OR_RETURN(AdapterDirInfo info, ReadAdapterMetadata(dir));
-  if (!info.label_names) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir, " has no ", kLabelsFile, ": the order of its classifier's ", options.num_labels,
-        " rows is not recorded, and fedlora eval does not guess it from the data (a file holding "
-        "some of the "
-        "labels would be scored against the wrong rows). fedlora train, simulate, server --out and "
-        "export "
-        "write it; for another adapter write ",
-        labels_path,
-        " as {\"label_names\": [row 0's label, row 1's, ...]}, in the order of the run's labels"));
-  }
-  label_names = *info.label_names;
-  if (static_cast<int>(label_names.size()) != options.num_labels) {
-    return absl::InvalidArgumentError(absl::StrCat(labels_path, " names ", label_names.size(),
-                                                   " labels but the classifier has ",
-                                                   options.num_labels));
-  }
-  return options;
-}
-
 absl::Status Eval(EvalFlags f) {
   FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
   // An encoder refuses --int8-math and --exact-match below, with its own message.
@@ -114,67 +60,44 @@ absl::Status Eval(EvalFlags f) {
                               .chat_template = decoder ? &f.data.chat_template : nullptr,
                               .chat_template_given = f.chat_template_given}));
   }
-  if (decoder) {
-    return EvalDecoder({.model = f.model_dir,
-                        .adapter = f.adapter_dir,
-                        .data_path = f.data_path,
-                        .data = f.data,
-                        .batch_size = f.batch_size,
-                        .max_seq_len = f.max_seq_len,
-                        .threads = f.threads,
-                        .bf16 = f.bf16,
-                        .bf16_math = f.bf16_math,
-                        .int8_math = f.int8_math,
-                        .device = device});
+  if (!decoder) {
+    if (f.adapter_dir.empty()) {
+      return absl::InvalidArgumentError("--adapter is required for an encoder (its classifier)");
+    }
+    if (f.data.exact_match || !f.data.chat_template.empty() || !f.data.system.empty() ||
+        f.data.prompt_field != "prompt" || f.data.response_field != "response" || f.int8_math) {
+      return absl::InvalidArgumentError(
+          "--exact-match, --chat-template, --system, --prompt-field, --response-field and "
+          "--int8-math apply to "
+          "decoder models only");
+    }
+    if (!IsDirectory(f.model_dir))
+      return absl::NotFoundError(absl::StrCat("model directory ", f.model_dir, " not found"));
   }
-  if (f.adapter_dir.empty()) {
-    return absl::InvalidArgumentError("--adapter is required for an encoder (its classifier)");
-  }
-  if (f.data.exact_match || !f.data.chat_template.empty() || !f.data.system.empty() ||
-      f.data.prompt_field != "prompt" || f.data.response_field != "response" || f.int8_math) {
-    return absl::InvalidArgumentError(
-        "--exact-match, --chat-template, --system, --prompt-field, --response-field and "
-        "--int8-math apply to "
-        "decoder models only");
-  }
-  if (!IsDirectory(f.model_dir))
-    return absl::NotFoundError(absl::StrCat("model directory ", f.model_dir, " not found"));
-  if (!IsDirectory(f.adapter_dir)) {
+  if (!f.adapter_dir.empty() && !IsDirectory(f.adapter_dir)) {
     return absl::NotFoundError(absl::StrCat("adapter directory ", f.adapter_dir, " not found"));
   }
   if (!IsRegularFile(f.data_path))
     return absl::NotFoundError(absl::StrCat("data file ", f.data_path, " not found"));
+  const PrecisionFlags precision{
+      .bf16 = f.bf16, .bf16_math = f.bf16_math, .int8_math = f.int8_math};
+  FEDLORA_RETURN_IF_ERROR(CheckPrecisionFlags(precision));
   kernels::SetNumThreads(f.threads);
-  FEDLORA_ASSIGN_OR_RETURN(f.max_seq_len, EncoderMaxSeqLen(f.model_dir, f.max_seq_len));
-  std::vector<std::string> label_names;
-  FEDLORA_ASSIGN_OR_RETURN(ModelOptions options, OptionsFromAdapter(f.adapter_dir, label_names));
-  FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(f.model_dir));
-  FEDLORA_ASSIGN_OR_RETURN(
-      TokenizedDataset data,
-      LoadTokenizedDataset(f.data_path, *tokenizer, f.max_seq_len, label_names, f.fields));
-  if (static_cast<int>(label_names.size()) > options.num_labels) {
-    return absl::InvalidArgumentError(absl::StrCat(f.data_path, " has ", label_names.size(),
-                                                   " labels but the adapter's classifier has ",
-                                                   options.num_labels));
-  }
-  options.bf16_weights = f.bf16 || f.bf16_math;
-  options.bf16_math = f.bf16_math;
-  options.max_batch = f.batch_size;
-  options.max_seq = f.max_seq_len;
-  options.base_model_name = f.model_dir;
-  options.device = device;
-  FEDLORA_ASSIGN_OR_RETURN(std::shared_ptr<BertClassifier> classifier,
-                           BertClassifier::Load(f.model_dir, options));
-  FEDLORA_RETURN_IF_ERROR(LoadPeftAdapter(f.adapter_dir, classifier.get()));
+  // One model, planned for --batch-size examples per pass: the evaluator's batch (decoders plan
+  // theirs by the training batch).
+  v1::RunConfig config =
+      CommandRunConfig(f.model_dir, decoder, f.max_seq_len, precision, f.data, f.fields);
+  config.mutable_training()->set_batch_size(static_cast<uint32_t>(f.batch_size));
+  config.mutable_data()->set_eval_batch_size(static_cast<uint32_t>(f.batch_size));
+  FEDLORA_ASSIGN_OR_RETURN(Workload w, LoadWorkload(config, {.model_path = f.model_dir,
+                                                             .eval_path = f.data_path,
+                                                             .device = device,
+                                                             .role = ModelRole::kEvaluate,
+                                                             .adapter_path = f.adapter_dir,
+                                                             .bf16_weights = f.bf16}));
   // The held-out evaluator of the server and the simulator (workload/evaluator.h), on one model.
-  FEDLORA_ASSIGN_OR_RETURN(
-      auto evaluator,
-      MakeHeldOutEvaluator(
-          std::make_shared<const TokenizedDataset>(std::move(data)),
-          HeldOutOptions{.batch_size = f.batch_size, .exact_match = false, .tokenizer = nullptr}));
-  ClassifierModel model(std::move(classifier));
-  LoraModel* models[] = {&model};
-  FEDLORA_ASSIGN_OR_RETURN(EvalFigures result, evaluator->Evaluate(models));
+  LoraModel* models[] = {w.models[0].get()};
+  FEDLORA_ASSIGN_OR_RETURN(EvalFigures result, w.evaluator->Evaluate(models));
   std::cout << result.json << std::endl;
   return absl::OkStatus();
 }

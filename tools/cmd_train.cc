@@ -3,10 +3,16 @@
 //   fedlora train --model models/all-MiniLM-L6-v2 --train data/fortunes/train.jsonl
 //       --eval data/fortunes/test.jsonl --out runs/central --epochs 3 --group-by-length
 //
-// Writes into --out: the adapter directory of model/adapter_dir.h (PEFT's adapter_config.json and
-// adapter_model.safetensors, labels.json with the label order the classifier was trained with,
-// fedlora_adapter.json with max_seq_len; `fedlora eval` reads them back) and metrics.json (options, per-epoch metrics, final evaluation). Prints one JSON line per
-// epoch on stdout; the progress display and human-readable lines go to stderr.
+// The model and the data come from workload/factory.h LoadWorkload (the flags as a run config,
+// tools/common.h CommandRunConfig); the loop is the family's own (train/trainer.h for a
+// classifier, train/lm_trainer.h for a decoder). Writes into --out: the adapter directory of
+// model/adapter_dir.h (PEFT's adapter_config.json and adapter_model.safetensors; for a classifier
+// labels.json with the label order it was trained with, for a decoder task_type CAUSAL_LM; and
+// fedlora_adapter.json with max_seq_len, and a decoder's system prompt and chat template:
+// `fedlora eval` reads them back) and metrics.json (options, per-epoch metrics, final evaluation).
+// Prints one JSON line per epoch on stdout; the progress display and human-readable lines go to
+// stderr.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -25,7 +31,8 @@
 #include "model/bert.h"
 #include "model/decoder.h"
 #include "tools/common.h"
-#include "tools/decoder_commands.h"
+#include "train/lm_data.h"
+#include "train/lm_trainer.h"
 #include "train/trainer.h"
 #include "workload/factory.h"
 
@@ -58,97 +65,47 @@ nlohmann::json MetricsJson(const EvalResult& m) {
           {"confusion", m.confusion}};
 }
 
-absl::Status Train(TrainFlags f) {
-  FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
-  // An encoder refuses --int8-math and --exact-match below, with its own message.
-  const bool decoder = IsDecoderCheckpoint(f.model_dir);
-  FEDLORA_ASSIGN_OR_RETURN(const Device device,
-                           DeviceForRun(f.device, resolved, CpuOnlyWork(decoder && f.int8_math)));
-  if (decoder) {
-    return TrainDecoder({.model = f.model_dir,
-                         .train_path = f.train_path,
-                         .eval_path = f.eval_path,
-                         .out_dir = f.out_dir,
-                         .train = f.train,
-                         .data = f.data,
-                         .rank = f.rank,
-                         .alpha = f.alpha,
-                         .lora_dropout = f.lora_dropout,
-                         .targets = f.targets,
-                         .threads = f.threads,
-                         .bf16 = f.bf16,
-                         .bf16_math = f.bf16_math,
-                         .int8_math = f.int8_math,
-                         .recompute = f.recompute,
-                         .device = device});
-  }
-  if (f.data.exact_match || f.recompute || !f.data.chat_template.empty() ||
-      !f.data.system.empty() || f.int8_math) {
-    return absl::InvalidArgumentError(
-        "--exact-match, --recompute, --chat-template, --system and --int8-math apply to decoder "
-        "models only");
-  }
-  if (f.targets.empty()) f.targets = "query,value";
-  if (!IsDirectory(f.model_dir))
-    return absl::NotFoundError(absl::StrCat("model directory ", f.model_dir, " not found"));
-  if (!IsRegularFile(f.train_path))
-    return absl::NotFoundError(absl::StrCat("training data ", f.train_path, " not found"));
-  if (!f.eval_path.empty() && !IsRegularFile(f.eval_path)) {
-    return absl::NotFoundError(absl::StrCat("eval data ", f.eval_path, " not found"));
-  }
-  kernels::SetNumThreads(f.threads);
-  FEDLORA_ASSIGN_OR_RETURN(f.train.max_seq_len, EncoderMaxSeqLen(f.model_dir, f.train.max_seq_len));
+nlohmann::json LmMetricsJson(const LmEvalResult& r) {
+  nlohmann::json j = {
+      {"count", r.count}, {"tokens", r.tokens}, {"loss", r.loss}, {"perplexity", r.perplexity}};
+  if (r.has_exact_match) j["exact_match"] = r.exact_match;
+  return j;
+}
 
-  FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(f.model_dir));
-  std::vector<std::string> label_names;
-  FEDLORA_ASSIGN_OR_RETURN(
-      TokenizedDataset train,
-      LoadTokenizedDataset(f.train_path, *tokenizer, f.train.max_seq_len, label_names, f.fields));
-  TokenizedDataset eval;
-  if (!f.eval_path.empty()) {
-    FEDLORA_ASSIGN_OR_RETURN(
-        eval,
-        LoadTokenizedDataset(f.eval_path, *tokenizer, f.train.max_seq_len, label_names, f.fields));
-  }
-  if (label_names.size() < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(f.train_path, " has ", label_names.size(),
-                     " distinct label(s); classification needs >= 2"));
-  }
+// What metrics.json records of every run: the paths, the options, the precision, the threads.
+nlohmann::json RunJson(const TrainFlags& f, const std::vector<std::string>& targets,
+                       Device device) {
+  nlohmann::json metrics;
+  metrics["model"] = f.model_dir;
+  metrics["train"] = f.train_path;
+  metrics["eval"] = f.eval_path;
+  metrics["options"] = TrainOptionsJson(f.train);
+  metrics["options"]["rank"] = f.rank;
+  metrics["options"]["alpha"] = f.alpha;
+  metrics["options"]["lora_dropout"] = f.lora_dropout;
+  metrics["options"]["targets"] = targets;
+  metrics["options"]["bf16"] = f.bf16 || f.bf16_math;
+  metrics["options"]["bf16_math"] = f.bf16_math;
+  metrics["options"]["bf16_math_active"] =
+      f.bf16_math && (device == Device::kCuda || kernels::Bf16MathAvailable());
+  return metrics;
+}
 
-  ModelOptions options;
-  options.num_labels = static_cast<int>(label_names.size());
-  options.lora.rank = f.rank;
-  options.lora.alpha = f.alpha;
-  options.lora.dropout = f.lora_dropout;
-  options.lora.target_modules = SplitList(f.targets);
-  options.bf16_weights = f.bf16 || f.bf16_math;
-  options.bf16_math = f.bf16_math;
-  options.seed = f.train.seed;
-  options.max_batch = std::max(f.train.batch_size, f.train.eval_batch_size);
-  options.max_seq = f.train.max_seq_len;
-  options.base_model_name = f.model_dir;
-  options.device = device;
-  FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(f.model_dir, options));
-  // Fail before hours of training rather than at the end: the output directory must be writable,
-  // and not a directory of other files (the adapter replaces it whole).
-  FEDLORA_RETURN_IF_ERROR(CheckAdapterDirectoryTarget(f.out_dir));
-  std::error_code ec;
-  std::filesystem::create_directories(f.out_dir, ec);
-  if (ec)
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot create output directory ", f.out_dir, ": ", ec.message()));
-
+// A classifier on labelled examples: train/trainer.h's loop, scored after every epoch.
+absl::Status TrainClassifier(const TrainFlags& f, const Workload& w, BertClassifier& model,
+                             Device device) {
+  const TokenizedDataset& train = *w.train.examples;
+  const TokenizedDataset* eval = w.eval.size() > 0 ? w.eval.examples.get() : nullptr;
   int64_t trainable = 0;
-  for (const Param& p : model->trainable_params()) trainable += p.numel();
+  for (const Param& p : model.trainable_params()) trainable += p.numel();
   FEDLORA_SAY(
       "fedlora train: %lld train / %lld eval examples, %zu labels, %lld trainable params, "
       "%d threads, device %s\n",
-      static_cast<long long>(train.size()), static_cast<long long>(eval.size()), label_names.size(),
-      static_cast<long long>(trainable), kernels::NumThreads(),
+      static_cast<long long>(train.size()), static_cast<long long>(w.eval.size()),
+      w.label_names.size(), static_cast<long long>(trainable), kernels::NumThreads(),
       std::string(DeviceName(device)).c_str());
 
-  Trainer trainer(*model, f.train);
+  Trainer trainer(model, f.train);
   trainer.on_epoch = [](const EpochReport& r) {
     std::string line =
         absl::StrFormat("epoch %d: train loss %.4f (%.1f s)", r.epoch, r.train_loss, r.seconds);
@@ -159,28 +116,16 @@ absl::Status Train(TrainFlags f) {
     FEDLORA_SAY("%s", line);
     std::cout << r.ToJson() << std::endl;
   };
-  FEDLORA_RETURN_IF_ERROR(trainer.Train(train, eval.size() > 0 ? &eval : nullptr));
+  FEDLORA_RETURN_IF_ERROR(trainer.Train(train, eval));
 
-  FEDLORA_RETURN_IF_ERROR(SaveAdapterDirectory(*model,
+  FEDLORA_RETURN_IF_ERROR(SaveAdapterDirectory(model,
                                                {.task = AdapterTask::kSequenceClassification,
                                                 .base_model = f.model_dir,
-                                                .label_names = label_names,
+                                                .label_names = w.label_names,
                                                 .max_seq_len = f.train.max_seq_len},
                                                f.out_dir));
-  nlohmann::json metrics;
-  metrics["model"] = f.model_dir;
-  metrics["train"] = f.train_path;
-  metrics["eval"] = f.eval_path;
-  metrics["label_names"] = label_names;
-  metrics["options"] = TrainOptionsJson(f.train);
-  metrics["options"]["rank"] = f.rank;
-  metrics["options"]["alpha"] = f.alpha;
-  metrics["options"]["lora_dropout"] = f.lora_dropout;
-  metrics["options"]["targets"] = SplitList(f.targets);
-  metrics["options"]["bf16"] = f.bf16 || f.bf16_math;
-  metrics["options"]["bf16_math"] = f.bf16_math;
-  metrics["options"]["bf16_math_active"] =
-      f.bf16_math && (device == Device::kCuda || kernels::Bf16MathAvailable());
+  nlohmann::json metrics = RunJson(f, model.options().lora.target_modules, device);
+  metrics["label_names"] = w.label_names;
   metrics["options"]["threads"] = kernels::NumThreads();
   metrics["options"]["device"] = std::string(DeviceName(device));
   metrics["openblas_core"] = kernels::OpenBlasCoreName();
@@ -197,7 +142,142 @@ absl::Status Train(TrainFlags f) {
   if (!trainer.history().empty() && trainer.history().back().has_eval) {
     metrics["final_eval"] = MetricsJson(trainer.history().back().eval);
   }
-  FEDLORA_RETURN_IF_ERROR(WriteFileAtomically(f.out_dir + "/metrics.json", metrics.dump(2) + "\n"));
+  return WriteFileAtomically(f.out_dir + "/metrics.json", metrics.dump(2) + "\n");
+}
+
+// A decoder on conversations: train/lm_trainer.h's loop, scored after every epoch in batches of
+// at most the training batch (the activations are planned for it).
+absl::Status TrainCausalLm(const TrainFlags& f, const Workload& w, CausalLm& lm, Device device) {
+  const LmDataset& train = *w.train.conversations;
+  const LmDataset* eval = w.eval.size() > 0 ? w.eval.conversations.get() : nullptr;
+  int64_t trainable = 0, train_tokens = 0;
+  for (const Param& p : lm.trainable_params()) trainable += p.numel();
+  for (const LmExample& e : train.examples) train_tokens += e.targets();
+  FEDLORA_SAY(
+      "fedlora train: decoder %s (%s), %lld train / %lld eval conversations, %lld response "
+      "tokens, %lld trainable params, %d threads\n",
+      f.model_dir.c_str(), lm.base()->storage_summary().c_str(),
+      static_cast<long long>(train.size()), static_cast<long long>(w.eval.size()),
+      static_cast<long long>(train_tokens), static_cast<long long>(trainable),
+      kernels::NumThreads());
+
+  const DecoderTokenizer& tok = *w.chat_tokenizer;
+  LmEvalOptions eval_options{.batch_size = std::min(f.train.eval_batch_size, f.train.batch_size),
+                             .exact_match = f.data.exact_match,
+                             .tokenizer = tok.tokenizer.get(),
+                             .stop_ids = tok.stop_ids()};
+  LmTrainer trainer(lm, f.train);
+  trainer.on_epoch = [](const LmEpochReport& r) {
+    std::string line =
+        absl::StrFormat("epoch %d: train loss %.4f (%.1f s)", r.epoch, r.train_loss, r.seconds);
+    if (r.has_eval) {
+      absl::StrAppend(&line, absl::StrFormat(", eval loss %.4f perplexity %.3f", r.eval.loss,
+                                             r.eval.perplexity));
+      if (r.eval.has_exact_match)
+        absl::StrAppend(&line, absl::StrFormat(" exact match %.4f", r.eval.exact_match));
+    }
+    FEDLORA_SAY("%s", line);
+    std::cout << r.ToJson() << std::endl;
+  };
+  FEDLORA_RETURN_IF_ERROR(trainer.Train(train, eval, eval_options));
+  FEDLORA_RETURN_IF_ERROR(SaveAdapterDirectory(lm,
+                                               {.task = AdapterTask::kCausalLm,
+                                                .base_model = f.model_dir,
+                                                .max_seq_len = f.train.max_seq_len,
+                                                .system_prompt = f.data.system,
+                                                .chat_template = w.chat_template_name()},
+                                               f.out_dir));
+
+  nlohmann::json metrics = RunJson(f, lm.options().lora.target_modules, device);
+  metrics["task"] = "causal_lm";
+  metrics["options"]["int8_math"] = f.int8_math;
+  metrics["options"]["int8_math_active"] = f.int8_math && kernels::Int8MathAvailable();
+  metrics["options"]["chat_template"] = w.chat_template_name();
+  metrics["options"]["system"] = f.data.system;
+  metrics["options"]["threads"] = kernels::NumThreads();
+  nlohmann::json epochs = nlohmann::json::array();
+  for (const LmEpochReport& r : trainer.history()) {
+    nlohmann::json e = {{"epoch", r.epoch},
+                        {"steps", r.steps},
+                        {"train_loss", r.train_loss},
+                        {"seconds", r.seconds}};
+    if (r.has_eval) e["eval"] = LmMetricsJson(r.eval);
+    epochs.push_back(e);
+  }
+  metrics["epochs"] = epochs;
+  if (!trainer.history().empty() && trainer.history().back().has_eval) {
+    metrics["final_eval"] = LmMetricsJson(trainer.history().back().eval);
+  }
+  return WriteFileAtomically(f.out_dir + "/metrics.json", metrics.dump(2) + "\n");
+}
+
+// The flags as the run config LoadWorkload reads (tools/common.h CommandRunConfig).
+v1::RunConfig TrainRunConfig(const TrainFlags& f, bool decoder) {
+  v1::RunConfig config = CommandRunConfig(
+      f.model_dir, decoder, f.train.max_seq_len,
+      {.bf16 = f.bf16, .bf16_math = f.bf16_math, .int8_math = f.int8_math}, f.data, f.fields);
+  config.set_seed(f.train.seed);
+  v1::LoraConfig& lora = *config.mutable_lora();
+  lora.set_rank(static_cast<uint32_t>(f.rank));
+  lora.set_alpha(f.alpha);
+  lora.set_dropout(f.lora_dropout);
+  for (const std::string& t : SplitList(f.targets)) lora.add_target_modules(t);
+  // A classifier is planned for the larger of the two batches, a decoder for the training batch.
+  config.mutable_training()->set_batch_size(static_cast<uint32_t>(f.train.batch_size));
+  config.mutable_data()->set_eval_batch_size(static_cast<uint32_t>(f.train.eval_batch_size));
+  return config;
+}
+
+absl::Status Train(TrainFlags f) {
+  FEDLORA_ASSIGN_OR_RETURN(const Device resolved, ResolveDevice(f.device));
+  // An encoder refuses --int8-math and --exact-match below, with its own message.
+  const bool decoder = IsDecoderCheckpoint(f.model_dir);
+  FEDLORA_ASSIGN_OR_RETURN(const Device device,
+                           DeviceForRun(f.device, resolved, CpuOnlyWork(decoder && f.int8_math)));
+  if (!decoder) {
+    if (f.data.exact_match || f.recompute || !f.data.chat_template.empty() ||
+        !f.data.system.empty() || f.int8_math) {
+      return absl::InvalidArgumentError(
+          "--exact-match, --recompute, --chat-template, --system and --int8-math apply to decoder "
+          "models only");
+    }
+    if (!IsDirectory(f.model_dir))
+      return absl::NotFoundError(absl::StrCat("model directory ", f.model_dir, " not found"));
+  }
+  if (!IsRegularFile(f.train_path))
+    return absl::NotFoundError(absl::StrCat("training data ", f.train_path, " not found"));
+  if (!f.eval_path.empty() && !IsRegularFile(f.eval_path)) {
+    return absl::NotFoundError(absl::StrCat("eval data ", f.eval_path, " not found"));
+  }
+  FEDLORA_RETURN_IF_ERROR(
+      CheckPrecisionFlags({.bf16 = f.bf16, .bf16_math = f.bf16_math, .int8_math = f.int8_math}));
+  kernels::SetNumThreads(f.threads);
+  // Fail before hours of training rather than at the end: the output directory must be writable,
+  // and not a directory of other files (the adapter replaces it whole).
+  FEDLORA_RETURN_IF_ERROR(CheckAdapterDirectoryTarget(f.out_dir));
+  FEDLORA_ASSIGN_OR_RETURN(
+      Workload w, LoadWorkload(TrainRunConfig(f, decoder), {.model_path = f.model_dir,
+                                                            .train_path = f.train_path,
+                                                            .eval_path = f.eval_path,
+                                                            .device = device,
+                                                            .role = ModelRole::kTrainAndEvaluate,
+                                                            .bf16_weights = f.bf16,
+                                                            .recompute = f.recompute}));
+  std::error_code ec;
+  std::filesystem::create_directories(f.out_dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create output directory ", f.out_dir, ": ", ec.message()));
+  }
+  f.train.max_seq_len = w.max_seq_len;  // clamped to the checkpoint's positions
+  LoraModel& model = *w.models[0];
+  if (model.kind() == v1::TaskConfig::CAUSAL_LM) {
+    FEDLORA_RETURN_IF_ERROR(
+        TrainCausalLm(f, w, static_cast<CausalLmModel&>(model).model(), device));
+  } else {
+    FEDLORA_RETURN_IF_ERROR(
+        TrainClassifier(f, w, static_cast<ClassifierModel&>(model).model(), device));
+  }
   FEDLORA_SAY("fedlora train: adapter written to %s\n", f.out_dir.c_str());
   return absl::OkStatus();
 }

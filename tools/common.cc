@@ -17,7 +17,6 @@
 #include "model/bert_config.h"
 #include "model/decoder_config.h"
 #include "train/dataset.h"
-#include "train/train_config.h"
 
 namespace fedlora::tools {
 
@@ -211,6 +210,39 @@ std::string EncoderDataFlagsProblem(const EncoderDataFlags& fields, const FlagSe
   return "";
 }
 
+absl::Status CheckPrecisionFlags(const PrecisionFlags& p) {
+  if (p.int8_math && (p.bf16 || p.bf16_math)) {
+    return absl::InvalidArgumentError(
+        "--int8-math holds the base as Q8_0: not with --bf16 or --bf16-math");
+  }
+  return absl::OkStatus();
+}
+
+v1::RunConfig CommandRunConfig(const std::string& model, bool decoder, int max_seq_len,
+                               const PrecisionFlags& precision, const DecoderDataFlags& data,
+                               const EncoderDataFlags& fields) {
+  v1::RunConfig config;
+  v1::ModelConfig& m = *config.mutable_model();
+  m.set_path(model);
+  m.set_max_seq_len(static_cast<uint32_t>(max_seq_len));
+  if (precision.int8_math) {
+    m.set_precision(v1::ModelConfig::INT8);
+  } else if (precision.bf16_math) {
+    m.set_precision(v1::ModelConfig::BF16);
+  }
+  v1::TaskConfig& task = *config.mutable_task();
+  task.set_kind(decoder ? v1::TaskConfig::CAUSAL_LM : v1::TaskConfig::SEQUENCE_CLASSIFICATION);
+  task.set_text_field(fields.text_field);
+  task.set_pair_field(fields.pair_field);
+  task.set_label_field(fields.label_field);
+  task.set_prompt_field(data.prompt_field);
+  task.set_response_field(data.response_field);
+  task.set_system_prompt(data.system);
+  task.set_chat_template(data.chat_template);
+  task.set_exact_match(data.exact_match);
+  return config;
+}
+
 absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
                                                       const WordPieceTokenizer& tokenizer,
                                                       int max_seq_len,
@@ -223,13 +255,6 @@ absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
   options.label_field = fields.label_field;
   FEDLORA_ASSIGN_OR_RETURN(Dataset data, LoadDataset(path, options));
   label_names = data.label_names;
-  return TokenizeDataset(data, tokenizer, max_seq_len);
-}
-
-absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
-                                                      const WordPieceTokenizer& tokenizer,
-                                                      int max_seq_len, const v1::TaskConfig& task) {
-  FEDLORA_ASSIGN_OR_RETURN(Dataset data, LoadDataset(path, DatasetOptionsFromConfig(task)));
   return TokenizeDataset(data, tokenizer, max_seq_len);
 }
 

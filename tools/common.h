@@ -1,5 +1,6 @@
 // Helpers shared by the `fedlora` subcommands: flag handling with the standard exit codes, error
-// reporting, tokenizer and dataset loading, and small output writers.
+// reporting, the model and data flags of `train` and `eval` as a run config, dataset loading, and
+// small output writers.
 #pragma once
 
 #include <cstdint>
@@ -104,13 +105,37 @@ struct AdapterSettings {
 absl::Status ApplyAdapterSettings(const std::string& command, const std::string& adapter_dir,
                                   const AdapterSettings& settings);
 
-// Reads a labelled dataset (train/dataset.h formats) and tokenizes it. `label_names`, when not
-// empty, fixes the label order (an eval set must use the training set's); a label not in it is
-// an error. On return `label_names` holds the order used.
-// As above, reading the fields the run config's task names (train_config.h DatasetOptionsFromConfig).
-absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
-                                                      const WordPieceTokenizer& tokenizer,
-                                                      int max_seq_len, const v1::TaskConfig& task);
+// What `fedlora train` and `fedlora eval` read a decoder's conversations with.
+struct DecoderDataFlags {
+  std::string chat_template;  // "" : the checkpoint's
+  std::string prompt_field = "prompt";
+  std::string response_field = "response";
+  std::string system;        // system message before each prompt ("": none)
+  bool exact_match = false;  // also score greedy generations
+};
+
+// How `fedlora train` and `fedlora eval` hold and multiply the frozen base.
+struct PrecisionFlags {
+  bool bf16 = false;       // bf16 weights, fp32 products
+  bool bf16_math = false;  // bf16 weights and products (implies bf16)
+  bool int8_math = false;  // decoders: the base held as Q8_0, int8 products; not with bf16
+};
+// InvalidArgument for --int8-math with --bf16 or --bf16-math.
+absl::Status CheckPrecisionFlags(const PrecisionFlags& p);
+
+// The run config `fedlora train` and `fedlora eval` load their model and data with
+// (workload/factory.h LoadWorkload): task.kind CAUSAL_LM for a decoder (else
+// SEQUENCE_CLASSIFICATION, its labels left to the data or the adapter), model.path and
+// max_seq_len, model.precision (INT8 for --int8-math, BF16 for --bf16-math; --bf16 alone is
+// WorkloadRequest::bf16_weights), and the task's fields, system prompt, chat template and
+// exact-match from the flags. The commands add their LoRA, training and batch settings.
+v1::RunConfig CommandRunConfig(const std::string& model, bool decoder, int max_seq_len,
+                               const PrecisionFlags& precision, const DecoderDataFlags& data,
+                               const EncoderDataFlags& fields);
+
+// Reads a labelled dataset (train/dataset.h formats) and tokenizes it (`fedlora embed`).
+// `label_names`, when not empty, fixes the label order; a label not in it is an error. On return
+// `label_names` holds the order used.
 absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
                                                       const WordPieceTokenizer& tokenizer,
                                                       int max_seq_len,

@@ -18,7 +18,7 @@
 #include "core/json.h"
 #include "core/safetensors.h"
 #include "gtest/gtest.h"
-#include "tests/model/tiny_checkpoint.h"
+#include "tests/model/tiny_classifier_run.h"
 
 namespace fedlora::sim {
 namespace {
@@ -26,30 +26,9 @@ namespace {
 // Writes the model dir (config.json, model.safetensors, vocab.txt) and train/eval JSONL files with
 // three labels, each label using its own words so that the task is learnable.
 std::string MakeFixture() {
-  const std::string dir = testing_util::MakeTempDir("sim");
-  EXPECT_FALSE(dir.empty());
-  const std::string model = dir + "/model";
-  std::filesystem::create_directories(model);
-  EXPECT_TRUE(testing_util::WriteTinyCheckpoint(model, testing_util::TinyConfig()).ok());
-  // 100 entries to match the tiny config's vocab_size: specials, then w0 .. w94.
-  std::string vocab = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n";
-  for (int i = 0; i < 95; ++i) absl::StrAppend(&vocab, "w", i, "\n");
-  EXPECT_TRUE(WriteFileAtomically(model + "/vocab.txt", vocab).ok());
-  const char* labels[3] = {"red", "green", "blue"};
-  auto write_split = [&](const std::string& path, int n, int salt) {
-    std::string out;
-    for (int i = 0; i < n; ++i) {
-      const int y = (i * 7 + salt) % 3;
-      std::string text;
-      for (int k = 0; k < 6; ++k)
-        absl::StrAppend(&text, k ? " " : "", "w", y * 30 + (i * 13 + k * 5 + salt) % 30);
-      absl::StrAppend(&out, "{\"text\": \"", text, "\", \"label\": \"", labels[y], "\"}\n");
-    }
-    EXPECT_TRUE(WriteFileAtomically(path, out).ok());
-  };
-  write_split(dir + "/train.jsonl", 120, 1);
-  write_split(dir + "/eval.jsonl", 45, 2);
-  return dir;
+  auto dir = testing_util::WriteTinyClassifierRun("sim", {.train = 120, .eval = 45});
+  EXPECT_TRUE(dir.ok()) << dir.status();
+  return dir.value_or("");
 }
 
 v1::RunConfig Config(const std::string& dir, int rounds) {

@@ -14,6 +14,7 @@
 #include "core/file.h"
 #include "gtest/gtest.h"
 #include "tests/model/tiny_checkpoint.h"
+#include "tests/model/tiny_classifier_run.h"
 #include "tests/model/tiny_decoder.h"
 #include "train/lm_trainer.h"
 #include "train/trainer.h"
@@ -29,29 +30,10 @@ constexpr int kTrain = 30, kEval = 21;
 
 // A model dir (config.json, model.safetensors, vocab.txt) and train/eval JSONL with three labels.
 std::string MakeFixture() {
-  const std::string dir = testing_util::MakeTempDir("workload");
-  EXPECT_FALSE(dir.empty());
-  const std::string model = dir + "/model";
-  std::filesystem::create_directories(model);
-  EXPECT_TRUE(testing_util::WriteTinyCheckpoint(model, testing_util::TinyConfig()).ok());
-  std::string vocab = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n";
-  for (int i = 0; i < 95; ++i) absl::StrAppend(&vocab, "w", i, "\n");
-  EXPECT_TRUE(WriteFileAtomically(model + "/vocab.txt", vocab).ok());
-  const char* labels[3] = {"red", "green", "blue"};
-  auto write_split = [&](const std::string& path, int n, int salt) {
-    std::string out;
-    for (int i = 0; i < n; ++i) {
-      const int y = (i * 7 + salt) % 3;
-      std::string text;
-      for (int k = 0; k < 3 + i % 5; ++k)
-        absl::StrAppend(&text, k ? " " : "", "w", y * 30 + (i * 13 + k * 5 + salt) % 30);
-      absl::StrAppend(&out, "{\"text\": \"", text, "\", \"label\": \"", labels[y], "\"}\n");
-    }
-    EXPECT_TRUE(WriteFileAtomically(path, out).ok());
-  };
-  write_split(dir + "/train.jsonl", kTrain, 1);
-  write_split(dir + "/eval.jsonl", kEval, 2);
-  return dir;
+  auto dir = testing_util::WriteTinyClassifierRun(
+      "workload", {.train = kTrain, .eval = kEval, .min_words = 3, .word_cycle = 5});
+  EXPECT_TRUE(dir.ok()) << dir.status();
+  return dir.value_or("");
 }
 
 v1::RunConfig Config(const std::string& dir, const std::string& kind = "SEQUENCE_CLASSIFICATION") {
@@ -121,6 +103,60 @@ TEST(Workload, FactoryBuildsModelsDataAndEvaluatorOfAClassificationRun) {
   EXPECT_EQ(model_only->models.size(), 1u);
   EXPECT_TRUE(model_only->train.empty());
   EXPECT_EQ(model_only->evaluator, nullptr);
+}
+
+// What `fedlora train` and `fedlora eval` load: without task.labels a classifier takes the
+// training data's, reads the held-out data with them and hands it over beside the evaluator; an
+// adapter directory gives a later load its LoRA shape, its labels and its weights.
+TEST(Workload, LabelsFromTheTrainingDataAndAnAdapterDirectory) {
+  const std::string dir = MakeFixture();
+  v1::RunConfig config = Config(dir);
+  config.mutable_task()->clear_labels();
+  auto w = LoadWorkload(config, Request(dir, 1));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->label_names, (std::vector<std::string>{"blue", "green", "red"}));
+  EXPECT_EQ(w->eval.size(), kEval);
+  ASSERT_NE(w->evaluator, nullptr);
+  ASSERT_TRUE(
+      w->models[0]
+          ->Train(w->train, nullptr, TrainOptionsFromConfig(config.training(), w->max_seq_len), {})
+          .ok());
+  const std::string adapter = dir + "/adapter";
+  ASSERT_TRUE(w->models[0]
+                  ->SaveAdapter({.base_model = dir + "/model",
+                                 .label_names = w->label_names,
+                                 .max_seq_len = w->max_seq_len},
+                                adapter)
+                  .ok());
+
+  // No LoRA settings and no labels in the config: the adapter's rank 4 and labels.
+  v1::RunConfig bare = config;
+  bare.clear_lora();
+  WorkloadRequest eval = Request(dir, 2);
+  eval.train_path.clear();
+  eval.role = ModelRole::kEvaluate;
+  eval.adapter_path = adapter;
+  auto e = LoadWorkload(bare, eval);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->label_names, w->label_names);
+  for (const auto& m : e->models) {
+    ASSERT_EQ(m->trainable_params().size(), w->models[0]->trainable_params().size());
+    for (size_t i = 0; i < m->trainable_params().size(); ++i)
+      EXPECT_EQ(m->trainable_params()[i].value, w->models[0]->trainable_params()[i].value);
+  }
+
+  // Training data of one label cannot train a classifier.
+  ASSERT_TRUE(WriteFileAtomically(dir + "/one.jsonl",
+                                  "{\"text\": \"w1\", \"label\": \"red\"}\n"
+                                  "{\"text\": \"w2\", \"label\": \"red\"}\n")
+                  .ok());
+  WorkloadRequest one = Request(dir, 1);
+  one.train_path = dir + "/one.jsonl";
+  one.eval_path.clear();
+  auto refused = LoadWorkload(config, one);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("classification needs >= 2"), std::string::npos)
+      << refused.status();
 }
 
 // The held-out evaluator gives train/'s Evaluate figures bit for bit on one model (what `fedlora
