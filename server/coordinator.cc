@@ -148,11 +148,6 @@ std::string Coordinator::global_adapter_sha256() const {
   return global_hash_;
 }
 
-bool Coordinator::IsLive(const ClientEntry& c, int64_t now) const {
-  return !c.session.empty() && !c.left && !c.blocked &&
-         now - c.last_seen_ms <= options_.heartbeat_timeout_ms;
-}
-
 std::string Coordinator::TaskIdFor(int64_t round, const std::string& client_id) const {
   // Deterministic, so a restarted server recognises the tasks it handed out before the crash, and
   // bound to (run, round, client): a client cannot use another client's task id.
@@ -168,17 +163,10 @@ uint64_t Coordinator::DownlinkSeedFor(int64_t round) const {
   return DigestPrefix64(absl::StrCat("downlink-seed\n", config_.seed(), "\n", round));
 }
 
-Coordinator::ClientEntry* Coordinator::FindClientLocked(const std::string& client_id) {
-  auto it = clients_.find(client_id);
-  return it == clients_.end() ? nullptr : it->second.get();
-}
-
 void Coordinator::UpdateClientGaugesLocked() {
   const int64_t now = Now();
-  int64_t live = 0;
-  for (const auto& [id, c] : clients_) live += IsLive(*c, now) ? 1 : 0;
   metrics_->clients_registered.store(static_cast<int64_t>(clients_.size()));
-  metrics_->clients_live.store(live);
+  metrics_->clients_live.store(clients_.CountLive(now));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -412,20 +400,18 @@ absl::Status Coordinator::RestoreOptimizerLocked(const std::vector<RoundRecord>&
 absl::Status Coordinator::RestoreClientsLocked(const std::vector<RoundRecord>& rounds) {
   FEDLORA_ASSIGN_OR_RETURN(std::vector<ClientRecord> known, store_->ListClients());
   for (const ClientRecord& c : known) {
-    auto entry = std::make_unique<ClientEntry>();
-    entry->id = c.client_id;
-    entry->joined_ms = c.first_seen_unix_ms;
-    entry->last_seen_ms = c.last_seen_unix_ms;
-    entry->reported = v1::CLIENT_STATE_DISCONNECTED;
-    entry->blocked = c.state == ClientState::kBlocked;
-    clients_[c.client_id] = std::move(entry);
+    ClientEntry& entry = clients_.FindOrAdd(c.client_id);
+    entry.joined_ms = c.first_seen_unix_ms;
+    entry.last_seen_ms = c.last_seen_unix_ms;
+    entry.reported = v1::CLIENT_STATE_DISCONNECTED;
+    entry.blocked = c.state == ClientState::kBlocked;
   }
   for (const RoundRecord& r : rounds) {
     if (r.state != RoundState::kCommitted) continue;
     FEDLORA_ASSIGN_OR_RETURN(std::vector<UploadRecord> ups,
                              store_->ListAcceptedUploads(run_id_, r.round));
     for (const UploadRecord& u : ups) {
-      if (ClientEntry* c = FindClientLocked(u.client_id)) ++c->rounds_participated;
+      if (ClientEntry* c = clients_.Find(u.client_id)) ++c->rounds_participated;
     }
   }
 

@@ -61,6 +61,7 @@
 #include "fedlora/v1/federation.pb.h"
 #include "server/aggregation_key.h"
 #include "server/blob_store.h"
+#include "server/client_registry.h"
 #include "server/differential_privacy.h"
 #include "server/evaluator.h"
 #include "server/metrics.h"
@@ -213,7 +214,6 @@ class Coordinator {
   int64_t NowMs() const { return clock_(); }
 
  private:
-  struct ClientEntry;
   struct RoundInfo;
   struct Waiter;
   // An answer for a held or new WaitForTask, delivered by Deliver.
@@ -229,7 +229,6 @@ class Coordinator {
   static int64_t QuotaFor(const v1::RunConfig& config);
   static int64_t TargetFor(const v1::RunConfig& config);
   static int64_t MinClientsFor(const v1::RunConfig& config);
-  bool IsLive(const ClientEntry& c, int64_t now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What Admin shows of a client: ListClients' entry, BlockClient's answer.
   v1::ClientInfo ClientInfoLocked(const ClientEntry& c, int64_t now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -371,7 +370,6 @@ class Coordinator {
   int64_t store_measured_ms_ = 0;  // when Tick last handed the measurement over; driver thread only
   std::atomic<bool> housekeeping_{false};   // a pass is queued or running
   std::atomic<bool> sweep_pending_{false};  // the round moved on since the last sweep
-  ClientEntry* FindClientLocked(const std::string& client_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ServerOptions options_;
   const v1::RunConfig config_;
@@ -487,7 +485,7 @@ class Coordinator {
   };
   std::map<std::string, Downloadable> downloadable_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<RoundInfo> round_ ABSL_GUARDED_BY(mu_);  // the open round, if any
-  std::map<std::string, std::unique_ptr<ClientEntry>> clients_ ABSL_GUARDED_BY(mu_);
+  ClientRegistry clients_ ABSL_GUARDED_BY(mu_){options_.heartbeat_timeout_ms};
   std::vector<std::unique_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(mu_);
   // Upload streams admitted and not yet ended, by upload_id: whose, and the disk bytes reserved.
   struct ActiveUpload {

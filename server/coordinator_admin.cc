@@ -137,8 +137,7 @@ absl::StatusOr<v1::GetStatusResponse> Coordinator::GetStatus(const v1::GetStatus
     return response;
   }
   const int64_t now = Now();
-  uint32_t live = 0;
-  for (const auto& [id, c] : clients_) live += IsLive(*c, now) ? 1 : 0;
+  const auto live = static_cast<uint32_t>(clients_.CountLive(now));
   response.set_connected_clients(live);
   if (finished_) {
     response.set_phase(v1::ROUND_PHASE_FINISHED);
@@ -186,7 +185,7 @@ v1::ClientInfo Coordinator::ClientInfoLocked(const ClientEntry& c, int64_t now) 
     info.set_state(c.failure.empty() ? v1::CLIENT_STATE_LEFT : v1::CLIENT_STATE_FAILED);
     info.set_failure(c.failure);
   } else {
-    info.set_state(IsLive(c, now) ? c.reported : v1::CLIENT_STATE_DISCONNECTED);
+    info.set_state(clients_.IsLive(c, now) ? c.reported : v1::CLIENT_STATE_DISCONNECTED);
   }
   info.set_peer(c.peer);
   info.set_client_version(c.client_version);
@@ -212,7 +211,7 @@ absl::StatusOr<v1::ListClientsResponse> Coordinator::ListClients(
   const int64_t now = Now();
   v1::ListClientsResponse response;
   for (const auto& [id, c] : clients_) {
-    if (!IsLive(*c, now) && !request.include_inactive()) continue;
+    if (!clients_.IsLive(*c, now) && !request.include_inactive()) continue;
     *response.add_clients() = ClientInfoLocked(*c, now);
   }
   return response;
@@ -232,15 +231,13 @@ absl::StatusOr<v1::BlockClientResponse> Coordinator::BlockClient(
   v1::BlockClientResponse response;
   {
     absl::MutexLock lock(&mu_);
-    auto& slot = clients_[id];
-    if (!slot) {
-      slot = std::make_unique<ClientEntry>();
-      slot->id = id;
-      slot->joined_ms = known->first_seen_unix_ms;
-      slot->last_seen_ms = known->last_seen_unix_ms;
-      slot->reported = v1::CLIENT_STATE_DISCONNECTED;
+    bool created = false;
+    ClientEntry& c = clients_.FindOrAdd(id, &created);
+    if (created) {
+      c.joined_ms = known->first_seen_unix_ms;
+      c.last_seen_ms = known->last_seen_unix_ms;
+      c.reported = v1::CLIENT_STATE_DISCONNECTED;
     }
-    ClientEntry& c = *slot;
     c.blocked = request.blocked();
     if (c.blocked) {
       // Its session ends and its held polls are answered; not live, it cannot be selected, and a

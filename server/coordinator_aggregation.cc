@@ -299,7 +299,7 @@ absl::Status Coordinator::InstallCommittedLocked(int64_t round, RoundOutcome& ou
     metrics_->dp_epsilon_micro.store(static_cast<int64_t>(std::llround(dp_->epsilon() * 1e6)));
   }
   for (const UploadRecord& u : out.counted) {
-    if (ClientEntry* c = FindClientLocked(u.client_id)) ++c->rounds_participated;
+    if (ClientEntry* c = clients_.Find(u.client_id)) ++c->rounds_participated;
   }
   const std::string& hash = out.adapter_hash;
   global_hash_ = hash;

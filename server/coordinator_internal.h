@@ -22,41 +22,6 @@ namespace fedlora {
 // Bytes kept of the error a failing client leaves with (LeaveRequest.error).
 inline constexpr size_t kMaxFailureBytes = 1024;
 
-struct Coordinator::ClientEntry {
-  std::string id;
-  std::string session;  // empty: no live session (never joined since the server started, or left)
-  std::string peer;
-  std::string client_version;
-  int64_t joined_ms = 0;
-  int64_t last_seen_ms = 0;
-  v1::ClientState reported = v1::CLIENT_STATE_IDLE;
-  bool left = false;
-  std::string failure;   // the error it left with (LeaveRequest.error); cleared when it joins again
-  bool blocked = false;  // by an operator (Admin.BlockClient): refused everywhere, never selected
-  int held_polls = 0;    // WaitForTask polls held in waiters_
-  int64_t excluded_through_round = 0;  // not selected up to this round (wrong SecAgg shares)
-  int64_t rounds_participated = 0;
-  int64_t updates_rejected = 0;
-  std::string held_adapter;  // as the client's last WaitForTask said
-  // Training progress of task `progress_task` as its last heartbeat said (HeartbeatRequest).
-  std::string progress_task;
-  uint64_t steps_done = 0;
-  uint64_t steps_total = 0;
-  // Quotas (ServerOptions::max_client_*), counted for `quota_round` and reset when the round moves on.
-  int64_t quota_round = 0;
-  int64_t bytes_this_round = 0;
-  int reports_this_round = 0;
-  int uploads_this_round = 0;  // new upload ids begun
-  int uploads_in_flight = 0;
-  void StartQuotaRound(int64_t round) {
-    if (quota_round == round) return;
-    quota_round = round;
-    bytes_this_round = 0;
-    reports_this_round = 0;
-    uploads_this_round = 0;
-  }
-};
-
 struct Coordinator::RoundInfo {
   int64_t round = 0;
   RoundState state = RoundState::kSelecting;

@@ -41,7 +41,7 @@ absl::Status Coordinator::AdvanceSecAggLocked() {
 absl::StatusOr<v1::SecureAggregationResponse> Coordinator::SecureAggregation(
     const std::string& client_id, const v1::SecureAggregationRequest& request) {
   absl::MutexLock lock(&mu_);
-  ClientEntry* c = FindClientLocked(client_id);
+  ClientEntry* c = clients_.Find(client_id);
   if (c == nullptr)
     return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
   c->last_seen_ms = Now();
@@ -76,7 +76,7 @@ void Coordinator::ExcludeMisbehaving(int64_t round, const std::vector<uint32_t>&
                          << "was rebuilt without them, and " << id << " sits out round "
                          << round + 1;
     metrics_->secagg_misbehaving_clients.fetch_add(1);
-    if (ClientEntry* c = FindClientLocked(id)) c->excluded_through_round = round + 1;
+    if (ClientEntry* c = clients_.Find(id)) c->excluded_through_round = round + 1;
   }
 }
 

@@ -90,7 +90,7 @@ v1::WaitForTaskResponse Coordinator::TaskLocked(const RoundInfo& r, const std::s
   task->set_task_id(TaskIdFor(r.round, client_id));
   *task->mutable_global_adapter() =
       ManifestLocked(broadcast_hash_, broadcast_round_, broadcast_bytes_);
-  if (const ClientEntry* c = FindClientLocked(client_id)) {
+  if (const ClientEntry* c = clients_.Find(client_id)) {
     if (std::optional<v1::AdapterDeltaChain> chain = DeltaChainLocked(c->held_adapter)) {
       *task->mutable_global_delta() = *std::move(chain);
     }
@@ -131,7 +131,7 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
     return TaskLocked(r, client_id);
   }
   if (r.state == RoundState::kSelecting) {
-    if (const ClientEntry* c = FindClientLocked(client_id);
+    if (const ClientEntry* c = clients_.Find(client_id);
         c != nullptr && c->excluded_through_round >= r.round) {
       return RetryLaterLocked(absl::StrCat("sitting out round ", r.round,
                                            ": wrong secure-aggregation shares in round ",
@@ -152,12 +152,12 @@ std::optional<v1::WaitForTaskResponse> Coordinator::AnswerLocked(const std::stri
     const int64_t now = Now();
     int64_t working = static_cast<int64_t>(r.accepted.size());
     for (const std::string& id : r.selected) {
-      const ClientEntry* c = FindClientLocked(id);
-      if (r.accepted.count(id) == 0 && c != nullptr && IsLive(*c, now)) ++working;
+      const ClientEntry* c = clients_.Find(id);
+      if (r.accepted.count(id) == 0 && c != nullptr && clients_.IsLive(*c, now)) ++working;
     }
-    const ClientEntry* me = FindClientLocked(client_id);
+    const ClientEntry* me = clients_.Find(client_id);
     // Not in a secure-aggregation round: its cohort is fixed when the selection closes.
-    if (r.secagg == nullptr && working < Quota() && me != nullptr && IsLive(*me, now) &&
+    if (r.secagg == nullptr && working < Quota() && me != nullptr && clients_.IsLive(*me, now) &&
         now < r.deadline_ms) {
       DurabilityTicket ticket;
       absl::Status s =
@@ -220,7 +220,7 @@ void Coordinator::WaitForTask(const std::string& client_id, int64_t max_wait_ms,
                                                             : "server is shutting down")});
       break;
     }
-    ClientEntry* me = FindClientLocked(client_id);
+    ClientEntry* me = clients_.Find(client_id);
     if (me != nullptr && me->blocked) {
       deliveries.push_back({std::move(done), BlockedError(client_id)});
       break;
@@ -291,7 +291,7 @@ std::vector<Coordinator::Delivery> Coordinator::ResolveWaitersLocked(bool expire
   const int64_t now = Now();
   std::vector<std::unique_ptr<Waiter>> keep;
   for (auto& w : waiters_) {
-    ClientEntry* c = FindClientLocked(w->client_id);
+    ClientEntry* c = clients_.Find(w->client_id);
     if (c != nullptr && c->blocked) {
       --c->held_polls;
       out.push_back({std::move(w->done), BlockedError(w->client_id)});
@@ -334,16 +334,15 @@ absl::Status Coordinator::MaybeCloseSelectionLocked(bool force_window) {
   const int64_t now = Now();
   // Drop candidates that went silent or left: selecting them would waste a task.
   for (auto it = r.candidates.begin(); it != r.candidates.end();) {
-    ClientEntry* c = FindClientLocked(*it);
-    if (c == nullptr || !IsLive(*c, now)) {
+    ClientEntry* c = clients_.Find(*it);
+    if (c == nullptr || !clients_.IsLive(*c, now)) {
       it = r.candidates.erase(it);
     } else {
       ++it;
     }
   }
   const int64_t n = static_cast<int64_t>(r.candidates.size());
-  int64_t live = 0;
-  for (const auto& [id, c] : clients_) live += IsLive(*c, now) ? 1 : 0;
+  const int64_t live = clients_.CountLive(now);
   const bool quota_reached = options_.select_when_quota_reached && n >= Quota();
   const bool everyone_waiting = n >= Target() && n >= live && live >= options_.expected_clients;
   const bool window_passed =
@@ -388,7 +387,7 @@ absl::Status Coordinator::MaybeCloseRoundLocked() {
   bool only_failed_remain = r.secagg == nullptr;
   for (const std::string& id : r.selected) {
     if (r.accepted.count(id) != 0) continue;
-    const ClientEntry* c = FindClientLocked(id);
+    const ClientEntry* c = clients_.Find(id);
     if (c != nullptr && c->left && !c->failure.empty()) {
       failed.push_back(id);
     } else {

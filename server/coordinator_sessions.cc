@@ -50,12 +50,7 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const std::string& client_id,
                     << ")";
   absl::MutexLock lock(&mu_);
   if (record.state == ClientState::kBlocked) return BlockedError(client_id);
-  auto& slot = clients_[client_id];
-  if (!slot) {
-    slot = std::make_unique<ClientEntry>();
-    slot->id = client_id;
-  }
-  ClientEntry& c = *slot;
+  ClientEntry& c = clients_.FindOrAdd(client_id);
   const int64_t now = Now();
   // 128 bits from OpenSSL's CSPRNG; no session is handed out when it cannot deliver (fails closed).
   FEDLORA_ASSIGN_OR_RETURN(c.session, crypto::RandomHex(16));
@@ -88,7 +83,7 @@ absl::Status Coordinator::Authenticate(const std::string& client_id,
                                        const std::string& session_token) {
   absl::MutexLock lock(&mu_);
   if (!restored_) return absl::UnavailableError("server is restoring its state; retry");
-  ClientEntry* c = FindClientLocked(client_id);
+  ClientEntry* c = clients_.Find(client_id);
   if (c != nullptr && c->blocked) return BlockedError(client_id);
   if (c == nullptr || c->session.empty()) {
     return absl::UnauthenticatedError(
@@ -114,8 +109,7 @@ absl::Status Coordinator::Authenticate(const std::string& client_id,
 void Coordinator::NoteDownloadChunk(const std::string& client_id, const std::string& sha256,
                                     int64_t bytes, bool last) {
   absl::MutexLock lock(&mu_);
-  if (ClientEntry* c = FindClientLocked(client_id))
-    c->last_seen_ms = std::max(c->last_seen_ms, Now());
+  if (ClientEntry* c = clients_.Find(client_id)) c->last_seen_ms = std::max(c->last_seen_ms, Now());
   if (round_ != nullptr) round_->download_bytes += bytes;
   if (!last) return;
   auto it = downloadable_.find(sha256);
@@ -133,7 +127,7 @@ void Coordinator::NoteDownloadChunk(const std::string& client_id, const std::str
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& client_id,
                                                              const v1::HeartbeatRequest& request) {
   absl::MutexLock lock(&mu_);
-  ClientEntry* c = FindClientLocked(client_id);
+  ClientEntry* c = clients_.Find(client_id);
   if (c == nullptr)
     return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
   c->last_seen_ms = Now();
@@ -176,7 +170,7 @@ absl::Status Coordinator::ReportMetrics(const std::string& client_id,
   }
   {
     absl::MutexLock lock(&mu_);
-    ClientEntry* c = FindClientLocked(client_id);
+    ClientEntry* c = clients_.Find(client_id);
     if (c == nullptr)
       return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
     c->StartQuotaRound(round_ ? round_->round : last_committed_round_);
@@ -228,7 +222,7 @@ absl::Status Coordinator::ReportMetrics(const std::string& client_id,
 
 absl::Status Coordinator::Leave(const std::string& client_id, const v1::LeaveRequest& request) {
   absl::MutexLock lock(&mu_);
-  ClientEntry* c = FindClientLocked(client_id);
+  ClientEntry* c = clients_.Find(client_id);
   if (c == nullptr) return absl::OkStatus();
   c->left = true;
   c->session.clear();

@@ -101,7 +101,7 @@ absl::StatusOr<UploadPlan> Coordinator::AdmitUpload(const std::string& client_id
   absl::MutexLock lock(&mu_);
   SnapshotUploadLocked(client_id, id, &snapshot);
   UploadDecision d = upload_admission_.Decide(client_id, header, snapshot);
-  ClientEntry* c = FindClientLocked(client_id);  // non-null once the checks reached the quotas
+  ClientEntry* c = clients_.Find(client_id);  // non-null once the checks reached the quotas
   if (d.quota_round.has_value()) c->StartQuotaRound(*d.quota_round);
   if (d.quota_refused) metrics_->quota_refusals.fetch_add(1);
   if (!d.status.ok()) return d.status;
@@ -144,7 +144,7 @@ void Coordinator::SnapshotUploadLocked(const std::string& client_id, const std::
   s->last_committed_round = last_committed_round_;
   s->spec = &spec_;
   s->streaming = active_uploads_.count(upload_id) != 0;
-  if (const ClientEntry* c = FindClientLocked(client_id)) {
+  if (const ClientEntry* c = clients_.Find(client_id)) {
     s->client = UploadQuota{c->quota_round, c->bytes_this_round, c->uploads_this_round,
                             c->uploads_in_flight};
   }
@@ -158,7 +158,7 @@ absl::Status Coordinator::QuotaRefused(std::string message) const {
 
 absl::Status Coordinator::ChargeUploadBytes(const std::string& client_id, int64_t bytes) {
   absl::MutexLock lock(&mu_);
-  ClientEntry* c = FindClientLocked(client_id);
+  ClientEntry* c = clients_.Find(client_id);
   if (c == nullptr)
     return absl::UnauthenticatedError(absl::StrCat("unknown client '", client_id, "'"));
   c->StartQuotaRound(round_ ? round_->round : last_committed_round_);
@@ -181,7 +181,7 @@ void Coordinator::EndUpload(const std::string& upload_id) {
   absl::MutexLock lock(&mu_);
   auto it = active_uploads_.find(upload_id);
   if (it == active_uploads_.end()) return;
-  if (ClientEntry* c = FindClientLocked(it->second.client_id)) --c->uploads_in_flight;
+  if (ClientEntry* c = clients_.Find(it->second.client_id)) --c->uploads_in_flight;
   disk_reserved_ -= it->second.reserved_bytes;
   active_uploads_.erase(it);
   metrics_->uploads_streaming.store(static_cast<int64_t>(active_uploads_.size()));
@@ -191,7 +191,7 @@ void Coordinator::RejectUpload(const std::string& client_id, const std::string& 
                                const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   metrics_->updates_rejected.fetch_add(1);
-  if (ClientEntry* c = FindClientLocked(client_id)) ++c->updates_rejected;
+  if (ClientEntry* c = clients_.Find(client_id)) ++c->updates_rejected;
   if (!upload_id.empty()) {
     if (round_) ++round_->rejected;  // a complete update refused at validation
     rejected_[upload_id] = {client_id, std::string(why.message()),
@@ -388,7 +388,7 @@ absl::StatusOr<v1::UploadAck> Coordinator::CompleteUploadLocked(const std::strin
     return absl::FailedPreconditionError(
         absl::StrCat("round ", round, " passed its deadline; the update is stale"));
   }
-  if (const ClientEntry* c = FindClientLocked(client_id); c != nullptr && c->blocked)
+  if (const ClientEntry* c = clients_.Find(client_id); c != nullptr && c->blocked)
     return BlockedError(client_id);
   if (const SecAggRound* s = round_->secagg.get(); s != nullptr) {
     // A masked update only counts from a client whose keys are in the round's key sharing (U2).
@@ -422,7 +422,7 @@ absl::StatusOr<v1::UploadAck> Coordinator::CompleteUploadLocked(const std::strin
   }
   FEDLORA_RETURN_IF_ERROR(s);
   round_->accepted[client_id] = header.upload_id();
-  if (ClientEntry* c = FindClientLocked(client_id)) c->reported = v1::CLIENT_STATE_IDLE;
+  if (ClientEntry* c = clients_.Find(client_id)) c->reported = v1::CLIENT_STATE_IDLE;
   metrics_->updates_accepted.fetch_add(1);
   metrics_->update_fp32_bytes.fetch_add(spec_elements_ * static_cast<int64_t>(sizeof(float)));
   FEDLORA_LOG(DEBUG) << "round " << round << ": accepted update " << header.upload_id() << " from "

@@ -106,7 +106,7 @@ struct UploadDecision {
   // The refusal is a quota's (per-client, or the free-disk watermark): counted in the metrics.
   bool quota_refused = false;
   // Set once the checks reached the per-round quotas, admitted or not: the round the client's
-  // quotas count from now on (the coordinator's ClientEntry::StartQuotaRound).
+  // quotas count from now on (ClientEntry::StartQuotaRound, server/client_registry.h).
   std::optional<int64_t> quota_round;
   // A replay of an upload already accepted: its original ack (duplicate), and nothing to store.
   std::optional<v1::UploadAck> duplicate_ack;
