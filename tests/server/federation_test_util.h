@@ -30,7 +30,6 @@
 #include "fedlora/v1/admin.grpc.pb.h"
 #include "fedlora/v1/federation.grpc.pb.h"
 #include "gtest/gtest.h"
-#include "model/param.h"
 #include "proto/wire.h"
 #include "server/evaluator.h"
 #include "server/options.h"
