@@ -62,6 +62,20 @@ struct UploadQuota {
   int uploads_in_flight = 0;
 };
 
+// The open round as one client stands in it (UploadSnapshot::round). A type of its own, not nested:
+// clang cannot default-construct a nested struct with member initializers in std::optional before
+// the enclosing struct is complete.
+struct UploadRound {
+  int64_t round = 0;
+  RoundState state = RoundState::kSelecting;
+  int64_t deadline_ms = 0;
+  bool selected = false;                       // the client was selected
+  std::string task_id;                         // the client's task (when selected)
+  std::optional<std::string> accepted_upload;  // the client's update already accepted
+  std::string trains_from;                     // the adapter its clients train from (SHA-256)
+  std::string key_id;                          // the aggregation key its updates are sealed to
+};
+
 // What the coordinator knows that bears on one upload header.
 struct UploadSnapshot {
   // Read before the coordinator's lock: the bytes free on the store's disk, and this upload_id's
@@ -80,16 +94,7 @@ struct UploadSnapshot {
   };
   std::optional<Rejection> rejected;
   // The open round, as this client stands in it; unset when none is open.
-  struct Round {
-    int64_t round = 0;
-    RoundState state = RoundState::kSelecting;
-    int64_t deadline_ms = 0;
-    bool selected = false;                       // the client was selected
-    std::string task_id;                         // the client's task (when selected)
-    std::optional<std::string> accepted_upload;  // the client's update already accepted
-    std::string trains_from;                     // the adapter its clients train from (SHA-256)
-    std::string key_id;                          // the aggregation key its updates are sealed to
-  };
+  using Round = UploadRound;
   std::optional<Round> round;
   int64_t last_committed_round = 0;  // names the current round when none is open
   // The adapter's tensors, sorted by name: fixed for the run; not owned.
