@@ -1,4 +1,5 @@
-// The coordinator's construction, accessors and Restore (see coordinator.h for the whole).
+// The coordinator's construction, accessors and Restore (see coordinator.h for the whole). Just
+// over 600 lines: Restore's steps are the part to move out (a coordinator_restore.cc).
 #include "server/coordinator.h"
 
 #include <malloc.h>
