@@ -23,7 +23,7 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-// The fixed-point term (kernels/fixed_point.h), or nullopt when x is NaN/Inf or out of range.
+// The fixed-point term (kernels/base/fixed_point.h), or nullopt when x is NaN/Inf or out of range.
 std::optional<u128> FixedPointTerm(float x, uint64_t w) {
   u128 q;
   if (!kernels::FixedPointTerm(std::bit_cast<uint32_t>(x), w, &q)) return std::nullopt;

@@ -59,8 +59,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "compression/codec.h"
-#include "kernels/backend.h"
-#include "kernels/fixed_point.h"
+#include "kernels/base/backend.h"
+#include "kernels/base/fixed_point.h"
 
 namespace fedlora {
 

@@ -21,7 +21,7 @@
 #include "absl/status/statusor.h"
 #include "aggregation/fedavg.h"
 #include "compression/codec.h"
-#include "kernels/backend.h"
+#include "kernels/base/backend.h"
 
 namespace fedlora {
 

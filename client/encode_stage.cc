@@ -8,7 +8,7 @@
 #include "core/status.h"
 #include "crypto/envelope.h"
 #include "crypto/key_signature.h"
-#include "kernels/backend.h"
+#include "kernels/base/backend.h"
 
 namespace fedlora {
 

@@ -1,6 +1,6 @@
 # The CUDA backend is compiled when nvcc is found (FEDLORA_CUDA=AUTO), or required (ON), or left
 # out (OFF). A binary built with it still runs on the CPU on a machine with no GPU or no driver:
-# the backend is chosen at run time (kernels/device.h).
+# the backend is chosen at run time (kernels/base/device.h).
 include_guard(GLOBAL)
 set(FEDLORA_HAVE_CUDA OFF)
 if(NOT FEDLORA_CUDA STREQUAL "OFF")

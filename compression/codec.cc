@@ -19,7 +19,7 @@
 #include "core/status.h"
 #include "core/strings.h"
 #include "core/tensor.h"
-#include "kernels/topk.h"
+#include "kernels/base/topk.h"
 
 namespace fedlora {
 namespace {

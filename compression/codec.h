@@ -74,7 +74,7 @@
 namespace fedlora {
 
 namespace kernels {
-class Backend;  // kernels/backend.h
+class Backend;  // kernels/base/backend.h
 }  // namespace kernels
 
 // One named tensor of an update (usually the delta of one adapter parameter): the SDK's NamedTensor
@@ -204,7 +204,7 @@ absl::StatusOr<std::string> EncodeUpdate(const std::vector<UpdateTensor>& tensor
                                          const CodecOptions& options);
 
 // EncodeUpdate with the value-dependent stages on `backend`'s device: top-k selection (per tensor
-// or global, kernels/topk.h) and quantization (kernels/block_quant.h) run there, and the bytes are
+// or global, kernels/base/topk.h) and quantization (kernels/base/block_quant.h) run there, and the bytes are
 // EncodeUpdate's bit for bit. What works on the seed or on bytes the host holds stays on the host:
 // random-k indices, the fp32/fp16/bf16 element formats, zstd. The low-rank stage has no device
 // path: Unimplemented on CUDA. A null or CPU backend is EncodeUpdate(tensors, options).

@@ -2,9 +2,9 @@
 
 #include "compression/sparsify.h"
 #include "core/status.h"
-#include "kernels/backend.h"
-#include "kernels/block_quant.h"
-#include "kernels/topk.h"
+#include "kernels/base/backend.h"
+#include "kernels/base/block_quant.h"
+#include "kernels/base/topk.h"
 
 namespace fedlora::compression_internal {
 namespace {

@@ -1,8 +1,8 @@
 // Internal to compression/codec.cc: the encoder's value-dependent stages (top-k selection and
 // quantization) on the host or on a kernels::Backend's device. Both give the same indices and
 // bytes: the CPU path is compression/sparsify.h and quantize.h, which run the kernels' CPU
-// backends, and the device path runs the same kernels' CUDA backends (kernels/topk.h,
-// kernels/block_quant.h) on copies of the values.
+// backends, and the device path runs the same kernels' CUDA backends (kernels/base/topk.h,
+// kernels/base/block_quant.h) on copies of the values.
 #pragma once
 
 #include <cstdint>

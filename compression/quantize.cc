@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "core/strings.h"
-#include "kernels/block_quant.h"
+#include "kernels/base/block_quant.h"
 
 namespace fedlora {
 namespace {

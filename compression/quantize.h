@@ -27,7 +27,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "kernels/block_quant.h"
+#include "kernels/base/block_quant.h"
 
 namespace fedlora {
 
@@ -53,7 +53,7 @@ uint64_t QuantizedBytes(uint64_t n, int bits, int64_t block_size);
 using kernels::QuantBlockBytes;
 
 // Appends the encoding of x[0, n) to `out`. The values must be finite (EncodeUpdate checks).
-// kernels::BlockQuantize on the CPU (kernels/block_quant.h), whose CUDA backend writes the same
+// kernels::BlockQuantize on the CPU (kernels/base/block_quant.h), whose CUDA backend writes the same
 // bytes.
 void QuantizeAppend(const float* x, int64_t n, const QuantSpec& spec, std::string& out);
 

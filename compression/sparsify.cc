@@ -5,7 +5,7 @@
 #include <numeric>
 
 #include "core/status.h"
-#include "kernels/topk.h"
+#include "kernels/base/topk.h"
 
 namespace fedlora {
 

@@ -24,7 +24,7 @@ namespace fedlora {
 int64_t KeptCount(int64_t numel, double fraction);
 
 // The k entries of x[0, n) with the largest |x|, ties broken towards the lower index; ascending.
-// x must be finite and n at most 2^32. kernels::TopK on the CPU (kernels/topk.h).
+// x must be finite and n at most 2^32. kernels::TopK on the CPU (kernels/base/topk.h).
 std::vector<int64_t> TopKIndices(const float* x, int64_t n, int64_t k);
 
 // Top-k over several tensors at once (global selection): KeptCount(total, fraction) entries of

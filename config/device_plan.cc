@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/did_you_mean.h"
 #include "core/status.h"
-#include "kernels/device.h"
+#include "kernels/base/device.h"
 
 namespace fedlora {
 

@@ -1,5 +1,5 @@
 // FEDLORA_HOST_DEVICE marks a function that both the host compiler and nvcc's device side compile
-// (core/rng.h's counter-based generator, kernels/fixed_point.h's fixed-point term).
+// (core/rng.h's counter-based generator, kernels/base/fixed_point.h's fixed-point term).
 #pragma once
 
 #if defined(__CUDACC__)

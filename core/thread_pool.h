@@ -6,7 +6,7 @@
 // ParallelFor splits [begin, end) into contiguous chunks of at least `grain` items, runs them on
 // the workers and the calling thread, and returns when all are done. Chunk boundaries depend only
 // on (begin, end, grain, Width()), so results that depend on the split are reproducible; the CPU
-// kernels go further and give the same bits at every width (see kernels/context.h).
+// kernels go further and give the same bits at every width (see kernels/base/context.h).
 // Thread-safe: several threads may call Submit/ParallelFor at once. A ParallelFor issued from
 // inside a worker runs inline (no nested parallelism, no deadlock).
 #pragma once

@@ -1,6 +1,6 @@
 // GELU and tanh, CUDA backend (the same formulas as activation_cpu.cc, with CUDA's erff/expf/tanhf).
 #include "kernels/activation.h"
-#include "kernels/cuda_util.cuh"
+#include "kernels/base/cuda_util.cuh"
 
 namespace fedlora::kernels::internal {
 namespace {

@@ -2,8 +2,8 @@
 #include <cmath>
 
 #include "kernels/activation.h"
+#include "kernels/base/kernel_util.h"
 #include "kernels/cpu_math.h"
-#include "kernels/kernel_util.h"
 
 namespace fedlora::kernels {
 namespace {

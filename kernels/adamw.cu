@@ -2,7 +2,7 @@
 #include <cmath>
 
 #include "kernels/adamw.h"
-#include "kernels/cuda_util.cuh"
+#include "kernels/base/cuda_util.cuh"
 
 namespace fedlora::kernels::internal {
 namespace {

@@ -15,7 +15,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/context.h"
+#include "kernels/base/context.h"
 
 namespace fedlora::kernels {
 

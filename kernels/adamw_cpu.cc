@@ -2,7 +2,7 @@
 #include <cmath>
 
 #include "kernels/adamw.h"
-#include "kernels/kernel_util.h"
+#include "kernels/base/kernel_util.h"
 
 namespace fedlora::kernels {
 namespace {

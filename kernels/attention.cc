@@ -3,8 +3,8 @@
 
 #include <cmath>
 
+#include "kernels/base/kernel_util.h"
 #include "kernels/gemm.h"
-#include "kernels/kernel_util.h"
 
 namespace fedlora::kernels {
 namespace {

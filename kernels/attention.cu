@@ -4,8 +4,8 @@
 
 #include "core/rng.h"
 #include "kernels/attention.h"
-#include "kernels/cuda_util.cuh"
-#include "kernels/warp_reduce.cuh"
+#include "kernels/base/cuda_util.cuh"
+#include "kernels/base/warp_reduce.cuh"
 
 namespace fedlora::kernels::internal {
 namespace {

@@ -4,8 +4,8 @@
 
 #include "core/rng.h"
 #include "kernels/attention.h"
+#include "kernels/base/kernel_util.h"
 #include "kernels/cpu_math.h"
-#include "kernels/kernel_util.h"
 
 namespace fedlora::kernels {
 namespace {

@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cfloat>
 
+#include "kernels/base/cuda_util.cuh"
+#include "kernels/base/warp_reduce.cuh"
 #include "kernels/cross_entropy.h"
-#include "kernels/cuda_util.cuh"
-#include "kernels/warp_reduce.cuh"
 
 namespace fedlora::kernels::internal {
 namespace {

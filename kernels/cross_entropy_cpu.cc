@@ -2,8 +2,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/base/kernel_util.h"
 #include "kernels/cross_entropy.h"
-#include "kernels/kernel_util.h"
 
 namespace fedlora::kernels {
 namespace {

@@ -6,9 +6,9 @@
 #include <cfloat>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda_util.cuh"
+#include "kernels/base/cuda_util.cuh"
+#include "kernels/base/warp_reduce.cuh"
 #include "kernels/decode_attention.h"
-#include "kernels/warp_reduce.cuh"
 
 namespace fedlora::kernels::internal {
 namespace {

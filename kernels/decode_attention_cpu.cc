@@ -3,8 +3,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/base/kernel_util.h"
 #include "kernels/decode_attention.h"
-#include "kernels/kernel_util.h"
 
 namespace fedlora::kernels {
 namespace {

@@ -1,6 +1,6 @@
 // Dropout, CUDA backend: one thread per Philox block of 4 elements, the same stream as the CPU.
 #include "core/rng.h"
-#include "kernels/cuda_util.cuh"
+#include "kernels/base/cuda_util.cuh"
 #include "kernels/dropout.h"
 
 namespace fedlora::kernels::internal {

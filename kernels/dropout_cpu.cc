@@ -1,7 +1,7 @@
 // Dropout: validation, dispatch, CPU backend.
 #include "core/rng.h"
+#include "kernels/base/kernel_util.h"
 #include "kernels/dropout.h"
-#include "kernels/kernel_util.h"
 
 namespace fedlora::kernels {
 

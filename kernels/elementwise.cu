@@ -1,5 +1,5 @@
 // BiasAdd and Add, CUDA backend: grid-stride loops (memory-bound; one pass each).
-#include "kernels/cuda_util.cuh"
+#include "kernels/base/cuda_util.cuh"
 #include "kernels/elementwise.h"
 
 namespace fedlora::kernels::internal {

@@ -1,8 +1,8 @@
 // BiasAdd and Add: validation, dispatch, CPU backend.
 #include <algorithm>
 
+#include "kernels/base/kernel_util.h"
 #include "kernels/elementwise.h"
-#include "kernels/kernel_util.h"
 
 namespace fedlora::kernels {
 

@@ -1,6 +1,6 @@
 // Embedding lookup sum, CUDA backend: one block per token, threads over the hidden dimension.
 // An out-of-range id gives a zero row (see embedding.h): never an out-of-bounds read.
-#include "kernels/cuda_util.cuh"
+#include "kernels/base/cuda_util.cuh"
 #include "kernels/embedding.h"
 
 namespace fedlora::kernels::internal {

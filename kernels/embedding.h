@@ -18,7 +18,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/context.h"
+#include "kernels/base/context.h"
 #include "kernels/weight.h"
 
 namespace fedlora::kernels {

@@ -1,8 +1,8 @@
 // Embedding lookup sum: validation, dispatch, CPU backend.
 #include <algorithm>
 
+#include "kernels/base/kernel_util.h"
 #include "kernels/embedding.h"
-#include "kernels/kernel_util.h"
 
 namespace fedlora::kernels {
 namespace {

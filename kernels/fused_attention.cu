@@ -1,9 +1,9 @@
 // Memory-efficient attention over packed sequences, CUDA backend: one warp per query row (forward,
 // dQ) or key row (dK, dV), lanes splitting head_dim, an online softmax over the sequence's keys.
 #include "core/rng.h"
-#include "kernels/cuda_util.cuh"
+#include "kernels/base/cuda_util.cuh"
+#include "kernels/base/warp_reduce.cuh"
 #include "kernels/fused_attention.h"
-#include "kernels/warp_reduce.cuh"
 
 namespace fedlora::kernels::internal {
 namespace {

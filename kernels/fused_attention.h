@@ -38,7 +38,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/context.h"
+#include "kernels/base/context.h"
 #include "kernels/dropout.h"
 
 namespace fedlora::kernels {

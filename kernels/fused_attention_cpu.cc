@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/rng.h"
+#include "kernels/base/kernel_util.h"
 #include "kernels/fused_attention.h"
-#include "kernels/kernel_util.h"
 
 namespace fedlora::kernels {
 namespace {

@@ -1,6 +1,8 @@
 // Gemm, CUDA backend: cuBLAS with fp32 compute; bf16 math through cuBLASLt. Row-major
 // C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T, i.e. cuBLAS gets (B, A)
 // swapped and n, m swapped.
+#include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -9,13 +11,16 @@
 #include <cstdint>
 #include <map>
 
-#include "kernels/cuda_util.cuh"
+#include "kernels/base/cuda_util.cuh"
 #include "kernels/gemm.h"
 #include "kernels/weight.h"
 
 namespace fedlora::kernels {
 namespace internal {
 
+// The calling thread's cuBLAS handle for the current device, bound to ctx.stream. Handles are
+// created on first use and deliberately never destroyed (destroying them in a thread_local
+// destructor can run after the CUDA runtime has shut down at exit).
 absl::StatusOr<cublasHandle_t> CublasHandle(const ExecContext& ctx) {
   constexpr int kMaxDevices = 64;
   thread_local cublasHandle_t handles[kMaxDevices] = {};
@@ -31,6 +36,8 @@ absl::StatusOr<cublasHandle_t> CublasHandle(const ExecContext& ctx) {
   return handles[dev];
 }
 
+// The calling thread's cuBLASLt handle for the current device (bf16 math), kept the same way.
+// cuBLASLt takes the stream per call.
 absl::StatusOr<cublasLtHandle_t> CublasLtHandle() {
   constexpr int kMaxDevices = 64;
   thread_local cublasLtHandle_t handles[kMaxDevices] = {};

@@ -65,7 +65,7 @@
 
 #include "absl/status/status.h"
 #include "core/ggml_quant.h"
-#include "kernels/context.h"
+#include "kernels/base/context.h"
 
 namespace fedlora::kernels {
 

@@ -9,8 +9,8 @@
 #include <tuple>
 
 #include "core/tensor.h"
+#include "kernels/base/kernel_util.h"
 #include "kernels/gemm.h"
-#include "kernels/kernel_util.h"
 
 namespace fedlora::kernels {
 namespace {

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/base/kernel_util.h"
 #include "kernels/gemm.h"
-#include "kernels/kernel_util.h"
 #include "kernels/weight.h"
 
 namespace fedlora::kernels {

@@ -13,8 +13,8 @@
 
 #include "core/ggml_quant.h"
 #include "core/tensor.h"
+#include "kernels/base/kernel_util.h"
 #include "kernels/gemm.h"
-#include "kernels/kernel_util.h"
 
 namespace fedlora::kernels {
 namespace {

@@ -1,8 +1,8 @@
 // LayerNorm, CUDA backend. One warp per row (rows are 384..1024 wide in the encoders we serve:
 // 12..32 elements per lane, re-read from L1 for the second pass); dgamma/dbeta by column tiles.
-#include "kernels/cuda_util.cuh"
+#include "kernels/base/cuda_util.cuh"
+#include "kernels/base/warp_reduce.cuh"
 #include "kernels/layernorm.h"
-#include "kernels/warp_reduce.cuh"
 
 namespace fedlora::kernels::internal {
 namespace {

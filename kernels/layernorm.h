@@ -19,7 +19,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/context.h"
+#include "kernels/base/context.h"
 
 namespace fedlora::kernels {
 

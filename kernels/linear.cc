@@ -3,9 +3,9 @@
 
 #include <algorithm>
 
+#include "kernels/base/kernel_util.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
-#include "kernels/kernel_util.h"
 #include "kernels/reduce.h"
 
 namespace fedlora::kernels {

@@ -1,9 +1,9 @@
 // LoRA linear composed from LinearForward/Backward, Gemm, Dropout and Add (every backend).
 #include "kernels/lora_linear.h"
 
+#include "kernels/base/kernel_util.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
-#include "kernels/kernel_util.h"
 #include "kernels/linear.h"
 
 namespace fedlora::kernels {

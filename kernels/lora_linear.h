@@ -30,7 +30,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/context.h"
+#include "kernels/base/context.h"
 #include "kernels/dropout.h"
 #include "kernels/weight.h"
 

@@ -1,7 +1,7 @@
 // SumSquares, SumSquaresMany, Scale, ColumnSum: validation, dispatch, CPU backend.
 #include <algorithm>
 
-#include "kernels/kernel_util.h"
+#include "kernels/base/kernel_util.h"
 #include "kernels/reduce.h"
 
 namespace fedlora::kernels {

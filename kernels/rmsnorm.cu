@@ -1,8 +1,8 @@
 // RMSNorm, CUDA backend: one warp per row; dgamma by column tiles with partials added in fixed
 // order, as layernorm.cu.
-#include "kernels/cuda_util.cuh"
+#include "kernels/base/cuda_util.cuh"
+#include "kernels/base/warp_reduce.cuh"
 #include "kernels/rmsnorm.h"
-#include "kernels/warp_reduce.cuh"
 
 namespace fedlora::kernels::internal {
 namespace {

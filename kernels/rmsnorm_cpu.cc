@@ -2,8 +2,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/base/kernel_util.h"
 #include "kernels/cpu_math.h"
-#include "kernels/kernel_util.h"
 #include "kernels/rmsnorm.h"
 
 namespace fedlora::kernels {

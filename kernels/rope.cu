@@ -1,5 +1,5 @@
 // Rotary embeddings, CUDA backend: one thread per (token, head, i < D/2) pair of elements.
-#include "kernels/cuda_util.cuh"
+#include "kernels/base/cuda_util.cuh"
 #include "kernels/rope.h"
 
 namespace fedlora::kernels::internal {

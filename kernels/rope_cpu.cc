@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/kernel_util.h"
+#include "kernels/base/kernel_util.h"
 #include "kernels/rope.h"
 
 namespace fedlora::kernels {

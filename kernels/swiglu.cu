@@ -1,5 +1,5 @@
 // SwiGLU, CUDA backend (the formulas of swiglu_cpu.cc with CUDA's expf).
-#include "kernels/cuda_util.cuh"
+#include "kernels/base/cuda_util.cuh"
 #include "kernels/swiglu.h"
 
 namespace fedlora::kernels::internal {

@@ -1,8 +1,8 @@
 // SwiGLU: validation, dispatch, CPU backend.
 #include <utility>
 
+#include "kernels/base/kernel_util.h"
 #include "kernels/cpu_math.h"
-#include "kernels/kernel_util.h"
 #include "kernels/swiglu.h"
 
 namespace fedlora::kernels {

@@ -65,7 +65,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/tensor.h"  // fedlora::Device
-#include "kernels/backend.h"
+#include "kernels/base/backend.h"
+#include "kernels/mirror.h"
 #include "model/bert_config.h"
 #include "model/param.h"
 
@@ -130,7 +131,7 @@ struct ModelOptions {
   std::optional<bool> fused_attention;
   // Name of the base model recorded in the PEFT adapter_config.json.
   std::string base_model_name;
-  // Where the classifier computes (kernels/backend.h). kCuda: activations, inputs and a copy of
+  // Where the classifier computes (kernels/base/backend.h). kCuda: activations, inputs and a copy of
   // the trainable params live on the GPU, the base's frozen weights are copied there once per
   // base and shared by its classifiers, and every call returns its results on the host (params'
   // values are uploaded before each call, gradients downloaded after ForwardBackward, except
@@ -258,7 +259,7 @@ class BertClassifier {
   DeviceParams& device_params();
   // The pool this classifier's CPU kernels run on; null (the default): kernels::DefaultPool().
   // The pool must outlive its use here. Its width may change between calls: the kernels' results
-  // do not depend on it (kernels/context.h). The simulator gives each pooled model one.
+  // do not depend on it (kernels/base/context.h). The simulator gives each pooled model one.
   void SetThreadPool(ThreadPool* pool);
   const BertConfig& config() const { return base_->config(); }
   const ModelOptions& options() const { return options_; }

@@ -8,7 +8,7 @@
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "core/tensor.h"
-#include "kernels/backend.h"
+#include "kernels/base/backend.h"
 #include "model/bert.h"
 #include "model/bert_internal.h"
 

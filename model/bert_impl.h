@@ -10,10 +10,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/backend.h"
-#include "kernels/context.h"
+#include "kernels/base/backend.h"
+#include "kernels/base/context.h"
 #include "kernels/dropout.h"
 #include "kernels/fused_attention.h"
+#include "kernels/mirror.h"
 #include "model/bert.h"
 #include "model/bert_internal.h"
 #include "model/device_params.h"

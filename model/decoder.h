@@ -46,7 +46,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/backend.h"
+#include "kernels/base/backend.h"
+#include "kernels/mirror.h"
 #include "model/bert.h"
 #include "model/decoder_config.h"
 #include "model/frozen.h"

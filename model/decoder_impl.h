@@ -8,10 +8,11 @@
 
 #include "absl/status/status.h"
 #include "kernels/attention.h"
-#include "kernels/backend.h"
-#include "kernels/context.h"
+#include "kernels/base/backend.h"
+#include "kernels/base/context.h"
 #include "kernels/dropout.h"
 #include "kernels/fused_attention.h"
+#include "kernels/mirror.h"
 #include "kernels/rope.h"
 #include "model/decoder.h"
 #include "model/decoder_weights.h"
@@ -38,7 +39,7 @@ struct CausalLm::Impl {
   const DecoderBase::Weights& weights;
   const DecoderOptions& options;
   std::vector<Param>& params;
-  // The device this model computes on and its context (kernels/backend.h); declared before every
+  // The device this model computes on and its context (kernels/base/backend.h); declared before every
   // array it allocates.
   std::shared_ptr<kernels::Backend> backend;
   kernels::ExecContext ctx;

@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
-#include "kernels/backend.h"
+#include "kernels/base/backend.h"
 #include "model/param.h"
 
 namespace fedlora {

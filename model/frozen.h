@@ -15,7 +15,8 @@
 #include "absl/status/status.h"
 #include "core/ggml_quant.h"
 #include "core/tensor.h"
-#include "kernels/backend.h"
+#include "kernels/base/backend.h"
+#include "kernels/mirror.h"
 #include "kernels/weight.h"
 
 namespace fedlora {
@@ -55,7 +56,7 @@ struct FrozenMatrix {
   void RowToF32(int64_t r, float* dst) const;
   // Every value as fp32 (tests, exports).
   std::vector<float> ToF32() const;
-  // Adds the storage to `mirror` (kernels/backend.h), so that ptr() can be translated there.
+  // Adds the storage to `mirror` (kernels/mirror.h), so that ptr() can be translated there.
   absl::Status AddTo(kernels::DeviceMirror& mirror) const;
 };
 

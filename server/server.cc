@@ -19,7 +19,7 @@
 #include "crypto/tls.h"
 #include "fedlora/v1/admin.grpc.pb.h"
 #include "fedlora/v1/federation.grpc.pb.h"
-#include "kernels/device.h"
+#include "kernels/base/device.h"
 #include "proto/address.h"
 #include "server/audit_trail.h"
 #include "server/live_view.h"

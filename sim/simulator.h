@@ -41,7 +41,7 @@
 // across runs: partitions, task seeds, dropout masks and faults are seeded, the server samples each
 // round's clients from all live ones (not the first to poll), aggregation is exact, and a client's
 // training does not depend on how many threads it got: the CPU kernels give the same bits at every
-// pool width (kernels/context.h), and the split GEMM the bits of the single-threaded one. With
+// pool width (kernels/base/context.h), and the split GEMM the bits of the single-threaded one. With
 // model.precision BF16 the bf16 GEMMs (oneDNN) are not promised the same bits at every width, so
 // two such runs may differ in the last bits.
 #pragma once

@@ -20,7 +20,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
-#include "kernels/context.h"
+#include "kernels/base/context.h"
+#include "kernels/threads.h"
 #include "model/decoder.h"
 #include "tools/common.h"
 #include "workload/evaluator.h"

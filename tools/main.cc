@@ -4,8 +4,9 @@
 #include <string>
 
 #include "core/version.h"
-#include "kernels/context.h"
-#include "kernels/device.h"
+#include "kernels/base/context.h"
+#include "kernels/base/device.h"
+#include "kernels/threads.h"
 #include "tools/commands.h"
 
 namespace fedlora::tools {

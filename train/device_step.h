@@ -20,7 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/backend.h"
+#include "kernels/base/backend.h"
 #include "model/device_params.h"
 #include "train/optim.h"
 

@@ -1,4 +1,4 @@
-// Federated averaging's exact accumulation (kernels/fixed_point.h, what StreamingFedAvg runs per
+// Federated averaging's exact accumulation (kernels/base/fixed_point.h, what StreamingFedAvg runs per
 // update) against a plain copy of memory, on the CPU or a GPU, in the same run.
 //
 //   kernels_aggregation_bench [cpu|cuda] [elements] [updates] [reps]
@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "bench/kernels/bench_util.h"
-#include "kernels/backend.h"
-#include "kernels/fixed_point.h"
+#include "kernels/base/backend.h"
+#include "kernels/base/fixed_point.h"
 
 namespace fk = fedlora::kernels;
 using fedlora::bench::Check;

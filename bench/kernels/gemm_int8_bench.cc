@@ -19,8 +19,9 @@
 
 #include "bench/kernels/bench_util.h"
 #include "core/ggml_quant.h"
-#include "kernels/context.h"
+#include "kernels/base/context.h"
 #include "kernels/gemm.h"
+#include "kernels/threads.h"
 
 namespace fk = fedlora::kernels;
 using fedlora::bench::Check;

@@ -19,8 +19,9 @@
 #include <vector>
 
 #include "bench/kernels/bench_util.h"
-#include "kernels/context.h"
+#include "kernels/base/context.h"
 #include "kernels/lora_linear.h"
+#include "kernels/threads.h"
 
 namespace fk = fedlora::kernels;
 using fedlora::bench::Check;

@@ -15,7 +15,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
-#include "kernels/context.h"
+#include "kernels/base/context.h"
 #include "kernels/gemm.h"
 #include "model/device_params.h"
 #include "train/device_step.h"

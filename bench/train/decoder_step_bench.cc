@@ -35,7 +35,8 @@
 #include "core/process_memory.h"
 #include "core/safetensors.h"
 #include "core/status.h"
-#include "kernels/context.h"
+#include "kernels/base/context.h"
+#include "kernels/threads.h"
 #include "model/decoder.h"
 #include "tools/flags.h"
 

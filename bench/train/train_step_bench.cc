@@ -33,8 +33,9 @@
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "core/tensor.h"
-#include "kernels/context.h"
+#include "kernels/base/context.h"
 #include "kernels/gemm.h"
+#include "kernels/threads.h"
 #include "model/bert.h"
 #include "tools/flags.h"
 

@@ -11,7 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/device.h"
+#include "kernels/base/device.h"
 
 // Built twice: aggregation_fedavg_test runs every case on the CPU accumulator;
 // aggregation_fedavg_gpu_test (FEDLORA_FEDAVG_GPU_TEST, label gpu) runs the same cases with the

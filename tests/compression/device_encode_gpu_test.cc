@@ -8,8 +8,8 @@
 #include "compression/codec.h"
 #include "compression/error_feedback.h"
 #include "gtest/gtest.h"
-#include "kernels/backend.h"
-#include "kernels/device.h"
+#include "kernels/base/backend.h"
+#include "kernels/base/device.h"
 #include "tests/compression/lora_update.h"
 
 namespace fedlora {

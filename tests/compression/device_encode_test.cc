@@ -7,7 +7,7 @@
 #include "compression/codec.h"
 #include "core/sha256.h"
 #include "gtest/gtest.h"
-#include "kernels/backend.h"
+#include "kernels/base/backend.h"
 #include "tests/compression/lora_update.h"
 
 namespace fedlora {

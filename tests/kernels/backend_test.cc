@@ -1,7 +1,7 @@
-// kernels/backend.h: memory, copies and weight mirrors. Built twice: kernels_backend_test runs the
+// kernels/base/backend.h and kernels/mirror.h: memory, copies and weight mirrors. Built twice: kernels_backend_test runs the
 // cases on the CPU backend; kernels_backend_cuda_test (FEDLORA_BACKEND_TEST_CUDA, label gpu) runs
 // them on the CUDA backend and skips itself without a GPU.
-#include "kernels/backend.h"
+#include "kernels/base/backend.h"
 
 #include <cstdint>
 #include <cstring>
@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/device.h"
+#include "kernels/base/device.h"
+#include "kernels/mirror.h"
 
 namespace fedlora::kernels {
 namespace {

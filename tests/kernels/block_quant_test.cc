@@ -1,4 +1,4 @@
-#include "kernels/block_quant.h"
+#include "kernels/base/block_quant.h"
 
 #include <cmath>
 #include <cstring>
@@ -110,7 +110,7 @@ TEST(BlockQuantize, StochasticDrawsTheStreamInOrder) {
       EXPECT_EQ(code, 0u) << i;
       continue;
     }
-    const double pos = (x[i] + s) * (top / (2 * s));  // t as kernels/block_quant.h defines it
+    const double pos = (x[i] + s) * (top / (2 * s));  // t as kernels/base/block_quant.h defines it
     const uint32_t lower = static_cast<uint32_t>(std::floor(std::min<double>(pos, top)));
     if (lower == top) {
       EXPECT_EQ(code, top) << i;

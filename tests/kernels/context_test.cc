@@ -1,4 +1,4 @@
-#include "kernels/context.h"
+#include "kernels/base/context.h"
 
 #include <cblas.h>
 
@@ -7,9 +7,10 @@
 #include <limits>
 
 #include "gtest/gtest.h"
+#include "kernels/base/device.h"
 #include "kernels/cpu_math.h"
-#include "kernels/device.h"
 #include "kernels/gemm.h"
+#include "kernels/threads.h"
 #include "tests/kernels/test_util.h"
 
 namespace fedlora::kernels {

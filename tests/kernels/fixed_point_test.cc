@@ -1,4 +1,4 @@
-#include "kernels/fixed_point.h"
+#include "kernels/base/fixed_point.h"
 
 #include <bit>
 #include <cmath>

@@ -11,8 +11,9 @@
 #include "core/ggml_quant.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"
-#include "kernels/context.h"
-#include "kernels/device.h"
+#include "kernels/base/context.h"
+#include "kernels/base/device.h"
+#include "kernels/threads.h"
 #include "tests/kernels/test_util.h"
 
 namespace fedlora::kernels {

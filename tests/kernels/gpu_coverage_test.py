@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fails when a kernel op has no GPU equivalence test.
 
-An op is a public dispatcher declared in kernels/*.h as
+An op is a public dispatcher declared in kernels/*.h or kernels/base/*.h as
     absl::Status Name(const ExecContext& ctx, const SomeArgs& args);
 (the *Cpu / *Cuda halves and CanRun are not ops). Each op must be called in
 tests/kernels/backend_equivalence_test.cc, the test that runs it on CUDA and on the CPU and
@@ -31,7 +31,8 @@ def untested(ops, test_text):
 
 def main():
     root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).parents[2])
-    headers = {p.name: p.read_text() for p in sorted((root / "kernels").glob("*.h"))}
+    headers = {str(p.relative_to(root)): p.read_text()
+               for d in ("kernels", "kernels/base") for p in sorted((root / d).glob("*.h"))}
     test_text = (root / "tests/kernels/backend_equivalence_test.cc").read_text()
 
     # The checker itself: an op absent from the test must be reported, a present one must not.

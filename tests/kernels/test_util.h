@@ -15,8 +15,9 @@
 #include "core/ggml_quant.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"
-#include "kernels/context.h"
-#include "kernels/device.h"
+#include "kernels/base/context.h"
+#include "kernels/base/device.h"
+#include "kernels/mirror.h"
 
 namespace fedlora::kernels::testing {
 

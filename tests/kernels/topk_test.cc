@@ -1,4 +1,4 @@
-#include "kernels/topk.h"
+#include "kernels/base/topk.h"
 
 #include <algorithm>
 #include <cmath>

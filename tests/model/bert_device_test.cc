@@ -1,4 +1,4 @@
-// BertClassifier on its device (ModelOptions::device, kernels/backend.h). Built twice:
+// BertClassifier on its device (ModelOptions::device, kernels/base/backend.h). Built twice:
 // model_bert_device_test checks the CPU side (a CUDA classifier is refused with its reason where
 // there is no GPU; the CPU base is its own mirror); model_bert_gpu_test (FEDLORA_BERT_GPU_TEST,
 // label gpu) checks that a CUDA classifier follows the CPU's loss trajectory over 20 training
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/backend.h"
-#include "kernels/device.h"
+#include "kernels/base/backend.h"
+#include "kernels/base/device.h"
 #include "model/bert.h"
 #include "tests/model/tiny_checkpoint.h"
 

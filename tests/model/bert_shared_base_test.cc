@@ -13,7 +13,8 @@
 #include "core/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/context.h"
+#include "kernels/base/context.h"
+#include "kernels/threads.h"
 #include "model/bert.h"
 #include "tests/model/tiny_checkpoint.h"
 

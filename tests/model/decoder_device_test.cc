@@ -1,4 +1,4 @@
-// CausalLm on its device (DecoderOptions::device, kernels/backend.h). Built twice, as
+// CausalLm on its device (DecoderOptions::device, kernels/base/backend.h). Built twice, as
 // bert_device_test.cc: model_decoder_device_test checks the CPU side (CUDA refused with its reason
 // where there is no GPU; the CPU base is its own mirror); model_decoder_gpu_test
 // (FEDLORA_DECODER_GPU_TEST, label gpu) checks that a CUDA model follows the CPU's loss trajectory
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/backend.h"
-#include "kernels/device.h"
+#include "kernels/base/backend.h"
+#include "kernels/base/device.h"
 #include "model/decoder.h"
 #include "tests/model/tiny_decoder.h"
 

@@ -12,7 +12,7 @@
 #include "client/health_check.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/device.h"
+#include "kernels/base/device.h"
 #include "server/server.h"
 #include "tests/server/federation_test_util.h"
 

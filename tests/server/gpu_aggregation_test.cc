@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/device.h"
+#include "kernels/base/device.h"
 #include "server/server.h"
 #include "tests/server/federation_test_util.h"
 

@@ -20,7 +20,7 @@
 #include "core/version.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/device.h"
+#include "kernels/base/device.h"
 #include "tests/tools/cli_test_util.h"
 
 namespace fedlora {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/device.h"
+#include "kernels/base/device.h"
 #include "model/device_params.h"
 #include "tests/train/tiny_task.h"
 #include "train/trainer.h"

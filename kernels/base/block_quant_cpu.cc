@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "core/rng.h"
-#include "kernels/block_quant.h"
-#include "kernels/kernel_util.h"
+#include "kernels/base/block_quant.h"
+#include "kernels/base/kernel_util.h"
 
 namespace fedlora::kernels {
 

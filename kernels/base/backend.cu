@@ -1,4 +1,4 @@
-// kernels/backend.h's CUDA primitives: a stream per backend, stream-ordered memory and copies.
+// kernels/base/backend.h's CUDA primitives: a stream per backend, stream-ordered memory and copies.
 #include <cuda_runtime.h>
 
 #include "absl/status/statusor.h"

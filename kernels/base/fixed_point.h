@@ -17,7 +17,7 @@
 
 #include "absl/status/status.h"
 #include "core/host_device.h"
-#include "kernels/context.h"
+#include "kernels/base/context.h"
 
 namespace fedlora::kernels {
 

@@ -2,8 +2,8 @@
 #include <atomic>
 #include <bit>
 
-#include "kernels/fixed_point.h"
-#include "kernels/kernel_util.h"
+#include "kernels/base/fixed_point.h"
+#include "kernels/base/kernel_util.h"
 
 namespace fedlora::kernels {
 

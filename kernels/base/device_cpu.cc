@@ -1,5 +1,5 @@
 // device.h for builds without the CUDA backend: nothing is available, nothing crashes.
-#include "kernels/device.h"
+#include "kernels/base/device.h"
 
 #if !defined(FEDLORA_HAVE_CUDA)
 

@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/context.h"
+#include "kernels/base/context.h"
 
 namespace fedlora::kernels {
 

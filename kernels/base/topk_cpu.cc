@@ -3,8 +3,8 @@
 #include <cmath>
 #include <functional>
 
-#include "kernels/kernel_util.h"
-#include "kernels/topk.h"
+#include "kernels/base/kernel_util.h"
+#include "kernels/base/topk.h"
 
 namespace fedlora::kernels {
 

@@ -1,8 +1,8 @@
 // FixedPointAccumulate: CUDA backend. One thread per element (grid-stride): each sum is touched
 // by one thread (indices are distinct), so no atomics are needed on the sums; integer adds make
 // the bits the CPU's.
-#include "kernels/cuda_util.cuh"
-#include "kernels/fixed_point.h"
+#include "kernels/base/cuda_util.cuh"
+#include "kernels/base/fixed_point.h"
 
 namespace fedlora::kernels::internal {
 namespace {

@@ -1,27 +1,17 @@
-// Internal helpers for the kernels' .cu files: stream, cuBLAS and cuBLASLt handles, launch geometry.
+// Internal helpers for the kernels' .cu files: the stream, launch geometry, stream-ordered scratch.
 #pragma once
 
-#include <cublasLt.h>
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "absl/status/statusor.h"
 #include "core/cuda_status.h"
-#include "kernels/context.h"
+#include "kernels/base/context.h"
 
 namespace fedlora::kernels::internal {
 
 inline cudaStream_t Stream(const ExecContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
-
-// The calling thread's cuBLAS handle for the current device, bound to ctx.stream. Handles are
-// created on first use and deliberately never destroyed (destroying them in a thread_local
-// destructor can run after the CUDA runtime has shut down at exit).
-absl::StatusOr<cublasHandle_t> CublasHandle(const ExecContext& ctx);
-// The calling thread's cuBLASLt handle for the current device (bf16 math in gemm.cu), kept the
-// same way. cuBLASLt takes the stream per call.
-absl::StatusOr<cublasLtHandle_t> CublasLtHandle();
 
 // Grid size for a grid-stride loop over n items with `block` threads, capped so that huge
 // tensors do not launch millions of blocks (each thread loops instead).

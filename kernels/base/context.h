@@ -24,13 +24,12 @@
 // - CPU results do not depend on the pool's width (ThreadPool::Width): a sum across ParallelFor
 //   chunks (norm parameter gradients, SumSquares, ColumnSum, the cross-entropy loss) is split by
 //   the problem size alone and combined in a fixed order (tests/kernels/thread_invariance_test.cc).
-//   OpenBLAS's own threads (SetNumThreads) are the exception: see kernels/gemm.h.
+//   OpenBLAS's own threads (kernels/threads.h) are the exception: see kernels/gemm.h.
 // - Gradient outputs have an `accumulate` flag: false overwrites, true adds (gradient accumulation
 //   across micro-batches, or dx of a tensor that feeds several layers such as Q/K/V).
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 #include "core/tensor.h"  // fedlora::Device
 #include "core/thread_pool.h"
@@ -48,27 +47,16 @@ struct ExecContext {
 };
 
 // The pool CPU kernels use when ExecContext::pool is null: the one made by the last
-// SetNumThreads(), else ThreadPool::Default() (FEDLORA_NUM_THREADS or the core count).
+// SetDefaultPoolThreads() (or kernels::SetNumThreads, kernels/threads.h), else ThreadPool::Default()
+// (FEDLORA_NUM_THREADS or the core count).
 ThreadPool& DefaultPool();
 
-// Sizes CPU parallelism in one place: the kernels' default ThreadPool and OpenBLAS's own threads
-// (openblas_set_num_threads) both get `n` threads (n <= 0: the core count). Call it at start-up
-// or between steps, never while kernels are running on another thread. Earlier default pools are
-// kept alive (idle) so that a pointer taken to one stays valid.
-void SetNumThreads(int n);
-// The thread count last set (or that of ThreadPool::Default()).
+// Makes the default pool `n` threads wide (n <= 0: the core count). Call it at start-up or between
+// steps, never while kernels are running on another thread. Earlier default pools are kept alive
+// (idle) so that a pointer taken to one stays valid. A program that also multiplies with OpenBLAS
+// calls kernels::SetNumThreads (kernels/threads.h), which sizes both.
+void SetDefaultPoolThreads(int n);
+// The default pool's thread count.
 int NumThreads();
-
-// OpenBLAS picks its kernels by CPU model when it loads; Debian 12's (0.3.21) does not know the
-// Xeons after Sapphire Rapids and runs its Prescott (SSE3) kernels on them, far slower than its
-// AVX-512 ones (measured on 2 cores at the FFN shape: 34 against 281 GFLOP/s, see
-// docs/benchmarks.md). It reads OPENBLAS_CORETYPE only when it loads, so a program calls this
-// first thing in main: on such a fallback kernel, on a CPU with AVX-512 (or AVX2 and FMA), with
-// OPENBLAS_CORETYPE unset, it sets OPENBLAS_CORETYPE to SkylakeX (Haswell) and re-executes
-// /proc/self/exe with the same arguments. Returns (and the program goes on as it is) when nothing
-// needs changing or the exec fails.
-void RestartForFasterOpenBlas(char** argv);
-// The kernel set OpenBLAS chose ("SkylakeX", "Prescott", ...).
-std::string OpenBlasCoreName();
 
 }  // namespace fedlora::kernels

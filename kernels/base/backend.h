@@ -15,23 +15,19 @@
 //   stream (one per backend, so one per trainer), and only Download waits for it. Out of memory
 //   is ResourceExhausted naming the bytes asked for and the bytes free.
 //
-// A backend is used by one thread at a time (like the model that owns it). DeviceArrays and
-// DeviceMirrors must not outlive the backend that allocated them.
+// A backend is used by one thread at a time (like the model that owns it). DeviceArrays (and the
+// DeviceMirrors of kernels/mirror.h) must not outlive the backend that allocated them.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <mutex>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/context.h"
-#include "kernels/weight.h"
+#include "kernels/base/context.h"
 
 namespace fedlora::kernels {
 
@@ -117,48 +113,6 @@ class DeviceArray {
   Backend* backend_ = nullptr;
   T* ptr_ = nullptr;
   size_t count_ = 0;
-};
-
-// Device copies of host arrays that never change (a base model's frozen weights), made once and
-// then looked up by their host address: the model keeps calling kernels with the host weight's
-// pointers and translates them here. On the CPU nothing is copied and every lookup answers the
-// host pointer itself. Built by Add calls, then read-only: lookups from many threads are safe.
-class DeviceMirror {
- public:
-  explicit DeviceMirror(std::shared_ptr<Backend> backend) : backend_(std::move(backend)) {}
-
-  // Uploads `bytes` at `host` (kCuda); no-op on the CPU or for an empty array.
-  absl::Status Add(const void* host, size_t bytes);
-  // The device copy of the array that starts at `host`; the host pointer itself on the CPU; null
-  // for null. Internal error naming the address when it was never added (a bug in the model).
-  absl::StatusOr<const void*> Find(const void* host) const;
-  template <class T>
-  absl::StatusOr<const T*> Get(const T* host) const {
-    auto p = Find(host);
-    if (!p.ok()) return p.status();
-    return static_cast<const T*>(*p);
-  }
-  // The weight with its pointer translated (format and math flags kept).
-  absl::StatusOr<WeightPtr> Get(const WeightPtr& w) const;
-  size_t bytes() const { return bytes_; }
-  const std::shared_ptr<Backend>& backend() const { return backend_; }
-
- private:
-  std::shared_ptr<Backend> backend_;
-  absl::flat_hash_map<const void*, DeviceArray<uint8_t>> copies_;
-  size_t bytes_ = 0;
-};
-
-// A base model's mirrors, one per device, each made by the first Get for its device (with its own
-// backend, `fill` adding the arrays) and shared by every later one. Thread-safe.
-class MirrorCache {
- public:
-  absl::StatusOr<std::shared_ptr<const DeviceMirror>> Get(
-      Device device, const std::function<absl::Status(DeviceMirror&)>& fill) const;
-
- private:
-  mutable std::mutex mu_;
-  mutable std::array<std::shared_ptr<const DeviceMirror>, 2> mirrors_;  // by Device
 };
 
 }  // namespace fedlora::kernels

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda_status.h"
-#include "kernels/device.h"
+#include "kernels/base/device.h"
 
 namespace fedlora::kernels {
 namespace {

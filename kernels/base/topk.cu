@@ -1,10 +1,10 @@
-// TopK, CUDA backend: radix sort of the 63-bit keys of kernels/topk.h with CUB, then the k smallest
+// TopK, CUDA backend: radix sort of the 63-bit keys of kernels/base/topk.h with CUB, then the k smallest
 // keys' indices radix-sorted ascending. Every pass is device-wide (CUB's multi-block sorts).
 #include <cub/device/device_radix_sort.cuh>
 
-#include "kernels/cuda_util.cuh"
-#include "kernels/kernel_util.h"
-#include "kernels/topk.h"
+#include "kernels/base/cuda_util.cuh"
+#include "kernels/base/kernel_util.h"
+#include "kernels/base/topk.h"
 
 namespace fedlora::kernels::internal {
 namespace {

@@ -1,13 +1,13 @@
 // BlockQuantize, CUDA backend: the scales (one warp per block), for stochastic rounding each
 // value's draw index by a device-wide exclusive scan (CUB), then one thread per code byte. The
-// per-value arithmetic is kernels/block_quant.h's, shared with the CPU.
+// per-value arithmetic is kernels/base/block_quant.h's, shared with the CPU.
 #include <cub/device/device_scan.cuh>
 
 #include "core/rng.h"
-#include "kernels/block_quant.h"
-#include "kernels/cuda_util.cuh"
-#include "kernels/kernel_util.h"
-#include "kernels/warp_reduce.cuh"
+#include "kernels/base/block_quant.h"
+#include "kernels/base/cuda_util.cuh"
+#include "kernels/base/kernel_util.h"
+#include "kernels/base/warp_reduce.cuh"
 
 namespace fedlora::kernels::internal {
 namespace {
