@@ -248,10 +248,10 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::WaitForTaskResponse RetryLaterLocked(const std::string& reason) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Restore's steps, in order: the round keys and signing and audit keys; the run (created when
-  // new, with its initial adapter's hash); the blobs no row names; the committed rounds' adapters
-  // and downlink steps; the global and broadcast adapters and the spec; the privacy settings; the
-  // server optimizer's state; the clients.
+  // Restore's steps (coordinator_restore.cc), in order: the round keys and signing and audit keys;
+  // the run (created when new, with its initial adapter's hash); the blobs no row names; the
+  // committed rounds' adapters and downlink steps; the global and broadcast adapters and the spec;
+  // the privacy settings; the server optimizer's state; the clients.
   struct CommittedHeads {
     std::string global, broadcast;  // hashes of the adapters the last committed round left
     int64_t round = 0, broadcast_round = 0;

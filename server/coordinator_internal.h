@@ -1,10 +1,12 @@
 // Internal to the server module: the coordinator's per-client and per-round records, shared by the
-// files that implement the Coordinator: coordinator.cc (construction, Restore),
-// coordinator_sessions.cc (the client registry: Join, Authenticate, Heartbeat, metrics, Leave),
-// coordinator_selection.cc (WaitForTask, long polls, selection), coordinator_uploads.cc (upload
-// admission around an UploadAdmission, validation, acceptance), coordinator_driver.cc (the round
-// clock and the aggregation tries), coordinator_aggregation.cc (a round's aggregation around a
-// RoundAggregator) and coordinator_admin.cc (GetStatus, ListClients).
+// files that implement the Coordinator: coordinator.cc (construction, opening rounds, forgetting
+// closed ones), coordinator_restore.cc (Restore), coordinator_sessions.cc (the client registry:
+// Join, Authenticate, Heartbeat, metrics, Leave), coordinator_selection.cc (WaitForTask, long
+// polls, selection), coordinator_uploads.cc (upload admission around an UploadAdmission,
+// validation, acceptance), coordinator_driver.cc (the round clock and the aggregation tries),
+// coordinator_aggregation.cc (a round's aggregation around a RoundAggregator),
+// coordinator_secagg.cc (secure aggregation), coordinator_retention.cc (retention of old rounds)
+// and coordinator_admin.cc (GetStatus, ListClients, BlockClient).
 #pragma once
 
 #include <cstdint>

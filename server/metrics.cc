@@ -443,50 +443,8 @@ HttpPageRequest PageRequest(const httplib::Request& req) {
   return r;
 }
 
-}  // namespace
-
-struct MetricsHttpServer::Impl {
-  explicit Impl(int stop_read, int stop_write)
-      : stop_read(stop_read), stop_write(stop_write), http(stop_read) {}
-  ~Impl() {
-    close(stop_read);
-    close(stop_write);
-  }
-  const int stop_read;
-  const int stop_write;  // written to once, at shutdown
-  ScrapeServer http;
-  std::thread thread;
-  std::atomic<bool> listen_returned{false};
-};
-
-absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& address, Renderer render, MetricsHttpOptions options) {
-  std::string host;
-  uint32_t port = 0;
-  if (!SplitHostPort(address, &host, &port)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "metrics address '", address, "' is not host:port (IPv6 in brackets) with a port 0-65535"));
-  }
-  const bool bracketed = address.front() == '[';
-  unsigned char ip[sizeof(in6_addr)];
-  if (!bracketed && absl::AsciiStrToLower(host) == "localhost") host = "127.0.0.1";
-  if (inet_pton(bracketed ? AF_INET6 : AF_INET, host.c_str(), ip) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics address '", address,
-                     "': the host must be an IPv4 literal such as 127.0.0.1, an "
-                     "IPv6 literal in brackets such as [::1], or localhost"));
-  }
-  int stop_pipe[2];
-  if (pipe2(stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics endpoint ", address, ": pipe: ", std::strerror(errno)));
-  }
-  auto impl = std::make_unique<Impl>(stop_pipe[0], stop_pipe[1]);
-  ScrapeServer& http = impl->http;
-  if (!options.cert_file.empty() || !options.key_file.empty()) {
-    FEDLORA_ASSIGN_OR_RETURN(SSL_CTX * ctx, NewHttpsContext(options));
-    http.set_ssl_ctx(ctx);
-  }
+// Start's handlers: GET of /metrics and the page paths, 404 and 405 for the rest.
+void Route(ScrapeServer& http, MetricsHttpServer::Renderer render, MetricsHttpOptions options) {
   const auto paths = std::make_shared<const std::vector<std::string>>(options.page_paths);
   const auto known = [paths](const std::string& path) {
     return path == kMetricsPath || std::find(paths->begin(), paths->end(), path) != paths->end();
@@ -539,6 +497,53 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     res.headers.erase("Connection");
     res.set_header("Connection", "close");
   });
+}
+
+}  // namespace
+
+struct MetricsHttpServer::Impl {
+  explicit Impl(int stop_read, int stop_write)
+      : stop_read(stop_read), stop_write(stop_write), http(stop_read) {}
+  ~Impl() {
+    close(stop_read);
+    close(stop_write);
+  }
+  const int stop_read;
+  const int stop_write;  // written to once, at shutdown
+  ScrapeServer http;
+  std::thread thread;
+  std::atomic<bool> listen_returned{false};
+};
+
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
+    const std::string& address, Renderer render, MetricsHttpOptions options) {
+  std::string host;
+  uint32_t port = 0;
+  if (!SplitHostPort(address, &host, &port)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics address '", address, "' is not host:port (IPv6 in brackets) with a port 0-65535"));
+  }
+  const bool bracketed = address.front() == '[';
+  unsigned char ip[sizeof(in6_addr)];
+  if (!bracketed && absl::AsciiStrToLower(host) == "localhost") host = "127.0.0.1";
+  if (inet_pton(bracketed ? AF_INET6 : AF_INET, host.c_str(), ip) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address '", address,
+                     "': the host must be an IPv4 literal such as 127.0.0.1, an "
+                     "IPv6 literal in brackets such as [::1], or localhost"));
+  }
+  int stop_pipe[2];
+  if (pipe2(stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("metrics endpoint ", address, ": pipe: ", std::strerror(errno)));
+  }
+  auto impl = std::make_unique<Impl>(stop_pipe[0], stop_pipe[1]);
+  ScrapeServer& http = impl->http;
+  if (!options.cert_file.empty() || !options.key_file.empty()) {
+    FEDLORA_ASSIGN_OR_RETURN(SSL_CTX * ctx, NewHttpsContext(options));
+    http.set_ssl_ctx(ctx);
+  }
+  Route(http, std::move(render), std::move(options));
   http.new_task_queue = [] { return new ConnectionPool(kPoolThreads); };
   http.set_read_timeout(kReadTimeoutS, 0);
   http.set_write_timeout(kWriteTimeoutS, 0);

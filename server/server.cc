@@ -185,11 +185,10 @@ absl::Status ValidateOptions(const ServerOptions& o) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1::RunConfig config,
-                                                       std::vector<UpdateTensor> initial_adapter,
-                                                       Evaluator* evaluator, Clock clock) {
+// What Create checks before it opens the store, in order: the options, the settings the server
+// cannot carry out, privacy, the audit trail; then the data directory is created.
+absl::Status CheckBeforeStore(const ServerOptions& options, const v1::RunConfig& config,
+                              const std::vector<UpdateTensor>& initial_adapter) {
   FEDLORA_RETURN_IF_ERROR(ValidateOptions(options));
   // Refused before the store is opened: a run written to the store with a setting the server cannot
   // carry out would stay there.
@@ -207,6 +206,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
     return absl::PermissionDeniedError(
         absl::StrCat("cannot create data dir ", options.data_dir, ": ", ec.message()));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1::RunConfig config,
+                                                       std::vector<UpdateTensor> initial_adapter,
+                                                       Evaluator* evaluator, Clock clock) {
+  FEDLORA_RETURN_IF_ERROR(CheckBeforeStore(options, config, initial_adapter));
   std::unique_ptr<Server> server(new Server());
   server->options_ = std::move(options);
   const ServerOptions& o = server->options_;
@@ -220,20 +228,38 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
       o, server->coordinator_.get(), server->blobs_.get(), &server->metrics_);
   server->admin_ = std::make_unique<AdminService>(o, server->coordinator_.get());
 
+  FEDLORA_RETURN_IF_ERROR(server->StartGrpc());
+  FEDLORA_RETURN_IF_ERROR(server->StartHealthPort());
+  // Health answers for the whole server ("") and for each service by its full name; every name
+  // says NOT_SERVING until the run is restored, and again from the moment Shutdown begins.
+  server->SetServing(false);
+
+  FEDLORA_RETURN_IF_ERROR(server->StartMetricsHttp());
+  // Restore before serving: until this returns, every Federation/Admin call answers Unavailable and
+  // the health service NOT_SERVING.
+  FEDLORA_RETURN_IF_ERROR_CTX(server->coordinator_->Restore(), "restoring the run from the store");
+  server->SetServing(true);
+  server->driver_ = std::thread([s = server.get()] { s->DriverLoop(); });
+  FEDLORA_LOG(INFO) << "server listening on port " << server->port_
+                    << (o.tls.enabled() ? " (mTLS)" : " (plaintext, loopback identity)");
+  return server;
+}
+
+absl::Status Server::StartGrpc() {
+  const ServerOptions& o = options_;
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (o.tls.enabled()) {
     // Chain, expiry, CRL and the allowed ids are checked at every handshake (crypto/tls.h).
     FEDLORA_ASSIGN_OR_RETURN(
-        server->tls_,
-        crypto::ServerTls::Create({o.tls.cert_file, o.tls.key_file, o.tls.client_ca_file,
-                                   o.tls.crl_file, o.tls.allowed_client_ids}));
-    creds = server->tls_->credentials();
+        tls_, crypto::ServerTls::Create({o.tls.cert_file, o.tls.key_file, o.tls.client_ca_file,
+                                         o.tls.crl_file, o.tls.allowed_client_ids}));
+    creds = tls_->credentials();
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(o.listen_address, creds, &server->port_);
-  builder.RegisterService(server->federation_.get());
-  builder.RegisterService(server->admin_.get());
+  builder.AddListeningPort(o.listen_address, creds, &port_);
+  builder.RegisterService(federation_.get());
+  builder.RegisterService(admin_.get());
   builder.SetMaxReceiveMessageSize(o.max_message_bytes);
   builder.SetMaxSendMessageSize(o.max_message_bytes);
   // gRPC sets SO_REUSEPORT by default, which would let a second server silently share the port
@@ -248,34 +274,40 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
                              o.min_client_ping_interval_ms);
   ApplyBounds(builder, "fedlora", o.max_concurrent_streams, o.grpc_memory_bytes,
               o.grpc_max_threads);
-  server->grpc_server_ = builder.BuildAndStart();
-  if (server->grpc_server_ == nullptr || server->port_ == 0) {
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr || port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", o.listen_address, " (address in use or invalid)"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Server::StartHealthPort() {
+  const ServerOptions& o = options_;
   if (!o.health_address.empty()) {
     // Plaintext on purpose: it serves the health statuses and nothing else.
     grpc::ServerBuilder health_builder;
-    server->health_others_ = std::make_unique<HealthPortOthers>();
-    health_builder.RegisterCallbackGenericService(server->health_others_.get());
+    health_others_ = std::make_unique<HealthPortOthers>();
+    health_builder.RegisterCallbackGenericService(health_others_.get());
     health_builder.AddListeningPort(o.health_address, grpc::InsecureServerCredentials(),
-                                    &server->health_port_);
+                                    &health_port_);
     health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     ApplyBounds(health_builder, "fedlora-health", o.health_max_concurrent_streams,
                 o.health_grpc_memory_bytes, o.health_grpc_max_threads);
-    server->health_server_ = health_builder.BuildAndStart();
-    if (server->health_server_ == nullptr || server->health_port_ == 0 ||
-        server->health_server_->GetHealthCheckService() == nullptr) {
+    health_server_ = health_builder.BuildAndStart();
+    if (health_server_ == nullptr || health_port_ == 0 ||
+        health_server_->GetHealthCheckService() == nullptr) {
       return absl::UnavailableError(absl::StrCat("cannot serve health on ", o.health_address,
                                                  " (address in use or invalid)"));
     }
   }
-  // Health answers for the whole server ("") and for each service by its full name; every name
-  // says NOT_SERVING until the run is restored, and again from the moment Shutdown begins.
-  server->SetServing(false);
+  return absl::OkStatus();
+}
 
+absl::Status Server::StartMetricsHttp() {
+  const ServerOptions& o = options_;
   if (!o.metrics_address.empty()) {
-    Server* s = server.get();
+    Server* s = this;
     // The live view beside /metrics, for operators (server/live_view.h); HTTPS under TLS.
     MetricsHttpOptions http;
     if (o.tls.enabled()) {
@@ -289,18 +321,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
       return ServeLiveView(r, access, *s->coordinator_);
     };
     FEDLORA_ASSIGN_OR_RETURN(
-        server->metrics_http_,
-        MetricsHttpServer::Start(
-            o.metrics_address, [s] { return s->MetricsText(); }, std::move(http)));
+        metrics_http_, MetricsHttpServer::Start(
+                           o.metrics_address, [s] { return s->MetricsText(); }, std::move(http)));
   }
-  // Restore before serving: until this returns, every Federation/Admin call answers Unavailable and
-  // the health service NOT_SERVING.
-  FEDLORA_RETURN_IF_ERROR_CTX(server->coordinator_->Restore(), "restoring the run from the store");
-  server->SetServing(true);
-  server->driver_ = std::thread([s = server.get()] { s->DriverLoop(); });
-  FEDLORA_LOG(INFO) << "server listening on port " << server->port_
-                    << (o.tls.enabled() ? " (mTLS)" : " (plaintext, loopback identity)");
-  return server;
+  return absl::OkStatus();
 }
 
 Server::~Server() { Shutdown(); }

@@ -94,6 +94,12 @@ class Server {
 
  private:
   Server() = default;
+  // Create's steps once the services exist: the main gRPC server (with TLS when configured), the
+  // health port (when ServerOptions::health_address is set), and the metrics listener with the live
+  // view (when ServerOptions::metrics_address is set). Each fails when its address cannot be bound.
+  absl::Status StartGrpc();
+  absl::Status StartHealthPort();
+  absl::Status StartMetricsHttp();
   void DriverLoop();
   // Sets every health name of both gRPC servers (the main one and the health port's).
   void SetServing(bool serving);

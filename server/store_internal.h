@@ -252,6 +252,11 @@ struct Store::Impl {
                                                       UploadState state);
   absl::StatusOr<ClientRecord> GetClient(const std::string& client_id);
   absl::Status InsertMetric(const MetricRecord& m);
+  // RecordAccepted's steps inside its transaction (store_uploads.cc): AlreadyExists when the
+  // client already has another accepted upload for the task; then the row marked accepted
+  // (`exists`: it was begun) or inserted as accepted.
+  absl::Status CheckNoOtherAccepted(const UploadRecord& upload);
+  absl::Status WriteAccepted(const UploadRecord& upload, bool exists);
 };
 
 template <class F>

@@ -46,6 +46,23 @@ absl::Status BindingMismatch(const UploadRecord& stored, const UploadRecord& u,
                    "', task '", u.task_id, "', ", RoundName(u.run_id, u.round)));
 }
 
+// RecordAccepted's checks of the record itself, before the transaction.
+absl::Status CheckAcceptedRecord(const UploadRecord& upload) {
+  FEDLORA_RETURN_IF_ERROR(ValidateUploadIds(upload, "RecordAccepted"));
+  if (!IsValidBlobHash(upload.blob_hash)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RecordAccepted('", upload.upload_id, "'): blob_hash '",
+                     upload.blob_hash.substr(0, 80), "' is not a SHA-256 hex"));
+  }
+  if (upload.num_examples < 1 || upload.bytes < 0 || upload.chunks_received < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RecordAccepted('", upload.upload_id, "'): num_examples ", upload.num_examples,
+                     " must be >= 1 and bytes ", upload.bytes, ", chunks_received ",
+                     upload.chunks_received, " >= 0"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<UploadRecord> Store::BeginUpload(const UploadRecord& upload,
@@ -120,19 +137,62 @@ absl::Status Store::RecordUploadProgress(const std::string& upload_id, int64_t c
   return FinishDurability(ticket, deferred);
 }
 
+absl::Status Store::Impl::CheckNoOtherAccepted(const UploadRecord& upload) {
+  std::unique_ptr<Stmt> h;
+  FEDLORA_ASSIGN_OR_RETURN(Stmt * s,
+                           Query("SELECT upload_id FROM uploads WHERE run_id = ? AND round = ? "
+                                 "AND client_id = ? AND task_id = ? AND state = 'accepted'",
+                                 h));
+  s->Bind(upload.run_id).Bind(upload.round).Bind(upload.client_id).Bind(upload.task_id);
+  FEDLORA_ASSIGN_OR_RETURN(bool row, s->Step());
+  if (row) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "client '", upload.client_id, "' already has accepted upload '", s->Text(0), "' for task '",
+        upload.task_id, "' of ", RoundName(upload.run_id, upload.round)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::Impl::WriteAccepted(const UploadRecord& upload, bool exists) {
+  const int64_t now = Now();
+  std::unique_ptr<Stmt> h;
+  if (exists) {
+    FEDLORA_ASSIGN_OR_RETURN(Stmt * s,
+                             Query("UPDATE uploads SET state = 'accepted', num_examples = ?, "
+                                   "blob_hash = ?, bytes = ?, chunks_received = ?, "
+                                   "accepted_ms = ? WHERE upload_id = ?",
+                                   h));
+    s->Bind(upload.num_examples)
+        .Bind(upload.blob_hash)
+        .Bind(upload.bytes)
+        .Bind(upload.chunks_received)
+        .Bind(now);
+    s->Bind(upload.upload_id);
+    FEDLORA_RETURN_IF_ERROR(s->Run());
+  } else {
+    FEDLORA_ASSIGN_OR_RETURN(Stmt * s,
+                             Query("INSERT INTO uploads(upload_id, run_id, round, client_id, "
+                                   "task_id, num_examples, blob_hash, bytes, state, "
+                                   "chunks_received, created_ms, accepted_ms) "
+                                   "VALUES(?, ?, ?, ?, ?, ?, ?, ?, 'accepted', ?, ?, ?)",
+                                   h));
+    s->Bind(upload.upload_id)
+        .Bind(upload.run_id)
+        .Bind(upload.round)
+        .Bind(upload.client_id)
+        .Bind(upload.task_id);
+    s->Bind(upload.num_examples)
+        .Bind(upload.blob_hash)
+        .Bind(upload.bytes)
+        .Bind(upload.chunks_received);
+    s->Bind(now).Bind(now);
+    FEDLORA_RETURN_IF_ERROR(s->Run());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Store::RecordAccepted(const UploadRecord& upload, DurabilityTicket* deferred) {
-  FEDLORA_RETURN_IF_ERROR(ValidateUploadIds(upload, "RecordAccepted"));
-  if (!IsValidBlobHash(upload.blob_hash)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RecordAccepted('", upload.upload_id, "'): blob_hash '",
-                     upload.blob_hash.substr(0, 80), "' is not a SHA-256 hex"));
-  }
-  if (upload.num_examples < 1 || upload.bytes < 0 || upload.chunks_received < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RecordAccepted('", upload.upload_id, "'): num_examples ", upload.num_examples,
-                     " must be >= 1 and bytes ", upload.bytes, ", chunks_received ",
-                     upload.chunks_received, " >= 0"));
-  }
+  FEDLORA_RETURN_IF_ERROR(CheckAcceptedRecord(upload));
   DurabilityTicket ticket;
   auto result = DeferredTransaction(&ticket, [&]() -> absl::Status {
     FEDLORA_ASSIGN_OR_RETURN(std::optional<UploadRecord> existing,
@@ -152,54 +212,8 @@ absl::Status Store::RecordAccepted(const UploadRecord& upload, DurabilityTicket*
           absl::StrCat("RecordAccepted: ", RoundName(upload.run_id, upload.round), " is ",
                        ToAbsl(RoundStateName(st)), " and no longer accepts uploads"));
     }
-    {
-      std::unique_ptr<Stmt> h;
-      FEDLORA_ASSIGN_OR_RETURN(
-          Stmt * s, impl_->Query("SELECT upload_id FROM uploads WHERE run_id = ? AND round = ? "
-                                 "AND client_id = ? AND task_id = ? AND state = 'accepted'",
-                                 h));
-      s->Bind(upload.run_id).Bind(upload.round).Bind(upload.client_id).Bind(upload.task_id);
-      FEDLORA_ASSIGN_OR_RETURN(bool row, s->Step());
-      if (row) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "client '", upload.client_id, "' already has accepted upload '", s->Text(0),
-            "' for task '", upload.task_id, "' of ", RoundName(upload.run_id, upload.round)));
-      }
-    }
-    const int64_t now = impl_->Now();
-    std::unique_ptr<Stmt> h;
-    if (existing.has_value()) {
-      FEDLORA_ASSIGN_OR_RETURN(
-          Stmt * s, impl_->Query("UPDATE uploads SET state = 'accepted', num_examples = ?, "
-                                 "blob_hash = ?, bytes = ?, chunks_received = ?, "
-                                 "accepted_ms = ? WHERE upload_id = ?",
-                                 h));
-      s->Bind(upload.num_examples)
-          .Bind(upload.blob_hash)
-          .Bind(upload.bytes)
-          .Bind(upload.chunks_received)
-          .Bind(now);
-      s->Bind(upload.upload_id);
-      FEDLORA_RETURN_IF_ERROR(s->Run());
-    } else {
-      FEDLORA_ASSIGN_OR_RETURN(
-          Stmt * s, impl_->Query("INSERT INTO uploads(upload_id, run_id, round, client_id, "
-                                 "task_id, num_examples, blob_hash, bytes, state, "
-                                 "chunks_received, created_ms, accepted_ms) "
-                                 "VALUES(?, ?, ?, ?, ?, ?, ?, ?, 'accepted', ?, ?, ?)",
-                                 h));
-      s->Bind(upload.upload_id)
-          .Bind(upload.run_id)
-          .Bind(upload.round)
-          .Bind(upload.client_id)
-          .Bind(upload.task_id);
-      s->Bind(upload.num_examples)
-          .Bind(upload.blob_hash)
-          .Bind(upload.bytes)
-          .Bind(upload.chunks_received);
-      s->Bind(now).Bind(now);
-      FEDLORA_RETURN_IF_ERROR(s->Run());
-    }
+    FEDLORA_RETURN_IF_ERROR(impl_->CheckNoOtherAccepted(upload));
+    FEDLORA_RETURN_IF_ERROR(impl_->WriteAccepted(upload, existing.has_value()));
     return impl_->Fault("RecordAccepted:before_commit");
   });
   FEDLORA_RETURN_IF_ERROR(result);

@@ -59,80 +59,97 @@ absl::StatusOr<LoraTrainer::Site> LoadSite(const std::string& model_dir,
   return site;
 }
 
+// The command's flags.
+struct ClientFlags {
+  std::string server, model_dir, data_path, id, ca, cert, key;
+  int threads = 0;
+  int64_t max_tasks = 0;
+  bool insecure = false;
+  std::string server_pin;
+  std::string device_flag = "cpu";
+  std::string state_dir;
+};
+
+// --state-dir created when given; --model and --data must exist.
+absl::Status PrepareLocalFiles(const ClientFlags& f) {
+  if (!f.state_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(f.state_dir, ec);
+    if (ec)
+      return absl::PermissionDeniedError("cannot create --state-dir " + f.state_dir + ": " +
+                                         ec.message());
+  }
+  if (!IsDirectory(f.model_dir) && !IsRegularFile(f.model_dir)) {
+    return absl::NotFoundError("model " + f.model_dir + " not found");
+  }
+  if (!IsRegularFile(f.data_path))
+    return absl::NotFoundError("data file " + f.data_path + " not found");
+  return absl::OkStatus();
+}
+
+// The client's options from the flags, on `device`.
+ClientOptions ClientOptionsFor(const ClientFlags& f, Device device) {
+  ClientOptions options;
+  options.has_cuda = device == Device::kCuda;
+  options.device_name = options.has_cuda ? kernels::CudaDeviceDescription() : "cpu";
+  options.encode_on_cuda = options.has_cuda;  // the update encodes where the site trains
+  options.server_address = f.server;
+  options.client_id = f.id;
+  options.insecure = f.insecure;
+  options.tls.root_ca_file = f.ca;
+  options.tls.cert_file = f.cert;
+  options.tls.key_file = f.key;
+  options.tls.server_key_pin = f.server_pin;
+  options.max_tasks = f.max_tasks;
+  options.state_dir = f.state_dir;
+  return options;
+}
+
 }  // namespace
 
 int RunClient(int argc, char** argv) {
   FlagSet flags(argv[0], "Joins a federation and trains LoRA adapters on local data.");
-  std::string server, model_dir, data_path, id, ca, cert, key;
-  int threads = 0;
-  int64_t max_tasks = 0;
-  flags.AddString("server", &server, "host:port of the aggregation server", /*required=*/true);
-  flags.AddString("model", &model_dir,
+  ClientFlags f;
+  flags.AddString("server", &f.server, "host:port of the aggregation server", /*required=*/true);
+  flags.AddString("model", &f.model_dir,
                   "local copy of the run's model (a directory with config.json and *.safetensors, "
                   "or a decoder's .gguf)",
                   true);
   flags.AddString(
-      "data", &data_path,
+      "data", &f.data_path,
       "the site's training data: labelled JSONL, CSV or TSV; a decoder run's JSONL conversations",
       true);
-  bool insecure = false;
-  flags.AddString("id", &id,
+  flags.AddString("id", &f.id,
                   "client identity without TLS (with --insecure, loopback servers only)");
-  flags.AddBool("insecure", &insecure, "plaintext without TLS, to a loopback server only");
-  flags.AddString("ca", &ca, "PEM CA bundle the server certificate chains to (TLS)");
-  flags.AddString("cert", &cert, "PEM client certificate: the identity with mTLS");
-  flags.AddString("key", &key, "PEM key of --cert");
-  std::string server_pin;
-  flags.AddString("server-pin", &server_pin,
+  flags.AddBool("insecure", &f.insecure, "plaintext without TLS, to a loopback server only");
+  flags.AddString("ca", &f.ca, "PEM CA bundle the server certificate chains to (TLS)");
+  flags.AddString("cert", &f.cert, "PEM client certificate: the identity with mTLS");
+  flags.AddString("key", &f.key, "PEM key of --cert");
+  flags.AddString("server-pin", &f.server_pin,
                   "SHA-256 of the server certificate's public key (`fedlora certs pin`): only that "
                   "key may sign "
                   "the aggregation keys this client seals its updates to");
-  flags.AddInt("threads", &threads, "CPU threads for training (0: all cores)");
-  std::string device_flag = "cpu";
+  flags.AddInt("threads", &f.threads, "CPU threads for training (0: all cores)");
   flags.AddString(
-      "device", &device_flag,
+      "device", &f.device_flag,
       "cpu, cuda or auto (the GPU when one is usable); a run with INT8 precision trains on the "
       "CPU (auto) or is refused (cuda)");
-  flags.AddInt("max-tasks", &max_tasks,
+  flags.AddInt("max-tasks", &f.max_tasks,
                "stop after this many accepted updates (0: until the run ends)");
-  std::string state_dir;
-  flags.AddString("state-dir", &state_dir,
+  flags.AddString("state-dir", &f.state_dir,
                   "directory for the site's state across restarts: the error-feedback residual of "
                   "a lossy codec "
                   "and the last global adapter, from which a downlink codec sends deltas (empty: "
                   "kept in memory)");
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
-  if (!state_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(state_dir, ec);
-    if (ec)
-      return Fail(argv[0], absl::PermissionDeniedError("cannot create --state-dir " + state_dir +
-                                                       ": " + ec.message()));
-  }
-  if (!IsDirectory(model_dir) && !IsRegularFile(model_dir)) {
-    return Fail(argv[0], absl::NotFoundError("model " + model_dir + " not found"));
-  }
-  if (!IsRegularFile(data_path))
-    return Fail(argv[0], absl::NotFoundError("data file " + data_path + " not found"));
-  kernels::SetNumThreads(threads);
-  const absl::StatusOr<Device> device = ResolveDevice(device_flag);
+  if (absl::Status s = PrepareLocalFiles(f); !s.ok()) return Fail(argv[0], s);
+  kernels::SetNumThreads(f.threads);
+  const absl::StatusOr<Device> device = ResolveDevice(f.device_flag);
   if (!device.ok()) return Fail(argv[0], device.status());
 
-  ClientOptions options;
-  options.has_cuda = *device == Device::kCuda;
-  options.device_name = options.has_cuda ? kernels::CudaDeviceDescription() : "cpu";
-  options.encode_on_cuda = options.has_cuda;  // the update encodes where the site trains
-  options.server_address = server;
-  options.client_id = id;
-  options.insecure = insecure;
-  options.tls.root_ca_file = ca;
-  options.tls.cert_file = cert;
-  options.tls.key_file = key;
-  options.tls.server_key_pin = server_pin;
-  options.max_tasks = max_tasks;
-  options.state_dir = state_dir;
-  LoraTrainer trainer([&model_dir, &data_path, &device_flag, &device](const v1::RunConfig& config) {
-    return LoadSite(model_dir, data_path, config, device_flag, *device);
+  const ClientOptions options = ClientOptionsFor(f, *device);
+  LoraTrainer trainer([&f, &device](const v1::RunConfig& config) {
+    return LoadSite(f.model_dir, f.data_path, config, f.device_flag, *device);
   });
   auto client = Client::Create(options, &trainer);
   if (!client.ok()) return Fail(argv[0], client.status());

@@ -64,32 +64,23 @@ absl::StatusOr<std::vector<ChatMessage>> MessagesOf(const nlohmann::json& line,
   return std::vector<ChatMessage>{{"user", prompt}};
 }
 
-absl::Status Generate(GenerateFlags f) {
-  if (!std::filesystem::exists(f.model))
-    return absl::NotFoundError(absl::StrCat("--model ", f.model, " does not exist"));
-  if (!IsDecoderCheckpoint(f.model)) {
+// --model must be a decoder checkpoint.
+absl::Status CheckDecoderModel(const std::string& model) {
+  if (!std::filesystem::exists(model))
+    return absl::NotFoundError(absl::StrCat("--model ", model, " does not exist"));
+  if (!IsDecoderCheckpoint(model)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--model ", f.model,
+        "--model ", model,
         " is not a decoder checkpoint (a LLaMA or Qwen2 directory with config.json, or a "
         ".gguf): generate writes text with a decoder; an encoder classifies (fedlora eval) or "
         "embeds (fedlora embed)"));
   }
-  FEDLORA_ASSIGN_OR_RETURN(const Device device, ResolveDevice(f.device));
-  if (!f.raw) {
-    FEDLORA_RETURN_IF_ERROR(ApplyAdapterSettings("fedlora generate", f.adapter,
-                                                 {.system = &f.system,
-                                                  .system_given = f.system_given,
-                                                  .chat_template = &f.chat_template,
-                                                  .chat_template_given = f.chat_template_given}));
-  }
-  kernels::SetNumThreads(f.threads);
-  FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadDecoderTokenizer(f.model, f.chat_template));
-  if (!f.raw && !tok.chat.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        f.model,
-        " has no chat template: pass --chat-template chatml|smollm2|qwen2|llama3, or --raw"));
-  }
-  // The prompts, as token ids ("-": from stdin).
+  return absl::OkStatus();
+}
+
+// The conversations to complete: --prompt ("-": read from stdin into f.prompt), or one a line of
+// --prompts.
+absl::StatusOr<std::vector<std::vector<ChatMessage>>> ReadConversations(GenerateFlags& f) {
   std::vector<std::vector<ChatMessage>> conversations;
   if (f.prompt == "-") {
     f.prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
@@ -113,23 +104,31 @@ absl::Status Generate(GenerateFlags f) {
   } else {
     conversations.push_back({{"user", f.prompt}});
   }
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::string> texts;
+  return conversations;
+}
+
+// Each conversation (after --system, when given) as token ids: rendered with the chat template,
+// or its messages' text as is with --raw; and the text of its last message.
+void EncodePrompts(const GenerateFlags& f, const DecoderTokenizer& tok,
+                   std::vector<std::vector<ChatMessage>>& conversations,
+                   std::vector<std::vector<int32_t>>* prompts, std::vector<std::string>* texts) {
   for (auto& messages : conversations) {
     if (!f.system.empty()) messages.insert(messages.begin(), {"system", f.system});
     std::string text;
     if (f.raw) {
       for (const ChatMessage& m : messages) text += m.content;
-      prompts.push_back(tok.tokenizer->Encode(text, /*add_special=*/true));
+      prompts->push_back(tok.tokenizer->Encode(text, /*add_special=*/true));
     } else {
       text = tok.chat->Render(messages, /*add_generation_prompt=*/true);
-      prompts.push_back(tok.tokenizer->Encode(text, /*add_special=*/false));
+      prompts->push_back(tok.tokenizer->Encode(text, /*add_special=*/false));
     }
-    texts.push_back(messages.back().content);
+    texts->push_back(messages.back().content);
   }
-  size_t longest = 0;
-  for (const auto& p : prompts) longest = std::max(longest, p.size());
+}
 
+// The decoder, with --adapter when given, sized for `longest` prompt tokens and the new ones.
+absl::StatusOr<std::unique_ptr<CausalLm>> LoadLm(const GenerateFlags& f, Device device,
+                                                 size_t longest) {
   DecoderOptions o;
   if (!f.adapter.empty()) {
     FEDLORA_ASSIGN_OR_RETURN(o.lora, ReadPeftLoraOptions(f.adapter));
@@ -139,6 +138,11 @@ absl::Status Generate(GenerateFlags f) {
   o.device = device;
   FEDLORA_ASSIGN_OR_RETURN(auto lm, CausalLm::Load(f.model, o));
   if (!f.adapter.empty()) FEDLORA_RETURN_IF_ERROR(LoadPeftAdapter(f.adapter, lm.get()));
+  return lm;
+}
+
+// The flags' generation settings; sampling without --seed draws one and logs it.
+CausalLm::GenerateOptions GenerationOptions(const GenerateFlags& f, const DecoderTokenizer& tok) {
   CausalLm::GenerateOptions g;
   g.max_new_tokens = f.max_new_tokens;
   g.stop_ids = tok.stop_ids();
@@ -148,6 +152,15 @@ absl::Status Generate(GenerateFlags f) {
     FEDLORA_LOG(INFO) << "sampling with --seed " << g.sampling.seed
                       << " (pass it to repeat this output)";
   }
+  return g;
+}
+
+// Generates each prompt's completion and prints it: as it comes (--stream), as plain text
+// (--prompt), or as a JSON line with its prompt (--prompts).
+absl::Status PrintCompletions(const GenerateFlags& f, const DecoderTokenizer& tok, CausalLm& lm,
+                              CausalLm::GenerateOptions g,
+                              const std::vector<std::vector<int32_t>>& prompts,
+                              const std::vector<std::string>& texts) {
   // --stream: each token's text as soon as it is whole (a multi-byte character may take several).
   std::vector<int32_t> so_far;
   std::string printed;
@@ -163,7 +176,7 @@ absl::Status Generate(GenerateFlags f) {
     };
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
-    FEDLORA_ASSIGN_OR_RETURN(std::vector<int32_t> out, lm->Generate(prompts[i], g));
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<int32_t> out, lm.Generate(prompts[i], g));
     if (!out.empty() &&
         std::find(g.stop_ids.begin(), g.stop_ids.end(), out.back()) != g.stop_ids.end())
       out.pop_back();
@@ -178,6 +191,35 @@ absl::Status Generate(GenerateFlags f) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Generate(GenerateFlags f) {
+  FEDLORA_RETURN_IF_ERROR(CheckDecoderModel(f.model));
+  FEDLORA_ASSIGN_OR_RETURN(const Device device, ResolveDevice(f.device));
+  if (!f.raw) {
+    FEDLORA_RETURN_IF_ERROR(ApplyAdapterSettings("fedlora generate", f.adapter,
+                                                 {.system = &f.system,
+                                                  .system_given = f.system_given,
+                                                  .chat_template = &f.chat_template,
+                                                  .chat_template_given = f.chat_template_given}));
+  }
+  kernels::SetNumThreads(f.threads);
+  FEDLORA_ASSIGN_OR_RETURN(DecoderTokenizer tok, LoadDecoderTokenizer(f.model, f.chat_template));
+  if (!f.raw && !tok.chat.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        f.model,
+        " has no chat template: pass --chat-template chatml|smollm2|qwen2|llama3, or --raw"));
+  }
+  // The prompts, as token ids ("-": from stdin).
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<std::vector<ChatMessage>> conversations,
+                           ReadConversations(f));
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> texts;
+  EncodePrompts(f, tok, conversations, &prompts, &texts);
+  size_t longest = 0;
+  for (const auto& p : prompts) longest = std::max(longest, p.size());
+  FEDLORA_ASSIGN_OR_RETURN(std::unique_ptr<CausalLm> lm, LoadLm(f, device, longest));
+  return PrintCompletions(f, tok, *lm, GenerationOptions(f, tok), prompts, texts);
 }
 
 }  // namespace

@@ -221,32 +221,88 @@ struct ServeFlags {
   std::string device = "cpu";  // the held-out evaluator's and the aggregation's
 };
 
+// The run config with the flags' overrides, applied before it is validated so that the plaintext
+// rule and the TLS checks apply to them as to the config's own values.
+absl::StatusOr<v1::RunConfig> LoadServeConfig(const ServeFlags& f) {
+  return LoadRunConfigFile(f.config_path, [&f](v1::RunConfig* c) {
+    if (f.rounds >= 0) c->set_rounds(static_cast<uint32_t>(f.rounds));
+    v1::ServerConfig* s = c->mutable_server();
+    if (!f.listen.empty()) s->set_listen_address(f.listen);
+    if (!f.health_listen.empty()) s->set_health_address(f.health_listen);
+    if (!f.metrics_listen.empty()) s->set_metrics_address(f.metrics_listen);
+    if (!f.store.empty()) s->set_store_dir(f.store);
+    if (f.insecure) s->set_insecure(true);
+    if (!f.cert.empty()) s->mutable_tls()->set_cert_file(f.cert);
+    if (!f.key.empty()) s->mutable_tls()->set_key_file(f.key);
+    if (!f.client_ca.empty()) s->mutable_tls()->set_client_ca_file(f.client_ca);
+    if (!f.crl.empty()) s->mutable_tls()->set_crl_file(f.crl);
+    if (!f.operators.empty()) {
+      s->mutable_tls()->clear_operator_ids();
+      for (const std::string& id : SplitList(f.operators)) s->mutable_tls()->add_operator_ids(id);
+    }
+  });
+}
+
+// Where the server listens, on stdout: the address, the health and metrics ports, and the live view.
+void PrintListening(Server& server, const ServerOptions& options) {
+  std::cout << "listening on " << server.address();
+  if (server.health_port() != 0) std::cout << " (health on port " << server.health_port() << ")";
+  if (server.metrics_port() != 0) std::cout << " (metrics on port " << server.metrics_port() << ")";
+  std::cout << std::endl;
+  if (server.metrics_port() != 0) {
+    // The live view (server/live_view.h) on the metrics listener; a wildcard address as loopback.
+    std::string host = options.metrics_address.substr(0, options.metrics_address.rfind(':'));
+    if (host == "0.0.0.0" || host == "localhost") host = "127.0.0.1";
+    if (host == "[::]") host = "[::1]";
+    std::cout << "live view: " << (options.tls.enabled() ? "https://" : "http://") << host << ":"
+              << server.metrics_port() << "/ ("
+              << (options.tls.enabled() ? "operator certificates only" : "loopback only") << ")"
+              << std::endl;
+  }
+}
+
+// The serve loop: reloads the CRL on SIGHUP and polls --out, until a stop signal (returned) or
+// `linger_seconds` after the run finished (0 returned).
+int ServeUntilDone(Server& server, int64_t linger_seconds, std::optional<OutWriter>& out) {
+  int stop = 0;
+  std::optional<std::chrono::steady_clock::time_point> finished_at;
+  while (stop == 0) {
+    for (int sig : WaitForSignals(/*timeout_ms=*/200)) {
+      if (IsStop(sig)) {
+        stop = sig;
+      } else if (sig == SIGHUP) {
+        const absl::Status reloaded = server.ReloadCrl();
+        FEDLORA_LOG(INFO) << "SIGHUP: "
+                          << (reloaded.ok() ? "CRL reloaded" : std::string(reloaded.message()));
+      }
+    }
+    if (out) out->Poll(server);
+    if (stop != 0 || !server.coordinator().finished()) continue;
+    const auto now = std::chrono::steady_clock::now();
+    if (!finished_at) finished_at = now;
+    if (now - *finished_at >= std::chrono::seconds(linger_seconds)) break;
+  }
+  return stop;
+}
+
+// How the run ended, on stdout: finished, or stopped and resumable.
+void PrintOutcome(Server& server, const ServerOptions& options) {
+  Coordinator& run = server.coordinator();
+  if (run.finished()) {
+    std::cout << "run finished: " << run.rounds_committed() << " rounds committed, adapter "
+              << run.global_adapter_sha256() << std::endl;
+  } else {
+    std::cout << "stopped at round " << server.metrics().current_round.load() << ": "
+              << run.rounds_committed()
+              << " rounds committed; the run resumes when the server restarts on "
+              << options.data_dir << std::endl;
+  }
+}
+
 absl::Status Serve(const ServeFlags& f) {
   if (g_signal_pipe[0] < 0)
     return absl::InternalError("the stop signals could not be set up (no pipe)");
-  // Flags override the config before it is validated, so that the plaintext rule and the TLS checks
-  // apply to them as to the config's own values.
-  FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config,
-                           LoadRunConfigFile(f.config_path, [&f](v1::RunConfig* c) {
-                             if (f.rounds >= 0) c->set_rounds(static_cast<uint32_t>(f.rounds));
-                             v1::ServerConfig* s = c->mutable_server();
-                             if (!f.listen.empty()) s->set_listen_address(f.listen);
-                             if (!f.health_listen.empty()) s->set_health_address(f.health_listen);
-                             if (!f.metrics_listen.empty())
-                               s->set_metrics_address(f.metrics_listen);
-                             if (!f.store.empty()) s->set_store_dir(f.store);
-                             if (f.insecure) s->set_insecure(true);
-                             if (!f.cert.empty()) s->mutable_tls()->set_cert_file(f.cert);
-                             if (!f.key.empty()) s->mutable_tls()->set_key_file(f.key);
-                             if (!f.client_ca.empty())
-                               s->mutable_tls()->set_client_ca_file(f.client_ca);
-                             if (!f.crl.empty()) s->mutable_tls()->set_crl_file(f.crl);
-                             if (!f.operators.empty()) {
-                               s->mutable_tls()->clear_operator_ids();
-                               for (const std::string& id : SplitList(f.operators))
-                                 s->mutable_tls()->add_operator_ids(id);
-                             }
-                           }));
+  FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadServeConfig(f));
   ServerOptions options = ServerOptionsFromRunConfig(config);
   // The plaintext rule before anything is loaded: a server that may not start says so at once.
   if (!options.tls.enabled()) {
@@ -280,40 +336,8 @@ absl::Status Serve(const ServeFlags& f) {
   }
   FEDLORA_ASSIGN_OR_RETURN(auto server,
                            Server::Create(options, config, std::move(initial), evaluator.get()));
-  std::cout << "listening on " << server->address();
-  if (server->health_port() != 0) std::cout << " (health on port " << server->health_port() << ")";
-  if (server->metrics_port() != 0)
-    std::cout << " (metrics on port " << server->metrics_port() << ")";
-  std::cout << std::endl;
-  if (server->metrics_port() != 0) {
-    // The live view (server/live_view.h) on the metrics listener; a wildcard address as loopback.
-    std::string host = options.metrics_address.substr(0, options.metrics_address.rfind(':'));
-    if (host == "0.0.0.0" || host == "localhost") host = "127.0.0.1";
-    if (host == "[::]") host = "[::1]";
-    std::cout << "live view: " << (options.tls.enabled() ? "https://" : "http://") << host << ":"
-              << server->metrics_port() << "/ ("
-              << (options.tls.enabled() ? "operator certificates only" : "loopback only") << ")"
-              << std::endl;
-  }
-
-  int stop = 0;
-  std::optional<std::chrono::steady_clock::time_point> finished_at;
-  while (stop == 0) {
-    for (int sig : WaitForSignals(/*timeout_ms=*/200)) {
-      if (IsStop(sig)) {
-        stop = sig;
-      } else if (sig == SIGHUP) {
-        const absl::Status reloaded = server->ReloadCrl();
-        FEDLORA_LOG(INFO) << "SIGHUP: "
-                          << (reloaded.ok() ? "CRL reloaded" : std::string(reloaded.message()));
-      }
-    }
-    if (out) out->Poll(*server);
-    if (stop != 0 || !server->coordinator().finished()) continue;
-    const auto now = std::chrono::steady_clock::now();
-    if (!finished_at) finished_at = now;
-    if (now - *finished_at >= std::chrono::seconds(f.linger_seconds)) break;
-  }
+  PrintListening(*server, options);
+  const int stop = ServeUntilDone(*server, f.linger_seconds, out);
   if (stop != 0) {
     FEDLORA_LOG(INFO) << strsignal(stop)
                       << ": shutting down (a second SIGINT or SIGTERM exits at once)";
@@ -321,16 +345,7 @@ absl::Status Serve(const ServeFlags& f) {
   if (out) out->Poll(*server);  // a run that finished since the last poll
   ForceExitOnNextStopSignal();
   server->Shutdown();
-  Coordinator& run = server->coordinator();
-  if (run.finished()) {
-    std::cout << "run finished: " << run.rounds_committed() << " rounds committed, adapter "
-              << run.global_adapter_sha256() << std::endl;
-  } else {
-    std::cout << "stopped at round " << server->metrics().current_round.load() << ": "
-              << run.rounds_committed()
-              << " rounds committed; the run resumes when the server restarts on "
-              << options.data_dir << std::endl;
-  }
+  PrintOutcome(*server, options);
   return out ? out->status() : absl::OkStatus();
 }
 

@@ -72,23 +72,8 @@ std::string LogPath(const SimulateFlags& f) {
   return f.log.verbose ? std::string() : f.out_dir + "/server.log";
 }
 
-absl::Status Simulate(const SimulateFlags& f) {
-  // The simulated federation runs on loopback in plaintext (its server picks a free port), whatever
-  // the config's server section says; a config that asks for TLS is refused rather than ignored.
-  bool asks_for_tls = false;
-  FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config,
-                           LoadRunConfigFile(f.config_path, [&](v1::RunConfig* c) {
-                             asks_for_tls = c->server().has_tls();
-                             c->mutable_server()->clear_tls();
-                             c->mutable_server()->set_listen_address("127.0.0.1:0");
-                             c->mutable_server()->set_insecure(true);
-                           }));
-  if (asks_for_tls) {
-    return absl::InvalidArgumentError(
-        "server.tls: `fedlora simulate` runs its virtual clients over loopback without TLS; remove "
-        "server.tls "
-        "(updates are still sealed end to end)");
-  }
+// The flags' overrides of the config (rounds, seed, clients, and the simulation section).
+void ApplyOverrides(const SimulateFlags& f, v1::RunConfig& config) {
   if (f.rounds >= 0) config.set_rounds(static_cast<uint32_t>(f.rounds));
   if (f.seed_given) config.set_seed(f.seed);
   if (f.clients >= 0) {
@@ -111,6 +96,50 @@ absl::Status Simulate(const SimulateFlags& f) {
     sim->set_partition(v1::SimulationConfig::LABEL_SHARDS);
     sim->set_shards_per_client(static_cast<uint32_t>(f.shards_per_client));
   }
+}
+
+// The summary table on stdout, and on stderr the final figure and where the reports are.
+void PrintOutcome(const SimulateFlags& f, const v1::RunConfig& config, const std::string& log_path,
+                  const sim::SimResult& result) {
+  std::cout << sim::SummaryTable(result.rounds) << std::flush;
+  if (!result.rounds.empty()) {
+    const sim::RoundRecord &first = result.rounds.front(), &last = result.rounds.back();
+    // A decoder run without exact match has perplexity only.
+    const bool perplexity =
+        !std::isfinite(last.eval_accuracy) && std::isfinite(last.eval_perplexity);
+    FEDLORA_SAY(
+        "fedlora simulate: %s %.4f after %d rounds (untuned %.4f), %.1f s; reports in %s "
+        "(rounds.jsonl, rounds.csv, rounds.svg, summary.json), adapter in %s/adapter%s%s\n",
+        perplexity ? "perplexity" : "accuracy",
+        perplexity ? last.eval_perplexity : last.eval_accuracy, last.round,
+        perplexity ? first.eval_perplexity : first.eval_accuracy, result.seconds, f.out_dir.c_str(),
+        f.out_dir.c_str(), log_path.empty() ? "" : ", log in ", log_path.c_str());
+    if (std::isfinite(last.dp_epsilon)) {
+      FEDLORA_SAY(
+          "fedlora simulate: differential privacy: epsilon %.4f at delta %g after %d rounds\n",
+          last.dp_epsilon, config.privacy().dp().target_delta(), last.round);
+    }
+  }
+}
+
+absl::Status Simulate(const SimulateFlags& f) {
+  // The simulated federation runs on loopback in plaintext (its server picks a free port), whatever
+  // the config's server section says; a config that asks for TLS is refused rather than ignored.
+  bool asks_for_tls = false;
+  FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config,
+                           LoadRunConfigFile(f.config_path, [&](v1::RunConfig* c) {
+                             asks_for_tls = c->server().has_tls();
+                             c->mutable_server()->clear_tls();
+                             c->mutable_server()->set_listen_address("127.0.0.1:0");
+                             c->mutable_server()->set_insecure(true);
+                           }));
+  if (asks_for_tls) {
+    return absl::InvalidArgumentError(
+        "server.tls: `fedlora simulate` runs its virtual clients over loopback without TLS; remove "
+        "server.tls "
+        "(updates are still sealed end to end)");
+  }
+  ApplyOverrides(f, config);
   ApplyRunConfigDefaults(&config);
   FEDLORA_RETURN_IF_ERROR(ValidateRunConfig(config));
   FEDLORA_RETURN_IF_ERROR(CheckRunConfigInputsExist(config, /*reads_train_data=*/true));
@@ -135,27 +164,7 @@ absl::Status Simulate(const SimulateFlags& f) {
     if (!log_path.empty()) FEDLORA_SAY("fedlora simulate: the log is in %s\n", log_path.c_str());
     return run.status();
   }
-  const sim::SimResult& result = *run;
-
-  std::cout << sim::SummaryTable(result.rounds) << std::flush;
-  if (!result.rounds.empty()) {
-    const sim::RoundRecord &first = result.rounds.front(), &last = result.rounds.back();
-    // A decoder run without exact match has perplexity only.
-    const bool perplexity =
-        !std::isfinite(last.eval_accuracy) && std::isfinite(last.eval_perplexity);
-    FEDLORA_SAY(
-        "fedlora simulate: %s %.4f after %d rounds (untuned %.4f), %.1f s; reports in %s "
-        "(rounds.jsonl, rounds.csv, rounds.svg, summary.json), adapter in %s/adapter%s%s\n",
-        perplexity ? "perplexity" : "accuracy",
-        perplexity ? last.eval_perplexity : last.eval_accuracy, last.round,
-        perplexity ? first.eval_perplexity : first.eval_accuracy, result.seconds, f.out_dir.c_str(),
-        f.out_dir.c_str(), log_path.empty() ? "" : ", log in ", log_path.c_str());
-    if (std::isfinite(last.dp_epsilon)) {
-      FEDLORA_SAY(
-          "fedlora simulate: differential privacy: epsilon %.4f at delta %g after %d rounds\n",
-          last.dp_epsilon, config.privacy().dp().target_delta(), last.round);
-    }
-  }
+  PrintOutcome(f, config, log_path, *run);
   return absl::OkStatus();
 }
 

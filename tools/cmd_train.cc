@@ -283,6 +283,95 @@ absl::Status Train(TrainFlags f) {
   return absl::OkStatus();
 }
 
+// The training options' flags (training.* in a run config).
+void AddTrainingFlags(FlagSet& flags, TrainFlags* f) {
+  flags.AddInt("epochs", &f->train.epochs, "passes over the training data");
+  flags.AddInt("max-steps", &f->train.max_steps,
+               "stop after this many optimizer steps (0: run all epochs)");
+  flags.AddInt("batch-size", &f->train.batch_size, "examples per micro-batch");
+  flags.AddInt("grad-accumulation", &f->train.grad_accumulation,
+               "micro-batches per optimizer step");
+  flags.AddInt(
+      "max-seq-len", &f->train.max_seq_len,
+      "tokens per example ([CLS]/[SEP] included; decoders: the rendered conversation); longer "
+      "texts are cut (a decoder prompt loses its middle, so that the response stays whole)");
+  // The best centralized learning rate measured, for MiniLM on fortunes and for SmolLM2 on
+  // fortunes and WordNet (docs/results.md); TrainOptions' own default is 5e-4.
+  f->train.lr = 2e-3f;
+  flags.AddFloat("lr", &f->train.lr, "peak learning rate (the best measured: docs/results.md)");
+  flags.AddChoice("optimizer", &f->train.optimizer, {"adamw", "lamb", "sgd"},
+                  "optimizer (training.optimizer)");
+  flags.AddFloat("weight-decay", &f->train.weight_decay,
+                 "decoupled weight decay (not on 1-D params)");
+  flags.AddInt("warmup-steps", &f->train.warmup_steps, "linear learning-rate warmup steps");
+  flags.AddChoice("schedule", &f->train.schedule, {"constant", "linear", "cosine"},
+                  "learning-rate schedule (training.schedule)");
+  flags.AddFloat("grad-clip", &f->train.grad_clip, "max global gradient norm (0: no clipping)");
+  flags.AddFloat("momentum", &f->train.momentum, "SGD momentum, in [0, 1)");
+  flags.AddFloat("logit-adjustment", &f->train.logit_adjustment,
+                 "logit adjustment strength for skewed labels (0: off, 1: balanced softmax)");
+}
+
+// The flags of the LoRA shape, precision and device, batching, and the data's fields.
+void AddModelAndDataFlags(FlagSet& flags, TrainFlags* f) {
+  flags.AddInt("rank", &f->rank, "LoRA rank r");
+  flags.AddFloat("alpha", &f->alpha, "LoRA alpha (updates are scaled by alpha / r)");
+  flags.AddFloat("lora-dropout", &f->lora_dropout, "dropout on the LoRA input");
+  flags.AddString("targets", &f->targets,
+                  "LoRA target modules: encoders query,key,value,attn_out,intermediate,output; "
+                  "decoders q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+  flags.SetDefaultText("targets", "encoders query,value; decoders all seven");
+  flags.AddUint("seed", &f->train.seed, "seed for initialisation, shuffling and dropout");
+  flags.AddInt("threads", &f->threads, "CPU threads (0: all cores)");
+  flags.AddBool("bf16", &f->bf16, "hold the frozen base weights in bf16 (half the memory)");
+  flags.AddBool("bf16-math", &f->bf16_math,
+                "also multiply with them in bf16, fp32 accumulation, on CUDA and where the CPU has "
+                "AVX512_BF16 (implies --bf16)");
+  flags.AddString(
+      "device", &f->device,
+      "cpu, cuda or auto (the GPU when one is usable); int8 math runs on the CPU: auto then takes "
+      "it, cuda is refused");
+  flags.AddBool("int8-math", &f->int8_math,
+                "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where "
+                "the CPU has "
+                "AVX512-VNNI (not with --bf16)");
+  flags.AddBool("group-by-length", &f->train.group_by_length,
+                "batch examples of similar length together (less padding, faster epochs)");
+  flags.AddBool("progress", &f->train.progress, "show per-epoch progress on stderr");
+  flags.AddInt("eval-batch-size", &f->train.eval_batch_size,
+               "examples per forward pass when evaluating (decoders: at most --batch-size)");
+  flags.AddString("chat-template", &f->data.chat_template,
+                  "decoders: chatml, smollm2, qwen2 or llama3 instead of the model's template");
+  AddEncoderDataFlags(flags, &f->fields);
+  flags.AddString("prompt-field", &f->data.prompt_field, "decoders: JSONL field of the prompt");
+  flags.AddString("response-field", &f->data.response_field,
+                  "decoders: JSONL field of the response (a label works: classification by "
+                  "generation)");
+  flags.AddString("system", &f->data.system, "decoders: a system message before each prompt");
+  flags.AddBool("exact-match", &f->data.exact_match,
+                "decoders: also score greedy generations against the eval responses");
+  flags.AddBool("recompute", &f->recompute,
+                "decoders: keep only each layer's input and recompute it in the backward (less "
+                "memory, one more forward)");
+}
+
+// What is wrong with the parsed flags, for a usage error; empty when nothing is.
+std::string TrainFlagsProblem(const TrainFlags& f, const FlagSet& flags) {
+  if (!flags.positional().empty()) return "unexpected argument '" + flags.positional()[0] + "'";
+  if (absl::Status s = f.train.Validate(); !s.ok()) return std::string(s.message());
+  if (f.threads < 0) return "--threads must be >= 0";
+  if (flags.WasSet("targets") && SplitList(f.targets).empty()) return "--targets names no module";
+  const bool decoder = IsDecoderCheckpoint(f.model_dir);
+  for (const std::string& t : SplitList(f.targets)) {
+    const absl::Status parsed =
+        decoder ? ParseDecoderTarget(t).status() : ParseLoraTarget(t).status();
+    if (!parsed.ok()) return std::string(parsed.message());
+  }
+  if (!decoder && (f.data.prompt_field != "prompt" || f.data.response_field != "response"))
+    return "--prompt-field and --response-field apply to decoder models only";
+  return EncoderDataFlagsProblem(f.fields, flags, decoder);
+}
+
 }  // namespace
 
 int RunTrain(int argc, char** argv) {
@@ -302,90 +391,12 @@ int RunTrain(int argc, char** argv) {
   flags.AddString("train", &f.train_path, "training data file", true);
   flags.AddString("eval", &f.eval_path, "evaluation data file, scored after every epoch");
   flags.AddString("out", &f.out_dir, "output directory for the adapter and metrics", true);
-  flags.AddInt("epochs", &f.train.epochs, "passes over the training data");
-  flags.AddInt("max-steps", &f.train.max_steps,
-               "stop after this many optimizer steps (0: run all epochs)");
-  flags.AddInt("batch-size", &f.train.batch_size, "examples per micro-batch");
-  flags.AddInt("grad-accumulation", &f.train.grad_accumulation, "micro-batches per optimizer step");
-  flags.AddInt(
-      "max-seq-len", &f.train.max_seq_len,
-      "tokens per example ([CLS]/[SEP] included; decoders: the rendered conversation); longer "
-      "texts are cut (a decoder prompt loses its middle, so that the response stays whole)");
-  // The best centralized learning rate measured, for MiniLM on fortunes and for SmolLM2 on
-  // fortunes and WordNet (docs/results.md); TrainOptions' own default is 5e-4.
-  f.train.lr = 2e-3f;
-  flags.AddFloat("lr", &f.train.lr, "peak learning rate (the best measured: docs/results.md)");
-  flags.AddChoice("optimizer", &f.train.optimizer, {"adamw", "lamb", "sgd"},
-                  "optimizer (training.optimizer)");
-  flags.AddFloat("weight-decay", &f.train.weight_decay,
-                 "decoupled weight decay (not on 1-D params)");
-  flags.AddInt("warmup-steps", &f.train.warmup_steps, "linear learning-rate warmup steps");
-  flags.AddChoice("schedule", &f.train.schedule, {"constant", "linear", "cosine"},
-                  "learning-rate schedule (training.schedule)");
-  flags.AddFloat("grad-clip", &f.train.grad_clip, "max global gradient norm (0: no clipping)");
-  flags.AddFloat("momentum", &f.train.momentum, "SGD momentum, in [0, 1)");
-  flags.AddFloat("logit-adjustment", &f.train.logit_adjustment,
-                 "logit adjustment strength for skewed labels (0: off, 1: balanced softmax)");
-  flags.AddInt("rank", &f.rank, "LoRA rank r");
-  flags.AddFloat("alpha", &f.alpha, "LoRA alpha (updates are scaled by alpha / r)");
-  flags.AddFloat("lora-dropout", &f.lora_dropout, "dropout on the LoRA input");
-  flags.AddString("targets", &f.targets,
-                  "LoRA target modules: encoders query,key,value,attn_out,intermediate,output; "
-                  "decoders q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
-  flags.SetDefaultText("targets", "encoders query,value; decoders all seven");
-  flags.AddUint("seed", &f.train.seed, "seed for initialisation, shuffling and dropout");
-  flags.AddInt("threads", &f.threads, "CPU threads (0: all cores)");
-  flags.AddBool("bf16", &f.bf16, "hold the frozen base weights in bf16 (half the memory)");
-  flags.AddBool("bf16-math", &f.bf16_math,
-                "also multiply with them in bf16, fp32 accumulation, on CUDA and where the CPU has "
-                "AVX512_BF16 (implies --bf16)");
-  flags.AddString(
-      "device", &f.device,
-      "cpu, cuda or auto (the GPU when one is usable); int8 math runs on the CPU: auto then takes "
-      "it, cuda is refused");
-  flags.AddBool("int8-math", &f.int8_math,
-                "decoders: hold the frozen base as Q8_0 and run its forward products in int8 where "
-                "the CPU has "
-                "AVX512-VNNI (not with --bf16)");
-  flags.AddBool("group-by-length", &f.train.group_by_length,
-                "batch examples of similar length together (less padding, faster epochs)");
-  flags.AddBool("progress", &f.train.progress, "show per-epoch progress on stderr");
-  flags.AddInt("eval-batch-size", &f.train.eval_batch_size,
-               "examples per forward pass when evaluating (decoders: at most --batch-size)");
-  flags.AddString("chat-template", &f.data.chat_template,
-                  "decoders: chatml, smollm2, qwen2 or llama3 instead of the model's template");
-  AddEncoderDataFlags(flags, &f.fields);
-  flags.AddString("prompt-field", &f.data.prompt_field, "decoders: JSONL field of the prompt");
-  flags.AddString("response-field", &f.data.response_field,
-                  "decoders: JSONL field of the response (a label works: classification by "
-                  "generation)");
-  flags.AddString("system", &f.data.system, "decoders: a system message before each prompt");
-  flags.AddBool("exact-match", &f.data.exact_match,
-                "decoders: also score greedy generations against the eval responses");
-  flags.AddBool("recompute", &f.recompute,
-                "decoders: keep only each layer's input and recompute it in the backward (less "
-                "memory, one more forward)");
+  AddTrainingFlags(flags, &f);
+  AddModelAndDataFlags(flags, &f);
   if (auto code = ParseFlagsOrExit(flags, argc, argv)) return *code;
   // A json log holds json only: the redrawn progress line is off unless asked for.
   if (GetLogFormat() == LogFormat::kJson && !flags.WasSet("progress")) f.train.progress = false;
-  if (!flags.positional().empty())
-    return UsageError(command, "unexpected argument '" + flags.positional()[0] + "'");
-  if (absl::Status s = f.train.Validate(); !s.ok())
-    return UsageError(command, std::string(s.message()));
-  if (f.threads < 0) return UsageError(command, "--threads must be >= 0");
-  if (flags.WasSet("targets") && SplitList(f.targets).empty())
-    return UsageError(command, "--targets names no module");
-  const bool decoder = IsDecoderCheckpoint(f.model_dir);
-  for (const std::string& t : SplitList(f.targets)) {
-    const absl::Status parsed =
-        decoder ? ParseDecoderTarget(t).status() : ParseLoraTarget(t).status();
-    if (!parsed.ok()) return UsageError(command, std::string(parsed.message()));
-  }
-  if (!decoder && (f.data.prompt_field != "prompt" || f.data.response_field != "response"))
-    return UsageError(command, "--prompt-field and --response-field apply to decoder models only");
-  if (const std::string p = EncoderDataFlagsProblem(f.fields, flags, decoder); !p.empty()) {
-    return UsageError(command, p);
-  }
+  if (const std::string p = TrainFlagsProblem(f, flags); !p.empty()) return UsageError(command, p);
   if (absl::Status s = Train(f); !s.ok()) return Fail(command, s);
   return kExitOk;
 }
