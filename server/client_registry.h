@@ -19,6 +19,10 @@ struct ClientEntry {
   std::string session;  // empty: no live session (never joined since the server started, or left)
   std::string peer;
   std::string client_version;
+  std::string
+      cert_fingerprint;     // of the certificate it last joined with (mTLS), as the store has it
+  std::string device_name;  // its last Join's capabilities
+  bool has_cuda = false;
   int64_t joined_ms = 0;
   int64_t last_seen_ms = 0;
   v1::ClientState reported = v1::CLIENT_STATE_IDLE;

@@ -189,6 +189,9 @@ v1::ClientInfo Coordinator::ClientInfoLocked(const ClientEntry& c, int64_t now) 
   }
   info.set_peer(c.peer);
   info.set_client_version(c.client_version);
+  info.set_cert_fingerprint(c.cert_fingerprint);
+  info.set_device_name(c.device_name);
+  info.set_has_cuda(c.has_cuda);
   info.set_joined_unix_ms(c.joined_ms);
   info.set_last_seen_unix_ms(c.last_seen_ms);
   if (round_ != nullptr && round_->state == RoundState::kTraining &&

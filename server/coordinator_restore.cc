@@ -274,6 +274,7 @@ absl::Status Coordinator::RestoreClientsLocked(const std::vector<RoundRecord>& r
   FEDLORA_ASSIGN_OR_RETURN(std::vector<ClientRecord> known, store_->ListClients());
   for (const ClientRecord& c : known) {
     ClientEntry& entry = clients_.FindOrAdd(c.client_id);
+    entry.cert_fingerprint = c.cert_fingerprint;
     entry.joined_ms = c.first_seen_unix_ms;
     entry.last_seen_ms = c.last_seen_unix_ms;
     entry.reported = v1::CLIENT_STATE_DISCONNECTED;

@@ -56,6 +56,9 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const std::string& client_id,
   FEDLORA_ASSIGN_OR_RETURN(c.session, crypto::RandomHex(16));
   c.peer = peer;
   c.client_version = request.client_version();
+  c.cert_fingerprint = record.cert_fingerprint;
+  c.device_name = request.capabilities().device_name();
+  c.has_cuda = request.capabilities().has_cuda();
   c.joined_ms = now;
   c.last_seen_ms = now;
   c.left = false;

@@ -60,8 +60,12 @@ TEST(FederationE2eTest, FourClientsThreeRoundsGiveTheDirectlyComputedAdapter) {
 
   std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
   for (int c = 0; c < kClients; ++c) trainers.push_back(std::make_unique<DeterministicTrainer>(c));
+  // Each site reports a device of its own (ClientCapabilities), which ListClients shows below.
   const std::vector<absl::StatusOr<RunSummary>> results =
-      testing::RunClientsUntilDone(address, trainers);
+      testing::RunClientsUntilDone(address, trainers, [](ClientOptions& o) {
+        o.device_name = "GPU of " + o.client_id;
+        o.has_cuda = o.client_id == "site-1";
+      });
 
   const std::vector<UpdateTensor> expected = ExpectedAdapter({0, 1, 2, 3}, kRounds);
   EXPECT_TRUE(SameBits((*server)->coordinator().global_adapter(), expected));
@@ -119,8 +123,12 @@ TEST(FederationE2eTest, FourClientsThreeRoundsGiveTheDirectlyComputedAdapter) {
   auto ctx2 = admin.Context();
   ASSERT_TRUE(admin.admin()->ListClients(ctx2.get(), list_req, &clients).ok());
   ASSERT_EQ(clients.clients_size(), kClients);
-  for (const v1::ClientInfo& c : clients.clients())
+  for (const v1::ClientInfo& c : clients.clients()) {
     EXPECT_EQ(c.rounds_participated(), 3u) << c.client_id();
+    EXPECT_EQ(c.device_name(), "GPU of " + c.client_id());
+    EXPECT_EQ(c.has_cuda(), c.client_id() == "site-1") << c.client_id();
+    EXPECT_EQ(c.cert_fingerprint(), "") << "plaintext: no certificate";
+  }
 }
 
 TEST(FederationE2eTest, LastRoundCommitsTheMeanOfTheLastRoundsAdapters) {

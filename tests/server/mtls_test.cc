@@ -128,6 +128,13 @@ TEST(MtlsTest, IdentityIsTheCertificateCommonNameNotTheClaimedId) {
   absl::StatusOr<ClientRecord> record = (*server)->store().GetClient("hospital-7");
   ASSERT_TRUE(record.ok()) << record.status();
   EXPECT_EQ(record->cert_fingerprint, DerSha256(*pem));
+  // And the admin view shows it.
+  v1::ListClientsRequest list;
+  list.set_include_inactive(true);
+  absl::StatusOr<v1::ListClientsResponse> clients = (*server)->coordinator().ListClients(list);
+  ASSERT_TRUE(clients.ok()) << clients.status();
+  ASSERT_EQ(clients->clients_size(), 1);
+  EXPECT_EQ(clients->clients(0).cert_fingerprint(), DerSha256(*pem));
 }
 
 TEST(MtlsTest, AClientPinnedToTheServersKeySealsToTheKeysItSigned) {
