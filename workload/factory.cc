@@ -63,7 +63,7 @@ absl::Status LoadCausalLms(const std::string& path, const DecoderOptions& option
 
 // The classifier a PEFT adapter directory holds: its LoRA shape (r, lora_alpha, a list of
 // target_modules), its labels (the head's rows) and their order (labels.json), into `options` and
-// `label_names`. The messages name `fedlora eval`, the command that loads adapters this way.
+// `label_names`. The messages name no command: every command's adapter is read here.
 absl::Status ReadClassifierAdapter(const std::string& dir, ModelOptions& options,
                                    std::vector<std::string>& label_names) {
   const std::string config_path = dir + "/" + kPeftConfigFile;
@@ -76,7 +76,7 @@ absl::Status ReadClassifierAdapter(const std::string& dir, ModelOptions& options
     return absl::InvalidArgumentError(
         absl::StrCat(config_path,
                      ": target_modules must be a list of module names (a regular expression is not "
-                     "supported by fedlora eval)"));
+                     "supported)"));
   }
   FEDLORA_ASSIGN_OR_RETURN(options.lora.target_modules,
                            GetStringArray(config, "target_modules", config_path));
@@ -96,11 +96,9 @@ absl::Status ReadClassifierAdapter(const std::string& dir, ModelOptions& options
   if (!info.label_names) {
     return absl::FailedPreconditionError(absl::StrCat(
         dir, " has no ", kLabelsFile, ": the order of its classifier's ", options.num_labels,
-        " rows is not recorded, and fedlora eval does not guess it from the data (a file holding "
-        "some of the "
+        " rows is not recorded, and it is not guessed from the data (a file holding some of the "
         "labels would be scored against the wrong rows). fedlora train, simulate, server --out and "
-        "export "
-        "write it; for another adapter write ",
+        "export write it; for another adapter write ",
         labels_path,
         " as {\"label_names\": [row 0's label, row 1's, ...]}, in the order of the run's labels"));
   }
