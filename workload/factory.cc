@@ -112,7 +112,8 @@ absl::Status ReadClassifierAdapter(const std::string& dir, ModelOptions& options
 }
 
 // The training data (when asked for) with the task's labels, or without them the data's own, which
-// then size the classifier and read the held-out data; then the held-out data and its evaluator.
+// then size the classifier (at least 2 rows) and read the held-out data; then the held-out data and
+// its evaluator.
 absl::Status LoadEncoderData(const v1::RunConfig& config, const WorkloadRequest& r,
                              DatasetOptions& data_options, ModelOptions& model_options,
                              Workload& out) {
@@ -138,12 +139,12 @@ absl::Status LoadEncoderData(const v1::RunConfig& config, const WorkloadRequest&
     FEDLORA_ASSIGN_OR_RETURN(out.evaluator, MakeHeldOutEvaluator(out.eval, options));
   }
   if (labels_from_data && !r.train_path.empty()) {
-    if (out.label_names.size() < 2) {
+    if (out.label_names.size() < 2 && !r.frozen_base) {
       return absl::InvalidArgumentError(
           absl::StrCat(r.train_path, " has ", out.label_names.size(),
                        " distinct label(s); classification needs >= 2"));
     }
-    model_options.num_labels = static_cast<int>(out.label_names.size());
+    model_options.num_labels = std::max(2, static_cast<int>(out.label_names.size()));
   }
   return absl::OkStatus();
 }
@@ -230,6 +231,9 @@ std::string Workload::chat_template_name() const {
 absl::StatusOr<Workload> LoadWorkload(const v1::RunConfig& config, const WorkloadRequest& request) {
   if (request.num_models < 1) {
     return absl::InvalidArgumentError("LoadWorkload: num_models must be at least 1");
+  }
+  if (request.frozen_base && !request.adapter_path.empty()) {
+    return absl::InvalidArgumentError("LoadWorkload: a frozen base takes no adapter_path");
   }
   FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(request.model_path, config.task()));
   FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(request.model_path, config.model()));

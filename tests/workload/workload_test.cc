@@ -108,7 +108,8 @@ TEST(Workload, FactoryBuildsModelsDataAndEvaluatorOfAClassificationRun) {
 
 // What `fedlora train` and `fedlora eval` load: without task.labels a classifier takes the
 // training data's, reads the held-out data with them and hands it over beside the evaluator; an
-// adapter directory gives a later load its LoRA shape, its labels and its weights.
+// adapter directory gives a later load its LoRA shape, its labels and its weights. `fedlora
+// embed`'s frozen base takes data of any labels.
 TEST(Workload, LabelsFromTheTrainingDataAndAnAdapterDirectory) {
   const std::string dir = MakeFixture();
   v1::RunConfig config = Config(dir);
@@ -180,6 +181,17 @@ TEST(Workload, LabelsFromTheTrainingDataAndAnAdapterDirectory) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("classification needs >= 2"), std::string::npos)
       << refused.status();
+  // The frozen base alone (`fedlora embed`) reads it: the head, which nothing reads, keeps 2 rows.
+  one.frozen_base = true;
+  one.role = ModelRole::kEvaluate;
+  auto frozen = LoadWorkload(config, one);
+  ASSERT_TRUE(frozen.ok()) << frozen.status();
+  EXPECT_EQ(frozen->label_names, std::vector<std::string>{"red"});
+  EXPECT_EQ(frozen->train.size(), 2);
+  EXPECT_EQ(static_cast<ClassifierModel&>(*frozen->models[0]).model().options().num_labels, 2);
+  // It takes no adapter.
+  one.adapter_path = adapter;
+  EXPECT_EQ(LoadWorkload(config, one).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The held-out evaluator gives train/'s Evaluate figures bit for bit on one model (what `fedlora
