@@ -5,7 +5,9 @@
 //
 // --out gets float32 [examples, hidden]; --labels-out (optional) int32 [examples], the label
 // indices in the order of --label-names (RUN/labels.json from `fedlora train`, or a labels.txt
-// with one name a line) or else the data's own sorted label order.
+// with one name a line) or else the data's own sorted label order. The model, its tokenizer and
+// the data come from workload/factory.h LoadWorkload (the flags as a run config, tools/common.h
+// CommandRunConfig; the request's frozen_base), as every command's do.
 // Used by scripts/baseline_frozen_embeddings.py.
 #include <algorithm>
 #include <iostream>
@@ -23,6 +25,7 @@
 #include "train/dataset.h"
 #include "train/trainer.h"
 #include "workload/factory.h"
+#include "workload/lora_model.h"
 
 namespace fedlora::tools {
 namespace {
@@ -36,45 +39,53 @@ struct EmbedFlags {
   int threads = 0;
 };
 
+// The label order --label-names gives ("": none, the data's own).
+absl::StatusOr<std::vector<std::string>> ReadLabelOrder(const std::string& path) {
+  if (path.ends_with(".json")) {
+    FEDLORA_ASSIGN_OR_RETURN(nlohmann::json labels, ReadJsonFile(path));
+    return GetStringArray(labels, "label_names", path);
+  }
+  if (path.empty()) return std::vector<std::string>{};
+  return LoadLabelNames(path);
+}
+
 absl::Status Embed(EmbedFlags f, Pooling pooling) {
   if (!IsDirectory(f.model_dir))
     return absl::NotFoundError(absl::StrCat("model directory ", f.model_dir, " not found"));
   if (!IsRegularFile(f.data_path))
     return absl::NotFoundError(absl::StrCat("data file ", f.data_path, " not found"));
   kernels::SetNumThreads(f.threads);
-  FEDLORA_ASSIGN_OR_RETURN(f.max_seq_len, EncoderMaxSeqLen(f.model_dir, f.max_seq_len));
-  std::vector<std::string> label_names;
-  if (f.label_names_path.ends_with(".json")) {
-    FEDLORA_ASSIGN_OR_RETURN(nlohmann::json labels, ReadJsonFile(f.label_names_path));
-    FEDLORA_ASSIGN_OR_RETURN(label_names,
-                             GetStringArray(labels, "label_names", f.label_names_path));
-  } else if (!f.label_names_path.empty()) {
-    FEDLORA_ASSIGN_OR_RETURN(label_names, LoadLabelNames(f.label_names_path));
-  }
-  FEDLORA_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(f.model_dir));
-  FEDLORA_ASSIGN_OR_RETURN(
-      TokenizedDataset data,
-      LoadTokenizedDataset(f.data_path, *tokenizer, f.max_seq_len, label_names, f.fields));
+  // The encoder's config.json before the labels: a decoder or a broken checkpoint fails on it.
+  FEDLORA_RETURN_IF_ERROR(EncoderMaxSeqLen(f.model_dir, f.max_seq_len).status());
+  FEDLORA_ASSIGN_OR_RETURN(const std::vector<std::string> label_names,
+                           ReadLabelOrder(f.label_names_path));
+  // The data as a classifier's training data, planned for --batch-size examples per pass, on the
+  // frozen base: the fresh adapter's B is zero, so the model computes exactly the frozen one.
+  v1::RunConfig config =
+      CommandRunConfig(f.model_dir, /*decoder=*/false, f.max_seq_len, {}, {}, f.fields);
+  for (const std::string& label : label_names) config.mutable_task()->add_labels(label);
+  config.mutable_data()->set_eval_batch_size(static_cast<uint32_t>(f.batch_size));
+  FEDLORA_ASSIGN_OR_RETURN(Workload w, LoadWorkload(config, {.model_path = f.model_dir,
+                                                             .train_path = f.data_path,
+                                                             .role = ModelRole::kEvaluate,
+                                                             .frozen_base = true}));
+  const TokenizedDataset& data = *w.train.examples;
   if (data.size() == 0)
     return absl::InvalidArgumentError(absl::StrCat(f.data_path, " has no examples"));
-  ModelOptions options;
-  options.num_labels = std::max<int>(2, static_cast<int>(label_names.size()));
-  options.max_batch = f.batch_size;
-  options.max_seq = f.max_seq_len;
-  // The LoRA B matrices start at zero, so the adapted model computes exactly the frozen one.
-  FEDLORA_ASSIGN_OR_RETURN(auto model, BertClassifier::Load(f.model_dir, options));
-  const int64_t hidden = model->config().hidden_size;
+  BertClassifier& model = static_cast<ClassifierModel&>(*w.models[0]).model();
+  const int64_t hidden = model.config().hidden_size;
   std::vector<float> embeddings;
   embeddings.reserve(static_cast<size_t>(data.size() * hidden));
   std::vector<int32_t> labels;
   std::vector<int64_t> idx;
-  const int32_t pad_id = tokenizer->pad_id();
+  // The checkpoint's pad id, as train/ and the evaluator pad (padded positions are masked).
+  const int32_t pad_id = static_cast<int32_t>(model.config().pad_token_id);
   for (int64_t pos = 0; pos < data.size(); pos += f.batch_size) {
     const int64_t end = std::min<int64_t>(pos + f.batch_size, data.size());
     idx.resize(end - pos);
     std::iota(idx.begin(), idx.end(), pos);
     const BertClassifier::Batch batch = MakeBatch(data, idx, pad_id);
-    FEDLORA_ASSIGN_OR_RETURN(std::vector<float> pooled, model->PooledEmbeddings(batch, pooling));
+    FEDLORA_ASSIGN_OR_RETURN(std::vector<float> pooled, model.PooledEmbeddings(batch, pooling));
     embeddings.insert(embeddings.end(), pooled.begin(), pooled.end());
     labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
   }

@@ -243,21 +243,6 @@ v1::RunConfig CommandRunConfig(const std::string& model, bool decoder, int max_s
   return config;
 }
 
-absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
-                                                      const WordPieceTokenizer& tokenizer,
-                                                      int max_seq_len,
-                                                      std::vector<std::string>& label_names,
-                                                      const EncoderDataFlags& fields) {
-  DatasetOptions options;
-  options.label_names = label_names;
-  options.text_field = fields.text_field;
-  options.pair_field = fields.pair_field;
-  options.label_field = fields.label_field;
-  FEDLORA_ASSIGN_OR_RETURN(Dataset data, LoadDataset(path, options));
-  label_names = data.label_names;
-  return TokenizeDataset(data, tokenizer, max_seq_len);
-}
-
 namespace {
 
 // .npy v1.0: magic, version, little-endian uint16 header length, then a Python dict literal

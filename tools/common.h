@@ -1,6 +1,6 @@
 // Helpers shared by the `fedlora` subcommands: flag handling with the standard exit codes, error
-// reporting, the model and data flags of `train` and `eval` as a run config, dataset loading, and
-// small output writers.
+// reporting, the model and data flags of `train`, `eval` and `embed` as a run config, and small
+// output writers.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +21,6 @@
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "train/trainer.h"
-#include "workload/tokenizer.h"  // LoadTokenizer, for the commands
 
 namespace fedlora::tools {
 
@@ -123,24 +122,15 @@ struct PrecisionFlags {
 // InvalidArgument for --int8-math with --bf16 or --bf16-math.
 absl::Status CheckPrecisionFlags(const PrecisionFlags& p);
 
-// The run config `fedlora train` and `fedlora eval` load their model and data with
-// (workload/factory.h LoadWorkload): task.kind CAUSAL_LM for a decoder (else
+// The run config `fedlora train`, `fedlora eval` and `fedlora embed` load their model and data
+// with (workload/factory.h LoadWorkload): task.kind CAUSAL_LM for a decoder (else
 // SEQUENCE_CLASSIFICATION, its labels left to the data or the adapter), model.path and
 // max_seq_len, model.precision (INT8 for --int8-math, BF16 for --bf16-math; --bf16 alone is
 // WorkloadRequest::bf16_weights), and the task's fields, system prompt, chat template and
-// exact-match from the flags. The commands add their LoRA, training and batch settings.
+// exact-match from the flags. The commands add their LoRA, training, batch and label settings.
 v1::RunConfig CommandRunConfig(const std::string& model, bool decoder, int max_seq_len,
                                const PrecisionFlags& precision, const DecoderDataFlags& data,
                                const EncoderDataFlags& fields);
-
-// Reads a labelled dataset (train/dataset.h formats) and tokenizes it (`fedlora embed`).
-// `label_names`, when not empty, fixes the label order; a label not in it is an error. On return
-// `label_names` holds the order used.
-absl::StatusOr<TokenizedDataset> LoadTokenizedDataset(const std::string& path,
-                                                      const WordPieceTokenizer& tokenizer,
-                                                      int max_seq_len,
-                                                      std::vector<std::string>& label_names,
-                                                      const EncoderDataFlags& fields = {});
 
 // Writes a little-endian .npy (format version 1.0) holding a C-order array of `shape`.
 absl::Status WriteNpyFloat(const std::string& path, const std::vector<float>& data,

@@ -63,7 +63,7 @@ absl::Status LoadCausalLms(const std::string& path, const DecoderOptions& option
 
 // The classifier a PEFT adapter directory holds: its LoRA shape (r, lora_alpha, a list of
 // target_modules), its labels (the head's rows) and their order (labels.json), into `options` and
-// `label_names`. The messages name `fedlora eval`, the command that loads adapters this way.
+// `label_names`. The messages name no command: every command's adapter is read here.
 absl::Status ReadClassifierAdapter(const std::string& dir, ModelOptions& options,
                                    std::vector<std::string>& label_names) {
   const std::string config_path = dir + "/" + kPeftConfigFile;
@@ -76,7 +76,7 @@ absl::Status ReadClassifierAdapter(const std::string& dir, ModelOptions& options
     return absl::InvalidArgumentError(
         absl::StrCat(config_path,
                      ": target_modules must be a list of module names (a regular expression is not "
-                     "supported by fedlora eval)"));
+                     "supported)"));
   }
   FEDLORA_ASSIGN_OR_RETURN(options.lora.target_modules,
                            GetStringArray(config, "target_modules", config_path));
@@ -96,11 +96,9 @@ absl::Status ReadClassifierAdapter(const std::string& dir, ModelOptions& options
   if (!info.label_names) {
     return absl::FailedPreconditionError(absl::StrCat(
         dir, " has no ", kLabelsFile, ": the order of its classifier's ", options.num_labels,
-        " rows is not recorded, and fedlora eval does not guess it from the data (a file holding "
-        "some of the "
+        " rows is not recorded, and it is not guessed from the data (a file holding some of the "
         "labels would be scored against the wrong rows). fedlora train, simulate, server --out and "
-        "export "
-        "write it; for another adapter write ",
+        "export write it; for another adapter write ",
         labels_path,
         " as {\"label_names\": [row 0's label, row 1's, ...]}, in the order of the run's labels"));
   }
@@ -114,7 +112,8 @@ absl::Status ReadClassifierAdapter(const std::string& dir, ModelOptions& options
 }
 
 // The training data (when asked for) with the task's labels, or without them the data's own, which
-// then size the classifier and read the held-out data; then the held-out data and its evaluator.
+// then size the classifier (at least 2 rows) and read the held-out data; then the held-out data and
+// its evaluator.
 absl::Status LoadEncoderData(const v1::RunConfig& config, const WorkloadRequest& r,
                              DatasetOptions& data_options, ModelOptions& model_options,
                              Workload& out) {
@@ -140,12 +139,12 @@ absl::Status LoadEncoderData(const v1::RunConfig& config, const WorkloadRequest&
     FEDLORA_ASSIGN_OR_RETURN(out.evaluator, MakeHeldOutEvaluator(out.eval, options));
   }
   if (labels_from_data && !r.train_path.empty()) {
-    if (out.label_names.size() < 2) {
+    if (out.label_names.size() < 2 && !r.frozen_base) {
       return absl::InvalidArgumentError(
           absl::StrCat(r.train_path, " has ", out.label_names.size(),
                        " distinct label(s); classification needs >= 2"));
     }
-    model_options.num_labels = static_cast<int>(out.label_names.size());
+    model_options.num_labels = std::max(2, static_cast<int>(out.label_names.size()));
   }
   return absl::OkStatus();
 }
@@ -232,6 +231,9 @@ std::string Workload::chat_template_name() const {
 absl::StatusOr<Workload> LoadWorkload(const v1::RunConfig& config, const WorkloadRequest& request) {
   if (request.num_models < 1) {
     return absl::InvalidArgumentError("LoadWorkload: num_models must be at least 1");
+  }
+  if (request.frozen_base && !request.adapter_path.empty()) {
+    return absl::InvalidArgumentError("LoadWorkload: a frozen base takes no adapter_path");
   }
   FEDLORA_RETURN_IF_ERROR(CheckModelFitsTask(request.model_path, config.task()));
   FEDLORA_RETURN_IF_ERROR(VerifyModelCheckpoint(request.model_path, config.model()));

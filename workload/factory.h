@@ -2,7 +2,8 @@
 // copy of the frozen base), the tokenized training data, the held-out evaluator. Used by
 // `fedlora server` (the initial adapter and its evaluator), `fedlora client` (the built-in
 // trainer's site), `fedlora simulate` (the model pool, the data partitioned across clients) and
-// `fedlora train` / `fedlora eval` (their flags as a run config: tools/common.h CommandRunConfig).
+// `fedlora train` / `fedlora eval` / `fedlora embed` (their flags as a run config: tools/common.h
+// CommandRunConfig).
 // Adding a model family or a task kind touches model/ and this factory.
 //
 //   FEDLORA_ASSIGN_OR_RETURN(
@@ -40,6 +41,10 @@ struct WorkloadRequest {
   std::string adapter_path;
   bool bf16_weights = false;  // the frozen base held in bf16 even when model.precision is FP32
   bool recompute = false;     // CAUSAL_LM: DecoderOptions::recompute_activations
+  // The frozen base alone, for its embeddings (`fedlora embed`): no adapter_path (the fresh
+  // adapter's B is zero, so the model computes the frozen one), and a classifier's training data
+  // may hold fewer than 2 labels (the head, which nothing reads, keeps 2 rows).
+  bool frozen_base = false;
 };
 
 struct Workload {
@@ -75,7 +80,7 @@ absl::StatusOr<int> RunMaxSeqLen(const v1::RunConfig& config, const std::string&
 // LmEvalBatchSize) with task.exact_match. A classifier without task.labels (only the standalone
 // commands: a run config must name them) takes the training data's labels (sorted, as
 // train/dataset.h collects them) and reads the held-out data with them; InvalidArgument when they
-// are fewer than 2.
+// are fewer than 2 (unless request.frozen_base), or for frozen_base with an adapter_path.
 absl::StatusOr<Workload> LoadWorkload(const v1::RunConfig& config, const WorkloadRequest& request);
 
 }  // namespace fedlora

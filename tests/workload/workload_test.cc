@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "config/config_io.h"
 #include "core/file.h"
+#include "core/json.h"
 #include "gtest/gtest.h"
 #include "tests/model/tiny_checkpoint.h"
 #include "tests/model/tiny_classifier_run.h"
@@ -107,7 +108,8 @@ TEST(Workload, FactoryBuildsModelsDataAndEvaluatorOfAClassificationRun) {
 
 // What `fedlora train` and `fedlora eval` load: without task.labels a classifier takes the
 // training data's, reads the held-out data with them and hands it over beside the evaluator; an
-// adapter directory gives a later load its LoRA shape, its labels and its weights.
+// adapter directory gives a later load its LoRA shape, its labels and its weights. `fedlora
+// embed`'s frozen base takes data of any labels.
 TEST(Workload, LabelsFromTheTrainingDataAndAnAdapterDirectory) {
   const std::string dir = MakeFixture();
   v1::RunConfig config = Config(dir);
@@ -144,6 +146,28 @@ TEST(Workload, LabelsFromTheTrainingDataAndAnAdapterDirectory) {
     for (size_t i = 0; i < m->trainable_params().size(); ++i)
       EXPECT_EQ(m->trainable_params()[i].value, w->models[0]->trainable_params()[i].value);
   }
+  // An adapter without its label order, or with target_modules as a regular expression, is
+  // refused in words that name no command: every command loads its adapter here.
+  namespace fs = std::filesystem;
+  const std::string unlabelled = dir + "/unlabelled", pattern = dir + "/pattern";
+  for (const std::string& copy : {unlabelled, pattern}) fs::copy(adapter, copy);
+  fs::remove(unlabelled + "/labels.json");
+  auto peft_config = ReadJsonFile(pattern + "/adapter_config.json");
+  ASSERT_TRUE(peft_config.ok()) << peft_config.status();
+  (*peft_config)["target_modules"] = ".*(query|value)";
+  ASSERT_TRUE(WriteFileAtomically(pattern + "/adapter_config.json", peft_config->dump()).ok());
+  eval.adapter_path = unlabelled;
+  auto no_labels = LoadWorkload(bare, eval);
+  EXPECT_EQ(no_labels.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(no_labels.status().message().find("has no labels.json"), std::string::npos);
+  EXPECT_NE(no_labels.status().message().find("is not guessed from the data"), std::string::npos);
+  eval.adapter_path = pattern;
+  auto regex = LoadWorkload(bare, eval);
+  EXPECT_EQ(regex.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(regex.status().message().find("a regular expression is not supported)"),
+            std::string::npos);
+  for (const absl::Status& s : {no_labels.status(), regex.status()})
+    EXPECT_EQ(s.message().find("fedlora eval"), std::string::npos) << s;
 
   // Training data of one label cannot train a classifier.
   ASSERT_TRUE(WriteFileAtomically(dir + "/one.jsonl",
@@ -157,6 +181,17 @@ TEST(Workload, LabelsFromTheTrainingDataAndAnAdapterDirectory) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("classification needs >= 2"), std::string::npos)
       << refused.status();
+  // The frozen base alone (`fedlora embed`) reads it: the head, which nothing reads, keeps 2 rows.
+  one.frozen_base = true;
+  one.role = ModelRole::kEvaluate;
+  auto frozen = LoadWorkload(config, one);
+  ASSERT_TRUE(frozen.ok()) << frozen.status();
+  EXPECT_EQ(frozen->label_names, std::vector<std::string>{"red"});
+  EXPECT_EQ(frozen->train.size(), 2);
+  EXPECT_EQ(static_cast<ClassifierModel&>(*frozen->models[0]).model().options().num_labels, 2);
+  // It takes no adapter.
+  one.adapter_path = adapter;
+  EXPECT_EQ(LoadWorkload(config, one).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The held-out evaluator gives train/'s Evaluate figures bit for bit on one model (what `fedlora
