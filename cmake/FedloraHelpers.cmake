@@ -7,6 +7,8 @@
 #   fedlora_cc_test(NAME core_status_test SRCS status_test.cc DEPS fedlora::core LABELS unit)
 #     -> a GoogleTest executable registered with CTest (one CTest entry per binary).
 #   fedlora_cc_binary(NAME fedlora SRCS main.cc DEPS ...)
+#   fedlora_cc_kernels_library(NAME kernels SRCS a_cpu.cc CUDA_SRCS a.cu DEPS ...)
+#     -> fedlora::kernels, with the CUDA backend or without it per binary (below).
 include_guard(GLOBAL)
 
 function(fedlora_cc_library)
@@ -36,6 +38,36 @@ function(fedlora_cc_library)
     target_link_libraries(${target} INTERFACE ${ARG_DEPS})
   endif()
   add_library(fedlora::${ARG_NAME} ALIAS ${target})
+endfunction()
+
+# A kernels module (kernels/, kernels/base/). Without CUDA, a fedlora_cc_library. With it, two
+# twins: fedlora_<name>_cuda (SRCS and CUDA_SRCS) and fedlora_<name>_cpu (SRCS only, built only
+# for a target that needs it), and fedlora::<name> is the CPU twin for a binary whose
+# FEDLORA_CPU_ONLY property is set, the CUDA one otherwise. The property is read on the target
+# being linked, through every library between it and this one: a binary that sets it (fedlora-cpu,
+# the container images' binary) loads no CUDA library. No other object differs between the two.
+function(fedlora_cc_kernels_library)
+  cmake_parse_arguments(ARG "" "NAME" "SRCS;CUDA_SRCS;DEPS" ${ARGN})
+  set(lib fedlora_${ARG_NAME})
+  if(NOT FEDLORA_HAVE_CUDA)
+    fedlora_cc_library(NAME ${ARG_NAME} SRCS ${ARG_SRCS} DEPS ${ARG_DEPS})
+    set(targets ${lib})
+  else()
+    fedlora_cc_library(NAME ${ARG_NAME}_cuda SRCS ${ARG_SRCS} CUDA_SRCS ${ARG_CUDA_SRCS} DEPS ${ARG_DEPS})
+    fedlora_cc_library(NAME ${ARG_NAME}_cpu SRCS ${ARG_SRCS} DEPS ${ARG_DEPS})
+    set_target_properties(${lib}_cpu PROPERTIES EXCLUDE_FROM_ALL ON)
+    add_library(${lib} INTERFACE)
+    target_link_libraries(${lib} INTERFACE
+      "$<IF:$<BOOL:$<TARGET_PROPERTY:FEDLORA_CPU_ONLY>>,${lib}_cpu,${lib}_cuda>")
+    add_library(fedlora::${ARG_NAME} ALIAS ${lib})
+    set(targets ${lib}_cuda ${lib}_cpu)
+  endif()
+  # The CPU loops read neither floating-point exception flags nor errno. Without these flags GCC
+  # refuses to if-convert loops with clamps (the polynomial exp in kernels/cpu_math.h) and keeps a
+  # libm call beside every sqrt (AdamW), so neither vectorises. Neither flag changes any result.
+  foreach(t IN LISTS targets)
+    target_compile_options(${t} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fno-trapping-math -fno-math-errno>)
+  endforeach()
 endfunction()
 
 function(fedlora_cc_binary)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks the Bazel BUILD files against the CMake lists they mirror (CMake is the main build).
 
-For every directory with both a CMakeLists.txt and a BUILD file, each fedlora_cc_library,
+For every directory with both a CMakeLists.txt and a BUILD file, each fedlora_cc_library
+(fedlora_cc_kernels_library counts as one),
 fedlora_cc_test and fedlora_cc_binary of the CMake list must have a Bazel target of the same
 name (a library's Bazel name is its directory's last component or its CMake NAME) with:
   - the same C++ sources (SRCS; CUDA_SRCS are not built under Bazel), and
@@ -108,8 +109,8 @@ def cmake_targets(path):
             objects[words[0]] = (set(words[2:]), set())
         elif cmd == "target_link_libraries" and words and words[0] in objects:
             objects[words[0]][1].update(w for w in words[1:] if w.startswith("fedlora::"))
-        elif cmd.startswith("fedlora_cc_") and cmd[len("fedlora_cc_"):] in ("library", "test",
-                                                                             "binary"):
+        elif cmd.startswith("fedlora_cc_") and cmd[len("fedlora_cc_"):] in (
+                "library", "kernels_library", "test", "binary"):
             args = parse_args(words)
             srcs = set(args.get("SRCS", []))
             deps = set()
@@ -119,7 +120,8 @@ def cmake_targets(path):
                     deps |= objects[d][1]
                 elif d.startswith("fedlora::"):
                     deps.add(d)
-            targets[args["NAME"][0]] = (cmd[len("fedlora_cc_"):], srcs, deps)
+            kind = cmd[len("fedlora_cc_"):].replace("kernels_library", "library")
+            targets[args["NAME"][0]] = (kind, srcs, deps)
         i += 1
     return targets
 
