@@ -1,6 +1,9 @@
 // The run config as its consumers take it: the config plus the values derived from it, built once
-// by ResolveRunConfig instead of by each consumer on its own (codec options per upload, the
-// heartbeat interval from two places).
+// by ResolveRunConfig instead of by each consumer on its own. `fedlora server` and `fedlora
+// simulate` resolve the config they loaded and hand the value down: the simulator
+// (sim::RunSimulation), the server's options (ServerOptionsFromRunConfig: the heartbeat) and the
+// server (Server::Create), whose coordinator keeps it and reads the codecs from it. Where --device
+// computes is a separate plan (config/device_plan.h), made by each command for its role.
 //
 //   FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadRunConfigFile(path));
 //   FEDLORA_ASSIGN_OR_RETURN(ResolvedRunConfig run, ResolveRunConfig(std::move(config)));

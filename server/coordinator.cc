@@ -38,11 +38,11 @@ int64_t SystemClockMs() {
       .count();
 }
 
-Coordinator::Coordinator(ServerOptions options, v1::RunConfig config,
+Coordinator::Coordinator(ServerOptions options, ResolvedRunConfig run,
                          std::vector<UpdateTensor> initial_adapter, Store* store, BlobStore* blobs,
                          Evaluator* evaluator, ServerMetrics* metrics, Clock clock)
     : options_(std::move(options)),
-      config_(std::move(config)),
+      run_(std::move(run)),
       run_id_(config_.run_id().empty() ? kDefaultRunId : config_.run_id()),
       upload_admission_(UploadLimitsFor(options_, config_)),
       initial_adapter_(std::move(initial_adapter)),

@@ -54,6 +54,7 @@
 #include "aggregation/server_optimizer.h"
 #include "compression/codec.h"
 #include "config/config_io.h"
+#include "config/resolved.h"
 #include "core/thread_pool.h"
 #include "crypto/sealed_update.h"
 #include "fedlora/v1/admin.pb.h"
@@ -90,8 +91,9 @@ struct UploadPlan {
 class Coordinator {
  public:
   // `store` and `blobs` must outlive the coordinator; `evaluator` may be null (no evaluation).
-  // `initial_adapter` is used only when the run does not exist in the store yet.
-  Coordinator(ServerOptions options, v1::RunConfig config,
+  // `initial_adapter` is used only when the run does not exist in the store yet. `run` is the run's
+  // config with its codecs derived (Server::Create resolves it once).
+  Coordinator(ServerOptions options, ResolvedRunConfig run,
               std::vector<UpdateTensor> initial_adapter, Store* store, BlobStore* blobs,
               Evaluator* evaluator, ServerMetrics* metrics, Clock clock);
   ~Coordinator();
@@ -372,7 +374,10 @@ class Coordinator {
   std::atomic<bool> sweep_pending_{false};  // the round moved on since the last sweep
 
   const ServerOptions options_;
-  const v1::RunConfig config_;
+  // The run's config and its codecs. The heartbeat's timings are options_' (set from the resolved
+  // value by ServerOptionsFromRunConfig; tests shrink them below the config's whole seconds).
+  const ResolvedRunConfig run_;
+  const v1::RunConfig& config_ = run_.config;  // run_'s config, not a copy
   const std::string run_id_;
   const UploadAdmission upload_admission_;  // the limits of options_ and config_
   std::vector<UpdateTensor> initial_adapter_;
@@ -463,10 +468,6 @@ class Coordinator {
   std::string broadcast_hash_ ABSL_GUARDED_BY(mu_);
   int64_t broadcast_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t broadcast_round_ ABSL_GUARDED_BY(mu_) = 0;
-  // The run's downlink codec (config.downlink_codec); unset without one.
-  std::optional<CodecOptions> downlink_;
-  // config_.codec as codec options, derived once by Restore (config/resolved.h).
-  CodecOptions run_codec_;
   // Each round's downlink delta: from broadcast `base` to broadcast `result`, by round.
   struct DownlinkStep {
     int64_t round = 0;

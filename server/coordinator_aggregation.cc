@@ -96,8 +96,8 @@ absl::StatusOr<RoundSnapshot> Coordinator::SnapshotRound(int64_t round, int64_t*
   s.weight_cap = a.weight_by_examples() && max_examples > 0 ? max_examples : 0;
   s.max_update_norm = a.max_update_norm();
   s.masked = secagg_.has_value();
-  if (downlink_.has_value()) {
-    s.downlink = *downlink_;
+  if (run_.codecs.downlink.has_value()) {
+    s.downlink = run_.codecs.downlink;
     s.downlink->seed = DownlinkSeedFor(round);
   }
   if (*committed_before + 1 >= TotalRounds()) {

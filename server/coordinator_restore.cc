@@ -11,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "config/config_io.h"
-#include "config/resolved.h"
 #include "core/file.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -115,9 +114,6 @@ absl::StatusOr<Coordinator::CommittedHeads> Coordinator::RestoreCommittedLocked(
                            options_.data_dir, run_id_);
   }
   downloadable_[initial_hash] = {0, *initial_size, false};
-  FEDLORA_ASSIGN_OR_RETURN(RunCodecs codecs, ResolveRunCodecs(config_));
-  run_codec_ = codecs.uplink;
-  downlink_ = codecs.downlink;
   downlink_steps_.clear();
   rounds_committed_ = 0;
   CommittedHeads h{initial_hash, initial_hash, 0, 0};

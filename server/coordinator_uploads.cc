@@ -335,7 +335,7 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id,
                                                    " but the header declares ",
                                                    declared.Describe()));
   }
-  const CodecOptions& run_codec = run_codec_;
+  const CodecOptions& run_codec = run_.codecs.uplink;
   if (!declared.SameWireFormat(run_codec) || declared.fraction != run_codec.fraction ||
       declared.global_top_k != run_codec.global_top_k) {
     return absl::InvalidArgumentError(absl::StrCat("update is encoded as ", declared.Describe(),

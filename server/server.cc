@@ -27,7 +27,11 @@
 
 namespace fedlora {
 
-ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config) {
+namespace {
+
+// ServerOptionsFromRunConfig's body, with the heartbeat given.
+ServerOptions ServerOptionsFor(const v1::RunConfig& config, int64_t heartbeat_interval_ms,
+                               int64_t heartbeat_timeout_ms) {
   ServerOptions o;
   const v1::ServerConfig& s = config.server();
   o.listen_address = s.listen_address().empty() ? kDefaultListenAddress : s.listen_address();
@@ -77,9 +81,19 @@ ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config) {
   if (sel.has_round_deadline_seconds())
     o.round_deadline_ms = int64_t{1000} * sel.round_deadline_seconds();
   if (sel.has_retry_after_seconds()) o.retry_after_ms = int64_t{1000} * sel.retry_after_seconds();
-  o.heartbeat_interval_ms = HeartbeatIntervalMs(config);
-  o.heartbeat_timeout_ms = HeartbeatTimeoutMs(config);
+  o.heartbeat_interval_ms = heartbeat_interval_ms;
+  o.heartbeat_timeout_ms = heartbeat_timeout_ms;
   return o;
+}
+
+}  // namespace
+
+ServerOptions ServerOptionsFromRunConfig(const ResolvedRunConfig& run) {
+  return ServerOptionsFor(run.config, run.heartbeat_interval_ms, run.heartbeat_timeout_ms);
+}
+
+ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config) {
+  return ServerOptionsFor(config, HeartbeatIntervalMs(config), HeartbeatTimeoutMs(config));
 }
 
 namespace {
@@ -214,7 +228,15 @@ absl::Status CheckBeforeStore(const ServerOptions& options, const v1::RunConfig&
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1::RunConfig config,
                                                        std::vector<UpdateTensor> initial_adapter,
                                                        Evaluator* evaluator, Clock clock) {
-  FEDLORA_RETURN_IF_ERROR(CheckBeforeStore(options, config, initial_adapter));
+  FEDLORA_ASSIGN_OR_RETURN(ResolvedRunConfig run, ResolveRunConfig(std::move(config)));
+  return Create(std::move(options), std::move(run), std::move(initial_adapter), evaluator,
+                std::move(clock));
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, ResolvedRunConfig run,
+                                                       std::vector<UpdateTensor> initial_adapter,
+                                                       Evaluator* evaluator, Clock clock) {
+  FEDLORA_RETURN_IF_ERROR(CheckBeforeStore(options, run.config, initial_adapter));
   std::unique_ptr<Server> server(new Server());
   server->options_ = std::move(options);
   const ServerOptions& o = server->options_;
@@ -222,7 +244,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, v1
   FEDLORA_ASSIGN_OR_RETURN(server->store_, Store::Open(o.data_dir + "/fedlora.db"));
   FEDLORA_ASSIGN_OR_RETURN(server->blobs_, BlobStore::Open(o.data_dir));
   server->coordinator_ = std::make_unique<Coordinator>(
-      o, std::move(config), std::move(initial_adapter), server->store_.get(), server->blobs_.get(),
+      o, std::move(run), std::move(initial_adapter), server->store_.get(), server->blobs_.get(),
       evaluator, &server->metrics_, std::move(clock));
   server->federation_ = std::make_unique<FederationService>(
       o, server->coordinator_.get(), server->blobs_.get(), &server->metrics_);

@@ -6,8 +6,9 @@
 // a plaintext port that serves only these statuses.
 //
 //   FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadRunConfigFile("run.json"));
-//   ServerOptions options = ServerOptionsFromRunConfig(config);
-//   FEDLORA_ASSIGN_OR_RETURN(auto server, Server::Create(options, config, initial_adapter));
+//   FEDLORA_ASSIGN_OR_RETURN(ResolvedRunConfig run, ResolveRunConfig(std::move(config)));
+//   ServerOptions options = ServerOptionsFromRunConfig(run);
+//   FEDLORA_ASSIGN_OR_RETURN(auto server, Server::Create(options, run, initial_adapter));
 //   server->WaitUntilFinished(timeout_ms);   // until the run is finished or Shutdown() is called
 //
 // Thread-safety: every method may be called from any thread; Shutdown is idempotent.
@@ -23,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "compression/codec.h"
+#include "config/resolved.h"
 #include "fedlora/v1/config.pb.h"
 #include "server/coordinator.h"
 #include "server/data_dir_lock.h"
@@ -44,7 +46,10 @@ class FederationService;
 class AdminService;
 
 // ServerOptions with the addresses, limits, TLS files and timings the run config sets; everything
-// else keeps its default.
+// else keeps its default. The heartbeat's interval and timeout are the resolved value's.
+ServerOptions ServerOptionsFromRunConfig(const ResolvedRunConfig& run);
+// The same for a config not resolved yet (the heartbeat from HeartbeatIntervalMs and
+// HeartbeatTimeoutMs, as ResolveRunConfig derives it).
 ServerOptions ServerOptionsFromRunConfig(const v1::RunConfig& config);
 
 class Server {
@@ -52,7 +57,15 @@ class Server {
   // `initial_adapter` seeds a new run (ignored when the store already holds the run). `evaluator`
   // may be null; it is not owned and must outlive the server. Errors: the store's (opening,
   // restoring), Unavailable when the address cannot be bound, InvalidArgument for inconsistent
-  // options (a chunk that does not fit in a message, TLS files missing).
+  // options (a chunk that does not fit in a message, TLS files missing). The coordinator keeps
+  // `run` and reads the run's codecs from it.
+  static absl::StatusOr<std::unique_ptr<Server>> Create(ServerOptions options,
+                                                        ResolvedRunConfig run,
+                                                        std::vector<UpdateTensor> initial_adapter,
+                                                        Evaluator* evaluator = nullptr,
+                                                        Clock clock = nullptr);
+  // The same for a config not resolved yet: ResolveRunConfig first, whose error (a codec spec that
+  // cannot be carried out) refuses the start before anything else is checked.
   static absl::StatusOr<std::unique_ptr<Server>> Create(ServerOptions options, v1::RunConfig config,
                                                         std::vector<UpdateTensor> initial_adapter,
                                                         Evaluator* evaluator = nullptr,

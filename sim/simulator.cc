@@ -23,6 +23,7 @@
 #include "client/lora/lora_trainer.h"
 #include "config/config_io.h"
 #include "config/defaults.h"
+#include "config/resolved.h"
 #include "core/file.h"
 #include "core/logging.h"
 #include "core/progress.h"
@@ -97,8 +98,8 @@ class SimClientTrainer final : public ClientTrainer {
 
 class Simulation final : public Evaluator {
  public:
-  Simulation(v1::RunConfig config, SimOptions options)
-      : config_(std::move(config)), options_(std::move(options)) {}
+  Simulation(ResolvedRunConfig run, SimOptions options)
+      : run_(std::move(run)), options_(std::move(options)) {}
   ~Simulation() override { StopEverything(); }
 
   absl::StatusOr<SimResult> Run();
@@ -135,7 +136,8 @@ class Simulation final : public Evaluator {
   // evaluation), and the latest held-out figure.
   std::string ProgressText();
 
-  const v1::RunConfig config_;
+  const ResolvedRunConfig run_;                // handed to the server as it is
+  const v1::RunConfig& config_ = run_.config;  // run_'s config, not a copy
   SimOptions options_;
   SimData data_;
   Partition partition_;
@@ -423,7 +425,7 @@ absl::Status Simulation::WriteFinalOutputs(SimResult& result) {
 }
 
 absl::Status Simulation::StartServer(const std::vector<UpdateTensor>& initial, int num_clients) {
-  ServerOptions so = ServerOptionsFromRunConfig(config_);
+  ServerOptions so = ServerOptionsFromRunConfig(run_);
   so.listen_address = "127.0.0.1:0";
   so.metrics_address.clear();
   so.data_dir = options_.out_dir + "/store";
@@ -441,7 +443,7 @@ absl::Status Simulation::StartServer(const std::vector<UpdateTensor>& initial, i
   // Durable progress every chunk, so that a cut upload resumes where it stopped.
   so.upload_sync_bytes = so.max_upload_chunk_bytes;
   so.aggregation_device = options_.device;  // the sums, like the models, on the simulation's device
-  FEDLORA_ASSIGN_OR_RETURN(server_, Server::Create(so, config_, initial, this));
+  FEDLORA_ASSIGN_OR_RETURN(server_, Server::Create(so, run_, initial, this));
 
   return absl::OkStatus();
 }
@@ -600,10 +602,16 @@ std::string Simulation::ProgressText() {
 
 }  // namespace
 
+absl::StatusOr<SimResult> RunSimulation(ResolvedRunConfig run, const SimOptions& options) {
+  FEDLORA_RETURN_IF_ERROR(ValidateRunConfig(run.config));
+  Simulation sim(std::move(run), options);
+  return sim.Run();
+}
+
 absl::StatusOr<SimResult> RunSimulation(const v1::RunConfig& config, const SimOptions& options) {
   FEDLORA_RETURN_IF_ERROR(ValidateRunConfig(config));
-  Simulation sim(config, options);
-  return sim.Run();
+  FEDLORA_ASSIGN_OR_RETURN(ResolvedRunConfig run, ResolveRunConfig(config));
+  return RunSimulation(std::move(run), options);
 }
 
 }  // namespace fedlora::sim

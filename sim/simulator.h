@@ -4,9 +4,10 @@
 // validation, aggregation and checkpoint code as a deployment.
 //
 //   FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadRunConfigFile("configs/default.json"));
+//   FEDLORA_ASSIGN_OR_RETURN(ResolvedRunConfig run, ResolveRunConfig(std::move(config)));
 //   sim::SimOptions options;
 //   options.out_dir = "runs/default";
-//   FEDLORA_ASSIGN_OR_RETURN(sim::SimResult result, sim::RunSimulation(config, options));
+//   FEDLORA_ASSIGN_OR_RETURN(sim::SimResult result, sim::RunSimulation(std::move(run), options));
 //   std::cout << sim::SummaryTable(result.rounds);
 //
 // How it runs:
@@ -52,6 +53,7 @@
 
 #include "absl/status/statusor.h"
 #include "compression/codec.h"
+#include "config/resolved.h"
 #include "core/tensor.h"
 #include "fedlora/v1/config.pb.h"
 #include "sim/report.h"
@@ -110,10 +112,13 @@ struct SimResult {
   int64_t connection_cuts = 0;  // connections the crash proxies cut (injected crashes)
 };
 
-// Runs the federation described by `config` (defaults applied and validated by the caller, e.g.
-// through LoadRunConfigFile). InvalidArgument for a config the simulation cannot run (no data
-// paths, clients_per_round above num_clients, bad options); the model, data and server errors
-// keep their codes; DeadlineExceeded when max_seconds passes.
+// Runs the federation described by `run.config` (defaults applied and validated by the caller, e.g.
+// through LoadRunConfigFile, then resolved); the server takes `run` as it is. InvalidArgument for a
+// config the simulation cannot run (no data paths, clients_per_round above num_clients, bad
+// options); the model, data and server errors keep their codes; DeadlineExceeded when max_seconds
+// passes.
+absl::StatusOr<SimResult> RunSimulation(ResolvedRunConfig run, const SimOptions& options);
+// The same for a config not resolved yet (validated first, then ResolveRunConfig).
 absl::StatusOr<SimResult> RunSimulation(const v1::RunConfig& config, const SimOptions& options);
 
 }  // namespace fedlora::sim

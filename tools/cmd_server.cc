@@ -40,6 +40,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "config/config_io.h"
+#include "config/resolved.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "proto/address.h"
@@ -302,8 +303,11 @@ void PrintOutcome(Server& server, const ServerOptions& options) {
 absl::Status Serve(const ServeFlags& f) {
   if (g_signal_pipe[0] < 0)
     return absl::InternalError("the stop signals could not be set up (no pipe)");
-  FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig config, LoadServeConfig(f));
-  ServerOptions options = ServerOptionsFromRunConfig(config);
+  FEDLORA_ASSIGN_OR_RETURN(v1::RunConfig loaded, LoadServeConfig(f));
+  // Resolved once: the server's options and the server take this value (config/resolved.h).
+  FEDLORA_ASSIGN_OR_RETURN(const ResolvedRunConfig run, ResolveRunConfig(std::move(loaded)));
+  const v1::RunConfig& config = run.config;
+  ServerOptions options = ServerOptionsFromRunConfig(run);
   // The plaintext rule before anything is loaded: a server that may not start says so at once.
   if (!options.tls.enabled()) {
     FEDLORA_RETURN_IF_ERROR(
@@ -335,7 +339,7 @@ absl::Status Serve(const ServeFlags& f) {
     }
   }
   FEDLORA_ASSIGN_OR_RETURN(auto server,
-                           Server::Create(options, config, std::move(initial), evaluator.get()));
+                           Server::Create(options, run, std::move(initial), evaluator.get()));
   PrintListening(*server, options);
   const int stop = ServeUntilDone(*server, f.linger_seconds, out);
   if (stop != 0) {

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "config/config_io.h"
+#include "config/resolved.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "sim/simulator.h"
@@ -159,7 +160,8 @@ absl::Status Simulate(const SimulateFlags& f) {
   FEDLORA_ASSIGN_OR_RETURN(const DevicePlan devices,
                            PlanDevices(f.device, RunRole::kSimulator, config));
   options.device = devices.models;  // and its updates' (devices.updates is the same)
-  absl::StatusOr<sim::SimResult> run = sim::RunSimulation(config, options);
+  FEDLORA_ASSIGN_OR_RETURN(ResolvedRunConfig resolved, ResolveRunConfig(config));
+  absl::StatusOr<sim::SimResult> run = sim::RunSimulation(std::move(resolved), options);
   if (!run.ok()) {
     if (!log_path.empty()) FEDLORA_SAY("fedlora simulate: the log is in %s\n", log_path.c_str());
     return run.status();

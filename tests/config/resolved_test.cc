@@ -109,6 +109,10 @@ TEST(ResolvedRunConfig, TheHeartbeatHasOneSource) {
   const ServerOptions server = ServerOptionsFromRunConfig(config);
   EXPECT_EQ(server.heartbeat_interval_ms, run->heartbeat_interval_ms);
   EXPECT_EQ(server.heartbeat_timeout_ms, run->heartbeat_timeout_ms);
+  // The options of the resolved value (what `fedlora server` and the simulator build) say the same.
+  const ServerOptions resolved = ServerOptionsFromRunConfig(*run);
+  EXPECT_EQ(resolved.heartbeat_interval_ms, 7000);
+  EXPECT_EQ(resolved.heartbeat_timeout_ms, 40'000);
 
   // Unset, in a config built in code: the same default as a defaulted config and ServerOptions.
   const v1::RunConfig bare;
@@ -189,7 +193,7 @@ TEST(ResolvedRunConfig, ABareConfigMeansWhatItsDefaultedTwinMeansToEveryConsumer
 }
 
 // The server derives the run's codec options once, when it starts: a codec it cannot carry out
-// stops it there, instead of failing every upload of the run.
+// stops it there, before its store is opened, instead of failing every upload of the run.
 TEST(ResolvedRunConfig, TheServerRefusesAnUnusableRunCodecWhenItStarts) {
   std::string dir = (std::filesystem::temp_directory_path() / "fedlora_resolved_XXXXXX").string();
   ASSERT_NE(mkdtemp(dir.data()), nullptr);
@@ -218,6 +222,8 @@ TEST(ResolvedRunConfig, TheServerRefusesAnUnusableRunCodecWhenItStarts) {
   EXPECT_NE(server.status().message().find("low_rank.rank 0"), std::string::npos)
       << server.status();
   if (server.ok()) (*server)->Shutdown();
+  // Refused before the store is opened: no run with that codec was written to it.
+  EXPECT_FALSE(std::filesystem::exists(dir + "/fedlora.db"));
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }
