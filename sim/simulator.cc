@@ -1,6 +1,8 @@
 // The simulation: an in-process server and virtual clients over loopback, the seeded faults, the
 // round records and the progress line. The models, data and evaluator are the run's workload
 // (sim/sim_data.h, workload/factory.h) in one pool (sim/model_pool.h).
+// Just over 600 lines: one class, Simulation, whose steps share its state; the progress line and
+// the round records are what would move out next, with the class into a header of its own.
 #include "sim/simulator.h"
 
 #include <unistd.h>
@@ -244,11 +246,7 @@ absl::StatusOr<EvalFigures> Simulation::EvaluateWithPool(const std::vector<Updat
 }
 
 std::vector<UpdateTensor> Simulation::InitialAdapter() {
-  std::vector<UpdateTensor> initial;
-  {
-    Lease model(pool_);
-    for (const Param& p : model->trainable_params()) initial.push_back({p.name, p.shape, p.value});
-  }
+  std::vector<UpdateTensor> initial = AdapterOf(*Lease(pool_));
   std::sort(initial.begin(), initial.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
   return initial;

@@ -145,7 +145,7 @@ absl::Status LoadRun(const v1::RunConfig& config, Device device, std::vector<Upd
                                                              .role = ModelRole::kEvaluate,
                                                              .macro_f1_key = "macro_f1"}));
   std::unique_ptr<LoraModel> model = std::move(w.models.front());
-  for (const Param& p : model->trainable_params()) initial->push_back({p.name, p.shape, p.value});
+  *initial = AdapterOf(*model);
   if (w.evaluator == nullptr) return absl::OkStatus();
   *evaluator = std::make_unique<RoundEvaluator>(std::move(model), std::move(w.evaluator));
   return absl::OkStatus();

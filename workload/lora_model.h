@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "core/named_tensor.h"
 #include "fedlora/v1/config.pb.h"
 #include "model/adapter_dir.h"
 #include "model/bert.h"
@@ -136,6 +137,14 @@ class CausalLmModel final : public LoraModel {
  private:
   std::shared_ptr<CausalLm> model_;
 };
+
+// A copy of `model`'s adapter (its trainable_params, in their order), as the federation sends it.
+template <class Model>
+std::vector<NamedTensor> AdapterOf(Model& model) {
+  std::vector<NamedTensor> adapter;
+  for (const Param& p : model.trainable_params()) adapter.push_back({p.name, p.shape, p.value});
+  return adapter;
+}
 
 // Copies `adapter` (NamedTensors, or any struct with name, shape and values; names as
 // the model's trainable_params) into `model` (a LoraModel, BertClassifier or CausalLm).
