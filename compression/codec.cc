@@ -1,3 +1,7 @@
+// The update wire format: encoding (validation, the v2 sections) and decoding (the body walk that
+// checks, materialises or keeps each tensor). Over 600 lines, not split yet: the two halves share
+// the section layout and the value checks in this file's anonymous namespace; the split that
+// keeps them together is codec_encode.cc beside this file, with those helpers in a private header.
 #include "compression/codec.h"
 
 #include <zstd.h>

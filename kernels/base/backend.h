@@ -8,7 +8,7 @@
 //   FEDLORA_RETURN_IF_ERROR(kernels::LayerNormForward(backend->ctx(), {...}));  // on its stream
 //   FEDLORA_RETURN_IF_ERROR(backend->Download(&loss, loss_dev.data(), sizeof(float)));
 //
-// - kCpu: memory is host memory (64-byte aligned, zero-filled), copies are memcpy, kernels run on
+// - kCpu: memory is host memory (256-byte aligned, zero-filled), copies are memcpy, kernels run on
 //   the context's pool. A pointer is its own device pointer, so a CPU model reads its inputs and
 //   parameters where they are, with no copy.
 // - kCuda: memory is device memory, every copy and kernel is enqueued on the backend's own
