@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "config/config_io.h"
 #include "core/did_you_mean.h"
+#include "core/utf8.h"
 #include "fedlora/v1/config.pb.h"
 #include "google/protobuf/descriptor.h"
 
@@ -72,7 +73,7 @@ std::string Location(std::string_view text, size_t offset, std::string_view sour
     if (text[i] == '\n') {
       ++line;
       column = 1;
-    } else if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) {
+    } else if (!IsUtf8Continuation(static_cast<unsigned char>(text[i]))) {
       ++column;
     }
   }

@@ -22,6 +22,9 @@ inline constexpr char32_t kUnicodeReplacement = 0xFFFD;
 
 enum class Utf8Repair { kEachByte, kMaximalSubpart };
 
+// A continuation byte (10xxxxxx): not where a code point starts.
+constexpr bool IsUtf8Continuation(unsigned char b) { return (b & 0xC0) == 0x80; }
+
 // Length of the well-formed sequence at p[0, n) (> 0), or minus the length of its maximal
 // ill-formed subpart (< 0). n must be at least 1.
 int Utf8SequenceLength(const unsigned char* p, size_t n);

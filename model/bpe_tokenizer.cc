@@ -36,7 +36,7 @@ size_t WhitespaceStartBefore(std::string_view s, size_t end) {
   size_t i = end;
   while (i > 0) {
     size_t j = i - 1;
-    while (j > 0 && (static_cast<unsigned char>(s[j]) & 0xC0) == 0x80) --j;
+    while (j > 0 && IsUtf8Continuation(static_cast<unsigned char>(s[j]))) --j;
     size_t len = 0;
     if (!IsWhiteSpace(DecodeUtf8At(s, j, &len))) break;
     i = j;
@@ -68,7 +68,7 @@ std::string ByteLevelDecode(const std::string& token) {
       byte = bpe::ByteFromCodePoint(b);
       ++i;
     } else if (b >= 0xC2 && b <= 0xC5 && i + 1 < token.size() &&
-               (static_cast<unsigned char>(token[i + 1]) & 0xC0) == 0x80) {  // U+0080..U+017F
+               IsUtf8Continuation(static_cast<unsigned char>(token[i + 1]))) {  // U+0080..U+017F
       byte = bpe::ByteFromCodePoint(((b & 0x1F) << 6) |
                                     (static_cast<unsigned char>(token[i + 1]) & 0x3F));
       i += 2;
@@ -645,7 +645,7 @@ void BpeTokenizer::EncodeInto(std::string_view text, bool add_special, bool pars
   for (size_t base = 0; base < text.size();) {
     size_t len = std::min(kWindow, text.size() - base);
     while (base + len < text.size() && len > 1 &&
-           (static_cast<unsigned char>(text[base + len]) & 0xC0) == 0x80)
+           IsUtf8Continuation(static_cast<unsigned char>(text[base + len])))
       --len;
     s.base = base;
     EncodeWindow(text.substr(base, len), &s, ids, offsets, parse_special);

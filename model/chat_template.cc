@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/did_you_mean.h"
 #include "core/strings.h"
+#include "core/utf8.h"
 #include "model/bpe_tokenizer.h"
 
 namespace fedlora {
@@ -24,25 +25,14 @@ bool IsPythonSpace(char32_t c) {
          c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
-// The code point of the valid UTF-8 sequence of exactly `len` bytes at s[i, i + len), or -1 when
-// it is not one: the lead byte must announce `len` bytes (a continuation byte, or the lead of a
-// longer sequence, read as one would make a space of part of U+2020 or U+0800), and the
-// encoding must be the shortest.
+// The code point of the well-formed UTF-8 sequence of exactly `len` bytes at s[i, i + len), or -1
+// when there is none (so that a space is never read out of part of U+2020 or U+0800).
 int64_t CodePointAt(std::string_view s, size_t i, size_t len) {
   if (i + len > s.size()) return -1;
-  const auto b = static_cast<unsigned char>(s[i]);
-  if (len == 1) return b < 0x80 ? b : -1;
-  constexpr unsigned char kLeadMask[] = {0, 0, 0xE0, 0xF0, 0xF8};
-  constexpr unsigned char kLead[] = {0, 0, 0xC0, 0xE0, 0xF0};
-  constexpr char32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (len > 4 || (b & kLeadMask[len]) != kLead[len]) return -1;
-  char32_t c = b & static_cast<unsigned char>(~kLeadMask[len]);
-  for (size_t k = 1; k < len; ++k) {
-    const auto x = static_cast<unsigned char>(s[i + k]);
-    if ((x & 0xC0) != 0x80) return -1;
-    c = (c << 6) | (x & 0x3F);
-  }
-  return c < kSmallest[len] ? -1 : c;
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + i;
+  if (Utf8SequenceLength(p, len) != static_cast<int>(len)) return -1;
+  size_t n = 0;
+  return DecodeUtf8At(s, i, &n);
 }
 
 // Bytes of the whitespace code point that ends at `end` (0 if none). Spaces are 1 to 3 bytes.

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <mutex>
 #include <utility>
 
@@ -163,11 +164,11 @@ bool NfcNormalize(std::string_view text, std::string* out, OffsetEdits* edits) {
     size_t begin = i;
     if (begin > prev_end) {
       size_t q = begin - 1;
-      while (q > prev_end && (p[q] & 0xC0) == 0x80) --q;
+      while (q > prev_end && IsUtf8Continuation(p[q])) --q;
       begin = q;
     }
     size_t end = i;
-    while (end < n && !(p[end] < 0xCC && (p[end] & 0xC0) != 0x80)) ++end;
+    while (end < n && !(p[end] < 0xCC && !IsUtf8Continuation(p[end]))) ++end;
     const std::string_view unit = text.substr(begin, end - begin);
     if (NfcSpan(nfc, unit, &unit_out, &a, &b) && unit_out != unit) {
       if (!changed) {
@@ -494,13 +495,6 @@ absl::Status PreTokenizer::SetByteLevel(bool add_prefix_space, bool use_regex) {
 
 namespace {
 
-size_t CodePointLength(unsigned char lead) {
-  if (lead < 0x80) return 1;
-  if (lead >= 0xF0) return 4;
-  if (lead >= 0xE0) return 3;
-  return 2;
-}
-
 // Splits `s` with `re` the way Hugging Face's Split (Oniguruma's find_iter, behavior Isolated or
 // Removed) does, calling emit(begin, end) for each non-empty piece in order.
 template <typename Emit>
@@ -511,7 +505,10 @@ void SplitOne(std::string_view s, const Regex& re, bool remove_matches, Emit emi
     size_t b = 0, e = 0;
     if (re.Find(s, pos, &b, &e) != Regex::Result::kMatch) break;  // kError: the rest stays whole
     if (b == e && last_match_end == e) {  // no empty match right after a match
-      pos = e + (e < len ? CodePointLength(static_cast<unsigned char>(s[e])) : 1);
+      // One code point on (the text is repaired, so the sequence at e is well formed).
+      pos = e + (e < len ? static_cast<size_t>(std::abs(Utf8SequenceLength(
+                               reinterpret_cast<const unsigned char*>(s.data()) + e, len - e)))
+                         : 1);
       continue;
     }
     pos = last_match_end = e;

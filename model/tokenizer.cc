@@ -364,7 +364,7 @@ void WordPieceTokenizer::WordPiece(std::string_view word, std::vector<int32_t>* 
   std::vector<size_t> bounds;
   bounds.reserve(word.size() + 1);
   for (size_t i = 0; i < word.size(); ++i) {
-    if ((static_cast<unsigned char>(word[i]) & 0xC0) != 0x80) bounds.push_back(i);
+    if (!IsUtf8Continuation(static_cast<unsigned char>(word[i]))) bounds.push_back(i);
   }
   bounds.push_back(word.size());
   const size_t n_chars = bounds.size() - 1;

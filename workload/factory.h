@@ -27,9 +27,9 @@
 namespace fedlora {
 
 struct WorkloadRequest {
-  std::string model_path;              // the checkpoint: model.path, or a site's own copy of it
-  std::string train_path;              // "": no training data
-  std::string eval_path;               // "": no held-out evaluator
+  std::string model_path{};            // the checkpoint: model.path, or a site's own copy of it
+  std::string train_path{};            // "": no training data
+  std::string eval_path{};             // "": no held-out evaluator
   Device device = Device::kCpu;        // where the models compute (the caller's device plan)
   ModelRole role = ModelRole::kTrain;  // sizes a classifier's batch (train/train_config.h)
   int num_models = 1;                  // models on one shared base (the simulator's pool)
@@ -38,7 +38,7 @@ struct WorkloadRequest {
   // LoRA shape over config.lora; a classifier's head rows and labels.json give the labels over
   // task.labels (FailedPrecondition without labels.json: the order is never guessed from data).
   // "": the run's freshly initialised adapter.
-  std::string adapter_path;
+  std::string adapter_path{};
   bool bf16_weights = false;  // the frozen base held in bf16 even when model.precision is FP32
   bool recompute = false;     // CAUSAL_LM: DecoderOptions::recompute_activations
   // The frozen base alone, for its embeddings (`fedlora embed`): no adapter_path (the fresh

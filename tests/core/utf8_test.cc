@@ -26,8 +26,8 @@ TEST(Utf8, TruncatedSequenceIsOneReplacementOrOnePerByte) {
 TEST(Utf8, OverlongSurrogateAndOutOfRangeFormsAreIllFormedUnderBothRules) {
   // C0 AF: overlong '/'; E0 80 80: overlong NUL; ED A0 80: U+D800; F4 90 80 80: U+110000. None
   // has a well-formed prefix longer than its lead byte, so both rules replace byte by byte.
-  for (const std::string bad : {std::string("\xC0\xAF"), std::string("\xE0\x80\x80"),
-                                std::string("\xED\xA0\x80"), std::string("\xF4\x90\x80\x80")}) {
+  for (const std::string& bad : {std::string("\xC0\xAF"), std::string("\xE0\x80\x80"),
+                                 std::string("\xED\xA0\x80"), std::string("\xF4\x90\x80\x80")}) {
     const std::u32string each(bad.size(), R);
     EXPECT_EQ(DecodeUtf8(bad, Utf8Repair::kEachByte), each);
     EXPECT_EQ(DecodeUtf8(bad, Utf8Repair::kMaximalSubpart), each);
@@ -51,6 +51,11 @@ TEST(Utf8, AppendEncodesEachLength) {
   for (char32_t c : {char32_t{'a'}, char32_t{0xE9}, char32_t{0x20AC}, char32_t{0x1F600}})
     AppendUtf8(c, &out);
   EXPECT_EQ(out, "a\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80");
+}
+
+TEST(Utf8, ContinuationBytesAreExactly80ToBF) {
+  for (int b = 0; b < 256; ++b)
+    EXPECT_EQ(IsUtf8Continuation(static_cast<unsigned char>(b)), b >= 0x80 && b <= 0xBF) << b;
 }
 
 }  // namespace

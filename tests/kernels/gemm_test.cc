@@ -652,7 +652,9 @@ TEST(GemmInt8Math, RunsTheExactPathElsewhere) {
   const auto off = run(forward, true);
   EXPECT_EQ(off, run(forward, false));
   internal::SetInt8MathAllowedForTesting(true);
-  if (Int8MathAvailable()) EXPECT_NE(run(forward, true), off);
+  if (Int8MathAvailable()) {
+    EXPECT_NE(run(forward, true), off);
+  }
 }
 
 TEST(GemmInt8Math, AppliesToQ8_0WeightsOnly) {
