@@ -72,10 +72,8 @@ absl::StatusOr<DecoderTarget> ParseDecoderTarget(const std::string& name);
 inline constexpr int64_t kLmHeadChunkRows = 64;
 
 struct DecoderOptions {
-  LoraOptions lora{.rank = 8,
-                   .alpha = 16.0f,
-                   .dropout = 0.0f,
-                   .target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+  // LoraOptions' rank, alpha and dropout; every projection.
+  LoraOptions lora{.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                       "up_proj", "down_proj"}};
   WeightStorage weights = WeightStorage::kAsStored;
   uint64_t seed = 0;  // LoRA A initialisation; FromRandom's base weights

@@ -24,6 +24,7 @@
 #include "tools/common.h"
 #include "train/dataset.h"
 #include "train/trainer.h"
+#include "train/training_defaults.h"
 #include "workload/factory.h"
 #include "workload/lora_model.h"
 
@@ -35,7 +36,7 @@ struct EmbedFlags {
   std::string pooling = "mean";
   EncoderDataFlags fields;
   int batch_size = 32;
-  int max_seq_len = 128;
+  int max_seq_len = kDefaultMaxSeqLen;
   int threads = 0;
 };
 

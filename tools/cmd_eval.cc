@@ -24,6 +24,7 @@
 #include "kernels/threads.h"
 #include "model/decoder.h"
 #include "tools/common.h"
+#include "train/training_defaults.h"
 #include "workload/evaluator.h"
 #include "workload/factory.h"
 
@@ -34,8 +35,8 @@ struct EvalFlags {
   std::string model_dir, adapter_dir, data_path;
   DecoderDataFlags data;
   EncoderDataFlags fields;
-  int batch_size = 32;
-  int max_seq_len = 128;
+  int batch_size = kDefaultEvalBatchSize;
+  int max_seq_len = kDefaultMaxSeqLen;
   int threads = 0;
   bool bf16 = false;
   bool bf16_math = false;      // implies bf16

@@ -35,6 +35,7 @@
 #include "train/lm_data.h"
 #include "train/lm_trainer.h"
 #include "train/trainer.h"
+#include "train/training_defaults.h"
 #include "workload/factory.h"
 
 namespace fedlora::tools {
@@ -43,8 +44,8 @@ namespace {
 struct TrainFlags {
   std::string model_dir, train_path, eval_path, out_dir;
   TrainOptions train;
-  int rank = 8;
-  float alpha = 16.0f;
+  int rank = kDefaultLoraRank;
+  float alpha = static_cast<float>(kDefaultLoraAlpha);
   float lora_dropout = 0.0f;
   std::string targets;  // "": the family's default (query,value; all seven decoder projections)
   int threads = 0;
@@ -295,9 +296,8 @@ void AddTrainingFlags(FlagSet& flags, TrainFlags* f) {
       "max-seq-len", &f->train.max_seq_len,
       "tokens per example ([CLS]/[SEP] included; decoders: the rendered conversation); longer "
       "texts are cut (a decoder prompt loses its middle, so that the response stays whole)");
-  // The best centralized learning rate measured, for MiniLM on fortunes and for SmolLM2 on
-  // fortunes and WordNet (docs/results.md); TrainOptions' own default is 5e-4.
-  f->train.lr = 2e-3f;
+  // TrainOptions' own default is the run config's (5e-4), for a round's local training.
+  f->train.lr = static_cast<float>(kCentralizedLearningRate);
   flags.AddFloat("lr", &f->train.lr, "peak learning rate (the best measured: docs/results.md)");
   flags.AddChoice("optimizer", &f->train.optimizer, {"adamw", "lamb", "sgd"},
                   "optimizer (training.optimizer)");

@@ -33,6 +33,7 @@
 #include "model/chat_template.h"
 #include "model/decoder.h"
 #include "model/decoder_tokenizer.h"
+#include "train/training_defaults.h"
 
 namespace fedlora {
 
@@ -54,7 +55,7 @@ struct LmDataOptions {
   std::string prompt_field = "prompt";
   std::string response_field = "response";
   std::string system;  // a system message put before each prompt/response pair ("": none)
-  int max_seq_len = 256;
+  int max_seq_len = kDecoderDefaultMaxSeqLen;
 };
 
 absl::StatusOr<LmDataset> LoadLmDataset(const std::string& path, const DecoderTokenizer& tokenizer,

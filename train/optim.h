@@ -25,12 +25,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/param.h"
+#include "train/training_defaults.h"
 
 namespace fedlora {
 
 struct OptimizerOptions {
-  float beta1 = 0.9f;     // first-moment decay (AdamW, LAMB)
-  float beta2 = 0.999f;   // second-moment decay (AdamW, LAMB)
+  float beta1 = static_cast<float>(kDefaultAdamBeta1);  // first-moment decay (AdamW, LAMB)
+  float beta2 = static_cast<float>(kDefaultAdamBeta2);  // second-moment decay (AdamW, LAMB)
   float momentum = 0.0f;  // SGD's heavy-ball momentum, in [0, 1); 0 is plain SGD
   // Added to sqrt(v_hat). 1e-8 is PyTorch's AdamW default; LAMB implementations use 1e-6.
   // A negative value means "the optimizer's own default".

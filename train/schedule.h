@@ -19,13 +19,15 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "train/training_defaults.h"
 
 namespace fedlora {
 
 enum class ScheduleKind { kConstant, kLinear, kCosine };
 
 struct ScheduleOptions {
-  float base_lr = 5e-4f;     // peak learning rate, reached at the end of warmup
+  // Peak learning rate, reached at the end of warmup.
+  float base_lr = static_cast<float>(kDefaultLearningRate);
   int64_t warmup_steps = 0;  // linear ramp from 0 over this many steps
   int64_t total_steps = 0;   // optimizer steps in the whole run (needed by linear and cosine)
 };

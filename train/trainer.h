@@ -37,6 +37,7 @@
 #include "train/metrics.h"
 #include "train/optim.h"
 #include "train/schedule.h"
+#include "train/training_defaults.h"
 
 namespace fedlora {
 
@@ -68,25 +69,29 @@ BertClassifier::Batch MakeBatch(const TokenizedDataset& data, std::span<const in
                                 int32_t pad_id);
 
 struct TrainOptions {
-  int epochs = 3;            // passes over the training set
-  int64_t max_steps = 0;     // > 0: stop after this many optimizer steps (overrides epochs,
-                             // running more epochs if needed, as Hugging Face's Trainer)
-  int batch_size = 16;       // examples per micro-batch
-  int eval_batch_size = 32;  // examples per forward pass when evaluating (no grads kept)
-  int max_seq_len = 128;     // tokens per sequence, [CLS] and [SEP] included (tokenizer side)
-  float lr = 5e-4f;          // peak learning rate; LoRA tolerates ~10x full fine-tuning's
+  int epochs = kCentralizedEpochs;  // passes over the training set
+  int64_t max_steps = 0;            // > 0: stop after this many optimizer steps (overrides epochs,
+                                    // running more epochs if needed, as Hugging Face's Trainer)
+  int batch_size = kDefaultBatchSize;  // examples per micro-batch
+  // Examples per forward pass when evaluating (no grads kept).
+  int eval_batch_size = kDefaultEvalBatchSize;
+  // Tokens per sequence, [CLS] and [SEP] included (tokenizer side).
+  int max_seq_len = kDefaultMaxSeqLen;
+  // Peak learning rate; LoRA tolerates ~10x full fine-tuning's.
+  float lr = static_cast<float>(kDefaultLearningRate);
   std::string optimizer = "adamw";  // adamw | lamb | sgd
   float weight_decay = 0.01f;
-  float adam_beta1 = 0.9f;          // AdamW / LAMB first-moment decay, in [0, 1)
-  float adam_beta2 = 0.999f;        // AdamW / LAMB second-moment decay, in [0, 1)
+  float adam_beta1 = static_cast<float>(kDefaultAdamBeta1);  // AdamW / LAMB, in [0, 1)
+  float adam_beta2 = static_cast<float>(kDefaultAdamBeta2);  // AdamW / LAMB, in [0, 1)
   float adam_epsilon = -1.0f;       // AdamW / LAMB denominator epsilon; < 0: the optimizer's own
                                     // default (AdamW 1e-8, LAMB 1e-6)
   float momentum = 0.0f;            // SGD momentum, in [0, 1)
   int64_t warmup_steps = 0;         // linear warmup from 0 over this many optimizer steps
   std::string schedule = "linear";  // constant | linear | cosine (see train/schedule.h)
-  float grad_clip = 1.0f;           // max global grad norm; <= 0 disables clipping
-  int grad_accumulation = 1;        // micro-batches per optimizer step
-  uint64_t seed = 0;                // shuffling and dropout
+  // Max global grad norm; <= 0 disables clipping.
+  float grad_clip = static_cast<float>(kDefaultGradClipNorm);
+  int grad_accumulation = kDefaultGradAccumulation;  // micro-batches per optimizer step
+  uint64_t seed = 0;                                 // shuffling and dropout
   // Batch examples of similar length (Hugging Face's group_by_length): the shuffled epoch is cut
   // into chunks of 50 batches, each chunk sorted by length, and the batches' order shuffled. On
   // short-text corpora this removes most padding (fortunes: ~3x fewer tokens per epoch at 128).

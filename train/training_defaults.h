@@ -1,7 +1,8 @@
 // The training, LoRA and sequence-length defaults of the run config (config.proto's
 // TrainingConfig, LoraConfig, ModelConfig.max_seq_len and DataConfig.eval_batch_size), each written
-// once: config/ fills a run config with them, and train/train_config.h falls back to them for a
-// config built by hand.
+// once: config/ fills a run config with them, train/train_config.h falls back to them for a config
+// built by hand, and the options structs of train/ (TrainOptions, ScheduleOptions, LmDataOptions,
+// OptimizerOptions) and the commands' flags start from them.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,12 @@ inline constexpr uint32_t kDefaultGradAccumulation = 1;
 inline constexpr double kDefaultAdamBeta1 = 0.9;
 inline constexpr double kDefaultAdamBeta2 = 0.999;
 inline constexpr double kDefaultAdamEpsilon = 1e-8;
+
+// A centralized run's (`fedlora train`, TrainOptions) unless given: passes over the data, and the
+// best learning rate measured for MiniLM on fortunes and SmolLM2 on fortunes and WordNet
+// (docs/results.md). A round's local work is kDefaultLocalEpochs.
+inline constexpr int kCentralizedEpochs = 3;
+inline constexpr double kCentralizedLearningRate = 2e-3;
 
 // lora.rank and lora.alpha unless set.
 inline constexpr uint32_t kDefaultLoraRank = 8;

@@ -190,8 +190,12 @@ TEST(ServerDpTest, UnderSecureAggregationTheSensitivityIncludesTheFixedPointRoun
     }
     // What the accountant would have missed: the encoded update exceeds the clip norm, by several
     // times for coarse steps.
-    if (f <= 4) EXPECT_GT(worst, 2 * kClip) << f;
-    if (f == 16) EXPECT_LT(worst, 1.01 * kClip);
+    if (f <= 4) {
+      EXPECT_GT(worst, 2 * kClip) << f;
+    }
+    if (f == 16) {
+      EXPECT_LT(worst, 1.01 * kClip);
+    }
   }
   // The accountant: z * C / (C + bound) per round.
   const v1::RunConfig c = DpConfig(3, 4, 1.0, kClip);

@@ -87,7 +87,9 @@ TEST_F(EmbedCli, WritesTheFrozenModelsPooledEmbeddings) {
     ASSERT_EQ(got_labels.size(), static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) EXPECT_EQ(got_labels[i], raw->examples[i].label) << i;
     if (pooling == Pooling::kMean) mean = got;
-    if (pooling == Pooling::kCls) EXPECT_NE(got, mean);
+    if (pooling == Pooling::kCls) {
+      EXPECT_NE(got, mean);
+    }
   }
 
   // --label-names fixes the order of the label indices; the embeddings stay the same.

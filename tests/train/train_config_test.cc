@@ -10,7 +10,11 @@
 
 #include "core/sha256.h"
 #include "gtest/gtest.h"
+#include "kernels/adamw.h"
+#include "model/bert.h"
+#include "model/decoder.h"
 #include "tests/model/tiny_checkpoint.h"
+#include "train/training_defaults.h"
 
 namespace fedlora {
 namespace {
@@ -56,6 +60,19 @@ TEST(TrainOptionsFromConfigTest, UnsetFieldsTakeConfigProtoDefaults) {
   EXPECT_EQ(o.max_steps, plain.max_steps);
   EXPECT_EQ(o.seed, plain.seed);
   EXPECT_TRUE(o.Validate().ok());
+}
+
+// model/ and kernels/ sit below train/ and keep their own defaults (PEFT's and PyTorch's usual
+// ones): they must be the run config's, or a model built by hand would train differently.
+TEST(DefaultsBelowTrainTest, AgreeWithTheRunConfigs) {
+  EXPECT_EQ(LoraOptions{}.rank, static_cast<int>(kDefaultLoraRank));
+  EXPECT_EQ(LoraOptions{}.alpha, static_cast<float>(kDefaultLoraAlpha));
+  EXPECT_EQ(DecoderOptions{}.lora.rank, static_cast<int>(kDefaultLoraRank));
+  EXPECT_EQ(DecoderOptions{}.lora.alpha, static_cast<float>(kDefaultLoraAlpha));
+  EXPECT_EQ(DecoderOptions{}.lora.target_modules.size(), 7u);
+  EXPECT_EQ(kernels::AdamWArgs{}.beta1, static_cast<float>(kDefaultAdamBeta1));
+  EXPECT_EQ(kernels::AdamWArgs{}.beta2, static_cast<float>(kDefaultAdamBeta2));
+  EXPECT_EQ(kernels::AdamWArgs{}.eps, static_cast<float>(kDefaultAdamEpsilon));
 }
 
 TEST(TrainOptionsFromConfigTest, SetFieldsPassThrough) {
