@@ -28,9 +28,10 @@
 #include "kernels/threads.h"
 #include "model/decoder.h"
 #include "model/decoder_tokenizer.h"
-#include "model/peft.h"
 #include "model/sampling.h"
 #include "tools/common.h"
+#include "workload/factory.h"
+#include "workload/lora_model.h"
 
 namespace fedlora::tools {
 namespace {
@@ -126,19 +127,18 @@ void EncodePrompts(const GenerateFlags& f, const DecoderTokenizer& tok,
   }
 }
 
-// The decoder, with --adapter when given, sized for `longest` prompt tokens and the new ones.
-absl::StatusOr<std::unique_ptr<CausalLm>> LoadLm(const GenerateFlags& f, Device device,
-                                                 size_t longest) {
-  DecoderOptions o;
-  if (!f.adapter.empty()) {
-    FEDLORA_ASSIGN_OR_RETURN(o.lora, ReadPeftLoraOptions(f.adapter));
-  }
-  o.max_batch = 1;
-  o.max_seq = static_cast<int>(longest) + f.max_new_tokens;
-  o.device = device;
-  FEDLORA_ASSIGN_OR_RETURN(auto lm, CausalLm::Load(f.model, o));
-  if (!f.adapter.empty()) FEDLORA_RETURN_IF_ERROR(LoadPeftAdapter(f.adapter, lm.get()));
-  return lm;
+// The decoder through the workload factory (as train and eval load theirs), with --adapter when
+// given, planned for one conversation of `longest` prompt tokens and the new ones (clamped to the
+// checkpoint's positions: CausalLm::Generate then refuses a prompt too long for them).
+absl::StatusOr<Workload> LoadLm(const GenerateFlags& f, Device device, size_t longest) {
+  v1::RunConfig config =
+      CommandRunConfig(f.model, /*decoder=*/true, static_cast<int>(longest) + f.max_new_tokens,
+                       PrecisionFlags{}, DecoderDataFlags{}, EncoderDataFlags{});
+  config.mutable_training()->set_batch_size(1);
+  return LoadWorkload(config, {.model_path = f.model,
+                               .device = device,
+                               .role = ModelRole::kEvaluate,
+                               .adapter_path = f.adapter});
 }
 
 // The flags' generation settings; sampling without --seed draws one and logs it.
@@ -218,8 +218,9 @@ absl::Status Generate(GenerateFlags f) {
   EncodePrompts(f, tok, conversations, &prompts, &texts);
   size_t longest = 0;
   for (const auto& p : prompts) longest = std::max(longest, p.size());
-  FEDLORA_ASSIGN_OR_RETURN(std::unique_ptr<CausalLm> lm, LoadLm(f, device, longest));
-  return PrintCompletions(f, tok, *lm, GenerationOptions(f, tok), prompts, texts);
+  FEDLORA_ASSIGN_OR_RETURN(Workload w, LoadLm(f, device, longest));
+  CausalLm& lm = static_cast<CausalLmModel&>(*w.models[0]).model();
+  return PrintCompletions(f, tok, lm, GenerationOptions(f, tok), prompts, texts);
 }
 
 }  // namespace

@@ -122,7 +122,7 @@ struct PrecisionFlags {
 // InvalidArgument for --int8-math with --bf16 or --bf16-math.
 absl::Status CheckPrecisionFlags(const PrecisionFlags& p);
 
-// The run config `fedlora train`, `fedlora eval` and `fedlora embed` load their model and data
+// The run config `fedlora train`, `eval`, `embed` and `generate` load their model and data
 // with (workload/factory.h LoadWorkload): task.kind CAUSAL_LM for a decoder (else
 // SEQUENCE_CLASSIFICATION, its labels left to the data or the adapter), model.path and
 // max_seq_len, model.precision (INT8 for --int8-math, BF16 for --bf16-math; --bf16 alone is

@@ -2,7 +2,7 @@
 // copy of the frozen base), the tokenized training data, the held-out evaluator. Used by
 // `fedlora server` (the initial adapter and its evaluator), `fedlora client` (the built-in
 // trainer's site), `fedlora simulate` (the model pool, the data partitioned across clients) and
-// `fedlora train` / `fedlora eval` / `fedlora embed` (their flags as a run config: tools/common.h
+// `fedlora train` / `eval` / `embed` / `generate` (their flags as a run config: tools/common.h
 // CommandRunConfig).
 // Adding a model family or a task kind touches model/ and this factory.
 //
