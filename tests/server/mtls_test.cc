@@ -135,6 +135,17 @@ TEST(MtlsTest, IdentityIsTheCertificateCommonNameNotTheClaimedId) {
   ASSERT_TRUE(clients.ok()) << clients.status();
   ASSERT_EQ(clients->clients_size(), 1);
   EXPECT_EQ(clients->clients(0).cert_fingerprint(), DerSha256(*pem));
+  // A server restarted on the same store restores it with the client.
+  (*server)->Shutdown();
+  server->reset();
+  auto restarted = Server::Create(MtlsOptions(dir.path()), testing::TestRunConfig(1, 1, 1),
+                                  testing::InitialAdapter());
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  clients = (*restarted)->coordinator().ListClients(list);
+  ASSERT_TRUE(clients.ok()) << clients.status();
+  ASSERT_EQ(clients->clients_size(), 1);
+  EXPECT_EQ(clients->clients(0).client_id(), "hospital-7");
+  EXPECT_EQ(clients->clients(0).cert_fingerprint(), DerSha256(*pem));
 }
 
 TEST(MtlsTest, AClientPinnedToTheServersKeySealsToTheKeysItSigned) {
