@@ -5,7 +5,8 @@
 //   FEDLORA_ASSIGN_OR_RETURN(auto backend, kernels::Backend::Create(Device::kCuda));
 //   FEDLORA_ASSIGN_OR_RETURN(auto acts, kernels::DeviceArray<float>::Zeros(*backend, n));
 //   FEDLORA_RETURN_IF_ERROR(backend->Upload(ids_dev.data(), ids.data(), bytes));
-//   FEDLORA_RETURN_IF_ERROR(kernels::LayerNormForward(backend->ctx(), {...}));  // on its stream
+//   // An op of kernels/ (here kernels/layernorm.h), on the backend's stream:
+//   FEDLORA_RETURN_IF_ERROR(kernels::LayerNormForward(backend->ctx(), {...}));
 //   FEDLORA_RETURN_IF_ERROR(backend->Download(&loss, loss_dev.data(), sizeof(float)));
 //
 // - kCpu: memory is host memory (256-byte aligned, zero-filled), copies are memcpy, kernels run on
