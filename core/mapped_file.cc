@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -62,6 +63,48 @@ void MappedFile::Release() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
   data_ = nullptr;
   size_ = 0;
+}
+
+absl::StatusOr<MappedBuffer> MappedBuffer::Create(size_t size) {
+  MappedBuffer b;
+  if (size == 0) return b;
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot map ", size, " bytes of memory: ", std::strerror(errno)));
+  }
+  b.data_ = static_cast<char*>(p);
+  b.size_ = size;
+  return b;
+}
+
+MappedBuffer::MappedBuffer(MappedBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+MappedBuffer& MappedBuffer::operator=(MappedBuffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+MappedBuffer::~MappedBuffer() { Release(); }
+
+void MappedBuffer::Release() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+void DropPagesBefore(const void* data, uint64_t consumed, uint64_t* dropped) {
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t end = consumed / page * page;
+  if (end <= *dropped) return;
+  (void)::madvise(static_cast<char*>(const_cast<void*>(data)) + *dropped, end - *dropped,
+                  MADV_DONTNEED);
+  *dropped = end;
 }
 
 }  // namespace fedlora

@@ -3,13 +3,9 @@
 // the per-client byte quota as a stream goes, opening and validating a complete sealed update
 // before it enters blobs/, its durable acceptance, upload status, and the sweep of partial uploads
 // that can no longer complete.
-#include <sys/mman.h>
 #include <sys/statvfs.h>
-#include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +13,7 @@
 #include "compression/update_io.h"
 #include "core/file.h"
 #include "core/logging.h"
+#include "core/mapped_file.h"
 #include "core/status.h"
 #include "crypto/envelope.h"
 #include "crypto/sealed_update.h"
@@ -230,51 +227,6 @@ absl::Status CheckKeptCounts(const std::vector<UpdateTensorInfo>& table,
 
 }  // namespace
 
-namespace {
-
-// An anonymous read-write mapping for an opened update: its pages can be handed back to the OS as
-// validation moves past them, so a large update is never resident twice.
-class PlainBuffer {
- public:
-  static absl::StatusOr<PlainBuffer> Create(size_t size) {
-    PlainBuffer b;
-    b.size_ = size;
-    if (size > 0) {
-      b.addr_ = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (b.addr_ == MAP_FAILED) {
-        b.addr_ = nullptr;
-        return absl::ResourceExhaustedError(
-            absl::StrCat("cannot map ", size, " bytes for an update: ", std::strerror(errno)));
-      }
-    }
-    return b;
-  }
-  PlainBuffer(PlainBuffer&& o) noexcept : addr_(std::exchange(o.addr_, nullptr)), size_(o.size_) {}
-  PlainBuffer& operator=(PlainBuffer&&) = delete;
-  ~PlainBuffer() {
-    if (addr_ != nullptr) ::munmap(addr_, size_);
-  }
-  char* data() { return static_cast<char*>(addr_); }
-  std::string_view view() const { return {static_cast<const char*>(addr_), size_}; }
-
- private:
-  PlainBuffer() = default;
-  void* addr_ = nullptr;
-  size_t size_ = 0;
-};
-
-// Hands the pages of [data, data + consumed) back, rounded down to whole pages past `*dropped`.
-void DropConsumed(const char* data, uint64_t consumed, uint64_t* dropped) {
-  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t end = consumed / page * page;
-  if (end <= *dropped) return;
-  // Advisory: on failure the pages merely stay resident until the unmap.
-  (void)::madvise(const_cast<char*>(data) + *dropped, end - *dropped, MADV_DONTNEED);
-  *dropped = end;
-}
-
-}  // namespace
-
 crypto::UpdatePlace Coordinator::PlaceOf(const std::string& client_id,
                                          const v1::UploadHeader& header) const {
   return {run_id_, header.round(), client_id, header.upload_id(), header.num_examples()};
@@ -300,7 +252,7 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id,
   FEDLORA_ASSIGN_OR_RETURN(const size_t size, crypto::SealedBlobPlaintextSize(blob));
   FEDLORA_ASSIGN_OR_RETURN(const std::shared_ptr<const AggregationKey> key,
                            KeyFor(static_cast<int64_t>(header.round())));
-  FEDLORA_ASSIGN_OR_RETURN(PlainBuffer plain, PlainBuffer::Create(size));
+  FEDLORA_ASSIGN_OR_RETURN(MappedBuffer plain, MappedBuffer::Create(size));
   // Opened in memory only: nothing of the plaintext reaches the disk. The sealed bytes (a file
   // mapping, BlobWriter::Verify) are dropped from this process as decryption passes them, so a
   // large update is resident about once, not twice.
@@ -310,9 +262,9 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id,
   FEDLORA_RETURN_IF_ERROR(crypto::OpenUpdateBlobInto(
       key->private_key, PlaceOf(client_id, header), blob, plain.data(), size,
       [&](size_t decrypted) {
-        DropConsumed(blob.data(), sealed_prefix + decrypted, &blob_dropped);
+        DropPagesBefore(blob.data(), sealed_prefix + decrypted, &blob_dropped);
       }));
-  DropConsumed(blob.data(), blob.size(), &blob_dropped);
+  DropPagesBefore(blob.data(), blob.size(), &blob_dropped);
   const std::string_view bytes = plain.view();
   if (secagg_.has_value()) {
     const v1::CodecSpec& run = config_.codec();
@@ -347,8 +299,9 @@ absl::Status Coordinator::ValidateUpload(const std::string& client_id,
   uint64_t dropped = 0;
   FEDLORA_ASSIGN_OR_RETURN(
       std::vector<UpdateTensorInfo> table,
-      ValidateUpdate(bytes, LimitsForSpec(spec_, spec_elements_),
-                     [&](uint64_t consumed) { DropConsumed(bytes.data(), consumed, &dropped); }));
+      ValidateUpdate(bytes, LimitsForSpec(spec_, spec_elements_), [&](uint64_t consumed) {
+        DropPagesBefore(bytes.data(), consumed, &dropped);
+      }));
   FEDLORA_RETURN_IF_ERROR(MatchSpec(table, spec_));
   return CheckKeptCounts(table, run_codec);
 }

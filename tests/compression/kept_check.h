@@ -28,7 +28,9 @@ inline void ExpectKeptMatchesDecode(std::string_view wire, const DecodeLimits& l
       ASSERT_EQ(k.indices.size(), k.values.size()) << k.name;
       expanded.assign(d.values.size(), 0.0f);
       for (size_t j = 0; j < k.indices.size(); ++j) {
-        if (j > 0) ASSERT_LT(k.indices[j - 1], k.indices[j]) << k.name;
+        if (j > 0) {
+          ASSERT_LT(k.indices[j - 1], k.indices[j]) << k.name;
+        }
         ASSERT_GE(k.indices[j], 0);
         ASSERT_LT(k.indices[j], static_cast<int64_t>(expanded.size())) << k.name;
         expanded[static_cast<size_t>(k.indices[j])] = k.values[j];
