@@ -1,3 +1,6 @@
+// BpeTokenizer: building it from a vocabulary (Build, Create), encoding and decoding. Over 600
+// lines, not split yet: one class; the split would move Build / Create and their checks (about 280
+// lines) to bpe_tokenizer_build.cc.
 #include "model/bpe_tokenizer.h"
 
 #include <algorithm>
