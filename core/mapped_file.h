@@ -82,7 +82,7 @@ class MappedBuffer {
 
 // Hands back to the OS the whole pages of [data, data + consumed) past *dropped (a page-aligned
 // mapping's start, e.g. a MappedFile's or a MappedBuffer's data()), and advances *dropped to the
-// last whole page. Advisory: on failure the pages merely stay resident until the unmap. Pages of
+// end of the last whole page consumed (never back). Advisory: on failure the pages merely stay resident until the unmap. Pages of
 // a private mapping read again afterwards come back from the file, or zero-filled for anonymous
 // memory.
 void DropPagesBefore(const void* data, uint64_t consumed, uint64_t* dropped);
