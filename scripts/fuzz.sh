@@ -13,6 +13,9 @@
 #   FEDLORA_FUZZ_JOBS      harnesses run at once (default 2)
 #   FEDLORA_FUZZ_BUILD_JOBS  build parallelism (default 2)
 #   FEDLORA_FUZZ_KEEP=1    keep the work folders (grown corpora, logs; the path is printed at the end)
+#   FEDLORA_FUZZ_SEGMENT_SECONDS  restart each harness's process after this many seconds, on the
+#                          corpus it has grown, until its budget is spent; the summary adds up the
+#                          segments' executions (default: one process for the whole budget)
 #
 # Exit status: 0 when no harness found anything; 1 when one crashed, leaked, timed out or ran out of
 # memory (its reproducer is copied to build/sanitize/findings/<harness>/ and the path printed; rerun it
@@ -39,6 +42,10 @@ ALL=(safetensors gguf update downlink sealed_update secagg run_config tokenizer 
      rpc_private rpc_tls metrics_http peft state_files dataset chat_template decoder_config)
 ((${#HARNESSES[@]})) || HARNESSES=("${ALL[@]}")
 
+if [[ -n ${FEDLORA_FUZZ_SEGMENT_SECONDS:-} && ! ${FEDLORA_FUZZ_SEGMENT_SECONDS} =~ ^[1-9][0-9]*$ ]]; then
+  echo "fuzz.sh: FEDLORA_FUZZ_SEGMENT_SECONDS must be a positive integer, not '$FEDLORA_FUZZ_SEGMENT_SECONDS'" >&2
+  exit 2
+fi
 if [[ $MODE == short ]]; then SECONDS_EACH=${FEDLORA_FUZZ_SECONDS:-25}; else SECONDS_EACH=${FEDLORA_FUZZ_SECONDS:-600}; fi
 BUILD=build/sanitize
 export CCACHE_BASEDIR=$ROOT CCACHE_NOHASHDIR=1
@@ -102,21 +109,50 @@ fuzz_one() {
     flags=(-timeout=60 -rss_limit_mb=3072 -print_final_stats=1 "-artifact_prefix=$work/artifacts/"
            -detect_leaks=0 -entropic=0)
   fi
-  if [[ -n ${FEDLORA_FUZZ_RUNS:-} ]]; then flags+=("-runs=$FEDLORA_FUZZ_RUNS"); else flags+=("-max_total_time=$SECONDS_EACH"); fi
   [[ -f fuzz/$base.dict ]] && flags+=("-dict=fuzz/$base.dict")
   lsan=""
   [[ -f fuzz/lsan_$base.supp ]] && lsan="suppressions=$ROOT/fuzz/lsan_$base.supp"
   if [[ -n ${FEDLORA_FUZZ_RUNS:-} ]]; then budget="$FEDLORA_FUZZ_RUNS runs"; else budget="$SECONDS_EACH s"; fi
   echo "fuzz.sh: $h: $budget from $seeds seeds"
   start=$(date +%s)
-  set +e
-  FEDLORA_FUZZ_TMP=$work/tmp TMPDIR=$work/tmp LSAN_OPTIONS=${LSAN_OPTIONS:-$lsan} \
-    "$bin" "${flags[@]}" "$work/corpus" >"$work/log" 2>&1
-  rc=$?
-  set -e
+  # One process, or segments of FEDLORA_FUZZ_SEGMENT_SECONDS: a long rpc run slows as its process
+  # ages (docs/benchmarks.md), so it is restarted on its grown corpus. Each segment ends with the
+  # harness's own checks at exit; the first that fails ends the run.
+  execs=0
+  segment=0
+  : >"$work/log"
+  while :; do
+    local seg_flags=("${flags[@]}") left
+    if [[ -n ${FEDLORA_FUZZ_RUNS:-} ]]; then
+      left=$((FEDLORA_FUZZ_RUNS - execs))
+      seg_flags+=("-runs=$left")
+      [[ -n ${FEDLORA_FUZZ_SEGMENT_SECONDS:-} ]] && seg_flags+=("-max_total_time=$FEDLORA_FUZZ_SEGMENT_SECONDS")
+    else
+      left=$((SECONDS_EACH - ($(date +%s) - start)))
+      ((left > 0)) || break
+      [[ -n ${FEDLORA_FUZZ_SEGMENT_SECONDS:-} ]] && ((left > FEDLORA_FUZZ_SEGMENT_SECONDS)) && left=$FEDLORA_FUZZ_SEGMENT_SECONDS
+      seg_flags+=("-max_total_time=$left")
+    fi
+    segment=$((segment + 1))
+    set +e
+    FEDLORA_FUZZ_TMP=$work/tmp TMPDIR=$work/tmp LSAN_OPTIONS=${LSAN_OPTIONS:-$lsan} \
+      "$bin" "${seg_flags[@]}" "$work/corpus" >"$work/segment.log" 2>&1
+    rc=$?
+    set -e
+    cat "$work/segment.log" >>"$work/log"
+    final=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$work/segment.log" | tail -1 || true)
+    local n
+    n=$(grep -E '^stat::number_of_executed_units:' "$work/segment.log" | awk '{print $2}' | tail -1 || true)
+    execs=$((execs + ${n:-0}))
+    ((rc == 0)) || break
+    [[ -n $(find "$work/artifacts" -type f ! -name 'slow-unit-*') ]] && break
+    [[ -n ${FEDLORA_FUZZ_SEGMENT_SECONDS:-} ]] || break
+    [[ -n ${FEDLORA_FUZZ_RUNS:-} ]] && ((execs >= FEDLORA_FUZZ_RUNS)) && break
+    [[ -n $n && $n -gt 0 ]] || break  # a segment that ran nothing would loop forever
+  done
+  rm -f "$work/segment.log"
+  ((segment > 1)) && echo "fuzz.sh: $h: $segment segments" >>"$work/notes"
   took=$(($(date +%s) - start))
-  final=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$work/log" | tail -1 || true)
-  execs=$(grep -E '^stat::number_of_executed_units:' "$work/log" | awk '{print $2}' | tail -1 || true)
   cov=$(sed -nE 's/.* cov: ([0-9]+) .*/\1/p' <<<"$final")
   corp=$(sed -nE 's/.* corp: ([0-9]+\/[0-9]+[a-zA-Z]*) .*/\1/p' <<<"$final")
   # A slow unit (libFuzzer's report past 10 s) is not a finding: -timeout catches a real hang, and
