@@ -42,6 +42,12 @@ absl::Status ValidatePrivacySettings(const RunConfig& c) {
   return p.ToStatus();
 }
 
+absl::Status ValidateAggregationSettings(const RunConfig& c) {
+  Problems p;
+  config_internal::ValidateAggregation(p, c);
+  return p.ToStatus();
+}
+
 absl::Status ValidateRunConfig(const RunConfig& c) {
   namespace ci = config_internal;  // the sections' checks, in the order they report
   Problems p;
@@ -83,14 +89,6 @@ std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
     refuse(absl::StrCat("model.architecture \"", absl::CEscape(arch), "\""),
            "supported: \"bert\", \"roberta\", \"xlm-roberta\"");
   }
-  const AggregationConfig& a = c.aggregation();
-  if (config_internal::NeedsIndividualUpdates(a.strategy())) {
-    refuse(absl::StrCat("aggregation.strategy ", AggregationConfig::Strategy_Name(a.strategy())),
-           "available: FEDAVG, FEDPROX, FEDADAM, FEDYOGI, FEDADAGRAD");
-  }
-  if (a.has_trim_fraction()) refuse("aggregation.trim_fraction", "it belongs to TRIMMED_MEAN");
-  if (a.has_krum_byzantine_clients())
-    refuse("aggregation.krum_byzantine_clients", "it belongs to KRUM");
   const v1::DifferentialPrivacyConfig& dp = c.privacy().dp();
   if (dp.mode() == DifferentialPrivacyConfig::LOCAL)
     refuse("privacy.dp.mode LOCAL", "CENTRAL and DISTRIBUTED are");

@@ -62,6 +62,11 @@ absl::Status ValidateRunConfig(const v1::RunConfig& config);
 // codec, weights, bounds, min_clients): for a server whose config was built in code.
 absl::Status ValidatePrivacySettings(const v1::RunConfig& config);
 
+// ValidateRunConfig's checks of the aggregation section (and of what it needs elsewhere: a robust
+// rule's bound on selection.min_clients, its refusal of secure aggregation and DP): for a server
+// whose config was built in code.
+absl::Status ValidateAggregationSettings(const v1::RunConfig& config);
+
 // One message per setting of `config` that fedlora does not carry out yet ("privacy.dp.enabled is
 // not implemented yet"); empty when there is none. ValidateRunConfig refuses them too; the server
 // and the simulator check them before they touch the store, for configs built in code.

@@ -1,5 +1,6 @@
 // The run's identity and length, and the selection, aggregation, data and simulation sections:
 // their defaults (config/defaults.h holds the values) and their checks.
+#include <cmath>
 #include <string>
 
 #include "absl/strings/ascii.h"
@@ -56,11 +57,12 @@ void ApplyAggregationDefaults(RunConfig* c) {
   if (!a->has_server_beta1()) a->set_server_beta1(kDefaultServerBeta1);
   if (!a->has_server_beta2()) a->set_server_beta2(kDefaultServerBeta2);
   if (!a->has_server_tau()) a->set_server_tau(kDefaultServerTau);
-  // Differential privacy bounds each client's influence, and secure aggregation sums without
-  // weights: with either, every update weighs the same; so does every update without a bound on
-  // the count a client may claim.
+  // Differential privacy bounds each client's influence, secure aggregation sums without weights
+  // and the robust statistics weigh equally: with any of them, every update weighs the same; so
+  // does every update without a bound on the count a client may claim.
   if (!a->has_weight_by_examples()) {
     a->set_weight_by_examples(!c->privacy().dp().enabled() && !c->privacy().secure_aggregation() &&
+                              !NeedsIndividualUpdates(a->strategy()) &&
                               a->max_examples_per_client() > 0);
   }
 }
@@ -122,8 +124,91 @@ bool IsAdaptiveServerStrategy(AggregationConfig::Strategy s) {
 
 bool NeedsIndividualUpdates(AggregationConfig::Strategy s) {
   return s == AggregationConfig::MEDIAN || s == AggregationConfig::TRIMMED_MEAN ||
-         s == AggregationConfig::KRUM;
+         s == AggregationConfig::KRUM || s == AggregationConfig::MULTI_KRUM ||
+         s == AggregationConfig::BULYAN;
 }
+
+namespace {
+
+// A robust strategy's settings, its bound on the round's update count (the fewest updates it
+// aggregates, as aggregation/robust.h's RobustMinUpdates), and what it cannot be combined with.
+void ValidateRobust(Problems& p, const RunConfig& c) {
+  const AggregationConfig& a = c.aggregation();
+  const AggregationConfig::Strategy s = a.strategy();
+  const std::string name = AggregationConfig::Strategy_Name(s);
+  const bool krum = s == AggregationConfig::KRUM || s == AggregationConfig::MULTI_KRUM ||
+                    s == AggregationConfig::BULYAN;
+  if (a.has_trim_fraction() && s != AggregationConfig::TRIMMED_MEAN) {
+    p.Add(absl::StrCat("aggregation.trim_fraction belongs to strategy TRIMMED_MEAN, not ", name));
+  }
+  if (a.has_krum_byzantine_clients() && !krum) {
+    p.Add(absl::StrCat(
+        "aggregation.krum_byzantine_clients belongs to strategies KRUM, MULTI_KRUM and BULYAN, "
+        "not ",
+        name));
+  }
+  if (a.has_multi_krum_keep() && s != AggregationConfig::MULTI_KRUM) {
+    p.Add(absl::StrCat("aggregation.multi_krum_keep belongs to strategy MULTI_KRUM, not ", name));
+  }
+  if (!NeedsIndividualUpdates(s)) return;
+  const int64_t min_clients = c.selection().min_clients();
+  if (s == AggregationConfig::TRIMMED_MEAN) {
+    if (!a.has_trim_fraction()) {
+      p.Add(
+          "aggregation.trim_fraction must be set with strategy TRIMMED_MEAN: the fraction of "
+          "updates dropped at each end of every coordinate, in (0, 0.5)");
+    } else if (!(a.trim_fraction() > 0 && a.trim_fraction() < 0.5)) {
+      p.Bad("aggregation.trim_fraction", a.trim_fraction(), "must be in (0, 0.5)");
+    } else if (std::floor(a.trim_fraction() * static_cast<double>(min_clients)) < 1) {
+      p.Bad("selection.min_clients", min_clients,
+            absl::StrCat("trims nothing with aggregation.trim_fraction ", a.trim_fraction(),
+                         " (floor(trim_fraction x min_clients) must be >= 1): a round of that "
+                         "many updates would be aggregated by the plain mean"));
+    }
+  }
+  if (krum) {
+    const int64_t f = a.krum_byzantine_clients();
+    if (!a.has_krum_byzantine_clients() || f < 1) {
+      p.Add(absl::StrCat("aggregation.krum_byzantine_clients must be set to >= 1 with strategy ",
+                         name, ": the number of malicious clients f the rule tolerates"));
+    } else {
+      const bool bulyan = s == AggregationConfig::BULYAN;
+      const int64_t bound = bulyan ? 4 * f + 3 : 2 * f + 3;
+      if (min_clients < bound) {
+        p.Bad("selection.min_clients", min_clients,
+              absl::StrCat("must be >= ", bulyan ? "4f + 3" : "2f + 3", " = ", bound,
+                           " with strategy ", name, " and aggregation.krum_byzantine_clients ", f));
+      }
+      if (a.has_multi_krum_keep()) {
+        if (a.multi_krum_keep() < 1) {
+          p.Bad("aggregation.multi_krum_keep", a.multi_krum_keep(), "must be >= 1");
+        } else if (static_cast<int64_t>(a.multi_krum_keep()) + f > min_clients) {
+          p.Bad("aggregation.multi_krum_keep", a.multi_krum_keep(),
+                absl::StrCat("plus aggregation.krum_byzantine_clients (", f,
+                             ") exceeds selection.min_clients (", min_clients,
+                             "): a round may have too few updates to keep that many"));
+        }
+      }
+    }
+  }
+  if (c.privacy().secure_aggregation()) {
+    p.Add(absl::StrCat("aggregation.strategy ", name,
+                       " needs each client's update, which privacy.secure_aggregation hides from "
+                       "the server: use FEDAVG, FEDPROX, FEDADAM, FEDYOGI or FEDADAGRAD with it"));
+  }
+  if (c.privacy().dp().enabled()) {
+    p.Add(absl::StrCat("aggregation.strategy ", name,
+                       " with differential privacy: the accountant's noise is calibrated to the "
+                       "clipped mean's sensitivity, not to ",
+                       name, "'s; use the FedAvg family with privacy.dp"));
+  }
+  if (a.weight_by_examples()) {
+    p.Add(absl::StrCat("aggregation.weight_by_examples must be false with strategy ", name,
+                       ": robust statistics weigh every update the same"));
+  }
+}
+
+}  // namespace
 
 void ValidateAggregation(Problems& p, const RunConfig& c) {
   const AggregationConfig& a = c.aggregation();
@@ -131,6 +216,7 @@ void ValidateAggregation(Problems& p, const RunConfig& c) {
       a.strategy() == AggregationConfig::STRATEGY_UNSPECIFIED) {
     p.Bad("aggregation.strategy", a.strategy(), "is not a known strategy");
   }
+  ValidateRobust(p, c);
   p.NonNegative("aggregation.proximal_mu", a.proximal_mu());
   if (a.strategy() == AggregationConfig::FEDPROX && a.proximal_mu() == 0) {
     p.Bad("aggregation.proximal_mu", a.proximal_mu(), "must be > 0 with strategy FEDPROX");

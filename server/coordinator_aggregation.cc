@@ -88,7 +88,7 @@ absl::StatusOr<RoundSnapshot> Coordinator::SnapshotRound(int64_t round, int64_t*
   s.optimizer = &*server_opt_;  // written only by this thread, once a round commits
   s.dp = dp_.has_value() ? &*dp_ : nullptr;
   const v1::AggregationConfig& a = config_.aggregation();
-  s.strategy = a.strategy();
+  s.aggregation = a;
   s.device = options_.aggregation_device;
   // A client's weight is its claimed example count, capped at the configured bound (the count is
   // sealed with the update, so no one on the way can change it, but the client itself may lie).

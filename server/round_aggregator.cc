@@ -12,31 +12,51 @@
 namespace fedlora {
 namespace {
 
-absl::Status NotImplementedYet(v1::AggregationConfig::Strategy strategy) {
-  return absl::UnimplementedError(
-      absl::StrCat("aggregation.strategy ", v1::AggregationConfig::Strategy_Name(strategy),
-                   " is not implemented by the server yet; use FEDAVG, FEDPROX, "
-                   "FEDADAM, FEDYOGI or FEDADAGRAD"));
+absl::Status UnknownStrategy(v1::AggregationConfig::Strategy strategy) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "aggregation.strategy ", static_cast<int>(strategy), " is not a known strategy"));
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<UpdateAggregator>> MakeUpdateAggregator(
-    v1::AggregationConfig::Strategy strategy, std::vector<TensorSpec> spec, Device device) {
-  switch (strategy) {
+    const v1::AggregationConfig& a, std::vector<TensorSpec> spec, Device device) {
+  RobustOptions robust;
+  robust.trim_fraction = a.trim_fraction();
+  robust.byzantine = a.krum_byzantine_clients();
+  robust.multi_krum_keep = a.multi_krum_keep();
+  switch (a.strategy()) {
     case v1::AggregationConfig::STRATEGY_UNSPECIFIED:
     case v1::AggregationConfig::FEDAVG:
     case v1::AggregationConfig::FEDPROX:
     case v1::AggregationConfig::FEDADAM:
     case v1::AggregationConfig::FEDYOGI:
     case v1::AggregationConfig::FEDADAGRAD: {
-      FEDLORA_ASSIGN_OR_RETURN(std::unique_ptr<FedAvgAggregator> a,
+      FEDLORA_ASSIGN_OR_RETURN(std::unique_ptr<FedAvgAggregator> f,
                                FedAvgAggregator::Create(std::move(spec), device));
-      return std::unique_ptr<UpdateAggregator>(std::move(a));
+      return std::unique_ptr<UpdateAggregator>(std::move(f));
     }
+    case v1::AggregationConfig::MEDIAN:
+      robust.rule = RobustRule::kMedian;
+      break;
+    case v1::AggregationConfig::TRIMMED_MEAN:
+      robust.rule = RobustRule::kTrimmedMean;
+      break;
+    case v1::AggregationConfig::KRUM:
+      robust.rule = RobustRule::kKrum;
+      break;
+    case v1::AggregationConfig::MULTI_KRUM:
+      robust.rule = RobustRule::kMultiKrum;
+      break;
+    case v1::AggregationConfig::BULYAN:
+      robust.rule = RobustRule::kBulyan;
+      break;
     default:
-      return NotImplementedYet(strategy);
+      return UnknownStrategy(a.strategy());
   }
+  FEDLORA_ASSIGN_OR_RETURN(std::unique_ptr<RobustAggregator> r,
+                           RobustAggregator::Create(std::move(spec), robust));
+  return std::unique_ptr<UpdateAggregator>(std::move(r));
 }
 
 absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(
@@ -46,6 +66,11 @@ absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(
     case v1::AggregationConfig::STRATEGY_UNSPECIFIED:
     case v1::AggregationConfig::FEDAVG:
     case v1::AggregationConfig::FEDPROX:
+    case v1::AggregationConfig::MEDIAN:
+    case v1::AggregationConfig::TRIMMED_MEAN:
+    case v1::AggregationConfig::KRUM:
+    case v1::AggregationConfig::MULTI_KRUM:
+    case v1::AggregationConfig::BULYAN:
       o.kind = ServerOptimizerKind::kSgd;
       break;
     case v1::AggregationConfig::FEDADAM:
@@ -58,7 +83,7 @@ absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(
       o.kind = ServerOptimizerKind::kAdagrad;
       break;
     default:
-      return NotImplementedYet(a.strategy());
+      return UnknownStrategy(a.strategy());
   }
   const bool adaptive = o.kind != ServerOptimizerKind::kSgd;
   o.learning_rate = a.has_server_learning_rate() ? a.server_learning_rate()
@@ -83,7 +108,7 @@ absl::StatusOr<RoundAggregator> RoundAggregator::Begin(RoundSnapshot snapshot) {
   RoundAggregator a;
   if (!snapshot.masked) {
     FEDLORA_ASSIGN_OR_RETURN(
-        a.rule_, MakeUpdateAggregator(snapshot.strategy, snapshot.spec, snapshot.device));
+        a.rule_, MakeUpdateAggregator(snapshot.aggregation, snapshot.spec, snapshot.device));
   }
   a.s_ = std::move(snapshot);
   return a;

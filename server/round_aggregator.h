@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "aggregation/fedavg.h"
+#include "aggregation/robust.h"
 #include "aggregation/server_optimizer.h"
 #include "aggregation/update_aggregator.h"
 #include "compression/codec.h"
@@ -38,14 +39,16 @@
 namespace fedlora {
 
 // The strategy seam's factory: the UpdateAggregator that aggregation.strategy names (FedAvg's mean
-// for FEDAVG, FEDPROX and the adaptive server optimizers, which differ only in the server step).
-// Unimplemented for the robust strategies (MEDIAN, TRIMMED_MEAN, KRUM); errors of the aggregator's
-// Create otherwise.
+// for FEDAVG, FEDPROX and the adaptive server optimizers, which differ only in the server step;
+// aggregation/robust.h's rules for MEDIAN, TRIMMED_MEAN, KRUM, MULTI_KRUM and BULYAN, with their
+// trim_fraction, krum_byzantine_clients and multi_krum_keep). `device` holds FedAvg's sums; the
+// robust rules sort on the host whatever it is. Errors of the aggregator's Create.
 absl::StatusOr<std::unique_ptr<UpdateAggregator>> MakeUpdateAggregator(
-    v1::AggregationConfig::Strategy strategy, std::vector<TensorSpec> spec, Device device);
+    const v1::AggregationConfig& a, std::vector<TensorSpec> spec, Device device);
 
 // The server optimizer aggregation.strategy asks for (its defaults: server_learning_rate 1.0 for
-// FEDAVG / FEDPROX, 0.01 for the adaptive ones). Unimplemented as MakeUpdateAggregator.
+// FEDAVG / FEDPROX and the robust rules, whose statistic takes the mean's place in a plain step;
+// 0.01 for the adaptive ones). InvalidArgument on an unknown strategy.
 absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(
     const v1::AggregationConfig& a);
 
@@ -69,10 +72,11 @@ struct RoundSnapshot {
   // Differential privacy (clipping, the noise and the accountant's step); null without it. Must
   // outlive the aggregator.
   const ServerDp* dp = nullptr;
-  // Policies. The strategy; the device of its sums; each update's weight is its claimed
+  // Policies. The aggregation section (its strategy and the strategy's settings); the device of
+  // FedAvg's sums; each update's weight is its claimed
   // num_examples capped at weight_cap, or 1 when weight_cap is 0; without DP, updates are clipped
   // to max_update_norm when it is > 0.
-  v1::AggregationConfig::Strategy strategy = v1::AggregationConfig::FEDAVG;
+  v1::AggregationConfig aggregation;
   Device device = Device::kCpu;
   int64_t weight_cap = 0;
   double max_update_norm = 0;

@@ -200,7 +200,8 @@ absl::Status ValidateOptions(const ServerOptions& o) {
 }
 
 // What Create checks before it opens the store, in order: the options, the settings the server
-// cannot carry out, privacy, the audit trail; then the data directory is created.
+// cannot carry out, the aggregation section (a robust rule's bounds and combinations), privacy,
+// the audit trail; then the data directory is created.
 absl::Status CheckBeforeStore(const ServerOptions& options, const v1::RunConfig& config,
                               const std::vector<UpdateTensor>& initial_adapter) {
   FEDLORA_RETURN_IF_ERROR(ValidateOptions(options));
@@ -209,6 +210,7 @@ absl::Status CheckBeforeStore(const ServerOptions& options, const v1::RunConfig&
   if (std::vector<std::string> refused = UnimplementedSettings(config); !refused.empty()) {
     return absl::UnimplementedError(absl::StrJoin(refused, "; "));
   }
+  FEDLORA_RETURN_IF_ERROR(ValidateAggregationSettings(config));
   int64_t adapter_elements = 0;
   for (const UpdateTensor& t : initial_adapter)
     adapter_elements += static_cast<int64_t>(t.values.size());

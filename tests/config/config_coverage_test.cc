@@ -285,6 +285,19 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
        {"train/partition_test.cc", "ShardsGiveExactlyKLabelsPerClient"}},
       {"simulation.crash_probability", {"sim/simulator_test.cc", "crash_probability"}},
       {"simulation.parallelism", {"sim/simulator_test.cc", "parallelism"}},
+      {"aggregation.strategy=MEDIAN",
+       {"server/federation_e2e_test.cc", "AggregationConfig::MEDIAN"}},
+      {"aggregation.strategy=TRIMMED_MEAN",
+       {"server/federation_e2e_test.cc", "AggregationConfig::TRIMMED_MEAN"}},
+      {"aggregation.strategy=KRUM", {"server/federation_e2e_test.cc", "AggregationConfig::KRUM"}},
+      {"aggregation.strategy=MULTI_KRUM",
+       {"server/federation_e2e_test.cc", "AggregationConfig::MULTI_KRUM"}},
+      {"aggregation.strategy=BULYAN",
+       {"server/federation_e2e_test.cc", "AggregationConfig::BULYAN"}},
+      {"aggregation.trim_fraction", {"server/federation_e2e_test.cc", "set_trim_fraction"}},
+      {"aggregation.krum_byzantine_clients",
+       {"server/federation_e2e_test.cc", "set_krum_byzantine_clients"}},
+      {"aggregation.multi_krum_keep", {"server/federation_e2e_test.cc", "set_multi_krum_keep"}},
   };
   return *m;
 }
@@ -295,23 +308,6 @@ using Mutation = std::function<void(RunConfig&)>;
 // implemented yet, naming it.
 const std::map<std::string, std::pair<Mutation, std::string>>& RefusedSettings() {
   static const auto* m = new std::map<std::string, std::pair<Mutation, std::string>>{
-      {"aggregation.strategy=MEDIAN",
-       {[](RunConfig& c) { c.mutable_aggregation()->set_strategy(v1::AggregationConfig::MEDIAN); },
-        "aggregation.strategy MEDIAN"}},
-      {"aggregation.strategy=TRIMMED_MEAN",
-       {[](RunConfig& c) {
-          c.mutable_aggregation()->set_strategy(v1::AggregationConfig::TRIMMED_MEAN);
-        },
-        "aggregation.strategy TRIMMED_MEAN"}},
-      {"aggregation.strategy=KRUM",
-       {[](RunConfig& c) { c.mutable_aggregation()->set_strategy(v1::AggregationConfig::KRUM); },
-        "aggregation.strategy KRUM"}},
-      {"aggregation.trim_fraction",
-       {[](RunConfig& c) { c.mutable_aggregation()->set_trim_fraction(0.1); },
-        "aggregation.trim_fraction"}},
-      {"aggregation.krum_byzantine_clients",
-       {[](RunConfig& c) { c.mutable_aggregation()->set_krum_byzantine_clients(1); },
-        "aggregation.krum_byzantine_clients"}},
       {"privacy.dp.mode=LOCAL",
        {[](RunConfig& c) {
           c.mutable_privacy()->mutable_dp()->set_mode(v1::DifferentialPrivacyConfig::LOCAL);

@@ -67,6 +67,43 @@ void EnableSecAgg(RunConfig& c) {
   c.mutable_aggregation()->set_weight_by_examples(false);
 }
 
+// A robust strategy on a config whose defaults were filled without it, with rounds of `n` clients
+// (its own settings left to the caller).
+void Robust(RunConfig& c, AggregationConfig::Strategy strategy, uint32_t n) {
+  c.mutable_aggregation()->set_strategy(strategy);
+  c.mutable_selection()->set_clients_per_round(n);
+  c.mutable_selection()->set_min_clients(n);
+}
+
+TEST(ConfigIoTest, RobustStrategiesValidateWithinTheirBounds) {
+  struct Valid {
+    AggregationConfig::Strategy strategy;
+    uint32_t n;
+    double trim = 0;
+    uint32_t f = 0, keep = 0;
+  };
+  for (const Valid& v :
+       {Valid{AggregationConfig::MEDIAN, 1}, Valid{AggregationConfig::TRIMMED_MEAN, 5, 0.2},
+        Valid{AggregationConfig::TRIMMED_MEAN, 4, 0.25}, Valid{AggregationConfig::KRUM, 5, 0, 1},
+        Valid{AggregationConfig::MULTI_KRUM, 7, 0, 2},
+        Valid{AggregationConfig::MULTI_KRUM, 7, 0, 2, 5}, Valid{AggregationConfig::BULYAN, 7, 0, 1},
+        Valid{AggregationConfig::BULYAN, 11, 0, 2}}) {
+    RunConfig c = MinimalConfig();
+    Robust(c, v.strategy, v.n);
+    if (v.trim > 0) c.mutable_aggregation()->set_trim_fraction(v.trim);
+    if (v.f > 0) c.mutable_aggregation()->set_krum_byzantine_clients(v.f);
+    if (v.keep > 0) c.mutable_aggregation()->set_multi_krum_keep(v.keep);
+    EXPECT_TRUE(ValidateRunConfig(c).ok()) << AggregationConfig::Strategy_Name(v.strategy)
+                                           << " n=" << v.n << ": " << ValidateRunConfig(c);
+  }
+  // Defaults: a robust strategy weighs updates equally even with a bound on the claimed counts.
+  absl::StatusOr<RunConfig> c = ParseRunConfigJson(
+      R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]}, "selection": {"clients_per_round": 5},
+          "aggregation": {"strategy": "MEDIAN", "max_examples_per_client": 100}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->aggregation().weight_by_examples());
+}
+
 // A valid CAUSAL_LM task in place of MinimalConfig's classification one.
 void MakeCausalLm(RunConfig& c) {
   v1::TaskConfig* t = c.mutable_task();
@@ -570,14 +607,80 @@ const std::vector<ValidationCase>& Cases() {
        "aggregation.proximal_mu (-1) must be finite and >= 0"},
       {"ServerLrZero", [](RunConfig& c) { c.mutable_aggregation()->set_server_learning_rate(0); },
        "aggregation.server_learning_rate (0)"},
-      {"TrimFractionSet", [](RunConfig& c) { c.mutable_aggregation()->set_trim_fraction(0.1); },
-       "aggregation.trim_fraction is not implemented yet"},
-      {"KrumRefused",
+      {"TrimFractionWithoutTrimmedMean",
+       [](RunConfig& c) { c.mutable_aggregation()->set_trim_fraction(0.1); },
+       "aggregation.trim_fraction belongs to strategy TRIMMED_MEAN, not FEDAVG"},
+      {"KrumFWithoutKrum",
+       [](RunConfig& c) { c.mutable_aggregation()->set_krum_byzantine_clients(1); },
+       "aggregation.krum_byzantine_clients belongs to strategies KRUM, MULTI_KRUM and BULYAN, "
+       "not FEDAVG"},
+      {"MultiKrumKeepWithoutMultiKrum",
        [](RunConfig& c) {
-         c.mutable_aggregation()->set_strategy(AggregationConfig::KRUM);
+         Robust(c, AggregationConfig::KRUM, 5);
+         c.mutable_aggregation()->set_krum_byzantine_clients(1);
+         c.mutable_aggregation()->set_multi_krum_keep(2);
+       },
+       "aggregation.multi_krum_keep belongs to strategy MULTI_KRUM, not KRUM"},
+      {"TrimmedMeanWithoutFraction",
+       [](RunConfig& c) { Robust(c, AggregationConfig::TRIMMED_MEAN, 5); },
+       "aggregation.trim_fraction must be set with strategy TRIMMED_MEAN"},
+      {"TrimFractionHalf",
+       [](RunConfig& c) {
+         Robust(c, AggregationConfig::TRIMMED_MEAN, 5);
+         c.mutable_aggregation()->set_trim_fraction(0.5);
+       },
+       "aggregation.trim_fraction (0.5) must be in (0, 0.5)"},
+      {"TrimFractionTrimsNothingAtMinClients",
+       [](RunConfig& c) {
+         Robust(c, AggregationConfig::TRIMMED_MEAN, 4);
+         c.mutable_aggregation()->set_trim_fraction(0.2);
+       },
+       "selection.min_clients (4) trims nothing with aggregation.trim_fraction 0.2"},
+      {"KrumWithoutF", [](RunConfig& c) { Robust(c, AggregationConfig::KRUM, 5); },
+       "aggregation.krum_byzantine_clients must be set to >= 1 with strategy KRUM"},
+      {"KrumBelow2fPlus3",
+       [](RunConfig& c) {
+         Robust(c, AggregationConfig::KRUM, 4);
          c.mutable_aggregation()->set_krum_byzantine_clients(1);
        },
-       "aggregation.strategy KRUM is not implemented yet"},
+       "selection.min_clients (4) must be >= 2f + 3 = 5 with strategy KRUM and "
+       "aggregation.krum_byzantine_clients 1"},
+      {"BulyanBelow4fPlus3",
+       [](RunConfig& c) {
+         Robust(c, AggregationConfig::BULYAN, 10);
+         c.mutable_aggregation()->set_krum_byzantine_clients(2);
+       },
+       "selection.min_clients (10) must be >= 4f + 3 = 11 with strategy BULYAN"},
+      {"MultiKrumKeepTooMany",
+       [](RunConfig& c) {
+         Robust(c, AggregationConfig::MULTI_KRUM, 5);
+         c.mutable_aggregation()->set_krum_byzantine_clients(1);
+         c.mutable_aggregation()->set_multi_krum_keep(5);
+       },
+       "aggregation.multi_krum_keep (5) plus aggregation.krum_byzantine_clients (1) exceeds "
+       "selection.min_clients (5)"},
+      {"MedianWithSecureAggregation",
+       [](RunConfig& c) {
+         Robust(c, AggregationConfig::MEDIAN, 5);
+         c.mutable_privacy()->set_secure_aggregation(true);
+         c.mutable_aggregation()->set_max_update_norm(1);
+       },
+       "aggregation.strategy MEDIAN needs each client's update, which "
+       "privacy.secure_aggregation hides"},
+      {"TrimmedMeanWithDp",
+       [](RunConfig& c) {
+         Robust(c, AggregationConfig::TRIMMED_MEAN, 5);
+         c.mutable_aggregation()->set_trim_fraction(0.2);
+         EnableDp(c);
+       },
+       "aggregation.strategy TRIMMED_MEAN with differential privacy"},
+      {"MedianWeightedByExamples",
+       [](RunConfig& c) {
+         Robust(c, AggregationConfig::MEDIAN, 5);
+         c.mutable_aggregation()->set_max_examples_per_client(100);
+         c.mutable_aggregation()->set_weight_by_examples(true);
+       },
+       "aggregation.weight_by_examples must be false with strategy MEDIAN"},
       {"CodecStageUnset", [](RunConfig& c) { c.mutable_codec()->add_stages(); },
        "codec.stages[0].id (0) is not a known codec stage"},
       {"CodecVersionUnknown",
@@ -797,9 +900,6 @@ const std::vector<ValidationCase>& Cases() {
          c.mutable_privacy()->mutable_dp()->set_mode(DifferentialPrivacyConfig::LOCAL);
        },
        "privacy.dp.mode LOCAL is not implemented yet"},
-      {"Median",
-       [](RunConfig& c) { c.mutable_aggregation()->set_strategy(AggregationConfig::MEDIAN); },
-       "aggregation.strategy MEDIAN is not implemented yet"},
       {"CausalLmGpt2",
        [](RunConfig& c) {
          MakeCausalLm(c);

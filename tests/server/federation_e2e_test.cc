@@ -5,11 +5,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "aggregation/robust.h"
+#include "aggregation/server_optimizer.h"
 #include "client/health_check.h"
+#include "core/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/base/device.h"
@@ -270,23 +275,119 @@ TEST(FederationE2eTest, ListenAddressInUseIsUnavailable) {
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable) << second.status();
 }
 
-TEST(FederationE2eTest, StrategiesTheServerCannotRunAreRefusedAtStart) {
-  // The robust strategies need every update at once; the server refuses them rather than silently
-  // averaging.
-  for (auto strategy : {v1::AggregationConfig::MEDIAN, v1::AggregationConfig::TRIMMED_MEAN}) {
+// A site that sends its honest delta scaled by 1000 (model replacement).
+class ScalingTrainer : public DeterministicTrainer {
+ public:
+  using DeterministicTrainer::DeterministicTrainer;
+  absl::StatusOr<TrainResult> Train(const TrainTask& task,
+                                    const std::vector<NamedTensor>& global) override {
+    FEDLORA_ASSIGN_OR_RETURN(TrainResult r, DeterministicTrainer::Train(task, global));
+    for (NamedTensor& t : r.delta)
+      for (float& x : t.values) x *= 1000.0f;
+    return r;
+  }
+};
+
+// The adapter after `rounds` rounds of `rule` over sites 0..n-1, site n-1 scaled by 1000, computed
+// directly with RobustAggregator and the plain server step. The server adds the updates by upload
+// id, not by site; the rules do not depend on the order.
+std::vector<UpdateTensor> ExpectedRobust(const RobustOptions& rule, int n, int rounds) {
+  std::vector<UpdateTensor> global = testing::InitialAdapter();
+  auto opt = ServerOptimizer::Create({}, SpecFromUpdate(global));
+  EXPECT_TRUE(opt.ok()) << opt.status();
+  for (int r = 1; r <= rounds; ++r) {
+    auto a = RobustAggregator::Create(SpecFromUpdate(global), rule);
+    EXPECT_TRUE(a.ok()) << a.status();
+    for (int c = 0; c < n; ++c) {
+      std::vector<KeptTensor> kept;
+      for (UpdateTensor& t : testing::DeltaFor(c, static_cast<uint64_t>(r), global)) {
+        if (c == n - 1)
+          for (float& x : t.values) x *= 1000.0f;
+        kept.push_back({t.name, t.shape, true, {}, std::move(t.values)});
+      }
+      EXPECT_TRUE((*a)->Add(std::move(kept), 1).ok());
+    }
+    auto delta = (*a)->Finish();
+    EXPECT_TRUE(delta.ok()) << delta.status();
+    EXPECT_TRUE(opt->Step(*delta, global).ok());
+  }
+  return global;
+}
+
+TEST(FederationE2eTest, RobustStrategiesKeepAScalingSiteOut) {
+  // One site of n scales its delta by 1000: FedAvg's mean follows it, each robust rule commits what
+  // RobustAggregator computes from the same updates, and stays within the honest deltas' range.
+  struct Case {
+    v1::AggregationConfig::Strategy strategy;
+    RobustOptions rule;
+    int n;
+  };
+  const std::vector<Case> cases = {
+      {v1::AggregationConfig::MEDIAN, {RobustRule::kMedian}, 5},
+      {v1::AggregationConfig::TRIMMED_MEAN, {RobustRule::kTrimmedMean, 0.2}, 5},
+      {v1::AggregationConfig::KRUM, {RobustRule::kKrum, 0, 1}, 5},
+      {v1::AggregationConfig::MULTI_KRUM, {RobustRule::kMultiKrum, 0, 1, 3}, 5},
+      {v1::AggregationConfig::BULYAN, {RobustRule::kBulyan, 0, 1}, 7},
+  };
+  constexpr int kRounds = 2;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(v1::AggregationConfig::Strategy_Name(c.strategy));
     TempDir dir;
-    v1::RunConfig config = TestRunConfig(1, 1, 1);
-    config.mutable_aggregation()->set_strategy(strategy);
+    v1::RunConfig config = TestRunConfig(kRounds, c.n, c.n);
+    v1::AggregationConfig* a = config.mutable_aggregation();
+    a->set_strategy(c.strategy);
+    a->set_weight_by_examples(false);
+    if (c.rule.trim_fraction > 0) a->set_trim_fraction(c.rule.trim_fraction);
+    if (c.rule.byzantine > 0) a->set_krum_byzantine_clients(c.rule.byzantine);
+    if (c.rule.multi_krum_keep > 0) a->set_multi_krum_keep(c.rule.multi_krum_keep);
+    auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter());
+    ASSERT_TRUE(server.ok()) << server.status();
+    std::vector<std::unique_ptr<DeterministicTrainer>> trainers;
+    for (int i = 0; i + 1 < c.n; ++i) trainers.push_back(std::make_unique<DeterministicTrainer>(i));
+    trainers.push_back(std::make_unique<ScalingTrainer>(c.n - 1));
+    for (const auto& r : testing::RunClientsUntilDone((*server)->address(), trainers))
+      ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE((*server)->coordinator().finished());
+
+    const std::vector<UpdateTensor> committed = (*server)->coordinator().global_adapter();
+    EXPECT_TRUE(SameBits(committed, ExpectedRobust(c.rule, c.n, kRounds)));
+    // Each honest delta value is in [-6, 6] / 1024, so two rounds move a value by at most 12/1024.
+    // The attacker's 6000/1024 a round would move FedAvg's mean by up to 1200/1024 a round.
+    const std::vector<UpdateTensor> initial = testing::InitialAdapter();
+    float moved = 0;
+    for (size_t t = 0; t < committed.size(); ++t)
+      for (size_t i = 0; i < committed[t].values.size(); ++i)
+        moved = std::max(moved, std::fabs(committed[t].values[i] - initial[t].values[i]));
+    EXPECT_LE(moved, 12.0f / 1024 + 1e-6f);
+  }
+}
+
+TEST(FederationE2eTest, SettingsTheServerCannotRunAreRefusedAtStart) {
+  // A robust rule below its bound on the round's updates, or beside secure aggregation (which
+  // would hand it only the mean): refused before the store is opened, though the config was built
+  // in code.
+  for (int which = 0; which < 2; ++which) {
+    TempDir dir;
+    v1::RunConfig config = TestRunConfig(1, 4, 4);
+    config.mutable_aggregation()->set_weight_by_examples(false);
+    if (which == 0) {
+      config.mutable_aggregation()->set_strategy(v1::AggregationConfig::KRUM);
+      config.mutable_aggregation()->set_krum_byzantine_clients(1);
+    } else {
+      config.mutable_aggregation()->set_strategy(v1::AggregationConfig::MEDIAN);
+      config.mutable_aggregation()->set_max_update_norm(1);
+      config.mutable_privacy()->set_secure_aggregation(true);
+    }
     auto server = Server::Create(TestServerOptions(dir.path()), config, testing::InitialAdapter());
     ASSERT_FALSE(server.ok());
-    EXPECT_EQ(server.status().code(), absl::StatusCode::kUnimplemented) << server.status();
-    EXPECT_NE(server.status().message().find(v1::AggregationConfig::Strategy_Name(strategy)),
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << server.status();
+    EXPECT_NE(server.status().message().find(which == 0 ? "must be >= 2f + 3 = 5"
+                                                        : "which privacy.secure_aggregation hides"),
               std::string::npos)
         << server.status();
-    // Refused before the store is opened: no run was written that a restart would find.
     EXPECT_FALSE(std::filesystem::exists(dir.path() + "/fedlora.db"));
   }
-  // The same for every other setting the server does not carry out.
+  // The same for every setting the server does not carry out.
   {
     TempDir dir;
     v1::RunConfig config = TestRunConfig(1, 1, 1);
