@@ -27,8 +27,8 @@ inline constexpr uint32_t kDefaultHeartbeatIntervalSeconds = 10;
 inline constexpr uint32_t kDefaultHeartbeatTimeoutSeconds = 30;  // three missed heartbeats
 inline constexpr uint32_t kDefaultRetryAfterSeconds = 5;
 
-// Aggregation. server_learning_rate unless set: 1 (plain FedAvg's step) for FEDAVG and FEDPROX,
-// 0.01 for the adaptive optimizers (FEDADAM, FEDYOGI, FEDADAGRAD).
+// Aggregation. server_learning_rate unless set: 1 (plain FedAvg's step) for FEDAVG, FEDPROX and the
+// robust strategies, 0.01 for the adaptive optimizers (FEDADAM, FEDYOGI, FEDADAGRAD).
 inline constexpr double kDefaultServerLearningRate = 1.0;
 inline constexpr double kDefaultAdaptiveServerLearningRate = 0.01;
 inline constexpr double kDefaultProximalMu = 0.0;          // any strategy but FEDPROX
