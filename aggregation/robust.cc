@@ -59,8 +59,10 @@ int64_t RobustMinUpdates(const RobustOptions& o) {
   return 0;
 }
 
-std::vector<double> KrumScores(const std::vector<const std::vector<float>*>& rows,
-                               int64_t neighbours) {
+namespace {
+
+// The n x n matrix of squared L2 distances between the rows (in double), each pair computed once.
+std::vector<double> SquaredDistances(const std::vector<const std::vector<float>*>& rows) {
   const size_t n = rows.size();
   std::vector<double> d(n * n, 0.0);
   for (size_t i = 0; i < n; ++i) {
@@ -75,12 +77,19 @@ std::vector<double> KrumScores(const std::vector<const std::vector<float>*>& row
       d[i * n + j] = d[j * n + i] = s;
     }
   }
-  std::vector<double> scores(n, 0.0);
+  return d;
+}
+
+// Krum's scores of the rows in `subset` (indices into the n x n matrix `d`), each against its
+// `neighbours` nearest others in the subset.
+std::vector<double> ScoresWithin(const std::vector<double>& d, size_t n,
+                                 const std::vector<size_t>& subset, int64_t neighbours) {
+  std::vector<double> scores(subset.size(), 0.0);
   std::vector<double> others;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < subset.size(); ++i) {
     others.clear();
-    for (size_t j = 0; j < n; ++j) {
-      if (j != i) others.push_back(d[i * n + j]);
+    for (size_t j = 0; j < subset.size(); ++j) {
+      if (j != i) others.push_back(d[subset[i] * n + subset[j]]);
     }
     const size_t k = std::min<size_t>(static_cast<size_t>(neighbours), others.size());
     std::partial_sort(others.begin(), others.begin() + static_cast<std::ptrdiff_t>(k),
@@ -88,6 +97,15 @@ std::vector<double> KrumScores(const std::vector<const std::vector<float>*>& row
     for (size_t m = 0; m < k; ++m) scores[i] += others[m];
   }
   return scores;
+}
+
+}  // namespace
+
+std::vector<double> KrumScores(const std::vector<const std::vector<float>*>& rows,
+                               int64_t neighbours) {
+  std::vector<size_t> all(rows.size());
+  std::iota(all.begin(), all.end(), 0);
+  return ScoresWithin(SquaredDistances(rows), rows.size(), all, neighbours);
 }
 
 absl::StatusOr<std::unique_ptr<RobustAggregator>> RobustAggregator::Create(
@@ -119,17 +137,17 @@ absl::StatusOr<std::unique_ptr<RobustAggregator>> RobustAggregator::Create(
                            options.rule == RobustRule::kBulyan;
   if (options.rule == RobustRule::kTrimmedMean &&
       !(options.trim_fraction > 0 && options.trim_fraction < 0.5)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RobustAggregator: trim_fraction ", options.trim_fraction, " is not in (0, 0.5)"));
+    return absl::InvalidArgumentError(absl::StrCat("RobustAggregator: trim_fraction ",
+                                                   options.trim_fraction, " is not in (0, 0.5)"));
   }
   if (krum_family && options.byzantine < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RobustAggregator: the number of Byzantine clients f is ", options.byzantine,
-        "; it must be at least 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RobustAggregator: the number of Byzantine clients f is ", options.byzantine,
+                     "; it must be at least 1"));
   }
   if (options.multi_krum_keep < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("RobustAggregator: multi_krum_keep is ",
-                                                   options.multi_krum_keep));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RobustAggregator: multi_krum_keep is ", options.multi_krum_keep));
   }
   return std::unique_ptr<RobustAggregator>(
       new RobustAggregator(std::move(spec), std::move(offsets), options));
@@ -159,9 +177,9 @@ std::string_view RobustAggregator::name() const {
 
 absl::Status RobustAggregator::Add(std::vector<KeptTensor> update, int64_t weight) {
   if (weight != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RobustAggregator: weight ", weight, ": robust statistics weigh every update "
-                     "the same (1)"));
+    return absl::InvalidArgumentError(absl::StrCat("RobustAggregator: weight ", weight,
+                                                   ": robust statistics weigh every update "
+                                                   "the same (1)"));
   }
   if (update.size() != spec_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("RobustAggregator: update has ", update.size(),
@@ -183,16 +201,16 @@ absl::Status RobustAggregator::Add(std::vector<KeptTensor> update, int64_t weigh
     }
     seen[slot] = true;
     if (u.shape != spec_[slot].shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "RobustAggregator: tensor '", u.name, "' has shape ", ShapeText(u.shape),
-          ", the global adapter has ", ShapeText(spec_[slot].shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("RobustAggregator: tensor '", u.name, "' has shape ", ShapeText(u.shape),
+                       ", the global adapter has ", ShapeText(spec_[slot].shape)));
     }
     const int64_t n = offsets_[slot + 1] - offsets_[slot];
     const int64_t count = static_cast<int64_t>(u.values.size());
     if (u.dense ? count != n : u.indices.size() != u.values.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("RobustAggregator: tensor '", u.name, "' has ", count, " values for ",
-                       u.dense ? absl::StrCat(n, " elements") : absl::StrCat(u.indices.size(), " indices")));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RobustAggregator: tensor '", u.name, "' has ", count, " values for ",
+          u.dense ? absl::StrCat(n, " elements") : absl::StrCat(u.indices.size(), " indices")));
     }
     float* out = row.data() + offsets_[slot];
     for (int64_t i = 0; i < count; ++i) {
@@ -209,8 +227,7 @@ absl::Status RobustAggregator::Add(std::vector<KeptTensor> update, int64_t weigh
       const float x = u.values[static_cast<size_t>(i)];
       if (!std::isfinite(x)) {
         return absl::InvalidArgumentError(absl::StrCat("RobustAggregator: tensor '", u.name,
-                                                       "' value ", at, " is not finite (", x,
-                                                       ")"));
+                                                       "' value ", at, " is not finite (", x, ")"));
       }
       out[at] = x;
     }
@@ -224,8 +241,7 @@ std::vector<float> RobustAggregator::CoordinateWise(
   const int64_t n = static_cast<int64_t>(rows.size());
   std::vector<float> result(static_cast<size_t>(elements_));
   std::vector<float> v(static_cast<size_t>(n));
-  const int64_t trim =
-      static_cast<int64_t>(std::floor(o_.trim_fraction * static_cast<double>(n)));
+  const int64_t trim = static_cast<int64_t>(std::floor(o_.trim_fraction * static_cast<double>(n)));
   const int64_t beta = n - 2 * o_.byzantine;  // Bulyan: rows holds its theta picks
   std::vector<std::pair<double, float>> by_distance;
   for (int64_t e = 0; e < elements_; ++e) {
@@ -268,7 +284,8 @@ std::vector<const std::vector<float>*> RobustAggregator::KrumPicks() const {
   const std::vector<double> scores = KrumScores(rows, n - o_.byzantine - 2);
   std::vector<size_t> order(rows.size());
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return Better(scores, rows, a, b); });
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return Better(scores, rows, a, b); });
   int64_t keep = 1;
   if (o_.rule == RobustRule::kMultiKrum) {
     keep = o_.multi_krum_keep > 0 ? o_.multi_krum_keep : n - o_.byzantine;
@@ -281,25 +298,25 @@ std::vector<const std::vector<float>*> RobustAggregator::KrumPicks() const {
 
 std::vector<const std::vector<float>*> RobustAggregator::BulyanPicks() const {
   const int64_t theta = num_updates() - 2 * o_.byzantine;
+  std::vector<const std::vector<float>*> all;
+  for (const std::vector<float>& r : rows_) all.push_back(&r);
+  const std::vector<double> d = SquaredDistances(all);  // once: each repeated Krum reads it
   std::vector<size_t> remaining(rows_.size());
   std::iota(remaining.begin(), remaining.end(), 0);
-  std::vector<size_t> picked;
-  while (static_cast<int64_t>(picked.size()) < theta) {
-    std::vector<const std::vector<float>*> rows;
-    for (size_t i : remaining) rows.push_back(&rows_[i]);
+  std::vector<const std::vector<float>*> picks;
+  while (static_cast<int64_t>(picks.size()) < theta) {
     const int64_t r = static_cast<int64_t>(remaining.size());
     const std::vector<double> scores =
-        KrumScores(rows, std::max<int64_t>(r - o_.byzantine - 2, 1));
+        ScoresWithin(d, all.size(), remaining, std::max<int64_t>(r - o_.byzantine - 2, 1));
+    std::vector<const std::vector<float>*> rows;
+    for (size_t i : remaining) rows.push_back(all[i]);
     size_t best = 0;
     for (size_t i = 1; i < rows.size(); ++i) {
       if (Better(scores, rows, i, best)) best = i;
     }
-    picked.push_back(remaining[best]);
+    picks.push_back(rows[best]);
     remaining.erase(remaining.begin() + static_cast<std::ptrdiff_t>(best));
   }
-  std::sort(picked.begin(), picked.end());
-  std::vector<const std::vector<float>*> picks;
-  for (size_t i : picked) picks.push_back(&rows_[i]);
   return picks;
 }
 

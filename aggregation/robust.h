@@ -41,8 +41,8 @@ enum class RobustRule { kMedian, kTrimmedMean, kKrum, kMultiKrum, kBulyan };
 
 struct RobustOptions {
   RobustRule rule = RobustRule::kMedian;
-  double trim_fraction = 0;   // kTrimmedMean: in (0, 0.5)
-  int64_t byzantine = 0;      // f, for kKrum, kMultiKrum and kBulyan: >= 1
+  double trim_fraction = 0;     // kTrimmedMean: in (0, 0.5)
+  int64_t byzantine = 0;        // f, for kKrum, kMultiKrum and kBulyan: >= 1
   int64_t multi_krum_keep = 0;  // m for kMultiKrum; 0: n - f
 };
 

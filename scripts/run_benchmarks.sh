@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build/default}
-ninja -C "$BUILD_DIR" core_sha256_bench kernels_lora_bench compression_codec_bench aggregation_decode_add_bench train_step_bench decoder_step_bench \
+ninja -C "$BUILD_DIR" core_sha256_bench kernels_lora_bench compression_codec_bench aggregation_decode_add_bench aggregation_robust_bench train_step_bench decoder_step_bench \
   server_upload_ingest_bench crypto_secagg_bench server_secagg_round_bench >/dev/null
 echo "== SHA-256 of each chunk and the whole blob in one pass vs two OpenSSL passes (bench/core)"
 "$BUILD_DIR/bench/core/core_sha256_bench"
@@ -15,6 +15,8 @@ echo "== update codecs: encode / decode vs memcpy (bench/compression)"
 "$BUILD_DIR/bench/compression/compression_codec_bench"
 echo "== the server's decode-and-add of sparsified updates: kept entries vs dense expansion (bench/aggregation)"
 "$BUILD_DIR/bench/aggregation/aggregation_decode_add_bench"
+echo "== a round with each robust rule vs FedAvg's exact streaming mean (bench/aggregation)"
+"$BUILD_DIR/bench/aggregation/aggregation_robust_bench"
 echo "== training step vs PyTorch (bench/train)"
 bench/train/bench_train_step.sh "$BUILD_DIR"
 echo "== decoder training step and generation vs transformers + PEFT (bench/train)"
