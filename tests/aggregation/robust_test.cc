@@ -50,13 +50,13 @@ TEST(RobustTest, MedianPerCoordinate) {
 TEST(RobustTest, TrimmedMeanDropsFloorOfTheFractionAtEachEnd) {
   // n = 5, trim_fraction 0.2: one value dropped at each end. Column 0 {1, 2, 3, 4, 1000} -> the
   // mean of {2, 3, 4} = 3; column 1 {-7, 0, 1, 2, -1000} -> the mean of {-7, 0, 1} = -2.
-  EXPECT_EQ(Aggregate({RobustRule::kTrimmedMean, 0.2},
-                {{1, -7}, {2, 0}, {3, 1}, {4, 2}, {1000, -1000}}),
-            (std::vector<float>{3, -2}));
+  EXPECT_EQ(
+      Aggregate({RobustRule::kTrimmedMean, 0.2}, {{1, -7}, {2, 0}, {3, 1}, {4, 2}, {1000, -1000}}),
+      (std::vector<float>{3, -2}));
   // n = 9, trim_fraction 0.25: floor(2.25) = 2 at each end; {1..9} -> the mean of {3..7} = 5.
-  EXPECT_EQ(Aggregate({RobustRule::kTrimmedMean, 0.25},
-                {{9}, {1}, {8}, {2}, {7}, {3}, {6}, {4}, {5}}),
-            (std::vector<float>{5}));
+  EXPECT_EQ(
+      Aggregate({RobustRule::kTrimmedMean, 0.25}, {{9}, {1}, {8}, {2}, {7}, {3}, {6}, {4}, {5}}),
+      (std::vector<float>{5}));
 }
 
 TEST(RobustTest, KrumScoresAreTheSumsOfTheNearestSquaredDistances) {
@@ -99,13 +99,13 @@ TEST(RobustTest, BulyanPicksByRepeatedKrumThenAveragesAroundTheMedian) {
 }
 
 TEST(RobustTest, ResultsDoNotDependOnTheOrderOfTheUpdates) {
-  std::vector<std::vector<float>> rows = {{0.5f, -1, 3},  {0.25f, 2, -1}, {4, 0.75f, 2},
+  std::vector<std::vector<float>> rows = {{0.5f, -1, 3},   {0.25f, 2, -1}, {4, 0.75f, 2},
                                           {-3, 1, 0.125f}, {9, 9, 9},      {0.375f, 0.5f, 1.5f},
                                           {-8, -8, 30}};
-  for (RobustOptions o : {RobustOptions{RobustRule::kMedian}, RobustOptions{RobustRule::kTrimmedMean, 0.3},
-                          RobustOptions{RobustRule::kKrum, 0, 1},
-                          RobustOptions{RobustRule::kMultiKrum, 0, 1, 3},
-                          RobustOptions{RobustRule::kBulyan, 0, 1}}) {
+  for (RobustOptions o :
+       {RobustOptions{RobustRule::kMedian}, RobustOptions{RobustRule::kTrimmedMean, 0.3},
+        RobustOptions{RobustRule::kKrum, 0, 1}, RobustOptions{RobustRule::kMultiKrum, 0, 1, 3},
+        RobustOptions{RobustRule::kBulyan, 0, 1}}) {
     const std::vector<float> first = Aggregate(o, rows);
     std::vector<std::vector<float>> reversed(rows.rbegin(), rows.rend());
     std::rotate(reversed.begin(), reversed.begin() + 2, reversed.end());
@@ -119,11 +119,15 @@ TEST(RobustTest, TooFewUpdatesForTheBoundAreRefusedAtFinish) {
     int n;
     const char* message;
   };
-  for (const Case& c : {Case{{RobustRule::kKrum, 0, 1}, 4, "krum needs at least 5 updates with f = 1; the round has 4"},
-                        Case{{RobustRule::kMultiKrum, 0, 1, 5}, 5, "multi_krum needs at least 6 updates"},
-                        Case{{RobustRule::kBulyan, 0, 2}, 10, "bulyan needs at least 11 updates with f = 2"},
-                        Case{{RobustRule::kTrimmedMean, 0.2}, 4,
-                             "trimmed_mean needs at least 5 updates (trim_fraction 0.2 trims none of fewer)"}}) {
+  for (const Case& c :
+       {Case{{RobustRule::kKrum, 0, 1},
+             4,
+             "krum needs at least 5 updates with f = 1; the round has 4"},
+        Case{{RobustRule::kMultiKrum, 0, 1, 5}, 5, "multi_krum needs at least 6 updates"},
+        Case{{RobustRule::kBulyan, 0, 2}, 10, "bulyan needs at least 11 updates with f = 2"},
+        Case{{RobustRule::kTrimmedMean, 0.2},
+             4,
+             "trimmed_mean needs at least 5 updates (trim_fraction 0.2 trims none of fewer)"}}) {
     std::unique_ptr<RobustAggregator> a = Make(c.o, 1);
     for (int i = 0; i < c.n; ++i) ASSERT_TRUE(a->Add(Dense({static_cast<float>(i)}), 1).ok());
     absl::StatusOr<std::vector<UpdateTensor>> out = a->Finish();
@@ -134,7 +138,8 @@ TEST(RobustTest, TooFewUpdatesForTheBoundAreRefusedAtFinish) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(RobustMinUpdates({RobustRule::kMedian}), 1);
   EXPECT_EQ(RobustMinUpdates({RobustRule::kTrimmedMean, 0.1}), 10);  // floor(0.1 x 10) = 1
-  EXPECT_EQ(RobustMinUpdates({RobustRule::kTrimmedMean, 0.3}), 4);   // floor(0.9) = 0, floor(1.2) = 1
+  EXPECT_EQ(RobustMinUpdates({RobustRule::kTrimmedMean, 0.3}),
+            4);  // floor(0.9) = 0, floor(1.2) = 1
   EXPECT_EQ(RobustMinUpdates({RobustRule::kKrum, 0, 2}), 7);
   EXPECT_EQ(RobustMinUpdates({RobustRule::kMultiKrum, 0, 1, 6}), 7);
   EXPECT_EQ(RobustMinUpdates({RobustRule::kBulyan, 0, 1}), 7);
@@ -184,8 +189,9 @@ TEST(RobustTest, BadUpdatesAndOptionsAreRefusedAndNotHeld) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RobustAggregator::Create({}, {RobustRule::kMedian}).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(RobustAggregator::Create({{"w", {1}}, {"w", {2}}}, {RobustRule::kMedian}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      RobustAggregator::Create({{"w", {1}}, {"w", {2}}}, {RobustRule::kMedian}).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
