@@ -130,8 +130,8 @@ int main(int argc, char** argv) {
       const std::string f =
           r.options.byzantine > 0 ? std::to_string(r.options.byzantine) : std::string("-");
       std::printf("| %lld | %d | %s | %s | %.1f | %.1f | %.1fx | %.1f | %.1f |\n",
-                  static_cast<long long>(elements), n, f.c_str(), r.name, rule_s * 1e3, fedavg_s * 1e3, rule_s / fedavg_s, held / 1e6,
-                  fedavg_bytes / 1e6);
+                  static_cast<long long>(elements), n, f.c_str(), r.name, rule_s * 1e3,
+                  fedavg_s * 1e3, rule_s / fedavg_s, held / 1e6, fedavg_bytes / 1e6);
     }
   }
   return 0;
