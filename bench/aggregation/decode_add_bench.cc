@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "aggregation/fedavg.h"
+#include "bench/aggregation/lora_update.h"
 #include "bench/kernels/bench_util.h"
 #include "compression/codec.h"
 
@@ -33,18 +34,7 @@ using bench::MedianSeconds;
 constexpr int64_t kTensorValues = int64_t{1} << 20;
 
 std::vector<UpdateTensor> MakeUpdate(int64_t elements, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1e-3f);
-  std::vector<UpdateTensor> u;
-  for (int64_t done = 0, t = 0; done < elements; done += kTensorValues, ++t) {
-    const int64_t m = std::min(kTensorValues, elements - done) / 8;
-    UpdateTensor x{"layer" + std::to_string(t / 2) + (t % 2 == 0 ? ".lora_A" : ".lora_B"),
-                   t % 2 == 0 ? std::vector<int64_t>{8, m} : std::vector<int64_t>{m, 8},
-                   std::vector<float>(static_cast<size_t>(8 * m))};
-    for (float& v : x.values) v = normal(rng);
-    u.push_back(std::move(x));
-  }
-  return u;
+  return bench::LoraShapedUpdate(elements, seed, kTensorValues);
 }
 
 std::string Bits(const std::vector<UpdateTensor>& mean) {

@@ -20,6 +20,7 @@
 
 #include "aggregation/fedavg.h"
 #include "aggregation/robust.h"
+#include "bench/aggregation/lora_update.h"
 #include "bench/kernels/bench_util.h"
 
 namespace fedlora {
@@ -29,19 +30,7 @@ using bench::Check;
 using bench::MedianSeconds;
 
 std::vector<UpdateTensor> MakeUpdate(int64_t elements, uint32_t seed) {
-  constexpr int64_t kTensor = int64_t{1} << 18;
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1e-3f);
-  std::vector<UpdateTensor> u;
-  for (int64_t done = 0, t = 0; done < elements; done += kTensor, ++t) {
-    const int64_t m = std::min(kTensor, elements - done) / 8;
-    UpdateTensor x{"layer" + std::to_string(t / 2) + (t % 2 == 0 ? ".lora_A" : ".lora_B"),
-                   t % 2 == 0 ? std::vector<int64_t>{8, m} : std::vector<int64_t>{m, 8},
-                   std::vector<float>(static_cast<size_t>(8 * m))};
-    for (float& v : x.values) v = normal(rng);
-    u.push_back(std::move(x));
-  }
-  return u;
+  return bench::LoraShapedUpdate(elements, seed, int64_t{1} << 18);
 }
 
 std::vector<KeptTensor> Kept(const std::vector<UpdateTensor>& u) {
