@@ -73,6 +73,11 @@ inline constexpr uint32_t kChunkMessageOverheadBytes = 64u << 10;  // 64 KiB
 inline constexpr uint32_t kDefaultSimulatedClients = 10;
 inline constexpr double kDefaultDirichletAlpha = 0.5;
 inline constexpr uint32_t kDefaultShardsPerClient = 2;
+// simulation.attack.scale unless set, by kind: SIGN_FLIP's factor, SCALE's factor (model
+// replacement), GAUSSIAN's standard deviation.
+inline constexpr double kDefaultSignFlipScale = 1.0;
+inline constexpr double kDefaultScaleAttackFactor = 1000.0;
+inline constexpr double kDefaultGaussianAttackStddev = 0.1;
 
 // Config files larger than this are refused before they are read (a config is a few KiB).
 inline constexpr uint64_t kMaxRunConfigFileBytes = 16ull << 20;  // 16 MiB

@@ -85,6 +85,22 @@ void ApplyFederationDefaults(RunConfig* c) {
     sim->set_partition(SimulationConfig::IID);
   if (!sim->has_dirichlet_alpha()) sim->set_dirichlet_alpha(kDefaultDirichletAlpha);
   if (!sim->has_shards_per_client()) sim->set_shards_per_client(kDefaultShardsPerClient);
+  v1::SimulationAttack* attack = sim->mutable_attack();
+  if (!attack->has_scale()) {
+    switch (attack->kind()) {
+      case v1::SimulationAttack::SIGN_FLIP:
+        attack->set_scale(kDefaultSignFlipScale);
+        break;
+      case v1::SimulationAttack::SCALE:
+        attack->set_scale(kDefaultScaleAttackFactor);
+        break;
+      case v1::SimulationAttack::GAUSSIAN:
+        attack->set_scale(kDefaultGaussianAttackStddev);
+        break;
+      default:
+        break;  // no attack, or one refused as not implemented
+    }
+  }
 }
 
 void ValidateRun(Problems& p, const RunConfig& c) {
@@ -274,6 +290,20 @@ void ValidateSimulation(Problems& p, const SimulationConfig& s) {
   p.Range<uint32_t>("simulation.parallelism", s.parallelism(), 0, 4096);
   if (s.has_shards_per_client())
     p.Range<uint32_t>("simulation.shards_per_client", s.shards_per_client(), 1, 100'000);
+  const v1::SimulationAttack& a = s.attack();
+  if (s.malicious_clients() > s.num_clients()) {
+    p.Bad("simulation.malicious_clients", s.malicious_clients(),
+          absl::StrCat("exceeds simulation.num_clients (", s.num_clients(), ")"));
+  }
+  if (!v1::SimulationAttack::Kind_IsValid(a.kind())) {
+    p.Bad("simulation.attack.kind", a.kind(), "is not a known attack");
+  } else if (s.malicious_clients() > 0 && a.kind() == v1::SimulationAttack::KIND_UNSPECIFIED) {
+    p.Add("simulation.attack.kind must be set with simulation.malicious_clients > 0");
+  } else if (s.malicious_clients() == 0 &&
+             (a.kind() != v1::SimulationAttack::KIND_UNSPECIFIED || a.has_scale())) {
+    p.Add("simulation.attack is set but simulation.malicious_clients is 0: no client attacks");
+  }
+  if (a.has_scale()) p.Positive("simulation.attack.scale", a.scale());
 }
 
 void ValidatePartitionForTask(Problems& p, const RunConfig& c) {

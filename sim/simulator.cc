@@ -206,6 +206,7 @@ absl::StatusOr<TrainResult> Simulation::TrainClient(VirtualClient& vc, const Tra
     if (task.report_progress) task.report_progress(done, total);
   };
   FEDLORA_ASSIGN_OR_RETURN(TrainResult result, vc.local->Train(reporting, global));
+  ForgeUpdate(config_, task.round, vc.index, result.delta);  // a malicious client's forgery
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto mean = result.metrics.find("train_loss_mean");  // LoraTrainer always reports it

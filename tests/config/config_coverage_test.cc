@@ -285,6 +285,13 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
        {"train/partition_test.cc", "ShardsGiveExactlyKLabelsPerClient"}},
       {"simulation.crash_probability", {"sim/simulator_test.cc", "crash_probability"}},
       {"simulation.parallelism", {"sim/simulator_test.cc", "parallelism"}},
+      {"simulation.malicious_clients", {"sim/simulator_test.cc", "set_malicious_clients"}},
+      {"simulation.attack.kind", {"sim/simulator_test.cc", "mutable_attack()->set_kind"}},
+      {"simulation.attack.kind=SIGN_FLIP",
+       {"sim/simulator_test.cc", "SimulationAttack::SIGN_FLIP"}},
+      {"simulation.attack.kind=SCALE", {"sim/simulator_test.cc", "SimulationAttack::SCALE"}},
+      {"simulation.attack.kind=GAUSSIAN", {"sim/simulator_test.cc", "SimulationAttack::GAUSSIAN"}},
+      {"simulation.attack.scale", {"sim/simulator_test.cc", "mutable_attack()->set_scale"}},
       {"aggregation.strategy=MEDIAN",
        {"server/federation_e2e_test.cc", "AggregationConfig::MEDIAN"}},
       {"aggregation.strategy=TRIMMED_MEAN",
@@ -308,6 +315,19 @@ using Mutation = std::function<void(RunConfig&)>;
 // implemented yet, naming it.
 const std::map<std::string, std::pair<Mutation, std::string>>& RefusedSettings() {
   static const auto* m = new std::map<std::string, std::pair<Mutation, std::string>>{
+      {"simulation.attack.kind=LITTLE_IS_ENOUGH",
+       {[](RunConfig& c) {
+          c.mutable_simulation()->set_malicious_clients(1);
+          c.mutable_simulation()->mutable_attack()->set_kind(
+              v1::SimulationAttack::LITTLE_IS_ENOUGH);
+        },
+        "simulation.attack.kind LITTLE_IS_ENOUGH"}},
+      {"simulation.attack.kind=MIN_MAX",
+       {[](RunConfig& c) {
+          c.mutable_simulation()->set_malicious_clients(1);
+          c.mutable_simulation()->mutable_attack()->set_kind(v1::SimulationAttack::MIN_MAX);
+        },
+        "simulation.attack.kind MIN_MAX"}},
       {"privacy.dp.mode=LOCAL",
        {[](RunConfig& c) {
           c.mutable_privacy()->mutable_dp()->set_mode(v1::DifferentialPrivacyConfig::LOCAL);

@@ -96,7 +96,22 @@ TEST(ConfigIoTest, RobustStrategiesValidateWithinTheirBounds) {
     EXPECT_TRUE(ValidateRunConfig(c).ok()) << AggregationConfig::Strategy_Name(v.strategy)
                                            << " n=" << v.n << ": " << ValidateRunConfig(c);
   }
-  // Defaults: a robust strategy weighs updates equally even with a bound on the claimed counts.
+}
+
+TEST(ConfigIoTest, SimulationAttackScaleDefaultsByKind) {
+  for (const auto& [kind, scale] : std::vector<std::pair<v1::SimulationAttack::Kind, double>>{
+           {v1::SimulationAttack::SIGN_FLIP, 1.0},
+           {v1::SimulationAttack::SCALE, 1000.0},
+           {v1::SimulationAttack::GAUSSIAN, 0.1}}) {
+    RunConfig a;
+    a.mutable_simulation()->mutable_attack()->set_kind(kind);
+    ApplyRunConfigDefaults(&a);
+    EXPECT_EQ(a.simulation().attack().scale(), scale) << v1::SimulationAttack::Kind_Name(kind);
+  }
+}
+
+TEST(ConfigIoTest, RobustStrategiesWeighEquallyByDefault) {
+  // A robust strategy weighs updates equally even with a bound on the claimed counts.
   absl::StatusOr<RunConfig> c = ParseRunConfigJson(
       R"({"model": {"path": "m"}, "task": {"labels": ["a", "b"]}, "selection": {"clients_per_round": 5},
           "aggregation": {"strategy": "MEDIAN", "max_examples_per_client": 100}})");
@@ -1083,6 +1098,27 @@ const std::vector<ValidationCase>& Cases() {
       {"SimByKeyWithoutField",
        [](RunConfig& c) { c.mutable_simulation()->set_partition(v1::SimulationConfig::BY_KEY); },
        "simulation.partition_key_field must be set with partition BY_KEY"},
+      {"SimMaliciousAboveNumClients",
+       [](RunConfig& c) {
+         c.mutable_simulation()->set_malicious_clients(11);
+         c.mutable_simulation()->mutable_attack()->set_kind(v1::SimulationAttack::SCALE);
+       },
+       "simulation.malicious_clients (11) exceeds simulation.num_clients (10)"},
+      {"SimMaliciousWithoutAttack",
+       [](RunConfig& c) { c.mutable_simulation()->set_malicious_clients(1); },
+       "simulation.attack.kind must be set with simulation.malicious_clients > 0"},
+      {"SimAttackWithoutMalicious",
+       [](RunConfig& c) {
+         c.mutable_simulation()->mutable_attack()->set_kind(v1::SimulationAttack::SIGN_FLIP);
+       },
+       "simulation.attack is set but simulation.malicious_clients is 0"},
+      {"SimAttackScaleZero",
+       [](RunConfig& c) {
+         c.mutable_simulation()->set_malicious_clients(1);
+         c.mutable_simulation()->mutable_attack()->set_kind(v1::SimulationAttack::GAUSSIAN);
+         c.mutable_simulation()->mutable_attack()->set_scale(0);
+       },
+       "simulation.attack.scale (0) must be finite and > 0"},
       {"SimDropoutAboveOne",
        [](RunConfig& c) { c.mutable_simulation()->set_dropout_probability(1.5); },
        "simulation.dropout_probability (1.5)"},

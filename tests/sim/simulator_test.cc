@@ -276,6 +276,53 @@ TEST(Simulator, RobustStrategiesTrainAVirtualFederation) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Simulator, AttacksDamageFedAvgAndTheMedianHoldsThem) {
+  // Five sites, all in every round; site 0 is malicious. Each attack raises FedAvg's final eval
+  // loss by more than 0.5 over the clean run's (ln 3 = 1.10 is a uniform guess), and leaves the
+  // median's within 0.1 of its own clean run's.
+  const std::string dir = MakeFixture();
+  auto final_loss = [&](const std::string& name, v1::AggregationConfig::Strategy strategy,
+                        v1::SimulationAttack::Kind attack, double scale) {
+    v1::RunConfig config = Config(dir, 3);
+    config.mutable_training()->set_learning_rate(0.05);
+    config.mutable_selection()->set_clients_per_round(5);
+    config.mutable_selection()->set_min_clients(5);
+    config.mutable_simulation()->set_num_clients(5);
+    config.mutable_aggregation()->set_strategy(strategy);
+    if (attack != v1::SimulationAttack::KIND_UNSPECIFIED) {
+      config.mutable_simulation()->set_malicious_clients(1);
+      config.mutable_simulation()->mutable_attack()->set_kind(attack);
+      config.mutable_simulation()->mutable_attack()->set_scale(scale);
+    }
+    EXPECT_TRUE(ValidateRunConfig(config).ok()) << name << ": " << ValidateRunConfig(config);
+    const SimResult r = RunIn(dir, name, config);
+    EXPECT_EQ(r.rounds.size(), 4u) << name;
+    return r.rounds.empty() ? 0.0 : r.rounds.back().eval_loss;
+  };
+  const double fedavg_clean = final_loss("fedavg", v1::AggregationConfig::FEDAVG,
+                                         v1::SimulationAttack::KIND_UNSPECIFIED, 0);
+  const double median_clean = final_loss("median", v1::AggregationConfig::MEDIAN,
+                                         v1::SimulationAttack::KIND_UNSPECIFIED, 0);
+  struct Attack {
+    const char* name;
+    v1::SimulationAttack::Kind kind;
+    double scale;
+  };
+  for (const Attack& a : {Attack{"sign_flip", v1::SimulationAttack::SIGN_FLIP, 10},
+                          Attack{"scale", v1::SimulationAttack::SCALE, 1000},
+                          Attack{"gaussian", v1::SimulationAttack::GAUSSIAN, 10}}) {
+    const double fedavg =
+        final_loss(absl::StrCat("fedavg_", a.name), v1::AggregationConfig::FEDAVG, a.kind, a.scale);
+    const double median =
+        final_loss(absl::StrCat("median_", a.name), v1::AggregationConfig::MEDIAN, a.kind, a.scale);
+    std::fprintf(stderr, "ATTACK %s fedavg %f (clean %f) median %f (clean %f)\n", a.name, fedavg,
+                 fedavg_clean, median, median_clean);
+    EXPECT_GT(fedavg, fedavg_clean + 0.5) << a.name << " did not damage FedAvg";
+    EXPECT_LT(median, median_clean + 0.1) << a.name << " moved the median";
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Simulator, CompressedUpdatesWithErrorFeedbackCrossTheWire) {
   // The same federation uncompressed and with [TOPK 10%, QUANT 8 bit, ZSTD]: the server accepts
   // the compressed updates (it checks their format and kept counts), they are several times
