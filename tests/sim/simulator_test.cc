@@ -242,6 +242,18 @@ TEST(Simulator, ProximalTermAndLogitAdjustmentReachTheVirtualClients) {
   std::filesystem::remove_all(dir);
 }
 
+// Five virtual sites, every one in every round, three rounds at learning rate 0.05 (enough for
+// this task to learn under FedAvg), aggregated by `strategy`.
+v1::RunConfig FiveSites(const std::string& dir, v1::AggregationConfig::Strategy strategy) {
+  v1::RunConfig config = Config(dir, 3);
+  config.mutable_training()->set_learning_rate(0.05);
+  config.mutable_selection()->set_clients_per_round(5);
+  config.mutable_selection()->set_min_clients(5);
+  config.mutable_simulation()->set_num_clients(5);
+  config.mutable_aggregation()->set_strategy(strategy);
+  return config;
+}
+
 TEST(Simulator, RobustStrategiesTrainAVirtualFederation) {
   // Five virtual sites, every one in every round: the robust rules run in the simulator's server
   // as in `fedlora server`, the federation learns under the median and Multi-Krum, and each rule
@@ -249,12 +261,7 @@ TEST(Simulator, RobustStrategiesTrainAVirtualFederation) {
   // on this task does not lower the loss in three rounds; it is checked to run and differ only.
   const std::string dir = MakeFixture();
   auto run = [&](const std::string& name, v1::AggregationConfig::Strategy strategy, bool learns) {
-    v1::RunConfig config = Config(dir, 3);
-    config.mutable_training()->set_learning_rate(0.05);
-    config.mutable_selection()->set_clients_per_round(5);
-    config.mutable_selection()->set_min_clients(5);
-    config.mutable_simulation()->set_num_clients(5);
-    config.mutable_aggregation()->set_strategy(strategy);
+    v1::RunConfig config = FiveSites(dir, strategy);
     if (strategy == v1::AggregationConfig::KRUM || strategy == v1::AggregationConfig::MULTI_KRUM)
       config.mutable_aggregation()->set_krum_byzantine_clients(1);
     EXPECT_TRUE(ValidateRunConfig(config).ok()) << name << ": " << ValidateRunConfig(config);
@@ -283,12 +290,7 @@ TEST(Simulator, AttacksDamageFedAvgAndTheMedianHoldsThem) {
   const std::string dir = MakeFixture();
   auto final_loss = [&](const std::string& name, v1::AggregationConfig::Strategy strategy,
                         v1::SimulationAttack::Kind attack, double scale) {
-    v1::RunConfig config = Config(dir, 3);
-    config.mutable_training()->set_learning_rate(0.05);
-    config.mutable_selection()->set_clients_per_round(5);
-    config.mutable_selection()->set_min_clients(5);
-    config.mutable_simulation()->set_num_clients(5);
-    config.mutable_aggregation()->set_strategy(strategy);
+    v1::RunConfig config = FiveSites(dir, strategy);
     if (attack != v1::SimulationAttack::KIND_UNSPECIFIED) {
       config.mutable_simulation()->set_malicious_clients(1);
       config.mutable_simulation()->mutable_attack()->set_kind(attack);
