@@ -1,6 +1,6 @@
-// The simulation: an in-process server and virtual clients over loopback, the seeded faults, the
-// round records and the progress line. The models, data and evaluator are the run's workload
-// (sim/sim_data.h, workload/factory.h) in one pool (sim/model_pool.h).
+// The simulation: an in-process server and virtual clients over loopback, the seeded faults and
+// attacks (sim/sim_setup.h), the round records and the progress line. The models, data and
+// evaluator are the run's workload (sim/sim_data.h, workload/factory.h) in one pool.
 // Just over 600 lines: one class, Simulation, whose steps share its state; the progress line and
 // the round records are what would move out next, with the class into a header of its own.
 #include "sim/simulator.h"
