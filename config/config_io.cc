@@ -95,6 +95,9 @@ std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
     refuse(absl::StrCat("simulation.attack.kind ", v1::SimulationAttack::Kind_Name(attack)),
            "SIGN_FLIP, SCALE and GAUSSIAN are");
   }
+  if (c.lora().freeze_a()) refuse("lora.freeze_a", "");
+  if (c.aggregation().strategy() == v1::AggregationConfig::LORA_PRODUCT)
+    refuse("aggregation.strategy LORA_PRODUCT", "");
   if (dp.mode() == DifferentialPrivacyConfig::LOCAL)
     refuse("privacy.dp.mode LOCAL", "CENTRAL and DISTRIBUTED are");
   if (c.privacy().secure_aggregation() && dp.enabled() && dp.adaptive_clipping().enabled()) {
