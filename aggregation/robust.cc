@@ -6,14 +6,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "aggregation/dense_rows.h"
+#include "core/status.h"
 
 namespace fedlora {
 namespace {
-
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
 
 // The mean of `values` in double, in their order.
 float Mean(const float* values, int64_t n) {
@@ -110,28 +107,7 @@ std::vector<double> KrumScores(const std::vector<const std::vector<float>*>& row
 
 absl::StatusOr<std::unique_ptr<RobustAggregator>> RobustAggregator::Create(
     std::vector<TensorSpec> spec, RobustOptions options) {
-  if (spec.empty()) return absl::InvalidArgumentError("RobustAggregator: the spec is empty");
-  std::vector<int64_t> offsets = {0};
-  for (size_t i = 0; i < spec.size(); ++i) {
-    if (spec[i].name.empty()) {
-      return absl::InvalidArgumentError("RobustAggregator: a spec tensor has no name");
-    }
-    for (size_t j = 0; j < i; ++j) {
-      if (spec[j].name == spec[i].name) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("RobustAggregator: the spec repeats tensor '", spec[i].name, "'"));
-      }
-    }
-    int64_t n = 1;
-    for (int64_t dim : spec[i].shape) {
-      if (dim < 0 || (dim > 0 && n > (int64_t{1} << 40) / dim)) {
-        return absl::InvalidArgumentError(absl::StrCat("RobustAggregator: tensor '", spec[i].name,
-                                                       "' has shape ", ShapeText(spec[i].shape)));
-      }
-      n *= dim;
-    }
-    offsets.push_back(offsets.back() + n);
-  }
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<int64_t> offsets, RowOffsets(spec, "RobustAggregator"));
   const bool krum_family = options.rule == RobustRule::kKrum ||
                            options.rule == RobustRule::kMultiKrum ||
                            options.rule == RobustRule::kBulyan;
@@ -181,57 +157,8 @@ absl::Status RobustAggregator::Add(std::vector<KeptTensor> update, int64_t weigh
                                                    ": robust statistics weigh every update "
                                                    "the same (1)"));
   }
-  if (update.size() != spec_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("RobustAggregator: update has ", update.size(),
-                                                   " tensors, the global adapter has ",
-                                                   spec_.size()));
-  }
-  std::vector<float> row(static_cast<size_t>(elements_), 0.0f);
-  std::vector<bool> seen(spec_.size(), false);
-  for (const KeptTensor& u : update) {
-    size_t slot = 0;
-    while (slot < spec_.size() && spec_[slot].name != u.name) ++slot;
-    if (slot == spec_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("RobustAggregator: update tensor '", u.name,
-                                                     "' is not in the global adapter"));
-    }
-    if (seen[slot]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("RobustAggregator: update repeats tensor '", u.name, "'"));
-    }
-    seen[slot] = true;
-    if (u.shape != spec_[slot].shape) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("RobustAggregator: tensor '", u.name, "' has shape ", ShapeText(u.shape),
-                       ", the global adapter has ", ShapeText(spec_[slot].shape)));
-    }
-    const int64_t n = offsets_[slot + 1] - offsets_[slot];
-    const int64_t count = static_cast<int64_t>(u.values.size());
-    if (u.dense ? count != n : u.indices.size() != u.values.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "RobustAggregator: tensor '", u.name, "' has ", count, " values for ",
-          u.dense ? absl::StrCat(n, " elements") : absl::StrCat(u.indices.size(), " indices")));
-    }
-    float* out = row.data() + offsets_[slot];
-    for (int64_t i = 0; i < count; ++i) {
-      int64_t at = i;
-      if (!u.dense) {
-        at = u.indices[static_cast<size_t>(i)];
-        const int64_t floor = i == 0 ? 0 : u.indices[static_cast<size_t>(i) - 1] + 1;
-        if (at < floor || at >= n) {
-          return absl::InvalidArgumentError(absl::StrCat("RobustAggregator: tensor '", u.name,
-                                                         "' kept index ", i, " (", at,
-                                                         ") is not in [", floor, ", ", n, ")"));
-        }
-      }
-      const float x = u.values[static_cast<size_t>(i)];
-      if (!std::isfinite(x)) {
-        return absl::InvalidArgumentError(absl::StrCat("RobustAggregator: tensor '", u.name,
-                                                       "' value ", at, " is not finite (", x, ")"));
-      }
-      out[at] = x;
-    }
-  }
+  FEDLORA_ASSIGN_OR_RETURN(std::vector<float> row,
+                           DenseRow(update, spec_, offsets_, "RobustAggregator"));
   rows_.push_back(std::move(row));
   return absl::OkStatus();
 }

@@ -9,6 +9,8 @@ find_package(gRPC CONFIG REQUIRED)
 find_package(OpenSSL 3 REQUIRED)
 find_package(SQLite3 REQUIRED)
 find_package(nlohmann_json 3 CONFIG REQUIRED)
+# Eigen (header-only): the QR and SVD of LORA_PRODUCT aggregation (aggregation/lora_product.h).
+find_package(Eigen3 3.3 CONFIG REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 # oneDNN (libdnnl-dev): the CPU's bf16 GEMMs (kernels/gemm_bf16_cpu.cc). Debian's build runs on

@@ -96,8 +96,6 @@ std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
            "SIGN_FLIP, SCALE and GAUSSIAN are");
   }
   if (c.lora().freeze_a()) refuse("lora.freeze_a", "");
-  if (c.aggregation().strategy() == v1::AggregationConfig::LORA_PRODUCT)
-    refuse("aggregation.strategy LORA_PRODUCT", "");
   if (dp.mode() == DifferentialPrivacyConfig::LOCAL)
     refuse("privacy.dp.mode LOCAL", "CENTRAL and DISTRIBUTED are");
   if (c.privacy().secure_aggregation() && dp.enabled() && dp.adaptive_clipping().enabled()) {

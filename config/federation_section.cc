@@ -224,6 +224,41 @@ void ValidateRobust(Problems& p, const RunConfig& c) {
   }
 }
 
+// LORA_PRODUCT factors the mean of the clients' products: it needs each client's factors, and
+// its aggregate is the next global pair itself.
+void ValidateLoraProduct(Problems& p, const RunConfig& c) {
+  const AggregationConfig& a = c.aggregation();
+  if (a.strategy() != AggregationConfig::LORA_PRODUCT) return;
+  if (c.privacy().secure_aggregation()) {
+    p.Add(
+        "aggregation.strategy LORA_PRODUCT needs each client's lora_A and lora_B to form their "
+        "product, which privacy.secure_aggregation hides from the server: use the FedAvg family, "
+        "or lora.freeze_a (FFA-LoRA), whose mean is exact, with it");
+  }
+  if (c.privacy().dp().enabled()) {
+    p.Add(
+        "aggregation.strategy LORA_PRODUCT with differential privacy: the accountant's noise is "
+        "calibrated to the clipped mean of the updates, not to a factored product; use the FedAvg "
+        "family with privacy.dp");
+  }
+  if (c.lora().freeze_a()) {
+    p.Add(
+        "aggregation.strategy LORA_PRODUCT with lora.freeze_a: FFA-LoRA keeps every lora_A fixed, "
+        "so FEDAVG's mean of the B's is already the exact mean product; LORA_PRODUCT would "
+        "replace the frozen A");
+  }
+  if (a.server_learning_rate() != 1.0) {
+    p.Bad("aggregation.server_learning_rate", a.server_learning_rate(),
+          "must be 1 with strategy LORA_PRODUCT: the aggregate is the next global lora_A / lora_B "
+          "pair, not a step to scale");
+  }
+  if (a.average_last_rounds() > 1) {
+    p.Bad("aggregation.average_last_rounds", a.average_last_rounds(),
+          "must be 0 or 1 with strategy LORA_PRODUCT: averaging rounds' A and B apart is not the "
+          "mean of their products");
+  }
+}
+
 }  // namespace
 
 void ValidateAggregation(Problems& p, const RunConfig& c) {
@@ -233,6 +268,7 @@ void ValidateAggregation(Problems& p, const RunConfig& c) {
     p.Bad("aggregation.strategy", a.strategy(), "is not a known strategy");
   }
   ValidateRobust(p, c);
+  ValidateLoraProduct(p, c);
   p.NonNegative("aggregation.proximal_mu", a.proximal_mu());
   if (a.strategy() == AggregationConfig::FEDPROX && a.proximal_mu() == 0) {
     p.Bad("aggregation.proximal_mu", a.proximal_mu(), "must be > 0 with strategy FEDPROX");

@@ -23,6 +23,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config ccache git ca-certificates unzip
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libssl-dev libopenblas-dev libdnnl-dev libzstd-dev libsqlite3-dev sqlite3 nlohmann-json3-dev
+  libeigen3-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3 python3-venv python3-pip python3-numpy python3-torch python3-sklearn
   python3-filelock python3-regex python3-packaging python3-fsspec python3-yaml python3-requests

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "aggregation/lora_product.h"
 #include "config/defaults.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -20,7 +21,8 @@ absl::Status UnknownStrategy(v1::AggregationConfig::Strategy strategy) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<UpdateAggregator>> MakeUpdateAggregator(
-    const v1::AggregationConfig& a, std::vector<TensorSpec> spec, Device device) {
+    const v1::AggregationConfig& a, std::vector<TensorSpec> spec,
+    const std::vector<UpdateTensor>& global, Device device) {
   RobustOptions robust;
   robust.trim_fraction = a.trim_fraction();
   robust.byzantine = a.krum_byzantine_clients();
@@ -51,6 +53,11 @@ absl::StatusOr<std::unique_ptr<UpdateAggregator>> MakeUpdateAggregator(
     case v1::AggregationConfig::BULYAN:
       robust.rule = RobustRule::kBulyan;
       break;
+    case v1::AggregationConfig::LORA_PRODUCT: {
+      FEDLORA_ASSIGN_OR_RETURN(std::unique_ptr<LoraProductAggregator> p,
+                               LoraProductAggregator::Create(std::move(spec), global));
+      return std::unique_ptr<UpdateAggregator>(std::move(p));
+    }
     default:
       return UnknownStrategy(a.strategy());
   }
@@ -71,6 +78,7 @@ absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(
     case v1::AggregationConfig::KRUM:
     case v1::AggregationConfig::MULTI_KRUM:
     case v1::AggregationConfig::BULYAN:
+    case v1::AggregationConfig::LORA_PRODUCT:
       o.kind = ServerOptimizerKind::kSgd;
       break;
     case v1::AggregationConfig::FEDADAM:
@@ -107,8 +115,8 @@ absl::StatusOr<RoundAggregator> RoundAggregator::Begin(RoundSnapshot snapshot) {
   }
   RoundAggregator a;
   if (!snapshot.masked) {
-    FEDLORA_ASSIGN_OR_RETURN(
-        a.rule_, MakeUpdateAggregator(snapshot.aggregation, snapshot.spec, snapshot.device));
+    FEDLORA_ASSIGN_OR_RETURN(a.rule_, MakeUpdateAggregator(snapshot.aggregation, snapshot.spec,
+                                                           *snapshot.global, snapshot.device));
   }
   a.s_ = std::move(snapshot);
   return a;

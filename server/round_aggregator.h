@@ -41,13 +41,16 @@ namespace fedlora {
 // The strategy seam's factory: the UpdateAggregator that aggregation.strategy names (FedAvg's mean
 // for FEDAVG, FEDPROX and the adaptive server optimizers, which differ only in the server step;
 // aggregation/robust.h's rules for MEDIAN, TRIMMED_MEAN, KRUM, MULTI_KRUM and BULYAN, with their
-// trim_fraction, krum_byzantine_clients and multi_krum_keep). `device` holds FedAvg's sums; the
-// robust rules sort on the host whatever it is. Errors of the aggregator's Create.
+// trim_fraction, krum_byzantine_clients and multi_krum_keep; aggregation/lora_product.h's for
+// LORA_PRODUCT, which reads `global`, the adapter the round started from). `device` holds FedAvg's
+// sums; the other rules run on the host whatever it is. Errors of the aggregator's Create.
 absl::StatusOr<std::unique_ptr<UpdateAggregator>> MakeUpdateAggregator(
-    const v1::AggregationConfig& a, std::vector<TensorSpec> spec, Device device);
+    const v1::AggregationConfig& a, std::vector<TensorSpec> spec,
+    const std::vector<UpdateTensor>& global, Device device);
 
 // The server optimizer aggregation.strategy asks for (its defaults: server_learning_rate 1.0 for
-// FEDAVG / FEDPROX and the robust rules, whose statistic takes the mean's place in a plain step;
+// FEDAVG / FEDPROX, the robust rules and LORA_PRODUCT, whose aggregate takes the mean's place in a
+// plain step;
 // 0.01 for the adaptive ones). InvalidArgument on an unknown strategy.
 absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(
     const v1::AggregationConfig& a);

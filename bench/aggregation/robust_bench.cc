@@ -1,6 +1,7 @@
-// A round's aggregation with each robust rule (aggregation/robust.h) against FedAvg's exact
-// streaming mean (StreamingFedAvg), the server's default, on the same updates in the same run: time
-// to add n decoded updates and finish, and the memory the aggregator holds.
+// A round's aggregation with each robust rule (aggregation/robust.h) and LORA_PRODUCT
+// (aggregation/lora_product.h) against FedAvg's exact streaming mean (StreamingFedAvg), the
+// server's default, on the same updates in the same run: time to add n decoded updates and
+// finish, and the memory the aggregator holds.
 //
 //   aggregation_robust_bench [elements] [reps]
 //
@@ -12,6 +13,8 @@
 // memory whatever n. The coordinate-wise rules sort n values per element, O(elements x n log n), and
 // hold 4 x n x elements bytes; Krum computes n(n-1)/2 distances over every element, O(n^2 x
 // elements), and Bulyan ranks n - 2f times over the same distances, then sorts per element.
+// LORA_PRODUCT holds the updates as the robust rules do; per pair (A 8 x m, B m x 8) it takes two
+// Householder QRs of m x 8n stacks, O(m x (8n)^2) each, and an SVD of an 8n x 8n matrix.
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "aggregation/fedavg.h"
+#include "aggregation/lora_product.h"
 #include "aggregation/robust.h"
 #include "bench/aggregation/lora_update.h"
 #include "bench/kernels/bench_util.h"
@@ -29,8 +33,11 @@ namespace {
 using bench::Check;
 using bench::MedianSeconds;
 
+// PEFT's names ("<module>.lora_A.weight"), which LORA_PRODUCT pairs by.
 std::vector<UpdateTensor> MakeUpdate(int64_t elements, uint32_t seed) {
-  return bench::LoraShapedUpdate(elements, seed, int64_t{1} << 18);
+  std::vector<UpdateTensor> u = bench::LoraShapedUpdate(elements, seed, int64_t{1} << 18);
+  for (UpdateTensor& t : u) t.name += ".weight";
+  return u;
 }
 
 std::vector<KeptTensor> Kept(const std::vector<UpdateTensor>& u) {
@@ -102,6 +109,23 @@ int main(int argc, char** argv) {
       Check(avg->Finish().status(), "StreamingFedAvg::Finish");
       fedavg_bytes = avg->accumulator_bytes();
     });
+    {
+      std::vector<std::vector<std::vector<KeptTensor>>> copies(static_cast<size_t>(reps) + 1, kept);
+      const std::vector<UpdateTensor> global = MakeUpdate(elements, 2);
+      int64_t held = 0;
+      size_t rep = 0;
+      const double product_s = MedianSeconds(reps, [&] {
+        auto a = LoraProductAggregator::Create(spec, global);
+        Check(a.status(), "LoraProductAggregator::Create");
+        for (auto& u : copies[rep]) Check((*a)->Add(std::move(u), 1), "LoraProductAggregator::Add");
+        held = (*a)->held_bytes();
+        Check((*a)->Finish().status(), "LoraProductAggregator::Finish");
+        ++rep;
+      });
+      std::printf("| %lld | %d | - | LORA_PRODUCT | %.1f | %.1f | %.1fx | %.1f | %.1f |\n",
+                  static_cast<long long>(elements), n, product_s * 1e3, fedavg_s * 1e3,
+                  product_s / fedavg_s, held / 1e6, fedavg_bytes / 1e6);
+    }
     for (const Rule& r : Rules(n)) {
       // A rule takes each update by value, as the server hands it over: one copy of the updates
       // per call (MedianSeconds makes reps + 1), made outside the timing.

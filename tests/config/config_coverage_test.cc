@@ -305,6 +305,8 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
       {"aggregation.krum_byzantine_clients",
        {"server/federation_e2e_test.cc", "set_krum_byzantine_clients"}},
       {"aggregation.multi_krum_keep", {"server/federation_e2e_test.cc", "set_multi_krum_keep"}},
+      {"aggregation.strategy=LORA_PRODUCT",
+       {"sim/simulator_test.cc", "AggregationConfig::LORA_PRODUCT"}},
   };
   return *m;
 }
@@ -315,6 +317,8 @@ using Mutation = std::function<void(RunConfig&)>;
 // implemented yet, naming it.
 const std::map<std::string, std::pair<Mutation, std::string>>& RefusedSettings() {
   static const auto* m = new std::map<std::string, std::pair<Mutation, std::string>>{
+      {"lora.freeze_a",
+       {[](RunConfig& c) { c.mutable_lora()->set_freeze_a(true); }, "lora.freeze_a"}},
       {"simulation.attack.kind=LITTLE_IS_ENOUGH",
        {[](RunConfig& c) {
           c.mutable_simulation()->set_malicious_clients(1);

@@ -119,6 +119,41 @@ TEST(ConfigIoTest, RobustStrategiesWeighEquallyByDefault) {
   EXPECT_FALSE(c->aggregation().weight_by_examples());
 }
 
+TEST(ConfigIoTest, LoraProductComposesWithWhatKeepsEachClientsFactors) {
+  RunConfig c = MinimalConfig();
+  c.mutable_aggregation()->set_strategy(AggregationConfig::LORA_PRODUCT);
+  EXPECT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c);
+  RunConfig weighted = c;  // weights, clipping and a codec: each update is still one client's
+  weighted.mutable_aggregation()->set_max_examples_per_client(100);
+  weighted.mutable_aggregation()->set_weight_by_examples(true);
+  weighted.mutable_aggregation()->set_max_update_norm(1);
+  CodecStage* fp16 = weighted.mutable_codec()->add_stages();
+  fp16->set_id(CodecStage::FP16);
+  fp16->set_version(1);
+  EXPECT_TRUE(ValidateRunConfig(weighted).ok()) << ValidateRunConfig(weighted);
+  const std::vector<std::pair<std::function<void(RunConfig&)>, std::string>> refused = {
+      {EnableSecAgg, "hides from the server"},
+      {EnableDp, "LORA_PRODUCT with differential privacy"},
+      {[](RunConfig& r) { r.mutable_lora()->set_freeze_a(true); },
+       "LORA_PRODUCT with lora.freeze_a"},
+      {[](RunConfig& r) { r.mutable_aggregation()->set_server_learning_rate(0.5); },
+       "must be 1 with strategy LORA_PRODUCT"},
+      {[](RunConfig& r) {
+         r.set_rounds(5);
+         r.mutable_aggregation()->set_average_last_rounds(2);
+       },
+       "averaging rounds' A and B apart"},
+      {[](RunConfig& r) { r.mutable_aggregation()->set_server_momentum(0.9); },
+       "applies to FEDAVG and FEDPROX only"}};
+  for (const auto& [change, fragment] : refused) {
+    RunConfig r = c;
+    change(r);
+    const absl::Status s = ValidateRunConfig(r);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << fragment;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(fragment));
+  }
+}
+
 // A valid CAUSAL_LM task in place of MinimalConfig's classification one.
 void MakeCausalLm(RunConfig& c) {
   v1::TaskConfig* t = c.mutable_task();

@@ -15,6 +15,8 @@
 namespace fedlora {
 namespace {
 
+using ::testing::ElementsAre;
+using ::testing::FloatNear;
 using ::testing::HasSubstr;
 
 // Sorted by name, as the coordinator's spec is.
@@ -30,6 +32,8 @@ std::string Body(const std::vector<UpdateTensor>& tensors) {
   EXPECT_TRUE(wire.ok()) << wire.status();
   return wire.value_or("");
 }
+
+std::vector<UpdateTensor> Zeros() { return Tensors({0.0f, 0.0f}, {0.0f, 0.0f}); }
 
 std::vector<float> Flat(const std::vector<UpdateTensor>& adapter) {
   std::vector<float> out;
@@ -255,7 +259,7 @@ TEST(MakeUpdateAggregatorTest, FedAvgFamilyStreamsAndRobustStrategiesHoldEveryUp
     v1::AggregationConfig config;
     config.set_strategy(strategy);
     absl::StatusOr<std::unique_ptr<UpdateAggregator>> a =
-        MakeUpdateAggregator(config, Spec(), Device::kCpu);
+        MakeUpdateAggregator(config, Spec(), Zeros(), Device::kCpu);
     ASSERT_TRUE(a.ok()) << a.status();
     EXPECT_EQ((*a)->name(), "fedavg");
     EXPECT_FALSE((*a)->needs_all_updates());
@@ -272,7 +276,7 @@ TEST(MakeUpdateAggregatorTest, FedAvgFamilyStreamsAndRobustStrategiesHoldEveryUp
     config.set_trim_fraction(0.2);
     config.set_krum_byzantine_clients(1);
     absl::StatusOr<std::unique_ptr<UpdateAggregator>> a =
-        MakeUpdateAggregator(config, Spec(), Device::kCpu);
+        MakeUpdateAggregator(config, Spec(), Zeros(), Device::kCpu);
     ASSERT_TRUE(a.ok()) << a.status();
     EXPECT_EQ((*a)->name(), name);
     EXPECT_TRUE((*a)->needs_all_updates());
@@ -282,10 +286,23 @@ TEST(MakeUpdateAggregatorTest, FedAvgFamilyStreamsAndRobustStrategiesHoldEveryUp
     EXPECT_EQ(o->kind, ServerOptimizerKind::kSgd);
     EXPECT_EQ(o->learning_rate, 1.0);
   }
+  v1::AggregationConfig product;
+  product.set_strategy(v1::AggregationConfig::LORA_PRODUCT);
+  const std::vector<UpdateTensor> pair = {{"m.lora_A.weight", {1, 2}, {1.0f, 0.0f}},
+                                          {"m.lora_B.weight", {2, 1}, {0.0f, 0.0f}}};
+  absl::StatusOr<std::unique_ptr<UpdateAggregator>> p =
+      MakeUpdateAggregator(product, SpecFromUpdate(pair), pair, Device::kCpu);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->name(), "lora_product");
+  EXPECT_TRUE((*p)->needs_all_updates());
+  EXPECT_EQ(ServerOptimizerOptionsFromConfig(product)->learning_rate, 1.0);
+  // An adapter without a lora_A / lora_B pair has no product to aggregate.
+  EXPECT_EQ(MakeUpdateAggregator(product, Spec(), Zeros(), Device::kCpu).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // A Krum without its f is refused by the rule itself, whatever validated the config.
   v1::AggregationConfig krum;
   krum.set_strategy(v1::AggregationConfig::KRUM);
-  EXPECT_EQ(MakeUpdateAggregator(krum, Spec(), Device::kCpu).status().code(),
+  EXPECT_EQ(MakeUpdateAggregator(krum, Spec(), Zeros(), Device::kCpu).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -303,6 +320,37 @@ TEST_F(RoundAggregatorTest, MedianRoundStepsWithTheCoordinateMedian) {
   // The global adapter (1, -2, 0.5, 0) plus the coordinate medians (2, 0.25, -2, 1); the claimed
   // example counts do not weigh.
   EXPECT_EQ(Flat(r->adapter), (std::vector<float>{3.0f, -1.75f, -1.5f, 1.0f}));
+}
+
+// LORA_PRODUCT on one pair (A [1, 2], B [2, 1]), by hand. Client 1 ends at A = [1 0],
+// B = [1; 0] (product diag(1, 0)), client 2 at A = [0 1], B = [0; 1] (diag(0, 1)); weighted 3 : 1
+// the mean product is diag(0.75, 0.25), whose best rank-1 factors are A' = [1 0], B' = [0.75; 0].
+// Averaging A and B apart would give [0.75 0.25] and [0.75; 0.25], whose product is not diagonal.
+TEST(LoraProductRound, TheGlobalPairBecomesTheRankRFactorsOfTheMeanProduct) {
+  const std::vector<UpdateTensor> global = {{"m.lora_A.weight", {1, 2}, {1.0f, 0.0f}},
+                                            {"m.lora_B.weight", {2, 1}, {0.0f, 0.0f}}};
+  ServerOptimizer opt = ServerOptimizer::Create({}, SpecFromUpdate(global)).value();
+  RoundSnapshot s;
+  s.round = 1;
+  s.spec = SpecFromUpdate(global);
+  s.spec_elements = 4;
+  s.global = std::make_shared<const std::vector<UpdateTensor>>(global);
+  s.optimizer = &opt;
+  s.weight_cap = 10;
+  s.aggregation.set_strategy(v1::AggregationConfig::LORA_PRODUCT);
+  RoundAggregator a = RoundAggregator::Begin(std::move(s)).value();
+  EXPECT_TRUE(a.needs_all_updates());
+  auto update = [](std::vector<float> da, std::vector<float> db) {
+    return Body(
+        {{"m.lora_A.weight", {1, 2}, std::move(da)}, {"m.lora_B.weight", {2, 1}, std::move(db)}});
+  };
+  ASSERT_TRUE(a.Add("u1", 3, update({0.0f, 0.0f}, {1.0f, 0.0f})).ok());
+  ASSERT_TRUE(a.Add("u2", 1, update({-1.0f, 1.0f}, {0.0f, 1.0f})).ok());
+  absl::StatusOr<RoundResult> r = a.Finish();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->adapter.size(), 2u);
+  EXPECT_THAT(r->adapter[0].values, ElementsAre(FloatNear(1.0f, 1e-6f), FloatNear(0.0f, 1e-6f)));
+  EXPECT_THAT(r->adapter[1].values, ElementsAre(FloatNear(0.75f, 1e-6f), FloatNear(0.0f, 1e-6f)));
 }
 
 TEST_F(RoundAggregatorTest, RobustRoundsTakeCompressedUpdatesAsTheyDecode) {

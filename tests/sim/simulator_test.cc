@@ -255,8 +255,9 @@ v1::RunConfig FiveSites(const std::string& dir, v1::AggregationConfig::Strategy 
 }
 
 TEST(Simulator, RobustStrategiesTrainAVirtualFederation) {
-  // Five virtual sites, every one in every round: the robust rules run in the simulator's server
-  // as in `fedlora server`, the federation learns under the median and Multi-Krum, and each rule
+  // Five virtual sites, every one in every round: the robust rules and LORA_PRODUCT run in the
+  // simulator's server as in `fedlora server`, the federation learns under the median, Multi-Krum
+  // and LORA_PRODUCT, and each rule
   // commits an adapter of its own (not FedAvg's mean). Krum alone follows one site a round, which
   // on this task does not lower the loss in three rounds; it is checked to run and differ only.
   const std::string dir = MakeFixture();
@@ -276,8 +277,11 @@ TEST(Simulator, RobustStrategiesTrainAVirtualFederation) {
   const std::string median = run("median", v1::AggregationConfig::MEDIAN, true);
   const std::string multi_krum = run("multi_krum", v1::AggregationConfig::MULTI_KRUM, true);
   const std::string krum = run("krum", v1::AggregationConfig::KRUM, false);
+  // LORA_PRODUCT: the global pairs become the rank-r factors of the mean product.
+  const std::string product = run("lora_product", v1::AggregationConfig::LORA_PRODUCT, true);
   ASSERT_FALSE(fedavg.empty());
-  for (const std::string* other : {&median, &multi_krum, &krum}) EXPECT_NE(*other, fedavg);
+  for (const std::string* other : {&median, &multi_krum, &krum, &product})
+    EXPECT_NE(*other, fedavg);
   EXPECT_NE(median, multi_krum);
   EXPECT_NE(krum, multi_krum);
   std::filesystem::remove_all(dir);

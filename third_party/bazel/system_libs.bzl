@@ -18,6 +18,7 @@ _LIBRARIES = {
     "absl_strings": ["absl_strings"],
     "absl_synchronization": ["absl_synchronization"],
     "absl_time": ["absl_time"],
+    "eigen": ["eigen3"],
     "grpcpp": ["grpc++"],
     "httplib": ["cpp-httplib"],
     "icu": ["icu-uc"],
