@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "config/config_io.h"
 #include "config/defaults.h"
+#include "config/robust_options.h"
 #include "config/sections.h"
 #include "train/training_defaults.h"
 
@@ -138,10 +139,44 @@ bool IsAdaptiveServerStrategy(AggregationConfig::Strategy s) {
          s == AggregationConfig::FEDADAGRAD;
 }
 
+}  // namespace fedlora::config_internal
+
+namespace fedlora {
+
+std::optional<RobustOptions> RobustOptionsOf(const v1::AggregationConfig& a) {
+  RobustOptions o;
+  o.trim_fraction = a.trim_fraction();
+  o.byzantine = a.krum_byzantine_clients();
+  o.multi_krum_keep = a.multi_krum_keep();
+  switch (a.strategy()) {
+    case v1::AggregationConfig::MEDIAN:
+      o.rule = RobustRule::kMedian;
+      return o;
+    case v1::AggregationConfig::TRIMMED_MEAN:
+      o.rule = RobustRule::kTrimmedMean;
+      return o;
+    case v1::AggregationConfig::KRUM:
+      o.rule = RobustRule::kKrum;
+      return o;
+    case v1::AggregationConfig::MULTI_KRUM:
+      o.rule = RobustRule::kMultiKrum;
+      return o;
+    case v1::AggregationConfig::BULYAN:
+      o.rule = RobustRule::kBulyan;
+      return o;
+    default:
+      return std::nullopt;
+  }
+}
+
+}  // namespace fedlora
+
+namespace fedlora::config_internal {
+
 bool NeedsIndividualUpdates(AggregationConfig::Strategy s) {
-  return s == AggregationConfig::MEDIAN || s == AggregationConfig::TRIMMED_MEAN ||
-         s == AggregationConfig::KRUM || s == AggregationConfig::MULTI_KRUM ||
-         s == AggregationConfig::BULYAN;
+  AggregationConfig a;
+  a.set_strategy(s);
+  return RobustOptionsOf(a).has_value();
 }
 
 namespace {
@@ -168,6 +203,7 @@ void ValidateRobust(Problems& p, const RunConfig& c) {
   }
   if (!NeedsIndividualUpdates(s)) return;
   const int64_t min_clients = c.selection().min_clients();
+  const std::optional<RobustOptions> rule = RobustOptionsOf(a);
   if (s == AggregationConfig::TRIMMED_MEAN) {
     if (!a.has_trim_fraction()) {
       p.Add(
@@ -175,7 +211,7 @@ void ValidateRobust(Problems& p, const RunConfig& c) {
           "updates dropped at each end of every coordinate, in (0, 0.5)");
     } else if (!(a.trim_fraction() > 0 && a.trim_fraction() < 0.5)) {
       p.Bad("aggregation.trim_fraction", a.trim_fraction(), "must be in (0, 0.5)");
-    } else if (std::floor(a.trim_fraction() * static_cast<double>(min_clients)) < 1) {
+    } else if (min_clients < RobustMinUpdates(*rule)) {
       p.Bad("selection.min_clients", min_clients,
             absl::StrCat("trims nothing with aggregation.trim_fraction ", a.trim_fraction(),
                          " (floor(trim_fraction x min_clients) must be >= 1): a round of that "
@@ -189,7 +225,9 @@ void ValidateRobust(Problems& p, const RunConfig& c) {
                          name, ": the number of malicious clients f the rule tolerates"));
     } else {
       const bool bulyan = s == AggregationConfig::BULYAN;
-      const int64_t bound = bulyan ? 4 * f + 3 : 2 * f + 3;
+      RobustOptions without_keep = *rule;  // the rule's own bound; multi_krum_keep's is below
+      without_keep.multi_krum_keep = 0;
+      const int64_t bound = RobustMinUpdates(without_keep);
       if (min_clients < bound) {
         p.Bad("selection.min_clients", min_clients,
               absl::StrCat("must be >= ", bulyan ? "4f + 3" : "2f + 3", " = ", bound,

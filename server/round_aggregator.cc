@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "aggregation/lora_product.h"
 #include "config/defaults.h"
+#include "config/robust_options.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "server/update_spec.h"
@@ -23,10 +24,11 @@ absl::Status UnknownStrategy(v1::AggregationConfig::Strategy strategy) {
 absl::StatusOr<std::unique_ptr<UpdateAggregator>> MakeUpdateAggregator(
     const v1::AggregationConfig& a, std::vector<TensorSpec> spec,
     const std::vector<UpdateTensor>& global, Device device) {
-  RobustOptions robust;
-  robust.trim_fraction = a.trim_fraction();
-  robust.byzantine = a.krum_byzantine_clients();
-  robust.multi_krum_keep = a.multi_krum_keep();
+  if (std::optional<RobustOptions> robust = RobustOptionsOf(a)) {
+    FEDLORA_ASSIGN_OR_RETURN(std::unique_ptr<RobustAggregator> r,
+                             RobustAggregator::Create(std::move(spec), *robust));
+    return std::unique_ptr<UpdateAggregator>(std::move(r));
+  }
   switch (a.strategy()) {
     case v1::AggregationConfig::STRATEGY_UNSPECIFIED:
     case v1::AggregationConfig::FEDAVG:
@@ -38,21 +40,6 @@ absl::StatusOr<std::unique_ptr<UpdateAggregator>> MakeUpdateAggregator(
                                FedAvgAggregator::Create(std::move(spec), device));
       return std::unique_ptr<UpdateAggregator>(std::move(f));
     }
-    case v1::AggregationConfig::MEDIAN:
-      robust.rule = RobustRule::kMedian;
-      break;
-    case v1::AggregationConfig::TRIMMED_MEAN:
-      robust.rule = RobustRule::kTrimmedMean;
-      break;
-    case v1::AggregationConfig::KRUM:
-      robust.rule = RobustRule::kKrum;
-      break;
-    case v1::AggregationConfig::MULTI_KRUM:
-      robust.rule = RobustRule::kMultiKrum;
-      break;
-    case v1::AggregationConfig::BULYAN:
-      robust.rule = RobustRule::kBulyan;
-      break;
     case v1::AggregationConfig::LORA_PRODUCT: {
       FEDLORA_ASSIGN_OR_RETURN(std::unique_ptr<LoraProductAggregator> p,
                                LoraProductAggregator::Create(std::move(spec), global));
@@ -61,9 +48,6 @@ absl::StatusOr<std::unique_ptr<UpdateAggregator>> MakeUpdateAggregator(
     default:
       return UnknownStrategy(a.strategy());
   }
-  FEDLORA_ASSIGN_OR_RETURN(std::unique_ptr<RobustAggregator> r,
-                           RobustAggregator::Create(std::move(spec), robust));
-  return std::unique_ptr<UpdateAggregator>(std::move(r));
 }
 
 absl::StatusOr<ServerOptimizerOptions> ServerOptimizerOptionsFromConfig(
