@@ -110,6 +110,13 @@ std::optional<double> Coordinator::dp_epsilon() const {
   absl::MutexLock lock(&mu_);
   return dp_.has_value() ? std::optional<double>(dp_->epsilon()) : std::nullopt;
 }
+std::optional<Coordinator::Cohort> Coordinator::SelectedCohort(int64_t round) const {
+  absl::MutexLock lock(&mu_);
+  if (round_ == nullptr || round_->round != round || round_->state == RoundState::kSelecting)
+    return std::nullopt;
+  return Cohort{.clients = {round_->selected.begin(), round_->selected.end()},
+                .deadline_ms = round_->deadline_ms};
+}
 std::vector<UpdateTensor> Coordinator::global_adapter() const {
   std::shared_ptr<const std::vector<UpdateTensor>> snapshot;
   {

@@ -209,6 +209,14 @@ class Coordinator {
   std::optional<double> dp_epsilon() const;
   // The current global adapter (sorted by name) and its blob hash.
   std::vector<UpdateTensor> global_adapter() const;
+  // Round `round`'s selected clients (sorted) and its deadline (unix ms), while it is the open
+  // round and its selection has closed; nullopt otherwise. The simulator's attacks that read the
+  // round's honest updates wait for these clients (sim/simulator.cc).
+  struct Cohort {
+    std::vector<std::string> clients;
+    int64_t deadline_ms = 0;
+  };
+  std::optional<Cohort> SelectedCohort(int64_t round) const;
   std::string global_adapter_sha256() const;
   const ServerOptions& options() const { return options_; }
   // The run's config (immutable) and the coordinator's clock (unix ms), for the live view.

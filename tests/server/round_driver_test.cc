@@ -171,6 +171,27 @@ TEST_F(RoundDriverTest, ASitesHeartbeatStepsShowForItsCurrentTaskOnly) {
   EXPECT_EQ(info().steps_done(), 40u);
 }
 
+TEST_F(RoundDriverTest, SelectedCohortNamesTheOpenRoundsClientsAndItsDeadline) {
+  // What the simulator's LIE and min-max attackers wait for (sim/attack_board.h).
+  Start(2, 1, 1, nullptr);
+  const Coordinator& c = server_->coordinator();
+  EXPECT_FALSE(c.SelectedCohort(1).has_value());  // selecting: no one chosen yet
+  RawClient& a = Joined("site-a");
+  v1::TrainTask task;
+  ASSERT_TRUE(a.GetTask(&task));
+  const int64_t now = c.NowMs();
+  const std::optional<Coordinator::Cohort> cohort = c.SelectedCohort(1);
+  ASSERT_TRUE(cohort.has_value());
+  EXPECT_EQ(cohort->clients, std::vector<std::string>{"site-a"});
+  // TestServerOptions' 30 s deadline, counted from the selection, before `now`.
+  EXPECT_LE(cohort->deadline_ms, now + 30'000);
+  EXPECT_GT(cohort->deadline_ms, now + 25'000);
+  EXPECT_FALSE(c.SelectedCohort(2).has_value());
+  UploadHonest(a, task, "a1");
+  ASSERT_TRUE(WaitFor([&] { return c.rounds_committed() == 1; }, 10'000));
+  EXPECT_FALSE(c.SelectedCohort(1).has_value());  // committed
+}
+
 TEST_F(RoundDriverTest, ARoundThatCannotBeAggregatedIsAbandonedAfterItsTries) {
   Start(1, 2, 1, ShortRounds);
   RawClient& a = Joined("site-a");
