@@ -90,11 +90,6 @@ std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
            "supported: \"bert\", \"roberta\", \"xlm-roberta\"");
   }
   const v1::DifferentialPrivacyConfig& dp = c.privacy().dp();
-  const v1::SimulationAttack::Kind attack = c.simulation().attack().kind();
-  if (attack == v1::SimulationAttack::LITTLE_IS_ENOUGH || attack == v1::SimulationAttack::MIN_MAX) {
-    refuse(absl::StrCat("simulation.attack.kind ", v1::SimulationAttack::Kind_Name(attack)),
-           "SIGN_FLIP, SCALE and GAUSSIAN are");
-  }
   if (c.lora().freeze_a()) refuse("lora.freeze_a", "");
   if (dp.mode() == DifferentialPrivacyConfig::LOCAL)
     refuse("privacy.dp.mode LOCAL", "CENTRAL and DISTRIBUTED are");

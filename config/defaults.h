@@ -74,7 +74,8 @@ inline constexpr uint32_t kDefaultSimulatedClients = 10;
 inline constexpr double kDefaultDirichletAlpha = 0.5;
 inline constexpr uint32_t kDefaultShardsPerClient = 2;
 // simulation.attack.scale unless set, by kind: SIGN_FLIP's factor, SCALE's factor (model
-// replacement), GAUSSIAN's standard deviation.
+// replacement), GAUSSIAN's standard deviation. LITTLE_IS_ENOUGH computes its z unless set, and
+// MIN_MAX takes none.
 inline constexpr double kDefaultSignFlipScale = 1.0;
 inline constexpr double kDefaultScaleAttackFactor = 1000.0;
 inline constexpr double kDefaultGaussianAttackStddev = 0.1;

@@ -99,7 +99,7 @@ void ApplyFederationDefaults(RunConfig* c) {
         attack->set_scale(kDefaultGaussianAttackStddev);
         break;
       default:
-        break;  // no attack, or one refused as not implemented
+        break;  // no attack; LITTLE_IS_ENOUGH computes z unless set; MIN_MAX takes no scale
     }
   }
 }
@@ -378,6 +378,9 @@ void ValidateSimulation(Problems& p, const SimulationConfig& s) {
     p.Add("simulation.attack is set but simulation.malicious_clients is 0: no client attacks");
   }
   if (a.has_scale()) p.Positive("simulation.attack.scale", a.scale());
+  if (a.has_scale() && a.kind() == v1::SimulationAttack::MIN_MAX) {
+    p.Add("simulation.attack.scale is not used by MIN_MAX (its search sizes it): unset it");
+  }
 }
 
 void ValidatePartitionForTask(Problems& p, const RunConfig& c) {

@@ -18,8 +18,7 @@ namespace fedlora::sim {
 namespace {
 
 // Salt of the fault stream: faults never share random bits with training or selection.
-constexpr uint64_t kFaultSalt = 0x6661'756c'7473'0001ull;   // "faults"
-constexpr uint64_t kAttackSalt = 0x6174'7461'636b'0001ull;  // "attack"
+constexpr uint64_t kFaultSalt = 0x6661'756c'7473'0001ull;  // "faults"
 
 }  // namespace
 
@@ -159,33 +158,6 @@ FaultDecision DecideFaults(const v1::RunConfig& config, const std::vector<Inject
   }
   if (d.dropout) d.straggler = d.crash = false;
   return d;
-}
-
-bool ForgeUpdate(const v1::RunConfig& config, uint64_t round, int client,
-                 std::vector<NamedTensor>& delta) {
-  const v1::SimulationConfig& s = config.simulation();
-  if (client < 0 || static_cast<uint32_t>(client) >= s.malicious_clients()) return false;
-  const double scale = s.attack().scale();
-  Rng rng(config.seed() ^ kAttackSalt,
-          MakeStream(static_cast<uint32_t>(round), static_cast<uint32_t>(client)));
-  for (NamedTensor& t : delta) {
-    for (float& x : t.values) {
-      switch (s.attack().kind()) {
-        case v1::SimulationAttack::SIGN_FLIP:
-          x = static_cast<float>(-scale * x);
-          break;
-        case v1::SimulationAttack::SCALE:
-          x = static_cast<float>(scale * x);
-          break;
-        case v1::SimulationAttack::GAUSSIAN:
-          x = static_cast<float>(scale * rng.Normal());
-          break;
-        default:
-          break;  // refused by validation
-      }
-    }
-  }
-  return true;
 }
 
 absl::Status WriteSummary(const v1::RunConfig& config, const SimResult& result, int parallelism,

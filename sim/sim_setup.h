@@ -43,14 +43,6 @@ struct FaultDecision {
 FaultDecision DecideFaults(const v1::RunConfig& config, const std::vector<InjectedFault>& faults,
                            uint64_t round, int client);
 
-// What malicious virtual client `client` (index < simulation.malicious_clients) sends in server
-// round `round` in place of the delta it trained: simulation.attack applied to `delta` in place
-// (SIGN_FLIP: x -scale; SCALE: x scale; GAUSSIAN: values drawn from N(0, scale^2), seeded by the
-// run's seed, the round and the client). Returns whether the client is malicious; an honest
-// client's delta is left as it is.
-bool ForgeUpdate(const v1::RunConfig& config, uint64_t round, int client,
-                 std::vector<NamedTensor>& delta);
-
 // The SDK options of virtual client `id` talking to `server_address`: mTLS with the run's PKI or
 // plaintext, short long polls, quick retries, its state under out_dir/clients/<id>.
 ClientOptions VirtualClientOptions(const SimOptions& options, const std::string& server_address,

@@ -1,8 +1,8 @@
-// The simulation: an in-process server and virtual clients over loopback, the seeded faults and
-// attacks (sim/sim_setup.h), the round records and the progress line. The models, data and
-// evaluator are the run's workload (sim/sim_data.h, workload/factory.h) in one pool.
-// Just over 600 lines: one class, Simulation, whose steps share its state; the progress line and
-// the round records are what would move out next, with the class into a header of its own.
+// The simulation: an in-process server and virtual clients over loopback, the seeded faults
+// (sim/sim_setup.h) and attacks (sim/attack_board.h), the round records and the progress line.
+// The models, data and evaluator are the run's workload (sim/sim_data.h, workload/factory.h) in
+// one pool. About 640 lines: one class, Simulation, whose steps share its state; the progress line
+// and the round records are what would move out next, with the class into a header of its own.
 #include "sim/simulator.h"
 
 #include <unistd.h>
@@ -40,6 +40,7 @@
 #include "server/adapter_io.h"
 #include "server/evaluator.h"
 #include "server/server.h"
+#include "sim/attack_board.h"
 #include "sim/cut_proxy.h"
 #include "sim/model_pool.h"
 #include "sim/sim_data.h"
@@ -132,6 +133,8 @@ class Simulation final : public Evaluator {
   absl::Status WriteFinalOutputs(SimResult& result);
   // The in-process server of the run, started with `initial` as round 0's adapter.
   absl::Status StartServer(const std::vector<UpdateTensor>& initial, int num_clients);
+  // The attack board's view of server round `round` (sim/attack_board.h).
+  std::optional<AttackBoard::Cohort> CohortOf(uint64_t round);
   // Evaluates the untuned model (round 0), then waits for the run to finish, showing progress.
   absl::Status Watch(uint32_t rounds, const std::vector<UpdateTensor>& initial);
   // The progress line's tail: the round under way (sites training and their steps, or the
@@ -150,6 +153,8 @@ class Simulation final : public Evaluator {
   int parallelism_ = 1;
   std::unique_ptr<Server> server_;
   std::vector<std::unique_ptr<VirtualClient>> clients_;
+  std::map<std::string, int> client_index_;  // id -> index
+  AttackBoard attacks_{config_, [this](uint64_t round) { return CohortOf(round); }};
   Clock::time_point start_;
 
   std::mutex mu_;
@@ -206,7 +211,8 @@ absl::StatusOr<TrainResult> Simulation::TrainClient(VirtualClient& vc, const Tra
     if (task.report_progress) task.report_progress(done, total);
   };
   FEDLORA_ASSIGN_OR_RETURN(TrainResult result, vc.local->Train(reporting, global));
-  ForgeUpdate(config_, task.round, vc.index, result.delta);  // a malicious client's forgery
+  // A malicious client's forgery; under LIE and min-max a round's clients publish their deltas.
+  FEDLORA_RETURN_IF_ERROR(attacks_.Apply(task.round, vc.index, result.delta));
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto mean = result.metrics.find("train_loss_mean");  // LoraTrainer always reports it
@@ -374,6 +380,7 @@ void Simulation::StopEverything() {
     stopping_ = true;
   }
   stop_cv_.notify_all();
+  attacks_.Stop();
   for (auto& vc : clients_) {
     std::lock_guard<std::mutex> lock(vc->mu);
     if (vc->client != nullptr) vc->client->Stop();
@@ -447,6 +454,23 @@ absl::Status Simulation::StartServer(const std::vector<UpdateTensor>& initial, i
   return absl::OkStatus();
 }
 
+std::optional<AttackBoard::Cohort> Simulation::CohortOf(uint64_t round) {
+  const Coordinator& coordinator = server_->coordinator();
+  std::optional<Coordinator::Cohort> selected =
+      coordinator.SelectedCohort(static_cast<int64_t>(round));
+  if (!selected.has_value()) return std::nullopt;
+  AttackBoard::Cohort cohort;
+  cohort.ms_left = selected->deadline_ms - coordinator.NowMs();
+  for (const std::string& id : selected->clients) {
+    auto it = client_index_.find(id);
+    // Dropouts vanish after selection and never train.
+    if (it != client_index_.end() &&
+        !DecideFaults(config_, options_.faults, round, it->second).dropout)
+      cohort.trainers.insert(it->second);
+  }
+  return cohort;
+}
+
 absl::StatusOr<SimResult> Simulation::Run() {
   start_ = Clock::now();
   FEDLORA_RETURN_IF_ERROR(Setup());
@@ -472,6 +496,7 @@ absl::StatusOr<SimResult> Simulation::Run() {
     auto vc = std::make_unique<VirtualClient>();
     vc->index = i;
     vc->id = absl::StrFormat("sim-client-%05d", i);
+    client_index_[vc->id] = i;
     vc->local = std::make_unique<LoraTrainer>(ClientSite(i));
     vc->trainer = std::make_unique<SimClientTrainer>(this, vc.get());
     if (may_crash) {

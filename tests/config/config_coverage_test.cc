@@ -291,6 +291,9 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
        {"sim/simulator_test.cc", "SimulationAttack::SIGN_FLIP"}},
       {"simulation.attack.kind=SCALE", {"sim/simulator_test.cc", "SimulationAttack::SCALE"}},
       {"simulation.attack.kind=GAUSSIAN", {"sim/simulator_test.cc", "SimulationAttack::GAUSSIAN"}},
+      {"simulation.attack.kind=LITTLE_IS_ENOUGH",
+       {"sim/simulator_test.cc", "SimulationAttack::LITTLE_IS_ENOUGH"}},
+      {"simulation.attack.kind=MIN_MAX", {"sim/simulator_test.cc", "SimulationAttack::MIN_MAX"}},
       {"simulation.attack.scale", {"sim/simulator_test.cc", "mutable_attack()->set_scale"}},
       {"aggregation.strategy=MEDIAN",
        {"server/federation_e2e_test.cc", "AggregationConfig::MEDIAN"}},
@@ -319,19 +322,6 @@ const std::map<std::string, std::pair<Mutation, std::string>>& RefusedSettings()
   static const auto* m = new std::map<std::string, std::pair<Mutation, std::string>>{
       {"lora.freeze_a",
        {[](RunConfig& c) { c.mutable_lora()->set_freeze_a(true); }, "lora.freeze_a"}},
-      {"simulation.attack.kind=LITTLE_IS_ENOUGH",
-       {[](RunConfig& c) {
-          c.mutable_simulation()->set_malicious_clients(1);
-          c.mutable_simulation()->mutable_attack()->set_kind(
-              v1::SimulationAttack::LITTLE_IS_ENOUGH);
-        },
-        "simulation.attack.kind LITTLE_IS_ENOUGH"}},
-      {"simulation.attack.kind=MIN_MAX",
-       {[](RunConfig& c) {
-          c.mutable_simulation()->set_malicious_clients(1);
-          c.mutable_simulation()->mutable_attack()->set_kind(v1::SimulationAttack::MIN_MAX);
-        },
-        "simulation.attack.kind MIN_MAX"}},
       {"privacy.dp.mode=LOCAL",
        {[](RunConfig& c) {
           c.mutable_privacy()->mutable_dp()->set_mode(v1::DifferentialPrivacyConfig::LOCAL);

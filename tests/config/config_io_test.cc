@@ -108,6 +108,14 @@ TEST(ConfigIoTest, SimulationAttackScaleDefaultsByKind) {
     ApplyRunConfigDefaults(&a);
     EXPECT_EQ(a.simulation().attack().scale(), scale) << v1::SimulationAttack::Kind_Name(kind);
   }
+  // LIE computes its z from the round unless scale is set; min-max takes none.
+  for (v1::SimulationAttack::Kind kind :
+       {v1::SimulationAttack::LITTLE_IS_ENOUGH, v1::SimulationAttack::MIN_MAX}) {
+    RunConfig a;
+    a.mutable_simulation()->mutable_attack()->set_kind(kind);
+    ApplyRunConfigDefaults(&a);
+    EXPECT_FALSE(a.simulation().attack().has_scale()) << v1::SimulationAttack::Kind_Name(kind);
+  }
 }
 
 TEST(ConfigIoTest, RobustStrategiesWeighEquallyByDefault) {
@@ -1154,6 +1162,13 @@ const std::vector<ValidationCase>& Cases() {
          c.mutable_simulation()->mutable_attack()->set_scale(0);
        },
        "simulation.attack.scale (0) must be finite and > 0"},
+      {"SimMinMaxWithScale",
+       [](RunConfig& c) {
+         c.mutable_simulation()->set_malicious_clients(1);
+         c.mutable_simulation()->mutable_attack()->set_kind(v1::SimulationAttack::MIN_MAX);
+         c.mutable_simulation()->mutable_attack()->set_scale(2);
+       },
+       "simulation.attack.scale is not used by MIN_MAX"},
       {"SimDropoutAboveOne",
        [](RunConfig& c) { c.mutable_simulation()->set_dropout_probability(1.5); },
        "simulation.dropout_probability (1.5)"},
