@@ -43,12 +43,10 @@ absl::StatusOr<std::vector<int64_t>> RowOffsets(const std::vector<TensorSpec>& s
 
 absl::StatusOr<std::vector<float>> DenseRow(const std::vector<KeptTensor>& update,
                                             const std::vector<TensorSpec>& spec,
-                                            const std::vector<int64_t>& offsets,
-                                            const char* who) {
+                                            const std::vector<int64_t>& offsets, const char* who) {
   if (update.size() != spec.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(who, ": update has ", update.size(),
-                                                   " tensors, the global adapter has ",
-                                                   spec.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": update has ", update.size(), " tensors, the global adapter has ", spec.size()));
   }
   std::vector<float> row(static_cast<size_t>(offsets.back()), 0.0f);
   std::vector<bool> seen(spec.size(), false);
@@ -83,15 +81,15 @@ absl::StatusOr<std::vector<float>> DenseRow(const std::vector<KeptTensor>& updat
         at = u.indices[static_cast<size_t>(i)];
         const int64_t floor = i == 0 ? 0 : u.indices[static_cast<size_t>(i) - 1] + 1;
         if (at < floor || at >= n) {
-          return absl::InvalidArgumentError(absl::StrCat(who, ": tensor '", u.name,
-                                                         "' kept index ", i, " (", at,
-                                                         ") is not in [", floor, ", ", n, ")"));
+          return absl::InvalidArgumentError(absl::StrCat(who, ": tensor '", u.name, "' kept index ",
+                                                         i, " (", at, ") is not in [", floor, ", ",
+                                                         n, ")"));
         }
       }
       const float x = u.values[static_cast<size_t>(i)];
       if (!std::isfinite(x)) {
-        return absl::InvalidArgumentError(absl::StrCat(who, ": tensor '", u.name, "' value ", at,
-                                                       " is not finite (", x, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(who, ": tensor '", u.name, "' value ", at, " is not finite (", x, ")"));
       }
       out[at] = x;
     }

@@ -24,7 +24,6 @@ absl::StatusOr<std::vector<int64_t>> RowOffsets(const std::vector<TensorSpec>& s
 // shape, a value count, a sparse index out of order or range) or a value is not finite.
 absl::StatusOr<std::vector<float>> DenseRow(const std::vector<KeptTensor>& update,
                                             const std::vector<TensorSpec>& spec,
-                                            const std::vector<int64_t>& offsets,
-                                            const char* who);
+                                            const std::vector<int64_t>& offsets, const char* who);
 
 }  // namespace fedlora

@@ -36,9 +36,8 @@ absl::StatusOr<std::vector<float>> GlobalRow(const std::vector<TensorSpec>& spec
                                              const std::vector<int64_t>& offsets,
                                              const std::vector<UpdateTensor>& global) {
   if (global.size() != spec.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(kWho, ": the global adapter has ",
-                                                   global.size(), " tensors, the spec ",
-                                                   spec.size()));
+    return absl::InvalidArgumentError(absl::StrCat(kWho, ": the global adapter has ", global.size(),
+                                                   " tensors, the spec ", spec.size()));
   }
   std::vector<float> row(static_cast<size_t>(offsets.back()));
   for (const UpdateTensor& t : global) {
@@ -75,9 +74,9 @@ absl::StatusOr<std::unique_ptr<LoraProductAggregator>> LoraProductAggregator::Cr
     const std::vector<int64_t>& a = spec[i].shape;
     const std::vector<int64_t>& b = spec[j].shape;
     if (a.size() != 2 || b.size() != 2 || a[0] < 1 || b[1] != a[0] || a[1] < 1 || b[0] < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kWho, ": the pair '", module, "' has shapes ", ShapeOf(a), " and ", ShapeOf(b),
-          "; LoRA's are [r, in] and [out, r]"));
+      return absl::InvalidArgumentError(absl::StrCat(kWho, ": the pair '", module, "' has shapes ",
+                                                     ShapeOf(a), " and ", ShapeOf(b),
+                                                     "; LoRA's are [r, in] and [out, r]"));
     }
     pairs.push_back({i, j, a[0], a[1], b[0]});
   }
@@ -102,8 +101,8 @@ LoraProductAggregator::LoraProductAggregator(std::vector<TensorSpec> spec,
 
 absl::Status LoraProductAggregator::Add(std::vector<KeptTensor> update, int64_t weight) {
   if (weight < 1 || weight > StreamingFedAvg::kMaxWeight) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kWho, ": weight ", weight, " is not in [1, ", StreamingFedAvg::kMaxWeight, "]"));
+    return absl::InvalidArgumentError(absl::StrCat(kWho, ": weight ", weight, " is not in [1, ",
+                                                   StreamingFedAvg::kMaxWeight, "]"));
   }
   FEDLORA_ASSIGN_OR_RETURN(std::vector<float> row, DenseRow(update, spec_, offsets_, kWho));
   FEDLORA_RETURN_IF_ERROR(sum_.Add(update, weight));

@@ -16,8 +16,8 @@
 namespace fedlora {
 namespace {
 
-using ::testing::HasSubstr;
 using Eigen::MatrixXd;
+using ::testing::HasSubstr;
 
 constexpr int64_t kRank = 2, kIn = 5, kOut = 4;
 
@@ -26,8 +26,8 @@ std::vector<TensorSpec> Spec() {
 }
 
 struct Client {
-  MatrixXd a, b;              // the factors the client ends the round with
-  std::vector<float> head;    // its head delta
+  MatrixXd a, b;            // the factors the client ends the round with
+  std::vector<float> head;  // its head delta
   int64_t weight = 1;
 };
 
@@ -99,8 +99,10 @@ std::vector<Client> RandomClients(std::mt19937& g, int n, bool shared_a) {
   std::vector<Client> clients;
   const MatrixXd a = Random(g, kRank, kIn);
   for (int k = 0; k < n; ++k) {
-    clients.push_back({shared_a ? a : Random(g, kRank, kIn), Random(g, kOut, kRank),
-                       {static_cast<float>(k), 1.0f, -2.0f * static_cast<float>(k)}, k + 1});
+    clients.push_back({shared_a ? a : Random(g, kRank, kIn),
+                       Random(g, kOut, kRank),
+                       {static_cast<float>(k), 1.0f, -2.0f * static_cast<float>(k)},
+                       k + 1});
   }
   return clients;
 }
@@ -163,9 +165,11 @@ TEST(LoraProduct, ASparseUpdateIsItsKeptEntriesInZeros) {
                                             {"m.lora_B.weight", {2, 1}, {0.0f, 0.0f}}};
   auto dense = LoraProductAggregator::Create(SpecFromUpdate(global), global).value();
   auto sparse = LoraProductAggregator::Create(SpecFromUpdate(global), global).value();
-  ASSERT_TRUE(dense->Add({{"m.lora_A.weight", {1, 2}, true, {}, {0.0f, 0.0f}},
-                          {"m.lora_B.weight", {2, 1}, true, {}, {2.0f, 0.0f}}},
-                         1).ok());
+  ASSERT_TRUE(dense
+                  ->Add({{"m.lora_A.weight", {1, 2}, true, {}, {0.0f, 0.0f}},
+                         {"m.lora_B.weight", {2, 1}, true, {}, {2.0f, 0.0f}}},
+                        1)
+                  .ok());
   const absl::Status added = sparse->Add({{"m.lora_A.weight", {1, 2}, false, {1}, {0.0f}},
                                           {"m.lora_B.weight", {2, 1}, false, {0}, {2.0f}}},
                                          1);
@@ -184,9 +188,10 @@ TEST(LoraProduct, RefusesWhatItCannotFactor) {
     return LoraProductAggregator::Create(SpecFromUpdate(g), g).status();
   };
   EXPECT_THAT(create({{"m.lora_A.weight", {1, 2}, {0, 0}}}).message(), HasSubstr("has no"));
-  EXPECT_THAT(create({{"m.lora_A.weight", {1, 2}, {0, 0}}, {"m.lora_B.weight", {2, 2}, {0, 0, 0, 0}}})
-                  .message(),
-              HasSubstr("[r, in] and [out, r]"));
+  EXPECT_THAT(
+      create({{"m.lora_A.weight", {1, 2}, {0, 0}}, {"m.lora_B.weight", {2, 2}, {0, 0, 0, 0}}})
+          .message(),
+      HasSubstr("[r, in] and [out, r]"));
   EXPECT_THAT(create({{"head", {2}, {0, 0}}}).message(), HasSubstr("no lora_A / lora_B pair"));
   const std::vector<UpdateTensor> global = {{"m.lora_A.weight", {1, 2}, {1.0f, 0.0f}},
                                             {"m.lora_B.weight", {2, 1}, {0.0f, 0.0f}}};
