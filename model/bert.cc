@@ -161,6 +161,7 @@ absl::Status BertClassifier::Impl::InitStructure(std::vector<LoraTarget>* target
               std::vector<float>(o.lora.rank * in),
               std::vector<float>(o.lora.rank * in, 0.0f),
               true};
+      a.frozen = o.lora.freeze_a;
       // PEFT: nn.init.kaiming_uniform_(A, a=sqrt(5)) -> bound = sqrt(6 / ((1 + 5) * fan_in)).
       FillUniform(o.seed, kStreamLoraBase + l * kNumLoraTargets + ti,
                   1.0f / std::sqrt(static_cast<float>(in)), &a.value);

@@ -94,6 +94,8 @@ struct LoraOptions {
   float alpha = 16.0f;   // the update is scaled by alpha / rank (PEFT's lora_alpha)
   float dropout = 0.0f;  // on the adapter input only (PEFT's lora_dropout), in [0, 1)
   std::vector<std::string> target_modules = {"query", "value"};
+  // FFA-LoRA: every lora_A keeps its seeded (or loaded) values; its Param is marked frozen.
+  bool freeze_a = false;
 };
 
 struct ModelOptions {

@@ -100,7 +100,7 @@ absl::Status BertClassifier::Impl::LinearBackward(int layer, LoraTarget t, const
             .dy = dy,
             .dx = dx_out,
             .accumulate_dx = accumulate_dx,
-            .da = Grad(lp),
+            .da = dev_params.param(lp).frozen ? nullptr : Grad(lp),  // FFA-LoRA: no dA
             .db = Grad(lp + 1),
             .accumulate_params = true,
             .workspace = workspace,

@@ -365,6 +365,7 @@ absl::StatusOr<std::unique_ptr<CausalLm>> CausalLm::Create(std::shared_ptr<const
               std::vector<float>(o.lora.rank * in),
               std::vector<float>(o.lora.rank * in, 0.0f),
               true};
+      a.frozen = o.lora.freeze_a;
       // PEFT: kaiming_uniform_(A, a=sqrt(5)) -> bound 1 / sqrt(fan_in); B starts at zero.
       FillUniform(o.seed, kStreamLoraBase + l * kNumDecoderTargets + ti,
                   1.0f / std::sqrt(static_cast<float>(in)), &a.value);

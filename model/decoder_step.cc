@@ -116,6 +116,7 @@ absl::Status CausalLm::Impl::LinearBackward(int64_t layer, DecoderTarget t, cons
                                          .workspace = workspace,
                                          .workspace_bytes = workspace_bytes});
   }
+  float* da = dev_params.param(lp).frozen ? nullptr : dev_params.Grad(lp);  // FFA-LoRA: no dA
   return kernels::LoraLinearBackward(ctx, {.rows = rows,
                                            .in_features = lin.w.cols,
                                            .out_features = lin.w.rows,
@@ -130,7 +131,7 @@ absl::Status CausalLm::Impl::LinearBackward(int64_t layer, DecoderTarget t, cons
                                            .dy = dy,
                                            .dx = dx_out,
                                            .accumulate_dx = accumulate_dx,
-                                           .da = dev_params.Grad(lp),
+                                           .da = da,
                                            .db = dev_params.Grad(lp + 1),
                                            .accumulate_params = true,
                                            .workspace = workspace,

@@ -1,5 +1,7 @@
 // A trainable parameter: the unit that optimizers update, adapters export and federated updates
 // carry. Only LoRA matrices and the task head are trainable; frozen base weights never appear here.
+// A LoRA A frozen by LoraOptions::freeze_a (FFA-LoRA) stays among them, as part of the adapter,
+// with `frozen` set: no gradient, no optimizer step, not in a federated update.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +18,7 @@ struct Param {
   std::vector<float> value;    // fp32 master copy, size = product(shape)
   std::vector<float> grad;     // same size as value; accumulated by backward, cleared by ZeroGrad
   bool is_lora = false;        // true for lora_A / lora_B, false for the task head
+  bool frozen = false;         // kept at its value: the backward and the optimizers skip it
 
   int64_t numel() const { return static_cast<int64_t>(value.size()); }
 };

@@ -29,13 +29,14 @@ absl::StatusOr<std::unique_ptr<DeviceAdamW>> DeviceAdamW::Create(DeviceParams& p
   size_t largest = 1;
   for (int i = 0; i < params.size(); ++i) {
     const Param& p = params.param(i);
-    const size_t n = p.value.size();
+    const size_t n = p.frozen ? 0 : p.value.size();  // a frozen param has no state
     largest = std::max(largest, n);
     FEDLORA_ASSIGN_OR_RETURN(auto m,
                              kernels::DeviceArray<float>::Zeros(be, std::max<size_t>(n, 1)));
     FEDLORA_ASSIGN_OR_RETURN(auto v,
                              kernels::DeviceArray<float>::Zeros(be, std::max<size_t>(n, 1)));
     for (const OptimizerStateTensor& t : state.tensors) {
+      if (n == 0) break;
       kernels::DeviceArray<float>* slot = t.name == p.name + ".exp_avg"      ? &m
                                           : t.name == p.name + ".exp_avg_sq" ? &v
                                                                              : nullptr;
@@ -66,7 +67,7 @@ absl::StatusOr<std::unique_ptr<DeviceAdamW>> DeviceAdamW::Create(DeviceParams& p
 absl::Status DeviceAdamW::Average(float factor) {
   const kernels::ExecContext& ctx = params_.backend().ctx();
   for (int i = 0; i < params_.size(); ++i) {
-    const int64_t n = params_.param(i).numel();
+    const int64_t n = Trained(i);
     if (n == 0) continue;
     FEDLORA_RETURN_IF_ERROR(kernels::Scale(ctx, {.n = n, .alpha = factor, .x = params_.Grad(i)}));
   }
@@ -80,7 +81,7 @@ absl::Status DeviceAdamW::AddProximal(float mu) {
   }
   const kernels::ExecContext& ctx = params_.backend().ctx();
   for (int i = 0; i < params_.size(); ++i) {
-    const int64_t n = params_.param(i).numel();
+    const int64_t n = Trained(i);
     if (n == 0) continue;
     // (value - anchor) first, then scaled onto the gradient: the host loop's order.
     FEDLORA_RETURN_IF_ERROR(kernels::Add(ctx, {.n = n,
@@ -100,7 +101,7 @@ absl::StatusOr<float> DeviceAdamW::GradNorm() {
   std::vector<const float*> grads;
   std::vector<int64_t> sizes;
   for (int i = 0; i < params_.size(); ++i) {
-    const int64_t n = params_.param(i).numel();
+    const int64_t n = Trained(i);
     if (n == 0) continue;
     grads.push_back(params_.Grad(i));
     sizes.push_back(n);
@@ -120,7 +121,7 @@ absl::Status DeviceAdamW::Step(float lr, float grad_scale) {
   ++step_;
   for (int i = 0; i < params_.size(); ++i) {
     const Param& p = params_.param(i);
-    if (p.numel() == 0) continue;
+    if (Trained(i) == 0) continue;
     kernels::AdamWArgs args;
     args.n = p.numel();
     args.param = params_.Value(i);
@@ -146,6 +147,7 @@ absl::Status DeviceAdamW::ExportTo(Optimizer& optimizer) const {
   kernels::Backend& be = params_.backend();
   for (int i = 0; i < params_.size(); ++i) {
     const Param& p = params_.param(i);
+    if (p.frozen) continue;  // the host optimizer keeps no state for it either
     for (const auto& [suffix, slot] :
          {std::pair{".exp_avg", &m_[i]}, std::pair{".exp_avg_sq", &v_[i]}}) {
       OptimizerStateTensor t{p.name + suffix, p.shape, std::vector<float>(p.value.size())};

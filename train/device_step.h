@@ -49,6 +49,8 @@ class DeviceAdamW {
  private:
   DeviceAdamW(DeviceParams& params, const OptimizerOptions& options)
       : params_(params), options_(options) {}
+  // Param i's elements that train: 0 for a frozen one (Param::frozen), which every step skips.
+  int64_t Trained(int i) const { return params_.param(i).frozen ? 0 : params_.param(i).numel(); }
 
   DeviceParams& params_;
   OptimizerOptions options_;  // eps resolved

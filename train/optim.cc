@@ -78,6 +78,7 @@ absl::Status Optimizer::Step(std::vector<Param>& params, float lr) {
   const size_t num_slots = SlotNames().size();
   ++step_;
   for (Param& p : params) {
+    if (p.frozen) continue;  // no state, no decay: its value stays as it is
     Entry& entry = state_[p.name];
     if (entry.slots.empty()) {
       entry.shape = p.shape;
@@ -264,6 +265,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(std::string_view name,
 float GlobalGradNorm(const std::vector<Param>& params) {
   double sum = 0.0;
   for (const Param& p : params) {
+    if (p.frozen) continue;
     for (float g : p.grad) sum += static_cast<double>(g) * g;
   }
   return static_cast<float>(std::sqrt(sum));
@@ -274,6 +276,7 @@ float ClipGradNorm(std::vector<Param>& params, float max_norm) {
   if (!(max_norm > 0.0f) || !std::isfinite(norm) || norm <= max_norm) return norm;
   const float scale = static_cast<float>(static_cast<double>(max_norm) / norm);
   for (Param& p : params) {
+    if (p.frozen) continue;
     for (float& g : p.grad) g *= scale;
   }
   return norm;

@@ -61,7 +61,8 @@ class Optimizer {
  public:
   virtual ~Optimizer();
 
-  // Applies one update with learning rate `lr` to every param from its `grad`. Fails with
+  // Applies one update with learning rate `lr` to every param from its `grad`, skipping frozen
+  // ones (Param::frozen: no state, no weight decay). Fails with
   // InvalidArgument (changing nothing) when a grad's size differs from its value's, when lr is
   // negative or not finite, or when a param's shape changed since the state was created.
   absl::Status Step(std::vector<Param>& params, float lr);
@@ -158,7 +159,8 @@ class Sgd : public Optimizer {
 absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(std::string_view name,
                                                          const OptimizerOptions& options);
 
-// Global L2 norm of all grads, sqrt(sum over params of sum g^2), accumulated in double.
+// Global L2 norm of all grads, sqrt(sum over params of sum g^2), accumulated in double. Frozen
+// params are left out here and in ClipGradNorm.
 float GlobalGradNorm(const std::vector<Param>& params);
 
 // Scales every grad by max_norm / norm when the global norm exceeds max_norm, so that the new

@@ -73,6 +73,7 @@ void ApplyLoraConfig(const v1::LoraConfig& lora, LoraOptions& o) {
   if (lora.target_modules_size() > 0) {
     o.target_modules.assign(lora.target_modules().begin(), lora.target_modules().end());
   }
+  o.freeze_a = lora.freeze_a();
 }
 
 int MaxBatchFor(const v1::RunConfig& config, ModelRole role) {

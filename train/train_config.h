@@ -47,10 +47,11 @@ enum class ModelRole {
 
 // The BertClassifier options of the run: num_labels from task.labels (at least 2, the validated
 // minimum), LoRA rank / alpha / dropout / target modules (config.proto's defaults 8, 16, 0,
-// ["query", "value"] when unset), seed, base_model_name (model.id, else model.path), max_batch
-// by `role`, and max_seq = `max_seq_len`: the tokens per example after clamping to the
-// checkpoint's position table (BertClassifier::Load refuses a longer max_seq), and bf16_weights
-// with bf16_math when model.precision is BF16. Dropout overrides are left at ModelOptions' defaults.
+// ["query", "value"] when unset) and freeze_a, seed, base_model_name (model.id, else
+// model.path), max_batch by `role`, and max_seq = `max_seq_len`: the tokens per example after
+// clamping to the checkpoint's position table (BertClassifier::Load refuses a longer max_seq), and
+// bf16_weights with bf16_math when model.precision is BF16. Dropout overrides are left at
+// ModelOptions' defaults.
 ModelOptions ModelOptionsFromConfig(const v1::RunConfig& config, int max_seq_len, ModelRole role);
 
 // The CausalLm options of a CAUSAL_LM run: LoRA as ModelOptionsFromConfig (all seven projections

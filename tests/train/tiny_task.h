@@ -23,11 +23,13 @@ inline BertConfig TinyConfig() {
 }
 
 inline std::unique_ptr<BertClassifier> TinyModel(uint64_t seed, float dropout,
-                                                 Device device = Device::kCpu) {
+                                                 Device device = Device::kCpu,
+                                                 bool freeze_a = false) {
   ModelOptions o;
   o.num_labels = 2;
   o.lora.rank = 4;
   o.lora.alpha = 8.0f;
+  o.lora.freeze_a = freeze_a;
   o.seed = seed;
   o.max_batch = 16;
   o.max_seq = 24;

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -432,6 +435,75 @@ TEST(DeviceStep, MatchesTheHostLoopOnTheCpuBackend) {
     for (size_t j = 0; j < h.value.size(); ++j)
       ASSERT_NEAR(d.value[j], h.value[j], 1e-3f * largest) << h.name;
   }
+}
+
+// FFA-LoRA (LoraOptions::freeze_a): with weight decay, FedProx, clipping and dropout on, under
+// each optimizer and on the device step, every lora_A keeps its bits and gets no gradient (the
+// backward skips dA), no optimizer state is kept for it, and B, the head and the loss move.
+TEST(Trainer, FrozenLoraAKeepsItsBitsWhileBAndTheHeadTrain) {
+  const TokenizedDataset train = MarkerTask(24, 5);
+  for (const char* optimizer : {"adamw", "adamw-device", "lamb", "sgd"}) {
+    TrainOptions opts;
+    opts.epochs = 2;
+    opts.batch_size = 4;
+    opts.lr = 2e-2f;
+    opts.weight_decay = 0.05f;
+    opts.proximal_mu = 0.5f;
+    opts.seed = 3;
+    opts.progress = false;
+    opts.optimizer = std::string(optimizer).substr(0, 5) == "adamw" ? "adamw" : optimizer;
+    auto model = TinyModel(/*seed=*/11, /*dropout=*/0.1f, Device::kCpu, /*freeze_a=*/true);
+    ASSERT_NE(model, nullptr);
+    const std::vector<Param> before = model->trainable_params();
+    TrainLoop loop = LoopOver(*model, train);
+    loop.step_on_device = std::string(optimizer) == "adamw-device";
+    std::unique_ptr<Optimizer> opt;
+    ASSERT_TRUE(RunTrainLoop(opts, loop, &opt).ok()) << optimizer;
+    const std::vector<Param>& after = model->trainable_params();
+    int frozen = 0;
+    for (size_t i = 0; i < after.size(); ++i) {
+      const bool is_a = after[i].name.find(".lora_A.") != std::string::npos;
+      EXPECT_EQ(after[i].frozen, is_a) << after[i].name;
+      if (is_a) {
+        ++frozen;
+        EXPECT_EQ(0, std::memcmp(after[i].value.data(), before[i].value.data(),
+                                 before[i].value.size() * sizeof(float)))
+            << optimizer << ": " << after[i].name << " moved";
+        EXPECT_EQ(after[i].grad, std::vector<float>(after[i].grad.size(), 0.0f))
+            << optimizer << ": " << after[i].name << " got a gradient";
+      } else {
+        EXPECT_NE(after[i].value, before[i].value) << optimizer << ": " << after[i].name;
+      }
+    }
+    EXPECT_EQ(frozen, 4) << "two layers, query and value";
+    for (const OptimizerStateTensor& t : opt->ExportState().tensors)
+      EXPECT_EQ(t.name.find(".lora_A."), std::string::npos) << optimizer << ": " << t.name;
+  }
+}
+
+// LearnsSeparableTask with every lora_A frozen: B and the head alone still find the marker, at a
+// larger learning rate (at LearnsSeparableTask's 1e-2 the loss barely moves in 72 steps, where
+// training A too reaches 0.17: a frozen random A passes B a small signal, which Adam's normalised
+// steps grow slowly).
+TEST(Trainer, FrozenLoraAStillLearnsSeparableTask) {
+  const TokenizedDataset train = MarkerTask(96, 11), eval = MarkerTask(48, 12);
+  auto model = TinyModel(/*seed=*/5, /*dropout=*/0.0f, Device::kCpu, /*freeze_a=*/true);
+  ASSERT_NE(model, nullptr);
+  TrainOptions opts;
+  opts.epochs = 12;
+  opts.batch_size = 16;
+  opts.lr = 1e-1f;
+  opts.warmup_steps = 6;
+  opts.seed = 1;
+  opts.progress = false;
+  Trainer trainer(*model, opts);
+  std::vector<EpochReport> epochs;
+  trainer.on_epoch = [&](const EpochReport& r) { epochs.push_back(r); };
+  ASSERT_TRUE(trainer.Train(train, &eval).ok());
+  ASSERT_EQ(epochs.size(), 12u);
+  // Measured: 0.704 -> 0.149, accuracy 0.917.
+  EXPECT_LT(epochs.back().train_loss, 0.3 * epochs.front().train_loss);
+  EXPECT_GE(epochs.back().eval.accuracy, 0.85);
 }
 
 // LAMB and SGD have no device step: asked for one, the loop steps on the host.
