@@ -19,6 +19,7 @@
 #include "client/transport.h"
 #include "client/upload_stage.h"
 #include "config/config_io.h"
+#include "config/federated_tensors.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "crypto/random.h"
@@ -201,6 +202,10 @@ absl::Status ClientImpl::RunTask(const v1::TrainTask& task) {
   if (result.num_examples < 1) {
     return WithFailureKind(absl::InvalidArgumentError("trainer returned num_examples < 1"),
                            "local");
+  }
+  // Under lora.freeze_a the delta leaves out every lora_A (config/federated_tensors.h).
+  if (absl::Status s = CheckFederated(result.delta, session_.join().run_config()); !s.ok()) {
+    return WithFailureKind(Annotate(s, "trainer"), "local");
   }
   // Under secure aggregation or DP the server learns nothing of this site's data size or loss.
   const int64_t claimed_examples = hide_statistics ? 1 : result.num_examples;

@@ -90,7 +90,6 @@ std::vector<std::string> UnimplementedSettings(const RunConfig& c) {
            "supported: \"bert\", \"roberta\", \"xlm-roberta\"");
   }
   const v1::DifferentialPrivacyConfig& dp = c.privacy().dp();
-  if (c.lora().freeze_a()) refuse("lora.freeze_a", "");
   if (dp.mode() == DifferentialPrivacyConfig::LOCAL)
     refuse("privacy.dp.mode LOCAL", "CENTRAL and DISTRIBUTED are");
   if (c.privacy().secure_aggregation() && dp.enabled() && dp.adaptive_clipping().enabled()) {

@@ -43,7 +43,8 @@ namespace fedlora {
 // seed; no progress.
 TrainOptions TaskTrainOptions(const TrainOptions& base, const TrainTask& task);
 
-// The model's trainable params minus `global` (which LoadAdapter accepted), in the model's order.
+// The model's trainable params minus `global` (which LoadAdapter accepted), in the model's order,
+// leaving out frozen ones (lora.freeze_a's lora_A, which the run does not federate).
 template <class Model>
 std::vector<NamedTensor> AdapterDelta(Model& model, const std::vector<NamedTensor>& global);
 
@@ -92,6 +93,7 @@ std::vector<NamedTensor> AdapterDelta(Model& model, const std::vector<NamedTenso
   for (const NamedTensor& g : global) by_name[g.name] = &g;
   std::vector<NamedTensor> delta;
   for (const Param& p : model.trainable_params()) {
+    if (p.frozen) continue;
     const NamedTensor& g = *by_name.at(p.name);  // LoadAdapter checked every name and shape
     NamedTensor d{p.name, p.shape, std::vector<float>(p.value.size())};
     for (size_t i = 0; i < d.values.size(); ++i) d.values[i] = p.value[i] - g.values[i];

@@ -70,6 +70,7 @@ const std::map<std::string, Exercised>& ExercisedSettings() {
       {"lora.alpha", {"train/train_config_test.cc", "alpha"}},
       {"lora.dropout", {"train/train_config_test.cc", "dropout"}},
       {"lora.target_modules", {"train/train_config_test.cc", "target_modules"}},
+      {"lora.freeze_a", {"server/freeze_a_test.cc", "set_freeze_a"}},
       {"task.kind", {"server/cli_federation_test.cc", "\"labels\""}},
       {"task.kind=SEQUENCE_CLASSIFICATION", {"server/cli_federation_test.cc", "\"labels\""}},
       {"task.labels", {"server/cli_federation_test.cc", "\"labels\""}},
@@ -320,8 +321,6 @@ using Mutation = std::function<void(RunConfig&)>;
 // implemented yet, naming it.
 const std::map<std::string, std::pair<Mutation, std::string>>& RefusedSettings() {
   static const auto* m = new std::map<std::string, std::pair<Mutation, std::string>>{
-      {"lora.freeze_a",
-       {[](RunConfig& c) { c.mutable_lora()->set_freeze_a(true); }, "lora.freeze_a"}},
       {"privacy.dp.mode=LOCAL",
        {[](RunConfig& c) {
           c.mutable_privacy()->mutable_dp()->set_mode(v1::DifferentialPrivacyConfig::LOCAL);

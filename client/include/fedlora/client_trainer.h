@@ -49,7 +49,8 @@ struct TrainTask {
 };
 
 struct TrainResult {
-  // The adapter's change: local adapter minus `global_adapter`, same names and shapes.
+  // The adapter's change: local adapter minus `global_adapter`, same names and shapes. A run with
+  // lora.freeze_a (in TrainTask::run_config_json) trains no lora_A: leave every one out.
   std::vector<NamedTensor> delta;
   int64_t num_examples = 0;  // training examples the delta was computed from (FedAvg weight), >= 1
   // Mean training loss over the first and last epoch (or 10% of steps); reported to the server.
