@@ -412,8 +412,9 @@ class Coordinator {
   int64_t global_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t global_round_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t global_elements_ ABSL_GUARDED_BY(mu_) = 0;
-  // Names and shapes of the adapter's tensors (sorted by name) and its element count: fixed for the
-  // whole run, written once by Restore before restored_ is set, read without the lock afterwards
+  // Names and shapes of the adapter's federated tensors (config/federated_tensors.h: all but the
+  // lora_A under lora.freeze_a), sorted by name, and their element count: what every update and
+  // aggregate covers. Fixed for the whole run, written once by Restore before restored_ is set, read without the lock afterwards
   // (every reader first passed a locked check of restored_).
   std::vector<TensorSpec> spec_;
   int64_t spec_elements_ = 0;

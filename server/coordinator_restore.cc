@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "config/config_io.h"
+#include "config/federated_tensors.h"
 #include "core/file.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -194,12 +195,18 @@ absl::Status Coordinator::LoadAdaptersLocked(const CommittedHeads& h) {
     broadcast_bytes_ = static_cast<int64_t>(b.size());
   }
   global_elements_ = 0;
+  spec_elements_ = 0;
   spec_.clear();
   for (const UpdateTensor& t : *global_) {
     global_elements_ += static_cast<int64_t>(t.values.size());
+    if (!IsFederated(t.name, config_)) continue;  // lora.freeze_a's lora_A: never in an update
     spec_.push_back({t.name, t.shape});
+    spec_elements_ += static_cast<int64_t>(t.values.size());
   }
-  spec_elements_ = global_elements_;
+  if (spec_.empty()) {
+    return absl::FailedPreconditionError(
+        "the adapter has no tensor this run federates (lora.freeze_a leaves out every lora_A)");
+  }
   return absl::OkStatus();
 }
 

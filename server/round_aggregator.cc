@@ -1,6 +1,7 @@
 #include "server/round_aggregator.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,35 @@ namespace {
 absl::Status UnknownStrategy(v1::AggregationConfig::Strategy strategy) {
   return absl::InvalidArgumentError(absl::StrCat(
       "aggregation.strategy ", static_cast<int>(strategy), " is not a known strategy"));
+}
+
+// Moves the tensors `spec` names out of `adapter` (both sorted by name) and returns them in order;
+// `adapter` keeps the others (lora.freeze_a's lora_A), which no update, step or mean touches.
+std::vector<UpdateTensor> TakeFederated(std::vector<UpdateTensor>& adapter,
+                                        const std::vector<TensorSpec>& spec) {
+  std::vector<UpdateTensor> taken, kept;
+  size_t s = 0;
+  for (UpdateTensor& t : adapter) {
+    if (s < spec.size() && t.name == spec[s].name) {
+      taken.push_back(std::move(t));
+      ++s;
+    } else {
+      kept.push_back(std::move(t));
+    }
+  }
+  adapter = std::move(kept);
+  return taken;
+}
+
+// Merges `taken` back into `adapter`, sorted by name.
+void PutBack(std::vector<UpdateTensor>& adapter, std::vector<UpdateTensor> taken) {
+  std::vector<UpdateTensor> merged;
+  merged.reserve(adapter.size() + taken.size());
+  const auto by_name = [](const UpdateTensor& a, const UpdateTensor& b) { return a.name < b.name; };
+  std::merge(std::make_move_iterator(adapter.begin()), std::make_move_iterator(adapter.end()),
+             std::make_move_iterator(taken.begin()), std::make_move_iterator(taken.end()),
+             std::back_inserter(merged), by_name);
+  adapter = std::move(merged);
 }
 
 }  // namespace
@@ -175,9 +205,11 @@ absl::StatusOr<RoundResult> RoundAggregator::Complete(std::vector<UpdateTensor> 
   r.optimizer.emplace(*s_.optimizer);
   r.adapter = *s_.global;  // the copy the optimizer steps
   s_.global.reset();
-  FEDLORA_RETURN_IF_ERROR(r.optimizer->Step(mean, r.adapter));
+  std::vector<UpdateTensor> trained = TakeFederated(r.adapter, s_.spec);
+  FEDLORA_RETURN_IF_ERROR(r.optimizer->Step(mean, trained));
   std::vector<UpdateTensor>().swap(mean);  // not needed past the step: one adapter less held below
-  if (!s_.tail.empty()) FEDLORA_RETURN_IF_ERROR(AverageWithTail(r.adapter));
+  if (!s_.tail.empty()) FEDLORA_RETURN_IF_ERROR(AverageWithTail(trained));
+  PutBack(r.adapter, std::move(trained));
   if (s_.downlink.has_value()) {
     FEDLORA_ASSIGN_OR_RETURN(r.downlink,
                              EncodeDownlinkDelta(*s_.broadcast, r.adapter, *s_.downlink));
@@ -187,12 +219,13 @@ absl::StatusOr<RoundResult> RoundAggregator::Complete(std::vector<UpdateTensor> 
 }
 
 absl::Status RoundAggregator::AverageWithTail(std::vector<UpdateTensor>& adapter) const {
-  // The unweighted mean, with FedAvg's exact accumulator: the same adapters give the same bits in
-  // any order, and Add checks each against the spec.
+  // The unweighted mean of the federated tensors (`adapter` holds only them), with FedAvg's exact
+  // accumulator: the same adapters give the same bits in any order, and Add checks each against
+  // the spec.
   FEDLORA_ASSIGN_OR_RETURN(StreamingFedAvg mean, StreamingFedAvg::Create(s_.spec));
   for (const TailAdapter& t : s_.tail) {
     FEDLORA_ASSIGN_OR_RETURN(std::vector<UpdateTensor> a, t.load());
-    FEDLORA_RETURN_IF_ERROR_CTX(mean.Add(a, 1),
+    FEDLORA_RETURN_IF_ERROR_CTX(mean.Add(TakeFederated(a, s_.spec), 1),
                                 absl::StrCat("round ", t.round, "'s committed adapter"));
   }
   FEDLORA_RETURN_IF_ERROR(mean.Add(adapter, 1));

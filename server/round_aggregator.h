@@ -64,7 +64,10 @@ struct TailAdapter {
 // What one aggregation starts from. Nothing pointed to is written while the aggregation runs.
 struct RoundSnapshot {
   int64_t round = 0;
-  std::vector<TensorSpec> spec;  // the adapter's tensors, sorted by name
+  // The adapter's federated tensors (config/federated_tensors.h), sorted by name: what updates,
+  // the mean, the server step and the tail average cover. The global adapter's other tensors
+  // (lora.freeze_a's lora_A) pass through every round unchanged.
+  std::vector<TensorSpec> spec;
   int64_t spec_elements = 0;
   // The global adapter the server step starts from (sorted by name), and, with a downlink codec,
   // the broadcast adapter the clients hold (compression/downlink.h).

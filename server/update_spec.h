@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "aggregation/fedavg.h"
 #include "compression/codec.h"
+#include "config/federated_tensors.h"
 #include "core/status.h"
 
 namespace fedlora {
@@ -40,10 +41,32 @@ inline DecodeLimits LimitsForSpec(const std::vector<TensorSpec>& spec, int64_t e
   return limits;
 }
 
-// Same names and shapes as the adapter, whose spec is sorted by name (the update's order is free;
-// `tensors` is sorted here). T is KeptTensor, UpdateTensor or UpdateTensorInfo.
+// Whether `spec` (sorted by name) has a tensor `name`.
+inline bool InSpec(const std::vector<TensorSpec>& spec, std::string_view name) {
+  const auto it =
+      std::lower_bound(spec.begin(), spec.end(), name,
+                       [](const TensorSpec& t, std::string_view n) { return t.name < n; });
+  return it != spec.end() && it->name == name;
+}
+
+// InvalidArgument for `what` (e.g. "update tensor") `name`, which the spec lacks.
+inline absl::Status NotInSpec(std::string_view what, std::string_view name) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(what), " '", std::string(name.substr(0, 200)),
+                   "' is not one of the tensors this run aggregates",
+                   IsLoraA(name) ? " (with lora.freeze_a no lora_A is uploaded: each stays at the "
+                                   "initial adapter's values)"
+                                 : ""));
+}
+
+// Same names and shapes as the adapter's federated tensors, whose spec is sorted by name (the
+// update's order is free; `tensors` is sorted here). T is KeptTensor, UpdateTensor or
+// UpdateTensorInfo.
 template <class T>
 absl::Status MatchSpec(std::vector<T>& tensors, const std::vector<TensorSpec>& spec) {
+  for (const T& t : tensors) {
+    if (!InSpec(spec, t.name)) return NotInSpec("update tensor", t.name);
+  }
   if (tensors.size() != spec.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("update has ", tensors.size(), " tensors; the adapter has ", spec.size()));

@@ -177,6 +177,9 @@ absl::Status CheckManifest(const UploadLimits& limits, const v1::AdapterManifest
                                                    " for ", m.total_bytes(), " bytes in chunks of ",
                                                    limits.chunk_bytes));
   }
+  for (const v1::TensorSpec& t : m.tensors()) {
+    if (!InSpec(spec, t.name())) return NotInSpec("manifest tensor", t.name());
+  }
   if (m.tensors_size() != static_cast<int>(spec.size())) {
     return absl::InvalidArgumentError(absl::StrCat("manifest lists ", m.tensors_size(),
                                                    " tensors; the adapter has ", spec.size()));

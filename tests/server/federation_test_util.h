@@ -23,6 +23,7 @@
 #include "aggregation/server_optimizer.h"
 #include "compression/codec.h"
 #include "config/config_io.h"
+#include "config/federated_tensors.h"
 #include "core/sha256.h"
 #include "crypto/sealed_update.h"
 #include "fedlora/client.h"
@@ -321,6 +322,7 @@ class RawClient {
   // would: to the round's aggregation key, for this run, round, client, upload id and weight. Upload and
   // UploadAll given the same `plain` then send the sealed bytes (tests keep handling plaintext).
   // `num_examples` < 0: what an honest client claims (1 under secure aggregation or DP, else 10).
+  // The manifest lists the adapter's federated tensors (config/federated_tensors.h).
   v1::UploadHeader Header(const v1::TrainTask& task, const std::string& plain,
                           const std::string& upload_id, int64_t num_examples = -1) {
     if (num_examples < 0) num_examples = HidesPerClientStatistics(join_.run_config()) ? 1 : 10;
@@ -341,7 +343,9 @@ class RawClient {
     e->set_server_key_id(task.aggregation_key().key_id());
     h.set_base_adapter_sha256(task.global_adapter().sha256());
     v1::AdapterManifest* m = h.mutable_manifest();
-    for (const v1::TensorSpec& t : task.global_adapter().tensors()) *m->add_tensors() = t;
+    for (const v1::TensorSpec& t : task.global_adapter().tensors()) {
+      if (IsFederated(t.name(), join_.run_config())) *m->add_tensors() = t;  // lora.freeze_a
+    }
     const uint32_t chunk = join_.limits().chunk_size_bytes();
     m->set_total_bytes(blob.size());
     m->set_sha256(Sha256Hex(blob));

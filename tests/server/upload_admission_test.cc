@@ -276,8 +276,17 @@ std::vector<Refusal> Refusals() {
        C::kInvalidArgument, "manifest.num_chunks is 2 for 10000 bytes in chunks of 4096"},
       {"tensor count", [](S&, H& h) { h.mutable_manifest()->mutable_tensors()->RemoveLast(); },
        C::kInvalidArgument, "manifest lists 1 tensors; the adapter has 2"},
-      {"missing tensor", [](S&, H& h) { h.mutable_manifest()->mutable_tensors(0)->set_name("c"); },
-       C::kInvalidArgument, "manifest lacks adapter tensor 'b'"},
+      {"unknown tensor", [](S&, H& h) { h.mutable_manifest()->mutable_tensors(0)->set_name("c"); },
+       C::kInvalidArgument, "manifest tensor 'c' is not one of the tensors this run aggregates"},
+      {"lora_A under lora.freeze_a",
+       [](S&, H& h) {
+         v1::TensorSpec* a = h.mutable_manifest()->add_tensors();
+         a->set_name("q.lora_A.weight");
+         a->set_dtype("F32");
+       },
+       C::kInvalidArgument,
+       "manifest tensor 'q.lora_A.weight' is not one of the tensors this run aggregates (with "
+       "lora.freeze_a no lora_A is uploaded: each stays at the initial adapter's values)"},
       {"tensor shape",
        [](S&, H& h) {
          v1::TensorSpec* b = h.mutable_manifest()->mutable_tensors(0);
