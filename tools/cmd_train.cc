@@ -47,7 +47,8 @@ struct TrainFlags {
   int rank = kDefaultLoraRank;
   float alpha = static_cast<float>(kDefaultLoraAlpha);
   float lora_dropout = 0.0f;
-  std::string targets;  // "": the family's default (query,value; all seven decoder projections)
+  bool freeze_a = false;  // FFA-LoRA (lora.freeze_a)
+  std::string targets;    // "": the family's default (query,value; all seven decoder projections)
   int threads = 0;
   bool bf16 = false;
   bool bf16_math = false;      // implies bf16
@@ -85,6 +86,7 @@ nlohmann::json RunJson(const TrainFlags& f, const std::vector<std::string>& targ
   metrics["options"]["rank"] = f.rank;
   metrics["options"]["alpha"] = f.alpha;
   metrics["options"]["lora_dropout"] = f.lora_dropout;
+  metrics["options"]["freeze_a"] = f.freeze_a;
   metrics["options"]["targets"] = targets;
   metrics["options"]["bf16"] = f.bf16 || f.bf16_math;
   metrics["options"]["bf16_math"] = f.bf16_math;
@@ -223,6 +225,7 @@ v1::RunConfig TrainRunConfig(const TrainFlags& f, bool decoder) {
   lora.set_rank(static_cast<uint32_t>(f.rank));
   lora.set_alpha(f.alpha);
   lora.set_dropout(f.lora_dropout);
+  lora.set_freeze_a(f.freeze_a);
   for (const std::string& t : SplitList(f.targets)) lora.add_target_modules(t);
   // A classifier is planned for the larger of the two batches, a decoder for the training batch.
   config.mutable_training()->set_batch_size(static_cast<uint32_t>(f.train.batch_size));
@@ -317,6 +320,9 @@ void AddModelAndDataFlags(FlagSet& flags, TrainFlags* f) {
   flags.AddInt("rank", &f->rank, "LoRA rank r");
   flags.AddFloat("alpha", &f->alpha, "LoRA alpha (updates are scaled by alpha / r)");
   flags.AddFloat("lora-dropout", &f->lora_dropout, "dropout on the LoRA input");
+  flags.AddBool("freeze-a", &f->freeze_a,
+                "FFA-LoRA: keep every lora_A at its seeded initialisation, train lora_B and the "
+                "head only (lora.freeze_a)");
   flags.AddString("targets", &f->targets,
                   "LoRA target modules: encoders query,key,value,attn_out,intermediate,output; "
                   "decoders q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
