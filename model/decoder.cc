@@ -1,5 +1,7 @@
 // Decoder: target names, the frozen base, CausalLm construction and planning. The step is in
 // decoder_step.cc, generation in decoder_generate.cc, checkpoint loading in decoder_load.cc.
+// Just over 600 lines: construction and planning share the option checks; planning (the
+// activation and workspace sizes) is what would move out next.
 #include "model/decoder.h"
 
 #include <algorithm>
