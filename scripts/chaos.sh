@@ -101,6 +101,10 @@ sigkill() {  # SIGKILLs a role's fedlora process and reaps it
   c=$(child_of "${TPID[$1]}") && kill -KILL "$c" 2>/dev/null
   kill -KILL "${TPID[$1]}" 2>/dev/null
   reap "$1"
+  # fedlora is timeout's child, not ours: wait (at most 10 s) until it is gone, so that its store
+  # lock is released before a restart takes the store.
+  local i
+  for ((i = 0; i < 200 && ${#c} > 0; i++)); do kill -0 "$c" 2>/dev/null || break; sleep 0.05; done
 }
 cleanup() {
   local r
